@@ -1,0 +1,47 @@
+"""HealthProbe over HTTP with httpx: /health, /v1/models and one 1-token completion."""
+
+from __future__ import annotations
+
+import httpx
+
+from orchestrator.errors import HealthCheckFailed
+
+
+class HttpHealthProbe:
+    def __init__(self, timeout: float = 5.0, completion_timeout: float = 60.0) -> None:
+        # One pooled client: readiness is polled several times a second during a switch.
+        self._client = httpx.Client(timeout=timeout)
+        self._completion_timeout = completion_timeout
+
+    def close(self) -> None:
+        self._client.close()
+
+    def health(self, base_url: str) -> tuple[bool, str]:
+        try:
+            r = self._client.get(f"{base_url}/health")
+        except httpx.HTTPError as exc:
+            return False, f"GET {base_url}/health: {type(exc).__name__}"
+        return r.status_code == 200, f"GET {base_url}/health: {r.status_code}"
+
+    def models(self, base_url: str) -> list[str]:
+        try:
+            r = self._client.get(f"{base_url}/v1/models")
+            r.raise_for_status()
+            data = r.json()["data"]
+            return [str(m["id"]) for m in data]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise HealthCheckFailed(f"GET {base_url}/v1/models: {exc}") from exc
+
+    def complete(self, base_url: str, model: str) -> str:
+        body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        try:
+            r = self._client.post(f"{base_url}/v1/completions", json=body, timeout=self._completion_timeout)
+        except httpx.HTTPError as exc:
+            raise HealthCheckFailed(f"POST {base_url}/v1/completions: {type(exc).__name__}: {exc}") from exc
+        if r.status_code != 200:
+            raise HealthCheckFailed(f"POST {base_url}/v1/completions for {model!r}: HTTP {r.status_code}: "
+                                    f"{r.text[:300]}")
+        try:
+            return str(r.json()["choices"][0]["text"])
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise HealthCheckFailed(f"POST {base_url}/v1/completions: unexpected answer {r.text[:300]!r}") from exc

@@ -1,0 +1,86 @@
+"""Deployment records: what was deployed where, how it went, and how long each phase took."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.core.states import Phase
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """Everything needed to run (or re-run, on rollback) one model's unit, frozen at planning time.
+
+    A rollback redeploys this recorded spec, not the catalog's current entry, which may have
+    changed since (hashicorp/nomad#10337).
+    """
+
+    model: str
+    unit_name: str
+    unit_text: str
+    unit_sha: str
+    served_name: str
+    address: str
+    port: int
+    gpus: tuple[int, ...]
+    load_deadline_s: float
+    model_dir: str
+    repo: str = ""
+    revision: str = ""
+    source: str = "hub"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UnitSpec:
+        return cls(**{**data, "gpus": tuple(data["gpus"])})
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    phase: str
+    entered_at: float
+    left_at: float | None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.left_at is None else self.left_at - self.entered_at
+
+
+@dataclass(frozen=True)
+class Deployment:
+    id: int
+    host: str
+    revision: int
+    spec: UnitSpec
+    trigger: str
+    phase: Phase
+    created_at: float
+    previous_revision: int | None = None
+    ended_at: float | None = None
+    error: str | None = None
+    rollback_error: str | None = None
+    no_rollback: bool = False
+    timings: tuple[PhaseTiming, ...] = field(default_factory=tuple)
+    bench: dict[str, Any] | None = None
+
+    @property
+    def model(self) -> str:
+        return self.spec.model
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "host": self.host, "revision": self.revision, "model": self.model,
+            "unit": self.spec.unit_name, "unit_sha256": self.spec.unit_sha, "trigger": self.trigger,
+            "outcome": self.phase.value, "created_at": self.created_at, "ended_at": self.ended_at,
+            "previous_revision": self.previous_revision, "error": self.error,
+            "rollback_error": self.rollback_error,
+            "phases": [{"phase": t.phase, "seconds": t.seconds} for t in self.timings],
+            "bench": self.bench,
+        }

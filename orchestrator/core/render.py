@@ -1,0 +1,130 @@
+"""Render a model's systemd unit from templates/vllm.service.j2 (pure: text in, text out).
+
+All escaping happens in the two filters below, so the template stays a readable layout. systemd
+resolves ``%`` specifiers over the whole line, then unquotes words with C escapes, then (ExecStart
+only) substitutes ``$VAR``; each filter undoes exactly those steps for one value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import jinja2
+
+from orchestrator.core.catalog import Catalog, Model
+from orchestrator.core.safety import check_safe_text
+from orchestrator.errors import RenderError
+
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
+
+
+def exec_quote(value: object) -> str:
+    """One ExecStart= argument, as a double-quoted word that systemd turns back into ``value``."""
+    text = str(value)
+    check_safe_text(text, "argument")
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def env_quote(key: str, value: object) -> str:
+    """One Environment= assignment, quoted as a single word."""
+    text = str(value)
+    check_safe_text(text, f"value of {key}")
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return f'"{key}={escaped}"'
+
+
+def _plain(value: object, what: str) -> str:
+    text = str(value)
+    check_safe_text(text, what)
+    return text.replace("%", "%%")
+
+
+def _path(value: str, what: str) -> str:
+    if not _PATH_RE.match(value):
+        raise RenderError(f"{what} {value!r} must be an absolute path without spaces or quotes")
+    return value.replace("%", "%%")
+
+
+@dataclass(frozen=True)
+class RenderedUnit:
+    name: str
+    text: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def engine_argv(catalog: Catalog, model: Model, model_dir: str) -> list[str]:
+    """The full vLLM command line for a model: engine, layout flags, then the model's own args."""
+    host = catalog.model_host(model.name)
+    d = catalog.defaults
+    argv = [*catalog.engine_for(host), "--model", model_dir, "--served-model-name", model.served,
+            "--host", d.bind, "--port", str(model.port),
+            "--tensor-parallel-size", str(model.tensor_parallel)]
+    if model.pipeline_parallel > 1:
+        argv += ["--pipeline-parallel-size", str(model.pipeline_parallel)]
+    if model.data_parallel > 1:
+        argv += ["--data-parallel-size", str(model.data_parallel)]
+    if model.expert_parallel:
+        argv.append("--enable-expert-parallel")
+    if model.max_model_len:
+        argv += ["--max-model-len", str(model.max_model_len)]
+    if model.max_num_seqs:
+        argv += ["--max-num-seqs", str(model.max_num_seqs)]
+    util = model.gpu_memory_utilization or d.gpu_memory_utilization
+    argv += ["--gpu-memory-utilization", f"{util:g}", *model.args]
+    return argv
+
+
+def model_dir_for(catalog: Catalog, model: Model, revision: str | None = None) -> str:
+    """Where staged weights live on the host: <models_dir>/<owner>--<repo>/<revision>."""
+    if model.source.startswith("local:") and revision is None:
+        return model.source.removeprefix("local:")
+    host = catalog.model_host(model.name)
+    # Keyed by repo, not model name: two layouts of the same weights share one download.
+    return f"{host.models_dir.rstrip('/')}/{model.repo.replace('/', '--')}/{revision or model.revision}"
+
+
+def load_deadline(catalog: Catalog, model: Model) -> float:
+    return model.load_deadline_s or catalog.defaults.load_deadline_s
+
+
+def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None) -> RenderedUnit:
+    """Render ``template`` (the text of vllm.service.j2) for ``model``."""
+    d = catalog.defaults
+    for value, what in ((d.user, "user"), (d.group, "group")):
+        if not _USER_RE.match(value):
+            raise RenderError(f"{what} {value!r} is not a valid user or group name")
+    directory = model_dir or model_dir_for(catalog, model)
+    deadline = load_deadline(catalog, model)
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so indices match nvidia-smi's
+           "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in model.gpus),
+           # vLLM gives up on a slow engine start after this many seconds (default 600).
+           "VLLM_ENGINE_READY_TIMEOUT_S": str(int(deadline)),
+           **model.env}
+    jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                              trim_blocks=True, lstrip_blocks=True)
+    try:
+        tmpl = jenv.from_string(template)
+        text = tmpl.render(
+            name=model.name,
+            description=_plain(f"vLLM {model.name}: {model.repo}@{model.revision} on GPUs "
+                               f"{','.join(map(str, model.gpus))}", "description"),
+            user=d.user, group=d.group,
+            environment=[env_quote(k, v) for k, v in env.items()],
+            environment_file=_path(f"{d.env_dir.rstrip('/')}/{model.name}.env", "environment file"),
+            exec_start=" ".join(exec_quote(a) for a in engine_argv(catalog, model, directory)),
+            restart_sec=f"{d.restart_sec:g}",
+            start_limit_burst=d.start_limit_burst,
+            start_limit_interval=int(max(deadline, 60) + d.restart_sec * d.start_limit_burst),
+            timeout_start=int(deadline),
+            timeout_stop=int(d.stop_timeout_s),
+        )
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template vllm.service.j2: {exc}") from exc
+    return RenderedUnit(name=model.unit_name, text=text)

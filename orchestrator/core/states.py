@@ -1,0 +1,84 @@
+"""The deployment state machine, as data.
+
+A deployment moves through the phases of a switch. Each step either succeeds (``ok``) or fails
+(``fail``); the table says where that leads. ``advance`` is the only way to move, and an illegal
+move raises an error that names the event and the state (after h11's ``_state.py``).
+
+Failures before ``stopping`` abort with the old model still serving. Failures from ``stopping``
+on roll back to the previous stable revision, unless there is none or rollback is disabled.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from orchestrator.errors import StateError
+
+
+class Phase(StrEnum):
+    PLANNED = "planned"
+    PREFLIGHT = "preflight"
+    STAGING = "staging"
+    STOPPING = "stopping"
+    FREEING = "freeing"
+    INSTALLING = "installing"
+    STARTING = "starting"
+    CHECKING = "checking"
+    ACTIVE = "active"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+class Event(StrEnum):
+    OK = "ok"
+    FAIL = "fail"
+    FAIL_NO_ROLLBACK = "fail_no_rollback"
+
+
+P, E = Phase, Event
+
+# The steps that run in order on the way to ACTIVE.
+FORWARD: tuple[Phase, ...] = (P.PLANNED, P.PREFLIGHT, P.STAGING, P.STOPPING, P.FREEING,
+                              P.INSTALLING, P.STARTING, P.CHECKING, P.ACTIVE)
+# From here on the old model is (being) stopped: a failure must bring a model back.
+DISRUPTIVE: frozenset[Phase] = frozenset({P.STOPPING, P.FREEING, P.INSTALLING, P.STARTING, P.CHECKING})
+TERMINAL: frozenset[Phase] = frozenset({P.ACTIVE, P.ROLLED_BACK, P.ABORTED, P.FAILED})
+
+
+def _table() -> dict[tuple[Phase, Event], Phase]:
+    table: dict[tuple[Phase, Event], Phase] = {}
+    for here, there in zip(FORWARD, FORWARD[1:]):
+        table[here, E.OK] = there
+    for phase in (P.PLANNED, P.PREFLIGHT, P.STAGING):
+        table[phase, E.FAIL] = P.ABORTED
+        table[phase, E.FAIL_NO_ROLLBACK] = P.ABORTED
+    for phase in DISRUPTIVE:
+        table[phase, E.FAIL] = P.ROLLING_BACK
+        table[phase, E.FAIL_NO_ROLLBACK] = P.FAILED
+    table[P.ROLLING_BACK, E.OK] = P.ROLLED_BACK
+    # A failed rollback is final: both errors are kept and nothing is retried in a loop.
+    table[P.ROLLING_BACK, E.FAIL] = P.FAILED
+    table[P.ROLLING_BACK, E.FAIL_NO_ROLLBACK] = P.FAILED
+    return table
+
+
+TRANSITIONS: dict[tuple[Phase, Event], Phase] = _table()
+
+
+def advance(phase: Phase, event: Event) -> Phase:
+    """The phase after ``event`` happens in ``phase``."""
+    try:
+        return TRANSITIONS[phase, event]
+    except KeyError:
+        raise StateError(f"event {event.value!r} is not allowed in state {phase.value!r}") from None
+
+
+def is_terminal(phase: Phase) -> bool:
+    return phase in TERMINAL
+
+
+def outcome_ok(phase: Phase) -> bool:
+    """True when the deployment ended with its own model serving."""
+    return phase is P.ACTIVE

@@ -1,0 +1,110 @@
+"""One error hierarchy for the whole tool.
+
+Every error names what it is about (a file and key, a host, a unit, a step) and the bad value,
+and carries the process exit code the CLI uses. Adapters map library errors into these at the
+boundary with ``raise ... from exc`` so nothing above them sees paramiko, httpx or GLib types.
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Root of every error the tool raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, host: str | None = None, unit: str | None = None,
+                 step: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.host = host
+        self.unit = unit
+        self.step = step
+
+    def __str__(self) -> str:
+        prefix = f"host {self.host}: " if self.host and not self.message.startswith("host ") else ""
+        return prefix + self.message
+
+
+class ConfigError(OrchestratorError):
+    """deploy.toml or the environment is invalid: names the file, the key path and the value."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None) -> None:
+        where = ": ".join(p for p in (file, key) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+        self.file = file
+        self.key = key
+
+
+class UsageError(OrchestratorError):
+    """A command was called with arguments that cannot work (unknown model, bad flag value)."""
+
+    exit_code = 2
+
+
+class RenderError(OrchestratorError):
+    """A value cannot be written into a unit file safely."""
+
+    exit_code = 2
+
+
+class PlanError(OrchestratorError):
+    """The requested layout cannot load on the host; the message carries the fix."""
+
+    exit_code = 3
+
+
+class TransportError(OrchestratorError):
+    """The host could not be reached or the connection broke (SSH refused, auth, host key)."""
+
+    exit_code = 4
+
+
+class CommandFailed(OrchestratorError):
+    """A command on a host exited non-zero: names the command, the exit code and its last output."""
+
+    def __init__(self, command: str, exit_code: int, output: str, *, host: str | None = None) -> None:
+        tail = "\n".join(output.strip().splitlines()[-10:])
+        super().__init__(f"command {command!r} exited {exit_code}" + (f":\n{tail}" if tail else ""),
+                         host=host)
+        self.command = command
+        self.returncode = exit_code
+        self.output = output
+
+
+class SystemdError(OrchestratorError):
+    """systemd refused an operation or a unit ended up in a state we did not ask for."""
+
+
+class UnitNotFound(SystemdError):
+    """The unit is not known to systemd on that host."""
+
+
+class GpuBusy(OrchestratorError):
+    """GPU memory is still held after the grace period; names PIDs, process names and memory."""
+
+
+class HealthCheckFailed(OrchestratorError):
+    """The server never proved it can serve: /health, /v1/models or a real completion failed."""
+
+
+class WeightsError(OrchestratorError):
+    """Weights could not be staged or failed verification (missing shard, wrong size, no space)."""
+
+
+class StateError(OrchestratorError):
+    """The state store or the state machine refused an operation (illegal transition, busy host)."""
+
+
+class Busy(StateError):
+    """Another operation already runs on this host; names it."""
+
+    exit_code = 5
+
+
+class AgentError(OrchestratorError):
+    """The agent could not be reached or refused the request."""
+
+    exit_code = 6

@@ -1,0 +1,175 @@
+"""The small interfaces between the engine and the outside world.
+
+Each port has a real adapter in ``orchestrator.adapters`` and an in-memory fake in
+``orchestrator.testing``. Adapters are chosen once, per host, when the engine is built.
+Every method raises only ``orchestrator.errors`` types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
+from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.core.states import Phase
+
+
+class Shell(Protocol):
+    """Runs commands and touches files on one host (locally or over one SSH connection)."""
+
+    host: str
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
+            idempotent: bool = False) -> CommandResult:
+        """Run argv (quoted for the remote shell by the adapter). ``check`` raises CommandFailed
+        on a non-zero exit; ``idempotent`` allows a retry after a dropped connection."""
+        ...
+
+    def read_file(self, path: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        ...
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write atomically: a temp file in the same directory, fsync, rename."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Systemd(Protocol):
+    """The systemd manager of one host."""
+
+    host: str
+
+    def unit_state(self, unit: str) -> UnitState:
+        """Never raises for an unknown unit: returns load_state 'not-found'."""
+        ...
+
+    def start(self, unit: str, *, timeout: float = 90.0) -> None:
+        """Start and wait for the job to finish (not for the service to be healthy)."""
+        ...
+
+    def stop(self, unit: str, *, timeout: float = 300.0) -> None:
+        """Stop and wait for the job; stopping an inactive or unknown unit is a no-op."""
+        ...
+
+    def restart(self, unit: str, *, timeout: float = 90.0) -> None: ...
+
+    def reset_failed(self, unit: str) -> None: ...
+
+    def daemon_reload(self) -> None: ...
+
+    def enable(self, unit: str) -> None: ...
+
+    def disable(self, unit: str) -> None: ...
+
+    def install_unit(self, unit: str, content: str) -> None:
+        """Write the unit file atomically into the host's unit directory (no reload)."""
+        ...
+
+    def read_unit(self, unit: str) -> str | None:
+        """The installed unit file's text, or None."""
+        ...
+
+    def remove_unit(self, unit: str) -> None: ...
+
+    def journal_tail(self, unit: str, lines: int = 20) -> list[str]: ...
+
+    def cgroup_pids(self, unit: str) -> list[int]:
+        """PIDs still in the unit's cgroup (processes a stop left behind)."""
+        ...
+
+    def kill_unit(self, unit: str, signal: int) -> None:
+        """Send a signal to every process of the unit's cgroup."""
+        ...
+
+
+class GpuProbe(Protocol):
+    """nvidia-smi (or a stand-in) on one host."""
+
+    def snapshot(self) -> GpuSnapshot: ...
+
+
+class HealthProbe(Protocol):
+    """HTTP probes of one OpenAI-compatible server."""
+
+    def health(self, base_url: str) -> tuple[bool, str]:
+        """(ok, detail) for GET /health."""
+        ...
+
+    def models(self, base_url: str) -> list[str]:
+        """Served model ids from GET /v1/models (raises HealthCheckFailed on a bad answer)."""
+        ...
+
+    def complete(self, base_url: str, model: str) -> str:
+        """One 1-token completion; returns the text or raises HealthCheckFailed."""
+        ...
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Wall-clock seconds since the epoch (for records)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Monotonic seconds (for deadlines)."""
+        ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+ProgressCallback = Callable[[str, dict[str, Any]], None]
+"""Receives (event, fields) for progress the CLI shows: phase changes, bytes downloaded, polls."""
+
+
+@dataclass(frozen=True)
+class StagedWeights:
+    """Weights verified on a host: where they are and which exact revision they are."""
+
+    path: str
+    revision: str
+    total_bytes: int
+
+
+class WeightStore(Protocol):
+    """Stages and verifies model weights on one host."""
+
+    def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
+        """Download (or copy) and verify the weights for spec; idempotent when already staged."""
+        ...
+
+    def verify(self, spec: UnitSpec) -> StagedWeights | None:
+        """The verified staged weights, or None when they are not (completely) there."""
+        ...
+
+
+class StateStore(Protocol):
+    """Durable deployment records (see adapters.sqlite_store for the real one)."""
+
+    def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
+               at: float, no_rollback: bool = False) -> Deployment: ...
+
+    def transition(self, dep_id: int, phase: Phase, at: float) -> None: ...
+
+    def update_spec(self, dep_id: int, spec: UnitSpec) -> None: ...
+
+    def record_error(self, dep_id: int, *, error: str | None = None,
+                     rollback_error: str | None = None) -> None: ...
+
+    def set_serving(self, host: str, revision: int | None) -> None: ...
+
+    def record_bench(self, dep_id: int, result: dict[str, Any]) -> None: ...
+
+    def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None: ...
+
+    def get(self, dep_id: int) -> Deployment: ...
+
+    def by_revision(self, host: str, revision: int) -> Deployment: ...
+
+    def history(self, host: str | None = None, limit: int = 50) -> list[Deployment]: ...
+
+    def unfinished(self, host: str | None = None) -> list[Deployment]: ...
+
+    def serving(self, host: str) -> Deployment | None: ...

@@ -1,0 +1,64 @@
+"""Run the pure planner against what a host really has, before anything is stopped."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.core import planner
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.observed import GpuSnapshot
+from orchestrator.core.records import Deployment
+from orchestrator.errors import PlanError
+from orchestrator.steps import HostPorts
+
+
+def _read_json(ports: HostPorts, path: str) -> dict[str, Any] | None:
+    raw = ports.shell.read_file(path)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise PlanError(f"{path} is not valid JSON: {exc}", host=ports.host.name) from exc
+    return data if isinstance(data, dict) else None
+
+
+def hardware_of(snap: GpuSnapshot, host_memory_gib: float, interconnect: str) -> planner.Hardware:
+    """The planner's view of a host: GPU count and the smallest GPU's memory, as observed."""
+    if snap.gpus:
+        memory = min(g.memory_total_mib for g in snap.gpus) / 1024
+        free = tuple(g.memory_free_mib / 1024 for g in snap.gpus)
+    else:
+        memory, free = host_memory_gib, ()
+    return planner.Hardware(gpu_count=len(snap.gpus), gpu_memory_gib=memory, free_memory_gib=free or None,
+                            interconnect=None if interconnect == "unknown" else interconnect)
+
+
+def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuSnapshot) -> list[str]:
+    """Raise PlanError when the model's layout cannot load on this host; return warnings.
+
+    Needs the model's config.json on the host, so before staging it only runs for weights that
+    are already there; staging runs it again, still before the serving model is stopped.
+    """
+    if dep.model not in catalog.models or dep.trigger.startswith("rollback"):
+        return []  # a recorded revision already loaded once on this host
+    config = _read_json(ports, f"{dep.spec.model_dir}/config.json")
+    if config is None:
+        return []
+    model = catalog.models[dep.model]
+    index = _read_json(ports, f"{dep.spec.model_dir}/model.safetensors.index.json")
+    layout = planner.Layout(tp=model.tensor_parallel, pp=model.pipeline_parallel, dp=model.data_parallel,
+                            ep=model.expert_parallel)
+    workload = planner.Workload(
+        max_model_len=model.max_model_len,
+        gpu_memory_utilization=model.gpu_memory_utilization or catalog.defaults.gpu_memory_utilization)
+    weight_bytes = planner.weight_bytes_from_index(index) if index else None
+    result = planner.plan(config, layout, hardware_of(snap, ports.host.gpu_memory_gib, ports.host.interconnect),
+                          workload, weight_bytes=weight_bytes)
+    verdict = result.verdict
+    if not verdict.valid:
+        fix = f"; {verdict.fix}" if verdict.fix else ""
+        raise PlanError(f"{dep.model} cannot load as {layout}: " + "; ".join(verdict.reasons) + fix,
+                        host=dep.host)
+    return list(verdict.warnings)

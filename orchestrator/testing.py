@@ -1,0 +1,265 @@
+"""In-memory fakes of every port, shipped with the package for tests of the core and the engine.
+
+``FakeHost`` is one simulated machine: units with a scripted behaviour when started, GPU memory
+held by their processes, an HTTP server per running unit. The fakes implement the ports in
+``orchestrator.ports`` and nothing more; real-part tests use the adapters on booted test hosts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from orchestrator.core.catalog import Host
+from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
+from orchestrator.core.records import UnitSpec
+from orchestrator.errors import CommandFailed, HealthCheckFailed, SystemdError
+from orchestrator.ports import ProgressCallback, StagedWeights
+from orchestrator.steps import HostPorts
+
+Behaviour = Literal["ok", "crash", "health_only", "never_ready", "bad_unit"]
+
+
+class FakeClock:
+    """Time that only moves when someone sleeps: deterministic deadlines with no waiting."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.t = 0.0
+        self.start = start
+        self.on_sleep: list[Any] = []
+
+    def now(self) -> float:
+        return self.start + self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        for hook in self.on_sleep:
+            hook()
+
+
+@dataclass
+class _Unit:
+    text: str
+    active: str = "inactive"
+    sub: str = "dead"
+    pid: int = 0
+    status: int = 0
+    restarts: int = 0
+    enabled: bool = False
+    started_at: float = 0.0
+
+
+@dataclass
+class FakeHost:
+    """One simulated host; ``behaviours`` maps unit names to what happens when they start."""
+
+    name: str = "fake"
+    gpu_count: int = 8
+    gpu_mib: int = 97_887
+    load_s: float = 2.0
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    orphans: set[str] = field(default_factory=set)  # units whose processes survive a stop
+    clock: FakeClock = field(default_factory=FakeClock)
+    files: dict[str, bytes] = field(default_factory=dict)
+    units: dict[str, _Unit] = field(default_factory=dict)
+    holders: dict[int, tuple[tuple[int, ...], int, str, str]] = field(default_factory=dict)
+    loaded: dict[str, str] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(4000))
+
+    def ports(self, host: Host | None = None, weights: FakeWeights | None = None) -> HostPorts:
+        spec = host or Host(name=self.name, gpus=self.gpu_count)
+        return HostPorts(host=spec, shell=FakeShell(self), systemd=FakeSystemd(self), gpus=FakeGpus(self),
+                         health=FakeHealth(self), clock=self.clock, weights=weights)
+
+    def hold(self, gpus: Sequence[int], mib: int, name: str = "python", unit: str = "") -> int:
+        pid = next(self._pids)
+        self.holders[pid] = (tuple(gpus), mib, name, unit)
+        return pid
+
+    def active_units(self) -> list[str]:
+        return sorted(n for n, u in self.units.items() if u.active == "active")
+
+
+class FakeShell:
+    def __init__(self, world: FakeHost) -> None:
+        self.host = world.name
+        self.w = world
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
+            idempotent: bool = False) -> CommandResult:
+        result = CommandResult(" ".join(argv), 127, "", "fake shell runs no commands")
+        if check:
+            raise CommandFailed(result.command, 127, result.stderr, host=self.host)
+        return result
+
+    def read_file(self, path: str) -> bytes | None:
+        return self.w.files.get(path)
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self.w.files[path] = data
+
+    def close(self) -> None:
+        pass
+
+
+class FakeSystemd:
+    def __init__(self, world: FakeHost) -> None:
+        self.host = world.name
+        self.w = world
+
+    def unit_state(self, unit: str) -> UnitState:
+        u = self.w.units.get(unit)
+        if u is None or unit not in self.w.loaded:
+            return UnitState(unit, "not-found", "inactive", "dead")
+        load = "bad-setting" if self.w.behaviours.get(unit) == "bad_unit" else "loaded"
+        return UnitState(unit, load, u.active, u.sub, u.pid, u.status, u.restarts,
+                         "exit-code" if u.active == "failed" else "success")
+
+    def start(self, unit: str, *, timeout: float = 90.0) -> None:
+        self.w.calls.append(f"start {unit}")
+        u = self.w.units.get(unit)
+        if u is None or unit not in self.w.loaded:
+            raise SystemdError(f"unit {unit} not found", host=self.host, unit=unit)
+        if self.w.behaviours.get(unit) == "crash":
+            u.active, u.sub, u.status = "failed", "failed", 1
+            raise SystemdError(f"job for {unit} failed", host=self.host, unit=unit)
+        if u.active == "active":
+            return
+        u.active, u.sub, u.started_at = "active", "running", self.w.clock.monotonic()
+        u.pid = self.w.hold(self._gpus_of(u.text), 70_000, "VLLM::EngineCore", unit)
+
+    def _gpus_of(self, text: str) -> tuple[int, ...]:
+        for line in text.splitlines():
+            if "CUDA_VISIBLE_DEVICES=" in line:
+                return tuple(int(g) for g in line.split("=", 2)[-1].strip('"').split(","))
+        return ()
+
+    def stop(self, unit: str, *, timeout: float = 300.0) -> None:
+        self.w.calls.append(f"stop {unit}")
+        u = self.w.units.get(unit)
+        if u is None or u.active in ("inactive",):
+            return
+        u.active, u.sub, u.pid = "inactive", "dead", 0
+        if unit not in self.w.orphans:
+            for pid in [p for p, h in self.w.holders.items() if h[3] == unit]:
+                del self.w.holders[pid]
+
+    def restart(self, unit: str, *, timeout: float = 90.0) -> None:
+        self.stop(unit)
+        self.start(unit)
+
+    def reset_failed(self, unit: str) -> None:
+        u = self.w.units.get(unit)
+        if u is not None and u.active == "failed":
+            u.active, u.sub = "inactive", "dead"
+
+    def daemon_reload(self) -> None:
+        self.w.calls.append("daemon-reload")
+        self.w.loaded = {n: u.text for n, u in self.w.units.items()}
+
+    def enable(self, unit: str) -> None:
+        self.w.units[unit].enabled = True
+
+    def disable(self, unit: str) -> None:
+        self.w.units[unit].enabled = False
+
+    def install_unit(self, unit: str, content: str) -> None:
+        self.w.calls.append(f"install {unit}")
+        old = self.w.units.get(unit)
+        self.w.units[unit] = _Unit(content) if old is None else _Unit(content, old.active, old.sub, old.pid,
+                                                                      old.status, old.restarts, old.enabled)
+
+    def read_unit(self, unit: str) -> str | None:
+        u = self.w.units.get(unit)
+        return None if u is None else u.text
+
+    def remove_unit(self, unit: str) -> None:
+        self.w.units.pop(unit, None)
+
+    def journal_tail(self, unit: str, lines: int = 20) -> list[str]:
+        return [f"{unit}: fake journal line"]
+
+    def cgroup_pids(self, unit: str) -> list[int]:
+        u = self.w.units.get(unit)
+        if u is not None and u.active == "active":
+            return []  # a running unit's processes are not leftovers
+        return sorted(p for p, h in self.w.holders.items() if h[3] == unit)
+
+    def kill_unit(self, unit: str, signal: int) -> None:
+        self.w.calls.append(f"kill {unit} {signal}")
+        for pid in [p for p, h in self.w.holders.items() if h[3] == unit]:
+            del self.w.holders[pid]
+
+
+class FakeGpus:
+    def __init__(self, world: FakeHost) -> None:
+        self.w = world
+
+    def snapshot(self) -> GpuSnapshot:
+        used = {i: 0 for i in range(self.w.gpu_count)}
+        procs = []
+        for pid, (gpus, mib, name, _unit) in sorted(self.w.holders.items()):
+            for g in gpus:
+                used[g] = used.get(g, 0) + mib
+                procs.append(GpuProcess(pid, name, f"GPU-{g}", mib, g))
+        gpus_ = tuple(GpuInfo(i, f"GPU-{i}", "Fake GPU", self.w.gpu_mib, used[i]) for i in range(self.w.gpu_count))
+        return GpuSnapshot(gpus_, tuple(procs))
+
+
+class FakeHealth:
+    """Answers for whichever unit listens on the URL's port, by that unit's behaviour."""
+
+    def __init__(self, world: FakeHost) -> None:
+        self.w = world
+
+    def _unit_at(self, base_url: str) -> tuple[str, _Unit] | None:
+        port = base_url.rsplit(":", 1)[-1]
+        for name, u in self.w.units.items():
+            if u.active == "active" and f'"--port" "{port}"' in u.text:
+                return name, u
+        return None
+
+    def health(self, base_url: str) -> tuple[bool, str]:
+        found = self._unit_at(base_url)
+        if found is None:
+            return False, "connection refused"
+        name, u = found
+        if self.w.behaviours.get(name) == "never_ready":
+            return False, "503"
+        ready = self.w.clock.monotonic() - u.started_at >= self.w.load_s
+        return ready, "200" if ready else "503"
+
+    def models(self, base_url: str) -> list[str]:
+        found = self._unit_at(base_url)
+        if found is None:
+            raise HealthCheckFailed("connection refused")
+        text = found[1].text
+        return [text.split('"--served-model-name" "', 1)[1].split('"', 1)[0]]
+
+    def complete(self, base_url: str, model: str) -> str:
+        found = self._unit_at(base_url)
+        if found is None or self.w.behaviours.get(found[0]) == "health_only":
+            raise HealthCheckFailed(f"POST {base_url}/v1/completions: HTTP 500")
+        return "x"
+
+
+class FakeWeights:
+    """A weight store that stages instantly and records what it was asked for."""
+
+    def __init__(self, resolved: str = "0" * 40) -> None:
+        self.resolved = resolved
+        self.staged: list[str] = []
+
+    def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
+        self.staged.append(spec.model)
+        progress("staged", {"model": spec.model})
+        return StagedWeights(path=spec.model_dir, revision=spec.revision, total_bytes=0)
+
+    def verify(self, spec: UnitSpec) -> StagedWeights | None:
+        return StagedWeights(path=spec.model_dir, revision=spec.revision, total_bytes=0)

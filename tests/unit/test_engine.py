@@ -1,0 +1,179 @@
+"""The engine against fake ports: outcomes, rollback, history and idempotent resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.core.states import Phase
+from orchestrator.errors import UsageError
+
+from .conftest import World
+
+
+def test_first_switch_becomes_active(world: World) -> None:
+    """A switch on an empty host ends active with the unit running and enabled."""
+    dep = world.switch("alpha")
+    assert dep.phase is Phase.ACTIVE
+    assert world.host.active_units() == ["vllm-alpha.service"]
+    assert world.host.units["vllm-alpha.service"].enabled
+    assert world.store.serving("box").revision == 1
+
+
+def test_switch_stops_the_old_model_first(world: World) -> None:
+    """A -> B stops A before B starts, and B serves afterwards."""
+    world.switch("alpha")
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ACTIVE
+    calls = world.host.calls
+    assert calls.index("stop vllm-alpha.service") < calls.index("start vllm-beta.service")
+    assert world.host.active_units() == ["vllm-beta.service"]
+    assert not world.host.units["vllm-alpha.service"].enabled
+
+
+def test_health_failure_rolls_back_to_previous(world: World) -> None:
+    """B never gets ready: the engine brings A back and records why."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "never_ready"
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert "not ready after its load deadline" in (dep.error or "")
+    assert world.host.active_units() == ["vllm-alpha.service"]
+    assert world.store.serving("box").model == "alpha"
+
+
+def test_completion_failure_rolls_back(world: World) -> None:
+    """/health 200 with failing completions is not ready."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "health_only"
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert "completions failed" in (dep.error or "")
+
+
+def test_crash_on_start_rolls_back(world: World) -> None:
+    """A unit whose start job fails rolls back with the journal in the error."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "crash"
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert dep.error is not None and "journal" in dep.error
+
+
+def test_invalid_unit_rolls_back(world: World) -> None:
+    """A unit systemd cannot load is caught at install, before any start."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "bad_unit"
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert "did not load after daemon-reload" in (dep.error or "")
+    assert "start vllm-beta.service" not in world.host.calls
+
+
+def test_foreign_process_on_gpus_rolls_back_naming_it(world: World) -> None:
+    """A process outside our units holding B's GPUs stops the switch with its PID, name and memory."""
+    world.switch("gamma")  # on GPUs 4-7: not in the way
+    pid = world.host.hold([2], 20_480, "python3")
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert f"pid {pid} python3 holds 20.0 GiB on GPU 2" in (dep.error or "")
+
+
+def test_orphans_of_the_old_unit_are_reaped(world: World) -> None:
+    """Processes the stopped unit left in its cgroup are killed, then the switch goes on."""
+    world.switch("alpha")
+    world.host.orphans.add("vllm-alpha.service")
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ACTIVE
+    assert any(c.startswith("kill vllm-alpha.service") for c in world.host.calls)
+
+
+def test_failed_rollback_ends_failed_with_both_errors(world: World) -> None:
+    """When A cannot come back either, the deployment fails and keeps both errors."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "never_ready"
+    world.host.behaviours["vllm-alpha.service"] = "crash"
+    dep = world.switch("beta")
+    assert dep.phase is Phase.FAILED
+    assert dep.error and dep.rollback_error
+    assert world.store.serving("box") is None
+
+
+def test_no_rollback_flag_leaves_failure(world: World) -> None:
+    """--no-rollback ends in failed without touching A."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "never_ready"
+    dep = world.switch("beta", no_rollback=True)
+    assert dep.phase is Phase.FAILED
+    assert world.host.calls.count("start vllm-alpha.service") == 1
+    assert world.host.active_units() == ["vllm-beta.service"]
+
+
+def test_first_deploy_failure_cannot_roll_back(world: World) -> None:
+    """With no previous stable revision a failure is final."""
+    world.host.behaviours["vllm-alpha.service"] = "crash"
+    dep = world.switch("alpha")
+    assert dep.phase is Phase.FAILED
+
+
+def test_switch_to_serving_model_is_noop(world: World) -> None:
+    """The active, healthy, unchanged model is not redeployed."""
+    world.switch("alpha")
+    assert world.switch("alpha") is None
+    assert len(world.store.history("box")) == 1
+
+
+def test_force_redeploys_serving_model(world: World) -> None:
+    """--force (a scheduled redeploy) restarts the same model as a new revision."""
+    world.switch("alpha")
+    dep = world.switch("alpha", force=True)
+    assert dep.phase is Phase.ACTIVE and dep.revision == 2
+    assert world.host.calls.count("start vllm-alpha.service") == 2
+
+
+def test_rollback_returns_to_previous_model(world: World) -> None:
+    """After A -> B, rollback deploys A's recorded unit as revision 3."""
+    world.switch("alpha")
+    world.switch("beta")
+    dep = world.engine.run(world.engine.plan_rollback("box").id)
+    assert dep.phase is Phase.ACTIVE and dep.model == "alpha" and dep.revision == 3
+    assert dep.spec.unit_sha == world.store.by_revision("box", 1).spec.unit_sha
+
+
+def test_rollback_to_revision_that_never_served_is_refused(world: World) -> None:
+    """rollback --to N refuses a revision that did not become active."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "never_ready"
+    world.switch("beta")
+    with pytest.raises(UsageError, match="revision 2 .* never became active"):
+        world.engine.plan_rollback("box", 2)
+
+
+def test_every_phase_is_timed(world: World) -> None:
+    """History keeps a duration for each phase a deployment passed through."""
+    dep = world.switch("alpha")
+    phases = [t.phase for t in dep.timings]
+    assert phases == ["planned", "preflight", "staging", "stopping", "freeing", "installing", "starting",
+                      "checking"]
+    assert all(t.seconds is not None for t in dep.timings)
+
+
+@pytest.mark.parametrize("stop_at", ["preflight", "staging", "stopping", "freeing", "installing", "starting",
+                                     "checking"])
+def test_resume_after_interruption_converges(world: World, stop_at: str) -> None:
+    """An engine stopped at any phase boundary and run again ends active, with one unit running."""
+    world.switch("alpha")
+    dep = world.engine.plan_switch("beta")
+    assert dep is not None
+
+    def park_at(d: object) -> None:
+        if getattr(d, "phase").value == stop_at:
+            world.engine.park.set()
+
+    world.engine.before_step = park_at
+    parked = world.engine.run(dep.id)
+    assert parked.phase.value == stop_at
+    world.engine.park.clear()
+    world.engine.before_step = None
+    done = world.engine.run(dep.id)
+    assert done.phase is Phase.ACTIVE
+    assert world.host.active_units() == ["vllm-beta.service"]

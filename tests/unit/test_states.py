@@ -1,0 +1,45 @@
+"""The state machine as data: every legal move, and the error for an illegal one."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.core.states import FORWARD, TERMINAL, TRANSITIONS, Event, Phase, advance
+from orchestrator.errors import StateError
+
+
+def test_forward_path_reaches_active() -> None:
+    """Succeeding at every step walks planned -> ... -> active."""
+    phase = Phase.PLANNED
+    seen = [phase]
+    while phase is not Phase.ACTIVE:
+        phase = advance(phase, Event.OK)
+        seen.append(phase)
+    assert tuple(seen) == FORWARD
+
+
+@pytest.mark.parametrize("phase", [Phase.PLANNED, Phase.PREFLIGHT, Phase.STAGING])
+def test_failure_before_stopping_aborts(phase: Phase) -> None:
+    """Nothing was stopped yet, so a failure aborts and the old model keeps serving."""
+    assert advance(phase, Event.FAIL) is Phase.ABORTED
+
+
+@pytest.mark.parametrize("phase", [Phase.STOPPING, Phase.FREEING, Phase.INSTALLING, Phase.STARTING,
+                                   Phase.CHECKING])
+def test_failure_after_stopping_rolls_back(phase: Phase) -> None:
+    """From stopping on, a failure rolls back (or fails when rollback is impossible)."""
+    assert advance(phase, Event.FAIL) is Phase.ROLLING_BACK
+    assert advance(phase, Event.FAIL_NO_ROLLBACK) is Phase.FAILED
+
+
+def test_failed_rollback_is_final() -> None:
+    """A rollback that fails ends in failed; nothing loops back into rolling_back."""
+    assert advance(Phase.ROLLING_BACK, Event.FAIL) is Phase.FAILED
+    assert all(dst is not Phase.ROLLING_BACK for (src, _), dst in TRANSITIONS.items() if src is Phase.ROLLING_BACK)
+
+
+@pytest.mark.parametrize("phase", sorted(TERMINAL))
+def test_terminal_states_accept_no_event(phase: Phase) -> None:
+    """An event in a terminal state is illegal and the error names both."""
+    with pytest.raises(StateError, match=f"event 'ok' is not allowed in state '{phase.value}'"):
+        advance(phase, Event.OK)
