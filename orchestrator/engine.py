@@ -121,7 +121,7 @@ class Engine:
         bound = {"deployment_id": dep.id, "host": dep.host, "revision": dep.revision}
         blog = log.bind(**bound)
         ctx = StepContext(ports=ports, defaults=self.catalog.defaults, progress=self.progress,
-                          managed_units=self._managed_units(dep.host), bound=bound)
+                          managed_units=self._managed_units(dep.host), bound=bound, park=self.park)
         while not is_terminal(dep.phase):
             if self.before_step is not None:
                 self.before_step(dep)  # test hook: pause or park at a named phase
@@ -129,7 +129,12 @@ class Engine:
                 blog.info("deployment_parked", phase=dep.phase.value)
                 ctx.emit("parked", phase=dep.phase.value)
                 return dep
-            event = self._run_step(ctx, dep, blog)
+            try:
+                event = self._run_step(ctx, dep, blog)
+            except steps.Parked:
+                blog.info("deployment_parked", phase=dep.phase.value)
+                ctx.emit("parked", phase=dep.phase.value)
+                return dep
             nxt = advance(dep.phase, event)
             at = ports.clock.now()
             self.store.transition(dep.id, nxt, at)

@@ -108,3 +108,9 @@ class AgentError(OrchestratorError):
     """The agent could not be reached or refused the request."""
 
     exit_code = 6
+
+
+class Detached(OrchestratorError):
+    """The CLI stopped watching (Ctrl-C, lost terminal); the agent carries on with the operation."""
+
+    exit_code = 130

@@ -56,7 +56,7 @@ def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuS
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
     result = planner.plan(config, layout, hardware_of(snap, ports.host.gpu_memory_gib, ports.host.interconnect),
                           workload, weight_bytes=weight_bytes)
-    verdict = result.verdict
+    verdict = result.requested
     if not verdict.valid:
         fix = f"; {verdict.fix}" if verdict.fix else ""
         raise PlanError(f"{dep.model} cannot load as {layout}: " + "; ".join(verdict.reasons) + fix,

@@ -7,6 +7,7 @@ returns or raises an OrchestratorError. Steps never touch the state store; the e
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,13 @@ from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, S
 from orchestrator.ports import Clock, GpuProbe, HealthProbe, ProgressCallback, Shell, Systemd, WeightStore
 
 log = structlog.get_logger()
+
+
+class Parked(Exception):
+    """The agent is stopping: leave the step unfinished; re-running it later is safe.
+
+    Not an OrchestratorError on purpose: it is not a failure and must never trigger a rollback.
+    """
 
 
 @dataclass
@@ -49,9 +57,16 @@ class StepContext:
     bound: dict[str, Any] = field(default_factory=dict)
     free_threshold_mib: int = 1024
     completion_attempts: int = 3
+    park: threading.Event = field(default_factory=threading.Event)
 
     def emit(self, event: str, **fields: Any) -> None:
         self.progress(event, {**self.bound, **fields})
+
+    def pause(self, seconds: float) -> None:
+        """Sleep between polls, unless the agent is stopping: then park the step."""
+        if self.park.is_set():
+            raise Parked()
+        self.ports.clock.sleep(seconds)
 
 
 def journal_hint(ctx: StepContext, unit: str, lines: int = 15) -> str:
@@ -127,7 +142,7 @@ def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str]) -> 
                 detail = ", ".join(f"{u} still has pids {p}" for u, p in leftovers.items())
             raise GpuBusy(f"GPU {','.join(map(str, gpus))} not free {timeout:g} s after "
                           f"{', '.join(units) or 'the stop'}: {detail}", host=ctx.ports.host.name)
-        clock.sleep(min(0.2, ctx.defaults.health_interval_s))
+        ctx.pause(min(0.2, ctx.defaults.health_interval_s))
 
 
 def install_unit(ctx: StepContext, spec: UnitSpec) -> bool:
@@ -204,7 +219,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
             ctx.emit("waiting", unit=spec.unit_name, seconds=round(elapsed, 1),
                      deadline=spec.load_deadline_s, last=last)
             next_note = clock.monotonic() + 5.0
-        clock.sleep(ctx.defaults.health_interval_s)
+        ctx.pause(ctx.defaults.health_interval_s)
 
 
 def settle_enablement(ctx: StepContext, serving: str, others: Iterable[str]) -> None:

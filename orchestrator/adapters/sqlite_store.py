@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,6 +58,8 @@ class SqliteStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+        # One connection shared by the agent's threads: every use goes through this lock.
+        self._lock = threading.RLock()
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -70,16 +73,26 @@ class SqliteStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            yield self._db
-            self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._db.execute("ROLLBACK")
-            raise StateError(f"state store {self.path}: {exc}") from exc
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                yield self._db
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StateError(f"state store {self.path}: {exc}") from exc
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def _read(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            try:
+                return self._db.execute(query, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StateError(f"state store {self.path}: {exc}") from exc
 
     def close(self) -> None:
         self._db.close()
@@ -133,14 +146,15 @@ class SqliteStore:
 
     # -- reads ----------------------------------------------------------------------------------
     def get(self, dep_id: int) -> Deployment:
-        row = self._db.execute("SELECT * FROM deployments WHERE id=?", (dep_id,)).fetchone()
+        rows = self._read("SELECT * FROM deployments WHERE id=?", (dep_id,))
+        row = rows[0] if rows else None
         if row is None:
             raise StateError(f"deployment #{dep_id} does not exist in {self.path}")
         return self._deployment(row)
 
     def by_revision(self, host: str, revision: int) -> Deployment:
-        row = self._db.execute("SELECT * FROM deployments WHERE host=? AND revision=?",
-                               (host, revision)).fetchone()
+        rows = self._read("SELECT * FROM deployments WHERE host=? AND revision=?", (host, revision))
+        row = rows[0] if rows else None
         if row is None:
             raise StateError(f"host {host} has no revision {revision}")
         return self._deployment(row)
@@ -148,16 +162,17 @@ class SqliteStore:
     def history(self, host: str | None = None, limit: int = 50) -> list[Deployment]:
         q = "SELECT * FROM deployments" + (" WHERE host=?" if host else "") + " ORDER BY id DESC LIMIT ?"
         args: tuple[Any, ...] = (host, limit) if host else (limit,)
-        return [self._deployment(r) for r in self._db.execute(q, args).fetchall()]
+        return [self._deployment(r) for r in self._read(q, args)]
 
     def unfinished(self, host: str | None = None) -> list[Deployment]:
         terminal = tuple(p.value for p in TERMINAL)
         q = (f"SELECT * FROM deployments WHERE phase NOT IN ({','.join('?' * len(terminal))})"
              + (" AND host=?" if host else "") + " ORDER BY id")
-        return [self._deployment(r) for r in self._db.execute(q, (*terminal, *((host,) if host else ())))]
+        return [self._deployment(r) for r in self._read(q, (*terminal, *((host,) if host else ())))]
 
     def serving(self, host: str) -> Deployment | None:
-        row = self._db.execute("SELECT revision FROM serving WHERE host=?", (host,)).fetchone()
+        rows = self._read("SELECT revision FROM serving WHERE host=?", (host,))
+        row = rows[0] if rows else None
         if row is None or row[0] is None:
             return None
         return self.by_revision(host, int(row[0]))
@@ -168,14 +183,13 @@ class SqliteStore:
             q, args = q + " AND host=?", [*args, host]
         if kind:
             q, args = q + " AND kind=?", [*args, kind]
-        rows = self._db.execute(q + " ORDER BY rowid DESC LIMIT ?", (*args, limit)).fetchall()
+        rows = self._read(q + " ORDER BY rowid DESC LIMIT ?", (*args, limit))
         return [{"at": r[0], "host": r[1], "kind": r[2], **json.loads(r[3])} for r in rows]
 
     def _deployment(self, row: sqlite3.Row | tuple[Any, ...]) -> Deployment:
         (dep_id, host, revision, spec, trigger, phase, created, prev, ended, error, rb_error,
          no_rb, bench) = row
-        marks = self._db.execute("SELECT phase, at FROM transitions WHERE deployment_id=? ORDER BY rowid",
-                                 (dep_id,)).fetchall()
+        marks = self._read("SELECT phase, at FROM transitions WHERE deployment_id=? ORDER BY rowid", (dep_id,))
         timings = tuple(PhaseTiming(p, at, marks[i + 1][1] if i + 1 < len(marks) else None)
                         for i, (p, at) in enumerate(marks) if p not in {t.value for t in TERMINAL})
         return Deployment(id=dep_id, host=host, revision=revision, spec=UnitSpec.from_dict(json.loads(spec)),

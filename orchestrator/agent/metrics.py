@@ -1,0 +1,42 @@
+"""Prometheus metrics on localhost: deployments by outcome, phase durations, active model, health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class Metrics:
+    def __init__(self, port: int | None) -> None:
+        self.port = port
+        self.registry = CollectorRegistry()
+        self.deployments = Counter("orchestrator_deployments", "Deployments by host and outcome",
+                                   ["host", "outcome"], registry=self.registry)
+        self.phase_seconds = Histogram("orchestrator_phase_seconds", "Duration of each deployment phase",
+                                       ["phase"], registry=self.registry,
+                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 2400))
+        self.active_info = Gauge("orchestrator_active_model_info", "1 for the model each host serves",
+                                 ["host", "model", "revision"], registry=self.registry)
+        self.health = Gauge("orchestrator_model_healthy", "1 when the serving model passes its health probe",
+                            ["host"], registry=self.registry)
+
+    def start(self) -> None:
+        if self.port:
+            start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+
+    def deployment(self, host: str, outcome: str, phases: list[dict[str, Any]]) -> None:
+        self.deployments.labels(host, outcome).inc()
+        for p in phases:
+            if p.get("seconds") is not None:
+                self.phase_seconds.labels(p["phase"]).observe(float(p["seconds"]))
+
+    def active(self, host: str, model: str | None, revision: int | None) -> None:
+        for labels in list(self.active_info._metrics):  # one series per host: drop the old model's
+            if labels[0] == host:
+                self.active_info.remove(*labels)
+        if model is not None:
+            self.active_info.labels(host, model, str(revision)).set(1)
+
+    def healthy(self, host: str, ok: bool) -> None:
+        self.health.labels(host).set(1 if ok else 0)

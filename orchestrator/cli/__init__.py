@@ -1,0 +1,36 @@
+"""Command-line front: parses, talks to the agent (or runs in-process), prints. No logic here.
+
+Each command module registers its commands on ``main``; errors from the project's hierarchy are
+printed as one line (plus context) on stderr with their exit code, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import logging
+
+import click
+
+from orchestrator import logs
+from orchestrator.errors import OrchestratorError
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OrchestratorError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="orchestrator")
+def main() -> None:
+    """Deploy vLLM models as systemd services and switch between them safely."""
+    logs.configure(json=False, level=logging.WARNING)
+
+
+from orchestrator.cli import agent_cmds, catalog_cmds, deploy_cmds, plan_cmd  # noqa: E402,F401  (registration)

@@ -1,0 +1,69 @@
+"""`agent`, `schedules` and `stage`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator import logs, settings
+from orchestrator.cli import main
+from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.progress import ProgressPrinter
+from orchestrator.client import backend_for
+
+
+@main.command()
+@config_option
+@click.option("--socket", "socket_path", default=None, metavar="PATH",
+              help="control socket (default: <state_dir>/agent.sock or $ORCHESTRATOR_SOCKET)")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=9464, show_default=True,
+              help="Prometheus endpoint on 127.0.0.1 (0 disables it)")
+def agent(config: str | None, socket_path: str | None, metrics_port: int) -> None:
+    """Run the daemon: control socket, crash recovery, schedules, health watch, metrics."""
+    from orchestrator.agent import Agent
+    from orchestrator.wiring import operations
+
+    logs.configure(json=True)
+    cat = settings.load(config)
+    Agent(cat, operations(cat, test_hooks=True), socket=socket_path, metrics_port=metrics_port or None).run()
+
+
+@main.command()
+@config_option
+@json_option
+def schedules(config: str | None, as_json: bool) -> None:
+    """Scheduled operations, their next run and what they last did."""
+    cat = settings.load(config)
+    rows = backend_for(cat).schedules()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("schedule", "cron", "action", "model", "window", "next run", "last")
+    for r in rows:
+        last = r.get("last") or {}
+        table.add_row(r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "",
+                      r["next_run"], f"{last.get('kind', '')} {last.get('reason', '')}".strip())
+    Console().print(table)
+
+
+@main.command()
+@click.argument("model")
+@config_option
+@click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@json_option
+def stage(model: str, config: str | None, local: bool, as_json: bool) -> None:
+    """Download and verify MODEL's weights now (the serving model keeps serving)."""
+    cat = settings.load(config)
+    progress = ProgressPrinter(quiet=as_json)
+    try:
+        result = backend_for(cat, local=local).stage(model, progress=progress)
+    finally:
+        progress.close()
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"{model} staged on {result['host']}: {result['path']} (revision {result['revision']}, "
+                   f"{result['bytes'] / 2**30:.2f} GiB)")

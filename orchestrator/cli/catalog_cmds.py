@@ -1,0 +1,83 @@
+"""`models` and `render`: the catalog and the units it produces."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator import settings
+from orchestrator.cli import main
+from orchestrator.cli.options import config_option, json_option
+from orchestrator.core.render import load_deadline, render_unit
+from orchestrator.engine import default_template
+from orchestrator.errors import UsageError
+
+
+@main.command()
+@config_option
+@json_option
+def models(config: str | None, as_json: bool) -> None:
+    """List the models of the catalog."""
+    cat = settings.load(config)
+    rows = []
+    for name, m in cat.models.items():
+        host = cat.model_host(name)
+        rows.append({"name": name, "host": host.name, "repo": m.repo, "revision": m.revision,
+                     "pinned": m.pinned, "served_name": m.served, "port": m.port, "gpus": list(m.gpus),
+                     "tensor_parallel": m.tensor_parallel, "pipeline_parallel": m.pipeline_parallel,
+                     "data_parallel": m.data_parallel, "expert_parallel": m.expert_parallel,
+                     "max_model_len": m.max_model_len, "load_deadline_s": load_deadline(cat, m),
+                     "unit": m.unit_name})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("model", "host", "repo@revision", "served as", "port", "GPUs", "layout", "deadline")
+    for r in rows:
+        layout = f"TP={r['tensor_parallel']}" + (f" PP={r['pipeline_parallel']}" if r["pipeline_parallel"] > 1 else "") \
+            + (f" DP={r['data_parallel']}" if r["data_parallel"] > 1 else "") + (" + EP" if r["expert_parallel"] else "")
+        rev = r["revision"] if r["pinned"] else f"{r['revision']} (unpinned)"
+        table.add_row(r["name"], r["host"], f"{r['repo']}@{rev}", r["served_name"], str(r["port"]),
+                      ",".join(map(str, r["gpus"])), layout, f"{r['load_deadline_s']:g} s")
+    Console().print(table)
+
+
+@main.command()
+@click.argument("model", required=False)
+@config_option
+@click.option("--out", "out", default="units", metavar="DIR", show_default=True,
+              help="directory the rendered units are written to")
+@click.option("--diff", "diff", is_flag=True,
+              help="show what would change against the units in --out (writes nothing; exit 1 if any)")
+@click.option("--template", "template", metavar="PATH", default=None, help="vllm.service.j2 to render from")
+def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None) -> None:
+    """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
+    cat = settings.load(config)
+    if model is not None and model not in cat.models:
+        raise UsageError(f"unknown model {model!r} (known: {', '.join(sorted(cat.models))})")
+    text = Path(template).read_text() if template else default_template()
+    names = [model] if model else list(cat.models)
+    rendered = [render_unit(cat, cat.models[n], text) for n in names]  # all or nothing: render before writing
+    out_dir = Path(out)
+    changed = 0
+    for unit in rendered:
+        path = out_dir / unit.name
+        old = path.read_text() if path.exists() else ""
+        if diff:
+            lines = list(difflib.unified_diff(old.splitlines(keepends=True), unit.text.splitlines(keepends=True),
+                                              fromfile=str(path) if old else "/dev/null", tofile=f"{path} (rendered)"))
+            changed += bool(lines)
+            sys.stdout.writelines(lines)
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(unit.text)
+        tmp.replace(path)
+        click.echo(f"{path}  sha256 {unit.sha256[:12]}" + ("" if old != unit.text else "  (unchanged)"))
+    if diff and changed:
+        sys.exit(1)

@@ -1,0 +1,161 @@
+"""`switch`, `rollback`, `status`, `history`, `recover`: operations on hosts."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator import settings
+from orchestrator.cli import main
+from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.progress import ProgressPrinter
+from orchestrator.client import backend_for
+
+_SHORT = {"planned": "plan", "preflight": "pre", "staging": "stage", "stopping": "stop", "freeing": "free",
+          "installing": "inst", "starting": "start", "checking": "check", "rolling_back": "rollback"}
+
+
+def _finish(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    elif result.get("noop"):
+        click.echo(result["message"])
+    else:
+        outcome = result["outcome"]
+        line = f"revision {result['revision']} ({result['model']}) on {result['host']}: {outcome}"
+        click.echo(line)
+        for key in ("error", "rollback_error"):
+            if result.get(key):
+                click.echo(f"{key.replace('_', ' ')}: {result[key]}", err=True)
+    if not result.get("noop") and result.get("outcome") != "active":
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("model")
+@config_option
+@click.option("--no-rollback", is_flag=True, help="leave a failed switch failed instead of rolling back")
+@click.option("--force", is_flag=True, help="redeploy even if MODEL already serves, healthy and unchanged")
+@click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@json_option
+def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, as_json: bool) -> None:
+    """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."""
+    cat = settings.load(config)
+    progress = ProgressPrinter(quiet=as_json)
+    try:
+        result = backend_for(cat, local=local).switch(model, no_rollback=no_rollback, force=force, progress=progress)
+    finally:
+        progress.close()
+    _finish(result, as_json)
+
+
+@main.command()
+@config_option
+@click.option("--host", "host", default=None, help="host to roll back (default: the only one)")
+@click.option("--to", "to_revision", type=click.IntRange(1), default=None, metavar="REVISION",
+              help="redeploy this revision's exact unit (default: the previous stable one)")
+@click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@json_option
+def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, as_json: bool) -> None:
+    """Go back to the last model that was healthy, or to revision --to N."""
+    cat = settings.load(config)
+    progress = ProgressPrinter(quiet=as_json)
+    try:
+        result = backend_for(cat, local=local).rollback(host, to_revision, progress=progress)
+    finally:
+        progress.close()
+    _finish(result, as_json)
+
+
+@main.command()
+@config_option
+@click.option("--host", "host", default=None)
+@click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
+@json_option
+def recover(config: str | None, host: str | None, local: bool, as_json: bool) -> None:
+    """Finish deployments a crash or a stop left unfinished (the agent does this on start)."""
+    cat = settings.load(config)
+    progress = ProgressPrinter(quiet=as_json)
+    try:
+        results = backend_for(cat, local=local).recover(host, progress=progress)
+    finally:
+        progress.close()
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            click.echo(f"revision {r['revision']} ({r['model']}) on {r['host']}: {r['outcome']}")
+        if not results:
+            click.echo("nothing to recover")
+
+
+@main.command()
+@config_option
+@click.option("--host", "host", default=None)
+@click.option("--follow", is_flag=True, help="stream the running operation's progress until it ends")
+@click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
+@json_option
+def status(config: str | None, host: str | None, follow: bool, local: bool, as_json: bool) -> None:
+    """What serves on each host, what is running, and the schedules."""
+    cat = settings.load(config)
+    be = backend_for(cat, local=local)
+    if follow:
+        progress = ProgressPrinter(quiet=as_json)
+        try:
+            be.follow(host, progress=progress)
+        finally:
+            progress.close()
+    result = be.status(host)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    console = Console()
+    for name, entry in result["hosts"].items():
+        serving = entry["serving"]
+        if serving is None:
+            console.print(f"[bold]{name}[/]: nothing known to serve")
+        else:
+            health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(serving.get("healthy"), "")
+            console.print(f"[bold]{name}[/]: {serving['model']} (revision {serving['revision']}, "
+                          f"{serving['unit']}, {serving['url']}) {health}")
+        for run in entry["running"]:
+            console.print(f"  running: #{run['id']} revision {run['revision']} {run['model']} "
+                          f"in phase {run['phase']} ({run['trigger']})")
+    for sched in result.get("schedules", []):
+        console.print(f"schedule {sched['name']}: {sched['action']} {sched.get('model') or ''} "
+                      f"next at {sched['next_run']}")
+
+
+@main.command()
+@config_option
+@click.option("--host", "host", default=None)
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
+@json_option
+def history(config: str | None, host: str | None, limit: int, local: bool, as_json: bool) -> None:
+    """Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."""
+    cat = settings.load(config)
+    rows = backend_for(cat, local=local).history(host, limit)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took", "phases (s)",
+                  "tok/s C=1")
+    for r in rows:
+        took = f"{r['ended_at'] - r['created_at']:.1f}s" if r["ended_at"] else "-"
+        phases = " ".join(f"{_SHORT.get(p['phase'], p['phase'])} {p['seconds']:.1f}" for p in r["phases"]
+                          if p["seconds"] is not None)
+        bench = r.get("bench") or {}
+        headline = bench.get("headline_tok_s")
+        style = {"active": "green", "rolled_back": "yellow", "failed": "red", "aborted": "red"}.get(r["outcome"], "")
+        table.add_row(r["host"], str(r["revision"]), r["model"], r["unit_sha256"][:12], r["trigger"],
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
+                      f"[{style}]{r['outcome']}[/]" if style else r["outcome"], took, phases,
+                      f"{headline:.1f}" if headline else "")
+    Console(width=max(Console().width, 160)).print(table)

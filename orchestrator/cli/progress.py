@@ -1,0 +1,86 @@
+"""Progress of a running operation: a line per event, with a live spinner on a terminal."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.status import Status
+
+_PHASE_TEXT = {
+    "preflight": "preflight: catalog, host and layout checks",
+    "staging": "staging weights (the old model still serves)",
+    "stopping": "stopping the old unit",
+    "freeing": "waiting until the GPUs are really free",
+    "installing": "installing the unit",
+    "starting": "starting",
+    "checking": "health check: /health, /v1/models, one completion",
+    "active": "active",
+    "rolling_back": "rolling back to the previous stable revision",
+    "rolled_back": "rolled back",
+    "aborted": "aborted before anything was stopped",
+    "failed": "failed",
+}
+
+
+class ProgressPrinter:
+    def __init__(self, console: Console | None = None, quiet: bool = False) -> None:
+        self.console = console or Console(stderr=True, highlight=False)
+        self.quiet = quiet
+        self.t0 = time.monotonic()
+        self.status: Status | None = None
+
+    def _line(self, text: str, style: str = "") -> None:
+        if self.quiet:
+            return
+        stamp = f"{time.monotonic() - self.t0:7.1f}s"
+        self.console.print(f"[dim]{stamp}[/] " + (f"[{style}]{text}[/]" if style else text))
+
+    def _spin(self, text: str) -> None:
+        if self.quiet or not self.console.is_terminal:
+            return
+        if self.status is None:
+            self.status = self.console.status(text)
+            self.status.start()
+        else:
+            self.status.update(text)
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def __call__(self, event: str, fields: dict[str, Any]) -> None:
+        if event == "phase":
+            phase = str(fields.get("phase"))
+            style = {"active": "green", "rolled_back": "yellow", "failed": "red", "aborted": "red",
+                     "rolling_back": "yellow"}.get(phase, "bold")
+            self._line(f"#{fields.get('revision', '?')} {fields.get('model', '')}: "
+                       f"{_PHASE_TEXT.get(phase, phase)}", style)
+            self._spin(_PHASE_TEXT.get(phase, phase))
+        elif event == "waiting":
+            text = (f"  waiting for {fields['unit']}: {fields.get('last')} "
+                    f"({fields['seconds']:.0f} s of {fields['deadline']:g} s)")
+            self._line(text, "dim")
+        elif event == "stage_progress":
+            done, total = int(fields.get("bytes", 0)), int(fields.get("total", 0) or 0)
+            pct = f" {100 * done / total:.0f}%" if total else ""
+            self._spin(f"staging {fields.get('file', '')}: {done / 2**20:.1f} MiB{pct}")
+        elif event == "stop":
+            self._line(f"  stopping {fields['unit']}")
+        elif event == "reap":
+            self._line(f"  {fields['unit']} left pids {fields['pids']}: sending {fields['signal']}", "yellow")
+        elif event == "gpus_free":
+            self._line(f"  GPUs {fields['gpus']} free after {fields['seconds']:.1f} s")
+        elif event == "installed":
+            what = "written, daemon-reload" if fields.get("changed") else "unchanged"
+            self._line(f"  {fields['unit']} {what} (sha256 {fields['sha256']})")
+        elif event == "ready":
+            self._line(f"  {fields['unit']} ready after {fields['seconds']:.1f} s", "green")
+        elif event == "rollback":
+            self._line(f"  rolling back to revision {fields['to_revision']} ({fields['model']})", "yellow")
+        elif event == "staged":
+            self._line(f"  weights staged: {fields.get('path', fields.get('model', ''))}")
+        elif event == "parked":
+            self._line(f"  parked in phase {fields['phase']}; the agent resumes it on start", "yellow")

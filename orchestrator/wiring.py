@@ -1,0 +1,99 @@
+"""Choose the adapters for each host once, at start-up, and build the operations on them."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.adapters import connect
+from orchestrator.adapters.http_health import HttpHealthProbe
+from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
+from orchestrator.adapters.weights_hf import HfWeightStore
+from orchestrator.core.catalog import Catalog, Host
+from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.core.weights import StageRequest
+from orchestrator.ports import ProgressCallback, StagedWeights
+from orchestrator.service import Operations
+from orchestrator.steps import HostPorts
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class SpecWeights:
+    """The engine's WeightStore port over the Hugging Face store: a UnitSpec in, verified weights out."""
+
+    def __init__(self, store: HfWeightStore, host: Host, token_file: str | None) -> None:
+        self.store = store
+        self.host = host
+        self.token_file = token_file
+
+    def _request(self, spec: UnitSpec) -> StageRequest:
+        return StageRequest(name=spec.repo.replace("/", "--"), repo=spec.repo, revision=spec.revision,
+                            root=self.host.models_dir, source=spec.source, token_file=self.token_file,
+                            endpoint=os.environ.get("HF_ENDPOINT"))
+
+    def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
+        manifest = self.store.stage(self._request(spec), progress)
+        return StagedWeights(path=manifest.path, revision=manifest.revision, total_bytes=manifest.total_bytes)
+
+    def verify(self, spec: UnitSpec) -> StagedWeights | None:
+        req = self._request(spec)
+        manifest = self.store.verify(req.root, req.name, req.revision)
+        return None if manifest is None else StagedWeights(manifest.path, manifest.revision, manifest.total_bytes)
+
+
+def build_ports(catalog: Catalog, host: Host) -> HostPorts:
+    shell, systemd = connect(host)
+    token_file = f"{catalog.defaults.env_dir.rstrip('/')}/hf-token"
+    weights = SpecWeights(HfWeightStore(shell, python=host.python), host, token_file)
+    return HostPorts(host=host, shell=shell, systemd=systemd, gpus=NvidiaSmiProbe(shell),
+                     health=HttpHealthProbe(), clock=SystemClock(), weights=weights)
+
+
+def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:
+    """One set of adapters (one SSH connection) per host, made on first use and then reused."""
+    cache: dict[str, HostPorts] = {}
+
+    def ports_for(name: str) -> HostPorts:
+        if name not in cache:
+            cache[name] = build_ports(catalog, catalog.hosts[name])
+        return cache[name]
+
+    return ports_for
+
+
+def pause_hook(directory: str) -> Callable[[Deployment], None]:
+    """Test hook: hold the engine before the phase named in <dir>/pause-at until that file goes away."""
+    pause_at, paused = Path(directory) / "pause-at", Path(directory) / "paused"
+
+    def hook(dep: Deployment) -> None:
+        try:
+            wanted = pause_at.read_text().strip()
+        except FileNotFoundError:
+            return
+        if wanted != dep.phase.value:
+            return
+        paused.write_text(f"{dep.id} {dep.phase.value}\n")
+        while pause_at.exists():
+            time.sleep(0.05)
+
+    return hook
+
+
+def operations(catalog: Catalog, *, test_hooks: bool = False) -> Operations:
+    hook_dir = os.environ.get("ORCHESTRATOR_TEST_PAUSE_DIR") if test_hooks else None
+    template_path = os.environ.get("ORCHESTRATOR_TEMPLATE")
+    return Operations(catalog, ports_factory(catalog),
+                      template=Path(template_path).read_text() if template_path else None,
+                      before_step=pause_hook(hook_dir) if hook_dir else None)
