@@ -14,7 +14,7 @@ from rich.table import Table
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
-from orchestrator.core.render import load_deadline, render_unit
+from orchestrator.core.render import load_deadline, render_agent_unit, render_unit
 from orchestrator.engine import default_template
 from orchestrator.errors import UsageError
 
@@ -55,7 +55,8 @@ def models(config: str | None, as_json: bool) -> None:
 @click.option("--diff", "diff", is_flag=True,
               help="show what would change against the units in --out (writes nothing; exit 1 if any)")
 @click.option("--template", "template", metavar="PATH", default=None, help="vllm.service.j2 to render from")
-def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None) -> None:
+@click.option("--agent", "agent", is_flag=True, help="also render orchestrator-agent.service for this config")
+def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None, agent: bool) -> None:
     """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
     cat = settings.load(config)
     if model is not None and model not in cat.models:
@@ -63,6 +64,10 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
     text = Path(template).read_text() if template else default_template()
     names = [model] if model else list(cat.models)
     rendered = [render_unit(cat, cat.models[n], text) for n in names]  # all or nothing: render before writing
+    if agent:
+        agent_template = (Path(__file__).resolve().parents[2] / "templates" / "orchestrator-agent.service.j2")
+        rendered.append(render_agent_unit(cat, agent_template.read_text(), python=sys.executable,
+                                          config=str(settings.config_path(config).resolve())))
     out_dir = Path(out)
     changed = 0
     for unit in rendered:

@@ -128,3 +128,19 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
     except jinja2.TemplateError as exc:
         raise RenderError(f"template vllm.service.j2: {exc}") from exc
     return RenderedUnit(name=model.unit_name, text=text)
+
+
+def render_agent_unit(catalog: Catalog, template: str, *, python: str, config: str,
+                      extra_env: dict[str, str] | None = None) -> RenderedUnit:
+    """The agent's own unit (Type=notify, watchdog), running ``python -m orchestrator agent``."""
+    jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                              trim_blocks=True, lstrip_blocks=True)
+    argv = [_path(python, "python"), "-m", "orchestrator", "agent", "--config", config]
+    try:
+        text = jenv.from_string(template).render(
+            hosts=_plain(", ".join(sorted(catalog.hosts)), "hosts"),
+            exec_start=" ".join(exec_quote(a) for a in argv),
+            environment=[env_quote(k, v) for k, v in (extra_env or {}).items()])
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template orchestrator-agent.service.j2: {exc}") from exc
+    return RenderedUnit(name="orchestrator-agent.service", text=text)

@@ -1,0 +1,112 @@
+"""Unit rendering: real `systemd-analyze verify` accepts what we write; hostile values never get in."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from orchestrator import settings as deploy_settings
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.render import render_unit
+from orchestrator.engine import default_template
+from orchestrator.errors import ConfigError, OrchestratorError, RenderError
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = default_template()
+
+
+def verify_root(tmp: Path, catalog: Catalog) -> Path:
+    """A root tree with systemd's own units and each host's engine executable, for --root verify."""
+    root = tmp / "root"
+    if not root.exists():
+        shutil.copytree("/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
+        (root / "etc/systemd/system").mkdir(parents=True)
+    for host in catalog.hosts.values():
+        exe = root / catalog.engine_for(host)[0].lstrip("/")
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy("/bin/true", exe)
+    return root
+
+
+def systemd_verify(root: Path, name: str, text: str) -> subprocess.CompletedProcess[str]:
+    (root / "etc/systemd/system" / name).write_text(text)
+    return subprocess.run(["systemd-analyze", "verify", f"--root={root}", name], capture_output=True, text=True)
+
+
+def directives(text: str) -> list[str]:
+    return [line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith(("#", "["))]
+
+
+def test_shipped_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    """Every unit rendered from the shipped deploy.toml is accepted by systemd-analyze verify."""
+    catalog = deploy_settings.load(REPO / "deploy.toml")
+    root = verify_root(tmp_path, catalog)
+    for model in catalog.models.values():
+        unit = render_unit(catalog, model, TEMPLATE)
+        result = systemd_verify(root, unit.name, unit.text)
+        assert result.returncode == 0, f"{unit.name}: {result.stdout}{result.stderr}"
+
+
+def test_unit_takes_whole_engine_tree_down(tmp_path: Path) -> None:
+    """The unit kills the whole cgroup on stop and gives the engine time to shut down cleanly."""
+    catalog = deploy_settings.load(REPO / "deploy.toml")
+    text = render_unit(catalog, catalog.models["minimax-m25"], TEMPLATE).text
+    assert "KillMode=control-group" in text
+    assert "TimeoutStopSec=120" in text
+    assert 'Environment="CUDA_VISIBLE_DEVICES=0,1,2,3"' in text
+    assert 'Environment="VLLM_ENGINE_READY_TIMEOUT_S=600"' in text
+    assert "EnvironmentFile=-/etc/orchestrator/env/minimax-m25.env" in text
+    assert "User=vllm" in text and "Restart=on-failure" in text
+
+
+def base(**model: object) -> dict[str, object]:
+    return {"hosts": {"h": {"gpus": 2, "engine": ["/opt/vllm/bin/vllm", "serve"]}},
+            "models": {"m": {"repo": "org/m", "gpus": [0], **model}}}
+
+
+@pytest.mark.parametrize("field,value,named", [
+    ("args", ["--x", "a\nExecStartPre=/bin/rm -rf /"]," control character '\\n'"),
+    ("args", ["bad\rvalue"], "control character '\\r'"),
+    ("args", ['--chat-template="unbalanced'], 'unbalanced " quote'),
+    ("served_name", "name\x00", "control character '\\x00'"),
+    ("env", {"FOO": "x\nUser=root"}, "value of FOO 'x\\nUser=root'"),
+    ("repo", "org/m'", "unbalanced ' quote"),
+])
+def test_hostile_values_are_rejected(field: str, value: object, named: str) -> None:
+    """A newline, control character or unbalanced quote is refused, naming the value."""
+    with pytest.raises((RenderError, ValueError), match=re.escape(named)):
+        catalog = Catalog.model_validate(base(**{field: value}))
+        render_unit(catalog, catalog.models["m"], TEMPLATE)
+
+
+def test_bad_model_name_is_rejected(tmp_path: Path) -> None:
+    """Model names become unit names: only a safe alphabet is accepted."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text('[hosts.h]\ngpus = 1\n[models."../etc"]\nrepo = "a/b"\ngpus = [0]\n')
+    with pytest.raises(ConfigError, match=r"models\.\.\./etc"):
+        deploy_settings.load(cfg)
+
+
+_text = st.text(st.characters(codec="utf-8"), max_size=24)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arg=_text, env_value=_text, served=_text)
+def test_random_values_render_intact_or_are_refused(tmp_path: Path, arg: str, env_value: str, served: str) -> None:
+    """Any string either renders into a unit systemd accepts, with no extra directive, or is refused."""
+    try:
+        catalog = Catalog.model_validate(base(args=["--x", arg], env={"FOO": env_value}, served_name=served or None))
+        unit = render_unit(catalog, catalog.models["m"], TEMPLATE)
+    except (OrchestratorError, ValueError):
+        return
+    reference = render_unit(Catalog.model_validate(base(args=["--x", "y"], env={"FOO": "z"})),
+                            Catalog.model_validate(base()).models["m"].model_copy(
+                                update={"args": ("--x", "y"), "env": {"FOO": "z"}}), TEMPLATE)
+    assert directives(unit.text) == directives(reference.text)
+    result = systemd_verify(verify_root(tmp_path, catalog), unit.name, unit.text)
+    assert result.returncode == 0, result.stdout + result.stderr

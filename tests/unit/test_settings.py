@@ -1,0 +1,101 @@
+"""deploy.toml validation: one clear error naming file, key and value; exit code 2; no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD = """
+[hosts.box]
+gpus = 8
+[models.a]
+repo = "org/a"
+port = 8000
+gpus = [0, 1, 2, 3]
+tensor_parallel = 4
+[models.b]
+repo = "org/b"
+port = 8001
+gpus = [4, 5, 6, 7]
+tensor_parallel = 4
+"""
+
+
+def orchestrator(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO)
+
+
+@pytest.mark.parametrize("extra,message", [
+    ('[schedules.nightly]\ncron = "0 3 * * *"\nmodel = "nope"\n',
+     "schedules.nightly.model: unknown model 'nope'"),
+    ("", None),
+])
+def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: str | None) -> None:
+    """A schedule naming an unknown model is refused; a config without one loads."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(GOOD + extra)
+    result = orchestrator("models", "--config", str(cfg), "--json")
+    if message is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 2
+        assert message in result.stderr
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("port = 8001", "port = 8000", "models.b.port: port 8000 is already used by model a on host box"),
+    ("gpus = [4, 5, 6, 7]", "gpus = [4, 5, 6, 9]", "models.b.gpus: GPU index 9 is out of range: host box has 8 GPUs"),
+    ("tensor_parallel = 4\n[models.b]", "tensor_parallel = 2\n[models.b]",
+     "models.a: tensor_parallel 2 x pipeline_parallel 1 x data_parallel 1 = 2 GPUs, but gpus lists 4"),
+    ('repo = "org/a"', 'repo = "org/a"\ntensor_paralel = 4', "models.a.tensor_paralel: unknown key"),
+    ("gpus = 8", 'gpus = "eight"', "hosts.box.gpus: Input should be a valid integer"),
+    ('repo = "org/a"', 'repo = "org/a"\nargs = ["--x", "a\\nExecStartPre=/bin/sh"]', "control character"),
+    ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }', "HF_TOKEN looks like a secret"),
+    ("[hosts.box]", "[hosts.box\n", "not valid TOML"),
+])
+def test_invalid_file_names_file_key_and_value(tmp_path: Path, old: str, new: str, message: str) -> None:
+    """Each invalid deploy.toml exits 2 with one error naming the file, the key path and the value."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(GOOD.replace(old, new, 1))
+    result = orchestrator("render", "--config", str(cfg), "--out", str(tmp_path / "units"))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {cfg}: ")
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "units").exists()
+
+
+def test_environment_overrides_the_file(tmp_path: Path) -> None:
+    """ORCHESTRATOR_* variables override deploy.toml values."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(GOOD)
+    env = {"PATH": "/usr/bin:/bin", "ORCHESTRATOR_CONFIG": str(cfg), "ORCHESTRATOR_DEFAULTS__LOAD_DEADLINE_S": "42"}
+    result = orchestrator("models", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert '"load_deadline_s": 42.0' in result.stdout
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A missing deploy.toml names the path and how to point at another."""
+    result = orchestrator("models", "--config", str(tmp_path / "nope.toml"))
+    assert result.returncode == 2
+    assert "nope.toml: file not found" in result.stderr
+
+
+def test_render_writes_every_unit_and_diff_reports_changes(tmp_path: Path) -> None:
+    """render writes units/vllm-<model>.service; --diff shows and exits 1 only when they differ."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(GOOD)
+    out = tmp_path / "units"
+    assert orchestrator("render", "--config", str(cfg), "--out", str(out)).returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["vllm-a.service", "vllm-b.service"]
+    assert orchestrator("render", "--config", str(cfg), "--out", str(out), "--diff").returncode == 0
+    cfg.write_text(GOOD.replace('repo = "org/a"', 'repo = "org/a"\nmax_model_len = 4096'))
+    changed = orchestrator("render", "a", "--config", str(cfg), "--out", str(out), "--diff")
+    assert changed.returncode == 1
+    assert '+ExecStart=' in changed.stdout and '"--max-model-len" "4096"' in changed.stdout
