@@ -25,13 +25,13 @@ def _read_json(ports: HostPorts, path: str) -> dict[str, Any] | None:
 
 
 def hardware_of(snap: GpuSnapshot, host_memory_gib: float, interconnect: str) -> planner.Hardware:
-    """The planner's view of a host: GPU count and the smallest GPU's memory, as observed."""
-    if snap.gpus:
-        memory = min(g.memory_total_mib for g in snap.gpus) / 1024
-        free = tuple(g.memory_free_mib / 1024 for g in snap.gpus)
-    else:
-        memory, free = host_memory_gib, ()
-    return planner.Hardware(gpu_count=len(snap.gpus), gpu_memory_gib=memory, free_memory_gib=free or None,
+    """The planner's view of a host: GPU count and the smallest GPU's memory, as observed.
+
+    Free memory is left out on purpose: this runs while the old model still holds the GPUs; the
+    freeing step checks that memory is really released after the stop.
+    """
+    memory = min(g.memory_total_mib for g in snap.gpus) / 1024 if snap.gpus else host_memory_gib
+    return planner.Hardware(gpu_count=len(snap.gpus), gpu_memory_gib=memory,
                             interconnect=None if interconnect == "unknown" else interconnect)
 
 

@@ -120,10 +120,6 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
                                    m.expert_parallel if ep is None else ep)
         name = model
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
-    if requested is None:
-        # No layout asked for: judge the best one there is (or all GPUs, to explain why none fits).
-        best = planner.layouts(cfg, hw, wl, weight_bytes)
-        requested = best[0].layout if best else planner.Layout(hw.gpu_count)
     result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes)
     if as_json:
         click.echo(json.dumps({"name": name, **result.to_dict()}, indent=2))
@@ -152,7 +148,7 @@ def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | N
     if result.layouts:
         shown = result.layouts[:limit] if limit else result.layouts
         more = len(result.layouts) - len(shown)
-        table = Table("layout", "GPUs", "weights/GPU", "full-length seqs", "why",
+        table = Table("layout", "GPUs", "weights/GPU", "full-length seqs/replica", "why",
                       title=f"valid layouts, best first" + (f" ({more} more: --all)" if more else ""))
         for lay in shown:
             mem = lay.memory

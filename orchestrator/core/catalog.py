@@ -80,11 +80,12 @@ class Host(_Strict):
     unit_dir: str = "/etc/systemd/system"
     python: str = "/usr/bin/python3"
     engine: tuple[str, ...] | None = None
+    bind: str | None = None  # the address vLLM listens on; defaults.bind when unset
 
-    @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python")
+    @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind")
     @classmethod
-    def _safe_text(cls, v: str) -> str:
-        return _safe(v, "value")
+    def _safe_text(cls, v: str | None) -> str | None:
+        return None if v is None else _safe(v, "value")
 
 
 class Model(_Strict):

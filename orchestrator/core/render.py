@@ -64,7 +64,7 @@ def engine_argv(catalog: Catalog, model: Model, model_dir: str) -> list[str]:
     host = catalog.model_host(model.name)
     d = catalog.defaults
     argv = [*catalog.engine_for(host), "--model", model_dir, "--served-model-name", model.served,
-            "--host", d.bind, "--port", str(model.port),
+            "--host", host.bind or d.bind, "--port", str(model.port),
             "--tensor-parallel-size", str(model.tensor_parallel)]
     if model.pipeline_parallel > 1:
         argv += ["--pipeline-parallel-size", str(model.pipeline_parallel)]

@@ -1,0 +1,319 @@
+"""Normalise a Hugging Face ``config.json`` into the numbers the planner checks.
+
+Configs disagree on names (``n_routed_experts`` vs ``num_local_experts`` vs ``num_experts``), nest
+the language model (Kimi-K2.5 under ``text_config``), and in the wild carry wrong types. Everything
+here is tolerant: a value that is missing or malformed becomes ``None`` plus a note in ``problems``,
+never an exception, so the planner can always answer with a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Keys under which multimodal wrappers nest the language model's config.
+_NESTED_TEXT_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
+
+# Families whose vLLM implementation we read; anything else gets generic checks and a warning.
+_FAMILIES: dict[str, str] = {
+    "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v3", "kimi_k2": "deepseek_v3",
+    "kimi_k25": "deepseek_v3", "minimax_m2": "minimax_m2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
+    "qwen2": "qwen3", "qwen2_moe": "qwen3_moe", "llama": "llama", "mistral": "llama",
+    "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss", "mixtral": "qwen3_moe",
+}
+_ARCH_FAMILIES: dict[str, str] = {
+    "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV2ForCausalLM": "deepseek_v3",
+    "KimiK25ForConditionalGeneration": "deepseek_v3", "MiniMaxM2ForCausalLM": "minimax_m2",
+    "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe", "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama", "Glm4MoeForCausalLM": "glm4_moe", "GptOssForCausalLM": "gpt_oss",
+    "Qwen2ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "qwen3_moe",
+}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How the checkpoint's linear weights are stored, and which parts that applies to."""
+
+    method: str | None = None  # fp8 | compressed-tensors | mxfp4 | awq | gptq | ...
+    block: tuple[int, int] | None = None  # FP8 [block_n, block_k]
+    group_size: int | None = None  # INT/FP4 group quantisation along the input dim
+    bits: int | None = None
+    attn: bool = False  # which component groups the quantisation covers
+    dense_mlp: bool = False
+    shared_experts: bool = False
+    experts: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.method is None:
+            return "unquantized"
+        if self.method == "mxfp4":
+            return "mxfp4 (experts)"
+        if self.block:
+            return f"{self.method} block {self.block[0]}x{self.block[1]}"
+        if self.bits and self.group_size:
+            return f"{self.method} int{self.bits} group {self.group_size}"
+        return self.method
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture facts the planner needs, all optional."""
+
+    architecture: str | None
+    model_type: str | None
+    family: str  # one of _FAMILIES' values, or "generic"
+    num_layers: int | None
+    hidden_size: int | None
+    num_heads: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    vocab_size: int | None
+    intermediate_size: int | None  # dense MLP
+    moe_intermediate_size: int | None
+    num_experts: int  # 0 for dense models
+    shared_intermediate_size: int  # all shared experts together; 0 if none
+    num_dense_layers: int  # layers with a dense MLP in an MoE model
+    kv_lora_rank: int | None  # set for MLA
+    qk_rope_head_dim: int | None
+    qk_nope_head_dim: int | None
+    v_head_dim: int | None
+    q_lora_rank: int | None
+    max_position_embeddings: int | None
+    tie_word_embeddings: bool
+    dtype_bytes: int
+    sliding_window: int | None
+    num_sliding_layers: int
+    quant: QuantSpec
+    problems: tuple[str, ...]
+
+    @property
+    def known(self) -> bool:
+        return self.family != "generic"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def num_moe_layers(self) -> int:
+        if not self.is_moe or self.num_layers is None:
+            return 0
+        return max(self.num_layers - self.num_dense_layers, 0)
+
+
+class _Reader:
+    """Typed, tolerant access to a merged config view; records what was malformed."""
+
+    def __init__(self, view: Mapping[str, Any]) -> None:
+        self.view = view
+        self.problems: list[str] = []
+
+    def pos_int(self, *keys: str, allow_zero: bool = False) -> int | None:
+        for key in keys:
+            if key not in self.view or self.view[key] is None:
+                continue
+            value = self.view[key]
+            number = _as_int(value)
+            if number is None or number < 0 or (number == 0 and not allow_zero):
+                self.problems.append(f"config key {key} has unusable value {_short(value)}")
+                continue
+            return number
+        return None
+
+    def text(self, key: str) -> str | None:
+        value = self.view.get(key)
+        return value if isinstance(value, str) else None
+
+
+# No real model dimension comes near this; larger values are junk and would overflow float math.
+_MAX_DIM = 2**40
+
+
+def _as_int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and abs(value) <= _MAX_DIM:
+        return value
+    return None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def merged_view(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level config overlaid with any nested language-model config (deepest wins)."""
+    view: dict[str, Any] = {}
+    current: Mapping[str, Any] | None = config
+    for _ in range(4):  # nesting deeper than this is not a real config
+        if current is None:
+            break
+        view.update({k: v for k, v in current.items() if isinstance(k, str)})
+        nested = next((current[k] for k in _NESTED_TEXT_KEYS
+                       if isinstance(current.get(k), Mapping)), None)
+        current = nested
+    # A wrapper's quantization_config sits at the top in some repos, inside text_config in others.
+    if not isinstance(view.get("quantization_config"), Mapping) and isinstance(
+            config.get("quantization_config"), Mapping):
+        view["quantization_config"] = config["quantization_config"]
+    return view
+
+
+def _family(architecture: str | None, model_type: str | None) -> str:
+    if architecture in _ARCH_FAMILIES:
+        return _ARCH_FAMILIES[architecture]
+    if model_type in _FAMILIES:
+        return _FAMILIES[model_type]
+    return "generic"
+
+
+def _architecture(view: Mapping[str, Any]) -> str | None:
+    archs = view.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    return None
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
+
+
+def parse_model(config: Mapping[str, Any]) -> ModelSpec:
+    """Read a config.json (any nesting, any junk) into a ModelSpec; never raises."""
+    view = merged_view(config)
+    r = _Reader(view)
+    top_arch = _architecture(config)
+    arch = _architecture(view)
+    model_type = r.text("model_type")
+    family = _family(arch, model_type)
+    if family == "generic":
+        family = _family(top_arch, config.get("model_type") if isinstance(config.get("model_type"), str)
+                         else None)
+    hidden = r.pos_int("hidden_size", "d_model", "n_embd")
+    heads = r.pos_int("num_attention_heads", "n_head", "num_heads")
+    kv_heads = r.pos_int("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+    if kv_heads is None and heads is not None and "num_key_value_heads" not in view:
+        kv_heads = heads  # HF default: no GQA
+    head_dim = r.pos_int("head_dim")
+    if head_dim is None and hidden and heads:
+        head_dim = hidden // heads or None
+    experts = r.pos_int("n_routed_experts", "num_local_experts", "num_experts", allow_zero=True) or 0
+    moe_inter = r.pos_int("moe_intermediate_size") if experts else None
+    inter = r.pos_int("intermediate_size", "ffn_dim", "n_inner")
+    if experts and moe_inter is None:
+        moe_inter, inter = inter, None  # MiniMax-M2, Mixtral, gpt-oss: intermediate_size is per expert
+    num_layers = r.pos_int("num_hidden_layers", "n_layer", "num_layers")
+    dense_layers = 0
+    if experts:
+        dense_layers = r.pos_int("first_k_dense_replace", allow_zero=True) or 0
+        mlp_only = view.get("mlp_only_layers")
+        if isinstance(mlp_only, list):
+            dense_layers += sum(1 for x in mlp_only if _as_int(x) is not None)
+        if num_layers is not None:
+            dense_layers = min(dense_layers, num_layers)
+    shared = 0
+    if experts:
+        n_shared = r.pos_int("n_shared_experts", allow_zero=True) or 0
+        shared = n_shared * (moe_inter or 0)
+        shared += r.pos_int("shared_expert_intermediate_size", "shared_intermediate_size",
+                            allow_zero=True) or 0
+    kv_lora = r.pos_int("kv_lora_rank")
+    dtype_name = r.text("torch_dtype") or r.text("dtype") or "bfloat16"
+    window = r.pos_int("sliding_window")
+    layer_types = view.get("layer_types")
+    sliding_layers = 0
+    if window and isinstance(layer_types, list):
+        sliding_layers = sum(1 for t in layer_types if t == "sliding_attention")
+        if num_layers is not None:
+            sliding_layers = min(sliding_layers, num_layers)
+    tie = view.get("tie_word_embeddings")
+    return ModelSpec(
+        architecture=arch or top_arch, model_type=model_type, family=family,
+        num_layers=num_layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim, vocab_size=r.pos_int("vocab_size", "padded_vocab_size"),
+        intermediate_size=inter, moe_intermediate_size=moe_inter, num_experts=experts,
+        shared_intermediate_size=shared, num_dense_layers=dense_layers,
+        kv_lora_rank=kv_lora, qk_rope_head_dim=r.pos_int("qk_rope_head_dim") if kv_lora else None,
+        qk_nope_head_dim=r.pos_int("qk_nope_head_dim") if kv_lora else None,
+        v_head_dim=r.pos_int("v_head_dim") if kv_lora else None,
+        q_lora_rank=r.pos_int("q_lora_rank") if kv_lora else None,
+        max_position_embeddings=r.pos_int("max_position_embeddings", "n_positions", "seq_length"),
+        tie_word_embeddings=tie is True, dtype_bytes=_DTYPE_BYTES.get(dtype_name, 2),
+        sliding_window=window if sliding_layers else None, num_sliding_layers=sliding_layers,
+        quant=parse_quant(view.get("quantization_config")), problems=tuple(r.problems),
+    )
+
+
+# Representative module names, DeepSeek-style, to test a checkpoint's "ignore" patterns against.
+_PROBES = {
+    "attn": "model.layers.1.self_attn.o_proj",
+    "dense_mlp": "model.layers.0.mlp.down_proj",
+    "shared_experts": "model.layers.1.mlp.shared_experts.down_proj",
+    "experts": "model.layers.1.mlp.experts.0.down_proj",
+}
+
+
+def _ignored(name: str, patterns: list[str]) -> bool:
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            try:
+                if re.match(pattern[3:], name):
+                    return True
+            except re.error:
+                continue
+        elif name == pattern or name.endswith("." + pattern) or f".{pattern}." in f".{name}.":
+            return True
+    return False
+
+
+def _str_list(value: object) -> list[str]:
+    return [x for x in value if isinstance(x, str)] if isinstance(value, list) else []
+
+
+def _int_pair(value: object) -> tuple[int, int] | None:
+    if isinstance(value, list | tuple) and len(value) == 2:
+        n, k = _as_int(value[0]), _as_int(value[1])
+        if n is not None and k is not None and n > 0 and k > 0:
+            return (n, k)
+    return None
+
+
+def parse_quant(qc: object) -> QuantSpec:
+    """Read ``quantization_config``: method, FP8 block, INT group, and what it covers."""
+    if not isinstance(qc, Mapping):
+        return QuantSpec()
+    method = qc.get("quant_method")
+    method = method.lower() if isinstance(method, str) else "unknown"
+    ignore = (_str_list(qc.get("ignore")) + _str_list(qc.get("modules_to_not_convert"))
+              + _str_list(qc.get("ignored_layers")))
+    block = _int_pair(qc.get("weight_block_size"))
+    group = _as_int(qc.get("group_size"))
+    bits = _as_int(qc.get("bits")) or _as_int(qc.get("w_bit"))
+    groups = qc.get("config_groups")
+    if isinstance(groups, Mapping):  # compressed-tensors: take the first group's weight scheme
+        for g in groups.values():
+            weights = g.get("weights") if isinstance(g, Mapping) else None
+            if isinstance(weights, Mapping):
+                bits = _as_int(weights.get("num_bits")) or bits
+                if weights.get("strategy") == "block":
+                    block = _int_pair(weights.get("block_structure")) or block
+                elif weights.get("strategy") == "group":
+                    group = _as_int(weights.get("group_size")) or group
+                break
+    if method == "mxfp4":
+        # gpt-oss: only the experts are MXFP4 (block of 32 values); attention and router stay BF16.
+        return QuantSpec(method=method, group_size=32, bits=4, experts=True)
+    covered = {part: not _ignored(name, ignore) for part, name in _PROBES.items()}
+    return QuantSpec(method=method, block=block,
+                     group_size=group if group is not None and group > 0 else None,
+                     bits=bits if bits is not None and 0 < bits <= 16 else None, **covered)

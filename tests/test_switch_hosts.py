@@ -1,0 +1,204 @@
+"""The switch end to end on real systemd test hosts, over SSH, with the stand-in server as the engine.
+
+Every test asserts the host's final systemd state and the stored history, not only the outcome.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import settings
+from orchestrator.engine import default_template
+from orchestrator.errors import Busy
+from orchestrator.service import Operations
+from orchestrator.wiring import operations, ports_factory
+from tests.hosts.machine import Host
+
+REPO = Path(__file__).resolve().parents[1]
+SHIM = REPO / "tests" / "standin" / "vllm_compat.py"
+
+pytestmark = pytest.mark.hosts
+
+
+def config_text(host: Host, state_dir: Path, models: dict[str, dict[str, Any]], *, transport: str = "ssh") -> str:
+    lines = [f'state_dir = "{state_dir}"', "[defaults]", 'user = "root"', 'group = "root"',
+             f'engine = ["{sys.executable}", "{SHIM}"]', "load_deadline_s = 20", "free_timeout_s = 3",
+             "stop_timeout_s = 10", "health_interval_s = 0.1", "restart_sec = 0.5",
+             "[policy]", "watch_interval_s = 1", "unhealthy_after_s = 2",
+             f"[hosts.{host.name}]", f'transport = "{transport}"', f'address = "{host.address}"',
+             f'bind = "{host.address}"', f"ssh_port = {host.port}", f'ssh_key = "{host.key_path}"',
+             f'known_hosts = "{host.known_hosts_path}"', "gpus = 8", "gpu_memory_gib = 96",
+             f'python = "{sys.executable}"']
+    for name, fields in models.items():
+        lines.append(f"[models.{name}]")
+        base = {"repo": f"test/{name}", "source": "none", "tensor_parallel": 4, "gpus": [0, 1, 2, 3]}
+        for key, value in {**base, **fields}.items():
+            rendered = str(value).lower() if isinstance(value, bool) else repr(value).replace("'", '"')
+            lines.append(f"{key} = {rendered}")
+    return "\n".join(lines) + "\n"
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    "alpha": {"port": 8101, "args": ["--load-time", "0.3"]},
+    "beta": {"port": 8102, "args": ["--load-time", "0.3"]},
+    "beta-slow": {"port": 8103, "args": ["--load-time", "600"], "load_deadline_s": 3},
+    "beta-crash": {"port": 8104, "args": ["--refuse-to-start"]},
+    "beta-mute": {"port": 8105, "args": ["--health-ok-but-completions-fail"]},
+    "beta-long": {"port": 8106, "args": ["--load-time", "4"]},
+    "gamma": {"port": 8107, "gpus": [4, 5, 6, 7], "args": ["--load-time", "0.3"]},
+}
+
+
+@pytest.fixture
+def ops(host: Host, tmp_path: Path) -> Operations:
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(config_text(host, tmp_path / "state", MODELS))
+    return operations(settings.load(cfg))
+
+
+def unit_states(host: Host, *models: str) -> dict[str, str]:
+    out = {}
+    for m in models:
+        r = host.run(["systemctl", "is-active", f"vllm-{m}.service"], check=False)
+        out[m] = r.stdout.strip()
+    return out
+
+
+def test_switch_a_to_b(host: Host, ops: Operations) -> None:
+    """A -> B: B serves, A is stopped and disabled, history has both as active with phase timings."""
+    assert ops.switch("alpha")["outcome"] == "active"
+    result = ops.switch("beta")
+    assert result["outcome"] == "active"
+    assert unit_states(host, "alpha", "beta") == {"alpha": "inactive", "beta": "active"}
+    assert host.run(["systemctl", "is-enabled", "vllm-beta.service"]).stdout.strip() == "enabled"
+    history = ops.history(host.name)
+    assert [(h["revision"], h["model"], h["outcome"]) for h in history] == [(2, "beta", "active"),
+                                                                             (1, "alpha", "active")]
+    assert {p["phase"] for p in history[0]["phases"]} >= {"stopping", "freeing", "starting", "checking"}
+
+
+@pytest.mark.parametrize("bad,error", [
+    ("beta-slow", "not ready after its load deadline of 3 s"),
+    ("beta-crash", "vllm-beta-crash.service"),
+    ("beta-mute", "completions failed"),
+])
+def test_failed_switch_rolls_back_to_a(host: Host, ops: Operations, bad: str, error: str) -> None:
+    """B never ready, B crashing on start, B failing completions: A serves again, both recorded."""
+    ops.switch("alpha")
+    result = ops.switch(bad)
+    assert result["outcome"] == "rolled_back"
+    assert error in result["error"]
+    assert unit_states(host, "alpha", bad) == {"alpha": "active", bad: "inactive"}
+    assert ops.status(host.name)["hosts"][host.name]["serving"]["model"] == "alpha"
+    history = ops.history(host.name)
+    assert [(h["model"], h["outcome"]) for h in history] == [(bad, "rolled_back"), ("alpha", "active")]
+    assert any(p["phase"] == "rolling_back" for p in history[0]["phases"])
+
+
+def test_foreign_process_on_gpus_stops_switch_and_rolls_back(host: Host, ops: Operations) -> None:
+    """A process outside our units on B's GPUs is named (PID, name, memory); A comes back."""
+    ops.switch("gamma")
+    stray = host.run(["systemd-run", "--unit=stray-gpu-holder", "--property=Type=exec", sys.executable,
+                      str(REPO / "tests/standin/openai_server.py"), "--host", host.address, "--port", "8199",
+                      "--served-name", "stray", "--gpus", "0,1", "--gpu-mib", "20480"])
+    assert stray.returncode == 0
+    try:
+        result = ops.switch("beta")
+        assert result["outcome"] == "rolled_back"
+        assert "holds 20.0 GiB on GPU 0" in result["error"]
+        assert unit_states(host, "gamma", "beta") == {"gamma": "active", "beta": "inactive"}
+    finally:
+        host.run(["systemctl", "stop", "stray-gpu-holder.service"], check=False)
+
+
+def test_leftover_engine_of_old_unit_is_reaped(host: Host, tmp_path: Path) -> None:
+    """A legacy unit (KillMode=process) leaves its engine child holding the GPUs: it is killed, B starts."""
+    cfg = tmp_path / "deploy.toml"
+    models = {**MODELS, "alpha": {**MODELS["alpha"], "args": ["--load-time", "0.3", "--engine-child",
+                                                            "--child-ignores-sigterm"]}}
+    cfg.write_text(config_text(host, tmp_path / "state", models))
+    catalog = settings.load(cfg)
+    legacy = default_template().replace("KillMode=control-group", "KillMode=process")
+    assert Operations(catalog, ports_factory(catalog), template=legacy).switch("alpha")["outcome"] == "active"
+    result = operations(catalog).switch("beta")
+    assert result["outcome"] == "active"
+    assert unit_states(host, "alpha", "beta") == {"alpha": "inactive", "beta": "active"}
+    assert host.run(["systemctl", "show", "-p", "ControlGroup", "--value", "vllm-alpha.service"]).returncode == 0
+    assert ops_pids(host, "vllm-alpha.service") == []
+
+
+def ops_pids(host: Host, unit: str) -> list[str]:
+    cg = host.run(["systemctl", "show", "-p", "ControlGroup", "--value", unit]).stdout.strip()
+    if not cg:
+        return []
+    return host.run(f"cat /sys/fs/cgroup{cg}/cgroup.procs 2>/dev/null || true").stdout.split()
+
+
+def test_invalid_unit_file_rolls_back(host: Host, tmp_path: Path, ops: Operations) -> None:
+    """A unit systemd refuses to load is caught after daemon-reload; A's recorded unit comes back."""
+    ops.switch("alpha")
+    broken = default_template().replace("ExecStart={{ exec_start }}", "ExecStart=relative/path {{ exec_start }}")
+    bad_ops = Operations(ops.catalog, ops.ports_for, store=ops.store, template=broken)
+    result = bad_ops.switch("beta")
+    assert result["outcome"] == "rolled_back"
+    assert "did not load after daemon-reload" in result["error"]
+    assert unit_states(host, "alpha", "beta") == {"alpha": "active", "beta": "inactive"}
+
+
+def test_rollback_and_rollback_to(host: Host, ops: Operations) -> None:
+    """rollback returns to the previous model; rollback --to N redeploys revision N's exact unit."""
+    ops.switch("alpha")
+    ops.switch("beta")
+    back = ops.rollback(host.name)
+    assert (back["revision"], back["model"], back["outcome"]) == (3, "alpha", "active")
+    assert back["unit_sha256"] == ops.history(host.name)[-1]["unit_sha256"]
+    again = ops.rollback(host.name, to_revision=2)
+    assert (again["model"], again["outcome"]) == ("beta", "active")
+    assert unit_states(host, "alpha", "beta") == {"alpha": "inactive", "beta": "active"}
+    assert [h["trigger"] for h in ops.history(host.name)][:2] == ["rollback:to-2", "rollback:to-1"]
+
+
+def test_switch_to_active_model_is_noop(host: Host, ops: Operations) -> None:
+    """Switching to the healthy active model says so and records nothing."""
+    ops.switch("alpha")
+    result = ops.switch("alpha")
+    assert result["noop"] is True and "already active and healthy" in result["message"]
+    assert len(ops.history(host.name)) == 1
+    assert unit_states(host, "alpha") == {"alpha": "active"}
+
+
+def test_second_switch_on_busy_host_is_refused(host: Host, ops: Operations, tmp_path: Path) -> None:
+    """While one switch runs, another on the same host is refused naming the running deployment."""
+    ops.switch("alpha")
+    seen: list[str] = []
+    done = threading.Event()
+    first = threading.Thread(target=lambda: (ops.switch("beta-long", progress=lambda e, f: seen.append(
+        str(f.get("phase")))), done.set()))
+    first.start()
+    deadline = time.monotonic() + 30
+    while "checking" not in seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    other = operations(ops.catalog)
+    with pytest.raises(Busy, match=r"deployment #2 \(revision 2, beta-long, .*\) is in phase checking"):
+        other.switch("beta")
+    first.join(60)
+    assert done.is_set()
+    assert unit_states(host, "beta-long") == {"beta-long": "active"}
+
+
+def test_switch_through_dbus_inside_the_host(host: Host) -> None:
+    """The local transport (pydbus) switches A -> B from a CLI running on the host itself."""
+    cfg = config_text(host, Path("/var/lib/orchestrator-test"), MODELS, transport="local")
+    host.write_file("/etc/orchestrator-test.toml", cfg)
+    for model in ("alpha", "beta"):
+        r = host.run([sys.executable, "-m", "orchestrator", "switch", model, "--config",
+                      "/etc/orchestrator-test.toml", "--json"], check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f'"model": "{model}"' in r.stdout and '"outcome": "active"' in r.stdout
+    assert unit_states(host, "alpha", "beta") == {"alpha": "inactive", "beta": "active"}

@@ -1,0 +1,66 @@
+"""`orchestrator plan` on the published MiniMax-M2.5 config, and the switch's preflight refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.core.states import Phase
+
+from .conftest import World, make_catalog
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAX = REPO / "tests/fixtures/configs/MiniMaxAI__MiniMax-M2.5.json"
+
+
+def plan(*args: str) -> tuple[int, dict[str, object]]:
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "plan", "--config", str(MINIMAX), "--gpus", "8",
+                        "--gpu-memory-gib", "96", "--json", *args], capture_output=True, text=True, cwd=REPO)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_tp8_without_ep_is_refused_with_numbers_and_fix() -> None:
+    """TP=8 fails on 1536/8 = 192 vs the FP8 block 128, and the fix names TP=4 and TP=8 + EP."""
+    code, out = plan("--tp", "8")
+    assert code == 3 and out["valid"] is False
+    assert any("1536 / TP 8 = 192" in r and "128" in r for r in out["reasons"])  # type: ignore[union-attr]
+    assert out["fix"] == "use TP=4, or TP=8 with expert parallel"
+
+
+def test_tp8_with_ep_is_valid() -> None:
+    """Expert parallel keeps experts whole: TP=8 + EP loads."""
+    code, out = plan("--tp", "8", "--ep")
+    assert code == 0 and out["valid"] is True and out["reasons"] == []
+
+
+def test_tp6_is_refused_on_kv_heads() -> None:
+    """8 KV heads do not split six ways."""
+    code, out = plan("--tp", "6")
+    assert code == 3
+    assert any("num_key_value_heads 8 is not divisible by TP 6" in r for r in out["reasons"])  # type: ignore[union-attr]
+
+
+def test_layouts_are_listed_best_first() -> None:
+    """Without --tp the best layout is judged and every valid layout is listed."""
+    code, out = plan()
+    layouts = out["layouts"]
+    assert code == 0 and isinstance(layouts, list) and layouts[0]["layout"]["name"] == "TP=8 + EP"
+    assert {"TP=4", "TP=8 + EP"} <= {lay["layout"]["name"] for lay in layouts}
+
+
+def test_switch_refuses_invalid_layout_before_stopping() -> None:
+    """A switch to TP=8 without EP aborts in preflight; the serving model is never stopped."""
+    catalog = make_catalog(models={
+        "alpha": {"repo": "org/alpha", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8000},
+        "mm-tp8": {"repo": "MiniMaxAI/MiniMax-M2.5", "gpus": list(range(8)), "tensor_parallel": 8, "port": 8001}})
+    world = World(catalog)
+    world.switch("alpha")
+    model_dir = world.engine.spec_for(catalog.models["mm-tp8"]).model_dir
+    world.host.files[f"{model_dir}/config.json"] = MINIMAX.read_bytes()
+    dep = world.switch("mm-tp8")
+    assert dep.phase is Phase.ABORTED
+    assert "cannot load as TP=8" in (dep.error or "") and "use TP=4, or TP=8 with expert parallel" in (dep.error or "")
+    assert world.host.active_units() == ["vllm-alpha.service"]
+    assert "stop vllm-alpha.service" not in world.host.calls
