@@ -14,6 +14,7 @@ from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.catalog import Catalog, Host
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.weights import StageRequest
+from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, StagedWeights
 from orchestrator.service import Operations
 from orchestrator.steps import HostPorts
@@ -44,17 +45,31 @@ class SpecWeights:
                             endpoint=os.environ.get("HF_ENDPOINT"))
 
     def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
+        if spec.source.startswith("local:"):
+            return self._in_place(spec)
         manifest = self.store.stage(self._request(spec), progress)
         return StagedWeights(path=manifest.path, revision=manifest.revision, total_bytes=manifest.total_bytes)
 
+    def _in_place(self, spec: UnitSpec) -> StagedWeights:
+        """Weights the operator keeps in a directory of the host: used where they are, once checked."""
+        path = spec.source.removeprefix("local:")
+        if self.store.shell.read_file(f"{path}/config.json") is None:
+            raise WeightsError(f"model {spec.model}: {path}/config.json not found on host {self.host.name}",
+                               host=self.host.name)
+        return StagedWeights(path=path, revision="local", total_bytes=0)
+
     def verify(self, spec: UnitSpec) -> StagedWeights | None:
+        if spec.source.startswith("local:"):
+            return self._in_place(spec)
         req = self._request(spec)
         manifest = self.store.verify(req.root, req.name, req.revision)
         return None if manifest is None else StagedWeights(manifest.path, manifest.revision, manifest.total_bytes)
 
 
 def build_ports(catalog: Catalog, host: Host) -> HostPorts:
-    shell, systemd = connect(host)
+    shell, systemd = connect(host.transport, host.address, port=host.ssh_port, user=host.ssh_user,
+                             key_filename=host.ssh_key, known_hosts=host.known_hosts, unit_dir=host.unit_dir,
+                             host=host.name)
     token_file = f"{catalog.defaults.env_dir.rstrip('/')}/hf-token"
     weights = SpecWeights(HfWeightStore(shell, python=host.python), host, token_file)
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=NvidiaSmiProbe(shell),

@@ -1,0 +1,161 @@
+"""The agent as a systemd unit inside a test host: local (pydbus) and SSH switches, crash recovery at
+every phase boundary, schedules, and who may use its socket."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import settings
+from orchestrator.core.render import render_agent_unit
+from tests.hosts.machine import Host
+from tests.test_switch_hosts import MODELS, config_text
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = "/etc/orchestrator-agent-test.toml"
+STATE = "/var/lib/orchestrator-agent-test"
+HOOKS = "/run/orchestrator-hooks"
+PY = sys.executable
+
+pytestmark = pytest.mark.hosts
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def cli(host: Host, *args: str, check: bool = True, user: str | None = None) -> Any:
+    line = shlex.join([PY, "-m", "orchestrator", *args, "--config", CONFIG])
+    if user:
+        line = f"runuser -u {user} -- {line}"
+    return host.run(line, check=check)
+
+
+def history(host: Host) -> list[dict[str, Any]]:
+    return list(json.loads(cli(host, "history", "--json").stdout))
+
+
+def active(host: Host, unit: str) -> str:
+    return str(host.run(["systemctl", "is-active", unit], check=False).stdout.strip())
+
+
+def install_agent(host: Host, config: str) -> None:
+    host.write_file(CONFIG, config)
+    host.run(f"groupadd -f orchestrator && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
+    cfg_path = Path("/tmp") / f"agent-{host.name}.toml"
+    cfg_path.write_text(config)
+    unit = render_agent_unit(settings.load(cfg_path), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
+                             python=PY, config=CONFIG, extra_env={"ORCHESTRATOR_TEST_PAUSE_DIR": HOOKS})
+    host.write_file("/etc/systemd/system/orchestrator-agent.service", unit.text)
+    host.run("systemctl daemon-reload && systemctl start orchestrator-agent.service")
+
+
+@pytest.fixture
+def agent_host(hosts: list[Host]) -> Iterator[Host]:
+    """h1 runs the agent (Type=notify) for itself over D-Bus."""
+    host = hosts[0]
+    install_agent(host, config_text(host, Path(STATE), MODELS, transport="local"))
+    yield host
+    host.run("systemctl stop orchestrator-agent.service", check=False)
+
+
+def test_agent_is_ready_and_switches_through_dbus(agent_host: Host) -> None:
+    """The agent reports READY to systemd and a CLI switch on the host goes through it."""
+    assert active(agent_host, "orchestrator-agent.service") == "active"
+    out = json.loads(cli(agent_host, "switch", "alpha", "--json").stdout)
+    assert out["outcome"] == "active" and out["trigger"].startswith("cli:")
+    status = json.loads(cli(agent_host, "status", "--json").stdout)
+    assert status["agent"]["pid"] > 0
+    assert status["hosts"][agent_host.name]["serving"]["model"] == "alpha"
+    assert active(agent_host, "vllm-alpha.service") == "active"
+
+
+def test_agent_switches_another_host_over_ssh(hosts: list[Host]) -> None:
+    """An agent in h1 switches h2 over SSH with strict host keys."""
+    h1, h2 = hosts[0], hosts[1]
+    h1.write_file("/etc/orchestrator-test-key", Path(h2.key_path).read_text(), mode=0o600)
+    h1.write_file("/etc/orchestrator-test-known-hosts", Path(h2.known_hosts_path).read_text())
+    cfg = config_text(h2, Path(STATE), MODELS).replace(str(h2.key_path), "/etc/orchestrator-test-key").replace(
+        str(h2.known_hosts_path), "/etc/orchestrator-test-known-hosts")
+    install_agent(h1, cfg)
+    try:
+        out = json.loads(cli(h1, "switch", "beta", "--json").stdout)
+        assert out["outcome"] == "active" and out["host"] == h2.name
+        assert active(h2, "vllm-beta.service") == "active"
+        assert active(h1, "vllm-beta.service") != "active"
+    finally:
+        h1.run("systemctl stop orchestrator-agent.service", check=False)
+
+
+CRASH_CASES = ["preflight", "staging", "stopping", "freeing", "installing", "starting", "checking", "rolling_back"]
+
+
+@pytest.mark.parametrize("phase", CRASH_CASES)
+def test_sigkill_at_phase_boundary_converges(agent_host: Host, phase: str) -> None:
+    """SIGKILL the agent paused before PHASE; systemd restarts it and the switch converges."""
+    host = agent_host
+    cli(host, "switch", "alpha")
+    target = "beta-crash" if phase == "rolling_back" else "beta"
+    host.write_file(f"{HOOKS}/pause-at", phase)
+    host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', target, '--config', CONFIG])} "
+             f"> /tmp/switch.log 2>&1 &")
+    wait_for(f"the engine to pause before {phase}",
+             lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0)
+    old_pid = host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
+    host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
+    wait_for("systemd to restart the agent", lambda: host.run(
+        ["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip() not in ("0", old_pid)
+        and active(host, "orchestrator-agent.service") == "active")
+    wait_for("the interrupted deployment to end", lambda: history(host)[0]["outcome"] in
+             ("active", "rolled_back", "failed", "aborted"), timeout=90)
+    newest = history(host)[0]
+    outcome, serving = ("rolled_back", "alpha") if phase == "rolling_back" else ("active", target)
+    assert (newest["outcome"], newest["model"]) == (outcome, target)
+    others = {"alpha", "beta", "beta-crash"} - {serving}
+    assert active(host, f"vllm-{serving}.service") == "active"
+    assert all(active(host, f"vllm-{m}.service") != "active" for m in others)
+    print(f"crash case {phase}: outcome {newest['outcome']}, serving {serving}")
+
+
+def test_schedule_set_a_minute_ahead_fires_and_is_recorded(hosts: list[Host]) -> None:
+    """A redeploy scheduled for the next minute runs and shows in history and schedules."""
+    host = hosts[0]
+    at = time.gmtime(time.time() + 60)
+    cfg = config_text(host, Path(STATE), MODELS, transport="local") + (
+        f'[schedules.soon]\ncron = "{at.tm_min} {at.tm_hour} * * *"\naction = "redeploy"\n')
+    install_agent(host, cfg)
+    try:
+        cli(host, "switch", "alpha")
+        listed = json.loads(cli(host, "schedules", "--json").stdout)
+        assert listed[0]["name"] == "soon"
+        wait_for("the schedule to fire", lambda: any(h["trigger"] == "schedule:soon" and h["outcome"] == "active"
+                                                     for h in history(host)), timeout=150)
+        listed = json.loads(cli(host, "schedules", "--json").stdout)
+        assert listed[0]["last"]["kind"] == "schedule_fired"
+        assert active(host, "vllm-alpha.service") == "active"
+    finally:
+        host.run("systemctl stop orchestrator-agent.service", check=False)
+
+
+def test_socket_refuses_users_outside_its_group(agent_host: Host) -> None:
+    """A user outside the socket group is refused; a member of it is served."""
+    host = agent_host
+    host.run("id opuser >/dev/null 2>&1 || useradd -M -G orchestrator opuser; chmod 0755 " + STATE)
+    refused = cli(host, "status", "--json", check=False, user="nobody")
+    assert refused.returncode != 0 and "permission denied" in refused.stderr
+    host.run(f"chmod 0666 {STATE}/agent.sock")  # past the file mode, the peer-credential check still refuses
+    refused = cli(host, "status", "--json", check=False, user="nobody")
+    assert refused.returncode == 6 and "may not use the agent" in refused.stderr
+    allowed = cli(host, "status", "--json", check=False, user="opuser")
+    assert allowed.returncode == 0, allowed.stderr
