@@ -1,0 +1,159 @@
+"""The weight store of one host: runs ``python -m orchestrator.stage_worker`` there through a Shell.
+
+The worker does the I/O on the host that needs the weights (hub download with huggingface_hub,
+local copy, or rsync from a peer) and streams JSON lines; this adapter turns them into progress
+callbacks and ``Manifest`` values, and maps failures to ``WeightsError`` naming the host.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, runtime_checkable
+
+from orchestrator.core.observed import CommandResult
+from orchestrator.core.weights import Manifest, StagedRevision, StageRequest, plan_cleanup
+from orchestrator.errors import WeightsError
+from orchestrator.ports import ProgressCallback, Shell
+
+
+@runtime_checkable
+class StreamingShell(Shell, Protocol):
+    """Proposed addition to ``Shell``: run argv and hand each stdout line to ``on_line`` as it comes."""
+
+    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
+                      timeout: float | None = None) -> CommandResult:
+        """Like ``run(check=False)``; stdout lines (without newline) go to on_line while it runs."""
+        ...
+
+
+class WeightStore(Protocol):
+    """Proposed port (for orchestrator/ports.py): staged, verified model weights on one host."""
+
+    def stage(self, request: StageRequest, progress: ProgressCallback) -> Manifest:
+        """Download/copy, verify and record; returns at once when already staged and intact."""
+        ...
+
+    def verify(self, root: str, name: str, revision: str) -> Manifest | None:
+        """The manifest when staged and intact; None when not staged; WeightsError when broken."""
+        ...
+
+    def free_bytes(self, path: str) -> int: ...
+
+    def list_staged(self, root: str) -> list[StagedRevision]: ...
+
+    def remove(self, root: str, name: str, revision: str, *,
+               protected: Collection[tuple[str, str]] = ()) -> bool:
+        """Remove one revision (also its partial download); refuses a protected (name, revision)."""
+        ...
+
+    def cleanup(self, root: str, *, keep: int,
+                protected: Collection[tuple[str, str]]) -> list[StagedRevision]:
+        """Keep the ``keep`` newest revisions per model; never remove protected ones."""
+        ...
+
+
+# Worker event -> the ProgressCallback event the CLI knows (cli/progress.py renders stage_progress
+# and staged; the others are there for logs).
+EVENTS = {"progress": "stage_progress", "plan": "stage_plan", "file_done": "stage_file",
+          "resume": "stage_resume", "restage": "stage_restage", "already_staged": "staged"}
+
+
+class HfWeightStore:
+    """WeightStore over any Shell. With ``run_streaming`` progress arrives while it downloads;
+    with a plain ``run`` it all arrives when the worker exits."""
+
+    def __init__(self, shell: Shell, *, python: str = "python3",
+                 timeout: float | None = None) -> None:
+        self.shell = shell
+        self.python = python
+        self.timeout = timeout
+
+    @property
+    def host(self) -> str:
+        return self.shell.host
+
+    def _argv(self, *args: str) -> list[str]:
+        return [self.python, "-m", "orchestrator.stage_worker", *args]
+
+    def stage(self, request: StageRequest, progress: ProgressCallback) -> Manifest:
+        final: dict[str, object] = {}
+
+        def on_line(line: str) -> None:
+            event = _parse(line)
+            if event is None:
+                return
+            kind = str(event.pop("event", ""))
+            if kind in ("done", "error"):
+                final.update(event, event=kind)
+            elif kind in EVENTS:
+                progress(EVENTS[kind], {"host": self.host, "model": request.name, **event})
+
+        argv = self._argv("stage", json.dumps(request.to_dict()))
+        if isinstance(self.shell, StreamingShell):
+            result = self.shell.run_streaming(argv, on_line, timeout=self.timeout)
+        else:
+            result = self.shell.run(argv, timeout=self.timeout, check=False)
+            for line in result.stdout.splitlines():
+                on_line(line)
+        manifest = final.get("manifest")
+        if final.get("event") == "done" and isinstance(manifest, dict):
+            return Manifest.from_dict(manifest)
+        raise self._failure(result, final, f"staging model {request.name}")
+
+    def verify(self, root: str, name: str, revision: str) -> Manifest | None:
+        done = self._call(f"verifying model {name}", "verify", root, name, revision)
+        manifest = done.get("manifest")
+        return Manifest.from_dict(manifest) if isinstance(manifest, dict) else None
+
+    def free_bytes(self, path: str) -> int:
+        done = self._call(f"free space under {path}", "free", path)
+        return int(str(done["free_bytes"]))
+
+    def list_staged(self, root: str) -> list[StagedRevision]:
+        done = self._call(f"listing models under {root}", "list", root)
+        entries = done.get("staged")
+        return [StagedRevision(str(e["name"]), str(e["revision"]), float(str(e["staged_at"])))
+                for e in (entries if isinstance(entries, list) else [])
+                if isinstance(e, dict) and not e.get("partial")]
+
+    def remove(self, root: str, name: str, revision: str, *,
+               protected: Collection[tuple[str, str]] = ()) -> bool:
+        if (name, revision) in set(protected):
+            raise WeightsError(f"model {name} revision {revision} is protected (active or rollback) "
+                               "and was not removed", host=self.host)
+        return bool(self._call(f"removing model {name}", "remove", root, name, revision)["removed"])
+
+    def cleanup(self, root: str, *, keep: int,
+                protected: Collection[tuple[str, str]]) -> list[StagedRevision]:
+        doomed = plan_cleanup(self.list_staged(root), keep=keep, protected=protected)
+        for s in doomed:
+            self.remove(root, s.name, s.revision, protected=protected)
+        return doomed
+
+    def _call(self, what: str, *args: str) -> dict[str, object]:
+        result = self.shell.run(self._argv(*args), timeout=self.timeout, check=False)
+        final: dict[str, object] = {}
+        for line in result.stdout.splitlines():
+            event = _parse(line)
+            if event is not None and event.get("event") in ("done", "error"):
+                final = event
+        if final.get("event") == "done":
+            return final
+        raise self._failure(result, final, what)
+
+    def _failure(self, result: CommandResult, final: dict[str, object], what: str) -> WeightsError:
+        if final.get("event") == "error":
+            return WeightsError(str(final.get("message")), host=self.host)
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+        return WeightsError(f"{what}: the stage worker exited {result.exit_code} without a result"
+                            + (f":\n{tail}" if tail else ""), host=self.host)
+
+
+def _parse(line: str) -> dict[str, object] | None:
+    """A worker event, or None for a line that is not one (e.g. a warning a library printed)."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None

@@ -1,0 +1,139 @@
+"""The pure weight rules: completeness against the index, space needed, cleanup choice, requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.core.weights import (
+    Manifest,
+    StagedRevision,
+    StageRequest,
+    check_space,
+    plan_cleanup,
+    space_needed,
+    verify_listing,
+)
+from orchestrator.errors import WeightsError
+
+INDEX = {"weight_map": {"a.w": "model-1-of-2.safetensors", "b.w": "model-2-of-2.safetensors"}}
+LISTED = {"config.json": 10, "model.safetensors.index.json": 20, "model-1-of-2.safetensors": 100,
+          "model-2-of-2.safetensors": 200}
+SHA = "f" * 40
+
+
+def test_complete_listing_verifies() -> None:
+    """Every file present at its listed size passes."""
+    verify_listing(LISTED, dict(LISTED), INDEX, where="m")
+
+
+def test_missing_shard_names_file_and_sizes() -> None:
+    """A shard absent on disk is named with its expected size and 'found none'."""
+    present = {k: v for k, v in LISTED.items() if k != "model-2-of-2.safetensors"}
+    with pytest.raises(WeightsError,
+                       match=r"model-2-of-2.safetensors is missing \(expected 200 bytes, found none\)"):
+        verify_listing(LISTED, present, INDEX, where="m")
+
+
+def test_wrong_size_names_file_expected_and_found() -> None:
+    """A shard of another size is named with both sizes."""
+    with pytest.raises(WeightsError,
+                       match=r"model-1-of-2.safetensors has the wrong size \(expected 100 bytes, found 99\)"):
+        verify_listing(LISTED, LISTED | {"model-1-of-2.safetensors": 99}, INDEX, where="m")
+
+
+def test_index_shard_not_in_listing_is_reported() -> None:
+    """A shard named by the index that the source does not list fails, even if nothing else is wrong."""
+    listed = {k: v for k, v in LISTED.items() if k != "model-2-of-2.safetensors"}
+    with pytest.raises(WeightsError,
+                       match="shard model-2-of-2.safetensors named in model.safetensors.index.json"):
+        verify_listing(listed, listed, INDEX, where="m")
+
+
+def test_config_is_required() -> None:
+    """A listing without config.json is not a model."""
+    listed = {k: v for k, v in LISTED.items() if k != "config.json"}
+    with pytest.raises(WeightsError, match="config.json is not in the file list"):
+        verify_listing(listed, listed, INDEX, where="m")
+
+
+def test_single_file_model_needs_a_safetensors_file() -> None:
+    """Without an index, at least one *.safetensors file must be listed."""
+    verify_listing({"config.json": 1, "model.safetensors": 5}, {"config.json": 1, "model.safetensors": 5},
+                   None, where="m")
+    with pytest.raises(WeightsError, match="no model.safetensors.index.json and no"):
+        verify_listing({"config.json": 1}, {"config.json": 1}, None, where="m")
+
+
+def test_index_without_weight_map_is_rejected() -> None:
+    """An index with no weight_map cannot say which shards are needed."""
+    with pytest.raises(WeightsError, match="has no weight_map"):
+        verify_listing(LISTED, LISTED, {"metadata": {}}, where="m")
+
+
+def test_space_needed_counts_partial_and_complete_files() -> None:
+    """Complete files need nothing, partial ones the rest, oversize ones all of it."""
+    expected = {"a": 100, "b": 200, "c": 300, "d": 50}
+    assert space_needed(expected, {"a": 100, "b": 150, "d": 70}) == 0 + 50 + 300 + 50
+
+
+def test_check_space_error_names_needed_and_free() -> None:
+    """Not enough room fails with both numbers and says nothing was written."""
+    with pytest.raises(WeightsError,
+                       match=r"m: needs 2\.0 GiB more .* only 1\.0 GiB free .*nothing was written"):
+        check_space(2 << 30, 1 << 30, where="m")
+    check_space(1 << 30, 1 << 30, where="m")
+
+
+def test_check_space_honours_the_reserve() -> None:
+    """A reserve that would be eaten into counts as not enough space."""
+    with pytest.raises(WeightsError, match="plus a reserve of 1.0 GiB"):
+        check_space(1 << 30, (3 << 29), where="m", reserve=1 << 30)
+
+
+def test_cleanup_keeps_newest_per_model_and_protected() -> None:
+    """keep=1 keeps each model's newest revision and every protected one."""
+    staged = [StagedRevision("a", "1", 1.0), StagedRevision("a", "2", 2.0), StagedRevision("a", "3", 3.0),
+              StagedRevision("b", "9", 1.0)]
+    doomed = plan_cleanup(staged, keep=1, protected={("a", "1")})
+    assert [(s.name, s.revision) for s in doomed] == [("a", "2")]
+
+
+def test_cleanup_with_keep_zero_still_spares_protected() -> None:
+    """Even keep=0 never removes the active or rollback model."""
+    staged = [StagedRevision("a", "1", 1.0), StagedRevision("a", "2", 2.0)]
+    assert [s.revision for s in plan_cleanup(staged, keep=0, protected={("a", "2")})] == ["1"]
+
+
+def test_request_round_trips_through_json_dict() -> None:
+    """A StageRequest survives to_dict/from_dict (the worker's argv)."""
+    req = StageRequest(name="m", repo="o/m", revision="main", root="/models", allow_patterns=("*.json",),
+                       token_file="/etc/orchestrator/hf-token", endpoint="http://127.0.0.1:1")
+    assert StageRequest.from_dict(req.to_dict()) == req
+
+
+def test_empty_revision_means_the_default_branch() -> None:
+    """A request without a revision asks for "main" (the worker resolves and records its SHA)."""
+    assert StageRequest(name="m", repo="o/m", revision="", root="/models").revision == "main"
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"name": "../etc"}, "not a plain directory name"),
+    ({"root": "models"}, "not an absolute path"),
+    ({"source": "ftp:x"}, "is not hub, local:/dir or host:NAME"),
+    ({"source": "local:/x", "revision": "main"}, "needs a commit SHA revision"),
+    ({"source": "host:gpu2", "revision": SHA}, "needs peer connection details"),
+])
+def test_bad_requests_are_rejected_with_the_value(kw: dict[str, str], message: str) -> None:
+    """Requests that cannot work fail at construction, naming the bad value."""
+    args = {"name": "m", "repo": "o/m", "revision": "main", "root": "/models"} | kw
+    with pytest.raises(WeightsError, match=message):
+        StageRequest(**args)  # type: ignore[arg-type]
+
+
+def test_manifest_round_trips_and_rejects_garbage() -> None:
+    """A manifest reads back equal; a malformed one raises WeightsError."""
+    m = Manifest(name="m", repo="o/m", revision=SHA, files={"config.json": 3}, source="hub",
+                 staged_at=1.5, path="/models/m/" + SHA, index_sha256=None, requested_revision="main")
+    assert Manifest.from_dict(m.to_dict()) == m
+    with pytest.raises(WeightsError, match="manifest is malformed"):
+        Manifest.from_dict({"name": "m"})
