@@ -178,7 +178,7 @@ class SqliteStore:
         return self.by_revision(host, int(row[0]))
 
     def events(self, host: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        q, args = "SELECT at, host, kind, detail FROM events WHERE 1=1", []
+        q, args = "SELECT at, host, kind, detail FROM events WHERE 1=1", list[Any]()
         if host:
             q, args = q + " AND host=?", [*args, host]
         if kind:

@@ -6,6 +6,7 @@ import difflib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -25,7 +26,7 @@ from orchestrator.errors import UsageError
 def models(config: str | None, as_json: bool) -> None:
     """List the models of the catalog."""
     cat = settings.load(config)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, m in cat.models.items():
         host = cat.model_host(name)
         rows.append({"name": name, "host": host.name, "repo": m.repo, "revision": m.revision,

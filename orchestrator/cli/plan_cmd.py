@@ -149,9 +149,9 @@ def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | N
         shown = result.layouts[:limit] if limit else result.layouts
         more = len(result.layouts) - len(shown)
         table = Table("layout", "GPUs", "weights/GPU", "full-length seqs/replica", "why",
-                      title=f"valid layouts, best first" + (f" ({more} more: --all)" if more else ""))
+                      title="valid layouts, best first" + (f" ({more} more: --all)" if more else ""))
         for lay in shown:
-            mem = lay.memory
-            table.add_row(str(lay.layout), str(lay.layout.gpus), f"{mem.weights_gib:.1f} GiB" if mem else "?",
-                          str(mem.max_full_sequences) if mem else "?", lay.why)
+            fit = lay.memory
+            table.add_row(str(lay.layout), str(lay.layout.gpus), f"{fit.weights_gib:.1f} GiB" if fit else "?",
+                          str(fit.max_full_sequences) if fit else "?", lay.why)
         console.print(table)

@@ -1,0 +1,215 @@
+"""Figures of a run: the table printed at the end and bench/RESULTS.md (machine, date, commands)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.downtime import methods
+from bench.downtime.footprint import Window
+from bench.downtime.setup import Bench, BenchModel, Timing
+
+OURS = "orchestrator"
+
+
+@dataclass(frozen=True)
+class Trial:
+    method: str
+    old: str
+    new: str
+    downtime_s: float
+    command_s: float  # wall time of the whole command (includes work done while A still serves)
+    floor_s: float  # S + L
+    note: str = ""
+    phases: dict[str, float] = field(default_factory=dict)  # ours only: seconds per recorded phase
+
+    @property
+    def overhead(self) -> float:
+        return self.downtime_s - self.floor_s
+
+
+@dataclass
+class Results:
+    args: list[str]
+    timing: Timing
+    sizes_gb: list[float]
+    trials: dict[str, list[Trial]] = field(default_factory=dict)
+    agent: dict[str, Window] = field(default_factory=dict)
+    commands: dict[str, str] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    load_before: tuple[str, float] = ("", 0.0)
+    load_after: tuple[str, float] = ("", 0.0)
+
+
+def load_now() -> tuple[str, float]:
+    """(/proc/loadavg's three averages, CPU seconds all cores spent busy since boot)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3]), busy
+
+
+PHASES = ("stopping", "freeing", "installing", "starting", "checking")
+
+
+def phase_rows(r: Results) -> list[list[str]]:
+    trials = r.trials.get(OURS, [])
+    return [[p, f"{median([t.phases.get(p, 0.0) for t in trials]):.3f}"] for p in PHASES] if trials else []
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summary_rows(r: Results) -> list[list[str]]:
+    ours = median([t.overhead for t in r.trials.get(OURS, [])])
+    rows = []
+    for method, trials in r.trials.items():
+        if method == "staged":
+            continue
+        over = median([t.overhead for t in trials])
+        ratio = "1.0x" if method == OURS else (f"{over / ours:.1f}x" if ours > 0 else "n/a")
+        rows.append([method, str(len(trials)), f"{median([t.downtime_s for t in trials]):.3f}",
+                     f"{min(t.downtime_s for t in trials):.3f}-{max(t.downtime_s for t in trials):.3f}",
+                     f"{over:.3f}", ratio, f"{median([t.command_s for t in trials]):.2f}"])
+    return rows
+
+
+def staged_rows(r: Results) -> list[list[str]]:
+    rows = []
+    present = median([t.downtime_s for t in r.trials.get(OURS, [])])
+    for size in r.sizes_gb:
+        trials = [t for t in r.trials.get("staged", []) if t.note.startswith(f"{size:g} GB")]
+        if not trials:
+            continue
+        d = median([t.downtime_s for t in trials])
+        rows.append([f"{size:g} GB", str(len(trials)), ", ".join(f"{t.downtime_s:.3f}" for t in trials),
+                     f"{d:.3f}", f"{d - present:+.3f}", ", ".join(f"{t.command_s:.1f}" for t in trials)])
+    return rows
+
+
+def agent_rows(r: Results) -> list[list[str]]:
+    return [[name, f"{w.seconds:.1f}", f"{w.cpu_s:.3f}", f"{100 * w.cpu_s / w.seconds:.2f}",
+             f"{w.rss_min_mib:.1f}", f"{w.rss_max_mib:.1f}"] for name, w in r.agent.items()]
+
+
+SUMMARY_HEAD = ["method", "switches", "downtime median s", "min-max s", "overhead median s",
+                "overhead vs ours", "command median s"]
+STAGED_HEAD = ["weights", "switches", "downtime s (each)", "median s", "vs present-weights median",
+               "command s (each)"]
+AGENT_HEAD = ["agent window", "seconds", "CPU s", "CPU % of one core", "RSS min MiB", "RSS max MiB"]
+
+
+def _plain(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*r) for r in rows)])
+
+
+def _md(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def table(r: Results) -> str:
+    floor = r.timing.stop_s + r.timing.load_s
+    parts = [(f"switch downtime (floor S + L = {r.timing.stop_s:g} + {r.timing.load_s:g} = {floor:g} s; "
+             f"load average {r.load_before[0]} -> {r.load_after[0]}, cores busy {_busy_pct(r):.0f}%)"),
+             _plain(SUMMARY_HEAD, summary_rows(r))]
+    if phase_rows(r):
+        parts += ["", "orchestrator phases (median s)", _plain(["phase", "median s"], phase_rows(r))]
+    if staged_rows(r):
+        parts += ["", "switches to models whose weights were staged inside the switch", _plain(STAGED_HEAD, staged_rows(r))]
+    if r.agent:
+        parts += ["", "agent footprint (python -m orchestrator agent)", _plain(AGENT_HEAD, agent_rows(r))]
+    return "\n".join(parts)
+
+
+def example_commands(bench: Bench, a: BenchModel, b: BenchModel) -> dict[str, str]:
+    env = methods.bash_env(bench, a, b)
+    cmds = {
+        "orchestrator": shlex.join(methods.orchestrator_command(bench, b)),
+        "ansible": "ANSIBLE_CONFIG=bench/ansible/ansible.cfg " + shlex.join(methods.ansible_command(bench, a, b)),
+        "bash": " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " bash bench/bash/switch.sh",
+    }
+    return {k: v.replace(str(bench.work), "$WORK") for k, v in cmds.items()}
+
+
+def _busy_pct(r: Results) -> float:
+    cores = os.cpu_count() or 1
+    return 100 * (r.load_after[1] - r.load_before[1]) / max(r.elapsed_s * cores, 1e-9)
+
+
+def _machine(r: Results) -> list[str]:
+    mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                if ln.startswith("MemTotal:")), "0")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor() or "unknown")
+    ansible = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "--version"],
+                             capture_output=True, text=True, check=False).stdout.splitlines()[:1]
+    return [(f"- machine: {platform.node()}, {os.cpu_count()} CPUs ({cpu}), {int(mem) / 2**20:.1f} GiB RAM, "
+            f"{platform.platform()}"),
+            (f"- Python {platform.python_version()}; {ansible[0] if ansible else 'ansible-playbook not found'}; "
+            f"{subprocess.run(['ssh', '-V'], capture_output=True, text=True, check=False).stderr.strip()}"),
+            (f"- machine load (other sessions share it): load average {r.load_before[0]} at start, "
+            f"{r.load_after[0]} at the end; all cores busy {_busy_pct(r):.0f}% of the run"),
+            ("- test host: systemd-nspawn container (systemd, sshd) on a loopback address of the same machine "
+            "(tests/hosts); GPUs: the stand-in nvidia-smi; engine: tests/standin/vllm_compat.py -> openai_server.py")]
+
+
+def render(r: Results) -> str:
+    t = r.timing
+    floor = t.stop_s + t.load_s
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = ["# Switch downtime: orchestrator vs Ansible vs bash", "",
+             f"Written by `bench/switch_downtime.py` on {now} ({r.elapsed_s:.0f} s run). Re-run: "
+             f"`.venv/bin/python bench/switch_downtime.py {shlex.join(r.args)}`".rstrip() + ".", "",
+             *_machine(r), "",
+             "## Method", "",
+             (f"- Stand-in engine: load time L = {t.load_s:g} s (port closed until loaded, like vLLM), stop time "
+             f"S = {t.stop_s:g} s (port closed at SIGTERM, exit S later). Floor = S + L = {floor:g} s."),
+             ("- Prober: one client per model port, a fresh connection and a 1-token `/v1/completions` every 50 ms; "
+             "a good answer is HTTP 200. Downtime = longest gap between good answers (from either port) "
+             "during the switch = A's last good answer to B's first. Overhead = downtime - (S + L)."),
+             ("- Every tool starts the same engine command line on the same GPUs (0-3), switching alternately "
+             "A -> B, B -> A on the same host in the same run. Ours: health poll every 0.2 s (default "
+             "`health_interval_s`), ready = /health 200 + model listed + one real completion. Ansible and bash: "
+             "stop, poll nvidia-smi until the GPUs hold < 1 GiB, write the unit, daemon-reload, start, then "
+             "poll /health with a 1 s delay (`uri` ... `until`/`delay: 1`; `curl` + `sleep 1`)."),
+             ("- Overhead includes starting two Python interpreters per engine start (vllm_compat execs the "
+             "stand-in), which every tool pays alike."), "",
+             "## Downtime and overhead", "", _md(SUMMARY_HEAD, summary_rows(r)), "",
+             ("Ratio = the tool's median overhead / ours. Command = wall time of the whole command, including "
+             "work done while A still serves (CLI start-up, SSH connect, preflight, staging, enablement)."), ""]
+    if phase_rows(r):
+        lines += [("Our phases (median seconds, as recorded in the orchestrator's history; the downtime spans "
+                  "the end of `stopping` (S), `freeing`, `installing`, `starting` and the engine's load inside "
+                  "`checking`):"), "", _md(["phase", "median s"], phase_rows(r)), ""]
+    if r.trials.get("staged"):
+        lines += ["## Switches that stage weights first", "",
+                  ("Models not yet on the host: generated safetensors shards served by the local hub stand-in "
+                  "(tests/hubstub), downloaded and verified by the stage worker while A still serves. "
+                  "The command time grows with the size; the downtime should not."), "",
+                  _md(STAGED_HEAD, staged_rows(r)), ""]
+    else:
+        lines += ["## Switches that stage weights first", "", "Not run (--skip-staging).", ""]
+    if r.agent:
+        lines += ["## Agent footprint", "",
+                  ("`python -m orchestrator agent` on the controller (ssh transport to the host); RSS sampled every "
+                  "0.1 s, CPU = user + system time of the process over the window. Idle includes its health "
+                  "watch and schedule loops; each switch window is one `orchestrator switch` through its socket."),
+                  "", _md(AGENT_HEAD, agent_rows(r)), ""]
+    else:
+        lines += ["## Agent footprint", "", "Not run (--skip-agent).", ""]
+    lines += ["## Commands (one switch alpha -> beta each)", ""]
+    lines += [f"- {k}: `{v}`" for k, v in r.commands.items()]
+    lines += ["", "## Every switch", "", _md(["method", "switch", "downtime s", "overhead s", "command s", "note"],
+              [[x.method, f"{x.old} -> {x.new}", f"{x.downtime_s:.3f}", f"{x.overhead:+.3f}", f"{x.command_s:.2f}",
+                x.note] for ts in r.trials.values() for x in ts]), ""]
+    return "\n".join(lines)

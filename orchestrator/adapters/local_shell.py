@@ -1,0 +1,73 @@
+"""Shell on the machine the orchestrator runs on (subprocess; no shell in between)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Sequence
+
+from orchestrator.core.observed import CommandResult
+from orchestrator.errors import CommandFailed, OrchestratorError
+
+TIMEOUT_EXIT = 124  # what coreutils timeout(1) exits with; the SSH shell uses the same
+
+
+class LocalShell:
+    """Runs argv directly with subprocess; files are written atomically (temp, fsync, rename)."""
+
+    def __init__(self, host: str = "localhost") -> None:
+        self.host = host
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
+            idempotent: bool = False) -> CommandResult:
+        # idempotent only matters for transports that can drop; a local run cannot.
+        command = shlex.join(argv)
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        except FileNotFoundError as exc:
+            raise CommandFailed(command, 127, f"{argv[0]}: command not found", host=self.host) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise CommandFailed(command, TIMEOUT_EXIT, f"timed out after {timeout:g} s",
+                                host=self.host) from exc
+        result = CommandResult(command=command, exit_code=proc.returncode, stdout=proc.stdout,
+                               stderr=proc.stderr)
+        if check and not result.ok:
+            raise CommandFailed(command, result.exit_code, result.stdout + result.stderr, host=self.host)
+        return result
+
+    def read_file(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise OrchestratorError(f"cannot read {path}: {exc.strerror}", host=self.host) from exc
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        directory = os.path.dirname(path) or "."
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fchmod(f.fileno(), mode)
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+            dfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)  # the rename itself survives a crash only once the directory is synced
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            raise OrchestratorError(f"cannot write {path}: {exc.strerror}", host=self.host) from exc
+
+    def close(self) -> None:
+        return None

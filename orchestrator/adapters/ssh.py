@@ -1,0 +1,193 @@
+"""Shell over SSH: one persistent fabric Connection per host, strict host key checking.
+
+Every library error is mapped here, at the boundary, into TransportError / CommandFailed naming
+the host and its address. A connection that drops while a command runs is retried (reconnect and
+run again) only when the caller said the command is idempotent.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import socket
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import paramiko
+from fabric import Config, Connection
+from invoke.exceptions import CommandTimedOut
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from orchestrator.core.observed import CommandResult
+from orchestrator.errors import CommandFailed, OrchestratorError, TransportError
+
+T = TypeVar("T")
+TIMEOUT_EXIT = 124
+_RETRIES = 3
+
+
+class _Dropped(Exception):
+    """The connection broke under a running operation (internal; becomes TransportError)."""
+
+
+class SshShell:
+    """Commands and files on one host through a single reused SSH connection."""
+
+    def __init__(self, address: str, *, port: int = 22, user: str = "root",
+                 key_filename: str | None = None, known_hosts: str | None = None,
+                 host: str | None = None, connect_timeout: float = 10.0,
+                 keepalive: int = 15) -> None:
+        self.host = host or address
+        self.address = address
+        self.port = port
+        self.user = user
+        self.known_hosts = known_hosts
+        self._keepalive = keepalive
+        kwargs: dict[str, object] = {"look_for_keys": False, "allow_agent": False,
+                                     "banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
+        if key_filename:
+            kwargs["key_filename"] = key_filename
+        self._conn = Connection(address, user=user, port=port, connect_timeout=int(connect_timeout),
+                                connect_kwargs=kwargs,
+                                config=Config(overrides={"load_ssh_configs": False}))
+        # fabric installs AutoAddPolicy; an unknown or changed host key must stop us instead.
+        self._conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            if known_hosts:
+                self._conn.client.get_host_keys().load(known_hosts)
+            else:
+                self._conn.client.load_system_host_keys()
+        except OSError as exc:
+            raise TransportError(f"cannot read known_hosts {known_hosts}: {exc.strerror}",
+                                 host=self.host) from exc
+
+    @property
+    def where(self) -> str:
+        return f"{self.user}@{self.address}:{self.port}"
+
+    # -- connection ---------------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Open the connection now (it opens lazily otherwise); raises TransportError."""
+        if self._conn.is_connected:
+            return
+        try:
+            self._conn.open()
+        except paramiko.BadHostKeyException as exc:
+            raise TransportError(
+                f"host key mismatch for {self.address}:{self.port}: server offered "
+                f"{exc.key.get_name()} {exc.key.fingerprint}, known_hosts {self.known_hosts or '~/.ssh'} "
+                f"expects {exc.expected_key.fingerprint}", host=self.host) from exc
+        except paramiko.AuthenticationException as exc:
+            raise TransportError(f"authentication failed for {self.where} ({exc})", host=self.host) from exc
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+            raise TransportError(f"SSH connection to {self.address}:{self.port} refused",
+                                 host=self.host) from exc
+        except paramiko.SSHException as exc:
+            # RejectPolicy: "Server '...' not found in known_hosts"; also protocol/banner errors.
+            raise TransportError(f"SSH to {self.where} failed: {exc}", host=self.host) from exc
+        except (TimeoutError, socket.timeout) as exc:
+            raise TransportError(f"SSH connection to {self.address}:{self.port} timed out",
+                                 host=self.host) from exc
+        except OSError as exc:
+            raise TransportError(f"SSH connection to {self.address}:{self.port} failed: "
+                                 f"{exc.strerror or exc}", host=self.host) from exc
+        if self._conn.transport is not None and self._keepalive:
+            self._conn.transport.set_keepalive(self._keepalive)
+
+    def _reset(self) -> None:
+        self._conn.close()
+
+    def _call(self, what: str, op: Callable[[], T], idempotent: bool) -> T:
+        """Run op on an open connection; a drop is retried only for idempotent operations."""
+        def attempt() -> T:
+            self.connect()
+            try:
+                return op()
+            except _Dropped:
+                self._reset()
+                raise
+            except (paramiko.SSHException, EOFError, ConnectionError) as exc:
+                self._reset()
+                raise _Dropped(str(exc)) from exc
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR):
+                    raise
+                self._reset()
+                raise _Dropped(str(exc)) from exc
+
+        try:
+            if not idempotent:
+                return attempt()
+            return retry(retry=retry_if_exception_type(_Dropped), stop=stop_after_attempt(_RETRIES),
+                         wait=wait_exponential(multiplier=0.2, max=2), reraise=True)(attempt)()
+        except _Dropped as exc:
+            tried = f"after {_RETRIES} attempts" if idempotent else "not retried: not idempotent"
+            raise TransportError(f"connection to {self.address}:{self.port} dropped during {what} "
+                                 f"({tried})", host=self.host) from exc
+
+    # -- Shell --------------------------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
+            idempotent: bool = False) -> CommandResult:
+        command = shlex.join(argv)
+
+        def op() -> CommandResult:
+            try:
+                res = self._conn.run(command, hide=True, warn=True, in_stream=False,
+                                     timeout=int(timeout) if timeout else None)
+            except CommandTimedOut as exc:
+                raise CommandFailed(command, TIMEOUT_EXIT, f"timed out after {timeout:g} s",
+                                    host=self.host) from exc
+            if res.exited == -1 or not self._conn.is_connected:
+                raise _Dropped(f"no exit status for {command!r}")  # channel closed under us
+            return CommandResult(command=command, exit_code=res.exited, stdout=res.stdout,
+                                 stderr=res.stderr)
+
+        result = self._call(repr(command), op, idempotent)
+        if check and not result.ok:
+            raise CommandFailed(command, result.exit_code, result.stdout + result.stderr, host=self.host)
+        return result
+
+    def read_file(self, path: str) -> bytes | None:
+        def op() -> bytes | None:
+            try:
+                with self._conn.sftp().open(path, "rb") as f:
+                    return bytes(f.read())
+            except FileNotFoundError:
+                return None
+
+        try:
+            return self._call(f"read of {path}", op, idempotent=True)
+        except OSError as exc:
+            raise OrchestratorError(f"cannot read {path} on {self.address}: {exc}", host=self.host) from exc
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Temp file in the same directory, chmod, sync, then an atomic posix-rename."""
+        tmp = f"{os.path.dirname(path) or '.'}/.{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
+
+        def op() -> None:
+            sftp = self._conn.sftp()
+            try:
+                with sftp.open(tmp, "wb") as f:
+                    f.write(data)
+                sftp.chmod(tmp, mode)
+                # sftp has no fsync in paramiko: sync the file through the shell before renaming.
+                self._conn.run(shlex.join(["sync", "--", tmp]), hide=True, warn=True, in_stream=False)
+                sftp.posix_rename(tmp, path)
+            except OSError:
+                try:
+                    sftp.remove(tmp)
+                except OSError:
+                    pass  # best effort: the temp name is unique and hidden
+                raise
+
+        try:
+            self._call(f"write of {path}", op, idempotent=True)
+        except OSError as exc:
+            raise OrchestratorError(f"cannot write {path} on {self.address}: {exc}", host=self.host) from exc
+
+    def close(self) -> None:
+        self._conn.close()

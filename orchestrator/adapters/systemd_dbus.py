@@ -1,0 +1,136 @@
+"""Systemd over D-Bus (pydbus): the local host's manager, org.freedesktop.systemd1.
+
+Jobs are tracked through the Manager's JobRemoved signal: we subscribe before asking for the
+job (so a fast job cannot finish unseen), then pump the GLib main context until our job's
+signal arrives and check its result. Files and the journal go through the local Shell.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pydbus
+from gi.repository import Gio, GLib
+
+from orchestrator.adapters.unit_files import (
+    DEFAULT_UNIT_DIR,
+    UNIT_PROPERTIES,
+    ShellUnitFiles,
+    check_unit_name,
+    state_from_properties,
+)
+from orchestrator.core.observed import UnitState
+from orchestrator.errors import SystemdError, TransportError, UnitNotFound
+from orchestrator.ports import Shell
+
+_SYSTEMD = "org.freedesktop.systemd1"
+_NOT_FOUND = ("org.freedesktop.systemd1.NoSuchUnit", "org.freedesktop.DBus.Error.FileNotFound",
+              "org.freedesktop.systemd1.LoadFailed")
+
+
+def _dbus_name(exc: GLib.Error) -> str:
+    return str(Gio.DBusError.get_remote_error(exc) or "")
+
+
+class DbusSystemd(ShellUnitFiles):
+    """The systemd manager of the machine we run on, over the system bus."""
+
+    def __init__(self, shell: Shell, unit_dir: str = DEFAULT_UNIT_DIR) -> None:
+        super().__init__(shell, unit_dir)
+        try:
+            self._bus = pydbus.SystemBus()
+            self._manager = self._bus.get(_SYSTEMD, "/org/freedesktop/systemd1")
+            self._manager.Subscribe()  # JobRemoved is only sent to subscribed clients
+        except GLib.Error as exc:
+            raise TransportError(f"cannot reach systemd on the system bus: {exc.message}",
+                                 host=self.host) from exc
+        self._finished: dict[str, str] = {}
+        self._ctx = GLib.MainContext.default()
+        self._subscription = self._manager.JobRemoved.connect(self._on_job_removed)
+
+    def _on_job_removed(self, job_id: int, job: str, unit: str, result: str) -> None:
+        self._finished[job] = result
+
+    def _error(self, exc: GLib.Error, unit: str | None, what: str) -> Exception:
+        name = _dbus_name(exc)
+        if unit and name in _NOT_FOUND:
+            return UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
+        return SystemdError(f"{what} failed: {name or 'D-Bus error'}: {exc.message}",
+                            host=self.host, unit=unit)
+
+    def unit_state(self, unit: str) -> UnitState:
+        check_unit_name(unit)
+        try:
+            path = self._manager.LoadUnit(unit)
+            obj = self._bus.get(_SYSTEMD, path)
+            props = obj["org.freedesktop.DBus.Properties"]
+            values = dict(props.GetAll(f"{_SYSTEMD}.Unit"))
+            if unit.endswith(".service") and values.get("LoadState") == "loaded":
+                values.update(props.GetAll(f"{_SYSTEMD}.Service"))
+        except GLib.Error as exc:
+            raise self._error(exc, unit, f"reading {unit}") from exc
+        return state_from_properties(unit, {k: str(values.get(k, "")) for k in UNIT_PROPERTIES})
+
+    def _job(self, method: str, unit: str, timeout: float) -> None:
+        check_unit_name(unit)
+        try:
+            job = getattr(self._manager, method)(unit, "replace")
+        except GLib.Error as exc:
+            raise self._error(exc, unit, f"{method} {unit}") from exc
+        deadline = time.monotonic() + timeout
+        while job not in self._finished:
+            if time.monotonic() > deadline:
+                raise SystemdError(f"{method} of {unit} did not finish within {timeout:g} s ({job})",
+                                   host=self.host, unit=unit)
+            if not self._ctx.iteration(False):
+                time.sleep(0.01)  # nothing pending: yield instead of spinning
+        result = self._finished.pop(job)
+        if result != "done":
+            state = self.unit_state(unit)
+            tail = "\n".join(self.journal_tail(unit, 10))
+            raise SystemdError(f"{method} of {unit} ended with job result {result!r} "
+                               f"(ActiveState={state.active_state}, Result={state.result})"
+                               + (f"\n{tail}" if tail else ""), host=self.host, unit=unit)
+
+    def start(self, unit: str, *, timeout: float = 90.0) -> None:
+        self._job("StartUnit", unit, timeout)
+
+    def stop(self, unit: str, *, timeout: float = 300.0) -> None:
+        if not self.unit_state(unit).exists:
+            return
+        self._job("StopUnit", unit, timeout)
+
+    def restart(self, unit: str, *, timeout: float = 90.0) -> None:
+        self._job("RestartUnit", unit, timeout)
+
+    def reset_failed(self, unit: str) -> None:
+        if not self.unit_state(unit).exists:
+            return
+        self._call("ResetFailedUnit", unit, unit)
+
+    def daemon_reload(self) -> None:
+        self._call("Reload", None)
+
+    def enable(self, unit: str) -> None:
+        self._call("EnableUnitFiles", check_unit_name(unit), [unit], False, True)
+        self.daemon_reload()  # as `systemctl enable` does
+
+    def disable(self, unit: str) -> None:
+        self._call("DisableUnitFiles", check_unit_name(unit), [unit], False)
+        self.daemon_reload()
+
+    def kill_unit(self, unit: str, signal: int) -> None:
+        state = self.unit_state(unit)
+        if not state.exists:
+            raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
+        if state.control_group:  # no cgroup: no process left to signal
+            self._call("KillUnit", unit, unit, "all", int(signal))
+
+    def _call(self, method: str, unit: str | None, *args: object) -> object:
+        try:
+            return getattr(self._manager, method)(*args)
+        except GLib.Error as exc:
+            raise self._error(exc, unit, method + (f" {unit}" if unit else "")) from exc
+
+    def close(self) -> None:
+        self._subscription.disconnect()

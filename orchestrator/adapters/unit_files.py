@@ -1,0 +1,88 @@
+"""What both systemd adapters do through the host's Shell: unit files, journal, cgroup members.
+
+D-Bus has no call for writing unit files or reading the journal, so the D-Bus adapter uses the
+local Shell for these and the SSH adapter the remote one: the same code, the same behaviour.
+"""
+
+from __future__ import annotations
+
+import re
+
+from orchestrator.core.observed import UnitState
+from orchestrator.errors import SystemdError, UsageError
+from orchestrator.ports import Shell
+
+DEFAULT_UNIT_DIR = "/etc/systemd/system"
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "ExecMainStatus", "NRestarts",
+                   "Result", "ControlGroup", "FragmentPath")
+_UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.(service|socket|timer|target|path|mount|slice|scope)$")
+
+
+def check_unit_name(unit: str) -> str:
+    """Unit names become file paths and command arguments: refuse anything that is not one."""
+    if not _UNIT_NAME.match(unit) or unit.startswith((".", "-")):
+        raise UsageError(f"unit name {unit!r} is not a valid systemd unit name", unit=unit)
+    return unit
+
+
+def state_from_properties(unit: str, props: dict[str, str]) -> UnitState:
+    """UnitState from systemd property values as text (``systemctl show`` or D-Bus, stringified)."""
+    def num(key: str) -> int:
+        try:
+            return int(props.get(key) or 0)
+        except ValueError:
+            return 0  # "[not set]" and friends on units that are not services
+
+    return UnitState(name=unit, load_state=props.get("LoadState", ""),
+                     active_state=props.get("ActiveState", ""), sub_state=props.get("SubState", ""),
+                     main_pid=num("MainPID"), exec_main_status=num("ExecMainStatus"),
+                     n_restarts=num("NRestarts"), result=props.get("Result") or "success",
+                     control_group=props.get("ControlGroup", ""),
+                     fragment_path=props.get("FragmentPath", ""))
+
+
+class ShellUnitFiles:
+    """Unit files, journal and cgroup PIDs of one host, through its Shell."""
+
+    host: str
+
+    def __init__(self, shell: Shell, unit_dir: str = DEFAULT_UNIT_DIR) -> None:
+        self.shell = shell
+        self.unit_dir = unit_dir.rstrip("/") or "/"
+        self.host = shell.host
+
+    def unit_state(self, unit: str) -> UnitState:
+        raise NotImplementedError
+
+    def _path(self, unit: str) -> str:
+        return f"{self.unit_dir}/{check_unit_name(unit)}"
+
+    def install_unit(self, unit: str, content: str) -> None:
+        self.shell.write_file(self._path(unit), content.encode(), 0o644)
+
+    def read_unit(self, unit: str) -> str | None:
+        data = self.shell.read_file(self._path(unit))
+        return None if data is None else data.decode()
+
+    def remove_unit(self, unit: str) -> None:
+        self.shell.run(["rm", "-f", "--", self._path(unit)], idempotent=True)
+
+    def journal_tail(self, unit: str, lines: int = 20) -> list[str]:
+        res = self.shell.run(["journalctl", "-u", check_unit_name(unit), "-n", str(int(lines)),
+                              "--no-pager", "-q", "-o", "cat"], idempotent=True, check=False)
+        if not res.ok:
+            raise SystemdError(f"journalctl for {unit} exited {res.exit_code}: {res.stderr.strip()}",
+                               host=self.host, unit=unit)
+        return res.stdout.splitlines()
+
+    def cgroup_pids(self, unit: str) -> list[int]:
+        cgroup = self.unit_state(unit).control_group
+        if not cgroup:
+            return []
+        # cgroup v2 mounts the tree at /sys/fs/cgroup; hybrid hosts (v1 + v2) at .../unified and
+        # .../systemd. Missing roots and a cgroup vanishing mid-read make find fail: what it printed
+        # still holds. Units may own sub-cgroups (Delegate=, workers): read every level.
+        roots = [f"/sys/fs/cgroup{sub}{cgroup}" for sub in ("", "/unified", "/systemd")]
+        res = self.shell.run(["find", *roots, "-name", "cgroup.procs", "-exec", "cat", "--", "{}", "+"],
+                             idempotent=True, check=False)
+        return sorted({int(p) for p in res.stdout.split() if p.isdigit()})

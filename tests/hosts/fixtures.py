@@ -1,0 +1,77 @@
+"""pytest fixtures over the harness: one set of hosts per session, reset after every test.
+
+    def test_x(host):            # h1, reset (test units removed) after the test
+    def test_y(hosts):           # [h1, h2], reset after the test
+    def test_z(host_set):        # the session's HostSet (key_path, known_hosts_path, hosts)
+    def test_w(adapters):        # run twice: adapters.shell/.systemd built by connect("local")
+                                 # inside h1 (D-Bus) and by connect("ssh") from here
+
+TESTHOSTS_COUNT (default 2) sets how many hosts the session boots.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from orchestrator.adapters import connect
+from tests.hosts.inside import InsideAdapters
+from tests.hosts.machine import Host
+from tests.hosts.pool import HostSet, boot_hosts
+
+
+@pytest.fixture(scope="session")
+def host_set() -> Iterator[HostSet]:
+    """Boots the session's hosts in parallel on first use; torn down at session end."""
+    hostset = boot_hosts(int(os.environ.get("TESTHOSTS_COUNT", "2")))
+    try:
+        yield hostset
+    finally:
+        hostset.close()
+
+
+@pytest.fixture
+def hosts(host_set: HostSet) -> Iterator[list[Host]]:
+    """Every host of the session, each reset after the test so tests never see each other."""
+    yield host_set.hosts
+    for h in host_set.hosts:
+        h.reset()
+
+
+@pytest.fixture
+def host(hosts: list[Host]) -> Host:
+    """The first host (h1), reset after the test."""
+    return hosts[0]
+
+
+@dataclass
+class Adapters:
+    """A host's Shell and Systemd as the orchestrator would build them, plus the host itself."""
+
+    kind: str  # "local": connect("local") running inside the host; "ssh": connect("ssh") from here
+    host: Host
+    shell: Any
+    systemd: Any
+
+
+@pytest.fixture(params=["local", "ssh"])
+def adapters(request: pytest.FixtureRequest, host: Host) -> Iterator[Adapters]:
+    """Both adapter pairs against h1: the contract suites run once per transport."""
+    if request.param == "local":
+        inside = InsideAdapters(host)
+        try:
+            yield Adapters("local", host, inside.shell, inside.systemd)
+        finally:
+            inside.close()
+    else:
+        shell, systemd = connect("ssh", host.address, port=host.port, user=host.user,
+                                 key_filename=str(host.key_path), known_hosts=str(host.known_hosts_path),
+                                 host=host.name)
+        try:
+            yield Adapters("ssh", host, shell, systemd)
+        finally:
+            shell.close()

@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""Stand-in for a vLLM OpenAI-compatible server with programmable load time and failure modes.
+
+Stdlib only (asyncio and a minimal HTTP/1.1 server with keep-alive and chunked SSE), so it runs
+under any Python 3.11 inside test hosts and streams fast enough to benchmark the load generator.
+
+While loading, every path answers 503 (or, with --listen-after-load, the port refuses connections
+like real vLLM, which opens its port only once the engine is up). GPU memory is modelled by
+``<gpu-state-dir>/<pid>.json`` files that the stand-in nvidia-smi reads; a file whose pid is dead
+is stale (memory of a dead process is freed by the driver) and the reader must ignore it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+DEFAULT_GPU_DIR = "/run/standin-gpu"
+WORDS = ("Hello", " world", ",", " this", " is", " a", " stand", "-in", " model", " that", " streams",
+         " tokens", " quickly", " for", " tests", ".")
+WORDS_JSON = tuple(json.dumps(w).encode() for w in WORDS)
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+           500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-name", required=True, help="model id listed by /v1/models")
+    p.add_argument("--load-time", type=float, default=0.0, help="seconds until /health is 200")
+    p.add_argument("--listen-after-load", action="store_true",
+                   help="refuse connections while loading instead of answering 503")
+    p.add_argument("--stop-time", type=float, default=0.0, help="seconds SIGTERM handling takes")
+    p.add_argument("--health-ok-but-completions-fail", action="store_true")
+    p.add_argument("--crash-after", type=float, default=None, help="exit 1 this long after start")
+    p.add_argument("--refuse-to-start", action="store_true", help="exit 1 at once")
+    p.add_argument("--gpus", default="", help="comma-separated GPU indices to hold memory on")
+    p.add_argument("--gpu-mib", type=int, default=1024, help="MiB held per GPU")
+    p.add_argument("--gpu-state-dir", default=os.environ.get("STANDIN_GPU_DIR", DEFAULT_GPU_DIR))
+    p.add_argument("--engine-child", action="store_true", help="a forked child holds the memory")
+    p.add_argument("--child-ignores-sigterm", action="store_true")
+    p.add_argument("--child-max-life", type=float, default=600.0,
+                   help="the engine child exits by itself after this long, so nothing leaks")
+    p.add_argument("--token-delay", type=float, default=0.0, help="seconds per streamed token")
+    p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--stream-batch", type=int, default=1,
+                   help="with no token delay: tokens per write (1 = one HTTP chunk per token, like vLLM)")
+    p.add_argument("--process-name", default=None,
+                   help="name of the process holding memory (default VLLM::EngineCore for the child)")
+    return p.parse_args(argv)
+
+
+# ---- GPU memory files ---------------------------------------------------------------------------
+
+def gpu_file(state_dir: str, pid: int) -> str:
+    return os.path.join(state_dir, f"{pid}.json")
+
+
+def write_gpu_file(state_dir: str, pid: int, name: str, gpus: list[int], mib: int) -> None:
+    """Atomic: readers never see a half-written file."""
+    os.makedirs(state_dir, exist_ok=True)
+    final = gpu_file(state_dir, pid)
+    tmp = f"{final}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"pid": pid, "name": name, "gpus": gpus, "mib_per_gpu": mib}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+
+
+def remove_gpu_file(state_dir: str, pid: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(gpu_file(state_dir, pid))
+
+
+def set_process_name(name: str) -> None:
+    """comm (what ps/top show without -f) is cut to 15 bytes by the kernel."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def fork_engine_child(args: argparse.Namespace, gpus: list[int]) -> int:
+    """Fork before the event loop and the listening socket exist, so an orphan holds no port."""
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        engine_child_main(args, gpus, parent)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    finally:
+        os._exit(code)
+
+
+def engine_child_main(args: argparse.Namespace, gpus: list[int], parent: int) -> None:
+    name = args.process_name or "VLLM::EngineCore"
+    set_process_name(name)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # like vLLM: engine follows its parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the whole group; parent decides
+    if args.child_ignores_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    me = os.getpid()
+    try:
+        if gpus:
+            write_gpu_file(args.gpu_state_dir, me, name, gpus, args.gpu_mib)
+        if os.getppid() != parent and not args.child_ignores_sigterm:
+            return  # parent died before PDEATHSIG was armed
+        deadline = time.monotonic() + args.child_max_life
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 1.0))
+        print(f"standin engine child {me}: exiting after --child-max-life {args.child_max_life}s",
+              file=sys.stderr, flush=True)
+    finally:
+        remove_gpu_file(args.gpu_state_dir, me)
+
+
+# ---- HTTP ---------------------------------------------------------------------------------------
+
+class Request:
+    __slots__ = ("body", "keep_alive", "method", "path")
+
+    def __init__(self, method: str, path: str, body: bytes, keep_alive: bool) -> None:
+        self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
+
+
+def response_head(status: int, ctype: str, keep_alive: bool, length: int | None) -> bytes:
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", f"content-type: {ctype}"]
+    lines.append(f"content-length: {length}" if length is not None else "transfer-encoding: chunked")
+    if length is None:
+        lines.append("cache-control: no-cache")
+    if not keep_alive:
+        lines.append("connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def send_json(writer: asyncio.StreamWriter, req: Request, status: int, obj: Any) -> None:
+    body = json.dumps(obj).encode()
+    writer.write(response_head(status, "application/json", req.keep_alive, len(body)) + body)
+
+
+def error_body(status: int, kind: str, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class App:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.monotonic()
+        self.created = int(time.time())
+        self.name = args.served_name
+
+    def loaded(self) -> bool:
+        return time.monotonic() - self.started >= float(self.args.load_time)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, version = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                length = int(headers.get("content-length", "0"))
+                body = await reader.readexactly(length) if length else b""
+                keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+                req = Request(method, target.split("?", 1)[0], body, keep)
+                await self.dispatch(req, writer)
+                await writer.drain()
+                if not keep:
+                    break
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
+            pass  # client went away or sent garbage: drop the connection
+        finally:
+            writer.close()
+
+    async def dispatch(self, req: Request, writer: asyncio.StreamWriter) -> None:
+        if not self.loaded():
+            send_json(writer, req, 503, error_body(503, "ServiceUnavailable", "model is loading"))
+            return
+        if req.path == "/health":
+            writer.write(response_head(200, "text/plain", req.keep_alive, 0))
+        elif req.path == "/v1/models" and req.method == "GET":
+            send_json(writer, req, 200, {"object": "list", "data": [{
+                "id": self.name, "object": "model", "created": self.created, "owned_by": "vllm",
+                "root": self.name, "parent": None, "max_model_len": 4096, "permission": []}]})
+        elif req.path in ("/v1/completions", "/v1/chat/completions") and req.method == "POST":
+            await self.completion(req, writer, chat=req.path.endswith("chat/completions"))
+        else:
+            send_json(writer, req, 404, error_body(404, "NotFoundError", f"no route {req.path}"))
+
+    async def completion(self, req: Request, writer: asyncio.StreamWriter, *, chat: bool) -> None:
+        try:
+            body = json.loads(req.body)
+            if not isinstance(body, dict):
+                raise TypeError("body is not a JSON object")
+            n, prompt_tokens = self.validate(body, chat)
+        except (TypeError, ValueError) as exc:
+            send_json(writer, req, 400, error_body(400, "BadRequestError", str(exc)))
+            return
+        if body.get("model") != self.name:
+            send_json(writer, req, 404, error_body(
+                404, "NotFoundError", f"The model `{body.get('model')}` does not exist."))
+            return
+        if self.args.health_ok_but_completions_fail:
+            send_json(writer, req, 500, error_body(
+                500, "InternalServerError", "EngineCore encountered an issue (stand-in failure mode)"))
+            return
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                 "total_tokens": prompt_tokens + n}
+        if not body.get("stream"):
+            await asyncio.sleep(self.args.token_delay * n)
+            text = "".join(WORDS[i % len(WORDS)] for i in range(n))
+            if chat:
+                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                          "logprobs": None, "finish_reason": "length"}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                          "stop_reason": None}
+            send_json(writer, req, 200, {
+                "id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": self.name, "choices": [choice], "usage": usage})
+            return
+        opts = body.get("stream_options") or {}
+        await self.stream(writer, req, rid, chat, n, usage if opts.get("include_usage") else None)
+
+    def validate(self, body: dict[str, Any], chat: bool) -> tuple[int, int]:
+        """(max tokens, prompt tokens); prompt tokens are counted as words, roughly like BPE."""
+        n = body.get("max_completion_tokens") if chat else None
+        n = body.get("max_tokens") if n is None else n
+        n = self.args.default_max_tokens if n is None else n
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {n!r}")
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise ValueError("messages must be a non-empty list")
+            words = sum(len(str(m.get("content", "")).split()) + 4 for m in msgs if isinstance(m, dict))
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, str):
+                words = len(prompt.split())
+            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                words = len(prompt)
+            elif isinstance(prompt, list) and prompt:
+                words = sum(len(str(p).split()) for p in prompt)
+            else:
+                raise ValueError("prompt must be a string, a list of strings or of token ids")
+        return n, max(1, words)
+
+    async def stream(self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int,
+                     usage: dict[str, int] | None) -> None:
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        common = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(self.name)},'
+        pre = (common + '"choices":[{"index":0,' + ('"delta":{"content":' if chat else '"text":')).encode()
+        close = b"}" if chat else b""
+        stop_reason = b"" if chat else b',"stop_reason":null'
+        mid = b',"logprobs":null,"finish_reason":null' + stop_reason + b"}]}"
+        last = b',"logprobs":null,"finish_reason":"length"' + stop_reason + b"}]}"
+        writer.write(response_head(200, "text/event-stream", req.keep_alive, None))
+        events: list[bytes] = []
+        if chat:
+            events.append(b"data: " + common.encode() + b'"choices":[{"index":0,"delta":{"role":"assistant",'
+                          b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n')
+        delay = self.args.token_delay
+        for i in range(n):
+            events.append(b"data: " + pre + WORDS_JSON[i % len(WORDS)] + close +
+                          (last if i == n - 1 else mid) + b"\n\n")
+            if delay:
+                await asyncio.sleep(delay)
+            if delay or len(events) >= self.args.stream_batch:
+                writer.write(chunk(b"".join(events)))
+                events.clear()
+                await writer.drain()
+                if not delay:
+                    await asyncio.sleep(0)  # let other streams progress
+        if usage is not None:
+            events.append(b"data: " + common.encode() + b'"choices":[],"usage":' +
+                          json.dumps(usage).encode() + b"}\n\n")
+        events.append(b"data: [DONE]\n\n")
+        writer.write(chunk(b"".join(events)) + b"0\r\n\r\n")
+
+
+# ---- lifecycle ----------------------------------------------------------------------------------
+
+async def serve(args: argparse.Namespace, gpus: list[int], child: int | None) -> int:
+    loop = asyncio.get_running_loop()
+    app = App(args)
+    stop = asyncio.Event()
+    outcome = {"code": 0}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    me = os.getpid()
+    holds_memory = bool(gpus) and child is None
+    if holds_memory:  # like vLLM, memory is taken as soon as loading starts
+        write_gpu_file(args.gpu_state_dir, me, args.process_name or sys.executable, gpus, args.gpu_mib)
+
+    def crash() -> None:
+        print(f"standin: crashing after --crash-after {args.crash_after}s", file=sys.stderr, flush=True)
+        if holds_memory:
+            remove_gpu_file(args.gpu_state_dir, me)  # a dead process's memory is freed by the driver
+        os._exit(1)
+
+    def reap() -> None:
+        if child is None:
+            return
+        with contextlib.suppress(ChildProcessError):
+            pid, status = os.waitpid(child, os.WNOHANG)
+            if pid == child and not stop.is_set():
+                remove_gpu_file(args.gpu_state_dir, child)
+                print(f"standin: engine child {child} died (status {status}); exiting",
+                      file=sys.stderr, flush=True)
+                outcome["code"] = 1
+                stop.set()
+
+    if args.crash_after is not None:
+        loop.call_later(args.crash_after, crash)
+    if child is not None:
+        loop.add_signal_handler(signal.SIGCHLD, reap)
+        reap()  # it may have died before the handler existed
+    server = None
+    if args.listen_after_load:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=args.load_time)
+    if not stop.is_set():
+        server = await asyncio.start_server(app.handle, args.host, args.port, backlog=2048,
+                                            reuse_address=True)
+        host, port = server.sockets[0].getsockname()[:2]  # --port 0 picks a free port
+        print(f"standin: {args.served_name} listening on {host}:{port}"
+              f" (load time {args.load_time}s)", file=sys.stderr, flush=True)
+    await stop.wait()
+    if server is not None:
+        server.close()  # stop accepting; open streams may go on during the stop time
+    await asyncio.sleep(args.stop_time)
+    if child is not None and outcome["code"] == 0:
+        loop.remove_signal_handler(signal.SIGCHLD)
+        await stop_child(child, args.child_ignores_sigterm)
+    if holds_memory:
+        remove_gpu_file(args.gpu_state_dir, me)
+    return outcome["code"]
+
+
+async def stop_child(child: int, ignores: bool) -> None:
+    """SIGTERM the engine; one that ignores it is left behind as an orphan, as vLLM's can be."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signal.SIGTERM)
+    deadline = time.monotonic() + (0.5 if ignores else 10.0)
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            pid, _ = os.waitpid(child, os.WNOHANG)  # noqa: ASYNC222 (WNOHANG never blocks)
+            if pid == 0:
+                await asyncio.sleep(0.02)
+                continue
+        return
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.refuse_to_start:
+        print(f"standin: {args.served_name} refuses to start (--refuse-to-start)", file=sys.stderr)
+        return 1
+    try:
+        gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
+    except ValueError:
+        print(f"standin: --gpus must be comma-separated integers, got {args.gpus!r}", file=sys.stderr)
+        return 2
+    if args.process_name and not args.engine_child:
+        set_process_name(args.process_name)
+    child = fork_engine_child(args, gpus) if args.engine_child else None
+    return asyncio.run(serve(args, gpus, child))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The load generator against the real stand-in server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from orchestrator.bench import (
+    BenchPlan,
+    BenchTarget,
+    ClientKind,
+    LoadGenerator,
+    Progress,
+    run_bench,
+    run_bench_blocking,
+)
+from orchestrator.errors import HealthCheckFailed, TransportError
+from tests.standin import StandinServer
+
+Start = Callable[..., StandinServer]
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+def client(request: pytest.FixtureRequest) -> ClientKind:
+    """Every behaviour holds for both HTTP clients."""
+    kind: ClientKind = request.param
+    return kind
+
+
+@pytest.fixture
+def standin() -> Iterator[Callable[..., StandinServer]]:
+    started: list[StandinServer] = []
+
+    def _start(*args: str) -> StandinServer:
+        s = StandinServer("--served-name", "tiny-standin", *args).wait_listening()
+        started.append(s)
+        return s
+
+    yield _start
+    for s in started:
+        s.kill()
+
+
+def test_each_level_runs_its_requests_and_counts_usage_tokens(standin: Start, client: ClientKind) -> None:
+    """--requests 6 at C=1 and C=4: six requests of 8 tokens per level, model found via /v1/models."""
+    s = standin()
+    plan = BenchPlan(concurrency=(1, 4), max_tokens=8, requests=6)
+    result = asyncio.run(run_bench(BenchTarget(s.url), plan, client=client))
+    levels = [(lv.concurrency, lv.requests_ok, lv.output_tokens, lv.errors) for lv in result.levels]
+    assert (result.model, result.client, result.complete, levels) == (
+        "tiny-standin", client, True, [(1, 6, 48, ()), (4, 6, 48, ())])
+
+
+def test_prompts_are_scaled_to_the_requested_prompt_tokens(standin: Start, client: ClientKind) -> None:
+    """The warm-up request's usage calibrates prompts: 20 prompt tokens per request as the server counts."""
+    s = standin()
+    result = asyncio.run(run_bench(BenchTarget(s.url), BenchPlan(concurrency=(2,), prompt_tokens=20,
+                                                                 max_tokens=2, requests=4), client=client))
+    assert result.levels[0].input_tokens == 4 * 20
+
+
+def test_chat_endpoint_is_measured_too(standin: Start, client: ClientKind) -> None:
+    """endpoint='chat' streams /v1/chat/completions and counts usage the same way."""
+    s = standin()
+    result = asyncio.run(run_bench(BenchTarget(s.url, endpoint="chat"),
+                                   BenchPlan(concurrency=(2,), max_tokens=5, requests=3), client=client))
+    lv = result.levels[0]
+    assert (result.endpoint, lv.output_tokens, lv.ttft_ms.count) == ("chat", 15, 3)
+
+
+def test_duration_mode_finishes_requests_in_flight_at_the_deadline(
+        standin: Start, client: ClientKind) -> None:
+    """With --duration, every request started before the deadline completes and counts."""
+    s = standin("--token-delay", "0.01")
+    result = asyncio.run(run_bench(BenchTarget(s.url), BenchPlan(concurrency=(3,), max_tokens=10,
+                                                                 duration_s=0.5), client=client))
+    lv = result.levels[0]
+    assert (lv.requests_ok >= 3, lv.requests_failed, lv.output_tokens, lv.complete) == (
+        True, 0, lv.requests_ok * 10, True)
+
+
+def test_failed_requests_are_counted_by_kind(standin: Start, client: ClientKind) -> None:
+    """A server whose completions fail yields errors {'http_500': n} and no tokens."""
+    s = standin("--health-ok-but-completions-fail")
+    plan = BenchPlan(concurrency=(2,), requests=5, warmup=False)
+    result = asyncio.run(run_bench(BenchTarget(s.url), plan, client=client))
+    lv = result.levels[0]
+    assert ({e.kind: e.count for e in lv.errors}, lv.requests_ok, lv.output_tokens) == ({"http_500": 5}, 0, 0)
+
+
+def test_connections_lost_mid_stream_are_counted(standin: Start, client: ClientKind) -> None:
+    """A server that crashes mid-stream leaves connection_lost errors, then connect errors."""
+    s = standin("--token-delay", "0.05", "--crash-after", "0.5")
+    plan = BenchPlan(concurrency=(2,), max_tokens=100, duration_s=1.5, warmup=False)
+    result = asyncio.run(run_bench(BenchTarget(s.url, model="tiny-standin"), plan, client=client))
+    kinds = {e.kind for e in result.levels[0].errors}
+    assert ("connection_lost" in kinds, kinds <= {"connection_lost", "connect"}) == (True, True)
+
+
+def test_a_failing_warm_up_raises_health_check_failed(standin: Start, client: ClientKind) -> None:
+    """If even the warm-up request fails, the run stops with an error naming the URL and the cause."""
+    s = standin("--health-ok-but-completions-fail")
+    with pytest.raises(HealthCheckFailed, match=rf"{s.url}/v1/completions.*http_500"):
+        asyncio.run(run_bench(BenchTarget(s.url), BenchPlan(concurrency=(1,), requests=1), client=client))
+
+
+def test_an_unreachable_target_is_a_transport_error(standin: Start, client: ClientKind) -> None:
+    """Nothing listening: the model lookup fails with TransportError naming the URL."""
+    s = standin()
+    url = s.url
+    s.kill()
+    with pytest.raises(TransportError, match=url):
+        asyncio.run(run_bench(BenchTarget(url), BenchPlan(concurrency=(1,), requests=1), client=client))
+
+
+def test_progress_reports_while_running_and_once_per_level_done(standin: Start, client: ClientKind) -> None:
+    """The callback sees live snapshots and one done=True snapshot per level with its totals."""
+    s = standin("--token-delay", "0.01")
+    seen: list[Progress] = []
+    gen = LoadGenerator(BenchTarget(s.url), BenchPlan(concurrency=(1, 2), max_tokens=20, requests=4),
+                        on_progress=seen.append, progress_interval_s=0.05, client=client)
+    asyncio.run(gen.run())
+    done = [(p.concurrency, p.requests_ok, p.output_tokens) for p in seen if p.done]
+    assert (done, any(not p.done and p.streamed_tokens > 0 for p in seen)) == ([(1, 4, 80), (2, 4, 80)], True)
+
+
+def test_cancelling_keeps_the_finished_requests(standin: Start, client: ClientKind) -> None:
+    """Cancelling run() mid-level leaves partial_result() with the requests that finished."""
+    s = standin("--token-delay", "0.01")
+
+    async def scenario() -> LoadGenerator:
+        enough = asyncio.Event()
+        gen = LoadGenerator(BenchTarget(s.url), BenchPlan(concurrency=(2,), max_tokens=5, duration_s=600),
+                            on_progress=lambda p: enough.set() if p.requests_ok >= 3 else None,
+                            progress_interval_s=0.02, client=client)
+        task = asyncio.create_task(gen.run())
+        await enough.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return gen
+
+    partial = asyncio.run(scenario()).partial_result()
+    lv = partial.levels[0]
+    assert (partial.complete, lv.complete, lv.requests_ok >= 3, lv.output_tokens) == (
+        False, False, True, lv.requests_ok * 5)
+
+
+def test_ctrl_c_returns_partial_results(standin: Start, client: ClientKind) -> None:
+    """SIGINT during run_bench_blocking returns what finished, marked incomplete, instead of raising."""
+    s = standin("--token-delay", "0.01")
+    enough = threading.Event()
+
+    def interrupt() -> None:
+        enough.wait(60)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    result = run_bench_blocking(BenchTarget(s.url), BenchPlan(concurrency=(2,), max_tokens=5, duration_s=600),
+                                on_progress=lambda p: enough.set() if p.requests_ok >= 2 else None,
+                                client=client)
+    assert (result.complete, result.levels[0].requests_ok >= 2) == (False, True)

@@ -1,0 +1,225 @@
+"""The Systemd port's contract, run against both adapters on a real booted host.
+
+``adapters`` runs each test twice: D-Bus (pydbus) inside the host and SSH (fabric) from here.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+
+import pytest
+
+from orchestrator.errors import SystemdError, UnitNotFound
+from tests.hosts.fixtures import Adapters
+from tests.hosts.wait import wait_for
+
+pytestmark = pytest.mark.hosts
+
+
+def unit_name(prefix: str = "t") -> str:
+    """A fresh unit name per test: the journal outlives the reset between tests."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}.service"
+
+
+def service(exec_start: str, **extra: str) -> str:
+    lines = "".join(f"{k}={v}\n" for k, v in extra.items())
+    return f"[Unit]\nDescription=contract test\n\n[Service]\nExecStart={exec_start}\n{lines}"
+
+
+def install(a: Adapters, unit: str, content: str) -> None:
+    a.systemd.install_unit(unit, content)
+    a.systemd.daemon_reload()
+
+
+def test_unknown_unit_reads_as_not_found(adapters: Adapters) -> None:
+    """unit_state of a unit systemd does not know is 'not-found', not an error."""
+    state = adapters.systemd.unit_state(unit_name())
+    assert (state.load_state, state.exists, state.is_active) == ("not-found", False, False)
+
+
+def test_install_unit_writes_file_read_back(adapters: Adapters) -> None:
+    """install_unit writes the text into the unit dir; read_unit returns it."""
+    unit, text = unit_name(), service("/bin/sleep 1000")
+    adapters.systemd.install_unit(unit, text)
+    assert adapters.systemd.read_unit(unit) == text
+    assert adapters.host.run(["cat", f"/etc/systemd/system/{unit}"]).stdout == text
+
+
+def test_read_unit_of_missing_file_is_none(adapters: Adapters) -> None:
+    """read_unit returns None when no unit file exists."""
+    assert adapters.systemd.read_unit(unit_name()) is None
+
+
+def test_installed_unit_loads_after_daemon_reload(adapters: Adapters) -> None:
+    """After daemon_reload the new unit is loaded from its fragment in the unit dir."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 1000"))
+    state = adapters.systemd.unit_state(unit)
+    assert (state.load_state, state.active_state, state.fragment_path) == (
+        "loaded", "inactive", f"/etc/systemd/system/{unit}")
+
+
+def test_start_makes_unit_active_with_main_pid(adapters: Adapters) -> None:
+    """start returns once the job is done; the unit is active and running with a MainPID."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 1000"))
+    adapters.systemd.start(unit)
+    state = adapters.systemd.unit_state(unit)
+    assert (state.active_state, state.sub_state) == ("active", "running")
+    assert state.main_pid > 0
+
+
+def test_stop_makes_unit_inactive(adapters: Adapters) -> None:
+    """stop waits for the job; the unit is inactive with no MainPID afterwards."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 1000"))
+    adapters.systemd.start(unit)
+    adapters.systemd.stop(unit)
+    state = adapters.systemd.unit_state(unit)
+    assert (state.active_state, state.main_pid) == ("inactive", 0)
+
+
+def test_stop_of_unknown_unit_is_a_no_op(adapters: Adapters) -> None:
+    """Stopping a unit systemd does not know succeeds without doing anything."""
+    adapters.systemd.stop(unit_name())
+
+
+def test_restart_gives_a_new_main_pid(adapters: Adapters) -> None:
+    """restart replaces the running process."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 1000"))
+    adapters.systemd.start(unit)
+    before = adapters.systemd.unit_state(unit).main_pid
+    adapters.systemd.restart(unit)
+    after = adapters.systemd.unit_state(unit)
+    assert after.is_active and after.main_pid not in (0, before)
+
+
+def test_start_of_unknown_unit_raises_unit_not_found(adapters: Adapters) -> None:
+    """Starting a unit that does not exist names the unit and the host."""
+    unit = unit_name()
+    with pytest.raises(UnitNotFound) as err:
+        adapters.systemd.start(unit)
+    assert unit in str(err.value) and adapters.host.name in str(err.value)
+
+
+def test_unit_exiting_non_zero_is_failed_with_exit_status(adapters: Adapters) -> None:
+    """A service whose process exits 3 ends 'failed' with ExecMainStatus 3 and Result exit-code."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sh -c 'exit 3'"))
+    adapters.systemd.start(unit)
+    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.is_failed,
+                     what=f"{unit} failed")
+    assert (state.exec_main_status, state.result) == (3, "exit-code")
+
+
+def test_failed_start_job_raises_with_the_journal(adapters: Adapters) -> None:
+    """A start job that fails (oneshot exiting 1) raises SystemdError carrying the unit's output."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sh -c 'echo boom-marker; exit 1'", Type="oneshot"))
+    with pytest.raises(SystemdError) as err:
+        adapters.systemd.start(unit)
+    assert unit in str(err.value) and "boom-marker" in str(err.value)
+
+
+def test_reset_failed_clears_the_failed_state(adapters: Adapters) -> None:
+    """reset_failed takes a failed unit back to inactive."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/false"))
+    adapters.systemd.start(unit)
+    wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.is_failed, what=f"{unit} failed")
+    adapters.systemd.reset_failed(unit)
+    assert adapters.systemd.unit_state(unit).active_state == "inactive"
+
+
+def test_journal_tail_returns_the_last_lines(adapters: Adapters) -> None:
+    """journal_tail gives the unit's last N output lines, oldest first."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sh -c 'for i in 1 2 3 4 5; do echo line-$i; done'",
+                                    Type="oneshot"))
+    adapters.systemd.start(unit)
+    lines = wait_for(lambda: adapters.systemd.journal_tail(unit, 40), lambda ls: "line-5" in ls,
+                     what=f"{unit} output in the journal")
+    assert [x for x in lines if x.startswith("line-")][-3:] == ["line-3", "line-4", "line-5"]
+    assert len(adapters.systemd.journal_tail(unit, 2)) == 2
+
+
+def test_daemon_reload_picks_up_a_changed_unit(adapters: Adapters) -> None:
+    """After a unit file changes, daemon_reload makes the next start run the new command."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/echo version-one", Type="oneshot"))
+    adapters.systemd.start(unit)
+    adapters.systemd.install_unit(unit, service("/bin/echo version-two", Type="oneshot"))
+    adapters.systemd.daemon_reload()
+    adapters.systemd.start(unit)
+    lines = wait_for(lambda: adapters.systemd.journal_tail(unit, 20), lambda ls: "version-two" in ls,
+                     what="second version's output")
+    assert lines.index("version-one") < lines.index("version-two")
+
+
+def test_restart_on_failure_counts_restarts(adapters: Adapters) -> None:
+    """With Restart=on-failure systemd restarts a crashing service and NRestarts counts it."""
+    unit = unit_name()
+    content = service("/bin/sh -c 'exit 1'", Restart="on-failure", RestartSec="100ms")
+    install(adapters, unit, content.replace("[Unit]\n", "[Unit]\nStartLimitIntervalSec=0\n"))
+    adapters.systemd.start(unit)
+    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.n_restarts >= 2,
+                     what=f"{unit} restarted twice")
+    assert state.n_restarts >= 2
+
+
+def test_enable_and_disable_change_the_install_state(adapters: Adapters) -> None:
+    """enable links the unit into its target; disable removes the link."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 1000") + "\n[Install]\nWantedBy=multi-user.target\n")
+    adapters.systemd.enable(unit)
+    assert adapters.host.run(["systemctl", "is-enabled", unit], check=False).stdout.strip() == "enabled"
+    adapters.systemd.disable(unit)
+    assert adapters.host.run(["systemctl", "is-enabled", unit], check=False).stdout.strip() == "disabled"
+
+
+def test_enable_of_unknown_unit_raises_unit_not_found(adapters: Adapters) -> None:
+    """Enabling a unit with no unit file names the unit."""
+    unit = unit_name()
+    with pytest.raises(UnitNotFound, match=unit):
+        adapters.systemd.enable(unit)
+
+
+def test_cgroup_pids_lists_every_process_of_the_unit(adapters: Adapters) -> None:
+    """cgroup_pids includes the main process and the children it forked."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sh -c 'sleep 1000 & sleep 1000 & wait'"))
+    adapters.systemd.start(unit)
+    pids = wait_for(lambda: adapters.systemd.cgroup_pids(unit), lambda p: len(p) >= 3,
+                    what=f"{unit} forked its children")
+    assert adapters.systemd.unit_state(unit).main_pid in pids
+
+
+def test_cgroup_pids_of_a_stopped_unit_is_empty(adapters: Adapters) -> None:
+    """A unit that is not running has no processes."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 1000"))
+    assert adapters.systemd.cgroup_pids(unit) == []
+
+
+def test_kill_unit_signals_every_process(adapters: Adapters) -> None:
+    """kill_unit with SIGKILL ends the service (it fails with Result 'signal')."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sh -c 'sleep 1000 & sleep 1000 & wait'"))
+    adapters.systemd.start(unit)
+    adapters.systemd.kill_unit(unit, signal.SIGKILL)
+    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: not s.is_active,
+                     what=f"{unit} killed")
+    assert (state.active_state, state.result) == ("failed", "signal")
+    assert adapters.systemd.cgroup_pids(unit) == []
+
+
+def test_remove_unit_deletes_the_file(adapters: Adapters) -> None:
+    """remove_unit deletes the unit file; after a reload systemd no longer knows the unit."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 1000"))
+    adapters.systemd.remove_unit(unit)
+    adapters.systemd.daemon_reload()
+    assert adapters.systemd.read_unit(unit) is None
+    assert not adapters.systemd.unit_state(unit).exists
