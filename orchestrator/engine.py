@@ -19,7 +19,7 @@ from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, is_terminal
-from orchestrator.errors import OrchestratorError, PlanError, UsageError
+from orchestrator.errors import HealthCheckFailed, OrchestratorError, PlanError, UsageError
 from orchestrator.ports import ProgressCallback, StateStore
 from orchestrator.preflight import check_layout
 from orchestrator.steps import HostPorts, StepContext
@@ -177,7 +177,27 @@ class Engine:
             steps.start_unit(ctx, spec)
         elif dep.phase is Phase.CHECKING:
             steps.wait_ready(ctx, spec)
+            self._smoke_gate(ctx, dep)
             steps.settle_enablement(ctx, spec.unit_name, ctx.managed_units)
+
+    def _smoke_gate(self, ctx: StepContext, dep: Deployment) -> None:
+        """Optional smoke benchmark; with a gate, a slower revision fails like a health check."""
+        policy, smoke = self.catalog.policy, ctx.ports.smoke
+        if not policy.smoke_bench or smoke is None:
+            return
+        record = smoke.run(dep.spec)
+        self.store.record_bench(dep.id, record)
+        ctx.emit("smoke_bench", tok_s=record.get("headline_tok_s"))
+        new = record.get("headline_tok_s")
+        if policy.min_tok_s_ratio is None or dep.previous_revision is None:
+            return
+        prev = self.store.by_revision(dep.host, dep.previous_revision)
+        old = (prev.bench or {}).get("headline_tok_s")
+        if old and (new is None or new < policy.min_tok_s_ratio * old):
+            raise HealthCheckFailed(
+                f"{dep.spec.unit_name}: single-stream {0.0 if new is None else new:.1f} tok/s is below "
+                f"{policy.min_tok_s_ratio:g} x {old:.1f} tok/s of revision {prev.revision} ({prev.model})",
+                host=dep.host, unit=dep.spec.unit_name)
 
     def _preflight(self, ctx: StepContext, dep: Deployment) -> None:
         snap = ctx.ports.gpus.snapshot()

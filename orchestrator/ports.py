@@ -173,3 +173,11 @@ class StateStore(Protocol):
     def unfinished(self, host: str | None = None) -> list[Deployment]: ...
 
     def serving(self, host: str) -> Deployment | None: ...
+
+
+class SmokeBench(Protocol):
+    """A short benchmark of a freshly started server (see orchestrator.smoke)."""
+
+    def run(self, spec: UnitSpec) -> dict[str, Any]:
+        """The bench record, with ``headline_tok_s`` = single-stream output tok/s."""
+        ...

@@ -18,7 +18,8 @@ from orchestrator.core.catalog import Defaults, Host
 from orchestrator.core.health import Readiness, judge_models, judge_unit
 from orchestrator.core.records import UnitSpec
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError
-from orchestrator.ports import Clock, GpuProbe, HealthProbe, ProgressCallback, Shell, Systemd, WeightStore
+from orchestrator.ports import (Clock, GpuProbe, HealthProbe, ProgressCallback, Shell, SmokeBench, Systemd,
+                                WeightStore)
 
 log = structlog.get_logger()
 
@@ -41,6 +42,7 @@ class HostPorts:
     health: HealthProbe
     clock: Clock
     weights: WeightStore | None = None
+    smoke: SmokeBench | None = None
 
     def close(self) -> None:
         self.shell.close()

@@ -263,3 +263,14 @@ class FakeWeights:
 
     def verify(self, spec: UnitSpec) -> StagedWeights | None:
         return StagedWeights(path=spec.model_dir, revision=spec.revision, total_bytes=0)
+
+
+class FakeSmoke:
+    """Reports the single-stream tok/s it is told for each unit (default 100)."""
+
+    def __init__(self, rates: dict[str, float] | None = None) -> None:
+        self.rates = rates or {}
+
+    def run(self, spec: UnitSpec) -> dict[str, Any]:
+        rate = self.rates.get(spec.unit_name, 100.0)
+        return {"levels": [{"concurrency": 1, "output_tok_s_per_stream": rate}], "headline_tok_s": rate}

@@ -17,6 +17,7 @@ from orchestrator.core.weights import StageRequest
 from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, StagedWeights
 from orchestrator.service import Operations
+from orchestrator.smoke import SmokeBench
 from orchestrator.steps import HostPorts
 
 
@@ -73,7 +74,8 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
     token_file = f"{catalog.defaults.env_dir.rstrip('/')}/hf-token"
     weights = SpecWeights(HfWeightStore(shell, python=host.python), host, token_file)
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=NvidiaSmiProbe(shell),
-                     health=HttpHealthProbe(), clock=SystemClock(), weights=weights)
+                     health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
+                     smoke=SmokeBench() if catalog.policy.smoke_bench else None)
 
 
 def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:

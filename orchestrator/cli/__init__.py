@@ -33,4 +33,4 @@ def main() -> None:
     logs.configure(json=False, level=logging.WARNING)
 
 
-from orchestrator.cli import agent_cmds, catalog_cmds, deploy_cmds, plan_cmd  # noqa: E402,F401  (registration)
+from orchestrator.cli import agent_cmds, bench_cmds, catalog_cmds, deploy_cmds, plan_cmd  # noqa: E402,F401

@@ -177,3 +177,19 @@ def test_resume_after_interruption_converges(world: World, stop_at: str) -> None
     done = world.engine.run(dep.id)
     assert done.phase is Phase.ACTIVE
     assert world.host.active_units() == ["vllm-beta.service"]
+
+
+def test_smoke_gate_rolls_back_a_slower_revision() -> None:
+    """With a gate of 0.8, a revision at half the previous single-stream tok/s is rolled back."""
+    from orchestrator.testing import FakeSmoke
+
+    from .conftest import make_catalog
+
+    world = World(make_catalog(policy={"smoke_bench": True, "min_tok_s_ratio": 0.8}))
+    smoke = FakeSmoke({"vllm-alpha.service": 80.0, "vllm-beta.service": 40.0})
+    world.engine.ports_for("box").smoke = smoke
+    assert world.switch("alpha").bench["headline_tok_s"] == 80.0
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert "single-stream 40.0 tok/s is below 0.8 x 80.0 tok/s of revision 1 (alpha)" in (dep.error or "")
+    assert world.host.active_units() == ["vllm-alpha.service"]

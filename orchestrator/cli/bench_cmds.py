@@ -1,0 +1,116 @@
+"""`bench` and `compare`: throughput of what serves, recorded with its revision."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from orchestrator import settings
+from orchestrator.bench import BenchPlan, BenchTarget, Progress, run_bench_blocking
+from orchestrator.cli import main
+from orchestrator.cli.options import config_option, json_option
+from orchestrator.errors import UsageError
+from orchestrator.service import Operations
+from orchestrator.smoke import bench_record
+from orchestrator.wiring import operations
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--concurrency {text!r}: expected comma-separated integers like 1,16,64") from None
+    if not levels or min(levels) < 1:
+        raise UsageError(f"--concurrency {text!r}: levels must be at least 1")
+    return levels
+
+
+def _serving(ops: Operations, host: str | None) -> Any:
+    name = host or ops._only_host()
+    serving = ops.store.serving(name)
+    if serving is None:
+        raise UsageError(f"host {name} serves nothing recorded as active: switch to a model first")
+    return serving
+
+
+@main.command()
+@config_option
+@click.option("--host", "host", default=None)
+@click.option("--concurrency", default="1,16,64,256", show_default=True, help="levels, comma-separated")
+@click.option("--max-tokens", type=click.IntRange(1), default=512, show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(1), default=128, show_default=True)
+@click.option("--duration", type=click.FloatRange(min=0.1), default=None, help="seconds per level (default 30)")
+@click.option("--requests", "requests_", type=click.IntRange(1), default=None, help="requests per level")
+@click.option("--no-record", is_flag=True, help="do not store the result with the revision")
+@json_option
+def bench(config: str | None, host: str | None, concurrency: str, max_tokens: int, prompt_tokens: int,
+          duration: float | None, requests_: int | None, no_record: bool, as_json: bool) -> None:
+    """Measure output tok/s, TTFT and ITL of the active deployment at rising concurrency."""
+    ops = operations(settings.load(config))
+    serving = _serving(ops, host)
+    plan = BenchPlan(concurrency=_levels(concurrency), max_tokens=max_tokens, prompt_tokens=prompt_tokens,
+                     duration_s=duration, requests=requests_)
+    target = BenchTarget(base_url=serving.spec.base_url, model=serving.spec.served_name)
+    console = Console(stderr=True)
+    with Live(console=console, transient=True, refresh_per_second=4, redirect_stdout=False) as live:
+        def show(p: Progress) -> None:
+            if not as_json:
+                live.update(f"C={p.concurrency} ({p.level_index + 1}/{p.levels}) {p.elapsed_s:5.1f}s of {p.target}: "
+                            f"{p.requests_ok} ok, {p.requests_failed} failed, {p.in_flight} in flight, "
+                            f"{p.streamed_tok_s:,.0f} tok/s")
+        result = run_bench_blocking(target, plan, on_progress=show)
+    record = bench_record(result.to_dict())
+    if not no_record:
+        ops.store.record_bench(serving.id, record)
+    if as_json:
+        click.echo(json.dumps(record, indent=2))
+    else:
+        table = Table("C", "out tok/s", "per stream", "req/s", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "errors",
+                      title=f"{serving.model} revision {serving.revision} ({serving.spec.base_url})"
+                            + ("" if result.complete else " - cancelled, partial"))
+        for lv in record["levels"]:
+            ttft, itl = lv["ttft_ms"], lv["itl_ms"]
+            errors = ", ".join(f"{e['kind']} x{e['count']}" for e in lv.get("errors", [])) or "0"
+            table.add_row(str(lv["concurrency"]), f"{lv['output_tok_s']:,.1f}", f"{lv['output_tok_s_per_stream']:,.1f}",
+                          f"{lv['requests_per_s']:.2f}", _dist(ttft), _dist(itl), errors)
+        Console().print(table)
+    if not result.complete:
+        sys.exit(130)
+
+
+def _dist(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "-"
+    return "/".join(f"{d[k]:.1f}" if d.get(k) is not None else "-" for k in ("p50", "p90", "p99"))
+
+
+@main.command()
+@config_option
+@click.option("--host", "host", default=None)
+@json_option
+def compare(config: str | None, host: str | None, as_json: bool) -> None:
+    """Every model benchmarked on a host, side by side per concurrency level (latest run of each)."""
+    ops = operations(settings.load(config))
+    name = host or ops._only_host()
+    latest: dict[str, Any] = {}
+    for dep in ops.store.history(name, limit=1000):
+        if dep.bench and dep.model not in latest:
+            latest[dep.model] = dep
+    rows = [{"model": m, "revision": d.revision, "unit_sha256": d.spec.unit_sha,
+             "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in d.bench["levels"]}}
+            for m, d in latest.items()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    levels = sorted({int(c) for r in rows for c in r["tok_s"]})
+    table = Table("model", "rev", *[f"C={c} tok/s" for c in levels], title=f"output tok/s on {name}")
+    for r in rows:
+        table.add_row(r["model"], str(r["revision"]),
+                      *[f"{r['tok_s'][str(c)]:,.0f}" if str(c) in r["tok_s"] else "-" for c in levels])
+    Console().print(table)
