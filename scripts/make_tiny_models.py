@@ -56,17 +56,32 @@ class Spec:
 
 
 SPECS = [
-    Spec("tiny-a", seed=1, hidden_size=256, num_attention_heads=4, num_hidden_layers=2,
-         intermediate_size=512),
-    Spec("tiny-b", seed=2, hidden_size=128, num_attention_heads=2, num_hidden_layers=2,
-         intermediate_size=256),
+    Spec(
+        "tiny-a", seed=1, hidden_size=256, num_attention_heads=4, num_hidden_layers=2, intermediate_size=512
+    ),
+    Spec(
+        "tiny-b", seed=2, hidden_size=128, num_attention_heads=2, num_hidden_layers=2, intermediate_size=256
+    ),
     # Weights load into a Llama, but vLLM has no model class by this name: the engine exits at start.
-    Spec("tiny-broken", seed=3, hidden_size=256, num_attention_heads=4, num_hidden_layers=2,
-         intermediate_size=512, architecture="OrchestratorBrokenForCausalLM"),
+    Spec(
+        "tiny-broken",
+        seed=3,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        intermediate_size=512,
+        architecture="OrchestratorBrokenForCausalLM",
+    ),
     # head_dim 16: the engine starts and /health answers 200, but every completion fails
     # ("Unsupported CPU attention configuration"): readiness must include a real completion.
-    Spec("tiny-unservable", seed=4, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
-         intermediate_size=128),
+    Spec(
+        "tiny-unservable",
+        seed=4,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        intermediate_size=128,
+    ),
 ]
 
 

@@ -114,12 +114,12 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         agent = self.server.agent
         _pid, uid, gid = peer_credentials(self.request)
+        line = self.rfile.readline()  # read first, so a refused client gets the answer, not a broken pipe
         if not agent.authorized(uid, gid):
             self._send(error_reply(AgentError(f"uid {uid} may not use the agent: only root and members of "
                                               f"group {agent.group!r} may")))
             log.warning("client_refused", uid=uid, gid=gid)
             return
-        line = self.rfile.readline()
         try:
             request = _parse(line)
             reply_stream = agent.dispatch(request["op"], request.get("args") or {})
