@@ -3,7 +3,7 @@
 sustained streamed output tokens/s at each concurrency (target: >= 10,000 tok/s at C=256 on 2 cores).
 
     .venv/bin/python bench/loadgen.py [--concurrency 256] [--duration 20 | --requests N] [--max-tokens 512]
-        [--client aiohttp|httpx] [--profile FILE]   # cProfile of the generator (the server has its own process)
+        [--client aiohttp|httpx] [--profile FILE]   # cProfile of the generator process
     .venv/bin/python bench/loadgen.py --url http://127.0.0.1:8000 ...   # measure a real server instead
 """
 
@@ -105,9 +105,10 @@ def main() -> int:
     own_cpu = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
-    print(f"client {result.client}; cpu over {wall:.1f}s wall: generator {own_cpu:.1f}s ({own_cpu / wall:.0%} of a core), "
-          f"stand-in server {server_cpu:.1f}s ({server_cpu / wall:.0%}), other processes "
-          f"{max(0.0, busy - own_cpu - server_cpu):.1f}s; {os.cpu_count()} cores")
+    others = max(0.0, busy - own_cpu - server_cpu)
+    server = f"stand-in server {server_cpu:.1f}s ({server_cpu / wall:.0%}), " if proc else ""
+    print(f"client {result.client}; cpu over {wall:.1f}s wall on {os.cpu_count()} cores: generator "
+          f"{own_cpu:.1f}s ({own_cpu / wall:.0%} of a core), {server}other processes {others:.1f}s")
     for lv in result.levels:
         errors = ", ".join(f"{e.kind}={e.count}" for e in lv.errors) or "none"
         print(f"C={lv.concurrency}: {lv.output_tok_s:,.0f} output tok/s sustained "

@@ -76,6 +76,8 @@ def journal_hint(ctx: StepContext, unit: str, lines: int = 15) -> str:
         tail = ctx.ports.systemd.journal_tail(unit, lines)
     except OrchestratorError as exc:
         return f"\n(journal of {unit} unavailable: {exc})"
+    # An engine's last line can be a 10 KB exception (vLLM lists every architecture it knows).
+    tail = [line if len(line) <= 400 else line[:400] + " [...]" for line in tail]
     return ("\nlast lines of the journal of " + unit + ":\n  " + "\n  ".join(tail)) if tail else ""
 
 

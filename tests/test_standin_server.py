@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,14 +63,18 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Standin]]:
     yield _start
     for s in started:
         s.kill()
-    for f in tmp_path.glob("gpu/*.json"):  # children left behind on purpose by orphan tests
-        pid = json.loads(f.read_text())["pid"]
+    for pid in gpu_files(tmp_path / "gpu"):  # children left behind on purpose by orphan tests
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
 def gpu_files(d: Path) -> dict[int, dict[str, object]]:
-    return {int(f.stem): json.loads(f.read_text()) for f in d.glob("*.json")}
+    """The GPU files present now; one removed while we read is simply gone."""
+    found = {}
+    for f in d.glob("*.json"):
+        with contextlib.suppress(FileNotFoundError):
+            found[int(f.stem)] = json.loads(f.read_text())
+    return found
 
 
 def test_health_is_503_while_loading_then_200(start: Callable[..., Standin]) -> None:
