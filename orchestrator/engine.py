@@ -215,6 +215,7 @@ class Engine:
         if dep.spec.source == "none" or store is None:
             return
         staged = store.stage(dep.spec, ctx.progress)
+        ctx.emit("staged", path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
         if staged.path != dep.spec.model_dir and not dep.trigger.startswith("rollback"):
             model = self.catalog.models[dep.model]
             self.store.update_spec(dep.id, self.spec_for(model, model_dir=staged.path, revision=staged.revision))

@@ -202,3 +202,34 @@ def test_switch_through_dbus_inside_the_host(host: Host) -> None:
         assert r.returncode == 0, r.stdout + r.stderr
         assert f'"model": "{model}"' in r.stdout and '"outcome": "active"' in r.stdout
     assert unit_states(host, "alpha", "beta") == {"alpha": "inactive", "beta": "active"}
+
+
+def test_switch_stages_weights_from_the_hub_before_stopping(host: Host, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub model is downloaded and verified while A serves; the unit runs the staged revision."""
+    import json
+
+    from tests.hubstub import HubStub, StubRepo, sharded_model
+
+    files = sharded_model(["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"], 50_000)
+    files["config.json"] = json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
+        "max_position_embeddings": 2048, "torch_dtype": "float32"}).encode()
+    with HubStub() as hub:
+        hub.add(StubRepo.of("org/staged", files, sha="b" * 40))
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        cfg = tmp_path / "deploy.toml"
+        staged = {"repo": "org/staged", "source": "hub", "port": 8110, "args": ["--load-time", "0.3"]}
+        cfg.write_text(config_text(host, tmp_path / "state", {**MODELS, "staged": staged}))
+        ops = operations(settings.load(cfg))
+        ops.switch("alpha")
+        phases: list[str] = []
+        result = ops.switch("staged", progress=lambda e, f: phases.append(e if e != "phase" else f["phase"]))
+    assert result["outcome"] == "active", result
+    assert "staged" in phases and phases.index("staged") < phases.index("stopping"), phases
+    model_dir = f"/models/org--staged/{'b' * 40}"
+    unit = host.run(["systemctl", "cat", "vllm-staged.service"]).stdout
+    assert f'"--model" "{model_dir}"' in unit
+    assert host.run(["test", "-f", f"{model_dir}/.orchestrator-manifest.json"], check=False).returncode == 0
+    assert unit_states(host, "alpha", "staged") == {"alpha": "inactive", "staged": "active"}
