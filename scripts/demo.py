@@ -28,7 +28,9 @@ def orchestrator(*args: str, config: Path) -> int:
 
 def main() -> int:
     models = os.environ.get("ORCHESTRATOR_TEST_MODELS", "/var/lib/orchestrator-test/models")
-    with tempfile.TemporaryDirectory(prefix="orchestrator-demo-") as tmp, boot_hosts(1) as hostset:
+    hostset = boot_hosts(1)
+    try:
+        tmp = tempfile.mkdtemp(prefix="orchestrator-demo-")
         host = hostset.hosts[0]
         print(f"test host {host.name} booted: systemd + D-Bus + sshd on {host.address}", flush=True)
         config = Path(tmp) / "deploy.toml"
@@ -41,6 +43,8 @@ def main() -> int:
         expected = [0, 0, 1]  # the broken model must fail and roll back
         print(f"\nexit codes {codes} (expected {expected}: the broken model rolls back to tiny-b)")
         return 0 if codes == expected else 1
+    finally:
+        hostset.close()
 
 
 if __name__ == "__main__":

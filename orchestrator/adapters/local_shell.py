@@ -25,7 +25,7 @@ class LocalShell:
         # idempotent only matters for transports that can drop; a local run cannot.
         command = shlex.join(argv)
         try:
-            proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
+            proc = subprocess.run(list(argv), check=False, capture_output=True, text=True, errors="replace",
                                   timeout=timeout, stdin=subprocess.DEVNULL)
         except FileNotFoundError as exc:
             raise CommandFailed(command, 127, f"{argv[0]}: command not found", host=self.host) from exc

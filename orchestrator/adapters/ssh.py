@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import os
 import shlex
-import socket
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -88,7 +87,7 @@ class SshShell:
         except paramiko.SSHException as exc:
             # RejectPolicy: "Server '...' not found in known_hosts"; also protocol/banner errors.
             raise TransportError(f"SSH to {self.where} failed: {exc}", host=self.host) from exc
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             raise TransportError(f"SSH connection to {self.address}:{self.port} timed out",
                                  host=self.host) from exc
         except OSError as exc:

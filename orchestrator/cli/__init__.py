@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import logging
+import os
 
 import click
 
@@ -30,7 +31,9 @@ class _Group(click.Group):
 @click.version_option(package_name="orchestrator")
 def main() -> None:
     """Deploy vLLM models as systemd services and switch between them safely."""
-    logs.configure(json=False, level=logging.WARNING)
+    # Progress and the final error are printed by the commands; logs only when asked for.
+    level = os.environ.get("ORCHESTRATOR_LOG_LEVEL", "CRITICAL").upper()
+    logs.configure(json=False, level=logging.getLevelNamesMapping().get(level, logging.CRITICAL))
 
 
 from orchestrator.cli import agent_cmds, bench_cmds, catalog_cmds, deploy_cmds, plan_cmd  # noqa: E402,F401

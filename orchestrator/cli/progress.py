@@ -26,7 +26,7 @@ _PHASE_TEXT = {
 
 class ProgressPrinter:
     def __init__(self, console: Console | None = None, quiet: bool = False) -> None:
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.quiet = quiet
         self.t0 = time.monotonic()
         self.status: Status | None = None
