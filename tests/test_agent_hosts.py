@@ -168,3 +168,21 @@ def test_socket_refuses_users_outside_its_group(agent_host: Host) -> None:
     host.run(f"chmod 0666 {STATE}/agent.sock")
     refused = ping_as(host, "nobody")
     assert "may not use the agent" in refused.stdout and '"result"' not in refused.stdout
+
+
+def test_sigterm_parks_the_step_and_restart_resumes_it(agent_host: Host) -> None:
+    """systemctl stop during a load: the agent exits cleanly, the deployment waits; the next start finishes it."""
+    host = agent_host
+    cli(host, "switch", "alpha")
+    host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'beta-long', '--config', CONFIG])} "
+             f"> /tmp/switch.log 2>&1 &")
+    wait_for("the health check to start", lambda: bool(history(host)) and history(host)[0]["model"] == "beta-long"
+             and history(host)[0]["outcome"] == "checking")
+    host.run("systemctl stop orchestrator-agent.service")
+    props = host.run(["systemctl", "show", "-p", "Result", "-p", "ExecMainStatus", "orchestrator-agent"]).stdout
+    assert "Result=success" in props and "ExecMainStatus=0" in props
+    parked = json.loads(cli(host, "history", "--json", "--local").stdout)[0]
+    assert (parked["model"], parked["outcome"]) == ("beta-long", "checking")
+    host.run("systemctl start orchestrator-agent.service")
+    wait_for("the parked deployment to finish", lambda: history(host)[0]["outcome"] == "active")
+    assert active(host, "vllm-beta-long.service") == "active" and active(host, "vllm-alpha.service") == "inactive"
