@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,10 @@ def test_agent_is_ready_and_switches_through_dbus(agent_host: Host) -> None:
     assert out["outcome"] == "active" and out["trigger"].startswith("cli:")
     status = json.loads(cli(agent_host, "status", "--json").stdout)
     assert status["agent"]["pid"] > 0
+    metrics = urllib.request.urlopen("http://127.0.0.1:19464/metrics", timeout=10).read().decode()
+    assert f'orchestrator_deployments_total{{host="{agent_host.name}",outcome="active"}} 1.0' in metrics
+    assert f'orchestrator_active_model_info{{host="{agent_host.name}",model="alpha",revision="1"}} 1.0' in metrics
+    assert 'orchestrator_phase_seconds_count{phase="checking"} 1.0' in metrics
     assert status["hosts"][agent_host.name]["serving"]["model"] == "alpha"
     assert active(agent_host, "vllm-alpha.service") == "active"
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = structlog.get_logger()
 
 
 class Metrics:
@@ -22,8 +25,12 @@ class Metrics:
                             ["host"], registry=self.registry)
 
     def start(self) -> None:
-        if self.port:
+        if not self.port:
+            return
+        try:
             start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        except OSError as exc:  # metrics are an aid: a taken port must not stop the agent from switching
+            log.warning("metrics_unavailable", port=self.port, error=str(exc))
 
     def deployment(self, host: str, outcome: str, phases: list[dict[str, Any]]) -> None:
         self.deployments.labels(host, outcome).inc()

@@ -19,16 +19,17 @@ from orchestrator.client import backend_for
 @config_option
 @click.option("--socket", "socket_path", default=None, metavar="PATH",
               help="control socket (default: <state_dir>/agent.sock or $ORCHESTRATOR_SOCKET)")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=9464, show_default=True,
-              help="Prometheus endpoint on 127.0.0.1 (0 disables it)")
-def agent(config: str | None, socket_path: str | None, metrics_port: int) -> None:
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Prometheus endpoint on 127.0.0.1 (default: metrics_port of deploy.toml, 9464; 0 disables it)")
+def agent(config: str | None, socket_path: str | None, metrics_port: int | None) -> None:
     """Run the daemon: control socket, crash recovery, schedules, health watch, metrics."""
     from orchestrator.agent import Agent
     from orchestrator.wiring import operations
 
     logs.configure(json=True)
     cat = settings.load(config)
-    Agent(cat, operations(cat, test_hooks=True), socket=socket_path, metrics_port=metrics_port or None).run()
+    port = cat.metrics_port if metrics_port is None else metrics_port
+    Agent(cat, operations(cat, test_hooks=True), socket=socket_path, metrics_port=port or None).run()
 
 
 @main.command()

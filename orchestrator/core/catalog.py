@@ -206,6 +206,7 @@ class Catalog(_Strict):
 
     state_dir: str = "/var/lib/orchestrator"
     socket_group: str = "orchestrator"
+    metrics_port: int = Field(9464, ge=0, le=65535)  # Prometheus on 127.0.0.1; 0 turns it off
     defaults: Defaults = Field(default_factory=Defaults)
     policy: Policy = Field(default_factory=Policy)
     hosts: dict[Name, Host]
