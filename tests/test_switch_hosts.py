@@ -233,3 +233,18 @@ def test_switch_stages_weights_from_the_hub_before_stopping(host: Host, tmp_path
     assert f'"--model" "{model_dir}"' in unit
     assert host.run(["test", "-f", f"{model_dir}/.orchestrator-manifest.json"], check=False).returncode == 0
     assert unit_states(host, "alpha", "staged") == {"alpha": "inactive", "staged": "active"}
+
+
+def test_render_diff_against_installed_unit(host: Host, ops: Operations, tmp_path: Path) -> None:
+    """render --diff --installed shows what a changed deploy.toml would change in the unit on the host."""
+    import subprocess
+
+    ops.switch("alpha")
+    changed = {**MODELS, "alpha": {**MODELS["alpha"], "max_model_len": 4096}}
+    cfg = tmp_path / "changed.toml"
+    cfg.write_text(config_text(host, tmp_path / "state", changed))
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "render", "alpha", "--config", str(cfg), "--diff",
+                        "--installed"], capture_output=True, text=True, check=False)
+    assert r.returncode == 1, r.stderr
+    assert f"{host.name}:/etc/systemd/system/vllm-alpha.service" in r.stdout
+    assert '"--max-model-len" "4096"' in r.stdout

@@ -57,7 +57,9 @@ def models(config: str | None, as_json: bool) -> None:
               help="show what would change against the units in --out (writes nothing; exit 1 if any)")
 @click.option("--template", "template", metavar="PATH", default=None, help="vllm.service.j2 to render from")
 @click.option("--agent", "agent", is_flag=True, help="also render orchestrator-agent.service for this config")
-def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None, agent: bool) -> None:
+@click.option("--installed", is_flag=True, help="with --diff: compare with the unit installed on the model's host")
+def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None, agent: bool,
+           installed: bool) -> None:
     """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
     cat = settings.load(config)
     if model is not None and model not in cat.models:
@@ -71,9 +73,19 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
                                           config=str(settings.config_path(config).resolve())))
     out_dir = Path(out)
     changed = 0
+    ports_for = None
+    if installed:
+        from orchestrator.wiring import ports_factory
+
+        ports_for = ports_factory(cat)
     for unit in rendered:
         path = out_dir / unit.name
-        old = path.read_text() if path.exists() else ""
+        if ports_for is not None and unit.name != "orchestrator-agent.service":
+            host = cat.model_host(unit.name.removeprefix("vllm-").removesuffix(".service"))
+            old = ports_for(host.name).systemd.read_unit(unit.name) or ""
+            path = Path(f"{host.name}:{host.unit_dir}") / unit.name
+        else:
+            old = path.read_text() if path.exists() else ""
         if diff:
             lines = list(difflib.unified_diff(old.splitlines(keepends=True), unit.text.splitlines(keepends=True),
                                               fromfile=str(path) if old else "/dev/null", tofile=f"{path} (rendered)"))
