@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from orchestrator.errors import SystemdError, UnitNotFound
+from orchestrator.errors import SystemdError, UnitNotFound, UsageError
 from tests.hosts.fixtures import Adapters
 from tests.hosts.wait import wait_for
 
@@ -102,6 +102,21 @@ def test_start_of_unknown_unit_raises_unit_not_found(adapters: Adapters) -> None
     with pytest.raises(UnitNotFound) as err:
         adapters.systemd.start(unit)
     assert unit in str(err.value) and adapters.host.name in str(err.value)
+
+
+def test_start_job_outlasting_its_timeout_raises(adapters: Adapters) -> None:
+    """A start job that does not finish in time raises SystemdError naming the unit."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 60", Type="oneshot"))
+    with pytest.raises(SystemdError, match=f"start of {unit}.* did not finish within 1 s"):
+        adapters.systemd.start(unit, timeout=1)
+
+
+def test_invalid_unit_name_is_refused_before_touching_the_host(adapters: Adapters) -> None:
+    """A name that is not a unit name (a path, no suffix) raises UsageError and writes nothing."""
+    with pytest.raises(UsageError, match="not a valid systemd unit name"):
+        adapters.systemd.install_unit("../../tmp/evil.service", "x")
+    assert adapters.host.run(["test", "-e", "/tmp/evil.service"], check=False).returncode == 1
 
 
 def test_unit_exiting_non_zero_is_failed_with_exit_status(adapters: Adapters) -> None:

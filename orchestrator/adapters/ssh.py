@@ -8,6 +8,7 @@ run again) only when the caller said the command is idempotent.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shlex
 import uuid
@@ -50,7 +51,8 @@ class SshShell:
             kwargs["key_filename"] = key_filename
         self._conn = Connection(address, user=user, port=port, connect_timeout=int(connect_timeout),
                                 connect_kwargs=kwargs,
-                                config=Config(overrides={"load_ssh_configs": False}))
+                                # explicit settings only: no ~/.ssh/config surprises
+                                config=Config(ssh_config=paramiko.SSHConfig()))
         # fabric installs AutoAddPolicy; an unknown or changed host key must stop us instead.
         self._conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
@@ -136,7 +138,7 @@ class SshShell:
         def op() -> CommandResult:
             try:
                 res = self._conn.run(command, hide=True, warn=True, in_stream=False,
-                                     timeout=int(timeout) if timeout else None)
+                                     timeout=math.ceil(timeout) if timeout else None)
             except CommandTimedOut as exc:
                 raise CommandFailed(command, TIMEOUT_EXIT, f"timed out after {timeout:g} s",
                                     host=self.host) from exc

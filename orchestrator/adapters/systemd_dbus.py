@@ -71,37 +71,40 @@ class DbusSystemd(ShellUnitFiles):
             raise self._error(exc, unit, f"reading {unit}") from exc
         return state_from_properties(unit, {k: str(values.get(k, "")) for k in UNIT_PROPERTIES})
 
-    def _job(self, method: str, unit: str, timeout: float) -> None:
+    def _job(self, method: str, verb: str, unit: str, timeout: float) -> None:
         check_unit_name(unit)
         try:
             job = getattr(self._manager, method)(unit, "replace")
         except GLib.Error as exc:
-            raise self._error(exc, unit, f"{method} {unit}") from exc
+            raise self._error(exc, unit, f"{verb} of {unit}") from exc
         deadline = time.monotonic() + timeout
         while job not in self._finished:
             if time.monotonic() > deadline:
-                raise SystemdError(f"{method} of {unit} did not finish within {timeout:g} s ({job})",
+                raise SystemdError(f"{verb} of {unit} did not finish within {timeout:g} s ({job})",
                                    host=self.host, unit=unit)
             if not self._ctx.iteration(False):
                 time.sleep(0.01)  # nothing pending: yield instead of spinning
-        result = self._finished.pop(job)
+        result = self._finished[job]
+        # Callbacks run only inside this loop, after our job exists: whatever else was recorded
+        # (other clients' jobs) can go, so a long-running agent does not accumulate them.
+        self._finished.clear()
         if result != "done":
             state = self.unit_state(unit)
             tail = "\n".join(self.journal_tail(unit, 10))
-            raise SystemdError(f"{method} of {unit} ended with job result {result!r} "
+            raise SystemdError(f"{verb} of {unit} ended with job result {result!r} "
                                f"(ActiveState={state.active_state}, Result={state.result})"
                                + (f"\n{tail}" if tail else ""), host=self.host, unit=unit)
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
-        self._job("StartUnit", unit, timeout)
+        self._job("StartUnit", "start", unit, timeout)
 
     def stop(self, unit: str, *, timeout: float = 300.0) -> None:
         if not self.unit_state(unit).exists:
             return
-        self._job("StopUnit", unit, timeout)
+        self._job("StopUnit", "stop", unit, timeout)
 
     def restart(self, unit: str, *, timeout: float = 90.0) -> None:
-        self._job("RestartUnit", unit, timeout)
+        self._job("RestartUnit", "restart", unit, timeout)
 
     def reset_failed(self, unit: str) -> None:
         if not self.unit_state(unit).exists:

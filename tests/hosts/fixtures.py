@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,9 @@ def host_set() -> Iterator[HostSet]:
 def hosts(host_set: HostSet) -> Iterator[list[Host]]:
     """Every host of the session, each reset after the test so tests never see each other."""
     yield host_set.hosts
-    for h in host_set.hosts:
-        h.reset()
+    with ThreadPoolExecutor(max_workers=len(host_set.hosts)) as pool:
+        for fut in [pool.submit(h.reset) for h in host_set.hosts]:
+            fut.result()
 
 
 @pytest.fixture

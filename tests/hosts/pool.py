@@ -66,12 +66,6 @@ class HostSet:
         if errors:
             raise HostError("teardown failed: " + "; ".join(errors))
 
-    def __enter__(self) -> HostSet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def _teardown(host: Host) -> None:
     host.stop()
