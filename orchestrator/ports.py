@@ -27,6 +27,12 @@ class Shell(Protocol):
         on a non-zero exit; ``idempotent`` allows a retry after a dropped connection."""
         ...
 
+    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
+                      timeout: float | None = None) -> CommandResult:
+        """Run argv, calling on_line for each line of stdout as it arrives (long jobs: staging).
+        Never raises on a non-zero exit; the caller reads the result."""
+        ...
+
     def read_file(self, path: str) -> bytes | None:
         """The file's bytes, or None when it does not exist."""
         ...

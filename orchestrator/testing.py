@@ -8,7 +8,7 @@ held by their processes, an HTTP server per running unit. The fakes implement th
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -97,6 +97,10 @@ class FakeShell:
         if check:
             raise CommandFailed(result.command, 127, result.stderr, host=self.host)
         return result
+
+    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
+                      timeout: float | None = None) -> CommandResult:
+        return self.run(argv, check=False)
 
     def read_file(self, path: str) -> bytes | None:
         return self.w.files.get(path)

@@ -11,6 +11,7 @@ import re
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -201,5 +202,30 @@ def test_shell_reconnects_after_a_drop(host: Host) -> None:
             shell.run(["sh", "-c", f"touch {marker}; sleep 60"])
         killer.join(30)
         assert shell.run(["hostname"]).stdout.strip() == host.machine
+    finally:
+        shell.close()
+
+
+def _streaming_case(shell: Any) -> None:
+    lines: list[str] = []
+    result = shell.run_streaming(["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.1; done; echo oops >&2; exit 3"],
+                                 lines.append)
+    assert lines == ["line1", "line2", "line3"]
+    assert result.exit_code == 3 and "oops" in result.stderr
+
+
+def test_local_run_streaming_hands_over_lines_as_they_come() -> None:
+    """LocalShell.run_streaming calls back once per stdout line, keeps stderr apart, reports the exit code."""
+    from orchestrator.adapters.local_shell import LocalShell
+
+    _streaming_case(LocalShell())
+
+
+def test_ssh_run_streaming_hands_over_lines_as_they_come(host: Host) -> None:
+    """The same over SSH: lines arrive through fabric's output stream, whole."""
+    shell, _ = connect("ssh", host.address, port=host.port, key_filename=str(host.key_path),
+                       known_hosts=str(host.known_hosts_path), host=host.name)
+    try:
+        _streaming_case(shell)
     finally:
         shell.close()

@@ -6,7 +6,8 @@ import os
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 from orchestrator.core.observed import CommandResult
 from orchestrator.errors import CommandFailed, OrchestratorError
@@ -37,6 +38,37 @@ class LocalShell:
         if check and not result.ok:
             raise CommandFailed(command, result.exit_code, result.stdout + result.stderr, host=self.host)
         return result
+
+    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
+                      timeout: float | None = None) -> CommandResult:
+        command = shlex.join(argv)
+        try:
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    errors="replace", stdin=subprocess.DEVNULL)
+        except FileNotFoundError as exc:
+            raise CommandFailed(command, 127, f"{argv[0]}: command not found", host=self.host) from exc
+        # stderr is drained on its own thread so a chatty child never blocks on a full pipe.
+        err: list[str] = []
+        drain = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr else ""), daemon=True)
+        drain.start()
+        killer = threading.Timer(timeout, proc.kill) if timeout else None
+        if killer is not None:
+            killer.start()
+        out: list[str] = []
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.append(line)
+                on_line(line.rstrip("\n"))
+            code = proc.wait()
+        finally:
+            if killer is not None:
+                killer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        drain.join()
+        return CommandResult(command=command, exit_code=code, stdout="".join(out), stderr="".join(err))
 
     def read_file(self, path: str) -> bytes | None:
         try:

@@ -152,6 +152,26 @@ class SshShell:
             raise CommandFailed(command, result.exit_code, result.stdout + result.stderr, host=self.host)
         return result
 
+    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
+                      timeout: float | None = None) -> CommandResult:
+        command = shlex.join(argv)
+        lines = _LineWriter(on_line)
+
+        def op() -> CommandResult:
+            try:
+                res = self._conn.run(command, hide="stderr", out_stream=lines, warn=True, in_stream=False,
+                                     timeout=math.ceil(timeout) if timeout else None)
+            except CommandTimedOut as exc:
+                raise CommandFailed(command, TIMEOUT_EXIT, f"timed out after {timeout:g} s",
+                                    host=self.host) from exc
+            if res.exited == -1 or not self._conn.is_connected:
+                raise _Dropped(f"no exit status for {command!r}")
+            lines.finish()
+            return CommandResult(command=command, exit_code=res.exited, stdout=res.stdout, stderr=res.stderr)
+
+        # Not retried: a long job (a download) restarted blindly could run twice at once.
+        return self._call(repr(command), op, idempotent=False)
+
     def read_file(self, path: str) -> bytes | None:
         def op() -> bytes | None:
             try:
@@ -192,3 +212,26 @@ class SshShell:
 
     def close(self) -> None:
         self._conn.close()
+
+
+class _LineWriter:
+    """A file-like sink for fabric's out_stream that hands over complete lines."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self.on_line = on_line
+        self.buffer = ""
+
+    def write(self, data: str) -> int:
+        self.buffer += data
+        *complete, self.buffer = self.buffer.split("\n")
+        for line in complete:
+            self.on_line(line)
+        return len(data)
+
+    def flush(self) -> None:
+        """invoke flushes after every chunk; a partial line waits for its end."""
+
+    def finish(self) -> None:
+        if self.buffer:
+            self.on_line(self.buffer)
+            self.buffer = ""
