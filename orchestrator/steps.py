@@ -17,7 +17,7 @@ import structlog
 from orchestrator.core.catalog import Defaults, Host
 from orchestrator.core.health import Readiness, judge_models, judge_unit
 from orchestrator.core.records import UnitSpec
-from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError
+from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
 from orchestrator.ports import (Clock, GpuProbe, HealthProbe, ProgressCallback, Shell, SmokeBench, Systemd,
                                 WeightStore)
 
@@ -103,15 +103,18 @@ def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str]) -> 
     its PID, name and memory in the error.
     """
     sd, clock = ctx.ports.systemd, ctx.ports.clock
-    units = sorted(set(units))
     wanted = frozenset(gpus)
     start = clock.monotonic()
     timeout = ctx.defaults.free_timeout_s
     termed: set[str] = set()
     killed: set[str] = set()
+    # Each cgroup read is a round trip on a remote host: after the first look, only units that
+    # still had processes are looked at again (a stopped unit gains no new ones).
+    suspects = sorted(set(units))
     while True:
-        leftovers = {u: sd.cgroup_pids(u) for u in units}
+        leftovers = {u: sd.cgroup_pids(u) for u in suspects}
         leftovers = {u: p for u, p in leftovers.items() if p}
+        suspects = sorted(leftovers)
         snap = ctx.ports.gpus.snapshot()
         known = {g.index for g in snap.gpus}
         missing = sorted(wanted - known)
@@ -129,11 +132,11 @@ def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str]) -> 
             if unit not in termed:
                 log.warning("orphans_found", unit=unit, pids=pids)
                 ctx.emit("reap", unit=unit, pids=pids, signal="SIGTERM")
-                sd.kill_unit(unit, signal.SIGTERM)
+                _signal(ctx, unit, pids, signal.SIGTERM)
                 termed.add(unit)
             elif unit not in killed and elapsed > timeout / 2:
                 ctx.emit("reap", unit=unit, pids=pids, signal="SIGKILL")
-                sd.kill_unit(unit, signal.SIGKILL)
+                _signal(ctx, unit, pids, signal.SIGKILL)
                 killed.add(unit)
         if elapsed > timeout:
             ours = {pid for pids in leftovers.values() for pid in pids}
@@ -145,8 +148,17 @@ def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str]) -> 
             if leftovers and not holders:
                 detail = ", ".join(f"{u} still has pids {p}" for u, p in leftovers.items())
             raise GpuBusy(f"GPU {','.join(map(str, gpus))} not free {timeout:g} s after "
-                          f"{', '.join(units) or 'the stop'}: {detail}", host=ctx.ports.host.name)
+                          f"{', '.join(sorted(set(units))) or 'the stop'}: {detail}", host=ctx.ports.host.name)
         ctx.pause(min(0.2, ctx.defaults.health_interval_s))
+
+
+def _signal(ctx: StepContext, unit: str, pids: list[int], sig: signal.Signals) -> None:
+    """Signal a unit's leftovers through systemd; if systemd no longer knows the unit (its file is
+    gone but the processes live on in its cgroup), signal those PIDs, which are provably its own."""
+    try:
+        ctx.ports.systemd.kill_unit(unit, sig)
+    except UnitNotFound:
+        ctx.ports.shell.run(["kill", "-s", sig.name.removeprefix("SIG"), *map(str, pids)], check=False)
 
 
 def install_unit(ctx: StepContext, spec: UnitSpec) -> bool:
@@ -188,14 +200,18 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
     start = clock.monotonic()
     restarts_before = sd.unit_state(spec.unit_name).n_restarts
     next_note = start
+    next_unit_check = start
     completion_errors = 0
     last = "not probed yet"
     while True:
         elapsed = clock.monotonic() - start
-        unit_verdict = judge_unit(sd.unit_state(spec.unit_name), restarts_before)
-        if unit_verdict is not None:
-            raise HealthCheckFailed(unit_verdict.detail + journal_hint(ctx, spec.unit_name),
-                                    host=ctx.ports.host.name, unit=spec.unit_name)
+        if clock.monotonic() >= next_unit_check:
+            # systemd's view costs a round trip on remote hosts; once a second catches a crash loop.
+            unit_verdict = judge_unit(sd.unit_state(spec.unit_name), restarts_before)
+            if unit_verdict is not None:
+                raise HealthCheckFailed(unit_verdict.detail + journal_hint(ctx, spec.unit_name),
+                                        host=ctx.ports.host.name, unit=spec.unit_name)
+            next_unit_check = clock.monotonic() + 1.0
         ok, last = probe.health(spec.base_url)
         if ok:
             verdict = judge_models(probe.models(spec.base_url), spec.served_name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from orchestrator.core import nvsmi
 from orchestrator.core.observed import GpuSnapshot
 from orchestrator.errors import CommandFailed, OrchestratorError
@@ -12,6 +14,9 @@ class GpuProbeError(OrchestratorError):
     """nvidia-smi could not be run or answered with an error (driver gone, bad field)."""
 
 
+_SEPARATOR = "--orchestrator-nvidia-smi-apps--"
+
+
 class NvidiaSmiProbe:
     """Both CSV queries, parsed into one snapshot; a read-only command, so retried on a drop."""
 
@@ -20,15 +25,19 @@ class NvidiaSmiProbe:
         self.binary = binary
         self.timeout = timeout
 
-    def _query(self, args: list[str]) -> str:
+    def _query(self, argv: list[str], what: str) -> str:
         try:
-            return self.shell.run([self.binary, *args], timeout=self.timeout, idempotent=True).stdout
+            return self.shell.run(argv, timeout=self.timeout, idempotent=True).stdout
         except CommandFailed as exc:
-            detail = exc.output.strip().splitlines()
-            raise GpuProbeError(f"{self.binary} {args[0]} exited {exc.returncode}"
+            detail = [line for line in exc.output.strip().splitlines() if line != _SEPARATOR]
+            raise GpuProbeError(f"{self.binary} {what} exited {exc.returncode}"
                                 + (f": {detail[0]}" if detail else ""), host=self.shell.host) from exc
 
     def snapshot(self) -> GpuSnapshot:
-        gpus = nvsmi.parse_gpus(self._query(nvsmi.gpu_query()))
-        apps = nvsmi.parse_apps(self._query(nvsmi.apps_query()), gpus)
-        return GpuSnapshot(gpus=gpus, processes=apps)
+        # Both queries in one round trip: the freeing step polls this several times a second.
+        joined = " && ".join([shlex.join([self.binary, *nvsmi.gpu_query()]), f"echo {_SEPARATOR}",
+                              shlex.join([self.binary, *nvsmi.apps_query()])])
+        out = self._query(["sh", "-c", joined], what="query")
+        gpu_text, _, apps_text = out.partition(f"{_SEPARATOR}\n")
+        gpus = nvsmi.parse_gpus(gpu_text)
+        return GpuSnapshot(gpus=gpus, processes=nvsmi.parse_apps(apps_text, gpus))
