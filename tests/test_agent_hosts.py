@@ -126,7 +126,7 @@ def test_sigkill_at_phase_boundary_converges(agent_host: Host, phase: str) -> No
              ("active", "rolled_back", "failed", "aborted"), timeout=90)
     newest = history(host)[0]
     outcome, serving = ("rolled_back", "alpha") if phase == "rolling_back" else ("active", target)
-    assert (newest["outcome"], newest["model"]) == (outcome, target)
+    assert (newest["outcome"], newest["model"]) == (outcome, target), newest.get("error")
     others = {"alpha", "beta", "beta-crash"} - {serving}
     assert active(host, f"vllm-{serving}.service") == "active"
     assert all(active(host, f"vllm-{m}.service") != "active" for m in others)

@@ -251,6 +251,7 @@ fi
 for f in $new; do rm -rf -- "/etc/systemd/system/$f"; done
 if [ -n "$new" ]; then systemctl daemon-reload; fi
 systemctl reset-failed
+mkdir -p -m 1777 /run/standin-gpu
 find /run/standin-gpu -maxdepth 1 -name '*.json' ! -name gpus.json -delete
 printf '%s' @GPUS@ > /run/standin-gpu/gpus.json
 """
