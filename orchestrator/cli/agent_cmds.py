@@ -11,7 +11,7 @@ from rich.table import Table
 from orchestrator import logs, settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
-from orchestrator.cli.progress import ProgressPrinter
+from orchestrator.cli.progress import with_progress
 from orchestrator.client import backend_for
 
 
@@ -57,12 +57,8 @@ def schedules(config: str | None, as_json: bool) -> None:
 @json_option
 def stage(model: str, config: str | None, local: bool, as_json: bool) -> None:
     """Download and verify MODEL's weights now (the serving model keeps serving)."""
-    cat = settings.load(config)
-    progress = ProgressPrinter(quiet=as_json)
-    try:
-        result = backend_for(cat, local=local).stage(model, progress=progress)
-    finally:
-        progress.close()
+    backend = backend_for(settings.load(config), local=local)
+    result = with_progress(as_json, lambda p: backend.stage(model, progress=p))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

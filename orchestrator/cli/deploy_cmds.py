@@ -14,7 +14,7 @@ from rich.table import Table
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
-from orchestrator.cli.progress import ProgressPrinter
+from orchestrator.cli.progress import with_progress
 from orchestrator.client import backend_for
 
 _SHORT = {"planned": "plan", "preflight": "pre", "staging": "stage", "stopping": "stop", "freeing": "free",
@@ -46,12 +46,8 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 @json_option
 def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, as_json: bool) -> None:
     """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."""
-    cat = settings.load(config)
-    progress = ProgressPrinter(quiet=as_json)
-    try:
-        result = backend_for(cat, local=local).switch(model, no_rollback=no_rollback, force=force, progress=progress)
-    finally:
-        progress.close()
+    backend = backend_for(settings.load(config), local=local)
+    result = with_progress(as_json, lambda p: backend.switch(model, no_rollback=no_rollback, force=force, progress=p))
     _finish(result, as_json)
 
 
@@ -64,12 +60,8 @@ def switch(model: str, config: str | None, no_rollback: bool, force: bool, local
 @json_option
 def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, as_json: bool) -> None:
     """Go back to the last model that was healthy, or to revision --to N."""
-    cat = settings.load(config)
-    progress = ProgressPrinter(quiet=as_json)
-    try:
-        result = backend_for(cat, local=local).rollback(host, to_revision, progress=progress)
-    finally:
-        progress.close()
+    backend = backend_for(settings.load(config), local=local)
+    result = with_progress(as_json, lambda p: backend.rollback(host, to_revision, progress=p))
     _finish(result, as_json)
 
 
@@ -80,12 +72,8 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
 @json_option
 def recover(config: str | None, host: str | None, local: bool, as_json: bool) -> None:
     """Finish deployments a crash or a stop left unfinished (the agent does this on start)."""
-    cat = settings.load(config)
-    progress = ProgressPrinter(quiet=as_json)
-    try:
-        results = backend_for(cat, local=local).recover(host, progress=progress)
-    finally:
-        progress.close()
+    backend = backend_for(settings.load(config), local=local)
+    results = with_progress(as_json, lambda p: backend.recover(host, progress=p))
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
@@ -106,11 +94,7 @@ def status(config: str | None, host: str | None, follow: bool, local: bool, as_j
     cat = settings.load(config)
     be = backend_for(cat, local=local)
     if follow:
-        progress = ProgressPrinter(quiet=as_json)
-        try:
-            be.follow(host, progress=progress)
-        finally:
-            progress.close()
+        with_progress(as_json, lambda p: be.follow(host, progress=p))
     result = be.status(host)
     if as_json:
         click.echo(json.dumps(result, indent=2))

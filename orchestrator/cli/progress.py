@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.status import Status
+
+T = TypeVar("T")
 
 _PHASE_TEXT = {
     "preflight": "preflight: catalog, host and layout checks",
@@ -84,3 +87,12 @@ class ProgressPrinter:
             self._line(f"  weights staged: {fields.get('path', fields.get('model', ''))}")
         elif event == "parked":
             self._line(f"  parked in phase {fields['phase']}; the agent resumes it on start", "yellow")
+
+
+def with_progress(quiet: bool, call: Callable[[ProgressPrinter], T]) -> T:
+    """Run ``call`` with a progress printer, and stop its spinner however the call ends."""
+    progress = ProgressPrinter(quiet=quiet)
+    try:
+        return call(progress)
+    finally:
+        progress.close()
