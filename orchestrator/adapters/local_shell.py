@@ -90,9 +90,9 @@ class LocalShell:
                     os.fchmod(f.fileno(), mode)
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            finally:
+                if os.path.exists(tmp):  # not renamed into place: leave no temp file behind
+                    os.unlink(tmp)
             dfd = os.open(directory, os.O_RDONLY)
             try:
                 os.fsync(dfd)  # the rename itself survives a crash only once the directory is synced

@@ -79,13 +79,10 @@ class SqliteStore:
                 yield self._db
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
                 raise StateError(f"state store {self.path}: {exc}") from exc
-            except BaseException:
-                if self._db.in_transaction:
+            finally:
+                if self._db.in_transaction:  # anything that kept us from COMMIT undoes the whole write
                     self._db.execute("ROLLBACK")
-                raise
 
     def _read(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
