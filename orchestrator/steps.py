@@ -18,8 +18,16 @@ from orchestrator.core.catalog import Defaults, Host
 from orchestrator.core.health import Readiness, judge_models, judge_unit
 from orchestrator.core.records import UnitSpec
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
-from orchestrator.ports import (Clock, GpuProbe, HealthProbe, ProgressCallback, Shell, SmokeBench, Systemd,
-                                WeightStore)
+from orchestrator.ports import (
+    Clock,
+    GpuProbe,
+    HealthProbe,
+    ProgressCallback,
+    Shell,
+    SmokeBench,
+    Systemd,
+    WeightStore,
+)
 
 log = structlog.get_logger()
 

@@ -16,14 +16,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.vllm_config import vllm_config_text  # noqa: E402
-from tests.hosts.pool import boot_hosts  # noqa: E402
+from tests.e2e.vllm_config import vllm_config_text
+from tests.hosts.pool import boot_hosts
 
 
 def orchestrator(*args: str, config: Path) -> int:
     cmd = [sys.executable, "-m", "orchestrator", *args, "--config", str(config)]
     print(f"\n$ orchestrator {' '.join(args)}", flush=True)
-    return subprocess.run(cmd, cwd=REPO).returncode
+    return subprocess.run(cmd, cwd=REPO, check=False).returncode
 
 
 def main() -> int:

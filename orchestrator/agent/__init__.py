@@ -247,4 +247,4 @@ def schedule_rows(catalog: Catalog, ops: Operations, next_runs: dict[str, float]
     return rows
 
 
-__all__ = ["Agent", "socket_path", "error_reply"]
+__all__ = ["Agent", "error_reply", "socket_path"]

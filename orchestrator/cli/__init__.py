@@ -6,11 +6,10 @@ printed as one line (plus context) on stderr with their exit code, never as a tr
 
 from __future__ import annotations
 
-import sys
-from typing import Any
-
 import logging
 import os
+import sys
+from typing import Any
 
 import click
 
@@ -36,4 +35,4 @@ def main() -> None:
     logs.configure(json=False, level=logging.getLevelNamesMapping().get(level, logging.CRITICAL))
 
 
-from orchestrator.cli import agent_cmds, bench_cmds, catalog_cmds, deploy_cmds, plan_cmd  # noqa: E402,F401
+from orchestrator.cli import agent_cmds, bench_cmds, catalog_cmds, deploy_cmds, plan_cmd  # noqa: F401

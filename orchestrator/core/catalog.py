@@ -17,7 +17,7 @@ from orchestrator.core.safety import check_safe_text
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Inline values under these names would end up in a world-readable unit file and in logs.
-SECRET_KEY_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY|CREDENTIALS?)$", re.I)
+SECRET_KEY_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY|CREDENTIALS?)$", re.IGNORECASE)
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]

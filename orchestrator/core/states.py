@@ -11,6 +11,7 @@ on roll back to the previous stable revision, unless there is none or rollback i
 from __future__ import annotations
 
 from enum import StrEnum
+from itertools import pairwise
 
 from orchestrator.errors import StateError
 
@@ -49,7 +50,7 @@ TERMINAL: frozenset[Phase] = frozenset({P.ACTIVE, P.ROLLED_BACK, P.ABORTED, P.FA
 
 def _table() -> dict[tuple[Phase, Event], Phase]:
     table: dict[tuple[Phase, Event], Phase] = {}
-    for here, there in zip(FORWARD, FORWARD[1:]):
+    for here, there in pairwise(FORWARD):
         table[here, E.OK] = there
     for phase in (P.PLANNED, P.PREFLIGHT, P.STAGING):
         table[phase, E.FAIL] = P.ABORTED

@@ -166,7 +166,7 @@ def test_resume_after_interruption_converges(world: World, stop_at: str) -> None
     assert dep is not None
 
     def park_at(d: object) -> None:
-        if getattr(d, "phase").value == stop_at:
+        if d.phase.value == stop_at:
             world.engine.park.set()
 
     world.engine.before_step = park_at
