@@ -9,12 +9,14 @@ from the local hub stand-in (two sizes), and the agent's own CPU and memory, idl
 Prints a table and writes bench/RESULTS.md.
 
     .venv/bin/python bench/switch_downtime.py [--switches 6] [--load-time 2] [--stop-time 1]
-        [--sizes-gb 1,3] [--skip-staging] [--skip-agent] [--idle-seconds 10] [--output bench/RESULTS.md]
+        [--sizes-gb 1,3] [--skip-staging] [--skip-agent] [--skip-local] [--skip-ansible]
+        [--idle-seconds 31] [--output bench/RESULTS.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -63,32 +65,37 @@ def measure(bench: Bench, prober: Prober, method: str, fn: Switcher, old: BenchM
 def interleaved(bench: Bench, tools: dict[str, Switcher], a: BenchModel, b: BenchModel, rounds: int,
                 serving: BenchModel) -> tuple[dict[str, list[Trial]], BenchModel]:
     """``rounds`` rounds of one switch per tool, each to the model not serving: on a shared machine
-    the load drifts, so every tool is measured in every stretch of the run."""
+    the load drifts, so every tool is measured in every stretch of the run. Odd rounds go through
+    the tools in reverse order, so each tool alternates A -> B and B -> A."""
     trials: dict[str, list[Trial]] = {name: [] for name in tools}
     with Prober(targets(bench, a, b)) as prober:
-        for _ in range(rounds):
-            for name, fn in tools.items():
+        for r in range(rounds):
+            for name, fn in list(tools.items())[:: -1 if r % 2 else 1]:
                 new = b if serving is a else a
                 trials[name].append(measure(bench, prober, name, fn, serving, new))
                 serving = new
     return trials, serving
 
 
-def staging_trials(bench: Bench, a: BenchModel, groups: list[tuple[float, list[BenchModel]]],
-                   serving: BenchModel) -> tuple[list[Trial], BenchModel]:
-    """Per size: A -> a fresh model (staged inside the switch), back to A, A -> a second fresh model."""
-    trials = []
+def staging_trials(bench: Bench, a: BenchModel, groups: list[tuple[float, list[BenchModel]]], serving: BenchModel,
+                   back_name: str) -> tuple[list[Trial], list[Trial], BenchModel]:
+    """Per size: A -> a fresh model (staged inside the switch), back to A, A -> a second fresh model, back.
+
+    The switches back to A (weights present, same catalog) are the baseline the staged ones compare to.
+    """
+    staged: list[Trial] = []
+    back: list[Trial] = []
     for size, bigs in groups:
         watched = list(dict.fromkeys([a, serving, *bigs]))
         with Prober(targets(bench, *watched)) as prober:
+            if serving is not a:
+                back.append(measure(bench, prober, back_name, methods.orchestrator_switch, serving, a))
+                serving = a
             for big in bigs:
-                if serving is not a:
-                    measure(bench, prober, "orchestrator", methods.orchestrator_switch, serving, a, note="(back)")
-                    serving = a
-                trials.append(measure(bench, prober, "staged", methods.orchestrator_switch, a, big,
+                staged.append(measure(bench, prober, "staged", methods.orchestrator_switch, a, big,
                                       note=f"{size:g} GB staged"))
-                serving = big
-    return trials, serving
+                back.append(measure(bench, prober, back_name, methods.orchestrator_switch, big, a))
+    return staged, back, a
 
 
 def agent_footprint(bench: Bench, a: BenchModel, b: BenchModel, serving: BenchModel,
@@ -137,7 +144,8 @@ def main() -> int:
     p.add_argument("--skip-staging", action="store_true")
     p.add_argument("--skip-agent", action="store_true")
     p.add_argument("--skip-ansible", action="store_true")
-    p.add_argument("--idle-seconds", type=float, default=10.0)
+    p.add_argument("--skip-local", action="store_true", help="skip the orchestrator run on the host (D-Bus)")
+    p.add_argument("--idle-seconds", type=float, default=31.0, help="agent idle window (>= 2 health-watch ticks)")
     p.add_argument("--output", default=str(ROOT / "bench" / "RESULTS.md"))
     args = p.parse_args()
     if args.switches < 1:
@@ -154,22 +162,24 @@ def main() -> int:
     timing = Timing(load_s=args.load_time, stop_s=args.stop_time)
     results = report.Results(args=sys.argv[1:], timing=timing, sizes_gb=sizes, load_before=report.load_now())
     try:
-        with HubStub() as hub, boot_hosts(1, binds_rw=(f"{models_dir}:/models",)) as hs:
+        with HubStub() as hub, contextlib.closing(boot_hosts(1, binds_rw=(f"{models_dir}:/models",))) as hs:
             os.environ["HF_ENDPOINT"] = hub.url  # the CLI passes it to the stage worker on the host
             host = hs.hosts[0]
             log(f"host {host.name} at {host.address} booted in {host.boot_seconds:.1f} s; hub at {hub.url}")
-            a, b = BenchModel("alpha", 8201), BenchModel("beta", 8202)
+            # Unit names unique to this host's address slot: test hosts on one machine share the unified
+            # cgroup tree, so a same-named unit on another session's host would collide with ours.
+            slot = host.address.rsplit(".", 1)[1]
+            a, b = BenchModel(f"alpha-{slot}", 8201), BenchModel(f"beta-{slot}", 8202)
             bench = Bench(host, work, timing, [a, b])
             groups: list[tuple[float, list[BenchModel]]] = []
             for i, size in enumerate(sizes):
                 groups.append((size, []))
                 for j in range(2):
-                    name = f"big{i + 1}-{j + 1}"
+                    name = f"big{i + 1}-{j + 1}-{slot}"
                     sha = f"{i:02x}{j:02x}".ljust(40, "f")
                     add_repo(hub, f"bench/{name}", int(size * 1e9), sha)
                     groups[-1][1].append(BenchModel(name, 8210 + 2 * i + j, repo=f"bench/{name}", revision=sha))
-                bench.models += groups[-1][1]
-            bench.deploy_toml()
+            bench.deploy_toml()  # A and B only; the staged models join the catalog for their part
             methods.write_inventory(bench)
             results.commands = report.example_commands(bench, a, b)
 
@@ -177,18 +187,22 @@ def main() -> int:
             methods.orchestrator_switch(bench, b, a)
             serving = a
             tools: dict[str, Switcher] = {"orchestrator": methods.orchestrator_switch}
+            if not args.skip_local:
+                tools["orchestrator-local"] = methods.local_switch
             if not args.skip_ansible:
                 tools["ansible"] = methods.ansible_switch
             tools["bash"] = methods.bash_switch
             found, serving = interleaved(bench, tools, a, b, args.switches, serving)
             results.trials.update(found)
             if sizes:
-                results.trials["staged"], serving = staging_trials(bench, a, groups, serving)
+                bench.models = [a, b, *(m for _, bigs in groups for m in bigs)]
+                bench.deploy_toml()
+                results.baseline = f"orchestrator, {len(bench.models)} models"
+                results.trials["staged"], results.trials[results.baseline], serving = staging_trials(
+                    bench, a, groups, serving, results.baseline)
+                bench.models = [a, b]
+                bench.deploy_toml()
             if not args.skip_agent:
-                if serving is not a and serving is not b:
-                    with Prober(targets(bench, a, serving)):
-                        methods.orchestrator_switch(bench, serving, a)
-                    serving = a
                 results.agent, results.trials["via agent"], serving = agent_footprint(
                     bench, a, b, serving, args.idle_seconds)
     finally:

@@ -19,7 +19,7 @@ from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, is_terminal
-from orchestrator.errors import HealthCheckFailed, OrchestratorError, PlanError, UsageError
+from orchestrator.errors import HealthCheckFailed, OrchestratorError, PlanError, SystemdError, UsageError
 from orchestrator.ports import ProgressCallback, StateStore
 from orchestrator.preflight import check_layout
 from orchestrator.steps import HostPorts, StepContext
@@ -167,6 +167,7 @@ class Engine:
             self._preflight(ctx, dep)
         elif dep.phase is Phase.STAGING:
             self._stage(ctx, dep)
+            self._preinstall(ctx, dep)
         elif dep.phase is Phase.STOPPING:
             steps.stop_units(ctx, self._units_to_stop(dep))
         elif dep.phase is Phase.FREEING:
@@ -220,6 +221,21 @@ class Engine:
             model = self.catalog.models[dep.model]
             self.store.update_spec(dep.id, self.spec_for(model, model_dir=staged.path, revision=staged.revision))
         check_layout(self.catalog, self.store.get(dep.id), ctx.ports, ctx.ports.gpus.snapshot())
+
+    def _preinstall(self, ctx: StepContext, dep: Deployment) -> None:
+        """Write and load a unit that is not running yet while the old model still serves: it needs
+        no GPU, and it takes a file write and a daemon-reload out of the downtime."""
+        spec = self.store.get(dep.id).spec
+        sd = ctx.ports.systemd
+        if sd.unit_state(spec.unit_name).is_active:
+            return
+        try:
+            steps.install_unit(ctx, spec)
+        except SystemdError:
+            # An invalid unit is caught before anything stops; leave no broken file behind.
+            sd.remove_unit(spec.unit_name)
+            sd.daemon_reload()
+            raise
 
     def _rollback(self, ctx: StepContext, dep: Deployment) -> None:
         assert dep.previous_revision is not None  # the table only enters rolling_back with one

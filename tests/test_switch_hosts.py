@@ -140,15 +140,17 @@ def ops_pids(host: Host, unit: str) -> list[str]:
     return host.run(f"cat /sys/fs/cgroup{cg}/cgroup.procs 2>/dev/null || true").stdout.split()
 
 
-def test_invalid_unit_file_rolls_back(host: Host, tmp_path: Path, ops: Operations) -> None:
-    """A unit systemd refuses to load is caught after daemon-reload; A's recorded unit comes back."""
+def test_invalid_unit_file_is_caught_before_stopping(host: Host, tmp_path: Path, ops: Operations) -> None:
+    """A unit systemd refuses to load is caught while A still serves: aborted, file removed, A untouched."""
     ops.switch("alpha")
     broken = default_template().replace("ExecStart={{ exec_start }}", "ExecStart=relative/path {{ exec_start }}")
     bad_ops = Operations(ops.catalog, ops.ports_for, store=ops.store, template=broken)
     result = bad_ops.switch("beta")
-    assert result["outcome"] == "rolled_back"
+    assert result["outcome"] == "aborted"
     assert "did not load after daemon-reload" in result["error"]
-    assert unit_states(host, "alpha", "beta") == {"alpha": "active", "beta": "inactive"}
+    assert unit_states(host, "alpha") == {"alpha": "active"}
+    assert host.run(["test", "-e", "/etc/systemd/system/vllm-beta.service"], check=False).returncode == 1
+    assert [(h["model"], h["outcome"]) for h in ops.history(host.name)] == [("beta", "aborted"), ("alpha", "active")]
 
 
 def test_rollback_and_rollback_to(host: Host, ops: Operations) -> None:

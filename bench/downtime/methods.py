@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.downtime.setup import GPUS, REPO, Bench, BenchModel
+from bench.downtime.setup import GPUS, LOCAL_CONFIG, REPO, Bench, BenchModel
 
 ANSIBLE_DIR = REPO / "bench" / "ansible"
 BASH_SCRIPT = REPO / "bench" / "bash" / "switch.sh"
@@ -47,9 +47,22 @@ def orchestrator_command(bench: Bench, model: BenchModel) -> list[str]:
             "--json"]
 
 
+def local_command(bench: Bench, model: BenchModel) -> list[str]:
+    """The CLI run on the host itself (ssh only starts it): local transport, systemd over D-Bus."""
+    line = bench.host.python_command("-m", "orchestrator", "switch", model.name, "--config", LOCAL_CONFIG, "--json")
+    return [*bench.host.ssh_argv(), "--", line]
+
+
 def orchestrator_switch(bench: Bench, old: BenchModel, new: BenchModel) -> tuple[float, Phases]:
     """Returns the command's wall time and the seconds of each phase the orchestrator recorded."""
-    argv = orchestrator_command(bench, new)
+    return _orchestrator(orchestrator_command(bench, new))
+
+
+def local_switch(bench: Bench, old: BenchModel, new: BenchModel) -> tuple[float, Phases]:
+    return _orchestrator(local_command(bench, new))
+
+
+def _orchestrator(argv: list[str]) -> tuple[float, Phases]:
     t0 = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO, check=False)
     wall = time.monotonic() - t0

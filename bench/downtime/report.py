@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -17,6 +18,7 @@ from bench.downtime.footprint import Window
 from bench.downtime.setup import Bench, BenchModel, Timing
 
 OURS = "orchestrator"
+LOCAL = "orchestrator-local"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Results:
     agent: dict[str, Window] = field(default_factory=dict)
     commands: dict[str, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    baseline: str = OURS  # what the staged switches compare to: A's switches in the same catalog
     load_before: tuple[str, float] = ("", 0.0)
     load_after: tuple[str, float] = ("", 0.0)
 
@@ -59,8 +62,13 @@ PHASES = ("stopping", "freeing", "installing", "starting", "checking")
 
 
 def phase_rows(r: Results) -> list[list[str]]:
-    trials = r.trials.get(OURS, [])
-    return [[p, f"{median([t.phases.get(p, 0.0) for t in trials]):.3f}"] for p in PHASES] if trials else []
+    tools = [m for m in (OURS, LOCAL) if r.trials.get(m)]
+    return [[p, *(f"{median([t.phases.get(p, 0.0) for t in r.trials[m]]):.3f}" for m in tools)]
+            for p in PHASES] if tools else []
+
+
+def phase_head(r: Results) -> list[str]:
+    return ["phase", *(f"{m} median s" for m in (OURS, LOCAL) if r.trials.get(m))]
 
 
 def median(values: list[float]) -> float:
@@ -81,16 +89,30 @@ def summary_rows(r: Results) -> list[list[str]]:
     return rows
 
 
+def ratio_lines(r: Results) -> list[str]:
+    """Each other tool's median overhead as a multiple of each of ours."""
+    ours = {m: median([t.overhead for t in r.trials[m]]) for m in (OURS, LOCAL) if r.trials.get(m)}
+    out = []
+    for method in ("ansible", "bash"):
+        if r.trials.get(method):
+            over = median([t.overhead for t in r.trials[method]])
+            out.append(f"{method}'s median overhead = " + ", ".join(
+                f"{over / o:.1f}x {m}'s" if o > 0 else f"n/a vs {m}" for m, o in ours.items()))
+    return out
+
+
 def staged_rows(r: Results) -> list[list[str]]:
     rows = []
-    present = median([t.downtime_s for t in r.trials.get(OURS, [])])
+    present = median([t.downtime_s for t in r.trials.get(r.baseline, [])])
     for size in r.sizes_gb:
         trials = [t for t in r.trials.get("staged", []) if t.note.startswith(f"{size:g} GB")]
         if not trials:
             continue
         d = median([t.downtime_s for t in trials])
         rows.append([f"{size:g} GB", str(len(trials)), ", ".join(f"{t.downtime_s:.3f}" for t in trials),
-                     f"{d:.3f}", f"{d - present:+.3f}", ", ".join(f"{t.command_s:.1f}" for t in trials)])
+                     f"{d:.3f}", f"{d - present:+.3f}", ", ".join(f"{t.command_s:.1f}" for t in trials),
+                     f"{median([t.phases.get('staging', 0.0) for t in trials]):.2f}",
+                     f"{median([t.phases.get('installing', 0.0) for t in trials]):.3f}"])
     return rows
 
 
@@ -101,8 +123,8 @@ def agent_rows(r: Results) -> list[list[str]]:
 
 SUMMARY_HEAD = ["method", "switches", "downtime median s", "min-max s", "overhead median s",
                 "overhead vs ours", "command median s"]
-STAGED_HEAD = ["weights", "switches", "downtime s (each)", "median s", "vs present-weights median",
-               "command s (each)"]
+STAGED_HEAD = ["weights", "switches", "downtime s (each)", "median s", "vs weights-present median",
+               "command s (each)", "staging phase median s", "installing median s"]
 AGENT_HEAD = ["agent window", "seconds", "CPU s", "CPU % of one core", "RSS min MiB", "RSS max MiB"]
 
 
@@ -122,8 +144,9 @@ def table(r: Results) -> str:
     parts = [(f"switch downtime (floor S + L = {r.timing.stop_s:g} + {r.timing.load_s:g} = {floor:g} s; "
              f"load average {r.load_before[0]} -> {r.load_after[0]}, cores busy {_busy_pct(r):.0f}%)"),
              _plain(SUMMARY_HEAD, summary_rows(r))]
+    parts += ratio_lines(r)
     if phase_rows(r):
-        parts += ["", "orchestrator phases (median s)", _plain(["phase", "median s"], phase_rows(r))]
+        parts += ["", "orchestrator phases (median s)", _plain(phase_head(r), phase_rows(r))]
     if staged_rows(r):
         parts += ["", "switches to models whose weights were staged inside the switch", _plain(STAGED_HEAD, staged_rows(r))]
     if r.agent:
@@ -132,13 +155,20 @@ def table(r: Results) -> str:
 
 
 def example_commands(bench: Bench, a: BenchModel, b: BenchModel) -> dict[str, str]:
-    env = methods.bash_env(bench, a, b)
+    """One switch A -> B per tool, as run (the unit text, identical for all, shown as a placeholder)."""
+    unit = bench.unit_text(b)
+    ansible = methods.ansible_command(bench, a, b)
+    ansible[-1] = ansible[-1].replace(json.dumps(unit), '"<the unit text>"')
+    env = {**methods.bash_env(bench, a, b), "UNIT_TEXT": "$(cat unit-file)"}
     cmds = {
         "orchestrator": shlex.join(methods.orchestrator_command(bench, b)),
-        "ansible": "ANSIBLE_CONFIG=bench/ansible/ansible.cfg " + shlex.join(methods.ansible_command(bench, a, b)),
-        "bash": " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " bash bench/bash/switch.sh",
+        "orchestrator-local": shlex.join(methods.local_command(bench, b)),
+        "ansible": "ANSIBLE_CONFIG=bench/ansible/ansible.cfg " + shlex.join(ansible),
+        "bash": " ".join(f'{k}="{v}"' if k == "UNIT_TEXT" else f"{k}={shlex.quote(v)}" for k, v in env.items())
+                + " bash bench/bash/switch.sh",
     }
-    return {k: v.replace(str(bench.work), "$WORK") for k, v in cmds.items()}
+    keys = str(bench.host.key_path.parent)
+    return {k: v.replace(str(bench.work), "$WORK").replace(keys, "$KEYS") for k, v in cmds.items()}
 
 
 def _busy_pct(r: Results) -> float:
@@ -168,8 +198,8 @@ def render(r: Results) -> str:
     floor = t.stop_s + t.load_s
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Switch downtime: orchestrator vs Ansible vs bash", "",
-             f"Written by `bench/switch_downtime.py` on {now} ({r.elapsed_s:.0f} s run). Re-run: "
-             f"`.venv/bin/python bench/switch_downtime.py {shlex.join(r.args)}`".rstrip() + ".", "",
+             (f"Written by `bench/switch_downtime.py` on {now} ({r.elapsed_s:.0f} s run). Re-run: "
+             f"`{' '.join(['.venv/bin/python bench/switch_downtime.py', *map(shlex.quote, r.args)])}`."), "",
              *_machine(r), "",
              "## Method", "",
              (f"- Stand-in engine: load time L = {t.load_s:g} s (port closed until loaded, like vLLM), stop time "
@@ -177,8 +207,12 @@ def render(r: Results) -> str:
              ("- Prober: one client per model port, a fresh connection and a 1-token `/v1/completions` every 50 ms; "
              "a good answer is HTTP 200. Downtime = longest gap between good answers (from either port) "
              "during the switch = A's last good answer to B's first. Overhead = downtime - (S + L)."),
-             ("- Every tool starts the same engine command line on the same GPUs (0-3), switching alternately "
-             "A -> B, B -> A on the same host in the same run. Ours: health poll every 0.2 s (default "
+             ("- Every tool writes the same unit (the text the orchestrator renders) and starts the same engine on "
+             "the same GPUs (0-3), on the same host in the same run, in rounds of one switch per tool (each to "
+             "the model not serving), so load drifts hit every tool. `orchestrator`: the CLI on this machine, "
+             "ssh transport (fabric/paramiko). `orchestrator-local`: the same CLI started on the host over ssh, "
+             "local transport (systemd over D-Bus, no SSH inside the switch), as the agent runs on a GPU box. "
+             "`via agent`: the CLI through a running agent (ssh transport). Ours: health poll every 0.2 s (default "
              "`health_interval_s`), ready = /health 200 + model listed + one real completion. Ansible and bash: "
              "stop, poll nvidia-smi until the GPUs hold < 1 GiB, write the unit, daemon-reload, start, then "
              "poll /health with a 1 s delay (`uri` ... `until`/`delay: 1`; `curl` + `sleep 1`)."),
@@ -186,28 +220,38 @@ def render(r: Results) -> str:
              "stand-in), which every tool pays alike."), "",
              "## Downtime and overhead", "", _md(SUMMARY_HEAD, summary_rows(r)), "",
              ("Ratio = the tool's median overhead / ours. Command = wall time of the whole command, including "
-             "work done while A still serves (CLI start-up, SSH connect, preflight, staging, enablement)."), ""]
+             "work done while A still serves (CLI start-up, SSH connect, preflight, staging, enablement)."), "",
+             *(f"- {line}" for line in ratio_lines(r)), ""]
     if phase_rows(r):
         lines += [("Our phases (median seconds, as recorded in the orchestrator's history; the downtime spans "
                   "the end of `stopping` (S), `freeing`, `installing`, `starting` and the engine's load inside "
-                  "`checking`):"), "", _md(["phase", "median s"], phase_rows(r)), ""]
+                  "`checking`):"), "", _md(phase_head(r), phase_rows(r)), ""]
     if r.trials.get("staged"):
         lines += ["## Switches that stage weights first", "",
                   ("Models not yet on the host: generated safetensors shards served by the local hub stand-in "
                   "(tests/hubstub), downloaded and verified by the stage worker while A still serves. "
-                  "The command time grows with the size; the downtime should not."), "",
+                  "The baseline (weights present) is the switches back to A in the same run and catalog (row "
+                  f"`{r.baseline}` above). "
+                  "The command time and the `staging` phase grow with the size; the downtime should not. "
+                  "Each of these switches is also the model's first deploy, so its unit is new: `installing` "
+                  "writes it and reloads systemd inside the downtime, which switches between known units skip "
+                  "(compare the installing column with the phase table above). The staged models sit in the "
+                  "catalog on the same GPUs only for this part, so the main comparison runs with A and B alone: "
+                  "each managed unit on the GPUs costs SSH round trips inside the downtime (see the two "
+                  "orchestrator rows)."), "",
                   _md(STAGED_HEAD, staged_rows(r)), ""]
     else:
         lines += ["## Switches that stage weights first", "", "Not run (--skip-staging).", ""]
     if r.agent:
         lines += ["## Agent footprint", "",
                   ("`python -m orchestrator agent` on the controller (ssh transport to the host); RSS sampled every "
-                  "0.1 s, CPU = user + system time of the process over the window. Idle includes its health "
-                  "watch and schedule loops; each switch window is one `orchestrator switch` through its socket."),
+                  "0.1 s, CPU = user + system time of the process over the window (10 ms ticks). Idle includes "
+                  "its health watch (every 15 s, the default `watch_interval_s`) and schedule loops; each switch window is one `orchestrator switch` through its socket."),
                   "", _md(AGENT_HEAD, agent_rows(r)), ""]
     else:
         lines += ["## Agent footprint", "", "Not run (--skip-agent).", ""]
-    lines += ["## Commands (one switch alpha -> beta each)", ""]
+    lines += ["## Commands (one switch A -> B each; $WORK: the run's scratch folder, $KEYS: the test host's keys)",
+              ""]
     lines += [f"- {k}: `{v}`" for k, v in r.commands.items()]
     lines += ["", "## Every switch", "", _md(["method", "switch", "downtime s", "overhead s", "command s", "note"],
               [[x.method, f"{x.old} -> {x.new}", f"{x.downtime_s:.3f}", f"{x.overhead:+.3f}", f"{x.command_s:.2f}",

@@ -15,6 +15,8 @@ from tests.hosts.machine import Host
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "tests" / "standin" / "vllm_compat.py"
 GPUS = (0, 1, 2, 3)
+LOCAL_CONFIG = "/etc/orchestrator-bench/deploy.toml"  # on the test host
+LOCAL_STATE = "/var/lib/orchestrator-bench"
 
 
 @dataclass(frozen=True)
@@ -61,14 +63,18 @@ class Bench:
         catalog = settings.load(self.work / "deploy.toml")
         return render_unit(catalog, catalog.models[m.name], default_template()).text
 
-    def deploy_toml(self) -> Path:
+    def deploy_text(self, *, local: bool = False) -> str:
+        """deploy.toml for the controller (ssh transport), or for the host itself (local: D-Bus)."""
         h = self.host
-        lines = [f'state_dir = "{self.work / "state"}"', "[defaults]", 'user = "root"', 'group = "root"',
+        state = LOCAL_STATE if local else self.work / "state"
+        lines = [f'state_dir = "{state}"', "[defaults]", 'user = "root"', 'group = "root"',
                  f'engine = ["{sys.executable}", "{SHIM}"]', "load_deadline_s = 120", "stop_timeout_s = 30",
                  "free_timeout_s = 30", "health_interval_s = 0.2", "restart_sec = 10",
-                 f"[hosts.{h.name}]", 'transport = "ssh"', f'address = "{h.address}"', f'bind = "{h.address}"',
-                 f"ssh_port = {h.port}", f'ssh_key = "{h.key_path}"', f'known_hosts = "{h.known_hosts_path}"',
-                 "gpus = 8", "gpu_memory_gib = 96", 'models_dir = "/models"', f'python = "{sys.executable}"']
+                 f"[hosts.{h.name}]", f'transport = "{"local" if local else "ssh"}"', f'address = "{h.address}"',
+                 f'bind = "{h.address}"', "gpus = 8", "gpu_memory_gib = 96", 'models_dir = "/models"',
+                 f'python = "{sys.executable}"']
+        if not local:
+            lines += [f"ssh_port = {h.port}", f'ssh_key = "{h.key_path}"', f'known_hosts = "{h.known_hosts_path}"']
         for m in self.models:
             lines += [f"[models.{m.name}]", f"port = {m.port}", f"gpus = {list(GPUS)}",
                       f"tensor_parallel = {len(GPUS)}", f"args = {self.timing.args()!r}".replace("'", '"')]
@@ -76,6 +82,11 @@ class Bench:
                 lines += [f'repo = "{m.repo}"', 'source = "hub"', f'revision = "{m.revision}"']
             else:
                 lines += [f'repo = "bench/{m.name}"', 'source = "none"']
+        return "\n".join(lines) + "\n"
+
+    def deploy_toml(self) -> Path:
+        """Write both configs: here for the CLI over ssh, and on the host for the local transport."""
         path = self.work / "deploy.toml"
-        path.write_text("\n".join(lines) + "\n")
+        path.write_text(self.deploy_text())
+        self.host.write_file(LOCAL_CONFIG, self.deploy_text(local=True))
         return path

@@ -59,14 +59,16 @@ def test_crash_on_start_rolls_back(world: World) -> None:
     assert dep.error is not None and "journal" in dep.error
 
 
-def test_invalid_unit_rolls_back(world: World) -> None:
-    """A unit systemd cannot load is caught at install, before any start."""
+def test_invalid_unit_aborts_before_stopping(world: World) -> None:
+    """A unit systemd cannot load is caught while A still serves; the broken file is removed."""
     world.switch("alpha")
     world.host.behaviours["vllm-beta.service"] = "bad_unit"
     dep = world.switch("beta")
-    assert dep.phase is Phase.ROLLED_BACK
+    assert dep.phase is Phase.ABORTED
     assert "did not load after daemon-reload" in (dep.error or "")
-    assert "start vllm-beta.service" not in world.host.calls
+    assert world.host.active_units() == ["vllm-alpha.service"]
+    assert "stop vllm-alpha.service" not in world.host.calls
+    assert "vllm-beta.service" not in world.host.units
 
 
 def test_foreign_process_on_gpus_rolls_back_naming_it(world: World) -> None:
