@@ -191,3 +191,15 @@ def test_sigterm_parks_the_step_and_restart_resumes_it(agent_host: Host) -> None
     host.run("systemctl start orchestrator-agent.service")
     wait_for("the parked deployment to finish", lambda: history(host)[0]["outcome"] == "active")
     assert active(host, "vllm-beta-long.service") == "active" and active(host, "vllm-alpha.service") == "inactive"
+
+
+def test_watch_restarts_a_model_that_stays_unhealthy(agent_host: Host) -> None:
+    """A serving unit that stops and stays down past unhealthy_after_s is recorded and redeployed."""
+    host = agent_host
+    cli(host, "switch", "alpha")
+    host.run("systemctl stop vllm-alpha.service")
+    wait_for("the watch to redeploy alpha", lambda: any(
+        h["trigger"] == "watch:restart" and h["outcome"] == "active" for h in history(host)), timeout=60)
+    assert active(host, "vllm-alpha.service") == "active"
+    status = json.loads(cli(host, "status", "--json").stdout)
+    assert status["hosts"][host.name]["serving"]["model"] == "alpha"
