@@ -100,8 +100,8 @@ def test_progress_streams_bytes_up_to_the_total(hub: HubStub, store: HfWeightSto
     assert [f["needed"] for e, f in events if e == "stage_plan"] == [total]
 
 
-def test_plain_shell_without_streaming_still_stages_and_reports(hub: HubStub, root: Path) -> None:
-    """The project's LocalShell (run only, no run_streaming) stages; progress arrives at the end."""
+def test_project_local_shell_stages_and_reports(hub: HubStub, root: Path) -> None:
+    """The project's own LocalShell stages a model and its progress reaches the total."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA))
     events: Events = []
     manifest = stage(HfWeightStore(LocalShell(), python=sys.executable), request(hub, root), events)

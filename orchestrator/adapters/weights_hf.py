@@ -8,23 +8,13 @@ callbacks and ``Manifest`` values, and maps failures to ``WeightsError`` naming 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Collection
+from typing import Protocol
 
 from orchestrator.core.observed import CommandResult
 from orchestrator.core.weights import Manifest, StagedRevision, StageRequest, plan_cleanup
 from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, Shell
-
-
-@runtime_checkable
-class StreamingShell(Shell, Protocol):
-    """Proposed addition to ``Shell``: run argv and hand each stdout line to ``on_line`` as it comes."""
-
-    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
-                      timeout: float | None = None) -> CommandResult:
-        """Like ``run(check=False)``; stdout lines (without newline) go to on_line while it runs."""
-        ...
 
 
 class WeightStore(Protocol):
@@ -60,8 +50,7 @@ EVENTS = {"progress": "stage_progress", "plan": "stage_plan", "file_done": "stag
 
 
 class HfWeightStore:
-    """WeightStore over any Shell. With ``run_streaming`` progress arrives while it downloads;
-    with a plain ``run`` it all arrives when the worker exits."""
+    """WeightStore over any Shell; the worker's progress lines stream back while it downloads."""
 
     def __init__(self, shell: Shell, *, python: str = "python3",
                  timeout: float | None = None) -> None:
@@ -90,12 +79,7 @@ class HfWeightStore:
                 progress(EVENTS[kind], {"host": self.host, "model": request.name, **event})
 
         argv = self._argv("stage", json.dumps(request.to_dict()))
-        if isinstance(self.shell, StreamingShell):
-            result = self.shell.run_streaming(argv, on_line, timeout=self.timeout)
-        else:
-            result = self.shell.run(argv, timeout=self.timeout, check=False)
-            for line in result.stdout.splitlines():
-                on_line(line)
+        result = self.shell.run_streaming(argv, on_line, timeout=self.timeout)
         manifest = final.get("manifest")
         if final.get("event") == "done" and isinstance(manifest, dict):
             return Manifest.from_dict(manifest)
