@@ -16,7 +16,7 @@ from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import json_option
 from orchestrator.core import planner
-from orchestrator.errors import ConfigError, UsageError
+from orchestrator.errors import UsageError
 
 
 def _load_json(path: str, what: str) -> dict[str, Any]:
@@ -103,9 +103,9 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         if model not in cat.models:
             raise UsageError(f"unknown model {model!r} (known: {', '.join(sorted(cat.models))})")
         m = cat.models[model]
-        host = cat.hosts[host_name] if host_name else cat.model_host(model)
         if host_name and host_name not in cat.hosts:
-            raise ConfigError(f"unknown host {host_name!r}")
+            raise UsageError(f"unknown host {host_name!r} (known: {', '.join(sorted(cat.hosts))})")
+        host = cat.hosts[host_name] if host_name else cat.model_host(model)
         if model_config:
             cfg = _load_json(model_config, "model config")
         else:

@@ -64,3 +64,12 @@ def test_switch_refuses_invalid_layout_before_stopping() -> None:
     assert "cannot load as TP=8" in (dep.error or "") and "use TP=4, or TP=8 with expert parallel" in (dep.error or "")
     assert world.host.active_units() == ["vllm-alpha.service"]
     assert "stop vllm-alpha.service" not in world.host.calls
+
+
+def test_unknown_host_is_named_without_traceback() -> None:
+    """plan MODEL --host NOPE exits 2 naming the host and the known ones."""
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "plan", "minimax-m25", "--host", "nope",
+                        "--model-config", str(MINIMAX), "--config", str(REPO / "deploy.toml")],
+                       capture_output=True, text=True, cwd=REPO, check=False)
+    assert r.returncode == 2 and "unknown host 'nope' (known: blackwell)" in r.stderr
+    assert "Traceback" not in r.stderr
