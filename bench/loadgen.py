@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.bench import BenchPlan, BenchTarget, Progress, run_bench_blocking
+from orchestrator.loadgen import BenchPlan, BenchTarget, Progress, run_bench_blocking
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "tests" / "standin" / "openai_server.py"

@@ -182,7 +182,7 @@ class StateStore(Protocol):
 
 
 class SmokeBench(Protocol):
-    """A short benchmark of a freshly started server (see orchestrator.smoke)."""
+    """A short benchmark of a freshly started server (see orchestrator.adapters.smoke)."""
 
     def run(self, spec: UnitSpec) -> dict[str, Any]:
         """The bench record, with ``headline_tok_s`` = single-stream output tok/s."""

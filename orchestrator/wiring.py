@@ -10,15 +10,15 @@ from pathlib import Path
 from orchestrator.adapters import connect
 from orchestrator.adapters.http_health import HttpHealthProbe
 from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
+from orchestrator.adapters.smoke import SmokeBench
 from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.catalog import Catalog, Host
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.weights import StageRequest
+from orchestrator.deploy.operations import Operations
+from orchestrator.deploy.steps import HostPorts
 from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, StagedWeights
-from orchestrator.service import Operations
-from orchestrator.smoke import SmokeBench
-from orchestrator.steps import HostPorts
 
 
 class SystemClock:

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from orchestrator.bench import (
+from orchestrator.errors import HealthCheckFailed, TransportError
+from orchestrator.loadgen import (
     BenchPlan,
     BenchTarget,
     ClientKind,
@@ -19,7 +20,6 @@ from orchestrator.bench import (
     run_bench,
     run_bench_blocking,
 )
-from orchestrator.errors import HealthCheckFailed, TransportError
 from tests.standin import StandinServer
 
 Start = Callable[..., StandinServer]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from orchestrator.bench import BenchPlan, BenchResult, BenchTarget, LevelResult
-from orchestrator.bench.sse import RequestOutcome
 from orchestrator.errors import UsageError
+from orchestrator.loadgen import BenchPlan, BenchResult, BenchTarget, LevelResult
+from orchestrator.loadgen.sse import RequestOutcome
 
 
 def ok(start: float, ttft: float, latency: float, tokens: int, end: float | None = None) -> RequestOutcome:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.bench.sse import StreamAccumulator, StreamError
+from orchestrator.loadgen.sse import StreamAccumulator, StreamError
 
 
 def event(obj: object) -> bytes:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.bench.stats import Distribution, percentile, rate, summarize
+from orchestrator.loadgen.stats import Distribution, percentile, rate, summarize
 
 
 def test_percentile_interpolates_between_ranks_like_numpy() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from orchestrator import settings
-from orchestrator.engine import default_template
+from orchestrator.deploy.engine import default_template
+from orchestrator.deploy.operations import Operations
 from orchestrator.errors import Busy
-from orchestrator.service import Operations
 from orchestrator.wiring import operations, ports_factory
 from tests.hosts.machine import Host
 

@@ -1,4 +1,4 @@
-"""The weight store of one host: runs ``python -m orchestrator.stage_worker`` there through a Shell.
+"""The weight store of one host: runs ``python -m orchestrator.worker.stage`` there through a Shell.
 
 The worker does the I/O on the host that needs the weights (hub download with huggingface_hub,
 local copy, or rsync from a peer) and streams JSON lines; this adapter turns them into progress
@@ -63,7 +63,7 @@ class HfWeightStore:
         return self.shell.host
 
     def _argv(self, *args: str) -> list[str]:
-        return [self.python, "-m", "orchestrator.stage_worker", *args]
+        return [self.python, "-m", "orchestrator.worker.stage", *args]
 
     def stage(self, request: StageRequest, progress: ProgressCallback) -> Manifest:
         final: dict[str, object] = {}

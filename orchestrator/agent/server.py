@@ -20,8 +20,8 @@ from typing import Any
 import structlog
 
 from orchestrator.agent.protocol import OPS, encode, error_reply, peer_credentials
+from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
-from orchestrator.service import Operations
 
 log = structlog.get_logger()
 

@@ -12,7 +12,7 @@ from orchestrator import logs, settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
-from orchestrator.client import backend_for
+from orchestrator.client.backends import backend_for
 
 
 @main.command()
@@ -23,7 +23,7 @@ from orchestrator.client import backend_for
               help="Prometheus endpoint on 127.0.0.1 (default: metrics_port of deploy.toml, 9464; 0 disables it)")
 def agent(config: str | None, socket_path: str | None, metrics_port: int | None) -> None:
     """Run the daemon: control socket, crash recovery, schedules, health watch, metrics."""
-    from orchestrator.agent import Agent
+    from orchestrator.agent.daemon import Agent
     from orchestrator.wiring import operations
 
     logs.configure(json=True)

@@ -12,12 +12,12 @@ from rich.live import Live
 from rich.table import Table
 
 from orchestrator import settings
-from orchestrator.bench import BenchPlan, BenchTarget, Progress, run_bench_blocking
+from orchestrator.adapters.smoke import bench_record
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
+from orchestrator.deploy.operations import Operations
 from orchestrator.errors import UsageError
-from orchestrator.service import Operations
-from orchestrator.smoke import bench_record
+from orchestrator.loadgen import BenchPlan, BenchTarget, Progress, run_bench_blocking
 from orchestrator.wiring import operations
 
 

@@ -16,8 +16,9 @@ from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.core.render import load_deadline, render_agent_unit, render_unit
-from orchestrator.engine import default_template
+from orchestrator.deploy.engine import default_template
 from orchestrator.errors import UsageError
+from orchestrator.resources import template_text
 
 
 @main.command()
@@ -68,8 +69,7 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
     names = [model] if model else list(cat.models)
     rendered = [render_unit(cat, cat.models[n], text) for n in names]  # all or nothing: render before writing
     if agent:
-        agent_template = (Path(__file__).resolve().parents[2] / "templates" / "orchestrator-agent.service.j2")
-        rendered.append(render_agent_unit(cat, agent_template.read_text(), python=sys.executable,
+        rendered.append(render_agent_unit(cat, template_text("orchestrator-agent.service.j2"), python=sys.executable,
                                           config=str(settings.config_path(config).resolve())))
     out_dir = Path(out)
     changed = 0

@@ -15,7 +15,7 @@ from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
-from orchestrator.client import backend_for
+from orchestrator.client.backends import backend_for
 
 _SHORT = {"planned": "plan", "preflight": "pre", "staging": "stage", "stopping": "stop", "freeing": "free",
           "installing": "inst", "starting": "start", "checking": "check", "rolling_back": "rollback"}

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.catalog import Catalog
-from orchestrator.engine import Engine
+from orchestrator.deploy.engine import Engine
 from orchestrator.testing import FakeHost, FakeWeights
 
 

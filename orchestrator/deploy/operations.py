@@ -14,11 +14,11 @@ from typing import Any
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
-from orchestrator.engine import Engine, default_trigger
+from orchestrator.deploy.engine import Engine, default_trigger
+from orchestrator.deploy.locks import host_lock
+from orchestrator.deploy.steps import HostPorts
 from orchestrator.errors import UsageError
-from orchestrator.locks import host_lock
 from orchestrator.ports import ProgressCallback
-from orchestrator.steps import HostPorts
 
 
 class Operations:

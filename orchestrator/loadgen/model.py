@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator.bench.sse import RequestOutcome
-from orchestrator.bench.stats import Distribution, rate, summarize
 from orchestrator.errors import UsageError
+from orchestrator.loadgen.sse import RequestOutcome
+from orchestrator.loadgen.stats import Distribution, rate, summarize
 
 Endpoint = Literal["completions", "chat"]
 

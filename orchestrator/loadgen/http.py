@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import httpx
 
-from orchestrator.bench.sse import StreamError
+from orchestrator.loadgen.sse import StreamError
 
 if TYPE_CHECKING:
     import aiohttp

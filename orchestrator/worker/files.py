@@ -1,4 +1,4 @@
-"""File and output helpers of the stage worker (``orchestrator.stage_worker``) and its sources.
+"""File and output helpers of the stage worker (``orchestrator.worker.stage``) and its sources.
 
 ``emit`` writes the worker's JSON lines with every registered secret scrubbed; the rest measures,
 reads and durably writes the files of a model directory.

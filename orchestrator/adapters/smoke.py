@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.bench import BenchPlan, BenchTarget, run_bench_blocking
 from orchestrator.core.records import UnitSpec
+from orchestrator.loadgen import BenchPlan, BenchTarget, run_bench_blocking
 
 
 def bench_record(result: dict[str, Any]) -> dict[str, Any]:

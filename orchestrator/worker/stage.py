@@ -1,4 +1,4 @@
-"""Stage model weights on the host that needs them: ``python -m orchestrator.stage_worker CMD ...``.
+"""Stage model weights on the host that needs them: ``python -m orchestrator.worker.stage CMD ...``.
 
 Runs locally or over SSH; prints one JSON object per line on stdout (``progress``, ``file_done``,
 ``done`` with the manifest, or ``error``) so the controller can stream byte progress. Files go to
@@ -6,8 +6,8 @@ Runs locally or over SSH; prints one JSON object per line on stdout (``progress`
 verification and an atomic manifest write, so a partial model is never taken as staged.
 
 The hub token comes from HF_TOKEN or a root-only file; it is never printed (every line is scrubbed).
-Sources (hub, local, peer) live in ``orchestrator.weight_sources``, file helpers in
-``orchestrator.weight_files``.
+Sources (hub, local, peer) live in ``orchestrator.worker.sources``, file helpers in
+``orchestrator.worker.files``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from orchestrator.core.weights import (
     verify_listing,
 )
 from orchestrator.errors import WeightsError
-from orchestrator.weight_files import (
+from orchestrator.worker.files import (
     current_file,
     dir_sizes,
     emit,
@@ -54,7 +54,7 @@ from orchestrator.weight_files import (
     tree_bytes,
     write_atomic,
 )
-from orchestrator.weight_sources import SourcePlan, fetch_source, plan_source
+from orchestrator.worker.sources import SourcePlan, fetch_source, plan_source
 
 EXIT_WEIGHTS = 3
 
@@ -230,7 +230,7 @@ def list_staged(root: str) -> list[dict[str, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.stage_worker")
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.worker.stage")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("stage").add_argument("request", help="StageRequest as JSON")
     for cmd in ("verify", "remove"):

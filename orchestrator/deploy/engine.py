@@ -10,19 +10,19 @@ from __future__ import annotations
 import getpass
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
-from orchestrator import steps
 from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, is_terminal
+from orchestrator.deploy import steps
+from orchestrator.deploy.preflight import check_layout
+from orchestrator.deploy.steps import HostPorts, StepContext
 from orchestrator.errors import HealthCheckFailed, OrchestratorError, PlanError, SystemdError, UsageError
 from orchestrator.ports import ProgressCallback, StateStore
-from orchestrator.preflight import check_layout
-from orchestrator.steps import HostPorts, StepContext
+from orchestrator.resources import template_text
 
 log = structlog.get_logger()
 
@@ -31,7 +31,7 @@ StepHook = Callable[[Deployment], None]
 
 
 def default_template() -> str:
-    return (Path(__file__).resolve().parent.parent / "templates" / "vllm.service.j2").read_text()
+    return template_text("vllm.service.j2")
 
 
 def default_trigger() -> str:

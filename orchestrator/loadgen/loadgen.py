@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from time import perf_counter
 from typing import Any
 
-from orchestrator.bench.http import ClientKind, HttpBackend, default_client, open_backend
-from orchestrator.bench.model import BenchPlan, BenchResult, BenchTarget, LevelResult, Progress
-from orchestrator.bench.sse import RequestOutcome, StreamAccumulator, StreamError
 from orchestrator.errors import HealthCheckFailed, TransportError
+from orchestrator.loadgen.http import ClientKind, HttpBackend, default_client, open_backend
+from orchestrator.loadgen.model import BenchPlan, BenchResult, BenchTarget, LevelResult, Progress
+from orchestrator.loadgen.sse import RequestOutcome, StreamAccumulator, StreamError
 
 ProgressCallback = Callable[[Progress], None]
 CALIBRATION_WORDS = (16, 256)

@@ -120,7 +120,7 @@ class LocalBackend:
         return self.ops.stage(model, progress=progress)
 
     def status(self, host: str | None) -> dict[str, Any]:
-        from orchestrator.agent import schedule_rows
+        from orchestrator.agent.daemon import schedule_rows
 
         return {**self.ops.status(host), "schedules": schedule_rows(self.catalog, self.ops)}
 
@@ -131,14 +131,14 @@ class LocalBackend:
         return None  # nothing runs in the background without an agent
 
     def schedules(self) -> list[dict[str, Any]]:
-        from orchestrator.agent import schedule_rows
+        from orchestrator.agent.daemon import schedule_rows
 
         return schedule_rows(self.catalog, self.ops)
 
 
 def backend_for(catalog: Catalog, *, local: bool = False) -> Backend:
     """The agent when its socket answers (unless --local), else this process."""
-    from orchestrator.agent import socket_path
+    from orchestrator.agent.daemon import socket_path
 
     path = socket_path(catalog)
     if not local and os.path.exists(path):

@@ -1,7 +1,7 @@
 """Where the stage worker gets weights from: the hub, a local directory, or a peer host over SSH.
 
 Each source first plans (commit, file sizes, and whether it costs disk space), then fetches into the
-staging directory; ``orchestrator.stage_worker`` verifies and finalizes. huggingface_hub 2.x downloads
+staging directory; ``orchestrator.worker.stage`` verifies and finalizes. huggingface_hub 2.x downloads
 each file to a process-unique temp file that a killed process never resumes, so hub files are fetched
 with its ``http_get(resume_size=...)`` into our own ``.part`` files. huggingface_hub is imported
 lazily: the worker quiets it (environment variables read at import) first.
@@ -29,7 +29,7 @@ from orchestrator.core.weights import (
     index_shards,
 )
 from orchestrator.errors import WeightsError
-from orchestrator.weight_files import dir_sizes, emit, read_index, read_manifest, set_current_file
+from orchestrator.worker.files import dir_sizes, emit, read_index, read_manifest, set_current_file
 
 
 class SourcePlan:

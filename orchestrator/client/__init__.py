@@ -1,0 +1,1 @@
+"""The CLI's backends: the agent's socket, or in-process Operations."""

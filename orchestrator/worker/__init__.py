@@ -1,0 +1,1 @@
+"""Code that runs on the GPU host through `python -m` (staging weights); stdlib + huggingface_hub only."""
