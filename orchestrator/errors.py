@@ -90,6 +90,14 @@ class HealthCheckFailed(OrchestratorError):
     """The server never proved it can serve: /health, /v1/models or a real completion failed."""
 
 
+class SmokeGateFailed(HealthCheckFailed):
+    """The new revision serves, but slower than the policy allows; carries the benchmark record."""
+
+    def __init__(self, message: str, *, host: str, unit: str, bench: dict[str, object]) -> None:
+        super().__init__(message, host=host, unit=unit)
+        self.bench = bench
+
+
 class WeightsError(OrchestratorError):
     """Weights could not be staged or failed verification (missing shard, wrong size, no space)."""
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.states import Phase
@@ -44,14 +45,10 @@ class Shell(Protocol):
     def close(self) -> None: ...
 
 
-class Systemd(Protocol):
-    """The systemd manager of one host."""
+class UnitJobs(Protocol):
+    """Systemd jobs on one host's units: what the stop, start and reap steps drive."""
 
     host: str
-
-    def unit_state(self, unit: str) -> UnitState:
-        """Never raises for an unknown unit: returns load_state 'not-found'."""
-        ...
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
         """Start and wait for the job to finish (not for the service to be healthy)."""
@@ -65,11 +62,13 @@ class Systemd(Protocol):
 
     def reset_failed(self, unit: str) -> None: ...
 
-    def daemon_reload(self) -> None: ...
+    def kill_unit(self, unit: str, signal: int) -> None:
+        """Send a signal to every process of the unit's cgroup."""
+        ...
 
-    def enable(self, unit: str) -> None: ...
 
-    def disable(self, unit: str) -> None: ...
+class UnitFiles(Protocol):
+    """Unit files of one host and the manager's view of them: the install step's port."""
 
     def install_unit(self, unit: str, content: str) -> None:
         """Write the unit file atomically into the host's unit directory (no reload)."""
@@ -81,15 +80,29 @@ class Systemd(Protocol):
 
     def remove_unit(self, unit: str) -> None: ...
 
+    def daemon_reload(self) -> None: ...
+
+    def enable(self, unit: str) -> None: ...
+
+    def disable(self, unit: str) -> None: ...
+
+
+class UnitInspector(Protocol):
+    """Read-only views of units: the watch, readiness and error messages need only these."""
+
+    def unit_state(self, unit: str) -> UnitState:
+        """Never raises for an unknown unit: returns load_state 'not-found'."""
+        ...
+
     def journal_tail(self, unit: str, lines: int = 20) -> list[str]: ...
 
     def cgroup_pids(self, unit: str) -> list[int]:
         """PIDs still in the unit's cgroup (processes a stop left behind)."""
         ...
 
-    def kill_unit(self, unit: str, signal: int) -> None:
-        """Send a signal to every process of the unit's cgroup."""
-        ...
+
+class Systemd(UnitJobs, UnitFiles, UnitInspector, Protocol):
+    """The systemd manager of one host: every role, as the D-Bus and SSH adapters implement it."""
 
 
 class GpuProbe(Protocol):
@@ -180,6 +193,9 @@ class StateStore(Protocol):
 
     def serving(self, host: str) -> Deployment | None: ...
 
+    def events(self, host: str | None = None, kind: str | None = None,
+               limit: int = 50) -> list[dict[str, Any]]: ...
+
 
 class SmokeBench(Protocol):
     """A short benchmark of a freshly started server (see orchestrator.adapters.smoke)."""
@@ -187,3 +203,20 @@ class SmokeBench(Protocol):
     def run(self, spec: UnitSpec) -> dict[str, Any]:
         """The bench record, with ``headline_tok_s`` = single-stream output tok/s."""
         ...
+
+
+@dataclass
+class HostPorts:
+    """The adapters for one host, chosen once when the operations are built (orchestrator.wiring)."""
+
+    host: Host
+    shell: Shell
+    systemd: Systemd
+    gpus: GpuProbe
+    health: HealthProbe
+    clock: Clock
+    weights: WeightStore | None = None
+    smoke: SmokeBench | None = None
+
+    def close(self) -> None:
+        self.shell.close()

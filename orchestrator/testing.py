@@ -15,9 +15,8 @@ from typing import Any, Literal
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
 from orchestrator.core.records import UnitSpec
-from orchestrator.deploy.steps import HostPorts
 from orchestrator.errors import CommandFailed, HealthCheckFailed, SystemdError
-from orchestrator.ports import ProgressCallback, StagedWeights
+from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
 
 Behaviour = Literal["ok", "crash", "health_only", "never_ready", "bad_unit"]
 

@@ -16,9 +16,8 @@ from orchestrator.core.catalog import Catalog, Host
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.weights import StageRequest
 from orchestrator.deploy.operations import Operations
-from orchestrator.deploy.steps import HostPorts
 from orchestrator.errors import WeightsError
-from orchestrator.ports import ProgressCallback, StagedWeights
+from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
 
 
 class SystemClock:

@@ -9,10 +9,9 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 
+from orchestrator.adapters.shell_base import checked, ignore_line, timed_out
 from orchestrator.core.observed import CommandResult
 from orchestrator.errors import CommandFailed, OrchestratorError
-
-TIMEOUT_EXIT = 124  # what coreutils timeout(1) exits with; the SSH shell uses the same
 
 
 class LocalShell:
@@ -24,23 +23,15 @@ class LocalShell:
     def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
             idempotent: bool = False) -> CommandResult:
         # idempotent only matters for transports that can drop; a local run cannot.
-        command = shlex.join(argv)
-        try:
-            proc = subprocess.run(list(argv), check=False, capture_output=True, text=True, errors="replace",
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
-        except FileNotFoundError as exc:
-            raise CommandFailed(command, 127, f"{argv[0]}: command not found", host=self.host) from exc
-        except subprocess.TimeoutExpired as exc:
-            raise CommandFailed(command, TIMEOUT_EXIT, f"timed out after {timeout:g} s",
-                                host=self.host) from exc
-        result = CommandResult(command=command, exit_code=proc.returncode, stdout=proc.stdout,
-                               stderr=proc.stderr)
-        if check and not result.ok:
-            raise CommandFailed(command, result.exit_code, result.stdout + result.stderr, host=self.host)
-        return result
+        result = self._execute(argv, ignore_line, timeout)
+        return checked(result, self.host) if check else result
 
     def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
                       timeout: float | None = None) -> CommandResult:
+        return self._execute(argv, on_line, timeout)
+
+    def _execute(self, argv: Sequence[str], on_line: Callable[[str], None],
+                 timeout: float | None) -> CommandResult:
         command = shlex.join(argv)
         try:
             proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -51,7 +42,13 @@ class LocalShell:
         err: list[str] = []
         drain = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr else ""), daemon=True)
         drain.start()
-        killer = threading.Timer(timeout, proc.kill) if timeout else None
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            proc.kill()
+
+        killer = threading.Timer(timeout, expire) if timeout else None
         if killer is not None:
             killer.start()
         out: list[str] = []
@@ -68,6 +65,8 @@ class LocalShell:
                 proc.kill()
                 proc.wait()
         drain.join()
+        if expired.is_set():
+            raise timed_out(command, timeout, self.host)
         return CommandResult(command=command, exit_code=code, stdout="".join(out), stderr="".join(err))
 
     def read_file(self, path: str) -> bytes | None:

@@ -21,11 +21,11 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from orchestrator.adapters.shell_base import checked, ignore_line, timed_out
 from orchestrator.core.observed import CommandResult
-from orchestrator.errors import CommandFailed, OrchestratorError, TransportError
+from orchestrator.errors import OrchestratorError, TransportError
 
 T = TypeVar("T")
-TIMEOUT_EXIT = 124
 _RETRIES = 3
 
 
@@ -138,44 +138,31 @@ class SshShell:
 
     def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
             idempotent: bool = False) -> CommandResult:
-        command = shlex.join(argv)
-
-        def op() -> CommandResult:
-            try:
-                res = self._conn.run(command, hide=True, warn=True, in_stream=False,
-                                     timeout=math.ceil(timeout) if timeout else None)
-            except CommandTimedOut as exc:
-                raise CommandFailed(command, TIMEOUT_EXIT, f"timed out after {timeout:g} s",
-                                    host=self.host) from exc
-            if res.exited == -1 or not self._conn.is_connected:
-                raise _Dropped(f"no exit status for {command!r}")  # channel closed under us
-            return CommandResult(command=command, exit_code=res.exited, stdout=res.stdout,
-                                 stderr=res.stderr)
-
-        result = self._call(repr(command), op, idempotent)
-        if check and not result.ok:
-            raise CommandFailed(command, result.exit_code, result.stdout + result.stderr, host=self.host)
-        return result
+        result = self._execute(argv, ignore_line, timeout, idempotent)
+        return checked(result, self.host) if check else result
 
     def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
                       timeout: float | None = None) -> CommandResult:
+        # Not retried: a long job (a download) restarted blindly could run twice at once.
+        return self._execute(argv, on_line, timeout, idempotent=False)
+
+    def _execute(self, argv: Sequence[str], on_line: Callable[[str], None], timeout: float | None,
+                 idempotent: bool) -> CommandResult:
         command = shlex.join(argv)
-        lines = _LineWriter(on_line)
 
         def op() -> CommandResult:
+            lines = _LineWriter(on_line)  # per attempt: a retry must not replay half a line
             try:
                 res = self._conn.run(command, hide="stderr", out_stream=lines, warn=True, in_stream=False,
                                      timeout=math.ceil(timeout) if timeout else None)
             except CommandTimedOut as exc:
-                raise CommandFailed(command, TIMEOUT_EXIT, f"timed out after {timeout:g} s",
-                                    host=self.host) from exc
+                raise timed_out(command, timeout, self.host) from exc
             if res.exited == -1 or not self._conn.is_connected:
-                raise _Dropped(f"no exit status for {command!r}")
+                raise _Dropped(f"no exit status for {command!r}")  # channel closed under us
             lines.finish()
             return CommandResult(command=command, exit_code=res.exited, stdout=res.stdout, stderr=res.stderr)
 
-        # Not retried: a long job (a download) restarted blindly could run twice at once.
-        return self._call(repr(command), op, idempotent=False)
+        return self._call(repr(command), op, idempotent)
 
     def read_file(self, path: str) -> bytes | None:
         def op() -> bytes | None:

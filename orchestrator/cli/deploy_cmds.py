@@ -16,9 +16,7 @@ from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.client.backends import backend_for
-
-_SHORT = {"planned": "plan", "preflight": "pre", "staging": "stage", "stopping": "stop", "freeing": "free",
-          "installing": "inst", "starting": "start", "checking": "check", "rolling_back": "rollback"}
+from orchestrator.core.states import text_of
 
 
 def _finish(result: dict[str, Any], as_json: bool) -> None:
@@ -133,11 +131,11 @@ def history(config: str | None, host: str | None, limit: int, local: bool, as_js
                   "tok/s C=1")
     for r in rows:
         took = f"{r['ended_at'] - r['created_at']:.1f}s" if r["ended_at"] else "-"
-        phases = " ".join(f"{_SHORT.get(p['phase'], p['phase'])} {p['seconds']:.1f}" for p in r["phases"]
+        phases = " ".join(f"{text_of(p['phase']).short} {p['seconds']:.1f}" for p in r["phases"]
                           if p["seconds"] is not None)
         bench = r.get("bench") or {}
         headline = bench.get("headline_tok_s")
-        style = {"active": "green", "rolled_back": "yellow", "failed": "red", "aborted": "red"}.get(r["outcome"], "")
+        style = text_of(r["outcome"]).style
         table.add_row(r["host"], str(r["revision"]), r["model"], r["unit_sha256"][:12], r["trigger"],
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
                       f"[{style}]{r['outcome']}[/]" if style else r["outcome"], took, phases,

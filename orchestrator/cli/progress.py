@@ -9,23 +9,9 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.status import Status
 
+from orchestrator.core.states import text_of
+
 T = TypeVar("T")
-
-_PHASE_TEXT = {
-    "preflight": "preflight: catalog, host and layout checks",
-    "staging": "staging weights (the old model still serves)",
-    "stopping": "stopping the old unit",
-    "freeing": "waiting until the GPUs are really free",
-    "installing": "installing the unit",
-    "starting": "starting",
-    "checking": "health check: /health, /v1/models, one completion",
-    "active": "active",
-    "rolling_back": "rolling back to the previous stable revision",
-    "rolled_back": "rolled back",
-    "aborted": "aborted before anything was stopped",
-    "failed": "failed",
-}
-
 
 class ProgressPrinter:
     def __init__(self, console: Console | None = None, quiet: bool = False) -> None:
@@ -56,12 +42,9 @@ class ProgressPrinter:
 
     def __call__(self, event: str, fields: dict[str, Any]) -> None:
         if event == "phase":
-            phase = str(fields.get("phase"))
-            style = {"active": "green", "rolled_back": "yellow", "failed": "red", "aborted": "red",
-                     "rolling_back": "yellow"}.get(phase, "bold")
-            self._line(f"#{fields.get('revision', '?')} {fields.get('model', '')}: "
-                       f"{_PHASE_TEXT.get(phase, phase)}", style)
-            self._spin(_PHASE_TEXT.get(phase, phase))
+            phase = text_of(str(fields.get("phase")))
+            self._line(f"#{fields.get('revision', '?')} {fields.get('model', '')}: {phase.label}", phase.style)
+            self._spin(phase.label)
         elif event == "waiting":
             text = (f"  waiting for {fields['unit']}: {fields.get('last')} "
                     f"({fields['seconds']:.0f} s of {fields['deadline']:g} s)")

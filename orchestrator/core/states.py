@@ -10,6 +10,7 @@ on roll back to the previous stable revision, unless there is none or rollback i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from itertools import pairwise
 
@@ -39,6 +40,41 @@ class Event(StrEnum):
 
 
 P, E = Phase, Event
+
+
+@dataclass(frozen=True)
+class PhaseText:
+    """How a phase reads to people: a progress line, a history column, a colour."""
+
+    label: str
+    short: str
+    style: str = "bold"
+
+
+# The one place phases are named for people (progress lines, history, status).
+TEXT: dict[Phase, PhaseText] = {
+    P.PLANNED: PhaseText("planned", "plan"),
+    P.PREFLIGHT: PhaseText("preflight: catalog, host and layout checks", "pre"),
+    P.STAGING: PhaseText("staging weights (the old model still serves)", "stage"),
+    P.STOPPING: PhaseText("stopping the old unit", "stop"),
+    P.FREEING: PhaseText("waiting until the GPUs are really free", "free"),
+    P.INSTALLING: PhaseText("installing the unit", "inst"),
+    P.STARTING: PhaseText("starting", "start"),
+    P.CHECKING: PhaseText("health check: /health, /v1/models, one completion", "check"),
+    P.ACTIVE: PhaseText("active", "active", "green"),
+    P.ROLLING_BACK: PhaseText("rolling back to the previous stable revision", "rollback", "yellow"),
+    P.ROLLED_BACK: PhaseText("rolled back", "rolled_back", "yellow"),
+    P.ABORTED: PhaseText("aborted before anything was stopped", "aborted", "red"),
+    P.FAILED: PhaseText("failed", "failed", "red"),
+}
+
+
+def text_of(phase: str) -> PhaseText:
+    """The text of a phase given by name (records and progress events carry names)."""
+    try:
+        return TEXT[Phase(phase)]
+    except ValueError:
+        return PhaseText(phase, phase, "")
 
 # The steps that run in order on the way to ACTIVE.
 FORWARD: tuple[Phase, ...] = (P.PLANNED, P.PREFLIGHT, P.STAGING, P.STOPPING, P.FREEING,

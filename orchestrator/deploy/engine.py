@@ -17,11 +17,10 @@ from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, is_terminal
-from orchestrator.deploy import steps
-from orchestrator.deploy.preflight import check_layout
-from orchestrator.deploy.steps import HostPorts, StepContext
-from orchestrator.errors import HealthCheckFailed, OrchestratorError, PlanError, SystemdError, UsageError
-from orchestrator.ports import ProgressCallback, StateStore
+from orchestrator.deploy.context import Parked, StepContext, StepInput
+from orchestrator.deploy.steps import STEPS
+from orchestrator.errors import OrchestratorError, SmokeGateFailed, UsageError
+from orchestrator.ports import HostPorts, ProgressCallback, StateStore
 from orchestrator.resources import template_text
 
 log = structlog.get_logger()
@@ -120,38 +119,40 @@ class Engine:
         ports = self.ports_for(dep.host)
         bound = {"deployment_id": dep.id, "host": dep.host, "revision": dep.revision}
         blog = log.bind(**bound)
-        ctx = StepContext(ports=ports, defaults=self.catalog.defaults, progress=self.progress,
+        ctx = StepContext(ports=ports, catalog=self.catalog, progress=self.progress,
                           managed_units=self._managed_units(dep.host), bound=bound, park=self.park)
         while not is_terminal(dep.phase):
             if self.before_step is not None:
                 self.before_step(dep)  # test hook: pause or park at a named phase
             if self.park.is_set():
-                blog.info("deployment_parked", phase=dep.phase.value)
-                ctx.emit("parked", phase=dep.phase.value)
-                return dep
+                return self._parked(ctx, dep, blog)
             try:
                 event = self._run_step(ctx, dep, blog)
-            except steps.Parked:
-                blog.info("deployment_parked", phase=dep.phase.value)
-                ctx.emit("parked", phase=dep.phase.value)
-                return dep
+            except Parked:
+                return self._parked(ctx, dep, blog)
             nxt = advance(dep.phase, event)
-            at = ports.clock.now()
-            self.store.transition(dep.id, nxt, at)
+            self.store.transition(dep.id, nxt, ports.clock.now())
             self._settle_serving(dep, nxt)
             blog.info("phase_changed", phase=nxt.value, previous=dep.phase.value, on=event.value)
             ctx.emit("phase", phase=nxt.value, model=dep.model)
             dep = self.store.get(dep.id)
         return dep
 
+    def _parked(self, ctx: StepContext, dep: Deployment, blog: structlog.typing.FilteringBoundLogger) -> Deployment:
+        blog.info("deployment_parked", phase=dep.phase.value)
+        ctx.emit("parked", phase=dep.phase.value)
+        return dep
+
     def _run_step(self, ctx: StepContext, dep: Deployment, blog: structlog.typing.FilteringBoundLogger) -> Event:
+        """Run the phase's step and persist what it returns; map a failure to the table's event."""
+        step = StepInput(dep=dep, previous=self._previous(dep), units_to_stop=self._units_to_stop(dep),
+                         respec=lambda path, revision: self.spec_for(self.catalog.models[dep.model],
+                                                                     model_dir=path, revision=revision))
         try:
-            if dep.phase is Phase.ROLLING_BACK:
-                self._rollback(ctx, dep)
-            else:
-                self._forward(ctx, dep)
-            return Event.OK
+            result = STEPS[dep.phase](ctx, step)
         except OrchestratorError as exc:
+            if isinstance(exc, SmokeGateFailed):
+                self.store.record_bench(dep.id, exc.bench)
             if dep.phase is Phase.ROLLING_BACK:
                 blog.error("rollback_failed", error=str(exc))
                 self.store.record_error(dep.id, rollback_error=str(exc))
@@ -160,100 +161,22 @@ class Engine:
             self.store.record_error(dep.id, error=f"{dep.phase.value}: {exc}")
             can_roll_back = dep.previous_revision is not None and not dep.no_rollback
             return Event.FAIL if can_roll_back else Event.FAIL_NO_ROLLBACK
-
-    def _forward(self, ctx: StepContext, dep: Deployment) -> None:
-        spec = dep.spec
-        if dep.phase is Phase.PREFLIGHT:
-            self._preflight(ctx, dep)
-        elif dep.phase is Phase.STAGING:
-            self._stage(ctx, dep)
-            self._preinstall(ctx, dep)
-        elif dep.phase is Phase.STOPPING:
-            steps.stop_units(ctx, self._units_to_stop(dep))
-        elif dep.phase is Phase.FREEING:
-            steps.free_gpus(ctx, spec.gpus, self._units_to_stop(dep))
-        elif dep.phase is Phase.INSTALLING:
-            steps.install_unit(ctx, spec)
-        elif dep.phase is Phase.STARTING:
-            steps.start_unit(ctx, spec)
-        elif dep.phase is Phase.CHECKING:
-            steps.wait_ready(ctx, spec)
-            self._smoke_gate(ctx, dep)
-            steps.settle_enablement(ctx, spec.unit_name, ctx.managed_units)
-
-    def _smoke_gate(self, ctx: StepContext, dep: Deployment) -> None:
-        """Optional smoke benchmark; with a gate, a slower revision fails like a health check."""
-        policy, smoke = self.catalog.policy, ctx.ports.smoke
-        if not policy.smoke_bench or smoke is None:
-            return
-        record = smoke.run(dep.spec)
-        self.store.record_bench(dep.id, record)
-        ctx.emit("smoke_bench", tok_s=record.get("headline_tok_s"))
-        new = record.get("headline_tok_s")
-        if policy.min_tok_s_ratio is None or dep.previous_revision is None:
-            return
-        prev = self.store.by_revision(dep.host, dep.previous_revision)
-        old = (prev.bench or {}).get("headline_tok_s")
-        if old and (new is None or new < policy.min_tok_s_ratio * old):
-            raise HealthCheckFailed(
-                f"{dep.spec.unit_name}: single-stream {0.0 if new is None else new:.1f} tok/s is below "
-                f"{policy.min_tok_s_ratio:g} x {old:.1f} tok/s of revision {prev.revision} ({prev.model})",
-                host=dep.host, unit=dep.spec.unit_name)
-
-    def _preflight(self, ctx: StepContext, dep: Deployment) -> None:
-        snap = ctx.ports.gpus.snapshot()
-        state = ctx.ports.systemd.unit_state(dep.spec.unit_name)
-        ctx.emit("preflight", gpus=len(snap.gpus), unit_state=state.active_state)
-        missing = sorted(set(dep.spec.gpus) - {g.index for g in snap.gpus})
-        if missing:
-            raise PlanError(f"{dep.model} needs GPU {','.join(map(str, dep.spec.gpus))} but nvidia-smi shows "
-                            f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
-                            host=dep.host)
-        check_layout(self.catalog, dep, ctx.ports, snap)
-
-    def _stage(self, ctx: StepContext, dep: Deployment) -> None:
-        store = ctx.ports.weights
-        if dep.spec.source == "none" or store is None:
-            return
-        staged = store.stage(dep.spec, ctx.progress)
-        ctx.emit("staged", path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
-        if staged.path != dep.spec.model_dir and not dep.trigger.startswith("rollback"):
-            model = self.catalog.models[dep.model]
-            self.store.update_spec(dep.id, self.spec_for(model, model_dir=staged.path, revision=staged.revision))
-        check_layout(self.catalog, self.store.get(dep.id), ctx.ports, ctx.ports.gpus.snapshot())
-
-    def _preinstall(self, ctx: StepContext, dep: Deployment) -> None:
-        """Write and load a unit that is not running yet while the old model still serves: it needs
-        no GPU, and it takes a file write and a daemon-reload out of the downtime."""
-        spec = self.store.get(dep.id).spec
-        sd = ctx.ports.systemd
-        if sd.unit_state(spec.unit_name).is_active:
-            return
-        try:
-            steps.install_unit(ctx, spec)
-        except SystemdError:
-            # An invalid unit is caught before anything stops; leave no broken file behind.
-            sd.remove_unit(spec.unit_name)
-            sd.daemon_reload()
-            raise
-
-    def _rollback(self, ctx: StepContext, dep: Deployment) -> None:
-        assert dep.previous_revision is not None  # the table only enters rolling_back with one
-        prev = self.store.by_revision(dep.host, dep.previous_revision).spec
-        ctx.emit("rollback", to_revision=dep.previous_revision, model=prev.model)
-        units = self._units_to_stop(dep) | {dep.spec.unit_name}
-        steps.stop_units(ctx, units - {prev.unit_name} if prev.unit_name != dep.spec.unit_name else units)
-        steps.free_gpus(ctx, prev.gpus, units - {prev.unit_name})
-        steps.install_unit(ctx, prev)
-        steps.start_unit(ctx, prev)
-        steps.wait_ready(ctx, prev)
-        steps.settle_enablement(ctx, prev.unit_name, ctx.managed_units | {dep.spec.unit_name})
+        if result.spec is not None:
+            self.store.update_spec(dep.id, result.spec)
+        if result.bench is not None:
+            self.store.record_bench(dep.id, result.bench)
+        return Event.OK
 
     # -- helpers ------------------------------------------------------------------------------
     def _managed_units(self, host: str) -> frozenset[str]:
         units = {self.catalog.models[m].unit_name for m in self.catalog.models_on(host)}
         units |= {d.spec.unit_name for d in self.store.history(host, limit=20)}
         return frozenset(units)
+
+    def _previous(self, dep: Deployment) -> Deployment | None:
+        if dep.previous_revision is None:
+            return None
+        return self.store.by_revision(dep.host, dep.previous_revision)
 
     def _units_to_stop(self, dep: Deployment) -> frozenset[str]:
         """The recorded serving unit, the target itself (redeploy), and any managed unit on our GPUs."""

@@ -16,9 +16,8 @@ from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
 from orchestrator.deploy.engine import Engine, default_trigger
 from orchestrator.deploy.locks import host_lock
-from orchestrator.deploy.steps import HostPorts
 from orchestrator.errors import UsageError
-from orchestrator.ports import ProgressCallback
+from orchestrator.ports import HostPorts, ProgressCallback
 
 
 class Operations:

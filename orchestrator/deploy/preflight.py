@@ -9,8 +9,8 @@ from orchestrator.core import planner
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.observed import GpuSnapshot
 from orchestrator.core.records import Deployment
-from orchestrator.deploy.steps import HostPorts
 from orchestrator.errors import PlanError
+from orchestrator.ports import HostPorts
 
 
 def _read_json(ports: HostPorts, path: str) -> dict[str, Any] | None:

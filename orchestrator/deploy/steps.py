@@ -1,259 +1,145 @@
-"""The steps of a switch, each idempotent: observe the host first, act only on the difference.
+"""The steps of a deployment, as data: one function per phase, in ``STEPS``.
 
-A step gets a StepContext (the host's ports, the deployment's spec, the tunables) and either
-returns or raises an OrchestratorError. Steps never touch the state store; the engine does.
+A step reads its StepInput, acts on the host through the StepContext's ports (idempotently:
+observe first, act on the difference), and returns a StepResult the engine persists before the
+next phase. Adding a phase (routing traffic through a proxy, say) is one entry in
+``core/states.py``'s table and one function here.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
 
-import structlog
-
-from orchestrator.core.catalog import Defaults, Host
-from orchestrator.core.health import Readiness, judge_models, judge_unit
 from orchestrator.core.records import UnitSpec
-from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
-from orchestrator.ports import (
-    Clock,
-    GpuProbe,
-    HealthProbe,
-    ProgressCallback,
-    Shell,
-    SmokeBench,
-    Systemd,
-    WeightStore,
-)
+from orchestrator.core.states import Phase
+from orchestrator.deploy import actions
+from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
+from orchestrator.deploy.preflight import check_layout
+from orchestrator.errors import PlanError, SmokeGateFailed, SystemdError
 
-log = structlog.get_logger()
+Step = Callable[[StepContext, StepInput], StepResult]
 
 
-class Parked(Exception):
-    """The agent is stopping: leave the step unfinished; re-running it later is safe.
-
-    Not an OrchestratorError on purpose: it is not a failure and must never trigger a rollback.
-    """
+def planned(ctx: StepContext, step: StepInput) -> StepResult:
+    return DONE
 
 
-@dataclass
-class HostPorts:
-    """The adapters for one host, chosen once when the engine is built."""
-
-    host: Host
-    shell: Shell
-    systemd: Systemd
-    gpus: GpuProbe
-    health: HealthProbe
-    clock: Clock
-    weights: WeightStore | None = None
-    smoke: SmokeBench | None = None
-
-    def close(self) -> None:
-        self.shell.close()
+def preflight(ctx: StepContext, step: StepInput) -> StepResult:
+    dep = step.dep
+    snap = ctx.ports.gpus.snapshot()
+    state = ctx.ports.systemd.unit_state(dep.spec.unit_name)
+    ctx.emit("preflight", gpus=len(snap.gpus), unit_state=state.active_state)
+    missing = sorted(set(dep.spec.gpus) - {g.index for g in snap.gpus})
+    if missing:
+        raise PlanError(f"{dep.model} needs GPU {','.join(map(str, dep.spec.gpus))} but nvidia-smi shows "
+                        f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
+                        host=dep.host)
+    check_layout(ctx.catalog, dep, ctx.ports, snap)
+    return DONE
 
 
-@dataclass
-class StepContext:
-    ports: HostPorts
-    defaults: Defaults
-    progress: ProgressCallback
-    # Units of this host's catalog plus whatever is recorded as serving: the only units a switch
-    # may stop, and the only cgroups whose leftover processes it may kill.
-    managed_units: frozenset[str] = frozenset()
-    bound: dict[str, Any] = field(default_factory=dict)
-    free_threshold_mib: int = 1024
-    completion_attempts: int = 3
-    park: threading.Event = field(default_factory=threading.Event)
-
-    def emit(self, event: str, **fields: Any) -> None:
-        self.progress(event, {**self.bound, **fields})
-
-    def pause(self, seconds: float) -> None:
-        """Sleep between polls, unless the agent is stopping: then park the step."""
-        if self.park.is_set():
-            raise Parked()
-        self.ports.clock.sleep(seconds)
+def staging(ctx: StepContext, step: StepInput) -> StepResult:
+    """Stage and verify weights, then write and load the new unit: all while the old model serves."""
+    dep, store = step.dep, ctx.ports.weights
+    spec = None
+    if dep.spec.source != "none" and store is not None:
+        staged = store.stage(dep.spec, ctx.progress)
+        ctx.emit("staged", path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
+        # A rollback redeploys its recorded spec exactly; a switch follows where the weights landed.
+        if staged.path != dep.spec.model_dir and not dep.trigger.startswith("rollback"):
+            spec = step.respec(staged.path, staged.revision)
+        check_layout(ctx.catalog, replace(dep, spec=spec or dep.spec), ctx.ports, ctx.ports.gpus.snapshot())
+    _preinstall(ctx, spec or dep.spec)
+    return StepResult(spec=spec)
 
 
-def journal_hint(ctx: StepContext, unit: str, lines: int = 15) -> str:
-    try:
-        tail = ctx.ports.systemd.journal_tail(unit, lines)
-    except OrchestratorError as exc:
-        return f"\n(journal of {unit} unavailable: {exc})"
-    # An engine's last line can be a 10 KB exception (vLLM lists every architecture it knows).
-    tail = [line if len(line) <= 400 else line[:400] + " [...]" for line in tail]
-    return ("\nlast lines of the journal of " + unit + ":\n  " + "\n  ".join(tail)) if tail else ""
-
-
-def stop_units(ctx: StepContext, units: Iterable[str]) -> list[str]:
-    """Stop every given unit that is running; returns the ones that were."""
-    stopped = []
-    for unit in sorted(set(units)):
-        state = ctx.ports.systemd.unit_state(unit)
-        if state.is_active or state.active_state == "deactivating":
-            ctx.emit("stop", unit=unit)
-            ctx.ports.systemd.stop(unit, timeout=ctx.defaults.stop_timeout_s + 30)
-            stopped.append(unit)
-        if state.is_failed:
-            ctx.ports.systemd.reset_failed(unit)
-    return stopped
-
-
-def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str]) -> None:
-    """Return when ``gpus`` hold no process and no memory; reap what the stopped units left behind.
-
-    Leftovers in a managed unit's cgroup get SIGTERM, then SIGKILL after half the grace period.
-    Anything else on those GPUs is not ours to kill: after the timeout it stops the switch with
-    its PID, name and memory in the error.
-    """
-    sd, clock = ctx.ports.systemd, ctx.ports.clock
-    wanted = frozenset(gpus)
-    start = clock.monotonic()
-    timeout = ctx.defaults.free_timeout_s
-    termed: set[str] = set()
-    killed: set[str] = set()
-    # Each cgroup read is a round trip on a remote host: after the first look, only units that
-    # still had processes are looked at again (a stopped unit gains no new ones).
-    suspects = sorted(set(units))
-    while True:
-        leftovers = {u: sd.cgroup_pids(u) for u in suspects}
-        leftovers = {u: p for u, p in leftovers.items() if p}
-        suspects = sorted(leftovers)
-        snap = ctx.ports.gpus.snapshot()
-        known = {g.index for g in snap.gpus}
-        missing = sorted(wanted - known)
-        if missing:
-            raise GpuBusy(f"GPU {','.join(map(str, missing))} does not exist: nvidia-smi shows GPUs "
-                          f"{','.join(map(str, sorted(known))) or 'none'}", host=ctx.ports.host.name)
-        procs = snap.on(wanted)
-        used = {g.index: g.memory_used_mib for g in snap.gpus if g.index in wanted}
-        busy_mem = {i: m for i, m in used.items() if m > ctx.free_threshold_mib}
-        if not leftovers and not procs and not busy_mem:
-            ctx.emit("gpus_free", gpus=list(gpus), seconds=round(clock.monotonic() - start, 3))
-            return
-        elapsed = clock.monotonic() - start
-        for unit, pids in leftovers.items():
-            if unit not in termed:
-                log.warning("orphans_found", unit=unit, pids=pids)
-                ctx.emit("reap", unit=unit, pids=pids, signal="SIGTERM")
-                _signal(ctx, unit, pids, signal.SIGTERM)
-                termed.add(unit)
-            elif unit not in killed and elapsed > timeout / 2:
-                ctx.emit("reap", unit=unit, pids=pids, signal="SIGKILL")
-                _signal(ctx, unit, pids, signal.SIGKILL)
-                killed.add(unit)
-        if elapsed > timeout:
-            ours = {pid for pids in leftovers.values() for pid in pids}
-            holders = [p for p in procs if p.pid not in ours] or list(procs)
-            detail = ", ".join(f"pid {p.pid} {p.process_name} holds {p.used_memory_mib / 1024:.1f} GiB on "
-                               f"GPU {p.gpu_index}" for p in holders)
-            if not detail:
-                detail = ", ".join(f"GPU {i} still uses {m / 1024:.1f} GiB" for i, m in busy_mem.items())
-            if leftovers and not holders:
-                detail = ", ".join(f"{u} still has pids {p}" for u, p in leftovers.items())
-            raise GpuBusy(f"GPU {','.join(map(str, gpus))} not free {timeout:g} s after "
-                          f"{', '.join(sorted(set(units))) or 'the stop'}: {detail}", host=ctx.ports.host.name)
-        ctx.pause(min(0.2, ctx.defaults.health_interval_s))
-
-
-def _signal(ctx: StepContext, unit: str, pids: list[int], sig: signal.Signals) -> None:
-    """Signal a unit's leftovers through systemd; if systemd no longer knows the unit (its file is
-    gone but the processes live on in its cgroup), signal those PIDs, which are provably its own."""
-    try:
-        ctx.ports.systemd.kill_unit(unit, sig)
-    except UnitNotFound:
-        ctx.ports.shell.run(["kill", "-s", sig.name.removeprefix("SIG"), *map(str, pids)], check=False)
-
-
-def install_unit(ctx: StepContext, spec: UnitSpec) -> bool:
-    """Write the unit if its text differs and reload; returns whether anything changed."""
+def _preinstall(ctx: StepContext, spec: UnitSpec) -> None:
+    """A unit that is not running yet needs no GPU: writing and loading it now takes a file write
+    and a daemon-reload out of the downtime, and an invalid unit aborts before anything stops."""
     sd = ctx.ports.systemd
-    changed = sd.read_unit(spec.unit_name) != spec.unit_text
-    if changed:
-        sd.install_unit(spec.unit_name, spec.unit_text)
-        sd.daemon_reload()
-    state = sd.unit_state(spec.unit_name)
-    if state.load_state != "loaded":
-        raise SystemdError(f"{spec.unit_name} did not load after daemon-reload (load state "
-                           f"{state.load_state}): the unit file is invalid"
-                           + journal_hint(ctx, spec.unit_name), host=ctx.ports.host.name, unit=spec.unit_name)
-    ctx.emit("installed", unit=spec.unit_name, changed=changed, sha256=spec.unit_sha[:12])
-    return changed
-
-
-def start_unit(ctx: StepContext, spec: UnitSpec) -> None:
-    sd = ctx.ports.systemd
-    state = sd.unit_state(spec.unit_name)
-    if state.is_active:
+    if sd.unit_state(spec.unit_name).is_active:
         return
-    if state.is_failed:
-        sd.reset_failed(spec.unit_name)
     try:
-        sd.start(spec.unit_name)
-    except SystemdError as exc:
-        raise SystemdError(f"{exc}{journal_hint(ctx, spec.unit_name)}", host=ctx.ports.host.name,
-                           unit=spec.unit_name) from exc
+        actions.install_unit(ctx, spec)
+    except SystemdError:
+        sd.remove_unit(spec.unit_name)  # leave no broken file behind
+        sd.daemon_reload()
+        raise
 
 
-def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
-    """Poll until the server proves it serves; returns the seconds it took.
-
-    Fails at once when systemd reports the unit failed or restarting, with the journal's tail.
-    """
-    sd, probe, clock = ctx.ports.systemd, ctx.ports.health, ctx.ports.clock
-    start = clock.monotonic()
-    restarts_before = sd.unit_state(spec.unit_name).n_restarts
-    next_note = start
-    next_unit_check = start
-    completion_errors = 0
-    last = "not probed yet"
-    while True:
-        elapsed = clock.monotonic() - start
-        if clock.monotonic() >= next_unit_check:
-            # systemd's view costs a round trip on remote hosts; once a second catches a crash loop.
-            unit_verdict = judge_unit(sd.unit_state(spec.unit_name), restarts_before)
-            if unit_verdict is not None:
-                raise HealthCheckFailed(unit_verdict.detail + journal_hint(ctx, spec.unit_name),
-                                        host=ctx.ports.host.name, unit=spec.unit_name)
-            next_unit_check = clock.monotonic() + 1.0
-        ok, last = probe.health(spec.base_url)
-        if ok:
-            verdict = judge_models(probe.models(spec.base_url), spec.served_name)
-            last = verdict.detail
-            if verdict.readiness is Readiness.READY:
-                try:
-                    probe.complete(spec.base_url, spec.served_name)
-                    ctx.emit("ready", unit=spec.unit_name, seconds=round(elapsed, 3))
-                    return elapsed
-                except HealthCheckFailed as exc:
-                    completion_errors += 1
-                    last = str(exc)
-                    if completion_errors >= ctx.completion_attempts:
-                        raise HealthCheckFailed(
-                            f"{spec.unit_name}: /health is 200 and /v1/models lists {spec.served_name}, "
-                            f"but {completion_errors} completions failed: {exc}"
-                            + journal_hint(ctx, spec.unit_name),
-                            host=ctx.ports.host.name, unit=spec.unit_name) from exc
-        if elapsed > spec.load_deadline_s:
-            raise HealthCheckFailed(f"{spec.unit_name} not ready after its load deadline of "
-                                    f"{spec.load_deadline_s:g} s; last probe: {last}"
-                                    + journal_hint(ctx, spec.unit_name),
-                                    host=ctx.ports.host.name, unit=spec.unit_name)
-        if clock.monotonic() >= next_note:
-            ctx.emit("waiting", unit=spec.unit_name, seconds=round(elapsed, 1),
-                     deadline=spec.load_deadline_s, last=last)
-            next_note = clock.monotonic() + 5.0
-        ctx.pause(ctx.defaults.health_interval_s)
+def stopping(ctx: StepContext, step: StepInput) -> StepResult:
+    actions.stop_units(ctx, step.units_to_stop)
+    return DONE
 
 
-def settle_enablement(ctx: StepContext, serving: str, others: Iterable[str]) -> None:
-    """After a model proves healthy: it comes back on reboot, the others do not."""
-    sd = ctx.ports.systemd
-    for unit in sorted(set(others) - {serving}):
-        if sd.unit_state(unit).exists:
-            sd.disable(unit)
-    sd.enable(serving)
+def freeing(ctx: StepContext, step: StepInput) -> StepResult:
+    actions.free_gpus(ctx, step.dep.spec.gpus, step.units_to_stop)
+    return DONE
+
+
+def installing(ctx: StepContext, step: StepInput) -> StepResult:
+    actions.install_unit(ctx, step.dep.spec)
+    return DONE
+
+
+def starting(ctx: StepContext, step: StepInput) -> StepResult:
+    actions.start_unit(ctx, step.dep.spec)
+    return DONE
+
+
+def checking(ctx: StepContext, step: StepInput) -> StepResult:
+    """Health, models, one real completion; then the optional smoke benchmark and its gate."""
+    actions.wait_ready(ctx, step.dep.spec)
+    bench = _smoke_gate(ctx, step)
+    actions.settle_enablement(ctx, step.dep.spec.unit_name, ctx.managed_units)
+    return StepResult(bench=bench)
+
+
+def _smoke_gate(ctx: StepContext, step: StepInput) -> dict[str, object] | None:
+    """With a gate, a revision slower than the previous one fails like a health check; the error
+    carries the record so the engine persists it with the failure."""
+    policy, smoke, dep = ctx.catalog.policy, ctx.ports.smoke, step.dep
+    if not policy.smoke_bench or smoke is None:
+        return None
+    record = smoke.run(dep.spec)
+    ctx.emit("smoke_bench", tok_s=record.get("headline_tok_s"))
+    new = record.get("headline_tok_s")
+    if policy.min_tok_s_ratio is None or step.previous is None:
+        return record
+    old = (step.previous.bench or {}).get("headline_tok_s")
+    if old and (new is None or new < policy.min_tok_s_ratio * old):
+        raise SmokeGateFailed(
+            f"{dep.spec.unit_name}: single-stream {0.0 if new is None else new:.1f} tok/s is below "
+            f"{policy.min_tok_s_ratio:g} x {old:.1f} tok/s of revision {step.previous.revision} "
+            f"({step.previous.model})", host=dep.host, unit=dep.spec.unit_name, bench=record)
+    return record
+
+
+def rolling_back(ctx: StepContext, step: StepInput) -> StepResult:
+    """The previous stable revision's exact recorded unit, through the same actions."""
+    dep, previous = step.dep, step.previous
+    assert previous is not None  # the table only enters rolling_back with one
+    prev = previous.spec
+    ctx.emit("rollback", to_revision=previous.revision, model=prev.model)
+    units = step.units_to_stop | {dep.spec.unit_name}
+    actions.stop_units(ctx, units - {prev.unit_name} if prev.unit_name != dep.spec.unit_name else units)
+    actions.free_gpus(ctx, prev.gpus, units - {prev.unit_name})
+    actions.install_unit(ctx, prev)
+    actions.start_unit(ctx, prev)
+    actions.wait_ready(ctx, prev)
+    actions.settle_enablement(ctx, prev.unit_name, ctx.managed_units | {dep.spec.unit_name})
+    return DONE
+
+
+STEPS: dict[Phase, Step] = {
+    Phase.PLANNED: planned,
+    Phase.PREFLIGHT: preflight,
+    Phase.STAGING: staging,
+    Phase.STOPPING: stopping,
+    Phase.FREEING: freeing,
+    Phase.INSTALLING: installing,
+    Phase.STARTING: starting,
+    Phase.CHECKING: checking,
+    Phase.ROLLING_BACK: rolling_back,
+}

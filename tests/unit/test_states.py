@@ -43,3 +43,17 @@ def test_terminal_states_accept_no_event(phase: Phase) -> None:
     """An event in a terminal state is illegal and the error names both."""
     with pytest.raises(StateError, match=f"event 'ok' is not allowed in state '{phase.value}'"):
         advance(phase, Event.OK)
+
+
+def test_every_phase_that_runs_has_a_step() -> None:
+    """The engine's step table covers exactly the phases that are not terminal."""
+    from orchestrator.deploy.steps import STEPS
+
+    assert set(STEPS) == set(Phase) - TERMINAL
+
+
+def test_every_phase_has_text_for_people() -> None:
+    """Progress lines and history read each phase's text from one table."""
+    from orchestrator.core.states import TEXT
+
+    assert set(TEXT) == set(Phase)

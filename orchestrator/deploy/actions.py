@@ -1,0 +1,199 @@
+"""The idempotent actions the steps are made of: observe the host first, act only on the difference.
+
+Each gets a StepContext (the host's ports, the tunables, progress) and either returns or raises an
+OrchestratorError. Actions never touch the state store; the engine does.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable
+
+import structlog
+
+from orchestrator.core.health import Readiness, judge_models, judge_unit
+from orchestrator.core.records import UnitSpec
+from orchestrator.deploy.context import StepContext
+from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
+
+log = structlog.get_logger()
+
+
+def journal_hint(ctx: StepContext, unit: str, lines: int = 15) -> str:
+    try:
+        tail = ctx.ports.systemd.journal_tail(unit, lines)
+    except OrchestratorError as exc:
+        return f"\n(journal of {unit} unavailable: {exc})"
+    # An engine's last line can be a 10 KB exception (vLLM lists every architecture it knows).
+    tail = [line if len(line) <= 400 else line[:400] + " [...]" for line in tail]
+    return ("\nlast lines of the journal of " + unit + ":\n  " + "\n  ".join(tail)) if tail else ""
+
+
+def stop_units(ctx: StepContext, units: Iterable[str]) -> list[str]:
+    """Stop every given unit that is running; returns the ones that were."""
+    stopped = []
+    for unit in sorted(set(units)):
+        state = ctx.ports.systemd.unit_state(unit)
+        if state.is_active or state.active_state == "deactivating":
+            ctx.emit("stop", unit=unit)
+            ctx.ports.systemd.stop(unit, timeout=ctx.defaults.stop_timeout_s + 30)
+            stopped.append(unit)
+        if state.is_failed:
+            ctx.ports.systemd.reset_failed(unit)
+    return stopped
+
+
+def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str]) -> None:
+    """Return when ``gpus`` hold no process and no memory; reap what the stopped units left behind.
+
+    Leftovers in a managed unit's cgroup get SIGTERM, then SIGKILL after half the grace period.
+    Anything else on those GPUs is not ours to kill: after the timeout it stops the switch with
+    its PID, name and memory in the error.
+    """
+    sd, clock = ctx.ports.systemd, ctx.ports.clock
+    wanted = frozenset(gpus)
+    start = clock.monotonic()
+    timeout = ctx.defaults.free_timeout_s
+    termed: set[str] = set()
+    killed: set[str] = set()
+    # Each cgroup read is a round trip on a remote host: after the first look, only units that
+    # still had processes are looked at again (a stopped unit gains no new ones).
+    suspects = sorted(set(units))
+    while True:
+        leftovers = {u: sd.cgroup_pids(u) for u in suspects}
+        leftovers = {u: p for u, p in leftovers.items() if p}
+        suspects = sorted(leftovers)
+        snap = ctx.ports.gpus.snapshot()
+        known = {g.index for g in snap.gpus}
+        missing = sorted(wanted - known)
+        if missing:
+            raise GpuBusy(f"GPU {','.join(map(str, missing))} does not exist: nvidia-smi shows GPUs "
+                          f"{','.join(map(str, sorted(known))) or 'none'}", host=ctx.ports.host.name)
+        procs = snap.on(wanted)
+        used = {g.index: g.memory_used_mib for g in snap.gpus if g.index in wanted}
+        busy_mem = {i: m for i, m in used.items() if m > ctx.free_threshold_mib}
+        if not leftovers and not procs and not busy_mem:
+            ctx.emit("gpus_free", gpus=list(gpus), seconds=round(clock.monotonic() - start, 3))
+            return
+        elapsed = clock.monotonic() - start
+        for unit, pids in leftovers.items():
+            if unit not in termed:
+                log.warning("orphans_found", unit=unit, pids=pids)
+                ctx.emit("reap", unit=unit, pids=pids, signal="SIGTERM")
+                _signal(ctx, unit, pids, signal.SIGTERM)
+                termed.add(unit)
+            elif unit not in killed and elapsed > timeout / 2:
+                ctx.emit("reap", unit=unit, pids=pids, signal="SIGKILL")
+                _signal(ctx, unit, pids, signal.SIGKILL)
+                killed.add(unit)
+        if elapsed > timeout:
+            ours = {pid for pids in leftovers.values() for pid in pids}
+            holders = [p for p in procs if p.pid not in ours] or list(procs)
+            detail = ", ".join(f"pid {p.pid} {p.process_name} holds {p.used_memory_mib / 1024:.1f} GiB on "
+                               f"GPU {p.gpu_index}" for p in holders)
+            if not detail:
+                detail = ", ".join(f"GPU {i} still uses {m / 1024:.1f} GiB" for i, m in busy_mem.items())
+            if leftovers and not holders:
+                detail = ", ".join(f"{u} still has pids {p}" for u, p in leftovers.items())
+            raise GpuBusy(f"GPU {','.join(map(str, gpus))} not free {timeout:g} s after "
+                          f"{', '.join(sorted(set(units))) or 'the stop'}: {detail}", host=ctx.ports.host.name)
+        ctx.pause(min(0.2, ctx.defaults.health_interval_s))
+
+
+def _signal(ctx: StepContext, unit: str, pids: list[int], sig: signal.Signals) -> None:
+    """Signal a unit's leftovers through systemd; if systemd no longer knows the unit (its file is
+    gone but the processes live on in its cgroup), signal those PIDs, which are provably its own."""
+    try:
+        ctx.ports.systemd.kill_unit(unit, sig)
+    except UnitNotFound:
+        ctx.ports.shell.run(["kill", "-s", sig.name.removeprefix("SIG"), *map(str, pids)], check=False)
+
+
+def install_unit(ctx: StepContext, spec: UnitSpec) -> bool:
+    """Write the unit if its text differs and reload; returns whether anything changed."""
+    sd = ctx.ports.systemd
+    changed = sd.read_unit(spec.unit_name) != spec.unit_text
+    if changed:
+        sd.install_unit(spec.unit_name, spec.unit_text)
+        sd.daemon_reload()
+    state = sd.unit_state(spec.unit_name)
+    if state.load_state != "loaded":
+        raise SystemdError(f"{spec.unit_name} did not load after daemon-reload (load state "
+                           f"{state.load_state}): the unit file is invalid"
+                           + journal_hint(ctx, spec.unit_name), host=ctx.ports.host.name, unit=spec.unit_name)
+    ctx.emit("installed", unit=spec.unit_name, changed=changed, sha256=spec.unit_sha[:12])
+    return changed
+
+
+def start_unit(ctx: StepContext, spec: UnitSpec) -> None:
+    sd = ctx.ports.systemd
+    state = sd.unit_state(spec.unit_name)
+    if state.is_active:
+        return
+    if state.is_failed:
+        sd.reset_failed(spec.unit_name)
+    try:
+        sd.start(spec.unit_name)
+    except SystemdError as exc:
+        raise SystemdError(f"{exc}{journal_hint(ctx, spec.unit_name)}", host=ctx.ports.host.name,
+                           unit=spec.unit_name) from exc
+
+
+def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
+    """Poll until the server proves it serves; returns the seconds it took.
+
+    Fails at once when systemd reports the unit failed or restarting, with the journal's tail.
+    """
+    sd, probe, clock = ctx.ports.systemd, ctx.ports.health, ctx.ports.clock
+    start = clock.monotonic()
+    restarts_before = sd.unit_state(spec.unit_name).n_restarts
+    next_note = start
+    next_unit_check = start
+    completion_errors = 0
+    last = "not probed yet"
+    while True:
+        elapsed = clock.monotonic() - start
+        if clock.monotonic() >= next_unit_check:
+            # systemd's view costs a round trip on remote hosts; once a second catches a crash loop.
+            unit_verdict = judge_unit(sd.unit_state(spec.unit_name), restarts_before)
+            if unit_verdict is not None:
+                raise HealthCheckFailed(unit_verdict.detail + journal_hint(ctx, spec.unit_name),
+                                        host=ctx.ports.host.name, unit=spec.unit_name)
+            next_unit_check = clock.monotonic() + 1.0
+        ok, last = probe.health(spec.base_url)
+        if ok:
+            verdict = judge_models(probe.models(spec.base_url), spec.served_name)
+            last = verdict.detail
+            if verdict.readiness is Readiness.READY:
+                try:
+                    probe.complete(spec.base_url, spec.served_name)
+                    ctx.emit("ready", unit=spec.unit_name, seconds=round(elapsed, 3))
+                    return elapsed
+                except HealthCheckFailed as exc:
+                    completion_errors += 1
+                    last = str(exc)
+                    if completion_errors >= ctx.completion_attempts:
+                        raise HealthCheckFailed(
+                            f"{spec.unit_name}: /health is 200 and /v1/models lists {spec.served_name}, "
+                            f"but {completion_errors} completions failed: {exc}"
+                            + journal_hint(ctx, spec.unit_name),
+                            host=ctx.ports.host.name, unit=spec.unit_name) from exc
+        if elapsed > spec.load_deadline_s:
+            raise HealthCheckFailed(f"{spec.unit_name} not ready after its load deadline of "
+                                    f"{spec.load_deadline_s:g} s; last probe: {last}"
+                                    + journal_hint(ctx, spec.unit_name),
+                                    host=ctx.ports.host.name, unit=spec.unit_name)
+        if clock.monotonic() >= next_note:
+            ctx.emit("waiting", unit=spec.unit_name, seconds=round(elapsed, 1),
+                     deadline=spec.load_deadline_s, last=last)
+            next_note = clock.monotonic() + 5.0
+        ctx.pause(ctx.defaults.health_interval_s)
+
+
+def settle_enablement(ctx: StepContext, serving: str, others: Iterable[str]) -> None:
+    """After a model proves healthy: it comes back on reboot, the others do not."""
+    sd = ctx.ports.systemd
+    for unit in sorted(set(others) - {serving}):
+        if sd.unit_state(unit).exists:
+            sd.disable(unit)
+    sd.enable(serving)

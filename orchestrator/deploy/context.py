@@ -1,0 +1,70 @@
+"""What a step sees (StepContext, StepInput) and what it hands back to persist (StepResult)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.core.catalog import Catalog, Defaults
+from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.ports import HostPorts, ProgressCallback
+
+
+class Parked(Exception):
+    """The agent is stopping: leave the step unfinished; re-running it later is safe.
+
+    Not an OrchestratorError on purpose: it is not a failure and must never trigger a rollback.
+    """
+
+
+@dataclass
+class StepContext:
+    """One host's ports and tunables, for the length of one deployment run."""
+
+    ports: HostPorts
+    catalog: Catalog
+    progress: ProgressCallback
+    # Units of this host's catalog plus whatever is recorded as serving: the only units a switch
+    # may stop, and the only cgroups whose leftover processes it may kill.
+    managed_units: frozenset[str] = frozenset()
+    bound: dict[str, Any] = field(default_factory=dict)
+    free_threshold_mib: int = 1024
+    completion_attempts: int = 3
+    park: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def defaults(self) -> Defaults:
+        return self.catalog.defaults
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.progress(event, {**self.bound, **fields})
+
+    def pause(self, seconds: float) -> None:
+        """Sleep between polls, unless the agent is stopping: then park the step."""
+        if self.park.is_set():
+            raise Parked()
+        self.ports.clock.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """The deployment as the engine read it before the step, with what the records say around it."""
+
+    dep: Deployment
+    previous: Deployment | None  # the previous stable revision, when there is one
+    units_to_stop: frozenset[str]  # the serving unit, the target itself, and managed units on its GPUs
+    # Re-render the target for weights staged at (path, revision): the engine owns rendering.
+    respec: Callable[[str, str], UnitSpec]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the engine persists after a step, before the next one runs."""
+
+    spec: UnitSpec | None = None  # the target's spec changed (staging resolved path and revision)
+    bench: dict[str, Any] | None = None  # the smoke benchmark's record
+
+
+DONE = StepResult()
