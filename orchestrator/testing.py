@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
-from orchestrator.core.records import UnitSpec
-from orchestrator.errors import CommandFailed, HealthCheckFailed, SystemdError
+from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
+from orchestrator.core.states import Phase, is_terminal
+from orchestrator.errors import CommandFailed, HealthCheckFailed, StateError, SystemdError
 from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
 
 Behaviour = Literal["ok", "crash", "health_only", "never_ready", "bad_unit"]
@@ -277,3 +278,82 @@ class FakeSmoke:
     def run(self, spec: UnitSpec) -> dict[str, Any]:
         rate = self.rates.get(spec.unit_name, 100.0)
         return {"levels": [{"concurrency": 1, "output_tok_s_per_stream": rate}], "headline_tok_s": rate}
+
+
+class FakeStateStore:
+    """The StateStore port in memory, with the SQLite store's semantics (tests/unit/test_state_store.py
+    runs one contract against both): revisions count per host, timings come from transitions."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, Deployment] = {}
+        self.marks: dict[int, list[tuple[str, float]]] = {}
+        self.pointers: dict[str, int | None] = {}
+        self.log: list[dict[str, Any]] = []
+
+    def _put(self, dep_id: int, **changes: Any) -> None:
+        self.rows[dep_id] = replace(self.rows[dep_id], **changes)
+
+    def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
+               at: float, no_rollback: bool = False) -> Deployment:
+        dep_id = len(self.rows) + 1
+        revision = 1 + max((d.revision for d in self.rows.values() if d.host == host), default=0)
+        self.rows[dep_id] = Deployment(id=dep_id, host=host, revision=revision, spec=spec, trigger=trigger,
+                                       phase=Phase.PLANNED, created_at=at, previous_revision=previous_revision,
+                                       no_rollback=no_rollback)
+        self.marks[dep_id] = [(Phase.PLANNED.value, at)]
+        return self.get(dep_id)
+
+    def transition(self, dep_id: int, phase: Phase, at: float) -> None:
+        self._put(dep_id, phase=phase, ended_at=at if is_terminal(phase) else None)
+        self.marks[dep_id].append((phase.value, at))
+
+    def update_spec(self, dep_id: int, spec: UnitSpec) -> None:
+        self._put(dep_id, spec=spec)
+
+    def record_error(self, dep_id: int, *, error: str | None = None,
+                     rollback_error: str | None = None) -> None:
+        if error is not None:
+            self._put(dep_id, error=error)
+        if rollback_error is not None:
+            self._put(dep_id, rollback_error=rollback_error)
+
+    def set_serving(self, host: str, revision: int | None) -> None:
+        self.pointers[host] = revision
+
+    def record_bench(self, dep_id: int, result: dict[str, Any]) -> None:
+        self._put(dep_id, bench=dict(result))
+
+    def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None:
+        self.log.append({"at": at, "host": host, "kind": kind, **detail})
+
+    def get(self, dep_id: int) -> Deployment:
+        if dep_id not in self.rows:
+            raise StateError(f"deployment #{dep_id} does not exist in memory")
+        marks = self.marks[dep_id]
+        timings = tuple(PhaseTiming(p, at, marks[i + 1][1] if i + 1 < len(marks) else None)
+                        for i, (p, at) in enumerate(marks) if not is_terminal(Phase(p)))
+        return replace(self.rows[dep_id], timings=timings)
+
+    def by_revision(self, host: str, revision: int) -> Deployment:
+        for dep_id, d in self.rows.items():
+            if d.host == host and d.revision == revision:
+                return self.get(dep_id)
+        raise StateError(f"host {host} has no revision {revision}")
+
+    def history(self, host: str | None = None, limit: int = 50) -> list[Deployment]:
+        ids = [i for i in sorted(self.rows, reverse=True) if host is None or self.rows[i].host == host]
+        return [self.get(i) for i in ids[:limit]]
+
+    def unfinished(self, host: str | None = None) -> list[Deployment]:
+        return [self.get(i) for i in sorted(self.rows)
+                if not is_terminal(self.rows[i].phase) and (host is None or self.rows[i].host == host)]
+
+    def serving(self, host: str) -> Deployment | None:
+        revision = self.pointers.get(host)
+        return None if revision is None else self.by_revision(host, revision)
+
+    def events(self, host: str | None = None, kind: str | None = None,
+               limit: int = 50) -> list[dict[str, Any]]:
+        found = [e for e in reversed(self.log) if (host is None or e["host"] == host)
+                 and (kind is None or e["kind"] == kind)]
+        return found[:limit]

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.adapters import connect
+from orchestrator.adapters.clock import SystemClock
 from orchestrator.adapters.http_health import HttpHealthProbe
 from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
 from orchestrator.adapters.smoke import SmokeBench
@@ -18,17 +19,6 @@ from orchestrator.core.weights import StageRequest
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import WeightsError
 from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
-
-
-class SystemClock:
-    def now(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 class SpecWeights:

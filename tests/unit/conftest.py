@@ -1,4 +1,4 @@
-"""Fixtures for unit tests of the core and the engine: fakes only, no I/O beyond SQLite in memory."""
+"""Fixtures for unit tests of the core and the engine: fakes of every port, no I/O."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.catalog import Catalog
 from orchestrator.deploy.engine import Engine
-from orchestrator.testing import FakeHost, FakeWeights
+from orchestrator.testing import FakeHost, FakeStateStore, FakeWeights
 
 
 def make_catalog(**overrides: Any) -> Catalog:
@@ -34,7 +33,7 @@ class World:
         self.catalog = catalog or make_catalog()
         self.host = FakeHost(name="box")
         self.weights = FakeWeights()
-        self.store = SqliteStore(":memory:")
+        self.store = FakeStateStore()
         self.events: list[tuple[str, dict[str, Any]]] = []
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
         self.engine = Engine(self.catalog, self.store, lambda name: ports,
