@@ -12,7 +12,7 @@ from collections.abc import Collection
 from typing import Protocol
 
 from orchestrator.core.observed import CommandResult
-from orchestrator.core.weights import Manifest, StagedRevision, StageRequest, plan_cleanup
+from orchestrator.core.weights import Manifest, StagedRevision, StageRequest
 from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, Shell
 
@@ -39,14 +39,16 @@ class WeightStore(Protocol):
 
     def cleanup(self, root: str, *, keep: int,
                 protected: Collection[tuple[str, str]]) -> list[StagedRevision]:
-        """Keep the ``keep`` newest revisions per model; never remove protected ones."""
+        """Keep the ``keep`` newest revisions per model; never remove protected ones (which are also
+        recorded on the host, so that staging may free room without touching them)."""
         ...
 
 
 # Worker event -> the ProgressCallback event the CLI knows (cli/progress.py renders stage_progress
 # and staged; the others are there for logs).
 EVENTS = {"progress": "stage_progress", "plan": "stage_plan", "file_done": "stage_file",
-          "resume": "stage_resume", "restage": "stage_restage", "already_staged": "staged"}
+          "resume": "stage_resume", "restage": "stage_restage", "already_staged": "staged",
+          "sha256_mismatch": "stage_sha256_mismatch", "cleanup": "stage_cleanup"}
 
 
 class HfWeightStore:
@@ -97,8 +99,7 @@ class HfWeightStore:
     def list_staged(self, root: str) -> list[StagedRevision]:
         done = self._call(f"listing models under {root}", "list", root)
         entries = done.get("staged")
-        return [StagedRevision(str(e["name"]), str(e["revision"]), float(str(e["staged_at"])))
-                for e in (entries if isinstance(entries, list) else [])
+        return [_revision(e) for e in (entries if isinstance(entries, list) else [])
                 if isinstance(e, dict) and not e.get("partial")]
 
     def remove(self, root: str, name: str, revision: str, *,
@@ -110,10 +111,10 @@ class HfWeightStore:
 
     def cleanup(self, root: str, *, keep: int,
                 protected: Collection[tuple[str, str]]) -> list[StagedRevision]:
-        doomed = plan_cleanup(self.list_staged(root), keep=keep, protected=protected)
-        for s in doomed:
-            self.remove(root, s.name, s.revision, protected=protected)
-        return doomed
+        pairs = json.dumps(sorted([n, r] for n, r in set(protected)))
+        done = self._call(f"removing old revisions under {root}", "cleanup", root, str(keep), pairs)
+        removed = done.get("removed")
+        return [_revision(e) for e in (removed if isinstance(removed, list) else []) if isinstance(e, dict)]
 
     def _call(self, what: str, *args: str) -> dict[str, object]:
         result = self.shell.run(self._argv(*args), timeout=self.timeout, check=False)
@@ -132,6 +133,11 @@ class HfWeightStore:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
         return WeightsError(f"{what}: the stage worker exited {result.exit_code} without a result"
                             + (f":\n{tail}" if tail else ""), host=self.host)
+
+
+def _revision(entry: dict[str, object]) -> StagedRevision:
+    return StagedRevision(str(entry["name"]), str(entry["revision"]), float(str(entry["staged_at"])),
+                          int(str(entry.get("bytes", 0))))
 
 
 def _parse(line: str) -> dict[str, object] | None:
