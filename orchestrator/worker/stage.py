@@ -180,9 +180,11 @@ def _make_room(req: StageRequest, revision: str, needed: int) -> None:
 def _disk_full(req: StageRequest, plan: SourcePlan, staging: Path) -> WeightsError:
     needed = space_needed(plan.files, dir_sizes(staging, parts=True))
     free = free_bytes(str(staging))
-    return WeightsError(f"model {req.name}: disk full under {staging} while staging: needs "
-                        f"{fmt_bytes(needed)} more ({needed} bytes), {fmt_bytes(free)} free ({free} bytes); "
-                        "the partial download is kept and a rerun resumes it")
+    what = (f"needs {fmt_bytes(needed)} more ({needed} bytes)" if needed
+            else "every file is fetched but the manifest cannot be written")
+    return WeightsError(f"model {req.name}: disk full under {staging} while staging: {what}, "
+                        f"{fmt_bytes(free)} free ({free} bytes); the partial download is kept and a rerun "
+                        "resumes it")
 
 
 def _already_staged(req: StageRequest, revision: str) -> Manifest | None:
