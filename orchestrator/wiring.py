@@ -47,7 +47,7 @@ class SpecWeights:
         return StageRequest(name=spec.repo.replace("/", "--"), repo=spec.repo, revision=spec.revision,
                             root=self.host.models_dir, source=spec.source, token_file=self.token_file,
                             endpoint=os.environ.get("HF_ENDPOINT"), peer=self._peer(spec),
-                            keep_revisions=self.keep_revisions)
+                            keep_revisions=self.keep_revisions, unit_dir=self.host.unit_dir)
 
     def _peer(self, spec: UnitSpec) -> PeerSpec | None:
         """The peer of a ``host:NAME`` source, reached from this host with the peer's catalog entry
@@ -65,14 +65,16 @@ class SpecWeights:
     def cleanup(self, keep_serving: Iterable[UnitSpec]) -> list[StagedRevision]:
         """Remove old staged revisions on this host: keep policy.keep_revisions newest per repo and
         never the revisions of ``keep_serving`` (the serving and the previous stable deployment's
-        specs). Call after a deployment became active; a no-op when keep_revisions is 0."""
+        specs) nor one an installed vllm-*.service unit of this host names (a model serving on other
+        GPUs). Call after a deployment became active; a no-op when keep_revisions is 0."""
         if self.keep_revisions <= 0:
             return []
         root = self.host.models_dir
         specs = list(keep_serving)
         protected = protected_pairs([s.model_dir for s in specs], root)
         protected |= {(s.repo.replace("/", "--"), s.revision) for s in specs}
-        return self.store.cleanup(root, keep=self.keep_revisions, protected=protected)
+        return self.store.cleanup(root, keep=self.keep_revisions, protected=protected,
+                                  unit_dir=self.host.unit_dir)
 
     def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
         if spec.source.startswith("local:"):

@@ -16,6 +16,7 @@ from orchestrator.core.weights import (
     plan_cleanup,
     protected_pairs,
     reclaim_for,
+    revisions_named_in,
     space_needed,
     verify_listing,
 )
@@ -221,3 +222,10 @@ def test_cleanup_and_reclaim_never_remove_a_protected_revision(
             total = sum(s.name == name for s in staged)
             left = total - sum(n == name for n, _ in picked)
             assert left >= min(slots.get(name, keep), total)
+
+
+def test_revisions_named_in_a_unit_are_found_under_the_root_only() -> None:
+    """The --model directory of a unit under the root yields (name, revision); other paths do not."""
+    text = (f"ExecStart=/opt/vllm/bin/vllm serve --model /models/org--a/{SHA} --port 8000\n"
+            "ExecStartPre=/bin/true /srv/models/org--b/x\n")
+    assert revisions_named_in(text, "/models/") == {("org--a", SHA)}

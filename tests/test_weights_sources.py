@@ -304,6 +304,21 @@ def test_cleanup_after_a_switch_keeps_newest_serving_and_previous(
         [["org--tiny", shas[0]], ["org--tiny", shas[1]]])
 
 
+def test_cleanup_never_removes_a_revision_an_installed_unit_names(hub: HubStub, tmp_path: Path) -> None:
+    """A revision that a vllm-*.service unit on the host loads (another model's, on other GPUs) stays,
+    even when no deployment record protects it."""
+    root, units = tmp_path / "models", tmp_path / "units"
+    units.mkdir()
+    store = HfWeightStore(LocalShell(), python=sys.executable)
+    shas = _stage_revisions(hub, store, root, 3, name="org--tiny")
+    (units / "vllm-other.service").write_text(
+        f"[Service]\nExecStart=/opt/vllm/bin/vllm serve --model {root}/org--tiny/{shas[0]} --port 8001\n")
+    weights = SpecWeights(store, Host(name="box", transport="local", models_dir=str(root), unit_dir=str(units)),
+                          None, keep_revisions=1)
+    assert [r.revision for r in weights.cleanup([])] == [shas[1]]
+    assert sorted(os.listdir(root / "org--tiny")) == sorted([shas[0], shas[2]])
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "small"

@@ -37,10 +37,11 @@ class WeightStore(Protocol):
         """Remove one revision (also its partial download); refuses a protected (name, revision)."""
         ...
 
-    def cleanup(self, root: str, *, keep: int,
-                protected: Collection[tuple[str, str]]) -> list[StagedRevision]:
+    def cleanup(self, root: str, *, keep: int, protected: Collection[tuple[str, str]],
+                unit_dir: str | None = None) -> list[StagedRevision]:
         """Keep the ``keep`` newest revisions per model; never remove protected ones (which are also
-        recorded on the host, so that staging may free room without touching them)."""
+        recorded on the host, so that staging may free room without touching them), nor one that a
+        vllm-*.service unit under ``unit_dir`` names."""
         ...
 
 
@@ -109,10 +110,11 @@ class HfWeightStore:
                                "and was not removed", host=self.host)
         return bool(self._call(f"removing model {name}", "remove", root, name, revision)["removed"])
 
-    def cleanup(self, root: str, *, keep: int,
-                protected: Collection[tuple[str, str]]) -> list[StagedRevision]:
+    def cleanup(self, root: str, *, keep: int, protected: Collection[tuple[str, str]],
+                unit_dir: str | None = None) -> list[StagedRevision]:
         pairs = json.dumps(sorted([n, r] for n, r in set(protected)))
-        done = self._call(f"removing old revisions under {root}", "cleanup", root, str(keep), pairs)
+        extra = ["--unit-dir", unit_dir] if unit_dir else []
+        done = self._call(f"removing old revisions under {root}", "cleanup", root, str(keep), pairs, *extra)
         removed = done.get("removed")
         return [_revision(e) for e in (removed if isinstance(removed, list) else []) if isinstance(e, dict)]
 

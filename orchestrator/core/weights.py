@@ -96,6 +96,7 @@ class StageRequest:
     # > 0: when space is short, old revisions that the keep-N cleanup would remove anyway may go
     # first (never those in <root>/.orchestrator-protected.json: the serving and rollback ones).
     keep_revisions: int = 0
+    unit_dir: str | None = None  # a revision an installed unit there names is never removed
 
     def __post_init__(self) -> None:
         if not self.revision:  # no pin given: the default branch, resolved and recorded as a SHA
@@ -128,7 +129,7 @@ class StageRequest:
             "source": self.source, "allow_patterns": list(self.allow_patterns),
             "ignore_patterns": list(self.ignore_patterns), "token_file": self.token_file,
             "endpoint": self.endpoint, "reserve_bytes": self.reserve_bytes,
-            "keep_revisions": self.keep_revisions, "peer": None if self.peer is None else {
+            "keep_revisions": self.keep_revisions, "unit_dir": self.unit_dir, "peer": None if self.peer is None else {
                 "address": self.peer.address, "root": self.peer.root, "port": self.peer.port,
                 "user": self.peer.user, "key_file": self.peer.key_file,
                 "known_hosts": self.peer.known_hosts},
@@ -146,6 +147,7 @@ class StageRequest:
                 token_file=_opt_str(data.get("token_file")), endpoint=_opt_str(data.get("endpoint")),
                 reserve_bytes=int(str(data.get("reserve_bytes", 0))),
                 keep_revisions=int(str(data.get("keep_revisions", 0))),
+                unit_dir=_opt_str(data.get("unit_dir")),
                 peer=None if not isinstance(peer, Mapping) else PeerSpec(
                     address=str(peer["address"]), root=str(peer["root"]), port=int(str(peer["port"])),
                     user=str(peer["user"]), key_file=_opt_str(peer.get("key_file")),
@@ -286,6 +288,15 @@ def protected_pairs(model_dirs: Iterable[str], root: str) -> set[tuple[str, str]
         if len(parts) == 2 and all(parts):
             pairs.add((parts[0], parts[1]))
     return pairs
+
+
+def revisions_named_in(text: str, root: str) -> set[tuple[str, str]]:
+    """(name, revision) of every ``<root>/<name>/<revision>`` a unit file's text names (its --model):
+    weights an installed unit would load are in use, whatever the deployment records say."""
+    # The path starts a word (not /srv/models/... for root /models) and the revision ends one.
+    pattern = (r"(?<![^\s\"'=])" + re.escape(root.rstrip("/"))
+               + r"/([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?=$|[\s\"'/])")
+    return {(m.group(1), m.group(2)) for m in re.finditer(pattern, text)}
 
 
 def reclaim_for(staged: Iterable[StagedRevision], *, keep: int, protected: Iterable[tuple[str, str]],

@@ -42,6 +42,7 @@ from orchestrator.core.weights import (
     is_commit_sha,
     plan_cleanup,
     reclaim_for,
+    revisions_named_in,
     space_needed,
     verify_listing,
 )
@@ -168,8 +169,9 @@ def _make_room(req: StageRequest, revision: str, needed: int) -> None:
     doomed: list[StagedRevision] = []
     if short > 0 and req.keep_revisions > 0:
         incoming = StagedRevision(req.name, revision, float("inf"))
-        doomed = reclaim_for(staged_revisions(root), keep=req.keep_revisions,
-                             protected=read_protected(root), incoming=incoming, needed=short)
+        protected = read_protected(root) | in_units(req.unit_dir, root)
+        doomed = reclaim_for(staged_revisions(root), keep=req.keep_revisions, protected=protected,
+                             incoming=incoming, needed=short)
     check_space(needed, free, where=where, reserve=req.reserve_bytes,
                 reclaimable=sum(s.bytes for s in doomed))
     for s in doomed:
@@ -246,16 +248,30 @@ def read_protected(root: Path) -> set[tuple[str, str]]:
     return {(str(p[0]), str(p[1])) for p in pairs if isinstance(p, list) and len(p) == 2}
 
 
-def cleanup(root: str, keep: int, protected: set[tuple[str, str]]) -> list[StagedRevision]:
+def in_units(unit_dir: str | None, root: Path) -> set[tuple[str, str]]:
+    """Revisions under root that an installed vLLM unit names (read from the unit files on disk)."""
+    pairs: set[tuple[str, str]] = set()
+    for unit in sorted(Path(unit_dir).glob("vllm-*.service")) if unit_dir else []:
+        try:
+            pairs |= revisions_named_in(unit.read_text(errors="replace"), str(root))
+        except OSError as exc:  # unreadable: better to remove nothing
+            raise WeightsError(f"{unit}: cannot be read to see which weights it uses: {exc.strerror}") from exc
+    return pairs
+
+
+def cleanup(root: str, keep: int, protected: set[tuple[str, str]],
+            unit_dir: str | None = None) -> list[StagedRevision]:
     """Record the protected revisions on the host (staging reads them), then keep the ``keep`` newest
-    revisions of each model and remove the rest; never a protected one."""
+    revisions of each model and remove the rest; never a protected one, nor one an installed unit
+    under ``unit_dir`` names."""
     base = Path(root)
     if not base.is_dir():
         return []
     with _root_lock(base):
         write_atomic(base / PROTECT_NAME,
                      json.dumps({"protected": sorted([n, r] for n, r in protected)}).encode())
-        doomed = plan_cleanup(staged_revisions(base), keep=keep, protected=protected)
+        doomed = plan_cleanup(staged_revisions(base), keep=keep,
+                              protected=protected | in_units(unit_dir, base))
         for s in doomed:
             emit("cleanup", name=s.name, revision=s.revision, bytes=s.bytes, reason=f"keep {keep}")
             remove(root, s.name, s.revision)
@@ -310,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("root")
     p.add_argument("keep", type=int)
     p.add_argument("protected", help='JSON list of [name, revision] pairs never to remove')
+    p.add_argument("--unit-dir", help="installed units here name revisions that are in use")
     sub.add_parser("free").add_argument("path")
     args = parser.parse_args(argv)
     _quiet_hub_library()
@@ -332,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 pairs = {(str(n), str(r)) for n, r in json.loads(args.protected)}
             except (ValueError, TypeError) as exc:
                 raise WeightsError(f"cleanup: protected revisions are not a JSON list of pairs: {exc}") from exc
-            removed = cleanup(args.root, args.keep, pairs)
+            removed = cleanup(args.root, args.keep, pairs, args.unit_dir)
             emit("done", removed=[{"name": s.name, "revision": s.revision, "bytes": s.bytes,
                                    "staged_at": s.staged_at} for s in removed])
         else:
