@@ -117,6 +117,17 @@ class Model(_Strict):
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
 
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, v: str) -> str:
+        kind, sep, arg = v.partition(":")
+        ok = (v in ("hub", "none") or (kind == "local" and arg.startswith("/"))
+              or (kind == "host" and bool(NAME_RE.match(arg))))
+        if not ok or (kind in ("local", "host") and not sep):
+            raise ValueError(f"source {v!r} is not \"hub\", \"none\", \"local:/absolute/dir\" or "
+                             "\"host:NAME\" (a host of this file that already staged the model)")
+        return v
+
     @field_validator("args")
     @classmethod
     def _safe_args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
@@ -248,6 +259,25 @@ class Catalog(_Strict):
                                   f"unknown model {sched.model!r} (known: {', '.join(sorted(self.models))})")
             if sched.host and sched.host not in self.hosts:
                 raise _KeyedError(f"schedules.{name}.host", f"unknown host {sched.host!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _peer_sources(self) -> Catalog:
+        """``source = "host:NAME"``: a peer copy needs another known host and a pinned revision (the
+        peer's directory is named by the commit)."""
+        for name, model in self.models.items():
+            if not model.source.startswith("host:"):
+                continue
+            peer, key = model.source.removeprefix("host:"), f"models.{name}.source"
+            if peer not in self.hosts:
+                raise _KeyedError(key, f"source {model.source!r} names unknown host {peer!r} "
+                                       f"(known: {', '.join(sorted(self.hosts))})")
+            if peer == self.model_host(name).name:
+                raise _KeyedError(key, f"source {model.source!r} is the model's own host {peer!r}; "
+                                       "copy from another host, or use \"hub\"")
+            if not model.pinned:
+                raise _KeyedError(key, f"source {model.source!r} needs revision pinned to a commit SHA "
+                                       f"(got revision {model.revision!r})")
         return self
 
     def model_host(self, model: str) -> Host:
