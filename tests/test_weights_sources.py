@@ -17,12 +17,12 @@ import pytest
 from huggingface_hub import snapshot_download
 
 from orchestrator.adapters.local_shell import LocalShell
+from orchestrator.adapters.weights import SpecWeights
 from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.catalog import Catalog, Host
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.weights import MANIFEST_NAME, PROTECT_NAME, Manifest, PeerSpec, StageRequest
 from orchestrator.errors import WeightsError
-from orchestrator.wiring import SpecWeights
 from tests.hubstub import HubStub, StubRepo, sharded_model
 from tests.hubstub.runner import LocalRunner, SshRunner
 

@@ -9,41 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from typing import Protocol
 
 from orchestrator.core.observed import CommandResult
 from orchestrator.core.weights import Manifest, StagedRevision, StageRequest
 from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, Shell
-
-
-class WeightStore(Protocol):
-    """Proposed port (for orchestrator/ports.py): staged, verified model weights on one host."""
-
-    def stage(self, request: StageRequest, progress: ProgressCallback) -> Manifest:
-        """Download/copy, verify and record; returns at once when already staged and intact."""
-        ...
-
-    def verify(self, root: str, name: str, revision: str) -> Manifest | None:
-        """The manifest when staged and intact; None when not staged; WeightsError when broken."""
-        ...
-
-    def free_bytes(self, path: str) -> int: ...
-
-    def list_staged(self, root: str) -> list[StagedRevision]: ...
-
-    def remove(self, root: str, name: str, revision: str, *,
-               protected: Collection[tuple[str, str]] = ()) -> bool:
-        """Remove one revision (also its partial download); refuses a protected (name, revision)."""
-        ...
-
-    def cleanup(self, root: str, *, keep: int, protected: Collection[tuple[str, str]],
-                unit_dir: str | None = None) -> list[StagedRevision]:
-        """Keep the ``keep`` newest revisions per model; never remove protected ones (which are also
-        recorded on the host, so that staging may free room without touching them), nor one that a
-        vllm-*.service unit under ``unit_dir`` names."""
-        ...
-
 
 # Worker event -> the ProgressCallback event the CLI knows (cli/progress.py renders stage_progress
 # and staged; the others are there for logs).

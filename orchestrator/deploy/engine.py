@@ -133,6 +133,8 @@ class Engine:
             nxt = advance(dep.phase, event)
             self.store.transition(dep.id, nxt, ports.clock.now())
             self._settle_serving(dep, nxt)
+            if nxt is Phase.ACTIVE:
+                self._clean_weights(ctx, dep)
             blog.info("phase_changed", phase=nxt.value, previous=dep.phase.value, on=event.value)
             ctx.emit("phase", phase=nxt.value, model=dep.model)
             dep = self.store.get(dep.id)
@@ -188,6 +190,21 @@ class Engine:
             if wanted & set(self.catalog.models[name].gpus):
                 units.add(self.catalog.models[name].unit_name)
         return frozenset(units)
+
+    def _clean_weights(self, ctx: StepContext, dep: Deployment) -> None:
+        """Old staged revisions go by policy once the new one serves; never the serving or the
+        previous stable one. A failure here is logged: the switch itself has succeeded."""
+        store = ctx.ports.weights
+        if store is None:
+            return
+        keep = [self.store.get(dep.id).spec] + [p.spec for p in [self._previous(dep)] if p is not None]
+        try:
+            removed = store.cleanup(keep)
+        except OrchestratorError as exc:
+            log.warning("weights_cleanup_failed", deployment_id=dep.id, host=dep.host, error=str(exc))
+            return
+        if removed:
+            ctx.emit("weights_removed", revisions=[f"{r.name}@{r.revision}" for r in removed])
 
     def _settle_serving(self, dep: Deployment, phase: Phase) -> None:
         # The serving pointer moves only on outcomes: a rollback that succeeds leaves it where it

@@ -195,3 +195,29 @@ def test_smoke_gate_rolls_back_a_slower_revision() -> None:
     assert dep.phase is Phase.ROLLED_BACK
     assert "single-stream 40.0 tok/s is below 0.8 x 80.0 tok/s of revision 1 (alpha)" in (dep.error or "")
     assert world.host.active_units() == ["vllm-alpha.service"]
+
+
+def test_active_switch_cleans_weights_keeping_new_and_previous(world: World) -> None:
+    """Once B serves, old weights are cleaned by policy, keeping B's and A's (the rollback target)."""
+    world.switch("alpha")
+    world.switch("beta")
+    assert world.weights.kept == [["alpha"], ["alpha", "beta"]]
+
+
+def test_failed_weight_cleanup_does_not_fail_the_switch(world: World) -> None:
+    """Cleanup runs after the switch succeeded: its failure is logged, the outcome stays active."""
+    from orchestrator.errors import WeightsError
+
+    def broken(keep: object) -> list[object]:
+        raise WeightsError("disk gone", host="box")
+
+    world.weights.cleanup = broken  # type: ignore[method-assign,assignment]
+    assert world.switch("alpha").phase is Phase.ACTIVE
+
+
+def test_rolled_back_switch_does_not_clean_weights(world: World) -> None:
+    """Nothing is removed after a failed switch: the operator may want to look at its weights."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "never_ready"
+    world.switch("beta")
+    assert world.weights.kept == [["alpha"]]
