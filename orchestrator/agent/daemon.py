@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -85,7 +86,8 @@ class Agent:
         return authorized(uid, gid, self.group)
 
     # -- requests ---------------------------------------------------------------------------------
-    def dispatch(self, op: str, args: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def dispatch(self, op: str, args: dict[str, Any], operator: str | None = None) -> Iterator[dict[str, Any]]:
+        """One request; ``operator`` is who the socket peer is (the agent's reading, never the client's)."""
         if op == "ping":
             yield {"result": {"pid": os.getpid()}}
         elif op == "status":
@@ -97,7 +99,9 @@ class Agent:
         elif op == "follow":
             yield from self._follow(args.get("host"))
         else:
-            yield from self._stream(self._submit(op, args))
+            who = operator or "unknown"
+            trigger = f"rollback by {who}" if op == "rollback" else f"cli:{who}"
+            yield from self._stream(self._submit(op, args, trigger=trigger))
 
     def _submit(self, op: str, args: dict[str, Any], trigger: str | None = None) -> Job:
         if self.stopping.is_set():
@@ -106,7 +110,7 @@ class Agent:
             model = str(args["model"])
             host = self.ops._host_of(model)
             return self.jobs.submit(host, op, args, lambda job: self.ops.switch(
-                model, trigger=trigger or args.get("trigger"), no_rollback=bool(args.get("no_rollback")),
+                model, trigger=trigger, no_rollback=bool(args.get("no_rollback")),
                 force=bool(args.get("force")), progress=self._publisher(job)))
         if op == "rollback":
             host = args.get("host") or self.ops._only_host()
@@ -126,8 +130,8 @@ class Agent:
     def _publisher(job: Job) -> Any:
         return lambda event, fields: job.publish({"event": event, "fields": fields})
 
-    def _stream(self, job: Job) -> Iterator[dict[str, Any]]:
-        q = job.listen()
+    def _stream(self, job: Job, q: queue.Queue[Any] | None = None) -> Iterator[dict[str, Any]]:
+        q = q or job.listen()
         try:
             while True:
                 item = q.get()
@@ -142,7 +146,13 @@ class Agent:
     def _follow(self, host: str | None) -> Iterator[dict[str, Any]]:
         jobs = [j for h, j in list(self.jobs.running.items()) if host in (None, h)]
         for job in jobs:
-            for item in self._stream(job):
+            q = job.listen()  # before saying so: nothing published after "following" is missed
+            running = self.ops.store.unfinished(job.host)
+            yield {"event": "following", "fields": {
+                "host": job.host, "op": job.op, "what": " ".join(str(v) for v in job.args.values() if v),
+                "phase": running[-1].phase.value if running else None,
+                "revision": running[-1].revision if running else None}}
+            for item in self._stream(job, q):
                 if "event" in item:
                     yield item
         yield {"result": {"followed": [j.host for j in jobs]}}

@@ -11,11 +11,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
-from orchestrator.client.backends import backend_for
+from orchestrator.cli.target import backend
 
 _SHORT = {"planned": "plan", "preflight": "pre", "staging": "stage", "stopping": "stop", "freeing": "free",
           "installing": "inst", "starting": "start", "checking": "check", "rolling_back": "rollback"}
@@ -46,8 +45,8 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 @json_option
 def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, as_json: bool) -> None:
     """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."""
-    backend = backend_for(settings.load(config), local=local)
-    result = with_progress(as_json, lambda p: backend.switch(model, no_rollback=no_rollback, force=force, progress=p))
+    be = backend(config, local=local)
+    result = with_progress(as_json, lambda p: be.switch(model, no_rollback=no_rollback, force=force, progress=p))
     _finish(result, as_json)
 
 
@@ -60,8 +59,8 @@ def switch(model: str, config: str | None, no_rollback: bool, force: bool, local
 @json_option
 def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, as_json: bool) -> None:
     """Go back to the last model that was healthy, or to revision --to N."""
-    backend = backend_for(settings.load(config), local=local)
-    result = with_progress(as_json, lambda p: backend.rollback(host, to_revision, progress=p))
+    be = backend(config, local=local)
+    result = with_progress(as_json, lambda p: be.rollback(host, to_revision, progress=p))
     _finish(result, as_json)
 
 
@@ -72,8 +71,8 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
 @json_option
 def recover(config: str | None, host: str | None, local: bool, as_json: bool) -> None:
     """Finish deployments a crash or a stop left unfinished (the agent does this on start)."""
-    backend = backend_for(settings.load(config), local=local)
-    results = with_progress(as_json, lambda p: backend.recover(host, progress=p))
+    be = backend(config, local=local)
+    results = with_progress(as_json, lambda p: be.recover(host, progress=p))
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
@@ -91,8 +90,7 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
 @json_option
 def status(config: str | None, host: str | None, follow: bool, local: bool, as_json: bool) -> None:
     """What serves on each host, what is running, and the schedules."""
-    cat = settings.load(config)
-    be = backend_for(cat, local=local)
+    be = backend(config, local=local)
     if follow:
         with_progress(as_json, lambda p: be.follow(host, progress=p))
     result = be.status(host)
@@ -124,8 +122,7 @@ def status(config: str | None, host: str | None, follow: bool, local: bool, as_j
 @json_option
 def history(config: str | None, host: str | None, limit: int, local: bool, as_json: bool) -> None:
     """Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."""
-    cat = settings.load(config)
-    rows = backend_for(cat, local=local).history(host, limit)
+    rows = backend(config, local=local).history(host, limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

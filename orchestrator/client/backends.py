@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from orchestrator.agent.protocol import encode, raise_error
 from orchestrator.core.catalog import Catalog
-from orchestrator.errors import AgentError, Detached
+from orchestrator.errors import AgentError, Detached, OrchestratorError
 from orchestrator.ports import ProgressCallback
 
 
@@ -39,10 +39,13 @@ class Backend(Protocol):
 class AgentClient:
     """Talks to a running agent over its Unix socket (JSON lines)."""
 
+    follow_hint = ""  # the global options a re-attaching command needs (a remote client's --host)
+
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def _call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+    def _open(self) -> Any:
+        """A connected socket-like stream to the agent (sendall, makefile, close)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.path)
@@ -50,6 +53,13 @@ class AgentClient:
             raise AgentError(f"agent socket {self.path}: permission denied (join its group, or run as root)") from exc
         except OSError as exc:
             raise AgentError(f"agent socket {self.path}: {exc.strerror or exc}") from exc
+        return sock
+
+    def _closed_early(self, op: str, stream: Any) -> OrchestratorError:
+        return AgentError(f"agent at {self.path} closed the connection before answering {op}")
+
+    def _call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+        sock = self._open()
         try:
             sock.sendall(encode({"op": op, "args": args}))
             with sock.makefile("rb") as stream:
@@ -62,12 +72,12 @@ class AgentClient:
                         raise_error(msg["error"])
                     else:
                         return msg.get("result")
+            raise self._closed_early(op, sock)
         except KeyboardInterrupt:
-            raise Detached(f"detached from {op}: the agent carries on (follow it with `orchestrator status "
-                           "--follow`)") from None
+            raise Detached(f"detached from {op}: the agent carries on (follow it with `orchestrator "
+                           f"{self.follow_hint}status --follow`)") from None
         finally:
             sock.close()
-        raise AgentError(f"agent at {self.path} closed the connection before answering {op}")
 
     def switch(self, model: str, *, no_rollback: bool = False, force: bool = False,
                progress: ProgressCallback | None = None) -> dict[str, Any]:
