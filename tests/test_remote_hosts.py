@@ -1,0 +1,174 @@
+"""The CLI as a client of a box's agent over SSH (--host), each test host in its own network namespace.
+
+h1 is the box (agent + stand-in engine); client A is this machine, client B runs inside h2. Both
+reach h1 across the test bridge (10.213.x.0/24), through the relay, with strict host keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts import netns
+from tests.hosts.machine import Host
+from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.wait import wait_for
+from tests.test_agent_hosts import HOOKS, STATE, active, install_agent
+from tests.test_switch_hosts import MODELS, config_text
+
+PY = sys.executable
+SOCKET = f"{STATE}/agent.sock"
+B_KEY, B_KNOWN, B_HOSTS = "/etc/orchestrator-test-key", "/etc/orchestrator-test-known-hosts", "/etc/orch-hosts.toml"
+
+pytestmark = pytest.mark.hosts
+
+
+@pytest.fixture(scope="module")
+def net_hosts() -> Iterator[HostSet]:
+    hostset = boot_hosts(2, netns=True)
+    try:
+        yield hostset
+    finally:
+        hostset.close()
+
+
+def hosts_toml(box: Host, key: str, known: str) -> str:
+    return (f'[box]\nurl = "ssh://root@{box.address}:{box.port}"\nkey = "{key}"\nknown_hosts = "{known}"\n'
+            f'python = "{PY}"\nsocket = "{SOCKET}"\n')
+
+
+@pytest.fixture
+def box(net_hosts: HostSet, tmp_path: Path) -> Iterator[Host]:
+    """h1 runs the agent; h2 holds a client key and a hosts file naming h1 as `box`."""
+    h1, h2 = net_hosts.hosts
+    h1.run(f"rm -rf {STATE}")
+    install_agent(h1, config_text(h1, Path(STATE), MODELS, transport="local"))
+    h2.write_file(B_KEY, Path(h1.key_path).read_text(), mode=0o600)
+    h2.write_file(B_KNOWN, Path(h1.known_hosts_path).read_text())
+    h2.write_file(B_HOSTS, hosts_toml(h1, B_KEY, B_KNOWN))
+    (tmp_path / "hosts.toml").write_text(hosts_toml(h1, str(h1.key_path), str(h1.known_hosts_path)))
+    os.environ["ORCHESTRATOR_HOSTS_FILE"] = str(tmp_path / "hosts.toml")
+    try:
+        yield h1
+    finally:
+        del os.environ["ORCHESTRATOR_HOSTS_FILE"]
+        for h in net_hosts.hosts:
+            h.reset()
+
+
+def client_a(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI on this machine, through the relay on the box."""
+    return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def client_b(h2: Host, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI inside h2 (another machine on the network), through the relay on the box."""
+    line = shlex.join([PY, "-m", "orchestrator", "--host", "box", *args])
+    return h2.run(f"ORCHESTRATOR_HOSTS_FILE={B_HOSTS} {line}", check=False)
+
+
+def history(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    assert result.returncode == 0, result.stderr
+    return list(json.loads(result.stdout))
+
+
+def paused(box: Host) -> bool:
+    return box.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0
+
+
+def hold_at(box: Host, phase: str) -> None:
+    box.write_file(f"{HOOKS}/pause-at", phase)
+
+
+def release(box: Host) -> None:
+    box.run(f"rm -f {HOOKS}/pause-at {HOOKS}/paused")
+
+
+def machine_address(box: Host) -> str:
+    """This machine's address on the test bridge, as the box sees it."""
+    first = int(box.address.split(".")[2])
+    return netns.address(first, 1)
+
+
+def test_switch_through_the_relay_records_the_ssh_login(net_hosts: HostSet, box: Host) -> None:
+    """A switch from this machine goes through the box's agent; the box records root@<this machine>."""
+    done = client_a("switch", "alpha", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["outcome"] == "active" and out["host"] == box.name
+    assert out["trigger"] == f"cli:root@{machine_address(box)}"
+    assert active(box, "vllm-alpha.service") == "active"
+    local = json.loads(box.run(shlex.join([PY, "-m", "orchestrator", "history", "--json", "--local", "--config",
+                                           "/etc/orchestrator-agent-test.toml"])).stdout)
+    assert [h["revision"] for h in local] == [1]
+
+
+def test_two_clients_at_once_one_is_refused_naming_the_running_switch(net_hosts: HostSet, box: Host) -> None:
+    """A's switch holds the box; B's switch is refused naming A's deployment and A; both see one history."""
+    h2 = net_hosts.hosts[1]
+    assert client_a("switch", "alpha").returncode == 0
+    hold_at(box, "stopping")
+    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: paused(box), bool, timeout=60, what="A's switch to hold before stopping")
+        refused = client_b(h2, "switch", "gamma")
+    finally:
+        release(box)
+        out, err = first.communicate(timeout=120)
+    assert refused.returncode == 5, refused.stderr
+    assert "busy" in refused.stderr and "beta" in refused.stderr
+    assert f"cli:root@{machine_address(box)}" in refused.stderr
+    assert first.returncode == 0, err
+    seen_a, seen_b = history(client_a("history", "--json")), history(client_b(h2, "history", "--json"))
+    assert seen_a == seen_b
+    assert [(h["model"], h["outcome"]) for h in seen_a] == [("beta", "active"), ("alpha", "active")]
+    assert active(box, "vllm-beta.service") == "active" and active(box, "vllm-gamma.service") != "active"
+
+
+def test_rollback_from_another_client_returns_to_what_served_before(net_hosts: HostSet, box: Host) -> None:
+    """A switches alpha -> beta; B (another machine) rolls back: alpha serves again, B is recorded."""
+    h2 = net_hosts.hosts[1]
+    assert client_a("switch", "alpha").returncode == 0
+    assert client_a("switch", "beta").returncode == 0
+    back = client_b(h2, "rollback", "--json")
+    assert back.returncode == 0, back.stderr
+    result = json.loads(back.stdout)
+    assert (result["model"], result["outcome"]) == ("alpha", "active")
+    assert result["trigger"] == f"rollback by root@{h2.address}:to-1"
+    assert active(box, "vllm-alpha.service") == "active" and active(box, "vllm-beta.service") != "active"
+
+
+def test_cut_connection_mid_switch_completes_and_another_client_follows_it(net_hosts: HostSet, box: Host) -> None:
+    """Client A is killed mid-switch (its SSH transport dies): the box finishes; B's status --follow sees the end."""
+    h2 = net_hosts.hosts[1]
+    assert client_a("switch", "alpha").returncode == 0
+    hold_at(box, "starting")
+    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: paused(box), bool, timeout=60, what="A's switch to hold before starting")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    follow = shlex.join([PY, "-m", "orchestrator", "--host", "box", "status", "--follow"])
+    h2.run(f"ORCHESTRATOR_HOSTS_FILE={B_HOSTS} nohup {follow} > /tmp/follow.log 2>&1 & echo $! > /tmp/follow.pid")
+    wait_for(lambda: h2.run("cat /tmp/follow.log").stdout, lambda log: "following switch beta" in log,
+             timeout=60, what="B's status --follow to attach")
+    release(box)
+    wait_for(lambda: h2.run("kill -0 $(cat /tmp/follow.pid)", check=False).returncode, lambda rc: rc != 0,
+             timeout=90, what="B's status --follow to end")
+    log = h2.run("cat /tmp/follow.log").stdout
+    assert "revision 2 in phase starting" in log and "#2 beta: active" in log, log
+    assert "h1: beta (revision 2" in log, log
+    assert active(box, "vllm-beta.service") == "active" and active(box, "vllm-alpha.service") != "active"
