@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.hosts import netns
+from tests.hosts import keys, netns
 from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet, boot_hosts
 from tests.hosts.wait import wait_for
@@ -125,7 +125,7 @@ def test_two_clients_at_once_one_is_refused_naming_the_running_switch(net_hosts:
         refused = client_b(h2, "switch", "gamma")
     finally:
         release(box)
-        out, err = first.communicate(timeout=120)
+        _out, err = first.communicate(timeout=120)
     assert refused.returncode == 5, refused.stderr
     assert "busy" in refused.stderr and "beta" in refused.stderr
     assert f"cli:root@{machine_address(box)}" in refused.stderr
@@ -172,3 +172,60 @@ def test_cut_connection_mid_switch_completes_and_another_client_follows_it(net_h
     assert "revision 2 in phase starting" in log and "#2 beta: active" in log, log
     assert "h1: beta (revision 2" in log, log
     assert active(box, "vllm-beta.service") == "active" and active(box, "vllm-alpha.service") != "active"
+
+
+@pytest.fixture
+def bare(net_hosts: HostSet, tmp_path: Path) -> Iterator[tuple[Host, Path]]:
+    """h1 with no agent; a hosts file whose `box` is h1 (the test may swap its known_hosts)."""
+    h1 = net_hosts.hosts[0]
+    h1.run(f"rm -rf {STATE}")
+    try:
+        yield h1, tmp_path / "hosts.toml"
+    finally:
+        h1.reset()
+
+
+def run_with(hosts_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts_file)})
+
+
+def nothing_changed(box: Host) -> bool:
+    units = box.run("ls /etc/systemd/system | grep -c '^vllm-' || true").stdout.strip()
+    return units == "0" and box.run(["test", "-e", STATE], check=False).returncode != 0
+
+
+def test_box_without_agent_exits_6_naming_the_host(bare: tuple[Host, Path]) -> None:
+    """The relay finds no agent socket: exit 6, one line naming the host and the socket; nothing changed."""
+    box, hosts_file = bare
+    hosts_file.write_text(hosts_toml(box, str(box.key_path), str(box.known_hosts_path)))
+    result = run_with(hosts_file, "switch", "alpha")
+    assert result.returncode == 6, result.stderr
+    assert result.stderr.strip() == f"error: host box: agent socket {SOCKET}: no agent is running there"
+    assert nothing_changed(box)
+
+
+def test_wrong_host_key_exits_4_and_nothing_is_sent(net_hosts: HostSet, bare: tuple[Host, Path]) -> None:
+    """known_hosts holds another key for the box's address: exit 4 naming the mismatch; nothing changed."""
+    box, hosts_file = bare
+    other = net_hosts.hosts[1]
+    forged = hosts_file.with_name("known_hosts")
+    other_pub = other.host_key_path.with_name(other.host_key_path.name + ".pub").read_text()
+    forged.write_text(keys.known_hosts_line(box.address, box.port, other_pub))
+    hosts_file.write_text(hosts_toml(box, str(box.key_path), str(forged)))
+    result = run_with(hosts_file, "switch", "alpha")
+    assert result.returncode == 4, result.stderr
+    assert "host box" in result.stderr and "host key mismatch" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert nothing_changed(box)
+
+
+def test_unknown_host_key_is_refused_not_added(bare: tuple[Host, Path]) -> None:
+    """An empty known_hosts: exit 4 ('not found in known_hosts'), and the file stays empty."""
+    box, hosts_file = bare
+    empty = hosts_file.with_name("known_hosts")
+    empty.write_text("")
+    hosts_file.write_text(hosts_toml(box, str(box.key_path), str(empty)))
+    result = run_with(hosts_file, "history")
+    assert result.returncode == 4 and "not found in known_hosts" in result.stderr, result.stderr
+    assert empty.read_text() == ""
