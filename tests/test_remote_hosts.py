@@ -229,3 +229,38 @@ def test_unknown_host_key_is_refused_not_added(bare: tuple[Host, Path]) -> None:
     result = run_with(hosts_file, "history")
     assert result.returncode == 4 and "not found in known_hosts" in result.stderr, result.stderr
     assert empty.read_text() == ""
+
+
+AGENT_CONFIG = "/etc/orchestrator-agent-test.toml"
+
+
+def test_config_push_of_an_invalid_file_changes_nothing(box: Host, tmp_path: Path) -> None:
+    """An unknown model key in a pushed file: exit 2 naming file and key; the box's file and revisions stay."""
+    before = json.loads(client_a("config", "show", "--json").stdout)
+    bad = tmp_path / "deploy.toml"
+    bad.write_text(before["text"] + '[models.delta]\nrepo = "test/delta"\ntensor_paralel = 4\n')
+    result = client_a("config", "push", str(bad))
+    assert result.returncode == 2, result.stderr
+    assert "deploy.toml" in result.stderr and "tensor_paralel" in result.stderr and ".push-" not in result.stderr
+    after = json.loads(client_a("config", "show", "--json").stdout)
+    assert (after["revision"], after["sha256"]) == (before["revision"], before["sha256"])
+    assert box.run(["test", "-e", f"{AGENT_CONFIG}.prev"], check=False).returncode != 0
+
+
+def test_config_push_is_recorded_reloaded_and_linked_to_deployments(box: Host, tmp_path: Path) -> None:
+    """A valid push: new revision, previous file kept, the new model switchable at once, its deployment linked."""
+    before = json.loads(client_a("config", "show", "--json").stdout)
+    new = tmp_path / "deploy.toml"
+    new.write_text(before["text"] + '[models.delta]\nrepo = "test/delta"\nsource = "none"\ntensor_parallel = 4\n'
+                   'gpus = [0, 1, 2, 3]\nport = 8108\nargs = ["--load-time", "0.3"]\n')
+    assert client_a("config", "diff", str(new)).returncode == 1
+    pushed = client_a("config", "push", str(new), "--json")
+    assert pushed.returncode == 0, pushed.stderr
+    result = json.loads(pushed.stdout)
+    assert result["changed"] and result["revision"] == before["revision"] + 1
+    assert box.run(["cat", f"{AGENT_CONFIG}.prev"]).stdout == before["text"]
+    assert client_a("config", "diff", str(new)).returncode == 0
+    switched = client_a("switch", "delta", "--json")
+    assert switched.returncode == 0, switched.stderr
+    newest = history(client_a("history", "--json"))[0]
+    assert (newest["model"], newest["outcome"], newest["config_revision"]) == ("delta", "active", result["revision"])

@@ -105,6 +105,12 @@ class AgentClient:
     def schedules(self) -> list[dict[str, Any]]:
         return list(self._call("schedules", {}))
 
+    def config_show(self) -> dict[str, Any]:
+        return dict(self._call("config_show", {}))
+
+    def config_push(self, text: str, name: str) -> dict[str, Any]:
+        return dict(self._call("config_push", {"text": text, "name": name}))
+
 
 class LocalBackend:
     """Runs operations in this process (no agent running, or --local)."""
