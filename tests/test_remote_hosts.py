@@ -264,3 +264,38 @@ def test_config_push_is_recorded_reloaded_and_linked_to_deployments(box: Host, t
     assert switched.returncode == 0, switched.stderr
     newest = history(client_a("history", "--json"))[0]
     assert (newest["model"], newest["outcome"], newest["config_revision"]) == ("delta", "active", result["revision"])
+
+
+def agentless(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A controller with no agent of its own on the box: the CLI in-process, ssh transport."""
+    return subprocess.run([PY, "-m", "orchestrator", *args, "--config", str(cfg)], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_agentless_controller_refuses_a_box_whose_agent_runs(box: Host, tmp_path: Path) -> None:
+    """In-process over SSH against a box with a running agent: exit 5 naming the agent; nothing changed."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(config_text(box, tmp_path / "state", MODELS))
+    result = agentless(cfg, "switch", "alpha")
+    assert result.returncode == 5, result.stderr
+    assert "orchestrator-agent.service" in result.stderr and f"--host ssh://root@{box.address}:22" in result.stderr
+    assert active(box, "vllm-alpha.service") != "active"
+
+
+def test_two_agentless_controllers_cannot_interleave(bare: tuple[Host, Path], tmp_path: Path) -> None:
+    """While one controller holds the box's lock, another's switch is refused naming the holder; then it works."""
+    from orchestrator import settings
+    from orchestrator.deploy.box_lock import box_lock
+
+    box, _ = bare
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(config_text(box, tmp_path / "state", MODELS))
+    with box_lock(settings.load(cfg).hosts[box.name]):
+        refused = agentless(cfg, "switch", "alpha")
+    assert refused.returncode == 5, refused.stderr
+    assert "another controller holds /var/lib/orchestrator/agentless.lock" in refused.stderr
+    assert f"root from {machine_address(box)}" in refused.stderr
+    assert active(box, "vllm-alpha.service") != "active"
+    done = agentless(cfg, "switch", "alpha", "--json")
+    assert done.returncode == 0, done.stderr
+    assert active(box, "vllm-alpha.service") == "active"

@@ -42,10 +42,13 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--no-rollback", is_flag=True, help="leave a failed switch failed instead of rolling back")
 @click.option("--force", is_flag=True, help="redeploy even if MODEL already serves, healthy and unchanged")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@click.option("--ignore-agent", is_flag=True,
+              help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
-def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, as_json: bool) -> None:
+def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, ignore_agent: bool,
+           as_json: bool) -> None:
     """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."""
-    be = backend(config, local=local)
+    be = backend(config, local=local, ignore_agent=ignore_agent)
     result = with_progress(as_json, lambda p: be.switch(model, no_rollback=no_rollback, force=force, progress=p))
     _finish(result, as_json)
 
@@ -56,10 +59,13 @@ def switch(model: str, config: str | None, no_rollback: bool, force: bool, local
 @click.option("--to", "to_revision", type=click.IntRange(1), default=None, metavar="REVISION",
               help="redeploy this revision's exact unit (default: the previous stable one)")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@click.option("--ignore-agent", is_flag=True,
+              help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
-def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, as_json: bool) -> None:
+def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, ignore_agent: bool,
+             as_json: bool) -> None:
     """Go back to the last model that was healthy, or to revision --to N."""
-    be = backend(config, local=local)
+    be = backend(config, local=local, ignore_agent=ignore_agent)
     result = with_progress(as_json, lambda p: be.rollback(host, to_revision, progress=p))
     _finish(result, as_json)
 

@@ -15,11 +15,11 @@ def remote_spec() -> str | None:
     return None if ctx is None else ctx.find_root().params.get("remote")
 
 
-def backend(config: str | None, *, local: bool = False) -> Backend:
+def backend(config: str | None, *, local: bool = False, ignore_agent: bool = False) -> Backend:
     """--host: the box's agent through the SSH relay (the box's deploy.toml rules); else as before."""
     spec = remote_spec()
     if spec is None:
-        return backend_for(settings.load(config), local=local)
+        return backend_for(settings.load(config), local=local, ignore_agent=ignore_agent)
     if local:
         raise UsageError(f"--local runs in this process; it cannot be combined with --host {spec}")
     if config is not None:

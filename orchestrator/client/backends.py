@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from contextlib import ExitStack
 from typing import Any, Protocol
 
 from orchestrator.agent.protocol import encode, raise_error
@@ -115,25 +116,46 @@ class AgentClient:
 class LocalBackend:
     """Runs operations in this process (no agent running, or --local)."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, *, ignore_agent: bool = False) -> None:
         from orchestrator.wiring import operations
 
         self.catalog = catalog
         self.ops = operations(catalog)
+        self.ignore_agent = ignore_agent
+
+    def _boxes(self, hosts: list[str]) -> ExitStack:
+        """Agentless: the lock on each box reached over SSH, held for the whole operation."""
+        from orchestrator.deploy.box_lock import box_lock
+
+        stack = ExitStack()
+        try:
+            for name in hosts:
+                stack.enter_context(box_lock(self.catalog.hosts[name], ignore_agent=self.ignore_agent))
+        except BaseException:
+            stack.close()
+            raise
+        return stack
+
+    def _model_box(self, model: str) -> list[str]:
+        return [self.ops._host_of(model)]
 
     def switch(self, model: str, *, no_rollback: bool = False, force: bool = False,
                progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.switch(model, no_rollback=no_rollback, force=force, progress=progress)
+        with self._boxes(self._model_box(model)):
+            return self.ops.switch(model, no_rollback=no_rollback, force=force, progress=progress)
 
     def rollback(self, host: str | None, to_revision: int | None, *,
                  progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.rollback(host, to_revision, progress=progress)
+        with self._boxes([host or self.ops._only_host()]):
+            return self.ops.rollback(host, to_revision, progress=progress)
 
     def recover(self, host: str | None, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
-        return self.ops.recover(host, progress=progress)
+        with self._boxes([host] if host else list(self.catalog.hosts)):
+            return self.ops.recover(host, progress=progress)
 
     def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.stage(model, progress=progress)
+        with self._boxes(self._model_box(model)):
+            return self.ops.stage(model, progress=progress)
 
     def status(self, host: str | None) -> dict[str, Any]:
         from orchestrator.agent.daemon import schedule_rows
@@ -152,7 +174,7 @@ class LocalBackend:
         return schedule_rows(self.catalog, self.ops)
 
 
-def backend_for(catalog: Catalog, *, local: bool = False) -> Backend:
+def backend_for(catalog: Catalog, *, local: bool = False, ignore_agent: bool = False) -> Backend:
     """The agent when its socket answers (unless --local), else this process."""
     from orchestrator.agent.daemon import socket_path
 
@@ -165,4 +187,4 @@ def backend_for(catalog: Catalog, *, local: bool = False) -> Backend:
         except AgentError as exc:
             if "permission denied" in str(exc) or "may not use the agent" in str(exc):
                 raise
-    return LocalBackend(catalog)
+    return LocalBackend(catalog, ignore_agent=ignore_agent)
