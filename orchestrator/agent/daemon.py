@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import sdnotify
 import structlog
 
+from orchestrator.agent.config_ops import ConfigRevisions
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.protocol import error_reply
 from orchestrator.agent.server import _DONE, ControlServer, Job, Jobs, authorized
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.deploy.operations import Operations
-from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.errors import Busy, OrchestratorError, UsageError
 
 log = structlog.get_logger()
 
@@ -30,7 +32,8 @@ def socket_path(catalog: Catalog) -> str:
 
 class Agent:
     def __init__(self, catalog: Catalog, ops: Operations, *, socket: str | None = None,
-                 metrics_port: int | None = 9464) -> None:
+                 metrics_port: int | None = 9464, config_path: str | None = None,
+                 ops_factory: Callable[[Catalog], Operations] | None = None) -> None:
         self.catalog = catalog
         self.ops = ops
         self.group = catalog.socket_group
@@ -43,6 +46,10 @@ class Agent:
         self.unhealthy_since: dict[str, float] = {}
         for s in catalog.schedules.values():
             sched.validate(s)
+        # config show/push need the file the agent was started from; revisions live in its state.db
+        self.configs = ConfigRevisions(config_path, catalog.state_dir) if config_path else None
+        self.config_revision = self.configs.record_if_new("agent start") if self.configs else None
+        self.ops_factory = ops_factory
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -85,19 +92,28 @@ class Agent:
         return authorized(uid, gid, self.group)
 
     # -- requests ---------------------------------------------------------------------------------
-    def dispatch(self, op: str, args: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def dispatch(self, op: str, args: dict[str, Any], operator: str | None = None) -> Iterator[dict[str, Any]]:
+        """One request; ``operator`` is who the socket peer is (the agent's reading, never the client's)."""
         if op == "ping":
             yield {"result": {"pid": os.getpid()}}
         elif op == "status":
             yield {"result": self.status(args.get("host"))}
         elif op == "history":
-            yield {"result": self.ops.history(args.get("host"), int(args.get("limit", 50)))}
+            rows = self.ops.history(args.get("host"), int(args.get("limit", 50)))
+            yield {"result": self.configs.annotate(rows) if self.configs else rows}
         elif op == "schedules":
             yield {"result": self.schedules()}
         elif op == "follow":
             yield from self._follow(args.get("host"))
+        elif op == "config_show":
+            yield {"result": self._configs().show()}
+        elif op == "config_push":
+            yield {"result": self._push(str(args.get("text", "")), str(args.get("name") or "pushed file"),
+                                        operator or "unknown")}
         else:
-            yield from self._stream(self._submit(op, args))
+            who = operator or "unknown"
+            trigger = f"rollback by {who}" if op == "rollback" else f"cli:{who}"
+            yield from self._stream(self._submit(op, args, trigger=trigger))
 
     def _submit(self, op: str, args: dict[str, Any], trigger: str | None = None) -> Job:
         if self.stopping.is_set():
@@ -106,7 +122,7 @@ class Agent:
             model = str(args["model"])
             host = self.ops._host_of(model)
             return self.jobs.submit(host, op, args, lambda job: self.ops.switch(
-                model, trigger=trigger or args.get("trigger"), no_rollback=bool(args.get("no_rollback")),
+                model, trigger=trigger, no_rollback=bool(args.get("no_rollback")),
                 force=bool(args.get("force")), progress=self._publisher(job)))
         if op == "rollback":
             host = args.get("host") or self.ops._only_host()
@@ -126,8 +142,8 @@ class Agent:
     def _publisher(job: Job) -> Any:
         return lambda event, fields: job.publish({"event": event, "fields": fields})
 
-    def _stream(self, job: Job) -> Iterator[dict[str, Any]]:
-        q = job.listen()
+    def _stream(self, job: Job, q: queue.Queue[Any] | None = None) -> Iterator[dict[str, Any]]:
+        q = q or job.listen()
         try:
             while True:
                 item = q.get()
@@ -142,7 +158,13 @@ class Agent:
     def _follow(self, host: str | None) -> Iterator[dict[str, Any]]:
         jobs = [j for h, j in list(self.jobs.running.items()) if host in (None, h)]
         for job in jobs:
-            for item in self._stream(job):
+            q = job.listen()  # before saying so: nothing published after "following" is missed
+            running = self.ops.store.unfinished(job.host)
+            yield {"event": "following", "fields": {
+                "host": job.host, "op": job.op, "what": " ".join(str(v) for v in job.args.values() if v),
+                "phase": running[-1].phase.value if running else None,
+                "revision": running[-1].revision if running else None}}
+            for item in self._stream(job, q):
                 if "event" in item:
                     yield item
         yield {"result": {"followed": [j.host for j in jobs]}}
@@ -157,8 +179,41 @@ class Agent:
         return schedule_rows(self.catalog, self.ops, self.next_runs)
 
     # -- background work --------------------------------------------------------------------------
+    # -- configuration ----------------------------------------------------------------------------
+    def _configs(self) -> ConfigRevisions:
+        if self.configs is None:
+            raise UsageError("this agent was started without a config file: nothing to show or replace")
+        return self.configs
+
+    def _push(self, text: str, name: str, operator: str) -> dict[str, Any]:
+        """Validate as at start, then (between operations) replace the file and reload the catalog."""
+        configs = self._configs()
+        previous = configs.show()
+        catalog = configs.validate(text, name, self.catalog)
+        with self.jobs.lock:  # no operation starts while the catalog is swapped
+            if self.jobs.running:
+                running = ", ".join(f"{j.op} on {h}" for h, j in self.jobs.running.items())
+                raise Busy(f"config push waits for the running operation to end ({running}); try again then")
+            revision = configs.replace(text, f"cli:{operator}")
+            self._reload(catalog)
+            self.config_revision = revision
+        log.info("config_pushed", revision=revision, operator=operator, file=str(configs.path))
+        return {"path": str(configs.path), "revision": revision, "previous_revision": previous["revision"],
+                "changed": previous["sha256"] != configs.show()["sha256"]}
+
+    def _reload(self, catalog: Catalog) -> None:
+        from orchestrator.wiring import operations
+
+        ops = (self.ops_factory or operations)(catalog)
+        self.catalog, self.ops, self.jobs.ops, self.group = catalog, ops, ops, catalog.socket_group
+        now = time.time()
+        self.next_runs = {n: sched.next_run(s, now) for n, s in catalog.schedules.items()}
+
     def _finished(self, job: Job) -> None:
         result = (job.result or {}).get("result") or {}
+        if self.configs is not None and self.config_revision is not None and isinstance(result, dict) \
+                and isinstance(result.get("id"), int):
+            self.configs.link(result["id"], self.config_revision)
         if isinstance(result, dict) and result.get("outcome"):
             self.metrics.deployment(job.host, str(result["outcome"]), result.get("phases") or [])
         self._refresh_metrics()
@@ -174,7 +229,7 @@ class Agent:
         while not self.stopping.is_set():
             now = time.time()
             for name, at in sorted(self.next_runs.items(), key=lambda kv: kv[1]):
-                if at <= now:
+                if at <= now and name in self.catalog.schedules:  # a pushed config may have dropped it
                     self._fire(name, at)
                     self.next_runs[name] = sched.next_run(self.catalog.schedules[name], max(now, at))
             wait = min(self.next_runs.values(), default=now + 60) - time.time()

@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from orchestrator.agent.peers import operator
 from orchestrator.agent.protocol import OPS, encode, error_reply, peer_credentials
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
@@ -113,7 +114,7 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         agent = self.server.agent
-        _pid, uid, gid = peer_credentials(self.request)
+        pid, uid, gid = peer_credentials(self.request)
         line = self.rfile.readline()  # read first, so a refused client gets the answer, not a broken pipe
         if not agent.authorized(uid, gid):
             self._send(error_reply(AgentError(f"uid {uid} may not use the agent: only root and members of "
@@ -122,7 +123,7 @@ class _Handler(socketserver.StreamRequestHandler):
             return
         try:
             request = _parse(line)
-            reply_stream = agent.dispatch(request["op"], request.get("args") or {})
+            reply_stream = agent.dispatch(request["op"], request.get("args") or {}, operator=operator(pid, uid))
             for item in reply_stream:
                 self._send(item)
         except OrchestratorError as exc:

@@ -15,6 +15,7 @@ from orchestrator import settings
 from orchestrator.adapters.smoke import bench_record
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.target import local_only
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import UsageError
 from orchestrator.loadgen import BenchPlan, BenchTarget, Progress, run_bench_blocking
@@ -52,6 +53,7 @@ def _serving(ops: Operations, host: str | None) -> Any:
 def bench(config: str | None, host: str | None, concurrency: str, max_tokens: int, prompt_tokens: int,
           duration: float | None, requests_: int | None, no_record: bool, as_json: bool) -> None:
     """Measure output tok/s, TTFT and ITL of the active deployment at rising concurrency."""
+    local_only("bench")
     ops = operations(settings.load(config))
     serving = _serving(ops, host)
     plan = BenchPlan(concurrency=_levels(concurrency), max_tokens=max_tokens, prompt_tokens=prompt_tokens,
@@ -96,6 +98,7 @@ def _dist(d: dict[str, Any] | None) -> str:
 @json_option
 def compare(config: str | None, host: str | None, as_json: bool) -> None:
     """Every model benchmarked on a host, side by side per concurrency level (latest run of each)."""
+    local_only("compare")
     ops = operations(settings.load(config))
     name = host or ops._only_host()
     latest: dict[str, Any] = {}

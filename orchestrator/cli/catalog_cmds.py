@@ -15,6 +15,7 @@ from rich.table import Table
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.target import local_only
 from orchestrator.core.render import load_deadline, render_agent_unit, render_unit
 from orchestrator.deploy.engine import default_template
 from orchestrator.errors import UsageError
@@ -62,6 +63,8 @@ def models(config: str | None, as_json: bool) -> None:
 def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None, agent: bool,
            installed: bool) -> None:
     """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
+    if installed:
+        local_only("render --diff --installed")
     cat = settings.load(config)
     if model is not None and model not in cat.models:
         raise UsageError(f"unknown model {model!r} (known: {', '.join(sorted(cat.models))})")

@@ -11,11 +11,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
-from orchestrator.client.backends import backend_for
+from orchestrator.cli.target import backend
 from orchestrator.core.states import text_of
 
 
@@ -41,11 +40,14 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--no-rollback", is_flag=True, help="leave a failed switch failed instead of rolling back")
 @click.option("--force", is_flag=True, help="redeploy even if MODEL already serves, healthy and unchanged")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@click.option("--ignore-agent", is_flag=True,
+              help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
-def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, as_json: bool) -> None:
+def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, ignore_agent: bool,
+           as_json: bool) -> None:
     """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."""
-    backend = backend_for(settings.load(config), local=local)
-    result = with_progress(as_json, lambda p: backend.switch(model, no_rollback=no_rollback, force=force, progress=p))
+    be = backend(config, local=local, ignore_agent=ignore_agent)
+    result = with_progress(as_json, lambda p: be.switch(model, no_rollback=no_rollback, force=force, progress=p))
     _finish(result, as_json)
 
 
@@ -55,11 +57,14 @@ def switch(model: str, config: str | None, no_rollback: bool, force: bool, local
 @click.option("--to", "to_revision", type=click.IntRange(1), default=None, metavar="REVISION",
               help="redeploy this revision's exact unit (default: the previous stable one)")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@click.option("--ignore-agent", is_flag=True,
+              help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
-def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, as_json: bool) -> None:
+def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, ignore_agent: bool,
+             as_json: bool) -> None:
     """Go back to the last model that was healthy, or to revision --to N."""
-    backend = backend_for(settings.load(config), local=local)
-    result = with_progress(as_json, lambda p: backend.rollback(host, to_revision, progress=p))
+    be = backend(config, local=local, ignore_agent=ignore_agent)
+    result = with_progress(as_json, lambda p: be.rollback(host, to_revision, progress=p))
     _finish(result, as_json)
 
 
@@ -70,8 +75,8 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
 @json_option
 def recover(config: str | None, host: str | None, local: bool, as_json: bool) -> None:
     """Finish deployments a crash or a stop left unfinished (the agent does this on start)."""
-    backend = backend_for(settings.load(config), local=local)
-    results = with_progress(as_json, lambda p: backend.recover(host, progress=p))
+    be = backend(config, local=local)
+    results = with_progress(as_json, lambda p: be.recover(host, progress=p))
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
@@ -89,8 +94,7 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
 @json_option
 def status(config: str | None, host: str | None, follow: bool, local: bool, as_json: bool) -> None:
     """What serves on each host, what is running, and the schedules."""
-    cat = settings.load(config)
-    be = backend_for(cat, local=local)
+    be = backend(config, local=local)
     if follow:
         with_progress(as_json, lambda p: be.follow(host, progress=p))
     result = be.status(host)
@@ -122,8 +126,7 @@ def status(config: str | None, host: str | None, follow: bool, local: bool, as_j
 @json_option
 def history(config: str | None, host: str | None, limit: int, local: bool, as_json: bool) -> None:
     """Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."""
-    cat = settings.load(config)
-    rows = backend_for(cat, local=local).history(host, limit)
+    rows = backend(config, local=local).history(host, limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

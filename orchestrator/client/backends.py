@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+from contextlib import ExitStack
 from typing import Any, Protocol
 
 from orchestrator.agent.protocol import encode, raise_error
 from orchestrator.core.catalog import Catalog
-from orchestrator.errors import AgentError, Detached
+from orchestrator.errors import AgentError, Detached, OrchestratorError
 from orchestrator.ports import ProgressCallback
 
 
@@ -39,10 +40,13 @@ class Backend(Protocol):
 class AgentClient:
     """Talks to a running agent over its Unix socket (JSON lines)."""
 
+    follow_hint = ""  # the global options a re-attaching command needs (a remote client's --host)
+
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def _call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+    def _open(self) -> Any:
+        """A connected socket-like stream to the agent (sendall, makefile, close)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.path)
@@ -50,6 +54,13 @@ class AgentClient:
             raise AgentError(f"agent socket {self.path}: permission denied (join its group, or run as root)") from exc
         except OSError as exc:
             raise AgentError(f"agent socket {self.path}: {exc.strerror or exc}") from exc
+        return sock
+
+    def _closed_early(self, op: str, stream: Any) -> OrchestratorError:
+        return AgentError(f"agent at {self.path} closed the connection before answering {op}")
+
+    def _call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+        sock = self._open()
         try:
             sock.sendall(encode({"op": op, "args": args}))
             with sock.makefile("rb") as stream:
@@ -62,12 +73,12 @@ class AgentClient:
                         raise_error(msg["error"])
                     else:
                         return msg.get("result")
+            raise self._closed_early(op, sock)
         except KeyboardInterrupt:
-            raise Detached(f"detached from {op}: the agent carries on (follow it with `orchestrator status "
-                           "--follow`)") from None
+            raise Detached(f"detached from {op}: the agent carries on (follow it with `orchestrator "
+                           f"{self.follow_hint}status --follow`)") from None
         finally:
             sock.close()
-        raise AgentError(f"agent at {self.path} closed the connection before answering {op}")
 
     def switch(self, model: str, *, no_rollback: bool = False, force: bool = False,
                progress: ProgressCallback | None = None) -> dict[str, Any]:
@@ -95,29 +106,56 @@ class AgentClient:
     def schedules(self) -> list[dict[str, Any]]:
         return list(self._call("schedules", {}))
 
+    def config_show(self) -> dict[str, Any]:
+        return dict(self._call("config_show", {}))
+
+    def config_push(self, text: str, name: str) -> dict[str, Any]:
+        return dict(self._call("config_push", {"text": text, "name": name}))
+
 
 class LocalBackend:
     """Runs operations in this process (no agent running, or --local)."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, *, ignore_agent: bool = False) -> None:
         from orchestrator.wiring import operations
 
         self.catalog = catalog
         self.ops = operations(catalog)
+        self.ignore_agent = ignore_agent
+
+    def _boxes(self, hosts: list[str]) -> ExitStack:
+        """Agentless: the lock on each box reached over SSH, held for the whole operation."""
+        from orchestrator.deploy.box_lock import box_lock
+
+        stack = ExitStack()
+        try:
+            for name in hosts:
+                stack.enter_context(box_lock(self.catalog.hosts[name], ignore_agent=self.ignore_agent))
+        except BaseException:
+            stack.close()
+            raise
+        return stack
+
+    def _model_box(self, model: str) -> list[str]:
+        return [self.ops._host_of(model)]
 
     def switch(self, model: str, *, no_rollback: bool = False, force: bool = False,
                progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.switch(model, no_rollback=no_rollback, force=force, progress=progress)
+        with self._boxes(self._model_box(model)):
+            return self.ops.switch(model, no_rollback=no_rollback, force=force, progress=progress)
 
     def rollback(self, host: str | None, to_revision: int | None, *,
                  progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.rollback(host, to_revision, progress=progress)
+        with self._boxes([host or self.ops._only_host()]):
+            return self.ops.rollback(host, to_revision, progress=progress)
 
     def recover(self, host: str | None, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
-        return self.ops.recover(host, progress=progress)
+        with self._boxes([host] if host else list(self.catalog.hosts)):
+            return self.ops.recover(host, progress=progress)
 
     def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.stage(model, progress=progress)
+        with self._boxes(self._model_box(model)):
+            return self.ops.stage(model, progress=progress)
 
     def status(self, host: str | None) -> dict[str, Any]:
         from orchestrator.agent.daemon import schedule_rows
@@ -136,7 +174,7 @@ class LocalBackend:
         return schedule_rows(self.catalog, self.ops)
 
 
-def backend_for(catalog: Catalog, *, local: bool = False) -> Backend:
+def backend_for(catalog: Catalog, *, local: bool = False, ignore_agent: bool = False) -> Backend:
     """The agent when its socket answers (unless --local), else this process."""
     from orchestrator.agent.daemon import socket_path
 
@@ -149,4 +187,4 @@ def backend_for(catalog: Catalog, *, local: bool = False) -> Backend:
         except AgentError as exc:
             if "permission denied" in str(exc) or "may not use the agent" in str(exc):
                 raise
-    return LocalBackend(catalog)
+    return LocalBackend(catalog, ignore_agent=ignore_agent)

@@ -52,6 +52,7 @@ class Host:
     user: str = "root"
     binds_ro: tuple[str, ...] = (str(REPO),)
     binds_rw: tuple[str, ...] = ()
+    netns: str | None = None  # /run/netns/<name> when the host has a network namespace of its own
     nspawn_pid: int = 0
     boot_seconds: float = 0.0
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -181,6 +182,8 @@ class Host:
         """Start systemd-nspawn in its own session (Ctrl-C in the terminal must not reach it)."""
         argv = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "--console=passive",
                 "-D", str(self.root), "-M", self.machine, "--boot"]
+        if self.netns:
+            argv.append(f"--network-namespace-path={self.netns}")
         argv += [f"--bind-ro={p}" for p in self.binds_ro] + [f"--bind={p}" for p in self.binds_rw]
         argv += ["--", "systemd.firstboot=off"]
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
