@@ -24,7 +24,7 @@ from types import FrameType
 
 from tests.hosts import keys
 from tests.hosts import netns as netns_mod
-from tests.hosts.machine import Host, HostError, stop_nspawn, unmount_tree
+from tests.hosts.machine import Host, HostError, remove_cgroups, stop_nspawn, unmount_tree
 
 STATE_ROOT = Path(os.environ.get("TESTHOSTS_DIR", "/run/testhosts"))
 FIRST_OCTET = 11  # 127.0.0.1/.2 stay free for other tools
@@ -180,6 +180,7 @@ def reap(state_file: Path) -> None:
     if pid and _is_our_nspawn(pid, state_dir):
         stop_nspawn(pid, None, 30.0)
     unmount_tree(state_dir)
+    remove_cgroups(f"testhost-th{state_file.stem}")
     if state.get("netns"):  # the bridge (named after the run's first slot) is dropped when that slot is reaped
         netns_mod.delete_namespace(Path(state["netns"]).name)
         netns_mod.delete_link(netns_mod.bridge_name(int(state_file.stem)))
