@@ -55,7 +55,7 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
     ('repo = "org/a"', 'repo = "org/a"\ntensor_paralel = 4', "models.a.tensor_paralel: unknown key"),
     ("gpus = 8", 'gpus = "eight"', "hosts.box.gpus: Input should be a valid integer"),
     ('repo = "org/a"', 'repo = "org/a"\nargs = ["--x", "a\\nExecStartPre=/bin/sh"]', "control character"),
-    ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }', "HF_TOKEN looks like a secret"),
+    ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }', "models.a.env.HF_TOKEN: holds a secret by its name"),
     ("[hosts.box]", "[hosts.box\n", "not valid TOML"),
 ])
 def test_invalid_file_names_file_key_and_value(tmp_path: Path, old: str, new: str, message: str) -> None:
