@@ -26,7 +26,7 @@ from pydantic_settings import (
 )
 
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.secrets import secret_name, secret_value_kind
+from orchestrator.core.secrets import redact, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
 
 DEFAULT_CONFIG = "deploy.toml"
@@ -143,12 +143,14 @@ def _config_error(exc: ValidationError, file: str) -> ConfigError:
         ctx_err = (err.get("ctx") or {}).get("error")
         if ctx_err is not None and getattr(ctx_err, "key", None):
             key, msg = ctx_err.key, str(ctx_err).removeprefix(f"{ctx_err.key}: ")
+        elif ctx_err is not None and getattr(ctx_err, "sub", None):
+            key += ctx_err.sub
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         value = err.get("input")
         quoted = err["type"] == "missing" or isinstance(value, dict) or ctx_err is not None
-        lines.append((_origin(key, file), f"{key or '(top level)'}: {msg}"
-                      + ("" if quoted else f" (got {_short(value, key)})")))
+        lines.append((_origin(key, file), redact(f"{key or '(top level)'}: {msg}"
+                                                 + ("" if quoted else f" (got {_short(value, key)})"))))
     origin, head = lines[0]
     more = "".join(f"\n  also: {'' if o == origin else o + ': '}{line}" for o, line in lines[1:6])
     return ConfigError(head + more, file=origin)

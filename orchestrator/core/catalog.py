@@ -14,12 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from orchestrator.core import schedule as schedule_rules
 from orchestrator.core.safety import check_safe_text, shown
-from orchestrator.core.secrets import scan
+from orchestrator.core.secrets import scan, secret_in_args, secret_name, secret_value_kind
 from orchestrator.errors import RenderError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
 # A Hugging Face repo id: [owner/]name, letters, digits, "-", "_", "."; no "--" or ".." (the hub's
 # own rules; "--" also keeps <owner>--<name> directories unambiguous).
 REPO_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?(/[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
@@ -33,6 +35,25 @@ DAY = 86_400.0
 class _Strict(BaseModel):
     # inf and nan parse as TOML floats; no setting means anything with them.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+SECRET_ADVICE = ("unit files are world-readable, so secrets go in the model's EnvironmentFile "
+                 "(<env_dir>/<model>.env, mode 0600), never in deploy.toml")
+
+
+class _SubKeyError(ValueError):
+    """An error below the field pydantic reports (``[1]`` of args, ``.HF_TOKEN`` of env)."""
+
+    def __init__(self, sub: str, message: str) -> None:
+        super().__init__(message)
+        self.sub = sub
+
+
+def _no_secret_in(args: tuple[str, ...]) -> None:
+    # Before any other check of the same values: those quote the value in their message.
+    hit = secret_in_args(args)
+    if hit:
+        raise _SubKeyError(f"[{hit[0]}]", f"holds {hit[1]} (value not shown): {SECRET_ADVICE}")
 
 
 def _safe(value: str, what: str) -> str:
@@ -85,14 +106,33 @@ class Defaults(_Strict):
     def _safe_text(cls, v: str) -> str:
         return _safe(v, "value")
 
+    @field_validator("user", "group")
+    @classmethod
+    def _account(cls, v: str) -> str:
+        if not USER_RE.match(v):
+            raise ValueError(f"{shown(v)} is not a valid user or group name (lower case letters, digits, '_', '-')")
+        return v
+
+    @field_validator("env_dir")
+    @classmethod
+    def _env_dir(cls, v: str) -> str:
+        if not PATH_RE.match(v):
+            raise ValueError(f"{shown(v)} must be an absolute path without spaces or quotes")
+        return v
+
     @field_validator("engine")
     @classmethod
     def _safe_engine(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if not v or not v[0].startswith("/"):
-            raise ValueError(f"engine must start with an absolute executable path, got {shown(repr(list(v)))}")
-        for arg in v:
-            _safe(arg, "engine argument")
-        return v
+        return _engine(v)
+
+
+def _engine(v: tuple[str, ...]) -> tuple[str, ...]:
+    _no_secret_in(v)
+    if not v or not v[0].startswith("/"):
+        raise ValueError(f"engine must start with an absolute executable path, got {shown(repr(list(v)))}")
+    for arg in v:
+        _safe(arg, "engine argument")
+    return v
 
 
 class Host(_Strict):
@@ -118,6 +158,11 @@ class Host(_Strict):
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
+
+    @field_validator("engine")
+    @classmethod
+    def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else _engine(v)
 
 
 class Model(_Strict):
@@ -165,6 +210,7 @@ class Model(_Strict):
     @field_validator("args")
     @classmethod
     def _safe_args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        _no_secret_in(v)
         for arg in v:
             _safe(arg, "argument")
         return v
@@ -173,8 +219,11 @@ class Model(_Strict):
     @classmethod
     def _safe_env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
+            kind = "a secret by its name" if secret_name(key) else secret_value_kind(value)
+            if kind:
+                raise _SubKeyError(f".{key}", f"holds {kind} (value not shown): {SECRET_ADVICE}")
             if not ENV_KEY_RE.match(key):
-                raise ValueError(f"environment variable name {key!r} is not a valid name")
+                raise ValueError(f"environment variable name {shown(key)} is not a valid name")
             _safe(value, f"value of {key}")
         return v
 
@@ -292,10 +341,7 @@ class Catalog(_Strict):
         found = scan(self.model_dump())
         if found:
             path, what = found
-            model = path.split(".")[1] if path.startswith("models.") else "MODEL"
-            raise _KeyedError(path, f"holds {what} (value not shown): unit files are world-readable, "
-                                    f"so secrets go in {self.defaults.env_dir.rstrip('/')}/{model}.env "
-                                    f"(the unit's EnvironmentFile, mode 0600), never in deploy.toml")
+            raise _KeyedError(path, f"holds {what} (value not shown): {SECRET_ADVICE}")
         return self
 
     @model_validator(mode="after")

@@ -42,6 +42,13 @@ def secret_value_kind(value: str) -> str | None:
     return None
 
 
+def redact(text: str) -> str:
+    """``text`` with every well-known secret in it replaced by a placeholder naming its kind."""
+    for kind, pattern in _VALUE_SHAPES:
+        text = pattern.sub(f"<{kind}, not shown>", text)
+    return text
+
+
 def secret_in_args(args: tuple[str, ...] | list[str]) -> tuple[int, str] | None:
     """(index, description) of the first argument that carries a secret, or None.
 

@@ -72,7 +72,7 @@ def test_secret_flags_with_values_are_found(args: list[str], index: int | None) 
     (f'env = {{ FOO = "{AKIA}" }}', "models.a.env.FOO", AKIA),
     (f'served_name = "{GHP}"', "models.a.served_name", GHP),
     (f'args = "{HF}"', "models.a.args", HF),  # a type error must not quote it either
-    (f'args = ["a\\u202e{HF}"]', "models.a.args", HF),  # nor a refused character
+    (f'args = ["a\\u202e{HF}"]', "models.a.args[0]", HF),  # nor a refused character
 ])
 def test_inline_secret_is_refused_without_echoing_it(tmp_path: Path, extra: str, key: str, secret: str) -> None:
     """render exits 2 naming the file and key path of an inline secret, never its value; no unit is written."""

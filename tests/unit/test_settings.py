@@ -131,12 +131,12 @@ def test_non_utf8_file_names_the_byte_and_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("var,value,message", [
-    ("ORCHESTRATOR_HOSTS", "{not json", "environment variable ORCHESTRATOR_HOSTS: hosts: not valid JSON for a table "
-                                        "or list (got '{not json')"),
-    ("ORCHESTRATOR_DEFAULTS__LOAD_DEADLINE_S", "abc", "environment variable ORCHESTRATOR_DEFAULTS__LOAD_DEADLINE_S: "
-                                                      "defaults.load_deadline_s: Input should be a valid number"),
-    ("ORCHESTRATOR_POLICY__ON_UNHEALTHY", "explode", "environment variable ORCHESTRATOR_POLICY__ON_UNHEALTHY: "
-                                                     "policy.on_unhealthy: Input should be"),
+    ("ORCHESTRATOR_HOSTS", "{not json", ("environment variable ORCHESTRATOR_HOSTS: hosts: not valid JSON for a table "
+                                        "or list (got '{not json')")),
+    ("ORCHESTRATOR_DEFAULTS__LOAD_DEADLINE_S", "abc", ("environment variable ORCHESTRATOR_DEFAULTS__LOAD_DEADLINE_S: "
+                                                      "defaults.load_deadline_s: Input should be a valid number")),
+    ("ORCHESTRATOR_POLICY__ON_UNHEALTHY", "explode", ("environment variable ORCHESTRATOR_POLICY__ON_UNHEALTHY: "
+                                                     "policy.on_unhealthy: Input should be")),
 ])
 def test_environment_override_error_names_the_variable(tmp_path: Path, var: str, value: str, message: str) -> None:
     """A bad ORCHESTRATOR_* override is reported as coming from that variable, not from the file."""
