@@ -167,3 +167,14 @@ def test_revision_that_is_not_a_git_ref_is_refused(revision: str) -> None:
     with pytest.raises(ValueError, match=r"models\.m\.revision"):
         Catalog.model_validate(base(revision=revision))
 
+
+
+def test_agent_unit_does_not_restart_on_bad_input() -> None:
+    """The agent's unit stays failed on exit 2 (bad deploy.toml, newer state.db) instead of looping."""
+    from orchestrator.core.render import render_agent_unit
+    from orchestrator.resources import template_text
+
+    catalog = Catalog.model_validate(base())
+    unit = render_agent_unit(catalog, template_text("orchestrator-agent.service.j2"), python="/usr/bin/python3",
+                             config="/etc/orchestrator/deploy.toml")
+    assert "Restart=on-failure\n" in unit.text and "RestartPreventExitStatus=2\n" in unit.text
