@@ -366,7 +366,8 @@ class Catalog(_Strict):
                 raise _KeyedError(f"schedules.{name}.model",
                                   f"unknown model {sched.model!r} (known: {', '.join(sorted(self.models))})")
             if sched.host and sched.host not in self.hosts:
-                raise _KeyedError(f"schedules.{name}.host", f"unknown host {sched.host!r}")
+                raise _KeyedError(f"schedules.{name}.host",
+                                  f"unknown host {sched.host!r} (known: {', '.join(sorted(self.hosts))})")
         return self
 
     def model_host(self, model: str) -> Host:

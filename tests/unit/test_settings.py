@@ -71,6 +71,7 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
      "models.a.args: argument 'safe\\u202eevil' contains the invisible format character '\\u202e' (U+202E"),
     ('repo = "org/a"', 'repo = "org/a"\nserved_name = "a\u200bb"', "models.a.served_name: value 'a\\u200bb' contains"),
     ('repo = "org/a"', 'repo = "org/a"\nenv = { FOO = "x\u2029y" }', "models.a.env: value of FOO 'x\\u2029y' contains"),
+    ('repo = "org/a"', 'repo = "org/a"\nenv = { FOO = "x\ty" }', "models.a.env: value of FOO 'x\\ty' contains the control"),
     ("[hosts.box]", '[schedules.s]\ncron = "not a cron"\nmodel = "a"\n[hosts.box]',
      "schedules.s.cron: 'not a cron' is not a valid cron expression"),
     ("[hosts.box]", '[schedules.s]\ncron = "0 3 * * *"\nmodel = "a"\nwindow = "25:99-99:00"\n[hosts.box]',
@@ -119,6 +120,19 @@ def test_render_writes_every_unit_and_diff_reports_changes(tmp_path: Path) -> No
     changed = orchestrator("render", "a", "--config", str(cfg), "--out", str(out), "--diff")
     assert changed.returncode == 1
     assert '+ExecStart=' in changed.stdout and '"--max-model-len" "4096"' in changed.stdout
+
+
+@pytest.mark.parametrize("command", [["models"], ["render", "--diff"], ["schedules"], ["status", "--local"]])
+def test_invalid_schedule_is_refused_by_every_command(tmp_path: Path, command: list[str]) -> None:
+    """A bad cron or an unknown host in a schedule stops every command at load time with the same line."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(GOOD + '[schedules.s]\ncron = "0 0 31 2 *"\nmodel = "a"\nhost = "nope"\n')
+    result = orchestrator(*command, "--config", str(cfg))
+    assert result.returncode == 2
+    assert result.stderr == (f"error: {cfg}: schedules.s.cron: cron expression '0 0 31 2 *' never fires\n")
+    cfg.write_text(GOOD + '[schedules.s]\ncron = "0 3 * * *"\nmodel = "a"\nhost = "nope"\n')
+    result = orchestrator(*command, "--config", str(cfg))
+    assert (result.returncode, result.stderr) == (2, f"error: {cfg}: schedules.s.host: unknown host 'nope' (known: box)\n")
 
 
 def test_non_utf8_file_names_the_byte_and_line(tmp_path: Path) -> None:
