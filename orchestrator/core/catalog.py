@@ -304,7 +304,7 @@ class Policy(_Strict):
     """What the agent does on its own."""
 
     rollback_on_failure: bool = True
-    watch_interval_s: float = Field(15.0, ge=0.1, le=DAY)
+    watch_interval_s: float = Field(15.0, ge=0.01, le=DAY)
     unhealthy_after_s: float = Field(60.0, gt=0, le=7 * DAY)
     on_unhealthy: Literal["restart", "rollback", "record"] = "restart"
     smoke_bench: bool = False
