@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from orchestrator import logs
+from orchestrator.core.secrets import redact
 from orchestrator.errors import OrchestratorError
 
 
@@ -22,7 +23,8 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except OrchestratorError as exc:
-            click.echo(f"error: {exc}", err=True)
+            # A message quotes bad values; a value shaped like a token is never printed.
+            click.echo(f"error: {redact(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
 

@@ -133,14 +133,22 @@ def history(config: str | None, host: str | None, limit: int, local: bool, as_js
     table = Table("host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took", "phases (s)",
                   "tok/s C=1")
     for r in rows:
-        took = f"{r['ended_at'] - r['created_at']:.1f}s" if r["ended_at"] else "-"
-        phases = " ".join(f"{text_of(p['phase']).short} {p['seconds']:.1f}" for p in r["phases"]
-                          if p["seconds"] is not None)
+        # Rows come from a database that may predate or postdate this version: any field may be missing.
+        created, ended = _number(r.get("created_at")), _number(r.get("ended_at"))
+        took = f"{ended - created:.1f}s" if ended is not None and created is not None else "-"
+        phases = " ".join(f"{text_of(str(p.get('phase'))).short} {seconds:.1f}"
+                          for p in r.get("phases") or [] if (seconds := _number(p.get("seconds"))) is not None)
         bench = r.get("bench") or {}
-        headline = bench.get("headline_tok_s")
-        style = text_of(r["outcome"]).style
-        table.add_row(r["host"], str(r["revision"]), r["model"], r["unit_sha256"][:12], r["trigger"],
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
-                      f"[{style}]{r['outcome']}[/]" if style else r["outcome"], took, phases,
+        headline = _number(bench.get("headline_tok_s")) if isinstance(bench, dict) else None
+        outcome = str(r.get("outcome", "?"))
+        style = text_of(outcome).style
+        table.add_row(str(r.get("host", "?")), str(r.get("revision", "?")), str(r.get("model", "?")),
+                      str(r.get("unit_sha256") or "")[:12], str(r.get("trigger") or ""),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "-",
+                      f"[{style}]{outcome}[/]" if style else outcome, took, phases,
                       f"{headline:.1f}" if headline else "")
     Console(width=max(Console().width, 160)).print(table)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

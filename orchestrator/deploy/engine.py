@@ -80,6 +80,8 @@ class Engine:
             if same.unit_sha == serving.spec.unit_sha and self.is_healthy(serving):
                 return None
         previous = serving.revision if serving is not None else None
+        # policy.rollback_on_failure = false is --no-rollback for every switch, the agent's included.
+        no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure
         return self.store.create(host.name, spec, trigger or default_trigger(), previous,
                                  self.ports_for(host.name).clock.now(), no_rollback=no_rollback)
 
@@ -99,8 +101,8 @@ class Engine:
             raise UsageError(f"host {host_name}: revision {to_revision} ({target.model}) never became "
                              f"active (outcome {target.phase.value}); roll back to one that did")
         return self.store.create(host_name, target.spec, f"{trigger}:to-{to_revision}",
-                                 serving.revision if serving else None,
-                                 self.ports_for(host_name).clock.now(), no_rollback=no_rollback)
+                                 serving.revision if serving else None, self.ports_for(host_name).clock.now(),
+                                 no_rollback=no_rollback or not self.catalog.policy.rollback_on_failure)
 
     def is_healthy(self, dep: Deployment) -> bool:
         ports = self.ports_for(dep.host)

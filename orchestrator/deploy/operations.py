@@ -26,7 +26,7 @@ class Operations:
                  before_step: Callable[[Deployment], None] | None = None) -> None:
         self.catalog = catalog
         self.state_dir = catalog.state_dir
-        self.store = store or SqliteStore(Path(catalog.state_dir) / "state.db")
+        self.store = store or SqliteStore(Path(catalog.state_dir) / "state.db", group=catalog.socket_group)
         self.ports_for = ports_for
         self.template = template
         self.before_step = before_step

@@ -110,6 +110,20 @@ def test_no_rollback_flag_leaves_failure(world: World) -> None:
     assert world.host.active_units() == ["vllm-beta.service"]
 
 
+def test_policy_without_rollback_leaves_failure() -> None:
+    """policy.rollback_on_failure = false works like --no-rollback: failed, recorded, A not restarted."""
+    from .conftest import make_catalog
+
+    world = World(make_catalog(policy={"rollback_on_failure": False}))
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "never_ready"
+    dep = world.switch("beta")
+    assert (dep.phase, dep.no_rollback) == (Phase.FAILED, True)
+    assert world.store.get(dep.id).no_rollback
+    assert world.host.calls.count("start vllm-alpha.service") == 1
+    assert world.host.active_units() == ["vllm-beta.service"]
+
+
 def test_first_deploy_failure_cannot_roll_back(world: World) -> None:
     """With no previous stable revision a failure is final."""
     world.host.behaviours["vllm-alpha.service"] = "crash"
