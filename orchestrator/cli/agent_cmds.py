@@ -29,7 +29,7 @@ def agent(config: str | None, socket_path: str | None, metrics_port: int | None)
     logs.configure(json=True)
     cat = settings.load(config)
     port = cat.metrics_port if metrics_port is None else metrics_port
-    Agent(cat, operations(cat, test_hooks=True), socket=socket_path, metrics_port=port or None).run()
+    Agent(cat, operations(cat), socket=socket_path, metrics_port=port or None).run()
 
 
 @main.command()

@@ -17,7 +17,6 @@ from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.core.render import load_deadline, render_agent_unit, render_unit
 from orchestrator.deploy.engine import default_template
-from orchestrator.errors import UsageError
 from orchestrator.resources import template_text
 
 
@@ -63,8 +62,8 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
            installed: bool) -> None:
     """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
     cat = settings.load(config)
-    if model is not None and model not in cat.models:
-        raise UsageError(f"unknown model {model!r} (known: {', '.join(sorted(cat.models))})")
+    if model is not None:
+        cat.model(model)
     text = Path(template).read_text() if template else default_template()
     names = [model] if model else list(cat.models)
     rendered = [render_unit(cat, cat.models[n], text) for n in names]  # all or nothing: render before writing

@@ -1,6 +1,7 @@
 """How the CLI reaches the operations: through the agent's socket when one runs, else in-process.
 
-Both backends offer the same methods, so commands do not care which one they got.
+Both backends run the operations of one table (``client.table``), so commands do not care which
+one they got, and the arguments are checked the same way on both paths.
 """
 
 from __future__ import annotations
@@ -8,41 +9,55 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Any, Protocol
+from typing import Any
 
 from orchestrator.agent.protocol import encode, raise_error
+from orchestrator.client.table import Call, lookup
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import AgentError, Detached
 from orchestrator.ports import ProgressCallback
 
 
-class Backend(Protocol):
+class Backend:
+    """The typed face of the table's operations; subclasses say how ``call`` reaches them."""
+
+    def call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+        raise NotImplementedError
+
     def switch(self, model: str, *, no_rollback: bool = False, force: bool = False,
-               progress: ProgressCallback | None = None) -> dict[str, Any]: ...
+               progress: ProgressCallback | None = None) -> dict[str, Any]:
+        return dict(self.call("switch", {"model": model, "no_rollback": no_rollback, "force": force}, progress))
 
     def rollback(self, host: str | None, to_revision: int | None, *,
-                 progress: ProgressCallback | None = None) -> dict[str, Any]: ...
+                 progress: ProgressCallback | None = None) -> dict[str, Any]:
+        return dict(self.call("rollback", {"host": host, "to_revision": to_revision}, progress))
 
-    def recover(self, host: str | None, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]: ...
+    def recover(self, host: str | None, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
+        return list(self.call("recover", {"host": host}, progress)["recovered"])
 
-    def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]: ...
+    def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
+        return dict(self.call("stage", {"model": model}, progress))
 
-    def status(self, host: str | None) -> dict[str, Any]: ...
+    def status(self, host: str | None) -> dict[str, Any]:
+        return dict(self.call("status", {"host": host}))
 
-    def history(self, host: str | None, limit: int) -> list[dict[str, Any]]: ...
+    def history(self, host: str | None, limit: int) -> list[dict[str, Any]]:
+        return list(self.call("history", {"host": host, "limit": limit}))
 
-    def follow(self, host: str | None, *, progress: ProgressCallback | None = None) -> None: ...
+    def follow(self, host: str | None, *, progress: ProgressCallback | None = None) -> None:
+        self.call("follow", {"host": host}, progress)
 
-    def schedules(self) -> list[dict[str, Any]]: ...
+    def schedules(self) -> list[dict[str, Any]]:
+        return list(self.call("schedules", {}))
 
 
-class AgentClient:
+class AgentClient(Backend):
     """Talks to a running agent over its Unix socket (JSON lines)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def _call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+    def call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.path)
@@ -65,38 +80,14 @@ class AgentClient:
         except KeyboardInterrupt:
             raise Detached(f"detached from {op}: the agent carries on (follow it with `orchestrator status "
                            "--follow`)") from None
+        except OSError as exc:
+            raise AgentError(f"agent socket {self.path}: {op}: {exc.strerror or exc}") from exc
         finally:
             sock.close()
         raise AgentError(f"agent at {self.path} closed the connection before answering {op}")
 
-    def switch(self, model: str, *, no_rollback: bool = False, force: bool = False,
-               progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return dict(self._call("switch", {"model": model, "no_rollback": no_rollback, "force": force}, progress))
 
-    def rollback(self, host: str | None, to_revision: int | None, *,
-                 progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return dict(self._call("rollback", {"host": host, "to_revision": to_revision}, progress))
-
-    def recover(self, host: str | None, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
-        return list(self._call("recover", {"host": host}, progress)["recovered"])
-
-    def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return dict(self._call("stage", {"model": model}, progress))
-
-    def status(self, host: str | None) -> dict[str, Any]:
-        return dict(self._call("status", {"host": host}))
-
-    def history(self, host: str | None, limit: int) -> list[dict[str, Any]]:
-        return list(self._call("history", {"host": host, "limit": limit}))
-
-    def follow(self, host: str | None, *, progress: ProgressCallback | None = None) -> None:
-        self._call("follow", {"host": host}, progress)
-
-    def schedules(self) -> list[dict[str, Any]]:
-        return list(self._call("schedules", {}))
-
-
-class LocalBackend:
+class LocalBackend(Backend):
     """Runs operations in this process (no agent running, or --local)."""
 
     def __init__(self, catalog: Catalog) -> None:
@@ -105,35 +96,9 @@ class LocalBackend:
         self.catalog = catalog
         self.ops = operations(catalog)
 
-    def switch(self, model: str, *, no_rollback: bool = False, force: bool = False,
-               progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.switch(model, no_rollback=no_rollback, force=force, progress=progress)
-
-    def rollback(self, host: str | None, to_revision: int | None, *,
-                 progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.rollback(host, to_revision, progress=progress)
-
-    def recover(self, host: str | None, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
-        return self.ops.recover(host, progress=progress)
-
-    def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return self.ops.stage(model, progress=progress)
-
-    def status(self, host: str | None) -> dict[str, Any]:
-        from orchestrator.agent.daemon import schedule_rows
-
-        return {**self.ops.status(host), "schedules": schedule_rows(self.catalog, self.ops)}
-
-    def history(self, host: str | None, limit: int) -> list[dict[str, Any]]:
-        return self.ops.history(host, limit)
-
-    def follow(self, host: str | None, *, progress: ProgressCallback | None = None) -> None:
-        return None  # nothing runs in the background without an agent
-
-    def schedules(self) -> list[dict[str, Any]]:
-        from orchestrator.agent.daemon import schedule_rows
-
-        return schedule_rows(self.catalog, self.ops)
+    def call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+        spec = lookup(op)
+        return spec.run(self.ops, spec.parse(self.catalog, args), Call(progress=progress))
 
 
 def backend_for(catalog: Catalog, *, local: bool = False) -> Backend:
@@ -144,7 +109,7 @@ def backend_for(catalog: Catalog, *, local: bool = False) -> Backend:
     if not local and os.path.exists(path):
         client = AgentClient(path)
         try:
-            client._call("ping", {})
+            client.call("ping", {})
             return client
         except AgentError as exc:
             if "permission denied" in str(exc) or "may not use the agent" in str(exc):

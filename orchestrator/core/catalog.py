@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.core.safety import check_safe_text
+from orchestrator.errors import UsageError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -249,6 +250,25 @@ class Catalog(_Strict):
             if sched.host and sched.host not in self.hosts:
                 raise _KeyedError(f"schedules.{name}.host", f"unknown host {sched.host!r}")
         return self
+
+    def model(self, name: str) -> Model:
+        """The model called ``name``, or the one UsageError that lists the known ones."""
+        if name not in self.models:
+            raise UsageError(f"unknown model {name!r} (known: {', '.join(sorted(self.models)) or 'none'})")
+        return self.models[name]
+
+    def host(self, name: str) -> Host:
+        """The host called ``name``, or the one UsageError that lists the known ones."""
+        if name not in self.hosts:
+            raise UsageError(f"unknown host {name!r} (known: {', '.join(sorted(self.hosts)) or 'none'})")
+        return self.hosts[name]
+
+    def only_host(self) -> Host:
+        """The single host, for commands that may leave --host out; else a UsageError naming them."""
+        if len(self.hosts) != 1:
+            raise UsageError(f"there are {len(self.hosts)} hosts: say which one with --host "
+                             f"({', '.join(sorted(self.hosts))})")
+        return next(iter(self.hosts.values()))
 
     def model_host(self, model: str) -> Host:
         """The host a model runs on: its own ``host`` or the only host there is."""

@@ -104,8 +104,8 @@ class Engine:
                                  self.ports_for(host_name).clock.now(), no_rollback=no_rollback)
 
     def is_healthy(self, dep: Deployment) -> bool:
-        ports = self.ports_for(dep.host)
         try:
+            ports = self.ports_for(dep.host)  # builds the host's connection on first use: may fail too
             if not ports.systemd.unit_state(dep.spec.unit_name).is_active:
                 return False
             ok, _ = ports.health.health(dep.spec.base_url)
