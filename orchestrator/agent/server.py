@@ -175,19 +175,25 @@ class _Handler(socketserver.StreamRequestHandler):
         """Answer, then read (and drop) what the client sends for a moment, so it reads our answer
         instead of a reset from closing on its unread request."""
         self._send(error_reply(exc))
-        self.request.shutdown(socket.SHUT_WR)
         self.request.settimeout(1.0)
-        try:
-            while self.request.recv(MAX_REQUEST):
-                pass
-        except OSError:
-            pass
+        _drain(self.request)
 
     def finish(self) -> None:
         try:
             super().finish()
         except OSError:
             pass  # the client went away: flushing the rest of the replies cannot work
+
+
+def _drain(sock: socket.socket) -> None:
+    """After our answer: read and drop what the client sends for a moment (its timeout), so it
+    reads the answer instead of a reset from our closing on its unread request."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(MAX_REQUEST):
+            pass
+    except OSError:
+        pass
 
 
 def _parse(line: bytes) -> dict[str, Any]:
@@ -223,6 +229,7 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, path: str, agent: Any, max_connections: int = MAX_CONNECTIONS) -> None:
         self.agent = agent
         self.slots = threading.BoundedSemaphore(max_connections)
+        self.overflow = threading.BoundedSemaphore(max_connections)  # clients being told "too many"
         self.max_connections = max_connections
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         if os.path.exists(path):
@@ -238,19 +245,28 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
             log.warning("client_turned_away", connections=self.max_connections)
-            try:  # never block the accepting thread on a client that does not read
-                request.send(encode(error_reply(AgentError(
-                    f"the agent already serves {self.max_connections} connections; try again")
-                )), socket.MSG_DONTWAIT)
-            except OSError:
-                pass
-            self.shutdown_request(request)
+            if self.overflow.acquire(blocking=False):  # answer it, briefly, off the accepting thread
+                threading.Thread(target=self._turn_away, args=(request,), daemon=True).start()
+            else:
+                self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self.slots.release()
             raise
+
+    def _turn_away(self, request: socket.socket) -> None:
+        try:
+            request.settimeout(1.0)
+            request.sendall(encode(error_reply(AgentError(
+                f"the agent already serves {self.max_connections} connections; try again"))))
+            _drain(request)
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
+            self.overflow.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
