@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 from orchestrator.adapters import connect
 from orchestrator.adapters.clock import SystemClock
@@ -15,7 +12,6 @@ from orchestrator.adapters.smoke import SmokeBench
 from orchestrator.adapters.weights import SpecWeights
 from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.catalog import Catalog, Host
-from orchestrator.core.records import Deployment
 from orchestrator.deploy.operations import Operations
 from orchestrator.ports import HostPorts
 
@@ -44,27 +40,5 @@ def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:
     return ports_for
 
 
-def pause_hook(directory: str) -> Callable[[Deployment], None]:
-    """Test hook: hold the engine before the phase named in <dir>/pause-at until that file goes away."""
-    pause_at, paused = Path(directory) / "pause-at", Path(directory) / "paused"
-
-    def hook(dep: Deployment) -> None:
-        try:
-            wanted = pause_at.read_text().strip()
-        except FileNotFoundError:
-            return
-        if wanted != dep.phase.value:
-            return
-        paused.write_text(f"{dep.id} {dep.phase.value}\n")
-        while pause_at.exists():
-            time.sleep(0.05)
-
-    return hook
-
-
-def operations(catalog: Catalog, *, test_hooks: bool = False) -> Operations:
-    hook_dir = os.environ.get("ORCHESTRATOR_TEST_PAUSE_DIR") if test_hooks else None
-    template_path = os.environ.get("ORCHESTRATOR_TEMPLATE")
-    return Operations(catalog, ports_factory(catalog),
-                      template=Path(template_path).read_text() if template_path else None,
-                      before_step=pause_hook(hook_dir) if hook_dir else None)
+def operations(catalog: Catalog) -> Operations:
+    return Operations(catalog, ports_factory(catalog))

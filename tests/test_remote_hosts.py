@@ -106,7 +106,7 @@ def test_switch_through_the_relay_records_the_ssh_login(net_hosts: HostSet, box:
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["outcome"] == "active" and out["host"] == box.name
-    assert out["trigger"] == f"cli:root@{machine_address(box)}"
+    assert out["trigger"] == f"root@{machine_address(box)}"
     assert active(box, "vllm-alpha.service") == "active"
     local = json.loads(box.run(shlex.join([PY, "-m", "orchestrator", "history", "--json", "--local", "--config",
                                            "/etc/orchestrator-agent-test.toml"])).stdout)
@@ -128,7 +128,7 @@ def test_two_clients_at_once_one_is_refused_naming_the_running_switch(net_hosts:
         _out, err = first.communicate(timeout=120)
     assert refused.returncode == 5, refused.stderr
     assert "busy" in refused.stderr and "beta" in refused.stderr
-    assert f"cli:root@{machine_address(box)}" in refused.stderr
+    assert f"root@{machine_address(box)}" in refused.stderr
     assert first.returncode == 0, err
     seen_a, seen_b = history(client_a("history", "--json")), history(client_b(h2, "history", "--json"))
     assert seen_a == seen_b

@@ -10,8 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from orchestrator.adapters.local_shell import LocalShell
 from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.weights import MANIFEST_NAME, Manifest, StageRequest
 from orchestrator.errors import WeightsError
+from tests.hosts.wait import wait_for
 from tests.hubstub import HubStub, StubFile, StubRepo, sharded_model, single_file_model
 from tests.hubstub.runner import LocalRunner
 
@@ -29,13 +29,6 @@ TOKEN = "hf_stubSECRETtoken_5f2d9c"
 MiB = 1 << 20
 
 Events = list[tuple[str, dict[str, object]]]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -231,7 +224,7 @@ def _start_stalled_stage(hub: HubStub, store: HfWeightStore, runner: LocalRunner
     thread.start()
     part = root / "tiny" / f".staging-{SHA}" / (SHARDS[0] + ".part")
     assert hub.stalled.wait(30)
-    wait_until(lambda: part.exists() and part.stat().st_size >= 10 * MiB)
+    wait_for(lambda: part.exists() and part.stat().st_size >= 10 * MiB, what="10 MiB in the .part file")
     return thread, part
 
 

@@ -32,7 +32,7 @@ def ssh_client_address(pid: int) -> str | None:
 
 
 def operator(pid: int, uid: int) -> str:
-    """'alice@10.0.0.7' for an SSH login through the relay, 'alice' for a local client."""
+    """'alice@10.0.0.7' for an SSH login through the relay, 'alice@socket' for a local client: the
+    audit trail's name for a caller, as the kernel told us, never what the client says."""
     origin = ssh_client_address(pid) if pid > 0 else None
-    name = user_name(uid)
-    return f"{name}@{origin}" if origin else name
+    return f"{user_name(uid)}@{origin or 'socket'}"

@@ -15,9 +15,6 @@ from typing import Any
 from orchestrator import errors
 from orchestrator.errors import OrchestratorError
 
-OPS = frozenset({"switch", "rollback", "recover", "status", "history", "follow", "schedules", "stage", "ping",
-                 "config_show", "config_push"})
-
 
 def encode(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()

@@ -33,9 +33,9 @@ def agent(ctx: click.Context, config: str | None, socket_path: str | None, metri
     logs.configure(json=True)
     cat = settings.load(config)
     port = cat.metrics_port if metrics_port is None else metrics_port
-    Agent(cat, operations(cat, test_hooks=True), socket=socket_path, metrics_port=port or None,
+    Agent(cat, operations(cat), socket=socket_path, metrics_port=port or None,
           config_path=str(settings.config_path(config).resolve()),
-          ops_factory=lambda c: operations(c, test_hooks=True)).run()
+          ops_factory=operations).run()
 
 
 @agent.command("dial-stdio")

@@ -67,8 +67,8 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
     if installed:
         local_only("render --diff --installed")
     cat = settings.load(config)
-    if model is not None and model not in cat.models:
-        raise UsageError(f"unknown model {model!r} (known: {', '.join(sorted(cat.models))})")
+    if model is not None:
+        cat.model(model)
     text = _template(template) if template else default_template()
     out_dir = Path(out)
     if not diff and out_dir.exists() and not out_dir.is_dir():

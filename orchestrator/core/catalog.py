@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from orchestrator.core import schedule as schedule_rules
 from orchestrator.core.safety import check_safe_text, shown
 from orchestrator.core.secrets import scan, secret_in_args, secret_name, secret_value_kind
-from orchestrator.errors import RenderError
+from orchestrator.errors import RenderError, UsageError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -399,6 +399,25 @@ class Catalog(_Strict):
                 raise _KeyedError(key, f"source {model.source!r} needs revision pinned to a commit SHA "
                                        f"(got revision {model.revision!r})")
         return self
+
+    def model(self, name: str) -> Model:
+        """The model called ``name``, or the one UsageError that lists the known ones."""
+        if name not in self.models:
+            raise UsageError(f"unknown model {name!r} (known: {', '.join(sorted(self.models)) or 'none'})")
+        return self.models[name]
+
+    def host(self, name: str) -> Host:
+        """The host called ``name``, or the one UsageError that lists the known ones."""
+        if name not in self.hosts:
+            raise UsageError(f"unknown host {name!r} (known: {', '.join(sorted(self.hosts)) or 'none'})")
+        return self.hosts[name]
+
+    def only_host(self) -> Host:
+        """The single host, for commands that may leave --host out; else a UsageError naming them."""
+        if len(self.hosts) != 1:
+            raise UsageError(f"there are {len(self.hosts)} hosts: say which one with --host "
+                             f"({', '.join(sorted(self.hosts))})")
+        return next(iter(self.hosts.values()))
 
     def model_host(self, model: str) -> Host:
         """The host a model runs on: its own ``host`` or the only host there is."""

@@ -7,6 +7,7 @@ when deploy.toml is loaded, and by the agent's loop, which therefore never meets
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, time
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -87,3 +88,19 @@ def in_window(s: Schedule, at: float) -> bool:
     if s.window is None:
         return True
     return window_contains(s.window, s.timezone, datetime.fromtimestamp(at, UTC))
+
+
+def due(next_runs: Mapping[str, float], now: float) -> list[tuple[str, float]]:
+    """The schedules whose next run has come by ``now``, earliest first, with their due time."""
+    return sorted(((n, at) for n, at in next_runs.items() if at <= now), key=lambda item: (item[1], item[0]))
+
+
+def first_runs(schedules: Mapping[str, Schedule], now: float) -> dict[str, float]:
+    """Each schedule's first firing time after ``now`` (the agent's start)."""
+    return {name: next_run(s, now) for name, s in schedules.items()}
+
+
+def after_firing(s: Schedule, due_at: float, now: float) -> float:
+    """The next run after one that was due at ``due_at`` and handled at ``now``: missed runs in
+    between (the agent was down or busy) collapse into the one just handled."""
+    return next_run(s, max(now, due_at))

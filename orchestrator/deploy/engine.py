@@ -105,8 +105,8 @@ class Engine:
                                  no_rollback=no_rollback or not self.catalog.policy.rollback_on_failure)
 
     def is_healthy(self, dep: Deployment) -> bool:
-        ports = self.ports_for(dep.host)
         try:
+            ports = self.ports_for(dep.host)  # builds the host's connection on first use: may fail too
             if not ports.systemd.unit_state(dep.spec.unit_name).is_active:
                 return False
             ok, _ = ports.health.health(dep.spec.base_url)
