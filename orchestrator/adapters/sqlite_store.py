@@ -22,7 +22,7 @@ from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
 from orchestrator.core.states import TERMINAL, Phase
 from orchestrator.errors import StateError, StateStoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Version 1: the schema as first landed (until then the file had no user_version).
 _V1 = (
@@ -84,8 +84,29 @@ def _to_v1(db: sqlite3.Connection, path: str) -> None:
             db.execute(f"ALTER TABLE deployments ADD COLUMN {column} {decl}")
 
 
+# Version 2: the agent's config revisions (`config push`) and which one each deployment ran with.
+_V2 = (
+    """CREATE TABLE IF NOT EXISTS config_revisions (
+  revision INTEGER PRIMARY KEY AUTOINCREMENT,
+  at REAL NOT NULL,
+  sha256 TEXT NOT NULL,
+  operator TEXT NOT NULL,
+  text TEXT NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS deployment_configs (
+  deployment_id INTEGER PRIMARY KEY,
+  config_revision INTEGER NOT NULL REFERENCES config_revisions(revision)
+)""",
+)
+
+
+def _to_v2(db: sqlite3.Connection, path: str) -> None:
+    for statement in _V2:
+        db.execute(statement)
+
+
 # _MIGRATIONS[v] brings a file from version v to v + 1.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1,)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _to_v2)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 

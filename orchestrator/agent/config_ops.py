@@ -19,23 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import settings
+from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import ConfigError, StateError
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS config_revisions (
-  revision INTEGER PRIMARY KEY AUTOINCREMENT,
-  at REAL NOT NULL,
-  sha256 TEXT NOT NULL,
-  operator TEXT NOT NULL,
-  text TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS deployment_configs (
-  deployment_id INTEGER PRIMARY KEY,
-  config_revision INTEGER NOT NULL REFERENCES config_revisions(revision)
-);
-"""
 
 
 def sha256(text: str) -> str:
@@ -48,10 +35,10 @@ class ConfigRevisions:
     def __init__(self, path: str | Path, state_dir: str) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        db_path = Path(state_dir) / "state.db"
+        SqliteStore(db_path).close()  # creates and migrates the schema, config tables included
         try:
-            self._db = sqlite3.connect(str(Path(state_dir) / "state.db"), timeout=30.0, isolation_level=None,
-                                       check_same_thread=False)
-            self._db.executescript(_SCHEMA)
+            self._db = sqlite3.connect(str(db_path), timeout=30.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise StateError(f"state store {state_dir}/state.db: {exc}") from exc
 

@@ -55,7 +55,7 @@ def history_cli(tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_landed_database_is_migrated_and_keeps_its_history(tmp_path: Path) -> None:
-    """An unversioned database of the landed schema is stamped version 1 and reads as before."""
+    """An unversioned database of the landed schema is migrated to the current version and reads as before."""
     path = tmp_path / "state.db"
     landed_db(path)
     store = SqliteStore(path)
@@ -63,7 +63,27 @@ def test_landed_database_is_migrated_and_keeps_its_history(tmp_path: Path) -> No
     assert serving is not None and serving.phase is Phase.ACTIVE and serving.spec == SPEC
     assert [t.phase for t in serving.timings] == ["planned", "starting"]
     store.close()
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert {"config_revisions", "deployment_configs"} <= {r[0] for r in db.execute(
+        "SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def test_version_1_database_gains_the_config_tables(tmp_path: Path) -> None:
+    """A file at version 1 (before `config push`) is migrated to 2 with its history intact."""
+    path = tmp_path / "state.db"
+    landed_db(path)
+    SqliteStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE config_revisions")
+    db.execute("DROP TABLE deployment_configs")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    store = SqliteStore(path)
+    assert store.serving("box") is not None
+    store.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
 
 
 def test_fresh_database_is_stamped_with_the_current_version(tmp_path: Path) -> None:
@@ -79,12 +99,12 @@ def test_newer_database_is_refused_naming_file_and_versions(tmp_path: Path) -> N
     landed_db(path)
     sqlite3.connect(path).execute("PRAGMA user_version = 7")
     with pytest.raises(StateStoreError, match=rf"{path}: schema version 7 is newer than this orchestrator "
-                                              rf"supports \(1\)"):
+                                              rf"supports \({SCHEMA_VERSION}\)"):
         SqliteStore(path)
     result = history_cli(tmp_path)
     assert result.returncode == 2
     assert result.stderr == (f"error: state store {path}: schema version 7 is newer than this orchestrator "
-                             f"supports (1); upgrade orchestrator (or move the file aside)\n")
+                             f"supports ({SCHEMA_VERSION}); upgrade orchestrator (or move the file aside)\n")
 
 
 def test_garbage_file_is_a_clean_error(tmp_path: Path) -> None:
