@@ -9,12 +9,13 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
+from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.client.backends import backend_for
 
 _SHORT = {"planned": "plan", "preflight": "pre", "staging": "stage", "stopping": "stop", "freeing": "free",
@@ -129,8 +130,12 @@ def history(config: str | None, host: str | None, limit: int, local: bool, as_js
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took", "phases (s)",
-                  "tok/s C=1")
+    if not rows:
+        names = [host] if host else sorted(cat.hosts)
+        where = f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(names)}"
+        click.echo(f"no deployments recorded yet on {where}")
+        return
+    table_rows: list[list[str | Text]] = []
     for r in rows:
         took = f"{r['ended_at'] - r['created_at']:.1f}s" if r["ended_at"] else "-"
         phases = " ".join(f"{_SHORT.get(p['phase'], p['phase'])} {p['seconds']:.1f}" for p in r["phases"]
@@ -138,8 +143,8 @@ def history(config: str | None, host: str | None, limit: int, local: bool, as_js
         bench = r.get("bench") or {}
         headline = bench.get("headline_tok_s")
         style = {"active": "green", "rolled_back": "yellow", "failed": "red", "aborted": "red"}.get(r["outcome"], "")
-        table.add_row(r["host"], str(r["revision"]), r["model"], r["unit_sha256"][:12], r["trigger"],
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
-                      f"[{style}]{r['outcome']}[/]" if style else r["outcome"], took, phases,
-                      f"{headline:.1f}" if headline else "")
-    Console(width=max(Console().width, 160)).print(table)
+        table_rows.append([r["host"], str(r["revision"]), r["model"], r["unit_sha256"][:12], r["trigger"],
+                           time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
+                           Text(r["outcome"], style=style), took, phases, f"{headline:.1f}" if headline else ""])
+    print_table(stdout_console(), ["host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took",
+                                   "phases (s)", "tok/s C=1"], table_rows)

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import json_option
+from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.core import planner
 from orchestrator.errors import UsageError
 
@@ -130,7 +129,7 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
 
 
 def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | None) -> None:
-    console = Console()
+    console = stdout_console()
     v = result.requested
     mark = "[green]valid[/]" if v.valid else "[red]cannot load[/]"
     console.print(f"[bold]{name}[/] as {v.layout} on {hw.gpu_count} x {hw.gpu_memory_gib:g} GiB: {mark}")
@@ -148,10 +147,10 @@ def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | N
     if result.layouts:
         shown = result.layouts[:limit] if limit else result.layouts
         more = len(result.layouts) - len(shown)
-        table = Table("layout", "GPUs", "weights/GPU", "full-length seqs/replica", "why",
-                      title="valid layouts, best first" + (f" ({more} more: --all)" if more else ""))
-        for lay in shown:
-            fit = lay.memory
-            table.add_row(str(lay.layout), str(lay.layout.gpus), f"{fit.weights_gib:.1f} GiB" if fit else "?",
-                          str(fit.max_full_sequences) if fit else "?", lay.why)
-        console.print(table)
+        rows = [[str(n), str(lay.layout), str(lay.layout.gpus),
+                 f"{lay.memory.weights_gib:.1f} GiB" if lay.memory else "?",
+                 str(lay.memory.max_full_sequences) if lay.memory else "?"] for n, lay in enumerate(shown, 1)]
+        console.print()
+        print_table(console, ["#", "layout", "GPUs", "weights/GPU", "full-length seqs/replica"], rows,
+                    title="valid layouts, best first" + (f" ({more} more: --all)" if more else ""),
+                    notes=[lay.why for lay in shown])
