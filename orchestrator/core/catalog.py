@@ -7,6 +7,7 @@ Loading the file and the environment is ``orchestrator.settings``' job.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Literal
 
@@ -19,6 +20,8 @@ ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Inline values under these names would end up in a world-readable unit file and in logs.
 SECRET_KEY_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY|CREDENTIALS?)$", re.IGNORECASE)
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+# vLLM units run with PrivateTmp=yes: their /tmp and /var/tmp are private and empty.
+PRIVATE_TMP = ("/tmp", "/var/tmp")
 
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
 
@@ -30,6 +33,24 @@ class _Strict(BaseModel):
 def _safe(value: str, what: str) -> str:
     check_safe_text(value, what)
     return value
+
+
+def _outside_private_tmp(path: str, what: str) -> None:
+    norm = posixpath.normpath(path)
+    for tmp in PRIVATE_TMP:
+        if norm == tmp or norm.startswith(tmp + "/"):
+            raise ValueError(f"{what} {path} is under {tmp}, which the model's unit cannot see (vLLM units run "
+                             f"with PrivateTmp=yes, an empty {tmp} of their own): move it out of /tmp and /var/tmp")
+
+
+def _check_engine(v: tuple[str, ...]) -> tuple[str, ...]:
+    if not v or not v[0].startswith("/"):
+        raise ValueError(f"engine must start with an absolute executable path, got {list(v)!r}")
+    for arg in v:
+        _safe(arg, "engine argument")
+        if arg.startswith("/"):
+            _outside_private_tmp(arg, "engine path")
+    return v
 
 
 class Defaults(_Strict):
@@ -56,11 +77,7 @@ class Defaults(_Strict):
     @field_validator("engine")
     @classmethod
     def _safe_engine(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if not v or not v[0].startswith("/"):
-            raise ValueError(f"engine must start with an absolute executable path, got {list(v)!r}")
-        for arg in v:
-            _safe(arg, "engine argument")
-        return v
+        return _check_engine(v)
 
 
 class Host(_Strict):
@@ -86,6 +103,17 @@ class Host(_Strict):
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
+
+    @field_validator("engine")
+    @classmethod
+    def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else _check_engine(v)
+
+    @field_validator("models_dir")
+    @classmethod
+    def _models_dir_visible(cls, v: str) -> str:
+        _outside_private_tmp(v, "models_dir")
+        return v
 
 
 class Model(_Strict):
@@ -116,6 +144,13 @@ class Model(_Strict):
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
+
+    @field_validator("source")
+    @classmethod
+    def _source_visible(cls, v: str) -> str:
+        if v.startswith("local:"):
+            _outside_private_tmp(v.removeprefix("local:"), "local weights directory")
+        return v
 
     @field_validator("args")
     @classmethod

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from tests.hosts import keys
-from tests.hosts.machine import Host, HostError, stop_nspawn, unmount_tree
+from tests.hosts.machine import Host, HostError, repo_binds, stop_nspawn, unmount_tree
 
 STATE_ROOT = Path(os.environ.get("TESTHOSTS_DIR", "/run/testhosts"))
 FIRST_OCTET = 11  # 127.0.0.1/.2 stay free for other tools
@@ -95,7 +95,7 @@ def boot_hosts(count: int, *, binds_ro: tuple[str, ...] = (), binds_rw: tuple[st
             host = Host(name=f"h{i}", address=f"127.0.0.{octet}", state_dir=state_dir,
                         key_path=key_dir / "id_ed25519", known_hosts_path=key_dir / "known_hosts",
                         host_key_path=key_dir / f"host_h{i}_ed25519",
-                        binds_ro=(str(Path(__file__).resolve().parents[2]), *binds_ro),
+                        binds_ro=(*repo_binds(), *binds_ro),
                         binds_rw=binds_rw)
             hostset.hosts.append(host)
             pub = keys.generate_ed25519(host.host_key_path, f"testhost-{host.name}")
