@@ -6,6 +6,7 @@ file, the key path and the bad value (exit code 2), never a pydantic traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from contextvars import ContextVar
@@ -62,13 +63,40 @@ def load(path: str | Path | None = None) -> Catalog:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(file)) from exc
     token = _toml_path.set(file)
     try:
-        return DeploySettings()
+        return _with_model_configs(DeploySettings(), file)
     except ValidationError as exc:
         raise _config_error(exc, str(file)) from None
     except OrchestratorError as exc:  # a RenderError raised by a field validator outside pydantic's wrap
         raise ConfigError(str(exc), file=str(file)) from None
     finally:
         _toml_path.reset(token)
+
+
+def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
+    """Resolve each model's ``config`` against the file's directory and check it is a JSON object."""
+    resolved = {}
+    for name, model in cat.models.items():
+        if model.config is None:
+            continue
+        path = Path(model.config).expanduser()
+        path = path if path.is_absolute() else file.parent / path
+        key = f"models.{name}.config"
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: file not found", file=str(file), key=key) from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}", file=str(file), key=key) from None
+        except ValueError as exc:
+            raise ConfigError(f"{path}: not a valid config.json (not JSON: {exc})", file=str(file),
+                              key=key) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a valid config.json (a JSON {type(data).__name__}, not an object)",
+                              file=str(file), key=key)
+        resolved[name] = model.model_copy(update={"config": str(path)})
+    if not resolved:
+        return cat
+    return cat.model_copy(update={"models": {**cat.models, **resolved}})
 
 
 def _config_error(exc: ValidationError, file: str) -> ConfigError:

@@ -139,8 +139,10 @@ class Model(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     allow_patterns: tuple[str, ...] = ()
     ignore_patterns: tuple[str, ...] = ()
+    # A local copy of the model's config.json for `plan` (relative to deploy.toml): plans offline.
+    config: str | None = None
 
-    @field_validator("repo", "revision", "source", "served_name")
+    @field_validator("repo", "revision", "source", "served_name", "config")
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
