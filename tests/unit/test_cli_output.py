@@ -88,8 +88,25 @@ def test_plan_notes_are_whole_lines_through_a_pipe() -> None:
 
 def test_history_without_deployments_says_so(tmp_path: Path) -> None:
     """`history` on a fresh state directory says in words that nothing was recorded on the host."""
+    out = run_piped("history", "--local", "--config", str(_fresh_state(tmp_path)))
+    assert out.strip() == "no deployments recorded yet on host blackwell"
+
+
+def _fresh_state(tmp_path: Path) -> Path:
     cfg = tmp_path / "deploy.toml"
     cfg.write_text((REPO / "deploy.toml").read_text().replace(
         'state_dir = "/var/lib/orchestrator"', f'state_dir = "{tmp_path / "state"}"'))
-    out = run_piped("history", "--local", "--config", str(cfg))
-    assert out.strip() == "no deployments recorded yet on host blackwell"
+    return cfg
+
+
+def test_schedules_show_name_cron_and_window_whole(tmp_path: Path) -> None:
+    """`schedules` through a pipe at 80 columns keeps the name, cron and window on one line."""
+    out = run_piped("schedules", "--config", str(_fresh_state(tmp_path)))
+    row = next(line for line in out.splitlines() if line.startswith("nightly-redeploy"))
+    assert "30 3 * * *" in row and "redeploy" in row and "03:00-05:00" in row, out
+
+
+def test_compare_without_benchmarks_says_so(tmp_path: Path) -> None:
+    """`compare` on a host with no benchmark says so in words, not as an empty table."""
+    out = run_piped("compare", "--config", str(_fresh_state(tmp_path)))
+    assert out.strip() == "no benchmarks recorded yet on host blackwell"
