@@ -213,6 +213,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
     next_note = start
     next_unit_check = start
     completion_errors = 0
+    completion_error = ""
     last = "not probed yet"
     while True:
         elapsed = clock.monotonic() - start
@@ -220,7 +221,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
             # systemd's view costs a round trip on remote hosts; once a second catches a crash loop.
             unit_verdict = judge_unit(sd.unit_state(spec.unit_name), restarts_before)
             if unit_verdict is not None:
-                after = f" after {last}" if completion_errors else ""  # the engine died answering this
+                after = f" after {completion_error}" if completion_error else ""  # died answering it
                 raise HealthCheckFailed(unit_verdict.detail + after + journal_hint(ctx, spec.unit_name),
                                         host=ctx.ports.host.name, unit=spec.unit_name)
             next_unit_check = clock.monotonic() + 1.0
@@ -235,7 +236,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
                     return elapsed
                 except HealthCheckFailed as exc:
                     completion_errors += 1
-                    last = str(exc)
+                    last = completion_error = str(exc)
                     if completion_errors >= ctx.completion_attempts:
                         raise HealthCheckFailed(
                             f"{spec.unit_name}: /health is 200 and /v1/models lists {spec.served_name}, "
