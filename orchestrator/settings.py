@@ -8,6 +8,7 @@ quoted back.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -63,7 +64,7 @@ def load(path: str | Path | None = None) -> Catalog:
     _check_environment()
     token = _file_data.set(data)
     try:
-        return DeploySettings()
+        return _with_model_configs(DeploySettings(), file)
     except ValidationError as exc:
         raise _config_error(exc, str(file)) from None
     except SettingsError as exc:
@@ -132,6 +133,33 @@ def _origin(key: str, file: str) -> str:
         return f"environment variable {max(covering, key=lambda kv: len(kv[0]))[1]}"
     inside = sorted(v for k, v in _overrides().items() if k.startswith(key + "."))
     return f"{file} (with environment variable {inside[0]})" if inside and key else file
+
+
+def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
+    """Resolve each model's ``config`` against the file's directory and check it is a JSON object."""
+    resolved = {}
+    for name, model in cat.models.items():
+        if model.config is None:
+            continue
+        path = Path(model.config).expanduser()
+        path = path if path.is_absolute() else file.parent / path
+        key = f"models.{name}.config"
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: file not found", file=str(file), key=key) from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}", file=str(file), key=key) from None
+        except ValueError as exc:
+            raise ConfigError(f"{path}: not a valid config.json (not JSON: {exc})", file=str(file),
+                              key=key) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a valid config.json (a JSON {type(data).__name__}, not an object)",
+                              file=str(file), key=key)
+        resolved[name] = model.model_copy(update={"config": str(path)})
+    if not resolved:
+        return cat
+    return cat.model_copy(update={"models": {**cat.models, **resolved}})
 
 
 def _config_error(exc: ValidationError, file: str) -> ConfigError:

@@ -17,7 +17,7 @@ from orchestrator.deploy.engine import default_template
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import Busy
 from orchestrator.wiring import operations, ports_factory
-from tests.hosts.machine import Host
+from tests.hosts.machine import Host, in_host
 from tests.hosts.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.hosts
 
 def config_text(host: Host, state_dir: Path, models: dict[str, dict[str, Any]], *, transport: str = "ssh") -> str:
     lines = [f'state_dir = "{state_dir}"', "metrics_port = 19464", "[defaults]", 'user = "root"', 'group = "root"',
-             f'engine = ["{sys.executable}", "{SHIM}"]', "load_deadline_s = 30", "free_timeout_s = 10",
+             f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]', "load_deadline_s = 30", "free_timeout_s = 10",
              "stop_timeout_s = 10", "health_interval_s = 0.1", "restart_sec = 0.5",
              "[policy]", "watch_interval_s = 1", "unhealthy_after_s = 2",
              f"[hosts.{host.name}]", f'transport = "{transport}"', f'address = "{host.address}"',

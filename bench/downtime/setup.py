@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.hosts.machine import Host
+from tests.hosts.machine import Host, in_host
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "tests" / "standin" / "vllm_compat.py"
@@ -68,7 +68,7 @@ class Bench:
         h = self.host
         state = LOCAL_STATE if local else self.work / "state"
         lines = [f'state_dir = "{state}"', "[defaults]", 'user = "root"', 'group = "root"',
-                 f'engine = ["{sys.executable}", "{SHIM}"]', "load_deadline_s = 120", "stop_timeout_s = 30",
+                 f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]', "load_deadline_s = 120", "stop_timeout_s = 30",
                  "free_timeout_s = 30", "health_interval_s = 0.2", "restart_sec = 10",
                  f"[hosts.{h.name}]", f'transport = "{"local" if local else "ssh"}"', f'address = "{h.address}"',
                  f'bind = "{h.address}"', "gpus = 8", "gpu_memory_gib = 96", 'models_dir = "/models"',

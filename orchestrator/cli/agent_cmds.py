@@ -6,13 +6,12 @@ import json
 import sys
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from orchestrator import logs, settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
+from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend
 
 
@@ -60,12 +59,13 @@ def schedules(config: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("schedule", "cron", "action", "model", "window", "next run", "last")
-    for r in rows:
-        last = r.get("last") or {}
-        table.add_row(r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "",
-                      r["next_run"], f"{last.get('kind', '')} {last.get('reason', '')}".strip())
-    Console().print(table)
+    if not rows:
+        click.echo(f"no schedules in {settings.config_path(config)}")
+        return
+    print_table(stdout_console(), ["schedule", "cron", "action", "model", "window", "next run", "last"],
+                [[r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "", r["next_run"],
+                  " ".join(str((r.get("last") or {}).get(k, "")) for k in ("kind", "reason")).strip()]
+                 for r in rows])
 
 
 @main.command()

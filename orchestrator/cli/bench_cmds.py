@@ -9,12 +9,12 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 
 from orchestrator import settings
 from orchestrator.adapters.smoke import bench_record
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import local_only
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import UsageError
@@ -72,15 +72,15 @@ def bench(config: str | None, host: str | None, concurrency: str, max_tokens: in
     if as_json:
         click.echo(json.dumps(record, indent=2))
     else:
-        table = Table("C", "out tok/s", "per stream", "req/s", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "errors",
-                      title=f"{serving.model} revision {serving.revision} ({serving.spec.base_url})"
-                            + ("" if result.complete else " - cancelled, partial"))
+        rows = []
         for lv in record["levels"]:
-            ttft, itl = lv["ttft_ms"], lv["itl_ms"]
             errors = ", ".join(f"{e['kind']} x{e['count']}" for e in lv.get("errors", [])) or "0"
-            table.add_row(str(lv["concurrency"]), f"{lv['output_tok_s']:,.1f}", f"{lv['output_tok_s_per_stream']:,.1f}",
-                          f"{lv['requests_per_s']:.2f}", _dist(ttft), _dist(itl), errors)
-        Console().print(table)
+            rows.append([str(lv["concurrency"]), f"{lv['output_tok_s']:,.1f}", f"{lv['output_tok_s_per_stream']:,.1f}",
+                         f"{lv['requests_per_s']:.2f}", _dist(lv["ttft_ms"]), _dist(lv["itl_ms"]), errors])
+        print_table(stdout_console(), ["C", "out tok/s", "per stream", "req/s", "TTFT p50/p90/p99 ms",
+                                       "ITL p50/p90/p99 ms", "errors"], rows,
+                    title=f"{serving.model} revision {serving.revision} ({serving.spec.base_url})"
+                          + ("" if result.complete else " - cancelled, partial"))
     if not result.complete:
         sys.exit(130)
 
@@ -106,9 +106,11 @@ def compare(config: str | None, host: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    if not rows:
+        click.echo(f"no benchmarks recorded yet on host {name}")
+        return
     levels = sorted({int(c) for r in rows for c in r["tok_s"]})
-    table = Table("model", "rev", *[f"C={c} tok/s" for c in levels], title=f"output tok/s on {name}")
-    for r in rows:
-        table.add_row(r["model"], str(r["revision"]),
-                      *[f"{r['tok_s'][str(c)]:,.0f}" if str(c) in r["tok_s"] else "-" for c in levels])
-    Console().print(table)
+    print_table(stdout_console(), ["model", "rev", *[f"C={c} tok/s" for c in levels]],
+                [[r["model"], str(r["revision"]),
+                  *[f"{r['tok_s'][str(c)]:,.0f}" if str(c) in r["tok_s"] else "-" for c in levels]] for r in rows],
+                title=f"output tok/s on {name}")

@@ -11,11 +11,11 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.tables import print_table
 from orchestrator.cli.target import local_only
 from orchestrator.core.render import load_deadline, render_agent_unit, render_unit
 from orchestrator.deploy.engine import default_template
@@ -41,14 +41,18 @@ def models(config: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("model", "host", "repo@revision", "served as", "port", "GPUs", "layout", "deadline")
+    table_rows: list[list[str]] = []
     for r in rows:
         layout = f"TP={r['tensor_parallel']}" + (f" PP={r['pipeline_parallel']}" if r["pipeline_parallel"] > 1 else "") \
             + (f" DP={r['data_parallel']}" if r["data_parallel"] > 1 else "") + (" + EP" if r["expert_parallel"] else "")
         rev = r["revision"] if r["pinned"] else f"{r['revision']} (unpinned)"
-        table.add_row(r["name"], r["host"], f"{r['repo']}@{rev}", r["served_name"], str(r["port"]),
-                      ",".join(map(str, r["gpus"])), layout, f"{r['load_deadline_s']:g} s")
-    Console().print(table)
+        table_rows.append([r["name"], r["host"], f"{r['repo']}@{rev}", r["served_name"], str(r["port"]),
+                           ",".join(map(str, r["gpus"])), layout, f"{r['load_deadline_s']:g} s"])
+    if not table_rows:
+        click.echo(f"no models in {settings.config_path(config)}")
+        return
+    print_table(Console(), ["model", "host", "repo@revision", "served as", "port", "GPUs", "layout", "deadline"],
+                table_rows)
 
 
 @main.command()

@@ -9,12 +9,14 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
+from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
-from orchestrator.cli.target import backend
+from orchestrator.cli.tables import print_table, stdout_console
+from orchestrator.cli.target import backend, remote_spec
 from orchestrator.core.states import text_of
 
 
@@ -130,8 +132,10 @@ def history(config: str | None, host: str | None, limit: int, local: bool, as_js
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took", "phases (s)",
-                  "tok/s C=1")
+    if not rows:
+        click.echo(f"no deployments recorded yet on {_where(config, host)}")
+        return
+    table_rows: list[list[str | Text]] = []
     for r in rows:
         # Rows come from a database that may predate or postdate this version: any field may be missing.
         created, ended = _number(r.get("created_at")), _number(r.get("ended_at"))
@@ -141,13 +145,23 @@ def history(config: str | None, host: str | None, limit: int, local: bool, as_js
         bench = r.get("bench") or {}
         headline = _number(bench.get("headline_tok_s")) if isinstance(bench, dict) else None
         outcome = str(r.get("outcome", "?"))
-        style = text_of(outcome).style
-        table.add_row(str(r.get("host", "?")), str(r.get("revision", "?")), str(r.get("model", "?")),
-                      str(r.get("unit_sha256") or "")[:12], str(r.get("trigger") or ""),
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "-",
-                      f"[{style}]{outcome}[/]" if style else outcome, took, phases,
-                      f"{headline:.1f}" if headline else "")
-    Console(width=max(Console().width, 160)).print(table)
+        table_rows.append([str(r.get("host", "?")), str(r.get("revision", "?")), str(r.get("model", "?")),
+                           str(r.get("unit_sha256") or "")[:12], str(r.get("trigger") or ""),
+                           time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "-",
+                           Text(outcome, style=text_of(outcome).style), took, phases,
+                           f"{headline:.1f}" if headline else ""])
+    print_table(stdout_console(), ["host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took",
+                                   "phases (s)", "tok/s C=1"], table_rows)
+
+
+def _where(config: str | None, host: str | None) -> str:
+    """The hosts an empty history speaks of: --host's box has its own catalog, ours names them."""
+    if host is not None:
+        return f"host {host}"
+    if remote_spec() is not None:
+        return str(remote_spec())
+    names = sorted(settings.load(config).hosts)
+    return f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(names)}"
 
 
 def _number(value: object) -> float | None:

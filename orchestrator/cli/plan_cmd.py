@@ -4,60 +4,64 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
 from pathlib import Path
-from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from orchestrator import settings
+from orchestrator.adapters import hub_config
+from orchestrator.adapters.hub_config import ModelConfig
 from orchestrator.cli import main
 from orchestrator.cli.options import json_option
+from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.core import planner
-from orchestrator.errors import UsageError
+from orchestrator.core.catalog import Catalog, Host, Model
+from orchestrator.core.render import model_dir_for
+from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
+from orchestrator.errors import OrchestratorError, UsageError
 
 
-def _load_json(path: str, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError as exc:
-        raise UsageError(f"{what} {path}: file not found") from exc
-    except (ValueError, OSError) as exc:
-        raise UsageError(f"{what} {path}: not readable JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise UsageError(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _is_model_config(path: str | None, gpus: int | None) -> bool:
+def _is_model_config(path: str | None) -> bool:
+    """--config names a bare config.json (JSON) rather than a deploy.toml: by suffix, else by content."""
     if path is None:
         return False
-    if gpus is not None or path.endswith(".json"):
+    if path.endswith(".json"):
         return True
-    try:
-        tomllib.loads(Path(path).read_text())
+    if path.endswith(".toml"):
         return False
-    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):
-        return True
-
-
-def _hub_config(repo: str, revision: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """config.json (and the safetensors index, when there is one) straight from the hub."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
-
     try:
-        cfg = _load_json(hf_hub_download(repo, "config.json", revision=revision), f"{repo} config.json")
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise UsageError(f"cannot read config.json of {repo}@{revision} from the hub: {exc}; "
-                         "pass --model-config PATH") from exc
+        with open(path, "rb") as fh:
+            head = fh.read(4096).lstrip()
+    except OSError:
+        return False  # settings.load says what is wrong with the file
+    return head.startswith(b"{")
+
+
+def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | None,
+                          refresh: bool) -> ModelConfig:
+    """config.json of a catalog model: --model-config, the model's `config`, the weights staged on this
+    machine, the cache of earlier fetches, and only then the hub."""
+    if given:
+        return ModelConfig(hub_config.read_json_file(given, "model config"), None, given)
+    if model.config:
+        return ModelConfig(hub_config.read_json_file(model.config, "model config"), None,
+                           f"{model.config} (models.{model.name}.config)")
+    if host.transport == "local":
+        staged = Path(model_dir_for(cat, model))
+        if (staged / CONFIG_NAME).is_file():
+            index_file = staged / INDEX_NAME
+            return ModelConfig(hub_config.read_json_file(staged / CONFIG_NAME, "staged config"),
+                               hub_config.read_json_file(index_file, "staged index") if index_file.is_file()
+                               else None, f"staged weights in {staged}")
+    cached = None if refresh else hub_config.from_cache(model.repo, model.revision)
+    if cached is not None:
+        return cached
     try:
-        index = _load_json(hf_hub_download(repo, "model.safetensors.index.json", revision=revision), "index")
-    except (EntryNotFoundError, HfHubHTTPError, OSError, ValueError, UsageError):
-        index = None
-    return cfg, index
+        return hub_config.from_hub(model.repo, model.revision)
+    except OrchestratorError as exc:
+        exc.message += (f"; set models.{model.name}.config to a local copy of config.json or pass "
+                        "--model-config PATH")
+        raise
 
 
 @main.command()
@@ -76,20 +80,23 @@ def _hub_config(repo: str, revision: str) -> tuple[dict[str, Any], dict[str, Any
 @click.option("--ep/--no-ep", default=None, help="expert parallel")
 @click.option("--max-model-len", type=click.IntRange(1), default=None)
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=None)
+@click.option("--refresh", is_flag=True, help="fetch config.json from the hub again instead of the cached copy")
 @click.option("--all", "show_all", is_flag=True, help="list every valid layout, not the best few")
 @json_option
 def plan(model: str | None, config: str | None, model_config: str | None, index_path: str | None,
          host_name: str | None, gpus: int | None, gpu_memory_gib: float | None, tp: int | None,
          pp: int | None, dp: int | None, ep: bool | None, max_model_len: int | None,
-         gpu_memory_utilization: float | None, show_all: bool, as_json: bool) -> None:
+         gpu_memory_utilization: float | None, refresh: bool, show_all: bool, as_json: bool) -> None:
     """Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can.
 
-    Exit status: 0 when the layout is valid, 3 when it is not, 2 for bad input.
+    Exit status: 0 when the layout is valid, 3 when it is not, 2 for bad input, 4 when config.json
+    is needed from the hub and the hub cannot be reached.
     """
-    index = _load_json(index_path, "index") if index_path else None
-    if _is_model_config(config, gpus):
+    index = hub_config.read_json_file(index_path, "index") if index_path else None
+    source: str | None = None
+    if _is_model_config(config):
         assert config is not None
-        cfg = _load_json(config, "model config")
+        cfg = hub_config.read_json_file(config, "model config")
         if gpus is None or gpu_memory_gib is None:
             raise UsageError("planning a bare config.json needs --gpus N and --gpu-memory-gib G")
         hw = planner.Hardware(gpu_count=gpus, gpu_memory_gib=gpu_memory_gib)
@@ -102,11 +109,8 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         cat = settings.load(config)
         m = cat.model(model)
         host = cat.host(host_name) if host_name else cat.model_host(model)
-        if model_config:
-            cfg = _load_json(model_config, "model config")
-        else:
-            cfg, hub_index = _hub_config(m.repo, m.revision)
-            index = index or hub_index
+        found = _catalog_model_config(cat, m, host, model_config, refresh)
+        cfg, index, source = found.config, index or found.index, found.source
         hw = planner.Hardware(gpu_count=gpus or host.gpus, gpu_memory_gib=gpu_memory_gib or host.gpu_memory_gib,
                               interconnect=None if host.interconnect == "unknown" else host.interconnect)
         wl = planner.Workload(max_model_len=max_model_len or m.max_model_len,
@@ -118,18 +122,20 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
     result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes)
     if as_json:
-        click.echo(json.dumps({"name": name, **result.to_dict()}, indent=2))
+        click.echo(json.dumps({"name": name, "config_source": source, **result.to_dict()}, indent=2))
     else:
-        _print(name, result, hw, limit=None if show_all else 6)
+        _print(name, result, hw, source, limit=None if show_all else 6)
     if not result.valid:
         sys.exit(3)
 
 
-def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | None) -> None:
-    console = Console()
+def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | None, limit: int | None) -> None:
+    console = stdout_console()
     v = result.requested
     mark = "[green]valid[/]" if v.valid else "[red]cannot load[/]"
     console.print(f"[bold]{name}[/] as {v.layout} on {hw.gpu_count} x {hw.gpu_memory_gib:g} GiB: {mark}")
+    if source:
+        console.print(f"  config.json: {source}", markup=False)
     for reason in v.reasons:
         console.print(f"  - {reason}", markup=False)
     for warning in v.warnings:
@@ -144,10 +150,10 @@ def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | N
     if result.layouts:
         shown = result.layouts[:limit] if limit else result.layouts
         more = len(result.layouts) - len(shown)
-        table = Table("layout", "GPUs", "weights/GPU", "full-length seqs/replica", "why",
-                      title="valid layouts, best first" + (f" ({more} more: --all)" if more else ""))
-        for lay in shown:
-            fit = lay.memory
-            table.add_row(str(lay.layout), str(lay.layout.gpus), f"{fit.weights_gib:.1f} GiB" if fit else "?",
-                          str(fit.max_full_sequences) if fit else "?", lay.why)
-        console.print(table)
+        rows = [[str(n), str(lay.layout), str(lay.layout.gpus),
+                 f"{lay.memory.weights_gib:.1f} GiB" if lay.memory else "?",
+                 str(lay.memory.max_full_sequences) if lay.memory else "?"] for n, lay in enumerate(shown, 1)]
+        console.print()
+        print_table(console, ["#", "layout", "GPUs", "weights/GPU", "full-length seqs/replica"], rows,
+                    title="valid layouts, best first" + (f" ({more} more: --all)" if more else ""),
+                    notes=[lay.why for lay in shown])

@@ -7,6 +7,7 @@ Loading the file and the environment is ``orchestrator.settings``' job.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Literal
 
@@ -27,6 +28,8 @@ PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
 REPO_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?(/[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
 # Characters git refuses in a ref name (git-check-ref-format), plus anything a shell or path reads.
 _REF_BAD_RE = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+# vLLM units run with PrivateTmp=yes: their /tmp and /var/tmp are private and empty.
+PRIVATE_TMP = ("/tmp", "/var/tmp")
 
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
 DAY = 86_400.0
@@ -84,6 +87,14 @@ def check_revision(value: str) -> str:
     return value
 
 
+def _outside_private_tmp(path: str, what: str) -> None:
+    norm = posixpath.normpath(path)
+    for tmp in PRIVATE_TMP:
+        if norm == tmp or norm.startswith(tmp + "/"):
+            raise ValueError(f"{what} {path} is under {tmp}, which the model's unit cannot see (vLLM units run "
+                             f"with PrivateTmp=yes, an empty {tmp} of their own): move it out of /tmp and /var/tmp")
+
+
 class Defaults(_Strict):
     """Values every model inherits unless it sets its own."""
 
@@ -132,6 +143,8 @@ def _engine(v: tuple[str, ...]) -> tuple[str, ...]:
         raise ValueError(f"engine must start with an absolute executable path, got {shown(repr(list(v)))}")
     for arg in v:
         _safe(arg, "engine argument")
+        if arg.startswith("/"):
+            _outside_private_tmp(arg, "engine path")
     return v
 
 
@@ -164,6 +177,12 @@ class Host(_Strict):
     def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return None if v is None else _engine(v)
 
+    @field_validator("models_dir")
+    @classmethod
+    def _models_dir_visible(cls, v: str) -> str:
+        _outside_private_tmp(v, "models_dir")
+        return v
+
 
 class Model(_Strict):
     """One servable model: where its weights come from and how vLLM runs it."""
@@ -188,8 +207,10 @@ class Model(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     allow_patterns: tuple[str, ...] = ()
     ignore_patterns: tuple[str, ...] = ()
+    # A local copy of the model's config.json for `plan` (relative to deploy.toml): plans offline.
+    config: str | None = None
 
-    @field_validator("repo", "revision", "source", "served_name")
+    @field_validator("repo", "revision", "source", "served_name", "config")
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
@@ -216,6 +237,8 @@ class Model(_Strict):
         if not ok or (kind in ("local", "host") and not sep):
             raise ValueError(f"source {v!r} is not \"hub\", \"none\", \"local:/absolute/dir\" or "
                              "\"host:NAME\" (a host of this file that already staged the model)")
+        if v.startswith("local:"):
+            _outside_private_tmp(v.removeprefix("local:"), "local weights directory")
         return v
 
     @field_validator("args")

@@ -7,10 +7,16 @@ failed or restarted while we waited is a verdict on its own: waiting longer cann
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator.core.observed import UnitState
+
+# A Python exception line as tracebacks end ("RuntimeError: ..."), also behind vLLM's process prefix
+# ("(EngineCore pid=312) "): the engine's own reason, which its shutdown lines push out of a short tail.
+_EXCEPTION_LINE = re.compile(r"(?:^|[\s)])((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)): (\S.*)$")
 
 
 class Readiness(StrEnum):
@@ -42,3 +48,20 @@ def judge_models(served: list[str], expected: str) -> Verdict:
     if expected in served:
         return Verdict(Readiness.READY, f"/v1/models lists {expected}")
     return Verdict(Readiness.WAITING, f"/v1/models lists {served or 'nothing'}, not {expected!r}")
+
+
+def engine_errors(lines: Sequence[str], limit: int = 3, width: int = 300) -> list[str]:
+    """The last distinct exception lines of an engine's log ("RuntimeError: Unsupported ..."), trimmed,
+    oldest first: the reason an engine died comes after whatever it logged while starting."""
+    found: list[str] = []
+    for line in reversed(lines):
+        match = _EXCEPTION_LINE.search(line)
+        if match is None:
+            continue
+        text = f"{match.group(1)}: {match.group(2).strip()}"
+        text = text if len(text) <= width else text[:width] + " [...]"
+        if text not in found:
+            found.append(text)
+        if len(found) == limit:
+            break
+    return found[::-1]

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import structlog
 
-from orchestrator.core.health import Readiness, judge_models, judge_unit
+from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
@@ -19,14 +19,17 @@ from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, S
 log = structlog.get_logger()
 
 
-def journal_hint(ctx: StepContext, unit: str, lines: int = 15) -> str:
+def journal_hint(ctx: StepContext, unit: str, lines: int = 15, scan: int = 300) -> str:
     try:
-        tail = ctx.ports.systemd.journal_tail(unit, lines)
+        journal = ctx.ports.systemd.journal_tail(unit, max(lines, scan))
     except OrchestratorError as exc:
         return f"\n(journal of {unit} unavailable: {exc})"
+    # The engine's reason often sits above its shutdown lines: name it before the tail.
+    errors = engine_errors(journal[:-lines] if len(journal) > lines else [])
     # An engine's last line can be a 10 KB exception (vLLM lists every architecture it knows).
-    tail = [line if len(line) <= 400 else line[:400] + " [...]" for line in tail]
-    return ("\nlast lines of the journal of " + unit + ":\n  " + "\n  ".join(tail)) if tail else ""
+    tail = [line if len(line) <= 400 else line[:400] + " [...]" for line in journal[-lines:]]
+    head = "".join(f"\nengine error in the journal of {unit}: {error}" for error in errors)
+    return head + (("\nlast lines of the journal of " + unit + ":\n  " + "\n  ".join(tail)) if tail else "")
 
 
 def stop_units(ctx: StepContext, units: Iterable[str]) -> list[str]:
@@ -150,6 +153,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
     next_note = start
     next_unit_check = start
     completion_errors = 0
+    completion_error = ""
     last = "not probed yet"
     while True:
         elapsed = clock.monotonic() - start
@@ -157,7 +161,8 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
             # systemd's view costs a round trip on remote hosts; once a second catches a crash loop.
             unit_verdict = judge_unit(sd.unit_state(spec.unit_name), restarts_before)
             if unit_verdict is not None:
-                raise HealthCheckFailed(unit_verdict.detail + journal_hint(ctx, spec.unit_name),
+                after = f" after {completion_error}" if completion_error else ""  # died answering it
+                raise HealthCheckFailed(unit_verdict.detail + after + journal_hint(ctx, spec.unit_name),
                                         host=ctx.ports.host.name, unit=spec.unit_name)
             next_unit_check = clock.monotonic() + 1.0
         ok, last = probe.health(spec.base_url)
@@ -171,7 +176,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
                     return elapsed
                 except HealthCheckFailed as exc:
                     completion_errors += 1
-                    last = str(exc)
+                    last = completion_error = str(exc)
                     if completion_errors >= ctx.completion_attempts:
                         raise HealthCheckFailed(
                             f"{spec.unit_name}: /health is 200 and /v1/models lists {spec.served_name}, "

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The checkout appears in every test host at its own path and at this one, outside /tmp and
+# /var/tmp: vLLM units run with PrivateTmp=yes and would not see an engine under a checkout that
+# lives in /tmp (a fresh clone often does). Unit commands name the engine through in_host().
+IN_HOST_REPO = Path("/run/orchestrator-src")
 STANDIN_NVSMI = REPO / "tests" / "standin" / "nvidia_smi.py"
 DEFAULT_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 DEFAULT_GPUS: dict[str, object] = {"count": 8, "memory_mib": 97887, "name": DEFAULT_GPU_NAME}
@@ -33,6 +37,25 @@ EXTRA_MASKS = ["postgresql@.service", "console-getty.service", "getty@.service",
                # Remounts the overlay root from an empty fstab: nothing to do, and it failed now
                # and then when several hosts booted at once.
                "systemd-remount-fs.service"]
+
+
+def repo_binds() -> tuple[str, ...]:
+    """--bind-ro values that show the checkout inside a host: at its own path and at IN_HOST_REPO."""
+    return (str(REPO), f"{REPO}:{IN_HOST_REPO}")
+
+
+def in_host(path: str | Path) -> str:
+    """The path a unit inside a test host uses for ``path`` (a file of the checkout or its venv).
+
+    Only the parent directory is resolved: the venv's ``python`` is a symlink that must stay in the
+    venv, or the interpreter would not find its site-packages.
+    """
+    given = Path(path)
+    try:
+        rel = (given.parent.resolve() / given.name).relative_to(REPO)
+    except ValueError:
+        return str(given)  # outside the checkout: seen at the same path through the overlay root
+    return str(IN_HOST_REPO / rel)
 
 
 class HostError(RuntimeError):
@@ -51,7 +74,7 @@ class Host:
     host_key_path: Path
     port: int = 22
     user: str = "root"
-    binds_ro: tuple[str, ...] = (str(REPO),)
+    binds_ro: tuple[str, ...] = field(default_factory=repo_binds)
     binds_rw: tuple[str, ...] = ()
     netns: str | None = None  # /run/netns/<name> when the host has a network namespace of its own
     nspawn_pid: int = 0

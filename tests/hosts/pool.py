@@ -24,7 +24,7 @@ from types import FrameType
 
 from tests.hosts import keys
 from tests.hosts import netns as netns_mod
-from tests.hosts.machine import Host, HostError, remove_cgroups, stop_nspawn, unmount_tree
+from tests.hosts.machine import Host, HostError, remove_cgroups, repo_binds, stop_nspawn, unmount_tree
 
 STATE_ROOT = Path(os.environ.get("TESTHOSTS_DIR", "/run/testhosts"))
 FIRST_OCTET = 11  # 127.0.0.1/.2 stay free for other tools
@@ -108,7 +108,7 @@ def boot_hosts(count: int, *, binds_ro: tuple[str, ...] = (), binds_rw: tuple[st
                         netns=netns_mod.create_namespace(first, octet) if netns else None,
                         key_path=key_dir / "id_ed25519", known_hosts_path=key_dir / "known_hosts",
                         host_key_path=key_dir / f"host_h{i}_ed25519",
-                        binds_ro=(str(Path(__file__).resolve().parents[2]), *binds_ro),
+                        binds_ro=(*repo_binds(), *binds_ro),
                         binds_rw=binds_rw)
             hostset.hosts.append(host)
             pub = keys.generate_ed25519(host.host_key_path, f"testhost-{host.name}")
