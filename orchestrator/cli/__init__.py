@@ -35,4 +35,4 @@ def main() -> None:
     logs.configure(json=False, level=logging.getLevelNamesMapping().get(level, logging.CRITICAL))
 
 
-from orchestrator.cli import agent_cmds, bench_cmds, catalog_cmds, deploy_cmds, plan_cmd  # noqa: F401
+from orchestrator.cli import agent_cmds, bench_cmds, catalog_cmds, deploy_cmds, plan_cmd, tune_cmd  # noqa: F401
