@@ -106,6 +106,13 @@ class StateError(OrchestratorError):
     """The state store or the state machine refused an operation (illegal transition, busy host)."""
 
 
+class StateStoreError(StateError):
+    """The state database cannot be used as it is (not a database, a newer schema, foreign tables):
+    the operator has to act on the file, so it is bad input, not a failed operation."""
+
+    exit_code = 2
+
+
 class Busy(StateError):
     """Another operation already runs on this host; names it."""
 

@@ -7,7 +7,7 @@ Every method raises only ``orchestrator.errors`` types.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,6 +15,7 @@ from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.states import Phase
+from orchestrator.core.weights import StagedRevision
 
 
 class Shell(Protocol):
@@ -161,6 +162,10 @@ class WeightStore(Protocol):
 
     def verify(self, spec: UnitSpec) -> StagedWeights | None:
         """The verified staged weights, or None when they are not (completely) there."""
+        ...
+
+    def cleanup(self, keep_serving: Iterable[UnitSpec]) -> list[StagedRevision]:
+        """Remove old staged revisions by policy, never those of ``keep_serving``; returns the removed."""
         ...
 
 

@@ -1,12 +1,15 @@
 """Load deploy.toml plus ``ORCHESTRATOR_*`` environment overrides into a validated Catalog.
 
-All validation happens here, at the edge: whatever is wrong becomes one ConfigError naming the
-file, the key path and the bad value (exit code 2), never a pydantic traceback.
+All validation happens here, at the edge: whatever is wrong becomes one ConfigError naming where
+the value came from (the file, or the environment variable that overrode it), the key path and
+the bad value (exit code 2), never a pydantic traceback. Values that look like secrets are never
+quoted back.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -15,22 +18,26 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
+    SettingsError,
 )
 
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.secrets import redact, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
 
 DEFAULT_CONFIG = "deploy.toml"
-_toml_path: ContextVar[Path] = ContextVar("_toml_path")
+ENV_PREFIX = "ORCHESTRATOR_"
+_file_data: ContextVar[dict[str, Any]] = ContextVar("_file_data")
 
 
 class DeploySettings(Catalog, BaseSettings):
     """The catalog, read from the TOML file first and overridden by the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="ORCHESTRATOR_", env_nested_delimiter="__",
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
                                       extra="forbid", frozen=True)
 
     @classmethod
@@ -40,7 +47,8 @@ class DeploySettings(Catalog, BaseSettings):
                                    dotenv_settings: PydanticBaseSettingsSource,
                                    file_secret_settings: PydanticBaseSettingsSource,
                                    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, _toml_path.get()))
+        # The file was read and parsed once by load(), for precise errors; the environment wins.
+        return (env_settings, InitSettingsSource(settings_cls, _file_data.get()))
 
 
 def config_path(explicit: str | None = None) -> Path:
@@ -51,45 +59,108 @@ def config_path(explicit: str | None = None) -> Path:
 def load(path: str | Path | None = None) -> Catalog:
     """Read and validate the catalog; raise ConfigError on anything wrong."""
     file = config_path(str(path) if path else None)
-    try:
-        with file.open("rb") as fh:
-            tomllib.load(fh)  # parse once here for a precise syntax error with line and column
-    except FileNotFoundError as exc:
-        raise ConfigError("file not found (use --config PATH or ORCHESTRATOR_CONFIG)", file=str(file)) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", file=str(file)) from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(file)) from exc
-    token = _toml_path.set(file)
+    data = _read_toml(file)
+    _check_environment()
+    token = _file_data.set(data)
     try:
         return DeploySettings()
     except ValidationError as exc:
         raise _config_error(exc, str(file)) from None
-    except OrchestratorError as exc:  # a RenderError raised by a field validator outside pydantic's wrap
+    except SettingsError as exc:
+        raise _env_error(str(exc)) from None
+    except OrchestratorError as exc:  # an error raised by a validator outside pydantic's wrap
         raise ConfigError(str(exc), file=str(file)) from None
     finally:
-        _toml_path.reset(token)
+        _file_data.reset(token)
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError as exc:
+        raise ConfigError("file not found (use --config PATH or ORCHESTRATOR_CONFIG)", file=str(file)) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(file)) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column} "
+                          f"(TOML files must be UTF-8)", file=str(file)) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", file=str(file)) from None
+
+
+def _overrides() -> dict[str, str]:
+    """ORCHESTRATOR_* variables that address a setting, by their dotted key path (lower case)."""
+    fields = set(Catalog.model_fields)
+    out: dict[str, str] = {}
+    for var in os.environ:
+        if var.upper().startswith(ENV_PREFIX):
+            dotted = var[len(ENV_PREFIX):].lower().replace("__", ".")
+            if dotted.split(".", 1)[0] in fields:
+                out[dotted] = var
+    return out
+
+
+def _check_environment() -> None:
+    try:
+        EnvSettingsSource(DeploySettings)()
+    except SettingsError as exc:
+        raise _env_error(str(exc)) from None
+
+
+def _env_error(message: str) -> ConfigError:
+    """A variable pydantic-settings could not decode (JSON for a table or list), named with its value."""
+    m = re.search(r'field "([^"]+)"', message)
+    field = m.group(1) if m else ""
+    var = next((v for k, v in sorted(_overrides().items()) if k == field or k.startswith(field + ".")), None)
+    if var is None:
+        return ConfigError(f"environment: {message}")
+    return ConfigError(f"environment variable {var}: {field}: not valid JSON for a table or list "
+                       f"(got {_short(os.environ[var], var)})")
+
+
+def _origin(key: str, file: str) -> str:
+    """Where the value at ``key`` came from: the overriding variable, else the file."""
+    key = key.lower()
+    covering = [(k, v) for k, v in _overrides().items() if key == k or key.startswith((k + ".", k + "["))]
+    if covering:
+        return f"environment variable {max(covering, key=lambda kv: len(kv[0]))[1]}"
+    inside = sorted(v for k, v in _overrides().items() if k.startswith(key + "."))
+    return f"{file} (with environment variable {inside[0]})" if inside and key else file
 
 
 def _config_error(exc: ValidationError, file: str) -> ConfigError:
-    """One message per problem, each with its key path and the value found there."""
-    lines: list[str] = []
+    """One message per problem, each with where it came from, its key path and the value found there."""
+    lines: list[tuple[str, str]] = []
     for err in exc.errors(include_url=False):
         key = ".".join(str(p) for p in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         ctx_err = (err.get("ctx") or {}).get("error")
         if ctx_err is not None and getattr(ctx_err, "key", None):
             key, msg = ctx_err.key, str(ctx_err).removeprefix(f"{ctx_err.key}: ")
+        elif ctx_err is not None and getattr(ctx_err, "sub", None):
+            key += ctx_err.sub
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         value = err.get("input")
-        shown = "" if err["type"] in ("missing",) or isinstance(value, dict) else f" (got {_short(value)})"
-        lines.append(f"{key or '(top level)'}: {msg}{shown}")
-    head = lines[0]
-    more = "".join(f"\n  also: {line}" for line in lines[1:6])
-    return ConfigError(head + more, file=file)
+        quoted = err["type"] == "missing" or isinstance(value, dict) or ctx_err is not None
+        lines.append((_origin(key, file), redact(f"{key or '(top level)'}: {msg}"
+                                                 + ("" if quoted else f" (got {_short(value, key)})"))))
+    origin, head = lines[0]
+    more = "".join(f"\n  also: {'' if o == origin else o + ': '}{line}" for o, line in lines[1:6])
+    return ConfigError(head + more, file=origin)
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, key: str = "") -> str:
+    if key and secret_name(key.rsplit(".", 1)[-1]):
+        return "(a secret by its name, not shown)"
     text = repr(value)
+    kind = secret_value_kind(text)
+    if kind:
+        return f"({kind}, not shown)"
     return text if len(text) <= 80 else text[:77] + "..."

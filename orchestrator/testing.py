@@ -8,7 +8,7 @@ held by their processes, an HTTP server per running unit. The fakes implement th
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -16,6 +16,7 @@ from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
 from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
 from orchestrator.core.states import Phase, is_terminal
+from orchestrator.core.weights import StagedRevision
 from orchestrator.errors import CommandFailed, HealthCheckFailed, StateError, SystemdError
 from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
 
@@ -259,6 +260,7 @@ class FakeWeights:
     def __init__(self, resolved: str = "0" * 40) -> None:
         self.resolved = resolved
         self.staged: list[str] = []
+        self.kept: list[list[str]] = []  # the models each cleanup was told to keep
 
     def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
         self.staged.append(spec.model)
@@ -267,6 +269,10 @@ class FakeWeights:
 
     def verify(self, spec: UnitSpec) -> StagedWeights | None:
         return StagedWeights(path=spec.model_dir, revision=spec.revision, total_bytes=0)
+
+    def cleanup(self, keep_serving: Iterable[UnitSpec]) -> list[StagedRevision]:
+        self.kept.append(sorted(s.model for s in keep_serving))
+        return []
 
 
 class FakeSmoke:

@@ -15,17 +15,10 @@ import httpx
 import openai
 import pytest
 
+from tests.hosts.wait import wait_for
 from tests.standin import StandinServer
 
 NAME = "tiny-standin"
-
-
-def wait_until(cond: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def alive(pid: int) -> bool:
@@ -81,7 +74,7 @@ def test_health_is_503_while_loading_then_200(start: Callable[..., Standin]) -> 
     """/health answers 503 until the load time has passed, then 200."""
     s = start("--load-time", "1.5").wait_listening()
     assert s.health() == 503
-    wait_until(lambda: s.health() == 200, what="health 200")
+    wait_for(lambda: s.health() == 200, what="health 200")
 
 
 def test_listen_after_load_refuses_connections_while_loading(start: Callable[..., Standin]) -> None:
@@ -164,14 +157,14 @@ def test_refuse_to_start_exits_1_with_a_message(start: Callable[..., Standin]) -
     """--refuse-to-start exits 1 at once and says why on stderr."""
     s = start("--refuse-to-start")
     assert s.proc.wait(15) == 1
-    wait_until(lambda: any("refuses to start" in line for line in s.stderr), what="stderr message")
+    wait_for(lambda: any("refuses to start" in line for line in s.stderr), what="stderr message")
 
 
 def test_stop_time_delays_exit_after_sigterm(start: Callable[..., Standin]) -> None:
     """After SIGTERM the server stops listening at once but exits 0 only after the stop time."""
     s = start("--stop-time", "3").wait_listening()
     s.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: s.proc.poll() is not None or _refused(s.port), what="listener closed")
+    wait_for(lambda: s.proc.poll() is not None or _refused(s.port), what="listener closed")
     assert (s.proc.poll(), s.proc.wait(15)) == (None, 0)
 
 
@@ -190,7 +183,7 @@ def test_gpu_file_is_written_while_loading_and_removed_on_exit(
     """The server writes <dir>/<pid>.json as loading starts and removes it on a clean exit."""
     d = tmp_path / "gpu"
     s = start("--load-time", "30", "--gpus", "0,2", "--gpu-mib", "1234", "--gpu-state-dir", str(d))
-    wait_until(lambda: gpu_files(d), what="gpu file")
+    wait_for(lambda: gpu_files(d), what="gpu file")
     seen = gpu_files(d)
     assert (seen[s.proc.pid]["gpus"], seen[s.proc.pid]["mib_per_gpu"], s.stop(), gpu_files(d)) == (
         [0, 2], 1234, 0, {})
@@ -200,7 +193,7 @@ def test_gpu_dir_comes_from_environment(start: Callable[..., Standin], tmp_path:
     """STANDIN_GPU_DIR sets the GPU state directory when no flag is given."""
     d = tmp_path / "gpu"
     s = start("--gpus", "1", env={"STANDIN_GPU_DIR": str(d)}).wait_listening()
-    wait_until(lambda: gpu_files(d), what="gpu file")
+    wait_for(lambda: gpu_files(d), what="gpu file")
     assert list(gpu_files(d)) == [s.proc.pid]
 
 
@@ -208,7 +201,7 @@ def test_engine_child_holds_the_memory(start: Callable[..., Standin], tmp_path: 
     """--engine-child: a child named VLLM::EngineCore holds the memory and exits with the server."""
     d = tmp_path / "gpu"
     s = start("--engine-child", "--gpus", "0", "--gpu-state-dir", str(d)).wait_listening()
-    wait_until(lambda: gpu_files(d), what="gpu file")
+    wait_for(lambda: gpu_files(d), what="gpu file")
     (pid, info), = gpu_files(d).items()
     comm = Path(f"/proc/{pid}/comm").read_text().strip()
     assert (pid != s.proc.pid, info["name"], comm, s.stop(), gpu_files(d), alive(pid)) == (
@@ -220,7 +213,7 @@ def test_process_name_names_the_child(start: Callable[..., Standin], tmp_path: P
     d = tmp_path / "gpu"
     start("--engine-child", "--process-name", "vllm-worker", "--gpus", "0",
           "--gpu-state-dir", str(d)).wait_listening()
-    wait_until(lambda: gpu_files(d), what="gpu file")
+    wait_for(lambda: gpu_files(d), what="gpu file")
     (pid, info), = gpu_files(d).items()
     assert (info["name"], Path(f"/proc/{pid}/comm").read_text().strip()) == ("vllm-worker", "vllm-worker")
 
@@ -230,11 +223,11 @@ def test_child_ignoring_sigterm_outlives_the_server(start: Callable[..., Standin
     d = tmp_path / "gpu"
     s = start("--engine-child", "--child-ignores-sigterm", "--gpus", "0,1",
               "--gpu-state-dir", str(d)).wait_listening()
-    wait_until(lambda: gpu_files(d), what="gpu file")
+    wait_for(lambda: gpu_files(d), what="gpu file")
     (pid, _), = gpu_files(d).items()
     assert (s.stop(), alive(pid), list(gpu_files(d))) == (0, True, [pid])
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not alive(pid), what="orphan killed")
+    wait_for(lambda: not alive(pid), what="orphan killed")
 
 
 def test_engine_child_exits_after_its_max_life(start: Callable[..., Standin], tmp_path: Path) -> None:
@@ -242,10 +235,10 @@ def test_engine_child_exits_after_its_max_life(start: Callable[..., Standin], tm
     d = tmp_path / "gpu"
     s = start("--engine-child", "--child-ignores-sigterm", "--child-max-life", "2", "--gpus", "0",
               "--gpu-state-dir", str(d)).wait_listening()
-    wait_until(lambda: gpu_files(d), what="gpu file")
+    wait_for(lambda: gpu_files(d), what="gpu file")
     (pid, _), = gpu_files(d).items()
     s.stop()
-    wait_until(lambda: not alive(pid) and not gpu_files(d), what="child gone with its file")
+    wait_for(lambda: not alive(pid) and not gpu_files(d), what="child gone with its file")
     assert gpu_files(d) == {}
 
 
@@ -253,7 +246,7 @@ def test_server_exits_when_engine_child_dies(start: Callable[..., Standin], tmp_
     """If the engine child is killed, the server exits 1, as vLLM's API server does."""
     d = tmp_path / "gpu"
     s = start("--engine-child", "--gpus", "0", "--gpu-state-dir", str(d)).wait_listening()
-    wait_until(lambda: gpu_files(d), what="gpu file")
+    wait_for(lambda: gpu_files(d), what="gpu file")
     (pid, _), = gpu_files(d).items()
     os.kill(pid, signal.SIGKILL)
     assert (s.proc.wait(15), gpu_files(d)) == (1, {})

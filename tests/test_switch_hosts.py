@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from orchestrator.deploy.operations import Operations
 from orchestrator.errors import Busy
 from orchestrator.wiring import operations, ports_factory
 from tests.hosts.machine import Host
+from tests.hosts.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM = REPO / "tests" / "standin" / "vllm_compat.py"
@@ -183,9 +183,7 @@ def test_second_switch_on_busy_host_is_refused(host: Host, ops: Operations, tmp_
     first = threading.Thread(target=lambda: (ops.switch("beta-long", progress=lambda e, f: seen.append(
         str(f.get("phase")))), done.set()))
     first.start()
-    deadline = time.monotonic() + 30
-    while "checking" not in seen and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: "checking" in seen, what="the first switch to reach checking")
     other = operations(ops.catalog)
     with pytest.raises(Busy, match=r"deployment #2 \(revision 2, beta-long, .*\) is in phase checking"):
         other.switch("beta")

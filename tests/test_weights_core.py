@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from orchestrator.core.weights import (
     Manifest,
+    PeerSpec,
     StagedRevision,
     StageRequest,
+    check_file_name,
     check_space,
     plan_cleanup,
+    protected_pairs,
+    reclaim_for,
+    revisions_named_in,
     space_needed,
     verify_listing,
 )
@@ -137,3 +144,88 @@ def test_manifest_round_trips_and_rejects_garbage() -> None:
     assert Manifest.from_dict(m.to_dict()) == m
     with pytest.raises(WeightsError, match="manifest is malformed"):
         Manifest.from_dict({"name": "m"})
+
+
+@pytest.mark.parametrize("name", ["/etc/cron.d/x", "../x", "a/../../x", "a/./b", "a//b", "./x", "x/", "..",
+                                  "a\\..\\b", "a\nb", ""])
+def test_file_names_outside_the_model_directory_are_refused(name: str) -> None:
+    """Absolute, dot-dot, dot, empty-part, backslash and control-character names are refused, naming
+    the file and the repo."""
+    with pytest.raises(WeightsError, match=r"file name .* listed for org/m is not a plain relative path"):
+        check_file_name(name, repo="org/m", where="model m")
+
+
+@pytest.mark.parametrize("name", ["config.json", "original/consolidated.00.pth", "a..b", ".gitattributes"])
+def test_plain_relative_file_names_are_accepted(name: str) -> None:
+    """Nested and dotted names that stay inside the directory pass."""
+    check_file_name(name, repo="org/m", where="model m")
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"user": "-oProxyCommand=touch /tmp/pwned"}, "ssh user '-oProxyCommand=touch /tmp/pwned' is not"),
+    ({"address": "-oProxyCommand=touch /tmp/pwned"}, "peer address '-oProxyCommand=touch /tmp/pwned' is not"),
+    ({"address": "gpu2 -v"}, "peer address 'gpu2 -v' is not"),
+    ({"root": "models"}, "weight root 'models' is not a plain absolute path"),
+    ({"root": "/models/../etc"}, "weight root '/models/../etc' is not"),
+])
+def test_peer_values_that_ssh_would_read_as_options_are_refused(kw: dict[str, str], message: str) -> None:
+    """A peer user/address that starts with "-" or holds spaces, or a relative root, never reaches ssh."""
+    with pytest.raises(WeightsError, match=message):
+        PeerSpec(**({"address": "10.0.0.2", "root": "/models"} | kw))  # type: ignore[arg-type]
+
+
+def test_check_space_counts_what_cleanup_may_free() -> None:
+    """Room that removing old revisions would free counts, and the error says how much it is."""
+    check_space(3 << 30, 1 << 30, where="m", reclaimable=2 << 30)
+    with pytest.raises(WeightsError, match=r"only 1\.0 GiB free .* and 1\.0 GiB .* that removing old "
+                                           "revisions would free"):
+        check_space(3 << 30, 1 << 30, where="m", reclaimable=1 << 30)
+
+
+def test_protected_pairs_are_the_staged_directories_under_the_root() -> None:
+    """Serving and previous model dirs under the root become (name, revision); others protect nothing."""
+    dirs = ["/models/org--a/" + SHA, "/models/org--b/" + SHA + "/", "/srv/local/model", "/models/x"]
+    assert protected_pairs(dirs, "/models/") == {("org--a", SHA), ("org--b", SHA)}
+
+
+def test_reclaim_takes_only_what_cleanup_would_remove_and_no_more_than_needed() -> None:
+    """Before staging c, keep=2 may drop a's oldest unprotected revisions, oldest first, until it fits."""
+    staged = [StagedRevision("a", "1", 1.0, 100), StagedRevision("a", "2", 2.0, 100),
+              StagedRevision("a", "3", 3.0, 100), StagedRevision("b", "1", 1.0, 500)]
+    incoming = StagedRevision("a", "4", float("inf"))
+    got = reclaim_for(staged, keep=2, protected={("a", "1")}, incoming=incoming, needed=50)
+    assert [(s.name, s.revision) for s in got] == [("a", "2")]
+    assert reclaim_for(staged, keep=2, protected=set(), incoming=incoming, needed=0) == []
+
+
+_revs = st.lists(st.builds(StagedRevision, st.sampled_from(["a", "b", "c"]), st.sampled_from("0123456"),
+                           st.floats(0, 100), st.integers(0, 1000)),
+                 unique_by=lambda s: (s.name, s.revision), max_size=15)
+
+
+@given(staged=_revs, keep=st.integers(0, 4), protected=st.sets(st.tuples(st.sampled_from(["a", "b", "c"]),
+                                                                          st.sampled_from("0123456"))),
+       needed=st.integers(0, 5000))
+def test_cleanup_and_reclaim_never_remove_a_protected_revision(
+        staged: list[StagedRevision], keep: int, protected: set[tuple[str, str]], needed: int) -> None:
+    """For any staged set, keep and protected set: neither cleanup nor the pre-staging reclaim picks a
+    protected revision or the revision being staged, and each model keeps at least its ``keep`` newest
+    (the one being staged takes one of model a's places)."""
+    incoming = StagedRevision("a", "new", float("inf"))
+    cleanup = plan_cleanup(staged, keep=keep, protected=protected)
+    reclaim = reclaim_for(staged, keep=keep, protected=protected, incoming=incoming, needed=needed)
+    for doomed, slots in ((cleanup, {"a": keep}), (reclaim, {"a": max(keep - 1, 0)})):
+        picked = {(s.name, s.revision) for s in doomed}
+        assert not picked & protected
+        assert ("a", "new") not in picked
+        for name in "abc":
+            total = sum(s.name == name for s in staged)
+            left = total - sum(n == name for n, _ in picked)
+            assert left >= min(slots.get(name, keep), total)
+
+
+def test_revisions_named_in_a_unit_are_found_under_the_root_only() -> None:
+    """The --model directory of a unit under the root yields (name, revision); other paths do not."""
+    text = (f"ExecStart=/opt/vllm/bin/vllm serve --model /models/org--a/{SHA} --port 8000\n"
+            "ExecStartPre=/bin/true /srv/models/org--b/x\n")
+    assert revisions_named_in(text, "/models/") == {("org--a", SHA)}

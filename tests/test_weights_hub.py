@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from orchestrator.adapters.local_shell import LocalShell
 from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.weights import MANIFEST_NAME, Manifest, StageRequest
 from orchestrator.errors import WeightsError
+from tests.hosts.wait import wait_for
 from tests.hubstub import HubStub, StubFile, StubRepo, sharded_model, single_file_model
 from tests.hubstub.runner import LocalRunner
 
@@ -27,13 +29,6 @@ TOKEN = "hf_stubSECRETtoken_5f2d9c"
 MiB = 1 << 20
 
 Events = list[tuple[str, dict[str, object]]]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -229,7 +224,7 @@ def _start_stalled_stage(hub: HubStub, store: HfWeightStore, runner: LocalRunner
     thread.start()
     part = root / "tiny" / f".staging-{SHA}" / (SHARDS[0] + ".part")
     assert hub.stalled.wait(30)
-    wait_until(lambda: part.exists() and part.stat().st_size >= 10 * MiB)
+    wait_for(lambda: part.exists() and part.stat().st_size >= 10 * MiB, what="10 MiB in the .part file")
     return thread, part
 
 
@@ -286,28 +281,76 @@ def test_model_larger_than_the_disk_fails_before_writing(hub: HubStub, store: Hf
     assert [r for r in hub.requests if "/resolve/" in r.path] == []
 
 
-def test_disk_filling_up_during_download_removes_the_partial_model(
-        hub: HubStub, store: HfWeightStore, runner: LocalRunner, small_disk: Path) -> None:
-    """When the disk fills mid-download, the error says so and no partial model stays."""
-    hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS[:1], 3 * MiB), sha=SHA))  # 12 MiB
-    hub.stall(SHARDS[0], 0)
-    root = small_disk / "models"
-    errors: list[BaseException] = []
-
+def _stage_in_thread(store: HfWeightStore, req: StageRequest,
+                     errors: list[BaseException]) -> threading.Thread:
     def run() -> None:
         try:
-            stage(store, request(hub, root))
+            stage(store, req)
         except WeightsError as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=run)
     thread.start()
+    return thread
+
+
+def _fill(path: Path, *, leave_pages: int = 0) -> None:
+    """Take every free page of the (tmpfs) volume under path but ``leave_pages`` of 4 KiB, as someone
+    else's big write would."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (1 << 20, 1 << 12):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError:
+                pass
+        os.ftruncate(fd, os.fstat(fd).st_size - leave_pages * 4096)
+    finally:
+        os.close(fd)
+
+
+def test_disk_filling_up_during_download_keeps_the_partial_model_and_says_why(
+        hub: HubStub, store: HfWeightStore, runner: LocalRunner, small_disk: Path) -> None:
+    """When the disk fills mid-download, the error names the path, needed and free bytes, the files
+    fetched so far stay, and a rerun with room again completes."""
+    hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS[:1], 3 * MiB), sha=SHA))  # 12 MiB
+    hub.stall(SHARDS[0], 0)
+    root = small_disk / "models"
+    errors: list[BaseException] = []
+    thread = _stage_in_thread(store, request(hub, root), errors)
     assert hub.stalled.wait(30)
     (small_disk / "filler").write_bytes(b"\0" * 12 * MiB)  # someone else takes the space meanwhile
     hub.release()
     thread.join()
-    assert "disk full" in str(errors[0])
-    assert os.listdir(root) == []
+    staging = root / "tiny" / f".staging-{SHA}"
+    assert re.search(rf"disk full under {staging} while staging: needs .* \(\d+ bytes\), .* free "
+                     rf"\(\d+ bytes\); the partial download is kept", str(errors[0]))
+    assert (staging / "config.json").is_file()
+    (small_disk / "filler").unlink()
+    hub.requests.clear()
+    assert stage(store, request(hub, root)).revision == SHA
+    assert hub.gets("config.json") == []
+
+
+def test_disk_full_while_finalizing_is_a_clear_error(hub: HubStub, store: HfWeightStore,
+                                                   small_disk: Path) -> None:
+    """A disk that fills after the last byte arrived fails the manifest write with a WeightsError
+    naming the path and the free bytes, not a traceback; the fetched files stay."""
+    hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64 * 1024), sha=SHA))
+    hub.stall("tokenizer_config.json", 1)  # the last file fetched (2 bytes: one page on tmpfs)
+    root = small_disk / "models"
+    errors: list[BaseException] = []
+    thread = _stage_in_thread(store, request(hub, root), errors)
+    assert hub.stalled.wait(30)
+    _fill(small_disk / "filler", leave_pages=1)  # room for that file, none for the manifest
+    hub.release()
+    thread.join()
+    staging = root / "tiny" / f".staging-{SHA}"
+    assert re.search(rf"disk full under {staging} while staging: every file is fetched but the manifest "
+                     r"cannot be written, .* free \(\d+ bytes\); the partial download is kept", str(errors[0]))
+    assert (staging / SHARDS[1]).is_file()
+    assert store.verify(str(root), "tiny", SHA) is None
 
 
 def test_gated_repo_without_token_is_refused_with_401(hub: HubStub, store: HfWeightStore,
@@ -396,3 +439,101 @@ def test_second_stage_under_the_same_root_is_refused(
         hub.release()
         thread.join()
     assert results[0].revision == SHA
+
+
+HOSTILE = ["/{outside}/abs.bin", "../../escaped.bin", "a/../../../escaped2.bin"]
+
+
+@pytest.mark.parametrize("pattern", HOSTILE)
+def test_hub_listing_with_a_name_outside_the_model_dir_is_refused(
+        hub: HubStub, store: HfWeightStore, root: Path, tmp_path: Path, pattern: str) -> None:
+    """A hub listing an absolute or ../ file name fails before any download, naming the file and the
+    repo; nothing is written outside the model directory."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    name = pattern.format(outside=str(outside).lstrip("/"))
+    files = sharded_model(SHARDS, 64) | {name: b"pwned"}
+    hub.add(StubRepo.of("org/tiny", files, sha=SHA))
+    with pytest.raises(WeightsError, match=rf"file name '{re.escape(name)}' listed for org/tiny is not a "
+                                           "plain relative path"):
+        stage(store, request(hub, root))
+    assert not any(p.name.startswith(("abs", "escaped")) for p in tmp_path.rglob("*"))
+    assert [r for r in hub.requests if "/resolve/" in r.path] == []
+
+
+def test_symlink_under_the_staging_dir_is_not_followed(hub: HubStub, store: HfWeightStore, root: Path,
+                                                      tmp_path: Path) -> None:
+    """A listed name whose directory is a symlink out of the staging dir is refused before writing."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    staging = root / "tiny" / f".staging-{SHA}"
+    staging.mkdir(parents=True)
+    (staging / "sub").symlink_to(outside)
+    hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64) | {"sub/evil.bin": b"pwned"}, sha=SHA))
+    with pytest.raises(WeightsError, match=r"file name 'sub/evil.bin' listed for org/tiny resolves to "
+                                           rf"{outside}/evil.bin, outside"):
+        stage(store, request(hub, root))
+    assert os.listdir(outside) == []
+
+
+def test_corrupted_bytes_served_once_are_fetched_again_and_verified(
+        hub: HubStub, store: HfWeightStore, root: Path) -> None:
+    """A shard whose sha256 does not match is fetched once more; the staged bytes are the right ones."""
+    repo = hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 4096), sha=SHA))
+    hub.corrupt(SHARDS[1], times=1)
+    events: Events = []
+    manifest = stage(store, request(hub, root), events)
+    assert (Path(manifest.path) / SHARDS[1]).read_bytes() == repo.files[SHARDS[1]].data
+    assert len(hub.gets(SHARDS[1])) == 2
+    mismatch = [f for e, f in events if e == "stage_sha256_mismatch"]
+    assert [m["file"] for m in mismatch] == [SHARDS[1]]
+
+
+def test_bytes_corrupted_on_every_fetch_fail_naming_file_expected_and_actual(
+        hub: HubStub, store: HfWeightStore, root: Path) -> None:
+    """A shard served corrupted every time fails after one re-fetch, naming the file and both hashes."""
+    repo = hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 4096), sha=SHA))
+    hub.corrupt(SHARDS[0], times=None)
+    expected = repo.files[SHARDS[0]].sha256
+    with pytest.raises(WeightsError, match=rf"{SHARDS[0]} failed its sha256 check twice \(expected "
+                                           rf"{expected}, actual [0-9a-f]{{64}}\)"):
+        stage(store, request(hub, root))
+    assert len(hub.gets(SHARDS[0])) == 2
+    assert store.verify(str(root), "tiny", SHA) is None
+
+
+def test_torn_part_file_is_detected_on_resume(hub: HubStub, store: HfWeightStore, root: Path) -> None:
+    """A .part of plausible length but wrong bytes (a torn write) is resumed, fails the hash, and is
+    fetched again whole; the staged shard is the hub's."""
+    repo = hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 4096), sha=SHA))
+    data = repo.files[SHARDS[0]].data or b""
+    staging = root / "tiny" / f".staging-{SHA}"
+    staging.mkdir(parents=True)
+    torn = data[:1000] + b"\0" * 3000 + data[4000:8000]  # a hole where a write never landed
+    (staging / (SHARDS[0] + ".part")).write_bytes(torn)
+    manifest = stage(store, request(hub, root))
+    assert [g.range for g in hub.gets(SHARDS[0])] == ["bytes=8000-", None]
+    assert (Path(manifest.path) / SHARDS[0]).read_bytes() == data
+
+
+def test_unreachable_hub_is_one_clear_error(store: HfWeightStore, root: Path) -> None:
+    """A hub endpoint nobody listens on fails with the endpoint and the network error, no traceback."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    req = StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(root), endpoint=url)
+    try:
+        with pytest.raises(WeightsError, match=rf"the hub at {url} cannot be reached: ConnectError"):
+            stage(store, req)
+    finally:
+        closed.close()
+
+
+def test_pyproject_declares_the_hub_major_version_the_code_uses() -> None:
+    """The huggingface_hub requirement's floor is the installed major version (the code uses 2.x APIs)."""
+    import huggingface_hub
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    floor = re.search(r'"huggingface_hub>=(\d+)\.(\d+)(?:,<(\d+))?"', text)
+    assert floor is not None
+    major = int(huggingface_hub.__version__.split(".")[0])
+    assert int(floor.group(1)) == major and floor.group(3) == str(major + 1)

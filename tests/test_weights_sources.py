@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 from huggingface_hub import snapshot_download
 
+from orchestrator.adapters.local_shell import LocalShell
+from orchestrator.adapters.weights import SpecWeights
 from orchestrator.adapters.weights_hf import HfWeightStore
-from orchestrator.core.weights import MANIFEST_NAME, Manifest, PeerSpec, StageRequest
+from orchestrator.core.catalog import Catalog, Host
+from orchestrator.core.records import UnitSpec
+from orchestrator.core.weights import MANIFEST_NAME, PROTECT_NAME, Manifest, PeerSpec, StageRequest
 from orchestrator.errors import WeightsError
 from tests.hubstub import HubStub, StubRepo, sharded_model
 from tests.hubstub.runner import LocalRunner, SshRunner
@@ -172,13 +178,14 @@ def test_stage_runs_on_a_remote_host_over_ssh(hub: HubStub, tmp_path: Path, sshd
     assert progress[-1]["bytes"] == manifest.total_bytes
 
 
-def _stage_revisions(hub: HubStub, store: HfWeightStore, root: Path, n: int) -> list[str]:
+def _stage_revisions(hub: HubStub, store: HfWeightStore, root: Path, n: int,
+                     name: str = "tiny") -> list[str]:
     shas = []
     for i in range(n):
         sha = f"{i:x}" * 40
         repo = hub.repos["org/tiny"]
         repo.sha, repo.branches["main"] = sha, sha
-        shas.append(stage(store, from_hub(hub, root, revision="main")).revision)
+        shas.append(stage(store, replace(from_hub(hub, root, revision="main"), name=name)).revision)
     return shas
 
 
@@ -218,3 +225,124 @@ def test_free_bytes_reports_the_volume(store: HfWeightStore, tmp_path: Path) -> 
         assert store.free_bytes(str(mount / "not" / "yet")) == 8 << 20
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("name", ["../../escaped.bin", "/{outside}/abs.bin"])
+def test_local_manifest_with_a_name_outside_the_model_dir_is_refused(
+        hub: HubStub, store: HfWeightStore, tmp_path: Path, name: str) -> None:
+    """A local source whose manifest lists an absolute or ../ name fails, naming file and repo, and
+    neither writes nor unlinks anything outside the staging directory."""
+    first = stage(store, from_hub(hub, tmp_path / "a"))
+    src = tmp_path / "src"
+    shutil.copytree(first.path, src)
+    victim = tmp_path / "outside" / "abs.bin"
+    victim.parent.mkdir()
+    victim.write_bytes(b"keep me")
+    name = name.format(outside=str(victim.parent).lstrip("/"))
+    manifest = json.loads((src / MANIFEST_NAME).read_text())
+    manifest["files"][name] = 7
+    (src / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(WeightsError, match=r"file name '.*' listed for org/tiny is not a plain relative path"):
+        stage(store, from_source(tmp_path / "b", f"local:{src}"))
+    assert victim.read_bytes() == b"keep me"
+    assert [p for p in (tmp_path / "b").rglob("*")] == []
+
+
+def test_hostile_peer_user_is_refused_by_the_worker_before_ssh(tmp_path: Path) -> None:
+    """A peer user that ssh would read as -oProxyCommand is refused by the worker; no command runs."""
+    pwned = tmp_path / "pwned"
+    req = from_source(tmp_path / "here", "host:gpu2",
+                      PeerSpec(address="127.0.0.9", root=str(tmp_path / "peer"))).to_dict()
+    req["peer"] = {**req["peer"], "user": f"-oProxyCommand=touch {pwned}"}  # type: ignore[dict-item]
+    out = subprocess.run([sys.executable, "-m", "orchestrator.worker.stage", "stage", json.dumps(req)],
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert out.returncode == 3
+    assert "ssh user '-oProxyCommand=touch" in json.loads(out.stdout.splitlines()[-1])["message"]
+    assert not list(tmp_path.glob("pwned*"))
+
+
+def _unit(model_dir: str, revision: str, source: str = "hub") -> UnitSpec:
+    return UnitSpec(model="tiny", unit_name="vllm-tiny.service", unit_text="", unit_sha="", served_name="tiny",
+                    address="127.0.0.1", port=8000, gpus=(0,), load_deadline_s=60.0, model_dir=model_dir,
+                    repo="org/tiny", revision=revision, source=source)
+
+
+def test_host_source_is_wired_from_the_catalog_and_copies_from_the_peer(
+        hub: HubStub, store: HfWeightStore, tmp_path: Path, sshd: Sshd) -> None:
+    """A catalog model with source = "host:gpu2" stages through SpecWeights from gpu2's catalog entry
+    (its weight root holds a space)."""
+    peer_root = tmp_path / "peer models"
+    stage(store, replace(from_hub(hub, peer_root), name="org--tiny"))
+    catalog = Catalog.model_validate({
+        "hosts": {"gpu1": {"transport": "local", "models_dir": str(tmp_path / "here")},
+                  "gpu2": {"address": sshd.address, "ssh_port": sshd.port, "ssh_key": sshd.key,
+                           "known_hosts": sshd.known_hosts, "models_dir": str(peer_root)}},
+        "models": {"tiny": {"host": "gpu1", "repo": "org/tiny", "revision": SHA, "gpus": [0],
+                            "source": "host:gpu2"}}})
+    weights = SpecWeights(store, catalog.hosts["gpu1"], None, fleet=catalog.hosts)
+    hub.requests.clear()
+    staged = weights.stage(_unit("", SHA, catalog.models["tiny"].source), lambda e, f: None)
+    assert staged.path == f"{tmp_path}/here/org--tiny/{SHA}"
+    assert (Path(staged.path) / SHARDS[0]).read_bytes() == (peer_root / "org--tiny" / SHA / SHARDS[0]).read_bytes()
+    assert hub.requests == []
+
+
+def test_cleanup_after_a_switch_keeps_newest_serving_and_previous(
+        hub: HubStub, tmp_path: Path) -> None:
+    """SpecWeights.cleanup with keep=1 removes old revisions except the newest, the serving and the
+    previous stable one, and records those two on the host."""
+    root = tmp_path / "models"
+    store = HfWeightStore(LocalShell(), python=sys.executable)
+    shas = _stage_revisions(hub, store, root, 4, name="org--tiny")
+    weights = SpecWeights(store, Host(name="box", transport="local", models_dir=str(root)), None,
+                          keep_revisions=1)
+    serving, previous = (_unit(f"{root}/org--tiny/{sha}", sha) for sha in shas[:2])
+    removed = weights.cleanup([serving, previous])
+    assert [r.revision for r in removed] == [shas[2]]
+    assert sorted(os.listdir(root / "org--tiny")) == sorted([shas[0], shas[1], shas[3]])
+    assert json.loads((root / PROTECT_NAME).read_text())["protected"] == sorted(
+        [["org--tiny", shas[0]], ["org--tiny", shas[1]]])
+
+
+def test_cleanup_never_removes_a_revision_an_installed_unit_names(hub: HubStub, tmp_path: Path) -> None:
+    """A revision that a vllm-*.service unit on the host loads (another model's, on other GPUs) stays,
+    even when no deployment record protects it."""
+    root, units = tmp_path / "models", tmp_path / "units"
+    units.mkdir()
+    store = HfWeightStore(LocalShell(), python=sys.executable)
+    shas = _stage_revisions(hub, store, root, 3, name="org--tiny")
+    (units / "vllm-other.service").write_text(
+        f"[Service]\nExecStart=/opt/vllm/bin/vllm serve --model {root}/org--tiny/{shas[0]} --port 8001\n")
+    weights = SpecWeights(store, Host(name="box", transport="local", models_dir=str(root), unit_dir=str(units)),
+                          None, keep_revisions=1)
+    assert [r.revision for r in weights.cleanup([])] == [shas[1]]
+    assert sorted(os.listdir(root / "org--tiny")) == sorted([shas[0], shas[2]])
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_staging_frees_room_from_old_revisions_but_never_protected_ones(
+        hub: HubStub, store: HfWeightStore, small_disk: Path) -> None:
+    """On a 20 MiB disk holding two 8 MiB revisions, a third stages by removing the older unprotected
+    one (as keep=2 would after the switch); the protected one stays."""
+    hub.repos["org/tiny"] = StubRepo.of("org/tiny", sharded_model(SHARDS, 1 << 20), sha=SHA)
+    root = small_disk / "models"
+    old, serving = _stage_revisions(hub, store, root, 2)
+    store.cleanup(str(root), keep=2, protected={("tiny", serving)})  # what the last switch recorded
+    repo = hub.repos["org/tiny"]
+    repo.sha = repo.branches["main"] = "e" * 40
+    events: list[tuple[str, dict[str, object]]] = []
+    req = replace(from_hub(hub, root, revision="main"), keep_revisions=2)
+    manifest = store.stage(req, lambda e, f: events.append((e, f)))
+    assert sorted(os.listdir(root / "tiny")) == sorted([serving, manifest.revision])
+    assert [(f["revision"], f["reason"]) for e, f in events if e == "stage_cleanup"] == [
+        (old, "room for staging")]

@@ -31,7 +31,13 @@ def connect(transport: Literal["local", "ssh"], address: str = "localhost", *, p
     name = host or address
     if transport == "local":
         from orchestrator.adapters.local_shell import LocalShell
-        from orchestrator.adapters.systemd_dbus import DbusSystemd
+
+        try:
+            from orchestrator.adapters.systemd_dbus import DbusSystemd
+        except ImportError as exc:  # the optional D-Bus stack (pydbus, PyGObject) is not installed
+            raise ConfigError(f"host {name}: transport 'local' drives systemd over D-Bus, which needs the "
+                              f"extra orchestrator[dbus] (pip install 'orchestrator[dbus]'): "
+                              f"{exc.name or 'pydbus'} is not installed") from exc
 
         local = LocalShell(name)
         return local, DbusSystemd(local, unit_dir)

@@ -1,7 +1,10 @@
 """The state store: one SQLite file (WAL) under the state dir.
 
 Every phase change is committed before the engine runs the next step, so a crash leaves a record
-that says exactly which step was in flight.
+that says exactly which step was in flight. The file carries its schema version (``PRAGMA
+user_version``): older schemas are migrated on open, a newer one is refused with both versions
+named, and rows are read by column name. The directory and the file are not world-readable: the
+database keeps every unit's text and every error message.
 """
 
 from __future__ import annotations
@@ -9,17 +12,21 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from orchestrator.adapters.state_files import secure_state_file
 from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
 from orchestrator.core.states import TERMINAL, Phase
-from orchestrator.errors import StateError
+from orchestrator.errors import StateError, StateStoreError
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS deployments (
+SCHEMA_VERSION = 2
+
+# Version 1: the schema as first landed (until then the file had no user_version).
+_V1 = (
+    """CREATE TABLE IF NOT EXISTS deployments (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   host TEXT NOT NULL,
   revision INTEGER NOT NULL,
@@ -34,42 +41,129 @@ CREATE TABLE IF NOT EXISTS deployments (
   no_rollback INTEGER NOT NULL DEFAULT 0,
   bench TEXT,
   UNIQUE (host, revision)
-);
-CREATE TABLE IF NOT EXISTS transitions (
+)""",
+    """CREATE TABLE IF NOT EXISTS transitions (
   deployment_id INTEGER NOT NULL REFERENCES deployments(id),
   phase TEXT NOT NULL,
   at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS serving (
+)""",
+    """CREATE TABLE IF NOT EXISTS serving (
   host TEXT PRIMARY KEY,
   revision INTEGER
-);
-CREATE TABLE IF NOT EXISTS events (
+)""",
+    """CREATE TABLE IF NOT EXISTS events (
   at REAL NOT NULL,
   host TEXT,
   kind TEXT NOT NULL,
   detail TEXT NOT NULL
-);
-"""
+)""",
+)
+_TABLES = frozenset({"deployments", "transitions", "serving", "events"})
+# Columns of deployments a file without them cannot do without; the others can be added empty.
+_REQUIRED = ("id", "host", "revision", "spec", "phase", "created_at")
+_ADDABLE = {"trigger": "TEXT NOT NULL DEFAULT ''", "previous_revision": "INTEGER", "ended_at": "REAL",
+            "error": "TEXT", "rollback_error": "TEXT", "no_rollback": "INTEGER NOT NULL DEFAULT 0",
+            "bench": "TEXT"}
+
+
+def _to_v1(db: sqlite3.Connection, path: str) -> None:
+    """Unversioned: a fresh file gets the schema; one with the landed tables is adopted as it is."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")} - {"sqlite_sequence"}
+    if tables and "deployments" not in tables:
+        raise StateStoreError(f"state store {path}: holds tables that are not orchestrator's "
+                              f"({', '.join(sorted(tables))}); point state_dir at a directory of its own")
+    for statement in _V1:
+        db.execute(statement)
+    columns = {r[1] for r in db.execute("PRAGMA table_info(deployments)")}
+    missing = [c for c in _REQUIRED if c not in columns]
+    if missing:
+        raise StateStoreError(f"state store {path}: table deployments has no column {', '.join(missing)}; "
+                              f"it is not a state store this orchestrator can read")
+    for column, decl in _ADDABLE.items():
+        if column not in columns:
+            db.execute(f"ALTER TABLE deployments ADD COLUMN {column} {decl}")
+
+
+# Version 2: the agent's config revisions (`config push`) and which one each deployment ran with.
+_V2 = (
+    """CREATE TABLE IF NOT EXISTS config_revisions (
+  revision INTEGER PRIMARY KEY AUTOINCREMENT,
+  at REAL NOT NULL,
+  sha256 TEXT NOT NULL,
+  operator TEXT NOT NULL,
+  text TEXT NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS deployment_configs (
+  deployment_id INTEGER PRIMARY KEY,
+  config_revision INTEGER NOT NULL REFERENCES config_revisions(revision)
+)""",
+)
+
+
+def _to_v2(db: sqlite3.Connection, path: str) -> None:
+    for statement in _V2:
+        db.execute(statement)
+
+
+# _MIGRATIONS[v] brings a file from version v to v + 1.
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _to_v2)
+assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
 class SqliteStore:
     """StateStore over sqlite3; safe to open from several processes (WAL, busy timeout)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, group: str | None = None) -> None:
+        """Open (creating, securing and migrating as needed) the database at ``path``.
+
+        ``group``: the socket group; when it exists and we are root the directory is 0750 and
+        owned by it (so members reach the agent's socket there), else 0700. The file is 0600.
+        """
         self.path = str(path)
         # One connection shared by the agent's threads: every use goes through this lock.
         self._lock = threading.RLock()
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            secure_state_file(Path(self.path), group)
         try:
             self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
                                        check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StateStoreError(f"state store {self.path}: cannot open: {exc}") from exc
+        self._db.row_factory = sqlite3.Row
+        try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StateError(f"state store {self.path}: {exc}") from exc
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            what = "not an SQLite database" if "not a database" in str(exc) else "cannot be used"
+            raise StateStoreError(f"state store {self.path}: {what} ({exc}); move it aside to start a "
+                                  f"fresh history") from exc
+        except StateStoreError:
+            self._db.close()
+            raise
+
+    def _version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        if self._version() == SCHEMA_VERSION:
+            return
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")  # one process migrates; the others wait, then see it done
+            try:
+                version = self._version()
+                if version > SCHEMA_VERSION:
+                    raise StateStoreError(
+                        f"state store {self.path}: schema version {version} is newer than this orchestrator "
+                        f"supports ({SCHEMA_VERSION}); upgrade orchestrator (or move the file aside)")
+                for step in _MIGRATIONS[version:]:
+                    step(self._db, self.path)
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                self._db.execute("COMMIT")
+            finally:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -98,22 +192,23 @@ class SqliteStore:
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
                at: float, no_rollback: bool = False) -> Deployment:
         with self._tx() as db:
-            (last,) = db.execute("SELECT COALESCE(MAX(revision), 0) FROM deployments WHERE host=?",
-                                 (host,)).fetchone()
+            last = db.execute("SELECT COALESCE(MAX(revision), 0) FROM deployments WHERE host=?",
+                              (host,)).fetchone()[0]
             cur = db.execute(
                 "INSERT INTO deployments (host, revision, spec, trigger, phase, created_at,"
                 " previous_revision, no_rollback) VALUES (?,?,?,?,?,?,?,?)",
                 (host, last + 1, json.dumps(spec.to_dict()), trigger, Phase.PLANNED.value, at,
                  previous_revision, int(no_rollback)))
             dep_id = int(cur.lastrowid or 0)
-            db.execute("INSERT INTO transitions VALUES (?,?,?)", (dep_id, Phase.PLANNED.value, at))
+            db.execute("INSERT INTO transitions (deployment_id, phase, at) VALUES (?,?,?)",
+                       (dep_id, Phase.PLANNED.value, at))
         return self.get(dep_id)
 
     def transition(self, dep_id: int, phase: Phase, at: float) -> None:
         with self._tx() as db:
             db.execute("UPDATE deployments SET phase=?, ended_at=? WHERE id=?",
                        (phase.value, at if phase in TERMINAL else None, dep_id))
-            db.execute("INSERT INTO transitions VALUES (?,?,?)", (dep_id, phase.value, at))
+            db.execute("INSERT INTO transitions (deployment_id, phase, at) VALUES (?,?,?)", (dep_id, phase.value, at))
 
     def record_error(self, dep_id: int, *, error: str | None = None,
                      rollback_error: str | None = None) -> None:
@@ -130,7 +225,7 @@ class SqliteStore:
 
     def set_serving(self, host: str, revision: int | None) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO serving VALUES (?, ?) ON CONFLICT(host) DO UPDATE SET revision=?",
+            db.execute("INSERT INTO serving (host, revision) VALUES (?, ?) ON CONFLICT(host) DO UPDATE SET revision=?",
                        (host, revision, revision))
 
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None:
@@ -139,7 +234,8 @@ class SqliteStore:
 
     def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO events VALUES (?,?,?,?)", (at, host, kind, json.dumps(detail)))
+            db.execute("INSERT INTO events (at, host, kind, detail) VALUES (?,?,?,?)",
+                       (at, host, kind, json.dumps(detail)))
 
     # -- reads ----------------------------------------------------------------------------------
     def get(self, dep_id: int) -> Deployment:
@@ -170,9 +266,9 @@ class SqliteStore:
     def serving(self, host: str) -> Deployment | None:
         rows = self._read("SELECT revision FROM serving WHERE host=?", (host,))
         row = rows[0] if rows else None
-        if row is None or row[0] is None:
+        if row is None or row["revision"] is None:
             return None
-        return self.by_revision(host, int(row[0]))
+        return self.by_revision(host, int(row["revision"]))
 
     def events(self, host: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         q, args = "SELECT at, host, kind, detail FROM events WHERE 1=1", list[Any]()
@@ -181,15 +277,47 @@ class SqliteStore:
         if kind:
             q, args = q + " AND kind=?", [*args, kind]
         rows = self._read(q + " ORDER BY rowid DESC LIMIT ?", (*args, limit))
-        return [{"at": r[0], "host": r[1], "kind": r[2], **json.loads(r[3])} for r in rows]
+        return [{"at": r["at"], "host": r["host"], "kind": r["kind"], **_object(r["detail"])} for r in rows]
 
-    def _deployment(self, row: sqlite3.Row | tuple[Any, ...]) -> Deployment:
-        (dep_id, host, revision, spec, trigger, phase, created, prev, ended, error, rb_error,
-         no_rb, bench) = row
-        marks = self._read("SELECT phase, at FROM transitions WHERE deployment_id=? ORDER BY rowid", (dep_id,))
+    def _deployment(self, row: sqlite3.Row) -> Deployment:
+        """A row read by column name: extra columns are ignored, NULLs in optional ones tolerated."""
+        cols = set(row.keys())
+
+        def col(name: str, default: Any = None) -> Any:
+            value = row[name] if name in cols else None
+            return default if value is None else value
+
+        dep_id = int(row["id"])
+        marks = [(m["phase"], m["at"]) for m in self._read(
+            "SELECT phase, at FROM transitions WHERE deployment_id=? ORDER BY rowid", (dep_id,))
+            if m["phase"] is not None and isinstance(m["at"], (int, float))]
+        terminal = {t.value for t in TERMINAL}
         timings = tuple(PhaseTiming(p, at, marks[i + 1][1] if i + 1 < len(marks) else None)
-                        for i, (p, at) in enumerate(marks) if p not in {t.value for t in TERMINAL})
-        return Deployment(id=dep_id, host=host, revision=revision, spec=UnitSpec.from_dict(json.loads(spec)),
-                          trigger=trigger, phase=Phase(phase), created_at=created, previous_revision=prev,
-                          ended_at=ended, error=error, rollback_error=rb_error, no_rollback=bool(no_rb),
-                          timings=timings, bench=json.loads(bench) if bench else None)
+                        for i, (p, at) in enumerate(marks) if p not in terminal)
+        try:
+            spec = UnitSpec.from_dict(json.loads(col("spec", "")))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StateStoreError(f"state store {self.path}: deployment #{dep_id}: column spec is not a unit "
+                                  f"spec this orchestrator can read ({type(exc).__name__}: {exc})") from None
+        try:
+            phase = Phase(col("phase"))
+        except ValueError:
+            raise StateStoreError(f"state store {self.path}: deployment #{dep_id}: unknown phase "
+                                  f"{col('phase')!r} (written by another version of orchestrator?)") from None
+        bench = _object(col("bench")) or None
+        return Deployment(id=dep_id, host=str(col("host", "?")), revision=int(col("revision", 0)), spec=spec,
+                          trigger=str(col("trigger", "")), phase=phase, created_at=float(col("created_at", 0.0)),
+                          previous_revision=col("previous_revision"), ended_at=col("ended_at"),
+                          error=col("error"), rollback_error=col("rollback_error"),
+                          no_rollback=bool(col("no_rollback", 0)), timings=timings, bench=bench)
+
+
+def _object(text: object) -> dict[str, Any]:
+    """A JSON object column; anything else (NULL, garbage, another JSON type) is kept as raw text."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(str(text))
+    except ValueError:
+        return {"raw": str(text)}
+    return value if isinstance(value, dict) else {"raw": value}

@@ -24,6 +24,7 @@ from orchestrator.errors import SystemdError, TransportError, UnitNotFound
 from orchestrator.ports import Shell
 
 _SYSTEMD = "org.freedesktop.systemd1"
+_ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
 _NOT_FOUND = ("org.freedesktop.systemd1.NoSuchUnit", "org.freedesktop.DBus.Error.FileNotFound",
               "org.freedesktop.systemd1.LoadFailed")
 
@@ -38,15 +39,27 @@ class DbusSystemd(ShellUnitFiles):
     def __init__(self, shell: Shell, unit_dir: str = DEFAULT_UNIT_DIR) -> None:
         super().__init__(shell, unit_dir)
         try:
+            # pydbus hands every caller in this process the one shared system-bus connection, and
+            # systemd's subscription belongs to that connection: a second adapter finds it taken
+            # (AlreadySubscribed), which is what it wanted. No adapter ever Unsubscribe()s, since
+            # that would silence JobRemoved for every other adapter on the connection.
             self._bus = pydbus.SystemBus()
             self._manager = self._bus.get(_SYSTEMD, "/org/freedesktop/systemd1")
-            self._manager.Subscribe()  # JobRemoved is only sent to subscribed clients
+            self._subscribe()
         except GLib.Error as exc:
             raise TransportError(f"cannot reach systemd on the system bus: {exc.message}",
                                  host=self.host) from exc
         self._finished: dict[str, str] = {}
         self._ctx = GLib.MainContext.default()
         self._subscription = self._manager.JobRemoved.connect(self._on_job_removed)
+
+    def _subscribe(self) -> None:
+        """JobRemoved is only sent to subscribed clients."""
+        try:
+            self._manager.Subscribe()
+        except GLib.Error as exc:
+            if _dbus_name(exc) != _ALREADY_SUBSCRIBED:
+                raise
 
     def _on_job_removed(self, job_id: int, job: str, unit: str, result: str) -> None:
         self._finished[job] = result

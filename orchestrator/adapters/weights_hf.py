@@ -9,44 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from typing import Protocol
 
 from orchestrator.core.observed import CommandResult
-from orchestrator.core.weights import Manifest, StagedRevision, StageRequest, plan_cleanup
+from orchestrator.core.weights import Manifest, StagedRevision, StageRequest
 from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, Shell
-
-
-class WeightStore(Protocol):
-    """Proposed port (for orchestrator/ports.py): staged, verified model weights on one host."""
-
-    def stage(self, request: StageRequest, progress: ProgressCallback) -> Manifest:
-        """Download/copy, verify and record; returns at once when already staged and intact."""
-        ...
-
-    def verify(self, root: str, name: str, revision: str) -> Manifest | None:
-        """The manifest when staged and intact; None when not staged; WeightsError when broken."""
-        ...
-
-    def free_bytes(self, path: str) -> int: ...
-
-    def list_staged(self, root: str) -> list[StagedRevision]: ...
-
-    def remove(self, root: str, name: str, revision: str, *,
-               protected: Collection[tuple[str, str]] = ()) -> bool:
-        """Remove one revision (also its partial download); refuses a protected (name, revision)."""
-        ...
-
-    def cleanup(self, root: str, *, keep: int,
-                protected: Collection[tuple[str, str]]) -> list[StagedRevision]:
-        """Keep the ``keep`` newest revisions per model; never remove protected ones."""
-        ...
-
 
 # Worker event -> the ProgressCallback event the CLI knows (cli/progress.py renders stage_progress
 # and staged; the others are there for logs).
 EVENTS = {"progress": "stage_progress", "plan": "stage_plan", "file_done": "stage_file",
-          "resume": "stage_resume", "restage": "stage_restage", "already_staged": "staged"}
+          "resume": "stage_resume", "restage": "stage_restage", "already_staged": "staged",
+          "sha256_mismatch": "stage_sha256_mismatch", "cleanup": "stage_cleanup"}
 
 
 class HfWeightStore:
@@ -97,8 +70,7 @@ class HfWeightStore:
     def list_staged(self, root: str) -> list[StagedRevision]:
         done = self._call(f"listing models under {root}", "list", root)
         entries = done.get("staged")
-        return [StagedRevision(str(e["name"]), str(e["revision"]), float(str(e["staged_at"])))
-                for e in (entries if isinstance(entries, list) else [])
+        return [_revision(e) for e in (entries if isinstance(entries, list) else [])
                 if isinstance(e, dict) and not e.get("partial")]
 
     def remove(self, root: str, name: str, revision: str, *,
@@ -108,12 +80,13 @@ class HfWeightStore:
                                "and was not removed", host=self.host)
         return bool(self._call(f"removing model {name}", "remove", root, name, revision)["removed"])
 
-    def cleanup(self, root: str, *, keep: int,
-                protected: Collection[tuple[str, str]]) -> list[StagedRevision]:
-        doomed = plan_cleanup(self.list_staged(root), keep=keep, protected=protected)
-        for s in doomed:
-            self.remove(root, s.name, s.revision, protected=protected)
-        return doomed
+    def cleanup(self, root: str, *, keep: int, protected: Collection[tuple[str, str]],
+                unit_dir: str | None = None) -> list[StagedRevision]:
+        pairs = json.dumps(sorted([n, r] for n, r in set(protected)))
+        extra = ["--unit-dir", unit_dir] if unit_dir else []
+        done = self._call(f"removing old revisions under {root}", "cleanup", root, str(keep), pairs, *extra)
+        removed = done.get("removed")
+        return [_revision(e) for e in (removed if isinstance(removed, list) else []) if isinstance(e, dict)]
 
     def _call(self, what: str, *args: str) -> dict[str, object]:
         result = self.shell.run(self._argv(*args), timeout=self.timeout, check=False)
@@ -132,6 +105,11 @@ class HfWeightStore:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
         return WeightsError(f"{what}: the stage worker exited {result.exit_code} without a result"
                             + (f":\n{tail}" if tail else ""), host=self.host)
+
+
+def _revision(entry: dict[str, object]) -> StagedRevision:
+    return StagedRevision(str(entry["name"]), str(entry["revision"]), float(str(entry["staged_at"])),
+                          int(str(entry.get("bytes", 0))))
 
 
 def _parse(line: str) -> dict[str, object] | None:

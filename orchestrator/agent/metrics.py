@@ -23,6 +23,10 @@ class Metrics:
                                  ["host", "model", "revision"], registry=self.registry)
         self.health = Gauge("orchestrator_model_healthy", "1 when the serving model passes its health probe",
                             ["host"], registry=self.registry)
+        self.loop_failures = Counter("orchestrator_loop_failures", "Failed passes of the agent's loops "
+                                     "(schedules, watch); the loop goes on", ["loop"], registry=self.registry)
+        self.loops_dead = Gauge("orchestrator_loops_dead", "Agent loops that exited or stopped making "
+                                "progress (watchdog pings withheld)", registry=self.registry)
 
     def start(self) -> None:
         if not self.port:
@@ -47,3 +51,9 @@ class Metrics:
 
     def healthy(self, host: str, ok: bool) -> None:
         self.health.labels(host).set(1 if ok else 0)
+
+    def loop_failure(self, loop: str) -> None:
+        self.loop_failures.labels(loop).inc()
+
+    def dead_loops(self, count: int) -> None:
+        self.loops_dead.set(count)

@@ -15,8 +15,6 @@ from typing import Any
 from orchestrator import errors
 from orchestrator.errors import OrchestratorError
 
-OPS = frozenset({"switch", "rollback", "recover", "status", "history", "follow", "schedules", "stage", "ping"})
-
 
 def encode(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()

@@ -7,19 +7,22 @@ one. When the client goes away the operation goes on, and ``status --follow`` re
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import queue
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from orchestrator.agent.protocol import OPS, encode, error_reply, peer_credentials
+from orchestrator.agent.peers import operator
+from orchestrator.agent.protocol import encode, error_reply, peer_credentials
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
 
@@ -76,7 +79,7 @@ class Jobs:
             current = self.running.get(host)
             if current is not None:
                 raise Busy(f"host {host} is busy with {current.op} {_describe(current.args)} "
-                           f"({self.ops._holder(host)}); try again when it ends", host=host)
+                           f"({self.ops.holder(host)}); try again when it ends", host=host)
             job = Job(host, op, args)
             self.running[host] = job
         thread = threading.Thread(target=self._run, args=(job, run), name=f"{op}-{host}", daemon=True)
@@ -108,42 +111,106 @@ def _describe(args: dict[str, Any]) -> str:
     return " ".join(f"{v}" for v in args.values() if v not in (None, False, {}))
 
 
+# Bounds on what one client can take from the agent: request size, time to send it (and to take
+# each reply line), connections at once. Beyond them a client gets a usage or agent error.
+MAX_REQUEST = 1024 * 1024  # a deploy.toml pushed with `config push` fits
+IO_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 32
+
+
 class _Handler(socketserver.StreamRequestHandler):
     server: ControlServer
+    timeout = IO_TIMEOUT_S  # applied to the socket before handle(): a silent client is dropped
 
     def handle(self) -> None:
         agent = self.server.agent
-        _pid, uid, gid = peer_credentials(self.request)
-        line = self.rfile.readline()  # read first, so a refused client gets the answer, not a broken pipe
-        if not agent.authorized(uid, gid):
-            self._send(error_reply(AgentError(f"uid {uid} may not use the agent: only root and members of "
-                                              f"group {agent.group!r} may")))
-            log.warning("client_refused", uid=uid, gid=gid)
-            return
         try:
-            request = _parse(line)
-            reply_stream = agent.dispatch(request["op"], request.get("args") or {})
-            for item in reply_stream:
-                self._send(item)
-        except OrchestratorError as exc:
-            self._send(error_reply(exc))
-        except (BrokenPipeError, ConnectionResetError):
-            log.info("client_detached")
+            pid, uid, gid = peer_credentials(self.request)
+            if not agent.authorized(uid, gid):  # before reading a single byte of the request
+                log.warning("client_refused", uid=uid, gid=gid)
+                self._refuse(AgentError(f"uid {uid} may not use the agent: only root and members of "
+                                        f"group {agent.group!r} may"))
+                return
+            try:
+                request = _parse(self._read_request())
+                for item in agent.dispatch(request.get("op"), request.get("args"), operator(pid, uid)):
+                    self._send(item)
+            except OrchestratorError as exc:
+                log.info("request_refused", uid=uid, error=str(exc))
+                self._send(error_reply(exc))
+        except OSError as exc:  # gone, reset, or too slow to send or to read: the operation goes on
+            log.info("client_detached", error=type(exc).__name__)
+        except Exception as exc:  # the agent's top loop: one request must not take the socket down
+            log.exception("request_crashed")
+            try:
+                self._send(error_reply(AgentError(f"the agent failed on this request: {type(exc).__name__}")))
+            except OSError:
+                pass
+
+    def _read_request(self) -> bytes:
+        """Up to the first newline, within MAX_REQUEST bytes and IO_TIMEOUT_S seconds in all (a
+        per-read timeout alone would let a client drip one byte at a time for days)."""
+        deadline = time.monotonic() + IO_TIMEOUT_S
+        buf = bytearray()
+        while b"\n" not in buf and len(buf) <= MAX_REQUEST:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UsageError(f"bad request: not sent within {IO_TIMEOUT_S:g} s")
+            self.request.settimeout(remaining)
+            try:
+                chunk = self.request.recv(65536)
+            except TimeoutError:
+                raise UsageError(f"bad request: not sent within {IO_TIMEOUT_S:g} s") from None
+            if not chunk:
+                break
+            buf += chunk
+        self.request.settimeout(IO_TIMEOUT_S)
+        end = buf.find(b"\n")
+        return bytes(buf if end < 0 else buf[:end + 1])
 
     def _send(self, obj: dict[str, Any]) -> None:
         self.wfile.write(encode(obj))
         self.wfile.flush()
 
+    def _refuse(self, exc: OrchestratorError) -> None:
+        """Answer, then read (and drop) what the client sends for a moment, so it reads our answer
+        instead of a reset from closing on its unread request."""
+        self._send(error_reply(exc))
+        self.request.settimeout(1.0)
+        _drain(self.request)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass  # the client went away: flushing the rest of the replies cannot work
+
+
+def _drain(sock: socket.socket) -> None:
+    """After our answer: read and drop what the client sends for a moment (its timeout), so it
+    reads the answer instead of a reset from our closing on its unread request."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(MAX_REQUEST):
+            pass
+    except OSError:
+        pass
+
 
 def _parse(line: bytes) -> dict[str, Any]:
-    import json
-
+    if len(line) > MAX_REQUEST:
+        raise UsageError(f"bad request: longer than {MAX_REQUEST} bytes")
+    if not line.endswith(b"\n"):
+        raise UsageError(f"bad request {line[:100]!r}: one JSON object and a newline expected")
     try:
         request = json.loads(line)
-    except ValueError as exc:
-        raise UsageError(f"bad request {line[:100]!r}: not JSON") from exc
-    if not isinstance(request, dict) or request.get("op") not in OPS:
-        raise UsageError(f"bad request {line[:100]!r}: op must be one of {', '.join(sorted(OPS))}")
+    except (ValueError, RecursionError):
+        raise UsageError(f"bad request {line[:100]!r}: not JSON") from None
+    if not isinstance(request, dict):
+        raise UsageError(f"bad request {line[:100]!r}: a JSON object with op and args expected")
+    extra = sorted(set(request) - {"op", "args"})
+    if extra:
+        raise UsageError(f"bad request: unknown key {extra[0][:50]!r} (a request has op and args)")
     return request
 
 
@@ -151,8 +218,11 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, path: str, agent: Any) -> None:
+    def __init__(self, path: str, agent: Any, max_connections: int = MAX_CONNECTIONS) -> None:
         self.agent = agent
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.overflow = threading.BoundedSemaphore(max_connections)  # clients being told "too many"
+        self.max_connections = max_connections
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         if os.path.exists(path):
             _refuse_if_live(path)
@@ -163,6 +233,41 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             os.chown(path, -1, grp.getgrnam(agent.group).gr_gid)
         except KeyError:
             log.warning("socket_group_missing", group=agent.group, socket=path)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            log.warning("client_turned_away", connections=self.max_connections)
+            if self.overflow.acquire(blocking=False):  # answer it, briefly, off the accepting thread
+                threading.Thread(target=self._turn_away, args=(request,), daemon=True).start()
+            else:
+                self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def _turn_away(self, request: socket.socket) -> None:
+        try:
+            request.settimeout(1.0)
+            request.sendall(encode(error_reply(AgentError(
+                f"the agent already serves {self.max_connections} connections; try again"))))
+            _drain(request)
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
+            self.overflow.release()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.exception("control_socket_error")  # one structured line, not socketserver's stderr dump
 
 
 def _refuse_if_live(path: str) -> None:

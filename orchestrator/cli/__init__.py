@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from orchestrator import logs
+from orchestrator.core.secrets import redact
 from orchestrator.errors import OrchestratorError
 
 
@@ -22,17 +23,29 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except OrchestratorError as exc:
-            click.echo(f"error: {exc}", err=True)
+            # A message quotes bad values; a value shaped like a token is never printed.
+            click.echo(f"error: {redact(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="orchestrator")
-def main() -> None:
+@click.option("--host", "remote", envvar="ORCHESTRATOR_HOST", default=None, metavar="ssh://USER@BOX[:PORT]|NAME",
+              help="act through the agent on that box over SSH ($ORCHESTRATOR_HOST; NAME from "
+                   "~/.config/orchestrator/hosts.toml or $ORCHESTRATOR_HOSTS_FILE)")
+def main(remote: str | None) -> None:
     """Deploy vLLM models as systemd services and switch between them safely."""
     # Progress and the final error are printed by the commands; logs only when asked for.
     level = os.environ.get("ORCHESTRATOR_LOG_LEVEL", "CRITICAL").upper()
     logs.configure(json=False, level=logging.getLevelNamesMapping().get(level, logging.CRITICAL))
 
 
-from orchestrator.cli import agent_cmds, bench_cmds, catalog_cmds, deploy_cmds, plan_cmd, tune_cmd  # noqa: F401
+from orchestrator.cli import (  # noqa: F401
+    agent_cmds,
+    bench_cmds,
+    catalog_cmds,
+    config_cmds,
+    deploy_cmds,
+    plan_cmd,
+    tune_cmd,
+)

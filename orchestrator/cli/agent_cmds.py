@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 from rich.console import Console
@@ -12,24 +13,42 @@ from orchestrator import logs, settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
-from orchestrator.client.backends import backend_for
+from orchestrator.cli.target import backend
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @config_option
 @click.option("--socket", "socket_path", default=None, metavar="PATH",
               help="control socket (default: <state_dir>/agent.sock or $ORCHESTRATOR_SOCKET)")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Prometheus endpoint on 127.0.0.1 (default: metrics_port of deploy.toml, 9464; 0 disables it)")
-def agent(config: str | None, socket_path: str | None, metrics_port: int | None) -> None:
+@click.pass_context
+def agent(ctx: click.Context, config: str | None, socket_path: str | None, metrics_port: int | None) -> None:
     """Run the daemon: control socket, crash recovery, schedules, health watch, metrics."""
+    if ctx.invoked_subcommand is not None:
+        return
     from orchestrator.agent.daemon import Agent
     from orchestrator.wiring import operations
 
     logs.configure(json=True)
     cat = settings.load(config)
     port = cat.metrics_port if metrics_port is None else metrics_port
-    Agent(cat, operations(cat, test_hooks=True), socket=socket_path, metrics_port=port or None).run()
+    Agent(cat, operations(cat), socket=socket_path, metrics_port=port or None,
+          config_path=str(settings.config_path(config).resolve()),
+          ops_factory=operations).run()
+
+
+@agent.command("dial-stdio")
+@click.option("--socket", "socket_path", default=None, metavar="PATH",
+              help="the agent's socket (default: $ORCHESTRATOR_SOCKET, else <state_dir>/agent.sock of the box's "
+                   "deploy.toml)")
+@config_option
+def dial_stdio(socket_path: str | None, config: str | None) -> None:
+    """Relay stdin/stdout to the agent's socket (what a remote `orchestrator --host` runs over SSH)."""
+    from orchestrator.agent import relay
+
+    argv = (["--socket", socket_path] if socket_path else []) + (["--config", config] if config else [])
+    sys.exit(relay.main(argv))
 
 
 @main.command()
@@ -37,8 +56,7 @@ def agent(config: str | None, socket_path: str | None, metrics_port: int | None)
 @json_option
 def schedules(config: str | None, as_json: bool) -> None:
     """Scheduled operations, their next run and what they last did."""
-    cat = settings.load(config)
-    rows = backend_for(cat).schedules()
+    rows = backend(config).schedules()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -57,8 +75,8 @@ def schedules(config: str | None, as_json: bool) -> None:
 @json_option
 def stage(model: str, config: str | None, local: bool, as_json: bool) -> None:
     """Download and verify MODEL's weights now (the serving model keeps serving)."""
-    backend = backend_for(settings.load(config), local=local)
-    result = with_progress(as_json, lambda p: backend.stage(model, progress=p))
+    be = backend(config, local=local)
+    result = with_progress(as_json, lambda p: be.stage(model, progress=p))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -15,6 +15,7 @@ from orchestrator import settings
 from orchestrator.adapters.smoke import bench_record
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.target import local_only
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import UsageError
 from orchestrator.loadgen import BenchPlan, BenchTarget, Progress, run_bench_blocking
@@ -32,10 +33,9 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def _serving(ops: Operations, host: str | None) -> Any:
-    name = host or ops._only_host()
-    serving = ops.store.serving(name)
+    serving = ops.serving(host)
     if serving is None:
-        raise UsageError(f"host {name} serves nothing recorded as active: switch to a model first")
+        raise UsageError(f"host {ops.resolve_host(host)} serves nothing recorded as active: switch to a model first")
     return serving
 
 
@@ -52,6 +52,7 @@ def _serving(ops: Operations, host: str | None) -> Any:
 def bench(config: str | None, host: str | None, concurrency: str, max_tokens: int, prompt_tokens: int,
           duration: float | None, requests_: int | None, no_record: bool, as_json: bool) -> None:
     """Measure output tok/s, TTFT and ITL of the active deployment at rising concurrency."""
+    local_only("bench")
     ops = operations(settings.load(config))
     serving = _serving(ops, host)
     plan = BenchPlan(concurrency=_levels(concurrency), max_tokens=max_tokens, prompt_tokens=prompt_tokens,
@@ -67,7 +68,7 @@ def bench(config: str | None, host: str | None, concurrency: str, max_tokens: in
         result = run_bench_blocking(target, plan, on_progress=show)
     record = bench_record(result.to_dict())
     if not no_record:
-        ops.store.record_bench(serving.id, record)
+        ops.record_bench(serving.id, record)
     if as_json:
         click.echo(json.dumps(record, indent=2))
     else:
@@ -96,15 +97,12 @@ def _dist(d: dict[str, Any] | None) -> str:
 @json_option
 def compare(config: str | None, host: str | None, as_json: bool) -> None:
     """Every model benchmarked on a host, side by side per concurrency level (latest run of each)."""
+    local_only("compare")
     ops = operations(settings.load(config))
-    name = host or ops._only_host()
-    latest: dict[str, Any] = {}
-    for dep in ops.store.history(name, limit=1000):
-        if dep.bench and dep.model not in latest:
-            latest[dep.model] = dep
-    rows = [{"model": m, "revision": d.revision, "unit_sha256": d.spec.unit_sha,
-             "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in d.bench["levels"]}}
-            for m, d in latest.items()]
+    name = ops.resolve_host(host)
+    rows: list[dict[str, Any]] = [{"model": d.model, "revision": d.revision, "unit_sha256": d.spec.unit_sha,
+             "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in (d.bench or {})["levels"]}}
+            for d in ops.benchmarks(name)]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import sys
@@ -15,6 +16,7 @@ from rich.table import Table
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.target import local_only
 from orchestrator.core.render import load_deadline, render_agent_unit, render_unit
 from orchestrator.deploy.engine import default_template
 from orchestrator.errors import UsageError
@@ -62,16 +64,20 @@ def models(config: str | None, as_json: bool) -> None:
 def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None, agent: bool,
            installed: bool) -> None:
     """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
+    if installed:
+        local_only("render --diff --installed")
     cat = settings.load(config)
-    if model is not None and model not in cat.models:
-        raise UsageError(f"unknown model {model!r} (known: {', '.join(sorted(cat.models))})")
-    text = Path(template).read_text() if template else default_template()
+    if model is not None:
+        cat.model(model)
+    text = _template(template) if template else default_template()
+    out_dir = Path(out)
+    if not diff and out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
     names = [model] if model else list(cat.models)
     rendered = [render_unit(cat, cat.models[n], text) for n in names]  # all or nothing: render before writing
     if agent:
         rendered.append(render_agent_unit(cat, template_text("orchestrator-agent.service.j2"), python=sys.executable,
                                           config=str(settings.config_path(config).resolve())))
-    out_dir = Path(out)
     changed = 0
     ports_for = None
     if installed:
@@ -92,10 +98,31 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
             changed += bool(lines)
             sys.stdout.writelines(lines)
             continue
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(unit.text)
-        tmp.replace(path)
+        _write(out_dir, path, unit.text)
         click.echo(f"{path}  sha256 {unit.sha256[:12]}" + ("" if old != unit.text else "  (unchanged)"))
     if diff and changed:
         sys.exit(1)
+
+
+def _template(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--template {path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--template {path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UsageError(f"--template {path}: cannot read: {exc.strerror}") from None
+
+
+def _write(out_dir: Path, path: Path, text: str) -> None:
+    """Write one unit atomically (a temporary file renamed over it)."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UsageError(f"--out {out_dir}: cannot write {path.name}: {exc.strerror}") from None

@@ -11,11 +11,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
-from orchestrator.client.backends import backend_for
+from orchestrator.cli.target import backend
 from orchestrator.core.states import text_of
 
 
@@ -41,11 +40,14 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--no-rollback", is_flag=True, help="leave a failed switch failed instead of rolling back")
 @click.option("--force", is_flag=True, help="redeploy even if MODEL already serves, healthy and unchanged")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@click.option("--ignore-agent", is_flag=True,
+              help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
-def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, as_json: bool) -> None:
+def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, ignore_agent: bool,
+           as_json: bool) -> None:
     """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."""
-    backend = backend_for(settings.load(config), local=local)
-    result = with_progress(as_json, lambda p: backend.switch(model, no_rollback=no_rollback, force=force, progress=p))
+    be = backend(config, local=local, ignore_agent=ignore_agent)
+    result = with_progress(as_json, lambda p: be.switch(model, no_rollback=no_rollback, force=force, progress=p))
     _finish(result, as_json)
 
 
@@ -55,11 +57,14 @@ def switch(model: str, config: str | None, no_rollback: bool, force: bool, local
 @click.option("--to", "to_revision", type=click.IntRange(1), default=None, metavar="REVISION",
               help="redeploy this revision's exact unit (default: the previous stable one)")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@click.option("--ignore-agent", is_flag=True,
+              help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
-def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, as_json: bool) -> None:
+def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, ignore_agent: bool,
+             as_json: bool) -> None:
     """Go back to the last model that was healthy, or to revision --to N."""
-    backend = backend_for(settings.load(config), local=local)
-    result = with_progress(as_json, lambda p: backend.rollback(host, to_revision, progress=p))
+    be = backend(config, local=local, ignore_agent=ignore_agent)
+    result = with_progress(as_json, lambda p: be.rollback(host, to_revision, progress=p))
     _finish(result, as_json)
 
 
@@ -70,8 +75,8 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
 @json_option
 def recover(config: str | None, host: str | None, local: bool, as_json: bool) -> None:
     """Finish deployments a crash or a stop left unfinished (the agent does this on start)."""
-    backend = backend_for(settings.load(config), local=local)
-    results = with_progress(as_json, lambda p: backend.recover(host, progress=p))
+    be = backend(config, local=local)
+    results = with_progress(as_json, lambda p: be.recover(host, progress=p))
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
@@ -89,8 +94,7 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
 @json_option
 def status(config: str | None, host: str | None, follow: bool, local: bool, as_json: bool) -> None:
     """What serves on each host, what is running, and the schedules."""
-    cat = settings.load(config)
-    be = backend_for(cat, local=local)
+    be = backend(config, local=local)
     if follow:
         with_progress(as_json, lambda p: be.follow(host, progress=p))
     result = be.status(host)
@@ -122,22 +126,29 @@ def status(config: str | None, host: str | None, follow: bool, local: bool, as_j
 @json_option
 def history(config: str | None, host: str | None, limit: int, local: bool, as_json: bool) -> None:
     """Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."""
-    cat = settings.load(config)
-    rows = backend_for(cat, local=local).history(host, limit)
+    rows = backend(config, local=local).history(host, limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table("host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took", "phases (s)",
                   "tok/s C=1")
     for r in rows:
-        took = f"{r['ended_at'] - r['created_at']:.1f}s" if r["ended_at"] else "-"
-        phases = " ".join(f"{text_of(p['phase']).short} {p['seconds']:.1f}" for p in r["phases"]
-                          if p["seconds"] is not None)
+        # Rows come from a database that may predate or postdate this version: any field may be missing.
+        created, ended = _number(r.get("created_at")), _number(r.get("ended_at"))
+        took = f"{ended - created:.1f}s" if ended is not None and created is not None else "-"
+        phases = " ".join(f"{text_of(str(p.get('phase'))).short} {seconds:.1f}"
+                          for p in r.get("phases") or [] if (seconds := _number(p.get("seconds"))) is not None)
         bench = r.get("bench") or {}
-        headline = bench.get("headline_tok_s")
-        style = text_of(r["outcome"]).style
-        table.add_row(r["host"], str(r["revision"]), r["model"], r["unit_sha256"][:12], r["trigger"],
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
-                      f"[{style}]{r['outcome']}[/]" if style else r["outcome"], took, phases,
+        headline = _number(bench.get("headline_tok_s")) if isinstance(bench, dict) else None
+        outcome = str(r.get("outcome", "?"))
+        style = text_of(outcome).style
+        table.add_row(str(r.get("host", "?")), str(r.get("revision", "?")), str(r.get("model", "?")),
+                      str(r.get("unit_sha256") or "")[:12], str(r.get("trigger") or ""),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "-",
+                      f"[{style}]{outcome}[/]" if style else outcome, took, phases,
                       f"{headline:.1f}" if headline else "")
     Console(width=max(Console().width, 160)).print(table)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -100,12 +100,8 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         if model is None:
             raise UsageError("name a MODEL of the catalog, or plan a bare config.json with --config PATH --gpus N")
         cat = settings.load(config)
-        if model not in cat.models:
-            raise UsageError(f"unknown model {model!r} (known: {', '.join(sorted(cat.models))})")
-        m = cat.models[model]
-        if host_name and host_name not in cat.hosts:
-            raise UsageError(f"unknown host {host_name!r} (known: {', '.join(sorted(cat.hosts))})")
-        host = cat.hosts[host_name] if host_name else cat.model_host(model)
+        m = cat.model(model)
+        host = cat.host(host_name) if host_name else cat.model_host(model)
         if model_config:
             cfg = _load_json(model_config, "model config")
         else:

@@ -70,6 +70,9 @@ class ProgressPrinter:
             self._line(f"  weights staged: {fields.get('path', fields.get('model', ''))}")
         elif event.startswith("tune_"):
             self._tune(event, fields)
+        elif event == "following":
+            where = f", revision {fields['revision']} in phase {fields['phase']}" if fields.get("phase") else ""
+            self._line(f"following {fields['op']} {fields.get('what') or ''} on {fields['host']}{where}", "bold")
         elif event == "parked":
             self._line(f"  parked in phase {fields['phase']}; the agent resumes it on start", "yellow")
 

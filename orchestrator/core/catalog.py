@@ -12,23 +12,75 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchestrator.core.safety import check_safe_text
+from orchestrator.core import schedule as schedule_rules
+from orchestrator.core.safety import check_safe_text, shown
+from orchestrator.core.secrets import scan, secret_in_args, secret_name, secret_value_kind
+from orchestrator.errors import RenderError, UsageError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Inline values under these names would end up in a world-readable unit file and in logs.
-SECRET_KEY_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY|CREDENTIALS?)$", re.IGNORECASE)
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
+# A Hugging Face repo id: [owner/]name, letters, digits, "-", "_", "."; no "--" or ".." (the hub's
+# own rules; "--" also keeps <owner>--<name> directories unambiguous).
+REPO_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?(/[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
+# Characters git refuses in a ref name (git-check-ref-format), plus anything a shell or path reads.
+_REF_BAD_RE = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
+DAY = 86_400.0
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan parse as TOML floats; no setting means anything with them.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+SECRET_ADVICE = ("unit files are world-readable, so secrets go in the model's EnvironmentFile "
+                 "(<env_dir>/<model>.env, mode 0600), never in deploy.toml")
+
+
+class _SubKeyError(ValueError):
+    """An error below the field pydantic reports (``[1]`` of args, ``.HF_TOKEN`` of env)."""
+
+    def __init__(self, sub: str, message: str) -> None:
+        super().__init__(message)
+        self.sub = sub
+
+
+def _no_secret_in(args: tuple[str, ...]) -> None:
+    # Before any other check of the same values: those quote the value in their message.
+    hit = secret_in_args(args)
+    if hit:
+        raise _SubKeyError(f"[{hit[0]}]", f"holds {hit[1]} (value not shown): {SECRET_ADVICE}")
 
 
 def _safe(value: str, what: str) -> str:
-    check_safe_text(value, what)
+    try:
+        check_safe_text(value, what)
+    except RenderError as exc:  # a ValueError, so pydantic reports it with its key path
+        raise ValueError(str(exc)) from None
+    return value
+
+
+def check_revision(value: str) -> str:
+    """A commit SHA, a branch or a tag name by git's ref rules: never a path or an option."""
+    problem = None
+    if not value or len(value) > 255:
+        problem = "must be 1 to 255 characters"
+    elif value.startswith("-"):
+        problem = "must not start with '-'"
+    elif _REF_BAD_RE.search(value):
+        problem = "contains a character git does not allow in a ref (space, ~ ^ : ? * [ \\ or a control character)"
+    elif ".." in value or "@{" in value or "//" in value or value == "@":
+        problem = "contains '..', '@{' or '//' (a revision is a commit SHA, branch or tag, never a path)"
+    elif value.startswith("/") or value.endswith(("/", ".", ".lock")):
+        problem = "must not start with '/' or end with '/', '.' or '.lock'"
+    elif any(part.startswith(".") for part in value.split("/")):
+        problem = "has a part starting with '.' (a revision is a commit SHA, branch or tag, never a path)"
+    if problem:
+        raise ValueError(f"revision {shown(value)} {problem}")
     return value
 
 
@@ -40,12 +92,13 @@ class Defaults(_Strict):
     engine: tuple[str, ...] = ("/opt/vllm/bin/vllm", "serve")
     bind: str = "0.0.0.0"
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
-    load_deadline_s: float = Field(900.0, gt=0)
-    stop_timeout_s: float = Field(120.0, gt=0)
-    free_timeout_s: float = Field(60.0, gt=0)
-    health_interval_s: float = Field(0.2, gt=0)
-    restart_sec: float = Field(10.0, ge=0)
-    start_limit_burst: int = Field(3, ge=1)
+    # Upper bounds keep every value a number systemd and the agent's timers accept.
+    load_deadline_s: float = Field(900.0, ge=1, le=7 * DAY)
+    stop_timeout_s: float = Field(120.0, ge=1, le=DAY)
+    free_timeout_s: float = Field(60.0, gt=0, le=DAY)
+    health_interval_s: float = Field(0.2, ge=0.01, le=3600)
+    restart_sec: float = Field(10.0, ge=0, le=DAY)
+    start_limit_burst: int = Field(3, ge=1, le=1000)
     env_dir: str = "/etc/orchestrator/env"
 
     @field_validator("user", "group", "bind", "env_dir")
@@ -53,14 +106,33 @@ class Defaults(_Strict):
     def _safe_text(cls, v: str) -> str:
         return _safe(v, "value")
 
+    @field_validator("user", "group")
+    @classmethod
+    def _account(cls, v: str) -> str:
+        if not USER_RE.match(v):
+            raise ValueError(f"{shown(v)} is not a valid user or group name (lower case letters, digits, '_', '-')")
+        return v
+
+    @field_validator("env_dir")
+    @classmethod
+    def _env_dir(cls, v: str) -> str:
+        if not PATH_RE.match(v):
+            raise ValueError(f"{shown(v)} must be an absolute path without spaces or quotes")
+        return v
+
     @field_validator("engine")
     @classmethod
     def _safe_engine(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if not v or not v[0].startswith("/"):
-            raise ValueError(f"engine must start with an absolute executable path, got {list(v)!r}")
-        for arg in v:
-            _safe(arg, "engine argument")
-        return v
+        return _engine(v)
+
+
+def _engine(v: tuple[str, ...]) -> tuple[str, ...]:
+    _no_secret_in(v)
+    if not v or not v[0].startswith("/"):
+        raise ValueError(f"engine must start with an absolute executable path, got {shown(repr(list(v)))}")
+    for arg in v:
+        _safe(arg, "engine argument")
+    return v
 
 
 class Host(_Strict):
@@ -74,7 +146,7 @@ class Host(_Strict):
     ssh_key: str | None = None
     known_hosts: str | None = None
     gpus: int = Field(8, ge=0, le=64)
-    gpu_memory_gib: float = Field(80.0, gt=0)
+    gpu_memory_gib: float = Field(80.0, gt=0, le=65536)
     interconnect: Literal["pcie", "nvlink", "unknown"] = "unknown"
     models_dir: str = "/models"
     unit_dir: str = "/etc/systemd/system"
@@ -86,6 +158,11 @@ class Host(_Strict):
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
+
+    @field_validator("engine")
+    @classmethod
+    def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else _engine(v)
 
 
 class Model(_Strict):
@@ -99,14 +176,14 @@ class Model(_Strict):
     served_name: str | None = None
     port: int = Field(8000, ge=1, le=65535)
     gpus: tuple[int, ...]
-    tensor_parallel: int = Field(1, ge=1)
-    pipeline_parallel: int = Field(1, ge=1)
-    data_parallel: int = Field(1, ge=1)
+    tensor_parallel: int = Field(1, ge=1, le=1024)
+    pipeline_parallel: int = Field(1, ge=1, le=1024)
+    data_parallel: int = Field(1, ge=1, le=1024)
     expert_parallel: bool = False
-    max_model_len: int | None = Field(None, ge=1)
-    max_num_seqs: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1, le=2**31 - 1)
+    max_num_seqs: int | None = Field(None, ge=1, le=1_000_000)
     gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
-    load_deadline_s: float | None = Field(None, gt=0)
+    load_deadline_s: float | None = Field(None, ge=1, le=7 * DAY)
     args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     allow_patterns: tuple[str, ...] = ()
@@ -117,9 +194,34 @@ class Model(_Strict):
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
 
+    @field_validator("repo")
+    @classmethod
+    def _repo_id(cls, v: str) -> str:
+        if not REPO_RE.match(v) or ".." in v or "--" in v:
+            raise ValueError(f"repo {shown(v)} is not a Hugging Face repo id ('owner/name': letters, digits, "
+                             f"'-', '_', '.'; no '..' or '--')")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        return check_revision(v)
+
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, v: str) -> str:
+        kind, sep, arg = v.partition(":")
+        ok = (v in ("hub", "none") or (kind == "local" and arg.startswith("/"))
+              or (kind == "host" and bool(NAME_RE.match(arg))))
+        if not ok or (kind in ("local", "host") and not sep):
+            raise ValueError(f"source {v!r} is not \"hub\", \"none\", \"local:/absolute/dir\" or "
+                             "\"host:NAME\" (a host of this file that already staged the model)")
+        return v
+
     @field_validator("args")
     @classmethod
     def _safe_args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        _no_secret_in(v)
         for arg in v:
             _safe(arg, "argument")
         return v
@@ -128,11 +230,11 @@ class Model(_Strict):
     @classmethod
     def _safe_env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
+            kind = "a secret by its name" if secret_name(key) else secret_value_kind(value)
+            if kind:
+                raise _SubKeyError(f".{key}", f"holds {kind} (value not shown): {SECRET_ADVICE}")
             if not ENV_KEY_RE.match(key):
-                raise ValueError(f"environment variable name {key!r} is not a valid name")
-            if SECRET_KEY_RE.search(key):
-                raise ValueError(f"{key} looks like a secret: put it in the host's environment file "
-                                 f"(EnvironmentFile), never inline in deploy.toml")
+                raise ValueError(f"environment variable name {shown(key)} is not a valid name")
             _safe(value, f"value of {key}")
         return v
 
@@ -178,9 +280,29 @@ class Schedule(_Strict):
     host: Name | None = None
     action: Literal["switch", "redeploy", "stage"] = "switch"
     model: Name | None = None
-    window: str | None = Field(None, pattern=r"^\d{2}:\d{2}-\d{2}:\d{2}$")
+    window: str | None = None
+    # A schedule that comes due while the host is busy is skipped and recorded (the only choice:
+    # a queued switch could fire hours late, outside its window).
     on_busy: Literal["skip"] = "skip"
     timezone: str = "UTC"
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        return schedule_rules.check_cron(v)
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str | None) -> str | None:
+        if v is not None:
+            schedule_rules.parse_window(v)
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        schedule_rules.parse_zone(v)
+        return v
 
     @model_validator(mode="after")
     def _model_needed(self) -> Schedule:
@@ -193,12 +315,12 @@ class Policy(_Strict):
     """What the agent does on its own."""
 
     rollback_on_failure: bool = True
-    watch_interval_s: float = Field(15.0, gt=0)
-    unhealthy_after_s: float = Field(60.0, gt=0)
+    watch_interval_s: float = Field(15.0, ge=0.01, le=DAY)
+    unhealthy_after_s: float = Field(60.0, gt=0, le=7 * DAY)
     on_unhealthy: Literal["restart", "rollback", "record"] = "restart"
     smoke_bench: bool = False
     min_tok_s_ratio: float | None = Field(None, gt=0, le=1)
-    keep_revisions: int = Field(2, ge=1)
+    keep_revisions: int = Field(2, ge=1, le=1000)
 
 
 class Catalog(_Strict):
@@ -226,6 +348,14 @@ class Catalog(_Strict):
         return data
 
     @model_validator(mode="after")
+    def _no_inline_secret(self) -> Catalog:
+        found = scan(self.model_dump())
+        if found:
+            path, what = found
+            raise _KeyedError(path, f"holds {what} (value not shown): {SECRET_ADVICE}")
+        return self
+
+    @model_validator(mode="after")
     def _cross_references(self) -> Catalog:
         for name, model in self.models.items():
             host = self.model_host(name)
@@ -247,8 +377,47 @@ class Catalog(_Strict):
                 raise _KeyedError(f"schedules.{name}.model",
                                   f"unknown model {sched.model!r} (known: {', '.join(sorted(self.models))})")
             if sched.host and sched.host not in self.hosts:
-                raise _KeyedError(f"schedules.{name}.host", f"unknown host {sched.host!r}")
+                raise _KeyedError(f"schedules.{name}.host",
+                                  f"unknown host {sched.host!r} (known: {', '.join(sorted(self.hosts))})")
         return self
+
+    @model_validator(mode="after")
+    def _peer_sources(self) -> Catalog:
+        """``source = "host:NAME"``: a peer copy needs another known host and a pinned revision (the
+        peer's directory is named by the commit)."""
+        for name, model in self.models.items():
+            if not model.source.startswith("host:"):
+                continue
+            peer, key = model.source.removeprefix("host:"), f"models.{name}.source"
+            if peer not in self.hosts:
+                raise _KeyedError(key, f"source {model.source!r} names unknown host {peer!r} "
+                                       f"(known: {', '.join(sorted(self.hosts))})")
+            if peer == self.model_host(name).name:
+                raise _KeyedError(key, f"source {model.source!r} is the model's own host {peer!r}; "
+                                       "copy from another host, or use \"hub\"")
+            if not model.pinned:
+                raise _KeyedError(key, f"source {model.source!r} needs revision pinned to a commit SHA "
+                                       f"(got revision {model.revision!r})")
+        return self
+
+    def model(self, name: str) -> Model:
+        """The model called ``name``, or the one UsageError that lists the known ones."""
+        if name not in self.models:
+            raise UsageError(f"unknown model {name!r} (known: {', '.join(sorted(self.models)) or 'none'})")
+        return self.models[name]
+
+    def host(self, name: str) -> Host:
+        """The host called ``name``, or the one UsageError that lists the known ones."""
+        if name not in self.hosts:
+            raise UsageError(f"unknown host {name!r} (known: {', '.join(sorted(self.hosts)) or 'none'})")
+        return self.hosts[name]
+
+    def only_host(self) -> Host:
+        """The single host, for commands that may leave --host out; else a UsageError naming them."""
+        if len(self.hosts) != 1:
+            raise UsageError(f"there are {len(self.hosts)} hosts: say which one with --host "
+                             f"({', '.join(sorted(self.hosts))})")
+        return next(iter(self.hosts.values()))
 
     def model_host(self, model: str) -> Host:
         """The host a model runs on: its own ``host`` or the only host there is."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from orchestrator.core.states import Phase
@@ -39,7 +39,9 @@ class UnitSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UnitSpec:
-        return cls(**{**data, "gpus": tuple(data["gpus"])})
+        """The spec recorded in ``data``; keys a newer version added are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known and k != "gpus"}, gpus=tuple(data["gpus"]))
 
 
 @dataclass(frozen=True)

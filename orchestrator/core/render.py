@@ -8,17 +8,13 @@ only) substitutes ``$VAR``; each filter undoes exactly those steps for one value
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 
 import jinja2
 
-from orchestrator.core.catalog import Catalog, Model
+from orchestrator.core.catalog import PATH_RE, USER_RE, Catalog, Model
 from orchestrator.core.safety import check_safe_text
 from orchestrator.errors import RenderError
-
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
 
 
 def exec_quote(value: object) -> str:
@@ -44,7 +40,7 @@ def _plain(value: object, what: str) -> str:
 
 
 def _path(value: str, what: str) -> str:
-    if not _PATH_RE.match(value):
+    if not PATH_RE.match(value):
         raise RenderError(f"{what} {value!r} must be an absolute path without spaces or quotes")
     return value.replace("%", "%%")
 
@@ -98,7 +94,7 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
     """Render ``template`` (the text of vllm.service.j2) for ``model``."""
     d = catalog.defaults
     for value, what in ((d.user, "user"), (d.group, "group")):
-        if not _USER_RE.match(value):
+        if not USER_RE.match(value):
             raise RenderError(f"{what} {value!r} is not a valid user or group name")
     directory = model_dir or model_dir_for(catalog, model)
     deadline = load_deadline(catalog, model)

@@ -1,40 +1,106 @@
-"""When schedules fire (pure: times in, decisions out; croniter does the cron arithmetic)."""
+"""When schedules fire (pure: times in, decisions out; croniter does the cron arithmetic).
+
+The parsers here are used twice: by the catalog, so that a bad cron, window or zone is refused
+when deploy.toml is loaded, and by the agent's loop, which therefore never meets one.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, time
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime, time
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
-from orchestrator.core.catalog import Schedule
 from orchestrator.errors import ConfigError
 
+if TYPE_CHECKING:
+    from orchestrator.core.catalog import Schedule
 
-def _zone(s: Schedule) -> ZoneInfo:
+_WINDOW_RE = re.compile(r"^(\d{2}):(\d{2})-(\d{2}):(\d{2})$")
+# A cron that never fires from here on (Feb 31) is refused as well as a malformed one.
+_REFERENCE = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def parse_zone(name: str) -> ZoneInfo:
+    """The IANA zone ``name``; ValueError naming it when unknown."""
     try:
-        return ZoneInfo(s.timezone)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ConfigError(f"schedules.{s.name}.timezone: unknown time zone {s.timezone!r}") from exc
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ValueError(f"unknown time zone {name!r} (use an IANA name such as 'UTC' or 'Europe/Berlin')") from exc
+
+
+def check_cron(expr: str) -> str:
+    """``expr`` when it is a cron expression that fires; ValueError naming it otherwise."""
+    if not croniter.is_valid(expr):
+        raise ValueError(f"{expr!r} is not a valid cron expression (5 fields: minute hour day month weekday)")
+    try:
+        croniter(expr, _REFERENCE).get_next(float)
+    except CroniterError as exc:
+        raise ValueError(f"cron expression {expr!r} never fires") from exc
+    return expr
+
+
+def parse_window(text: str) -> tuple[time, time]:
+    """``"HH:MM-HH:MM"`` as (first, last); ValueError naming the text when a time is out of range."""
+    m = _WINDOW_RE.match(text)
+    if m is None:
+        raise ValueError(f"window {text!r} must look like 'HH:MM-HH:MM', e.g. '01:00-05:00'")
+    h1, m1, h2, m2 = (int(g) for g in m.groups())
+    if h1 > 23 or h2 > 23 or m1 > 59 or m2 > 59:
+        raise ValueError(f"window {text!r} has a time out of range (hours 00-23, minutes 00-59)")
+    return time(h1, m1), time(h2, m2)
+
+
+def window_contains(window: str, zone: str, at: datetime) -> bool:
+    """True when ``at`` (an aware datetime) falls inside ``window`` in ``zone``; windows may wrap midnight.
+
+    Both ends are inclusive to the minute: "01:00-05:00" still admits 05:00:59.
+    """
+    first, last = parse_window(window)
+    now = at.astimezone(parse_zone(zone)).time().replace(second=0, microsecond=0)
+    return first <= now <= last if first <= last else (now >= first or now <= last)
 
 
 def validate(s: Schedule) -> None:
-    """Raise ConfigError naming the schedule when its cron expression or zone is invalid."""
-    _zone(s)
-    if not croniter.is_valid(s.cron):
-        raise ConfigError(f"schedules.{s.name}.cron: {s.cron!r} is not a valid cron expression")
+    """Raise ConfigError naming the key when the schedule's cron, window or zone is invalid.
+
+    The catalog already refuses such a schedule at load time; this guards one built in code.
+    """
+    for key, check in (("timezone", lambda: parse_zone(s.timezone)), ("cron", lambda: check_cron(s.cron)),
+                       ("window", lambda: s.window is None or parse_window(s.window))):
+        try:
+            check()
+        except ValueError as exc:
+            raise ConfigError(f"schedules.{s.name}.{key}: {exc}") from exc
 
 
 def next_run(s: Schedule, after: float) -> float:
     """The first firing time strictly after ``after`` (epoch seconds), in the schedule's zone."""
-    start = datetime.fromtimestamp(after, _zone(s))
+    start = datetime.fromtimestamp(after, parse_zone(s.timezone))
     return float(croniter(s.cron, start).get_next(float))
 
 
 def in_window(s: Schedule, at: float) -> bool:
-    """True when there is no window, or ``at`` falls inside it (windows may wrap midnight)."""
+    """True when there is no window, or ``at`` (epoch seconds) falls inside it."""
     if s.window is None:
         return True
-    first, last = (time.fromisoformat(part) for part in s.window.split("-"))
-    now = datetime.fromtimestamp(at, _zone(s)).time()
-    return first <= now <= last if first <= last else (now >= first or now <= last)
+    return window_contains(s.window, s.timezone, datetime.fromtimestamp(at, UTC))
+
+
+def due(next_runs: Mapping[str, float], now: float) -> list[tuple[str, float]]:
+    """The schedules whose next run has come by ``now``, earliest first, with their due time."""
+    return sorted(((n, at) for n, at in next_runs.items() if at <= now), key=lambda item: (item[1], item[0]))
+
+
+def first_runs(schedules: Mapping[str, Schedule], now: float) -> dict[str, float]:
+    """Each schedule's first firing time after ``now`` (the agent's start)."""
+    return {name: next_run(s, now) for name, s in schedules.items()}
+
+
+def after_firing(s: Schedule, due_at: float, now: float) -> float:
+    """The next run after one that was due at ``due_at`` and handled at ``now``: missed runs in
+    between (the agent was down or busy) collapse into the one just handled."""
+    return next_run(s, max(now, due_at))

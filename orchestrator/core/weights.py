@@ -20,6 +20,11 @@ STAGING_PREFIX = ".staging-"
 PART_SUFFIX = ".part"
 _SHA = re.compile(r"[0-9a-f]{40}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# What ssh and rsync may be handed as a peer: a host name or an IP literal and a login name, never
+# anything that starts with "-" (it would be read as an option: -oProxyCommand=...).
+_ADDRESS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:\[\]-]{0,252}")
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+PROTECT_NAME = ".orchestrator-protected.json"
 
 
 def is_commit_sha(revision: str) -> bool:
@@ -34,6 +39,22 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def check_file_name(name: str, *, repo: str, where: str) -> None:
+    """A file name from a listing or a manifest must stay inside the model directory: relative,
+    POSIX, no ``..``/``.``/empty part, no backslash or control character. The worker also resolves
+    it against the directory on disk (symlinks)."""
+    bad = (not name or name.startswith("/") or "\\" in name or any(ord(c) < 32 or c == "\x7f" for c in name)
+           or any(part in ("", ".", "..") for part in name.split("/")))
+    if bad:
+        raise WeightsError(f"{where}: file name {name!r} listed for {repo} is not a plain relative path "
+                           "inside the model directory; refusing to stage it")
+
+
+def check_file_names(names: Iterable[str], *, repo: str, where: str) -> None:
+    for name in names:
+        check_file_name(name, repo=repo, where=where)
+
+
 @dataclass(frozen=True)
 class PeerSpec:
     """Another host of the fleet that already holds the model, reached by rsync over SSH."""
@@ -44,6 +65,17 @@ class PeerSpec:
     user: str = "root"
     key_file: str | None = None
     known_hosts: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _ADDRESS.fullmatch(self.address):
+            raise WeightsError(f"peer address {self.address!r} is not a host name or IP address")
+        if not _USER.fullmatch(self.user):
+            raise WeightsError(f"peer {self.address}: ssh user {self.user!r} is not a login name")
+        if not self.root.startswith("/") or any(p in (".", "..") for p in self.root.split("/")) \
+                or any(ord(c) < 32 for c in self.root):
+            raise WeightsError(f"peer {self.address}: weight root {self.root!r} is not a plain absolute path")
+        if not 1 <= self.port <= 65535:
+            raise WeightsError(f"peer {self.address}: ssh port {self.port} is out of range")
 
 
 @dataclass(frozen=True)
@@ -61,6 +93,10 @@ class StageRequest:
     endpoint: str | None = None
     peer: PeerSpec | None = None
     reserve_bytes: int = 0
+    # > 0: when space is short, old revisions that the keep-N cleanup would remove anyway may go
+    # first (never those in <root>/.orchestrator-protected.json: the serving and rollback ones).
+    keep_revisions: int = 0
+    unit_dir: str | None = None  # a revision an installed unit there names is never removed
 
     def __post_init__(self) -> None:
         if not self.revision:  # no pin given: the default branch, resolved and recorded as a SHA
@@ -93,7 +129,7 @@ class StageRequest:
             "source": self.source, "allow_patterns": list(self.allow_patterns),
             "ignore_patterns": list(self.ignore_patterns), "token_file": self.token_file,
             "endpoint": self.endpoint, "reserve_bytes": self.reserve_bytes,
-            "peer": None if self.peer is None else {
+            "keep_revisions": self.keep_revisions, "unit_dir": self.unit_dir, "peer": None if self.peer is None else {
                 "address": self.peer.address, "root": self.peer.root, "port": self.peer.port,
                 "user": self.peer.user, "key_file": self.peer.key_file,
                 "known_hosts": self.peer.known_hosts},
@@ -110,6 +146,8 @@ class StageRequest:
                 ignore_patterns=tuple(str(p) for p in _seq(data.get("ignore_patterns"))),
                 token_file=_opt_str(data.get("token_file")), endpoint=_opt_str(data.get("endpoint")),
                 reserve_bytes=int(str(data.get("reserve_bytes", 0))),
+                keep_revisions=int(str(data.get("keep_revisions", 0))),
+                unit_dir=_opt_str(data.get("unit_dir")),
                 peer=None if not isinstance(peer, Mapping) else PeerSpec(
                     address=str(peer["address"]), root=str(peer["root"]), port=int(str(peer["port"])),
                     user=str(peer["user"]), key_file=_opt_str(peer.get("key_file")),
@@ -221,11 +259,14 @@ def space_needed(expected: Mapping[str, int], present: Mapping[str, int]) -> int
     return need
 
 
-def check_space(needed: int, free: int, *, where: str, reserve: int = 0) -> None:
-    if needed + reserve > free:
+def check_space(needed: int, free: int, *, where: str, reserve: int = 0, reclaimable: int = 0) -> None:
+    """Enough room counting what the keep-N cleanup may free (``reclaimable``) as room."""
+    if needed + reserve > free + reclaimable:
         extra = f" plus a reserve of {fmt_bytes(reserve)}" if reserve else ""
+        freeable = (f" and {fmt_bytes(reclaimable)} ({reclaimable} bytes) that removing old revisions "
+                    "would free") if reclaimable else ""
         raise WeightsError(f"{where}: needs {fmt_bytes(needed)} more ({needed} bytes){extra}, "
-                           f"only {fmt_bytes(free)} free ({free} bytes); nothing was written")
+                           f"only {fmt_bytes(free)} free ({free} bytes){freeable}; nothing was written")
 
 
 @dataclass(frozen=True)
@@ -233,6 +274,48 @@ class StagedRevision:
     name: str
     revision: str
     staged_at: float
+    bytes: int = 0
+
+
+def protected_pairs(model_dirs: Iterable[str], root: str) -> set[tuple[str, str]]:
+    """(name, revision) of each staged directory ``<root>/<name>/<revision>`` among ``model_dirs``
+    (the serving and the previous stable deployment's); directories elsewhere protect nothing here."""
+    base = root.rstrip("/") + "/"
+    pairs: set[tuple[str, str]] = set()
+    for d in model_dirs:
+        rel = d.rstrip("/").removeprefix(base) if d.startswith(base) else None
+        parts = rel.split("/") if rel else []
+        if len(parts) == 2 and all(parts):
+            pairs.add((parts[0], parts[1]))
+    return pairs
+
+
+def revisions_named_in(text: str, root: str) -> set[tuple[str, str]]:
+    """(name, revision) of every ``<root>/<name>/<revision>`` a unit file's text names (its --model):
+    weights an installed unit would load are in use, whatever the deployment records say."""
+    # The path starts a word (not /srv/models/... for root /models) and the revision ends one.
+    pattern = (r"(?<![^\s\"'=])" + re.escape(root.rstrip("/"))
+               + r"/([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?=$|[\s\"'/])")
+    return {(m.group(1), m.group(2)) for m in re.finditer(pattern, text)}
+
+
+def reclaim_for(staged: Iterable[StagedRevision], *, keep: int, protected: Iterable[tuple[str, str]],
+                incoming: StagedRevision, needed: int) -> list[StagedRevision]:
+    """The revisions to remove before staging ``incoming`` so that ``needed`` bytes fit: only those the
+    keep-N cleanup would remove once ``incoming`` is staged (it counts as the newest), oldest first,
+    no more than needed; never a protected one, never ``incoming`` itself."""
+    if needed <= 0:
+        return []
+    others = [s for s in staged if (s.name, s.revision) != (incoming.name, incoming.revision)]
+    doomed = plan_cleanup([*others, incoming], keep=keep,
+                          protected={*protected, (incoming.name, incoming.revision)})
+    chosen: list[StagedRevision] = []
+    for s in sorted(doomed, key=lambda s: s.staged_at):
+        if needed <= 0:
+            break
+        chosen.append(s)
+        needed -= s.bytes
+    return chosen
 
 
 def plan_cleanup(staged: Iterable[StagedRevision], *, keep: int,

@@ -80,6 +80,8 @@ class Engine:
             if same.unit_sha == serving.spec.unit_sha and self.is_healthy(serving):
                 return None
         previous = serving.revision if serving is not None else None
+        # policy.rollback_on_failure = false is --no-rollback for every switch, the agent's included.
+        no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure
         return self.store.create(host.name, spec, trigger or default_trigger(), previous,
                                  self.ports_for(host.name).clock.now(), no_rollback=no_rollback)
 
@@ -99,12 +101,12 @@ class Engine:
             raise UsageError(f"host {host_name}: revision {to_revision} ({target.model}) never became "
                              f"active (outcome {target.phase.value}); roll back to one that did")
         return self.store.create(host_name, target.spec, f"{trigger}:to-{to_revision}",
-                                 serving.revision if serving else None,
-                                 self.ports_for(host_name).clock.now(), no_rollback=no_rollback)
+                                 serving.revision if serving else None, self.ports_for(host_name).clock.now(),
+                                 no_rollback=no_rollback or not self.catalog.policy.rollback_on_failure)
 
     def is_healthy(self, dep: Deployment) -> bool:
-        ports = self.ports_for(dep.host)
         try:
+            ports = self.ports_for(dep.host)  # builds the host's connection on first use: may fail too
             if not ports.systemd.unit_state(dep.spec.unit_name).is_active:
                 return False
             ok, _ = ports.health.health(dep.spec.base_url)
@@ -133,6 +135,8 @@ class Engine:
             nxt = advance(dep.phase, event)
             self.store.transition(dep.id, nxt, ports.clock.now())
             self._settle_serving(dep, nxt)
+            if nxt is Phase.ACTIVE:
+                self._clean_weights(ctx, dep)
             blog.info("phase_changed", phase=nxt.value, previous=dep.phase.value, on=event.value)
             ctx.emit("phase", phase=nxt.value, model=dep.model)
             dep = self.store.get(dep.id)
@@ -188,6 +192,21 @@ class Engine:
             if wanted & set(self.catalog.models[name].gpus):
                 units.add(self.catalog.models[name].unit_name)
         return frozenset(units)
+
+    def _clean_weights(self, ctx: StepContext, dep: Deployment) -> None:
+        """Old staged revisions go by policy once the new one serves; never the serving or the
+        previous stable one. A failure here is logged: the switch itself has succeeded."""
+        store = ctx.ports.weights
+        if store is None:
+            return
+        keep = [self.store.get(dep.id).spec] + [p.spec for p in [self._previous(dep)] if p is not None]
+        try:
+            removed = store.cleanup(keep)
+        except OrchestratorError as exc:
+            log.warning("weights_cleanup_failed", deployment_id=dep.id, host=dep.host, error=str(exc))
+            return
+        if removed:
+            ctx.emit("weights_removed", revisions=[f"{r.name}@{r.revision}" for r in removed])
 
     def _settle_serving(self, dep: Deployment, phase: Phase) -> None:
         # The serving pointer moves only on outcomes: a rollback that succeeds leaves it where it

@@ -142,7 +142,7 @@ class Tuner:
             return self._drive(run)
 
     def resume(self, host: str | None) -> dict[str, Any]:
-        name = host or self.ops._only_host()
+        name = self.ops.resolve_host(host)
         with self._lock(name):
             run = self.store.unfinished(name)
             if run is None:
@@ -150,7 +150,7 @@ class Tuner:
             return self._drive(run)
 
     def abort(self, host: str | None) -> dict[str, Any]:
-        name = host or self.ops._only_host()
+        name = self.ops.resolve_host(host)
         with self._lock(name):
             run = self.store.unfinished(name)
             if run is None:

@@ -14,8 +14,9 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
-from orchestrator.core.weights import INDEX_NAME, MANIFEST_NAME, PART_SUFFIX, Manifest
+from orchestrator.core.weights import INDEX_NAME, MANIFEST_NAME, PART_SUFFIX, Manifest, check_file_name
 from orchestrator.errors import WeightsError
 
 _SECRETS: list[str] = []
@@ -118,6 +119,70 @@ def fsync_dir(path: Path) -> None:
 def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def inside(base: Path, name: str, *, repo: str, where: str) -> Path:
+    """``base / name`` once it is sure to stay under base: the pure name rule, then the path as the
+    disk resolves it (a symlink already under base may point anywhere). Call before any write or
+    unlink of that path."""
+    check_file_name(name, repo=repo, where=where)
+    real_base = os.path.realpath(base)
+    real = os.path.realpath(base / name)
+    if os.path.commonpath([real_base, real]) != real_base or real == real_base:
+        raise WeightsError(f"{where}: file name {name!r} listed for {repo} resolves to {real}, outside "
+                           f"{base} (through a symlink); refusing to stage it")
+    return base / name
+
+
+class HashingWriter:
+    """A file object for ``http_get`` that hashes what it writes, so a download is verified without
+    reading it back. The hash covers bytes [0, tell()); a seek backwards or a truncate (the server
+    ignored a Range header and the download starts over) re-hashes the kept prefix from disk."""
+
+    def __init__(self, f: BinaryIO, *, have: int = 0) -> None:
+        self.f = f
+        self.h = hashlib.sha256()
+        self._hashed = 0
+        self._rehash(have)
+
+    def _rehash(self, upto: int) -> None:
+        self.h, self._hashed = hashlib.sha256(), 0
+        self.f.seek(0)
+        while self._hashed < upto:
+            chunk = self.f.read(min(1 << 24, upto - self._hashed))
+            if not chunk:
+                break
+            self.h.update(chunk)
+            self._hashed += len(chunk)
+        self.f.seek(upto)
+
+    def write(self, data: bytes) -> int:
+        n = self.f.write(data)
+        self.h.update(data)
+        self._hashed += n
+        return n
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        pos = self.f.seek(offset, whence)
+        if pos != self._hashed:
+            self._rehash(pos)
+        return pos
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self.f.tell() if size is None else size
+        n = self.f.truncate(size)
+        if size < self._hashed:
+            self._rehash(size)
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
 
 
 def read_index(base: Path, files: Mapping[str, int]) -> object | None:

@@ -26,10 +26,19 @@ from orchestrator.core.weights import (
     PART_SUFFIX,
     Manifest,
     StageRequest,
+    check_file_names,
     index_shards,
 )
 from orchestrator.errors import WeightsError
-from orchestrator.worker.files import dir_sizes, emit, read_index, read_manifest, set_current_file
+from orchestrator.worker.files import (
+    HashingWriter,
+    dir_sizes,
+    emit,
+    inside,
+    read_index,
+    read_manifest,
+    set_current_file,
+)
 
 
 class SourcePlan:
@@ -46,8 +55,12 @@ Fetcher = Callable[[StageRequest, SourcePlan, Path, str | None], None]
 
 
 def plan_source(req: StageRequest, token: str | None) -> SourcePlan:
-    """What the request's source (hub, local directory or peer host) will deliver."""
-    return _PLANNERS[req.source_kind](req, token)
+    """What the request's source (hub, local directory or peer host) will deliver; every file name
+    it lists is checked to stay inside the model directory before anything is written."""
+    plan = _PLANNERS[req.source_kind](req, token)
+    check_file_names([*plan.files, *plan.sha256], repo=req.repo,
+                     where=f"model {req.name} (from {req.source})")
+    return plan
 
 
 def fetch_source(req: StageRequest, plan: SourcePlan, staging: Path, token: str | None) -> None:
@@ -63,6 +76,14 @@ def check_index_against_listing(index: object, files: Mapping[str, int], where: 
                            "file list (missing on the source, or excluded by a pattern)")
     if CONFIG_NAME not in files:
         raise WeightsError(f"{where}: {CONFIG_NAME} is not in the file list")
+
+
+def _hub_errors() -> tuple[type[Exception], ...]:
+    """What huggingface_hub raises for the hub's answers and for the network under it (its own
+    re-export of its HTTP client, stable across the hub's major versions)."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+    from huggingface_hub.utils import httpx  # type: ignore[attr-defined]
+    return (HfHubHTTPError, OfflineModeIsEnabled, httpx.RequestError)
 
 
 def _hub_error(req: StageRequest, exc: Exception, file: str | None = None, size: int = 0) -> WeightsError:
@@ -93,13 +114,12 @@ def _hub_error(req: StageRequest, exc: Exception, file: str | None = None, size:
 
 
 def _plan_hub(req: StageRequest, token: str | None) -> SourcePlan:
-    import httpx2
     from huggingface_hub import HfApi
     from huggingface_hub.utils import filter_repo_objects  # type: ignore[attr-defined]
     try:
         info = HfApi(endpoint=req.endpoint, token=token or False).model_info(
             req.repo, revision=req.revision, files_metadata=True)
-    except httpx2.HTTPError as exc:  # HfHubHTTPError included
+    except _hub_errors() as exc:
         raise _hub_error(req, exc) from exc
     siblings = info.siblings or []
     unsized = [s.rfilename for s in siblings if s.size is None]
@@ -126,15 +146,34 @@ def _fetch_hub(req: StageRequest, plan: SourcePlan, staging: Path, token: str | 
 
 def _fetch_hub_file(req: StageRequest, plan: SourcePlan, staging: Path, token: str | None,
                     name: str) -> None:
-    import httpx2
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
-    size, dest = plan.files[name], staging / name
+    """Fetch one file through a .part file, hashing as it is written (and the kept part on a resume);
+    a file whose sha256 is not the listed one is fetched once more from scratch, then refused."""
+    where = f"model {req.name} (from {req.source})"
+    size, dest = plan.files[name], inside(staging, name, repo=req.repo, where=where)
     if dest.is_file() and dest.stat().st_size == size:
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + PART_SUFFIX)
+    part = inside(staging, name + PART_SUFFIX, repo=req.repo, where=where)
+    expected = plan.sha256.get(name)
+    actual = _download(req, plan, part, token, name)
+    if expected is not None and actual != expected:
+        emit("sha256_mismatch", file=name, expected=expected, actual=actual, retry=True)
+        part.unlink()
+        actual = _download(req, plan, part, token, name)
+        if actual != expected:
+            part.unlink()
+            raise WeightsError(f"model {req.name} ({req.repo}@{plan.revision}): {name} failed its sha256 "
+                               f"check twice (expected {expected}, actual {actual}); the hub or a proxy "
+                               "serves corrupted bytes")
+    os.replace(part, dest)
+
+
+def _download(req: StageRequest, plan: SourcePlan, part: Path, token: str | None, name: str) -> str:
+    """Complete ``part`` (resuming after the bytes it holds) and return the sha256 of the whole file."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+    size = plan.files[name]
     url = hf_hub_url(req.repo, name, revision=plan.revision, endpoint=req.endpoint)
     try:
         meta = get_hf_file_metadata(url, token=token or False, endpoint=req.endpoint)
@@ -144,16 +183,17 @@ def _fetch_hub_file(req: StageRequest, plan: SourcePlan, staging: Path, token: s
         headers = strip_auth_off_host(url, meta.location, build_hf_headers(token=token or False))
         have = part.stat().st_size if part.exists() else 0
         have = have if have <= size else 0
-        with open(part, "r+b" if part.exists() else "wb") as f:
+        with open(part, "r+b" if part.exists() else "w+b") as f:
             f.truncate(have)
-            f.seek(have)
+            writer = HashingWriter(f, have=have)  # a resume hashes the part it keeps
             if have:
                 emit("resume", file=name, offset=have)
-            http_get(meta.location, f, resume_size=have, headers=headers, expected_size=size,
-                     displayed_filename=name)
+            http_get(meta.location, writer, resume_size=have,  # type: ignore[arg-type]
+                     headers=headers, expected_size=size, displayed_filename=name)
             f.flush()
             os.fsync(f.fileno())
-    except httpx2.HTTPError as exc:  # HfHubHTTPError included (it is also an OSError)
+            return writer.hexdigest()
+    except _hub_errors() as exc:
         raise _hub_error(req, exc, name, size) from exc
     except OSError as exc:
         if exc.errno is not None:  # a real I/O error (ENOSPC is handled by stage())
@@ -161,7 +201,6 @@ def _fetch_hub_file(req: StageRequest, plan: SourcePlan, staging: Path, token: s
         found = part.stat().st_size if part.exists() else 0
         raise WeightsError(f"model {req.name}: {name} has the wrong size (expected {size} bytes, "
                            f"found {found})") from exc
-    os.replace(part, dest)
 
 
 def _plan_local(req: StageRequest, token: str | None) -> SourcePlan:
@@ -180,8 +219,9 @@ def _plan_local(req: StageRequest, token: str | None) -> SourcePlan:
 def _fetch_local(req: StageRequest, plan: SourcePlan, staging: Path, token: str | None) -> None:
     """Hardlink when on the same filesystem (weights are immutable), else copy through a .part file."""
     src = Path(req.source_arg)
+    where = f"model {req.name} (from {req.source})"
     for name, size in sorted(plan.files.items()):
-        dest = staging / name
+        dest = inside(staging, name, repo=req.repo, where=where)
         if dest.is_file() and dest.stat().st_size == size:
             continue
         origin = (src / name).resolve()  # a Hugging Face cache snapshot holds symlinks into blobs/
@@ -193,7 +233,7 @@ def _fetch_local(req: StageRequest, plan: SourcePlan, staging: Path, token: str 
         try:
             os.link(origin, dest)
         except OSError:
-            part = dest.with_name(dest.name + PART_SUFFIX)
+            part = inside(staging, name + PART_SUFFIX, repo=req.repo, where=where)
             shutil.copyfile(origin, part)
             os.replace(part, dest)
         emit("file_done", file=name, size=size)
@@ -210,7 +250,7 @@ def _peer_ssh(req: StageRequest) -> tuple[list[str], str, str]:
 def _plan_peer(req: StageRequest, token: str | None) -> SourcePlan:
     ssh, target, remote = _peer_ssh(req)
     what = f"model {req.name}: reading {remote}/{MANIFEST_NAME} on {req.source_arg}"
-    out = run_checked([*ssh, target, "cat", shlex.quote(f"{remote}/{MANIFEST_NAME}")], what)
+    out = run_checked([*ssh, "--", target, "cat", shlex.quote(f"{remote}/{MANIFEST_NAME}")], what)
     try:
         m = Manifest.from_dict(json.loads(out))
     except ValueError as exc:
@@ -220,8 +260,11 @@ def _plan_peer(req: StageRequest, token: str | None) -> SourcePlan:
 
 def _fetch_peer(req: StageRequest, plan: SourcePlan, staging: Path, token: str | None) -> None:
     ssh, target, remote = _peer_ssh(req)
-    run_checked(["rsync", "-a", "--partial-dir=.rsync-partial", f"--exclude=/{MANIFEST_NAME}",
-                 "-e", shlex.join(ssh), f"{target}:{remote}/", f"{staging}/"],
+    # -rt, not -a: no symlinks, devices, owners or modes from the peer land under the staging dir;
+    # --protect-args: the remote path goes over the protocol, never through the peer's shell.
+    run_checked(["rsync", "-rt", "--protect-args", "--partial-dir=.rsync-partial",
+                 f"--exclude=/{MANIFEST_NAME}", "-e", shlex.join(ssh), "--",
+                 f"{target}:{remote}/", f"{staging}/"],
                 f"model {req.name}: rsync from {req.source_arg}")
     shutil.rmtree(staging / ".rsync-partial", ignore_errors=True)
 

@@ -32,11 +32,17 @@ from orchestrator.core.weights import (
     INDEX_NAME,
     MANIFEST_NAME,
     PART_SUFFIX,
+    PROTECT_NAME,
     STAGING_PREFIX,
     Manifest,
+    StagedRevision,
     StageRequest,
     check_space,
+    fmt_bytes,
     is_commit_sha,
+    plan_cleanup,
+    reclaim_for,
+    revisions_named_in,
     space_needed,
     verify_listing,
 )
@@ -139,22 +145,48 @@ def stage(req: StageRequest) -> Manifest:
         staging = root / req.name / f"{STAGING_PREFIX}{plan.revision}"
         needed = space_needed(plan.files, dir_sizes(staging, parts=True))
         if not plan.same_device:
-            check_space(needed, free_bytes(str(root)), where=f"model {req.name} under {root}",
-                        reserve=req.reserve_bytes)
+            _make_room(req, plan.revision, needed)
         emit("plan", revision=plan.revision, files=len(plan.files), total=sum(plan.files.values()),
              needed=needed)
         staging.mkdir(parents=True, exist_ok=True)
         try:
             with _Poller(staging, sum(plan.files.values())):
                 fetch_source(req, plan, staging, token)
+            return _finalize(req, plan, staging, final)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:  # ENOSPC: no half-written model may stay behind on a full disk
-                shutil.rmtree(staging, ignore_errors=True)
-                _rmdir_if_empty(root / req.name)
-                raise WeightsError(f"model {req.name}: disk full under {root} while staging; "
-                                   "the partial download was removed") from exc
+            if exc.errno == errno.ENOSPC:  # keep what was fetched: a rerun resumes it
+                raise _disk_full(req, plan, staging) from exc
             raise WeightsError(f"model {req.name}: staging failed: {exc}") from exc
-        return _finalize(req, plan, staging, final)
+
+
+def _make_room(req: StageRequest, revision: str, needed: int) -> None:
+    """Check the space, counting old revisions the keep-N cleanup would remove anyway; when the disk
+    is short, remove those first (oldest first, no more than needed). Protected ones never go."""
+    root = Path(req.root)
+    where = f"model {req.name} under {root}"
+    free = free_bytes(str(root))
+    short = needed + req.reserve_bytes - free
+    doomed: list[StagedRevision] = []
+    if short > 0 and req.keep_revisions > 0:
+        incoming = StagedRevision(req.name, revision, float("inf"))
+        protected = read_protected(root) | in_units(req.unit_dir, root)
+        doomed = reclaim_for(staged_revisions(root), keep=req.keep_revisions, protected=protected,
+                             incoming=incoming, needed=short)
+    check_space(needed, free, where=where, reserve=req.reserve_bytes,
+                reclaimable=sum(s.bytes for s in doomed))
+    for s in doomed:
+        emit("cleanup", name=s.name, revision=s.revision, bytes=s.bytes, reason="room for staging")
+        remove(str(root), s.name, s.revision)
+
+
+def _disk_full(req: StageRequest, plan: SourcePlan, staging: Path) -> WeightsError:
+    needed = space_needed(plan.files, dir_sizes(staging, parts=True))
+    free = free_bytes(str(staging))
+    what = (f"needs {fmt_bytes(needed)} more ({needed} bytes)" if needed
+            else "every file is fetched but the manifest cannot be written")
+    return WeightsError(f"model {req.name}: disk full under {staging} while staging: {what}, "
+                        f"{fmt_bytes(free)} free ({free} bytes); the partial download is kept and a rerun "
+                        "resumes it")
 
 
 def _already_staged(req: StageRequest, revision: str) -> Manifest | None:
@@ -193,6 +225,57 @@ def _finalize(req: StageRequest, plan: SourcePlan, staging: Path, final: Path) -
     os.rename(staging, final)
     fsync_dir(final.parent)
     return manifest
+
+
+def staged_revisions(root: Path) -> list[StagedRevision]:
+    """Every complete staged revision under root, with its size (partial ones are never listed)."""
+    return [StagedRevision(str(e["name"]), str(e["revision"]), float(str(e["staged_at"])),
+                           int(str(e["bytes"])))
+            for e in list_staged(str(root)) if not e.get("partial")]
+
+
+def read_protected(root: Path) -> set[tuple[str, str]]:
+    """(name, revision) pairs the last cleanup was told never to remove (serving, previous stable)."""
+    try:
+        raw = json.loads((root / PROTECT_NAME).read_text())
+    except FileNotFoundError:
+        return set()
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"{root / PROTECT_NAME} cannot be read: {exc}") from exc
+    pairs = raw.get("protected") if isinstance(raw, dict) else None
+    if not isinstance(pairs, list):
+        raise WeightsError(f"{root / PROTECT_NAME}: no list of protected revisions")
+    return {(str(p[0]), str(p[1])) for p in pairs if isinstance(p, list) and len(p) == 2}
+
+
+def in_units(unit_dir: str | None, root: Path) -> set[tuple[str, str]]:
+    """Revisions under root that an installed vLLM unit names (read from the unit files on disk)."""
+    pairs: set[tuple[str, str]] = set()
+    for unit in sorted(Path(unit_dir).glob("vllm-*.service")) if unit_dir else []:
+        try:
+            pairs |= revisions_named_in(unit.read_text(errors="replace"), str(root))
+        except OSError as exc:  # unreadable: better to remove nothing
+            raise WeightsError(f"{unit}: cannot be read to see which weights it uses: {exc.strerror}") from exc
+    return pairs
+
+
+def cleanup(root: str, keep: int, protected: set[tuple[str, str]],
+            unit_dir: str | None = None) -> list[StagedRevision]:
+    """Record the protected revisions on the host (staging reads them), then keep the ``keep`` newest
+    revisions of each model and remove the rest; never a protected one, nor one an installed unit
+    under ``unit_dir`` names."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    with _root_lock(base):
+        write_atomic(base / PROTECT_NAME,
+                     json.dumps({"protected": sorted([n, r] for n, r in protected)}).encode())
+        doomed = plan_cleanup(staged_revisions(base), keep=keep,
+                              protected=protected | in_units(unit_dir, base))
+        for s in doomed:
+            emit("cleanup", name=s.name, revision=s.revision, bytes=s.bytes, reason=f"keep {keep}")
+            remove(root, s.name, s.revision)
+        return doomed
 
 
 def remove(root: str, name: str, revision: str) -> bool:
@@ -239,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("name")
         p.add_argument("revision")
     sub.add_parser("list").add_argument("root")
+    p = sub.add_parser("cleanup")
+    p.add_argument("root")
+    p.add_argument("keep", type=int)
+    p.add_argument("protected", help='JSON list of [name, revision] pairs never to remove')
+    p.add_argument("--unit-dir", help="installed units here name revisions that are in use")
     sub.add_parser("free").add_argument("path")
     args = parser.parse_args(argv)
     _quiet_hub_library()
@@ -256,6 +344,14 @@ def main(argv: list[str] | None = None) -> int:
             emit("done", removed=remove(args.root, args.name, args.revision))
         elif args.cmd == "list":
             emit("done", staged=list_staged(args.root))
+        elif args.cmd == "cleanup":
+            try:
+                pairs = {(str(n), str(r)) for n, r in json.loads(args.protected)}
+            except (ValueError, TypeError) as exc:
+                raise WeightsError(f"cleanup: protected revisions are not a JSON list of pairs: {exc}") from exc
+            removed = cleanup(args.root, args.keep, pairs, args.unit_dir)
+            emit("done", removed=[{"name": s.name, "revision": s.revision, "bytes": s.bytes,
+                                   "staged_at": s.staged_at} for s in removed])
         else:
             emit("done", path=args.path, free_bytes=free_bytes(args.path))
     except WeightsError as exc:

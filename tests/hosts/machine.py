@@ -6,6 +6,7 @@ loopback address (sshd on <address>:22). Nothing written inside reaches the mach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -52,6 +53,7 @@ class Host:
     user: str = "root"
     binds_ro: tuple[str, ...] = (str(REPO),)
     binds_rw: tuple[str, ...] = ()
+    netns: str | None = None  # /run/netns/<name> when the host has a network namespace of its own
     nspawn_pid: int = 0
     boot_seconds: float = 0.0
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -181,8 +183,11 @@ class Host:
         """Start systemd-nspawn in its own session (Ctrl-C in the terminal must not reach it)."""
         argv = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "--console=passive",
                 "-D", str(self.root), "-M", self.machine, "--boot"]
+        if self.netns:
+            argv.append(f"--network-namespace-path={self.netns}")
         argv += [f"--bind-ro={p}" for p in self.binds_ro] + [f"--bind={p}" for p in self.binds_rw]
         argv += ["--", "systemd.firstboot=off"]
+        argv = ["sh", "-c", _OWN_CGROUPS + ' exec "$@"', "own-cgroups", self.cgroup, *argv]
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
         try:
             self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
@@ -225,12 +230,49 @@ class Host:
             return "(no console log)"
         return "\n".join(text.splitlines()[-lines:])
 
+    @property
+    def cgroup(self) -> str:
+        return f"testhost-{self.machine}"
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the container (SIGTERM = orderly halt), then unmount; safe to call twice."""
         if self.nspawn_pid:
             stop_nspawn(self.nspawn_pid, self._proc, timeout)
             self.nspawn_pid = 0
         unmount_tree(self.state_dir)
+        remove_cgroups(self.cgroup)
+
+
+# This machine mounts cgroup v1 hierarchies plus systemd's hybrid `unified` one, and nspawn with
+# --keep-unit stays in the caller's groups: every host's systemd would build /system.slice/<unit>
+# in the same place, so one unit name on two hosts collides (kill fails with EIO, start with
+# 219/CGROUP). Moving the shell that execs nspawn into a group of its own in EVERY hierarchy first
+# gives each host its own tree (shared/notes/testbed.md). cpuset refuses tasks until its group has
+# cpus and mems, copied from the parent.
+_OWN_CGROUPS = r"""
+for h in /sys/fs/cgroup/*/; do
+  [ -w "${h}cgroup.procs" ] || continue
+  g="${h}$1"; mkdir -p "$g" 2>/dev/null || continue
+  for f in cpuset.cpus cpuset.mems; do
+    [ -e "$g/$f" ] && [ -z "$(cat "$g/$f")" ] && cat "${h}$f" > "$g/$f" 2>/dev/null
+  done
+  echo $$ > "$g/cgroup.procs" 2>/dev/null || true
+done
+shift
+"""
+
+
+def remove_cgroups(name: str) -> None:
+    """Remove a stopped host's groups, deepest first (its systemd left slices inside them)."""
+    for hierarchy in Path("/sys/fs/cgroup").glob("*/"):
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
 
 
 _RESET_SCRIPT = r"""

@@ -23,7 +23,8 @@ from pathlib import Path
 from types import FrameType
 
 from tests.hosts import keys
-from tests.hosts.machine import Host, HostError, stop_nspawn, unmount_tree
+from tests.hosts import netns as netns_mod
+from tests.hosts.machine import Host, HostError, remove_cgroups, stop_nspawn, unmount_tree
 
 STATE_ROOT = Path(os.environ.get("TESTHOSTS_DIR", "/run/testhosts"))
 FIRST_OCTET = 11  # 127.0.0.1/.2 stay free for other tools
@@ -37,6 +38,7 @@ class HostSet:
     hosts: list[Host]
     key_dir: Path
     manual: bool = False
+    bridge: str | None = None  # netns=True: the bridge the hosts' namespaces hang off
     _locks: list[int] = field(default_factory=list, repr=False)
     _closed: bool = False
 
@@ -58,6 +60,8 @@ class HostSet:
                 exc = fut.exception()
                 if exc is not None:
                     errors.append(f"{host.name}: {exc}")
+        if self.bridge:
+            netns_mod.delete_link(self.bridge)
         for fd in self._locks:
             os.close(fd)
         if not self.manual:
@@ -69,14 +73,18 @@ class HostSet:
 
 def _teardown(host: Host) -> None:
     host.stop()
+    if host.netns:
+        netns_mod.delete_namespace(Path(host.netns).name)
     shutil.rmtree(host.state_dir, ignore_errors=True)
     host.state_dir.with_suffix(".json").unlink(missing_ok=True)
 
 
 def boot_hosts(count: int, *, binds_ro: tuple[str, ...] = (), binds_rw: tuple[str, ...] = (),
-               manual: bool = False, timeout: float = 120.0) -> HostSet:
+               manual: bool = False, timeout: float = 120.0, netns: bool = False) -> HostSet:
     """Boot ``count`` hosts in parallel; returns when every one has finished booting.
 
+    netns=True puts each host in a network namespace of its own behind a bridge (tests/hosts/netns.py),
+    so its traffic crosses a network; by default hosts share this machine's loopback.
     On any failure everything already started is torn down before the error propagates.
     """
     _install_exit_handlers()
@@ -90,9 +98,14 @@ def boot_hosts(count: int, *, binds_ro: tuple[str, ...] = (), binds_rw: tuple[st
     _LIVE.add(hostset)
     try:
         known = []
+        first = slots[0][0]
+        if netns:
+            hostset.bridge = netns_mod.create_bridge(first)
         for i, (octet, _) in enumerate(slots, start=1):
             state_dir = STATE_ROOT / str(octet)
-            host = Host(name=f"h{i}", address=f"127.0.0.{octet}", state_dir=state_dir,
+            address = netns_mod.address(first, octet) if netns else f"127.0.0.{octet}"
+            host = Host(name=f"h{i}", address=address, state_dir=state_dir,
+                        netns=netns_mod.create_namespace(first, octet) if netns else None,
                         key_path=key_dir / "id_ed25519", known_hosts_path=key_dir / "known_hosts",
                         host_key_path=key_dir / f"host_h{i}_ed25519",
                         binds_ro=(str(Path(__file__).resolve().parents[2]), *binds_ro),
@@ -122,7 +135,7 @@ def _write_state(host: Host, manual: bool) -> None:
     state = {"name": host.name, "address": host.address, "nspawn_pid": host.nspawn_pid,
              "owner_pid": 0 if manual else os.getpid(), "manual": manual,
              "state_dir": str(host.state_dir), "key_path": str(host.key_path),
-             "known_hosts_path": str(host.known_hosts_path)}
+             "known_hosts_path": str(host.known_hosts_path), "netns": host.netns}
     path = host.state_dir.with_suffix(".json")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state))
@@ -167,6 +180,10 @@ def reap(state_file: Path) -> None:
     if pid and _is_our_nspawn(pid, state_dir):
         stop_nspawn(pid, None, 30.0)
     unmount_tree(state_dir)
+    remove_cgroups(f"testhost-th{state_file.stem}")
+    if state.get("netns"):  # the bridge (named after the run's first slot) is dropped when that slot is reaped
+        netns_mod.delete_namespace(Path(state["netns"]).name)
+        netns_mod.delete_link(netns_mod.bridge_name(int(state_file.stem)))
     shutil.rmtree(state_dir, ignore_errors=True)
     state_file.unlink(missing_ok=True)
 

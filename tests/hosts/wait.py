@@ -1,17 +1,18 @@
-"""Await a condition instead of sleeping a fixed time."""
+"""Await a condition instead of sleeping a fixed time: the one helper every test uses."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T], done: Callable[[T], bool], *, timeout: float = 30.0,
-             what: str = "condition") -> T:
-    """Call probe until done(value) holds; return that value, or fail naming the last value."""
+def wait_for(probe: Callable[[], T], done: Callable[[T], Any] = bool, *, timeout: float = 30.0,
+             what: str = "condition", interval: float = 0.05) -> T:
+    """Call probe until done(value) holds (by default: until the value is truthy); return that
+    value, or fail naming what was awaited and the last value seen."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
@@ -19,4 +20,4 @@ def wait_for(probe: Callable[[], T], done: Callable[[T], bool], *, timeout: floa
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout:g} s; last value: {value!r}")
-        time.sleep(0.05)
+        time.sleep(interval)

@@ -4,7 +4,8 @@ Served: GET /api/models/{repo}[/revision/{rev}] (model info: sha, siblings with 
 GET /api/models/{repo}/tree/{rev} (recursive listing), HEAD/GET /{repo}/resolve/{rev}/{file}
 (ETag, X-Repo-Commit, Content-Length, Range -> 206). A gated repo answers 401 without the right
 Bearer token. Faults: a file listed but not served (404), a listed size that differs from the
-served bytes, and a stall after N bytes of one file (to kill a download mid-file).
+served bytes, a stall after N bytes of one file (to kill a download mid-file), and corrupted bytes
+(one flipped byte, at the listed size) for the first N GETs of a file or for all of them.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class HubStub:
         self.requests: list[Request] = []
         self.body_bytes: dict[str, int] = {}  # file path -> body bytes sent, over all GETs
         self._stall: tuple[str, int] | None = None
+        self._corrupt: dict[str, int | None] = {}  # file -> GETs still served corrupted (None: all)
         self.stalled = threading.Event()
         self._release = threading.Event()
         self._lock = threading.Lock()
@@ -92,6 +94,21 @@ class HubStub:
         self._stall = (path, after_bytes)
         self.stalled.clear()
         self._release.clear()
+
+    def corrupt(self, path: str, times: int | None = 1) -> None:
+        """Serve ``path`` with one byte flipped (same size) for the next ``times`` GETs; None: always."""
+        self._corrupt[path] = times
+
+    def _corrupted(self, path: str) -> bool:
+        with self._lock:
+            if path not in self._corrupt:
+                return False
+            left = self._corrupt[path]
+            if left is not None:
+                if left <= 0:
+                    return False
+                self._corrupt[path] = left - 1
+            return True
 
     def release(self) -> None:
         self._stall = None
@@ -207,6 +224,9 @@ class _Handler(BaseHTTPRequestHandler):
         if f is None or f.data is None:
             return self._error(404, "EntryNotFound", f"{name} does not exist on {revision}", sha)
         data, start, status = f.data, 0, 200
+        if not head and self.hub._corrupted(name):
+            mid = len(data) // 2
+            data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]
         rng = self.headers.get("Range")
         if rng and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.core.catalog import Catalog
 from orchestrator.deploy.engine import Engine
-from orchestrator.testing import FakeHost, FakeStateStore, FakeWeights
+from orchestrator.deploy.operations import Operations
+from orchestrator.errors import TransportError
+from orchestrator.ports import HostPorts
+from orchestrator.testing import FakeClock, FakeHost, FakeStateStore, FakeWeights
 
 
 def make_catalog(**overrides: Any) -> Catalog:
@@ -47,3 +51,25 @@ class World:
 @pytest.fixture
 def world() -> World:
     return World()
+
+
+class OpsWorld:
+    """Operations (the facade the agent uses) over one fake host, a fake clock and a state dir of its own."""
+
+    def __init__(self, state_dir: Path, **catalog: Any) -> None:
+        self.catalog = make_catalog(state_dir=str(state_dir), **catalog)
+        self.clock = FakeClock()
+        self.host = FakeHost(name="box", clock=self.clock)
+        self.down: str | None = None  # set: reaching the host fails with this message
+        self.store = FakeStateStore()
+        ports = self.host.ports(self.catalog.hosts["box"], FakeWeights())
+
+        def ports_for(name: str) -> HostPorts:
+            if self.down is not None:
+                raise TransportError(self.down, host=name)
+            return ports
+
+        self.ops = Operations(self.catalog, ports_for, store=self.store)
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.store.events(limit=500) if e["kind"] == kind]

@@ -110,6 +110,20 @@ def test_no_rollback_flag_leaves_failure(world: World) -> None:
     assert world.host.active_units() == ["vllm-beta.service"]
 
 
+def test_policy_without_rollback_leaves_failure() -> None:
+    """policy.rollback_on_failure = false works like --no-rollback: failed, recorded, A not restarted."""
+    from .conftest import make_catalog
+
+    world = World(make_catalog(policy={"rollback_on_failure": False}))
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "never_ready"
+    dep = world.switch("beta")
+    assert (dep.phase, dep.no_rollback) == (Phase.FAILED, True)
+    assert world.store.get(dep.id).no_rollback
+    assert world.host.calls.count("start vllm-alpha.service") == 1
+    assert world.host.active_units() == ["vllm-beta.service"]
+
+
 def test_first_deploy_failure_cannot_roll_back(world: World) -> None:
     """With no previous stable revision a failure is final."""
     world.host.behaviours["vllm-alpha.service"] = "crash"
@@ -195,3 +209,29 @@ def test_smoke_gate_rolls_back_a_slower_revision() -> None:
     assert dep.phase is Phase.ROLLED_BACK
     assert "single-stream 40.0 tok/s is below 0.8 x 80.0 tok/s of revision 1 (alpha)" in (dep.error or "")
     assert world.host.active_units() == ["vllm-alpha.service"]
+
+
+def test_active_switch_cleans_weights_keeping_new_and_previous(world: World) -> None:
+    """Once B serves, old weights are cleaned by policy, keeping B's and A's (the rollback target)."""
+    world.switch("alpha")
+    world.switch("beta")
+    assert world.weights.kept == [["alpha"], ["alpha", "beta"]]
+
+
+def test_failed_weight_cleanup_does_not_fail_the_switch(world: World) -> None:
+    """Cleanup runs after the switch succeeded: its failure is logged, the outcome stays active."""
+    from orchestrator.errors import WeightsError
+
+    def broken(keep: object) -> list[object]:
+        raise WeightsError("disk gone", host="box")
+
+    world.weights.cleanup = broken  # type: ignore[method-assign,assignment]
+    assert world.switch("alpha").phase is Phase.ACTIVE
+
+
+def test_rolled_back_switch_does_not_clean_weights(world: World) -> None:
+    """Nothing is removed after a failed switch: the operator may want to look at its weights."""
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "never_ready"
+    world.switch("beta")
+    assert world.weights.kept == [["alpha"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,68 @@ def test_random_values_render_intact_or_are_refused(tmp_path: Path, arg: str, en
     assert directives(unit.text) == directives(reference.text)
     result = systemd_verify(verify_root(tmp_path, catalog), unit.name, unit.text)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def run_cli(*args: str, pre: str = "") -> subprocess.CompletedProcess[str]:
+    """The real CLI in a fresh interpreter; ``pre`` runs first (to take an optional extra away)."""
+    code = f"import sys\n{pre}\nfrom orchestrator.cli import main\nsys.argv = ['orchestrator', *sys.argv[1:]]\nmain()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, check=False)
+
+
+def small_config(tmp_path: Path, transport: str = "ssh") -> Path:
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(f'[hosts.h]\ntransport = "{transport}"\ngpus = 1\n[models.m]\nrepo = "o/m"\ngpus = [0]\n')
+    return cfg
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--template", "/nonexistent"], "error: --template /nonexistent: no such file\n"),
+    (["--template", "/"], "error: --template /: cannot read: Is a directory\n"),
+    (["--out", "{file}"], "error: --out {file}: exists and is not a directory\n"),
+    (["--out", "{file}/sub"], "error: --out {file}/sub: cannot write vllm-m.service: Not a directory\n"),
+])
+def test_render_bad_paths_are_one_line_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    """A missing template or an --out that is a file exits 2 with one line naming the path; nothing is written."""
+    cfg = small_config(tmp_path)
+    file = tmp_path / "a-file"
+    file.write_text("keep")
+    result = run_cli("render", "--config", str(cfg), *[a.format(file=file) for a in args])
+    assert (result.returncode, result.stderr) == (2, message.format(file=file))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "deploy.toml"]
+    assert file.read_text() == "keep"
+
+
+def test_render_installed_without_dbus_names_the_extra(tmp_path: Path) -> None:
+    """render --diff --installed on a local host without pydbus says which extra to install; exit 2."""
+    cfg = small_config(tmp_path, transport="local")
+    result = run_cli("render", "--config", str(cfg), "--diff", "--installed", pre="sys.modules['pydbus'] = None")
+    assert result.returncode == 2
+    assert result.stderr == ("error: host h: transport 'local' drives systemd over D-Bus, which needs the extra "
+                             "orchestrator[dbus] (pip install 'orchestrator[dbus]'): pydbus is not installed\n")
+
+
+@pytest.mark.parametrize("char", ["\u202e", "\u200b", "\u2066", "\ufeff", "\u00ad"])
+def test_invisible_and_bidi_characters_are_refused(char: str) -> None:
+    """Bidi overrides, zero-width and other invisible format characters (Cf) never reach a unit file."""
+    with pytest.raises(ValueError, match=f"U\\+{ord(char):04X}"):
+        Catalog.model_validate(base(args=["--x", f"a{char}b"]))
+
+
+@pytest.mark.parametrize("revision", ["../../../../etc", "/etc", "a/../b", ".hidden", "x.lock", "a b", "a:b",
+                                      "-rf", "refs/heads/", "a@{1}"])
+def test_revision_that_is_not_a_git_ref_is_refused(revision: str) -> None:
+    """A revision is a commit SHA, branch or tag name by git's rules, never a path or an option."""
+    with pytest.raises(ValueError, match=r"models\.m\.revision"):
+        Catalog.model_validate(base(revision=revision))
+
+
+
+def test_agent_unit_does_not_restart_on_bad_input() -> None:
+    """The agent's unit stays failed on exit 2 (bad deploy.toml, newer state.db) instead of looping."""
+    from orchestrator.core.render import render_agent_unit
+    from orchestrator.resources import template_text
+
+    catalog = Catalog.model_validate(base())
+    unit = render_agent_unit(catalog, template_text("orchestrator-agent.service.j2"), python="/usr/bin/python3",
+                             config="/etc/orchestrator/deploy.toml")
+    assert "Restart=on-failure\n" in unit.text and "RestartPreventExitStatus=2\n" in unit.text

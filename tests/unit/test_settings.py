@@ -55,8 +55,29 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
     ('repo = "org/a"', 'repo = "org/a"\ntensor_paralel = 4', "models.a.tensor_paralel: unknown key"),
     ("gpus = 8", 'gpus = "eight"', "hosts.box.gpus: Input should be a valid integer"),
     ('repo = "org/a"', 'repo = "org/a"\nargs = ["--x", "a\\nExecStartPre=/bin/sh"]', "control character"),
-    ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }', "HF_TOKEN looks like a secret"),
+    ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }', "models.a.env.HF_TOKEN: holds a secret by its name"),
     ("[hosts.box]", "[hosts.box\n", "not valid TOML"),
+    ("tensor_parallel = 4\n[models.b]", "tensor_parallel = 4\nload_deadline_s = inf\n[models.b]",
+     "models.a.load_deadline_s: Input should be a finite number (got inf)"),
+    ("tensor_parallel = 4\n[models.b]", "tensor_parallel = 4\nload_deadline_s = 1e300\n[models.b]",
+     "models.a.load_deadline_s: Input should be less than or equal to 604800 (got 1e+300)"),
+    ("gpus = 8", "gpus = 8\n[defaults]\nstop_timeout_s = nan", "defaults.stop_timeout_s: Input should be a finite number"),
+    ("gpus = 8", "gpus = 8\n[policy]\nwatch_interval_s = 1e-300", "policy.watch_interval_s: Input should be greater"),
+    ('repo = "org/a"', 'repo = "org/a"\nrevision = "../../../../etc"',
+     "models.a.revision: revision '../../../../etc' contains '..'"),
+    ('repo = "org/a"', 'repo = "org/a"\nrevision = "-x"', "models.a.revision: revision '-x' must not start with '-'"),
+    ('repo = "org/a"', 'repo = ".."', "models.a.repo: repo '..' is not a Hugging Face repo id"),
+    ('repo = "org/a"', 'repo = "org/a"\nargs = ["--x", "safe\u202eevil"]',
+     "models.a.args: argument 'safe\\u202eevil' contains the invisible format character '\\u202e' (U+202E"),
+    ('repo = "org/a"', 'repo = "org/a"\nserved_name = "a\u200bb"', "models.a.served_name: value 'a\\u200bb' contains"),
+    ('repo = "org/a"', 'repo = "org/a"\nenv = { FOO = "x\u2029y" }', "models.a.env: value of FOO 'x\\u2029y' contains"),
+    ('repo = "org/a"', 'repo = "org/a"\nenv = { FOO = "x\ty" }', "models.a.env: value of FOO 'x\\ty' contains the control"),
+    ("[hosts.box]", '[schedules.s]\ncron = "not a cron"\nmodel = "a"\n[hosts.box]',
+     "schedules.s.cron: 'not a cron' is not a valid cron expression"),
+    ("[hosts.box]", '[schedules.s]\ncron = "0 3 * * *"\nmodel = "a"\nwindow = "25:99-99:00"\n[hosts.box]',
+     "schedules.s.window: window '25:99-99:00' has a time out of range"),
+    ("[hosts.box]", '[schedules.s]\ncron = "0 3 * * *"\nmodel = "a"\ntimezone = "Nowhere/City"\n[hosts.box]',
+     "schedules.s.timezone: unknown time zone 'Nowhere/City'"),
 ])
 def test_invalid_file_names_file_key_and_value(tmp_path: Path, old: str, new: str, message: str) -> None:
     """Each invalid deploy.toml exits 2 with one error naming the file, the key path and the value."""
@@ -99,3 +120,43 @@ def test_render_writes_every_unit_and_diff_reports_changes(tmp_path: Path) -> No
     changed = orchestrator("render", "a", "--config", str(cfg), "--out", str(out), "--diff")
     assert changed.returncode == 1
     assert '+ExecStart=' in changed.stdout and '"--max-model-len" "4096"' in changed.stdout
+
+
+@pytest.mark.parametrize("command", [["models"], ["render", "--diff"], ["schedules"], ["status", "--local"]])
+def test_invalid_schedule_is_refused_by_every_command(tmp_path: Path, command: list[str]) -> None:
+    """A bad cron or an unknown host in a schedule stops every command at load time with the same line."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(GOOD + '[schedules.s]\ncron = "0 0 31 2 *"\nmodel = "a"\nhost = "nope"\n')
+    result = orchestrator(*command, "--config", str(cfg))
+    assert result.returncode == 2
+    assert result.stderr == (f"error: {cfg}: schedules.s.cron: cron expression '0 0 31 2 *' never fires\n")
+    cfg.write_text(GOOD + '[schedules.s]\ncron = "0 3 * * *"\nmodel = "a"\nhost = "nope"\n')
+    result = orchestrator(*command, "--config", str(cfg))
+    assert (result.returncode, result.stderr) == (2, f"error: {cfg}: schedules.s.host: unknown host 'nope' (known: box)\n")
+
+
+def test_non_utf8_file_names_the_byte_and_line(tmp_path: Path) -> None:
+    """A deploy.toml that is not UTF-8 is one line naming the file, the byte and where it is; exit 2."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_bytes(GOOD.encode() + b'# caf\xe9\n')
+    result = orchestrator("models", "--config", str(cfg))
+    assert result.returncode == 2
+    assert result.stderr == f"error: {cfg}: not UTF-8 text: byte 0xe9 at line 14, column 6 (TOML files must be UTF-8)\n"
+
+
+@pytest.mark.parametrize("var,value,message", [
+    ("ORCHESTRATOR_HOSTS", "{not json", ("environment variable ORCHESTRATOR_HOSTS: hosts: not valid JSON for a table "
+                                        "or list (got '{not json')")),
+    ("ORCHESTRATOR_DEFAULTS__LOAD_DEADLINE_S", "abc", ("environment variable ORCHESTRATOR_DEFAULTS__LOAD_DEADLINE_S: "
+                                                      "defaults.load_deadline_s: Input should be a valid number")),
+    ("ORCHESTRATOR_POLICY__ON_UNHEALTHY", "explode", ("environment variable ORCHESTRATOR_POLICY__ON_UNHEALTHY: "
+                                                     "policy.on_unhealthy: Input should be")),
+])
+def test_environment_override_error_names_the_variable(tmp_path: Path, var: str, value: str, message: str) -> None:
+    """A bad ORCHESTRATOR_* override is reported as coming from that variable, not from the file."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(GOOD)
+    result = orchestrator("models", "--config", str(cfg), env={"PATH": "/usr/bin:/bin", var: value})
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {message}"), result.stderr
+    assert "Traceback" not in result.stderr and str(cfg) not in result.stderr

@@ -1,0 +1,116 @@
+"""What the agent does on its own: fire due schedules, watch what serves and act on policy.
+
+Each ``tick`` is one pass over the Clock port's time; the decisions themselves are the pure
+functions of ``core.schedule`` and ``core.watch``. A failure on one host is recorded and the pass
+goes on with the next host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from orchestrator.agent.loops import Failures
+from orchestrator.agent.metrics import Metrics
+from orchestrator.core import schedule as sched
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.watch import judge
+from orchestrator.deploy.operations import Operations
+from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.ports import Clock
+
+log = structlog.get_logger()
+
+Submit = Callable[[str, dict[str, Any], str], Any]  # (op, args, trigger) -> the job; raises if refused
+Busy = Callable[[str], object]
+
+
+class ScheduleTask:
+    def __init__(self, catalog: Catalog, ops: Operations, clock: Clock, submit: Submit) -> None:
+        self.catalog, self.ops, self.clock, self.submit = catalog, ops, clock, submit
+        self.next_runs = sched.first_runs(catalog.schedules, clock.now())
+
+    def reload(self, catalog: Catalog, ops: Operations) -> None:
+        """A pushed deploy.toml: its schedules replace these, from now on."""
+        self.catalog, self.ops = catalog, ops
+        self.next_runs = sched.first_runs(catalog.schedules, self.clock.now())
+
+    def tick(self) -> float:
+        """Fire what is due; return the seconds until the next one (at most 30, to notice clock jumps)."""
+        now = self.clock.now()
+        for name, at in sched.due(self.next_runs, now):
+            self.next_runs[name] = sched.after_firing(self.catalog.schedules[name], at, now)
+            self.fire(name, at)
+        nxt = min(self.next_runs.values(), default=now + 30.0)
+        return max(0.05, min(nxt - self.clock.now(), 30.0))
+
+    def fire(self, name: str, at: float) -> None:
+        s = self.catalog.schedules[name]
+        host = s.host or (self.ops.host_of(s.model) if s.model else self.ops.resolve_host(None))
+        detail: dict[str, Any] = {"schedule": name, "action": s.action, "model": s.model, "due": at}
+        if not sched.in_window(s, self.clock.now()):
+            self.ops.record_event(self.clock.now(), host, "schedule_skipped", {**detail, "reason": "outside window"})
+            return
+        try:
+            if s.action == "redeploy":
+                serving = self.ops.serving(host)
+                if serving is None:
+                    raise UsageError(f"host {host} serves nothing to redeploy")
+                job = self.submit("switch", {"model": serving.model, "force": True}, f"schedule:{name}")
+            else:
+                job = self.submit(s.action, {"model": s.model}, f"schedule:{name}")
+        except OrchestratorError as exc:
+            self.ops.record_event(self.clock.now(), host, "schedule_skipped", {**detail, "reason": str(exc)})
+            log.info("schedule_skipped", schedule=name, host=host, reason=str(exc))
+            return
+        self.ops.record_event(self.clock.now(), host, "schedule_fired", detail)
+        log.info("schedule_fired", schedule=name, host=host, op=job.op)
+
+
+class WatchTask:
+    def __init__(self, catalog: Catalog, ops: Operations, clock: Clock, submit: Submit, busy: Busy,
+                 metrics: Metrics, failures: Failures) -> None:
+        self.catalog, self.ops, self.clock, self.submit, self.busy = catalog, ops, clock, submit, busy
+        self.metrics, self.failures = metrics, failures
+        self.unhealthy_since: dict[str, float] = {}
+
+    def tick(self) -> float:
+        for host in self.catalog.hosts:
+            try:
+                self.check(host)
+            except Exception as exc:  # noqa: BLE001 - the agent's top loop: one host must not skip the rest
+                self.failures.failed("watch", host, exc)
+            else:
+                self.failures.ok("watch", host)
+        return self.catalog.policy.watch_interval_s
+
+    def check(self, host: str) -> None:
+        if self.busy(host):
+            self.unhealthy_since.pop(host, None)  # an operation owns the host; judge afresh after it
+            return
+        serving, healthy = self.ops.probe(host)  # TransportError: cannot look, which is not unhealthy
+        if serving is None:
+            self.unhealthy_since.pop(host, None)
+            return
+        self.metrics.healthy(host, healthy)
+        policy = self.catalog.policy
+        verdict = judge(self.unhealthy_since.get(host), healthy, self.clock.now(), policy.unhealthy_after_s)
+        if verdict.since is None:
+            self.unhealthy_since.pop(host, None)
+        else:
+            self.unhealthy_since[host] = verdict.since
+        if not verdict.act:
+            return
+        detail = {"model": serving.model, "revision": serving.revision, "action": policy.on_unhealthy,
+                  "unhealthy_s": round(verdict.unhealthy_s, 1)}
+        self.ops.record_event(self.clock.now(), host, "unhealthy", detail)
+        log.warning("model_unhealthy", host=host, **detail)
+        try:
+            if policy.on_unhealthy == "restart":
+                self.submit("switch", {"model": serving.model, "force": True}, "watch:restart")
+            elif policy.on_unhealthy == "rollback":
+                self.submit("rollback", {"host": host}, "watch")
+        except OrchestratorError as exc:
+            self.ops.record_event(self.clock.now(), host, "watch_action_failed", {"error": str(exc)})

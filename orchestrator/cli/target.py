@@ -1,0 +1,41 @@
+"""Which backend a command gets: the box's agent over SSH (--host), the local agent, or in-process."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator import settings
+from orchestrator.client.backends import Backend, backend_for
+from orchestrator.errors import UsageError
+
+
+def remote_spec() -> str | None:
+    """The global --host (or $ORCHESTRATOR_HOST) of this invocation, if any."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.find_root().params.get("remote")
+
+
+def backend(config: str | None, *, local: bool = False, ignore_agent: bool = False) -> Backend:
+    """--host: the box's agent through the SSH relay (the box's deploy.toml rules); else as before."""
+    spec = remote_spec()
+    if spec is None:
+        return backend_for(settings.load(config), local=local, ignore_agent=ignore_agent)
+    if local:
+        raise UsageError(f"--local runs in this process; it cannot be combined with --host {spec}")
+    if config is not None:
+        raise UsageError(f"--config {config}: with --host {spec} the box's own deploy.toml is used "
+                         "(see `orchestrator config show`)")
+    from orchestrator.client.remote import RemoteAgentClient
+    from orchestrator.client.targets import resolve
+
+    client = RemoteAgentClient(resolve(spec))
+    click.get_current_context().call_on_close(client.close)
+    return client
+
+
+def local_only(command: str) -> None:
+    """Commands that do not go through the agent yet refuse --host instead of acting locally."""
+    spec = remote_spec()
+    if spec is not None:
+        raise UsageError(f"{command} does not go through the agent yet: run it on the box "
+                         f"(ssh {spec.removeprefix('ssh://')} orchestrator {command}), without --host")

@@ -1,0 +1,53 @@
+"""The agent's watch decisions (pure: readings and times in, decisions out).
+
+Two rules: when a serving model has been unhealthy long enough to act on, and when one of the
+agent's own loops has stopped making progress (then the agent stops its watchdog pings so systemd
+restarts it). Times come from the Clock port, so tests drive them with a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# A loop that has not started a pass for this long is stuck (a hung SSH call, a dead thread).
+STALL_FLOOR_S = 300.0
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """``since``: when the current unhealthy streak began (None: healthy); ``act``: do the policy now."""
+
+    since: float | None
+    act: bool
+    unhealthy_s: float = 0.0
+
+
+def judge(since: float | None, healthy: bool, now: float, unhealthy_after_s: float) -> Judgement:
+    """One health reading of a serving model. Acting ends the streak: the next one starts afresh."""
+    if healthy:
+        return Judgement(None, False)
+    start = now if since is None else since
+    lasted = now - start
+    if lasted >= unhealthy_after_s:
+        return Judgement(None, True, lasted)
+    return Judgement(start, False, lasted)
+
+
+def stall_limit(interval_s: float) -> float:
+    """How long a loop that wakes every ``interval_s`` may go without starting a pass."""
+    return max(STALL_FLOOR_S, 4 * interval_s)
+
+
+@dataclass(frozen=True)
+class LoopBeat:
+    """What the agent knows of one loop: is its thread alive, when did its last pass start."""
+
+    alive: bool
+    last_beat: float
+    limit_s: float
+
+
+def dead_loops(loops: Mapping[str, LoopBeat], now: float) -> list[str]:
+    """The loops that exited or have not beaten within their limit (monotonic seconds)."""
+    return sorted(name for name, b in loops.items() if not b.alive or now - b.last_beat > b.limit_s)

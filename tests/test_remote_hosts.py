@@ -1,0 +1,301 @@
+"""The CLI as a client of a box's agent over SSH (--host), each test host in its own network namespace.
+
+h1 is the box (agent + stand-in engine); client A is this machine, client B runs inside h2. Both
+reach h1 across the test bridge (10.213.x.0/24), through the relay, with strict host keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts import keys, netns
+from tests.hosts.machine import Host
+from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.wait import wait_for
+from tests.test_agent_hosts import HOOKS, STATE, active, install_agent
+from tests.test_switch_hosts import MODELS, config_text
+
+PY = sys.executable
+SOCKET = f"{STATE}/agent.sock"
+B_KEY, B_KNOWN, B_HOSTS = "/etc/orchestrator-test-key", "/etc/orchestrator-test-known-hosts", "/etc/orch-hosts.toml"
+
+pytestmark = pytest.mark.hosts
+
+
+@pytest.fixture(scope="module")
+def net_hosts() -> Iterator[HostSet]:
+    hostset = boot_hosts(2, netns=True)
+    try:
+        yield hostset
+    finally:
+        hostset.close()
+
+
+def hosts_toml(box: Host, key: str, known: str) -> str:
+    return (f'[box]\nurl = "ssh://root@{box.address}:{box.port}"\nkey = "{key}"\nknown_hosts = "{known}"\n'
+            f'python = "{PY}"\nsocket = "{SOCKET}"\n')
+
+
+@pytest.fixture
+def box(net_hosts: HostSet, tmp_path: Path) -> Iterator[Host]:
+    """h1 runs the agent; h2 holds a client key and a hosts file naming h1 as `box`."""
+    h1, h2 = net_hosts.hosts
+    h1.run(f"rm -rf {STATE}")
+    install_agent(h1, config_text(h1, Path(STATE), MODELS, transport="local"))
+    h2.write_file(B_KEY, Path(h1.key_path).read_text(), mode=0o600)
+    h2.write_file(B_KNOWN, Path(h1.known_hosts_path).read_text())
+    h2.write_file(B_HOSTS, hosts_toml(h1, B_KEY, B_KNOWN))
+    (tmp_path / "hosts.toml").write_text(hosts_toml(h1, str(h1.key_path), str(h1.known_hosts_path)))
+    os.environ["ORCHESTRATOR_HOSTS_FILE"] = str(tmp_path / "hosts.toml")
+    try:
+        yield h1
+    finally:
+        del os.environ["ORCHESTRATOR_HOSTS_FILE"]
+        for h in net_hosts.hosts:
+            h.reset()
+
+
+def client_a(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI on this machine, through the relay on the box."""
+    return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def client_b(h2: Host, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI inside h2 (another machine on the network), through the relay on the box."""
+    line = shlex.join([PY, "-m", "orchestrator", "--host", "box", *args])
+    return h2.run(f"ORCHESTRATOR_HOSTS_FILE={B_HOSTS} {line}", check=False)
+
+
+def history(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    assert result.returncode == 0, result.stderr
+    return list(json.loads(result.stdout))
+
+
+def paused(box: Host) -> bool:
+    return box.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0
+
+
+def hold_at(box: Host, phase: str) -> None:
+    box.write_file(f"{HOOKS}/pause-at", phase)
+
+
+def release(box: Host) -> None:
+    box.run(f"rm -f {HOOKS}/pause-at {HOOKS}/paused")
+
+
+def machine_address(box: Host) -> str:
+    """This machine's address on the test bridge, as the box sees it."""
+    first = int(box.address.split(".")[2])
+    return netns.address(first, 1)
+
+
+def test_switch_through_the_relay_records_the_ssh_login(net_hosts: HostSet, box: Host) -> None:
+    """A switch from this machine goes through the box's agent; the box records root@<this machine>."""
+    done = client_a("switch", "alpha", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["outcome"] == "active" and out["host"] == box.name
+    assert out["trigger"] == f"root@{machine_address(box)}"
+    assert active(box, "vllm-alpha.service") == "active"
+    local = json.loads(box.run(shlex.join([PY, "-m", "orchestrator", "history", "--json", "--local", "--config",
+                                           "/etc/orchestrator-agent-test.toml"])).stdout)
+    assert [h["revision"] for h in local] == [1]
+
+
+def test_two_clients_at_once_one_is_refused_naming_the_running_switch(net_hosts: HostSet, box: Host) -> None:
+    """A's switch holds the box; B's switch is refused naming A's deployment and A; both see one history."""
+    h2 = net_hosts.hosts[1]
+    assert client_a("switch", "alpha").returncode == 0
+    hold_at(box, "stopping")
+    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: paused(box), bool, timeout=60, what="A's switch to hold before stopping")
+        refused = client_b(h2, "switch", "gamma")
+    finally:
+        release(box)
+        _out, err = first.communicate(timeout=120)
+    assert refused.returncode == 5, refused.stderr
+    assert "busy" in refused.stderr and "beta" in refused.stderr
+    assert f"root@{machine_address(box)}" in refused.stderr
+    assert first.returncode == 0, err
+    seen_a, seen_b = history(client_a("history", "--json")), history(client_b(h2, "history", "--json"))
+    assert seen_a == seen_b
+    assert [(h["model"], h["outcome"]) for h in seen_a] == [("beta", "active"), ("alpha", "active")]
+    assert active(box, "vllm-beta.service") == "active" and active(box, "vllm-gamma.service") != "active"
+
+
+def test_rollback_from_another_client_returns_to_what_served_before(net_hosts: HostSet, box: Host) -> None:
+    """A switches alpha -> beta; B (another machine) rolls back: alpha serves again, B is recorded."""
+    h2 = net_hosts.hosts[1]
+    assert client_a("switch", "alpha").returncode == 0
+    assert client_a("switch", "beta").returncode == 0
+    back = client_b(h2, "rollback", "--json")
+    assert back.returncode == 0, back.stderr
+    result = json.loads(back.stdout)
+    assert (result["model"], result["outcome"]) == ("alpha", "active")
+    assert result["trigger"] == f"rollback by root@{h2.address}:to-1"
+    assert active(box, "vllm-alpha.service") == "active" and active(box, "vllm-beta.service") != "active"
+
+
+def test_cut_connection_mid_switch_completes_and_another_client_follows_it(net_hosts: HostSet, box: Host) -> None:
+    """Client A is killed mid-switch (its SSH transport dies): the box finishes; B's status --follow sees the end."""
+    h2 = net_hosts.hosts[1]
+    assert client_a("switch", "alpha").returncode == 0
+    hold_at(box, "starting")
+    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: paused(box), bool, timeout=60, what="A's switch to hold before starting")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    follow = shlex.join([PY, "-m", "orchestrator", "--host", "box", "status", "--follow"])
+    h2.run(f"ORCHESTRATOR_HOSTS_FILE={B_HOSTS} nohup {follow} > /tmp/follow.log 2>&1 & echo $! > /tmp/follow.pid")
+    wait_for(lambda: h2.run("cat /tmp/follow.log").stdout, lambda log: "following switch beta" in log,
+             timeout=60, what="B's status --follow to attach")
+    release(box)
+    wait_for(lambda: h2.run("kill -0 $(cat /tmp/follow.pid)", check=False).returncode, lambda rc: rc != 0,
+             timeout=90, what="B's status --follow to end")
+    log = h2.run("cat /tmp/follow.log").stdout
+    assert "revision 2 in phase starting" in log and "#2 beta: active" in log, log
+    assert "h1: beta (revision 2" in log, log
+    assert active(box, "vllm-beta.service") == "active" and active(box, "vllm-alpha.service") != "active"
+
+
+@pytest.fixture
+def bare(net_hosts: HostSet, tmp_path: Path) -> Iterator[tuple[Host, Path]]:
+    """h1 with no agent; a hosts file whose `box` is h1 (the test may swap its known_hosts)."""
+    h1 = net_hosts.hosts[0]
+    h1.run(f"rm -rf {STATE}")
+    try:
+        yield h1, tmp_path / "hosts.toml"
+    finally:
+        h1.reset()
+
+
+def run_with(hosts_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts_file)})
+
+
+def nothing_changed(box: Host) -> bool:
+    units = box.run("ls /etc/systemd/system | grep -c '^vllm-' || true").stdout.strip()
+    return units == "0" and box.run(["test", "-e", STATE], check=False).returncode != 0
+
+
+def test_box_without_agent_exits_6_naming_the_host(bare: tuple[Host, Path]) -> None:
+    """The relay finds no agent socket: exit 6, one line naming the host and the socket; nothing changed."""
+    box, hosts_file = bare
+    hosts_file.write_text(hosts_toml(box, str(box.key_path), str(box.known_hosts_path)))
+    result = run_with(hosts_file, "switch", "alpha")
+    assert result.returncode == 6, result.stderr
+    assert result.stderr.strip() == f"error: host box: agent socket {SOCKET}: no agent is running there"
+    assert nothing_changed(box)
+
+
+def test_wrong_host_key_exits_4_and_nothing_is_sent(net_hosts: HostSet, bare: tuple[Host, Path]) -> None:
+    """known_hosts holds another key for the box's address: exit 4 naming the mismatch; nothing changed."""
+    box, hosts_file = bare
+    other = net_hosts.hosts[1]
+    forged = hosts_file.with_name("known_hosts")
+    other_pub = other.host_key_path.with_name(other.host_key_path.name + ".pub").read_text()
+    forged.write_text(keys.known_hosts_line(box.address, box.port, other_pub))
+    hosts_file.write_text(hosts_toml(box, str(box.key_path), str(forged)))
+    result = run_with(hosts_file, "switch", "alpha")
+    assert result.returncode == 4, result.stderr
+    assert "host box" in result.stderr and "host key mismatch" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert nothing_changed(box)
+
+
+def test_unknown_host_key_is_refused_not_added(bare: tuple[Host, Path]) -> None:
+    """An empty known_hosts: exit 4 ('not found in known_hosts'), and the file stays empty."""
+    box, hosts_file = bare
+    empty = hosts_file.with_name("known_hosts")
+    empty.write_text("")
+    hosts_file.write_text(hosts_toml(box, str(box.key_path), str(empty)))
+    result = run_with(hosts_file, "history")
+    assert result.returncode == 4 and "not found in known_hosts" in result.stderr, result.stderr
+    assert empty.read_text() == ""
+
+
+AGENT_CONFIG = "/etc/orchestrator-agent-test.toml"
+
+
+def test_config_push_of_an_invalid_file_changes_nothing(box: Host, tmp_path: Path) -> None:
+    """An unknown model key in a pushed file: exit 2 naming file and key; the box's file and revisions stay."""
+    before = json.loads(client_a("config", "show", "--json").stdout)
+    bad = tmp_path / "deploy.toml"
+    bad.write_text(before["text"] + '[models.delta]\nrepo = "test/delta"\ntensor_paralel = 4\n')
+    result = client_a("config", "push", str(bad))
+    assert result.returncode == 2, result.stderr
+    assert "deploy.toml" in result.stderr and "tensor_paralel" in result.stderr and ".push-" not in result.stderr
+    after = json.loads(client_a("config", "show", "--json").stdout)
+    assert (after["revision"], after["sha256"]) == (before["revision"], before["sha256"])
+    assert box.run(["test", "-e", f"{AGENT_CONFIG}.prev"], check=False).returncode != 0
+
+
+def test_config_push_is_recorded_reloaded_and_linked_to_deployments(box: Host, tmp_path: Path) -> None:
+    """A valid push: new revision, previous file kept, the new model switchable at once, its deployment linked."""
+    before = json.loads(client_a("config", "show", "--json").stdout)
+    new = tmp_path / "deploy.toml"
+    new.write_text(before["text"] + '[models.delta]\nrepo = "test/delta"\nsource = "none"\ntensor_parallel = 4\n'
+                   'gpus = [0, 1, 2, 3]\nport = 8108\nargs = ["--load-time", "0.3"]\n')
+    assert client_a("config", "diff", str(new)).returncode == 1
+    pushed = client_a("config", "push", str(new), "--json")
+    assert pushed.returncode == 0, pushed.stderr
+    result = json.loads(pushed.stdout)
+    assert result["changed"] and result["revision"] == before["revision"] + 1
+    assert box.run(["cat", f"{AGENT_CONFIG}.prev"]).stdout == before["text"]
+    assert client_a("config", "diff", str(new)).returncode == 0
+    switched = client_a("switch", "delta", "--json")
+    assert switched.returncode == 0, switched.stderr
+    newest = history(client_a("history", "--json"))[0]
+    assert (newest["model"], newest["outcome"], newest["config_revision"]) == ("delta", "active", result["revision"])
+
+
+def agentless(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A controller with no agent of its own on the box: the CLI in-process, ssh transport."""
+    return subprocess.run([PY, "-m", "orchestrator", *args, "--config", str(cfg)], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_agentless_controller_refuses_a_box_whose_agent_runs(box: Host, tmp_path: Path) -> None:
+    """In-process over SSH against a box with a running agent: exit 5 naming the agent; nothing changed."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(config_text(box, tmp_path / "state", MODELS))
+    result = agentless(cfg, "switch", "alpha")
+    assert result.returncode == 5, result.stderr
+    assert "orchestrator-agent.service" in result.stderr and f"--host ssh://root@{box.address}:22" in result.stderr
+    assert active(box, "vllm-alpha.service") != "active"
+
+
+def test_two_agentless_controllers_cannot_interleave(bare: tuple[Host, Path], tmp_path: Path) -> None:
+    """While one controller holds the box's lock, another's switch is refused naming the holder; then it works."""
+    from orchestrator import settings
+    from orchestrator.deploy.box_lock import box_lock
+
+    box, _ = bare
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(config_text(box, tmp_path / "state", MODELS))
+    with box_lock(settings.load(cfg).hosts[box.name]):
+        refused = agentless(cfg, "switch", "alpha")
+    assert refused.returncode == 5, refused.stderr
+    assert "another controller holds /var/lib/orchestrator/agentless.lock" in refused.stderr
+    assert f"root from {machine_address(box)}" in refused.stderr
+    assert active(box, "vllm-alpha.service") != "active"
+    done = agentless(cfg, "switch", "alpha", "--json")
+    assert done.returncode == 0, done.stderr
+    assert active(box, "vllm-alpha.service") == "active"

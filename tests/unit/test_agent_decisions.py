@@ -1,0 +1,96 @@
+"""The agent's decisions as pure functions of time: when schedules are due, when to act on health,
+when one of its own loops counts as dead."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from orchestrator.core import schedule as sched
+from orchestrator.core.catalog import Schedule
+from orchestrator.core.watch import STALL_FLOOR_S, LoopBeat, dead_loops, judge, stall_limit
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+NIGHTLY = Schedule(name="nightly", cron="0 3 * * *", action="redeploy")
+
+
+def test_unhealthy_shorter_than_the_threshold_does_not_act() -> None:
+    """A streak younger than unhealthy_after_s is remembered, not acted on."""
+    first = judge(None, False, 100.0, 60.0)
+    later = judge(first.since, False, 159.0, 60.0)
+    assert (first.since, first.act, later.since, later.act) == (100.0, False, 100.0, False)
+
+
+def test_unhealthy_for_the_threshold_acts_once_and_starts_afresh() -> None:
+    """At unhealthy_after_s the policy runs, with how long it lasted, and the streak resets."""
+    verdict = judge(100.0, False, 160.0, 60.0)
+    assert (verdict.act, verdict.since, verdict.unhealthy_s) == (True, None, 60.0)
+
+
+def test_a_healthy_reading_ends_the_streak() -> None:
+    """One healthy reading forgets an unhealthy streak."""
+    assert judge(100.0, True, 159.0, 60.0).since is None
+
+
+def test_a_loop_that_beats_within_its_limit_is_alive() -> None:
+    """A running loop whose last pass began within its limit is not reported."""
+    assert dead_loops({"watch": LoopBeat(True, 1000.0, 300.0)}, 1299.0) == []
+
+
+def test_a_loop_that_stopped_beating_is_dead() -> None:
+    """A running thread without a pass for longer than its limit is reported (a hung call)."""
+    assert dead_loops({"watch": LoopBeat(True, 1000.0, 300.0), "schedules": LoopBeat(True, 1290, 300.0)},
+                      1301.0) == ["watch"]
+
+
+def test_a_loop_whose_thread_exited_is_dead_at_once() -> None:
+    """An exited thread is dead however recently it beat."""
+    assert dead_loops({"schedules": LoopBeat(False, 1000.0, 300.0)}, 1000.0) == ["schedules"]
+
+
+def test_stall_limit_grows_with_long_intervals() -> None:
+    """Short intervals get the floor; a loop that sleeps long gets four of its intervals."""
+    assert (stall_limit(1.0), stall_limit(600.0)) == (STALL_FLOOR_S, 2400.0)
+
+
+def test_nothing_is_due_before_its_time() -> None:
+    """A minute before 03:00 the nightly schedule is not due."""
+    runs = sched.first_runs({"nightly": NIGHTLY}, at("2024-05-01T02:58:00"))
+    assert sched.due(runs, at("2024-05-01T02:59:00")) == []
+
+
+def test_a_schedule_is_due_at_its_time() -> None:
+    """At 03:00:01 the nightly schedule is due, with its due time."""
+    runs = sched.first_runs({"nightly": NIGHTLY}, at("2024-05-01T02:58:00"))
+    assert sched.due(runs, at("2024-05-01T03:00:01")) == [("nightly", at("2024-05-01T03:00:00"))]
+
+
+def test_runs_missed_while_down_collapse_into_one() -> None:
+    """An agent back after three days fires the nightly schedule once, next at the coming 03:00."""
+    nxt = sched.after_firing(NIGHTLY, at("2024-05-01T03:00:00"), at("2024-05-04T12:00:00"))
+    assert nxt == at("2024-05-05T03:00:00")
+
+
+def test_due_schedules_come_earliest_first() -> None:
+    """Two due schedules are returned in the order they were due."""
+    assert sched.due({"b": 20.0, "a": 30.0, "c": 99.0}, 50.0) == [("b", 20.0), ("a", 30.0)]
+
+
+def test_windows_wrap_midnight() -> None:
+    """A 22:00-02:00 window holds at 23:30 and 01:00, not at 12:00."""
+    s = Schedule(name="n", cron="0 * * * *", action="redeploy", window="22:00-02:00")
+    assert [sched.in_window(s, at(f"2024-05-01T{t}")) for t in ("23:30:00", "01:00:00", "12:00:00")] == [
+        True, True, False]
+
+
+@pytest.mark.parametrize("window", ["25:99-99:00", "12:00-24:00"])
+def test_an_impossible_window_is_refused_up_front(window: str) -> None:
+    """A window with hours or minutes out of range is refused when the schedule is built, naming it,
+    not a crash at firing time."""
+    with pytest.raises(ValueError, match=f"window '{window}'"):
+        sched.validate(Schedule(name="n", cron="0 * * * *", action="redeploy", window=window))

@@ -1,0 +1,96 @@
+"""`--host` input that cannot work: one line naming the host and what failed, the documented exit code."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.client.targets import Target, parse_url, resolve
+from orchestrator.errors import ConfigError, UsageError
+
+
+def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ORCHESTRATOR_HOSTS_FILE": str(tmp_path / "hosts.toml")}
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          cwd=tmp_path, env={**base, **(env or {})}, timeout=60, check=False)
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_url_with_user_and_port_parses() -> None:
+    """ssh://user@box:port gives user, address and port; the user defaults to root."""
+    assert parse_url("ssh://ops@10.0.0.5:2222") == Target(name="ssh://ops@10.0.0.5:2222", address="10.0.0.5",
+                                                          port=2222, user="ops")
+    assert parse_url("ssh://gpu1").user == "root"
+
+
+@pytest.mark.parametrize("bad", ["http://box", "ssh://", "ssh://box:99999", "ssh://box/path"])
+def test_bad_url_is_a_usage_error_naming_it(bad: str) -> None:
+    """Anything but ssh://[user@]host[:port] is refused, quoting the value."""
+    with pytest.raises(UsageError, match="--host"):
+        parse_url(bad)
+
+
+def test_named_host_comes_from_the_hosts_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A [gpu1] table gives the URL, key, known_hosts, python and socket of --host gpu1."""
+    (tmp_path / "hosts.toml").write_text('[gpu1]\nurl = "ssh://ops@10.0.0.5:2222"\nkey = "~/k"\n'
+                                         'python = "/opt/o/bin/python"\nsocket = "/run/a.sock"\n')
+    monkeypatch.setenv("ORCHESTRATOR_HOSTS_FILE", str(tmp_path / "hosts.toml"))
+    target = resolve("gpu1")
+    assert (target.address, target.port, target.user, target.socket) == ("10.0.0.5", 2222, "ops", "/run/a.sock")
+    assert target.key == str(Path.home() / "k")
+    assert target.relay_command() == "/opt/o/bin/python -m orchestrator.agent.relay --socket /run/a.sock"
+
+
+def test_unknown_key_in_hosts_file_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt key is named with its table and the file."""
+    (tmp_path / "hosts.toml").write_text('[gpu1]\nurl = "ssh://root@10.0.0.5"\nkeyfile = "x"\n')
+    monkeypatch.setenv("ORCHESTRATOR_HOSTS_FILE", str(tmp_path / "hosts.toml"))
+    with pytest.raises(ConfigError, match="hosts.toml: gpu1: unknown key 'keyfile'"):
+        resolve("gpu1")
+
+
+def test_unknown_alias_exits_2_naming_it_and_the_file(tmp_path: Path) -> None:
+    """--host gpu9 with no such name: exit 2, one line naming gpu9 and the hosts file."""
+    (tmp_path / "hosts.toml").write_text('[gpu1]\nurl = "ssh://root@10.0.0.5"\n')
+    result = cli(tmp_path, "--host", "gpu9", "switch", "alpha")
+    assert result.returncode == 2
+    line = one_line(result)
+    assert "unknown host 'gpu9'" in line and str(tmp_path / "hosts.toml") in line and "gpu1" in line
+
+
+def test_orchestrator_host_variable_is_used(tmp_path: Path) -> None:
+    """$ORCHESTRATOR_HOST works like --host (here: an unknown name, refused the same way)."""
+    result = cli(tmp_path, "history", env={"ORCHESTRATOR_HOST": "nowhere"})
+    assert result.returncode == 2 and "unknown host 'nowhere'" in one_line(result)
+
+
+def test_unreachable_box_exits_4_naming_it(tmp_path: Path) -> None:
+    """Nothing listens on the box's SSH port: exit 4, one line naming the host and 'refused'."""
+    with socket.socket() as probe:  # a loopback port that is certainly closed: bound, never listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        result = cli(tmp_path, "--host", f"ssh://root@127.0.0.1:{port}", "status")
+    assert result.returncode == 4
+    line = one_line(result)
+    assert f"root@127.0.0.1:{port}" in line and "refused" in line
+
+
+def test_config_and_host_together_are_refused(tmp_path: Path) -> None:
+    """--config names a local file; with --host the box's own configuration rules: exit 2."""
+    result = cli(tmp_path, "--host", "ssh://root@127.0.0.1:1", "switch", "alpha", "--config", "x.toml")
+    assert result.returncode == 2 and "box's own deploy.toml" in one_line(result)
+
+
+def test_bench_refuses_host_instead_of_running_locally(tmp_path: Path) -> None:
+    """bench does not go through the agent yet: --host is refused, not silently ignored."""
+    result = cli(tmp_path, "--host", "ssh://root@127.0.0.1:1", "bench")
+    assert result.returncode == 2 and "bench does not go through the agent" in one_line(result)
