@@ -1,5 +1,5 @@
 """`orchestrator tune` end to end on real systemd test hosts, with the stand-in engine streaming at a
-different speed per layout (STANDIN_LAYOUT_TOKEN_DELAY) and refusing one layout (STANDIN_REFUSE_LAYOUTS).
+different speed per layout (STANDIN_LAYOUT_DELAY_S) and refusing one layout (STANDIN_REFUSE_LAYOUTS).
 
 Every test runs the real CLI in a subprocess and asserts the host's systemd state and the stored records.
 """
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.hosts
 TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
                "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024,
                "vocab_size": 1000, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
-TINY = {"port": 8120, "source": "local:/srv/tiny", "args": ["--load-time", "0.2"]}
-TINY_ENV = '[models.tiny.env]\nSTANDIN_LAYOUT_TOKEN_DELAY = "tp2=0.004,tp4=0.0005"\nSTANDIN_REFUSE_LAYOUTS = "tp8"\n'
+TINY = {"port": 8120, "source": "local:/srv/tiny", "tensor_parallel": 2, "gpus": [0, 1], "args": ["--load-time", "0.2"]}
+TINY_ENV = '[models.tiny.env]\nSTANDIN_LAYOUT_DELAY_S = "tp2=0.004,tp4=0.0005"\nSTANDIN_REFUSE_LAYOUTS = "tp8"\n'
 BENCH = ["--concurrency", "1,4", "--requests", "8", "--max-tokens", "16", "--prompt-tokens", "8", "--yes"]
 
 
@@ -68,17 +68,19 @@ def test_tune_picks_the_fastest_layout_and_leaves_it_serving(host: Host, cfg: Pa
         "alpha": "inactive", "tiny.tp2": "inactive", "tiny.tp4": "active", "tiny.tp8": "inactive"}
     svg = chart.read_text()
     assert all(label in svg for label in ("tp2", "tp4 (winner)", "tp8 (failed to load)"))
-    assert "-tensor_parallel = 4\n" not in report["diff"] and "+tensor_parallel = 4\n" in report["diff"]
+    assert "\n-tensor_parallel = 2\n" in report["diff"] and "\n+tensor_parallel = 4\n" in report["diff"]
+    assert "\n+gpus = [0, 1, 2, 3]\n" in report["diff"]
 
 
 def test_tune_table_and_chart_show_every_layout(host: Host, cfg: Path) -> None:
     """The human output has the table (winner marked, the failure's line), the terminal chart and the diff."""
     r = cli(cfg, "tune", "tiny", "--layouts", "tp4,tp8", *BENCH)
     out = r.stdout
-    assert "failed: ValueError: The output_size" in out.replace("\n", " ").replace("  ", " ") or "failed:" in out
-    assert "output tok/s by concurrency" in out and "*tp4" in out and "tp8" in out and "failed to load" in out
-    assert "winner: tiny.tp4" in out
-    assert "deploy.toml change (write it with --apply):" in out
+    assert "tune run #1: tiny on h1" in out and "throughput@4 (tok/s)" in out
+    assert "failed: ValueError: The" in out
+    assert "output tok/s by concurrency" in out and "  *tp4  #" in out and "   tp8  failed to load" in out
+    assert "winner: tiny.tp4" in out and "serving: tiny.tp4 (revision 2)" in out
+    assert "deploy.toml change (write it with --apply):\n--- a/deploy.toml" in out
 
 
 def test_tune_results_are_in_compare(host: Host, cfg: Path) -> None:

@@ -6,7 +6,7 @@ does, passes the stand-in's own behaviour flags (e.g. ``--load-time 2``) through
 server so that systemd's MainPID is the server itself.
 
 Per-layout behaviour, for `tune` (set in the model's ``env``, so every variant inherits it):
-``STANDIN_LAYOUT_TOKEN_DELAY="tp2=0.004,tp4=0.001"`` streams each layout at its own speed, and
+``STANDIN_LAYOUT_DELAY_S="tp2=0.004,tp4=0.001"`` streams each layout at its own speed, and
 ``STANDIN_REFUSE_LAYOUTS="tp8"`` makes those layouts fail to load with a vLLM-like error line.
 """
 
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
         print(f"ValueError: The output_size of gate's and up's weight = 192 is not divisible by weight "
               f"quantization block_n = 128. (stand-in refuses {layout})", file=sys.stderr, flush=True)
         sys.exit(1)
-    delays = dict(item.split("=", 1) for item in _listed("STANDIN_LAYOUT_TOKEN_DELAY"))
+    delays = dict(item.split("=", 1) for item in _listed("STANDIN_LAYOUT_DELAY_S"))
     if layout in delays and "--token-delay" not in rest:
         rest += ["--token-delay", delays[layout]]
     args = [sys.executable, str(SERVER), "--host", known.host, "--port", str(known.port),
