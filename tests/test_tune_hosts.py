@@ -76,8 +76,8 @@ def test_tune_table_and_chart_show_every_layout(host: Host, cfg: Path) -> None:
     """The human output has the table (winner marked, the failure's line), the terminal chart and the diff."""
     r = cli(cfg, "tune", "tiny", "--layouts", "tp4,tp8", *BENCH)
     out = r.stdout
-    assert "tune run #1: tiny on h1" in out and "throughput@4 (tok/s)" in out
-    assert "failed: ValueError: The" in out
+    assert "tune run #1: tiny on h1, objective throughput@4" in out
+    assert "\ntp8 failed to load: ValueError: The output_size of gate's" in out
     assert "output tok/s by concurrency" in out and "  *tp4  #" in out and "   tp8  failed to load" in out
     assert "winner: tiny.tp4" in out and "serving: tiny.tp4 (revision 2)" in out
     assert "deploy.toml change (write it with --apply):\n--- a/deploy.toml" in out

@@ -128,26 +128,32 @@ def _serving(s: dict[str, Any]) -> str:
     return f"{s['model']} (revision {s['revision']})" if s else "nothing"
 
 
+def _cell(lv: dict[str, Any] | None) -> str:
+    if lv is None:
+        return "-"
+    ttft = f"{lv['ttft_p90_ms']:,.0f} ms" if lv["ttft_p90_ms"] is not None else "-"
+    return f"{lv['tok_s']:,.0f}, {ttft}"
+
+
 def _print(report: dict[str, Any], as_json: bool, applied: bool, chart: str | None) -> None:
     if as_json:
         click.echo(json.dumps({**report, "applied": applied, "chart": chart}, indent=2))
         return
     dec = report["decision"]
     levels = report["concurrency"]
-    table = Table("", "layout", "status", *[f"C={c} tok/s" for c in levels], *[f"C={c} TTFT p90 ms" for c in levels],
-                  "errors", f"{dec['objective']} ({dec['unit']})",
-                  title=f"tune run #{report['run']}: {report['model']} on {report['host']}")
+    table = Table("", "layout", "status", *[f"C={c} tok/s, TTFT p90" for c in levels], "errors",
+                  dec["unit"], title=f"tune run #{report['run']}: {report['model']} on {report['host']}, "
+                                     f"objective {dec['objective']}")
     for row in report["candidates"]:
         lv = row["levels"]
-        errors = sum(v["errors"] for v in lv.values())
-        table.add_row("*" if row["winner"] else "", row["layout"],
-                      "ok" if row["status"] == "ok" else f"failed: {row['error']}",
-                      *[f"{lv[str(c)]['tok_s']:,.0f}" if str(c) in lv else "-" for c in levels],
-                      *[f"{lv[str(c)]['ttft_p90_ms']:.0f}" if str(c) in lv and lv[str(c)]["ttft_p90_ms"] is not None
-                        else "-" for c in levels],
-                      str(errors) if lv else "-", f"{row['score']:,.1f}" if row["score"] is not None else "-")
-    out = Console(highlight=False)
-    out.print(table)
+        table.add_row("*" if row["winner"] else "", row["layout"], "ok" if row["status"] == "ok" else "failed",
+                      *[_cell(lv.get(str(c))) for c in levels],
+                      str(sum(v["errors"] for v in lv.values())) if lv else "-",
+                      f"{row['score']:,.1f}" if row["score"] is not None else "-")
+    Console(highlight=False).print(table)
+    for row in report["candidates"]:
+        if row["status"] != "ok":
+            click.echo(f"{row['layout']} failed to load: {row['error']}")
     click.echo(text_chart(report))
     if dec["winner"]:
         margin = f", {dec['margin_pct']:.1f}% ahead of {dec['runner_up']}" if dec["margin_pct"] is not None else ""
