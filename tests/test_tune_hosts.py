@@ -164,3 +164,17 @@ def test_abort_returns_what_served_before(host: Host, cfg: Path, tmp_path: Path)
     assert json.loads(r.stdout)["serving"]["model"] == "alpha"
     assert unit_states(host, "alpha") == {"alpha": "active"}
     assert "no unfinished tune run" in cli(cfg, "tune", "--resume", check=False).stderr
+
+
+def test_plan_shows_what_tune_measured(host: Host, cfg: Path, tmp_path: Path) -> None:
+    """After a tune, `plan` ranks the measured layouts first and shows the failed one with its error and date."""
+    cli(cfg, "tune", "tiny", "--layouts", "tp2,tp4,tp8", *BENCH, "--json")
+    model_config = tmp_path / "config.json"
+    model_config.write_text(json.dumps(TINY_CONFIG))
+    r = cli(cfg, "plan", "tiny", "--tp", "8", "--model-config", str(model_config), "--json")
+    out = json.loads(r.stdout)
+    names = [lay["layout"]["name"] for lay in out["layouts"]]
+    assert names[:2] == ["TP=4", "TP=2"] and names[-1] == "TP=8"
+    assert out["layouts"][-1]["why"].startswith("FAILED to load on this host 20")
+    assert "output_size of gate's and up's weight = 192" in out["warnings"][-1]
+    assert out["ranking"].startswith("ranked by measurement (throughput@4 tok/s, tune run #1)")

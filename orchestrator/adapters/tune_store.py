@@ -144,17 +144,6 @@ class TuneStore:
     def results(self, run_id: int) -> list[TuneResult]:
         return [_result(r) for r in self._read("SELECT * FROM tune_results WHERE run_id=? ORDER BY at", (run_id,))]
 
-    def failures(self, host: str, model: str) -> list[TuneResult]:
-        """Layouts of MODEL that failed to load on HOST in any tune run, newest first."""
-        q = ("SELECT r.* FROM tune_results r JOIN tune_runs t ON t.id = r.run_id WHERE t.host=? AND t.model=?"
-             " AND r.status='failed' ORDER BY r.at DESC")
-        return [_result(r) for r in self._read(q, (host, model))]
-
-    def latest_finished(self, host: str, model: str) -> TuneRun | None:
-        rows = self._read("SELECT * FROM tune_runs WHERE host=? AND model=? AND state!=? AND result IS NOT NULL"
-                          " ORDER BY id DESC LIMIT 1", (host, model, RUNNING))
-        return _run(rows[0]) if rows else None
-
 
 def _run(row: tuple[Any, ...]) -> TuneRun:
     rid, host, model, created, settings, prev, state, ended, result = row
@@ -165,3 +154,25 @@ def _run(row: tuple[Any, ...]) -> TuneRun:
 def _result(row: tuple[Any, ...]) -> TuneResult:
     run_id, cand, layout, status, dep_id, rev, error, detail, records, at = row
     return TuneResult(run_id, cand, layout, status, dep_id, rev, error, detail, json.loads(records), at)
+
+
+def read_feedback(path: str | Path, host: str, model: str) -> tuple[list[TuneResult], TuneRun | None]:
+    """What tune recorded for MODEL on HOST (failed layouts, newest first; the latest finished run),
+    read without creating or changing anything: `plan` must not write state."""
+    if not Path(path).exists():
+        return [], None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    except sqlite3.Error:
+        return [], None
+    try:
+        failed = [_result(r) for r in db.execute(
+            "SELECT r.* FROM tune_results r JOIN tune_runs t ON t.id = r.run_id WHERE t.host=? AND t.model=?"
+            " AND r.status='failed' ORDER BY r.at DESC", (host, model))]
+        rows = db.execute("SELECT * FROM tune_runs WHERE host=? AND model=? AND state!=? AND result IS NOT NULL"
+                          " ORDER BY id DESC LIMIT 1", (host, model, RUNNING)).fetchall()
+        return failed, _run(rows[0]) if rows else None
+    except sqlite3.Error:  # no tune tables yet, or a file we may not read: nothing measured to show
+        return [], None
+    finally:
+        db.close()

@@ -13,9 +13,11 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator import settings
+from orchestrator.adapters.tune_store import read_feedback
 from orchestrator.cli import main
 from orchestrator.cli.options import json_option
-from orchestrator.core import planner
+from orchestrator.core import planner, tune
+from orchestrator.core.catalog import Catalog
 from orchestrator.errors import UsageError
 
 
@@ -117,15 +119,31 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         name = model
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
     result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes)
+    note = ""
+    if name == model:
+        result, note = _measured(cat, host.name, model, result)
     if as_json:
-        click.echo(json.dumps({"name": name, **result.to_dict()}, indent=2))
+        click.echo(json.dumps({"name": name, **result.to_dict(), "ranking": note or "planner"}, indent=2))
     else:
-        _print(name, result, hw, limit=None if show_all else 6)
+        _print(name, result, hw, limit=None if show_all else 6, note=note)
     if not result.valid:
         sys.exit(3)
 
 
-def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | None) -> None:
+def _measured(cat: Catalog, host: str, model: str, result: planner.Plan) -> tuple[planner.Plan, str]:
+    """What `tune` measured for this model on this host replaces the heuristic ranking."""
+    failed, run = read_feedback(Path(cat.state_dir) / "state.db", host, model)
+    failures = [tune.Failure(f.layout, f.error or "", f.at, f.run_id) for f in failed]
+    ranking: list[tuple[str, float]] = []
+    source = ""
+    if run is not None and run.result is not None:
+        dec = run.result["decision"]
+        ranking = [(r["layout"].split(" ")[0], r["score"]) for r in dec["ranking"] if r["score"] is not None]
+        source = f"{dec['objective']} {dec['unit']}, tune run #{run.id}"
+    return tune.with_measurements(result, failures, ranking, source)
+
+
+def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | None, note: str = "") -> None:
     console = Console()
     v = result.requested
     mark = "[green]valid[/]" if v.valid else "[red]cannot load[/]"
@@ -145,7 +163,8 @@ def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | N
         shown = result.layouts[:limit] if limit else result.layouts
         more = len(result.layouts) - len(shown)
         table = Table("layout", "GPUs", "weights/GPU", "full-length seqs/replica", "why",
-                      title="valid layouts, best first" + (f" ({more} more: --all)" if more else ""))
+                      title="valid layouts, best first" + (f" ({more} more: --all)" if more else "")
+                      + (f"\n{note}" if note else ""))
         for lay in shown:
             fit = lay.memory
             table.add_row(str(lay.layout), str(lay.layout.gpus), f"{fit.weights_gib:.1f} GiB" if fit else "?",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from orchestrator.core import planner
@@ -351,3 +352,54 @@ def estimate(n: int, load_deadline_s: float, typical_load_s: float | None, level
     if typical_load_s is not None:
         loads = f"{n} loads of ~{typical_load_s:.0f} s (last seen; at most {load_deadline_s / 60:.1f} min)"
     return f"{loads} + {bench}"
+
+
+# -- what tune measured, fed back into `plan` -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Failure:
+    layout: str  # token, e.g. tp8
+    error: str
+    at: float
+    run: int
+
+
+def _day(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def with_measurements(plan: planner.Plan, failures: Sequence[Failure], ranking: Sequence[tuple[str, float]],
+                      source: str) -> tuple[planner.Plan, str]:
+    """The plan with what tune saw on this host: measured layouts first in measured order (then the
+    heuristic's), layouts that failed to load last with their error and date; returns the plan and a
+    note saying which ranking it shows."""
+    failed: dict[str, Failure] = {}
+    for f in failures:  # newest first: keep the latest failure of each layout
+        failed.setdefault(f.layout, f)
+    score_of = dict(ranking)
+    order = {lay: i for i, (lay, _) in enumerate(ranking)}
+
+    def annotate(v: planner.Verdict) -> planner.Verdict:
+        tok = token(v.layout)
+        if tok in failed:
+            f = failed[tok]
+            return replace(v, why=f"FAILED to load on this host {_day(f.at)} (tune run #{f.run}): {f.error}")
+        if tok in score_of:
+            return replace(v, why=f"measured {score_of[tok]:,.1f} ({source}); {v.why}")
+        return v
+
+    def key(v: planner.Verdict) -> tuple[int, int]:
+        tok = token(v.layout)
+        return (2, 0) if tok in failed else (0, order[tok]) if tok in order else (1, 0)
+
+    layouts = tuple(sorted((annotate(v) for v in plan.layouts), key=key))
+    requested = plan.requested
+    tok = token(requested.layout)
+    if tok in failed:
+        f = failed[tok]
+        requested = replace(requested, warnings=(*requested.warnings, (f"{tok} failed to load on this host "
+                                                 f"{_day(f.at)} (tune run #{f.run}): {f.error}")))
+    note = f"ranked by measurement ({source}), then by the planner" if ranking else ""
+    if failed and not note:
+        note = "layouts that failed to load on this host are listed last"
+    return replace(plan, requested=requested, layouts=layouts), note

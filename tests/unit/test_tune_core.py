@@ -239,3 +239,25 @@ def test_layout_changes_only_lists_what_differs() -> None:
     cur = tomllib.loads(TOML)["models"]["minimax-m25"]
     want = {"tensor_parallel": 4, "pipeline_parallel": 1, "expert_parallel": True, "gpus": (0, 1, 2, 3)}
     assert layout_changes(cur, want, {"pipeline_parallel": 1, "expert_parallel": False}) == {"expert_parallel": True}
+
+
+# -- feedback into plan -----------------------------------------------------------------------------
+
+def test_measured_ranking_replaces_the_heuristic_and_failures_go_last() -> None:
+    """Measured layouts lead in measured order; a layout that failed here is last, with error and date."""
+    p = planner.plan(minimax(), planner.Layout(4), SEED, weight_bytes=MINIMAX_BYTES)
+    assert [t.token(v.layout) for v in p.layouts[:2]] == ["tp8+ep", "tp4+dp2+ep"]
+    fails = [t.Failure("tp8+ep", "ValueError: boom", 0.0, 7)]
+    new, note = t.with_measurements(p, fails, [("tp4", 2586.0), ("tp2+dp2+ep", 2000.0)], "throughput@256 tok/s, run #7")
+    toks = [t.token(v.layout) for v in new.layouts]
+    assert toks[:2] == ["tp4", "tp2+dp2+ep"] and toks[-1] == "tp8+ep"
+    assert new.layouts[-1].why == "FAILED to load on this host 1970-01-01 00:00 UTC (tune run #7): ValueError: boom"
+    assert new.layouts[0].why.startswith("measured 2,586.0 (throughput@256 tok/s, run #7); ")
+    assert "ranked by measurement" in note
+
+
+def test_requested_layout_that_failed_here_gets_a_warning() -> None:
+    """Planning a layout that failed on this host warns with the engine's error and the date."""
+    p = planner.plan(minimax(), planner.Layout(8, ep=True), SEED, weight_bytes=MINIMAX_BYTES)
+    new, _ = t.with_measurements(p, [t.Failure("tp8+ep", "ValueError: boom", 86400.0, 2)], [], "")
+    assert new.requested.warnings[-1] == "tp8+ep failed to load on this host 1970-01-02 00:00 UTC (tune run #2): ValueError: boom"
