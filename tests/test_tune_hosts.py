@@ -83,11 +83,26 @@ def test_tune_table_and_chart_show_every_layout(host: Host, cfg: Path) -> None:
     assert "deploy.toml change (write it with --apply):\n--- a/deploy.toml" in out
 
 
+def test_winner_measured_first_is_switched_back_to(host: Host, cfg: Path) -> None:
+    """When the last candidate is not the winner, the winner is deployed again and left serving."""
+    report = json.loads(cli(cfg, "tune", "tiny", "--layouts", "tp4,tp2", *BENCH, "--json").stdout)
+    assert report["decision"]["winner"] == "tiny.tp4" and report["serving"]["model"] == "tiny.tp4"
+    assert unit_states(host, "tiny.tp2", "tiny.tp4") == {"tiny.tp2": "inactive", "tiny.tp4": "active"}
+    assert history(cfg)[0]["trigger"] == "tune:1:winner"
+
+
 def test_tune_results_are_in_compare(host: Host, cfg: Path) -> None:
     """Every measured layout is stored with its revision: `compare` lists it afterwards."""
     cli(cfg, "tune", "tiny", "--layouts", "tp2,tp4", *BENCH, "--json")
     rows = json.loads(cli(cfg, "compare", "--json").stdout)
     assert {r["model"] for r in rows} >= {"tiny.tp2", "tiny.tp4"}
+
+
+def test_without_yes_and_no_terminal_nothing_stops(host: Host, cfg: Path) -> None:
+    """With no terminal to confirm on and no --yes, tune refuses before stopping anything."""
+    r = cli(cfg, "tune", "tiny", "--layouts", "tp2", "--concurrency", "1", check=False)
+    assert r.returncode == 2 and "pass --yes" in r.stderr
+    assert [h["model"] for h in history(cfg)] == ["alpha"]
 
 
 def test_restore_brings_back_what_served_before(host: Host, cfg: Path) -> None:
