@@ -22,7 +22,7 @@ from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
 from orchestrator.core.states import TERMINAL, Phase
 from orchestrator.errors import StateError, StateStoreError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Version 1: the schema as first landed (until then the file had no user_version).
 _V1 = (
@@ -100,13 +100,45 @@ _V2 = (
 )
 
 
-def _to_v2(db: sqlite3.Connection, path: str) -> None:
-    for statement in _V2:
-        db.execute(statement)
+# Version 3: `tune` runs and what each candidate measured.
+_V3 = (
+    """CREATE TABLE IF NOT EXISTS tune_runs (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  host TEXT NOT NULL,
+  model TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  settings TEXT NOT NULL,
+  previous_revision INTEGER,
+  state TEXT NOT NULL,
+  ended_at REAL,
+  result TEXT
+)""",
+    """CREATE TABLE IF NOT EXISTS tune_results (
+  run_id INTEGER NOT NULL REFERENCES tune_runs(id),
+  candidate TEXT NOT NULL,
+  layout TEXT NOT NULL,
+  status TEXT NOT NULL,
+  deployment_id INTEGER,
+  revision INTEGER,
+  error TEXT,
+  detail TEXT,
+  records TEXT NOT NULL,
+  at REAL NOT NULL,
+  PRIMARY KEY (run_id, candidate)
+)""",
+)
+
+
+def _create(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection, str], None]:
+    def step(db: sqlite3.Connection, path: str) -> None:
+        for statement in statements:
+            db.execute(statement)
+
+    return step
 
 
 # _MIGRATIONS[v] brings a file from version v to v + 1.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _to_v2)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _create(_V2), _create(_V3))
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -11,10 +11,11 @@ import click
 from orchestrator import settings
 from orchestrator.adapters import hub_config
 from orchestrator.adapters.hub_config import ModelConfig
+from orchestrator.adapters.tune_store import read_feedback
 from orchestrator.cli import main
 from orchestrator.cli.options import json_option
 from orchestrator.cli.tables import print_table, stdout_console
-from orchestrator.core import planner
+from orchestrator.core import planner, tune
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.render import model_dir_for
 from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
@@ -121,15 +122,33 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         name = model
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
     result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes)
+    note = ""
+    if name == model:
+        result, note = _measured(cat, host.name, model, result)
     if as_json:
-        click.echo(json.dumps({"name": name, "config_source": source, **result.to_dict()}, indent=2))
+        click.echo(json.dumps({"name": name, "config_source": source, **result.to_dict(),
+                               "ranking": note or "planner"}, indent=2))
     else:
-        _print(name, result, hw, source, limit=None if show_all else 6)
+        _print(name, result, hw, source, limit=None if show_all else 6, note=note)
     if not result.valid:
         sys.exit(3)
 
 
-def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | None, limit: int | None) -> None:
+def _measured(cat: Catalog, host: str, model: str, result: planner.Plan) -> tuple[planner.Plan, str]:
+    """What `tune` measured for this model on this host replaces the heuristic ranking."""
+    failed, run = read_feedback(Path(cat.state_dir) / "state.db", host, model)
+    failures = [tune.Failure(f.layout, f.error or "", f.at, f.run_id) for f in failed]
+    ranking: list[tuple[str, float]] = []
+    source = ""
+    if run is not None and run.result is not None:
+        dec = run.result["decision"]
+        ranking = [(r["layout"].split(" ")[0], r["score"]) for r in dec["ranking"] if r["score"] is not None]
+        source = f"{dec['objective']} {dec['unit']}, tune run #{run.id}"
+    return tune.with_measurements(result, failures, ranking, source)
+
+
+def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | None, limit: int | None,
+           note: str = "") -> None:
     console = stdout_console()
     v = result.requested
     mark = "[green]valid[/]" if v.valid else "[red]cannot load[/]"
@@ -155,5 +174,6 @@ def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | 
                  str(lay.memory.max_full_sequences) if lay.memory else "?"] for n, lay in enumerate(shown, 1)]
         console.print()
         print_table(console, ["#", "layout", "GPUs", "weights/GPU", "full-length seqs/replica"], rows,
-                    title="valid layouts, best first" + (f" ({more} more: --all)" if more else ""),
+                    title="valid layouts, best first" + (f" ({more} more: --all)" if more else "")
+                    + (f"\n{note}" if note else ""),
                     notes=[lay.why for lay in shown])

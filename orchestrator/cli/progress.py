@@ -68,11 +68,28 @@ class ProgressPrinter:
             self._line(f"  rolling back to revision {fields['to_revision']} ({fields['model']})", "yellow")
         elif event == "staged":
             self._line(f"  weights staged: {fields.get('path', fields.get('model', ''))}")
+        elif event.startswith("tune_"):
+            self._tune(event, fields)
         elif event == "following":
             where = f", revision {fields['revision']} in phase {fields['phase']}" if fields.get("phase") else ""
             self._line(f"following {fields['op']} {fields.get('what') or ''} on {fields['host']}{where}", "bold")
         elif event == "parked":
             self._line(f"  parked in phase {fields['phase']}; the agent resumes it on start", "yellow")
+
+    def _tune(self, event: str, f: dict[str, Any]) -> None:
+        if event == "tune_candidate":
+            self._line(f"tune {f['index']}/{f['of']}: {f['layout']} ({f['candidate']})", "bold")
+        elif event == "tune_failed":
+            self._line(f"  {f['candidate']} did not load ({f['outcome']}): {f['error']}", "red")
+        elif event == "tune_bench":
+            self._line(f"  benchmarking {f['candidate']}" + (f" ({f['repeat']}/{f['of']})" if f["of"] > 1 else ""))
+            self._spin(f"benchmarking {f['candidate']}")
+        elif event == "tune_skip":
+            self._line(f"tune: {f['candidate']} already measured ({f['why']})", "dim")
+        elif event == "tune_restore":
+            self._line(f"tune: bringing back revision {f['to_revision']}", "yellow")
+        elif event == "tune_winner":
+            self._line(f"tune: winner {f['candidate']}: {f['action']}", "green")
 
 
 def with_progress(quiet: bool, call: Callable[[ProgressPrinter], T]) -> T:

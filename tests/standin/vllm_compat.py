@@ -4,6 +4,10 @@ The unit template renders ``ENGINE --model DIR --served-model-name NAME --host H
 this translates the flags the stand-in needs, takes the GPUs from CUDA_VISIBLE_DEVICES like vLLM
 does, passes the stand-in's own behaviour flags (e.g. ``--load-time 2``) through, and execs the
 server so that systemd's MainPID is the server itself.
+
+Per-layout behaviour, for `tune` (set in the model's ``env``, so every variant inherits it):
+``STANDIN_LAYOUT_DELAY_S="tp2=0.004,tp4=0.001"`` streams each layout at its own speed, and
+``STANDIN_REFUSE_LAYOUTS="tp8"`` makes those layouts fail to load with a vLLM-like error line.
 """
 
 from __future__ import annotations
@@ -27,12 +31,32 @@ def main(argv: list[str]) -> None:
         p.add_argument(flag)
     p.add_argument("--enable-expert-parallel", action="store_true")
     known, rest = p.parse_known_args(argv)
+    layout = layout_token(known)
+    if layout in _listed("STANDIN_REFUSE_LAYOUTS"):
+        print(f"ValueError: The output_size of gate's and up's weight = 192 is not divisible by weight "
+              f"quantization block_n = 128. (stand-in refuses {layout})", file=sys.stderr, flush=True)
+        sys.exit(1)
+    delays = dict(item.split("=", 1) for item in _listed("STANDIN_LAYOUT_DELAY_S"))
+    if layout in delays and "--token-delay" not in rest:
+        rest += ["--token-delay", delays[layout]]
     args = [sys.executable, str(SERVER), "--host", known.host, "--port", str(known.port),
             "--served-name", known.served_model_name or known.model or "model"]
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if gpus and "--gpus" not in rest:
         args += ["--gpus", gpus, "--gpu-mib", os.environ.get("STANDIN_GPU_MIB", "70000")]
     os.execv(sys.executable, [*args, *rest])
+
+
+def layout_token(known: argparse.Namespace) -> str:
+    """tp4, tp8+ep, tp2+pp2: the same short form as `tune --layouts`."""
+    parts = [f"tp{known.tensor_parallel_size or 1}"]
+    parts += [f"{n}{v}" for n, v in (("pp", known.pipeline_parallel_size), ("dp", known.data_parallel_size))
+              if v and v != "1"]
+    return "+".join(parts + (["ep"] if known.enable_expert_parallel else []))
+
+
+def _listed(var: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(var, "").split(",") if item.strip()]
 
 
 if __name__ == "__main__":

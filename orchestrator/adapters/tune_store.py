@@ -1,0 +1,149 @@
+"""Tune runs in the state store: what a run set out to measure and what each candidate gave.
+
+Its tables live in the same SQLite file as the deployments (schema version 3 of
+adapters/sqlite_store.py, which creates and migrates them). A candidate's row is written once its
+measurement is complete, so a resumed run never measures a candidate twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.adapters.sqlite_store import SqliteStore
+from orchestrator.errors import StateError
+
+RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    id: int
+    host: str
+    model: str
+    created_at: float
+    settings: dict[str, Any]
+    previous_revision: int | None
+    state: str
+    ended_at: float | None
+    result: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    run_id: int
+    candidate: str
+    layout: str
+    status: str  # "ok" | "failed"
+    deployment_id: int | None
+    revision: int | None
+    error: str | None  # the engine's own line
+    detail: str | None  # the whole error of the switch
+    records: list[dict[str, Any]]  # bench records, one per repeat
+    at: float
+
+
+class TuneStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._lock = threading.RLock()
+        SqliteStore(self.path).close()  # creates, secures and migrates the file, tune tables included
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StateError(f"state store {self.path}: {exc}") from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                yield self._db
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StateError(f"state store {self.path}: {exc}") from exc
+            finally:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+
+    def _read(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            try:
+                return self._db.execute(query, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StateError(f"state store {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    def create(self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None,
+               at: float) -> TuneRun:
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO tune_runs (host, model, created_at, settings, previous_revision, state)"
+                             " VALUES (?,?,?,?,?,?)", (host, model, at, json.dumps(settings), previous_revision,
+                                                       RUNNING))
+            run_id = int(cur.lastrowid or 0)
+        return self.get(run_id)
+
+    def record(self, r: TuneResult) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO tune_results VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (r.run_id, r.candidate, r.layout, r.status, r.deployment_id, r.revision, r.error,
+                        r.detail, json.dumps(r.records), r.at))
+
+    def finish(self, run_id: int, state: str, at: float, result: dict[str, Any] | None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE tune_runs SET state=?, ended_at=?, result=? WHERE id=?",
+                       (state, at, json.dumps(result) if result is not None else None, run_id))
+
+    def get(self, run_id: int) -> TuneRun:
+        rows = self._read("SELECT * FROM tune_runs WHERE id=?", (run_id,))
+        if not rows:
+            raise StateError(f"tune run #{run_id} does not exist in {self.path}")
+        return _run(rows[0])
+
+    def unfinished(self, host: str) -> TuneRun | None:
+        rows = self._read("SELECT * FROM tune_runs WHERE host=? AND state=? ORDER BY id DESC LIMIT 1", (host, RUNNING))
+        return _run(rows[0]) if rows else None
+
+    def results(self, run_id: int) -> list[TuneResult]:
+        return [_result(r) for r in self._read("SELECT * FROM tune_results WHERE run_id=? ORDER BY at", (run_id,))]
+
+
+def _run(row: tuple[Any, ...]) -> TuneRun:
+    rid, host, model, created, settings, prev, state, ended, result = row
+    return TuneRun(rid, host, model, created, json.loads(settings), prev, state, ended,
+                   json.loads(result) if result else None)
+
+
+def _result(row: tuple[Any, ...]) -> TuneResult:
+    run_id, cand, layout, status, dep_id, rev, error, detail, records, at = row
+    return TuneResult(run_id, cand, layout, status, dep_id, rev, error, detail, json.loads(records), at)
+
+
+def read_feedback(path: str | Path, host: str, model: str) -> tuple[list[TuneResult], TuneRun | None]:
+    """What tune recorded for MODEL on HOST (failed layouts, newest first; the latest finished run),
+    read without creating or changing anything: `plan` must not write state."""
+    if not Path(path).exists():
+        return [], None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    except sqlite3.Error:
+        return [], None
+    try:
+        failed = [_result(r) for r in db.execute(
+            "SELECT r.* FROM tune_results r JOIN tune_runs t ON t.id = r.run_id WHERE t.host=? AND t.model=?"
+            " AND r.status='failed' ORDER BY r.at DESC", (host, model))]
+        rows = db.execute("SELECT * FROM tune_runs WHERE host=? AND model=? AND state!=? AND result IS NOT NULL"
+                          " ORDER BY id DESC LIMIT 1", (host, model, RUNNING)).fetchall()
+        return failed, _run(rows[0]) if rows else None
+    except sqlite3.Error:  # no tune tables yet, or a file we may not read: nothing measured to show
+        return [], None
+    finally:
+        db.close()

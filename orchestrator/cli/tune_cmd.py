@@ -1,0 +1,171 @@
+"""`tune`: measure the candidate layouts of a model on its host and keep the fastest."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator import settings
+from orchestrator.cli import main
+from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.progress import with_progress
+from orchestrator.core import tune as core
+from orchestrator.core.tune_chart import svg_chart, text_chart
+from orchestrator.errors import UsageError
+from orchestrator.loadgen import BenchPlan
+from orchestrator.rollout.tune import Prepared, Tuner, TuneRequest
+from orchestrator.wiring import operations
+
+
+@main.command()
+@click.argument("model", required=False)
+@config_option
+@click.option("--layouts", default=None, metavar="L1,L2", help="layouts to try, e.g. tp4,tp8+ep (default: the "
+              "planner's best --top)")
+@click.option("--top", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="how many of the planner's valid layouts to try")
+@click.option("--max-num-seqs", "seqs", default=None, metavar="N1,N2", help="also vary vLLM's --max-num-seqs")
+@click.option("--objective", default=None, help=core.OBJECTIVES_HELP + " [default: throughput at the highest level]")
+@click.option("--concurrency", default="1,64,256", show_default=True, help="levels, comma-separated")
+@click.option("--max-tokens", type=click.IntRange(1), default=512, show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(1), default=128, show_default=True)
+@click.option("--duration", type=click.FloatRange(min=0.1), default=None, help="seconds per level (default 30)")
+@click.option("--requests", "requests_", type=click.IntRange(1), default=None, help="requests per level")
+@click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="benchmark each candidate this many times, to see the noise")
+@click.option("--restore", is_flag=True, help="bring back what served before instead of leaving the winner")
+@click.option("--apply", "apply_", is_flag=True, help="write the winner's layout into deploy.toml")
+@click.option("--chart", "chart", default=None, metavar="FILE.svg", help="also write the chart as an SVG image")
+@click.option("--model-config", default=None, metavar="PATH", help="config.json to plan with (default: the host's)")
+@click.option("--resume", is_flag=True, help="finish the host's unfinished tune run")
+@click.option("--abort", is_flag=True, help="stop the host's unfinished tune run; what served before returns")
+@click.option("--host", "host", default=None, help="host for --resume/--abort (default: the only one)")
+@click.option("--yes", "-y", is_flag=True, help="do not ask before stopping what serves")
+@json_option
+def tune(model: str | None, config: str | None, layouts: str | None, top: int, seqs: str | None,
+         objective: str | None, concurrency: str, max_tokens: int, prompt_tokens: int, duration: float | None,
+         requests_: int | None, repeats: int, restore: bool, apply_: bool, chart: str | None,
+         model_config: str | None, resume: bool, abort: bool, host: str | None, yes: bool, as_json: bool) -> None:
+    """Deploy each candidate layout of MODEL (a safe switch each), benchmark it, keep the winner.
+
+    Exit status: 0 with a winner, 1 when no candidate could be measured, 2 for bad input.
+    """
+    # Every argument is checked before anything is read from a host.
+    if resume and abort:
+        raise UsageError("--resume and --abort exclude each other")
+    if (resume or abort) == (model is not None):
+        raise UsageError("name a MODEL to tune, or give --resume / --abort (not both)")
+    if chart is not None and not chart.endswith(".svg"):
+        raise UsageError(f"--chart {chart!r}: only SVG is written (no plotting dependency); name a .svg file")
+    levels = core.parse_concurrency(concurrency)
+    plan = BenchPlan(concurrency=levels, max_tokens=max_tokens, prompt_tokens=prompt_tokens, duration_s=duration,
+                     requests=requests_)
+    obj = objective or f"throughput@{max(levels)}"
+    core.parse_objective(obj, levels)
+    wanted = core.parse_layouts(layouts) if layouts is not None else None
+    seq_caps = core.parse_seqs(seqs)
+    cfg_json = _json_file(model_config) if model_config else None
+    path = settings.config_path(config)
+    ops = operations(settings.load(config))
+    if abort:
+        result = with_progress(as_json, lambda p: Tuner(ops, path, p).abort(host))
+        click.echo(json.dumps(result, indent=2) if as_json else
+                   f"tune run #{result['run']} aborted; serving: {_serving(result['serving'])}")
+        return
+    if resume:
+        report = with_progress(as_json, lambda p: Tuner(ops, path, p).resume(host))
+    else:
+        assert model is not None
+        req = TuneRequest(model, wanted, top, seq_caps, obj, plan, repeats, restore, cfg_json)
+        prep = with_progress(as_json, lambda p: Tuner(ops, path, p).prepare(req))
+        _show_plan(prep, yes)
+        report = with_progress(as_json, lambda p: Tuner(ops, path, p).start(prep))
+    applied = Tuner(ops, path).apply(report["model"], report) if apply_ else False
+    if chart:
+        Path(chart).write_text(svg_chart(report))
+    _print(report, as_json, applied, chart)
+    if report["decision"]["winner"] is None:
+        sys.exit(1)
+
+
+def _json_file(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--model-config {path}: cannot read a JSON object: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"--model-config {path}: expected a JSON object")
+    return data
+
+
+def _show_plan(prep: Prepared, yes: bool) -> None:
+    """The plan of the run on stderr, then a confirmation (unless --yes) before anything stops."""
+    err = Console(stderr=True, highlight=False)
+    req = prep.request
+    err.print(f"tune {req.model} on host {prep.host}: {len(prep.candidates)} candidates, objective "
+              f"{req.objective}, concurrency {','.join(map(str, req.bench.concurrency))}", markup=False)
+    for i, c in enumerate(prep.candidates, 1):
+        err.print(f"  {i}. {c.label:<16} as {c.name}", markup=False)
+    err.print(f"  estimated: {prep.estimate}", markup=False)
+    now = f"{prep.previous_model} (revision {prep.previous_revision})" if prep.previous_model else "nothing"
+    after = "what serves now" if req.restore else "the winner"
+    err.print(f"  serving now: {now}; it stops for the first candidate; afterwards {after} serves", markup=False)
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError("tune stops what serves: confirm on a terminal, or pass --yes")
+    if not click.confirm("go ahead?", default=False, err=True):
+        raise UsageError("tune cancelled: nothing was stopped")
+
+
+def _serving(s: dict[str, Any]) -> str:
+    return f"{s['model']} (revision {s['revision']})" if s else "nothing"
+
+
+def _cell(lv: dict[str, Any] | None) -> str:
+    if lv is None:
+        return "-"
+    ttft = f"{lv['ttft_p90_ms']:,.0f} ms" if lv["ttft_p90_ms"] is not None else "-"
+    return f"{lv['tok_s']:,.0f}, {ttft}"
+
+
+def _print(report: dict[str, Any], as_json: bool, applied: bool, chart: str | None) -> None:
+    if as_json:
+        click.echo(json.dumps({**report, "applied": applied, "chart": chart}, indent=2))
+        return
+    dec = report["decision"]
+    levels = report["concurrency"]
+    table = Table("", "layout", "status", *[f"C={c} tok/s, TTFT p90" for c in levels], "errors",
+                  dec["unit"], title=f"tune run #{report['run']}: {report['model']} on {report['host']}, "
+                                     f"objective {dec['objective']}")
+    for row in report["candidates"]:
+        lv = row["levels"]
+        table.add_row("*" if row["winner"] else "", row["layout"], "ok" if row["status"] == "ok" else "failed",
+                      *[_cell(lv.get(str(c))) for c in levels],
+                      str(sum(v["errors"] for v in lv.values())) if lv else "-",
+                      f"{row['score']:,.1f}" if row["score"] is not None else "-")
+    Console(highlight=False).print(table)
+    for row in report["candidates"]:
+        if row["status"] != "ok":
+            click.echo(f"{row['layout']} failed to load: {row['error']}")
+    click.echo(text_chart(report))
+    if dec["winner"]:
+        margin = f", {dec['margin_pct']:.1f}% ahead of {dec['runner_up']}" if dec["margin_pct"] is not None else ""
+        noise = f" (noise {dec['noise_pct']:.1f}%)" if dec["noise_pct"] is not None else ""
+        click.echo(f"winner: {dec['winner']}{margin}{noise}" + (f"; {dec['note']}" if dec["note"] else ""))
+    else:
+        click.echo(f"no winner: {dec['note']}")
+    click.echo(f"serving: {_serving(report['serving'])}")
+    if report["diff"]:
+        click.echo(("applied to deploy.toml:\n" if applied else "deploy.toml change (write it with --apply):\n")
+                   + report["diff"].rstrip("\n"))
+    elif report["diff"] == "":
+        click.echo("deploy.toml already has the winner's layout")
+    if chart:
+        click.echo(f"chart written to {chart}")
