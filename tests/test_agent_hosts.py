@@ -94,7 +94,9 @@ def test_agent_is_ready_and_switches_through_dbus(agent_host: Host) -> None:
     """The agent reports READY to systemd and a CLI switch on the host goes through it."""
     assert active(agent_host, "orchestrator-agent.service") == "active"
     out = json.loads(cli(agent_host, "switch", "alpha", "--json").stdout)
-    assert out["outcome"] == "active" and out["trigger"] == "root@socket"  # the peer's uid, not the client's word
+    # The caller as the box saw it: the peer's uid and the origin of its SSH login (the harness runs the
+    # CLI in the host over ssh from this machine), never the client's word.
+    assert out["outcome"] == "active" and out["trigger"] == "root@127.0.0.1"
     status = json.loads(cli(agent_host, "status", "--json").stdout)
     assert status["agent"]["pid"] > 0
     text = metrics(agent_host)

@@ -51,7 +51,7 @@ def box(net_hosts: HostSet, tmp_path: Path) -> Iterator[Host]:
     """h1 runs the agent; h2 holds a client key and a hosts file naming h1 as `box`."""
     h1, h2 = net_hosts.hosts
     h1.run(f"rm -rf {STATE}")
-    install_agent(h1, config_text(h1, Path(STATE), MODELS, transport="local"))
+    install_agent(h1, config_text(h1, Path(STATE), MODELS, transport="local"), tmp_path)
     h2.write_file(B_KEY, Path(h1.key_path).read_text(), mode=0o600)
     h2.write_file(B_KNOWN, Path(h1.known_hosts_path).read_text())
     h2.write_file(B_HOSTS, hosts_toml(h1, B_KEY, B_KNOWN))
