@@ -134,8 +134,11 @@ class Agent:
                 host, progress=self._publisher(job))})
         if op == "stage":
             model = str(args["model"])
+            peer = args.get("peer")
+            if peer is not None and not isinstance(peer, dict):
+                raise UsageError(f"stage: peer must be an object, got {type(peer).__name__}")
             return self.jobs.submit(self.ops._host_of(model), op, args,
-                                    lambda job: self.ops.stage(model, progress=self._publisher(job)))
+                                    lambda job: self.ops.stage(model, peer=peer, progress=self._publisher(job)))
         raise UsageError(f"unknown operation {op!r}")
 
     @staticmethod

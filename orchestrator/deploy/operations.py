@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +82,23 @@ class Operations:
             dep = eng.plan_rollback(host, to_revision, trigger=trigger)
             return {"noop": False, "recovered": recovered, **eng.run(dep.id).to_dict()}
 
-    def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
-        """Download and verify a model's weights while whatever serves keeps serving."""
+    def stage(self, model: str, *, peer: dict[str, Any] | None = None,
+              progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Download and verify a model's weights while whatever serves keeps serving; ``peer``: copy
+        them from that box instead (a fleet rollout's one download per fleet, rollout/peer.py)."""
         host = self._host_of(model)
         ports = self.ports_for(host)
         if ports.weights is None:
             raise UsageError(f"host {host} has no weight store configured")
+        weights = ports.weights
         with host_lock(self.state_dir, f"{host}.stage", f"model weights are already being staged on {host}"):
             spec = self.engine(progress).spec_for(self.catalog.models[model])
-            staged = ports.weights.stage(spec, progress or (lambda e, f: None))
+            if peer is not None:
+                from orchestrator.rollout.peer import with_peer
+
+                weights, source = with_peer(ports.weights, peer)
+                spec = replace(spec, source=source)
+            staged = weights.stage(spec, progress or (lambda e, f: None))
         return {"model": model, "host": host, "path": staged.path, "revision": staged.revision,
                 "bytes": staged.total_bytes}
 
