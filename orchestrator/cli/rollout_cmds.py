@@ -192,7 +192,7 @@ def print_group_status(config: str | None, group: str, as_json: bool) -> None:
             continue
         s = row["serving"]
         health = "" if s is None else {True: "healthy", False: "NOT healthy"}.get(s.get("healthy"), "")
-        what = "nothing" if s is None else f"{s['model']} revision {s['revision']} unit {str(row['unit_sha256'])[:12]}"
+        what = "nothing" if s is None else f"{s['model']}@{row['weights_revision']} (box revision {s['revision']})"
         running = "".join(f"  running #{r['id']} {r['model']} {r['phase']}" for r in row["running"])
         click.echo(f"{host:<12} {what} {health}{running}")
     for key, hosts in result["revisions"].items():

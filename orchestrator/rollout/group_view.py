@@ -23,12 +23,14 @@ def group_status(clients: Mapping[str, AgentClient]) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = next(iter((st.get("hosts") or {}).values()), {})
         serving = entry.get("serving") or None
-        row: dict[str, Any] = {"serving": serving, "running": entry.get("running", []), "unit_sha256": None}
+        row: dict[str, Any] = {"serving": serving, "running": entry.get("running", []), "unit_sha256": None,
+                               "weights_revision": None}
         if serving is not None and not isinstance(hist, OrchestratorError):
-            dep = next((d for d in hist if d["revision"] == serving["revision"]), None)
-            row["unit_sha256"] = dep["unit_sha256"] if dep else None
+            dep = next((d for d in hist if d["revision"] == serving["revision"]), None) or {}
+            row["unit_sha256"], row["weights_revision"] = dep.get("unit_sha256"), dep.get("weights_revision")
         hosts[h] = row
-        key = f"{serving['model']} (unit {str(row['unit_sha256'] or '?')[:12]})" if serving else "nothing"
+        # the unit text differs per box (its own bind address): a model's revision is its weights' commit
+        key = f"{serving['model']}@{row['weights_revision'] or '?'}" if serving else "nothing"
         by_revision.setdefault(key, []).append(h)
     return {"hosts": hosts, "revisions": by_revision}
 
