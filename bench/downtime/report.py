@@ -257,3 +257,15 @@ def render(r: Results) -> str:
               [[x.method, f"{x.old} -> {x.new}", f"{x.downtime_s:.3f}", f"{x.overhead:+.3f}", f"{x.command_s:.2f}",
                 x.note] for ts in r.trials.values() for x in ts]), ""]
     return "\n".join(lines)
+
+
+def keep_foreign_sections(text: str, path: Path) -> str:
+    """``text`` plus the ``## `` sections of the existing file that this report does not write (other
+    benchmarks' figures linked from RESULTS.md), so a re-run never drops them."""
+    try:
+        old = path.read_text()
+    except FileNotFoundError:
+        return text
+    ours = {line for line in text.splitlines() if line.startswith("## ")}
+    kept = [part for part in old.split("\n## ")[1:] if f"## {part.splitlines()[0]}" not in ours]
+    return text.rstrip("\n") + "\n" + "".join(f"\n## {part.rstrip()}\n" for part in kept)

@@ -47,5 +47,6 @@ from orchestrator.cli import (  # noqa: F401
     config_cmds,
     deploy_cmds,
     plan_cmd,
+    rollout_cmds,
     tune_cmd,
 )

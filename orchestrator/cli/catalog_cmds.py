@@ -31,8 +31,8 @@ def models(config: str | None, as_json: bool) -> None:
     cat = settings.load(config)
     rows: list[dict[str, Any]] = []
     for name, m in cat.models.items():
-        host = cat.model_host(name)
-        rows.append({"name": name, "host": host.name, "repo": m.repo, "revision": m.revision,
+        where = f"group:{m.group}" if m.group else cat.model_host(name).name
+        rows.append({"name": name, "host": where, "repo": m.repo, "revision": m.revision,
                      "pinned": m.pinned, "served_name": m.served, "port": m.port, "gpus": list(m.gpus),
                      "tensor_parallel": m.tensor_parallel, "pipeline_parallel": m.pipeline_parallel,
                      "data_parallel": m.data_parallel, "expert_parallel": m.expert_parallel,

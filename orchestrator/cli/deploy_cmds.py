@@ -91,11 +91,17 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
 @main.command()
 @config_option
 @click.option("--host", "host", default=None)
+@click.option("--group", "group", default=None, help="every box of this group, through its agent (one line each)")
 @click.option("--follow", is_flag=True, help="stream the running operation's progress until it ends")
 @click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
 @json_option
-def status(config: str | None, host: str | None, follow: bool, local: bool, as_json: bool) -> None:
+def status(config: str | None, host: str | None, group: str | None, follow: bool, local: bool,
+           as_json: bool) -> None:
     """What serves on each host, what is running, and the schedules."""
+    if group is not None:
+        from orchestrator.cli.rollout_cmds import print_group_status
+
+        return print_group_status(config, group, as_json)
     be = backend(config, local=local)
     if follow:
         with_progress(as_json, lambda p: be.follow(host, progress=p))
@@ -123,11 +129,17 @@ def status(config: str | None, host: str | None, follow: bool, local: bool, as_j
 @main.command()
 @config_option
 @click.option("--host", "host", default=None)
+@click.option("--group", "group", default=None, help="every box of this group, newest first across them")
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
 @json_option
-def history(config: str | None, host: str | None, limit: int, local: bool, as_json: bool) -> None:
+def history(config: str | None, host: str | None, group: str | None, limit: int, local: bool,
+            as_json: bool) -> None:
     """Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."""
+    if group is not None:
+        from orchestrator.cli.rollout_cmds import print_group_history
+
+        return print_group_history(config, group, limit, as_json)
     rows = backend(config, local=local).history(host, limit)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

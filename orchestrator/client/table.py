@@ -45,6 +45,12 @@ class ModelArgs(Args):
     model: str = Field(max_length=200)
 
 
+class StageArgs(ModelArgs):
+    # A fleet rollout's peer box that already holds the weights (rollout/peer.py checks each field
+    # as deploy.toml's host entries are checked).
+    peer: dict[str, str | int | None] | None = None
+
+
 class SwitchArgs(ModelArgs):
     no_rollback: bool = False
     force: bool = False
@@ -126,7 +132,7 @@ _TABLE = [
     OpSpec("recover", HostArgs,
            lambda ops, a, c: {"recovered": ops.recover(a.host, progress=c.progress)},
            host=lambda ops, a: ops.resolve_host(a.host)),
-    OpSpec("stage", ModelArgs, lambda ops, a, c: ops.stage(a.model, progress=c.progress),
+    OpSpec("stage", StageArgs, lambda ops, a, c: ops.stage(a.model, peer=a.peer, progress=c.progress),
            host=lambda ops, a: ops.host_of(a.model)),
     OpSpec("status", HostArgs,
            lambda ops, a, c: {**ops.status(a.host), "schedules": ops.schedules(time.time(), c.next_runs)}),

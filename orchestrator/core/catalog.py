@@ -166,8 +166,9 @@ class Host(_Strict):
     python: str = "/usr/bin/python3"
     engine: tuple[str, ...] | None = None
     bind: str | None = None  # the address vLLM listens on; defaults.bind when unset
+    agent_socket: str | None = None  # a controller's rollout reaches the box's agent here (relay --socket)
 
-    @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind")
+    @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind", "agent_socket")
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
@@ -189,6 +190,7 @@ class Model(_Strict):
 
     name: Name = ""
     host: Name | None = None
+    group: Name | None = None  # a fleet model: one replica per host of [groups.NAME], switched by `rollout`
     repo: str
     revision: str = "main"
     source: str = "hub"
@@ -282,6 +284,12 @@ class Model(_Strict):
                 f"{list(self.gpus)}")
         return self
 
+    @model_validator(mode="after")
+    def _host_or_group(self) -> Model:
+        if self.host is not None and self.group is not None:
+            raise ValueError(f"set host ({self.host!r}) or group ({self.group!r}), not both")
+        return self
+
     @property
     def served(self) -> str:
         return self.served_name or self.name
@@ -346,6 +354,41 @@ class Policy(_Strict):
     keep_revisions: int = Field(2, ge=1, le=1000)
 
 
+class Group(_Strict):
+    """Hosts that run the same models, one replica each, and how a rollout moves across them.
+
+    The vocabulary is Nomad's and Ansible's: ``canary`` hosts switch first and alone, then ``batch``
+    hosts at a time; more than ``max_failures`` failed hosts stop the rollout. ``gate`` is checked
+    on every switched host before the next batch starts."""
+
+    name: Name = ""
+    hosts: tuple[Name, ...]
+    canary: int = Field(1, ge=0)
+    batch: int = Field(1, ge=1)
+    max_failures: int = Field(0, ge=0)
+    gate: Literal["none", "health", "bench"] = "health"
+    seed: Name | None = None  # the one host that downloads from the hub; the others copy from a peer
+    peer_key: str | None = None  # on every box: the key its rsync uses to reach a peer box
+    peer_known_hosts: str | None = None  # on every box: the peers' host keys
+
+    @field_validator("peer_key", "peer_known_hosts")
+    @classmethod
+    def _safe_paths(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} is not an absolute path (a path on every box of the group)")
+        return None if v is None else _safe(v, "value")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_listed_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("a group needs at least one host")
+        twice = sorted({h for h in v if v.count(h) > 1})
+        if twice:
+            raise ValueError(f"host {twice[0]!r} is listed more than once")
+        return v
+
+
 class Catalog(_Strict):
     """The whole deploy.toml, cross-checked."""
 
@@ -357,13 +400,14 @@ class Catalog(_Strict):
     hosts: dict[Name, Host]
     models: dict[Name, Model] = Field(default_factory=dict)
     schedules: dict[Name, Schedule] = Field(default_factory=dict)
+    groups: dict[Name, Group] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
     def _names_from_keys(cls, data: object) -> object:
         # deploy.toml names tables by key ([models.minimax-m25]); copy the key into each entry.
         if isinstance(data, dict):
-            for section in ("hosts", "models", "schedules"):
+            for section in ("hosts", "models", "schedules", "groups"):
                 table = data.get(section)
                 if isinstance(table, dict):
                     data[section] = {k: ({**v, "name": k} if isinstance(v, dict) else v)
@@ -379,22 +423,39 @@ class Catalog(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _groups_known(self) -> Catalog:
+        for name, group in self.groups.items():
+            unknown = [h for h in group.hosts if h not in self.hosts]
+            if unknown:
+                raise _KeyedError(f"groups.{name}.hosts",
+                                  f"unknown host {unknown[0]!r} (known: {', '.join(sorted(self.hosts))})")
+            if group.seed is not None and group.seed not in group.hosts:
+                raise _KeyedError(f"groups.{name}.seed",
+                                  f"seed {group.seed!r} is not a host of the group ({', '.join(group.hosts)})")
+        for name, model in self.models.items():
+            if model.group is not None and model.group not in self.groups:
+                known = ", ".join(sorted(self.groups)) or "none"
+                raise _KeyedError(f"models.{name}.group", f"unknown group {model.group!r} (known: {known})")
+        return self
+
+    @model_validator(mode="after")
     def _cross_references(self) -> Catalog:
         for name, model in self.models.items():
-            host = self.model_host(name)
-            too_high = [g for g in model.gpus if g >= host.gpus]
-            if too_high:
-                raise _KeyedError(f"models.{name}.gpus",
-                                  f"GPU index {too_high[0]} is out of range: host {host.name} has "
-                                  f"{host.gpus} GPUs (0-{host.gpus - 1})")
+            for host in self.model_hosts(name):
+                too_high = [g for g in model.gpus if g >= host.gpus]
+                if too_high:
+                    raise _KeyedError(f"models.{name}.gpus",
+                                      f"GPU index {too_high[0]} is out of range: host {host.name} has "
+                                      f"{host.gpus} GPUs (0-{host.gpus - 1})")
         seen: dict[tuple[str, int], str] = {}
         for name, model in self.models.items():
-            key = (self.model_host(name).name, model.port)
-            if key in seen:
-                raise _KeyedError(f"models.{name}.port",
-                                  f"port {model.port} is already used by model {seen[key]} on host "
-                                  f"{key[0]}")
-            seen[key] = name
+            for host in self.model_hosts(name):
+                key = (host.name, model.port)
+                if key in seen:
+                    raise _KeyedError(f"models.{name}.port",
+                                      f"port {model.port} is already used by model {seen[key]} on host "
+                                      f"{key[0]}")
+                seen[key] = name
         for name, sched in self.schedules.items():
             if sched.model and sched.model not in self.models:
                 raise _KeyedError(f"schedules.{name}.model",
@@ -415,6 +476,9 @@ class Catalog(_Strict):
             if peer not in self.hosts:
                 raise _KeyedError(key, f"source {model.source!r} names unknown host {peer!r} "
                                        f"(known: {', '.join(sorted(self.hosts))})")
+            if model.group is not None:
+                raise _KeyedError(key, f"source {model.source!r}: a group model's weights come from the hub "
+                                       "once per rollout (the seed host pulls, the others copy from a peer)")
             if peer == self.model_host(name).name:
                 raise _KeyedError(key, f"source {model.source!r} is the model's own host {peer!r}; "
                                        "copy from another host, or use \"hub\"")
@@ -442,9 +506,20 @@ class Catalog(_Strict):
                              f"({', '.join(sorted(self.hosts))})")
         return next(iter(self.hosts.values()))
 
+    def model_hosts(self, model: str) -> list[Host]:
+        """Every host a model runs on: its group's hosts, else its one host."""
+        spec = self.models[model]
+        if spec.group is not None:
+            return [self.hosts[h] for h in self.groups[spec.group].hosts]
+        return [self.model_host(model)]
+
     def model_host(self, model: str) -> Host:
         """The host a model runs on: its own ``host`` or the only host there is."""
         spec = self.models[model]
+        if spec.group is not None:
+            raise UsageError(f"model {model!r} runs on every host of group {spec.group!r} "
+                             f"({', '.join(self.groups[spec.group].hosts)}): switch it with "
+                             f"`orchestrator rollout {model}`")
         if spec.host is not None:
             if spec.host not in self.hosts:
                 raise _KeyedError(f"models.{model}.host",
@@ -456,7 +531,7 @@ class Catalog(_Strict):
         return next(iter(self.hosts.values()))
 
     def models_on(self, host: str) -> list[str]:
-        return [m for m in self.models if self.model_host(m).name == host]
+        return [m for m in self.models if host in (h.name for h in self.model_hosts(m))]
 
     def engine_for(self, host: Host) -> tuple[str, ...]:
         return host.engine or self.defaults.engine

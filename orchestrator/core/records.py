@@ -79,7 +79,8 @@ class Deployment:
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "host": self.host, "revision": self.revision, "model": self.model,
-            "unit": self.spec.unit_name, "unit_sha256": self.spec.unit_sha, "trigger": self.trigger,
+            "unit": self.spec.unit_name, "unit_sha256": self.spec.unit_sha, "weights_revision": self.spec.revision,
+            "trigger": self.trigger,
             "outcome": self.phase.value, "created_at": self.created_at, "ended_at": self.ended_at,
             "previous_revision": self.previous_revision, "error": self.error,
             "rollback_error": self.rollback_error,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,24 @@ class Operations:
     def record_bench(self, dep_id: int, record: dict[str, Any]) -> None:
         self.store.record_bench(dep_id, record)
 
+    def deployments(self, host: str, limit: int = 50) -> list[Deployment]:
+        """The host's deployment records, newest first (history as records, for applications)."""
+        return self.store.history(self.resolve_host(host), limit)
+
+    def stop_serving(self, host: str, *, reason: str) -> None:
+        """Stop what serves on the host and leave nothing serving (the unit stopped and disabled, the
+        pointer cleared, an event naming why): undoing a first deployment has no revision to go to."""
+        serving = self.serving(host)
+        if serving is None:
+            return
+        with host_lock(self.state_dir, host, self.holder(host)):
+            sd = self.ports_for(host).systemd
+            sd.stop(serving.spec.unit_name)
+            sd.disable(serving.spec.unit_name)
+            self.store.set_serving(host, None)
+            self.store.record_event(time.time(), host, "stopped", {"unit": serving.spec.unit_name,
+                                                                   "revision": serving.revision, "reason": reason})
+
     def benchmarks(self, host: str | None) -> list[Deployment]:
         """The latest benchmarked deployment of each model on the host, newest first."""
         latest: dict[str, Deployment] = {}
@@ -134,15 +153,23 @@ class Operations:
             dep = eng.plan_rollback(host, to_revision, trigger=trigger)
             return {"noop": False, "recovered": recovered, **eng.run(dep.id).to_dict()}
 
-    def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
-        """Download and verify a model's weights while whatever serves keeps serving."""
+    def stage(self, model: str, *, peer: dict[str, Any] | None = None,
+              progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Download and verify a model's weights while whatever serves keeps serving; ``peer``: copy
+        them from that box instead (a fleet rollout's one download per fleet, rollout/peer.py)."""
         host = self.host_of(model)
         ports = self.ports_for(host)
         if ports.weights is None:
             raise UsageError(f"host {host} has no weight store configured")
+        weights = ports.weights
         with host_lock(self.state_dir, f"{host}.stage", f"model weights are already being staged on {host}"):
             spec = self.engine(progress).spec_for(self.catalog.models[model])
-            staged = ports.weights.stage(spec, progress or (lambda e, f: None))
+            if peer is not None:
+                from orchestrator.rollout.peer import with_peer
+
+                weights, source = with_peer(ports.weights, peer)
+                spec = replace(spec, source=source)
+            staged = weights.stage(spec, progress or (lambda e, f: None))
         return {"model": model, "host": host, "path": staged.path, "revision": staged.revision,
                 "bytes": staged.total_bytes}
 

@@ -106,7 +106,7 @@ class Tuner:
             raise UsageError(f"tune {req.model}: no layout of it can load on host {host.name}")
         for cand in sel.candidates:
             core.variant(model, cand, host.gpus)  # a layout wider than the host fails here, not mid-run
-        serving = self.ops.store.serving(host.name)
+        serving = self.ops.serving(host.name)
         deadline = model.load_deadline_s or self.catalog.defaults.load_deadline_s
         est = core.estimate(len(sel.candidates), deadline, self._typical_load(host.name, req.model),
                             len(req.bench.concurrency), req.bench.duration_s, req.bench.requests, req.repeats)
@@ -122,7 +122,7 @@ class Tuner:
                              " finishes it, `orchestrator tune --abort` brings back what served before")
 
     def _typical_load(self, host: str, model: str) -> float | None:
-        for dep in self.ops.store.history(host, limit=200):
+        for dep in self.ops.deployments(host, limit=200):
             if dep.phase is Phase.ACTIVE and (dep.model == model or dep.model.startswith(model + ".")):
                 secs = [t.seconds for t in dep.timings if t.phase in ("starting", "checking") and t.seconds]
                 if secs:
@@ -215,7 +215,7 @@ class Tuner:
             self.store.record(TuneResult(run.id, cand.name, layout, "failed", res.get("id"), res.get("revision"),
                                          line, detail, [], clock.now()))
             return
-        dep = self.ops.store.serving(run.host)
+        dep = self.ops.serving(run.host)
         assert dep is not None and dep.model == cand.name
         target = BenchTarget(base_url=dep.spec.base_url, model=dep.spec.served_name)
         records = []
@@ -223,12 +223,12 @@ class Tuner:
             self.progress("tune_bench", {"candidate": cand.name, "repeat": rep + 1, "of": repeats})
             records.append(bench_record(run_bench_blocking(target, bench).to_dict()))
         # Stored with the revision too, so `compare` lists the layout later like any benchmark.
-        self.ops.store.record_bench(dep.id, {**records[-1], "tune_run": run.id})
+        self.ops.record_bench(dep.id, {**records[-1], "tune_run": run.id})
         self.store.record(TuneResult(run.id, cand.name, layout, "ok", dep.id, dep.revision, None, None, records,
                                      clock.now()))
 
     def _keep(self, vops: Operations, run: TuneRun, winner: core.Candidate) -> dict[str, Any]:
-        serving = self.ops.store.serving(run.host)
+        serving = self.ops.serving(run.host)
         if serving is None or serving.model != winner.name:
             self.progress("tune_winner", {"candidate": winner.name, "action": "switching back to it"})
             vops.switch(winner.name, trigger=f"tune:{run.id}:winner", progress=self.progress)
@@ -236,20 +236,17 @@ class Tuner:
 
     def _restore(self, run: TuneRun) -> dict[str, Any]:
         """What served before the run serves again (its exact recorded unit); nothing, if nothing did."""
-        serving = self.ops.store.serving(run.host)
+        serving = self.ops.serving(run.host)
         prev = run.previous_revision
         if prev is not None and (serving is None or serving.revision != prev):
             self.progress("tune_restore", {"to_revision": prev})
             self.ops.rollback(run.host, to_revision=prev, trigger=f"tune:{run.id}:restore", progress=self.progress)
         elif prev is None and serving is not None:
-            ports = self.ops.ports_for(run.host)
-            ports.systemd.stop(serving.spec.unit_name)
-            ports.systemd.disable(serving.spec.unit_name)
-            self.ops.store.set_serving(run.host, None)
+            self.ops.stop_serving(run.host, reason=f"tune:{run.id}:restore (nothing served before the run)")
         return self._serving(run.host)
 
     def _serving(self, host: str) -> dict[str, Any]:
-        s = self.ops.store.serving(host)
+        s = self.ops.serving(host)
         return {} if s is None else {"model": s.model, "revision": s.revision, "unit": s.spec.unit_name}
 
     # -- the report -------------------------------------------------------------------------------

@@ -1,0 +1,219 @@
+"""`rollout MODEL`, `rollout status | resume | abort`, and `status/history --group G`: the controller's
+fleet commands (they read the controller's deploy.toml and reach each box's agent over SSH)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from orchestrator import settings
+from orchestrator.cli import main
+from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.target import remote_spec
+from orchestrator.core.rollout import RolloutStatus
+from orchestrator.errors import UsageError
+from orchestrator.rollout.fleet import AfterBatch, Fleet
+
+# Set only by code that embeds the CLI (the tests' entry point holds the controller between batches
+# with it); no flag or environment variable reaches it.
+after_batch_hook: AfterBatch | None = None
+
+_STYLE = {"switched": "green", "failed": "red", "reverted": "yellow", "switching": "cyan", "staging": "cyan",
+          "reverting": "yellow"}
+
+
+class FleetProgress:
+    """Per-host progress: a Live table on a terminal, one plain line per change otherwise."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.quiet = quiet
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.t0 = time.monotonic()
+        self.live: Live | None = None
+        if not quiet and self.console.is_terminal:
+            self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
+            self.live.start()
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.stop()
+            self.live = None
+
+    def __call__(self, host: str, event: str, fields: dict[str, Any]) -> None:
+        row = self.rows.setdefault(host, {"batch": "", "state": "pending", "phase": "", "detail": ""})
+        line: str | None = None
+        if event == "rollout_host":
+            for key in ("batch", "state"):
+                if fields.get(key) is not None:
+                    row[key] = fields[key]
+            detail = fields.get("error") or fields.get("detail") or fields.get("outcome") or fields.get("serving")
+            row["detail"] = str(detail or "")
+            line = f"{host}: {row['state']}" + (f" ({row['detail']})" if row["detail"] else "")
+        elif event == "phase":
+            row["phase"] = str(fields.get("phase", ""))
+            line = f"{host}: #{fields.get('revision', '?')} {fields.get('model', '')} {row['phase']}"
+        elif event == "stage_progress":
+            done, total = int(fields.get("bytes", 0)), int(fields.get("total", 0) or 0)
+            row["phase"] = f"staging {100 * done / total:.0f}%" if total else "staging"
+        if self.quiet:
+            return
+        if self.live is not None:
+            self.live.update(self._table())
+        elif line is not None:
+            self.console.print(f"{time.monotonic() - self.t0:7.1f}s {line}")
+
+    def _table(self) -> Table:
+        table = Table("host", "batch", "state", "phase", "detail", title="rollout")
+        for host, row in self.rows.items():
+            style = _STYLE.get(str(row["state"]), "")
+            state = f"[{style}]{row['state']}[/]" if style else str(row["state"])
+            table.add_row(host, str(row["batch"]), state, str(row["phase"]), str(row["detail"]))
+        return table
+
+
+def _fleet(config: str | None, command: str, report: FleetProgress | None = None) -> Fleet:
+    spec = remote_spec()
+    if spec is not None:
+        raise UsageError(f"{command} runs on the controller and reaches every box's agent itself; drop "
+                         f"--host {spec} (the hosts come from the controller's deploy.toml)")
+    fleet = Fleet(settings.load(config), report=report, after_batch=after_batch_hook)
+    click.get_current_context().call_on_close(fleet.close)
+    return fleet
+
+
+def _run(config: str | None, command: str, as_json: bool, call: Callable[[Fleet], dict[str, Any]]) -> None:
+    progress = FleetProgress(quiet=as_json)
+    try:
+        result = call(_fleet(config, command, progress))
+    finally:
+        progress.close()
+    _print(result, as_json)
+    if result["rollout"]["status"] not in (RolloutStatus.SUCCEEDED.value, RolloutStatus.RUNNING.value):
+        sys.exit(1)
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    ro = result["rollout"]
+    why = f": {ro['reason']}" if ro.get("reason") else ""
+    click.echo(f"rollout #{ro['id']} {ro['model']} on group {ro['group']}: {ro['status']}{why}")
+    for h in result["hosts"]:
+        extra = " ".join(x for x in (f"deployment #{h['deployment_id']}" if h["deployment_id"] else "",
+                                     h["outcome"] or "", h["error"] or "") if x)
+        click.echo(f"  {h['host']:<12} batch {h['batch']}  {h['state']:<9} {extra}")
+    if result.get("message"):
+        click.echo(result["message"])
+
+
+class _RolloutGroup(click.Group):
+    """`rollout MODEL ...` is `rollout start MODEL ...`; status, resume and abort are subcommands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["start", *args]
+        return super().parse_args(ctx, args)
+
+
+@main.group(cls=_RolloutGroup)
+def rollout() -> None:
+    """Switch a group model on every box of its group: canary first, then in batches (see `rollout start`)."""
+
+
+@rollout.command("start")
+@click.argument("model")
+@config_option
+@click.option("--group", "group", default=None, help="the group to roll out to (default: the model's group)")
+@click.option("--canary", type=click.IntRange(0), default=None, help="hosts switched first, alone")
+@click.option("--batch", type=click.IntRange(1), default=None, help="hosts switched at a time after the canary")
+@click.option("--max-failures", type=click.IntRange(0), default=None, help="failed hosts tolerated")
+@click.option("--rollback-all", is_flag=True, help="when the rollout stops, return the switched hosts too")
+@json_option
+def start(model: str, config: str | None, group: str | None, canary: int | None, batch: int | None,
+          max_failures: int | None, rollback_all: bool, as_json: bool) -> None:
+    """Stage MODEL on every host (one hub download), then switch canary and batches through each agent."""
+    _run(config, "rollout", as_json, lambda f: f.rollout(model, group=group, canary=canary, batch=batch,
+                                                         max_failures=max_failures, rollback_all=rollback_all))
+
+
+@rollout.command("resume")
+@config_option
+@click.option("--id", "rid", type=click.IntRange(1), default=None, help="which rollout (default: the unfinished one)")
+@json_option
+def resume(config: str | None, rid: int | None, as_json: bool) -> None:
+    """Finish a rollout whose controller died: hosts that already ended are never switched twice."""
+    _run(config, "rollout resume", as_json, lambda f: f.resume(rid))
+
+
+@rollout.command("abort")
+@config_option
+@click.option("--id", "rid", type=click.IntRange(1), default=None, help="which rollout (default: the unfinished one)")
+@click.option("--rollback-all", is_flag=True, help="also return the hosts it switched to the previous model")
+@json_option
+def abort(config: str | None, rid: int | None, rollback_all: bool, as_json: bool) -> None:
+    """Start no further batch (a running controller stops after its batch); --rollback-all reverts."""
+    _run(config, "rollout abort", as_json, lambda f: f.abort(rid, rollback_all=rollback_all))
+
+
+@rollout.command("status")
+@config_option
+@click.option("--id", "rid", type=click.IntRange(1), default=None, help="which rollout (default: the latest)")
+@json_option
+def rollout_status(config: str | None, rid: int | None, as_json: bool) -> None:
+    """The recorded rollout: each host's batch, state, deployment id and outcome (no box is contacted)."""
+    _print(_fleet(config, "rollout status").summary(rid), as_json)
+
+
+def group_clients(config: str | None, group: str, command: str) -> dict[str, Any]:
+    fleet = _fleet(config, command)
+    if group not in fleet.catalog.groups:
+        known = ", ".join(sorted(fleet.catalog.groups)) or "none"
+        raise UsageError(f"unknown group {group!r} (known: {known})")
+    return fleet._clients(list(fleet.catalog.groups[group].hosts))
+
+
+def print_group_status(config: str | None, group: str, as_json: bool) -> None:
+    from orchestrator.rollout.group_view import group_status
+
+    result = group_status(group_clients(config, group, "status --group"))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for host, row in result["hosts"].items():
+        if "error" in row:
+            click.echo(f"{host:<12} unreachable: {row['error']}")
+            continue
+        s = row["serving"]
+        health = "" if s is None else {True: "healthy", False: "NOT healthy"}.get(s.get("healthy"), "")
+        what = "nothing" if s is None else f"{s['model']}@{row['weights_revision']} (box revision {s['revision']})"
+        running = "".join(f"  running #{r['id']} {r['model']} {r['phase']}" for r in row["running"])
+        click.echo(f"{host:<12} {what} {health}{running}")
+    for key, hosts in result["revisions"].items():
+        click.echo(f"{key}: {', '.join(hosts)}")
+
+
+def print_group_history(config: str | None, group: str, limit: int, as_json: bool) -> None:
+    from orchestrator.rollout.group_view import group_history
+
+    rows = group_history(group_clients(config, group, "history --group"), limit)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        if "error" in r:
+            click.echo(f"{r['group_host']:<12} unreachable: {r['error']}")
+            continue
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
+        click.echo(f"{at} {r['group_host']:<12} #{r['revision']:<3} {r['model']:<16} {r['outcome']:<11} "
+                   f"{r['trigger']}")

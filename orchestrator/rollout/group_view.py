@@ -1,0 +1,48 @@
+"""`status --group G` and `history --group G`: every box of a group through its own agent, one line
+per host, and which hosts run which revision of which model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.client.backends import AgentClient
+from orchestrator.errors import OrchestratorError
+from orchestrator.rollout.fanout import Call, run_all
+
+
+def group_status(clients: Mapping[str, AgentClient]) -> dict[str, Any]:
+    status = run_all([Call(h, c, "status", {"host": None}) for h, c in clients.items()])
+    newest = run_all([Call(h, c, "history", {"host": None, "limit": 10}) for h, c in clients.items()])
+    hosts: dict[str, Any] = {}
+    by_revision: dict[str, list[str]] = {}
+    for h in clients:
+        st, hist = status[h], newest[h]
+        if isinstance(st, OrchestratorError):
+            hosts[h] = {"error": str(st).splitlines()[0]}
+            continue
+        entry: dict[str, Any] = next(iter((st.get("hosts") or {}).values()), {})
+        serving = entry.get("serving") or None
+        row: dict[str, Any] = {"serving": serving, "running": entry.get("running", []), "unit_sha256": None,
+                               "weights_revision": None}
+        if serving is not None and not isinstance(hist, OrchestratorError):
+            dep = next((d for d in hist if d["revision"] == serving["revision"]), None) or {}
+            row["unit_sha256"], row["weights_revision"] = dep.get("unit_sha256"), dep.get("weights_revision")
+        hosts[h] = row
+        # the unit text differs per box (its own bind address): a model's revision is its weights' commit
+        key = f"{serving['model']}@{row['weights_revision'] or '?'}" if serving else "nothing"
+        by_revision.setdefault(key, []).append(h)
+    return {"hosts": hosts, "revisions": by_revision}
+
+
+def group_history(clients: Mapping[str, AgentClient], limit: int) -> list[dict[str, Any]]:
+    """Every host's deployments, newest first across the group, each tagged with its host's name."""
+    rows: list[dict[str, Any]] = []
+    for h, result in run_all([Call(h, c, "history", {"host": None, "limit": limit})
+                              for h, c in clients.items()]).items():
+        if isinstance(result, OrchestratorError):
+            rows.append({"group_host": h, "error": str(result).splitlines()[0], "created_at": float("inf")})
+            continue
+        rows += [{"group_host": h, **d} for d in result]
+    rows.sort(key=lambda d: d["created_at"], reverse=True)
+    return rows[:limit] if limit else rows

@@ -1,0 +1,178 @@
+"""The controller's record of its rollouts: one small SQLite file (WAL) in its state dir.
+
+Which hosts, in which batch, each host's state, the box's deployment id and outcome. Every change
+is committed before the controller acts on the next host, so a controller that died is resumed
+from here (`orchestrator rollout resume`) and never switches a host twice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.rollout import HostRecord, HostState, Policy, RolloutStatus
+from orchestrator.errors import StateError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  model TEXT NOT NULL,
+  grp TEXT NOT NULL,
+  status TEXT NOT NULL,
+  canary INTEGER NOT NULL,
+  batch INTEGER NOT NULL,
+  max_failures INTEGER NOT NULL,
+  rollback_all INTEGER NOT NULL,
+  gate TEXT NOT NULL,
+  started_at REAL NOT NULL,
+  ended_at REAL,
+  pid INTEGER,
+  abort_requested INTEGER NOT NULL DEFAULT 0,
+  reason TEXT
+);
+CREATE TABLE IF NOT EXISTS rollout_hosts (
+  rollout_id INTEGER NOT NULL REFERENCES rollouts(id),
+  host TEXT NOT NULL,
+  position INTEGER NOT NULL,
+  batch INTEGER NOT NULL,
+  state TEXT NOT NULL,
+  baseline_id INTEGER,
+  deployment_id INTEGER,
+  outcome TEXT,
+  error TEXT,
+  switched_at REAL,
+  ended_at REAL,
+  PRIMARY KEY (rollout_id, host)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    id: int
+    model: str
+    group: str
+    status: RolloutStatus
+    policy: Policy
+    canary: int
+    gate: str
+    started_at: float
+    ended_at: float | None
+    pid: int | None
+    abort_requested: bool
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "group": self.group, "status": self.status.value,
+                "canary": self.canary, "batch": self.policy.batch, "max_failures": self.policy.max_failures,
+                "rollback_all": self.policy.rollback_all, "gate": self.gate, "started_at": self.started_at,
+                "ended_at": self.ended_at, "reason": self.reason}
+
+
+class RolloutStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self._db() as db:
+                db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StateError(f"rollout store {self.path}: {exc}") from exc
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30)
+        db.row_factory = sqlite3.Row
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            with db:
+                yield db
+        finally:
+            db.close()
+
+    # -- writing ------------------------------------------------------------------------------------
+    def create(self, model: str, group: str, policy: Policy, gate: str, batches: list[tuple[str, ...]],
+               pid: int) -> int:
+        with self._db() as db:
+            cur = db.execute(
+                "INSERT INTO rollouts (model, grp, status, canary, batch, max_failures, rollback_all, gate, "
+                "started_at, pid) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (model, group, RolloutStatus.RUNNING.value, policy.canary, policy.batch, policy.max_failures,
+                 int(policy.rollback_all), gate, time.time(), pid))
+            rid = int(cur.lastrowid or 0)
+            position = 0
+            for number, batch in enumerate(batches):
+                for host in batch:
+                    db.execute("INSERT INTO rollout_hosts (rollout_id, host, position, batch, state) "
+                               "VALUES (?,?,?,?,?)", (rid, host, position, number, HostState.PENDING.value))
+                    position += 1
+        return rid
+
+    def set_host(self, rid: int, host: str, **fields: Any) -> None:
+        allowed = {"state", "baseline_id", "deployment_id", "outcome", "error", "switched_at", "ended_at"}
+        bad = set(fields) - allowed
+        if bad:
+            raise StateError(f"rollout store: no host field {min(bad)!r}")
+        values = {k: (v.value if isinstance(v, HostState) else v) for k, v in fields.items()}
+        cols = ", ".join(f"{k} = ?" for k in values)
+        with self._db() as db:
+            db.execute(f"UPDATE rollout_hosts SET {cols} WHERE rollout_id = ? AND host = ?",
+                       (*values.values(), rid, host))
+
+    def finish(self, rid: int, status: RolloutStatus, reason: str | None) -> None:
+        with self._db() as db:
+            db.execute("UPDATE rollouts SET status = ?, reason = ?, ended_at = ? WHERE id = ?",
+                       (status.value, reason, time.time(), rid))
+
+    def take_over(self, rid: int, pid: int) -> None:
+        with self._db() as db:
+            db.execute("UPDATE rollouts SET pid = ? WHERE id = ?", (pid, rid))
+
+    def request_abort(self, rid: int) -> None:
+        with self._db() as db:
+            db.execute("UPDATE rollouts SET abort_requested = 1 WHERE id = ?", (rid,))
+
+    # -- reading ------------------------------------------------------------------------------------
+    def get(self, rid: int) -> Rollout:
+        with self._db() as db:
+            row = db.execute("SELECT * FROM rollouts WHERE id = ?", (rid,)).fetchone()
+        if row is None:
+            raise StateError(f"no rollout #{rid} in {self.path}")
+        return _rollout(row)
+
+    def hosts(self, rid: int) -> list[HostRecord]:
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM rollout_hosts WHERE rollout_id = ? ORDER BY position", (rid,)).fetchall()
+        return [HostRecord(host=r["host"], batch=r["batch"], state=HostState(r["state"]), baseline_id=r["baseline_id"],
+                           deployment_id=r["deployment_id"], outcome=r["outcome"], error=r["error"]) for r in rows]
+
+    def host_times(self, rid: int) -> dict[str, tuple[float | None, float | None]]:
+        with self._db() as db:
+            rows = db.execute("SELECT host, switched_at, ended_at FROM rollout_hosts WHERE rollout_id = ?",
+                              (rid,)).fetchall()
+        return {r["host"]: (r["switched_at"], r["ended_at"]) for r in rows}
+
+    def unfinished(self) -> list[Rollout]:
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM rollouts WHERE status = ? ORDER BY id",
+                              (RolloutStatus.RUNNING.value,)).fetchall()
+        return [_rollout(r) for r in rows]
+
+    def latest(self) -> Rollout | None:
+        with self._db() as db:
+            row = db.execute("SELECT * FROM rollouts ORDER BY id DESC LIMIT 1").fetchone()
+        return None if row is None else _rollout(row)
+
+
+def _rollout(row: sqlite3.Row) -> Rollout:
+    policy = Policy(canary=row["canary"], batch=row["batch"], max_failures=row["max_failures"],
+                    rollback_all=bool(row["rollback_all"]))
+    return Rollout(id=row["id"], model=row["model"], group=row["grp"], status=RolloutStatus(row["status"]),
+                   policy=policy, canary=row["canary"], gate=row["gate"], started_at=row["started_at"],
+                   ended_at=row["ended_at"], pid=row["pid"], abort_requested=bool(row["abort_requested"]),
+                   reason=row["reason"])

@@ -1,0 +1,289 @@
+"""Fleet rollouts over 4 test hosts, each in its own network namespace with its own agent and the
+stand-in engine; the controller is this machine's CLI, reaching every agent through its relay.
+
+Every box starts serving alpha; the rollout switches the group model beta. A box whose own
+deploy.toml gives beta a failing engine is a box whose switch fails there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import settings
+from orchestrator.core.render import render_agent_unit
+from tests.hosts import netns
+from tests.hosts.machine import Host
+from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.wait import wait_for
+from tests.hubstub import HubStub, StubRepo, sharded_model
+from tests.test_agent_hosts import CONFIG, HOOKS, REPO, STATE, active
+from tests.test_switch_hosts import MODELS, config_text
+
+PY = sys.executable
+SOCKET = f"{STATE}/agent.sock"
+PEER_KEY, PEER_KNOWN = "/etc/orchestrator-test-key", "/etc/orchestrator-test-known-hosts"
+SHA = "b" * 40
+SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+BROKEN = {"args": ["--health-ok-but-completions-fail"]}
+
+pytestmark = pytest.mark.hosts
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[HostSet]:
+    hostset = boot_hosts(4, netns=True)
+    try:
+        yield hostset
+    finally:
+        hostset.close()
+
+
+def install(host: Host, models: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> None:
+    """The box's own agent (its deploy.toml names only itself), serving alpha to start with."""
+    config = config_text(host, Path(STATE), models, transport="local")
+    host.run(f"systemctl stop orchestrator-agent.service; rm -rf {STATE} /models", check=False)
+    host.write_file(CONFIG, config)
+    host.run(f"groupadd -f orchestrator && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
+    local = Path("/tmp") / f"fleet-agent-{host.name}-{os.getpid()}.toml"
+    local.write_text(config)
+    unit = render_agent_unit(settings.load(local), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
+                             python=PY, config=CONFIG, extra_env=env or {})
+    host.write_file("/etc/systemd/system/orchestrator-agent.service", unit.text)
+    host.run("systemctl daemon-reload && systemctl start orchestrator-agent.service")
+
+
+def box_models(broken: bool = False, **beta: Any) -> dict[str, dict[str, Any]]:
+    return {"alpha": MODELS["alpha"], "beta": {**MODELS["beta"], **(BROKEN if broken else {}), **beta}}
+
+
+def controller_config(hostset: HostSet, state: Path, *, groups: str | None = None, beta: str = "") -> str:
+    lines = [f'state_dir = "{state}"']
+    for h in hostset.hosts:
+        lines += [f"[hosts.{h.name}]", f'address = "{h.address}"', f"ssh_port = {h.port}",
+                  f'ssh_key = "{hostset.key_path}"', f'known_hosts = "{hostset.known_hosts_path}"',
+                  f'python = "{PY}"', f'agent_socket = "{SOCKET}"', "gpus = 8"]
+    names = ", ".join(f'"{h.name}"' for h in hostset.hosts)
+    lines.append(groups or f'[groups.inference]\nhosts = [{names}]\ncanary = 1\nbatch = 2\n'
+                           f'peer_key = "{PEER_KEY}"\npeer_known_hosts = "{PEER_KNOWN}"')
+    lines += ["[models.beta]", 'group = "inference"', 'repo = "test/beta"', "gpus = [0, 1, 2, 3]",
+              "tensor_parallel = 4", "port = 8102", beta or 'source = "none"']
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def boxes(fleet: HostSet) -> Iterator[list[Host]]:
+    try:
+        yield fleet.hosts
+    finally:
+        for h in fleet.hosts:
+            h.run("systemctl stop orchestrator-agent.service", check=False)
+            h.reset()
+
+
+def start_all(hosts: list[Host], broken: set[str] = frozenset(), **beta: Any) -> None:  # type: ignore[assignment]
+    for h in hosts:
+        install(h, box_models(h.name in broken, **beta))
+    for h in hosts:
+        assert box_cli(h, "switch", "alpha").returncode == 0
+
+
+def box_cli(host: Host, *args: str) -> subprocess.CompletedProcess[str]:
+    return host.run(f"{PY} -m orchestrator {' '.join(args)} --config {CONFIG}", check=False)
+
+
+def box_history(host: Host) -> list[dict[str, Any]]:
+    return list(json.loads(box_cli(host, "history", "--json").stdout))
+
+
+def ctl(cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "orchestrator", *args, "--config", str(cfg)], capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, **(env or {})})
+
+
+def beta_runs(host: Host) -> list[dict[str, Any]]:
+    return [d for d in box_history(host) if d["model"] == "beta"]
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(text)
+    return cfg
+
+
+def states(summary: dict[str, Any]) -> dict[str, str]:
+    return {h["host"]: h["state"] for h in summary["hosts"]}
+
+
+def test_canary_then_batches_succeeds_and_history_shows_the_order(fleet: HostSet, boxes: list[Host],
+                                                                   tmp_path: Path) -> None:
+    """4 hosts, canary 1, batch 2: every box serves beta; the group history shows h1, then h2+h3, then h4."""
+    start_all(boxes)
+    cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
+    done = ctl(cfg, "rollout", "beta", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["rollout"]["status"] == "succeeded"
+    assert [(h["host"], h["batch"], h["state"]) for h in summary["hosts"]] == [
+        ("h1", 0, "switched"), ("h2", 1, "switched"), ("h3", 1, "switched"), ("h4", 2, "switched")]
+    assert all(active(h, "vllm-beta.service") == "active" and active(h, "vllm-alpha.service") != "active"
+               for h in boxes)
+    hist = ctl(cfg, "history", "--group", "inference", "--json")
+    assert hist.returncode == 0, hist.stderr
+    beta = sorted((d for d in json.loads(hist.stdout) if d["model"] == "beta"), key=lambda d: d["created_at"])
+    assert [d["group_host"] for d in beta][::3] == ["h1", "h4"]
+    by_host = {d["group_host"]: d for d in beta}
+    assert by_host["h1"]["ended_at"] <= min(by_host["h2"]["created_at"], by_host["h3"]["created_at"])
+    assert max(by_host["h2"]["ended_at"], by_host["h3"]["ended_at"]) <= by_host["h4"]["created_at"]
+    status = ctl(cfg, "status", "--group", "inference", "--json")
+    assert status.returncode == 0, status.stderr
+    revisions = json.loads(status.stdout)["revisions"]
+    assert list(revisions.values()) == [["h1", "h2", "h3", "h4"]] and next(iter(revisions)) == "beta@main"
+
+
+def test_failed_canary_rolls_back_and_no_other_host_stops(fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    """The canary's beta fails its health check: its agent rolls it back; h2-h4 never stop alpha; exit 1."""
+    start_all(boxes, broken={"h1"})
+    cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
+    done = ctl(cfg, "rollout", "beta", "--json")
+    assert done.returncode == 1, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["rollout"]["status"] == "failed" and "canary h1 failed" in summary["rollout"]["reason"]
+    assert states(summary) == {"h1": "failed", "h2": "pending", "h3": "pending", "h4": "pending"}
+    assert summary["hosts"][0]["outcome"] == "rolled_back"
+    assert all(active(h, "vllm-alpha.service") == "active" for h in boxes)
+    for h in boxes[1:]:
+        assert [(d["model"], d["outcome"]) for d in box_history(h)] == [("alpha", "active")]
+
+
+def test_failure_in_batch_2_stops_and_rollback_all_restores_the_rest(fleet: HostSet, boxes: list[Host],
+                                                                    tmp_path: Path) -> None:
+    """h3 fails in batch 2: it rolls back, h4 is never touched, --rollback-all returns h1 and h2 to alpha."""
+    start_all(boxes, broken={"h3"})
+    cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
+    done = ctl(cfg, "rollout", "beta", "--rollback-all", "--json")
+    assert done.returncode == 1, done.stderr
+    summary = json.loads(done.stdout)
+    assert states(summary) == {"h1": "reverted", "h2": "reverted", "h3": "failed", "h4": "pending"}
+    assert "h3" in summary["rollout"]["reason"]
+    assert all(active(h, "vllm-alpha.service") == "active" and active(h, "vllm-beta.service") != "active"
+               for h in boxes)
+    assert [(d["model"], d["outcome"]) for d in box_history(boxes[3])] == [("alpha", "active")]
+    assert [d["outcome"] for d in beta_runs(boxes[2])] == ["rolled_back"]
+    status = json.loads(ctl(cfg, "rollout", "status", "--json").stdout)
+    assert status["rollout"]["status"] == "failed" and states(status) == states(summary)
+
+
+def paused_rollout(cfg: Path, hooks: Path, after_batch: int) -> subprocess.Popen[str]:
+    hooks.mkdir(exist_ok=True)
+    (hooks / "rollout-pause-after").write_text(str(after_batch))
+    proc = subprocess.Popen([PY, "-m", "tests.rollout_with_hooks", "--pause-dir", str(hooks), "rollout", "beta",
+                             "--config", str(cfg), "--json"], text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)
+    wait_for(lambda: (hooks / "rollout-paused").exists() or proc.poll() is not None, bool, timeout=180,
+             what=f"the controller to hold after batch {after_batch}")
+    assert proc.poll() is None, proc.communicate()
+    return proc
+
+
+def test_controller_killed_between_batches_resume_finishes_without_switching_twice(
+        fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    """SIGKILL the controller after the canary; `rollout resume` finishes; each box has one beta deployment."""
+    start_all(boxes)
+    cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
+    proc = paused_rollout(cfg, tmp_path / "hooks", 0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert active(boxes[0], "vllm-beta.service") == "active" and active(boxes[1], "vllm-beta.service") != "active"
+    (tmp_path / "hooks" / "rollout-pause-after").unlink()
+    resumed = ctl(cfg, "rollout", "resume", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["rollout"]["status"] == "succeeded" and set(states(summary).values()) == {"switched"}
+    for h in boxes:
+        assert [d["outcome"] for d in beta_runs(h)] == ["active"], h.name
+
+
+def test_rollout_while_another_runs_on_one_of_its_hosts_is_refused(fleet: HostSet, boxes: list[Host],
+                                                                  tmp_path: Path) -> None:
+    """A rollout holds h1-h4 (paused after its canary): another group's rollout sharing h2 exits 5, nothing stops."""
+    start_all(boxes)
+    names = ", ".join(f'"{h.name}"' for h in boxes)
+    groups = (f'[groups.inference]\nhosts = [{names}]\ncanary = 1\nbatch = 2\n'
+              '[groups.edge]\nhosts = ["h2"]\ncanary = 0\n')
+    cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl", groups=groups))
+    proc = paused_rollout(cfg, tmp_path / "hooks", 0)
+    try:
+        second = ctl(cfg, "rollout", "beta", "--group", "edge")
+    finally:
+        (tmp_path / "hooks" / "rollout-pause-after").unlink()
+        _out, err = proc.communicate(timeout=300)
+    assert second.returncode == 5, second.stderr
+    assert "rollout #1 (beta on group inference) has not finished on h2" in second.stderr
+    assert proc.returncode == 0, err
+    assert [d["outcome"] for d in beta_runs(boxes[1])] == ["active"]
+
+
+def test_unknown_group_exits_2_and_nothing_is_recorded(fleet: HostSet, tmp_path: Path) -> None:
+    """--group that deploy.toml does not define: exit 2, one line naming it and the known groups."""
+    cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
+    result = ctl(cfg, "rollout", "beta", "--group", "training")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: unknown group 'training' (known: inference)"
+    assert not (tmp_path / "ctl" / "rollouts.db").exists() or "rollout #" not in ctl(cfg, "rollout", "status").stdout
+
+
+def test_host_without_agent_or_unreachable_is_refused_before_anything_stops(
+        fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    """h3 has no agent and h4's link is down: exit 6 naming both, before any box stops alpha."""
+    start_all(boxes)
+    boxes[2].run("systemctl stop orchestrator-agent.service")
+    slot = int(boxes[3].address.rsplit(".", 1)[1])
+    cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
+    netns.link_down(slot)
+    try:
+        result = ctl(cfg, "rollout", "beta")
+    finally:
+        netns.link_up(slot)
+    assert result.returncode in (4, 6), result.stderr
+    line = result.stderr.strip()
+    assert line.startswith("error: rollout refused before anything stopped") and len(line.splitlines()) == 1
+    assert "h3: host h3: agent socket" in line and "h4: host h4" in line
+    assert all(active(h, "vllm-alpha.service") == "active" for h in boxes[:2])
+    for h in boxes[:2]:
+        assert beta_runs(h) == []
+
+
+def test_one_hub_download_for_the_group_the_others_copy_from_a_peer(fleet: HostSet, boxes: list[Host],
+                                                                    tmp_path: Path) -> None:
+    """beta from the hub: the seed pulls each shard once, h2-h4 rsync from it; all four switch."""
+    first = int(boxes[0].address.split(".")[2])
+    files = {**sharded_model(SHARDS, 50_000), "config.json": json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 256,
+        "torch_dtype": "float32"}).encode()}
+    with HubStub(address=netns.address(first, 1)) as hub:
+        hub.add(StubRepo.of("test/beta", files, sha=SHA))
+        for h in boxes:
+            h.write_file(PEER_KEY, Path(fleet.key_path).read_text(), mode=0o600)
+            h.write_file(PEER_KNOWN, Path(fleet.known_hosts_path).read_text())
+            install(h, box_models(source="hub", revision=SHA), env={"HF_ENDPOINT": hub.url})
+            assert box_cli(h, "switch", "alpha").returncode == 0
+        cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl",
+                                                       beta=f'source = "hub"\nrevision = "{SHA}"'))
+        done = ctl(cfg, "rollout", "beta", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        # each file's body went out of the hub exactly once: one model's worth of egress, not four
+        assert hub.body_bytes == {name: len(data) for name, data in files.items()}
+    for h in boxes:
+        staged = h.run(f"cat /models/test--beta/{SHA}/{SHARDS[1]} | sha256sum").stdout
+        assert staged == boxes[0].run(f"cat /models/test--beta/{SHA}/{SHARDS[1]} | sha256sum").stdout
+        assert active(h, "vllm-beta.service") == "active"
