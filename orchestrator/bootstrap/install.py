@@ -251,6 +251,8 @@ class Installer:
                        "--follow`)")
 
     def group_and_state(self, catalog: Catalog) -> None:
+        """The socket group and the state directory (an existing one is left as it is: when it is
+        /var/lib/orchestrator, the unit's StateDirectory= owns its ownership and mode)."""
         group, state = shlex.quote(catalog.socket_group), shlex.quote(catalog.state_dir)
         out = self._run(f"made=''; getent group {group} >/dev/null || {{ groupadd --system {group}; made=group; }}; "
                         f"test -d {state} || {{ install -d -m 0750 -g {group} {state}; made=\"$made state\"; }}; "
