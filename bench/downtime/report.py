@@ -201,6 +201,8 @@ def render(r: Results) -> str:
              (f"Written by `bench/switch_downtime.py` on {now} ({r.elapsed_s:.0f} s run). Re-run: "
              f"`{' '.join(['.venv/bin/python bench/switch_downtime.py', *map(shlex.quote, r.args)])}`."), "",
              *_machine(r), "",
+             ("Through `--host ssh://` (the relay and the box's agent) beside in-process, with the hand-script "
+              "floor: [REMOTE.md](REMOTE.md) (`bench/remote_overhead.py`)."), "",
              "## Method", "",
              (f"- Stand-in engine: load time L = {t.load_s:g} s (port closed until loaded, like vLLM), stop time "
              f"S = {t.stop_s:g} s (port closed at SIGTERM, exit S later). Floor = S + L = {floor:g} s."),
@@ -257,3 +259,19 @@ def render(r: Results) -> str:
               [[x.method, f"{x.old} -> {x.new}", f"{x.downtime_s:.3f}", f"{x.overhead:+.3f}", f"{x.command_s:.2f}",
                 x.note] for ts in r.trials.values() for x in ts]), ""]
     return "\n".join(lines)
+
+
+OWN_SECTIONS = ("Method", "Downtime and overhead", "Switches that stage weights first", "Agent footprint",
+                "Commands", "Every switch")
+
+
+def merge(old: str, new: str) -> str:
+    """new, followed by the sections of old (``## `` headings) this script never writes: other
+    benchmarks add their own sections to RESULTS.md, and a re-run must not drop them (nor keep a
+    stale section of its own that this run skipped)."""
+    def sections(text: str) -> list[tuple[str, str]]:
+        parts = ("\n" + text).split("\n## ")[1:]
+        return [(part.split("\n", 1)[0].strip(), "## " + part.rstrip("\n") + "\n") for part in parts]
+
+    kept = [body for head, body in sections(old) if not head.startswith(OWN_SECTIONS)]
+    return new.rstrip("\n") + "\n" + "".join("\n" + body for body in kept)
