@@ -126,6 +126,18 @@ def test_wrong_host_key_exits_4_and_changes_nothing(box: Host, tmp_path: Path) -
     assert untouched(box)
 
 
+def test_bad_config_exits_2_before_connecting(box: Host, tmp_path: Path) -> None:
+    """A misspelt key in --config: exit 2 naming the file and the key; nothing written on the box."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(config_text(box, STATE, BOX_MODELS, transport="local")
+                   + '[models.delta]\nrepo = "test/delta"\ngpus = [0]\ntensor_paralel = 4\n')
+    result = install(box, "--config", str(cfg))
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert str(cfg) in line and "tensor_paralel" in line and len(line.splitlines()) == 1
+    assert untouched(box)
+
+
 def test_install_on_a_bare_box_then_a_switch_through_host(box: Host, installed: dict[str, Any],
                                                           tmp_path: Path) -> None:
     """Every step acts on the bare box; the agent runs from its own venv and a --host switch goes through it."""

@@ -38,4 +38,12 @@ def main(remote: str | None) -> None:
     logs.configure(json=False, level=logging.getLevelNamesMapping().get(level, logging.CRITICAL))
 
 
-from orchestrator.cli import agent_cmds, agent_install, bench_cmds, catalog_cmds, config_cmds, deploy_cmds, plan_cmd  # noqa: F401
+from orchestrator.cli import (  # noqa: F401
+    agent_cmds,
+    agent_install,
+    bench_cmds,
+    catalog_cmds,
+    config_cmds,
+    deploy_cmds,
+    plan_cmd,
+)
