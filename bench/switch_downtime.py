@@ -212,7 +212,8 @@ def main() -> int:
     results.load_after = report.load_now()
     text = report.render(results)
     print(report.table(results))
-    Path(args.output).write_text(report.keep_foreign_sections(text, Path(args.output)))
+    out = Path(args.output)
+    out.write_text(report.merge(out.read_text() if out.exists() else "", text))
     log(f"wrote {args.output} ({results.elapsed_s:.0f} s in all)")
     return 0
 

@@ -201,6 +201,8 @@ def render(r: Results) -> str:
              (f"Written by `bench/switch_downtime.py` on {now} ({r.elapsed_s:.0f} s run). Re-run: "
              f"`{' '.join(['.venv/bin/python bench/switch_downtime.py', *map(shlex.quote, r.args)])}`."), "",
              *_machine(r), "",
+             ("Through `--host ssh://` (the relay and the box's agent) beside in-process, with the hand-script "
+              "floor: [REMOTE.md](REMOTE.md) (`bench/remote_overhead.py`)."), "",
              "## Method", "",
              (f"- Stand-in engine: load time L = {t.load_s:g} s (port closed until loaded, like vLLM), stop time "
              f"S = {t.stop_s:g} s (port closed at SIGTERM, exit S later). Floor = S + L = {floor:g} s."),
@@ -259,13 +261,17 @@ def render(r: Results) -> str:
     return "\n".join(lines)
 
 
-def keep_foreign_sections(text: str, path: Path) -> str:
-    """``text`` plus the ``## `` sections of the existing file that this report does not write (other
-    benchmarks' figures linked from RESULTS.md), so a re-run never drops them."""
-    try:
-        old = path.read_text()
-    except FileNotFoundError:
-        return text
-    ours = {line for line in text.splitlines() if line.startswith("## ")}
-    kept = [part for part in old.split("\n## ")[1:] if f"## {part.splitlines()[0]}" not in ours]
-    return text.rstrip("\n") + "\n" + "".join(f"\n## {part.rstrip()}\n" for part in kept)
+OWN_SECTIONS = ("Method", "Downtime and overhead", "Switches that stage weights first", "Agent footprint",
+                "Commands", "Every switch")
+
+
+def merge(old: str, new: str) -> str:
+    """new, followed by the sections of old (``## `` headings) this script never writes: other
+    benchmarks add their own sections to RESULTS.md, and a re-run must not drop them (nor keep a
+    stale section of its own that this run skipped)."""
+    def sections(text: str) -> list[tuple[str, str]]:
+        parts = ("\n" + text).split("\n## ")[1:]
+        return [(part.split("\n", 1)[0].strip(), "## " + part.rstrip("\n") + "\n") for part in parts]
+
+    kept = [body for head, body in sections(old) if not head.startswith(OWN_SECTIONS)]
+    return new.rstrip("\n") + "\n" + "".join("\n" + body for body in kept)

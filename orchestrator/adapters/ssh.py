@@ -39,14 +39,16 @@ class SshShell:
     def __init__(self, address: str, *, port: int = 22, user: str = "root",
                  key_filename: str | None = None, known_hosts: str | None = None,
                  host: str | None = None, connect_timeout: float = 10.0,
-                 keepalive: int = 15) -> None:
+                 keepalive: int = 15, default_keys: bool = False) -> None:
         self.host = host or address
         self.address = address
         self.port = port
         self.user = user
         self.known_hosts = known_hosts
         self._keepalive = keepalive
-        kwargs: dict[str, object] = {"look_for_keys": False, "allow_agent": False,
+        # default_keys: with no key file, an operator's CLI may use the SSH agent and ~/.ssh keys.
+        own = key_filename is None and default_keys
+        kwargs: dict[str, object] = {"look_for_keys": own, "allow_agent": own,
                                      "banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
         if key_filename:
             kwargs["key_filename"] = key_filename

@@ -42,6 +42,7 @@ def main(remote: str | None) -> None:
 
 from orchestrator.cli import (  # noqa: F401
     agent_cmds,
+    agent_install,
     bench_cmds,
     catalog_cmds,
     config_cmds,

@@ -1,0 +1,67 @@
+"""`agent install`: put the agent on a box over SSH (orchestrator/bootstrap)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.agent_cmds import agent
+from orchestrator.cli.options import json_option
+from orchestrator.cli.target import remote_spec
+from orchestrator.errors import UsageError
+
+
+@agent.command("install")
+@click.argument("target", metavar="ssh://USER@BOX[:PORT]|NAME")
+@click.option("--upgrade", is_flag=True,
+              help="replace an installed package with this tree's and restart the agent (only between operations)")
+@click.option("--config", "config", metavar="FILE", default=None,
+              help="deploy.toml for the box when it has none (default: a minimal one: the box itself, its GPUs)")
+@click.option("--key", metavar="PATH", default=None, help="SSH private key (default: hosts file, ssh-agent, ~/.ssh)")
+@click.option("--known-hosts", metavar="PATH", default=None,
+              help="known_hosts to check the box's key against (default: hosts file, else ~/.ssh/known_hosts)")
+@click.option("--python", "base_python", metavar="PATH", default="/usr/bin/python3", show_default=True,
+              help="the box's Python (>= 3.11) the venv is made from")
+@click.option("--source", metavar="DIR", default=None, help="project tree to build the wheel from (default: this one)")
+@click.option("--wheel", metavar="FILE", default=None, help="install this orchestrator wheel instead of building one")
+@click.option("--wheelhouse", metavar="DIR", default=None,
+              help="dependency wheels for the box (default: resolved here into ~/.cache/orchestrator/wheelhouse)")
+@json_option
+def install(target: str, upgrade: bool, config: str | None, key: str | None, known_hosts: str | None,
+            base_python: str, source: str | None, wheel: str | None, wheelhouse: str | None, as_json: bool) -> None:
+    """Install (or --upgrade) the agent on a box over one SSH connection; a second run changes nothing."""
+    from orchestrator.adapters.ssh import SshShell
+    from orchestrator.bootstrap.install import Installer, Options, validate_config
+    from orchestrator.client.targets import resolve
+
+    if remote_spec() is not None:
+        raise UsageError(f"agent install takes the box as its argument; drop --host {remote_spec()}")
+    if source and wheel:
+        raise UsageError("--source and --wheel exclude each other: build from a tree or install a wheel")
+    opts = Options(upgrade=upgrade, base_python=base_python, source=source, wheel=wheel, wheelhouse=wheelhouse)
+    if config is not None:
+        try:
+            opts.config_text, opts.config_name = Path(config).read_text(), config
+        except OSError as exc:
+            raise UsageError(f"--config {config}: cannot read: {exc.strerror}") from None
+        validate_config(opts.config_text, config)  # exit 2 before anything is sent
+    box = resolve(target)
+    shell = SshShell(box.address, port=box.port, user=box.user, key_filename=key or box.key,
+                     known_hosts=known_hosts or box.known_hosts, host=box.name, default_keys=True)
+
+    def say(line: str) -> None:
+        click.echo(f"  {line}", err=True)
+
+    try:
+        report = Installer(shell, opts, say).run()
+    finally:
+        shell.close()
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    elif report.changed:
+        click.echo(f"agent on {box.name}: installed orchestrator {report.version} ({report.fingerprint}), ready")
+    else:
+        click.echo(f"agent on {box.name}: nothing to do, orchestrator {report.version} ({report.fingerprint}) "
+                   "installed and ready")
