@@ -142,8 +142,9 @@ _MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _c
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
-class SqliteStore:
-    """StateStore over sqlite3; safe to open from several processes (WAL, busy timeout)."""
+class SqliteFile:
+    """The state file: opened secured and migrated to the current schema, one connection guarded by a
+    lock, transactions that roll back whole. The stores of each kind of record build on it."""
 
     def __init__(self, path: str | Path, *, group: str | None = None) -> None:
         """Open (creating, securing and migrating as needed) the database at ``path``.
@@ -219,6 +220,11 @@ class SqliteStore:
 
     def close(self) -> None:
         self._db.close()
+
+
+
+class SqliteStore(SqliteFile):
+    """StateStore over sqlite3; safe to open from several processes (WAL, busy timeout)."""
 
     # -- writes ---------------------------------------------------------------------------------
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.adapters.sqlite_store import SqliteStore
+from orchestrator.adapters.sqlite_store import SqliteFile
 from orchestrator.errors import StateError
 
 RUNNING = "running"
@@ -49,38 +46,8 @@ class TuneResult:
     at: float
 
 
-class TuneStore:
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        self._lock = threading.RLock()
-        SqliteStore(self.path).close()  # creates, secures and migrates the file, tune tables included
-        try:
-            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise StateError(f"state store {self.path}: {exc}") from exc
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                yield self._db
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise StateError(f"state store {self.path}: {exc}") from exc
-            finally:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-
-    def _read(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        with self._lock:
-            try:
-                return self._db.execute(query, args).fetchall()
-            except sqlite3.Error as exc:
-                raise StateError(f"state store {self.path}: {exc}") from exc
-
-    def close(self) -> None:
-        self._db.close()
+class TuneStore(SqliteFile):
+    """Tune runs and results, in the same state file as the deployments."""
 
     def create(self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None,
                at: float) -> TuneRun:
@@ -116,15 +83,15 @@ class TuneStore:
         return [_result(r) for r in self._read("SELECT * FROM tune_results WHERE run_id=? ORDER BY at", (run_id,))]
 
 
-def _run(row: tuple[Any, ...]) -> TuneRun:
-    rid, host, model, created, settings, prev, state, ended, result = row
-    return TuneRun(rid, host, model, created, json.loads(settings), prev, state, ended,
-                   json.loads(result) if result else None)
+def _run(row: sqlite3.Row) -> TuneRun:
+    return TuneRun(row["id"], row["host"], row["model"], row["created_at"], json.loads(row["settings"]),
+                   row["previous_revision"], row["state"], row["ended_at"],
+                   json.loads(row["result"]) if row["result"] else None)
 
 
-def _result(row: tuple[Any, ...]) -> TuneResult:
-    run_id, cand, layout, status, dep_id, rev, error, detail, records, at = row
-    return TuneResult(run_id, cand, layout, status, dep_id, rev, error, detail, json.loads(records), at)
+def _result(row: sqlite3.Row) -> TuneResult:
+    return TuneResult(row["run_id"], row["candidate"], row["layout"], row["status"], row["deployment_id"],
+                      row["revision"], row["error"], row["detail"], json.loads(row["records"]), row["at"])
 
 
 def read_feedback(path: str | Path, host: str, model: str) -> tuple[list[TuneResult], TuneRun | None]:
@@ -136,6 +103,7 @@ def read_feedback(path: str | Path, host: str, model: str) -> tuple[list[TuneRes
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
     except sqlite3.Error:
         return [], None
+    db.row_factory = sqlite3.Row
     try:
         failed = [_result(r) for r in db.execute(
             "SELECT r.* FROM tune_results r JOIN tune_runs t ON t.id = r.run_id WHERE t.host=? AND t.model=?"
