@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 # `tests.hosts` is imported as a package from the repo root, however pytest was started.
 _REPO = str(Path(__file__).resolve().parents[1])
@@ -11,3 +15,15 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from tests.hosts.fixtures import adapters, host, host_set, hosts  # noqa: F401
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 20 MiB tmpfs: a disk that fills up (ENOSPC) on demand."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.hosts import keys
 from tests.hosts.machine import Host
-from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.pool import boot_hosts
 from tests.hosts.wait import wait_for
 from tests.test_switch_hosts import MODELS, config_text
 
@@ -35,11 +35,8 @@ pytestmark = pytest.mark.hosts
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Host]:
-    hostset: HostSet = boot_hosts(1, netns=True)
-    try:
+    with boot_hosts(1, netns=True) as hostset:
         yield hostset.hosts[0]
-    finally:
-        hostset.close()
 
 
 def install(box: Host, *args: str, known_hosts: Path | None = None, port: int | None = None,

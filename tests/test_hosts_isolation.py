@@ -19,11 +19,8 @@ CYCLE = ("systemd-run --unit=fleet-same.service --property=KillMode=control-grou
 
 @pytest.fixture(scope="module")
 def four() -> Iterator[HostSet]:
-    hostset = boot_hosts(4)
-    try:
+    with boot_hosts(4) as hostset:
         yield hostset
-    finally:
-        hostset.close()
 
 
 def _cycles(host: Host, n: int) -> list[str]:

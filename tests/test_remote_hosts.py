@@ -34,11 +34,8 @@ pytestmark = pytest.mark.hosts
 
 @pytest.fixture(scope="module")
 def net_hosts() -> Iterator[HostSet]:
-    hostset = boot_hosts(2, netns=True)
-    try:
+    with boot_hosts(2, netns=True) as hostset:
         yield hostset
-    finally:
-        hostset.close()
 
 
 def hosts_toml(box: Host, key: str, known: str) -> str:

@@ -40,11 +40,8 @@ pytestmark = pytest.mark.hosts
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[HostSet]:
-    hostset = boot_hosts(4, netns=True)
-    try:
+    with boot_hosts(4, netns=True) as hostset:
         yield hostset
-    finally:
-        hostset.close()
 
 
 def install(host: Host, models: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> None:

@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -257,17 +256,6 @@ def test_killed_download_is_never_taken_as_staged(hub: HubStub, store: HfWeightS
     hub.release()
     assert store.verify(str(root), "tiny", SHA) is None
     assert os.listdir(root / "tiny") == [f".staging-{SHA}"]
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_model_larger_than_the_disk_fails_before_writing(hub: HubStub, store: HfWeightStore,

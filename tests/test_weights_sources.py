@@ -319,17 +319,6 @@ def test_cleanup_never_removes_a_revision_an_installed_unit_names(hub: HubStub, 
     assert sorted(os.listdir(root / "org--tiny")) == sorted([shas[0], shas[2]])
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
-
-
 def test_staging_frees_room_from_old_revisions_but_never_protected_ones(
         hub: HubStub, store: HfWeightStore, small_disk: Path) -> None:
     """On a 20 MiB disk holding two 8 MiB revisions, a third stages by removing the older unprotected

@@ -28,11 +28,8 @@ from tests.hosts.pool import HostSet, boot_hosts
 @pytest.fixture(scope="session")
 def host_set() -> Iterator[HostSet]:
     """Boots the session's hosts in parallel on first use; torn down at session end."""
-    hostset = boot_hosts(int(os.environ.get("TESTHOSTS_COUNT", "2")))
-    try:
+    with boot_hosts(int(os.environ.get("TESTHOSTS_COUNT", "2"))) as hostset:
         yield hostset
-    finally:
-        hostset.close()
 
 
 @pytest.fixture

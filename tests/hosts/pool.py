@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Self
 
 from tests.hosts import keys
 from tests.hosts import netns as netns_mod
@@ -49,6 +50,12 @@ class HostSet:
     @property
     def known_hosts_path(self) -> Path:
         return self.key_dir / "known_hosts"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._closed:
