@@ -44,6 +44,17 @@ CREATE TABLE IF NOT EXISTS serving (
   host TEXT PRIMARY KEY,
   revision INTEGER
 );
+-- With the front proxy a host serves a set of models (one row each); the plan of each switch in it
+-- (mode, the set before, what it displaced) is what a rollback restores.
+CREATE TABLE IF NOT EXISTS serving_models (
+  host TEXT NOT NULL,
+  revision INTEGER NOT NULL,
+  PRIMARY KEY (host, revision)
+);
+CREATE TABLE IF NOT EXISTS deployment_plans (
+  deployment_id INTEGER PRIMARY KEY REFERENCES deployments(id),
+  plan TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
   at REAL NOT NULL,
   host TEXT,
@@ -133,6 +144,16 @@ class SqliteStore:
             db.execute("INSERT INTO serving VALUES (?, ?) ON CONFLICT(host) DO UPDATE SET revision=?",
                        (host, revision, revision))
 
+    def set_serving_set(self, host: str, revisions: list[int]) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM serving_models WHERE host=?", (host,))
+            db.executemany("INSERT INTO serving_models VALUES (?, ?)", [(host, r) for r in sorted(set(revisions))])
+
+    def record_plan(self, dep_id: int, plan: dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO deployment_plans VALUES (?, ?) ON CONFLICT(deployment_id) DO UPDATE "
+                       "SET plan=excluded.plan", (dep_id, json.dumps(plan)))
+
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None:
         with self._tx() as db:
             db.execute("UPDATE deployments SET bench=? WHERE id=?", (json.dumps(result), dep_id))
@@ -173,6 +194,14 @@ class SqliteStore:
         if row is None or row[0] is None:
             return None
         return self.by_revision(host, int(row[0]))
+
+    def serving_set(self, host: str) -> list[Deployment]:
+        rows = self._read("SELECT revision FROM serving_models WHERE host=? ORDER BY revision", (host,))
+        return [self.by_revision(host, int(r[0])) for r in rows]
+
+    def plan_of(self, dep_id: int) -> dict[str, Any] | None:
+        rows = self._read("SELECT plan FROM deployment_plans WHERE deployment_id=?", (dep_id,))
+        return json.loads(rows[0][0]) if rows else None
 
     def events(self, host: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         q, args = "SELECT at, host, kind, detail FROM events WHERE 1=1", list[Any]()
