@@ -9,16 +9,19 @@ from pathlib import Path
 
 from orchestrator.adapters import connect
 from orchestrator.adapters.clock import SystemClock
+from orchestrator.adapters.haproxy import HaproxyProxy
 from orchestrator.adapters.http_health import HttpHealthProbe
 from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
 from orchestrator.adapters.smoke import SmokeBench
 from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.catalog import Catalog, Host
+from orchestrator.core.proxy import render_unit
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.weights import StageRequest
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import WeightsError
-from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
+from orchestrator.ports import FrontProxy, HostPorts, ProgressCallback, StagedWeights
+from orchestrator.resources import template_text
 
 
 class SpecWeights:
@@ -62,9 +65,15 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
                              host=host.name)
     token_file = f"{catalog.defaults.env_dir.rstrip('/')}/hf-token"
     weights = SpecWeights(HfWeightStore(shell, python=host.python), host, token_file)
+    proxy: FrontProxy | None = None
+    if catalog.proxy.enabled:
+        bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
+        proxy = HaproxyProxy(shell, systemd, catalog.proxy, bind,
+                             render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
+                             python=host.python, host=host.name)
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=NvidiaSmiProbe(shell),
                      health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
-                     smoke=SmokeBench() if catalog.policy.smoke_bench else None)
+                     smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy)
 
 
 def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:

@@ -121,12 +121,25 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         name = model
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
     result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes)
+    switch = _switch_kind(config, name) if model is not None and not _is_model_config(config, gpus) else None
     if as_json:
-        click.echo(json.dumps({"name": name, **result.to_dict()}, indent=2))
+        click.echo(json.dumps({"name": name, **result.to_dict(), **({"switch": switch} if switch else {})},
+                              indent=2))
     else:
         _print(name, result, hw, limit=None if show_all else 6)
+        if switch:
+            click.echo(f"switch: {switch['mode'].replace('_', '-')}: {switch['reason']}")
     if not result.valid:
         sys.exit(3)
+
+
+def _switch_kind(config: str | None, model: str) -> dict[str, Any] | None:
+    """Handover or stop-start, from the host's recorded serving set (when there is a state store)."""
+    cat = settings.load(config)
+    if not (Path(cat.state_dir) / "state.db").exists():
+        return None
+    from orchestrator.wiring import operations
+    return operations(cat).explain(model)
 
 
 def _print(name: str, result: planner.Plan, hw: planner.Hardware, limit: int | None) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import jinja2
 
-from orchestrator.core.catalog import Proxy
+from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.records import UnitSpec
 from orchestrator.errors import UsageError
 
@@ -86,17 +86,30 @@ def plan_switch(spec: UnitSpec, serving: Sequence[Serving]) -> SwitchPlan:
                       overlapping=tuple(sorted(s.revision for s in overlapping)), reason=reason + evicted)
 
 
-def check_together(specs: Sequence[UnitSpec]) -> None:
-    """Models asked to serve at once need disjoint GPUs and distinct served names."""
-    for i, a in enumerate(specs):
-        for b in specs[i + 1:]:
+def check_together(catalog: Catalog, names: Sequence[str]) -> str:
+    """Models asked to serve at once: one host with the proxy on, disjoint GPUs, distinct served
+    names. Returns the host; raises UsageError naming both models and the GPUs otherwise."""
+    for name in names:
+        if name not in catalog.models:
+            raise UsageError(f"unknown model {name!r} (known: {', '.join(sorted(catalog.models))})")
+    hosts = sorted({catalog.model_host(n).name for n in names})
+    if len(hosts) != 1:
+        raise UsageError(f"models {', '.join(names)} run on different hosts ({', '.join(hosts)}): "
+                         "switch them one host at a time")
+    if len(names) > 1 and not catalog.proxy.enabled:
+        raise UsageError("serving several models on one host needs the front proxy: set [proxy] enabled = true")
+    for i, a_name in enumerate(names):
+        a = catalog.models[a_name]
+        for b_name in names[i + 1:]:
+            b = catalog.models[b_name]
             shared = set(a.gpus) & set(b.gpus)
             if shared:
-                raise UsageError(f"{a.model} (GPU {_gpus(a.gpus)}) and {b.model} (GPU {_gpus(b.gpus)}) cannot "
+                raise UsageError(f"{a_name} (GPU {_gpus(a.gpus)}) and {b_name} (GPU {_gpus(b.gpus)}) cannot "
                                  f"serve together: both need GPU {_gpus(shared)}")
-            if a.served_name == b.served_name:
-                raise UsageError(f"{a.model} and {b.model} cannot serve together: both are served as "
-                                 f"{a.served_name!r} and the proxy routes one engine per name")
+            if a.served == b.served:
+                raise UsageError(f"{a_name} and {b_name} cannot serve together: both are served as "
+                                 f"{a.served!r} and the proxy routes one engine per name")
+    return hosts[0]
 
 
 @dataclass(frozen=True)
