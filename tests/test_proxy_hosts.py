@@ -10,8 +10,9 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import openai
@@ -77,7 +78,7 @@ class Prober:
                     self.answers.append((time.monotonic(), type(exc).__name__, None))
                 self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
 
-    def __enter__(self) -> Prober:
+    def __enter__(self) -> Self:
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
         wait_for(lambda: len(self.answers), lambda n: n >= 3, what="the first probe answers")
@@ -89,7 +90,7 @@ class Prober:
 
     def max_gap(self, status: int = 200) -> float:
         times = [t for t, s, _ in self.answers if s == status]
-        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+        return max((b - a for a, b in pairwise(times)), default=0.0)
 
 
 def stream(url: str, model: str, tokens: int, out: list[tuple[int, str | None]]) -> None:
@@ -188,7 +189,7 @@ def test_overlapping_models_asked_to_serve_together_are_refused(host: Host, tmp_
     cfg = tmp_path / "deploy.toml"
     cfg.write_text(proxy_config(host, tmp_path / "state", models))
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "switch", "chat-a", "code-wide", "--config",
-                           str(cfg), "--local"], capture_output=True, text=True, cwd=REPO)
+                           str(cfg), "--local"], capture_output=True, text=True, cwd=REPO, check=False)
     assert proc.returncode == 2
     assert "chat-a (GPU 0,1,2,3) and code-wide (GPU 2,3,4,5) cannot serve together: both need GPU 2,3" \
         in proc.stderr
@@ -199,7 +200,8 @@ def test_dry_run_says_handover_or_stop_start(host: Host, ops: Operations, tmp_pa
     """After chat-a: chat-b would be a handover (disjoint GPUs), chat-c a stop-start (shared GPUs)."""
     ops.switch("chat-a")
     out = subprocess.run([sys.executable, "-m", "orchestrator", "switch", "chat-b", "--dry-run", "--json",
-                          "--config", str(tmp_path / "deploy.toml")], capture_output=True, text=True, cwd=REPO)
+                          "--config", str(tmp_path / "deploy.toml")], capture_output=True, text=True, cwd=REPO,
+                         check=False)
     assert json.loads(out.stdout)[0]["mode"] == "handover", out.stderr
     assert ops.explain("chat-c")["mode"] == "stop_start"
     assert "GPU 0,1,2,3" in ops.explain("chat-c")["reason"]

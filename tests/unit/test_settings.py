@@ -57,6 +57,12 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
     ('repo = "org/a"', 'repo = "org/a"\nargs = ["--x", "a\\nExecStartPre=/bin/sh"]', "control character"),
     ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }', "HF_TOKEN looks like a secret"),
     ("[hosts.box]", "[hosts.box\n", "not valid TOML"),
+    ('gpus = 8\n[models.a]\nrepo = "org/a"',
+     'gpus = 8\n[proxy]\nenabled = true\n[models.a]\nrepo = "org/a"\nserved_name = "my model"',
+     "models.a.served_name: 'my model' cannot be routed by the front proxy"),
+    ("gpus = 8\n[models.a]", "gpus = 8\n[proxy]\nenabled = true\nport = 8001\n[models.a]",
+     "models.b.port: port 8001 is the front proxy's port"),
+    ("[hosts.box]", "[proxy]\ndrain_timeout_s = -1\n[hosts.box]", "proxy.drain_timeout_s: Input should be greater than 0"),
 ])
 def test_invalid_file_names_file_key_and_value(tmp_path: Path, old: str, new: str, message: str) -> None:
     """Each invalid deploy.toml exits 2 with one error naming the file, the key path and the value."""
