@@ -28,11 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from orchestrator import settings  # noqa: E402
-from orchestrator.wiring import operations  # noqa: E402
-from tests.hosts.pool import boot_hosts  # noqa: E402
-from tests.test_proxy_hosts import PROXY_PORT, Prober, proxy_config  # noqa: E402
-from tests.test_switch_hosts import config_text  # noqa: E402
+from orchestrator import settings
+from orchestrator.wiring import operations
+from tests.hosts.pool import boot_hosts
+from tests.test_proxy_hosts import PROXY_PORT, Prober, proxy_config
+from tests.test_switch_hosts import config_text
 
 
 class DirectProber(Prober):
