@@ -86,6 +86,10 @@ class GpuBusy(OrchestratorError):
     """GPU memory is still held after the grace period; names PIDs, process names and memory."""
 
 
+class ProxyError(OrchestratorError):
+    """The front proxy could not take a config: invalid, its port taken, or its unit failed."""
+
+
 class HealthCheckFailed(OrchestratorError):
     """The server never proved it can serve: /health, /v1/models or a real completion failed."""
 

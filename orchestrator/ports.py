@@ -186,6 +186,18 @@ class StateStore(Protocol):
 
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None: ...
 
+    def set_serving_set(self, host: str, revisions: list[int]) -> None:
+        """With the front proxy: the revisions serving on the host (replaces the set)."""
+        ...
+
+    def serving_set(self, host: str) -> list[Deployment]: ...
+
+    def record_plan(self, dep_id: int, plan: dict[str, Any]) -> None:
+        """With the front proxy: how the deployment changes the serving set (core.proxy.SwitchPlan)."""
+        ...
+
+    def plan_of(self, dep_id: int) -> dict[str, Any] | None: ...
+
     def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None: ...
 
     def get(self, dep_id: int) -> Deployment: ...
@@ -210,6 +222,23 @@ class SmokeBench(Protocol):
         ...
 
 
+class FrontProxy(Protocol):
+    """The host's front proxy unit (see adapters.haproxy): one endpoint routing by ``model``."""
+
+    def apply(self, config: str) -> bool:
+        """Make the running proxy serve ``config``: install its unit, write and check the config,
+        start or gracefully reload; idempotent. Returns whether anything changed."""
+        ...
+
+    def old_workers(self) -> int:
+        """Proxy processes of earlier configs still finishing in-flight requests (0: drained)."""
+        ...
+
+    def port_holder(self) -> str | None:
+        """When the proxy does not run: what already listens on its address and port, else None."""
+        ...
+
+
 @dataclass
 class HostPorts:
     """The adapters for one host, chosen once when the operations are built (orchestrator.wiring)."""
@@ -222,6 +251,7 @@ class HostPorts:
     clock: Clock
     weights: WeightStore | None = None
     smoke: SmokeBench | None = None
+    proxy: FrontProxy | None = None
 
     def close(self) -> None:
         self.shell.close()

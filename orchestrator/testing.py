@@ -17,7 +17,7 @@ from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSn
 from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
 from orchestrator.core.states import Phase, is_terminal
 from orchestrator.core.weights import StagedRevision
-from orchestrator.errors import CommandFailed, HealthCheckFailed, StateError, SystemdError
+from orchestrator.errors import CommandFailed, HealthCheckFailed, ProxyError, StateError, SystemdError
 from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
 
 Behaviour = Literal["ok", "crash", "health_only", "never_ready", "bad_unit"]
@@ -294,6 +294,8 @@ class FakeStateStore:
         self.rows: dict[int, Deployment] = {}
         self.marks: dict[int, list[tuple[str, float]]] = {}
         self.pointers: dict[str, int | None] = {}
+        self.sets: dict[str, list[int]] = {}
+        self.plans: dict[int, dict[str, Any]] = {}
         self.log: list[dict[str, Any]] = []
 
     def _put(self, dep_id: int, **changes: Any) -> None:
@@ -329,6 +331,18 @@ class FakeStateStore:
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None:
         self._put(dep_id, bench=dict(result))
 
+    def set_serving_set(self, host: str, revisions: list[int]) -> None:
+        self.sets[host] = sorted(set(revisions))
+
+    def serving_set(self, host: str) -> list[Deployment]:
+        return [self.by_revision(host, r) for r in self.sets.get(host, [])]
+
+    def record_plan(self, dep_id: int, plan: dict[str, Any]) -> None:
+        self.plans[dep_id] = dict(plan)
+
+    def plan_of(self, dep_id: int) -> dict[str, Any] | None:
+        return self.plans.get(dep_id)
+
     def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None:
         self.log.append({"at": at, "host": host, "kind": kind, **detail})
 
@@ -363,3 +377,29 @@ class FakeStateStore:
         found = [e for e in reversed(self.log) if (host is None or e["host"] == host)
                  and (kind is None or e["kind"] == kind)]
         return found[:limit]
+
+
+class FakeProxy:
+    """The FrontProxy port in memory: the config it serves, every apply, and a port a test can take."""
+
+    def __init__(self) -> None:
+        self.config: str | None = None
+        self.applied: list[str] = []
+        self.draining = 0
+        self.taken_by: str | None = None
+
+    def apply(self, config: str) -> bool:
+        if self.config == config:
+            return False
+        if self.config is None and self.taken_by:
+            raise ProxyError(self.taken_by)
+        self.config = config
+        self.applied.append(config)
+        return True
+
+    def old_workers(self) -> int:
+        self.draining = max(0, self.draining - 1)
+        return self.draining
+
+    def port_holder(self) -> str | None:
+        return self.taken_by if self.config is None else None

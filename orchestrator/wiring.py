@@ -6,14 +6,17 @@ from collections.abc import Callable
 
 from orchestrator.adapters import connect
 from orchestrator.adapters.clock import SystemClock
+from orchestrator.adapters.haproxy import HaproxyProxy
 from orchestrator.adapters.http_health import HttpHealthProbe
 from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
 from orchestrator.adapters.smoke import SmokeBench
 from orchestrator.adapters.weights import SpecWeights
 from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.catalog import Catalog, Host
+from orchestrator.core.proxy import render_unit
 from orchestrator.deploy.operations import Operations
-from orchestrator.ports import HostPorts
+from orchestrator.ports import FrontProxy, HostPorts
+from orchestrator.resources import template_text
 
 
 def build_ports(catalog: Catalog, host: Host) -> HostPorts:
@@ -23,9 +26,15 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
     token_file = f"{catalog.defaults.env_dir.rstrip('/')}/hf-token"
     weights = SpecWeights(HfWeightStore(shell, python=host.python), host, token_file, fleet=catalog.hosts,
                           keep_revisions=catalog.policy.keep_revisions)
+    proxy: FrontProxy | None = None
+    if catalog.proxy.enabled:
+        bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
+        proxy = HaproxyProxy(shell, systemd, catalog.proxy, bind,
+                             render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
+                             python=host.python, host=host.name)
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=NvidiaSmiProbe(shell),
                      health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
-                     smoke=SmokeBench() if catalog.policy.smoke_bench else None)
+                     smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy)
 
 
 def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:

@@ -8,7 +8,7 @@ t0=$(date +%s)
 say() { printf '[setup +%3ds] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
 
 APT_PACKAGES=(systemd-container openssh-server openssh-client dbus libgirepository1.0-dev libcairo2-dev
-              pkg-config gir1.2-glib-2.0 rsync python3-venv python3.11-venv iproute2)
+              pkg-config gir1.2-glib-2.0 rsync python3-venv python3.11-venv iproute2 haproxy)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -20,6 +20,8 @@ fi
 id vllm >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin vllm
 # Debian starts sshd on install; the machine itself needs no sshd (test hosts run their own).
 systemctl disable --now ssh >/dev/null 2>&1 || true
+# The same for Debian's haproxy.service: orchestrator runs its own proxy unit (orchestrator-proxy.service).
+systemctl disable --now haproxy >/dev/null 2>&1 || true
 
 PY=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then

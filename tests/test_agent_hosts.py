@@ -129,7 +129,8 @@ def test_agent_switches_another_host_over_ssh(hosts: list[Host], tmp_path: Path)
         h1.run("systemctl stop orchestrator-agent.service", check=False)
 
 
-CRASH_CASES = ["preflight", "staging", "stopping", "freeing", "installing", "starting", "checking", "rolling_back"]
+CRASH_CASES = ["preflight", "staging", "stopping", "freeing", "installing", "starting", "checking", "routing",
+               "rolling_back"]
 
 
 @pytest.mark.parametrize("phase", CRASH_CASES)
@@ -267,3 +268,41 @@ def test_watch_survives_an_ssh_outage_and_acts_afterwards(hosts: list[Host], tmp
         wait_for(lambda: h2.run("true", check=False).returncode == 0, what="sshd of h2 back", timeout=60)
         h2.run("rm -f /var/tmp/ssh-back")
         h1.run("systemctl stop orchestrator-agent.service", check=False)
+
+
+@pytest.mark.parametrize("phase", ["checking", "routing"])
+def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(hosts: list[Host], phase: str) -> None:
+    """SIGKILL before PHASE of chat-a -> chat-b with a half-written proxy config: recovery ends with
+    chat-b alone serving and the proxy routing chat to it."""
+    from tests.test_proxy_hosts import MODELS as PROXY_MODELS
+    from tests.test_proxy_hosts import PROXY_PORT, proxy_config
+    host = hosts[0]
+    install_agent(host, proxy_config(host, Path(STATE), {k: v for k, v in PROXY_MODELS.items()}).replace(
+        'transport = "ssh"', 'transport = "local"'))
+    try:
+        cli(host, "switch", "chat-a")
+        host.write_file(f"{HOOKS}/pause-at", phase)
+        host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'chat-b', '--config', CONFIG])} "
+                 f"> /tmp/switch.log 2>&1 &")
+        wait_for(f"the engine to pause before {phase}",
+                 lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0)
+        # Half-updated: a config on disk the running proxy never loaded.
+        host.run("sed -i 's/8101/8109/' /etc/orchestrator/haproxy.cfg")
+        old_pid = host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
+        host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
+        wait_for("systemd to restart the agent", lambda: host.run(
+            ["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
+            not in ("0", old_pid))
+        wait_for("the interrupted deployment to end", lambda: history(host)[0]["outcome"] in
+                 ("active", "rolled_back", "failed", "aborted"), timeout=90)
+        newest = history(host)[0]
+        assert (newest["outcome"], newest["model"]) == ("active", "chat-b"), newest.get("error")
+        assert (active(host, "vllm-chat-a.service"), active(host, "vllm-chat-b.service")) == ("inactive", "active")
+        body = json.dumps({"model": "chat", "prompt": "hi", "max_tokens": 2}).encode()
+        req = urllib.request.Request(f"http://{host.address}:{PROXY_PORT}/v1/completions", data=body,
+                                     headers={"content-type": "application/json"})
+        assert json.loads(urllib.request.urlopen(req, timeout=10).read())["model"] == "chat"
+        assert "8102" in host.run(["cat", "/etc/orchestrator/haproxy.cfg"]).stdout
+    finally:
+        host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
+                 "rm -f /etc/orchestrator/haproxy.cfg*", check=False)

@@ -22,7 +22,7 @@ from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
 from orchestrator.core.states import TERMINAL, Phase
 from orchestrator.errors import StateError, StateStoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Version 1: the schema as first landed (until then the file had no user_version).
 _V1 = (
@@ -129,6 +129,21 @@ _V3 = (
 )
 
 
+# Version 4: with the front proxy a host serves a set of models (one row each); the plan of each
+# switch (mode, the set before, what it displaced) is what a rollback restores.
+_V4 = (
+    """CREATE TABLE IF NOT EXISTS serving_models (
+  host TEXT NOT NULL,
+  revision INTEGER NOT NULL,
+  PRIMARY KEY (host, revision)
+)""",
+    """CREATE TABLE IF NOT EXISTS deployment_plans (
+  deployment_id INTEGER PRIMARY KEY REFERENCES deployments(id),
+  plan TEXT NOT NULL
+)""",
+)
+
+
 def _create(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection, str], None]:
     def step(db: sqlite3.Connection, path: str) -> None:
         for statement in statements:
@@ -138,7 +153,7 @@ def _create(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection, str], 
 
 
 # _MIGRATIONS[v] brings a file from version v to v + 1.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _create(_V2), _create(_V3))
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _create(_V2), _create(_V3), _create(_V4))
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -266,6 +281,17 @@ class SqliteStore(SqliteFile):
             db.execute("INSERT INTO serving (host, revision) VALUES (?, ?) ON CONFLICT(host) DO UPDATE SET revision=?",
                        (host, revision, revision))
 
+    def set_serving_set(self, host: str, revisions: list[int]) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM serving_models WHERE host=?", (host,))
+            db.executemany("INSERT INTO serving_models (host, revision) VALUES (?, ?)",
+                           [(host, r) for r in sorted(set(revisions))])
+
+    def record_plan(self, dep_id: int, plan: dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO deployment_plans (deployment_id, plan) VALUES (?, ?) ON CONFLICT(deployment_id) DO UPDATE "
+                       "SET plan=excluded.plan", (dep_id, json.dumps(plan)))
+
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None:
         with self._tx() as db:
             db.execute("UPDATE deployments SET bench=? WHERE id=?", (json.dumps(result), dep_id))
@@ -307,6 +333,14 @@ class SqliteStore(SqliteFile):
         if row is None or row["revision"] is None:
             return None
         return self.by_revision(host, int(row["revision"]))
+
+    def serving_set(self, host: str) -> list[Deployment]:
+        rows = self._read("SELECT revision FROM serving_models WHERE host=? ORDER BY revision", (host,))
+        return [self.by_revision(host, int(r["revision"])) for r in rows]
+
+    def plan_of(self, dep_id: int) -> dict[str, Any] | None:
+        rows = self._read("SELECT plan FROM deployment_plans WHERE deployment_id=?", (dep_id,))
+        return _object(rows[0]["plan"]) if rows else None
 
     def events(self, host: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         q, args = "SELECT at, host, kind, detail FROM events WHERE 1=1", list[Any]()

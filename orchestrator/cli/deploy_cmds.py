@@ -17,7 +17,10 @@ from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, remote_spec
+from orchestrator.core.proxy import check_together
 from orchestrator.core.states import text_of
+from orchestrator.errors import UsageError
+from orchestrator.ports import ProgressCallback
 
 
 def _finish(result: dict[str, Any], as_json: bool) -> None:
@@ -37,20 +40,57 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("model")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL [MODEL...]")
 @config_option
 @click.option("--no-rollback", is_flag=True, help="leave a failed switch failed instead of rolling back")
 @click.option("--force", is_flag=True, help="redeploy even if MODEL already serves, healthy and unchanged")
+@click.option("--dry-run", is_flag=True, help="say what the switch would stop and whether it keeps the route up")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
 @click.option("--ignore-agent", is_flag=True,
               help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
-def switch(model: str, config: str | None, no_rollback: bool, force: bool, local: bool, ignore_agent: bool,
-           as_json: bool) -> None:
-    """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."""
+def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force: bool, dry_run: bool,
+           local: bool, ignore_agent: bool, as_json: bool) -> None:
+    """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check.
+
+    With the front proxy, several MODELs (disjoint GPUs) serve together, and a switch stops only
+    the models on the GPUs it needs."""
+    wanted = list(dict.fromkeys(models))
+    if remote_spec() is None:  # with --host the box's own deploy.toml rules, and its agent checks
+        cat = settings.load(config)
+        check_together(cat, wanted)  # before anything stops
+        if dry_run:
+            from orchestrator.wiring import operations
+
+            plans = [operations(cat).explain(m) for m in wanted]
+            if as_json:
+                click.echo(json.dumps(plans, indent=2))
+            for p in [] if as_json else plans:
+                click.echo(f"{p['model']} on {p['host']}: {p['mode'].replace('_', '-')}: {p['reason']}")
+            return
+    elif dry_run:
+        raise UsageError("switch --dry-run reads the box's records: run it on the box, without --host")
     be = backend(config, local=local, ignore_agent=ignore_agent)
-    result = with_progress(as_json, lambda p: be.switch(model, no_rollback=no_rollback, force=force, progress=p))
-    _finish(result, as_json)
+    for model in wanted:
+        def run(p: ProgressCallback, m: str = model) -> dict[str, Any]:
+            return be.switch(m, no_rollback=no_rollback, force=force, progress=p)
+        _finish(with_progress(as_json, run), as_json)
+
+
+@main.command()
+@click.argument("model")
+@config_option
+@click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@json_option
+def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
+    """Stop MODEL and free its GPUs (with the proxy: its route goes first, the others keep serving)."""
+    be = backend(config, local=local)
+    result = with_progress(as_json, lambda p: be.stop(model, progress=p))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"{result['model']} (revision {result['revision']}) on {result['host']}: stopped; serving: "
+                   f"{', '.join(result['serving']) or 'nothing'}")
 
 
 @main.command()
@@ -118,6 +158,12 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
             health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(serving.get("healthy"), "")
             console.print(f"[bold]{name}[/]: {serving['model']} (revision {serving['revision']}, "
                           f"{serving['unit']}, {serving['url']}) {health}")
+        if "endpoint" in entry:
+            console.print(f"  endpoint {entry['endpoint']}")
+        for m in entry.get("models", []):
+            health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(m.get("healthy"), "")
+            console.print(f"  serving {m['served_name']}: {m['model']} (revision {m['revision']}, GPU "
+                          f"{','.join(map(str, m['gpus']))}, {m['url']}) {health}")
         for run in entry["running"]:
             console.print(f"  running: #{run['id']} revision {run['revision']} {run['model']} "
                           f"in phase {run['phase']} ({run['trigger']})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -125,11 +126,14 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
     note = ""
     if name == model:
         result, note = _measured(cat, host.name, model, result)
+    switch = _switch_kind(config, name) if name == model else None
     if as_json:
         click.echo(json.dumps({"name": name, "config_source": source, **result.to_dict(),
-                               "ranking": note or "planner"}, indent=2))
+                               "ranking": note or "planner", **({"switch": switch} if switch else {})}, indent=2))
     else:
         _print(name, result, hw, source, limit=None if show_all else 6, note=note)
+        if switch:
+            click.echo(f"switch: {switch['mode'].replace('_', '-')}: {switch['reason']}")
     if not result.valid:
         sys.exit(3)
 
@@ -145,6 +149,15 @@ def _measured(cat: Catalog, host: str, model: str, result: planner.Plan) -> tupl
         ranking = [(r["layout"].split(" ")[0], r["score"]) for r in dec["ranking"] if r["score"] is not None]
         source = f"{dec['objective']} {dec['unit']}, tune run #{run.id}"
     return tune.with_measurements(result, failures, ranking, source)
+
+
+def _switch_kind(config: str | None, model: str) -> dict[str, Any] | None:
+    """Handover or stop-start, from the host's recorded serving set (when there is a state store)."""
+    cat = settings.load(config)
+    if not (Path(cat.state_dir) / "state.db").exists():
+        return None
+    from orchestrator.wiring import operations
+    return operations(cat).explain(model)
 
 
 def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | None, limit: int | None,

@@ -36,6 +36,9 @@ class Backend:
     def recover(self, host: str | None, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
         return list(self.call("recover", {"host": host}, progress)["recovered"])
 
+    def stop(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
+        return dict(self.call("stop", {"model": model}, progress))
+
     def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
         return dict(self.call("stage", {"model": model}, progress))
 

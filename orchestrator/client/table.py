@@ -132,6 +132,8 @@ _TABLE = [
     OpSpec("recover", HostArgs,
            lambda ops, a, c: {"recovered": ops.recover(a.host, progress=c.progress)},
            host=lambda ops, a: ops.resolve_host(a.host)),
+    OpSpec("stop", ModelArgs, lambda ops, a, c: ops.stop(a.model, progress=c.progress),
+           host=lambda ops, a: ops.host_of(a.model)),
     OpSpec("stage", StageArgs, lambda ops, a, c: ops.stage(a.model, peer=a.peer, progress=c.progress),
            host=lambda ops, a: ops.host_of(a.model)),
     OpSpec("status", HostArgs,

@@ -30,6 +30,9 @@ REPO_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?(/[A-Za-z0-
 _REF_BAD_RE = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 # vLLM units run with PrivateTmp=yes: their /tmp and /var/tmp are private and empty.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
+# A served name the front proxy can match and list: HAProxy's `-m str` takes space-separated words
+# inside a config line, and the name is written into JSON bodies, so no spaces, quotes or escapes.
+ROUTABLE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
 DAY = 86_400.0
@@ -389,6 +392,26 @@ class Group(_Strict):
         return v
 
 
+class Proxy(_Strict):
+    """The front proxy (HAProxy) on every host: one endpoint that routes by the request's model."""
+
+    enabled: bool = False
+    port: int = Field(8000, ge=1, le=65535)
+    bind: str | None = None  # the address it listens on; the host's bind (or defaults.bind) when unset
+    stats_socket: str = Field("/run/orchestrator-proxy/admin.sock", pattern=r"^/[A-Za-z0-9._/-]+$")
+    config_path: str = Field("/etc/orchestrator/haproxy.cfg", pattern=r"^/[A-Za-z0-9._/-]+$")
+    haproxy: str = Field("/usr/sbin/haproxy", pattern=r"^/[A-Za-z0-9._/-]+$")
+    drain_timeout_s: float = Field(30.0, gt=0, le=3600)
+    retry_after_s: int = Field(5, ge=1, le=3600)
+
+    @field_validator("bind")
+    @classmethod
+    def _safe_bind(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9.:\[\]-]+$", v):
+            raise ValueError(f"bind must be an address, got {v!r}")
+        return v
+
+
 class Catalog(_Strict):
     """The whole deploy.toml, cross-checked."""
 
@@ -397,6 +420,7 @@ class Catalog(_Strict):
     metrics_port: int = Field(9464, ge=0, le=65535)  # Prometheus on 127.0.0.1; 0 turns it off
     defaults: Defaults = Field(default_factory=Defaults)
     policy: Policy = Field(default_factory=Policy)
+    proxy: Proxy = Field(default_factory=Proxy)
     hosts: dict[Name, Host]
     models: dict[Name, Model] = Field(default_factory=dict)
     schedules: dict[Name, Schedule] = Field(default_factory=dict)
@@ -456,6 +480,8 @@ class Catalog(_Strict):
                                       f"port {model.port} is already used by model {seen[key]} on host "
                                       f"{key[0]}")
                 seen[key] = name
+        if self.proxy.enabled:
+            self._check_routable()
         for name, sched in self.schedules.items():
             if sched.model and sched.model not in self.models:
                 raise _KeyedError(f"schedules.{name}.model",
@@ -512,6 +538,18 @@ class Catalog(_Strict):
         if spec.group is not None:
             return [self.hosts[h] for h in self.groups[spec.group].hosts]
         return [self.model_host(model)]
+
+    def _check_routable(self) -> None:
+        """With the proxy on, every served name must be routable and no model may take its port."""
+        for name, model in self.models.items():
+            if not ROUTABLE_RE.match(model.served):
+                raise _KeyedError(f"models.{name}.served_name",
+                                  f"{model.served!r} cannot be routed by the front proxy: use letters, "
+                                  f"digits and . _ : / @ + - (no spaces or quotes), at most 128")
+            if model.port == self.proxy.port:
+                raise _KeyedError(f"models.{name}.port",
+                                  f"port {model.port} is the front proxy's port ([proxy] port); give the "
+                                  f"engine another one")
 
     def model_host(self, model: str) -> Host:
         """The host a model runs on: its own ``host`` or the only host there is."""

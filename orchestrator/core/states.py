@@ -26,6 +26,7 @@ class Phase(StrEnum):
     INSTALLING = "installing"
     STARTING = "starting"
     CHECKING = "checking"
+    ROUTING = "routing"
     ACTIVE = "active"
     ROLLING_BACK = "rolling_back"
     ROLLED_BACK = "rolled_back"
@@ -61,6 +62,7 @@ TEXT: dict[Phase, PhaseText] = {
     P.INSTALLING: PhaseText("installing the unit", "inst"),
     P.STARTING: PhaseText("starting", "start"),
     P.CHECKING: PhaseText("health check: /health, /v1/models, one completion", "check"),
+    P.ROUTING: PhaseText("routing: the front proxy moves the route, drains and stops the old engine", "route"),
     P.ACTIVE: PhaseText("active", "active", "green"),
     P.ROLLING_BACK: PhaseText("rolling back to the previous stable revision", "rollback", "yellow"),
     P.ROLLED_BACK: PhaseText("rolled back", "rolled_back", "yellow"),
@@ -78,9 +80,10 @@ def text_of(phase: str) -> PhaseText:
 
 # The steps that run in order on the way to ACTIVE.
 FORWARD: tuple[Phase, ...] = (P.PLANNED, P.PREFLIGHT, P.STAGING, P.STOPPING, P.FREEING,
-                              P.INSTALLING, P.STARTING, P.CHECKING, P.ACTIVE)
+                              P.INSTALLING, P.STARTING, P.CHECKING, P.ROUTING, P.ACTIVE)
 # From here on the old model is (being) stopped: a failure must bring a model back.
-DISRUPTIVE: frozenset[Phase] = frozenset({P.STOPPING, P.FREEING, P.INSTALLING, P.STARTING, P.CHECKING})
+DISRUPTIVE: frozenset[Phase] = frozenset({P.STOPPING, P.FREEING, P.INSTALLING, P.STARTING, P.CHECKING,
+                                          P.ROUTING})
 TERMINAL: frozenset[Phase] = frozenset({P.ACTIVE, P.ROLLED_BACK, P.ABORTED, P.FAILED})
 
 

@@ -12,9 +12,11 @@ from collections.abc import Iterable
 import structlog
 
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
+from orchestrator.core.proxy import render_config, routes_for
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
+from orchestrator.resources import template_text
 
 log = structlog.get_logger()
 
@@ -202,3 +204,30 @@ def settle_enablement(ctx: StepContext, serving: str, others: Iterable[str]) -> 
         if sd.unit_state(unit).exists:
             sd.disable(unit)
     sd.enable(serving)
+
+
+def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = ()) -> bool:
+    """Make the front proxy route exactly ``specs`` (``gaps`` answer 503 + Retry-After)."""
+    proxy = ctx.ports.proxy
+    if proxy is None:
+        return False
+    specs = list(specs)
+    routes = routes_for(specs, gaps)
+    cfg = ctx.catalog.proxy
+    host = ctx.ports.host
+    bind = cfg.bind or host.bind or ctx.defaults.bind
+    changed = proxy.apply(render_config(cfg, bind, routes, template_text("haproxy.cfg.j2")))
+    ctx.emit("routed", routes={r.name: r.target for r in routes}, changed=changed)
+    return changed
+
+
+def drain(ctx: StepContext) -> None:
+    """Bounded wait until proxy workers of earlier configs finished their in-flight requests."""
+    proxy, clock = ctx.ports.proxy, ctx.ports.clock
+    if proxy is None:
+        return
+    deadline = clock.monotonic() + ctx.catalog.proxy.drain_timeout_s + 2.0
+    start = clock.monotonic()
+    while (left := proxy.old_workers()) and clock.monotonic() < deadline:
+        ctx.pause(0.1)
+    ctx.emit("drained", seconds=round(clock.monotonic() - start, 3), still_draining=left)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.catalog import Catalog, Defaults
+from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.ports import HostPorts, ProgressCallback
 
@@ -57,6 +58,22 @@ class StepInput:
     units_to_stop: frozenset[str]  # the serving unit, the target itself, and managed units on its GPUs
     # Re-render the target for weights staged at (path, revision): the engine owns rendering.
     respec: Callable[[str, str], UnitSpec]
+    # With the front proxy: how this switch changes the serving set, and that set when it was planned.
+    plan: SwitchPlan | None = None
+    serving: tuple[Deployment, ...] = ()
+
+    @property
+    def displaced(self) -> tuple[Deployment, ...]:
+        return tuple(d for d in self.serving if self.plan and d.revision in self.plan.displaced)
+
+    @property
+    def overlapping(self) -> tuple[Deployment, ...]:
+        return tuple(d for d in self.serving if self.plan and d.revision in self.plan.overlapping)
+
+    @property
+    def kept(self) -> tuple[Deployment, ...]:
+        """The serving models this switch leaves alone."""
+        return tuple(d for d in self.serving if self.plan and d.revision not in self.plan.displaced)
 
 
 @dataclass(frozen=True)

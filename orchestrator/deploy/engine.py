@@ -14,6 +14,7 @@ from collections.abc import Callable
 import structlog
 
 from orchestrator.core.catalog import Catalog, Model
+from orchestrator.core.proxy import Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, is_terminal
@@ -71,6 +72,8 @@ class Engine:
             raise UsageError(f"unknown model {model_name!r} (known: {', '.join(sorted(self.catalog.models))})")
         model = self.catalog.models[model_name]
         host = self.catalog.model_host(model_name)
+        if self.catalog.proxy.enabled:
+            return self._plan_in_set(model, trigger=trigger, no_rollback=no_rollback, force=force)
         serving = self.store.serving(host.name)
         spec = self.spec_for(model)
         if serving is not None and serving.spec.model == model_name and not force:
@@ -84,6 +87,37 @@ class Engine:
         no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure
         return self.store.create(host.name, spec, trigger or default_trigger(), previous,
                                  self.ports_for(host.name).clock.now(), no_rollback=no_rollback)
+
+    # -- with the front proxy: a host serves a set of models ------------------------------------
+    def _plan_in_set(self, model: Model, *, trigger: str | None, no_rollback: bool,
+                     force: bool) -> Deployment | None:
+        host = self.catalog.model_host(model.name).name
+        spec = self.spec_for(model)
+        for serving in self.store.serving_set(host):
+            if serving.spec.model == model.name and not force:
+                same = self.spec_for(model, model_dir=serving.spec.model_dir, revision=serving.spec.revision)
+                if same.unit_sha == serving.spec.unit_sha and self.is_healthy(serving):
+                    return None
+        return self.plan_spec(host, spec, trigger or default_trigger(), no_rollback=no_rollback)
+
+    def explain(self, host: str, spec: UnitSpec) -> SwitchPlan:
+        """Which serving models a switch to ``spec`` replaces, and whether it keeps the route up."""
+        return plan_switch(spec, [Serving(d.revision, d.spec) for d in self.store.serving_set(host)])
+
+    def plan_spec(self, host: str, spec: UnitSpec, trigger: str, *, no_rollback: bool = False) -> Deployment:
+        """A deployment of ``spec`` into the host's serving set, with its plan recorded."""
+        plan = self.explain(host, spec)
+        holders = [r for r in plan.displaced
+                   if self.store.by_revision(host, r).spec.served_name == spec.served_name]
+        previous = holders[0] if holders else (plan.displaced[0] if plan.displaced else None)
+        dep = self.store.create(host, spec, trigger, previous, self.ports_for(host).clock.now(),
+                                no_rollback=no_rollback)
+        self.store.record_plan(dep.id, plan.to_dict())
+        return dep
+
+    def plan_of(self, dep: Deployment) -> SwitchPlan | None:
+        data = self.store.plan_of(dep.id)
+        return None if data is None else SwitchPlan.from_dict(data)
 
     def plan_rollback(self, host_name: str, to_revision: int | None = None, *, trigger: str = "rollback",
                       no_rollback: bool = False) -> Deployment:
@@ -149,9 +183,12 @@ class Engine:
 
     def _run_step(self, ctx: StepContext, dep: Deployment, blog: structlog.typing.FilteringBoundLogger) -> Event:
         """Run the phase's step and persist what it returns; map a failure to the table's event."""
-        step = StepInput(dep=dep, previous=self._previous(dep), units_to_stop=self._units_to_stop(dep),
+        plan = self.plan_of(dep)
+        serving = () if plan is None else tuple(self.store.by_revision(dep.host, r) for r in plan.before)
+        step = StepInput(dep=dep, previous=self._previous(dep), units_to_stop=self._units_to_stop(dep, plan),
                          respec=lambda path, revision: self.spec_for(self.catalog.models[dep.model],
-                                                                     model_dir=path, revision=revision))
+                                                                     model_dir=path, revision=revision),
+                         plan=plan, serving=serving)
         try:
             result = STEPS[dep.phase](ctx, step)
         except OrchestratorError as exc:
@@ -163,7 +200,8 @@ class Engine:
                 return Event.FAIL
             blog.error("step_failed", phase=dep.phase.value, error=str(exc))
             self.store.record_error(dep.id, error=f"{dep.phase.value}: {exc}")
-            can_roll_back = dep.previous_revision is not None and not dep.no_rollback
+            # With the proxy there is always a set to go back to (perhaps without this model at all).
+            can_roll_back = (dep.previous_revision is not None or step.plan is not None) and not dep.no_rollback
             return Event.FAIL if can_roll_back else Event.FAIL_NO_ROLLBACK
         if result.spec is not None:
             self.store.update_spec(dep.id, result.spec)
@@ -182,9 +220,19 @@ class Engine:
             return None
         return self.store.by_revision(dep.host, dep.previous_revision)
 
-    def _units_to_stop(self, dep: Deployment) -> frozenset[str]:
-        """The recorded serving unit, the target itself (redeploy), and any managed unit on our GPUs."""
+    def _units_to_stop(self, dep: Deployment, plan: SwitchPlan | None = None) -> frozenset[str]:
+        """The recorded serving unit, the target itself (redeploy), and any managed unit on our GPUs.
+
+        With the proxy, only the serving models on our GPUs: a handover's old engine stops later."""
         units = {dep.spec.unit_name}
+        if plan is not None:
+            units |= {self.store.by_revision(dep.host, r).spec.unit_name for r in plan.overlapping}
+            kept = {self.store.by_revision(dep.host, r).spec.unit_name for r in plan.before
+                    if r not in plan.displaced}
+            wanted = set(dep.spec.gpus)
+            units |= {self.catalog.models[n].unit_name for n in self.catalog.models_on(dep.host)
+                      if wanted & set(self.catalog.models[n].gpus)}
+            return frozenset(units - kept)
         if dep.previous_revision is not None:
             units.add(self.store.by_revision(dep.host, dep.previous_revision).spec.unit_name)
         wanted = set(dep.spec.gpus)
@@ -211,6 +259,13 @@ class Engine:
     def _settle_serving(self, dep: Deployment, phase: Phase) -> None:
         # The serving pointer moves only on outcomes: a rollback that succeeds leaves it where it
         # was (the previous revision); a failed one means nothing is known to serve.
+        plan = self.plan_of(dep)
+        if plan is not None:
+            kept = [r for r in plan.before if r not in plan.displaced]
+            if phase is Phase.ACTIVE:
+                self.store.set_serving_set(dep.host, [*kept, dep.revision])
+            elif phase is Phase.FAILED:
+                self.store.set_serving_set(dep.host, kept)
         if phase is Phase.ACTIVE:
             self.store.set_serving(dep.host, dep.revision)
         elif phase is Phase.FAILED:

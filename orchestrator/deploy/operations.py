@@ -15,7 +15,10 @@ from typing import Any
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment
+from orchestrator.deploy import actions
+from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
 from orchestrator.deploy.locks import host_lock
 from orchestrator.errors import UsageError
@@ -150,8 +153,81 @@ class Operations:
         with host_lock(self.state_dir, host, self.holder(host)):
             eng = self.engine(progress)
             recovered = self._recover_host(eng, host)
+            if self.catalog.proxy.enabled:
+                return {"recovered": recovered, **self._rollback_set(eng, host, to_revision, trigger)}
             dep = eng.plan_rollback(host, to_revision, trigger=trigger)
             return {"noop": False, "recovered": recovered, **eng.run(dep.id).to_dict()}
+
+    # -- with the front proxy: a set of models per host ------------------------------------------
+    def _rollback_set(self, eng: Engine, host: str, to_revision: int | None, trigger: str) -> dict[str, Any]:
+        """Restore the set before the newest switch: redeploy what it displaced, or stop what it added."""
+        if to_revision is not None:
+            target = self.store.by_revision(host, to_revision)
+            dep = eng.plan_spec(host, target.spec, f"{trigger}:to-{to_revision}")
+            return {"noop": False, **eng.run(dep.id).to_dict()}
+        serving = {d.revision for d in self.store.serving_set(host)}
+        last = next((d for d in self.store.history(host, 200) if d.revision in serving), None)
+        plan = None if last is None else eng.plan_of(last)
+        if last is None or plan is None:
+            raise UsageError(f"host {host} has no switch to roll back (see `orchestrator history`)")
+        if not plan.displaced:
+            return {**self._stop(eng, host, last), "noop": False}
+        result: dict[str, Any] = {}
+        for revision in plan.displaced:
+            dep = eng.plan_spec(host, self.store.by_revision(host, revision).spec, f"{trigger}:to-{revision}")
+            result = {"noop": False, **eng.run(dep.id).to_dict()}
+            if result["outcome"] != "active":
+                break
+        return result
+
+    def stop(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Stop MODEL and free its GPUs; with the proxy, its route goes first (then a 404)."""
+        host = self.host_of(model)
+        with host_lock(self.state_dir, host, self.holder(host)):
+            eng = self.engine(progress)
+            self._recover_host(eng, host)
+            serving = self.store.serving_set(host) if self.catalog.proxy.enabled else \
+                [d for d in [self.store.serving(host)] if d is not None]
+            dep = next((d for d in serving if d.model == model), None)
+            if dep is None:
+                raise UsageError(f"{model} does not serve on {host}: nothing to stop "
+                                 f"(serving: {', '.join(d.model for d in serving) or 'nothing'})")
+            return self._stop(eng, host, dep)
+
+    def _stop(self, eng: Engine, host: str, dep: Deployment) -> dict[str, Any]:
+        ports = self.ports_for(host)
+        ctx = StepContext(ports=ports, catalog=self.catalog, progress=eng.progress,
+                          bound={"host": host, "revision": dep.revision})
+        if self.catalog.proxy.enabled:
+            rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
+            actions.route(ctx, [d.spec for d in rest])
+            actions.drain(ctx)
+        actions.stop_units(ctx, [dep.spec.unit_name])
+        actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name])
+        if ports.systemd.unit_state(dep.spec.unit_name).exists:
+            ports.systemd.disable(dep.spec.unit_name)
+        if self.catalog.proxy.enabled:
+            self.store.set_serving_set(host, [d.revision for d in rest])
+        current = self.store.serving(host)
+        if current is not None and current.revision == dep.revision:
+            self.store.set_serving(host, None)
+        self.store.record_event(ports.clock.now(), host, "stop", {"model": dep.model, "revision": dep.revision})
+        return {"host": host, "model": dep.model, "revision": dep.revision, "outcome": "stopped",
+                "serving": [d.model for d in self.store.serving_set(host)]}
+
+    def explain(self, model: str) -> dict[str, Any]:
+        """What a switch to MODEL would do to the host's serving set, and why (no I/O on the host)."""
+        host = self.host_of(model)
+        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+        spec = eng.spec_for(self.catalog.models[model])
+        if not self.catalog.proxy.enabled:
+            serving = self.store.serving(host)
+            return {"host": host, "model": model, "mode": Mode.STOP_START.value, "displaced": [
+                serving.model] if serving else [], "reason": "no front proxy ([proxy] enabled = false): the "
+                "serving model stops before the new one starts; clients see connection errors meanwhile"}
+        plan = eng.explain(host, spec)
+        return {"host": host, "model": model, "mode": plan.mode.value, "reason": plan.reason,
+                "displaced": [self.store.by_revision(host, r).model for r in plan.displaced]}
 
     def stage(self, model: str, *, peer: dict[str, Any] | None = None,
               progress: ProgressCallback | None = None) -> dict[str, Any]:
@@ -187,7 +263,16 @@ class Operations:
     def history(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         if host is not None:
             self.catalog.host(host)
-        return [d.to_dict() for d in self.store.history(host, limit)]
+        out = []
+        for d in self.store.history(host, limit):
+            row, plan = d.to_dict(), self.store.plan_of(d.id)
+            if plan is not None:
+                kept = [r for r in plan["before"] if r not in plan["displaced"]]
+                row["plan"] = {"mode": plan["mode"], "reason": plan["reason"],
+                               "set_after": sorted(self.store.by_revision(d.host, r).model
+                                                   for r in [*kept, d.revision])}
+            out.append(row)
+        return out
 
     def status(self, host: str | None = None, probe: bool = True) -> dict[str, Any]:
         hosts = [self.catalog.host(host).name] if host else list(self.catalog.hosts)
@@ -202,8 +287,16 @@ class Operations:
                 "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
                              "trigger": d.trigger} for d in running],
             }
+            eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
             if probe and serving is not None:
-                eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
                 entry["serving"]["healthy"] = eng.is_healthy(serving)
+            if self.catalog.proxy.enabled:
+                cfg, h = self.catalog.proxy, self.catalog.hosts[name]
+                bind = cfg.bind or h.bind or h.address
+                entry["endpoint"] = f"http://{h.address if bind in ('0.0.0.0', '::') else bind}:{cfg.port}/v1"
+                entry["models"] = [{"revision": d.revision, "model": d.model, "served_name": d.spec.served_name,
+                                    "gpus": list(d.spec.gpus), "unit": d.spec.unit_name, "url": d.spec.base_url,
+                                    **({"healthy": eng.is_healthy(d)} if probe else {})}
+                                   for d in self.store.serving_set(name)]
             out["hosts"][name] = entry
         return out

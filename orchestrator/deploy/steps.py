@@ -36,6 +36,10 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
                         f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
                         host=dep.host)
     check_layout(ctx.catalog, dep, ctx.ports, snap)
+    if ctx.ports.proxy is not None:
+        holder = ctx.ports.proxy.port_holder()
+        if holder is not None:
+            raise PlanError(holder, host=dep.host)
     return DONE
 
 
@@ -69,6 +73,9 @@ def _preinstall(ctx: StepContext, spec: UnitSpec) -> None:
 
 
 def stopping(ctx: StepContext, step: StepInput) -> StepResult:
+    if step.plan is not None:
+        # Names whose engine stops now answer 503 + Retry-After until the switch ends.
+        actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in step.overlapping))
     actions.stop_units(ctx, step.units_to_stop)
     return DONE
 
@@ -92,8 +99,24 @@ def checking(ctx: StepContext, step: StepInput) -> StepResult:
     """Health, models, one real completion; then the optional smoke benchmark and its gate."""
     actions.wait_ready(ctx, step.dep.spec)
     bench = _smoke_gate(ctx, step)
-    actions.settle_enablement(ctx, step.dep.spec.unit_name, ctx.managed_units)
+    others = ctx.managed_units if step.plan is None else {d.spec.unit_name for d in step.displaced}
+    actions.settle_enablement(ctx, step.dep.spec.unit_name, others)
     return StepResult(bench=bench)
+
+
+def routing(ctx: StepContext, step: StepInput) -> StepResult:
+    """Move the routes to the serving set with the new model in it, then drain and stop what it
+    replaced (a handover: the old engine served until the route moved). Without a proxy: nothing."""
+    if step.plan is None:
+        return DONE
+    dep = step.dep
+    actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
+    leaving = {d.spec.unit_name for d in step.displaced} - {dep.spec.unit_name}
+    running = [u for u in sorted(leaving) if ctx.ports.systemd.unit_state(u).is_active]
+    if running:
+        actions.drain(ctx)
+        actions.stop_units(ctx, running)
+    return DONE
 
 
 def _smoke_gate(ctx: StepContext, step: StepInput) -> dict[str, object] | None:
@@ -118,6 +141,8 @@ def _smoke_gate(ctx: StepContext, step: StepInput) -> dict[str, object] | None:
 
 def rolling_back(ctx: StepContext, step: StepInput) -> StepResult:
     """The previous stable revision's exact recorded unit, through the same actions."""
+    if step.plan is not None:
+        return _restore_set(ctx, step)
     dep, previous = step.dep, step.previous
     assert previous is not None  # the table only enters rolling_back with one
     prev = previous.spec
@@ -132,6 +157,30 @@ def rolling_back(ctx: StepContext, step: StepInput) -> StepResult:
     return DONE
 
 
+def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
+    """With the proxy: bring back the serving set as it was before the switch, routes included."""
+    dep = step.dep
+    restore = step.displaced
+    ctx.emit("rollback", to_set=[d.model for d in step.serving])
+    actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in restore
+                                                           if not ctx.ports.systemd.unit_state(
+                                                               d.spec.unit_name).is_active))
+    actions.stop_units(ctx, {dep.spec.unit_name})
+    for old in restore:
+        if ctx.ports.systemd.unit_state(old.spec.unit_name).is_active:
+            continue  # a handover's old engine still serves
+        actions.free_gpus(ctx, old.spec.gpus, {dep.spec.unit_name})
+        actions.install_unit(ctx, old.spec)
+        actions.start_unit(ctx, old.spec)
+        actions.wait_ready(ctx, old.spec)
+        actions.settle_enablement(ctx, old.spec.unit_name, set())
+    actions.route(ctx, (d.spec for d in step.serving))
+    if dep.spec.unit_name not in {d.spec.unit_name for d in step.serving} \
+            and ctx.ports.systemd.unit_state(dep.spec.unit_name).exists:
+        ctx.ports.systemd.disable(dep.spec.unit_name)
+    return DONE
+
+
 STEPS: dict[Phase, Step] = {
     Phase.PLANNED: planned,
     Phase.PREFLIGHT: preflight,
@@ -141,5 +190,6 @@ STEPS: dict[Phase, Step] = {
     Phase.INSTALLING: installing,
     Phase.STARTING: starting,
     Phase.CHECKING: checking,
+    Phase.ROUTING: routing,
     Phase.ROLLING_BACK: rolling_back,
 }

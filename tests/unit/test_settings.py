@@ -78,6 +78,12 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
      "schedules.s.window: window '25:99-99:00' has a time out of range"),
     ("[hosts.box]", '[schedules.s]\ncron = "0 3 * * *"\nmodel = "a"\ntimezone = "Nowhere/City"\n[hosts.box]',
      "schedules.s.timezone: unknown time zone 'Nowhere/City'"),
+    ('gpus = 8\n[models.a]\nrepo = "org/a"',
+     'gpus = 8\n[proxy]\nenabled = true\n[models.a]\nrepo = "org/a"\nserved_name = "my model"',
+     "models.a.served_name: 'my model' cannot be routed by the front proxy"),
+    ("gpus = 8\n[models.a]", "gpus = 8\n[proxy]\nenabled = true\nport = 8001\n[models.a]",
+     "models.b.port: port 8001 is the front proxy's port"),
+    ("[hosts.box]", "[proxy]\ndrain_timeout_s = -1\n[hosts.box]", "proxy.drain_timeout_s: Input should be greater than 0"),
 ])
 def test_invalid_file_names_file_key_and_value(tmp_path: Path, old: str, new: str, message: str) -> None:
     """Each invalid deploy.toml exits 2 with one error naming the file, the key path and the value."""

@@ -1,0 +1,160 @@
+"""The front proxy, pure: which models serve on a host, how a switch changes that, and the config.
+
+A host serves a set of models on disjoint GPU sets behind one endpoint. A route is a served name
+(the request's ``model``) pointing at one engine, or a gap (503 + Retry-After while it restarts).
+Two catalog models with the same served name are alternates for one route: switching between them
+moves the route, with no downtime when their GPUs are disjoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+import jinja2
+
+from orchestrator.core.catalog import Catalog, Proxy
+from orchestrator.core.records import UnitSpec
+from orchestrator.errors import UsageError
+
+
+class Mode(StrEnum):
+    HANDOVER = "handover"  # start beside the old one, move the route, drain, stop: no downtime
+    STOP_START = "stop_start"  # the GPUs overlap: stop, free, start; the route answers 503 meanwhile
+    ADD = "add"  # nothing serves this name yet: the models on its GPUs (if any) stop first
+
+
+@dataclass(frozen=True)
+class Serving:
+    """One model serving on the host: its revision and the spec it runs."""
+
+    revision: int
+    spec: UnitSpec
+
+
+@dataclass(frozen=True)
+class SwitchPlan:
+    """How one switch changes a host's serving set; persisted with the deployment."""
+
+    mode: Mode
+    before: tuple[int, ...]  # revisions serving when the switch was planned
+    displaced: tuple[int, ...]  # revisions it replaces (GPUs it needs, or the same served name)
+    overlapping: tuple[int, ...]  # the displaced ones that must stop before the new one starts
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "mode": self.mode.value}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SwitchPlan:
+        return cls(mode=Mode(data["mode"]), before=tuple(data["before"]), displaced=tuple(data["displaced"]),
+                   overlapping=tuple(data["overlapping"]), reason=str(data["reason"]))
+
+
+def _gpus(gpus: Iterable[int]) -> str:
+    return ",".join(map(str, sorted(gpus)))
+
+
+def plan_switch(spec: UnitSpec, serving: Sequence[Serving]) -> SwitchPlan:
+    """Which serving models ``spec`` replaces, and whether the route can move with no downtime."""
+    wanted = set(spec.gpus)
+    overlapping = [s for s in serving if wanted & set(s.spec.gpus) or s.spec.unit_name == spec.unit_name]
+    holders = [s for s in serving if s.spec.served_name == spec.served_name]
+    displaced = {s.revision for s in overlapping} | {s.revision for s in holders}
+    before = tuple(s.revision for s in serving)
+    evicted = "".join(f"; stops {s.spec.model} (GPU {_gpus(wanted & set(s.spec.gpus))} overlap)"
+                      for s in overlapping if s not in holders)
+    if not holders:
+        mode, reason = Mode.ADD, f"nothing serves {spec.served_name!r} yet: start it on GPU {_gpus(wanted)}"
+    elif any(h in overlapping for h in holders):
+        old = holders[0].spec
+        shared = wanted & set(old.gpus)
+        mode = Mode.STOP_START
+        reason = (f"{old.model} serves {spec.served_name!r} on GPU {_gpus(old.gpus)} and {spec.model} needs "
+                  f"GPU {_gpus(shared) or _gpus(wanted)} of them: stop-start, the route answers 503 with "
+                  f"Retry-After in the gap")
+    else:
+        old = holders[0].spec
+        mode = Mode.HANDOVER
+        reason = (f"{spec.model} needs GPU {_gpus(wanted)}, disjoint from {old.model} on GPU {_gpus(old.gpus)}: "
+                  f"zero-downtime handover (start, check, move the route, drain, stop)")
+    return SwitchPlan(mode=mode, before=before, displaced=tuple(sorted(displaced)),
+                      overlapping=tuple(sorted(s.revision for s in overlapping)), reason=reason + evicted)
+
+
+def check_together(catalog: Catalog, names: Sequence[str]) -> str:
+    """Models asked to serve at once: one host with the proxy on, disjoint GPUs, distinct served
+    names. Returns the host; raises UsageError naming both models and the GPUs otherwise."""
+    for name in names:
+        if name not in catalog.models:
+            raise UsageError(f"unknown model {name!r} (known: {', '.join(sorted(catalog.models))})")
+    hosts = sorted({catalog.model_host(n).name for n in names})
+    if len(hosts) != 1:
+        raise UsageError(f"models {', '.join(names)} run on different hosts ({', '.join(hosts)}): "
+                         "switch them one host at a time")
+    if len(names) > 1 and not catalog.proxy.enabled:
+        raise UsageError("serving several models on one host needs the front proxy: set [proxy] enabled = true")
+    for i, a_name in enumerate(names):
+        a = catalog.models[a_name]
+        for b_name in names[i + 1:]:
+            b = catalog.models[b_name]
+            shared = set(a.gpus) & set(b.gpus)
+            if shared:
+                raise UsageError(f"{a_name} (GPU {_gpus(a.gpus)}) and {b_name} (GPU {_gpus(b.gpus)}) cannot "
+                                 f"serve together: both need GPU {_gpus(shared)}")
+            if a.served == b.served:
+                raise UsageError(f"{a_name} and {b_name} cannot serve together: both are served as "
+                                 f"{a.served!r} and the proxy routes one engine per name")
+    return hosts[0]
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    address: str | None = None  # None: a gap, answered 503 + Retry-After
+    port: int | None = None
+
+    @property
+    def target(self) -> str:
+        return "503 (switching)" if self.address is None else f"{self.address}:{self.port}"
+
+
+def routes_for(serving: Iterable[UnitSpec], gaps: Iterable[str] = ()) -> list[Route]:
+    """One route per served name (a gap for names in ``gaps``), sorted for a stable config."""
+    gap = set(gaps)
+    out = {s.served_name: Route(s.served_name) if s.served_name in gap else
+           Route(s.served_name, s.address, s.port) for s in serving}
+    for name in gap - set(out):
+        out[name] = Route(name)
+    return [out[k] for k in sorted(out)]
+
+
+def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str) -> str:
+    served = [r for r in routes if r.address is not None]
+    models = {"object": "list", "data": [{"id": r.name, "object": "model", "owned_by": "orchestrator"}
+                                         for r in served]}
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    return env.from_string(template).render(
+        routes=routes, served=served, gaps=[r for r in routes if r.address is None], bind=bind,
+        port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
+        retry_after_s=proxy.retry_after_s, models_json=json.dumps(models, separators=(",", ":")))
+
+
+def render_unit(proxy: Proxy, bind: str, template: str) -> str:
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return env.from_string(template).render(
+        bind=bind, port=proxy.port, config_path=proxy.config_path, haproxy=proxy.haproxy,
+        master_socket=master_socket(proxy))
+
+
+def master_socket(proxy: Proxy) -> str:
+    return proxy.stats_socket.rsplit("/", 1)[0] + "/master.sock"
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

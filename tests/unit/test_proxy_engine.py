@@ -1,0 +1,139 @@
+"""The engine with a front proxy, against fake ports: a set of models per host, handover or
+stop-start by GPUs, routes moved as a phase, rollback to the set before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.core.proxy import Mode
+from orchestrator.core.states import Phase
+from orchestrator.deploy.engine import Engine
+from orchestrator.testing import FakeProxy
+
+from .conftest import World, make_catalog
+
+
+def proxy_catalog() -> Any:
+    tp4 = {"tensor_parallel": 4}
+    return make_catalog(proxy={"enabled": True, "port": 8000}, models={
+        "chat-a": {"repo": "org/a", "gpus": [0, 1, 2, 3], "served_name": "chat", "port": 8001, **tp4},
+        "chat-b": {"repo": "org/b", "gpus": [4, 5, 6, 7], "served_name": "chat", "port": 8002, **tp4},
+        "chat-c": {"repo": "org/c", "gpus": [0, 1, 2, 3], "served_name": "chat", "port": 8003, **tp4},
+        "code": {"repo": "org/code", "gpus": [4, 5], "tensor_parallel": 2, "port": 8004},
+    })
+
+
+class ProxyWorld(World):
+    def __init__(self) -> None:
+        super().__init__(proxy_catalog())
+        self.proxy = FakeProxy()
+        ports = self.host.ports(self.catalog.hosts["box"], self.weights)
+        ports.proxy = self.proxy
+        self.engine = Engine(self.catalog, self.store, lambda name: ports,
+                             progress=lambda e, f: self.events.append((e, f)))
+
+    def serving(self) -> list[str]:
+        return [d.model for d in self.store.serving_set("box")]
+
+
+@pytest.fixture
+def pw() -> ProxyWorld:
+    return ProxyWorld()
+
+
+def test_two_models_on_disjoint_gpus_serve_together(pw: ProxyWorld) -> None:
+    """chat-a then code: both run, both are in the set and both names route."""
+    assert pw.switch("chat-a").phase is Phase.ACTIVE
+    assert pw.switch("code").phase is Phase.ACTIVE
+    assert pw.serving() == ["chat-a", "code"]
+    assert pw.host.active_units() == ["vllm-chat-a.service", "vllm-code.service"]
+    assert pw.proxy.config is not None
+    assert "-m str chat }" in pw.proxy.config and "-m str code }" in pw.proxy.config
+
+
+def test_disjoint_switch_is_a_handover(pw: ProxyWorld) -> None:
+    """chat-a -> chat-b (disjoint GPUs): chat-b starts before chat-a stops; the route moves in between."""
+    pw.switch("chat-a")
+    dep = pw.switch("chat-b")
+    assert dep.phase is Phase.ACTIVE
+    assert pw.engine.plan_of(dep).mode is Mode.HANDOVER  # type: ignore[union-attr]
+    calls = pw.host.calls
+    assert calls.index("start vllm-chat-b.service") < calls.index("stop vllm-chat-a.service")
+    assert pw.serving() == ["chat-b"]
+    assert pw.proxy.config is not None and "127.0.0.9:8002" in pw.proxy.config
+    assert "8001" not in pw.proxy.config
+    assert not any("model_switching" in c for c in pw.proxy.applied)  # never a gap on the route
+
+
+def test_overlapping_switch_is_stop_start_with_a_503_gap(pw: ProxyWorld) -> None:
+    """chat-a -> chat-c (same GPUs): chat-a stops first and the route answers 503 meanwhile."""
+    pw.switch("chat-a")
+    dep = pw.switch("chat-c")
+    assert dep.phase is Phase.ACTIVE
+    assert pw.engine.plan_of(dep).mode is Mode.STOP_START  # type: ignore[union-attr]
+    calls = pw.host.calls
+    assert calls.index("stop vllm-chat-a.service") < calls.index("start vllm-chat-c.service")
+    assert any("model_switching" in c and "-m str chat }" in c for c in pw.proxy.applied)
+    assert pw.serving() == ["chat-c"]
+
+
+def test_switch_stops_only_models_on_its_gpus(pw: ProxyWorld) -> None:
+    """chat-b needs GPU 4-7: code (GPU 4,5) stops, chat-a hands its route over and stops after."""
+    pw.switch("chat-a")
+    pw.switch("code")
+    dep = pw.switch("chat-b")
+    assert dep.phase is Phase.ACTIVE
+    assert pw.serving() == ["chat-b"]
+    assert pw.host.active_units() == ["vllm-chat-b.service"]
+
+
+def test_failed_handover_keeps_the_old_model_serving(pw: ProxyWorld) -> None:
+    """chat-b never gets ready: rolled back, chat-a never stopped and still routed."""
+    pw.switch("chat-a")
+    pw.host.behaviours["vllm-chat-b.service"] = "never_ready"
+    dep = pw.switch("chat-b")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert "stop vllm-chat-a.service" not in pw.host.calls
+    assert pw.serving() == ["chat-a"]
+    assert pw.proxy.config is not None and "8001" in pw.proxy.config and "8002" not in pw.proxy.config
+
+
+def test_failed_add_rolls_back_to_the_set_without_it(pw: ProxyWorld) -> None:
+    """code crashes on start beside chat-a: rolled back, chat-a alone serves and code has no route."""
+    pw.switch("chat-a")
+    pw.host.behaviours["vllm-code.service"] = "crash"
+    dep = pw.switch("code")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert pw.serving() == ["chat-a"]
+    assert pw.proxy.config is not None and "-m str code" not in pw.proxy.config
+
+
+@pytest.mark.parametrize("stop_at", ["stopping", "checking", "routing"])
+def test_interrupted_handover_resumes_to_the_new_set(pw: ProxyWorld, stop_at: str) -> None:
+    """A handover parked before STOP_AT and run again ends with chat-b alone, routed."""
+    pw.switch("chat-a")
+    dep = pw.engine.plan_switch("chat-b")
+    assert dep is not None
+
+    def park_at(d: Any) -> None:
+        if d.phase.value == stop_at:
+            pw.engine.park.set()
+
+    pw.engine.before_step = park_at
+    assert pw.engine.run(dep.id).phase.value == stop_at
+    pw.engine.park.clear()
+    pw.engine.before_step = None
+    assert pw.engine.run(dep.id).phase is Phase.ACTIVE
+    assert pw.serving() == ["chat-b"]
+    assert pw.proxy.config is not None and "8002" in pw.proxy.config
+
+
+def test_taken_proxy_port_aborts_before_anything_stops(pw: ProxyWorld) -> None:
+    """The proxy's port held by another process: aborted in preflight, naming the holder."""
+    pw.proxy.taken_by = "the proxy's port 0.0.0.0:8000 is already taken by nginx"
+    dep = pw.switch("chat-a")
+    assert dep.phase is Phase.ABORTED
+    assert "already taken by nginx" in (dep.error or "")
+    assert pw.host.active_units() == []
