@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,18 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from tests.hosts.fixtures import adapters, host, host_set, hosts  # noqa: F401
+
+
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A fresh directory outside /tmp: catalog paths (models_dir) must be where a unit with
+    PrivateTmp=yes can see them, which pytest's tmp_path is not."""
+    path = Path("/var/lib/orchestrator-test/work") / uuid.uuid4().hex[:12]
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

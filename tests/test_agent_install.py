@@ -35,8 +35,12 @@ pytestmark = pytest.mark.hosts
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Host]:
+    """A bare box: the host boots from an overlay of this machine's root, so whatever orchestrator
+    left here (a state dir from a demo run, say) is removed inside it first."""
     with boot_hosts(1, netns=True) as hostset:
-        yield hostset.hosts[0]
+        host = hostset.hosts[0]
+        host.run("rm -rf /var/lib/orchestrator /etc/orchestrator /opt/orchestrator")
+        yield host
 
 
 def install(box: Host, *args: str, known_hosts: Path | None = None, port: int | None = None,

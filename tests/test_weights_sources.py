@@ -268,13 +268,13 @@ def _unit(model_dir: str, revision: str, source: str = "hub") -> UnitSpec:
 
 
 def test_host_source_is_wired_from_the_catalog_and_copies_from_the_peer(
-        hub: HubStub, store: HfWeightStore, tmp_path: Path, sshd: Sshd) -> None:
+        hub: HubStub, store: HfWeightStore, host_dir: Path, sshd: Sshd) -> None:
     """A catalog model with source = "host:gpu2" stages through SpecWeights from gpu2's catalog entry
     (its weight root holds a space)."""
-    peer_root = tmp_path / "peer models"
+    peer_root = host_dir / "peer models"
     stage(store, replace(from_hub(hub, peer_root), name="org--tiny"))
     catalog = Catalog.model_validate({
-        "hosts": {"gpu1": {"transport": "local", "models_dir": str(tmp_path / "here")},
+        "hosts": {"gpu1": {"transport": "local", "models_dir": str(host_dir / "here")},
                   "gpu2": {"address": sshd.address, "ssh_port": sshd.port, "ssh_key": sshd.key,
                            "known_hosts": sshd.known_hosts, "models_dir": str(peer_root)}},
         "models": {"tiny": {"host": "gpu1", "repo": "org/tiny", "revision": SHA, "gpus": [0],
@@ -282,16 +282,16 @@ def test_host_source_is_wired_from_the_catalog_and_copies_from_the_peer(
     weights = SpecWeights(store, catalog.hosts["gpu1"], None, fleet=catalog.hosts)
     hub.requests.clear()
     staged = weights.stage(_unit("", SHA, catalog.models["tiny"].source), lambda e, f: None)
-    assert staged.path == f"{tmp_path}/here/org--tiny/{SHA}"
+    assert staged.path == f"{host_dir}/here/org--tiny/{SHA}"
     assert (Path(staged.path) / SHARDS[0]).read_bytes() == (peer_root / "org--tiny" / SHA / SHARDS[0]).read_bytes()
     assert hub.requests == []
 
 
 def test_cleanup_after_a_switch_keeps_newest_serving_and_previous(
-        hub: HubStub, tmp_path: Path) -> None:
+        hub: HubStub, host_dir: Path) -> None:
     """SpecWeights.cleanup with keep=1 removes old revisions except the newest, the serving and the
     previous stable one, and records those two on the host."""
-    root = tmp_path / "models"
+    root = host_dir / "models"
     store = HfWeightStore(LocalShell(), python=sys.executable)
     shas = _stage_revisions(hub, store, root, 4, name="org--tiny")
     weights = SpecWeights(store, Host(name="box", transport="local", models_dir=str(root)), None,
@@ -304,10 +304,10 @@ def test_cleanup_after_a_switch_keeps_newest_serving_and_previous(
         [["org--tiny", shas[0]], ["org--tiny", shas[1]]])
 
 
-def test_cleanup_never_removes_a_revision_an_installed_unit_names(hub: HubStub, tmp_path: Path) -> None:
+def test_cleanup_never_removes_a_revision_an_installed_unit_names(hub: HubStub, host_dir: Path) -> None:
     """A revision that a vllm-*.service unit on the host loads (another model's, on other GPUs) stays,
     even when no deployment record protects it."""
-    root, units = tmp_path / "models", tmp_path / "units"
+    root, units = host_dir / "models", host_dir / "units"
     units.mkdir()
     store = HfWeightStore(LocalShell(), python=sys.executable)
     shas = _stage_revisions(hub, store, root, 3, name="org--tiny")
