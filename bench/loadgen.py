@@ -28,7 +28,7 @@ SERVER = ROOT / "tests" / "standin" / "openai_server.py"
 
 def start_server(batch: int, delay: float) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", "--served-name", "bench",
-                             "--stream-batch", str(batch), "--token-delay", str(delay)],
+                             "--stream-batch", str(batch), "--chunk-delay", str(delay)],
                             stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     line = proc.stderr.readline()
@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--stream-batch", type=int, default=1,
                     help="tokens per server write (1 = one HTTP chunk per token, like vLLM)")
-    ap.add_argument("--token-delay", type=float, default=0.0, help="server seconds per token (0 = instant)")
+    ap.add_argument("--chunk-delay", type=float, default=0.0, help="server seconds per token (0 = instant)")
     ap.add_argument("--client", choices=["aiohttp", "httpx"], default=None,
                     help="HTTP client of the generator (default: aiohttp if installed)")
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON")
@@ -76,7 +76,7 @@ def main() -> int:
     if args.url:
         proc, target = None, BenchTarget(args.url, endpoint=args.endpoint)
     else:
-        proc, port = start_server(args.stream_batch, args.token_delay)
+        proc, port = start_server(args.stream_batch, args.chunk_delay)
         target = BenchTarget(f"http://127.0.0.1:{port}", endpoint=args.endpoint)
     try:
         plan = BenchPlan(concurrency=tuple(int(c) for c in args.concurrency.split(",")),

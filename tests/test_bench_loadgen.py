@@ -76,7 +76,7 @@ def test_chat_endpoint_is_measured_too(standin: Start, client: ClientKind) -> No
 def test_duration_mode_finishes_requests_in_flight_at_the_deadline(
         standin: Start, client: ClientKind) -> None:
     """With --duration, every request started before the deadline completes and counts."""
-    s = standin("--token-delay", "0.01")
+    s = standin("--chunk-delay", "0.01")
     result = asyncio.run(run_bench(BenchTarget(s.url), BenchPlan(concurrency=(3,), max_tokens=10,
                                                                  duration_s=0.5), client=client))
     lv = result.levels[0]
@@ -95,7 +95,7 @@ def test_failed_requests_are_counted_by_kind(standin: Start, client: ClientKind)
 
 def test_connections_lost_mid_stream_are_counted(standin: Start, client: ClientKind) -> None:
     """A server that crashes mid-stream leaves connection_lost errors, then connect errors."""
-    s = standin("--token-delay", "0.05", "--crash-after", "0.5")
+    s = standin("--chunk-delay", "0.05", "--crash-after", "0.5")
     plan = BenchPlan(concurrency=(2,), max_tokens=100, duration_s=1.5, warmup=False)
     result = asyncio.run(run_bench(BenchTarget(s.url, model="tiny-standin"), plan, client=client))
     kinds = {e.kind for e in result.levels[0].errors}
@@ -120,7 +120,7 @@ def test_an_unreachable_target_is_a_transport_error(standin: Start, client: Clie
 
 def test_progress_reports_while_running_and_once_per_level_done(standin: Start, client: ClientKind) -> None:
     """The callback sees live snapshots and one done=True snapshot per level with its totals."""
-    s = standin("--token-delay", "0.01")
+    s = standin("--chunk-delay", "0.01")
     seen: list[Progress] = []
     gen = LoadGenerator(BenchTarget(s.url), BenchPlan(concurrency=(1, 2), max_tokens=20, requests=4),
                         on_progress=seen.append, progress_interval_s=0.05, client=client)
@@ -131,7 +131,7 @@ def test_progress_reports_while_running_and_once_per_level_done(standin: Start, 
 
 def test_cancelling_keeps_the_finished_requests(standin: Start, client: ClientKind) -> None:
     """Cancelling run() mid-level leaves partial_result() with the requests that finished."""
-    s = standin("--token-delay", "0.01")
+    s = standin("--chunk-delay", "0.01")
 
     async def scenario() -> LoadGenerator:
         enough = asyncio.Event()
@@ -153,7 +153,7 @@ def test_cancelling_keeps_the_finished_requests(standin: Start, client: ClientKi
 
 def test_ctrl_c_returns_partial_results(standin: Start, client: ClientKind) -> None:
     """SIGINT during run_bench_blocking returns what finished, marked incomplete, instead of raising."""
-    s = standin("--token-delay", "0.01")
+    s = standin("--chunk-delay", "0.01")
     enough = threading.Event()
 
     def interrupt() -> None:

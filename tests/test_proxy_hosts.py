@@ -31,9 +31,9 @@ PROXY_PORT = 8000
 TP4 = {"tensor_parallel": 4}
 MODELS: dict[str, dict[str, Any]] = {
     "chat-a": {"port": 8101, "served_name": "chat", "gpus": [0, 1, 2, 3], **TP4,
-               "args": ["--load-time", "0.3", "--token-delay", "0.05"]},
+               "args": ["--load-time", "0.3", "--chunk-delay", "0.05"]},
     "chat-b": {"port": 8102, "served_name": "chat", "gpus": [4, 5, 6, 7], **TP4,
-               "args": ["--load-time", "0.3", "--token-delay", "0.05"]},
+               "args": ["--load-time", "0.3", "--chunk-delay", "0.05"]},
     "chat-c": {"port": 8103, "served_name": "chat", "gpus": [0, 1, 2, 3], **TP4, "args": ["--load-time", "1.5"]},
     "code": {"port": 8104, "gpus": [4, 5], "tensor_parallel": 2, "args": ["--load-time", "0.3"]},
 }

@@ -252,9 +252,9 @@ def test_server_exits_when_engine_child_dies(start: Callable[..., Standin], tmp_
     assert (s.proc.wait(15), gpu_files(d)) == (1, {})
 
 
-def test_token_delay_paces_the_stream(start: Callable[..., Standin]) -> None:
-    """--token-delay spaces streamed tokens at least that far apart."""
-    s = start("--token-delay", "0.05").wait_listening()
+def test_chunk_delay_paces_the_stream(start: Callable[..., Standin]) -> None:
+    """--chunk-delay spaces streamed tokens at least that far apart."""
+    s = start("--chunk-delay", "0.05").wait_listening()
     stamps = [time.monotonic() for c in s.client().completions.create(
         model=NAME, prompt="hi", max_tokens=6, stream=True) if c.choices]
     assert (len(stamps), stamps[-1] - stamps[0] >= 5 * 0.05 * 0.9) == (6, True)

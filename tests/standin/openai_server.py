@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--child-ignores-sigterm", action="store_true")
     p.add_argument("--child-max-life", type=float, default=600.0,
                    help="the engine child exits by itself after this long, so nothing leaks")
-    p.add_argument("--token-delay", type=float, default=0.0, help="seconds per streamed token")
+    p.add_argument("--chunk-delay", type=float, default=0.0, help="seconds per streamed token")
     p.add_argument("--default-max-tokens", type=int, default=16)
     p.add_argument("--stream-batch", type=int, default=1,
                    help="with no token delay: tokens per write (1 = one HTTP chunk per token, like vLLM)")
@@ -236,7 +236,7 @@ class App:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                  "total_tokens": prompt_tokens + n}
         if not body.get("stream"):
-            await asyncio.sleep(self.args.token_delay * n)
+            await asyncio.sleep(self.args.chunk_delay * n)
             text = "".join(WORDS[i % len(WORDS)] for i in range(n))
             if chat:
                 choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -290,7 +290,7 @@ class App:
         if chat:
             events.append(b"data: " + common.encode() + b'"choices":[{"index":0,"delta":{"role":"assistant",'
                           b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n')
-        delay = self.args.token_delay
+        delay = self.args.chunk_delay
         for i in range(n):
             events.append(b"data: " + pre + WORDS_JSON[i % len(WORDS)] + close +
                           (last if i == n - 1 else mid) + b"\n\n")

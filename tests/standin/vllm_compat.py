@@ -37,8 +37,8 @@ def main(argv: list[str]) -> None:
               f"quantization block_n = 128. (stand-in refuses {layout})", file=sys.stderr, flush=True)
         sys.exit(1)
     delays = dict(item.split("=", 1) for item in _listed("STANDIN_LAYOUT_DELAY_S"))
-    if layout in delays and "--token-delay" not in rest:
-        rest += ["--token-delay", delays[layout]]
+    if layout in delays and "--chunk-delay" not in rest:
+        rest += ["--chunk-delay", delays[layout]]
     args = [sys.executable, str(SERVER), "--host", known.host, "--port", str(known.port),
             "--served-name", known.served_model_name or known.model or "model"]
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
