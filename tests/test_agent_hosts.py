@@ -271,14 +271,15 @@ def test_watch_survives_an_ssh_outage_and_acts_afterwards(hosts: list[Host], tmp
 
 
 @pytest.mark.parametrize("phase", ["checking", "routing"])
-def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(hosts: list[Host], phase: str) -> None:
+def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(hosts: list[Host], phase: str,
+                                                                        tmp_path: Path) -> None:
     """SIGKILL before PHASE of chat-a -> chat-b with a half-written proxy config: recovery ends with
     chat-b alone serving and the proxy routing chat to it."""
     from tests.test_proxy_hosts import MODELS as PROXY_MODELS
     from tests.test_proxy_hosts import PROXY_PORT, proxy_config
     host = hosts[0]
     install_agent(host, proxy_config(host, Path(STATE), {k: v for k, v in PROXY_MODELS.items()}).replace(
-        'transport = "ssh"', 'transport = "local"'))
+        'transport = "ssh"', 'transport = "local"'), tmp_path)
     try:
         cli(host, "switch", "chat-a")
         host.write_file(f"{HOOKS}/pause-at", phase)
