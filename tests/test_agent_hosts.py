@@ -285,17 +285,16 @@ def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(hosts: 
         host.write_file(f"{HOOKS}/pause-at", phase)
         host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'chat-b', '--config', CONFIG])} "
                  f"> /tmp/switch.log 2>&1 &")
-        wait_for(f"the engine to pause before {phase}",
-                 lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0)
+        wait_for(lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
+                 what=f"the engine to pause before {phase}")
         # Half-updated: a config on disk the running proxy never loaded.
         host.run("sed -i 's/8101/8109/' /etc/orchestrator/haproxy.cfg")
         old_pid = host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
         host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
-        wait_for("systemd to restart the agent", lambda: host.run(
-            ["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
-            not in ("0", old_pid))
-        wait_for("the interrupted deployment to end", lambda: history(host)[0]["outcome"] in
-                 ("active", "rolled_back", "failed", "aborted"), timeout=90)
+        wait_for(lambda: host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]
+                                  ).stdout.strip() not in ("0", old_pid), what="systemd to restart the agent")
+        wait_for(lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
+                 what="the interrupted deployment to end", timeout=90)
         newest = history(host)[0]
         assert (newest["outcome"], newest["model"]) == ("active", "chat-b"), newest.get("error")
         assert (active(host, "vllm-chat-a.service"), active(host, "vllm-chat-b.service")) == ("inactive", "active")
