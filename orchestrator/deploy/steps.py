@@ -73,11 +73,11 @@ def _preinstall(ctx: StepContext, spec: UnitSpec) -> None:
 
 
 def stopping(ctx: StepContext, step: StepInput) -> StepResult:
-    if step.plan is not None:
-        # Names whose engine stops now answer 503 + Retry-After until the switch ends; requests the
-        # previous proxy config already sent to that engine finish before it stops.
-        if actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in step.overlapping)):
-            actions.drain(ctx)
+    # Names whose engine stops now answer 503 + Retry-After until the switch ends; requests the
+    # previous proxy config already sent to that engine finish before it stops.
+    if step.plan is not None and actions.route(ctx, (d.spec for d in step.serving),
+                                               gaps=(d.spec.served_name for d in step.overlapping)):
+        actions.drain(ctx)
     actions.stop_units(ctx, step.units_to_stop)
     return DONE
 
