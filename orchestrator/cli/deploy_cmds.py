@@ -112,6 +112,8 @@ def status(config: str | None, host: str | None, follow: bool, local: bool, as_j
             health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(serving.get("healthy"), "")
             console.print(f"[bold]{name}[/]: {serving['model']} (revision {serving['revision']}, "
                           f"{serving['unit']}, {serving['url']}) {health}")
+            for node in serving.get("nodes", []):
+                console.print(f"  node {node['host']}: {node['role']}, {node['unit']} {node['state']}", markup=False)
         for run in entry["running"]:
             console.print(f"  running: #{run['id']} revision {run['revision']} {run['model']} "
                           f"in phase {run['phase']} ({run['trigger']})")
