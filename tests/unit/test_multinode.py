@@ -215,3 +215,13 @@ def test_switch_from_multinode_to_single_box_and_back() -> None:
     assert fleet.switch("big").phase is Phase.ACTIVE
     assert fleet.hosts["g2"].active_units() == ["vllm-big-node1.service"]
     assert fleet.hosts["g1"].active_units() == ["vllm-big.service"]
+
+
+def test_render_writes_every_role(tmp_path: Path) -> None:
+    """`orchestrator render` writes rank 0 and the headless rank of a native model, each with its node's IP."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(toml('nodes = ["g1", "g2"]\ntensor_parallel = 8\npipeline_parallel = 2\n'))
+    r = orchestrator("render", "--config", str(cfg), "--out", str(tmp_path / "units"))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "units").iterdir()) == ["vllm-big-node1.service", "vllm-big.service"]
+    assert '"VLLM_HOST_IP=10.0.0.2"' in (tmp_path / "units/vllm-big-node1.service").read_text()
