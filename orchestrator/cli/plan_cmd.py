@@ -74,7 +74,9 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
 @click.option("--index", "index_path", metavar="PATH", default=None,
               help="model.safetensors.index.json, for the real weight bytes")
 @click.option("--host", "host_name", default=None, help="host of the catalog to plan for")
-@click.option("--gpus", type=click.IntRange(1, 1024), default=None, help="GPU count (bare mode)")
+@click.option("--gpus", type=click.IntRange(1, 1024), default=None, help="GPU count (bare mode; per node)")
+@click.option("--nodes", type=click.IntRange(1, 256), default=None,
+              help="boxes of --gpus GPUs each, for a model larger than one box")
 @click.option("--gpu-memory-gib", type=click.FloatRange(min=0.1), default=None, help="memory of each GPU")
 @click.option("--tp", type=click.IntRange(1, 1024), default=None, help="tensor parallel size")
 @click.option("--pp", type=click.IntRange(1, 1024), default=None, help="pipeline parallel size")
@@ -86,7 +88,7 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
 @click.option("--all", "show_all", is_flag=True, help="list every valid layout, not the best few")
 @json_option
 def plan(model: str | None, config: str | None, model_config: str | None, index_path: str | None,
-         host_name: str | None, gpus: int | None, gpu_memory_gib: float | None, tp: int | None,
+         host_name: str | None, gpus: int | None, nodes: int | None, gpu_memory_gib: float | None, tp: int | None,
          pp: int | None, dp: int | None, ep: bool | None, max_model_len: int | None,
          gpu_memory_utilization: float | None, refresh: bool, show_all: bool, as_json: bool) -> None:
     """Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can.
@@ -101,7 +103,7 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         cfg = hub_config.read_json_file(config, "model config")
         if gpus is None or gpu_memory_gib is None:
             raise UsageError("planning a bare config.json needs --gpus N and --gpu-memory-gib G")
-        hw = planner.Hardware(gpu_count=gpus, gpu_memory_gib=gpu_memory_gib)
+        hw = planner.Hardware(gpu_count=gpus, gpu_memory_gib=gpu_memory_gib, nodes=nodes or 1)
         wl = planner.Workload(max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization or 0.9)
         requested = None if tp is None else planner.Layout(tp, pp or 1, dp or 1, bool(ep))
         name = Path(config).name
@@ -113,8 +115,11 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         host = cat.host(host_name) if host_name else cat.model_host(model)
         found = _catalog_model_config(cat, m, host, model_config, refresh)
         cfg, index, source = found.config, index or found.index, found.source
-        hw = planner.Hardware(gpu_count=gpus or host.gpus, gpu_memory_gib=gpu_memory_gib or host.gpu_memory_gib,
-                              interconnect=None if host.interconnect == "unknown" else host.interconnect)
+        # A multi-node model: its GPUs per node (the same on each) times its nodes.
+        count = len(m.gpus) if m.nodes else host.gpus
+        hw = planner.Hardware(gpu_count=gpus or count, gpu_memory_gib=gpu_memory_gib or host.gpu_memory_gib,
+                              interconnect=None if host.interconnect == "unknown" else host.interconnect,
+                              nodes=nodes or len(m.nodes) or 1, network=host.network)
         wl = planner.Workload(max_model_len=max_model_len or m.max_model_len,
                               gpu_memory_utilization=gpu_memory_utilization or m.gpu_memory_utilization
                               or cat.defaults.gpu_memory_utilization)
@@ -165,7 +170,7 @@ def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | 
     console = stdout_console()
     v = result.requested
     mark = "[green]valid[/]" if v.valid else "[red]cannot load[/]"
-    console.print(f"[bold]{name}[/] as {v.layout} on {hw.gpu_count} x {hw.gpu_memory_gib:g} GiB: {mark}")
+    console.print(f"[bold]{name}[/] as {v.layout} on {hw}: {mark}")
     if source:
         console.print(f"  config.json: {source}", markup=False)
     for reason in v.reasons:

@@ -114,8 +114,10 @@ class Defaults(_Strict):
     restart_sec: float = Field(10.0, ge=0, le=DAY)
     start_limit_burst: int = Field(3, ge=1, le=1000)
     env_dir: str = "/etc/orchestrator/env"
+    # Ray's CLI on every node of a model with backend = "ray" (the same Ray version everywhere).
+    ray: str = "/opt/vllm/bin/ray"
 
-    @field_validator("user", "group", "bind", "env_dir")
+    @field_validator("user", "group", "bind", "env_dir", "ray")
     @classmethod
     def _safe_text(cls, v: str) -> str:
         return _safe(v, "value")
@@ -170,8 +172,16 @@ class Host(_Strict):
     engine: tuple[str, ...] | None = None
     bind: str | None = None  # the address vLLM listens on; defaults.bind when unset
     agent_socket: str | None = None  # a controller's rollout reaches the box's agent here (relay --socket)
+    # Multi-node models: the address the other nodes reach this host at (default: address), the
+    # network interface Gloo/NCCL use (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), and the network
+    # between boxes (the planner warns when tensor parallel would cross it).
+    node_address: str | None = None
+    interface: str | None = None
+    network: Literal["infiniband", "roce", "ethernet", "unknown"] = "unknown"
+    ray: str | None = None  # Ray's CLI on this host; defaults.ray when unset
 
-    @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind", "agent_socket")
+    @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind", "agent_socket",
+                     "node_address", "interface", "ray")
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else _safe(v, "value")
@@ -180,6 +190,11 @@ class Host(_Strict):
     @classmethod
     def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return None if v is None else _engine(v)
+
+    @property
+    def peer_address(self) -> str:
+        """Where the other nodes of a multi-node model reach this host."""
+        return self.node_address or self.address
 
     @field_validator("models_dir")
     @classmethod
@@ -214,6 +229,12 @@ class Model(_Strict):
     ignore_patterns: tuple[str, ...] = ()
     # A local copy of the model's config.json for `plan` (relative to deploy.toml): plans offline.
     config: str | None = None
+    # A model larger than one box: the hosts it spans (the first serves the API), ``gpus`` on each,
+    # TP inside a node and PP or DP across nodes, with vLLM's own multi-node backend or Ray.
+    nodes: tuple[Name, ...] = ()
+    backend: Literal["native", "ray"] = "native"
+    master_port: int = Field(29500, ge=1, le=65535)  # native: torch.distributed's rendezvous on node 0
+    ray_port: int = Field(6379, ge=1, le=65535)  # ray: the head's GCS port
 
     @field_validator("repo", "revision", "source", "served_name", "config")
     @classmethod
@@ -277,9 +298,33 @@ class Model(_Strict):
             raise ValueError(f"GPU index {min(v)} is negative")
         return v
 
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        twice = sorted({n for n in v if v.count(n) > 1})
+        if twice:
+            raise ValueError(f"host {twice[0]!r} is listed twice in {list(v)} (each node is one host)")
+        if len(v) == 1:
+            raise ValueError(f"{list(v)} names one host: a multi-node model spans at least 2 (use host = "
+                             f"{v[0]!r} for one box)")
+        return v
+
     @model_validator(mode="after")
     def _layout_matches_gpus(self) -> Model:
         need = self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+        if self.nodes:
+            have = len(self.gpus) * len(self.nodes)
+            if need != have:
+                raise ValueError(
+                    f"tensor_parallel {self.tensor_parallel} x pipeline_parallel {self.pipeline_parallel} x "
+                    f"data_parallel {self.data_parallel} = {need} GPUs, but {len(self.nodes)} nodes x "
+                    f"{len(self.gpus)} GPUs each (gpus = {list(self.gpus)}) = {have}")
+            if self.host is not None and self.host != self.nodes[0]:
+                raise ValueError(f"host {self.host!r} is not the first of nodes {list(self.nodes)} (the first "
+                                 "node serves the API; leave host out)")
+            return self
+        if self.backend == "ray":
+            raise ValueError("backend \"ray\" needs nodes = [...] (Ray is used across boxes only)")
         if need != len(self.gpus):
             raise ValueError(
                 f"tensor_parallel {self.tensor_parallel} x pipeline_parallel {self.pipeline_parallel} x "
@@ -304,6 +349,10 @@ class Model(_Strict):
     @property
     def pinned(self) -> bool:
         return bool(SHA_RE.match(self.revision))
+
+    @property
+    def multinode(self) -> bool:
+        return bool(self.nodes)
 
 
 class Schedule(_Strict):
@@ -465,12 +514,21 @@ class Catalog(_Strict):
     @model_validator(mode="after")
     def _cross_references(self) -> Catalog:
         for name, model in self.models.items():
+            for node in model.nodes:
+                if node not in self.hosts:
+                    raise _KeyedError(f"models.{name}.nodes",
+                                      f"unknown host {node!r} (known: {', '.join(sorted(self.hosts))})")
             for host in self.model_hosts(name):
                 too_high = [g for g in model.gpus if g >= host.gpus]
                 if too_high:
                     raise _KeyedError(f"models.{name}.gpus",
                                       f"GPU index {too_high[0]} is out of range: host {host.name} has "
                                       f"{host.gpus} GPUs (0-{host.gpus - 1})")
+                if model.nodes and model.tensor_parallel > host.gpus:
+                    raise _KeyedError(f"models.{name}.tensor_parallel",
+                                      f"tensor_parallel {model.tensor_parallel} is larger than node "
+                                      f"{host.name}'s {host.gpus} GPUs: keep TP inside a box and use "
+                                      "pipeline_parallel or data_parallel across nodes")
         seen: dict[tuple[str, int], str] = {}
         for name, model in self.models.items():
             for host in self.model_hosts(name):
@@ -533,11 +591,12 @@ class Catalog(_Strict):
         return next(iter(self.hosts.values()))
 
     def model_hosts(self, model: str) -> list[Host]:
-        """Every host a model runs on: its group's hosts, else its one host."""
+        """Every host a model runs on: its group's hosts (one replica each), its nodes (one engine
+        across them, the API's first), else its one host."""
         spec = self.models[model]
         if spec.group is not None:
             return [self.hosts[h] for h in self.groups[spec.group].hosts]
-        return [self.model_host(model)]
+        return self.nodes_of(model)
 
     def _check_routable(self) -> None:
         """With the proxy on, every served name must be routable and no model may take its port."""
@@ -552,8 +611,10 @@ class Catalog(_Strict):
                                   f"engine another one")
 
     def model_host(self, model: str) -> Host:
-        """The host a model runs on: its own ``host`` or the only host there is."""
+        """The host a model runs on (a multi-node model: its first node, which serves the API)."""
         spec = self.models[model]
+        if spec.nodes and spec.nodes[0] in self.hosts:
+            return self.hosts[spec.nodes[0]]
         if spec.group is not None:
             raise UsageError(f"model {model!r} runs on every host of group {spec.group!r} "
                              f"({', '.join(self.groups[spec.group].hosts)}): switch it with "
@@ -567,6 +628,13 @@ class Catalog(_Strict):
             raise _KeyedError(f"models.{model}.host",
                               f"missing: there are {len(self.hosts)} hosts, say which one serves it")
         return next(iter(self.hosts.values()))
+
+    def nodes_of(self, model: str) -> list[Host]:
+        """Every host a model runs on, the API's first."""
+        spec = self.models[model]
+        if spec.nodes:
+            return [self.hosts[n] for n in spec.nodes if n in self.hosts]
+        return [self.model_host(model)]
 
     def models_on(self, host: str) -> list[str]:
         return [m for m in self.models if host in (h.name for h in self.model_hosts(m))]

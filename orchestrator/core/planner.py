@@ -65,10 +65,20 @@ class Layout:
 
 @dataclass(frozen=True)
 class Hardware:
-    gpu_count: int
+    gpu_count: int  # per node
     gpu_memory_gib: float
     free_memory_gib: tuple[float, ...] | None = None  # per GPU index, when probed
-    interconnect: str | None = None  # "nvlink" | "pcie"
+    interconnect: str | None = None  # "nvlink" | "pcie", inside a box
+    nodes: int = 1  # boxes of gpu_count GPUs each (a multi-node model)
+    network: str | None = None  # between boxes: "infiniband" | "roce" | "ethernet"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpu_count * self.nodes
+
+    def __str__(self) -> str:
+        box = f"{self.gpu_count} x {self.gpu_memory_gib:g} GiB"
+        return box if self.nodes == 1 else f"{self.nodes} nodes x {box}"
 
 
 @dataclass(frozen=True)
@@ -174,10 +184,15 @@ def _hardware_reasons(layout: Layout, hw: Hardware, wl: Workload, devices: Seque
         reasons.append(f"gpu_memory_utilization must be in (0, 1] (got {wl.gpu_memory_utilization})")
     if reasons:
         return
-    if layout.gpus > hw.gpu_count:
+    if layout.gpus > hw.total_gpus:
+        where = "the host has" if hw.nodes == 1 else f"{hw.nodes} nodes x {hw.gpu_count} GPUs have"
         reasons.append(f"{layout} needs {layout.gpus} GPUs (TP {layout.tp} x PP {layout.pp} x DP "
-                       f"{layout.dp}) but the host has {hw.gpu_count}")
+                       f"{layout.dp}) but {where} {hw.total_gpus}")
         return
+    if hw.nodes > 1:
+        _node_reasons(layout, hw, reasons)
+        if reasons:
+            return
     used = list(devices) if devices is not None else list(range(layout.gpus))
     if devices is not None:
         bad = [i for i in used if not 0 <= i < hw.gpu_count]
@@ -195,6 +210,25 @@ def _hardware_reasons(layout: Layout, hw: Hardware, wl: Workload, devices: Seque
         for i, free in short:
             reasons.append(f"GPU {i} has {free:.1f} GiB free, less than gpu_memory_utilization "
                            f"{wl.gpu_memory_utilization} x {hw.gpu_memory_gib:.1f} GiB = {want:.1f} GiB")
+
+
+def _node_reasons(layout: Layout, hw: Hardware, reasons: list[str]) -> None:
+    """A layout across nodes: the same share on every node, TP inside a box where it can be."""
+    if layout.gpus % hw.nodes:
+        reasons.append(f"{layout} needs {layout.gpus} GPUs, which do not split evenly over {hw.nodes} nodes")
+    elif layout.tp <= hw.gpu_count and hw.gpu_count % layout.tp and layout.tp % hw.gpu_count:
+        reasons.append(f"TP {layout.tp} does not divide a node's {hw.gpu_count} GPUs: a TP group would "
+                       "straddle two boxes")
+    elif layout.tp > hw.gpu_count and layout.tp % hw.gpu_count:
+        reasons.append(f"TP {layout.tp} is not a multiple of a node's {hw.gpu_count} GPUs")
+
+
+def _node_warnings(layout: Layout, hw: Hardware) -> list[str]:
+    if hw.nodes == 1 or layout.tp <= hw.gpu_count:
+        return []
+    net = hw.network if hw.network and hw.network != "unknown" else "an unknown network"
+    return [(f"TP {layout.tp} crosses boxes ({hw.gpu_count} GPUs per node): every layer's all-reduce goes "
+             f"over {net} between nodes; prefer TP {hw.gpu_count} inside a box and PP or DP across nodes")]
 
 
 def _memory(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_bytes: int | None,
@@ -261,6 +295,7 @@ def _verdict(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_by
     found = shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep)
     reasons.extend(found.reasons)
     warnings.extend(found.warnings)
+    warnings.extend(_node_warnings(layout, hw))
     memory = _memory(m, layout, hw, wl, weight_bytes, reasons, warnings)
     return Verdict(layout, not reasons, tuple(reasons), tuple(dict.fromkeys(warnings)), memory)
 
@@ -295,13 +330,17 @@ def _rank(m: ModelSpec, v: Verdict, hw: Hardware) -> tuple[float, ...]:
     replicated = 1 if (not m.is_mla and kv and lay.tp > kv) else 0
     ep_first = 0 if (lay.ep or not m.is_moe or lay.tp * lay.dp == 1) else 1
     seqs = (v.memory.max_full_sequences if v.memory else 0) * lay.dp
-    return (lay.pp, -lay.gpus, replicated, ep_first, -seqs, lay.dp, lay.tp)
+    crosses = 1 if lay.tp > hw.gpu_count else 0  # across nodes, PP over the network beats TP over it
+    return (crosses, lay.pp, -lay.gpus, replicated, ep_first, -seqs, lay.dp, lay.tp)
 
 
 def _why(m: ModelSpec, v: Verdict, hw: Hardware) -> str:
     lay = v.layout
-    parts = [f"uses all {hw.gpu_count} GPUs" if lay.gpus == hw.gpu_count
-             else f"uses {lay.gpus} of {hw.gpu_count} GPUs, leaves {hw.gpu_count - lay.gpus} free"]
+    parts = [f"uses all {hw.total_gpus} GPUs" if lay.gpus == hw.total_gpus
+             else f"uses {lay.gpus} of {hw.total_gpus} GPUs, leaves {hw.total_gpus - lay.gpus} free"]
+    if hw.nodes > 1:
+        parts.append(f"{lay.gpus // hw.nodes} GPUs on each of {hw.nodes} nodes"
+                     + (", TP inside a box" if lay.tp <= hw.gpu_count else ", TP across boxes"))
     if m.is_mla:
         parts.append("MLA latent KV cache (not split by TP)")
     elif m.num_kv_heads:
@@ -325,8 +364,10 @@ def _why(m: ModelSpec, v: Verdict, hw: Hardware) -> str:
 def _valid_layouts(m: ModelSpec, hw: Hardware, wl: Workload, weight_bytes: int | None) -> list[Verdict]:
     if not isinstance(hw.gpu_count, int) or hw.gpu_count < 1:
         return []
-    valid = [v for v in (_verdict(m, lay, hw, wl, weight_bytes) for lay in _candidates(m, hw.gpu_count))
-             if v.valid]
+    candidates = _candidates(m, hw.total_gpus)
+    if hw.nodes > 1:  # a multi-node model uses every node
+        candidates = [lay for lay in candidates if lay.gpus > hw.gpu_count * (hw.nodes - 1)]
+    valid = [v for v in (_verdict(m, lay, hw, wl, weight_bytes) for lay in candidates) if v.valid]
     valid.sort(key=lambda v: _rank(m, v, hw))
     return [replace(v, why=_why(m, v, hw)) for v in valid]
 
@@ -340,7 +381,8 @@ def layouts(config: Mapping[str, Any], hw: Hardware, workload: Workload | None =
 
 def _fix(requested: Layout, valid: list[Verdict], hw: Hardware) -> str:
     if not valid:
-        return (f"no layout fits on {hw.gpu_count} x {hw.gpu_memory_gib:g} GiB GPUs: use more or larger GPUs, "
+        more = "more nodes, " if hw.nodes > 1 else "more nodes (nodes = [...]), "
+        return (f"no layout fits on {hw} GPUs: use {more}more or larger GPUs, "
                 "a smaller max_model_len, or a smaller quantization")
     by_layout = {v.layout: v for v in valid}
     picks: list[Layout] = []
@@ -368,7 +410,7 @@ def plan(config: Mapping[str, Any], requested: Layout | None, hw: Hardware, work
     valid = _valid_layouts(m, hw, wl, weight_bytes)
     if requested is None:
         gpus = hw.gpu_count if isinstance(hw.gpu_count, int) and hw.gpu_count >= 1 else 1
-        requested = valid[0].layout if valid else Layout(tp=gpus)
+        requested = valid[0].layout if valid else Layout(tp=gpus, pp=max(hw.nodes, 1))
     verdict = _verdict(m, requested, hw, wl, weight_bytes, devices)
     if verdict.valid:
         verdict = replace(verdict, why=_why(m, verdict, hw))

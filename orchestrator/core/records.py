@@ -9,6 +9,23 @@ from orchestrator.core.states import Phase
 
 
 @dataclass(frozen=True)
+class NodeUnit:
+    """One more unit of a multi-node model: a headless rank, a Ray head or a Ray worker, on its host."""
+
+    host: str
+    role: str  # "headless" | "ray-head" | "ray-worker"
+    rank: int
+    unit_name: str
+    unit_text: str
+    unit_sha: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeUnit:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
 class UnitSpec:
     """Everything needed to run (or re-run, on rollback) one model's unit, frozen at planning time.
 
@@ -29,6 +46,15 @@ class UnitSpec:
     repo: str = ""
     revision: str = ""
     source: str = "hub"
+    # A multi-node model: its other units, in start order (they stop in reverse); this spec's own
+    # unit (rank 0, the API) starts after them all, on the deployment's host.
+    nodes: tuple[NodeUnit, ...] = ()
+    backend: str = ""
+
+    @property
+    def node_hosts(self) -> tuple[str, ...]:
+        """The other hosts a multi-node spec runs on, in start order, each once."""
+        return tuple(dict.fromkeys(n.host for n in self.nodes))
 
     @property
     def base_url(self) -> str:
@@ -40,8 +66,9 @@ class UnitSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UnitSpec:
         """The spec recorded in ``data``; keys a newer version added are ignored."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known and k != "gpus"}, gpus=tuple(data["gpus"]))
+        known = {f.name for f in fields(cls)} - {"gpus", "nodes"}
+        return cls(**{k: v for k, v in data.items() if k in known}, gpus=tuple(data["gpus"]),
+                   nodes=tuple(NodeUnit.from_dict(n) for n in data.get("nodes") or ()))
 
 
 @dataclass(frozen=True)
@@ -86,4 +113,6 @@ class Deployment:
             "rollback_error": self.rollback_error,
             "phases": [{"phase": t.phase, "seconds": t.seconds} for t in self.timings],
             "bench": self.bench,
+            "nodes": [{"host": n.host, "role": n.role, "rank": n.rank, "unit": n.unit_name}
+                      for n in self.spec.nodes],
         }

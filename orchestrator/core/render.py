@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import jinja2
 
-from orchestrator.core.catalog import PATH_RE, USER_RE, Catalog, Model
+from orchestrator.core.catalog import PATH_RE, USER_RE, Catalog, Host, Model
 from orchestrator.core.safety import check_safe_text
 from orchestrator.errors import RenderError
 
@@ -55,9 +55,9 @@ class RenderedUnit:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
 
-def engine_argv(catalog: Catalog, model: Model, model_dir: str) -> list[str]:
+def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> list[str]:
     """The full vLLM command line for a model: engine, layout flags, then the model's own args."""
-    host = catalog.model_host(model.name)
+    host = host or catalog.model_host(model.name)
     d = catalog.defaults
     argv = [*catalog.engine_for(host), "--model", model_dir, "--served-model-name", model.served,
             "--host", host.bind or d.bind, "--port", str(model.port),
@@ -90,8 +90,12 @@ def load_deadline(catalog: Catalog, model: Model) -> float:
     return model.load_deadline_s or catalog.defaults.load_deadline_s
 
 
-def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None) -> RenderedUnit:
-    """Render ``template`` (the text of vllm.service.j2) for ``model``."""
+def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None,
+                host: Host | None = None, extra_args: tuple[str, ...] = (),
+                extra_env: dict[str, str] | None = None, unit_name: str | None = None,
+                role: str = "") -> RenderedUnit:
+    """Render ``template`` (the text of vllm.service.j2) for ``model``; a node of a multi-node model
+    passes its host, its rank's arguments and environment, and its unit name."""
     d = catalog.defaults
     for value, what in ((d.user, "user"), (d.group, "group")):
         if not USER_RE.match(value):
@@ -102,7 +106,11 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in model.gpus),
            # vLLM gives up on a slow engine start after this many seconds (default 600).
            "VLLM_ENGINE_READY_TIMEOUT_S": str(int(deadline)),
-           **model.env}
+           **(extra_env or {}), **model.env}
+    on = f" ({role} on {host.name})" if host is not None and role else ""
+    argv = engine_argv(catalog, model, directory, host)
+    # The model's own args stay last, after the node's (--headless, --node-rank ...).
+    argv = argv[:len(argv) - len(model.args)] + list(extra_args) + list(model.args)
     jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
                               trim_blocks=True, lstrip_blocks=True)
     try:
@@ -110,11 +118,11 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
         text = tmpl.render(
             name=model.name,
             description=_plain(f"vLLM {model.name}: {model.repo}@{model.revision} on GPUs "
-                               f"{','.join(map(str, model.gpus))}", "description"),
+                               f"{','.join(map(str, model.gpus))}{on}", "description"),
             user=d.user, group=d.group,
             environment=[env_quote(k, v) for k, v in env.items()],
             environment_file=_path(f"{d.env_dir.rstrip('/')}/{model.name}.env", "environment file"),
-            exec_start=" ".join(exec_quote(a) for a in engine_argv(catalog, model, directory)),
+            exec_start=" ".join(exec_quote(a) for a in argv),
             restart_sec=f"{d.restart_sec:g}",
             start_limit_burst=d.start_limit_burst,
             start_limit_interval=int(max(deadline, 60) + d.restart_sec * d.start_limit_burst),
@@ -123,7 +131,7 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
         )
     except jinja2.TemplateError as exc:
         raise RenderError(f"template vllm.service.j2: {exc}") from exc
-    return RenderedUnit(name=model.unit_name, text=text)
+    return RenderedUnit(name=unit_name or model.unit_name, text=text)
 
 
 def render_agent_unit(catalog: Catalog, template: str, *, python: str, config: str,

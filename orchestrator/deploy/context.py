@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,8 @@ class StepContext:
     free_threshold_mib: int = 1024
     completion_attempts: int = 3
     park: threading.Event = field(default_factory=threading.Event)
+    # A multi-node model: the context of another of its hosts (deploy/multinode.py).
+    node_ctx: Callable[[str], StepContext] | None = None
 
     @property
     def defaults(self) -> Defaults:
@@ -58,6 +60,10 @@ class StepInput:
     units_to_stop: frozenset[str]  # the serving unit, the target itself, and managed units on its GPUs
     # Re-render the target for weights staged at (path, revision): the engine owns rendering.
     respec: Callable[[str, str], UnitSpec]
+    # Multi-node: units to stop beyond units_to_stop, by host, in stop order (the other nodes' and
+    # the head's extra units), and what served on the other nodes, to bring back on rollback.
+    node_units_to_stop: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    peer_restore: Mapping[str, UnitSpec] = field(default_factory=dict)
     # With the front proxy: how this switch changes the serving set, and that set when it was planned.
     plan: SwitchPlan | None = None
     serving: tuple[Deployment, ...] = ()

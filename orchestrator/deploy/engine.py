@@ -14,8 +14,9 @@ from collections.abc import Callable
 import structlog
 
 from orchestrator.core.catalog import Catalog, Model
+from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Serving, SwitchPlan, plan_switch
-from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.core.records import Deployment, NodeUnit, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, is_terminal
 from orchestrator.deploy.context import Parked, StepContext, StepInput
@@ -58,12 +59,21 @@ class Engine:
     def spec_for(self, model: Model, model_dir: str | None = None, revision: str | None = None) -> UnitSpec:
         host = self.catalog.model_host(model.name)
         directory = model_dir or model_dir_for(self.catalog, model, revision)
-        unit = render_unit(self.catalog, model, self.template, model_dir=directory)
+        nodes: tuple[NodeUnit, ...] = ()
+        if model.nodes:
+            rendered = render_nodes(self.catalog, model, self._template_named, model_dir=directory)
+            unit, nodes = rendered.api, rendered.nodes
+        else:
+            unit = render_unit(self.catalog, model, self.template, model_dir=directory)
         address = "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
         return UnitSpec(model=model.name, unit_name=unit.name, unit_text=unit.text, unit_sha=unit.sha256,
                         served_name=model.served, address=address, port=model.port, gpus=model.gpus,
                         load_deadline_s=load_deadline(self.catalog, model), model_dir=directory,
-                        repo=model.repo, revision=revision or model.revision, source=model.source)
+                        repo=model.repo, revision=revision or model.revision, source=model.source,
+                        nodes=nodes, backend=model.backend if model.nodes else "")
+
+    def _template_named(self, name: str) -> str:
+        return self.template if name == "vllm.service.j2" else template_text(name)
 
     def plan_switch(self, model_name: str, *, trigger: str | None = None, no_rollback: bool = False,
                     force: bool = False) -> Deployment | None:
@@ -143,6 +153,10 @@ class Engine:
             ports = self.ports_for(dep.host)  # builds the host's connection on first use: may fail too
             if not ports.systemd.unit_state(dep.spec.unit_name).is_active:
                 return False
+            # A multi-node model is down when any of its nodes is (or cannot be reached).
+            for node in dep.spec.nodes:
+                if not self.ports_for(node.host).systemd.unit_state(node.unit_name).is_active:
+                    return False
             ok, _ = ports.health.health(dep.spec.base_url)
             return ok and dep.spec.served_name in ports.health.models(dep.spec.base_url)
         except OrchestratorError:
@@ -157,6 +171,16 @@ class Engine:
         blog = log.bind(**bound)
         ctx = StepContext(ports=ports, catalog=self.catalog, progress=self.progress,
                           managed_units=self._managed_units(dep.host), bound=bound, park=self.park)
+        node_ctxs: dict[str, StepContext] = {}
+
+        def node_ctx(host: str) -> StepContext:
+            if host not in node_ctxs:
+                node_ctxs[host] = StepContext(ports=self.ports_for(host), catalog=self.catalog,
+                                              progress=self.progress, managed_units=self._managed_units(host),
+                                              bound={**bound, "node": host}, park=self.park)
+            return node_ctxs[host]
+
+        ctx.node_ctx = node_ctx
         while not is_terminal(dep.phase):
             if self.before_step is not None:
                 self.before_step(dep)  # test hook: pause or park at a named phase
@@ -188,7 +212,8 @@ class Engine:
         step = StepInput(dep=dep, previous=self._previous(dep), units_to_stop=self._units_to_stop(dep, plan),
                          respec=lambda path, revision: self.spec_for(self.catalog.models[dep.model],
                                                                      model_dir=path, revision=revision),
-                         plan=plan, serving=serving)
+                         plan=plan, serving=serving, node_units_to_stop=self._node_units_to_stop(dep),
+                         peer_restore=self._peer_restore(dep))
         try:
             result = STEPS[dep.phase](ctx, step)
         except OrchestratorError as exc:
@@ -241,6 +266,39 @@ class Engine:
                 units.add(self.catalog.models[name].unit_name)
         return frozenset(units)
 
+    def _node_units_to_stop(self, dep: Deployment) -> dict[str, frozenset[str]]:
+        """Multi-node: units beyond the head's usual ones, by host, in stop order (other nodes in
+        reverse, the head's extra units last): the target's and the previous revision's node units,
+        what serves on the target's other nodes, and any catalog unit there on the target's GPUs."""
+        prev = self._previous(dep)
+        specs = [dep.spec] + ([prev.spec] if prev is not None else [])
+        hosts = [dep.host, *dep.spec.node_hosts]
+        out: dict[str, set[str]] = {}
+        for spec in specs:
+            for node in reversed(spec.nodes):
+                out.setdefault(node.host, set()).add(node.unit_name)
+        for peer in hosts[1:]:
+            serving = self.store.serving(peer) if peer != dep.host else None
+            if serving is not None:
+                out.setdefault(peer, set()).add(serving.spec.unit_name)
+        wanted = set(dep.spec.gpus)
+        for model in self.catalog.models.values():
+            if dep.spec.nodes and wanted & set(model.gpus):
+                for host, units in unit_names(self.catalog, model).items():
+                    if host in hosts[1:] or (host == dep.host and model.name != dep.model):
+                        out.setdefault(host, set()).update(units)
+        order = sorted(out, key=lambda h: (h == dep.host, -hosts.index(h) if h in hosts else 0))
+        return {h: frozenset(out[h]) for h in order}
+
+    def _peer_restore(self, dep: Deployment) -> dict[str, UnitSpec]:
+        """What serves now on the target's other nodes (single-box models), to bring back on rollback."""
+        out = {}
+        for peer in dep.spec.node_hosts:
+            serving = self.store.serving(peer) if peer != dep.host else None
+            if serving is not None and not serving.spec.nodes:
+                out[peer] = serving.spec
+        return out
+
     def _clean_weights(self, ctx: StepContext, dep: Deployment) -> None:
         """Old staged revisions go by policy once the new one serves; never the serving or the
         previous stable one. A failure here is logged: the switch itself has succeeded."""
@@ -270,3 +328,7 @@ class Engine:
             self.store.set_serving(dep.host, dep.revision)
         elif phase is Phase.FAILED:
             self.store.set_serving(dep.host, None)
+        if phase in (Phase.ACTIVE, Phase.FAILED):
+            # The other nodes now serve (part of) this model, not what they served alone before.
+            for peer in self._peer_restore(dep):
+                self.store.set_serving(peer, None)

@@ -7,7 +7,8 @@ running deployment named, whether it was started by another CLI or by the agent.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from orchestrator.deploy import actions
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
 from orchestrator.deploy.locks import host_lock
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, StateStore
 
 
@@ -131,10 +132,18 @@ class Operations:
         return rows
 
     # -- operations ---------------------------------------------------------------------------
+    @contextmanager
+    def _model_locks(self, model: str) -> Iterator[None]:
+        """The lock of every host a model runs on (a multi-node model switches all its nodes)."""
+        with ExitStack() as stack:
+            for node in self.catalog.nodes_of(model):
+                stack.enter_context(host_lock(self.state_dir, node.name, self.holder(node.name)))
+            yield
+
     def switch(self, model: str, *, trigger: str | None = None, no_rollback: bool = False, force: bool = False,
                progress: ProgressCallback | None = None) -> dict[str, Any]:
         host = self.host_of(model)
-        with host_lock(self.state_dir, host, self.holder(host)):
+        with self._model_locks(model):
             eng = self.engine(progress)
             recovered = self._recover_host(eng, host)
             dep = eng.plan_switch(model, trigger=trigger or default_trigger(), no_rollback=no_rollback, force=force)
@@ -260,6 +269,22 @@ class Operations:
     def _recover_host(self, eng: Engine, host: str) -> list[dict[str, Any]]:
         return [eng.run(d.id).to_dict() for d in self.store.unfinished(host)]
 
+    def _node_states(self, dep: Deployment, probe: bool) -> list[dict[str, Any]]:
+        """Each unit of a multi-node model: its host, role and (probed) systemd state."""
+        rows = [(n.host, n.role + (f" rank {n.rank}" if n.role == "headless" else ""), n.unit_name)
+                for n in dep.spec.nodes]
+        rows.append((dep.host, "engine (API)" if dep.spec.backend == "ray" else "rank 0 (API)", dep.spec.unit_name))
+        out = []
+        for host, role, unit in rows:
+            state = "not probed"
+            if probe:
+                try:
+                    state = self.ports_for(host).systemd.unit_state(unit).active_state
+                except OrchestratorError as exc:
+                    state = f"unreachable: {exc}"
+            out.append({"host": host, "role": role, "unit": unit, "state": state})
+        return out
+
     def history(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         if host is not None:
             self.catalog.host(host)
@@ -298,5 +323,7 @@ class Operations:
                                     "gpus": list(d.spec.gpus), "unit": d.spec.unit_name, "url": d.spec.base_url,
                                     **({"healthy": eng.is_healthy(d)} if probe else {})}
                                    for d in self.store.serving_set(name)]
+            if serving is not None and serving.spec.nodes:
+                entry["serving"]["nodes"] = self._node_states(serving, probe)
             out["hosts"][name] = entry
         return out

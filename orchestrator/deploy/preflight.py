@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from orchestrator.core import planner
@@ -54,8 +55,10 @@ def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuS
         max_model_len=model.max_model_len,
         gpu_memory_utilization=model.gpu_memory_utilization or catalog.defaults.gpu_memory_utilization)
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
-    result = planner.plan(config, layout, hardware_of(snap, ports.host.gpu_memory_gib, ports.host.interconnect),
-                          workload, weight_bytes=weight_bytes)
+    hw = hardware_of(snap, ports.host.gpu_memory_gib, ports.host.interconnect)
+    if model.nodes:  # the same GPUs on every node; each node's were checked in its own preflight
+        hw = replace(hw, nodes=len(model.nodes), network=ports.host.network)
+    result = planner.plan(config, layout, hw, workload, weight_bytes=weight_bytes)
     verdict = result.requested
     if not verdict.valid:
         fix = f"; {verdict.fix}" if verdict.fix else ""

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.states import Phase
-from orchestrator.deploy import actions
+from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
 from orchestrator.deploy.preflight import check_layout
 from orchestrator.errors import PlanError, SmokeGateFailed, SystemdError
@@ -40,6 +40,8 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
         holder = ctx.ports.proxy.port_holder()
         if holder is not None:
             raise PlanError(holder, host=dep.host)
+    if dep.spec.nodes:
+        multinode.preflight(ctx, dep.spec)
     return DONE
 
 
@@ -54,6 +56,8 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
         if staged.path != dep.spec.model_dir and not dep.trigger.startswith("rollback"):
             spec = step.respec(staged.path, staged.revision)
         check_layout(ctx.catalog, replace(dep, spec=spec or dep.spec), ctx.ports, ctx.ports.gpus.snapshot())
+    multinode.stage(ctx, spec or dep.spec)
+    multinode.preinstall(ctx, spec or dep.spec)
     _preinstall(ctx, spec or dep.spec)
     return StepResult(spec=spec)
 
@@ -79,30 +83,35 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
                                                gaps=(d.spec.served_name for d in step.overlapping)):
         actions.drain(ctx)
     actions.stop_units(ctx, step.units_to_stop)
+    multinode.stop(ctx, step.node_units_to_stop)  # the other nodes after the API, in reverse start order
     return DONE
 
 
 def freeing(ctx: StepContext, step: StepInput) -> StepResult:
     actions.free_gpus(ctx, step.dep.spec.gpus, step.units_to_stop)
+    multinode.free(ctx, step.dep.spec, step.node_units_to_stop)
     return DONE
 
 
 def installing(ctx: StepContext, step: StepInput) -> StepResult:
+    multinode.install(ctx, step.dep.spec)
     actions.install_unit(ctx, step.dep.spec)
     return DONE
 
 
 def starting(ctx: StepContext, step: StepInput) -> StepResult:
+    multinode.start(ctx, step.dep.spec)  # headless ranks, or the Ray head and workers, first
     actions.start_unit(ctx, step.dep.spec)
     return DONE
 
 
 def checking(ctx: StepContext, step: StepInput) -> StepResult:
     """Health, models, one real completion; then the optional smoke benchmark and its gate."""
-    actions.wait_ready(ctx, step.dep.spec)
+    multinode.wait_ready(ctx, step.dep.spec)
     bench = _smoke_gate(ctx, step)
     others = ctx.managed_units if step.plan is None else {d.spec.unit_name for d in step.displaced}
     actions.settle_enablement(ctx, step.dep.spec.unit_name, others)
+    multinode.settle(ctx, step.dep.spec, step.node_units_to_stop)
     return StepResult(bench=bench)
 
 
@@ -151,11 +160,17 @@ def rolling_back(ctx: StepContext, step: StepInput) -> StepResult:
     ctx.emit("rollback", to_revision=previous.revision, model=prev.model)
     units = step.units_to_stop | {dep.spec.unit_name}
     actions.stop_units(ctx, units - {prev.unit_name} if prev.unit_name != dep.spec.unit_name else units)
+    multinode.stop(ctx, step.node_units_to_stop)  # the new model on every node, the old one's too
     actions.free_gpus(ctx, prev.gpus, units - {prev.unit_name})
+    multinode.free(ctx, prev, step.node_units_to_stop)
+    multinode.install(ctx, prev)
+    multinode.start(ctx, prev)
     actions.install_unit(ctx, prev)
     actions.start_unit(ctx, prev)
-    actions.wait_ready(ctx, prev)
+    multinode.wait_ready(ctx, prev)
     actions.settle_enablement(ctx, prev.unit_name, ctx.managed_units | {dep.spec.unit_name})
+    multinode.settle(ctx, prev, step.node_units_to_stop)
+    multinode.restore_peers(ctx, step.peer_restore)
     return DONE
 
 

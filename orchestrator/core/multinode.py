@@ -1,0 +1,154 @@
+"""A model larger than one box: its roles per node and their rendered units (pure).
+
+Native backend (vLLM's own, multiprocessing + torch.distributed): every node runs the engine with
+``--nnodes N --node-rank R --master-addr A --master-port P``; rank 0 serves the API, the others add
+``--headless``. Data parallel across nodes uses vLLM's DP flags instead (``--data-parallel-size-local``,
+``--data-parallel-start-rank``, ``--data-parallel-address``). Ray backend: a Ray head unit on the first
+node, a Ray worker unit on each other node (``ray start --block``, ``--num-gpus`` = the GPUs it exposes),
+and the engine on the head with ``--distributed-executor-backend ray``.
+
+Start order is the order of ``nodes`` in the spec, then the API unit; stop is the reverse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jinja2
+
+from orchestrator.core.catalog import Catalog, Host, Model
+from orchestrator.core.records import NodeUnit
+from orchestrator.core.render import RenderedUnit, _plain, env_quote, exec_quote, render_unit
+from orchestrator.errors import RenderError
+
+TemplateText = Callable[[str], str]
+HEAD_TEMPLATE = "ray-head.service.j2"
+WORKER_TEMPLATE = "ray-worker.service.j2"
+ENGINE_TEMPLATE = "vllm.service.j2"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A multi-node model's units: the API unit (rank 0 / the engine on the Ray head) and the rest."""
+
+    api: RenderedUnit
+    nodes: tuple[NodeUnit, ...]
+
+
+def node_unit_name(model: Model, rank: int) -> str:
+    return f"vllm-{model.name}-node{rank}.service"
+
+
+def ray_unit_name(model: Model, role: str) -> str:
+    return f"ray-{model.name}-{role.removeprefix('ray-')}.service"
+
+
+def _node_env(host: Host) -> dict[str, str]:
+    """What every process of a node needs to find the others: its own address and interface."""
+    env = {"VLLM_HOST_IP": host.peer_address}
+    if host.interface:
+        env |= {"GLOO_SOCKET_IFNAME": host.interface, "NCCL_SOCKET_IFNAME": host.interface}
+    return env
+
+
+def _native_args(catalog: Catalog, model: Model, rank: int) -> tuple[str, ...]:
+    head = catalog.model_host(model.name)
+    n = len(model.nodes)
+    per_node_ranks = model.tensor_parallel * model.pipeline_parallel
+    if model.data_parallel > 1 and per_node_ranks <= len(model.gpus):
+        # DP across nodes: each node runs data_parallel / n replicas of TP x PP.
+        local = model.data_parallel // n
+        args: tuple[str, ...] = ("--data-parallel-size-local", str(local), "--data-parallel-start-rank",
+                                 str(rank * local), "--data-parallel-address", head.peer_address,
+                                 "--data-parallel-rpc-port", str(model.master_port))
+    else:
+        args = ("--nnodes", str(n), "--node-rank", str(rank), "--master-addr", head.peer_address,
+                "--master-port", str(model.master_port))
+    return args + (("--headless",) if rank else ())
+
+
+def _ray(catalog: Catalog, host: Host) -> str:
+    return host.ray or catalog.defaults.ray
+
+
+def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template: str) -> RenderedUnit:
+    head = catalog.model_host(model.name)
+    d = catalog.defaults
+    ray = _ray(catalog, host)
+    common = ["--block", "--node-ip-address", host.peer_address, "--num-gpus", str(len(model.gpus)),
+              "--disable-usage-stats"]
+    if role == "ray-head":
+        argv = [ray, "start", "--head", "--port", str(model.ray_port), "--temp-dir", "/var/lib/ray", *common]
+    else:
+        argv = [ray, "start", "--address", f"{head.peer_address}:{model.ray_port}", *common]
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, model.gpus)),
+           **_node_env(host), **model.env}
+    name = ray_unit_name(model, role)
+    jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                              trim_blocks=True, lstrip_blocks=True)
+    try:
+        text = jenv.from_string(template).render(
+            name=name.removesuffix(".service"),
+            description=_plain(f"Ray {role.removeprefix('ray-')} for {model.name} on {host.name}: GPUs "
+                               f"{','.join(map(str, model.gpus))}", "description"),
+            user=d.user, group=d.group, state_directory="ray",
+            environment=[env_quote(k, v) for k, v in env.items()],
+            exec_start=" ".join(exec_quote(a) for a in argv),
+            timeout_stop=int(d.stop_timeout_s))
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template {role}.service.j2: {exc}") from exc
+    return RenderedUnit(name=name, text=text)
+
+
+def _node(host: Host, role: str, rank: int, unit: RenderedUnit) -> NodeUnit:
+    return NodeUnit(host=host.name, role=role, rank=rank, unit_name=unit.name, unit_text=unit.text,
+                    unit_sha=unit.sha256)
+
+
+def render_nodes(catalog: Catalog, model: Model, templates: TemplateText, *,
+                 model_dir: str | None = None) -> Rendered:
+    """Every unit of a multi-node model, the API's apart; ``templates`` gives a template's text by name."""
+    hosts = catalog.nodes_of(model.name)
+    head = hosts[0]
+    engine = templates(ENGINE_TEMPLATE)
+    if model.backend == "ray":
+        nodes = [_node(head, "ray-head", 0, _render_ray(catalog, model, head, "ray-head", templates(HEAD_TEMPLATE)))]
+        nodes += [_node(h, "ray-worker", r, _render_ray(catalog, model, h, "ray-worker", templates(WORKER_TEMPLATE)))
+                  for r, h in enumerate(hosts[1:], 1)]
+        api = render_unit(catalog, model, engine, model_dir=model_dir, host=head, role="engine on the Ray head",
+                          extra_args=("--distributed-executor-backend", "ray"),
+                          extra_env={**_node_env(head), "RAY_ADDRESS": f"{head.peer_address}:{model.ray_port}"})
+        return Rendered(api, tuple(nodes))
+    nodes = [_node(h, "headless", r, render_unit(catalog, model, engine, model_dir=model_dir, host=h,
+                                                 role=f"headless rank {r}", extra_args=_native_args(catalog, model, r),
+                                                 extra_env=_node_env(h), unit_name=node_unit_name(model, r)))
+             for r, h in enumerate(hosts[1:], 1)]
+    api = render_unit(catalog, model, engine, model_dir=model_dir, host=head, role="rank 0, the API",
+                      extra_args=_native_args(catalog, model, 0), extra_env=_node_env(head))
+    return Rendered(api, tuple(nodes))
+
+
+def unit_names(catalog: Catalog, model: Model) -> dict[str, set[str]]:
+    """Every unit name a model uses, by host (a single-box model: its one unit on its host)."""
+    hosts = catalog.nodes_of(model.name)
+    out: dict[str, set[str]] = {hosts[0].name: {model.unit_name}}
+    if model.backend == "ray" and model.nodes:
+        out[hosts[0].name].add(ray_unit_name(model, "ray-head"))
+        for h in hosts[1:]:
+            out.setdefault(h.name, set()).add(ray_unit_name(model, "ray-worker"))
+    elif model.nodes:
+        for r, h in enumerate(hosts[1:], 1):
+            out.setdefault(h.name, set()).add(node_unit_name(model, r))
+    return out
+
+
+def roles(catalog: Catalog, model: Model) -> list[tuple[str, str, str]]:
+    """(host, role, unit) for every unit of a multi-node model, in start order."""
+    hosts = catalog.nodes_of(model.name)
+    if model.backend == "ray":
+        rows = [(hosts[0].name, "ray-head", ray_unit_name(model, "ray-head"))]
+        rows += [(h.name, "ray-worker", ray_unit_name(model, "ray-worker")) for h in hosts[1:]]
+        return [*rows, (hosts[0].name, "engine", model.unit_name)]
+    rows = [(h.name, f"headless rank {r}", node_unit_name(model, r)) for r, h in enumerate(hosts[1:], 1)]
+    return [*rows, (hosts[0].name, "rank 0 (API)", model.unit_name)]

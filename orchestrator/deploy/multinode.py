@@ -1,0 +1,214 @@
+"""The steps of a multi-node deployment: the same phases, acted out on every node of the model.
+
+The deployment is recorded on the model's first node (the API's); every action here observes
+before it acts, so re-running a phase after a crash repeats nothing that already happened on any
+node. Start order: the spec's extra units in order (headless ranks; or the Ray head, the Ray
+workers, then a wait until the cluster shows every node), then the API unit; stop is the reverse.
+A failure on any node fails the step, and the engine's rollback stops the model on every node and
+brings back what served on each.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from orchestrator.core.records import NodeUnit, UnitSpec
+from orchestrator.deploy import actions
+from orchestrator.deploy.context import StepContext
+from orchestrator.errors import HealthCheckFailed, OrchestratorError, PlanError
+
+RAY_VERSION_RE = re.compile(r"version\s+(\S+)")
+
+
+def _node_ctx(ctx: StepContext, host: str) -> StepContext:
+    if ctx.node_ctx is None or host == ctx.ports.host.name:
+        return ctx
+    return ctx.node_ctx(host)
+
+
+def _as_spec(spec: UnitSpec, node: NodeUnit) -> UnitSpec:
+    """A node's unit in the shape the single-host actions take (it has no API of its own)."""
+    return UnitSpec(model=spec.model, unit_name=node.unit_name, unit_text=node.unit_text, unit_sha=node.unit_sha,
+                    served_name=spec.served_name, address=spec.address, port=spec.port, gpus=spec.gpus,
+                    load_deadline_s=spec.load_deadline_s, model_dir=spec.model_dir)
+
+
+def preflight(ctx: StepContext, spec: UnitSpec) -> None:
+    """Every node answers, has the GPUs the model names, and (Ray) runs the same Ray version."""
+    for host in spec.node_hosts:
+        nctx = _node_ctx(ctx, host)
+        snap = nctx.ports.gpus.snapshot()
+        missing = sorted(set(spec.gpus) - {g.index for g in snap.gpus})
+        if missing:
+            raise PlanError(f"{spec.model} needs GPU {','.join(map(str, spec.gpus))} on node {host} but "
+                            f"nvidia-smi there shows {len(snap.gpus)} GPU(s)", host=host)
+        ctx.emit("node_preflight", node=host, gpus=len(snap.gpus))
+    if spec.backend == "ray":
+        check_ray_versions(ctx, spec)
+
+
+def _ray_cli(ctx: StepContext, host: str) -> str:
+    nctx = _node_ctx(ctx, host)
+    return nctx.ports.host.ray or nctx.catalog.defaults.ray
+
+
+def ray_version(ctx: StepContext, host: str) -> str:
+    nctx = _node_ctx(ctx, host)
+    ray = _ray_cli(ctx, host)
+    result = nctx.ports.shell.run([ray, "--version"], timeout=120, check=False)
+    found = RAY_VERSION_RE.search(result.stdout)
+    if result.exit_code != 0 or found is None:
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise PlanError(f"node {host}: `{ray} --version` failed (exit {result.exit_code}): {detail[0]}",
+                        host=host)
+    return found.group(1)
+
+
+def check_ray_versions(ctx: StepContext, spec: UnitSpec) -> None:
+    """Ray refuses to join nodes of different versions, late and obscurely: refuse it here, first."""
+    versions = {host: ray_version(ctx, host) for host in (ctx.ports.host.name, *spec.node_hosts)}
+    ctx.emit("ray_versions", versions=versions)
+    if len(set(versions.values())) > 1:
+        listed = ", ".join(f"{h} has Ray {v}" for h, v in versions.items())
+        raise PlanError(f"{spec.model}: every node needs the same Ray version: {listed}", host=ctx.ports.host.name)
+
+
+def stage(ctx: StepContext, spec: UnitSpec) -> None:
+    """The weights on every other node (the head stages through the usual step)."""
+    for host in spec.node_hosts:
+        nctx = _node_ctx(ctx, host)
+        if host == ctx.ports.host.name or spec.source == "none" or nctx.ports.weights is None:
+            continue
+        staged = nctx.ports.weights.stage(spec, nctx.progress)
+        ctx.emit("staged", node=host, path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
+
+
+def preinstall(ctx: StepContext, spec: UnitSpec) -> None:
+    """Write and load the node units that are not running yet, while the old model serves."""
+    for node in spec.nodes:
+        nctx = _node_ctx(ctx, node.host)
+        if not nctx.ports.systemd.unit_state(node.unit_name).is_active:
+            actions.install_unit(nctx, _as_spec(spec, node))
+
+
+def stop(ctx: StepContext, units: Mapping[str, frozenset[str]]) -> None:
+    """Stop units on other hosts (and the head's extra ones), in the order given (reverse start)."""
+    for host, names in units.items():
+        actions.stop_units(_node_ctx(ctx, host), names)
+
+
+def free(ctx: StepContext, spec: UnitSpec, units: Mapping[str, frozenset[str]]) -> None:
+    for host in spec.node_hosts:
+        if host != ctx.ports.host.name:
+            actions.free_gpus(_node_ctx(ctx, host), spec.gpus, units.get(host, frozenset()))
+
+
+def install(ctx: StepContext, spec: UnitSpec) -> None:
+    for node in spec.nodes:
+        actions.install_unit(_node_ctx(ctx, node.host), _as_spec(spec, node))
+
+
+def start(ctx: StepContext, spec: UnitSpec) -> None:
+    """The node units in order; with Ray, wait for the whole cluster before the engine may start."""
+    for node in spec.nodes:
+        nctx = _node_ctx(ctx, node.host)
+        ctx.emit("node_start", node=node.host, role=node.role, unit=node.unit_name)
+        actions.start_unit(nctx, _as_spec(spec, node))
+    if spec.backend == "ray":
+        wait_ray_cluster(ctx, spec)
+
+
+def _ray_nodes(text: str) -> int:
+    """Alive nodes in `ray status` output (the lines under "Active:", one per node)."""
+    block = text.split("Active:", 1)[1] if "Active:" in text else ""
+    block = re.split(r"\n\s*(Pending|Recent failures):", block, maxsplit=1)[0]
+    return sum(int(m.group(1)) for m in re.finditer(r"^\s*(\d+)\s+node_", block, re.MULTILINE))
+
+
+def wait_ray_cluster(ctx: StepContext, spec: UnitSpec) -> None:
+    """Until `ray status` on the head lists every node, or the load deadline; a unit that died fails it at once."""
+    head = next(n for n in spec.nodes if n.role == "ray-head")
+    want = len(spec.nodes)
+    address = next((a.split("=", 1)[1].strip('"') for a in re.findall(r'"RAY_ADDRESS=[^"]+"', spec.unit_text)), "")
+    ray = _ray_cli(ctx, ctx.ports.host.name)
+    clock = ctx.ports.clock
+    start_at = clock.monotonic()
+    seen, last = 0, [""]
+    while True:
+        for node in spec.nodes:
+            nctx = _node_ctx(ctx, node.host)
+            state = nctx.ports.systemd.unit_state(node.unit_name)
+            if not state.is_active:
+                raise HealthCheckFailed(f"{node.unit_name} on {node.host} is {state.active_state} "
+                                        f"({state.sub_state}) while the Ray cluster forms"
+                                        + actions.journal_hint(nctx, node.unit_name),
+                                        host=node.host, unit=node.unit_name)
+        argv = [ray, "status"] + (["--address", address] if address else [])
+        result = ctx.ports.shell.run(argv, timeout=60, check=False)
+        seen = _ray_nodes(result.stdout) if result.exit_code == 0 else 0
+        last = (result.stdout if result.exit_code == 0 else result.stderr).strip().splitlines()[-1:] or [""]
+        if seen >= want:
+            ctx.emit("ray_cluster", nodes=seen, seconds=round(clock.monotonic() - start_at, 3))
+            return
+        if clock.monotonic() - start_at > spec.load_deadline_s:
+            raise HealthCheckFailed(f"Ray cluster of {spec.model} shows {seen} of {want} nodes after "
+                                    f"{spec.load_deadline_s:g} s (last `ray status`: {last[0]})"
+                                    + actions.journal_hint(ctx, head.unit_name),
+                                    host=ctx.ports.host.name, unit=head.unit_name)
+        ctx.pause(max(ctx.defaults.health_interval_s, 0.5))
+
+
+def node_hints(ctx: StepContext, spec: UnitSpec) -> str:
+    """The journals of the other nodes: a failed rank's reason is often only there."""
+    return "".join(f"\n--- node {n.host} ({n.role}):" + actions.journal_hint(_node_ctx(ctx, n.host), n.unit_name)
+                   for n in spec.nodes)
+
+
+def wait_ready(ctx: StepContext, spec: UnitSpec) -> None:
+    """A real completion through the API unit, and every node still running afterwards."""
+    if not spec.nodes:
+        actions.wait_ready(ctx, spec)
+        return
+    try:
+        actions.wait_ready(ctx, spec)
+    except HealthCheckFailed as exc:
+        raise HealthCheckFailed(f"{exc}{node_hints(ctx, spec)}", host=ctx.ports.host.name,
+                                unit=spec.unit_name) from exc
+    for node in spec.nodes:
+        nctx = _node_ctx(ctx, node.host)
+        state = nctx.ports.systemd.unit_state(node.unit_name)
+        if not state.is_active:
+            raise HealthCheckFailed(f"{node.unit_name} on {node.host} is {state.active_state} after the API "
+                                    "answered" + actions.journal_hint(nctx, node.unit_name),
+                                    host=node.host, unit=node.unit_name)
+
+
+def settle(ctx: StepContext, spec: UnitSpec, stopped: Mapping[str, frozenset[str]]) -> None:
+    """After the model proved healthy: its node units come back on reboot, the stopped ones do not."""
+    mine = {(n.host, n.unit_name) for n in spec.nodes}
+    for host, names in stopped.items():
+        nctx = _node_ctx(ctx, host)
+        for unit in sorted(names):
+            if (host, unit) not in mine and unit != spec.unit_name and nctx.ports.systemd.unit_state(unit).exists:
+                nctx.ports.systemd.disable(unit)
+    for node in spec.nodes:
+        _node_ctx(ctx, node.host).ports.systemd.enable(node.unit_name)
+
+
+def restore_peers(ctx: StepContext, specs: Mapping[str, UnitSpec]) -> None:
+    """What served on the other nodes before the switch, back; every node is tried before failing."""
+    errors = []
+    for host, spec in specs.items():
+        nctx = _node_ctx(ctx, host)
+        ctx.emit("node_restore", node=host, model=spec.model, unit=spec.unit_name)
+        try:
+            actions.install_unit(nctx, spec)
+            actions.start_unit(nctx, spec)
+            actions.wait_ready(nctx, spec)
+            nctx.ports.systemd.enable(spec.unit_name)
+        except OrchestratorError as exc:
+            errors.append(f"node {host}: {spec.model}: {exc}")
+    if errors:
+        raise HealthCheckFailed("could not bring back what served on the other nodes: " + "; ".join(errors),
+                                host=ctx.ports.host.name)

@@ -1,0 +1,227 @@
+"""Models larger than one box: deploy.toml validation, the planner across nodes, rendered units per
+role, and the switch across fake hosts (start order, rollback on every node, health per node)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.core import planner
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.multinode import render_nodes
+from orchestrator.core.states import Phase
+from orchestrator.deploy.engine import Engine
+from orchestrator.resources import template_text
+from orchestrator.testing import FakeClock, FakeHost, FakeStateStore
+
+REPO = Path(__file__).resolve().parents[2]
+KIMI = REPO / "tests/fixtures/configs/moonshotai__Kimi-K2.5.json"
+HOSTS = """
+[hosts.g1]
+address = "10.0.0.1"
+gpus = 8
+interface = "eth1"
+network = "ethernet"
+[hosts.g2]
+address = "10.0.0.2"
+gpus = 8
+"""
+
+
+def toml(model: str, gpus: str = "[0, 1, 2, 3, 4, 5, 6, 7]") -> str:
+    return HOSTS + f'[models.big]\nrepo = "org/big"\ngpus = {gpus}\n' + model
+
+
+def orchestrator(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          cwd=REPO, check=False)
+
+
+@pytest.mark.parametrize("model,key,message", [
+    ('nodes = ["g1", "g1"]\ntensor_parallel = 8\npipeline_parallel = 2\n', "models.big.nodes",
+     "host 'g1' is listed twice"),
+    ('nodes = ["g1", "g9"]\ntensor_parallel = 8\npipeline_parallel = 2\n', "models.big.nodes",
+     "unknown host 'g9'"),
+    ('nodes = ["g1", "g2"]\ntensor_parallel = 4\n', "models.big", "2 nodes x 8 GPUs each"),
+    (f'nodes = ["g1", "g2"]\ntensor_parallel = 8\npipeline_parallel = 2\nconfig = "{KIMI}"\n', None, None),
+])
+def test_bad_node_layouts_exit_2_naming_the_key(tmp_path: Path, model: str, key: str | None,
+                                                 message: str | None) -> None:
+    """A node listed twice, an unknown node, a GPU count that does not add up: exit 2 with the key; a good one loads."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(toml(model))
+    r = orchestrator("models", "--config", str(cfg))
+    if key is None:
+        assert r.returncode == 0, r.stderr
+        return
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert key in r.stderr and message is not None and message in r.stderr, r.stderr
+
+
+def test_tp_larger_than_a_nodes_gpus_exits_2(tmp_path: Path) -> None:
+    """tensor_parallel 16 over two 8-GPU boxes is refused by name: TP stays inside a box."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(HOSTS + '[models.big]\nrepo = "org/big"\nnodes = ["g1", "g2"]\ngpus = [0, 1, 2, 3, 4, 5, 6, 7]\n'
+                   'tensor_parallel = 16\n')
+    r = orchestrator("models", "--config", str(cfg))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "models.big.tensor_parallel" in r.stderr and "larger than node g1's 8 GPUs" in r.stderr
+
+
+def test_pp_larger_than_the_layers_exits_2(tmp_path: Path) -> None:
+    """PP 64 over 61 layers (Kimi's config.json) is refused, naming pipeline_parallel and the layer count."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(HOSTS.replace("gpus = 8", "gpus = 64") + '[models.big]\nrepo = "org/big"\nnodes = ["g1", "g2"]\n'
+                   f'gpus = [{", ".join(map(str, range(32)))}]\ntensor_parallel = 1\npipeline_parallel = 64\n'
+                   f'config = "{KIMI}"\n')
+    r = orchestrator("models", "--config", str(cfg))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "models.big.pipeline_parallel" in r.stderr and "61 layers" in r.stderr, r.stderr
+
+
+def test_kimi_does_not_fit_one_box_but_fits_two_with_pp() -> None:
+    """On one 8 x 96 GiB box TP=8 cannot load; on 2 nodes TP=8 + PP=2 is valid, TP inside a box."""
+    cfg = json.loads(KIMI.read_text())
+    one = planner.plan(cfg, planner.Layout(8), planner.Hardware(8, 96.0))
+    two = planner.plan(cfg, planner.Layout(8, 2), planner.Hardware(8, 96.0, nodes=2))
+    assert not one.valid and two.valid
+    assert two.requested.memory is not None and two.requested.memory.required_gib < 86.4
+
+
+def test_tp_across_boxes_warns_with_the_network() -> None:
+    """TP 16 over 2 nodes of 8 loads but warns that every all-reduce crosses the (ethernet) network."""
+    cfg = json.loads(KIMI.read_text())
+    v = planner.plan(cfg, planner.Layout(16), planner.Hardware(8, 96.0, nodes=2, network="ethernet")).requested
+    assert any("TP 16 crosses boxes" in w and "ethernet" in w for w in v.warnings), v.warnings
+
+
+def test_tp_that_straddles_nodes_is_invalid() -> None:
+    """TP 3 on nodes of 8 GPUs cannot split evenly inside a node: refused with the numbers."""
+    cfg = json.loads(KIMI.read_text())
+    v = planner.plan(cfg, planner.Layout(3, 1, 2), planner.Hardware(8, 96.0, nodes=2)).requested
+    assert not v.valid and any("do not split evenly over 2 nodes" in r or "does not divide" in r for r in v.reasons)
+
+
+def test_plan_cli_bare_config_with_nodes() -> None:
+    """`plan --config kimi.json --gpus 8 --nodes 2 --tp 8 --pp 2` is valid (exit 0), the same TP=8 alone is not."""
+    args = ["plan", "--config", str(KIMI), "--gpus", "8", "--gpu-memory-gib", "96", "--tp", "8", "--json"]
+    two = orchestrator(*args, "--nodes", "2", "--pp", "2")
+    one = orchestrator(*args)
+    assert two.returncode == 0 and json.loads(two.stdout)["valid"] is True
+    assert one.returncode == 3
+
+
+def catalog(backend: str = "native", **model: Any) -> Catalog:
+    return Catalog.model_validate({
+        "defaults": {"engine": ["/opt/vllm/bin/vllm", "serve"], "free_timeout_s": 5, "load_deadline_s": 30,
+                     "health_interval_s": 0.1},
+        "hosts": {"g1": {"address": "10.0.0.1", "gpus": 2, "interface": "eth1"},
+                  "g2": {"address": "10.0.0.2", "gpus": 2}},
+        "models": {
+            "big": {"repo": "org/big", "nodes": ["g1", "g2"], "gpus": [0, 1], "tensor_parallel": 2,
+                    "pipeline_parallel": 2, "port": 8000, "backend": backend, **model},
+            "small1": {"repo": "org/s", "host": "g1", "gpus": [0, 1], "tensor_parallel": 2, "port": 8001},
+            "small2": {"repo": "org/s", "host": "g2", "gpus": [0, 1], "tensor_parallel": 2, "port": 8002},
+        }})
+
+
+def test_native_units_rank0_serves_and_rank1_is_headless() -> None:
+    """Native: rank 0 has --nnodes/--node-rank 0/--master-addr of g1; rank 1 on g2 adds --headless and its own IP."""
+    cat = catalog()
+    r = render_nodes(cat, cat.models["big"], template_text)
+    assert '"--nnodes" "2" "--node-rank" "0" "--master-addr" "10.0.0.1" "--master-port" "29500"' in r.api.text
+    assert '"--headless"' not in r.api.text and '"VLLM_HOST_IP=10.0.0.1"' in r.api.text
+    assert '"GLOO_SOCKET_IFNAME=eth1"' in r.api.text and '"NCCL_SOCKET_IFNAME=eth1"' in r.api.text
+    [node] = r.nodes
+    assert (node.host, node.role, node.unit_name) == ("g2", "headless", "vllm-big-node1.service")
+    assert '"--node-rank" "1" "--master-addr" "10.0.0.1" "--master-port" "29500" "--headless"' in node.unit_text
+    assert '"VLLM_HOST_IP=10.0.0.2"' in node.unit_text
+
+
+def test_ray_units_head_workers_and_engine() -> None:
+    """Ray: a head on g1, a worker on g2 joining it with --block and its GPU count, the engine with the ray backend."""
+    cat = catalog("ray")
+    r = render_nodes(cat, cat.models["big"], template_text)
+    head, worker = r.nodes
+    assert (head.host, head.role, worker.host, worker.role) == ("g1", "ray-head", "g2", "ray-worker")
+    assert '"start" "--head" "--port" "6379"' in head.unit_text and '"--block"' in head.unit_text
+    assert '"--address" "10.0.0.1:6379" "--block" "--node-ip-address" "10.0.0.2" "--num-gpus" "2"' in worker.unit_text
+    assert '"--distributed-executor-backend" "ray"' in r.api.text and '"RAY_ADDRESS=10.0.0.1:6379"' in r.api.text
+
+
+class Fleet:
+    """Two fake hosts sharing one clock and one store, and an engine over both."""
+
+    def __init__(self, cat: Catalog) -> None:
+        clock = FakeClock()
+        self.hosts = {n: FakeHost(name=n, gpu_count=2, clock=clock) for n in ("g1", "g2")}
+        self.store = FakeStateStore()
+        ports = {n: h.ports(cat.hosts[n]) for n, h in self.hosts.items()}
+        self.engine = Engine(cat, self.store, lambda n: ports[n])
+
+    def switch(self, model: str) -> Any:
+        dep = self.engine.plan_switch(model)
+        assert dep is not None
+        return self.engine.run(dep.id)
+
+
+def test_switch_starts_headless_ranks_before_rank0_and_stops_peers_models() -> None:
+    """small2 serves on g2; switching to big stops it, starts g2's headless rank, then rank 0 on g1."""
+    fleet = Fleet(catalog())
+    fleet.switch("small2")
+    dep = fleet.switch("big")
+    assert dep.phase is Phase.ACTIVE, dep.error
+    assert fleet.hosts["g2"].active_units() == ["vllm-big-node1.service"]
+    assert fleet.hosts["g1"].active_units() == ["vllm-big.service"]
+    assert fleet.hosts["g2"].units["vllm-big-node1.service"].started_at <= fleet.hosts["g1"].units[
+        "vllm-big.service"].started_at
+    assert "stop vllm-small2.service" in fleet.hosts["g2"].calls
+    assert fleet.store.serving("g2") is None
+
+
+def test_failure_on_rank0_rolls_back_every_node() -> None:
+    """big answers /health but no completion: both nodes stop, small1 comes back on g1 and small2 on g2."""
+    fleet = Fleet(catalog())
+    fleet.switch("small2")
+    fleet.switch("small1")
+    fleet.hosts["g1"].behaviours["vllm-big.service"] = "health_only"
+    dep = fleet.switch("big")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert "completions failed" in (dep.error or "")
+    assert fleet.hosts["g1"].active_units() == ["vllm-small1.service"]
+    assert fleet.hosts["g2"].active_units() == ["vllm-small2.service"]
+
+
+def test_a_lost_node_makes_the_model_unhealthy() -> None:
+    """With rank 1 stopped on g2 the API unit still runs, but the model is not healthy."""
+    fleet = Fleet(catalog())
+    dep = fleet.switch("big")
+    assert fleet.engine.is_healthy(dep)
+    fleet.hosts["g2"].units["vllm-big-node1.service"].active = "failed"
+    assert not fleet.engine.is_healthy(dep)
+
+
+def test_switch_from_multinode_to_single_box_and_back() -> None:
+    """big -> small1 stops big on both nodes; small1 -> big brings both ranks back."""
+    fleet = Fleet(catalog())
+    fleet.switch("big")
+    assert fleet.switch("small1").phase is Phase.ACTIVE
+    assert fleet.hosts["g2"].active_units() == [] and fleet.hosts["g1"].active_units() == ["vllm-small1.service"]
+    assert fleet.switch("big").phase is Phase.ACTIVE
+    assert fleet.hosts["g2"].active_units() == ["vllm-big-node1.service"]
+    assert fleet.hosts["g1"].active_units() == ["vllm-big.service"]
+
+
+def test_render_writes_every_role(tmp_path: Path) -> None:
+    """`orchestrator render` writes rank 0 and the headless rank of a native model, each with its node's IP."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(toml('nodes = ["g1", "g2"]\ntensor_parallel = 8\npipeline_parallel = 2\n'))
+    r = orchestrator("render", "--config", str(cfg), "--out", str(tmp_path / "units"))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "units").iterdir()) == ["vllm-big-node1.service", "vllm-big.service"]
+    assert '"VLLM_HOST_IP=10.0.0.2"' in (tmp_path / "units/vllm-big-node1.service").read_text()
