@@ -1,0 +1,383 @@
+"""The entries of deploy.toml as validated, immutable data: defaults, hosts, models, schedules,
+policy, groups, the front proxy. Rules that need more than one entry live in ``core.catalog``."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.core import schedule as schedule_rules
+from orchestrator.core.catalog_rules import (
+    DAY,
+    ENV_KEY_RE,
+    NAME_RE,
+    PATH_RE,
+    REPO_RE,
+    SECRET_ADVICE,
+    SHA_RE,
+    USER_RE,
+    Name,
+    Strict,
+    SubKeyError,
+    check_engine,
+    check_revision,
+    no_secret_in,
+    outside_private_tmp,
+    safe,
+)
+from orchestrator.core.safety import shown
+from orchestrator.core.secrets import secret_name, secret_value_kind
+
+
+class Defaults(Strict):
+    """Values every model inherits unless it sets its own."""
+
+    user: str = "vllm"
+    group: str = "vllm"
+    engine: tuple[str, ...] = ("/opt/vllm/bin/vllm", "serve")
+    bind: str = "0.0.0.0"
+    gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
+    # Upper bounds keep every value a number systemd and the agent's timers accept.
+    load_deadline_s: float = Field(900.0, ge=1, le=7 * DAY)
+    stop_timeout_s: float = Field(120.0, ge=1, le=DAY)
+    free_timeout_s: float = Field(60.0, gt=0, le=DAY)
+    health_interval_s: float = Field(0.2, ge=0.01, le=3600)
+    restart_sec: float = Field(10.0, ge=0, le=DAY)
+    start_limit_burst: int = Field(3, ge=1, le=1000)
+    env_dir: str = "/etc/orchestrator/env"
+    # Ray's CLI on every node of a model with backend = "ray" (the same Ray version everywhere).
+    ray: str = "/opt/vllm/bin/ray"
+
+    @field_validator("user", "group", "bind", "env_dir", "ray")
+    @classmethod
+    def _safe_text(cls, v: str) -> str:
+        return safe(v, "value")
+
+    @field_validator("user", "group")
+    @classmethod
+    def _account(cls, v: str) -> str:
+        if not USER_RE.match(v):
+            raise ValueError(f"{shown(v)} is not a valid user or group name (lower case letters, digits, '_', '-')")
+        return v
+
+    @field_validator("env_dir")
+    @classmethod
+    def _env_dir(cls, v: str) -> str:
+        if not PATH_RE.match(v):
+            raise ValueError(f"{shown(v)} must be an absolute path without spaces or quotes")
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _safe_engine(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return check_engine(v)
+
+
+class Host(Strict):
+    """One machine with GPUs, reached locally (D-Bus) or over SSH."""
+
+    name: Name = ""
+    transport: Literal["local", "ssh"] = "ssh"
+    address: str = "127.0.0.1"
+    ssh_port: int = Field(22, ge=1, le=65535)
+    ssh_user: str = "root"
+    ssh_key: str | None = None
+    known_hosts: str | None = None
+    gpus: int = Field(8, ge=0, le=64)
+    gpu_memory_gib: float = Field(80.0, gt=0, le=65536)
+    interconnect: Literal["pcie", "nvlink", "unknown"] = "unknown"
+    models_dir: str = "/models"
+    unit_dir: str = "/etc/systemd/system"
+    python: str = "/usr/bin/python3"
+    engine: tuple[str, ...] | None = None
+    bind: str | None = None  # the address vLLM listens on; defaults.bind when unset
+    agent_socket: str | None = None  # a controller's rollout reaches the box's agent here (relay --socket)
+    # Multi-node models: the address the other nodes reach this host at (default: address), the
+    # network interface Gloo/NCCL use (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), and the network
+    # between boxes (the planner warns when tensor parallel would cross it).
+    node_address: str | None = None
+    interface: str | None = None
+    network: Literal["infiniband", "roce", "ethernet", "unknown"] = "unknown"
+    ray: str | None = None  # Ray's CLI on this host; defaults.ray when unset
+
+    @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind", "agent_socket",
+                     "node_address", "interface", "ray")
+    @classmethod
+    def _safe_text(cls, v: str | None) -> str | None:
+        return None if v is None else safe(v, "value")
+
+    @field_validator("engine")
+    @classmethod
+    def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else check_engine(v)
+
+    @property
+    def peer_address(self) -> str:
+        """Where the other nodes of a multi-node model reach this host."""
+        return self.node_address or self.address
+
+    @field_validator("models_dir")
+    @classmethod
+    def _models_dir_visible(cls, v: str) -> str:
+        outside_private_tmp(v, "models_dir")
+        return v
+
+
+class Model(Strict):
+    """One servable model: where its weights come from and how vLLM runs it."""
+
+    name: Name = ""
+    host: Name | None = None
+    group: Name | None = None  # a fleet model: one replica per host of [groups.NAME], switched by `rollout`
+    repo: str
+    revision: str = "main"
+    source: str = "hub"
+    served_name: str | None = None
+    port: int = Field(8000, ge=1, le=65535)
+    gpus: tuple[int, ...]
+    tensor_parallel: int = Field(1, ge=1, le=1024)
+    pipeline_parallel: int = Field(1, ge=1, le=1024)
+    data_parallel: int = Field(1, ge=1, le=1024)
+    expert_parallel: bool = False
+    max_model_len: int | None = Field(None, ge=1, le=2**31 - 1)
+    max_num_seqs: int | None = Field(None, ge=1, le=1_000_000)
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    load_deadline_s: float | None = Field(None, ge=1, le=7 * DAY)
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    allow_patterns: tuple[str, ...] = ()
+    ignore_patterns: tuple[str, ...] = ()
+    # A local copy of the model's config.json for `plan` (relative to deploy.toml): plans offline.
+    config: str | None = None
+    # A model larger than one box: the hosts it spans (the first serves the API), ``gpus`` on each,
+    # TP inside a node and PP or DP across nodes, with vLLM's own multi-node backend or Ray.
+    nodes: tuple[Name, ...] = ()
+    backend: Literal["native", "ray"] = "native"
+    master_port: int = Field(29500, ge=1, le=65535)  # native: torch.distributed's rendezvous on node 0
+    ray_port: int = Field(6379, ge=1, le=65535)  # ray: the head's GCS port
+
+    @field_validator("repo", "revision", "source", "served_name", "config")
+    @classmethod
+    def _safe_text(cls, v: str | None) -> str | None:
+        return None if v is None else safe(v, "value")
+
+    @field_validator("repo")
+    @classmethod
+    def _repo_id(cls, v: str) -> str:
+        if not REPO_RE.match(v) or ".." in v or "--" in v:
+            raise ValueError(f"repo {shown(v)} is not a Hugging Face repo id ('owner/name': letters, digits, "
+                             f"'-', '_', '.'; no '..' or '--')")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        return check_revision(v)
+
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, v: str) -> str:
+        kind, sep, arg = v.partition(":")
+        ok = (v in ("hub", "none") or (kind == "local" and arg.startswith("/"))
+              or (kind == "host" and bool(NAME_RE.match(arg))))
+        if not ok or (kind in ("local", "host") and not sep):
+            raise ValueError(f"source {v!r} is not \"hub\", \"none\", \"local:/absolute/dir\" or "
+                             "\"host:NAME\" (a host of this file that already staged the model)")
+        if v.startswith("local:"):
+            outside_private_tmp(v.removeprefix("local:"), "local weights directory")
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _safe_args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        no_secret_in(v)
+        for arg in v:
+            safe(arg, "argument")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _safe_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            kind = "a secret by its name" if secret_name(key) else secret_value_kind(value)
+            if kind:
+                raise SubKeyError(f".{key}", f"holds {kind} (value not shown): {SECRET_ADVICE}")
+            if not ENV_KEY_RE.match(key):
+                raise ValueError(f"environment variable name {shown(key)} is not a valid name")
+            safe(value, f"value of {key}")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_unique(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("a model needs at least one GPU index")
+        if len(set(v)) != len(v):
+            raise ValueError(f"GPU indices repeat: {list(v)}")
+        if min(v) < 0:
+            raise ValueError(f"GPU index {min(v)} is negative")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        twice = sorted({n for n in v if v.count(n) > 1})
+        if twice:
+            raise ValueError(f"host {twice[0]!r} is listed twice in {list(v)} (each node is one host)")
+        if len(v) == 1:
+            raise ValueError(f"{list(v)} names one host: a multi-node model spans at least 2 (use host = "
+                             f"{v[0]!r} for one box)")
+        return v
+
+    @model_validator(mode="after")
+    def _layout_matches_gpus(self) -> Model:
+        need = self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+        if self.nodes:
+            have = len(self.gpus) * len(self.nodes)
+            if need != have:
+                raise ValueError(
+                    f"tensor_parallel {self.tensor_parallel} x pipeline_parallel {self.pipeline_parallel} x "
+                    f"data_parallel {self.data_parallel} = {need} GPUs, but {len(self.nodes)} nodes x "
+                    f"{len(self.gpus)} GPUs each (gpus = {list(self.gpus)}) = {have}")
+            if self.host is not None and self.host != self.nodes[0]:
+                raise ValueError(f"host {self.host!r} is not the first of nodes {list(self.nodes)} (the first "
+                                 "node serves the API; leave host out)")
+            return self
+        if self.backend == "ray":
+            raise ValueError("backend \"ray\" needs nodes = [...] (Ray is used across boxes only)")
+        if need != len(self.gpus):
+            raise ValueError(
+                f"tensor_parallel {self.tensor_parallel} x pipeline_parallel {self.pipeline_parallel} x "
+                f"data_parallel {self.data_parallel} = {need} GPUs, but gpus lists {len(self.gpus)}: "
+                f"{list(self.gpus)}")
+        return self
+
+    @model_validator(mode="after")
+    def _host_or_group(self) -> Model:
+        if self.host is not None and self.group is not None:
+            raise ValueError(f"set host ({self.host!r}) or group ({self.group!r}), not both")
+        return self
+
+    @property
+    def served(self) -> str:
+        return self.served_name or self.name
+
+    @property
+    def unit_name(self) -> str:
+        return f"vllm-{self.name}.service"
+
+    @property
+    def pinned(self) -> bool:
+        return bool(SHA_RE.match(self.revision))
+
+    @property
+    def multinode(self) -> bool:
+        return bool(self.nodes)
+
+
+class Schedule(Strict):
+    """A cron-driven operation: switch to a model, or redeploy what runs."""
+
+    name: Name = ""
+    cron: str
+    host: Name | None = None
+    action: Literal["switch", "redeploy", "stage"] = "switch"
+    model: Name | None = None
+    window: str | None = None
+    # A schedule that comes due while the host is busy is skipped and recorded (the only choice:
+    # a queued switch could fire hours late, outside its window).
+    on_busy: Literal["skip"] = "skip"
+    timezone: str = "UTC"
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        return schedule_rules.check_cron(v)
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str | None) -> str | None:
+        if v is not None:
+            schedule_rules.parse_window(v)
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        schedule_rules.parse_zone(v)
+        return v
+
+    @model_validator(mode="after")
+    def _model_needed(self) -> Schedule:
+        if self.action in ("switch", "stage") and not self.model:
+            raise ValueError(f"action {self.action!r} needs a model")
+        return self
+
+
+class Policy(Strict):
+    """What the agent does on its own."""
+
+    rollback_on_failure: bool = True
+    watch_interval_s: float = Field(15.0, ge=0.01, le=DAY)
+    unhealthy_after_s: float = Field(60.0, gt=0, le=7 * DAY)
+    on_unhealthy: Literal["restart", "rollback", "record"] = "restart"
+    smoke_bench: bool = False
+    min_tok_s_ratio: float | None = Field(None, gt=0, le=1)
+    keep_revisions: int = Field(2, ge=1, le=1000)
+
+
+class Group(Strict):
+    """Hosts that run the same models, one replica each, and how a rollout moves across them.
+
+    The vocabulary is Nomad's and Ansible's: ``canary`` hosts switch first and alone, then ``batch``
+    hosts at a time; more than ``max_failures`` failed hosts stop the rollout. ``gate`` is checked
+    on every switched host before the next batch starts."""
+
+    name: Name = ""
+    hosts: tuple[Name, ...]
+    canary: int = Field(1, ge=0)
+    batch: int = Field(1, ge=1)
+    max_failures: int = Field(0, ge=0)
+    gate: Literal["none", "health", "bench"] = "health"
+    seed: Name | None = None  # the one host that downloads from the hub; the others copy from a peer
+    peer_key: str | None = None  # on every box: the key its rsync uses to reach a peer box
+    peer_known_hosts: str | None = None  # on every box: the peers' host keys
+
+    @field_validator("peer_key", "peer_known_hosts")
+    @classmethod
+    def _safe_paths(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} is not an absolute path (a path on every box of the group)")
+        return None if v is None else safe(v, "value")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_listed_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("a group needs at least one host")
+        twice = sorted({h for h in v if v.count(h) > 1})
+        if twice:
+            raise ValueError(f"host {twice[0]!r} is listed more than once")
+        return v
+
+
+class Proxy(Strict):
+    """The front proxy (HAProxy) on every host: one endpoint that routes by the request's model."""
+
+    enabled: bool = False
+    port: int = Field(8000, ge=1, le=65535)
+    bind: str | None = None  # the address it listens on; the host's bind (or defaults.bind) when unset
+    stats_socket: str = Field("/run/orchestrator-proxy/admin.sock", pattern=r"^/[A-Za-z0-9._/-]+$")
+    config_path: str = Field("/etc/orchestrator/haproxy.cfg", pattern=r"^/[A-Za-z0-9._/-]+$")
+    haproxy: str = Field("/usr/sbin/haproxy", pattern=r"^/[A-Za-z0-9._/-]+$")
+    drain_timeout_s: float = Field(30.0, gt=0, le=3600)
+    retry_after_s: int = Field(5, ge=1, le=3600)
+
+    @field_validator("bind")
+    @classmethod
+    def _safe_bind(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9.:\[\]-]+$", v):
+            raise ValueError(f"bind must be an address, got {v!r}")
+        return v

@@ -1,0 +1,104 @@
+"""Field-level rules of deploy.toml, pure: the patterns names and paths must match, the checks a
+value passes before it may reach a unit file (secrets, unsafe text, paths a unit cannot see)."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.core.safety import check_safe_text, shown
+from orchestrator.core.secrets import secret_in_args
+from orchestrator.errors import RenderError
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
+# A Hugging Face repo id: [owner/]name, letters, digits, "-", "_", "."; no "--" or ".." (the hub's
+# own rules; "--" also keeps <owner>--<name> directories unambiguous).
+REPO_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?(/[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
+# Characters git refuses in a ref name (git-check-ref-format), plus anything a shell or path reads.
+_REF_BAD_RE = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+# vLLM units run with PrivateTmp=yes: their /tmp and /var/tmp are private and empty.
+PRIVATE_TMP = ("/tmp", "/var/tmp")
+# A served name the front proxy can match and list: HAProxy's `-m str` takes space-separated words
+# inside a config line, and the name is written into JSON bodies, so no spaces, quotes or escapes.
+ROUTABLE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+
+Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
+DAY = 86_400.0
+
+
+class Strict(BaseModel):
+    # inf and nan parse as TOML floats; no setting means anything with them.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+SECRET_ADVICE = ("unit files are world-readable, so secrets go in the model's EnvironmentFile "
+                 "(<env_dir>/<model>.env, mode 0600), never in deploy.toml")
+
+
+class SubKeyError(ValueError):
+    """An error below the field pydantic reports (``[1]`` of args, ``.HF_TOKEN`` of env)."""
+
+    def __init__(self, sub: str, message: str) -> None:
+        super().__init__(message)
+        self.sub = sub
+
+
+def no_secret_in(args: tuple[str, ...]) -> None:
+    # Before any other check of the same values: those quote the value in their message.
+    hit = secret_in_args(args)
+    if hit:
+        raise SubKeyError(f"[{hit[0]}]", f"holds {hit[1]} (value not shown): {SECRET_ADVICE}")
+
+
+def safe(value: str, what: str) -> str:
+    try:
+        check_safe_text(value, what)
+    except RenderError as exc:  # a ValueError, so pydantic reports it with its key path
+        raise ValueError(str(exc)) from None
+    return value
+
+
+def check_revision(value: str) -> str:
+    """A commit SHA, a branch or a tag name by git's ref rules: never a path or an option."""
+    problem = None
+    if not value or len(value) > 255:
+        problem = "must be 1 to 255 characters"
+    elif value.startswith("-"):
+        problem = "must not start with '-'"
+    elif _REF_BAD_RE.search(value):
+        problem = "contains a character git does not allow in a ref (space, ~ ^ : ? * [ \\ or a control character)"
+    elif ".." in value or "@{" in value or "//" in value or value == "@":
+        problem = "contains '..', '@{' or '//' (a revision is a commit SHA, branch or tag, never a path)"
+    elif value.startswith("/") or value.endswith(("/", ".", ".lock")):
+        problem = "must not start with '/' or end with '/', '.' or '.lock'"
+    elif any(part.startswith(".") for part in value.split("/")):
+        problem = "has a part starting with '.' (a revision is a commit SHA, branch or tag, never a path)"
+    if problem:
+        raise ValueError(f"revision {shown(value)} {problem}")
+    return value
+
+
+def outside_private_tmp(path: str, what: str) -> None:
+    norm = posixpath.normpath(path)
+    for tmp in PRIVATE_TMP:
+        if norm == tmp or norm.startswith(tmp + "/"):
+            raise ValueError(f"{what} {path} is under {tmp}, which the model's unit cannot see (vLLM units run "
+                             f"with PrivateTmp=yes, an empty {tmp} of their own): move it out of /tmp and /var/tmp")
+
+
+def check_engine(v: tuple[str, ...]) -> tuple[str, ...]:
+    no_secret_in(v)
+    if not v or not v[0].startswith("/"):
+        raise ValueError(f"engine must start with an absolute executable path, got {shown(repr(list(v)))}")
+    for arg in v:
+        safe(arg, "engine argument")
+        if arg.startswith("/"):
+            outside_private_tmp(arg, "engine path")
+    return v
