@@ -46,7 +46,7 @@ class ModelArgs(Args):
 
 
 class StageArgs(ModelArgs):
-    # A fleet rollout's peer box that already holds the weights (rollout/peer.py checks each field
+    # A fleet rollout's peer box that already holds the weights (adapters/weights_peer.py checks each field
     # as deploy.toml's host entries are checked).
     peer: dict[str, str | int | None] | None = None
 

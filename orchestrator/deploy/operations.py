@@ -241,7 +241,7 @@ class Operations:
     def stage(self, model: str, *, peer: dict[str, Any] | None = None,
               progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Download and verify a model's weights while whatever serves keeps serving; ``peer``: copy
-        them from that box instead (a fleet rollout's one download per fleet, rollout/peer.py)."""
+        them from that box instead (a fleet rollout's one download per fleet, adapters/weights_peer.py)."""
         host = self.host_of(model)
         ports = self.ports_for(host)
         if ports.weights is None:
@@ -250,7 +250,7 @@ class Operations:
         with host_lock(self.state_dir, f"{host}.stage", f"model weights are already being staged on {host}"):
             spec = self.engine(progress).spec_for(self.catalog.models[model])
             if peer is not None:
-                from orchestrator.rollout.peer import with_peer
+                from orchestrator.adapters.weights_peer import with_peer
 
                 weights, source = with_peer(ports.weights, peer)
                 spec = replace(spec, source=source)

@@ -1,4 +1,4 @@
-"""Agent side of fleet staging: stage a model from a peer box named by the controller's request.
+"""Agent side of fleet staging: this box stages a model from a peer box named by the controller.
 
 A controller's rollout tells each box which peer already holds the weights (address, port, user,
 models dir, and the paths of the key and known_hosts on this box). The box copies with rsync over
