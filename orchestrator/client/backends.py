@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from orchestrator.agent.protocol import encode, raise_error
@@ -130,18 +131,16 @@ class LocalBackend(Backend):
                          else [spec.host(self.ops, parsed)]):
             return spec.run(self.ops, parsed, Call(progress=progress))
 
-    def _boxes(self, hosts: list[str]) -> ExitStack:
-        """Agentless: the lock on each box reached over SSH, held for the whole operation."""
+    @contextmanager
+    def _boxes(self, hosts: list[str]) -> Iterator[None]:
+        """Agentless: the lock on each box reached over SSH, held for the whole operation (a lock
+        that cannot be taken releases the ones already held, as the stack unwinds)."""
         from orchestrator.deploy.box_lock import box_lock
 
-        stack = ExitStack()
-        try:
+        with ExitStack() as stack:
             for name in hosts:
                 stack.enter_context(box_lock(self.catalog.hosts[name], ignore_agent=self.ignore_agent))
-        except BaseException:
-            stack.close()
-            raise
-        return stack
+            yield
 
 
 def backend_for(catalog: Catalog, *, local: bool = False, ignore_agent: bool = False) -> Backend:
