@@ -6,28 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import openai
 import pytest
 
 from orchestrator import settings
 from orchestrator.wiring import operations
-from tests.e2e.vllm_config import vllm_config_text
+from tests.e2e.vllm_config import active, complete, vllm_config_text
 from tests.hosts.machine import Host
 
 MODELS = os.environ.get("ORCHESTRATOR_TEST_MODELS", "/var/lib/orchestrator-test/models")
 
 pytestmark = [pytest.mark.hosts, pytest.mark.vllm]
-
-
-def complete(host: Host, port: int, model: str) -> str:
-    client = openai.OpenAI(base_url=f"http://{host.address}:{port}/v1", api_key="unused", timeout=120)
-    out = client.completions.create(model=model, prompt="The quick brown fox", max_tokens=4, temperature=0)
-    assert out.model == model and out.usage is not None and out.usage.completion_tokens > 0
-    return out.choices[0].text
-
-
-def active(host: Host, unit: str) -> str:
-    return str(host.run(["systemctl", "is-active", unit], check=False).stdout.strip())
 
 
 def test_switch_real_vllm_models_and_roll_back_from_a_broken_one(host: Host, tmp_path: Path) -> None:

@@ -11,12 +11,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 
 from orchestrator import settings
 from orchestrator.wiring import operations
-from tests.e2e.vllm_config import VLLM_VENV
+from tests.e2e.vllm_config import VLLM_VENV, active, complete
 from tests.hosts.machine import Host, in_host
 from tests.hosts.pool import HostSet, boot_hosts
 
@@ -75,17 +74,6 @@ master_port = 29611
 gpus = [0]
 pipeline_parallel = 2
 {common}"""
-
-
-def complete(host: Host, port: int, model: str) -> str:
-    client = openai.OpenAI(base_url=f"http://{host.address}:{port}/v1", api_key="unused", timeout=120)
-    out = client.completions.create(model=model, prompt="The quick brown fox", max_tokens=4, temperature=0)
-    assert out.model == model and out.usage is not None and out.usage.completion_tokens > 0
-    return out.choices[0].text
-
-
-def active(host: Host, unit: str) -> str:
-    return str(host.run(["systemctl", "is-active", unit], check=False).stdout.strip())
 
 
 def test_tp2_over_two_nodes_serves_and_pp2_that_fails_requests_rolls_back(pair: list[Host], tmp_path: Path) -> None:

