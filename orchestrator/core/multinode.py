@@ -26,6 +26,11 @@ TemplateText = Callable[[str], str]
 HEAD_TEMPLATE = "ray-head.service.j2"
 WORKER_TEMPLATE = "ray-worker.service.j2"
 ENGINE_TEMPLATE = "vllm.service.j2"
+RAY_DIR = "/var/lib/ray"  # the Ray units' StateDirectory=ray
+# A Ray node holds no model state (the engine, stopped before it, needs the grace period): an idle
+# node drains in under a second, and one still waiting for an unreachable head ignores SIGTERM
+# until its GCS wait (40 s) ends, so waiting longer than this only delays a rollback.
+RAY_STOP_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,17 @@ def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template:
     head = catalog.model_host(model.name)
     d = catalog.defaults
     ray = _ray(catalog, host)
+    # Session files and sockets under the unit's StateDirectory (Ray's default /tmp/ray would be
+    # invisible to the engine unit, which has PrivateTmp=yes); the model's ray_args come last.
     common = ["--block", "--node-ip-address", host.peer_address, "--num-gpus", str(len(model.gpus)),
-              "--disable-usage-stats"]
+              "--temp-dir", RAY_DIR, "--disable-usage-stats"]
     if role == "ray-head":
-        argv = [ray, "start", "--head", "--port", str(model.ray_port), "--temp-dir", "/var/lib/ray", *common]
+        # No dashboard: it is a job-submission endpoint nobody here uses, and memory; `ray status`
+        # (what the switch waits on) reads the GCS directly. Ray refuses the flag on workers.
+        argv = [ray, "start", "--head", "--port", str(model.ray_port), *common, "--include-dashboard", "false"]
     else:
         argv = [ray, "start", "--address", f"{head.peer_address}:{model.ray_port}", *common]
+    argv += model.ray_args
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, model.gpus)),
            **_node_env(host), **model.env}
     name = ray_unit_name(model, role)
@@ -95,7 +105,7 @@ def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template:
             user=d.user, group=d.group, state_directory="ray",
             environment=[env_quote(k, v) for k, v in env.items()],
             exec_start=" ".join(exec_quote(a) for a in argv),
-            timeout_stop=int(d.stop_timeout_s))
+            timeout_stop=int(min(d.stop_timeout_s, RAY_STOP_TIMEOUT_S)))
     except jinja2.TemplateError as exc:
         raise RenderError(f"template {role}.service.j2: {exc}") from exc
     return RenderedUnit(name=name, text=text)

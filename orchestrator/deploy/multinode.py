@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from orchestrator.core.records import NodeUnit, UnitSpec
 from orchestrator.deploy import actions
@@ -95,7 +96,12 @@ def preinstall(ctx: StepContext, spec: UnitSpec) -> None:
 def stop(ctx: StepContext, units: Mapping[str, frozenset[str]]) -> None:
     """Stop units on other hosts (and the head's extra ones), in the order given (reverse start)."""
     for host, names in units.items():
-        actions.stop_units(_node_ctx(ctx, host), names)
+        nctx = _node_ctx(ctx, host)
+        for unit in actions.stop_units(nctx, names):
+            # A Ray node stuck waiting for its head ends by SIGKILL after TimeoutStopSec, which marks
+            # the unit failed; the stop was ours (the journal keeps the story), so clear it.
+            if nctx.ports.systemd.unit_state(unit).is_failed:
+                nctx.ports.systemd.reset_failed(unit)
 
 
 def free(ctx: StepContext, spec: UnitSpec, units: Mapping[str, frozenset[str]]) -> None:
@@ -119,22 +125,59 @@ def start(ctx: StepContext, spec: UnitSpec) -> None:
         wait_ray_cluster(ctx, spec)
 
 
-def _ray_nodes(text: str) -> int:
-    """Alive nodes in `ray status` output (the lines under "Active:", one per node)."""
-    block = text.split("Active:", 1)[1] if "Active:" in text else ""
-    block = re.split(r"\n\s*(Pending|Recent failures):", block, maxsplit=1)[0]
-    return sum(int(m.group(1)) for m in re.finditer(r"^\s*(\d+)\s+node_", block, re.MULTILINE))
+@dataclass(frozen=True)
+class RayNode:
+    """One alive node as `ray status -v` lists it: its id and its resource totals (CPU, GPU, ...)."""
+
+    node_id: str
+    totals: Mapping[str, float]
+
+    def shown(self) -> str:
+        return f"{self.node_id[:8]}: {self.totals.get('GPU', 0):g} GPU, {self.totals.get('CPU', 0):g} CPU"
+
+
+_NODE_RE = re.compile(r"^Node: ([0-9a-f]+)\b(.*?)(?=^Node: |\Z)", re.MULTILINE | re.DOTALL)
+_USAGE_RE = re.compile(r"^\s+[\d.]+/([\d.]+)\s+(\S+)\s*$", re.MULTILINE)
+
+
+def ray_status_nodes(text: str) -> list[RayNode]:
+    """The alive nodes of a cluster from `ray status -v`: its per-node "Node: <id>" blocks.
+
+    Why this source: `ray list nodes` and the state API go through the dashboard, which the head
+    runs without; `ray.nodes()` needs a driver (a job in the cluster, files in the session dir, as
+    root); Ray's GcsClient is private. `ray status` reads the GCS, answers in a fraction of a second
+    and is the command operators use. Only its per-node blocks name each node with its own
+    resources; byte-valued ones (memory, object store) are skipped. Checked against real outputs
+    of Ray 2.60 in tests/fixtures/ray/.
+    """
+    nodes = []
+    for found in _NODE_RE.finditer(text):
+        totals = {name: float(total) for total, name in _USAGE_RE.findall(found.group(2))}
+        nodes.append(RayNode(found.group(1), totals))
+    return nodes
+
+
+def _ray_address(spec: UnitSpec) -> str:
+    found = re.search(r'"RAY_ADDRESS=([^"]+)"', spec.unit_text)
+    return found.group(1) if found else ""
 
 
 def wait_ray_cluster(ctx: StepContext, spec: UnitSpec) -> None:
-    """Until `ray status` on the head lists every node, or the load deadline; a unit that died fails it at once."""
+    """Until `ray status` on the head shows every node with the model's GPUs and a CPU.
+
+    Bounded by defaults.ray_join_timeout_s, not the load deadline: a worker that cannot reach the
+    head waits for it for minutes (`ray start --block` retries the GCS), and a unit that dies
+    fails it at once.
+    """
     head = next(n for n in spec.nodes if n.role == "ray-head")
     want = len(spec.nodes)
-    address = next((a.split("=", 1)[1].strip('"') for a in re.findall(r'"RAY_ADDRESS=[^"]+"', spec.unit_text)), "")
+    address = _ray_address(spec)
     ray = _ray_cli(ctx, ctx.ports.host.name)
     clock = ctx.ports.clock
+    timeout = ctx.defaults.ray_join_timeout_s
     start_at = clock.monotonic()
-    seen, last = 0, [""]
+    nodes: list[RayNode] = []
+    last = ""
     while True:
         for node in spec.nodes:
             nctx = _node_ctx(ctx, node.host)
@@ -144,18 +187,24 @@ def wait_ray_cluster(ctx: StepContext, spec: UnitSpec) -> None:
                                         f"({state.sub_state}) while the Ray cluster forms"
                                         + actions.journal_hint(nctx, node.unit_name),
                                         host=node.host, unit=node.unit_name)
-        argv = [ray, "status"] + (["--address", address] if address else [])
-        result = ctx.ports.shell.run(argv, timeout=60, check=False)
-        seen = _ray_nodes(result.stdout) if result.exit_code == 0 else 0
-        last = (result.stdout if result.exit_code == 0 else result.stderr).strip().splitlines()[-1:] or [""]
-        if seen >= want:
-            ctx.emit("ray_cluster", nodes=seen, seconds=round(clock.monotonic() - start_at, 3))
+        left = timeout - (clock.monotonic() - start_at)
+        argv = [ray, "status", "-v"] + (["--address", address] if address else [])
+        result = ctx.ports.shell.run(argv, timeout=max(5.0, min(60.0, left)), check=False)
+        nodes = ray_status_nodes(result.stdout) if result.exit_code == 0 else []
+        last = ((result.stdout if result.exit_code == 0 else result.stderr).strip().splitlines()[-1:] or [""])[0]
+        ready = [n for n in nodes if n.totals.get("GPU", 0) >= len(spec.gpus) and n.totals.get("CPU", 0) > 0]
+        if len(ready) >= want:
+            ctx.emit("ray_cluster", nodes=[n.shown() for n in nodes],
+                     seconds=round(clock.monotonic() - start_at, 3))
             return
-        if clock.monotonic() - start_at > spec.load_deadline_s:
-            raise HealthCheckFailed(f"Ray cluster of {spec.model} shows {seen} of {want} nodes after "
-                                    f"{spec.load_deadline_s:g} s (last `ray status`: {last[0]})"
-                                    + actions.journal_hint(ctx, head.unit_name),
-                                    host=ctx.ports.host.name, unit=head.unit_name)
+        if clock.monotonic() - start_at > timeout:
+            expected = ", ".join(f"{n.host} ({n.role})" for n in spec.nodes)
+            seen = "; ".join(n.shown() for n in nodes) or f"none (last line of `ray status`: {last})"
+            raise HealthCheckFailed(
+                f"Ray cluster of {spec.model} at {address or 'the head'} shows {len(ready)} of {want} nodes "
+                f"with {len(spec.gpus)} GPU(s) each after ray_join_timeout_s = {timeout:g} s; expected "
+                f"{expected}; seen: {seen}" + node_hints(ctx, spec),
+                host=ctx.ports.host.name, unit=head.unit_name)
         ctx.pause(max(ctx.defaults.health_interval_s, 0.5))
 
 

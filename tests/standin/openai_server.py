@@ -60,6 +60,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="with no token delay: tokens per write (1 = one HTTP chunk per token, like vLLM)")
     p.add_argument("--process-name", default=None,
                    help="name of the process holding memory (default VLLM::EngineCore for the child)")
+    p.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster and place --ray-world GPU workers before serving (ray_engine.py)")
+    p.add_argument("--ray-world", type=int, default=1, help="ranks (TP x PP) to place on the Ray cluster")
+    p.add_argument("--ray-driver-ip", default="", help="this node's address: rank 0 is placed here")
+    p.add_argument("--ray-timeout", type=float, default=60.0, help="seconds the placement group may take")
     return p.parse_args(argv)
 
 
@@ -167,8 +172,9 @@ def chunk(data: bytes) -> bytes:
 
 
 class App:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, placed: list[dict[str, Any]] | None = None) -> None:
         self.args = args
+        self.placed = placed  # Ray mode: where each rank's worker runs
         self.started = time.monotonic()
         self.created = int(time.time())
         self.name = args.served_name
@@ -206,6 +212,8 @@ class App:
             return
         if req.path == "/health":
             writer.write(response_head(200, "text/plain", req.keep_alive, 0))
+        elif req.path == "/standin/ray" and self.placed is not None:
+            send_json(writer, req, 200, {"workers": self.placed})
         elif req.path == "/v1/models" and req.method == "GET":
             send_json(writer, req, 200, {"object": "list", "data": [{
                 "id": self.name, "object": "model", "created": self.created, "owned_by": "vllm",
@@ -311,9 +319,10 @@ class App:
 
 # ---- lifecycle ----------------------------------------------------------------------------------
 
-async def serve(args: argparse.Namespace, gpus: list[int], child: int | None) -> int:
+async def serve(args: argparse.Namespace, gpus: list[int], child: int | None,
+                placed: list[dict[str, Any]] | None = None) -> int:
     loop = asyncio.get_running_loop()
-    app = App(args)
+    app = App(args, placed)
     stop = asyncio.Event()
     outcome = {"code": 0}
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -394,8 +403,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.process_name and not args.engine_child:
         set_process_name(args.process_name)
+    placed = None
+    if args.ray_address:
+        placed = join_ray(args)
+        if placed is None:
+            return 1
     child = fork_engine_child(args, gpus) if args.engine_child else None
-    return asyncio.run(serve(args, gpus, child))
+    return asyncio.run(serve(args, gpus, child, placed))
+
+
+def join_ray(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """Ray mode: the workers placed on the cluster before the port opens (like vLLM); None on failure."""
+    from ray_engine import PlacementError, place  # needs ray: only in Ray mode
+
+    print(f"standin: joining Ray at {args.ray_address} to place {args.ray_world} GPU worker(s)",
+          file=sys.stderr, flush=True)
+    try:
+        placed = place(args.ray_address, args.ray_world, args.ray_driver_ip, args.ray_timeout)
+    except PlacementError as exc:
+        print(f"standin: Ray executor failed: {exc}", file=sys.stderr, flush=True)
+        return None
+    where = ", ".join(f"rank {w['rank']} on {w['ip']} (GPU {','.join(w['gpu_ids'])})" for w in placed)
+    print(f"standin: Ray workers placed: {where}", file=sys.stderr, flush=True)
+    return placed
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ server so that systemd's MainPID is the server itself.
 Per-layout behaviour, for `tune` (set in the model's ``env``, so every variant inherits it):
 ``STANDIN_LAYOUT_DELAY_S="tp2=0.004,tp4=0.001"`` streams each layout at its own speed, and
 ``STANDIN_REFUSE_LAYOUTS="tp8"`` makes those layouts fail to load with a vLLM-like error line.
+``--distributed-executor-backend ray`` runs the stand-in's Ray executor (ray_engine.py) first.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> None:
                  "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization"):
         p.add_argument(flag)
     p.add_argument("--enable-expert-parallel", action="store_true")
+    p.add_argument("--distributed-executor-backend")
     known, rest = p.parse_known_args(argv)
     layout = layout_token(known)
     if layout in _listed("STANDIN_REFUSE_LAYOUTS"):
@@ -44,7 +46,20 @@ def main(argv: list[str]) -> None:
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if gpus and "--gpus" not in rest:
         args += ["--gpus", gpus, "--gpu-mib", os.environ.get("STANDIN_GPU_MIB", "70000")]
+    if known.distributed_executor_backend == "ray":
+        args += ray_args(known)
     os.execv(sys.executable, [*args, *rest])
+
+
+def ray_args(known: argparse.Namespace) -> list[str]:
+    """Ray mode, like vLLM: the cluster from RAY_ADDRESS, TP x PP workers, rank 0 on this node."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if not address:
+        print("standin: --distributed-executor-backend ray needs RAY_ADDRESS", file=sys.stderr, flush=True)
+        sys.exit(1)
+    world = int(known.tensor_parallel_size or 1) * int(known.pipeline_parallel_size or 1)
+    return ["--ray-address", address, "--ray-world", str(world),
+            "--ray-driver-ip", os.environ.get("VLLM_HOST_IP", known.host)]
 
 
 def layout_token(known: argparse.Namespace) -> str:
