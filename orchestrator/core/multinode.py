@@ -92,8 +92,10 @@ def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template:
     else:
         argv = [ray, "start", "--address", f"{head.peer_address}:{model.ray_port}", *common]
     argv += model.ray_args
+    # No drain on SIGTERM (Ray waits up to 30 s for Serve proxies to quiesce, and a head never
+    # finishes): the engine, stopped before its Ray nodes, is what needs the grace period.
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, model.gpus)),
-           **_node_env(host), **model.env}
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **_node_env(host), **model.env}
     name = ray_unit_name(model, role)
     jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
                               trim_blocks=True, lstrip_blocks=True)

@@ -137,7 +137,8 @@ class RayNode:
 
 
 _NODE_RE = re.compile(r"^Node: ([0-9a-f]+)\b(.*?)(?=^Node: |\Z)", re.MULTILINE | re.DOTALL)
-_USAGE_RE = re.compile(r"^\s+[\d.]+/([\d.]+)\s+(\S+)\s*$", re.MULTILINE)
+# "  0.0/1.0 GPU", or with a placement group "  1.0/1.0 GPU (1.0 used of 1.0 reserved in placement groups)"
+_USAGE_RE = re.compile(r"^\s+[\d.]+/([\d.]+)\s+(\S+)(?:\s+\(.*\))?\s*$", re.MULTILINE)
 
 
 def ray_status_nodes(text: str) -> list[RayNode]:

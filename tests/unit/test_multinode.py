@@ -15,6 +15,7 @@ from orchestrator.core import planner
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.multinode import render_nodes
 from orchestrator.core.states import Phase
+from orchestrator.deploy import multinode
 from orchestrator.deploy.engine import Engine
 from orchestrator.resources import template_text
 from orchestrator.testing import FakeClock, FakeHost, FakeStateStore
@@ -152,6 +153,37 @@ def test_ray_units_head_workers_and_engine() -> None:
     assert '"start" "--head" "--port" "6379"' in head.unit_text and '"--block"' in head.unit_text
     assert '"--address" "10.0.0.1:6379" "--block" "--node-ip-address" "10.0.0.2" "--num-gpus" "2"' in worker.unit_text
     assert '"--distributed-executor-backend" "ray"' in r.api.text and '"RAY_ADDRESS=10.0.0.1:6379"' in r.api.text
+
+
+def test_ray_units_keep_ray_files_in_the_state_directory_and_take_ray_args() -> None:
+    """Both Ray units: --temp-dir /var/lib/ray, no drain, short stop, ray_args last; only the head turns the dashboard off."""
+    cat = catalog("ray", ray_args=["--num-cpus", "1"])
+    head, worker = render_nodes(cat, cat.models["big"], template_text).nodes
+    for unit in (head.unit_text, worker.unit_text):
+        assert '"--temp-dir" "/var/lib/ray" "--disable-usage-stats"' in unit and "StateDirectory=ray\n" in unit
+        assert '"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0"' in unit and "TimeoutStopSec=15\n" in unit
+        assert "SuccessExitStatus=1\n" in unit
+    assert '"--include-dashboard" "false" "--num-cpus" "1"\n' in head.unit_text
+    assert "--include-dashboard" not in worker.unit_text and '"--disable-usage-stats" "--num-cpus" "1"\n' in worker.unit_text
+
+
+RAY_FIXTURES = REPO / "tests/fixtures/ray"
+
+
+@pytest.mark.parametrize("fixture,nodes", [
+    ("status-v-head-only.txt", [("cb080578", {"CPU": 1.0, "GPU": 2.0})]),
+    ("status-v-2-nodes.txt", [("c54cf3d8", {"CPU": 1.0, "GPU": 1.0}), ("366f4922", {"CPU": 1.0, "GPU": 1.0})]),
+    ("status-v-2-nodes-serving.txt", [("7d95939f", {"CPU": 1.0, "GPU": 1.0}), ("ce69c2d5", {"CPU": 1.0, "GPU": 1.0})]),
+])
+def test_ray_status_nodes_reads_every_node_with_its_cpus_and_gpus(fixture: str, nodes: list[Any]) -> None:
+    """Real `ray status -v` of Ray 2.60 (head only, two nodes, two nodes with a placement group): each node's totals."""
+    found = multinode.ray_status_nodes((RAY_FIXTURES / fixture).read_text())
+    assert [(n.node_id[:8], {k: v for k, v in n.totals.items() if k in ("CPU", "GPU")}) for n in found] == nodes
+
+
+def test_ray_status_nodes_of_a_failed_status_is_empty() -> None:
+    """`ray status` that could not reach the GCS prints no node block: no node is counted."""
+    assert multinode.ray_status_nodes("ray.exceptions.RpcError: Timed out while waiting for GCS") == []
 
 
 class Fleet:
