@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,6 +101,18 @@ pipeline_parallel = 2
 # Small Ray nodes: this machine has 2 cores and 24 GiB for everything.
 ray_args = ["--num-cpus", "1", "--object-store-memory", "100000000"]
 args = ["--ray-timeout", "30"]
+[models.rayed-too-wide]
+repo = "test/rayed"
+source = "none"
+nodes = ["{h1.name}", "{h2.name}"]
+backend = "ray"
+port = 8311
+ray_port = {RAY_PORT}
+gpus = [0]
+pipeline_parallel = 2
+ray_args = ["--num-cpus", "1", "--object-store-memory", "100000000"]
+# The engine asks for one GPU more than the cluster has (the stand-in's override of TP x PP).
+args = ["--ray-timeout", "5", "--ray-world", "3"]
 """
 
 
@@ -131,10 +144,11 @@ def state(host: Host, unit: str) -> str:
     return host.run(["systemctl", "is-active", unit], check=False).stdout.strip()
 
 
-def ever_active(host: Host, unit: str) -> bool:
-    """Whether systemd ever saw the unit active since it was loaded (0 when never)."""
-    out = host.run(["systemctl", "show", "-p", "ActiveEnterTimestampMonotonic", "--value", unit]).stdout
-    return out.strip() not in ("", "0")
+def started_since(host: Host, unit: str, since: float) -> bool:
+    """Whether systemd started the unit since ``since`` (epoch): its journal, as a stopped unit's
+    timestamps are gone once systemd unloads it."""
+    out = host.run(["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"]).stdout
+    return any(line.startswith(("Starting ", "Started ")) for line in out.splitlines())
 
 
 def ray_processes(host: Host) -> str:
@@ -179,6 +193,7 @@ def test_worker_with_another_ray_version_is_refused_before_anything_stops(hosts:
     serve_solos(h1, h2, cfg)
     mixed = tmp_path / "mixed.toml"
     mixed.write_text(config_text(h1, h2, tmp_path / "state", h2_ray=OTHER_RAY))
+    since = time.time()
     r = subprocess.run([sys.executable, "-m", "orchestrator", "switch", "rayed", "--config", str(mixed)],
                        capture_output=True, text=True, cwd=REPO, check=False)
     assert r.returncode != 0
@@ -187,7 +202,7 @@ def test_worker_with_another_ray_version_is_refused_before_anything_stops(hosts:
     assert completes(h1, 8301, "solo1") and completes(h2, 8302, "solo2")
     assert (state(h1, "vllm-solo1.service"), state(h2, "vllm-solo2.service")) == ("active", "active")
     for host, unit in ((h1, "ray-rayed-head.service"), (h2, "ray-rayed-worker.service"), (h1, "vllm-rayed.service")):
-        assert not ever_active(host, unit), f"{unit} on {host.name} was started"
+        assert not started_since(host, unit, since), f"{unit} on {host.name} was started"
 
 
 def test_unreachable_head_fails_before_the_engine_and_restores_both_nodes(hosts: list[Host], tmp_path: Path) -> None:
@@ -197,12 +212,14 @@ def test_unreachable_head_fails_before_the_engine_and_restores_both_nodes(hosts:
     cfg.write_text(config_text(h1, h2, tmp_path / "state", join_timeout=15))
     serve_solos(h1, h2, cfg)
     subprocess.run(["ip", "-n", ns(h2), "route", "add", "blackhole", f"{h1.address}/32"], check=True)
+    since = time.time()
     result = operations(settings.load(cfg)).switch("rayed")
     assert result["outcome"] == "rolled_back", result
     assert "Ray cluster of rayed" in result["error"] and "shows 1 of 2 nodes" in result["error"], result["error"]
     assert "ray_join_timeout_s = 15" in result["error"] and "1 GPU, 1 CPU" in result["error"]
     assert "Failed to connect to GCS" in result["error"]  # the worker's journal, from h2
-    assert not ever_active(h1, "vllm-rayed.service")
+    assert started_since(h2, "ray-rayed-worker.service", since)
+    assert not started_since(h1, "vllm-rayed.service", since)
     assert completes(h1, 8301, "solo1") and completes(h2, 8302, "solo2")
     assert [state(h, u) for h, u in ((h1, "ray-rayed-head.service"), (h2, "ray-rayed-worker.service"))] == [
         "inactive", "inactive"]
@@ -222,3 +239,19 @@ def test_ray_model_stops_cleanly_when_a_single_box_model_replaces_it(hosts: list
                                      (h2, "ray-rayed-worker.service"))] == ["inactive"] * 3
     assert (ray_processes(h1), ray_processes(h2)) == ("", "")
     assert completes(h1, 8301, "solo1")
+
+
+def test_engine_whose_placement_group_cannot_be_placed_fails_loudly_and_rolls_back(hosts: list[Host],
+                                                                                  tmp_path: Path) -> None:
+    """The engine wants 3 GPU bundles of a 2-GPU cluster: it exits naming the placement group; solo1 serves again."""
+    h1, h2 = hosts
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(config_text(h1, h2, tmp_path / "state"))
+    ops = operations(settings.load(cfg))
+    assert ops.switch("solo1")["outcome"] == "active"
+    result = ops.switch("rayed-too-wide")
+    assert result["outcome"] == "rolled_back", result
+    assert "Ray executor failed: placement group of 3 x {GPU: 1} (PACK" in result["error"], result["error"]
+    assert "not placed within 5 s" in result["error"] and "2 node(s) alive" in result["error"]
+    assert completes(h1, 8301, "solo1")
+    assert (ray_processes(h1), ray_processes(h2)) == ("", "")
