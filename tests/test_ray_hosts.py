@@ -175,6 +175,8 @@ def test_ray_cluster_forms_and_standin_engine_places_workers_on_both_hosts(hosts
     assert [(n["ip"], n["resources"]["GPU"], n["resources"]["CPU"]) for n in nodes] == [
         (h1.address, 1.0, 1.0), (h2.address, 1.0, 1.0)]
     [(_, cluster)] = [(e, f) for e, f in events if e == "ray_cluster"]
+    print("ray cluster:", cluster, "RSS MiB of the vllm user:",
+          [h.run("ps -u vllm -o rss= | awk '{s+=$1} END {print int(s/1024)}'").stdout.strip() for h in hosts])
     assert len(cluster["nodes"]) == 2 and all("1 GPU, 1 CPU" in n for n in cluster["nodes"])
 
     workers = get(h1, f"http://{h1.address}:8310/standin/ray")["workers"]
