@@ -287,13 +287,25 @@ class Operations:
         rows.append((dep.host, "engine (API)" if dep.spec.backend == "ray" else "rank 0 (API)", dep.spec.unit_name))
         out = []
         for host, role, unit in rows:
-            state = "not probed"
+            row: dict[str, Any] = {"host": host, "role": role, "unit": unit, "state": "not probed"}
             if probe:
                 try:
-                    state = self.ports_for(host).systemd.unit_state(unit).active_state
+                    seen = self.ports_for(host).systemd.unit_state(unit)
+                    # Restarts systemd made on its own since the unit's start: a rank that came back alone.
+                    row |= {"state": seen.active_state, "restarts": seen.n_restarts}
                 except OrchestratorError as exc:
-                    state = f"unreachable: {exc}"
-            out.append({"host": host, "role": role, "unit": unit, "state": state})
+                    row["state"] = f"unreachable: {exc}"
+            out.append(row)
+        return out
+
+    def _rank_of(self, host: str) -> list[dict[str, Any]]:
+        """The multi-node models headed elsewhere that have a unit on ``host`` (its own record says nothing)."""
+        out = []
+        for head in self.catalog.hosts:
+            dep = self.store.serving(head) if head != host else None
+            if dep is not None and host in dep.spec.node_hosts:
+                out.append({"model": dep.model, "head": head, "revision": dep.revision,
+                            "units": [n.unit_name for n in dep.spec.nodes if n.host == host]})
         return out
 
     def history(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
@@ -340,5 +352,7 @@ class Operations:
                                    for d in self.store.serving_set(name)]
             if serving is not None and serving.spec.nodes:
                 entry["serving"]["nodes"] = self._node_states(serving, probe)
+            if ranks := self._rank_of(name):
+                entry["node_of"] = ranks
             out["hosts"][name] = entry
         return out
