@@ -123,6 +123,10 @@ class Busy(StateError):
     exit_code = 5
 
 
+class NodeInUse(Busy):
+    """A single-box switch needs GPUs where a rank of a multi-node model headed on another host runs."""
+
+
 class AgentError(OrchestratorError):
     """The agent could not be reached or refused the request."""
 

@@ -3,7 +3,8 @@
     python -m tests.agent_with_hooks --config deploy.toml --pause-dir /run/orchestrator-hooks
 
 The hook holds the engine before the phase named in <dir>/pause-at until that file goes away,
-writing <dir>/paused meanwhile. It lives here, outside the package: the product has no switch
+writing <dir>/paused meanwhile; <dir>/pause-on ("EVENT [NODE [UNIT]]", e.g. "node_started h2")
+holds it likewise right after the engine reports that event, in the middle of a step. It lives here, outside the package: the product has no switch
 (flag or environment variable) that turns test hooks on.
 """
 
@@ -13,12 +14,15 @@ import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from orchestrator import logs, settings
 from orchestrator.agent.daemon import Agent
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
+from orchestrator.deploy.engine import Engine
 from orchestrator.deploy.operations import Operations
+from orchestrator.ports import ProgressCallback
 from orchestrator.wiring import ports_factory
 
 
@@ -39,6 +43,34 @@ def pause_hook(directory: str) -> Callable[[Deployment], None]:
     return hook
 
 
+def event_hook(directory: str, progress: ProgressCallback | None) -> ProgressCallback:
+    pause_on, paused = Path(directory) / "pause-on", Path(directory) / "paused"
+
+    def hook(event: str, fields: dict[str, Any]) -> None:
+        if progress is not None:
+            progress(event, fields)
+        try:
+            wanted = pause_on.read_text().split()
+        except FileNotFoundError:
+            return
+        if [event, str(fields.get("node")), str(fields.get("unit"))][:len(wanted)] != wanted:
+            return
+        paused.write_text(f"{event} {fields.get('node')} {fields.get('unit')}\n")
+        while pause_on.exists():
+            time.sleep(0.05)
+
+    return hook
+
+
+class HookedOperations(Operations):
+    def __init__(self, catalog: Catalog, pause_dir: str) -> None:
+        super().__init__(catalog, ports_factory(catalog), before_step=pause_hook(pause_dir))
+        self.pause_dir = pause_dir
+
+    def engine(self, progress: ProgressCallback | None = None) -> Engine:
+        return super().engine(event_hook(self.pause_dir, progress))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.agent_with_hooks")
     parser.add_argument("--config", required=True)
@@ -46,10 +78,9 @@ def main() -> None:
     args = parser.parse_args()
     logs.configure(json=True)
     cat = settings.load(args.config)
-    hook = pause_hook(args.pause_dir)
 
     def ops_for(catalog: Catalog) -> Operations:
-        return Operations(catalog, ports_factory(catalog), before_step=hook)
+        return HookedOperations(catalog, args.pause_dir)
 
     Agent(cat, ops_for(cat), metrics_port=cat.metrics_port or None,
           config_path=str(Path(args.config).resolve()), ops_factory=ops_for).run()

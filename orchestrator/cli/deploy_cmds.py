@@ -152,14 +152,20 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
     console = Console()
     for name, entry in result["hosts"].items():
         serving = entry["serving"]
-        if serving is None:
+        if serving is None and entry.get("node_of"):
+            for rank in entry["node_of"]:
+                console.print(f"[bold]{name}[/]: a node of {rank['model']} (revision {rank['revision']}, headed on "
+                              f"{rank['head']}: {', '.join(rank['units'])})", soft_wrap=True)
+        elif serving is None:
             console.print(f"[bold]{name}[/]: nothing known to serve")
         else:
             health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(serving.get("healthy"), "")
             console.print(f"[bold]{name}[/]: {serving['model']} (revision {serving['revision']}, "
                           f"{serving['unit']}, {serving['url']}) {health}")
             for node in serving.get("nodes", []):
-                console.print(f"  node {node['host']}: {node['role']}, {node['unit']} {node['state']}", markup=False)
+                restarts = f" (restarted {node['restarts']}x by systemd on its own)" if node.get("restarts") else ""
+                console.print(f"  node {node['host']}: {node['role']}, {node['unit']} {node['state']}{restarts}",
+                              markup=False, soft_wrap=True)
         if "endpoint" in entry:
             console.print(f"  endpoint {entry['endpoint']}")
         for m in entry.get("models", []):

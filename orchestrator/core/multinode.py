@@ -19,7 +19,7 @@ import jinja2
 
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.records import NodeUnit
-from orchestrator.core.render import RenderedUnit, _plain, env_quote, exec_quote, render_unit
+from orchestrator.core.render import RenderedUnit, _plain, env_quote, exec_quote, model_dir_for, render_unit
 from orchestrator.errors import RenderError
 
 TemplateText = Callable[[str], str]
@@ -113,28 +113,43 @@ def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template:
     return RenderedUnit(name=name, text=text)
 
 
-def _node(host: Host, role: str, rank: int, unit: RenderedUnit) -> NodeUnit:
+def _node(host: Host, role: str, rank: int, unit: RenderedUnit, model_dir: str) -> NodeUnit:
     return NodeUnit(host=host.name, role=role, rank=rank, unit_name=unit.name, unit_text=unit.text,
-                    unit_sha=unit.sha256)
+                    unit_sha=unit.sha256, model_dir=model_dir)
+
+
+def node_model_dir(catalog: Catalog, model: Model, host: Host, model_dir: str | None, revision: str | None) -> str:
+    """Where a node's engine finds the weights: the node stages into its own models_dir (hosts may
+    differ), so only the head uses ``model_dir`` as given; a ``local:`` source is one path everywhere."""
+    if model_dir is not None and (host.name == catalog.nodes_of(model.name)[0].name
+                                  or model.source.startswith("local:")):
+        return model_dir
+    return model_dir_for(catalog, model, None if model.source.startswith("local:") else revision, host)
 
 
 def render_nodes(catalog: Catalog, model: Model, templates: TemplateText, *,
-                 model_dir: str | None = None) -> Rendered:
-    """Every unit of a multi-node model, the API's apart; ``templates`` gives a template's text by name."""
+                 model_dir: str | None = None, revision: str | None = None) -> Rendered:
+    """Every unit of a multi-node model, the API's apart; ``templates`` gives a template's text by name.
+    ``model_dir`` is the head's weights directory, ``revision`` the staged revision every node has."""
     hosts = catalog.nodes_of(model.name)
     head = hosts[0]
     engine = templates(ENGINE_TEMPLATE)
+    # Ray's workers load the path the engine on the head names; a headless rank gets its own --model.
+    dirs = {h.name: node_model_dir(catalog, model, head if model.backend == "ray" else h, model_dir, revision)
+            for h in hosts}
     if model.backend == "ray":
-        nodes = [_node(head, "ray-head", 0, _render_ray(catalog, model, head, "ray-head", templates(HEAD_TEMPLATE)))]
-        nodes += [_node(h, "ray-worker", r, _render_ray(catalog, model, h, "ray-worker", templates(WORKER_TEMPLATE)))
-                  for r, h in enumerate(hosts[1:], 1)]
+        nodes = [_node(head, "ray-head", 0, _render_ray(catalog, model, head, "ray-head", templates(HEAD_TEMPLATE)),
+                       dirs[head.name])]
+        nodes += [_node(h, "ray-worker", r, _render_ray(catalog, model, h, "ray-worker", templates(WORKER_TEMPLATE)),
+                        dirs[h.name]) for r, h in enumerate(hosts[1:], 1)]
         api = render_unit(catalog, model, engine, model_dir=model_dir, host=head, role="engine on the Ray head",
                           extra_args=("--distributed-executor-backend", "ray"),
                           extra_env={**_node_env(head), "RAY_ADDRESS": f"{head.peer_address}:{model.ray_port}"})
         return Rendered(api, tuple(nodes))
-    nodes = [_node(h, "headless", r, render_unit(catalog, model, engine, model_dir=model_dir, host=h,
+    nodes = [_node(h, "headless", r, render_unit(catalog, model, engine, model_dir=dirs[h.name], host=h,
                                                  role=f"headless rank {r}", extra_args=_native_args(catalog, model, r),
-                                                 extra_env=_node_env(h), unit_name=node_unit_name(model, r)))
+                                                 extra_env=_node_env(h), unit_name=node_unit_name(model, r)),
+                   dirs[h.name])
              for r, h in enumerate(hosts[1:], 1)]
     api = render_unit(catalog, model, engine, model_dir=model_dir, host=head, role="rank 0, the API",
                       extra_args=_native_args(catalog, model, 0), extra_env=_node_env(head))

@@ -18,6 +18,7 @@ class NodeUnit:
     unit_name: str
     unit_text: str
     unit_sha: str
+    model_dir: str = ""  # the weights on this node (its own models_dir); "" in records made before
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeUnit:

@@ -77,11 +77,12 @@ def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | Non
     return argv
 
 
-def model_dir_for(catalog: Catalog, model: Model, revision: str | None = None) -> str:
-    """Where staged weights live on the host: <models_dir>/<owner>--<repo>/<revision>."""
+def model_dir_for(catalog: Catalog, model: Model, revision: str | None = None, host: Host | None = None) -> str:
+    """Where staged weights live on the host (the model's, or ``host``, one node of a multi-node
+    model): <models_dir>/<owner>--<repo>/<revision>."""
     if model.source.startswith("local:") and revision is None:
         return model.source.removeprefix("local:")
-    host = catalog.model_host(model.name)
+    host = host or catalog.model_host(model.name)
     # Keyed by repo, not model name: two layouts of the same weights share one download.
     return f"{host.models_dir.rstrip('/')}/{model.repo.replace('/', '--')}/{revision or model.revision}"
 

@@ -36,6 +36,9 @@ class StepContext:
     park: threading.Event = field(default_factory=threading.Event)
     # A multi-node model: the context of another of its hosts (deploy/multinode.py).
     node_ctx: Callable[[str], StepContext] | None = None
+    # Persist one piece of a step's progress at once (the engine writes it to the store with the
+    # deployment and phase): what a step did on each node survives a crash in the middle of it.
+    record: Callable[[str, dict[str, Any]], None] = lambda kind, detail: None
 
     @property
     def defaults(self) -> Defaults:
@@ -64,6 +67,8 @@ class StepInput:
     # the head's extra units), and what served on the other nodes, to bring back on rollback.
     node_units_to_stop: Mapping[str, frozenset[str]] = field(default_factory=dict)
     peer_restore: Mapping[str, UnitSpec] = field(default_factory=dict)
+    # What ctx.record persisted for this deployment so far (a run before a crash included), oldest first.
+    node_progress: tuple[Mapping[str, Any], ...] = ()
     # With the front proxy: how this switch changes the serving set, and that set when it was planned.
     plan: SwitchPlan | None = None
     serving: tuple[Deployment, ...] = ()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -20,8 +21,9 @@ from orchestrator.core.records import Deployment, NodeUnit, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, is_terminal
 from orchestrator.deploy.context import Parked, StepContext, StepInput
+from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
-from orchestrator.errors import OrchestratorError, SmokeGateFailed, UsageError
+from orchestrator.errors import NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, StateStore
 from orchestrator.resources import template_text
 
@@ -61,7 +63,8 @@ class Engine:
         directory = model_dir or model_dir_for(self.catalog, model, revision)
         nodes: tuple[NodeUnit, ...] = ()
         if model.nodes:
-            rendered = render_nodes(self.catalog, model, self._template_named, model_dir=directory)
+            rendered = render_nodes(self.catalog, model, self._template_named, model_dir=directory,
+                                    revision=revision)
             unit, nodes = rendered.api, rendered.nodes
         else:
             unit = render_unit(self.catalog, model, self.template, model_dir=directory)
@@ -82,6 +85,8 @@ class Engine:
             raise UsageError(f"unknown model {model_name!r} (known: {', '.join(sorted(self.catalog.models))})")
         model = self.catalog.models[model_name]
         host = self.catalog.model_host(model_name)
+        if not model.nodes:
+            self.refuse_foreign_ranks(host.name, model.gpus, model_name)
         if self.catalog.proxy.enabled:
             return self._plan_in_set(model, trigger=trigger, no_rollback=no_rollback, force=force)
         serving = self.store.serving(host.name)
@@ -141,6 +146,8 @@ class Engine:
                                  " (see `orchestrator history`)")
             to_revision = serving.previous_revision
         target = self.store.by_revision(host_name, to_revision)
+        if not target.spec.nodes:
+            self.refuse_foreign_ranks(host_name, target.spec.gpus, target.model)
         if target.phase is not Phase.ACTIVE:
             raise UsageError(f"host {host_name}: revision {to_revision} ({target.model}) never became "
                              f"active (outcome {target.phase.value}); roll back to one that did")
@@ -148,14 +155,39 @@ class Engine:
                                  serving.revision if serving else None, self.ports_for(host_name).clock.now(),
                                  no_rollback=no_rollback or not self.catalog.policy.rollback_on_failure)
 
+    def refuse_foreign_ranks(self, host: str, gpus: tuple[int, ...], model: str) -> None:
+        """Refuse, before anything is recorded or stopped, a single-box model on GPUs of ``host``
+        where a rank (or Ray worker) of a multi-node model headed on another host runs.
+
+        Refused rather than stopped: the multi-node model is the head's deployment (its record, its
+        rollback, its watch live there); a switch aimed at one of its nodes taking the model down
+        on every box would be a surprise no operator asked for, and an agent on this node may not
+        even know the head's records. Stopping it is one explicit command, named in the message."""
+        wanted = set(gpus)
+        for other in self.catalog.models.values():
+            hosts = [h.name for h in self.catalog.nodes_of(other.name)]
+            if not other.nodes or host not in hosts[1:] or not wanted & set(other.gpus):
+                continue
+            sd = self.ports_for(host).systemd
+            running = sorted(u for u in unit_names(self.catalog, other).get(host, set()) if sd.unit_state(u).is_active)
+            if running:
+                shared = ",".join(map(str, sorted(wanted & set(other.gpus))))
+                raise NodeInUse(f"{model} needs GPU {shared} on {host}, where {', '.join(running)} runs a rank of "
+                                f"multi-node model {other.name} (headed on {hosts[0]}): nothing was stopped; stop "
+                                f"that model on every node first with `orchestrator stop {other.name}`, or switch "
+                                f"{hosts[0]} to another model", host=host)
+
     def is_healthy(self, dep: Deployment) -> bool:
         try:
             ports = self.ports_for(dep.host)  # builds the host's connection on first use: may fail too
-            if not ports.systemd.unit_state(dep.spec.unit_name).is_active:
-                return False
-            # A multi-node model is down when any of its nodes is (or cannot be reached).
-            for node in dep.spec.nodes:
-                if not self.ports_for(node.host).systemd.unit_state(node.unit_name).is_active:
+            ready = self._ready_restarts(dep)
+            units = [(dep.host, dep.spec.unit_name), *((n.host, n.unit_name) for n in dep.spec.nodes)]
+            for host, unit in units:
+                # A multi-node model is down when any of its units is (or cannot be reached), and when
+                # systemd restarted one on its own since it was ready: the rank that came back is a
+                # new process the others never joined (rank 0's API may well still answer).
+                state = self.ports_for(host).systemd.unit_state(unit)
+                if not state.is_active or state.n_restarts > ready.get((host, unit), state.n_restarts):
                     return False
             ok, _ = ports.health.health(dep.spec.base_url)
             return ok and dep.spec.served_name in ports.health.models(dep.spec.base_url)
@@ -181,6 +213,9 @@ class Engine:
             return node_ctxs[host]
 
         ctx.node_ctx = node_ctx
+        ctx.record = lambda kind, detail: self.store.record_event(
+            ports.clock.now(), dep.host, kind, {"deployment_id": dep.id, "revision": dep.revision,
+                                                "phase": dep.phase.value, **detail})
         while not is_terminal(dep.phase):
             if self.before_step is not None:
                 self.before_step(dep)  # test hook: pause or park at a named phase
@@ -213,7 +248,7 @@ class Engine:
                          respec=lambda path, revision: self.spec_for(self.catalog.models[dep.model],
                                                                      model_dir=path, revision=revision),
                          plan=plan, serving=serving, node_units_to_stop=self._node_units_to_stop(dep),
-                         peer_restore=self._peer_restore(dep))
+                         peer_restore=self._peer_restore(dep), node_progress=self.node_progress(dep))
         try:
             result = STEPS[dep.phase](ctx, step)
         except OrchestratorError as exc:
@@ -235,6 +270,28 @@ class Engine:
         return Event.OK
 
     # -- helpers ------------------------------------------------------------------------------
+    def _ready_restarts(self, dep: Deployment) -> dict[tuple[str, str], int]:
+        """Each unit of a multi-node model: systemd's restart count when a deployment last found it
+        ready (the newest record of that very unit text wins: a rollback's restore counts too)."""
+        if not dep.spec.nodes:
+            return {}
+        shas = {(n.host, n.unit_name): n.unit_sha for n in dep.spec.nodes} | {
+            (dep.host, dep.spec.unit_name): dep.spec.unit_sha}
+        out: dict[tuple[str, str], int] = {}
+        for e in self.store.events(host=dep.host, kind=NODE_PROGRESS, limit=500):
+            key = (str(e.get("node")), str(e.get("unit")))
+            if e.get("step") == "ready" and key not in out and shas.get(key) == e.get("sha256"):
+                out[key] = int(e.get("n_restarts") or 0)
+        return out
+
+    def node_progress(self, dep: Deployment) -> tuple[dict[str, Any], ...]:
+        """What the deployment did on each node of a multi-node model, oldest first, as persisted
+        while its steps ran (deploy/multinode.py): it survives a crash in the middle of a step."""
+        if not dep.spec.nodes:
+            return ()
+        found = self.store.events(host=dep.host, kind=NODE_PROGRESS, limit=500)
+        return tuple(reversed([e for e in found if e.get("deployment_id") == dep.id]))
+
     def _managed_units(self, host: str) -> frozenset[str]:
         units = {self.catalog.models[m].unit_name for m in self.catalog.models_on(host)}
         units |= {d.spec.unit_name for d in self.store.history(host, limit=20)}

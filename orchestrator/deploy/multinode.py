@@ -11,15 +11,35 @@ brings back what served on each.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.core.records import NodeUnit, UnitSpec
 from orchestrator.deploy import actions
 from orchestrator.deploy.context import StepContext
-from orchestrator.errors import HealthCheckFailed, OrchestratorError, PlanError
+from orchestrator.errors import HealthCheckFailed, OrchestratorError, PlanError, WeightsError
 
 RAY_VERSION_RE = re.compile(r"version\s+(\S+)")
+NODE_PROGRESS = "node_progress"  # the store's event kind for what a step did to one unit of one node
+
+
+def record(ctx: StepContext, step: str, host: str, unit: str, sha: str, **detail: object) -> None:
+    """Persist (then report) one unit's progress: installed, started, ready."""
+    ctx.record(NODE_PROGRESS, {"step": step, "node": host, "unit": unit, "sha256": sha, **detail})
+    ctx.emit(f"node_{step}", node=host, unit=unit, **detail)
+
+
+def recorded(progress: Iterable[Mapping[str, Any]], step: str, phase: str) -> set[tuple[str, str, str]]:
+    """(node, unit, sha256) of the units a deployment's ``phase`` recorded as ``step``."""
+    return {(str(e["node"]), str(e["unit"]), str(e["sha256"])) for e in progress
+            if e.get("step") == step and e.get("phase") == phase}
+
+
+def api_progress(ctx: StepContext, spec: UnitSpec, step: str) -> None:
+    """Rank 0 / the engine on the head is one of the model's units too: record it like the others."""
+    if spec.nodes:
+        record(ctx, step, ctx.ports.host.name, spec.unit_name, spec.unit_sha, role="api")
 
 
 def _node_ctx(ctx: StepContext, host: str) -> StepContext:
@@ -32,7 +52,8 @@ def _as_spec(spec: UnitSpec, node: NodeUnit) -> UnitSpec:
     """A node's unit in the shape the single-host actions take (it has no API of its own)."""
     return UnitSpec(model=spec.model, unit_name=node.unit_name, unit_text=node.unit_text, unit_sha=node.unit_sha,
                     served_name=spec.served_name, address=spec.address, port=spec.port, gpus=spec.gpus,
-                    load_deadline_s=spec.load_deadline_s, model_dir=spec.model_dir)
+                    load_deadline_s=spec.load_deadline_s, model_dir=node.model_dir or spec.model_dir, repo=spec.repo,
+                    revision=spec.revision, source=spec.source)
 
 
 def preflight(ctx: StepContext, spec: UnitSpec) -> None:
@@ -76,13 +97,20 @@ def check_ray_versions(ctx: StepContext, spec: UnitSpec) -> None:
 
 
 def stage(ctx: StepContext, spec: UnitSpec) -> None:
-    """The weights on every other node (the head stages through the usual step)."""
-    for host in spec.node_hosts:
-        nctx = _node_ctx(ctx, host)
-        if host == ctx.ports.host.name or spec.source == "none" or nctx.ports.weights is None:
+    """The weights on every other node, each into its own models_dir (the head stages through the
+    usual step); a node whose weights land elsewhere than its unit reads them from is refused."""
+    for node in spec.nodes:
+        nctx = _node_ctx(ctx, node.host)
+        if node.host == ctx.ports.host.name or spec.source == "none" or nctx.ports.weights is None:
             continue
-        staged = nctx.ports.weights.stage(spec, nctx.progress)
-        ctx.emit("staged", node=host, path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
+        want = _as_spec(spec, node)
+        staged = nctx.ports.weights.stage(want, nctx.progress)
+        ctx.emit("staged", node=node.host, path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
+        if node.model_dir and staged.path != want.model_dir:
+            why = " (Ray's workers read the head's path: give every node the same models_dir)" \
+                if spec.backend == "ray" else ""
+            raise WeightsError(f"{spec.model}: node {node.host} staged the weights into {staged.path} but "
+                               f"{node.unit_name} reads them from {want.model_dir}{why}", host=node.host)
 
 
 def preinstall(ctx: StepContext, spec: UnitSpec) -> None:
@@ -93,34 +121,43 @@ def preinstall(ctx: StepContext, spec: UnitSpec) -> None:
             actions.install_unit(nctx, _as_spec(spec, node))
 
 
-def stop(ctx: StepContext, units: Mapping[str, frozenset[str]]) -> None:
-    """Stop units on other hosts (and the head's extra ones), in the order given (reverse start)."""
+def stop(ctx: StepContext, units: Mapping[str, frozenset[str]], keep: frozenset[tuple[str, str]] = frozenset()) -> None:
+    """Stop units on other hosts (and the head's extra ones), in the order given (reverse start);
+    ``keep``: (host, unit) pairs this deployment already brought back, left running."""
     for host, names in units.items():
         nctx = _node_ctx(ctx, host)
-        for unit in actions.stop_units(nctx, names):
+        for unit in actions.stop_units(nctx, {n for n in names if (host, n) not in keep}):
             # A Ray node stuck waiting for its head ends by SIGKILL after TimeoutStopSec, which marks
             # the unit failed; the stop was ours (the journal keeps the story), so clear it.
             if nctx.ports.systemd.unit_state(unit).is_failed:
                 nctx.ports.systemd.reset_failed(unit)
 
 
-def free(ctx: StepContext, spec: UnitSpec, units: Mapping[str, frozenset[str]]) -> None:
+def free(ctx: StepContext, spec: UnitSpec, units: Mapping[str, frozenset[str]],
+         keep: frozenset[tuple[str, str]] = frozenset()) -> None:
     for host in spec.node_hosts:
-        if host != ctx.ports.host.name:
+        # A node whose unit of ``spec`` already runs again (a resumed rollback) holds the GPUs by right.
+        if host != ctx.ports.host.name and not any(h == host for h, _ in keep):
             actions.free_gpus(_node_ctx(ctx, host), spec.gpus, units.get(host, frozenset()))
 
 
 def install(ctx: StepContext, spec: UnitSpec) -> None:
     for node in spec.nodes:
         actions.install_unit(_node_ctx(ctx, node.host), _as_spec(spec, node))
+        record(ctx, "installed", node.host, node.unit_name, node.unit_sha, role=node.role)
 
 
 def start(ctx: StepContext, spec: UnitSpec) -> None:
-    """The node units in order; with Ray, wait for the whole cluster before the engine may start."""
+    """The node units in order; with Ray, wait for the whole cluster before the engine may start.
+    A unit already running (started before a crash, by this very step) is left as it is."""
     for node in spec.nodes:
         nctx = _node_ctx(ctx, node.host)
+        if nctx.ports.systemd.unit_state(node.unit_name).is_active:
+            ctx.emit("node_running", node=node.host, role=node.role, unit=node.unit_name)
+            continue
         ctx.emit("node_start", node=node.host, role=node.role, unit=node.unit_name)
         actions.start_unit(nctx, _as_spec(spec, node))
+        record(ctx, "started", node.host, node.unit_name, node.unit_sha, role=node.role)
     if spec.backend == "ray":
         wait_ray_cluster(ctx, spec)
 
@@ -161,6 +198,21 @@ def ray_status_nodes(text: str) -> list[RayNode]:
 def _ray_address(spec: UnitSpec) -> str:
     found = re.search(r'"RAY_ADDRESS=([^"]+)"', spec.unit_text)
     return found.group(1) if found else ""
+
+
+def resumed(ctx: StepContext, spec: UnitSpec, progress: Iterable[Mapping[str, Any]],
+            phase: str) -> frozenset[tuple[str, str]]:
+    """(host, unit) of ``spec`` that ``phase`` of this deployment started before a crash and that
+    still run that very unit: re-running the phase must not stop them (a rank's restart is a new
+    process group the others do not know)."""
+    started = recorded(progress, "started", phase)
+    if not started:
+        return frozenset()
+    units = [(n.host, n.unit_name, n.unit_sha) for n in spec.nodes] + [(ctx.ports.host.name, spec.unit_name,
+                                                                         spec.unit_sha)]
+    return frozenset((h, u) for h, u, sha in units if (h, u, sha) in started
+                     and _node_ctx(ctx, h).ports.systemd.unit_state(u).is_active)
+
 
 
 def wait_ray_cluster(ctx: StepContext, spec: UnitSpec) -> None:
@@ -225,6 +277,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> None:
     except HealthCheckFailed as exc:
         raise HealthCheckFailed(f"{exc}{node_hints(ctx, spec)}", host=ctx.ports.host.name,
                                 unit=spec.unit_name) from exc
+    states = []
     for node in spec.nodes:
         nctx = _node_ctx(ctx, node.host)
         state = nctx.ports.systemd.unit_state(node.unit_name)
@@ -232,6 +285,13 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> None:
             raise HealthCheckFailed(f"{node.unit_name} on {node.host} is {state.active_state} after the API "
                                     "answered" + actions.journal_hint(nctx, node.unit_name),
                                     host=node.host, unit=node.unit_name)
+        states.append((node, state))
+    # The restart counts the watch compares against (Engine.is_healthy): a rank systemd restarted
+    # on its own later is a new process the others never joined.
+    for node, state in states:
+        record(ctx, "ready", node.host, node.unit_name, node.unit_sha, role=node.role, n_restarts=state.n_restarts)
+    api = ctx.ports.systemd.unit_state(spec.unit_name)
+    record(ctx, "ready", ctx.ports.host.name, spec.unit_name, spec.unit_sha, role="api", n_restarts=api.n_restarts)
 
 
 def settle(ctx: StepContext, spec: UnitSpec, stopped: Mapping[str, frozenset[str]]) -> None:

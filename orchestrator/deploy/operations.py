@@ -18,7 +18,7 @@ from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment
-from orchestrator.deploy import actions
+from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
 from orchestrator.deploy.locks import host_lock
@@ -192,7 +192,7 @@ class Operations:
     def stop(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Stop MODEL and free its GPUs; with the proxy, its route goes first (then a 404)."""
         host = self.host_of(model)
-        with host_lock(self.state_dir, host, self.holder(host)):
+        with self._model_locks(model):  # a multi-node model stops on every node
             eng = self.engine(progress)
             self._recover_host(eng, host)
             serving = self.store.serving_set(host) if self.catalog.proxy.enabled else \
@@ -215,6 +215,17 @@ class Operations:
         actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name])
         if ports.systemd.unit_state(dep.spec.unit_name).exists:
             ports.systemd.disable(dep.spec.unit_name)
+        if dep.spec.nodes:  # then its other units, in reverse start order, on every node
+            ctx.node_ctx = lambda h: StepContext(ports=self.ports_for(h), catalog=self.catalog, progress=eng.progress,
+                                                 bound={"host": h, "revision": dep.revision})
+            units: dict[str, set[str]] = {}
+            for node in reversed(dep.spec.nodes):
+                units.setdefault(node.host, set()).add(node.unit_name)
+            multinode.stop(ctx, {h: frozenset(u) for h, u in units.items()})
+            multinode.free(ctx, dep.spec, {h: frozenset(u) for h, u in units.items()})
+            for node in dep.spec.nodes:
+                if self.ports_for(node.host).systemd.unit_state(node.unit_name).exists:
+                    self.ports_for(node.host).systemd.disable(node.unit_name)
         if self.catalog.proxy.enabled:
             self.store.set_serving_set(host, [d.revision for d in rest])
         current = self.store.serving(host)
@@ -276,21 +287,37 @@ class Operations:
         rows.append((dep.host, "engine (API)" if dep.spec.backend == "ray" else "rank 0 (API)", dep.spec.unit_name))
         out = []
         for host, role, unit in rows:
-            state = "not probed"
+            row: dict[str, Any] = {"host": host, "role": role, "unit": unit, "state": "not probed"}
             if probe:
                 try:
-                    state = self.ports_for(host).systemd.unit_state(unit).active_state
+                    seen = self.ports_for(host).systemd.unit_state(unit)
+                    # Restarts systemd made on its own since the unit's start: a rank that came back alone.
+                    row |= {"state": seen.active_state, "restarts": seen.n_restarts}
                 except OrchestratorError as exc:
-                    state = f"unreachable: {exc}"
-            out.append({"host": host, "role": role, "unit": unit, "state": state})
+                    row["state"] = f"unreachable: {exc}"
+            out.append(row)
+        return out
+
+    def _rank_of(self, host: str) -> list[dict[str, Any]]:
+        """The multi-node models headed elsewhere that have a unit on ``host`` (its own record says nothing)."""
+        out = []
+        for head in self.catalog.hosts:
+            dep = self.store.serving(head) if head != host else None
+            if dep is not None and host in dep.spec.node_hosts:
+                out.append({"model": dep.model, "head": head, "revision": dep.revision,
+                            "units": [n.unit_name for n in dep.spec.nodes if n.host == host]})
         return out
 
     def history(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         if host is not None:
             self.catalog.host(host)
         out = []
+        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
         for d in self.store.history(host, limit):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
+            if d.spec.nodes:  # what it did on each node, as persisted while it ran
+                row["node_progress"] = [{k: e.get(k) for k in ("phase", "step", "node", "unit", "at")}
+                                        for e in eng.node_progress(d)]
             if plan is not None:
                 kept = [r for r in plan["before"] if r not in plan["displaced"]]
                 row["plan"] = {"mode": plan["mode"], "reason": plan["reason"],
@@ -325,5 +352,7 @@ class Operations:
                                    for d in self.store.serving_set(name)]
             if serving is not None and serving.spec.nodes:
                 entry["serving"]["nodes"] = self._node_states(serving, probe)
+            if ranks := self._rank_of(name):
+                entry["node_of"] = ranks
             out["hosts"][name] = entry
         return out

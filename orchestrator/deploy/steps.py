@@ -96,12 +96,14 @@ def freeing(ctx: StepContext, step: StepInput) -> StepResult:
 def installing(ctx: StepContext, step: StepInput) -> StepResult:
     multinode.install(ctx, step.dep.spec)
     actions.install_unit(ctx, step.dep.spec)
+    multinode.api_progress(ctx, step.dep.spec, "installed")
     return DONE
 
 
 def starting(ctx: StepContext, step: StepInput) -> StepResult:
     multinode.start(ctx, step.dep.spec)  # headless ranks, or the Ray head and workers, first
     actions.start_unit(ctx, step.dep.spec)
+    multinode.api_progress(ctx, step.dep.spec, "started")
     return DONE
 
 
@@ -158,15 +160,20 @@ def rolling_back(ctx: StepContext, step: StepInput) -> StepResult:
     assert previous is not None  # the table only enters rolling_back with one
     prev = previous.spec
     ctx.emit("rollback", to_revision=previous.revision, model=prev.model)
+    # Resumed after a crash: the old model's units this phase already started stay up.
+    keep = multinode.resumed(ctx, prev, step.node_progress, Phase.ROLLING_BACK.value)
+    api_kept = (ctx.ports.host.name, prev.unit_name) in keep
     units = step.units_to_stop | {dep.spec.unit_name}
-    actions.stop_units(ctx, units - {prev.unit_name} if prev.unit_name != dep.spec.unit_name else units)
-    multinode.stop(ctx, step.node_units_to_stop)  # the new model on every node, the old one's too
-    actions.free_gpus(ctx, prev.gpus, units - {prev.unit_name})
-    multinode.free(ctx, prev, step.node_units_to_stop)
+    actions.stop_units(ctx, units - {prev.unit_name} if prev.unit_name != dep.spec.unit_name or api_kept else units)
+    multinode.stop(ctx, step.node_units_to_stop, keep)  # the new model on every node, the old one's too
+    if not api_kept:
+        actions.free_gpus(ctx, prev.gpus, units - {prev.unit_name})
+    multinode.free(ctx, prev, step.node_units_to_stop, keep)
     multinode.install(ctx, prev)
     multinode.start(ctx, prev)
     actions.install_unit(ctx, prev)
     actions.start_unit(ctx, prev)
+    multinode.api_progress(ctx, prev, "started")
     multinode.wait_ready(ctx, prev)
     actions.settle_enablement(ctx, prev.unit_name, ctx.managed_units | {dep.spec.unit_name})
     multinode.settle(ctx, prev, step.node_units_to_stop)

@@ -32,6 +32,10 @@ def main(argv: list[str]) -> None:
         p.add_argument(flag)
     p.add_argument("--enable-expert-parallel", action="store_true")
     p.add_argument("--distributed-executor-backend")
+    # vLLM's native multi-node flags: every rank serves like rank 0 here (a headless one on its own node).
+    for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port"):
+        p.add_argument(flag)
+    p.add_argument("--headless", action="store_true")
     known, rest = p.parse_known_args(argv)
     layout = layout_token(known)
     if layout in _listed("STANDIN_REFUSE_LAYOUTS"):

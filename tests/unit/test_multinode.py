@@ -18,7 +18,7 @@ from orchestrator.core.states import Phase
 from orchestrator.deploy import multinode
 from orchestrator.deploy.engine import Engine
 from orchestrator.resources import template_text
-from orchestrator.testing import FakeClock, FakeHost, FakeStateStore
+from orchestrator.testing import FakeClock, FakeHost, FakeStateStore, FakeWeights
 
 REPO = Path(__file__).resolve().parents[2]
 KIMI = REPO / "tests/fixtures/configs/moonshotai__Kimi-K2.5.json"
@@ -257,3 +257,137 @@ def test_render_writes_every_role(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "units").iterdir()) == ["vllm-big-node1.service", "vllm-big.service"]
     assert '"VLLM_HOST_IP=10.0.0.2"' in (tmp_path / "units/vllm-big-node1.service").read_text()
+
+
+def two_big(**big2: Any) -> Catalog:
+    """big as before, and big2: another native model over both nodes on the same GPUs."""
+    data = catalog().model_dump()
+    data["models"]["big2"] = {**data["models"]["big"], "port": 8003, "master_port": 29501, **big2}
+    return Catalog.model_validate(data)
+
+
+class Crash(Exception):
+    """The agent dying in the middle of a step (not an OrchestratorError: nothing handles it)."""
+
+
+def crash_at(event: str, node: str, unit: str | None = None) -> Any:
+    def progress(name: str, fields: dict[str, Any]) -> None:
+        if name == event and fields.get("node") == node and unit in (None, fields.get("unit")):
+            raise Crash(f"{event} on {node}")
+    return progress
+
+
+def test_per_node_progress_is_recorded_and_a_crash_after_the_headless_rank_resumes() -> None:
+    """Killed once g2's rank is started (rank 0 not): the record says so per node; the re-run starts
+    rank 0 only, leaving g2's running rank alone, and ends active."""
+    fleet = Fleet(catalog())
+    fleet.switch("small1")
+    fleet.engine.progress = crash_at("node_started", "g2")
+    dep = fleet.engine.plan_switch("big")
+    assert dep is not None
+    with pytest.raises(Crash):
+        fleet.engine.run(dep.id)
+    assert fleet.store.get(dep.id).phase is Phase.STARTING
+    assert [(e["step"], e["node"]) for e in fleet.engine.node_progress(dep) if e["phase"] == "starting"] == [
+        ("started", "g2")]
+    fleet.engine.progress = lambda event, fields: None
+    assert fleet.engine.run(dep.id).phase is Phase.ACTIVE
+    assert fleet.hosts["g2"].calls.count("start vllm-big-node1.service") == 1
+    assert [(e["phase"], e["step"], e["node"]) for e in fleet.engine.node_progress(dep)] == [
+        ("installing", "installed", "g2"), ("installing", "installed", "g1"), ("starting", "started", "g2"),
+        ("starting", "started", "g1"), ("checking", "ready", "g2"), ("checking", "ready", "g1")]
+
+
+def test_a_crash_during_rollback_resumes_without_restarting_what_it_brought_back() -> None:
+    """big2 fails on g1 and rolls back to big; killed once big's rank is back on g2, the resumed
+    rollback neither stops nor restarts it, and big serves on both nodes."""
+    fleet = Fleet(two_big())
+    fleet.switch("big")
+    fleet.hosts["g1"].behaviours["vllm-big2.service"] = "health_only"
+    fleet.engine.progress = crash_at("node_started", "g2", "vllm-big-node1.service")
+    dep = fleet.engine.plan_switch("big2")
+    assert dep is not None
+    with pytest.raises(Crash):
+        fleet.engine.run(dep.id)
+    assert fleet.store.get(dep.id).phase is Phase.ROLLING_BACK
+    fleet.engine.progress = lambda event, fields: None
+    assert fleet.engine.run(dep.id).phase is Phase.ROLLED_BACK
+    assert fleet.hosts["g2"].calls.count("start vllm-big-node1.service") == 2  # the first switch, the rollback
+    assert fleet.hosts["g2"].calls.count("stop vllm-big-node1.service") == 1  # by big2's stopping only
+    assert fleet.hosts["g2"].active_units() == ["vllm-big-node1.service"]
+    assert fleet.hosts["g1"].active_units() == ["vllm-big.service"]
+
+
+def test_a_rank_systemd_restarted_on_its_own_makes_the_model_unhealthy() -> None:
+    """g2's rank died and systemd restarted it (active again, NRestarts 1): the model is not healthy."""
+    fleet = Fleet(catalog())
+    dep = fleet.switch("big")
+    fleet.hosts["g2"].units["vllm-big-node1.service"].restarts = 1
+    assert not fleet.engine.is_healthy(dep)
+
+
+def test_single_box_switch_on_a_rank_node_is_refused_naming_the_multinode_model() -> None:
+    """small2 on g2's GPUs while big's rank 1 runs there: Busy-class refusal naming big, its head and
+    the stop command; nothing recorded, nothing stopped."""
+    from orchestrator.errors import NodeInUse
+
+    fleet = Fleet(catalog())
+    fleet.switch("big")
+    with pytest.raises(NodeInUse, match=r"vllm-big-node1.service runs a rank of multi-node model big "
+                                          r"\(headed on g1\).*`orchestrator stop big`") as info:
+        fleet.engine.plan_switch("small2")
+    assert info.value.exit_code == 5
+    assert len(fleet.store.history()) == 1
+    assert fleet.hosts["g2"].active_units() == ["vllm-big-node1.service"]
+
+
+def test_stop_of_a_multinode_model_stops_every_node(tmp_path: Path) -> None:
+    """`stop big` (the command the refusal names) stops rank 0 on g1 and the headless rank on g2."""
+    from orchestrator.deploy.operations import Operations
+
+    cat = catalog().model_copy(update={"state_dir": str(tmp_path)})
+    clock = FakeClock()
+    hosts = {n: FakeHost(name=n, gpu_count=2, clock=clock) for n in ("g1", "g2")}
+    ports = {n: h.ports(cat.hosts[n]) for n, h in hosts.items()}
+    ops = Operations(cat, lambda n: ports[n], store=FakeStateStore())
+    assert ops.switch("big")["outcome"] == "active"
+    assert ops.stop("big")["outcome"] == "stopped"
+    assert hosts["g1"].active_units() == [] and hosts["g2"].active_units() == []
+    assert not hosts["g2"].units["vllm-big-node1.service"].enabled
+
+
+class RootedWeights(FakeWeights):
+    """Stages into its own host's models_dir, as the real store does, whatever the spec says."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__()
+        self.root = root
+
+    def stage(self, spec: Any, progress: Any) -> Any:
+        from orchestrator.ports import StagedWeights
+
+        self.staged.append(spec.model_dir)
+        return StagedWeights(path=f"{self.root}/{spec.repo.replace('/', '--')}/{spec.revision}",
+                             revision=spec.revision, total_bytes=0)
+
+
+def test_each_node_stages_into_and_runs_from_its_own_models_dir() -> None:
+    """g2 keeps weights under /data/models: its rank's unit reads them there, rank 0 under g1's /models."""
+    data = catalog().model_dump()
+    data["hosts"]["g2"]["models_dir"] = "/data/models"
+    data["models"]["big"].update(source="hub", revision="a" * 40)
+    cat = Catalog.model_validate(data)
+    rendered = render_nodes(cat, cat.models["big"], template_text, model_dir=f"/models/org--big/{'b' * 40}",
+                            revision="b" * 40)
+    assert f'"--model" "/models/org--big/{"b" * 40}"' in rendered.api.text
+    assert f'"--model" "/data/models/org--big/{"b" * 40}"' in rendered.nodes[0].unit_text
+    clock = FakeClock()
+    hosts = {n: FakeHost(name=n, gpu_count=2, clock=clock) for n in ("g1", "g2")}
+    weights = {"g1": RootedWeights("/models"), "g2": RootedWeights("/data/models")}
+    ports = {n: h.ports(cat.hosts[n], weights=weights[n]) for n, h in hosts.items()}
+    engine = Engine(cat, FakeStateStore(), lambda n: ports[n])
+    dep = engine.plan_switch("big")
+    assert dep is not None
+    assert engine.run(dep.id).phase is Phase.ACTIVE, engine.store.get(dep.id).error
+    assert weights["g2"].staged == [f"/data/models/org--big/{'a' * 40}"]
+    assert f'"--model" "/data/models/org--big/{"a" * 40}"' in hosts["g2"].units["vllm-big-node1.service"].text
