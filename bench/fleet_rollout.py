@@ -7,7 +7,7 @@ Rounds alternate alpha -> beta -> alpha so every method switches between the sam
 Ansible runs with the agents stopped (their health watch would restart the model it stops) and
 writes the unit the orchestrator renders for that host, as bench/switch_downtime.py does.
 
-    .venv/bin/python bench/fleet_rollout.py [--rounds N] > bench/fleet_rollout.txt
+    .venv/bin/python bench/fleet_rollout.py [--rounds N] [--only one-host --only batch8 ...] > bench/fleet_rollout.txt
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tests.test_rollout_hosts import CONFIG, MODELS, PY, SOCKET, install
 VENV_BIN = Path(sys.executable).parent
 ANSIBLE = REPO / "bench" / "ansible"
 PAIR = {"alpha": "beta", "beta": "alpha"}
+METHODS = ("one-host", "batch8", "batch2", "ansible")
 
 
 def controller(hostset: HostSet, state: Path, one: str) -> str:
@@ -93,7 +94,10 @@ def ansible(inv: Path, new: str, serial: str | None) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", action="append", choices=METHODS,
+                    help="run only these methods (repeat the option); default: all")
     args = ap.parse_args()
+    only = set(args.only or METHODS)
     t_start = time.monotonic()
     print(f"# fleet rollout benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# machine: {os.cpu_count()} CPUs, {platform.platform()}, load {os.getloadavg()}")
@@ -122,21 +126,21 @@ def main() -> int:
         state = "alpha"
         env = {"ORCHESTRATOR_HOSTS_FILE": str(hosts_file)}
         for _ in range(args.rounds):  # each pair of switches goes there and back: every host ends on alpha
-            for new in (PAIR[state], state):
+            for new in (PAIR[state], state) if "one-host" in only else ():
                 record("one host: orchestrator --host switch", timed([*cli, "--host", one_url, "switch", new], env))
-            for new in (PAIR[state], state):
+            for new in (PAIR[state], state) if "one-host" in only else ():
                 record("one host: orchestrator rollout (group of 1)", timed(
                     [*cli, "rollout", new, "--group", "one", "--config", str(cfg)]))
-            for new in (PAIR[state], state):
+            for new in (PAIR[state], state) if "batch8" in only else ():
                 record("8 hosts: orchestrator rollout --batch 8", timed(
                     [*cli, "rollout", new, "--batch", "8", "--config", str(cfg)]))
-            for new in (PAIR[state], state):
+            for new in (PAIR[state], state) if "batch2" in only else ():
                 record("8 hosts: orchestrator rollout --batch 2", timed(
                     [*cli, "rollout", new, "--batch", "2", "--config", str(cfg)]))
         for h in hostset.hosts:
             h.run("systemctl stop orchestrator-agent.service")
         inv = inventory(hostset, work)
-        for _ in range(args.rounds):
+        for _ in range(args.rounds if "ansible" in only else 0):
             for new in (PAIR[state], state):
                 record("8 hosts: ansible-playbook -f 8", ansible(inv, new, None))
             for new in (PAIR[state], state):
