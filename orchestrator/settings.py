@@ -8,10 +8,8 @@ quoted back.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import tomllib
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from pydantic_settings import (
 )
 
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.documents import DocumentError, json_document, toml_document
 from orchestrator.core.planner_arch import parse_model
 from orchestrator.core.secrets import redact, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
@@ -83,17 +82,7 @@ def _read_toml(file: Path) -> dict[str, Any]:
         raise ConfigError("file not found (use --config PATH or ORCHESTRATOR_CONFIG)", file=str(file)) from exc
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(file)) from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column} "
-                          f"(TOML files must be UTF-8)", file=str(file)) from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", file=str(file)) from None
+    return toml_document(raw, str(file))
 
 
 def _overrides() -> dict[str, str]:
@@ -146,13 +135,13 @@ def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
         path = path if path.is_absolute() else file.parent / path
         key = f"models.{name}.config"
         try:
-            data = json.loads(path.read_bytes())
+            data = json_document(path.read_bytes(), str(path), unique_keys=False)
         except FileNotFoundError:
             raise ConfigError(f"{path}: file not found", file=str(file), key=key) from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}", file=str(file), key=key) from None
-        except ValueError as exc:
-            raise ConfigError(f"{path}: not a valid config.json (not JSON: {exc})", file=str(file),
+        except DocumentError as exc:
+            raise ConfigError(f"{path}: not a valid config.json ({exc.reason})", file=str(file),
                               key=key) from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: not a valid config.json (a JSON {type(data).__name__}, not an object)",

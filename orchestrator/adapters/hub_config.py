@@ -8,7 +8,6 @@ timeouts, and a failure is one line naming the endpoint and what to do instead.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -19,6 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
+from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
 from orchestrator.errors import TransportError, UsageError
 
@@ -38,15 +38,15 @@ class ModelConfig:
 def read_json_file(path: str | Path, what: str) -> dict[str, Any]:
     """A JSON object from a file; UsageError naming the file and what is wrong with it."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        data = json_document(Path(path).read_bytes(), str(path), unique_keys=False)
     except FileNotFoundError as exc:
         raise UsageError(f"{what} {path}: file not found") from exc
     except IsADirectoryError as exc:
         raise UsageError(f"{what} {path}: is a directory, not a file") from exc
     except OSError as exc:
         raise UsageError(f"{what} {path}: cannot read: {exc.strerror}") from exc
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise UsageError(f"{what} {path}: not valid JSON: {exc}") from exc
+    except DocumentError as exc:
+        raise UsageError(f"{what} {path}: {exc.reason}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -127,9 +127,9 @@ def from_hub(repo: str, revision: str) -> ModelConfig:
 
 def _parse(raw: bytes, what: str) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise UsageError(f"{what}: not valid JSON: {exc}") from exc
+        data = json_document(raw, what, unique_keys=False)
+    except DocumentError as exc:
+        raise UsageError(f"{what}: {exc.reason}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{what}: expected a JSON object, got {type(data).__name__}")
     return data

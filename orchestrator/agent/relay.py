@@ -17,7 +17,8 @@ import os
 import socket
 import sys
 import threading
-import tomllib
+
+from orchestrator.core.documents import DocumentError, toml_document
 
 DEFAULT_CONFIG = "/etc/orchestrator/deploy.toml"
 DEFAULT_STATE_DIR = "/var/lib/orchestrator"
@@ -33,8 +34,9 @@ def default_socket(config: str | None = None) -> str:
     state_dir = DEFAULT_STATE_DIR
     try:
         with open(path, "rb") as fh:
-            state_dir = str(tomllib.load(fh).get("state_dir") or DEFAULT_STATE_DIR)
-    except (OSError, tomllib.TOMLDecodeError):
+            found = toml_document(fh.read(), path).get("state_dir")
+        state_dir = found if isinstance(found, str) and found.startswith("/") else DEFAULT_STATE_DIR
+    except (OSError, DocumentError):
         pass  # no readable config: the default place; a wrong socket is reported below
     return os.path.join(state_dir, "agent.sock")
 

@@ -13,6 +13,7 @@ from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.target import backend
 from orchestrator.client.backends import AgentClient
+from orchestrator.core.documents import text_of
 from orchestrator.errors import AgentError, ConfigError
 
 
@@ -26,9 +27,10 @@ def _agent(config: str | None) -> AgentClient:
 
 def _read(file: str) -> str:
     try:
-        return Path(file).read_text()
+        raw = Path(file).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=file) from None
+    return text_of(raw, file)
 
 
 @main.group()

@@ -16,6 +16,7 @@ from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.core import tune as core
+from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.tune_chart import svg_chart, text_chart
 from orchestrator.errors import UsageError
 from orchestrator.loadgen import BenchPlan
@@ -96,9 +97,11 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
 
 def _json_file(path: str) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--model-config {path}: cannot read a JSON object: {exc}") from exc
+        data = json_document(Path(path).read_bytes(), path, unique_keys=False)
+    except OSError as exc:
+        raise UsageError(f"--model-config {path}: cannot read: {exc.strerror}") from None
+    except DocumentError as exc:
+        raise UsageError(f"--model-config {path}: {exc.reason}") from None
     if not isinstance(data, dict):
         raise UsageError(f"--model-config {path}: expected a JSON object")
     return data

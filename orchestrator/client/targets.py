@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import shlex
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from orchestrator.core.documents import toml_document
 from orchestrator.errors import ConfigError, UsageError
 
 DEFAULT_PYTHON = "/opt/orchestrator/venv/bin/python"
@@ -72,14 +72,12 @@ def parse_url(url: str, *, name: str | None = None, source: str = "--host") -> T
 
 def load_hosts(path: Path) -> dict[str, Target]:
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", file=str(path)) from exc
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from exc
+    data = toml_document(raw, str(path))
     out: dict[str, Target] = {}
     for alias, entry in data.items():
         if not isinstance(entry, dict):
