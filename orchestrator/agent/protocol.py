@@ -16,6 +16,10 @@ from orchestrator import errors
 from orchestrator.errors import OrchestratorError
 
 
+# One request line at most (the README's figure): a deploy.toml sent by `config push` must fit.
+MAX_REQUEST = 64 * 1024
+
+
 def encode(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 

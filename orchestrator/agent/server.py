@@ -7,7 +7,6 @@ one. When the client goes away the operation goes on, and ``status --follow`` re
 from __future__ import annotations
 
 import grp
-import json
 import os
 import pwd
 import queue
@@ -22,7 +21,8 @@ from typing import Any
 import structlog
 
 from orchestrator.agent.peers import operator
-from orchestrator.agent.protocol import encode, error_reply, peer_credentials
+from orchestrator.agent.protocol import MAX_REQUEST, encode, error_reply, peer_credentials
+from orchestrator.core.documents import DocumentError, clip, json_document
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
 
@@ -111,16 +111,21 @@ def _describe(args: dict[str, Any]) -> str:
     return " ".join(f"{v}" for v in args.values() if v not in (None, False, {}))
 
 
-# Bounds on what one client can take from the agent: request size, time to send it (and to take
-# each reply line), connections at once. Beyond them a client gets a usage or agent error.
-MAX_REQUEST = 1024 * 1024  # a deploy.toml pushed with `config push` fits
+# Bounds on what one client can take from the agent: request size (protocol.MAX_REQUEST), time to
+# send it (and to take each reply line), connections at once, and how long a refused client is
+# listened to. Beyond them a client gets a usage or agent error.
 IO_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 32
+DRAIN_S = 1.0
 
 
 class _Handler(socketserver.StreamRequestHandler):
     server: ControlServer
     timeout = IO_TIMEOUT_S  # applied to the socket before handle(): a silent client is dropped
+
+    def setup(self) -> None:
+        self.timeout = self.server.io_timeout_s
+        super().setup()
 
     def handle(self) -> None:
         agent = self.server.agent
@@ -150,21 +155,22 @@ class _Handler(socketserver.StreamRequestHandler):
     def _read_request(self) -> bytes:
         """Up to the first newline, within MAX_REQUEST bytes and IO_TIMEOUT_S seconds in all (a
         per-read timeout alone would let a client drip one byte at a time for days)."""
-        deadline = time.monotonic() + IO_TIMEOUT_S
+        limit_s = self.server.io_timeout_s
+        deadline = time.monotonic() + limit_s
         buf = bytearray()
         while b"\n" not in buf and len(buf) <= MAX_REQUEST:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise UsageError(f"bad request: not sent within {IO_TIMEOUT_S:g} s")
+                raise UsageError(f"bad request: not sent within {limit_s:g} s")
             self.request.settimeout(remaining)
             try:
-                chunk = self.request.recv(65536)
+                chunk = self.request.recv(MAX_REQUEST + 1 - len(buf))
             except TimeoutError:
-                raise UsageError(f"bad request: not sent within {IO_TIMEOUT_S:g} s") from None
+                raise UsageError(f"bad request: not sent within {limit_s:g} s") from None
             if not chunk:
                 break
             buf += chunk
-        self.request.settimeout(IO_TIMEOUT_S)
+        self.request.settimeout(limit_s)
         end = buf.find(b"\n")
         return bytes(buf if end < 0 else buf[:end + 1])
 
@@ -176,7 +182,6 @@ class _Handler(socketserver.StreamRequestHandler):
         """Answer, then read (and drop) what the client sends for a moment, so it reads our answer
         instead of a reset from closing on its unread request."""
         self._send(error_reply(exc))
-        self.request.settimeout(1.0)
         _drain(self.request)
 
     def finish(self) -> None:
@@ -187,30 +192,35 @@ class _Handler(socketserver.StreamRequestHandler):
 
 
 def _drain(sock: socket.socket) -> None:
-    """After our answer: read and drop what the client sends for a moment (its timeout), so it
-    reads the answer instead of a reset from our closing on its unread request."""
+    """After our answer: read and drop what the client sends for DRAIN_S in all, so it reads the
+    answer instead of a reset from our closing on its unread request. The deadline is overall: a
+    client dripping a byte at a time must not hold the connection (and its slot) for ever."""
+    deadline = time.monotonic() + DRAIN_S
     try:
         sock.shutdown(socket.SHUT_WR)
-        while sock.recv(MAX_REQUEST):
-            pass
+        while (remaining := deadline - time.monotonic()) > 0:
+            sock.settimeout(remaining)
+            if not sock.recv(65536):
+                break
     except OSError:
         pass
 
 
 def _parse(line: bytes) -> dict[str, Any]:
     if len(line) > MAX_REQUEST:
-        raise UsageError(f"bad request: longer than {MAX_REQUEST} bytes")
+        raise UsageError(f"bad request: longer than {MAX_REQUEST} bytes ({MAX_REQUEST // 1024} KiB)")
     if not line.endswith(b"\n"):
         raise UsageError(f"bad request {line[:100]!r}: one JSON object and a newline expected")
     try:
-        request = json.loads(line)
-    except (ValueError, RecursionError):
-        raise UsageError(f"bad request {line[:100]!r}: not JSON") from None
+        request = json_document(line, "request")  # duplicate keys refused: the last would silently win
+    except DocumentError as exc:
+        reason = exc.reason if "duplicate key" in exc.reason or "nested" in exc.reason else "not JSON"
+        raise UsageError(f"bad request {line[:100]!r}: {reason}") from None
     if not isinstance(request, dict):
         raise UsageError(f"bad request {line[:100]!r}: a JSON object with op and args expected")
     extra = sorted(set(request) - {"op", "args"})
     if extra:
-        raise UsageError(f"bad request: unknown key {extra[0][:50]!r} (a request has op and args)")
+        raise UsageError(f"bad request: unknown key {clip(extra[0], 50)} (a request has op and args)")
     return request
 
 
@@ -218,8 +228,10 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, path: str, agent: Any, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(self, path: str, agent: Any, max_connections: int = MAX_CONNECTIONS,
+                 io_timeout_s: float = IO_TIMEOUT_S) -> None:
         self.agent = agent
+        self.io_timeout_s = io_timeout_s
         self.slots = threading.BoundedSemaphore(max_connections)
         self.overflow = threading.BoundedSemaphore(max_connections)  # clients being told "too many"
         self.max_connections = max_connections
@@ -250,7 +262,7 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def _turn_away(self, request: socket.socket) -> None:
         try:
-            request.settimeout(1.0)
+            request.settimeout(DRAIN_S)
             request.sendall(encode(error_reply(AgentError(
                 f"the agent already serves {self.max_connections} connections; try again"))))
             _drain(request)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from orchestrator.agent.protocol import MAX_REQUEST, encode
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.target import backend
@@ -71,7 +72,12 @@ def diff(file: str, config: str | None) -> None:
 @json_option
 def push(file: str, config: str | None, as_json: bool) -> None:
     """Replace the agent's deploy.toml with FILE: validated first (exit 2, nothing changed, on any error)."""
-    result = _agent(config).config_push(_read(file), Path(file).name)
+    text, name = _read(file), Path(file).name
+    size = len(encode({"op": "config_push", "args": {"text": text, "name": name}}))
+    if size > MAX_REQUEST:  # refused here, naming the file, rather than by the agent as "bad request"
+        raise ConfigError(f"{len(text.encode()):,} bytes: too large to push (one request to the agent is at most "
+                          f"{MAX_REQUEST // 1024} KiB, this one would be {size:,} bytes)", file=file)
+    result = _agent(config).config_push(text, name)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     elif result["changed"]:

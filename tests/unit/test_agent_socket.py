@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from orchestrator import errors
 from orchestrator.agent.daemon import Agent
-from orchestrator.agent.server import MAX_REQUEST, ControlServer
+MAX_REQUEST = 64 * 1024
+from orchestrator.agent.server import ControlServer
 from orchestrator.client.table import OPERATIONS
 from tests.hosts.wait import wait_for
 
@@ -49,11 +50,11 @@ class Running:
         return self.send(json.dumps(obj).encode() + b"\n")
 
 
-def start(root: Path, max_connections: int = 32) -> Running:
+def start(root: Path, max_connections: int = 32, io_timeout_s: float = 10.0) -> Running:
     world = OpsWorld(root / "state")
     agent = Agent(world.catalog, world.ops, socket=str(root / "state" / "agent.sock"), metrics_port=None,
                   clock=world.clock)
-    server = ControlServer(agent.socket, agent, max_connections=max_connections)
+    server = ControlServer(agent.socket, agent, max_connections=max_connections, io_timeout_s=io_timeout_s)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return Running(world, agent, server, agent.socket, root)
 
@@ -187,5 +188,72 @@ def test_connections_past_the_limit_are_turned_away(tmp_path: Path) -> None:
     finally:
         for s in idle:
             s.close()
+        r.server.shutdown()
+        r.server.server_close()
+
+
+def test_a_request_past_the_documented_64_kib_is_refused(running: Running) -> None:
+    """A well-formed request of 64 KiB + 1 byte is refused, naming the limit the README documents."""
+    pad = 64 * 1024 - len(b'{"op":"ping","args":{"x":""}}')
+    data = b'{"op":"ping","args":{"x":"' + b"a" * pad + b'"}}\n'
+    assert len(data) == 64 * 1024 + 1
+    assert_usage_error(running.send(data), "longer than 65536 bytes (64 KiB)")
+
+
+def test_duplicate_keys_in_a_request_are_refused(running: Running) -> None:
+    """{"op": "ping", "op": "switch"}: a usage error naming the key, not the last one winning."""
+    assert_usage_error(running.send(b'{"op":"switch","op":"ping","args":{}}\n'), "duplicate key 'op'")
+    assert_usage_error(running.send(b'{"op":"history","args":{"limit":1,"limit":2}}\n'), "duplicate key 'limit'")
+
+
+def drip(sock: socket.socket, stop: threading.Event) -> None:
+    """Send one byte every 50 ms, never a newline, until told to stop or the agent hangs up."""
+    try:
+        while not stop.wait(0.05):
+            sock.sendall(b"x")
+    except OSError:
+        pass
+
+
+def test_a_client_dripping_bytes_is_cut_off_at_the_overall_deadline(tmp_path: Path) -> None:
+    """A request that never ends (a byte at a time) is answered with a usage error at the deadline."""
+    r = start(tmp_path, io_timeout_s=1.0)
+    stop = threading.Event()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(r.path)
+            threading.Thread(target=drip, args=(s, stop), daemon=True).start()
+            with s.makefile("rb") as stream:
+                replies = [json.loads(line) for line in stream]
+        assert_usage_error(replies, "not sent within 1 s")
+    finally:
+        stop.set()
+        r.server.shutdown()
+        r.server.server_close()
+
+
+def test_a_turned_away_client_dripping_bytes_does_not_hold_its_slot(tmp_path: Path) -> None:
+    """Past the connection limit, a client that keeps dripping bytes after its answer is hung up on:
+    the next client over the limit is answered again instead of being dropped unanswered."""
+    r = start(tmp_path, max_connections=1)
+    stop = threading.Event()
+    idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dripper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        idle.connect(r.path)
+        dripper.connect(r.path)
+        threading.Thread(target=drip, args=(dripper, stop), daemon=True).start()
+
+        def answered() -> bool:
+            try:
+                return r.request({"op": "ping"})[-1]["error"]["type"] == "AgentError"
+            except (IndexError, KeyError, OSError):
+                return False  # dropped without an answer: the dripper still holds the slot for answers
+        wait_for(answered, what="a client past the limit to be answered again while another drips bytes")
+    finally:
+        stop.set()
+        idle.close()
+        dripper.close()
         r.server.shutdown()
         r.server.server_close()

@@ -143,3 +143,9 @@ def test_json_round_trip_of_ordinary_documents_is_unchanged() -> None:
     """Ordinary documents parse as json.loads would."""
     doc = {"a": [1, 2.5, {"b": None}], "c": "d", "e": -3}
     assert json_document(json.dumps(doc).encode(), "x.json") == doc
+
+
+def test_config_push_of_a_file_past_the_request_limit_names_it(tmp_path: Path) -> None:
+    """`config push BIG`: exit 2 naming the file and the agent's 64 KiB limit, before any agent is asked."""
+    (tmp_path / "big.toml").write_text("# padding\n" * 7000)
+    assert_exit_2_naming(run("config", "push", str(tmp_path / "big.toml")), "big.toml: 70,000 bytes: too large")
