@@ -48,7 +48,7 @@ def install(target: str, upgrade: bool, config: str | None, key: str | None, kno
         except OSError as exc:
             raise UsageError(f"--config {config}: cannot read: {exc.strerror}") from None
         validate_config(opts.config_text, config)  # exit 2 before anything is sent
-    box = resolve(target)
+    box = resolve(target, "agent install TARGET")
     shell = SshShell(box.address, port=box.port, user=box.user, key_filename=key or box.key,
                      known_hosts=known_hosts or box.known_hosts, host=box.name, default_keys=True)
 

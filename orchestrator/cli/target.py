@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from orchestrator import settings
 from orchestrator.client.backends import Backend, backend_for
@@ -13,6 +14,13 @@ def remote_spec() -> str | None:
     """The global --host (or $ORCHESTRATOR_HOST) of this invocation, if any."""
     ctx = click.get_current_context(silent=True)
     return None if ctx is None else ctx.find_root().params.get("remote")
+
+
+def remote_source() -> str:
+    """Where the remote spec came from, as messages name it: the option or the variable."""
+    ctx = click.get_current_context(silent=True)
+    from_env = ctx is not None and ctx.find_root().get_parameter_source("remote") == ParameterSource.ENVIRONMENT
+    return "ORCHESTRATOR_HOST" if from_env else "--host"
 
 
 def backend(config: str | None, *, local: bool = False, ignore_agent: bool = False) -> Backend:
@@ -28,7 +36,7 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     from orchestrator.client.remote import RemoteAgentClient
     from orchestrator.client.targets import resolve
 
-    client = RemoteAgentClient(resolve(spec))
+    client = RemoteAgentClient(resolve(spec, remote_source()))
     click.get_current_context().call_on_close(client.close)
     return client
 

@@ -13,13 +13,15 @@ Named hosts live in a small client-side file ($ORCHESTRATOR_HOSTS_FILE, else
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
-from orchestrator.core.documents import toml_document
+from orchestrator.core.documents import clip, toml_document
 from orchestrator.errors import ConfigError, UsageError
 
 DEFAULT_PYTHON = "/opt/orchestrator/venv/bin/python"
@@ -58,16 +60,64 @@ def hosts_file() -> Path:
     return Path(base) / "orchestrator" / "hosts.toml"
 
 
+# ssh://[user@]host[:port][/]: the parts split on their delimiters only; each is checked on its own
+# below, so that a bad one is named instead of defaulted (an empty user is not root, :0 is not 22).
+_URL_RE = re.compile(r"ssh://(?:(?P<user>[^@/]*)@)?(?P<host>\[[^\]/]*\]|[^:/@\[\]]*)(?::(?P<port>[^/]*))?/?", re.ASCII)
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}", re.ASCII)  # what useradd takes; never an ssh option
+_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?", re.ASCII)
+
+
 def parse_url(url: str, *, name: str | None = None, source: str = "--host") -> Target:
-    """ssh://[user@]address[:port] -> Target; anything else is a UsageError naming the value."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port or 22
-    except ValueError as exc:
-        raise UsageError(f"{source} {url!r}: bad port ({exc})") from None
-    if parts.scheme != "ssh" or not parts.hostname or parts.path not in ("", "/") or parts.query:
-        raise UsageError(f"{source} {url!r}: expected ssh://[user@]host[:port] or a name from {hosts_file()}")
-    return Target(name=name or url, address=parts.hostname, port=port, user=unquote(parts.username or "root"))
+    """ssh://[user@]address[:port] -> Target; anything else is a UsageError naming the value and the
+    part of it that is wrong."""
+    def bad(problem: str) -> UsageError:
+        return UsageError(f"{source} {clip(url)}: {problem}")
+
+    if not url.startswith("ssh://"):
+        raise bad(f"expected ssh://[user@]host[:port] or a name from {hosts_file()}")
+    m = _URL_RE.fullmatch(url)
+    if m is None:
+        rest = url.removeprefix("ssh://")
+        if "[" in rest and "]" not in rest:
+            raise bad("an IPv6 address opened with '[' has no closing ']'")
+        raise bad(f"{clip(rest)} is not [user@]host[:port]")
+    user, host, port = m.group("user"), m.group("host"), m.group("port")
+    if user is not None and not user:
+        raise bad("empty user before '@' (leave 'user@' out to log in as root)")
+    if user is not None and not _USER_RE.fullmatch(user):
+        raise bad(f"user {clip(user)} is not a user name (letters, digits, '.', '_', '-'; at most 32)")
+    return Target(name=name or url, address=_address(host, bad), port=_port(port, bad), user=user or "root")
+
+
+def _address(host: str, bad: Callable[[str], UsageError]) -> str:
+    if not host:
+        raise bad("no host")
+    if host.startswith("["):
+        try:
+            return str(ipaddress.IPv6Address(host[1:-1]))
+        except ValueError:
+            raise bad(f"{clip(host[1:-1])} in brackets is not an IPv6 address") from None
+    for label in host.split("."):
+        if len(label) > 63:
+            raise bad(f"host name {clip(host)} has a label of {len(label)} characters (at most 63)")
+        if not _LABEL_RE.fullmatch(label):
+            raise bad(f"host {clip(host)} is not a host name or address (labels of letters, digits and '-', "
+                      "joined by '.')")
+    if len(host) > 253:
+        raise bad(f"host name of {len(host)} characters (at most 253)")
+    return host
+
+
+def _port(text: str | None, bad: Callable[[str], UsageError]) -> int:
+    if text is None:
+        return 22
+    if not text:
+        raise bad("empty port after ':' (leave ':' out for 22)")
+    if not re.fullmatch(r"[0-9]{1,5}", text, re.ASCII):
+        raise bad(f"port {clip(text)} is not a number of ASCII digits")
+    if not 1 <= int(text) <= 65535:
+        raise bad(f"port {int(text)} is out of range 1-65535")
+    return int(text)
 
 
 def load_hosts(path: Path) -> dict[str, Target]:
@@ -100,12 +150,13 @@ def load_hosts(path: Path) -> dict[str, Target]:
     return out
 
 
-def resolve(spec: str) -> Target:
-    """An ssh:// URL, or a name from the hosts file (which may also refine a URL's settings)."""
+def resolve(spec: str, source: str = "--host") -> Target:
+    """An ssh:// URL, or a name from the hosts file (which may also refine a URL's settings); ``source``
+    says where ``spec`` came from, for messages."""
     path = hosts_file()
     if "://" in spec:
         known = {t.address: t for t in load_hosts(path).values()}
-        url = parse_url(spec)
+        url = parse_url(spec, source=source)
         ref = known.get(url.address)
         if ref is not None and (ref.port, ref.user) == (url.port, url.user):
             return Target(name=spec, address=url.address, port=url.port, user=url.user, key=ref.key,
@@ -114,7 +165,9 @@ def resolve(spec: str) -> Target:
     hosts = load_hosts(path)
     if spec not in hosts:
         known_names = ", ".join(sorted(hosts)) or "none"
-        raise UsageError(f"unknown host {spec!r}: not an ssh:// URL and not a name in {path} (known: {known_names})")
+        where = "" if source == "--host" else f"{source}: "
+        raise UsageError(f"{where}unknown host {clip(spec)}: not an ssh:// URL and not a name in {path} "
+                         f"(known: {known_names})")
     return hosts[spec]
 
 

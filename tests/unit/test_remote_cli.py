@@ -94,3 +94,45 @@ def test_bench_refuses_host_instead_of_running_locally(tmp_path: Path) -> None:
     """bench does not go through the agent yet: --host is refused, not silently ignored."""
     result = cli(tmp_path, "--host", "ssh://root@127.0.0.1:1", "bench")
     assert result.returncode == 2 and "bench does not go through the agent" in one_line(result)
+
+
+@pytest.mark.parametrize(("bad", "words"), [
+    ("ssh://root@[::1", ["'['", "']'"]),
+    ("ssh://root@[not-an-ip]:22", ["'not-an-ip'", "IPv6"]),
+    ("ssh://" + "a" * 300 + ".example", ["label of 300 characters", "at most 63"]),
+    ("ssh://" + ".".join(["abcdefgh"] * 40), ["359 characters", "at most 253"]),
+    ("ssh://box:0", ["port 0", "1-65535"]),
+    ("ssh://box:", ["empty port"]),
+    ("ssh://box:２２", ["port '２２'", "digits"]),
+    ("ssh://@box", ["empty user"]),
+    ("ssh://ro ot@box", ["user 'ro ot'"]),
+    ("ssh://-oProxyCommand=x@box", ["user '-oProxyCommand=x'"]),
+    ("ssh://bo_x..y", ["'bo_x..y'"]),
+    ("ssh://box?x=1", ["'box?x=1'"]),
+    ("ssh://a@b@box", ["'a@b@box'"]),
+])
+def test_url_edge_cases_are_refused_naming_the_part(bad: str, words: list[str]) -> None:
+    """Each --host edge case from the review is one usage error naming the bad part, never a default."""
+    with pytest.raises(UsageError) as info:
+        parse_url(bad)
+    message = str(info.value)
+    assert message.startswith("--host ") and all(w in message for w in words), message
+    assert len(message) < 400, message  # a huge value is quoted cut short
+
+
+def test_ipv6_and_dns_names_parse() -> None:
+    """A bracketed IPv6 address and a dotted DNS name with a port parse to address and port."""
+    assert (parse_url("ssh://ops@[::1]:2200").address, parse_url("ssh://ops@[::1]:2200").port) == ("::1", 2200)
+    assert parse_url("ssh://gpu-1.lab.example.com").address == "gpu-1.lab.example.com"
+
+
+def test_a_bad_orchestrator_host_names_the_variable(tmp_path: Path) -> None:
+    """A bad URL in $ORCHESTRATOR_HOST: exit 2, one line naming the variable rather than --host."""
+    result = cli(tmp_path, "history", env={"ORCHESTRATOR_HOST": "ssh://root@[::1"})
+    assert result.returncode == 2 and one_line(result).startswith("error: ORCHESTRATOR_HOST 'ssh://root@[::1'")
+
+
+def test_a_bad_host_url_exits_2_on_one_line(tmp_path: Path) -> None:
+    """--host with an unclosed IPv6 bracket: exit 2 and one line, not a traceback."""
+    result = cli(tmp_path, "--host", "ssh://root@[::1", "status")
+    assert result.returncode == 2 and "--host 'ssh://root@[::1'" in one_line(result)
