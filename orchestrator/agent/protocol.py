@@ -15,7 +15,6 @@ from typing import Any
 from orchestrator import errors
 from orchestrator.errors import OrchestratorError
 
-
 # One request line at most (the README's figure): a deploy.toml sent by `config push` must fit.
 MAX_REQUEST = 64 * 1024
 

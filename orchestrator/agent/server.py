@@ -124,8 +124,8 @@ class _Handler(socketserver.StreamRequestHandler):
     timeout = IO_TIMEOUT_S  # applied to the socket before handle(): a silent client is dropped
 
     def setup(self) -> None:
-        self.timeout = self.server.io_timeout_s
         super().setup()
+        self.connection.settimeout(self.server.io_timeout_s)
 
     def handle(self) -> None:
         agent = self.server.agent

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from orchestrator import errors
 from orchestrator.agent.daemon import Agent
-MAX_REQUEST = 64 * 1024
+from orchestrator.agent.protocol import MAX_REQUEST
 from orchestrator.agent.server import ControlServer
 from orchestrator.client.table import OPERATIONS
 from tests.hosts.wait import wait_for
