@@ -142,7 +142,7 @@ class _Handler(socketserver.StreamRequestHandler):
                     self._send(item)
             except OrchestratorError as exc:
                 log.info("request_refused", uid=uid, error=str(exc))
-                self._send(error_reply(exc))
+                self._refuse(exc)  # the rest of an oversized request is read and dropped, not reset
         except OSError as exc:  # gone, reset, or too slow to send or to read: the operation goes on
             log.info("client_detached", error=type(exc).__name__)
         except Exception as exc:  # the agent's top loop: one request must not take the socket down
