@@ -9,7 +9,7 @@ import click
 
 from orchestrator import logs, settings
 from orchestrator.cli import main
-from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend
@@ -19,7 +19,7 @@ from orchestrator.cli.target import backend
 @config_option
 @click.option("--socket", "socket_path", default=None, metavar="PATH",
               help="control socket (default: <state_dir>/agent.sock or $ORCHESTRATOR_SOCKET)")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+@click.option("--metrics-port", type=int_in(0, 65535), default=None,
               help="Prometheus endpoint on 127.0.0.1 (default: metrics_port of deploy.toml, 9464; 0 disables it)")
 @click.pass_context
 def agent(ctx: click.Context, config: str | None, socket_path: str | None, metrics_port: int | None) -> None:

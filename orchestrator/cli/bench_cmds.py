@@ -13,23 +13,14 @@ from rich.live import Live
 from orchestrator import settings
 from orchestrator.adapters.smoke import bench_record
 from orchestrator.cli import main
-from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import local_only
+from orchestrator.core.tune import parse_concurrency
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import UsageError
 from orchestrator.loadgen import BenchPlan, BenchTarget, Progress, run_bench_blocking
 from orchestrator.wiring import operations
-
-
-def _levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(f"--concurrency {text!r}: expected comma-separated integers like 1,16,64") from None
-    if not levels or min(levels) < 1:
-        raise UsageError(f"--concurrency {text!r}: levels must be at least 1")
-    return levels
 
 
 def _serving(ops: Operations, host: str | None) -> Any:
@@ -43,20 +34,21 @@ def _serving(ops: Operations, host: str | None) -> Any:
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--concurrency", default="1,16,64,256", show_default=True, help="levels, comma-separated")
-@click.option("--max-tokens", type=click.IntRange(1), default=512, show_default=True)
-@click.option("--prompt-tokens", type=click.IntRange(1), default=128, show_default=True)
-@click.option("--duration", type=click.FloatRange(min=0.1), default=None, help="seconds per level (default 30)")
-@click.option("--requests", "requests_", type=click.IntRange(1), default=None, help="requests per level")
+@click.option("--max-tokens", type=int_in(1, MAX_COUNT), default=512, show_default=True)
+@click.option("--prompt-tokens", type=int_in(1, MAX_COUNT), default=128, show_default=True)
+@click.option("--duration", type=number_in(0.1, MAX_SECONDS), default=None, help="seconds per level (default 30)")
+@click.option("--requests", "requests_", type=int_in(1, MAX_COUNT), default=None, help="requests per level")
 @click.option("--no-record", is_flag=True, help="do not store the result with the revision")
 @json_option
 def bench(config: str | None, host: str | None, concurrency: str, max_tokens: int, prompt_tokens: int,
           duration: float | None, requests_: int | None, no_record: bool, as_json: bool) -> None:
     """Measure output tok/s, TTFT and ITL of the active deployment at rising concurrency."""
     local_only("bench")
+    # Every argument is checked before anything is read from a host.
+    plan = BenchPlan(concurrency=parse_concurrency(concurrency), max_tokens=max_tokens, prompt_tokens=prompt_tokens,
+                     duration_s=duration, requests=requests_)
     ops = operations(settings.load(config))
     serving = _serving(ops, host)
-    plan = BenchPlan(concurrency=_levels(concurrency), max_tokens=max_tokens, prompt_tokens=prompt_tokens,
-                     duration_s=duration, requests=requests_)
     target = BenchTarget(base_url=serving.spec.base_url, model=serving.spec.served_name)
     console = Console(stderr=True)
     with Live(console=console, transient=True, refresh_per_second=4, redirect_stdout=False) as live:

@@ -7,7 +7,16 @@ from typing import Any, TypeVar
 
 import click
 
+from orchestrator.core import bounds
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Upper bounds of numeric options (every one has one): ids as SQLite stores them, tokens and requests
+# per benchmark level, seconds, hosts of a group.
+MAX_ID = bounds.MAX_ID
+MAX_COUNT = 10_000_000
+MAX_SECONDS = 7 * 86_400.0
+MAX_HOSTS = 10_000
 
 
 def config_option(f: F) -> F:
@@ -17,3 +26,29 @@ def config_option(f: F) -> F:
 
 def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")(f)
+
+
+class Bounded(click.ParamType[float, Any]):
+    """An int or float option within [lo, hi], checked by core.bounds: ASCII digits, finite, the value
+    quoted cut short when huge; click names the option and exits 2."""
+
+    def __init__(self, kind: type[int | float], lo: float, hi: float) -> None:
+        self.kind, self.lo, self.hi = kind, lo, hi
+        self.name = "integer" if kind is int else "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)  # a default arrives as a number, the command line as text
+        try:
+            if self.kind is int:
+                return bounds.parse_int(text, int(self.lo), int(self.hi))
+            return bounds.parse_float(text, self.lo, self.hi)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def int_in(lo: int, hi: int) -> Bounded:
+    return Bounded(int, lo, hi)
+
+
+def number_in(lo: float, hi: float) -> Bounded:
+    return Bounded(float, lo, hi)

@@ -14,7 +14,7 @@ from orchestrator.adapters import hub_config
 from orchestrator.adapters.hub_config import ModelConfig
 from orchestrator.adapters.tune_store import read_feedback
 from orchestrator.cli import main
-from orchestrator.cli.options import json_option
+from orchestrator.cli.options import int_in, json_option, number_in
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.core import planner, tune
 from orchestrator.core.catalog import Catalog, Host, Model
@@ -74,16 +74,16 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
 @click.option("--index", "index_path", metavar="PATH", default=None,
               help="model.safetensors.index.json, for the real weight bytes")
 @click.option("--host", "host_name", default=None, help="host of the catalog to plan for")
-@click.option("--gpus", type=click.IntRange(1, 1024), default=None, help="GPU count (bare mode; per node)")
-@click.option("--nodes", type=click.IntRange(1, 256), default=None,
+@click.option("--gpus", type=int_in(1, 1024), default=None, help="GPU count (bare mode; per node)")
+@click.option("--nodes", type=int_in(1, 256), default=None,
               help="boxes of --gpus GPUs each, for a model larger than one box")
-@click.option("--gpu-memory-gib", type=click.FloatRange(min=0.1), default=None, help="memory of each GPU")
-@click.option("--tp", type=click.IntRange(1, 1024), default=None, help="tensor parallel size")
-@click.option("--pp", type=click.IntRange(1, 1024), default=None, help="pipeline parallel size")
-@click.option("--dp", type=click.IntRange(1, 1024), default=None, help="data parallel size")
+@click.option("--gpu-memory-gib", type=number_in(0.1, 65536), default=None, help="memory of each GPU")
+@click.option("--tp", type=int_in(1, 1024), default=None, help="tensor parallel size")
+@click.option("--pp", type=int_in(1, 1024), default=None, help="pipeline parallel size")
+@click.option("--dp", type=int_in(1, 1024), default=None, help="data parallel size")
 @click.option("--ep/--no-ep", default=None, help="expert parallel")
-@click.option("--max-model-len", type=click.IntRange(1), default=None)
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=None)
+@click.option("--max-model-len", type=int_in(1, 2**31 - 1), default=None)
+@click.option("--gpu-memory-utilization", type=number_in(0.05, 1.0), default=None)
 @click.option("--refresh", is_flag=True, help="fetch config.json from the hub again instead of the cached copy")
 @click.option("--all", "show_all", is_flag=True, help="list every valid layout, not the best few")
 @json_option

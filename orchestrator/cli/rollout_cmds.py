@@ -16,7 +16,7 @@ from rich.table import Table
 
 from orchestrator import settings
 from orchestrator.cli import main
-from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.options import MAX_HOSTS, MAX_ID, config_option, int_in, json_option
 from orchestrator.cli.target import remote_spec
 from orchestrator.core.rollout import RolloutStatus
 from orchestrator.errors import UsageError
@@ -135,9 +135,9 @@ def rollout() -> None:
 @click.argument("model")
 @config_option
 @click.option("--group", "group", default=None, help="the group to roll out to (default: the model's group)")
-@click.option("--canary", type=click.IntRange(0), default=None, help="hosts switched first, alone")
-@click.option("--batch", type=click.IntRange(1), default=None, help="hosts switched at a time after the canary")
-@click.option("--max-failures", type=click.IntRange(0), default=None, help="failed hosts tolerated")
+@click.option("--canary", type=int_in(0, MAX_HOSTS), default=None, help="hosts switched first, alone")
+@click.option("--batch", type=int_in(1, MAX_HOSTS), default=None, help="hosts switched at a time after the canary")
+@click.option("--max-failures", type=int_in(0, MAX_HOSTS), default=None, help="failed hosts tolerated")
 @click.option("--rollback-all", is_flag=True, help="when the rollout stops, return the switched hosts too")
 @json_option
 def start(model: str, config: str | None, group: str | None, canary: int | None, batch: int | None,
@@ -149,7 +149,7 @@ def start(model: str, config: str | None, group: str | None, canary: int | None,
 
 @rollout.command("resume")
 @config_option
-@click.option("--id", "rid", type=click.IntRange(1), default=None, help="which rollout (default: the unfinished one)")
+@click.option("--id", "rid", type=int_in(1, MAX_ID), default=None, help="which rollout (default: the unfinished one)")
 @json_option
 def resume(config: str | None, rid: int | None, as_json: bool) -> None:
     """Finish a rollout whose controller died: hosts that already ended are never switched twice."""
@@ -158,7 +158,7 @@ def resume(config: str | None, rid: int | None, as_json: bool) -> None:
 
 @rollout.command("abort")
 @config_option
-@click.option("--id", "rid", type=click.IntRange(1), default=None, help="which rollout (default: the unfinished one)")
+@click.option("--id", "rid", type=int_in(1, MAX_ID), default=None, help="which rollout (default: the unfinished one)")
 @click.option("--rollback-all", is_flag=True, help="also return the hosts it switched to the previous model")
 @json_option
 def abort(config: str | None, rid: int | None, rollback_all: bool, as_json: bool) -> None:
@@ -168,7 +168,7 @@ def abort(config: str | None, rid: int | None, rollback_all: bool, as_json: bool
 
 @rollout.command("status")
 @config_option
-@click.option("--id", "rid", type=click.IntRange(1), default=None, help="which rollout (default: the latest)")
+@click.option("--id", "rid", type=int_in(1, MAX_ID), default=None, help="which rollout (default: the latest)")
 @json_option
 def rollout_status(config: str | None, rid: int | None, as_json: bool) -> None:
     """The recorded rollout: each host's batch, state, deployment id and outcome (no box is contacted)."""

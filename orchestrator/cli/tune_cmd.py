@@ -13,7 +13,7 @@ from rich.table import Table
 
 from orchestrator import settings
 from orchestrator.cli import main
-from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
 from orchestrator.cli.progress import with_progress
 from orchestrator.core import tune as core
 from orchestrator.core.documents import DocumentError, json_document
@@ -29,16 +29,16 @@ from orchestrator.wiring import operations
 @config_option
 @click.option("--layouts", default=None, metavar="L1,L2", help="layouts to try, e.g. tp4,tp8+ep (default: the "
               "planner's best --top)")
-@click.option("--top", type=click.IntRange(1, 16), default=3, show_default=True,
+@click.option("--top", type=int_in(1, 16), default=3, show_default=True,
               help="how many of the planner's valid layouts to try")
 @click.option("--max-num-seqs", "seqs", default=None, metavar="N1,N2", help="also vary vLLM's --max-num-seqs")
 @click.option("--objective", default=None, help=core.OBJECTIVES_HELP + " [default: throughput at the highest level]")
 @click.option("--concurrency", default="1,64,256", show_default=True, help="levels, comma-separated")
-@click.option("--max-tokens", type=click.IntRange(1), default=512, show_default=True)
-@click.option("--prompt-tokens", type=click.IntRange(1), default=128, show_default=True)
-@click.option("--duration", type=click.FloatRange(min=0.1), default=None, help="seconds per level (default 30)")
-@click.option("--requests", "requests_", type=click.IntRange(1), default=None, help="requests per level")
-@click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
+@click.option("--max-tokens", type=int_in(1, MAX_COUNT), default=512, show_default=True)
+@click.option("--prompt-tokens", type=int_in(1, MAX_COUNT), default=128, show_default=True)
+@click.option("--duration", type=number_in(0.1, MAX_SECONDS), default=None, help="seconds per level (default 30)")
+@click.option("--requests", "requests_", type=int_in(1, MAX_COUNT), default=None, help="requests per level")
+@click.option("--repeats", type=int_in(1, 20), default=1, show_default=True,
               help="benchmark each candidate this many times, to see the noise")
 @click.option("--restore", is_flag=True, help="bring back what served before instead of leaving the winner")
 @click.option("--apply", "apply_", is_flag=True, help="write the winner's layout into deploy.toml")

@@ -14,11 +14,15 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from orchestrator.core import planner
+from orchestrator.core import bounds, planner
 from orchestrator.core.catalog import NAME_RE, Model
+from orchestrator.core.documents import clip
 from orchestrator.errors import UsageError
 
 _PART_RE = re.compile(r"^(tp|pp|dp)([0-9]{1,4})$")
+# Streams one benchmark level opens at once; vLLM's scheduler cap (the catalog's max_num_seqs bound).
+MAX_CONCURRENCY = 65_536
+MAX_NUM_SEQS = 1_000_000
 
 
 # -- layouts ----------------------------------------------------------------------------------------
@@ -36,9 +40,9 @@ def parse_layout(text: str) -> planner.Layout:
         elif m and m.group(1) not in sizes and int(m.group(2)) >= 1:
             sizes[m.group(1)] = int(m.group(2))
         else:
-            raise UsageError(f"--layouts: {text!r} is not a layout: write tpN[+ppN][+dpN][+ep], e.g. tp4 or tp8+ep")
+            raise UsageError(f"--layouts: {clip(text)} is not a layout: write tpN[+ppN][+dpN][+ep], e.g. tp4 or tp8+ep")
     if "tp" not in sizes:
-        raise UsageError(f"--layouts: {text!r} is not a layout: write tpN[+ppN][+dpN][+ep], e.g. tp4 or tp8+ep")
+        raise UsageError(f"--layouts: {clip(text)} is not a layout: write tpN[+ppN][+dpN][+ep], e.g. tp4 or tp8+ep")
     return planner.Layout(tp=sizes["tp"], pp=sizes.get("pp", 1), dp=sizes.get("dp", 1), ep=ep)
 
 
@@ -46,7 +50,7 @@ def parse_layouts(text: str) -> tuple[planner.Layout, ...]:
     layouts = tuple(parse_layout(p) for p in text.split(","))
     dupes = sorted({token(x) for x in layouts if layouts.count(x) > 1})
     if dupes:
-        raise UsageError(f"--layouts {text!r}: {', '.join(dupes)} given twice")
+        raise UsageError(f"--layouts {clip(text)}: {', '.join(dupes)} given twice")
     return layouts
 
 
@@ -60,28 +64,19 @@ def layout_of(model: Model) -> planner.Layout:
     return planner.Layout(model.tensor_parallel, model.pipeline_parallel, model.data_parallel, model.expert_parallel)
 
 
-def parse_concurrency(text: str) -> tuple[int, ...]:
-    """``1,64,256``: positive integers, each once, kept in the given order."""
-    items = [p.strip() for p in text.split(",")]
-    if not text.strip() or any(not re.fullmatch(r"[+-]?[0-9]+", p) for p in items):
-        raise UsageError(f"--concurrency {text!r}: expected comma-separated positive integers like 1,64,256")
-    levels = tuple(int(p) for p in items)
-    bad = [v for v in levels if v < 1]
-    if bad:
-        raise UsageError(f"--concurrency {text!r}: {bad[0]} is not a positive integer (every level must be >= 1)")
-    if len(set(levels)) != len(levels):
-        raise UsageError(f"--concurrency {text!r}: a level is given twice")
-    return levels
+def parse_concurrency(text: str, option: str = "--concurrency", hi: int = MAX_CONCURRENCY) -> tuple[int, ...]:
+    """``1,64,256``: integers in 1..hi, each once, kept in the given order (bench's and tune's)."""
+    try:
+        return bounds.parse_int_list(text, 1, hi)
+    except ValueError as exc:
+        raise UsageError(f"{option} {clip(text)}: {exc} (comma-separated levels in 1-{hi}, like 1,64,256)") from None
 
 
 def parse_seqs(text: str | None) -> tuple[int | None, ...]:
     """``--max-num-seqs 16,256``: the same layout tried with each scheduler cap (None: the model's own)."""
     if text is None:
         return (None,)
-    try:
-        return tuple(int(v) for v in parse_concurrency(text))
-    except UsageError:
-        raise UsageError(f"--max-num-seqs {text!r}: expected comma-separated positive integers like 16,256") from None
+    return tuple(int(v) for v in parse_concurrency(text, "--max-num-seqs", MAX_NUM_SEQS))
 
 
 # -- candidates -------------------------------------------------------------------------------------
@@ -171,7 +166,8 @@ Kind = Literal["throughput", "single-stream", "tok-per-gpu", "ttft-p90"]
 OBJECTIVES_HELP = ("throughput[@C] (output tok/s at C, default the highest level), single-stream (tok/s of "
                    "one stream at C=1), tok-per-gpu[@C], ttft-p90@C:FLOOR (lowest TTFT p90 at C among "
                    "candidates with at least FLOOR tok/s there)")
-_OBJ_RE = re.compile(r"^(throughput|single-stream|tok-per-gpu|ttft-p90)(?:@([0-9]+))?(?::([0-9]+(?:\.[0-9]+)?))?$")
+_OBJ_RE = re.compile(r"^(throughput|single-stream|tok-per-gpu|ttft-p90)(?:@([0-9]{1,6}))?(?::([0-9]{1,12}(?:\.[0-9]{1,6})?))?$",
+                     re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -198,19 +194,19 @@ class Objective:
 def parse_objective(text: str, levels: Sequence[int]) -> Objective:
     m = _OBJ_RE.match(text.strip())
     if not m:
-        raise UsageError(f"--objective {text!r}: unknown objective; use {OBJECTIVES_HELP}")
+        raise UsageError(f"--objective {clip(text)}: unknown objective; use {OBJECTIVES_HELP}")
     kind, conc, floor = m.group(1), m.group(2), m.group(3)
     if kind == "single-stream":
         if conc or floor:
-            raise UsageError(f"--objective {text!r}: single-stream takes no @C or floor (it is measured at C=1)")
+            raise UsageError(f"--objective {clip(text)}: single-stream takes no @C or floor (it is measured at C=1)")
         c = 1
     else:
         c = int(conc) if conc else max(levels)
     if (floor is None) == (kind == "ttft-p90"):
-        raise UsageError(f"--objective {text!r}: " + ("ttft-p90 needs a throughput floor, e.g. ttft-p90@64:1500"
+        raise UsageError(f"--objective {clip(text)}: " + ("ttft-p90 needs a throughput floor, e.g. ttft-p90@64:1500"
                                                       if kind == "ttft-p90" else f"{kind} takes no :FLOOR"))
     if c not in levels:
-        raise UsageError(f"--objective {text!r}: concurrency {c} is not among --concurrency "
+        raise UsageError(f"--objective {clip(text)}: concurrency {c} is not among --concurrency "
                          f"{','.join(map(str, levels))}")
     return Objective(kind, c, float(floor) if floor is not None else None)  # type: ignore[arg-type]
 

@@ -64,9 +64,10 @@ def test_duplicate_layout_refused() -> None:
         t.parse_layouts("tp4,tp8,TP4")
 
 
-@pytest.mark.parametrize("text,msg", [("0,64", "0 is not a positive"), ("1,-4", "-4 is not a positive"),
-                                      ("1,x", "positive integers"), ("", "positive integers"),
-                                      ("1,1", "twice"), ("1.5", "positive integers")])
+@pytest.mark.parametrize("text,msg", [("0,64", "'0' is less than 1"), ("1,-4", "'-4' is less than 1"),
+                                      ("1,x", "'x' is not a whole number"), ("", "empty"),
+                                      ("1,1", "twice"), ("1.5", "'1.5' is not a whole number"),
+                                      ("1,65537", "'65537' is more than 65536")])
 def test_bad_concurrency_refused(text: str, msg: str) -> None:
     """Zero, negative, non-integer or repeated levels are refused naming the value."""
     with pytest.raises(UsageError, match=msg):
