@@ -82,6 +82,10 @@ class Tuner:
         host = self.catalog.model_host(req.model)
         self._no_unfinished(host.name)
         core.parse_objective(req.objective, req.bench.concurrency)
+        for lay in req.layouts or ():  # what the arguments alone decide, before the host is contacted
+            core.variant_gpus(model, lay, host.gpus)
+            for seqs in req.seqs:
+                core.variant_name(model.name, lay, seqs)
         ports = self.ops.ports_for(host.name)
         model_dir = self.ops.engine().spec_for(model).model_dir
         if model.source != "none" and ports.weights is not None:

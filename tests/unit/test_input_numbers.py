@@ -82,3 +82,9 @@ def test_bench_and_tune_check_arguments_before_contacting_the_host(unreachable: 
                                                                    option: str) -> None:
     """A bad level list or objective exits 2 naming the option, not 4 from trying the host first."""
     assert_refused(run(*args, "--config", str(unreachable)), option)
+
+
+def test_tune_refuses_a_layout_wider_than_the_host_before_contacting_it(unreachable: Path) -> None:
+    """`tune a --layouts tp16` on a 2-GPU host: exit 2 naming tp16 and the GPU count, not exit 4."""
+    result = run("tune", "a", "--layouts", "tp16", "--yes", "--config", str(unreachable))
+    assert result.exit_code == 2 and "tp16 needs 16 GPUs, the host has 2" in result.output, result.output
