@@ -67,7 +67,7 @@ class Bench:
         """deploy.toml for the controller (ssh transport), or for the host itself (local: D-Bus)."""
         h = self.host
         state = LOCAL_STATE if local else self.work / "state"
-        lines = [f'state_dir = "{state}"', "[defaults]", 'user = "root"', 'group = "root"',
+        lines = [f'state_dir = "{state}"', "[defaults]", 'user = "root"', 'group = "root"', "allow_root = true",
                  f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]', "load_deadline_s = 120", "stop_timeout_s = 30",
                  "free_timeout_s = 30", "health_interval_s = 0.2", "restart_sec = 10",
                  f"[hosts.{h.name}]", f'transport = "{"local" if local else "ssh"}"', f'address = "{h.address}"',

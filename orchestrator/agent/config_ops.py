@@ -82,6 +82,9 @@ class ConfigRevisions:
         if catalog.state_dir != running.state_dir:
             raise ConfigError(f"state_dir {catalog.state_dir!r} differs from the agent's {running.state_dir!r}: "
                               "a push cannot move the state (edit the file and restart the agent)", file=name)
+        if catalog.defaults.allow_root and not running.defaults.allow_root:
+            raise ConfigError("defaults.allow_root: a push cannot turn on engines as root (edit the file on the box "
+                              "as root and restart the agent)", file=name)
         return catalog
 
     def replace(self, text: str, operator: str) -> int:

@@ -6,7 +6,7 @@ on one port, a group naming an unknown host). Its entries and their field-level 
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from orchestrator.core.catalog_entries import Defaults, Group, Host, Model, Policy, Proxy, Schedule
 from orchestrator.core.catalog_rules import (
@@ -18,6 +18,7 @@ from orchestrator.core.catalog_rules import (
     Name,
     Strict,
     SubKeyError,
+    absolute_path,
     check_revision,
 )
 from orchestrator.core.secrets import scan
@@ -40,6 +41,11 @@ class Catalog(Strict):
     models: dict[Name, Model] = Field(default_factory=dict)
     schedules: dict[Name, Schedule] = Field(default_factory=dict)
     groups: dict[Name, Group] = Field(default_factory=dict)
+
+    @field_validator("state_dir")
+    @classmethod
+    def _state_dir_absolute(cls, v: str) -> str:
+        return absolute_path(v, "state_dir")
 
     @model_validator(mode="before")
     @classmethod
@@ -95,15 +101,6 @@ class Catalog(Strict):
                                       f"tensor_parallel {model.tensor_parallel} is larger than node "
                                       f"{host.name}'s {host.gpus} GPUs: keep TP inside a box and use "
                                       "pipeline_parallel or data_parallel across nodes")
-        seen: dict[tuple[str, int], str] = {}
-        for name, model in self.models.items():
-            for host in self.model_hosts(name):
-                key = (host.name, model.port)
-                if key in seen:
-                    raise _KeyedError(f"models.{name}.port",
-                                      f"port {model.port} is already used by model {seen[key]} on host "
-                                      f"{key[0]}")
-                seen[key] = name
         if self.proxy.enabled:
             self._check_routable()
         for name, sched in self.schedules.items():
@@ -113,6 +110,38 @@ class Catalog(Strict):
             if sched.host and sched.host not in self.hosts:
                 raise _KeyedError(f"schedules.{name}.host",
                                   f"unknown host {sched.host!r} (known: {', '.join(sorted(self.hosts))})")
+        return self
+
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> Catalog:
+        """Every port a box listens on, of every kind, once per host: engine ports, each multi-node
+        model's rendezvous (master_port) or Ray GCS (ray_port) on its head, the agent's metrics_port
+        and the front proxy's port. Two models that share a GPU never run at once, so only their
+        rendezvous ports may coincide; an engine port is the model's route and stays unique."""
+        claims: dict[tuple[str, int], tuple[str, str, frozenset[int] | None]] = {}  # -> (what, key, gpus)
+        always: list[tuple[int, str, str]] = []
+        if self.metrics_port:
+            always.append((self.metrics_port, "the agent's metrics port", "metrics_port"))
+        if self.proxy.enabled:
+            always.append((self.proxy.port, "the front proxy's port", "proxy.port"))
+        for host_name in self.hosts:
+            for port, what, key in always:
+                claims.setdefault((host_name, port), (what, key, None))
+        for name, model in self.models.items():
+            own: list[tuple[list[Host], int, str]] = [(self.model_hosts(name), model.port, "port")]
+            if model.nodes:
+                kind = "ray_port" if model.backend == "ray" else "master_port"
+                own.append((self.nodes_of(name)[:1], getattr(model, kind), kind))
+            for hosts, port, field in own:
+                for node in hosts:
+                    at = (node.name, port)
+                    owner = f"model {name}" + ("" if field == "port" else f"'s {field}")
+                    here = (f"already used by {owner}", f"models.{name}.{field}", frozenset(model.gpus))
+                    prior = claims.get(at)
+                    if prior is not None and _collide(prior, here, field):
+                        raise _KeyedError(here[1], f"port {port} is {prior[0]} on host {node.name} ({prior[1]}): "
+                                                   "give each listener a port of its own")
+                    claims.setdefault(at, here)
         return self
 
     @model_validator(mode="after")
@@ -171,10 +200,6 @@ class Catalog(Strict):
                 raise _KeyedError(f"models.{name}.served_name",
                                   f"{model.served!r} cannot be routed by the front proxy: use letters, "
                                   f"digits and . _ : / @ + - (no spaces or quotes), at most 128")
-            if model.port == self.proxy.port:
-                raise _KeyedError(f"models.{name}.port",
-                                  f"port {model.port} is the front proxy's port ([proxy] port); give the "
-                                  f"engine another one")
 
     def model_host(self, model: str) -> Host:
         """The host a model runs on (a multi-node model: its first node, which serves the API)."""
@@ -207,6 +232,16 @@ class Catalog(Strict):
 
     def engine_for(self, host: Host) -> tuple[str, ...]:
         return host.engine or self.defaults.engine
+
+
+def _collide(prior: tuple[str, str, frozenset[int] | None], here: tuple[str, str, frozenset[int] | None],
+             field: str) -> bool:
+    """Whether two claims on one host's port can be live at once."""
+    if prior[2] is None or here[2] is None or prior[1].rsplit(".", 1)[0] == here[1].rsplit(".", 1)[0]:
+        return True  # an always-on listener, or one model's own two ports
+    if field == "port" and prior[1].endswith(".port"):
+        return True  # engine ports: unique per host whatever the GPUs (the route names the port)
+    return not (prior[2] & here[2])
 
 
 class _KeyedError(ValueError):

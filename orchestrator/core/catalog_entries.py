@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.core import schedule as schedule_rules
 from orchestrator.core.catalog_rules import (
@@ -15,15 +15,19 @@ from orchestrator.core.catalog_rules import (
     NAME_RE,
     PATH_RE,
     REPO_RE,
+    ROUTABLE_RE,
     SECRET_ADVICE,
+    SERVED_NAME_ADVICE,
     SHA_RE,
     USER_RE,
     Name,
     Strict,
     SubKeyError,
+    absolute_path,
     check_engine,
     check_revision,
     no_secret_in,
+    not_root,
     outside_private_tmp,
     safe,
 )
@@ -51,6 +55,8 @@ class Defaults(Strict):
     ray: str = "/opt/vllm/bin/ray"
     # How long a Ray model's switch waits for every node to join the head (not the whole load deadline).
     ray_join_timeout_s: float = Field(120.0, ge=1, le=DAY)
+    # Engines as root only where the box is disposable (a test bed): see catalog_rules.not_root.
+    allow_root: bool = False
 
     @field_validator("user", "group", "bind", "env_dir", "ray")
     @classmethod
@@ -75,6 +81,20 @@ class Defaults(Strict):
     @classmethod
     def _safe_engine(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return check_engine(v)
+
+    @field_validator("ray")
+    @classmethod
+    def _absolute(cls, v: str, info: ValidationInfo) -> str:
+        return absolute_path(v, str(info.field_name))
+
+    @model_validator(mode="after")
+    def _unprivileged_engines(self) -> Defaults:
+        if not self.allow_root:
+            try:
+                not_root(self.user)
+            except ValueError as exc:
+                raise SubKeyError(".user", str(exc)) from None
+        return self
 
 
 class Host(Strict):
@@ -119,6 +139,11 @@ class Host(Strict):
     def peer_address(self) -> str:
         """Where the other nodes of a multi-node model reach this host."""
         return self.node_address or self.address
+
+    @field_validator("models_dir", "unit_dir", "python", "ray", "agent_socket")
+    @classmethod
+    def _absolute(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else absolute_path(v, str(info.field_name))
 
     @field_validator("models_dir")
     @classmethod
@@ -165,6 +190,15 @@ class Model(Strict):
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else safe(v, "value")
+
+    @field_validator("served_name")
+    @classmethod
+    def _served_name(cls, v: str | None) -> str | None:
+        # Always, not only with the proxy on: the name is a --served-model-name word in the unit.
+        if v is not None and not ROUTABLE_RE.match(v):
+            quoted = shown(v) if len(v) <= 60 else f"{shown(v[:60])}... ({len(v):,} characters)"
+            raise ValueError(f"{quoted} cannot be routed by the front proxy nor named in a unit: {SERVED_NAME_ADVICE}")
+        return v
 
     @field_validator("repo")
     @classmethod
@@ -354,6 +388,16 @@ class Group(Strict):
         if v is not None and not v.startswith("/"):
             raise ValueError(f"{v!r} is not an absolute path (a path on every box of the group)")
         return None if v is None else safe(v, "value")
+
+    @model_validator(mode="after")
+    def _canary_fits(self) -> Group:
+        # The rollout's own rule (core.rollout.plan): a canary must leave hosts to promote to.
+        n = len(self.hosts)
+        if self.canary > n or (self.canary == n and n > 1):
+            raise SubKeyError(".canary", f"canary {self.canary} is {'larger than' if self.canary > n else 'all of'} "
+                                         f"the group's {n} hosts ({', '.join(self.hosts)}): nothing would be left to "
+                                         f"promote; use at most {max(n - 1, 1)}")
+        return self
 
     @field_validator("hosts")
     @classmethod

@@ -38,6 +38,29 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+# A served name systemd and HAProxy both take, proxy or not: one word of routable characters. Long
+# values would also make a unit line systemd cannot parse (LONG_LINE_MAX); every other value that
+# reaches a unit is bounded by MAX_UNIT_VALUE.
+SERVED_NAME_ADVICE = "use letters, digits and . _ : / @ + - (no spaces or quotes), starting with a letter or digit, at most 128"
+MAX_UNIT_VALUE = 4096
+
+
+def absolute_path(value: str, what: str) -> str:
+    """A directory or executable the agent and systemd use: absolute, as relative would depend on the
+    working directory of whichever process reads it (the agent's is /, the CLI's is anywhere)."""
+    if not value.startswith("/"):
+        raise ValueError(f"{what} {shown(value)} is not an absolute path (start it with '/')")
+    return value
+
+
+def not_root(user: str) -> str:
+    """Engines run as an unprivileged account: a model server as root owns the box."""
+    if user == "root":
+        raise ValueError("'root' is refused: engines run as an unprivileged account (the shipped 'vllm'); "
+                         "set allow_root = true in [defaults] only on a disposable test bed")
+    return user
+
+
 SECRET_ADVICE = ("unit files are world-readable, so secrets go in the model's EnvironmentFile "
                  "(<env_dir>/<model>.env, mode 0600), never in deploy.toml")
 
@@ -58,6 +81,9 @@ def no_secret_in(args: tuple[str, ...]) -> None:
 
 
 def safe(value: str, what: str) -> str:
+    if len(value) > MAX_UNIT_VALUE:
+        raise ValueError(f"{what} of {len(value):,} characters is longer than {MAX_UNIT_VALUE} (starts "
+                         f"{shown(value[:40])})")
     try:
         check_safe_text(value, what)
     except RenderError as exc:  # a ValueError, so pydantic reports it with its key path

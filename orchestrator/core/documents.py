@@ -49,8 +49,8 @@ def text_of(raw: bytes | str, where: str) -> str:
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise DocumentError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column}",
-                            where) from None
+        raise DocumentError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column} "
+                            "(TOML, JSON and deploy files must be UTF-8)", where) from None
 
 
 def toml_document(raw: bytes | str, where: str) -> dict[str, Any]:

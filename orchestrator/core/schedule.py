@@ -19,7 +19,10 @@ from orchestrator.errors import ConfigError
 if TYPE_CHECKING:
     from orchestrator.core.catalog import Schedule
 
-_WINDOW_RE = re.compile(r"^(\d{2}):(\d{2})-(\d{2}):(\d{2})$")
+_WINDOW_RE = re.compile(r"^([0-9]{2}):([0-9]{2})-([0-9]{2}):([0-9]{2})$", re.ASCII)  # \d would take '٠١'
+# One cron field: ASCII digits, names (jan, mon) and * , - / (croniter also reads seconds and years
+# as a 6th and 7th field, and Unicode digits; the README promises the classic 5 fields).
+_CRON_FIELD_RE = re.compile(r"^[0-9A-Za-z*,/-]+$", re.ASCII)
 # A cron that never fires from here on (Feb 31) is refused as well as a malformed one.
 _REFERENCE = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -32,8 +35,20 @@ def parse_zone(name: str) -> ZoneInfo:
         raise ValueError(f"unknown time zone {name!r} (use an IANA name such as 'UTC' or 'Europe/Berlin')") from exc
 
 
+def check_fields(expr: str) -> None:
+    """Exactly 5 fields of ASCII cron characters; ValueError naming the expression otherwise."""
+    fields = expr.split()
+    if len(fields) != 5:
+        raise ValueError(f"{expr[:80]!r} is not a valid cron expression: it has {len(fields)} fields, a cron "
+                         "expression has exactly 5: minute hour day month weekday (e.g. '0 3 * * *')")
+    bad = next((f for f in fields if not _CRON_FIELD_RE.match(f)), None)
+    if bad is not None:
+        raise ValueError(f"{expr!r}: field {bad!r} may hold only ASCII digits, names (jan, mon) and * , - /")
+
+
 def check_cron(expr: str) -> str:
     """``expr`` when it is a cron expression that fires; ValueError naming it otherwise."""
+    check_fields(expr)
     if not croniter.is_valid(expr):
         raise ValueError(f"{expr!r} is not a valid cron expression (5 fields: minute hour day month weekday)")
     try:

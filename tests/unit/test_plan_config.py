@@ -88,7 +88,7 @@ def test_model_config_key_plans_offline(tmp_path: Path, closed_endpoint: str) ->
 
 @pytest.mark.parametrize("content,message", [
     (None, "file not found"),
-    ("not json", "not a valid config.json (not JSON"),
+    ("not json", "not a valid config.json (not valid JSON"),
     ("[1, 2]", "not a valid config.json (a JSON list, not an object)"),
 ])
 def test_model_config_key_must_name_a_json_object(tmp_path: Path, content: str | None, message: str) -> None:

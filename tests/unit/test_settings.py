@@ -147,7 +147,7 @@ def test_non_utf8_file_names_the_byte_and_line(tmp_path: Path) -> None:
     cfg.write_bytes(GOOD.encode() + b'# caf\xe9\n')
     result = orchestrator("models", "--config", str(cfg))
     assert result.returncode == 2
-    assert result.stderr == f"error: {cfg}: not UTF-8 text: byte 0xe9 at line 14, column 6 (TOML files must be UTF-8)\n"
+    assert result.stderr == f"error: {cfg}: not UTF-8 text: byte 0xe9 at line 14, column 6 (TOML, JSON and deploy files must be UTF-8)\n"
 
 
 @pytest.mark.parametrize("var,value,message", [
