@@ -33,6 +33,14 @@ class _Dropped(Exception):
     """The connection broke under a running operation (internal; becomes TransportError)."""
 
 
+def _explicit_config() -> Config:
+    """Explicit settings only: fabric reads /etc/fabric.* and ~/.fabric.* unless lazy (a `gateway`
+    there runs as a ProxyCommand, a .py one is imported), and OpenSSH's ssh_config files unless
+    given an SSHConfig of its own; none of them may steer a connection the catalog describes."""
+    return Config(ssh_config=paramiko.SSHConfig(), lazy=True, runtime_ssh_path=None,
+                  overrides={"load_ssh_configs": False})
+
+
 class SshShell:
     """Commands and files on one host through a single reused SSH connection."""
 
@@ -54,8 +62,7 @@ class SshShell:
             kwargs["key_filename"] = key_filename
         self._conn = Connection(address, user=user, port=port, connect_timeout=int(connect_timeout),
                                 connect_kwargs=kwargs,
-                                # explicit settings only: no ~/.ssh/config surprises
-                                config=Config(ssh_config=paramiko.SSHConfig()))
+                                config=_explicit_config())
         # fabric installs AutoAddPolicy; an unknown or changed host key must stop us instead.
         self._conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
