@@ -28,7 +28,7 @@ from pydantic_settings import (
 
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.planner_arch import parse_model
-from orchestrator.core.secrets import redact, secret_name, secret_value_kind
+from orchestrator.core.secrets import redact_values, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
 
 DEFAULT_CONFIG = "deploy.toml"
@@ -183,7 +183,7 @@ def _config_error(exc: ValidationError, file: str) -> ConfigError:
             msg = "unknown key"
         value = err.get("input")
         quoted = err["type"] == "missing" or isinstance(value, dict) or ctx_err is not None
-        lines.append((_origin(key, file), redact(f"{key or '(top level)'}: {msg}"
+        lines.append((_origin(key, file), redact_values(f"{key or '(top level)'}: {msg}"
                                                  + ("" if quoted else f" (got {_short(value, key)})"))))
     origin, head = lines[0]
     more = "".join(f"\n  also: {'' if o == origin else o + ': '}{line}" for o, line in lines[1:6])
