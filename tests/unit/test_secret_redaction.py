@@ -127,7 +127,7 @@ def test_command_output_is_redacted_in_its_error() -> None:
 @pytest.fixture
 def leaky_server() -> Iterator[str]:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = json.dumps({"error": LEAKS["header"] + " " + LEAKS["hf"]}).encode()
             self.send_response(500)
             self.send_header("Content-Length", str(len(body)))
