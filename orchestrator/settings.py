@@ -26,6 +26,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from orchestrator import userfiles
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.planner_arch import parse_model
 from orchestrator.core.secrets import redact_values, secret_name, secret_value_kind
@@ -78,7 +79,7 @@ def load(path: str | Path | None = None) -> Catalog:
 
 def _read_toml(file: Path) -> dict[str, Any]:
     try:
-        raw = file.read_bytes()
+        raw = userfiles.read_bytes(file)
     except FileNotFoundError as exc:
         raise ConfigError("file not found (use --config PATH or ORCHESTRATOR_CONFIG)", file=str(file)) from exc
     except OSError as exc:
@@ -146,7 +147,7 @@ def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
         path = path if path.is_absolute() else file.parent / path
         key = f"models.{name}.config"
         try:
-            data = json.loads(path.read_bytes())
+            data = json.loads(userfiles.read_bytes(path))
         except FileNotFoundError:
             raise ConfigError(f"{path}: file not found", file=str(file), key=key) from None
         except OSError as exc:

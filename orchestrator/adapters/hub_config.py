@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import httpx
 
+from orchestrator import userfiles
 from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
 from orchestrator.errors import TransportError, UsageError
 
@@ -38,7 +39,7 @@ class ModelConfig:
 def read_json_file(path: str | Path, what: str) -> dict[str, Any]:
     """A JSON object from a file; UsageError naming the file and what is wrong with it."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        data = json.loads(userfiles.read_bytes(path))
     except FileNotFoundError as exc:
         raise UsageError(f"{what} {path}: file not found") from exc
     except IsADirectoryError as exc:

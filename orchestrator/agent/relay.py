@@ -19,6 +19,8 @@ import sys
 import threading
 import tomllib
 
+from orchestrator import userfiles
+
 DEFAULT_CONFIG = "/etc/orchestrator/deploy.toml"
 DEFAULT_STATE_DIR = "/var/lib/orchestrator"
 AGENT_UNREACHABLE = 6
@@ -32,9 +34,9 @@ def default_socket(config: str | None = None) -> str:
     path = config or os.environ.get("ORCHESTRATOR_CONFIG") or DEFAULT_CONFIG
     state_dir = DEFAULT_STATE_DIR
     try:
-        with open(path, "rb") as fh:
-            state_dir = str(tomllib.load(fh).get("state_dir") or DEFAULT_STATE_DIR)
-    except (OSError, tomllib.TOMLDecodeError):
+        state_dir = str(tomllib.loads(userfiles.read_bytes(path, limit=4 << 20).decode()).get("state_dir")
+                        or DEFAULT_STATE_DIR)
+    except (OSError, ValueError):  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
         pass  # no readable config: the default place; a wrong socket is reported below
     return os.path.join(state_dir, "agent.sock")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from orchestrator import userfiles
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.target import backend
@@ -26,7 +27,7 @@ def _agent(config: str | None) -> AgentClient:
 
 def _read(file: str) -> str:
     try:
-        return Path(file).read_text()
+        return userfiles.read_text(file)
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=file) from None
 

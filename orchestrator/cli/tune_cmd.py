@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import settings
+from orchestrator import settings, userfiles
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
@@ -96,7 +96,7 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
 
 def _json_file(path: str) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(userfiles.read_bytes(path))
     except (OSError, ValueError) as exc:
         raise UsageError(f"--model-config {path}: cannot read a JSON object: {exc}") from exc
     if not isinstance(data, dict):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from orchestrator import userfiles
 from orchestrator.errors import ConfigError, UsageError
 
 DEFAULT_PYTHON = "/opt/orchestrator/venv/bin/python"
@@ -72,8 +73,7 @@ def parse_url(url: str, *, name: str | None = None, source: str = "--host") -> T
 
 def load_hosts(path: Path) -> dict[str, Target]:
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(userfiles.read_bytes(path).decode())
     except FileNotFoundError:
         return {}
     except tomllib.TOMLDecodeError as exc:
