@@ -7,6 +7,8 @@ boundary with ``raise ... from exc`` so nothing above them sees paramiko, httpx 
 
 from __future__ import annotations
 
+from orchestrator.core.secrets import redact
+
 
 class OrchestratorError(Exception):
     """Root of every error the tool raises on purpose."""
@@ -66,6 +68,7 @@ class CommandFailed(OrchestratorError):
     """A command on a host exited non-zero: names the command, the exit code and its last output."""
 
     def __init__(self, command: str, exit_code: int, output: str, *, host: str | None = None) -> None:
+        output = redact(output)
         tail = "\n".join(output.strip().splitlines()[-10:])
         super().__init__(f"command {command!r} exited {exit_code}" + (f":\n{tail}" if tail else ""),
                          host=host)

@@ -24,10 +24,11 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from orchestrator import userfiles
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document, toml_document
 from orchestrator.core.planner_arch import parse_model
-from orchestrator.core.secrets import redact, secret_name, secret_value_kind
+from orchestrator.core.secrets import redact_values, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
 
 DEFAULT_CONFIG = "deploy.toml"
@@ -77,7 +78,7 @@ def load(path: str | Path | None = None) -> Catalog:
 
 def _read_toml(file: Path) -> dict[str, Any]:
     try:
-        raw = file.read_bytes()
+        raw = userfiles.read_bytes(file)
     except FileNotFoundError as exc:
         raise ConfigError("file not found (use --config PATH or ORCHESTRATOR_CONFIG)", file=str(file)) from exc
     except OSError as exc:
@@ -135,7 +136,7 @@ def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
         path = path if path.is_absolute() else file.parent / path
         key = f"models.{name}.config"
         try:
-            data = json_document(path.read_bytes(), str(path), unique_keys=False)
+            data = json_document(userfiles.read_bytes(path), str(path), unique_keys=False)
         except FileNotFoundError:
             raise ConfigError(f"{path}: file not found", file=str(file), key=key) from None
         except OSError as exc:
@@ -172,7 +173,7 @@ def _config_error(exc: ValidationError, file: str) -> ConfigError:
             msg = "unknown key"
         value = err.get("input")
         quoted = err["type"] == "missing" or isinstance(value, dict) or ctx_err is not None
-        lines.append((_origin(key, file), redact(f"{key or '(top level)'}: {msg}"
+        lines.append((_origin(key, file), redact_values(f"{key or '(top level)'}: {msg}"
                                                  + ("" if quoted else f" (got {_short(value, key)})"))))
     origin, head = lines[0]
     more = "".join(f"\n  also: {'' if o == origin else o + ': '}{line}" for o, line in lines[1:6])

@@ -71,6 +71,7 @@ class FakeHost:
     holders: dict[int, tuple[tuple[int, ...], int, str, str]] = field(default_factory=dict)
     loaded: dict[str, str] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
+    journal: dict[str, list[str]] = field(default_factory=dict)  # unit -> its lines, when a test sets them
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(4000))
 
     def ports(self, host: Host | None = None, weights: FakeWeights | None = None) -> HostPorts:
@@ -188,7 +189,7 @@ class FakeSystemd:
         self.w.units.pop(unit, None)
 
     def journal_tail(self, unit: str, lines: int = 20) -> list[str]:
-        return [f"{unit}: fake journal line"]
+        return self.w.journal.get(unit, [f"{unit}: fake journal line"])[-lines:]
 
     def cgroup_pids(self, unit: str) -> list[int]:
         u = self.w.units.get(unit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from orchestrator.core.secrets import redact
 from orchestrator.errors import HealthCheckFailed
 
 
@@ -40,8 +41,8 @@ class HttpHealthProbe:
             raise HealthCheckFailed(f"POST {base_url}/v1/completions: {type(exc).__name__}: {exc}") from exc
         if r.status_code != 200:
             raise HealthCheckFailed(f"POST {base_url}/v1/completions for {model!r}: HTTP {r.status_code}: "
-                                    f"{r.text[:300]}")
+                                    f"{redact(r.text)[:300]}")
         try:
             return str(r.json()["choices"][0]["text"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise HealthCheckFailed(f"POST {base_url}/v1/completions: unexpected answer {r.text[:300]!r}") from exc
+            raise HealthCheckFailed(f"POST {base_url}/v1/completions: unexpected answer {redact(r.text)[:300]!r}") from exc

@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
+from orchestrator import userfiles
 from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
 from orchestrator.errors import TransportError, UsageError
@@ -38,7 +39,7 @@ class ModelConfig:
 def read_json_file(path: str | Path, what: str) -> dict[str, Any]:
     """A JSON object from a file; UsageError naming the file and what is wrong with it."""
     try:
-        data = json_document(Path(path).read_bytes(), str(path), unique_keys=False)
+        data = json_document(userfiles.read_bytes(path), str(path), unique_keys=False)
     except FileNotFoundError as exc:
         raise UsageError(f"{what} {path}: file not found") from exc
     except IsADirectoryError as exc:

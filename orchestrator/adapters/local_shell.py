@@ -9,9 +9,13 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 
+from orchestrator import userfiles
 from orchestrator.adapters.shell_base import checked, ignore_line, timed_out
 from orchestrator.core.observed import CommandResult
 from orchestrator.errors import CommandFailed, OrchestratorError
+
+# The largest file the product reads from a host (a shard index, a unit, a config): never a weight shard.
+MAX_READ = 256 << 20
 
 
 class LocalShell:
@@ -70,9 +74,8 @@ class LocalShell:
         return CommandResult(command=command, exit_code=code, stdout="".join(out), stderr="".join(err))
 
     def read_file(self, path: str) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
+        try:  # paths under a user's weights directory too: a FIFO or /dev/zero there must not hang the agent
+            return userfiles.read_bytes(path, limit=MAX_READ)
         except FileNotFoundError:
             return None
         except OSError as exc:

@@ -21,6 +21,8 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from orchestrator import userfiles
+from orchestrator.adapters.known_hosts import load_known_hosts
 from orchestrator.adapters.shell_base import checked, ignore_line, timed_out
 from orchestrator.core.observed import CommandResult
 from orchestrator.errors import OrchestratorError, TransportError
@@ -66,13 +68,13 @@ class SshShell:
         # fabric installs AutoAddPolicy; an unknown or changed host key must stop us instead.
         self._conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
-            if known_hosts:
-                self._conn.client.get_host_keys().load(known_hosts)
-            else:
-                self._conn.client.load_system_host_keys()
+            load_known_hosts(self._conn.client, known_hosts)
+            if key_filename:
+                userfiles.check_regular(key_filename)
         except OSError as exc:
-            raise TransportError(f"cannot read known_hosts {known_hosts}: {exc.strerror}",
-                                 host=self.host) from exc
+            what = f"known_hosts {known_hosts or '~/.ssh/known_hosts'}" if exc.filename != key_filename \
+                else f"SSH key {key_filename}"
+            raise TransportError(f"cannot read {what}: {exc.strerror}", host=self.host) from exc
 
     @property
     def where(self) -> str:

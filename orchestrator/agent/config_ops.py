@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import settings
+from orchestrator import settings, userfiles
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
@@ -44,14 +44,14 @@ class ConfigRevisions:
 
     def current(self) -> tuple[int | None, str]:
         """(latest revision number, the file's text now)."""
-        text = self.path.read_text()
+        text = userfiles.read_text(self.path)
         with self._lock:
             row = self._db.execute("SELECT revision FROM config_revisions ORDER BY revision DESC LIMIT 1").fetchone()
         return (int(row[0]) if row else None), text
 
     def record_if_new(self, operator: str) -> int:
         """Record the file as it is now unless the latest revision already has this content."""
-        text = self.path.read_text()
+        text = userfiles.read_text(self.path)
         with self._lock:
             row = self._db.execute("SELECT revision, sha256 FROM config_revisions ORDER BY revision DESC "
                                    "LIMIT 1").fetchone()

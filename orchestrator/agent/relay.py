@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 
+from orchestrator import userfiles
 from orchestrator.core.documents import DocumentError, toml_document
 
 DEFAULT_CONFIG = "/etc/orchestrator/deploy.toml"
@@ -33,8 +34,7 @@ def default_socket(config: str | None = None) -> str:
     path = config or os.environ.get("ORCHESTRATOR_CONFIG") or DEFAULT_CONFIG
     state_dir = DEFAULT_STATE_DIR
     try:
-        with open(path, "rb") as fh:
-            found = toml_document(fh.read(), path).get("state_dir")
+        found = toml_document(userfiles.read_bytes(path, limit=4 << 20), path).get("state_dir")
         state_dir = found if isinstance(found, str) and found.startswith("/") else DEFAULT_STATE_DIR
     except (OSError, DocumentError):
         pass  # no readable config: the default place; a wrong socket is reported below

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from orchestrator import logs
-from orchestrator.core.secrets import redact
+from orchestrator.core.secrets import redact_values
 from orchestrator.errors import OrchestratorError
 
 
@@ -24,7 +24,7 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except OrchestratorError as exc:
             # A message quotes bad values; a value shaped like a token is never printed.
-            click.echo(f"error: {redact(str(exc))}", err=True)
+            click.echo(f"error: {redact_values(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
+from orchestrator import userfiles
 from orchestrator.cli.agent_cmds import agent
 from orchestrator.cli.options import json_option
 from orchestrator.cli.target import remote_spec
@@ -44,7 +44,7 @@ def install(target: str, upgrade: bool, config: str | None, key: str | None, kno
     opts = Options(upgrade=upgrade, base_python=base_python, source=source, wheel=wheel, wheelhouse=wheelhouse)
     if config is not None:
         try:
-            opts.config_text, opts.config_name = text_of(Path(config).read_bytes(), config), config
+            opts.config_text, opts.config_name = text_of(userfiles.read_bytes(config), config), config
         except OSError as exc:
             raise UsageError(f"--config {config}: cannot read: {exc.strerror}") from None
         validate_config(opts.config_text, config)  # exit 2 before anything is sent

@@ -12,7 +12,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from orchestrator import settings
+from orchestrator import settings, userfiles
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.tables import print_table
@@ -107,7 +107,7 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
             old = ports_for(host.name).systemd.read_unit(unit.name) or ""
             path = Path(f"{host.name}:{host.unit_dir}") / unit.name
         else:
-            old = path.read_text() if path.exists() else ""
+            old = userfiles.read_text(path) if path.exists() else ""
         if diff:
             lines = list(difflib.unified_diff(old.splitlines(keepends=True), unit.text.splitlines(keepends=True),
                                               fromfile=str(path) if old else "/dev/null", tofile=f"{path} (rendered)"))
@@ -122,7 +122,7 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
 
 def _template(path: str) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return userfiles.read_text(path)
     except FileNotFoundError:
         raise UsageError(f"--template {path}: no such file") from None
     except UnicodeDecodeError as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from orchestrator import userfiles
 from orchestrator.agent.protocol import MAX_REQUEST, encode
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
@@ -28,7 +29,7 @@ def _agent(config: str | None) -> AgentClient:
 
 def _read(file: str) -> str:
     try:
-        raw = Path(file).read_bytes()
+        raw = userfiles.read_bytes(file)
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=file) from None
     return text_of(raw, file)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from orchestrator import settings
+from orchestrator import settings, userfiles
 from orchestrator.adapters import hub_config
 from orchestrator.adapters.hub_config import ModelConfig
 from orchestrator.adapters.tune_store import read_feedback
@@ -32,8 +32,9 @@ def _is_model_config(path: str | None) -> bool:
     if path.endswith(".toml"):
         return False
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096).lstrip()
+        head = userfiles.read_bytes(path)[:4096].lstrip()
+    except userfiles.NotARegularFile as exc:
+        raise UsageError(f"--config {path}: cannot read: {exc.strerror}") from None
     except OSError:
         return False  # settings.load says what is wrong with the file
     return head.startswith(b"{")

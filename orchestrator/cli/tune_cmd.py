@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import settings
+from orchestrator import settings, userfiles
 from orchestrator.cli import main
 from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
 from orchestrator.cli.progress import with_progress
@@ -97,7 +97,7 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
 
 def _json_file(path: str) -> dict[str, Any]:
     try:
-        data = json_document(Path(path).read_bytes(), path, unique_keys=False)
+        data = json_document(userfiles.read_bytes(path), path, unique_keys=False)
     except OSError as exc:
         raise UsageError(f"--model-config {path}: cannot read: {exc.strerror}") from None
     except DocumentError as exc:

@@ -13,6 +13,8 @@ from typing import Any
 
 import paramiko
 
+from orchestrator import userfiles
+from orchestrator.adapters.known_hosts import load_known_hosts
 from orchestrator.client.backends import AgentClient
 from orchestrator.client.targets import Target
 from orchestrator.errors import AgentError, OrchestratorError, TransportError
@@ -27,12 +29,13 @@ def open_ssh(target: Target, timeout: float = CONNECT_TIMEOUT) -> paramiko.SSHCl
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     known = target.known_hosts
     try:
-        if known:
-            client.get_host_keys().load(known)
-        else:
-            client.load_system_host_keys()
+        load_known_hosts(client, known)
+        if target.key is not None:
+            userfiles.check_regular(target.key)
     except OSError as exc:
-        raise TransportError(f"host {target.name}: cannot read known_hosts {known}: {exc.strerror}") from exc
+        what = f"SSH key {target.key}" if target.key and exc.filename == target.key \
+            else f"known_hosts {known or '~/.ssh/known_hosts'}"
+        raise TransportError(f"host {target.name}: cannot read {what}: {exc.strerror}") from exc
     own_key = target.key is not None
     try:
         client.connect(target.address, port=target.port, username=target.user, key_filename=target.key,

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator import userfiles
 from orchestrator.core.documents import clip, toml_document
 from orchestrator.errors import ConfigError, UsageError
 
@@ -122,7 +123,7 @@ def _port(text: str | None, bad: Callable[[str], UsageError]) -> int:
 
 def load_hosts(path: Path) -> dict[str, Target]:
     try:
-        raw = path.read_bytes()
+        raw = userfiles.read_bytes(path)
     except FileNotFoundError:
         return {}
     except OSError as exc:

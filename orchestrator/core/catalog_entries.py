@@ -3,7 +3,6 @@ policy, groups, the front proxy. Rules that need more than one entry live in ``c
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -24,6 +23,7 @@ from orchestrator.core.catalog_rules import (
     Strict,
     SubKeyError,
     absolute_path,
+    check_address,
     check_engine,
     check_revision,
     no_secret_in,
@@ -62,6 +62,11 @@ class Defaults(Strict):
     @classmethod
     def _safe_text(cls, v: str) -> str:
         return safe(v, "value")
+
+    @field_validator("bind")
+    @classmethod
+    def _bind_address(cls, v: str) -> str:
+        return check_address(v, "bind")
 
     @field_validator("user", "group")
     @classmethod
@@ -129,6 +134,11 @@ class Host(Strict):
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else safe(v, "value")
+
+    @field_validator("address", "bind", "node_address")
+    @classmethod
+    def _addresses(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else check_address(v, info.field_name or "address")
 
     @field_validator("engine")
     @classmethod
@@ -425,6 +435,4 @@ class Proxy(Strict):
     @field_validator("bind")
     @classmethod
     def _safe_bind(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z0-9.:\[\]-]+$", v):
-            raise ValueError(f"bind must be an address, got {v!r}")
-        return v
+        return None if v is None else check_address(v, "bind")

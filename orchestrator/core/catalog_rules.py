@@ -3,6 +3,7 @@ value passes before it may reach a unit file (secrets, unsafe text, paths a unit
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import re
 from typing import Annotated
@@ -28,6 +29,11 @@ PRIVATE_TMP = ("/tmp", "/var/tmp")
 # A served name the front proxy can match and list: HAProxy's `-m str` takes space-separated words
 # inside a config line, and the name is written into JSON bodies, so no spaces, quotes or escapes.
 ROUTABLE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+
+# A DNS host name (RFC 1123 labels). Addresses reach HAProxy's config, vLLM's --host and SSH as one
+# word: nothing but an IP literal or such a name may pass, so no value can carry a second directive.
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                          r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
 DAY = 86_400.0
@@ -89,6 +95,20 @@ def safe(value: str, what: str) -> str:
     except RenderError as exc:  # a ValueError, so pydantic reports it with its key path
         raise ValueError(str(exc)) from None
     return value
+
+
+def check_address(value: str, what: str) -> str:
+    """An IPv4/IPv6 literal (no brackets, no zone) or a DNS host name; anything else is refused."""
+    if "%" not in value:
+        try:
+            ipaddress.ip_address(value)
+            return value
+        except ValueError:
+            pass
+        if _HOSTNAME_RE.match(value) and not re.fullmatch(r"[0-9.]+", value):
+            return value
+    raise ValueError(f"{what} {shown(value)} is not an IP address or a host name (letters, digits, '-' and "
+                     f"'.'; IPv6 without brackets or zone)")
 
 
 def check_revision(value: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -19,7 +20,7 @@ import jinja2
 
 from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.records import UnitSpec
-from orchestrator.errors import UsageError
+from orchestrator.errors import RenderError, UsageError
 
 
 class Mode(StrEnum):
@@ -133,16 +134,51 @@ def routes_for(serving: Iterable[UnitSpec], gaps: Iterable[str] = ()) -> list[Ro
     return [out[k] for k in sorted(out)]
 
 
+def _plain(value: object, what: str) -> str:
+    text = str(value)
+    bad = next((ch for ch in text if ord(ch) < 0x20 or ord(ch) == 0x7f or unicodedata.category(ch) in
+                ("Zl", "Zp", "Cf")), None)
+    if bad is not None or not text:
+        raise RenderError(f"{what} {text!r} cannot be written into HAProxy's config "
+                          + (f"(it holds {bad!r})" if bad else "(empty)"))
+    return text
+
+
+def haproxy_word(value: object) -> str:
+    """``value`` as one double-quoted HAProxy argument: a space, ``#`` or quote inside it can never
+    start another argument, a comment or an environment variable (defence in depth: the catalog
+    already allows only addresses, paths and routable names here)."""
+    text = _plain(value, "value")
+    for ch in '\\"$#\'':
+        text = text.replace(ch, "\\" + ch)
+    return f'"{text}"'
+
+
+def haproxy_addr(address: object, port: object) -> str:
+    """``address:port`` as one quoted HAProxy argument; an IPv6 literal in brackets."""
+    host = _plain(address, "address")
+    return haproxy_word(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+
+
+def haproxy_comment(value: object) -> str:
+    """Text for a ``#`` comment line: anything that could end the line is refused."""
+    return _plain(value, "comment text")
+
+
 def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str) -> str:
     served = [r for r in routes if r.address is not None]
     models = {"object": "list", "data": [{"id": r.name, "object": "model", "owned_by": "orchestrator"}
                                          for r in served]}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters.update(q=haproxy_word, comment=haproxy_comment)
+    env.globals.update(addr=haproxy_addr)
+    # Single-quoted in the config, where HAProxy interprets nothing: a quote in a name is \u0027 JSON.
+    models_json = json.dumps(models, separators=(",", ":")).replace("'", "\\u0027")
     return env.from_string(template).render(
         routes=routes, served=served, gaps=[r for r in routes if r.address is None], bind=bind,
         port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
-        retry_after_s=proxy.retry_after_s, models_json=json.dumps(models, separators=(",", ":")))
+        retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"))
 
 
 def render_unit(proxy: Proxy, bind: str, template: str) -> str:

@@ -10,11 +10,19 @@ Messages name where the secret is and what kind it looks like, never the value.
 from __future__ import annotations
 
 import re
+from typing import Any
 
-# A word of a name (split on "_", "-", "."): *TOKEN, *KEY(S), PASS, anything with SECRET, PASSWORD,
-# PASSWD or CREDENTIAL. TOKENIZER(S) and TOKENS (vLLM's --max-num-batched-tokens) are not secrets.
-_SECRET_WORD = re.compile(r"^(?:.*token|.*keys?|pass|.*secret.*|.*passw(?:or)?d.*|.*credentials?.*)$",
-                          re.IGNORECASE)
+# A word of a name (split on "_", "-", "."), by what it says, not by a list of known variables:
+# *TOKEN, *KEY(S), PASS, anything with SECRET, PASSW(OR)D, CREDENTIAL, *AUTH, AUTHORIZATION, AUTHN
+# (not AUTHOR, UNAUTHORIZED), BEARER, COOKIE, JWT, SESSIONID, SIGNATURE, SALT, DSN. TOKENIZER(S) and
+# TOKENS (vLLM's --max-num-batched-tokens) are not secrets, nor KEYFILE (a path).
+_SECRET_WORD = re.compile(r"^(?:.*token|.*keys?|pass|.*secret.*|.*passw(?:or)?d.*|.*credentials?.*"
+                          r"|.*auth\d*|authn|authz|authori[sz]ation|authentication|auth[a-z]*header|.*bearer.*|.*cookies?|.*jwts?|sessionid|sessid"
+                          r"|.*signature|dsn|.*salt)$", re.IGNORECASE)
+# Names of connection strings, which carry their password: DATABASE_URL, REDIS_URI, PG_CONN...
+_STORE_WORD = re.compile(r"^(?:database|db|postgres(?:ql)?|pg|mysql|mariadb|redis|mongo(?:db)?|amqp|rabbitmq"
+                         r"|broker|sql|sqlalchemy|celery|kafka|connection|conn)$", re.IGNORECASE)
+_LOCATOR_WORD = re.compile(r"^(?:url|uri|dsn|string|str|conn|connection)$", re.IGNORECASE)
 _WORD_SPLIT = re.compile(r"[_.\-]+")
 
 # (kind, pattern): each anchored on a non-alphanumeric boundary so that a longer word is not a hit.
@@ -26,12 +34,23 @@ _VALUE_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("a GitLab token", re.compile(r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_\-]{20,}")),
     ("a Slack token", re.compile(r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9\-]{10,}")),
     ("a private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
+    ("a JSON web token", re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    ("a bearer token", re.compile(r"(?i)(?<![A-Za-z0-9])(?:bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}")),
+    ("a URL with a password", re.compile(r"(?i)(?<![A-Za-z0-9+.-])[a-z][a-z0-9+.-]*://[^\s/:@'\"]+:[^\s/@'\"]+@")),
 )
+# ``name=value``, ``name: value``, ``'name': 'value'``, ``--name value`` in free text (a journal line,
+# vLLM's "non-default args: {...}" dump, a command's stderr): the value goes when the name says secret.
+_NAMED_VALUE = re.compile(r"""(?<![/\w.-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<q>['"]?)(?P<sep>\s*[=:]\s*|\s+(?=\S))"""
+                          r"""(?P<value>(?![<])(?:(?i:bearer|basic|token)\s+[^\s,;}\])'"]+|\[[^\]]*\]|'[^']*'|"[^"]*"|[^\s,;}\])'"]+))""")
 
 
 def secret_name(name: str) -> bool:
-    """True when a variable or flag name says it holds a secret (HF_TOKEN, AWS_SECRET_ACCESS_KEY...)."""
-    return any(_SECRET_WORD.match(word) for word in _WORD_SPLIT.split(name.strip("-")) if word)
+    """True when a variable or flag name says it holds a secret (HF_TOKEN, AWS_SECRET_ACCESS_KEY,
+    AUTHORIZATION, SESSION_COOKIE, DATABASE_URL...)."""
+    words = [w for w in _WORD_SPLIT.split(name.strip("-")) if w]
+    if any(_SECRET_WORD.match(word) for word in words):
+        return True
+    return any(_STORE_WORD.match(w) for w in words) and any(_LOCATOR_WORD.match(w) for w in words)
 
 
 def secret_value_kind(value: str) -> str | None:
@@ -42,11 +61,28 @@ def secret_value_kind(value: str) -> str | None:
     return None
 
 
-def redact(text: str) -> str:
-    """``text`` with every well-known secret in it replaced by a placeholder naming its kind."""
+def _hide_named(match: re.Match[str]) -> str:
+    name, sep = match["name"], match["sep"]
+    # "--flag value" only for flags; "word word" in prose is not a name and its value.
+    if not secret_name(name) or (not sep.strip() and not name.startswith("-")):
+        # Not a secret's name: its value may still hold ``name: secret`` pairs ('{"error": "... token: x"}').
+        return f"{name}{match['q']}{sep}{_NAMED_VALUE.sub(_hide_named, match['value'])}"
+    return f"{name}{match['q']}{sep}<a secret by its name, not shown>"
+
+
+def redact_values(text: str) -> str:
+    """``text`` with every well-known secret shape in it replaced by a placeholder naming its kind;
+    safe on the tool's own messages (which quote key paths, never a secret-named key's value)."""
     for kind, pattern in _VALUE_SHAPES:
         text = pattern.sub(f"<{kind}, not shown>", text)
     return text
+
+
+def redact(text: str) -> str:
+    """Text from outside the tool (engine, journal, command output, HTTP bodies) with every secret
+    hidden: well-known value shapes anywhere, and the value of any name that says secret. The one
+    function such text passes through where it enters an error, an event or history."""
+    return _NAMED_VALUE.sub(_hide_named, redact_values(text))
 
 
 def secret_in_args(args: tuple[str, ...] | list[str]) -> tuple[int, str] | None:
@@ -103,3 +139,14 @@ def scan(tree: object, path: str = "") -> tuple[str, str] | None:
             if found:
                 return found
     return None
+
+
+def redact_tree(tree: Any) -> Any:
+    """``tree`` (an event's fields, a JSON-like value) with :func:`redact` applied to every string."""
+    if isinstance(tree, str):
+        return redact(tree)
+    if isinstance(tree, dict):
+        return {k: redact_tree(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(redact_tree(v) for v in tree)
+    return tree

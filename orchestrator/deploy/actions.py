@@ -14,6 +14,7 @@ import structlog
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
 from orchestrator.core.proxy import render_config, routes_for
 from orchestrator.core.records import UnitSpec
+from orchestrator.core.secrets import redact
 from orchestrator.deploy.context import StepContext
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
 from orchestrator.resources import template_text
@@ -23,7 +24,7 @@ log = structlog.get_logger()
 
 def journal_hint(ctx: StepContext, unit: str, lines: int = 15, scan: int = 300) -> str:
     try:
-        journal = ctx.ports.systemd.journal_tail(unit, max(lines, scan))
+        journal = [redact(line) for line in ctx.ports.systemd.journal_tail(unit, max(lines, scan))]
     except OrchestratorError as exc:
         return f"\n(journal of {unit} unavailable: {exc})"
     # The engine's reason often sits above its shutdown lines: name it before the tail.

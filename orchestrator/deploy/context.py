@@ -10,6 +10,7 @@ from typing import Any
 from orchestrator.core.catalog import Catalog, Defaults
 from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.core.secrets import redact_tree
 from orchestrator.ports import HostPorts, ProgressCallback
 
 
@@ -45,7 +46,7 @@ class StepContext:
         return self.catalog.defaults
 
     def emit(self, event: str, **fields: Any) -> None:
-        self.progress(event, {**self.bound, **fields})
+        self.progress(event, redact_tree({**self.bound, **fields}))
 
     def pause(self, seconds: float) -> None:
         """Sleep between polls, unless the agent is stopping: then park the step."""

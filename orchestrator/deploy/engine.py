@@ -19,6 +19,7 @@ from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import Deployment, NodeUnit, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
+from orchestrator.core.secrets import redact, redact_tree
 from orchestrator.core.states import Event, Phase, advance, is_terminal
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
@@ -214,8 +215,8 @@ class Engine:
 
         ctx.node_ctx = node_ctx
         ctx.record = lambda kind, detail: self.store.record_event(
-            ports.clock.now(), dep.host, kind, {"deployment_id": dep.id, "revision": dep.revision,
-                                                "phase": dep.phase.value, **detail})
+            ports.clock.now(), dep.host, kind, redact_tree({"deployment_id": dep.id, "revision": dep.revision,
+                                                            "phase": dep.phase.value, **detail}))
         while not is_terminal(dep.phase):
             if self.before_step is not None:
                 self.before_step(dep)  # test hook: pause or park at a named phase
@@ -256,10 +257,10 @@ class Engine:
                 self.store.record_bench(dep.id, exc.bench)
             if dep.phase is Phase.ROLLING_BACK:
                 blog.error("rollback_failed", error=str(exc))
-                self.store.record_error(dep.id, rollback_error=str(exc))
+                self.store.record_error(dep.id, rollback_error=redact(str(exc)))
                 return Event.FAIL
             blog.error("step_failed", phase=dep.phase.value, error=str(exc))
-            self.store.record_error(dep.id, error=f"{dep.phase.value}: {exc}")
+            self.store.record_error(dep.id, error=redact(f"{dep.phase.value}: {exc}"))
             # With the proxy there is always a set to go back to (perhaps without this model at all).
             can_roll_back = (dep.previous_revision is not None or step.plan is not None) and not dep.no_rollback
             return Event.FAIL if can_roll_back else Event.FAIL_NO_ROLLBACK

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import settings as settings_mod
+from orchestrator import userfiles
 from orchestrator.adapters.smoke import bench_record
 from orchestrator.adapters.tune_store import TuneResult, TuneRun, TuneStore
 from orchestrator.core import planner
@@ -279,7 +280,7 @@ class Tuner:
         if winner is None:
             return None, {}
         try:
-            text = self.config_path.read_text()
+            text = userfiles.read_text(self.config_path)
             current = tomllib.loads(text)["models"][model]
         except (OSError, tomllib.TOMLDecodeError, KeyError):
             return None, {}
@@ -300,7 +301,7 @@ class Tuner:
         changes = report.get("changes") or {}
         if not changes:
             return False
-        new = edit_model(self.config_path.read_text(), model, changes, str(self.config_path))
+        new = edit_model(userfiles.read_text(self.config_path), model, changes, str(self.config_path))
         fd, tmp = tempfile.mkstemp(dir=self.config_path.parent, prefix=".deploy.", suffix=".toml")
         try:
             with os.fdopen(fd, "w") as fh:

@@ -50,7 +50,7 @@ def test_two_models_on_disjoint_gpus_serve_together(pw: ProxyWorld) -> None:
     assert pw.serving() == ["chat-a", "code"]
     assert pw.host.active_units() == ["vllm-chat-a.service", "vllm-code.service"]
     assert pw.proxy.config is not None
-    assert "-m str chat }" in pw.proxy.config and "-m str code }" in pw.proxy.config
+    assert '-m str "chat" }' in pw.proxy.config and '-m str "code" }' in pw.proxy.config
 
 
 def test_disjoint_switch_is_a_handover(pw: ProxyWorld) -> None:
@@ -75,7 +75,7 @@ def test_overlapping_switch_is_stop_start_with_a_503_gap(pw: ProxyWorld) -> None
     assert pw.engine.plan_of(dep).mode is Mode.STOP_START  # type: ignore[union-attr]
     calls = pw.host.calls
     assert calls.index("stop vllm-chat-a.service") < calls.index("start vllm-chat-c.service")
-    assert any("model_switching" in c and "-m str chat }" in c for c in pw.proxy.applied)
+    assert any("model_switching" in c and '-m str "chat" }' in c for c in pw.proxy.applied)
     assert pw.serving() == ["chat-c"]
 
 
@@ -107,7 +107,7 @@ def test_failed_add_rolls_back_to_the_set_without_it(pw: ProxyWorld) -> None:
     dep = pw.switch("code")
     assert dep.phase is Phase.ROLLED_BACK
     assert pw.serving() == ["chat-a"]
-    assert pw.proxy.config is not None and "-m str code" not in pw.proxy.config
+    assert pw.proxy.config is not None and '-m str "code"' not in pw.proxy.config
 
 
 @pytest.mark.parametrize("stop_at", ["stopping", "checking", "routing"])
