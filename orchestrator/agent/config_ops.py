@@ -32,11 +32,12 @@ def sha256(text: str) -> str:
 class ConfigRevisions:
     """The config file of one agent and its recorded revisions (in the agent's state.db)."""
 
-    def __init__(self, path: str | Path, state_dir: str) -> None:
+    def __init__(self, path: str | Path, state_dir: str, *, group: str | None) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         db_path = Path(state_dir) / "state.db"
-        SqliteStore(db_path).close()  # creates and migrates the schema, config tables included
+        # creates and migrates the schema, config tables included, with the modes Operations gives it
+        SqliteStore(db_path, group=group).close()
         try:
             self._db = sqlite3.connect(str(db_path), timeout=30.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:

@@ -66,7 +66,8 @@ class Agent:
         ]
         self.reported_dead: list[str] = []
         # config show/push need the file the agent was started from; revisions live in its state.db
-        self.configs = ConfigRevisions(config_path, catalog.state_dir) if config_path else None
+        self.configs = (ConfigRevisions(config_path, catalog.state_dir, group=catalog.socket_group)
+                        if config_path else None)
         self.config_revision = self.configs.record_if_new("agent start") if self.configs else None
         self.ops_factory = ops_factory
 
