@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -26,6 +27,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from orchestrator.core import schedule
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.planner_arch import parse_model
 from orchestrator.core.secrets import redact, secret_name, secret_value_kind
@@ -65,7 +67,9 @@ def load(path: str | Path | None = None) -> Catalog:
     _check_environment()
     token = _file_data.set(data)
     try:
-        return _with_model_configs(DeploySettings(), file)
+        cat = _with_model_configs(DeploySettings(), file)
+        schedule.first_runs(cat.schedules, time.time())  # a cron whose every fire time has passed
+        return cat
     except ValidationError as exc:
         raise _config_error(exc, str(file)) from None
     except SettingsError as exc:

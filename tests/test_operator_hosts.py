@@ -4,7 +4,6 @@ status, switch and history keep working across agent restarts, and the audit nam
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
