@@ -72,7 +72,7 @@ class SpecWeights:
             done = self.store.check(path)
         except WeightsError as exc:
             raise WeightsError(f"model {spec.model}: {exc.message}", host=self.host.name) from exc
-        checked = {k: done[k] for k in ("files", "bytes", "sha256_checked", "checked") if k in done}
+        checked: dict[str, object] = {k: done[k] for k in ("files", "bytes", "sha256_checked", "checked") if k in done}
         progress("stage_verified", {"host": self.host.name, "model": spec.model, "path": path, **checked})
         return StagedWeights(path=path, revision="local", total_bytes=int(str(done.get("bytes", 0))))
 
