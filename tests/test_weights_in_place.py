@@ -168,3 +168,15 @@ def test_a_hub_shard_with_a_corrupt_header_is_not_staged(store: HfWeightStore, t
             store.stage(StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "m"),
                                      endpoint=stub.url), lambda e, f: None)
     assert store.verify(str(tmp_path / "m"), "tiny", SHA) is None
+
+
+def test_a_manifest_in_place_naming_a_file_outside_the_directory_is_refused(store: HfWeightStore,
+                                                                             tmp_path: Path) -> None:
+    """A manifest whose listing leaves the directory (../) is refused before any file is read."""
+    model = write_model(tmp_path / "m")
+    (tmp_path / "secret").write_text("not weights")
+    (model / ".orchestrator-manifest.json").write_text(json.dumps({
+        "name": "tiny", "repo": "org/tiny", "revision": SHA, "source": "hub", "staged_at": 0, "path": str(model),
+        "files": {**{n: len(d) for n, d in FILES.items()}, "../secret": 11}}))
+    with pytest.raises(WeightsError, match=r"file name '\.\./secret' .* is not a plain relative path"):
+        in_place(store, model, tmp_path)

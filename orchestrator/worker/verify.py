@@ -19,6 +19,7 @@ from pathlib import Path
 
 from orchestrator.core.weights import (
     INDEX_NAME,
+    check_file_names,
     header_length_problem,
     in_place_problems,
     index_tensors,
@@ -108,6 +109,7 @@ def verify_in_place(base: Path, *, where: str) -> Verified:
     manifest = read_manifest(base)
     if manifest is None:
         return verify_model(base, where=where, sha256=cache_blob_sha256(base, dir_sizes(base)))
+    check_file_names([*manifest.files, *manifest.sha256], repo=manifest.repo, where=where)  # never read outside
     if manifest.index_sha256 is not None and INDEX_NAME in manifest.files and (base / INDEX_NAME).is_file() \
             and sha256_file(base / INDEX_NAME) != manifest.index_sha256:
         raise WeightsError(f"{where}: {INDEX_NAME} changed since it was staged (its sha256 is not the "
