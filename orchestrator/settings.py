@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from pydantic_settings import (
 )
 
 from orchestrator import userfiles
+from orchestrator.core import schedule
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document, toml_document
 from orchestrator.core.planner_arch import parse_model
@@ -65,7 +67,9 @@ def load(path: str | Path | None = None) -> Catalog:
     _check_environment()
     token = _file_data.set(data)
     try:
-        return _with_model_configs(DeploySettings(), file)
+        cat = _with_model_configs(DeploySettings(), file)
+        schedule.first_runs(cat.schedules, time.time())  # a cron whose every fire time has passed
+        return cat
     except ValidationError as exc:
         raise _config_error(exc, str(file)) from None
     except SettingsError as exc:

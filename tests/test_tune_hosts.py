@@ -21,6 +21,7 @@ from orchestrator import settings
 from orchestrator.wiring import operations
 from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
+from tests.hubstub.models import safetensors_bytes
 from tests.test_switch_hosts import MODELS, config_text, unit_states
 
 pytestmark = pytest.mark.hosts
@@ -36,6 +37,8 @@ BENCH = ["--concurrency", "1,4", "--requests", "8", "--max-tokens", "16", "--pro
 @pytest.fixture
 def cfg(host: Host, tmp_path: Path) -> Path:
     host.write_file("/srv/tiny/config.json", json.dumps(TINY_CONFIG))
+    # Weights used in place are verified like any others: the directory needs a whole safetensors file.
+    (host.root / "srv/tiny/model.safetensors").write_bytes(safetensors_bytes({"lm_head.weight": (16,)}))
     path = tmp_path / "deploy.toml"
     path.write_text(config_text(host, tmp_path / "state", {"alpha": MODELS["alpha"], "tiny": TINY}) + TINY_ENV)
     assert operations(settings.load(path)).switch("alpha")["outcome"] == "active"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,10 +15,12 @@ from orchestrator.core.weights import (
     StageRequest,
     check_file_name,
     check_space,
+    header_length_problem,
     plan_cleanup,
     protected_pairs,
     reclaim_for,
     revisions_named_in,
+    safetensors_problems,
     space_needed,
     verify_listing,
 )
@@ -229,3 +233,35 @@ def test_revisions_named_in_a_unit_are_found_under_the_root_only() -> None:
     text = (f"ExecStart=/opt/vllm/bin/vllm serve --model /models/org--a/{SHA} --port 8000\n"
             "ExecStartPre=/bin/true /srv/models/org--b/x\n")
     assert revisions_named_in(text, "/models/") == {("org--a", SHA)}
+
+
+def _header(tensors: dict[str, object]) -> bytes:
+    return json.dumps(tensors).encode()
+
+
+def test_safetensors_header_whose_tensors_tile_the_data_is_whole() -> None:
+    """Two F32 tensors back to back covering every data byte: no problem."""
+    header = _header({"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                      "b": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [8, 16]}})
+    assert safetensors_problems("m.safetensors", 8 + len(header) + 16, header, ["a", "b"]) == []
+
+
+@pytest.mark.parametrize("tensors,why", [
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+      "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, "tensor b starts at byte 4 of the data, not at 8"),
+    ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, "tensor a (F32 [3]) needs 12 bytes"),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, "tensor a has no valid data_offsets"),
+    ([1, 2], "header is a JSON list, not an object"),
+])
+def test_safetensors_header_problems_name_the_tensor(tensors: object, why: str) -> None:
+    """Overlapping tensors, a shape the span does not hold, reversed offsets, a non-object header."""
+    header = json.dumps(tensors).encode()
+    problems = safetensors_problems("m.safetensors", 8 + len(header) + 12, header)
+    assert any(why in p and p.startswith("m.safetensors: ") for p in problems), problems
+
+
+def test_safetensors_header_length_must_fit_the_file() -> None:
+    """The 8-byte length may not run past the file, nor past the format's limit."""
+    assert "larger than the file" in str(header_length_problem("m.safetensors", 100, 93))
+    assert header_length_problem("m.safetensors", 100, 92) is None
+    assert "too short" in str(header_length_problem("m.safetensors", 5, 0))

@@ -161,11 +161,13 @@ class SqliteFile:
     """The state file: opened secured and migrated to the current schema, one connection guarded by a
     lock, transactions that roll back whole. The stores of each kind of record build on it."""
 
-    def __init__(self, path: str | Path, *, group: str | None = None) -> None:
+    def __init__(self, path: str | Path, *, group: str | None) -> None:
         """Open (creating, securing and migrating as needed) the database at ``path``.
 
         ``group``: the socket group; when it exists and we are root the directory is 0750 and
         owned by it (so members reach the agent's socket there), else 0700. The file is 0600.
+        Required, not defaulted: an opener that left it out reset the directory to 0700 and locked
+        the group's members out of agent.sock (issue 29).
         """
         self.path = str(path)
         # One connection shared by the agent's threads: every use goes through this lock.

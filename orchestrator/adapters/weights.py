@@ -60,21 +60,25 @@ class SpecWeights:
 
     def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
         if spec.source.startswith("local:"):
-            return self._in_place(spec)
+            return self._in_place(spec, progress)
         manifest = self.store.stage(self._request(spec), progress)
         return StagedWeights(path=manifest.path, revision=manifest.revision, total_bytes=manifest.total_bytes)
 
-    def _in_place(self, spec: UnitSpec) -> StagedWeights:
-        """Weights the operator keeps in a directory of the host: used where they are, once checked."""
+    def _in_place(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
+        """Weights the operator keeps in a directory of the host: used where they are, once verified
+        like every other source (index, sizes, safetensors headers, the sha256 where one is known)."""
         path = spec.source.removeprefix("local:")
-        if self.store.shell.read_file(f"{path}/config.json") is None:
-            raise WeightsError(f"model {spec.model}: {path}/config.json not found on host {self.host.name}",
-                               host=self.host.name)
-        return StagedWeights(path=path, revision="local", total_bytes=0)
+        try:
+            done = self.store.check(path)
+        except WeightsError as exc:
+            raise WeightsError(f"model {spec.model}: {exc.message}", host=self.host.name) from exc
+        checked: dict[str, object] = {k: done[k] for k in ("files", "bytes", "sha256_checked", "checked") if k in done}
+        progress("stage_verified", {"host": self.host.name, "model": spec.model, "path": path, **checked})
+        return StagedWeights(path=path, revision="local", total_bytes=int(str(done.get("bytes", 0))))
 
     def verify(self, spec: UnitSpec) -> StagedWeights | None:
         if spec.source.startswith("local:"):
-            return self._in_place(spec)
+            return self._in_place(spec, lambda e, f: None)
         req = self._request(spec)
         manifest = self.store.verify(req.root, req.name, req.revision)
         return None if manifest is None else StagedWeights(manifest.path, manifest.revision, manifest.total_bytes)

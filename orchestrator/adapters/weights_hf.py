@@ -19,7 +19,8 @@ from orchestrator.ports import ProgressCallback, Shell
 # and staged; the others are there for logs).
 EVENTS = {"progress": "stage_progress", "plan": "stage_plan", "file_done": "stage_file",
           "resume": "stage_resume", "restage": "stage_restage", "already_staged": "staged",
-          "sha256_mismatch": "stage_sha256_mismatch", "cleanup": "stage_cleanup"}
+          "sha256_mismatch": "stage_sha256_mismatch", "cleanup": "stage_cleanup",
+          "verified": "stage_verified"}
 
 
 class HfWeightStore:
@@ -62,6 +63,10 @@ class HfWeightStore:
         done = self._call(f"verifying model {name}", "verify", root, name, revision)
         manifest = done.get("manifest")
         return Manifest.from_dict(manifest) if isinstance(manifest, dict) else None
+
+    def check(self, path: str) -> dict[str, object]:
+        """Verify a model directory used in place (index, sizes, headers, known sha256s): what was checked."""
+        return self._call(f"verifying weights in {path}", "check", path)
 
     def free_bytes(self, path: str) -> int:
         done = self._call(f"free space under {path}", "free", path)

@@ -1,6 +1,6 @@
 """The box's deploy.toml as the agent owns it: show, push (validated, atomic, previous kept), revisions.
 
-A pushed file passes the same checks as at start (settings.load + schedule validation) before
+A pushed file is built into what the agent would load (agent/loadout.py, as at start) before
 anything is written; then it replaces the file atomically, the old one stays as <file>.prev, and a
 config revision is recorded in the state store. Each deployment is linked to the revision it ran
 with (its own table, so the deployments table stays as the engine writes it).
@@ -20,9 +20,9 @@ from typing import Any
 
 from orchestrator import settings, userfiles
 from orchestrator.adapters.sqlite_store import SqliteStore
-from orchestrator.core import schedule as sched
+from orchestrator.agent.loadout import Loadout, build
 from orchestrator.core.catalog import Catalog
-from orchestrator.errors import ConfigError, StateError
+from orchestrator.errors import ConfigError, RenderError, StateError
 
 
 def sha256(text: str) -> str:
@@ -32,11 +32,12 @@ def sha256(text: str) -> str:
 class ConfigRevisions:
     """The config file of one agent and its recorded revisions (in the agent's state.db)."""
 
-    def __init__(self, path: str | Path, state_dir: str) -> None:
+    def __init__(self, path: str | Path, state_dir: str, *, group: str | None) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         db_path = Path(state_dir) / "state.db"
-        SqliteStore(db_path).close()  # creates and migrates the schema, config tables included
+        # creates and migrates the schema, config tables included, with the modes Operations gives it
+        SqliteStore(db_path, group=group).close()
         try:
             self._db = sqlite3.connect(str(db_path), timeout=30.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -65,27 +66,30 @@ class ConfigRevisions:
         revision, text = self.current()
         return {"path": str(self.path), "revision": revision, "sha256": sha256(text), "text": text}
 
-    def validate(self, text: str, name: str, running: Catalog) -> Catalog:
-        """The checks the agent runs at start, on a private copy; ConfigError (exit 2) names the file."""
+    def validate(self, text: str, name: str, running: Catalog, *, now: float,
+                 template: str | None = None) -> Loadout:
+        """Build what the agent would load from ``text`` (as at start), on a private copy, before
+        anything is written; ConfigError or RenderError (exit 2) names the file."""
         fd, tmp = tempfile.mkstemp(prefix=".push-", suffix=".toml", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
             try:
-                catalog = settings.load(tmp)
-                for s in catalog.schedules.values():
-                    sched.validate(s)
+                loaded = build(settings.load(tmp), now, template=template)
             except ConfigError as exc:
                 raise ConfigError(str(exc).replace(tmp, name)) from None
+            except RenderError as exc:
+                raise ConfigError(str(exc), file=name) from None
         finally:
             os.unlink(tmp)
+        catalog = loaded.catalog
         if catalog.state_dir != running.state_dir:
             raise ConfigError(f"state_dir {catalog.state_dir!r} differs from the agent's {running.state_dir!r}: "
                               "a push cannot move the state (edit the file and restart the agent)", file=name)
         if catalog.defaults.allow_root and not running.defaults.allow_root:
             raise ConfigError("defaults.allow_root: a push cannot turn on engines as root (edit the file on the box "
                               "as root and restart the agent)", file=name)
-        return catalog
+        return loaded
 
     def replace(self, text: str, operator: str) -> int:
         """Atomically put text in place (previous file kept as .prev) and record it as a revision."""

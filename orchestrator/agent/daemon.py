@@ -14,13 +14,13 @@ import sdnotify
 import structlog
 
 from orchestrator.agent.config_ops import ConfigRevisions
+from orchestrator.agent.loadout import Loadout, build
 from orchestrator.agent.loops import Failures, Loop, dead
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.protocol import error_reply
 from orchestrator.agent.server import _DONE, ControlServer, Job, Jobs, authorized
 from orchestrator.agent.tasks import ScheduleTask, WatchTask
 from orchestrator.client.table import AGENT_OPS, Call, lookup
-from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.watch import stall_limit
 from orchestrator.deploy.operations import Operations
@@ -53,10 +53,9 @@ class Agent:
         self.jobs = Jobs(ops, self._finished)
         self.metrics = Metrics(metrics_port)
         self.notifier = sdnotify.SystemdNotifier()
-        for s in catalog.schedules.values():
-            sched.validate(s)
+        loaded = build(catalog, self.clock.now(), template=ops.template)  # ConfigError: exit 2, before the socket
         self.failures = Failures(self.clock, ops.record_event, self.metrics)
-        self.scheduler = ScheduleTask(catalog, ops, self.clock, self._submit)
+        self.scheduler = ScheduleTask(catalog, ops, self.clock, self._submit, loaded.next_runs)
         self.watch = WatchTask(catalog, ops, self.clock, self._submit, self.jobs.busy, self.metrics, self.failures)
         self.loops = [
             Loop("schedules", self.scheduler.tick, stopping=self.stopping, clock=self.clock, failures=self.failures,
@@ -66,7 +65,8 @@ class Agent:
         ]
         self.reported_dead: list[str] = []
         # config show/push need the file the agent was started from; revisions live in its state.db
-        self.configs = ConfigRevisions(config_path, catalog.state_dir) if config_path else None
+        self.configs = (ConfigRevisions(config_path, catalog.state_dir, group=catalog.socket_group)
+                        if config_path else None)
         self.config_revision = self.configs.record_if_new("agent start") if self.configs else None
         self.ops_factory = ops_factory
 
@@ -195,25 +195,27 @@ class Agent:
 
     def _push(self, configs: ConfigRevisions, text: str, name: str, operator: str) -> dict[str, Any]:
         """Validate as at start, then (between operations) replace the file and reload the catalog."""
+        from orchestrator.wiring import operations
+
         previous = configs.show()
-        catalog = configs.validate(text, name, self.catalog)
+        loaded = configs.validate(text, name, self.catalog, now=self.clock.now(), template=self.ops.template)
+        ops = (self.ops_factory or operations)(loaded.catalog)  # anything that can fail, before the write
         with self.jobs.lock:  # no operation starts while the catalog is swapped
             if self.jobs.running:
                 running = ", ".join(f"{j.op} on {h}" for h, j in self.jobs.running.items())
                 raise Busy(f"config push waits for the running operation to end ({running}); try again then")
             revision = configs.replace(text, operator)
-            self._reload(catalog)
+            self._swap(loaded, ops)
             self.config_revision = revision
         log.info("config_pushed", revision=revision, operator=operator, file=str(configs.path))
         return {"path": str(configs.path), "revision": revision, "previous_revision": previous["revision"],
                 "changed": previous["sha256"] != configs.show()["sha256"]}
 
-    def _reload(self, catalog: Catalog) -> None:
-        from orchestrator.wiring import operations
-
-        ops = (self.ops_factory or operations)(catalog)
+    def _swap(self, loaded: Loadout, ops: Operations) -> None:
+        """Put a pushed file's loadout in place (nothing here can fail: it was all built before)."""
+        catalog = loaded.catalog
         self.catalog, self.ops, self.jobs.ops, self.group = catalog, ops, ops, catalog.socket_group
-        self.scheduler.reload(catalog, ops)
+        self.scheduler.reload(catalog, ops, loaded.next_runs)
         self.watch.catalog, self.watch.ops = catalog, ops
 
     # -- background work --------------------------------------------------------------------------

@@ -28,20 +28,26 @@ Busy = Callable[[str], object]
 
 
 class ScheduleTask:
-    def __init__(self, catalog: Catalog, ops: Operations, clock: Clock, submit: Submit) -> None:
+    def __init__(self, catalog: Catalog, ops: Operations, clock: Clock, submit: Submit,
+                 next_runs: dict[str, float] | None = None) -> None:
+        """``next_runs``: as the agent's loadout computed them (else computed here, from now)."""
         self.catalog, self.ops, self.clock, self.submit = catalog, ops, clock, submit
-        self.next_runs = sched.first_runs(catalog.schedules, clock.now())
+        self.next_runs = dict(next_runs) if next_runs is not None else sched.first_runs(catalog.schedules,
+                                                                                        clock.now())
 
-    def reload(self, catalog: Catalog, ops: Operations) -> None:
+    def reload(self, catalog: Catalog, ops: Operations, next_runs: dict[str, float]) -> None:
         """A pushed deploy.toml: its schedules replace these, from now on."""
-        self.catalog, self.ops = catalog, ops
-        self.next_runs = sched.first_runs(catalog.schedules, self.clock.now())
+        self.catalog, self.ops, self.next_runs = catalog, ops, dict(next_runs)
 
     def tick(self) -> float:
         """Fire what is due; return the seconds until the next one (at most 30, to notice clock jumps)."""
         now = self.clock.now()
         for name, at in sched.due(self.next_runs, now):
-            self.next_runs[name] = sched.after_firing(self.catalog.schedules[name], at, now)
+            nxt = sched.after_firing(self.catalog.schedules[name], at, now)
+            if nxt is None:  # its last fire time: done, never due again
+                del self.next_runs[name]
+            else:
+                self.next_runs[name] = nxt
             self.fire(name, at)
         nxt = min(self.next_runs.values(), default=now + 30.0)
         return max(0.05, min(nxt - self.clock.now(), 30.0))

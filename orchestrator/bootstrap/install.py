@@ -27,6 +27,7 @@ from typing import Any
 
 from orchestrator import settings
 from orchestrator.adapters.ssh import SshShell
+from orchestrator.agent.loadout import build
 from orchestrator.bootstrap import wheels
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.render import render_agent_unit
@@ -85,7 +86,7 @@ def validate_config(text: str, name: str) -> Catalog:
         path = Path(tmp) / "deploy.toml"
         path.write_text(text)
         try:
-            return settings.load(path)
+            return build(settings.load(path), time.time()).catalog
         except OrchestratorError as exc:
             raise type(exc)(str(exc).replace(str(path), name)) from None
 

@@ -14,6 +14,8 @@ from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend
 
+ENDED = "none (its last fire time has passed)"
+
 
 @main.group(invoke_without_command=True)
 @config_option
@@ -63,7 +65,7 @@ def schedules(config: str | None, as_json: bool) -> None:
         click.echo(f"no schedules in {settings.config_path(config)}")
         return
     print_table(stdout_console(), ["schedule", "cron", "action", "model", "window", "next run", "last"],
-                [[r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "", r["next_run"],
+                [[r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "", r["next_run"] or ENDED,
                   " ".join(str((r.get("last") or {}).get(k, "")) for k in ("kind", "reason")).strip()]
                  for r in rows])
 

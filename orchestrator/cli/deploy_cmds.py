@@ -177,7 +177,7 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
                           f"in phase {run['phase']} ({run['trigger']})")
     for sched in result.get("schedules", []):
         console.print(f"schedule {sched['name']}: {sched['action']} {sched.get('model') or ''} "
-                      f"next at {sched['next_run']}")
+                      + (f"next at {sched['next_run']}" if sched["next_run"] else "no next run (it has ended)"))
 
 
 @main.command()

@@ -66,6 +66,8 @@ class ProgressPrinter:
             self._line(f"  {fields['unit']} ready after {fields['seconds']:.1f} s", "green")
         elif event == "rollback":
             self._line(f"  rolling back to revision {fields['to_revision']} ({fields['model']})", "yellow")
+        elif event == "stage_verified":
+            self._line(f"  weights verified: {fields.get('checked', '')}")
         elif event == "staged":
             self._line(f"  weights staged: {fields.get('path', fields.get('model', ''))}")
         elif event.startswith("tune_"):

@@ -92,10 +92,14 @@ def validate(s: Schedule) -> None:
             raise ConfigError(f"schedules.{s.name}.{key}: {exc}") from exc
 
 
-def next_run(s: Schedule, after: float) -> float:
-    """The first firing time strictly after ``after`` (epoch seconds), in the schedule's zone."""
+def next_run(s: Schedule, after: float) -> float | None:
+    """The first firing time strictly after ``after`` (epoch seconds), in the schedule's zone; None
+    when there is none (a cron with a year field, ``0 0 1 1 * 0 2027``, ends)."""
     start = datetime.fromtimestamp(after, parse_zone(s.timezone))
-    return float(croniter(s.cron, start).get_next(float))
+    try:
+        return float(croniter(s.cron, start).get_next(float))
+    except CroniterError:  # croniter's "failed to find next date"
+        return None
 
 
 def in_window(s: Schedule, at: float) -> bool:
@@ -111,11 +115,20 @@ def due(next_runs: Mapping[str, float], now: float) -> list[tuple[str, float]]:
 
 
 def first_runs(schedules: Mapping[str, Schedule], now: float) -> dict[str, float]:
-    """Each schedule's first firing time after ``now`` (the agent's start)."""
-    return {name: next_run(s, now) for name, s in schedules.items()}
+    """Each schedule's first firing time after ``now`` (the agent's start, or a push). ConfigError
+    naming the schedule and its cron when one has none: it would never run again."""
+    runs: dict[str, float] = {}
+    for name, s in schedules.items():
+        at = next_run(s, now)
+        if at is None:
+            when = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M UTC")
+            raise ConfigError(f"cron expression {s.cron!r} has no fire time after {when} (every time it "
+                              "names is in the past); remove the schedule or fix it", key=f"schedules.{name}.cron")
+        runs[name] = at
+    return runs
 
 
-def after_firing(s: Schedule, due_at: float, now: float) -> float:
+def after_firing(s: Schedule, due_at: float, now: float) -> float | None:
     """The next run after one that was due at ``due_at`` and handled at ``now``: missed runs in
-    between (the agent was down or busy) collapse into the one just handled."""
+    between (the agent was down or busy) collapse into the one just handled. None: it was the last."""
     return next_run(s, max(now, due_at))

@@ -45,6 +45,29 @@ def default_trigger() -> str:
         return "cli"
 
 
+def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None,
+              revision: str | None = None) -> UnitSpec:
+    """The rendered unit(s) of ``model`` and what the engine needs to run them (no I/O);
+    ``template`` is the text of vllm.service.j2."""
+    host = catalog.model_host(model.name)
+    directory = model_dir or model_dir_for(catalog, model, revision)
+    nodes: tuple[NodeUnit, ...] = ()
+    if model.nodes:
+        def named(name: str) -> str:
+            return template if name == "vllm.service.j2" else template_text(name)
+
+        rendered = render_nodes(catalog, model, named, model_dir=directory, revision=revision)
+        unit, nodes = rendered.api, rendered.nodes
+    else:
+        unit = render_unit(catalog, model, template, model_dir=directory)
+    address = "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
+    return UnitSpec(model=model.name, unit_name=unit.name, unit_text=unit.text, unit_sha=unit.sha256,
+                    served_name=model.served, address=address, port=model.port, gpus=model.gpus,
+                    load_deadline_s=load_deadline(catalog, model), model_dir=directory,
+                    repo=model.repo, revision=revision or model.revision, source=model.source,
+                    nodes=nodes, backend=model.backend if model.nodes else "")
+
+
 class Engine:
     def __init__(self, catalog: Catalog, store: StateStore, ports_for: PortsFactory, *,
                  template: str | None = None, progress: ProgressCallback | None = None,
@@ -60,24 +83,7 @@ class Engine:
 
     # -- planning -----------------------------------------------------------------------------
     def spec_for(self, model: Model, model_dir: str | None = None, revision: str | None = None) -> UnitSpec:
-        host = self.catalog.model_host(model.name)
-        directory = model_dir or model_dir_for(self.catalog, model, revision)
-        nodes: tuple[NodeUnit, ...] = ()
-        if model.nodes:
-            rendered = render_nodes(self.catalog, model, self._template_named, model_dir=directory,
-                                    revision=revision)
-            unit, nodes = rendered.api, rendered.nodes
-        else:
-            unit = render_unit(self.catalog, model, self.template, model_dir=directory)
-        address = "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
-        return UnitSpec(model=model.name, unit_name=unit.name, unit_text=unit.text, unit_sha=unit.sha256,
-                        served_name=model.served, address=address, port=model.port, gpus=model.gpus,
-                        load_deadline_s=load_deadline(self.catalog, model), model_dir=directory,
-                        repo=model.repo, revision=revision or model.revision, source=model.source,
-                        nodes=nodes, backend=model.backend if model.nodes else "")
-
-    def _template_named(self, name: str) -> str:
-        return self.template if name == "vllm.service.j2" else template_text(name)
+        return unit_spec(self.catalog, model, self.template, model_dir=model_dir, revision=revision)
 
     def plan_switch(self, model_name: str, *, trigger: str | None = None, no_rollback: bool = False,
                     force: bool = False) -> Deployment | None:

@@ -124,10 +124,11 @@ class Operations:
         events = [e for e in self.store.events(limit=500) if e.get("schedule")]
         rows = []
         for name, s in self.catalog.schedules.items():
-            nxt = (next_runs or {}).get(name) or sched.next_run(s, now)
+            nxt = next_runs.get(name) if next_runs is not None else sched.next_run(s, now)
             last = next((e for e in events if e["schedule"] == name), None)
             rows.append({"name": name, "cron": s.cron, "action": s.action, "model": s.model, "window": s.window,
-                         "next_run": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(nxt)),
+                         "next_run": None if nxt is None else time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                                                                            time.localtime(nxt)),
                          "next_run_ts": nxt, "last": last})
         return rows
 

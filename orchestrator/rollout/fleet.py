@@ -48,7 +48,7 @@ class Fleet:
         self.after_batch = after_batch
         self.connect = connect
         self.report = report or (lambda h, e, f: None)
-        self.store = store or RolloutStore(Path(catalog.state_dir) / "rollouts.db")
+        self.store = store or RolloutStore(Path(catalog.state_dir) / "rollouts.db", group=catalog.socket_group)
         self.clients: dict[str, AgentClient] = {}
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.adapters.state_files import secure_state_file
 from orchestrator.core.rollout import HostRecord, HostState, Policy, RolloutStatus
 from orchestrator.errors import StateError
 
@@ -75,9 +76,11 @@ class Rollout:
 
 
 class RolloutStore:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, group: str | None) -> None:
+        """``group``: the socket group, which keeps the state directory 0750 (see state_files.py)."""
         self.path = str(path)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if self.path != ":memory:":
+            secure_state_file(Path(self.path), group)
         try:
             with self._db() as db:
                 db.executescript(_SCHEMA)

@@ -60,7 +60,7 @@ class Prepared:
 
 
 def tune_store(catalog: Catalog) -> TuneStore:
-    return TuneStore(Path(catalog.state_dir) / "state.db")
+    return TuneStore(Path(catalog.state_dir) / "state.db", group=catalog.socket_group)
 
 
 class Tuner:

@@ -76,7 +76,10 @@ def dir_sizes(base: Path, *, parts: bool = False) -> dict[str, int]:
             rel = (rel_dir / fn).as_posix()
             if rel_dir == Path(".") and fn.startswith("."):
                 continue
-            size = os.stat(os.path.join(dirpath, fn)).st_size
+            try:
+                size = os.stat(os.path.join(dirpath, fn)).st_size
+            except FileNotFoundError:  # a dangling symlink (a cache blob deleted): the file is missing
+                continue
             if fn.endswith(PART_SUFFIX):
                 if parts:
                     sizes.setdefault(rel[: -len(PART_SUFFIX)], size)

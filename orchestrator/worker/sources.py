@@ -39,6 +39,7 @@ from orchestrator.worker.files import (
     read_manifest,
     set_current_file,
 )
+from orchestrator.worker.verify import cache_blob_sha256
 
 
 class SourcePlan:
@@ -48,6 +49,7 @@ class SourcePlan:
                  same_device: bool = False, context: object = None) -> None:
         self.revision, self.files, self.sha256 = revision, files, sha256 or {}
         self.same_device, self.context = same_device, context
+        self.hashed: set[str] = set()  # files whose sha256 was checked while they were fetched
 
 
 Planner = Callable[[StageRequest, str | None], SourcePlan]
@@ -166,6 +168,8 @@ def _fetch_hub_file(req: StageRequest, plan: SourcePlan, staging: Path, token: s
                                f"check twice (expected {expected}, actual {actual}); the hub or a proxy "
                                "serves corrupted bytes")
     os.replace(part, dest)
+    if expected is not None:
+        plan.hashed.add(name)
 
 
 def _download(req: StageRequest, plan: SourcePlan, part: Path, token: str | None, name: str) -> str:
@@ -213,7 +217,9 @@ def _plan_local(req: StageRequest, token: str | None) -> SourcePlan:
     files = dict(m.files) if m is not None else dir_sizes(src)
     root = Path(req.root)
     same = os.stat(src).st_dev == os.stat(root).st_dev
-    return SourcePlan(req.revision, files, sha256=m.sha256 if m is not None else {}, same_device=same)
+    # The digests the copy is checked against: the source's manifest, or a hub cache's blob names.
+    sha256 = m.sha256 if m is not None else cache_blob_sha256(src, files)
+    return SourcePlan(req.revision, files, sha256=sha256, same_device=same)
 
 
 def _fetch_local(req: StageRequest, plan: SourcePlan, staging: Path, token: str | None) -> None:

@@ -44,7 +44,6 @@ from orchestrator.core.weights import (
     reclaim_for,
     revisions_named_in,
     space_needed,
-    verify_listing,
 )
 from orchestrator.errors import WeightsError
 from orchestrator.worker.files import (
@@ -61,6 +60,7 @@ from orchestrator.worker.files import (
     write_atomic,
 )
 from orchestrator.worker.sources import SourcePlan, fetch_source, plan_source
+from orchestrator.worker.verify import verify_in_place, verify_model
 
 EXIT_WEIGHTS = 3
 
@@ -74,7 +74,8 @@ def verify_staged(root: str, name: str, revision: str) -> Manifest | None:
     index = read_index(final, manifest.files)
     if index is not None and manifest.index_sha256 != sha256_file(final / INDEX_NAME):
         raise WeightsError(f"{final}: {INDEX_NAME} changed since it was staged")
-    verify_listing(manifest.files, dir_sizes(final), index, where=str(final))
+    # Index, sizes and headers again (cheap); the sha256 of each file was checked when it was staged.
+    verify_model(final, where=str(final), expected=manifest.files)
     return manifest
 
 
@@ -215,7 +216,9 @@ def _finalize(req: StageRequest, plan: SourcePlan, staging: Path, final: Path) -
     for leftover in staging.rglob(f"*{PART_SUFFIX}"):
         leftover.unlink()
     index = read_index(staging, plan.files)
-    verify_listing(plan.files, dir_sizes(staging), index, where=f"model {req.name} ({staging})")
+    verified = verify_model(staging, where=f"model {req.name} ({staging})", expected=plan.files,
+                            sha256=plan.sha256, already_hashed=plan.hashed)
+    emit("verified", path=str(final), **verified.to_dict())
     manifest = Manifest(
         name=req.name, repo=req.repo, revision=plan.revision, files=dict(plan.files), source=req.source,
         staged_at=time.time(), path=str(final),
@@ -316,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.worker.stage")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("stage").add_argument("request", help="StageRequest as JSON")
+    sub.add_parser("check", help="verify a model directory used in place (local:/dir)").add_argument("path")
     for cmd in ("verify", "remove"):
         p = sub.add_parser(cmd)
         p.add_argument("root")
@@ -337,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 raise WeightsError(f"stage request is not JSON: {exc}") from exc
             emit("done", manifest=stage(req).to_dict())
+        elif args.cmd == "check":
+            emit("done", path=args.path, **verify_in_place(Path(args.path), where=args.path).to_dict())
         elif args.cmd == "verify":
             m = verify_staged(args.root, args.name, args.revision)
             emit("done", manifest=None if m is None else m.to_dict())

@@ -24,7 +24,7 @@ def spec(model: str = "alpha") -> UnitSpec:
 @pytest.fixture(params=["sqlite", "fake"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateStore]:
     if request.param == "sqlite":
-        db = SqliteStore(tmp_path / "state.db")
+        db = SqliteStore(tmp_path / "state.db", group=None)
         yield db
         db.close()
     else:

@@ -58,7 +58,7 @@ def test_landed_database_is_migrated_and_keeps_its_history(tmp_path: Path) -> No
     """An unversioned database of the landed schema is migrated to the current version and reads as before."""
     path = tmp_path / "state.db"
     landed_db(path)
-    store = SqliteStore(path)
+    store = SqliteStore(path, group=None)
     serving = store.serving("box")
     assert serving is not None and serving.phase is Phase.ACTIVE and serving.spec == SPEC
     assert [t.phase for t in serving.timings] == ["planned", "starting"]
@@ -73,14 +73,14 @@ def test_version_1_database_gains_the_config_tables(tmp_path: Path) -> None:
     """A file at version 1 (before `config push` and `tune`) is migrated to the current version, history intact."""
     path = tmp_path / "state.db"
     landed_db(path)
-    SqliteStore(path).close()
+    SqliteStore(path, group=None).close()
     db = sqlite3.connect(path)
     db.execute("DROP TABLE config_revisions")
     db.execute("DROP TABLE deployment_configs")
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
-    store = SqliteStore(path)
+    store = SqliteStore(path, group=None)
     assert store.serving("box") is not None
     store.close()
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -88,7 +88,7 @@ def test_version_1_database_gains_the_config_tables(tmp_path: Path) -> None:
 
 def test_fresh_database_is_stamped_with_the_current_version(tmp_path: Path) -> None:
     """A new file gets the schema and PRAGMA user_version = the current version."""
-    SqliteStore(tmp_path / "state.db").close()
+    SqliteStore(tmp_path / "state.db", group=None).close()
     assert sqlite3.connect(tmp_path / "state.db").execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
@@ -100,7 +100,7 @@ def test_newer_database_is_refused_naming_file_and_versions(tmp_path: Path) -> N
     sqlite3.connect(path).execute("PRAGMA user_version = 7")
     with pytest.raises(StateStoreError, match=rf"{path}: schema version 7 is newer than this orchestrator "
                                               rf"supports \({SCHEMA_VERSION}\)"):
-        SqliteStore(path)
+        SqliteStore(path, group=None)
     result = history_cli(tmp_path)
     assert result.returncode == 2
     assert result.stderr == (f"error: state store {path}: schema version 7 is newer than this orchestrator "
@@ -123,7 +123,7 @@ def test_database_of_another_program_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     sqlite3.connect(path).execute("CREATE TABLE photos (id INTEGER)")
     with pytest.raises(StateStoreError, match=r"holds tables that are not orchestrator's \(photos\)"):
-        SqliteStore(path)
+        SqliteStore(path, group=None)
 
 
 def test_rows_with_extra_columns_and_nulls_do_not_crash_history(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_state_directory_and_database_are_not_world_readable(tmp_path: Path) -> 
     state.chmod(0o755)
     landed_db(state / "state.db")
     (state / "state.db").chmod(0o644)
-    SqliteStore(state / "state.db").close()
+    SqliteStore(state / "state.db", group=None).close()
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     assert stat.S_IMODE((state / "state.db").stat().st_mode) == 0o600
 
@@ -186,5 +186,5 @@ def test_shared_directory_is_refused_as_state_dir(tmp_path: Path) -> None:
     shared.mkdir()
     shared.chmod(0o1777)
     with pytest.raises(StateStoreError, match="is a shared directory"):
-        SqliteStore(shared / "state.db")
+        SqliteStore(shared / "state.db", group=None)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777

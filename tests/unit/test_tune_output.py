@@ -38,7 +38,7 @@ def test_svg_chart_is_valid_xml_with_every_layout() -> None:
 
 def test_store_keeps_results_and_feedback_reads_them(tmp_path: Path) -> None:
     """A recorded failure and a finished run are read back by plan's read-only feedback."""
-    store = TuneStore(tmp_path / "state.db")
+    store = TuneStore(tmp_path / "state.db", group=None)
     run = store.create("h1", "m", {"candidates": []}, 1, 10.0)
     store.record(TuneResult(run.id, "m.tp8", "tp8", "failed", 2, 2, "ValueError: x", "full", [], 11.0))
     assert store.unfinished("h1") == run
