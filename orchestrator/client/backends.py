@@ -43,6 +43,13 @@ class Backend:
     def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
         return dict(self.call("stage", {"model": model}, progress))
 
+    def check_together(self, models: list[str]) -> str:
+        """The host the models serve on together, or UsageError (the box's catalog decides)."""
+        return str(self.call("check_together", {"models": models})["host"])
+
+    def explain(self, model: str) -> dict[str, Any]:
+        return dict(self.call("explain", {"model": model}))
+
     def status(self, host: str | None) -> dict[str, Any]:
         return dict(self.call("status", {"host": host}))
 
