@@ -284,6 +284,27 @@ def test_config_push_is_recorded_reloaded_and_linked_to_deployments(box: Host, t
     assert (newest["model"], newest["outcome"], newest["config_revision"]) == ("delta", "active", result["revision"])
 
 
+def test_config_push_during_a_switch_is_refused_and_says_so(box: Host, tmp_path: Path) -> None:
+    """A push while a switch runs: exit 5, the message says it was refused (not that it waits), and
+    nothing changed; the switch ends active."""
+    before = json.loads(client_a("config", "show", "--json").stdout)
+    new = tmp_path / "deploy.toml"
+    new.write_text(before["text"] + "# a comment\n")
+    hold_at(box, "stopping")
+    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "alpha"], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: paused(box), bool, timeout=60, what="the switch to hold before stopping")
+        pushed = client_a("config", "push", str(new))
+    finally:
+        release(box)
+        _out, err = first.communicate(timeout=120)
+    assert pushed.returncode == 5, pushed.stderr
+    assert "refused" in pushed.stderr and "switch on h1" in pushed.stderr and "waits" not in pushed.stderr
+    assert json.loads(client_a("config", "show", "--json").stdout)["revision"] == before["revision"]
+    assert first.returncode == 0, err
+
+
 def agentless(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """A controller with no agent of its own on the box: the CLI in-process, ssh transport."""
     return subprocess.run([PY, "-m", "orchestrator", *args, "--config", str(cfg)], capture_output=True, text=True,
