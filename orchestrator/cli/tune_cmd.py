@@ -43,7 +43,7 @@ from orchestrator.wiring import operations
 @click.option("--apply", "apply_", is_flag=True, help="write the winner's layout into deploy.toml")
 @click.option("--chart", "chart", default=None, metavar="FILE.svg", help="also write the chart as an SVG image")
 @click.option("--model-config", default=None, metavar="PATH", help="config.json to plan with (default: the host's)")
-@click.option("--resume", is_flag=True, help="finish the host's unfinished tune run")
+@click.option("--resume", is_flag=True, help="finish the host's unfinished tune run (MODEL, if given, must be the run's)")
 @click.option("--abort", is_flag=True, help="stop the host's unfinished tune run; what served before returns")
 @click.option("--host", "host", default=None, help="host for --resume/--abort (default: the only one)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before stopping what serves")
@@ -59,8 +59,8 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
     # Every argument is checked before anything is read from a host.
     if resume and abort:
         raise UsageError("--resume and --abort exclude each other")
-    if (resume or abort) == (model is not None):
-        raise UsageError("name a MODEL to tune, or give --resume / --abort (not both)")
+    if not (resume or abort) and model is None:
+        raise UsageError("name a MODEL to tune, or give --resume / --abort (with MODEL: that model's run)")
     if chart is not None and not chart.endswith(".svg"):
         raise UsageError(f"--chart {chart!r}: only SVG is written (no plotting dependency); name a .svg file")
     levels = core.parse_concurrency(concurrency)
@@ -74,12 +74,12 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
     path = settings.config_path(config)
     ops = operations(settings.load(config))
     if abort:
-        result = with_progress(as_json, lambda p: Tuner(ops, path, p).abort(host))
+        result = with_progress(as_json, lambda p: Tuner(ops, path, p).abort(host, model))
         click.echo(json.dumps(result, indent=2) if as_json else
                    f"tune run #{result['run']} aborted; serving: {_serving(result['serving'])}")
         return
     if resume:
-        report = with_progress(as_json, lambda p: Tuner(ops, path, p).resume(host))
+        report = with_progress(as_json, lambda p: Tuner(ops, path, p).resume(host, model))
     else:
         assert model is not None
         req = TuneRequest(model, wanted, top, seq_caps, obj, plan, repeats, restore, cfg_json)
