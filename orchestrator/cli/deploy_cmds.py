@@ -145,7 +145,11 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    console = Console()
+    print_status(stdout_console(), result)
+
+
+def print_status(console: Console, result: dict[str, Any]) -> None:
+    """One line per fact; through a pipe each stays one line (grep finds it), on a terminal it wraps."""
     for name, entry in result["hosts"].items():
         serving = entry["serving"]
         if serving is None and entry.get("node_of"):

@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.progress import with_progress
+from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.core import tune as core
 from orchestrator.core.tune_chart import svg_chart, text_chart
 from orchestrator.errors import UsageError
@@ -141,16 +141,14 @@ def _print(report: dict[str, Any], as_json: bool, applied: bool, chart: str | No
         return
     dec = report["decision"]
     levels = report["concurrency"]
-    table = Table("", "layout", "status", *[f"C={c} tok/s, TTFT p90" for c in levels], "errors",
-                  dec["unit"], title=f"tune run #{report['run']}: {report['model']} on {report['host']}, "
-                                     f"objective {dec['objective']}")
-    for row in report["candidates"]:
-        lv = row["levels"]
-        table.add_row("*" if row["winner"] else "", row["layout"], "ok" if row["status"] == "ok" else "failed",
-                      *[_cell(lv.get(str(c))) for c in levels],
-                      str(sum(v["errors"] for v in lv.values())) if lv else "-",
-                      f"{row['score']:,.1f}" if row["score"] is not None else "-")
-    Console(highlight=False).print(table)
+    headers = ["", "layout", "status", *[f"C={c} tok/s, TTFT p90" for c in levels], "errors", dec["unit"]]
+    rows = [["*" if row["winner"] else "", row["layout"], "ok" if row["status"] == "ok" else "failed",
+             *[_cell(row["levels"].get(str(c))) for c in levels],
+             str(sum(v["errors"] for v in row["levels"].values())) if row["levels"] else "-",
+             f"{row['score']:,.1f}" if row["score"] is not None else "-"] for row in report["candidates"]]
+    # a box table only on a terminal wide enough; through a pipe plain columns, one row a line
+    print_table(stdout_console(), headers, rows, title=f"tune run #{report['run']}: {report['model']} on "
+                f"{report['host']}, objective {dec['objective']}")
     for row in report["candidates"]:
         if row["status"] != "ok":
             click.echo(f"{row['layout']} failed to load: {row['error']}")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -23,3 +25,36 @@ def test_tune_resume_with_the_model_and_yes_looks_for_that_models_run(tmp_path: 
     result = cli(tmp_path, "tune", "minimax-m25", "--resume", "--yes")
     assert result.returncode == 2
     assert "has no unfinished tune run to resume" in result.stderr, result.stderr
+
+
+def test_status_through_a_pipe_keeps_each_line_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    """A serving line longer than 80 columns stays one line through a pipe: grep 'not healthy' finds it."""
+    from orchestrator.cli.deploy_cmds import print_status
+    from orchestrator.cli.tables import stdout_console
+
+    url = "http://gpu-box-with-a-long-name.example.internal:8101"
+    result = {"hosts": {"gpu-box-with-a-long-name": {
+        "serving": {"model": "minimax-m25-ep", "revision": 10, "unit": "vllm-minimax-m25-ep.service", "url": url,
+                    "healthy": False}, "running": []}}}
+    print_status(stdout_console(), result)
+    [line] = [x for x in capsys.readouterr().out.splitlines() if "not healthy" in x]
+    assert line.startswith("gpu-box-with-a-long-name: minimax-m25-ep (revision 10") and url in line
+
+
+def test_tune_table_through_a_pipe_is_plain_columns_one_row_a_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Through a pipe the tune table has no box and each candidate's row is one whole line."""
+    from orchestrator.cli.tune_cmd import _print
+
+    level = {"tok_s": 4012.5, "ttft_p90_ms": 812.0, "errors": 0}
+    report = {"run": 7, "model": "minimax-m25", "host": "gpu-box-with-a-long-name", "concurrency": [1, 64, 256],
+              "decision": {"objective": "throughput@256", "unit": "tok/s at C=256", "winner": "tp8+ep",
+                           "runner_up": None, "margin_pct": None, "noise_pct": None, "note": ""},
+              "candidates": [{"layout": "tp8+ep", "status": "ok", "winner": True, "score": 4012.5, "error": None,
+                              "levels": {"1": level, "64": level, "256": level}}],
+              "serving": {"model": "minimax-m25.tp8-ep", "revision": 12}, "diff": None}
+    _print(report, False, False, None)
+    out = capsys.readouterr().out
+    assert "│" not in out and "┃" not in out
+    [row] = [x for x in out.splitlines() if x.startswith("*")]
+    assert row.split() == ["*", "tp8+ep", "ok", "4,012,", "812", "ms", "4,012,", "812", "ms", "4,012,", "812", "ms",
+                           "0", "4,012.5"]
