@@ -58,3 +58,10 @@ def test_tune_table_through_a_pipe_is_plain_columns_one_row_a_line(capsys: pytes
     [row] = [x for x in out.splitlines() if x.startswith("*")]
     assert row.split() == ["*", "tp8+ep", "ok", "4,012,", "812", "ms", "4,012,", "812", "ms", "4,012,", "812", "ms",
                            "0", "4,012.5"]
+
+
+def test_gpu_memory_reads_with_one_decimal() -> None:
+    """A probed 95.5928 GiB GPU reads 95.6 GiB (a whole 96 stays 96) in plan and preflight messages."""
+    from orchestrator.core.planner import Hardware
+
+    assert (str(Hardware(8, 95.5928)), str(Hardware(8, 96.0))) == ("8 x 95.6 GiB", "8 x 96 GiB")
