@@ -65,3 +65,40 @@ def test_gpu_memory_reads_with_one_decimal() -> None:
     from orchestrator.core.planner import Hardware
 
     assert (str(Hardware(8, 95.5928)), str(Hardware(8, 96.0))) == ("8 x 95.6 GiB", "8 x 96 GiB")
+
+
+def test_readme_first_plan_example_works_without_the_hub(tmp_path: Path) -> None:
+    """`orchestrator plan minimax-m25-ep` in the checkout, with an empty cache and no hub: the shipped
+    deploy.toml's `config` (shipped:) gives the planner MiniMax-M2.5's config.json."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_ENDPOINT": "http://127.0.0.1:9",
+           "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}
+    env.pop("ORCHESTRATOR_CONFIG", None)
+    result = subprocess.run([sys.executable, "-m", "orchestrator", "plan", "minimax-m25-ep"], capture_output=True,
+                            text=True, cwd=REPO, env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "orchestrator/configs/MiniMaxAI__MiniMax-M2.5.json" in result.stdout
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_shipped_deploy_toml_loads_wherever_it_is_copied(tmp_path: Path) -> None:
+    """Copied away from the checkout (a box's /etc, `agent install --config`, `config push`), the shipped
+    deploy.toml still loads: its `shipped:` configs come from the package, not from next to the file."""
+    copy = tmp_path / "elsewhere" / "deploy.toml"
+    copy.parent.mkdir()
+    copy.write_text((REPO / "deploy.toml").read_text())
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}
+    result = subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config", str(copy)],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_unknown_shipped_config_is_refused_naming_the_ones_shipped(tmp_path: Path) -> None:
+    """`config = "shipped:../x.json"` is refused (exit 2) naming the key and every shipped file."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text((REPO / "deploy.toml").read_text().replace(
+        'config = "shipped:MiniMaxAI__MiniMax-M2.5.json"', 'config = "shipped:../x.json"', 1))
+    result = subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config", str(cfg)],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
+    assert result.returncode == 2
+    assert "models.minimax-m25.config" in result.stderr and "MiniMaxAI__MiniMax-M2.5.json" in result.stderr
+    assert "no such shipped config.json" in result.stderr
