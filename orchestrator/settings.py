@@ -136,9 +136,8 @@ def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
     for name, model in cat.models.items():
         if model.config is None:
             continue
-        path = Path(model.config).expanduser()
-        path = path if path.is_absolute() else file.parent / path
         key = f"models.{name}.config"
+        path = _config_path(model.config, file, key)
         try:
             data = json_document(userfiles.read_bytes(path), str(path), unique_keys=False)
         except FileNotFoundError:
@@ -160,6 +159,23 @@ def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
     if not resolved:
         return cat
     return cat.model_copy(update={"models": {**cat.models, **resolved}})
+
+
+SHIPPED_CONFIGS = Path(__file__).with_name("configs")
+
+
+def _config_path(value: str, file: Path, key: str) -> Path:
+    """A model's ``config``: ``shipped:NAME`` (a config.json in the package, the same wherever it is
+    installed), else a path, relative to deploy.toml's directory."""
+    if value.startswith("shipped:"):
+        name = value.removeprefix("shipped:")
+        known = sorted(p.name for p in SHIPPED_CONFIGS.glob("*.json"))
+        if name not in known:  # a listing, never a path built from the value
+            raise ConfigError(f"{value!r}: no such shipped config.json (shipped: {', '.join(known)})",
+                              file=str(file), key=key)
+        return SHIPPED_CONFIGS / name
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else file.parent / path
 
 
 def _config_error(exc: ValidationError, file: str) -> ConfigError:

@@ -133,6 +133,27 @@ def test_two_clients_at_once_one_is_refused_naming_the_running_switch(net_hosts:
     assert active(box, "vllm-beta.service") == "active" and active(box, "vllm-gamma.service") != "active"
 
 
+def test_switch_of_two_models_over_host_is_checked_as_locally_before_anything_stops(box: Host) -> None:
+    """--host switch A B is refused (exit 2) by the box's catalog as it is locally (this box has no front
+    proxy: overlapping or disjoint GPUs alike) and what served still serves; no switch was sent."""
+    assert client_a("switch", "alpha").returncode == 0
+    overlapping, disjoint = client_a("switch", "beta", "alpha"), client_a("switch", "gamma", "alpha")
+    assert (overlapping.returncode, disjoint.returncode) == (2, 2), overlapping.stderr + disjoint.stderr
+    assert "needs the front proxy" in overlapping.stderr and "needs the front proxy" in disjoint.stderr
+    assert [h["model"] for h in history(client_a("history", "--json"))] == ["alpha"]
+    assert active(box, "vllm-alpha.service") == "active"
+
+
+def test_dry_run_over_host_says_what_the_box_would_do(box: Host) -> None:
+    """switch --dry-run with --host reads the box's records: stop-start without a proxy, naming what stops."""
+    assert client_a("switch", "alpha").returncode == 0
+    out = client_a("switch", "beta", "--dry-run", "--json")
+    assert out.returncode == 0, out.stderr
+    [plan] = json.loads(out.stdout)
+    assert (plan["model"], plan["mode"], plan["displaced"]) == ("beta", "stop_start", ["alpha"])
+    assert [h["model"] for h in history(client_a("history", "--json"))] == ["alpha"]
+
+
 def test_rollback_from_another_client_returns_to_what_served_before(net_hosts: HostSet, box: Host) -> None:
     """A switches alpha -> beta; B (another machine) rolls back: alpha serves again, B is recorded."""
     h2 = net_hosts.hosts[1]
@@ -261,6 +282,27 @@ def test_config_push_is_recorded_reloaded_and_linked_to_deployments(box: Host, t
     assert switched.returncode == 0, switched.stderr
     newest = history(client_a("history", "--json"))[0]
     assert (newest["model"], newest["outcome"], newest["config_revision"]) == ("delta", "active", result["revision"])
+
+
+def test_config_push_during_a_switch_is_refused_and_says_so(box: Host, tmp_path: Path) -> None:
+    """A push while a switch runs: exit 5, the message says it was refused (not that it waits), and
+    nothing changed; the switch ends active."""
+    before = json.loads(client_a("config", "show", "--json").stdout)
+    new = tmp_path / "deploy.toml"
+    new.write_text(before["text"] + "# a comment\n")
+    hold_at(box, "stopping")
+    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "alpha"], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: paused(box), bool, timeout=60, what="the switch to hold before stopping")
+        pushed = client_a("config", "push", str(new))
+    finally:
+        release(box)
+        _out, err = first.communicate(timeout=120)
+    assert pushed.returncode == 5, pushed.stderr
+    assert "refused" in pushed.stderr and "switch on h1" in pushed.stderr and "waits" not in pushed.stderr
+    assert json.loads(client_a("config", "show", "--json").stdout)["revision"] == before["revision"]
+    assert first.returncode == 0, err
 
 
 def agentless(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:

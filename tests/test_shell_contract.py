@@ -57,6 +57,16 @@ def test_timeout_raises_command_failed_124(adapters: Adapters) -> None:
     assert err.value.returncode == 124
 
 
+def test_every_timeout_is_124_never_a_dropped_connection(adapters: Adapters) -> None:
+    """Fifteen timeouts in a row are each exit 124: the timer closing the channel is not mistaken for a drop."""
+    codes = []
+    for _ in range(15):
+        with pytest.raises(CommandFailed) as err:
+            adapters.shell.run(["sleep", "30"], timeout=0.2)
+        codes.append(err.value.returncode)
+    assert codes == [124] * 15
+
+
 def test_read_file_of_missing_path_is_none(adapters: Adapters) -> None:
     """read_file returns None for a path that does not exist."""
     assert adapters.shell.read_file(f"/etc/missing-{uuid.uuid4().hex}") is None

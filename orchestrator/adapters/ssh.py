@@ -12,6 +12,7 @@ import math
 import os
 import shlex
 import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -163,11 +164,18 @@ class SshShell:
 
         def op() -> CommandResult:
             lines = _LineWriter(on_line)  # per attempt: a retry must not replay half a line
+            limit = math.ceil(timeout) if timeout else None
+            started = time.monotonic()
             try:
                 res = self._conn.run(command, hide="stderr", out_stream=lines, warn=True, in_stream=False,
-                                     timeout=math.ceil(timeout) if timeout else None)
+                                     timeout=limit)
             except CommandTimedOut as exc:
                 raise timed_out(command, timeout, self.host) from exc
+            # invoke's timer closes the channel, and invoke calls it a timeout only once that timer
+            # thread has ended; on a busy machine it may not have yet, and the closed channel reads as
+            # exit -1. Past the limit on our own clock, a closed channel is the timeout.
+            if res.exited == -1 and limit is not None and time.monotonic() - started >= limit:
+                raise timed_out(command, timeout, self.host)
             if res.exited == -1 or not self._conn.is_connected:
                 raise _Dropped(f"no exit status for {command!r}")  # channel closed under us
             lines.finish()

@@ -203,7 +203,8 @@ class Agent:
         with self.jobs.lock:  # no operation starts while the catalog is swapped
             if self.jobs.running:
                 running = ", ".join(f"{j.op} on {h}" for h, j in self.jobs.running.items())
-                raise Busy(f"config push waits for the running operation to end ({running}); try again then")
+                raise Busy(f"config push refused: an operation is running ({running}); nothing was changed: "
+                           "push again once it ends (`orchestrator status --follow` shows when)")
             revision = configs.replace(text, operator)
             self._swap(loaded, ops)
             self.config_revision = revision

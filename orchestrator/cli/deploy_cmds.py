@@ -19,7 +19,6 @@ from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, remote_spec
 from orchestrator.core.proxy import check_together
 from orchestrator.core.states import text_of
-from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
 
 
@@ -56,21 +55,18 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
     With the front proxy, several MODELs (disjoint GPUs) serve together, and a switch stops only
     the models on the GPUs it needs."""
     wanted = list(dict.fromkeys(models))
-    if remote_spec() is None:  # with --host the box's own deploy.toml rules, and its agent checks
-        cat = settings.load(config)
-        check_together(cat, wanted)  # before anything stops
-        if dry_run:
-            from orchestrator.wiring import operations
-
-            plans = [operations(cat).explain(m) for m in wanted]
-            if as_json:
-                click.echo(json.dumps(plans, indent=2))
-            for p in [] if as_json else plans:
-                click.echo(f"{p['model']} on {p['host']}: {p['mode'].replace('_', '-')}: {p['reason']}")
-            return
-    elif dry_run:
-        raise UsageError("switch --dry-run reads the box's records: run it on the box, without --host")
+    if remote_spec() is None:
+        check_together(settings.load(config), wanted)  # before anything stops, agent or not
     be = backend(config, local=local, ignore_agent=ignore_agent)
+    if remote_spec() is not None:
+        be.check_together(wanted)  # the box's deploy.toml rules: its agent checks, before the first switch
+    if dry_run:
+        plans = [be.explain(m) for m in wanted]
+        if as_json:
+            click.echo(json.dumps(plans, indent=2))
+        for p in [] if as_json else plans:
+            click.echo(f"{p['model']} on {p['host']}: {p['mode'].replace('_', '-')}: {p['reason']}")
+        return
     for model in wanted:
         def run(p: ProgressCallback, m: str = model) -> dict[str, Any]:
             return be.switch(m, no_rollback=no_rollback, force=force, progress=p)
@@ -149,7 +145,11 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    console = Console()
+    print_status(stdout_console(), result)
+
+
+def print_status(console: Console, result: dict[str, Any]) -> None:
+    """One line per fact; through a pipe each stays one line (grep finds it), on a terminal it wraps."""
     for name, entry in result["hosts"].items():
         serving = entry["serving"]
         if serving is None and entry.get("node_of"):

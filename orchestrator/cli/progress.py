@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.status import Status
 
-from orchestrator.core.states import text_of
+from orchestrator.core.states import phase_label, text_of
 
 T = TypeVar("T")
 
@@ -43,8 +43,12 @@ class ProgressPrinter:
     def __call__(self, event: str, fields: dict[str, Any]) -> None:
         if event == "phase":
             phase = text_of(str(fields.get("phase")))
-            self._line(f"#{fields.get('revision', '?')} {fields.get('model', '')}: {phase.label}", phase.style)
-            self._spin(phase.label)
+            label = phase_label(str(fields.get("phase")), proxy=bool(fields.get("proxy", True)),
+                                handover=bool(fields.get("handover", False)))
+            if label is None:
+                return
+            self._line(f"#{fields.get('revision', '?')} {fields.get('model', '')}: {label}", phase.style)
+            self._spin(label)
         elif event == "waiting":
             text = (f"  waiting for {fields['unit']}: {fields.get('last')} "
                     f"({fields['seconds']:.0f} s of {fields['deadline']:g} s)")
@@ -64,6 +68,9 @@ class ProgressPrinter:
             self._line(f"  {fields['unit']} {what} (sha256 {fields['sha256']})")
         elif event == "ready":
             self._line(f"  {fields['unit']} ready after {fields['seconds']:.1f} s", "green")
+        elif event == "rollback" and "to_set" in fields:  # with the proxy: the serving set as it was
+            self._line(f"  rolling back to the serving set before: {', '.join(fields['to_set']) or 'nothing'}",
+                       "yellow")
         elif event == "rollback":
             self._line(f"  rolling back to revision {fields['to_revision']} ({fields['model']})", "yellow")
         elif event == "stage_verified":

@@ -210,10 +210,18 @@ def print_group_history(config: str | None, group: str, limit: int, as_json: boo
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    for line in group_history_lines(rows):
+        click.echo(line)
+
+
+def group_history_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per deployment, newest first; an unreachable host says why."""
+    lines = []
     for r in rows:
-        if "error" in r:
-            click.echo(f"{r['group_host']:<12} unreachable: {r['error']}")
+        if r.get("unreachable"):
+            lines.append(f"{r['group_host']:<12} unreachable: {r['error']}")
             continue
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
-        click.echo(f"{at} {r['group_host']:<12} #{r['revision']:<3} {r['model']:<16} {r['outcome']:<11} "
-                   f"{r['trigger']}")
+        lines.append(f"{at} {r['group_host']:<12} #{r['revision']:<3} {r['model']:<16} {r['outcome']:<11} "
+                     f"{r['trigger']}" + (f"  error: {r['error']}" if r.get("error") else ""))
+    return lines

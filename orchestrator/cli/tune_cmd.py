@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from orchestrator import settings, userfiles
 from orchestrator.cli import main
 from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
 from orchestrator.cli.progress import with_progress
+from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.core import tune as core
 from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.tune_chart import svg_chart, text_chart
@@ -44,7 +44,7 @@ from orchestrator.wiring import operations
 @click.option("--apply", "apply_", is_flag=True, help="write the winner's layout into deploy.toml")
 @click.option("--chart", "chart", default=None, metavar="FILE.svg", help="also write the chart as an SVG image")
 @click.option("--model-config", default=None, metavar="PATH", help="config.json to plan with (default: the host's)")
-@click.option("--resume", is_flag=True, help="finish the host's unfinished tune run")
+@click.option("--resume", is_flag=True, help="finish the host's unfinished tune run (MODEL, if given, must be the run's)")
 @click.option("--abort", is_flag=True, help="stop the host's unfinished tune run; what served before returns")
 @click.option("--host", "host", default=None, help="host for --resume/--abort (default: the only one)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before stopping what serves")
@@ -60,8 +60,8 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
     # Every argument is checked before anything is read from a host.
     if resume and abort:
         raise UsageError("--resume and --abort exclude each other")
-    if (resume or abort) == (model is not None):
-        raise UsageError("name a MODEL to tune, or give --resume / --abort (not both)")
+    if not (resume or abort) and model is None:
+        raise UsageError("name a MODEL to tune, or give --resume / --abort (with MODEL: that model's run)")
     if chart is not None and not chart.endswith(".svg"):
         raise UsageError(f"--chart {chart!r}: only SVG is written (no plotting dependency); name a .svg file")
     levels = core.parse_concurrency(concurrency)
@@ -75,12 +75,12 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
     path = settings.config_path(config)
     ops = operations(settings.load(config))
     if abort:
-        result = with_progress(as_json, lambda p: Tuner(ops, path, p).abort(host))
+        result = with_progress(as_json, lambda p: Tuner(ops, path, p).abort(host, model))
         click.echo(json.dumps(result, indent=2) if as_json else
                    f"tune run #{result['run']} aborted; serving: {_serving(result['serving'])}")
         return
     if resume:
-        report = with_progress(as_json, lambda p: Tuner(ops, path, p).resume(host))
+        report = with_progress(as_json, lambda p: Tuner(ops, path, p).resume(host, model))
     else:
         assert model is not None
         req = TuneRequest(model, wanted, top, seq_caps, obj, plan, repeats, restore, cfg_json)
@@ -144,16 +144,14 @@ def _print(report: dict[str, Any], as_json: bool, applied: bool, chart: str | No
         return
     dec = report["decision"]
     levels = report["concurrency"]
-    table = Table("", "layout", "status", *[f"C={c} tok/s, TTFT p90" for c in levels], "errors",
-                  dec["unit"], title=f"tune run #{report['run']}: {report['model']} on {report['host']}, "
-                                     f"objective {dec['objective']}")
-    for row in report["candidates"]:
-        lv = row["levels"]
-        table.add_row("*" if row["winner"] else "", row["layout"], "ok" if row["status"] == "ok" else "failed",
-                      *[_cell(lv.get(str(c))) for c in levels],
-                      str(sum(v["errors"] for v in lv.values())) if lv else "-",
-                      f"{row['score']:,.1f}" if row["score"] is not None else "-")
-    Console(highlight=False).print(table)
+    headers = ["", "layout", "status", *[f"C={c} tok/s, TTFT p90" for c in levels], "errors", dec["unit"]]
+    rows = [["*" if row["winner"] else "", row["layout"], "ok" if row["status"] == "ok" else "failed",
+             *[_cell(row["levels"].get(str(c))) for c in levels],
+             str(sum(v["errors"] for v in row["levels"].values())) if row["levels"] else "-",
+             f"{row['score']:,.1f}" if row["score"] is not None else "-"] for row in report["candidates"]]
+    # a box table only on a terminal wide enough; through a pipe plain columns, one row a line
+    print_table(stdout_console(), headers, rows, title=f"tune run #{report['run']}: {report['model']} on "
+                f"{report['host']}, objective {dec['objective']}")
     for row in report["candidates"]:
         if row["status"] != "ok":
             click.echo(f"{row['layout']} failed to load: {row['error']}")

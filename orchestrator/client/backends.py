@@ -14,7 +14,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from orchestrator.agent.protocol import encode, raise_error
-from orchestrator.client.table import Call, lookup
+from orchestrator.client.table import OPERATIONS, Call, lookup
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import AgentError, Detached, OrchestratorError
 from orchestrator.ports import ProgressCallback
@@ -42,6 +42,13 @@ class Backend:
 
     def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
         return dict(self.call("stage", {"model": model}, progress))
+
+    def check_together(self, models: list[str]) -> str:
+        """The host the models serve on together, or UsageError (the box's catalog decides)."""
+        return str(self.call("check_together", {"models": models})["host"])
+
+    def explain(self, model: str) -> dict[str, Any]:
+        return dict(self.call("explain", {"model": model}))
 
     def status(self, host: str | None) -> dict[str, Any]:
         return dict(self.call("status", {"host": host}))
@@ -85,7 +92,17 @@ class AgentClient(Backend):
         return sock
 
     def _closed_early(self, op: str, stream: Any) -> OrchestratorError:
-        return AgentError(f"agent at {self.path} closed the connection before answering {op}")
+        return AgentError(self.went_away(op))
+
+    def went_away(self, op: str) -> str:
+        """The agent closed the stream without an answer: it stopped or died. Its jobs are recorded
+        before they run, so a restarted agent resumes or rolls back the one that was running."""
+        text = f"agent at {self.path} closed the connection before answering {op} (it stopped or died)"
+        spec = OPERATIONS.get(op)
+        if spec is None or spec.host is None:  # a query: nothing was running for it
+            return text
+        return (f"{text}; the agent resumes the {op} when it starts again (systemd restarts it), or rolls it "
+                f"back: follow it with `orchestrator {self.follow_hint}status --follow`")
 
     def call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
         sock = self._open()

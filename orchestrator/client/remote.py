@@ -99,6 +99,8 @@ class RemoteAgentClient(AgentClient):
                                   f"{self.follow_hint}status --follow`)")
         status = channel.recv_exit_status()
         err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+        if status == 0 and not err:  # the relay saw the agent's socket close: the agent went away
+            return AgentError(self.went_away(op))
         last = err.splitlines()[-1].removeprefix("error: ") if err else f"relay exited {status}"
         if status == RELAY_NOT_FOUND:
             return AgentError(f"host {self.target.name}: no orchestrator on the box ({last}); install it with "

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.proxy import check_together
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
@@ -43,6 +44,14 @@ class NoArgs(Args):
 
 class ModelArgs(Args):
     model: str = Field(max_length=200)
+
+
+class ModelsArgs(Args):
+    models: list[str] = Field(min_length=1, max_length=64)
+
+    def check(self, catalog: Catalog) -> None:
+        for model in self.models:
+            catalog.model(model)
 
 
 class StageArgs(ModelArgs):
@@ -138,6 +147,10 @@ _TABLE = [
            host=lambda ops, a: ops.host_of(a.model)),
     OpSpec("status", HostArgs,
            lambda ops, a, c: {**ops.status(a.host), "schedules": ops.schedules(time.time(), c.next_runs)}),
+    # What a CLI with --host asks before it sends one switch per model (core/proxy.check_together), and
+    # what `switch --dry-run` prints: both read the box's own catalog and records.
+    OpSpec("check_together", ModelsArgs, lambda ops, a, c: {"host": check_together(ops.catalog, a.models)}),
+    OpSpec("explain", ModelArgs, lambda ops, a, c: ops.explain(a.model)),
     OpSpec("history", HistoryArgs, lambda ops, a, c: ops.history(a.host, a.limit)),
     OpSpec("schedules", NoArgs, lambda ops, a, c: ops.schedules(time.time(), c.next_runs)),
     # Answered by the agent itself (its pid; the progress of running jobs); in-process, nothing runs

@@ -77,7 +77,8 @@ class Hardware:
         return self.gpu_count * self.nodes
 
     def __str__(self) -> str:
-        box = f"{self.gpu_count} x {self.gpu_memory_gib:g} GiB"
+        # nvidia-smi's MiB / 1024 is 95.5928...: one decimal, and none for a whole number
+        box = f"{self.gpu_count} x {f'{self.gpu_memory_gib:.1f}'.removesuffix('.0')} GiB"
         return box if self.nodes == 1 else f"{self.nodes} nodes x {box}"
 
 

@@ -102,6 +102,24 @@ def next_run(s: Schedule, after: float) -> float | None:
         return None
 
 
+# How many firings past the next one to look through for one inside the window: a minutely cron
+# reaches a window 23 hours away; a cron that keeps missing its window this long never meets it.
+_WINDOW_SEARCH = 5000
+
+
+def next_run_in_window(s: Schedule, first: float) -> float | None:
+    """The first firing at or after ``first`` (a firing time) that the window admits, i.e. the one
+    that will act (the agent skips the others); None when none of the next firings falls inside."""
+    if in_window(s, first):
+        return first
+    it = croniter(s.cron, datetime.fromtimestamp(first, parse_zone(s.timezone)))
+    for _ in range(_WINDOW_SEARCH):
+        at = float(it.get_next(float))
+        if in_window(s, at):
+            return at
+    return None
+
+
 def in_window(s: Schedule, at: float) -> bool:
     """True when there is no window, or ``at`` (epoch seconds) falls inside it."""
     if s.window is None:

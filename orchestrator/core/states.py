@@ -78,6 +78,20 @@ def text_of(phase: str) -> PhaseText:
     except ValueError:
         return PhaseText(phase, phase, "")
 
+def phase_label(phase: str, *, proxy: bool = True, handover: bool = False) -> str | None:
+    """The progress line of a phase as this switch runs it; None: the phase does nothing here.
+
+    Without a front proxy there is no route to move (the routing step does nothing). In a handover
+    the old engine keeps serving through ``stopping``: it stops in ``routing``, once the route moved."""
+    if phase == P.ROUTING and not proxy:
+        return None
+    if phase == P.STOPPING and handover:
+        return "stopping: nothing yet (a handover: the old engine serves until the route moves)"
+    if phase == P.ROUTING and not handover:
+        return "routing: the front proxy routes to the new engine"
+    return text_of(phase).label
+
+
 # The steps that run in order on the way to ACTIVE.
 FORWARD: tuple[Phase, ...] = (P.PLANNED, P.PREFLIGHT, P.STAGING, P.STOPPING, P.FREEING,
                               P.INSTALLING, P.STARTING, P.CHECKING, P.ROUTING, P.ACTIVE)

@@ -16,7 +16,7 @@ import structlog
 
 from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
-from orchestrator.core.proxy import Serving, SwitchPlan, plan_switch
+from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import Deployment, NodeUnit, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.secrets import redact, redact_tree
@@ -238,7 +238,10 @@ class Engine:
             if nxt is Phase.ACTIVE:
                 self._clean_weights(ctx, dep)
             blog.info("phase_changed", phase=nxt.value, previous=dep.phase.value, on=event.value)
-            ctx.emit("phase", phase=nxt.value, model=dep.model)
+            plan = self.plan_of(dep)
+            # what the phase does in this switch, so that progress lines say only what happens
+            ctx.emit("phase", phase=nxt.value, model=dep.model, proxy=plan is not None,
+                     handover=plan is not None and plan.mode is Mode.HANDOVER)
             dep = self.store.get(dep.id)
         return dep
 

@@ -124,12 +124,15 @@ class Operations:
         events = [e for e in self.store.events(limit=500) if e.get("schedule")]
         rows = []
         for name, s in self.catalog.schedules.items():
-            nxt = next_runs.get(name) if next_runs is not None else sched.next_run(s, now)
+            # the next run that acts: firings outside the window are skipped, so they are not shown
+            first = next_runs.get(name) if next_runs is not None else sched.next_run(s, now)
+            nxt = None if first is None else sched.next_run_in_window(s, first)
             last = next((e for e in events if e["schedule"] == name), None)
+            shown = ("never: its cron has no fire time left" if first is None
+                     else "never: no firing of its cron falls inside its window" if nxt is None
+                     else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(nxt)))
             rows.append({"name": name, "cron": s.cron, "action": s.action, "model": s.model, "window": s.window,
-                         "next_run": None if nxt is None else time.strftime("%Y-%m-%dT%H:%M:%S%z",
-                                                                            time.localtime(nxt)),
-                         "next_run_ts": nxt, "last": last})
+                         "next_run": shown, "next_run_ts": nxt, "last": last})
         return rows
 
     # -- operations ---------------------------------------------------------------------------

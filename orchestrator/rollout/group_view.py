@@ -41,8 +41,11 @@ def group_history(clients: Mapping[str, AgentClient], limit: int) -> list[dict[s
     for h, result in run_all([Call(h, c, "history", {"host": None, "limit": limit})
                               for h, c in clients.items()]).items():
         if isinstance(result, OrchestratorError):
-            rows.append({"group_host": h, "error": str(result).splitlines()[0], "created_at": float("inf")})
+            # marked as such: a deployment record has an "error" key too (None when it went well)
+            rows.append({"group_host": h, "unreachable": True, "error": str(result).splitlines()[0],
+                         "created_at": None})
             continue
         rows += [{"group_host": h, **d} for d in result]
-    rows.sort(key=lambda d: d["created_at"], reverse=True)
+    # unreachable hosts first (created_at None: JSON has no infinity), then newest first
+    rows.sort(key=lambda d: float("inf") if d["created_at"] is None else d["created_at"], reverse=True)
     return rows[:limit] if limit else rows

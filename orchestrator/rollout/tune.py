@@ -146,20 +146,26 @@ class Tuner:
                                     self.ops.ports_for(prep.host).clock.now())
             return self._drive(run)
 
-    def resume(self, host: str | None) -> dict[str, Any]:
-        name = self.ops.resolve_host(host)
+    def resume(self, host: str | None, model: str | None = None) -> dict[str, Any]:
+        """Finish the host's unfinished run (``model``: the host of that model, and the run must be its)."""
+        name = self.ops.host_of(model) if model is not None and host is None else self.ops.resolve_host(host)
         with self._lock(name):
-            run = self.store.unfinished(name)
-            if run is None:
-                raise UsageError(f"host {name} has no unfinished tune run to resume")
+            run = self._unfinished(name, model, "resume")
             return self._drive(run)
 
-    def abort(self, host: str | None) -> dict[str, Any]:
-        name = self.ops.resolve_host(host)
+    def _unfinished(self, host: str, model: str | None, what: str) -> TuneRun:
+        run = self.store.unfinished(host)
+        if run is None:
+            raise UsageError(f"host {host} has no unfinished tune run to {what}")
+        if model is not None and run.model != model:
+            raise UsageError(f"tune --{what} {model}: the unfinished tune run #{run.id} on host {host} tunes "
+                             f"{run.model}, not {model} (`orchestrator tune --{what}` acts on it)")
+        return run
+
+    def abort(self, host: str | None, model: str | None = None) -> dict[str, Any]:
+        name = self.ops.host_of(model) if model is not None and host is None else self.ops.resolve_host(host)
         with self._lock(name):
-            run = self.store.unfinished(name)
-            if run is None:
-                raise UsageError(f"host {name} has no unfinished tune run to abort")
+            run = self._unfinished(name, model, "abort")
             self.ops.recover(name, progress=self.progress)
             back = self._restore(run)
             self.store.finish(run.id, "aborted", self.ops.ports_for(name).clock.now(), None)

@@ -151,3 +151,11 @@ def test_a_schedule_outside_its_window_is_skipped(tmp_path: Path) -> None:
     w.clock.sleep(60)
     task.tick()
     assert submitted.calls == [] and w.events("schedule_skipped")[0]["reason"] == "outside window"
+
+
+def test_schedules_show_the_next_run_the_window_admits(tmp_path: Path) -> None:
+    """'0 * * * *' with a 04:00-05:00 window at 02:59: `schedules` shows 04:00 (03:00 will be skipped)."""
+    w = schedule_world(tmp_path, cron="0 * * * *", window="04:00-05:00")
+    task = ScheduleTask(w.catalog, w.ops, w.clock, Submitted())
+    [row] = w.ops.schedules(w.clock.now(), task.next_runs)
+    assert row["next_run_ts"] == datetime(2024, 5, 1, 4, 0, tzinfo=UTC).timestamp()

@@ -83,3 +83,19 @@ def test_results_and_errors_come_back_in_call_order() -> None:
     assert isinstance(err, Busy) and err.exit_code == Busy("x").exit_code
     text = str(err)
     assert text.index("a: busy") < text.index("b: host b") < text.index("d: agent at d.sock")
+
+
+def test_group_history_in_plain_text_prints_each_deployment_and_each_unreachable_host() -> None:
+    """history --group: a deployment record (its "error" None) is a deployment line, not "unreachable:
+    None"; a box that cannot be reached is one line naming why; the JSON is valid (no Infinity)."""
+    from orchestrator.cli.rollout_cmds import group_history_lines
+    from orchestrator.rollout.group_view import group_history
+
+    dep = {"revision": 3, "model": "alpha", "outcome": "active", "trigger": "root@10.0.0.7", "error": None,
+           "created_at": 1_700_000_000.0}
+    boxes = {"h1": FakeBox("h1", [dep]), "h2": FakeBox("h2", open_error=TransportError("host h2: connection refused"))}
+    rows = group_history(boxes, 10)
+    lines = group_history_lines(rows)
+    assert lines[0] == "h2           unreachable: host h2: connection refused"
+    assert lines[1].endswith("h1           #3   alpha            active      root@10.0.0.7")
+    assert json.loads(json.dumps(rows, allow_nan=False)) == rows

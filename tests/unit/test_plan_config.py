@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -43,15 +44,16 @@ def plan(tmp_path: Path, endpoint: str, *args: str) -> subprocess.CompletedProce
 
 
 def catalog(tmp_path: Path, extra: str = "") -> Path:
-    text = SHIPPED.read_text()
+    """The shipped deploy.toml without its shipped config.json files (shipped:NAME): plan must look elsewhere."""
+    text = re.sub(r'^config = "shipped:.*\n', "", SHIPPED.read_text(), flags=re.MULTILINE)
     path = tmp_path / "deploy.toml"
     path.write_text(text.replace("[models.minimax-m25-ep]\n", f"[models.minimax-m25-ep]\n{extra}", 1))
     return path
 
 
 def test_unreachable_hub_is_one_line_and_exit_4(tmp_path: Path, closed_endpoint: str) -> None:
-    """The README example with no hub: one line naming the endpoint and the way out, no retries, exit 4."""
-    r = plan(tmp_path, closed_endpoint, "minimax-m25-ep", "--config", str(SHIPPED))
+    """A model with no `config` and no hub: one line naming the endpoint and the way out, no retries, exit 4."""
+    r = plan(tmp_path, closed_endpoint, "minimax-m25-ep", "--config", str(catalog(tmp_path)))
     assert r.returncode == 4 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"the hub at {closed_endpoint} cannot be reached" in r.stderr
@@ -60,9 +62,9 @@ def test_unreachable_hub_is_one_line_and_exit_4(tmp_path: Path, closed_endpoint:
 
 def test_fetched_config_is_cached_and_used_offline(tmp_path: Path, hub: HubStub, closed_endpoint: str) -> None:
     """A config fetched once is kept; the next plan uses it with the hub gone, without asking again."""
-    first = plan(tmp_path, hub.url, "minimax-m25-ep", "--config", str(SHIPPED))
+    first = plan(tmp_path, hub.url, "minimax-m25-ep", "--config", str(catalog(tmp_path)))
     assert first.returncode == 0 and f"from the hub at {hub.url}" in first.stdout, first.stderr
-    second = plan(tmp_path, closed_endpoint, "minimax-m25-ep", "--config", str(SHIPPED))
+    second = plan(tmp_path, closed_endpoint, "minimax-m25-ep", "--config", str(catalog(tmp_path)))
     assert second.returncode == 0 and "cached copy of MiniMaxAI/MiniMax-M2.5@main" in second.stdout, second.stderr
     assert len(hub.gets("config.json")) == 1
 
@@ -71,7 +73,7 @@ def test_gated_repo_names_the_token(tmp_path: Path, closed_endpoint: str) -> Non
     """A 401 from the hub is bad input (exit 2) and says HF_TOKEN is missing or not accepted."""
     with HubStub() as gated:
         gated.add(StubRepo.of("MiniMaxAI/MiniMax-M2.5", {"config.json": b"{}"}, token="secret"))
-        r = plan(tmp_path, gated.url, "minimax-m25-ep", "--config", str(SHIPPED))
+        r = plan(tmp_path, gated.url, "minimax-m25-ep", "--config", str(catalog(tmp_path)))
     assert r.returncode == 2 and "HTTP 401" in r.stderr and "HF_TOKEN" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 

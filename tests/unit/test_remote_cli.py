@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,34 @@ def test_a_bad_host_url_exits_2_on_one_line(tmp_path: Path) -> None:
     """--host with an unclosed IPv6 bracket: exit 2 and one line, not a traceback."""
     result = cli(tmp_path, "--host", "ssh://root@[::1", "status")
     assert result.returncode == 2 and "--host 'ssh://root@[::1'" in one_line(result)
+
+
+def _agent_that_dies_after_one_event(path: str) -> None:
+    """A socket that answers like an agent killed mid-switch: one progress line, then EOF."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(b'{"event": "phase", "fields": {"phase": "stopping", "revision": 2, "model": "beta"}}\n')
+        conn.close()
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
+def test_agent_dying_mid_switch_says_it_resumes_and_how_to_follow(tmp_path: Path) -> None:
+    """The stream ends without an answer: the error says the agent resumes the switch and names
+    `status --follow` (the same text as through the relay, which then exits 0 with nothing on stderr)."""
+    from orchestrator.client.backends import AgentClient
+    from orchestrator.errors import AgentError
+
+    path = str(tmp_path / "agent.sock")
+    _agent_that_dies_after_one_event(path)
+    with pytest.raises(AgentError) as err:
+        AgentClient(path).switch("beta")
+    assert "closed the connection before answering switch" in str(err.value)
+    assert "resumes the switch when it starts again" in str(err.value)
+    assert "`orchestrator status --follow`" in str(err.value)

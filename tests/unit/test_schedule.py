@@ -77,3 +77,16 @@ def test_invalid_schedule_is_refused_at_load_time(field: str, value: str, messag
     with pytest.raises(ValidationError, match=message):
         Catalog.model_validate(data)
 
+
+
+def test_next_run_shown_is_the_first_one_its_window_admits() -> None:
+    """'0 * * * *' with window 01:00-02:00, asked at 12:30 UTC: the next run that acts is 01:00 next day."""
+    s = Schedule(name="n", cron="0 * * * *", action="redeploy", window="01:00-02:00", timezone="UTC")
+    first = schedule.next_run(s, datetime(2026, 1, 15, 12, 30, tzinfo=UTC).timestamp())
+    assert schedule.next_run_in_window(s, first) == datetime(2026, 1, 16, 1, 0, tzinfo=UTC).timestamp()
+
+
+def test_a_cron_that_never_meets_its_window_has_no_next_run() -> None:
+    """'0 6 * * *' with window 01:00-05:00 never runs: no next run instead of a time it will skip."""
+    s = Schedule(name="n", cron="0 6 * * *", action="redeploy", window="01:00-05:00", timezone="UTC")
+    assert schedule.next_run_in_window(s, schedule.next_run(s, datetime(2026, 1, 15, tzinfo=UTC).timestamp())) is None
