@@ -77,11 +77,18 @@ def spanning(requests: list[dict[str, Any]], times: list[float]) -> int:
     return sum(1 for r in requests if r["kind"] == "stream" and any(r["t0"] < t < r["t1"] for t in times))
 
 
-def recorder(events: list[tuple[float, str]]) -> Any:
+def recorder(events: list[tuple[float, str]], drains: list[float]) -> Any:
     def progress(event: str, fields: dict[str, Any]) -> None:
         if event != "routed" or fields.get("changed"):
             events.append((time.monotonic(), event))
+        if event == "drained":
+            drains.append(float(fields["seconds"]))
     return progress
+
+
+def drain_figures(drains: list[float]) -> str:
+    drains = sorted(drains)
+    return f"drain median {drains[len(drains) // 2]:.2f} s, max {drains[-1]:.2f} s" if drains else "no drain"
 
 
 def summary(requests: list[dict[str, Any]]) -> str:
@@ -94,34 +101,36 @@ def test_30_handovers_under_a_prober_cut_no_stream_and_fail_no_request(host: Hos
     every handover ends active, no stream is cut, no request fails or gets a 503."""
     assert ops.switch("chat-a")["outcome"] == "active"
     events: list[tuple[float, str]] = []
+    drains: list[float] = []
     outcomes = []
     t0 = time.monotonic()
     with ProberProcess(base_url(host), "chat") as prober:
         for i in range(30):
-            outcomes.append(ops.switch(("chat-b", "chat-a")[i % 2], progress=recorder(events))["outcome"])
+            outcomes.append(ops.switch(("chat-b", "chat-a")[i % 2], progress=recorder(events, drains))["outcome"])
     took = time.monotonic() - t0
     got = classify(prober.requests, TOKENS)
     print(f"30 handovers in {took:.1f} s: {summary(prober.requests)}; "
-          f"{spanning(prober.requests, moves(events))} streams spanned a route move")
+          f"{spanning(prober.requests, moves(events))} streams spanned a route move; {drain_figures(drains)}")
     assert outcomes == ["active"] * 30
     assert [h["plan"]["mode"] for h in ops.history(host.name)[:30]] == ["handover"] * 30
     assert got["cut"] == [] and got["failed"] == [] and got["gap"] == []
     assert len(moves(events)) == 30 and spanning(prober.requests, moves(events)) >= 30
 
 
-def test_stop_starts_under_a_prober_answer_only_503_with_retry_after(host: Host, ops: Operations) -> None:
-    """chat-a <-> chat-c (same GPUs) 6 times under the prober: no stream is cut, and the only
+def test_10_stop_starts_under_a_prober_answer_only_503_with_retry_after(host: Host, ops: Operations) -> None:
+    """chat-a <-> chat-c (same GPUs) 10 times under the prober: no stream is cut, and the only
     answers other than 200 are 503 with Retry-After while the route is a gap."""
     assert ops.switch("chat-a")["outcome"] == "active"
     events: list[tuple[float, str]] = []
+    drains: list[float] = []
     outcomes = []
     with ProberProcess(base_url(host), "chat") as prober:
-        for i in range(6):
-            outcomes.append(ops.switch(("chat-c", "chat-a")[i % 2], progress=recorder(events))["outcome"])
+        for i in range(10):
+            outcomes.append(ops.switch(("chat-c", "chat-a")[i % 2], progress=recorder(events, drains))["outcome"])
     got = classify(prober.requests, TOKENS)
-    print(f"6 stop-starts: {summary(prober.requests)}; "
-          f"{spanning(prober.requests, moves(events))} streams spanned a route change")
-    assert outcomes == ["active"] * 6
+    print(f"10 stop-starts: {summary(prober.requests)}; "
+          f"{spanning(prober.requests, moves(events))} streams spanned a route change; {drain_figures(drains)}")
+    assert outcomes == ["active"] * 10
     assert got["cut"] == [] and got["failed"] == []
     assert got["gap"] and {r["retry_after"] for r in got["gap"]} == {"2"}
-    assert spanning(prober.requests, moves(events)) >= 6
+    assert spanning(prober.requests, moves(events)) >= 10
