@@ -227,11 +227,13 @@ class FrontProxy(Protocol):
 
     def apply(self, config: str) -> bool:
         """Make the running proxy serve ``config``: install its unit, write and check the config,
-        start or gracefully reload; idempotent. Returns whether anything changed."""
+        start or gracefully reload; idempotent. Returns whether anything changed, once a proxy
+        process of ``config`` serves (the ones of earlier configs are then known to be old)."""
         ...
 
-    def old_workers(self) -> int:
-        """Proxy processes of earlier configs still finishing in-flight requests (0: drained)."""
+    def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
+        """How many proxy processes of earlier configs can still send a request to one of these
+        engines (address, port): 0 when they may stop; None when the proxy could not tell."""
         ...
 
     def port_holder(self) -> str | None:

@@ -386,7 +386,8 @@ class FakeProxy:
     def __init__(self) -> None:
         self.config: str | None = None
         self.applied: list[str] = []
-        self.draining = 0
+        self.busy = 0
+        self.drains: list[list[tuple[str, int]]] = []
         self.taken_by: str | None = None
 
     def apply(self, config: str) -> bool:
@@ -398,9 +399,12 @@ class FakeProxy:
         self.applied.append(config)
         return True
 
-    def old_workers(self) -> int:
-        self.draining = max(0, self.draining - 1)
-        return self.draining
+    def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
+        """Counts ``busy`` down, one per poll; every drain's engines are kept in ``drains``."""
+        if not self.drains or self.drains[-1] != list(engines):
+            self.drains.append(list(engines))
+        self.busy = max(0, self.busy - 1)
+        return self.busy
 
     def port_holder(self) -> str | None:
         return self.taken_by if self.config is None else None

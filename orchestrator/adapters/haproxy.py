@@ -8,29 +8,54 @@ next apply (recovery re-runs the routing step).
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 from orchestrator.core.catalog import Proxy
+from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, new_worker, parse_show_proc
 from orchestrator.core.proxy import master_socket, sha
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
 
 UNIT = "orchestrator-proxy.service"
+T = TypeVar("T")
 
-# Asks HAProxy's master CLI for its processes; old workers are the ones still draining a reload.
-_SHOW_PROC = """
-import socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(5)
-try:
-    s.connect(sys.argv[1])
-except OSError:
-    sys.exit(3)
-s.sendall(b"show proc\\n")
-s.shutdown(socket.SHUT_WR)
-out = b""
-while chunk := s.recv(65536):
-    out += chunk
-sys.stdout.write(out.decode())
+# Asks HAProxy's master CLI (run on the proxy's host): `show proc`, and with "old" also `show info`
+# and `show stat` of every old worker (`@!PID` reaches a worker through the master). JSON out;
+# "proc" is null when the master did not answer (it re-executes on a reload, or is gone).
+_MASTER_CLI = """
+import json, socket, sys
+def ask(cmd):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    try:
+        s.connect(sys.argv[1])
+        s.sendall(cmd.encode() + b"\\n")
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    except OSError:
+        return None
+    finally:
+        s.close()
+    return out.decode(errors="replace")
+proc = ask("show proc")
+old = {}
+if proc is not None and sys.argv[2] == "old":
+    section = ""
+    for line in proc.splitlines():
+        if line.startswith("#"):
+            section = line.strip("# ").strip()
+        elif section == "old workers" and line.split()[:1] and line.split()[0].isdigit():
+            pid = line.split()[0]
+            old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": ask("@!" + pid + " show stat") or ""}
+json.dump({"proc": proc, "old": old}, sys.stdout)
 """
+RELOAD_TIMEOUT_S = 30.0  # a reload re-parses one small config: seconds at most, even on a loaded host
+_POLL_S = 0.05
 
 
 class HaproxyProxy:
@@ -56,7 +81,11 @@ class HaproxyProxy:
         if state.is_active and not installed and applied is not None and applied.decode().strip() == sha(config):
             return False
         if state.is_active:
+            # ExecReload only signals the master: the new config serves once the master lists a
+            # worker forked after this point, so the old workers are known before the drain counts.
+            before = self._await(lambda procs: procs, "its master CLI to answer before the reload")
             self._systemctl("reload")
+            self._await(lambda procs: new_worker(before, procs), "a worker of the new config", before)
         else:
             if state.is_failed:
                 self.systemd.reset_failed(UNIT)
@@ -64,6 +93,7 @@ class HaproxyProxy:
             if holder is not None:
                 raise ProxyError(holder, host=self.host, unit=UNIT)
             self._systemctl("start")
+            self._await(lambda procs: new_worker(None, procs), "its first worker")
             self.systemd.enable(UNIT)
         self.shell.write_file(self._applied, (sha(config) + "\n").encode())
         return True
@@ -93,18 +123,44 @@ class HaproxyProxy:
             raise ProxyError(f"systemctl {verb} {UNIT} failed (exit {exc.returncode}); journal:\n  "
                              + "\n  ".join(tail), host=self.host, unit=UNIT) from exc
 
-    def old_workers(self) -> int:
-        result = self.shell.run([self.python, "-c", _SHOW_PROC, master_socket(self.proxy)], check=False,
+    def _master(self, mode: str) -> tuple[Procs | None, dict[int, OldWorker]]:
+        result = self.shell.run([self.python, "-c", _MASTER_CLI, master_socket(self.proxy), mode], check=False,
                                 idempotent=True)
-        if not result.ok:
-            return 0  # no master: no proxy process left that could hold a request
-        section, count = "", 0
-        for line in result.stdout.splitlines():
-            if line.startswith("#"):
-                section = line.strip("# ").strip()
-            elif line.strip() and section == "old workers":
-                count += 1
-        return count
+        try:
+            out = json.loads(result.stdout) if result.ok else {}
+        except ValueError:
+            out = {}
+        procs = parse_show_proc(out.get("proc") or "")
+        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")))
+                   for pid, v in (out.get("old") or {}).items()}
+        return procs, workers
+
+    def _await(self, done: Callable[[Procs | None], T | None], what: str, before: Procs | None = None) -> T:
+        """Poll the master CLI until ``done`` gives a value; a failed reload or the deadline raise."""
+        deadline = time.monotonic() + RELOAD_TIMEOUT_S
+        while True:
+            procs, _ = self._master("proc")
+            value = done(procs)
+            if value is not None:
+                return value
+            if before is not None and procs is not None and procs.failed > before.failed:
+                raise ProxyError(f"HAProxy's master could not load {self.proxy.config_path} on reload (failed "
+                                 f"reloads {before.failed} -> {procs.failed}); the old config still serves; "
+                                 "journal:\n  " + "\n  ".join(self.systemd.journal_tail(UNIT, 8)),
+                                 host=self.host, unit=UNIT)
+            if time.monotonic() > deadline:
+                raise ProxyError(f"{UNIT}: no {what} on {master_socket(self.proxy)} within {RELOAD_TIMEOUT_S:g} s "
+                                 f"(last `show proc`: {procs}); journal:\n  "
+                                 + "\n  ".join(self.systemd.journal_tail(UNIT, 8)), host=self.host, unit=UNIT)
+            time.sleep(_POLL_S)
+
+    def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
+        procs, workers = self._master("old")
+        if procs is None:
+            # No master: no proxy process is left that could hold a request, unless the unit
+            # runs and the master is only re-executing (unknown: ask again).
+            return None if self.systemd.unit_state(UNIT).is_active else 0
+        return draining(procs, workers, engines)
 
     def port_holder(self) -> str | None:
         if self.systemd.unit_state(UNIT).is_active:

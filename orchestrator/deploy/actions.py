@@ -222,13 +222,18 @@ def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = ())
     return changed
 
 
-def drain(ctx: StepContext) -> None:
-    """Bounded wait until proxy workers of earlier configs finished their in-flight requests."""
+def drain(ctx: StepContext, engines: Iterable[UnitSpec]) -> None:
+    """Bounded wait until no proxy worker of an earlier config can still send a request to these
+    engines (in-flight ones finished, no client connection left that could bring another one).
+    Call it after ``route`` returned: the new config serves then, so the old workers are known.
+    Past the deadline HAProxy's hard-stop-after (the same drain_timeout_s) ended them anyway."""
     proxy, clock = ctx.ports.proxy, ctx.ports.clock
-    if proxy is None:
+    targets = sorted({(s.address, s.port) for s in engines})
+    if proxy is None or not targets:
         return
     deadline = clock.monotonic() + ctx.catalog.proxy.drain_timeout_s + 2.0
     start = clock.monotonic()
-    while (left := proxy.old_workers()) and clock.monotonic() < deadline:
+    while (left := proxy.draining(targets)) != 0 and clock.monotonic() < deadline:
         ctx.pause(0.1)
-    ctx.emit("drained", seconds=round(clock.monotonic() - start, 3), still_draining=left)
+    ctx.emit("drained", seconds=round(clock.monotonic() - start, 3), still_draining=left,
+             engines=[f"{a}:{p}" for a, p in targets])

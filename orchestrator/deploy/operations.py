@@ -214,7 +214,7 @@ class Operations:
         if self.catalog.proxy.enabled:
             rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
             actions.route(ctx, [d.spec for d in rest])
-            actions.drain(ctx)
+            actions.drain(ctx, [dep.spec])
         actions.stop_units(ctx, [dep.spec.unit_name])
         actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name])
         if ports.systemd.unit_state(dep.spec.unit_name).exists:

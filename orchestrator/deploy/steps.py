@@ -78,10 +78,11 @@ def _preinstall(ctx: StepContext, spec: UnitSpec) -> None:
 
 def stopping(ctx: StepContext, step: StepInput) -> StepResult:
     # Names whose engine stops now answer 503 + Retry-After until the switch ends; requests the
-    # previous proxy config already sent to that engine finish before it stops.
-    if step.plan is not None and actions.route(ctx, (d.spec for d in step.serving),
-                                               gaps=(d.spec.served_name for d in step.overlapping)):
-        actions.drain(ctx)
+    # previous proxy config already sent to that engine finish before it stops (a resumed step
+    # drains too: the route may have moved just before a crash).
+    if step.plan is not None:
+        actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in step.overlapping))
+        actions.drain(ctx, (d.spec for d in step.serving if d.spec.unit_name in step.units_to_stop))
     actions.stop_units(ctx, step.units_to_stop)
     multinode.stop(ctx, step.node_units_to_stop)  # the other nodes after the API, in reverse start order
     return DONE
@@ -127,7 +128,7 @@ def routing(ctx: StepContext, step: StepInput) -> StepResult:
     leaving = {d.spec.unit_name for d in step.displaced} - {dep.spec.unit_name}
     running = [u for u in sorted(leaving) if ctx.ports.systemd.unit_state(u).is_active]
     if running:
-        actions.drain(ctx)
+        actions.drain(ctx, (d.spec for d in step.displaced if d.spec.unit_name in running))
         actions.stop_units(ctx, running)
     return DONE
 

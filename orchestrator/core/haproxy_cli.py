@@ -1,0 +1,130 @@
+"""HAProxy's own answers about a reload, parsed (pure): which workers run, and whether an old one
+can still send a request to an engine that is about to stop.
+
+A reload (USR2 to the master) returns before the master re-executes and forks the new worker, so
+"no old worker" seen right after it proves nothing. The facts used instead, from the master CLI:
+
+* ``show proc``: the master's reload count and the PID of every worker, current and old;
+  the new config serves once a worker that was not there before is listed after the count rose.
+* ``@!PID show info`` / ``@!PID show stat`` of each old worker: whether it stopped listening
+  (``Stopping: 1``), its client connections (``FRONTEND`` scur) and its sessions per server.
+
+An old worker answers one more request on every client connection it still holds (keep-alive,
+``option idle-close-on-response``), routed by its own config; so it can reach an engine while its
+config has a server at that engine and it holds any client connection or session to it, or still
+listens.
+"""
+
+from __future__ import annotations
+
+import csv
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Procs:
+    """``show proc`` of the master: reload counts and worker PIDs."""
+
+    reloads: int
+    failed: int
+    workers: tuple[int, ...]
+    old_workers: tuple[int, ...]
+
+
+def parse_show_proc(text: str) -> Procs | None:
+    """None when the text is not a ``show proc`` answer (the master is re-executing, or gone)."""
+    reloads: int | None = None
+    failed = 0
+    section = ""
+    workers: list[int] = []
+    old: list[int] = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            section = line.strip("# ").strip()
+            continue
+        fields = line.split()
+        if len(fields) < 3 or not fields[0].isdigit():
+            continue
+        if fields[1] == "master":
+            reloads = int(fields[2]) if fields[2].isdigit() else None
+            if "[failed:" in line:
+                failed = int(line.split("[failed:", 1)[1].split("]", 1)[0].strip() or 0)
+        elif fields[1] == "worker":
+            (old if section == "old workers" else workers).append(int(fields[0]))
+    if reloads is None:
+        return None
+    return Procs(reloads=reloads, failed=failed, workers=tuple(workers), old_workers=tuple(old))
+
+
+def new_worker(before: Procs | None, now: Procs | None) -> int | None:
+    """The worker a reload (or a start, ``before`` None) forked, once the master lists it."""
+    if now is None:
+        return None
+    if before is not None and now.reloads <= before.reloads:
+        return None
+    fresh = [pid for pid in now.workers if before is None or pid not in before.workers]
+    return fresh[0] if fresh else None
+
+
+@dataclass(frozen=True)
+class OldWorker:
+    """What an old worker says about itself; either text is empty when it did not answer."""
+
+    pid: int
+    info: str
+    stat: str
+
+
+def _stat_rows(text: str) -> list[dict[str, str]]:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("# pxname,"):
+        return []
+    return list(csv.DictReader([lines[0][2:], *lines[1:]]))
+
+
+def _stopping(info: str) -> bool:
+    return any(ln.replace(" ", "") == "Stopping:1" for ln in info.splitlines())
+
+
+def _matches(addr: str, engines: Iterable[tuple[str, int]]) -> bool:
+    """A server's ``addr`` (ip:port as HAProxy resolved it) against the engines' address and port;
+    a name that HAProxy resolved is matched on the port alone (ports are unique on a host)."""
+    host, _, port = addr.rpartition(":")
+    for address, p in engines:
+        if port == str(p) and (host.strip("[]") == address or not _is_ip(address)):
+            return True
+    return False
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def may_reach(worker: OldWorker, engines: Iterable[tuple[str, int]]) -> bool:
+    """Whether this old worker can still send a request to one of ``engines``: True unless it
+    answered and either its config has no server there, or it stopped listening and holds no
+    client connection and no session to them."""
+    rows = _stat_rows(worker.stat)
+    if not rows or not worker.info:
+        return True  # no answer: it may still be starting to stop; ask again
+    engines = list(engines)
+    servers = [r for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND") and _matches(r.get("addr", ""),
+                                                                                               engines)]
+    if not servers:
+        return False
+    clients = sum(int(r.get("scur") or 0) for r in rows if r.get("svname") == "FRONTEND")
+    sessions = sum(int(r.get("scur") or 0) for r in servers)
+    return not _stopping(worker.info) or clients > 0 or sessions > 0
+
+
+def draining(procs: Procs, workers: Mapping[int, OldWorker], engines: Iterable[tuple[str, int]]) -> int:
+    """How many old workers can still reach ``engines`` (0: the engines may stop)."""
+    engines = list(engines)
+    return sum(1 for pid in procs.old_workers
+               if pid not in workers or may_reach(workers[pid], engines))

@@ -1,0 +1,136 @@
+"""Zero downtime under load, repeated: a client-side prober (tests/proxy_prober.py: plain and
+streaming completions, continuously, keep-alive connections) goes through the real HAProxy of a
+test host while the route moves many times. A stream cut or a failed request in any round fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Self
+
+import pytest
+
+from orchestrator import settings
+from orchestrator.deploy.operations import Operations
+from orchestrator.wiring import operations
+from tests.hosts.machine import Host
+from tests.proxy_prober import classify
+from tests.test_proxy_hosts import base_url, proxy_config
+
+pytestmark = pytest.mark.hosts
+REPO = Path(__file__).resolve().parents[1]
+TOKENS = 30  # 30 x 20 ms: every stream is in flight for 0.6 s, so each handover has some
+ENGINE = ["--load-time", "0.2", "--chunk-delay", "0.02"]
+MODELS: dict[str, dict[str, Any]] = {
+    "chat-a": {"port": 8101, "served_name": "chat", "gpus": [0, 1, 2, 3], "args": ENGINE},
+    "chat-b": {"port": 8102, "served_name": "chat", "gpus": [4, 5, 6, 7], "args": ENGINE},
+    "chat-c": {"port": 8103, "served_name": "chat", "gpus": [0, 1, 2, 3], "args": ENGINE},
+}
+
+
+@pytest.fixture
+def ops(host: Host, tmp_path: Path) -> Iterator[Operations]:
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(proxy_config(host, tmp_path / "state", MODELS))
+    yield operations(settings.load(cfg))
+    host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+class ProberProcess:
+    """tests/proxy_prober.py as a child process; ``requests`` holds its records once it stopped."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self.cmd = [sys.executable, str(REPO / "tests/proxy_prober.py"), url, model, "--streams", "4",
+                    "--plain", "2", "--tokens", str(TOKENS)]
+        self.requests: list[dict[str, Any]] = []
+
+    def __enter__(self) -> Self:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
+        first: list[str] = []
+        reader = threading.Thread(target=lambda: first.append(self.proc.stdout.readline() if self.proc.stdout
+                                                              else ""), daemon=True)
+        reader.start()
+        reader.join(timeout=30)
+        if first != ["probing\n"]:
+            self.proc.kill()
+            raise AssertionError(f"the prober never had a good answer from every worker: {first!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=60)
+        self.requests = json.loads(out)["requests"]
+
+
+def moves(events: list[tuple[float, str]]) -> list[float]:
+    """When the route moved: each `routed` event that changed the proxy's config."""
+    return [t for t, e in events if e == "routed"]
+
+
+def spanning(requests: list[dict[str, Any]], times: list[float]) -> int:
+    """Streams that were in flight while the route moved (started before, ended after)."""
+    return sum(1 for r in requests if r["kind"] == "stream" and any(r["t0"] < t < r["t1"] for t in times))
+
+
+def recorder(events: list[tuple[float, str]], drains: list[float]) -> Any:
+    def progress(event: str, fields: dict[str, Any]) -> None:
+        if event != "routed" or fields.get("changed"):
+            events.append((time.monotonic(), event))
+        if event == "drained":
+            drains.append(float(fields["seconds"]))
+    return progress
+
+
+def drain_figures(drains: list[float]) -> str:
+    drains = sorted(drains)
+    return f"drain median {drains[len(drains) // 2]:.2f} s, max {drains[-1]:.2f} s" if drains else "no drain"
+
+
+def summary(requests: list[dict[str, Any]]) -> str:
+    got = classify(requests, TOKENS)
+    return ", ".join(f"{len(v)} {k}" for k, v in got.items())
+
+
+def test_30_handovers_under_a_prober_cut_no_stream_and_fail_no_request(host: Host, ops: Operations) -> None:
+    """chat-a <-> chat-b (disjoint GPUs) 30 times under continuous plain and streaming traffic:
+    every handover ends active, no stream is cut, no request fails or gets a 503."""
+    assert ops.switch("chat-a")["outcome"] == "active"
+    events: list[tuple[float, str]] = []
+    drains: list[float] = []
+    outcomes = []
+    t0 = time.monotonic()
+    with ProberProcess(base_url(host), "chat") as prober:
+        for i in range(30):
+            outcomes.append(ops.switch(("chat-b", "chat-a")[i % 2], progress=recorder(events, drains))["outcome"])
+    took = time.monotonic() - t0
+    got = classify(prober.requests, TOKENS)
+    print(f"30 handovers in {took:.1f} s: {summary(prober.requests)}; "
+          f"{spanning(prober.requests, moves(events))} streams spanned a route move; {drain_figures(drains)}")
+    assert outcomes == ["active"] * 30
+    assert [h["plan"]["mode"] for h in ops.history(host.name)[:30]] == ["handover"] * 30
+    assert got["cut"] == [] and got["failed"] == [] and got["gap"] == []
+    assert len(moves(events)) == 30 and spanning(prober.requests, moves(events)) >= 30
+
+
+def test_10_stop_starts_under_a_prober_answer_only_503_with_retry_after(host: Host, ops: Operations) -> None:
+    """chat-a <-> chat-c (same GPUs) 10 times under the prober: no stream is cut, and the only
+    answers other than 200 are 503 with Retry-After while the route is a gap."""
+    assert ops.switch("chat-a")["outcome"] == "active"
+    events: list[tuple[float, str]] = []
+    drains: list[float] = []
+    outcomes = []
+    with ProberProcess(base_url(host), "chat") as prober:
+        for i in range(10):
+            outcomes.append(ops.switch(("chat-c", "chat-a")[i % 2], progress=recorder(events, drains))["outcome"])
+    got = classify(prober.requests, TOKENS)
+    print(f"10 stop-starts: {summary(prober.requests)}; "
+          f"{spanning(prober.requests, moves(events))} streams spanned a route change; {drain_figures(drains)}")
+    assert outcomes == ["active"] * 10
+    assert got["cut"] == [] and got["failed"] == []
+    assert got["gap"] and {r["retry_after"] for r in got["gap"]} == {"2"}
+    assert spanning(prober.requests, moves(events)) >= 10

@@ -1,0 +1,85 @@
+"""HAProxy's master CLI answers, parsed: when a reload's worker serves, and whether an old worker
+can still reach an engine. Fixtures are real answers of HAProxy 2.6.12 (tests/fixtures/haproxy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, may_reach, new_worker, parse_show_proc
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures/haproxy"
+CHAT = ("127.0.0.1", 18951)  # m1's server in the fixtures' config; m2's is 18952
+
+
+def proc(name: str) -> Procs:
+    parsed = parse_show_proc((FIX / name).read_text())
+    assert parsed is not None
+    return parsed
+
+
+def worker(info: str, stat: str) -> OldWorker:
+    return OldWorker(23676, (FIX / info).read_text(), (FIX / stat).read_text())
+
+
+def test_show_proc_lists_the_master_reloads_and_current_and_old_workers() -> None:
+    """A reload with a stream in flight: one new worker, the previous one among the old."""
+    assert proc("show_proc_old_worker.txt") == Procs(reloads=5, failed=0, workers=(23815,), old_workers=(23676,))
+
+
+def test_an_answer_that_is_not_show_proc_is_unknown() -> None:
+    """An empty or garbled answer (the master re-executing) parses to None, never to 'no workers'."""
+    assert parse_show_proc("") is None
+    assert parse_show_proc("Unknown command.\n") is None
+
+
+def test_the_new_worker_is_the_one_listed_after_the_reload_count_rose() -> None:
+    """Before the master re-executed (same count, same worker) there is no new worker yet."""
+    before = proc("show_proc_one_worker.txt")
+    assert new_worker(before, before) is None
+    assert new_worker(before, proc("show_proc_old_worker.txt")) == 23815
+
+
+def test_a_failed_reload_forks_no_worker_and_counts_the_failure() -> None:
+    """A config the master cannot load: the count rises, the old worker stays, failed goes up."""
+    before, after = proc("show_proc_after_drain.txt"), proc("show_proc_failed_reload.txt")
+    assert new_worker(before, after) is None
+    assert after.failed == before.failed + 1
+
+
+def test_an_old_worker_streaming_from_the_engine_can_reach_it() -> None:
+    """A session on the engine's server: the engine must not stop."""
+    assert may_reach(worker("old_info_streaming.txt", "old_stat_streaming.txt"), [CHAT])
+
+
+def test_an_old_worker_holding_an_idle_client_connection_can_reach_the_engine() -> None:
+    """No session to the engine, but a keep-alive client it will answer once more by its old routes."""
+    assert may_reach(worker("old_info_idle_client.txt", "old_stat_idle_client.txt"), [CHAT])
+
+
+def test_an_old_worker_still_listening_can_reach_the_engine() -> None:
+    """Not stopping yet (Stopping: 0): it may accept a new connection any time."""
+    info = (FIX / "old_info_idle_client.txt").read_text().replace("Stopping: 1", "Stopping: 0")
+    stat = (FIX / "old_stat_idle_client.txt").read_text().replace("openai,FRONTEND,,,1,", "openai,FRONTEND,,,0,")
+    assert may_reach(OldWorker(23676, info, stat), [CHAT])
+
+
+def test_a_stopping_old_worker_without_clients_or_sessions_cannot_reach_the_engine() -> None:
+    """Stopping, no client connection, no session: nothing left that could send a request."""
+    stat = (FIX / "old_stat_idle_client.txt").read_text().replace("openai,FRONTEND,,,1,", "openai,FRONTEND,,,0,")
+    assert not may_reach(OldWorker(23676, (FIX / "old_info_idle_client.txt").read_text(), stat), [CHAT])
+
+
+def test_an_old_worker_whose_config_has_no_server_at_the_engine_cannot_reach_it() -> None:
+    """Its clients can only be routed where its own config points: another engine may stop."""
+    assert not may_reach(worker("old_info_streaming.txt", "old_stat_streaming.txt"), [("127.0.0.1", 18953)])
+
+
+def test_an_old_worker_that_did_not_answer_counts_as_draining() -> None:
+    """No stat or info (it was busy, or the master lost it): ask again, never assume drained."""
+    assert may_reach(OldWorker(23676, "", ""), [CHAT])
+    assert draining(proc("show_proc_old_worker.txt"), {}, [CHAT]) == 1
+
+
+def test_no_old_worker_means_drained() -> None:
+    """Only the current worker: the engines may stop."""
+    assert draining(proc("show_proc_after_drain.txt"), {}, [CHAT]) == 0
