@@ -76,15 +76,15 @@ def test_prompts_hit_the_prompt_tokens_exactly_when_token_counts_vary_per_word(
 
 
 def test_no_two_runs_share_a_prompt_prefix(standin: Start, client: ClientKind) -> None:
-    """Two runs with the same seed against one server: no two prompts share their first 12 characters (at
-    most 12 tokens: inside vLLM's first 16-token cache block), so no prefix-cache entry serves another prompt."""
+    """Two runs with the same seed against one server: no two prompts share their first 16 characters (at
+    most 16 tokens: vLLM's first cache block), so no prefix-cache entry serves another prompt."""
     s = standin("--record-prompts")
     plan = BenchPlan(concurrency=(2,), prompt_tokens=32, max_tokens=2, requests=8, seed=7)
     for _ in range(2):
         asyncio.run(run_bench(BenchTarget(s.url), plan, client=client))
     prompts = httpx.get(s.url + "/standin/prompts").json()["prompts"]
     assert len(prompts) >= 16
-    assert len({p[:12] for p in prompts}) == len(prompts)
+    assert len({p[:16] for p in prompts}) == len(prompts)
 
 
 def test_chat_endpoint_is_measured_too(standin: Start, client: ClientKind) -> None:

@@ -24,6 +24,7 @@ from orchestrator.loadgen.model import BenchPlan, BenchResult, BenchTarget, Leve
 from orchestrator.loadgen.sse import RequestOutcome, StreamAccumulator, StreamError
 
 ProgressCallback = Callable[[Progress], None]
+TAG_DIGITS = 10
 CALIBRATION_PROBES = 14  # 1-token requests the prompt-length search may spend (a bisection of ~4 KB)
 FAILURE_PAUSE_S = 0.05  # a dead server must not turn the workers into a busy loop of refused connects
 
@@ -60,12 +61,13 @@ class LoadGenerator:
         # so every prompt has the same token count; a tokenizer takes at least one token per word.
         self._text = " ".join(rng.choices(WORDS, k=4 * plan.prompt_tokens + 16))
         self._chars = 6 * plan.prompt_tokens  # until calibrated: a guess of about one token per word
-        # Each prompt starts with a tag unique to this run and request: it sits in the first cache
-        # block, so no prompt shares a prefix-cache entry with another, in this run or any earlier one
-        # (vLLM chains block hashes: a different first block makes every later block differ). Fixed
-        # width: the tag's token count does not change from one request to the next.
-        self._run_tag = f"{random.SystemRandom().randrange(10 ** 4):04d}"
-        self._counter = 0
+        # Each prompt starts with a random tag of single digits: it fills the first prefix-cache block
+        # (16 tokens in vLLM), so no prompt shares a cached prefix with another, in this run or an
+        # earlier one (block hashes chain: a different first block makes every later block differ).
+        # Single digits between spaces tokenize alike whichever digits they are, unlike a number
+        # (BPE merges "12" but maybe not "97"), so every prompt keeps the calibrated token count.
+        self._tags = random.SystemRandom()
+        self._tag_digits = max(1, min(TAG_DIGITS, plan.prompt_tokens // 2))  # short prompts stay short
 
     async def run(self) -> BenchResult:
         """Every level in order; raises TransportError / HealthCheckFailed if the target cannot serve."""
@@ -165,8 +167,8 @@ class LoadGenerator:
     # ---- one request ------------------------------------------------------------------------
 
     def _body(self, max_tokens: int | None = None, chars: int | None = None) -> bytes:
-        self._counter += 1
-        prompt = f"{self._run_tag}{self._counter:07d} " + self._text[:self._chars if chars is None else chars]
+        tag = " ".join(self._tags.choices("0123456789", k=self._tag_digits))
+        prompt = f"{tag} {self._text[:self._chars if chars is None else chars]}"
         body: dict[str, Any] = {"model": self._model, "stream": True, "temperature": 0.0,
                                 "stream_options": {"include_usage": True}}
         n = max_tokens or self.plan.max_tokens
