@@ -264,8 +264,8 @@ def environment(a: argparse.Namespace) -> dict[str, Any]:
     smi = subprocess.run([a.nvidia_smi, "--query-gpu=name,driver_version,memory.total",
                           "--format=csv,noheader"], capture_output=True, text=True, check=False)
     info["gpus"] = smi.stdout.strip().splitlines() or smi.stdout.strip()
-    ver = subprocess.run([*shlex.split(a.engine)[:1], "-c", "import importlib.metadata as m; print(*("
-                          "m.version(d) for d in ('vllm', 'torch')))"], capture_output=True, text=True, check=False)
+    ver = subprocess.run([*shlex.split(a.engine)[:1], "-c", ("import importlib.metadata as m; print(*("
+                          "m.version(d) for d in ('vllm', 'torch')))")], capture_output=True, text=True, check=False)
     info["vllm_torch"] = ver.stdout.strip() or ver.stderr.strip()[-300:]
     return info
 
