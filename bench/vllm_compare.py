@@ -43,9 +43,12 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? ([-+.\deE]+|NaN|[+-]Inf)$
 
 def scrape(url: str) -> dict[str, float]:
     """Counters of METRICS summed over their labels (0 when the server does not export one)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
     out = dict.fromkeys(METRICS, 0.0)
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:  # no /metrics (a stand-in server): the server-side columns read 0
+        return out
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m and m.group(1) in out:
@@ -62,12 +65,21 @@ def vllm_argv(a: argparse.Namespace, concurrency: int, requests: int, seed: int)
 
 
 class VllmWorker:
-    """One process with vLLM imported, running `vllm bench serve`'s main() once per request."""
+    """A process with vLLM imported that runs `vllm bench serve`'s main() (one run each: see Workers)."""
 
     def __init__(self, python: str, log: Any) -> None:
-        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--vllm-worker"],
+        self.ready = tempfile.mktemp(suffix=".ready")
+        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--vllm-worker", self.ready],
                                      stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_ready(self) -> None:
+        """Until vLLM is imported: a run's clock and CPU count start after that."""
+        while not os.path.exists(self.ready):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"vllm bench worker exited {self.proc.returncode} while importing vLLM")
+            time.sleep(0.05)
+        os.unlink(self.ready)
 
     def run(self, argv: list[str]) -> dict[str, Any]:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -92,7 +104,32 @@ class VllmWorker:
         self.proc.wait(60)
 
 
-def worker_main() -> int:
+class Workers:
+    """A fresh worker for every `vllm bench serve` run, as the CLI would be (nothing carried over from
+    an earlier run in the same process), started one run ahead so its vLLM import costs no wall time."""
+
+    def __init__(self, python: str, log: Any) -> None:
+        self.python, self.log = python, log
+        self.next = VllmWorker(python, log)
+
+    def take(self) -> VllmWorker:
+        worker, self.next = self.next, VllmWorker(self.python, self.log)
+        return worker
+
+    def close(self) -> None:
+        self.next.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (USER_HZ = 100), 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / 100.0
+
+
+def worker_main(ready: str) -> int:
     import importlib.metadata as md
 
     try:
@@ -103,7 +140,7 @@ def worker_main() -> int:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    print("vllm bench worker ready", flush=True)
+    Path(ready).write_text("")
     for line in sys.stdin:
         req = json.loads(line)
         parser = FlexibleArgumentParser()
@@ -132,9 +169,12 @@ def run_ours(a: argparse.Namespace, concurrency: int, requests: int) -> dict[str
             "median_itl_ms": lv.itl_ms.p50, "client": res.client}
 
 
-def compare(a: argparse.Namespace, log: Any = sys.stdout) -> dict[str, Any]:
+def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int] | None = None) -> dict[str, Any]:
+    """``watch``: server processes (name -> pid) whose CPU seconds each run costs are recorded, with
+    the client's own: which side is the bottleneck when the tools disagree."""
     levels = [tuple(int(x) for x in item.split(":")) for item in a.levels.split(",")]
-    worker = VllmWorker(a.vllm_python, log)
+    workers = Workers(a.vllm_python, log)
+    watch = watch or {}
     runs: list[dict[str, Any]] = []
     try:
         for rnd in range(a.rounds):
@@ -142,13 +182,24 @@ def compare(a: argparse.Namespace, log: Any = sys.stdout) -> dict[str, Any]:
                 order = ("ours", "vllm") if (rnd + i) % 2 == 0 else ("vllm", "ours")
                 for tool in order:
                     seed = 1000 * (rnd + 1) + i
+                    worker = workers.take() if tool == "vllm" else None
+                    if worker:
+                        worker.wait_ready()
+                    client = worker.proc.pid if worker else os.getpid()
+                    pids = {**watch, "client": client}
                     before = scrape(a.url)
+                    cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
                     t0 = time.time()
-                    r = run_ours(a, c, n) if tool == "ours" else worker.run(vllm_argv(a, c, n, seed))
+                    r = worker.run(vllm_argv(a, c, n, seed)) if worker else run_ours(a, c, n)
+                    wall = time.time() - t0
+                    cpu = {k: round(cpu_seconds(p) - cpu0[k], 2) for k, p in pids.items()}
                     after = scrape(a.url)
+                    if worker:
+                        worker.close()
                     d = {k.removeprefix("vllm:").removesuffix("_total"): after[k] - before[k] for k in METRICS}
                     row = {"round": rnd + 1, "tool": tool, "concurrency": c, "requests": n,
-                           "seed": seed if tool == "vllm" else None, "wall_s": round(time.time() - t0, 2),
+                           "seed": seed if tool == "vllm" else None, "wall_s": round(wall, 2),
+                           "cpu_s": cpu,
                            "output_tok_s": r["output_throughput"], "duration_s": r["duration"],
                            "completed": r["completed"], "failed": r["failed"],
                            "client_input_tokens": r["total_input_tokens"],
@@ -161,9 +212,10 @@ def compare(a: argparse.Namespace, log: Any = sys.stdout) -> dict[str, Any]:
                           f"{row['duration_s']:7.2f} s  ok {row['completed']} failed {row['failed']}  "
                           f"server: prompt {d['prompt_tokens']:.0f} gen {d['generation_tokens']:.0f} "
                           f"prefix-cache hits {hit:.1%}  TTFT p50 {row['median_ttft_ms']:.1f} ms "
-                          f"ITL p50 {row['median_itl_ms']:.2f} ms", file=log, flush=True)
+                          f"ITL p50 {row['median_itl_ms']:.2f} ms  cpu s over {wall:.1f} s: "
+                          + " ".join(f"{k} {v:.1f}" for k, v in cpu.items()), file=log, flush=True)
     finally:
-        worker.close()
+        workers.close()
     return summarize(runs, levels, a.tolerance)
 
 
@@ -201,8 +253,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main() -> int:
-    if sys.argv[1:] == ["--vllm-worker"]:
-        return worker_main()
+    if sys.argv[1:2] == ["--vllm-worker"]:
+        return worker_main(sys.argv[2])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True)
     p.add_argument("--model", required=True, help="served model name")

@@ -247,7 +247,12 @@ def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str,
     a = argparse.Namespace(**vars(rig.a))
     a.url, a.model, a.levels, a.rounds = spec.base_url, spec.served_name, levels, rounds
     a.tokenizer = rig.a.tokenizer or rig.a.model_dir
-    summary = compare(a)
+    main = rig.units.main_pid(spec.unit_name)
+    watch = {"api_server": main}
+    for pid in rig.units.cgroup_pids(spec.unit_name):
+        if "EngineCor" in describe(pid):
+            watch["engine_core"] = pid
+    summary = compare(a, watch=watch)
     print_table(summary)
     (rig.out / f"{name}.json").write_text(json.dumps(summary, indent=1))
     detail = "; ".join(f"C={t['concurrency']}: ours/vllm {t['ratio']:.4f}" for t in summary["levels"])
