@@ -8,6 +8,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 
 from orchestrator.errors import HealthCheckFailed, TransportError
@@ -62,6 +63,28 @@ def test_prompts_are_scaled_to_the_requested_prompt_tokens(standin: Start, clien
     result = asyncio.run(run_bench(BenchTarget(s.url), BenchPlan(concurrency=(2,), prompt_tokens=20,
                                                                  max_tokens=2, requests=4), client=client))
     assert result.levels[0].input_tokens == 4 * 20
+
+
+def test_prompts_hit_the_prompt_tokens_exactly_when_token_counts_vary_per_word(
+        standin: Start, client: ClientKind) -> None:
+    """With a tokenizer whose count per word varies (one token per byte), every prompt is exactly 128 tokens."""
+    s = standin("--count-prompt", "bytes")
+    plan = BenchPlan(concurrency=(4,), prompt_tokens=128, max_tokens=4, requests=32)
+    result = asyncio.run(run_bench(BenchTarget(s.url), plan, client=client))
+    assert result.levels[0].requests_ok == 32
+    assert result.levels[0].input_tokens == 32 * 128
+
+
+def test_no_two_runs_share_a_prompt_prefix(standin: Start, client: ClientKind) -> None:
+    """Two runs with the same seed against one server: no two prompts share their first 16 characters (at
+    most 16 tokens: vLLM's first cache block), so no prefix-cache entry serves another prompt."""
+    s = standin("--record-prompts")
+    plan = BenchPlan(concurrency=(2,), prompt_tokens=32, max_tokens=2, requests=8, seed=7)
+    for _ in range(2):
+        asyncio.run(run_bench(BenchTarget(s.url), plan, client=client))
+    prompts = httpx.get(s.url + "/standin/prompts").json()["prompts"]
+    assert len(prompts) >= 16
+    assert len({p[:16] for p in prompts}) == len(prompts)
 
 
 def test_chat_endpoint_is_measured_too(standin: Start, client: ClientKind) -> None:

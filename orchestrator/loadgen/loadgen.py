@@ -24,7 +24,8 @@ from orchestrator.loadgen.model import BenchPlan, BenchResult, BenchTarget, Leve
 from orchestrator.loadgen.sse import RequestOutcome, StreamAccumulator, StreamError
 
 ProgressCallback = Callable[[Progress], None]
-CALIBRATION_WORDS = (16, 256)
+TAG_DIGITS = 10
+CALIBRATION_PROBES = 14  # 1-token requests the prompt-length search may spend (a bisection of ~4 KB)
 FAILURE_PAUSE_S = 0.05  # a dead server must not turn the workers into a busy loop of refused connects
 
 # Common English words: about one BPE token each in most tokenizers; calibrated against usage anyway.
@@ -55,9 +56,18 @@ class LoadGenerator:
         self._concurrency = 0
         self._in_flight = 0
         self._streamed = 0
-        self._prompt_words = plan.prompt_tokens  # until calibrated: one word per token
-        self._rng = random.Random(plan.seed)
-        self._counter = 0
+        rng = random.Random(plan.seed)
+        # One body per run, cut to the prompt length the server's tokenizer counts (see _calibrate),
+        # so every prompt has the same token count; a tokenizer takes at least one token per word.
+        self._text = " ".join(rng.choices(WORDS, k=4 * plan.prompt_tokens + 16))
+        self._chars = 6 * plan.prompt_tokens  # until calibrated: a guess of about one token per word
+        # Each prompt starts with a random tag of single digits: it fills the first prefix-cache block
+        # (16 tokens in vLLM), so no prompt shares a cached prefix with another, in this run or an
+        # earlier one (block hashes chain: a different first block makes every later block differ).
+        # Single digits between spaces tokenize alike whichever digits they are, unlike a number
+        # (BPE merges "12" but maybe not "97"), so every prompt keeps the calibrated token count.
+        self._tags = random.SystemRandom()
+        self._tag_digits = max(1, min(TAG_DIGITS, plan.prompt_tokens // 2))  # short prompts stay short
 
     async def run(self) -> BenchResult:
         """Every level in order; raises TransportError / HealthCheckFailed if the target cannot serve."""
@@ -156,11 +166,9 @@ class LoadGenerator:
 
     # ---- one request ------------------------------------------------------------------------
 
-    def _body(self, max_tokens: int | None = None, words: int | None = None) -> bytes:
-        self._counter += 1
-        words = words or self._prompt_words
-        # a unique leading number defeats prefix caching across requests
-        prompt = f"{self._counter} " + " ".join(self._rng.choices(WORDS, k=words - 1))
+    def _body(self, max_tokens: int | None = None, chars: int | None = None) -> bytes:
+        tag = " ".join(self._tags.choices("0123456789", k=self._tag_digits))
+        prompt = f"{tag} {self._text[:self._chars if chars is None else chars]}"
         body: dict[str, Any] = {"model": self._model, "stream": True, "temperature": 0.0,
                                 "stream_options": {"include_usage": True}}
         n = max_tokens or self.plan.max_tokens
@@ -213,20 +221,40 @@ class LoadGenerator:
         return str(models[0])
 
     async def _calibrate(self, client: HttpBackend) -> None:
-        """Two unmeasured requests of 16 and 256 words: their usage.prompt_tokens fit
-        tokens = a + b * words (a: BOS, chat template), so prompts come out at plan.prompt_tokens
-        as the server's tokenizer counts them."""
-        counts = []
-        for words in CALIBRATION_WORDS:
-            outcome = await self._request(client, self._body(max_tokens=1, words=words))
-            if not outcome.ok:
-                raise HealthCheckFailed(f"bench: warm-up request to {self.target.base_url}{self._path} "
-                                        f"({self._model}) failed: {outcome.error_kind}: {outcome.error}")
-            counts.append(outcome.prompt_tokens)
-        (w0, w1), (t0, t1) = CALIBRATION_WORDS, counts
-        if t1 > t0:
-            per_word = (t1 - t0) / (w1 - w0)
-            self._prompt_words = max(1, round((self.plan.prompt_tokens - (t0 - per_word * w0)) / per_word))
+        """Unmeasured 1-token requests find how much of the run's text makes plan.prompt_tokens as the
+        server counts them (chat template and BOS included): a bisection on the text's length, since
+        tokens grow with it. Words tokenize unevenly, so a per-word estimate misses by several percent."""
+        target = self.plan.prompt_tokens
+        lo, lo_tokens = 0, await self._probe(client, 0)
+        if lo_tokens >= target:
+            self._chars = 0  # the tag alone already makes the prompt that long
+            return
+        hi, hi_tokens = len(self._text), await self._probe(client, len(self._text))
+        if hi_tokens <= target:
+            self._chars = hi
+            return
+        for _ in range(CALIBRATION_PROBES):
+            if hi - lo <= 1:
+                break
+            # secant step inside the bracket, kept off its ends so the bracket always shrinks
+            guess = lo + (target - lo_tokens) * (hi - lo) // max(1, hi_tokens - lo_tokens)
+            mid = min(max(guess, lo + 1), hi - 1)
+            tokens = await self._probe(client, mid)
+            if tokens == target:
+                lo, lo_tokens = mid, tokens
+                break
+            if tokens < target:
+                lo, lo_tokens = mid, tokens
+            else:
+                hi, hi_tokens = mid, tokens
+        self._chars = lo  # the longest text found that does not exceed the target
+
+    async def _probe(self, client: HttpBackend, chars: int) -> int:
+        outcome = await self._request(client, self._body(max_tokens=1, chars=chars))
+        if not outcome.ok:
+            raise HealthCheckFailed(f"bench: warm-up request to {self.target.base_url}{self._path} "
+                                    f"({self._model}) failed: {outcome.error_kind}: {outcome.error}")
+        return outcome.prompt_tokens
 
 
 async def run_bench(target: BenchTarget, plan: BenchPlan, *, on_progress: ProgressCallback | None = None,

@@ -56,6 +56,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="the engine child exits by itself after this long, so nothing leaks")
     p.add_argument("--chunk-delay", type=float, default=0.0, help="seconds per streamed token")
     p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--count-prompt", choices=["words", "bytes"], default="words",
+                   help="prompt tokens as whitespace-separated words, or one per UTF-8 byte (a byte-level "
+                        "tokenizer without merges, whose count per word varies with the word)")
+    p.add_argument("--record-prompts", action="store_true",
+                   help="keep every prompt received; GET /standin/prompts lists them")
     p.add_argument("--stream-batch", type=int, default=1,
                    help="with no token delay: tokens per write (1 = one HTTP chunk per token, like vLLM)")
     p.add_argument("--process-name", default=None,
@@ -178,6 +183,7 @@ class App:
         self.started = time.monotonic()
         self.created = int(time.time())
         self.name = args.served_name
+        self.prompts: list[str] = []
 
     def loaded(self) -> bool:
         return time.monotonic() - self.started >= float(self.args.load_time)
@@ -212,6 +218,8 @@ class App:
             return
         if req.path == "/health":
             writer.write(response_head(200, "text/plain", req.keep_alive, 0))
+        elif req.path == "/standin/prompts" and self.args.record_prompts:
+            send_json(writer, req, 200, {"prompts": self.prompts})
         elif req.path == "/standin/ray" and self.placed is not None:
             send_json(writer, req, 200, {"workers": self.placed})
         elif req.path == "/v1/models" and req.method == "GET":
@@ -266,21 +274,29 @@ class App:
         n = self.args.default_max_tokens if n is None else n
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {n!r}")
+        count = (lambda text: len(text.encode())) if self.args.count_prompt == "bytes" \
+            else (lambda text: len(text.split()))
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
                 raise ValueError("messages must be a non-empty list")
-            words = sum(len(str(m.get("content", "")).split()) + 4 for m in msgs if isinstance(m, dict))
+            texts = [str(m.get("content", "")) for m in msgs if isinstance(m, dict)]
+            words = sum(count(t) + 4 for t in texts)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, str):
-                words = len(prompt.split())
+                texts = [prompt]
+                words = count(prompt)
             elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                texts = []
                 words = len(prompt)
             elif isinstance(prompt, list) and prompt:
-                words = sum(len(str(p).split()) for p in prompt)
+                texts = [str(p) for p in prompt]
+                words = sum(count(t) for t in texts)
             else:
                 raise ValueError("prompt must be a string, a list of strings or of token ids")
+        if self.args.record_prompts and len(self.prompts) < 100_000:
+            self.prompts.extend(texts)
         return n, max(1, words)
 
     async def stream(self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int,

