@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from orchestrator.core.catalog_entries import Defaults, Group, Host, Model, Policy, Proxy, Schedule
+from orchestrator.core.dashboard import Dashboard
 from orchestrator.core.catalog_rules import (
     NAME_RE,
     PATH_RE,
@@ -36,6 +37,7 @@ class Catalog(Strict):
     defaults: Defaults = Field(default_factory=Defaults)
     policy: Policy = Field(default_factory=Policy)
     proxy: Proxy = Field(default_factory=Proxy)
+    dashboard: Dashboard = Field(default_factory=Dashboard)
     hosts: dict[Name, Host]
     models: dict[Name, Model] = Field(default_factory=dict)
     schedules: dict[Name, Schedule] = Field(default_factory=dict)
