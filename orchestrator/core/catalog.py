@@ -9,7 +9,6 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from orchestrator.core.catalog_entries import Defaults, Group, Host, Model, Policy, Proxy, Schedule
-from orchestrator.core.dashboard import Dashboard
 from orchestrator.core.catalog_rules import (
     NAME_RE,
     PATH_RE,
@@ -21,6 +20,7 @@ from orchestrator.core.catalog_rules import (
     SubKeyError,
     check_revision,
 )
+from orchestrator.core.dashboard import Dashboard
 from orchestrator.core.secrets import scan
 from orchestrator.errors import UsageError
 

@@ -41,13 +41,13 @@ def gpu_rows(snapshot: GpuSnapshot, owners: Mapping[int, str]) -> list[dict[str,
     PID (``owners``: pid -> model), else "not ours"."""
     rows = []
     for gpu in snapshot.gpus:
-        procs = [{"pid": p.pid, "name": p.process_name, "mib": p.used_memory_mib,
+        procs: list[dict[str, Any]] = [{"pid": p.pid, "name": p.process_name, "mib": p.used_memory_mib,
                   "model": owners.get(p.pid, "not ours")} for p in snapshot.on({gpu.index})]
         rows.append({"index": gpu.index, "name": gpu.name, "used_mib": gpu.memory_used_mib,
                      "total_mib": gpu.memory_total_mib,
                      "used_pct": round(100 * gpu.memory_used_mib / gpu.memory_total_mib) if gpu.memory_total_mib
                      else 0, "processes": procs,
-                     "models": sorted({p["model"] for p in procs})})
+                     "models": sorted({str(p["model"]) for p in procs})})
     return rows
 
 

@@ -137,8 +137,8 @@ class Live:
         if entry.get("serving"):
             units.setdefault(entry["serving"]["unit"], entry["serving"]["model"])
         for unit, model in units.items():
-            try:
-                for pid in ports.systemd.cgroup_pids(unit):
+            try:  # the main PID and every process of its cgroup (EngineCore, TP workers)
+                for pid in [ports.systemd.unit_state(unit).main_pid, *ports.systemd.cgroup_pids(unit)]:
                     owners[pid] = model
             except OrchestratorError as exc:
                 log.info("dashboard_pids_unknown", host=host, unit=unit, error=str(exc))

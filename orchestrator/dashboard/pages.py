@@ -47,7 +47,7 @@ class Pages:
         if path == "/api/box":
             return "application/json", json.dumps(self.live.box()).encode()
         if path == "/tune":
-            return html, self.tune_page(None).encode()
+            return html, str(self.tune_page(None)).encode()
         if path.startswith("/tune/") and path.removeprefix("/tune/").isdigit():
             page = self.tune_page(int(path.removeprefix("/tune/")))
             return None if page is None else (html, page.encode())

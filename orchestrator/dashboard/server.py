@@ -44,7 +44,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.peer_uid: int | None = None
 
     def handle(self) -> None:
-        pid, uid, gid = peer_credentials(self.request)
+        _pid, uid, gid = peer_credentials(self.request)
         self.peer_uid = uid
         if not self.server.agent.authorized(uid, gid):
             log.warning("dashboard_refused", uid=uid, gid=gid)
