@@ -71,7 +71,7 @@ def running(tmp_path: Path) -> Iterator[Running]:
 def as_user(path: str, gid: int = 65534) -> str:
     """GET / on the socket as uid 65534 (nobody) with primary group ``gid`` and no other: the raw reply."""
     script = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
-              "s.sendall(b'GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'); s.settimeout(10); out=b''\n"
+              "s.sendall(b'GET / HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); s.settimeout(10); out=b''\n"
               "while (c := s.recv(65536)): out += c\nprint(out.decode())")
     done = subprocess.run(["setpriv", "--reuid=65534", f"--regid={gid}", "--clear-groups", sys.executable, "-c",
                            script, path], capture_output=True, text=True, timeout=60, check=True)
