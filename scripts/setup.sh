@@ -8,7 +8,8 @@ t0=$(date +%s)
 say() { printf '[setup +%3ds] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
 
 APT_PACKAGES=(systemd-container openssh-server openssh-client dbus libgirepository1.0-dev libcairo2-dev
-              pkg-config gir1.2-glib-2.0 rsync python3-venv python3.11-venv iproute2 haproxy)
+              pkg-config gir1.2-glib-2.0 rsync python3-venv python3.11-venv iproute2 haproxy
+              chromium chromium-driver)  # chromium: the dashboard's browser tests (selenium, /usr/bin/chromedriver)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -28,7 +29,7 @@ if [[ ! -x .venv/bin/python ]]; then
     say "creating .venv with $($PY --version)"
     "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pytest, hypothesis, openai, aiohttp, ansible' 2>/dev/null; then
+if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pytest, hypothesis, openai, aiohttp, ansible, selenium' 2>/dev/null; then
     say "pip install -e '.[dbus,test,bench]'"
     .venv/bin/python -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "is ignored" || true
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dbus,test,bench]' 2>&1 | grep -v "is ignored" || true

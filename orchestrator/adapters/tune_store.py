@@ -79,6 +79,11 @@ class TuneStore(SqliteFile):
         rows = self._read("SELECT * FROM tune_runs WHERE host=? AND state=? ORDER BY id DESC LIMIT 1", (host, RUNNING))
         return _run(rows[0]) if rows else None
 
+    def finished(self, host: str, limit: int = 10) -> list[TuneRun]:
+        """The host's completed runs with their reports, newest first (the dashboard's tune page)."""
+        return [_run(r) for r in self._read("SELECT * FROM tune_runs WHERE host=? AND state='done' AND result IS NOT "
+                                            "NULL ORDER BY id DESC LIMIT ?", (host, limit))]
+
     def results(self, run_id: int) -> list[TuneResult]:
         return [_result(r) for r in self._read("SELECT * FROM tune_results WHERE run_id=? ORDER BY at", (run_id,))]
 

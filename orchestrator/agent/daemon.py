@@ -69,6 +69,7 @@ class Agent:
                         if config_path else None)
         self.config_revision = self.configs.record_if_new("agent start") if self.configs else None
         self.ops_factory = ops_factory
+        self.dashboard_socket: str | None = None  # where the dashboard serves, once started (status says)
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -77,6 +78,7 @@ class Agent:
         self.metrics.start()
         server = ControlServer(self.socket, self)
         threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
+        dashboard = self._start_dashboard()
         log.info("agent_started", socket=self.socket, hosts=list(self.catalog.hosts))
         for host in self.catalog.hosts:  # reconcile what a crash left unfinished, before anything new
             if self.ops.unfinished(host):
@@ -95,11 +97,20 @@ class Agent:
         self.jobs.join(timeout=120)
         server.shutdown()
         server.server_close()
+        if dashboard is not None:
+            dashboard.close()
         try:
             os.unlink(self.socket)
         except FileNotFoundError:
             pass
         log.info("agent_stopped")
+
+    def _start_dashboard(self) -> Any:
+        from orchestrator.dashboard.service import start
+
+        server = start(self)
+        self.dashboard_socket = None if server is None else str(server.server_address)
+        return server
 
     def loops_healthy(self) -> bool:
         """True while every loop makes progress. A dead one is reported once; the caller then stops
@@ -135,7 +146,8 @@ class Agent:
             result = spec.run(self.ops, args, Call(next_runs=self.scheduler.next_runs))
             if spec.name == "status":
                 result["agent"] = {"pid": os.getpid(),
-                                   "running": {h: j.op for h, j in list(self.jobs.running.items())}}
+                                   "running": {h: j.op for h, j in list(self.jobs.running.items())},
+                                   "dashboard": self.dashboard_socket}
             if spec.name == "history" and self.configs is not None:
                 result = self.configs.annotate(result)
             yield {"result": result}

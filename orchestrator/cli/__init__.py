@@ -46,6 +46,7 @@ from orchestrator.cli import (  # noqa: F401
     bench_cmds,
     catalog_cmds,
     config_cmds,
+    dashboard_cmd,
     deploy_cmds,
     plan_cmd,
     rollout_cmds,

@@ -108,6 +108,18 @@ class RemoteAgentClient(AgentClient):
                               "hosts file")
         return AgentError(f"host {self.target.name}: {last}")
 
+    def open_relay(self, socket_path: str) -> paramiko.Channel:
+        """A byte stream to another Unix socket of the agent on the box (the dashboard's), through the
+        same relay on the same SSH connection: the agent sees the SSH login's uid, as on its socket."""
+        try:
+            channel = self._transport().open_session(timeout=CONNECT_TIMEOUT)
+            channel.exec_command(shlex.join([self.target.python, "-m", "orchestrator.agent.relay",
+                                             "--socket", socket_path]))
+        except paramiko.SSHException as exc:
+            raise TransportError(f"host {self.target.name} ({self.target.where}): could not start the relay: "
+                                 f"{exc}") from exc
+        return channel
+
     def close(self) -> None:
         if self._ssh is not None:
             self._ssh.close()

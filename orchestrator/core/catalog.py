@@ -21,6 +21,7 @@ from orchestrator.core.catalog_rules import (
     absolute_path,
     check_revision,
 )
+from orchestrator.core.dashboard import Dashboard
 from orchestrator.core.secrets import scan
 from orchestrator.errors import UsageError
 
@@ -37,6 +38,7 @@ class Catalog(Strict):
     defaults: Defaults = Field(default_factory=Defaults)
     policy: Policy = Field(default_factory=Policy)
     proxy: Proxy = Field(default_factory=Proxy)
+    dashboard: Dashboard = Field(default_factory=Dashboard)
     hosts: dict[Name, Host]
     models: dict[Name, Model] = Field(default_factory=dict)
     schedules: dict[Name, Schedule] = Field(default_factory=dict)

@@ -1,0 +1,156 @@
+"""The dashboard's setting and the rows it shows, shaped from what the agent already answers.
+
+Pure functions over the agent's own results (status, history, events, GPU snapshots, tune reports):
+the dashboard keeps no state of its own, so the page and the CLI always agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pydantic import Field
+
+from orchestrator.core.catalog_rules import PATH_RE, Strict
+from orchestrator.core.observed import GpuSnapshot
+from orchestrator.core.states import Phase, text_of
+
+# The phases in which the old model no longer serves and the new one does not yet: a switch's downtime.
+DOWN_PHASES = frozenset({Phase.STOPPING, Phase.FREEING, Phase.INSTALLING, Phase.STARTING, Phase.CHECKING,
+                         Phase.ROLLING_BACK})
+ENDED = frozenset({Phase.ACTIVE, Phase.ROLLED_BACK, Phase.ABORTED, Phase.FAILED})
+
+
+class Dashboard(Strict):
+    """``[dashboard]``: the read-only web page the agent serves on a Unix socket (no TCP port at all).
+
+    The socket takes every local connection and answers 403 unless the peer (SO_PEERCRED) may use the
+    agent's control socket; `orchestrator dashboard` forwards it to a local browser."""
+
+    enabled: bool = True
+    socket: str | None = Field(None, pattern=PATH_RE.pattern, max_length=200)  # default <state_dir>/dashboard.sock
+    refresh_s: float = Field(2.0, ge=0.2, le=60.0)  # how often a live page re-reads GPUs and models
+
+
+def socket_path(settings: Dashboard, state_dir: str) -> str:
+    return settings.socket or f"{state_dir.rstrip('/')}/dashboard.sock"
+
+
+def gpu_rows(snapshot: GpuSnapshot, owners: Mapping[int, str]) -> list[dict[str, Any]]:
+    """Each GPU with its memory and the processes on it, each named by the model whose unit holds its
+    PID (``owners``: pid -> model), else "not ours"."""
+    rows = []
+    for gpu in snapshot.gpus:
+        procs: list[dict[str, Any]] = [{"pid": p.pid, "name": p.process_name, "mib": p.used_memory_mib,
+                  "model": owners.get(p.pid, "not ours")} for p in snapshot.on({gpu.index})]
+        rows.append({"index": gpu.index, "name": gpu.name, "used_mib": gpu.memory_used_mib,
+                     "total_mib": gpu.memory_total_mib,
+                     "used_pct": round(100 * gpu.memory_used_mib / gpu.memory_total_mib) if gpu.memory_total_mib
+                     else 0, "processes": procs,
+                     "models": sorted({str(p["model"]) for p in procs})})
+    return rows
+
+
+def layout(model: Any) -> str:
+    parts = [f"TP={model.tensor_parallel}"]
+    if model.pipeline_parallel > 1:
+        parts.append(f"PP={model.pipeline_parallel}")
+    if model.data_parallel > 1:
+        parts.append(f"DP={model.data_parallel}")
+    if model.expert_parallel:
+        parts.append("EP")
+    return " ".join(parts)
+
+
+def model_rows(models: Iterable[Any], entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every catalog model of a host with its state: serving (and healthy or not), switching (the
+    running operation targets it) or stopped; its layout, GPUs and port."""
+    serving = {m["model"]: m for m in entry.get("models") or []}
+    if entry.get("serving") and entry["serving"]["model"] not in serving:
+        serving[entry["serving"]["model"]] = entry["serving"]
+    running = {r["model"]: r for r in entry.get("running") or []}
+    rows = []
+    for m in models:
+        live = serving.get(m.name)
+        if m.name in running:
+            state = f"switching ({running[m.name]['phase']})"
+        elif live is not None:
+            state = "serving" if live.get("healthy", True) else "serving, unhealthy"
+        else:
+            state = "stopped"
+        rows.append({"model": m.name, "state": state, "revision": live.get("revision") if live else None,
+                     "layout": layout(m), "gpus": ",".join(str(g) for g in m.gpus), "port": m.port})
+    return rows
+
+
+def timeline(running: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
+    """The running operation as phases (from its stored record: entered, seconds, current) and the
+    progress lines the CLI streams (``events``: {"at", "event", "fields"}), newest last."""
+    if running is None:
+        return {"active": False, "phases": [], "lines": []}
+    phases = []
+    for t in running.get("timings") or []:
+        left = t.get("left_at")
+        phases.append({"phase": t["phase"], "label": text_of(t["phase"]).label,
+                       "seconds": round((left if left is not None else now) - t["entered_at"], 1),
+                       "current": left is None})
+    lines = [{"at": e["at"], "text": progress_line(str(e["event"]), e.get("fields") or {})} for e in events]
+    return {"active": True, "id": running.get("id"), "model": running.get("model"),
+            "revision": running.get("revision"), "trigger": running.get("trigger"), "op": running.get("op"),
+            "phases": phases, "lines": [ln for ln in lines if ln["text"]][-30:]}
+
+
+def progress_line(event: str, f: Mapping[str, Any]) -> str:
+    """One progress event as the CLI words it (cli/progress.py), shortened for a table cell."""
+    if event == "phase":
+        return f"#{f.get('revision', '?')} {f.get('model', '')}: {text_of(str(f.get('phase'))).label}"
+    if event == "waiting":
+        return f"waiting for {f.get('unit')}: {f.get('last')} ({float(f.get('seconds', 0)):.0f} s)"
+    if event == "gpus_free":
+        return f"GPUs {f.get('gpus')} free after {float(f.get('seconds', 0)):.1f} s"
+    if event == "ready":
+        return f"{f.get('unit')} ready after {float(f.get('seconds', 0)):.1f} s"
+    if event in ("stop", "installed"):
+        return f"{event} {f.get('unit')}"
+    if event == "rollback":
+        return f"rolling back to revision {f.get('to_revision')} ({f.get('model')})"
+    if event == "stage_progress":
+        return ""  # many per second: the phase row says staging
+    return event + (f" {f.get('unit')}" if f.get("unit") else "")
+
+
+def downtime_s(row: Mapping[str, Any]) -> float | None:
+    """Seconds a deployment spent with nothing serving its GPUs (stop to ready), None if it never stopped
+    anything."""
+    spans = [p["seconds"] for p in row.get("phases") or [] if p["phase"] in DOWN_PHASES and p["seconds"]]
+    return round(sum(spans), 2) if spans else None
+
+
+def history_rows(history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """History rows with each phase's duration and the downtime, newest first (as the agent answers)."""
+    return [{"id": h["id"], "revision": h["revision"], "model": h["model"], "outcome": h["outcome"],
+             "trigger": h.get("trigger"), "created_at": h["created_at"], "error": h.get("error"),
+             "phases": [{"phase": p["phase"], "short": text_of(p["phase"]).short, "seconds": p["seconds"]}
+                        for p in h.get("phases") or []],
+             "downtime_s": downtime_s(h)} for h in history]
+
+
+def downtime_series(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Switch downtime per model over time, for a chart: x = start times (oldest first), one series per
+    model with None where another model's deployment sits."""
+    rows = [h for h in reversed(history) if downtime_s(h) is not None]
+    models = sorted({h["model"] for h in rows})
+    return {"x": [h["created_at"] for h in rows],
+            "series": [{"label": m, "values": [downtime_s(h) if h["model"] == m else None for h in rows]}
+                       for m in models]}
+
+
+def tune_series(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A tune report as chart data: x = concurrency levels, tok/s per candidate, the winner flagged."""
+    levels = [int(c) for c in report.get("concurrency") or []]
+    series = []
+    for row in report.get("candidates") or []:
+        lv = {int(c): v for c, v in (row.get("levels") or {}).items()}
+        series.append({"label": row["layout"], "winner": bool(row.get("winner")), "error": row.get("error"),
+                       "values": [lv[c]["tok_s"] if c in lv else None for c in levels]})
+    return {"x": levels, "series": series}

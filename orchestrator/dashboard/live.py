@@ -1,0 +1,145 @@
+"""What the dashboard shows, read from the running agent: its status, history, schedules and events,
+each host's GPUs, and the progress events of its running jobs (the ones the CLI streams).
+
+One reader for every open page: a page's SSE stream waits on ``changed`` and gets the newest view;
+GPUs and models are re-read only while someone watches, every ``refresh_s`` and on each progress event.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from orchestrator.core import dashboard as view
+from orchestrator.errors import OrchestratorError
+
+log = structlog.get_logger()
+
+_POLL_S = 0.1  # how often new jobs are looked for: the first events of a job reach the page this late at most
+
+
+class Live:
+    def __init__(self, agent: Any, refresh_s: float, tune_runs: Callable[[str], list[dict[str, Any]]]) -> None:
+        self.agent = agent
+        self.refresh_s = refresh_s
+        self.tune_runs = tune_runs
+        self.changed = threading.Condition()
+        self.version = 0
+        self.watchers = 0
+        self.events: dict[str, list[dict[str, Any]]] = {}  # host -> progress of its running (or last) job
+        self._jobs: dict[str, Any] = {}  # host -> the job being listened to
+        self._stop = threading.Event()
+
+    # -- the agent's jobs --------------------------------------------------------------------------
+    def start(self) -> None:
+        threading.Thread(target=self._jobs_loop, name="dashboard-jobs", daemon=True).start()
+        threading.Thread(target=self._tick_loop, name="dashboard-tick", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.bump()
+
+    def _jobs_loop(self) -> None:
+        while not self._stop.wait(_POLL_S):
+            for host, job in list(self.agent.jobs.running.items()):
+                if self._jobs.get(host) is not job:
+                    self._jobs[host] = job
+                    self.events[host] = []
+                    threading.Thread(target=self._listen, args=(host, job), daemon=True).start()
+
+    def _listen(self, host: str, job: Any) -> None:
+        from orchestrator.agent.server import _DONE
+
+        q = job.listen()
+        try:
+            while (item := q.get()) is not _DONE:
+                if isinstance(item, dict) and "event" in item:
+                    self.events[host].append({"at": time.time(), "event": item["event"],
+                                              "fields": item.get("fields") or {}, "op": job.op})
+                    self.bump()
+        finally:
+            job.unlisten(q)
+            self.bump()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            if self.watchers:
+                self.bump()
+
+    def bump(self) -> None:
+        with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """The next version after ``seen`` (or ``seen`` again after ``timeout``)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.version != seen or self._stop.is_set(), timeout)
+            return self.version
+
+    # -- one view of the box ----------------------------------------------------------------------
+    def query(self, op: str, args: dict[str, Any]) -> Any:
+        """A read-only operation answered as the control socket answers it (the one source of truth)."""
+        replies = list(self.agent.dispatch(op, args, "dashboard"))
+        last = replies[-1]
+        if "error" in last:
+            raise OrchestratorError(str(last["error"]["message"]))
+        return last["result"]
+
+    def box(self) -> dict[str, Any]:
+        status = self.query("status", {})
+        catalog = self.agent.catalog
+        now = time.time()
+        hosts = []
+        for name, entry in status["hosts"].items():
+            models = [m for m in catalog.models.values() if name in [h.name for h in catalog.model_hosts(m.name)]]
+            history = self.query("history", {"host": name, "limit": 50})
+            running = self._running(name)
+            hosts.append({
+                "name": name, "serving": entry.get("serving"), "endpoint": entry.get("endpoint"),
+                "gpus": self._gpus(name, entry),
+                "models": view.model_rows(models, entry),
+                "operation": view.timeline(running, self.events.get(name, []) if running else [], now),
+                "history": view.history_rows(history[:20]),
+                "downtime": view.downtime_series(history),
+                "events": [e for e in self.agent.ops.events(limit=40) if e.get("host") in (None, name)][:15],
+                "tune": [{k: r[k] for k in ("id", "model", "created_at", "winner")} for r in self.tune_runs(name)],
+            })
+        return {"at": now, "agent": status.get("agent"), "hosts": hosts, "schedules": status.get("schedules") or []}
+
+    def _running(self, host: str) -> dict[str, Any] | None:
+        job = self.agent.jobs.running.get(host)
+        unfinished = self.agent.ops.unfinished(host)
+        if job is None and not unfinished:
+            return None
+        out: dict[str, Any] = {"op": job.op if job else "recover"}
+        if unfinished:
+            d = unfinished[-1]
+            out.update(id=d.id, model=d.model, revision=d.revision, trigger=d.trigger,
+                       timings=[{"phase": t.phase, "entered_at": t.entered_at, "left_at": t.left_at}
+                                for t in d.timings])
+        elif job is not None:
+            out.update(model=job.args.get("model"), timings=[])
+        return out
+
+    def _gpus(self, host: str, entry: dict[str, Any]) -> dict[str, Any]:
+        ports = self.agent.ops.ports_for(host)
+        try:
+            snapshot = ports.gpus.snapshot()
+        except OrchestratorError as exc:
+            return {"error": str(exc), "rows": []}
+        owners: dict[int, str] = {}
+        units = {m["unit"]: m["model"] for m in entry.get("models") or []}
+        if entry.get("serving"):
+            units.setdefault(entry["serving"]["unit"], entry["serving"]["model"])
+        for unit, model in units.items():
+            try:  # the main PID and every process of its cgroup (EngineCore, TP workers)
+                for pid in [ports.systemd.unit_state(unit).main_pid, *ports.systemd.cgroup_pids(unit)]:
+                    owners[pid] = model
+            except OrchestratorError as exc:
+                log.info("dashboard_pids_unknown", host=host, unit=unit, error=str(exc))
+        return {"error": None, "rows": view.gpu_rows(snapshot, owners)}

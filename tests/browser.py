@@ -1,0 +1,24 @@
+"""Debian's chromium, headless, driven by selenium through /usr/bin/chromedriver (nothing downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--window-size=1280,1800")
+
+
+def chromium(profile: Path, *, javascript: bool = True) -> webdriver.Chrome:
+    """A fresh browser with its own --user-data-dir; JavaScript off when asked (the tables must still work)."""
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for flag in FLAGS:
+        opts.add_argument(flag)
+    opts.add_argument(f"--user-data-dir={profile}")
+    if not javascript:
+        opts.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)

@@ -1,0 +1,177 @@
+"""The dashboard's socket: real HTTP on a real Unix socket, the agent in this process over fake ports.
+Pages come from the agent's own answers; anyone outside the socket group gets 403; nothing writes."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent.daemon import Agent
+from orchestrator.dashboard.server import DashboardServer
+from orchestrator.dashboard.service import start
+
+from .conftest import OpsWorld
+
+GROUP = "users"  # exists on Debian (gid 100): a group a test process can join with setpriv
+
+
+class UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("dashboard", timeout=30)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(self.path)
+
+
+@dataclass
+class Running:
+    world: OpsWorld
+    agent: Agent
+    server: DashboardServer
+    path: str
+
+    def get(self, url: str, method: str = "GET") -> tuple[int, dict[str, str], str]:
+        conn = UnixHTTP(self.path)
+        try:
+            conn.request(method, url)
+            resp = conn.getresponse()
+            return resp.status, dict(resp.getheaders()), resp.read().decode()
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    public = Path(tempfile.mkdtemp(prefix="dash-", dir="/tmp"))  # every user may reach the socket in it
+    public.chmod(0o755)
+    path = str(public / "dashboard.sock")
+    world = OpsWorld(tmp_path / "state", socket_group=GROUP, dashboard={"socket": path, "refresh_s": 0.2})
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
+                  clock=world.clock)
+    server = start(agent)
+    assert server is not None
+    yield Running(world, agent, server, path)
+    server.close()
+    public.rmdir()
+
+
+def as_user(path: str, gid: int = 65534) -> str:
+    """GET / on the socket as uid 65534 (nobody) with primary group ``gid`` and no other: the raw reply."""
+    script = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+              "s.sendall(b'GET / HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); s.settimeout(10); out=b''\n"
+              "while (c := s.recv(65536)): out += c\nprint(out.decode())")
+    done = subprocess.run(["setpriv", "--reuid=65534", f"--regid={gid}", "--clear-groups", sys.executable, "-c",
+                           script, path], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def test_box_page_shows_gpus_held_by_the_serving_model(running: Running) -> None:
+    """After a switch, the page lists the model as serving and names it on the GPUs its unit holds."""
+    running.world.ops.switch("alpha")
+    status, headers, body = running.get("/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert 'data-model="alpha" data-state="serving"' in body
+    assert 'data-model="beta" data-state="stopped"' in body
+    box = json.loads(running.get("/api/box")[2])
+    held = {g["index"]: g["models"] for g in box["hosts"][0]["gpus"]["rows"]}
+    assert held[0] == ["alpha"] and held[4] == []
+
+
+def test_history_rows_carry_phase_durations_and_downtime(running: Running) -> None:
+    """A finished switch shows in the history table with its phases and the downtime it cost."""
+    running.world.ops.switch("alpha")
+    running.world.ops.switch("beta")
+    box = json.loads(running.get("/api/box")[2])
+    newest = box["hosts"][0]["history"][0]
+    assert newest["model"] == "beta" and newest["outcome"] == "active"
+    assert {p["phase"] for p in newest["phases"]} >= {"stopping", "starting", "checking"}
+    assert newest["downtime_s"] is not None
+    assert box["hosts"][0]["downtime"]["x"]  # the chart has the switches that stopped something
+
+
+def test_a_user_outside_the_socket_group_gets_403(running: Running) -> None:
+    """Peer credentials decide: uid 65534 in no group is refused with 403 naming its uid and the group."""
+    reply = as_user(running.path)
+    assert reply.startswith("HTTP/1.1 403")
+    assert "uid 65534 may not use the dashboard" in reply and f"group {GROUP!r}" in reply
+    assert "<table" not in reply
+
+
+def test_a_member_of_the_socket_group_gets_the_page(running: Running) -> None:
+    """The same uid with the socket group as its group gets the page, as it gets the agent's socket."""
+    reply = as_user(running.path, 100)
+    assert reply.startswith("HTTP/1.1 200") and 'class="gpus"' in reply
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+def test_the_dashboard_is_read_only(running: Running, method: str) -> None:
+    """Anything but GET and HEAD is refused with 405 and changes nothing."""
+    status, headers, body = running.get("/", method)
+    assert status == 405 and headers["Allow"] == "GET, HEAD" and "read-only" in body
+    assert running.world.ops.history("box") == []
+
+
+@pytest.mark.parametrize("path", ["/static/../server.py", "/static/..%2fserver.py", "/static/server.py",
+                                  "/static/.hidden.js", "/etc/passwd", "/tune/999"])
+def test_nothing_outside_the_pages_and_static_files_is_served(running: Running, path: str) -> None:
+    """Paths outside the known pages and the package's static files are 404."""
+    assert running.get(path)[0] == 404
+
+
+def test_static_files_are_the_vendored_chart_library(running: Running) -> None:
+    """uPlot is served from the package, with its licence beside it."""
+    status, headers, body = running.get("/static/uPlot.iife.min.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript") and "uPlot" in body
+    assert "MIT License" in running.get("/static/uPlot.LICENSE.txt")[2]
+
+
+def test_pages_forbid_inline_and_foreign_scripts(running: Running) -> None:
+    """Every page carries a CSP that allows only the dashboard's own files."""
+    headers = running.get("/")[1]
+    assert headers["Content-Security-Policy"].startswith("default-src 'none'; script-src 'self'")
+
+
+def test_the_event_stream_sends_the_live_sections(running: Running) -> None:
+    """/events is SSE whose first message holds each section's HTML, rendered as on the page."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(running.path)
+        s.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+        buf = b""
+        while b"\n\n" not in buf.partition(b"\r\n\r\n")[2]:
+            buf += s.recv(65536)
+    head, _, stream = buf.partition(b"\r\n\r\n")
+    assert b"Content-Type: text/event-stream" in head
+    event, data = stream.split(b"\n")[:2]
+    assert event == b"event: sections"
+    msg = json.loads(data.removeprefix(b"data: "))
+    assert set(msg["html"]) == {"h0-gpus", "h0-models", "h0-operation", "h0-history", "h0-events"}
+    assert "no operation running" in msg["html"]["h0-operation"]
+
+
+def test_status_says_where_the_dashboard_serves(running: Running) -> None:
+    """The agent's status names the dashboard socket (what `orchestrator dashboard` forwards)."""
+    running.agent.dashboard_socket = running.path
+    reply = list(running.agent.dispatch("status", {}, "test"))[-1]["result"]
+    assert reply["agent"]["dashboard"] == running.path
+
+
+def test_a_disabled_dashboard_opens_no_socket(tmp_path: Path) -> None:
+    """enabled = false: no socket is made at all."""
+    world = OpsWorld(tmp_path / "state", dashboard={"enabled": False, "socket": str(tmp_path / "d.sock")})
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
+                  clock=world.clock)
+    assert start(agent) is None and not os.path.exists(tmp_path / "d.sock")
