@@ -146,7 +146,7 @@ def test_a_push_cannot_turn_on_engines_as_root(tmp_path: Path) -> None:
     (tmp_path / "deploy.toml").write_text(BASE.format(top="", rest=""))
     running = settings.load(tmp_path / "deploy.toml")
     pushed = BASE.format(top='[defaults]\nuser = "root"\ngroup = "root"\nallow_root = true', rest="")
-    revisions = ConfigRevisions(tmp_path / "deploy.toml", str(tmp_path / "state"))
+    revisions = ConfigRevisions(tmp_path / "deploy.toml", str(tmp_path / "state"), group=None)
     with pytest.raises(ConfigError, match=r"new\.toml: defaults\.allow_root: a push cannot turn on engines as root"):
-        revisions.validate(pushed, "new.toml", running)
+        revisions.validate(pushed, "new.toml", running, now=0.0)
     assert (tmp_path / "deploy.toml").read_text() == BASE.format(top="", rest="")

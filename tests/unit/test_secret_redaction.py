@@ -107,7 +107,7 @@ def test_history_json_shows_no_secret_from_the_journal(tmp_path: Path) -> None:
     """`history --json` over a state.db whose failed switch quoted a journal with secrets shows none."""
     state = tmp_path / "state"
     state.mkdir()
-    store = SqliteStore(state / "state.db")
+    store = SqliteStore(state / "state.db", group=None)
     crashing_world(store).switch("beta")
     store.close()
     cfg = tmp_path / "deploy.toml"
