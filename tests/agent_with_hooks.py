@@ -11,6 +11,7 @@ holds it likewise right after the engine reports that event, in the middle of a 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
 from orchestrator.deploy.engine import Engine
 from orchestrator.deploy.operations import Operations
+from orchestrator.errors import OrchestratorError
 from orchestrator.ports import ProgressCallback
 from orchestrator.wiring import ports_factory
 
@@ -87,4 +89,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except OrchestratorError as exc:  # as the product's CLI: one line and its exit code (2: the unit stays failed)
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
