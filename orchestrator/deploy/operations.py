@@ -6,6 +6,7 @@ running deployment named, whether it was started by another CLI or by the agent.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -36,18 +37,33 @@ class Operations:
         self.ports_for = ports_for
         self.template = template
         self.before_step = before_step
-        self.engines: list[Engine] = []
+        # The engines of operations in flight, for SIGTERM; each leaves when its operation ends
+        # (a list of every engine ever built grew with each operation for the agent's lifetime).
+        self.engines: set[Engine] = set()
+        self._engines_lock = threading.Lock()
 
     def engine(self, progress: ProgressCallback | None = None) -> Engine:
-        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template, progress=progress,
-                     before_step=self.before_step)
-        self.engines.append(eng)
-        return eng
+        """An engine for lookups and planning; ``running`` is the one for an operation that runs steps."""
+        return Engine(self.catalog, self.store, self.ports_for, template=self.template, progress=progress,
+                      before_step=self.before_step)
+
+    @contextmanager
+    def running(self, progress: ProgressCallback | None = None) -> Iterator[Engine]:
+        """An engine that ``park_all`` reaches while the block runs, and forgets after it."""
+        eng = self.engine(progress)
+        with self._engines_lock:
+            self.engines.add(eng)
+        try:
+            yield eng
+        finally:
+            with self._engines_lock:
+                self.engines.discard(eng)
 
     def park_all(self) -> None:
         """SIGTERM: every running engine finishes its step, persists, and stops."""
-        for eng in self.engines:
-            eng.park.set()
+        with self._engines_lock:
+            for eng in self.engines:
+                eng.park.set()
 
     # -- lookups callers use instead of the catalog or the store ------------------------------------
     def holder(self, host: str) -> str:
@@ -147,8 +163,7 @@ class Operations:
     def switch(self, model: str, *, trigger: str | None = None, no_rollback: bool = False, force: bool = False,
                progress: ProgressCallback | None = None) -> dict[str, Any]:
         host = self.host_of(model)
-        with self._model_locks(model):
-            eng = self.engine(progress)
+        with self._model_locks(model), self.running(progress) as eng:
             recovered = self._recover_host(eng, host)
             dep = eng.plan_switch(model, trigger=trigger or default_trigger(), no_rollback=no_rollback, force=force)
             if dep is None:
@@ -163,8 +178,7 @@ class Operations:
     def rollback(self, host: str | None = None, to_revision: int | None = None, *, trigger: str = "rollback",
                  progress: ProgressCallback | None = None) -> dict[str, Any]:
         host = self.resolve_host(host)
-        with host_lock(self.state_dir, host, self.holder(host)):
-            eng = self.engine(progress)
+        with host_lock(self.state_dir, host, self.holder(host)), self.running(progress) as eng:
             recovered = self._recover_host(eng, host)
             if self.catalog.proxy.enabled:
                 return {"recovered": recovered, **self._rollback_set(eng, host, to_revision, trigger)}
@@ -196,8 +210,7 @@ class Operations:
     def stop(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Stop MODEL and free its GPUs; with the proxy, its route goes first (then a 404)."""
         host = self.host_of(model)
-        with self._model_locks(model):  # a multi-node model stops on every node
-            eng = self.engine(progress)
+        with self._model_locks(model), self.running(progress) as eng:  # a multi-node model stops on every node
             self._recover_host(eng, host)
             serving = self.store.serving_set(host) if self.catalog.proxy.enabled else \
                 [d for d in [self.store.serving(host)] if d is not None]
@@ -277,8 +290,8 @@ class Operations:
         """Drive every unfinished deployment (a crash, a parked SIGTERM) to an outcome."""
         out: list[dict[str, Any]] = []
         for name in [self.catalog.host(host).name] if host else list(self.catalog.hosts):
-            with host_lock(self.state_dir, name, self.holder(name)):
-                out += self._recover_host(self.engine(progress), name)
+            with host_lock(self.state_dir, name, self.holder(name)), self.running(progress) as eng:
+                out += self._recover_host(eng, name)
         return out
 
     def _recover_host(self, eng: Engine, host: str) -> list[dict[str, Any]]:
