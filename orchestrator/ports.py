@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
-from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.core.records import Deployment, ServingChange, UnitSpec
 from orchestrator.core.states import Phase
 from orchestrator.core.weights import StagedRevision
 
@@ -175,7 +175,9 @@ class StateStore(Protocol):
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
                at: float, no_rollback: bool = False) -> Deployment: ...
 
-    def transition(self, dep_id: int, phase: Phase, at: float) -> None: ...
+    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = ServingChange()) -> None:
+        """Enter ``phase``; with it, in the same transaction, what serves changes as ``serving`` says."""
+        ...
 
     def update_spec(self, dep_id: int, spec: UnitSpec) -> None: ...
 

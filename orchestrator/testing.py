@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
-from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
+from orchestrator.core.records import Deployment, PhaseTiming, ServingChange, UnitSpec
 from orchestrator.core.states import Phase, is_terminal
 from orchestrator.core.weights import StagedRevision
 from orchestrator.errors import CommandFailed, HealthCheckFailed, ProxyError, StateError, SystemdError
@@ -312,9 +312,14 @@ class FakeStateStore:
         self.marks[dep_id] = [(Phase.PLANNED.value, at)]
         return self.get(dep_id)
 
-    def transition(self, dep_id: int, phase: Phase, at: float) -> None:
+    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = ServingChange()) -> None:
+        self.get(dep_id)  # an unknown deployment changes nothing, as the SQLite store's transaction
         self._put(dep_id, phase=phase, ended_at=at if is_terminal(phase) else None)
         self.marks[dep_id].append((phase.value, at))
+        for host, revisions in serving.sets:
+            self.set_serving_set(host, list(revisions))
+        for host, revision in serving.pointers:
+            self.set_serving(host, revision)
 
     def update_spec(self, dep_id: int, spec: UnitSpec) -> None:
         self._put(dep_id, spec=spec)

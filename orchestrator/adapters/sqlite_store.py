@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from orchestrator.adapters.state_files import secure_state_file
-from orchestrator.core.records import Deployment, PhaseTiming, UnitSpec
+from orchestrator.core.records import Deployment, PhaseTiming, ServingChange, UnitSpec
 from orchestrator.core.states import TERMINAL, Phase
 from orchestrator.errors import StateError, StateStoreError
 
@@ -259,11 +259,15 @@ class SqliteStore(SqliteFile):
                        (dep_id, Phase.PLANNED.value, at))
         return self.get(dep_id)
 
-    def transition(self, dep_id: int, phase: Phase, at: float) -> None:
+    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = ServingChange()) -> None:
         with self._tx() as db:
             db.execute("UPDATE deployments SET phase=?, ended_at=? WHERE id=?",
                        (phase.value, at if phase in TERMINAL else None, dep_id))
             db.execute("INSERT INTO transitions (deployment_id, phase, at) VALUES (?,?,?)", (dep_id, phase.value, at))
+            for host, revisions in serving.sets:
+                self._write_serving_set(db, host, revisions)
+            for host, revision in serving.pointers:
+                self._write_serving(db, host, revision)
 
     def record_error(self, dep_id: int, *, error: str | None = None,
                      rollback_error: str | None = None) -> None:
@@ -280,14 +284,22 @@ class SqliteStore(SqliteFile):
 
     def set_serving(self, host: str, revision: int | None) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO serving (host, revision) VALUES (?, ?) ON CONFLICT(host) DO UPDATE SET revision=?",
-                       (host, revision, revision))
+            self._write_serving(db, host, revision)
 
     def set_serving_set(self, host: str, revisions: list[int]) -> None:
         with self._tx() as db:
-            db.execute("DELETE FROM serving_models WHERE host=?", (host,))
-            db.executemany("INSERT INTO serving_models (host, revision) VALUES (?, ?)",
-                           [(host, r) for r in sorted(set(revisions))])
+            self._write_serving_set(db, host, revisions)
+
+    @staticmethod
+    def _write_serving(db: sqlite3.Connection, host: str, revision: int | None) -> None:
+        db.execute("INSERT INTO serving (host, revision) VALUES (?, ?) ON CONFLICT(host) DO UPDATE SET revision=?",
+                   (host, revision, revision))
+
+    @staticmethod
+    def _write_serving_set(db: sqlite3.Connection, host: str, revisions: Iterable[int]) -> None:
+        db.execute("DELETE FROM serving_models WHERE host=?", (host,))
+        db.executemany("INSERT INTO serving_models (host, revision) VALUES (?, ?)",
+                       [(host, r) for r in sorted(set(revisions))])
 
     def record_plan(self, dep_id: int, plan: dict[str, Any]) -> None:
         with self._tx() as db:

@@ -73,6 +73,19 @@ class UnitSpec:
 
 
 @dataclass(frozen=True)
+class ServingChange:
+    """What a deployment's outcome changes about what serves, written with the outcome in one
+    transaction: a crash between the two left a deployment ended that recovery never revisits, with
+    the pointer on what served before (a wrong `status`, a wrong "previous stable" for rollback)."""
+
+    pointers: tuple[tuple[str, int | None], ...] = ()  # (host, revision serving there; None: nothing)
+    sets: tuple[tuple[str, tuple[int, ...]], ...] = ()  # with the front proxy: (host, its serving set)
+
+    def __bool__(self) -> bool:
+        return bool(self.pointers or self.sets)
+
+
+@dataclass(frozen=True)
 class PhaseTiming:
     phase: str
     entered_at: float

@@ -17,7 +17,7 @@ import structlog
 from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
-from orchestrator.core.records import Deployment, NodeUnit, UnitSpec
+from orchestrator.core.records import Deployment, NodeUnit, ServingChange, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.secrets import redact, redact_tree
 from orchestrator.core.states import Event, Phase, advance, is_terminal
@@ -233,8 +233,8 @@ class Engine:
             except Parked:
                 return self._parked(ctx, dep, blog)
             nxt = advance(dep.phase, event)
-            self.store.transition(dep.id, nxt, ports.clock.now())
-            self._settle_serving(dep, nxt)
+            # the outcome and what it changes about what serves: one transaction (no crash between)
+            self.store.transition(dep.id, nxt, ports.clock.now(), self._serving_change(dep, nxt))
             if nxt is Phase.ACTIVE:
                 self._clean_weights(ctx, dep)
             blog.info("phase_changed", phase=nxt.value, previous=dep.phase.value, on=event.value)
@@ -381,21 +381,18 @@ class Engine:
         if removed:
             ctx.emit("weights_removed", revisions=[f"{r.name}@{r.revision}" for r in removed])
 
-    def _settle_serving(self, dep: Deployment, phase: Phase) -> None:
-        # The serving pointer moves only on outcomes: a rollback that succeeds leaves it where it
-        # was (the previous revision); a failed one means nothing is known to serve.
+    def _serving_change(self, dep: Deployment, phase: Phase) -> ServingChange:
+        """The serving pointers (and set) that entering ``phase`` moves: only outcomes move them. A
+        rollback that succeeds leaves them where they were (the previous revision); a failed one
+        means nothing is known to serve."""
+        if phase not in (Phase.ACTIVE, Phase.FAILED):
+            return ServingChange()
+        sets: tuple[tuple[str, tuple[int, ...]], ...] = ()
         plan = self.plan_of(dep)
         if plan is not None:
-            kept = [r for r in plan.before if r not in plan.displaced]
-            if phase is Phase.ACTIVE:
-                self.store.set_serving_set(dep.host, [*kept, dep.revision])
-            elif phase is Phase.FAILED:
-                self.store.set_serving_set(dep.host, kept)
-        if phase is Phase.ACTIVE:
-            self.store.set_serving(dep.host, dep.revision)
-        elif phase is Phase.FAILED:
-            self.store.set_serving(dep.host, None)
-        if phase in (Phase.ACTIVE, Phase.FAILED):
-            # The other nodes now serve (part of) this model, not what they served alone before.
-            for peer in self._peer_restore(dep):
-                self.store.set_serving(peer, None)
+            kept = tuple(r for r in plan.before if r not in plan.displaced)
+            sets = ((dep.host, (*kept, dep.revision) if phase is Phase.ACTIVE else kept),)
+        # The other nodes now serve (part of) this model, not what they served alone before.
+        pointers = [(peer, None) for peer in self._peer_restore(dep)]
+        pointers.append((dep.host, dep.revision if phase is Phase.ACTIVE else None))
+        return ServingChange(pointers=tuple(pointers), sets=sets)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.adapters.sqlite_store import SqliteStore
-from orchestrator.core.records import UnitSpec
+from orchestrator.core.records import ServingChange, UnitSpec
 from orchestrator.core.states import Phase
 from orchestrator.errors import StateError
 from orchestrator.ports import StateStore
@@ -57,6 +57,18 @@ def test_unfinished_and_serving_follow_the_records(store: StateStore) -> None:
     store.transition(dep.id, Phase.ACTIVE, 2.0)
     store.set_serving("a", dep.revision)
     assert store.unfinished("a") == [] and store.serving("a") == store.get(dep.id)
+
+
+def test_an_outcome_moves_the_serving_pointers_and_set_with_it(store: StateStore) -> None:
+    """A transition given a ServingChange enters the phase and moves pointer and set in one write."""
+    old = store.create("a", spec(), "t", None, 1.0)
+    store.set_serving("b", 7)
+    dep = store.create("a", spec("beta"), "t", old.revision, 2.0)
+    store.transition(dep.id, Phase.ACTIVE, 3.0, ServingChange(pointers=(("b", None), ("a", dep.revision)),
+                                                              sets=(("a", (old.revision, dep.revision)),)))
+    assert store.get(dep.id).phase is Phase.ACTIVE
+    assert store.serving("a") == store.get(dep.id) and store.serving("b") is None
+    assert [d.revision for d in store.serving_set("a")] == [old.revision, dep.revision]
 
 
 def test_errors_bench_and_spec_updates_are_kept(store: StateStore) -> None:

@@ -1,0 +1,92 @@
+"""The crash matrix of a deployment's end: the process dies before any store write from `routing` on.
+
+Whatever write the crash precedes, the state file never says "ended" while the serving pointer
+still names what served before: recovery (the next engine over the same file) either re-runs the
+step, or finds the outcome and the pointer written together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.adapters.sqlite_store import SqliteStore
+from orchestrator.core.records import Deployment
+from orchestrator.core.states import Phase
+from orchestrator.deploy.engine import Engine
+from orchestrator.testing import FakeHost, FakeWeights
+
+from .conftest import make_catalog
+
+WRITES = frozenset({"create", "transition", "update_spec", "record_error", "set_serving", "set_serving_set",
+                    "record_plan", "record_bench", "record_event"})
+
+
+class Crash(BaseException):
+    """The process dies here: a BaseException, so no handler of the engine sees it."""
+
+
+class CrashingStore:
+    """The real SQLite store, dying before its n-th write once armed."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self.left: int | None = None  # writes still allowed; None: not armed
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+        if name not in WRITES:
+            return attr
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if self.left == 0:
+                raise Crash(name)
+            if self.left is not None:
+                self.left -= 1
+            return attr(*args, **kwargs)
+
+        return write
+
+
+def engine(store: Any, host: FakeHost) -> Engine:
+    catalog = make_catalog()
+    ports = host.ports(catalog.hosts["box"], FakeWeights())
+    return Engine(catalog, store, lambda name: ports)
+
+
+@pytest.mark.parametrize("writes_before_crash", range(4))
+@pytest.mark.parametrize("ending", ["active", "failed"])
+def test_a_crash_at_the_end_never_splits_outcome_and_serving(tmp_path: Path, ending: str,
+                                                             writes_before_crash: int) -> None:
+    """Crash before the k-th write from `routing` on; after recovery the pointer matches the outcome."""
+    host = FakeHost(name="box")
+    store = CrashingStore(SqliteStore(tmp_path / "state.db", group=None))
+    eng = engine(store, host)
+    first = eng.plan_switch("alpha")
+    assert first is not None and eng.run(first.id).phase is Phase.ACTIVE
+    if ending == "failed":  # beta's start fails and there is no rollback: nothing is known to serve
+        host.behaviours["vllm-beta.service"] = "crash"
+    dep = eng.plan_switch("beta", no_rollback=ending == "failed")
+    assert dep is not None
+
+    def arm(d: Deployment) -> None:
+        if store.left is None and d.phase in (Phase.ROUTING, Phase.STARTING):
+            store.left = writes_before_crash
+
+    eng.before_step = arm
+    try:
+        eng.run(dep.id)
+    except Crash:
+        pass
+    store.store.close()
+
+    reopened = SqliteStore(tmp_path / "state.db", group=None)
+    recovery = engine(reopened, host)
+    for unfinished in reopened.unfinished("box"):
+        recovery.run(unfinished.id)
+    final = reopened.get(dep.id)
+    serving = reopened.serving("box")
+    assert final.phase.value == ending
+    assert (serving.revision if serving else None) == (dep.revision if ending == "active" else None)
