@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
-from orchestrator.core.records import Deployment, ServingChange, UnitSpec
-from orchestrator.core.states import Phase
+from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
+from orchestrator.core.states import Fallback, Phase
 from orchestrator.core.weights import StagedRevision
 
 
@@ -173,9 +173,12 @@ class StateStore(Protocol):
     """Durable deployment records (see adapters.sqlite_store for the real one)."""
 
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
-               at: float, no_rollback: bool = False) -> Deployment: ...
+               at: float, no_rollback: bool = False, *, restores: int | None = None,
+               fallback: Fallback | None = None) -> Deployment:
+        """A planned deployment; ``fallback`` None: the one of a switch without the front proxy."""
+        ...
 
-    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = ServingChange()) -> None:
+    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE) -> None:
         """Enter ``phase``; with it, in the same transaction, what serves changes as ``serving`` says."""
         ...
 

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
-from orchestrator.core.records import Deployment, PhaseTiming, ServingChange, UnitSpec
-from orchestrator.core.states import Phase, is_terminal
+from orchestrator.core.records import NO_CHANGE, Deployment, PhaseTiming, ServingChange, UnitSpec
+from orchestrator.core.states import Fallback, Phase, fallback_of, is_terminal
 from orchestrator.core.weights import StagedRevision
 from orchestrator.errors import CommandFailed, HealthCheckFailed, ProxyError, StateError, SystemdError
 from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
@@ -303,16 +303,19 @@ class FakeStateStore:
         self.rows[dep_id] = replace(self.rows[dep_id], **changes)
 
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
-               at: float, no_rollback: bool = False) -> Deployment:
+               at: float, no_rollback: bool = False, *, restores: int | None = None,
+               fallback: Fallback | None = None) -> Deployment:
         dep_id = len(self.rows) + 1
         revision = 1 + max((d.revision for d in self.rows.values() if d.host == host), default=0)
+        if fallback is None:
+            fallback = fallback_of(previous_revision=previous_revision, in_set=False, no_rollback=no_rollback)
         self.rows[dep_id] = Deployment(id=dep_id, host=host, revision=revision, spec=spec, trigger=trigger,
                                        phase=Phase.PLANNED, created_at=at, previous_revision=previous_revision,
-                                       no_rollback=no_rollback)
+                                       no_rollback=no_rollback, restores=restores, fallback=fallback)
         self.marks[dep_id] = [(Phase.PLANNED.value, at)]
         return self.get(dep_id)
 
-    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = ServingChange()) -> None:
+    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE) -> None:
         self.get(dep_id)  # an unknown deployment changes nothing, as the SQLite store's transaction
         self._put(dep_id, phase=phase, ended_at=at if is_terminal(phase) else None)
         self.marks[dep_id].append((phase.value, at))

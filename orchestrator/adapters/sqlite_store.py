@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.adapters.state_files import secure_state_file
-from orchestrator.core.records import Deployment, PhaseTiming, ServingChange, UnitSpec
-from orchestrator.core.states import TERMINAL, Phase
+from orchestrator.core.records import NO_CHANGE, Deployment, PhaseTiming, ServingChange, UnitSpec
+from orchestrator.core.states import TERMINAL, Fallback, Phase, fallback_of
 from orchestrator.errors import StateError, StateStoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Version 1: the schema as first landed (until then the file had no user_version).
 _V1 = (
@@ -144,6 +144,23 @@ _V4 = (
 )
 
 
+def _to_v5(db: sqlite3.Connection, path: str) -> None:
+    """Version 5: whether a deployment restores a recorded revision, and its fallback, are columns.
+
+    Until now a rollback was known by its trigger's prefix and the fallback worked out on failure;
+    old rows get what those rules said then."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(deployments)")}
+    if "restores" not in columns:
+        db.execute("ALTER TABLE deployments ADD COLUMN restores INTEGER")
+    if "fallback" not in columns:
+        db.execute(f"ALTER TABLE deployments ADD COLUMN fallback TEXT NOT NULL DEFAULT '{Fallback.NONE.value}'")
+    db.execute("UPDATE deployments SET restores = CAST(substr(trigger, instr(trigger, ':to-') + 4) AS INTEGER) "
+               "WHERE trigger LIKE 'rollback%' AND instr(trigger, ':to-') > 0")
+    db.execute("UPDATE deployments SET fallback = CASE WHEN no_rollback = 0 AND (previous_revision IS NOT NULL "
+               "OR id IN (SELECT deployment_id FROM deployment_plans)) THEN ? ELSE ? END",
+               (Fallback.PREVIOUS.value, Fallback.NONE.value))
+
+
 def _create(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection, str], None]:
     def step(db: sqlite3.Connection, path: str) -> None:
         for statement in statements:
@@ -153,7 +170,8 @@ def _create(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection, str], 
 
 
 # _MIGRATIONS[v] brings a file from version v to v + 1.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _create(_V2), _create(_V3), _create(_V4))
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _create(_V2), _create(_V3), _create(_V4),
+                                                                           _to_v5)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -245,21 +263,24 @@ class SqliteStore(SqliteFile):
 
     # -- writes ---------------------------------------------------------------------------------
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
-               at: float, no_rollback: bool = False) -> Deployment:
+               at: float, no_rollback: bool = False, *, restores: int | None = None,
+               fallback: Fallback | None = None) -> Deployment:
+        if fallback is None:
+            fallback = fallback_of(previous_revision=previous_revision, in_set=False, no_rollback=no_rollback)
         with self._tx() as db:
             last = db.execute("SELECT COALESCE(MAX(revision), 0) FROM deployments WHERE host=?",
                               (host,)).fetchone()[0]
             cur = db.execute(
                 "INSERT INTO deployments (host, revision, spec, trigger, phase, created_at,"
-                " previous_revision, no_rollback) VALUES (?,?,?,?,?,?,?,?)",
+                " previous_revision, no_rollback, restores, fallback) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (host, last + 1, json.dumps(spec.to_dict()), trigger, Phase.PLANNED.value, at,
-                 previous_revision, int(no_rollback)))
+                 previous_revision, int(no_rollback), restores, fallback.value))
             dep_id = int(cur.lastrowid or 0)
             db.execute("INSERT INTO transitions (deployment_id, phase, at) VALUES (?,?,?)",
                        (dep_id, Phase.PLANNED.value, at))
         return self.get(dep_id)
 
-    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = ServingChange()) -> None:
+    def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE) -> None:
         with self._tx() as db:
             db.execute("UPDATE deployments SET phase=?, ended_at=? WHERE id=?",
                        (phase.value, at if phase in TERMINAL else None, dep_id))
@@ -390,12 +411,18 @@ class SqliteStore(SqliteFile):
         except ValueError:
             raise StateStoreError(f"state store {self.path}: deployment #{dep_id}: unknown phase "
                                   f"{col('phase')!r} (written by another version of orchestrator?)") from None
+        try:
+            fallback = Fallback(col("fallback", Fallback.NONE.value))
+        except ValueError:
+            raise StateStoreError(f"state store {self.path}: deployment #{dep_id}: unknown fallback "
+                                  f"{col('fallback')!r} (written by another version of orchestrator?)") from None
         bench = _object(col("bench")) or None
         return Deployment(id=dep_id, host=str(col("host", "?")), revision=int(col("revision", 0)), spec=spec,
                           trigger=str(col("trigger", "")), phase=phase, created_at=float(col("created_at", 0.0)),
                           previous_revision=col("previous_revision"), ended_at=col("ended_at"),
                           error=col("error"), rollback_error=col("rollback_error"),
-                          no_rollback=bool(col("no_rollback", 0)), timings=timings, bench=bench)
+                          no_rollback=bool(col("no_rollback", 0)), timings=timings, bench=bench,
+                          restores=col("restores"), fallback=fallback)
 
 
 def _object(text: object) -> dict[str, Any]:

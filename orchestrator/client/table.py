@@ -126,7 +126,7 @@ def _short(value: object) -> str:
 
 
 def _rollback_trigger(call: Call) -> str:
-    # The engine treats triggers that start with "rollback" as rollbacks (recorded unit kept as is).
+    # For people reading history: the engine knows a rollback by its record (Deployment.restores).
     return f"rollback by {call.trigger}" if call.trigger else "rollback"
 
 

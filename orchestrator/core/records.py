@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from orchestrator.core.states import Phase
+from orchestrator.core.states import Fallback, Phase
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,9 @@ class ServingChange:
         return bool(self.pointers or self.sets)
 
 
+NO_CHANGE = ServingChange()
+
+
 @dataclass(frozen=True)
 class PhaseTiming:
     phase: str
@@ -112,6 +115,10 @@ class Deployment:
     no_rollback: bool = False
     timings: tuple[PhaseTiming, ...] = field(default_factory=tuple)
     bench: dict[str, Any] | None = None
+    # The revision whose recorded unit this deployment redeploys as it is (a rollback, tune's
+    # restore); None: a switch to the catalog's model. Data, not a reading of the trigger's words.
+    restores: int | None = None
+    fallback: Fallback = Fallback.NONE
 
     @property
     def model(self) -> str:
@@ -123,7 +130,7 @@ class Deployment:
             "unit": self.spec.unit_name, "unit_sha256": self.spec.unit_sha, "weights_revision": self.spec.revision,
             "trigger": self.trigger,
             "outcome": self.phase.value, "created_at": self.created_at, "ended_at": self.ended_at,
-            "previous_revision": self.previous_revision, "error": self.error,
+            "previous_revision": self.previous_revision, "restores": self.restores, "error": self.error,
             "rollback_error": self.rollback_error,
             "phases": [{"phase": t.phase, "seconds": t.seconds} for t in self.timings],
             "bench": self.bench,

@@ -5,7 +5,9 @@ A deployment moves through the phases of a switch. Each step either succeeds (``
 move raises an error that names the event and the state (after h11's ``_state.py``).
 
 Failures before ``stopping`` abort with the old model still serving. Failures from ``stopping``
-on roll back to the previous stable revision, unless there is none or rollback is disabled.
+on roll back to the previous stable revision, unless the deployment has no fallback (none to go
+back to, or rollback disabled): that is a field of its record, fixed when it is planned, and the
+table is keyed by it, so nothing outside the table decides where a failure leads.
 """
 
 from __future__ import annotations
@@ -37,10 +39,24 @@ class Phase(StrEnum):
 class Event(StrEnum):
     OK = "ok"
     FAIL = "fail"
-    FAIL_NO_ROLLBACK = "fail_no_rollback"
 
 
-P, E = Phase, Event
+class Fallback(StrEnum):
+    """What a deployment goes back to when a step fails from ``stopping`` on."""
+
+    PREVIOUS = "previous"  # the previous stable revision, or (front proxy) the serving set before
+    NONE = "none"  # nothing: a first deployment, or rollback disabled
+
+
+P, E, F = Phase, Event, Fallback
+
+
+def fallback_of(*, previous_revision: int | None, in_set: bool, no_rollback: bool) -> Fallback:
+    """The fallback of a deployment being planned. With the front proxy there is always a set to go
+    back to (perhaps without this model at all)."""
+    if no_rollback or (previous_revision is None and not in_set):
+        return F.NONE
+    return F.PREVIOUS
 
 
 @dataclass(frozen=True)
@@ -101,30 +117,28 @@ DISRUPTIVE: frozenset[Phase] = frozenset({P.STOPPING, P.FREEING, P.INSTALLING, P
 TERMINAL: frozenset[Phase] = frozenset({P.ACTIVE, P.ROLLED_BACK, P.ABORTED, P.FAILED})
 
 
-def _table() -> dict[tuple[Phase, Event], Phase]:
-    table: dict[tuple[Phase, Event], Phase] = {}
-    for here, there in pairwise(FORWARD):
-        table[here, E.OK] = there
-    for phase in (P.PLANNED, P.PREFLIGHT, P.STAGING):
-        table[phase, E.FAIL] = P.ABORTED
-        table[phase, E.FAIL_NO_ROLLBACK] = P.ABORTED
-    for phase in DISRUPTIVE:
-        table[phase, E.FAIL] = P.ROLLING_BACK
-        table[phase, E.FAIL_NO_ROLLBACK] = P.FAILED
-    table[P.ROLLING_BACK, E.OK] = P.ROLLED_BACK
-    # A failed rollback is final: both errors are kept and nothing is retried in a loop.
-    table[P.ROLLING_BACK, E.FAIL] = P.FAILED
-    table[P.ROLLING_BACK, E.FAIL_NO_ROLLBACK] = P.FAILED
+def _table() -> dict[tuple[Phase, Event, Fallback], Phase]:
+    table: dict[tuple[Phase, Event, Fallback], Phase] = {}
+    for fallback in Fallback:
+        for here, there in pairwise(FORWARD):
+            table[here, E.OK, fallback] = there
+        for phase in (P.PLANNED, P.PREFLIGHT, P.STAGING):
+            table[phase, E.FAIL, fallback] = P.ABORTED
+        for phase in DISRUPTIVE:
+            table[phase, E.FAIL, fallback] = P.ROLLING_BACK if fallback is F.PREVIOUS else P.FAILED
+        table[P.ROLLING_BACK, E.OK, fallback] = P.ROLLED_BACK
+        # A failed rollback is final: both errors are kept and nothing is retried in a loop.
+        table[P.ROLLING_BACK, E.FAIL, fallback] = P.FAILED
     return table
 
 
-TRANSITIONS: dict[tuple[Phase, Event], Phase] = _table()
+TRANSITIONS: dict[tuple[Phase, Event, Fallback], Phase] = _table()
 
 
-def advance(phase: Phase, event: Event) -> Phase:
-    """The phase after ``event`` happens in ``phase``."""
+def advance(phase: Phase, event: Event, fallback: Fallback = F.PREVIOUS) -> Phase:
+    """The phase after ``event`` happens in ``phase`` to a deployment with ``fallback``."""
     try:
-        return TRANSITIONS[phase, event]
+        return TRANSITIONS[phase, event, fallback]
     except KeyError:
         raise StateError(f"event {event.value!r} is not allowed in state {phase.value!r}") from None
 

@@ -17,10 +17,10 @@ import structlog
 from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
-from orchestrator.core.records import Deployment, NodeUnit, ServingChange, UnitSpec
+from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingChange, UnitSpec
 from orchestrator.core.render import load_deadline, model_dir_for, render_unit
 from orchestrator.core.secrets import redact, redact_tree
-from orchestrator.core.states import Event, Phase, advance, is_terminal
+from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
@@ -108,7 +108,9 @@ class Engine:
         # policy.rollback_on_failure = false is --no-rollback for every switch, the agent's included.
         no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure
         return self.store.create(host.name, spec, trigger or default_trigger(), previous,
-                                 self.ports_for(host.name).clock.now(), no_rollback=no_rollback)
+                                 self.ports_for(host.name).clock.now(), no_rollback=no_rollback,
+                                 fallback=fallback_of(previous_revision=previous, in_set=False,
+                                                      no_rollback=no_rollback))
 
     # -- with the front proxy: a host serves a set of models ------------------------------------
     def _plan_in_set(self, model: Model, *, trigger: str | None, no_rollback: bool,
@@ -126,14 +128,17 @@ class Engine:
         """Which serving models a switch to ``spec`` replaces, and whether it keeps the route up."""
         return plan_switch(spec, [Serving(d.revision, d.spec) for d in self.store.serving_set(host)])
 
-    def plan_spec(self, host: str, spec: UnitSpec, trigger: str, *, no_rollback: bool = False) -> Deployment:
-        """A deployment of ``spec`` into the host's serving set, with its plan recorded."""
+    def plan_spec(self, host: str, spec: UnitSpec, trigger: str, *, no_rollback: bool = False,
+                  restores: int | None = None) -> Deployment:
+        """A deployment of ``spec`` into the host's serving set, with its plan recorded; ``restores``:
+        the revision whose recorded unit ``spec`` is (a rollback)."""
         plan = self.explain(host, spec)
         holders = [r for r in plan.displaced
                    if self.store.by_revision(host, r).spec.served_name == spec.served_name]
         previous = holders[0] if holders else (plan.displaced[0] if plan.displaced else None)
         dep = self.store.create(host, spec, trigger, previous, self.ports_for(host).clock.now(),
-                                no_rollback=no_rollback)
+                                no_rollback=no_rollback, restores=restores,
+                                fallback=fallback_of(previous_revision=previous, in_set=True, no_rollback=no_rollback))
         self.store.record_plan(dep.id, plan.to_dict())
         return dep
 
@@ -158,9 +163,13 @@ class Engine:
         if target.phase is not Phase.ACTIVE:
             raise UsageError(f"host {host_name}: revision {to_revision} ({target.model}) never became "
                              f"active (outcome {target.phase.value}); roll back to one that did")
-        return self.store.create(host_name, target.spec, f"{trigger}:to-{to_revision}",
-                                 serving.revision if serving else None, self.ports_for(host_name).clock.now(),
-                                 no_rollback=no_rollback or not self.catalog.policy.rollback_on_failure)
+        previous = serving.revision if serving else None
+        no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure
+        return self.store.create(host_name, target.spec, f"{trigger}:to-{to_revision}", previous,
+                                 self.ports_for(host_name).clock.now(), no_rollback=no_rollback,
+                                 restores=to_revision,
+                                 fallback=fallback_of(previous_revision=previous, in_set=False,
+                                                      no_rollback=no_rollback))
 
     def refuse_foreign_ranks(self, host: str, gpus: tuple[int, ...], model: str) -> None:
         """Refuse, before anything is recorded or stopped, a single-box model on GPUs of ``host``
@@ -232,7 +241,7 @@ class Engine:
                 event = self._run_step(ctx, dep, blog)
             except Parked:
                 return self._parked(ctx, dep, blog)
-            nxt = advance(dep.phase, event)
+            nxt = advance(dep.phase, event, dep.fallback)
             # the outcome and what it changes about what serves: one transaction (no crash between)
             self.store.transition(dep.id, nxt, ports.clock.now(), self._serving_change(dep, nxt))
             if nxt is Phase.ACTIVE:
@@ -270,9 +279,7 @@ class Engine:
                 return Event.FAIL
             blog.error("step_failed", phase=dep.phase.value, error=str(exc))
             self.store.record_error(dep.id, error=redact(f"{dep.phase.value}: {exc}"))
-            # With the proxy there is always a set to go back to (perhaps without this model at all).
-            can_roll_back = (dep.previous_revision is not None or step.plan is not None) and not dep.no_rollback
-            return Event.FAIL if can_roll_back else Event.FAIL_NO_ROLLBACK
+            return Event.FAIL  # where it leads (rollback or not) is the table's, by dep.fallback
         if result.spec is not None:
             self.store.update_spec(dep.id, result.spec)
         if result.bench is not None:
@@ -386,13 +393,13 @@ class Engine:
         rollback that succeeds leaves them where they were (the previous revision); a failed one
         means nothing is known to serve."""
         if phase not in (Phase.ACTIVE, Phase.FAILED):
-            return ServingChange()
+            return NO_CHANGE
         sets: tuple[tuple[str, tuple[int, ...]], ...] = ()
         plan = self.plan_of(dep)
         if plan is not None:
             kept = tuple(r for r in plan.before if r not in plan.displaced)
             sets = ((dep.host, (*kept, dep.revision) if phase is Phase.ACTIVE else kept),)
         # The other nodes now serve (part of) this model, not what they served alone before.
-        pointers = [(peer, None) for peer in self._peer_restore(dep)]
+        pointers: list[tuple[str, int | None]] = [(peer, None) for peer in self._peer_restore(dep)]
         pointers.append((dep.host, dep.revision if phase is Phase.ACTIVE else None))
         return ServingChange(pointers=tuple(pointers), sets=sets)

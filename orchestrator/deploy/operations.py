@@ -190,7 +190,7 @@ class Operations:
         """Restore the set before the newest switch: redeploy what it displaced, or stop what it added."""
         if to_revision is not None:
             target = self.store.by_revision(host, to_revision)
-            dep = eng.plan_spec(host, target.spec, f"{trigger}:to-{to_revision}")
+            dep = eng.plan_spec(host, target.spec, f"{trigger}:to-{to_revision}", restores=to_revision)
             return {"noop": False, **eng.run(dep.id).to_dict()}
         serving = {d.revision for d in self.store.serving_set(host)}
         last = next((d for d in self.store.history(host, 200) if d.revision in serving), None)
@@ -201,7 +201,8 @@ class Operations:
             return {**self._stop(eng, host, last), "noop": False}
         result: dict[str, Any] = {}
         for revision in plan.displaced:
-            dep = eng.plan_spec(host, self.store.by_revision(host, revision).spec, f"{trigger}:to-{revision}")
+            dep = eng.plan_spec(host, self.store.by_revision(host, revision).spec, f"{trigger}:to-{revision}",
+                                restores=revision)
             result = {"noop": False, **eng.run(dep.id).to_dict()}
             if result["outcome"] != "active":
                 break

@@ -42,7 +42,7 @@ def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuS
     Needs the model's config.json on the host, so before staging it only runs for weights that
     are already there; staging runs it again, still before the serving model is stopped.
     """
-    if dep.model not in catalog.models or dep.trigger.startswith("rollback"):
+    if dep.model not in catalog.models or dep.restores is not None:
         return []  # a recorded revision already loaded once on this host
     config = _read_json(ports, f"{dep.spec.model_dir}/config.json")
     if config is None:

@@ -53,7 +53,7 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
         staged = store.stage(dep.spec, ctx.progress)
         ctx.emit("staged", path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
         # A rollback redeploys its recorded spec exactly; a switch follows where the weights landed.
-        if staged.path != dep.spec.model_dir and not dep.trigger.startswith("rollback"):
+        if staged.path != dep.spec.model_dir and dep.restores is None:
             spec = step.respec(staged.path, staged.revision)
         check_layout(ctx.catalog, replace(dep, spec=spec or dep.spec), ctx.ports, ctx.ports.gpus.snapshot())
     multinode.stage(ctx, spec or dep.spec)

@@ -73,3 +73,19 @@ def test_unknown_host_is_named_without_traceback() -> None:
                        capture_output=True, text=True, cwd=REPO, check=False)
     assert r.returncode == 2 and "unknown host 'nope' (known: blackwell)" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_restore_under_any_trigger_skips_the_layout_check() -> None:
+    """A rollback is known by its record, not its trigger's wording: tune's restore of a revision that
+    loaded once is not refused by a layout check that the catalog's config.json would fail now."""
+    catalog = make_catalog(models={
+        "alpha": {"repo": "org/alpha", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8000},
+        "mm-tp8": {"repo": "MiniMaxAI/MiniMax-M2.5", "gpus": list(range(8)), "tensor_parallel": 8, "port": 8001}})
+    world = World(catalog)
+    assert world.switch("mm-tp8").phase is Phase.ACTIVE  # no config.json on the box yet: nothing to check
+    world.switch("alpha")
+    model_dir = world.engine.spec_for(catalog.models["mm-tp8"]).model_dir
+    world.host.files[f"{model_dir}/config.json"] = MINIMAX.read_bytes()
+    dep = world.engine.plan_rollback("box", 1, trigger="tune:7:restore")
+    assert dep.restores == 1
+    assert world.engine.run(dep.id).phase is Phase.ACTIVE

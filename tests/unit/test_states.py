@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.states import FORWARD, TERMINAL, TRANSITIONS, Event, Phase, advance
+from orchestrator.core.states import (
+    FORWARD,
+    TERMINAL,
+    TRANSITIONS,
+    Event,
+    Fallback,
+    Phase,
+    advance,
+    fallback_of,
+)
 from orchestrator.errors import StateError
 
 
@@ -29,13 +38,33 @@ def test_failure_before_stopping_aborts(phase: Phase) -> None:
 def test_failure_after_stopping_rolls_back(phase: Phase) -> None:
     """From stopping on, a failure rolls back (or fails when rollback is impossible)."""
     assert advance(phase, Event.FAIL) is Phase.ROLLING_BACK
-    assert advance(phase, Event.FAIL_NO_ROLLBACK) is Phase.FAILED
+    assert advance(phase, Event.FAIL, Fallback.NONE) is Phase.FAILED
+
+
+@pytest.mark.parametrize("phase", [Phase.PLANNED, Phase.PREFLIGHT, Phase.STAGING])
+def test_failure_before_stopping_aborts_whatever_the_fallback(phase: Phase) -> None:
+    """Without a fallback a failure before anything stopped still aborts (the old model serves)."""
+    assert advance(phase, Event.FAIL, Fallback.NONE) is Phase.ABORTED
+
+
+def test_the_table_decides_every_move_of_every_fallback() -> None:
+    """Each running phase has a row for each event under each fallback: no move is chosen in code."""
+    running = set(Phase) - TERMINAL
+    assert set(TRANSITIONS) == {(p, e, f) for p in running for e in Event for f in Fallback}
+
+
+def test_a_deployment_falls_back_only_with_something_to_go_back_to() -> None:
+    """A previous revision (or the proxy's set) gives a fallback; --no-rollback or none of them: none."""
+    assert fallback_of(previous_revision=3, in_set=False, no_rollback=False) is Fallback.PREVIOUS
+    assert fallback_of(previous_revision=None, in_set=True, no_rollback=False) is Fallback.PREVIOUS
+    assert fallback_of(previous_revision=None, in_set=False, no_rollback=False) is Fallback.NONE
+    assert fallback_of(previous_revision=3, in_set=True, no_rollback=True) is Fallback.NONE
 
 
 def test_failed_rollback_is_final() -> None:
     """A rollback that fails ends in failed; nothing loops back into rolling_back."""
     assert advance(Phase.ROLLING_BACK, Event.FAIL) is Phase.FAILED
-    assert all(dst is not Phase.ROLLING_BACK for (src, _), dst in TRANSITIONS.items() if src is Phase.ROLLING_BACK)
+    assert all(dst is not Phase.ROLLING_BACK for (src, _, _), dst in TRANSITIONS.items() if src is Phase.ROLLING_BACK)
 
 
 @pytest.mark.parametrize("phase", sorted(TERMINAL))

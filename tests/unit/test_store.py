@@ -86,6 +86,24 @@ def test_version_1_database_gains_the_config_tables(tmp_path: Path) -> None:
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+def test_older_rows_gain_restores_and_fallback_from_the_rules_of_their_time(tmp_path: Path) -> None:
+    """Migrating to version 5: a "rollback...:to-N" trigger becomes restores = N; the fallback is
+    the previous revision unless there was none or --no-rollback was given."""
+    path = tmp_path / "state.db"
+    landed_db(path)
+    db = sqlite3.connect(path)
+    db.executemany("INSERT INTO deployments (host, revision, spec, trigger, phase, created_at, previous_revision,"
+                   " no_rollback) VALUES ('box', ?, ?, ?, 'active', 200.0, ?, ?)",
+                   [(2, json.dumps(SPEC.to_dict()), "rollback by watch:to-1", 1, 0),
+                    (3, json.dumps(SPEC.to_dict()), "cli:root", 2, 1)])
+    db.commit()
+    db.close()
+    store = SqliteStore(path, group=None)
+    got = [(d.restores, d.fallback.value) for d in (store.by_revision("box", r) for r in (1, 2, 3))]
+    store.close()
+    assert got == [(None, "none"), (1, "previous"), (None, "none")]
+
+
 def test_fresh_database_is_stamped_with_the_current_version(tmp_path: Path) -> None:
     """A new file gets the schema and PRAGMA user_version = the current version."""
     SqliteStore(tmp_path / "state.db", group=None).close()
