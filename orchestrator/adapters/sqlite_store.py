@@ -169,15 +169,20 @@ def _create(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection, str], 
     return step
 
 
+Migration = Callable[[sqlite3.Connection, str], None]
 # _MIGRATIONS[v] brings a file from version v to v + 1.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection, str], None], ...] = (_to_v1, _create(_V2), _create(_V3), _create(_V4),
-                                                                           _to_v5)
+_MIGRATIONS: tuple[Migration, ...] = (_to_v1, _create(_V2), _create(_V3), _create(_V4), _to_v5)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
 class SqliteFile:
-    """The state file: opened secured and migrated to the current schema, one connection guarded by a
-    lock, transactions that roll back whole. The stores of each kind of record build on it."""
+    """One SQLite file of ours: opened secured and migrated to its current schema, one connection
+    guarded by a lock, transactions that roll back whole, every SQLite error a StateError naming the
+    file. The stores of each kind of record build on it; a file of another schema (rollouts.db) sets
+    ``KIND`` (how messages name it) and ``MIGRATIONS`` (``MIGRATIONS[v]`` brings version v to v + 1)."""
+
+    KIND = "state store"
+    MIGRATIONS: tuple[Migration, ...] = _MIGRATIONS
 
     def __init__(self, path: str | Path, *, group: str | None) -> None:
         """Open (creating, securing and migrating as needed) the database at ``path``.
@@ -196,7 +201,7 @@ class SqliteFile:
             self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
                                        check_same_thread=False)
         except sqlite3.Error as exc:
-            raise StateStoreError(f"state store {self.path}: cannot open: {exc}") from exc
+            raise StateStoreError(f"{self.KIND} {self.path}: cannot open: {exc}") from exc
         self._db.row_factory = sqlite3.Row
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -205,7 +210,7 @@ class SqliteFile:
         except sqlite3.DatabaseError as exc:
             self._db.close()
             what = "not an SQLite database" if "not a database" in str(exc) else "cannot be used"
-            raise StateStoreError(f"state store {self.path}: {what} ({exc}); move it aside to start a "
+            raise StateStoreError(f"{self.KIND} {self.path}: {what} ({exc}); move it aside to start a "
                                   f"fresh history") from exc
         except StateStoreError:
             self._db.close()
@@ -215,19 +220,20 @@ class SqliteFile:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
-        if self._version() == SCHEMA_VERSION:
+        latest = len(self.MIGRATIONS)
+        if self._version() == latest:
             return
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")  # one process migrates; the others wait, then see it done
             try:
                 version = self._version()
-                if version > SCHEMA_VERSION:
+                if version > latest:
                     raise StateStoreError(
-                        f"state store {self.path}: schema version {version} is newer than this orchestrator "
-                        f"supports ({SCHEMA_VERSION}); upgrade orchestrator (or move the file aside)")
-                for step in _MIGRATIONS[version:]:
+                        f"{self.KIND} {self.path}: schema version {version} is newer than this orchestrator "
+                        f"supports ({latest}); upgrade orchestrator (or move the file aside)")
+                for step in self.MIGRATIONS[version:]:
                     step(self._db, self.path)
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                self._db.execute(f"PRAGMA user_version = {latest}")
                 self._db.execute("COMMIT")
             finally:
                 if self._db.in_transaction:
@@ -241,7 +247,7 @@ class SqliteFile:
                 yield self._db
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise StateError(f"state store {self.path}: {exc}") from exc
+                raise StateError(f"{self.KIND} {self.path}: {exc}") from exc
             finally:
                 if self._db.in_transaction:  # anything that kept us from COMMIT undoes the whole write
                     self._db.execute("ROLLBACK")
@@ -251,7 +257,7 @@ class SqliteFile:
             try:
                 return self._db.execute(query, args).fetchall()
             except sqlite3.Error as exc:
-                raise StateError(f"state store {self.path}: {exc}") from exc
+                raise StateError(f"{self.KIND} {self.path}: {exc}") from exc
 
     def close(self) -> None:
         self._db.close()

@@ -1,9 +1,10 @@
 """The box's deploy.toml as the agent owns it: show, push (validated, atomic, previous kept), revisions.
 
 A pushed file is built into what the agent would load (agent/loadout.py, as at start) before
-anything is written; then it replaces the file atomically, the old one stays as <file>.prev, and a
-config revision is recorded in the state store. Each deployment is linked to the revision it ran
-with (its own table, so the deployments table stays as the engine writes it).
+anything is written; then, in one state-store transaction, a config revision is recorded and the
+file is replaced atomically (the old one stays as <file>.prev): a revision that cannot be recorded
+changes no file. Each deployment is linked to the revision it ran with (its own table, so the
+deployments table stays as the engine writes it).
 """
 
 from __future__ import annotations
@@ -11,15 +12,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sqlite3
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from orchestrator import settings, userfiles
-from orchestrator.adapters.sqlite_store import SqliteStore
+from orchestrator.adapters.config_store import SqliteConfigStore
 from orchestrator.agent.loadout import Loadout, build
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import ConfigError, RenderError, StateError
@@ -34,33 +33,19 @@ class ConfigRevisions:
 
     def __init__(self, path: str | Path, state_dir: str, *, group: str | None) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
-        db_path = Path(state_dir) / "state.db"
         # creates and migrates the schema, config tables included, with the modes Operations gives it
-        SqliteStore(db_path, group=group).close()
-        try:
-            self._db = sqlite3.connect(str(db_path), timeout=30.0, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise StateError(f"state store {state_dir}/state.db: {exc}") from exc
+        self._store = SqliteConfigStore(Path(state_dir) / "state.db", group=group)
 
     def current(self) -> tuple[int | None, str]:
         """(latest revision number, the file's text now)."""
         text = userfiles.read_text(self.path)
-        with self._lock:
-            row = self._db.execute("SELECT revision FROM config_revisions ORDER BY revision DESC LIMIT 1").fetchone()
-        return (int(row[0]) if row else None), text
+        latest = self._store.latest()
+        return (latest[0] if latest else None), text
 
     def record_if_new(self, operator: str) -> int:
         """Record the file as it is now unless the latest revision already has this content."""
         text = userfiles.read_text(self.path)
-        with self._lock:
-            row = self._db.execute("SELECT revision, sha256 FROM config_revisions ORDER BY revision DESC "
-                                   "LIMIT 1").fetchone()
-            if row and row[1] == sha256(text):
-                return int(row[0])
-            cur = self._db.execute("INSERT INTO config_revisions (at, sha256, operator, text) VALUES (?,?,?,?)",
-                                   (time.time(), sha256(text), operator, text))
-            return int(cur.lastrowid or 0)
+        return self._store.record_if_new(time.time(), sha256(text), operator, text)
 
     def show(self) -> dict[str, Any]:
         revision, text = self.current()
@@ -92,23 +77,41 @@ class ConfigRevisions:
         return loaded
 
     def replace(self, text: str, operator: str) -> int:
-        """Atomically put text in place (previous file kept as .prev) and record it as a revision."""
+        """Record text as a revision and put it in place (previous file kept as .prev), as one unit."""
         fd, tmp = tempfile.mkstemp(prefix=".push-", suffix=".toml", dir=self.path.parent)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, self.path.stat().st_mode & 0o777)
-        shutil.copy2(self.path, self.path.with_name(self.path.name + ".prev"))
-        os.replace(tmp, self.path)
-        return self.record_if_new(operator)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, self.path.stat().st_mode & 0o777)
+
+            prev = self.path.with_name(self.path.name + ".prev")
+            swapped = False
+
+            def swap() -> None:  # inside the revision's transaction: a failure here records nothing
+                nonlocal swapped
+                try:
+                    shutil.copy2(self.path, prev)
+                    os.replace(tmp, self.path)
+                except OSError as exc:
+                    raise StateError(f"config file {self.path}: cannot replace it: {exc}") from exc
+                swapped = True
+
+            try:
+                return self._store.record_if_new(time.time(), sha256(text), operator, text, then=swap)
+            except StateError:
+                if swapped:  # the commit itself failed: the file goes back to what the revisions say
+                    shutil.copy2(prev, self.path)
+                raise
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     def link(self, deployment_id: int, revision: int) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO deployment_configs VALUES (?, ?)", (deployment_id, revision))
+        self._store.link(deployment_id, revision)
 
     def annotate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Add config_revision to history rows (None for deployments from before revisions were kept)."""
-        with self._lock:
-            links = dict(self._db.execute("SELECT deployment_id, config_revision FROM deployment_configs").fetchall())
+        links = self._store.links()
         return [{**r, "config_revision": links.get(r["id"])} for r in rows]

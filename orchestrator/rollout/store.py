@@ -2,24 +2,24 @@
 
 Which hosts, in which batch, each host's state, the box's deployment id and outcome. Every change
 is committed before the controller acts on the next host, so a controller that died is resumed
-from here (`orchestrator rollout resume`) and never switches a host twice.
+from here (`orchestrator rollout resume`) and never switches a host twice. The file is opened like
+state.db (adapters/sqlite_store.SqliteFile): a schema version, one locked connection, and every
+SQLite failure a StateError naming the file.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from orchestrator.adapters.state_files import secure_state_file
+from orchestrator.adapters.sqlite_store import Migration, SqliteFile
 from orchestrator.core.rollout import HostRecord, HostState, Policy, RolloutStatus
-from orchestrator.errors import StateError
+from orchestrator.errors import StateError, StateStoreError
 
-_SCHEMA = """
+# Version 1: the schema as first landed (until then the file had no user_version).
+_V1 = ("""
 CREATE TABLE IF NOT EXISTS rollouts (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   model TEXT NOT NULL,
@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
   pid INTEGER,
   abort_requested INTEGER NOT NULL DEFAULT 0,
   reason TEXT
-);
+)""", """
 CREATE TABLE IF NOT EXISTS rollout_hosts (
   rollout_id INTEGER NOT NULL REFERENCES rollouts(id),
   host TEXT NOT NULL,
@@ -49,8 +49,22 @@ CREATE TABLE IF NOT EXISTS rollout_hosts (
   switched_at REAL,
   ended_at REAL,
   PRIMARY KEY (rollout_id, host)
-);
-"""
+)""")
+
+
+def _to_v1(db: sqlite3.Connection, path: str) -> None:
+    """Unversioned: a fresh file gets the schema; one with the landed tables is adopted as it is."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")} - {"sqlite_sequence"}
+    if tables and "rollouts" not in tables:
+        raise StateStoreError(f"rollout store {path}: holds tables that are not orchestrator's "
+                              f"({', '.join(sorted(tables))}); point state_dir at a directory of its own")
+    for statement in _V1:
+        db.execute(statement)
+
+
+_MIGRATIONS: tuple[Migration, ...] = (_to_v1,)
+ROLLOUT_SCHEMA_VERSION = len(_MIGRATIONS)
+_S = TypeVar("_S", HostState, RolloutStatus)
 
 
 @dataclass(frozen=True)
@@ -75,33 +89,16 @@ class Rollout:
                 "ended_at": self.ended_at, "reason": self.reason}
 
 
-class RolloutStore:
-    def __init__(self, path: str | Path, *, group: str | None) -> None:
-        """``group``: the socket group, which keeps the state directory 0750 (see state_files.py)."""
-        self.path = str(path)
-        if self.path != ":memory:":
-            secure_state_file(Path(self.path), group)
-        try:
-            with self._db() as db:
-                db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StateError(f"rollout store {self.path}: {exc}") from exc
+class RolloutStore(SqliteFile):
+    """``group``: the socket group, which keeps the state directory 0750 (see state_files.py)."""
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30)
-        db.row_factory = sqlite3.Row
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            with db:
-                yield db
-        finally:
-            db.close()
+    KIND = "rollout store"
+    MIGRATIONS = _MIGRATIONS
 
     # -- writing ------------------------------------------------------------------------------------
     def create(self, model: str, group: str, policy: Policy, gate: str, batches: list[tuple[str, ...]],
                pid: int) -> int:
-        with self._db() as db:
+        with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO rollouts (model, grp, status, canary, batch, max_failures, rollback_all, gate, "
                 "started_at, pid) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -123,59 +120,59 @@ class RolloutStore:
             raise StateError(f"rollout store: no host field {min(bad)!r}")
         values = {k: (v.value if isinstance(v, HostState) else v) for k, v in fields.items()}
         cols = ", ".join(f"{k} = ?" for k in values)
-        with self._db() as db:
+        with self._tx() as db:
             db.execute(f"UPDATE rollout_hosts SET {cols} WHERE rollout_id = ? AND host = ?",
                        (*values.values(), rid, host))
 
     def finish(self, rid: int, status: RolloutStatus, reason: str | None) -> None:
-        with self._db() as db:
+        with self._tx() as db:
             db.execute("UPDATE rollouts SET status = ?, reason = ?, ended_at = ? WHERE id = ?",
                        (status.value, reason, time.time(), rid))
 
     def take_over(self, rid: int, pid: int) -> None:
-        with self._db() as db:
+        with self._tx() as db:
             db.execute("UPDATE rollouts SET pid = ? WHERE id = ?", (pid, rid))
 
     def request_abort(self, rid: int) -> None:
-        with self._db() as db:
+        with self._tx() as db:
             db.execute("UPDATE rollouts SET abort_requested = 1 WHERE id = ?", (rid,))
 
     # -- reading ------------------------------------------------------------------------------------
     def get(self, rid: int) -> Rollout:
-        with self._db() as db:
-            row = db.execute("SELECT * FROM rollouts WHERE id = ?", (rid,)).fetchone()
-        if row is None:
+        rows = self._read("SELECT * FROM rollouts WHERE id = ?", (rid,))
+        if not rows:
             raise StateError(f"no rollout #{rid} in {self.path}")
-        return _rollout(row)
+        return self._rollout(rows[0])
 
     def hosts(self, rid: int) -> list[HostRecord]:
-        with self._db() as db:
-            rows = db.execute("SELECT * FROM rollout_hosts WHERE rollout_id = ? ORDER BY position", (rid,)).fetchall()
-        return [HostRecord(host=r["host"], batch=r["batch"], state=HostState(r["state"]), baseline_id=r["baseline_id"],
-                           deployment_id=r["deployment_id"], outcome=r["outcome"], error=r["error"]) for r in rows]
+        rows = self._read("SELECT * FROM rollout_hosts WHERE rollout_id = ? ORDER BY position", (rid,))
+        return [HostRecord(host=r["host"], batch=r["batch"], state=self._value(HostState, r["state"], rid),
+                           baseline_id=r["baseline_id"], deployment_id=r["deployment_id"], outcome=r["outcome"],
+                           error=r["error"]) for r in rows]
 
     def host_times(self, rid: int) -> dict[str, tuple[float | None, float | None]]:
-        with self._db() as db:
-            rows = db.execute("SELECT host, switched_at, ended_at FROM rollout_hosts WHERE rollout_id = ?",
-                              (rid,)).fetchall()
+        rows = self._read("SELECT host, switched_at, ended_at FROM rollout_hosts WHERE rollout_id = ?", (rid,))
         return {r["host"]: (r["switched_at"], r["ended_at"]) for r in rows}
 
     def unfinished(self) -> list[Rollout]:
-        with self._db() as db:
-            rows = db.execute("SELECT * FROM rollouts WHERE status = ? ORDER BY id",
-                              (RolloutStatus.RUNNING.value,)).fetchall()
-        return [_rollout(r) for r in rows]
+        rows = self._read("SELECT * FROM rollouts WHERE status = ? ORDER BY id", (RolloutStatus.RUNNING.value,))
+        return [self._rollout(r) for r in rows]
 
     def latest(self) -> Rollout | None:
-        with self._db() as db:
-            row = db.execute("SELECT * FROM rollouts ORDER BY id DESC LIMIT 1").fetchone()
-        return None if row is None else _rollout(row)
+        rows = self._read("SELECT * FROM rollouts ORDER BY id DESC LIMIT 1")
+        return self._rollout(rows[0]) if rows else None
 
+    def _value(self, kind: type[_S], value: str, rid: int) -> _S:
+        try:
+            return kind(value)
+        except ValueError:
+            raise StateStoreError(f"{self.KIND} {self.path}: rollout #{rid}: unknown state {value!r} "
+                                  f"(written by another version of orchestrator?)") from None
 
-def _rollout(row: sqlite3.Row) -> Rollout:
-    policy = Policy(canary=row["canary"], batch=row["batch"], max_failures=row["max_failures"],
-                    rollback_all=bool(row["rollback_all"]))
-    return Rollout(id=row["id"], model=row["model"], group=row["grp"], status=RolloutStatus(row["status"]),
-                   policy=policy, canary=row["canary"], gate=row["gate"], started_at=row["started_at"],
-                   ended_at=row["ended_at"], pid=row["pid"], abort_requested=bool(row["abort_requested"]),
-                   reason=row["reason"])
+    def _rollout(self, row: sqlite3.Row) -> Rollout:
+        policy = Policy(canary=row["canary"], batch=row["batch"], max_failures=row["max_failures"],
+                        rollback_all=bool(row["rollback_all"]))
+        return Rollout(id=row["id"], model=row["model"], group=row["grp"],
+                       status=self._value(RolloutStatus, row["status"], row["id"]), policy=policy,
+                       canary=row["canary"], gate=row["gate"], started_at=row["started_at"], ended_at=row["ended_at"],
+                       pid=row["pid"], abort_requested=bool(row["abort_requested"]), reason=row["reason"])
