@@ -136,6 +136,7 @@ class Engine:
         holders = [r for r in plan.displaced
                    if self.store.by_revision(host, r).spec.served_name == spec.served_name]
         previous = holders[0] if holders else (plan.displaced[0] if plan.displaced else None)
+        no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure  # as plan_switch: every switch
         dep = self.store.create(host, spec, trigger, previous, self.ports_for(host).clock.now(),
                                 no_rollback=no_rollback, restores=restores,
                                 fallback=fallback_of(previous_revision=previous, in_set=True, no_rollback=no_rollback))

@@ -137,3 +137,17 @@ def test_taken_proxy_port_aborts_before_anything_stops(pw: ProxyWorld) -> None:
     assert dep.phase is Phase.ABORTED
     assert "already taken by nginx" in (dep.error or "")
     assert pw.host.active_units() == []
+
+
+def test_rollback_on_failure_off_holds_with_the_proxy_too() -> None:
+    """policy.rollback_on_failure = false: a failed add with the front proxy ends failed, not rolled back."""
+    catalog = proxy_catalog().model_copy(update={"policy": make_catalog(
+        policy={"rollback_on_failure": False}).policy})
+    world = World(catalog)
+    proxy = FakeProxy()
+    ports = world.host.ports(catalog.hosts["box"], world.weights)
+    ports.proxy = proxy
+    world.engine = Engine(catalog, world.store, lambda name: ports)
+    world.switch("chat-a")
+    world.host.behaviours["vllm-code.service"] = "crash"
+    assert world.switch("code").phase is Phase.FAILED
