@@ -174,8 +174,9 @@ class StateStore(Protocol):
 
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
                at: float, no_rollback: bool = False, *, restores: int | None = None,
-               fallback: Fallback | None = None) -> Deployment:
-        """A planned deployment; ``fallback`` None: the one of a switch without the front proxy."""
+               fallback: Fallback | None = None, plan: dict[str, Any] | None = None) -> Deployment:
+        """A planned deployment; ``fallback`` None: the one of a switch without the front proxy.
+        ``plan`` (front proxy) is recorded in the same transaction: never a deployment without it."""
         ...
 
     def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE) -> None:

@@ -304,7 +304,7 @@ class FakeStateStore:
 
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
                at: float, no_rollback: bool = False, *, restores: int | None = None,
-               fallback: Fallback | None = None) -> Deployment:
+               fallback: Fallback | None = None, plan: dict[str, Any] | None = None) -> Deployment:
         dep_id = len(self.rows) + 1
         revision = 1 + max((d.revision for d in self.rows.values() if d.host == host), default=0)
         if fallback is None:
@@ -313,6 +313,8 @@ class FakeStateStore:
                                        phase=Phase.PLANNED, created_at=at, previous_revision=previous_revision,
                                        no_rollback=no_rollback, restores=restores, fallback=fallback)
         self.marks[dep_id] = [(Phase.PLANNED.value, at)]
+        if plan is not None:
+            self.record_plan(dep_id, plan)
         return self.get(dep_id)
 
     def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE) -> None:

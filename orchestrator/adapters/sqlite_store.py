@@ -270,7 +270,7 @@ class SqliteStore(SqliteFile):
     # -- writes ---------------------------------------------------------------------------------
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
                at: float, no_rollback: bool = False, *, restores: int | None = None,
-               fallback: Fallback | None = None) -> Deployment:
+               fallback: Fallback | None = None, plan: dict[str, Any] | None = None) -> Deployment:
         if fallback is None:
             fallback = fallback_of(previous_revision=previous_revision, in_set=False, no_rollback=no_rollback)
         with self._tx() as db:
@@ -284,6 +284,8 @@ class SqliteStore(SqliteFile):
             dep_id = int(cur.lastrowid or 0)
             db.execute("INSERT INTO transitions (deployment_id, phase, at) VALUES (?,?,?)",
                        (dep_id, Phase.PLANNED.value, at))
+            if plan is not None:
+                db.execute("INSERT INTO deployment_plans (deployment_id, plan) VALUES (?, ?)", (dep_id, json.dumps(plan)))
         return self.get(dep_id)
 
     def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE) -> None:

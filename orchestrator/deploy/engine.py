@@ -139,8 +139,8 @@ class Engine:
         no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure  # as plan_switch: every switch
         dep = self.store.create(host, spec, trigger, previous, self.ports_for(host).clock.now(),
                                 no_rollback=no_rollback, restores=restores,
-                                fallback=fallback_of(previous_revision=previous, in_set=True, no_rollback=no_rollback))
-        self.store.record_plan(dep.id, plan.to_dict())
+                                fallback=fallback_of(previous_revision=previous, in_set=True, no_rollback=no_rollback),
+                                plan=plan.to_dict())
         return dep
 
     def plan_of(self, dep: Deployment) -> SwitchPlan | None:

@@ -90,3 +90,34 @@ def test_a_crash_at_the_end_never_splits_outcome_and_serving(tmp_path: Path, end
     serving = reopened.serving("box")
     assert final.phase.value == ending
     assert (serving.revision if serving else None) == (dep.revision if ending == "active" else None)
+
+
+@pytest.mark.parametrize("writes_before_crash", range(3))
+def test_a_crash_while_planning_a_proxy_switch_never_leaves_it_without_its_plan(tmp_path: Path,
+                                                                               writes_before_crash: int) -> None:
+    """A deployment recorded without its plan would run as a one-model switch: created with it, or not at all."""
+    from orchestrator.testing import FakeProxy
+
+    from .test_proxy_engine import proxy_catalog
+
+    host = FakeHost(name="box")
+    store = CrashingStore(SqliteStore(tmp_path / "state.db", group=None))
+    catalog = proxy_catalog()
+    ports = host.ports(catalog.hosts["box"], FakeWeights())
+    ports.proxy = FakeProxy()
+    eng = Engine(catalog, store, lambda name: ports)
+    first = eng.plan_switch("chat-a")
+    assert first is not None and eng.run(first.id).phase is Phase.ACTIVE
+    store.left = writes_before_crash
+    try:
+        eng.plan_switch("code")
+    except Crash:
+        pass
+    store.store.close()
+
+    reopened = SqliteStore(tmp_path / "state.db", group=None)
+    for unfinished in reopened.unfinished("box"):
+        assert reopened.plan_of(unfinished.id) is not None
+        Engine(catalog, reopened, lambda name: ports).run(unfinished.id)
+    served = sorted(d.model for d in reopened.serving_set("box"))
+    assert served in (["chat-a"], ["chat-a", "code"])
