@@ -190,6 +190,10 @@ class StateStore(Protocol):
 
     def set_serving(self, host: str, revision: int | None) -> None: ...
 
+    def move_serving(self, change: ServingChange) -> None:
+        """Move pointers and sets as ``change`` says, in one transaction (outside a deployment: `stop`)."""
+        ...
+
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None: ...
 
     def set_serving_set(self, host: str, revisions: list[int]) -> None:

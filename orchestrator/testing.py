@@ -321,9 +321,12 @@ class FakeStateStore:
         self.get(dep_id)  # an unknown deployment changes nothing, as the SQLite store's transaction
         self._put(dep_id, phase=phase, ended_at=at if is_terminal(phase) else None)
         self.marks[dep_id].append((phase.value, at))
-        for host, revisions in serving.sets:
+        self.move_serving(serving)
+
+    def move_serving(self, change: ServingChange) -> None:
+        for host, revisions in change.sets:
             self.set_serving_set(host, list(revisions))
-        for host, revision in serving.pointers:
+        for host, revision in change.pointers:
             self.set_serving(host, revision)
 
     def update_spec(self, dep_id: int, spec: UnitSpec) -> None:

@@ -293,10 +293,7 @@ class SqliteStore(SqliteFile):
             db.execute("UPDATE deployments SET phase=?, ended_at=? WHERE id=?",
                        (phase.value, at if phase in TERMINAL else None, dep_id))
             db.execute("INSERT INTO transitions (deployment_id, phase, at) VALUES (?,?,?)", (dep_id, phase.value, at))
-            for host, revisions in serving.sets:
-                self._write_serving_set(db, host, revisions)
-            for host, revision in serving.pointers:
-                self._write_serving(db, host, revision)
+            self._write_change(db, serving)
 
     def record_error(self, dep_id: int, *, error: str | None = None,
                      rollback_error: str | None = None) -> None:
@@ -318,6 +315,16 @@ class SqliteStore(SqliteFile):
     def set_serving_set(self, host: str, revisions: list[int]) -> None:
         with self._tx() as db:
             self._write_serving_set(db, host, revisions)
+
+    def move_serving(self, change: ServingChange) -> None:
+        with self._tx() as db:
+            self._write_change(db, change)
+
+    def _write_change(self, db: sqlite3.Connection, change: ServingChange) -> None:
+        for host, revisions in change.sets:
+            self._write_serving_set(db, host, revisions)
+        for host, revision in change.pointers:
+            self._write_serving(db, host, revision)
 
     @staticmethod
     def _write_serving(db: sqlite3.Connection, host: str, revision: int | None) -> None:

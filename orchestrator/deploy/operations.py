@@ -18,7 +18,7 @@ from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Mode
-from orchestrator.core.records import Deployment
+from orchestrator.core.records import Deployment, ServingChange
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
@@ -244,11 +244,11 @@ class Operations:
             for node in dep.spec.nodes:
                 if self.ports_for(node.host).systemd.unit_state(node.unit_name).exists:
                     self.ports_for(node.host).systemd.disable(node.unit_name)
-        if self.catalog.proxy.enabled:
-            self.store.set_serving_set(host, [d.revision for d in rest])
         current = self.store.serving(host)
-        if current is not None and current.revision == dep.revision:
-            self.store.set_serving(host, None)
+        # the set and the pointer in one transaction: a crash between them left `status` naming a stopped model
+        self.store.move_serving(ServingChange(
+            pointers=((host, None),) if current is not None and current.revision == dep.revision else (),
+            sets=((host, tuple(d.revision for d in rest)),) if self.catalog.proxy.enabled else ()))
         self.store.record_event(ports.clock.now(), host, "stop", {"model": dep.model, "revision": dep.revision})
         return {"host": host, "model": dep.model, "revision": dep.revision, "outcome": "stopped",
                 "serving": [d.model for d in self.store.serving_set(host)]}

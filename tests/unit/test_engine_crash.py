@@ -121,3 +121,32 @@ def test_a_crash_while_planning_a_proxy_switch_never_leaves_it_without_its_plan(
         Engine(catalog, reopened, lambda name: ports).run(unfinished.id)
     served = sorted(d.model for d in reopened.serving_set("box"))
     assert served in (["chat-a"], ["chat-a", "code"])
+
+
+@pytest.mark.parametrize("writes_before_crash", range(3))
+def test_a_crash_while_stopping_a_model_never_splits_pointer_and_set(tmp_path: Path, writes_before_crash: int) -> None:
+    """`stop` of the model the pointer names: after a crash at any write, pointer and set agree."""
+    from orchestrator.deploy.operations import Operations
+    from orchestrator.testing import FakeProxy
+
+    from .test_proxy_engine import proxy_catalog
+
+    host = FakeHost(name="box")
+    store = CrashingStore(SqliteStore(tmp_path / "state.db", group=None))
+    catalog = proxy_catalog().model_copy(update={"state_dir": str(tmp_path / "state")})
+    ports = host.ports(catalog.hosts["box"], FakeWeights())
+    ports.proxy = FakeProxy()
+    ops = Operations(catalog, lambda name: ports, store=store)  # type: ignore[arg-type]
+    ops.switch("chat-a")
+    ops.switch("code")
+    store.left = writes_before_crash
+    try:
+        ops.stop("code")
+    except Crash:
+        pass
+    store.store.close()
+
+    reopened = SqliteStore(tmp_path / "state.db", group=None)
+    pointer = reopened.serving("box")
+    in_set = {d.revision for d in reopened.serving_set("box")}
+    assert pointer is None or pointer.revision in in_set
