@@ -33,6 +33,24 @@ def test_a_newer_rollout_file_is_refused_naming_it_and_both_versions(tmp_path: P
         RolloutStore(path, group=None)
 
 
+def test_an_unversioned_rollout_file_is_adopted_with_its_rollouts(tmp_path: Path) -> None:
+    """A rollouts.db written before the version (tables, user_version 0) keeps its rollouts and is stamped."""
+    from orchestrator.rollout import store as rollout_store
+
+    path = tmp_path / "rollouts.db"
+    db = sqlite3.connect(path)
+    for statement in rollout_store._V1:
+        db.execute(statement)
+    db.execute("INSERT INTO rollouts (model, grp, status, canary, batch, max_failures, rollback_all, gate, "
+               "started_at) VALUES ('m', 'g', 'running', 1, 1, 0, 0, 'none', 1.0)")
+    db.commit()
+    db.close()
+    store = RolloutStore(path, group=None)
+    assert [r.model for r in store.unfinished()] == ["m"]
+    store.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == ROLLOUT_SCHEMA_VERSION
+
+
 def test_a_failed_rollout_write_is_a_state_error_naming_the_file(tmp_path: Path) -> None:
     """SQLite refusing a write after the open reaches the user as StateError naming rollouts.db."""
     path = tmp_path / "rollouts.db"
