@@ -80,7 +80,11 @@ class HaproxyProxy:
         state = self.systemd.unit_state(UNIT)
         if state.is_active and not installed and applied is not None and applied.decode().strip() == sha(config):
             return False
-        if state.is_active:
+        if state.is_active and installed and self._master("proc")[0] is None:
+            # The unit changed where its master listens: only a restart applies it.
+            self._systemctl("restart")
+            self._await(lambda procs: new_worker(None, procs), "its first worker")
+        elif state.is_active:
             # ExecReload only signals the master: the new config serves once the master lists a
             # worker forked after this point, so the old workers are known before the drain counts.
             before = self._await(lambda procs: procs, "its master CLI to answer before the reload")
