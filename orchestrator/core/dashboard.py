@@ -69,11 +69,20 @@ def model_rows(models: Iterable[Any], entry: Mapping[str, Any]) -> list[dict[str
     if entry.get("serving") and entry["serving"]["model"] not in serving:
         serving[entry["serving"]["model"]] = entry["serving"]
     running = {r["model"]: r for r in entry.get("running") or []}
+    models = list(models)
+    gpus = {m.name: set(m.gpus) for m in models}
     rows = []
     for m in models:
         live = serving.get(m.name)
+        # The serving record moves at the end of a switch; from stopping on, the model whose GPUs the switch
+        # takes is down already (the planner replaces what overlaps).
+        taker = next((r for r in running.values() if r["model"] != m.name and r["phase"] in DOWN_PHASES
+                      and gpus[m.name] & gpus.get(r["model"], set())), None)
         if m.name in running:
             state = f"switching ({running[m.name]['phase']})"
+        elif live is not None and taker is not None:
+            verb = "stopping" if taker["phase"] == Phase.STOPPING else "stopped"
+            state = f"{verb} (replaced by {taker['model']})"
         elif live is not None:
             state = "serving" if live.get("healthy", True) else "serving, unhealthy"
         else:
