@@ -173,3 +173,14 @@ def test_tune_apply_refuses_an_edit_that_would_not_parse(text: str) -> None:
 
     with pytest.raises(UsageError, match=r"deploy\.toml: the edited \[models\.a\] would not parse"):
         _check(text, "a", {"tensor_parallel": 2}, "deploy.toml")
+
+
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, '{"box": {"gpus": 1, "gpus": 2}}', "[" + "9" * 5000 + "]"],
+                         ids=["deep", "duplicate key", "huge int"])
+def test_a_hostile_json_override_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    value: str) -> None:
+    """ORCHESTRATOR_HOSTS holding hostile JSON: a ConfigError naming the variable, no traceback."""
+    (tmp_path / "deploy.toml").write_text(DEPLOY.replace('config = "config.json"\n', ""))
+    monkeypatch.setenv("ORCHESTRATOR_HOSTS", value)
+    with pytest.raises(ConfigError, match="environment variable ORCHESTRATOR_HOSTS"):
+        settings.load(tmp_path / "deploy.toml")
