@@ -11,8 +11,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from orchestrator.core import schedule as schedule_rules
 from orchestrator.core.catalog_rules import (
     DAY,
-    MAX_UNIT_LINE,
     ENV_KEY_RE,
+    MAX_UNIT_LINE,
     NAME_RE,
     PATH_RE,
     REPO_RE,
