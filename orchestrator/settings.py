@@ -103,6 +103,16 @@ def _overrides() -> dict[str, str]:
 
 
 def _check_environment() -> None:
+    for var in _overrides().values():
+        # pydantic-settings json.loads a table or list given in a variable: bound it the same way as
+        # the file (nesting, huge numbers, duplicate keys); what is not JSON at all is left to it.
+        value = os.environ[var]
+        if value.lstrip().startswith(("[", "{")):
+            try:
+                json_document(value, f"environment variable {var}")
+            except DocumentError as exc:
+                if not exc.syntax:
+                    raise ConfigError(f"environment variable {var}: {exc.reason}") from None
     try:
         EnvSettingsSource(DeploySettings)()
     except SettingsError as exc:

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from orchestrator import settings
 from orchestrator.cli import main
-from orchestrator.cli.options import MAX_ID, config_option, int_in, json_option
+from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, remote_spec
@@ -92,7 +92,7 @@ def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
 @main.command()
 @config_option
 @click.option("--host", "host", default=None, help="host to roll back (default: the only one)")
-@click.option("--to", "to_revision", type=int_in(1, MAX_ID), default=None, metavar="REVISION",
+@click.option("--to", "to_revision", type=int_in(1, 2**31 - 1), default=None, metavar="REVISION",
               help="redeploy this revision's exact unit (default: the previous stable one)")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
 @click.option("--ignore-agent", is_flag=True,
@@ -184,7 +184,7 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--group", "group", default=None, help="every box of this group, newest first across them")
-@click.option("--limit", type=int_in(1, 100_000), default=20, show_default=True)
+@click.option("--limit", type=int_in(1, 10_000), default=20, show_default=True)
 @click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
 @json_option
 def history(config: str | None, host: str | None, group: str | None, limit: int, local: bool,

@@ -11,6 +11,7 @@ from orchestrator.core import schedule as schedule_rules
 from orchestrator.core.catalog_rules import (
     DAY,
     ENV_KEY_RE,
+    MAX_UNIT_LINE,
     NAME_RE,
     PATH_RE,
     REPO_RE,
@@ -242,6 +243,10 @@ class Model(Strict):
         no_secret_in(v)
         for arg in v:
             safe(arg, "argument")
+        total = sum(len(a) + 1 for a in v)
+        if total > MAX_UNIT_LINE:  # one ExecStart line: systemd refuses lines past LONG_LINE_MAX
+            raise ValueError(f"{len(v)} arguments of {total:,} characters in all: at most {MAX_UNIT_LINE:,} fit "
+                             "on the unit's ExecStart line")
         return v
 
     @field_validator("env")

@@ -49,6 +49,7 @@ class Strict(BaseModel):
 # reaches a unit is bounded by MAX_UNIT_VALUE.
 SERVED_NAME_ADVICE = "use letters, digits and . _ : / @ + - (no spaces or quotes), starting with a letter or digit, at most 128"
 MAX_UNIT_VALUE = 4096
+MAX_UNIT_LINE = 65_536
 
 
 def absolute_path(value: str, what: str) -> str:

@@ -30,6 +30,8 @@ def assert_refused(result: Result, option: str) -> None:
     (["rollout", "status", "--id", OVER_SQLITE], "--id"),
     (["rollout", "resume", "--id", HUGE], "--id"),
     (["rollback", "--to", OVER_SQLITE], "--to"),
+    (["rollback", "--to", str(2**31)], "--to"),
+    (["history", "--limit", "10001"], "--limit"),
     (["history", "--limit", HUGE], "--limit"),
     (["plan", "--gpu-memory-gib", "nan", "--gpus", "8"], "--gpu-memory-gib"),
     (["plan", "--gpu-memory-gib", "inf", "--gpus", "8"], "--gpu-memory-gib"),
