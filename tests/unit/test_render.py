@@ -129,7 +129,7 @@ def small_config(tmp_path: Path, transport: str = "ssh") -> Path:
 
 @pytest.mark.parametrize("args,message", [
     (["--template", "/nonexistent"], "error: --template /nonexistent: no such file\n"),
-    (["--template", "/"], "error: --template /: cannot read: Is a directory\n"),
+    (["--template", "/"], "error: --template /: cannot read: a directory, not a regular file\n"),
     (["--out", "{file}"], "error: --out {file}: exists and is not a directory\n"),
     (["--out", "{file}/sub"], "error: --out {file}/sub: cannot write vllm-m.service: Not a directory\n"),
 ])
