@@ -110,6 +110,23 @@ def test_switch_through_the_relay_records_the_ssh_login(net_hosts: HostSet, box:
     assert [h["revision"] for h in local] == [1]
 
 
+def test_a_forged_ssh_connection_does_not_change_the_recorded_address(net_hosts: HostSet, box: Host,
+                                                                     tmp_path: Path) -> None:
+    """A relay started with SSH_CONNECTION forged to 6.6.6.6 is recorded at the address of sshd's own
+    connection, never the forged one."""
+    forging = "/usr/local/bin/forging-python"
+    box.write_file(forging, f'#!/bin/sh\nexport SSH_CONNECTION="6.6.6.6 4242 {box.address} 22"\nexec {PY} "$@"\n',
+                   mode=0o755)
+    hosts = tmp_path / "forging-hosts.toml"
+    hosts.write_text(hosts_toml(box, str(box.key_path), str(box.known_hosts_path)).replace(f'"{PY}"', f'"{forging}"'))
+    done = subprocess.run([PY, "-m", "orchestrator", "--host", "box", "switch", "alpha", "--json"], capture_output=True,
+                          text=True, timeout=120, check=False, env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["trigger"] == f"root@{machine_address(box)}"
+    shown = client_a("history", "--json")
+    assert "6.6.6.6" not in shown.stdout and history(shown)[0]["trigger"] == f"root@{machine_address(box)}"
+
+
 def test_two_clients_at_once_one_is_refused_naming_the_running_switch(net_hosts: HostSet, box: Host) -> None:
     """A's switch holds the box; B's switch is refused naming A's deployment and A; both see one history."""
     h2 = net_hosts.hosts[1]

@@ -203,7 +203,7 @@ class SshShell:
         def op() -> None:
             sftp = self._conn.sftp()
             try:
-                with sftp.open(tmp, "wb") as f:
+                with sftp.open(tmp, "xb") as f:  # O_EXCL: never through a name planted before us
                     f.write(data)
                 sftp.chmod(tmp, mode)
                 # sftp has no fsync in paramiko: sync the file through the shell before renaming.

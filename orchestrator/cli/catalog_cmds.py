@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import json
 import sys
@@ -132,13 +131,9 @@ def _template(path: str) -> str:
 
 
 def _write(out_dir: Path, path: Path, text: str) -> None:
-    """Write one unit atomically (a temporary file renamed over it)."""
-    tmp = path.with_suffix(".tmp")
+    """Write one unit atomically (an unguessable temporary renamed over it: no planted symlink is followed)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
-        tmp.replace(path)
+        userfiles.write_atomic(path, text.encode())
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise UsageError(f"--out {out_dir}: cannot write {path.name}: {exc.strerror}") from None

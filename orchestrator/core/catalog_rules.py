@@ -112,6 +112,17 @@ def check_address(value: str, what: str) -> str:
                      f"'.'; IPv6 without brackets or zone)")
 
 
+def under(path: str, root: str, suffix: str, what: str) -> str:
+    """An absolute path inside ``root`` with no '..' or '.' parts that ends in ``suffix``: where root
+    writes for the proxy stays in the product's own directories."""
+    parts = path.split("/")
+    if (not path.startswith(root) or path == root or any(p in ("..", ".") for p in parts)
+            or "//" in path or not path.endswith(suffix) or path.endswith("/" + suffix)):
+        raise ValueError(f"{what} {shown(path)} must be a '{suffix}' file inside {root} (no '..' or '.' parts): "
+                         "the agent writes it as root")
+    return path
+
+
 def check_revision(value: str) -> str:
     """A commit SHA, a branch or a tag name by git's ref rules: never a path or an option."""
     problem = None
