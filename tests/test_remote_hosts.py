@@ -154,6 +154,23 @@ def test_dry_run_over_host_says_what_the_box_would_do(box: Host) -> None:
     assert [h["model"] for h in history(client_a("history", "--json"))] == ["alpha"]
 
 
+def test_models_plan_and_render_over_host_read_the_boxs_deploy_toml(box: Host, tmp_path: Path) -> None:
+    """--host models/plan/render use the box's catalog (alpha...), not ./deploy.toml here (the seeds'
+    models); plan's switch line comes from the box's records."""
+    listed = client_a("models", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {m["name"] for m in json.loads(listed.stdout)} == set(MODELS)
+    minimax = Path(__file__).parent / "fixtures/configs/MiniMaxAI__MiniMax-M2.5.json"
+    assert client_a("switch", "alpha").returncode == 0
+    planned = client_a("plan", "beta", "--model-config", str(minimax), "--json")
+    assert planned.returncode == 0, planned.stderr
+    out = json.loads(planned.stdout)
+    assert (out["name"], out["switch"]["mode"], out["switch"]["displaced"]) == ("beta", "stop_start", ["alpha"])
+    rendered = client_a("render", "gamma", "--out", str(tmp_path / "units"))
+    assert rendered.returncode == 0, rendered.stderr
+    assert f"{box.address}" in (tmp_path / "units/vllm-gamma.service").read_text()
+
+
 def test_rollback_from_another_client_returns_to_what_served_before(net_hosts: HostSet, box: Host) -> None:
     """A switches alpha -> beta; B (another machine) rolls back: alpha serves again, B is recorded."""
     h2 = net_hosts.hosts[1]
