@@ -171,6 +171,43 @@ def test_dry_run_over_host_says_what_the_box_would_do(box: Host) -> None:
     assert [h["model"] for h in history(client_a("history", "--json"))] == ["alpha"]
 
 
+def test_models_plan_and_render_over_host_read_the_boxs_deploy_toml(box: Host, tmp_path: Path) -> None:
+    """--host models/plan/render use the box's catalog (alpha...), not ./deploy.toml here (the seeds'
+    models); plan's switch line comes from the box's records."""
+    listed = client_a("models", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {m["name"] for m in json.loads(listed.stdout)} == set(MODELS)
+    minimax = Path(__file__).parent / "fixtures/configs/MiniMaxAI__MiniMax-M2.5.json"
+    assert client_a("switch", "alpha").returncode == 0
+    planned = client_a("plan", "beta", "--model-config", str(minimax), "--json")
+    assert planned.returncode == 0, planned.stderr
+    out = json.loads(planned.stdout)
+    assert (out["name"], out["switch"]["mode"], out["switch"]["displaced"]) == ("beta", "stop_start", ["alpha"])
+    rendered = client_a("render", "gamma", "--out", str(tmp_path / "units"))
+    assert rendered.returncode == 0, rendered.stderr
+    assert f"{box.address}" in (tmp_path / "units/vllm-gamma.service").read_text()
+
+
+def test_agent_killed_mid_switch_over_host_says_it_resumes_and_how_to_follow(box: Host) -> None:
+    """kill -9 of the agent while a --host switch holds: the CLI says the agent resumes it and names
+    `--host box status --follow` (it said "relay exited 0"); the restarted agent finishes the switch."""
+    assert client_a("switch", "alpha").returncode == 0
+    hold_at(box, "stopping")
+    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: paused(box), bool, timeout=60, what="the switch to hold before stopping")
+        box.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
+        _out, err = first.communicate(timeout=120)
+    finally:
+        release(box)
+    assert first.returncode == 6, err
+    assert "resumes the switch when it starts again" in err and "`orchestrator --host box status --follow`" in err
+    wait_for(lambda: client_a("history", "--json"), lambda r: r.returncode == 0 and json.loads(r.stdout)[0][
+        "outcome"] in ("active", "rolled_back"), timeout=90, interval=1.0, what="the restarted agent to end the switch")
+    assert history(client_a("history", "--json"))[0]["model"] == "beta"
+
+
 def test_rollback_from_another_client_returns_to_what_served_before(net_hosts: HostSet, box: Host) -> None:
     """A switches alpha -> beta; B (another machine) rolls back: alpha serves again, B is recorded."""
     h2 = net_hosts.hosts[1]

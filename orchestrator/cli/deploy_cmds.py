@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -29,7 +30,10 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
         click.echo(result["message"])
     else:
         outcome = result["outcome"]
-        line = f"revision {result['revision']} ({result['model']}) on {result['host']}: {outcome}"
+        # a rollback is a new revision that redeploys a recorded one's unit: name both
+        to = re.search(r":to-(\d+)$", str(result.get("trigger") or ""))
+        again = f", the unit of revision {to.group(1)}" if to else ""
+        line = f"revision {result['revision']} ({result['model']}{again}) on {result['host']}: {outcome}"
         click.echo(line)
         for key in ("error", "rollback_error"):
             if result.get(key):
