@@ -104,7 +104,7 @@ def box() -> Iterator[Box]:
 
 # Each turns the socket group into root (or into another account) if a member may push it.
 ESCALATIONS = {
-    "engine user root": ("defaults.user", '"root"'),
+    "engine user daemon": ("defaults.user", '"daemon"'),
     "engine group disk": ("defaults.group", '"disk"'),
     "engine a shell": ("defaults.engine", '["/bin/sh", "-c", "id > /x"]'),
     "host engine": ("hosts.box.engine", '["/bin/sh", "-c", "id"]'),
