@@ -7,14 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from orchestrator import settings
 from orchestrator.agent import relay
-from orchestrator.cli import main
 from orchestrator.client.targets import load_hosts
 from orchestrator.core.documents import MAX_DEPTH, DocumentError, json_document, toml_document
 from orchestrator.errors import ConfigError
+
+from .cli_runner import invoke
 
 DEEP_TOML = "x = " + "[" * 5000 + "]" * 5000 + "\n"
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
@@ -41,7 +42,7 @@ config = "config.json"
 
 
 def run(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=True)
+    return invoke(*args)
 
 
 def assert_exit_2_naming(result: Result, name: str) -> None:
