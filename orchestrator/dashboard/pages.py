@@ -82,4 +82,5 @@ class Pages:
         return self.env.get_template("tune.html.j2").render(
             runs=runs, chosen=chosen, report=report,
             svg=svg_chart(report) if report else "",
-            chart=json.dumps(view.tune_series(report) if report else None))
+            chart=json.dumps(view.tune_series(report) if report else None),
+            ttft=json.dumps(view.tune_series(report, "ttft_p90_ms") if report else None))
