@@ -154,12 +154,13 @@ def downtime_series(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                        for m in models]}
 
 
-def tune_series(report: Mapping[str, Any]) -> dict[str, Any]:
-    """A tune report as chart data: x = concurrency levels, tok/s per candidate, the winner flagged."""
+def tune_series(report: Mapping[str, Any], key: str = "tok_s") -> dict[str, Any]:
+    """A tune report as chart data: x = concurrency levels, ``key`` (tok/s, or TTFT p90 in ms with
+    "ttft_p90_ms") per candidate, the winner flagged."""
     levels = [int(c) for c in report.get("concurrency") or []]
     series = []
     for row in report.get("candidates") or []:
         lv = {int(c): v for c, v in (row.get("levels") or {}).items()}
         series.append({"label": row["layout"], "winner": bool(row.get("winner")), "error": row.get("error"),
-                       "values": [lv[c]["tok_s"] if c in lv else None for c in levels]})
+                       "values": [lv[c].get(key) if c in lv else None for c in levels]})
     return {"x": levels, "series": series}
