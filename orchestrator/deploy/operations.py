@@ -18,6 +18,7 @@ from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment
+from orchestrator.core.secrets import redact_tree
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
@@ -75,7 +76,7 @@ class Operations:
         return self.store.unfinished(host)
 
     def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None:
-        self.store.record_event(at, host, kind, detail)
+        self.store.record_event(at, host, kind, redact_tree(detail))  # loop failures quote outside text
 
     def events(self, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         return self.store.events(kind=kind, limit=limit)
