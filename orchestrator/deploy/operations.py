@@ -346,7 +346,8 @@ class Operations:
             if self.catalog.proxy.enabled:
                 cfg, h = self.catalog.proxy, self.catalog.hosts[name]
                 bind = cfg.bind or h.bind or h.address
-                entry["endpoint"] = f"http://{h.address if bind in ('0.0.0.0', '::') else bind}:{cfg.port}/v1"
+                where = h.address if bind in ("0.0.0.0", "::") else bind
+                entry["endpoint"] = f"http://{f'[{where}]' if ':' in where else where}:{cfg.port}/v1"
                 entry["models"] = [{"revision": d.revision, "model": d.model, "served_name": d.spec.served_name,
                                     "gpus": list(d.spec.gpus), "unit": d.spec.unit_name, "url": d.spec.base_url,
                                     **({"healthy": eng.is_healthy(d)} if probe else {})}

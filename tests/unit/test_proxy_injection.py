@@ -136,3 +136,38 @@ def test_any_valid_drain_timeout_renders_a_config_haproxy_takes(drain: float, tm
     """drain_timeout_s below a second or fractional becomes milliseconds HAProxy accepts."""
     done = _haproxy_check(_render("127.0.0.1", [Route("chat", "127.0.0.1", 8001)], drain_timeout_s=drain), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_engine_on_an_ipv6_address_is_reached_at_its_base_url() -> None:
+    """A host address that is an IPv6 literal gives a bracketed URL the health probe can reach."""
+    import http.server
+    import socket
+    import threading
+
+    from orchestrator.adapters.http_health import HttpHealthProbe
+    from orchestrator.core.records import UnitSpec
+
+    class V6(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"object":"list","data":[{"id":"chat"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = V6(("::1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = UnitSpec(model="m", unit_name="vllm-m.service", unit_text="", unit_sha="", served_name="chat",
+                        address="::1", port=server.server_address[1], gpus=(0,), load_deadline_s=1, model_dir="/m")
+        assert spec.base_url == f"http://[::1]:{spec.port}"
+        assert HttpHealthProbe().models(spec.base_url) == ["chat"]
+    finally:
+        server.shutdown()
+        server.server_close()
