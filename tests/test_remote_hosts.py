@@ -112,8 +112,7 @@ def test_switch_through_the_relay_records_the_ssh_login(net_hosts: HostSet, box:
 
 def test_a_forged_ssh_connection_does_not_change_the_recorded_address(net_hosts: HostSet, box: Host,
                                                                      tmp_path: Path) -> None:
-    """A relay started with SSH_CONNECTION forged to 6.6.6.6 is recorded at the address of sshd's own
-    connection, never the forged one."""
+    """A relay with SSH_CONNECTION forged to 6.6.6.6 is recorded at sshd's own connection's address."""
     forging = "/usr/local/bin/forging-python"
     box.write_file(forging, f'#!/bin/sh\nexport SSH_CONNECTION="6.6.6.6 4242 {box.address} 22"\nexec {PY} "$@"\n',
                    mode=0o755)

@@ -16,6 +16,7 @@ from typing import TypeVar
 from orchestrator.core.catalog import Proxy
 from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, new_worker, parse_show_proc
 from orchestrator.core.proxy import master_socket, sha
+from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
 
@@ -117,7 +118,7 @@ class HaproxyProxy:
         result = self.shell.run([self.proxy.haproxy, "-c", "-q", "-f", candidate], check=False)
         if not result.ok:
             raise ProxyError(f"HAProxy refuses the rendered config {candidate}: "
-                             f"{(result.stderr or result.stdout).strip()[-800:]}", host=self.host)
+                             f"{redact(result.stderr or result.stdout).strip()[-800:]}", host=self.host)
 
     def _systemctl(self, verb: str) -> None:
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sqlite3
 import tempfile
 import threading
@@ -93,14 +92,10 @@ class ConfigRevisions:
 
     def replace(self, text: str, operator: str) -> int:
         """Atomically put text in place (previous file kept as .prev) and record it as a revision."""
-        fd, tmp = tempfile.mkstemp(prefix=".push-", suffix=".toml", dir=self.path.parent)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, self.path.stat().st_mode & 0o777)
-        shutil.copy2(self.path, self.path.with_name(self.path.name + ".prev"))
-        os.replace(tmp, self.path)
+        mode = self.path.stat().st_mode & 0o777
+        # Both through an unguessable temporary: a symlink planted at deploy.toml.prev is replaced, not followed.
+        userfiles.write_atomic(self.path.with_name(self.path.name + ".prev"), userfiles.read_bytes(self.path), mode=mode)
+        userfiles.write_atomic(self.path, text.encode(), mode=mode)
         return self.record_if_new(operator)
 
     def link(self, deployment_id: int, revision: int) -> None:

@@ -171,3 +171,24 @@ def test_a_new_host_with_default_settings_is_no_root_only_change(tmp_path: Path)
     running = settings.load(cfg)
     cfg.write_text(deploy(tmp_path, **{"hosts.extra.transport": '"local"', "hosts.extra.address": '"127.0.0.1"'}))
     assert root_only_changes(running, settings.load(cfg)) == []
+
+
+def test_a_pushed_model_config_that_is_a_fifo_does_not_wedge_the_agent(box: Box) -> None:
+    """A push whose model `config` names a FIFO is refused at once (exit 2); the agent answers the next push."""
+    fifo = box.root / "config.fifo"
+    os.mkfifo(fifo)
+    state = Path(box.agent.catalog.state_dir)
+    reply = box.push(deploy(state, **{"models.alpha.config": f'"{fifo}"'}), uid=0)
+    assert reply["error"]["exit_code"] == 2 and "FIFO" in reply["error"]["message"], reply
+    assert box.push(deploy(state, **{"models.alpha.port": "8010"}), uid=0)["result"]["changed"] is True
+
+
+def test_config_push_replaces_a_symlink_planted_at_the_prev_file(box: Box) -> None:
+    """A push keeps the old file as deploy.toml.prev without following a symlink planted there."""
+    victim = box.root / "victim"
+    victim.write_text("precious\n")
+    prev = box.config.with_name("deploy.toml.prev")
+    prev.symlink_to(victim)
+    old = box.config.read_text()
+    assert box.push(deploy(Path(box.agent.catalog.state_dir), **{"models.alpha.port": "8011"}), uid=0)["result"]
+    assert victim.read_text() == "precious\n" and not prev.is_symlink() and prev.read_text() == old
