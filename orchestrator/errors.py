@@ -126,6 +126,12 @@ class Busy(StateError):
     exit_code = 5
 
 
+class Refused(OrchestratorError):
+    """The caller may not do this (a socket-group member changing what only root may change)."""
+
+    exit_code = 5
+
+
 class NodeInUse(Busy):
     """A single-box switch needs GPUs where a rank of a multi-node model headed on another host runs."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from contextvars import ContextVar
 from pathlib import Path
@@ -60,14 +61,17 @@ def config_path(explicit: str | None = None) -> Path:
     return Path(explicit or os.environ.get("ORCHESTRATOR_CONFIG") or DEFAULT_CONFIG)
 
 
-def load(path: str | Path | None = None) -> Catalog:
-    """Read and validate the catalog; raise ConfigError on anything wrong."""
+def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
+    """Read and validate the catalog; raise ConfigError on anything wrong.
+
+    ``box_files`` False: the file is another box's (``--host``): a model's ``config`` path names a file
+    there and is kept as written, unread (``shipped:`` ones are read: the package is the same)."""
     file = config_path(str(path) if path else None)
     data = _read_toml(file)
     _check_environment()
     token = _file_data.set(data)
     try:
-        cat = _with_model_configs(DeploySettings(), file)
+        cat = _with_model_configs(DeploySettings(), file, box_files=box_files)
         schedule.first_runs(cat.schedules, time.time())  # a cron whose every fire time has passed
         return cat
     except ValidationError as exc:
@@ -103,6 +107,16 @@ def _overrides() -> dict[str, str]:
 
 
 def _check_environment() -> None:
+    for var in _overrides().values():
+        # pydantic-settings json.loads a table or list given in a variable: bound it the same way as
+        # the file (nesting, huge numbers, duplicate keys); what is not JSON at all is left to it.
+        value = os.environ[var]
+        if value.lstrip().startswith(("[", "{")):
+            try:
+                json_document(value, f"environment variable {var}")
+            except DocumentError as exc:
+                if not exc.syntax:
+                    raise ConfigError(f"environment variable {var}: {exc.reason}") from None
     try:
         EnvSettingsSource(DeploySettings)()
     except SettingsError as exc:
@@ -130,11 +144,22 @@ def _origin(key: str, file: str) -> str:
     return f"{file} (with environment variable {inside[0]})" if inside and key else file
 
 
-def _with_model_configs(cat: Catalog, file: Path) -> Catalog:
+def load_text(text: str, origin: str) -> Catalog:
+    """A box's deploy.toml as its agent showed it (``config show``), validated here; errors name ``origin``."""
+    with tempfile.TemporaryDirectory(prefix="orchestrator-box-") as tmp:
+        path = Path(tmp) / "deploy.toml"
+        path.write_text(text)
+        try:
+            return load(path, box_files=False)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(str(path), origin)) from None
+
+
+def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> Catalog:
     """Resolve each model's ``config`` against the file's directory and check it is a JSON object."""
     resolved = {}
     for name, model in cat.models.items():
-        if model.config is None:
+        if model.config is None or (not box_files and not model.config.startswith("shipped:")):
             continue
         key = f"models.{name}.config"
         path = _config_path(model.config, file, key)

@@ -1,4 +1,4 @@
-"""Reading a file whose path a user gave: bounded and never blocking.
+"""Files at paths a user gave: read bounded and never blocking, written through an unguessable temporary.
 
 Every file the tool reads on user input (deploy.toml, a model's config.json, --template, hosts.toml,
 known_hosts, the relay's config) goes through :func:`read_bytes`: opened with O_NONBLOCK (a FIFO
@@ -7,6 +7,12 @@ fstat on the open descriptor to be a regular file (``/dev/zero``, a FIFO, a sock
 is refused by name), and read up to a cap (a huge or growing file cannot exhaust memory). Failures
 are OSError with ``strerror`` saying what is wrong, so each caller's existing "cannot read: ..."
 message names the file and the reason. Standard library only: the relay imports it.
+
+Every file written through a temporary name goes through :func:`write_atomic`: the temporary is
+created by mkstemp in the target's directory (O_CREAT|O_EXCL|O_NOFOLLOW, a random name, mode 0600),
+so a symlink planted at a predictable name (``unit.tmp``) can never redirect the write; it is
+fsynced, given its mode, then renamed over the target (which replaces a symlink there, never
+follows it).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 
 MAX_BYTES = 16 * 1024 * 1024  # far above any deploy.toml, config.json or known_hosts
 
@@ -68,3 +75,28 @@ def read_text(path: str | os.PathLike[str], *, limit: int = MAX_BYTES, encoding:
     """:func:`read_bytes` decoded (UnicodeDecodeError, a ValueError, when it is not ``encoding``)."""
     return read_bytes(path, limit=limit).decode(encoding)
 
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically; no temporary is left behind on failure (OSError)."""
+    name = os.fspath(path)
+    directory = os.path.dirname(name) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        os.replace(tmp, name)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)  # the rename itself survives a crash only once the directory is synced
+    finally:
+        os.close(dfd)

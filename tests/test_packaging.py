@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,3 +52,19 @@ def test_switch_code_path_reads_the_shipped_unit_template(installed: Path, tmp_p
     origin, text = proc.stdout.split("\n", 1)
     assert origin.startswith(str(installed))
     assert text == (REPO / "templates" / "vllm.service.j2").read_text()
+
+
+def test_the_wheel_carries_the_dashboard_templates_static_files_and_grafana_json(installed: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The agent installed from a wheel renders its dashboard and serves uPlot and its licence."""
+    code = ("import json, sys; from importlib import resources as r; d = r.files('orchestrator.dashboard');"
+            "from orchestrator.dashboard.pages import _env;"
+            "names = ['static/uPlot.iife.min.js', 'static/uPlot.LICENSE.txt', 'static/dashboard.js',"
+            " 'static/dashboard.css', 'grafana.json'];"
+            "print(json.dumps({n: d.joinpath(n).is_file() for n in names}));"
+            "print(sorted(_env().list_templates()))")
+    proc = _run(installed, tmp_path, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    files, templates = proc.stdout.splitlines()
+    assert all(json.loads(files).values()), files
+    assert "box.html.j2" in templates and "tune.html.j2" in templates

@@ -13,14 +13,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
+import httpx
 import pytest
 
 from orchestrator import settings
+from orchestrator.adapters.haproxy import HaproxyProxy
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.proxy import Route, master_socket, render_config, sha
 from orchestrator.deploy.operations import Operations
-from orchestrator.wiring import operations
+from orchestrator.errors import ProxyError
+from orchestrator.resources import template_text
+from orchestrator.wiring import build_ports, operations
 from tests.hosts.machine import Host
+from tests.hosts.wait import wait_for
 from tests.proxy_prober import classify
-from tests.test_proxy_hosts import base_url, proxy_config
+from tests.test_proxy_hosts import PROXY_PORT, base_url, proxy_config
 
 pytestmark = pytest.mark.hosts
 REPO = Path(__file__).resolve().parents[1]
@@ -134,3 +141,89 @@ def test_10_stop_starts_under_a_prober_answer_only_503_with_retry_after(host: Ho
     assert got["cut"] == [] and got["failed"] == []
     assert got["gap"] and {r["retry_after"] for r in got["gap"]} == {"2"}
     assert spanning(prober.requests, moves(events)) >= 10
+
+
+SHOW_PROC = """
+import socket, sys
+from orchestrator.core.haproxy_cli import parse_show_proc
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b"show proc\\n")
+s.shutdown(socket.SHUT_WR)
+out = b""
+while chunk := s.recv(65536):
+    out += chunk
+procs = parse_show_proc(out.decode())
+print(procs.reloads, procs.failed, ",".join(map(str, procs.workers)))
+"""
+
+
+@pytest.fixture
+def proxy(host: Host, tmp_path: Path) -> Iterator[tuple[HaproxyProxy, Catalog]]:
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(proxy_config(host, tmp_path / "state", MODELS))
+    catalog = settings.load(cfg)
+    port = build_ports(catalog, catalog.hosts[host.name]).proxy
+    assert isinstance(port, HaproxyProxy)
+    yield port, catalog
+    host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+def rendered(catalog: Catalog, host: Host, routes: list[Route]) -> str:
+    return render_config(catalog.proxy, host.address, routes, template_text("haproxy.cfg.j2"))
+
+
+def master(host: Host, catalog: Catalog) -> tuple[int, int, set[int]]:
+    reloads, failed, workers = host.run_python(SHOW_PROC, master_socket(catalog.proxy)).stdout.split(" ")
+    return int(reloads), int(failed), {int(w) for w in workers.split(",") if w.strip()}
+
+
+def test_a_reload_returns_once_the_master_lists_the_new_configs_worker(
+        host: Host, proxy: tuple[HaproxyProxy, Catalog]) -> None:
+    """apply() of a changed config: when it returns, the master counted the reload and lists a
+    worker that was not there before (the drain can tell old workers from the new one)."""
+    port, catalog = proxy
+    assert port.apply(rendered(catalog, host, [Route("chat", host.address, 8101)]))
+    before = master(host, catalog)
+    for i in range(5):
+        assert port.apply(rendered(catalog, host, [Route("chat", host.address, 8102 + i)]))
+        after = master(host, catalog)
+        assert after[0] == before[0] + 1 and after[2] - before[2], (before, after)
+        before = after
+
+
+def test_a_reload_the_master_refuses_fails_naming_the_config_and_the_old_one_serves(
+        host: Host, proxy: tuple[HaproxyProxy, Catalog]) -> None:
+    """A config that passes `haproxy -c` but cannot be loaded (its extra bind is taken): ProxyError
+    naming the config, no `.applied` update, and the proxy keeps answering with the old config."""
+    port, catalog = proxy
+    good = rendered(catalog, host, [Route("chat", host.address, 8101)])
+    assert port.apply(good)
+    host.run(["systemd-run", "--unit=port-squatter", sys.executable, "-m", "http.server", "--bind", host.address,
+              "8199"])
+    wait_for(lambda: host.run(["ss", "-Hltn", "( sport = :8199 )"]).stdout, lambda out: bool(out.strip()),
+             what="the squatter to listen")
+    bad = good + f"\nfrontend extra\n    bind {host.address}:8199\n    default_backend no_route\n"
+    with pytest.raises(ProxyError, match=f"could not load {catalog.proxy.config_path} on reload"):
+        port.apply(bad)
+    assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200
+    applied = host.run(["cat", catalog.proxy.config_path + ".applied"]).stdout.strip()
+    assert applied == sha(good)
+
+
+def test_a_unit_whose_master_socket_moved_is_restarted_and_then_serves(
+        host: Host, proxy: tuple[HaproxyProxy, Catalog], tmp_path: Path) -> None:
+    """[proxy] stats_socket moved to another directory: the running master does not listen there,
+    so a reload could never be confirmed; the proxy restarts on the new unit and answers."""
+    port, catalog = proxy
+    assert port.apply(rendered(catalog, host, [Route("chat", host.address, 8101)]))
+    cfg = tmp_path / "moved.toml"
+    cfg.write_text(proxy_config(host, tmp_path / "state", MODELS)
+                   + 'stats_socket = "/run/orchestrator-proxy-moved/admin.sock"\n')
+    moved_catalog = settings.load(cfg)
+    moved = build_ports(moved_catalog, moved_catalog.hosts[host.name]).proxy
+    assert isinstance(moved, HaproxyProxy)
+    host.run(["mkdir", "-p", "/run/orchestrator-proxy-moved"])
+    assert moved.apply(rendered(moved_catalog, host, [Route("chat", host.address, 8102)]))
+    assert master(host, moved_catalog)[2]
+    assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200

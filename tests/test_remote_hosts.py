@@ -110,6 +110,22 @@ def test_switch_through_the_relay_records_the_ssh_login(net_hosts: HostSet, box:
     assert [h["revision"] for h in local] == [1]
 
 
+def test_a_forged_ssh_connection_does_not_change_the_recorded_address(net_hosts: HostSet, box: Host,
+                                                                     tmp_path: Path) -> None:
+    """A relay with SSH_CONNECTION forged to 6.6.6.6 is recorded at sshd's own connection's address."""
+    forging = "/usr/local/bin/forging-python"
+    box.write_file(forging, f'#!/bin/sh\nexport SSH_CONNECTION="6.6.6.6 4242 {box.address} 22"\nexec {PY} "$@"\n',
+                   mode=0o755)
+    hosts = tmp_path / "forging-hosts.toml"
+    hosts.write_text(hosts_toml(box, str(box.key_path), str(box.known_hosts_path)).replace(f'"{PY}"', f'"{forging}"'))
+    done = subprocess.run([PY, "-m", "orchestrator", "--host", "box", "switch", "alpha", "--json"], capture_output=True,
+                          text=True, timeout=120, check=False, env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["trigger"] == f"root@{machine_address(box)}"
+    shown = client_a("history", "--json")
+    assert "6.6.6.6" not in shown.stdout and history(shown)[0]["trigger"] == f"root@{machine_address(box)}"
+
+
 def test_two_clients_at_once_one_is_refused_naming_the_running_switch(net_hosts: HostSet, box: Host) -> None:
     """A's switch holds the box; B's switch is refused naming A's deployment and A; both see one history."""
     h2 = net_hosts.hosts[1]
@@ -152,6 +168,43 @@ def test_dry_run_over_host_says_what_the_box_would_do(box: Host) -> None:
     [plan] = json.loads(out.stdout)
     assert (plan["model"], plan["mode"], plan["displaced"]) == ("beta", "stop_start", ["alpha"])
     assert [h["model"] for h in history(client_a("history", "--json"))] == ["alpha"]
+
+
+def test_models_plan_and_render_over_host_read_the_boxs_deploy_toml(box: Host, tmp_path: Path) -> None:
+    """--host models/plan/render use the box's catalog (alpha...), not ./deploy.toml here (the seeds'
+    models); plan's switch line comes from the box's records."""
+    listed = client_a("models", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {m["name"] for m in json.loads(listed.stdout)} == set(MODELS)
+    minimax = Path(__file__).parent / "fixtures/configs/MiniMaxAI__MiniMax-M2.5.json"
+    assert client_a("switch", "alpha").returncode == 0
+    planned = client_a("plan", "beta", "--model-config", str(minimax), "--json")
+    assert planned.returncode == 0, planned.stderr
+    out = json.loads(planned.stdout)
+    assert (out["name"], out["switch"]["mode"], out["switch"]["displaced"]) == ("beta", "stop_start", ["alpha"])
+    rendered = client_a("render", "gamma", "--out", str(tmp_path / "units"))
+    assert rendered.returncode == 0, rendered.stderr
+    assert f"{box.address}" in (tmp_path / "units/vllm-gamma.service").read_text()
+
+
+def test_agent_killed_mid_switch_over_host_says_it_resumes_and_how_to_follow(box: Host) -> None:
+    """kill -9 of the agent while a --host switch holds: the CLI says the agent resumes it and names
+    `--host box status --follow` (it said "relay exited 0"); the restarted agent finishes the switch."""
+    assert client_a("switch", "alpha").returncode == 0
+    hold_at(box, "stopping")
+    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: paused(box), bool, timeout=60, what="the switch to hold before stopping")
+        box.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
+        _out, err = first.communicate(timeout=120)
+    finally:
+        release(box)
+    assert first.returncode == 6, err
+    assert "resumes the switch when it starts again" in err and "`orchestrator --host box status --follow`" in err
+    wait_for(lambda: client_a("history", "--json"), lambda r: r.returncode == 0 and json.loads(r.stdout)[0][
+        "outcome"] in ("active", "rolled_back"), timeout=90, interval=1.0, what="the restarted agent to end the switch")
+    assert history(client_a("history", "--json"))[0]["model"] == "beta"
 
 
 def test_rollback_from_another_client_returns_to_what_served_before(net_hosts: HostSet, box: Host) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.adapters import connect
 from orchestrator.adapters.ssh import SshShell
-from orchestrator.errors import CommandFailed, TransportError
+from orchestrator.errors import CommandFailed, OrchestratorError, TransportError
 from tests.hosts import Host, keys
 from tests.hosts.fixtures import Adapters
 from tests.hosts.wait import wait_for
@@ -91,6 +91,28 @@ def test_write_file_replaces_atomically(adapters: Adapters) -> None:
     assert adapters.host.run(["stat", "-c", "%i", path]).stdout != before
     assert adapters.host.run(["ls", "-A", directory]).stdout.split() == ["unit.service"]
     assert adapters.shell.read_file(path) == b"new\n"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chardev"])
+def test_read_file_of_a_special_file_is_refused_at_once(adapters: Adapters, kind: str) -> None:
+    """read_file of a FIFO nobody writes or of /dev/zero is an error naming the path, never a hang."""
+    path = f"/etc/t-{uuid.uuid4().hex[:8]}.fifo" if kind == "fifo" else "/dev/zero"
+    if kind == "fifo":
+        adapters.host.run(["mkfifo", path])
+    with pytest.raises(OrchestratorError, match=f"cannot read {path}.*not a regular file"):
+        adapters.shell.read_file(path)
+
+
+def test_write_file_never_follows_a_symlink_planted_in_the_directory(adapters: Adapters) -> None:
+    """Symlinks at guessable temporary names (and at the target) are replaced, their targets untouched."""
+    directory = f"/etc/t-{uuid.uuid4().hex[:8]}"
+    adapters.host.run(["mkdir", directory])
+    adapters.host.run(["sh", "-c", f"echo precious > {directory}/victim"])
+    for name in ("unit.service", "unit.service.tmp", ".unit.service.tmp", "unit.tmp", "unit.service.new"):
+        adapters.host.run(["ln", "-s", f"{directory}/victim", f"{directory}/{name}"])
+    adapters.shell.write_file(f"{directory}/unit.service", b"new\n")
+    assert adapters.host.run(["cat", f"{directory}/victim"]).stdout == "precious\n"
+    assert adapters.host.run(["stat", "-c", "%F", f"{directory}/unit.service"]).stdout.strip() == "regular file"
 
 
 # -- SSH only ---------------------------------------------------------------------------------------

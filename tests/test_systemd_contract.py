@@ -160,6 +160,19 @@ def test_journal_tail_returns_the_last_lines(adapters: Adapters) -> None:
     assert len(adapters.systemd.journal_tail(unit, 2)) == 2
 
 
+def test_journal_tail_hides_secrets_the_engine_printed(adapters: Adapters) -> None:
+    """An engine that prints a token and a secret-named value: journal_tail returns the lines without them."""
+    unit = unit_name()
+    hf = "hf_" + "Zx9" * 12
+    install(adapters, unit, service(f"/bin/sh -c 'echo token {hf}; echo HF_TOKEN=plainsecret1; echo done-1'"))
+    adapters.systemd.start(unit)
+    lines = wait_for(lambda: adapters.systemd.journal_tail(unit, 40), lambda ls: "done-1" in ls,
+                     what=f"{unit} output in the journal")
+    text = "\n".join(lines)
+    assert hf not in text and "plainsecret1" not in text
+    assert "token <a Hugging Face token, not shown>" in lines and "HF_TOKEN=<a secret by its name, not shown>" in lines
+
+
 def test_daemon_reload_picks_up_a_changed_unit(adapters: Adapters) -> None:
     """After a unit file changes, daemon_reload makes the next start run the new command."""
     unit = unit_name()

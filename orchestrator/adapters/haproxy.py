@@ -16,6 +16,7 @@ from typing import TypeVar
 from orchestrator.core.catalog import Proxy
 from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, new_worker, parse_show_proc
 from orchestrator.core.proxy import master_socket, sha
+from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
 
@@ -80,7 +81,11 @@ class HaproxyProxy:
         state = self.systemd.unit_state(UNIT)
         if state.is_active and not installed and applied is not None and applied.decode().strip() == sha(config):
             return False
-        if state.is_active:
+        if state.is_active and installed and self._master("proc")[0] is None:
+            # The unit changed where its master listens: only a restart applies it.
+            self._systemctl("restart")
+            self._await(lambda procs: new_worker(None, procs), "its first worker")
+        elif state.is_active:
             # ExecReload only signals the master: the new config serves once the master lists a
             # worker forked after this point, so the old workers are known before the drain counts.
             before = self._await(lambda procs: procs, "its master CLI to answer before the reload")
@@ -113,7 +118,7 @@ class HaproxyProxy:
         result = self.shell.run([self.proxy.haproxy, "-c", "-q", "-f", candidate], check=False)
         if not result.ok:
             raise ProxyError(f"HAProxy refuses the rendered config {candidate}: "
-                             f"{(result.stderr or result.stdout).strip()[-800:]}", host=self.host)
+                             f"{redact(result.stderr or result.stdout).strip()[-800:]}", host=self.host)
 
     def _systemctl(self, verb: str) -> None:
         try:

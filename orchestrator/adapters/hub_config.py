@@ -9,7 +9,6 @@ timeouts, and a failure is one line naming the endpoint and what to do instead.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,10 +141,7 @@ def _store(repo: str, revision: str, files: dict[str, bytes]) -> str:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, folder / name)
+            userfiles.write_atomic(folder / name, data)
     except OSError as exc:
         return f" (not cached: {folder}: {exc.strerror})"
     return f", cached in {folder}"

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 
@@ -82,24 +80,8 @@ class LocalShell:
             raise OrchestratorError(f"cannot read {path}: {exc.strerror}", host=self.host) from exc
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        directory = os.path.dirname(path) or "."
         try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fchmod(f.fileno(), mode)
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):  # not renamed into place: leave no temp file behind
-                    os.unlink(tmp)
-            dfd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)  # the rename itself survives a crash only once the directory is synced
-            finally:
-                os.close(dfd)
+            userfiles.write_atomic(path, data, mode=mode)
         except OSError as exc:
             raise OrchestratorError(f"cannot write {path}: {exc.strerror}", host=self.host) from exc
 

@@ -12,6 +12,7 @@ import math
 import os
 import shlex
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from orchestrator import userfiles
 from orchestrator.adapters.known_hosts import load_known_hosts
+from orchestrator.adapters.local_shell import MAX_READ
 from orchestrator.adapters.shell_base import checked, ignore_line, timed_out
 from orchestrator.core.observed import CommandResult
 from orchestrator.errors import OrchestratorError, TransportError
@@ -185,9 +187,18 @@ class SshShell:
 
     def read_file(self, path: str) -> bytes | None:
         def op() -> bytes | None:
+            sftp = self._conn.sftp()
             try:
-                with self._conn.sftp().open(path, "rb") as f:
-                    return bytes(f.read())
+                # A FIFO would block the box's sftp-server and /dev/zero never ends: regular files only.
+                st = sftp.stat(path)
+                if st.st_mode is not None and not stat.S_ISREG(st.st_mode):
+                    raise OrchestratorError(f"cannot read {path} on {self.address}: not a regular file",
+                                            host=self.host)
+                if (st.st_size or 0) > MAX_READ:
+                    raise OrchestratorError(f"cannot read {path} on {self.address}: {st.st_size} bytes, more "
+                                            f"than the {MAX_READ} read from a host", host=self.host)
+                with sftp.open(path, "rb") as f:
+                    return bytes(f.read(MAX_READ + 1))[:MAX_READ]
             except FileNotFoundError:
                 return None
 
@@ -203,7 +214,7 @@ class SshShell:
         def op() -> None:
             sftp = self._conn.sftp()
             try:
-                with sftp.open(tmp, "wb") as f:
+                with sftp.open(tmp, "wxb") as f:  # O_CREAT|O_EXCL: never through a name planted before us
                     f.write(data)
                 sftp.chmod(tmp, mode)
                 # sftp has no fsync in paramiko: sync the file through the shell before renaming.

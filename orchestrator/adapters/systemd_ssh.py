@@ -16,6 +16,7 @@ from orchestrator.adapters.unit_files import (
     state_from_properties,
 )
 from orchestrator.core.observed import CommandResult, UnitState
+from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, SystemdError, UnitNotFound
 from orchestrator.ports import Shell
 
@@ -55,7 +56,7 @@ class SshSystemd(ShellUnitFiles):
             raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
         tail = "\n".join(self.journal_tail(unit, 10))
         raise SystemdError(f"{verb} of {unit} failed (ActiveState={state.active_state}, "
-                           f"Result={state.result}): {res.stderr.strip()}" + (f"\n{tail}" if tail else ""),
+                           f"Result={state.result}): {redact(res.stderr.strip())}" + (f"\n{tail}" if tail else ""),
                            host=self.host, unit=unit)
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from orchestrator.core.observed import UnitState
+from orchestrator.core.secrets import redact
 from orchestrator.errors import SystemdError, UsageError
 from orchestrator.ports import Shell
 
@@ -73,7 +74,7 @@ class ShellUnitFiles:
         if not res.ok:
             raise SystemdError(f"journalctl for {unit} exited {res.exit_code}: {res.stderr.strip()}",
                                host=self.host, unit=unit)
-        return res.stdout.splitlines()
+        return [redact(line) for line in res.stdout.splitlines()]  # journal text: secrets hidden at the source
 
     def cgroup_pids(self, unit: str) -> list[int]:
         cgroup = self.unit_state(unit).control_group

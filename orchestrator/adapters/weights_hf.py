@@ -11,6 +11,7 @@ import json
 from collections.abc import Collection
 
 from orchestrator.core.observed import CommandResult
+from orchestrator.core.secrets import redact
 from orchestrator.core.weights import Manifest, StagedRevision, StageRequest
 from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, Shell
@@ -106,8 +107,8 @@ class HfWeightStore:
 
     def _failure(self, result: CommandResult, final: dict[str, object], what: str) -> WeightsError:
         if final.get("event") == "error":
-            return WeightsError(str(final.get("message")), host=self.host)
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+            return WeightsError(redact(str(final.get("message"))), host=self.host)
+        tail = "\n".join(redact(result.stderr or result.stdout).strip().splitlines()[-5:])
         return WeightsError(f"{what}: the stage worker exited {result.exit_code} without a result"
                             + (f":\n{tail}" if tail else ""), host=self.host)
 

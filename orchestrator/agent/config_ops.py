@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -77,36 +76,29 @@ class ConfigRevisions:
         return loaded
 
     def replace(self, text: str, operator: str) -> int:
-        """Record text as a revision and put it in place (previous file kept as .prev), as one unit."""
-        fd, tmp = tempfile.mkstemp(prefix=".push-", suffix=".toml", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, self.path.stat().st_mode & 0o777)
+        """Record text as a revision and put it in place (previous file kept as .prev), as one unit:
+        the file is swapped inside the revision's transaction, so a refused record changes no file."""
+        mode = self.path.stat().st_mode & 0o777
+        old = userfiles.read_bytes(self.path)
+        prev = self.path.with_name(self.path.name + ".prev")
+        swapped = False
 
-            prev = self.path.with_name(self.path.name + ".prev")
-            swapped = False
-
-            def swap() -> None:  # inside the revision's transaction: a failure here records nothing
-                nonlocal swapped
-                try:
-                    shutil.copy2(self.path, prev)
-                    os.replace(tmp, self.path)
-                except OSError as exc:
-                    raise StateError(f"config file {self.path}: cannot replace it: {exc}") from exc
-                swapped = True
-
+        def swap() -> None:
+            nonlocal swapped
+            # Both through an unguessable temporary: a symlink planted at deploy.toml.prev is replaced, not followed.
             try:
-                return self._store.record_if_new(time.time(), sha256(text), operator, text, then=swap)
-            except StateError:
-                if swapped:  # the commit itself failed: the file goes back to what the revisions say
-                    shutil.copy2(prev, self.path)
-                raise
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+                userfiles.write_atomic(prev, old, mode=mode)
+                userfiles.write_atomic(self.path, text.encode(), mode=mode)
+            except OSError as exc:
+                raise StateError(f"config file {self.path}: cannot replace it: {exc}") from exc
+            swapped = True
+
+        try:
+            return self._store.record_if_new(time.time(), sha256(text), operator, text, then=swap)
+        except StateError:
+            if swapped:  # the commit itself failed: the file goes back to what the revisions say
+                userfiles.write_atomic(self.path, old, mode=mode)
+            raise
 
     def link(self, deployment_id: int, revision: int) -> None:
         self._store.link(deployment_id, revision)

@@ -22,9 +22,10 @@ from orchestrator.agent.server import _DONE, ControlServer, Job, Jobs, authorize
 from orchestrator.agent.tasks import ScheduleTask, WatchTask
 from orchestrator.client.table import AGENT_OPS, Call, lookup
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.privilege import root_only_changes
 from orchestrator.core.watch import stall_limit
 from orchestrator.deploy.operations import Operations
-from orchestrator.errors import AgentError, Busy, UsageError
+from orchestrator.errors import AgentError, Busy, Refused, UsageError
 from orchestrator.ports import Clock
 
 log = structlog.get_logger()
@@ -130,11 +131,12 @@ class Agent:
         return authorized(uid, gid, self.group)
 
     # -- requests ---------------------------------------------------------------------------------
-    def dispatch(self, op: object, raw_args: object, caller: str) -> Iterator[dict[str, Any]]:
+    def dispatch(self, op: object, raw_args: object, caller: str, *, uid: int | None = None) -> Iterator[dict[str, Any]]:
         """Answer one client request; ``caller`` (user@socket or user@ssh-client, from the peer's uid
-        and the box's view of its login) is the trigger, never what the client says."""
+        and the box's view of its login) is the trigger, never what the client says; ``uid`` is the
+        peer's (None: unknown, so never root)."""
         if isinstance(op, str) and op in AGENT_OPS:
-            yield {"result": self._config_op(op, AGENT_OPS[op].parse(self.catalog, raw_args), caller)}
+            yield {"result": self._config_op(op, AGENT_OPS[op].parse(self.catalog, raw_args), caller, uid)}
             return
         spec = lookup(op)
         args = spec.parse(self.catalog, raw_args)
@@ -198,19 +200,27 @@ class Agent:
         yield {"result": {"followed": [j.host for j in jobs]}}
 
     # -- configuration ----------------------------------------------------------------------------
-    def _config_op(self, op: str, args: Any, caller: str) -> dict[str, Any]:
+    def _config_op(self, op: str, args: Any, caller: str, uid: int | None) -> dict[str, Any]:
         if self.configs is None:
             raise UsageError("this agent was started without a config file: nothing to show or replace")
         if op == "config_show":
             return self.configs.show()
-        return self._push(self.configs, args.text, args.name or "pushed file", caller)
+        return self._push(self.configs, args.text, args.name or "pushed file", caller, uid)
 
-    def _push(self, configs: ConfigRevisions, text: str, name: str, operator: str) -> dict[str, Any]:
-        """Validate as at start, then (between operations) replace the file and reload the catalog."""
+    def _push(self, configs: ConfigRevisions, text: str, name: str, operator: str,
+              uid: int | None) -> dict[str, Any]:
+        """Validate as at start, check the caller may make these changes (core.privilege), then
+        (between operations) replace the file and reload the catalog."""
         from orchestrator.wiring import operations
 
         previous = configs.show()
         loaded = configs.validate(text, name, self.catalog, now=self.clock.now(), template=self.ops.template)
+        changes = [] if uid == 0 else root_only_changes(self.catalog, loaded.catalog)
+        if changes:
+            raise Refused(f"config push by {operator}: only root may change {', '.join(changes[:6])}"
+                          + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
+                          + ": these decide what the agent runs or writes as root and as whom the engines run "
+                            f"(push as root, or edit {configs.path} on the box as root); nothing was changed")
         ops = (self.ops_factory or operations)(loaded.catalog)  # anything that can fail, before the write
         with self.jobs.lock:  # no operation starts while the catalog is swapped
             if self.jobs.running:

@@ -138,7 +138,8 @@ class _Handler(socketserver.StreamRequestHandler):
                 return
             try:
                 request = _parse(self._read_request())
-                for item in agent.dispatch(request.get("op"), request.get("args"), operator(pid, uid)):
+                for item in agent.dispatch(request.get("op"), request.get("args"), operator(pid, uid),
+                                           uid=uid):
                     self._send(item)
             except OrchestratorError as exc:
                 log.info("request_refused", uid=uid, error=str(exc))

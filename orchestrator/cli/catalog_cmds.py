@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import json
 import sys
@@ -16,7 +15,7 @@ from orchestrator import settings, userfiles
 from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.tables import print_table
-from orchestrator.cli.target import local_only
+from orchestrator.cli.target import catalog, local_only
 from orchestrator.core.multinode import render_nodes
 from orchestrator.core.render import RenderedUnit, load_deadline, render_agent_unit, render_unit
 from orchestrator.deploy.engine import default_template
@@ -28,8 +27,8 @@ from orchestrator.resources import template_text
 @config_option
 @json_option
 def models(config: str | None, as_json: bool) -> None:
-    """List the models of the catalog."""
-    cat = settings.load(config)
+    """List the models of the catalog (with --host: of the box's deploy.toml)."""
+    cat = catalog(config)
     rows: list[dict[str, Any]] = []
     for name, m in cat.models.items():
         where = f"group:{m.group}" if m.group else cat.model_host(name).name
@@ -71,7 +70,9 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
     """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
     if installed:
         local_only("render --diff --installed")
-    cat = settings.load(config)
+    if agent:
+        local_only("render --agent")  # the unit names this machine's python and config path
+    cat = catalog(config)
     if model is not None:
         cat.model(model)
     text = _template(template) if template else default_template()
@@ -132,13 +133,9 @@ def _template(path: str) -> str:
 
 
 def _write(out_dir: Path, path: Path, text: str) -> None:
-    """Write one unit atomically (a temporary file renamed over it)."""
-    tmp = path.with_suffix(".tmp")
+    """Write one unit atomically (an unguessable temporary renamed over it: no planted symlink is followed)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
-        tmp.replace(path)
+        userfiles.write_atomic(path, text.encode())
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise UsageError(f"--out {out_dir}: cannot write {path.name}: {exc.strerror}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -13,7 +14,7 @@ from rich.text import Text
 
 from orchestrator import settings
 from orchestrator.cli import main
-from orchestrator.cli.options import MAX_ID, config_option, int_in, json_option
+from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, remote_spec
@@ -29,7 +30,10 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
         click.echo(result["message"])
     else:
         outcome = result["outcome"]
-        line = f"revision {result['revision']} ({result['model']}) on {result['host']}: {outcome}"
+        # a rollback is a new revision that redeploys a recorded one's unit: name both
+        to = re.search(r":to-(\d+)$", str(result.get("trigger") or ""))
+        again = f", the unit of revision {to.group(1)}" if to else ""
+        line = f"revision {result['revision']} ({result['model']}{again}) on {result['host']}: {outcome}"
         click.echo(line)
         for key in ("error", "rollback_error"):
             if result.get(key):
@@ -92,7 +96,7 @@ def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
 @main.command()
 @config_option
 @click.option("--host", "host", default=None, help="host to roll back (default: the only one)")
-@click.option("--to", "to_revision", type=int_in(1, MAX_ID), default=None, metavar="REVISION",
+@click.option("--to", "to_revision", type=int_in(1, 2**31 - 1), default=None, metavar="REVISION",
               help="redeploy this revision's exact unit (default: the previous stable one)")
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
 @click.option("--ignore-agent", is_flag=True,
@@ -184,7 +188,7 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--group", "group", default=None, help="every box of this group, newest first across them")
-@click.option("--limit", type=int_in(1, 100_000), default=20, show_default=True)
+@click.option("--limit", type=int_in(1, 10_000), default=20, show_default=True)
 @click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
 @json_option
 def history(config: str | None, host: str | None, group: str | None, limit: int, local: bool,

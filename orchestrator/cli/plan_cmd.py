@@ -16,6 +16,7 @@ from orchestrator.adapters.tune_store import read_feedback
 from orchestrator.cli import main
 from orchestrator.cli.options import int_in, json_option, number_in
 from orchestrator.cli.tables import print_table, stdout_console
+from orchestrator.cli.target import backend, catalog, remote_spec
 from orchestrator.core import planner, tune
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.render import model_dir_for
@@ -41,15 +42,17 @@ def _is_model_config(path: str | None) -> bool:
 
 
 def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | None,
-                          refresh: bool) -> ModelConfig:
+                          refresh: bool, *, remote: bool = False) -> ModelConfig:
     """config.json of a catalog model: --model-config, the model's `config`, the weights staged on this
-    machine, the cache of earlier fetches, and only then the hub."""
+    machine, the cache of earlier fetches, and only then the hub. ``remote`` (--host): the catalog is
+    the box's, so its `config` paths and staged weights are files there; only a shipped one is read."""
     if given:
         return ModelConfig(hub_config.read_json_file(given, "model config"), None, given)
-    if model.config:
+    shipped = model.config is not None and Path(model.config).parent == settings.SHIPPED_CONFIGS
+    if model.config and (shipped or not remote):
         return ModelConfig(hub_config.read_json_file(model.config, "model config"), None,
                            f"{model.config} (models.{model.name}.config)")
-    if host.transport == "local":
+    if host.transport == "local" and not remote:
         staged = Path(model_dir_for(cat, model))
         if (staged / CONFIG_NAME).is_file():
             index_file = staged / INDEX_NAME
@@ -62,7 +65,9 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
     try:
         return hub_config.from_hub(model.repo, model.revision)
     except OrchestratorError as exc:
-        exc.message += (f"; set models.{model.name}.config to a local copy of config.json or pass "
+        exc.message += (f"; models.{model.name}.config {model.config!r} is a file on the box: pass "
+                        "--model-config PATH" if remote and model.config else
+                        f"; set models.{model.name}.config to a local copy of config.json or pass "
                         "--model-config PATH")
         raise
 
@@ -111,10 +116,11 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
     else:
         if model is None:
             raise UsageError("name a MODEL of the catalog, or plan a bare config.json with --config PATH --gpus N")
-        cat = settings.load(config)
+        remote = remote_spec() is not None
+        cat = catalog(config)
         m = cat.model(model)
         host = cat.host(host_name) if host_name else cat.model_host(model)
-        found = _catalog_model_config(cat, m, host, model_config, refresh)
+        found = _catalog_model_config(cat, m, host, model_config, refresh, remote=remote)
         cfg, index, source = found.config, index or found.index, found.source
         # A multi-node model: its GPUs per node (the same on each) times its nodes.
         count = len(m.gpus) if m.nodes else host.gpus
@@ -130,7 +136,7 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
     result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes)
     note = ""
-    if name == model:
+    if name == model and remote_spec() is None:  # tune's measurements are in this machine's state.db
         result, note = _measured(cat, host.name, model, result)
     switch = _switch_kind(config, name) if name == model else None
     if as_json:
@@ -159,6 +165,8 @@ def _measured(cat: Catalog, host: str, model: str, result: planner.Plan) -> tupl
 
 def _switch_kind(config: str | None, model: str) -> dict[str, Any] | None:
     """Handover or stop-start, from the host's recorded serving set (when there is a state store)."""
+    if remote_spec() is not None:  # the box's records, through its agent
+        return backend(config).explain(model)
     cat = settings.load(config)
     if not (Path(cat.state_dir) / "state.db").exists():
         return None

@@ -7,6 +7,7 @@ from click.core import ParameterSource
 
 from orchestrator import settings
 from orchestrator.client.backends import Backend, backend_for
+from orchestrator.core.catalog import Catalog
 from orchestrator.errors import UsageError
 
 
@@ -39,6 +40,16 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     client = RemoteAgentClient(resolve(spec, remote_source()))
     click.get_current_context().call_on_close(client.close)
     return client
+
+
+def catalog(config: str | None) -> Catalog:
+    """The catalog a command reads: with --host the box's own deploy.toml (its agent's `config show`,
+    validated here; a model's `config` path is the box's and is not read), else --config's."""
+    spec = remote_spec()
+    if spec is None:
+        return settings.load(config)
+    shown = backend(config).config_show()  # backend() refuses --config with --host
+    return settings.load_text(str(shown["text"]), f"{spec}: {shown['path']}")
 
 
 def local_only(command: str) -> None:

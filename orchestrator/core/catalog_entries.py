@@ -11,6 +11,7 @@ from orchestrator.core import schedule as schedule_rules
 from orchestrator.core.catalog_rules import (
     DAY,
     ENV_KEY_RE,
+    MAX_UNIT_LINE,
     NAME_RE,
     PATH_RE,
     REPO_RE,
@@ -30,6 +31,7 @@ from orchestrator.core.catalog_rules import (
     not_root,
     outside_private_tmp,
     safe,
+    under,
 )
 from orchestrator.core.safety import shown
 from orchestrator.core.secrets import secret_name, secret_value_kind
@@ -242,6 +244,10 @@ class Model(Strict):
         no_secret_in(v)
         for arg in v:
             safe(arg, "argument")
+        total = sum(len(a) + 1 for a in v)
+        if total > MAX_UNIT_LINE:  # one ExecStart line: systemd refuses lines past LONG_LINE_MAX
+            raise ValueError(f"{len(v)} arguments of {total:,} characters in all: at most {MAX_UNIT_LINE:,} fit "
+                             "on the unit's ExecStart line")
         return v
 
     @field_validator("env")
@@ -436,3 +442,22 @@ class Proxy(Strict):
     @classmethod
     def _safe_bind(cls, v: str | None) -> str | None:
         return None if v is None else check_address(v, "bind")
+
+    @field_validator("config_path")
+    @classmethod
+    def _config_in_etc(cls, v: str) -> str:
+        return under(v, "/etc/orchestrator/", ".cfg", "config_path")
+
+    @field_validator("stats_socket")
+    @classmethod
+    def _socket_in_run(cls, v: str) -> str:
+        if v.rsplit("/", 1)[-1] == "master.sock":
+            raise ValueError(f"stats_socket {v!r} is the name of HAProxy's master socket beside it: use another")
+        return under(v, "/run/orchestrator-proxy/", ".sock", "stats_socket")
+
+    @field_validator("haproxy")
+    @classmethod
+    def _plain_executable(cls, v: str) -> str:
+        if any(p in ("..", ".") for p in v.split("/")):
+            raise ValueError(f"haproxy {v!r} has a '..' or '.' part: name the executable's real path")
+        return v

@@ -49,6 +49,7 @@ class Strict(BaseModel):
 # reaches a unit is bounded by MAX_UNIT_VALUE.
 SERVED_NAME_ADVICE = "use letters, digits and . _ : / @ + - (no spaces or quotes), starting with a letter or digit, at most 128"
 MAX_UNIT_VALUE = 4096
+MAX_UNIT_LINE = 65_536
 
 
 def absolute_path(value: str, what: str) -> str:
@@ -109,6 +110,17 @@ def check_address(value: str, what: str) -> str:
             return value
     raise ValueError(f"{what} {shown(value)} is not an IP address or a host name (letters, digits, '-' and "
                      f"'.'; IPv6 without brackets or zone)")
+
+
+def under(path: str, root: str, suffix: str, what: str) -> str:
+    """An absolute path inside ``root`` with no '..' or '.' parts that ends in ``suffix``: where root
+    writes for the proxy stays in the product's own directories."""
+    parts = path.split("/")
+    if (not path.startswith(root) or path == root or any(p in ("..", ".") for p in parts)
+            or "//" in path or not path.endswith(suffix) or path.endswith("/" + suffix)):
+        raise ValueError(f"{what} {shown(path)} must be a '{suffix}' file inside {root} (no '..' or '.' parts): "
+                         "the agent writes it as root")
+    return path
 
 
 def check_revision(value: str) -> str:

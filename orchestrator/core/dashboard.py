@@ -69,11 +69,20 @@ def model_rows(models: Iterable[Any], entry: Mapping[str, Any]) -> list[dict[str
     if entry.get("serving") and entry["serving"]["model"] not in serving:
         serving[entry["serving"]["model"]] = entry["serving"]
     running = {r["model"]: r for r in entry.get("running") or []}
+    models = list(models)
+    gpus = {m.name: set(m.gpus) for m in models}
     rows = []
     for m in models:
         live = serving.get(m.name)
+        # The serving record moves at the end of a switch; from stopping on, the model whose GPUs the switch
+        # takes is down already (the planner replaces what overlaps).
+        taker = next((r for r in running.values() if r["model"] != m.name and r["phase"] in DOWN_PHASES
+                      and gpus[m.name] & gpus.get(r["model"], set())), None)
         if m.name in running:
             state = f"switching ({running[m.name]['phase']})"
+        elif live is not None and taker is not None:
+            verb = "stopping" if taker["phase"] == Phase.STOPPING else "stopped"
+            state = f"{verb} (replaced by {taker['model']})"
         elif live is not None:
             state = "serving" if live.get("healthy", True) else "serving, unhealthy"
         else:
@@ -145,12 +154,13 @@ def downtime_series(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                        for m in models]}
 
 
-def tune_series(report: Mapping[str, Any]) -> dict[str, Any]:
-    """A tune report as chart data: x = concurrency levels, tok/s per candidate, the winner flagged."""
+def tune_series(report: Mapping[str, Any], key: str = "tok_s") -> dict[str, Any]:
+    """A tune report as chart data: x = concurrency levels, ``key`` (tok/s, or TTFT p90 in ms with
+    "ttft_p90_ms") per candidate, the winner flagged."""
     levels = [int(c) for c in report.get("concurrency") or []]
     series = []
     for row in report.get("candidates") or []:
         lv = {int(c): v for c, v in (row.get("levels") or {}).items()}
         series.append({"label": row["layout"], "winner": bool(row.get("winner")), "error": row.get("error"),
-                       "values": [lv[c]["tok_s"] if c in lv else None for c in levels]})
+                       "values": [lv[c].get(key) if c in lv else None for c in levels]})
     return {"x": levels, "series": series}

@@ -28,9 +28,10 @@ MAX_DIGITS = 100
 class DocumentError(ConfigError):
     """A document that cannot be read as data; ``reason`` is the message without the place."""
 
-    def __init__(self, reason: str, where: str) -> None:
+    def __init__(self, reason: str, where: str, *, syntax: bool = False) -> None:
         super().__init__(reason, file=where)
         self.reason = reason
+        self.syntax = syntax  # the parser's own complaint (not TOML/JSON at all), not one of our bounds
 
 
 def clip(value: str, limit: int = 60) -> str:
@@ -59,7 +60,7 @@ def toml_document(raw: bytes | str, where: str) -> dict[str, Any]:
     try:
         data = tomllib.loads(text, parse_float=lambda s: _finite(s, where))
     except tomllib.TOMLDecodeError as exc:
-        raise DocumentError(f"not valid TOML: {exc}", where) from None
+        raise DocumentError(f"not valid TOML: {exc}", where, syntax=True) from None
     except RecursionError:
         raise DocumentError(f"not valid TOML: nested deeper than {MAX_DEPTH} levels", where) from None
     except ValueError as exc:  # tomllib's int() of a digit string past Python's limit
@@ -82,6 +83,8 @@ def json_document(raw: bytes | str, where: str, *, unique_keys: bool = True) -> 
         raise DocumentError(f"not valid JSON: nested deeper than {MAX_DEPTH} levels", where) from None
     except DocumentError:
         raise
+    except json.JSONDecodeError as exc:
+        raise DocumentError(f"not valid JSON: {exc}", where, syntax=True) from None
     except ValueError as exc:
         raise DocumentError(f"not valid JSON: {exc}", where) from None
     check_depth(data, where)

@@ -178,6 +178,8 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
     return env.from_string(template).render(
         routes=routes, served=served, gaps=[r for r in routes if r.address is None], bind=bind,
         port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
+        # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.
+        hard_stop_after=f"{max(1, round(proxy.drain_timeout_s * 1000))}ms",
         retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"))
 
 

@@ -59,7 +59,8 @@ class UnitSpec:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        host = f"[{self.address}]" if ":" in self.address else self.address  # an IPv6 literal
+        return f"http://{host}:{self.port}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -105,8 +105,10 @@ def decide(records: Sequence[HostRecord], policy: Policy, *, has_canary: bool, a
     failed = [r for r in records if r.state is HostState.FAILED]
     canary_failed = has_canary and any(r.batch == 0 for r in failed)
     revert = tuple(r.host for r in records if r.state is HostState.SWITCHED) if policy.rollback_all else ()
-    if aborted:
-        return Decision("stop", revert=revert, reason="aborted")
+    if aborted:  # the status says "aborted" already: the reason says what was left undone
+        untouched = [r.host for r in records if r.state in NOT_STARTED]
+        return Decision("stop", revert=revert, reason="abort requested" + (
+            f"; not switched: {', '.join(untouched)}" if untouched else "; every host had been switched"))
     if canary_failed:
         return Decision("stop", revert=revert,
                         reason=f"canary {', '.join(r.host for r in failed if r.batch == 0)} failed")
@@ -128,23 +130,27 @@ class Observed:
     busy: bool  # an operation runs on the box now
     ours: str | None  # outcome of the newest deployment of the model after the baseline, if any
     ours_ended: bool = True
+    serves_ours: bool = True  # the box serves the rollout's model now
 
 
-ResumeAction = Literal["keep", "follow", "record", "switch"]
+ResumeAction = Literal["keep", "follow", "record", "superseded", "switch"]
 
 
 def resume_action(record: HostRecord, observed: Observed) -> ResumeAction:
     """After a controller crash: a host whose deployment ended is never switched twice.
 
     keep: its state was recorded as ended; follow: its agent still runs it (wait for the end);
-    record: it ended while no controller watched (take the agent's outcome); switch: the request
-    never reached its agent (the plan still owes it a switch)."""
+    record: it ended while no controller watched (take the agent's outcome); superseded: it became
+    active, but the box serves another model now (another operation switched it since: failed, not
+    switched); switch: the request never reached its agent (the plan still owes it a switch)."""
     if record.state in ENDED:
         return "keep"
     if record.state in NOT_STARTED:
         return "switch"
     if observed.busy or (observed.ours is not None and not observed.ours_ended):
         return "follow"
+    if observed.ours == "active" and not observed.serves_ours:
+        return "superseded"
     if observed.ours is not None:
         return "record"
     return "switch"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.core.documents import DocumentError, toml_document
 from orchestrator.errors import UsageError
 
 _HEADER_RE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
@@ -83,8 +83,10 @@ def edit_model(text: str, model: str, changes: Mapping[str, Any], file: str = "d
 
 def _check(text: str, model: str, changes: Mapping[str, Any], file: str) -> None:
     try:
-        table = tomllib.loads(text)["models"][model]
-    except (tomllib.TOMLDecodeError, KeyError) as exc:
+        table = toml_document(text, file)["models"][model]
+    except DocumentError as exc:
+        raise UsageError(f"{file}: the edited [models.{model}] would not parse ({exc.reason}); edit it by hand") from exc
+    except KeyError as exc:
         raise UsageError(f"{file}: the edited [models.{model}] would not parse ({exc}); edit it by hand") from exc
     for key, want in changes.items():
         got = table.get(key)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
 from typing import Any
 
 import jinja2
@@ -39,6 +40,9 @@ class Pages:
     def __init__(self, live: Live) -> None:
         self.live = live
         self.env = _env()
+        self._lock = threading.Lock()
+        self._cached: tuple[int, dict[str, Any]] | None = None  # (version, sections): one read per change
+
 
     def route(self, path: str) -> tuple[str, bytes] | None:
         html = "text/html; charset=utf-8"
@@ -60,7 +64,15 @@ class Pages:
             charts=json.dumps({h["name"]: {"downtime": h["downtime"]} for h in box["hosts"]}))
 
     def sections(self) -> dict[str, Any]:
-        """The live parts of the box page: element id -> HTML, and the chart data."""
+        """The live parts of the box page: element id -> HTML, and the chart data; every open page
+        of one version gets the same answer, read once (GPUs and health probes are not free)."""
+        with self._lock:
+            version = self.live.version
+            if self._cached is None or self._cached[0] != version:
+                self._cached = (version, self._read_sections())
+            return self._cached[1]
+
+    def _read_sections(self) -> dict[str, Any]:
         box = self.live.box()
         out: dict[str, Any] = {"html": {}, "charts": {}, "at": _when(box["at"])}
         for i, host in enumerate(box["hosts"]):
@@ -82,4 +94,5 @@ class Pages:
         return self.env.get_template("tune.html.j2").render(
             runs=runs, chosen=chosen, report=report,
             svg=svg_chart(report) if report else "",
-            chart=json.dumps(view.tune_series(report) if report else None))
+            chart=json.dumps(view.tune_series(report) if report else None),
+            ttft=json.dumps(view.tune_series(report, "ttft_p90_ms") if report else None))

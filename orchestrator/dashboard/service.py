@@ -18,11 +18,13 @@ log = structlog.get_logger()
 
 def tune_runs(agent: Any) -> Any:
     """The host's finished tune runs from the state store the tuner writes (no copy of its own)."""
-    def runs(host: str) -> list[dict[str, Any]]:
-        from orchestrator.rollout.tune import tune_store
+    from orchestrator.rollout.tune import tune_store
 
+    store = tune_store(agent.catalog)  # opened once: opening secures (chmods) the state dir and migrates
+
+    def runs(host: str) -> list[dict[str, Any]]:
         out = []
-        for r in tune_store(agent.catalog).finished(host):
+        for r in store.finished(host):
             report = r.result or {}
             out.append({"id": r.id, "model": r.model, "created_at": r.created_at,
                         "winner": (report.get("decision") or {}).get("winner"), "report": report})

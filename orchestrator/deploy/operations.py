@@ -19,6 +19,7 @@ from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment, ServingChange
+from orchestrator.core.secrets import redact_tree
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
@@ -91,7 +92,7 @@ class Operations:
         return self.store.unfinished(host)
 
     def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None:
-        self.store.record_event(at, host, kind, detail)
+        self.store.record_event(at, host, kind, redact_tree(detail))  # loop failures quote outside text
 
     def events(self, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         return self.store.events(kind=kind, limit=limit)
@@ -363,7 +364,8 @@ class Operations:
             if self.catalog.proxy.enabled:
                 cfg, h = self.catalog.proxy, self.catalog.hosts[name]
                 bind = cfg.bind or h.bind or h.address
-                entry["endpoint"] = f"http://{h.address if bind in ('0.0.0.0', '::') else bind}:{cfg.port}/v1"
+                where = h.address if bind in ("0.0.0.0", "::") else bind
+                entry["endpoint"] = f"http://{f'[{where}]' if ':' in where else where}:{cfg.port}/v1"
                 entry["models"] = [{"revision": d.revision, "model": d.model, "served_name": d.spec.served_name,
                                     "gpus": list(d.spec.gpus), "unit": d.spec.unit_name, "url": d.spec.base_url,
                                     **({"healthy": eng.is_healthy(d)} if probe else {})}

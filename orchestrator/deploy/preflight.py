@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any
 
 from orchestrator.core import planner
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.observed import GpuSnapshot
 from orchestrator.core.records import Deployment
 from orchestrator.errors import PlanError
@@ -19,9 +19,9 @@ def _read_json(ports: HostPorts, path: str) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise PlanError(f"{path} is not valid JSON: {exc}", host=ports.host.name) from exc
+        data = json_document(raw, path, unique_keys=False)  # a config.json: read as vLLM reads it
+    except DocumentError as exc:
+        raise PlanError(f"{path}: {exc.reason}", host=ports.host.name) from exc
     return data if isinstance(data, dict) else None
 
 

@@ -200,14 +200,23 @@ class Fleet:
             ours = [d for d in history[h] if d["model"] == ro.model and d["id"] > (records[h].baseline_id or 0)]
             busy = bool((status[h].get("agent") or {}).get("running"))
             newest = ours[0] if ours else None
+            entry: dict[str, Any] = next(iter((status[h].get("hosts") or {}).values()), {})
+            serving = (entry.get("serving") or {}).get("model")
             observed = core.Observed(busy=busy, ours=newest["outcome"] if newest else None,
-                                     ours_ended=bool(newest and newest.get("ended_at")))
+                                     ours_ended=bool(newest and newest.get("ended_at")),
+                                     serves_ours=serving == ro.model)
             action = core.resume_action(records[h], observed)
             self.report(h, "rollout_host", {"state": "switching", "detail": f"resume: {action}"})
             if action == "follow":
                 follow.append(h)
             elif action == "record" and newest is not None:
                 self._record(ro, h, newest)
+            elif action == "superseded" and newest is not None:
+                error = (f"deployment #{newest['id']} of {ro.model} became active, but the box serves "
+                         f"{serving or 'nothing'} now (switched by another operation since)")
+                self.store.set_host(ro.id, h, state=HostState.FAILED, outcome="superseded",
+                                    deployment_id=newest["id"], error=error, ended_at=time.time())
+                self.report(h, "rollout_host", {"state": "failed", "outcome": "superseded", "error": error})
             elif action == "switch":
                 self.store.set_host(ro.id, h, state=HostState.STAGED)
         if follow:
@@ -304,7 +313,15 @@ class Fleet:
         hosts = [{"host": r.host, "batch": r.batch, "state": r.state.value, "deployment_id": r.deployment_id,
                   "outcome": r.outcome, "error": r.error, "switched_at": times[r.host][0],
                   "ended_at": times[r.host][1]} for r in self.store.hosts(ro.id)]
-        return {"rollout": ro.to_dict(), "hosts": hosts}
+        shown = ro.to_dict()
+        alive = ro.pid == os.getpid() or _alive(ro.pid)
+        shown["controller"] = {"pid": ro.pid, "alive": alive}
+        if ro.status is RolloutStatus.RUNNING and not alive:
+            # recorded as running, but nothing drives it: its controller died (kill -9, a lost machine)
+            shown["status"] = "interrupted"
+            shown["reason"] = (f"its controller (pid {ro.pid}) is gone; `orchestrator rollout resume` finishes it, "
+                               "`orchestrator rollout abort` ends it")
+        return {"rollout": shown, "hosts": hosts}
 
 
 def _batch_of(batches: list[tuple[str, ...]], host: str) -> int:

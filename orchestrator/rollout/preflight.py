@@ -3,13 +3,13 @@ and is idle. One fan-out per question; any failure refuses the whole rollout, na
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.client.backends import AgentClient
 from orchestrator.core.catalog import Model
+from orchestrator.core.documents import DocumentError, toml_document
 from orchestrator.errors import Busy, OrchestratorError, UsageError
 from orchestrator.rollout.fanout import Call, run_all
 
@@ -73,9 +73,9 @@ def check_boxes(clients: Mapping[str, AgentClient], model: Model) -> dict[str, B
 
 def _same_model(host: str, result: Any, model: Model, errors: dict[str, OrchestratorError]) -> None:
     try:
-        catalog = tomllib.loads(str((result or {}).get("text", "")))
-    except tomllib.TOMLDecodeError as exc:
-        errors[host] = UsageError(f"its agent's deploy.toml does not parse: {exc}")
+        catalog = toml_document(str((result or {}).get("text", "")), "its agent's deploy.toml")
+    except DocumentError as exc:
+        errors[host] = UsageError(f"its agent's deploy.toml does not parse: {exc.reason}")
         return
     entry = (catalog.get("models") or {}).get(model.name)
     if not isinstance(entry, dict):

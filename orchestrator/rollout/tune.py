@@ -9,10 +9,8 @@ back what served before.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from orchestrator.adapters.tune_store import TuneResult, TuneRun, TuneStore
 from orchestrator.core import planner
 from orchestrator.core import tune as core
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.documents import DocumentError, json_document, text_of, toml_document
 from orchestrator.core.states import Phase
 from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
 from orchestrator.deploy.locks import host_lock
@@ -286,9 +285,9 @@ class Tuner:
         if winner is None:
             return None, {}
         try:
-            text = userfiles.read_text(self.config_path)
-            current = tomllib.loads(text)["models"][model]
-        except (OSError, tomllib.TOMLDecodeError, KeyError):
+            text = text_of(userfiles.read_bytes(self.config_path), str(self.config_path))
+            current = toml_document(text, str(self.config_path))["models"][model]
+        except (OSError, DocumentError, KeyError):
             return None, {}
         base = self.catalog.models[model]
         target: dict[str, Any] = {"tensor_parallel": winner.layout.tp, "pipeline_parallel": winner.layout.pp,
@@ -325,8 +324,8 @@ def _read_json(raw: bytes | str | None, what: str) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise UsageError(f"{what}: not valid JSON: {exc}") from exc
+        data = json_document(raw, what, unique_keys=False)  # a config.json or index: read as vLLM reads it
+    except DocumentError as exc:
+        raise UsageError(f"{what}: {exc.reason}") from None
     return data if isinstance(data, dict) else None
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from orchestrator import userfiles
 from orchestrator.core.weights import INDEX_NAME, MANIFEST_NAME, PART_SUFFIX, Manifest, check_file_name
 from orchestrator.errors import WeightsError
 
@@ -102,13 +103,7 @@ def free_bytes(path: str) -> int:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    userfiles.write_atomic(path, data)
 
 
 def fsync_dir(path: Path) -> None:

@@ -162,6 +162,31 @@ def test_the_audit_trail_records_the_peer_not_the_client(running: Running) -> No
     assert replies[-1]["result"]["trigger"] == f"{pwd.getpwuid(os.getuid()).pw_name}@socket"
 
 
+FORGING_CLIENT = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(json.dumps({"op": "switch", "args": {"model": sys.argv[2]}}).encode() + b"\\n")
+s.shutdown(socket.SHUT_WR)
+print(s.makefile().read().splitlines()[-1])
+"""
+
+
+def test_a_forged_ssh_connection_is_recorded_as_a_claim_not_as_fact(running: Running) -> None:
+    """A local client whose own SSH_CONNECTION names 6.6.6.6 is recorded at the socket, the address only claimed."""
+    import pwd
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SSH_CONNECTION": "6.6.6.6 4242 10.0.0.1 22"}
+    done = subprocess.run([sys.executable, "-c", FORGING_CLIENT, running.path, "gamma"], env=env, capture_output=True,
+                          text=True, timeout=60, check=True)
+    trigger = json.loads(done.stdout)["result"]["trigger"]
+    user = pwd.getpwuid(os.getuid()).pw_name
+    assert trigger == f"{user}@socket (claims ssh from 6.6.6.6)"
+    assert running.world.ops.store.history()[0].trigger == trigger
+
+
 def test_a_client_that_hangs_up_mid_switch_logs_one_line(running: Running, capfd: pytest.CaptureFixture[str]) -> None:
     """A client gone during a streamed switch: the switch finishes; one log line, no traceback anywhere."""
     with structlog.testing.capture_logs() as logs:

@@ -30,11 +30,22 @@ def test_model_rows_say_serving_switching_or_stopped() -> None:
     """Each catalog model of the host gets one state: the running switch's target says its phase."""
     cat = make_catalog()
     entry = {"serving": {"model": "alpha", "revision": 3, "unit": "vllm-alpha.service", "healthy": False},
-             "running": [{"model": "beta", "phase": "starting"}]}
+             "running": [{"model": "gamma", "phase": "starting"}]}
     rows = {r["model"]: r for r in view.model_rows(cat.models.values(), entry)}
     assert rows["alpha"]["state"] == "serving, unhealthy" and rows["alpha"]["revision"] == 3
-    assert rows["beta"]["state"] == "switching (starting)"
-    assert rows["gamma"]["state"] == "stopped" and rows["gamma"]["layout"] == "TP=4"
+    assert rows["gamma"]["state"] == "switching (starting)"
+    assert rows["beta"]["state"] == "stopped" and rows["beta"]["layout"] == "TP=4"
+
+
+def test_a_model_the_running_switch_replaces_is_shown_down_from_stopping_on() -> None:
+    """The serving record moves at the end of a switch; the page says the displaced model is down before."""
+    cat = make_catalog()
+    entry = {"serving": {"model": "alpha", "revision": 1, "unit": "vllm-alpha.service", "healthy": False},
+             "running": [{"model": "beta", "phase": "freeing"}]}
+    rows = {r["model"]: r for r in view.model_rows(cat.models.values(), entry)}
+    assert rows["alpha"]["state"] == "stopped (replaced by beta)"
+    entry["running"] = [{"model": "gamma", "phase": "starting"}]  # GPUs 4-7: alpha keeps serving
+    assert view.model_rows(cat.models.values(), entry)[0]["state"] == "serving, unhealthy"
 
 
 def test_timeline_marks_the_current_phase_and_counts_its_seconds_to_now() -> None:

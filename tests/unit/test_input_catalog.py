@@ -150,3 +150,12 @@ def test_a_push_cannot_turn_on_engines_as_root(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"new\.toml: defaults\.allow_root: a push cannot turn on engines as root"):
         revisions.validate(pushed, "new.toml", running, now=0.0)
     assert (tmp_path / "deploy.toml").read_text() == BASE.format(top="", rest="")
+
+
+def test_args_too_long_for_one_unit_line_are_refused(tmp_path: Path) -> None:
+    """1,000 arguments of 100 characters: exit 2 naming models.a.args and the total, before any unit is written."""
+    args = ", ".join(f'"--x{i}={"v" * 94}"' for i in range(1000))
+    (tmp_path / "deploy.toml").write_text(BASE.format(top="", rest="").replace(
+        'repo = "org/a"', f'repo = "org/a"\nargs = [{args}]'))
+    with pytest.raises(ConfigError, match=r"models\.a\.args: 1000 arguments of 101,890 characters in all"):
+        settings.load(tmp_path / "deploy.toml")

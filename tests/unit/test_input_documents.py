@@ -7,14 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from orchestrator import settings
 from orchestrator.agent import relay
-from orchestrator.cli import main
 from orchestrator.client.targets import load_hosts
 from orchestrator.core.documents import MAX_DEPTH, DocumentError, json_document, toml_document
 from orchestrator.errors import ConfigError
+
+from .cli_runner import invoke
 
 DEEP_TOML = "x = " + "[" * 5000 + "]" * 5000 + "\n"
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
@@ -41,7 +42,7 @@ config = "config.json"
 
 
 def run(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=True)
+    return invoke(*args)
 
 
 def assert_exit_2_naming(result: Result, name: str) -> None:
@@ -149,3 +150,38 @@ def test_config_push_of_a_file_past_the_request_limit_names_it(tmp_path: Path) -
     """`config push BIG`: exit 2 naming the file and the agent's 64 KiB limit, before any agent is asked."""
     (tmp_path / "big.toml").write_text("# padding\n" * 7000)
     assert_exit_2_naming(run("config", "push", str(tmp_path / "big.toml")), "big.toml: 70,000 bytes: too large")
+
+
+@pytest.mark.parametrize("raw", HOSTILE_CONFIG_JSON.values(), ids=HOSTILE_CONFIG_JSON.keys())
+def test_a_hostile_config_json_on_the_host_is_a_plan_error_naming_it(raw: bytes) -> None:
+    """The switch's preflight reads the staged config.json: a PlanError naming the file, no traceback."""
+    from orchestrator.deploy.preflight import _read_json
+    from orchestrator.errors import PlanError
+
+    from .conftest import World
+
+    world = World()
+    world.host.files["/models/x/config.json"] = raw
+    with pytest.raises(PlanError, match="/models/x/config.json: "):
+        _read_json(world.host.ports(world.catalog.hosts["box"], world.weights), "/models/x/config.json")
+
+
+@pytest.mark.parametrize("text", [DEEP_TOML, HUGE_INT], ids=["deep", "huge int"])
+def test_tune_apply_refuses_an_edit_that_would_not_parse(text: str) -> None:
+    """tune --apply's check of the edited deploy.toml: a usage error naming the file, no traceback."""
+    from orchestrator.core.tune_toml import _check
+    from orchestrator.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"deploy\.toml: the edited \[models\.a\] would not parse"):
+        _check(text, "a", {"tensor_parallel": 2}, "deploy.toml")
+
+
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, '{"box": {"gpus": 1, "gpus": 2}}', "[" + "9" * 5000 + "]"],
+                         ids=["deep", "duplicate key", "huge int"])
+def test_a_hostile_json_override_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    value: str) -> None:
+    """ORCHESTRATOR_HOSTS holding hostile JSON: a ConfigError naming the variable, no traceback."""
+    (tmp_path / "deploy.toml").write_text(DEPLOY.replace('config = "config.json"\n', ""))
+    monkeypatch.setenv("ORCHESTRATOR_HOSTS", value)
+    with pytest.raises(ConfigError, match="environment variable ORCHESTRATOR_HOSTS"):
+        settings.load(tmp_path / "deploy.toml")

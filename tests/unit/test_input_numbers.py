@@ -7,16 +7,16 @@ import socket
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from orchestrator.cli import main
+from .cli_runner import invoke
 
 HUGE = "9" * 5000
 OVER_SQLITE = str(2**63)
 
 
 def run(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
+    return invoke(*args)
 
 
 def assert_refused(result: Result, option: str) -> None:
@@ -30,6 +30,8 @@ def assert_refused(result: Result, option: str) -> None:
     (["rollout", "status", "--id", OVER_SQLITE], "--id"),
     (["rollout", "resume", "--id", HUGE], "--id"),
     (["rollback", "--to", OVER_SQLITE], "--to"),
+    (["rollback", "--to", str(2**31)], "--to"),
+    (["history", "--limit", "10001"], "--limit"),
     (["history", "--limit", HUGE], "--limit"),
     (["plan", "--gpu-memory-gib", "nan", "--gpus", "8"], "--gpu-memory-gib"),
     (["plan", "--gpu-memory-gib", "inf", "--gpus", "8"], "--gpu-memory-gib"),

@@ -82,8 +82,8 @@ def test_cli_names_file_key_and_value_of_an_injected_bind(tmp_path: Path) -> Non
     assert "defaults.bind" in done.stderr and "'0.0.0.0 accept-proxy'" in done.stderr
 
 
-def _render(bind: str, routes: list[Route], socket: str = "/run/orchestrator-proxy/admin.sock") -> str:
-    cat = Catalog.model_validate(_catalog(**{"proxy.stats_socket": socket}))
+def _render(bind: str, routes: list[Route], **proxy: Any) -> str:
+    cat = Catalog.model_validate(_catalog(**{f"proxy.{k}": v for k, v in proxy.items()}))
     return render_config(cat.proxy, bind, routes, template_text("haproxy.cfg.j2"))
 
 
@@ -129,3 +129,45 @@ def test_rendered_config_passes_haproxy_check(bind: str, tmp_path: Path) -> None
     done = _haproxy_check(config, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert 'server engine "[::1]:8001"' in config and '-m str "gap"' in config
+
+
+@pytest.mark.parametrize("drain", [0.5, 0.001, 1e-05, 30, 3600])
+def test_any_valid_drain_timeout_renders_a_config_haproxy_takes(drain: float, tmp_path: Path) -> None:
+    """drain_timeout_s below a second or fractional becomes milliseconds HAProxy accepts."""
+    done = _haproxy_check(_render("127.0.0.1", [Route("chat", "127.0.0.1", 8001)], drain_timeout_s=drain), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_engine_on_an_ipv6_address_is_reached_at_its_base_url() -> None:
+    """A host address that is an IPv6 literal gives a bracketed URL the health probe can reach."""
+    import http.server
+    import socket
+    import threading
+
+    from orchestrator.adapters.http_health import HttpHealthProbe
+    from orchestrator.core.records import UnitSpec
+
+    class V6(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"object":"list","data":[{"id":"chat"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = V6(("::1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = UnitSpec(model="m", unit_name="vllm-m.service", unit_text="", unit_sha="", served_name="chat",
+                        address="::1", port=server.server_address[1], gpus=(0,), load_deadline_s=1, model_dir="/m")
+        assert spec.base_url == f"http://[::1]:{spec.port}"
+        assert HttpHealthProbe().models(spec.base_url) == ["chat"]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -100,7 +100,15 @@ def test_abort_stops_before_the_next_batch() -> None:
     """An aborted rollout stops; with --rollback-all it reverts the switched hosts."""
     recs = records({"h1": S.SWITCHED}, plan(HOSTS, 1, 2))
     got = decide(recs, Policy(rollback_all=True), has_canary=True, aborted=True)
-    assert (got.kind, got.revert, got.reason) == ("stop", ("h1",), "aborted")
+    assert (got.kind, got.revert) == ("stop", ("h1",))
+
+
+def test_an_abort_reason_names_what_was_left_undone() -> None:
+    """The reason of an abort is not "aborted" again (shown as "aborted: aborted"): it names the hosts
+    the abort kept from being switched."""
+    recs = records({"h1": S.SWITCHED}, plan(HOSTS, 1, 2))
+    reason = decide(recs, Policy(), has_canary=True, aborted=True).reason
+    assert reason == f"abort requested; not switched: {', '.join(HOSTS[1:])}"
 
 
 @pytest.mark.parametrize(("state", "observed", "action"), [
@@ -110,11 +118,13 @@ def test_abort_stops_before_the_next_batch() -> None:
     (S.SWITCHING, Observed(busy=True, ours="starting", ours_ended=False), "follow"),
     (S.SWITCHING, Observed(busy=False, ours="active"), "record"),
     (S.SWITCHING, Observed(busy=False, ours="rolled_back"), "record"),
+    (S.SWITCHING, Observed(busy=False, ours="active", serves_ours=False), "superseded"),
     (S.SWITCHING, Observed(busy=False, ours=None), "switch"),
     (S.STAGED, Observed(busy=False, ours=None), "switch"),
 ])
 def test_resume_never_switches_a_host_twice(state: HostState, observed: Observed, action: str) -> None:
-    """Recorded as ended: kept; ended unseen: recorded from its agent; only a request that never arrived is sent."""
+    """Recorded as ended: kept; ended unseen: recorded from its agent, unless the box serves another model
+    now (superseded: not switched); only a request that never arrived is sent."""
     assert resume_action(HostRecord("h2", 1, state), observed) == action
 
 

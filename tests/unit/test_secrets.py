@@ -73,6 +73,13 @@ def test_secret_flags_with_values_are_found(args: list[str], index: int | None) 
     (f'served_name = "{GHP}"', "models.a.served_name", GHP),
     (f'args = "{HF}"', "models.a.args", HF),  # a type error must not quote it either
     (f'args = ["a\\u202e{HF}"]', "models.a.args[0]", HF),  # nor a refused character
+    ('env = { AUTHORIZATION = "plainvalue1" }', "models.a.env.AUTHORIZATION", "plainvalue1"),
+    ('env = { AUTH_HEADER = "plainvalue2" }', "models.a.env.AUTH_HEADER", "plainvalue2"),
+    ('env = { SESSION_COOKIE = "plainvalue3" }', "models.a.env.SESSION_COOKIE", "plainvalue3"),
+    ('env = { DATABASE_URL = "plainvalue4" }', "models.a.env.DATABASE_URL", "plainvalue4"),
+    ('args = ["--bearer", "plainvalue5"]', "models.a.args[1]", "plainvalue5"),
+    ('args = ["--jwt=plainvalue6"]', "models.a.args[0]", "plainvalue6"),
+    ('env = { X = "postgres://svc:plainvalue7@db/x" }', "models.a.env.X", "plainvalue7"),
 ])
 def test_inline_secret_is_refused_without_echoing_it(tmp_path: Path, extra: str, key: str, secret: str) -> None:
     """render exits 2 naming the file and key path of an inline secret, never its value; no unit is written."""

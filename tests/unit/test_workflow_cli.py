@@ -102,3 +102,12 @@ def test_an_unknown_shipped_config_is_refused_naming_the_ones_shipped(tmp_path: 
     assert result.returncode == 2
     assert "models.minimax-m25.config" in result.stderr and "MiniMaxAI__MiniMax-M2.5.json" in result.stderr
     assert "no such shipped config.json" in result.stderr
+
+
+def test_a_rollback_result_names_the_revision_it_redeploys(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rolling back to revision 10 makes revision 11: the line names both, not 11 alone for 10's model."""
+    from orchestrator.cli.deploy_cmds import _finish
+
+    _finish({"revision": 11, "model": "alpha", "host": "h1", "outcome": "active", "trigger": "rollback:to-10"},
+            False)
+    assert capsys.readouterr().out == "revision 11 (alpha, the unit of revision 10) on h1: active\n"

@@ -44,7 +44,7 @@
   document.querySelectorAll('.chart[data-chart="tune"]').forEach(el => {
     draw(el, JSON.parse(el.dataset.tune), {
       scales: { x: { time: false, distr: 3, log: 2 } },
-      axes: [{ label: "concurrency" }, { label: "output tok/s" }],
+      axes: [{ label: "concurrency" }, { label: el.dataset.axis }],
     });
   });
 })();

@@ -1,0 +1,176 @@
+"""The dashboard of a real agent (a systemd unit in a test host, the stand-in engine), opened the way an
+operator opens it: `orchestrator --host BOX dashboard` on this machine, over SSH, in headless chromium.
+
+The GPU table, the models and the running switch's timeline update as the switch goes (the engine held
+before a phase by the test hook); screenshots of the box page mid-switch and of a tune comparison are
+written to docs/dashboard/. The Grafana dashboard's queries are checked against this agent's /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.browser import chromium
+from tests.hosts.machine import Host
+from tests.hosts.wait import wait_for
+from tests.test_agent_hosts import HOOKS, STATE, cli, install_agent, metrics
+from tests.test_switch_hosts import MODELS, config_text
+from tests.test_tune_hosts import BENCH, TINY, TINY_CONFIG, TINY_ENV
+
+pytestmark = pytest.mark.hosts
+
+REPO = Path(__file__).resolve().parents[1]
+SHOTS = REPO / "docs" / "dashboard"
+GRAFANA = REPO / "orchestrator" / "dashboard" / "grafana.json"
+PY = sys.executable
+
+
+@pytest.fixture
+def box(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
+    """h1 runs the agent (dashboard on by default) for itself; a hosts file here names it `box`."""
+    host = hosts[0]
+    host.write_file("/srv/tiny/config.json", json.dumps(TINY_CONFIG))
+    models = {"alpha": MODELS["alpha"], "beta-long": MODELS["beta-long"], "gamma": MODELS["gamma"], "tiny": TINY}
+    install_agent(host, config_text(host, Path(STATE), models, transport="local") + TINY_ENV, tmp_path)
+    (tmp_path / "hosts.toml").write_text(
+        f'[box]\nurl = "ssh://root@{host.address}:{host.port}"\nkey = "{host.key_path}"\n'
+        f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{STATE}/agent.sock"\n')
+    wait_for(lambda: host.run(["test", "-S", f"{STATE}/dashboard.sock"], check=False).returncode == 0,
+             what="the agent's dashboard socket")
+    yield host
+    host.run(f"rm -f {HOOKS}/pause-at; systemctl stop orchestrator-agent.service", check=False)
+
+
+@pytest.fixture
+def forwarded(box: Host, tmp_path: Path) -> Iterator[str]:
+    """`orchestrator --host box dashboard --no-open` running here; the URL it printed."""
+    env = {**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(tmp_path / "hosts.toml")}
+    proc = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "dashboard", "--no-open"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    try:
+        assert url.startswith("http://127.0.0.1:"), url + (proc.stderr.read() if proc.stderr else "")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def state_of(driver: Any, model: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, f'table.models tr[data-model="{model}"] td.state').text)
+
+
+def holders(driver: Any, gpu: int) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, f'table.gpus tr[data-gpu="{gpu}"] td.holders').text)
+
+
+def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp_path: Path) -> None:
+    """Through SSH: the switch's phases appear live while the engine is held, the GPUs empty and fill,
+    and the models table and history end with the new model serving; no reload."""
+    cli(box, "switch", "alpha")
+    driver = chromium(tmp_path / "profile")
+    try:
+        driver.get(forwarded)
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
+        driver.execute_script("window.loadedOnce = true")
+        assert state_of(driver, "alpha") == "serving" and holders(driver, 0).startswith("alpha (pid")
+
+        box.write_file(f"{HOOKS}/pause-at", "starting")
+        switch = threading.Thread(target=cli, args=(box, "switch", "beta-long"), daemon=True)
+        switch.start()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, 'ol.timeline li.current[data-phase="starting"]'))
+        phases = [e.get_attribute("data-phase") for e in driver.find_elements(By.CSS_SELECTOR, "ol.timeline li")]
+        assert phases[:3] == ["planned", "preflight", "staging"] and "freeing" in phases
+        assert state_of(driver, "beta-long") == "switching (starting)"
+        assert state_of(driver, "alpha") == "stopped (replaced by beta-long)"
+        wait.until(lambda d: holders(d, 0) == "free")  # alpha's engine is gone from GPU 0
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / "box-during-switch.png"))
+
+        box.run(f"rm -f {HOOKS}/pause-at")
+        wait.until(lambda d: state_of(d, "beta-long") == "serving")
+        switch.join(timeout=120)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#h0-operation p.idle"))
+        assert holders(driver, 0).startswith("beta-long (pid")
+        newest = driver.find_element(By.CSS_SELECTOR, "table.history tbody tr")
+        assert newest.get_attribute("data-outcome") == "active" and "beta-long" in newest.text
+        assert "start" in newest.find_element(By.CSS_SELECTOR, "td.phases").text
+        assert driver.execute_script("return window.loadedOnce") is True
+        driver.save_screenshot(str(SHOTS / "box-after-switch.png"))
+    finally:
+        driver.quit()
+
+
+def test_the_tune_page_compares_the_candidates(box: Host, forwarded: str, tmp_path: Path) -> None:
+    """A tune run on the box shows as a table and a chart of every candidate, the winner marked."""
+    cli(box, "switch", "alpha")
+    report = json.loads(cli(box, "tune", "tiny", "--layouts", "tp2,tp4,tp8", *BENCH, "--json").stdout)
+    winner = report["decision"]["winner"]
+    driver = chromium(tmp_path / "profile")
+    try:
+        driver.get(forwarded)
+        driver.get(forwarded.split("?")[0] + "tune")
+        assert driver.find_element(By.ID, "winner").text == winner
+        row = driver.find_element(By.CSS_SELECTOR, "table.tune tr.winner")
+        assert row.get_attribute("data-candidate") == "tp4"
+        failed = driver.find_element(By.CSS_SELECTOR, 'table.tune tr[data-candidate="tp8"] td.error').text
+        assert "192" in failed  # the engine's own line: why TP=8 cannot load
+        WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="tune"] canvas'))
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / "tune-comparison.png"))
+    finally:
+        driver.quit()
+
+
+def test_a_box_user_outside_the_socket_group_gets_403(box: Host) -> None:
+    """On the box, a local user who is not in the socket group is answered 403 by the dashboard socket;
+    once in the group, the page (the state dir is opened to others for this check: normally a stranger
+    cannot even reach the socket)."""
+    box.run("id dashguest >/dev/null 2>&1 || useradd --no-create-home dashguest; "
+            "gpasswd -d dashguest orchestrator >/dev/null 2>&1 || true")
+    box.run(f"chmod g+rx,o+x {STATE}")
+    get = ["runuser", "-u", "dashguest", "--", "curl", "-sS", "-i", "--unix-socket", f"{STATE}/dashboard.sock",
+           "http://box/"]
+    out = box.run(get).stdout
+    assert out.startswith("HTTP/1.1 403") and "may not use the dashboard" in out and "'orchestrator'" in out
+    assert "<table" not in out
+    box.run("usermod -a -G orchestrator dashguest")
+    assert box.run(get).stdout.startswith("HTTP/1.1 200")
+
+
+def metric_names(text: str) -> set[str]:
+    """Every name a PromQL query may use against this exposition: samples, and each family's series
+    names even before a first sample (_total, _bucket, _sum, _count)."""
+    names: set[str] = set()
+    for fam in text_string_to_metric_families(text):
+        names.add(fam.name)
+        names.update(s.name for s in fam.samples)
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(fam.type, [])
+        names.update(fam.name + s for s in suffixes)
+    return names
+
+
+def test_every_metric_of_the_grafana_dashboard_is_exported_by_the_agent(box: Host) -> None:
+    """After a switch, every orchestrator_* metric the Grafana JSON queries is in the agent's /metrics."""
+    cli(box, "switch", "alpha")
+    dash = json.loads(GRAFANA.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs.append(dash["templating"]["list"][0]["query"]["query"])
+    wanted = {m for e in exprs for m in re.findall(r"\borchestrator_[a-z0-9_]+", e)}
+    assert len(wanted) >= 7
+    exported = metric_names(metrics(box))
+    assert wanted <= exported, f"queried but not exported: {sorted(wanted - exported)}"
