@@ -10,7 +10,7 @@ from .conftest import OpsWorld
 
 
 def test_finished_operations_retain_no_engine(tmp_path: Path) -> None:
-    """Twenty switches, rollbacks, stops and recoveries leave no engine held by the operations."""
+    """Twenty-two operations (switches, rollbacks, recoveries, a stop) leave no engine held by the operations."""
     world = OpsWorld(tmp_path / "state")
     world.ops.switch("gamma")
     for _ in range(5):
