@@ -108,6 +108,10 @@ class Live:
                 "downtime": view.downtime_series(history),
                 "events": [e for e in self.agent.ops.events(limit=40) if e.get("host") in (None, name)][:15],
                 "tune": [{k: r[k] for k in ("id", "model", "created_at", "winner")} for r in self.tune_runs(name)],
+                "bench": view.bench_rows([
+                    {"model": d.model, "revision": d.revision, "bench": d.bench,
+                     "layout": view.layout(catalog.models[d.model]) if d.model in catalog.models else ""}
+                    for d in self.agent.ops.benchmarks(name)]),
             })
         return {"at": now, "agent": status.get("agent"), "hosts": hosts, "schedules": status.get("schedules") or []}
 

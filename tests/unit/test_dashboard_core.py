@@ -101,3 +101,15 @@ def test_bad_dashboard_settings_are_refused(bad: dict[str, object]) -> None:
     """A relative socket path, a refresh of 0 s or an unknown key (no TCP port exists) is refused."""
     with pytest.raises(ValidationError, match="dashboard"):
         make_catalog(dashboard=bad)
+
+
+def test_bench_series_put_every_model_on_the_union_of_concurrencies() -> None:
+    """Models benchmarked at different levels share one axis; a level a model lacks is a gap."""
+    rows = view.bench_rows([
+        {"model": "a", "revision": 1, "layout": "TP=4", "bench": {"levels": [
+            {"concurrency": 1, "output_tok_s": 10.0, "ttft_ms": {"p90": 5.0}}]}},
+        {"model": "b", "revision": 2, "bench": {"levels": [{"concurrency": 4, "output_tok_s": 30.0}]}}])
+    assert view.bench_series(rows, "tok_s") == {"x": [1, 4], "series": [
+        {"label": "a TP=4", "winner": False, "values": [10.0, None]},
+        {"label": "b", "winner": False, "values": [None, 30.0]}]}
+    assert view.bench_series(rows, "ttft_p90_ms")["series"][1]["values"] == [None, None]
