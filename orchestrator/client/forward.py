@@ -74,6 +74,9 @@ class _Conn(socketserver.BaseRequestHandler):
     request: socket.socket
 
     def handle(self) -> None:
+        # Replies come in pieces (headers, then body; SSE messages): without this, Nagle's algorithm and
+        # the browser's delayed ACK hold each second piece ~40 ms.
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.request.settimeout(HEAD_TIMEOUT_S)
         try:
             head = _read_head(self.request)
