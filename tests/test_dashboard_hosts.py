@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,6 +156,18 @@ def test_a_box_user_outside_the_socket_group_gets_403(box: Host) -> None:
     assert "<table" not in out
     box.run("usermod -a -G orchestrator dashguest")
     assert box.run(get).stdout.startswith("HTTP/1.1 200")
+
+
+def test_a_stopped_agent_is_a_502_naming_the_socket_not_an_empty_page(box: Host, forwarded: str) -> None:
+    """The agent went away after the CLI started: the relay's reason reaches the browser as a 502."""
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    assert opener.open(forwarded, timeout=30).status == 200
+    box.run("systemctl stop orchestrator-agent.service")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        opener.open(forwarded.split("?")[0], timeout=60)
+    assert err.value.code == 502
+    why = err.value.read().decode()
+    assert f"{STATE}/dashboard.sock: no agent is running there" in why, why
 
 
 def test_the_agent_opens_no_tcp_port_but_its_metrics_on_loopback(box: Host) -> None:
