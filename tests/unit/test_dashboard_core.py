@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from orchestrator import settings
 from orchestrator.core import dashboard as view
 from orchestrator.core.observed import GpuInfo, GpuProcess, GpuSnapshot
+from orchestrator.errors import ConfigError
 
 from .conftest import make_catalog
 
@@ -113,3 +117,13 @@ def test_bench_series_put_every_model_on_the_union_of_concurrencies() -> None:
         {"label": "a TP=4", "winner": False, "values": [10.0, None]},
         {"label": "b", "winner": False, "values": [None, 30.0]}]}
     assert view.bench_series(rows, "ttft_p90_ms")["series"][1]["values"] == [None, None]
+
+
+def test_a_bad_dashboard_key_in_deploy_toml_names_the_file_key_and_value(tmp_path: Path) -> None:
+    """deploy.toml's [dashboard] is checked at load: the error names the file, the key and the value (exit 2)."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text('[hosts.box]\naddress = "127.0.0.9"\ngpus = 8\n[dashboard]\nsocket = "run/d.sock"\n')
+    with pytest.raises(ConfigError) as err:
+        settings.load(cfg)
+    assert err.value.exit_code == 2
+    assert str(cfg) in str(err.value) and "dashboard.socket" in str(err.value) and "run/d.sock" in str(err.value)
