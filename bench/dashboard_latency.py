@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.agent.daemon import Agent  # noqa: E402
-from orchestrator.client.forward import Forwarder, unix_opener  # noqa: E402
-from orchestrator.dashboard.service import start  # noqa: E402
-from tests.unit.conftest import OpsWorld  # noqa: E402
+from orchestrator.agent.daemon import Agent
+from orchestrator.client.forward import Forwarder, unix_opener
+from orchestrator.dashboard.service import start
+from tests.unit.conftest import OpsWorld
 
 OUT = Path(__file__).with_name("dashboard_latency.txt")
 
@@ -106,8 +106,8 @@ def main() -> None:
     assert server is not None
     fwd = Forwarder(unix_opener(sock))
     threading.Thread(target=fwd.serve_forever, daemon=True).start()
-    lines = [f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, agent in-process over fake ports, "
-             f"refresh_s 2.0, python {sys.version.split()[0]}"]
+    lines = [(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, agent in-process over fake ports, "
+             f"refresh_s 2.0, python {sys.version.split()[0]}")]
     world.ops.switch("alpha")
     page = timed_gets(UnixHTTP(sock), args.n, {})
     fwd_conn = http.client.HTTPConnection("127.0.0.1", fwd.port, timeout=30)

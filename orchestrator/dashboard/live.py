@@ -67,6 +67,11 @@ class Live:
             if self.watchers:
                 self.bump()
 
+    def watch(self, delta: int) -> None:
+        """One more (or one fewer) open live page."""
+        with self.changed:
+            self.watchers += delta
+
     def bump(self) -> None:
         with self.changed:
             self.version += 1
