@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,10 @@ def test_the_tune_page_compares_the_candidates(box: Host, forwarded: str, tmp_pa
         WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="tune"] canvas'))
         SHOTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SHOTS / "tune-comparison.png"))
+        driver.get(forwarded.split("?")[0])  # the box page compares the candidates' benchmarks too
+        assert driver.find_elements(By.CSS_SELECTOR, 'table.bench tr[data-model="tiny.tp4"]')
+        WebDriverWait(driver, 30).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="bench_tok_s"] canvas'))
     finally:
         driver.quit()
 
@@ -150,6 +156,29 @@ def test_a_box_user_outside_the_socket_group_gets_403(box: Host) -> None:
     assert "<table" not in out
     box.run("usermod -a -G orchestrator dashguest")
     assert box.run(get).stdout.startswith("HTTP/1.1 200")
+
+
+def test_a_stopped_agent_is_a_502_naming_the_socket_not_an_empty_page(box: Host, forwarded: str) -> None:
+    """The agent went away after the CLI started: the relay's reason reaches the browser as a 502."""
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    assert opener.open(forwarded, timeout=30).status == 200
+    box.run("systemctl stop orchestrator-agent.service")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        opener.open(forwarded.split("?")[0], timeout=60)
+    assert err.value.code == 502
+    why = err.value.read().decode()
+    assert f"{STATE}/dashboard.sock: no agent is running there" in why, why
+
+
+def test_the_agent_opens_no_tcp_port_but_its_metrics_on_loopback(box: Host) -> None:
+    """No page or endpoint of the dashboard is reachable from another address: the agent listens on TCP
+    only for Prometheus, on 127.0.0.1; the dashboard is a Unix socket."""
+    pid = box.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
+    listening = box.run(["ss", "-H", "-l", "-n", "-p", "-t"]).stdout.splitlines()
+    ours = [line.split()[3] for line in listening if f"pid={pid}," in line]
+    assert len(ours) == 1 and ours[0].startswith("127.0.0.1:"), listening
+    unix = box.run(["ss", "-H", "-l", "-x", "-p"]).stdout
+    assert f"{STATE}/dashboard.sock" in unix
 
 
 def metric_names(text: str) -> set[str]:

@@ -69,6 +69,8 @@ class Jobs:
         self.running: dict[str, Job] = {}
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        # Told of each job as it starts (before its first event) and when it has ended: the dashboard.
+        self.observers: list[Callable[[str, Job], None]] = []
 
     def busy(self, host: str) -> Job | None:
         with self.lock:
@@ -84,6 +86,7 @@ class Jobs:
             self.running[host] = job
         thread = threading.Thread(target=self._run, args=(job, run), name=f"{op}-{host}", daemon=True)
         self.threads.append(thread)
+        self._notify("started", job)
         thread.start()
         return job
 
@@ -101,6 +104,14 @@ class Jobs:
             job.done.set()
             job.publish(_DONE)
             self.on_finish(job)
+            self._notify("finished", job)
+
+    def _notify(self, what: str, job: Job) -> None:
+        for observer in list(self.observers):
+            try:
+                observer(what, job)
+            except Exception:  # an observer (the dashboard) must never fail an operation
+                log.exception("job_observer_failed", host=job.host, op=job.op)
 
     def join(self, timeout: float) -> None:
         for t in list(self.threads):

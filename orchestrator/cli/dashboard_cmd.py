@@ -21,7 +21,7 @@ from orchestrator.errors import AgentError, UsageError
 def dashboard(config: str | None, port: int, open_browser: bool) -> None:
     """Open the agent's dashboard (GPUs, models, the running switch, history, charts): its Unix socket
     forwarded to 127.0.0.1 here, over the SSH connection with --host. Runs until Ctrl-C."""
-    from orchestrator.client.forward import Forwarder, Stream, unix_opener
+    from orchestrator.client.forward import Forwarder, RelayStream, Stream, unix_opener
     from orchestrator.client.remote import RemoteAgentClient
 
     be = backend(config)
@@ -32,7 +32,7 @@ def dashboard(config: str | None, port: int, open_browser: bool) -> None:
     if not path:
         raise AgentError("the agent serves no dashboard ([dashboard] enabled = false in its deploy.toml, or its "
                          "socket could not be made: see the agent's log)")
-    opener: Callable[[], Stream] = (lambda: be.open_relay(path)) if isinstance(be, RemoteAgentClient) \
+    opener: Callable[[], Stream] = (lambda: RelayStream(be.open_relay(path))) if isinstance(be, RemoteAgentClient) \
         else unix_opener(path)
     try:
         fwd = Forwarder(opener, port)

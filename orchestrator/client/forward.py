@@ -37,6 +37,30 @@ class Stream(Protocol):
     def close(self) -> Any: ...
 
 
+class RelayStream:
+    """A relay channel on the SSH connection; ``failure`` is the relay's own last line once it exited."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+
+    def sendall(self, data: bytes) -> None:
+        self.channel.sendall(data)
+
+    def recv(self, n: int) -> bytes:
+        return bytes(self.channel.recv(n))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def failure(self) -> str | None:
+        # The exit status follows the end of the output by a moment; a relay that never exits says nothing.
+        if not self.channel.status_event.wait(5.0):
+            return None
+        err = self.channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+        status = self.channel.recv_exit_status()
+        return err.splitlines()[-1].removeprefix("error: ") if err else f"the relay exited {status}"
+
+
 def unix_opener(path: str) -> Callable[[], Stream]:
     def open_() -> Stream:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -74,6 +98,9 @@ class _Conn(socketserver.BaseRequestHandler):
     request: socket.socket
 
     def handle(self) -> None:
+        # Replies come in pieces (headers, then body; SSE messages): without this, Nagle's algorithm and
+        # the browser's delayed ACK hold each second piece ~40 ms.
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.request.settimeout(HEAD_TIMEOUT_S)
         try:
             head = _read_head(self.request)
@@ -151,20 +178,32 @@ def _read_head(sock: socket.socket) -> bytes:
 
 
 def _pipe(client: socket.socket, upstream: Stream, first: bytes) -> None:
-    """Both ways until either side closes; then both are closed."""
+    """Both ways until either side closes; then both are closed. A far end that closes before its first
+    byte (the relay found no agent, the agent went away) is a 502 saying why, not an empty reply."""
     def up() -> None:
         try:
             upstream.sendall(first)
             while data := client.recv(_CHUNK):
                 upstream.sendall(data)
         except OSError:
-            pass
-        upstream.close()
+            pass  # the other direction ends too (the dashboard drops an idle connection) and closes both
 
     threading.Thread(target=up, daemon=True).start()
+    answered = False
     try:
-        while data := upstream.recv(_CHUNK):
+        while True:
+            try:
+                data = upstream.recv(_CHUNK)
+            except OSError:
+                data = b""  # reset by the far end: closed, as far as the browser is concerned
+            if not data:
+                break
+            answered = True
             client.sendall(data)
+        if not answered:
+            why = getattr(upstream, "failure", lambda: None)()
+            client.sendall(_reply(502, f"the dashboard closed the connection without an answer"
+                                       f"{': ' + why if why else ''}\n"))
     except OSError:
         pass
     finally:

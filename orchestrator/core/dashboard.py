@@ -164,3 +164,23 @@ def tune_series(report: Mapping[str, Any], key: str = "tok_s") -> dict[str, Any]
         series.append({"label": row["layout"], "winner": bool(row.get("winner")), "error": row.get("error"),
                        "values": [lv[c].get(key) if c in lv else None for c in levels]})
     return {"x": levels, "series": series}
+
+
+def bench_rows(benchmarks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The latest benchmark of each model (``compare``'s rows): tok/s and TTFT p90 per concurrency."""
+    rows = []
+    for b in benchmarks:
+        levels = {int(lv["concurrency"]): {"tok_s": lv.get("output_tok_s"),
+                                            "ttft_p90_ms": (lv.get("ttft_ms") or {}).get("p90")}
+                  for lv in (b.get("bench") or {}).get("levels") or []}
+        rows.append({"model": b["model"], "revision": b["revision"], "layout": b.get("layout") or "",
+                     "levels": levels})
+    return rows
+
+
+def bench_series(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any]:
+    """Bench rows as chart data: x = every concurrency measured, one series per model (and layout)."""
+    levels = sorted({c for r in rows for c in r["levels"]})
+    return {"x": levels, "series": [
+        {"label": f"{r['model']} {r['layout']}".strip(), "winner": False,
+         "values": [r["levels"][c][key] if c in r["levels"] else None for c in levels]} for r in rows]}

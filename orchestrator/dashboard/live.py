@@ -2,7 +2,8 @@
 each host's GPUs, and the progress events of its running jobs (the ones the CLI streams).
 
 One reader for every open page: a page's SSE stream waits on ``changed`` and gets the newest view;
-GPUs and models are re-read only while someone watches, every ``refresh_s`` and on each progress event.
+GPUs and models are re-read only while someone watches, every ``refresh_s``, and at once when a job
+of the agent starts, reports progress or ends (the agent's jobs tell the dashboard; nothing polls them).
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ from orchestrator.errors import OrchestratorError
 
 log = structlog.get_logger()
 
-_POLL_S = 0.1  # how often new jobs are looked for: the first events of a job reach the page this late at most
-
-
 class Live:
     def __init__(self, agent: Any, refresh_s: float, tune_runs: Callable[[str], list[dict[str, Any]]]) -> None:
         self.agent = agent
@@ -31,30 +29,29 @@ class Live:
         self.version = 0
         self.watchers = 0
         self.events: dict[str, list[dict[str, Any]]] = {}  # host -> progress of its running (or last) job
-        self._jobs: dict[str, Any] = {}  # host -> the job being listened to
         self._stop = threading.Event()
 
     # -- the agent's jobs --------------------------------------------------------------------------
     def start(self) -> None:
-        threading.Thread(target=self._jobs_loop, name="dashboard-jobs", daemon=True).start()
+        self.agent.jobs.observers.append(self._observe)
         threading.Thread(target=self._tick_loop, name="dashboard-tick", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._observe in self.agent.jobs.observers:
+            self.agent.jobs.observers.remove(self._observe)
         self.bump()
 
-    def _jobs_loop(self) -> None:
-        while not self._stop.wait(_POLL_S):
-            for host, job in list(self.agent.jobs.running.items()):
-                if self._jobs.get(host) is not job:
-                    self._jobs[host] = job
-                    self.events[host] = []
-                    threading.Thread(target=self._listen, args=(host, job), daemon=True).start()
+    def _observe(self, what: str, job: Any) -> None:
+        """Called by the agent's jobs: as a job starts (before its first event), and when it has ended."""
+        if what == "started":
+            self.events[job.host] = []
+            threading.Thread(target=self._listen, args=(job.host, job, job.listen()), daemon=True).start()
+        self.bump()
 
-    def _listen(self, host: str, job: Any) -> None:
+    def _listen(self, host: str, job: Any, q: Any) -> None:
         from orchestrator.agent.server import _DONE
 
-        q = job.listen()
         try:
             while (item := q.get()) is not _DONE:
                 if isinstance(item, dict) and "event" in item:
@@ -69,6 +66,11 @@ class Live:
         while not self._stop.wait(self.refresh_s):
             if self.watchers:
                 self.bump()
+
+    def watch(self, delta: int) -> None:
+        """One more (or one fewer) open live page."""
+        with self.changed:
+            self.watchers += delta
 
     def bump(self) -> None:
         with self.changed:
@@ -108,6 +110,10 @@ class Live:
                 "downtime": view.downtime_series(history),
                 "events": [e for e in self.agent.ops.events(limit=40) if e.get("host") in (None, name)][:15],
                 "tune": [{k: r[k] for k in ("id", "model", "created_at", "winner")} for r in self.tune_runs(name)],
+                "bench": view.bench_rows([
+                    {"model": d.model, "revision": d.revision, "bench": d.bench,
+                     "layout": view.layout(catalog.models[d.model]) if d.model in catalog.models else ""}
+                    for d in self.agent.ops.benchmarks(name)]),
             })
         return {"at": now, "agent": status.get("agent"), "hosts": hosts, "schedules": status.get("schedules") or []}
 

@@ -17,7 +17,7 @@ from orchestrator.core import dashboard as view
 from orchestrator.core.tune_chart import svg_chart
 from orchestrator.dashboard.live import Live
 
-SECTIONS = ("gpus", "models", "operation", "history", "events")
+SECTIONS = ("gpus", "models", "operation", "history", "events", "bench")
 
 
 def _when(at: float | None) -> str:
@@ -34,6 +34,11 @@ def _env() -> jinja2.Environment:
     env.filters["secs"] = lambda s: "" if s is None else f"{s:.1f} s"
     env.filters["gib"] = lambda mib: f"{mib / 1024:.1f}"
     return env
+
+
+def _charts(host: dict[str, Any]) -> dict[str, Any]:
+    return {"downtime": host["downtime"], "bench_tok_s": view.bench_series(host["bench"], "tok_s"),
+            "bench_ttft": view.bench_series(host["bench"], "ttft_p90_ms")}
 
 
 class Pages:
@@ -61,7 +66,7 @@ class Pages:
         box = self.live.box()
         return self.env.get_template("box.html.j2").render(
             box=box, sections={h["name"]: self._sections(h) for h in box["hosts"]},
-            charts=json.dumps({h["name"]: {"downtime": h["downtime"]} for h in box["hosts"]}))
+            charts=json.dumps({h["name"]: _charts(h) for h in box["hosts"]}))
 
     def sections(self) -> dict[str, Any]:
         """The live parts of the box page: element id -> HTML, and the chart data; every open page
@@ -78,7 +83,7 @@ class Pages:
         for i, host in enumerate(box["hosts"]):
             for name, html in self._sections(host).items():
                 out["html"][f"h{i}-{name}"] = html
-            out["charts"][host["name"]] = {"downtime": host["downtime"]}
+            out["charts"][host["name"]] = _charts(host)
         return out
 
     def _sections(self, host: dict[str, Any]) -> dict[str, str]:

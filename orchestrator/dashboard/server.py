@@ -109,7 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain; charset=utf-8",
                        f"the dashboard already serves {MAX_WATCHERS} live pages\n".encode())
             return
-        live.watchers += 1
+        live.watch(+1)
         self.close_connection = True
         try:
             self.send_response(HTTPStatus.OK)
@@ -133,7 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the page was closed
         finally:
-            live.watchers -= 1
+            live.watch(-1)
             self.server.watch_slots.release()
 
     def _send(self, status: HTTPStatus, kind: str, body: bytes, *, cache: str = "no-store",

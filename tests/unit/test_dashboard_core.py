@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from orchestrator import settings
 from orchestrator.core import dashboard as view
 from orchestrator.core.observed import GpuInfo, GpuProcess, GpuSnapshot
+from orchestrator.errors import ConfigError
 
 from .conftest import make_catalog
 
@@ -101,3 +105,25 @@ def test_bad_dashboard_settings_are_refused(bad: dict[str, object]) -> None:
     """A relative socket path, a refresh of 0 s or an unknown key (no TCP port exists) is refused."""
     with pytest.raises(ValidationError, match="dashboard"):
         make_catalog(dashboard=bad)
+
+
+def test_bench_series_put_every_model_on_the_union_of_concurrencies() -> None:
+    """Models benchmarked at different levels share one axis; a level a model lacks is a gap."""
+    rows = view.bench_rows([
+        {"model": "a", "revision": 1, "layout": "TP=4", "bench": {"levels": [
+            {"concurrency": 1, "output_tok_s": 10.0, "ttft_ms": {"p90": 5.0}}]}},
+        {"model": "b", "revision": 2, "bench": {"levels": [{"concurrency": 4, "output_tok_s": 30.0}]}}])
+    assert view.bench_series(rows, "tok_s") == {"x": [1, 4], "series": [
+        {"label": "a TP=4", "winner": False, "values": [10.0, None]},
+        {"label": "b", "winner": False, "values": [None, 30.0]}]}
+    assert view.bench_series(rows, "ttft_p90_ms")["series"][1]["values"] == [None, None]
+
+
+def test_a_bad_dashboard_key_in_deploy_toml_names_the_file_key_and_value(tmp_path: Path) -> None:
+    """deploy.toml's [dashboard] is checked at load: the error names the file, the key and the value (exit 2)."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text('[hosts.box]\naddress = "127.0.0.9"\ngpus = 8\n[dashboard]\nsocket = "run/d.sock"\n')
+    with pytest.raises(ConfigError) as err:
+        settings.load(cfg)
+    assert err.value.exit_code == 2
+    assert str(cfg) in str(err.value) and "dashboard.socket" in str(err.value) and "run/d.sock" in str(err.value)

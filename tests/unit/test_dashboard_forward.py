@@ -96,3 +96,30 @@ def test_an_unreachable_dashboard_is_a_502_naming_the_socket(tmp_path: Path) -> 
         forwarder.server_close()
     assert reply.startswith("HTTP/1.1 502") and "missing.sock" in reply
     assert forwarder.errors and "missing.sock" in forwarder.errors[0]
+
+
+def test_a_stream_closed_without_an_answer_is_a_502_saying_why(tmp_path: Path) -> None:
+    """The far end closes before answering (the relay found no agent): 502 with its reason, not an empty reply."""
+    path = str(tmp_path / "closing.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+
+    def close_each() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    forwarder = Forwarder(unix_opener(path))
+    threading.Thread(target=forwarder.serve_forever, daemon=True).start()
+    try:
+        reply = send(forwarder, "/", cookie=f"{forwarder.cookie}={forwarder.token}")
+    finally:
+        forwarder.shutdown()
+        forwarder.server_close()
+        listener.close()
+    assert reply.startswith("HTTP/1.1 502") and "closed the connection without an answer" in reply

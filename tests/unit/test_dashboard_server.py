@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,6 +103,19 @@ def test_history_rows_carry_phase_durations_and_downtime(running: Running) -> No
     assert box["hosts"][0]["downtime"]["x"]  # the chart has the switches that stopped something
 
 
+def test_recorded_benchmarks_show_per_model_and_concurrency(running: Running) -> None:
+    """A bench stored with a revision (as `orchestrator bench` stores it) is a row and a chart series."""
+    dep = running.world.ops.switch("alpha")
+    levels = [{"concurrency": c, "output_tok_s": 100.0 * c, "ttft_ms": {"p90": 20.0 + c}} for c in (1, 16)]
+    running.world.ops.record_bench(dep["id"], {"levels": levels})
+    body = running.get("/")[2]
+    assert '<tr data-model="alpha"><td>alpha</td><td>1</td><td>TP=4</td>' in body
+    assert "<th>tok/s C=16</th>" in body and ">1600<" in body and ">36 ms<" in body
+    chart = json.loads(running.get("/api/box")[2])["hosts"][0]["bench"]
+    assert chart == [{"model": "alpha", "revision": 1, "layout": "TP=4", "levels": {
+        "1": {"tok_s": 100.0, "ttft_p90_ms": 21.0}, "16": {"tok_s": 1600.0, "ttft_p90_ms": 36.0}}}]
+
+
 def test_a_user_outside_the_socket_group_gets_403(running: Running) -> None:
     """Peer credentials decide: uid 65534 in no group is refused with 403 naming its uid and the group."""
     reply = as_user(running.path)
@@ -158,8 +172,39 @@ def test_the_event_stream_sends_the_live_sections(running: Running) -> None:
     event, data = stream.split(b"\n")[:2]
     assert event == b"event: sections"
     msg = json.loads(data.removeprefix(b"data: "))
-    assert set(msg["html"]) == {"h0-gpus", "h0-models", "h0-operation", "h0-history", "h0-events"}
+    assert set(msg["html"]) == {"h0-gpus", "h0-models", "h0-operation", "h0-history", "h0-events",
+                                "h0-bench"}
     assert "no operation running" in msg["html"]["h0-operation"]
+
+
+def read_sections(stream: Any) -> dict[str, Any]:
+    """The next SSE message's sections."""
+    for line in stream:
+        if line.startswith(b"data: "):
+            return dict(json.loads(line[6:]))
+    raise AssertionError("the event stream ended")
+
+
+def test_a_job_of_the_agent_reaches_an_open_page_without_waiting_for_a_refresh(tmp_path: Path) -> None:
+    """With no periodic refresh at all (60 s), a switch submitted to the agent, however short, is pushed
+    to an open page as it starts and ends: the page learns from the agent's jobs, not from polling."""
+    world = OpsWorld(tmp_path / "state", dashboard={"socket": str(tmp_path / "d.sock"), "refresh_s": 60})
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
+                  clock=world.clock)
+    server = start(agent)
+    assert server is not None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)  # far below the 60 s refresh: only a push can answer in time
+            s.connect(str(tmp_path / "d.sock"))
+            s.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+            stream = s.makefile("rb")
+            assert 'data-state="stopped"' in read_sections(stream)["html"]["h0-models"]
+            list(agent.dispatch("switch", {"model": "alpha"}, "test"))  # returns when the job ended
+            while 'data-model="alpha" data-state="serving"' not in read_sections(stream)["html"]["h0-models"]:
+                pass
+    finally:
+        server.close()
 
 
 def test_status_says_where_the_dashboard_serves(running: Running) -> None:

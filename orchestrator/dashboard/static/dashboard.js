@@ -22,6 +22,15 @@
       const c = charts[el.dataset.host];
       draw(el, c && c.downtime, { axes: [{}, { label: "downtime (s)" }] });
     });
+    document.querySelectorAll('.chart[data-chart^="bench_"]').forEach(el => {
+      const c = charts[el.dataset.host];
+      const data = c && c[el.dataset.chart];
+      const key = JSON.stringify(data);
+      if (el.dataset.drawn === key) { return; }  // redraw only when the numbers change
+      el.dataset.drawn = key;
+      draw(el, data, { scales: { x: { time: false, distr: 3, log: 2 } },
+                       axes: [{ label: "concurrency" }, { label: el.dataset.axis }] });
+    });
   }
 
   const box = document.getElementById("box");
