@@ -9,6 +9,7 @@ Messages name where the secret is and what kind it looks like, never the value.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -40,10 +41,12 @@ _VALUE_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # ``name=value``, ``name: value``, ``'name': 'value'``, ``--name value`` in free text (a journal line,
 # vLLM's "non-default args: {...}" dump, a command's stderr): the value goes when the name says secret.
-_NAMED_VALUE = re.compile(r"""(?<![/\w.-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<q>['"]?)(?P<sep>\s*[=:]\s*|\s+(?=\S))"""
-                          r"""(?P<value>(?![<])(?:(?i:bearer|basic|token)\s+[^\s,;}\])'"]+|\[[^\]]*\]|'[^']*'|"[^"]*"|[^\s,;}\])'"]+))""")
+_NAME_SEP = re.compile(r"""(?<![/\w.-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<q>['"]?)(?P<sep>\s*[=:]\s*|\s+(?=\S))""")
+_VALUE = re.compile(r"""(?![<])(?:(?i:bearer|basic|token)\s+[^\s,;}\])'"]+|\[[^\]]*\]|'[^']*'|"[^"]*"|[^\s,;}\])'"]+)""")
+_NAMED = "<a secret by its name, not shown>"
 
 
+@functools.lru_cache(maxsize=4096)  # redact() asks for the same few names over and over
 def secret_name(name: str) -> bool:
     """True when a variable or flag name says it holds a secret (HF_TOKEN, AWS_SECRET_ACCESS_KEY,
     AUTHORIZATION, SESSION_COOKIE, DATABASE_URL...)."""
@@ -61,13 +64,24 @@ def secret_value_kind(value: str) -> str | None:
     return None
 
 
-def _hide_named(match: re.Match[str]) -> str:
-    name, sep = match["name"], match["sep"]
-    # "--flag value" only for flags; "word word" in prose is not a name and its value.
-    if not secret_name(name) or (not sep.strip() and not name.startswith("-")):
-        # Not a secret's name: its value may still hold ``name: secret`` pairs ('{"error": "... token: x"}').
-        return f"{name}{match['q']}{sep}{_NAMED_VALUE.sub(_hide_named, match['value'])}"
-    return f"{name}{match['q']}{sep}<a secret by its name, not shown>"
+def _hide_named(text: str) -> str:
+    """``text`` with the value after every secret-named ``name=``/``name:``/``--name`` replaced; one
+    left-to-right pass (a value inside a quoted non-secret value is still found: the scan goes on
+    right after each name, not after its value)."""
+    out, pos = [], 0
+    for m in _NAME_SEP.finditer(text):
+        if m.start() < pos:
+            continue  # inside a value already hidden
+        # "--flag value" only for flags; "word word" in prose is not a name and its value.
+        if not secret_name(m["name"]) or (not m["sep"].strip() and not m["name"].startswith("-")):
+            continue
+        value = _VALUE.match(text, m.end())
+        if value is None:
+            continue
+        out += [text[pos:m.end()], _NAMED]
+        pos = value.end()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact_values(text: str) -> str:
@@ -82,7 +96,7 @@ def redact(text: str) -> str:
     """Text from outside the tool (engine, journal, command output, HTTP bodies) with every secret
     hidden: well-known value shapes anywhere, and the value of any name that says secret. The one
     function such text passes through where it enters an error, an event or history."""
-    return _NAMED_VALUE.sub(_hide_named, redact_values(text))
+    return _hide_named(redact_values(text))
 
 
 def secret_in_args(args: tuple[str, ...] | list[str]) -> tuple[int, str] | None:

@@ -151,3 +151,10 @@ def test_engine_http_answer_is_redacted_in_the_health_error(leaky_server: str) -
     with pytest.raises(HealthCheckFailed) as info:
         HttpHealthProbe().complete(leaky_server, "m")
     assert "HTTP 500" in str(info.value) and hidden(str(info.value))
+
+
+@pytest.mark.parametrize("text", ["a:" * 5000, "x=" * 5000 + "HF_TOKEN=plainword1", "--k " * 5000, "'a': " * 5000])
+def test_redact_handles_long_chains_of_names(text: str) -> None:
+    """Thousands of name:value pairs in one line are scanned in one pass (no recursion limit), secrets still hidden."""
+    out = redact(text)
+    assert hidden(out) and out.replace("<a secret by its name, not shown>", "plainword1") == text
