@@ -5,6 +5,8 @@
 # folder's parent), vLLM 0.25.1 parts in PARTS (../shared/tools/gpu-vllm/pack.sh), and writes under OUT.
 #   OUT=/tmp/out PARTS=/root/parts bash scripts/gpu_run.sh [engine_check.py flags...]
 #   (flag values that start with "--" need "=": --first-args=--no-enable-prefix-caching --second-args=)
+# whl/: pip download --no-deps --only-binary=:all: -d whl structlog==26.1.0 pydantic-settings==2.16.3 \
+#       python-dotenv==1.2.4 croniter==7.0.0
 set -uo pipefail
 CODE=${CODE:-$(cd "$(dirname "$0")/.." && pwd)}
 PARTS=${PARTS:-/root/parts}
