@@ -58,6 +58,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--count-prompt", choices=["words", "bytes"], default="words",
                    help="prompt tokens as whitespace-separated words, or one per UTF-8 byte (a byte-level "
                         "tokenizer without merges, whose count per word varies with the word)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="refuse (400, vLLM's message) a request whose prompt + max_tokens exceed this")
     p.add_argument("--record-prompts", action="store_true",
                    help="keep every prompt received; GET /standin/prompts lists them")
     p.add_argument("--stream-batch", type=int, default=1,
@@ -350,6 +352,10 @@ class App:
                 raise ValueError("prompt must be a string, a list of strings or of token ids")
         if self.args.record_prompts and len(self.prompts) < 100_000:
             self.prompts.extend(texts)
+        limit = self.args.max_model_len
+        if limit is not None and words + n > limit:
+            raise ValueError(f"This model's maximum context length is {limit} tokens. However, you requested "
+                             f"{words + n} tokens ({words} in the messages, {n} in the completion).")
         return n, max(1, words)
 
     async def stream(self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int,
