@@ -106,23 +106,16 @@ class VllmWorker:
 
 class Workers:
     """A fresh worker for every `vllm bench serve` run, as the CLI would be (nothing carried over from
-    an earlier run in one process). The next one is started and its vLLM import waited for between
-    runs, so no import overlaps a measured run of either tool."""
+    an earlier run in one process); its vLLM import is waited for before the run's clock starts, so no
+    import overlaps a measured run of either tool."""
 
     def __init__(self, python: str, log: Any) -> None:
         self.python, self.log = python, log
-        self.next = VllmWorker(python, log)
-        self.next.wait_ready()
 
     def take(self) -> VllmWorker:
-        return self.next
-
-    def refill(self) -> None:
-        self.next = VllmWorker(self.python, self.log)
-        self.next.wait_ready()
-
-    def close(self) -> None:
-        self.next.close()
+        worker = VllmWorker(self.python, self.log)
+        worker.wait_ready()
+        return worker
 
 
 def cpu_seconds(pid: int) -> float:
@@ -181,45 +174,41 @@ def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int] 
     workers = Workers(a.vllm_python, log)
     watch = watch or {}
     runs: list[dict[str, Any]] = []
-    try:
-        for rnd in range(a.rounds):
-            for i, (c, n) in enumerate(levels):
-                order = ("ours", "vllm") if (rnd + i) % 2 == 0 else ("vllm", "ours")
-                for tool in order:
-                    seed = 1000 * (rnd + 1) + i
-                    worker = workers.take() if tool == "vllm" else None
-                    client = worker.proc.pid if worker else os.getpid()
-                    pids = {**watch, "client": client}
-                    before = scrape(a.url)
-                    cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
-                    t0 = time.time()
-                    r = worker.run(vllm_argv(a, c, n, seed)) if worker else run_ours(a, c, n)
-                    wall = time.time() - t0
-                    cpu = {k: round(cpu_seconds(p) - cpu0[k], 2) for k, p in pids.items()}
-                    after = scrape(a.url)
-                    if worker:
-                        worker.close()
-                        workers.refill()
-                    d = {k.removeprefix("vllm:").removesuffix("_total"): after[k] - before[k] for k in METRICS}
-                    row = {"round": rnd + 1, "tool": tool, "concurrency": c, "requests": n,
-                           "seed": seed if tool == "vllm" else None, "wall_s": round(wall, 2),
-                           "cpu_s": cpu,
-                           "output_tok_s": r["output_throughput"], "duration_s": r["duration"],
-                           "completed": r["completed"], "failed": r["failed"],
-                           "client_input_tokens": r["total_input_tokens"],
-                           "client_output_tokens": r["total_output_tokens"],
-                           "median_ttft_ms": r["median_ttft_ms"], "median_itl_ms": r["median_itl_ms"],
-                           "server": d}
-                    runs.append(row)
-                    hit = d["prefix_cache_hits"] / d["prefix_cache_queries"] if d["prefix_cache_queries"] else 0.0
-                    print(f"round {rnd + 1} C={c:<4} N={n:<5} {tool:<5} {row['output_tok_s']:10.2f} tok/s  "
-                          f"{row['duration_s']:7.2f} s  ok {row['completed']} failed {row['failed']}  "
-                          f"server: prompt {d['prompt_tokens']:.0f} gen {d['generation_tokens']:.0f} "
-                          f"prefix-cache hits {hit:.1%}  TTFT p50 {row['median_ttft_ms']:.1f} ms "
-                          f"ITL p50 {row['median_itl_ms']:.2f} ms  cpu s over {wall:.1f} s: "
-                          + " ".join(f"{k} {v:.1f}" for k, v in cpu.items()), file=log, flush=True)
-    finally:
-        workers.close()
+    for rnd in range(a.rounds):
+        for i, (c, n) in enumerate(levels):
+            order = ("ours", "vllm") if (rnd + i) % 2 == 0 else ("vllm", "ours")
+            for tool in order:
+                seed = 1000 * (rnd + 1) + i
+                worker = workers.take() if tool == "vllm" else None
+                client = worker.proc.pid if worker else os.getpid()
+                pids = {**watch, "client": client}
+                before = scrape(a.url)
+                cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+                t0 = time.time()
+                r = worker.run(vllm_argv(a, c, n, seed)) if worker else run_ours(a, c, n)
+                wall = time.time() - t0
+                cpu = {k: round(cpu_seconds(p) - cpu0[k], 2) for k, p in pids.items()}
+                after = scrape(a.url)
+                if worker:
+                    worker.close()
+                d = {k.removeprefix("vllm:").removesuffix("_total"): after[k] - before[k] for k in METRICS}
+                row = {"round": rnd + 1, "tool": tool, "concurrency": c, "requests": n,
+                       "seed": seed if tool == "vllm" else None, "wall_s": round(wall, 2),
+                       "cpu_s": cpu,
+                       "output_tok_s": r["output_throughput"], "duration_s": r["duration"],
+                       "completed": r["completed"], "failed": r["failed"],
+                       "client_input_tokens": r["total_input_tokens"],
+                       "client_output_tokens": r["total_output_tokens"],
+                       "median_ttft_ms": r["median_ttft_ms"], "median_itl_ms": r["median_itl_ms"],
+                       "server": d}
+                runs.append(row)
+                hit = d["prefix_cache_hits"] / d["prefix_cache_queries"] if d["prefix_cache_queries"] else 0.0
+                print(f"round {rnd + 1} C={c:<4} N={n:<5} {tool:<5} {row['output_tok_s']:10.2f} tok/s  "
+                      f"{row['duration_s']:7.2f} s  ok {row['completed']} failed {row['failed']}  "
+                      f"server: prompt {d['prompt_tokens']:.0f} gen {d['generation_tokens']:.0f} "
+                      f"prefix-cache hits {hit:.1%}  TTFT p50 {row['median_ttft_ms']:.1f} ms "
+                      f"ITL p50 {row['median_itl_ms']:.2f} ms  cpu s over {wall:.1f} s: "
+                      + " ".join(f"{k} {v:.1f}" for k, v in cpu.items()), file=log, flush=True)
     return summarize(runs, levels, a.tolerance)
 
 
@@ -250,6 +239,18 @@ def print_table(summary: dict[str, Any], log: Any = sys.stdout) -> None:
               f"{fmt(f'{x:.3f}' for x in t['round_ratios'])} |", file=log, flush=True)
 
 
+_ROW = re.compile(r"^round (\d+) C=(\d+)\s+N=(\d+)\s+(ours|vllm)\s+([\d.]+) tok/s")
+
+
+def from_log(path: str, tolerance: float) -> dict[str, Any]:
+    """The summary again from a log's run lines (a run cut short before it printed its table)."""
+    runs = [{"round": int(m[1]), "concurrency": int(m[2]), "requests": int(m[3]), "tool": m[4],
+             "output_tok_s": float(m[5])}
+            for m in (_ROW.match(line) for line in Path(path).read_text().splitlines()) if m]
+    levels = list(dict.fromkeys((r["concurrency"], r["requests"]) for r in runs))
+    return summarize(runs, levels, tolerance)
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--levels", default="1:16,64:512,256:1024", help="C:N,C:N,...")
     p.add_argument("--rounds", type=int, default=2)
@@ -263,13 +264,19 @@ def main() -> int:
     if sys.argv[1:2] == ["--vllm-worker"]:
         return worker_main(sys.argv[2])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", required=True)
-    p.add_argument("--model", required=True, help="served model name")
-    p.add_argument("--tokenizer", required=True, help="tokenizer directory for vllm bench serve")
+    p.add_argument("--url")
+    p.add_argument("--model", help="served model name")
+    p.add_argument("--tokenizer", help="tokenizer directory for vllm bench serve")
+    p.add_argument("--from-log", default=None, help="only summarize the run lines of this log again")
     add_args(p)
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
     a = p.parse_args()
-    summary = compare(a)
+    if a.from_log:
+        summary = from_log(a.from_log, a.tolerance)
+    elif not (a.url and a.model and a.tokenizer):
+        p.error("--url, --model and --tokenizer are required (or --from-log)")
+    else:
+        summary = compare(a)
     print_table(summary)
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=1))

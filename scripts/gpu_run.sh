@@ -4,6 +4,9 @@
 # structlog, pydantic-settings, python-dotenv, croniter) beside it in CODE (default: this script's
 # folder's parent), vLLM 0.25.1 parts in PARTS (../shared/tools/gpu-vllm/pack.sh), and writes under OUT.
 #   OUT=/tmp/out PARTS=/root/parts bash scripts/gpu_run.sh [engine_check.py flags...]
+#   (flag values that start with "--" need "=": --first-args=--no-enable-prefix-caching --second-args=)
+# whl/: pip download --no-deps --only-binary=:all: -d whl structlog==26.1.0 pydantic-settings==2.16.3 \
+#       python-dotenv==1.2.4 croniter==7.0.0
 set -uo pipefail
 CODE=${CODE:-$(cd "$(dirname "$0")/.." && pwd)}
 PARTS=${PARTS:-/root/parts}
@@ -24,7 +27,7 @@ fi
 export PYTHONPATH=/root/p/site:/root/site2:$CODE
 stamp "engine_check"
 timeout -s INT "${CHECK_TIMEOUT:-520}" python3 "$CODE/scripts/engine_check.py" --model-dir /root/models/m8 --served-name m8 --port 8001 \
-  --engine "python3 -m vllm.entrypoints.openai.api_server" --gpu-memory-utilization 0.85 \
+  --engine "$(command -v python3) -m vllm.entrypoints.openai.api_server" --gpu-memory-utilization 0.85 \
   --env VLLM_USE_FLASHINFER_SAMPLER=0 --env HF_HUB_OFFLINE=1 --env VLLM_NO_USAGE_STATS=1 \
   --out "$OUT/run" "$@"
 rc=$?

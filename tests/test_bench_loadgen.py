@@ -75,6 +75,15 @@ def test_prompts_hit_the_prompt_tokens_exactly_when_token_counts_vary_per_word(
     assert result.levels[0].input_tokens == 32 * 128
 
 
+def test_calibration_stays_inside_a_short_context(standin: Start, client: ClientKind) -> None:
+    """A server with a 160-token context and one token per byte: the calibration never sends a prompt the
+    server refuses as too long, and every prompt is exactly 120 tokens."""
+    s = standin("--count-prompt", "bytes", "--max-model-len", "160")
+    plan = BenchPlan(concurrency=(2,), prompt_tokens=120, max_tokens=4, requests=8)
+    result = asyncio.run(run_bench(BenchTarget(s.url), plan, client=client))
+    assert (result.levels[0].requests_ok, result.levels[0].input_tokens) == (8, 8 * 120)
+
+
 def test_no_two_runs_share_a_prompt_prefix(standin: Start, client: ClientKind) -> None:
     """Two runs with the same seed against one server: no two prompts share their first 16 characters (at
     most 16 tokens: vLLM's first cache block), so no prefix-cache entry serves another prompt."""

@@ -133,6 +133,36 @@ def test_leftover_engine_of_old_unit_is_reaped(host: Host, tmp_path: Path) -> No
     assert ops_pids(host, "vllm-alpha.service") == []
 
 
+def test_engine_orphaned_by_sigkill_of_the_api_server_is_reaped(host: Host, tmp_path: Path) -> None:
+    """SIGKILL of alpha's API server alone leaves its EngineCore holding GPUs 0-3 (as on an H200): the switch
+    to beta finds it by PID in alpha's cgroup, reaps it with the tracker child, and beta starts."""
+    cfg = tmp_path / "deploy.toml"
+    models = {**MODELS, "alpha": {**MODELS["alpha"], "args": ["--load-time", "0.3", "--engine-child"]}}
+    cfg.write_text(config_text(host, tmp_path / "state", models))
+    catalog = settings.load(cfg)
+    # KillMode=process: systemd leaves the rest of the cgroup alone when the main process dies, as a unit
+    # written before the product's template does; the product's freeing step is then all that reaps it.
+    legacy = default_template().replace("KillMode=control-group", "KillMode=process")
+    assert Operations(catalog, ports_factory(catalog), template=legacy).switch("alpha")["outcome"] == "active"
+    main = host.run(["systemctl", "show", "-p", "MainPID", "--value", "vllm-alpha.service"]).stdout.strip()
+    holders = wait_for(lambda: gpu_holders(host), what="alpha's engine in nvidia-smi")
+    host.run(["kill", "-KILL", main])
+    wait_for(lambda: host.run(["test", "-e", f"/proc/{main}"], check=False).returncode != 0, what="API server gone")
+    assert gpu_holders(host) == holders  # the orphan still holds the memory, by PID
+    orphans = ops_pids(host, "vllm-alpha.service")
+    result = operations(catalog).switch("beta")
+    assert result["outcome"] == "active"
+    assert unit_states(host, "alpha", "beta") == {"alpha": "inactive", "beta": "active"}
+    assert [p for p in orphans if host.run(["test", "-e", f"/proc/{p}"], check=False).returncode == 0] == []
+    assert ops_pids(host, "vllm-alpha.service") == []
+
+
+def gpu_holders(host: Host) -> list[str]:
+    out = host.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                    "--format=csv,noheader,nounits"]).stdout
+    return sorted(line for line in out.splitlines() if line.strip())
+
+
 def ops_pids(host: Host, unit: str) -> list[str]:
     cg = host.run(["systemctl", "show", "-p", "ControlGroup", "--value", unit]).stdout.strip()
     if not cg:

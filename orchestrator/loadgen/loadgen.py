@@ -222,35 +222,38 @@ class LoadGenerator:
 
     async def _calibrate(self, client: HttpBackend) -> None:
         """Unmeasured 1-token requests find how much of the run's text makes plan.prompt_tokens as the
-        server counts them (chat template and BOS included): a bisection on the text's length, since
-        tokens grow with it. Words tokenize unevenly, so a per-word estimate misses by several percent."""
+        server counts them (chat template and BOS included): words tokenize unevenly, so a per-word
+        estimate misses by several percent. The search grows from below (a tokenizer makes at most one
+        token of each ASCII character), so no probe is much longer than the target and a server with a
+        short context never sees one it must refuse; a refusal (HTTP 400) counts as too long."""
         target = self.plan.prompt_tokens
-        lo, lo_tokens = 0, await self._probe(client, 0)
-        if lo_tokens >= target:
-            self._chars = 0  # the tag alone already makes the prompt that long
-            return
-        hi, hi_tokens = len(self._text), await self._probe(client, len(self._text))
-        if hi_tokens <= target:
-            self._chars = hi
-            return
+        lo, lo_tokens = 0, await self._probe(client, 0, refused_ok=False)
+        base = lo_tokens  # the tag, template and BOS alone
+        hi, hi_tokens = -1, 0  # no upper bound known yet
         for _ in range(CALIBRATION_PROBES):
-            if hi - lo <= 1:
+            if lo_tokens >= target or lo >= len(self._text) or (hi >= 0 and hi - lo <= 1):
                 break
-            # secant step inside the bracket, kept off its ends so the bracket always shrinks
-            guess = lo + (target - lo_tokens) * (hi - lo) // max(1, hi_tokens - lo_tokens)
-            mid = min(max(guess, lo + 1), hi - 1)
-            tokens = await self._probe(client, mid)
+            if hi < 0:  # extrapolate from what is known; the first step cannot exceed the target
+                guess = target - base if lo == 0 else lo + (target - lo_tokens) * lo // max(1, lo_tokens - base)
+                mid = min(max(guess, lo + 1), len(self._text))
+            else:  # secant inside the bracket, kept off its ends so that it always shrinks
+                guess = lo + (target - lo_tokens) * (hi - lo) // max(1, hi_tokens - lo_tokens)
+                mid = min(max(guess, lo + 1), hi - 1)
+            tokens = await self._probe(client, mid, refused_ok=True)
             if tokens == target:
                 lo, lo_tokens = mid, tokens
                 break
-            if tokens < target:
+            if 0 <= tokens < target:
                 lo, lo_tokens = mid, tokens
             else:
-                hi, hi_tokens = mid, tokens
+                hi, hi_tokens = mid, tokens if tokens >= 0 else 2 * target  # refused: too long
         self._chars = lo  # the longest text found that does not exceed the target
 
-    async def _probe(self, client: HttpBackend, chars: int) -> int:
+    async def _probe(self, client: HttpBackend, chars: int, *, refused_ok: bool) -> int:
+        """The prompt tokens the server counted; -1 when ``refused_ok`` and it answered 400."""
         outcome = await self._request(client, self._body(max_tokens=1, chars=chars))
+        if not outcome.ok and refused_ok and outcome.error_kind == "http_400":
+            return -1
         if not outcome.ok:
             raise HealthCheckFailed(f"bench: warm-up request to {self.target.base_url}{self._path} "
                                     f"({self._model}) failed: {outcome.error_kind}: {outcome.error}")

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from typing import Any
 
 PR_SET_NAME = 15
-PR_SET_PDEATHSIG = 1
 DEFAULT_GPU_DIR = "/run/standin-gpu"
 WORDS = ("Hello", " world", ",", " this", " is", " a", " stand", "-in", " model", " that", " streams",
          " tokens", " quickly", " for", " tests", ".")
@@ -59,6 +58,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--count-prompt", choices=["words", "bytes"], default="words",
                    help="prompt tokens as whitespace-separated words, or one per UTF-8 byte (a byte-level "
                         "tokenizer without merges, whose count per word varies with the word)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="refuse (400, vLLM's message) a request whose prompt + max_tokens exceed this")
     p.add_argument("--record-prompts", action="store_true",
                    help="keep every prompt received; GET /standin/prompts lists them")
     p.add_argument("--stream-batch", type=int, default=1,
@@ -102,39 +103,93 @@ def set_process_name(name: str) -> None:
     libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
+# A cold start of vLLM 0.25.1 with an 8B model on an H200 (bench/gpu/, 113 s to ready): when each of
+# its phase lines appeared, as a fraction of the load time, who prints it, and the line. The engine's
+# memory shows in nvidia-smi with the weights (11.4% of the final figure: 13 GiB + the CUDA context)
+# and jumps to all of it when the KV cache is allocated.
+PHASES = (
+    (0.19, "api", "non-default args: {{'model': '{model}', 'port': {port}}}"),
+    (0.56, "engine", "Initializing a V1 LLM engine (v0.25.1) with config: model='{model}'"),
+    (0.61, "engine", "Loading weights took {w:.2f} seconds"),
+    (0.61, "engine", "Model loading took 13.01 GiB and {ml:.6f} seconds"),
+    (0.80, "engine", "torch.compile took {tc:.2f} s in total"),
+    (0.81, "engine", "Available KV cache memory: 104.66 GiB"),
+    (0.87, "engine", "Graph capturing finished in {gc:.0f} secs, took 0.98 GiB"),
+    (0.99, "engine", "init engine (profile, create kv cache, warmup model) took {ie:.2f} s (compilation: {tc:.2f} s)"),
+    (1.00, "api", "Starting vLLM server on http://{host}:{port}"),
+    (1.00, "api", "Application startup complete."),
+)
+WEIGHTS_AT, KV_AT, WEIGHTS_SHARE = 0.61, 0.81, 0.114
+
+
+def phase_line(args: argparse.Namespace, text: str) -> str:
+    t = float(args.load_time)
+    return text.format(model=args.served_name, host=args.host, port=args.port, w=0.018 * t, ml=0.040 * t,
+                       tc=0.178 * t, gc=0.053 * t, ie=0.379 * t)
+
+
+def log_phase(who: str, text: str) -> None:
+    prefix = f"({'EngineCore' if who == 'engine' else 'APIServer'} pid={os.getpid()})"
+    print(f"{prefix} INFO {time.strftime('%m-%d %H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
 def fork_engine_child(args: argparse.Namespace, gpus: list[int]) -> int:
-    """Fork before the event loop and the listening socket exist, so an orphan holds no port."""
-    parent = os.getpid()
+    """Fork before the event loop and the listening socket exist, so an orphan holds no port.
+
+    Like vLLM's API server: a resource-tracker child (it exits once every process holding its pipe
+    is gone) and the EngineCore child that holds the GPU memory. Neither follows its parent's death:
+    SIGKILL of the API server alone leaves both running, the engine holding its memory (measured)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    tracker_r, tracker_w = os.pipe()
+    if os.fork() == 0:
+        os.close(tracker_w)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            while os.read(tracker_r, 4096):  # EOF once the API server and the engine are gone
+                pass
+        finally:
+            os._exit(0)
+    os.close(tracker_r)
     pid = os.fork()
     if pid:
         return pid
     code = 0
     try:
-        engine_child_main(args, gpus, parent)
+        engine_child_main(args, gpus)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 0
     finally:
         os._exit(code)
 
 
-def engine_child_main(args: argparse.Namespace, gpus: list[int], parent: int) -> None:
+def engine_child_main(args: argparse.Namespace, gpus: list[int]) -> None:
     name = args.process_name or "VLLM::EngineCore"
     set_process_name(name)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # like vLLM: engine follows its parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the whole group; parent decides
     if args.child_ignores_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     me = os.getpid()
+    started = time.monotonic()
+    load = float(args.load_time)
+
+    def at(fraction: float) -> None:
+        time.sleep(max(0.0, started + fraction * load - time.monotonic()))
+
     try:
-        if gpus:
+        if load > 0:
+            engine_phases = [(f, text) for f, who, text in PHASES if who == "engine"]
+            for fraction, text in engine_phases:
+                at(fraction)
+                if fraction == WEIGHTS_AT and text.startswith("Loading weights") and gpus:
+                    write_gpu_file(args.gpu_state_dir, me, name, gpus, int(args.gpu_mib * WEIGHTS_SHARE))
+                if fraction == KV_AT and gpus:
+                    write_gpu_file(args.gpu_state_dir, me, name, gpus, args.gpu_mib)
+                log_phase("engine", phase_line(args, text))
+        elif gpus:
             write_gpu_file(args.gpu_state_dir, me, name, gpus, args.gpu_mib)
-        if os.getppid() != parent and not args.child_ignores_sigterm:
-            return  # parent died before PDEATHSIG was armed
         deadline = time.monotonic() + args.child_max_life
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 1.0))
@@ -297,6 +352,10 @@ class App:
                 raise ValueError("prompt must be a string, a list of strings or of token ids")
         if self.args.record_prompts and len(self.prompts) < 100_000:
             self.prompts.extend(texts)
+        limit = self.args.max_model_len
+        if limit is not None and words + n > limit:
+            raise ValueError(f"This model's maximum context length is {limit} tokens. However, you requested "
+                             f"{words + n} tokens ({words} in the messages, {n} in the completion).")
         return n, max(1, words)
 
     async def stream(self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int,
@@ -368,6 +427,10 @@ async def serve(args: argparse.Namespace, gpus: list[int], child: int | None,
 
     if args.crash_after is not None:
         loop.call_later(args.crash_after, crash)
+    if float(args.load_time) > 0:
+        for fraction, who, text in PHASES:
+            if who == "api" or child is None:  # without an engine child, this process logs its lines
+                loop.call_later(fraction * float(args.load_time), log_phase, who, phase_line(args, text))
     if child is not None:
         loop.add_signal_handler(signal.SIGCHLD, reap)
         reap()  # it may have died before the handler existed
