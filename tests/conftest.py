@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -16,7 +17,20 @@ _REPO = str(Path(__file__).resolve().parents[1])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from tests.hosts.fixtures import adapters, host, host_set, hosts  # noqa: F401
+from tests.hosts.fixtures import adapters, host, host_set, hosts, netns_pair  # noqa: F401
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ctrl_c_reaches_the_suite() -> Iterator[None]:
+    """A suite started in the background by a shell without job control inherits SIGINT ignored (so
+    do the programs it starts): a test that sends SIGINT then waits out its whole run. Python's own
+    handler for the session, as in a terminal."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.hosts.machine import Host, in_host
-from tests.hosts.pool import boot_hosts
+from tests.hosts.pool import HostSet
 from tests.hosts.wait import wait_for
 from tests.test_agent_hosts import CONFIG, HOOKS, STATE, active, cli, history, install_agent, main_pid
 
@@ -31,9 +31,9 @@ pytestmark = pytest.mark.hosts
 
 
 @pytest.fixture(scope="module")
-def pair() -> Iterator[list[Host]]:
-    with boot_hosts(2, netns=True) as hostset:
-        yield hostset.hosts
+def pair(netns_pair: HostSet) -> list[Host]:
+    """The session's pair of hosts in network namespaces (tests/hosts/fixtures.py)."""
+    return netns_pair.hosts
 
 
 def config(h1: Host, h2: Host, on_unhealthy: str) -> str:

@@ -23,7 +23,7 @@ import pytest
 from orchestrator import settings
 from orchestrator.wiring import operations
 from tests.hosts.machine import Host, in_host
-from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.pool import HostSet
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM = REPO / "tests" / "standin" / "vllm_compat.py"
@@ -35,12 +35,9 @@ pytestmark = pytest.mark.hosts
 
 
 @pytest.fixture(scope="module")
-def pair() -> Iterator[list[Host]]:
-    hostset: HostSet = boot_hosts(2, netns=True)
-    try:
-        yield hostset.hosts
-    finally:
-        hostset.close()
+def pair(netns_pair: HostSet) -> list[Host]:
+    """The session's pair of hosts in network namespaces (tests/hosts/fixtures.py)."""
+    return netns_pair.hosts
 
 
 @pytest.fixture

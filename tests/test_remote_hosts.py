@@ -20,7 +20,7 @@ import pytest
 
 from tests.hosts import keys, netns
 from tests.hosts.machine import Host
-from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.pool import HostSet
 from tests.hosts.wait import wait_for
 from tests.test_agent_hosts import HOOKS, STATE, active, install_agent
 from tests.test_switch_hosts import MODELS, config_text
@@ -33,9 +33,9 @@ pytestmark = pytest.mark.hosts
 
 
 @pytest.fixture(scope="module")
-def net_hosts() -> Iterator[HostSet]:
-    with boot_hosts(2, netns=True) as hostset:
-        yield hostset
+def net_hosts(netns_pair: HostSet) -> HostSet:
+    """The session's pair of hosts in network namespaces (tests/hosts/fixtures.py)."""
+    return netns_pair
 
 
 def hosts_toml(box: Host, key: str, known: str) -> str:

@@ -193,13 +193,16 @@ def paused_rollout(cfg: Path, hooks: Path, after_batch: int) -> subprocess.Popen
 
 def test_controller_killed_between_batches_resume_finishes_without_switching_twice(
         fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
-    """SIGKILL the controller after the canary; `rollout resume` finishes; each box has one beta deployment."""
+    """SIGKILL the controller after the canary: `rollout status` says interrupted; `rollout resume`
+    finishes; each box has one beta deployment."""
     start_all(boxes)
     cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
     proc = paused_rollout(cfg, tmp_path / "hooks", 0)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert active(boxes[0], "vllm-beta.service") == "active" and active(boxes[1], "vllm-beta.service") != "active"
+    shown = ctl(cfg, "rollout", "status").stdout  # the controller is gone: not "running"
+    assert ": interrupted: its controller (pid " in shown and "`orchestrator rollout resume`" in shown, shown
     (tmp_path / "hooks" / "rollout-pause-after").unlink()
     resumed = ctl(cfg, "rollout", "resume", "--json")
     assert resumed.returncode == 0, resumed.stderr

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -47,7 +47,7 @@ class ModelArgs(Args):
 
 
 class ModelsArgs(Args):
-    models: list[str] = Field(min_length=1, max_length=64)
+    models: list[Annotated[str, Field(max_length=200)]] = Field(min_length=1, max_length=64)
 
     def check(self, catalog: Catalog) -> None:
         for model in self.models:

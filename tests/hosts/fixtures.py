@@ -5,6 +5,9 @@
     def test_z(host_set):        # the session's HostSet (key_path, known_hosts_path, hosts)
     def test_w(adapters):        # run twice: adapters.shell/.systemd built by connect("local")
                                  # inside h1 (D-Bus) and by connect("ssh") from here
+    netns_pair                   # two hosts in network namespaces of their own, booted once per
+                                 # session for every module that needs a pair across a network
+                                 # (multinode, Ray, remote CLI); each module resets them after a test
 
 TESTHOSTS_COUNT (default 2) sets how many hosts the session boots.
 """
@@ -29,6 +32,14 @@ from tests.hosts.pool import HostSet, boot_hosts
 def host_set() -> Iterator[HostSet]:
     """Boots the session's hosts in parallel on first use; torn down at session end."""
     with boot_hosts(int(os.environ.get("TESTHOSTS_COUNT", "2"))) as hostset:
+        yield hostset
+
+
+@pytest.fixture(scope="session")
+def netns_pair() -> Iterator[HostSet]:
+    """Two hosts behind a bridge, each in its own network namespace; booted on first use, shared by
+    the modules that need them (a boot costs ~12 s on a busy machine), torn down at session end."""
+    with boot_hosts(2, netns=True) as hostset:
         yield hostset
 
 

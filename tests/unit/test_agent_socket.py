@@ -282,3 +282,12 @@ def test_a_turned_away_client_dripping_bytes_does_not_hold_its_slot(tmp_path: Pa
         dripper.close()
         r.server.shutdown()
         r.server.server_close()
+
+
+def test_check_together_answers_the_host_or_refuses_naming_the_models(running: Running) -> None:
+    """check_together (what a --host switch A B asks first): the host of one model; two models on a box
+    without the front proxy, an unknown or an oversized name are a usage error saying which."""
+    assert running.request({"op": "check_together", "args": {"models": ["alpha"]}})[-1] == {"result": {"host": "box"}}
+    assert_usage_error(running.request({"op": "check_together", "args": {"models": ["alpha", "beta"]}}), "proxy")
+    assert_usage_error(running.request({"op": "check_together", "args": {"models": ["x" * 300]}}), "models.0")
+    assert_usage_error(running.request({"op": "check_together", "args": {"models": ["nope"]}}), "nope")
