@@ -64,7 +64,7 @@ class Box(AgentClient):
 def test_resume_does_not_mark_switched_a_host_that_serves_another_model_now(tmp_path: Path) -> None:
     """The controller died while box switched to beta; another operation then put gamma there: resume
     records box as failed (superseded, naming gamma), and the rollout fails instead of succeeding."""
-    store = RolloutStore(tmp_path / "rollouts.db")
+    store = RolloutStore(tmp_path / "rollouts.db", group=None)
     rid = store.create("beta", "edge", Policy(canary=1), "health", [("box",)], dead_pid())
     store.set_host(rid, "box", state=HostState.SWITCHING, baseline_id=1)
     box = Box({"status": {"hosts": {"box": {"serving": {"model": "gamma", "revision": 4}, "running": []}},
