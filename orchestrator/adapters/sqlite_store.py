@@ -66,14 +66,19 @@ _ADDABLE = {"trigger": "TEXT NOT NULL DEFAULT ''", "previous_revision": "INTEGER
             "bench": "TEXT"}
 
 
-def _to_v1(db: sqlite3.Connection, path: str) -> None:
-    """Unversioned: a fresh file gets the schema; one with the landed tables is adopted as it is."""
+def create_or_adopt(db: sqlite3.Connection, path: str, kind: str, marker: str, statements: tuple[str, ...]) -> None:
+    """Version 1 of an unversioned file: a fresh file gets the schema; one that holds the landed
+    ``marker`` table is adopted as it is; a file of someone else's tables is refused."""
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")} - {"sqlite_sequence"}
-    if tables and "deployments" not in tables:
-        raise StateStoreError(f"state store {path}: holds tables that are not orchestrator's "
+    if tables and marker not in tables:
+        raise StateStoreError(f"{kind} {path}: holds tables that are not orchestrator's "
                               f"({', '.join(sorted(tables))}); point state_dir at a directory of its own")
-    for statement in _V1:
+    for statement in statements:
         db.execute(statement)
+
+
+def _to_v1(db: sqlite3.Connection, path: str) -> None:
+    create_or_adopt(db, path, "state store", "deployments", _V1)
     columns = {r[1] for r in db.execute("PRAGMA table_info(deployments)")}
     missing = [c for c in _REQUIRED if c not in columns]
     if missing:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from orchestrator.adapters.sqlite_store import Migration, SqliteFile
+from orchestrator.adapters.sqlite_store import Migration, SqliteFile, create_or_adopt
 from orchestrator.core.rollout import HostRecord, HostState, Policy, RolloutStatus
 from orchestrator.errors import StateError, StateStoreError
 
@@ -53,13 +53,7 @@ CREATE TABLE IF NOT EXISTS rollout_hosts (
 
 
 def _to_v1(db: sqlite3.Connection, path: str) -> None:
-    """Unversioned: a fresh file gets the schema; one with the landed tables is adopted as it is."""
-    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")} - {"sqlite_sequence"}
-    if tables and "rollouts" not in tables:
-        raise StateStoreError(f"rollout store {path}: holds tables that are not orchestrator's "
-                              f"({', '.join(sorted(tables))}); point state_dir at a directory of its own")
-    for statement in _V1:
-        db.execute(statement)
+    create_or_adopt(db, path, "rollout store", "rollouts", _V1)
 
 
 _MIGRATIONS: tuple[Migration, ...] = (_to_v1,)
