@@ -29,7 +29,7 @@ from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
 from tests.test_agent_hosts import HOOKS, STATE, cli, install_agent, metrics
 from tests.test_switch_hosts import MODELS, config_text
-from tests.test_tune_hosts import BENCH, TINY, TINY_CONFIG, TINY_ENV
+from tests.test_tune_hosts import BENCH, TINY, TINY_ENV, put_tiny
 
 pytestmark = pytest.mark.hosts
 
@@ -43,7 +43,7 @@ PY = sys.executable
 def box(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
     """h1 runs the agent (dashboard on by default) for itself; a hosts file here names it `box`."""
     host = hosts[0]
-    host.write_file("/srv/tiny/config.json", json.dumps(TINY_CONFIG))
+    put_tiny(host)
     models = {"alpha": MODELS["alpha"], "beta-long": MODELS["beta-long"], "gamma": MODELS["gamma"], "tiny": TINY}
     install_agent(host, config_text(host, Path(STATE), models, transport="local") + TINY_ENV, tmp_path)
     (tmp_path / "hosts.toml").write_text(

@@ -34,11 +34,16 @@ TINY_ENV = '[models.tiny.env]\nSTANDIN_LAYOUT_DELAY_S = "tp2=0.004,tp4=0.0005"\n
 BENCH = ["--concurrency", "1,4", "--requests", "8", "--max-tokens", "16", "--prompt-tokens", "8", "--yes"]
 
 
-@pytest.fixture
-def cfg(host: Host, tmp_path: Path) -> Path:
+def put_tiny(host: Host) -> None:
+    """The tiny model's files in /srv/tiny on the host."""
     host.write_file("/srv/tiny/config.json", json.dumps(TINY_CONFIG))
     # Weights used in place are verified like any others: the directory needs a whole safetensors file.
     (host.root / "srv/tiny/model.safetensors").write_bytes(safetensors_bytes({"lm_head.weight": (16,)}))
+
+
+@pytest.fixture
+def cfg(host: Host, tmp_path: Path) -> Path:
+    put_tiny(host)
     path = tmp_path / "deploy.toml"
     path.write_text(config_text(host, tmp_path / "state", {"alpha": MODELS["alpha"], "tiny": TINY}) + TINY_ENV)
     assert operations(settings.load(path)).switch("alpha")["outcome"] == "active"
