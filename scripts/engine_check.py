@@ -86,7 +86,8 @@ def write_catalog(a: argparse.Namespace, out: Path, engine_args: list[str], name
              "args": engine_args, "env": dict(kv.split("=", 1) for kv in a.env)}
     lines = ['state_dir = "%s"' % (out / "state"), "[defaults]", 'bind = "127.0.0.1"',
              f"free_timeout_s = {a.free_timeout}", "stop_timeout_s = 60",
-             f'user = "{os.environ.get("USER", "root") or "root"}"', 'group = "root"',
+             # the GPU machine runs everything as root and has no vllm account: a disposable bed
+             f'user = "{os.environ.get("USER", "root") or "root"}"', 'group = "root"', "allow_root = true",
              f"[hosts.{a.host}]", 'transport = "local"', f"gpus = {a.host_gpus}", "gpu_memory_gib = 140",
              f'models_dir = "{Path(a.model_dir).parent}"', "engine = " + json.dumps(engine),
              f"[models.{name}]"]

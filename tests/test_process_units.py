@@ -44,6 +44,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 bind = "127.0.0.1"
 user = "root"
 group = "root"
+allow_root = true
 free_timeout_s = 6
 stop_timeout_s = 5
 health_interval_s = 0.05
