@@ -213,17 +213,16 @@ def test_a_reload_the_master_refuses_fails_naming_the_config_and_the_old_one_ser
 
 def test_a_unit_whose_master_socket_moved_is_restarted_and_then_serves(
         host: Host, proxy: tuple[HaproxyProxy, Catalog], tmp_path: Path) -> None:
-    """[proxy] stats_socket moved to another directory: the running master does not listen there,
+    """[proxy] stats_socket moved to another socket: the running master does not listen there,
     so a reload could never be confirmed; the proxy restarts on the new unit and answers."""
     port, catalog = proxy
     assert port.apply(rendered(catalog, host, [Route("chat", host.address, 8101)]))
     cfg = tmp_path / "moved.toml"
     cfg.write_text(proxy_config(host, tmp_path / "state", MODELS)
-                   + 'stats_socket = "/run/orchestrator-proxy-moved/admin.sock"\n')
+                   + 'stats_socket = "/run/orchestrator-proxy/moved.sock"\n')
     moved_catalog = settings.load(cfg)
     moved = build_ports(moved_catalog, moved_catalog.hosts[host.name]).proxy
     assert isinstance(moved, HaproxyProxy)
-    host.run(["mkdir", "-p", "/run/orchestrator-proxy-moved"])
     assert moved.apply(rendered(moved_catalog, host, [Route("chat", host.address, 8102)]))
     assert master(host, moved_catalog)[2]
     assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200
