@@ -134,15 +134,17 @@ def test_apply_writes_the_layout_into_deploy_toml(host: Host, cfg: Path) -> None
 @pytest.mark.parametrize("args,msg", [
     (["--layouts", "tp3"], "layout tp3 cannot load on host"),
     (["--objective", "fastest"], "--objective 'fastest': unknown objective"),
-    (["--concurrency", "1,0,4"], "--concurrency '1,0,4': 0 is not a positive integer"),
-    (["--concurrency", "-4"], "--concurrency '-4': -4 is not a positive integer"),
+    (["--concurrency", "1,0,4"], "--concurrency '1,0,4': '0' is less than 1"),
+    (["--concurrency", "-4"], "--concurrency '-4': '-4' is less than 1"),
 ])
 def test_bad_input_exits_2_with_one_line_and_deploys_nothing(host: Host, cfg: Path, args: list[str],
                                                              msg: str) -> None:
-    """A refused layout, an unknown objective or a non-positive level: exit 2, one line, nothing deployed."""
+    """A refused layout, an unknown objective or a non-positive level: exit 2, one error line (after
+    the staging progress, for a layout checked against the staged config), nothing deployed."""
     r = cli(cfg, "tune", "tiny", *args, "--yes", check=False)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and msg in errors[0], r.stderr
     assert [h["model"] for h in history(cfg)] == ["alpha"]
     assert unit_states(host, "alpha") == {"alpha": "active"}
 
