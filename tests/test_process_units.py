@@ -31,7 +31,25 @@ Rig = tuple[ProcessUnits, UnitSpec, StepContext, NvidiaSmiProbe]
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
+def src() -> Iterator[Path]:
+    """The checkout as the engine's unit sees it: vLLM units run with PrivateTmp=yes, so deploy.toml
+    refuses an engine under /tmp; a checkout there (a fresh clone often is) is reached through a link."""
+    if not str(REPO).startswith(("/tmp/", "/var/tmp/")):
+        yield REPO
+        return
+    link = Path(f"/run/orchestrator-process-units-{os.getpid()}")
+    link.unlink(missing_ok=True)
+    link.symlink_to(REPO)
+    try:
+        yield link
+    finally:
+        link.unlink()
+
+
+@pytest.fixture
+def rig(tmp_path: Path, src: Path) -> Iterator[Rig]:
+    exe = Path(sys.executable)
+    python = src / exe.relative_to(REPO) if exe.is_relative_to(REPO) else exe
     gpu_dir = tmp_path / "gpu"
     gpu_dir.mkdir()
     smi = tmp_path / "nvidia-smi"
@@ -53,7 +71,7 @@ transport = "local"
 gpus = 1
 gpu_memory_gib = 140
 models_dir = "/var/lib/orchestrator-test/models"
-engine = ["{sys.executable}", "{REPO / 'tests/standin/vllm_compat.py'}"]
+engine = ["{python}", "{src / 'tests/standin/vllm_compat.py'}"]
 [models.m8]
 repo = "local/m8"
 source = "local:/var/lib/orchestrator-test/models/tiny-a"
