@@ -69,8 +69,12 @@ class ShellUnitFiles:
         self.shell.run(["rm", "-f", "--", self._path(unit)], idempotent=True)
 
     def journal_tail(self, unit: str, lines: int = 20) -> list[str]:
-        res = self.shell.run(["journalctl", "-u", check_unit_name(unit), "-n", str(int(lines)),
-                              "--no-pager", "-q", "-o", "cat"], idempotent=True, check=False)
+        # journald reads a unit's output from a stream socket and may index it after the job's result
+        # (or the unit's death) reached us: `journalctl --sync` is processed after every message queued
+        # before it, a barrier that makes the lines a failed start printed visible (one round trip).
+        script = 'journalctl --sync >/dev/null 2>&1; exec journalctl -u "$1" -n "$2" --no-pager -q -o cat'
+        res = self.shell.run(["sh", "-c", script, "journal_tail", check_unit_name(unit), str(int(lines))],
+                             idempotent=True, check=False)
         if not res.ok:
             raise SystemdError(f"journalctl for {unit} exited {res.exit_code}: {res.stderr.strip()}",
                                host=self.host, unit=unit)
