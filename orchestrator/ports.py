@@ -128,6 +128,37 @@ class HealthProbe(Protocol):
         ...
 
 
+class EngineControl(Protocol):
+    """vLLM's sleep-mode API (``--enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1``) on one engine.
+
+    Free of systemd on purpose: a base URL is all it needs (it also runs against real vLLM on a box
+    without an init). Errors are EngineError with the engine's HTTP status and body."""
+
+    def sleep(self, base_url: str, level: int, mode: str = "wait") -> None:
+        """POST /sleep?level=N&mode=M; ``wait`` lets in-flight requests finish (``abort`` cuts them)."""
+        ...
+
+    def wake(self, base_url: str, tags: Sequence[str] = ()) -> None:
+        """POST /wake_up (every tag), or /wake_up?tags=... for part of the engine (level 2: weights first)."""
+        ...
+
+    def is_sleeping(self, base_url: str) -> bool:
+        """GET /is_sleeping: /health answers 200 while asleep, this does not lie."""
+        ...
+
+    def reload_weights(self, base_url: str) -> None:
+        """Level 2: POST /collective_rpc reload_weights (the weights were dropped while asleep)."""
+        ...
+
+    def reset_prefix_cache(self, base_url: str) -> None:
+        """POST /reset_prefix_cache: the last step of a level-2 wake (cached blocks refer to old weights)."""
+        ...
+
+    def complete(self, base_url: str, model: str, timeout: float) -> str:
+        """One 1-token completion within ``timeout`` seconds: a woken engine that cannot answer is wedged."""
+        ...
+
+
 class Clock(Protocol):
     def now(self) -> float:
         """Wall-clock seconds since the epoch (for records)."""
@@ -264,6 +295,7 @@ class HostPorts:
     weights: WeightStore | None = None
     smoke: SmokeBench | None = None
     proxy: FrontProxy | None = None
+    engine: EngineControl | None = None
 
     def close(self) -> None:
         self.shell.close()
