@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
 from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
+from orchestrator.core.resident import Residency
 from orchestrator.core.states import Fallback, Phase
 from orchestrator.core.weights import StagedRevision
 
@@ -253,6 +254,20 @@ class StateStore(Protocol):
 
     def events(self, host: str | None = None, kind: str | None = None,
                limit: int = 50) -> list[dict[str, Any]]: ...
+
+
+class ResidencyStore(Protocol):
+    """Durable residency of each model on a host (serving, asleep at a level, stopped): beside the
+    deployment records, in a file of its own (adapters/residency_store.py)."""
+
+    def set_state(self, host: str, model: str, state: str, at: float, *, level: str | None = None,
+                  unit: str = "") -> None:
+        """Record ``model``'s new state; leaving ``serving`` stamps last_served with ``at``."""
+        ...
+
+    def residency(self, host: str) -> dict[str, Residency]:
+        """Every model of ``host`` with a record, by name."""
+        ...
 
 
 class SmokeBench(Protocol):

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
 from orchestrator.core.records import NO_CHANGE, Deployment, PhaseTiming, ServingChange, UnitSpec
+from orchestrator.core.resident import SERVING, STATES, Residency
 from orchestrator.core.states import Fallback, Phase, fallback_of, is_terminal
 from orchestrator.core.weights import StagedRevision
 from orchestrator.errors import (
@@ -477,6 +478,26 @@ class FakeStateStore:
         found = [e for e in reversed(self.log) if (host is None or e["host"] == host)
                  and (kind is None or e["kind"] == kind)]
         return found[:limit]
+
+
+class FakeResidencyStore:
+    """ResidencyStore in a dict, with the same last_served rule as the SQLite one."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], Residency] = {}
+
+    def set_state(self, host: str, model: str, state: str, at: float, *, level: str | None = None,
+                  unit: str = "") -> None:
+        if state not in STATES:
+            raise StateError(f"residency of {model} on {host}: state {state!r} is not one of {', '.join(STATES)}")
+        old = self.rows.get((host, model))
+        last = old.last_served if old is not None else None
+        if state == SERVING or (old is not None and old.state == SERVING):
+            last = at
+        self.rows[host, model] = Residency(host, model, state, at, level, last, unit)
+
+    def residency(self, host: str) -> dict[str, Residency]:
+        return {m: r for (h, m), r in sorted(self.rows.items()) if h == host}
 
 
 class FakeProxy:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.adapters.residency_store import SqliteResidencyStore
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
@@ -25,16 +26,20 @@ from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
 from orchestrator.deploy.locks import host_lock
 from orchestrator.errors import OrchestratorError, UsageError
-from orchestrator.ports import HostPorts, ProgressCallback, StateStore
+from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 
 
 class Operations:
     def __init__(self, catalog: Catalog, ports_for: Callable[[str], HostPorts], *,
                  store: StateStore | None = None, template: str | None = None,
+                 residency: ResidencyStore | None = None,
                  before_step: Callable[[Deployment], None] | None = None) -> None:
         self.catalog = catalog
         self.state_dir = catalog.state_dir
         self.store = store or SqliteStore(Path(catalog.state_dir) / "state.db", group=catalog.socket_group)
+        # Warm switches: which models sleep (a file of its own beside state.db).
+        self.residency: ResidencyStore = residency or SqliteResidencyStore(
+            Path(catalog.state_dir) / "residency.db", group=catalog.socket_group)
         self.ports_for = ports_for
         self.template = template
         self.before_step = before_step
@@ -45,7 +50,7 @@ class Operations:
 
     def engine(self, progress: ProgressCallback | None = None) -> Engine:
         """An engine for lookups and planning; ``running`` is the one for an operation that runs steps."""
-        return Engine(self.catalog, self.store, self.ports_for, template=self.template, progress=progress,
+        return Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template, progress=progress,
                       before_step=self.before_step)
 
     @contextmanager
@@ -133,7 +138,7 @@ class Operations:
         if serving is None:
             return None, True
         self.ports_for(host).systemd.unit_state(serving.spec.unit_name)
-        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+        eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
         return serving, eng.is_healthy(serving)
 
     def schedules(self, now: float, next_runs: dict[str, float] | None = None) -> list[dict[str, Any]]:
@@ -257,7 +262,7 @@ class Operations:
     def explain(self, model: str) -> dict[str, Any]:
         """What a switch to MODEL would do to the host's serving set, and why (no I/O on the host)."""
         host = self.host_of(model)
-        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+        eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
         spec = eng.spec_for(self.catalog.models[model])
         if not self.catalog.proxy.enabled:
             serving = self.store.serving(host)
@@ -331,7 +336,7 @@ class Operations:
         if host is not None:
             self.catalog.host(host)
         out = []
-        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+        eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
         for d in self.store.history(host, limit):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
             if d.spec.nodes:  # what it did on each node, as persisted while it ran
@@ -358,7 +363,7 @@ class Operations:
                 "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
                              "trigger": d.trigger} for d in running],
             }
-            eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+            eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
             if probe and serving is not None:
                 entry["serving"]["healthy"] = eng.is_healthy(serving)
             if self.catalog.proxy.enabled:

@@ -10,11 +10,18 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from orchestrator.core.records import UnitSpec
 from orchestrator.core.sleep_memory import holdings, need_mib, sleep_excess, wake_blockers
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, SleepLeftMemory
 from orchestrator.ports import Clock, EngineControl, GpuProbe
 
 POLL_S = 0.1
+SLEEP_FLAG = "--enable-sleep-mode"
+
+
+def sleep_enabled(spec: UnitSpec) -> bool:
+    """Whether the unit runs vLLM with sleep mode (rendered only for a model with ``sleep``)."""
+    return SLEEP_FLAG in spec.unit_text
 
 
 @dataclass(frozen=True)
@@ -35,12 +42,14 @@ class Engine:
 
 def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine: Engine, *, level: int,
                    residue_mib: int, mode: str = "wait", settle_s: float = 5.0) -> float:
-    """Put ``engine`` to sleep and prove it gave its GPUs back; returns the seconds the sleep took.
+    """Put ``engine`` to sleep (unless it says it sleeps already) and prove it gave its GPUs back;
+    returns the seconds the sleep took.
 
     A sleep that answers 200 but keeps more than ``residue_mib`` on a GPU after ``settle_s`` raises
     SleepLeftMemory naming the PID and memory: the caller stops that engine instead."""
     started = clock.monotonic()
-    control.sleep(engine.base_url, level, mode)
+    if not control.is_sleeping(engine.base_url):
+        control.sleep(engine.base_url, level, mode)
     took = clock.monotonic() - started
     deadline = clock.monotonic() + settle_s
     while True:
@@ -71,7 +80,9 @@ def wake_checked(control: EngineControl, clock: Clock, engine: Engine, *, level:
     memory and hangs every request, and only a restart frees it."""
     started = clock.monotonic()
     try:
-        if level == 2:
+        if not control.is_sleeping(engine.base_url):
+            pass  # woken already (a run resumed after a crash): the completion still decides
+        elif level == 2:
             control.wake(engine.base_url, ("weights",))
             control.reload_weights(engine.base_url)
             control.wake(engine.base_url, ("kv_cache",))
