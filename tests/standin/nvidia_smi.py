@@ -41,9 +41,9 @@ def bus_id(index: int) -> str:
     return f"00000000:{index + 0x18:02X}:00.0"
 
 
-def load_gpus() -> dict[str, object]:
+def load_gpus(gpu_dir: str | Path = GPU_DIR) -> dict[str, object]:
     try:
-        return {**DEFAULT, **json.loads((GPU_DIR / "gpus.json").read_text())}
+        return {**DEFAULT, **json.loads((Path(gpu_dir) / "gpus.json").read_text())}
     except (FileNotFoundError, ValueError):
         return dict(DEFAULT)
 
@@ -56,10 +56,10 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def load_holders(count: int) -> list[tuple[int, int, str, int]]:
+def load_holders(count: int, gpu_dir: str | Path = GPU_DIR) -> list[tuple[int, int, str, int]]:
     """(gpu index, pid, process name, MiB) of every live holder, ordered like nvidia-smi."""
     rows = []
-    for path in GPU_DIR.glob("*.json"):
+    for path in Path(gpu_dir).glob("*.json"):
         if path.name == "gpus.json":
             continue
         try:

@@ -8,6 +8,9 @@ While loading, every path answers 503 (or, with --listen-after-load, the port re
 like real vLLM, which opens its port only once the engine is up). GPU memory is modelled by
 ``<gpu-state-dir>/<pid>.json`` files that the stand-in nvidia-smi reads; a file whose pid is dead
 is stale (memory of a dead process is freed by the driver) and the reader must ignore it.
+Sleep mode (sleep_mode.py): with VLLM_SERVER_DEV_MODE=1 the dev routes of vLLM 0.25.1 exist
+(/sleep, /wake_up, /is_sleeping, /collective_rpc, /reset_prefix_cache); GET /standin/sleep shows
+the requests a sleeping engine holds, for tests.
 """
 
 from __future__ import annotations
@@ -24,12 +27,20 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import parse_qs
+
+from sleep_mode import RESIDUE_MIB, Memory, SleepError, SleepMode
 
 PR_SET_NAME = 15
 DEFAULT_GPU_DIR = "/run/standin-gpu"
 WORDS = ("Hello", " world", ",", " this", " is", " a", " stand", "-in", " model", " that", " streams",
          " tokens", " quickly", " for", " tests", ".")
 WORDS_JSON = tuple(json.dumps(w).encode() for w in WORDS)
+# What a level-2 sleeper answers when woken without reload_weights: its weights are uninitialised.
+GARBAGE = ("\u0120\u0120", "!!", "\u010a", "??")
+GARBAGE_JSON = tuple(json.dumps(w).encode() for w in GARBAGE)
+DEV_ROUTES = {"/sleep": "POST", "/wake_up": "POST", "/is_sleeping": "GET", "/collective_rpc": "POST",
+              "/reset_prefix_cache": "POST"}
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -71,6 +82,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--ray-world", type=int, default=1, help="ranks (TP x PP) to place on the Ray cluster")
     p.add_argument("--ray-driver-ip", default="", help="this node's address: rank 0 is placed here")
     p.add_argument("--ray-timeout", type=float, default=60.0, help="seconds the placement group may take")
+    # Sleep mode (sleep_mode.py): the routes exist only with VLLM_SERVER_DEV_MODE=1, as in vLLM.
+    p.add_argument("--enable-sleep-mode", action="store_true",
+                   help="vLLM's flag: without it /sleep answers 200 but frees nothing")
+    p.add_argument("--sleep-residue-mib", type=int, default=RESIDUE_MIB,
+                   help="MiB per GPU a sleeping engine keeps (measured: m8 1,816-1,844, m1 1,238)")
+    p.add_argument("--sleep-time", type=float, default=0.35, help="seconds a level-1/2 sleep takes")
+    p.add_argument("--first-sleep-time", type=float, default=None,
+                   help="seconds the first sleep of this engine takes (measured 6.9-12.6 s for m8)")
+    p.add_argument("--wake-time", type=float, default=0.38, help="seconds a wake_up takes")
+    p.add_argument("--reload-time", type=float, default=3.04,
+                   help="seconds collective_rpc reload_weights takes (level-2 wake)")
+    p.add_argument("--sleep-keeps-memory", action="store_true",
+                   help="failure mode: /sleep answers 200 and the memory stays (vllm#47654)")
     return p.parse_args(argv)
 
 
@@ -202,10 +226,14 @@ def engine_child_main(args: argparse.Namespace, gpus: list[int]) -> None:
 # ---- HTTP ---------------------------------------------------------------------------------------
 
 class Request:
-    __slots__ = ("body", "keep_alive", "method", "path")
+    __slots__ = ("body", "keep_alive", "method", "path", "query")
 
-    def __init__(self, method: str, path: str, body: bytes, keep_alive: bool) -> None:
+    def __init__(self, method: str, path: str, body: bytes, keep_alive: bool, query: str = "") -> None:
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
+        self.query = query
+
+    def param(self, name: str) -> list[str]:
+        return parse_qs(self.query, keep_blank_values=True).get(name, [])
 
 
 def response_head(status: int, ctype: str, keep_alive: bool, length: int | None) -> bytes:
@@ -223,6 +251,12 @@ def send_json(writer: asyncio.StreamWriter, req: Request, status: int, obj: Any)
     writer.write(response_head(status, "application/json", req.keep_alive, len(body)) + body)
 
 
+def send_empty(writer: asyncio.StreamWriter, req: Request) -> None:
+    """Starlette's ``Response(status_code=200)``: no content type, no body."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n" +
+                 (b"" if req.keep_alive else b"connection: close\r\n") + b"\r\n")
+
+
 def error_body(status: int, kind: str, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
@@ -232,13 +266,16 @@ def chunk(data: bytes) -> bytes:
 
 
 class App:
-    def __init__(self, args: argparse.Namespace, placed: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, args: argparse.Namespace, placed: list[dict[str, Any]] | None = None,
+                 sleep: SleepMode | None = None) -> None:
         self.args = args
         self.placed = placed  # Ray mode: where each rank's worker runs
         self.started = time.monotonic()
         self.created = int(time.time())
         self.name = args.served_name
         self.prompts: list[str] = []
+        self.sleep = sleep or sleep_mode(args, None, os.getpid)
+        self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0")
 
     def loaded(self) -> bool:
         return time.monotonic() - self.started >= float(self.args.load_time)
@@ -257,7 +294,8 @@ class App:
                 length = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(length) if length else b""
                 keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-                req = Request(method, target.split("?", 1)[0], body, keep)
+                path, _, query = target.partition("?")
+                req = Request(method, path, body, keep, query)
                 await self.dispatch(req, writer)
                 await writer.drain()
                 if not keep:
@@ -275,6 +313,10 @@ class App:
             writer.write(response_head(200, "text/plain", req.keep_alive, 0))
         elif req.path == "/standin/prompts" and self.args.record_prompts:
             send_json(writer, req, 200, {"prompts": self.prompts})
+        elif req.path == "/standin/sleep":  # for tests: requests held by a sleeping engine
+            sm = self.sleep
+            send_json(writer, req, 200, {"held": sm.held, "running": sm.inflight, "held_mib": sm.held_mib,
+                                         "wedged": sm.wedged, "sleeping_tags": sorted(sm.sleeping_tags)})
         elif req.path == "/standin/ray" and self.placed is not None:
             send_json(writer, req, 200, {"workers": self.placed})
         elif req.path == "/v1/models" and req.method == "GET":
@@ -283,8 +325,55 @@ class App:
                 "root": self.name, "parent": None, "max_model_len": 4096, "permission": []}]})
         elif req.path in ("/v1/completions", "/v1/chat/completions") and req.method == "POST":
             await self.completion(req, writer, chat=req.path.endswith("chat/completions"))
+        elif self.dev_mode and req.path in DEV_ROUTES:
+            if req.method != DEV_ROUTES[req.path]:
+                send_json(writer, req, 405, {"detail": "Method Not Allowed"})
+            else:
+                await self.dev(req, writer)
         else:
             send_json(writer, req, 404, error_body(404, "NotFoundError", f"no route {req.path}"))
+
+    async def dev(self, req: Request, writer: asyncio.StreamWriter) -> None:
+        """vLLM's dev routes (serve/dev/{sleep,rpc,cache}/api_router.py); engine errors answer 500."""
+        sm = self.sleep
+        try:
+            if req.path == "/is_sleeping":
+                body = json.dumps({"is_sleeping": sm.is_sleeping()}, separators=(",", ":")).encode()
+                writer.write(response_head(200, "application/json", req.keep_alive, len(body)) + body)
+                return
+            if req.path == "/sleep":
+                level = int((req.param("level") or ["1"])[0])
+                await sm.sleep(level, (req.param("mode") or ["abort"])[0])
+            elif req.path == "/wake_up":
+                await sm.wake_up(req.param("tags") or None)
+            elif req.path == "/collective_rpc":
+                await self.collective_rpc(req, writer)
+                return
+            send_empty(writer, req)
+        except SleepError as exc:
+            log_phase("engine", f"ERROR {exc}")
+            send_json(writer, req, 500, error_body(500, "InternalServerError", str(exc)))
+        except ValueError:  # int("x"): FastAPI's bare 500
+            writer.write(response_head(500, "text/plain; charset=utf-8", req.keep_alive, 21) +
+                         b"Internal Server Error")
+
+    async def collective_rpc(self, req: Request, writer: asyncio.StreamWriter) -> None:
+        """reload_weights is the one worker method the stand-in has; others fail in the worker."""
+        try:
+            body = json.loads(req.body or b"null")
+        except ValueError as exc:
+            send_json(writer, req, 400, {"detail": f"JSON decode error: {exc}"})
+            return
+        method = body.get("method") if isinstance(body, dict) else None
+        if method is None:
+            send_json(writer, req, 400, {"detail": "Missing 'method' in request body"})
+            return
+        if method != "reload_weights":
+            raise SleepError(f"Call to collective_rpc method failed: 'Worker' object has no attribute "
+                             f"'{method}' (stand-in: only reload_weights)")
+        await self.sleep.reload_weights()
+        body_out = b'{"results":[null]}'
+        writer.write(response_head(200, "application/json", req.keep_alive, len(body_out)) + body_out)
 
     async def completion(self, req: Request, writer: asyncio.StreamWriter, *, chat: bool) -> None:
         try:
@@ -304,23 +393,39 @@ class App:
                 500, "InternalServerError", "EngineCore encountered an issue (stand-in failure mode)"))
             return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                 "total_tokens": prompt_tokens + n}
-        if not body.get("stream"):
-            await asyncio.sleep(self.args.chunk_delay * n)
-            text = "".join(WORDS[i % len(WORDS)] for i in range(n))
-            if chat:
-                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                          "logprobs": None, "finish_reason": "length"}
+        epoch = await self.sleep.admit()  # held while the engine sleeps, as vLLM queues it
+        try:
+            if body.get("stream"):
+                opts = body.get("stream_options") or {}
+                await self.stream(writer, req, rid, chat, n, prompt_tokens, epoch, bool(opts.get("include_usage")))
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
-                          "stop_reason": None}
-            send_json(writer, req, 200, {
-                "id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": self.name, "choices": [choice], "usage": usage})
-            return
-        opts = body.get("stream_options") or {}
-        await self.stream(writer, req, rid, chat, n, usage if opts.get("include_usage") else None)
+                await self.whole(writer, req, rid, chat, n, prompt_tokens, epoch)
+        finally:
+            self.sleep.done()
+
+    async def whole(self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int,
+                    prompt_tokens: int, epoch: int) -> None:
+        sm, delay, produced = self.sleep, self.args.chunk_delay, 0
+        words = WORDS if sm.weights_valid else GARBAGE
+        while produced < n:
+            if not (sm.running.is_set() and epoch == sm.abort_epoch) and not await sm.step(epoch):
+                break
+            if delay:
+                await asyncio.sleep(delay)
+            produced += 1
+        finish = "length" if produced == n else "abort"
+        text = "".join(words[i % len(words)] for i in range(produced))
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
+                 "total_tokens": prompt_tokens + produced}
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None}
+        send_json(writer, req, 200, {
+            "id": rid, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": self.name, "choices": [choice], "usage": usage})
 
     def validate(self, body: dict[str, Any], chat: bool) -> tuple[int, int]:
         """(max tokens, prompt tokens); prompt tokens are counted as words, roughly like BPE."""
@@ -359,7 +464,7 @@ class App:
         return n, max(1, words)
 
     async def stream(self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int,
-                     usage: dict[str, int] | None) -> None:
+                     prompt_tokens: int, epoch: int, include_usage: bool) -> None:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         common = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(self.name)},'
@@ -368,15 +473,24 @@ class App:
         stop_reason = b"" if chat else b',"stop_reason":null'
         mid = b',"logprobs":null,"finish_reason":null' + stop_reason + b"}]}"
         last = b',"logprobs":null,"finish_reason":"length"' + stop_reason + b"}]}"
+        aborted = b',"logprobs":null,"finish_reason":"abort"' + stop_reason + b"}]}"
+        sm = self.sleep
+        words = WORDS_JSON if sm.weights_valid else GARBAGE_JSON
         writer.write(response_head(200, "text/event-stream", req.keep_alive, None))
         events: list[bytes] = []
         if chat:
             events.append(b"data: " + common.encode() + b'"choices":[{"index":0,"delta":{"role":"assistant",'
                           b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n')
         delay = self.args.chunk_delay
+        produced = 0
         for i in range(n):
-            events.append(b"data: " + pre + WORDS_JSON[i % len(WORDS)] + close +
+            # A sleep with mode=abort ends the stream (HTTP 200, finish_reason "abort"); keep freezes it.
+            if not (sm.running.is_set() and epoch == sm.abort_epoch) and not await sm.step(epoch):
+                events.append(b"data: " + pre + b'""' + close + aborted + b"\n\n")
+                break
+            events.append(b"data: " + pre + words[i % len(words)] + close +
                           (last if i == n - 1 else mid) + b"\n\n")
+            produced += 1
             if delay:
                 await asyncio.sleep(delay)
             if delay or len(events) >= self.args.stream_batch:
@@ -385,7 +499,9 @@ class App:
                 await writer.drain()
                 if not delay:
                     await asyncio.sleep(0)  # let other streams progress
-        if usage is not None:
+        if include_usage:
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
+                     "total_tokens": prompt_tokens + produced}
             events.append(b"data: " + common.encode() + b'"choices":[],"usage":' +
                           json.dumps(usage).encode() + b"}\n\n")
         events.append(b"data: [DONE]\n\n")
@@ -394,10 +510,26 @@ class App:
 
 # ---- lifecycle ----------------------------------------------------------------------------------
 
+def sleep_mode(args: argparse.Namespace, gpus: list[int] | None, holder: Any, child: bool = False) -> SleepMode:
+    """The engine's sleep state; it rewrites the holder's GPU file (the EngineCore child's, if any)."""
+    name = args.process_name or ("VLLM::EngineCore" if child else sys.executable)
+    memory = None
+    if gpus:
+        memory = Memory(args.gpu_state_dir, gpus,
+                        lambda mib: write_gpu_file(args.gpu_state_dir, holder(), name, gpus, mib))
+    return SleepMode(enabled=args.enable_sleep_mode, full_mib=args.gpu_mib,
+                     weights_mib=int(args.gpu_mib * WEIGHTS_SHARE),
+                     residue_mib=min(args.sleep_residue_mib, args.gpu_mib), sleep_time=args.sleep_time,
+                     first_sleep_time=args.first_sleep_time, wake_time=args.wake_time,
+                     reload_time=args.reload_time, keeps_memory=args.sleep_keeps_memory, memory=memory,
+                     holder=holder, log=lambda text: log_phase("engine", text))
+
+
 async def serve(args: argparse.Namespace, gpus: list[int], child: int | None,
                 placed: list[dict[str, Any]] | None = None) -> int:
     loop = asyncio.get_running_loop()
-    app = App(args, placed)
+    holder = child if child is not None else os.getpid()
+    app = App(args, placed, sleep_mode(args, gpus, lambda: holder, child is not None))
     stop = asyncio.Event()
     outcome = {"code": 0}
     for sig in (signal.SIGTERM, signal.SIGINT):
