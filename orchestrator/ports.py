@@ -261,8 +261,9 @@ class ResidencyStore(Protocol):
     deployment records, in a file of its own (adapters/residency_store.py)."""
 
     def set_state(self, host: str, model: str, state: str, at: float, *, level: str | None = None,
-                  unit: str = "") -> None:
-        """Record ``model``'s new state; leaving ``serving`` stamps last_served with ``at``."""
+                  unit: str = "", weights_gib: float | None = None) -> None:
+        """Record ``model``'s new state; leaving ``serving`` stamps last_served with ``at``;
+        ``weights_gib`` None keeps the size recorded before."""
         ...
 
     def residency(self, host: str) -> dict[str, Residency]:

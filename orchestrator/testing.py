@@ -88,6 +88,7 @@ class FakeHost:
     wedged: set[str] = field(default_factory=set)
     engine_behaviours: dict[str, Literal["leaky_sleep", "wedged_wake", "hangs_after_wake"]] = field(default_factory=dict)
     residue_mib: int = 1_800
+    sizes: dict[str, int] = field(default_factory=dict)  # directory -> bytes, for `du -sbL`
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(4000))
 
     def ports(self, host: Host | None = None, weights: FakeWeights | None = None) -> HostPorts:
@@ -112,6 +113,8 @@ class FakeShell:
 
     def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
             idempotent: bool = False) -> CommandResult:
+        if list(argv[:2]) == ["du", "-sbL"] and argv[-1] in self.w.sizes:  # the weights' size on disk
+            return CommandResult(" ".join(argv), 0, f"{self.w.sizes[argv[-1]]}\t{argv[-1]}\n")
         result = CommandResult(" ".join(argv), 127, "", "fake shell runs no commands")
         if check:
             raise CommandFailed(result.command, 127, result.stderr, host=self.host)
@@ -487,14 +490,16 @@ class FakeResidencyStore:
         self.rows: dict[tuple[str, str], Residency] = {}
 
     def set_state(self, host: str, model: str, state: str, at: float, *, level: str | None = None,
-                  unit: str = "") -> None:
+                  unit: str = "", weights_gib: float | None = None) -> None:
         if state not in STATES:
             raise StateError(f"residency of {model} on {host}: state {state!r} is not one of {', '.join(STATES)}")
         old = self.rows.get((host, model))
         last = old.last_served if old is not None else None
         if state == SERVING or (old is not None and old.state == SERVING):
             last = at
-        self.rows[host, model] = Residency(host, model, state, at, level, last, unit)
+        if weights_gib is None:
+            weights_gib = old.weights_gib if old is not None else 0.0
+        self.rows[host, model] = Residency(host, model, state, at, level, last, unit, weights_gib)
 
     def residency(self, host: str) -> dict[str, Residency]:
         return {m: r for (h, m), r in sorted(self.rows.items()) if h == host}

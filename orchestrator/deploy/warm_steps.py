@@ -58,9 +58,18 @@ def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:
         return False
 
 
-def mark(ctx: StepContext, model: str, state: str, *, level: str | None = None, unit: str = "") -> None:
+def mark(ctx: StepContext, model: str, state: str, *, level: str | None = None, unit: str = "",
+         weights_gib: float | None = None) -> None:
     if ctx.residency is not None:
-        ctx.residency.set_state(ctx.ports.host.name, model, state, ctx.ports.clock.now(), level=level, unit=unit)
+        ctx.residency.set_state(ctx.ports.host.name, model, state, ctx.ports.clock.now(), level=level, unit=unit,
+                                weights_gib=weights_gib)
+
+
+def weights_gib(ctx: StepContext, spec: UnitSpec) -> float:
+    """The size of the engine's weights on the host (``du``): what a level1 sleeper holds in host RAM."""
+    res = ctx.ports.shell.run(["du", "-sbL", spec.model_dir], check=False, idempotent=True)
+    head = res.stdout.split()[:1]
+    return int(head[0]) / 2**30 if res.ok and head and head[0].isdigit() else 0.0
 
 
 def note(ctx: StepContext, what: str, **detail: object) -> None:
@@ -99,7 +108,7 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
     """core.residency's decision for this switch, from the catalog and the recorded residency."""
     host = ctx.ports.host
     records = ctx.residency.residency(host.name) if ctx.residency is not None else {}
-    displaced = {d.model for d in step.displaced}
+    displaced = {d.model: d.spec for d in step.displaced}
     residents = []
     for name in ctx.catalog.models_on(host.name):
         model = ctx.catalog.models[name]
@@ -111,13 +120,26 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
             state = rules.State.ASLEEP
         if name == step.dep.model:
             state = rules.State.ASLEEP if is_asleep(ctx, step.dep.spec) else rules.State.STOPPED
+        size = weights_gib(ctx, displaced[name]) if name in displaced else (rec.weights_gib if rec else 0.0)
         residents.append(rules.Resident(
             name=name, gpus=model.gpus, gpu_memory_utilization=rules.utilization(ctx.catalog, model),
-            sleep=model.sleep, weights_gib=rules.weights_gib(ctx.catalog, model), state=state,
+            sleep=model.sleep, weights_gib=size, state=state,
             level=rec.level if rec is not None else None, last_served=rec.last_served if rec is not None else None,
             served_name=model.served))
-    decision = rules.decide(step.dep.model, residents, rules.budgets_for(host), displaced=displaced)
+    decision = rules.decide(step.dep.model, residents, rules.budgets_for(host, _mem_total_gib(ctx)),
+                            displaced=list(displaced))
     return Fate(decision.sleep, decision.stop, decision.evict, decision.reasons)
+
+
+def _mem_total_gib(ctx: StepContext) -> float | None:
+    """The box's MemTotal (for a host without memory_gib or sleep_ram_gib)."""
+    if ctx.ports.host.sleep_ram_gib is not None or ctx.ports.host.memory_gib is not None:
+        return None
+    data = ctx.ports.shell.read_file("/proc/meminfo") or b""
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith("MemTotal:") and line.split()[1].isdigit():
+            return int(line.split()[1]) / 2**20
+    return None
 
 
 def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment]) -> set[str]:
@@ -136,7 +158,7 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
             try:
                 took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
                                            level=_level_number(level), residue_mib=residue_mib(ctx))
-                mark(ctx, d.model, ASLEEP, level=level, unit=unit)
+                mark(ctx, d.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
                 note(ctx, "slept", model=d.model, level=level, seconds=round(took, 3))
                 asleep.add(unit)
                 continue
@@ -243,7 +265,7 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
         try:
             warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
                                 level=_level_number(level), residue_mib=residue_mib(ctx))
-            mark(ctx, spec.model, ASLEEP, level=level, unit=unit)
+            mark(ctx, spec.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
             note(ctx, "slept", model=spec.model, level=level)
             return
         except (SleepLeftMemory, EngineError) as exc:
