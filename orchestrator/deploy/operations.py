@@ -350,6 +350,35 @@ class Operations:
             out.append(row)
         return out
 
+    def _residency(self, host: str, probe: bool) -> dict[str, Any]:
+        """Warm switches: each model serving, asleep (level) or stopped, the host RAM sleepers hold,
+        and (probed) each GPU's memory by process, with the model whose unit it belongs to."""
+        records = self.residency.residency(host)
+        h = self.catalog.hosts[host]
+        models = []
+        for name in self.catalog.models_on(host):
+            rec = records.get(name)
+            models.append({"model": name, "state": rec.state if rec else "stopped", "level": rec.level if rec else None,
+                           "since": rec.since if rec else None, "last_served": rec.last_served if rec else None,
+                           "ram_gib": round(rec.ram_gib, 3) if rec else 0.0})
+        out: dict[str, Any] = {"models": models, "sleep_ram_gib": round(sum(r.ram_gib for r in records.values()), 3),
+                               "ram_budget_gib": h.sleep_ram_budget(), "residue_gib": h.sleep_residue_gib}
+        if probe:
+            try:
+                ports = self.ports_for(host)
+                owner = {pid: n for n in self.catalog.models_on(host)
+                         for pid in ports.systemd.cgroup_pids(self.catalog.models[n].unit_name)}
+                snap = ports.gpus.snapshot()
+                out["gpus"] = [{"index": g.index, "used_mib": g.memory_used_mib, "total_mib": g.memory_total_mib,
+                                "processes": [{"pid": p.pid, "mib": p.used_memory_mib, "model": owner.get(p.pid),
+                                               "state": records[owner[p.pid]].state
+                                               if owner.get(p.pid) in records else None}
+                                              for p in snap.processes if p.gpu_index == g.index]}
+                               for g in snap.gpus]
+            except OrchestratorError as exc:
+                out["gpus_error"] = str(exc)
+        return out
+
     def status(self, host: str | None = None, probe: bool = True) -> dict[str, Any]:
         hosts = [self.catalog.host(host).name] if host else list(self.catalog.hosts)
         out: dict[str, Any] = {"at": time.time(), "hosts": {}}
@@ -379,5 +408,7 @@ class Operations:
                 entry["serving"]["nodes"] = self._node_states(serving, probe)
             if ranks := self._rank_of(name):
                 entry["node_of"] = ranks
+            if any(self.catalog.models[m].sleep for m in self.catalog.models_on(name)):
+                entry["residency"] = self._residency(name, probe)
             out["hosts"][name] = entry
         return out

@@ -156,3 +156,35 @@ def test_a_model_without_sleep_mode_stops_as_before() -> None:
     assert "vllm-alpha.service" not in ww.host.active_units()
     back = ww.switch("alpha")
     assert back.phase is Phase.ACTIVE and "waking" not in ww.phases(back.id)
+
+
+def test_status_shows_residency_ram_and_gpu_memory_by_process(tmp_path: Any) -> None:
+    """`status` (its data and its text) says who serves and who sleeps, the host RAM sleepers hold,
+    and each GPU's memory by PID with the model and state it belongs to."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.deploy_cmds import print_status
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld(warm_catalog().model_copy(update={"state_dir": str(tmp_path)}))
+    ww.host.sizes[ww.engine.spec_for(ww.catalog.models["alpha"]).model_dir] = 3 * 2**30
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    ports.proxy = ww.proxy
+    ops = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency)
+    ops.switch("alpha")
+    ops.switch("beta")
+    res = ops.status("box")["hosts"]["box"]["residency"]
+    assert [(m["model"], m["state"], m["level"]) for m in res["models"]] == [("alpha", "asleep", "level1"),
+                                                                            ("beta", "serving", None)]
+    assert res["sleep_ram_gib"] == 3.0 and res["ram_budget_gib"] == 100
+    gpu0 = res["gpus"][0]["processes"]
+    assert sorted((p["model"], p["state"], p["mib"]) for p in gpu0) == [("alpha", "asleep", 1_800),
+                                                                       ("beta", "serving", 70_000)]
+    out = io.StringIO()
+    print_status(Console(file=out, width=200), ops.status("box"))
+    text = out.getvalue()
+    assert "asleep alpha (level1, 3.00 GiB of host RAM)" in text and "serving beta" in text
+    assert "sleepers hold 3.00 GiB of host RAM (budget 100.0 GiB)" in text
+    assert "alpha asleep 1800 MiB" in text and "beta serving 70000 MiB" in text
