@@ -3,10 +3,14 @@ its engine on loopback behind the front proxy."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from orchestrator import settings
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.render import engine_argv, engine_bind, render_unit
 from orchestrator.deploy.engine import default_template
+
+from .test_render import systemd_verify, verify_root
 
 TOML = """
 state_dir = "/var/lib/orchestrator"
@@ -57,3 +61,11 @@ def test_a_sleep_engine_without_the_proxy_keeps_its_loopback_bind() -> None:
     cat = catalog(bind="::1", proxy=False)
     argv = engine_argv(cat, cat.models["warm"], "/m", cat.hosts["box"])
     assert argv[argv.index("--host") + 1] == "::1"
+
+
+def test_a_sleep_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """The sleep model's unit, flag and variable included, is accepted by real systemd-analyze verify."""
+    cat = catalog()
+    unit = render_unit(cat, cat.models["warm"], default_template())
+    done = systemd_verify(verify_root(tmp_path, cat), unit.name, unit.text)
+    assert done.returncode == 0, done.stderr
