@@ -114,7 +114,8 @@ def render_residency(plan: ResidencyPlan) -> list[str]:
     lines = [(f"warm switches on {plan.host}: RAM for sleepers {ram} ({plan.budget_source}); a sleeper keeps "
               f"{b.residue_gib:g} GiB on each of its GPUs of {b.gpu_memory_gib:g} GiB")]
     for r in plan.models:
-        weights = "weights unknown" if r.name in plan.unknown_weights else f"weights {r.weights_gib:.1f} GiB"
+        weights = (f"weights unknown here (not counted in RAM: set models.{r.name}.config)"
+                   if r.name in plan.unknown_weights else f"weights {r.weights_gib:.1f} GiB")
         asleep = (f"asleep holds {r.ram_gib:.1f} GiB RAM" if r.sleep == "level1" else
                   "asleep holds no RAM" if r.sleep == "level2" else "no sleep mode: stops")
         lines.append(f"  {r.name}: {r.sleep or 'no sleep'}, GPU {','.join(map(str, r.gpus))} at "

@@ -98,3 +98,12 @@ def test_a_host_without_sleep_models_plans_as_before(tmp_path: Path) -> None:
         '[models.a]\nrepo = "org/a"\ngpus = [0]\nconfig = "llama7b.json"\n')
     r = invoke("plan", "--config", str(tmp_path / "deploy.toml"), "a", "--json")
     assert r.exit_code == 0 and "residency" not in json.loads(r.output)
+
+
+def test_weights_that_cannot_be_known_offline_are_said_so(tmp_path: Path) -> None:
+    """A level1 model with no local config.json: its weights are listed as unknown, not as 0 GiB."""
+    path = deploy(tmp_path)
+    path.write_text(path.read_text().replace('port = 8002\nconfig = "llama7b.json"\n', "port = 8002\n"))
+    r = invoke("plan", "--config", str(path), "a")
+    assert r.exit_code == 0, r.output
+    assert "b: level1, GPU 0 at 0.9, weights unknown here (not counted in RAM: set models.b.config)" in r.output
