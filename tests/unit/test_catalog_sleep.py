@@ -11,6 +11,8 @@ from orchestrator import settings
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import ConfigError
 
+from .cli_runner import invoke
+
 BASE = """
 state_dir = "/var/lib/orchestrator"
 [defaults]
@@ -173,3 +175,12 @@ def test_a_sleep_model_on_a_gpu_no_larger_than_the_residue_is_refused(tmp_path: 
         settings.load(tmp_path / "deploy.toml")
     message = str(info.value)
     assert "hosts.box.sleep_residue_gib: sleep_residue_gib 3" in message and "gpu_memory_gib 2" in message
+
+
+def test_the_cli_exits_2_naming_the_file_key_and_value(tmp_path: Path) -> None:
+    """Through the real CLI: sleep on a CPU host exits 2 with one line naming the file, key and value."""
+    (tmp_path / "deploy.toml").write_text(BASE.format(defaults="", host='platform = "cpu"', model='sleep = "level1"',
+                                                      rest=""))
+    r = invoke("plan", "--config", str(tmp_path / "deploy.toml"), "a")
+    assert r.exit_code == 2
+    assert f"{tmp_path / 'deploy.toml'}: models.a.sleep: sleep 'level1': host box cannot sleep" in r.output
