@@ -187,6 +187,11 @@ class Catalog(Strict):
                            f"its engine {self.engine_for(host)[0]} is vLLM's CPU build")
                     raise _KeyedError(key, f"{said}: host {host.name} cannot sleep ({why}): vLLM's CPU "
                                            "build has no sleep mode; remove sleep or use a GPU host")
+                if host.sleep_residue_gib >= host.gpu_memory_gib:
+                    raise _KeyedError(f"hosts.{host.name}.sleep_residue_gib",
+                                      f"sleep_residue_gib {host.sleep_residue_gib:g} (what a sleeping engine keeps "
+                                      f"per GPU) is not less than gpu_memory_gib {host.gpu_memory_gib:g}: "
+                                      f"{key} = {model.sleep!r} could never leave room for another engine")
                 budget = host.sleep_ram_budget()
                 if model.sleep == "level1" and budget is not None and budget <= 0:
                     which = ("sleep_ram_gib" if host.sleep_ram_gib is not None else "memory_gib")

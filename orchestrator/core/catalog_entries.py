@@ -165,6 +165,19 @@ class Host(Strict):
     def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return None if v is None else check_engine(v)
 
+    @model_validator(mode="after")
+    def _sleep_budgets_possible(self) -> Host:
+        if (self.sleep_ram_gib is not None and self.memory_gib is not None
+                and self.sleep_ram_gib > self.memory_gib):
+            raise SubKeyError(".sleep_ram_gib", f"sleep_ram_gib {self.sleep_ram_gib:g} is more than the host's "
+                                                f"memory_gib {self.memory_gib:g}: sleepers' weights live in host RAM")
+        # Only when set: a small GPU with no sleep model keeps loading with the default.
+        if "sleep_residue_gib" in self.model_fields_set and self.sleep_residue_gib >= self.gpu_memory_gib:
+            raise SubKeyError(".sleep_residue_gib", f"sleep_residue_gib {self.sleep_residue_gib:g} is not less than "
+                                                    f"gpu_memory_gib {self.gpu_memory_gib:g}: it is what a sleeping "
+                                                    "engine keeps of one GPU")
+        return self
+
     def sleep_ram_budget(self, probed_memory_gib: float | None = None) -> float | None:
         """GiB of host RAM sleepers may hold: `sleep_ram_gib`, else the box's memory (`memory_gib`,
         else ``probed_memory_gib``: MemTotal of /proc/meminfo) minus the reserve; None when unknown."""

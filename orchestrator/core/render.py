@@ -69,6 +69,14 @@ def engine_bind(catalog: Catalog, model: Model, host: Host) -> str:
     return host.bind or catalog.defaults.bind
 
 
+def engine_address(catalog: Catalog, model: Model, host: Host) -> str:
+    """Where the proxy and the product's checks reach ``model``'s engine (a UnitSpec's address):
+    loopback where it listens only there, else the host's address."""
+    if engine_bind(catalog, model, host) == LOOPBACK:
+        return LOOPBACK
+    return "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
+
+
 def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> list[str]:
     """The full vLLM command line for a model: engine, layout flags, then the model's own args."""
     host = host or catalog.model_host(model.name)

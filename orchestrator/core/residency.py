@@ -10,6 +10,7 @@ the oldest), then a displaced model that would have slept is stopped instead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -171,7 +172,11 @@ def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
 
 
 def _served(r: Resident) -> str:
-    return "never served" if r.last_served is None else f"last served at {r.last_served:.0f}"
+    if r.last_served is None:
+        return "never served"
+    if r.last_served < 1e9:  # an order, not a time (plan --asleep)
+        return "the least recently served"
+    return "last served " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.last_served))
 
 
 # Catalog-derived settings, shared by validation, rendering, `plan` and the switch.

@@ -11,6 +11,8 @@ from orchestrator import settings
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import ConfigError
 
+from .cli_runner import invoke
+
 BASE = """
 state_dir = "/var/lib/orchestrator"
 [defaults]
@@ -153,3 +155,32 @@ def test_sleep_on_a_multinode_model_is_refused(tmp_path: Path) -> None:
             'gpus = [2]\npipeline_parallel = 2\nport = 8050\nsleep = "level2"\n')
     message = refused(tmp_path, model='host = "box"', rest=rest)
     assert "models.big.sleep" in message and "multi-node" in message
+
+
+@pytest.mark.parametrize(("host", "key", "words"), [
+    ("memory_gib = 512\nsleep_ram_gib = 600", "hosts.box.sleep_ram_gib", "sleep_ram_gib 600 is more than the host's memory_gib 512"),
+    ("sleep_residue_gib = 141", "hosts.box.sleep_residue_gib", "sleep_residue_gib 141 is not less than gpu_memory_gib 141"),
+])
+def test_host_budgets_that_cannot_be_are_refused(tmp_path: Path, host: str, key: str, words: str) -> None:
+    """A RAM budget over the box's memory, a residue of a whole GPU: exit 2 naming the key and values."""
+    message = refused(tmp_path, host=host)
+    assert f"{key}: {words}" in message
+
+
+def test_a_sleep_model_on_a_gpu_no_larger_than_the_residue_is_refused(tmp_path: Path) -> None:
+    """gpu_memory_gib 2 with the default 3 GiB residue: a sleep model there exits 2 naming the residue key."""
+    text = BASE.replace("gpu_memory_gib = 141", "gpu_memory_gib = 2")
+    (tmp_path / "deploy.toml").write_text(text.format(defaults="", host="", model='sleep = "level2"', rest=""))
+    with pytest.raises(ConfigError) as info:
+        settings.load(tmp_path / "deploy.toml")
+    message = str(info.value)
+    assert "hosts.box.sleep_residue_gib: sleep_residue_gib 3" in message and "gpu_memory_gib 2" in message
+
+
+def test_the_cli_exits_2_naming_the_file_key_and_value(tmp_path: Path) -> None:
+    """Through the real CLI: sleep on a CPU host exits 2 with one line naming the file, key and value."""
+    (tmp_path / "deploy.toml").write_text(BASE.format(defaults="", host='platform = "cpu"', model='sleep = "level1"',
+                                                      rest=""))
+    r = invoke("plan", "--config", str(tmp_path / "deploy.toml"), "a")
+    assert r.exit_code == 2
+    assert f"{tmp_path / 'deploy.toml'}: models.a.sleep: sleep 'level1': host box cannot sleep" in r.output

@@ -113,9 +113,9 @@ def test_every_engine_control_endpoint_is_403(front: tuple[int, Engine], path: s
 
 
 @pytest.mark.parametrize("path", ["/%73leep", "/SLEEP", "/Collective_RPC", "/wake_up/", "/wake%5Fup?tags=weights",
-                                  "/%63ollective_rpc"])
+                                  "/%63ollective_rpc", "http://127.0.0.1/sleep?level=1"])
 def test_encoded_or_cased_spellings_are_403(front: tuple[int, Engine], path: str) -> None:
-    """uvicorn decodes %XX before routing: an encoded or upper-case spelling is refused the same way."""
+    """uvicorn decodes %XX before routing: an encoded, upper-case or absolute-form spelling is refused the same way."""
     port, engine = front
     before = len(engine.seen)
     assert request(port, "POST", path, {"model": MODEL})[0] == 403

@@ -3,10 +3,14 @@ its engine on loopback behind the front proxy."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from orchestrator import settings
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.render import engine_argv, engine_bind, render_unit
+from orchestrator.core.render import engine_address, engine_argv, engine_bind, render_unit
 from orchestrator.deploy.engine import default_template
+
+from .test_render import systemd_verify, verify_root
 
 TOML = """
 state_dir = "/var/lib/orchestrator"
@@ -57,3 +61,19 @@ def test_a_sleep_engine_without_the_proxy_keeps_its_loopback_bind() -> None:
     cat = catalog(bind="::1", proxy=False)
     argv = engine_argv(cat, cat.models["warm"], "/m", cat.hosts["box"])
     assert argv[argv.index("--host") + 1] == "::1"
+
+
+def test_a_sleep_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """The sleep model's unit, flag and variable included, is accepted by real systemd-analyze verify."""
+    cat = catalog()
+    unit = render_unit(cat, cat.models["warm"], default_template())
+    done = systemd_verify(verify_root(tmp_path, cat), unit.name, unit.text)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_product_reaches_a_loopback_engine_at_loopback() -> None:
+    """engine_address (a UnitSpec's address) is 127.0.0.1 for the sleep model behind the proxy, the host's otherwise."""
+    cat = catalog()
+    box = cat.hosts["box"]
+    assert (engine_address(cat, cat.models["warm"], box), engine_address(cat, cat.models["cold"], box)) == (
+        "127.0.0.1", "10.0.0.5")

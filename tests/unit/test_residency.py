@@ -38,7 +38,7 @@ def test_a_full_ram_budget_evicts_the_least_recently_served_sleeper() -> None:
                      r("e", State.ASLEEP, weights=60, served=200, gpus=(2,)), r("t")], H200)
     assert (d.sleep, d.evict, d.stop) == (("a",), ("c",), ())
     assert d.ram_gib == 90.0
-    assert any("c (asleep, last served at 100) is evicted" in x for x in d.reasons)
+    assert any("c (asleep, the least recently served) is evicted" in x for x in d.reasons)
 
 
 def test_a_never_served_sleeper_counts_as_the_oldest() -> None:
@@ -124,3 +124,10 @@ def test_the_decision_serialises_for_plan_json() -> None:
     """to_dict carries every field with GPU indices as strings."""
     d = decide("b", [r("a", State.SERVING), r("b", State.ASLEEP)], H200).to_dict()
     assert d["sleep"] == ["a"] and d["gpu_gib"] == {"0": 3.0} and d["ram_budget_gib"] == 100.0
+
+
+def test_an_eviction_names_when_the_sleeper_last_served() -> None:
+    """Recorded epoch times are shown in UTC in the reason."""
+    d = decide("t", [r("a", State.SERVING, weights=60, served=1_800_000_000.0),
+                     r("c", State.ASLEEP, weights=60, served=1_764_547_200.0, gpus=(1,)), r("t")], H200)
+    assert d.evict == ("c",) and "c (asleep, last served 2025-12-01 00:00:00 UTC) is evicted" in d.reasons[0]
