@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import jinja2
 
 from orchestrator.core.catalog import PATH_RE, USER_RE, Catalog, Host, Model
+from orchestrator.core.catalog_rules import is_loopback
 from orchestrator.core.safety import check_safe_text
 from orchestrator.errors import RenderError
 
@@ -64,16 +65,18 @@ def engine_bind(catalog: Catalog, model: Model, host: Host) -> str:
     """Where ``model``'s engine listens on ``host``: loopback for a sleep-enabled engine behind the
     proxy (the catalog refuses one without the proxy unless its bind is loopback already), else the
     host's bind or defaults.bind."""
-    if model.sleep is not None and catalog.proxy.enabled:
-        return LOOPBACK
-    return host.bind or catalog.defaults.bind
+    bind = host.bind or catalog.defaults.bind
+    if model.sleep is not None and catalog.proxy.enabled and not is_loopback(bind):
+        return LOOPBACK  # a loopback bind (a test host's own 127.0.0.x) is not exposed either
+    return bind
 
 
 def engine_address(catalog: Catalog, model: Model, host: Host) -> str:
     """Where the proxy and the product's checks reach ``model``'s engine (a UnitSpec's address):
     loopback where it listens only there, else the host's address."""
-    if engine_bind(catalog, model, host) == LOOPBACK:
-        return LOOPBACK
+    bind = engine_bind(catalog, model, host)
+    if bind == LOOPBACK or (model.sleep is not None and catalog.proxy.enabled):
+        return bind
     return "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
 
 

@@ -18,7 +18,7 @@ from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingChange, UnitSpec
-from orchestrator.core.render import load_deadline, model_dir_for, render_unit
+from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.secrets import redact, redact_tree
 from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
 from orchestrator.deploy.context import Parked, StepContext, StepInput
@@ -62,7 +62,7 @@ def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str |
         unit, nodes = rendered.api, rendered.nodes
     else:
         unit = render_unit(catalog, model, template, model_dir=directory)
-    address = "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
+    address = engine_address(catalog, model, host)
     return UnitSpec(model=model.name, unit_name=unit.name, unit_text=unit.text, unit_sha=unit.sha256,
                     served_name=model.served, address=address, port=model.port, gpus=model.gpus,
                     load_deadline_s=load_deadline(catalog, model), model_dir=directory,

@@ -233,7 +233,7 @@ def test_the_agent_killed_in_a_warm_switch_converges(tmp_path: Path, case: str, 
     assert store.get(dep.id).phase is Phase.ACTIVE
     assert {m: r.state for m, r in residency.residency("box").items()} == {"alpha": "serving", "beta": "asleep"}
     alpha, beta = (catalog.models[m].port for m in ("alpha", "beta"))
-    assert not control.inner.is_sleeping(f"http://127.0.0.9:{alpha}") and control.inner.is_sleeping(
-        f"http://127.0.0.9:{beta}")
+    assert not control.inner.is_sleeping(f"http://127.0.0.1:{alpha}") and control.inner.is_sleeping(
+        f"http://127.0.0.1:{beta}")
     held = sorted(mib for _, mib, _, _ in host.holders.values())
     assert held == [host.residue_mib, 70_000]
