@@ -57,7 +57,7 @@ def residency(ops: Operations, host: Host) -> dict[str, str]:
 
 
 def phases(ops: Operations, host: Host) -> list[str]:
-    return [t["phase"] for t in ops.history(host.name, 1)[0]["timings"]]
+    return [t["phase"] for t in ops.history(host.name, 1)[0]["phases"]]
 
 
 def test_a_b_a_the_second_a_is_warm_and_the_prober_sees_no_failure(host: Host, ops: Operations) -> None:
