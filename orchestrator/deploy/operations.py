@@ -20,6 +20,7 @@ from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment, ServingChange
+from orchestrator.core.resident import STOPPED
 from orchestrator.core.secrets import redact_tree
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
@@ -120,6 +121,7 @@ class Operations:
             sd.stop(serving.spec.unit_name)
             sd.disable(serving.spec.unit_name)
             self.store.set_serving(host, None)
+            self.residency.set_state(host, serving.model, STOPPED, time.time(), unit=serving.spec.unit_name)
             self.store.record_event(time.time(), host, "stopped", {"unit": serving.spec.unit_name,
                                                                    "revision": serving.revision, "reason": reason})
 
@@ -255,6 +257,7 @@ class Operations:
         self.store.move_serving(ServingChange(
             pointers=((host, None),) if current is not None and current.revision == dep.revision else (),
             sets=((host, tuple(d.revision for d in rest)),) if self.catalog.proxy.enabled else ()))
+        self.residency.set_state(host, dep.model, STOPPED, ports.clock.now(), unit=dep.spec.unit_name)
         self.store.record_event(ports.clock.now(), host, "stop", {"model": dep.model, "revision": dep.revision})
         return {"host": host, "model": dep.model, "revision": dep.revision, "outcome": "stopped",
                 "serving": [d.model for d in self.store.serving_set(host)]}

@@ -113,11 +113,10 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
     for name in ctx.catalog.models_on(host.name):
         model = ctx.catalog.models[name]
         rec = records.get(name)
+        # Observed, not only recorded: a unit stopped behind the records' back holds nothing.
         state = rules.State.STOPPED
-        if name in displaced or (rec is not None and rec.state == SERVING):
-            state = rules.State.SERVING
-        if rec is not None and rec.state == ASLEEP:
-            state = rules.State.ASLEEP
+        if ctx.ports.systemd.unit_state(model.unit_name).is_active:
+            state = rules.State.ASLEEP if rec is not None and rec.state == ASLEEP else rules.State.SERVING
         if name == step.dep.model:
             state = rules.State.ASLEEP if is_asleep(ctx, step.dep.spec) else rules.State.STOPPED
         size = weights_gib(ctx, displaced[name]) if name in displaced else (rec.weights_gib if rec else 0.0)

@@ -188,3 +188,16 @@ def test_status_shows_residency_ram_and_gpu_memory_by_process(tmp_path: Any) -> 
     assert "asleep alpha (level1, 3.00 GiB of host RAM)" in text and "serving beta" in text
     assert "sleepers hold 3.00 GiB of host RAM (budget 100.0 GiB)" in text
     assert "alpha asleep 1800 MiB" in text and "beta serving 70000 MiB" in text
+
+
+def test_a_model_stopped_behind_the_records_back_does_not_block_a_sleep() -> None:
+    """A third model recorded serving on the same GPUs but stopped since (systemctl stop) holds nothing:
+    the displaced model still sleeps."""
+    models = {name: {"repo": f"org/{name}", "port": 8001 + i, **TP4} for i, name in enumerate(("a", "b", "c"))}
+    ww = WarmWorld(warm_catalog(**models))
+    ww.switch("c")
+    ww.host.ports().systemd.stop("vllm-c.service")  # stopped outside a switch: the residency still says serving
+    ww.store.set_serving_set("box", [])
+    ww.switch("a")
+    ww.switch("b")
+    assert ww.states()["a"] == "asleep"
