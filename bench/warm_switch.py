@@ -85,8 +85,8 @@ def main() -> None:
                     row = results[case][-1]
                     print(case, row["to"], {k: v for k, v in row.items() if k not in ("answers", "to")}, flush=True)
                 for name in pair:
-                    ops.stop(name) if any(m["model"] == name for m in
-                                          ops.status(host.name)["hosts"][host.name].get("models", [])) else None
+                    if any(m["model"] == name for m in ops.status(host.name)["hosts"][host.name].get("models", [])):
+                        ops.stop(name)
             for case, rows in results.items():
                 down = [r["downtime_ms"] for r in rows]
                 print(f"{case}: downtime median {statistics.median(down):.0f} ms, max {max(down)} ms; "

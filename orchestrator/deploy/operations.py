@@ -26,6 +26,7 @@ from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
 from orchestrator.deploy.locks import host_lock
+from orchestrator.deploy.warm_steps import sleeper_mib
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 
@@ -232,13 +233,13 @@ class Operations:
     def _stop(self, eng: Engine, host: str, dep: Deployment) -> dict[str, Any]:
         ports = self.ports_for(host)
         ctx = StepContext(ports=ports, catalog=self.catalog, progress=eng.progress,
-                          bound={"host": host, "revision": dep.revision})
+                          bound={"host": host, "revision": dep.revision}, residency=self.residency)
         if self.catalog.proxy.enabled:
             rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
             actions.route(ctx, [d.spec for d in rest])
             actions.drain(ctx, [dep.spec])
         actions.stop_units(ctx, [dep.spec.unit_name])
-        actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name])
+        actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name], sleepers=sleeper_mib(ctx, but=[dep.model]))
         if ports.systemd.unit_state(dep.spec.unit_name).exists:
             ports.systemd.disable(dep.spec.unit_name)
         if dep.spec.nodes:  # then its other units, in reverse start order, on every node

@@ -201,3 +201,18 @@ def test_a_model_stopped_behind_the_records_back_does_not_block_a_sleep() -> Non
     ww.switch("a")
     ww.switch("b")
     assert ww.states()["a"] == "asleep"
+
+
+def test_stop_beside_a_sleeper_leaves_its_residue_alone(tmp_path: Any) -> None:
+    """`stop` of the serving model waits for its own memory only: a sleeper's residue on the same
+    GPUs is not a busy GPU, and the sleeper stays asleep."""
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld(warm_catalog().model_copy(update={"state_dir": str(tmp_path)}))
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    ports.proxy = ww.proxy
+    ops = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency)
+    ops.switch("alpha")
+    ops.switch("beta")
+    assert ops.stop("beta")["outcome"] == "stopped"
+    assert ww.states() == {"alpha": "asleep", "beta": "stopped"}
