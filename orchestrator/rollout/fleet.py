@@ -29,15 +29,10 @@ Report = Callable[[str, str, dict[str, Any]], None]  # host, event, fields
 AfterBatch = Callable[[int], None]  # called after each batch has switched (tests hold the controller here)
 
 
-def target_for(host: Host) -> Target:
-    return Target(name=host.name, address=host.address, port=host.ssh_port, user=host.ssh_user, key=host.ssh_key,
-                  known_hosts=host.known_hosts, python=host.python, socket=host.agent_socket)
-
-
 def remote_client(host: Host) -> AgentClient:
     from orchestrator.client.remote import RemoteAgentClient
 
-    return RemoteAgentClient(target_for(host))
+    return RemoteAgentClient(Target.of_host(host))
 
 
 class Fleet:
