@@ -81,9 +81,7 @@ class Fleet:
         return self._drive(rid)
 
     def _target(self, model_name: str, group: str | None) -> tuple[Model, str]:
-        model = self.catalog.models.get(model_name)
-        if model is None:
-            raise UsageError(f"unknown model {model_name!r} (known: {', '.join(sorted(self.catalog.models))})")
+        model = self.catalog.model(model_name)
         name = group or model.group
         if name is None:
             raise UsageError(f"model {model_name!r} targets no group: give --group G or set group in "

@@ -195,3 +195,26 @@ def test_an_answer_of_another_shape_than_declared_is_an_agent_error(tmp_path: Pa
     _agent_answering(path, {"result": "fine"})
     with pytest.raises(AgentError, match=r"answered status with 'fine': expected a dict"):
         AgentClient(path).call(STATUS, {})
+
+
+def test_switch_loads_deploy_toml_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`switch` reads its deploy.toml once (its check of the models and the switch use the same catalog)."""
+    from orchestrator import settings
+
+    from .cli_runner import invoke
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("ORCHESTRATOR_HOST", raising=False)
+    monkeypatch.delenv("ORCHESTRATOR_SOCKET", raising=False)
+    loads: list[str | None] = []
+    real = settings.load
+
+    def counting(path: Any = None, **kw: Any) -> Any:
+        loads.append(path)
+        return real(path, **kw)
+
+    monkeypatch.setattr(settings, "load", counting)
+    result = invoke("switch", "no-such-model", "--config", str(repo / "deploy.toml"))
+    assert result.exit_code == 2 and "unknown model 'no-such-model'" in result.output, result.output
+    assert loads == [str(repo / "deploy.toml")]
