@@ -62,6 +62,15 @@ class Spy:
         return value
 
 
+def test_every_declared_entry_is_in_the_table_under_a_name_of_its_own() -> None:
+    """Each Operation of contract/ops.py is in OPERATIONS, and no two share a name (one would hide the other)."""
+    from orchestrator.contract import ops
+
+    declared = [v for v in vars(ops).values() if isinstance(v, ops.Operation)]
+    assert sorted(op.name for op in declared) == sorted(OPERATIONS)
+    assert all(OPERATIONS[op.name] is op for op in declared)
+
+
 def test_samples_cover_every_declared_operation() -> None:
     """The samples below name every operation of the table, and nothing else."""
     assert sorted(SAMPLE_ARGS) == sorted(OPERATIONS)
