@@ -31,6 +31,7 @@ from orchestrator.contract.args import (
     SwitchArgs,
 )
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.proxy import check_together
 from orchestrator.errors import AgentError, UsageError
 from orchestrator.ports import ProgressCallback
 
@@ -151,8 +152,6 @@ def _status(ops: Operations, a: HostArgs, c: Caller) -> dict[str, Any]:
 
 
 def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]:
-    from orchestrator.core.proxy import check_together
-
     return {"host": check_together(ops.catalog, a.models)}
 
 
