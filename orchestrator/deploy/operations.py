@@ -20,7 +20,7 @@ from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment, ServingChange
-from orchestrator.core.resident import STOPPED
+from orchestrator.core.resident import ASLEEP, STOPPED
 from orchestrator.core.secrets import redact_tree
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
@@ -271,10 +271,18 @@ class Operations:
             serving = self.store.serving(host)
             return {"host": host, "model": model, "mode": Mode.STOP_START.value, "displaced": [
                 serving.model] if serving else [], "reason": "no front proxy ([proxy] enabled = false): the "
-                "serving model stops before the new one starts; clients see connection errors meanwhile"}
+                "serving model stops before the new one starts; clients see connection errors meanwhile",
+                "asleep": self._sleepers(host)}
         plan = eng.explain(host, spec)
         return {"host": host, "model": model, "mode": plan.mode.value, "reason": plan.reason,
-                "displaced": [self.store.by_revision(host, r).model for r in plan.displaced]}
+                "displaced": [self.store.by_revision(host, r).model for r in plan.displaced],
+                "asleep": self._sleepers(host)}
+
+    def _sleepers(self, host: str) -> list[dict[str, object]]:
+        """The host's recorded sleepers, least recently served first (the order `plan` evicts in)."""
+        asleep = [r for r in self.residency.residency(host).values() if r.state == ASLEEP]
+        asleep.sort(key=lambda r: (r.last_served is not None, r.last_served or 0.0))
+        return [r.to_dict() for r in asleep]
 
     def stage(self, model: str, *, peer: dict[str, Any] | None = None,
               progress: ProgressCallback | None = None) -> dict[str, Any]:

@@ -255,3 +255,18 @@ def test_a_target_left_asleep_by_a_rollback_answers_what_it_held_first(ww: WarmW
     beta = [c for c in ww.host.calls if "vllm-beta" in c and c.startswith(("wake", "sleep"))]
     assert beta == ["wake vllm-beta.service", "sleep vllm-beta.service level=1 mode=wait"]
     assert ww.states() == {"alpha": "serving", "beta": "asleep"}
+
+
+def test_explain_lists_the_recorded_sleepers_least_recently_served_first() -> None:
+    """What `plan` reads from the records: after a, b, c, the sleepers come oldest first (a before b)."""
+    from orchestrator.deploy.operations import Operations
+
+    models = {name: {"repo": f"org/{name}", "port": 8001 + i, **TP4} for i, name in enumerate(("a", "b", "c"))}
+    ww = WarmWorld(warm_catalog(**models))
+    for name in models:
+        ww.switch(name)
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    ops = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency)
+    asleep = ops.explain("a")["asleep"]
+    assert [(s["model"], s["state"]) for s in asleep] == [("a", "asleep"), ("b", "asleep")]
+    assert asleep[0]["last_served"] <= asleep[1]["last_served"]
