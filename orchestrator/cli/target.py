@@ -7,6 +7,7 @@ from click.core import ParameterSource
 
 from orchestrator import settings
 from orchestrator.client.backends import Backend, backend_for
+from orchestrator.contract.ops import CONFIG_SHOW
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import UsageError
 
@@ -48,7 +49,7 @@ def catalog(config: str | None) -> Catalog:
     spec = remote_spec()
     if spec is None:
         return settings.load(config)
-    shown = backend(config).config_show()  # backend() refuses --config with --host
+    shown = backend(config).call(CONFIG_SHOW, {})  # backend() refuses --config with --host
     return settings.load_text(str(shown["text"]), f"{spec}: {shown['path']}")
 
 
