@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,8 @@ class Fleet:
                  report: Report | None = None, store: RolloutRecord | None = None,
                  after_batch: AfterBatch | None = None, clock: Clock | None = None, pid: int | None = None,
                  started_by: str | None = None, driven: Driven | None = None,
-                 on_start: Callable[[int], None] | None = None) -> None:
+                 on_start: Callable[[int], None] | None = None,
+                 starting: AbstractContextManager[Any] | None = None) -> None:
         """``pid``: the controller's (this process, or the agent that drives rollouts); ``driven``:
         how this controller tells a live rollout from one whose controller died (default: its pid
         runs orchestrator); ``on_start``: told the new rollout's id once it is recorded."""
@@ -57,6 +59,7 @@ class Fleet:
         self.started_by = started_by
         self.driven: Driven = driven or (lambda ro: ro.pid == self.pid or _alive(ro.pid))
         self.on_start = on_start
+        self.starting = starting or nullcontext()  # the last overlap check and the record as one step
         self.clients: dict[str, AgentClient] = {}
 
     def close(self) -> None:
@@ -84,11 +87,12 @@ class Fleet:
         batches = core.plan(list(grp.hosts), policy.canary, policy.batch)
         self._no_overlap(group_name, grp.hosts)
         views = check_boxes(self._clients(list(grp.hosts)), model)
-        self._no_overlap(group_name, grp.hosts)  # again: another client may have started one meanwhile
-        rid = self.store.create(model.name, group_name, policy, grp.gate, batches, self.pid,
-                                started_by=self.started_by, at=self.clock.now())
-        if self.on_start is not None:
-            self.on_start(rid)
+        with self.starting:
+            self._no_overlap(group_name, grp.hosts)  # again: another client may have started one meanwhile
+            rid = self.store.create(model.name, group_name, policy, grp.gate, batches, self.pid,
+                                    started_by=self.started_by, at=self.clock.now())
+            if self.on_start is not None:
+                self.on_start(rid)
         for host, view in views.items():
             self.store.set_host(rid, host, baseline_id=view.baseline_id)
             self.report(host, "rollout_host", {"batch": _batch_of(batches, host), "state": "pending",
@@ -307,6 +311,11 @@ class Fleet:
                        "`orchestrator rollout abort`")
         self.store.take_over(ro.id, self.pid)
         return self._drive(ro.id)
+
+    def drive(self, rid: int, *, rollback_all: bool | None = None) -> dict[str, Any]:
+        """Drive a recorded rollout as its controller now (the caller made sure no other one does)."""
+        self.store.take_over(rid, self.pid)
+        return self._drive(rid, rollback_all=rollback_all)
 
     def abort(self, rid: int | None = None, *, rollback_all: bool = False) -> dict[str, Any]:
         """Stop starting batches; a live controller stops after its batch, a dead one's rollout ends here

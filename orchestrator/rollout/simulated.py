@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.agent.protocol import encode, error_reply
 from orchestrator.client.backends import AgentClient
+from orchestrator.contract.wire import encode, error_reply
 from orchestrator.errors import OrchestratorError, TransportError
 
 
@@ -50,7 +50,7 @@ class SimulatedBox(AgentClient):
         return dep
 
     # -- the wire ---------------------------------------------------------------------------------
-    def _open(self) -> Any:
+    def open_stream(self) -> Any:
         if self.unreachable is not None:
             raise self.unreachable
         ours, agent = socket.socketpair()
