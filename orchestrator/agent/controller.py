@@ -29,13 +29,17 @@ from orchestrator.rollout.fleet import AfterBatch, Fleet, remote_client
 
 log = structlog.get_logger()
 
+# Set only by code that embeds the agent (the tests' entry point holds the controller between batches
+# with it); no flag or environment variable reaches it.
+after_batch_hook: AfterBatch | None = None
+
 
 class FleetController:
     def __init__(self, catalog: Callable[[], Catalog], *, clock: Clock, pid: int,
                  store: RolloutRecord | None = None, connect: Callable[[Host], AgentClient] = remote_client,
                  after_batch: AfterBatch | None = None) -> None:
         self.catalog, self.clock, self.pid, self.connect = catalog, clock, pid, connect
-        self.after_batch = after_batch
+        self.after_batch = after_batch or after_batch_hook
         self._store = store
         self.runs: dict[int, Job] = {}  # the rollouts this agent drives now
         self.lock = threading.Lock()  # guards runs
