@@ -127,6 +127,7 @@ def test_canary_then_batches_succeeds_and_history_shows_the_order(fleet: HostSet
     cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
     done = ctl(cfg, "rollout", "beta", "--json")
     assert done.returncode == 0, done.stderr
+    assert done.stderr.count("runs in this CLI (no controller") == 1, done.stderr  # said once
     summary = json.loads(done.stdout)
     assert summary["rollout"]["status"] == "succeeded"
     assert [(h["host"], h["batch"], h["state"]) for h in summary["hosts"]] == [
@@ -227,7 +228,8 @@ def test_rollout_while_another_runs_on_one_of_its_hosts_is_refused(fleet: HostSe
         (tmp_path / "hooks" / "rollout-pause-after").unlink()
         _out, err = proc.communicate(timeout=300)
     assert second.returncode == 5, second.stderr
-    assert "rollout #1 (beta on group inference) has not finished on h2" in second.stderr
+    assert "rollout #1 (beta on group inference, started by " in second.stderr
+    assert "(this CLI)) has not finished on h2" in second.stderr
     assert proc.returncode == 0, err
     assert [d["outcome"] for d in beta_runs(boxes[1])] == ["active"]
 

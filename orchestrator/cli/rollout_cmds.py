@@ -3,8 +3,10 @@ fleet commands (they read the controller's deploy.toml and reach each box's agen
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -98,7 +100,8 @@ def _fleet(config: str | None, command: str, report: FleetProgress | None = None
     if spec is not None:
         raise UsageError(f"{command} runs on the controller and reaches every box's agent itself; drop "
                          f"--host {spec} (the hosts come from the controller's deploy.toml)")
-    fleet = Fleet(settings.load(config), report=report, after_batch=after_batch_hook, on_start=on_start)
+    fleet = Fleet(settings.load(config), report=report, after_batch=after_batch_hook, on_start=on_start,
+                  started_by=f"{getpass.getuser()}@{socket.gethostname()} (this CLI)")
     click.get_current_context().call_on_close(fleet.close)
     return fleet
 

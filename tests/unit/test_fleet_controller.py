@@ -145,3 +145,12 @@ def test_status_of_a_rollout_the_controller_drives_reads_running_with_the_agent(
     assert (shown["status"], shown["controller"]) == ("running", {"pid": 4242, "alive": True, "agent": True})
     hold.set()
     assert run_to_end(controller, rid)["rollout"]["status"] == "succeeded"
+
+
+def test_an_agent_whose_deploy_toml_has_a_group_model_builds_its_loadout() -> None:
+    """A controller's deploy.toml (hosts, a group, a group model): the agent's loadout builds, rendering
+    no unit for the group model (each box's own agent deploys it)."""
+    from orchestrator.agent.loadout import build
+
+    loaded = build(fleet_catalog(), 0.0)
+    assert "beta" not in loaded.specs
