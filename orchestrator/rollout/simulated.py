@@ -53,6 +53,7 @@ class SimulatedBox(AgentClient):
     def open_stream(self) -> Any:
         if self.unreachable is not None:
             raise self.unreachable
+        time.sleep(self.delay_s)  # opening a channel: the relay's exec, one round trip
         ours, agent = socket.socketpair()
         with self.lock:
             self.open_channels += 1
