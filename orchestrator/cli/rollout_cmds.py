@@ -150,7 +150,7 @@ def _follow(client: AgentClient, rid: int, as_json: bool) -> None:
     try:
         result = client.call(ROLLOUT_FOLLOW, {"id": rid},
                              lambda event, fields: progress(str(fields.pop("group_host", "")), event, fields))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Detached):  # the client turns Ctrl-C into Detached; either way: ours
         raise Detached(f"detached from rollout #{rid}: it goes on on the controller; {again}") from None
     except (AgentError, TransportError) as exc:
         lost = type(exc)(f"lost the controller while following rollout #{rid} ({str(exc).splitlines()[0]}); the "

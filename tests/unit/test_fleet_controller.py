@@ -4,7 +4,12 @@ fake clock."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +21,7 @@ from orchestrator.core.rollout import HostState, Policy
 from orchestrator.errors import Busy, OrchestratorError, TransportError
 from orchestrator.rollout.simulated import SimulatedBox
 from orchestrator.testing import FakeClock, FakeRolloutStore
+from tests.hosts.wait import wait_for
 
 from .conftest import make_catalog
 
@@ -52,10 +58,10 @@ def states(summary: dict[str, Any]) -> dict[str, str]:
 def test_rollout_is_recorded_with_who_started_it_and_switches_every_host_once() -> None:
     """Started for alice: the record names her; canary then batches; each box switched to beta once."""
     controller, boxes, _store = world()
-    started = controller.start(RolloutStartArgs(model="beta"), "alice@ssh:10.0.0.1")
+    started = controller.start(RolloutStartArgs(model="beta"), "alice@10.0.0.7")
     summary = run_to_end(controller, started["id"])
     assert summary["rollout"]["status"] == "succeeded"
-    assert summary["rollout"]["started_by"] == "alice@ssh:10.0.0.1"
+    assert summary["rollout"]["started_by"] == "alice@10.0.0.7"
     assert states(summary) == dict.fromkeys(HOSTS, "switched")
     assert [b.switches("beta") for b in boxes.values()] == [1, 1, 1, 1]
 
@@ -154,3 +160,48 @@ def test_an_agent_whose_deploy_toml_has_a_group_model_builds_its_loadout() -> No
 
     loaded = build(fleet_catalog(), 0.0)
     assert "beta" not in loaded.specs
+
+
+CLIENT_TOML = """state_dir = "{state}"
+[hosts.h1]
+address = "127.0.0.10"
+[groups.inference]
+hosts = ["h1"]
+[models.beta]
+group = "inference"
+repo = "org/beta"
+gpus = [0, 1, 2, 3]
+tensor_parallel = 4
+port = 8001
+source = "none"
+"""
+
+
+def test_ctrl_c_in_the_cli_only_detaches_and_the_controller_finishes_the_rollout(tmp_path: Path) -> None:
+    """A CLI following a controller's rollout gets SIGINT mid-canary: exit 130 naming how to re-attach;
+    the controller's agent still drives the rollout and ends it succeeded."""
+    from tests.unit.test_agent_socket import start as start_agent
+
+    hold = threading.Event()
+    controller, boxes, _store = world(hold=hold)
+    running = start_agent(tmp_path)
+    running.agent.controller = controller
+    cfg = tmp_path / "laptop.toml"
+    cfg.write_text(CLIENT_TOML.format(state=tmp_path / "laptop"))
+    cli = subprocess.Popen([sys.executable, "-m", "orchestrator", "rollout", "beta", "--config", str(cfg)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "ORCHESTRATOR_SOCKET": running.path})
+    try:
+        wait_for(lambda: boxes["h1"].running == "switch" or cli.poll() is not None, timeout=60,
+                 what="the canary's switch to start")
+        cli.send_signal(signal.SIGINT)
+        _out, err = cli.communicate(timeout=60)
+        assert cli.returncode == 130, err
+        assert "detached from rollout #1: it goes on on the controller" in err
+        assert "`orchestrator rollout status --follow --id 1` re-attaches" in err
+        assert controller.summary(1)["rollout"]["controller"]["alive"] is True
+    finally:
+        hold.set()
+        running.server.shutdown()
+        running.server.server_close()
+    assert run_to_end(controller, 1)["rollout"]["status"] == "succeeded"
