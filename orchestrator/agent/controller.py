@@ -84,7 +84,7 @@ class FleetController:
             return fleet.rollout(args.model, group=args.group, canary=args.canary, batch=args.batch,
                                  max_failures=args.max_failures, rollback_all=args.rollback_all)
 
-        self._spawn(job, lambda: body(self._fleet(job, started_by, on_start)), rid, failed, recorded)
+        self._spawn(job, lambda: _closing(self._fleet(job, started_by, on_start), body), rid, failed, recorded)
         recorded.wait()
         if failed:
             raise failed[0]
@@ -98,7 +98,7 @@ class FleetController:
                            "follow it with `orchestrator rollout status --follow`")
             job = Job("controller", "rollout resume", {"id": ro.id})
             self.runs[ro.id] = job
-        self._spawn(job, lambda: self._fleet(job).drive(ro.id), [ro.id], [], threading.Event())
+        self._spawn(job, lambda: _closing(self._fleet(job), lambda f: f.drive(ro.id)), [ro.id], [], threading.Event())
         return {"id": ro.id, **self.summary(ro.id)}
 
     def abort(self, rid: int | None, rollback_all: bool) -> dict[str, Any]:
@@ -114,7 +114,7 @@ class FleetController:
         if driven:
             return {**self.summary(ro.id), "message": f"abort requested: the controller (agent pid {self.pid}) "
                                                       "stops after its running batch"}
-        self._spawn(job, lambda: self._fleet(job).drive(ro.id, rollback_all=rollback_all or None), [ro.id], [],
+        self._spawn(job, lambda: _closing(self._fleet(job), lambda f: f.drive(ro.id, rollback_all=rollback_all or None)), [ro.id], [],
                     threading.Event())
         return {**self.summary(ro.id), "message": "abort requested: ending it now"}
 
@@ -181,3 +181,11 @@ class FleetController:
             finally:
                 job.unlisten(q)
         yield {"result": self.summary(rid)}
+
+
+def _closing(fleet: Fleet, body: Callable[[Fleet], dict[str, Any]]) -> dict[str, Any]:
+    """Run one rollout's drive, then close its channels to the boxes (one SSH connection per box)."""
+    try:
+        return body(fleet)
+    finally:
+        fleet.close()

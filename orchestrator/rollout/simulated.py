@@ -35,8 +35,13 @@ class SimulatedBox(AgentClient):
         self.open_channels = 0
         self.peak_channels = 0
         self.on_switch: Callable[[str], None] | None = None
+        self.closed = False
         if serving is not None:
             self._record(serving, "active")
+
+    def close(self) -> None:
+        """What a remote client does at the end: its SSH connection closes."""
+        self.closed = True
 
     def switches(self, model: str) -> int:
         """Deployments of ``model`` this box made (the rollout must make exactly one)."""

@@ -66,6 +66,15 @@ def test_rollout_is_recorded_with_who_started_it_and_switches_every_host_once() 
     assert [b.switches("beta") for b in boxes.values()] == [1, 1, 1, 1]
 
 
+def test_a_finished_rollout_closes_its_connections_to_the_boxes() -> None:
+    """The controller lives on after a rollout: the rollout's channels to every box are closed."""
+    controller, boxes, _store = world()
+    run_to_end(controller, controller.start(RolloutStartArgs(model="beta"), "alice")["id"])
+    for t in controller.threads:
+        t.join(timeout=30)
+    assert all(b.closed for b in boxes.values())
+
+
 def test_each_batch_is_recorded_ended_before_the_next_batch_switches() -> None:
     """When a box of batch N starts switching, every host of earlier batches is recorded ended."""
     controller, boxes, store = world()
