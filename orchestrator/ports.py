@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
@@ -17,6 +17,11 @@ from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, Unit
 from orchestrator.core.resident import Residency
 from orchestrator.core.states import Fallback, Phase
 from orchestrator.core.weights import StagedRevision
+
+if TYPE_CHECKING:  # records of the stores below; their modules import adapters, not the other way
+    from orchestrator.adapters.tune_store import TuneResult, TuneRun
+    from orchestrator.core.rollout import HostRecord, Policy, RolloutStatus
+    from orchestrator.rollout.store import Rollout
 
 
 class Shell(Protocol):
@@ -296,6 +301,54 @@ class FrontProxy(Protocol):
     def port_holder(self) -> str | None:
         """When the proxy does not run: what already listens on its address and port, else None."""
         ...
+
+
+class RolloutStore(Protocol):
+    """A controller's record of its rollouts (rollout/store.py; testing.FakeRolloutStore). Each change
+    is durable when the call returns: the controller acts on the next host only after it."""
+
+    path: Any  # where the record lives, as errors name it
+
+    def create(self, model: str, group: str, policy: Policy, gate: str, batches: list[tuple[str, ...]],
+               pid: int, *, started_by: str | None = None, at: float | None = None) -> int: ...
+
+    def set_host(self, rid: int, host: str, **fields: Any) -> None: ...
+
+    def finish(self, rid: int, status: RolloutStatus, reason: str | None, at: float | None = None) -> None: ...
+
+    def take_over(self, rid: int, pid: int) -> None: ...
+
+    def request_abort(self, rid: int) -> None: ...
+
+    def get(self, rid: int) -> Rollout: ...
+
+    def hosts(self, rid: int) -> list[HostRecord]: ...
+
+    def host_times(self, rid: int) -> dict[str, tuple[float | None, float | None]]: ...
+
+    def unfinished(self) -> list[Rollout]: ...
+
+    def latest(self) -> Rollout | None: ...
+
+
+class TuneStore(Protocol):
+    """Tune runs and each candidate's measurement (adapters/tune_store.py; testing.FakeTuneStore); a
+    result is recorded before the next candidate starts, so a resumed run never measures one twice."""
+
+    def create(self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None,
+               at: float) -> TuneRun: ...
+
+    def record(self, r: TuneResult) -> None: ...
+
+    def finish(self, run_id: int, state: str, at: float, result: dict[str, Any] | None) -> None: ...
+
+    def get(self, run_id: int) -> TuneRun: ...
+
+    def unfinished(self, host: str) -> TuneRun | None: ...
+
+    def finished(self, host: str, limit: int = 10) -> list[TuneRun]: ...
+
+    def results(self, run_id: int) -> list[TuneResult]: ...
 
 
 @dataclass

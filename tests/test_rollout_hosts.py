@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator import settings
 from orchestrator.core.render import render_agent_unit
-from tests.hosts import netns
+from tests.hosts import keys, netns
 from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet, boot_hosts
 from tests.hosts.wait import wait_for
@@ -127,6 +127,7 @@ def test_canary_then_batches_succeeds_and_history_shows_the_order(fleet: HostSet
     cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
     done = ctl(cfg, "rollout", "beta", "--json")
     assert done.returncode == 0, done.stderr
+    assert done.stderr.count("runs in this CLI (no controller") == 1, done.stderr  # said once
     summary = json.loads(done.stdout)
     assert summary["rollout"]["status"] == "succeeded"
     assert [(h["host"], h["batch"], h["state"]) for h in summary["hosts"]] == [
@@ -227,7 +228,8 @@ def test_rollout_while_another_runs_on_one_of_its_hosts_is_refused(fleet: HostSe
         (tmp_path / "hooks" / "rollout-pause-after").unlink()
         _out, err = proc.communicate(timeout=300)
     assert second.returncode == 5, second.stderr
-    assert "rollout #1 (beta on group inference) has not finished on h2" in second.stderr
+    assert "rollout #1 (beta on group inference, started by " in second.stderr
+    assert "(this CLI)) has not finished on h2" in second.stderr
     assert proc.returncode == 0, err
     assert [d["outcome"] for d in beta_runs(boxes[1])] == ["active"]
 
@@ -287,3 +289,168 @@ def test_one_hub_download_for_the_group_the_others_copy_from_a_peer(fleet: HostS
         staged = h.run(f"cat /models/test--beta/{SHA}/{SHARDS[1]} | sha256sum").stdout
         assert staged == boxes[0].run(f"cat /models/test--beta/{SHA}/{SHARDS[1]} | sha256sum").stdout
         assert active(h, "vllm-beta.service") == "active"
+
+
+# -- through a controller: the rollout is a job of the controller's agent -------------------------------
+# The controller's agent runs on this machine with its own deploy.toml (the hosts with its SSH key);
+# the clients are CLIs whose deploy.toml has a key no box authorizes, reaching the controller's socket.
+
+
+class Controller:
+    def __init__(self, fleet: HostSet, tmp_path: Path, *, bad_key_on: str | None = None) -> None:
+        self.dir, self.hooks = tmp_path / "ctl", tmp_path / "hooks"
+        self.hooks.mkdir(exist_ok=True)
+        self.socket = str(self.dir / "agent.sock")
+        text = controller_config(fleet, self.dir)
+        stranger = tmp_path / "stranger_ed25519"
+        keys.generate_ed25519(stranger, "not-authorized-anywhere")
+        if bad_key_on is not None:  # that one host does not authorize the controller's key
+            head, _, tail = text.partition(f"[hosts.{bad_key_on}]")
+            text = head + f"[hosts.{bad_key_on}]" + tail.replace(str(fleet.key_path), str(stranger), 1)
+        self.cfg = write_config(tmp_path, text)
+        self.client_cfg = tmp_path / "laptop.toml"  # the laptop's key is authorized nowhere
+        self.client_cfg.write_text(controller_config(fleet, tmp_path / "laptop").replace(str(fleet.key_path),
+                                                                                         str(stranger)))
+        self.proc: subprocess.Popen[str] | None = None
+        self.log_path = tmp_path / "controller.log"
+        self.log = self.log_path.open("a")
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([PY, "-m", "tests.controller_with_hooks", "--pause-dir", str(self.hooks), "agent",
+                                      "--config", str(self.cfg), "--metrics-port", "0"], cwd=REPO, text=True,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        proc = self.proc
+        wait_for(lambda: self.answers() or proc.poll() is not None, timeout=60, what="the controller's agent to answer")
+        assert proc.poll() is None, self.log_path.read_text()
+
+    def answers(self) -> bool:
+        from orchestrator.client.backends import AgentClient
+        from orchestrator.contract.ops import PING
+        from orchestrator.errors import OrchestratorError
+
+        try:
+            AgentClient(self.socket).call(PING, {})
+        except OrchestratorError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return ctl(self.client_cfg, *args, env={"ORCHESTRATOR_SOCKET": self.socket})
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([PY, "-m", "orchestrator", *args, "--config", str(self.client_cfg)], text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, "ORCHESTRATOR_SOCKET": self.socket})
+
+    def hold_after(self, batch: int) -> None:
+        (self.hooks / "rollout-paused").unlink(missing_ok=True)
+        (self.hooks / "rollout-pause-after").write_text(str(batch))
+
+    def await_held(self) -> None:
+        wait_for(lambda: (self.hooks / "rollout-paused").exists(), timeout=180,
+                 what="the controller to hold after its batch")
+
+    def release(self) -> None:
+        (self.hooks / "rollout-pause-after").unlink(missing_ok=True)
+
+
+@pytest.fixture
+def controller(fleet: HostSet, boxes: list[Host], tmp_path: Path) -> Iterator[Controller]:
+    ctl_ = Controller(fleet, tmp_path)
+    start_all(boxes)
+    ctl_.start()
+    try:
+        yield ctl_
+    finally:
+        ctl_.release()
+        ctl_.stop()
+
+
+def test_through_the_controller_the_rollout_survives_the_cli_and_a_second_client_sees_it_end(
+        controller: Controller, boxes: list[Host]) -> None:
+    """The CLI that started it is SIGKILLed after the canary: the rollout goes on in the controller; a
+    second client's `rollout status` shows every host and `status --follow` sees it succeed, each box
+    switched once (through the controller's SSH key: the clients' key is authorized nowhere)."""
+    controller.hold_after(0)
+    first = controller.popen("rollout", "beta")
+    controller.await_held()
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    shown = json.loads(controller.cli("rollout", "status", "--json").stdout)
+    assert shown["rollout"]["status"] == "running" and shown["rollout"]["started_by"]
+    assert states(shown) == {"h1": "switched", "h2": "pending", "h3": "pending", "h4": "pending"}
+    controller.release()
+    followed = controller.cli("rollout", "status", "--follow", "--json")
+    assert followed.returncode == 0, followed.stderr
+    summary = json.loads(followed.stdout)
+    assert summary["rollout"]["status"] == "succeeded" and set(states(summary).values()) == {"switched"}
+    for h in boxes:
+        assert [d["outcome"] for d in beta_runs(h)] == ["active"], h.name
+
+
+def test_abort_from_a_second_client_stops_the_next_batch_and_a_second_rollout_is_refused(
+        controller: Controller, boxes: list[Host]) -> None:
+    """Held after the canary: another rollout of the group exits 5 naming #1 and who started it; abort
+    from another client ends it aborted with h2-h4 never switched."""
+    controller.hold_after(0)
+    first = controller.popen("rollout", "beta", "--json")
+    controller.await_held()
+    second = controller.cli("rollout", "beta")
+    assert second.returncode == 5, second.stderr
+    assert "rollout #1 (beta on group inference, started by " in second.stderr, second.stderr
+    aborted = controller.cli("rollout", "abort")
+    assert aborted.returncode == 0 and "stops after its running batch" in aborted.stdout, aborted.stderr
+    controller.release()
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 1, err
+    summary = json.loads(out)
+    assert summary["rollout"]["status"] == "aborted"
+    assert states(summary) == {"h1": "switched", "h2": "pending", "h3": "pending", "h4": "pending"}
+    for h in boxes[1:]:
+        assert beta_runs(h) == [], h.name
+
+
+def test_the_controllers_agent_killed_between_batches_resumes_on_restart_switching_each_host_once(
+        controller: Controller, boxes: list[Host]) -> None:
+    """SIGKILL the controller's agent after the canary: started again, it resumes the rollout by itself;
+    it succeeds and every box has exactly one beta deployment."""
+    controller.hold_after(0)
+    first = controller.popen("rollout", "beta")
+    controller.await_held()
+    controller.kill()
+    _out, err = first.communicate(timeout=60)
+    assert first.returncode != 0 and "status --follow" in err, err  # it lost the controller: detached
+    controller.release()
+    controller.start()
+    followed = controller.cli("rollout", "status", "--follow", "--json")
+    assert followed.returncode == 0, followed.stderr
+    summary = json.loads(followed.stdout)
+    assert summary["rollout"]["status"] == "succeeded" and set(states(summary).values()) == {"switched"}
+    for h in boxes:
+        assert [d["outcome"] for d in beta_runs(h)] == ["active"], h.name
+
+
+def test_a_host_that_does_not_authorize_the_controllers_key_fails_preflight_naming_it(
+        fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    """h3 does not authorize the controller's key: the rollout is refused naming h3; no box stops alpha."""
+    start_all(boxes)
+    ctl_ = Controller(fleet, tmp_path, bad_key_on="h3")
+    ctl_.start()
+    try:
+        result = ctl_.cli("rollout", "beta")
+    finally:
+        ctl_.stop()
+    assert result.returncode == 4, result.stderr
+    assert "rollout refused before anything stopped" in result.stderr and "h3: host h3" in result.stderr
+    for h in boxes:
+        assert active(h, "vllm-alpha.service") == "active" and beta_runs(h) == [], h.name

@@ -13,6 +13,7 @@ import sdnotify
 import structlog
 
 from orchestrator.agent.config_ops import ConfigRevisions
+from orchestrator.agent.controller import FleetController
 from orchestrator.agent.loadout import Loadout, build
 from orchestrator.agent.loops import Failures, Loop, dead
 from orchestrator.agent.metrics import Metrics
@@ -66,6 +67,9 @@ class Agent:
         self.config_revision = self.configs.record_if_new("agent start") if self.configs else None
         self.ops_factory = ops_factory
         self.dashboard_socket: str | None = None  # where the dashboard serves, once started (status says)
+        # rollouts this agent runs as its fleet's controller (agent/controller.py); test entry points
+        # may replace it before run()
+        self.controller = FleetController(lambda: self.catalog, clock=self.clock, pid=os.getpid())
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -79,6 +83,7 @@ class Agent:
         for host in self.catalog.hosts:  # reconcile what a crash left unfinished, before anything new
             if self.ops.unfinished(host):
                 self._submit("recover", {"host": host}, "recover")
+        self.controller.resume_unfinished()  # a controller that restarted drives its rollouts again
         self.notifier.notify("READY=1")
         self._refresh_metrics()
         for loop in self.loops:

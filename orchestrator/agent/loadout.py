@@ -37,7 +37,8 @@ def build(catalog: Catalog, now: float, *, template: str | None = None) -> Loado
         sched.validate(s)
     next_runs = sched.first_runs(catalog.schedules, now)
     text = template if template is not None else default_template()
-    specs = {name: unit_spec(catalog, model, text) for name, model in catalog.models.items()}
+    # a group model is deployed by each box's own agent (a controller's rollout), never by this one
+    specs = {name: unit_spec(catalog, model, text) for name, model in catalog.models.items() if model.group is None}
     proxy: dict[str, tuple[str, str]] = {}
     if catalog.proxy.enabled:
         cfg_template, unit_template = template_text("haproxy.cfg.j2"), template_text("orchestrator-proxy.service.j2")

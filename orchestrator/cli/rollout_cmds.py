@@ -3,7 +3,10 @@ fleet commands (they read the controller's deploy.toml and reach each box's agen
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -17,9 +20,19 @@ from rich.table import Table
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.cli.options import MAX_HOSTS, MAX_ID, config_option, int_in, json_option
-from orchestrator.cli.target import remote_spec
+from orchestrator.cli.target import backend, remote_spec
+from orchestrator.client.backends import AgentClient
+from orchestrator.contract.ops import (
+    PING,
+    ROLLOUT_ABORT,
+    ROLLOUT_FOLLOW,
+    ROLLOUT_RESUME,
+    ROLLOUT_START,
+    ROLLOUT_STATUS,
+)
+from orchestrator.contract.wire import socket_path
 from orchestrator.core.rollout import RolloutStatus
-from orchestrator.errors import UsageError
+from orchestrator.errors import AgentError, Detached, TransportError, UsageError
 from orchestrator.rollout.fleet import AfterBatch, Fleet
 
 # Set only by code that embeds the CLI (the tests' entry point holds the controller between batches
@@ -81,25 +94,84 @@ class FleetProgress:
         return table
 
 
-def _fleet(config: str | None, command: str, report: FleetProgress | None = None) -> Fleet:
+def _fleet(config: str | None, command: str, report: FleetProgress | None = None, *,
+           on_start: Callable[[int], None] | None = None) -> Fleet:
     spec = remote_spec()
     if spec is not None:
         raise UsageError(f"{command} runs on the controller and reaches every box's agent itself; drop "
                          f"--host {spec} (the hosts come from the controller's deploy.toml)")
-    fleet = Fleet(settings.load(config), report=report, after_batch=after_batch_hook)
+    fleet = Fleet(settings.load(config), report=report, after_batch=after_batch_hook, on_start=on_start,
+                  started_by=f"{getpass.getuser()}@{socket.gethostname()} (this CLI)")
     click.get_current_context().call_on_close(fleet.close)
     return fleet
 
 
-def _run(config: str | None, command: str, as_json: bool, call: Callable[[Fleet], dict[str, Any]]) -> None:
+def _controller(config: str | None) -> AgentClient | None:
+    """The agent that runs the fleet's rollouts: --host CTL, else an agent running with this
+    deploy.toml (its socket answers); None: no controller, the rollout runs in this CLI."""
+    if remote_spec() is not None:
+        client = backend(config)
+        assert isinstance(client, AgentClient)
+        return client
+    path = socket_path(settings.load(config).state_dir)
+    if not os.path.exists(path):
+        return None
+    local = AgentClient(path)
+    try:
+        local.call(PING, {})
+    except AgentError as exc:
+        if "permission denied" in str(exc) or "may not use the agent" in str(exc):
+            raise
+        return None  # a stale socket: nothing answers there
+    return local
+
+
+def _no_controller_note(rid: int) -> None:
+    click.echo(f"note: rollout #{rid} runs in this CLI (no controller: give --host CTL, or run the agent with "
+               "this deploy.toml); if this CLI stops, `orchestrator rollout resume` finishes it", err=True)
+
+
+def _run(config: str | None, command: str, as_json: bool, call: Callable[[Fleet], dict[str, Any]],
+         on_start: Callable[[int], None] | None = None) -> None:
     progress = FleetProgress(quiet=as_json)
     try:
-        result = call(_fleet(config, command, progress))
+        result = call(_fleet(config, command, progress, on_start=on_start))
     finally:
         progress.close()
     _print(result, as_json)
     if result["rollout"]["status"] not in (RolloutStatus.SUCCEEDED.value, RolloutStatus.RUNNING.value):
         sys.exit(1)
+
+
+def _follow(client: AgentClient, rid: int, as_json: bool) -> None:
+    """Stream a controller's rollout to its end; Ctrl-C or a lost connection detach (it goes on there)."""
+    progress = FleetProgress(quiet=as_json)
+    again = f"`orchestrator {client.follow_hint}rollout status --follow --id {rid}` re-attaches"
+    try:
+        result = client.call(ROLLOUT_FOLLOW, {"id": rid},
+                             lambda event, fields: progress(str(fields.pop("group_host", "")), event, fields))
+    except (KeyboardInterrupt, Detached):  # the client turns Ctrl-C into Detached; either way: ours
+        raise Detached(f"detached from rollout #{rid}: it goes on on the controller; {again}") from None
+    except (AgentError, TransportError) as exc:
+        lost = type(exc)(f"lost the controller while following rollout #{rid} ({str(exc).splitlines()[0]}); the "
+                         f"rollout is the controller's and goes on there (or resumes when its agent restarts); "
+                         f"{again}")
+        lost.exit_code = exc.exit_code
+        raise lost from None
+    finally:
+        progress.close()
+    _print(result, as_json)
+    if result["rollout"]["status"] not in (RolloutStatus.SUCCEEDED.value, RolloutStatus.RUNNING.value):
+        sys.exit(1)
+
+
+def _started(client: AgentClient, answer: dict[str, Any], as_json: bool) -> None:
+    ro = answer["rollout"]
+    if not as_json:
+        click.echo(f"rollout #{answer['id']} {ro['model']} on group {ro['group']}: run by the controller "
+                   f"(agent pid {ro['controller']['pid']}), started by {ro.get('started_by') or 'unknown'}; "
+                   "Ctrl-C detaches", err=True)
+    _follow(client, int(answer["id"]), as_json)
 
 
 def _print(result: dict[str, Any], as_json: bool) -> None:
@@ -108,7 +180,8 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
         return
     ro = result["rollout"]
     why = f": {ro['reason']}" if ro.get("reason") else ""
-    click.echo(f"rollout #{ro['id']} {ro['model']} on group {ro['group']}: {ro['status']}{why}")
+    who = f" (started by {ro['started_by']})" if ro.get("started_by") else ""
+    click.echo(f"rollout #{ro['id']} {ro['model']} on group {ro['group']}{who}: {ro['status']}{why}")
     for h in result["hosts"]:
         extra = " ".join(x for x in (f"deployment #{h['deployment_id']}" if h["deployment_id"] else "",
                                      h["outcome"] or "", h["error"] or "") if x)
@@ -142,9 +215,17 @@ def rollout() -> None:
 @json_option
 def start(model: str, config: str | None, group: str | None, canary: int | None, batch: int | None,
           max_failures: int | None, rollback_all: bool, as_json: bool) -> None:
-    """Stage MODEL on every host (one hub download), then switch canary and batches through each agent."""
+    """Stage MODEL on every host (one hub download), then switch canary and batches through each agent.
+    With a controller (--host CTL, or the agent of this deploy.toml) the rollout is its job."""
+    client = _controller(config)
+    if client is not None:
+        args = {"model": model, "group": group, "canary": canary, "batch": batch, "max_failures": max_failures,
+                "rollback_all": rollback_all}
+        _started(client, client.call(ROLLOUT_START, args), as_json)
+        return
     _run(config, "rollout", as_json, lambda f: f.rollout(model, group=group, canary=canary, batch=batch,
-                                                         max_failures=max_failures, rollback_all=rollback_all))
+                                                         max_failures=max_failures, rollback_all=rollback_all),
+         on_start=_no_controller_note)
 
 
 @rollout.command("resume")
@@ -153,6 +234,10 @@ def start(model: str, config: str | None, group: str | None, canary: int | None,
 @json_option
 def resume(config: str | None, rid: int | None, as_json: bool) -> None:
     """Finish a rollout whose controller died: hosts that already ended are never switched twice."""
+    client = _controller(config)
+    if client is not None:
+        _started(client, client.call(ROLLOUT_RESUME, {"id": rid}), as_json)
+        return
     _run(config, "rollout resume", as_json, lambda f: f.resume(rid))
 
 
@@ -163,15 +248,31 @@ def resume(config: str | None, rid: int | None, as_json: bool) -> None:
 @json_option
 def abort(config: str | None, rid: int | None, rollback_all: bool, as_json: bool) -> None:
     """Start no further batch (a running controller stops after its batch); --rollback-all reverts."""
+    client = _controller(config)
+    if client is not None:
+        _print(client.call(ROLLOUT_ABORT, {"id": rid, "rollback_all": rollback_all}), as_json)
+        return
     _run(config, "rollout abort", as_json, lambda f: f.abort(rid, rollback_all=rollback_all))
 
 
 @rollout.command("status")
 @config_option
 @click.option("--id", "rid", type=int_in(1, MAX_ID), default=None, help="which rollout (default: the latest)")
+@click.option("--follow", is_flag=True, help="re-attach: stream the controller's rollout to its end")
 @json_option
-def rollout_status(config: str | None, rid: int | None, as_json: bool) -> None:
+def rollout_status(config: str | None, rid: int | None, follow: bool, as_json: bool) -> None:
     """The recorded rollout: each host's batch, state, deployment id and outcome (no box is contacted)."""
+    client = _controller(config)
+    if client is not None:
+        if follow:
+            shown = client.call(ROLLOUT_STATUS, {"id": rid})
+            _follow(client, int(shown["rollout"]["id"]), as_json)
+            return
+        _print(client.call(ROLLOUT_STATUS, {"id": rid}), as_json)
+        return
+    if follow:
+        raise UsageError("rollout status --follow re-attaches to a controller's rollout: give --host CTL (or run "
+                         "the agent with this deploy.toml); an in-CLI rollout is followed where it runs")
     _print(_fleet(config, "rollout status").summary(rid), as_json)
 
 

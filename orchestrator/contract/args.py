@@ -70,3 +70,23 @@ class HistoryArgs(HostArgs):
 class ConfigPushArgs(Args):
     text: str = Field(max_length=900_000)
     name: str | None = Field(None, max_length=200)
+
+
+class RolloutStartArgs(ModelArgs):
+    """A fleet rollout the controller's agent runs (rollout/fleet.py); None: the group's own setting."""
+
+    group: str | None = Field(None, max_length=200)
+    canary: int | None = Field(None, ge=0, le=10_000)
+    batch: int | None = Field(None, ge=1, le=10_000)
+    max_failures: int | None = Field(None, ge=0, le=10_000)
+    rollback_all: bool = False
+
+
+class RolloutIdArgs(Args):
+    """Which rollout (None: the unfinished one, or for status the latest)."""
+
+    id: int | None = Field(None, ge=1, le=2**62)
+
+
+class RolloutAbortArgs(RolloutIdArgs):
+    rollback_all: bool = False

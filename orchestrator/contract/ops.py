@@ -27,6 +27,9 @@ from orchestrator.contract.args import (
     ModelsArgs,
     NoArgs,
     RollbackArgs,
+    RolloutAbortArgs,
+    RolloutIdArgs,
+    RolloutStartArgs,
     StageArgs,
     SwitchArgs,
 )
@@ -36,6 +39,7 @@ from orchestrator.errors import AgentError, UsageError
 from orchestrator.ports import ProgressCallback
 
 if TYPE_CHECKING:
+    from orchestrator.agent.controller import FleetController
     from orchestrator.deploy.operations import Operations
 
 A = TypeVar("A", bound=Args)
@@ -76,6 +80,9 @@ class AgentSide(Protocol):
     def config_push(self, text: str, name: str | None, caller: Caller) -> dict[str, Any]: ...
 
     def follow(self, host: str | None) -> Iterator[dict[str, Any]]: ...
+
+    @property
+    def controller(self) -> FleetController: ...
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,20 @@ CONFIG_SHOW: Operation[NoArgs, dict[str, Any]] = Operation(
 CONFIG_PUSH: Operation[ConfigPushArgs, dict[str, Any]] = Operation(
     "config_push", ConfigPushArgs, dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
     who=Who.MEMBERS_ROOT_FOR_PRIVILEGED)
+# A fleet's rollouts, run by the controller's agent (agent/controller.py), whoever asks: start returns
+# once the rollout is recorded (preflight refusals come back here), follow streams it to its end.
+ROLLOUT_START: Operation[RolloutStartArgs, dict[str, Any]] = Operation(
+    "rollout_start", RolloutStartArgs, dict, "rollout", agent=lambda ag, a, c: ag.controller.start(a, c.trigger))
+ROLLOUT_FOLLOW: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
+    "rollout_follow", RolloutIdArgs, dict, "rollout status --follow",
+    stream=lambda ag, a: ag.controller.follow(a.id))
+ROLLOUT_STATUS: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
+    "rollout_status", RolloutIdArgs, dict, "rollout status", agent=lambda ag, a, c: ag.controller.summary(a.id))
+ROLLOUT_RESUME: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
+    "rollout_resume", RolloutIdArgs, dict, "rollout resume", agent=lambda ag, a, c: ag.controller.resume(a.id))
+ROLLOUT_ABORT: Operation[RolloutAbortArgs, dict[str, Any]] = Operation(
+    "rollout_abort", RolloutAbortArgs, dict, "rollout abort",
+    agent=lambda ag, a, c: ag.controller.abort(a.id, a.rollback_all))
 
 # Every entry above, in the order declared: a new one needs no second listing.
 OPERATIONS: dict[str, Operation[Any, Any]] = {

@@ -10,8 +10,8 @@ controller that dies leaves every box either untouched, or with an agent that fi
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,15 @@ from orchestrator.core import rollout as core
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.rollout import HostState, RolloutStatus
 from orchestrator.errors import Busy, OrchestratorError, TransportError, UsageError
+from orchestrator.ports import Clock
+from orchestrator.ports import RolloutStore as RolloutRecord
 from orchestrator.rollout.fanout import Call, run_all
 from orchestrator.rollout.preflight import check_boxes, refuse
 from orchestrator.rollout.store import Rollout, RolloutStore
 
 Report = Callable[[str, str, dict[str, Any]], None]  # host, event, fields
 AfterBatch = Callable[[int], None]  # called after each batch has switched (tests hold the controller here)
+Driven = Callable[[Rollout], bool]  # whether a live controller drives this rollout now
 
 
 def remote_client(host: Host) -> AgentClient:
@@ -37,13 +40,26 @@ def remote_client(host: Host) -> AgentClient:
 
 class Fleet:
     def __init__(self, catalog: Catalog, *, connect: Callable[[Host], AgentClient] = remote_client,
-                 report: Report | None = None, store: RolloutStore | None = None,
-                 after_batch: AfterBatch | None = None) -> None:
+                 report: Report | None = None, store: RolloutRecord | None = None,
+                 after_batch: AfterBatch | None = None, clock: Clock | None = None, pid: int | None = None,
+                 started_by: str | None = None, driven: Driven | None = None,
+                 on_start: Callable[[int], None] | None = None,
+                 starting: AbstractContextManager[Any] | None = None) -> None:
+        """``pid``: the controller's (this process, or the agent that drives rollouts); ``driven``:
+        how this controller tells a live rollout from one whose controller died (default: its pid
+        runs orchestrator); ``on_start``: told the new rollout's id once it is recorded."""
         self.catalog = catalog
         self.after_batch = after_batch
         self.connect = connect
         self.report = report or (lambda h, e, f: None)
-        self.store = store or RolloutStore(Path(catalog.state_dir) / "rollouts.db", group=catalog.socket_group)
+        self.store: RolloutRecord = store or RolloutStore(Path(catalog.state_dir) / "rollouts.db",
+                                                          group=catalog.socket_group)
+        self.clock = clock or _system_clock()
+        self.pid = os.getpid() if pid is None else pid
+        self.started_by = started_by
+        self.driven: Driven = driven or (lambda ro: ro.pid == self.pid or _alive(ro.pid))
+        self.on_start = on_start
+        self.starting = starting or nullcontext()  # the last overlap check and the record as one step
         self.clients: dict[str, AgentClient] = {}
 
     def close(self) -> None:
@@ -69,9 +85,14 @@ class Fleet:
                              max_failures=grp.max_failures if max_failures is None else max_failures,
                              rollback_all=rollback_all)
         batches = core.plan(list(grp.hosts), policy.canary, policy.batch)
-        self._no_overlap(grp.hosts)
+        self._no_overlap(group_name, grp.hosts)
         views = check_boxes(self._clients(list(grp.hosts)), model)
-        rid = self.store.create(model.name, group_name, policy, grp.gate, batches, os.getpid())
+        with self.starting:
+            self._no_overlap(group_name, grp.hosts)  # again: another client may have started one meanwhile
+            rid = self.store.create(model.name, group_name, policy, grp.gate, batches, self.pid,
+                                    started_by=self.started_by, at=self.clock.now())
+            if self.on_start is not None:
+                self.on_start(rid)
         for host, view in views.items():
             self.store.set_host(rid, host, baseline_id=view.baseline_id)
             self.report(host, "rollout_host", {"batch": _batch_of(batches, host), "state": "pending",
@@ -91,13 +112,15 @@ class Fleet:
             raise UsageError(f"unknown group {name!r} (known: {known})")
         return model, name
 
-    def _no_overlap(self, hosts: tuple[str, ...]) -> None:
+    def _no_overlap(self, group: str, hosts: tuple[str, ...]) -> None:
+        """One rollout at a time per group and per box: a second one is refused naming the first."""
         for ro in self.store.unfinished():
             shared = sorted(set(hosts) & {r.host for r in self.store.hosts(ro.id)})
-            if shared:
-                raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}) has not finished on "
-                           f"{', '.join(shared)}: `orchestrator rollout resume` or `orchestrator rollout abort` "
-                           "first")
+            if shared or ro.group == group:
+                who = f", started by {ro.started_by}" if ro.started_by else ""
+                where = f"on {', '.join(shared)}" if shared else f"on group {group}"
+                raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) has not finished {where}: "
+                           "`orchestrator rollout resume` or `orchestrator rollout abort` first")
 
     def _stage(self, rid: int, model: Model, order: list[str], seed: str | None) -> None:
         """Every host stages before any stops: the seed from the hub, the others from the seed."""
@@ -114,7 +137,7 @@ class Fleet:
                             self._event)
         errors = {h: r for h, r in done.items() if isinstance(r, OrchestratorError)}
         if errors:
-            self.store.finish(rid, RolloutStatus.FAILED, f"staging failed on {', '.join(errors)}")
+            self.store.finish(rid, RolloutStatus.FAILED, f"staging failed on {', '.join(errors)}", self.clock.now())
             raise refuse(errors, "staging")
         for h in order:
             self.store.set_host(rid, h, state=HostState.STAGED)
@@ -144,10 +167,10 @@ class Fleet:
             elif decision.kind == "stop":
                 self._revert(ro, decision.revert)
                 status = RolloutStatus.ABORTED if ro.abort_requested else RolloutStatus.FAILED
-                self.store.finish(rid, status, decision.reason)
+                self.store.finish(rid, status, decision.reason, self.clock.now())
                 return self.summary(rid)
             else:
-                self.store.finish(rid, RolloutStatus.SUCCEEDED, None)
+                self.store.finish(rid, RolloutStatus.SUCCEEDED, None, self.clock.now())
                 return self.summary(rid)
 
     def _event(self, host: str, event: str, fields: dict[str, Any]) -> None:
@@ -156,7 +179,7 @@ class Fleet:
     def _switch(self, ro: Rollout, hosts: tuple[str, ...]) -> None:
         clients = self._clients(list(hosts))
         for h in hosts:
-            self.store.set_host(ro.id, h, state=HostState.SWITCHING, switched_at=time.time())
+            self.store.set_host(ro.id, h, state=HostState.SWITCHING, switched_at=self.clock.now())
             self.report(h, "rollout_host", {"state": "switching"})
         results = run_all([Call(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
         lost = [h for h, r in results.items() if isinstance(r, TransportError)]
@@ -175,7 +198,7 @@ class Fleet:
         else:
             fields = {"state": core.state_of_outcome(str(result["outcome"])), "outcome": result["outcome"],
                       "deployment_id": result.get("id"), "error": result.get("error")}
-        self.store.set_host(ro.id, host, ended_at=time.time(), **fields)
+        self.store.set_host(ro.id, host, ended_at=self.clock.now(), **fields)
         self.report(host, "rollout_host", {"state": str(fields["state"]), "outcome": fields.get("outcome"),
                                            "error": fields.get("error")})
 
@@ -208,7 +231,7 @@ class Fleet:
                 error = (f"deployment #{newest['id']} of {ro.model} became active, but the box serves "
                          f"{serving or 'nothing'} now (switched by another operation since)")
                 self.store.set_host(ro.id, h, state=HostState.FAILED, outcome="superseded",
-                                    deployment_id=newest["id"], error=error, ended_at=time.time())
+                                    deployment_id=newest["id"], error=error, ended_at=self.clock.now())
                 self.report(h, "rollout_host", {"state": "failed", "outcome": "superseded", "error": error})
             elif action == "switch":
                 self.store.set_host(ro.id, h, state=HostState.STAGED)
@@ -283,19 +306,26 @@ class Fleet:
 
     def resume(self, rid: int | None = None) -> dict[str, Any]:
         ro = self._unfinished(rid)
-        _not_driven_elsewhere(ro)
-        self.store.take_over(ro.id, os.getpid())
+        if self.driven(ro):
+            raise Busy(f"rollout #{ro.id} is still driven by controller pid {ro.pid}; abort it with "
+                       "`orchestrator rollout abort`")
+        self.store.take_over(ro.id, self.pid)
         return self._drive(ro.id)
+
+    def drive(self, rid: int, *, rollback_all: bool | None = None) -> dict[str, Any]:
+        """Drive a recorded rollout as its controller now (the caller made sure no other one does)."""
+        self.store.take_over(rid, self.pid)
+        return self._drive(rid, rollback_all=rollback_all)
 
     def abort(self, rid: int | None = None, *, rollback_all: bool = False) -> dict[str, Any]:
         """Stop starting batches; a live controller stops after its batch, a dead one's rollout ends here
         (in-flight switches are followed to their end first)."""
         ro = self._unfinished(rid)
         self.store.request_abort(ro.id)
-        if _alive(ro.pid) and ro.pid != os.getpid():
+        if self.driven(ro):
             return {**self.summary(ro.id), "message": f"abort requested: the controller (pid {ro.pid}) stops "
                                                       "after its running batch"}
-        self.store.take_over(ro.id, os.getpid())
+        self.store.take_over(ro.id, self.pid)
         return self._drive(ro.id, rollback_all=rollback_all or None)
 
     def summary(self, rid: int | None = None) -> dict[str, Any]:
@@ -307,7 +337,7 @@ class Fleet:
                   "outcome": r.outcome, "error": r.error, "switched_at": times[r.host][0],
                   "ended_at": times[r.host][1]} for r in self.store.hosts(ro.id)]
         shown = ro.to_dict()
-        alive = ro.pid == os.getpid() or _alive(ro.pid)
+        alive = self.driven(ro)
         shown["controller"] = {"pid": ro.pid, "alive": alive}
         if ro.status is RolloutStatus.RUNNING and not alive:
             # recorded as running, but nothing drives it: its controller died (kill -9, a lost machine)
@@ -331,8 +361,8 @@ def _alive(pid: int | None) -> bool:
     return b"orchestrator" in cmdline
 
 
-def _not_driven_elsewhere(ro: Rollout) -> None:
-    if ro.pid != os.getpid() and _alive(ro.pid):
-        raise Busy(f"rollout #{ro.id} is still driven by controller pid {ro.pid}; abort it with "
-                   "`orchestrator rollout abort`")
+def _system_clock() -> Clock:
+    from orchestrator.adapters.clock import SystemClock
+
+    return SystemClock()
 

@@ -56,7 +56,12 @@ def _to_v1(db: sqlite3.Connection, path: str) -> None:
     create_or_adopt(db, path, "rollout store", "rollouts", _V1)
 
 
-_MIGRATIONS: tuple[Migration, ...] = (_to_v1,)
+def _to_v2(db: sqlite3.Connection, path: str) -> None:
+    """Who started each rollout, as its controller saw them (the agent's view of the caller)."""
+    db.execute("ALTER TABLE rollouts ADD COLUMN started_by TEXT")
+
+
+_MIGRATIONS: tuple[Migration, ...] = (_to_v1, _to_v2)
 ROLLOUT_SCHEMA_VERSION = len(_MIGRATIONS)
 _S = TypeVar("_S", HostState, RolloutStatus)
 
@@ -75,12 +80,14 @@ class Rollout:
     pid: int | None
     abort_requested: bool
     reason: str | None
+    started_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "group": self.group, "status": self.status.value,
                 "canary": self.canary, "batch": self.policy.batch, "max_failures": self.policy.max_failures,
                 "rollback_all": self.policy.rollback_all, "gate": self.gate, "started_at": self.started_at,
-                "ended_at": self.ended_at, "reason": self.reason}
+                "ended_at": self.ended_at, "reason": self.reason,
+                "started_by": self.started_by}
 
 
 class RolloutStore(SqliteFile):
@@ -91,13 +98,13 @@ class RolloutStore(SqliteFile):
 
     # -- writing ------------------------------------------------------------------------------------
     def create(self, model: str, group: str, policy: Policy, gate: str, batches: list[tuple[str, ...]],
-               pid: int) -> int:
+               pid: int, *, started_by: str | None = None, at: float | None = None) -> int:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO rollouts (model, grp, status, canary, batch, max_failures, rollback_all, gate, "
-                "started_at, pid) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "started_at, pid, started_by) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (model, group, RolloutStatus.RUNNING.value, policy.canary, policy.batch, policy.max_failures,
-                 int(policy.rollback_all), gate, time.time(), pid))
+                 int(policy.rollback_all), gate, time.time() if at is None else at, pid, started_by))
             rid = int(cur.lastrowid or 0)
             position = 0
             for number, batch in enumerate(batches):
@@ -118,10 +125,10 @@ class RolloutStore(SqliteFile):
             db.execute(f"UPDATE rollout_hosts SET {cols} WHERE rollout_id = ? AND host = ?",
                        (*values.values(), rid, host))
 
-    def finish(self, rid: int, status: RolloutStatus, reason: str | None) -> None:
+    def finish(self, rid: int, status: RolloutStatus, reason: str | None, at: float | None = None) -> None:
         with self._tx() as db:
             db.execute("UPDATE rollouts SET status = ?, reason = ?, ended_at = ? WHERE id = ?",
-                       (status.value, reason, time.time(), rid))
+                       (status.value, reason, time.time() if at is None else at, rid))
 
     def take_over(self, rid: int, pid: int) -> None:
         with self._tx() as db:
@@ -169,4 +176,5 @@ class RolloutStore(SqliteFile):
         return Rollout(id=row["id"], model=row["model"], group=row["grp"],
                        status=self._value(RolloutStatus, row["status"], row["id"]), policy=policy,
                        canary=row["canary"], gate=row["gate"], started_at=row["started_at"], ended_at=row["ended_at"],
-                       pid=row["pid"], abort_requested=bool(row["abort_requested"]), reason=row["reason"])
+                       pid=row["pid"], abort_requested=bool(row["abort_requested"]), reason=row["reason"],
+                       started_by=row["started_by"])

@@ -30,6 +30,8 @@ SAMPLE_ARGS: dict[str, dict[str, Any]] = {
     "stage": {"model": "alpha"}, "status": {}, "check_together": {"models": ["alpha", "gamma"]},
     "explain": {"model": "alpha"}, "history": {}, "schedules": {}, "ping": {}, "follow": {},
     "config_show": {}, "config_push": {"text": ""},
+    "rollout_start": {"model": "alpha"}, "rollout_follow": {}, "rollout_status": {}, "rollout_resume": {},
+    "rollout_abort": {},
 }
 
 
@@ -108,10 +110,12 @@ def test_every_in_process_operation_calls_an_operations_method(tmp_path: Path) -
 
 
 def test_agent_only_operations_have_an_agent_answer_and_no_in_process_one() -> None:
-    """config show/push are answered by an agent only: an agent answer, no in-process run."""
+    """config show/push and a controller's rollouts are answered by an agent only: an agent answer (or
+    stream), no in-process run."""
     agent_only = sorted(op.name for op in OPERATIONS.values() if op.agent_only)
-    assert agent_only == ["config_push", "config_show"]
-    assert all(OPERATIONS[name].agent is not None for name in agent_only)
+    assert agent_only == ["config_push", "config_show", "rollout_abort", "rollout_follow", "rollout_resume",
+                          "rollout_start", "rollout_status"]
+    assert all(OPERATIONS[name].agent is not None or OPERATIONS[name].stream is not None for name in agent_only)
 
 
 def test_every_operation_answers_in_an_agent(tmp_path: Path) -> None:

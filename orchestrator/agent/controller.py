@@ -1,0 +1,191 @@
+"""The fleet controller: rollouts as jobs of one agent, not of the CLI that asked for them.
+
+Any agent whose deploy.toml has groups is a controller. A rollout runs in a thread of this agent
+(rollout/fleet.py, the same code as an in-CLI rollout) and reaches the group's agents with this
+agent's SSH identity (the hosts' ``ssh_key`` and ``known_hosts`` in its deploy.toml); clients only
+start, follow, abort or resume it, so a client that goes away detaches and nothing else. Every step
+is recorded in <state_dir>/rollouts.db first, so an agent that restarts resumes each unfinished
+rollout and never switches a host twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from orchestrator.agent.server import _DONE, Job
+from orchestrator.client.backends import AgentClient
+from orchestrator.contract.args import RolloutStartArgs
+from orchestrator.contract.wire import error_reply
+from orchestrator.core.catalog import Catalog, Host
+from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
+from orchestrator.ports import Clock
+from orchestrator.ports import RolloutStore as RolloutRecord
+from orchestrator.rollout.fleet import AfterBatch, Fleet, remote_client
+
+log = structlog.get_logger()
+
+# Set only by code that embeds the agent (the tests' entry point holds the controller between batches
+# with it); no flag or environment variable reaches it.
+after_batch_hook: AfterBatch | None = None
+
+
+class FleetController:
+    def __init__(self, catalog: Callable[[], Catalog], *, clock: Clock, pid: int,
+                 store: RolloutRecord | None = None, connect: Callable[[Host], AgentClient] = remote_client,
+                 after_batch: AfterBatch | None = None) -> None:
+        self.catalog, self.clock, self.pid, self.connect = catalog, clock, pid, connect
+        self.after_batch = after_batch or after_batch_hook
+        self._store = store
+        self.runs: dict[int, Job] = {}  # the rollouts this agent drives now
+        self.lock = threading.Lock()  # guards runs
+        self.starting = threading.Lock()  # one start at a time: the overlap check and the record are one step
+        self.threads: list[threading.Thread] = []
+
+    @property
+    def store(self) -> RolloutRecord:
+        if self._store is None:  # opened on first use: an agent that never controls keeps no rollouts.db
+            from orchestrator.rollout.store import RolloutStore
+
+            cat = self.catalog()
+            self._store = RolloutStore(Path(cat.state_dir) / "rollouts.db", group=cat.socket_group)
+        return self._store
+
+    def _fleet(self, job: Job | None, started_by: str | None = None,
+               on_start: Callable[[int], None] | None = None) -> Fleet:
+        def report(host: str, event: str, fields: dict[str, Any]) -> None:
+            if job is not None:
+                job.publish({"event": event, "fields": {**fields, "group_host": host}})
+
+        return Fleet(self.catalog(), connect=self.connect, report=report, store=self.store,
+                     after_batch=self.after_batch, clock=self.clock, pid=self.pid, started_by=started_by,
+                     driven=lambda ro: ro.id in self.runs, on_start=on_start,
+                     starting=self.starting)
+
+    # -- starting and driving -------------------------------------------------------------------
+    def start(self, args: RolloutStartArgs, started_by: str | None) -> dict[str, Any]:
+        """Preflight and record here (refusals go back to the caller), then drive in the background."""
+        job = Job("controller", "rollout", args.model_dump())
+        recorded = threading.Event()
+        rid: list[int] = []
+        failed: list[OrchestratorError] = []
+
+        def on_start(new: int) -> None:
+            rid.append(new)
+            with self.lock:
+                self.runs[new] = job
+            recorded.set()
+
+        def body(fleet: Fleet) -> dict[str, Any]:
+            return fleet.rollout(args.model, group=args.group, canary=args.canary, batch=args.batch,
+                                 max_failures=args.max_failures, rollback_all=args.rollback_all)
+
+        self._spawn(job, lambda: _closing(self._fleet(job, started_by, on_start), body), rid, failed, recorded)
+        recorded.wait()
+        if failed:
+            raise failed[0]
+        return {"id": rid[0], **self.summary(rid[0])}
+
+    def resume(self, rid: int | None) -> dict[str, Any]:
+        ro = self._fleet(None)._unfinished(rid)
+        with self.lock:
+            if ro.id in self.runs:
+                raise Busy(f"rollout #{ro.id} is already driven by this controller (agent pid {self.pid}): "
+                           "follow it with `orchestrator rollout status --follow`")
+            job = Job("controller", "rollout resume", {"id": ro.id})
+            self.runs[ro.id] = job
+        self._spawn(job, lambda: _closing(self._fleet(job), lambda f: f.drive(ro.id)), [ro.id], [], threading.Event())
+        return {"id": ro.id, **self.summary(ro.id)}
+
+    def abort(self, rid: int | None, rollback_all: bool) -> dict[str, Any]:
+        """A driven rollout stops after its running batch; one nothing drives ends here, in the background."""
+        fleet = self._fleet(None)
+        ro = fleet._unfinished(rid)
+        with self.lock:
+            driven = ro.id in self.runs
+            self.store.request_abort(ro.id)
+            if not driven:
+                job = Job("controller", "rollout abort", {"id": ro.id})
+                self.runs[ro.id] = job
+        if driven:
+            return {**self.summary(ro.id), "message": f"abort requested: the controller (agent pid {self.pid}) "
+                                                      "stops after its running batch"}
+        self._spawn(job, lambda: _closing(self._fleet(job), lambda f: f.drive(ro.id, rollback_all=rollback_all or None)), [ro.id], [],
+                    threading.Event())
+        return {**self.summary(ro.id), "message": "abort requested: ending it now"}
+
+    def resume_unfinished(self) -> None:
+        """At agent start: every rollout recorded as running is driven again (resume never switches twice)."""
+        cat = self.catalog()
+        if self._store is None and not (Path(cat.state_dir) / "rollouts.db").exists():
+            return
+        for ro in self.store.unfinished():
+            log.info("rollout_resumed", rollout=ro.id, model=ro.model, group=ro.group)
+            try:
+                self.resume(ro.id)
+            except OrchestratorError as exc:
+                log.warning("rollout_resume_failed", rollout=ro.id, error=str(exc))
+
+    def _spawn(self, job: Job, body: Callable[[], dict[str, Any]], rid: list[int],
+               failed: list[OrchestratorError], recorded: threading.Event) -> None:
+        def run() -> None:
+            try:
+                job.result = {"result": body()}
+            except OrchestratorError as exc:
+                log.warning("rollout_stopped", rollout=rid[0] if rid else None, error=str(exc))
+                failed.append(exc)
+                job.result = error_reply(exc)
+            except Exception as exc:  # the agent's top loop: a crashed rollout must not take the agent
+                log.exception("rollout_crashed", rollout=rid[0] if rid else None)
+                failed.append(AgentError(f"the rollout crashed: {exc!r}"))
+                job.result = error_reply(failed[-1])
+            finally:
+                with self.lock:
+                    if rid:
+                        self.runs.pop(rid[0], None)
+                job.done.set()
+                job.publish(_DONE)
+                recorded.set()
+
+        thread = threading.Thread(target=run, name="rollout", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    # -- watching -------------------------------------------------------------------------------
+    def summary(self, rid: int | None) -> dict[str, Any]:
+        out = self._fleet(None).summary(rid)
+        out["rollout"]["controller"] = {"pid": self.pid, "alive": out["rollout"]["id"] in self.runs,
+                                        "agent": True}
+        return out
+
+    def follow(self, rid: int | None) -> Iterator[dict[str, Any]]:
+        """The rollout's progress until it ends (from now on), then its summary; a rollout that is not
+        driven here answers its summary at once."""
+        if rid is None:
+            open_ = self.store.unfinished()
+            latest = self.store.latest()
+            if latest is None:
+                raise UsageError(f"no rollout recorded in {self.store.path}")
+            rid = open_[-1].id if open_ else latest.id
+        with self.lock:
+            job = self.runs.get(rid)
+            q = job.listen() if job is not None else None
+        if job is not None and q is not None:
+            try:
+                while (item := q.get()) is not _DONE:
+                    yield item
+            finally:
+                job.unlisten(q)
+        yield {"result": self.summary(rid)}
+
+
+def _closing(fleet: Fleet, body: Callable[[Fleet], dict[str, Any]]) -> dict[str, Any]:
+    """Run one rollout's drive, then close its channels to the boxes (one SSH connection per box)."""
+    try:
+        return body(fleet)
+    finally:
+        fleet.close()
