@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 from process_units import ProcessUnits, describe, parse_unit
+from vllm_compare import Workers, compare, print_table, vllm_runs
 from vllm_compare import add_args as add_compare_args
-from vllm_compare import compare, print_table
 
 from orchestrator import settings
 from orchestrator.adapters.clock import SystemClock
@@ -244,7 +244,8 @@ def orphan_check(rig: Rig, spec: UnitSpec, ctx: StepContext) -> None:
         check("orphan_reaped", False, str(exc))
 
 
-def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str, strict: bool) -> None:
+def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str, strict: bool,
+                  workers: Workers | None = None) -> None:
     a = argparse.Namespace(**vars(rig.a))
     a.url, a.model, a.levels, a.rounds = spec.base_url, spec.served_name, levels, rounds
     a.tokenizer = rig.a.tokenizer or rig.a.model_dir
@@ -253,7 +254,7 @@ def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str,
     for pid in rig.units.cgroup_pids(spec.unit_name):
         if "EngineCor" in describe(pid):
             watch["engine_core"] = pid
-    summary = compare(a, watch=watch)
+    summary = compare(a, watch=watch, workers=workers)
     print_table(summary)
     (rig.out / f"{name}.json").write_text(json.dumps(summary, indent=1))
     detail = "; ".join(f"C={t['concurrency']}: ours/vllm {t['ratio']:.4f}" for t in summary["levels"])
@@ -307,11 +308,14 @@ def main() -> int:
     say(f"environment: {json.dumps(env)}")
     rig = Rig(a, out)
     base = shlex.split(a.engine_args)
+    # vLLM imported in every `vllm bench serve` worker while the engine loads: no import between runs
+    workers = Workers(a.vllm_python, sys.stdout, vllm_runs(a.levels, a.rounds)) if a.levels else None
     try:
         spec, ctx = rig.spec("m1st", base + shlex.split(a.first_args))
         if start_and_wait(rig, spec, ctx, None) is not None:
             probe_check(rig, spec)
-            compare_check(rig, spec, a.levels, a.rounds, "compare", strict=True)
+            if workers is not None:
+                compare_check(rig, spec, a.levels, a.rounds, "compare", strict=True, workers=workers)
         stop_and_free(rig, spec, ctx)
         left = a.time_budget - (time.monotonic() - T0) if a.time_budget else float("inf")
         if a.second_args is not None and left < 170:
@@ -327,6 +331,8 @@ def main() -> int:
             else:
                 rig.units.stop(spec2.unit_name)
     finally:
+        if workers is not None:
+            workers.close()
         for name in list(rig.units.units):
             if rig.units.cgroup_pids(name):
                 say(f"cleanup: stopping {name}")
