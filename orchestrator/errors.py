@@ -105,6 +105,26 @@ class SmokeGateFailed(HealthCheckFailed):
         self.bench = bench
 
 
+class EngineError(OrchestratorError):
+    """The engine answered a control call (sleep, wake, is_sleeping) with an error, or not at all;
+    carries its own words: the HTTP status (None: no answer) and the body."""
+
+    def __init__(self, message: str, *, status: int | None = None, body: str = "", host: str | None = None,
+                 unit: str | None = None) -> None:
+        super().__init__(message, host=host, unit=unit)
+        self.status = status
+        self.body = body
+
+
+class EngineWedged(EngineError):
+    """A woken engine cannot serve: its wake failed or its first completion did not answer in time.
+    Only a restart frees it (vLLM keeps half its memory and hangs every request)."""
+
+
+class SleepLeftMemory(GpuBusy):
+    """An engine answered its sleep with 200 but kept more GPU memory than a sleeper's residue."""
+
+
 class WeightsError(OrchestratorError):
     """Weights could not be staged or failed verification (missing shard, wrong size, no space)."""
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
 from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
+from orchestrator.core.resident import Residency
 from orchestrator.core.states import Fallback, Phase
 from orchestrator.core.weights import StagedRevision
 
@@ -128,6 +129,37 @@ class HealthProbe(Protocol):
         ...
 
 
+class EngineControl(Protocol):
+    """vLLM's sleep-mode API (``--enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1``) on one engine.
+
+    Free of systemd on purpose: a base URL is all it needs (it also runs against real vLLM on a box
+    without an init). Errors are EngineError with the engine's HTTP status and body."""
+
+    def sleep(self, base_url: str, level: int, mode: str = "wait") -> None:
+        """POST /sleep?level=N&mode=M; ``wait`` lets in-flight requests finish (``abort`` cuts them)."""
+        ...
+
+    def wake(self, base_url: str, tags: Sequence[str] = ()) -> None:
+        """POST /wake_up (every tag), or /wake_up?tags=... for part of the engine (level 2: weights first)."""
+        ...
+
+    def is_sleeping(self, base_url: str) -> bool:
+        """GET /is_sleeping: /health answers 200 while asleep, this does not lie."""
+        ...
+
+    def reload_weights(self, base_url: str) -> None:
+        """Level 2: POST /collective_rpc reload_weights (the weights were dropped while asleep)."""
+        ...
+
+    def reset_prefix_cache(self, base_url: str) -> None:
+        """POST /reset_prefix_cache: the last step of a level-2 wake (cached blocks refer to old weights)."""
+        ...
+
+    def complete(self, base_url: str, model: str, timeout: float) -> str:
+        """One 1-token completion within ``timeout`` seconds: a woken engine that cannot answer is wedged."""
+        ...
+
+
 class Clock(Protocol):
     def now(self) -> float:
         """Wall-clock seconds since the epoch (for records)."""
@@ -224,6 +256,21 @@ class StateStore(Protocol):
                limit: int = 50) -> list[dict[str, Any]]: ...
 
 
+class ResidencyStore(Protocol):
+    """Durable residency of each model on a host (serving, asleep at a level, stopped): beside the
+    deployment records, in a file of its own (adapters/residency_store.py)."""
+
+    def set_state(self, host: str, model: str, state: str, at: float, *, level: str | None = None,
+                  unit: str = "", weights_gib: float | None = None) -> None:
+        """Record ``model``'s new state; leaving ``serving`` stamps last_served with ``at``;
+        ``weights_gib`` None keeps the size recorded before."""
+        ...
+
+    def residency(self, host: str) -> dict[str, Residency]:
+        """Every model of ``host`` with a record, by name."""
+        ...
+
+
 class SmokeBench(Protocol):
     """A short benchmark of a freshly started server (see orchestrator.adapters.smoke)."""
 
@@ -264,6 +311,7 @@ class HostPorts:
     weights: WeightStore | None = None
     smoke: SmokeBench | None = None
     proxy: FrontProxy | None = None
+    engine: EngineControl | None = None
 
     def close(self) -> None:
         self.shell.close()

@@ -15,9 +15,17 @@ from typing import Any, Literal
 from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
 from orchestrator.core.records import NO_CHANGE, Deployment, PhaseTiming, ServingChange, UnitSpec
+from orchestrator.core.resident import SERVING, STATES, Residency
 from orchestrator.core.states import Fallback, Phase, fallback_of, is_terminal
 from orchestrator.core.weights import StagedRevision
-from orchestrator.errors import CommandFailed, HealthCheckFailed, ProxyError, StateError, SystemdError
+from orchestrator.errors import (
+    CommandFailed,
+    EngineError,
+    HealthCheckFailed,
+    ProxyError,
+    StateError,
+    SystemdError,
+)
 from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
 
 Behaviour = Literal["ok", "crash", "health_only", "never_ready", "bad_unit"]
@@ -72,12 +80,22 @@ class FakeHost:
     loaded: dict[str, str] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     journal: dict[str, list[str]] = field(default_factory=dict)  # unit -> its lines, when a test sets them
+    # Sleep mode (FakeEngineControl): unit -> level while asleep; unit -> MiB its engine held awake;
+    # units whose sleep keeps their memory ("leaky_sleep"), whose wake fails ("wedged_wake") or whose
+    # wake answers 200 but whose completions then hang ("hangs_after_wake").
+    sleeping: dict[str, int] = field(default_factory=dict)
+    awake_mib: dict[str, int] = field(default_factory=dict)
+    wedged: set[str] = field(default_factory=set)
+    engine_behaviours: dict[str, Literal["leaky_sleep", "wedged_wake", "hangs_after_wake"]] = field(default_factory=dict)
+    residue_mib: int = 1_800
+    sizes: dict[str, int] = field(default_factory=dict)  # directory -> bytes, for `du -sbL`
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(4000))
 
     def ports(self, host: Host | None = None, weights: FakeWeights | None = None) -> HostPorts:
         spec = host or Host(name=self.name, gpus=self.gpu_count)
         return HostPorts(host=spec, shell=FakeShell(self), systemd=FakeSystemd(self), gpus=FakeGpus(self),
-                         health=FakeHealth(self), clock=self.clock, weights=weights)
+                         health=FakeHealth(self), clock=self.clock, weights=weights,
+                         engine=FakeEngineControl(self))
 
     def hold(self, gpus: Sequence[int], mib: int, name: str = "python", unit: str = "") -> int:
         pid = next(self._pids)
@@ -95,6 +113,8 @@ class FakeShell:
 
     def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
             idempotent: bool = False) -> CommandResult:
+        if list(argv[:2]) == ["du", "-sbL"] and argv[-1] in self.w.sizes:  # the weights' size on disk
+            return CommandResult(" ".join(argv), 0, f"{self.w.sizes[argv[-1]]}\t{argv[-1]}\n")
         result = CommandResult(" ".join(argv), 127, "", "fake shell runs no commands")
         if check:
             raise CommandFailed(result.command, 127, result.stderr, host=self.host)
@@ -152,6 +172,8 @@ class FakeSystemd:
         if u is None or u.active in ("inactive",):
             return
         u.active, u.sub, u.pid = "inactive", "dead", 0
+        self.w.sleeping.pop(unit, None)
+        self.w.wedged.discard(unit)
         if unit not in self.w.orphans:
             for pid in [p for p, h in self.w.holders.items() if h[3] == unit]:
                 del self.w.holders[pid]
@@ -192,9 +214,6 @@ class FakeSystemd:
         return self.w.journal.get(unit, [f"{unit}: fake journal line"])[-lines:]
 
     def cgroup_pids(self, unit: str) -> list[int]:
-        u = self.w.units.get(unit)
-        if u is not None and u.active == "active":
-            return []  # a running unit's processes are not leftovers
         return sorted(p for p, h in self.w.holders.items() if h[3] == unit)
 
     def kill_unit(self, unit: str, signal: int) -> None:
@@ -252,6 +271,77 @@ class FakeHealth:
         found = self._unit_at(base_url)
         if found is None or self.w.behaviours.get(found[0]) == "health_only":
             raise HealthCheckFailed(f"POST {base_url}/v1/completions: HTTP 500")
+        return "x"
+
+
+class FakeEngineControl:
+    """vLLM's sleep API on the fake host's units: a sleeper keeps ``residue_mib`` per GPU, a wake
+    without the memory fails with vLLM's words and wedges the engine, as measured on the H200."""
+
+    def __init__(self, world: FakeHost) -> None:
+        self.w = world
+
+    def _unit(self, base_url: str) -> tuple[str, _Unit]:
+        found = FakeHealth(self.w)._unit_at(base_url)
+        if found is None:
+            raise EngineError(f"POST {base_url}: no answer (ConnectError: connection refused)")
+        return found
+
+    def _holder(self, unit: str) -> int | None:
+        return next((p for p, h in self.w.holders.items() if h[3] == unit), None)
+
+    def _set_mib(self, unit: str, mib: int) -> None:
+        pid = self._holder(unit)
+        if pid is not None:
+            gpus, _, name, owner = self.w.holders[pid]
+            self.w.holders[pid] = (gpus, mib, name, owner)
+
+    def sleep(self, base_url: str, level: int, mode: str = "wait") -> None:
+        name, _ = self._unit(base_url)
+        self.w.calls.append(f"sleep {name} level={level} mode={mode}")
+        if name in self.w.sleeping:
+            return
+        pid = self._holder(name)
+        self.w.awake_mib[name] = self.w.holders[pid][1] if pid is not None else 0
+        self.w.sleeping[name] = level
+        if self.w.engine_behaviours.get(name) != "leaky_sleep":
+            self._set_mib(name, self.w.residue_mib)
+
+    def wake(self, base_url: str, tags: Sequence[str] = ()) -> None:
+        name, _ = self._unit(base_url)
+        self.w.calls.append(f"wake {name}" + (f" tags={','.join(tags)}" if tags else ""))
+        if name in self.w.wedged:
+            raise EngineError(f"POST {base_url}/wake_up: HTTP 500: CUDA Error: invalid argument", status=500,
+                              body="CUDA Error: invalid argument")
+        if name not in self.w.sleeping or tags == ("weights",):
+            return
+        pid = self._holder(name)
+        gpus, mib = (self.w.holders[pid][0], self.w.holders[pid][1]) if pid is not None else ((), 0)
+        want = self.w.awake_mib.get(name, 0) - mib
+        free = min((g.memory_free_mib for g in FakeGpus(self.w).snapshot().gpus if g.index in gpus), default=0)
+        if self.w.engine_behaviours.get(name) == "wedged_wake" or free < want:
+            self.w.wedged.add(name)
+            self._set_mib(name, mib + max(min(free, want), 0) // 2)
+            raise EngineError(f"POST {base_url}/wake_up: HTTP 500: CUDA Error: out of memory", status=500,
+                              body="CUDA Error: out of memory")
+        self._set_mib(name, self.w.awake_mib.get(name, mib))
+        del self.w.sleeping[name]
+
+    def is_sleeping(self, base_url: str) -> bool:
+        return self._unit(base_url)[0] in self.w.sleeping
+
+    def reload_weights(self, base_url: str) -> None:
+        self.w.calls.append(f"reload_weights {self._unit(base_url)[0]}")
+
+    def reset_prefix_cache(self, base_url: str) -> None:
+        self._unit(base_url)
+
+    def complete(self, base_url: str, model: str, timeout: float) -> str:
+        name, _ = self._unit(base_url)
+        if name in self.w.sleeping or name in self.w.wedged or \
+                self.w.engine_behaviours.get(name) == "hangs_after_wake":
+            self.w.clock.sleep(timeout)  # vLLM hangs it: no answer, no error
+            raise EngineError(f"POST {base_url}/v1/completions: no answer (ReadTimeout: {timeout:g} s)")
         return "x"
 
 
@@ -391,6 +481,28 @@ class FakeStateStore:
         found = [e for e in reversed(self.log) if (host is None or e["host"] == host)
                  and (kind is None or e["kind"] == kind)]
         return found[:limit]
+
+
+class FakeResidencyStore:
+    """ResidencyStore in a dict, with the same last_served rule as the SQLite one."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], Residency] = {}
+
+    def set_state(self, host: str, model: str, state: str, at: float, *, level: str | None = None,
+                  unit: str = "", weights_gib: float | None = None) -> None:
+        if state not in STATES:
+            raise StateError(f"residency of {model} on {host}: state {state!r} is not one of {', '.join(STATES)}")
+        old = self.rows.get((host, model))
+        last = old.last_served if old is not None else None
+        if state == SERVING or (old is not None and old.state == SERVING):
+            last = at
+        if weights_gib is None:
+            weights_gib = old.weights_gib if old is not None else 0.0
+        self.rows[host, model] = Residency(host, model, state, at, level, last, unit, weights_gib)
+
+    def residency(self, host: str) -> dict[str, Residency]:
+        return {m: r for (h, m), r in sorted(self.rows.items()) if h == host}
 
 
 class FakeProxy:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from orchestrator.adapters import connect
 from orchestrator.adapters.clock import SystemClock
+from orchestrator.adapters.engine_http import HttpEngineControl
 from orchestrator.adapters.haproxy import HaproxyProxy
 from orchestrator.adapters.http_health import HttpHealthProbe
 from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
@@ -34,7 +35,8 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
                              python=host.python, host=host.name)
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=NvidiaSmiProbe(shell),
                      health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
-                     smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy)
+                     smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy,
+                     engine=HttpEngineControl())
 
 
 def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:

@@ -152,6 +152,24 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
     print_status(stdout_console(), result)
 
 
+def print_residency(console: Console, res: dict[str, Any]) -> None:
+    """Warm switches: each model's residency, the RAM sleepers hold, each GPU's memory by process."""
+    for m in res["models"]:
+        level = f" ({m['level']}" + (f", {m['ram_gib']:.2f} GiB of host RAM)" if m["ram_gib"] else ")") \
+            if m["state"] == "asleep" else ""
+        console.print(f"  {m['state']} {m['model']}{level}", markup=False, soft_wrap=True)
+    budget = res.get("ram_budget_gib")
+    console.print(f"  sleepers hold {res['sleep_ram_gib']:.2f} GiB of host RAM"
+                  + (f" (budget {budget:.1f} GiB)" if budget is not None else " (budget unknown)"), markup=False)
+    for g in res.get("gpus", []):
+        procs = ", ".join(f"PID {p['pid']} {p['model'] or '?'}{' ' + p['state'] if p['state'] else ''} {p['mib']} MiB"
+                          for p in g["processes"]) or "no process"
+        console.print(f"  GPU {g['index']}: {g['used_mib']} of {g['total_mib']} MiB used ({procs})", markup=False,
+                      soft_wrap=True)
+    if "gpus_error" in res:
+        console.print(f"  GPUs not probed: {res['gpus_error']}", markup=False, soft_wrap=True)
+
+
 def print_status(console: Console, result: dict[str, Any]) -> None:
     """One line per fact; through a pipe each stays one line (grep finds it), on a terminal it wraps."""
     for name, entry in result["hosts"].items():
@@ -176,6 +194,8 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
             health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(m.get("healthy"), "")
             console.print(f"  serving {m['served_name']}: {m['model']} (revision {m['revision']}, GPU "
                           f"{','.join(map(str, m['gpus']))}, {m['url']}) {health}")
+        if "residency" in entry:
+            print_residency(console, entry["residency"])
         for run in entry["running"]:
             console.print(f"  running: #{run['id']} revision {run['revision']} {run['model']} "
                           f"in phase {run['phase']} ({run['trigger']})")

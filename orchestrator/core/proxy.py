@@ -22,6 +22,23 @@ from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.records import UnitSpec
 from orchestrator.errors import RenderError, UsageError
 
+# vLLM's engine-control endpoints, never forwarded to any backend: VLLM_SERVER_DEV_MODE=1 (which
+# sleep mode needs) opens vllm/entrypoints/serve/dev/{sleep,rpc,cache,server_info,rlhf}/api_router.py
+# in 0.25 (0.32 moved rlhf's to entrypoints/rl/online); the profiler and elastic-EP routes are
+# engine control too. Each is a prefix of the decoded, lower-cased path, as uvicorn decodes %XX.
+ENGINE_CONTROL_PATHS = (
+    "/sleep", "/wake_up", "/is_sleeping", "/release_kv_cache_memory",  # dev/sleep
+    "/collective_rpc",  # dev/rpc: any method on every worker
+    "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache",  # dev/cache
+    "/server_info",  # dev/server_info
+    "/pause", "/resume", "/is_paused", "/abort_requests", "/init_weight_transfer_engine",  # dev/rlhf
+    "/shutdown_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
+    "/update_weights", "/finish_weight_update", "/update_weight_version", "/weight_info",
+    "/weight_checker", "/get_world_size",
+    "/start_profile", "/stop_profile",  # serve/profile
+    "/scale_elastic_ep", "/is_scaling_elastic_ep",  # serve/elastic_ep
+)
+
 
 class Mode(StrEnum):
     HANDOVER = "handover"  # start beside the old one, move the route, drain, stop: no downtime
@@ -176,7 +193,7 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
     # Single-quoted in the config, where HAProxy interprets nothing: a quote in a name is \u0027 JSON.
     models_json = json.dumps(models, separators=(",", ":")).replace("'", "\\u0027")
     return env.from_string(template).render(
-        routes=routes, served=served, gaps=[r for r in routes if r.address is None], bind=bind,
+        routes=routes, served=served, engine_control=ENGINE_CONTROL_PATHS, gaps=[r for r in routes if r.address is None], bind=bind,
         port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
         # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.
         hard_stop_after=f"{max(1, round(proxy.drain_timeout_s * 1000))}ms",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import jinja2
 
 from orchestrator.core.catalog import PATH_RE, USER_RE, Catalog, Host, Model
+from orchestrator.core.catalog_rules import is_loopback
 from orchestrator.core.safety import check_safe_text
 from orchestrator.errors import RenderError
 
@@ -55,12 +56,36 @@ class RenderedUnit:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
 
+# The address a sleep-enabled engine listens on behind the front proxy: its dev endpoints (/sleep,
+# /collective_rpc ...) must not be reachable from outside the box except through the proxy.
+LOOPBACK = "127.0.0.1"
+
+
+def engine_bind(catalog: Catalog, model: Model, host: Host) -> str:
+    """Where ``model``'s engine listens on ``host``: loopback for a sleep-enabled engine behind the
+    proxy (the catalog refuses one without the proxy unless its bind is loopback already), else the
+    host's bind or defaults.bind."""
+    bind = host.bind or catalog.defaults.bind
+    if model.sleep is not None and catalog.proxy.enabled and not is_loopback(bind):
+        return LOOPBACK  # a loopback bind (a test host's own 127.0.0.x) is not exposed either
+    return bind
+
+
+def engine_address(catalog: Catalog, model: Model, host: Host) -> str:
+    """Where the proxy and the product's checks reach ``model``'s engine (a UnitSpec's address):
+    loopback where it listens only there, else the host's address."""
+    bind = engine_bind(catalog, model, host)
+    if bind == LOOPBACK or (model.sleep is not None and catalog.proxy.enabled):
+        return bind
+    return "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
+
+
 def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> list[str]:
     """The full vLLM command line for a model: engine, layout flags, then the model's own args."""
     host = host or catalog.model_host(model.name)
     d = catalog.defaults
     argv = [*catalog.engine_for(host), "--model", model_dir, "--served-model-name", model.served,
-            "--host", host.bind or d.bind, "--port", str(model.port),
+            "--host", engine_bind(catalog, model, host), "--port", str(model.port),
             "--tensor-parallel-size", str(model.tensor_parallel)]
     if model.pipeline_parallel > 1:
         argv += ["--pipeline-parallel-size", str(model.pipeline_parallel)]
@@ -68,6 +93,8 @@ def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | Non
         argv += ["--data-parallel-size", str(model.data_parallel)]
     if model.expert_parallel:
         argv.append("--enable-expert-parallel")
+    if model.sleep is not None:
+        argv.append("--enable-sleep-mode")
     if model.max_model_len:
         argv += ["--max-model-len", str(model.max_model_len)]
     if model.max_num_seqs:
@@ -107,6 +134,8 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in model.gpus),
            # vLLM gives up on a slow engine start after this many seconds (default 600).
            "VLLM_ENGINE_READY_TIMEOUT_S": str(int(deadline)),
+           # Sleep mode's HTTP endpoints (/sleep, /wake_up, /is_sleeping) exist only in dev mode.
+           **({"VLLM_SERVER_DEV_MODE": "1"} if model.sleep is not None else {}),
            **(extra_env or {}), **model.env}
     on = f" ({role} on {host.name})" if host is not None and role else ""
     argv = engine_argv(catalog, model, directory, host)

@@ -8,6 +8,12 @@ Failures before ``stopping`` abort with the old model still serving. Failures fr
 on roll back to the previous stable revision, unless the deployment has no fallback (none to go
 back to, or rollback disabled): that is a field of its record, fixed when it is planned, and the
 table is keyed by it, so nothing outside the table decides where a failure leads.
+
+A warm switch (the target's engine is asleep) is the same table: staging reports ``warm`` and the
+deployment goes through ``sleeping`` (the displaced engines sleep), ``verifying`` (the target's GPUs
+hold nothing but sleepers' residue), ``waking`` (wake and one real completion) to ``routing``. A
+wake that errs or does not answer in time reports ``wedged``: ``restarting`` brings the engine back
+cold, then the usual ``checking``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ class Phase(StrEnum):
     STARTING = "starting"
     CHECKING = "checking"
     ROUTING = "routing"
+    SLEEPING = "sleeping"
+    VERIFYING = "verifying"
+    WAKING = "waking"
+    RESTARTING = "restarting"
     ACTIVE = "active"
     ROLLING_BACK = "rolling_back"
     ROLLED_BACK = "rolled_back"
@@ -39,6 +49,8 @@ class Phase(StrEnum):
 class Event(StrEnum):
     OK = "ok"
     FAIL = "fail"
+    WARM = "warm"  # staging found the target asleep, its unit unchanged: wake it instead of starting it
+    WEDGED = "wedged"  # the woken engine erred or did not answer within wake_deadline_s
 
 
 class Fallback(StrEnum):
@@ -79,6 +91,12 @@ TEXT: dict[Phase, PhaseText] = {
     P.STARTING: PhaseText("starting", "start"),
     P.CHECKING: PhaseText("health check: /health, /v1/models, one completion", "check"),
     P.ROUTING: PhaseText("routing: the front proxy moves the route, drains and stops the old engine", "route"),
+    P.SLEEPING: PhaseText("sleeping: the route moves, the displaced engines finish their requests and sleep",
+                          "sleep"),
+    P.VERIFYING: PhaseText("verifying: the GPUs hold nothing but sleepers' residue (nvidia-smi, by PID)", "verify"),
+    P.WAKING: PhaseText("waking: wake_up, then one real completion within wake_deadline_s", "wake"),
+    P.RESTARTING: PhaseText("restarting the wedged engine cold: kill its cgroup, free the GPUs, start", "restart",
+                            "yellow"),
     P.ACTIVE: PhaseText("active", "active", "green"),
     P.ROLLING_BACK: PhaseText("rolling back to the previous stable revision", "rollback", "yellow"),
     P.ROLLED_BACK: PhaseText("rolled back", "rolled_back", "yellow"),
@@ -115,6 +133,11 @@ FORWARD: tuple[Phase, ...] = (P.PLANNED, P.PREFLIGHT, P.STAGING, P.STOPPING, P.F
 DISRUPTIVE: frozenset[Phase] = frozenset({P.STOPPING, P.FREEING, P.INSTALLING, P.STARTING, P.CHECKING,
                                           P.ROUTING})
 TERMINAL: frozenset[Phase] = frozenset({P.ACTIVE, P.ROLLED_BACK, P.ABORTED, P.FAILED})
+# The warm path: from staging when the target sleeps; a wedged wake restarts it cold, then checks.
+WARM: tuple[Phase, ...] = (P.STAGING, P.SLEEPING, P.VERIFYING, P.WAKING, P.ROUTING)
+WARM_DISRUPTIVE: frozenset[Phase] = frozenset({P.SLEEPING, P.VERIFYING, P.WAKING, P.RESTARTING})
+# Which events other than ok and fail each phase may report.
+EXTRA_EVENTS: dict[Phase, Event] = {P.STAGING: E.WARM, P.WAKING: E.WEDGED}
 
 
 def _table() -> dict[tuple[Phase, Event, Fallback], Phase]:
@@ -124,7 +147,12 @@ def _table() -> dict[tuple[Phase, Event, Fallback], Phase]:
             table[here, E.OK, fallback] = there
         for phase in (P.PLANNED, P.PREFLIGHT, P.STAGING):
             table[phase, E.FAIL, fallback] = P.ABORTED
-        for phase in DISRUPTIVE:
+        table[P.STAGING, E.WARM, fallback] = P.SLEEPING
+        for here, there in pairwise(WARM[1:]):
+            table[here, E.OK, fallback] = there
+        table[P.WAKING, E.WEDGED, fallback] = P.RESTARTING
+        table[P.RESTARTING, E.OK, fallback] = P.CHECKING
+        for phase in DISRUPTIVE | WARM_DISRUPTIVE:
             table[phase, E.FAIL, fallback] = P.ROLLING_BACK if fallback is F.PREVIOUS else P.FAILED
         table[P.ROLLING_BACK, E.OK, fallback] = P.ROLLED_BACK
         # A failed rollback is final: both errors are kept and nothing is retried in a loop.

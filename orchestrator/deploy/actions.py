@@ -7,7 +7,7 @@ OrchestratorError. Actions never touch the state store; the engine does.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import structlog
 
@@ -16,6 +16,7 @@ from orchestrator.core.proxy import render_config, routes_for
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.secrets import redact
 from orchestrator.deploy.context import StepContext
+from orchestrator.deploy.warm import sleep_enabled
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
 from orchestrator.resources import template_text
 
@@ -49,8 +50,10 @@ def stop_units(ctx: StepContext, units: Iterable[str]) -> list[str]:
     return stopped
 
 
-def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str]) -> None:
+def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str],
+              sleepers: Mapping[int, int] | None = None) -> None:
     """Return when ``gpus`` hold no process and no memory; reap what the stopped units left behind.
+    ``sleepers``: PIDs of sleeping engines that may stay, each with at most that many MiB per GPU.
 
     Leftovers in a managed unit's cgroup get SIGTERM, then SIGKILL after half the grace period.
     Anything else on those GPUs is not ours to kill: after the timeout it stops the switch with
@@ -75,8 +78,11 @@ def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str]) -> 
         if missing:
             raise GpuBusy(f"GPU {','.join(map(str, missing))} does not exist: nvidia-smi shows GPUs "
                           f"{','.join(map(str, sorted(known))) or 'none'}", host=ctx.ports.host.name)
-        procs = snap.on(wanted)
-        used = {g.index: g.memory_used_mib for g in snap.gpus if g.index in wanted}
+        allowed = sleepers or {}
+        kept = [p for p in snap.on(wanted) if p.pid in allowed and p.used_memory_mib <= allowed[p.pid]]
+        procs = tuple(p for p in snap.on(wanted) if p not in kept)
+        used = {g.index: g.memory_used_mib - sum(p.used_memory_mib for p in kept if p.gpu_index == g.index)
+                for g in snap.gpus if g.index in wanted}
         busy_mem = {i: m for i, m in used.items() if m > ctx.free_threshold_mib}
         if not leftovers and not procs and not busy_mem:
             ctx.emit("gpus_free", gpus=list(gpus), seconds=round(clock.monotonic() - start, 3))
@@ -169,6 +175,8 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
                                         host=ctx.ports.host.name, unit=spec.unit_name)
             next_unit_check = clock.monotonic() + 1.0
         ok, last = probe.health(spec.base_url)
+        if ok and sleep_enabled(spec) and ctx.ports.engine is not None and _asleep(ctx, spec):
+            ok, last = False, f"GET {spec.base_url}/is_sleeping: true (/health answers 200 while asleep)"
         if ok:
             verdict = judge_models(probe.models(spec.base_url), spec.served_name)
             last = verdict.detail
@@ -196,6 +204,14 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
                      deadline=spec.load_deadline_s, last=last)
             next_note = clock.monotonic() + 5.0
         ctx.pause(ctx.defaults.health_interval_s)
+
+
+def _asleep(ctx: StepContext, spec: UnitSpec) -> bool:
+    assert ctx.ports.engine is not None
+    try:
+        return ctx.ports.engine.is_sleeping(spec.base_url)
+    except OrchestratorError:
+        return False  # not answering: the completion will tell
 
 
 def settle_enablement(ctx: StepContext, serving: str, others: Iterable[str]) -> None:

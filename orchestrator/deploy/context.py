@@ -11,7 +11,8 @@ from orchestrator.core.catalog import Catalog, Defaults
 from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.secrets import redact_tree
-from orchestrator.ports import HostPorts, ProgressCallback
+from orchestrator.core.states import Event
+from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore
 
 
 class Parked(Exception):
@@ -40,6 +41,8 @@ class StepContext:
     # Persist one piece of a step's progress at once (the engine writes it to the store with the
     # deployment and phase): what a step did on each node survives a crash in the middle of it.
     record: Callable[[str, dict[str, Any]], None] = lambda kind, detail: None
+    # Warm switches: each model's residency on this host (serving, asleep, stopped); None: no sleep.
+    residency: ResidencyStore | None = None
 
     @property
     def defaults(self) -> Defaults:
@@ -73,6 +76,8 @@ class StepInput:
     # With the front proxy: how this switch changes the serving set, and that set when it was planned.
     plan: SwitchPlan | None = None
     serving: tuple[Deployment, ...] = ()
+    # What the warm steps persisted for this deployment so far (ctx.record kind "warm"), oldest first.
+    warm_progress: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def displaced(self) -> tuple[Deployment, ...]:
@@ -94,6 +99,7 @@ class StepResult:
 
     spec: UnitSpec | None = None  # the target's spec changed (staging resolved path and revision)
     bench: dict[str, Any] | None = None  # the smoke benchmark's record
+    event: Event = Event.OK  # what the step reports: the table says where it leads (warm: from staging)
 
 
 DONE = StepResult()

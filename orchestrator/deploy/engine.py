@@ -18,14 +18,16 @@ from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingChange, UnitSpec
-from orchestrator.core.render import load_deadline, model_dir_for, render_unit
+from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.secrets import redact, redact_tree
 from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
-from orchestrator.errors import NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
-from orchestrator.ports import HostPorts, ProgressCallback, StateStore
+from orchestrator.deploy.warm import sleep_enabled
+from orchestrator.deploy.warm_steps import WARM_EVENT
+from orchestrator.errors import EngineWedged, NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
+from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.resources import template_text
 
 log = structlog.get_logger()
@@ -60,7 +62,7 @@ def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str |
         unit, nodes = rendered.api, rendered.nodes
     else:
         unit = render_unit(catalog, model, template, model_dir=directory)
-    address = "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
+    address = engine_address(catalog, model, host)
     return UnitSpec(model=model.name, unit_name=unit.name, unit_text=unit.text, unit_sha=unit.sha256,
                     served_name=model.served, address=address, port=model.port, gpus=model.gpus,
                     load_deadline_s=load_deadline(catalog, model), model_dir=directory,
@@ -71,9 +73,10 @@ def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str |
 class Engine:
     def __init__(self, catalog: Catalog, store: StateStore, ports_for: PortsFactory, *,
                  template: str | None = None, progress: ProgressCallback | None = None,
-                 before_step: StepHook | None = None) -> None:
+                 before_step: StepHook | None = None, residency: ResidencyStore | None = None) -> None:
         self.catalog = catalog
         self.store = store
+        self.residency = residency
         self.ports_for = ports_for
         self.template = template if template is not None else default_template()
         self.progress: ProgressCallback = progress or (lambda event, fields: None)
@@ -207,7 +210,11 @@ class Engine:
                 if not state.is_active or state.n_restarts > ready.get((host, unit), state.n_restarts):
                     return False
             ok, _ = ports.health.health(dep.spec.base_url)
-            return ok and dep.spec.served_name in ports.health.models(dep.spec.base_url)
+            if not ok or dep.spec.served_name not in ports.health.models(dep.spec.base_url):
+                return False
+            # /health is 200 and the model listed while asleep: only /is_sleeping tells.
+            return not (sleep_enabled(dep.spec) and ports.engine is not None
+                        and ports.engine.is_sleeping(dep.spec.base_url))
         except OrchestratorError:
             return False
 
@@ -219,7 +226,8 @@ class Engine:
         bound = {"deployment_id": dep.id, "host": dep.host, "revision": dep.revision}
         blog = log.bind(**bound)
         ctx = StepContext(ports=ports, catalog=self.catalog, progress=self.progress,
-                          managed_units=self._managed_units(dep.host), bound=bound, park=self.park)
+                          managed_units=self._managed_units(dep.host), bound=bound, park=self.park,
+                          residency=self.residency)
         node_ctxs: dict[str, StepContext] = {}
 
         def node_ctx(host: str) -> StepContext:
@@ -268,7 +276,8 @@ class Engine:
                          respec=lambda path, revision: self.spec_for(self.catalog.models[dep.model],
                                                                      model_dir=path, revision=revision),
                          plan=plan, serving=serving, node_units_to_stop=self._node_units_to_stop(dep),
-                         peer_restore=self._peer_restore(dep), node_progress=self.node_progress(dep))
+                         peer_restore=self._peer_restore(dep), node_progress=self.node_progress(dep),
+                         warm_progress=self.warm_progress(dep))
         try:
             result = STEPS[dep.phase](ctx, step)
         except OrchestratorError as exc:
@@ -280,12 +289,18 @@ class Engine:
                 return Event.FAIL
             blog.error("step_failed", phase=dep.phase.value, error=str(exc))
             self.store.record_error(dep.id, error=redact(f"{dep.phase.value}: {exc}"))
-            return Event.FAIL  # where it leads (rollback or not) is the table's, by dep.fallback
+            # where it leads (rollback, a cold restart, or not) is the table's, by dep.fallback
+            return Event.WEDGED if isinstance(exc, EngineWedged) and dep.phase is Phase.WAKING else Event.FAIL
         if result.spec is not None:
             self.store.update_spec(dep.id, result.spec)
         if result.bench is not None:
             self.store.record_bench(dep.id, result.bench)
-        return Event.OK
+        return result.event
+
+    def warm_progress(self, dep: Deployment) -> tuple[dict[str, Any], ...]:
+        """What the warm steps of ``dep`` did so far, oldest first (persisted as they ran)."""
+        found = self.store.events(host=dep.host, kind=WARM_EVENT, limit=200)
+        return tuple(reversed([e for e in found if e.get("deployment_id") == dep.id]))
 
     # -- helpers ------------------------------------------------------------------------------
     def _ready_restarts(self, dep: Deployment) -> dict[tuple[str, str], int]:

@@ -14,27 +14,34 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.adapters.residency_store import SqliteResidencyStore
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment, ServingChange
+from orchestrator.core.resident import STOPPED
 from orchestrator.core.secrets import redact_tree
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
 from orchestrator.deploy.locks import host_lock
+from orchestrator.deploy.warm_steps import sleeper_mib
 from orchestrator.errors import OrchestratorError, UsageError
-from orchestrator.ports import HostPorts, ProgressCallback, StateStore
+from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 
 
 class Operations:
     def __init__(self, catalog: Catalog, ports_for: Callable[[str], HostPorts], *,
                  store: StateStore | None = None, template: str | None = None,
+                 residency: ResidencyStore | None = None,
                  before_step: Callable[[Deployment], None] | None = None) -> None:
         self.catalog = catalog
         self.state_dir = catalog.state_dir
         self.store = store or SqliteStore(Path(catalog.state_dir) / "state.db", group=catalog.socket_group)
+        # Warm switches: which models sleep (a file of its own beside state.db).
+        self.residency: ResidencyStore = residency or SqliteResidencyStore(
+            Path(catalog.state_dir) / "residency.db", group=catalog.socket_group)
         self.ports_for = ports_for
         self.template = template
         self.before_step = before_step
@@ -45,7 +52,7 @@ class Operations:
 
     def engine(self, progress: ProgressCallback | None = None) -> Engine:
         """An engine for lookups and planning; ``running`` is the one for an operation that runs steps."""
-        return Engine(self.catalog, self.store, self.ports_for, template=self.template, progress=progress,
+        return Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template, progress=progress,
                       before_step=self.before_step)
 
     @contextmanager
@@ -115,6 +122,7 @@ class Operations:
             sd.stop(serving.spec.unit_name)
             sd.disable(serving.spec.unit_name)
             self.store.set_serving(host, None)
+            self.residency.set_state(host, serving.model, STOPPED, time.time(), unit=serving.spec.unit_name)
             self.store.record_event(time.time(), host, "stopped", {"unit": serving.spec.unit_name,
                                                                    "revision": serving.revision, "reason": reason})
 
@@ -133,7 +141,7 @@ class Operations:
         if serving is None:
             return None, True
         self.ports_for(host).systemd.unit_state(serving.spec.unit_name)
-        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+        eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
         return serving, eng.is_healthy(serving)
 
     def schedules(self, now: float, next_runs: dict[str, float] | None = None) -> list[dict[str, Any]]:
@@ -225,13 +233,13 @@ class Operations:
     def _stop(self, eng: Engine, host: str, dep: Deployment) -> dict[str, Any]:
         ports = self.ports_for(host)
         ctx = StepContext(ports=ports, catalog=self.catalog, progress=eng.progress,
-                          bound={"host": host, "revision": dep.revision})
+                          bound={"host": host, "revision": dep.revision}, residency=self.residency)
         if self.catalog.proxy.enabled:
             rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
             actions.route(ctx, [d.spec for d in rest])
             actions.drain(ctx, [dep.spec])
         actions.stop_units(ctx, [dep.spec.unit_name])
-        actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name])
+        actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name], sleepers=sleeper_mib(ctx, but=[dep.model]))
         if ports.systemd.unit_state(dep.spec.unit_name).exists:
             ports.systemd.disable(dep.spec.unit_name)
         if dep.spec.nodes:  # then its other units, in reverse start order, on every node
@@ -250,6 +258,7 @@ class Operations:
         self.store.move_serving(ServingChange(
             pointers=((host, None),) if current is not None and current.revision == dep.revision else (),
             sets=((host, tuple(d.revision for d in rest)),) if self.catalog.proxy.enabled else ()))
+        self.residency.set_state(host, dep.model, STOPPED, ports.clock.now(), unit=dep.spec.unit_name)
         self.store.record_event(ports.clock.now(), host, "stop", {"model": dep.model, "revision": dep.revision})
         return {"host": host, "model": dep.model, "revision": dep.revision, "outcome": "stopped",
                 "serving": [d.model for d in self.store.serving_set(host)]}
@@ -257,7 +266,7 @@ class Operations:
     def explain(self, model: str) -> dict[str, Any]:
         """What a switch to MODEL would do to the host's serving set, and why (no I/O on the host)."""
         host = self.host_of(model)
-        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+        eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
         spec = eng.spec_for(self.catalog.models[model])
         if not self.catalog.proxy.enabled:
             serving = self.store.serving(host)
@@ -331,7 +340,7 @@ class Operations:
         if host is not None:
             self.catalog.host(host)
         out = []
-        eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+        eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
         for d in self.store.history(host, limit):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
             if d.spec.nodes:  # what it did on each node, as persisted while it ran
@@ -343,6 +352,35 @@ class Operations:
                                "set_after": sorted(self.store.by_revision(d.host, r).model
                                                    for r in [*kept, d.revision])}
             out.append(row)
+        return out
+
+    def _residency(self, host: str, probe: bool) -> dict[str, Any]:
+        """Warm switches: each model serving, asleep (level) or stopped, the host RAM sleepers hold,
+        and (probed) each GPU's memory by process, with the model whose unit it belongs to."""
+        records = self.residency.residency(host)
+        h = self.catalog.hosts[host]
+        models = []
+        for name in self.catalog.models_on(host):
+            rec = records.get(name)
+            models.append({"model": name, "state": rec.state if rec else "stopped", "level": rec.level if rec else None,
+                           "since": rec.since if rec else None, "last_served": rec.last_served if rec else None,
+                           "ram_gib": round(rec.ram_gib, 3) if rec else 0.0})
+        out: dict[str, Any] = {"models": models, "sleep_ram_gib": round(sum(r.ram_gib for r in records.values()), 3),
+                               "ram_budget_gib": h.sleep_ram_budget(), "residue_gib": h.sleep_residue_gib}
+        if probe:
+            try:
+                ports = self.ports_for(host)
+                owner = {pid: n for n in self.catalog.models_on(host)
+                         for pid in ports.systemd.cgroup_pids(self.catalog.models[n].unit_name)}
+                snap = ports.gpus.snapshot()
+                out["gpus"] = [{"index": g.index, "used_mib": g.memory_used_mib, "total_mib": g.memory_total_mib,
+                                "processes": [{"pid": p.pid, "mib": p.used_memory_mib, "model": owner.get(p.pid),
+                                               "state": records[owner[p.pid]].state
+                                               if owner.get(p.pid) in records else None}
+                                              for p in snap.processes if p.gpu_index == g.index]}
+                               for g in snap.gpus]
+            except OrchestratorError as exc:
+                out["gpus_error"] = str(exc)
         return out
 
     def status(self, host: str | None = None, probe: bool = True) -> dict[str, Any]:
@@ -358,7 +396,7 @@ class Operations:
                 "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
                              "trigger": d.trigger} for d in running],
             }
-            eng = Engine(self.catalog, self.store, self.ports_for, template=self.template)
+            eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
             if probe and serving is not None:
                 entry["serving"]["healthy"] = eng.is_healthy(serving)
             if self.catalog.proxy.enabled:
@@ -374,5 +412,7 @@ class Operations:
                 entry["serving"]["nodes"] = self._node_states(serving, probe)
             if ranks := self._rank_of(name):
                 entry["node_of"] = ranks
+            if any(self.catalog.models[m].sleep for m in self.catalog.models_on(name)):
+                entry["residency"] = self._residency(name, probe)
             out["hosts"][name] = entry
         return out

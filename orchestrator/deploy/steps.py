@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from orchestrator.core.records import UnitSpec
-from orchestrator.core.states import Phase
-from orchestrator.deploy import actions, multinode
+from orchestrator.core.resident import SERVING, STOPPED
+from orchestrator.core.states import Event, Phase
+from orchestrator.deploy import actions, multinode, warm_steps
 from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
 from orchestrator.deploy.preflight import check_layout
 from orchestrator.errors import PlanError, SmokeGateFailed, SystemdError
@@ -59,6 +60,12 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
     multinode.stage(ctx, spec or dep.spec)
     multinode.preinstall(ctx, spec or dep.spec)
     _preinstall(ctx, spec or dep.spec)
+    target = spec or dep.spec
+    # Asleep with its unit unchanged: the table's warm path wakes it instead of starting it.
+    if step.plan is not None and ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text \
+            and warm_steps.is_asleep(ctx, target):
+        ctx.emit("warm", model=dep.model)
+        return StepResult(spec=spec, event=Event.WARM)
     return StepResult(spec=spec)
 
 
@@ -80,16 +87,22 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
     # Names whose engine stops now answer 503 + Retry-After until the switch ends; requests the
     # previous proxy config already sent to that engine finish before it stops (a resumed step
     # drains too: the route may have moved just before a crash).
+    units = step.units_to_stop
     if step.plan is not None:
         actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in step.overlapping))
         actions.drain(ctx, (d.spec for d in step.serving if d.spec.unit_name in step.units_to_stop))
-    actions.stop_units(ctx, step.units_to_stop)
+        # Those that can sleep sleep (mode=wait, after the drain); sleepers stay unless evicted.
+        leaving = [d for d in step.overlapping if d.spec.unit_name != step.dep.spec.unit_name]
+        asleep = warm_steps.put_to_sleep(ctx, step, leaving) if ctx.residency is not None else set()
+        units = units - asleep - warm_steps.asleep_units(ctx, but=[step.dep.model])
+    actions.stop_units(ctx, units)
     multinode.stop(ctx, step.node_units_to_stop)  # the other nodes after the API, in reverse start order
     return DONE
 
 
 def freeing(ctx: StepContext, step: StepInput) -> StepResult:
-    actions.free_gpus(ctx, step.dep.spec.gpus, step.units_to_stop)
+    actions.free_gpus(ctx, step.dep.spec.gpus, step.units_to_stop - warm_steps.asleep_units(ctx, but=[step.dep.model]),
+                      sleepers=warm_steps.gpus_sleepers(ctx, step))
     multinode.free(ctx, step.dep.spec, step.node_units_to_stop)
     return DONE
 
@@ -126,10 +139,15 @@ def routing(ctx: StepContext, step: StepInput) -> StepResult:
     dep = step.dep
     actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     leaving = {d.spec.unit_name for d in step.displaced} - {dep.spec.unit_name}
+    leaving -= warm_steps.asleep_units(ctx, but=[dep.model])  # a warm switch's displaced engines sleep
     running = [u for u in sorted(leaving) if ctx.ports.systemd.unit_state(u).is_active]
     if running:
         actions.drain(ctx, (d.spec for d in step.displaced if d.spec.unit_name in running))
         actions.stop_units(ctx, running)
+    for d in step.displaced:
+        if d.spec.unit_name in running:
+            warm_steps.mark(ctx, d.model, STOPPED, unit=d.spec.unit_name)
+    warm_steps.mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
     return DONE
 
 
@@ -190,20 +208,34 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
     actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in restore
                                                            if not ctx.ports.systemd.unit_state(
                                                                d.spec.unit_name).is_active))
-    actions.stop_units(ctx, {dep.spec.unit_name})
+    # The target sleeps again (warm), stays asleep if never woken, or stops; then the set comes back.
+    warm_steps.settle_target(ctx, step)
     for old in restore:
+        if warm_steps.wake_back(ctx, old, but=[dep.model]):
+            actions.settle_enablement(ctx, old.spec.unit_name, set())
+            continue
         if ctx.ports.systemd.unit_state(old.spec.unit_name).is_active:
             continue  # a handover's old engine still serves
-        actions.free_gpus(ctx, old.spec.gpus, {dep.spec.unit_name})
+        actions.free_gpus(ctx, old.spec.gpus, {dep.spec.unit_name}, sleepers=warm_steps.sleeper_mib(ctx, but=[old.model]))
         actions.install_unit(ctx, old.spec)
         actions.start_unit(ctx, old.spec)
         actions.wait_ready(ctx, old.spec)
+        warm_steps.mark(ctx, old.model, SERVING, unit=old.spec.unit_name)
         actions.settle_enablement(ctx, old.spec.unit_name, set())
     actions.route(ctx, (d.spec for d in step.serving))
     if dep.spec.unit_name not in {d.spec.unit_name for d in step.serving} \
             and ctx.ports.systemd.unit_state(dep.spec.unit_name).exists:
         ctx.ports.systemd.disable(dep.spec.unit_name)
     return DONE
+
+
+def _done(act: Callable[[StepContext, StepInput], None]) -> Step:
+    def step(ctx: StepContext, inp: StepInput) -> StepResult:
+        act(ctx, inp)
+        return DONE
+
+    step.__name__ = act.__name__
+    return step
 
 
 STEPS: dict[Phase, Step] = {
@@ -216,5 +248,9 @@ STEPS: dict[Phase, Step] = {
     Phase.STARTING: starting,
     Phase.CHECKING: checking,
     Phase.ROUTING: routing,
+    Phase.SLEEPING: _done(warm_steps.sleeping),
+    Phase.VERIFYING: _done(warm_steps.verifying),
+    Phase.WAKING: _done(warm_steps.waking),
+    Phase.RESTARTING: _done(warm_steps.restarting),
     Phase.ROLLING_BACK: rolling_back,
 }

@@ -150,3 +150,90 @@ def test_a_crash_while_stopping_a_model_never_splits_pointer_and_set(tmp_path: P
     pointer = reopened.serving("box")
     in_set = {d.revision for d in reopened.serving_set("box")}
     assert pointer is None or pointer.revision in in_set
+
+
+class CrashingControl:
+    """The fake engine control, killing the agent right after its n-th call returned (the engine
+    acted: slept, woke) once armed: the crash falls between an engine's change and its record."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.left: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = attr(*args, **kwargs)
+            if self.left is not None:
+                if self.left == 0:
+                    self.left = None
+                    raise Crash(name)
+                self.left -= 1
+            return out
+
+        return call
+
+
+WARM_CASES = {"warm": {}, "wedged": {"vllm-alpha.service": "wedged_wake"}}
+
+
+# (case, where): after the n-th engine call (8 in a warm switch, 6 up to a wedged wake), or as a phase begins.
+WARM_CRASHES = ([("warm", n) for n in range(8)] + [("wedged", n) for n in range(6)]
+                + [("warm", p) for p in (Phase.SLEEPING, Phase.VERIFYING, Phase.WAKING, Phase.ROUTING)]
+                + [("wedged", p) for p in (Phase.RESTARTING, Phase.CHECKING, Phase.ROUTING)])
+
+
+@pytest.mark.parametrize(("case", "where"), WARM_CRASHES)
+def test_the_agent_killed_in_a_warm_switch_converges(tmp_path: Path, case: str, where: int | Phase) -> None:
+    """Killed after any engine call of a warm switch back to alpha (sleep, wake, is_sleeping, the
+    completion) or as any of its phases begins (a wedged wake's restart too), the resumed run ends
+    active: alpha serves awake, beta sleeps, the GPUs hold alpha's engine and beta's residue only."""
+    from orchestrator.adapters.residency_store import SqliteResidencyStore
+    from orchestrator.testing import FakeProxy
+
+    from .test_warm_switch import warm_catalog
+
+    host = FakeHost(name="box")
+    catalog = warm_catalog()
+    ports = host.ports(catalog.hosts["box"], FakeWeights())
+    ports.proxy = FakeProxy()
+    control = CrashingControl(ports.engine)
+    ports.engine = control
+
+    def open_engine() -> tuple[Engine, SqliteStore, SqliteResidencyStore]:
+        store = SqliteStore(tmp_path / "state.db", group=None)
+        residency = SqliteResidencyStore(tmp_path / "residency.db", group=None)
+        return Engine(catalog, store, lambda name: ports, residency=residency), store, residency
+
+    eng, store, residency = open_engine()
+    for model in ("alpha", "beta"):
+        dep = eng.plan_switch(model)
+        assert dep is not None and eng.run(dep.id).phase is Phase.ACTIVE
+    host.engine_behaviours.update(WARM_CASES[case])  # type: ignore[arg-type]
+    dep = eng.plan_switch("alpha")
+    assert dep is not None
+    if isinstance(where, int):
+        control.left = where
+    else:
+        def die(d: Deployment) -> None:
+            if d.phase is where:
+                raise Crash(where.value)
+
+        eng.before_step = die
+    with pytest.raises(Crash):
+        eng.run(dep.id)
+    control.left = None
+    store.close()
+    residency.close()
+
+    eng, store, residency = open_engine()
+    for unfinished in store.unfinished("box"):
+        eng.run(unfinished.id)
+    assert store.get(dep.id).phase is Phase.ACTIVE
+    assert {m: r.state for m, r in residency.residency("box").items()} == {"alpha": "serving", "beta": "asleep"}
+    alpha, beta = (catalog.models[m].port for m in ("alpha", "beta"))
+    assert not control.inner.is_sleeping(f"http://127.0.0.1:{alpha}") and control.inner.is_sleeping(
+        f"http://127.0.0.1:{beta}")
+    held = sorted(mib for _, mib, _, _ in host.holders.values())
+    assert held == [host.residue_mib, 70_000]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.states import (
+    EXTRA_EVENTS,
     FORWARD,
     TERMINAL,
     TRANSITIONS,
@@ -48,9 +49,40 @@ def test_failure_before_stopping_aborts_whatever_the_fallback(phase: Phase) -> N
 
 
 def test_the_table_decides_every_move_of_every_fallback() -> None:
-    """Each running phase has a row for each event under each fallback: no move is chosen in code."""
+    """Each running phase has a row for ok and fail under each fallback, and for the one extra event it
+    may report (warm from staging, wedged from waking): no move is chosen in code."""
     running = set(Phase) - TERMINAL
-    assert set(TRANSITIONS) == {(p, e, f) for p in running for e in Event for f in Fallback}
+    expected = {(p, e, f) for p in running for e in (Event.OK, Event.FAIL) for f in Fallback}
+    expected |= {(p, e, f) for p, e in EXTRA_EVENTS.items() for f in Fallback}
+    assert set(TRANSITIONS) == expected
+
+
+def test_warm_path_sleeps_verifies_wakes_then_routes() -> None:
+    """A target found asleep goes staging -> sleeping -> verifying -> waking -> routing -> active."""
+    phase, seen = advance(Phase.STAGING, Event.WARM), [Phase.STAGING]
+    while phase is not Phase.ACTIVE:
+        seen.append(phase)
+        phase = advance(phase, Event.OK)
+    assert seen == [Phase.STAGING, Phase.SLEEPING, Phase.VERIFYING, Phase.WAKING, Phase.ROUTING]
+
+
+def test_wedged_wake_restarts_cold_then_checks() -> None:
+    """A wedged wake leads to restarting, whose success leads to the usual health check."""
+    assert advance(Phase.WAKING, Event.WEDGED) is Phase.RESTARTING
+    assert advance(Phase.RESTARTING, Event.OK) is Phase.CHECKING
+
+
+@pytest.mark.parametrize("phase", [Phase.SLEEPING, Phase.VERIFYING, Phase.WAKING, Phase.RESTARTING])
+def test_failure_on_the_warm_path_rolls_back(phase: Phase) -> None:
+    """Once a displaced engine sleeps, a failure rolls back (or fails without a fallback)."""
+    assert advance(phase, Event.FAIL) is Phase.ROLLING_BACK
+    assert advance(phase, Event.FAIL, Fallback.NONE) is Phase.FAILED
+
+
+def test_wedged_is_not_allowed_outside_waking() -> None:
+    """Only the wake may report a wedged engine; elsewhere the event is illegal and named."""
+    with pytest.raises(StateError, match="event 'wedged' is not allowed in state 'checking'"):
+        advance(Phase.CHECKING, Event.WEDGED)
 
 
 def test_a_deployment_falls_back_only_with_something_to_go_back_to() -> None:

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""The README's warm-switch walk-through, for real: one systemd test host, stand-in engines with
+vLLM's sleep API, the real HAProxy; `orchestrator switch` alpha, beta, alpha, then the `status` and
+`history` a person would read, as the CLI prints them (committed as bench/warm_walkthrough.txt).
+
+    .venv/bin/python bench/warm_walkthrough.py
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from click.testing import CliRunner
+
+from orchestrator.cli import main
+from tests.hosts.pool import boot_hosts
+from tests.test_proxy_hosts import proxy_config
+
+ENGINE = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1"]
+WARM = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "sleep": "level1",
+        "wake_deadline_s": 10, "args": ENGINE}
+
+
+def run(cfg: Path, *args: str) -> None:
+    cmd = ["--config", str(cfg), *args]
+    print(f"$ orchestrator {' '.join(a for a in args)}")
+    out = CliRunner().invoke(main, cmd, catch_exceptions=False, env={"COLUMNS": "160"})
+    print(out.output.rstrip(), flush=True)
+
+
+def main_() -> None:
+    hosts = boot_hosts(1)
+    try:
+        host = hosts.hosts[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = Path(tmp) / "deploy.toml"
+            text = proxy_config(host, Path(tmp) / "state", {"alpha": {"port": 8151, **WARM},
+                                                           "beta": {"port": 8152, **WARM}})
+            cfg.write_text(text.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = 8\n", 1))
+            for model in ("alpha", "beta", "alpha"):
+                run(cfg, "switch", model)
+            run(cfg, "status", "--local")
+            run(cfg, "history", "--local")
+    finally:
+        hosts.close()
+
+
+if __name__ == "__main__":
+    main_()

@@ -1,0 +1,115 @@
+"""Sleep, wake and their checks on one engine: what a warm switch is made of.
+
+Free of systemd on purpose (a base URL, the engine's PIDs, an EngineControl, a GpuProbe and a
+Clock): the steps call these with a unit's cgroup PIDs; the H200 script calls them with the PIDs of
+a vLLM process tree started by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from orchestrator.core.records import UnitSpec
+from orchestrator.core.sleep_memory import holdings, need_mib, sleep_excess, wake_blockers
+from orchestrator.errors import EngineError, EngineWedged, GpuBusy, SleepLeftMemory
+from orchestrator.ports import Clock, EngineControl, GpuProbe
+
+POLL_S = 0.1
+SLEEP_FLAG = "--enable-sleep-mode"
+
+
+def sleep_enabled(spec: UnitSpec) -> bool:
+    """Whether the unit runs vLLM with sleep mode (rendered only for a model with ``sleep``)."""
+    return SLEEP_FLAG in spec.unit_text
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine as the warm code sees it."""
+
+    name: str  # the model (messages name it)
+    base_url: str
+    gpus: tuple[int, ...]
+    pids: frozenset[int]
+    utilization: float = 0.9
+    served: str = ""  # the served model name (the completion asks for it); default: name
+
+    @property
+    def model(self) -> str:
+        return self.served or self.name
+
+
+def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine: Engine, *, level: int,
+                   residue_mib: int, mode: str = "wait", settle_s: float = 5.0) -> float:
+    """Put ``engine`` to sleep (unless it says it sleeps already) and prove it gave its GPUs back;
+    returns the seconds the sleep took.
+
+    A sleep that answers 200 but keeps more than ``residue_mib`` on a GPU after ``settle_s`` raises
+    SleepLeftMemory naming the PID and memory: the caller stops that engine instead."""
+    started = clock.monotonic()
+    if not control.is_sleeping(engine.base_url):
+        control.sleep(engine.base_url, level, mode)
+    took = clock.monotonic() - started
+    deadline = clock.monotonic() + settle_s
+    while True:
+        excess = sleep_excess(probe.snapshot(), engine.gpus, engine.pids, residue_mib)
+        if not excess:
+            return took
+        if clock.monotonic() >= deadline:
+            raise SleepLeftMemory(
+                f"{engine.name} answered its sleep (level {level}) with 200 but still holds "
+                f"{'; '.join(h.text() for h in excess)}, more than the {residue_mib} MiB residue of a sleeper")
+        clock.sleep(POLL_S)
+
+
+def check_wake_fits(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str], residue_mib: int) -> None:
+    """Raise GpuBusy unless ``engine``'s GPUs hold nothing but sleepers' residue and have room for it."""
+    snap = probe.snapshot()
+    reasons = wake_blockers(snap, engine.gpus, own_pids=engine.pids, sleepers=sleepers, residue_mib=residue_mib,
+                            need_mib=need_mib(snap, engine.gpus, engine.utilization))
+    if reasons:
+        raise GpuBusy(f"{engine.name} is not woken: its GPUs lack the memory it needs: " + "; ".join(reasons))
+
+
+def wake_checked(control: EngineControl, clock: Clock, engine: Engine, *, level: int, deadline_s: float) -> float:
+    """Wake ``engine`` (vLLM's level-2 sequence for level 2) and prove it serves with one completion
+    within ``deadline_s`` of the wake's start; returns the seconds that took.
+
+    Anything else is EngineWedged with the engine's own words: vLLM half-woken after an error keeps
+    memory and hangs every request, and only a restart frees it."""
+    started = clock.monotonic()
+    try:
+        if not control.is_sleeping(engine.base_url):
+            pass  # woken already (a run resumed after a crash): the completion still decides
+        elif level == 2:
+            control.wake(engine.base_url, ("weights",))
+            control.reload_weights(engine.base_url)
+            control.wake(engine.base_url, ("kv_cache",))
+            control.reset_prefix_cache(engine.base_url)
+        else:
+            control.wake(engine.base_url)
+        if control.is_sleeping(engine.base_url):
+            raise EngineError(f"GET {engine.base_url}/is_sleeping: still true after the wake answered 200")
+        left = deadline_s - (clock.monotonic() - started)
+        if left <= 0:
+            raise EngineError(f"the wake took {clock.monotonic() - started:.2f} s, the whole wake_deadline_s")
+        control.complete(engine.base_url, engine.model, timeout=left)
+    except EngineError as exc:
+        raise EngineWedged(f"{engine.name} is wedged after its wake (level {level}, wake_deadline_s {deadline_s:g}): "
+                           f"{exc}", status=exc.status, body=exc.body) from exc
+    return clock.monotonic() - started
+
+
+def held_mib(probe: GpuProbe, engine: Engine) -> dict[int, int]:
+    """GPU index -> MiB the engine's processes hold there now."""
+    return {h.gpu: h.mib for h in holdings(probe.snapshot(), engine.gpus, engine.pids)}
+
+
+def pids_holding(probe: GpuProbe, gpus: Collection[int]) -> dict[int, int]:
+    """PID -> MiB of every process on ``gpus`` (for messages and the H200 script)."""
+    out: dict[int, int] = {}
+    for p in probe.snapshot().processes:
+        if p.gpu_index in set(gpus):
+            out[p.pid] = out.get(p.pid, 0) + p.used_memory_mib
+    return out

@@ -1,0 +1,315 @@
+"""The warm path's steps and the sleep-aware parts of the cold one (see core/states.py's table).
+
+Every step observes first (the unit, ``/is_sleeping``, nvidia-smi by PID) so that a run resumed
+after a crash finishes what the killed one began. What an engine said when it failed (a sleep that
+kept its memory, a wedged wake) is recorded as an event with the deployment and in the progress.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from orchestrator.core import residency as rules
+from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.core.resident import ASLEEP, SERVING, STOPPED
+from orchestrator.deploy import actions, warm
+from orchestrator.deploy.context import StepContext, StepInput
+from orchestrator.deploy.warm import sleep_enabled
+from orchestrator.errors import EngineError, GpuBusy, OrchestratorError, SleepLeftMemory
+
+WARM_EVENT = "warm"  # the kind of ctx.record entries the warm steps write
+
+
+def level_of(ctx: StepContext, model: str) -> str | None:
+    m = ctx.catalog.models.get(model)
+    return None if m is None else m.sleep
+
+
+def _level_number(level: str | None) -> int:
+    return 2 if level == "level2" else 1
+
+
+def residue_mib(ctx: StepContext) -> int:
+    return int(ctx.ports.host.sleep_residue_gib * 1024)
+
+
+def engine_of(ctx: StepContext, spec: UnitSpec) -> warm.Engine:
+    model = ctx.catalog.models.get(spec.model)
+    util = rules.utilization(ctx.catalog, model) if model is not None else ctx.defaults.gpu_memory_utilization
+    return warm.Engine(spec.model, spec.base_url, spec.gpus, frozenset(ctx.ports.systemd.cgroup_pids(spec.unit_name)),
+                       utilization=util, served=spec.served_name)
+
+
+def deadline_of(ctx: StepContext, model: str) -> float:
+    m = ctx.catalog.models.get(model)
+    return ctx.defaults.wake_deadline_s if m is None else rules.wake_deadline(ctx.catalog, m)
+
+
+def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:
+    """The engine runs and says it sleeps (``/health`` answers 200 while asleep: it cannot tell)."""
+    control = ctx.ports.engine
+    if control is None or not sleep_enabled(spec) or not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
+        return False
+    try:
+        return control.is_sleeping(spec.base_url)
+    except EngineError:
+        return False
+
+
+def mark(ctx: StepContext, model: str, state: str, *, level: str | None = None, unit: str = "",
+         weights_gib: float | None = None) -> None:
+    if ctx.residency is not None:
+        ctx.residency.set_state(ctx.ports.host.name, model, state, ctx.ports.clock.now(), level=level, unit=unit,
+                                weights_gib=weights_gib)
+
+
+def weights_gib(ctx: StepContext, spec: UnitSpec) -> float:
+    """The size of the engine's weights on the host (``du``): what a level1 sleeper holds in host RAM."""
+    res = ctx.ports.shell.run(["du", "-sbL", spec.model_dir], check=False, idempotent=True)
+    head = res.stdout.split()[:1]
+    return int(head[0]) / 2**30 if res.ok and head and head[0].isdigit() else 0.0
+
+
+def note(ctx: StepContext, what: str, **detail: object) -> None:
+    """Persist (with the deployment) and show one thing the warm steps did or an engine said."""
+    ctx.record(WARM_EVENT, {"step": what, **detail})
+    ctx.emit(what, **detail)
+
+
+def sleepers(ctx: StepContext, but: Iterable[str] = ()) -> dict[int, str]:
+    """PID -> model of every engine recorded asleep on the host (their residue may stay on a GPU)."""
+    if ctx.residency is None:
+        return {}
+    skip = set(but)
+    out: dict[int, str] = {}
+    for name, r in ctx.residency.residency(ctx.ports.host.name).items():
+        if r.state == ASLEEP and name not in skip and r.unit:
+            out.update({pid: name for pid in ctx.ports.systemd.cgroup_pids(r.unit)})
+    return out
+
+
+def sleeper_mib(ctx: StepContext, but: Iterable[str] = ()) -> dict[int, int]:
+    """PID -> the most memory it may keep: the free check of the cold path lets sleepers' residue be."""
+    return dict.fromkeys(sleepers(ctx, but), residue_mib(ctx))
+
+
+# -- what a switch does to the other models --------------------------------------------------------
+@dataclass(frozen=True)
+class Fate:
+    sleep: tuple[str, ...]  # displaced models that sleep
+    stop: tuple[str, ...]  # displaced models that stop
+    evict: tuple[str, ...]  # sleepers stopped to make room
+    reasons: tuple[str, ...]
+
+
+def fate(ctx: StepContext, step: StepInput) -> Fate:
+    """core.residency's decision for this switch, from the catalog and the recorded residency."""
+    host = ctx.ports.host
+    records = ctx.residency.residency(host.name) if ctx.residency is not None else {}
+    displaced = {d.model: d.spec for d in step.displaced}
+    residents = []
+    for name in ctx.catalog.models_on(host.name):
+        model = ctx.catalog.models[name]
+        rec = records.get(name)
+        # Observed, not only recorded: a unit stopped behind the records' back holds nothing.
+        state = rules.State.STOPPED
+        if ctx.ports.systemd.unit_state(model.unit_name).is_active:
+            state = rules.State.ASLEEP if rec is not None and rec.state == ASLEEP else rules.State.SERVING
+        if name == step.dep.model:
+            state = rules.State.ASLEEP if is_asleep(ctx, step.dep.spec) else rules.State.STOPPED
+        size = weights_gib(ctx, displaced[name]) if name in displaced else (rec.weights_gib if rec else 0.0)
+        residents.append(rules.Resident(
+            name=name, gpus=model.gpus, gpu_memory_utilization=rules.utilization(ctx.catalog, model),
+            sleep=model.sleep, weights_gib=size, state=state,
+            level=rec.level if rec is not None else None, last_served=rec.last_served if rec is not None else None,
+            served_name=model.served))
+    decision = rules.decide(step.dep.model, residents, rules.budgets_for(host, _mem_total_gib(ctx)),
+                            displaced=list(displaced))
+    return Fate(decision.sleep, decision.stop, decision.evict, decision.reasons)
+
+
+def _mem_total_gib(ctx: StepContext) -> float | None:
+    """The box's MemTotal (for a host without memory_gib or sleep_ram_gib)."""
+    if ctx.ports.host.sleep_ram_gib is not None or ctx.ports.host.memory_gib is not None:
+        return None
+    data = ctx.ports.shell.read_file("/proc/meminfo") or b""
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith("MemTotal:") and line.split()[1].isdigit():
+            return int(line.split()[1]) / 2**20
+    return None
+
+
+def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment]) -> set[str]:
+    """Sleep (mode=wait) or stop each displaced engine as the decision says, evict what it names;
+    returns the units that now sleep. A sleep that errs or keeps its memory stops that engine."""
+    decided = fate(ctx, step)
+    asleep: set[str] = set()
+    control = ctx.ports.engine
+    for d in leaving:
+        spec, unit = d.spec, d.spec.unit_name
+        if not ctx.ports.systemd.unit_state(unit).is_active:
+            mark(ctx, d.model, STOPPED, unit=unit)
+            continue
+        level = level_of(ctx, d.model)
+        if d.model in decided.sleep and control is not None and sleep_enabled(spec) and level is not None:
+            try:
+                took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
+                                           level=_level_number(level), residue_mib=residue_mib(ctx))
+                mark(ctx, d.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
+                note(ctx, "slept", model=d.model, level=level, seconds=round(took, 3))
+                asleep.add(unit)
+                continue
+            except (SleepLeftMemory, EngineError) as exc:
+                note(ctx, "sleep_failed", model=d.model, error=str(exc), then="stopped instead")
+        else:
+            why = next((r for r in decided.reasons if r.startswith(d.model + " ")), "no sleep mode")
+            note(ctx, "stopping", model=d.model, reason=why)
+        actions.stop_units(ctx, {unit})
+        mark(ctx, d.model, STOPPED, unit=unit)
+    for name in decided.evict:
+        unit = ctx.catalog.models[name].unit_name
+        note(ctx, "evicted", model=name, reason=next((r for r in decided.reasons if r.startswith(name + " ")), ""))
+        actions.stop_units(ctx, {unit})
+        mark(ctx, name, STOPPED, unit=unit)
+    return asleep
+
+
+def asleep_units(ctx: StepContext, but: Iterable[str] = ()) -> set[str]:
+    """The units of models recorded asleep (a cold switch must not stop them unless evicted)."""
+    if ctx.residency is None:
+        return set()
+    skip = set(but)
+    return {r.unit for n, r in ctx.residency.residency(ctx.ports.host.name).items()
+            if r.state == ASLEEP and n not in skip and r.unit}
+
+
+# -- the warm path's steps -------------------------------------------------------------------------
+def sleeping(ctx: StepContext, step: StepInput) -> None:
+    """The route moves to the target (asleep: its engine holds what arrives until the wake), the
+    displaced engines finish what they serve (drain, then sleep mode=wait) and sleep, or stop."""
+    dep = step.dep
+    actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
+    leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
+    actions.drain(ctx, (d.spec for d in leaving))
+    put_to_sleep(ctx, step, leaving)
+
+
+def verifying(ctx: StepContext, step: StepInput) -> None:
+    """Never wake without the memory: the target's GPUs hold nothing but sleepers' residue, with room."""
+    dep, clock = step.dep, ctx.ports.clock
+    eng = engine_of(ctx, dep.spec)
+    deadline = clock.monotonic() + ctx.defaults.free_timeout_s
+    while True:
+        try:
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model]),
+                                 residue_mib=residue_mib(ctx))
+            ctx.emit("wake_fits", model=dep.model, gpus=list(dep.spec.gpus))
+            return
+        except GpuBusy:
+            if clock.monotonic() >= deadline:
+                raise
+        ctx.pause(0.2)
+
+
+def waking(ctx: StepContext, step: StepInput) -> None:
+    """Wake the target and prove it with one completion within wake_deadline_s (else: wedged)."""
+    dep = step.dep
+    control = ctx.ports.engine
+    assert control is not None  # staging reports warm only with an engine control
+    level = level_of(ctx, dep.model)
+    note(ctx, "wake_started", model=dep.model, level=level)
+    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec), level=_level_number(level),
+                             deadline_s=deadline_of(ctx, dep.model))
+    note(ctx, "woken", model=dep.model, seconds=round(took, 3))
+    mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
+
+
+def restarting(ctx: StepContext, step: StepInput) -> None:
+    """A wedged engine only frees its memory when it dies: kill the unit's cgroup, wait until its
+    GPUs hold nothing but sleepers' residue, start it cold (checking follows)."""
+    spec = step.dep.spec
+    sd = ctx.ports.systemd
+    note(ctx, "restart_wedged", model=spec.model, unit=spec.unit_name)
+    if sd.unit_state(spec.unit_name).is_active:
+        sd.kill_unit(spec.unit_name, signal.SIGKILL)
+    actions.stop_units(ctx, {spec.unit_name})
+    mark(ctx, spec.model, STOPPED, unit=spec.unit_name)
+    actions.free_gpus(ctx, spec.gpus, {spec.unit_name}, sleepers=sleeper_mib(ctx, but=[spec.model]))
+    actions.start_unit(ctx, spec)
+
+
+def woke_in(step: StepInput) -> bool:
+    """Whether this deployment already woke (or began to wake) its target."""
+    return any(p.get("step") == "wake_started" for p in step.warm_progress)
+
+
+# -- rollback of a switch whose models sleep -------------------------------------------------------
+def settle_target(ctx: StepContext, step: StepInput) -> None:
+    """Rolling back: the target goes back to sleep when it served well enough to (warm), stays asleep
+    when it was never woken, and stops otherwise (wedged, sleep failed, or no sleep mode)."""
+    spec = step.dep.spec
+    unit = spec.unit_name
+    if not ctx.ports.systemd.unit_state(unit).is_active:
+        mark(ctx, spec.model, STOPPED, unit=unit)
+        return
+    records = ctx.residency.residency(ctx.ports.host.name) if ctx.residency is not None else {}
+    rec = records.get(spec.model)
+    if rec is not None and rec.state == ASLEEP and not woke_in(step) and is_asleep(ctx, spec):
+        return  # never woken: it stays asleep, as before the switch
+    level, control = level_of(ctx, spec.model), ctx.ports.engine
+    healthy = rec is not None and rec.state == SERVING
+    if healthy and control is not None and level is not None and sleep_enabled(spec):
+        try:
+            warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
+                                level=_level_number(level), residue_mib=residue_mib(ctx))
+            mark(ctx, spec.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
+            note(ctx, "slept", model=spec.model, level=level)
+            return
+        except (SleepLeftMemory, EngineError) as exc:
+            note(ctx, "sleep_failed", model=spec.model, error=str(exc), then="stopped instead")
+    if ctx.ports.systemd.unit_state(unit).is_active and not healthy:
+        ctx.ports.systemd.kill_unit(unit, signal.SIGKILL)  # a wedged engine ignores a polite stop for long
+    actions.stop_units(ctx, {unit})
+    mark(ctx, spec.model, STOPPED, unit=unit)
+
+
+def wake_back(ctx: StepContext, old: Deployment, but: Iterable[str]) -> bool:
+    """Rolling back to a model that sleeps: verify the memory, wake it, check it; a wedged wake
+    restarts it cold. Returns False when ``old`` is not asleep (the caller starts it cold)."""
+    spec = old.spec
+    if not is_asleep(ctx, spec):
+        return False
+    control = ctx.ports.engine
+    assert control is not None
+    eng = engine_of(ctx, spec)
+    clock = ctx.ports.clock
+    deadline = clock.monotonic() + ctx.defaults.free_timeout_s
+    while True:
+        try:
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model, *but]),
+                                 residue_mib=residue_mib(ctx))
+            break
+        except GpuBusy:
+            if clock.monotonic() >= deadline:
+                raise
+        ctx.pause(0.2)
+    try:
+        took = warm.wake_checked(control, clock, eng, level=_level_number(level_of(ctx, spec.model)),
+                                 deadline_s=deadline_of(ctx, spec.model))
+        note(ctx, "woken", model=spec.model, seconds=round(took, 3))
+    except OrchestratorError as exc:
+        note(ctx, "wake_failed", model=spec.model, error=str(exc), then="restarted cold")
+        ctx.ports.systemd.kill_unit(spec.unit_name, signal.SIGKILL)
+        actions.stop_units(ctx, {spec.unit_name})
+        actions.free_gpus(ctx, spec.gpus, {spec.unit_name}, sleepers=sleeper_mib(ctx, but=[spec.model]))
+        actions.start_unit(ctx, spec)
+        actions.wait_ready(ctx, spec)
+    mark(ctx, spec.model, SERVING, unit=spec.unit_name)
+    return True
+
+
+def gpus_sleepers(ctx: StepContext, step: StepInput) -> Mapping[int, int]:
+    """The free check of a cold switch: sleepers (not the target, not evicted) may keep their residue."""
+    return sleeper_mib(ctx, but=[step.dep.model])

@@ -1,0 +1,153 @@
+"""Warm switches on a test host: the stand-in engine with vLLM's sleep API (cold load 2 s, wake
+0.3 s), real systemd, the real HAProxy in front, the stand-in nvidia-smi showing sleepers' residue."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestrator import settings
+from orchestrator.core.records import Deployment
+from orchestrator.deploy.operations import Operations
+from orchestrator.wiring import operations
+from tests.hosts.machine import Host
+from tests.proxy_prober import classify
+from tests.test_proxy_drain_hosts import TOKENS, ProberProcess
+from tests.test_proxy_hosts import base_url, proxy_config
+
+pytestmark = pytest.mark.hosts
+ENGINE = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1", "--chunk-delay", "0.02"]
+WARM = {"served_name": "chat", "sleep": "level1", "wake_deadline_s": 5, "args": ENGINE}
+MODELS: dict[str, dict[str, Any]] = {
+    "alpha": {"port": 8121, **WARM},
+    "beta": {"port": 8122, **WARM},
+    "gamma": {"port": 8123, **WARM, "args": [*ENGINE, "--sleep-keeps-memory"]},
+}
+
+
+def warm_config(host: Host, state: Path, sleep_ram_gib: float = 8) -> str:
+    text = proxy_config(host, state, MODELS)
+    return text.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = {sleep_ram_gib}\n", 1)
+
+
+@pytest.fixture
+def ops(host: Host, tmp_path: Path) -> Iterator[Operations]:
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(warm_config(host, tmp_path / "state"))
+    yield operations(settings.load(cfg))
+    host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+def engine_url(host: Host, model: str) -> str:
+    return f"http://{host.address}:{MODELS[model]['port']}"
+
+
+def sleeping(host: Host, model: str) -> bool:
+    return bool(httpx.get(f"{engine_url(host, model)}/is_sleeping", timeout=5).json()["is_sleeping"])
+
+
+def residency(ops: Operations, host: Host) -> dict[str, str]:
+    res = ops.status(host.name)["hosts"][host.name]["residency"]
+    return {m["model"]: m["state"] for m in res["models"] if m["state"] != "stopped"}
+
+
+def phases(ops: Operations, host: Host) -> list[str]:
+    return [t["phase"] for t in ops.history(host.name, 1)[0]["phases"]]
+
+
+def test_a_b_a_the_second_a_is_warm_and_the_prober_sees_no_failure(host: Host, ops: Operations) -> None:
+    """alpha -> beta (alpha sleeps) -> alpha (woken, not started) under the prober through the proxy:
+    every request of the warm swap answers 200, none cut, none 503."""
+    assert ops.switch("alpha")["outcome"] == "active"
+    assert ops.switch("beta")["outcome"] == "active"
+    assert residency(ops, host) == {"alpha": "asleep", "beta": "serving"} and sleeping(host, "alpha")
+    pid_before = host.run("systemctl show -p MainPID --value vllm-alpha.service").stdout.strip()
+    t0 = time.monotonic()
+    with ProberProcess(base_url(host), "chat") as prober:
+        result = ops.switch("alpha")
+    took = time.monotonic() - t0
+    assert result["outcome"] == "active", result.get("error")
+    assert phases(ops, host)[-4:] == ["sleeping", "verifying", "waking", "routing"]
+    assert host.run("systemctl show -p MainPID --value vllm-alpha.service").stdout.strip() == pid_before
+    got = classify(prober.requests, TOKENS)
+    print(f"warm swap in {took:.2f} s: {len(got['ok'])} ok, {len(got['cut'])} cut, {len(got['gap'])} 503, "
+          f"{len(got['failed'])} failed")
+    assert got["failed"] == [] and got["cut"] == [] and got["gap"] == []
+    assert residency(ops, host) == {"alpha": "serving", "beta": "asleep"} and sleeping(host, "beta")
+    assert not sleeping(host, "alpha")
+
+
+def test_a_wedged_wake_is_restarted_cold_with_the_engines_error_in_history(host: Host, ops: Operations) -> None:
+    """alpha asleep is woken behind the product's back while beta holds the GPU (vLLM: 500 out of
+    memory, half-woken); switching to alpha wakes it, gets vLLM's 500, kills and restarts it cold."""
+    ops.switch("alpha")
+    ops.switch("beta")
+    r = httpx.post(f"{engine_url(host, 'alpha')}/wake_up", timeout=10)
+    assert r.status_code == 500 and "out of memory" in r.text
+    result = ops.switch("alpha")
+    assert result["outcome"] == "active", result.get("error")
+    assert "restarting" in phases(ops, host)
+    assert "CUDA Error" in (ops.history(host.name, 1)[0]["error"] or "")
+    assert residency(ops, host) == {"alpha": "serving", "beta": "asleep"}
+
+
+def test_a_sleep_that_keeps_its_memory_is_stopped_instead(host: Host, ops: Operations) -> None:
+    """gamma's sleep answers 200 and frees nothing: gamma is stopped, and the switch to alpha ends active."""
+    ops.switch("alpha")
+    ops.switch("gamma")  # alpha sleeps
+    result = ops.switch("alpha")
+    assert result["outcome"] == "active", result.get("error")
+    assert residency(ops, host) == {"alpha": "serving"}
+    assert host.run("systemctl is-active vllm-gamma.service", check=False).stdout.strip() == "inactive"
+    warm = ops.store.events(host=host.name, kind="warm", limit=50)
+    assert any(e["step"] == "sleep_failed" and e["model"] == "gamma" and "MiB on GPU" in e["error"] for e in warm)
+
+
+def test_ram_budget_full_stops_the_oldest_sleeper(host: Host, tmp_path: Path) -> None:
+    """Room in host RAM for one sleeper (1 GiB of weights each, a 1.5 GiB budget): switching to the
+    third model stops the least recently served sleeper."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(warm_config(host, tmp_path / "state", sleep_ram_gib=1.5))
+    ops = operations(settings.load(cfg))
+    try:
+        for name in ("alpha", "beta"):
+            spec = ops.engine().spec_for(ops.catalog.models[name])
+            host.run(f"mkdir -p {spec.model_dir} && truncate -s 1G {spec.model_dir}/weights.bin")
+        ops.switch("alpha")
+        ops.switch("beta")
+        assert residency(ops, host) == {"alpha": "asleep", "beta": "serving"}
+        result = ops.switch("gamma")
+        assert result["outcome"] == "active", result.get("error")
+        assert residency(ops, host) == {"beta": "asleep", "gamma": "serving"}
+        evicted = [e for e in ops.store.events(host=host.name, kind="warm", limit=50) if e["step"] == "evicted"]
+        assert [e["model"] for e in evicted] == ["alpha"]
+    finally:
+        host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+def test_rollback_of_a_warm_switch_is_warm(host: Host, ops: Operations) -> None:
+    """alpha's wake wedges and its cold restart fails (its unit broken meanwhile): beta, asleep, is
+    woken back, not started, and serves again; alpha is stopped."""
+    ops.switch("alpha")
+    ops.switch("beta")
+    httpx.post(f"{engine_url(host, 'alpha')}/wake_up", timeout=10)  # wedged: 500 out of memory
+    beta_pid = host.run("systemctl show -p MainPID --value vllm-beta.service").stdout.strip()
+
+    def break_alpha(dep: Deployment) -> None:
+        if dep.phase.value == "restarting":
+            host.run("sed -i 's|^ExecStart=.*|ExecStart=/bin/false|' /etc/systemd/system/vllm-alpha.service"
+                     " && systemctl daemon-reload")
+
+    ops.before_step = break_alpha
+    result = ops.switch("alpha")
+    assert result["outcome"] == "rolled_back", result
+    assert host.run("systemctl show -p MainPID --value vllm-beta.service").stdout.strip() == beta_pid
+    assert residency(ops, host) == {"beta": "serving"} and not sleeping(host, "beta")
+    r = httpx.post(f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2},
+                   timeout=10)
+    assert r.status_code == 200

@@ -1,0 +1,218 @@
+"""Warm switches through the engine, on fake ports: models sleep instead of stopping, wake instead of
+starting, and every failure (wedged wake, a sleep that keeps memory, no RAM) ends in a known state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.core.states import Phase
+from orchestrator.deploy.engine import Engine
+from orchestrator.testing import FakeProxy, FakeResidencyStore
+
+from .conftest import World, make_catalog
+
+TP4 = {"tensor_parallel": 4, "gpus": [0, 1, 2, 3], "sleep": "level1", "served_name": "chat"}
+
+
+def warm_catalog(sleep_ram_gib: float = 100, **models: Any) -> Any:
+    return make_catalog(
+        proxy={"enabled": True, "port": 8000},
+        hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
+                       "sleep_ram_gib": sleep_ram_gib, "sleep_residue_gib": 2}},
+        models=models or {"alpha": {"repo": "org/alpha", "port": 8001, **TP4},
+                          "beta": {"repo": "org/beta", "port": 8002, **TP4}})
+
+
+class WarmWorld(World):
+    def __init__(self, catalog: Any | None = None) -> None:
+        super().__init__(catalog or warm_catalog())
+        self.proxy = FakeProxy()
+        self.residency = FakeResidencyStore()
+        ports = self.host.ports(self.catalog.hosts["box"], self.weights)
+        ports.proxy = self.proxy
+        self.engine = Engine(self.catalog, self.store, lambda name: ports, residency=self.residency,
+                             progress=lambda e, f: self.events.append((e, f)))
+
+    def states(self) -> dict[str, str]:
+        return {m: r.state for m, r in self.residency.residency("box").items()}
+
+    def phases(self, dep_id: int) -> list[str]:
+        return [t.phase for t in self.store.get(dep_id).timings]
+
+    def warm_events(self) -> list[dict[str, Any]]:
+        return [e for e in self.store.events(kind="warm", limit=500)]
+
+
+@pytest.fixture
+def ww() -> WarmWorld:
+    return WarmWorld()
+
+
+def test_switching_back_to_a_sleeper_is_warm(ww: WarmWorld) -> None:
+    """alpha -> beta -> alpha: alpha sleeps when beta comes, and the second alpha wakes, not starts."""
+    assert ww.switch("alpha").phase is Phase.ACTIVE
+    assert ww.switch("beta").phase is Phase.ACTIVE
+    assert ww.states() == {"alpha": "asleep", "beta": "serving"}
+    ww.host.calls.clear()
+    back = ww.switch("alpha")
+    assert back.phase is Phase.ACTIVE
+    assert ww.phases(back.id)[-4:] == ["sleeping", "verifying", "waking", "routing"]
+    assert "start vllm-alpha.service" not in ww.host.calls and "wake vllm-alpha.service" in ww.host.calls
+    assert ww.states() == {"alpha": "serving", "beta": "asleep"}
+    assert [d.model for d in ww.store.serving_set("box")] == ["alpha"]
+
+
+def test_the_displaced_engine_sleeps_with_mode_wait_after_the_route_moved(ww: WarmWorld) -> None:
+    """A warm swap routes to the target first, then sleeps the displaced engine with mode=wait."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.proxy.applied.clear()
+    ww.host.calls.clear()
+    ww.switch("alpha")
+    assert "sleep vllm-beta.service level=1 mode=wait" in ww.host.calls
+    assert ww.proxy.applied and ":8001" in ww.proxy.applied[0] and ":8002" not in ww.proxy.applied[0]
+    assert not any("model_switching" in c for c in ww.proxy.applied)  # never a 503 gap in a warm swap
+
+
+def test_wedged_wake_is_restarted_cold_and_the_switch_ends_active(ww: WarmWorld) -> None:
+    """A wake that fails with the engine's 500 restarts the unit cold; the switch still ends active,
+    with vLLM's words in the deployment's error and the restart in its events."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.host.engine_behaviours["vllm-alpha.service"] = "wedged_wake"
+    ww.host.calls.clear()
+    back = ww.switch("alpha")
+    assert back.phase is Phase.ACTIVE
+    assert "restarting" in ww.phases(back.id) and "checking" in ww.phases(back.id)
+    assert back.error is not None and "CUDA Error: out of memory" in back.error
+    assert any(c.startswith("kill vllm-alpha.service 9") for c in ww.host.calls)
+    assert any(e["step"] == "restart_wedged" for e in ww.warm_events())
+    assert ww.states() == {"alpha": "serving", "beta": "asleep"}
+
+
+def test_a_sleep_that_keeps_its_memory_stops_that_engine(ww: WarmWorld) -> None:
+    """beta answers its sleep but keeps its memory: it is stopped instead, recorded with the PID and
+    MiB, and alpha still wakes."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.host.engine_behaviours["vllm-beta.service"] = "leaky_sleep"
+    back = ww.switch("alpha")
+    assert back.phase is Phase.ACTIVE
+    failed = [e for e in ww.warm_events() if e["step"] == "sleep_failed"]
+    assert failed and failed[0]["model"] == "beta" and "holds 70000 MiB on GPU 0" in failed[0]["error"]
+    assert ww.states() == {"alpha": "serving", "beta": "stopped"}
+    assert "vllm-beta.service" not in ww.host.active_units()
+
+
+def test_ram_budget_full_evicts_the_least_recently_served_sleeper() -> None:
+    """With room in host RAM for one sleeper, the third model's switch stops the oldest sleeper."""
+    models = {name: {"repo": f"org/{name}", "port": 8001 + i, **TP4} for i, name in enumerate(("a", "b", "c"))}
+    ww = WarmWorld(warm_catalog(sleep_ram_gib=1.5, **models))
+    for name in models:
+        ww.host.sizes[ww.engine.spec_for(ww.catalog.models[name]).model_dir] = 2**30  # 1 GiB of weights each
+    ww.switch("a")
+    ww.switch("b")
+    assert ww.states() == {"a": "asleep", "b": "serving"}
+    assert ww.switch("c").phase is Phase.ACTIVE
+    assert ww.states() == {"a": "stopped", "b": "asleep", "c": "serving"}
+    evicted = [e for e in ww.warm_events() if e["step"] == "evicted"]
+    assert [e["model"] for e in evicted] == ["a"]
+
+
+def test_rollback_of_a_warm_switch_is_warm(ww: WarmWorld) -> None:
+    """alpha's wake wedges and its cold restart fails: beta, asleep, is woken back (not started),
+    and alpha is stopped."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.host.engine_behaviours["vllm-alpha.service"] = "wedged_wake"
+    ww.host.behaviours["vllm-alpha.service"] = "crash"
+    ww.host.calls.clear()
+    back = ww.switch("alpha")
+    assert back.phase is Phase.ROLLED_BACK
+    assert "start vllm-beta.service" not in ww.host.calls and "wake vllm-beta.service" in ww.host.calls
+    assert ww.states() == {"alpha": "stopped", "beta": "serving"}
+    assert [d.model for d in ww.store.serving_set("box")] == ["beta"]
+
+
+def test_a_sleeping_engine_is_not_healthy(ww: WarmWorld) -> None:
+    """/health is 200 while asleep; is_healthy reads /is_sleeping and says no."""
+    ww.switch("alpha")
+    dep = ww.store.serving_set("box")[0]
+    assert ww.engine.is_healthy(dep)
+    assert ww.host.ports().engine is not None
+    ww.host.ports().engine.sleep(dep.spec.base_url, 1)
+    assert not ww.engine.is_healthy(dep)
+
+
+def test_a_model_without_sleep_mode_stops_as_before() -> None:
+    """Without `sleep` the displaced model stops and the next switch to it is a cold start."""
+    plain = {k: v for k, v in TP4.items() if k != "sleep"}
+    ww = WarmWorld(warm_catalog(alpha={"repo": "org/alpha", "port": 8001, **plain},
+                                beta={"repo": "org/beta", "port": 8002, **plain}))
+    ww.switch("alpha")
+    ww.switch("beta")
+    assert "vllm-alpha.service" not in ww.host.active_units()
+    back = ww.switch("alpha")
+    assert back.phase is Phase.ACTIVE and "waking" not in ww.phases(back.id)
+
+
+def test_status_shows_residency_ram_and_gpu_memory_by_process(tmp_path: Any) -> None:
+    """`status` (its data and its text) says who serves and who sleeps, the host RAM sleepers hold,
+    and each GPU's memory by PID with the model and state it belongs to."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.deploy_cmds import print_status
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld(warm_catalog().model_copy(update={"state_dir": str(tmp_path)}))
+    ww.host.sizes[ww.engine.spec_for(ww.catalog.models["alpha"]).model_dir] = 3 * 2**30
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    ports.proxy = ww.proxy
+    ops = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency)
+    ops.switch("alpha")
+    ops.switch("beta")
+    res = ops.status("box")["hosts"]["box"]["residency"]
+    assert [(m["model"], m["state"], m["level"]) for m in res["models"]] == [("alpha", "asleep", "level1"),
+                                                                            ("beta", "serving", None)]
+    assert res["sleep_ram_gib"] == 3.0 and res["ram_budget_gib"] == 100
+    gpu0 = res["gpus"][0]["processes"]
+    assert sorted((p["model"], p["state"], p["mib"]) for p in gpu0) == [("alpha", "asleep", 1_800),
+                                                                       ("beta", "serving", 70_000)]
+    out = io.StringIO()
+    print_status(Console(file=out, width=200), ops.status("box"))
+    text = out.getvalue()
+    assert "asleep alpha (level1, 3.00 GiB of host RAM)" in text and "serving beta" in text
+    assert "sleepers hold 3.00 GiB of host RAM (budget 100.0 GiB)" in text
+    assert "alpha asleep 1800 MiB" in text and "beta serving 70000 MiB" in text
+
+
+def test_a_model_stopped_behind_the_records_back_does_not_block_a_sleep() -> None:
+    """A third model recorded serving on the same GPUs but stopped since (systemctl stop) holds nothing:
+    the displaced model still sleeps."""
+    models = {name: {"repo": f"org/{name}", "port": 8001 + i, **TP4} for i, name in enumerate(("a", "b", "c"))}
+    ww = WarmWorld(warm_catalog(**models))
+    ww.switch("c")
+    ww.host.ports().systemd.stop("vllm-c.service")  # stopped outside a switch: the residency still says serving
+    ww.store.set_serving_set("box", [])
+    ww.switch("a")
+    ww.switch("b")
+    assert ww.states()["a"] == "asleep"
+
+
+def test_stop_beside_a_sleeper_leaves_its_residue_alone(tmp_path: Any) -> None:
+    """`stop` of the serving model waits for its own memory only: a sleeper's residue on the same
+    GPUs is not a busy GPU, and the sleeper stays asleep."""
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld(warm_catalog().model_copy(update={"state_dir": str(tmp_path)}))
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    ports.proxy = ww.proxy
+    ops = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency)
+    ops.switch("alpha")
+    ops.switch("beta")
+    assert ops.stop("beta")["outcome"] == "stopped"
+    assert ww.states() == {"alpha": "asleep", "beta": "stopped"}
