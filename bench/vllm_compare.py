@@ -132,8 +132,10 @@ class Workers:
         self.idle.clear()
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (USER_HZ = 100), 0 when it is gone."""
+def cpu_seconds(pid: int | list[int]) -> float:
+    """utime + stime of one process or the sum over several (USER_HZ = 100), 0 for one that is gone."""
+    if isinstance(pid, list):
+        return sum(cpu_seconds(p) for p in pid)
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -201,7 +203,7 @@ def vllm_runs(spec: str, rounds: int) -> int:
     return sum(r for _, _, r in parse_levels(spec, rounds))
 
 
-def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int] | None = None,
+def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int | list[int]] | None = None,
             workers: Workers | None = None) -> dict[str, Any]:
     """``watch``: server processes (name -> pid) whose CPU seconds each run costs are recorded, with
     the client's own: which side is the bottleneck when the tools disagree."""
@@ -209,15 +211,22 @@ def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int] 
     workers = workers or Workers(a.vllm_python, log, getattr(a, "prespawn", 0))
     watch = watch or {}
     runs: list[dict[str, Any]] = []
+    deadline = getattr(a, "deadline", None)  # time.monotonic() by which the last round must end
     try:
         for rnd in range(max(r for _, _, r in levels)):
+            t = time.monotonic()
             compare_round(a, log, watch, workers, levels, rnd, runs)
+            took = time.monotonic() - t
+            if deadline is not None and rnd >= 1 and time.monotonic() + took > deadline:
+                print(f"compare: round {rnd + 2} left out: round {rnd + 1} took {took:.0f} s and "
+                      f"{max(deadline - time.monotonic(), 0):.0f} s are left", file=log, flush=True)
+                break
     finally:
         workers.close()
     return summarize(runs, [(c, n) for c, n, _ in levels], a.tolerance)
 
 
-def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int], workers: Workers,
+def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int | list[int]], workers: Workers,
                   levels: list[tuple[int, int, int]], rnd: int, runs: list[dict[str, Any]]) -> None:
     for i, (c, n, rounds) in enumerate(levels):
         if rnd >= rounds:
@@ -227,7 +236,7 @@ def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int], worker
             seed = 1000 * (rnd + 1) + i
             worker = workers.take() if tool == "vllm" else None
             client = worker.proc.pid if worker else os.getpid()
-            pids = {**watch, "client": client}
+            pids: dict[str, int | list[int]] = {**watch, "client": client}
             before = scrape(a.url)
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
             t0 = time.time()

@@ -7,7 +7,7 @@
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd); dest=$1; whl=$2
 rm -rf "$dest" && mkdir -p "$dest/code/bench" "$dest/whl"
-cp -r "$src/orchestrator" "$src/scripts" "$dest/code/"
+cp -rL "$src/orchestrator" "$src/scripts" "$dest/code/"  # -L: _templates is a link, and links travel as links
 cp "$src/bench/vllm_compare.py" "$dest/code/bench/"
 cp "$whl"/*.whl "$dest/whl/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
