@@ -28,7 +28,7 @@ WARM = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "slee
 
 
 def run(cfg: Path, *args: str) -> None:
-    cmd = ["--config", str(cfg), *args]
+    cmd = [args[0], "--config", str(cfg), *args[1:]]
     print(f"$ orchestrator {' '.join(a for a in args)}")
     out = CliRunner().invoke(main, cmd, catch_exceptions=False, env={"COLUMNS": "160"})
     print(out.output.rstrip(), flush=True)

@@ -73,6 +73,9 @@ class ProgressPrinter:
                        "yellow")
         elif event == "rollback":
             self._line(f"  rolling back to revision {fields['to_revision']} ({fields['model']})", "yellow")
+        elif event in WARM_LINES:
+            text, style = WARM_LINES[event]
+            self._line("  " + text.format_map(_Blank(fields)), style)
         elif event == "stage_verified":
             self._line(f"  weights verified: {fields.get('checked', '')}")
         elif event == "staged":
@@ -99,6 +102,26 @@ class ProgressPrinter:
             self._line(f"tune: bringing back revision {f['to_revision']}", "yellow")
         elif event == "tune_winner":
             self._line(f"tune: winner {f['candidate']}: {f['action']}", "green")
+
+
+class _Blank(dict[str, Any]):
+    """Fields for a progress line: a field an older agent did not send reads as empty."""
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+# What the warm steps did, as one line each (deploy/warm_steps.py emits these with the engine's words).
+WARM_LINES: dict[str, tuple[str, str]] = {
+    "slept": ("{model} sleeps ({level}, {seconds} s)", ""),
+    "woken": ("{model} woke and answered a completion ({seconds} s)", "green"),
+    "wake_fits": ("GPUs {gpus} hold nothing but sleepers' residue: {model} may wake", ""),
+    "stopping": ("{model} stops: {reason}", ""),
+    "evicted": ("{model} (asleep) is stopped: {reason}", "yellow"),
+    "sleep_failed": ("{model}'s sleep failed, {then}: {error}", "yellow"),
+    "restart_wedged": ("{model} is wedged: killing {unit} and starting it cold", "yellow"),
+    "wake_failed": ("{model}'s wake failed, {then}: {error}", "yellow"),
+}
 
 
 def with_progress(quiet: bool, call: Callable[[ProgressPrinter], T]) -> T:

@@ -370,6 +370,10 @@ class Operations:
         if probe:
             try:
                 ports = self.ports_for(host)
+                for m in models:  # observed: a record of a unit stopped since (a reboot, systemctl) is stale
+                    if m["state"] != "stopped" and not ports.systemd.unit_state(
+                            self.catalog.models[str(m["model"])].unit_name).is_active:
+                        m.update(state="stopped", level=None, ram_gib=0.0)
                 owner = {pid: n for n in self.catalog.models_on(host)
                          for pid in ports.systemd.cgroup_pids(self.catalog.models[n].unit_name)}
                 snap = ports.gpus.snapshot()

@@ -279,7 +279,12 @@ def wake_back(ctx: StepContext, old: Deployment, but: Iterable[str]) -> bool:
     """Rolling back to a model that sleeps: verify the memory, wake it, check it; a wedged wake
     restarts it cold. Returns False when ``old`` is not asleep (the caller starts it cold)."""
     spec = old.spec
-    if not is_asleep(ctx, spec):
+    records = ctx.residency.residency(ctx.ports.host.name) if ctx.residency is not None else {}
+    rec = records.get(old.model)
+    # Recorded asleep but awake now: a rollback resumed after its wake; the completion still decides.
+    resumed = rec is not None and rec.state == ASLEEP and sleep_enabled(spec) \
+        and ctx.ports.systemd.unit_state(spec.unit_name).is_active
+    if not (resumed or is_asleep(ctx, spec)):
         return False
     control = ctx.ports.engine
     assert control is not None

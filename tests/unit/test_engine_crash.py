@@ -175,20 +175,23 @@ class CrashingControl:
         return call
 
 
-WARM_CASES = {"warm": {}, "wedged": {"vllm-alpha.service": "wedged_wake"}}
+WARM_CASES = {"warm": {}, "wedged": {"vllm-alpha.service": "wedged_wake"},
+              "rollback": {"vllm-alpha.service": "wedged_wake"}}  # and alpha's cold restart fails
 
 
 # (case, where): after the n-th engine call (8 in a warm switch, 6 up to a wedged wake), or as a phase begins.
 WARM_CRASHES = ([("warm", n) for n in range(8)] + [("wedged", n) for n in range(6)]
                 + [("warm", p) for p in (Phase.SLEEPING, Phase.VERIFYING, Phase.WAKING, Phase.ROUTING)]
-                + [("wedged", p) for p in (Phase.RESTARTING, Phase.CHECKING, Phase.ROUTING)])
+                + [("wedged", p) for p in (Phase.RESTARTING, Phase.CHECKING, Phase.ROUTING)]
+                + [("rollback", n) for n in range(6, 9)] + [("rollback", Phase.ROLLING_BACK)])
 
 
 @pytest.mark.parametrize(("case", "where"), WARM_CRASHES)
 def test_the_agent_killed_in_a_warm_switch_converges(tmp_path: Path, case: str, where: int | Phase) -> None:
     """Killed after any engine call of a warm switch back to alpha (sleep, wake, is_sleeping, the
-    completion) or as any of its phases begins (a wedged wake's restart too), the resumed run ends
-    active: alpha serves awake, beta sleeps, the GPUs hold alpha's engine and beta's residue only."""
+    completion) or as any of its phases begins (a wedged wake's restart, a warm rollback too), the
+    resumed run ends as an uninterrupted one: active (alpha serves awake, beta sleeps) or rolled back
+    (beta serves awake, alpha stopped), the GPUs holding the server's engine and a sleeper's residue."""
     from orchestrator.adapters.residency_store import SqliteResidencyStore
     from orchestrator.testing import FakeProxy
 
@@ -211,6 +214,8 @@ def test_the_agent_killed_in_a_warm_switch_converges(tmp_path: Path, case: str, 
         dep = eng.plan_switch(model)
         assert dep is not None and eng.run(dep.id).phase is Phase.ACTIVE
     host.engine_behaviours.update(WARM_CASES[case])  # type: ignore[arg-type]
+    if case == "rollback":
+        host.behaviours["vllm-alpha.service"] = "crash"
     dep = eng.plan_switch("alpha")
     assert dep is not None
     if isinstance(where, int):
@@ -230,10 +235,15 @@ def test_the_agent_killed_in_a_warm_switch_converges(tmp_path: Path, case: str, 
     eng, store, residency = open_engine()
     for unfinished in store.unfinished("box"):
         eng.run(unfinished.id)
-    assert store.get(dep.id).phase is Phase.ACTIVE
-    assert {m: r.state for m, r in residency.residency("box").items()} == {"alpha": "serving", "beta": "asleep"}
-    alpha, beta = (catalog.models[m].port for m in ("alpha", "beta"))
-    assert not control.inner.is_sleeping(f"http://127.0.0.1:{alpha}") and control.inner.is_sleeping(
-        f"http://127.0.0.1:{beta}")
+    states = {m: r.state for m, r in residency.residency("box").items()}
+    beta_url = f"http://127.0.0.1:{catalog.models['beta'].port}"
     held = sorted(mib for _, mib, _, _ in host.holders.values())
+    if case == "rollback":
+        assert store.get(dep.id).phase is Phase.ROLLED_BACK
+        assert states == {"alpha": "stopped", "beta": "serving"} and not control.inner.is_sleeping(beta_url)
+        assert held == [70_000]
+        return
+    assert store.get(dep.id).phase is Phase.ACTIVE
+    assert states == {"alpha": "serving", "beta": "asleep"} and control.inner.is_sleeping(beta_url)
+    assert not control.inner.is_sleeping(f"http://127.0.0.1:{catalog.models['alpha'].port}")
     assert held == [host.residue_mib, 70_000]

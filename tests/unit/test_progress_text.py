@@ -46,3 +46,17 @@ def test_a_rollback_with_the_proxy_names_the_set_it_restores() -> None:
     """The proxy's rollback event (a serving set, no single revision) prints the set instead of failing."""
     assert "rolling back to the serving set before: chat-a, code" in printed(
         [("rollback", {"revision": 3, "to_set": ["chat-a", "code"]})])
+
+
+def test_a_warm_switch_says_who_sleeps_and_who_woke() -> None:
+    """alpha -> beta -> alpha with sleep mode: the lines name the sleeper, its level and the woken model."""
+    from .test_warm_switch import WarmWorld
+
+    ww = WarmWorld()
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.events.clear()
+    ww.switch("alpha")
+    text = printed(ww.events)
+    assert "#3 alpha: waking: wake_up, then one real completion within wake_deadline_s" in text
+    assert "beta sleeps (level1, " in text and "alpha woke and answered a completion (" in text

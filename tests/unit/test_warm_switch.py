@@ -216,3 +216,18 @@ def test_stop_beside_a_sleeper_leaves_its_residue_alone(tmp_path: Any) -> None:
     ops.switch("beta")
     assert ops.stop("beta")["outcome"] == "stopped"
     assert ww.states() == {"alpha": "asleep", "beta": "stopped"}
+
+
+def test_status_calls_a_sleeper_whose_unit_stopped_stopped(tmp_path: Any) -> None:
+    """A sleeper's unit stopped outside the product (a reboot, systemctl): probed, status says stopped."""
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld(warm_catalog().model_copy(update={"state_dir": str(tmp_path)}))
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    ports.proxy = ww.proxy
+    ops = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency)
+    ops.switch("alpha")
+    ops.switch("beta")
+    ww.host.ports().systemd.stop("vllm-alpha.service")
+    states = {m["model"]: m["state"] for m in ops.status("box")["hosts"]["box"]["residency"]["models"]}
+    assert states == {"alpha": "stopped", "beta": "serving"}
