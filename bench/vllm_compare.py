@@ -76,6 +76,7 @@ class VllmWorker:
     """A process with vLLM imported that runs `vllm bench serve`'s main() (one run each: see Workers)."""
 
     def __init__(self, python: str, log: Any) -> None:
+        self.imported = False
         self.ready = tempfile.mktemp(suffix=".ready")
         self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--vllm-worker", self.ready],
                                      stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -83,11 +84,14 @@ class VllmWorker:
 
     def wait_ready(self) -> None:
         """Until vLLM is imported: a run's clock and CPU count start after that."""
+        if self.imported:
+            return
         while not os.path.exists(self.ready):
             if self.proc.poll() is not None:
                 raise SystemExit(f"vllm bench worker exited {self.proc.returncode} while importing vLLM")
             time.sleep(0.05)
         os.unlink(self.ready)
+        self.imported = True
 
     def run(self, argv: list[str]) -> dict[str, Any]:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -120,6 +124,11 @@ class Workers:
     def __init__(self, python: str, log: Any, prespawn: int = 0) -> None:
         self.python, self.log = python, log
         self.idle = [VllmWorker(python, log) for _ in range(prespawn)]
+
+    def wait_all(self) -> None:
+        """Every prespawned worker has imported vLLM: none still imports while a run is measured."""
+        for worker in self.idle:
+            worker.wait_ready()
 
     def take(self) -> VllmWorker:
         worker = self.idle.pop(0) if self.idle else VllmWorker(self.python, self.log)
@@ -213,6 +222,7 @@ def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int |
     runs: list[dict[str, Any]] = []
     deadline = getattr(a, "deadline", None)  # time.monotonic() by which the last round must end
     try:
+        workers.wait_all()
         for rnd in range(max(r for _, _, r in levels)):
             t = time.monotonic()
             compare_round(a, log, watch, workers, levels, rnd, runs)

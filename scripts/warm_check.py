@@ -88,8 +88,11 @@ class Warm:
             self.ec.check(f"swap_{i}", False, f"{off.name} -> {on.name}: {exc}"[:1500])
             return
         t3 = time.monotonic()
+        # sleep_s: the POST /sleep; slept_and_verified_s: with the residue check by PID after it;
+        # fits_s: check_wake_fits' nvidia-smi read; then the wake and the first completion.
         row = {"swap": i, "from": off.name, "to": on.name, "sleep_s": round(slept, 3),
-               "verify_s": round(t2 - t1, 3), "wake_and_completion_s": round(woke, 3),
+               "slept_and_verified_s": round(t1 - t0, 3), "fits_s": round(t2 - t1, 3),
+               "wake_and_completion_s": round(woke, 3),
                "downtime_s": round(t3 - t0, 3), "gpu_by_pid": self.smi(on.gpus)}
         self.swaps.append(row)
         self.ec.check(f"swap_{i}", True, json.dumps(row))
@@ -169,6 +172,7 @@ def start_big(ec: Any, rig: Any, a: Any, w: Warm, big: dict[str, Any]) -> tuple[
     """A, ready; with --fallback-engine when it does not come up with --engine and --first-args
     (e.g. `vllm serve --api-server-count 4`, which the comparison wants and nothing here has proved)."""
     spec, ctx = rig.spec("wa", shlex.split(a.engine_args) + shlex.split(a.first_args), model=big)
+    w.residue = int(rig.catalog_host_residue_mib)  # the host's sleep_residue_gib (default: measured)
     ec.check("sleep_mode_rendered", warm.sleep_enabled(spec) and "VLLM_SERVER_DEV_MODE=1" in spec.unit_text,
              f"{spec.unit_name}: --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 rendered for sleep = \"level1\"")
     if ec.start_and_wait(rig, spec, ctx, None) is None:
@@ -192,15 +196,34 @@ def run(ec: Any, rig: Any, a: Any, workers: Any) -> None:
     big = {"sleep": "level1", "gpu_memory_utilization": a.util_a}
     small = {"sleep": "level1", "gpu_memory_utilization": a.util_b, "source": f"local:{a.warm_model_dir}",
              "served_name": a.warm_served_name, "port": a.warm_port, "repo": "local/" + a.warm_served_name}
-    w = Warm(ec, rig, int(rig.catalog_host_residue_mib), a.hog)
+    w = Warm(ec, rig, 0, a.hog)
     started = start_big(ec, rig, a, w, big)
     if started is None:
         return
     spec_a, ctx_a, eng_a = started
     try:
-        warm_part(ec, rig, a, w, eng_a, small)
+        slept = warm_part(ec, rig, a, w, eng_a, small)
+        if not slept and a.fallback_engine and a.engine != a.fallback_engine:
+            # It started but would not sleep (e.g. with --api-server-count): compare on it as it is,
+            # then the warm part on the plain engine.
+            compare_on(ec, rig, a, w, spec_a, eng_a, workers)
+            workers = None
+            rig.units.stop(spec_a.unit_name)
+            ec.say(f"warm: {spec_a.unit_name} did not sleep; the warm part again with {a.fallback_engine!r}")
+            a.engine, a.first_args = a.fallback_engine, a.fallback_args
+            started = start_big(ec, rig, a, w, big)
+            if started is None:
+                return
+            spec_a, ctx_a, eng_a = started
+            warm_part(ec, rig, a, w, eng_a, small)
     finally:
         (rig.out / "warm.json").write_text(json.dumps(w.summary(), indent=1))
+    compare_on(ec, rig, a, w, spec_a, eng_a, workers)
+    ec.stop_and_free(rig, spec_a, ctx_a)
+
+
+def compare_on(ec: Any, rig: Any, a: Any, w: Warm, spec_a: Any, eng_a: warm.Engine, workers: Any) -> None:
+    """The strict comparison on A, woken first if it sleeps."""
     if workers is not None:
         if w.control.is_sleeping(eng_a.base_url):
             try:
@@ -210,17 +233,17 @@ def run(ec: Any, rig: Any, a: Any, workers: Any) -> None:
                 ec.check("wake_for_compare", False, str(exc)[:1000])
         if not w.control.is_sleeping(eng_a.base_url):
             ec.compare_check(rig, spec_a, a.levels, a.rounds, "compare", strict=True, workers=workers)
-    ec.stop_and_free(rig, spec_a, ctx_a)
 
 
-def warm_part(ec: Any, rig: Any, a: Any, w: Warm, eng_a: warm.Engine, small: dict[str, Any]) -> None:
+def warm_part(ec: Any, rig: Any, a: Any, w: Warm, eng_a: warm.Engine, small: dict[str, Any]) -> bool:
+    """False when A would not even sleep once."""
     if w.sleep(eng_a, 1, "first_sleep") is None:
-        return
+        return False
     ec.say(f"while {eng_a.name} sleeps: /health {ec.http_status(eng_a.base_url + '/health')}, /v1/models "
            f"{ec.http_status(eng_a.base_url + '/v1/models')}")
     spec_b, ctx_b = rig.spec("wb", shlex.split(a.engine_args) + shlex.split(a.warm_args), model=small)
     if ec.start_and_wait(rig, spec_b, ctx_b, None) is None:
-        return
+        return True
     eng_b = w.engine(spec_b, a.util_b)
     for i in range(a.swaps):
         off, on = (eng_b, eng_a) if i % 2 == 0 else (eng_a, eng_b)
@@ -233,3 +256,4 @@ def warm_part(ec: Any, rig: Any, a: Any, w: Warm, eng_a: warm.Engine, small: dic
     if w.sleep(eng_a, 1, "sleep_before_wedge") is not None and w.control.is_sleeping(eng_b.base_url):
         w.wedge(eng_a, eng_b)
     w.stop_freed(spec_b, eng_b, "wedged_engine_freed_by_stop")
+    return True
