@@ -211,7 +211,7 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
     # The target sleeps again (warm), stays asleep if never woken, or stops; then the set comes back.
     warm_steps.settle_target(ctx, step)
     for old in restore:
-        if warm_steps.wake_back(ctx, old, but=[dep.model]):
+        if warm_steps.wake_back(ctx, old):
             actions.settle_enablement(ctx, old.spec.unit_name, set())
             continue
         if ctx.ports.systemd.unit_state(old.spec.unit_name).is_active:

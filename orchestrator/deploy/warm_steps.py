@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from orchestrator.core import residency as rules
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.resident import ASLEEP, SERVING, STOPPED
+from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, warm
 from orchestrator.deploy.context import StepContext, StepInput
 from orchestrator.deploy.warm import sleep_enabled
@@ -257,7 +258,12 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
     records = ctx.residency.residency(ctx.ports.host.name) if ctx.residency is not None else {}
     rec = records.get(spec.model)
     if rec is not None and rec.state == ASLEEP and not woke_in(step) and is_asleep(ctx, spec):
-        return  # never woken: it stays asleep, as before the switch
+        # Never woken: it stays asleep, as before the switch. The route pointed at it since `sleeping`:
+        # requests it holds would wait for a wake that never comes, so a wake (where it fits) and a
+        # sleep (mode=wait) answer them first.
+        if any(t.phase == Phase.SLEEPING.value for t in step.dep.timings):
+            flush_held(ctx, spec)
+        return
     level, control = level_of(ctx, spec.model), ctx.ports.engine
     healthy = rec is not None and rec.state == SERVING
     if healthy and control is not None and level is not None and sleep_enabled(spec):
@@ -275,7 +281,26 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
     mark(ctx, spec.model, STOPPED, unit=unit)
 
 
-def wake_back(ctx: StepContext, old: Deployment, but: Iterable[str]) -> bool:
+def flush_held(ctx: StepContext, spec: UnitSpec) -> None:
+    """Wake a sleeper the route pointed at, let what it held finish, put it back to sleep; where the
+    memory is not there, it stays asleep and says so (its held requests wait for its next wake)."""
+    control, level = ctx.ports.engine, level_of(ctx, spec.model)
+    if control is None or level is None:
+        return
+    eng = engine_of(ctx, spec)
+    try:
+        warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]),
+                             residue_mib=residue_mib(ctx))
+        warm.wake_checked(control, ctx.ports.clock, eng, level=_level_number(level),
+                          deadline_s=deadline_of(ctx, spec.model))
+        warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, eng, level=_level_number(level),
+                            residue_mib=residue_mib(ctx))
+        note(ctx, "flushed", model=spec.model)
+    except OrchestratorError as exc:
+        note(ctx, "flush_failed", model=spec.model, error=str(exc), then="left asleep")
+
+
+def wake_back(ctx: StepContext, old: Deployment) -> bool:
     """Rolling back to a model that sleeps: verify the memory, wake it, check it; a wedged wake
     restarts it cold. Returns False when ``old`` is not asleep (the caller starts it cold)."""
     spec = old.spec
@@ -293,7 +318,8 @@ def wake_back(ctx: StepContext, old: Deployment, but: Iterable[str]) -> bool:
     deadline = clock.monotonic() + ctx.defaults.free_timeout_s
     while True:
         try:
-            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model, *but]),
+            # The target counts as a sleeper when it is recorded asleep again (it keeps its residue).
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]),
                                  residue_mib=residue_mib(ctx))
             break
         except GpuBusy:

@@ -231,3 +231,27 @@ def test_status_calls_a_sleeper_whose_unit_stopped_stopped(tmp_path: Any) -> Non
     ww.host.ports().systemd.stop("vllm-alpha.service")
     states = {m["model"]: m["state"] for m in ops.status("box")["hosts"]["box"]["residency"]["models"]}
     assert states == {"alpha": "stopped", "beta": "serving"}
+
+
+def test_a_target_left_asleep_by_a_rollback_answers_what_it_held_first(ww: WarmWorld) -> None:
+    """beta's wake is refused (a foreign process holds the GPU) and the switch rolls back: beta was
+    routed to since `sleeping`, so it is woken and put back to sleep before alpha wakes again."""
+    from orchestrator.core.records import Deployment
+
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.switch("alpha")  # alpha serves, beta sleeps
+    foreign: list[int] = []
+
+    def hook(dep: Deployment) -> None:
+        if dep.phase is Phase.VERIFYING and not foreign:
+            foreign.append(ww.host.hold([0], 90_000, "python"))
+        if dep.phase is Phase.ROLLING_BACK and foreign:
+            ww.host.holders.pop(foreign[0], None)
+
+    ww.engine.before_step = hook
+    ww.host.calls.clear()
+    assert ww.switch("beta").phase is Phase.ROLLED_BACK
+    beta = [c for c in ww.host.calls if "vllm-beta" in c and c.startswith(("wake", "sleep"))]
+    assert beta == ["wake vllm-beta.service", "sleep vllm-beta.service level=1 mode=wait"]
+    assert ww.states() == {"alpha": "serving", "beta": "asleep"}
