@@ -70,7 +70,14 @@ def wake_blockers(snap: GpuSnapshot, gpus: Collection[int], *, own_pids: Collect
     return reasons
 
 
+# A woken engine holds more than its gpu_memory_utilization share: real vLLM 0.25.1's m8 at 0.55 of an
+# H200 held 79,460-79,796 MiB against a share of 79,074 (bench/gpu/attempt5). A wake that fits only on
+# paper would run out of memory at the edge and wedge the engine, so the check asks for this much more.
+WAKE_MARGIN_MIB = 1024
+
+
 def need_mib(snap: GpuSnapshot, gpus: Collection[int], utilization: float) -> int:
-    """The memory an engine at ``utilization`` takes on the smallest of its GPUs, when awake."""
+    """The memory an engine at ``utilization`` takes on the smallest of its GPUs when awake, with the
+    margin real engines were measured to go beyond it."""
     sizes = [g.memory_total_mib for g in snap.gpus if g.index in set(gpus)]
-    return int(min(sizes) * utilization) if sizes else 0
+    return int(min(sizes) * utilization) + WAKE_MARGIN_MIB if sizes else 0
