@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from orchestrator.core import schedule as schedule_rules
 from orchestrator.core.catalog_rules import (
     DAY,
     ENV_KEY_RE,
@@ -25,11 +24,14 @@ from orchestrator.core.catalog_rules import (
     SubKeyError,
     absolute_path,
     check_address,
+    check_cron,
     check_engine,
     check_revision,
     no_secret_in,
     not_root,
     outside_private_tmp,
+    parse_window,
+    parse_zone,
     safe,
     under,
 )
@@ -347,19 +349,19 @@ class Schedule(Strict):
     @field_validator("cron")
     @classmethod
     def _cron(cls, v: str) -> str:
-        return schedule_rules.check_cron(v)
+        return check_cron(v)
 
     @field_validator("window")
     @classmethod
     def _window(cls, v: str | None) -> str | None:
         if v is not None:
-            schedule_rules.parse_window(v)
+            parse_window(v)
         return v
 
     @field_validator("timezone")
     @classmethod
     def _zone(cls, v: str) -> str:
-        schedule_rules.parse_zone(v)
+        parse_zone(v)
         return v
 
     @model_validator(mode="after")
