@@ -147,6 +147,3 @@ def is_terminal(phase: Phase) -> bool:
     return phase in TERMINAL
 
 
-def outcome_ok(phase: Phase) -> bool:
-    """True when the deployment ended with its own model serving."""
-    return phase is P.ACTIVE
