@@ -145,5 +145,3 @@ def advance(phase: Phase, event: Event, fallback: Fallback = F.PREVIOUS) -> Phas
 
 def is_terminal(phase: Phase) -> bool:
     return phase in TERMINAL
-
-
