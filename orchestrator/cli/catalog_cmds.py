@@ -12,7 +12,6 @@ import click
 from rich.console import Console
 
 from orchestrator import settings, userfiles
-from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.tables import print_table
 from orchestrator.cli.target import catalog, local_only
@@ -23,7 +22,7 @@ from orchestrator.errors import UsageError
 from orchestrator.resources import template_text
 
 
-@main.command()
+@click.command()
 @config_option
 @json_option
 def models(config: str | None, as_json: bool) -> None:
@@ -55,7 +54,7 @@ def models(config: str | None, as_json: bool) -> None:
                 table_rows)
 
 
-@main.command()
+@click.command()
 @click.argument("model", required=False)
 @config_option
 @click.option("--out", "out", default="units", metavar="DIR", show_default=True,

@@ -11,7 +11,6 @@ import click
 
 from orchestrator import userfiles
 from orchestrator.agent.protocol import MAX_REQUEST, encode
-from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.target import backend
 from orchestrator.client.backends import AgentClient
@@ -35,7 +34,7 @@ def _read(file: str) -> str:
     return text_of(raw, file)
 
 
-@main.group()
+@click.group()
 def config() -> None:
     """The agent's deploy.toml: show it, diff a file against it, push a file to replace it."""
 

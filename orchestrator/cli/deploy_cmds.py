@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator import settings
-from orchestrator.cli import main
 from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
@@ -42,7 +41,7 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
         sys.exit(1)
 
 
-@main.command()
+@click.command()
 @click.argument("models", nargs=-1, required=True, metavar="MODEL [MODEL...]")
 @config_option
 @click.option("--no-rollback", is_flag=True, help="leave a failed switch failed instead of rolling back")
@@ -77,7 +76,7 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
         _finish(with_progress(as_json, run), as_json)
 
 
-@main.command()
+@click.command()
 @click.argument("model")
 @config_option
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
@@ -93,7 +92,7 @@ def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
                    f"{', '.join(result['serving']) or 'nothing'}")
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None, help="host to roll back (default: the only one)")
 @click.option("--to", "to_revision", type=int_in(1, 2**31 - 1), default=None, metavar="REVISION",
@@ -110,7 +109,7 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
     _finish(result, as_json)
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
@@ -128,7 +127,7 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
             click.echo("nothing to recover")
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--group", "group", default=None, help="every box of this group, through its agent (one line each)")
@@ -184,7 +183,7 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
                       + (f"next at {sched['next_run']}" if sched["next_run"] else "no next run (it has ended)"))
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--group", "group", default=None, help="every box of this group, newest first across them")

@@ -11,7 +11,6 @@ import click
 from rich.console import Console
 
 from orchestrator import settings, userfiles
-from orchestrator.cli import main
 from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
@@ -24,7 +23,7 @@ from orchestrator.rollout.tune import Prepared, Tuner, TuneRequest
 from orchestrator.wiring import operations
 
 
-@main.command()
+@click.command()
 @click.argument("model", required=False)
 @config_option
 @click.option("--layouts", default=None, metavar="L1,L2", help="layouts to try, e.g. tp4,tp8+ep (default: the "
