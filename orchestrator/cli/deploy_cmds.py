@@ -6,20 +6,20 @@ import json
 import re
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator import settings
 from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, remote_spec
-from orchestrator.core.proxy import check_together
 from orchestrator.core.states import text_of
-from orchestrator.ports import ProgressCallback
+
+if TYPE_CHECKING:
+    from orchestrator.ports import ProgressCallback
 
 
 def _finish(result: dict[str, Any], as_json: bool) -> None:
@@ -59,6 +59,9 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
     the models on the GPUs it needs."""
     wanted = list(dict.fromkeys(models))
     if remote_spec() is None:
+        from orchestrator import settings
+        from orchestrator.core.proxy import check_together
+
         check_together(settings.load(config), wanted)  # before anything stops, agent or not
     be = backend(config, local=local, ignore_agent=ignore_agent)
     if remote_spec() is not None:
@@ -229,6 +232,8 @@ def _where(config: str | None, host: str | None) -> str:
         return f"host {host}"
     if remote_spec() is not None:
         return str(remote_spec())
+    from orchestrator import settings
+
     names = sorted(settings.load(config).hosts)
     return f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(names)}"
 

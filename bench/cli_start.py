@@ -1,0 +1,128 @@
+"""How fast the CLI starts: `orchestrator --help`, `status`, `history`, `--host box history`, side by side
+with `systemctl --version` and `python -c pass` (median of N runs each).
+
+"start" is the time from exec to the command's first request: the connection to the agent's socket
+(a stand-in agent here answers ping, status and history with empty results), or the TCP connection
+of `--host` to a loopback listener that stands in for the box's sshd (it closes at once, so the
+command then fails with exit 4: what comes after the connect is SSH and the box, not the CLI's start).
+"total" is the whole run. Prints one line per run (raw) and a summary table.
+
+    .venv/bin/python bench/cli_start.py [--runs 11] > bench/cli_start.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+TOML = """state_dir = "{state}"
+[defaults]
+engine = ["/opt/vllm/bin/vllm", "serve"]
+[hosts.box]
+transport = "ssh"
+address = "127.0.0.9"
+gpus = 8
+gpu_memory_gib = 96
+[models.alpha]
+repo = "org/alpha"
+gpus = [0, 1, 2, 3]
+tensor_parallel = 4
+port = 8000
+"""
+REPLIES = {"ping": {}, "status": {"hosts": {}, "schedules": []}, "history": []}
+
+
+class Listener:
+    """Records when each connection arrives; on a Unix socket, answers like an idle agent."""
+
+    def __init__(self, sock: socket.socket, *, agent: bool) -> None:
+        self.sock, self.agent = sock, agent
+        self.first: float | None = None
+        self.lock = threading.Lock()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.first = None
+
+    def _serve(self) -> None:
+        while True:
+            conn, _ = self.sock.accept()
+            with self.lock:
+                self.first = self.first or time.monotonic()
+            if not self.agent:
+                conn.close()
+                continue
+            with conn, conn.makefile("rb") as stream:
+                line = stream.readline()
+                if line:
+                    op = json.loads(line)["op"]
+                    conn.sendall((json.dumps({"result": REPLIES.get(op)}) + "\n").encode())
+
+
+def run(argv: list[str], env: dict[str, str], listener: Listener | None) -> tuple[float, float | None, int]:
+    if listener is not None:
+        listener.reset()
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    total = time.monotonic() - t0
+    start = None if listener is None or listener.first is None else listener.first - t0
+    return total, start, proc.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=11)
+    runs = parser.parse_args().runs
+    work = Path(tempfile.mkdtemp(prefix="cli-start-"))
+    (work / "deploy.toml").write_text(TOML.format(state=work / "state"))
+    agent_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    agent_sock.bind(str(work / "agent.sock"))
+    agent_sock.listen(16)
+    agent = Listener(agent_sock, agent=True)
+    tcp = socket.create_server(("127.0.0.1", 0))
+    sshd = Listener(tcp, agent=False)
+    port = tcp.getsockname()[1]
+    env = {**os.environ, "ORCHESTRATOR_CONFIG": str(work / "deploy.toml"),
+           "ORCHESTRATOR_SOCKET": str(work / "agent.sock"), "HOME": str(work)}
+    env.pop("ORCHESTRATOR_HOST", None)
+    cli = str(VENV_BIN / "orchestrator")
+    cases: list[tuple[str, list[str], Listener | None]] = [
+        ("systemctl --version", ["systemctl", "--version"], None),
+        ("python -c pass", [sys.executable, "-c", "pass"], None),
+        ("orchestrator --help", [cli, "--help"], None),
+        ("orchestrator status", [cli, "status"], agent),
+        ("orchestrator history", [cli, "history"], agent),
+        ("orchestrator --host box history", [cli, "--host", f"ssh://bench@127.0.0.1:{port}", "history"], sshd),
+    ]
+    results: dict[str, list[tuple[float, float | None, int]]] = {name: [] for name, _, _ in cases}
+    print(f"# {runs} runs each, interleaved; os.cpu_count()={os.cpu_count()}, load {os.getloadavg()[0]:.2f}")
+    for i in range(runs):
+        for name, argv, listener in cases:
+            total, start, rc = run(argv, env, listener)
+            results[name].append((total, start, rc))
+            shown = "-" if start is None else f"{start:.3f}"
+            print(f"run {i + 1} | {name} | total {total:.3f} s | start {shown} s | rc {rc}")
+    print(f"# load after: {os.getloadavg()[0]:.2f}")
+    print("\n| command | median start s | median total s | min total s | exit |")
+    print("|---|---|---|---|---|")
+    for name, rows in results.items():
+        starts = [s for _, s, _ in rows if s is not None]
+        start = f"{statistics.median(starts):.3f}" if starts else "-"
+        totals = [t for t, _, _ in rows]
+        print(f"| {name} | {start} | {statistics.median(totals):.3f} | {min(totals):.3f} | "
+              f"{sorted({rc for _, _, rc in rows})} |")
+
+
+if __name__ == "__main__":
+    main()
