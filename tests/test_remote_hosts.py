@@ -377,7 +377,7 @@ def test_agentless_controller_refuses_a_box_whose_agent_runs(box: Host, tmp_path
 def test_two_agentless_controllers_cannot_interleave(bare: tuple[Host, Path], tmp_path: Path) -> None:
     """While one controller holds the box's lock, another's switch is refused naming the holder; then it works."""
     from orchestrator import settings
-    from orchestrator.deploy.box_lock import box_lock
+    from orchestrator.client.box_lock import box_lock
 
     box, _ = bare
     cfg = tmp_path / "deploy.toml"

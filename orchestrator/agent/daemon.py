@@ -7,7 +7,6 @@ import queue
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import sdnotify
@@ -17,10 +16,10 @@ from orchestrator.agent.config_ops import ConfigRevisions
 from orchestrator.agent.loadout import Loadout, build
 from orchestrator.agent.loops import Failures, Loop, dead
 from orchestrator.agent.metrics import Metrics
-from orchestrator.agent.protocol import error_reply
 from orchestrator.agent.server import _DONE, ControlServer, Job, Jobs, authorized
 from orchestrator.agent.tasks import ScheduleTask, WatchTask
-from orchestrator.client.table import AGENT_OPS, Call, lookup
+from orchestrator.contract.ops import Caller, Operation, lookup
+from orchestrator.contract.wire import socket_path
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.privilege import root_only_changes
 from orchestrator.core.watch import stall_limit
@@ -29,10 +28,6 @@ from orchestrator.errors import AgentError, Busy, Refused, UsageError
 from orchestrator.ports import Clock
 
 log = structlog.get_logger()
-
-
-def socket_path(catalog: Catalog) -> str:
-    return os.environ.get("ORCHESTRATOR_SOCKET") or str(Path(catalog.state_dir) / "agent.sock")
 
 
 def _system_clock() -> Clock:
@@ -48,7 +43,7 @@ class Agent:
         self.catalog = catalog
         self.ops = ops
         self.group = catalog.socket_group
-        self.socket = socket or socket_path(catalog)
+        self.socket = socket or socket_path(catalog.state_dir)
         self.clock = clock or _system_clock()
         self.stopping = threading.Event()
         self.jobs = Jobs(ops, self._finished)
@@ -132,41 +127,31 @@ class Agent:
 
     # -- requests ---------------------------------------------------------------------------------
     def dispatch(self, op: object, raw_args: object, caller: str, *, uid: int | None = None) -> Iterator[dict[str, Any]]:
-        """Answer one client request; ``caller`` (user@socket or user@ssh-client, from the peer's uid
-        and the box's view of its login) is the trigger, never what the client says; ``uid`` is the
-        peer's (None: unknown, so never root)."""
-        if isinstance(op, str) and op in AGENT_OPS:
-            yield {"result": self._config_op(op, AGENT_OPS[op].parse(self.catalog, raw_args), caller, uid)}
-            return
+        """Answer one client request from the operation table (contract/ops.py); ``caller`` (user@socket
+        or user@ssh-client, from the peer's uid and the box's view of its login) is the trigger, never
+        what the client says; ``uid`` is the peer's (None: unknown, so never root)."""
         spec = lookup(op)
         args = spec.parse(self.catalog, raw_args)
-        if spec.name == "follow":
-            yield from self._follow(getattr(args, "host", None))
-        elif spec.host is not None:
-            yield from self._stream(self._start(spec.name, args, caller))
+        if spec.job is not None:
+            yield from self._stream(self._start(spec, args, caller))
+        elif spec.stream is not None:
+            yield from spec.stream(self, args)
         else:
-            result = spec.run(self.ops, args, Call(next_runs=self.scheduler.next_runs))
-            if spec.name == "status":
-                result["agent"] = {"pid": os.getpid(),
-                                   "running": {h: j.op for h, j in list(self.jobs.running.items())},
-                                   "dashboard": self.dashboard_socket}
-            if spec.name == "history" and self.configs is not None:
-                result = self.configs.annotate(result)
-            yield {"result": result}
+            yield {"result": spec.in_agent(self, args, Caller(trigger=caller, uid=uid,
+                                                               next_runs=self.scheduler.next_runs))}
 
     def _submit(self, op: str, raw_args: dict[str, Any], trigger: str) -> Job:
         """Start a job of the agent's own (schedules, watch, recovery), validated like a client's."""
         spec = lookup(op)
-        return self._start(spec.name, spec.parse(self.catalog, raw_args), trigger)
+        return self._start(spec, spec.parse(self.catalog, raw_args), trigger)
 
-    def _start(self, op: str, args: Any, trigger: str) -> Job:
+    def _start(self, spec: Operation[Any, Any], args: Any, trigger: str) -> Job:
         if self.stopping.is_set():
             raise AgentError("the agent is stopping; try again when it is back")
-        spec = lookup(op)
-        assert spec.host is not None
-        host = spec.host(self.ops, args)
-        return self.jobs.submit(host, op, args.model_dump(), lambda job: spec.run(
-            self.ops, args, Call(progress=self._publisher(job), trigger=trigger)))
+        assert spec.job is not None
+        host = spec.job(self.ops, args)
+        return self.jobs.submit(host, spec.name, args.model_dump(), lambda job: spec.in_process(
+            self.ops, args, Caller(progress=self._publisher(job), trigger=trigger)))
 
     @staticmethod
     def _publisher(job: Job) -> Any:
@@ -185,7 +170,15 @@ class Agent:
         assert job.result is not None
         yield job.result
 
-    def _follow(self, host: str | None) -> Iterator[dict[str, Any]]:
+    # -- what only the agent answers (contract.ops.AgentSide) ---------------------------------------
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "running": {h: j.op for h, j in list(self.jobs.running.items())},
+                "dashboard": self.dashboard_socket}
+
+    def annotate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return rows if self.configs is None else self.configs.annotate(rows)
+
+    def follow(self, host: str | None) -> Iterator[dict[str, Any]]:
         jobs = [j for h, j in list(self.jobs.running.items()) if host in (None, h)]
         for job in jobs:
             q = job.listen()  # before saying so: nothing published after "following" is missed
@@ -200,12 +193,16 @@ class Agent:
         yield {"result": {"followed": [j.host for j in jobs]}}
 
     # -- configuration ----------------------------------------------------------------------------
-    def _config_op(self, op: str, args: Any, caller: str, uid: int | None) -> dict[str, Any]:
+    def _configs(self) -> ConfigRevisions:
         if self.configs is None:
             raise UsageError("this agent was started without a config file: nothing to show or replace")
-        if op == "config_show":
-            return self.configs.show()
-        return self._push(self.configs, args.text, args.name or "pushed file", caller, uid)
+        return self.configs
+
+    def config_show(self) -> dict[str, Any]:
+        return self._configs().show()
+
+    def config_push(self, text: str, name: str | None, caller: Caller) -> dict[str, Any]:
+        return self._push(self._configs(), text, name or "pushed file", caller.trigger or "unknown", caller.uid)
 
     def _push(self, configs: ConfigRevisions, text: str, name: str, operator: str,
               uid: int | None) -> dict[str, Any]:
@@ -257,4 +254,4 @@ class Agent:
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
 
 
-__all__ = ["Agent", "error_reply", "socket_path"]
+__all__ = ["Agent"]

@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from orchestrator.agent.peers import operator
-from orchestrator.agent.protocol import MAX_REQUEST, encode, error_reply, peer_credentials
+from orchestrator.contract.wire import MAX_REQUEST, encode, error_reply, peer_credentials
 from orchestrator.core.documents import DocumentError, clip, json_document
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
@@ -122,7 +122,7 @@ def _describe(args: dict[str, Any]) -> str:
     return " ".join(f"{v}" for v in args.values() if v not in (None, False, {}))
 
 
-# Bounds on what one client can take from the agent: request size (protocol.MAX_REQUEST), time to
+# Bounds on what one client can take from the agent: request size (contract.wire.MAX_REQUEST), time to
 # send it (and to take each reply line), connections at once, and how long a refused client is
 # listened to. Beyond them a client gets a usage or agent error.
 IO_TIMEOUT_S = 10.0

@@ -13,6 +13,7 @@ from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend
+from orchestrator.contract.ops import SCHEDULES, STAGE
 
 ENDED = "none (its last fire time has passed)"
 
@@ -60,7 +61,7 @@ agent.add_command(install)
 @json_option
 def schedules(config: str | None, as_json: bool) -> None:
     """Scheduled operations, their next run and what they last did."""
-    rows = backend(config).schedules()
+    rows = backend(config).call(SCHEDULES, {})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -81,7 +82,7 @@ def schedules(config: str | None, as_json: bool) -> None:
 def stage(model: str, config: str | None, local: bool, as_json: bool) -> None:
     """Download and verify MODEL's weights now (the serving model keeps serving)."""
     be = backend(config, local=local)
-    result = with_progress(as_json, lambda p: be.stage(model, progress=p))
+    result = with_progress(as_json, lambda p: be.call(STAGE, {"model": model}, p))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -10,10 +10,11 @@ from pathlib import Path
 import click
 
 from orchestrator import userfiles
-from orchestrator.agent.protocol import MAX_REQUEST, encode
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.target import backend
 from orchestrator.client.backends import AgentClient
+from orchestrator.contract.ops import CONFIG_PUSH, CONFIG_SHOW
+from orchestrator.contract.wire import MAX_REQUEST, request
 from orchestrator.core.documents import text_of
 from orchestrator.errors import AgentError, ConfigError
 
@@ -44,7 +45,7 @@ def config() -> None:
 @json_option
 def show(config: str | None, as_json: bool) -> None:
     """Print the deploy.toml the agent runs with (and its config revision)."""
-    shown = _agent(config).config_show()
+    shown = _agent(config).call(CONFIG_SHOW, {})
     if as_json:
         click.echo(json.dumps(shown, indent=2))
     else:
@@ -58,7 +59,7 @@ def show(config: str | None, as_json: bool) -> None:
 def diff(file: str, config: str | None) -> None:
     """Unified diff from the agent's deploy.toml to FILE; exit 1 when they differ."""
     text = _read(file)
-    shown = _agent(config).config_show()
+    shown = _agent(config).call(CONFIG_SHOW, {})
     lines = list(difflib.unified_diff(shown["text"].splitlines(keepends=True), text.splitlines(keepends=True),
                                       fromfile=f"{shown['path']} (revision {shown['revision']})", tofile=file))
     sys.stdout.writelines(lines)
@@ -73,11 +74,11 @@ def diff(file: str, config: str | None) -> None:
 def push(file: str, config: str | None, as_json: bool) -> None:
     """Replace the agent's deploy.toml with FILE: validated first (exit 2, nothing changed, on any error)."""
     text, name = _read(file), Path(file).name
-    size = len(encode({"op": "config_push", "args": {"text": text, "name": name}}))
+    size = len(request(CONFIG_PUSH.name, {"text": text, "name": name}))
     if size > MAX_REQUEST:  # refused here, naming the file, rather than by the agent as "bad request"
         raise ConfigError(f"{len(text.encode()):,} bytes: too large to push (one request to the agent is at most "
                           f"{MAX_REQUEST // 1024} KiB, this one would be {size:,} bytes)", file=file)
-    result = _agent(config).config_push(text, name)
+    result = _agent(config).call(CONFIG_PUSH, {"text": text, "name": name})
     if as_json:
         click.echo(json.dumps(result, indent=2))
     elif result["changed"]:

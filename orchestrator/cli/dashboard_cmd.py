@@ -9,6 +9,7 @@ import click
 
 from orchestrator.cli.options import config_option
 from orchestrator.cli.target import backend
+from orchestrator.contract.ops import STATUS
 from orchestrator.errors import AgentError, UsageError
 
 
@@ -24,7 +25,7 @@ def dashboard(config: str | None, port: int, open_browser: bool) -> None:
     from orchestrator.client.remote import RemoteAgentClient
 
     be = backend(config)
-    agent = be.status(None).get("agent")
+    agent = be.call(STATUS, {"host": None}).get("agent")
     if agent is None:
         raise AgentError("no agent runs here to serve a dashboard: start it (`orchestrator agent`) or use --host")
     path = agent.get("dashboard")

@@ -16,6 +16,17 @@ from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, remote_spec
+from orchestrator.contract.ops import (
+    CHECK_TOGETHER,
+    EXPLAIN,
+    FOLLOW,
+    HISTORY,
+    RECOVER,
+    ROLLBACK,
+    STATUS,
+    STOP,
+    SWITCH,
+)
 from orchestrator.core.states import text_of
 
 if TYPE_CHECKING:
@@ -58,16 +69,10 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
     With the front proxy, several MODELs (disjoint GPUs) serve together, and a switch stops only
     the models on the GPUs it needs."""
     wanted = list(dict.fromkeys(models))
-    if remote_spec() is None:
-        from orchestrator import settings
-        from orchestrator.core.proxy import check_together
-
-        check_together(settings.load(config), wanted)  # before anything stops, agent or not
     be = backend(config, local=local, ignore_agent=ignore_agent)
-    if remote_spec() is not None:
-        be.check_together(wanted)  # the box's deploy.toml rules: its agent checks, before the first switch
+    be.call(CHECK_TOGETHER, {"models": wanted})  # the rules of whoever switches, before anything stops
     if dry_run:
-        plans = [be.explain(m) for m in wanted]
+        plans = [be.call(EXPLAIN, {"model": m}) for m in wanted]
         if as_json:
             click.echo(json.dumps(plans, indent=2))
         for p in [] if as_json else plans:
@@ -75,7 +80,7 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
         return
     for model in wanted:
         def run(p: ProgressCallback, m: str = model) -> dict[str, Any]:
-            return be.switch(m, no_rollback=no_rollback, force=force, progress=p)
+            return be.call(SWITCH, {"model": m, "no_rollback": no_rollback, "force": force}, p)
         _finish(with_progress(as_json, run), as_json)
 
 
@@ -87,7 +92,7 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
 def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
     """Stop MODEL and free its GPUs (with the proxy: its route goes first, the others keep serving)."""
     be = backend(config, local=local)
-    result = with_progress(as_json, lambda p: be.stop(model, progress=p))
+    result = with_progress(as_json, lambda p: be.call(STOP, {"model": model}, p))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
@@ -108,7 +113,7 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
              as_json: bool) -> None:
     """Go back to the last model that was healthy, or to revision --to N."""
     be = backend(config, local=local, ignore_agent=ignore_agent)
-    result = with_progress(as_json, lambda p: be.rollback(host, to_revision, progress=p))
+    result = with_progress(as_json, lambda p: be.call(ROLLBACK, {"host": host, "to_revision": to_revision}, p))
     _finish(result, as_json)
 
 
@@ -120,7 +125,7 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
 def recover(config: str | None, host: str | None, local: bool, as_json: bool) -> None:
     """Finish deployments a crash or a stop left unfinished (the agent does this on start)."""
     be = backend(config, local=local)
-    results = with_progress(as_json, lambda p: be.recover(host, progress=p))
+    results = with_progress(as_json, lambda p: list(be.call(RECOVER, {"host": host}, p)["recovered"]))
     if as_json:
         click.echo(json.dumps(results, indent=2))
     else:
@@ -146,8 +151,8 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
         return print_group_status(config, group, as_json)
     be = backend(config, local=local)
     if follow:
-        with_progress(as_json, lambda p: be.follow(host, progress=p))
-    result = be.status(host)
+        with_progress(as_json, lambda p: be.call(FOLLOW, {"host": host}, p))
+    result = be.call(STATUS, {"host": host})
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -200,7 +205,7 @@ def history(config: str | None, host: str | None, group: str | None, limit: int,
         from orchestrator.cli.rollout_cmds import print_group_history
 
         return print_group_history(config, group, limit, as_json)
-    rows = backend(config, local=local).history(host, limit)
+    rows = backend(config, local=local).call(HISTORY, {"host": host, "limit": limit})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -16,6 +16,7 @@ from orchestrator.adapters.tune_store import read_feedback
 from orchestrator.cli.options import int_in, json_option, number_in
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, catalog, remote_spec
+from orchestrator.contract.ops import EXPLAIN
 from orchestrator.core import planner, tune
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.render import model_dir_for
@@ -165,7 +166,7 @@ def _measured(cat: Catalog, host: str, model: str, result: planner.Plan) -> tupl
 def _switch_kind(config: str | None, model: str) -> dict[str, Any] | None:
     """Handover or stop-start, from the host's recorded serving set (when there is a state store)."""
     if remote_spec() is not None:  # the box's records, through its agent
-        return backend(config).explain(model)
+        return backend(config).call(EXPLAIN, {"model": model})
     cat = settings.load(config)
     if not (Path(cat.state_dir) / "state.db").exists():
         return None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
+from orchestrator.contract.ops import CONFIG_SHOW
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: a query through an agent never loads the in-process stack
@@ -56,7 +57,7 @@ def catalog(config: str | None) -> Catalog:
     spec = remote_spec()
     if spec is None:
         return settings.load(config)
-    shown = backend(config).config_show()  # backend() refuses --config with --host
+    shown = backend(config).call(CONFIG_SHOW, {})  # backend() refuses --config with --host
     return settings.load_text(str(shown["text"]), f"{spec}: {shown['path']}")
 
 

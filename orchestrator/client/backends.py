@@ -1,85 +1,59 @@
 """How the CLI reaches the operations: through the agent's socket when one runs, else in-process.
 
-Both backends run the operations of one table (``client.table``), so commands do not care which
-one they got, and the arguments are checked the same way on both paths.
+Both backends run the operations of one table (``contract.ops``), so commands do not care which
+one they got, and the arguments are checked the same way on both paths: once, where they are parsed
+(the agent's socket, or here for the in-process backend).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from orchestrator.agent.protocol import encode, raise_error
-from orchestrator.client.table import OPERATIONS, Call, lookup
+from orchestrator.contract.ops import OPERATIONS, PING, Caller, Operation
+from orchestrator.contract.wire import ReplyReader, request, socket_path
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import AgentError, Detached, OrchestratorError
 from orchestrator.ports import ProgressCallback
 
+R = TypeVar("R")
+
+
+class Stream(Protocol):
+    """A connected byte stream to an agent: a Unix socket, or a relay channel on an SSH connection
+    (both have a ``fileno`` that select understands)."""
+
+    def sendall(self, data: bytes) -> Any: ...
+
+    def recv(self, n: int) -> bytes: ...
+
+    def fileno(self) -> int: ...
+
+    def close(self) -> Any: ...
+
 
 class Backend:
-    """The typed face of the table's operations; subclasses say how ``call`` reaches them."""
+    """Runs the table's operations; subclasses say how. ``call`` returns the operation's declared result."""
 
-    def call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+    def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
         raise NotImplementedError
-
-    def switch(self, model: str, *, no_rollback: bool = False, force: bool = False,
-               progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return dict(self.call("switch", {"model": model, "no_rollback": no_rollback, "force": force}, progress))
-
-    def rollback(self, host: str | None, to_revision: int | None, *,
-                 progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return dict(self.call("rollback", {"host": host, "to_revision": to_revision}, progress))
-
-    def recover(self, host: str | None, *, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
-        return list(self.call("recover", {"host": host}, progress)["recovered"])
-
-    def stop(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return dict(self.call("stop", {"model": model}, progress))
-
-    def stage(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return dict(self.call("stage", {"model": model}, progress))
-
-    def check_together(self, models: list[str]) -> str:
-        """The host the models serve on together, or UsageError (the box's catalog decides)."""
-        return str(self.call("check_together", {"models": models})["host"])
-
-    def explain(self, model: str) -> dict[str, Any]:
-        return dict(self.call("explain", {"model": model}))
-
-    def status(self, host: str | None) -> dict[str, Any]:
-        return dict(self.call("status", {"host": host}))
-
-    def history(self, host: str | None, limit: int) -> list[dict[str, Any]]:
-        return list(self.call("history", {"host": host, "limit": limit}))
-
-    def follow(self, host: str | None, *, progress: ProgressCallback | None = None) -> None:
-        self.call("follow", {"host": host}, progress)
-
-    def schedules(self) -> list[dict[str, Any]]:
-        return list(self.call("schedules", {}))
-
-    def config_show(self) -> dict[str, Any]:
-        return dict(self.call("config_show", {}))
-
-    def config_push(self, text: str, name: str) -> dict[str, Any]:
-        return dict(self.call("config_push", {"text": text, "name": name}))
 
 
 class AgentClient(Backend):
     """Talks to a running agent over its Unix socket (JSON lines); a remote client (client/remote.py)
-    opens the same stream through an SSH relay instead."""
+    opens the same stream through an SSH relay instead. ``send`` and ``ended`` are what a caller
+    multiplexing many agents (rollout/fanout.py) needs; ``call`` is one request read to its end."""
 
     follow_hint = ""  # the global options a re-attaching command needs (a remote client's --host)
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def _open(self) -> Any:
-        """A connected socket-like stream to the agent (sendall, makefile, close)."""
+    def open_stream(self) -> Stream:
+        """A connected stream to the agent."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.path)
@@ -91,7 +65,21 @@ class AgentClient(Backend):
             raise AgentError(f"agent socket {self.path}: {exc.strerror or exc}") from exc
         return sock
 
-    def _closed_early(self, op: str, stream: Any) -> OrchestratorError:
+    def send(self, op: str, args: dict[str, Any]) -> Stream:
+        """A stream with the request sent on it; its answer follows (read it with a ReplyReader)."""
+        stream = self.open_stream()
+        try:
+            stream.sendall(request(op, args))
+        except OSError as exc:
+            stream.close()
+            raise AgentError(f"agent socket {self.path}: {op}: {exc.strerror or exc}") from exc
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def ended(self, op: str, stream: Stream) -> OrchestratorError:
+        """The error for a stream that ended before the answer to ``op`` came."""
         return AgentError(self.went_away(op))
 
     def went_away(self, op: str) -> str:
@@ -99,33 +87,34 @@ class AgentClient(Backend):
         before they run, so a restarted agent resumes or rolls back the one that was running."""
         text = f"agent at {self.path} closed the connection before answering {op} (it stopped or died)"
         spec = OPERATIONS.get(op)
-        if spec is None or spec.host is None:  # a query: nothing was running for it
+        if spec is None or spec.job is None:  # a query: nothing was running for it
             return text
         return (f"{text}; the agent resumes the {op} when it starts again (systemd restarts it), or rolls it "
                 f"back: follow it with `orchestrator {self.follow_hint}status --follow`")
 
-    def call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
-        sock = self._open()
+    def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
+        return op.reply(self.answer(op.name, args, progress), f"agent at {self.path}")
+
+    def answer(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
+        """The result of one request (its events to ``progress``), or the error the agent answered."""
+        stream = self.send(op, args)
+        reader = ReplyReader()
         try:
-            sock.sendall(encode({"op": op, "args": args}))
-            with sock.makefile("rb") as stream:
-                for line in stream:
-                    msg = json.loads(line)
-                    if "event" in msg:
-                        if progress is not None:
-                            progress(str(msg["event"]), dict(msg.get("fields") or {}))
-                    elif "error" in msg:
-                        raise_error(msg["error"])
-                    else:
-                        return msg.get("result")
-            raise self._closed_early(op, sock)
+            while reader.reply is None:
+                data = stream.recv(65536)
+                if not data:
+                    raise self.ended(op, stream)
+                for event in reader.feed(data):
+                    if progress is not None:
+                        progress(event.name, event.fields)
+            return reader.reply.value()
         except KeyboardInterrupt:
             raise Detached(f"detached from {op}: the agent carries on (follow it with `orchestrator "
                            f"{self.follow_hint}status --follow`)") from None
         except OSError as exc:
             raise AgentError(f"agent socket {self.path}: {op}: {exc.strerror or exc}") from exc
         finally:
-            sock.close()
+            stream.close()
 
 
 class LocalBackend(Backend):
@@ -138,21 +127,17 @@ class LocalBackend(Backend):
         self.ops = operations(catalog)
         self.ignore_agent = ignore_agent
 
-    def call(self, op: str, args: dict[str, Any], progress: ProgressCallback | None = None) -> Any:
-        spec = lookup(op)
-        parsed = spec.parse(self.catalog, args)
-        if spec.host is None:
-            return spec.run(self.ops, parsed, Call(progress=progress))
+    def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
+        parsed = op.parse(self.catalog, args)
         # An operation that changes a box holds that box's own lock (agentless use over SSH).
-        with self._boxes(list(self.catalog.hosts) if op == "recover" and parsed.host is None  # type: ignore[attr-defined]
-                         else [spec.host(self.ops, parsed)]):
-            return spec.run(self.ops, parsed, Call(progress=progress))
+        with self._boxes(op.locks(self.ops, parsed)):
+            return op.in_process(self.ops, parsed, Caller(progress=progress))
 
     @contextmanager
     def _boxes(self, hosts: list[str]) -> Iterator[None]:
         """Agentless: the lock on each box reached over SSH, held for the whole operation (a lock
         that cannot be taken releases the ones already held, as the stack unwinds)."""
-        from orchestrator.deploy.box_lock import box_lock
+        from orchestrator.client.box_lock import box_lock
 
         with ExitStack() as stack:
             for name in hosts:
@@ -162,13 +147,11 @@ class LocalBackend(Backend):
 
 def backend_for(catalog: Catalog, *, local: bool = False, ignore_agent: bool = False) -> Backend:
     """The agent when its socket answers (unless --local), else this process."""
-    from orchestrator.agent.daemon import socket_path
-
-    path = socket_path(catalog)
+    path = socket_path(catalog.state_dir)
     if not local and os.path.exists(path):
         client = AgentClient(path)
         try:
-            client.call("ping", {})
+            client.call(PING, {})
             return client
         except AgentError as exc:
             if "permission denied" in str(exc) or "may not use the agent" in str(exc):

@@ -20,10 +20,14 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator import userfiles
 from orchestrator.core.documents import clip, toml_document
 from orchestrator.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.core.catalog import Host
 
 DEFAULT_PYTHON = "/opt/orchestrator/venv/bin/python"
 _KEYS = {"url", "key", "known_hosts", "python", "socket"}
@@ -45,6 +49,12 @@ class Target:
     @property
     def where(self) -> str:
         return f"{self.user}@{self.address}:{self.port}"
+
+    @classmethod
+    def of_host(cls, host: Host) -> Target:
+        """A deploy.toml host as a target (the fleet's boxes, the agentless lock): its SSH settings."""
+        return cls(name=host.name, address=host.address, port=host.ssh_port, user=host.ssh_user, key=host.ssh_key,
+                   known_hosts=host.known_hosts, python=host.python, socket=host.agent_socket)
 
     def relay_command(self) -> str:
         argv = [self.python, "-m", "orchestrator.agent.relay"]

@@ -6,6 +6,8 @@ on one port, a group naming an unknown host). Its entries and their field-level 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.core.catalog_entries import Defaults, Group, Host, Model, Policy, Proxy, Schedule
@@ -107,8 +109,7 @@ class Catalog(Strict):
             self._check_routable()
         for name, sched in self.schedules.items():
             if sched.model and sched.model not in self.models:
-                raise _KeyedError(f"schedules.{name}.model",
-                                  f"unknown model {sched.model!r} (known: {', '.join(sorted(self.models))})")
+                raise _KeyedError(f"schedules.{name}.model", unknown_model(sched.model, self.models))
             if sched.host and sched.host not in self.hosts:
                 raise _KeyedError(f"schedules.{name}.host",
                                   f"unknown host {sched.host!r} (known: {', '.join(sorted(self.hosts))})")
@@ -171,7 +172,7 @@ class Catalog(Strict):
     def model(self, name: str) -> Model:
         """The model called ``name``, or the one UsageError that lists the known ones."""
         if name not in self.models:
-            raise UsageError(f"unknown model {name!r} (known: {', '.join(sorted(self.models)) or 'none'})")
+            raise UsageError(unknown_model(name, self.models))
         return self.models[name]
 
     def host(self, name: str) -> Host:
@@ -190,7 +191,7 @@ class Catalog(Strict):
     def model_hosts(self, model: str) -> list[Host]:
         """Every host a model runs on: its group's hosts (one replica each), its nodes (one engine
         across them, the API's first), else its one host."""
-        spec = self.models[model]
+        spec = self.model(model)
         if spec.group is not None:
             return [self.hosts[h] for h in self.groups[spec.group].hosts]
         return self.nodes_of(model)
@@ -204,8 +205,9 @@ class Catalog(Strict):
                                   f"digits and . _ : / @ + - (no spaces or quotes), at most 128")
 
     def model_host(self, model: str) -> Host:
-        """The host a model runs on (a multi-node model: its first node, which serves the API)."""
-        spec = self.models[model]
+        """The host a model runs on (a multi-node model: its first node, which serves the API): where a
+        model's name turns into its Host, so an unknown one is the UsageError of ``model``."""
+        spec = self.model(model)
         if spec.nodes and spec.nodes[0] in self.hosts:
             return self.hosts[spec.nodes[0]]
         if spec.group is not None:
@@ -224,7 +226,7 @@ class Catalog(Strict):
 
     def nodes_of(self, model: str) -> list[Host]:
         """Every host a model runs on, the API's first."""
-        spec = self.models[model]
+        spec = self.model(model)
         if spec.nodes:
             return [self.hosts[n] for n in spec.nodes if n in self.hosts]
         return [self.model_host(model)]
@@ -234,6 +236,11 @@ class Catalog(Strict):
 
     def engine_for(self, host: Host) -> tuple[str, ...]:
         return host.engine or self.defaults.engine
+
+
+def unknown_model(name: str, models: Mapping[str, object]) -> str:
+    """The one wording of a model name the catalog does not know, listing the known ones."""
+    return f"unknown model {name!r} (known: {', '.join(sorted(models)) or 'none'})"
 
 
 def _collide(prior: tuple[str, str, frozenset[int] | None], here: tuple[str, str, frozenset[int] | None],

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from orchestrator.agent.protocol import peer_credentials
+from orchestrator.contract.wire import peer_credentials
 from orchestrator.dashboard.pages import Pages
 from orchestrator.errors import AgentError, OrchestratorError
 

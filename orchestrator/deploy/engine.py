@@ -88,9 +88,7 @@ class Engine:
     def plan_switch(self, model_name: str, *, trigger: str | None = None, no_rollback: bool = False,
                     force: bool = False) -> Deployment | None:
         """A new deployment of ``model_name``, or None when it already serves, healthy, unchanged."""
-        if model_name not in self.catalog.models:
-            raise UsageError(f"unknown model {model_name!r} (known: {', '.join(sorted(self.catalog.models))})")
-        model = self.catalog.models[model_name]
+        model = self.catalog.model(model_name)
         host = self.catalog.model_host(model_name)
         if not model.nodes:
             self.refuse_foreign_ranks(host.name, model.gpus, model_name)

@@ -77,7 +77,6 @@ class Operations:
 
     def host_of(self, model: str) -> str:
         """The host that serves ``model`` (UsageError naming the known models when unknown)."""
-        self.catalog.model(model)
         return self.catalog.model_host(model).name
 
     def resolve_host(self, host: str | None) -> str:

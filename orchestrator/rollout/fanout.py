@@ -10,15 +10,14 @@ trip), so the opens alone run on a small bounded pool instead of one after anoth
 
 from __future__ import annotations
 
-import json
 import selectors
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.agent.protocol import encode, raise_error
-from orchestrator.client.backends import AgentClient
+from orchestrator.client.backends import AgentClient, Stream
+from orchestrator.contract.wire import ReplyReader
 from orchestrator.errors import OrchestratorError
 
 EventCallback = Callable[[str, str, dict[str, Any]], None]  # host, event, fields
@@ -27,6 +26,8 @@ OPEN_WORKERS = 8  # SSH handshakes in flight at once; more boxes wait for a free
 
 @dataclass
 class Call:
+    """One host's request: its agent's client, the operation's name and its arguments."""
+
     host: str
     client: AgentClient
     op: str
@@ -36,8 +37,8 @@ class Call:
 @dataclass
 class _Open:
     call: Call
-    stream: Any
-    buf: bytearray = field(default_factory=bytearray)
+    stream: Stream
+    reader: ReplyReader = field(default_factory=ReplyReader)
 
 
 def run_all(calls: Sequence[Call], on_event: EventCallback | None = None) -> dict[str, Any]:
@@ -75,17 +76,11 @@ def _open_all(calls: Sequence[Call]) -> list[Any]:
         return list(pool.map(_open_one, calls))
 
 
-def _open_one(call: Call) -> Any:
+def _open_one(call: Call) -> Stream | OrchestratorError:
     try:
-        stream = call.client._open()
+        return call.client.send(call.op, call.args)
     except OrchestratorError as exc:
         return exc
-    try:
-        stream.sendall(encode({"op": call.op, "args": call.args}))
-    except OrchestratorError as exc:
-        stream.close()
-        return exc
-    return stream
 
 
 def _read(item: _Open, results: dict[str, Any], on_event: EventCallback | None) -> bool:
@@ -93,23 +88,13 @@ def _read(item: _Open, results: dict[str, Any], on_event: EventCallback | None) 
     host = item.call.host
     data = item.stream.recv(65536)
     if not data:
-        results[host] = item.call.client._closed_early(item.call.op, item.stream)
+        results[host] = item.call.client.ended(item.call.op, item.stream)
         return True
-    item.buf += data
-    while b"\n" in item.buf:
-        line, _, rest = bytes(item.buf).partition(b"\n")
-        item.buf[:] = rest
-        msg = json.loads(line)
-        if "event" in msg:
-            if on_event is not None:
-                on_event(host, str(msg["event"]), dict(msg.get("fields") or {}))
-            continue
-        if "error" in msg:
-            try:
-                raise_error(msg["error"])
-            except OrchestratorError as exc:
-                results[host] = exc
-        else:
-            results[host] = msg.get("result")
-        return True
-    return False
+    for event in item.reader.feed(data):
+        if on_event is not None:
+            on_event(host, event.name, event.fields)
+    reply = item.reader.reply
+    if reply is None:
+        return False
+    results[host] = reply.error if reply.error is not None else reply.result
+    return True

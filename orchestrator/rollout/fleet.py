@@ -29,15 +29,10 @@ Report = Callable[[str, str, dict[str, Any]], None]  # host, event, fields
 AfterBatch = Callable[[int], None]  # called after each batch has switched (tests hold the controller here)
 
 
-def target_for(host: Host) -> Target:
-    return Target(name=host.name, address=host.address, port=host.ssh_port, user=host.ssh_user, key=host.ssh_key,
-                  known_hosts=host.known_hosts, python=host.python, socket=host.agent_socket)
-
-
 def remote_client(host: Host) -> AgentClient:
     from orchestrator.client.remote import RemoteAgentClient
 
-    return RemoteAgentClient(target_for(host))
+    return RemoteAgentClient(Target.of_host(host))
 
 
 class Fleet:
@@ -86,9 +81,7 @@ class Fleet:
         return self._drive(rid)
 
     def _target(self, model_name: str, group: str | None) -> tuple[Model, str]:
-        model = self.catalog.models.get(model_name)
-        if model is None:
-            raise UsageError(f"unknown model {model_name!r} (known: {', '.join(sorted(self.catalog.models))})")
+        model = self.catalog.model(model_name)
         name = group or model.group
         if name is None:
             raise UsageError(f"model {model_name!r} targets no group: give --group G or set group in "

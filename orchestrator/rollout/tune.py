@@ -76,9 +76,7 @@ class Tuner:
 
         Raises UsageError (nothing stopped, nothing deployed) for a refused layout or an unfinished run.
         """
-        if req.model not in self.catalog.models:
-            raise UsageError(f"unknown model {req.model!r} (known: {', '.join(sorted(self.catalog.models))})")
-        model = self.catalog.models[req.model]
+        model = self.catalog.model(req.model)
         host = self.catalog.model_host(req.model)
         self._no_unfinished(host.name)
         core.parse_objective(req.objective, req.bench.concurrency)

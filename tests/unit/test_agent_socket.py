@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from orchestrator import errors
 from orchestrator.agent.daemon import Agent
-from orchestrator.agent.protocol import MAX_REQUEST
 from orchestrator.agent.server import ControlServer
-from orchestrator.client.table import OPERATIONS
+from orchestrator.contract.ops import OPERATIONS
+from orchestrator.contract.wire import MAX_REQUEST
 from tests.hosts.wait import wait_for
 
 from .conftest import OpsWorld

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from click.testing import CliRunner
 import pytest
+from click.testing import CliRunner
 
 from orchestrator.cli import COMMANDS, load_command, main
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent.protocol import encode, error_reply
 from orchestrator.client.backends import AgentClient
+from orchestrator.contract.wire import encode, error_reply
 from orchestrator.errors import AgentError, Busy, OrchestratorError, TransportError
 from orchestrator.rollout import fanout
 from orchestrator.rollout.fanout import Call, run_all
@@ -30,7 +30,7 @@ class FakeBox(AgentClient):
         self.sent = threading.Event()
         self._peers: list[socket.socket] = []
 
-    def _open(self) -> Any:
+    def open_stream(self) -> Any:
         if self.gate is not None:
             self.gate.wait()  # raises BrokenBarrierError unless every box is opening at the same time
         if self.open_error is not None:

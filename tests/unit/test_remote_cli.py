@@ -159,12 +159,13 @@ def test_agent_dying_mid_switch_says_it_resumes_and_how_to_follow(tmp_path: Path
     """The stream ends without an answer: the error says the agent resumes the switch and names
     `status --follow` (the same text as through the relay, which then exits 0 with nothing on stderr)."""
     from orchestrator.client.backends import AgentClient
+    from orchestrator.contract.ops import SWITCH
     from orchestrator.errors import AgentError
 
     path = str(tmp_path / "agent.sock")
     _agent_that_dies_after_one_event(path)
     with pytest.raises(AgentError) as err:
-        AgentClient(path).switch("beta")
+        AgentClient(path).call(SWITCH, {"model": "beta"})
     assert "closed the connection before answering switch" in str(err.value)
     assert "resumes the switch when it starts again" in str(err.value)
     assert "`orchestrator status --follow`" in str(err.value)

@@ -49,7 +49,7 @@ class Box(AgentClient):
         super().__init__("box.sock")
         self.replies = replies
 
-    def _open(self) -> Any:
+    def open_stream(self) -> Any:
         ours, agent = socket.socketpair()
 
         def answer() -> None:

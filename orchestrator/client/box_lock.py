@@ -33,18 +33,14 @@ def box_lock(host: Host, *, ignore_agent: bool = False) -> Iterator[None]:
     if host.transport != "ssh":
         yield  # this machine is the box: the per-host flock in the state dir already covers it
         return
-    from orchestrator.client.remote import open_ssh
+    from orchestrator.adapters.ssh import SshSession
     from orchestrator.client.targets import Target
 
-    target = Target(name=host.name, address=host.address, port=host.ssh_port, user=host.ssh_user,
-                    key=host.ssh_key, known_hosts=host.known_hosts)
-    client = open_ssh(target)
+    target = Target.of_host(host)
+    session = SshSession(target)
     try:
-        transport = client.get_transport()
-        if transport is None:
-            raise TransportError(f"host {host.name} ({target.where}): the SSH connection closed")
-        channel = transport.open_session()
-        channel.exec_command(f"sh -c {shlex.quote(_SCRIPT)} lock {'ignore-agent' if ignore_agent else 'check'}")
+        channel = session.exec(f"sh -c {shlex.quote(_SCRIPT)} lock {'ignore-agent' if ignore_agent else 'check'}",
+                               f"the lock on {LOCK_FILE}")
         first = channel.makefile("rb").readline().decode(errors="replace").strip()
         if first == "AGENT":
             raise Busy(f"host {host.name}: its agent ({AGENT_UNIT}) runs on {host.address} and owns the box: "
@@ -52,12 +48,13 @@ def box_lock(host: Host, *, ignore_agent: bool = False) -> Iterator[None]:
         if first != "LOCKED":
             status = channel.recv_exit_status()
             if status == _HELD:
-                holder = client.exec_command(f"cat {LOCK_FILE}")[1].read().decode(errors="replace").strip()
+                holder = session.exec(f"cat {LOCK_FILE}", "a read of the lock's holder").makefile("rb").read()
                 raise Busy(f"host {host.name}: another controller holds {LOCK_FILE} on the box "
-                           f"({holder or 'holder unknown'}); try again when it is done", host=host.name)
+                           f"({holder.decode(errors='replace').strip() or 'holder unknown'}); try again when it "
+                           "is done", host=host.name)
             err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
             raise TransportError(f"host {host.name}: could not take {LOCK_FILE} (exit {status}): {err}",
                                  host=host.name)
         yield
     finally:
-        client.close()  # the box's `cat` sees EOF, flock exits, the lock is free
+        session.close()  # the box's `cat` sees EOF, flock exits, the lock is free

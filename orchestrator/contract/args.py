@@ -1,0 +1,72 @@
+"""The operations' arguments: strict JSON types, no unknown keys, names checked against the catalog.
+
+Parsed once, where a request comes in (the agent's socket, or the in-process backend): a bad one is a
+UsageError naming the operation, the argument and the value.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.core.catalog import Catalog
+
+
+class Args(BaseModel):
+    """Arguments of one operation: strict JSON types, no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    def check(self, catalog: Catalog) -> None:
+        """Names must exist in the catalog (never used as paths before this)."""
+        model = getattr(self, "model", None)
+        if model is not None:
+            catalog.model(model)
+        host = getattr(self, "host", None)
+        if host is not None:
+            catalog.host(host)
+
+
+class NoArgs(Args):
+    pass
+
+
+class ModelArgs(Args):
+    model: str = Field(max_length=200)
+
+
+class ModelsArgs(Args):
+    models: list[Annotated[str, Field(max_length=200)]] = Field(min_length=1, max_length=64)
+
+    def check(self, catalog: Catalog) -> None:
+        for model in self.models:
+            catalog.model(model)
+
+
+class StageArgs(ModelArgs):
+    # A fleet rollout's peer box that already holds the weights (adapters/weights_peer.py checks each field
+    # as deploy.toml's host entries are checked).
+    peer: dict[str, str | int | None] | None = None
+
+
+class SwitchArgs(ModelArgs):
+    no_rollback: bool = False
+    force: bool = False
+
+
+class HostArgs(Args):
+    host: str | None = Field(None, max_length=200)
+
+
+class RollbackArgs(HostArgs):
+    to_revision: int | None = Field(None, ge=1, le=2**31 - 1)
+
+
+class HistoryArgs(HostArgs):
+    limit: int = Field(50, ge=1, le=10_000)
+
+
+class ConfigPushArgs(Args):
+    text: str = Field(max_length=900_000)
+    name: str | None = Field(None, max_length=200)

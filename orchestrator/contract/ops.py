@@ -1,0 +1,221 @@
+"""The operations, each declared once: name, arguments, result, who may run it, and how it runs.
+
+The agent's socket, the in-process backend and the fleet fan-out all read this table, so adding an
+operation is one entry here, one ``Operations`` method and one CLI command. An entry with ``job``
+set changes a box: it holds that host while it runs (the agent runs one per host, in the background,
+streaming progress); without it, it is a query answered at once. An entry without ``run`` is
+agent-only: it is answered by a running agent (``agent``), never in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from pydantic import ValidationError
+
+from orchestrator.contract.args import (
+    Args,
+    ConfigPushArgs,
+    HistoryArgs,
+    HostArgs,
+    ModelArgs,
+    ModelsArgs,
+    NoArgs,
+    RollbackArgs,
+    StageArgs,
+    SwitchArgs,
+)
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.proxy import check_together
+from orchestrator.errors import AgentError, UsageError
+from orchestrator.ports import ProgressCallback
+
+if TYPE_CHECKING:
+    from orchestrator.deploy.operations import Operations
+
+A = TypeVar("A", bound=Args)
+R = TypeVar("R")
+
+
+class Who(Enum):
+    """Who may run an operation (the agent lets only these connect: agent/server.authorized)."""
+
+    MEMBERS = "root and the members of the socket group"
+    MEMBERS_ROOT_FOR_PRIVILEGED = ("root and the members of the socket group; a change that decides what "
+                                   "runs as root needs root (core/privilege.py)")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks and who listens: ``trigger`` is recorded in the audit trail (None: this CLI's user);
+    ``uid`` is the agent's peer (None: unknown, so never root)."""
+
+    progress: ProgressCallback | None = None
+    trigger: str | None = None
+    uid: int | None = None
+    next_runs: dict[str, float] | None = None  # the agent's schedule clock, for `schedules`
+
+
+class AgentSide(Protocol):
+    """What only a running agent knows: its process, its jobs, the file it was started from."""
+
+    @property
+    def ops(self) -> Operations: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+    def annotate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+
+    def config_show(self) -> dict[str, Any]: ...
+
+    def config_push(self, text: str, name: str | None, caller: Caller) -> dict[str, Any]: ...
+
+    def follow(self, host: str | None) -> Iterator[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class Operation(Generic[A, R]):
+    name: str
+    args: type[A]
+    result: type[R]  # what the answer is (dict or list), checked where a client reads it
+    command: str | None  # the CLI command that runs it (None: asked by the client itself)
+    run: Callable[[Operations, A, Caller], R] | None = None  # in-process; None: agent-only
+    agent: Callable[[AgentSide, A, Caller], R] | None = None  # how an agent answers instead of ``run``
+    stream: Callable[[AgentSide, A], Iterator[dict[str, Any]]] | None = None  # an agent's streamed answer
+    job: Callable[[Operations, A], str] | None = None  # the host this job holds while it runs
+    boxes: Callable[[Operations, A], list[str]] | None = None  # locked in-process (default: the job's host)
+    who: Who = Who.MEMBERS
+
+    @property
+    def agent_only(self) -> bool:
+        return self.run is None
+
+    def parse(self, catalog: Catalog, raw: object) -> A:
+        """The arguments of a request, checked: types and ranges, then names against the catalog."""
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise UsageError(f"{self.name}: args must be a JSON object, got {_short(raw)}")
+        try:
+            args = self.args.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "args"
+            raise UsageError(f"{self.name}: argument {where}: {first['msg']} (got {_short(first.get('input'))})"
+                             ) from None
+        args.check(catalog)
+        return args
+
+    def locks(self, ops: Operations, args: A) -> list[str]:
+        """The boxes an in-process run holds (agentless: each one's own lock)."""
+        if self.boxes is not None:
+            return self.boxes(ops, args)
+        return [] if self.job is None else [self.job(ops, args)]
+
+    def in_process(self, ops: Operations, args: A, caller: Caller) -> R:
+        if self.run is None:
+            raise UsageError(f"{self.name} acts on a running agent (its deploy.toml, its jobs): start the "
+                             "agent, or use --host")
+        return self.run(ops, args, caller)
+
+    def in_agent(self, agent: AgentSide, args: A, caller: Caller) -> R:
+        """A query's answer in the agent: its own (``agent``), else the in-process one on its Operations."""
+        if self.agent is not None:
+            return self.agent(agent, args, caller)
+        return self.in_process(agent.ops, args, caller)
+
+    def reply(self, value: object, where: str) -> R:
+        """A client's reading of the result: the declared shape, or an AgentError naming what came."""
+        if not isinstance(value, self.result):
+            raise AgentError(f"{where} answered {self.name} with {_short(value)}: expected a "
+                             f"{self.result.__name__}")
+        return value
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _rollback_trigger(caller: Caller) -> str:
+    # For people reading history: the engine knows a rollback by its record (Deployment.restores).
+    return f"rollback by {caller.trigger}" if caller.trigger else "rollback"
+
+
+def _status(ops: Operations, a: HostArgs, c: Caller) -> dict[str, Any]:
+    return {**ops.status(a.host), "schedules": ops.schedules(time.time(), c.next_runs)}
+
+
+def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]:
+    return {"host": check_together(ops.catalog, a.models)}
+
+
+def _every_host_or(ops: Operations, a: HostArgs) -> list[str]:
+    # recover with no --host finishes what is unfinished on every host, so it holds every box
+    return [ops.resolve_host(a.host)] if a.host is not None else list(ops.catalog.hosts)
+
+
+SWITCH: Operation[SwitchArgs, dict[str, Any]] = Operation(
+    "switch", SwitchArgs, dict, "switch",
+    run=lambda ops, a, c: ops.switch(a.model, trigger=c.trigger, no_rollback=a.no_rollback, force=a.force,
+                                     progress=c.progress),
+    job=lambda ops, a: ops.host_of(a.model))
+ROLLBACK: Operation[RollbackArgs, dict[str, Any]] = Operation(
+    "rollback", RollbackArgs, dict, "rollback",
+    run=lambda ops, a, c: ops.rollback(a.host, a.to_revision, trigger=_rollback_trigger(c), progress=c.progress),
+    job=lambda ops, a: ops.resolve_host(a.host))
+RECOVER: Operation[HostArgs, dict[str, Any]] = Operation(
+    "recover", HostArgs, dict, "recover",
+    run=lambda ops, a, c: {"recovered": ops.recover(a.host, progress=c.progress)},
+    job=lambda ops, a: ops.resolve_host(a.host), boxes=_every_host_or)
+STOP: Operation[ModelArgs, dict[str, Any]] = Operation(
+    "stop", ModelArgs, dict, "stop",
+    run=lambda ops, a, c: ops.stop(a.model, progress=c.progress),
+    job=lambda ops, a: ops.host_of(a.model))
+STAGE: Operation[StageArgs, dict[str, Any]] = Operation(
+    "stage", StageArgs, dict, "stage",
+    run=lambda ops, a, c: ops.stage(a.model, peer=a.peer, progress=c.progress),
+    job=lambda ops, a: ops.host_of(a.model))
+STATUS: Operation[HostArgs, dict[str, Any]] = Operation(
+    "status", HostArgs, dict, "status", run=_status,
+    agent=lambda ag, a, c: {**_status(ag.ops, a, c), "agent": ag.info()})
+# What a CLI asks before it sends one switch per model (core/proxy.check_together), and what `switch
+# --dry-run` prints: both read the catalog and records of whoever answers (with --host: the box's).
+CHECK_TOGETHER: Operation[ModelsArgs, dict[str, Any]] = Operation(
+    "check_together", ModelsArgs, dict, "switch", run=_check_together)
+EXPLAIN: Operation[ModelArgs, dict[str, Any]] = Operation(
+    "explain", ModelArgs, dict, "switch --dry-run", run=lambda ops, a, c: ops.explain(a.model))
+HISTORY: Operation[HistoryArgs, list[Any]] = Operation(
+    "history", HistoryArgs, list, "history", run=lambda ops, a, c: ops.history(a.host, a.limit),
+    agent=lambda ag, a, c: ag.annotate(ag.ops.history(a.host, a.limit)))
+SCHEDULES: Operation[NoArgs, list[Any]] = Operation(
+    "schedules", NoArgs, list, "schedules", run=lambda ops, a, c: ops.schedules(time.time(), c.next_runs))
+# Is an agent there (the client's own question); its pid.
+PING: Operation[NoArgs, dict[str, Any]] = Operation(
+    "ping", NoArgs, dict, None, run=lambda ops, a, c: {"pid": os.getpid()})
+# The progress of running jobs: an agent streams it; in-process nothing runs in the background.
+FOLLOW: Operation[HostArgs, dict[str, Any]] = Operation(
+    "follow", HostArgs, dict, "status --follow", run=lambda ops, a, c: {"followed": []},
+    stream=lambda ag, a: ag.follow(a.host))
+# Answered by the agent from the file it was started with; nothing in-process.
+CONFIG_SHOW: Operation[NoArgs, dict[str, Any]] = Operation(
+    "config_show", NoArgs, dict, "config show", agent=lambda ag, a, c: ag.config_show())
+CONFIG_PUSH: Operation[ConfigPushArgs, dict[str, Any]] = Operation(
+    "config_push", ConfigPushArgs, dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
+    who=Who.MEMBERS_ROOT_FOR_PRIVILEGED)
+
+# Every entry above, in the order declared: a new one needs no second listing.
+OPERATIONS: dict[str, Operation[Any, Any]] = {
+    value.name: value for value in list(globals().values()) if isinstance(value, Operation)}
+
+
+def lookup(op: object) -> Operation[Any, Any]:
+    """The operation called ``op``, or a UsageError listing them."""
+    if not isinstance(op, str) or op not in OPERATIONS:
+        raise UsageError(f"unknown operation {_short(op)}: op must be one of {', '.join(sorted(OPERATIONS))}")
+    return OPERATIONS[op]
