@@ -34,6 +34,8 @@ _DONE = object()
 class Job:
     """One operation running on one host, with the listeners of its progress."""
 
+    END = _DONE  # the last item of every listener's queue (the dashboard, a layer below, reads it from the job)
+
     def __init__(self, host: str, op: str, args: dict[str, Any]) -> None:
         self.host, self.op, self.args = host, op, args
         self.listeners: list[queue.Queue[Any]] = []

@@ -50,10 +50,8 @@ class Live:
         self.bump()
 
     def _listen(self, host: str, job: Any, q: Any) -> None:
-        from orchestrator.agent.server import _DONE
-
         try:
-            while (item := q.get()) is not _DONE:
+            while (item := q.get()) is not job.END:
                 if isinstance(item, dict) and "event" in item:
                     self.events[host].append({"at": time.time(), "event": item["event"],
                                               "fields": item.get("fields") or {}, "op": job.op})
