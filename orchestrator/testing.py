@@ -287,6 +287,41 @@ class FakeSmoke:
         return {"levels": [{"concurrency": 1, "output_tok_s_per_stream": rate}], "headline_tok_s": rate}
 
 
+class FakeConfigStore:
+    """The ConfigStore port in memory, with the SQLite store's semantics (tests/unit/test_config_store.py
+    runs one set of assertions against both)."""
+
+    def __init__(self) -> None:
+        self.revisions: list[tuple[float, str, str, str]] = []  # (at, sha256, operator, text); revision = index + 1
+        self.deployments: dict[int, int] = {}
+
+    def latest(self) -> tuple[int, str] | None:
+        return (len(self.revisions), self.revisions[-1][1]) if self.revisions else None
+
+    def record_if_new(self, at: float, sha256: str, operator: str, text: str,
+                      then: Callable[[], None] | None = None) -> int:
+        latest = self.latest()
+        if latest is not None and latest[1] == sha256:
+            revision, added = latest[0], False
+        else:
+            self.revisions.append((at, sha256, operator, text))
+            revision, added = len(self.revisions), True
+        if then is not None:
+            try:
+                then()
+            except BaseException:
+                if added:  # the transaction rolls back: the revision is not recorded either
+                    self.revisions.pop()
+                raise
+        return revision
+
+    def link(self, deployment_id: int, revision: int) -> None:
+        self.deployments.setdefault(deployment_id, revision)
+
+    def links(self) -> dict[int, int]:
+        return dict(self.deployments)
+
+
 class FakeStateStore:
     """The StateStore port in memory, with the SQLite store's semantics (tests/unit/test_state_store.py
     runs one contract against both): revisions count per host, timings come from transitions."""
@@ -325,9 +360,9 @@ class FakeStateStore:
 
     def move_serving(self, change: ServingChange) -> None:
         for host, revisions in change.sets:
-            self.set_serving_set(host, list(revisions))
+            self.sets[host] = sorted(set(revisions))
         for host, revision in change.pointers:
-            self.set_serving(host, revision)
+            self.pointers[host] = revision
 
     def update_spec(self, dep_id: int, spec: UnitSpec) -> None:
         self._put(dep_id, spec=spec)
@@ -339,14 +374,8 @@ class FakeStateStore:
         if rollback_error is not None:
             self._put(dep_id, rollback_error=rollback_error)
 
-    def set_serving(self, host: str, revision: int | None) -> None:
-        self.pointers[host] = revision
-
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None:
         self._put(dep_id, bench=dict(result))
-
-    def set_serving_set(self, host: str, revisions: list[int]) -> None:
-        self.sets[host] = sorted(set(revisions))
 
     def serving_set(self, host: str) -> list[Deployment]:
         return [self.by_revision(host, r) for r in self.sets.get(host, [])]

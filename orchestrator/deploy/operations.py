@@ -113,7 +113,7 @@ class Operations:
             sd = self.ports_for(host).systemd
             sd.stop(serving.spec.unit_name)
             sd.disable(serving.spec.unit_name)
-            self.store.set_serving(host, None)
+            self.store.move_serving(ServingChange(pointers=((host, None),)))
             self.store.record_event(time.time(), host, "stopped", {"unit": serving.spec.unit_name,
                                                                    "revision": serving.revision, "reason": reason})
 

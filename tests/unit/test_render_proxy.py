@@ -11,6 +11,7 @@ import pytest
 from orchestrator import settings
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.proxy import render_config, routes_for
+from orchestrator.core.records import ServingChange
 from orchestrator.deploy.engine import default_template, unit_spec
 from orchestrator.resources import template_text
 
@@ -63,7 +64,7 @@ def serve(config: Path, *models: str) -> str:
     store = SqliteStore(Path(cat.state_dir) / "state.db", group=cat.socket_group)
     specs = [unit_spec(cat, cat.models[m], default_template()) for m in models]
     revisions = [store.create("box", spec, "test", None, 0.0).revision for spec in specs]
-    store.set_serving_set("box", revisions)
+    store.move_serving(ServingChange(sets=(("box", tuple(revisions)),)))
     return render_config(cat.proxy, cat.defaults.bind, routes_for(specs), template_text("haproxy.cfg.j2"))
 
 
