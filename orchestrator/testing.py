@@ -17,7 +17,14 @@ from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSn
 from orchestrator.core.records import NO_CHANGE, Deployment, PhaseTiming, ServingChange, UnitSpec
 from orchestrator.core.states import Fallback, Phase, fallback_of, is_terminal
 from orchestrator.core.weights import StagedRevision
-from orchestrator.errors import CommandFailed, HealthCheckFailed, ProxyError, StateError, SystemdError
+from orchestrator.errors import (
+    CommandFailed,
+    HealthCheckFailed,
+    ProxyError,
+    StateError,
+    SystemdError,
+    UnitNotFound,
+)
 from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
 
 Behaviour = Literal["ok", "crash", "health_only", "never_ready", "bad_unit"]
@@ -115,6 +122,11 @@ class FakeShell:
 
 
 class FakeSystemd:
+    """Units in memory, held to the Systemd port's contract (the WITH_FAKES cases of
+    tests/test_systemd_contract.py run here too)."""
+
+    unit_dir = "/etc/systemd/system"
+
     def __init__(self, world: FakeHost) -> None:
         self.host = world.name
         self.w = world
@@ -125,13 +137,14 @@ class FakeSystemd:
             return UnitState(unit, "not-found", "inactive", "dead")
         load = "bad-setting" if self.w.behaviours.get(unit) == "bad_unit" else "loaded"
         return UnitState(unit, load, u.active, u.sub, u.pid, u.status, u.restarts,
-                         "exit-code" if u.active == "failed" else "success")
+                         "exit-code" if u.active == "failed" else "success",
+                         fragment_path=f"{self.unit_dir}/{unit}")
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
         self.w.calls.append(f"start {unit}")
         u = self.w.units.get(unit)
         if u is None or unit not in self.w.loaded:
-            raise SystemdError(f"unit {unit} not found", host=self.host, unit=unit)
+            raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
         if self.w.behaviours.get(unit) == "crash":
             u.active, u.sub, u.status = "failed", "failed", 1
             raise SystemdError(f"job for {unit} failed", host=self.host, unit=unit)
@@ -170,10 +183,16 @@ class FakeSystemd:
         self.w.loaded = {n: u.text for n, u in self.w.units.items()}
 
     def enable(self, unit: str) -> None:
-        self.w.units[unit].enabled = True
+        self._file(unit).enabled = True
 
     def disable(self, unit: str) -> None:
-        self.w.units[unit].enabled = False
+        self._file(unit).enabled = False
+
+    def _file(self, unit: str) -> _Unit:
+        u = self.w.units.get(unit)
+        if u is None:
+            raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
+        return u
 
     def install_unit(self, unit: str, content: str) -> None:
         self.w.calls.append(f"install {unit}")
