@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -70,14 +71,19 @@ class Listener:
                     conn.sendall((json.dumps({"result": REPLIES.get(op)}) + "\n").encode())
 
 
-def run(argv: list[str], env: dict[str, str], listener: Listener | None) -> tuple[float, float | None, int]:
+def run(argv: list[str], env: dict[str, str], listener: Listener | None) -> tuple[float, float | None, int, float]:
+    """(wall s, start s or None, exit code, CPU s of the child: user + system, which the load of a
+    shared machine does not inflate the way it does wall time)."""
     if listener is not None:
         listener.reset()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     total = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     start = None if listener is None or listener.first is None else listener.first - t0
-    return total, start, proc.returncode
+    return total, start, proc.returncode, cpu
 
 
 def main() -> None:
@@ -105,23 +111,23 @@ def main() -> None:
         ("orchestrator history", [cli, "history"], agent),
         ("orchestrator --host box history", [cli, "--host", f"ssh://bench@127.0.0.1:{port}", "history"], sshd),
     ]
-    results: dict[str, list[tuple[float, float | None, int]]] = {name: [] for name, _, _ in cases}
+    results: dict[str, list[tuple[float, float | None, int, float]]] = {name: [] for name, _, _ in cases}
     print(f"# {runs} runs each, interleaved; os.cpu_count()={os.cpu_count()}, load {os.getloadavg()[0]:.2f}")
     for i in range(runs):
         for name, argv, listener in cases:
-            total, start, rc = run(argv, env, listener)
-            results[name].append((total, start, rc))
+            total, start, rc, cpu = run(argv, env, listener)
+            results[name].append((total, start, rc, cpu))
             shown = "-" if start is None else f"{start:.3f}"
-            print(f"run {i + 1} | {name} | total {total:.3f} s | start {shown} s | rc {rc}")
+            print(f"run {i + 1} | {name} | total {total:.3f} s | start {shown} s | cpu {cpu:.3f} s | rc {rc}")
     print(f"# load after: {os.getloadavg()[0]:.2f}")
-    print("\n| command | median start s | median total s | min total s | exit |")
-    print("|---|---|---|---|---|")
+    print("\n| command | median start s | min start s | median total s | median CPU s | exit |")
+    print("|---|---|---|---|---|---|")
     for name, rows in results.items():
-        starts = [s for _, s, _ in rows if s is not None]
-        start = f"{statistics.median(starts):.3f}" if starts else "-"
-        totals = [t for t, _, _ in rows]
-        print(f"| {name} | {start} | {statistics.median(totals):.3f} | {min(totals):.3f} | "
-              f"{sorted({rc for _, _, rc in rows})} |")
+        starts = [s for _, s, _, _ in rows if s is not None]
+        start = f"{statistics.median(starts):.3f} | {min(starts):.3f}" if starts else "- | -"
+        totals, cpus = [t for t, _, _, _ in rows], [c for _, _, _, c in rows]
+        print(f"| {name} | {start} | {statistics.median(totals):.3f} | {statistics.median(cpus):.3f} | "
+              f"{sorted({rc for _, _, rc, _ in rows})} |")
 
 
 if __name__ == "__main__":

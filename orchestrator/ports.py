@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
 from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
 from orchestrator.core.states import Fallback, Phase
 from orchestrator.core.weights import StagedRevision
+
+if TYPE_CHECKING:  # so that `--host` queries, which never read a catalog here, do not build its models
+    from orchestrator.core.catalog import Host
 
 
 class Shell(Protocol):

@@ -18,15 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.agent.peers import operator
 from orchestrator.contract.wire import MAX_REQUEST, encode, error_reply, peer_credentials
 from orchestrator.core.documents import DocumentError, clip, json_document
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 _DONE = object()
 

@@ -30,13 +30,12 @@ from orchestrator.contract.args import (
     StageArgs,
     SwitchArgs,
 )
-from orchestrator.core.catalog import Catalog
-from orchestrator.core.proxy import check_together
 from orchestrator.errors import AgentError, UsageError
-from orchestrator.ports import ProgressCallback
 
 if TYPE_CHECKING:
+    from orchestrator.core.catalog import Catalog
     from orchestrator.deploy.operations import Operations
+    from orchestrator.ports import ProgressCallback
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R")
@@ -152,6 +151,8 @@ def _status(ops: Operations, a: HostArgs, c: Caller) -> dict[str, Any]:
 
 
 def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]:
+    from orchestrator.core.proxy import check_together  # its templates are not needed to name an operation
+
     return {"host": check_together(ops.catalog, a.models)}
 
 

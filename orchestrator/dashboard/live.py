@@ -13,12 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.core import dashboard as view
 from orchestrator.errors import OrchestratorError
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 class Live:
     def __init__(self, agent: Any, refresh_s: float, tune_runs: Callable[[str], list[dict[str, Any]]]) -> None:
