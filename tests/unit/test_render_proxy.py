@@ -109,3 +109,10 @@ def test_render_proxy_without_the_proxy_enabled_says_so(tmp_path: Path, installe
     config = deploy_toml(tmp_path, installed, enabled=False)
     result = invoke("render", "--proxy", "--config", str(config))
     assert result.exit_code == 2 and "[proxy] enabled = true" in result.output
+
+
+def test_render_proxy_with_a_model_is_refused_naming_it(tmp_path: Path, installed: Path) -> None:
+    """The proxy's config is a whole host's: a MODEL argument is a usage error naming it; exit 2."""
+    config = deploy_toml(tmp_path, installed)
+    result = invoke("render", "alpha", "--proxy", "--config", str(config))
+    assert result.exit_code == 2 and "drop the MODEL argument (alpha)" in result.output
