@@ -25,21 +25,11 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.builders.catalog import ONE_BOX_TOML
+
 VENV_BIN = Path(sys.executable).parent
-TOML = """state_dir = "{state}"
-[defaults]
-engine = ["/opt/vllm/bin/vllm", "serve"]
-[hosts.box]
-transport = "ssh"
-address = "127.0.0.9"
-gpus = 8
-gpu_memory_gib = 96
-[models.alpha]
-repo = "org/alpha"
-gpus = [0, 1, 2, 3]
-tensor_parallel = 4
-port = 8000
-"""
 REPLIES = {"ping": {}, "status": {"hosts": {}, "schedules": []}, "history": []}
 
 
@@ -91,7 +81,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=11)
     runs = parser.parse_args().runs
     work = Path(tempfile.mkdtemp(prefix="cli-start-"))
-    (work / "deploy.toml").write_text(TOML.format(state=work / "state"))
+    (work / "deploy.toml").write_text(ONE_BOX_TOML.format(state=work / "state", extra=""))
     agent_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     agent_sock.bind(str(work / "agent.sock"))
     agent_sock.listen(16)
