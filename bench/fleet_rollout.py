@@ -28,8 +28,10 @@ sys.path.insert(0, str(REPO))
 from orchestrator import settings
 from orchestrator.core.render import render_unit
 from orchestrator.deploy.engine import default_template
+from tests.builders.agent import CONFIG, PY
+from tests.builders.rollout import SOCKET, install
+from tests.builders.switch import MODELS
 from tests.hosts.pool import HostSet, boot_hosts
-from tests.test_rollout_hosts import CONFIG, MODELS, PY, SOCKET, install
 
 VENV_BIN = Path(sys.executable).parent
 ANSIBLE = REPO / "bench" / "ansible"

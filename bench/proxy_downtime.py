@@ -30,9 +30,9 @@ if str(ROOT) not in sys.path:
 
 from orchestrator import settings
 from orchestrator.wiring import operations
+from tests.builders.proxy import PROXY_PORT, Prober, proxy_config
+from tests.builders.switch import config_text
 from tests.hosts.pool import boot_hosts
-from tests.test_proxy_hosts import PROXY_PORT, Prober, proxy_config
-from tests.test_switch_hosts import config_text
 
 
 class DirectProber(Prober):

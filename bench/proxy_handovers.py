@@ -28,10 +28,10 @@ if str(ROOT) not in sys.path:
 
 from orchestrator import settings
 from orchestrator.wiring import operations
+from tests.builders.drain import MODELS, TOKENS, ProberProcess, moves, recorder, spanning
+from tests.builders.proxy import base_url, proxy_config
 from tests.hosts.pool import boot_hosts
 from tests.proxy_prober import classify
-from tests.test_proxy_drain_hosts import MODELS, TOKENS, ProberProcess, moves, recorder, spanning
-from tests.test_proxy_hosts import base_url, proxy_config
 
 
 def run_case(ops: Any, url: str, pair: tuple[str, str], rounds: int) -> dict[str, Any]:

@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 
 from orchestrator import settings
 from orchestrator.wiring import operations
+from tests.builders.proxy import PROXY_PORT, Prober, proxy_config
 from tests.hosts.pool import boot_hosts
-from tests.test_proxy_hosts import PROXY_PORT, Prober, proxy_config
 
 
 def summarise(prober: Prober) -> dict[str, Any]:

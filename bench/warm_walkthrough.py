@@ -19,8 +19,8 @@ if str(ROOT) not in sys.path:
 from click.testing import CliRunner
 
 from orchestrator.cli import main
+from tests.builders.proxy import proxy_config
 from tests.hosts.pool import boot_hosts
-from tests.test_proxy_hosts import proxy_config
 
 ENGINE = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1"]
 WARM = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "sleep": "level1",

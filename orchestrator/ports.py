@@ -11,17 +11,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.core.catalog import Host
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
 from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
 from orchestrator.core.resident import Residency
 from orchestrator.core.states import Fallback, Phase
 from orchestrator.core.weights import StagedRevision
 
-if TYPE_CHECKING:  # records of the stores below; their modules import adapters, not the other way
-    from orchestrator.adapters.tune_store import TuneResult, TuneRun
-    from orchestrator.core.rollout import HostRecord, Policy, RolloutStatus
-    from orchestrator.rollout.store import Rollout
+if TYPE_CHECKING:  # so that `--host` queries, which never read a catalog here, do not build its models
+    from orchestrator.core.catalog import Host
+    from orchestrator.core.rollout import HostRecord, Policy, Rollout, RolloutStatus
+    from orchestrator.core.tune_records import TuneResult, TuneRun
 
 
 class Shell(Protocol):
@@ -206,8 +205,8 @@ class WeightStore(Protocol):
         ...
 
 
-class StateStore(Protocol):
-    """Durable deployment records (see adapters.sqlite_store for the real one)."""
+class DeploymentRecords(Protocol):
+    """Durable deployment records: each switch, its phases, errors, plan and benchmark."""
 
     def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
                at: float, no_rollback: bool = False, *, restores: int | None = None,
@@ -225,27 +224,13 @@ class StateStore(Protocol):
     def record_error(self, dep_id: int, *, error: str | None = None,
                      rollback_error: str | None = None) -> None: ...
 
-    def set_serving(self, host: str, revision: int | None) -> None: ...
-
-    def move_serving(self, change: ServingChange) -> None:
-        """Move pointers and sets as ``change`` says, in one transaction (outside a deployment: `stop`)."""
-        ...
-
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None: ...
-
-    def set_serving_set(self, host: str, revisions: list[int]) -> None:
-        """With the front proxy: the revisions serving on the host (replaces the set)."""
-        ...
-
-    def serving_set(self, host: str) -> list[Deployment]: ...
 
     def record_plan(self, dep_id: int, plan: dict[str, Any]) -> None:
         """With the front proxy: how the deployment changes the serving set (core.proxy.SwitchPlan)."""
         ...
 
     def plan_of(self, dep_id: int) -> dict[str, Any] | None: ...
-
-    def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None: ...
 
     def get(self, dep_id: int) -> Deployment: ...
 
@@ -255,7 +240,25 @@ class StateStore(Protocol):
 
     def unfinished(self, host: str | None = None) -> list[Deployment]: ...
 
+
+class ServingRecords(Protocol):
+    """What serves on each host: the pointer (the revision a plain switch serves) and, with the
+    front proxy, the serving set. One way to change them: a ServingChange, moved on its own (`stop`)
+    or with a deployment's phase (``DeploymentRecords.transition``)."""
+
+    def move_serving(self, change: ServingChange) -> None:
+        """Move pointers and sets as ``change`` says, in one transaction."""
+        ...
+
     def serving(self, host: str) -> Deployment | None: ...
+
+    def serving_set(self, host: str) -> list[Deployment]: ...
+
+
+class EventLog(Protocol):
+    """Events outside deployments (a schedule skipped, a watch restart), newest first."""
+
+    def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None: ...
 
     def events(self, host: str | None = None, kind: str | None = None,
                limit: int = 50) -> list[dict[str, Any]]: ...
@@ -273,6 +276,30 @@ class ResidencyStore(Protocol):
 
     def residency(self, host: str) -> dict[str, Residency]:
         """Every model of ``host`` with a record, by name."""
+        ...
+
+
+class StateStore(DeploymentRecords, ServingRecords, EventLog, Protocol):
+    """The agent's state.db, all three roles (see adapters.sqlite_store): what the wiring hands over."""
+
+
+class ConfigStore(Protocol):
+    """The agent's config revisions and which one each deployment ran with (adapters.config_store)."""
+
+    def latest(self) -> tuple[int, str] | None:
+        """(revision, sha256) of the newest recorded revision, or None."""
+        ...
+
+    def record_if_new(self, at: float, sha256: str, operator: str, text: str,
+                      then: Callable[[], None] | None = None) -> int:
+        """Record ``text`` unless the newest revision has the same sha256; its revision. ``then`` runs
+        in the same transaction, after the insert: when it raises, nothing is recorded."""
+        ...
+
+    def link(self, deployment_id: int, revision: int) -> None: ...
+
+    def links(self) -> dict[int, int]:
+        """deployment id -> the config revision it ran with."""
         ...
 
 

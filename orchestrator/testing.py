@@ -25,6 +25,7 @@ from orchestrator.errors import (
     ProxyError,
     StateError,
     SystemdError,
+    UnitNotFound,
 )
 from orchestrator.ports import HostPorts, ProgressCallback, StagedWeights
 
@@ -135,6 +136,11 @@ class FakeShell:
 
 
 class FakeSystemd:
+    """Units in memory, held to the Systemd port's contract (the WITH_FAKES cases of
+    tests/test_systemd_contract.py run here too)."""
+
+    unit_dir = "/etc/systemd/system"
+
     def __init__(self, world: FakeHost) -> None:
         self.host = world.name
         self.w = world
@@ -145,13 +151,14 @@ class FakeSystemd:
             return UnitState(unit, "not-found", "inactive", "dead")
         load = "bad-setting" if self.w.behaviours.get(unit) == "bad_unit" else "loaded"
         return UnitState(unit, load, u.active, u.sub, u.pid, u.status, u.restarts,
-                         "exit-code" if u.active == "failed" else "success")
+                         "exit-code" if u.active == "failed" else "success",
+                         fragment_path=f"{self.unit_dir}/{unit}")
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
         self.w.calls.append(f"start {unit}")
         u = self.w.units.get(unit)
         if u is None or unit not in self.w.loaded:
-            raise SystemdError(f"unit {unit} not found", host=self.host, unit=unit)
+            raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
         if self.w.behaviours.get(unit) == "crash":
             u.active, u.sub, u.status = "failed", "failed", 1
             raise SystemdError(f"job for {unit} failed", host=self.host, unit=unit)
@@ -192,10 +199,16 @@ class FakeSystemd:
         self.w.loaded = {n: u.text for n, u in self.w.units.items()}
 
     def enable(self, unit: str) -> None:
-        self.w.units[unit].enabled = True
+        self._file(unit).enabled = True
 
     def disable(self, unit: str) -> None:
-        self.w.units[unit].enabled = False
+        self._file(unit).enabled = False
+
+    def _file(self, unit: str) -> _Unit:
+        u = self.w.units.get(unit)
+        if u is None:
+            raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
+        return u
 
     def install_unit(self, unit: str, content: str) -> None:
         self.w.calls.append(f"install {unit}")
@@ -377,6 +390,41 @@ class FakeSmoke:
         return {"levels": [{"concurrency": 1, "output_tok_s_per_stream": rate}], "headline_tok_s": rate}
 
 
+class FakeConfigStore:
+    """The ConfigStore port in memory, with the SQLite store's semantics (tests/unit/test_config_store.py
+    runs one set of assertions against both)."""
+
+    def __init__(self) -> None:
+        self.revisions: list[tuple[float, str, str, str]] = []  # (at, sha256, operator, text); revision = index + 1
+        self.deployments: dict[int, int] = {}
+
+    def latest(self) -> tuple[int, str] | None:
+        return (len(self.revisions), self.revisions[-1][1]) if self.revisions else None
+
+    def record_if_new(self, at: float, sha256: str, operator: str, text: str,
+                      then: Callable[[], None] | None = None) -> int:
+        latest = self.latest()
+        if latest is not None and latest[1] == sha256:
+            revision, added = latest[0], False
+        else:
+            self.revisions.append((at, sha256, operator, text))
+            revision, added = len(self.revisions), True
+        if then is not None:
+            try:
+                then()
+            except BaseException:
+                if added:  # the transaction rolls back: the revision is not recorded either
+                    self.revisions.pop()
+                raise
+        return revision
+
+    def link(self, deployment_id: int, revision: int) -> None:
+        self.deployments.setdefault(deployment_id, revision)
+
+    def links(self) -> dict[int, int]:
+        return dict(self.deployments)
+
+
 class FakeStateStore:
     """The StateStore port in memory, with the SQLite store's semantics (tests/unit/test_state_store.py
     runs one contract against both): revisions count per host, timings come from transitions."""
@@ -415,9 +463,9 @@ class FakeStateStore:
 
     def move_serving(self, change: ServingChange) -> None:
         for host, revisions in change.sets:
-            self.set_serving_set(host, list(revisions))
+            self.sets[host] = sorted(set(revisions))
         for host, revision in change.pointers:
-            self.set_serving(host, revision)
+            self.pointers[host] = revision
 
     def update_spec(self, dep_id: int, spec: UnitSpec) -> None:
         self._put(dep_id, spec=spec)
@@ -429,14 +477,8 @@ class FakeStateStore:
         if rollback_error is not None:
             self._put(dep_id, rollback_error=rollback_error)
 
-    def set_serving(self, host: str, revision: int | None) -> None:
-        self.pointers[host] = revision
-
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None:
         self._put(dep_id, bench=dict(result))
-
-    def set_serving_set(self, host: str, revisions: list[int]) -> None:
-        self.sets[host] = sorted(set(revisions))
 
     def serving_set(self, host: str) -> list[Deployment]:
         return [self.by_revision(host, r) for r in self.sets.get(host, [])]
@@ -549,8 +591,7 @@ class FakeRolloutStore:
 
     def create(self, model: str, group: str, policy: Any, gate: str, batches: list[tuple[str, ...]],
                pid: int, *, started_by: str | None = None, at: float | None = None) -> int:
-        from orchestrator.core.rollout import HostRecord, RolloutStatus
-        from orchestrator.rollout.store import Rollout
+        from orchestrator.core.rollout import HostRecord, Rollout, RolloutStatus
 
         rid = len(self.rollouts) + 1
         self.rollouts[rid] = Rollout(id=rid, model=model, group=group, status=RolloutStatus.RUNNING, policy=policy,
@@ -610,7 +651,7 @@ class FakeTuneStore:
 
     def create(self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None,
                at: float) -> Any:
-        from orchestrator.adapters.tune_store import RUNNING, TuneRun
+        from orchestrator.core.tune_records import RUNNING, TuneRun
 
         run_id = len(self.runs) + 1
         self.runs[run_id] = TuneRun(run_id, host, model, at, dict(settings), previous_revision, RUNNING, None, None)

@@ -7,7 +7,6 @@ import json
 import re
 import shlex
 import socket
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,15 +16,10 @@ import pytest
 
 from orchestrator import settings
 from orchestrator.core.render import render_agent_unit
+from tests.builders.agent import CONFIG, HOOKS, PY, REPO, STATE
 from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
 from tests.test_switch_hosts import MODELS, config_text
-
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = "/etc/orchestrator-agent-test.toml"
-STATE = "/var/lib/orchestrator-agent-test"
-HOOKS = "/run/orchestrator-hooks"
-PY = sys.executable
 
 pytestmark = pytest.mark.hosts
 
@@ -277,8 +271,8 @@ def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(hosts: 
                                                                         tmp_path: Path) -> None:
     """SIGKILL before PHASE of chat-a -> chat-b with a half-written proxy config: recovery ends with
     chat-b alone serving and the proxy routing chat to it."""
-    from tests.test_proxy_hosts import MODELS as PROXY_MODELS
-    from tests.test_proxy_hosts import PROXY_PORT, proxy_config
+    from tests.builders.proxy import MODELS as PROXY_MODELS
+    from tests.builders.proxy import PROXY_PORT, proxy_config
     host = hosts[0]
     install_agent(host, proxy_config(host, Path(STATE), {k: v for k, v in PROXY_MODELS.items()}).replace(
         'transport = "ssh"', 'transport = "local"'), tmp_path)

@@ -20,7 +20,6 @@ from orchestrator.core.planner import (
     weight_bytes_from_headers,
     weight_bytes_from_index,
 )
-from orchestrator.core.planner_report import render_plan
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 SEED_HOST = Hardware(gpu_count=8, gpu_memory_gib=96.0, interconnect="pcie")
@@ -256,13 +255,3 @@ def test_weight_bytes_from_safetensors_headers() -> None:
     ]
     assert weight_bytes_from_headers(headers) == 16
     assert weight_bytes_from_headers([{"junk": 1}]) is None
-
-
-def test_render_plan_reads_as_a_report(minimax: dict[str, Any]) -> None:
-    """The readable report leads with the verdict, its reason and fix, then the best layout."""
-    text = render_plan(plan(minimax, Layout(tp=8), SEED_HOST, weight_bytes=MINIMAX_BYTES))
-    lines = text.splitlines()
-    assert lines[1] == "TP=8: INVALID"
-    assert "192 is not divisible" in lines[2]
-    assert "fix: use TP=4, or TP=8 with expert parallel" in lines
-    assert any(line.startswith("  1. TP=8 + EP: uses all 8 GPUs") for line in lines)

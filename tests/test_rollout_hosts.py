@@ -11,25 +11,22 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator import settings
-from orchestrator.core.render import render_agent_unit
+from tests.builders.agent import CONFIG, PY, REPO
+from tests.builders.rollout import SOCKET, install
+from tests.builders.switch import MODELS
 from tests.hosts import keys, netns
 from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet, boot_hosts
 from tests.hosts.wait import wait_for
 from tests.hubstub import HubStub, StubRepo, sharded_model
-from tests.test_agent_hosts import CONFIG, HOOKS, REPO, STATE, active
-from tests.test_switch_hosts import MODELS, config_text
+from tests.test_agent_hosts import active
 
-PY = sys.executable
-SOCKET = f"{STATE}/agent.sock"
 PEER_KEY, PEER_KNOWN = "/etc/orchestrator-test-key", "/etc/orchestrator-test-known-hosts"
 SHA = "b" * 40
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
@@ -43,19 +40,6 @@ def fleet() -> Iterator[HostSet]:
     with boot_hosts(4, netns=True) as hostset:
         yield hostset
 
-
-def install(host: Host, models: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> None:
-    """The box's own agent (its deploy.toml names only itself), serving alpha to start with."""
-    config = config_text(host, Path(STATE), models, transport="local")
-    host.run(f"systemctl stop orchestrator-agent.service; rm -rf {STATE} /models", check=False)
-    host.write_file(CONFIG, config)
-    host.run(f"groupadd -f orchestrator && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
-    local = Path("/tmp") / f"fleet-agent-{host.name}-{os.getpid()}.toml"
-    local.write_text(config)
-    unit = render_agent_unit(settings.load(local), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
-                             python=PY, config=CONFIG, extra_env=env or {})
-    host.write_file("/etc/systemd/system/orchestrator-agent.service", unit.text)
-    host.run("systemctl daemon-reload && systemctl start orchestrator-agent.service")
 
 
 def box_models(broken: bool = False, **beta: Any) -> dict[str, dict[str, Any]]:

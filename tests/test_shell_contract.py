@@ -19,7 +19,7 @@ from orchestrator.adapters import connect
 from orchestrator.adapters.ssh import SshShell
 from orchestrator.errors import CommandFailed, OrchestratorError, TransportError
 from tests.hosts import Host, keys
-from tests.hosts.fixtures import Adapters
+from tests.hosts.fixtures import WITH_FAKES, Adapters
 from tests.hosts.wait import wait_for
 
 pytestmark = pytest.mark.hosts
@@ -67,6 +67,7 @@ def test_every_timeout_is_124_never_a_dropped_connection(adapters: Adapters) -> 
     assert codes == [124] * 15
 
 
+@WITH_FAKES
 def test_read_file_of_missing_path_is_none(adapters: Adapters) -> None:
     """read_file returns None for a path that does not exist."""
     assert adapters.shell.read_file(f"/etc/missing-{uuid.uuid4().hex}") is None

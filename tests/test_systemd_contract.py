@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from orchestrator.errors import SystemdError, UnitNotFound, UsageError
-from tests.hosts.fixtures import Adapters
+from tests.hosts.fixtures import WITH_FAKES, Adapters
 from tests.hosts.wait import wait_for
 
 pytestmark = pytest.mark.hosts
@@ -32,6 +32,7 @@ def install(a: Adapters, unit: str, content: str) -> None:
     a.systemd.daemon_reload()
 
 
+@WITH_FAKES
 def test_unknown_unit_reads_as_not_found(adapters: Adapters) -> None:
     """unit_state of a unit systemd does not know is 'not-found', not an error."""
     state = adapters.systemd.unit_state(unit_name())
@@ -46,11 +47,13 @@ def test_install_unit_writes_file_read_back(adapters: Adapters) -> None:
     assert adapters.host.run(["cat", f"/etc/systemd/system/{unit}"]).stdout == text
 
 
+@WITH_FAKES
 def test_read_unit_of_missing_file_is_none(adapters: Adapters) -> None:
     """read_unit returns None when no unit file exists."""
     assert adapters.systemd.read_unit(unit_name()) is None
 
 
+@WITH_FAKES
 def test_installed_unit_loads_after_daemon_reload(adapters: Adapters) -> None:
     """After daemon_reload the new unit is loaded from its fragment in the unit dir."""
     unit = unit_name()
@@ -80,11 +83,13 @@ def test_stop_makes_unit_inactive(adapters: Adapters) -> None:
     assert (state.active_state, state.main_pid) == ("inactive", 0)
 
 
+@WITH_FAKES
 def test_stop_of_unknown_unit_is_a_no_op(adapters: Adapters) -> None:
     """Stopping a unit systemd does not know succeeds without doing anything."""
     adapters.systemd.stop(unit_name())
 
 
+@WITH_FAKES
 def test_restart_gives_a_new_main_pid(adapters: Adapters) -> None:
     """restart replaces the running process."""
     unit = unit_name()
@@ -96,6 +101,7 @@ def test_restart_gives_a_new_main_pid(adapters: Adapters) -> None:
     assert after.is_active and after.main_pid not in (0, before)
 
 
+@WITH_FAKES
 def test_start_of_unknown_unit_raises_unit_not_found(adapters: Adapters) -> None:
     """Starting a unit that does not exist names the unit and the host."""
     unit = unit_name()
@@ -207,6 +213,7 @@ def test_enable_and_disable_change_the_install_state(adapters: Adapters) -> None
     assert adapters.host.run(["systemctl", "is-enabled", unit], check=False).stdout.strip() == "disabled"
 
 
+@WITH_FAKES
 def test_enable_of_unknown_unit_raises_unit_not_found(adapters: Adapters) -> None:
     """Enabling a unit with no unit file names the unit."""
     unit = unit_name()
@@ -224,6 +231,7 @@ def test_cgroup_pids_lists_every_process_of_the_unit(adapters: Adapters) -> None
     assert adapters.systemd.unit_state(unit).main_pid in pids
 
 
+@WITH_FAKES
 def test_cgroup_pids_of_a_stopped_unit_is_empty(adapters: Adapters) -> None:
     """A unit that is not running has no processes."""
     unit = unit_name()
@@ -243,6 +251,7 @@ def test_kill_unit_signals_every_process(adapters: Adapters) -> None:
     assert adapters.systemd.cgroup_pids(unit) == []
 
 
+@WITH_FAKES
 def test_remove_unit_deletes_the_file(adapters: Adapters) -> None:
     """remove_unit deletes the unit file; after a reload systemd no longer knows the unit."""
     unit = unit_name()

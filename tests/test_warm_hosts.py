@@ -15,10 +15,10 @@ from orchestrator import settings
 from orchestrator.core.records import Deployment
 from orchestrator.deploy.operations import Operations
 from orchestrator.wiring import operations
+from tests.builders.drain import TOKENS, ProberProcess
+from tests.builders.proxy import base_url, proxy_config
 from tests.hosts.machine import Host
 from tests.proxy_prober import classify
-from tests.test_proxy_drain_hosts import TOKENS, ProberProcess
-from tests.test_proxy_hosts import base_url, proxy_config
 
 pytestmark = pytest.mark.hosts
 ENGINE = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1", "--chunk-delay", "0.02"]

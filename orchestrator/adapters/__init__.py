@@ -10,11 +10,13 @@ pydbus is imported only for "local", so the SSH path needs no GObject stack.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from orchestrator.adapters.unit_files import DEFAULT_UNIT_DIR
 from orchestrator.errors import ConfigError
-from orchestrator.ports import Shell, Systemd
+
+if TYPE_CHECKING:
+    from orchestrator.ports import Shell, Systemd
 
 
 def connect(transport: Literal["local", "ssh"], address: str = "localhost", *, port: int = 22,

@@ -7,7 +7,6 @@ check on open, every SQLite failure a StateError naming the file), not a raw con
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from orchestrator.adapters.sqlite_store import SqliteFile
 
@@ -42,7 +41,7 @@ class SqliteConfigStore(SqliteFile):
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO deployment_configs VALUES (?, ?)", (deployment_id, revision))
 
-    def links(self) -> dict[Any, Any]:
+    def links(self) -> dict[int, int]:
         """deployment id -> the config revision it ran with."""
-        return {r["deployment_id"]: r["config_revision"]
+        return {int(r["deployment_id"]): int(r["config_revision"])
                 for r in self._read("SELECT deployment_id, config_revision FROM deployment_configs")}

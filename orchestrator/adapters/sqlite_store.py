@@ -313,14 +313,6 @@ class SqliteStore(SqliteFile):
         with self._tx() as db:
             db.execute("UPDATE deployments SET spec=? WHERE id=?", (json.dumps(spec.to_dict()), dep_id))
 
-    def set_serving(self, host: str, revision: int | None) -> None:
-        with self._tx() as db:
-            self._write_serving(db, host, revision)
-
-    def set_serving_set(self, host: str, revisions: list[int]) -> None:
-        with self._tx() as db:
-            self._write_serving_set(db, host, revisions)
-
     def move_serving(self, change: ServingChange) -> None:
         with self._tx() as db:
             self._write_change(db, change)

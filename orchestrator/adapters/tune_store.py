@@ -9,41 +9,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.adapters.sqlite_store import SqliteFile
+from orchestrator.core.tune_records import RUNNING, TuneResult, TuneRun
 from orchestrator.errors import StateError
-
-RUNNING = "running"
-
-
-@dataclass(frozen=True)
-class TuneRun:
-    id: int
-    host: str
-    model: str
-    created_at: float
-    settings: dict[str, Any]
-    previous_revision: int | None
-    state: str
-    ended_at: float | None
-    result: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class TuneResult:
-    run_id: int
-    candidate: str
-    layout: str
-    status: str  # "ok" | "failed"
-    deployment_id: int | None
-    revision: int | None
-    error: str | None  # the engine's own line
-    detail: str | None  # the whole error of the switch
-    records: list[dict[str, Any]]  # bench records, one per repeat
-    at: float
 
 
 class TuneStore(SqliteFile):

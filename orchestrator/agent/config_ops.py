@@ -21,6 +21,7 @@ from orchestrator.adapters.config_store import SqliteConfigStore
 from orchestrator.agent.loadout import Loadout, build
 from orchestrator.core.catalog import Catalog
 from orchestrator.errors import ConfigError, RenderError, StateError
+from orchestrator.ports import ConfigStore
 
 
 def sha256(text: str) -> str:
@@ -30,10 +31,11 @@ def sha256(text: str) -> str:
 class ConfigRevisions:
     """The config file of one agent and its recorded revisions (in the agent's state.db)."""
 
-    def __init__(self, path: str | Path, state_dir: str, *, group: str | None) -> None:
+    def __init__(self, path: str | Path, state_dir: str, *, group: str | None, store: ConfigStore | None = None) -> None:
         self.path = Path(path)
-        # creates and migrates the schema, config tables included, with the modes Operations gives it
-        self._store = SqliteConfigStore(Path(state_dir) / "state.db", group=group)
+        # by default state.db: creates and migrates the schema, config tables included, with the modes
+        # Operations gives it
+        self._store = store or SqliteConfigStore(Path(state_dir) / "state.db", group=group)
 
     def current(self) -> tuple[int | None, str]:
         """(latest revision number, the file's text now)."""

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import sdnotify
-import structlog
 
+from orchestrator import logs
 from orchestrator.agent.config_ops import ConfigRevisions
 from orchestrator.agent.controller import FleetController
 from orchestrator.agent.loadout import Loadout, build
@@ -28,7 +28,7 @@ from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, Refused, UsageError
 from orchestrator.ports import Clock
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 
 def _system_clock() -> Clock:

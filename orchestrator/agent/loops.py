@@ -9,14 +9,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.agent.metrics import Metrics
 from orchestrator.core.watch import LoopBeat, dead_loops
 from orchestrator.errors import OrchestratorError
 from orchestrator.ports import Clock
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 EventSink = Callable[[float, str | None, str, dict[str, Any]], None]
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-log = structlog.get_logger()
+from orchestrator import logs
+
+log = logs.get_logger()
 
 
 class Metrics:

@@ -18,21 +18,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.agent.peers import operator
 from orchestrator.contract.wire import MAX_REQUEST, encode, error_reply, peer_credentials
 from orchestrator.core.documents import DocumentError, clip, json_document
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 _DONE = object()
 
 
 class Job:
     """One operation running on one host, with the listeners of its progress."""
+
+    END = _DONE  # the last item of every listener's queue (the dashboard, a layer below, reads it from the job)
 
     def __init__(self, host: str, op: str, args: dict[str, Any]) -> None:
         self.host, self.op, self.args = host, op, args

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.agent.loops import Failures
 from orchestrator.agent.metrics import Metrics
 from orchestrator.core import schedule as sched
@@ -21,7 +20,7 @@ from orchestrator.deploy.operations import Operations
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.ports import Clock
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 Submit = Callable[[str, dict[str, Any], str], Any]  # (op, args, trigger) -> the job; raises if refused
 Busy = Callable[[str], object]

@@ -1,11 +1,13 @@
 """Command-line front: parses, talks to the agent (or runs in-process), prints. No logic here.
 
-Each command module registers its commands on ``main``; errors from the project's hierarchy are
-printed as one line (plus context) on stderr with their exit code, never as a traceback.
+Commands are listed in ``COMMANDS`` and their modules imported only when one runs (or a test asks
+for it), so ``--help`` and a query start without the deploy stack. Errors from the project's
+hierarchy are printed as one line (plus context) on stderr with their exit code, never a traceback.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -13,19 +15,80 @@ from typing import Any
 
 import click
 
-from orchestrator import logs
-from orchestrator.core.secrets import redact_values
 from orchestrator.errors import OrchestratorError
+
+# name -> (module, attribute, the summary `--help` lists: the command's own first sentence, which
+# tests/unit/test_cli_registry.py holds it to).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "agent": ("agent_cmds", "agent",
+              "Run the daemon: control socket, crash recovery, schedules, health watch, metrics."),
+    "bench": ("bench_cmds", "bench",
+              "Measure output tok/s, TTFT and ITL of the active deployment at rising concurrency."),
+    "compare": ("bench_cmds", "compare",
+                "Every model benchmarked on a host, side by side per concurrency level (latest run of each)."),
+    "config": ("config_cmds", "config",
+               "The agent's deploy.toml: show it, diff a file against it, push a file to replace it."),
+    "dashboard": ("dashboard_cmd", "dashboard",
+                  ("Open the agent's dashboard (GPUs, models, the running switch, history, charts): its Unix "
+                   "socket forwarded to 127.0.0.1 here, over the SSH connection with --host.")),
+    "history": ("deploy_cmds", "history",
+                "Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."),
+    "models": ("catalog_cmds", "models", "List the models of the catalog (with --host: of the box's deploy.toml)."),
+    "plan": ("plan_cmd", "plan", "Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can."),
+    "recover": ("deploy_cmds", "recover",
+                "Finish deployments a crash or a stop left unfinished (the agent does this on start)."),
+    "render": ("catalog_cmds", "render", "Render units/vllm-MODEL.service (all models when MODEL is omitted)."),
+    "rollback": ("deploy_cmds", "rollback", "Go back to the last model that was healthy, or to revision --to N."),
+    "rollout": ("rollout_cmds", "rollout",
+                "Switch a group model on every box of its group: canary first, then in batches (see `rollout start`)."),
+    "schedules": ("agent_cmds", "schedules", "Scheduled operations, their next run and what they last did."),
+    "stage": ("agent_cmds", "stage", "Download and verify MODEL's weights now (the serving model keeps serving)."),
+    "status": ("deploy_cmds", "status", "What serves on each host, what is running, and the schedules."),
+    "stop": ("deploy_cmds", "stop",
+             "Stop MODEL and free its GPUs (with the proxy: its route goes first, the others keep serving)."),
+    "switch": ("deploy_cmds", "switch",
+               "Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."),
+    "tune": ("tune_cmd", "tune",
+             "Deploy each candidate layout of MODEL (a safe switch each), benchmark it, keep the winner."),
+}
+
+
+def load_command(name: str) -> click.Command:
+    """The command ``name`` of ``COMMANDS``, its module imported now."""
+    module, attr, _ = COMMANDS[name]
+    command = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    assert isinstance(command, click.Command), f"{module}.{attr} is not a click command"
+    return command
 
 
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return load_command(cmd_name) if cmd_name in COMMANDS else None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # The summaries from the registry: listing them imports no command module.
+        limit = formatter.width - 6 - max(map(len, COMMANDS))
+        rows = [(name, _short(summary, limit)) for name, (_, _, summary) in sorted(COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except OrchestratorError as exc:
+            from orchestrator.core.secrets import redact_values
+
             # A message quotes bad values; a value shaped like a token is never printed.
             click.echo(f"error: {redact_values(str(exc))}", err=True)
             sys.exit(exc.exit_code)
+
+
+def _short(summary: str, limit: int) -> str:
+    """``summary`` cut at a word to ``limit`` characters, as click cuts a command's own help."""
+    return click.Command("_", help=summary).get_short_help_str(limit)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -35,20 +98,8 @@ class _Group(click.Group):
                    "~/.config/orchestrator/hosts.toml or $ORCHESTRATOR_HOSTS_FILE)")
 def main(remote: str | None) -> None:
     """Deploy vLLM models as systemd services and switch between them safely."""
+    from orchestrator import logs
+
     # Progress and the final error are printed by the commands; logs only when asked for.
     level = os.environ.get("ORCHESTRATOR_LOG_LEVEL", "CRITICAL").upper()
     logs.configure(json=False, level=logging.getLevelNamesMapping().get(level, logging.CRITICAL))
-
-
-from orchestrator.cli import (  # noqa: F401
-    agent_cmds,
-    agent_install,
-    bench_cmds,
-    catalog_cmds,
-    config_cmds,
-    dashboard_cmd,
-    deploy_cmds,
-    plan_cmd,
-    rollout_cmds,
-    tune_cmd,
-)

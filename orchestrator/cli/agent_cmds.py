@@ -8,7 +8,7 @@ import sys
 import click
 
 from orchestrator import logs, settings
-from orchestrator.cli import main
+from orchestrator.cli.agent_install import install
 from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
@@ -18,7 +18,7 @@ from orchestrator.contract.ops import SCHEDULES, STAGE
 ENDED = "none (its last fire time has passed)"
 
 
-@main.group(invoke_without_command=True)
+@click.group(invoke_without_command=True)
 @config_option
 @click.option("--socket", "socket_path", default=None, metavar="PATH",
               help="control socket (default: <state_dir>/agent.sock or $ORCHESTRATOR_SOCKET)")
@@ -53,7 +53,10 @@ def dial_stdio(socket_path: str | None, config: str | None) -> None:
     sys.exit(relay.main(argv))
 
 
-@main.command()
+agent.add_command(install)
+
+
+@click.command()
 @config_option
 @json_option
 def schedules(config: str | None, as_json: bool) -> None:
@@ -71,7 +74,7 @@ def schedules(config: str | None, as_json: bool) -> None:
                  for r in rows])
 
 
-@main.command()
+@click.command()
 @click.argument("model")
 @config_option
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")

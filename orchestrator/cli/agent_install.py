@@ -7,14 +7,13 @@ import json
 import click
 
 from orchestrator import userfiles
-from orchestrator.cli.agent_cmds import agent
 from orchestrator.cli.options import json_option
 from orchestrator.cli.target import remote_spec
 from orchestrator.core.documents import text_of
 from orchestrator.errors import UsageError
 
 
-@agent.command("install")
+@click.command("install")
 @click.argument("target", metavar="ssh://USER@BOX[:PORT]|NAME")
 @click.option("--upgrade", is_flag=True,
               help="replace an installed package with this tree's and restart the agent (only between operations)")

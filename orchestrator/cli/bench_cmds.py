@@ -12,7 +12,6 @@ from rich.live import Live
 
 from orchestrator import settings
 from orchestrator.adapters.smoke import bench_record
-from orchestrator.cli import main
 from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import local_only
@@ -30,7 +29,7 @@ def _serving(ops: Operations, host: str | None) -> Any:
     return serving
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--concurrency", default="1,16,64,256", show_default=True, help="levels, comma-separated")
@@ -83,7 +82,7 @@ def _dist(d: dict[str, Any] | None) -> str:
     return "/".join(f"{d[k]:.1f}" if d.get(k) is not None else "-" for k in ("p50", "p90", "p99"))
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None)
 @json_option

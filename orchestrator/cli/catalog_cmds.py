@@ -12,10 +12,10 @@ import click
 from rich.console import Console
 
 from orchestrator import settings, userfiles
-from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.tables import print_table
 from orchestrator.cli.target import catalog, local_only
+from orchestrator.core.catalog import Catalog
 from orchestrator.core.multinode import render_nodes
 from orchestrator.core.render import RenderedUnit, load_deadline, render_agent_unit, render_unit
 from orchestrator.deploy.engine import default_template
@@ -23,7 +23,7 @@ from orchestrator.errors import UsageError
 from orchestrator.resources import template_text
 
 
-@main.command()
+@click.command()
 @config_option
 @json_option
 def models(config: str | None, as_json: bool) -> None:
@@ -55,7 +55,7 @@ def models(config: str | None, as_json: bool) -> None:
                 table_rows)
 
 
-@main.command()
+@click.command()
 @click.argument("model", required=False)
 @config_option
 @click.option("--out", "out", default="units", metavar="DIR", show_default=True,
@@ -65,9 +65,17 @@ def models(config: str | None, as_json: bool) -> None:
 @click.option("--template", "template", metavar="PATH", default=None, help="vllm.service.j2 to render from")
 @click.option("--agent", "agent", is_flag=True, help="also render orchestrator-agent.service for this config")
 @click.option("--installed", is_flag=True, help="with --diff: compare with the unit installed on the model's host")
+@click.option("--proxy", "proxy", is_flag=True,
+              help="print each host's front proxy config (haproxy.cfg) routing what serves there now; with "
+                   "--diff: against the one installed at proxy.config_path (exit 1 if they differ)")
 def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None, agent: bool,
-           installed: bool) -> None:
+           installed: bool, proxy: bool) -> None:
     """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
+    if proxy:
+        local_only("render --proxy")  # what serves is read from this machine's state.db
+        if model is not None:
+            raise UsageError(f"render --proxy renders a whole host's config: drop the MODEL argument ({model})")
+        return _render_proxy(settings.load(config), diff)
     if installed:
         local_only("render --diff --installed")
     if agent:
@@ -139,3 +147,44 @@ def _write(out_dir: Path, path: Path, text: str) -> None:
         userfiles.write_atomic(path, text.encode())
     except OSError as exc:
         raise UsageError(f"--out {out_dir}: cannot write {path.name}: {exc.strerror}") from None
+
+
+def _render_proxy(cat: Catalog, diff: bool) -> None:
+    """The haproxy.cfg the engine writes for what serves on each host now (the state store's serving
+    set: the routes of the last switch or stop); with ``diff``, against the installed one."""
+    from orchestrator.adapters import connect
+    from orchestrator.adapters.local_shell import LocalShell
+    from orchestrator.adapters.sqlite_store import SqliteStore
+    from orchestrator.core.proxy import render_config, routes_for
+
+    if not cat.proxy.enabled:
+        raise UsageError("render --proxy: the front proxy is not enabled in deploy.toml (set [proxy] enabled = true)")
+    db = Path(cat.state_dir) / "state.db"
+    store = SqliteStore(db, group=cat.socket_group) if db.exists() else None  # never create one to read
+    changed = False
+    for name, host in cat.hosts.items():
+        specs = [d.spec for d in store.serving_set(name)] if store is not None else []
+        bind = cat.proxy.bind or host.bind or cat.defaults.bind
+        text = render_config(cat.proxy, bind, routes_for(specs), template_text("haproxy.cfg.j2"))
+        where = f"{name}:{cat.proxy.config_path}"
+        if not diff:
+            click.echo(f"# host {where}: routes {', '.join(s.served_name for s in specs) or 'none'}")
+            click.echo(text, nl=False)
+            continue
+        # Only the file is read: a local host needs no D-Bus for that, a remote one its SSH connection.
+        shell = (LocalShell(name) if host.transport == "local" else
+                 connect(host.transport, host.address, port=host.ssh_port, user=host.ssh_user,
+                         key_filename=host.ssh_key, known_hosts=host.known_hosts, unit_dir=host.unit_dir,
+                         host=name)[0])
+        try:
+            raw = shell.read_file(cat.proxy.config_path)
+        finally:
+            shell.close()
+        old = "" if raw is None else raw.decode("utf-8", "replace")
+        lines = list(difflib.unified_diff(old.splitlines(keepends=True), text.splitlines(keepends=True),
+                                          fromfile=where if raw is not None else "/dev/null",
+                                          tofile=f"{where} (rendered)"))
+        changed |= bool(lines)
+        sys.stdout.writelines(lines)
+    if changed:
+        sys.exit(1)

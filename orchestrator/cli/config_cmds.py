@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 
 from orchestrator import userfiles
-from orchestrator.cli import main
 from orchestrator.cli.options import config_option, json_option
 from orchestrator.cli.target import backend
 from orchestrator.client.backends import AgentClient
@@ -36,7 +35,7 @@ def _read(file: str) -> str:
     return text_of(raw, file)
 
 
-@main.group()
+@click.group()
 def config() -> None:
     """The agent's deploy.toml: show it, diff a file against it, push a file to replace it."""
 

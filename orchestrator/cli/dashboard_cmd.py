@@ -7,14 +7,13 @@ from collections.abc import Callable
 
 import click
 
-from orchestrator.cli import main
 from orchestrator.cli.options import config_option
 from orchestrator.cli.target import backend
 from orchestrator.contract.ops import STATUS
 from orchestrator.errors import AgentError, UsageError
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="the local port on 127.0.0.1 (0: any free one)")

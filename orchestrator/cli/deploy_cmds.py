@@ -6,14 +6,12 @@ import json
 import re
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator import settings
-from orchestrator.cli import main
 from orchestrator.cli.options import config_option, int_in, json_option
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
@@ -30,7 +28,9 @@ from orchestrator.contract.ops import (
     SWITCH,
 )
 from orchestrator.core.states import text_of
-from orchestrator.ports import ProgressCallback
+
+if TYPE_CHECKING:
+    from orchestrator.ports import ProgressCallback
 
 
 def _finish(result: dict[str, Any], as_json: bool) -> None:
@@ -52,7 +52,7 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
         sys.exit(1)
 
 
-@main.command()
+@click.command()
 @click.argument("models", nargs=-1, required=True, metavar="MODEL [MODEL...]")
 @config_option
 @click.option("--no-rollback", is_flag=True, help="leave a failed switch failed instead of rolling back")
@@ -84,7 +84,7 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
         _finish(with_progress(as_json, run), as_json)
 
 
-@main.command()
+@click.command()
 @click.argument("model")
 @config_option
 @click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
@@ -100,7 +100,7 @@ def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
                    f"{', '.join(result['serving']) or 'nothing'}")
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None, help="host to roll back (default: the only one)")
 @click.option("--to", "to_revision", type=int_in(1, 2**31 - 1), default=None, metavar="REVISION",
@@ -117,7 +117,7 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
     _finish(result, as_json)
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
@@ -135,7 +135,7 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
             click.echo("nothing to recover")
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--group", "group", default=None, help="every box of this group, through its agent (one line each)")
@@ -211,7 +211,7 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
                       + (f"next at {sched['next_run']}" if sched["next_run"] else "no next run (it has ended)"))
 
 
-@main.command()
+@click.command()
 @config_option
 @click.option("--host", "host", default=None)
 @click.option("--group", "group", default=None, help="every box of this group, newest first across them")
@@ -257,6 +257,8 @@ def _where(config: str | None, host: str | None) -> str:
         return f"host {host}"
     if remote_spec() is not None:
         return str(remote_spec())
+    from orchestrator import settings
+
     names = sorted(settings.load(config).hosts)
     return f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(names)}"
 

@@ -13,7 +13,6 @@ from orchestrator import settings, userfiles
 from orchestrator.adapters import hub_config
 from orchestrator.adapters.hub_config import ModelConfig
 from orchestrator.adapters.tune_store import read_feedback
-from orchestrator.cli import main
 from orchestrator.cli.options import int_in, json_option, number_in
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, catalog, remote_spec
@@ -74,7 +73,7 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
         raise
 
 
-@main.command()
+@click.command()
 @click.argument("model", required=False)
 @click.option("--config", "config", metavar="PATH", default=None,
               help="deploy.toml, or a model's bare config.json (with --gpus) to plan without a catalog")

@@ -18,7 +18,6 @@ from rich.live import Live
 from rich.table import Table
 
 from orchestrator import settings
-from orchestrator.cli import main
 from orchestrator.cli.options import MAX_HOSTS, MAX_ID, config_option, int_in, json_option
 from orchestrator.cli.target import backend, remote_spec
 from orchestrator.client.backends import AgentClient
@@ -199,7 +198,7 @@ class _RolloutGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-@main.group(cls=_RolloutGroup)
+@click.group(cls=_RolloutGroup)
 def rollout() -> None:
     """Switch a group model on every box of its group: canary first, then in batches (see `rollout start`)."""
 

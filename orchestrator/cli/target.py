@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 from click.core import ParameterSource
 
-from orchestrator import settings
-from orchestrator.client.backends import Backend, backend_for
 from orchestrator.contract.ops import CONFIG_SHOW
-from orchestrator.core.catalog import Catalog
 from orchestrator.errors import UsageError
+
+if TYPE_CHECKING:  # imported where used: a query through an agent never loads the in-process stack
+    from orchestrator.client.backends import Backend
+    from orchestrator.core.catalog import Catalog
 
 
 def remote_spec() -> str | None:
@@ -29,6 +32,9 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     """--host: the box's agent through the SSH relay (the box's deploy.toml rules); else as before."""
     spec = remote_spec()
     if spec is None:
+        from orchestrator import settings
+        from orchestrator.client.backends import backend_for
+
         return backend_for(settings.load(config), local=local, ignore_agent=ignore_agent)
     if local:
         raise UsageError(f"--local runs in this process; it cannot be combined with --host {spec}")
@@ -46,6 +52,8 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
 def catalog(config: str | None) -> Catalog:
     """The catalog a command reads: with --host the box's own deploy.toml (its agent's `config show`,
     validated here; a model's `config` path is the box's and is not read), else --config's."""
+    from orchestrator import settings
+
     spec = remote_spec()
     if spec is None:
         return settings.load(config)

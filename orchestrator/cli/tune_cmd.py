@@ -10,13 +10,12 @@ from typing import Any
 import click
 from rich.console import Console
 
-from orchestrator import settings, userfiles
-from orchestrator.cli import main
+from orchestrator import settings
+from orchestrator.adapters.hub_config import read_json_file
 from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.core import tune as core
-from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.tune_chart import svg_chart, text_chart
 from orchestrator.errors import UsageError
 from orchestrator.loadgen import BenchPlan
@@ -24,7 +23,7 @@ from orchestrator.rollout.tune import Prepared, Tuner, TuneRequest
 from orchestrator.wiring import operations
 
 
-@main.command()
+@click.command()
 @click.argument("model", required=False)
 @config_option
 @click.option("--layouts", default=None, metavar="L1,L2", help="layouts to try, e.g. tp4,tp8+ep (default: the "
@@ -71,7 +70,7 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
     core.parse_objective(obj, levels)
     wanted = core.parse_layouts(layouts) if layouts is not None else None
     seq_caps = core.parse_seqs(seqs)
-    cfg_json = _json_file(model_config) if model_config else None
+    cfg_json = read_json_file(model_config, "--model-config") if model_config else None
     path = settings.config_path(config)
     ops = operations(settings.load(config))
     if abort:
@@ -93,18 +92,6 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
     _print(report, as_json, applied, chart)
     if report["decision"]["winner"] is None:
         sys.exit(1)
-
-
-def _json_file(path: str) -> dict[str, Any]:
-    try:
-        data = json_document(userfiles.read_bytes(path), path, unique_keys=False)
-    except OSError as exc:
-        raise UsageError(f"--model-config {path}: cannot read: {exc.strerror}") from None
-    except DocumentError as exc:
-        raise UsageError(f"--model-config {path}: {exc.reason}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"--model-config {path}: expected a JSON object")
-    return data
 
 
 def _show_plan(prep: Prepared, yes: bool) -> None:

@@ -11,13 +11,15 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from orchestrator.contract.ops import OPERATIONS, PING, Caller, Operation
 from orchestrator.contract.wire import ReplyReader, request, socket_path
-from orchestrator.core.catalog import Catalog
 from orchestrator.errors import AgentError, Detached, OrchestratorError
-from orchestrator.ports import ProgressCallback
+
+if TYPE_CHECKING:
+    from orchestrator.core.catalog import Catalog
+    from orchestrator.ports import ProgressCallback
 
 R = TypeVar("R")
 

@@ -6,11 +6,13 @@ UsageError naming the operation, the argument and the value.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.core.catalog import Catalog
+if TYPE_CHECKING:
+    from orchestrator.core.catalog import Catalog
+
 
 
 class Args(BaseModel):

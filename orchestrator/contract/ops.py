@@ -33,14 +33,12 @@ from orchestrator.contract.args import (
     StageArgs,
     SwitchArgs,
 )
-from orchestrator.core.catalog import Catalog
-from orchestrator.core.proxy import check_together
 from orchestrator.errors import AgentError, UsageError
-from orchestrator.ports import ProgressCallback
 
 if TYPE_CHECKING:
-    from orchestrator.agent.controller import FleetController
+    from orchestrator.core.catalog import Catalog
     from orchestrator.deploy.operations import Operations
+    from orchestrator.ports import ProgressCallback
 
 A = TypeVar("A", bound=Args)
 R = TypeVar("R")
@@ -82,7 +80,22 @@ class AgentSide(Protocol):
     def follow(self, host: str | None) -> Iterator[dict[str, Any]]: ...
 
     @property
-    def controller(self) -> FleetController: ...
+    def controller(self) -> RolloutController: ...
+
+
+class RolloutController(Protocol):
+    """What the rollout operations ask of the controller's agent (agent/controller.py implements it):
+    declared here so that the contract does not import the agent above it."""
+
+    def start(self, args: RolloutStartArgs, started_by: str | None) -> dict[str, Any]: ...
+
+    def follow(self, rid: int | None) -> Iterator[dict[str, Any]]: ...
+
+    def summary(self, rid: int | None) -> dict[str, Any]: ...
+
+    def resume(self, rid: int | None) -> dict[str, Any]: ...
+
+    def abort(self, rid: int | None, rollback_all: bool) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -159,6 +172,8 @@ def _status(ops: Operations, a: HostArgs, c: Caller) -> dict[str, Any]:
 
 
 def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]:
+    from orchestrator.core.proxy import check_together  # its templates are not needed to name an operation
+
     return {"host": check_together(ops.catalog, a.models)}
 
 

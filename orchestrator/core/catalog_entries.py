@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from orchestrator.core import schedule as schedule_rules
 from orchestrator.core.catalog_rules import (
     DAY,
     ENV_KEY_RE,
@@ -25,22 +24,25 @@ from orchestrator.core.catalog_rules import (
     SubKeyError,
     absolute_path,
     check_address,
+    check_cron,
     check_engine,
     check_revision,
     no_secret_in,
     not_root,
     outside_private_tmp,
+    parse_window,
+    parse_zone,
     ram_reserve_gib,
     safe,
     under,
 )
 from orchestrator.core.safety import shown
+from orchestrator.core.secrets import secret_name, secret_value_kind
 
 # Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
 # (its loopback bind and the proxy's deny of the dev endpoints).
 DEV_MODE_ENV = ("VLLM_SERVER_DEV_MODE",)
 SLEEP_FLAGS = ("--enable-sleep-mode", "--no-enable-sleep-mode")
-from orchestrator.core.secrets import secret_name, secret_value_kind
 
 
 class Defaults(Strict):
@@ -397,19 +399,19 @@ class Schedule(Strict):
     @field_validator("cron")
     @classmethod
     def _cron(cls, v: str) -> str:
-        return schedule_rules.check_cron(v)
+        return check_cron(v)
 
     @field_validator("window")
     @classmethod
     def _window(cls, v: str | None) -> str | None:
         if v is not None:
-            schedule_rules.parse_window(v)
+            parse_window(v)
         return v
 
     @field_validator("timezone")
     @classmethod
     def _zone(cls, v: str) -> str:
-        schedule_rules.parse_zone(v)
+        parse_zone(v)
         return v
 
     @model_validator(mode="after")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from orchestrator.errors import UsageError
 
@@ -178,3 +178,27 @@ def gate_failure(*, model: str, serving: str | None, healthy: bool | None,
 
 def exit_code(status: RolloutStatus) -> int:
     return 0 if status is RolloutStatus.SUCCEEDED else 1
+
+
+@dataclass(frozen=True)
+class Rollout:
+    id: int
+    model: str
+    group: str
+    status: RolloutStatus
+    policy: Policy
+    canary: int
+    gate: str
+    started_at: float
+    ended_at: float | None
+    pid: int | None
+    abort_requested: bool
+    reason: str | None
+    started_by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "group": self.group, "status": self.status.value,
+                "canary": self.canary, "batch": self.policy.batch, "max_failures": self.policy.max_failures,
+                "rollback_all": self.policy.rollback_all, "gate": self.gate, "started_at": self.started_at,
+                "ended_at": self.ended_at, "reason": self.reason,
+                "started_by": self.started_by}

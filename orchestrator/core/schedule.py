@@ -1,73 +1,22 @@
 """When schedules fire (pure: times in, decisions out; croniter does the cron arithmetic).
 
-The parsers here are used twice: by the catalog, so that a bad cron, window or zone is refused
-when deploy.toml is loaded, and by the agent's loop, which therefore never meets one.
+The cron, window and zone parsers are field rules (core.catalog_rules): the catalog refuses a bad
+one when deploy.toml is loaded, so the agent's loop here never meets one.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from datetime import UTC, datetime, time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
+from orchestrator.core.catalog_rules import check_cron, parse_window, parse_zone
 from orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
-    from orchestrator.core.catalog import Schedule
-
-_WINDOW_RE = re.compile(r"^([0-9]{2}):([0-9]{2})-([0-9]{2}):([0-9]{2})$", re.ASCII)  # \d would take '٠١'
-# One cron field: ASCII digits, names (jan, mon) and * , - / (croniter also reads seconds and years
-# as a 6th and 7th field, and Unicode digits; the README promises the classic 5 fields).
-_CRON_FIELD_RE = re.compile(r"^[0-9A-Za-z*,/-]+$", re.ASCII)
-# A cron that never fires from here on (Feb 31) is refused as well as a malformed one.
-_REFERENCE = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-def parse_zone(name: str) -> ZoneInfo:
-    """The IANA zone ``name``; ValueError naming it when unknown."""
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise ValueError(f"unknown time zone {name!r} (use an IANA name such as 'UTC' or 'Europe/Berlin')") from exc
-
-
-def check_fields(expr: str) -> None:
-    """Exactly 5 fields of ASCII cron characters; ValueError naming the expression otherwise."""
-    fields = expr.split()
-    if len(fields) != 5:
-        raise ValueError(f"{expr[:80]!r} is not a valid cron expression: it has {len(fields)} fields, a cron "
-                         "expression has exactly 5: minute hour day month weekday (e.g. '0 3 * * *')")
-    bad = next((f for f in fields if not _CRON_FIELD_RE.match(f)), None)
-    if bad is not None:
-        raise ValueError(f"{expr!r}: field {bad!r} may hold only ASCII digits, names (jan, mon) and * , - /")
-
-
-def check_cron(expr: str) -> str:
-    """``expr`` when it is a cron expression that fires; ValueError naming it otherwise."""
-    check_fields(expr)
-    if not croniter.is_valid(expr):
-        raise ValueError(f"{expr!r} is not a valid cron expression (5 fields: minute hour day month weekday)")
-    try:
-        croniter(expr, _REFERENCE).get_next(float)
-    except CroniterError as exc:
-        raise ValueError(f"cron expression {expr!r} never fires") from exc
-    return expr
-
-
-def parse_window(text: str) -> tuple[time, time]:
-    """``"HH:MM-HH:MM"`` as (first, last); ValueError naming the text when a time is out of range."""
-    m = _WINDOW_RE.match(text)
-    if m is None:
-        raise ValueError(f"window {text!r} must look like 'HH:MM-HH:MM', e.g. '01:00-05:00'")
-    h1, m1, h2, m2 = (int(g) for g in m.groups())
-    if h1 > 23 or h2 > 23 or m1 > 59 or m2 > 59:
-        raise ValueError(f"window {text!r} has a time out of range (hours 00-23, minutes 00-59)")
-    return time(h1, m1), time(h2, m2)
-
+    from orchestrator.core.catalog_entries import Schedule
 
 def window_contains(window: str, zone: str, at: datetime) -> bool:
     """True when ``at`` (an aware datetime) falls inside ``window`` in ``zone``; windows may wrap midnight.

@@ -173,8 +173,3 @@ def advance(phase: Phase, event: Event, fallback: Fallback = F.PREVIOUS) -> Phas
 
 def is_terminal(phase: Phase) -> bool:
     return phase in TERMINAL
-
-
-def outcome_ok(phase: Phase) -> bool:
-    """True when the deployment ended with its own model serving."""
-    return phase is P.ACTIVE

@@ -60,10 +60,6 @@ def token(layout: planner.Layout) -> str:
     return "+".join(parts + (["ep"] if layout.ep else []))
 
 
-def layout_of(model: Model) -> planner.Layout:
-    return planner.Layout(model.tensor_parallel, model.pipeline_parallel, model.data_parallel, model.expert_parallel)
-
-
 def parse_concurrency(text: str, option: str = "--concurrency", hi: int = MAX_CONCURRENCY) -> tuple[int, ...]:
     """``1,64,256``: integers in 1..hi, each once, kept in the given order (bench's and tune's)."""
     try:

@@ -13,12 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.core import dashboard as view
 from orchestrator.errors import OrchestratorError
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 class Live:
     def __init__(self, agent: Any, refresh_s: float, tune_runs: Callable[[str], list[dict[str, Any]]]) -> None:
@@ -50,10 +49,8 @@ class Live:
         self.bump()
 
     def _listen(self, host: str, job: Any, q: Any) -> None:
-        from orchestrator.agent.server import _DONE
-
         try:
-            while (item := q.get()) is not _DONE:
+            while (item := q.get()) is not job.END:
                 if isinstance(item, dict) and "event" in item:
                     self.events[host].append({"at": time.time(), "event": item["event"],
                                               "fields": item.get("fields") or {}, "op": job.op})

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.contract.wire import peer_credentials
 from orchestrator.dashboard.pages import Pages
 from orchestrator.errors import AgentError, OrchestratorError
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                 ".txt": "text/plain; charset=utf-8"}

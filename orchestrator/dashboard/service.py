@@ -5,15 +5,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.core.dashboard import socket_path
 from orchestrator.dashboard.live import Live
 from orchestrator.dashboard.pages import Pages
 from orchestrator.dashboard.server import DashboardServer
 from orchestrator.errors import OrchestratorError
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 
 def tune_runs(agent: Any) -> Any:

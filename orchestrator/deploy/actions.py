@@ -9,8 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable, Mapping
 
-import structlog
-
+from orchestrator import logs
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
 from orchestrator.core.proxy import render_config, routes_for
 from orchestrator.core.records import UnitSpec
@@ -20,7 +19,7 @@ from orchestrator.deploy.warm import sleep_enabled
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
 from orchestrator.resources import template_text
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 
 def journal_hint(ctx: StepContext, unit: str, lines: int = 15, scan: int = 300) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from orchestrator import logs
 from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
@@ -30,7 +31,7 @@ from orchestrator.errors import EngineWedged, NodeInUse, OrchestratorError, Smok
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.resources import template_text
 
-log = structlog.get_logger()
+log = logs.get_logger()
 
 PortsFactory = Callable[[str], HostPorts]
 StepHook = Callable[[Deployment], None]

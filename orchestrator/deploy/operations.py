@@ -120,7 +120,7 @@ class Operations:
             sd = self.ports_for(host).systemd
             sd.stop(serving.spec.unit_name)
             sd.disable(serving.spec.unit_name)
-            self.store.set_serving(host, None)
+            self.store.move_serving(ServingChange(pointers=((host, None),)))
             self.residency.set_state(host, serving.model, STOPPED, time.time(), unit=serving.spec.unit_name)
             self.store.record_event(time.time(), host, "stopped", {"unit": serving.spec.unit_name,
                                                                    "revision": serving.revision, "reason": reason})

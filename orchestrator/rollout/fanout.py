@@ -25,7 +25,7 @@ OPEN_WORKERS = 8  # SSH handshakes in flight at once; more boxes wait for a free
 
 
 @dataclass
-class Call:
+class HostRequest:
     """One host's request: its agent's client, the operation's name and its arguments."""
 
     host: str
@@ -36,12 +36,12 @@ class Call:
 
 @dataclass
 class _Open:
-    call: Call
+    call: HostRequest
     stream: Stream
     reader: ReplyReader = field(default_factory=ReplyReader)
 
 
-def run_all(calls: Sequence[Call], on_event: EventCallback | None = None) -> dict[str, Any]:
+def run_all(calls: Sequence[HostRequest], on_event: EventCallback | None = None) -> dict[str, Any]:
     """Each host's result, or the OrchestratorError its agent (or the way there) answered, in the
     order of ``calls`` whatever order the replies arrive in (refusals name hosts deterministically)."""
     results: dict[str, Any] = {}
@@ -66,7 +66,7 @@ def run_all(calls: Sequence[Call], on_event: EventCallback | None = None) -> dic
     return {call.host: results[call.host] for call in calls}
 
 
-def _open_all(calls: Sequence[Call]) -> list[Any]:
+def _open_all(calls: Sequence[HostRequest]) -> list[Any]:
     """Each call's stream with its request sent, or the OrchestratorError opening it raised; the
     opens run concurrently (at most OPEN_WORKERS at once), the list is in the order of ``calls``.
     Each host has its own client, so no client is opened from two threads."""
@@ -76,7 +76,7 @@ def _open_all(calls: Sequence[Call]) -> list[Any]:
         return list(pool.map(_open_one, calls))
 
 
-def _open_one(call: Call) -> Stream | OrchestratorError:
+def _open_one(call: HostRequest) -> Stream | OrchestratorError:
     try:
         return call.client.send(call.op, call.args)
     except OrchestratorError as exc:

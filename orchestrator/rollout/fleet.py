@@ -19,13 +19,13 @@ from orchestrator.client.backends import AgentClient
 from orchestrator.client.targets import Target
 from orchestrator.core import rollout as core
 from orchestrator.core.catalog import Catalog, Host, Model
-from orchestrator.core.rollout import HostState, RolloutStatus
+from orchestrator.core.rollout import HostState, Rollout, RolloutStatus
 from orchestrator.errors import Busy, OrchestratorError, TransportError, UsageError
 from orchestrator.ports import Clock
 from orchestrator.ports import RolloutStore as RolloutRecord
-from orchestrator.rollout.fanout import Call, run_all
+from orchestrator.rollout.fanout import HostRequest, run_all
 from orchestrator.rollout.preflight import check_boxes, refuse
-from orchestrator.rollout.store import Rollout, RolloutStore
+from orchestrator.rollout.store import RolloutStore
 
 Report = Callable[[str, str, dict[str, Any]], None]  # host, event, fields
 AfterBatch = Callable[[int], None]  # called after each batch has switched (tests hold the controller here)
@@ -127,13 +127,13 @@ class Fleet:
         first = seed or order[0]
         clients = self._clients(order)
         self.report(first, "rollout_host", {"state": "staging", "detail": "from the hub"})
-        done = run_all([Call(first, clients[first], "stage", {"model": model.name})], self._event)
+        done = run_all([HostRequest(first, clients[first], "stage", {"model": model.name})], self._event)
         others = [h for h in order if h != first]
         if not isinstance(done[first], OrchestratorError):
             peer = self._peer_of(first)
             for h in others:
                 self.report(h, "rollout_host", {"state": "staging", "detail": f"from {first}"})
-            done |= run_all([Call(h, clients[h], "stage", {"model": model.name, "peer": peer}) for h in others],
+            done |= run_all([HostRequest(h, clients[h], "stage", {"model": model.name, "peer": peer}) for h in others],
                             self._event)
         errors = {h: r for h, r in done.items() if isinstance(r, OrchestratorError)}
         if errors:
@@ -181,7 +181,7 @@ class Fleet:
         for h in hosts:
             self.store.set_host(ro.id, h, state=HostState.SWITCHING, switched_at=self.clock.now())
             self.report(h, "rollout_host", {"state": "switching"})
-        results = run_all([Call(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
+        results = run_all([HostRequest(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
         lost = [h for h, r in results.items() if isinstance(r, TransportError)]
         for h, r in results.items():
             if h not in lost:
@@ -206,8 +206,8 @@ class Fleet:
         """After a restart: hosts recorded as switching are followed, recorded, or (never reached) re-sent."""
         records = {r.host: r for r in self.store.hosts(ro.id)}
         clients = self._clients(list(hosts))
-        status = run_all([Call(h, clients[h], "status", {"host": None}) for h in hosts])
-        history = run_all([Call(h, clients[h], "history", {"host": None, "limit": 20}) for h in hosts])
+        status = run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in hosts])
+        history = run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in hosts])
         bad = {h: r for h in hosts for r in (status[h], history[h]) if isinstance(r, OrchestratorError)}
         if bad:
             raise refuse(bad, "resume could not see every box that was switching")
@@ -236,7 +236,7 @@ class Fleet:
             elif action == "switch":
                 self.store.set_host(ro.id, h, state=HostState.STAGED)
         if follow:
-            run_all([Call(h, clients[h], "follow", {"host": None}) for h in follow], self._event)
+            run_all([HostRequest(h, clients[h], "follow", {"host": None}) for h in follow], self._event)
 
     def _gate(self, ro: Rollout, hosts: tuple[str, ...]) -> None:
         """Between batches: each host switched in this batch serves the model, healthy (and fast enough)."""
@@ -246,8 +246,8 @@ class Fleet:
         if not switched:
             return
         clients = self._clients(switched)
-        status = run_all([Call(h, clients[h], "status", {"host": None}) for h in switched])
-        history = run_all([Call(h, clients[h], "history", {"host": None, "limit": 20}) for h in switched]) \
+        status = run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in switched])
+        history = run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in switched]) \
             if ro.gate == "bench" else {}
         failing: dict[str, str] = {}
         for h in switched:
@@ -256,7 +256,7 @@ class Fleet:
                 failing[h] = why
         if not failing:
             return
-        back = run_all([Call(h, clients[h], "rollback", {"host": None}) for h in failing], self._event)
+        back = run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in failing], self._event)
         for h, why in failing.items():
             outcome = None if isinstance(back[h], OrchestratorError) else back[h].get("outcome")
             self.store.set_host(ro.id, h, state=HostState.FAILED, outcome=outcome, error=f"gate: {why}")
@@ -283,7 +283,7 @@ class Fleet:
         clients = self._clients(list(hosts))
         for h in hosts:
             self.report(h, "rollout_host", {"state": "reverting"})
-        back = run_all([Call(h, clients[h], "rollback", {"host": None}) for h in hosts], self._event)
+        back = run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in hosts], self._event)
         for h, r in back.items():
             if isinstance(r, OrchestratorError):
                 self.store.set_host(ro.id, h, error=f"revert: {str(r).splitlines()[0]}")

@@ -8,12 +8,12 @@ from typing import Any
 
 from orchestrator.client.backends import AgentClient
 from orchestrator.errors import OrchestratorError
-from orchestrator.rollout.fanout import Call, run_all
+from orchestrator.rollout.fanout import HostRequest, run_all
 
 
 def group_status(clients: Mapping[str, AgentClient]) -> dict[str, Any]:
-    status = run_all([Call(h, c, "status", {"host": None}) for h, c in clients.items()])
-    newest = run_all([Call(h, c, "history", {"host": None, "limit": 10}) for h, c in clients.items()])
+    status = run_all([HostRequest(h, c, "status", {"host": None}) for h, c in clients.items()])
+    newest = run_all([HostRequest(h, c, "history", {"host": None, "limit": 10}) for h, c in clients.items()])
     hosts: dict[str, Any] = {}
     by_revision: dict[str, list[str]] = {}
     for h in clients:
@@ -38,7 +38,7 @@ def group_status(clients: Mapping[str, AgentClient]) -> dict[str, Any]:
 def group_history(clients: Mapping[str, AgentClient], limit: int) -> list[dict[str, Any]]:
     """Every host's deployments, newest first across the group, each tagged with its host's name."""
     rows: list[dict[str, Any]] = []
-    for h, result in run_all([Call(h, c, "history", {"host": None, "limit": limit})
+    for h, result in run_all([HostRequest(h, c, "history", {"host": None, "limit": limit})
                               for h, c in clients.items()]).items():
         if isinstance(result, OrchestratorError):
             # marked as such: a deployment record has an "error" key too (None when it went well)

@@ -11,7 +11,7 @@ from orchestrator.client.backends import AgentClient
 from orchestrator.core.catalog import Model
 from orchestrator.core.documents import DocumentError, toml_document
 from orchestrator.errors import Busy, OrchestratorError, UsageError
-from orchestrator.rollout.fanout import Call, run_all
+from orchestrator.rollout.fanout import HostRequest, run_all
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def _short(exc: OrchestratorError) -> str:
 
 def check_boxes(clients: Mapping[str, AgentClient], model: Model) -> dict[str, BoxView]:
     """Reachable agents, the model in every box's catalog (same repo and revision), nothing running."""
-    shown = run_all([Call(h, c, "config_show") for h, c in clients.items()])
+    shown = run_all([HostRequest(h, c, "config_show") for h, c in clients.items()])
     errors = {h: r for h, r in shown.items() if isinstance(r, OrchestratorError)}
     if errors:
         raise refuse(errors, "unreachable or without an agent")
@@ -46,8 +46,8 @@ def check_boxes(clients: Mapping[str, AgentClient], model: Model) -> dict[str, B
         _same_model(host, result, model, errors)
     if errors:
         raise refuse(errors, "the boxes' deploy.toml")
-    status = run_all([Call(h, c, "status", {"host": None}) for h, c in clients.items()])
-    history = run_all([Call(h, c, "history", {"host": None, "limit": 1}) for h, c in clients.items()])
+    status = run_all([HostRequest(h, c, "status", {"host": None}) for h, c in clients.items()])
+    history = run_all([HostRequest(h, c, "history", {"host": None, "limit": 1}) for h, c in clients.items()])
     views: dict[str, BoxView] = {}
     for host in clients:
         st, hist = status[host], history[host]

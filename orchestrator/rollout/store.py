@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from orchestrator.adapters.sqlite_store import Migration, SqliteFile, create_or_adopt
-from orchestrator.core.rollout import HostRecord, HostState, Policy, RolloutStatus
+from orchestrator.core.rollout import HostRecord, HostState, Policy, Rollout, RolloutStatus
 from orchestrator.errors import StateError, StateStoreError
 
 # Version 1: the schema as first landed (until then the file had no user_version).
@@ -64,30 +63,6 @@ def _to_v2(db: sqlite3.Connection, path: str) -> None:
 _MIGRATIONS: tuple[Migration, ...] = (_to_v1, _to_v2)
 ROLLOUT_SCHEMA_VERSION = len(_MIGRATIONS)
 _S = TypeVar("_S", HostState, RolloutStatus)
-
-
-@dataclass(frozen=True)
-class Rollout:
-    id: int
-    model: str
-    group: str
-    status: RolloutStatus
-    policy: Policy
-    canary: int
-    gate: str
-    started_at: float
-    ended_at: float | None
-    pid: int | None
-    abort_requested: bool
-    reason: str | None
-    started_by: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "model": self.model, "group": self.group, "status": self.status.value,
-                "canary": self.canary, "batch": self.policy.batch, "max_failures": self.policy.max_failures,
-                "rollback_all": self.policy.rollback_all, "gate": self.gate, "started_at": self.started_at,
-                "ended_at": self.ended_at, "reason": self.reason,
-                "started_by": self.started_by}
 
 
 class RolloutStore(SqliteFile):

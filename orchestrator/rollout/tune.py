@@ -18,12 +18,13 @@ from typing import Any
 from orchestrator import settings as settings_mod
 from orchestrator import userfiles
 from orchestrator.adapters.smoke import bench_record
-from orchestrator.adapters.tune_store import TuneResult, TuneRun, TuneStore
+from orchestrator.adapters.tune_store import TuneStore
 from orchestrator.core import planner
 from orchestrator.core import tune as core
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document, text_of, toml_document
 from orchestrator.core.states import Phase
+from orchestrator.core.tune_records import TuneResult, TuneRun
 from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
 from orchestrator.deploy.locks import host_lock
 from orchestrator.deploy.operations import Operations

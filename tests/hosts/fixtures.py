@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from orchestrator.adapters import connect
+from orchestrator.testing import FakeHost, FakeShell, FakeSystemd
 from tests.hosts.inside import InsideAdapters
 from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet, boot_hosts
@@ -62,15 +63,26 @@ def host(hosts: list[Host]) -> Host:
 class Adapters:
     """A host's Shell and Systemd as the orchestrator would build them, plus the host itself."""
 
-    kind: str  # "local": connect("local") running inside the host; "ssh": connect("ssh") from here
-    host: Host
+    kind: str  # "local": connect("local") running inside the host; "ssh": connect("ssh") from here; "fake"
+    host: Any  # the booted Host; for "fake" the FakeHost world (it has a name, no processes)
     shell: Any
     systemd: Any
 
 
+# For the cases a fake can honour (no processes, no look at the host from outside): the fakes of
+# orchestrator.testing run them too, so the unit tests' fakes keep the real adapters' contract.
+WITH_FAKES = pytest.mark.parametrize("adapters", ["local", "ssh", "fake"], indirect=True)
+
+
 @pytest.fixture(params=["local", "ssh"])
-def adapters(request: pytest.FixtureRequest, host: Host) -> Iterator[Adapters]:
-    """Both adapter pairs against h1: the contract suites run once per transport."""
+def adapters(request: pytest.FixtureRequest) -> Iterator[Adapters]:
+    """Both adapter pairs against h1: the contract suites run once per transport (WITH_FAKES: and
+    against the fakes, without booting a host)."""
+    if request.param == "fake":
+        world = FakeHost(name="h1")
+        yield Adapters("fake", world, FakeShell(world), FakeSystemd(world))
+        return
+    host: Host = request.getfixturevalue("host")
     if request.param == "local":
         inside = InsideAdapters(host)
         try:

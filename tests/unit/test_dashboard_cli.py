@@ -17,23 +17,11 @@ import pytest
 
 from orchestrator.agent.daemon import Agent
 from orchestrator.agent.server import ControlServer
+from tests.builders.catalog import ONE_BOX_TOML
 
 from .conftest import OpsWorld
 
-TOML = '''state_dir = "{state}"
-[defaults]
-engine = ["/opt/vllm/bin/vllm", "serve"]
-[hosts.box]
-transport = "ssh"
-address = "127.0.0.9"
-gpus = 8
-gpu_memory_gib = 96
-[models.alpha]
-repo = "org/alpha"
-gpus = [0, 1, 2, 3]
-tensor_parallel = 4
-port = 8000
-{extra}'''
+TOML = ONE_BOX_TOML
 
 
 def run_cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:

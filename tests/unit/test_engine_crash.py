@@ -20,7 +20,7 @@ from orchestrator.testing import FakeHost, FakeWeights
 
 from .conftest import make_catalog
 
-WRITES = frozenset({"create", "transition", "update_spec", "record_error", "set_serving", "set_serving_set",
+WRITES = frozenset({"create", "transition", "update_spec", "record_error", "move_serving",
                     "record_plan", "record_bench", "record_event"})
 
 

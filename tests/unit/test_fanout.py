@@ -14,7 +14,7 @@ from orchestrator.client.backends import AgentClient
 from orchestrator.contract.wire import encode, error_reply
 from orchestrator.errors import AgentError, Busy, OrchestratorError, TransportError
 from orchestrator.rollout import fanout
-from orchestrator.rollout.fanout import Call, run_all
+from orchestrator.rollout.fanout import HostRequest, run_all
 from orchestrator.rollout.preflight import refuse
 
 
@@ -55,7 +55,7 @@ def test_opens_run_concurrently() -> None:
     """Eight boxes' channels are open at the same moment (a barrier of 8 passes), each sent its request."""
     gate = threading.Barrier(8, timeout=30)
     boxes = [FakeBox(f"b{i}", i, gate=gate) for i in range(8)]
-    results = run_all([Call(b.name, b, "status", {"host": None}) for b in boxes])
+    results = run_all([HostRequest(b.name, b, "status", {"host": None}) for b in boxes])
     assert results == {f"b{i}": i for i in range(8)}
     assert all(b.requests == [{"op": "status", "args": {"host": None}}] for b in boxes)
 
@@ -66,7 +66,7 @@ def test_opens_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     gate = threading.Barrier(3, timeout=2)
     boxes = [FakeBox(f"b{i}", i, gate=gate) for i in range(3)]
     with pytest.raises(threading.BrokenBarrierError):
-        run_all([Call(b.name, b, "status") for b in boxes])
+        run_all([HostRequest(b.name, b, "status") for b in boxes])
 
 
 def test_results_and_errors_come_back_in_call_order() -> None:
@@ -75,7 +75,7 @@ def test_results_and_errors_come_back_in_call_order() -> None:
     c, d = FakeBox("c", {"ok": True}), FakeBox("d", AgentError("agent at d.sock: no model 'x'"))
     boxes = [FakeBox("a", Busy("busy: switch on a"), after=(c, d)),
              FakeBox("b", open_error=TransportError("host b (10.0.0.2:22): connection refused")), c, d]
-    results = run_all([Call(b.name, b, "config_show") for b in boxes])
+    results = run_all([HostRequest(b.name, b, "config_show") for b in boxes])
     assert list(results) == ["a", "b", "c", "d"]
     assert results["c"] == {"ok": True}
     errors = {h: r for h, r in results.items() if isinstance(r, OrchestratorError)}

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from orchestrator.adapters.sqlite_store import SqliteStore
-from orchestrator.adapters.tune_store import TuneResult, TuneStore
+from orchestrator.adapters.tune_store import TuneStore
 from orchestrator.core.rollout import HostState, Policy, RolloutStatus
+from orchestrator.core.tune_records import TuneResult
 from orchestrator.errors import StateError
 from orchestrator.rollout.store import RolloutStore
 from orchestrator.testing import FakeRolloutStore, FakeTuneStore

@@ -55,14 +55,14 @@ def test_unfinished_and_serving_follow_the_records(store: StateStore) -> None:
     dep = store.create("a", spec(), "t", None, 1.0)
     assert [d.id for d in store.unfinished("a")] == [dep.id] and store.serving("a") is None
     store.transition(dep.id, Phase.ACTIVE, 2.0)
-    store.set_serving("a", dep.revision)
+    store.move_serving(ServingChange(pointers=(("a", dep.revision),)))
     assert store.unfinished("a") == [] and store.serving("a") == store.get(dep.id)
 
 
 def test_an_outcome_moves_the_serving_pointers_and_set_with_it(store: StateStore) -> None:
     """A transition given a ServingChange enters the phase and moves pointer and set in one write."""
     old = store.create("a", spec(), "t", None, 1.0)
-    store.set_serving("b", 7)
+    store.move_serving(ServingChange(pointers=(("b", 7),)))
     dep = store.create("a", spec("beta"), "t", old.revision, 2.0)
     store.transition(dep.id, Phase.ACTIVE, 3.0, ServingChange(pointers=(("b", None), ("a", dep.revision)),
                                                               sets=(("a", (old.revision, dep.revision)),)))

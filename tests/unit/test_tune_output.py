@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from orchestrator.adapters.tune_store import TuneResult, TuneStore, read_feedback
+from orchestrator.adapters.tune_store import TuneStore, read_feedback
 from orchestrator.core.tune_chart import svg_chart, text_chart
+from orchestrator.core.tune_records import TuneResult
 
 REPORT: dict[str, Any] = {
     "run": 3, "host": "h1", "model": "m", "concurrency": [1, 64],

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core.records import ServingChange
 from orchestrator.core.states import Phase
 from orchestrator.deploy.engine import Engine
 from orchestrator.testing import FakeProxy, FakeResidencyStore
@@ -197,7 +198,7 @@ def test_a_model_stopped_behind_the_records_back_does_not_block_a_sleep() -> Non
     ww = WarmWorld(warm_catalog(**models))
     ww.switch("c")
     ww.host.ports().systemd.stop("vllm-c.service")  # stopped outside a switch: the residency still says serving
-    ww.store.set_serving_set("box", [])
+    ww.store.move_serving(ServingChange(sets=(("box", ()),)))
     ww.switch("a")
     ww.switch("b")
     assert ww.states()["a"] == "asleep"

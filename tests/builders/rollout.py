@@ -1,0 +1,29 @@
+"""A box's own agent for the fleet rollout tests and bench/fleet_rollout.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from orchestrator import settings
+from orchestrator.core.render import render_agent_unit
+from tests.builders.agent import CONFIG, HOOKS, PY, REPO, STATE
+from tests.builders.switch import config_text
+from tests.hosts.machine import Host
+
+SOCKET = f"{STATE}/agent.sock"
+
+
+def install(host: Host, models: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> None:
+    """The box's own agent (its deploy.toml names only itself), serving alpha to start with."""
+    config = config_text(host, Path(STATE), models, transport="local")
+    host.run(f"systemctl stop orchestrator-agent.service; rm -rf {STATE} /models", check=False)
+    host.write_file(CONFIG, config)
+    host.run(f"groupadd -f orchestrator && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
+    local = Path("/tmp") / f"fleet-agent-{host.name}-{os.getpid()}.toml"
+    local.write_text(config)
+    unit = render_agent_unit(settings.load(local), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
+                             python=PY, config=CONFIG, extra_env=env or {})
+    host.write_file("/etc/systemd/system/orchestrator-agent.service", unit.text)
+    host.run("systemctl daemon-reload && systemctl start orchestrator-agent.service")
