@@ -29,7 +29,7 @@ if [[ ! -x .venv/bin/python ]]; then
     say "creating .venv with $($PY --version)"
     "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pytest, xdist, hypothesis, openai, aiohttp, ansible, selenium' 2>/dev/null; then
+if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pytest, hypothesis, openai, aiohttp, ansible, selenium' 2>/dev/null; then
     say "pip install -e '.[dbus,test,bench]'"
     .venv/bin/python -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "is ignored" || true
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dbus,test,bench]' 2>&1 | grep -v "is ignored" || true

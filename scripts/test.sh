@@ -4,7 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# Two workers (TEST_WORKERS): most of a host test is waiting on systemd, sshd and engines, so two
-# share the two cores well; tests/conftest.py keeps each module on one worker and every real-vLLM
-# module on the same one.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadgroup "$@" tests
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests

@@ -20,15 +20,6 @@ if _REPO not in sys.path:
 from tests.hosts.fixtures import adapters, host, host_set, hosts, netns_pair  # noqa: F401
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """With xdist (scripts/test.sh: --dist loadgroup) a module's tests stay on one worker, so its
-    module fixtures and hosts are set up once, and the real-vLLM modules share one worker: two CPU
-    engines at once on two cores would only slow each other down."""
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("vllm" if module.startswith("tests/e2e/") else module))
-
-
 @pytest.fixture(scope="session", autouse=True)
 def ctrl_c_reaches_the_suite() -> Iterator[None]:
     """A suite started in the background by a shell without job control inherits SIGINT ignored (so
