@@ -38,10 +38,11 @@ class Operations:
                  before_step: Callable[[Deployment], None] | None = None) -> None:
         self.catalog = catalog
         self.state_dir = catalog.state_dir
-        self.store = store or SqliteStore(Path(catalog.state_dir) / "state.db", group=catalog.socket_group)
-        # Warm switches: which models sleep (a file of its own beside state.db).
-        self.residency: ResidencyStore = residency or SqliteResidencyStore(
-            Path(catalog.state_dir) / "residency.db", group=catalog.socket_group)
+        # The stores open on first use: building the operations writes nothing, so a request refused
+        # before it needs a record (two models that cannot serve together) leaves no state dir behind.
+        self._store = store
+        self._residency_store = residency
+        self._open_lock = threading.Lock()  # the agent's threads share one store of each
         self.ports_for = ports_for
         self.template = template
         self.before_step = before_step
@@ -49,6 +50,22 @@ class Operations:
         # (a list of every engine ever built grew with each operation for the agent's lifetime).
         self.engines: set[Engine] = set()
         self._engines_lock = threading.Lock()
+
+    @property
+    def store(self) -> StateStore:
+        with self._open_lock:
+            if self._store is None:
+                self._store = SqliteStore(Path(self.catalog.state_dir) / "state.db", group=self.catalog.socket_group)
+            return self._store
+
+    @property
+    def residency(self) -> ResidencyStore:
+        """Warm switches: which models sleep (a file of its own beside state.db)."""
+        with self._open_lock:
+            if self._residency_store is None:
+                self._residency_store = SqliteResidencyStore(Path(self.catalog.state_dir) / "residency.db",
+                                                             group=self.catalog.socket_group)
+            return self._residency_store
 
     def engine(self, progress: ProgressCallback | None = None) -> Engine:
         """An engine for lookups and planning; ``running`` is the one for an operation that runs steps."""
