@@ -123,6 +123,22 @@ def test_agent_switches_another_host_over_ssh(hosts: list[Host], tmp_path: Path)
         h1.run("systemctl stop orchestrator-agent.service", check=False)
 
 
+def kill_agent_paused_before(host: Host, phase: str, model: str) -> None:
+    """`switch MODEL` in the background, paused before PHASE; the agent SIGKILLed there; returns once
+    systemd restarted it and the interrupted deployment ended."""
+    host.write_file(f"{HOOKS}/pause-at", phase)
+    host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', model, '--config', CONFIG])} "
+             f"> /tmp/switch.log 2>&1 &")
+    wait_for(lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
+             what=f"the engine to pause before {phase}", timeout=60)
+    old_pid = main_pid(host)
+    host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
+    wait_for(lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
+             what="systemd to restart the agent", timeout=60)
+    wait_for(lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
+             what="the interrupted deployment to end", timeout=90)
+
+
 CRASH_CASES = ["preflight", "staging", "stopping", "freeing", "installing", "starting", "checking", "routing",
                "rolling_back"]
 
@@ -133,17 +149,7 @@ def test_sigkill_at_phase_boundary_converges(agent_host: Host, phase: str) -> No
     host = agent_host
     cli(host, "switch", "alpha")
     target = "beta-crash" if phase == "rolling_back" else "beta"
-    host.write_file(f"{HOOKS}/pause-at", phase)
-    host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', target, '--config', CONFIG])} "
-             f"> /tmp/switch.log 2>&1 &")
-    wait_for(lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
-             what=f"the engine to pause before {phase}", timeout=60)
-    old_pid = main_pid(host)
-    host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
-    wait_for(lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
-             what="systemd to restart the agent", timeout=60)
-    wait_for(lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
-             what="the interrupted deployment to end", timeout=90)
+    kill_agent_paused_before(host, phase, target)
     newest = history(host)[0]
     outcome, serving = ("rolled_back", "alpha") if phase == "rolling_back" else ("active", target)
     assert (newest["outcome"], newest["model"]) == (outcome, target), newest.get("error")

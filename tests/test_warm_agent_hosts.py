@@ -3,17 +3,15 @@ phase begins; systemd restarts it and the switch converges, observed with /is_sl
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.builders.agent import CONFIG, HOOKS, PY, STATE
+from tests.builders.agent import STATE
 from tests.hosts.machine import Host
-from tests.hosts.wait import wait_for
-from tests.test_agent_hosts import active, cli, history, install_agent, main_pid
+from tests.test_agent_hosts import active, cli, history, install_agent, kill_agent_paused_before
 from tests.test_warm_hosts import MODELS, warm_config
 
 pytestmark = pytest.mark.hosts
@@ -59,17 +57,7 @@ def test_sigkill_as_a_warm_phase_begins_converges(warm_agent: Host, phase: str) 
     """beta -> alpha (warm) with the agent SIGKILLed before PHASE: the switch ends, and the model it
     ends with serves awake while the other sleeps or is stopped; never both awake, never none."""
     host = warm_agent
-    host.write_file(f"{HOOKS}/pause-at", phase)
-    host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'alpha', '--config', CONFIG])} "
-             f"> /tmp/switch.log 2>&1 &")
-    wait_for(lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
-             what=f"the engine to pause before {phase}", timeout=60)
-    old_pid = main_pid(host)
-    host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
-    wait_for(lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
-             what="systemd to restart the agent", timeout=60)
-    wait_for(lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
-             what="the interrupted warm switch to end", timeout=90)
+    kill_agent_paused_before(host, phase, "alpha")
     newest = history(host)[0]
     assert newest["model"] == "alpha" and newest["outcome"] in ("active", "rolled_back"), newest.get("error")
     serving, other = ("alpha", "beta") if newest["outcome"] == "active" else ("beta", "alpha")

@@ -10,7 +10,8 @@ from typing import Any
 
 from orchestrator.core.catalog import Catalog, Host
 from orchestrator.core.catalog_rules import ram_reserve_gib
-from orchestrator.core.residency import Budgets, Decision, Resident, State, budgets_for, decide, utilization
+from orchestrator.core.residency import Budgets, Decision, Resident, budgets_for, decide, utilization
+from orchestrator.core.resident import State
 from orchestrator.errors import UsageError
 
 

@@ -13,19 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from orchestrator.core.catalog import Catalog, Host, Model
+from orchestrator.core.resident import State
 
 # Float sums of GiB figures: a budget that fits exactly must not fail on rounding.
 _EPS = 1e-6
-
-
-class State(StrEnum):
-    SERVING = "serving"
-    ASLEEP = "asleep"
-    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,19 @@ when the model last served: the least recently served sleeper is the one evicted
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-SERVING, ASLEEP, STOPPED = "serving", "asleep", "stopped"
-STATES = (SERVING, ASLEEP, STOPPED)
+
+class State(StrEnum):
+    """A model's residency on a host: the records, the planner's decision and `status` use these."""
+
+    SERVING = "serving"
+    ASLEEP = "asleep"
+    STOPPED = "stopped"
+
+
+SERVING, ASLEEP, STOPPED = State.SERVING, State.ASLEEP, State.STOPPED
+STATES = tuple(State)
 
 
 @dataclass(frozen=True)

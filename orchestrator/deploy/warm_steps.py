@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from orchestrator.core import residency as rules
 from orchestrator.core.records import Deployment, UnitSpec
-from orchestrator.core.resident import ASLEEP, SERVING, STOPPED
+from orchestrator.core.resident import ASLEEP, SERVING, STOPPED, State
 from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, warm
 from orchestrator.deploy.context import StepContext, StepInput
@@ -115,11 +115,11 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
         model = ctx.catalog.models[name]
         rec = records.get(name)
         # Observed, not only recorded: a unit stopped behind the records' back holds nothing.
-        state = rules.State.STOPPED
+        state = State.STOPPED
         if ctx.ports.systemd.unit_state(model.unit_name).is_active:
-            state = rules.State.ASLEEP if rec is not None and rec.state == ASLEEP else rules.State.SERVING
+            state = State.ASLEEP if rec is not None and rec.state == ASLEEP else State.SERVING
         if name == step.dep.model:
-            state = rules.State.ASLEEP if is_asleep(ctx, step.dep.spec) else rules.State.STOPPED
+            state = State.ASLEEP if is_asleep(ctx, step.dep.spec) else State.STOPPED
         size = weights_gib(ctx, displaced[name]) if name in displaced else (rec.weights_gib if rec else 0.0)
         residents.append(rules.Resident(
             name=name, gpus=model.gpus, gpu_memory_utilization=rules.utilization(ctx.catalog, model),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.residency import Budgets, Resident, State, decide
+from orchestrator.core.residency import Budgets, Resident, decide
+from orchestrator.core.resident import State
 
 H200 = Budgets(gpu_memory_gib=141.0, residue_gib=3.0, ram_gib=100.0)
 
