@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator import logs
 from orchestrator.agent.demand import Broker
+from orchestrator.agent.server import _drain
 from orchestrator.contract.wire import encode, peer_credentials
 from orchestrator.core.documents import DocumentError, json_document
 
@@ -55,10 +56,12 @@ class _Handler(socketserver.BaseRequestHandler):
                 log.warning("demand_client_refused", uid=uid)
                 self._send({"status": 503, "message": f"uid {uid} may not use the demand socket (root and "
                                                       "HAProxy's user only)", "retry_after_s": None})
+                _drain(sock)  # so the client reads the answer, not a reset from its unread line
                 return
             request = self._read()
             if isinstance(request, str):
                 self._send({"status": 503, "message": request, "retry_after_s": None})
+                _drain(sock)
                 return
             self._serve(sock, request)
         except OSError as exc:
