@@ -392,9 +392,11 @@ class Broker:
         with self.lock:
             queues = {m: {"waiting": len(q), "oldest_s": round(now - q[0].arrived, 3) if q else None}
                       for m, q in self.tickets.items() if q}
+            cat = self.agent.catalog
             hosts = {h: {"swapping": self.running[h].model if h in self.running else None,
                          "swaps_last_min": sum(1 for t in self.swaps.get(h, ()) if t > now - policy.WINDOW_S),
-                         "yielding_to": self.yielding.get(h)}
+                         "yielding_to": self.yielding.get(h),
+                         "queues": {m: q for m, q in queues.items() if m in cat.models and m in cat.models_on(h)}}
                      for h in self._hosts()}
         return {"queues": queues, "hosts": hosts}
 

@@ -293,3 +293,20 @@ def test_status_shows_the_queue_per_model(dw: DemandWorld) -> None:
     dw.broker.open("c")
     queues = dw.broker.snapshot()["queues"]
     assert (queues["a"]["waiting"], queues["c"]["waiting"]) == (2, 1)
+
+
+def test_status_text_shows_the_queue_and_the_swap(dw: DemandWorld) -> None:
+    """`status` prints one line per host: each model's held requests, the swaps of the last minute."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.deploy_cmds import print_status
+
+    dw.broker.open("a")
+    dw.broker.open("a")
+    out = io.StringIO()
+    print_status(Console(file=out, width=200), {**dw.ops.status("box", probe=False),
+                                                "agent": {"demand": dw.broker.snapshot()}})
+    assert "on demand: a 2 waiting (oldest 0.0 s); 0 swaps in the last minute" in out.getvalue()
+

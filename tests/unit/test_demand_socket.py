@@ -109,3 +109,37 @@ def test_the_socket_is_not_open_to_everyone(served: tuple[DemandWorld, str]) -> 
     """Mode 0660 (HAProxy's group) or 0600: never world-connectable."""
     _, path = served
     assert Path(path).stat().st_mode & 0o007 == 0
+
+
+def test_an_agent_with_a_model_on_demand_runs_its_loops_and_socket(tmp_path: Path) -> None:
+    """The agent opens <state_dir>/demand.sock and runs the demand and idle loops; status shows them."""
+    from orchestrator.agent.daemon import Agent
+
+    from .conftest import OpsWorld
+
+    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000},
+                     models={"a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True}})
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
+    server = agent._start_demand()
+    try:
+        assert {loop.name for loop in agent.loops} >= {"demand", "demand_idle"}
+        assert server is not None and world.catalog.demand_socket() == str(tmp_path / "state" / "demand.sock")
+        sock, lines = ask(world.catalog.demand_socket(), b'{"model": "zzz"}\n')
+        sock.close()
+        assert lines[0]["status"] == 404
+        assert agent.info()["demand"]["hosts"]["box"]["swaps_last_min"] == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_agent_without_models_on_demand_opens_no_socket(tmp_path: Path) -> None:
+    """No on-demand model: no socket, no extra loops, nothing in status."""
+    from orchestrator.agent.daemon import Agent
+
+    from .conftest import OpsWorld
+
+    world = OpsWorld(tmp_path / "state")
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
+    assert agent._start_demand() is None and not Path(world.catalog.demand_socket()).exists()
+    assert "demand" not in agent.info() and {loop.name for loop in agent.loops} == {"schedules", "watch"}
