@@ -16,6 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator import logs
@@ -340,9 +341,12 @@ class Broker:
                    max_swaps_per_min=cat.demand.max_swaps_per_min, batch_wait_s=cat.demand.batch_wait_s)
 
     def _busy(self, host: str) -> str | None:
-        """What holds the host other than our own switch: an operator's (or the agent's) operation."""
+        """What holds the host other than our own switch: an operator's (or the agent's) operation,
+        or a tune run (its lock, held by the CLI that runs it, also between its switches)."""
         if host in self.yielding:
             return self.yielding[host]
+        if lock_held(Path(self.agent.catalog.state_dir) / "locks" / f"{host}.tune.lock"):
+            return f"a tune run on {host}"
         job = self.agent.jobs.busy(host)
         swap = self.running.get(host)
         if job is None or (swap is not None and job is swap.job):
@@ -399,6 +403,18 @@ class Broker:
                          "queues": {m: q for m, q in queues.items() if m in cat.models and m in cat.models_on(h)}}
                      for h in self._hosts()}
         return {"queues": queues, "hosts": hosts}
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process holds a flock on ``path``, read from /proc/locks: probing with a flock of our
+    own could make the holder's next non-blocking try fail for that instant."""
+    try:
+        st = os.stat(path)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(f[1:2] == ["FLOCK"] and f[5:6] == [where] for f in (line.split() for line in text.splitlines()))
 
 
 def _publisher(job: Job) -> Callable[[str, dict[str, Any]], None]:

@@ -310,3 +310,15 @@ def test_status_text_shows_the_queue_and_the_swap(dw: DemandWorld) -> None:
                                                 "agent": {"demand": dw.broker.snapshot()}})
     assert "on demand: a 2 waiting (oldest 0.0 s); 0 swaps in the last minute" in out.getvalue()
 
+
+
+def test_a_tune_run_holds_precedence_between_its_switches(dw: DemandWorld) -> None:
+    """While a tune run holds its lock (a real flock) no on-demand swap starts; after it, one does."""
+    from orchestrator.deploy.locks import host_lock
+
+    ticket = dw.broker.open("a")
+    with host_lock(dw.catalog.state_dir, "box.tune", "a tune run"):
+        dw.broker.tick()
+        assert dw.broker.running == {} and ticket.answer is None
+    dw.run_swap()
+    assert ticket.answer == {"ready": True}
