@@ -218,3 +218,25 @@ def test_models_on_overlapping_gpus_conflict_and_disjoint_ones_do_not(tmp_path: 
     """a and b share GPU 0; c on GPU 1 stays awake beside either."""
     cat = load(tmp_path, rest='[models.c]\nrepo = "org/c"\ngpus = [1]\nport = 8003\non_demand = true')
     assert conflicts_of(cat, "box") == {"a": frozenset({"b"}), "b": frozenset({"a"}), "c": frozenset()}
+
+
+def test_a_model_asked_far_more_keeps_its_gpus() -> None:
+    """a had 40 requests in the last minute, b 2 held: b waits (no batching bound), and a new b is 429."""
+    b = box(serving("a", recent=40), asleep("b", waiting=(99.0, 99.5), recent=2))
+    held = decide(b, 200.0)
+    assert (held.kind, held.until) == (Kind.WAIT, None) and "asked far more" in held.reason
+    reject = admit(b, "b", 200.0)
+    assert reject is not None and reject.status == 429 and reject.retry_after_s is not None
+    assert reject.retry_after_s >= 10
+
+
+def test_models_asked_about_as_much_take_turns() -> None:
+    """a 10, b 6 in the last minute: not far enough apart; b's batch swaps after batch_wait_s."""
+    b = box(serving("a", recent=10, in_flight=1), asleep("b", waiting=(100.0,), recent=6), batch_wait_s=1.0)
+    assert decide(b, 101.0).kind is Kind.WAKE and admit(b, "b", 101.0) is None
+
+
+def test_a_higher_priority_is_never_outweighed_by_demand() -> None:
+    """b (priority 1) wakes even though a (priority 0) was asked far more."""
+    b = box(serving("a", recent=100), asleep("b", priority=1, waiting=(99.0,)))
+    assert decide(b, 100.0).kind is Kind.WAKE

@@ -111,11 +111,11 @@ def test_a_request_in_flight_counts_and_an_engine_never_asked_has_no_last_sessio
     client.start()
     seen = wait_for(lambda: adapter.sessions(engines), lambda s: s.get(engines[0], Sessions(0, None)).current == 1,
                     timeout=20, what="the held request counted by HAProxy")
-    assert seen[engines[1]] == Sessions(0, None)
+    assert seen[engines[1]] == Sessions(0, None, 0)
     busy.release.set()
     client.join(30)
     assert results == [200]
     after = wait_for(lambda: adapter.sessions(engines), lambda s: s[engines[0]].current == 0, timeout=20,
                      what="the finished request no longer counted")
     idle = after[engines[0]].idle_s
-    assert idle is not None and idle >= 0
+    assert idle is not None and idle >= 0 and after[engines[0]].total == 1
