@@ -153,9 +153,9 @@ def test_a_cold_start_nobody_waits_for_is_abandoned_and_its_memory_freed(dw: Dem
 
     dw.clock.on_sleep.append(client_goes_away)
     result = dw.run_swap()
-    assert gone and result["outcome"] in ("rolled_back", "failed")
+    assert gone and result["outcome"] == "rolled_back"
     assert "abandoned: every request waiting for a was cancelled (1)" in (result.get("error") or "")
-    assert "vllm-a.service" not in dw.host.active_units()
+    assert "vllm-a.service" not in dw.host.active_units() and dw.serving() == []
     assert not [p for p in dw.ports.gpus.snapshot().processes if p.gpu_index in (0, 1, 2, 3)]
 
 
@@ -336,3 +336,14 @@ def test_a_model_the_proxy_routes_far_more_keeps_its_gpus(dw: DemandWorld) -> No
     ticket = dw.broker.open("bee")
     assert ticket.answer is not None and ticket.answer["status"] == 429 and "asked far more" in ticket.answer["message"]
     assert dw.broker.snapshot()["queues"] == {} and dw.serving() == ["a"]
+
+
+def test_an_abandoned_cold_start_gives_the_displaced_model_back(dw: DemandWorld) -> None:
+    """b served on a's GPUs and slept for a's cold start; a is abandoned: b serves again."""
+    dw.ops.switch("b")
+    dw.host.behaviours["vllm-a.service"] = "never_ready"
+    ticket = dw.broker.open("a")
+    dw.clock.on_sleep.append(lambda: "start vllm-a.service" in dw.host.calls and dw.broker.cancel(ticket))
+    result = dw.run_swap()
+    assert result["outcome"] == "rolled_back" and "abandoned" in (result.get("error") or "")
+    assert dw.serving() == ["b"] and "vllm-a.service" not in dw.host.active_units()
