@@ -37,6 +37,7 @@ log = logs.get_logger()
 TICK_S = 0.1  # the demand loop's pace while requests wait or a swap runs
 IDLE_TICK_S = 1.0  # the idle loop's longest wait
 SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
+BUSY_RETRY_S = 1.0  # a swap refused by the host's lock is tried again after this
 
 
 class BrokerAgent(Protocol):
@@ -53,6 +54,9 @@ class BrokerAgent(Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
 
 
 @dataclass(eq=False)
@@ -116,6 +120,7 @@ class Broker:
         self.idle_jobs: dict[str, Job] = {}  # host -> the idle sleep or stop running there
         self.last_request: dict[str, float] = {}  # model -> its last request (monotonic)
         self.yielding: dict[str, str] = {}  # host -> the operator's operation waiting for our job to end
+        self.backoff: dict[str, tuple[float, str]] = {}  # host -> (until, why): its lock was held elsewhere
         self.asked: dict[str, deque[float]] = {}  # model -> when each request for it came to the broker
         self.routed: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, sessions HAProxy added since)
         self._totals: dict[tuple[str, int], int] = {}  # engine -> HAProxy's stot last seen
@@ -216,6 +221,8 @@ class Broker:
     def _start(self, host: str, action: policy.Action, now: float) -> None:
         model = action.model
         assert model is not None
+        if self.agent.stopping.is_set():
+            return  # the agent parks what runs; nothing new starts
         cold = action.kind is Kind.START
         swap = _Swap(model, cold, now)
         trigger = f"demand:{model}"
@@ -255,8 +262,12 @@ class Broker:
         if outcome == "active":
             for t in waiting:
                 self._answer(t, {"ready": True}, "ready")
-        elif isinstance(result.get("error"), dict) and result["error"].get("exit_code") == Busy.exit_code:
-            self.tickets[swap.model] = waiting  # the host was taken (a CLI without the agent): try again
+        elif isinstance(result.get("error"), dict) and result["error"].get("type") in ("Busy", "NodeInUse"):
+            # the host's lock was taken (a CLI without the agent): its requests wait, the next try in a while
+            self.tickets[swap.model] = waiting
+            self.agent.metrics.demand_queue(swap.model, len(waiting))
+            self.backoff[host] = (now + BUSY_RETRY_S, str(result["error"].get("message")))
+            return
         else:
             error = result.get("error") or {}
             why = error.get("message") if isinstance(error, dict) else None
@@ -303,6 +314,8 @@ class Broker:
         def run(job: Job) -> dict[str, Any]:
             return op(ops, model, reason=action.reason, progress=_publisher(job))
 
+        if self.agent.stopping.is_set():
+            return
         try:
             self.idle_jobs[host] = self.agent.jobs.submit(host, f"demand_{kind.value}", {"model": model}, run)
         except Busy:
@@ -369,6 +382,9 @@ class Broker:
         or a tune run (its lock, held by the CLI that runs it, also between its switches)."""
         if host in self.yielding:
             return self.yielding[host]
+        held = self.backoff.get(host)
+        if held is not None and self.clock.monotonic() < held[0]:
+            return held[1]
         if lock_held(Path(self.agent.catalog.state_dir) / "locks" / f"{host}.tune.lock"):
             return f"a tune run on {host}"
         job = self.agent.jobs.busy(host)

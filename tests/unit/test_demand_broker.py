@@ -4,6 +4,7 @@ idle models go to sleep and stop."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ class DemandWorld:
         self.ops = Operations(self.catalog, lambda name: ports, store=self.store, residency=FakeResidencyStore())
         self.jobs = Jobs(self.ops, lambda job: None)
         self.metrics = Metrics(None)
+        self.stopping = threading.Event()
         self.broker = Broker(self, self.clock)
 
     def run_swap(self) -> dict[str, Any]:
@@ -169,8 +171,6 @@ def test_a_cold_start_someone_still_waits_for_goes_on(dw: DemandWorld) -> None:
 
 def test_an_operators_operation_holds_precedence(dw: DemandWorld) -> None:
     """While an operator's job holds the box the held request waits; after it, the swap runs."""
-    import threading
-
     release = threading.Event()
     job = dw.jobs.submit("box", "switch", {"model": "c"}, lambda j: (release.wait(10), {"outcome": "active"})[1])
     ticket = dw.broker.open("a")
@@ -347,3 +347,28 @@ def test_an_abandoned_cold_start_gives_the_displaced_model_back(dw: DemandWorld)
     result = dw.run_swap()
     assert result["outcome"] == "rolled_back" and "abandoned" in (result.get("error") or "")
     assert dw.serving() == ["b"] and "vllm-a.service" not in dw.host.active_units()
+
+
+def test_a_host_lock_held_elsewhere_keeps_the_requests_waiting(dw: DemandWorld) -> None:
+    """A CLI without the agent holds the host's lock: the swap is refused Busy, the request keeps
+    waiting (no 503), and once the lock is free the swap runs."""
+    from orchestrator.deploy.locks import host_lock
+
+    ticket = dw.broker.open("a")
+    with host_lock(dw.catalog.state_dir, "box", "a CLI's switch"):
+        dw.broker.tick()
+        swap = dw.broker.running["box"]
+        assert swap.job is not None and swap.job.done.wait(10)
+        dw.broker.tick()
+        assert ticket.answer is None and dw.broker.running == {} and dw.store.events(kind="demand") == []
+    dw.clock.sleep(1.5)
+    dw.run_swap()
+    assert ticket.answer == {"ready": True}
+
+
+def test_nothing_starts_while_the_agent_stops(dw: DemandWorld) -> None:
+    """SIGTERM: held requests wait, no new switch begins."""
+    dw.broker.open("a")
+    dw.stopping.set()
+    dw.broker.tick()
+    assert dw.broker.running == {} and dw.jobs.running == {}
