@@ -121,9 +121,6 @@ class Broker:
         self.last_request: dict[str, float] = {}  # model -> its last request (monotonic)
         self.yielding: dict[str, str] = {}  # host -> the operator's operation waiting for our job to end
         self.backoff: dict[str, tuple[float, str]] = {}  # host -> (until, why): its lock was held elsewhere
-        self.asked: dict[str, deque[float]] = {}  # model -> when each request for it came to the broker
-        self.routed: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, sessions HAProxy added since)
-        self._totals: dict[tuple[str, int], int] = {}  # engine -> HAProxy's stot last seen
         self._ids = 0
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
 
@@ -142,8 +139,7 @@ class Broker:
                 self.agent.metrics.demand_rejected("(unknown)", 404)  # never the name: labels stay bounded
                 return ticket
             host = catalog.model_host(model).name
-            self.asked.setdefault(model, deque(maxlen=100_000)).append(now)
-            box = self._box(host, now)
+            box = self._box(host, now, sessions=True)  # what is in flight decides "asked more"
             view = box.models[model]
             cold = view.state is State.STOPPED
             ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream)
@@ -202,7 +198,6 @@ class Broker:
         waits = [IDLE_TICK_S]
         for host in self._hosts():
             with self.lock:
-                box = self._box(host, now, sessions=True)  # also counts what the proxy routed ("asked most")
                 if not any(m.idle_sleep_s or m.idle_stop_s for n in self.agent.catalog.models_on(host)
                            for m in [self.agent.catalog.models[n]] if m.on_demand):
                     continue
@@ -210,6 +205,7 @@ class Broker:
                 if job is not None and not job.done.is_set():
                     continue
                 self.idle_jobs.pop(host, None)
+                box = self._box(host, now, sessions=True)
                 action, due = policy.idle(box, now)
                 if due is not None:
                     waits.append(max(0.05, due - now))
@@ -345,37 +341,17 @@ class Broker:
             counted = seen.get((dep.spec.address, dep.spec.port)) if dep is not None else None
             if counted is not None and counted.idle_s is not None:
                 last = max(last if last is not None else -math.inf, now - counted.idle_s)
-            if counted is not None and dep is not None:
-                self._count_routed(name, (dep.spec.address, dep.spec.port), counted.total, now)
             views[name] = ModelView(
                 name=name, state=state, on_demand=spec.on_demand, sleeps=spec.sleep is not None,
                 priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
                 idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
                 since=None if began is None else now - max(0.0, epoch - began), last_request=last,
                 in_flight=counted.current if counted is not None else 0,
-                waiting=tuple(t.arrived for t in self.tickets.get(name, [])), recent=self._recent(name, now))
+                waiting=tuple(t.arrived for t in self.tickets.get(name, [])))
         swap = self.running.get(host)
         return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(self.swaps.get(host, ())),
                    busy=self._busy(host), running=swap.model if swap is not None else None,
                    max_swaps_per_min=cat.demand.max_swaps_per_min, batch_wait_s=cat.demand.batch_wait_s)
-
-    def _count_routed(self, model: str, engine: tuple[str, int], total: int, now: float) -> None:
-        """Sessions HAProxy added on the engine since the last look (a drop: a reload's old worker
-        ended, taking its count along; nothing is known to have been added then)."""
-        before = self._totals.get(engine)
-        self._totals[engine] = total
-        if before is not None and total > before:
-            self.routed.setdefault(model, deque(maxlen=10_000)).append((now, total - before))
-
-    def _recent(self, model: str, now: float) -> int:
-        """Requests for ``model`` in the last minute: routed by the proxy, held or turned away here."""
-        since = now - policy.WINDOW_S
-        asked, routed = self.asked.get(model, deque()), self.routed.get(model, deque())
-        while asked and asked[0] < since:
-            asked.popleft()
-        while routed and routed[0][0] < since:
-            routed.popleft()
-        return len(asked) + sum(n for _, n in routed)
 
     def _busy(self, host: str) -> str | None:
         """What holds the host other than our own switch: an operator's (or the agent's) operation,

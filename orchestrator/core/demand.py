@@ -19,11 +19,9 @@ from enum import StrEnum
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.resident import State
 
-WINDOW_S = 60.0  # the swap cap counts swaps in this window, and "asked most" requests
-# A serving model asked this much more than the one that would take its GPUs keeps them: the box
-# serves what is asked most, and a rarely asked model cannot make it swap back and forth.
-OUTWEIGH_FACTOR, OUTWEIGH_MARGIN = 3, 3
-OUTWEIGHED_RETRY_S = 10  # Retry-After of a request turned away for that
+WINDOW_S = 60.0  # the swap cap counts swaps in this window
+# Retry-After of a request turned away because a model asked more holds the GPUs it needs.
+OUTWEIGHED_RETRY_S = 10
 
 
 class Kind(StrEnum):
@@ -66,11 +64,11 @@ class ModelView:
     last_request: float | None = None  # the last request seen for it (routed or held)
     in_flight: int = 0  # sessions on its backend now (HAProxy's scur)
     waiting: tuple[float, ...] = ()  # arrival times of the held requests, oldest first
-    recent: int = 0  # requests for it in the last WINDOW_S (routed, held or turned away)
 
     @property
-    def demand(self) -> int:
-        return max(self.recent, len(self.waiting))
+    def asked(self) -> int:
+        """How many requests want it now: in flight and held (closed-loop clients each hold one)."""
+        return self.in_flight + len(self.waiting)
 
 
 @dataclass(frozen=True)
@@ -175,18 +173,19 @@ def _try(box: Box, target: ModelView, now: float) -> Action:
                                             "give(s) way", displaces=displaced)
 
 
-def _outweighed_by(box: Box, target: ModelView) -> ModelView | None:
-    """A serving model on the target's GPUs asked far more than it in the last minute (equal priority)."""
+def _outweighed_by(box: Box, target: ModelView, extra: int = 0) -> ModelView | None:
+    """A serving model on the target's GPUs, of equal priority, asked by more requests right now than
+    the target (with ``extra`` more): it keeps its GPUs, so the box serves what is asked most."""
     for name in box.displaced_by(target.name):
         v = box.models[name]
-        if v.priority == target.priority and v.recent >= OUTWEIGH_FACTOR * target.demand + OUTWEIGH_MARGIN:
+        if v.priority == target.priority and v.asked > len(target.waiting) + extra:
             return v
     return None
 
 
-def _outweighed(heavier: ModelView, target: ModelView) -> str:
-    return (f"{heavier.name} is asked far more ({heavier.recent} requests in the last minute, {target.name} "
-            f"{target.demand}): it keeps its GPUs")
+def _outweighed(heavier: ModelView, target: ModelView, extra: int = 0) -> str:
+    return (f"{heavier.name} is asked more ({heavier.asked} requests in flight or held, {target.name} "
+            f"{len(target.waiting) + extra}): it keeps its GPUs")
 
 
 def retry_after(box: Box, name: str, now: float) -> int:
@@ -201,9 +200,9 @@ def admit(box: Box, name: str, now: float) -> Reject | None:
     if not m.on_demand and m.state is not State.SERVING:
         return Reject(503, f"model {name} is {m.state.value} and not on demand (on_demand = false): an operator "
                            f"brings it up with `orchestrator switch {name}`")
-    heavier = _outweighed_by(box, m) if m.state is not State.SERVING else None
+    heavier = _outweighed_by(box, m, extra=1) if m.state is not State.SERVING else None
     if heavier is not None:
-        return Reject(429, _outweighed(heavier, m), max(OUTWEIGHED_RETRY_S, retry_after(box, name, now)))
+        return Reject(429, _outweighed(heavier, m, extra=1), max(OUTWEIGHED_RETRY_S, retry_after(box, name, now)))
     if len(m.waiting) >= m.queue_limit:
         return Reject(429, f"{len(m.waiting)} requests for {name} already wait (queue_limit {m.queue_limit})",
                       retry_after(box, name, now))
