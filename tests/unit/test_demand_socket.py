@@ -143,3 +143,18 @@ def test_an_agent_without_models_on_demand_opens_no_socket(tmp_path: Path) -> No
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     assert agent._start_demand() is None and not Path(world.catalog.demand_socket()).exists()
     assert "demand" not in agent.info() and {loop.name for loop in agent.loops} == {"schedules", "watch"}
+
+
+def test_a_held_request_is_served_when_descriptors_pass_1024(served: tuple[DemandWorld, str]) -> None:
+    """Hundreds of held requests take descriptors past select()'s FD_SETSIZE: still waiting lines, then ready."""
+    dw, path = served
+    filler = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        sock, first = ask(path, b'{"model": "a"}\n', replies=1)
+        dw.run_swap()
+        rest = [json.loads(raw) for raw in iter(sock.makefile("rb").readline, b"")]
+        sock.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+    assert "waiting" in first[0] and rest[-1] == {"ready": True}
