@@ -23,6 +23,7 @@ from orchestrator import logs
 from orchestrator.agent.demand_ops import sleep_idle, stop_idle
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.server import Job, Jobs
+from orchestrator.contract.wire import error_reply
 from orchestrator.core import demand as policy
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.demand import Box, Kind, ModelView, Reject
@@ -103,6 +104,7 @@ class _Swap:
     started: float
     job: Job | None = None
     cancelled: int = 0  # its requests that went away meanwhile
+    settled: bool = False  # its requests were answered from its result
 
 
 def _reply(reject: Reject) -> dict[str, Any]:
@@ -224,8 +226,16 @@ class Broker:
         trigger = f"demand:{model}"
 
         def run(job: Job) -> dict[str, Any]:
-            return self.agent.ops.switch(model, trigger=trigger, progress=_publisher(job),
-                                         abandon=(lambda: self._abandon(host, model)) if cold else None)
+            try:
+                result = self.agent.ops.switch(model, trigger=trigger, progress=_publisher(job),
+                                               abandon=(lambda: self._abandon(host, model)) if cold else None)
+            except OrchestratorError as exc:
+                with self.lock:
+                    self._settle(host, swap, error_reply(exc))
+                raise
+            with self.lock:
+                self._settle(host, swap, {"result": result})
+            return result
 
         try:
             swap.job = self.agent.jobs.submit(host, "switch", {"model": model, "trigger": trigger}, run)
@@ -247,11 +257,19 @@ class Broker:
                     "cold-started")
 
     def _finish_swap(self, host: str, now: float) -> None:
+        """The swap's job has ended: forget it (its requests were answered as it ended)."""
         swap = self.running.get(host)
         if swap is None or swap.job is None or not swap.job.done.is_set():
             return
         del self.running[host]
-        result = swap.job.result or {}
+        if not swap.settled:  # it crashed outside the switch's own errors
+            self._settle(host, swap, swap.job.result or {})
+
+    def _settle(self, host: str, swap: _Swap, result: dict[str, Any]) -> None:
+        """Answer the swap's requests from its result, in the job's own thread before it ends: an
+        operator's switch waiting for it must not displace the model before they are routed."""
+        now = self.clock.monotonic()
+        swap.settled = True
         outcome = (result.get("result") or {}).get("outcome")
         waiting = self.tickets.pop(swap.model, [])
         self.agent.metrics.demand_queue(swap.model, 0)

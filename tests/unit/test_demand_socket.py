@@ -158,3 +158,37 @@ def test_a_held_request_is_served_when_descriptors_pass_1024(served: tuple[Deman
         for fd in filler:
             os.close(fd)
     assert "waiting" in first[0] and rest[-1] == {"ready": True}
+
+
+def test_an_operators_switch_waits_for_the_running_demand_swap_instead_of_busy(tmp_path: Path) -> None:
+    """A demand swap runs: the operator's `switch b` through the agent waits for it, then runs (no Busy);
+    the swap's request was answered ready before b took a's GPUs."""
+    from orchestrator.agent.daemon import Agent
+
+    from .conftest import OpsWorld
+
+    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000},
+                     models={"a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True},
+                             "b": {"repo": "org/b", "gpus": [0], "port": 8002}})
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
+    release, blocked = threading.Event(), threading.Event()
+
+    def hold_the_start() -> None:
+        if "start vllm-a.service" in world.host.calls and not release.is_set():
+            blocked.set()
+            release.wait(30)
+
+    world.clock.on_sleep.append(hold_the_start)
+    ticket = agent.broker.open("a")
+    agent.broker.tick()
+    assert blocked.wait(30), "the demand swap never reached its start"
+    outcome: list[Any] = []
+    operator = threading.Thread(target=lambda: outcome.append(agent._submit("switch", {"model": "b"}, "alice")))
+    operator.start()
+    wait_for(lambda: agent.broker.snapshot()["hosts"]["box"]["yielding_to"], timeout=10, what="the operator waiting")
+    release.set()
+    operator.join(30)
+    job = outcome[0]
+    assert job.done.wait(30) and (job.result or {}).get("result", {}).get("outcome") == "active", job.result
+    assert ticket.answer == {"ready": True}  # answered as the demand swap ended, before b displaced a
+    assert [d.trigger for d in world.store.history("box", 5)][:2] == ["alice", "demand:a"]
