@@ -15,10 +15,11 @@ from typing import TypeVar
 
 from orchestrator.core.catalog import Proxy
 from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, new_worker, parse_show_proc
-from orchestrator.core.proxy import master_socket, sha
+from orchestrator.core.proxy import DEMAND_LUA, lua_path, master_socket, sha
 from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
+from orchestrator.resources import template_text
 
 UNIT = "orchestrator-proxy.service"
 T = TypeVar("T")
@@ -71,6 +72,7 @@ class HaproxyProxy:
 
     def apply(self, config: str) -> bool:
         installed = self._install_unit()
+        self._install_lua(config)
         path = self.proxy.config_path
         current = self.shell.read_file(path)
         if current is None or current.decode() != config:
@@ -109,6 +111,17 @@ class HaproxyProxy:
         self.systemd.install_unit(UNIT, self.unit_text)
         self.systemd.daemon_reload()
         return True
+
+    def _install_lua(self, config: str) -> None:
+        """The hold's Lua beside the config that loads it, before `haproxy -c` reads both (the config
+        carries its hash, so a new Lua changes the config and reloads the proxy)."""
+        path = lua_path(self.proxy)
+        if path not in config:
+            return
+        text = template_text(DEMAND_LUA).encode()
+        if self.shell.read_file(path) != text:
+            self.shell.run(["mkdir", "-p", path.rsplit("/", 1)[0]], idempotent=True)
+            self.shell.write_file(path, text, mode=0o644)
 
     def _check(self, config: str) -> None:
         """`haproxy -c` on the candidate: a config HAProxy refuses never replaces the running one."""
