@@ -21,6 +21,7 @@ import jinja2
 
 from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.records import UnitSpec
+from orchestrator.core.render import engine_address
 from orchestrator.errors import RenderError, UsageError
 
 # vLLM's engine-control endpoints, never forwarded to any backend: VLLM_SERVER_DEV_MODE=1 (which
@@ -160,6 +161,26 @@ def lua_path(proxy: Proxy) -> str:
     return proxy.config_path.rsplit("/", 1)[0] + "/" + DEMAND_LUA
 
 
+def demand_routes(catalog: Catalog, host: str) -> list[DemandRoute]:
+    """The served names on demand at ``host``, each held at most its longest (cold) deadline.
+    RenderError when two models on demand share a served name (a held request could not know
+    which engine its ready means)."""
+    out: dict[str, DemandRoute] = {}
+    for name in catalog.models_on(host):
+        model = catalog.models[name]
+        if not model.on_demand:
+            continue
+        if model.served in out:
+            other = next(n for n in catalog.models_on(host) if catalog.models[n].on_demand
+                         and catalog.models[n].served == model.served)
+            raise RenderError(f"models {other} and {name} are both on demand and served as {model.served!r} on "
+                              f"host {host}: a held request could not know which to start (set on_demand on one)",
+                              host=host)
+        out[model.served] = DemandRoute(model.served, engine_address(catalog, model, catalog.hosts[host]),
+                                        model.port, catalog.demand_deadline(name, cold=True))
+    return [out[k] for k in sorted(out)]
+
+
 def routes_for(serving: Iterable[UnitSpec], gaps: Iterable[str] = ()) -> list[Route]:
     """One route per served name (a gap for names in ``gaps``), sorted for a stable config."""
     gap = set(gaps)
@@ -201,6 +222,13 @@ def haproxy_comment(value: object) -> str:
     return _plain(value, "comment text")
 
 
+def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route], template: str, lua: str) -> str:
+    """``host``'s haproxy.cfg: ``routes``, and the hold (``lua``: demand_hold.lua) for its models on demand."""
+    demand = demand_routes(catalog, host)
+    return render_config(catalog.proxy, bind, routes, template, demand=demand, demand_socket=catalog.demand_socket(),
+                         lua=lua if demand else "")
+
+
 def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str, *,
                   demand: Sequence[DemandRoute] = (), demand_socket: str = "", lua: str = "") -> str:
     """The haproxy.cfg routing ``routes``; names in ``demand`` are held while they have no usable
@@ -213,7 +241,7 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
     by_name = {r.name: r for r in served}
     # One backend per name that routes: served ones, and names on demand wherever they are.
     backends = [_Backend(f"m{i}", name, by_name.get(name), on_demand.get(name))
-                for i, name in enumerate(sorted(set(by_name) | set(on_demand)), 1)]
+                for i, name in enumerate([*by_name, *sorted(set(on_demand) - set(by_name))], 1)]
     models = {"object": "list", "data": [{"id": b.name, "object": "model", "owned_by": "orchestrator"}
                                          for b in backends]}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,

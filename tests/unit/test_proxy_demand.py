@@ -26,6 +26,8 @@ from orchestrator.core.proxy import DEMAND_LUA, DemandRoute, Route, render_confi
 from orchestrator.resources import template_text
 from tests.hosts.wait import wait_for
 
+from .cli_runner import invoke
+
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 RETRY_AFTER_S = 4
 
@@ -155,7 +157,7 @@ def _free_port() -> int:
 
 
 def _workers(master: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-P", str(master)], check=False, capture_output=True, text=True).stdout
     return {int(p) for p in out.split()}
 
 
@@ -170,7 +172,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     lua = template_text(DEMAND_LUA)
     (tmp / DEMAND_LUA).write_text(lua)
     demand = [DemandRoute(name, "127.0.0.1", eport, 2.0 if name == "brief" else 60.0)
-              for name in ("beta", "brief", "awake")]
+              for name in ("beta", "brief", "awake", "gapped")]
 
     def render(routes: list[Route]) -> str:
         config = render_config(Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S), "127.0.0.1", routes,
@@ -181,7 +183,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
                 .replace(f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp}/{DEMAND_LUA}"'))
 
     cfg = tmp / "haproxy.cfg"
-    cfg.write_text(render([Route("alpha", "127.0.0.1", eport), Route("awake", "127.0.0.1", eport)]))
+    cfg.write_text(render([Route("alpha", "127.0.0.1", eport), Route("awake", "127.0.0.1", eport), Route("gapped")]))
     master = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
 
@@ -329,6 +331,13 @@ def test_no_final_answer_within_the_deadline_is_503(front: Front) -> None:
     wait_for(front.agent.asked("brief")[-1].closed.is_set, what="the proxy closing the agent's connection")
 
 
+def test_a_model_on_demand_being_switched_is_held_not_503(front: Front) -> None:
+    """A name on demand in a stop-start gap is held until ready instead of answering model_switching."""
+    front.agent.scripts["gapped"] = ready_after(0.3)
+    assert post(front.port, "gapped")[0] == 200
+    assert len(front.agent.asked("gapped")) == 1
+
+
 def test_a_serving_model_on_demand_is_not_held(front: Front) -> None:
     """A model on demand that has a usable server goes straight to it: the agent is never asked."""
     assert post(front.port, "awake")[0] == 200
@@ -354,7 +363,7 @@ def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
     held = wait_for(lambda: front.agent.asked("beta")[before:], what="the held request at the agent")[0]
     old = _workers(front.master.pid)
     front.cfg.write_text(front.render([Route("alpha", "127.0.0.1", eport), Route("awake", "127.0.0.1", eport),
-                                       Route("beta", "127.0.0.1", eport)]))
+                                       Route("beta", "127.0.0.1", eport), Route("gapped")]))
     os.kill(front.master.pid, signal.SIGUSR2)
     wait_for(lambda: _workers(front.master.pid) - old, what="a worker of the new config")
     assert post(front.port, "beta")[0] == 200  # the new worker routes beta without a hold
@@ -362,3 +371,56 @@ def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
     release.set()
     client.join(30)
     assert result == [200] and held.finals
+
+
+DEMAND_TOML = """state_dir = "{state}"
+socket_group = "root"
+[defaults]
+engine = ["/opt/vllm/bin/vllm", "serve"]
+load_deadline_s = 40
+[hosts.box]
+transport = "local"
+address = "127.0.0.1"
+gpus = 8
+gpu_memory_gib = 96
+[proxy]
+enabled = true
+[models.alpha]
+repo = "org/alpha"
+gpus = [0, 1]
+tensor_parallel = 2
+port = 8010
+[models.beta]
+repo = "org/beta"
+gpus = [0, 1]
+tensor_parallel = 2
+port = 8020
+on_demand = true
+{extra}
+"""
+
+
+def _render_cli(tmp_path: Path, extra: str = "") -> tuple[int, str]:
+    (tmp_path / "state").mkdir(exist_ok=True)
+    path = tmp_path / "deploy.toml"
+    path.write_text(DEMAND_TOML.format(state=tmp_path / "state", extra=extra))
+    result = invoke("render", "--proxy", "--config", str(path))
+    return result.exit_code, result.output
+
+
+def test_render_proxy_shows_the_hold_for_a_model_on_demand(tmp_path: Path) -> None:
+    """Nothing serves: the model on demand has a disabled backend, the hold (its cold deadline + margin), and is listed."""
+    code, out = _render_cli(tmp_path)
+    assert code == 0, out
+    assert f'lua-load "/etc/orchestrator/{DEMAND_LUA}"' in out
+    assert (f'http-request lua.demand_hold "{tmp_path}/state/demand.sock" 44 5 if {{ method POST }} '
+            '{ var(txn.model) -m str "beta" } { nbsrv(m1) eq 0 }') in out
+    assert 'server engine "127.0.0.1:8020" disabled' in out
+    assert '{"id":"beta","object":"model"' in out and '"alpha"' not in out  # alpha: neither serving nor on demand
+
+
+def test_two_models_on_demand_with_one_served_name_are_refused(tmp_path: Path) -> None:
+    """Two models on demand served as one name: exit 2 naming both and the name (a ready could not say which)."""
+    code, out = _render_cli(tmp_path, '[models.gamma]\nrepo = "org/g"\ngpus = [4, 5]\ntensor_parallel = 2\n'
+                                      'port = 8030\non_demand = true\nserved_name = "beta"\n')
+    assert code == 2 and "beta and gamma" in out and "'beta'" in out, out
