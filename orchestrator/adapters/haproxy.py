@@ -32,8 +32,9 @@ from orchestrator.resources import template_text
 UNIT = "orchestrator-proxy.service"
 T = TypeVar("T")
 
-# Asks HAProxy's master CLI (run on the proxy's host): `show proc`, and with "old" also `show info`
-# and `show stat` of every old worker (`@!PID` reaches a worker through the master). JSON out;
+# Asks HAProxy's master CLI (run on the proxy's host): `show proc`, and with "old" also `show info`,
+# `show stat` and `show table demand_held` (models on demand) of every old worker (`@!PID` reaches a
+# worker through the master). JSON out;
 # "proc" is null when the master did not answer (it re-executes on a reload, or is gone).
 _MASTER_CLI = """
 import json, socket, sys
@@ -61,7 +62,8 @@ if proc is not None and sys.argv[2] == "old":
             section = line.strip("# ").strip()
         elif section == "old workers" and line.split()[:1] and line.split()[0].isdigit():
             pid = line.split()[0]
-            old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": ask("@!" + pid + " show stat") or ""}
+            old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": ask("@!" + pid + " show stat") or "",
+                        "table": ask("@!" + pid + " show table demand_held") or ""}
 json.dump({"proc": proc, "old": old}, sys.stdout)
 """
 # `show stat` of every worker, current and old, through the master CLI (models on demand: idleness).
@@ -163,7 +165,7 @@ class HaproxyProxy:
         except ValueError:
             out = {}
         procs = parse_show_proc(out.get("proc") or "")
-        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")))
+        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")), str(v.get("table", "")))
                    for pid, v in (out.get("old") or {}).items()}
         return procs, workers
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.adapters.haproxy import _MASTER_CLI
 from orchestrator.core.catalog import Proxy
+from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, parse_show_proc
 from orchestrator.core.proxy import DEMAND_LUA, DemandRoute, Route, render_config
 from orchestrator.resources import template_text
 from tests.hosts.wait import wait_for
@@ -148,6 +151,8 @@ class Front:
     master: subprocess.Popen[bytes]
     cfg: Path
     render: Callable[[list[Route]], str]
+    master_sock: Path
+    alpha: int  # alpha's engine port (nothing listens: only the drain looks at it)
 
 
 def _free_port() -> int:
@@ -183,9 +188,11 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
                 .replace(f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp}/{DEMAND_LUA}"'))
 
     cfg = tmp / "haproxy.cfg"
-    cfg.write_text(render([Route("alpha", "127.0.0.1", eport), Route("awake", "127.0.0.1", eport), Route("gapped")]))
-    master = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    alpha = _free_port()
+    cfg.write_text(render([Route("alpha", "127.0.0.1", alpha), Route("awake", "127.0.0.1", eport), Route("gapped")]))
+    master_sock = tmp / "master.sock"
+    master = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg), "-S", f"{master_sock},mode,600"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def listening() -> bool:
         try:
@@ -196,7 +203,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
             return False
 
     wait_for(listening, what="HAProxy listening")
-    yield Front(port, engine, agent, master, cfg, render)
+    yield Front(port, engine, agent, master, cfg, render, master_sock, alpha)
     master.terminate()
     master.wait(10)
     engine.shutdown()
@@ -351,8 +358,18 @@ def test_unknown_name_is_404_and_asks_nothing(front: Front) -> None:
     assert not front.agent.asked("nobody")
 
 
+def _old_workers(front: Front) -> tuple[Procs | None, dict[int, OldWorker]]:
+    """What the adapter asks the master CLI before a drain counts old workers (its own script)."""
+    out = subprocess.run([sys.executable, "-c", _MASTER_CLI, str(front.master_sock), "old"], capture_output=True,
+                         text=True, check=True).stdout
+    answer = json.loads(out)
+    return parse_show_proc(answer["proc"] or ""), {int(pid): OldWorker(int(pid), v["info"], v["stat"], v["table"])
+                                                   for pid, v in answer["old"].items()}
+
+
 def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
-    """The agent's swap reloads the proxy while a request is held: the old worker still routes it on ready."""
+    """The agent's swap reloads the proxy while a request is held: the drain of the displaced engine does
+    not wait for the held client (it cannot reach that engine), and the old worker routes it on ready."""
     release = threading.Event()
     front.agent.scripts["beta"] = ready_when(release)
     before = len(front.agent.asked("beta"))
@@ -362,16 +379,22 @@ def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
     client.start()
     held = wait_for(lambda: front.agent.asked("beta")[before:], what="the held request at the agent")[0]
     old = _workers(front.master.pid)
-    front.cfg.write_text(front.render([Route("alpha", "127.0.0.1", eport), Route("awake", "127.0.0.1", eport),
-                                       Route("beta", "127.0.0.1", eport), Route("gapped")]))
+    # The swap: beta takes alpha's place; alpha's engine is drained before it sleeps.
+    front.cfg.write_text(front.render([Route("awake", "127.0.0.1", eport), Route("beta", "127.0.0.1", eport),
+                                       Route("gapped")]))
     os.kill(front.master.pid, signal.SIGUSR2)
     wait_for(lambda: _workers(front.master.pid) - old, what="a worker of the new config")
+    procs, workers = wait_for(lambda: _old_workers(front), lambda pw: pw[0] is not None and pw[0].old_workers
+                              and all(w.info and w.stat for w in pw[1].values()), what="the old worker's answers")
+    assert procs is not None
+    [worker] = workers.values()
+    assert worker.held == 1
+    assert draining(procs, workers, [("127.0.0.1", front.alpha)]) == 0
     assert post(front.port, "beta")[0] == 200  # the new worker routes beta without a hold
     assert len(front.agent.asked("beta")) == before + 1
     release.set()
     client.join(30)
     assert result == [200] and held.finals
-
 
 DEMAND_TOML = """state_dir = "{state}"
 socket_group = "root"
