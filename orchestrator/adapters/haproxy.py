@@ -23,16 +23,18 @@ from orchestrator.core.haproxy_cli import (
     parse_show_proc,
     sessions,
 )
-from orchestrator.core.proxy import master_socket, sha
+from orchestrator.core.proxy import DEMAND_LUA, lua_path, master_socket, sha
 from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
+from orchestrator.resources import template_text
 
 UNIT = "orchestrator-proxy.service"
 T = TypeVar("T")
 
-# Asks HAProxy's master CLI (run on the proxy's host): `show proc`, and with "old" also `show info`
-# and `show stat` of every old worker (`@!PID` reaches a worker through the master). JSON out;
+# Asks HAProxy's master CLI (run on the proxy's host): `show proc`, and with "old" also `show info`,
+# `show stat` and `show table demand_held` (models on demand) of every old worker (`@!PID` reaches a
+# worker through the master). JSON out;
 # "proc" is null when the master did not answer (it re-executes on a reload, or is gone).
 _MASTER_CLI = """
 import json, socket, sys
@@ -60,7 +62,8 @@ if proc is not None and sys.argv[2] == "old":
             section = line.strip("# ").strip()
         elif section == "old workers" and line.split()[:1] and line.split()[0].isdigit():
             pid = line.split()[0]
-            old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": ask("@!" + pid + " show stat") or ""}
+            old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": ask("@!" + pid + " show stat") or "",
+                        "table": ask("@!" + pid + " show table demand_held") or ""}
 json.dump({"proc": proc, "old": old}, sys.stdout)
 """
 # `show stat` of every worker, current and old, through the master CLI (models on demand: idleness).
@@ -85,6 +88,7 @@ class HaproxyProxy:
 
     def apply(self, config: str) -> bool:
         installed = self._install_unit()
+        self._install_lua(config)
         path = self.proxy.config_path
         current = self.shell.read_file(path)
         if current is None or current.decode() != config:
@@ -124,6 +128,17 @@ class HaproxyProxy:
         self.systemd.daemon_reload()
         return True
 
+    def _install_lua(self, config: str) -> None:
+        """The hold's Lua beside the config that loads it, before `haproxy -c` reads both (the config
+        carries its hash, so a new Lua changes the config and reloads the proxy)."""
+        path = lua_path(self.proxy)
+        if path not in config:
+            return
+        text = template_text(DEMAND_LUA).encode()
+        if self.shell.read_file(path) != text:
+            self.shell.run(["mkdir", "-p", path.rsplit("/", 1)[0]], idempotent=True)
+            self.shell.write_file(path, text, mode=0o644)
+
     def _check(self, config: str) -> None:
         """`haproxy -c` on the candidate: a config HAProxy refuses never replaces the running one."""
         candidate = self.proxy.config_path + ".new"
@@ -150,7 +165,7 @@ class HaproxyProxy:
         except ValueError:
             out = {}
         procs = parse_show_proc(out.get("proc") or "")
-        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")))
+        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")), str(v.get("table", "")))
                    for pid, v in (out.get("old") or {}).items()}
         return procs, workers
 

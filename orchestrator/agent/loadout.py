@@ -15,7 +15,7 @@ import jinja2
 
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.proxy import render_config, render_unit, routes_for
+from orchestrator.core.proxy import DEMAND_LUA, render_host, render_unit, routes_for
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.engine import default_template, unit_spec
 from orchestrator.errors import RenderError
@@ -46,7 +46,7 @@ def build(catalog: Catalog, now: float, *, template: str | None = None) -> Loado
             bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
             routes = routes_for(specs[m] for m in catalog.models_on(name) if m in specs)
             try:
-                proxy[name] = (render_config(catalog.proxy, bind, routes, cfg_template),
+                proxy[name] = (render_host(catalog, name, bind, routes, cfg_template, template_text(DEMAND_LUA)),
                                render_unit(catalog.proxy, bind, unit_template))
             except jinja2.TemplateError as exc:
                 raise RenderError(f"front proxy of host {name}: template: {exc}", host=name) from exc

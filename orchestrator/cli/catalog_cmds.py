@@ -155,7 +155,7 @@ def _render_proxy(cat: Catalog, diff: bool) -> None:
     from orchestrator.adapters import connect
     from orchestrator.adapters.local_shell import LocalShell
     from orchestrator.adapters.sqlite_store import SqliteStore
-    from orchestrator.core.proxy import render_config, routes_for
+    from orchestrator.core.proxy import DEMAND_LUA, render_host, routes_for
 
     if not cat.proxy.enabled:
         raise UsageError("render --proxy: the front proxy is not enabled in deploy.toml (set [proxy] enabled = true)")
@@ -165,7 +165,7 @@ def _render_proxy(cat: Catalog, diff: bool) -> None:
     for name, host in cat.hosts.items():
         specs = [d.spec for d in store.serving_set(name)] if store is not None else []
         bind = cat.proxy.bind or host.bind or cat.defaults.bind
-        text = render_config(cat.proxy, bind, routes_for(specs), template_text("haproxy.cfg.j2"))
+        text = render_host(cat, name, bind, routes_for(specs), template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA))
         where = f"{name}:{cat.proxy.config_path}"
         if not diff:
             click.echo(f"# host {where}: routes {', '.join(s.served_name for s in specs) or 'none'}")

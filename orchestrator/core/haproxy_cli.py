@@ -7,7 +7,9 @@ A reload (USR2 to the master) returns before the master re-executes and forks th
 * ``show proc``: the master's reload count and the PID of every worker, current and old;
   the new config serves once a worker that was not there before is listed after the count rose.
 * ``@!PID show info`` / ``@!PID show stat`` of each old worker: whether it stopped listening
-  (``Stopping: 1``), its client connections (``FRONTEND`` scur) and its sessions per server.
+  (``Stopping: 1``), its client connections (``FRONTEND`` scur) and its sessions per server;
+  ``@!PID show table demand_held``: how many of those connections are requests held for a model on
+  demand (they cannot reach an engine being drained: see OldWorker.held).
 
 An old worker answers one more request on every client connection it still holds (keep-alive,
 ``option idle-close-on-response``), routed by its own config; so it can reach an engine while its
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -75,6 +78,14 @@ class OldWorker:
     pid: int
     info: str
     stat: str
+    table: str = ""  # `show table demand_held`: its requests held for a model on demand
+
+    @property
+    def held(self) -> int:
+        """Client connections held for a model on demand (or routed after the hold): each one closes
+        after its own request, which goes to its model's engine, never to one a reload drains."""
+        found = re.search(r"\bconn_cur=(\d+)", self.table)
+        return int(found.group(1)) if found else 0
 
 
 def _stat_rows(text: str) -> list[dict[str, str]]:
@@ -118,7 +129,7 @@ def may_reach(worker: OldWorker, engines: Iterable[tuple[str, int]]) -> bool:
                                                                                                engines)]
     if not servers:
         return False
-    clients = sum(int(r.get("scur") or 0) for r in rows if r.get("svname") == "FRONTEND")
+    clients = sum(int(r.get("scur") or 0) for r in rows if r.get("svname") == "FRONTEND") - worker.held
     sessions = sum(int(r.get("scur") or 0) for r in servers)
     return not _stopping(worker.info) or clients > 0 or sessions > 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -20,6 +21,7 @@ import jinja2
 
 from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.records import UnitSpec
+from orchestrator.core.render import engine_address
 from orchestrator.errors import RenderError, UsageError
 
 # vLLM's engine-control endpoints, never forwarded to any backend: VLLM_SERVER_DEV_MODE=1 (which
@@ -138,6 +140,47 @@ class Route:
         return "503 (switching)" if self.address is None else f"{self.address}:{self.port}"
 
 
+@dataclass(frozen=True)
+class DemandRoute:
+    """A served name on demand: while its route has no usable server a request is held (the agent
+    wakes or starts the model), then sent to this engine; ``deadline_s`` bounds the hold."""
+
+    name: str
+    address: str
+    port: int
+    deadline_s: float
+
+
+# Where the hold's Lua lives on the box: beside the config it is loaded by (the adapter writes it).
+DEMAND_LUA = "demand_hold.lua"
+# The proxy's own bound on a hold, past the agent's deadline (the agent answers its 503 first).
+DEMAND_MARGIN_S = 2.0
+
+
+def lua_path(proxy: Proxy) -> str:
+    return proxy.config_path.rsplit("/", 1)[0] + "/" + DEMAND_LUA
+
+
+def demand_routes(catalog: Catalog, host: str) -> list[DemandRoute]:
+    """The served names on demand at ``host``, each held at most its longest (cold) deadline.
+    RenderError when two models on demand share a served name (a held request could not know
+    which engine its ready means)."""
+    out: dict[str, DemandRoute] = {}
+    for name in catalog.models_on(host):
+        model = catalog.models[name]
+        if not model.on_demand:
+            continue
+        if model.served in out:
+            other = next(n for n in catalog.models_on(host) if catalog.models[n].on_demand
+                         and catalog.models[n].served == model.served)
+            raise RenderError(f"models {other} and {name} are both on demand and served as {model.served!r} on "
+                              f"host {host}: a held request could not know which to start (set on_demand on one)",
+                              host=host)
+        out[model.served] = DemandRoute(model.served, engine_address(catalog, model, catalog.hosts[host]),
+                                        model.port, catalog.demand_deadline(name, cold=True))
+    return [out[k] for k in sorted(out)]
+
+
 def routes_for(serving: Iterable[UnitSpec], gaps: Iterable[str] = ()) -> list[Route]:
     """One route per served name (a gap for names in ``gaps``), sorted for a stable config."""
     gap = set(gaps)
@@ -179,10 +222,28 @@ def haproxy_comment(value: object) -> str:
     return _plain(value, "comment text")
 
 
-def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str) -> str:
+def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route], template: str, lua: str) -> str:
+    """``host``'s haproxy.cfg: ``routes``, and the hold (``lua``: demand_hold.lua) for its models on demand."""
+    demand = demand_routes(catalog, host)
+    return render_config(catalog.proxy, bind, routes, template, demand=demand, demand_socket=catalog.demand_socket(),
+                         lua=lua if demand else "")
+
+
+def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str, *,
+                  demand: Sequence[DemandRoute] = (), demand_socket: str = "", lua: str = "") -> str:
+    """The haproxy.cfg routing ``routes``; names in ``demand`` are held while they have no usable
+    server (``demand_socket``: the agent's; ``lua``: the hold's source, whose hash the config
+    carries so a new one reloads the proxy)."""
+    if demand and not (demand_socket and lua):
+        raise RenderError("models on demand need the agent's demand socket and the hold's Lua to render the proxy")
     served = [r for r in routes if r.address is not None]
-    models = {"object": "list", "data": [{"id": r.name, "object": "model", "owned_by": "orchestrator"}
-                                         for r in served]}
+    on_demand = {d.name: d for d in demand}
+    by_name = {r.name: r for r in served}
+    # One backend per name that routes: served ones, and names on demand wherever they are.
+    backends = [_Backend(f"m{i}", name, by_name.get(name), on_demand.get(name))
+                for i, name in enumerate([*by_name, *sorted(set(on_demand) - set(by_name))], 1)]
+    models = {"object": "list", "data": [{"id": b.name, "object": "model", "owned_by": "orchestrator"}
+                                         for b in backends]}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters.update(q=haproxy_word, comment=haproxy_comment)
@@ -190,11 +251,41 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
     # Single-quoted in the config, where HAProxy interprets nothing: a quote in a name is \u0027 JSON.
     models_json = json.dumps(models, separators=(",", ":")).replace("'", "\\u0027")
     return env.from_string(template).render(
-        routes=routes, served=served, engine_control=ENGINE_CONTROL_PATHS, gaps=[r for r in routes if r.address is None], bind=bind,
+        routes=routes, backends=backends, engine_control=ENGINE_CONTROL_PATHS, bind=bind,
+        gaps=[r for r in routes if r.address is None and r.name not in on_demand],
+        demand_socket=demand_socket, lua_path=lua_path(proxy), lua_sha=sha(lua) if demand else "",
         port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
         # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.
         hard_stop_after=f"{max(1, round(proxy.drain_timeout_s * 1000))}ms",
         retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"))
+
+
+@dataclass(frozen=True)
+class _Backend:
+    """What the template writes for one routed name: its engine, and the hold when on demand."""
+
+    backend: str  # HAProxy's name for it: m1, m2 ... in the names' order
+    name: str
+    route: Route | None
+    demand: DemandRoute | None
+
+    @property
+    def engine(self) -> tuple[str, int]:
+        """The serving engine, else the on-demand model's (listed disabled: reached only when held)."""
+        if self.route is not None and self.route.address is not None and self.route.port is not None:
+            return self.route.address, self.route.port
+        assert self.demand is not None
+        return self.demand.address, self.demand.port
+
+    @property
+    def serving(self) -> bool:
+        return self.route is not None
+
+    @property
+    def hold_s(self) -> str:
+        """The proxy's bound on a hold, in whole seconds (the Lua's argument)."""
+        assert self.demand is not None
+        return str(math.ceil(self.demand.deadline_s + DEMAND_MARGIN_S))
 
 
 def render_unit(proxy: Proxy, bind: str, template: str) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from orchestrator import logs
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
-from orchestrator.core.proxy import render_config, routes_for
+from orchestrator.core.proxy import DEMAND_LUA, render_host, routes_for
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.secrets import redact
 from orchestrator.deploy.context import StepContext
@@ -232,7 +232,8 @@ def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = ())
     cfg = ctx.catalog.proxy
     host = ctx.ports.host
     bind = cfg.bind or host.bind or ctx.defaults.bind
-    changed = proxy.apply(render_config(cfg, bind, routes, template_text("haproxy.cfg.j2")))
+    changed = proxy.apply(render_host(ctx.catalog, host.name, bind, routes, template_text("haproxy.cfg.j2"),
+                                      template_text(DEMAND_LUA)))
     ctx.emit("routed", routes={r.name: r.target for r in routes}, changed=changed)
     return changed
 

@@ -1,0 +1,156 @@
+"""Models on demand, the acceptance: a test host with the agent (its broker on the demand socket), the
+real HAProxy holding requests in its Lua, the stand-in engine with sleep mode (cold load 2 s, wake
+0.3 s), and clients sending completions through the proxy."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.builders.agent import STATE
+from tests.builders.demand import AB, FLOOD, Answer, Client, demand_config, url
+from tests.hosts.machine import Host
+from tests.hosts.wait import wait_for
+from tests.test_agent_hosts import active, cli, history, install_agent
+
+pytestmark = pytest.mark.hosts
+AB_BATCH_S = 1.0
+AB_CAP = 30
+FLOOD_CAP = 4
+
+
+def _teardown(host: Host) -> None:
+    host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'; "
+             "rm -f /etc/orchestrator/haproxy.cfg* /etc/orchestrator/demand_hold.lua", check=False)
+
+
+@pytest.fixture(scope="module")
+def box(hosts: list[Host], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """h1's agent with alpha and beta on demand, on the same GPUs; nothing up yet."""
+    host = hosts[0]
+    _teardown(host)
+    install_agent(host, demand_config(host, Path(STATE), AB, max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S),
+                  tmp_path_factory.mktemp("demand"))
+    # The proxy comes up with the agent's first apply: a switch of any model writes it; on demand
+    # the first request does, so bring alpha up once by hand to have a proxy to send through.
+    cli(host, "switch", "alpha")
+    yield host
+    _teardown(host)
+
+
+def demand_deployments(host: Host) -> list[dict[str, Any]]:
+    return [d for d in history(host) if str(d.get("trigger", "")).startswith("demand:")]
+
+
+def serving(host: Host) -> set[str]:
+    res = json.loads(cli(host, "status", "--json").stdout)["hosts"][host.name]["residency"]
+    return {m["model"] for m in res["models"] if m["state"] == "serving"}
+
+
+def swaps_of(deployments: list[dict[str, Any]]) -> list[float]:
+    """When each on-demand deployment that displaced a serving model began (what the cap counts)."""
+    return [d["created_at"] for d in deployments if "; stops " in ((d.get("plan") or {}).get("reason") or "")]
+
+
+def max_per_minute(times: list[float]) -> int:
+    """The most of ``times`` in any 60 s window."""
+    times = sorted(times)
+    return max((sum(1 for u in times[i:] if u < t + 60) for i, t in enumerate(times)), default=0)
+
+
+def _failures(answers: list[Answer]) -> list[Answer]:
+    return [a for a in answers if a.failed]
+
+
+def test_two_clients_alternating_a_and_b_never_fail(box: Host) -> None:
+    """Two clients alternate alpha and beta (same GPUs): every request answers 200, each waits at most one
+    warm swap plus the batching bound, and the swaps stay under the cap."""
+    before = {d["id"] for d in demand_deployments(box)}
+    clients = [Client(url(box), ["alpha", "beta"], rounds=8), Client(url(box), ["beta", "alpha"], rounds=8)]
+    for c in clients:
+        c.__enter__()
+    for c in clients:
+        c.join(300)
+    answers = [a for c in clients for a in c.answers]
+    swaps = [d for d in demand_deployments(box) if d["id"] not in before]
+    waits = sorted(a.wait for a in answers)
+    print(f"alternating A/B: {len(answers)} requests, {len(swaps)} swaps, wait p50 {waits[len(waits) // 2]:.2f} s "
+          f"max {waits[-1]:.2f} s; statuses {sorted({str(a.status) for a in answers})}")
+    assert len(answers) == 16 and all(a.status == 200 for a in answers), [a for a in answers if a.status != 200]
+    wake_deadline = AB["alpha"]["wake_deadline_s"]
+    assert waits[-1] <= wake_deadline + AB_BATCH_S  # never two swaps' worth: one wake plus the batching bound
+    assert swaps and all(d["outcome"] == "active" for d in swaps)
+    assert max_per_minute(swaps_of(swaps)) <= AB_CAP
+
+
+def test_a_cancelled_cold_start_is_abandoned_and_its_memory_freed(box: Host) -> None:
+    """Both stopped; one request for alpha whose client gives up: the cold start is abandoned, the engine
+    stopped, and GPU 0-3 hold nothing."""
+    cli(box, "stop", "alpha", check=False)
+    cli(box, "stop", "beta", check=False)
+    gone = Client(url(box), ["alpha"], rounds=1, timeout=0.5)
+    gone.__enter__()
+    gone.join(30)
+    assert gone.answers[0].status == "ReadTimeout"
+    newest = wait_for(lambda: demand_deployments(box)[:1], lambda d: d and d[0]["ended_at"] is not None, timeout=60,
+                      what="the on-demand cold start to end")[0]
+    assert newest["model"] == "alpha" and newest["outcome"] == "rolled_back", newest
+    assert "abandoned" in (newest.get("error") or ""), newest
+    assert active(box, "vllm-alpha.service") != "active"
+    used = box.run("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits").stdout
+    assert {int(i): int(m) for i, m in (ln.split(",") for ln in used.strip().splitlines())} == {i: 0 for i in range(8)}
+
+
+def test_an_operators_switch_wins_and_on_demand_resumes(box: Host) -> None:
+    """While a client asks for alpha, `switch beta` by the operator ends active (beta serving); alpha's
+    requests bring alpha back after it; nothing fails but 429 with Retry-After."""
+    cli(box, "switch", "alpha")
+    with Client(url(box), ["alpha"]) as client:
+        wait_for(lambda: len(client.answers), lambda n: n >= 3, what="the client's first answers")
+        op = json.loads(cli(box, "switch", "beta", "--json").stdout)
+        assert op["outcome"] == "active", op
+        back = wait_for(lambda: [d for d in demand_deployments(box) if d["id"] > op["id"]],
+                        lambda ds: any(d["outcome"] == "active" and d["model"] == "alpha" for d in ds),
+                        timeout=60, what="on demand to bring alpha back after the operator's switch")
+        n = len(client.answers)
+        wait_for(lambda: len(client.answers), lambda m: m >= n + 3, what="alpha answering again")
+    assert _failures(client.answers) == []
+    assert [d["model"] for d in back][-1] == "alpha" and serving(box) == {"alpha"}
+
+
+@pytest.fixture(scope="module")
+def flood_box(hosts: list[Host], box: Host, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """h1's agent again, now with five models on demand on a box that fits two."""
+    host = hosts[0]
+    _teardown(host)
+    install_agent(host, demand_config(host, Path(STATE), FLOOD, max_swaps_per_min=FLOOD_CAP, batch_wait_s=1.0),
+                  tmp_path_factory.mktemp("flood"))
+    cli(host, "switch", "f3")
+    yield host
+    _teardown(host)
+
+
+def test_a_flood_for_five_models_fails_only_429_and_ends_serving_the_most_asked(flood_box: Host) -> None:
+    """Clients for five models (f1 and f2 asked by three clients each, f3-f5 by one) on a box that fits two:
+    nothing fails but 429 with Retry-After, the swaps stay within the cap, and f1 and f2 serve at the end."""
+    host = flood_box
+    weights = {"f1": 3, "f2": 3, "f3": 1, "f4": 1, "f5": 1}
+    clients = [Client(url(host), [m], rounds=12) for m, n in weights.items() for _ in range(n)]
+    for c in clients:
+        c.__enter__()
+    for c in clients:
+        c.join(300)
+    answers = [a for c in clients for a in c.answers]
+    swaps = swaps_of(demand_deployments(host))
+    by_status: dict[str, int] = {}
+    for a in answers:
+        by_status[str(a.status)] = by_status.get(str(a.status), 0) + 1
+    print(f"flood: {len(answers)} requests {by_status}, {len(swaps)} on-demand deployments, "
+          f"at most {max_per_minute(swaps)} in a minute; serving {sorted(serving(host))}")
+    assert _failures(answers) == []
+    assert max_per_minute(swaps) <= FLOOD_CAP
+    assert serving(host) == {"f1", "f2"}
