@@ -19,6 +19,7 @@ from orchestrator.agent.loops import Failures, Loop, dead
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.server import _DONE, ControlServer, Job, Jobs, authorized
 from orchestrator.agent.tasks import ScheduleTask, WatchTask
+from orchestrator.agent.tune_jobs import TuneJobs
 from orchestrator.contract.ops import Caller, Operation, lookup
 from orchestrator.contract.wire import socket_path
 from orchestrator.core.catalog import Catalog
@@ -70,6 +71,8 @@ class Agent:
         # rollouts this agent runs as its fleet's controller (agent/controller.py); test entry points
         # may replace it before run()
         self.controller = FleetController(lambda: self.catalog, clock=self.clock, pid=os.getpid())
+        # tune runs, each a job of its model's host (agent/tune_jobs.py)
+        self.tuner = TuneJobs(self.jobs, lambda: self.ops, lambda: self.configs.path if self.configs else None)
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -80,8 +83,9 @@ class Agent:
         threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
         dashboard = self._start_dashboard()
         log.info("agent_started", socket=self.socket, hosts=list(self.catalog.hosts))
+        tuning = self.tuner.resume_unfinished(list(self.catalog.hosts))  # each recovers its own host first
         for host in self.catalog.hosts:  # reconcile what a crash left unfinished, before anything new
-            if self.ops.unfinished(host):
+            if host not in tuning and self.ops.unfinished(host):
                 self._submit("recover", {"host": host}, "recover")
         self.controller.resume_unfinished()  # a controller that restarted drives its rollouts again
         self.notifier.notify("READY=1")
