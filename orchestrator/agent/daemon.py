@@ -70,7 +70,8 @@ class Agent:
         self.dashboard_socket: str | None = None  # where the dashboard serves, once started (status says)
         # rollouts this agent runs as its fleet's controller (agent/controller.py); test entry points
         # may replace it before run()
-        self.controller = FleetController(lambda: self.catalog, clock=self.clock, pid=os.getpid())
+        self.controller = FleetController(lambda: self.catalog, clock=self.clock, pid=os.getpid(),
+                                          stopping=self.stopping)
         # tune runs, each a job of its model's host (agent/tune_jobs.py)
         self.tuner = TuneJobs(self.jobs, lambda: self.ops, lambda: self.configs.path if self.configs else None)
 
