@@ -37,6 +37,13 @@ RETRY_S = 10.0
 after_batch_hook: AfterBatch | None = None
 
 
+def own_hosts(catalog: Catalog) -> list[str]:
+    """The hosts this agent owns (watches, recovers, reports in its metrics): every host but those it
+    reaches only as its fleet's controller, the group hosts over SSH, whose own agents own them."""
+    grouped = {h for g in catalog.groups.values() for h in g.hosts}
+    return [n for n, h in catalog.hosts.items() if n not in grouped or h.transport == "local"]
+
+
 class FleetController:
     def __init__(self, catalog: Callable[[], Catalog], *, clock: Clock, pid: int,
                  store: RolloutRecord | None = None, connect: Callable[[Host], AgentClient] = remote_client,
@@ -73,9 +80,17 @@ class FleetController:
                      driven=lambda ro: ro.id in self.runs, on_start=on_start,
                      starting=self.starting)
 
+    def _is_controller(self) -> None:
+        """An agent whose deploy.toml has no groups drives no rollout: say so, not "unknown group"."""
+        if not self.catalog().groups:
+            raise UsageError(f"the agent (pid {self.pid}) that answered is not a fleet controller: its deploy.toml "
+                             "has no [groups.*]; reach the controller (--host CTL, or ORCHESTRATOR_SOCKET at its "
+                             "socket), or unset both to run the rollout in this CLI")
+
     # -- starting and driving -------------------------------------------------------------------
     def start(self, args: RolloutStartArgs, started_by: str | None) -> dict[str, Any]:
         """Preflight and record here (refusals go back to the caller), then drive in the background."""
+        self._is_controller()
         job = Job("controller", "rollout", args.model_dump())
         recorded = threading.Event()
         rid: list[int] = []
@@ -99,6 +114,7 @@ class FleetController:
         return {"id": rid[0], **self.summary(rid[0])}
 
     def resume(self, rid: int | None) -> dict[str, Any]:
+        self._is_controller()
         ro = self._fleet(None)._unfinished(rid)
         with self.lock:
             if ro.id in self.runs:
@@ -112,6 +128,7 @@ class FleetController:
 
     def abort(self, rid: int | None, rollback_all: bool) -> dict[str, Any]:
         """A driven rollout stops after its running batch; one nothing drives ends here, in the background."""
+        self._is_controller()
         fleet = self._fleet(None)
         ro = fleet._unfinished(rid)
         with self.lock:
@@ -196,6 +213,8 @@ class FleetController:
 
     # -- watching -------------------------------------------------------------------------------
     def summary(self, rid: int | None) -> dict[str, Any]:
+        if rid is None:
+            self._is_controller()  # a rollout asked for by id may be an old one, from when it had groups
         out = self._fleet(None).summary(rid)
         ro = out["rollout"]
         ro["controller"] = {"pid": self.pid, "alive": ro["id"] in self.runs, "agent": True}
@@ -211,6 +230,7 @@ class FleetController:
         """The rollout's progress until it ends (from now on), then its summary; a rollout that is not
         driven here answers its summary at once."""
         if rid is None:
+            self._is_controller()
             open_ = self.store.unfinished()
             latest = self.store.latest()
             if latest is None:

@@ -13,7 +13,7 @@ import sdnotify
 
 from orchestrator import logs
 from orchestrator.agent.config_ops import ConfigRevisions
-from orchestrator.agent.controller import FleetController
+from orchestrator.agent.controller import FleetController, own_hosts
 from orchestrator.agent.loadout import Loadout, build
 from orchestrator.agent.loops import Failures, Loop, dead
 from orchestrator.agent.metrics import Metrics
@@ -84,8 +84,8 @@ class Agent:
         threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
         dashboard = self._start_dashboard()
         log.info("agent_started", socket=self.socket, hosts=list(self.catalog.hosts))
-        tuning = self.tuner.resume_unfinished(list(self.catalog.hosts))  # each recovers its own host first
-        for host in self.catalog.hosts:  # reconcile what a crash left unfinished, before anything new
+        tuning = self.tuner.resume_unfinished(own_hosts(self.catalog))  # each recovers its own host first
+        for host in own_hosts(self.catalog):  # reconcile what a crash left unfinished, before anything new
             if host not in tuning and self.ops.unfinished(host):
                 self._submit("recover", {"host": host}, "recover")
         self.controller.resume_unfinished()  # a controller that restarted drives its rollouts again
@@ -259,7 +259,7 @@ class Agent:
         self._refresh_metrics()
 
     def _refresh_metrics(self) -> None:
-        for host in self.catalog.hosts:
+        for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
 
