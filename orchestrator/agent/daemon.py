@@ -73,7 +73,8 @@ class Agent:
         self.controller = FleetController(lambda: self.catalog, clock=self.clock, pid=os.getpid(),
                                           stopping=self.stopping)
         # tune runs, each a job of its model's host (agent/tune_jobs.py)
-        self.tuner = TuneJobs(self.jobs, lambda: self.ops, lambda: self.configs.path if self.configs else None)
+        self.tuner = TuneJobs(self.jobs, lambda: self.ops, lambda: self.configs.path if self.configs else None,
+                              self.stopping)
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> None:

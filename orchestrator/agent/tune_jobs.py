@@ -30,8 +30,11 @@ _OPS = ("tune", "tune plan", "tune resume", "tune abort")
 class TuneJobs:
     """``ops``, ``config_path``: the agent's current ones (a pushed deploy.toml replaces both)."""
 
-    def __init__(self, jobs: Jobs, ops: Callable[[], Operations], config_path: Callable[[], Path | None]) -> None:
+    def __init__(self, jobs: Jobs, ops: Callable[[], Operations], config_path: Callable[[], Path | None],
+                 stopping: threading.Event | None = None) -> None:
+        """``stopping``: the agent's; a running tune parks before its next candidate once it is set."""
         self.jobs, self.ops, self.config_path = jobs, ops, config_path
+        self.stopping = stopping or threading.Event()
         self.stop_requested: set[str] = set()  # hosts whose running tune ends before its next candidate
         self.lock = threading.Lock()
 
@@ -43,7 +46,8 @@ class TuneJobs:
             with self.lock:
                 return host in self.stop_requested
 
-        return Tuner(self.ops(), self.config_path(), publish, should_stop=should_stop)
+        return Tuner(self.ops(), self.config_path(), publish, should_stop=should_stop,
+                     should_park=self.stopping.is_set)
 
     def _submit(self, host: str, op: str, args: dict[str, Any], body: Callable[[Tuner], dict[str, Any]]) -> Job:
         def run(job: Job) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
 from orchestrator.deploy.locks import host_lock
 from orchestrator.deploy.operations import Operations
 from orchestrator.deploy.preflight import hardware_of
-from orchestrator.errors import UsageError
+from orchestrator.errors import AgentError, UsageError
 from orchestrator.loadgen import BenchPlan, BenchTarget, run_bench_blocking
 from orchestrator.ports import ProgressCallback
 
@@ -87,11 +87,13 @@ def tune_store(catalog: Catalog) -> TuneStore:
 
 class Tuner:
     def __init__(self, ops: Operations, config_path: Path | None, progress: ProgressCallback | None = None, *,
-                 should_stop: Callable[[], bool] | None = None) -> None:
-        """``config_path``: the deploy.toml the winner's diff is of (None: no diff); ``should_stop``: asked
-        before each candidate (an agent's `tune --abort` of a running run): True ends the run aborted."""
+                 should_stop: Callable[[], bool] | None = None, should_park: Callable[[], bool] | None = None) -> None:
+        """``config_path``: the deploy.toml the winner's diff is of (None: no diff); asked before each
+        candidate: ``should_stop`` (an agent's `tune --abort` of a running run) True ends the run aborted,
+        ``should_park`` (the agent stops) True leaves it unfinished for the agent's restart to resume."""
         self.ops = ops
         self.should_stop = should_stop or (lambda: False)
+        self.should_park = should_park or (lambda: False)
         self.catalog = ops.catalog
         self.config_path = config_path
         self.store = tune_store(ops.catalog)
@@ -228,6 +230,9 @@ class Tuner:
             if self.should_stop():
                 self.progress("tune_aborting", {"run": run.id, "before": cand.name})
                 return self._aborted(run)
+            if self.should_park():
+                raise AgentError(f"tune run #{run.id} of {run.model} on host {run.host} parked before {cand.name}: "
+                                 "the agent is stopping; it resumes the run when it starts again")
             self.progress("tune_candidate", {"candidate": cand.name, "layout": cand.label, "index": i,
                                              "of": len(cands)})
             self._measure(run, vops, cand, bench, repeats)
