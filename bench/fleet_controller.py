@@ -9,7 +9,8 @@ client is a CLI reaching its socket. Rounds alternate alpha -> beta -> alpha.
 
 Per run it prints the wall time, and for a rollout what its record (rollouts.db) splits it into:
 before the first switch (CLI start, connects, preflight fan-outs), the switches (first switch start
-to last end), and after (gate, finish, the CLI's exit).
+to last end), and after (gate, finish, the CLI's exit), with the CPU seconds the controller's agent
+and the client CLI used (the rest of the machine's CPU went to the 8 boxes: agents, relays, engines).
 
     .venv/bin/python bench/fleet_controller.py [--rounds N] [--load-time S] > bench/fleet_controller.txt
 """
@@ -61,6 +62,19 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
         raise SystemExit(f"{' '.join(argv[:6])} ... exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
                          f"{proc.stderr[-2000:]}")
     return took
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def split(db: Path, t_start: float, wall: float) -> str:
@@ -127,11 +141,17 @@ def main() -> int:
         state_model = "alpha"
         for _ in range(args.rounds):
             for new in (PAIR[state_model], state_model):
-                record("one host: orchestrator --host switch", timed([*cli, "--host", one_url, "switch", new], env))
+                cli_cpu = children_cpu_s()
+                took = timed([*cli, "--host", one_url, "switch", new], env)
+                record("one host: orchestrator --host switch", took,
+                       f"client CLI CPU {children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
             for new in (PAIR[state_model], state_model):
-                t0 = time.time()
+                t0, agent_cpu, cli_cpu = time.time(), cpu_s(agent.pid), children_cpu_s()
                 took = timed([*cli, "rollout", new, "--batch", "8", "--config", str(cfg)], env)
-                record("8 hosts: rollout --batch 8 through the controller", took, split(state / "rollouts.db", t0, took))
+                cpu = (f"controller agent CPU {cpu_s(agent.pid) - agent_cpu:.2f} s, client CLI CPU "
+                       f"{children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
+                record("8 hosts: rollout --batch 8 through the controller", took,
+                       f"{split(state / 'rollouts.db', t0, took)}; {cpu}")
         print(f"# load at end {os.getloadavg()}, run {time.monotonic() - t_run:.0f} s")
         one = statistics.median(results["one host: orchestrator --host switch"])
         print("\n| method | runs | median s | min-max s | vs one host's switch |\n|---|---|---|---|---|")

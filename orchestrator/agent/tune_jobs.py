@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import logs
+from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.server import _DONE, Job, Jobs
 from orchestrator.contract.args import TuneArgs, TuneHostArgs
 from orchestrator.deploy.operations import Operations
@@ -61,7 +62,15 @@ class TuneJobs:
 
     def _host(self, args: TuneHostArgs) -> str:
         ops = self.ops()
-        return ops.host_of(args.model) if args.model is not None and args.host is None else ops.resolve_host(args.host)
+        return self._owned(ops.host_of(args.model) if args.model is not None and args.host is None
+                           else ops.resolve_host(args.host))
+
+    def _owned(self, host: str) -> str:
+        """A fleet host this agent only reaches as the controller is its box agent's to tune, not ours."""
+        if host not in own_hosts(self.ops().catalog):
+            raise UsageError(f"host {host} is a group host this agent reaches as its fleet's controller: its own "
+                             f"agent owns it and runs its tune (`orchestrator --host {host} tune ...`)")
+        return host
 
     def _running(self, host: str, *, plan: bool = True) -> Job | None:
         """The host's tune job (``plan`` False: a run, not the plan before one)."""
@@ -73,13 +82,13 @@ class TuneJobs:
     def plan(self, args: TuneArgs) -> Iterator[dict[str, Any]]:
         """Stage the weights and pick the candidates, holding the host; nothing stops."""
         req = request_of(args)
-        host = self.ops().host_of(args.model)
+        host = self._owned(self.ops().host_of(args.model))
         return _stream(self._submit(host, "tune plan", args.model_dump(exclude={"config_json"}),
                                     lambda t: t.prepare(req).summary()))
 
     def start(self, args: TuneArgs) -> Iterator[dict[str, Any]]:
         req = request_of(args)
-        host = self.ops().host_of(args.model)
+        host = self._owned(self.ops().host_of(args.model))
         return _stream(self._submit(host, "tune", args.model_dump(exclude={"config_json"}),
                                     lambda t: t.start(t.prepare(req))))
 

@@ -76,3 +76,20 @@ def test_an_agent_without_groups_says_it_is_no_controller(tmp_path: Path, call: 
     assert refused.value.exit_code == 2
     assert str(refused.value).startswith("the agent (pid 4242) that answered is not a fleet controller: its "
                                          "deploy.toml has no [groups.*]")
+
+
+def test_a_tune_of_a_fleet_host_at_its_controller_is_refused_naming_the_box_agent(tmp_path: Path) -> None:
+    """tune --resume/--status for g1 at the controller: exit 2, g1's own agent runs its tune."""
+    from orchestrator.agent.server import Jobs
+    from orchestrator.agent.tune_jobs import TuneJobs
+    from orchestrator.contract.args import TuneHostArgs
+
+    catalog = controller_catalog(tmp_path)
+    ops = Operations(catalog, lambda name: FakeHost(name=name).ports(catalog.hosts[name], FakeWeights()),
+                     store=FakeStateStore())
+    tuner = TuneJobs(Jobs(ops, lambda job: None), lambda: ops, lambda: None)
+    for act in (lambda: tuner.status(TuneHostArgs(host="g1")), lambda: list(tuner.resume(TuneHostArgs(host="g1")))):
+        with pytest.raises(UsageError, match=r"host g1 is a group host this agent reaches as its fleet's "
+                                             r"controller: .*`orchestrator --host g1 tune \.\.\.`"):
+            act()
+    assert tuner.status(TuneHostArgs(host="box"))["run"] is None
