@@ -1,0 +1,134 @@
+"""The fleet page's reader, in a controller's agent: its groups, each box's state and its rollouts.
+
+Every fact comes from the controller's own answers: the groups from its catalog, each box's state from
+that box's agent (the `status --group` fan-out, over this agent's SSH identity like its rollouts), a
+rollout from `rollout_status` and the progress its running job publishes. The boxes are asked only when
+a page reads the view (an open live page: every refresh_s); their connections close when no page has
+read for ``IDLE_CLOSE_S``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from orchestrator import logs
+from orchestrator.client.backends import AgentClient
+from orchestrator.core import dashboard_fleet as fv
+from orchestrator.errors import OrchestratorError
+from orchestrator.rollout.group_view import group_status
+
+log = logs.get_logger()
+
+IDLE_CLOSE_S = 60.0
+
+
+class FleetView:
+    def __init__(self, agent: Any, bump: Any) -> None:
+        self.agent = agent
+        self.bump = bump  # tells open pages that something changed
+        self.lock = threading.Lock()  # the boxes' connections: one reader at a time
+        self.clients: dict[str, AgentClient] = {}
+        self.last_read = 0.0
+        self.live: dict[int, dict[str, dict[str, Any]]] = {}  # rollout id -> host -> {phase, line}
+        self._listening: set[int] = set()
+        self.lock_live = threading.Lock()  # guards live and _listening
+
+    def is_controller(self) -> bool:
+        return bool(self.agent.catalog.groups)
+
+    # -- the controller's running rollouts ----------------------------------------------------------
+    def start(self) -> None:
+        """Be told of each rollout job as the controller starts driving it (before its first event), and
+        listen to those it drives already."""
+        controller = self.agent.controller
+        controller.observers.append(self.attach)
+        with controller.lock:
+            runs = dict(controller.runs)
+        for rid, job in runs.items():
+            self.attach(rid, job)
+
+    def stop(self) -> None:
+        if self.attach in self.agent.controller.observers:
+            self.agent.controller.observers.remove(self.attach)
+        self.close()
+
+    def attach(self, rid: int, job: Any) -> None:
+        with self.lock_live:
+            if rid in self._listening:
+                return
+            self._listening.add(rid)
+            self.live[rid] = {}
+        threading.Thread(target=self._listen, args=(rid, job, job.listen()), daemon=True,
+                         name=f"dashboard-rollout-{rid}").start()
+        self.bump()
+
+    def _listen(self, rid: int, job: Any, q: Any) -> None:
+        try:
+            while (item := q.get()) is not job.END:
+                if isinstance(item, dict) and "event" in item:
+                    fv.live_update(self.live[rid], str(item["event"]), item.get("fields") or {})
+                    self.bump()
+        finally:
+            job.unlisten(q)
+            with self.lock_live:
+                self._listening.discard(rid)
+            self.bump()
+
+    def close_idle(self, now: float) -> None:
+        with self.lock:
+            if self.clients and now - self.last_read > IDLE_CLOSE_S:
+                self._close()
+
+    def close(self) -> None:
+        with self.lock:
+            self._close()
+
+    def _close(self) -> None:
+        for c in self.clients.values():
+            closer = getattr(c, "close", None)
+            if closer is not None:
+                closer()
+        self.clients.clear()
+
+    # -- one view of the fleet ----------------------------------------------------------------------
+    def read(self, query: Any) -> dict[str, Any]:
+        """Every group with its boxes and its newest rollout; ``query`` answers an operation as the
+        control socket does (rollout_status)."""
+        catalog = self.agent.catalog
+        hosts = sorted({h for g in catalog.groups.values() for h in g.hosts})
+        with self.lock:
+            self.last_read = time.time()
+            for h in hosts:
+                if h not in self.clients:
+                    self.clients[h] = self.agent.controller.connect(catalog.hosts[h])
+            status = group_status({h: self.clients[h] for h in hosts})["hosts"]
+        rollouts = self._rollouts(query)
+        groups = []
+        for name, g in catalog.groups.items():
+            mine = [r for r in rollouts if r["group"] == name]
+            ro = mine[0] if mine else None
+            live = self.live.get(ro["id"], {}) if ro else {}
+            groups.append({"name": name, "hosts": list(g.hosts), "canary": g.canary, "batch": g.batch,
+                           "max_failures": g.max_failures, "gate": g.gate,
+                           "models": sorted(m.name for m in catalog.models.values() if m.group == name),
+                           "boxes": fv.box_rows(g.hosts, status, live if ro and ro["status"] == "running" else {}),
+                           "rollout": ro, "older": mine[1:6]})
+        return {"at": time.time(), "groups": groups}
+
+    def _rollouts(self, query: Any) -> list[dict[str, Any]]:
+        """The unfinished rollouts and the latest one, newest first, each as rollout_status answers."""
+        store = self.agent.controller.store
+        ids = sorted({r.id for r in store.unfinished()} | ({latest.id} if (latest := store.latest()) else set()),
+                     reverse=True)
+        out = []
+        for rid in ids:
+            try:
+                summary = query("rollout_status", {"id": rid})
+            except OrchestratorError as exc:
+                log.info("dashboard_rollout_unreadable", rollout=rid, error=str(exc))
+                continue
+            out.append(fv.rollout_view(summary, abort_requested=store.get(rid).abort_requested,
+                                       live=self.live.get(rid, {})))
+        return out
