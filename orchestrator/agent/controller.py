@@ -45,8 +45,7 @@ class FleetController:
         self.lock = threading.Lock()  # guards runs
         self.starting = threading.Lock()  # one start at a time: the overlap check and the record are one step
         self.threads: list[threading.Thread] = []
-        # Told of each rollout job as this controller starts driving it, before its first event (the dashboard).
-        self.observers: list[Callable[[int, Job], None]] = []
+        self.observers: list[Callable[[Job], None]] = []  # told of each rollout job before it runs (the dashboard)
 
     @property
     def store(self) -> RolloutRecord:
@@ -80,7 +79,6 @@ class FleetController:
             rid.append(new)
             with self.lock:
                 self.runs[new] = job
-            self._tell(new, job)
             recorded.set()
 
         def body(fleet: Fleet) -> dict[str, Any]:
@@ -101,7 +99,6 @@ class FleetController:
                            "follow it with `orchestrator rollout status --follow`")
             job = Job("controller", "rollout resume", {"id": ro.id})
             self.runs[ro.id] = job
-        self._tell(ro.id, job)
         self._spawn(job, lambda: _closing(self._fleet(job), lambda f: f.drive(ro.id)), [ro.id], [], threading.Event())
         return {"id": ro.id, **self.summary(ro.id)}
 
@@ -115,8 +112,6 @@ class FleetController:
             if not driven:
                 job = Job("controller", "rollout abort", {"id": ro.id})
                 self.runs[ro.id] = job
-        if not driven:
-            self._tell(ro.id, job)
         if driven:
             return {**self.summary(ro.id), "message": f"abort requested: the controller (agent pid {self.pid}) "
                                                       "stops after its running batch"}
@@ -136,12 +131,11 @@ class FleetController:
             except OrchestratorError as exc:
                 log.warning("rollout_resume_failed", rollout=ro.id, error=str(exc))
 
-    def _tell(self, rid: int, job: Job) -> None:
-        for observe in list(self.observers):
-            observe(rid, job)
-
     def _spawn(self, job: Job, body: Callable[[], dict[str, Any]], rid: list[int],
                failed: list[OrchestratorError], recorded: threading.Event) -> None:
+        for observe in list(self.observers):
+            observe(job)
+
         def run() -> None:
             try:
                 job.result = {"result": body()}

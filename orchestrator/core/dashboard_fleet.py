@@ -10,17 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.core.dashboard import progress_line
+from orchestrator.core.dashboard import DOWN_PHASES, progress_line
 
 ENDED_HOST = frozenset({"switched", "failed", "reverted"})
 
 
 def own_hosts(catalog: Any) -> list[str]:
-    """The hosts this agent deploys models on itself: a group's boxes are switched by their own agents
-    (a group model is never deployed by the controller), unless the catalog gives one a model of its own."""
+    """The hosts this agent owns (its box page shows them): every host but those it reaches only as its
+    fleet's controller, a group's boxes over SSH, whose own agents own them (and the fleet page shows)."""
     grouped = {h for g in catalog.groups.values() for h in g.hosts}
-    own = {h.name for m in catalog.models.values() if m.group is None for h in catalog.model_hosts(m.name)}
-    return [h for h in catalog.hosts if h not in grouped or h in own]
+    return [n for n, h in catalog.hosts.items() if n not in grouped or h.transport == "local"]
 
 
 def box_rows(hosts: Sequence[str], status: Mapping[str, Any], live: Mapping[str, Mapping[str, Any]]
@@ -40,13 +39,14 @@ def box_rows(hosts: Sequence[str], status: Mapping[str, Any], live: Mapping[str,
             continue
         serving = entry.get("serving") or {}
         running = entry.get("running") or []
-        if ev.get("phase"):
-            activity = f"switching ({ev['phase']})"
-        elif running:
-            activity = f"{'switching' if running[-1].get('model') else 'busy'} ({running[-1].get('phase')})"
+        phase = ev.get("phase") or (running[-1].get("phase") if running else None)
+        activity = f"switching ({phase})" if phase else "busy" if running else "idle"
+        if not serving:
+            health = ""
+        elif phase in DOWN_PHASES:  # the switch has stopped what the record still names (as the box page says)
+            health = "down: switching"
         else:
-            activity = "idle"
-        health = "" if not serving else "healthy" if serving.get("healthy", True) else "unhealthy"
+            health = "healthy" if serving.get("healthy", True) else "unhealthy"
         rows.append({"host": h, "reachable": True, "error": None, "serving": serving.get("model"),
                      "revision": serving.get("revision"), "health": health, "activity": activity,
                      "weights": entry.get("weights_revision"), "line": ev.get("line") or ""})

@@ -31,50 +31,55 @@ class FleetView:
         self.lock = threading.Lock()  # the boxes' connections: one reader at a time
         self.clients: dict[str, AgentClient] = {}
         self.last_read = 0.0
-        self.live: dict[int, dict[str, dict[str, Any]]] = {}  # rollout id -> host -> {phase, line}
-        self._listening: set[int] = set()
-        self.lock_live = threading.Lock()  # guards live and _listening
+        self.live: dict[Any, dict[str, dict[str, Any]]] = {}  # rollout job -> host -> {phase, line}
+        self.lock_live = threading.Lock()  # guards live
 
     def is_controller(self) -> bool:
         return bool(self.agent.catalog.groups)
 
     # -- the controller's running rollouts ----------------------------------------------------------
     def start(self) -> None:
-        """Be told of each rollout job as the controller starts driving it (before its first event), and
-        listen to those it drives already."""
+        """Be told of each rollout job as the controller starts it (before its first event), and listen
+        to those it drives already."""
         controller = self.agent.controller
         controller.observers.append(self.attach)
         with controller.lock:
-            runs = dict(controller.runs)
-        for rid, job in runs.items():
-            self.attach(rid, job)
+            jobs = list(controller.runs.values())
+        for job in jobs:
+            self.attach(job)
 
     def stop(self) -> None:
         if self.attach in self.agent.controller.observers:
             self.agent.controller.observers.remove(self.attach)
         self.close()
 
-    def attach(self, rid: int, job: Any) -> None:
+    def attach(self, job: Any) -> None:
         with self.lock_live:
-            if rid in self._listening:
+            if job in self.live:
                 return
-            self._listening.add(rid)
-            self.live[rid] = {}
-        threading.Thread(target=self._listen, args=(rid, job, job.listen()), daemon=True,
-                         name=f"dashboard-rollout-{rid}").start()
+            self.live[job] = {}
+        threading.Thread(target=self._listen, args=(job, job.listen()), daemon=True,
+                         name="dashboard-rollout").start()
         self.bump()
 
-    def _listen(self, rid: int, job: Any, q: Any) -> None:
+    def _listen(self, job: Any, q: Any) -> None:
         try:
             while (item := q.get()) is not job.END:
                 if isinstance(item, dict) and "event" in item:
-                    fv.live_update(self.live[rid], str(item["event"]), item.get("fields") or {})
+                    fv.live_update(self.live[job], str(item["event"]), item.get("fields") or {})
                     self.bump()
         finally:
             job.unlisten(q)
             with self.lock_live:
-                self._listening.discard(rid)
+                self.live.pop(job, None)  # ended: its record says the rest
             self.bump()
+
+    def _live_of(self, rid: int) -> dict[str, dict[str, Any]]:
+        """host -> {phase, line} of the rollout's running job (empty when nothing drives it here)."""
+        controller = self.agent.controller
+        with controller.lock:
+            job = controller.runs.get(rid)
+        return dict(self.live.get(job, {})) if job is not None else {}
 
     def close_idle(self, now: float) -> None:
         with self.lock:
@@ -109,7 +114,7 @@ class FleetView:
         for name, g in catalog.groups.items():
             mine = [r for r in rollouts if r["group"] == name]
             ro = mine[0] if mine else None
-            live = self.live.get(ro["id"], {}) if ro else {}
+            live = self._live_of(ro["id"]) if ro else {}
             groups.append({"name": name, "hosts": list(g.hosts), "canary": g.canary, "batch": g.batch,
                            "max_failures": g.max_failures, "gate": g.gate,
                            "models": sorted(m.name for m in catalog.models.values() if m.group == name),
@@ -130,5 +135,5 @@ class FleetView:
                 log.info("dashboard_rollout_unreadable", rollout=rid, error=str(exc))
                 continue
             out.append(fv.rollout_view(summary, abort_requested=store.get(rid).abort_requested,
-                                       live=self.live.get(rid, {})))
+                                       live=self._live_of(rid)))
         return out

@@ -211,10 +211,24 @@ def test_a_batch_with_a_failed_host_reads_failed() -> None:
     assert fv.batch_state(["pending", "staged"]) == "pending"
 
 
-def test_a_group_box_is_not_the_controllers_own_host_unless_it_has_a_model_of_its_own(tmp_path: Path) -> None:
-    """own_hosts: a group's boxes are their own agents'; a host with a model of this catalog stays."""
-    cat = fleet_catalog(tmp_path, str(tmp_path / "d.sock"))
-    assert fv.own_hosts(cat) == []
-    cat2 = cat.model_copy(update={"models": {**cat.models, "local": cat.models["beta"].model_copy(
-        update={"name": "local", "group": None, "host": "h2"})}})
-    assert fv.own_hosts(cat2) == ["h2"]
+def test_a_group_box_reached_over_ssh_is_not_the_controllers_own_host() -> None:
+    """own_hosts: a group's boxes over SSH are their own agents'; the controller's own box (local) and a
+    host in no group stay on its box page."""
+    hosts = {"h1": {"transport": "local", "address": "127.0.0.10"}, "h2": {"address": "127.0.0.11"},
+             "solo": {"address": "127.0.0.12"}}
+    cat = make_catalog(hosts=hosts, groups={"inference": {"hosts": ["h1", "h2"]}},
+                       models={"beta": {"repo": "org/beta", "group": "inference", "gpus": [0], "port": 8001},
+                               "own": {"repo": "org/own", "host": "solo", "gpus": [0], "port": 8002}})
+    assert fv.own_hosts(cat) == ["h1", "solo"]
+
+
+def test_a_box_whose_switch_stopped_its_model_reads_down_not_unhealthy() -> None:
+    """The record still names alpha while the switch to beta starts: the box is down for the switch, and
+    says its phase; before anything stopped (staging) alpha's health stands."""
+    status = {"h1": {"serving": {"model": "alpha", "revision": 1, "healthy": False},
+                     "running": [{"model": "beta", "phase": "starting"}]},
+              "h2": {"serving": {"model": "alpha", "revision": 1, "healthy": True},
+                     "running": [{"model": "beta", "phase": "staging"}]}}
+    rows = {r["host"]: r for r in fv.box_rows(["h1", "h2"], status, {})}
+    assert (rows["h1"]["health"], rows["h1"]["activity"]) == ("down: switching", "switching (starting)")
+    assert (rows["h2"]["health"], rows["h2"]["activity"]) == ("healthy", "switching (staging)")
