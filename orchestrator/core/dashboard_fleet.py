@@ -99,12 +99,14 @@ def rollout_view(summary: Mapping[str, Any], *, abort_requested: bool,
             "alive": bool((ro.get("controller") or {}).get("alive"))}
 
 
-def live_update(state: dict[str, dict[str, Any]], event: str, fields: Mapping[str, Any]) -> None:
-    """Fold one event of a rollout's progress (fields carry ``group_host``) into host -> {phase, line}."""
+def live_update(state: dict[str, dict[str, Any]], event: str, fields: Mapping[str, Any]) -> bool:
+    """Fold one event of a rollout's progress (fields carry ``group_host``) into host -> {phase, line};
+    False when the page would show nothing new (stage_progress, many a second)."""
     host = fields.get("group_host")
     if not host:
-        return
+        return False
     cur = state.setdefault(str(host), {})
+    before = dict(cur)
     if event == "phase":
         cur["phase"] = str(fields["phase"]) if fields.get("phase") else None
     elif event == "rollout_host" and fields.get("state") != "switching":
@@ -115,3 +117,4 @@ def live_update(state: dict[str, dict[str, Any]], event: str, fields: Mapping[st
         text = progress_line(event, fields)
     if text:
         cur["line"] = text
+    return cur != before

@@ -25,9 +25,11 @@ IDLE_CLOSE_S = 60.0
 
 
 class FleetView:
-    def __init__(self, agent: Any, bump: Any) -> None:
+    def __init__(self, agent: Any, bump: Any, refresh_s: float) -> None:
         self.agent = agent
         self.bump = bump  # tells open pages that something changed
+        self.refresh_s = refresh_s
+        self.boxes: tuple[float, dict[str, Any]] | None = None  # (when, group_status's hosts)
         self.lock = threading.Lock()  # the boxes' connections: one reader at a time
         self.clients: dict[str, AgentClient] = {}
         self.last_read = 0.0
@@ -65,8 +67,8 @@ class FleetView:
     def _listen(self, job: Any, q: Any) -> None:
         try:
             while (item := q.get()) is not job.END:
-                if isinstance(item, dict) and "event" in item:
-                    fv.live_update(self.live[job], str(item["event"]), item.get("fields") or {})
+                if isinstance(item, dict) and "event" in item and \
+                        fv.live_update(self.live[job], str(item["event"]), item.get("fields") or {}):
                     self.bump()
         finally:
             job.unlisten(q)
@@ -91,6 +93,7 @@ class FleetView:
             self._close()
 
     def _close(self) -> None:
+        self.boxes = None
         for c in self.clients.values():
             closer = getattr(c, "close", None)
             if closer is not None:
@@ -104,11 +107,14 @@ class FleetView:
         catalog = self.agent.catalog
         hosts = sorted({h for g in catalog.groups.values() for h in g.hosts})
         with self.lock:
-            self.last_read = time.time()
-            for h in hosts:
-                if h not in self.clients:
-                    self.clients[h] = self.agent.controller.connect(catalog.hosts[h])
-            status = group_status({h: self.clients[h] for h in hosts})["hosts"]
+            now = self.last_read = time.time()
+            # the boxes at most once per refresh_s: a burst of rollout events re-reads only the record
+            if self.boxes is None or now - self.boxes[0] >= self.refresh_s or set(self.boxes[1]) != set(hosts):
+                for h in hosts:
+                    if h not in self.clients:
+                        self.clients[h] = self.agent.controller.connect(catalog.hosts[h])
+                self.boxes = (now, group_status({h: self.clients[h] for h in hosts})["hosts"])
+            status = self.boxes[1]
         rollouts = self._rollouts(query)
         groups = []
         for name, g in catalog.groups.items():

@@ -31,7 +31,7 @@ class Live:
         self.watchers = 0
         self.events: dict[str, list[dict[str, Any]]] = {}  # host -> progress of its running (or last) job
         self._stop = threading.Event()
-        self.fleet = FleetView(agent, self.bump)  # a controller's groups and rollouts (the fleet page)
+        self.fleet = FleetView(agent, self.bump, refresh_s)  # a controller's groups and rollouts (the fleet page)
 
     # -- the agent's jobs --------------------------------------------------------------------------
     def start(self) -> None:
@@ -57,8 +57,11 @@ class Live:
         try:
             while (item := q.get()) is not job.END:
                 if isinstance(item, dict) and "event" in item:
+                    fields = item.get("fields") or {}
+                    if not view.progress_line(str(item["event"]), fields):
+                        continue  # nothing the page shows (stage_progress, many a second): no re-read
                     self.events[host].append({"at": time.time(), "event": item["event"],
-                                              "fields": item.get("fields") or {}, "op": job.op})
+                                              "fields": fields, "op": job.op})
                     self.bump()
         finally:
             job.unlisten(q)

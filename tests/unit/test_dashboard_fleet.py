@@ -232,3 +232,44 @@ def test_a_box_whose_switch_stopped_its_model_reads_down_not_unhealthy() -> None
     rows = {r["host"]: r for r in fv.box_rows(["h1", "h2"], status, {})}
     assert (rows["h1"]["health"], rows["h1"]["activity"]) == ("down: switching", "switching (starting)")
     assert (rows["h2"]["health"], rows["h2"]["activity"]) == ("healthy", "switching (staging)")
+
+
+def test_stage_progress_changes_nothing_shown_so_it_reads_nothing() -> None:
+    """A rollout's stage_progress (many a second) leaves the view as it was; a phase event changes it."""
+    state: dict[str, dict[str, Any]] = {}
+    assert not fv.live_update(state, "stage_progress", {"group_host": "h1", "bytes": 10})
+    assert fv.live_update(state, "phase", {"group_host": "h1", "phase": "starting", "revision": 2, "model": "b"})
+    assert state["h1"]["phase"] == "starting"
+    assert not fv.live_update(state, "phase", {"group_host": "h1", "phase": "starting", "revision": 2, "model": "b"})
+
+
+class CountingBox(SimulatedBox):
+    """A simulated box that counts the channels opened to it (one per request)."""
+
+    opened = 0
+
+    def open_stream(self) -> Any:
+        self.opened += 1
+        return super().open_stream()
+
+
+def test_the_boxes_are_asked_at_most_once_per_refresh_and_let_go_when_no_page_reads(tmp_path: Path) -> None:
+    """Two reads within refresh_s ask each box once (status and history); a minute with no reader closes
+    the controller's connections to the boxes."""
+    path = str(tmp_path / "d.sock")
+    catalog = fleet_catalog(tmp_path / "state", path)
+    boxes = {h: CountingBox(h, {"alpha": "org/alpha"}, serving="alpha") for h in HOSTS}
+    ops = Operations(catalog, lambda name: (_ for _ in ()).throw(AssertionError(name)), store=FakeStateStore())
+    agent = Agent(catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=FakeClock())
+    agent.controller = FleetController(lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(),
+                                       connect=lambda host: boxes[host.name])
+    from orchestrator.dashboard.live import Live
+
+    live = Live(agent, 60.0, lambda host: [])
+    live.fleet_view()
+    live.fleet_view()
+    assert [b.opened for b in boxes.values()] == [2, 2, 2, 2]
+    live.fleet.close_idle(live.fleet.last_read + 30)
+    assert not any(b.closed for b in boxes.values())
+    live.fleet.close_idle(live.fleet.last_read + 61)
+    assert all(b.closed for b in boxes.values())

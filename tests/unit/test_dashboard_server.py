@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator.agent.daemon import Agent
+from orchestrator.dashboard.live import Live
 from orchestrator.dashboard.server import DashboardServer
 from orchestrator.dashboard.service import start
 from orchestrator.deploy.operations import Operations
@@ -276,3 +277,23 @@ def test_the_box_page_shows_an_asleep_model_its_host_ram_and_its_gpu_residue(tmp
     assert set(procs) == {"alpha", "beta"} and procs["alpha"]["asleep"] and not procs["beta"]["asleep"]
     assert 'data-model="alpha" data-state="asleep"' in body and "20.0 of 100.0 GiB" in body
     assert "asleep: residue" in body
+
+
+def test_progress_the_page_does_not_show_does_not_re_read_the_box(tmp_path: Path) -> None:
+    """stage_progress (many a second while staging) bumps no version, so no page re-reads status and the
+    GPUs for it; a phase event does."""
+    from orchestrator.agent.server import Job
+
+    world = OpsWorld(tmp_path / "state", dashboard={"socket": str(tmp_path / "d.sock")})
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
+                  clock=world.clock)
+    live = Live(agent, 60.0, lambda host: [])
+    job = Job("box", "switch", {"model": "alpha"})
+    live._observe("started", job)
+    seen = live.version
+    for _ in range(50):
+        job.publish({"event": "stage_progress", "fields": {"bytes": 1}})
+    job.publish({"event": "phase", "fields": {"phase": "stopping", "revision": 1, "model": "alpha"}})
+    assert live.wait(seen, timeout=30) == seen + 1
+    assert [e["event"] for e in live.events["box"]] == ["phase"]
+    job.publish(Job.END)
