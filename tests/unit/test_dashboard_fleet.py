@@ -273,3 +273,35 @@ def test_the_boxes_are_asked_at_most_once_per_refresh_and_let_go_when_no_page_re
     assert not any(b.closed for b in boxes.values())
     live.fleet.close_idle(live.fleet.last_read + 61)
     assert all(b.closed for b in boxes.values())
+
+
+def test_a_controller_that_is_also_a_box_shows_its_own_box_and_links_the_fleet(tmp_path: Path) -> None:
+    """h1 is the controller's own box (local) and a member of the group: / shows h1 only (h2's agent owns
+    h2), with a link to the fleet page, which lists both boxes."""
+    from orchestrator.testing import FakeHost, FakeWeights
+
+    hosts = {"h1": {"transport": "local", "address": "127.0.0.10", "gpus": 8, "gpu_memory_gib": 96},
+             "h2": {"transport": "ssh", "address": "127.0.0.11", "gpus": 8, "gpu_memory_gib": 96}}
+    catalog = make_catalog(state_dir=str(tmp_path / "state"), hosts=hosts,
+                           dashboard={"socket": str(tmp_path / "d.sock")},
+                           groups={"inference": {"hosts": ["h1", "h2"]}},
+                           models={"beta": {"repo": "org/beta", "group": "inference", "gpus": [0, 1, 2, 3],
+                                            "tensor_parallel": 4, "port": 8001, "source": "none"}})
+    box = FakeHost(name="h1")
+    ports = box.ports(catalog.hosts["h1"], FakeWeights())
+    ops = Operations(catalog, lambda name: ports if name == "h1" else (_ for _ in ()).throw(AssertionError(name)),
+                     store=FakeStateStore())
+    agent = Agent(catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=FakeClock())
+    sims = {h: SimulatedBox(h, {"beta": "org/beta"}, serving="beta") for h in ("h1", "h2")}
+    agent.controller = FleetController(lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(),
+                                       connect=lambda host: sims[host.name])
+    server = start(agent)
+    assert server is not None
+    try:
+        ctl = Ctl(agent, server, sims, threading.Event(), str(tmp_path / "d.sock"))
+        status, _, body = ctl.get("/")
+        assert status == 200 and '<a href="/fleet">the fleet page</a>' in body and 'id="fleet-link"' in body
+        assert 'id="host-h1"' in body and 'id="host-h2"' not in body
+        assert [b["host"] for b in ctl.fleet()["boxes"]] == ["h1", "h2"]
+    finally:
+        server.close()
