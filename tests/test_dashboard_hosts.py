@@ -16,6 +16,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tests.hosts.wait import wait_for
 from tests.test_agent_hosts import HOOKS, STATE, cli, install_agent, metrics
 from tests.test_switch_hosts import MODELS, config_text
 from tests.test_tune_hosts import BENCH, TINY, TINY_ENV, put_tiny
+from tests.test_warm_hosts import warm_config
 
 pytestmark = pytest.mark.hosts
 
@@ -46,18 +48,29 @@ def box(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
     put_tiny(host)
     models = {"alpha": MODELS["alpha"], "beta-long": MODELS["beta-long"], "gamma": MODELS["gamma"], "tiny": TINY}
     install_agent(host, config_text(host, Path(STATE), models, transport="local") + TINY_ENV, tmp_path)
-    (tmp_path / "hosts.toml").write_text(
-        f'[box]\nurl = "ssh://root@{host.address}:{host.port}"\nkey = "{host.key_path}"\n'
-        f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{STATE}/agent.sock"\n')
+    write_hosts_file(host, tmp_path)
     wait_for(lambda: host.run(["test", "-S", f"{STATE}/dashboard.sock"], check=False).returncode == 0,
              what="the agent's dashboard socket")
     yield host
     host.run(f"rm -f {HOOKS}/pause-at; systemctl stop orchestrator-agent.service", check=False)
 
 
+def write_hosts_file(host: Host, tmp_path: Path) -> None:
+    """A hosts file here that names ``host`` `box` (what `--host box` reaches over SSH)."""
+    (tmp_path / "hosts.toml").write_text(
+        f'[box]\nurl = "ssh://root@{host.address}:{host.port}"\nkey = "{host.key_path}"\n'
+        f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{STATE}/agent.sock"\n')
+
+
 @pytest.fixture
 def forwarded(box: Host, tmp_path: Path) -> Iterator[str]:
     """`orchestrator --host box dashboard --no-open` running here; the URL it printed."""
+    with forward(tmp_path) as url:
+        yield url
+
+
+@contextmanager
+def forward(tmp_path: Path) -> Iterator[str]:
     env = {**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(tmp_path / "hosts.toml")}
     proc = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "dashboard", "--no-open"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -203,3 +216,52 @@ def test_every_metric_of_the_grafana_dashboard_is_exported_by_the_agent(box: Hos
     assert len(wanted) >= 7
     exported = metric_names(metrics(box))
     assert wanted <= exported, f"queried but not exported: {sorted(wanted - exported)}"
+
+
+def test_the_box_page_shows_an_asleep_model_with_its_ram_and_gpu_residue(hosts: list[Host], tmp_path: Path) -> None:
+    """Warm switches on a real agent: after alpha then beta, alpha is asleep (level 1) in the models
+    table, the host RAM its weights hold is what counts against the budget, and its engine's residue on
+    the GPUs is named as alpha's, asleep."""
+    host = hosts[0]
+    config = warm_config(host, Path(STATE)).replace('transport = "ssh"', 'transport = "local"', 1)
+    install_agent(host, only_models(config, ("alpha", "beta")), tmp_path)
+    write_hosts_file(host, tmp_path)
+    try:
+        cli(host, "switch", "alpha")
+        cli(host, "switch", "beta")
+        with forward(tmp_path) as url:
+            driver = chromium(tmp_path / "profile")
+            try:
+                driver.get(url)
+                wait = WebDriverWait(driver, 60)
+                wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
+                assert (state_of(driver, "alpha"), state_of(driver, "beta")) == ("asleep", "serving")
+                cell = 'table.models tr[data-model="{}"] td.residency'
+                assert driver.find_element(By.CSS_SELECTOR, cell.format("alpha")).text == "asleep (level 1)"
+                assert driver.find_element(By.CSS_SELECTOR, cell.format("beta")).text == "awake"
+                held = driver.find_element(By.CSS_SELECTOR, "p.sleep")
+                assert float(str(held.get_attribute("data-budget"))) == 8.0
+                ram = driver.find_element(By.CSS_SELECTOR, 'table.models tr[data-model="alpha"] td.ram').text
+                # the weights' size on the box (du): none here (source "none"), so the stand-in holds 0.0
+                assert float(str(held.get_attribute("data-held"))) == float(ram) and "of 8.0 GiB" in held.text
+                assert "asleep: alpha" in held.text
+                residue = driver.find_elements(By.CSS_SELECTOR, 'table.gpus tr[data-gpu="0"] span.proc.asleep')
+                assert [e.get_attribute("data-model") for e in residue] == ["alpha"]
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                driver.save_screenshot(str(SHOTS / "box-asleep.png"))
+            finally:
+                driver.quit()
+    finally:
+        host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
+                 "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+def only_models(config: str, models: tuple[str, ...]) -> str:
+    """The config without the [models.*] sections not named."""
+    out, skip = [], False
+    for line in config.splitlines(keepends=True):
+        if line.startswith("["):
+            skip = line.startswith("[models.") and line.strip()[len("[models."):-1] not in models
+        if not skip:
+            out.append(line)
+    return "".join(out)

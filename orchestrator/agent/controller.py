@@ -59,6 +59,7 @@ class FleetController:
         self.lock = threading.Lock()  # guards runs
         self.starting = threading.Lock()  # one start at a time: the overlap check and the record are one step
         self.threads: list[threading.Thread] = []
+        self.observers: list[Callable[[Job], None]] = []  # told of each rollout job before it runs (the dashboard)
 
     @property
     def store(self) -> RolloutRecord:
@@ -159,6 +160,9 @@ class FleetController:
 
     def _spawn(self, job: Job, body: Callable[[], dict[str, Any]], rid: list[int],
                failed: list[OrchestratorError], recorded: threading.Event) -> None:
+        for observe in list(self.observers):
+            observe(job)
+
         def run() -> None:
             try:
                 job.result = {"result": body()}

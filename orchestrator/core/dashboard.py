@@ -36,13 +36,17 @@ def socket_path(settings: Dashboard, state_dir: str) -> str:
     return settings.socket or f"{state_dir.rstrip('/')}/dashboard.sock"
 
 
-def gpu_rows(snapshot: GpuSnapshot, owners: Mapping[int, str]) -> list[dict[str, Any]]:
+def gpu_rows(snapshot: GpuSnapshot, owners: Mapping[int, str],
+             states: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Each GPU with its memory and the processes on it, each named by the model whose unit holds its
-    PID (``owners``: pid -> model), else "not ours"."""
+    PID (``owners``: pid -> model), else "not ours"; with the model's residency (``states``: model ->
+    serving/asleep), so a sleeper's residue reads as such."""
     rows = []
+    states = states or {}
     for gpu in snapshot.gpus:
         procs: list[dict[str, Any]] = [{"pid": p.pid, "name": p.process_name, "mib": p.used_memory_mib,
-                  "model": owners.get(p.pid, "not ours")} for p in snapshot.on({gpu.index})]
+                  "model": owners.get(p.pid, "not ours"),
+                  "asleep": states.get(owners.get(p.pid, "")) == "asleep"} for p in snapshot.on({gpu.index})]
         rows.append({"index": gpu.index, "name": gpu.name, "used_mib": gpu.memory_used_mib,
                      "total_mib": gpu.memory_total_mib,
                      "used_pct": round(100 * gpu.memory_used_mib / gpu.memory_total_mib) if gpu.memory_total_mib
@@ -69,6 +73,7 @@ def model_rows(models: Iterable[Any], entry: Mapping[str, Any]) -> list[dict[str
     if entry.get("serving") and entry["serving"]["model"] not in serving:
         serving[entry["serving"]["model"]] = entry["serving"]
     running = {r["model"]: r for r in entry.get("running") or []}
+    resident = {str(r["model"]): r for r in (entry.get("residency") or {}).get("models") or []}
     models = list(models)
     gpus = {m.name: set(m.gpus) for m in models}
     rows = []
@@ -85,11 +90,37 @@ def model_rows(models: Iterable[Any], entry: Mapping[str, Any]) -> list[dict[str
             state = f"{verb} (replaced by {taker['model']})"
         elif live is not None:
             state = "serving" if live.get("healthy", True) else "serving, unhealthy"
+        elif m.name in resident and resident[m.name]["state"] == "asleep":
+            state = "asleep"
         else:
             state = "stopped"
+        res = resident.get(m.name)
         rows.append({"model": m.name, "state": state, "revision": live.get("revision") if live else None,
-                     "layout": layout(m), "gpus": ",".join(str(g) for g in m.gpus), "port": m.port})
+                     "layout": layout(m), "gpus": ",".join(str(g) for g in m.gpus), "port": m.port,
+                     "residency": residency_label(res) if res is not None else "",
+                     "ram_gib": float(res.get("ram_gib") or 0.0) if res is not None else None})
     return rows
+
+
+def residency_label(rec: Mapping[str, Any]) -> str:
+    """A model's residency as status reports it: serving (awake), asleep (its level), stopped."""
+    if rec["state"] == "serving":
+        return "awake"
+    if rec["state"] == "asleep":
+        level = rec.get("level")
+        return f"asleep ({str(level).replace('level', 'level ')})" if level else "asleep"
+    return "stopped"
+
+
+def sleep_summary(residency: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The host RAM the sleepers hold against the budget (None: no model of the host sleeps)."""
+    if not residency:
+        return None
+    held, budget = float(residency.get("sleep_ram_gib") or 0.0), float(residency.get("ram_budget_gib") or 0.0)
+    return {"held_gib": held, "budget_gib": budget, "residue_gib": residency.get("residue_gib"),
+            "pct": round(100 * held / budget) if budget else 0,
+            "sleepers": [str(m["model"]) for m in residency.get("models") or [] if m["state"] == "asleep"],
+            "gpus_error": residency.get("gpus_error")}
 
 
 def timeline(running: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:

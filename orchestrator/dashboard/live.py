@@ -15,6 +15,8 @@ from typing import Any
 
 from orchestrator import logs
 from orchestrator.core import dashboard as view
+from orchestrator.core.dashboard_fleet import own_hosts
+from orchestrator.dashboard.fleet import FleetView
 from orchestrator.errors import OrchestratorError
 
 log = logs.get_logger()
@@ -29,14 +31,17 @@ class Live:
         self.watchers = 0
         self.events: dict[str, list[dict[str, Any]]] = {}  # host -> progress of its running (or last) job
         self._stop = threading.Event()
+        self.fleet = FleetView(agent, self.bump, refresh_s)  # a controller's groups and rollouts (the fleet page)
 
     # -- the agent's jobs --------------------------------------------------------------------------
     def start(self) -> None:
         self.agent.jobs.observers.append(self._observe)
+        self.fleet.start()
         threading.Thread(target=self._tick_loop, name="dashboard-tick", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.fleet.stop()
         if self._observe in self.agent.jobs.observers:
             self.agent.jobs.observers.remove(self._observe)
         self.bump()
@@ -52,8 +57,11 @@ class Live:
         try:
             while (item := q.get()) is not job.END:
                 if isinstance(item, dict) and "event" in item:
+                    fields = item.get("fields") or {}
+                    if not view.progress_line(str(item["event"]), fields):
+                        continue  # nothing the page shows (stage_progress, many a second): no re-read
                     self.events[host].append({"at": time.time(), "event": item["event"],
-                                              "fields": item.get("fields") or {}, "op": job.op})
+                                              "fields": fields, "op": job.op})
                     self.bump()
         finally:
             job.unlisten(q)
@@ -61,6 +69,7 @@ class Live:
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.refresh_s):
+            self.fleet.close_idle(time.time())
             if self.watchers:
                 self.bump()
 
@@ -90,8 +99,14 @@ class Live:
         return last["result"]
 
     def box(self) -> dict[str, Any]:
-        status = self.query("status", {})
         catalog = self.agent.catalog
+        own = own_hosts(catalog)
+        if own == list(catalog.hosts):
+            status = self.query("status", {})
+        else:  # a controller: the boxes of its groups are their own agents' (the fleet page shows them)
+            status = {"agent": self.agent.info(), "schedules": self.query("schedules", {}), "hosts": {}}
+            for name in own:
+                status["hosts"][name] = self.query("status", {"host": name})["hosts"][name]
         now = time.time()
         hosts = []
         for name, entry in status["hosts"].items():
@@ -102,6 +117,7 @@ class Live:
                 "name": name, "serving": entry.get("serving"), "endpoint": entry.get("endpoint"),
                 "gpus": self._gpus(name, entry),
                 "models": view.model_rows(models, entry),
+                "sleep": view.sleep_summary(entry.get("residency")),
                 "operation": view.timeline(running, self.events.get(name, []) if running else [], now),
                 "history": view.history_rows(history[:20]),
                 "downtime": view.downtime_series(history),
@@ -112,7 +128,11 @@ class Live:
                      "layout": view.layout(catalog.models[d.model]) if d.model in catalog.models else ""}
                     for d in self.agent.ops.benchmarks(name)]),
             })
-        return {"at": now, "agent": status.get("agent"), "hosts": hosts, "schedules": status.get("schedules") or []}
+        return {"at": now, "agent": status.get("agent"), "hosts": hosts, "schedules": status.get("schedules") or [],
+                "groups": sorted(catalog.groups)}
+
+    def fleet_view(self) -> dict[str, Any]:
+        return self.fleet.read(self.query)
 
     def _running(self, host: str) -> dict[str, Any] | None:
         job = self.agent.jobs.running.get(host)
@@ -139,10 +159,15 @@ class Live:
         units = {m["unit"]: m["model"] for m in entry.get("models") or []}
         if entry.get("serving"):
             units.setdefault(entry["serving"]["unit"], entry["serving"]["model"])
+        residency = entry.get("residency") or {}
+        states = {str(m["model"]): str(m["state"]) for m in residency.get("models") or []}
+        for model, state in states.items():  # a sleeper's engine keeps its residue on the GPUs
+            if state != "stopped" and model in self.agent.catalog.models:
+                units.setdefault(self.agent.catalog.models[model].unit_name, model)
         for unit, model in units.items():
             try:  # the main PID and every process of its cgroup (EngineCore, TP workers)
                 for pid in [ports.systemd.unit_state(unit).main_pid, *ports.systemd.cgroup_pids(unit)]:
                     owners[pid] = model
             except OrchestratorError as exc:
                 log.info("dashboard_pids_unknown", host=host, unit=unit, error=str(exc))
-        return {"error": None, "rows": view.gpu_rows(snapshot, owners)}
+        return {"error": None, "rows": view.gpu_rows(snapshot, owners, states)}

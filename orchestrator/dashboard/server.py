@@ -12,6 +12,7 @@ import json
 import os
 import socketserver
 import threading
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from importlib import resources
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 
 from orchestrator import logs
 from orchestrator.contract.wire import peer_credentials
-from orchestrator.dashboard.pages import Pages
+from orchestrator.dashboard.pages import Pages, Redirect
 from orchestrator.errors import AgentError, OrchestratorError
 
 log = logs.get_logger()
@@ -67,7 +68,10 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         try:
             if path == "/events":
-                self._events()
+                self._events(self.server.pages.sections)
+                return
+            if path == "/fleet/events" and self.server.live.fleet.is_controller():
+                self._events(self.server.pages.fleet_sections)
                 return
             if path.startswith("/static/"):
                 self._static(path.removeprefix("/static/"))
@@ -78,6 +82,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if page is None:
             self._send(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", f"no page {path[:200]!r}\n".encode())
+            return
+        if isinstance(page, Redirect):
+            self._send(HTTPStatus.SEE_OTHER, "text/plain; charset=utf-8", f"see {page}\n".encode(), location=page)
             return
         kind, body = page
         self._send(HTTPStatus.OK, kind, body)
@@ -100,7 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(HTTPStatus.OK, STATIC_TYPES[ext], file.read_bytes(), cache="max-age=3600")
 
-    def _events(self) -> None:
+    def _events(self, sections: Callable[[], dict[str, Any]]) -> None:
         """Server-sent events: the page's live sections as HTML (rendered by the same templates as the
         page), sent whenever the agent's view changes (a progress event) or every refresh_s."""
         live = self.server.live
@@ -123,7 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
             while not self.server.stopping.is_set():
                 seen = live.version
                 try:
-                    data = json.dumps(self.server.pages.sections())
+                    data = json.dumps(sections())
                 except OrchestratorError as exc:
                     data = json.dumps({"error": str(exc)})
                 self.wfile.write(f"event: sections\ndata: {data}\n\n".encode())
@@ -136,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.watch_slots.release()
 
     def _send(self, status: HTTPStatus, kind: str, body: bytes, *, cache: str = "no-store",
-              allow: str | None = None) -> None:
+              allow: str | None = None, location: str | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
@@ -146,6 +153,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Referrer-Policy", "no-referrer")
         if allow:
             self.send_header("Allow", allow)
+        if location:
+            self.send_header("Location", location)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)

@@ -18,10 +18,20 @@ from typing import Any
 import pytest
 
 from orchestrator.agent.daemon import Agent
+from orchestrator.dashboard.live import Live
 from orchestrator.dashboard.server import DashboardServer
 from orchestrator.dashboard.service import start
+from orchestrator.deploy.operations import Operations
+from orchestrator.testing import (
+    FakeClock,
+    FakeHost,
+    FakeProxy,
+    FakeResidencyStore,
+    FakeStateStore,
+    FakeWeights,
+)
 
-from .conftest import OpsWorld
+from .conftest import OpsWorld, make_catalog
 
 GROUP = "users"  # exists on Debian (gid 100): a group a test process can join with setpriv
 
@@ -69,13 +79,14 @@ def running(tmp_path: Path) -> Iterator[Running]:
     public.rmdir()
 
 
-def as_user(path: str, gid: int = 65534) -> str:
-    """GET / on the socket as uid 65534 (nobody) with primary group ``gid`` and no other: the raw reply."""
+def as_user(path: str, gid: int = 65534, url: str = "/") -> str:
+    """GET ``url`` on the socket as uid 65534 (nobody) with primary group ``gid`` and no other: the raw reply."""
     script = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
-              "s.sendall(b'GET / HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); s.settimeout(10); out=b''\n"
+              "s.sendall(b'GET ' + sys.argv[2].encode() + b' HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); "
+              "s.settimeout(10); out=b''\n"
               "while (c := s.recv(65536)): out += c\nprint(out.decode())")
     done = subprocess.run(["setpriv", "--reuid=65534", f"--regid={gid}", "--clear-groups", sys.executable, "-c",
-                           script, path], capture_output=True, text=True, timeout=60, check=True)
+                           script, path, url], capture_output=True, text=True, timeout=60, check=True)
     return done.stdout
 
 
@@ -220,3 +231,69 @@ def test_a_disabled_dashboard_opens_no_socket(tmp_path: Path) -> None:
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
                   clock=world.clock)
     assert start(agent) is None and not os.path.exists(tmp_path / "d.sock")
+
+
+def warm_agent(tmp_path: Path) -> tuple[Agent, Operations, FakeHost]:
+    """An agent over one fake host whose two models sleep instead of stopping (warm switches)."""
+    tp4 = {"tensor_parallel": 4, "gpus": [0, 1, 2, 3], "sleep": "level1"}
+    catalog = make_catalog(
+        state_dir=str(tmp_path / "state"), dashboard={"socket": str(tmp_path / "d.sock")},
+        proxy={"enabled": True, "port": 8000},
+        hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
+                       "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
+        models={"alpha": {"repo": "org/alpha", "port": 8001, **tp4}, "beta": {"repo": "org/beta", "port": 8002, **tp4}})
+    clock = FakeClock()
+    host = FakeHost(name="box", clock=clock)
+    ports = host.ports(catalog.hosts["box"], FakeWeights())
+    ports.proxy = FakeProxy()
+    ops = Operations(catalog, lambda name: ports, store=FakeStateStore(), residency=FakeResidencyStore())
+    return Agent(catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=clock), ops, host
+
+
+def test_the_box_page_shows_an_asleep_model_its_host_ram_and_its_gpu_residue(tmp_path: Path) -> None:
+    """alpha then beta: alpha sleeps; the models table says asleep (level 1) with the RAM it holds, the
+    host line the RAM held against the budget, and alpha's engine on the GPUs is named, as a residue."""
+    agent, ops, box = warm_agent(tmp_path)
+    ops.switch("alpha")
+    serving = ops.serving("box")
+    assert serving is not None
+    box.sizes[serving.spec.model_dir] = 20 * 2**30  # what alpha's weights hold in host RAM asleep
+    ops.switch("beta")
+    server = start(agent)
+    assert server is not None
+    try:
+        run = Running(None, agent, server, str(tmp_path / "d.sock"))  # type: ignore[arg-type]
+        body = run.get("/")[2]
+        host = json.loads(run.get("/api/box")[2])["hosts"][0]
+    finally:
+        server.close()
+    models = {m["model"]: m for m in host["models"]}
+    assert (models["alpha"]["state"], models["alpha"]["residency"]) == ("asleep", "asleep (level 1)")
+    assert (models["beta"]["state"], models["beta"]["residency"]) == ("serving", "awake")
+    assert models["alpha"]["ram_gib"] == 20.0 and models["beta"]["ram_gib"] == 0
+    assert host["sleep"]["held_gib"] == models["alpha"]["ram_gib"] and host["sleep"]["budget_gib"] == 100
+    assert host["sleep"]["sleepers"] == ["alpha"]
+    procs = {p["model"]: p for p in host["gpus"]["rows"][0]["processes"]}
+    assert set(procs) == {"alpha", "beta"} and procs["alpha"]["asleep"] and not procs["beta"]["asleep"]
+    assert 'data-model="alpha" data-state="asleep"' in body and "20.0 of 100.0 GiB" in body
+    assert "asleep: residue" in body
+
+
+def test_progress_the_page_does_not_show_does_not_re_read_the_box(tmp_path: Path) -> None:
+    """stage_progress (many a second while staging) bumps no version, so no page re-reads status and the
+    GPUs for it; a phase event does."""
+    from orchestrator.agent.server import Job
+
+    world = OpsWorld(tmp_path / "state", dashboard={"socket": str(tmp_path / "d.sock")})
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
+                  clock=world.clock)
+    live = Live(agent, 60.0, lambda host: [])
+    job = Job("box", "switch", {"model": "alpha"})
+    live._observe("started", job)
+    seen = live.version
+    for _ in range(50):
+        job.publish({"event": "stage_progress", "fields": {"bytes": 1}})
+    job.publish({"event": "phase", "fields": {"phase": "stopping", "revision": 1, "model": "alpha"}})
+    assert live.wait(seen, timeout=30) == seen + 1
+    assert [e["event"] for e in live.events["box"]] == ["phase"]
+    job.publish(Job.END)

@@ -1,4 +1,4 @@
-// Live updates for the box page (SSE) and charts (uPlot). The tables are complete without this file.
+// Live updates for the box and fleet pages (SSE) and charts (uPlot). The tables are complete without this file.
 "use strict";
 (function () {
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
@@ -18,6 +18,7 @@
   }
 
   function drawCharts(charts) {
+    charts = charts || {};
     document.querySelectorAll('.chart[data-chart="downtime"]').forEach(el => {
       const c = charts[el.dataset.host];
       draw(el, c && c.downtime, { axes: [{}, { label: "downtime (s)" }] });
@@ -33,7 +34,7 @@
     });
   }
 
-  const box = document.getElementById("box");
+  const box = document.querySelector("main[data-live]");  // the box page, or a controller's fleet page
   if (box) {
     drawCharts(JSON.parse(box.dataset.charts));
     const source = new EventSource(box.dataset.live);

@@ -1,0 +1,133 @@
+"""The fleet page of a controller's agent in headless chromium, during a rollout over 4 test hosts, each
+in its own network namespace with its own agent (the pause hook in its engine) and the stand-in engine.
+
+The controller's agent runs on this machine (tests/test_rollout_hosts.py's Controller: its own SSH key
+reaches the boxes); `orchestrator dashboard` forwards its dashboard socket, as an operator opens it.
+Batch 1's boxes are held in `starting` so the page is seen mid-batch: the canary switched, batch 1
+switching with its phase, batch 2 pending; then every batch done and every box serving beta, with no
+reload. A screenshot of the page mid-rollout is written to docs/dashboard/fleet-rollout.png."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.browser import chromium
+from tests.builders.agent import HOOKS, PY, STATE
+from tests.builders.switch import config_text
+from tests.hosts.pool import HostSet, boot_hosts
+from tests.test_agent_hosts import install_agent
+from tests.test_rollout_hosts import Controller, box_cli, box_models
+
+pytestmark = pytest.mark.hosts
+
+SHOTS = Path(__file__).resolve().parents[1] / "docs" / "dashboard"
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[HostSet]:
+    with boot_hosts(4, netns=True) as hostset:
+        yield hostset
+
+
+@pytest.fixture
+def controller(fleet: HostSet, tmp_path: Path) -> Iterator[Controller]:
+    """Every box's own agent (with the pause hook) serving alpha; the controller's agent started here."""
+    for h in fleet.hosts:
+        install_agent(h, config_text(h, Path(STATE), box_models(), transport="local"), tmp_path)
+    for h in fleet.hosts:
+        assert box_cli(h, "switch", "alpha").returncode == 0
+    ctl = Controller(fleet, tmp_path)
+    ctl.start()
+    try:
+        yield ctl
+    finally:
+        for h in fleet.hosts:
+            h.run(f"rm -f {HOOKS}/pause-at", check=False)
+        ctl.release()
+        ctl.stop()
+        for h in fleet.hosts:
+            h.run("systemctl stop orchestrator-agent.service", check=False)
+            h.reset()
+
+
+@pytest.fixture
+def forwarded(controller: Controller) -> Iterator[str]:
+    """`orchestrator dashboard --no-open` here, reaching the controller's agent by its socket; its URL."""
+    proc = subprocess.Popen([PY, "-m", "orchestrator", "dashboard", "--no-open", "--config", str(controller.client_cfg)],
+                            env={**os.environ, "ORCHESTRATOR_SOCKET": controller.socket},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    try:
+        assert url.startswith("http://127.0.0.1:"), url + (proc.stderr.read() if proc.stderr else "")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def host_state(driver: Any, host: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, f'table.rollout tr[data-host="{host}"]').get_attribute("data-state"))
+
+
+def batch_state(driver: Any, index: int) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, f'table.rollout tbody[data-batch="{index}"]').get_attribute(
+        "data-state"))
+
+
+def serving(driver: Any) -> dict[str, str]:
+    return {str(r.get_attribute("data-host")): r.find_element(By.CSS_SELECTOR, "td.serving").text
+            for r in driver.find_elements(By.CSS_SELECTOR, 'table.boxes tr[data-reachable="true"]')}
+
+
+def test_the_fleet_page_follows_a_rollout_batch_by_batch(fleet: HostSet, controller: Controller,
+                                                         forwarded: str, tmp_path: Path) -> None:
+    """The controller's dashboard opens on the fleet page; the rollout's batches and each box's state
+    update live as the rollout goes; the tables are there with JavaScript off too."""
+    driver = chromium(tmp_path / "profile")
+    try:
+        driver.get(forwarded)
+        wait = WebDriverWait(driver, 120)
+        wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
+        assert driver.current_url.endswith("/fleet")
+        driver.execute_script("window.loadedOnce = true")
+        assert serving(driver) == dict.fromkeys(("h1", "h2", "h3", "h4"), "alpha")
+
+        for h in fleet.hosts[1:3]:  # batch 1 (h2, h3) held before its engine starts
+            h.write_file(f"{HOOKS}/pause-at", "starting")
+        rollout = controller.popen("rollout", "beta")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, 'table.rollout tr[data-host="h2"][data-state="switching"]')
+                   and "switching (starting)" in d.find_element(
+                       By.CSS_SELECTOR, 'table.rollout tr[data-host="h2"] td.state').text)
+        assert (host_state(driver, "h1"), batch_state(driver, 0)) == ("switched", "done")
+        assert batch_state(driver, 1) == "switching" and batch_state(driver, 2) == "pending"
+        assert "running: batch 1 switching" in driver.find_element(By.CSS_SELECTOR, "p.rollout .label").text
+        wait.until(lambda d: serving(d).get("h1") == "beta")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / "fleet-rollout.png"))
+
+        for h in fleet.hosts[1:3]:
+            h.run(f"rm -f {HOOKS}/pause-at")
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "p.rollout").get_attribute("data-status") == "succeeded")
+        assert [batch_state(driver, i) for i in range(3)] == ["done", "done", "done"]
+        wait.until(lambda d: serving(d) == dict.fromkeys(("h1", "h2", "h3", "h4"), "beta"))
+        assert driver.execute_script("return window.loadedOnce") is True
+        assert rollout.wait(timeout=120) == 0
+    finally:
+        driver.quit()
+
+    static = chromium(tmp_path / "profile-nojs", javascript=False)
+    try:
+        static.get(forwarded)
+        assert static.find_element(By.CSS_SELECTOR, "p.rollout").get_attribute("data-status") == "succeeded"
+        assert serving(static) == dict.fromkeys(("h1", "h2", "h3", "h4"), "beta")
+    finally:
+        static.quit()
