@@ -259,7 +259,8 @@ def _where(config: str | None, host: str | None) -> str:
         return str(remote_spec())
     from orchestrator import settings
 
-    names = sorted(settings.load(config).hosts)
+    peeked = settings.peek(config)  # only names for a message: the rows came from whoever answered
+    names = list(peeked.hosts) if peeked is not None and peeked.hosts else sorted(settings.load(config).hosts)
     return f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(names)}"
 
 

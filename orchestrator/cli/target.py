@@ -8,6 +8,7 @@ import click
 from click.core import ParameterSource
 
 from orchestrator.contract.ops import CONFIG_SHOW
+from orchestrator.contract.wire import socket_path
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: a query through an agent never loads the in-process stack
@@ -33,8 +34,15 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     spec = remote_spec()
     if spec is None:
         from orchestrator import settings
-        from orchestrator.client.backends import backend_for
+        from orchestrator.client.backends import agent_at, backend_for
 
+        # The agent's socket from deploy.toml read as TOML only: the agent checks the request against
+        # its own catalog, so a query through it validates nothing here. In-process, the catalog is
+        # loaded (and a bad file refused, exit 2) as before.
+        peeked = None if local else settings.peek(config)
+        client = None if peeked is None else agent_at(socket_path(peeked.state_dir))
+        if client is not None:
+            return client
         return backend_for(settings.load(config), local=local, ignore_agent=ignore_agent)
     if local:
         raise UsageError(f"--local runs in this process; it cannot be combined with --host {spec}")

@@ -16,31 +16,29 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from pydantic import ValidationError
-
-from orchestrator.contract.args import (
-    Args,
-    ConfigPushArgs,
-    HistoryArgs,
-    HostArgs,
-    ModelArgs,
-    ModelsArgs,
-    NoArgs,
-    RollbackArgs,
-    RolloutAbortArgs,
-    RolloutIdArgs,
-    RolloutStartArgs,
-    StageArgs,
-    SwitchArgs,
-)
 from orchestrator.errors import AgentError, UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the argument models load with the first parse: a client never needs pydantic
+    from orchestrator.contract.args import (
+        Args,
+        ConfigPushArgs,
+        HistoryArgs,
+        HostArgs,
+        ModelArgs,
+        ModelsArgs,
+        NoArgs,
+        RollbackArgs,
+        RolloutAbortArgs,
+        RolloutIdArgs,
+        RolloutStartArgs,
+        StageArgs,
+        SwitchArgs,
+    )
     from orchestrator.core.catalog import Catalog
     from orchestrator.deploy.operations import Operations
     from orchestrator.ports import ProgressCallback
 
-A = TypeVar("A", bound=Args)
+A = TypeVar("A", bound="Args")
 R = TypeVar("R")
 
 
@@ -101,7 +99,7 @@ class RolloutController(Protocol):
 @dataclass(frozen=True)
 class Operation(Generic[A, R]):
     name: str
-    args: type[A]
+    args: str  # the name of its argument model in contract/args.py (imported with the first parse)
     result: type[R]  # what the answer is (dict or list), checked where a client reads it
     command: str | None  # the CLI command that runs it (None: asked by the client itself)
     run: Callable[[Operations, A, Caller], R] | None = None  # in-process; None: agent-only
@@ -121,8 +119,10 @@ class Operation(Generic[A, R]):
             raw = {}
         if not isinstance(raw, dict):
             raise UsageError(f"{self.name}: args must be a JSON object, got {_short(raw)}")
+        from pydantic import ValidationError
+
         try:
-            args = self.args.model_validate(raw)
+            args = self.arg_model.model_validate(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "args"
@@ -130,6 +130,13 @@ class Operation(Generic[A, R]):
                              ) from None
         args.check(catalog)
         return args
+
+    @property
+    def arg_model(self) -> type[A]:
+        from orchestrator.contract import args
+
+        model: type[A] = getattr(args, self.args)
+        return model
 
     def locks(self, ops: Operations, args: A) -> list[str]:
         """The boxes an in-process run holds (agentless: each one's own lock)."""
@@ -183,66 +190,66 @@ def _every_host_or(ops: Operations, a: HostArgs) -> list[str]:
 
 
 SWITCH: Operation[SwitchArgs, dict[str, Any]] = Operation(
-    "switch", SwitchArgs, dict, "switch",
+    "switch", "SwitchArgs", dict, "switch",
     run=lambda ops, a, c: ops.switch(a.model, trigger=c.trigger, no_rollback=a.no_rollback, force=a.force,
                                      progress=c.progress),
     job=lambda ops, a: ops.host_of(a.model))
 ROLLBACK: Operation[RollbackArgs, dict[str, Any]] = Operation(
-    "rollback", RollbackArgs, dict, "rollback",
+    "rollback", "RollbackArgs", dict, "rollback",
     run=lambda ops, a, c: ops.rollback(a.host, a.to_revision, trigger=_rollback_trigger(c), progress=c.progress),
     job=lambda ops, a: ops.resolve_host(a.host))
 RECOVER: Operation[HostArgs, dict[str, Any]] = Operation(
-    "recover", HostArgs, dict, "recover",
+    "recover", "HostArgs", dict, "recover",
     run=lambda ops, a, c: {"recovered": ops.recover(a.host, progress=c.progress)},
     job=lambda ops, a: ops.resolve_host(a.host), boxes=_every_host_or)
 STOP: Operation[ModelArgs, dict[str, Any]] = Operation(
-    "stop", ModelArgs, dict, "stop",
+    "stop", "ModelArgs", dict, "stop",
     run=lambda ops, a, c: ops.stop(a.model, progress=c.progress),
     job=lambda ops, a: ops.host_of(a.model))
 STAGE: Operation[StageArgs, dict[str, Any]] = Operation(
-    "stage", StageArgs, dict, "stage",
+    "stage", "StageArgs", dict, "stage",
     run=lambda ops, a, c: ops.stage(a.model, peer=a.peer, progress=c.progress),
     job=lambda ops, a: ops.host_of(a.model))
 STATUS: Operation[HostArgs, dict[str, Any]] = Operation(
-    "status", HostArgs, dict, "status", run=_status,
+    "status", "HostArgs", dict, "status", run=_status,
     agent=lambda ag, a, c: {**_status(ag.ops, a, c), "agent": ag.info()})
 # What a CLI asks before it sends one switch per model (core/proxy.check_together), and what `switch
 # --dry-run` prints: both read the catalog and records of whoever answers (with --host: the box's).
 CHECK_TOGETHER: Operation[ModelsArgs, dict[str, Any]] = Operation(
-    "check_together", ModelsArgs, dict, "switch", run=_check_together)
+    "check_together", "ModelsArgs", dict, "switch", run=_check_together)
 EXPLAIN: Operation[ModelArgs, dict[str, Any]] = Operation(
-    "explain", ModelArgs, dict, "switch --dry-run", run=lambda ops, a, c: ops.explain(a.model))
+    "explain", "ModelArgs", dict, "switch --dry-run", run=lambda ops, a, c: ops.explain(a.model))
 HISTORY: Operation[HistoryArgs, list[Any]] = Operation(
-    "history", HistoryArgs, list, "history", run=lambda ops, a, c: ops.history(a.host, a.limit),
+    "history", "HistoryArgs", list, "history", run=lambda ops, a, c: ops.history(a.host, a.limit),
     agent=lambda ag, a, c: ag.annotate(ag.ops.history(a.host, a.limit)))
 SCHEDULES: Operation[NoArgs, list[Any]] = Operation(
-    "schedules", NoArgs, list, "schedules", run=lambda ops, a, c: ops.schedules(time.time(), c.next_runs))
+    "schedules", "NoArgs", list, "schedules", run=lambda ops, a, c: ops.schedules(time.time(), c.next_runs))
 # Is an agent there (the client's own question); its pid.
 PING: Operation[NoArgs, dict[str, Any]] = Operation(
-    "ping", NoArgs, dict, None, run=lambda ops, a, c: {"pid": os.getpid()})
+    "ping", "NoArgs", dict, None, run=lambda ops, a, c: {"pid": os.getpid()})
 # The progress of running jobs: an agent streams it; in-process nothing runs in the background.
 FOLLOW: Operation[HostArgs, dict[str, Any]] = Operation(
-    "follow", HostArgs, dict, "status --follow", run=lambda ops, a, c: {"followed": []},
+    "follow", "HostArgs", dict, "status --follow", run=lambda ops, a, c: {"followed": []},
     stream=lambda ag, a: ag.follow(a.host))
 # Answered by the agent from the file it was started with; nothing in-process.
 CONFIG_SHOW: Operation[NoArgs, dict[str, Any]] = Operation(
-    "config_show", NoArgs, dict, "config show", agent=lambda ag, a, c: ag.config_show())
+    "config_show", "NoArgs", dict, "config show", agent=lambda ag, a, c: ag.config_show())
 CONFIG_PUSH: Operation[ConfigPushArgs, dict[str, Any]] = Operation(
-    "config_push", ConfigPushArgs, dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
+    "config_push", "ConfigPushArgs", dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
     who=Who.MEMBERS_ROOT_FOR_PRIVILEGED)
 # A fleet's rollouts, run by the controller's agent (agent/controller.py), whoever asks: start returns
 # once the rollout is recorded (preflight refusals come back here), follow streams it to its end.
 ROLLOUT_START: Operation[RolloutStartArgs, dict[str, Any]] = Operation(
-    "rollout_start", RolloutStartArgs, dict, "rollout", agent=lambda ag, a, c: ag.controller.start(a, c.trigger))
+    "rollout_start", "RolloutStartArgs", dict, "rollout", agent=lambda ag, a, c: ag.controller.start(a, c.trigger))
 ROLLOUT_FOLLOW: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_follow", RolloutIdArgs, dict, "rollout status --follow",
+    "rollout_follow", "RolloutIdArgs", dict, "rollout status --follow",
     stream=lambda ag, a: ag.controller.follow(a.id))
 ROLLOUT_STATUS: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_status", RolloutIdArgs, dict, "rollout status", agent=lambda ag, a, c: ag.controller.summary(a.id))
+    "rollout_status", "RolloutIdArgs", dict, "rollout status", agent=lambda ag, a, c: ag.controller.summary(a.id))
 ROLLOUT_RESUME: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_resume", RolloutIdArgs, dict, "rollout resume", agent=lambda ag, a, c: ag.controller.resume(a.id))
+    "rollout_resume", "RolloutIdArgs", dict, "rollout resume", agent=lambda ag, a, c: ag.controller.resume(a.id))
 ROLLOUT_ABORT: Operation[RolloutAbortArgs, dict[str, Any]] = Operation(
-    "rollout_abort", RolloutAbortArgs, dict, "rollout abort",
+    "rollout_abort", "RolloutAbortArgs", dict, "rollout abort",
     agent=lambda ag, a, c: ag.controller.abort(a.id, a.rollback_all))
 
 # Every entry above, in the order declared: a new one needs no second listing.

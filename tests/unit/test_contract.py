@@ -73,6 +73,14 @@ def test_every_declared_entry_is_in_the_table_under_a_name_of_its_own() -> None:
     assert all(OPERATIONS[op.name] is op for op in declared)
 
 
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_every_operation_names_an_argument_model_of_contract_args(name: str) -> None:
+    """The model an entry names (loaded with the first parse) is an Args of contract/args.py."""
+    from orchestrator.contract.args import Args
+
+    assert issubclass(OPERATIONS[name].arg_model, Args)
+
+
 def test_samples_cover_every_declared_operation() -> None:
     """The samples below name every operation of the table, and nothing else."""
     assert sorted(SAMPLE_ARGS) == sorted(OPERATIONS)
