@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from orchestrator.errors import AgentError, UsageError
+from orchestrator.errors import AgentError, Refused, UsageError
 
 if TYPE_CHECKING:  # the argument models load with the first parse: a client never needs pydantic
     from orchestrator.contract.args import (
@@ -43,11 +43,15 @@ R = TypeVar("R")
 
 
 class Who(Enum):
-    """Who may run an operation (the agent lets only these connect: agent/server.authorized)."""
+    """Who may run an operation. The socket lets in root, the agent's user and the socket group's members
+    (agent/server.authorized) before it reads a byte; then each request is held to its entry's ``who``
+    (``Operation.admit``) from the peer's uid: root may run everything."""
 
     MEMBERS = "root and the members of the socket group"
+    # A member may, except for what the entry's ``privileged`` finds in the request (core/privilege.py).
     MEMBERS_ROOT_FOR_PRIVILEGED = ("root and the members of the socket group; a change that decides what "
                                    "runs as root needs root (core/privilege.py)")
+    ROOT = "root only"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class AgentSide(Protocol):
     def config_show(self) -> dict[str, Any]: ...
 
     def config_push(self, text: str, name: str | None, caller: Caller) -> dict[str, Any]: ...
+
+    def root_only_changes(self, text: str, name: str | None) -> list[str]: ...
 
     def follow(self, host: str | None) -> Iterator[dict[str, Any]]: ...
 
@@ -108,6 +114,8 @@ class Operation(Generic[A, R]):
     job: Callable[[Operations, A], str] | None = None  # the host this job holds while it runs
     boxes: Callable[[Operations, A], list[str]] | None = None  # locked in-process (default: the job's host)
     who: Who = Who.MEMBERS
+    # Who.MEMBERS_ROOT_FOR_PRIVILEGED: what of this request only root may do (empty: a member may run it)
+    privileged: Callable[[AgentSide, A], list[str]] | None = None
 
     @property
     def agent_only(self) -> bool:
@@ -137,6 +145,20 @@ class Operation(Generic[A, R]):
 
         model: type[A] = getattr(args, self.args)
         return model
+
+    def admit(self, agent: AgentSide, args: A, caller: Caller) -> None:
+        """Refuse (exit 5) a caller the entry's ``who`` does not let run this request, before it runs."""
+        if caller.uid == 0 or self.who is Who.MEMBERS:
+            return
+        if self.who is Who.ROOT:
+            raise Refused(f"{self.name} by {caller.trigger}: only root may run it")
+        changes = [] if self.privileged is None else self.privileged(agent, args)
+        if changes:
+            raise Refused(f"{self.name} by {caller.trigger}: only root may change {', '.join(changes[:6])}"
+                          + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
+                          + ": these decide what the agent runs or writes as root and as whom the engines run "
+                            "(do it as root, or edit the agent's deploy.toml on the box as root); nothing was "
+                            "changed")
 
     def locks(self, ops: Operations, args: A) -> list[str]:
         """The boxes an in-process run holds (agentless: each one's own lock)."""
@@ -236,7 +258,7 @@ CONFIG_SHOW: Operation[NoArgs, dict[str, Any]] = Operation(
     "config_show", "NoArgs", dict, "config show", agent=lambda ag, a, c: ag.config_show())
 CONFIG_PUSH: Operation[ConfigPushArgs, dict[str, Any]] = Operation(
     "config_push", "ConfigPushArgs", dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
-    who=Who.MEMBERS_ROOT_FOR_PRIVILEGED)
+    who=Who.MEMBERS_ROOT_FOR_PRIVILEGED, privileged=lambda ag, a: ag.root_only_changes(a.text, a.name))
 # A fleet's rollouts, run by the controller's agent (agent/controller.py), whoever asks: start returns
 # once the rollout is recorded (preflight refusals come back here), follow streams it to its end.
 ROLLOUT_START: Operation[RolloutStartArgs, dict[str, Any]] = Operation(

@@ -140,6 +140,29 @@ def test_every_operation_answers_in_an_agent(tmp_path: Path) -> None:
     agent.jobs.join(timeout=30)
 
 
+@pytest.mark.parametrize(("uid", "runs"), [(1000, False), (None, False), (0, True)])
+def test_the_agent_holds_each_request_to_its_entrys_who(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        uid: int | None, runs: bool) -> None:
+    """An entry declared root-only is refused (exit 5, naming it and the caller) to a member or an unknown
+    peer before it runs, whatever its own code does; root runs it."""
+    from orchestrator.contract.ops import Operation, Who
+    from orchestrator.errors import Refused
+
+    ran: list[str] = []
+    probe: Operation[Any, dict[str, Any]] = Operation(
+        "probe", "NoArgs", dict, None, run=lambda ops, a, c: ran.append("probe") or {}, who=Who.ROOT)
+    monkeypatch.setitem(OPERATIONS, "probe", probe)
+    world = OpsWorld(tmp_path)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
+                  clock=world.clock)
+    if runs:
+        assert list(agent.dispatch("probe", {}, "root@socket", uid=uid)) == [{"result": {}}]
+    else:
+        with pytest.raises(Refused, match=r"probe by tester@socket: only root may run it"):
+            list(agent.dispatch("probe", {}, "tester@socket", uid=uid))
+    assert ran == (["probe"] if runs else [])
+
+
 def test_the_agent_refuses_an_undeclared_operation_with_the_usage_exit_code(tmp_path: Path) -> None:
     """An operation not in the table: UsageError (exit 2) listing the declared ones, as the wire carries it."""
     world = OpsWorld(tmp_path)
