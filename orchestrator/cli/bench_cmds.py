@@ -12,7 +12,15 @@ from rich.live import Live
 
 from orchestrator import settings
 from orchestrator.adapters.smoke import bench_record
-from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
+from orchestrator.cli.options import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    config_option,
+    int_in,
+    json_option,
+    number_in,
+    printed,
+)
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import local_only
 from orchestrator.core.tune import parse_concurrency
@@ -94,11 +102,7 @@ def compare(config: str | None, host: str | None, as_json: bool) -> None:
     rows: list[dict[str, Any]] = [{"model": d.model, "revision": d.revision, "unit_sha256": d.spec.unit_sha,
              "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in (d.bench or {})["levels"]}}
             for d in ops.benchmarks(name)]
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo(f"no benchmarks recorded yet on host {name}")
+    if printed(rows, as_json, empty=lambda: f"no benchmarks recorded yet on host {name}"):
         return
     levels = sorted({int(c) for r in rows for c in r["tok_s"]})
     print_table(stdout_console(), ["model", "rev", *[f"C={c} tok/s" for c in levels]],

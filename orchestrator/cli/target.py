@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
-from orchestrator.contract.ops import CONFIG_SHOW
+from orchestrator.contract.ops import CONFIG_SHOW, Operation
 from orchestrator.contract.wire import socket_path
 from orchestrator.errors import UsageError
 
@@ -55,6 +56,16 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     client = RemoteAgentClient(resolve(spec, remote_source()))
     click.get_current_context().call_on_close(client.close)
     return client
+
+
+def run_model_job(op: Operation[Any, dict[str, Any]], model: str, config: str | None, local: bool, as_json: bool,
+                  text: Callable[[dict[str, Any]], str]) -> None:
+    """A job on MODEL's host through whichever backend (progress on stderr); its result as JSON or ``text``."""
+    from orchestrator.cli.options import printed
+    from orchestrator.cli.progress import with_progress
+
+    be = backend(config, local=local)
+    printed(with_progress(as_json, lambda p: be.call(op, {"model": model}, p)), as_json, text=text)
 
 
 def catalog(config: str | None) -> Catalog:
