@@ -156,7 +156,8 @@ class Agent:
         if self.stopping.is_set():
             raise AgentError("the agent is stopping; try again when it is back")
         assert spec.job is not None
-        host = spec.job(self.ops, args)
+        # one host per job: recover without --host on several hosts is refused, naming them
+        host = args.on if args.on is not None else self.catalog.only_host().name
         return self.jobs.submit(host, spec.name, args.model_dump(), lambda job: spec.in_process(
             self.ops, args, Caller(progress=self._publisher(job), trigger=trigger)))
 

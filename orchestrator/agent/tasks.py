@@ -53,7 +53,7 @@ class ScheduleTask:
 
     def fire(self, name: str, at: float) -> None:
         s = self.catalog.schedules[name]
-        host = s.host or (self.ops.host_of(s.model) if s.model else self.ops.resolve_host(None))
+        host = self.catalog.target(s.model, s.host).name
         detail: dict[str, Any] = {"schedule": name, "action": s.action, "model": s.model, "due": at}
         if not sched.in_window(s, self.clock.now()):
             self.ops.record_event(self.clock.now(), host, "schedule_skipped", {**detail, "reason": "outside window"})

@@ -33,7 +33,7 @@ from orchestrator.wiring import operations
 def _serving(ops: Operations, host: str | None) -> Any:
     serving = ops.serving(host)
     if serving is None:
-        raise UsageError(f"host {ops.resolve_host(host)} serves nothing recorded as active: switch to a model first")
+        raise UsageError(f"host {ops.catalog.target(host=host).name} serves nothing recorded as active: switch to a model first")
     return serving
 
 
@@ -98,7 +98,7 @@ def compare(config: str | None, host: str | None, as_json: bool) -> None:
     """Every model benchmarked on a host, side by side per concurrency level (latest run of each)."""
     local_only("compare")
     ops = operations(settings.load(config))
-    name = ops.resolve_host(host)
+    name = ops.catalog.target(host=host).name
     rows: list[dict[str, Any]] = [{"model": d.model, "revision": d.revision, "unit_sha256": d.spec.unit_sha,
              "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in (d.bench or {})["levels"]}}
             for d in ops.benchmarks(name)]

@@ -132,7 +132,7 @@ class LocalBackend(Backend):
     def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
         parsed = op.parse(self.catalog, args)
         # An operation that changes a box holds that box's own lock (agentless use over SSH).
-        with self._boxes(op.locks(self.ops, parsed)):
+        with self._boxes(op.locks(self.catalog, parsed)):
             return op.in_process(self.ops, parsed, Caller(progress=progress))
 
     @contextmanager

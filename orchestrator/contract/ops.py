@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the argument models load with the first parse: a client nev
         StageArgs,
         SwitchArgs,
     )
-    from orchestrator.core.catalog import Catalog
+    from orchestrator.core.catalog import Catalog, Host
     from orchestrator.deploy.operations import Operations
     from orchestrator.ports import ProgressCallback
 
@@ -111,8 +111,9 @@ class Operation(Generic[A, R]):
     run: Callable[[Operations, A, Caller], R] | None = None  # in-process; None: agent-only
     agent: Callable[[AgentSide, A, Caller], R] | None = None  # how an agent answers instead of ``run``
     stream: Callable[[AgentSide, A], Iterator[dict[str, Any]]] | None = None  # an agent's streamed answer
-    job: Callable[[Operations, A], str] | None = None  # the host this job holds while it runs
-    boxes: Callable[[Operations, A], list[str]] | None = None  # locked in-process (default: the job's host)
+    # The host this job holds, resolved in parse (args.on); None from it: every host (in-process only)
+    job: Callable[[Catalog, A], Host | None] | None = None
+    boxes: Callable[[Catalog, A], list[str]] | None = None  # locked in-process (default: the job's host)
     who: Who = Who.MEMBERS
     # Who.MEMBERS_ROOT_FOR_PRIVILEGED: what of this request only root may do (empty: a member may run it)
     privileged: Callable[[AgentSide, A], list[str]] | None = None
@@ -137,6 +138,8 @@ class Operation(Generic[A, R]):
             raise UsageError(f"{self.name}: argument {where}: {first['msg']} (got {_short(first.get('input'))})"
                              ) from None
         args.check(catalog)
+        host = None if self.job is None else self.job(catalog, args)
+        args._on = None if host is None else host.name
         return args
 
     @property
@@ -160,11 +163,11 @@ class Operation(Generic[A, R]):
                             "(do it as root, or edit the agent's deploy.toml on the box as root); nothing was "
                             "changed")
 
-    def locks(self, ops: Operations, args: A) -> list[str]:
+    def locks(self, catalog: Catalog, args: A) -> list[str]:
         """The boxes an in-process run holds (agentless: each one's own lock)."""
         if self.boxes is not None:
-            return self.boxes(ops, args)
-        return [] if self.job is None else [self.job(ops, args)]
+            return self.boxes(catalog, args)
+        return [] if args.on is None else [args.on]
 
     def in_process(self, ops: Operations, args: A, caller: Caller) -> R:
         if self.run is None:
@@ -206,32 +209,45 @@ def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]
     return {"host": check_together(ops.catalog, a.models)}
 
 
-def _every_host_or(ops: Operations, a: HostArgs) -> list[str]:
+def _every_host_or(catalog: Catalog, a: HostArgs) -> list[str]:
     # recover with no --host finishes what is unfinished on every host, so it holds every box
-    return [ops.resolve_host(a.host)] if a.host is not None else list(ops.catalog.hosts)
+    return [a.on] if a.on is not None else list(catalog.hosts)
+
+
+def _host_or_every(catalog: Catalog, a: HostArgs) -> Host | None:
+    # recover: with several hosts and no --host, every host (an agent asks which: Agent._start)
+    return catalog.target(host=a.host) if a.host is not None or len(catalog.hosts) == 1 else None
+
+
+def _model_host(catalog: Catalog, a: ModelArgs) -> Host:
+    return catalog.target(model=a.model)
+
+
+def _host(catalog: Catalog, a: HostArgs) -> Host:
+    return catalog.target(host=a.host)
 
 
 SWITCH: Operation[SwitchArgs, dict[str, Any]] = Operation(
     "switch", "SwitchArgs", dict, "switch",
     run=lambda ops, a, c: ops.switch(a.model, trigger=c.trigger, no_rollback=a.no_rollback, force=a.force,
                                      progress=c.progress),
-    job=lambda ops, a: ops.host_of(a.model))
+    job=_model_host)
 ROLLBACK: Operation[RollbackArgs, dict[str, Any]] = Operation(
     "rollback", "RollbackArgs", dict, "rollback",
     run=lambda ops, a, c: ops.rollback(a.host, a.to_revision, trigger=_rollback_trigger(c), progress=c.progress),
-    job=lambda ops, a: ops.resolve_host(a.host))
+    job=_host)
 RECOVER: Operation[HostArgs, dict[str, Any]] = Operation(
     "recover", "HostArgs", dict, "recover",
     run=lambda ops, a, c: {"recovered": ops.recover(a.host, progress=c.progress)},
-    job=lambda ops, a: ops.resolve_host(a.host), boxes=_every_host_or)
+    job=_host_or_every, boxes=_every_host_or)
 STOP: Operation[ModelArgs, dict[str, Any]] = Operation(
     "stop", "ModelArgs", dict, "stop",
     run=lambda ops, a, c: ops.stop(a.model, progress=c.progress),
-    job=lambda ops, a: ops.host_of(a.model))
+    job=_model_host)
 STAGE: Operation[StageArgs, dict[str, Any]] = Operation(
     "stage", "StageArgs", dict, "stage",
     run=lambda ops, a, c: ops.stage(a.model, peer=a.peer, progress=c.progress),
-    job=lambda ops, a: ops.host_of(a.model))
+    job=_model_host)
 STATUS: Operation[HostArgs, dict[str, Any]] = Operation(
     "status", "HostArgs", dict, "status", run=_status,
     agent=lambda ag, a, c: {**_status(ag.ops, a, c), "agent": ag.info()})

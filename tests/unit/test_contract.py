@@ -15,12 +15,10 @@ import pytest
 from orchestrator.agent.daemon import Agent
 from orchestrator.cli import main
 from orchestrator.client.backends import AgentClient, LocalBackend
-from orchestrator.contract.args import HostArgs
 from orchestrator.contract.ops import CONFIG_SHOW, OPERATIONS, RECOVER, STATUS, Caller
 from orchestrator.contract.wire import Event, ReplyReader, encode, error_reply
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
-from orchestrator.testing import FakeStateStore
 
 from .conftest import OpsWorld, make_catalog
 
@@ -187,14 +185,27 @@ def test_recover_without_a_host_holds_every_box_in_process(tmp_path: Path) -> No
         "a": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8},
         "b": {"transport": "ssh", "address": "127.0.0.10", "gpus": 8}},
         models={"alpha": {"repo": "org/alpha", "gpus": [0], "host": "a", "port": 8000}})
-    ops = Operations(catalog, OpsWorld(tmp_path / "box").ops.ports_for, store=FakeStateStore())
-    assert RECOVER.locks(ops, HostArgs()) == ["a", "b"]
-    assert RECOVER.locks(ops, HostArgs(host="b")) == ["b"]
+    assert RECOVER.locks(catalog, RECOVER.parse(catalog, {})) == ["a", "b"]
+    assert RECOVER.locks(catalog, RECOVER.parse(catalog, {"host": "b"})) == ["b"]
+
+
+def test_a_jobs_host_is_resolved_once_where_its_request_is_parsed(tmp_path: Path) -> None:
+    """The parsed arguments of a job carry its host (catalog.target): the model's, the named one, the
+    only one; a query's none. An unknown name is the catalog's one UsageError, at parse."""
+    from orchestrator.contract.ops import ROLLBACK, SWITCH
+
+    catalog = OpsWorld(tmp_path).catalog
+    assert SWITCH.parse(catalog, {"model": "alpha"}).on == "box"
+    assert ROLLBACK.parse(catalog, {}).on == ROLLBACK.parse(catalog, {"host": "box"}).on == "box"
+    assert STATUS.parse(catalog, {}).on is None
+    with pytest.raises(UsageError, match=r"unknown model 'nosuch' \(known: alpha"):
+        SWITCH.parse(catalog, {"model": "nosuch"})
 
 
 def test_a_query_takes_no_box_lock(tmp_path: Path) -> None:
     """status changes nothing: in-process it holds no box's lock."""
-    assert STATUS.locks(OpsWorld(tmp_path).ops, HostArgs()) == []
+    catalog = OpsWorld(tmp_path).catalog
+    assert STATUS.locks(catalog, STATUS.parse(catalog, {})) == []
 
 
 def test_the_reply_reader_reads_an_answer_split_anywhere() -> None:
