@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import logs
+from orchestrator import errors, logs
 from orchestrator.agent.loops import Failures
 from orchestrator.agent.metrics import Metrics
 from orchestrator.core import schedule as sched
@@ -66,12 +66,20 @@ class ScheduleTask:
                 job = self.submit("switch", {"model": serving.model, "force": True}, f"schedule:{name}")
             else:
                 job = self.submit(s.action, {"model": s.model}, f"schedule:{name}")
+        except errors.Busy as exc:
+            if s.on_busy == "skip":  # the one choice: a queued switch could fire hours late, outside its window
+                self._skipped(name, host, {**detail, "on_busy": s.on_busy}, exc)
+                return
+            raise
         except OrchestratorError as exc:
-            self.ops.record_event(self.clock.now(), host, "schedule_skipped", {**detail, "reason": str(exc)})
-            log.info("schedule_skipped", schedule=name, host=host, reason=str(exc))
+            self._skipped(name, host, detail, exc)
             return
         self.ops.record_event(self.clock.now(), host, "schedule_fired", detail)
         log.info("schedule_fired", schedule=name, host=host, op=job.op)
+
+    def _skipped(self, name: str, host: str, detail: dict[str, Any], exc: OrchestratorError) -> None:
+        self.ops.record_event(self.clock.now(), host, "schedule_skipped", {**detail, "reason": str(exc)})
+        log.info("schedule_skipped", schedule=name, host=host, reason=str(exc))
 
 
 class WatchTask:
