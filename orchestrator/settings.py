@@ -8,52 +8,58 @@ quoted back.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
 import time
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
-from pydantic_settings import (
-    BaseSettings,
-    EnvSettingsSource,
-    InitSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-)
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from orchestrator import userfiles
-from orchestrator.core import schedule
-from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document, toml_document
-from orchestrator.core.planner_arch import parse_model
 from orchestrator.core.secrets import redact_values, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
 
+if TYPE_CHECKING:  # pydantic and the catalog's models load with the first load(): peek() needs neither
+    from pydantic import ValidationError
+
+    from orchestrator.core.catalog import Catalog
+
 DEFAULT_CONFIG = "deploy.toml"
+DEFAULT_STATE_DIR = "/var/lib/orchestrator"  # the catalog's default (core/catalog.py)
 ENV_PREFIX = "ORCHESTRATOR_"
 _file_data: ContextVar[dict[str, Any]] = ContextVar("_file_data")
 
 
-class DeploySettings(Catalog, BaseSettings):
-    """The catalog, read from the TOML file first and overridden by the environment."""
+@functools.cache
+def _settings_class() -> type[Catalog]:
+    """The catalog, read from the TOML file first and overridden by the environment (built on first use)."""
+    from pydantic_settings import (
+        BaseSettings,
+        InitSettingsSource,
+        PydanticBaseSettingsSource,
+        SettingsConfigDict,
+    )
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
-                                      extra="forbid", frozen=True)
+    from orchestrator.core.catalog import Catalog
 
-    @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
-                                   init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource,
-                                   dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource,
-                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The file was read and parsed once by load(), for precise errors; the environment wins.
-        return (env_settings, InitSettingsSource(settings_cls, _file_data.get()))
+    class DeploySettings(Catalog, BaseSettings):
+        model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
+                                          extra="forbid", frozen=True)
+
+        @classmethod
+        def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                       init_settings: PydanticBaseSettingsSource,
+                                       env_settings: PydanticBaseSettingsSource,
+                                       dotenv_settings: PydanticBaseSettingsSource,
+                                       file_secret_settings: PydanticBaseSettingsSource,
+                                       ) -> tuple[PydanticBaseSettingsSource, ...]:
+            # The file was read and parsed once by load(), for precise errors; the environment wins.
+            return (env_settings, InitSettingsSource(settings_cls, _file_data.get()))
+
+    return DeploySettings
 
 
 def config_path(explicit: str | None = None) -> Path:
@@ -61,17 +67,47 @@ def config_path(explicit: str | None = None) -> Path:
     return Path(explicit or os.environ.get("ORCHESTRATOR_CONFIG") or DEFAULT_CONFIG)
 
 
+class Peek(NamedTuple):
+    """What a query through the agent needs of deploy.toml, read without validating the catalog."""
+
+    state_dir: str
+    hosts: tuple[str, ...]
+
+
+def peek(path: str | Path | None = None) -> Peek | None:
+    """deploy.toml's ``state_dir`` (``$ORCHESTRATOR_STATE_DIR`` wins) and host names, read as TOML
+    only: None when the file or the environment cannot say plainly (missing, not TOML, a value of the
+    wrong kind, hosts from the environment), so the caller loads the catalog and gets its exit-2 error."""
+    try:
+        data = _read_toml(config_path(str(path) if path else None))
+    except ConfigError:
+        return None
+    env = {k.upper(): v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}
+    state_dir = env.get(f"{ENV_PREFIX}STATE_DIR", data.get("state_dir", DEFAULT_STATE_DIR))
+    hosts = data.get("hosts", {})
+    if not isinstance(state_dir, str) or not state_dir.startswith("/") or not isinstance(hosts, dict) \
+            or any(k.startswith(f"{ENV_PREFIX}HOSTS") for k in env):
+        return None
+    return Peek(state_dir, tuple(sorted(hosts)))
+
+
 def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
     """Read and validate the catalog; raise ConfigError on anything wrong.
 
     ``box_files`` False: the file is another box's (``--host``): a model's ``config`` path names a file
     there and is kept as written, unread (``shipped:`` ones are read: the package is the same)."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from orchestrator.core import schedule
+
     file = config_path(str(path) if path else None)
     data = _read_toml(file)
     _check_environment()
     token = _file_data.set(data)
     try:
-        cat = _with_model_configs(DeploySettings(), file, box_files=box_files)
+        # A BaseSettings takes its fields from the sources (the file, the environment), not arguments.
+        cat = _with_model_configs(_settings_class()(), file, box_files=box_files)  # type: ignore[call-arg]
         schedule.first_runs(cat.schedules, time.time())  # a cron whose every fire time has passed
         return cat
     except ValidationError as exc:
@@ -96,6 +132,8 @@ def _read_toml(file: Path) -> dict[str, Any]:
 
 def _overrides() -> dict[str, str]:
     """ORCHESTRATOR_* variables that address a setting, by their dotted key path (lower case)."""
+    from orchestrator.core.catalog import Catalog
+
     fields = set(Catalog.model_fields)
     out: dict[str, str] = {}
     for var in os.environ:
@@ -107,6 +145,8 @@ def _overrides() -> dict[str, str]:
 
 
 def _check_environment() -> None:
+    from pydantic_settings import EnvSettingsSource, SettingsError
+
     for var in _overrides().values():
         # pydantic-settings json.loads a table or list given in a variable: bound it the same way as
         # the file (nesting, huge numbers, duplicate keys); what is not JSON at all is left to it.
@@ -118,7 +158,7 @@ def _check_environment() -> None:
                 if not exc.syntax:
                     raise ConfigError(f"environment variable {var}: {exc.reason}") from None
     try:
-        EnvSettingsSource(DeploySettings)()
+        EnvSettingsSource(_settings_class())()  # type: ignore[arg-type]
     except SettingsError as exc:
         raise _env_error(str(exc)) from None
 
@@ -175,6 +215,8 @@ def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> 
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: not a valid config.json (a JSON {type(data).__name__}, not an object)",
                               file=str(file), key=key)
+        from orchestrator.core.planner_arch import parse_model
+
         layers = parse_model(data).num_layers
         if layers and model.pipeline_parallel > layers:
             raise ConfigError(f"pipeline_parallel {model.pipeline_parallel} is larger than the model's "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Literal
 
-from orchestrator.adapters.unit_files import DEFAULT_UNIT_DIR
 from orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -21,16 +20,19 @@ if TYPE_CHECKING:
 
 def connect(transport: Literal["local", "ssh"], address: str = "localhost", *, port: int = 22,
             user: str = "root", key_filename: str | None = None, known_hosts: str | None = None,
-            unit_dir: str = DEFAULT_UNIT_DIR, host: str | None = None,
+            unit_dir: str | None = None, host: str | None = None,
             connect_timeout: float = 10.0) -> tuple[Shell, Systemd]:
     """The (Shell, Systemd) pair of one host.
 
     transport "ssh": one persistent SSH connection (opened now, so a bad address, key or host
     key fails here with TransportError), host keys checked against ``known_hosts`` (default
     ~/.ssh/known_hosts) and never added. transport "local": this machine, systemd over D-Bus.
-    ``host`` is the name used in messages (default: the address).
+    ``host`` is the name used in messages (default: the address); ``unit_dir``: /etc/systemd/system.
     """
-    name = host or address
+    # Imported here, not at the top: the package's modules (ssh_session for a remote CLI) load alone.
+    from orchestrator.adapters.unit_files import DEFAULT_UNIT_DIR
+
+    name, unit_dir = host or address, unit_dir or DEFAULT_UNIT_DIR
     if transport == "local":
         from orchestrator.adapters.local_shell import LocalShell
 

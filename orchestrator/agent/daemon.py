@@ -27,7 +27,7 @@ from orchestrator.core.catalog import Catalog
 from orchestrator.core.privilege import root_only_changes
 from orchestrator.core.watch import stall_limit
 from orchestrator.deploy.operations import Operations
-from orchestrator.errors import AgentError, Busy, Refused, UsageError
+from orchestrator.errors import AgentError, Busy, UsageError
 from orchestrator.ports import Clock
 
 log = logs.get_logger()
@@ -78,6 +78,7 @@ class Agent:
                         if config_path else None)
         self.config_revision = self.configs.record_if_new("agent start") if self.configs else None
         self.ops_factory = ops_factory
+        self._last_validated: tuple[tuple[str, str, int], Loadout] | None = None  # see _validated
         self.dashboard_socket: str | None = None  # where the dashboard serves, once started (status says)
         # rollouts this agent runs as its fleet's controller (agent/controller.py); test entry points
         # may replace it before run()
@@ -177,6 +178,7 @@ class Agent:
         what the client says; ``uid`` is the peer's (None: unknown, so never root)."""
         spec = lookup(op)
         args = spec.parse(self.catalog, raw_args)
+        spec.admit(self, args, Caller(trigger=caller, uid=uid))
         if spec.job is not None:
             yield from self._stream(self._start(spec, args, caller))
         elif spec.stream is not None:
@@ -194,7 +196,8 @@ class Agent:
         if self.stopping.is_set():
             raise AgentError("the agent is stopping; try again when it is back")
         assert spec.job is not None
-        host = spec.job(self.ops, args)
+        # one host per job: recover without --host on several hosts is refused, naming them
+        host = args.on if args.on is not None else self.catalog.only_host().name
         # Operators first: an on-demand swap running on the host is waited for (no new one starts meanwhile).
         self.broker.yield_to(host, f"{spec.name} by {trigger}", timeout_s=self._yield_s(host))
         try:
@@ -261,22 +264,31 @@ class Agent:
         return self._configs().show()
 
     def config_push(self, text: str, name: str | None, caller: Caller) -> dict[str, Any]:
-        return self._push(self._configs(), text, name or "pushed file", caller.trigger or "unknown", caller.uid)
+        return self._push(self._configs(), text, name or "pushed file", caller.trigger or "unknown")
 
-    def _push(self, configs: ConfigRevisions, text: str, name: str, operator: str,
-              uid: int | None) -> dict[str, Any]:
-        """Validate as at start, check the caller may make these changes (core.privilege), then
-        (between operations) replace the file and reload the catalog."""
+    def root_only_changes(self, text: str, name: str | None) -> list[str]:
+        """What ``text`` changes that only root may (core.privilege): the table's rule for config push."""
+        return root_only_changes(self.catalog, self._validated(text, name or "pushed file").catalog)
+
+    def _validated(self, text: str, name: str) -> Loadout:
+        """``text`` validated as at start; the last one is kept, so the table's root check and the push
+        that follows it validate once."""
+        key = (text, name, id(self.catalog))
+        last = self._last_validated
+        if last is None or last[0] != key:
+            last = key, self._configs().validate(text, name, self.catalog, now=self.clock.now(),
+                                                  template=self.ops.template)
+            self._last_validated = last
+        return last[1]
+
+    def _push(self, configs: ConfigRevisions, text: str, name: str, operator: str) -> dict[str, Any]:
+        """Validate as at start (the table checked the caller may make these changes), then (between
+        operations) replace the file and reload the catalog."""
         from orchestrator.wiring import operations
 
         previous = configs.show()
-        loaded = configs.validate(text, name, self.catalog, now=self.clock.now(), template=self.ops.template)
-        changes = [] if uid == 0 else root_only_changes(self.catalog, loaded.catalog)
-        if changes:
-            raise Refused(f"config push by {operator}: only root may change {', '.join(changes[:6])}"
-                          + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
-                          + ": these decide what the agent runs or writes as root and as whom the engines run "
-                            f"(push as root, or edit {configs.path} on the box as root); nothing was changed")
+        loaded = self._validated(text, name)
+        self._last_validated = None
         ops = (self.ops_factory or operations)(loaded.catalog)  # anything that can fail, before the write
         with self.jobs.lock:  # no operation starts while the catalog is swapped
             if self.jobs.running:

@@ -18,27 +18,20 @@ import socket
 import sys
 import threading
 
-from orchestrator import userfiles
-from orchestrator.core.documents import DocumentError, toml_document
+from orchestrator import settings
+from orchestrator.contract.wire import socket_path
 
 DEFAULT_CONFIG = "/etc/orchestrator/deploy.toml"
-DEFAULT_STATE_DIR = "/var/lib/orchestrator"
 AGENT_UNREACHABLE = 6
 _CHUNK = 65536
 
 
 def default_socket(config: str | None = None) -> str:
     """$ORCHESTRATOR_SOCKET, else <state_dir>/agent.sock of the box's deploy.toml (read cheaply)."""
-    if os.environ.get("ORCHESTRATOR_SOCKET"):
-        return os.environ["ORCHESTRATOR_SOCKET"]
-    path = config or os.environ.get("ORCHESTRATOR_CONFIG") or DEFAULT_CONFIG
-    state_dir = DEFAULT_STATE_DIR
-    try:
-        found = toml_document(userfiles.read_bytes(path, limit=4 << 20), path).get("state_dir")
-        state_dir = found if isinstance(found, str) and found.startswith("/") else DEFAULT_STATE_DIR
-    except (OSError, DocumentError):
-        pass  # no readable config: the default place; a wrong socket is reported below
-    return os.path.join(state_dir, "agent.sock")
+    # The CLI's own cheap read (no catalog); a file it cannot read plainly: the default place, and a
+    # wrong socket is reported below.
+    peeked = settings.peek(config or os.environ.get("ORCHESTRATOR_CONFIG") or DEFAULT_CONFIG)
+    return socket_path(peeked.state_dir if peeked is not None else settings.DEFAULT_STATE_DIR)
 
 
 def connect(path: str) -> socket.socket:

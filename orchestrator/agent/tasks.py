@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import logs
+from orchestrator import errors, logs
 from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.loops import Failures
 from orchestrator.agent.metrics import Metrics
@@ -54,7 +54,7 @@ class ScheduleTask:
 
     def fire(self, name: str, at: float) -> None:
         s = self.catalog.schedules[name]
-        host = s.host or (self.ops.host_of(s.model) if s.model else self.ops.resolve_host(None))
+        host = self.catalog.target(s.model, s.host).name
         detail: dict[str, Any] = {"schedule": name, "action": s.action, "model": s.model, "due": at}
         if not sched.in_window(s, self.clock.now()):
             self.ops.record_event(self.clock.now(), host, "schedule_skipped", {**detail, "reason": "outside window"})
@@ -67,12 +67,20 @@ class ScheduleTask:
                 job = self.submit("switch", {"model": serving.model, "force": True}, f"schedule:{name}")
             else:
                 job = self.submit(s.action, {"model": s.model}, f"schedule:{name}")
+        except errors.Busy as exc:
+            if s.on_busy == "skip":  # the one choice: a queued switch could fire hours late, outside its window
+                self._skipped(name, host, {**detail, "on_busy": s.on_busy}, exc)
+                return
+            raise
         except OrchestratorError as exc:
-            self.ops.record_event(self.clock.now(), host, "schedule_skipped", {**detail, "reason": str(exc)})
-            log.info("schedule_skipped", schedule=name, host=host, reason=str(exc))
+            self._skipped(name, host, detail, exc)
             return
         self.ops.record_event(self.clock.now(), host, "schedule_fired", detail)
         log.info("schedule_fired", schedule=name, host=host, op=job.op)
+
+    def _skipped(self, name: str, host: str, detail: dict[str, Any], exc: OrchestratorError) -> None:
+        self.ops.record_event(self.clock.now(), host, "schedule_skipped", {**detail, "reason": str(exc)})
+        log.info("schedule_skipped", schedule=name, host=host, reason=str(exc))
 
 
 class WatchTask:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from orchestrator import logs, settings
 from orchestrator.cli.agent_install import install
-from orchestrator.cli.options import config_option, int_in, json_option
-from orchestrator.cli.progress import with_progress
+from orchestrator.cli.options import (
+    config_option,
+    int_in,
+    json_option,
+    local_option,
+    printed,
+)
 from orchestrator.cli.tables import print_table, stdout_console
-from orchestrator.cli.target import backend
+from orchestrator.cli.target import backend, run_model_job
 from orchestrator.contract.ops import SCHEDULES, STAGE
 
 ENDED = "none (its last fire time has passed)"
@@ -62,11 +66,7 @@ agent.add_command(install)
 def schedules(config: str | None, as_json: bool) -> None:
     """Scheduled operations, their next run and what they last did."""
     rows = backend(config).call(SCHEDULES, {})
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo(f"no schedules in {settings.config_path(config)}")
+    if printed(rows, as_json, empty=lambda: f"no schedules in {settings.config_path(config)}"):
         return
     print_table(stdout_console(), ["schedule", "cron", "action", "model", "window", "next run", "last"],
                 [[r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "", r["next_run"] or ENDED,
@@ -77,14 +77,9 @@ def schedules(config: str | None, as_json: bool) -> None:
 @click.command()
 @click.argument("model")
 @config_option
-@click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@local_option
 @json_option
 def stage(model: str, config: str | None, local: bool, as_json: bool) -> None:
     """Download and verify MODEL's weights now (the serving model keeps serving)."""
-    be = backend(config, local=local)
-    result = with_progress(as_json, lambda p: be.call(STAGE, {"model": model}, p))
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        click.echo(f"{model} staged on {result['host']}: {result['path']} (revision {result['revision']}, "
-                   f"{result['bytes'] / 2**30:.2f} GiB)")
+    run_model_job(STAGE, model, config, local, as_json, text=lambda r: f"{model} staged on {r['host']}: {r['path']} "
+                  f"(revision {r['revision']}, {r['bytes'] / 2**30:.2f} GiB)")

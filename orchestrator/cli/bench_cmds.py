@@ -12,7 +12,15 @@ from rich.live import Live
 
 from orchestrator import settings
 from orchestrator.adapters.smoke import bench_record
-from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
+from orchestrator.cli.options import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    config_option,
+    int_in,
+    json_option,
+    number_in,
+    printed,
+)
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import local_only
 from orchestrator.core.tune import parse_concurrency
@@ -25,7 +33,7 @@ from orchestrator.wiring import operations
 def _serving(ops: Operations, host: str | None) -> Any:
     serving = ops.serving(host)
     if serving is None:
-        raise UsageError(f"host {ops.resolve_host(host)} serves nothing recorded as active: switch to a model first")
+        raise UsageError(f"host {ops.catalog.target(host=host).name} serves nothing recorded as active: switch to a model first")
     return serving
 
 
@@ -90,15 +98,11 @@ def compare(config: str | None, host: str | None, as_json: bool) -> None:
     """Every model benchmarked on a host, side by side per concurrency level (latest run of each)."""
     local_only("compare")
     ops = operations(settings.load(config))
-    name = ops.resolve_host(host)
+    name = ops.catalog.target(host=host).name
     rows: list[dict[str, Any]] = [{"model": d.model, "revision": d.revision, "unit_sha256": d.spec.unit_sha,
              "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in (d.bench or {})["levels"]}}
             for d in ops.benchmarks(name)]
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo(f"no benchmarks recorded yet on host {name}")
+    if printed(rows, as_json, empty=lambda: f"no benchmarks recorded yet on host {name}"):
         return
     levels = sorted({int(c) for r in rows for c in r["tok_s"]})
     print_table(stdout_console(), ["model", "rev", *[f"C={c} tok/s" for c in levels]],

@@ -12,10 +12,17 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator.cli.options import config_option, int_in, json_option
+from orchestrator.cli.options import (
+    config_option,
+    int_in,
+    json_option,
+    local_option,
+    printed,
+    read_local_option,
+)
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
-from orchestrator.cli.target import backend, remote_spec
+from orchestrator.cli.target import backend, remote_spec, run_model_job
 from orchestrator.contract.ops import (
     CHECK_TOGETHER,
     EXPLAIN,
@@ -58,7 +65,7 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--no-rollback", is_flag=True, help="leave a failed switch failed instead of rolling back")
 @click.option("--force", is_flag=True, help="redeploy even if MODEL already serves, healthy and unchanged")
 @click.option("--dry-run", is_flag=True, help="say what the switch would stop and whether it keeps the route up")
-@click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@local_option
 @click.option("--ignore-agent", is_flag=True,
               help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
@@ -87,17 +94,12 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
 @click.command()
 @click.argument("model")
 @config_option
-@click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@local_option
 @json_option
 def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
     """Stop MODEL and free its GPUs (with the proxy: its route goes first, the others keep serving)."""
-    be = backend(config, local=local)
-    result = with_progress(as_json, lambda p: be.call(STOP, {"model": model}, p))
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        click.echo(f"{result['model']} (revision {result['revision']}) on {result['host']}: stopped; serving: "
-                   f"{', '.join(result['serving']) or 'nothing'}")
+    run_model_job(STOP, model, config, local, as_json, text=lambda r: f"{r['model']} (revision {r['revision']}) on "
+                  f"{r['host']}: stopped; serving: {', '.join(r['serving']) or 'nothing'}")
 
 
 @click.command()
@@ -105,7 +107,7 @@ def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
 @click.option("--host", "host", default=None, help="host to roll back (default: the only one)")
 @click.option("--to", "to_revision", type=int_in(1, 2**31 - 1), default=None, metavar="REVISION",
               help="redeploy this revision's exact unit (default: the previous stable one)")
-@click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")
+@local_option
 @click.option("--ignore-agent", is_flag=True,
               help="agentless (in-process, ssh transport): act even though the box's own agent is running")
 @json_option
@@ -120,7 +122,7 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
 @click.command()
 @config_option
 @click.option("--host", "host", default=None)
-@click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
+@read_local_option
 @json_option
 def recover(config: str | None, host: str | None, local: bool, as_json: bool) -> None:
     """Finish deployments a crash or a stop left unfinished (the agent does this on start)."""
@@ -140,7 +142,7 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
 @click.option("--host", "host", default=None)
 @click.option("--group", "group", default=None, help="every box of this group, through its agent (one line each)")
 @click.option("--follow", is_flag=True, help="stream the running operation's progress until it ends")
-@click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
+@read_local_option
 @json_option
 def status(config: str | None, host: str | None, group: str | None, follow: bool, local: bool,
            as_json: bool) -> None:
@@ -231,7 +233,7 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
 @click.option("--host", "host", default=None)
 @click.option("--group", "group", default=None, help="every box of this group, newest first across them")
 @click.option("--limit", type=int_in(1, 10_000), default=20, show_default=True)
-@click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")
+@read_local_option
 @json_option
 def history(config: str | None, host: str | None, group: str | None, limit: int, local: bool,
             as_json: bool) -> None:
@@ -241,11 +243,7 @@ def history(config: str | None, host: str | None, group: str | None, limit: int,
 
         return print_group_history(config, group, limit, as_json)
     rows = backend(config, local=local).call(HISTORY, {"host": host, "limit": limit})
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo(f"no deployments recorded yet on {_where(config, host)}")
+    if printed(rows, as_json, empty=lambda: f"no deployments recorded yet on {_where(config, host)}"):
         return
     table_rows: list[list[str | Text]] = []
     for r in rows:
@@ -277,7 +275,8 @@ def _where(config: str | None, host: str | None) -> str:
         return str(remote_spec())
     from orchestrator import settings
 
-    names = sorted(settings.load(config).hosts)
+    peeked = settings.peek(config)  # only names for a message: the rows came from whoever answered
+    names = list(peeked.hosts) if peeked is not None and peeked.hosts else sorted(settings.load(config).hosts)
     return f"host {names[0]}" if len(names) == 1 else f"hosts {', '.join(names)}"
 
 

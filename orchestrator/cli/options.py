@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,8 +25,32 @@ def config_option(f: F) -> F:
                         help="deploy.toml to use (default: $ORCHESTRATOR_CONFIG or ./deploy.toml)")(f)
 
 
+def local_option(f: F) -> F:
+    return click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")(f)
+
+
+def read_local_option(f: F) -> F:
+    return click.option("--local", "local", is_flag=True, help="read the state here even if an agent is running")(f)
+
+
 def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")(f)
+
+
+def printed(value: Any, as_json: bool, *, empty: Callable[[], str] | None = None,
+            text: Callable[[Any], str] | None = None) -> bool:
+    """What a command prints of an answer, in one place: with --json the answer as JSON; else for an
+    empty one the words ``empty`` says, else ``text`` of it. False: nothing printed (the caller prints
+    its table)."""
+    if as_json:
+        click.echo(json.dumps(value, indent=2))
+    elif empty is not None and not value:
+        click.echo(empty())
+    elif text is not None:
+        click.echo(text(value))
+    else:
+        return False
+    return True
 
 
 class Bounded(click.ParamType[float, Any]):

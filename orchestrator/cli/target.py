@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
-from orchestrator.contract.ops import CONFIG_SHOW
+from orchestrator.contract.ops import CONFIG_SHOW, Operation
+from orchestrator.contract.wire import socket_path
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: a query through an agent never loads the in-process stack
@@ -33,8 +35,15 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     spec = remote_spec()
     if spec is None:
         from orchestrator import settings
-        from orchestrator.client.backends import backend_for
+        from orchestrator.client.backends import agent_at, backend_for
 
+        # The agent's socket from deploy.toml read as TOML only: the agent checks the request against
+        # its own catalog, so a query through it validates nothing here. In-process, the catalog is
+        # loaded (and a bad file refused, exit 2) as before.
+        peeked = None if local else settings.peek(config)
+        client = None if peeked is None else agent_at(socket_path(peeked.state_dir))
+        if client is not None:
+            return client
         return backend_for(settings.load(config), local=local, ignore_agent=ignore_agent)
     if local:
         raise UsageError(f"--local runs in this process; it cannot be combined with --host {spec}")
@@ -47,6 +56,16 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     client = RemoteAgentClient(resolve(spec, remote_source()))
     click.get_current_context().call_on_close(client.close)
     return client
+
+
+def run_model_job(op: Operation[Any, dict[str, Any]], model: str, config: str | None, local: bool, as_json: bool,
+                  text: Callable[[dict[str, Any]], str]) -> None:
+    """A job on MODEL's host through whichever backend (progress on stderr); its result as JSON or ``text``."""
+    from orchestrator.cli.options import printed
+    from orchestrator.cli.progress import with_progress
+
+    be = backend(config, local=local)
+    printed(with_progress(as_json, lambda p: be.call(op, {"model": model}, p)), as_json, text=text)
 
 
 def catalog(config: str | None) -> Catalog:

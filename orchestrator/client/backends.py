@@ -132,7 +132,7 @@ class LocalBackend(Backend):
     def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
         parsed = op.parse(self.catalog, args)
         # An operation that changes a box holds that box's own lock (agentless use over SSH).
-        with self._boxes(op.locks(self.ops, parsed)):
+        with self._boxes(op.locks(self.catalog, parsed)):
             return op.in_process(self.ops, parsed, Caller(progress=progress))
 
     @contextmanager
@@ -147,15 +147,22 @@ class LocalBackend(Backend):
             yield
 
 
+def agent_at(path: str) -> AgentClient | None:
+    """The agent at ``path`` when it answers a ping; None when none runs there. An agent that is there
+    but refuses this user is an error (acting in-process instead would bypass it)."""
+    if not os.path.exists(path):
+        return None
+    client = AgentClient(path)
+    try:
+        client.call(PING, {})
+        return client
+    except AgentError as exc:
+        if "permission denied" in str(exc) or "may not use the agent" in str(exc):
+            raise
+    return None
+
+
 def backend_for(catalog: Catalog, *, local: bool = False, ignore_agent: bool = False) -> Backend:
     """The agent when its socket answers (unless --local), else this process."""
-    path = socket_path(catalog.state_dir)
-    if not local and os.path.exists(path):
-        client = AgentClient(path)
-        try:
-            client.call(PING, {})
-            return client
-        except AgentError as exc:
-            if "permission denied" in str(exc) or "may not use the agent" in str(exc):
-                raise
-    return LocalBackend(catalog, ignore_agent=ignore_agent)
+    client = None if local else agent_at(socket_path(catalog.state_dir))
+    return client or LocalBackend(catalog, ignore_agent=ignore_agent)

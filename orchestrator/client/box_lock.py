@@ -33,7 +33,7 @@ def box_lock(host: Host, *, ignore_agent: bool = False) -> Iterator[None]:
     if host.transport != "ssh":
         yield  # this machine is the box: the per-host flock in the state dir already covers it
         return
-    from orchestrator.adapters.ssh import SshSession
+    from orchestrator.adapters.ssh_session import SshSession
     from orchestrator.client.targets import Target
 
     target = Target.of_host(host)

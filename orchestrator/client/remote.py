@@ -3,7 +3,7 @@
 Each request opens a channel on the one SSH connection and runs the relay there
 (``python -m orchestrator.agent.relay``), which pipes it to the agent's Unix socket; the JSON
 lines are the same as on the box. Host keys are checked against known_hosts and never added
-(adapters/ssh.py makes the connection).
+(adapters/ssh_session.py makes the connection).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from orchestrator.adapters.ssh import SshSession
+from orchestrator.adapters.ssh_session import SshSession
 from orchestrator.client.backends import AgentClient, Stream
 from orchestrator.client.targets import Target
 from orchestrator.errors import AgentError, OrchestratorError, TransportError

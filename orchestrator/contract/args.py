@@ -8,17 +8,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 if TYPE_CHECKING:
     from orchestrator.core.catalog import Catalog
-
 
 
 class Args(BaseModel):
     """Arguments of one operation: strict JSON types, no unknown keys."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    _on: str | None = PrivateAttr(None)  # the host a job holds, resolved once where it is parsed
+
+    @property
+    def on(self) -> str | None:
+        """The host this request's job holds (contract.ops.Operation.parse resolved it); None: every
+        host (recover without --host)."""
+        return self._on
 
     def check(self, catalog: Catalog) -> None:
         """Names must exist in the catalog (never used as paths before this)."""

@@ -16,42 +16,44 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from pydantic import ValidationError
+from orchestrator.errors import AgentError, Refused, UsageError
 
-from orchestrator.contract.args import (
-    Args,
-    ConfigPushArgs,
-    HistoryArgs,
-    HostArgs,
-    ModelArgs,
-    ModelsArgs,
-    NoArgs,
-    RollbackArgs,
-    RolloutAbortArgs,
-    RolloutIdArgs,
-    RolloutStartArgs,
-    StageArgs,
-    SwitchArgs,
-    TuneArgs,
-    TuneHostArgs,
-)
-from orchestrator.errors import AgentError, UsageError
-
-if TYPE_CHECKING:
-    from orchestrator.core.catalog import Catalog
+if TYPE_CHECKING:  # the argument models load with the first parse: a client never needs pydantic
+    from orchestrator.contract.args import (
+        Args,
+        ConfigPushArgs,
+        HistoryArgs,
+        HostArgs,
+        ModelArgs,
+        ModelsArgs,
+        NoArgs,
+        RollbackArgs,
+        RolloutAbortArgs,
+        RolloutIdArgs,
+        RolloutStartArgs,
+        StageArgs,
+        SwitchArgs,
+        TuneArgs,
+        TuneHostArgs,
+    )
+    from orchestrator.core.catalog import Catalog, Host
     from orchestrator.deploy.operations import Operations
     from orchestrator.ports import ProgressCallback
 
-A = TypeVar("A", bound=Args)
+A = TypeVar("A", bound="Args")
 R = TypeVar("R")
 
 
 class Who(Enum):
-    """Who may run an operation (the agent lets only these connect: agent/server.authorized)."""
+    """Who may run an operation. The socket lets in root, the agent's user and the socket group's members
+    (agent/server.authorized) before it reads a byte; then each request is held to its entry's ``who``
+    (``Operation.admit``) from the peer's uid: root may run everything."""
 
     MEMBERS = "root and the members of the socket group"
+    # A member may, except for what the entry's ``privileged`` finds in the request (core/privilege.py).
     MEMBERS_ROOT_FOR_PRIVILEGED = ("root and the members of the socket group; a change that decides what "
                                    "runs as root needs root (core/privilege.py)")
+    ROOT = "root only"
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class AgentSide(Protocol):
     def config_show(self) -> dict[str, Any]: ...
 
     def config_push(self, text: str, name: str | None, caller: Caller) -> dict[str, Any]: ...
+
+    def root_only_changes(self, text: str, name: str | None) -> list[str]: ...
 
     def follow(self, host: str | None) -> Iterator[dict[str, Any]]: ...
 
@@ -123,15 +127,18 @@ class TuneController(Protocol):
 @dataclass(frozen=True)
 class Operation(Generic[A, R]):
     name: str
-    args: type[A]
+    args: str  # the name of its argument model in contract/args.py (imported with the first parse)
     result: type[R]  # what the answer is (dict or list), checked where a client reads it
     command: str | None  # the CLI command that runs it (None: asked by the client itself)
     run: Callable[[Operations, A, Caller], R] | None = None  # in-process; None: agent-only
     agent: Callable[[AgentSide, A, Caller], R] | None = None  # how an agent answers instead of ``run``
     stream: Callable[[AgentSide, A], Iterator[dict[str, Any]]] | None = None  # an agent's streamed answer
-    job: Callable[[Operations, A], str] | None = None  # the host this job holds while it runs
-    boxes: Callable[[Operations, A], list[str]] | None = None  # locked in-process (default: the job's host)
+    # The host this job holds, resolved in parse (args.on); None from it: every host (in-process only)
+    job: Callable[[Catalog, A], Host | None] | None = None
+    boxes: Callable[[Catalog, A], list[str]] | None = None  # locked in-process (default: the job's host)
     who: Who = Who.MEMBERS
+    # Who.MEMBERS_ROOT_FOR_PRIVILEGED: what of this request only root may do (empty: a member may run it)
+    privileged: Callable[[AgentSide, A], list[str]] | None = None
 
     @property
     def agent_only(self) -> bool:
@@ -143,21 +150,46 @@ class Operation(Generic[A, R]):
             raw = {}
         if not isinstance(raw, dict):
             raise UsageError(f"{self.name}: args must be a JSON object, got {_short(raw)}")
+        from pydantic import ValidationError
+
         try:
-            args = self.args.model_validate(raw)
+            args = self.arg_model.model_validate(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "args"
             raise UsageError(f"{self.name}: argument {where}: {first['msg']} (got {_short(first.get('input'))})"
                              ) from None
         args.check(catalog)
+        host = None if self.job is None else self.job(catalog, args)
+        args._on = None if host is None else host.name
         return args
 
-    def locks(self, ops: Operations, args: A) -> list[str]:
+    @property
+    def arg_model(self) -> type[A]:
+        from orchestrator.contract import args
+
+        model: type[A] = getattr(args, self.args)
+        return model
+
+    def admit(self, agent: AgentSide, args: A, caller: Caller) -> None:
+        """Refuse (exit 5) a caller the entry's ``who`` does not let run this request, before it runs."""
+        if caller.uid == 0 or self.who is Who.MEMBERS:
+            return
+        if self.who is Who.ROOT:
+            raise Refused(f"{self.name} by {caller.trigger}: only root may run it")
+        changes = [] if self.privileged is None else self.privileged(agent, args)
+        if changes:
+            raise Refused(f"{self.name} by {caller.trigger}: only root may change {', '.join(changes[:6])}"
+                          + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
+                          + ": these decide what the agent runs or writes as root and as whom the engines run "
+                            "(do it as root, or edit the agent's deploy.toml on the box as root); nothing was "
+                            "changed")
+
+    def locks(self, catalog: Catalog, args: A) -> list[str]:
         """The boxes an in-process run holds (agentless: each one's own lock)."""
         if self.boxes is not None:
-            return self.boxes(ops, args)
-        return [] if self.job is None else [self.job(ops, args)]
+            return self.boxes(catalog, args)
+        return [] if args.on is None else [args.on]
 
     def in_process(self, ops: Operations, args: A, caller: Caller) -> R:
         if self.run is None:
@@ -199,87 +231,100 @@ def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]
     return {"host": check_together(ops.catalog, a.models)}
 
 
-def _every_host_or(ops: Operations, a: HostArgs) -> list[str]:
+def _every_host_or(catalog: Catalog, a: HostArgs) -> list[str]:
     # recover with no --host finishes what is unfinished on every host, so it holds every box
-    return [ops.resolve_host(a.host)] if a.host is not None else list(ops.catalog.hosts)
+    return [a.on] if a.on is not None else list(catalog.hosts)
+
+
+def _host_or_every(catalog: Catalog, a: HostArgs) -> Host | None:
+    # recover: with several hosts and no --host, every host (an agent asks which: Agent._start)
+    return catalog.target(host=a.host) if a.host is not None or len(catalog.hosts) == 1 else None
+
+
+def _model_host(catalog: Catalog, a: ModelArgs) -> Host:
+    return catalog.target(model=a.model)
+
+
+def _host(catalog: Catalog, a: HostArgs) -> Host:
+    return catalog.target(host=a.host)
 
 
 SWITCH: Operation[SwitchArgs, dict[str, Any]] = Operation(
-    "switch", SwitchArgs, dict, "switch",
+    "switch", "SwitchArgs", dict, "switch",
     run=lambda ops, a, c: ops.switch(a.model, trigger=c.trigger, no_rollback=a.no_rollback, force=a.force,
                                      progress=c.progress),
-    job=lambda ops, a: ops.host_of(a.model))
+    job=_model_host)
 ROLLBACK: Operation[RollbackArgs, dict[str, Any]] = Operation(
-    "rollback", RollbackArgs, dict, "rollback",
+    "rollback", "RollbackArgs", dict, "rollback",
     run=lambda ops, a, c: ops.rollback(a.host, a.to_revision, trigger=_rollback_trigger(c), progress=c.progress),
-    job=lambda ops, a: ops.resolve_host(a.host))
+    job=_host)
 RECOVER: Operation[HostArgs, dict[str, Any]] = Operation(
-    "recover", HostArgs, dict, "recover",
+    "recover", "HostArgs", dict, "recover",
     run=lambda ops, a, c: {"recovered": ops.recover(a.host, progress=c.progress)},
-    job=lambda ops, a: ops.resolve_host(a.host), boxes=_every_host_or)
+    job=_host_or_every, boxes=_every_host_or)
 STOP: Operation[ModelArgs, dict[str, Any]] = Operation(
-    "stop", ModelArgs, dict, "stop",
+    "stop", "ModelArgs", dict, "stop",
     run=lambda ops, a, c: ops.stop(a.model, progress=c.progress),
-    job=lambda ops, a: ops.host_of(a.model))
+    job=_model_host)
 STAGE: Operation[StageArgs, dict[str, Any]] = Operation(
-    "stage", StageArgs, dict, "stage",
+    "stage", "StageArgs", dict, "stage",
     run=lambda ops, a, c: ops.stage(a.model, peer=a.peer, progress=c.progress),
-    job=lambda ops, a: ops.host_of(a.model))
+    job=_model_host)
 STATUS: Operation[HostArgs, dict[str, Any]] = Operation(
-    "status", HostArgs, dict, "status", run=_status,
+    "status", "HostArgs", dict, "status", run=_status,
     agent=lambda ag, a, c: {**_status(ag.ops, a, c), "agent": ag.info()})
 # What a CLI asks before it sends one switch per model (core/proxy.check_together), and what `switch
 # --dry-run` prints: both read the catalog and records of whoever answers (with --host: the box's).
 CHECK_TOGETHER: Operation[ModelsArgs, dict[str, Any]] = Operation(
-    "check_together", ModelsArgs, dict, "switch", run=_check_together)
+    "check_together", "ModelsArgs", dict, "switch", run=_check_together)
 EXPLAIN: Operation[ModelArgs, dict[str, Any]] = Operation(
-    "explain", ModelArgs, dict, "switch --dry-run", run=lambda ops, a, c: ops.explain(a.model))
+    "explain", "ModelArgs", dict, "switch --dry-run", run=lambda ops, a, c: ops.explain(a.model))
 HISTORY: Operation[HistoryArgs, list[Any]] = Operation(
-    "history", HistoryArgs, list, "history", run=lambda ops, a, c: ops.history(a.host, a.limit),
+    "history", "HistoryArgs", list, "history", run=lambda ops, a, c: ops.history(a.host, a.limit),
     agent=lambda ag, a, c: ag.annotate(ag.ops.history(a.host, a.limit)))
 SCHEDULES: Operation[NoArgs, list[Any]] = Operation(
-    "schedules", NoArgs, list, "schedules", run=lambda ops, a, c: ops.schedules(time.time(), c.next_runs))
+    "schedules", "NoArgs", list, "schedules", run=lambda ops, a, c: ops.schedules(time.time(), c.next_runs))
 # Is an agent there (the client's own question); its pid.
 PING: Operation[NoArgs, dict[str, Any]] = Operation(
-    "ping", NoArgs, dict, None, run=lambda ops, a, c: {"pid": os.getpid()})
+    "ping", "NoArgs", dict, None, run=lambda ops, a, c: {"pid": os.getpid()})
 # The progress of running jobs: an agent streams it; in-process nothing runs in the background.
 FOLLOW: Operation[HostArgs, dict[str, Any]] = Operation(
-    "follow", HostArgs, dict, "status --follow", run=lambda ops, a, c: {"followed": []},
+    "follow", "HostArgs", dict, "status --follow", run=lambda ops, a, c: {"followed": []},
     stream=lambda ag, a: ag.follow(a.host))
 # Answered by the agent from the file it was started with; nothing in-process.
 CONFIG_SHOW: Operation[NoArgs, dict[str, Any]] = Operation(
-    "config_show", NoArgs, dict, "config show", agent=lambda ag, a, c: ag.config_show())
+    "config_show", "NoArgs", dict, "config show", agent=lambda ag, a, c: ag.config_show())
 CONFIG_PUSH: Operation[ConfigPushArgs, dict[str, Any]] = Operation(
-    "config_push", ConfigPushArgs, dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
-    who=Who.MEMBERS_ROOT_FOR_PRIVILEGED)
+    "config_push", "ConfigPushArgs", dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
+    who=Who.MEMBERS_ROOT_FOR_PRIVILEGED, privileged=lambda ag, a: ag.root_only_changes(a.text, a.name))
 # A fleet's rollouts, run by the controller's agent (agent/controller.py), whoever asks: start returns
 # once the rollout is recorded (preflight refusals come back here), follow streams it to its end.
 ROLLOUT_START: Operation[RolloutStartArgs, dict[str, Any]] = Operation(
-    "rollout_start", RolloutStartArgs, dict, "rollout", agent=lambda ag, a, c: ag.controller.start(a, c.trigger))
+    "rollout_start", "RolloutStartArgs", dict, "rollout", agent=lambda ag, a, c: ag.controller.start(a, c.trigger))
 ROLLOUT_FOLLOW: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_follow", RolloutIdArgs, dict, "rollout status --follow",
+    "rollout_follow", "RolloutIdArgs", dict, "rollout status --follow",
     stream=lambda ag, a: ag.controller.follow(a.id))
 ROLLOUT_STATUS: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_status", RolloutIdArgs, dict, "rollout status", agent=lambda ag, a, c: ag.controller.summary(a.id))
+    "rollout_status", "RolloutIdArgs", dict, "rollout status", agent=lambda ag, a, c: ag.controller.summary(a.id))
 ROLLOUT_RESUME: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_resume", RolloutIdArgs, dict, "rollout resume", agent=lambda ag, a, c: ag.controller.resume(a.id))
+    "rollout_resume", "RolloutIdArgs", dict, "rollout resume", agent=lambda ag, a, c: ag.controller.resume(a.id))
 ROLLOUT_ABORT: Operation[RolloutAbortArgs, dict[str, Any]] = Operation(
-    "rollout_abort", RolloutAbortArgs, dict, "rollout abort",
+    "rollout_abort", "RolloutAbortArgs", dict, "rollout abort",
     agent=lambda ag, a, c: ag.controller.abort(a.id, a.rollback_all))
 # A tune run, as a job of the agent that owns the model's host (agent/tune_jobs.py): the plan (staging
 # and the planner, before anything stops), the run, and what re-attaches to it from any client.
 TUNE_PLAN: Operation[TuneArgs, dict[str, Any]] = Operation(
-    "tune_plan", TuneArgs, dict, "tune", stream=lambda ag, a: ag.tuner.plan(a))
+    "tune_plan", "TuneArgs", dict, "tune", stream=lambda ag, a: ag.tuner.plan(a))
 TUNE_START: Operation[TuneArgs, dict[str, Any]] = Operation(
-    "tune_start", TuneArgs, dict, "tune", stream=lambda ag, a: ag.tuner.start(a))
+    "tune_start", "TuneArgs", dict, "tune", stream=lambda ag, a: ag.tuner.start(a))
 TUNE_RESUME: Operation[TuneHostArgs, dict[str, Any]] = Operation(
-    "tune_resume", TuneHostArgs, dict, "tune --resume", stream=lambda ag, a: ag.tuner.resume(a))
+    "tune_resume", "TuneHostArgs", dict, "tune --resume", stream=lambda ag, a: ag.tuner.resume(a))
 TUNE_ABORT: Operation[TuneHostArgs, dict[str, Any]] = Operation(
-    "tune_abort", TuneHostArgs, dict, "tune --abort", stream=lambda ag, a: ag.tuner.abort(a))
+    "tune_abort", "TuneHostArgs", dict, "tune --abort", stream=lambda ag, a: ag.tuner.abort(a))
 TUNE_FOLLOW: Operation[TuneHostArgs, dict[str, Any]] = Operation(
-    "tune_follow", TuneHostArgs, dict, "tune --follow", stream=lambda ag, a: ag.tuner.follow(a))
+    "tune_follow", "TuneHostArgs", dict, "tune --follow", stream=lambda ag, a: ag.tuner.follow(a))
 TUNE_STATUS: Operation[TuneHostArgs, dict[str, Any]] = Operation(
-    "tune_status", TuneHostArgs, dict, "tune --status", agent=lambda ag, a, c: ag.tuner.status(a))
+    "tune_status", "TuneHostArgs", dict, "tune --status", agent=lambda ag, a, c: ag.tuner.status(a))
 
 # Every entry above, in the order declared: a new one needs no second listing.
 OPERATIONS: dict[str, Operation[Any, Any]] = {

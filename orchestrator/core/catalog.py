@@ -289,6 +289,13 @@ class Catalog(Strict):
                              f"({', '.join(sorted(self.hosts))})")
         return next(iter(self.hosts.values()))
 
+    def target(self, model: str | None = None, host: str | None = None) -> Host:
+        """The one way from a request's names to the Host it acts on: the named host, else the model's
+        host, else the only host (the UsageError of ``host``, ``model_host`` or ``only_host`` otherwise)."""
+        if host is not None:
+            return self.host(host)
+        return self.model_host(model) if model is not None else self.only_host()
+
     def model_hosts(self, model: str) -> list[Host]:
         """Every host a model runs on: its group's hosts (one replica each), its nodes (one engine
         across them, the API's first), else its one host."""

@@ -65,15 +65,20 @@ def _rows(text: str, fields: Sequence[str], free_text: str | None) -> list[dict[
     return rows
 
 
+def _whole(row: dict[str, str], key: str, what: str) -> tuple[int, str]:
+    """(the integer in ``key``, the row's line for messages); NvsmiParseError naming ``what`` otherwise."""
+    line = ", ".join(row.values())
+    try:
+        return int(row[key]), line
+    except ValueError:
+        raise NvsmiParseError(f"nvidia-smi: {what} {row[key]!r} in line {line!r}") from None
+
+
 def parse_gpus(text: str, fields: Sequence[str] = GPU_FIELDS) -> tuple[GpuInfo, ...]:
     """GPUs from the --query-gpu answer (fields in the order they were asked for)."""
     gpus = []
     for row in _rows(text, fields, "name"):
-        line = ", ".join(row.values())
-        try:
-            index = int(row["index"])
-        except ValueError:
-            raise NvsmiParseError(f"nvidia-smi: GPU index {row['index']!r} in line {line!r}") from None
+        index, line = _whole(row, "index", "GPU index")
         gpus.append(GpuInfo(index=index, uuid=row.get("uuid", ""), name=row.get("name", ""),
                             memory_total_mib=_mib(row.get("memory.total", "0"), "memory.total", line),
                             memory_used_mib=_mib(row.get("memory.used", "0"), "memory.used", line)))
@@ -86,11 +91,7 @@ def parse_apps(text: str, gpus: Sequence[GpuInfo],
     index_of = {g.uuid: g.index for g in gpus}
     procs = []
     for row in _rows(text, fields, "process_name"):
-        line = ", ".join(row.values())
-        try:
-            pid = int(row["pid"])
-        except ValueError:
-            raise NvsmiParseError(f"nvidia-smi: pid {row['pid']!r} in line {line!r}") from None
+        pid, line = _whole(row, "pid", "pid")
         uuid = row.get("gpu_uuid", "")
         procs.append(GpuProcess(pid=pid, process_name=row.get("process_name", ""), gpu_uuid=uuid,
                                 used_memory_mib=_mib(row.get("used_memory", "0"), "used_memory", line),

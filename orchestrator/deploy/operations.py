@@ -99,17 +99,9 @@ class Operations:
         d = running[-1]
         return f"deployment #{d.id} (revision {d.revision}, {d.model}, {d.trigger}) is in phase {d.phase.value}"
 
-    def host_of(self, model: str) -> str:
-        """The host that serves ``model`` (UsageError naming the known models when unknown)."""
-        return self.catalog.model_host(model).name
-
-    def resolve_host(self, host: str | None) -> str:
-        """``host`` checked against the catalog, or the only host when it is left out."""
-        return self.catalog.host(host).name if host is not None else self.catalog.only_host().name
-
     def serving(self, host: str | None) -> Deployment | None:
         """The deployment recorded as serving on the host (the only host when left out)."""
-        return self.store.serving(self.resolve_host(host))
+        return self.store.serving(self.catalog.target(host=host).name)
 
     def unfinished(self, host: str) -> list[Deployment]:
         return self.store.unfinished(host)
@@ -125,7 +117,7 @@ class Operations:
 
     def deployments(self, host: str, limit: int = 50) -> list[Deployment]:
         """The host's deployment records, newest first (history as records, for applications)."""
-        return self.store.history(self.resolve_host(host), limit)
+        return self.store.history(self.catalog.target(host=host).name, limit)
 
     def stop_serving(self, host: str, *, reason: str) -> None:
         """Stop what serves on the host and leave nothing serving (the unit stopped and disabled, the
@@ -145,7 +137,7 @@ class Operations:
     def benchmarks(self, host: str | None) -> list[Deployment]:
         """The latest benchmarked deployment of each model on the host, newest first."""
         latest: dict[str, Deployment] = {}
-        for dep in self.store.history(self.resolve_host(host), limit=1000):
+        for dep in self.store.history(self.catalog.target(host=host).name, limit=1000):
             if dep.bench and dep.model not in latest:
                 latest[dep.model] = dep
         return list(latest.values())
@@ -190,7 +182,7 @@ class Operations:
                abandon: Callable[[], str | None] | None = None) -> dict[str, Any]:
         """Switch to ``model``; ``abandon`` (models on demand): asked while it cold-starts, a reason
         fails the switch (Abandoned) so that it rolls back."""
-        host = self.host_of(model)
+        host = self.catalog.target(model=model).name
         with self._model_locks(model), self.running(progress) as eng:
             eng.abandon = abandon
             recovered = self._recover_host(eng, host)
@@ -206,7 +198,7 @@ class Operations:
 
     def rollback(self, host: str | None = None, to_revision: int | None = None, *, trigger: str = "rollback",
                  progress: ProgressCallback | None = None) -> dict[str, Any]:
-        host = self.resolve_host(host)
+        host = self.catalog.target(host=host).name
         with host_lock(self.state_dir, host, self.holder(host)), self.running(progress) as eng:
             recovered = self._recover_host(eng, host)
             if self.catalog.proxy.enabled:
@@ -239,7 +231,7 @@ class Operations:
 
     def stop(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Stop MODEL and free its GPUs; with the proxy, its route goes first (then a 404)."""
-        host = self.host_of(model)
+        host = self.catalog.target(model=model).name
         with self._model_locks(model), self.running(progress) as eng:  # a multi-node model stops on every node
             self._recover_host(eng, host)
             serving = self.store.serving_set(host) if self.catalog.proxy.enabled else \
@@ -285,7 +277,7 @@ class Operations:
 
     def explain(self, model: str) -> dict[str, Any]:
         """What a switch to MODEL would do to the host's serving set, and why (no I/O on the host)."""
-        host = self.host_of(model)
+        host = self.catalog.target(model=model).name
         eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
         spec = eng.spec_for(self.catalog.models[model])
         if not self.catalog.proxy.enabled:
@@ -309,7 +301,7 @@ class Operations:
               progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Download and verify a model's weights while whatever serves keeps serving; ``peer``: copy
         them from that box instead (a fleet rollout's one download per fleet, adapters/weights_peer.py)."""
-        host = self.host_of(model)
+        host = self.catalog.target(model=model).name
         ports = self.ports_for(host)
         if ports.weights is None:
             raise UsageError(f"host {host} has no weight store configured")

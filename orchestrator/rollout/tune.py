@@ -174,7 +174,7 @@ class Tuner:
 
     def resume(self, host: str | None, model: str | None = None) -> dict[str, Any]:
         """Finish the host's unfinished run (``model``: the host of that model, and the run must be its)."""
-        name = self.ops.host_of(model) if model is not None and host is None else self.ops.resolve_host(host)
+        name = self.catalog.target(model, host).name
         with self._lock(name):
             run = self._unfinished(name, model, "resume")
             if self.ops.unfinished(name):  # killed mid-switch: that switch ends first, then the next candidate
@@ -191,7 +191,7 @@ class Tuner:
         return run
 
     def abort(self, host: str | None, model: str | None = None) -> dict[str, Any]:
-        name = self.ops.host_of(model) if model is not None and host is None else self.ops.resolve_host(host)
+        name = self.catalog.target(model, host).name
         with self._lock(name):
             return self._aborted(self._unfinished(name, model, "abort"))
 

@@ -153,6 +153,23 @@ def test_a_schedule_outside_its_window_is_skipped(tmp_path: Path) -> None:
     assert submitted.calls == [] and w.events("schedule_skipped")[0]["reason"] == "outside window"
 
 
+def test_a_schedule_due_while_its_host_is_busy_is_skipped_as_on_busy_says(tmp_path: Path) -> None:
+    """on_busy = "skip": the firing is recorded as skipped, naming on_busy and what runs, and not queued."""
+    from orchestrator.errors import Busy
+
+    w = schedule_world(tmp_path)
+
+    def busy(op: str, args: dict[str, Any], trigger: str) -> Any:
+        raise Busy("host box is busy with switch beta (deployment #2 is in phase starting)", host="box")
+
+    task = ScheduleTask(w.catalog, w.ops, w.clock, busy)
+    w.clock.sleep(60)
+    task.tick()
+    [skipped] = w.events("schedule_skipped")
+    assert skipped["on_busy"] == "skip" and skipped["reason"].startswith("host box is busy with switch beta")
+    assert w.events("schedule_fired") == [] and sorted(task.next_runs) == ["nightly"]
+
+
 def test_schedules_show_the_next_run_the_window_admits(tmp_path: Path) -> None:
     """'0 * * * *' with a 04:00-05:00 window at 02:59: `schedules` shows 04:00 (03:00 will be skipped)."""
     w = schedule_world(tmp_path, cron="0 * * * *", window="04:00-05:00")

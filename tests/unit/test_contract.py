@@ -15,12 +15,10 @@ import pytest
 from orchestrator.agent.daemon import Agent
 from orchestrator.cli import main
 from orchestrator.client.backends import AgentClient, LocalBackend
-from orchestrator.contract.args import HostArgs
 from orchestrator.contract.ops import CONFIG_SHOW, OPERATIONS, RECOVER, STATUS, Caller
 from orchestrator.contract.wire import Event, ReplyReader, encode, error_reply
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
-from orchestrator.testing import FakeStateStore
 
 from .conftest import OpsWorld, make_catalog
 
@@ -73,6 +71,14 @@ def test_every_declared_entry_is_in_the_table_under_a_name_of_its_own() -> None:
     declared = [v for v in vars(ops).values() if isinstance(v, ops.Operation)]
     assert sorted(op.name for op in declared) == sorted(OPERATIONS)
     assert all(OPERATIONS[op.name] is op for op in declared)
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_every_operation_names_an_argument_model_of_contract_args(name: str) -> None:
+    """The model an entry names (loaded with the first parse) is an Args of contract/args.py."""
+    from orchestrator.contract.args import Args
+
+    assert issubclass(OPERATIONS[name].arg_model, Args)
 
 
 def test_samples_cover_every_declared_operation() -> None:
@@ -135,6 +141,29 @@ def test_every_operation_answers_in_an_agent(tmp_path: Path) -> None:
     agent.jobs.join(timeout=30)
 
 
+@pytest.mark.parametrize(("uid", "runs"), [(1000, False), (None, False), (0, True)])
+def test_the_agent_holds_each_request_to_its_entrys_who(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        uid: int | None, runs: bool) -> None:
+    """An entry declared root-only is refused (exit 5, naming it and the caller) to a member or an unknown
+    peer before it runs, whatever its own code does; root runs it."""
+    from orchestrator.contract.ops import Operation, Who
+    from orchestrator.errors import Refused
+
+    ran: list[str] = []
+    probe: Operation[Any, dict[str, Any]] = Operation(
+        "probe", "NoArgs", dict, None, run=lambda ops, a, c: ran.append("probe") or {}, who=Who.ROOT)
+    monkeypatch.setitem(OPERATIONS, "probe", probe)
+    world = OpsWorld(tmp_path)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
+                  clock=world.clock)
+    if runs:
+        assert list(agent.dispatch("probe", {}, "root@socket", uid=uid)) == [{"result": {}}]
+    else:
+        with pytest.raises(Refused, match=r"probe by tester@socket: only root may run it"):
+            list(agent.dispatch("probe", {}, "tester@socket", uid=uid))
+    assert ran == (["probe"] if runs else [])
+
+
 def test_the_agent_refuses_an_undeclared_operation_with_the_usage_exit_code(tmp_path: Path) -> None:
     """An operation not in the table: UsageError (exit 2) listing the declared ones, as the wire carries it."""
     world = OpsWorld(tmp_path)
@@ -159,14 +188,27 @@ def test_recover_without_a_host_holds_every_box_in_process(tmp_path: Path) -> No
         "a": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8},
         "b": {"transport": "ssh", "address": "127.0.0.10", "gpus": 8}},
         models={"alpha": {"repo": "org/alpha", "gpus": [0], "host": "a", "port": 8000}})
-    ops = Operations(catalog, OpsWorld(tmp_path / "box").ops.ports_for, store=FakeStateStore())
-    assert RECOVER.locks(ops, HostArgs()) == ["a", "b"]
-    assert RECOVER.locks(ops, HostArgs(host="b")) == ["b"]
+    assert RECOVER.locks(catalog, RECOVER.parse(catalog, {})) == ["a", "b"]
+    assert RECOVER.locks(catalog, RECOVER.parse(catalog, {"host": "b"})) == ["b"]
+
+
+def test_a_jobs_host_is_resolved_once_where_its_request_is_parsed(tmp_path: Path) -> None:
+    """The parsed arguments of a job carry its host (catalog.target): the model's, the named one, the
+    only one; a query's none. An unknown name is the catalog's one UsageError, at parse."""
+    from orchestrator.contract.ops import ROLLBACK, SWITCH
+
+    catalog = OpsWorld(tmp_path).catalog
+    assert SWITCH.parse(catalog, {"model": "alpha"}).on == "box"
+    assert ROLLBACK.parse(catalog, {}).on == ROLLBACK.parse(catalog, {"host": "box"}).on == "box"
+    assert STATUS.parse(catalog, {}).on is None
+    with pytest.raises(UsageError, match=r"unknown model 'nosuch' \(known: alpha"):
+        SWITCH.parse(catalog, {"model": "nosuch"})
 
 
 def test_a_query_takes_no_box_lock(tmp_path: Path) -> None:
     """status changes nothing: in-process it holds no box's lock."""
-    assert STATUS.locks(OpsWorld(tmp_path).ops, HostArgs()) == []
+    catalog = OpsWorld(tmp_path).catalog
+    assert STATUS.locks(catalog, STATUS.parse(catalog, {})) == []
 
 
 def test_the_reply_reader_reads_an_answer_split_anywhere() -> None:

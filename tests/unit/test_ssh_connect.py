@@ -1,4 +1,4 @@
-"""SSH connects in one place (adapters/ssh.py): the shell a deployment uses and the session a relay or
+"""SSH connects in one place (adapters/ssh_session.py): the shell a deployment uses and the session a relay or
 the box lock uses map the same failure to the same TransportError."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.adapters.ssh import SshSession, SshShell
+from orchestrator.adapters.ssh import SshShell
+from orchestrator.adapters.ssh_session import SshSession
 from orchestrator.client.targets import Target
 from orchestrator.errors import TransportError
 
