@@ -258,8 +258,11 @@ def window_figures(times: list[float], tokens: int, span: tuple[float, float],
     window is the middle of ``core`` (default: the span; a split run's: where all its processes ran)."""
     t0, t1 = span
     a, b = steady_window(*(core or span))
+    count = lambda lo, hi: bisect.bisect_right(times, hi) - bisect.bisect_left(times, lo)
     out: dict[str, Any] = {"span": [t0, t1], "span_s": t1 - t0, "steady": [a, b], "span_tok_s": rate(tokens, t1 - t0),
-                           "steady_tok_s": rate(bisect.bisect_right(times, b) - bisect.bisect_left(times, a), b - a)}
+                           "steady_tok_s": rate(count(a, b), b - a),
+                           # where a run's span rate falls below its steady rate: its start or its end
+                           "head_tok_s": rate(count(t0, a), a - t0), "tail_tok_s": rate(count(b, t1), t1 - b)}
     gen = "vllm:generation_tokens_total"
     counted = bracket(samples, gen, t0, t1)
     g_a, g_b = interpolate(samples, gen, a), interpolate(samples, gen, b)
@@ -273,6 +276,13 @@ def window_figures(times: list[float], tokens: int, span: tuple[float, float],
         "running_mean": statistics.mean(x["vllm:num_requests_running"] for x in inside) if inside else None,
         "waiting_mean": statistics.mean(x["vllm:num_requests_waiting"] for x in inside) if inside else None,
         "samples": len(inside)}
+    # the run as the engine and the client saw it, sample by sample (seconds from the first send)
+    base = samples[0]["vllm:generation_tokens_total"] if samples else 0.0
+    out["timeline"] = {"t": [round(x["t"] - t0, 3) for x in samples],
+                       "engine_tokens": [x["vllm:generation_tokens_total"] - base for x in samples],
+                       "client_tokens": [bisect.bisect_right(times, x["t"]) for x in samples],
+                       "running": [x["vllm:num_requests_running"] for x in samples],
+                       "waiting": [x["vllm:num_requests_waiting"] for x in samples]}
     return out
 
 
@@ -479,12 +489,16 @@ def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int | list[i
             seed = 1000 * (rnd + 1) + i
             before = scrape(a.url)
             cpu0 = {k: cpu_seconds(p) for k, p in watch.items()}
+            each0 = {k: [cpu_seconds(q) for q in p] for k, p in watch.items() if isinstance(p, list)}
             sampler = Sampler(sys.executable, a.url, a.sample_interval) if a.sample_interval > 0 else None
             t0 = time.time()
             r, client_cpu = run_tool(a, workers, tool, c, n, seed, split)
             wall = time.time() - t0
             samples = sampler.stop() if sampler else []
-            cpu = {k: round(cpu_seconds(p) - cpu0[k], 2) for k, p in watch.items()}
+            cpu: dict[str, Any] = {k: round(cpu_seconds(p) - cpu0[k], 2) for k, p in watch.items()}
+            # each process of a group too (several API servers: is one of them the bottleneck?)
+            cpu["each"] = {k: [round(cpu_seconds(q) - e0, 2) for q, e0 in zip(p, each0[k], strict=True)]
+                           for k, p in watch.items() if isinstance(p, list) and len(p) > 1}
             cpu["client"] = round(client_cpu, 2)
             after = scrape(a.url)
             d = {k.removeprefix("vllm:").removesuffix("_total"): after[k] - before[k] for k in METRICS}
@@ -514,8 +528,10 @@ def print_run(row: dict[str, Any], log: Any) -> None:
           f"failed {row['failed']}  server: prompt {d['prompt_tokens']:.0f} gen {d['generation_tokens']:.0f} "
           f"prefix-cache hits {hit:.1%}  TTFT p50 {row['median_ttft_ms']:.1f} ms "
           f"ITL p50 {row['median_itl_ms']:.2f} ms  cpu s over {row['wall_s']:.1f} s: "
-          + " ".join(f"{k} {v:.1f}" for k, v in row["cpu_s"].items())
-          + f"\n    span {row['span_s']:.3f} s {row['span_tok_s']:.1f} tok/s, steady {row['steady_tok_s']:.1f}; "
+          + " ".join(f"{k} {v:.1f}" for k, v in row["cpu_s"].items() if k != "each")
+          + "".join(f" ({k}: {', '.join(f'{x:.1f}' for x in v)})" for k, v in row["cpu_s"].get("each", {}).items())
+          + f"\n    span {row['span_s']:.3f} s {row['span_tok_s']:.1f} tok/s, steady {row['steady_tok_s']:.1f} "
+          f"(head {row['head_tok_s']:.1f}, tail {row['tail_tok_s']:.1f}); "
           f"engine: span {opt(e['span_tok_s'], '.1f')} tok/s ({opt(e['span_tokens'], '.0f')} tokens), steady "
           f"{opt(e['steady_tok_s'], '.1f')}, running {opt(e['running_mean'], '.1f')} waiting "
           f"{opt(e['waiting_mean'], '.1f')} steps/s {opt(e['steps_per_s'], '.1f')} ({e['samples']} samples)"
@@ -645,7 +661,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds of a level that names none")
     p.add_argument("--split", default="", help="C:K,...: level C also runs vllm bench serve as K processes "
                    "of C/K streams each, summed over their common window")
-    p.add_argument("--sample-interval", type=float, default=0.25,
+    p.add_argument("--sample-interval", type=float, default=0.1,
                    help="seconds between /metrics samples during a run (0: none)")
     p.add_argument("--prespawn", type=int, default=-1,
                    help="vllm bench workers to import vLLM in up front (-1: one per run of --levels)")
