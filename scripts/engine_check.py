@@ -269,6 +269,8 @@ def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str,
             watch["engine_core"].append(pid)
         elif "resource_tracker" not in what:
             watch["api_server"].append(pid)
+    if rig.a.pin_engine and rig.a.pin_clients:
+        pin_apart(rig, spec, workers)
     summary = compare(a, watch=watch, workers=workers)
     print_table(summary)
     (rig.out / f"{name}.json").write_text(json.dumps(summary, indent=1))
@@ -278,6 +280,44 @@ def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str,
         check(name, summary["pass"], f"{detail} (tolerance {summary['tolerance']:.0%})")
     else:
         say(f"{name} (diagnosis, not a check): {detail}")
+
+
+def cpu_list(spec: str) -> set[int]:
+    """"0-10,12" -> {0, ..., 10, 12} (taskset's list syntax)."""
+    out: set[int] = set()
+    for item in filter(None, spec.split(",")):
+        lo, _, hi = item.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (as taskset -a -p); its later children inherit them."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+def pin_apart(rig: Rig, spec: UnitSpec, workers: Workers | None) -> None:
+    """The engine's processes on --pin-engine, both clients (this process runs ours and spawns the
+    samplers; the prespawned vllm workers) on --pin-clients: no client shares a core with an API
+    server, and neither client's CPU comes out of the other's."""
+    engine, clients = cpu_list(rig.a.pin_engine), cpu_list(rig.a.pin_clients)
+    have = os.sched_getaffinity(0)
+    if not (engine | clients) <= have:
+        say(f"pinning skipped: --pin-engine {rig.a.pin_engine} / --pin-clients {rig.a.pin_clients} name CPUs "
+            f"this machine lacks (it has {sorted(have)})")
+        return
+    pids = rig.units.cgroup_pids(spec.unit_name)
+    for pid in pids:
+        pin(pid, engine)
+    workers_pids = [w.proc.pid for w in workers.idle] if workers else []
+    for pid in [os.getpid(), *workers_pids]:
+        pin(pid, clients)
+    say(f"pinned: engine pids {pids} on CPUs {rig.a.pin_engine}; this client and {len(workers_pids)} vllm bench "
+        f"workers on CPUs {rig.a.pin_clients}")
 
 
 def http_status(url: str) -> int | str:
@@ -339,6 +379,9 @@ def main() -> int:
                    "stdin closes, printing one line once it does (default: torch in this Python)")
     p.add_argument("--time-budget", type=float, default=0, help="seconds this run may take (0: no limit): "
                    "engine 2 and its comparison are left out when too little is left")
+    p.add_argument("--pin-engine", default="", help="CPUs (taskset list) for the engine's processes during the "
+                   "comparison, e.g. 0-10; with --pin-clients")
+    p.add_argument("--pin-clients", default="", help="CPUs for both load generators, e.g. 11-15")
     add_compare_args(p)
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -349,7 +392,7 @@ def main() -> int:
     rig = Rig(a, out)
     base = shlex.split(a.engine_args)
     # vLLM imported in every `vllm bench serve` worker while the engine loads: no import between runs
-    workers = Workers(a.vllm_python, sys.stdout, vllm_runs(a.levels, a.rounds)) if a.levels else None
+    workers = Workers(a.vllm_python, sys.stdout, vllm_runs(a.levels, a.rounds, a.split)) if a.levels else None
     try:
         if a.warm_model_dir:
             import warm_check

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -202,3 +203,21 @@ def test_ctrl_c_returns_partial_results(standin: Start, client: ClientKind) -> N
                                 client=client)
     lv = result.levels[0]
     assert (result.complete, lv.requests_ok >= 2, lv.requests_failed) == (False, True, 0), lv.errors
+
+
+def test_kept_traces_hold_each_levels_window_and_requests() -> None:
+    """keep_traces: per level its window on perf_counter (the reference's duration: first send to last
+    request done) and every request in it, so another tool's timestamps can be lined up with ours."""
+    s = StandinServer("--served-name", "tiny-standin").wait_listening()
+    try:
+        gen = LoadGenerator(BenchTarget(s.url), BenchPlan(concurrency=(2,), max_tokens=4, requests=5),
+                            keep_traces=True)
+        before = time.perf_counter()
+        result = asyncio.run(gen.run())
+    finally:
+        s.kill()
+    (trace,) = gen.traces
+    first = min(o.start for o in trace.outcomes)
+    last = max(o.end for o in trace.outcomes)
+    assert (len(trace.outcomes), before <= trace.start <= first, last <= trace.end) == (5, True, True)
+    assert trace.end - trace.start == result.levels[0].duration_s

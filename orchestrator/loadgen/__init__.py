@@ -8,7 +8,13 @@
 from __future__ import annotations
 
 from orchestrator.loadgen.http import ClientKind
-from orchestrator.loadgen.loadgen import LoadGenerator, ProgressCallback, run_bench, run_bench_blocking
+from orchestrator.loadgen.loadgen import (
+    LevelTrace,
+    LoadGenerator,
+    ProgressCallback,
+    run_bench,
+    run_bench_blocking,
+)
 from orchestrator.loadgen.model import (
     BenchPlan,
     BenchResult,
@@ -21,4 +27,4 @@ from orchestrator.loadgen.model import (
 from orchestrator.loadgen.stats import Distribution
 
 __all__ = ["BenchPlan", "BenchResult", "BenchTarget", "ClientKind", "Distribution", "Endpoint", "ErrorCount",
-           "LevelResult", "LoadGenerator", "Progress", "ProgressCallback", "run_bench", "run_bench_blocking"]
+           "LevelResult", "LevelTrace", "LoadGenerator", "Progress", "ProgressCallback", "run_bench", "run_bench_blocking"]

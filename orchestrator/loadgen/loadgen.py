@@ -6,6 +6,11 @@ Per level, C workers each send one streamed request after another until the leve
 count is used up or its deadline passes; requests in flight at the deadline finish and count.
 Cancelling ``run`` (or Ctrl-C through ``run_bench_blocking``) keeps every finished request:
 ``partial_result()`` returns them at any time.
+Each level's window is the same as ``vllm bench serve``'s benchmark duration: from just before the
+first request is sent to the last request's end (calibration requests come before it); with
+``keep_traces`` every request's timings stay in ``traces`` with that window, on the perf_counter
+clock (CLOCK_MONOTONIC on Linux: one clock for every process of the host, so another tool's
+timestamps and a /metrics sampler's line up with them).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import json
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from time import perf_counter
 from typing import Any
@@ -38,11 +44,22 @@ series name"""
 WORDS = tuple(dict.fromkeys(_WORDS.split()))
 
 
+@dataclass(frozen=True, slots=True)
+class LevelTrace:
+    """One level's window (perf_counter seconds) and every request it finished."""
+
+    concurrency: int
+    start: float
+    end: float
+    outcomes: tuple[RequestOutcome, ...]
+
+
 class LoadGenerator:
     """Runs a BenchPlan against a BenchTarget; see the module docstring for the rules."""
 
     def __init__(self, target: BenchTarget, plan: BenchPlan, *, on_progress: ProgressCallback | None = None,
-                 progress_interval_s: float = 0.5, client: ClientKind | None = None) -> None:
+                 progress_interval_s: float = 0.5, client: ClientKind | None = None,
+                 keep_traces: bool = False) -> None:
         self.target = target
         self.plan = plan
         self.client: ClientKind = client or default_client()
@@ -56,6 +73,8 @@ class LoadGenerator:
         self._concurrency = 0
         self._in_flight = 0
         self._streamed = 0
+        self._keep_traces = keep_traces
+        self.traces: list[LevelTrace] = []
         rng = random.Random(plan.seed)
         # One body per run, cut to the prompt length the server's tokenizer counts (see _calibrate),
         # so every prompt has the same token count; a tokenizer takes at least one token per word.
@@ -136,7 +155,10 @@ class LoadGenerator:
         finally:
             if ticker is not None:
                 ticker.cancel()
-        elapsed = perf_counter() - start
+        end = perf_counter()
+        elapsed = end - start
+        if self._keep_traces:
+            self.traces.append(LevelTrace(concurrency, start, end, tuple(self._outcomes)))
         self._levels.append(LevelResult.from_outcomes(concurrency, self._outcomes, elapsed))
         self._outcomes = []
         if self._on_progress:
