@@ -20,11 +20,12 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from transformers.utils import logging as hf_logging
+# torch and transformers are imported only to build a model: importing them takes 5-15 s here, and
+# every run of scripts/setup.sh (each CI run) finds the models up to date.
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 STAMP = ".tiny-model-spec.json"
 GENERATOR_VERSION = 2  # bump when the output of this script changes for the same spec
@@ -87,6 +88,9 @@ SPECS = [
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on CORPUS (deterministic for a fixed corpus)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -106,6 +110,11 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def write_model(spec: Spec, dest: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     tokenizer = build_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -171,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    hf_logging.disable_progress_bar()
     for spec in SPECS:
         built = ensure(spec, out)
         print(f"{out / spec.name}: {'built' if built else 'up to date'}")

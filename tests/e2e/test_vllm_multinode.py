@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from orchestrator import settings
 from orchestrator.wiring import operations
 from tests.e2e.vllm_config import VLLM_VENV, active, complete
 from tests.hosts.machine import Host, in_host
-from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.pool import HostSet
 
 MODELS = os.environ.get("ORCHESTRATOR_TEST_MODELS", "/var/lib/orchestrator-test/models")
 LAUNCHER = in_host(Path(__file__).with_name("vllm_serve.py"))
@@ -25,13 +26,14 @@ LAUNCHER = in_host(Path(__file__).with_name("vllm_serve.py"))
 pytestmark = [pytest.mark.hosts, pytest.mark.vllm]
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[list[Host]]:
-    hostset: HostSet = boot_hosts(2, netns=True)
-    try:
-        yield hostset.hosts
-    finally:
-        hostset.close()
+@pytest.fixture
+def pair(netns_pair: HostSet) -> Iterator[list[Host]]:
+    """The session's pair of hosts in network namespaces (a boot of its own cost as much again); both
+    reset after the test."""
+    yield netns_pair.hosts
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for fut in [pool.submit(h.reset) for h in netns_pair.hosts]:
+            fut.result()
 
 
 def config_text(h1: Host, h2: Host, state: Path) -> str:

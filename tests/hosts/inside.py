@@ -100,7 +100,7 @@ class InsideAdapters:
 
     def __init__(self, host: Host) -> None:
         self._proc = subprocess.Popen(
-            [*host.ssh_argv(), "--", host.python_command("-m", "tests.hosts.inside", host.name)],
+            [*host.ssh_argv(shared=True), "--", host.python_command("-m", "tests.hosts.inside", host.name)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.shell: Any = _Proxy(self, "shell", host.name)
         self.systemd: Any = _Proxy(self, "systemd", host.name)
