@@ -146,7 +146,7 @@ class Broker:
             cold = view.state is State.STOPPED
             ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream)
             self.last_request[model] = now
-            if view.state is State.SERVING and box.running != model:
+            if _routable(box, model):
                 self._answer(ticket, {"ready": True}, "ready")
                 return ticket
             reject = policy.admit(box, model, now)
@@ -301,8 +301,7 @@ class Broker:
         for model, queue in list(self.tickets.items()):
             if model not in box.models:
                 continue
-            view = box.models[model]
-            if view.state is State.SERVING and box.running != model:
+            if _routable(box, model):
                 for t in queue:
                     self._answer(t, {"ready": True}, "ready")
                 queue.clear()
@@ -437,6 +436,14 @@ class Broker:
                          "queues": {m: q for m, q in queues.items() if m in cat.models and m in cat.models_on(h)}}
                      for h in self._hosts()}
         return {"queues": queues, "hosts": hosts}
+
+
+def _routable(box: Box, model: str) -> bool:
+    """Whether a held request for ``model`` may go to its engine now: it serves and nothing runs on the
+    box. The proxy asks only for a model its config does not route, and while a switch runs the records
+    may still list one it is taking down (its engine then held the request asleep, until the proxy
+    worker holding it was stopped)."""
+    return box.models[model].state is State.SERVING and box.running is None and box.busy is None
 
 
 def lock_held(path: Path) -> bool:

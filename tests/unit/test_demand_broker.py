@@ -74,6 +74,11 @@ class DemandWorld:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
+def routed(config: str, port: int) -> bool:
+    """Whether the proxy's config sends requests to the engine on ``port`` (a disabled server does not)."""
+    return any(f":{port}" in line and "disabled" not in line for line in config.splitlines())
+
+
 @pytest.fixture
 def dw(tmp_path: Path) -> DemandWorld:
     return DemandWorld(tmp_path)
@@ -238,7 +243,7 @@ def test_an_idle_model_sleeps_after_idle_sleep_s(tmp_path: Path) -> None:
     job = dw.broker.idle_jobs["box"]
     assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "asleep"
     assert dw.states() == {"a": "asleep"} and dw.serving() == []
-    assert ":8001" not in (dw.proxy.config or "")
+    assert not routed(dw.proxy.config or "", 8001)
     events = [e for e in dw.store.events(kind="demand_idle")]
     assert events and "idle_sleep_s 60" in events[0]["reason"]
 
@@ -370,3 +375,17 @@ def test_nothing_starts_while_the_agent_stops(dw: DemandWorld) -> None:
     dw.stopping.set()
     dw.broker.tick()
     assert dw.broker.running == {} and dw.jobs.running == {}
+
+
+def test_a_request_for_a_serving_model_waits_while_a_switch_runs(dw: DemandWorld) -> None:
+    """a serves but an operator's switch runs (it may be taking a down): held, not ready, until it ends."""
+    dw.ops.switch("a")
+    release = threading.Event()
+    job = dw.jobs.submit("box", "switch", {"model": "c"}, lambda j: (release.wait(10), {"outcome": "active"})[1])
+    ticket = dw.broker.open("a")
+    dw.broker.tick()
+    assert ticket.answer is None
+    release.set()
+    assert job.done.wait(10)
+    dw.broker.tick()
+    assert ticket.answer == {"ready": True} and dw.broker.running == {}
