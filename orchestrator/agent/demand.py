@@ -38,6 +38,7 @@ log = logs.get_logger()
 TICK_S = 0.1  # the demand loop's pace while requests wait or a swap runs
 IDLE_TICK_S = 1.0  # the idle loop's longest wait
 SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
+PEAK_S = 2.0  # "in flight" is the most seen over this long
 BUSY_RETRY_S = 1.0  # a swap refused by the host's lock is tried again after this
 
 
@@ -125,6 +126,7 @@ class Broker:
         self.backoff: dict[str, tuple[float, str]] = {}  # host -> (until, why): its lock was held elsewhere
         self._ids = 0
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
+        self._in_flight: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, sessions) readings
 
     # -- the proxy's side -------------------------------------------------------------------------
     def open(self, name: str, stream: bool = False) -> Ticket:
@@ -200,6 +202,7 @@ class Broker:
         waits = [IDLE_TICK_S]
         for host in self._hosts():
             with self.lock:
+                box = self._box(host, now, sessions=True)  # also a reading of what is in flight
                 if not any(m.idle_sleep_s or m.idle_stop_s for n in self.agent.catalog.models_on(host)
                            for m in [self.agent.catalog.models[n]] if m.on_demand):
                     continue
@@ -207,7 +210,6 @@ class Broker:
                 if job is not None and not job.done.is_set():
                     continue
                 self.idle_jobs.pop(host, None)
-                box = self._box(host, now, sessions=True)
                 action, due = policy.idle(box, now)
                 if due is not None:
                     waits.append(max(0.05, due - now))
@@ -363,7 +365,7 @@ class Broker:
                 priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
                 idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
                 since=None if began is None else now - max(0.0, epoch - began), last_request=last,
-                in_flight=counted.current if counted is not None else 0,
+                in_flight=self._peak(name, counted.current if counted is not None else 0, now),
                 waiting=tuple(t.arrived for t in self.tickets.get(name, [])))
         swap = self.running.get(host)
         return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(self.swaps.get(host, ())),
@@ -386,6 +388,16 @@ class Broker:
             return None
         what = " ".join(str(v) for v in job.args.values() if v not in (None, False, {}))
         return f"{job.op} {what}".strip()
+
+    def _peak(self, model: str, current: int, now: float) -> int:
+        """The most requests in flight for ``model`` seen over the last PEAK_S: closed-loop clients leave
+        a gap between one answer and their next request, which one reading would take for no demand."""
+        seen = self._in_flight.setdefault(model, deque(maxlen=1000))
+        if not seen or seen[-1] != (now, current):
+            seen.append((now, current))
+        while seen and seen[0][0] < now - PEAK_S:
+            seen.popleft()
+        return max(n for _, n in seen)
 
     def _sessions_of(self, host: str, now: float, engines: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
         cached = self._sessions.get(host)

@@ -389,3 +389,18 @@ def test_a_request_for_a_serving_model_waits_while_a_switch_runs(dw: DemandWorld
     assert job.done.wait(10)
     dw.broker.tick()
     assert ticket.answer == {"ready": True} and dw.broker.running == {}
+
+
+def test_in_flight_is_the_peak_of_the_last_seconds(dw: DemandWorld) -> None:
+    """3 in flight a moment ago, 0 in this reading (clients between requests): a still counts 3 for
+    2 s, so a lone request for b is 429, not a swap."""
+    dw.ops.switch("a")
+    spec = dw.store.serving_set("box")[0].spec
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=3, idle_s=0.0, total=3)
+    dw.broker.idle_tick()
+    dw.clock.sleep(0.5)
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=0, idle_s=0.0, total=3)
+    ticket = dw.broker.open("bee")
+    assert ticket.answer is not None and ticket.answer["status"] == 429
+    dw.clock.sleep(3)
+    assert dw.broker.open("bee").answer is None  # the peak has passed: held
