@@ -69,8 +69,9 @@ class Ticket:
     model: str  # the catalog name ("" when the name was not found)
     host: str
     arrived: float
-    deadline_s: float
+    deadline_s: float  # the model's demand deadline from its state on arrival (warm or cold)
     stream: bool = False
+    limit_s: float = 0.0  # the longest it is held: the cold deadline (the proxy holds it 2 s longer)
     answer: dict[str, Any] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     # written to when answered, so a connection's handler can wait on its socket and the answer at once
@@ -146,7 +147,8 @@ class Broker:
             box = self._box(host, now, sessions=True)  # what is in flight decides "asked more"
             view = box.models[model]
             cold = view.state is State.STOPPED
-            ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream)
+            ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream,
+                            limit_s=catalog.demand_deadline(model, cold=True))
             self.last_request[model] = now
             if _routable(box, model):
                 self._answer(ticket, {"ready": True}, "ready")
@@ -278,6 +280,7 @@ class Broker:
         if outcome == "active":
             for t in waiting:
                 self._answer(t, {"ready": True}, "ready")
+            self._in_flight.setdefault(swap.model, deque(maxlen=1000)).append((now, len(waiting)))  # not yet in scur
         elif isinstance(result.get("error"), dict) and result["error"].get("type") in ("Busy", "NodeInUse"):
             # the host's lock was taken (a CLI without the agent): its requests wait, the next try in a while
             self.tickets[swap.model] = waiting
@@ -306,10 +309,15 @@ class Broker:
             if _routable(box, model):
                 for t in queue:
                     self._answer(t, {"ready": True}, "ready")
+                if queue:
+                    self._in_flight.setdefault(model, deque(maxlen=1000)).append((now, len(queue)))
                 queue.clear()
-            for t in [t for t in queue if now - t.arrived >= t.deadline_s]:
+            coming = box.running == model
+            for t in [t for t in queue if now - t.arrived >= (t.limit_s if coming else t.deadline_s)]:
+                # while its own swap runs a request waits for it, up to the longest the proxy holds one
                 queue.remove(t)
-                self._answer(t, _reply(policy.expired(box, model, now, t.deadline_s)), "expired")
+                limit = t.limit_s if coming else t.deadline_s
+                self._answer(t, _reply(policy.expired(box, model, now, limit)), "expired")
             self.agent.metrics.demand_queue(model, len(queue))
 
     def _answer(self, ticket: Ticket, answer: dict[str, Any], outcome: str) -> None:

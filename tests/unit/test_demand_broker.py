@@ -210,6 +210,7 @@ def test_a_request_held_back_past_its_deadline_is_429(tmp_path: Path) -> None:
                              "b": {"repo": "org/b", "port": 8002, **SHARED, "demand_deadline_s": 5}})
     dw.broker.open("b")
     dw.run_swap()
+    dw.clock.sleep(3)  # b's requests were answered 3 s ago: no longer counted as in flight
     dw.broker.open("a")
     dw.run_swap()  # a displaces b: the one swap of this minute
     ticket = dw.broker.open("b")
@@ -404,3 +405,40 @@ def test_in_flight_is_the_peak_of_the_last_seconds(dw: DemandWorld) -> None:
     assert ticket.answer is not None and ticket.answer["status"] == 429
     dw.clock.sleep(3)
     assert dw.broker.open("bee").answer is None  # the peak has passed: held
+
+
+def test_a_request_past_its_deadline_waits_for_its_own_running_swap(tmp_path: Path) -> None:
+    """b asleep (wake deadline 5 s: held 6 s): its swap runs longer (a slow host); the request is not
+    failed at 6 s but waits for the swap, up to the cold deadline the proxy holds it for."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED},
+                                       "b": {"repo": "org/b", "port": 8002, **SHARED, "wake_deadline_s": 5}})
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    release, blocked = threading.Event(), threading.Event()
+
+    def slow_drain() -> None:  # the swap's drain polls: hold it there
+        if not release.is_set():
+            blocked.set()
+            release.wait(30)
+
+    ticket = dw.broker.open("b")
+    dw.proxy.busy = 3
+    dw.clock.on_sleep.append(slow_drain)
+    dw.broker.tick()
+    assert blocked.wait(30)
+    dw.clock.t += 10  # past its 6 s while the swap runs
+    dw.broker.tick()
+    assert ticket.answer is None
+    release.set()
+    swap = dw.broker.running["box"]
+    assert swap.job is not None and swap.job.done.wait(30)
+    assert ticket.answer == {"ready": True}
+
+
+def test_requests_just_routed_count_as_in_flight(dw: DemandWorld) -> None:
+    """A swap to b answered 2 held requests ready; before HAProxy counts them a lone request for a is 429."""
+    dw.broker.open("bee")
+    dw.broker.open("bee")
+    dw.run_swap()
+    ticket = dw.broker.open("a")
+    assert ticket.answer is not None and ticket.answer["status"] == 429 and "b is asked more" in ticket.answer["message"]
