@@ -14,7 +14,7 @@ import math
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +28,8 @@ from orchestrator.core import demand as policy
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.demand import Box, Kind, ModelView, Reject
 from orchestrator.core.haproxy_cli import Sessions
-from orchestrator.core.resident import ASLEEP, State
+from orchestrator.core.records import Deployment
+from orchestrator.core.resident import ASLEEP, Residency, State
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import Busy, OrchestratorError
 from orchestrator.ports import Clock
@@ -38,6 +39,7 @@ log = logs.get_logger()
 TICK_S = 0.1  # the demand loop's pace while requests wait or a swap runs
 IDLE_TICK_S = 1.0  # the idle loop's longest wait
 SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
+RECORDS_TTL_S = 1.0  # the records are read again at least this often
 PEAK_S = 2.0  # "in flight" is the most seen over this long
 BUSY_RETRY_S = 1.0  # a swap refused by the host's lock is tried again after this
 
@@ -128,6 +130,9 @@ class Broker:
         self._ids = 0
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
         self._in_flight: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, sessions) readings
+        self._generation: dict[str, int] = {}  # host -> jobs started or ended there
+        self._record_cache: dict[str, tuple[tuple[int, int], dict[str, Deployment], dict[str, Residency]]] = {}
+        agent.jobs.observers.append(self._job_event)
 
     # -- the proxy's side -------------------------------------------------------------------------
     def open(self, name: str, stream: bool = False) -> Ticket:
@@ -136,6 +141,8 @@ class Broker:
         now = self.clock.monotonic()
         catalog = self.agent.catalog
         model = next((m for m, spec in catalog.models.items() if spec.served == name), None)
+        if model is not None:
+            self.refresh(catalog.model_host(model).name, now)
         with self.lock:
             self._ids += 1
             if model is None:
@@ -176,15 +183,20 @@ class Broker:
                 swap.cancelled += 1
 
     def position(self, ticket: Ticket) -> int:
-        with self.lock:
-            queue = self.tickets.get(ticket.model, [])
-            return queue.index(ticket) + 1 if ticket in queue else 0
+        """Its place in its model's queue (0: not queued); without the lock, so a connection's waiting
+        lines never wait for a pass that holds it (the proxy takes 5 s of silence for a dead agent)."""
+        try:
+            return list(self.tickets.get(ticket.model, ())).index(ticket) + 1
+        except ValueError:
+            return 0
 
     # -- the loops ----------------------------------------------------------------------------------
     def tick(self) -> float:
         """One pass of the demand loop; returns the seconds to wait."""
         now = self.clock.monotonic()
         for host in self._hosts():
+            if any(t.host == host for q in list(self.tickets.values()) for t in list(q)):
+                self.refresh(host, now)
             with self.lock:
                 self._finish_swap(host, now)
                 if not any(t.host == host for q in self.tickets.values() for t in q):
@@ -203,6 +215,7 @@ class Broker:
         now = self.clock.monotonic()
         waits = [IDLE_TICK_S]
         for host in self._hosts():
+            self.refresh(host, now)
             with self.lock:
                 box = self._box(host, now, sessions=True)  # also a reading of what is in flight
                 if not any(m.idle_sleep_s or m.idle_stop_s for n in self.agent.catalog.models_on(host)
@@ -350,13 +363,46 @@ class Broker:
         cat = self.agent.catalog
         return sorted({cat.model_host(n).name for n, m in cat.models.items() if m.on_demand})
 
-    def _box(self, host: str, now: float, *, sessions: bool = False) -> Box:
+    def _records(self, host: str) -> tuple[dict[str, Deployment], dict[str, Residency]]:
+        """What serves and sleeps on ``host`` by the records: read again after a job started or ended
+        there, and at least each RECORDS_TTL_S (a CLI run without the agent changes them too), so a
+        flood of held requests does not read the store for each one."""
+        generation = self._generation.get(host, 0)
+        cached = self._record_cache.get(host)
+        if cached is not None and cached[0] == (generation, int(self.clock.monotonic() / RECORDS_TTL_S)):
+            return cached[1], cached[2]
         cat, ops = self.agent.catalog, self.agent.ops
         serving = {d.model: d for d in ops.store.serving_set(host)}
         records = ops.residency.residency(host) if any(cat.models[n].sleep for n in cat.models_on(host)) else {}
+        if self.agent.jobs.busy(host) is None:  # a running job may change them at any moment
+            self._record_cache[host] = ((generation, int(self.clock.monotonic() / RECORDS_TTL_S)), serving, records)
+        return serving, records
+
+    def _job_event(self, what: str, job: Job) -> None:
+        """Jobs' observer: a job started or ended on a host, its records may have changed."""
+        self._generation[job.host] = self._generation.get(job.host, 0) + 1
+
+    def refresh(self, host: str, now: float) -> None:
+        """Read the proxy's sessions for ``host`` when the last reading is old; outside the lock (it
+        runs a command on the host)."""
+        cached = self._sessions.get(host)
+        if cached is not None and now - cached[0] < SESSIONS_TTL_S:
+            return
+        serving, _ = self._records(host)
+        proxy = self.agent.ops.ports_for(host).proxy
+        engines = sorted({(d.spec.address, d.spec.port) for d in serving.values()})
+        try:
+            found = proxy.sessions(engines) if proxy is not None and engines else {}
+        except OrchestratorError as exc:  # no figures: nothing counts as in flight or recent
+            log.warning("demand_sessions_unknown", host=host, error=str(exc))
+            found = {}
+        self._sessions[host] = (now, found)
+
+    def _box(self, host: str, now: float, *, sessions: bool = False) -> Box:
+        cat = self.agent.catalog
+        serving, records = self._records(host)
         epoch = self.clock.now()
-        seen = self._sessions_of(host, now, [(d.spec.address, d.spec.port) for d in serving.values()]) \
-            if sessions and serving else {}
+        seen = self._sessions.get(host, (0.0, {}))[1] if sessions else {}
         views: dict[str, ModelView] = {}
         for name in cat.models_on(host):
             spec, rec, dep = cat.models[name], records.get(name), serving.get(name)
@@ -406,19 +452,6 @@ class Broker:
         while seen and seen[0][0] < now - PEAK_S:
             seen.popleft()
         return max(n for _, n in seen)
-
-    def _sessions_of(self, host: str, now: float, engines: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
-        cached = self._sessions.get(host)
-        if cached is not None and now - cached[0] < SESSIONS_TTL_S:
-            return cached[1]
-        proxy = self.agent.ops.ports_for(host).proxy
-        try:
-            found = proxy.sessions(sorted(set(engines))) if proxy is not None else {}
-        except OrchestratorError as exc:  # no figures: nothing counts as in flight or recent
-            log.warning("demand_sessions_unknown", host=host, error=str(exc))
-            found = {}
-        self._sessions[host] = (now, found)
-        return found
 
     # -- operators first --------------------------------------------------------------------------
     def yield_to(self, host: str, what: str, timeout_s: float) -> None:
