@@ -40,7 +40,7 @@ TICK_S = 0.1  # the demand loop's pace while requests wait or a swap runs
 IDLE_TICK_S = 1.0  # the idle loop's longest wait
 SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
 RECORDS_TTL_S = 1.0  # the records are read again at least this often
-PEAK_S = 2.0  # "in flight" is the most seen over this long
+ROUTED_S = 1.0  # requests just answered ready count as in flight this long (HAProxy counts them late)
 BUSY_RETRY_S = 1.0  # a swap refused by the host's lock is tried again after this
 
 
@@ -129,7 +129,7 @@ class Broker:
         self.backoff: dict[str, tuple[float, str]] = {}  # host -> (until, why): its lock was held elsewhere
         self._ids = 0
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
-        self._in_flight: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, sessions) readings
+        self._routed: dict[str, tuple[float, int]] = {}  # model -> (when, how many) last answered ready
         self._generation: dict[str, int] = {}  # host -> jobs started or ended there
         self._record_cache: dict[str, tuple[tuple[int, int], dict[str, Deployment], dict[str, Residency]]] = {}
         agent.jobs.observers.append(self._job_event)
@@ -293,7 +293,7 @@ class Broker:
         if outcome == "active":
             for t in waiting:
                 self._answer(t, {"ready": True}, "ready")
-            self._in_flight.setdefault(swap.model, deque(maxlen=1000)).append((now, len(waiting)))  # not yet in scur
+            self._routed[swap.model] = (now, len(waiting))  # not yet in HAProxy's scur
         elif isinstance(result.get("error"), dict) and result["error"].get("type") in ("Busy", "NodeInUse"):
             # the host's lock was taken (a CLI without the agent): its requests wait, the next try in a while
             self.tickets[swap.model] = waiting
@@ -323,7 +323,7 @@ class Broker:
                 for t in queue:
                     self._answer(t, {"ready": True}, "ready")
                 if queue:
-                    self._in_flight.setdefault(model, deque(maxlen=1000)).append((now, len(queue)))
+                    self._routed[model] = (now, len(queue))
                 queue.clear()
             coming = box.running == model
             for t in [t for t in queue if now - t.arrived >= (t.limit_s if coming else t.deadline_s)]:
@@ -419,7 +419,7 @@ class Broker:
                 priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
                 idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
                 since=None if began is None else now - max(0.0, epoch - began), last_request=last,
-                in_flight=self._peak(name, counted.current if counted is not None else 0, now),
+                in_flight=self._in_flight_now(name, counted.current if counted is not None else 0, now),
                 waiting=tuple(t.arrived for t in self.tickets.get(name, [])))
         swap = self.running.get(host)
         return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(self.swaps.get(host, ())),
@@ -443,17 +443,11 @@ class Broker:
         what = " ".join(str(v) for v in job.args.values() if v not in (None, False, {}))
         return f"{job.op} {what}".strip()
 
-    def _peak(self, model: str, current: int, now: float) -> int:
-        """The most requests in flight for ``model`` seen over the last PEAK_S: closed-loop clients leave
-        a gap between one answer and their next request, which one reading would take for no demand."""
-        seen = self._in_flight.setdefault(model, deque(maxlen=1000))
-        if not seen or seen[-1] != (now, current):
-            seen.append((now, current))
-        while seen and seen[0][0] < now - PEAK_S:
-            seen.popleft()
-        return max(n for _, n in seen)
+    def _in_flight_now(self, model: str, current: int, now: float) -> int:
+        """HAProxy's count, or the requests just answered ready when more (it counts them late)."""
+        when, n = self._routed.get(model, (0.0, 0))
+        return max(current, n) if now - when < ROUTED_S else current
 
-    # -- operators first --------------------------------------------------------------------------
     def yield_to(self, host: str, what: str, timeout_s: float) -> None:
         """An operator's operation is about to start on ``host``: no on-demand swap starts from now on,
         and the one running (if any) is waited for, up to ``timeout_s``."""
