@@ -41,6 +41,7 @@ IDLE_TICK_S = 1.0  # the idle loop's longest wait
 SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
 RECORDS_TTL_S = 1.0  # the records are read again at least this often
 ROUTED_S = 1.0  # requests just answered ready count as in flight this long (HAProxy counts them late)
+PEAK_S = 1.5  # in flight: the most HAProxy counted over this long
 BUSY_RETRY_S = 1.0  # a swap refused by the host's lock is tried again after this
 
 
@@ -109,6 +110,7 @@ class _Swap:
     job: Job | None = None
     cancelled: int = 0  # its requests that went away meanwhile
     settled: bool = False  # its requests were answered from its result
+    abandoned: bool = False  # given up: nobody waited any more
 
 
 def _reply(reject: Reject) -> dict[str, Any]:
@@ -130,6 +132,7 @@ class Broker:
         self._ids = 0
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
         self._routed: dict[str, tuple[float, int]] = {}  # model -> (when, how many) last answered ready
+        self._readings: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, in flight) by HAProxy
         self._generation: dict[str, int] = {}  # host -> jobs started or ended there
         self._record_cache: dict[str, tuple[tuple[int, int], dict[str, Deployment], dict[str, Residency]]] = {}
         agent.jobs.observers.append(self._job_event)
@@ -270,6 +273,7 @@ class Broker:
             swap = self.running.get(host)
             if swap is None or swap.model != model or self.tickets.get(model) or not swap.cancelled:
                 return None
+            swap.abandoned = True
             return (f"abandoned: every request waiting for {model} was cancelled ({swap.cancelled}) while it "
                     "cold-started")
 
@@ -294,6 +298,9 @@ class Broker:
             for t in waiting:
                 self._answer(t, {"ready": True}, "ready")
             self._routed[swap.model] = (now, len(waiting))  # not yet in HAProxy's scur
+        elif swap.abandoned and waiting:
+            self.tickets[swap.model] = waiting  # they came after it was given up: the next pass decides
+            self.agent.metrics.demand_queue(swap.model, len(waiting))
         elif isinstance(result.get("error"), dict) and result["error"].get("type") in ("Busy", "NodeInUse"):
             # the host's lock was taken (a CLI without the agent): its requests wait, the next try in a while
             self.tickets[swap.model] = waiting
@@ -393,9 +400,9 @@ class Broker:
         engines = sorted({(d.spec.address, d.spec.port) for d in serving.values()})
         try:
             found = proxy.sessions(engines) if proxy is not None and engines else {}
-        except OrchestratorError as exc:  # no figures: nothing counts as in flight or recent
-            log.warning("demand_sessions_unknown", host=host, error=str(exc))
-            found = {}
+        except OrchestratorError as exc:  # no figures (the master re-executing on a reload): the last ones
+            log.info("demand_sessions_unknown", host=host, error=str(exc))
+            found = cached[1] if cached is not None else {}
         self._sessions[host] = (now, found)
 
     def _box(self, host: str, now: float, *, sessions: bool = False) -> Box:
@@ -444,9 +451,17 @@ class Broker:
         return f"{job.op} {what}".strip()
 
     def _in_flight_now(self, model: str, current: int, now: float) -> int:
-        """HAProxy's count, or the requests just answered ready when more (it counts them late)."""
+        """The most HAProxy counted over the last PEAK_S (closed-loop clients leave gaps between an
+        answer and their next request), or the requests just answered ready when more (it counts them
+        late)."""
+        seen = self._readings.setdefault(model, deque(maxlen=256))
+        if not seen or seen[-1] != (now, current):
+            seen.append((now, current))
+        while seen and seen[0][0] < now - PEAK_S:
+            seen.popleft()
+        peak = max(n for _, n in seen)
         when, n = self._routed.get(model, (0.0, 0))
-        return max(current, n) if now - when < ROUTED_S else current
+        return max(peak, n) if now - when < ROUTED_S else peak
 
     def yield_to(self, host: str, what: str, timeout_s: float) -> None:
         """An operator's operation is about to start on ``host``: no on-demand swap starts from now on,

@@ -430,3 +430,44 @@ def test_requests_just_routed_count_as_in_flight(dw: DemandWorld) -> None:
     assert ticket.answer is not None and ticket.answer["status"] == 429 and "b is asked more" in ticket.answer["message"]
     dw.clock.sleep(1.5)
     assert dw.broker.open("a").answer is None
+
+
+def test_a_request_after_an_abandoned_start_waits_for_the_next_decision(dw: DemandWorld) -> None:
+    """a's only request went away and its start was abandoned; one that came meanwhile is not failed
+    with the abandoned switch's 503 but starts a again."""
+    dw.host.behaviours["vllm-a.service"] = "never_ready"
+    first = dw.broker.open("a")
+    late: list[Ticket] = []
+
+    dw.clock.on_sleep.append(lambda: "start vllm-a.service" in dw.host.calls and dw.broker.cancel(first))
+
+    def arrives_during_the_rollback(dep: Any) -> None:
+        if dep.phase.value == "rolling_back" and not late:
+            late.append(dw.broker.open("a"))
+
+    dw.ops.before_step = arrives_during_the_rollback
+    result = dw.run_swap()
+    assert result["outcome"] == "rolled_back" and late and late[0].answer is None
+    dw.clock.on_sleep.clear()
+    dw.ops.before_step = None
+    dw.host.behaviours.pop("vllm-a.service")
+    dw.run_swap()
+    assert late[0].answer == {"ready": True}
+
+
+def test_a_failed_sessions_reading_keeps_the_last_one(dw: DemandWorld) -> None:
+    """HAProxy's master does not answer for a moment (a reload): a keeps counting what it had."""
+    from orchestrator.errors import ProxyError
+
+    dw.ops.switch("a")
+    spec = dw.store.serving_set("box")[0].spec
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=4, idle_s=0.0, total=4)
+    dw.broker.idle_tick()
+
+    def gone(engines: Any) -> Any:
+        raise ProxyError("no master")
+
+    dw.proxy.sessions = gone  # type: ignore[method-assign]
+    dw.clock.sleep(2)
+    ticket = dw.broker.open("bee")
+    assert ticket.answer is not None and ticket.answer["status"] == 429
