@@ -74,6 +74,11 @@ class DemandWorld:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
+def routed(config: str, port: int) -> bool:
+    """Whether the proxy's config sends requests to the engine on ``port`` (a disabled server does not)."""
+    return any(f":{port}" in line and "disabled" not in line for line in config.splitlines())
+
+
 @pytest.fixture
 def dw(tmp_path: Path) -> DemandWorld:
     return DemandWorld(tmp_path)
@@ -205,6 +210,7 @@ def test_a_request_held_back_past_its_deadline_is_429(tmp_path: Path) -> None:
                              "b": {"repo": "org/b", "port": 8002, **SHARED, "demand_deadline_s": 5}})
     dw.broker.open("b")
     dw.run_swap()
+    dw.clock.sleep(3)  # b's requests were answered 3 s ago: no longer counted as in flight
     dw.broker.open("a")
     dw.run_swap()  # a displaces b: the one swap of this minute
     ticket = dw.broker.open("b")
@@ -238,7 +244,7 @@ def test_an_idle_model_sleeps_after_idle_sleep_s(tmp_path: Path) -> None:
     job = dw.broker.idle_jobs["box"]
     assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "asleep"
     assert dw.states() == {"a": "asleep"} and dw.serving() == []
-    assert ":8001" not in (dw.proxy.config or "")
+    assert not routed(dw.proxy.config or "", 8001)
     events = [e for e in dw.store.events(kind="demand_idle")]
     assert events and "idle_sleep_s 60" in events[0]["reason"]
 
@@ -325,10 +331,10 @@ def test_a_tune_run_holds_precedence_between_its_switches(dw: DemandWorld) -> No
 
 
 def test_a_model_with_more_requests_in_flight_keeps_its_gpus(dw: DemandWorld) -> None:
-    """a serves 2 requests (HAProxy's scur): a single request for b is 429 at once, nothing swaps."""
+    """a serves 3 requests (HAProxy's scur): a single request for b is 429 at once, nothing swaps."""
     dw.ops.switch("a")
     spec = dw.store.serving_set("box")[0].spec
-    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=2, idle_s=0.0, total=2)
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=3, idle_s=0.0, total=3)
     dw.broker.tick()
     ticket = dw.broker.open("bee")
     dw.broker.tick()
@@ -370,3 +376,114 @@ def test_nothing_starts_while_the_agent_stops(dw: DemandWorld) -> None:
     dw.stopping.set()
     dw.broker.tick()
     assert dw.broker.running == {} and dw.jobs.running == {}
+
+
+def test_a_request_for_a_serving_model_waits_while_a_switch_runs(dw: DemandWorld) -> None:
+    """a serves but an operator's switch runs (it may be taking a down): held, not ready, until it ends."""
+    dw.ops.switch("a")
+    release = threading.Event()
+    job = dw.jobs.submit("box", "switch", {"model": "c"}, lambda j: (release.wait(10), {"outcome": "active"})[1])
+    ticket = dw.broker.open("a")
+    dw.broker.tick()
+    assert ticket.answer is None
+    release.set()
+    assert job.done.wait(10)
+    dw.broker.tick()
+    assert ticket.answer == {"ready": True} and dw.broker.running == {}
+
+
+def test_a_request_past_its_deadline_waits_for_its_own_running_swap(tmp_path: Path) -> None:
+    """b asleep (wake deadline 5 s: held 6 s): its swap runs longer (a slow host); the request is not
+    failed at 6 s but waits for the swap, up to the cold deadline the proxy holds it for."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED},
+                                       "b": {"repo": "org/b", "port": 8002, **SHARED, "wake_deadline_s": 5}})
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    release, blocked = threading.Event(), threading.Event()
+
+    def slow_drain() -> None:  # the swap's drain polls: hold it there
+        if not release.is_set():
+            blocked.set()
+            release.wait(30)
+
+    ticket = dw.broker.open("b")
+    dw.proxy.busy = 3
+    dw.clock.on_sleep.append(slow_drain)
+    dw.broker.tick()
+    assert blocked.wait(30)
+    dw.clock.t += 10  # past its 6 s while the swap runs
+    dw.broker.tick()
+    assert ticket.answer is None
+    release.set()
+    swap = dw.broker.running["box"]
+    assert swap.job is not None and swap.job.done.wait(30)
+    assert ticket.answer == {"ready": True}
+
+
+def test_requests_just_routed_count_as_in_flight(dw: DemandWorld) -> None:
+    """A swap to b answered 3 held requests ready; before HAProxy counts them a lone request for a is
+    429; a second later (HAProxy's figures then count) it is held."""
+    for _ in range(3):
+        dw.broker.open("bee")
+    dw.run_swap()
+    ticket = dw.broker.open("a")
+    assert ticket.answer is not None and ticket.answer["status"] == 429 and "b is asked more" in ticket.answer["message"]
+    dw.clock.sleep(1.5)
+    assert dw.broker.open("a").answer is None
+
+
+def test_a_request_after_an_abandoned_start_waits_for_the_next_decision(dw: DemandWorld) -> None:
+    """a's only request went away and its start was abandoned; one that came meanwhile is not failed
+    with the abandoned switch's 503 but starts a again."""
+    dw.host.behaviours["vllm-a.service"] = "never_ready"
+    first = dw.broker.open("a")
+    late: list[Ticket] = []
+
+    dw.clock.on_sleep.append(lambda: "start vllm-a.service" in dw.host.calls and dw.broker.cancel(first))
+
+    def arrives_during_the_rollback(dep: Any) -> None:
+        if dep.phase.value == "rolling_back" and not late:
+            late.append(dw.broker.open("a"))
+
+    dw.ops.before_step = arrives_during_the_rollback
+    result = dw.run_swap()
+    assert result["outcome"] == "rolled_back" and late and late[0].answer is None
+    dw.clock.on_sleep.clear()
+    dw.ops.before_step = None
+    dw.host.behaviours.pop("vllm-a.service")
+    dw.run_swap()
+    assert late[0].answer == {"ready": True}
+
+
+def test_a_failed_sessions_reading_keeps_the_last_one(dw: DemandWorld) -> None:
+    """HAProxy's master does not answer for a moment (a reload): a keeps counting what it had."""
+    from orchestrator.errors import ProxyError
+
+    dw.ops.switch("a")
+    spec = dw.store.serving_set("box")[0].spec
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=4, idle_s=0.0, total=4)
+    dw.broker.idle_tick()
+
+    def gone(engines: Any) -> Any:
+        raise ProxyError("no master")
+
+    dw.proxy.sessions = gone  # type: ignore[method-assign]
+    dw.clock.sleep(2)
+    ticket = dw.broker.open("bee")
+    assert ticket.answer is not None and ticket.answer["status"] == 429
+
+
+def test_an_idle_sleep_that_keeps_its_memory_stops_the_engine_instead(tmp_path: Path) -> None:
+    """a's sleep answers 200 but keeps its GPU memory: the idle loop stops it, its GPUs end free, the
+    event names the sleep's failure."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60}})
+    dw.broker.open("a")
+    dw.run_swap()
+    dw.host.engine_behaviours["vllm-a.service"] = "leaky_sleep"
+    dw.clock.sleep(61)
+    dw.broker.idle_tick()
+    job = dw.broker.idle_jobs["box"]
+    assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "stopped"
+    assert dw.states() == {"a": "stopped"} and not dw.ports.gpus.snapshot().processes
+    event = dw.store.events(kind="demand_idle")[0]
+    assert event["outcome"] == "stopped" and "still holds" in event["sleep_failed"]
