@@ -120,19 +120,21 @@ def test_a_tune_survives_the_cli_that_started_it_and_another_client_follows_it_t
 
 def test_the_agent_killed_mid_run_resumes_it_on_restart_and_another_client_attaches_with_resume(
         agent: TuneAgent, host: Host) -> None:
-    """SIGKILL the agent after the first candidate: started again it resumes the run; `tune --resume`
-    from another client follows it to the report; tp2 is not measured twice."""
+    """SIGKILL the agent after the first candidate: started again it resumes the run; `tune --resume
+    --apply` from another client follows it to the report and writes the winner's layout into the
+    agent's deploy.toml (a config push); tp2 is not measured twice."""
     first = agent.popen(*RUN)
     agent.await_measured(1)
     agent.kill()
     _out, err = first.communicate(timeout=60)
     assert first.returncode != 0 and "tune --follow" in err, err  # it lost the agent: detached
     agent.start()
-    resumed = agent.cli("tune", "--resume", "--yes", "--json")
+    resumed = agent.cli("tune", "--resume", "--yes", "--apply", "--json")
     assert resumed.returncode == 0, resumed.stderr
     report = json.loads(resumed.stdout)
     assert report["decision"]["winner"] == "tiny.tp4" and report["serving"]["model"] == "tiny.tp4"
     assert _measured(agent.state) == 2 and _tp2_benched(agent.cfg) == 1
+    assert report["applied"] and settings.load(agent.cfg).models["tiny"].tensor_parallel == 4
 
 
 def test_abort_from_another_client_stops_the_run_before_its_next_candidate(agent: TuneAgent, host: Host) -> None:

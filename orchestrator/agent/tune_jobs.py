@@ -83,13 +83,13 @@ class TuneJobs:
         """Stage the weights and pick the candidates, holding the host; nothing stops."""
         req = request_of(args)
         host = self._owned(self.ops().host_of(args.model))
-        return _stream(self._submit(host, "tune plan", args.model_dump(exclude={"config_json"}),
+        return _stream(self._submit(host, "tune plan", _shown(args),
                                     lambda t: t.prepare(req).summary()))
 
     def start(self, args: TuneArgs) -> Iterator[dict[str, Any]]:
         req = request_of(args)
         host = self._owned(self.ops().host_of(args.model))
-        return _stream(self._submit(host, "tune", args.model_dump(exclude={"config_json"}),
+        return _stream(self._submit(host, "tune", _shown(args),
                                     lambda t: t.start(t.prepare(req))))
 
     def resume(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]:
@@ -160,6 +160,11 @@ class TuneJobs:
                 continue
             started.add(host)
         return started
+
+
+def _shown(args: TuneArgs) -> dict[str, Any]:
+    """What a busy host's refusal and `status --follow` name of a run: its model and layouts."""
+    return {"model": args.model, "layouts": args.layouts}
 
 
 def _resume(host: str) -> Callable[[Tuner], dict[str, Any]]:
