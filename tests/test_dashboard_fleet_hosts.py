@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from tests.browser import chromium
 from tests.builders.agent import HOOKS, PY, STATE
 from tests.builders.switch import config_text
+from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet, boot_hosts
 from tests.test_agent_hosts import install_agent
 from tests.test_rollout_hosts import Controller, box_cli, box_models
@@ -40,22 +42,34 @@ def fleet() -> Iterator[HostSet]:
 @pytest.fixture
 def controller(fleet: HostSet, tmp_path: Path) -> Iterator[Controller]:
     """Every box's own agent (with the pause hook) serving alpha; the controller's agent started here."""
-    for h in fleet.hosts:
-        install_agent(h, config_text(h, Path(STATE), box_models(), transport="local"), tmp_path)
-    for h in fleet.hosts:
-        assert box_cli(h, "switch", "alpha").returncode == 0
+    def serve_alpha(h: Host) -> None:
+        (tmp_path / h.name).mkdir()
+        install_agent(h, config_text(h, Path(STATE), box_models(), transport="local"), tmp_path / h.name)
+        assert box_cli(h, "switch", "alpha").returncode == 0, h.name
+
+    on_each(fleet.hosts, serve_alpha)
     ctl = Controller(fleet, tmp_path)
     ctl.start()
     try:
         yield ctl
     finally:
-        for h in fleet.hosts:
+        for h in fleet.hosts:  # a test that failed mid-hold: the boxes go on, so the controller can stop
             h.run(f"rm -f {HOOKS}/pause-at", check=False)
         ctl.release()
         ctl.stop()
-        for h in fleet.hosts:
-            h.run("systemctl stop orchestrator-agent.service", check=False)
-            h.reset()
+        on_each(fleet.hosts, stop_and_reset)
+
+
+def on_each(hosts: list[Host], step: Callable[[Host], None]) -> None:
+    """``step`` on every box at once (each box is its own machine: one at a time only adds up the waits)."""
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        for fut in [pool.submit(step, h) for h in hosts]:
+            fut.result()
+
+
+def stop_and_reset(host: Host) -> None:
+    host.run("systemctl stop orchestrator-agent.service", check=False)
+    host.reset()
 
 
 @pytest.fixture
