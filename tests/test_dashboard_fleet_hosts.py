@@ -88,16 +88,23 @@ def forwarded(controller: Controller) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def host_state(driver: Any, host: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, f'table.rollout tr[data-host="{host}"]').get_attribute("data-state"))
+# One read of the page in its own script: atomic against the SSE updates that replace its sections.
+SNAPSHOT = """
+const q = (sel, f) => Object.fromEntries([...document.querySelectorAll(sel)].map(f));
+const ro = document.querySelector("p.rollout");
+return {status: ro ? ro.dataset.status : null, label: ro ? ro.querySelector(".label").textContent : "",
+        hosts: q("table.rollout tr[data-host]", r => [r.dataset.host, r.querySelector("td.state").textContent]),
+        batches: q("table.rollout tbody[data-batch]", b => [b.dataset.batch, b.dataset.state]),
+        serving: q('table.boxes tr[data-reachable="true"]', r => [r.dataset.host, r.querySelector("td.serving").textContent])};
+"""
 
 
-def batch_state(driver: Any, index: int) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, f'table.rollout tbody[data-batch="{index}"]').get_attribute(
-        "data-state"))
+def page(driver: Any) -> dict[str, Any]:
+    return dict(driver.execute_script(SNAPSHOT))
 
 
 def serving(driver: Any) -> dict[str, str]:
+    """The boxes table's serving column, read through the DOM API (works with JavaScript off)."""
     return {str(r.get_attribute("data-host")): r.find_element(By.CSS_SELECTOR, "td.serving").text
             for r in driver.find_elements(By.CSS_SELECTOR, 'table.boxes tr[data-reachable="true"]')}
 
@@ -113,26 +120,24 @@ def test_the_fleet_page_follows_a_rollout_batch_by_batch(fleet: HostSet, control
         wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
         assert driver.current_url.endswith("/fleet")
         driver.execute_script("window.loadedOnce = true")
-        assert serving(driver) == dict.fromkeys(("h1", "h2", "h3", "h4"), "alpha")
+        assert page(driver)["serving"] == dict.fromkeys(("h1", "h2", "h3", "h4"), "alpha")
 
         for h in fleet.hosts[1:3]:  # batch 1 (h2, h3) held before its engine starts
             h.write_file(f"{HOOKS}/pause-at", "starting")
         rollout = controller.popen("rollout", "beta")
-        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, 'table.rollout tr[data-host="h2"][data-state="switching"]')
-                   and "switching (starting)" in d.find_element(
-                       By.CSS_SELECTOR, 'table.rollout tr[data-host="h2"] td.state').text)
-        assert (host_state(driver, "h1"), batch_state(driver, 0)) == ("switched", "done")
-        assert batch_state(driver, 1) == "switching" and batch_state(driver, 2) == "pending"
-        assert "running: batch 1 switching" in driver.find_element(By.CSS_SELECTOR, "p.rollout .label").text
-        wait.until(lambda d: serving(d).get("h1") == "beta")
+        held = wait.until(lambda d: (v := page(d))["hosts"].get("h2") == "switching (starting)"
+                          and v["serving"].get("h1") == "beta" and v)
+        assert held["hosts"]["h1"] == "switched" and held["hosts"]["h4"] == "pending"
+        assert held["batches"] == {"0": "done", "1": "switching", "2": "pending"}
+        assert held["label"] == "running: batch 1 switching"
         SHOTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SHOTS / "fleet-rollout.png"))
 
         for h in fleet.hosts[1:3]:
             h.run(f"rm -f {HOOKS}/pause-at")
-        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "p.rollout").get_attribute("data-status") == "succeeded")
-        assert [batch_state(driver, i) for i in range(3)] == ["done", "done", "done"]
-        wait.until(lambda d: serving(d) == dict.fromkeys(("h1", "h2", "h3", "h4"), "beta"))
+        done = wait.until(lambda d: (v := page(d))["status"] == "succeeded"
+                          and v["serving"] == dict.fromkeys(("h1", "h2", "h3", "h4"), "beta") and v)
+        assert done["batches"] == {"0": "done", "1": "done", "2": "done"}
         assert driver.execute_script("return window.loadedOnce") is True
         assert rollout.wait(timeout=120) == 0
     finally:
