@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from tests.browser import chromium
 from tests.builders.agent import HOOKS, PY, STATE
 from tests.builders.switch import config_text
+from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet, boot_hosts
 from tests.test_agent_hosts import install_agent
 from tests.test_rollout_hosts import Controller, box_cli, box_models
@@ -40,22 +42,34 @@ def fleet() -> Iterator[HostSet]:
 @pytest.fixture
 def controller(fleet: HostSet, tmp_path: Path) -> Iterator[Controller]:
     """Every box's own agent (with the pause hook) serving alpha; the controller's agent started here."""
-    for h in fleet.hosts:
-        install_agent(h, config_text(h, Path(STATE), box_models(), transport="local"), tmp_path)
-    for h in fleet.hosts:
-        assert box_cli(h, "switch", "alpha").returncode == 0
+    def serve_alpha(h: Host) -> None:
+        (tmp_path / h.name).mkdir()
+        install_agent(h, config_text(h, Path(STATE), box_models(), transport="local"), tmp_path / h.name)
+        assert box_cli(h, "switch", "alpha").returncode == 0, h.name
+
+    on_each(fleet.hosts, serve_alpha)
     ctl = Controller(fleet, tmp_path)
     ctl.start()
     try:
         yield ctl
     finally:
-        for h in fleet.hosts:
+        for h in fleet.hosts:  # a test that failed mid-hold: the boxes go on, so the controller can stop
             h.run(f"rm -f {HOOKS}/pause-at", check=False)
         ctl.release()
         ctl.stop()
-        for h in fleet.hosts:
-            h.run("systemctl stop orchestrator-agent.service", check=False)
-            h.reset()
+        on_each(fleet.hosts, stop_and_reset)
+
+
+def on_each(hosts: list[Host], step: Callable[[Host], None]) -> None:
+    """``step`` on every box at once (each box is its own machine: one at a time only adds up the waits)."""
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        for fut in [pool.submit(step, h) for h in hosts]:
+            fut.result()
+
+
+def stop_and_reset(host: Host) -> None:
+    host.run("systemctl stop orchestrator-agent.service", check=False)
+    host.reset()
 
 
 @pytest.fixture
@@ -74,16 +88,23 @@ def forwarded(controller: Controller) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def host_state(driver: Any, host: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, f'table.rollout tr[data-host="{host}"]').get_attribute("data-state"))
+# One read of the page in its own script: atomic against the SSE updates that replace its sections.
+SNAPSHOT = """
+const q = (sel, f) => Object.fromEntries([...document.querySelectorAll(sel)].map(f));
+const ro = document.querySelector("p.rollout");
+return {status: ro ? ro.dataset.status : null, label: ro ? ro.querySelector(".label").textContent : "",
+        hosts: q("table.rollout tr[data-host]", r => [r.dataset.host, r.querySelector("td.state").textContent]),
+        batches: q("table.rollout tbody[data-batch]", b => [b.dataset.batch, b.dataset.state]),
+        serving: q('table.boxes tr[data-reachable="true"]', r => [r.dataset.host, r.querySelector("td.serving").textContent])};
+"""
 
 
-def batch_state(driver: Any, index: int) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, f'table.rollout tbody[data-batch="{index}"]').get_attribute(
-        "data-state"))
+def page(driver: Any) -> dict[str, Any]:
+    return dict(driver.execute_script(SNAPSHOT))
 
 
 def serving(driver: Any) -> dict[str, str]:
+    """The boxes table's serving column, read through the DOM API (works with JavaScript off)."""
     return {str(r.get_attribute("data-host")): r.find_element(By.CSS_SELECTOR, "td.serving").text
             for r in driver.find_elements(By.CSS_SELECTOR, 'table.boxes tr[data-reachable="true"]')}
 
@@ -99,26 +120,24 @@ def test_the_fleet_page_follows_a_rollout_batch_by_batch(fleet: HostSet, control
         wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
         assert driver.current_url.endswith("/fleet")
         driver.execute_script("window.loadedOnce = true")
-        assert serving(driver) == dict.fromkeys(("h1", "h2", "h3", "h4"), "alpha")
+        assert page(driver)["serving"] == dict.fromkeys(("h1", "h2", "h3", "h4"), "alpha")
 
         for h in fleet.hosts[1:3]:  # batch 1 (h2, h3) held before its engine starts
             h.write_file(f"{HOOKS}/pause-at", "starting")
         rollout = controller.popen("rollout", "beta")
-        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, 'table.rollout tr[data-host="h2"][data-state="switching"]')
-                   and "switching (starting)" in d.find_element(
-                       By.CSS_SELECTOR, 'table.rollout tr[data-host="h2"] td.state').text)
-        assert (host_state(driver, "h1"), batch_state(driver, 0)) == ("switched", "done")
-        assert batch_state(driver, 1) == "switching" and batch_state(driver, 2) == "pending"
-        assert "running: batch 1 switching" in driver.find_element(By.CSS_SELECTOR, "p.rollout .label").text
-        wait.until(lambda d: serving(d).get("h1") == "beta")
+        held = wait.until(lambda d: (v := page(d))["hosts"].get("h2") == "switching (starting)"
+                          and v["serving"].get("h1") == "beta" and v)
+        assert held["hosts"]["h1"] == "switched" and held["hosts"]["h4"] == "pending"
+        assert held["batches"] == {"0": "done", "1": "switching", "2": "pending"}
+        assert held["label"] == "running: batch 1 switching"
         SHOTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SHOTS / "fleet-rollout.png"))
 
         for h in fleet.hosts[1:3]:
             h.run(f"rm -f {HOOKS}/pause-at")
-        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "p.rollout").get_attribute("data-status") == "succeeded")
-        assert [batch_state(driver, i) for i in range(3)] == ["done", "done", "done"]
-        wait.until(lambda d: serving(d) == dict.fromkeys(("h1", "h2", "h3", "h4"), "beta"))
+        done = wait.until(lambda d: (v := page(d))["status"] == "succeeded"
+                          and v["serving"] == dict.fromkeys(("h1", "h2", "h3", "h4"), "beta") and v)
+        assert done["batches"] == {"0": "done", "1": "done", "2": "done"}
         assert driver.execute_script("return window.loadedOnce") is True
         assert rollout.wait(timeout=120) == 0
     finally:
