@@ -121,6 +121,11 @@ class EngineWedged(EngineError):
     Only a restart frees it (vLLM keeps half its memory and hangs every request)."""
 
 
+class Abandoned(OrchestratorError):
+    """A cold start on demand that nobody waits for any more: every held request was cancelled. The
+    switch fails on purpose and rolls back (the engine stopped, its GPUs verified free)."""
+
+
 class SleepLeftMemory(GpuBusy):
     """An engine answered its sleep with 200 but kept more GPU memory than a sleeper's residue."""
 

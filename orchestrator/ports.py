@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orchestrator.core.haproxy_cli import Sessions
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
 from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
 from orchestrator.core.resident import Residency
@@ -327,6 +328,11 @@ class FrontProxy(Protocol):
 
     def port_holder(self) -> str | None:
         """When the proxy does not run: what already listens on its address and port, else None."""
+        ...
+
+    def sessions(self, engines: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
+        """Each engine's sessions now and seconds since its last one, over every proxy worker
+        (models on demand: idleness); an engine the proxy has no server for is left out."""
         ...
 
 

@@ -556,6 +556,7 @@ class FakeProxy:
         self.busy = 0
         self.drains: list[list[tuple[str, int]]] = []
         self.taken_by: str | None = None
+        self.counted: dict[tuple[str, int], Any] = {}  # engine -> core.haproxy_cli.Sessions
 
     def apply(self, config: str) -> bool:
         if self.config == config:
@@ -575,6 +576,10 @@ class FakeProxy:
 
     def port_holder(self) -> str | None:
         return self.taken_by if self.config is None else None
+
+    def sessions(self, engines: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Any]:
+        """What a test put in ``counted`` (engine -> Sessions) for the engines asked about."""
+        return {e: self.counted[e] for e in engines if e in self.counted}
 
 
 class FakeRolloutStore:

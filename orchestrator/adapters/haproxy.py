@@ -14,7 +14,15 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from orchestrator.core.catalog import Proxy
-from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, new_worker, parse_show_proc
+from orchestrator.core.haproxy_cli import (
+    OldWorker,
+    Procs,
+    Sessions,
+    draining,
+    new_worker,
+    parse_show_proc,
+    sessions,
+)
 from orchestrator.core.proxy import master_socket, sha
 from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, ProxyError
@@ -54,6 +62,12 @@ if proc is not None and sys.argv[2] == "old":
             pid = line.split()[0]
             old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": ask("@!" + pid + " show stat") or ""}
 json.dump({"proc": proc, "old": old}, sys.stdout)
+"""
+# `show stat` of every worker, current and old, through the master CLI (models on demand: idleness).
+_STATS_CLI = _MASTER_CLI.split("proc = ask")[0] + """
+proc = ask("show proc")
+pids = [ln.split()[0] for ln in (proc or "").splitlines() if ln.split()[1:2] == ["worker"] and ln.split()[0].isdigit()]
+json.dump(None if proc is None else [ask("@!" + pid + " show stat") or "" for pid in pids], sys.stdout)
 """
 RELOAD_TIMEOUT_S = 30.0  # a reload re-parses one small config: seconds at most, even on a loaded host
 _POLL_S = 0.05
@@ -166,6 +180,17 @@ class HaproxyProxy:
             # runs and the master is only re-executing (unknown: ask again).
             return None if self.systemd.unit_state(UNIT).is_active else 0
         return draining(procs, workers, engines)
+
+    def sessions(self, engines: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
+        result = self.shell.run([self.python, "-c", _STATS_CLI, master_socket(self.proxy)], check=False,
+                                idempotent=True)
+        try:
+            answers = json.loads(result.stdout) if result.ok else None
+        except ValueError:
+            answers = None
+        if not isinstance(answers, list):  # no master answered (it re-executes on a reload, or is gone)
+            raise ProxyError(f"HAProxy's master CLI {master_socket(self.proxy)} gave no `show stat`", host=self.host)
+        return sessions([str(a) for a in answers], engines)
 
     def port_holder(self) -> str | None:
         if self.systemd.unit_state(UNIT).is_active:

@@ -14,6 +14,7 @@ import sdnotify
 from orchestrator import logs
 from orchestrator.agent.config_ops import ConfigRevisions
 from orchestrator.agent.controller import FleetController
+from orchestrator.agent.demand import Broker
 from orchestrator.agent.loadout import Loadout, build
 from orchestrator.agent.loops import Failures, Loop, dead
 from orchestrator.agent.metrics import Metrics
@@ -60,6 +61,16 @@ class Agent:
             Loop("watch", self.watch.tick, stopping=self.stopping, clock=self.clock, failures=self.failures,
                  limit_s=stall_limit(catalog.policy.watch_interval_s)),
         ]
+        # Models on demand: the broker answers the front proxy's held requests (agent/demand.py); its
+        # loops and socket run when the file has an on-demand model at start.
+        self.broker = Broker(self, self.clock)
+        if any(m.on_demand for m in catalog.models.values()):
+            self.loops += [
+                Loop("demand", self.broker.tick, stopping=self.stopping, clock=self.clock, failures=self.failures,
+                     limit_s=stall_limit(1.0), retry_s=0.5),
+                Loop("demand_idle", self.broker.idle_tick, stopping=self.stopping, clock=self.clock,
+                     failures=self.failures, limit_s=stall_limit(1.0)),
+            ]
         self.reported_dead: list[str] = []
         # config show/push need the file the agent was started from; revisions live in its state.db
         self.configs = (ConfigRevisions(config_path, catalog.state_dir, group=catalog.socket_group)
@@ -80,6 +91,7 @@ class Agent:
         server = ControlServer(self.socket, self)
         threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
         dashboard = self._start_dashboard()
+        demand = self._start_demand()
         log.info("agent_started", socket=self.socket, hosts=list(self.catalog.hosts))
         for host in self.catalog.hosts:  # reconcile what a crash left unfinished, before anything new
             if self.ops.unfinished(host):
@@ -101,6 +113,13 @@ class Agent:
         server.server_close()
         if dashboard is not None:
             dashboard.close()
+        if demand is not None:
+            demand.shutdown()
+            demand.server_close()
+            try:
+                os.unlink(self.catalog.demand_socket())
+            except FileNotFoundError:
+                pass
         try:
             os.unlink(self.socket)
         except FileNotFoundError:
@@ -112,6 +131,21 @@ class Agent:
 
         server = start(self)
         self.dashboard_socket = None if server is None else str(server.server_address)
+        return server
+
+    def _start_demand(self) -> Any:
+        """The demand socket, when a model is on demand (the front proxy asks it for held requests)."""
+        from orchestrator.agent.demand_server import DemandServer
+
+        if not any(m.on_demand for m in self.catalog.models.values()):
+            return None
+        path = self.catalog.demand_socket()
+        try:
+            server = DemandServer(path, self.broker)
+        except OSError as exc:
+            raise AgentError(f"the demand socket {path} ([proxy] demand_socket) cannot be opened: {exc}") from exc
+        threading.Thread(target=server.serve_forever, name="demand-socket", daemon=True).start()
+        log.info("demand_socket_listening", socket=path)
         return server
 
     def loops_healthy(self) -> bool:
@@ -158,8 +192,19 @@ class Agent:
         assert spec.job is not None
         # one host per job: recover without --host on several hosts is refused, naming them
         host = args.on if args.on is not None else self.catalog.only_host().name
-        return self.jobs.submit(host, spec.name, args.model_dump(), lambda job: spec.in_process(
-            self.ops, args, Caller(progress=self._publisher(job), trigger=trigger)))
+        # Operators first: an on-demand swap running on the host is waited for (no new one starts meanwhile).
+        self.broker.yield_to(host, f"{spec.name} by {trigger}", timeout_s=self._yield_s(host))
+        try:
+            return self.jobs.submit(host, spec.name, args.model_dump(), lambda job: spec.in_process(
+                self.ops, args, Caller(progress=self._publisher(job), trigger=trigger)))
+        finally:
+            self.broker.resume(host)
+
+    def _yield_s(self, host: str) -> float:
+        """The longest an operation waits for an on-demand swap on ``host``: its longest cold start."""
+        deadlines = [self.catalog.demand_deadline(n, cold=True) for n in self.catalog.models_on(host)
+                     if self.catalog.models[n].on_demand]
+        return max(deadlines, default=0.0) + 60.0 if deadlines else 0.0
 
     @staticmethod
     def _publisher(job: Job) -> Any:
@@ -180,8 +225,11 @@ class Agent:
 
     # -- what only the agent answers (contract.ops.AgentSide) ---------------------------------------
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "running": {h: j.op for h, j in list(self.jobs.running.items())},
-                "dashboard": self.dashboard_socket}
+        out = {"pid": os.getpid(), "running": {h: j.op for h, j in list(self.jobs.running.items())},
+               "dashboard": self.dashboard_socket}
+        if any(m.on_demand for m in self.catalog.models.values()):
+            out["demand"] = self.broker.snapshot()
+        return out
 
     def annotate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return rows if self.configs is None else self.configs.annotate(rows)

@@ -28,6 +28,19 @@ class Metrics:
                                      "(schedules, watch); the loop goes on", ["loop"], registry=self.registry)
         self.loops_dead = Gauge("orchestrator_loops_dead", "Agent loops that exited or stopped making "
                                 "progress (watchdog pings withheld)", registry=self.registry)
+        # Models on demand (agent/demand.py): how long held requests waited and how they ended, swaps, refusals.
+        self.demand_waits = Histogram("orchestrator_demand_wait_seconds", "How long a request held by the front "
+                                      "proxy waited, by model and how it ended (ready, 429, 503, 404, cancelled)",
+                                      ["model", "outcome"], registry=self.registry,
+                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900))
+        self.demand_swaps = Counter("orchestrator_demand_swaps", "On-demand wakes and starts, by host, model, "
+                                    "kind (wake, start) and whether they displaced a serving model",
+                                    ["host", "model", "kind", "displacing"], registry=self.registry)
+        self.demand_refusals = Counter("orchestrator_demand_rejected", "Held requests answered other than ready, "
+                                       "by model and HTTP status (429: queue_limit or the swap cap)",
+                                       ["model", "status"], registry=self.registry)
+        self.demand_queued = Gauge("orchestrator_demand_queue", "Requests held now, by model",
+                                   ["model"], registry=self.registry)
 
     def start(self) -> None:
         if not self.port:
@@ -58,3 +71,15 @@ class Metrics:
 
     def dead_loops(self, count: int) -> None:
         self.loops_dead.set(count)
+
+    def demand_wait(self, model: str, outcome: str, seconds: float) -> None:
+        self.demand_waits.labels(model, outcome).observe(max(0.0, seconds))
+
+    def demand_swap(self, host: str, model: str, kind: str, *, displacing: bool) -> None:
+        self.demand_swaps.labels(host, model, kind, "true" if displacing else "false").inc()
+
+    def demand_rejected(self, model: str, status: int) -> None:
+        self.demand_refusals.labels(model, str(status)).inc()
+
+    def demand_queue(self, model: str, waiting: int) -> None:
+        self.demand_queued.labels(model).set(waiting)

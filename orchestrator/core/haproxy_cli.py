@@ -128,3 +128,35 @@ def draining(procs: Procs, workers: Mapping[int, OldWorker], engines: Iterable[t
     engines = list(engines)
     return sum(1 for pid in procs.old_workers
                if pid not in workers or may_reach(workers[pid], engines))
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """One engine's sessions as every worker of the proxy counts them (models on demand: idleness)."""
+
+    current: int  # scur, summed over the workers
+    idle_s: float | None  # lastsess: seconds since its last session, the least over the workers; None: never
+    total: int = 0  # stot, summed over the workers (a reload's new worker starts again from 0)
+
+
+def sessions(stats: Iterable[str], engines: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
+    """Each engine's Sessions from the ``show stat`` answers of the proxy's workers; an engine no
+    worker has a server for is left out (the proxy does not route to it)."""
+    engines = list(engines)
+    out: dict[tuple[str, int], Sessions] = {}
+    for text in stats:
+        for row in _stat_rows(text):
+            if row.get("svname") in ("FRONTEND", "BACKEND"):
+                continue
+            for engine in engines:
+                if not _matches(row.get("addr", ""), [engine]):
+                    continue
+                scur, stot = int(row.get("scur") or 0), int(row.get("stot") or 0)
+                last = int(row.get("lastsess") or -1)
+                seen = out.get(engine)
+                idle = None if last < 0 else float(last)
+                if seen is not None:
+                    scur, stot = scur + seen.current, stot + seen.total
+                    idle = seen.idle_s if idle is None else idle if seen.idle_s is None else min(idle, seen.idle_s)
+                out[engine] = Sessions(scur, idle, stot)
+    return out

@@ -12,6 +12,7 @@ from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.secrets import redact_tree
 from orchestrator.core.states import Event
+from orchestrator.errors import Abandoned
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore
 
 
@@ -43,6 +44,9 @@ class StepContext:
     record: Callable[[str, dict[str, Any]], None] = lambda kind, detail: None
     # Warm switches: each model's residency on this host (serving, asleep, stopped); None: no sleep.
     residency: ResidencyStore | None = None
+    # Models on demand: while the target cold-starts, why to give up (every waiting request was
+    # cancelled), else None; asked at each poll. The engine sets it for the target's own phases only.
+    abandon: Callable[[], str | None] | None = None
 
     @property
     def defaults(self) -> Defaults:
@@ -55,6 +59,9 @@ class StepContext:
         """Sleep between polls, unless the agent is stopping: then park the step."""
         if self.park.is_set():
             raise Parked()
+        why = self.abandon() if self.abandon is not None else None
+        if why:
+            raise Abandoned(why)
         self.ports.clock.sleep(seconds)
 
 

@@ -31,6 +31,9 @@ from orchestrator.errors import EngineWedged, NodeInUse, OrchestratorError, Smok
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.resources import template_text
 
+# A cold start on demand may be abandoned while the target itself loads (never in a rollback's phases).
+ABANDONABLE = frozenset({Phase.STARTING, Phase.CHECKING})
+
 log = logs.get_logger()
 
 PortsFactory = Callable[[str], HostPorts]
@@ -84,6 +87,8 @@ class Engine:
         self.before_step = before_step
         # Set by SIGTERM handling: finish the current step, persist, and leave the rest for resume.
         self.park = threading.Event()
+        # Models on demand: asked while the target starts and is checked (StepContext.abandon).
+        self.abandon: Callable[[], str | None] | None = None
 
     # -- planning -----------------------------------------------------------------------------
     def spec_for(self, model: Model, model_dir: str | None = None, revision: str | None = None) -> UnitSpec:
@@ -245,6 +250,7 @@ class Engine:
                 self.before_step(dep)  # test hook: pause or park at a named phase
             if self.park.is_set():
                 return self._parked(ctx, dep, blog)
+            ctx.abandon = self.abandon if dep.phase in ABANDONABLE else None
             try:
                 event = self._run_step(ctx, dep, blog)
             except Parked:

@@ -185,9 +185,13 @@ class Operations:
             yield
 
     def switch(self, model: str, *, trigger: str | None = None, no_rollback: bool = False, force: bool = False,
-               progress: ProgressCallback | None = None) -> dict[str, Any]:
+               progress: ProgressCallback | None = None,
+               abandon: Callable[[], str | None] | None = None) -> dict[str, Any]:
+        """Switch to ``model``; ``abandon`` (models on demand): asked while it cold-starts, a reason
+        fails the switch (Abandoned) so that it rolls back."""
         host = self.catalog.target(model=model).name
         with self._model_locks(model), self.running(progress) as eng:
+            eng.abandon = abandon
             recovered = self._recover_host(eng, host)
             dep = eng.plan_switch(model, trigger=trigger or default_trigger(), no_rollback=no_rollback, force=force)
             if dep is None:
@@ -364,8 +368,13 @@ class Operations:
             self.catalog.host(host)
         out = []
         eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
+        # Models on demand: the requests each on-demand switch served and their waits (agent/demand.py).
+        demand = {e.get("deployment_id"): e for e in reversed(self.store.events(host=host, kind="demand", limit=500))}
         for d in self.store.history(host, limit):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
+            if d.id in demand:
+                row["demand"] = {k: demand[d.id].get(k) for k in ("requests", "cancelled", "cold", "waits_s",
+                                                                  "wait_max_s")}
             if d.spec.nodes:  # what it did on each node, as persisted while it ran
                 row["node_progress"] = [{k: e.get(k) for k in ("phase", "step", "node", "unit", "at")}
                                         for e in eng.node_progress(d)]

@@ -1,0 +1,90 @@
+"""The idle half of models on demand, as operations of the box: put an idle serving model to sleep
+(route away, drain, sleep mode=wait, verify its GPUs by PID) and stop an idle sleeper (its memory
+verified free). Each holds the host's lock like every other operation and is recorded as an event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.core.records import ServingChange
+from orchestrator.core.resident import ASLEEP, STOPPED
+from orchestrator.deploy import actions, warm
+from orchestrator.deploy.context import StepContext
+from orchestrator.deploy.locks import host_lock
+from orchestrator.deploy.operations import Operations
+from orchestrator.deploy.warm_steps import engine_of, mark, residue_mib, sleeper_mib, weights_gib
+from orchestrator.errors import EngineError, SleepLeftMemory, UsageError
+from orchestrator.ports import ProgressCallback
+
+
+def _ctx(ops: Operations, host: str, progress: ProgressCallback | None, **bound: Any) -> StepContext:
+    return StepContext(ports=ops.ports_for(host), catalog=ops.catalog, progress=progress or (lambda e, f: None),
+                       bound={"host": host, **bound}, residency=ops.residency)
+
+
+def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCallback | None = None) -> dict[str, Any]:
+    """Put serving ``model`` to sleep: the route goes first (its requests are then held by the proxy
+    for the agent), in-flight requests finish, then the engine sleeps and its GPUs are read. A sleep
+    that errs or keeps its memory stops the engine instead."""
+    host = ops.host_of(model)
+    level = ops.catalog.models[model].sleep
+    with host_lock(ops.state_dir, host, ops.holder(host)):
+        serving = ops.store.serving_set(host)
+        dep = next((d for d in serving if d.model == model), None)
+        if dep is None:
+            raise UsageError(f"{model} does not serve on {host}: nothing to put to sleep")
+        if level is None or not warm.sleep_enabled(dep.spec):
+            raise UsageError(f"{model} has no sleep mode: it can only be stopped")
+        ctx = _ctx(ops, host, progress, revision=dep.revision)
+        rest = [d for d in serving if d.revision != dep.revision]
+        actions.route(ctx, [d.spec for d in rest])
+        actions.drain(ctx, [dep.spec])
+        _leave_set(ops, host, dep.revision, [d.revision for d in rest])
+        outcome = "asleep"
+        try:
+            control = ctx.ports.engine
+            if control is None:
+                raise EngineError(f"host {host} has no engine control port")
+            took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, dep.spec),
+                                       level=2 if level == "level2" else 1, residue_mib=residue_mib(ctx))
+            mark(ctx, model, ASLEEP, level=level, unit=dep.spec.unit_name, weights_gib=weights_gib(ctx, dep.spec))
+            detail: dict[str, Any] = {"seconds": round(took, 3)}
+        except (SleepLeftMemory, EngineError) as exc:
+            _stop_verified(ctx, model, dep.spec.unit_name, dep.spec.gpus)
+            outcome, detail = "stopped", {"sleep_failed": str(exc)}
+        ops.record_event(ctx.ports.clock.now(), host, "demand_idle",
+                         {"model": model, "outcome": outcome, "reason": reason, "revision": dep.revision, **detail})
+        return {"host": host, "model": model, "outcome": outcome, "reason": reason, **detail}
+
+
+def stop_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCallback | None = None) -> dict[str, Any]:
+    """Stop idle ``model``: a serving one as `stop` does (route, drain, stop, free); a sleeper by its
+    unit, its GPUs then verified free of it."""
+    host = ops.host_of(model)
+    if any(d.model == model for d in ops.store.serving_set(host)):
+        result = ops.stop(model, progress=progress)
+    else:
+        spec = ops.catalog.models[model]
+        with host_lock(ops.state_dir, host, ops.holder(host)):
+            ctx = _ctx(ops, host, progress)
+            _stop_verified(ctx, model, spec.unit_name, spec.gpus)
+        result = {"host": host, "model": model, "outcome": "stopped"}
+    ops.record_event(ops.ports_for(host).clock.now(), host, "demand_idle",
+                     {"model": model, "outcome": "stopped", "reason": reason})
+    return {**result, "reason": reason}
+
+
+def _stop_verified(ctx: StepContext, model: str, unit: str, gpus: tuple[int, ...]) -> None:
+    actions.stop_units(ctx, [unit])
+    actions.free_gpus(ctx, gpus, [unit], sleepers=sleeper_mib(ctx, but=[model]))
+    if ctx.ports.systemd.unit_state(unit).exists:
+        ctx.ports.systemd.disable(unit)
+    mark(ctx, model, STOPPED, unit=unit)
+
+
+def _leave_set(ops: Operations, host: str, revision: int, rest: list[int]) -> None:
+    current = ops.store.serving(host)
+    ops.store.move_serving(ServingChange(
+        pointers=((host, None),) if current is not None and current.revision == revision else (),
+        sets=((host, tuple(rest)),)))

@@ -1,0 +1,201 @@
+"""The demand socket: where the front proxy asks the agent for a model it holds a request for.
+
+Per held request the proxy connects and sends one line, ``{"model": NAME, "stream": BOOL}``. The
+agent answers ``{"waiting": SECONDS, "queued": N}`` at least every second while the request waits,
+then one final line and closes: ``{"ready": true}`` (route it now) or ``{"status": 429|404|503,
+"message": ..., "retry_after_s": INT or null}``. The proxy closing its end means the client went
+away: the request no longer waits. Only root, the agent's own user and HAProxy's may connect.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import resource
+import select
+import socket
+import socketserver
+import threading
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from orchestrator import logs
+from orchestrator.agent.demand import Broker
+from orchestrator.agent.server import _drain
+from orchestrator.contract.wire import encode, peer_credentials
+from orchestrator.core.documents import DocumentError, json_document
+
+log = logs.get_logger()
+
+MAX_LINE = 4096
+READ_TIMEOUT_S = 5.0
+BEAT_S = 0.5  # the waiting lines' pace: twice the promised once a second, so one late line is no alarm
+MAX_CONNECTIONS = 4096  # each held request is one connection; queue_limit bounds them per model
+PROXY_USER = "haproxy"  # Debian's package account: HAProxy's `user` when it drops root
+
+
+def allowed_uids() -> frozenset[int]:
+    """root, this process's user and HAProxy's account (when the box has one)."""
+    uids = {0, os.getuid()}
+    try:
+        uids.add(pwd.getpwnam(PROXY_USER).pw_uid)
+    except KeyError:
+        pass
+    return frozenset(uids)
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: DemandServer
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        try:
+            _, uid, _ = peer_credentials(sock)
+            if uid not in self.server.uids:
+                log.warning("demand_client_refused", uid=uid)
+                self._send({"status": 503, "message": f"uid {uid} may not use the demand socket (root and "
+                                                      "HAProxy's user only)", "retry_after_s": None})
+                _drain(sock)  # so the client reads the answer, not a reset from its unread line
+                return
+            request = self._read()
+            if isinstance(request, str):
+                self._send({"status": 503, "message": request, "retry_after_s": None})
+                _drain(sock)
+                return
+            self._serve(sock, request)
+        except OSError as exc:
+            log.info("demand_client_gone", error=type(exc).__name__)
+
+    def _read(self) -> dict[str, Any] | str:
+        """The request line as a dict, or what is wrong with it."""
+        sock: socket.socket = self.request
+        sock.settimeout(READ_TIMEOUT_S)
+        buf = b""
+        try:
+            while b"\n" not in buf and len(buf) <= MAX_LINE:
+                chunk = sock.recv(MAX_LINE + 1 - len(buf))
+                if not chunk:
+                    break
+                buf += chunk
+        except TimeoutError:
+            return f"bad demand request: no line within {READ_TIMEOUT_S:g} s"
+        line = buf.split(b"\n", 1)[0]
+        if b"\n" not in buf:
+            return f"bad demand request {line[:80]!r}: one JSON line of at most {MAX_LINE} bytes expected"
+        try:
+            request = json_document(line, "demand request")
+        except DocumentError as exc:
+            return f"bad demand request {line[:80]!r}: {exc.reason}"
+        if not isinstance(request, dict) or not isinstance(request.get("model"), str) \
+                or not isinstance(request.get("stream", False), bool) or set(request) - {"model", "stream"}:
+            return f"bad demand request {line[:80]!r}: {{\"model\": NAME, \"stream\": BOOL}} expected"
+        return request
+
+    def _serve(self, sock: socket.socket, request: dict[str, Any]) -> None:
+        broker = self.server.broker
+        ticket = broker.open(request["model"], bool(request.get("stream", False)))
+        try:
+            poller = select.poll()  # not select(): held requests may take descriptors past FD_SETSIZE
+            if ticket.answer is None:
+                poller.register(sock.fileno(), select.POLLIN)
+                poller.register(ticket.fileno(), select.POLLIN)
+            while ticket.answer is None:
+                ready = {fd for fd, _ in poller.poll(BEAT_S * 1000)}
+                if sock.fileno() in ready and not _alive(sock):
+                    broker.cancel(ticket)
+                    return
+                if ticket.answer is None:
+                    waited = broker.clock.monotonic() - ticket.arrived
+                    try:
+                        self._send({"waiting": round(waited, 1), "queued": broker.position(ticket)})
+                    except OSError:
+                        broker.cancel(ticket)
+                        return
+            self._send(ticket.answer)
+        finally:
+            ticket.close()
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        self.request.sendall(encode(obj))
+
+
+def _alive(sock: socket.socket) -> bool:
+    """The peer still holds its end (readable with data it should not send, or closed: gone)."""
+    try:
+        return bool(sock.recv(MAX_LINE, socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+class DemandServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, broker: Broker, uids: Collection[int] | None = None) -> None:
+        _room_for_connections()
+        self.broker = broker
+        self.uids = frozenset(uids) if uids is not None else allowed_uids()
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if os.path.exists(path):
+            _unlink_stale(path)
+        super().__init__(path, _Handler)
+        os.chmod(path, 0o660)  # peer credentials decide; the mode keeps everyone else from connecting
+        try:
+            os.chown(path, -1, grp.getgrnam(PROXY_USER).gr_gid)
+        except (KeyError, PermissionError):
+            os.chmod(path, 0o600)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            log.warning("demand_client_turned_away", connections=MAX_CONNECTIONS)
+            try:
+                request.sendall(encode({"status": 429, "message": f"the agent holds {MAX_CONNECTIONS} requests "
+                                                                  "already", "retry_after_s": 1}))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.exception("demand_socket_error")
+
+
+def _room_for_connections() -> None:
+    """Each held request takes three descriptors (its connection, its wake-up pipe): raise the soft
+    limit (1024 under systemd) to the hard one, up to what MAX_CONNECTIONS needs and a margin."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 4 * MAX_CONNECTIONS + 1024
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+
+
+def _unlink_stale(path: str) -> None:
+    """A socket left by a crashed agent goes; a live one (another agent) or a non-socket stays."""
+    import stat
+
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise OSError(f"{path} exists and is not a socket: refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise OSError(f"another agent already listens on {path}")
