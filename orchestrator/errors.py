@@ -64,6 +64,15 @@ class TransportError(OrchestratorError):
     exit_code = 4
 
 
+class RolloutPaused(TransportError):
+    """A rollout cannot go on: a box it switched (or must see) is unreachable; its agent carries on.
+    A controller's agent retries until the box answers; an in-CLI rollout ends, `rollout resume` goes on."""
+
+    def __init__(self, message: str, *, rollout: int, lost: list[str]) -> None:
+        super().__init__(message)
+        self.rollout, self.lost = rollout, lost
+
+
 class CommandFailed(OrchestratorError):
     """A command on a host exited non-zero: names the command, the exit code and its last output."""
 

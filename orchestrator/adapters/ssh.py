@@ -85,6 +85,14 @@ class SshShell:
         if self._conn.transport is not None:
             tune(self._conn.transport, self._keepalive)
 
+    def server_key(self) -> str:
+        """The host key this connection checked against known_hosts, as "type base64" (connects first)."""
+        self.connect()
+        transport = self._conn.transport
+        assert transport is not None
+        key = transport.get_remote_server_key()
+        return f"{key.get_name()} {key.get_base64()}"
+
     def _reset(self) -> None:
         self._conn.close()
 

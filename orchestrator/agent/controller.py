@@ -22,23 +22,37 @@ from orchestrator.client.backends import AgentClient
 from orchestrator.contract.args import RolloutStartArgs
 from orchestrator.contract.wire import error_reply
 from orchestrator.core.catalog import Catalog, Host
-from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
+from orchestrator.errors import AgentError, Busy, OrchestratorError, RolloutPaused, UsageError
 from orchestrator.ports import Clock
 from orchestrator.ports import RolloutStore as RolloutRecord
 from orchestrator.rollout.fleet import AfterBatch, Fleet, remote_client
 
 log = structlog.get_logger()
 
+# How often a rollout paused on a lost box tries that box again (it goes on once the box answers).
+RETRY_S = 10.0
+
 # Set only by code that embeds the agent (the tests' entry point holds the controller between batches
 # with it); no flag or environment variable reaches it.
 after_batch_hook: AfterBatch | None = None
 
 
+def own_hosts(catalog: Catalog) -> list[str]:
+    """The hosts this agent owns (watches, recovers, reports in its metrics): every host but those it
+    reaches only as its fleet's controller, the group hosts over SSH, whose own agents own them."""
+    grouped = {h for g in catalog.groups.values() for h in g.hosts}
+    return [n for n, h in catalog.hosts.items() if n not in grouped or h.transport == "local"]
+
+
 class FleetController:
     def __init__(self, catalog: Callable[[], Catalog], *, clock: Clock, pid: int,
                  store: RolloutRecord | None = None, connect: Callable[[Host], AgentClient] = remote_client,
-                 after_batch: AfterBatch | None = None) -> None:
+                 after_batch: AfterBatch | None = None, stopping: threading.Event | None = None,
+                 retry_s: float = RETRY_S) -> None:
+        """``stopping``: the agent's (a paused rollout stops retrying then; its restart resumes it)."""
         self.catalog, self.clock, self.pid, self.connect = catalog, clock, pid, connect
+        self.stopping, self.retry_s = stopping or threading.Event(), retry_s
+        self.paused: dict[int, str] = {}  # rollouts waiting for a lost box, with why (guarded by lock)
         self.after_batch = after_batch or after_batch_hook
         self._store = store
         self.runs: dict[int, Job] = {}  # the rollouts this agent drives now
@@ -66,9 +80,17 @@ class FleetController:
                      driven=lambda ro: ro.id in self.runs, on_start=on_start,
                      starting=self.starting)
 
+    def _is_controller(self) -> None:
+        """An agent whose deploy.toml has no groups drives no rollout: say so, not "unknown group"."""
+        if not self.catalog().groups:
+            raise UsageError(f"the agent (pid {self.pid}) that answered is not a fleet controller: its deploy.toml "
+                             "has no [groups.*]; reach the controller (--host CTL, or ORCHESTRATOR_SOCKET at its "
+                             "socket), or unset both to run the rollout in this CLI")
+
     # -- starting and driving -------------------------------------------------------------------
     def start(self, args: RolloutStartArgs, started_by: str | None) -> dict[str, Any]:
         """Preflight and record here (refusals go back to the caller), then drive in the background."""
+        self._is_controller()
         job = Job("controller", "rollout", args.model_dump())
         recorded = threading.Event()
         rid: list[int] = []
@@ -84,13 +106,15 @@ class FleetController:
             return fleet.rollout(args.model, group=args.group, canary=args.canary, batch=args.batch,
                                  max_failures=args.max_failures, rollback_all=args.rollback_all)
 
-        self._spawn(job, lambda: _closing(self._fleet(job, started_by, on_start), body), rid, failed, recorded)
+        self._spawn(job, lambda: self._driving(self._fleet(job, started_by, on_start), job, body), rid, failed,
+                    recorded)
         recorded.wait()
         if failed:
             raise failed[0]
         return {"id": rid[0], **self.summary(rid[0])}
 
     def resume(self, rid: int | None) -> dict[str, Any]:
+        self._is_controller()
         ro = self._fleet(None)._unfinished(rid)
         with self.lock:
             if ro.id in self.runs:
@@ -98,11 +122,13 @@ class FleetController:
                            "follow it with `orchestrator rollout status --follow`")
             job = Job("controller", "rollout resume", {"id": ro.id})
             self.runs[ro.id] = job
-        self._spawn(job, lambda: _closing(self._fleet(job), lambda f: f.drive(ro.id)), [ro.id], [], threading.Event())
+        self._spawn(job, lambda: self._driving(self._fleet(job), job, lambda f: f.drive(ro.id)), [ro.id], [],
+                    threading.Event())
         return {"id": ro.id, **self.summary(ro.id)}
 
     def abort(self, rid: int | None, rollback_all: bool) -> dict[str, Any]:
         """A driven rollout stops after its running batch; one nothing drives ends here, in the background."""
+        self._is_controller()
         fleet = self._fleet(None)
         ro = fleet._unfinished(rid)
         with self.lock:
@@ -114,8 +140,9 @@ class FleetController:
         if driven:
             return {**self.summary(ro.id), "message": f"abort requested: the controller (agent pid {self.pid}) "
                                                       "stops after its running batch"}
-        self._spawn(job, lambda: _closing(self._fleet(job), lambda f: f.drive(ro.id, rollback_all=rollback_all or None)), [ro.id], [],
-                    threading.Event())
+        self._spawn(job, lambda: self._driving(self._fleet(job), job,
+                                               lambda f: f.drive(ro.id, rollback_all=rollback_all or None)),
+                    [ro.id], [], threading.Event())
         return {**self.summary(ro.id), "message": "abort requested: ending it now"}
 
     def resume_unfinished(self) -> None:
@@ -155,17 +182,55 @@ class FleetController:
         self.threads.append(thread)
         thread.start()
 
+    def _driving(self, fleet: Fleet, job: Job, body: Callable[[Fleet], dict[str, Any]]) -> dict[str, Any]:
+        """``body``, then, while a box it needs is lost, the rollout paused: driven again every retry_s
+        until that box answers (what it did meanwhile is read from it, never switched twice); the
+        channels to the boxes are closed at the end."""
+        rid: int | None = None
+        try:
+            try:
+                return body(fleet)
+            except RolloutPaused as exc:
+                paused = exc
+            while True:
+                rid = paused.rollout
+                with self.lock:
+                    self.paused[rid] = str(paused)
+                log.warning("rollout_paused", rollout=rid, lost=paused.lost, retry_s=self.retry_s)
+                job.publish({"event": "rollout_paused", "fields": {
+                    "rollout": rid, "lost": paused.lost, "reason": str(paused), "retry_s": self.retry_s}})
+                if self.stopping.wait(self.retry_s):
+                    raise paused  # the agent stops: the rollout stays recorded; its restart resumes it
+                try:
+                    return fleet.drive(rid)
+                except RolloutPaused as again:
+                    paused = again
+        finally:
+            if rid is not None:
+                with self.lock:
+                    self.paused.pop(rid, None)
+            fleet.close()
+
     # -- watching -------------------------------------------------------------------------------
     def summary(self, rid: int | None) -> dict[str, Any]:
+        if rid is None:
+            self._is_controller()  # a rollout asked for by id may be an old one, from when it had groups
         out = self._fleet(None).summary(rid)
-        out["rollout"]["controller"] = {"pid": self.pid, "alive": out["rollout"]["id"] in self.runs,
-                                        "agent": True}
+        ro = out["rollout"]
+        ro["controller"] = {"pid": self.pid, "alive": ro["id"] in self.runs, "agent": True}
+        with self.lock:
+            why = self.paused.get(ro["id"])
+        if why is not None and ro["status"] == "running":
+            ro["status"] = "paused"
+            ro["reason"] = (f"{why.split('; ')[0]}; the controller (agent pid {self.pid}) tries again every "
+                            f"{self.retry_s:g} s and goes on once it answers")
         return out
 
     def follow(self, rid: int | None) -> Iterator[dict[str, Any]]:
         """The rollout's progress until it ends (from now on), then its summary; a rollout that is not
         driven here answers its summary at once."""
         if rid is None:
+            self._is_controller()
             open_ = self.store.unfinished()
             latest = self.store.latest()
             if latest is None:
@@ -182,10 +247,3 @@ class FleetController:
                 job.unlisten(q)
         yield {"result": self.summary(rid)}
 
-
-def _closing(fleet: Fleet, body: Callable[[Fleet], dict[str, Any]]) -> dict[str, Any]:
-    """Run one rollout's drive, then close its channels to the boxes (one SSH connection per box)."""
-    try:
-        return body(fleet)
-    finally:
-        fleet.close()

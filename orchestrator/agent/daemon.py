@@ -13,13 +13,14 @@ import sdnotify
 
 from orchestrator import logs
 from orchestrator.agent.config_ops import ConfigRevisions
-from orchestrator.agent.controller import FleetController
+from orchestrator.agent.controller import FleetController, own_hosts
 from orchestrator.agent.demand import Broker
 from orchestrator.agent.loadout import Loadout, build
 from orchestrator.agent.loops import Failures, Loop, dead
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.server import _DONE, ControlServer, Job, Jobs, authorized
 from orchestrator.agent.tasks import ScheduleTask, WatchTask
+from orchestrator.agent.tune_jobs import TuneJobs
 from orchestrator.contract.ops import Caller, Operation, lookup
 from orchestrator.contract.wire import socket_path
 from orchestrator.core.catalog import Catalog
@@ -81,7 +82,11 @@ class Agent:
         self.dashboard_socket: str | None = None  # where the dashboard serves, once started (status says)
         # rollouts this agent runs as its fleet's controller (agent/controller.py); test entry points
         # may replace it before run()
-        self.controller = FleetController(lambda: self.catalog, clock=self.clock, pid=os.getpid())
+        self.controller = FleetController(lambda: self.catalog, clock=self.clock, pid=os.getpid(),
+                                          stopping=self.stopping)
+        # tune runs, each a job of its model's host (agent/tune_jobs.py)
+        self.tuner = TuneJobs(self.jobs, lambda: self.ops, lambda: self.configs.path if self.configs else None,
+                              self.stopping)
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -93,8 +98,9 @@ class Agent:
         dashboard = self._start_dashboard()
         demand = self._start_demand()
         log.info("agent_started", socket=self.socket, hosts=list(self.catalog.hosts))
-        for host in self.catalog.hosts:  # reconcile what a crash left unfinished, before anything new
-            if self.ops.unfinished(host):
+        tuning = self.tuner.resume_unfinished(own_hosts(self.catalog))  # each recovers its own host first
+        for host in own_hosts(self.catalog):  # reconcile what a crash left unfinished, before anything new
+            if host not in tuning and self.ops.unfinished(host):
                 self._submit("recover", {"host": host}, "recover")
         self.controller.resume_unfinished()  # a controller that restarted drives its rollouts again
         self.notifier.notify("READY=1")
@@ -314,7 +320,7 @@ class Agent:
         self._refresh_metrics()
 
     def _refresh_metrics(self) -> None:
-        for host in self.catalog.hosts:
+        for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator import errors, logs
+from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.loops import Failures
 from orchestrator.agent.metrics import Metrics
 from orchestrator.core import schedule as sched
@@ -90,7 +91,7 @@ class WatchTask:
         self.unhealthy_since: dict[str, float] = {}
 
     def tick(self) -> float:
-        for host in self.catalog.hosts:
+        for host in own_hosts(self.catalog):  # not a controller's fleet hosts: their own agents watch them
             try:
                 self.check(host)
             except Exception as exc:  # noqa: BLE001 - the agent's top loop: one host must not skip the rest

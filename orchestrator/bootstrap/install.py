@@ -29,6 +29,7 @@ from orchestrator import settings
 from orchestrator.adapters.ssh import SshShell
 from orchestrator.agent.loadout import build
 from orchestrator.bootstrap import wheels
+from orchestrator.bootstrap.controller_keys import ControllerKeys, Reach
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.render import render_agent_unit
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
@@ -60,6 +61,8 @@ class Options:
     source: str | None = None
     wheel: str | None = None
     wheelhouse: str | None = None
+    # a controller's group hosts: reached from here to authorize its key (None: printed, not authorized)
+    authorize: Reach | None = None
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Report:
     version: str = ""
     fingerprint: str = ""
     python: str = ""
+    controller_keys: dict[str, str] = field(default_factory=dict)  # a controller's key paths -> public lines
 
     @property
     def changed(self) -> bool:
@@ -76,7 +80,7 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "changed": self.changed, "version": self.version,
-                "fingerprint": self.fingerprint, "python": self.python,
+                "fingerprint": self.fingerprint, "python": self.python, "controller_keys": self.controller_keys,
                 "steps": [{"step": s.name, "changed": s.changed, "detail": s.detail} for s in self.steps]}
 
 
@@ -334,6 +338,9 @@ class Installer:
         short = pkg.short if new_venv or not current else current
         self.report.python = python = f"{PREFIX}/venvs/{short}/bin/python"
         catalog = self.config()
+        if catalog.groups:  # a fleet's controller: its own SSH identity for the group's hosts
+            self.report.controller_keys = ControllerKeys(self.sh, self._step, self.say).setup(catalog,
+                                                                                           self.opts.authorize)
         self.group_and_state(catalog)
         unit_changed = self.unit(catalog, python)
         self.service(short, restart=new_venv or unit_changed)

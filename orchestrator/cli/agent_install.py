@@ -28,11 +28,20 @@ from orchestrator.errors import UsageError
 @click.option("--wheel", metavar="FILE", default=None, help="install this orchestrator wheel instead of building one")
 @click.option("--wheelhouse", metavar="DIR", default=None,
               help="dependency wheels for the box (default: resolved here into ~/.cache/orchestrator/wheelhouse)")
+@click.option("--authorize", is_flag=True,
+              help="a controller (deploy.toml with groups): also add its key to each group host's authorized_keys, "
+                   "reaching them from here with --key/--known-hosts (default: print the key to authorize)")
 @json_option
 def install(target: str, upgrade: bool, config: str | None, key: str | None, known_hosts: str | None,
-            base_python: str, source: str | None, wheel: str | None, wheelhouse: str | None, as_json: bool) -> None:
-    """Install (or --upgrade) the agent on a box over one SSH connection; a second run changes nothing."""
+            base_python: str, source: str | None, wheel: str | None, wheelhouse: str | None, authorize: bool,
+            as_json: bool) -> None:
+    """Install (or --upgrade) the agent on a box over one SSH connection; a second run changes nothing.
+
+    On a fleet's controller (its deploy.toml has groups) it also makes the SSH identity the controller
+    reaches the group's agents with: each group host's ssh_key (generated on the box when missing) and
+    its host key in the controller's known_hosts."""
     from orchestrator.adapters.ssh import SshShell
+    from orchestrator.bootstrap.controller_keys import Reach, group_hosts
     from orchestrator.bootstrap.install import Installer, Options, validate_config
     from orchestrator.client.targets import resolve
 
@@ -40,13 +49,14 @@ def install(target: str, upgrade: bool, config: str | None, key: str | None, kno
         raise UsageError(f"agent install takes the box as its argument; drop --host {remote_spec()}")
     if source and wheel:
         raise UsageError("--source and --wheel exclude each other: build from a tree or install a wheel")
-    opts = Options(upgrade=upgrade, base_python=base_python, source=source, wheel=wheel, wheelhouse=wheelhouse)
+    opts = Options(upgrade=upgrade, base_python=base_python, source=source, wheel=wheel, wheelhouse=wheelhouse,
+                   authorize=Reach(key, known_hosts) if authorize else None)
     if config is not None:
         try:
             opts.config_text, opts.config_name = text_of(userfiles.read_bytes(config), config), config
         except OSError as exc:
             raise UsageError(f"--config {config}: cannot read: {exc.strerror}") from None
-        validate_config(opts.config_text, config)  # exit 2 before anything is sent
+        group_hosts(validate_config(opts.config_text, config))  # exit 2 before anything is sent
     box = resolve(target, "agent install TARGET")
     shell = SshShell(box.address, port=box.port, user=box.user, key_filename=key or box.key,
                      known_hosts=known_hosts or box.known_hosts, host=box.name, default_keys=True)
@@ -58,6 +68,8 @@ def install(target: str, upgrade: bool, config: str | None, key: str | None, kno
         report = Installer(shell, opts, say).run()
     finally:
         shell.close()
+    for path, public in report.controller_keys.items():
+        click.echo(f"controller key {path} on {box.name}: {public}", err=True)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     elif report.changed:

@@ -62,6 +62,12 @@ class FleetProgress:
             self.live = None
 
     def __call__(self, host: str, event: str, fields: dict[str, Any]) -> None:
+        if event == "rollout_paused":  # the whole rollout waits for a lost box: no row of its own
+            if not self.quiet:
+                self.console.print(f"{time.monotonic() - self.t0:7.1f}s {fields.get('reason', 'paused')} "
+                                   f"(the controller tries again every {fields.get('retry_s', '?')} s)",
+                                   markup=False)
+            return
         row = self.rows.setdefault(host, {"batch": "", "state": "pending", "phase": "", "detail": ""})
         line: str | None = None
         if event == "rollout_host":

@@ -98,3 +98,28 @@ class RolloutIdArgs(Args):
 
 class RolloutAbortArgs(RolloutIdArgs):
     rollback_all: bool = False
+
+
+class TuneArgs(ModelArgs):
+    """A tune run an agent runs as a job of the model's host (agent/tune_jobs.py): the CLI's options,
+    as text where the CLI parses them (layouts, seqs: core/tune.py checks them again here)."""
+
+    layouts: str | None = Field(None, max_length=1000)
+    top: int = Field(3, ge=1, le=16)
+    seqs: str | None = Field(None, max_length=1000)
+    objective: str | None = Field(None, max_length=200)
+    concurrency: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(min_length=1, max_length=64)
+    max_tokens: int = Field(512, ge=1, le=10_000_000)
+    prompt_tokens: int = Field(128, ge=1, le=10_000_000)
+    duration_s: float | None = Field(None, gt=0, le=10_000_000)
+    requests: int | None = Field(None, ge=1, le=10_000_000)
+    repeats: int = Field(1, ge=1, le=20)
+    restore: bool = False
+    config_json: dict[str, object] | None = None  # --model-config, read by the CLI
+
+
+class TuneHostArgs(Args):
+    """Which unfinished or running tune run: the host's (None: the only host), or MODEL's host."""
+
+    host: str | None = Field(None, max_length=200)
+    model: str | None = Field(None, max_length=200)

@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # the argument models load with the first parse: a client nev
         RolloutStartArgs,
         StageArgs,
         SwitchArgs,
+        TuneArgs,
+        TuneHostArgs,
     )
     from orchestrator.core.catalog import Catalog, Host
     from orchestrator.deploy.operations import Operations
@@ -86,6 +88,9 @@ class AgentSide(Protocol):
     @property
     def controller(self) -> RolloutController: ...
 
+    @property
+    def tuner(self) -> TuneController: ...
+
 
 class RolloutController(Protocol):
     """What the rollout operations ask of the controller's agent (agent/controller.py implements it):
@@ -100,6 +105,23 @@ class RolloutController(Protocol):
     def resume(self, rid: int | None) -> dict[str, Any]: ...
 
     def abort(self, rid: int | None, rollback_all: bool) -> dict[str, Any]: ...
+
+
+class TuneController(Protocol):
+    """What the tune operations ask of an agent (agent/tune_jobs.py): each runs (or watches) a job that
+    holds the model's host, streamed until it ends; a client that goes away only detaches."""
+
+    def plan(self, args: TuneArgs) -> Iterator[dict[str, Any]]: ...
+
+    def start(self, args: TuneArgs) -> Iterator[dict[str, Any]]: ...
+
+    def resume(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]: ...
+
+    def abort(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]: ...
+
+    def follow(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]: ...
+
+    def status(self, args: TuneHostArgs) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -293,6 +315,20 @@ ROLLOUT_RESUME: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
 ROLLOUT_ABORT: Operation[RolloutAbortArgs, dict[str, Any]] = Operation(
     "rollout_abort", "RolloutAbortArgs", dict, "rollout abort",
     agent=lambda ag, a, c: ag.controller.abort(a.id, a.rollback_all))
+# A tune run, as a job of the agent that owns the model's host (agent/tune_jobs.py): the plan (staging
+# and the planner, before anything stops), the run, and what re-attaches to it from any client.
+TUNE_PLAN: Operation[TuneArgs, dict[str, Any]] = Operation(
+    "tune_plan", "TuneArgs", dict, "tune", stream=lambda ag, a: ag.tuner.plan(a))
+TUNE_START: Operation[TuneArgs, dict[str, Any]] = Operation(
+    "tune_start", "TuneArgs", dict, "tune", stream=lambda ag, a: ag.tuner.start(a))
+TUNE_RESUME: Operation[TuneHostArgs, dict[str, Any]] = Operation(
+    "tune_resume", "TuneHostArgs", dict, "tune --resume", stream=lambda ag, a: ag.tuner.resume(a))
+TUNE_ABORT: Operation[TuneHostArgs, dict[str, Any]] = Operation(
+    "tune_abort", "TuneHostArgs", dict, "tune --abort", stream=lambda ag, a: ag.tuner.abort(a))
+TUNE_FOLLOW: Operation[TuneHostArgs, dict[str, Any]] = Operation(
+    "tune_follow", "TuneHostArgs", dict, "tune --follow", stream=lambda ag, a: ag.tuner.follow(a))
+TUNE_STATUS: Operation[TuneHostArgs, dict[str, Any]] = Operation(
+    "tune_status", "TuneHostArgs", dict, "tune --status", agent=lambda ag, a, c: ag.tuner.status(a))
 
 # Every entry above, in the order declared: a new one needs no second listing.
 OPERATIONS: dict[str, Operation[Any, Any]] = {

@@ -20,7 +20,7 @@ from orchestrator.client.targets import Target
 from orchestrator.core import rollout as core
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.rollout import HostState, Rollout, RolloutStatus
-from orchestrator.errors import Busy, OrchestratorError, TransportError, UsageError
+from orchestrator.errors import Busy, OrchestratorError, RolloutPaused, TransportError, UsageError
 from orchestrator.ports import Clock
 from orchestrator.ports import RolloutStore as RolloutRecord
 from orchestrator.rollout.fanout import HostRequest, run_all
@@ -187,8 +187,9 @@ class Fleet:
             if h not in lost:
                 self._record(ro, h, r)
         if lost:  # its agent carries on; only a controller that sees the box again may say how it ended
-            raise TransportError(f"rollout #{ro.id} paused: lost {', '.join(lost)} mid-switch (its agent "
-                                 f"carries on); `orchestrator rollout resume` once it answers again")
+            raise RolloutPaused(f"rollout #{ro.id} paused: lost {', '.join(lost)} mid-switch (its agent "
+                                f"carries on); `orchestrator rollout resume` once it answers again",
+                                rollout=ro.id, lost=lost)
 
     def _record(self, ro: Rollout, host: str, result: Any) -> None:
         if isinstance(result, OrchestratorError):
@@ -209,6 +210,11 @@ class Fleet:
         status = run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in hosts])
         history = run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in hosts])
         bad = {h: r for h in hosts for r in (status[h], history[h]) if isinstance(r, OrchestratorError)}
+        if bad and all(isinstance(r, TransportError) for r in bad.values()):
+            raise RolloutPaused(f"rollout #{ro.id} paused: cannot reach {', '.join(bad)}, recorded switching "
+                                f"({_first_line(next(iter(bad.values())))}); it goes on once "
+                                f"{'they answer' if len(bad) > 1 else 'it answers'} again", rollout=ro.id,
+                                lost=list(bad))
         if bad:
             raise refuse(bad, "resume could not see every box that was switching")
         follow: list[str] = []
@@ -345,6 +351,10 @@ class Fleet:
             shown["reason"] = (f"its controller (pid {ro.pid}) is gone; `orchestrator rollout resume` finishes it, "
                                "`orchestrator rollout abort` ends it")
         return {"rollout": shown, "hosts": hosts}
+
+
+def _first_line(exc: OrchestratorError) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _batch_of(batches: list[tuple[str, ...]], host: str) -> int:

@@ -43,6 +43,17 @@ class SimulatedBox(AgentClient):
         """What a remote client does at the end: its SSH connection closes."""
         self.closed = True
 
+    def lose(self) -> None:
+        """The box drops off the network: new channels fail, a channel in flight ends unanswered (the
+        box's agent finishes what it runs, as a real one does)."""
+        self.unreachable = TransportError(f"host {self.name}: SSH connection lost (simulated)")
+
+    def come_back(self) -> None:
+        self.unreachable = None
+
+    def ended(self, op: str, stream: Any) -> OrchestratorError:
+        return self.unreachable or super().ended(op, stream)
+
     def switches(self, model: str) -> int:
         """Deployments of ``model`` this box made (the rollout must make exactly one)."""
         return sum(1 for d in self.deployments if d["model"] == model)
@@ -73,6 +84,8 @@ class SimulatedBox(AgentClient):
                 time.sleep(self.delay_s)  # the network: one round trip before the agent sees the request
                 try:
                     for item in self._answer(str(request["op"]), dict(request.get("args") or {})):
+                        if self.unreachable is not None and "result" in item:
+                            return  # lost meanwhile: the answer never reaches the controller
                         agent.sendall(encode(item))
                 except OrchestratorError as exc:
                     agent.sendall(encode(error_reply(exc)))

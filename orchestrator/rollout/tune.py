@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from orchestrator import settings as settings_mod
 from orchestrator import userfiles
 from orchestrator.adapters.smoke import bench_record
 from orchestrator.adapters.tune_store import TuneStore
+from orchestrator.contract.args import TuneArgs
 from orchestrator.core import planner
 from orchestrator.core import tune as core
 from orchestrator.core.catalog import Catalog
@@ -29,7 +31,7 @@ from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
 from orchestrator.deploy.locks import host_lock
 from orchestrator.deploy.operations import Operations
 from orchestrator.deploy.preflight import hardware_of
-from orchestrator.errors import UsageError
+from orchestrator.errors import AgentError, UsageError
 from orchestrator.loadgen import BenchPlan, BenchTarget, run_bench_blocking
 from orchestrator.ports import ProgressCallback
 
@@ -49,6 +51,18 @@ class TuneRequest:
     model_config: dict[str, Any] | None = None
 
 
+def request_of(args: TuneArgs) -> TuneRequest:
+    """A tune request from its contract arguments (an agent's client sent them), checked as the CLI checks."""
+    levels = tuple(args.concurrency)
+    plan = BenchPlan(concurrency=levels, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
+                     duration_s=args.duration_s, requests=args.requests)
+    obj = args.objective or f"throughput@{max(levels)}"
+    core.parse_objective(obj, levels)
+    layouts = core.parse_layouts(args.layouts) if args.layouts is not None else None
+    return TuneRequest(args.model, layouts, args.top, core.parse_seqs(args.seqs), obj, plan, args.repeats,
+                       args.restore, dict(args.config_json) if args.config_json is not None else None)
+
+
 @dataclass(frozen=True)
 class Prepared:
     request: TuneRequest
@@ -58,14 +72,28 @@ class Prepared:
     previous_model: str | None
     estimate: str
 
+    def summary(self) -> dict[str, Any]:
+        """What the CLI shows before anything stops (the same for a run in this process or in an agent)."""
+        req = self.request
+        return {"model": req.model, "host": self.host, "objective": req.objective,
+                "concurrency": list(req.bench.concurrency), "restore": req.restore, "estimate": self.estimate,
+                "candidates": [{"label": c.label, "name": c.name} for c in self.candidates],
+                "previous_model": self.previous_model, "previous_revision": self.previous_revision}
+
 
 def tune_store(catalog: Catalog) -> TuneStore:
     return TuneStore(Path(catalog.state_dir) / "state.db", group=catalog.socket_group)
 
 
 class Tuner:
-    def __init__(self, ops: Operations, config_path: Path, progress: ProgressCallback | None = None) -> None:
+    def __init__(self, ops: Operations, config_path: Path | None, progress: ProgressCallback | None = None, *,
+                 should_stop: Callable[[], bool] | None = None, should_park: Callable[[], bool] | None = None) -> None:
+        """``config_path``: the deploy.toml the winner's diff is of (None: no diff); asked before each
+        candidate: ``should_stop`` (an agent's `tune --abort` of a running run) True ends the run aborted,
+        ``should_park`` (the agent stops) True leaves it unfinished for the agent's restart to resume."""
         self.ops = ops
+        self.should_stop = should_stop or (lambda: False)
+        self.should_park = should_park or (lambda: False)
         self.catalog = ops.catalog
         self.config_path = config_path
         self.store = tune_store(ops.catalog)
@@ -149,6 +177,8 @@ class Tuner:
         name = self.catalog.target(model, host).name
         with self._lock(name):
             run = self._unfinished(name, model, "resume")
+            if self.ops.unfinished(name):  # killed mid-switch: that switch ends first, then the next candidate
+                self.ops.recover(name, progress=self.progress)
             return self._drive(run)
 
     def _unfinished(self, host: str, model: str | None, what: str) -> TuneRun:
@@ -163,11 +193,13 @@ class Tuner:
     def abort(self, host: str | None, model: str | None = None) -> dict[str, Any]:
         name = self.catalog.target(model, host).name
         with self._lock(name):
-            run = self._unfinished(name, model, "abort")
-            self.ops.recover(name, progress=self.progress)
-            back = self._restore(run)
-            self.store.finish(run.id, "aborted", self.ops.ports_for(name).clock.now(), None)
-            return {"run": run.id, "model": run.model, "host": name, "state": "aborted", "serving": back}
+            return self._aborted(self._unfinished(name, model, "abort"))
+
+    def _aborted(self, run: TuneRun) -> dict[str, Any]:
+        self.ops.recover(run.host, progress=self.progress)
+        back = self._restore(run)
+        self.store.finish(run.id, "aborted", self.ops.ports_for(run.host).clock.now(), None)
+        return {"run": run.id, "model": run.model, "host": run.host, "state": "aborted", "serving": back}
 
     def _lock(self, host: str) -> Any:
         return host_lock(self.catalog.state_dir, f"{host}.tune", f"a tune run is going on on host {host}")
@@ -195,6 +227,12 @@ class Tuner:
             if cand.name in done:
                 self.progress("tune_skip", {"candidate": cand.name, "why": "measured before the resume"})
                 continue
+            if self.should_stop():
+                self.progress("tune_aborting", {"run": run.id, "before": cand.name})
+                return self._aborted(run)
+            if self.should_park():
+                raise AgentError(f"tune run #{run.id} of {run.model} on host {run.host} parked before {cand.name}: "
+                                 "the agent is stopping; it resumes the run when it starts again")
             self.progress("tune_candidate", {"candidate": cand.name, "layout": cand.label, "index": i,
                                              "of": len(cands)})
             self._measure(run, vops, cand, bench, repeats)
@@ -281,7 +319,7 @@ class Tuner:
 
     def _changes(self, model: str, winner: core.Candidate | None) -> tuple[str | None, dict[str, Any]]:
         """The unified diff of deploy.toml that gives MODEL the winner's layout, and the keys it sets."""
-        if winner is None:
+        if winner is None or self.config_path is None:
             return None, {}
         try:
             text = text_of(userfiles.read_bytes(self.config_path), str(self.config_path))
@@ -303,7 +341,7 @@ class Tuner:
     def apply(self, model: str, report: dict[str, Any]) -> bool:
         """Write the winner's layout into deploy.toml (checked to load first); False when nothing changes."""
         changes = report.get("changes") or {}
-        if not changes:
+        if not changes or self.config_path is None:
             return False
         new = edit_model(userfiles.read_text(self.config_path), model, changes, str(self.config_path))
         fd, tmp = tempfile.mkstemp(dir=self.config_path.parent, prefix=".deploy.", suffix=".toml")

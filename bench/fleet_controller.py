@@ -1,0 +1,170 @@
+"""The controller's own overhead on real test hosts: one host's switch beside a rollout over 8 hosts
+with batch 8, through the controller's agent, with an engine whose load is a fixed sleep.
+
+Each host is a systemd-nspawn test host in its own network namespace running its own agent and the
+stand-in engine with `--load-time L` (a sleep before /health answers: the engine's start costs a few
+CPU tenths, so 8 of them on 2 cores do not hide the controller's part in CPU contention). The
+controller is an agent on this machine (`orchestrator agent` with the fleet's deploy.toml); the
+client is a CLI reaching its socket. Rounds alternate alpha -> beta -> alpha.
+
+Per run it prints the wall time, and for a rollout what its record (rollouts.db) splits it into:
+before the first switch (CLI start, connects, preflight fan-outs), the switches (first switch start
+to last end), and after (gate, finish, the CLI's exit), with the CPU seconds the controller's agent
+and the client CLI used (the rest of the machine's CPU went to the 8 boxes: agents, relays, engines).
+
+    .venv/bin/python bench/fleet_controller.py [--rounds N] [--load-time S] > bench/fleet_controller.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.builders.agent import CONFIG, PY
+from tests.builders.rollout import SOCKET, install
+from tests.builders.switch import MODELS
+from tests.hosts.machine import HostError
+from tests.hosts.pool import HostSet, boot_hosts
+
+PAIR = {"alpha": "beta", "beta": "alpha"}
+
+
+def controller_config(hostset: HostSet, state: Path) -> str:
+    lines = [f'state_dir = "{state}"']
+    for h in hostset.hosts:
+        lines += [f"[hosts.{h.name}]", f'address = "{h.address}"', f"ssh_port = {h.port}",
+                  f'ssh_key = "{hostset.key_path}"', f'known_hosts = "{hostset.known_hosts_path}"',
+                  f'python = "{PY}"', f'agent_socket = "{SOCKET}"']
+    names = ", ".join(f'"{h.name}"' for h in hostset.hosts)
+    lines += [f'[groups.fleet]\nhosts = [{names}]\ncanary = 0\nbatch = 8\ngate = "health"']
+    for name in ("alpha", "beta"):
+        lines += [f"[models.{name}]", 'group = "fleet"', f'repo = "test/{name}"', 'source = "none"',
+                  "gpus = [0, 1, 2, 3]", "tensor_parallel = 4", f"port = {MODELS[name]['port']}"]
+    return "\n".join(lines) + "\n"
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env={**os.environ, **env})
+    took = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:6])} ... exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-2000:]}")
+    return took
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def split(db: Path, t_start: float, wall: float) -> str:
+    """The latest rollout's record: before the first switch, the switches, after the last one."""
+    con = sqlite3.connect(db)
+    try:
+        rid, started = con.execute("SELECT id, started_at FROM rollouts ORDER BY id DESC LIMIT 1").fetchone()
+        first, last = con.execute("SELECT MIN(switched_at), MAX(ended_at) FROM rollout_hosts WHERE rollout_id = ?",
+                                  (rid,)).fetchone()
+    finally:
+        con.close()
+    before, switching = first - t_start, last - first
+    return (f"before {before:.2f} (to record {started - t_start:.2f}) switches {switching:.2f} "
+            f"after {wall - before - switching:.2f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--load-time", type=float, default=5.0, help="the stand-in engine's load sleep, seconds")
+    args = ap.parse_args()
+    t_run = time.monotonic()
+    print(f"# controller overhead benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"# machine: {os.cpu_count()} CPUs, {platform.platform()}, load {os.getloadavg()}")
+    print(f"# engine: stand-in, --load-time {args.load_time:g} (a sleep), 8 netns test hosts, batch 8, canary 0")
+    hostset = boot_hosts(8, netns=True)
+    work = Path(f"/tmp/fleet-ctl-bench-{os.getpid()}")
+    work.mkdir()
+    agent: subprocess.Popen[bytes] | None = None
+    models = {n: {**MODELS[n], "args": ["--load-time", f"{args.load_time:g}"]} for n in ("alpha", "beta")}
+    try:
+        for h in hostset.hosts:
+            for attempt in range(3):  # on a loaded machine an agent's start can exceed its unit's start timeout
+                try:
+                    install(h, models)
+                    break
+                except HostError as exc:
+                    print(f"# {h.name}: agent start failed (attempt {attempt + 1}): {str(exc).splitlines()[0]}")
+            h.run(f"{PY} -m orchestrator switch alpha --config {CONFIG}")
+        cfg = work / "deploy.toml"
+        state = work / "ctl"
+        cfg.write_text(controller_config(hostset, state))
+        with (work / "controller.log").open("ab") as log:
+            agent = subprocess.Popen([PY, "-m", "orchestrator", "agent", "--config", str(cfg), "--metrics-port", "0"],
+                                     cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not (state / "agent.sock").exists():
+            if time.monotonic() > deadline or agent.poll() is not None:
+                raise SystemExit("the controller's agent did not start:\n" + (work / "controller.log").read_text())
+            time.sleep(0.1)
+        h1 = hostset.hosts[0]
+        one_url = f"ssh://root@{h1.address}:{h1.port}"
+        hosts_file = work / "hosts.toml"
+        hosts_file.write_text(f'["{one_url}"]\nurl = "{one_url}"\nkey = "{h1.key_path}"\n'
+                              f'known_hosts = "{h1.known_hosts_path}"\npython = "{PY}"\nsocket = "{SOCKET}"\n')
+        cli = [PY, "-m", "orchestrator"]
+        env = {"ORCHESTRATOR_HOSTS_FILE": str(hosts_file)}
+        results: dict[str, list[float]] = {}
+
+        def record(name: str, seconds: float, detail: str = "") -> None:
+            results.setdefault(name, []).append(seconds)
+            print(f"{name}\t{seconds:.3f}" + (f"\t{detail}" if detail else ""), flush=True)
+
+        state_model = "alpha"
+        for _ in range(args.rounds):
+            for new in (PAIR[state_model], state_model):
+                cli_cpu = children_cpu_s()
+                took = timed([*cli, "--host", one_url, "switch", new], env)
+                record("one host: orchestrator --host switch", took,
+                       f"client CLI CPU {children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
+            for new in (PAIR[state_model], state_model):
+                t0, agent_cpu, cli_cpu = time.time(), cpu_s(agent.pid), children_cpu_s()
+                took = timed([*cli, "rollout", new, "--batch", "8", "--config", str(cfg)], env)
+                cpu = (f"controller agent CPU {cpu_s(agent.pid) - agent_cpu:.2f} s, client CLI CPU "
+                       f"{children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
+                record("8 hosts: rollout --batch 8 through the controller", took,
+                       f"{split(state / 'rollouts.db', t0, took)}; {cpu}")
+        print(f"# load at end {os.getloadavg()}, run {time.monotonic() - t_run:.0f} s")
+        one = statistics.median(results["one host: orchestrator --host switch"])
+        print("\n| method | runs | median s | min-max s | vs one host's switch |\n|---|---|---|---|---|")
+        for name, xs in results.items():
+            print(f"| {name} | {len(xs)} | {statistics.median(xs):.2f} | {min(xs):.2f}-{max(xs):.2f} | "
+                  f"{statistics.median(xs) / one:.2f}x |")
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=120)
+        hostset.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
