@@ -17,9 +17,16 @@ if TYPE_CHECKING:
 _chosen: dict[str, Any] | None = None  # configure()'s arguments, until applied
 
 
+# Libraries that log through the standard library: at the chosen level too, so that the CLI's quiet
+# default does not print paramiko's traceback of a failed connect beside the one error it maps.
+LIBRARY_LOGGERS = ("paramiko",)
+
+
 def configure(*, json: bool, level: int = logging.INFO) -> None:
     global _chosen
     _chosen = {"json": json, "level": level}
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
     if "structlog" in sys.modules:
         _apply()
 

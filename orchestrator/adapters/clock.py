@@ -1,4 +1,4 @@
-"""The Clock port on the real clocks (the fake one, for decisions tested on time, is in testing.py)."""
+"""The Clock port on the real clocks (the fake one, for decisions tested on time, is in testing/clock.py)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCa
     """Put serving ``model`` to sleep: the route goes first (its requests are then held by the proxy
     for the agent), in-flight requests finish, then the engine sleeps and its GPUs are read. A sleep
     that errs or keeps its memory stops the engine instead."""
-    host = ops.host_of(model)
+    host = ops.catalog.target(model=model).name
     level = ops.catalog.models[model].sleep
     with host_lock(ops.state_dir, host, ops.holder(host)):
         serving = ops.store.serving_set(host)
@@ -61,7 +61,7 @@ def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCa
 def stop_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCallback | None = None) -> dict[str, Any]:
     """Stop idle ``model``: a serving one as `stop` does (route, drain, stop, free); a sleeper by its
     unit, its GPUs then verified free of it."""
-    host = ops.host_of(model)
+    host = ops.catalog.target(model=model).name
     if any(d.model == model for d in ops.store.serving_set(host)):
         result = ops.stop(model, progress=progress)
     else:

@@ -61,9 +61,7 @@ class TuneJobs:
         return self.jobs.submit(host, op, args, run)
 
     def _host(self, args: TuneHostArgs) -> str:
-        ops = self.ops()
-        return self._owned(ops.host_of(args.model) if args.model is not None and args.host is None
-                           else ops.resolve_host(args.host))
+        return self._owned(self.ops().catalog.target(args.model, args.host).name)
 
     def _owned(self, host: str) -> str:
         """A fleet host this agent only reaches as the controller is its box agent's to tune, not ours."""
@@ -82,13 +80,13 @@ class TuneJobs:
     def plan(self, args: TuneArgs) -> Iterator[dict[str, Any]]:
         """Stage the weights and pick the candidates, holding the host; nothing stops."""
         req = request_of(args)
-        host = self._owned(self.ops().host_of(args.model))
+        host = self._owned(self.ops().catalog.target(model=args.model).name)
         return _stream(self._submit(host, "tune plan", _shown(args),
                                     lambda t: t.prepare(req).summary()))
 
     def start(self, args: TuneArgs) -> Iterator[dict[str, Any]]:
         req = request_of(args)
-        host = self._owned(self.ops().host_of(args.model))
+        host = self._owned(self.ops().catalog.target(model=args.model).name)
         return _stream(self._submit(host, "tune", _shown(args),
                                     lambda t: t.start(t.prepare(req))))
 

@@ -127,7 +127,9 @@ class TuneController(Protocol):
 @dataclass(frozen=True)
 class Operation(Generic[A, R]):
     name: str
-    args: str  # the name of its argument model in contract/args.py (imported with the first parse)
+    # The name of its argument model in contract/args.py, imported with the first parse (a class works
+    # too, but imports pydantic with this module: tests/unit/test_cli_start.py says so)
+    args: str | type[A]
     result: type[R]  # what the answer is (dict or list), checked where a client reads it
     command: str | None  # the CLI command that runs it (None: asked by the client itself)
     run: Callable[[Operations, A, Caller], R] | None = None  # in-process; None: agent-only
@@ -166,6 +168,8 @@ class Operation(Generic[A, R]):
 
     @property
     def arg_model(self) -> type[A]:
+        if not isinstance(self.args, str):
+            return self.args
         from orchestrator.contract import args
 
         model: type[A] = getattr(args, self.args)

@@ -1,7 +1,7 @@
 """The catalog: the whole deploy.toml, cross-checked (a schedule naming an unknown model, two models
 on one port, a group naming an unknown host). Its entries and their field-level rules are in
-``core.catalog_entries`` and ``core.catalog_rules``; loading the file and the environment is
-``orchestrator.settings``' job.
+``core.catalog_hosts``, ``catalog_models``, ``catalog_policies`` and ``catalog_rules``; loading the
+file and the environment is ``orchestrator.settings``' job.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from collections.abc import Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.core.catalog_entries import Defaults, Demand, Group, Host, Model, Policy, Proxy, Schedule
+from orchestrator.core.catalog_hosts import Defaults, Host
+from orchestrator.core.catalog_models import Model
+from orchestrator.core.catalog_policies import Demand, Group, Policy, Proxy, Schedule
 from orchestrator.core.catalog_rules import (
     NAME_RE,
     PATH_RE,

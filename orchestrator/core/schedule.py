@@ -16,7 +16,7 @@ from orchestrator.core.catalog_rules import check_cron, parse_window, parse_zone
 from orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
-    from orchestrator.core.catalog_entries import Schedule
+    from orchestrator.core.catalog_policies import Schedule
 
 def window_contains(window: str, zone: str, at: datetime) -> bool:
     """True when ``at`` (an aware datetime) falls inside ``window`` in ``zone``; windows may wrap midnight.

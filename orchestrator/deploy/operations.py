@@ -99,6 +99,13 @@ class Operations:
         d = running[-1]
         return f"deployment #{d.id} (revision {d.revision}, {d.model}, {d.trigger}) is in phase {d.phase.value}"
 
+    # Callers written before Catalog.target (the one way from names to a Host) still say these.
+    def host_of(self, model: str) -> str:
+        return self.catalog.target(model=model).name
+
+    def resolve_host(self, host: str | None) -> str:
+        return self.catalog.target(host=host).name
+
     def serving(self, host: str | None) -> Deployment | None:
         """The deployment recorded as serving on the host (the only host when left out)."""
         return self.store.serving(self.catalog.target(host=host).name)

@@ -101,6 +101,24 @@ def test_host_loads_paramiko_without_fabric(box: tuple[Path, dict[str, str]]) ->
     assert (loaded, code) == ([], 4), out
 
 
+def _close_each(server: socket.socket) -> None:
+    try:
+        while True:
+            server.accept()[0].close()
+    except OSError:
+        return  # the test closed the listener
+
+
+def test_host_to_a_port_that_speaks_no_ssh_prints_one_line(box: tuple[Path, dict[str, str]]) -> None:
+    """A listener that closes at once: exit 4 and the one mapped error line, no library traceback."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        threading.Thread(target=_close_each, args=(server,), daemon=True).start()
+        port = server.getsockname()[1]
+        _, code, out = probe(box[1], "--host", f"ssh://bench@127.0.0.1:{port}", "history")
+    lines = [line for line in out.splitlines() if line.strip()][:-1]  # the probe's own line last
+    assert code == 4 and len(lines) == 1 and lines[0].startswith("error: host ssh://bench@127.0.0.1"), out
+
+
 @pytest.mark.parametrize(("text", "why"), [
     ('state_dir = "relative/state"\n', "a relative state_dir"),
     ("state_dir = 7\n", "a state_dir that is not text"),

@@ -1,0 +1,78 @@
+"""Ports beside the machine: weight staging, the smoke benchmark, the front proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from orchestrator.core.records import UnitSpec
+from orchestrator.core.weights import StagedRevision
+from orchestrator.errors import ProxyError
+from orchestrator.ports import ProgressCallback, StagedWeights
+
+
+class FakeWeights:
+    """A weight store that stages instantly and records what it was asked for."""
+
+    def __init__(self, resolved: str = "0" * 40) -> None:
+        self.resolved = resolved
+        self.staged: list[str] = []
+        self.kept: list[list[str]] = []  # the models each cleanup was told to keep
+
+    def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
+        self.staged.append(spec.model)
+        progress("staged", {"model": spec.model})
+        return StagedWeights(path=spec.model_dir, revision=spec.revision, total_bytes=0)
+
+    def verify(self, spec: UnitSpec) -> StagedWeights | None:
+        return StagedWeights(path=spec.model_dir, revision=spec.revision, total_bytes=0)
+
+    def cleanup(self, keep_serving: Iterable[UnitSpec]) -> list[StagedRevision]:
+        self.kept.append(sorted(s.model for s in keep_serving))
+        return []
+
+
+class FakeSmoke:
+    """Reports the single-stream tok/s it is told for each unit (default 100)."""
+
+    def __init__(self, rates: dict[str, float] | None = None) -> None:
+        self.rates = rates or {}
+
+    def run(self, spec: UnitSpec) -> dict[str, Any]:
+        rate = self.rates.get(spec.unit_name, 100.0)
+        return {"levels": [{"concurrency": 1, "output_tok_s_per_stream": rate}], "headline_tok_s": rate}
+
+
+class FakeProxy:
+    """The FrontProxy port in memory: the config it serves, every apply, and a port a test can take."""
+
+    def __init__(self) -> None:
+        self.config: str | None = None
+        self.applied: list[str] = []
+        self.busy = 0
+        self.drains: list[list[tuple[str, int]]] = []
+        self.taken_by: str | None = None
+        self.counted: dict[tuple[str, int], Any] = {}  # engine -> core.haproxy_cli.Sessions
+
+    def apply(self, config: str) -> bool:
+        if self.config == config:
+            return False
+        if self.config is None and self.taken_by:
+            raise ProxyError(self.taken_by)
+        self.config = config
+        self.applied.append(config)
+        return True
+
+    def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
+        """Counts ``busy`` down, one per poll; every drain's engines are kept in ``drains``."""
+        if not self.drains or self.drains[-1] != list(engines):
+            self.drains.append(list(engines))
+        self.busy = max(0, self.busy - 1)
+        return self.busy
+
+    def port_holder(self) -> str | None:
+        return self.taken_by if self.config is None else None
+
+    def sessions(self, engines: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Any]:
+        """What a test put in ``counted`` (engine -> Sessions) for the engines asked about."""
+        return {e: self.counted[e] for e in engines if e in self.counted}
