@@ -16,12 +16,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator import logs
 from orchestrator.agent.demand_ops import sleep_idle, stop_idle
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.server import Job, Jobs
+from orchestrator.contract.wire import error_reply
 from orchestrator.core import demand as policy
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.demand import Box, Kind, ModelView, Reject
@@ -36,6 +38,8 @@ log = logs.get_logger()
 TICK_S = 0.1  # the demand loop's pace while requests wait or a swap runs
 IDLE_TICK_S = 1.0  # the idle loop's longest wait
 SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
+PEAK_S = 2.0  # "in flight" is the most seen over this long
+BUSY_RETRY_S = 1.0  # a swap refused by the host's lock is tried again after this
 
 
 class BrokerAgent(Protocol):
@@ -52,6 +56,9 @@ class BrokerAgent(Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
 
 
 @dataclass(eq=False)
@@ -98,6 +105,7 @@ class _Swap:
     started: float
     job: Job | None = None
     cancelled: int = 0  # its requests that went away meanwhile
+    settled: bool = False  # its requests were answered from its result
 
 
 def _reply(reject: Reject) -> dict[str, Any]:
@@ -115,8 +123,10 @@ class Broker:
         self.idle_jobs: dict[str, Job] = {}  # host -> the idle sleep or stop running there
         self.last_request: dict[str, float] = {}  # model -> its last request (monotonic)
         self.yielding: dict[str, str] = {}  # host -> the operator's operation waiting for our job to end
+        self.backoff: dict[str, tuple[float, str]] = {}  # host -> (until, why): its lock was held elsewhere
         self._ids = 0
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
+        self._in_flight: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, sessions) readings
 
     # -- the proxy's side -------------------------------------------------------------------------
     def open(self, name: str, stream: bool = False) -> Ticket:
@@ -133,12 +143,12 @@ class Broker:
                 self.agent.metrics.demand_rejected("(unknown)", 404)  # never the name: labels stay bounded
                 return ticket
             host = catalog.model_host(model).name
-            box = self._box(host, now)
+            box = self._box(host, now, sessions=True)  # what is in flight decides "asked more"
             view = box.models[model]
             cold = view.state is State.STOPPED
             ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream)
             self.last_request[model] = now
-            if view.state is State.SERVING and box.running != model:
+            if _routable(box, model):
                 self._answer(ticket, {"ready": True}, "ready")
                 return ticket
             reject = policy.admit(box, model, now)
@@ -191,15 +201,15 @@ class Broker:
         now = self.clock.monotonic()
         waits = [IDLE_TICK_S]
         for host in self._hosts():
-            if not any(m.idle_sleep_s or m.idle_stop_s for n in self.agent.catalog.models_on(host)
-                       for m in [self.agent.catalog.models[n]] if m.on_demand):
-                continue
             with self.lock:
+                box = self._box(host, now, sessions=True)  # also a reading of what is in flight
+                if not any(m.idle_sleep_s or m.idle_stop_s for n in self.agent.catalog.models_on(host)
+                           for m in [self.agent.catalog.models[n]] if m.on_demand):
+                    continue
                 job = self.idle_jobs.get(host)
                 if job is not None and not job.done.is_set():
                     continue
                 self.idle_jobs.pop(host, None)
-                box = self._box(host, now, sessions=True)
                 action, due = policy.idle(box, now)
                 if due is not None:
                     waits.append(max(0.05, due - now))
@@ -211,13 +221,23 @@ class Broker:
     def _start(self, host: str, action: policy.Action, now: float) -> None:
         model = action.model
         assert model is not None
+        if self.agent.stopping.is_set():
+            return  # the agent parks what runs; nothing new starts
         cold = action.kind is Kind.START
         swap = _Swap(model, cold, now)
         trigger = f"demand:{model}"
 
         def run(job: Job) -> dict[str, Any]:
-            return self.agent.ops.switch(model, trigger=trigger, progress=_publisher(job),
-                                         abandon=(lambda: self._abandon(host, model)) if cold else None)
+            try:
+                result = self.agent.ops.switch(model, trigger=trigger, progress=_publisher(job),
+                                               abandon=(lambda: self._abandon(host, model)) if cold else None)
+            except OrchestratorError as exc:
+                with self.lock:
+                    self._settle(host, swap, error_reply(exc))
+                raise
+            with self.lock:
+                self._settle(host, swap, {"result": result})
+            return result
 
         try:
             swap.job = self.agent.jobs.submit(host, "switch", {"model": model, "trigger": trigger}, run)
@@ -239,19 +259,31 @@ class Broker:
                     "cold-started")
 
     def _finish_swap(self, host: str, now: float) -> None:
+        """The swap's job has ended: forget it (its requests were answered as it ended)."""
         swap = self.running.get(host)
         if swap is None or swap.job is None or not swap.job.done.is_set():
             return
         del self.running[host]
-        result = swap.job.result or {}
+        if not swap.settled:  # it crashed outside the switch's own errors
+            self._settle(host, swap, swap.job.result or {})
+
+    def _settle(self, host: str, swap: _Swap, result: dict[str, Any]) -> None:
+        """Answer the swap's requests from its result, in the job's own thread before it ends: an
+        operator's switch waiting for it must not displace the model before they are routed."""
+        now = self.clock.monotonic()
+        swap.settled = True
         outcome = (result.get("result") or {}).get("outcome")
         waiting = self.tickets.pop(swap.model, [])
         self.agent.metrics.demand_queue(swap.model, 0)
         if outcome == "active":
             for t in waiting:
                 self._answer(t, {"ready": True}, "ready")
-        elif isinstance(result.get("error"), dict) and result["error"].get("exit_code") == Busy.exit_code:
-            self.tickets[swap.model] = waiting  # the host was taken (a CLI without the agent): try again
+        elif isinstance(result.get("error"), dict) and result["error"].get("type") in ("Busy", "NodeInUse"):
+            # the host's lock was taken (a CLI without the agent): its requests wait, the next try in a while
+            self.tickets[swap.model] = waiting
+            self.agent.metrics.demand_queue(swap.model, len(waiting))
+            self.backoff[host] = (now + BUSY_RETRY_S, str(result["error"].get("message")))
+            return
         else:
             error = result.get("error") or {}
             why = error.get("message") if isinstance(error, dict) else None
@@ -271,8 +303,7 @@ class Broker:
         for model, queue in list(self.tickets.items()):
             if model not in box.models:
                 continue
-            view = box.models[model]
-            if view.state is State.SERVING and box.running != model:
+            if _routable(box, model):
                 for t in queue:
                     self._answer(t, {"ready": True}, "ready")
                 queue.clear()
@@ -298,6 +329,8 @@ class Broker:
         def run(job: Job) -> dict[str, Any]:
             return op(ops, model, reason=action.reason, progress=_publisher(job))
 
+        if self.agent.stopping.is_set():
+            return
         try:
             self.idle_jobs[host] = self.agent.jobs.submit(host, f"demand_{kind.value}", {"model": model}, run)
         except Busy:
@@ -332,7 +365,7 @@ class Broker:
                 priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
                 idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
                 since=None if began is None else now - max(0.0, epoch - began), last_request=last,
-                in_flight=counted.current if counted is not None else 0,
+                in_flight=self._peak(name, counted.current if counted is not None else 0, now),
                 waiting=tuple(t.arrived for t in self.tickets.get(name, [])))
         swap = self.running.get(host)
         return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(self.swaps.get(host, ())),
@@ -340,15 +373,31 @@ class Broker:
                    max_swaps_per_min=cat.demand.max_swaps_per_min, batch_wait_s=cat.demand.batch_wait_s)
 
     def _busy(self, host: str) -> str | None:
-        """What holds the host other than our own switch: an operator's (or the agent's) operation."""
+        """What holds the host other than our own switch: an operator's (or the agent's) operation,
+        or a tune run (its lock, held by the CLI that runs it, also between its switches)."""
         if host in self.yielding:
             return self.yielding[host]
+        held = self.backoff.get(host)
+        if held is not None and self.clock.monotonic() < held[0]:
+            return held[1]
+        if lock_held(Path(self.agent.catalog.state_dir) / "locks" / f"{host}.tune.lock"):
+            return f"a tune run on {host}"
         job = self.agent.jobs.busy(host)
         swap = self.running.get(host)
         if job is None or (swap is not None and job is swap.job):
             return None
         what = " ".join(str(v) for v in job.args.values() if v not in (None, False, {}))
         return f"{job.op} {what}".strip()
+
+    def _peak(self, model: str, current: int, now: float) -> int:
+        """The most requests in flight for ``model`` seen over the last PEAK_S: closed-loop clients leave
+        a gap between one answer and their next request, which one reading would take for no demand."""
+        seen = self._in_flight.setdefault(model, deque(maxlen=1000))
+        if not seen or seen[-1] != (now, current):
+            seen.append((now, current))
+        while seen and seen[0][0] < now - PEAK_S:
+            seen.popleft()
+        return max(n for _, n in seen)
 
     def _sessions_of(self, host: str, now: float, engines: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
         cached = self._sessions.get(host)
@@ -392,11 +441,33 @@ class Broker:
         with self.lock:
             queues = {m: {"waiting": len(q), "oldest_s": round(now - q[0].arrived, 3) if q else None}
                       for m, q in self.tickets.items() if q}
+            cat = self.agent.catalog
             hosts = {h: {"swapping": self.running[h].model if h in self.running else None,
                          "swaps_last_min": sum(1 for t in self.swaps.get(h, ()) if t > now - policy.WINDOW_S),
-                         "yielding_to": self.yielding.get(h)}
+                         "yielding_to": self.yielding.get(h),
+                         "queues": {m: q for m, q in queues.items() if m in cat.models and m in cat.models_on(h)}}
                      for h in self._hosts()}
         return {"queues": queues, "hosts": hosts}
+
+
+def _routable(box: Box, model: str) -> bool:
+    """Whether a held request for ``model`` may go to its engine now: it serves and nothing runs on the
+    box. The proxy asks only for a model its config does not route, and while a switch runs the records
+    may still list one it is taking down (its engine then held the request asleep, until the proxy
+    worker holding it was stopped)."""
+    return box.models[model].state is State.SERVING and box.running is None and box.busy is None
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process holds a flock on ``path``, read from /proc/locks: probing with a flock of our
+    own could make the holder's next non-blocking try fail for that instant."""
+    try:
+        st = os.stat(path)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(f[1:2] == ["FLOCK"] and f[5:6] == [where] for f in (line.split() for line in text.splitlines()))
 
 
 def _publisher(job: Job) -> Callable[[str, dict[str, Any]], None]:

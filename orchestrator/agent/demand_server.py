@@ -12,6 +12,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import resource
 import select
 import socket
 import socketserver
@@ -22,6 +23,7 @@ from typing import Any
 
 from orchestrator import logs
 from orchestrator.agent.demand import Broker
+from orchestrator.agent.server import _drain
 from orchestrator.contract.wire import encode, peer_credentials
 from orchestrator.core.documents import DocumentError, json_document
 
@@ -55,10 +57,12 @@ class _Handler(socketserver.BaseRequestHandler):
                 log.warning("demand_client_refused", uid=uid)
                 self._send({"status": 503, "message": f"uid {uid} may not use the demand socket (root and "
                                                       "HAProxy's user only)", "retry_after_s": None})
+                _drain(sock)  # so the client reads the answer, not a reset from its unread line
                 return
             request = self._read()
             if isinstance(request, str):
                 self._send({"status": 503, "message": request, "retry_after_s": None})
+                _drain(sock)
                 return
             self._serve(sock, request)
         except OSError as exc:
@@ -93,9 +97,13 @@ class _Handler(socketserver.BaseRequestHandler):
         broker = self.server.broker
         ticket = broker.open(request["model"], bool(request.get("stream", False)))
         try:
+            poller = select.poll()  # not select(): held requests may take descriptors past FD_SETSIZE
+            if ticket.answer is None:
+                poller.register(sock.fileno(), select.POLLIN)
+                poller.register(ticket.fileno(), select.POLLIN)
             while ticket.answer is None:
-                readable, _, _ = select.select([sock.fileno(), ticket.fileno()], [], [], BEAT_S)
-                if sock.fileno() in readable and not _alive(sock):
+                ready = {fd for fd, _ in poller.poll(BEAT_S * 1000)}
+                if sock.fileno() in ready and not _alive(sock):
                     broker.cancel(ticket)
                     return
                 if ticket.answer is None:
@@ -127,6 +135,7 @@ class DemandServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
     def __init__(self, path: str, broker: Broker, uids: Collection[int] | None = None) -> None:
+        _room_for_connections()
         self.broker = broker
         self.uids = frozenset(uids) if uids is not None else allowed_uids()
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -164,6 +173,15 @@ class DemandServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.exception("demand_socket_error")
+
+
+def _room_for_connections() -> None:
+    """Each held request takes three descriptors (its connection, its wake-up pipe): raise the soft
+    limit (1024 under systemd) to the hard one, up to what MAX_CONNECTIONS needs and a margin."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 4 * MAX_CONNECTIONS + 1024
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
 
 
 def _unlink_stale(path: str) -> None:

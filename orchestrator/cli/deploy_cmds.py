@@ -177,6 +177,18 @@ def print_residency(console: Console, res: dict[str, Any]) -> None:
         console.print(f"  GPUs not probed: {res['gpus_error']}", markup=False, soft_wrap=True)
 
 
+def print_demand(console: Console, demand: dict[str, Any]) -> None:
+    """Models on demand: the requests held per model, the swap running, the swaps of the last minute."""
+    queues = ", ".join(f"{m} {q['waiting']} waiting (oldest {q['oldest_s']:.1f} s)"
+                       for m, q in sorted(demand.get("queues", {}).items())) or "no request held"
+    line = f"  on demand: {queues}; {demand.get('swaps_last_min', 0)} swaps in the last minute"
+    if demand.get("swapping"):
+        line += f"; bringing up {demand['swapping']}"
+    if demand.get("yielding_to"):
+        line += f"; waiting for {demand['yielding_to']}"
+    console.print(line, markup=False, soft_wrap=True)
+
+
 def print_status(console: Console, result: dict[str, Any]) -> None:
     """One line per fact; through a pipe each stays one line (grep finds it), on a terminal it wraps."""
     for name, entry in result["hosts"].items():
@@ -203,6 +215,9 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
                           f"{','.join(map(str, m['gpus']))}, {m['url']}) {health}")
         if "residency" in entry:
             print_residency(console, entry["residency"])
+        demand = ((result.get("agent") or {}).get("demand") or {}).get("hosts", {}).get(name)
+        if demand is not None:
+            print_demand(console, demand)
         for run in entry["running"]:
             console.print(f"  running: #{run['id']} revision {run['revision']} {run['model']} "
                           f"in phase {run['phase']} ({run['trigger']})")
@@ -239,6 +254,9 @@ def history(config: str | None, host: str | None, group: str | None, limit: int,
         took = f"{ended - created:.1f}s" if ended is not None and created is not None else "-"
         phases = " ".join(f"{text_of(str(p.get('phase'))).short} {seconds:.1f}"
                           for p in r.get("phases") or [] if (seconds := _number(p.get("seconds"))) is not None)
+        demand = r.get("demand")
+        if isinstance(demand, dict) and (worst := _number(demand.get("wait_max_s"))) is not None:
+            phases += f" | {demand.get('requests')} held, waited up to {worst:.1f}"  # models on demand
         bench = r.get("bench") or {}
         headline = _number(bench.get("headline_tok_s")) if isinstance(bench, dict) else None
         outcome = str(r.get("outcome", "?"))

@@ -233,6 +233,14 @@ class Catalog(Strict):
             if not self.proxy.enabled:
                 raise _KeyedError(f"{key}.on_demand", "on_demand = true needs [proxy] enabled = true: the front proxy "
                                                       "holds a request while the agent wakes or starts its model")
+            twin = next((other for other, m in self.models.items() if other != name and m.served == model.served
+                         and {h.name for h in self.model_hosts(other)} & {h.name for h in self.model_hosts(name)}),
+                        None)
+            if twin is not None:
+                raise _KeyedError(f"{key}.on_demand", f"on_demand = true: model {twin} serves the same name "
+                                                      f"{model.served!r} on the same host, so a request for it "
+                                                      "could not say which to bring up; give each its own "
+                                                      "served_name")
             if model.idle_sleep_s is not None and model.sleep is None:
                 raise _KeyedError(f"{key}.idle_sleep_s", f"idle_sleep_s = {model.idle_sleep_s:g} on a model without "
                                                          "sleep mode: set sleep = \"level1\" or \"level2\", or use "

@@ -20,6 +20,8 @@ from orchestrator.core.catalog import Catalog
 from orchestrator.core.resident import State
 
 WINDOW_S = 60.0  # the swap cap counts swaps in this window
+# Retry-After of a request turned away because a model asked more holds the GPUs it needs.
+OUTWEIGHED_RETRY_S = 10
 
 
 class Kind(StrEnum):
@@ -62,6 +64,11 @@ class ModelView:
     last_request: float | None = None  # the last request seen for it (routed or held)
     in_flight: int = 0  # sessions on its backend now (HAProxy's scur)
     waiting: tuple[float, ...] = ()  # arrival times of the held requests, oldest first
+
+    @property
+    def asked(self) -> int:
+        """How many requests want it now: in flight and held (closed-loop clients each hold one)."""
+        return self.in_flight + len(self.waiting)
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,9 @@ def _try(box: Box, target: ModelView, now: float) -> Action:
         until = max((v.since or 0.0) + v.min_awake_s for v in young)
         return Action(Kind.WAIT, target.name, until, f"{', '.join(v.name for v in young)} must stay awake "
                                                      f"{young[0].min_awake_s:g} s (min_awake_s)")
+    heavier = _outweighed_by(box, target)
+    if heavier is not None:
+        return Action(Kind.WAIT, target.name, None, _outweighed(heavier, target))
     active = [v for v in views if v.in_flight or v.waiting]
     stronger = [v for v in active if v.priority > target.priority]
     if stronger:
@@ -163,6 +173,21 @@ def _try(box: Box, target: ModelView, now: float) -> Action:
                                             "give(s) way", displaces=displaced)
 
 
+def _outweighed_by(box: Box, target: ModelView, extra: int = 0) -> ModelView | None:
+    """A serving model on the target's GPUs, of equal priority, asked by more requests right now than
+    the target (with ``extra`` more): it keeps its GPUs, so the box serves what is asked most."""
+    for name in box.displaced_by(target.name):
+        v = box.models[name]
+        if v.priority == target.priority and v.asked > len(target.waiting) + extra:
+            return v
+    return None
+
+
+def _outweighed(heavier: ModelView, target: ModelView, extra: int = 0) -> str:
+    return (f"{heavier.name} is asked more ({heavier.asked} requests in flight or held, {target.name} "
+            f"{len(target.waiting) + extra}): it keeps its GPUs")
+
+
 def retry_after(box: Box, name: str, now: float) -> int:
     """Seconds a turned-away client should wait: until the swap cap allows a swap, plus the batching
     bound; at least 1."""
@@ -175,6 +200,9 @@ def admit(box: Box, name: str, now: float) -> Reject | None:
     if not m.on_demand and m.state is not State.SERVING:
         return Reject(503, f"model {name} is {m.state.value} and not on demand (on_demand = false): an operator "
                            f"brings it up with `orchestrator switch {name}`")
+    heavier = _outweighed_by(box, m, extra=1) if m.state is not State.SERVING else None
+    if heavier is not None:
+        return Reject(429, _outweighed(heavier, m, extra=1), max(OUTWEIGHED_RETRY_S, retry_after(box, name, now)))
     if len(m.waiting) >= m.queue_limit:
         return Reject(429, f"{len(m.waiting)} requests for {name} already wait (queue_limit {m.queue_limit})",
                       retry_after(box, name, now))

@@ -147,6 +147,7 @@ class Sessions:
 
     current: int  # scur, summed over the workers
     idle_s: float | None  # lastsess: seconds since its last session, the least over the workers; None: never
+    total: int = 0  # stot, summed over the workers (a reload's new worker starts again from 0)
 
 
 def sessions(stats: Iterable[str], engines: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
@@ -161,12 +162,12 @@ def sessions(stats: Iterable[str], engines: Iterable[tuple[str, int]]) -> dict[t
             for engine in engines:
                 if not _matches(row.get("addr", ""), [engine]):
                     continue
-                scur = int(row.get("scur") or 0)
+                scur, stot = int(row.get("scur") or 0), int(row.get("stot") or 0)
                 last = int(row.get("lastsess") or -1)
                 seen = out.get(engine)
                 idle = None if last < 0 else float(last)
                 if seen is not None:
-                    scur += seen.current
+                    scur, stot = scur + seen.current, stot + seen.total
                     idle = seen.idle_s if idle is None else idle if seen.idle_s is None else min(idle, seen.idle_s)
-                out[engine] = Sessions(scur, idle)
+                out[engine] = Sessions(scur, idle, stot)
     return out

@@ -165,3 +165,9 @@ def test_the_cli_exits_2_naming_the_file_key_and_value(tmp_path: Path) -> None:
     r = invoke("plan", "--config", str(tmp_path / "deploy.toml"), "a")
     assert r.exit_code == 2
     assert f"{tmp_path / 'deploy.toml'}: models.a.idle_stop_s: idle_stop_s 60 is less than idle_sleep_s 300" in r.output
+
+
+def test_an_on_demand_model_sharing_its_served_name_is_refused(tmp_path: Path) -> None:
+    """A request names a served name: two models serving "chat" on one host leave it ambiguous: exit 2."""
+    message = refused(tmp_path, model='served_name = "chat"', rest='served_name = "chat"')
+    assert "models.a.on_demand" in message and "model b serves the same name 'chat'" in message

@@ -64,7 +64,7 @@ def test_an_idle_awake_model_gives_way_at_once() -> None:
 
 def test_the_awake_models_requests_go_first_then_the_batch_swaps() -> None:
     """a still serves: b's requests wait until the oldest has waited batch_wait_s, then b wakes."""
-    b = box(serving("a", in_flight=3), asleep("b", waiting=(100.0, 100.5)), batch_wait_s=2.0)
+    b = box(serving("a", in_flight=2), asleep("b", waiting=(100.0, 100.5)), batch_wait_s=2.0)
     held = decide(b, 101.0)
     assert (held.kind, held.model, held.until) == (Kind.WAIT, "b", 102.0)
     assert "batch_wait_s" in held.reason
@@ -218,3 +218,27 @@ def test_models_on_overlapping_gpus_conflict_and_disjoint_ones_do_not(tmp_path: 
     """a and b share GPU 0; c on GPU 1 stays awake beside either."""
     cat = load(tmp_path, rest='[models.c]\nrepo = "org/c"\ngpus = [1]\nport = 8003\non_demand = true')
     assert conflicts_of(cat, "box") == {"a": frozenset({"b"}), "b": frozenset({"a"}), "c": frozenset()}
+
+
+def test_a_model_asked_more_keeps_its_gpus() -> None:
+    """a has 3 requests in flight, b 2 held: b waits (no batching bound), and a third b is 429 at once."""
+    b = box(serving("a", in_flight=3), asleep("b", waiting=(99.0, 99.5)))
+    held = decide(b, 200.0)
+    assert (held.kind, held.until) == (Kind.WAIT, None) and "a is asked more (3 requests" in held.reason
+    assert admit(b, "b", 200.0) is None  # its third would tie: held
+    c = box(serving("a", in_flight=3), asleep("b", waiting=(99.0,)))
+    reject = admit(c, "b", 200.0)
+    assert reject is not None and reject.status == 429 and (reject.retry_after_s or 0) >= 10
+
+
+def test_models_asked_as_much_take_turns() -> None:
+    """One in flight for a, one held for b (two clients alternating): b's batch swaps after batch_wait_s."""
+    b = box(serving("a", in_flight=1), asleep("b", waiting=(100.0,)), batch_wait_s=1.0)
+    assert admit(b, "b", 100.5) is None and decide(b, 100.5).kind is Kind.WAIT
+    assert decide(b, 101.0).kind is Kind.WAKE
+
+
+def test_a_higher_priority_is_never_outweighed_by_demand() -> None:
+    """b (priority 1) is held, not refused, and wakes after the batching bound though a has 5 in flight."""
+    b = box(serving("a", in_flight=5), asleep("b", priority=1, waiting=(99.0,)))
+    assert admit(b, "b", 100.0) is None and decide(b, 101.0).kind is Kind.WAKE

@@ -83,3 +83,24 @@ def test_an_old_worker_that_did_not_answer_counts_as_draining() -> None:
 def test_no_old_worker_means_drained() -> None:
     """Only the current worker: the engines may stop."""
     assert draining(proc("show_proc_after_drain.txt"), {}, [CHAT]) == 0
+
+
+def test_sessions_count_each_engines_current_sessions_and_idle_seconds() -> None:
+    """Real `show stat`: m1's engine has 1 session (last 0 s ago, 1 in all); m2's never had one; others left out."""
+    from orchestrator.core.haproxy_cli import Sessions, sessions
+
+    stat = (FIX / "old_stat_streaming.txt").read_text()
+    found = sessions([stat], [CHAT, ("127.0.0.1", 18952), ("127.0.0.1", 9999)])
+    assert found == {CHAT: Sessions(1, 0.0, 1), ("127.0.0.1", 18952): Sessions(0, None, 0)}
+
+
+def test_sessions_add_up_over_workers_and_take_the_most_recent() -> None:
+    """Two workers (a reload's old one still draining): scur summed, the least lastsess."""
+    from orchestrator.core.haproxy_cli import Sessions, sessions
+
+    stat = (FIX / "old_stat_streaming.txt").read_text()
+    idle = (FIX / "old_stat_idle_client.txt").read_text()
+    busier = stat.replace("m1,engine,0,0,1,", "m1,engine,0,0,3,")
+    assert sessions([stat, busier], [CHAT])[CHAT] == Sessions(4, 0.0, 2)
+    assert sessions([idle, stat], [CHAT])[CHAT].idle_s == 0.0
+    assert sessions([], [CHAT]) == {} and sessions(["garbage"], [CHAT]) == {}
