@@ -170,6 +170,11 @@ def test_a_flood_for_five_models_fails_only_429_and_ends_serving_the_most_asked(
         by_status[str(a.status)] = by_status.get(str(a.status), 0) + 1
     print(f"flood: {len(answers)} requests {by_status}, {len(swaps)} on-demand deployments, "
           f"at most {max_per_minute(swaps)} in a minute; serving {sorted(serving(host))}")
+    if _failures(answers):
+        print("DEBUG proxy", "\n".join(ln[-300:] for ln in host.run("journalctl -u orchestrator-proxy -n 60 --no-pager",
+                                                                     check=False).stdout.splitlines()))
+        for a in _failures(answers):
+            print("DEBUG failed", a)
     assert _failures(answers) == []
     assert max_per_minute(swaps) <= FLOOD_CAP
     assert serving(host) == {"f1", "f2"}
