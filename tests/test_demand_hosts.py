@@ -74,8 +74,9 @@ def _failures(answers: list[Answer]) -> list[Answer]:
 
 
 def test_two_clients_alternating_a_and_b_never_fail(box: Host) -> None:
-    """Two clients alternate alpha and beta (same GPUs): every request answers 200, each waits at most one
-    warm swap plus the batching bound, and the swaps stay under the cap."""
+    """Two clients alternate alpha and beta (same GPUs): every request answers 200; each waits the batching
+    bound and its own warm swap at most (plus the rest of the other model's swap when it came during
+    one); the swaps stay under the cap."""
     before = {d["id"] for d in demand_deployments(box)}
     clients = [Client(url(box), ["alpha", "beta"], rounds=8), Client(url(box), ["beta", "alpha"], rounds=8)]
     for c in clients:
@@ -91,12 +92,16 @@ def test_two_clients_alternating_a_and_b_never_fail(box: Host) -> None:
         print("  " + " ".join(f"{a.model}:{a.wait:.2f}" for a in c.answers))
     assert len(answers) == 16 and all(a.status == 200 for a in answers), [a for a in answers if a.status != 200]
     assert swaps and all(d["outcome"] == "active" for d in swaps)
-    for a in answers:  # each waited for one swap at most: the batching bound, then that swap
-        during = [d for d in swaps if a.w0 < d["ended_at"] < a.w1]
-        assert len(during) <= 1, (a, during)
-        if during:
-            took = during[0]["ended_at"] - during[0]["created_at"]
-            assert a.wait <= AB_BATCH_S + took + SLACK_S, (a, took)
+    two = 0
+    for a in answers:
+        # A request waits for its own swap after the batching bound; one that came while the swap to the
+        # other model ran waits for that one's end first. Never more, and never longer than those.
+        during = [d for d in swaps if d["created_at"] < a.w1 and d["ended_at"] > a.w0]
+        assert len(during) <= 2, (a, during)
+        two += len(during) == 2
+        took = sum(min(d["ended_at"], a.w1) - max(d["created_at"], a.w0) for d in during)
+        assert a.wait <= AB_BATCH_S + took + SLACK_S, (a, took)
+    print(f"  {two} of {len(answers)} requests came during the swap to the other model")
     assert max_per_minute(swaps_of(swaps)) <= AB_CAP
 
 

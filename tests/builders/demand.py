@@ -16,7 +16,10 @@ from tests.hosts.machine import Host
 
 # The acceptance's stand-in: cold load 2 s, wake 0.3 s (sleep mode, level 1).
 ENGINE = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1", "--chunk-delay", "0.02"]
-ON_DEMAND: dict[str, Any] = {"sleep": "level1", "on_demand": True, "wake_deadline_s": 5, "args": ENGINE}
+# demand_deadline_s: a warm swap here is the displaced model's drain and sleep, the check and the wake
+# (3-5 s on this loaded 2-core machine), longer than the default (wake_deadline_s + batch_wait_s).
+ON_DEMAND: dict[str, Any] = {"sleep": "level1", "on_demand": True, "wake_deadline_s": 5, "demand_deadline_s": 30,
+                             "args": ENGINE}
 LOW = [0, 1, 2, 3]
 HIGH = [4, 5, 6, 7]
 # alpha and beta share GPU 0-3: serving one means the other sleeps; gamma (GPU 4-7) never came up.
