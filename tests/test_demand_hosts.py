@@ -130,14 +130,9 @@ def test_an_operators_switch_wins_and_on_demand_resumes(box: Host) -> None:
         wait_for(lambda: len(client.answers), lambda n: n >= 3, what="the client's first answers")
         op = json.loads(cli(box, "switch", "beta", "--json").stdout)
         assert op["outcome"] == "active", op
-        try:
-            back = wait_for(lambda: [d for d in demand_deployments(box) if d["id"] > op["id"]],
-                            lambda ds: any(d["outcome"] == "active" and d["model"] == "alpha" for d in ds),
-                            timeout=40, what="on demand to bring alpha back after the operator's switch")
-        except AssertionError:
-            print("DEBUG", box.run(f"{box.python} -c '{_DBG}'", check=False).stdout)
-            print("DEBUG journal", "\n".join(ln[-300:] for ln in box.run("journalctl -u orchestrator-agent -n 80 --no-pager", check=False).stdout.splitlines()))
-            raise
+        back = wait_for(lambda: [d for d in demand_deployments(box) if d["id"] > op["id"]],
+                        lambda ds: any(d["outcome"] == "active" and d["model"] == "alpha" for d in ds),
+                        timeout=60, what="on demand to bring alpha back after the operator's switch")
         n = len(client.answers)
         wait_for(lambda: len(client.answers), lambda m: m >= n + 3, what="alpha answering again")
     assert _failures(client.answers) == []
@@ -175,31 +170,7 @@ def test_a_flood_for_five_models_fails_only_429_and_ends_serving_the_most_asked(
         by_status[str(a.status)] = by_status.get(str(a.status), 0) + 1
     print(f"flood: {len(answers)} requests {by_status}, {len(swaps)} on-demand deployments, "
           f"at most {max_per_minute(swaps)} in a minute; serving {sorted(serving(host))}")
-    if _failures(answers):
-        print("DEBUG proxy", "\n".join(ln[-300:] for ln in host.run("journalctl -u orchestrator-proxy -n 60 --no-pager",
-                                                                     check=False).stdout.splitlines()))
-        for a in _failures(answers):
-            print("DEBUG failed", a)
     assert _failures(answers) == []
     assert max_per_minute(swaps) <= FLOOD_CAP
     assert serving(host) == {"f1", "f2"}
 
-
-_DBG = """
-import socket
-def ask(cmd):
-    s = socket.socket(socket.AF_UNIX); s.connect("/run/orchestrator-proxy/master.sock"); s.sendall(cmd.encode() + b"\\n")
-    s.shutdown(socket.SHUT_WR); out = b""
-    while True:
-        c = s.recv(65536)
-        if not c: break
-        out += c
-    return out.decode()
-p = ask("show proc"); print(p)
-for line in p.splitlines():
-    f = line.split()
-    if len(f) > 2 and f[0].isdigit() and f[1] == "worker":
-        print(f[0], ask("@!" + f[0] + " show table demand_held"))
-        print([l for l in ask("@!" + f[0] + " show stat").splitlines() if "FRONTEND" in l or "engine" in l])
-        print([l for l in ask("@!" + f[0] + " show info").splitlines() if "Stopping" in l or "CurrConns" in l])
-"""
