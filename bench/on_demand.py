@@ -31,10 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.builders.agent import STATE
+from tests.builders.agent import STATE, cli, install_agent
 from tests.builders.demand import AB, Answer, Client, demand_config, url
 from tests.hosts.pool import boot_hosts
-from tests.test_agent_hosts import cli, install_agent
 
 
 def spread(waits: list[float]) -> dict[str, float]:

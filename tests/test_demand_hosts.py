@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 
-from tests.builders.agent import STATE
+from tests.builders.agent import STATE, active, cli, history, install_agent
 from tests.builders.demand import AB, FLOOD, Answer, Client, demand_config, url
 from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet
 from tests.hosts.wait import wait_for
-from tests.test_agent_hosts import active, cli, history, install_agent
 
 pytestmark = pytest.mark.hosts
 AB_BATCH_S = 1.0
