@@ -38,7 +38,7 @@ from tests.hosts.pool import boot_hosts
 
 def spread(waits: list[float]) -> dict[str, float]:
     w = sorted(waits)
-    q = statistics.quantiles(w, n=10) if len(w) > 1 else w * 9
+    q = statistics.quantiles(w, n=10, method="inclusive") if len(w) > 1 else w * 9
     return {"n": len(w), "p50_s": round(statistics.median(w), 3), "p90_s": round(q[8], 3), "max_s": round(w[-1], 3)}
 
 
@@ -62,7 +62,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--summarise", action="store_true", help="only recompute the summary from bench/on_demand.json")
     args = ap.parse_args()
+    if args.summarise:
+        data = json.loads((ROOT / "bench/on_demand.json").read_text())
+        raw = {k: v for k, v in data.items() if k not in ("summary", "mixed_s", "only_s")}
+        report(raw, data.get("mixed_s", args.seconds), data.get("only_s", args.seconds))
+        return
     hosts = boot_hosts(1)
     raw: dict[str, Any] = {}
     try:
@@ -102,14 +108,23 @@ def main() -> None:
                      check=False)
     finally:
         hosts.close()
-    warm_ok = [a for a in warm.answers if a.status == 200]
+    report(raw, mixed_s, only_s)
+
+
+def report(raw: dict[str, Any], mixed_s: float, only_s: float) -> None:
+    """The summary (stdout) and the raw file, from the raw answers."""
+
+    def answers(key: str) -> list[Answer]:
+        return [Answer(**a) for a in raw[key]]
+
+    warm, cold, mixed, only = answers("warm"), answers("cold"), answers("mixed"), answers("only_a")
     summary = {
-        "warm_swap_wait": spread([a.wait for a in warm_ok]),
-        "warm_failed": sum(a.failed for a in warm.answers),
+        "warm_swap_wait": spread([a.wait for a in warm if a.status == 200]),
+        "warm_failed": sum(a.failed for a in warm),
         "cold_start_wait": spread([a.wait for a in cold if a.status == 200]),
         "cold_failed": sum(a.failed for a in cold),
-        "mixed_a_b": throughput([a for c in mixed for a in c.answers], mixed_s),
-        "only_a": throughput([a for c in only for a in c.answers], only_s),
+        "mixed_a_b": {**throughput(mixed, mixed_s), "429": sum(a.status == 429 for a in mixed)},
+        "only_a": throughput(only, only_s),
         "demand_swaps": len(raw["demand_deployments"]),
     }
     for key, value in summary.items():
@@ -117,7 +132,8 @@ def main() -> None:
     mixed_tok, only_tok = summary["mixed_a_b"]["tok_s"], summary["only_a"]["tok_s"]
     print(f"mixed A/B serves {mixed_tok} tok/s, {100 * mixed_tok / only_tok:.0f}% of a box serving only A "
           f"({only_tok} tok/s)", flush=True)
-    (ROOT / "bench/on_demand.json").write_text(json.dumps({"summary": summary, **raw}, indent=1))
+    (ROOT / "bench/on_demand.json").write_text(json.dumps({"summary": summary, "mixed_s": mixed_s,
+                                                           "only_s": only_s, **raw}, indent=1))
 
 
 if __name__ == "__main__":
