@@ -68,9 +68,9 @@ json.dump({"proc": proc, "old": old}, sys.stdout)
 """
 # `show stat` of every worker, current and old, through the master CLI (models on demand: idleness).
 _STATS_CLI = _MASTER_CLI.split("proc = ask")[0] + """
-proc = ask("show proc") or ""
-pids = [ln.split()[0] for ln in proc.splitlines() if ln.split()[1:2] == ["worker"] and ln.split()[0].isdigit()]
-json.dump([ask("@!" + pid + " show stat") or "" for pid in pids], sys.stdout)
+proc = ask("show proc")
+pids = [ln.split()[0] for ln in (proc or "").splitlines() if ln.split()[1:2] == ["worker"] and ln.split()[0].isdigit()]
+json.dump(None if proc is None else [ask("@!" + pid + " show stat") or "" for pid in pids], sys.stdout)
 """
 RELOAD_TIMEOUT_S = 30.0  # a reload re-parses one small config: seconds at most, even on a loaded host
 _POLL_S = 0.05
@@ -200,10 +200,10 @@ class HaproxyProxy:
         result = self.shell.run([self.python, "-c", _STATS_CLI, master_socket(self.proxy)], check=False,
                                 idempotent=True)
         try:
-            answers = json.loads(result.stdout) if result.ok else []
+            answers = json.loads(result.stdout) if result.ok else None
         except ValueError:
-            answers = []
-        if not isinstance(answers, list):
+            answers = None
+        if not isinstance(answers, list):  # no master answered (it re-executes on a reload, or is gone)
             raise ProxyError(f"HAProxy's master CLI {master_socket(self.proxy)} gave no `show stat`", host=self.host)
         return sessions([str(a) for a in answers], engines)
 

@@ -14,7 +14,7 @@ import math
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +28,8 @@ from orchestrator.core import demand as policy
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.demand import Box, Kind, ModelView, Reject
 from orchestrator.core.haproxy_cli import Sessions
-from orchestrator.core.resident import ASLEEP, State
+from orchestrator.core.records import Deployment
+from orchestrator.core.resident import ASLEEP, Residency, State
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import Busy, OrchestratorError
 from orchestrator.ports import Clock
@@ -38,7 +39,9 @@ log = logs.get_logger()
 TICK_S = 0.1  # the demand loop's pace while requests wait or a swap runs
 IDLE_TICK_S = 1.0  # the idle loop's longest wait
 SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
-PEAK_S = 2.0  # "in flight" is the most seen over this long
+RECORDS_TTL_S = 1.0  # the records are read again at least this often
+ROUTED_S = 1.0  # requests just answered ready count as in flight this long (HAProxy counts them late)
+PEAK_S = 1.5  # in flight: the most HAProxy counted over this long
 BUSY_RETRY_S = 1.0  # a swap refused by the host's lock is tried again after this
 
 
@@ -69,8 +72,9 @@ class Ticket:
     model: str  # the catalog name ("" when the name was not found)
     host: str
     arrived: float
-    deadline_s: float
+    deadline_s: float  # the model's demand deadline from its state on arrival (warm or cold)
     stream: bool = False
+    limit_s: float = 0.0  # the longest it is held: the cold deadline (the proxy holds it 2 s longer)
     answer: dict[str, Any] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     # written to when answered, so a connection's handler can wait on its socket and the answer at once
@@ -106,6 +110,7 @@ class _Swap:
     job: Job | None = None
     cancelled: int = 0  # its requests that went away meanwhile
     settled: bool = False  # its requests were answered from its result
+    abandoned: bool = False  # given up: nobody waited any more
 
 
 def _reply(reject: Reject) -> dict[str, Any]:
@@ -126,7 +131,11 @@ class Broker:
         self.backoff: dict[str, tuple[float, str]] = {}  # host -> (until, why): its lock was held elsewhere
         self._ids = 0
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
-        self._in_flight: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, sessions) readings
+        self._routed: dict[str, tuple[float, int]] = {}  # model -> (when, how many) last answered ready
+        self._readings: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, in flight) by HAProxy
+        self._generation: dict[str, int] = {}  # host -> jobs started or ended there
+        self._record_cache: dict[str, tuple[tuple[int, int], dict[str, Deployment], dict[str, Residency]]] = {}
+        agent.jobs.observers.append(self._job_event)
 
     # -- the proxy's side -------------------------------------------------------------------------
     def open(self, name: str, stream: bool = False) -> Ticket:
@@ -135,6 +144,8 @@ class Broker:
         now = self.clock.monotonic()
         catalog = self.agent.catalog
         model = next((m for m, spec in catalog.models.items() if spec.served == name), None)
+        if model is not None:
+            self.refresh(catalog.model_host(model).name, now)
         with self.lock:
             self._ids += 1
             if model is None:
@@ -146,7 +157,8 @@ class Broker:
             box = self._box(host, now, sessions=True)  # what is in flight decides "asked more"
             view = box.models[model]
             cold = view.state is State.STOPPED
-            ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream)
+            ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream,
+                            limit_s=catalog.demand_deadline(model, cold=True))
             self.last_request[model] = now
             if _routable(box, model):
                 self._answer(ticket, {"ready": True}, "ready")
@@ -174,15 +186,20 @@ class Broker:
                 swap.cancelled += 1
 
     def position(self, ticket: Ticket) -> int:
-        with self.lock:
-            queue = self.tickets.get(ticket.model, [])
-            return queue.index(ticket) + 1 if ticket in queue else 0
+        """Its place in its model's queue (0: not queued); without the lock, so a connection's waiting
+        lines never wait for a pass that holds it (the proxy takes 5 s of silence for a dead agent)."""
+        try:
+            return list(self.tickets.get(ticket.model, ())).index(ticket) + 1
+        except ValueError:
+            return 0
 
     # -- the loops ----------------------------------------------------------------------------------
     def tick(self) -> float:
         """One pass of the demand loop; returns the seconds to wait."""
         now = self.clock.monotonic()
         for host in self._hosts():
+            if any(t.host == host for q in list(self.tickets.values()) for t in list(q)):
+                self.refresh(host, now)
             with self.lock:
                 self._finish_swap(host, now)
                 if not any(t.host == host for q in self.tickets.values() for t in q):
@@ -201,6 +218,7 @@ class Broker:
         now = self.clock.monotonic()
         waits = [IDLE_TICK_S]
         for host in self._hosts():
+            self.refresh(host, now)
             with self.lock:
                 box = self._box(host, now, sessions=True)  # also a reading of what is in flight
                 if not any(m.idle_sleep_s or m.idle_stop_s for n in self.agent.catalog.models_on(host)
@@ -255,6 +273,7 @@ class Broker:
             swap = self.running.get(host)
             if swap is None or swap.model != model or self.tickets.get(model) or not swap.cancelled:
                 return None
+            swap.abandoned = True
             return (f"abandoned: every request waiting for {model} was cancelled ({swap.cancelled}) while it "
                     "cold-started")
 
@@ -278,6 +297,10 @@ class Broker:
         if outcome == "active":
             for t in waiting:
                 self._answer(t, {"ready": True}, "ready")
+            self._routed[swap.model] = (now, len(waiting))  # not yet in HAProxy's scur
+        elif swap.abandoned and waiting:
+            self.tickets[swap.model] = waiting  # they came after it was given up: the next pass decides
+            self.agent.metrics.demand_queue(swap.model, len(waiting))
         elif isinstance(result.get("error"), dict) and result["error"].get("type") in ("Busy", "NodeInUse"):
             # the host's lock was taken (a CLI without the agent): its requests wait, the next try in a while
             self.tickets[swap.model] = waiting
@@ -306,10 +329,15 @@ class Broker:
             if _routable(box, model):
                 for t in queue:
                     self._answer(t, {"ready": True}, "ready")
+                if queue:
+                    self._routed[model] = (now, len(queue))
                 queue.clear()
-            for t in [t for t in queue if now - t.arrived >= t.deadline_s]:
+            coming = box.running == model
+            for t in [t for t in queue if now - t.arrived >= (t.limit_s if coming else t.deadline_s)]:
+                # while its own swap runs a request waits for it, up to the longest the proxy holds one
                 queue.remove(t)
-                self._answer(t, _reply(policy.expired(box, model, now, t.deadline_s)), "expired")
+                limit = t.limit_s if coming else t.deadline_s
+                self._answer(t, _reply(policy.expired(box, model, now, limit)), "expired")
             self.agent.metrics.demand_queue(model, len(queue))
 
     def _answer(self, ticket: Ticket, answer: dict[str, Any], outcome: str) -> None:
@@ -342,13 +370,46 @@ class Broker:
         cat = self.agent.catalog
         return sorted({cat.model_host(n).name for n, m in cat.models.items() if m.on_demand})
 
-    def _box(self, host: str, now: float, *, sessions: bool = False) -> Box:
+    def _records(self, host: str) -> tuple[dict[str, Deployment], dict[str, Residency]]:
+        """What serves and sleeps on ``host`` by the records: read again after a job started or ended
+        there, and at least each RECORDS_TTL_S (a CLI run without the agent changes them too), so a
+        flood of held requests does not read the store for each one."""
+        generation = self._generation.get(host, 0)
+        cached = self._record_cache.get(host)
+        if cached is not None and cached[0] == (generation, int(self.clock.monotonic() / RECORDS_TTL_S)):
+            return cached[1], cached[2]
         cat, ops = self.agent.catalog, self.agent.ops
         serving = {d.model: d for d in ops.store.serving_set(host)}
         records = ops.residency.residency(host) if any(cat.models[n].sleep for n in cat.models_on(host)) else {}
+        if self.agent.jobs.busy(host) is None:  # a running job may change them at any moment
+            self._record_cache[host] = ((generation, int(self.clock.monotonic() / RECORDS_TTL_S)), serving, records)
+        return serving, records
+
+    def _job_event(self, what: str, job: Job) -> None:
+        """Jobs' observer: a job started or ended on a host, its records may have changed."""
+        self._generation[job.host] = self._generation.get(job.host, 0) + 1
+
+    def refresh(self, host: str, now: float) -> None:
+        """Read the proxy's sessions for ``host`` when the last reading is old; outside the lock (it
+        runs a command on the host)."""
+        cached = self._sessions.get(host)
+        if cached is not None and now - cached[0] < SESSIONS_TTL_S:
+            return
+        serving, _ = self._records(host)
+        proxy = self.agent.ops.ports_for(host).proxy
+        engines = sorted({(d.spec.address, d.spec.port) for d in serving.values()})
+        try:
+            found = proxy.sessions(engines) if proxy is not None and engines else {}
+        except OrchestratorError as exc:  # no figures (the master re-executing on a reload): the last ones
+            log.info("demand_sessions_unknown", host=host, error=str(exc))
+            found = cached[1] if cached is not None else {}
+        self._sessions[host] = (now, found)
+
+    def _box(self, host: str, now: float, *, sessions: bool = False) -> Box:
+        cat = self.agent.catalog
+        serving, records = self._records(host)
         epoch = self.clock.now()
-        seen = self._sessions_of(host, now, [(d.spec.address, d.spec.port) for d in serving.values()]) \
-            if sessions and serving else {}
+        seen = self._sessions.get(host, (0.0, {}))[1] if sessions else {}
         views: dict[str, ModelView] = {}
         for name in cat.models_on(host):
             spec, rec, dep = cat.models[name], records.get(name), serving.get(name)
@@ -365,7 +426,7 @@ class Broker:
                 priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
                 idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
                 since=None if began is None else now - max(0.0, epoch - began), last_request=last,
-                in_flight=self._peak(name, counted.current if counted is not None else 0, now),
+                in_flight=self._in_flight_now(name, counted.current if counted is not None else 0, now),
                 waiting=tuple(t.arrived for t in self.tickets.get(name, [])))
         swap = self.running.get(host)
         return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(self.swaps.get(host, ())),
@@ -389,30 +450,19 @@ class Broker:
         what = " ".join(str(v) for v in job.args.values() if v not in (None, False, {}))
         return f"{job.op} {what}".strip()
 
-    def _peak(self, model: str, current: int, now: float) -> int:
-        """The most requests in flight for ``model`` seen over the last PEAK_S: closed-loop clients leave
-        a gap between one answer and their next request, which one reading would take for no demand."""
-        seen = self._in_flight.setdefault(model, deque(maxlen=1000))
+    def _in_flight_now(self, model: str, current: int, now: float) -> int:
+        """The most HAProxy counted over the last PEAK_S (closed-loop clients leave gaps between an
+        answer and their next request), or the requests just answered ready when more (it counts them
+        late)."""
+        seen = self._readings.setdefault(model, deque(maxlen=256))
         if not seen or seen[-1] != (now, current):
             seen.append((now, current))
         while seen and seen[0][0] < now - PEAK_S:
             seen.popleft()
-        return max(n for _, n in seen)
+        peak = max(n for _, n in seen)
+        when, n = self._routed.get(model, (0.0, 0))
+        return max(peak, n) if now - when < ROUTED_S else peak
 
-    def _sessions_of(self, host: str, now: float, engines: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
-        cached = self._sessions.get(host)
-        if cached is not None and now - cached[0] < SESSIONS_TTL_S:
-            return cached[1]
-        proxy = self.agent.ops.ports_for(host).proxy
-        try:
-            found = proxy.sessions(sorted(set(engines))) if proxy is not None else {}
-        except OrchestratorError as exc:  # no figures: nothing counts as in flight or recent
-            log.warning("demand_sessions_unknown", host=host, error=str(exc))
-            found = {}
-        self._sessions[host] = (now, found)
-        return found
-
-    # -- operators first --------------------------------------------------------------------------
     def yield_to(self, host: str, what: str, timeout_s: float) -> None:
         """An operator's operation is about to start on ``host``: no on-demand swap starts from now on,
         and the one running (if any) is waited for, up to ``timeout_s``."""

@@ -20,6 +20,8 @@ from orchestrator.core.catalog import Catalog
 from orchestrator.core.resident import State
 
 WINDOW_S = 60.0  # the swap cap counts swaps in this window
+# A serving model asked at least this many times as much (and this many more) keeps its GPUs.
+OUTWEIGH_FACTOR, OUTWEIGH_MARGIN = 2, 2
 # Retry-After of a request turned away because a model asked more holds the GPUs it needs.
 OUTWEIGHED_RETRY_S = 10
 
@@ -174,11 +176,14 @@ def _try(box: Box, target: ModelView, now: float) -> Action:
 
 
 def _outweighed_by(box: Box, target: ModelView, extra: int = 0) -> ModelView | None:
-    """A serving model on the target's GPUs, of equal priority, asked by more requests right now than
-    the target (with ``extra`` more): it keeps its GPUs, so the box serves what is asked most."""
+    """A serving model on the target's GPUs, of equal priority, asked by clearly more requests right now
+    than the target (with ``extra`` more): at least twice as many and 2 more. It keeps its GPUs, so the
+    box serves what is asked most; two models asked about as much (clients alternating between them,
+    one request apart) take turns."""
+    wanted = len(target.waiting) + extra
     for name in box.displaced_by(target.name):
         v = box.models[name]
-        if v.priority == target.priority and v.asked > len(target.waiting) + extra:
+        if v.priority == target.priority and v.asked >= max(OUTWEIGH_FACTOR * wanted, wanted + OUTWEIGH_MARGIN):
             return v
     return None
 

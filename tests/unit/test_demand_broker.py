@@ -210,6 +210,7 @@ def test_a_request_held_back_past_its_deadline_is_429(tmp_path: Path) -> None:
                              "b": {"repo": "org/b", "port": 8002, **SHARED, "demand_deadline_s": 5}})
     dw.broker.open("b")
     dw.run_swap()
+    dw.clock.sleep(3)  # b's requests were answered 3 s ago: no longer counted as in flight
     dw.broker.open("a")
     dw.run_swap()  # a displaces b: the one swap of this minute
     ticket = dw.broker.open("b")
@@ -330,10 +331,10 @@ def test_a_tune_run_holds_precedence_between_its_switches(dw: DemandWorld) -> No
 
 
 def test_a_model_with_more_requests_in_flight_keeps_its_gpus(dw: DemandWorld) -> None:
-    """a serves 2 requests (HAProxy's scur): a single request for b is 429 at once, nothing swaps."""
+    """a serves 3 requests (HAProxy's scur): a single request for b is 429 at once, nothing swaps."""
     dw.ops.switch("a")
     spec = dw.store.serving_set("box")[0].spec
-    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=2, idle_s=0.0, total=2)
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=3, idle_s=0.0, total=3)
     dw.broker.tick()
     ticket = dw.broker.open("bee")
     dw.broker.tick()
@@ -391,16 +392,82 @@ def test_a_request_for_a_serving_model_waits_while_a_switch_runs(dw: DemandWorld
     assert ticket.answer == {"ready": True} and dw.broker.running == {}
 
 
-def test_in_flight_is_the_peak_of_the_last_seconds(dw: DemandWorld) -> None:
-    """3 in flight a moment ago, 0 in this reading (clients between requests): a still counts 3 for
-    2 s, so a lone request for b is 429, not a swap."""
+def test_a_request_past_its_deadline_waits_for_its_own_running_swap(tmp_path: Path) -> None:
+    """b asleep (wake deadline 5 s: held 6 s): its swap runs longer (a slow host); the request is not
+    failed at 6 s but waits for the swap, up to the cold deadline the proxy holds it for."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED},
+                                       "b": {"repo": "org/b", "port": 8002, **SHARED, "wake_deadline_s": 5}})
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    release, blocked = threading.Event(), threading.Event()
+
+    def slow_drain() -> None:  # the swap's drain polls: hold it there
+        if not release.is_set():
+            blocked.set()
+            release.wait(30)
+
+    ticket = dw.broker.open("b")
+    dw.proxy.busy = 3
+    dw.clock.on_sleep.append(slow_drain)
+    dw.broker.tick()
+    assert blocked.wait(30)
+    dw.clock.t += 10  # past its 6 s while the swap runs
+    dw.broker.tick()
+    assert ticket.answer is None
+    release.set()
+    swap = dw.broker.running["box"]
+    assert swap.job is not None and swap.job.done.wait(30)
+    assert ticket.answer == {"ready": True}
+
+
+def test_requests_just_routed_count_as_in_flight(dw: DemandWorld) -> None:
+    """A swap to b answered 3 held requests ready; before HAProxy counts them a lone request for a is
+    429; a second later (HAProxy's figures then count) it is held."""
+    for _ in range(3):
+        dw.broker.open("bee")
+    dw.run_swap()
+    ticket = dw.broker.open("a")
+    assert ticket.answer is not None and ticket.answer["status"] == 429 and "b is asked more" in ticket.answer["message"]
+    dw.clock.sleep(1.5)
+    assert dw.broker.open("a").answer is None
+
+
+def test_a_request_after_an_abandoned_start_waits_for_the_next_decision(dw: DemandWorld) -> None:
+    """a's only request went away and its start was abandoned; one that came meanwhile is not failed
+    with the abandoned switch's 503 but starts a again."""
+    dw.host.behaviours["vllm-a.service"] = "never_ready"
+    first = dw.broker.open("a")
+    late: list[Ticket] = []
+
+    dw.clock.on_sleep.append(lambda: "start vllm-a.service" in dw.host.calls and dw.broker.cancel(first))
+
+    def arrives_during_the_rollback(dep: Any) -> None:
+        if dep.phase.value == "rolling_back" and not late:
+            late.append(dw.broker.open("a"))
+
+    dw.ops.before_step = arrives_during_the_rollback
+    result = dw.run_swap()
+    assert result["outcome"] == "rolled_back" and late and late[0].answer is None
+    dw.clock.on_sleep.clear()
+    dw.ops.before_step = None
+    dw.host.behaviours.pop("vllm-a.service")
+    dw.run_swap()
+    assert late[0].answer == {"ready": True}
+
+
+def test_a_failed_sessions_reading_keeps_the_last_one(dw: DemandWorld) -> None:
+    """HAProxy's master does not answer for a moment (a reload): a keeps counting what it had."""
+    from orchestrator.errors import ProxyError
+
     dw.ops.switch("a")
     spec = dw.store.serving_set("box")[0].spec
-    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=3, idle_s=0.0, total=3)
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=4, idle_s=0.0, total=4)
     dw.broker.idle_tick()
-    dw.clock.sleep(0.5)
-    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=0, idle_s=0.0, total=3)
+
+    def gone(engines: Any) -> Any:
+        raise ProxyError("no master")
+
+    dw.proxy.sessions = gone  # type: ignore[method-assign]
+    dw.clock.sleep(2)
     ticket = dw.broker.open("bee")
     assert ticket.answer is not None and ticket.answer["status"] == 429
-    dw.clock.sleep(3)
-    assert dw.broker.open("bee").answer is None  # the peak has passed: held

@@ -220,15 +220,20 @@ def test_models_on_overlapping_gpus_conflict_and_disjoint_ones_do_not(tmp_path: 
     assert conflicts_of(cat, "box") == {"a": frozenset({"b"}), "b": frozenset({"a"}), "c": frozenset()}
 
 
-def test_a_model_asked_more_keeps_its_gpus() -> None:
-    """a has 3 requests in flight, b 2 held: b waits (no batching bound), and a third b is 429 at once."""
-    b = box(serving("a", in_flight=3), asleep("b", waiting=(99.0, 99.5)))
+def test_a_model_asked_clearly_more_keeps_its_gpus() -> None:
+    """a has 4 requests in flight, b 1 held: b waits (no batching bound), and a second b is 429 at once."""
+    b = box(serving("a", in_flight=4), asleep("b", waiting=(99.0,)))
     held = decide(b, 200.0)
-    assert (held.kind, held.until) == (Kind.WAIT, None) and "a is asked more (3 requests" in held.reason
-    assert admit(b, "b", 200.0) is None  # its third would tie: held
-    c = box(serving("a", in_flight=3), asleep("b", waiting=(99.0,)))
-    reject = admit(c, "b", 200.0)
+    assert (held.kind, held.until) == (Kind.WAIT, None) and "a is asked more (4 requests" in held.reason
+    reject = admit(b, "b", 200.0)
     assert reject is not None and reject.status == 429 and (reject.retry_after_s or 0) >= 10
+
+
+def test_a_model_asked_one_or_two_more_does_not_outweigh() -> None:
+    """Two clients alternating: both just routed to a (2 in flight), the first asks b: held, not 429."""
+    b = box(serving("a", in_flight=2), asleep("b"))
+    assert admit(b, "b", 100.0) is None
+    assert admit(box(serving("a", in_flight=3), asleep("b", waiting=(99.0,))), "b", 100.0) is None
 
 
 def test_models_asked_as_much_take_turns() -> None:

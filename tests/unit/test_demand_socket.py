@@ -192,3 +192,15 @@ def test_an_operators_switch_waits_for_the_running_demand_swap_instead_of_busy(t
     assert job.done.wait(30) and (job.result or {}).get("result", {}).get("outcome") == "active", job.result
     assert ticket.answer == {"ready": True}  # answered as the demand swap ended, before b displaced a
     assert [d.trigger for d in world.store.history("box", 5)][:2] == ["alice", "demand:a"]
+
+
+def test_waiting_lines_go_on_while_a_pass_holds_the_broker(served: tuple[DemandWorld, str]) -> None:
+    """A slow pass holding the broker's lock does not silence the waiting lines (5 s of silence reads
+    as a dead agent to the proxy)."""
+    dw, path = served
+    sock, _ = ask(path, b'{"model": "a"}\n', replies=1)
+    reader = sock.makefile("rb")
+    with dw.broker.lock:
+        lines = [json.loads(reader.readline()) for _ in range(3)]
+    sock.close()
+    assert all("waiting" in line for line in lines)
