@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -70,7 +71,7 @@ def main() -> None:
         report(raw, data.get("mixed_s", args.seconds), data.get("only_s", args.seconds))
         return
     hosts = boot_hosts(1)
-    raw: dict[str, Any] = {}
+    raw: dict[str, Any] = {"load_before": os.getloadavg()}
     try:
         host = hosts.hosts[0]
         with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +105,7 @@ def main() -> None:
                       if str(d.get("trigger", "")).startswith("demand:")]
             raw["demand_deployments"] = [{k: d.get(k) for k in ("id", "model", "outcome", "created_at", "ended_at",
                                                                 "demand", "phases")} for d in demand]
+            raw["load_after"] = os.getloadavg()  # this 2-core machine is shared: the figures move with it
             host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'",
                      check=False)
     finally:
@@ -126,6 +128,7 @@ def report(raw: dict[str, Any], mixed_s: float, only_s: float) -> None:
         "mixed_a_b": {**throughput(mixed, mixed_s), "429": sum(a.status == 429 for a in mixed)},
         "only_a": throughput(only, only_s),
         "demand_swaps": len(raw["demand_deployments"]),
+        "load_average": [raw.get("load_before"), raw.get("load_after")],
     }
     for key, value in summary.items():
         print(f"{key}: {value}", flush=True)
