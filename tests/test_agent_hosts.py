@@ -4,9 +4,7 @@ every phase boundary, schedules, and who may use its socket."""
 from __future__ import annotations
 
 import json
-import re
 import shlex
-import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +12,17 @@ from typing import Any
 
 import pytest
 
-from orchestrator import settings
-from orchestrator.core.render import render_agent_unit
-from tests.builders.agent import CONFIG, HOOKS, PY, REPO, STATE
+from tests.builders.agent import (
+    CONFIG,
+    HOOKS,
+    METRICS,
+    PY,
+    STATE,
+    active,
+    cli,
+    history,
+    install_agent,
+)
 from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
 from tests.test_switch_hosts import MODELS, config_text
@@ -24,54 +30,8 @@ from tests.test_switch_hosts import MODELS, config_text
 pytestmark = pytest.mark.hosts
 
 
-def cli(host: Host, *args: str, check: bool = True, user: str | None = None) -> Any:
-    line = shlex.join([PY, "-m", "orchestrator", *args, "--config", CONFIG])
-    if user:
-        line = f"runuser -u {user} -- {line}"
-    return host.run(line, check=check)
-
-
-def history(host: Host) -> list[dict[str, Any]]:
-    return list(json.loads(cli(host, "history", "--json").stdout))
-
-
-def active(host: Host, unit: str) -> str:
-    return str(host.run(["systemctl", "is-active", unit], check=False).stdout.strip())
-
-
-METRICS: dict[str, str] = {}  # host name -> its agent's metrics URL
-
-
-def free_port() -> int:
-    with socket.socket() as s:  # test hosts share this machine's loopback: a port free here is free there
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def metrics(host: Host) -> str:
     return str(urllib.request.urlopen(METRICS[host.name], timeout=10).read().decode())
-
-
-def install_agent(host: Host, config: str, tmp: Path) -> None:
-    """The product's agent unit, started through the test-only entry point that adds the pause hook."""
-    port = free_port()  # runs beside this one (other checkouts) have agents of their own
-    METRICS[host.name] = f"http://127.0.0.1:{port}/metrics"
-    config = config.replace("metrics_port = 19464", f"metrics_port = {port}")
-    host.write_file(CONFIG, config)
-    # A fresh state dir: an earlier test's records (same host, same session) must not answer this one's waits.
-    host.run(f"groupadd -f orchestrator && rm -rf {STATE} && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
-    cfg_path = tmp / "agent.toml"
-    cfg_path.write_text(config)
-    unit = render_agent_unit(settings.load(cfg_path), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
-                             python=PY, config=CONFIG, extra_env={"PYTHONPATH": str(REPO)})
-    hooked = f"ExecStart={PY} -m tests.agent_with_hooks --config {CONFIG} --pause-dir {HOOKS}"
-    text = re.sub(r"^ExecStart=.*$", lambda _: f"WorkingDirectory={REPO}\n{hooked}", unit.text,
-                  flags=re.MULTILINE)
-    # The crash tests await systemd's restart of a SIGKILLed agent: the product's 2 s pause before it
-    # only slows them (what they check is that systemd restarts it and the switch converges).
-    text = re.sub(r"^RestartSec=.*$", "RestartSec=100ms", text, count=1, flags=re.MULTILINE)
-    host.write_file("/etc/systemd/system/orchestrator-agent.service", text)
-    host.run("systemctl daemon-reload && systemctl start orchestrator-agent.service")
 
 
 def main_pid(host: Host) -> str:

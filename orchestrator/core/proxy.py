@@ -248,6 +248,9 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters.update(q=haproxy_word, comment=haproxy_comment)
     env.globals.update(addr=haproxy_addr)
+    # A request held for a model on demand lives in the worker that took it, through reloads: an old
+    # worker may not be ended (hard-stop-after) before the longest hold.
+    stop_after_s = max([proxy.drain_timeout_s, *(int(b.hold_s) for b in backends if b.demand)])
     # Single-quoted in the config, where HAProxy interprets nothing: a quote in a name is \u0027 JSON.
     models_json = json.dumps(models, separators=(",", ":")).replace("'", "\\u0027")
     return env.from_string(template).render(
@@ -256,7 +259,7 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
         demand_socket=demand_socket, lua_path=lua_path(proxy), lua_sha=sha(lua) if demand else "",
         port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
         # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.
-        hard_stop_after=f"{max(1, round(proxy.drain_timeout_s * 1000))}ms",
+        hard_stop_after=f"{max(1, round(stop_after_s * 1000))}ms",
         retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"))
 
 

@@ -180,7 +180,9 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
               for name in ("beta", "brief", "awake", "gapped")]
 
     def render(routes: list[Route]) -> str:
-        config = render_config(Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S), "127.0.0.1", routes,
+        # drain_timeout_s 1: a reload's old worker would be ended (hard-stop-after) 1 s after, but for the holds.
+        config = render_config(Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S, drain_timeout_s=1),
+                               "127.0.0.1", routes,
                                template_text("haproxy.cfg.j2"), demand=demand,
                                demand_socket=str(agent.path), lua=lua)
         # The shipped paths are the box's; this process's own keep parallel runs apart.
@@ -369,7 +371,8 @@ def _old_workers(front: Front) -> tuple[Procs | None, dict[int, OldWorker]]:
 
 def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
     """The agent's swap reloads the proxy while a request is held: the drain of the displaced engine does
-    not wait for the held client (it cannot reach that engine), and the old worker routes it on ready."""
+    not wait for the held client (it cannot reach that engine), and the old worker, kept past
+    drain_timeout_s for its hold, routes it on ready."""
     release = threading.Event()
     front.agent.scripts["beta"] = ready_when(release)
     before = len(front.agent.asked("beta"))
@@ -392,6 +395,8 @@ def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
     assert draining(procs, workers, [("127.0.0.1", front.alpha)]) == 0
     assert post(front.port, "beta")[0] == 200  # the new worker routes beta without a hold
     assert len(front.agent.asked("beta")) == before + 1
+    reloaded = time.monotonic()
+    wait_for(lambda: time.monotonic() - reloaded > 2.0, what="past drain_timeout_s (hard-stop-after) since the reload")
     release.set()
     client.join(30)
     assert result == [200] and held.finals
