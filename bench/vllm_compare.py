@@ -584,6 +584,10 @@ def summarize(runs: list[dict[str, Any]], levels: list[tuple[int, ...]], toleran
                 "running_median": _median([e.get("running_mean") for e in eng]),
                 "client_cpu_s": [(r.get("cpu_s") or {}).get("client") for r in rs]}
         row["tools"] = per_tool
+        # does each tool read the engine right? its figure against the engine's count over its span
+        devs = [abs(r["output_tok_s"] / r["engine"]["span_tok_s"] - 1) for r in here
+                if (r.get("engine") or {}).get("span_tok_s")]
+        row["tool_vs_engine_max_dev"] = max(devs) if devs else None
         row["vs"] = {tool: {"ratio_of_medians": _ratio(per_tool["ours"]["median"], t["median"]),
                             "engine_steady_ratio": _ratio(per_tool["ours"]["engine_steady_median"],
                                                           t["engine_steady_median"]),
@@ -642,6 +646,10 @@ def print_table(summary: dict[str, Any], log: Any = sys.stdout) -> None:
                   f"{opt(x['running_median'], '.1f')} | {fmt(f'{c:.1f}' for c in cpus) or '-'} | "
                   f"{opt(vs.get('ratio_of_medians'), '.4f')} | {opt(vs.get('engine_steady_ratio'), '.4f')} |",
                   file=log, flush=True)
+    for t in summary["levels"]:
+        if t.get("tool_vs_engine_max_dev") is not None:
+            print(f"C={t['concurrency']}: every run's own figure within {t['tool_vs_engine_max_dev']:.2%} of the "
+                  "engine's count over that run's span", file=log)
 
 
 _ROW = re.compile(r"^round (\d+) C=(\d+)\s+N=(\d+)\s+(ours|vllm_x\d+|vllm)\s+([\d.]+) tok/s")
@@ -652,6 +660,17 @@ def from_log(path: str, tolerance: float) -> dict[str, Any]:
     runs = [{"round": int(m[1]), "concurrency": int(m[2]), "requests": int(m[3]), "tool": m[4],
              "output_tok_s": float(m[5])}
             for m in (_ROW.match(line) for line in Path(path).read_text().splitlines()) if m]
+    levels = list(dict.fromkeys((r["concurrency"], r["requests"]) for r in runs))
+    return summarize(runs, levels, tolerance)
+
+
+def from_json(paths: list[str], tolerance: float) -> dict[str, Any]:
+    """The summary again from the runs of committed --out files (several: their runs pooled, rounds
+    numbered on across files so that pairs stay within one file)."""
+    runs: list[dict[str, Any]] = []
+    for path in paths:
+        offset = max((r["round"] for r in runs), default=0)
+        runs += [{**r, "round": r["round"] + offset} for r in json.loads(Path(path).read_text())["runs"]]
     levels = list(dict.fromkeys((r["concurrency"], r["requests"]) for r in runs))
     return summarize(runs, levels, tolerance)
 
@@ -681,10 +700,13 @@ def main() -> int:
     p.add_argument("--model", help="served model name")
     p.add_argument("--tokenizer", help="tokenizer directory for vllm bench serve")
     p.add_argument("--from-log", default=None, help="only summarize the run lines of this log again")
+    p.add_argument("--from-json", nargs="+", default=None, help="only summarize the runs of these --out files again")
     add_args(p)
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
     a = p.parse_args()
-    if a.from_log:
+    if a.from_json:
+        summary = from_json(a.from_json, a.tolerance)
+    elif a.from_log:
         summary = from_log(a.from_log, a.tolerance)
     elif not (a.url and a.model and a.tokenizer):
         p.error("--url, --model and --tokenizer are required (or --from-log)")
