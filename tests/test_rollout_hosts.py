@@ -270,11 +270,13 @@ def test_one_hub_download_for_the_group_the_others_copy_from_a_peer(fleet: HostS
         "torch_dtype": "float32"}).encode()}
     with HubStub(address=netns.address(first, 1)) as hub:
         hub.add(StubRepo.of("test/beta", files, sha=SHA))
-        for h in boxes:
+        def start(h: Host) -> None:
             h.write_file(PEER_KEY, Path(fleet.key_path).read_text(), mode=0o600)
             h.write_file(PEER_KNOWN, Path(fleet.known_hosts_path).read_text())
             install(h, box_models(source="hub", revision=SHA), env={"HF_ENDPOINT": hub.url})
-            assert box_cli(h, "switch", "alpha").returncode == 0
+            assert box_cli(h, "switch", "alpha").returncode == 0, h.name
+
+        on_each(boxes, start)
         cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl",
                                                        beta=f'source = "hub"\nrevision = "{SHA}"'))
         done = ctl(cfg, "rollout", "beta", "--json")
