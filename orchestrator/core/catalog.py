@@ -221,7 +221,9 @@ class Catalog(Strict):
         for name, model in self.models.items():
             key = f"models.{name}"
             if not model.on_demand:
-                extra = sorted(k for k in _DEMAND_KEYS if k in model.model_fields_set)
+                # A value at its default says nothing (a model read back from its own dump sets them all).
+                extra = sorted(k for k in _DEMAND_KEYS if k in model.model_fields_set
+                               and getattr(model, k) != type(model).model_fields[k].default)
                 if extra:
                     raise _KeyedError(f"{key}.{extra[0]}", f"{extra[0]} = {getattr(model, extra[0])!r} applies to "
                                                            "models on demand: set on_demand = true as well")

@@ -140,6 +140,12 @@ def test_demand_keys_without_on_demand_are_refused(tmp_path: Path, key: str, val
     assert f"models.b.{key}" in message and f"{key} = {value}" in message and "on_demand = true" in message
 
 
+def test_a_catalog_read_back_from_its_own_dump_loads(tmp_path: Path) -> None:
+    """A dump sets every demand key to its default: that is not asking for on-demand behaviour."""
+    catalog = load(tmp_path)
+    assert Catalog.model_validate(catalog.model_dump()).models.keys() == catalog.models.keys()
+
+
 @pytest.mark.parametrize(("text", "key"), [("queue_limit = 0", "models.a.queue_limit"),
                                            ("priority = 5000", "models.a.priority"),
                                            ("min_awake_s = -1", "models.a.min_awake_s"),
