@@ -52,9 +52,12 @@ def idle_agent(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
              "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
 
 
-def test_an_idle_model_sleeps_after_idle_sleep_s_and_requests_keep_it_awake(idle_agent: Host) -> None:
-    """Completions through the proxy for twice idle_sleep_s: alpha stays awake (HAProxy counts them);
-    once they stop, alpha goes to sleep, leaves the serving set and the route, and history is unchanged."""
+def test_requests_keep_a_model_awake_then_it_sleeps_after_idle_sleep_s_and_stops_after_idle_stop_s(
+        idle_agent: Host) -> None:
+    """The idle policy end to end (one agent, one cold start: the suite's time): completions through
+    the proxy for twice idle_sleep_s keep alpha awake (HAProxy counts them); once they stop, alpha
+    sleeps and leaves the route, with no deployment recorded; after idle_stop_s it is stopped and
+    nvidia-smi shows nothing of it left."""
     host = idle_agent
     stop = threading.Event()
     answers: list[int] = []
@@ -78,12 +81,6 @@ def test_an_idle_model_sleeps_after_idle_sleep_s_and_requests_keep_it_awake(idle
     entry = status(host)
     assert entry["models"] == [] and {m["model"]: m["state"] for m in entry["residency"]["models"]} == {"alpha": "asleep"}
     assert [h["trigger"] for h in history(host)].count("demand:alpha") == 0  # an idle sleep is no deployment
-
-
-def test_a_sleeper_is_stopped_after_idle_stop_s_and_its_gpus_freed(idle_agent: Host) -> None:
-    """No request at all: alpha sleeps, then is stopped; nvidia-smi shows nothing of it left."""
-    host = idle_agent
-    wait_for(lambda: sleeping(host), timeout=30, what="alpha asleep after idle_sleep_s")
     wait_for(lambda: active(host, "vllm-alpha.service"), lambda s: s != "active", timeout=30,
              what="alpha stopped after idle_stop_s")
     res = status(host)["residency"]

@@ -471,3 +471,19 @@ def test_a_failed_sessions_reading_keeps_the_last_one(dw: DemandWorld) -> None:
     dw.clock.sleep(2)
     ticket = dw.broker.open("bee")
     assert ticket.answer is not None and ticket.answer["status"] == 429
+
+
+def test_an_idle_sleep_that_keeps_its_memory_stops_the_engine_instead(tmp_path: Path) -> None:
+    """a's sleep answers 200 but keeps its GPU memory: the idle loop stops it, its GPUs end free, the
+    event names the sleep's failure."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60}})
+    dw.broker.open("a")
+    dw.run_swap()
+    dw.host.engine_behaviours["vllm-a.service"] = "leaky_sleep"
+    dw.clock.sleep(61)
+    dw.broker.idle_tick()
+    job = dw.broker.idle_jobs["box"]
+    assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "stopped"
+    assert dw.states() == {"a": "stopped"} and not dw.ports.gpus.snapshot().processes
+    event = dw.store.events(kind="demand_idle")[0]
+    assert event["outcome"] == "stopped" and "still holds" in event["sleep_failed"]
