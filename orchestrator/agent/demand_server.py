@@ -23,7 +23,7 @@ from typing import Any
 
 from orchestrator import logs
 from orchestrator.agent.demand import Broker
-from orchestrator.agent.server import _drain
+from orchestrator.agent.server import BoundedServer, _drain
 from orchestrator.contract.wire import encode, peer_credentials
 from orchestrator.core.documents import DocumentError, json_document
 
@@ -131,8 +131,7 @@ def _alive(sock: socket.socket) -> bool:
         return False
 
 
-class DemandServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class DemandServer(BoundedServer):
 
     def __init__(self, path: str, broker: Broker, uids: Collection[int] | None = None) -> None:
         _room_for_connections()
@@ -149,27 +148,14 @@ class DemandServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         except (KeyError, PermissionError):
             os.chmod(path, 0o600)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            log.warning("demand_client_turned_away", connections=MAX_CONNECTIONS)
-            try:
-                request.sendall(encode({"status": 429, "message": f"the agent holds {MAX_CONNECTIONS} requests "
-                                                                  "already", "retry_after_s": 1}))
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
+    def turn_away(self, request: socket.socket) -> None:
+        log.warning("demand_client_turned_away", connections=MAX_CONNECTIONS)
         try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+            request.sendall(encode({"status": 429, "message": f"the agent holds {MAX_CONNECTIONS} requests "
+                                                              "already", "retry_after_s": 1}))
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.exception("demand_socket_error")

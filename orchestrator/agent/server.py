@@ -237,8 +237,33 @@ def _parse(line: bytes) -> dict[str, Any]:
     return request
 
 
-class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class BoundedServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A threading Unix socket server with at most ``slots`` connections in service at once: the one
+    beyond goes to ``turn_away`` (which must close it), never to a thread of its own."""
     daemon_threads = True
+    slots: threading.BoundedSemaphore
+
+    def turn_away(self, request: socket.socket) -> None:
+        self.shutdown_request(request)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.turn_away(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread took it: its slot is free again
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+class ControlServer(BoundedServer):
     allow_reuse_address = True
 
     def __init__(self, path: str, agent: Any, max_connections: int = MAX_CONNECTIONS,
@@ -259,21 +284,14 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         except KeyError:
             log.warning("socket_group_missing", group=agent.group, socket=path)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            log.warning("client_turned_away", connections=self.max_connections)
-            if self.overflow.acquire(blocking=False):  # answer it, briefly, off the accepting thread
-                threading.Thread(target=self._turn_away, args=(request,), daemon=True).start()
-            else:
-                self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
+    def turn_away(self, request: socket.socket) -> None:
+        log.warning("client_turned_away", connections=self.max_connections)
+        if self.overflow.acquire(blocking=False):  # answer it, briefly, off the accepting thread
+            threading.Thread(target=self._tell_too_many, args=(request,), daemon=True).start()
+        else:
+            self.shutdown_request(request)
 
-    def _turn_away(self, request: socket.socket) -> None:
+    def _tell_too_many(self, request: socket.socket) -> None:
         try:
             request.settimeout(DRAIN_S)
             request.sendall(encode(error_reply(AgentError(
@@ -284,12 +302,6 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         finally:
             self.shutdown_request(request)
             self.overflow.release()
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.exception("control_socket_error")  # one structured line, not socketserver's stderr dump
