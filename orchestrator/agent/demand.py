@@ -441,8 +441,11 @@ class Broker:
         held = self.backoff.get(host)
         if held is not None and self.clock.monotonic() < held[0]:
             return held[1]
-        if lock_held(Path(self.agent.catalog.state_dir) / "locks" / f"{host}.tune.lock"):
+        locks = Path(self.agent.catalog.state_dir) / "locks"
+        if lock_held(locks / f"{host}.tune.lock"):
             return f"a tune run on {host}"
+        if lock_held(locks / f"{host}.bench.lock"):  # a bench reaches the engine directly: no session in HAProxy
+            return f"a bench on {host}"
         job = self.agent.jobs.busy(host)
         swap = self.running.get(host)
         if job is None or (swap is not None and job is swap.job):
@@ -495,6 +498,7 @@ class Broker:
             hosts = {h: {"swapping": self.running[h].model if h in self.running else None,
                          "swaps_last_min": sum(1 for t in self.swaps.get(h, ()) if t > now - policy.WINDOW_S),
                          "yielding_to": self.yielding.get(h),
+                         "busy": self._busy(h),  # what on-demand waits for (an operator, a tune, a bench)
                          "queues": {m: q for m, q in queues.items() if m in cat.models and m in cat.models_on(h)}}
                      for h in self._hosts()}
         return {"queues": queues, "hosts": hosts}
