@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -46,6 +48,9 @@ def start(gpu_dir: Path) -> Iterator[Callable[..., StandinServer]]:
     yield _start
     for s in started:
         s.kill()
+    for f in gpu_dir.glob("*.json"):  # an --engine-child outlives its API server's SIGKILL, as vLLM's does
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.kill(int(f.stem), signal.SIGKILL)
 
 
 def nvsmi_apps(gpu_dir: Path) -> list[tuple[int, str, int]]:
