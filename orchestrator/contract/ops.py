@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from orchestrator.errors import AgentError, Refused, UsageError
+from orchestrator.contract.wire import error_reply
+from orchestrator.errors import AgentError, OrchestratorError, Refused, UsageError
 
 if TYPE_CHECKING:  # the argument models load with the first parse: a client never needs pydantic
     from orchestrator.contract.args import (
@@ -229,6 +230,18 @@ def _status(ops: Operations, a: HostArgs, c: Caller) -> dict[str, Any]:
     return {**ops.status(a.host), "schedules": ops.schedules(time.time(), c.next_runs)}
 
 
+def _preflight(ag: AgentSide, c: Caller) -> dict[str, Any]:
+    def part(answer: Callable[[], Any]) -> dict[str, Any]:
+        try:
+            return {"result": answer()}
+        except OrchestratorError as exc:  # one part's refusal is that part's answer, as if asked alone
+            return error_reply(exc)
+
+    return {"config_show": part(ag.config_show),
+            "status": part(lambda: {**ag.ops.status(None), "agent": ag.info()}),
+            "history": part(lambda: ag.annotate(ag.ops.history(None, 1)))}
+
+
 def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]:
     from orchestrator.core.proxy import check_together  # its templates are not needed to name an operation
 
@@ -301,6 +314,10 @@ CONFIG_SHOW: Operation[NoArgs, dict[str, Any]] = Operation(
 CONFIG_PUSH: Operation[ConfigPushArgs, dict[str, Any]] = Operation(
     "config_push", "ConfigPushArgs", dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
     who=Who.MEMBERS_ROOT_FOR_PRIVILEGED, privileged=lambda ag, a: ag.root_only_changes(a.text, a.name))
+# What a fleet controller asks each box before a rollout (rollout/preflight.py), in one round trip: the
+# box's deploy.toml, its status and its newest deployment, each part a result or the error it raised.
+PREFLIGHT: Operation[NoArgs, dict[str, Any]] = Operation(
+    "preflight", "NoArgs", dict, "rollout", agent=lambda ag, a, c: _preflight(ag, c))
 # A fleet's rollouts, run by the controller's agent (agent/controller.py), whoever asks: start returns
 # once the rollout is recorded (preflight refusals come back here), follow streams it to its end.
 ROLLOUT_START: Operation[RolloutStartArgs, dict[str, Any]] = Operation(

@@ -1,5 +1,6 @@
 """Before anything stops: every box of the group answers, knows the model as the controller does,
-and is idle. One fan-out per question; any failure refuses the whole rollout, naming every host."""
+and is idle. One fan-out, one round trip per box carrying every question; any failure refuses the
+whole rollout, naming every host."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 from orchestrator.client.backends import AgentClient
 from orchestrator.core.catalog import Model
 from orchestrator.core.documents import DocumentError, toml_document
-from orchestrator.errors import Busy, OrchestratorError, UsageError
+from orchestrator.contract.wire import error_of
+from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
 from orchestrator.rollout.fanout import HostRequest, run_all
 
 
@@ -37,20 +39,20 @@ def _short(exc: OrchestratorError) -> str:
 
 
 def check_boxes(clients: Mapping[str, AgentClient], model: Model) -> dict[str, BoxView]:
-    """Reachable agents, the model in every box's catalog (same repo and revision), nothing running."""
-    shown = run_all([HostRequest(h, c, "config_show") for h, c in clients.items()])
-    errors = {h: r for h, r in shown.items() if isinstance(r, OrchestratorError)}
+    """Reachable agents, the model in every box's catalog (same repo and revision), nothing running.
+    One round trip per box (its agent's ``preflight``); a box whose agent predates it is asked the
+    three questions one by one."""
+    answers = _ask(clients)
+    errors = {h: a["config_show"] for h, a in answers.items() if isinstance(a["config_show"], OrchestratorError)}
     if errors:
         raise refuse(errors, "unreachable or without an agent")
-    for host, result in shown.items():
-        _same_model(host, result, model, errors)
+    for host, answer in answers.items():
+        _same_model(host, answer["config_show"], model, errors)
     if errors:
         raise refuse(errors, "the boxes' deploy.toml")
-    status = run_all([HostRequest(h, c, "status", {"host": None}) for h, c in clients.items()])
-    history = run_all([HostRequest(h, c, "history", {"host": None, "limit": 1}) for h, c in clients.items()])
     views: dict[str, BoxView] = {}
-    for host in clients:
-        st, hist = status[host], history[host]
+    for host, answer in answers.items():
+        st, hist = answer["status"], answer["history"]
         bad = st if isinstance(st, OrchestratorError) else hist if isinstance(hist, OrchestratorError) else None
         if bad is not None:
             errors[host] = bad
@@ -69,6 +71,43 @@ def check_boxes(clients: Mapping[str, AgentClient], model: Model) -> dict[str, B
     if errors:
         raise refuse(errors, "a box is busy or did not answer")
     return views
+
+
+PARTS = ("config_show", "status", "history")
+
+
+def _ask(clients: Mapping[str, AgentClient]) -> dict[str, dict[str, Any]]:
+    """Each box's three answers (a result or the error it raised), in the order of ``clients``."""
+    replies = run_all([HostRequest(h, c, "preflight") for h, c in clients.items()])
+    answers: dict[str, dict[str, Any]] = {}
+    older = []
+    for host, reply in replies.items():
+        if _predates_preflight(reply):
+            older.append(host)
+        elif isinstance(reply, OrchestratorError):  # unreachable: every part says so
+            answers[host] = dict.fromkeys(PARTS, reply)
+        else:
+            answers[host] = {p: _part(reply, p, host) for p in PARTS}
+    if older:
+        asked = {h: clients[h] for h in older}
+        shown = run_all([HostRequest(h, c, "config_show") for h, c in asked.items()])
+        status = run_all([HostRequest(h, c, "status", {"host": None}) for h, c in asked.items()])
+        history = run_all([HostRequest(h, c, "history", {"host": None, "limit": 1}) for h, c in asked.items()])
+        for h in older:
+            answers[h] = {"config_show": shown[h], "status": status[h], "history": history[h]}
+    return {h: answers[h] for h in clients}
+
+
+def _predates_preflight(reply: Any) -> bool:
+    """An agent older than the ``preflight`` operation refuses it as unknown (contract/ops.lookup)."""
+    return isinstance(reply, UsageError) and str(reply).startswith("unknown operation 'preflight'")
+
+
+def _part(reply: Any, name: str, host: str) -> Any:
+    part = reply.get(name) if isinstance(reply, dict) else None
+    if not isinstance(part, dict) or ("result" not in part and "error" not in part):
+        return AgentError(f"host {host}: its agent's preflight answer has no {name}")
+    return error_of(part["error"]) if "error" in part else part["result"]
 
 
 def _same_model(host: str, result: Any, model: Model, errors: dict[str, OrchestratorError]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.client.backends import AgentClient
 from orchestrator.contract.wire import encode, error_reply
-from orchestrator.errors import OrchestratorError, TransportError
+from orchestrator.errors import OrchestratorError, TransportError, UsageError
 
 
 class SimulatedBox(AgentClient):
@@ -23,7 +23,8 @@ class SimulatedBox(AgentClient):
 
     def __init__(self, name: str, models: dict[str, str], *, serving: str | None = None,
                  failing: frozenset[str] = frozenset(), switch_s: float = 0.0, delay_s: float = 0.0,
-                 hold: threading.Event | None = None) -> None:
+                 hold: threading.Event | None = None, preflight: bool = True) -> None:
+        """``preflight``: False for an agent that predates that operation (it answers it as unknown)."""
         super().__init__(f"{name}.sock")
         self.name, self.models, self.failing = name, dict(models), failing
         self.switch_s, self.delay_s, self.hold = switch_s, delay_s, hold
@@ -36,6 +37,8 @@ class SimulatedBox(AgentClient):
         self.peak_channels = 0
         self.on_switch: Callable[[str], None] | None = None
         self.closed = False
+        self.preflight = preflight
+        self.asked: list[str] = []  # the operation of each request, in the order they arrived
         if serving is not None:
             self._record(serving, "active")
 
@@ -81,6 +84,8 @@ class SimulatedBox(AgentClient):
         try:
             with agent, agent.makefile("rb") as stream:
                 request = json.loads(stream.readline())
+                with self.lock:
+                    self.asked.append(str(request["op"]))
                 time.sleep(self.delay_s)  # the network: one round trip before the agent sees the request
                 try:
                     for item in self._answer(str(request["op"]), dict(request.get("args") or {})):
@@ -96,7 +101,9 @@ class SimulatedBox(AgentClient):
                 self.open_channels -= 1
 
     def _answer(self, op: str, args: dict[str, Any]) -> Any:
-        if op == "config_show":
+        if op == "preflight" and self.preflight:
+            yield {"result": {part: self._one(part, args) for part in ("config_show", "status", "history")}}
+        elif op == "config_show":
             text = "".join(f'[models.{m}]\nrepo = "{r}"\n' for m, r in self.models.items())
             yield {"result": {"text": text, "path": "/etc/orchestrator/deploy.toml", "revision": 1}}
         elif op == "status":
@@ -117,8 +124,18 @@ class SimulatedBox(AgentClient):
             yield {"result": {"outcome": "active", **self._record(previous or "nothing", "active")}}
         elif op == "follow":
             yield {"result": {"followed": []}}
+        elif op == "preflight":
+            raise UsageError(f"unknown operation {op!r}: op must be one of config_show, history, status, ...")
         else:
             raise TransportError(f"simulated box {self.name}: no operation {op!r}")
+
+    def _one(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """One part of a preflight answer: what ``op`` alone answers (its result, or its error)."""
+        try:
+            *_, last = self._answer(op, {"limit": 1} if op == "history" else args)
+        except OrchestratorError as exc:
+            return error_reply(exc)
+        return dict(last)
 
     def _switch(self, model: str) -> Any:
         self.running = "switch"

@@ -27,7 +27,7 @@ SAMPLE_ARGS: dict[str, dict[str, Any]] = {
     "switch": {"model": "alpha"}, "rollback": {}, "recover": {}, "stop": {"model": "alpha"},
     "stage": {"model": "alpha"}, "status": {}, "check_together": {"models": ["alpha", "gamma"]},
     "explain": {"model": "alpha"}, "history": {}, "schedules": {}, "ping": {}, "follow": {},
-    "config_show": {}, "config_push": {"text": ""},
+    "config_show": {}, "config_push": {"text": ""}, "preflight": {},
     "rollout_start": {"model": "alpha"}, "rollout_follow": {}, "rollout_status": {}, "rollout_resume": {},
     "rollout_abort": {},
     "tune_plan": {"model": "alpha", "concurrency": [1]}, "tune_start": {"model": "alpha", "concurrency": [1]},
@@ -121,7 +121,7 @@ def test_agent_only_operations_have_an_agent_answer_and_no_in_process_one() -> N
     """config show/push, a controller's rollouts and an agent's tune runs are answered by an agent only: an
     agent answer (or stream), no in-process run."""
     agent_only = sorted(op.name for op in OPERATIONS.values() if op.agent_only)
-    assert agent_only == ["config_push", "config_show", "rollout_abort", "rollout_follow", "rollout_resume",
+    assert agent_only == ["config_push", "config_show", "preflight", "rollout_abort", "rollout_follow", "rollout_resume",
                           "rollout_start", "rollout_status", "tune_abort", "tune_follow", "tune_plan",
                           "tune_resume", "tune_start", "tune_status"]
     assert all(OPERATIONS[name].agent is not None or OPERATIONS[name].stream is not None for name in agent_only)
