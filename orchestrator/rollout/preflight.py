@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.client.backends import AgentClient
+from orchestrator.contract.wire import error_of
 from orchestrator.core.catalog import Model
 from orchestrator.core.documents import DocumentError, toml_document
-from orchestrator.contract.wire import error_of
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
 from orchestrator.rollout.fanout import HostRequest, run_all
 

@@ -40,7 +40,7 @@ def test_each_box_is_asked_one_preflight_and_one_switch_over_one_connection() ->
     boxes = {h: SimulatedBox(h, MODELS, serving="alpha") for h in HOSTS}
     _controller, connects, summary = started(boxes)
     assert summary["rollout"]["status"] == "succeeded"
-    assert {h: b.asked for h, b in boxes.items()} == dict.fromkeys(HOSTS, ["preflight", "switch"])
+    assert {h: b.asked for h, b in boxes.items()} == {h: ["preflight", "switch"] for h in HOSTS}
     assert sorted(connects) == HOSTS and all(b.closed for b in boxes.values())
 
 
