@@ -363,6 +363,8 @@ class RolloutStore(Protocol):
 
     def latest(self) -> Rollout | None: ...
 
+    def recent(self, limit: int, group: str | None = None) -> list[Rollout]: ...
+
 
 class TuneStore(Protocol):
     """Tune runs and each candidate's measurement (adapters/tune_store.py; testing.FakeTuneStore); a

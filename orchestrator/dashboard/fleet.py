@@ -22,6 +22,7 @@ from orchestrator.rollout.group_view import group_status
 log = logs.get_logger()
 
 IDLE_CLOSE_S = 60.0
+OLDER = 5  # ended rollouts a group shows under its newest one
 
 
 class FleetView:
@@ -125,14 +126,14 @@ class FleetView:
                            "max_failures": g.max_failures, "gate": g.gate,
                            "models": sorted(m.name for m in catalog.models.values() if m.group == name),
                            "boxes": fv.box_rows(g.hosts, status, live if ro and ro["status"] == "running" else {}),
-                           "rollout": ro, "older": mine[1:6]})
+                           "rollout": ro, "older": mine[1:1 + OLDER]})
         return {"at": time.time(), "groups": groups}
 
     def _rollouts(self, query: Any) -> list[dict[str, Any]]:
-        """The unfinished rollouts and the latest one, newest first, each as rollout_status answers."""
+        """The unfinished rollouts and each group's last few, newest first, each as rollout_status answers."""
         store = self.agent.controller.store
-        ids = sorted({r.id for r in store.unfinished()} | ({latest.id} if (latest := store.latest()) else set()),
-                     reverse=True)
+        recent = {r.id for g in self.agent.catalog.groups for r in store.recent(1 + OLDER, g)}
+        ids = sorted({r.id for r in store.unfinished()} | recent, reverse=True)
         out = []
         for rid in ids:
             try:

@@ -138,6 +138,12 @@ class RolloutStore(SqliteFile):
         rows = self._read("SELECT * FROM rollouts ORDER BY id DESC LIMIT 1")
         return self._rollout(rows[0]) if rows else None
 
+    def recent(self, limit: int, group: str | None = None) -> list[Rollout]:
+        """The newest ``limit`` rollouts (of ``group``, or of every group), newest first."""
+        where, params = ("WHERE grp = ? ", (group, limit)) if group is not None else ("", (limit,))
+        rows = self._read(f"SELECT * FROM rollouts {where}ORDER BY id DESC LIMIT ?", params)
+        return [self._rollout(r) for r in rows]
+
     def _value(self, kind: type[_S], value: str, rid: int) -> _S:
         try:
             return kind(value)

@@ -108,6 +108,10 @@ class FakeRolloutStore:
     def latest(self) -> Any:
         return self.rollouts[max(self.rollouts)] if self.rollouts else None
 
+    def recent(self, limit: int, group: str | None = None) -> list[Any]:
+        newest = [r for _, r in sorted(self.rollouts.items(), reverse=True) if group in (None, r.group)]
+        return newest[:limit]
+
 
 class FakeTuneStore:
     """ports.TuneStore in memory."""

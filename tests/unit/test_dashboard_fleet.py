@@ -19,6 +19,7 @@ from orchestrator.agent.controller import FleetController
 from orchestrator.agent.daemon import Agent
 from orchestrator.contract.args import RolloutStartArgs
 from orchestrator.core import dashboard_fleet as fv
+from orchestrator.core.rollout import Policy, RolloutStatus
 from orchestrator.dashboard.server import DashboardServer
 from orchestrator.dashboard.service import start
 from orchestrator.deploy.operations import Operations
@@ -181,6 +182,19 @@ def test_an_abort_asked_for_mid_batch_shows_before_the_rollout_stops(ctl: Ctl) -
     done = until(messages, lambda html: 'data-status="aborted"' in html["g0-rollout"])
     assert 'data-batch="0" data-state="done"' in done["g0-rollout"]
     assert 'data-batch="1" data-state="pending"' in done["g0-rollout"]
+
+
+def test_the_group_shows_its_last_few_ended_rollouts_under_the_newest(ctl: Ctl) -> None:
+    """Seven ended rollouts of the group: the newest is the group's rollout, the five before it are
+    listed as earlier ones (newest first) on /api/fleet and the page; the oldest is left out."""
+    store = ctl.agent.controller.store
+    for _ in range(7):
+        rid = store.create("beta", "inference", Policy(), "health", [("h1",)], 4242)
+        store.finish(rid, RolloutStatus.SUCCEEDED, None, 1.0)
+    group = ctl.fleet()
+    assert group["rollout"]["id"] == 7 and [o["id"] for o in group["older"]] == [6, 5, 4, 3, 2]
+    _, _, body = ctl.get("/fleet")
+    assert "earlier: #6 beta succeeded · #5" in body and "#1 beta" not in body
 
 
 @pytest.mark.parametrize("url", ["/fleet", "/api/fleet", "/fleet/events"])

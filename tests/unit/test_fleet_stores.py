@@ -46,6 +46,15 @@ def test_a_rollout_keeps_its_batches_host_states_and_who_started_it(rollouts: An
     assert rollouts.unfinished() == [] and rollouts.latest() == ro
 
 
+def test_recent_reads_the_newest_rollouts_first_of_one_group_or_of_all(rollouts: Any) -> None:
+    """recent(N) is the newest N, newest first, ended or not; with a group, only that group's."""
+    ids = [rollouts.create("beta", g, Policy(), "health", [("h1",)], 7) for g in ("a", "b", "a", "a")]
+    rollouts.finish(ids[0], RolloutStatus.SUCCEEDED, None, 1.0)
+    assert [r.id for r in rollouts.recent(3)] == [ids[3], ids[2], ids[1]]
+    assert [r.id for r in rollouts.recent(5, "a")] == [ids[3], ids[2], ids[0]]
+    assert rollouts.recent(2, "nobody") == []
+
+
 def test_an_unknown_rollout_or_host_field_is_a_state_error(rollouts: Any) -> None:
     """get of a missing id and a host field that does not exist both raise StateError naming them."""
     rid = rollouts.create("beta", "inference", Policy(), "none", [("h1",)], 7)
