@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -32,7 +32,9 @@ from orchestrator.contract.ops import (
 from orchestrator.contract.wire import socket_path
 from orchestrator.core.rollout import RolloutStatus
 from orchestrator.errors import AgentError, Detached, TransportError, UsageError
-from orchestrator.rollout.fleet import AfterBatch, Fleet
+
+if TYPE_CHECKING:  # an in-CLI rollout loads the fleet (and the catalog); a client of the controller does not
+    from orchestrator.rollout.fleet import AfterBatch, Fleet
 
 # Set only by code that embeds the CLI (the tests' entry point holds the controller between batches
 # with it); no flag or environment variable reaches it.
@@ -105,6 +107,8 @@ def _fleet(config: str | None, command: str, report: FleetProgress | None = None
     if spec is not None:
         raise UsageError(f"{command} runs on the controller and reaches every box's agent itself; drop "
                          f"--host {spec} (the hosts come from the controller's deploy.toml)")
+    from orchestrator.rollout.fleet import Fleet
+
     fleet = Fleet(settings.load(config), report=report, after_batch=after_batch_hook, on_start=on_start,
                   started_by=f"{getpass.getuser()}@{socket.gethostname()} (this CLI)")
     click.get_current_context().call_on_close(fleet.close)
@@ -118,7 +122,10 @@ def _controller(config: str | None) -> AgentClient | None:
         client = backend(config)
         assert isinstance(client, AgentClient)
         return client
-    path = socket_path(settings.load(config).state_dir)
+    # The socket from deploy.toml read as TOML only (as `status` finds it): the controller checks the
+    # request against its own catalog; a file peek cannot read plainly is loaded (and refused, exit 2).
+    peeked = settings.peek(config)
+    path = socket_path(peeked.state_dir if peeked is not None else settings.load(config).state_dir)
     if not os.path.exists(path):
         return None
     local = AgentClient(path)
@@ -186,7 +193,8 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     ro = result["rollout"]
     why = f": {ro['reason']}" if ro.get("reason") else ""
     who = f" (started by {ro['started_by']})" if ro.get("started_by") else ""
-    click.echo(f"rollout #{ro['id']} {ro['model']} on group {ro['group']}{who}: {ro['status']}{why}")
+    asked = " (abort requested)" if ro.get("abort_requested") and ro["status"] in ("running", "paused", "interrupted") else ""
+    click.echo(f"rollout #{ro['id']} {ro['model']} on group {ro['group']}{who}: {ro['status']}{asked}{why}")
     for h in result["hosts"]:
         extra = " ".join(x for x in (f"deployment #{h['deployment_id']}" if h["deployment_id"] else "",
                                      h["outcome"] or "", h["error"] or "") if x)

@@ -201,4 +201,4 @@ class Rollout:
                 "canary": self.canary, "batch": self.policy.batch, "max_failures": self.policy.max_failures,
                 "rollback_all": self.policy.rollback_all, "gate": self.gate, "started_at": self.started_at,
                 "ended_at": self.ended_at, "reason": self.reason,
-                "started_by": self.started_by}
+                "started_by": self.started_by, "abort_requested": self.abort_requested}
