@@ -12,6 +12,9 @@ before the first switch (CLI start, connects, preflight fan-outs), the switches 
 to last end), and after (gate, finish, the CLI's exit), with the CPU seconds the controller's agent
 and the client CLI used (the rest of the machine's CPU went to the 8 boxes: agents, relays, engines).
 
+Each run is followed by its profile: per phase, the wall seconds and the CPU seconds of the
+controller's agent and of the boxes' processes by kind (bench/fleet_profile.py).
+
     .venv/bin/python bench/fleet_controller.py [--rounds N] [--load-time S] > bench/fleet_controller.txt
 """
 
@@ -31,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.fleet_profile import ROLES, Sampler
 from tests.builders.agent import CONFIG, PY
 from tests.builders.rollout import SOCKET, install
 from tests.builders.switch import MODELS
@@ -77,8 +81,9 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def split(db: Path, t_start: float, wall: float) -> str:
-    """The latest rollout's record: before the first switch, the switches, after the last one."""
+def phases(db: Path, t_start: float, wall: float) -> list[tuple[str, float, float]]:
+    """The latest rollout's record as phases (name, start, end; time.time()): the client's start and
+    the preflight up to the record, the record to the first switch, the switches, and after the last."""
     con = sqlite3.connect(db)
     try:
         rid, started = con.execute("SELECT id, started_at FROM rollouts ORDER BY id DESC LIMIT 1").fetchone()
@@ -86,14 +91,32 @@ def split(db: Path, t_start: float, wall: float) -> str:
                                   (rid,)).fetchone()
     finally:
         con.close()
-    before, switching = first - t_start, last - first
-    return (f"before {before:.2f} (to record {started - t_start:.2f}) switches {switching:.2f} "
-            f"after {wall - before - switching:.2f}")
+    return [("to record", t_start, started), ("record to first switch", started, first), ("switches", first, last),
+            ("after", last, t_start + wall)]
+
+
+def split(marks: list[tuple[str, float, float]]) -> str:
+    before = marks[0][2] - marks[0][1] + marks[1][2] - marks[1][1]
+    return (f"before {before:.2f} (to record {marks[0][2] - marks[0][1]:.2f}) switches "
+            f"{marks[2][2] - marks[2][1]:.2f} after {marks[3][2] - marks[3][1]:.2f}")
+
+
+COLUMNS = ("controller agent", *ROLES)
+
+
+def cpu_line(cpu: dict[str, float]) -> str:
+    return " ".join(f"{k} {cpu.get(k, 0.0):.2f}" for k in COLUMNS)
+
+
+def profile(sampler: Sampler, marks: list[tuple[str, float, float]]) -> list[str]:
+    """One line per phase: its wall seconds and the CPU seconds each kind of process used in it."""
+    return [f"#   {name:<23} wall {t1 - t0:6.2f} s  CPU s: {cpu_line(sampler.between(t0, t1))}"
+            for name, t0, t1 in marks]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--load-time", type=float, default=5.0, help="the stand-in engine's load sleep, seconds")
     args = ap.parse_args()
     t_run = time.monotonic()
@@ -138,20 +161,29 @@ def main() -> int:
             results.setdefault(name, []).append(seconds)
             print(f"{name}\t{seconds:.3f}" + (f"\t{detail}" if detail else ""), flush=True)
 
+        sampler = Sampler([h.machine for h in hostset.hosts], {"controller agent": agent.pid})
+        sampler.start()
+        print(f"# per-phase CPU: sampled every {sampler.interval_s} s (bench/fleet_profile.py); columns: "
+              f"{', '.join(COLUMNS)}")
         state_model = "alpha"
         for _ in range(args.rounds):
             for new in (PAIR[state_model], state_model):
-                cli_cpu = children_cpu_s()
+                cli_cpu, t0 = children_cpu_s(), time.time()
                 took = timed([*cli, "--host", one_url, "switch", new], env)
                 record("one host: orchestrator --host switch", took,
                        f"client CLI CPU {children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
+                time.sleep(2 * sampler.interval_s)  # a sample after the end
+                print(f"#   {'whole command':<23} wall {took:6.2f} s  CPU s: {cpu_line(sampler.between(t0, t0 + took))}")
             for new in (PAIR[state_model], state_model):
                 t0, agent_cpu, cli_cpu = time.time(), cpu_s(agent.pid), children_cpu_s()
                 took = timed([*cli, "rollout", new, "--batch", "8", "--config", str(cfg)], env)
                 cpu = (f"controller agent CPU {cpu_s(agent.pid) - agent_cpu:.2f} s, client CLI CPU "
                        f"{children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
-                record("8 hosts: rollout --batch 8 through the controller", took,
-                       f"{split(state / 'rollouts.db', t0, took)}; {cpu}")
+                marks = phases(state / "rollouts.db", t0, took)
+                record("8 hosts: rollout --batch 8 through the controller", took, f"{split(marks)}; {cpu}")
+                time.sleep(2 * sampler.interval_s)
+                print("\n".join(profile(sampler, marks)))
+        sampler.close()
         print(f"# load at end {os.getloadavg()}, run {time.monotonic() - t_run:.0f} s")
         one = statistics.median(results["one host: orchestrator --host switch"])
         print("\n| method | runs | median s | min-max s | vs one host's switch |\n|---|---|---|---|---|")
