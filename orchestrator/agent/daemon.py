@@ -26,6 +26,7 @@ from orchestrator.contract.ops import Caller, Operation, lookup
 from orchestrator.contract.wire import socket_path
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.privilege import root_only_changes
+from orchestrator.core.resident import residency_series
 from orchestrator.core.watch import stall_limit
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, UsageError
@@ -300,6 +301,8 @@ class Agent:
         for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
+            self.metrics.residency(host, residency_series({n: self.catalog.models[n].sleep for n in
+                                                           self.catalog.models_on(host)}, self.ops.residency.residency(host)))
 
 
 __all__ = ["Agent"]
