@@ -11,11 +11,11 @@ from typing import Protocol
 
 from orchestrator import logs
 from orchestrator.agent.demand import Broker
-from orchestrator.agent.demand_server import DemandServer
+from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
 from orchestrator.agent.loops import Failures, Loop
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.watch import stall_limit
-from orchestrator.errors import AgentError
+from orchestrator.errors import AgentError, ConfigError
 from orchestrator.ports import Clock
 
 log = logs.get_logger()
@@ -76,10 +76,19 @@ class DemandService:
 
     # -- the parts ---------------------------------------------------------------------------------
     def _open(self, path: str) -> None:
+        proxy = self.agent.catalog.proxy
+        user, group = proxy.user or PROXY_USER, proxy.run_group or PROXY_USER
         try:
-            server = DemandServer(path, self.broker)
+            server = DemandServer(path, self.broker, user=user, group=group)
         except OSError as exc:
             raise AgentError(f"the demand socket {path} ([proxy] demand_socket) cannot be opened: {exc}") from exc
+        if proxy.user is not None:  # HAProxy's workers drop to it: they must reach the socket
+            try:
+                check_reachable(path, user, group)
+            except ConfigError:
+                server.server_close()
+                os.unlink(path)
+                raise
         threading.Thread(target=server.serve_forever, name="demand-socket", daemon=True).start()
         self.server, self.path = server, path
         log.info("demand_socket_listening", socket=path)
