@@ -1,0 +1,147 @@
+"""Models on demand, the jobs the broker runs: a wake or start as a normal switch through the agent's
+jobs (trigger ``demand:<model>``), whose result answers the requests waiting for it, and the idle
+sleep or stop (agent/demand_ops.py)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator import logs
+from orchestrator.agent.demand_ops import sleep_idle, stop_idle
+from orchestrator.agent.demand_tickets import Swap, Ticket, Waiting, answer
+from orchestrator.agent.demand_view import BrokerAgent, HostView
+from orchestrator.agent.server import Job
+from orchestrator.contract.wire import error_reply
+from orchestrator.core import demand as policy
+from orchestrator.core.demand import Kind
+from orchestrator.errors import Busy, OrchestratorError
+from orchestrator.ports import Clock
+
+log = logs.get_logger()
+
+BUSY_RETRY_S = 1.0  # a swap refused by the host's lock is tried again after this
+
+
+class DemandJobs:
+    """Starts the policy's swaps and idle actions as jobs and settles their requests when they end."""
+
+    def __init__(self, agent: BrokerAgent, clock: Clock, waiting: Waiting, view: HostView) -> None:
+        self.agent = agent
+        self.clock = clock
+        self.waiting = waiting
+        self.view = view
+
+    def answer(self, ticket: Ticket, reply: dict[str, Any], outcome: str) -> None:
+        answer(ticket, reply, outcome, self.agent.metrics, self.clock.monotonic())
+
+    def start(self, host: str, action: policy.Action, now: float) -> None:
+        model = action.model
+        assert model is not None
+        if self.agent.stopping.is_set():
+            return  # the agent parks what runs; nothing new starts
+        cold = action.kind is Kind.START
+        swap = Swap(model, cold, now)
+        trigger = f"demand:{model}"
+        w = self.waiting
+
+        def run(job: Job) -> dict[str, Any]:
+            try:
+                result = self.agent.ops.switch(model, trigger=trigger, progress=_publisher(job),
+                                               abandon=(lambda: self._abandon(host, model)) if cold else None)
+            except OrchestratorError as exc:
+                with w.lock:
+                    self.settle(host, swap, error_reply(exc))
+                raise
+            with w.lock:
+                self.settle(host, swap, {"result": result})
+            return result
+
+        try:
+            swap.job = self.agent.jobs.submit(host, "switch", {"model": model, "trigger": trigger}, run)
+        except Busy:
+            return  # someone else took the host between the look and the submit: the next pass waits
+        w.running[host] = swap
+        if action.swap:
+            w.swaps.setdefault(host, deque(maxlen=1000)).append(now)
+        self.agent.metrics.demand_swap(host, model, action.kind.value, displacing=action.swap)
+        log.info("demand_swap", host=host, model=model, kind=action.kind.value, displaces=list(action.displaces),
+                 reason=action.reason)
+
+    def _abandon(self, host: str, model: str) -> str | None:
+        w = self.waiting
+        with w.lock:
+            swap = w.running.get(host)
+            if swap is None or swap.model != model or w.tickets.get(model) or not swap.cancelled:
+                return None
+            swap.abandoned = True
+            return (f"abandoned: every request waiting for {model} was cancelled ({swap.cancelled}) while it "
+                    "cold-started")
+
+    def finish(self, host: str, now: float) -> None:
+        """The swap's job has ended: forget it (its requests were answered as it ended)."""
+        w = self.waiting
+        swap = w.running.get(host)
+        if swap is None or swap.job is None or not swap.job.done.is_set():
+            return
+        del w.running[host]
+        if not swap.settled:  # it crashed outside the switch's own errors
+            self.settle(host, swap, swap.job.result or {})
+
+    def settle(self, host: str, swap: Swap, result: dict[str, Any]) -> None:
+        """Answer the swap's requests from its result, in the job's own thread before it ends: an
+        operator's switch waiting for it must not displace the model before they are routed."""
+        now = self.clock.monotonic()
+        w = self.waiting
+        swap.settled = True
+        outcome = (result.get("result") or {}).get("outcome")
+        waiting = w.tickets.pop(swap.model, [])
+        self.agent.metrics.demand_queue(swap.model, 0)
+        if outcome == "active":
+            for t in waiting:
+                self.answer(t, {"ready": True}, "ready")
+            self.view.routed(swap.model, now, len(waiting))  # not yet in HAProxy's scur
+        elif swap.abandoned and waiting:
+            w.tickets[swap.model] = waiting  # they came after it was given up: the next pass decides
+            self.agent.metrics.demand_queue(swap.model, len(waiting))
+        elif isinstance(result.get("error"), dict) and result["error"].get("type") in ("Busy", "NodeInUse"):
+            # the host's lock was taken (a CLI without the agent): its requests wait, the next try in a while
+            w.tickets[swap.model] = waiting
+            self.agent.metrics.demand_queue(swap.model, len(waiting))
+            w.backoff[host] = (now + BUSY_RETRY_S, str(result["error"].get("message")))
+            return
+        else:
+            error = result.get("error") or {}
+            why = error.get("message") if isinstance(error, dict) else None
+            message = f"{swap.model} could not be brought up ({outcome or 'failed'}): {why or 'see history'}"
+            for t in waiting:
+                self.answer(t, {"status": 503, "message": message,
+                                "retry_after_s": self.agent.catalog.proxy.retry_after_s}, "503")
+        dep = (result.get("result") or {}).get("id")
+        waits = sorted(round(now - t.arrived, 3) for t in waiting)
+        self.agent.ops.record_event(self.clock.now(), host, "demand", {
+            "deployment_id": dep, "model": swap.model, "outcome": outcome or "failed", "cold": swap.cold,
+            "requests": len(waiting), "cancelled": swap.cancelled, "waits_s": waits[:100],
+            "wait_max_s": waits[-1] if waits else None, "took_s": round(now - swap.started, 3)})
+
+    def idle(self, host: str, action: policy.Action) -> None:
+        model, kind = action.model, action.kind
+        assert model is not None
+        ops = self.agent.ops
+        op = sleep_idle if kind is Kind.SLEEP else stop_idle
+
+        def run(job: Job) -> dict[str, Any]:
+            return op(ops, model, reason=action.reason, progress=_publisher(job))
+
+        if self.agent.stopping.is_set():
+            return
+        try:
+            self.waiting.idle_jobs[host] = self.agent.jobs.submit(host, f"demand_{kind.value}", {"model": model}, run)
+        except Busy:
+            return
+        log.info("demand_idle", host=host, model=model, action=kind.value, reason=action.reason)
+
+
+def _publisher(job: Job) -> Callable[[str, dict[str, Any]], None]:
+    return lambda event, fields: job.publish({"event": event, "fields": fields})

@@ -1,0 +1,192 @@
+"""Models on demand, the policy's view of a host: what serves and sleeps there (the records, read
+again after a job), what HAProxy counts in flight (its runtime API) and what holds the host (an
+operator, a tune, a bench), as the Box core/demand.py decides on."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Protocol
+
+from orchestrator import logs
+from orchestrator.agent.demand_tickets import Waiting
+from orchestrator.agent.metrics import Metrics
+from orchestrator.agent.server import Job, Jobs
+from orchestrator.core import demand as policy
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.demand import Box, ModelView
+from orchestrator.core.haproxy_cli import Sessions
+from orchestrator.core.records import Deployment
+from orchestrator.core.resident import ASLEEP, Residency, State
+from orchestrator.deploy.operations import Operations
+from orchestrator.errors import OrchestratorError
+from orchestrator.ports import Clock
+
+log = logs.get_logger()
+
+SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
+RECORDS_TTL_S = 1.0  # the records are read again at least this often
+ROUTED_S = 1.0  # requests just answered ready count as in flight this long (HAProxy counts them late)
+PEAK_S = 1.5  # in flight: the most HAProxy counted over this long
+
+
+class BrokerAgent(Protocol):
+    """What the broker needs of the agent (agent/daemon.Agent)."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def ops(self) -> Operations: ...
+
+    @property
+    def jobs(self) -> Jobs: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
+
+
+class HostView:
+    """Builds each host's Box from the records, HAProxy's sessions and ``waiting``; caches both reads."""
+
+    def __init__(self, agent: BrokerAgent, clock: Clock, waiting: Waiting) -> None:
+        self.agent = agent
+        self.clock = clock
+        self.waiting = waiting
+        self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
+        self._routed: dict[str, tuple[float, int]] = {}  # model -> (when, how many) last answered ready
+        self._readings: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, in flight) by HAProxy
+        self._generation: dict[str, int] = {}  # host -> jobs started or ended there
+        self._record_cache: dict[str, tuple[tuple[int, int], dict[str, Deployment], dict[str, Residency]]] = {}
+        agent.jobs.observers.append(self._job_event)
+
+    def hosts(self) -> list[str]:
+        cat = self.agent.catalog
+        return sorted({cat.model_host(n).name for n, m in cat.models.items() if m.on_demand})
+
+    def routed(self, model: str, now: float, count: int) -> None:
+        """``count`` requests for ``model`` were just answered ready (not yet in HAProxy's scur)."""
+        self._routed[model] = (now, count)
+
+    def records(self, host: str) -> tuple[dict[str, Deployment], dict[str, Residency]]:
+        """What serves and sleeps on ``host`` by the records: read again after a job started or ended
+        there, and at least each RECORDS_TTL_S (a CLI run without the agent changes them too), so a
+        flood of held requests does not read the store for each one."""
+        generation = self._generation.get(host, 0)
+        cached = self._record_cache.get(host)
+        if cached is not None and cached[0] == (generation, int(self.clock.monotonic() / RECORDS_TTL_S)):
+            return cached[1], cached[2]
+        cat, ops = self.agent.catalog, self.agent.ops
+        serving = {d.model: d for d in ops.store.serving_set(host)}
+        records = ops.residency.residency(host) if any(cat.models[n].sleep for n in cat.models_on(host)) else {}
+        if self.agent.jobs.busy(host) is None:  # a running job may change them at any moment
+            self._record_cache[host] = ((generation, int(self.clock.monotonic() / RECORDS_TTL_S)), serving, records)
+        return serving, records
+
+    def _job_event(self, what: str, job: Job) -> None:
+        """Jobs' observer: a job started or ended on a host, its records may have changed."""
+        self._generation[job.host] = self._generation.get(job.host, 0) + 1
+
+    def refresh(self, host: str, now: float) -> None:
+        """Read the proxy's sessions for ``host`` when the last reading is old; outside the lock (it
+        runs a command on the host)."""
+        cached = self._sessions.get(host)
+        if cached is not None and now - cached[0] < SESSIONS_TTL_S:
+            return
+        serving, _ = self.records(host)
+        proxy = self.agent.ops.ports_for(host).proxy
+        engines = sorted({(d.spec.address, d.spec.port) for d in serving.values()})
+        try:
+            found = proxy.sessions(engines) if proxy is not None and engines else {}
+        except OrchestratorError as exc:  # no figures (the master re-executing on a reload): the last ones
+            log.info("demand_sessions_unknown", host=host, error=str(exc))
+            found = cached[1] if cached is not None else {}
+        self._sessions[host] = (now, found)
+
+    def box(self, host: str, now: float, *, sessions: bool = False) -> Box:
+        cat, w = self.agent.catalog, self.waiting
+        serving, records = self.records(host)
+        epoch = self.clock.now()
+        seen = self._sessions.get(host, (0.0, {}))[1] if sessions else {}
+        views: dict[str, ModelView] = {}
+        for name in cat.models_on(host):
+            spec, rec, dep = cat.models[name], records.get(name), serving.get(name)
+            state = State.SERVING if dep is not None else State.ASLEEP if rec is not None and rec.state == ASLEEP \
+                else State.STOPPED
+            began = rec.since if rec is not None and rec.state == state.value else \
+                (dep.ended_at or dep.created_at) if dep is not None else None
+            last = w.last_request.get(name)
+            counted = seen.get((dep.spec.address, dep.spec.port)) if dep is not None else None
+            if counted is not None and counted.idle_s is not None:
+                last = max(last if last is not None else -math.inf, now - counted.idle_s)
+            views[name] = ModelView(
+                name=name, state=state, on_demand=spec.on_demand, sleeps=spec.sleep is not None,
+                priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
+                idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
+                since=None if began is None else now - max(0.0, epoch - began), last_request=last,
+                in_flight=self._in_flight_now(name, counted.current if counted is not None else 0, now),
+                waiting=tuple(t.arrived for t in w.tickets.get(name, [])))
+        swap = w.running.get(host)
+        return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(w.swaps.get(host, ())),
+                   busy=self.busy(host), running=swap.model if swap is not None else None,
+                   max_swaps_per_min=cat.demand.max_swaps_per_min, batch_wait_s=cat.demand.batch_wait_s)
+
+    def busy(self, host: str) -> str | None:
+        """What holds the host other than our own switch: an operator's (or the agent's) operation,
+        or a tune run (its lock, held by the CLI that runs it, also between its switches)."""
+        w = self.waiting
+        if host in w.yielding:
+            return w.yielding[host]
+        held = w.backoff.get(host)
+        if held is not None and self.clock.monotonic() < held[0]:
+            return held[1]
+        locks = Path(self.agent.catalog.state_dir) / "locks"
+        if lock_held(locks / f"{host}.tune.lock"):
+            return f"a tune run on {host}"
+        if lock_held(locks / f"{host}.bench.lock"):  # a bench reaches the engine directly: no session in HAProxy
+            return f"a bench on {host}"
+        job = self.agent.jobs.busy(host)
+        swap = w.running.get(host)
+        if job is None or (swap is not None and job is swap.job):
+            return None
+        what = " ".join(str(v) for v in job.args.values() if v not in (None, False, {}))
+        return f"{job.op} {what}".strip()
+
+    def _in_flight_now(self, model: str, current: int, now: float) -> int:
+        """The most HAProxy counted over the last PEAK_S (closed-loop clients leave gaps between an
+        answer and their next request), or the requests just answered ready when more (it counts them
+        late)."""
+        seen = self._readings.setdefault(model, deque(maxlen=256))
+        if not seen or seen[-1] != (now, current):
+            seen.append((now, current))
+        while seen and seen[0][0] < now - PEAK_S:
+            seen.popleft()
+        peak = max(n for _, n in seen)
+        when, n = self._routed.get(model, (0.0, 0))
+        return max(peak, n) if now - when < ROUTED_S else peak
+
+
+def routable(box: Box, model: str) -> bool:
+    """Whether a held request for ``model`` may go to its engine now: it serves and nothing runs on the
+    box. The proxy asks only for a model its config does not route, and while a switch runs the records
+    may still list one it is taking down (its engine then held the request asleep, until the proxy
+    worker holding it was stopped)."""
+    return box.models[model].state is State.SERVING and box.running is None and box.busy is None
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process holds a flock on ``path``, read from /proc/locks: probing with a flock of our
+    own could make the holder's next non-blocking try fail for that instant."""
+    try:
+        st = os.stat(path)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(f[1:2] == ["FLOCK"] and f[5:6] == [where] for f in (line.split() for line in text.splitlines()))
