@@ -35,3 +35,32 @@ class Template:
             self.load(tmp_path, **parts)
         assert info.value.exit_code == 2
         return str(info.value)
+
+
+# One local box behind the front proxy with alpha and beta on 2 GPUs each (`render --proxy` tests, the
+# on-demand ones): give ``state``; ``defaults``, ``proxy`` (its keys), ``beta`` (its keys) and ``rest``.
+LOCAL_PROXY_BOX = Template('''state_dir = "{state}"
+socket_group = "root"
+[defaults]
+engine = ["/opt/vllm/bin/vllm", "serve"]
+{defaults}
+[hosts.box]
+transport = "local"
+address = "127.0.0.1"
+gpus = 8
+gpu_memory_gib = 96
+[proxy]
+enabled = {enabled}
+{proxy}
+[models.alpha]
+repo = "org/alpha"
+gpus = [0, 1]
+tensor_parallel = 2
+port = 8010
+[models.beta]
+repo = "org/beta"
+gpus = {beta_gpus}
+tensor_parallel = 2
+port = 8020
+{beta}
+{rest}''', {"enabled": "true", "beta_gpus": "[2, 3]"})
