@@ -159,7 +159,7 @@ class Operations(OperationsViews):
         if ports.weights is None:
             raise UsageError(f"host {host} has no weight store configured")
         weights = ports.weights
-        with activity_lock(self.state_dir, host, "stage", f"a stage of {model}'s weights is running"):
+        with activity_lock(self.state_dir, host, "stage", f"a stage of {model} is running"):
             spec = self.engine(progress).spec_for(self.catalog.models[model])
             if peer is not None:
                 from orchestrator.adapters.weights_peer import with_peer

@@ -81,10 +81,16 @@ def test_a_second_bench_on_a_box_exits_5_naming_the_box_and_the_first(tmp_path: 
     assert "box.bench" not in result.output
 
 
-def test_a_second_staging_of_a_box_is_busy_naming_the_box(world: OpsWorld) -> None:
-    """`stage` while the box stages: Busy, exit 5, "host box: busy, a stage of alpha is running since T"."""
-    with activity_lock(world.catalog.state_dir, "box", "stage", "a stage of alpha is running"), \
-            pytest.raises(Busy) as info:
-        world.ops.stage("beta")
-    assert info.value.exit_code == 5 and "box.stage" not in str(info.value)
-    assert re.match(f"host box: busy, a stage of alpha is running {SINCE}", str(info.value)), str(info.value)
+def test_a_second_staging_on_a_box_is_busy_naming_the_box_and_the_first(world: OpsWorld) -> None:
+    """`stage beta` while alpha stages (asked from alpha's progress): Busy, exit 5, "host box: busy, a stage
+    of alpha is running since T"; alpha's staging ends as usual."""
+    refused: list[Busy] = []
+
+    def progress(event: str, fields: dict[str, object]) -> None:
+        with pytest.raises(Busy) as info:
+            world.ops.stage("beta")
+        refused.append(info.value)
+
+    assert world.ops.stage("alpha", progress=progress)["model"] == "alpha"
+    assert len(refused) == 1 and refused[0].exit_code == 5 and "box.stage" not in str(refused[0])
+    assert re.match(f"host box: busy, a stage of alpha is running {SINCE}", str(refused[0])), str(refused[0])
