@@ -1,7 +1,8 @@
 """Operations: what the CLI (in-process) and the agent (over its socket) both run.
 
 Each operation takes the host's lock, so a second switch on a busy host is refused with the
-running deployment named, whether it was started by another CLI or by the agent. The stores and
+running deployment named, whether it was started by another CLI or by the agent (staging takes the
+box's stage lock instead: weights download while a model serves). The stores and
 lookups they share are in operations_base.py, the read-only views in operations_views.py.
 """
 
