@@ -31,19 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orchestrator.agent.daemon import Agent
 from orchestrator.client.forward import Forwarder, unix_opener
 from orchestrator.dashboard.service import start
+from tests.builders.unix_http import UnixHTTP
 from tests.unit.conftest import OpsWorld
 
 OUT = Path(__file__).with_name("dashboard_latency.txt")
-
-
-class UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("dashboard", timeout=30)
-        self.unix = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.unix)
 
 
 def timed_gets(conn: http.client.HTTPConnection, n: int, headers: dict[str, str]) -> list[float]:

@@ -16,7 +16,6 @@ Writes the raw lines to bench/fleet_page.txt.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import socket
 import statistics
@@ -35,19 +34,10 @@ from orchestrator.dashboard.service import start
 from orchestrator.deploy.operations import Operations
 from orchestrator.rollout.simulated import SimulatedBox
 from orchestrator.testing import FakeClock, FakeRolloutStore, FakeStateStore
+from tests.builders.unix_http import UnixHTTP
 from tests.unit.conftest import make_catalog
 
 OUT = Path(__file__).with_name("fleet_page.txt")
-
-
-class UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("dashboard", timeout=120)
-        self.unix = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.unix)
 
 
 def controller(tmp: Path, boxes: int, rtt_ms: float) -> tuple[Agent, Any, str]:
@@ -70,7 +60,7 @@ def controller(tmp: Path, boxes: int, rtt_ms: float) -> tuple[Agent, Any, str]:
 
 
 def pages(path: str, n: int) -> list[float]:
-    conn = UnixHTTP(path)
+    conn = UnixHTTP(path, timeout=120)
     out = []
     for _ in range(n):
         time.sleep(0.25)  # past refresh_s: every read asks the boxes again

@@ -5,10 +5,8 @@ operator, a tune, a bench), as the Box core/demand.py decides on."""
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections import deque
-from pathlib import Path
 from typing import Protocol
 
 from orchestrator import logs
@@ -21,6 +19,7 @@ from orchestrator.core.demand import Box, ModelView
 from orchestrator.core.haproxy_cli import Sessions
 from orchestrator.core.records import Deployment
 from orchestrator.core.resident import ASLEEP, Residency, State
+from orchestrator.deploy.locks import activity_holder
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import OrchestratorError
 from orchestrator.ports import Clock
@@ -146,11 +145,9 @@ class HostView:
         held = w.backoff.get(host)
         if held is not None and self.clock.monotonic() < held[0]:
             return held[1]
-        locks = Path(self.agent.catalog.state_dir) / "locks"
-        if lock_held(locks / f"{host}.tune.lock"):
-            return f"a tune run on {host}"
-        if lock_held(locks / f"{host}.bench.lock"):  # a bench reaches the engine directly: no session in HAProxy
-            return f"a bench on {host}"
+        for activity in ("tune", "bench"):  # a bench reaches the engine directly: no session in HAProxy
+            if (doing := activity_holder(self.agent.catalog.state_dir, host, activity)) is not None:
+                return doing
         job = self.agent.jobs.busy(host)
         swap = w.running.get(host)
         if job is None or (swap is not None and job is swap.job):
@@ -178,15 +175,3 @@ def routable(box: Box, model: str) -> bool:
     may still list one it is taking down (its engine then held the request asleep, until the proxy
     worker holding it was stopped)."""
     return box.models[model].state is State.SERVING and box.running is None and box.busy is None
-
-
-def lock_held(path: Path) -> bool:
-    """Whether a process holds a flock on ``path``, read from /proc/locks: probing with a flock of our
-    own could make the holder's next non-blocking try fail for that instant."""
-    try:
-        st = os.stat(path)
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return False
-    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    return any(f[1:2] == ["FLOCK"] and f[5:6] == [where] for f in (line.split() for line in text.splitlines()))

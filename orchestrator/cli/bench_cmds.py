@@ -24,7 +24,7 @@ from orchestrator.cli.options import (
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import local_only
 from orchestrator.core.tune import parse_concurrency
-from orchestrator.deploy.locks import host_lock
+from orchestrator.deploy.locks import activity_lock
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import UsageError
 from orchestrator.loadgen import BenchPlan, BenchTarget, Progress, run_bench_blocking
@@ -66,7 +66,7 @@ def bench(config: str | None, host: str | None, concurrency: str, max_tokens: in
                             f"{p.requests_ok} ok, {p.requests_failed} failed, {p.in_flight} in flight, "
                             f"{p.streamed_tok_s:,.0f} tok/s")
         # Held while it runs: on-demand swaps and idle sleeps wait for it (its load bypasses the proxy).
-        with host_lock(ops.state_dir, f"{serving.host}.bench", f"a bench of {serving.model} is running"):
+        with activity_lock(ops.state_dir, serving.host, "bench", f"a bench of {serving.model} is running"):
             result = run_bench_blocking(target, plan, on_progress=show)
     record = bench_record(result.to_dict())
     if not no_record:

@@ -125,7 +125,7 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         remote = remote_spec() is not None
         cat = catalog(config)
         m = cat.model(model)
-        host = cat.host(host_name) if host_name else cat.model_host(model)
+        host = cat.target(model, host_name or None)
         found = _catalog_model_config(cat, m, host, model_config, refresh, remote=remote)
         cfg, index, source = found.config, index or found.index, found.source
         # A multi-node model: its GPUs per node (the same on each) times its nodes.

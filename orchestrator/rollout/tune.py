@@ -28,7 +28,7 @@ from orchestrator.core.documents import DocumentError, json_document, text_of, t
 from orchestrator.core.states import Phase
 from orchestrator.core.tune_records import TuneResult, TuneRun
 from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
-from orchestrator.deploy.locks import host_lock
+from orchestrator.deploy.locks import activity_lock
 from orchestrator.deploy.operations import Operations
 from orchestrator.deploy.preflight import hardware_of
 from orchestrator.errors import AgentError, UsageError
@@ -166,7 +166,7 @@ class Tuner:
         settings = {"candidates": [c.to_dict() for c in prep.candidates], "objective": req.objective,
                     "bench": req.bench.to_dict(), "repeats": req.repeats, "restore": req.restore,
                     "previous_model": prep.previous_model}
-        with self._lock(prep.host):
+        with self._lock(prep.host, req.model):
             self._no_unfinished(prep.host)
             run = self.store.create(prep.host, req.model, settings, prep.previous_revision,
                                     self.ops.ports_for(prep.host).clock.now())
@@ -201,8 +201,11 @@ class Tuner:
         self.store.finish(run.id, "aborted", self.ops.ports_for(run.host).clock.now(), None)
         return {"run": run.id, "model": run.model, "host": run.host, "state": "aborted", "serving": back}
 
-    def _lock(self, host: str) -> Any:
-        return host_lock(self.catalog.state_dir, f"{host}.tune", f"a tune run is going on on host {host}")
+    def _lock(self, host: str, model: str | None = None) -> Any:
+        run = None if model is not None else self.store.unfinished(host)
+        model = model or (run.model if run is not None else None)
+        return activity_lock(self.catalog.state_dir, host, "tune", f"a tune of {model} is running" if model
+                             else "a tune run is running")
 
     def _variants_ops(self, run: TuneRun, cands: list[core.Candidate]) -> Operations:
         if run.model not in self.catalog.models:

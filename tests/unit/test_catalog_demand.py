@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import settings
 from orchestrator.core.catalog import Catalog
-from orchestrator.errors import ConfigError
+from tests.builders.toml import Template
 
 from .cli_runner import invoke
 
@@ -41,16 +40,8 @@ port = 8002
 """
 
 
-def load(tmp_path: Path, *, model: str = "", rest: str = "", proxy: str = "true", proxy_rest: str = "") -> Catalog:
-    (tmp_path / "deploy.toml").write_text(BASE.format(model=model, rest=rest, proxy=proxy, proxy_rest=proxy_rest))
-    return settings.load(tmp_path / "deploy.toml")
-
-
-def refused(tmp_path: Path, **parts: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load(tmp_path, **parts)
-    assert info.value.exit_code == 2
-    return str(info.value)
+DOC = Template(BASE, {"proxy": "true"})
+load, refused = DOC.load, DOC.refused
 
 
 def test_defaults_keep_an_on_demand_model_awake_and_the_box_calm(tmp_path: Path) -> None:
@@ -167,9 +158,8 @@ def test_bad_demand_section_values_are_refused(tmp_path: Path, text: str, key: s
 
 def test_the_cli_exits_2_naming_the_file_key_and_value(tmp_path: Path) -> None:
     """Through the real CLI: idle_stop_s < idle_sleep_s exits 2 with one line naming the file and key."""
-    (tmp_path / "deploy.toml").write_text(BASE.format(model='sleep = "level1"\nidle_sleep_s = 300\nidle_stop_s = 60',
-                                                      rest="", proxy="true", proxy_rest=""))
-    r = invoke("plan", "--config", str(tmp_path / "deploy.toml"), "a")
+    path = DOC.write(tmp_path, model='sleep = "level1"\nidle_sleep_s = 300\nidle_stop_s = 60')
+    r = invoke("plan", "--config", str(path), "a")
     assert r.exit_code == 2
     assert f"{tmp_path / 'deploy.toml'}: models.a.idle_stop_s: idle_stop_s 60 is less than idle_sleep_s 300" in r.output
 

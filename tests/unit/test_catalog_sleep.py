@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import settings
-from orchestrator.core.catalog import Catalog
-from orchestrator.errors import ConfigError
+from tests.builders.toml import Template
 
 from .cli_runner import invoke
 
@@ -37,16 +35,8 @@ port = 8002
 """
 
 
-def load(tmp_path: Path, *, defaults: str = "", host: str = "", model: str = "", rest: str = "") -> Catalog:
-    (tmp_path / "deploy.toml").write_text(BASE.format(defaults=defaults, host=host, model=model, rest=rest))
-    return settings.load(tmp_path / "deploy.toml")
-
-
-def refused(tmp_path: Path, **parts: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load(tmp_path, **parts)
-    assert info.value.exit_code == 2
-    return str(info.value)
+DOC = Template(BASE)
+load, refused = DOC.load, DOC.refused
 
 
 def test_defaults_leave_sleep_mode_off(tmp_path: Path) -> None:
@@ -124,12 +114,8 @@ def test_a_level2_sleeper_needs_no_ram_budget(tmp_path: Path) -> None:
 def test_a_sleep_engine_on_a_public_address_without_the_proxy_is_refused(
         tmp_path: Path, defaults: str, host: str, key: str, bind: str) -> None:
     """Dev endpoints on a non-loopback address with no front proxy: exit 2 naming the model, bind key and value."""
-    text = BASE.replace('[defaults]\nbind = "127.0.0.1"\n', "[defaults]\n")
-    (tmp_path / "deploy.toml").write_text(text.format(defaults=defaults, host=host, model='sleep = "level1"', rest=""))
-    with pytest.raises(ConfigError) as info:
-        settings.load(tmp_path / "deploy.toml")
-    message = str(info.value)
-    assert info.value.exit_code == 2
+    message = Template(BASE.replace('[defaults]\nbind = "127.0.0.1"\n', "[defaults]\n")).refused(
+        tmp_path, defaults=defaults, host=host, model='sleep = "level1"')
     assert "models.a.sleep" in message and f"{key} = {bind}" in message and "[proxy] enabled = true" in message
 
 
@@ -169,18 +155,14 @@ def test_host_budgets_that_cannot_be_are_refused(tmp_path: Path, host: str, key:
 
 def test_a_sleep_model_on_a_gpu_no_larger_than_the_residue_is_refused(tmp_path: Path) -> None:
     """gpu_memory_gib 2 with the default 3 GiB residue: a sleep model there exits 2 naming the residue key."""
-    text = BASE.replace("gpu_memory_gib = 141", "gpu_memory_gib = 2")
-    (tmp_path / "deploy.toml").write_text(text.format(defaults="", host="", model='sleep = "level2"', rest=""))
-    with pytest.raises(ConfigError) as info:
-        settings.load(tmp_path / "deploy.toml")
-    message = str(info.value)
+    message = Template(BASE.replace("gpu_memory_gib = 141", "gpu_memory_gib = 2")).refused(
+        tmp_path, model='sleep = "level2"')
     assert "hosts.box.sleep_residue_gib: sleep_residue_gib 3" in message and "gpu_memory_gib 2" in message
 
 
 def test_the_cli_exits_2_naming_the_file_key_and_value(tmp_path: Path) -> None:
     """Through the real CLI: sleep on a CPU host exits 2 with one line naming the file, key and value."""
-    (tmp_path / "deploy.toml").write_text(BASE.format(defaults="", host='platform = "cpu"', model='sleep = "level1"',
-                                                      rest=""))
-    r = invoke("plan", "--config", str(tmp_path / "deploy.toml"), "a")
+    path = DOC.write(tmp_path, host='platform = "cpu"', model='sleep = "level1"')
+    r = invoke("plan", "--config", str(path), "a")
     assert r.exit_code == 2
     assert f"{tmp_path / 'deploy.toml'}: models.a.sleep: sleep 'level1': host box cannot sleep" in r.output

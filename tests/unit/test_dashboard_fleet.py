@@ -26,9 +26,10 @@ from orchestrator.deploy.operations import Operations
 from orchestrator.errors import TransportError
 from orchestrator.rollout.simulated import SimulatedBox
 from orchestrator.testing import FakeClock, FakeRolloutStore, FakeStateStore
+from tests.builders.unix_http import UnixHTTP
 
 from .conftest import make_catalog
-from .test_dashboard_server import UnixHTTP, as_user
+from .test_dashboard_server import as_user
 
 HOSTS = ["h1", "h2", "h3", "h4"]
 

@@ -3,7 +3,6 @@ Pages come from the agent's own answers; anyone outside the socket group gets 40
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
@@ -30,21 +29,11 @@ from orchestrator.testing import (
     FakeStateStore,
     FakeWeights,
 )
+from tests.builders.unix_http import UnixHTTP
 
 from .conftest import OpsWorld, make_catalog
 
 GROUP = "users"  # exists on Debian (gid 100): a group a test process can join with setpriv
-
-
-class UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("dashboard", timeout=30)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
-        self.sock.connect(self.path)
 
 
 @dataclass

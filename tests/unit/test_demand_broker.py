@@ -320,10 +320,10 @@ def test_status_text_shows_the_queue_and_the_swap(dw: DemandWorld) -> None:
 
 def test_a_tune_run_holds_precedence_between_its_switches(dw: DemandWorld) -> None:
     """While a tune run holds its lock (a real flock) no on-demand swap starts; after it, one does."""
-    from orchestrator.deploy.locks import host_lock
+    from orchestrator.deploy.locks import activity_lock
 
     ticket = dw.broker.open("a")
-    with host_lock(dw.catalog.state_dir, "box.tune", "a tune run"):
+    with activity_lock(dw.catalog.state_dir, "box", "tune", "a tune of a is running"):
         dw.broker.tick()
         assert dw.broker.running == {} and ticket.answer is None
     dw.run_swap()
@@ -332,26 +332,26 @@ def test_a_tune_run_holds_precedence_between_its_switches(dw: DemandWorld) -> No
 
 def test_a_bench_holds_precedence_over_a_swap(dw: DemandWorld) -> None:
     """While `bench` holds its lock (a real flock) no on-demand swap starts; after it, one does."""
-    from orchestrator.deploy.locks import host_lock
+    from orchestrator.deploy.locks import activity_lock
 
     ticket = dw.broker.open("a")
-    with host_lock(dw.catalog.state_dir, "box.bench", "a bench"):
+    with activity_lock(dw.catalog.state_dir, "box", "bench", "a bench of a is running"):
         dw.broker.tick()
         assert dw.broker.running == {} and ticket.answer is None
-        assert dw.broker.snapshot()["hosts"]["box"]["busy"] == "a bench on box"
+        assert dw.broker.snapshot()["hosts"]["box"]["busy"].startswith("a bench of a is running since ")
     dw.run_swap()
     assert ticket.answer == {"ready": True}
 
 
 def test_a_model_under_bench_is_not_idle(tmp_path: Path) -> None:
     """A bench's load goes to the engine, not through HAProxy: its lock keeps the idle loop off the model."""
-    from orchestrator.deploy.locks import host_lock
+    from orchestrator.deploy.locks import activity_lock
 
     dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60}})
     dw.broker.open("a")
     dw.run_swap()
     dw.clock.sleep(61)
-    with host_lock(dw.catalog.state_dir, "box.bench", "a bench"):
+    with activity_lock(dw.catalog.state_dir, "box", "bench", "a bench of a is running"):
         dw.broker.idle_tick()
         assert dw.broker.idle_jobs == {} and dw.serving() == ["a"]
 

@@ -4,11 +4,9 @@ socket, then routes it or answers the agent's error; the agent gone or silent is
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,39 +22,16 @@ import pytest
 from orchestrator.adapters.haproxy import _MASTER_CLI
 from orchestrator.core.catalog import Proxy
 from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, parse_show_proc
-from orchestrator.core.proxy import DEMAND_LUA, DemandRoute, Route, render_config
+from orchestrator.core.proxy import DEMAND_LUA, DemandRoute, Route
 from orchestrator.resources import template_text
+from tests.builders.haproxy import Engine, free_port, haproxy, render_front
+from tests.builders.haproxy import post as haproxy_post
+from tests.builders.toml import LOCAL_PROXY_BOX
 from tests.hosts.wait import wait_for
 
 from .cli_runner import invoke
 
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 RETRY_AFTER_S = 4
-
-
-class Engine(ThreadingHTTPServer):
-    """A loopback HTTP server standing in for vLLM: answers 200 and records each model it was asked for."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[float, str]] = []
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Engine
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        self.server.seen.append((time.monotonic(), body["model"]))
-        out = b'{"ok":true}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @dataclass
@@ -155,12 +129,6 @@ class Front:
     alpha: int  # alpha's engine port (nothing listens: only the drain looks at it)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _workers(master: int) -> set[int]:
     out = subprocess.run(["pgrep", "-P", str(master)], check=False, capture_output=True, text=True).stdout
     return {int(p) for p in out.split()}
@@ -169,11 +137,10 @@ def _workers(master: int) -> set[int]:
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     tmp = tmp_path_factory.mktemp("demand")
-    engine = Engine()
-    threading.Thread(target=engine.serve_forever, daemon=True).start()
-    eport = engine.server_address[1]
+    engine = Engine().start()
+    eport = engine.port
     agent = Agent(tmp / "demand.sock")
-    port = _free_port()
+    port = free_port()
     lua = template_text(DEMAND_LUA)
     (tmp / DEMAND_LUA).write_text(lua)
     demand = [DemandRoute(name, "127.0.0.1", eport, 2.0 if name == "brief" else 60.0)
@@ -181,47 +148,21 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
 
     def render(routes: list[Route]) -> str:
         # drain_timeout_s 1: a reload's old worker would be ended (hard-stop-after) 1 s after, but for the holds.
-        config = render_config(Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S, drain_timeout_s=1),
-                               "127.0.0.1", routes,
-                               template_text("haproxy.cfg.j2"), demand=demand,
-                               demand_socket=str(agent.path), lua=lua)
-        # The shipped paths are the box's; this process's own keep parallel runs apart.
-        return (config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{tmp}/admin.sock"')
-                .replace(f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp}/{DEMAND_LUA}"'))
+        return render_front(tmp, Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S, drain_timeout_s=1),
+                            routes, demand=demand, demand_socket=str(agent.path), lua=lua)
 
     cfg = tmp / "haproxy.cfg"
-    alpha = _free_port()
+    alpha = free_port()
     cfg.write_text(render([Route("alpha", "127.0.0.1", alpha), Route("awake", "127.0.0.1", eport), Route("gapped")]))
     master_sock = tmp / "master.sock"
-    master = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg), "-S", f"{master_sock},mode,600"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def listening() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            assert master.poll() is None, "HAProxy exited"
-            return False
-
-    wait_for(listening, what="HAProxy listening")
-    yield Front(port, engine, agent, master, cfg, render, master_sock, alpha)
-    master.terminate()
-    master.wait(10)
-    engine.shutdown()
+    with haproxy(cfg, port, master_sock=master_sock) as master:
+        yield Front(port, engine, agent, master, cfg, render, master_sock, alpha)
+    engine.close()
     agent.close()
 
 
 def post(port: int, model: str, *, stream: bool | None = None, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    body: dict[str, object] = {"model": model, "prompt": "hi"}
-    if stream is not None:
-        body["stream"] = stream
-    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    answer = conn.getresponse()
-    out = answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
-    conn.close()
-    return out
+    return haproxy_post(port, model, timeout=timeout, **({} if stream is None else {"stream": stream}))
 
 
 def ready_after(seconds: float) -> Script:
@@ -254,7 +195,7 @@ def test_held_then_routed(front: Front) -> None:
     assert status == 200
     [held] = front.agent.asked("beta")
     assert held.ask == {"model": "beta", "stream": False}
-    reached = [t for t, m in front.engine.seen if m == "beta"]
+    reached = [a.at for a in front.engine.seen if a.model == "beta"]
     assert len(reached) == 1 and reached[0] > held.finals[0]  # it reached the engine only after "ready"
     wait_for(held.closed.is_set, what="the proxy closing the agent's connection after ready")
 
@@ -401,37 +342,10 @@ def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
     client.join(30)
     assert result == [200] and held.finals
 
-DEMAND_TOML = """state_dir = "{state}"
-socket_group = "root"
-[defaults]
-engine = ["/opt/vllm/bin/vllm", "serve"]
-load_deadline_s = 40
-[hosts.box]
-transport = "local"
-address = "127.0.0.1"
-gpus = 8
-gpu_memory_gib = 96
-[proxy]
-enabled = true
-[models.alpha]
-repo = "org/alpha"
-gpus = [0, 1]
-tensor_parallel = 2
-port = 8010
-[models.beta]
-repo = "org/beta"
-gpus = [0, 1]
-tensor_parallel = 2
-port = 8020
-on_demand = true
-{extra}
-"""
-
-
 def _render_cli(tmp_path: Path, extra: str = "") -> tuple[int, str]:
     (tmp_path / "state").mkdir(exist_ok=True)
-    path = tmp_path / "deploy.toml"
-    path.write_text(DEMAND_TOML.format(state=tmp_path / "state", extra=extra))
+    path = LOCAL_PROXY_BOX.write(tmp_path, state=str(tmp_path / "state"), defaults="load_deadline_s = 40",
+                                 beta_gpus="[0, 1]", beta="on_demand = true", rest=extra)
     result = invoke("render", "--proxy", "--config", str(path))
     return result.exit_code, result.output
 

@@ -4,7 +4,6 @@ template quotes every one, so no value can add a directive; the rendered config 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Route, render_config
 from orchestrator.errors import RenderError
 from orchestrator.resources import template_text
+from tests.builders.haproxy import HAPROXY, Engine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,8 +90,7 @@ def _render(bind: str, routes: list[Route], **proxy: Any) -> str:
 def _haproxy_check(config: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "haproxy.cfg"
     path.write_text(config)
-    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    return subprocess.run([haproxy, "-c", "-q", "-f", str(path)], capture_output=True, text=True, check=False)
+    return subprocess.run([HAPROXY, "-c", "-q", "-f", str(path)], capture_output=True, text=True, check=False)
 
 
 _ONE_WORD = re.compile(r'^\s*(?:bind|server engine) "(?:[^"\\]|\\.)*"$')
@@ -140,34 +139,14 @@ def test_any_valid_drain_timeout_renders_a_config_haproxy_takes(drain: float, tm
 
 def test_an_engine_on_an_ipv6_address_is_reached_at_its_base_url() -> None:
     """A host address that is an IPv6 literal gives a bracketed URL the health probe can reach."""
-    import http.server
-    import socket
-    import threading
-
     from orchestrator.adapters.http_health import HttpHealthProbe
     from orchestrator.core.records import UnitSpec
 
-    class V6(http.server.ThreadingHTTPServer):
-        address_family = socket.AF_INET6
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b'{"object":"list","data":[{"id":"chat"}]}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = V6(("::1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = Engine("::1", body=b'{"object":"list","data":[{"id":"chat"}]}').start()
     try:
         spec = UnitSpec(model="m", unit_name="vllm-m.service", unit_text="", unit_sha="", served_name="chat",
-                        address="::1", port=server.server_address[1], gpus=(0,), load_deadline_s=1, model_dir="/m")
+                        address="::1", port=server.port, gpus=(0,), load_deadline_s=1, model_dir="/m")
         assert spec.base_url == f"http://[::1]:{spec.port}"
         assert HttpHealthProbe().models(spec.base_url) == ["chat"]
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()

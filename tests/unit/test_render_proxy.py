@@ -14,32 +14,9 @@ from orchestrator.core.proxy import render_config, routes_for
 from orchestrator.core.records import ServingChange
 from orchestrator.deploy.engine import default_template, unit_spec
 from orchestrator.resources import template_text
+from tests.builders.toml import LOCAL_PROXY_BOX
 
 from .cli_runner import invoke
-
-TOML = '''state_dir = "{state}"
-socket_group = "root"
-[defaults]
-engine = ["/opt/vllm/bin/vllm", "serve"]
-[hosts.box]
-transport = "local"
-address = "127.0.0.1"
-gpus = 8
-gpu_memory_gib = 96
-[proxy]
-enabled = {enabled}
-config_path = "{cfg}"
-[models.alpha]
-repo = "org/alpha"
-gpus = [0, 1]
-tensor_parallel = 2
-port = 8010
-[models.beta]
-repo = "org/beta"
-gpus = [2, 3]
-tensor_parallel = 2
-port = 8020
-'''
 
 
 @pytest.fixture
@@ -52,8 +29,8 @@ def installed() -> Iterator[Path]:
 
 
 def deploy_toml(tmp_path: Path, cfg: Path, enabled: bool = True) -> Path:
-    path = tmp_path / "deploy.toml"
-    path.write_text(TOML.format(state=tmp_path / "state", cfg=cfg, enabled=str(enabled).lower()))
+    path = LOCAL_PROXY_BOX.write(tmp_path, state=str(tmp_path / "state"), proxy=f'config_path = "{cfg}"',
+                                 enabled=str(enabled).lower())
     (tmp_path / "state").mkdir(exist_ok=True)
     return path
 

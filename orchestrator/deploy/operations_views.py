@@ -1,0 +1,184 @@
+"""What the fronts read about hosts and models: status, history, explain, schedules, probe (no lock,
+nothing changes on a box; the probes ask systemd and the engines)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from orchestrator.core import schedule as sched
+from orchestrator.core.proxy import Mode
+from orchestrator.core.records import Deployment
+from orchestrator.core.resident import ASLEEP
+from orchestrator.deploy.operations_base import OperationsBase
+from orchestrator.errors import OrchestratorError
+
+
+class OperationsViews(OperationsBase):
+    """The read-only side of Operations: what serves, what ran, what a switch would do."""
+
+    def probe(self, host: str) -> tuple[Deployment | None, bool]:
+        """(what serves, is it healthy); raises TransportError when the host cannot be reached, so
+        the watch can tell "down" from "cannot look" (is_healthy folds both into False)."""
+        serving = self.store.serving(host)
+        if serving is None:
+            return None, True
+        self.ports_for(host).systemd.unit_state(serving.spec.unit_name)
+        eng = self.engine()
+        return serving, eng.is_healthy(serving)
+
+    def schedules(self, now: float, next_runs: dict[str, float] | None = None) -> list[dict[str, Any]]:
+        """Each schedule with its next firing time and the last thing it did."""
+        events = [e for e in self.store.events(limit=500) if e.get("schedule")]
+        rows = []
+        for name, s in self.catalog.schedules.items():
+            # the next run that acts: firings outside the window are skipped, so they are not shown
+            first = next_runs.get(name) if next_runs is not None else sched.next_run(s, now)
+            nxt = None if first is None else sched.next_run_in_window(s, first)
+            last = next((e for e in events if e["schedule"] == name), None)
+            shown = ("never: its cron has no fire time left" if first is None
+                     else "never: no firing of its cron falls inside its window" if nxt is None
+                     else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(nxt)))
+            rows.append({"name": name, "cron": s.cron, "action": s.action, "model": s.model, "window": s.window,
+                         "next_run": shown, "next_run_ts": nxt, "last": last})
+        return rows
+
+    def explain(self, model: str) -> dict[str, Any]:
+        """What a switch to MODEL would do to the host's serving set, and why (no I/O on the host)."""
+        host = self.catalog.target(model=model).name
+        eng = self.engine()
+        spec = eng.spec_for(self.catalog.models[model])
+        if not self.catalog.proxy.enabled:
+            serving = self.store.serving(host)
+            return {"host": host, "model": model, "mode": Mode.STOP_START.value, "displaced": [
+                serving.model] if serving else [], "reason": "no front proxy ([proxy] enabled = false): the "
+                "serving model stops before the new one starts; clients see connection errors meanwhile",
+                "asleep": self._sleepers(host)}
+        plan = eng.explain(host, spec)
+        return {"host": host, "model": model, "mode": plan.mode.value, "reason": plan.reason,
+                "displaced": [self.store.by_revision(host, r).model for r in plan.displaced],
+                "asleep": self._sleepers(host)}
+
+    def _sleepers(self, host: str) -> list[dict[str, object]]:
+        """The host's recorded sleepers, least recently served first (the order `plan` evicts in)."""
+        asleep = [r for r in self.residency.residency(host).values() if r.state == ASLEEP]
+        asleep.sort(key=lambda r: (r.last_served is not None, r.last_served or 0.0))
+        return [r.to_dict() for r in asleep]
+
+    def _node_states(self, dep: Deployment, probe: bool) -> list[dict[str, Any]]:
+        """Each unit of a multi-node model: its host, role and (probed) systemd state."""
+        rows = [(n.host, n.role + (f" rank {n.rank}" if n.role == "headless" else ""), n.unit_name)
+                for n in dep.spec.nodes]
+        rows.append((dep.host, "engine (API)" if dep.spec.backend == "ray" else "rank 0 (API)", dep.spec.unit_name))
+        out = []
+        for host, role, unit in rows:
+            row: dict[str, Any] = {"host": host, "role": role, "unit": unit, "state": "not probed"}
+            if probe:
+                try:
+                    seen = self.ports_for(host).systemd.unit_state(unit)
+                    # Restarts systemd made on its own since the unit's start: a rank that came back alone.
+                    row |= {"state": seen.active_state, "restarts": seen.n_restarts}
+                except OrchestratorError as exc:
+                    row["state"] = f"unreachable: {exc}"
+            out.append(row)
+        return out
+
+    def _rank_of(self, host: str) -> list[dict[str, Any]]:
+        """The multi-node models headed elsewhere that have a unit on ``host`` (its own record says nothing)."""
+        out = []
+        for head in self.catalog.hosts:
+            dep = self.store.serving(head) if head != host else None
+            if dep is not None and host in dep.spec.node_hosts:
+                out.append({"model": dep.model, "head": head, "revision": dep.revision,
+                            "units": [n.unit_name for n in dep.spec.nodes if n.host == host]})
+        return out
+
+    def history(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        if host is not None:
+            self.catalog.host(host)
+        out = []
+        eng = self.engine()
+        # Models on demand: the requests each on-demand switch served and their waits (agent/demand.py).
+        demand = {e.get("deployment_id"): e for e in reversed(self.store.events(host=host, kind="demand", limit=500))}
+        for d in self.store.history(host, limit):
+            row, plan = d.to_dict(), self.store.plan_of(d.id)
+            if d.id in demand:
+                row["demand"] = {k: demand[d.id].get(k) for k in ("requests", "cancelled", "cold", "waits_s",
+                                                                  "wait_max_s")}
+            if d.spec.nodes:  # what it did on each node, as persisted while it ran
+                row["node_progress"] = [{k: e.get(k) for k in ("phase", "step", "node", "unit", "at")}
+                                        for e in eng.node_progress(d)]
+            if plan is not None:
+                kept = [r for r in plan["before"] if r not in plan["displaced"]]
+                row["plan"] = {"mode": plan["mode"], "reason": plan["reason"],
+                               "set_after": sorted(self.store.by_revision(d.host, r).model
+                                                   for r in [*kept, d.revision])}
+            out.append(row)
+        return out
+
+    def _residency(self, host: str, probe: bool) -> dict[str, Any]:
+        """Warm switches: each model serving, asleep (level) or stopped, the host RAM sleepers hold,
+        and (probed) each GPU's memory by process, with the model whose unit it belongs to."""
+        records = self.residency.residency(host)
+        h = self.catalog.hosts[host]
+        models = []
+        for name in self.catalog.models_on(host):
+            rec = records.get(name)
+            models.append({"model": name, "state": rec.state if rec else "stopped", "level": rec.level if rec else None,
+                           "since": rec.since if rec else None, "last_served": rec.last_served if rec else None,
+                           "ram_gib": round(rec.ram_gib, 3) if rec else 0.0})
+        out: dict[str, Any] = {"models": models, "sleep_ram_gib": round(sum(r.ram_gib for r in records.values()), 3),
+                               "ram_budget_gib": h.sleep_ram_budget(), "residue_gib": h.sleep_residue_gib}
+        if probe:
+            try:
+                ports = self.ports_for(host)
+                for m in models:  # observed: a record of a unit stopped since (a reboot, systemctl) is stale
+                    if m["state"] != "stopped" and not ports.systemd.unit_state(
+                            self.catalog.models[str(m["model"])].unit_name).is_active:
+                        m.update(state="stopped", level=None, ram_gib=0.0)
+                owner = {pid: n for n in self.catalog.models_on(host)
+                         for pid in ports.systemd.cgroup_pids(self.catalog.models[n].unit_name)}
+                snap = ports.gpus.snapshot()
+                out["gpus"] = [{"index": g.index, "used_mib": g.memory_used_mib, "total_mib": g.memory_total_mib,
+                                "processes": [{"pid": p.pid, "mib": p.used_memory_mib, "model": owner.get(p.pid),
+                                               "state": records[owner[p.pid]].state
+                                               if owner.get(p.pid) in records else None}
+                                              for p in snap.processes if p.gpu_index == g.index]}
+                               for g in snap.gpus]
+            except OrchestratorError as exc:
+                out["gpus_error"] = str(exc)
+        return out
+
+    def status(self, host: str | None = None, probe: bool = True) -> dict[str, Any]:
+        hosts = [self.catalog.host(host).name] if host else list(self.catalog.hosts)
+        out: dict[str, Any] = {"at": time.time(), "hosts": {}}
+        for name in hosts:
+            serving = self.store.serving(name)
+            running = self.store.unfinished(name)
+            entry: dict[str, Any] = {
+                "serving": None if serving is None else {"revision": serving.revision, "model": serving.model,
+                                                         "unit": serving.spec.unit_name,
+                                                         "url": serving.spec.base_url},
+                "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
+                             "trigger": d.trigger} for d in running],
+            }
+            eng = self.engine()
+            if probe and serving is not None:
+                entry["serving"]["healthy"] = eng.is_healthy(serving)
+            if self.catalog.proxy.enabled:
+                cfg, h = self.catalog.proxy, self.catalog.hosts[name]
+                bind = cfg.bind or h.bind or h.address
+                where = h.address if bind in ("0.0.0.0", "::") else bind
+                entry["endpoint"] = f"http://{f'[{where}]' if ':' in where else where}:{cfg.port}/v1"
+                entry["models"] = [{"revision": d.revision, "model": d.model, "served_name": d.spec.served_name,
+                                    "gpus": list(d.spec.gpus), "unit": d.spec.unit_name, "url": d.spec.base_url,
+                                    **({"healthy": eng.is_healthy(d)} if probe else {})}
+                                   for d in self.store.serving_set(name)]
+            if serving is not None and serving.spec.nodes:
+                entry["serving"]["nodes"] = self._node_states(serving, probe)
+            if ranks := self._rank_of(name):
+                entry["node_of"] = ranks
+            if any(self.catalog.models[m].sleep for m in self.catalog.models_on(name)):
+                entry["residency"] = self._residency(name, probe)
+            out["hosts"][name] = entry
+        return out
