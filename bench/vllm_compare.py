@@ -282,6 +282,9 @@ def window_figures(times: list[float], tokens: int, span: tuple[float, float],
         "running_mean": statistics.mean(x["vllm:num_requests_running"] for x in inside) if inside else None,
         "waiting_mean": statistics.mean(x["vllm:num_requests_waiting"] for x in inside) if inside else None,
         "samples": len(inside)}
+    # each watched process group's CPU in the steady window, in cores (the sampler reads /proc too)
+    cpu_keys = sorted(k for k in (samples[0] if samples else {}) if k.startswith("cpu:"))
+    out["steady_cores"] = {k.removeprefix("cpu:"): _cores(samples, k, a, b) for k in cpu_keys}
     # the run as the engine and the client saw it, sample by sample (seconds from the first send)
     base = samples[0]["vllm:generation_tokens_total"] if samples else 0.0
     out["timeline"] = {"t": [round(x["t"] - t0, 3) for x in samples],
@@ -292,6 +295,20 @@ def window_figures(times: list[float], tokens: int, span: tuple[float, float],
     return out
 
 
+def _cores(samples: list[dict[str, float]], key: str, a: float, b: float) -> float | None:
+    lo, hi = interpolate(samples, key, a), interpolate(samples, key, b)
+    return None if lo is None or hi is None else rate(hi - lo, b - a)
+
+
+def busiest(cores: dict[str, float | None], group: str = "api_server") -> dict[str, float] | None:
+    """The busiest process of ``group`` (keys ``group#j``, one per process): its cores and its share of
+    the group's; None with fewer than two or no CPU at all."""
+    each = [v for k, v in cores.items() if k.startswith(group + "#") and v is not None]
+    if len(each) < 2 or not sum(each):
+        return None
+    return {"cores": max(each), "share": max(each) / sum(each)}
+
+
 def rate(amount: float, seconds: float) -> float:
     return amount / seconds if seconds > 0 else 0.0
 
@@ -300,10 +317,10 @@ class Sampler:
     """A separate process (no GIL shared with our client) scraping /metrics every ``interval`` s,
     each sample stamped with perf_counter at the middle of its scrape."""
 
-    def __init__(self, python: str, url: str, interval: float) -> None:
+    def __init__(self, python: str, url: str, interval: float, pids: dict[str, list[int]] | None = None) -> None:
         self.path = tempfile.mktemp(suffix=".samples")
         self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--sampler", url, str(interval),
-                                      self.path], stdin=subprocess.PIPE)
+                                      self.path, json.dumps(pids or {})], stdin=subprocess.PIPE)
         # the run starts after the first sample: the engine's count before the run's window is known
         while not (os.path.exists(self.path) and Path(self.path).read_text().strip()):
             if self.proc.poll() is not None:
@@ -322,20 +339,25 @@ class Sampler:
         return [json.loads(line) for line in lines if line]
 
 
-def sampler_main(url: str, interval: float, path: str) -> int:
-    """Until stdin closes: one JSON line of SAMPLED per scrape (``t``: perf_counter mid-scrape), and
-    one more after it closed (the count after the run's window)."""
+def sampler_main(url: str, interval: float, path: str, pids: dict[str, list[int]] | None = None) -> int:
+    """Until stdin closes: one JSON line of SAMPLED per scrape (``t``: perf_counter mid-scrape), with
+    the CPU seconds of each group of ``pids`` as ``cpu:NAME``, and one more after it closed (the
+    count after the run's window)."""
+    def sample() -> str:
+        t = time.perf_counter()
+        row = scrape(url, SAMPLED)
+        mid = (t + time.perf_counter()) / 2
+        row.update({f"cpu:{name}": cpu_seconds(group) for name, group in (pids or {}).items()})
+        return json.dumps({"t": mid, **row}) + "\n"
+
     with open(path, "w") as out:
         while True:
             t = time.perf_counter()
-            sample = scrape(url, SAMPLED)
-            out.write(json.dumps({"t": (t + time.perf_counter()) / 2, **sample}) + "\n")
+            out.write(sample())
             out.flush()
             ready = select.select([sys.stdin], [], [], max(0.0, t + interval - time.perf_counter()))[0]
             if ready and not sys.stdin.buffer.read1(4096):  # EOF: the parent is done
-                t = time.perf_counter()
-                sample = scrape(url, SAMPLED)
-                out.write(json.dumps({"t": (t + time.perf_counter()) / 2, **sample}) + "\n")
+                out.write(sample())
                 return 0
 
 
@@ -463,16 +485,16 @@ def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int |
     return summarize(runs, [(c, n) for c, n, _ in levels], a.tolerance)
 
 
-def run_tool(a: argparse.Namespace, workers: Workers, tool: str, c: int, n: int, seed: int,
-             split: dict[int, int]) -> tuple[dict[str, Any], float]:
-    """One run of one tool: its result and the CPU seconds its client processes spent on it (a worker's
-    counted from after its vLLM import, before it is closed)."""
+def run_tool(a: argparse.Namespace, parts: list[VllmWorker], tool: str, c: int, n: int,
+             seed: int) -> tuple[dict[str, Any], float]:
+    """One run of one tool (``parts``: the vLLM workers it runs in, none for ours): its result and the
+    CPU seconds its client processes spent on it (a worker's counted from after its vLLM import,
+    before it is closed)."""
     if tool == "ours":
         cpu0 = cpu_seconds(os.getpid())
         r = run_ours(a, c, n)
         return r, cpu_seconds(os.getpid()) - cpu0
-    k = split[c] if tool != "vllm" else 1
-    parts = [workers.take() for _ in range(k)]
+    k = len(parts)
     try:
         cpu0 = cpu_seconds([w.proc.pid for w in parts])
         for j, worker in enumerate(parts):  # submitted back to back: they run side by side
@@ -483,6 +505,18 @@ def run_tool(a: argparse.Namespace, workers: Workers, tool: str, c: int, n: int,
         for worker in parts:
             worker.close()
     return (results[0] if k == 1 else merge_split(results)), cpu
+
+
+def sampled_pids(watch: dict[str, int | list[int]], parts: list[VllmWorker]) -> dict[str, list[int]]:
+    """What the sampler reads CPU seconds of: the client (this process, or the vLLM workers of the run),
+    each watched group, and each process of a group of several as ``NAME#j``."""
+    out: dict[str, list[int]] = {"client": [w.proc.pid for w in parts] or [os.getpid()]}
+    for name, pids in watch.items():
+        group = pids if isinstance(pids, list) else [pids]
+        out[name] = group
+        if len(group) > 1:
+            out.update({f"{name}#{j}": [pid] for j, pid in enumerate(group)})
+    return out
 
 
 def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int | list[int]], workers: Workers,
@@ -497,9 +531,12 @@ def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int | list[i
             before = scrape(a.url)
             cpu0 = {k: cpu_seconds(p) for k, p in watch.items()}
             each0 = {k: [cpu_seconds(q) for q in p] for k, p in watch.items() if isinstance(p, list)}
-            sampler = Sampler(sys.executable, a.url, a.sample_interval) if a.sample_interval > 0 else None
+            k = 0 if tool == "ours" else 1 if tool == "vllm" else split[c]
+            parts = [workers.take() for _ in range(k)]
+            sampler = Sampler(sys.executable, a.url, a.sample_interval, sampled_pids(watch, parts)) \
+                if a.sample_interval > 0 else None
             t0 = time.time()
-            r, client_cpu = run_tool(a, workers, tool, c, n, seed, split)
+            r, client_cpu = run_tool(a, parts, tool, c, n, seed)
             wall = time.time() - t0
             samples = sampler.stop() if sampler else []
             cpu: dict[str, Any] = {k: round(cpu_seconds(p) - cpu0[k], 2) for k, p in watch.items()}
@@ -528,6 +565,8 @@ def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int | list[i
 
 def print_run(row: dict[str, Any], log: Any) -> None:
     d, e = row["server"], row["engine"]
+    cores = row.get("steady_cores") or {}
+    b = busiest(cores)
     hit = d["prefix_cache_hits"] / d["prefix_cache_queries"] if d["prefix_cache_queries"] else 0.0
     opt = lambda x, f: "-" if x is None else format(x, f)
     print(f"round {row['round']} C={row['concurrency']:<4} N={row['requests']:<5} {row['tool']:<7} "
@@ -542,6 +581,9 @@ def print_run(row: dict[str, Any], log: Any) -> None:
           f"engine: span {opt(e['span_tok_s'], '.1f')} tok/s ({opt(e['span_tokens'], '.0f')} tokens), steady "
           f"{opt(e['steady_tok_s'], '.1f')}, running {opt(e['running_mean'], '.1f')} waiting "
           f"{opt(e['waiting_mean'], '.1f')} steps/s {opt(e['steps_per_s'], '.1f')} ({e['samples']} samples)"
+          + ("\n    cores in the steady window: " + " ".join(f"{k} {opt(v, '.2f')}" for k, v in cores.items())
+             + (f"; busiest API server {b['cores']:.2f} cores, {b['share']:.0%} of theirs" if b else "")
+             if cores else "")
           + "".join(f"\n    part {j + 1}: {p['output_tok_s']:.1f} tok/s over {p['duration_s']:.3f} s, first send "
                     f"+{p['first_send'] - row['span'][0]:.3f} s, last token {p['last_token'] - row['span'][0]:.3f} s"
                     for j, p in enumerate(row.get("parts", []))), file=log, flush=True)
@@ -589,7 +631,10 @@ def summarize(runs: list[dict[str, Any]], levels: list[tuple[int, ...]], toleran
                 "engine_steady_median": _median([e.get("steady_tok_s") for e in eng]),
                 "engine_span_median": _median([e.get("span_tok_s") for e in eng]),
                 "running_median": _median([e.get("running_mean") for e in eng]),
-                "client_cpu_s": [(r.get("cpu_s") or {}).get("client") for r in rs]}
+                "client_cpu_s": [(r.get("cpu_s") or {}).get("client") for r in rs],
+                # the pace question: cores the client and the busiest API server used in the steady window
+                "client_cores": [(r.get("steady_cores") or {}).get("client") for r in rs],
+                "busiest_api": [busiest(r.get("steady_cores") or {}) for r in rs]}
         row["tools"] = per_tool
         # does each tool read the engine right? its figure against the engine's count over its span
         devs = [abs(r["output_tok_s"] / r["engine"]["span_tok_s"] - 1) for r in here
@@ -642,15 +687,18 @@ def print_table(summary: dict[str, Any], log: Any = sys.stdout) -> None:
     opt = lambda x, f: "-" if x is None else format(x, f)
     print("\nEvery tool by its own figure and by what the engine counted (medians over rounds; steady: the "
           "middle 80% of each run's span):\n\n| C | tool | tok/s | client steady tok/s | engine steady tok/s | "
-          "engine span tok/s | engine running | client CPU s | ours/tool | ours/tool by engine steady |\n"
-          "|---|---|---|---|---|---|---|---|---|---|", file=log)
+          "engine span tok/s | engine running | client CPU s | client cores (steady) | busiest API server "
+          "share, cores (steady) | ours/tool | ours/tool by engine steady |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|", file=log)
     for t in summary["levels"]:
         for tool, x in t.get("tools", {}).items():
             vs = t["vs"].get(tool, {})
             cpus = [c for c in x["client_cpu_s"] if c is not None]
+            cores = fmt(f"{c:.2f}" for c in x.get("client_cores", []) if c is not None) or "-"
+            api = fmt(f"{b['share']:.0%} {b['cores']:.2f}" for b in x.get("busiest_api", []) if b) or "-"
             print(f"| {t['concurrency']} | {tool} | {x['median']:,.1f} | {opt(x['steady_median'], ',.1f')} | "
                   f"{opt(x['engine_steady_median'], ',.1f')} | {opt(x['engine_span_median'], ',.1f')} | "
-                  f"{opt(x['running_median'], '.1f')} | {fmt(f'{c:.1f}' for c in cpus) or '-'} | "
+                  f"{opt(x['running_median'], '.1f')} | {fmt(f'{c:.1f}' for c in cpus) or '-'} | {cores} | {api} | "
                   f"{opt(vs.get('ratio_of_medians'), '.4f')} | {opt(vs.get('engine_steady_ratio'), '.4f')} |",
                   file=log, flush=True)
     for t in summary["levels"]:
@@ -715,7 +763,8 @@ def main() -> int:
     if sys.argv[1:2] == ["--vllm-worker"]:
         return worker_main(sys.argv[2])
     if sys.argv[1:2] == ["--sampler"]:
-        return sampler_main(sys.argv[2], float(sys.argv[3]), sys.argv[4])
+        return sampler_main(sys.argv[2], float(sys.argv[3]), sys.argv[4],
+                            json.loads(sys.argv[5]) if len(sys.argv) > 5 else None)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url")
     p.add_argument("--model", help="served model name")

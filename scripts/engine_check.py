@@ -266,7 +266,7 @@ def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str,
     watch: dict[str, list[int]] = {"api_server": [], "engine_core": []}
     for pid in rig.units.cgroup_pids(spec.unit_name):
         what = describe(pid)
-        if "EngineCor" in what:
+        if "EngineCor" in what or "VLLM::Worker" in what:  # the CPU build runs the model in a Worker
             watch["engine_core"].append(pid)
         elif "resource_tracker" not in what:
             watch["api_server"].append(pid)

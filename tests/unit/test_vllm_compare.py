@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from vllm_compare import (  # bench/ is a folder of scripts
+    busiest,
     from_json,
     interpolate,
     merge_split,
@@ -19,6 +20,7 @@ from vllm_compare import (  # bench/ is a folder of scripts
     parse_split,
     parse_watch,
     round_ratios,
+    sampled_pids,
     summarize,
     token_times,
     vllm_runs,
@@ -180,3 +182,25 @@ def test_watched_processes_are_named_pid_lists() -> None:
     assert parse_watch(["api_server=12", "engine=13,14"]) == {"api_server": [12], "engine": [13, 14]}
     with pytest.raises(SystemExit, match="'api_server=x'"):
         parse_watch(["api_server=x"])
+
+
+def test_watched_cpu_is_read_in_cores_over_the_steady_window() -> None:
+    """CPU seconds the sampler read beside /metrics become cores used in the run's steady window."""
+    rows = samples(1000.0, 100.0, 110.0)
+    for x in rows:  # the client burns 0.3 s per second throughout, one API server 0.9 and the other 0.1
+        x.update({"cpu:client": 0.3 * x["t"], "cpu:api_server#0": 0.9 * x["t"], "cpu:api_server#1": 0.1 * x["t"]})
+    fig = window_figures([100.0 + i * 0.001 for i in range(10000)], 10000, (100.0, 110.0), rows)
+    assert fig["steady_cores"]["client"] == pytest.approx(0.3)
+    assert busiest(fig["steady_cores"]) == {"cores": pytest.approx(0.9), "share": pytest.approx(0.9)}
+
+
+def test_one_api_server_has_no_busiest_share() -> None:
+    """The busiest API server's share needs at least two of them; with one it is left out, not 100%."""
+    assert busiest({"client": 0.5, "api_server#0": 0.8}) is None
+
+
+def test_each_process_of_a_watched_group_is_sampled_on_its_own() -> None:
+    """The sampler reads the client, every watched group, and each process of a group of several."""
+    got = sampled_pids({"api_server": [10, 11], "engine_core": [12]}, [])
+    assert got["api_server"] == [10, 11] and got["api_server#1"] == [11] and got["engine_core"] == [12]
+    assert "engine_core#0" not in got and len(got["client"]) == 1
