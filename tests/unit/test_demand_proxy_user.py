@@ -180,3 +180,19 @@ def test_the_agent_refuses_to_open_a_socket_its_proxy_user_cannot_reach_and_leav
         agent.demand.sync()
     assert exc.value.exit_code == 2
     assert not sock.exists() and agent.demand.server is None and agent.demand.loops == []
+
+
+def test_a_config_with_models_on_demand_loads_without_an_alert(tmp_path: Path) -> None:
+    """HAProxy checks the rendered config with a model on demand without an ALERT or WARNING (the
+    stick table's backend once took the frontend's defaults implicitly: an ALERT at every reload)."""
+    lua = template_text(DEMAND_LUA)
+    (tmp_path / DEMAND_LUA).write_text(lua)
+    config = render_config(Proxy(enabled=True, port=_free_port()), "127.0.0.1", [], template_text("haproxy.cfg.j2"),
+                           demand=[DemandRoute("ghost", "127.0.0.1", _free_port(), 5.0)],
+                           demand_socket=str(tmp_path / "demand.sock"), lua=lua)
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{tmp_path}/admin.sock"')
+                   .replace(f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp_path}/{DEMAND_LUA}"'))
+    check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], check=False, capture_output=True, text=True)
+    said = check.stdout + check.stderr
+    assert check.returncode == 0 and "[ALERT]" not in said and "[WARNING]" not in said, said
