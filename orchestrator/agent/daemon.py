@@ -267,6 +267,7 @@ class Agent:
         loaded = self._validated(text, name)
         self._last_validated = None
         ops = (self.ops_factory or operations)(loaded.catalog)  # anything that can fail, before the write
+        self.demand.precheck(loaded.catalog)  # HAProxy's user can reach the demand socket it would open
         with self.jobs.lock:  # no operation starts while the catalog is swapped
             if self.jobs.running:
                 running = ", ".join(f"{j.op} on {h}" for h, j in self.jobs.running.items())
