@@ -302,8 +302,9 @@ class Agent:
         for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
-            self.metrics.residency(host, residency_series({n: self.catalog.models[n].sleep for n in
-                                                           self.catalog.models_on(host)}, self.ops.residency.residency(host)))
+            self.metrics.residency(host, residency_series(
+                {n: self.catalog.models[n].sleep for n in self.catalog.models_on(host)},
+                {d.model for d in self.ops.store.serving_set(host)}, self.ops.residency.residency(host)))
 
 
 __all__ = ["Agent"]
