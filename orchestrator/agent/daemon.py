@@ -15,6 +15,7 @@ from orchestrator import logs
 from orchestrator.agent.config_ops import ConfigRevisions
 from orchestrator.agent.controller import FleetController, own_hosts
 from orchestrator.agent.demand import Broker
+from orchestrator.agent.demand_service import DemandService
 from orchestrator.agent.loadout import Loadout, build
 from orchestrator.agent.loops import Failures, Loop, dead
 from orchestrator.agent.metrics import Metrics
@@ -25,6 +26,7 @@ from orchestrator.contract.ops import Caller, Operation, lookup
 from orchestrator.contract.wire import socket_path
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.privilege import root_only_changes
+from orchestrator.core.resident import residency_series
 from orchestrator.core.watch import stall_limit
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, UsageError
@@ -63,15 +65,9 @@ class Agent:
                  limit_s=stall_limit(catalog.policy.watch_interval_s)),
         ]
         # Models on demand: the broker answers the front proxy's held requests (agent/demand.py); its
-        # loops and socket run when the file has an on-demand model at start.
+        # loops and socket run while the catalog has an on-demand model (synced at start and on push).
         self.broker = Broker(self, self.clock)
-        if any(m.on_demand for m in catalog.models.values()):
-            self.loops += [
-                Loop("demand", self.broker.tick, stopping=self.stopping, clock=self.clock, failures=self.failures,
-                     limit_s=stall_limit(1.0), retry_s=0.5),
-                Loop("demand_idle", self.broker.idle_tick, stopping=self.stopping, clock=self.clock,
-                     failures=self.failures, limit_s=stall_limit(1.0)),
-            ]
+        self.demand = DemandService(self, self.broker, self.clock, self.failures)
         self.reported_dead: list[str] = []
         # config show/push need the file the agent was started from; revisions live in its state.db
         self.configs = (ConfigRevisions(config_path, catalog.state_dir, group=catalog.socket_group)
@@ -96,7 +92,7 @@ class Agent:
         server = ControlServer(self.socket, self)
         threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
         dashboard = self._start_dashboard()
-        demand = self._start_demand()
+        self.demand.sync(loops=False)  # the socket before READY, the loops with the others
         log.info("agent_started", socket=self.socket, hosts=list(self.catalog.hosts))
         tuning = self.tuner.resume_unfinished(own_hosts(self.catalog))  # each recovers its own host first
         for host in own_hosts(self.catalog):  # reconcile what a crash left unfinished, before anything new
@@ -107,6 +103,7 @@ class Agent:
         self._refresh_metrics()
         for loop in self.loops:
             loop.start()
+        self.demand.sync()
         watchdog = float(os.environ.get("WATCHDOG_USEC", "0")) / 1e6
         while not self.stopping.wait(watchdog / 2 if watchdog else 1.0):
             if self.loops_healthy() and watchdog:
@@ -119,13 +116,7 @@ class Agent:
         server.server_close()
         if dashboard is not None:
             dashboard.close()
-        if demand is not None:
-            demand.shutdown()
-            demand.server_close()
-            try:
-                os.unlink(self.catalog.demand_socket())
-            except FileNotFoundError:
-                pass
+        self.demand.stop()
         try:
             os.unlink(self.socket)
         except FileNotFoundError:
@@ -139,25 +130,10 @@ class Agent:
         self.dashboard_socket = None if server is None else str(server.server_address)
         return server
 
-    def _start_demand(self) -> Any:
-        """The demand socket, when a model is on demand (the front proxy asks it for held requests)."""
-        from orchestrator.agent.demand_server import DemandServer
-
-        if not any(m.on_demand for m in self.catalog.models.values()):
-            return None
-        path = self.catalog.demand_socket()
-        try:
-            server = DemandServer(path, self.broker)
-        except OSError as exc:
-            raise AgentError(f"the demand socket {path} ([proxy] demand_socket) cannot be opened: {exc}") from exc
-        threading.Thread(target=server.serve_forever, name="demand-socket", daemon=True).start()
-        log.info("demand_socket_listening", socket=path)
-        return server
-
     def loops_healthy(self) -> bool:
         """True while every loop makes progress. A dead one is reported once; the caller then stops
         the watchdog pings, and systemd restarts the agent (WatchdogSec in its unit)."""
-        now_dead = dead(self.loops, self.clock)
+        now_dead = dead([*self.loops, *self.demand.loops], self.clock)
         self.metrics.dead_loops(len(now_dead))
         if now_dead and now_dead != self.reported_dead:
             log.error("agent_loop_dead", loops=now_dead, action="watchdog pings withheld")
@@ -167,6 +143,7 @@ class Agent:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.demand.halt()
 
     def authorized(self, uid: int, gid: int) -> bool:
         return authorized(uid, gid, self.group)
@@ -290,6 +267,7 @@ class Agent:
         loaded = self._validated(text, name)
         self._last_validated = None
         ops = (self.ops_factory or operations)(loaded.catalog)  # anything that can fail, before the write
+        self.demand.precheck(loaded.catalog)  # HAProxy's user can reach the demand socket it would open
         with self.jobs.lock:  # no operation starts while the catalog is swapped
             if self.jobs.running:
                 running = ", ".join(f"{j.op} on {h}" for h, j in self.jobs.running.items())
@@ -299,6 +277,7 @@ class Agent:
             self._swap(loaded, ops)
             self.config_revision = revision
         log.info("config_pushed", revision=revision, operator=operator, file=str(configs.path))
+        self.demand.sync()  # on demand's loops and socket follow the file (outside the jobs' lock)
         return {"path": str(configs.path), "revision": revision, "previous_revision": previous["revision"],
                 "changed": previous["sha256"] != configs.show()["sha256"]}
 
@@ -323,6 +302,9 @@ class Agent:
         for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
+            self.metrics.residency(host, residency_series(
+                {n: self.catalog.models[n].sleep for n in self.catalog.models_on(host)},
+                {d.model for d in self.ops.store.serving_set(host)}, self.ops.residency.residency(host)))
 
 
 __all__ = ["Agent"]

@@ -169,6 +169,18 @@ class Broker:
                 self.jobs.answer(t, reply(policy.expired(box, model, now, limit)), "expired")
             self.agent.metrics.demand_queue(model, len(queue))
 
+    def release(self, why: str) -> None:
+        """The loops stop (``why``): every request still held gets a 503 now, none waits for a pass
+        that will not come."""
+        retry = self.agent.catalog.proxy.retry_after_s
+        with self.lock:
+            for model, queue in list(self.waiting.tickets.items()):
+                for t in queue:
+                    self.jobs.answer(t, {"status": 503, "message": f"{model} is not brought up on demand: {why}",
+                                         "retry_after_s": retry}, "503")
+                queue.clear()
+                self.agent.metrics.demand_queue(model, 0)
+
     # -- operators first ----------------------------------------------------------------------------
     def yield_to(self, host: str, what: str, timeout_s: float) -> None:
         """An operator's operation is about to start on ``host``: no on-demand swap starts from now on,

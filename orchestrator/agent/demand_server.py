@@ -5,6 +5,10 @@ agent answers ``{"waiting": SECONDS, "queued": N}`` at least every second while 
 then one final line and closes: ``{"ready": true}`` (route it now) or ``{"status": 429|404|503,
 "message": ..., "retry_after_s": INT or null}``. The proxy closing its end means the client went
 away: the request no longer waits. Only root, the agent's own user and HAProxy's may connect.
+
+The socket is 0660 in HAProxy's group; a directory the agent creates for it (the default,
+/run/orchestrator, always) is 0750 root and that group, so HAProxy's workers reach it after they
+drop to their own user. `check_reachable` says what that user lacks, before any request is held.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import resource
 import select
 import socket
 import socketserver
+import stat
 import threading
 from collections.abc import Collection
 from pathlib import Path
@@ -25,7 +30,10 @@ from orchestrator import logs
 from orchestrator.agent.demand import Broker
 from orchestrator.agent.server import BoundedServer, _drain
 from orchestrator.contract.wire import encode, peer_credentials
+from orchestrator.core.catalog import DEFAULT_DEMAND_SOCKET
 from orchestrator.core.documents import DocumentError, json_document
+from orchestrator.core.socket_access import Account, Entry, missing_access
+from orchestrator.errors import ConfigError
 
 log = logs.get_logger()
 
@@ -34,16 +42,68 @@ READ_TIMEOUT_S = 5.0
 BEAT_S = 0.5  # the waiting lines' pace: twice the promised once a second, so one late line is no alarm
 MAX_CONNECTIONS = 4096  # each held request is one connection; queue_limit bounds them per model
 PROXY_USER = "haproxy"  # Debian's package account: HAProxy's `user` when it drops root
+DEFAULT_DIR = DEFAULT_DEMAND_SOCKET.rsplit("/", 1)[0]  # the agent's own: made reachable at each start
 
 
-def allowed_uids() -> frozenset[int]:
+def allowed_uids(user: str = PROXY_USER) -> frozenset[int]:
     """root, this process's user and HAProxy's account (when the box has one)."""
     uids = {0, os.getuid()}
     try:
-        uids.add(pwd.getpwnam(PROXY_USER).pw_uid)
+        uids.add(pwd.getpwnam(user).pw_uid)
     except KeyError:
         pass
     return frozenset(uids)
+
+
+def check_reachable(path: str, user: str, group: str, *, planned: bool = False) -> None:
+    """ConfigError (exit 2) naming the socket, the account and the permission it lacks when HAProxy's
+    workers, running as ``user`` and ``group`` ([proxy] user, group), cannot connect to ``path``.
+    ``planned``: before the agent opens it (a push): the socket, the default directory and those not
+    there yet are taken as DemandServer makes them (0660 and 0750, root and ``group``)."""
+    try:
+        pw = pwd.getpwnam(user)
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError as exc:
+        raise ConfigError(f"HAProxy's account {exc.args[0]} ([proxy] user {user!r}, group {group!r}) does not exist "
+                          "on this box: create it, or unset [proxy] user", key="proxy.user") from exc
+    who = Account(user, pw.pw_uid, frozenset({gid, *os.getgrouplist(user, pw.pw_gid)}))
+    parts = Path(path).parts
+    chain = [_entry(str(Path(*parts[:i])), gid if planned else None, group, i == len(parts))
+             for i in range(1, len(parts) + 1)]
+    missing = missing_access(chain, who)
+    if missing is not None:
+        raise ConfigError(f"HAProxy's user {user} (group {group}) cannot reach the demand socket {path}: it lacks "
+                          f"{missing}; a held request would get 503. Leave [proxy] demand_socket unset "
+                          f"(/run/orchestrator/demand.sock, made reachable for group {group}) or open that path to it",
+                          key="proxy.demand_socket")
+
+
+def _entry(path: str, planned_gid: int | None, group: str, last: bool) -> Entry:
+    if planned_gid is not None and (last or path == DEFAULT_DIR or not os.path.exists(path)):
+        mode = stat.S_IFSOCK | 0o660 if last else stat.S_IFDIR | 0o750
+        return Entry(path, mode, 0, planned_gid, "root", group)
+    st = os.stat(path)
+    return Entry(path, st.st_mode, st.st_uid, st.st_gid, _name(pwd.getpwuid, st.st_uid), _name(grp.getgrgid, st.st_gid))
+
+
+def _name(look: Any, ident: int) -> str:
+    try:
+        return str(look(ident)[0])
+    except KeyError:
+        return str(ident)
+
+
+def _prepare_dir(path: Path, group: str) -> None:
+    """The socket's directory: one the agent creates, and always the default one, is 0750 in
+    ``group`` (HAProxy's), 0700 where the box has no such group; an operator's existing one is left as is."""
+    if path.exists() and str(path) != DEFAULT_DIR:
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chown(path, -1, grp.getgrnam(group).gr_gid)
+        os.chmod(path, 0o750)
+    except (KeyError, PermissionError):
+        os.chmod(path, 0o700)
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -133,18 +193,20 @@ def _alive(sock: socket.socket) -> bool:
 
 class DemandServer(BoundedServer):
 
-    def __init__(self, path: str, broker: Broker, uids: Collection[int] | None = None) -> None:
+    def __init__(self, path: str, broker: Broker, uids: Collection[int] | None = None, *,
+                 user: str = PROXY_USER, group: str = PROXY_USER) -> None:
+        """``user``, ``group``: HAProxy's ([proxy] user and group; Debian's haproxy account by default)."""
         _room_for_connections()
         self.broker = broker
-        self.uids = frozenset(uids) if uids is not None else allowed_uids()
+        self.uids = frozenset(uids) if uids is not None else allowed_uids(user)
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _prepare_dir(Path(path).parent, group)
         if os.path.exists(path):
             _unlink_stale(path)
         super().__init__(path, _Handler)
         os.chmod(path, 0o660)  # peer credentials decide; the mode keeps everyone else from connecting
         try:
-            os.chown(path, -1, grp.getgrnam(PROXY_USER).gr_gid)
+            os.chown(path, -1, grp.getgrnam(group).gr_gid)
         except (KeyError, PermissionError):
             os.chmod(path, 0o600)
 
@@ -172,8 +234,6 @@ def _room_for_connections() -> None:
 
 def _unlink_stale(path: str) -> None:
     """A socket left by a crashed agent goes; a live one (another agent) or a non-socket stays."""
-    import stat
-
     if not stat.S_ISSOCK(os.lstat(path).st_mode):
         raise OSError(f"{path} exists and is not a socket: refusing to replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

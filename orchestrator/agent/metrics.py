@@ -41,6 +41,10 @@ class Metrics:
                                        ["model", "status"], registry=self.registry)
         self.demand_queued = Gauge("orchestrator_demand_queue", "Requests held now, by model",
                                    ["model"], registry=self.registry)
+        # Warm switches: each model awake, asleep (at its level) or stopped, one series per state (1: now).
+        self.residency_state = Gauge("orchestrator_model_residency", "1 for the state each model is in on its "
+                                     "host (awake, asleep at level 1 or 2, stopped), 0 for the others",
+                                     ["host", "model", "state", "level"], registry=self.registry)
 
     def start(self) -> None:
         if not self.port:
@@ -83,3 +87,12 @@ class Metrics:
 
     def demand_queue(self, model: str, waiting: int) -> None:
         self.demand_queued.labels(model).set(waiting)
+
+    def residency(self, host: str, series: list[tuple[str, str, str, int]]) -> None:
+        """``host``'s models as core.resident.residency_series gives them; models gone from it drop out."""
+        wanted = {(host, model, state, level): value for model, state, level, value in series}
+        for labels in list(self.residency_state._metrics):  # set in place: a scrape never sees a gap
+            if labels[0] == host and labels not in wanted:
+                self.residency_state.remove(*labels)
+        for labels, value in wanted.items():
+            self.residency_state.labels(*labels).set(value)

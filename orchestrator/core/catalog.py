@@ -30,6 +30,9 @@ from orchestrator.core.dashboard import Dashboard
 from orchestrator.core.secrets import scan
 from orchestrator.errors import UsageError
 
+# Models on demand: where the agent listens for the proxy when [proxy] demand_socket is unset.
+DEFAULT_DEMAND_SOCKET = "/run/orchestrator/demand.sock"
+
 __all__ = ["NAME_RE", "PATH_RE", "USER_RE", "Catalog", "Defaults", "Demand", "Group", "Host", "Model", "Policy", "Proxy",
            "Schedule", "SubKeyError", "check_revision"]
 
@@ -253,8 +256,9 @@ class Catalog(Strict):
 
     def demand_socket(self) -> str:
         """Where the agent listens for the proxy's held requests: [proxy] demand_socket, else
-        <state_dir>/demand.sock."""
-        return self.proxy.demand_socket or f"{self.state_dir.rstrip('/')}/demand.sock"
+        /run/orchestrator/demand.sock (not in state_dir: HAProxy's workers, when they drop to their
+        own user, must reach it, and state_dir is 0750 for the socket group)."""
+        return self.proxy.demand_socket or DEFAULT_DEMAND_SOCKET
 
     def demand_deadline(self, name: str, *, cold: bool) -> float:
         """How long a request for on-demand model ``name`` is held before a 503: its demand_deadline_s,

@@ -130,8 +130,12 @@ class Proxy(Strict):
     drain_timeout_s: float = Field(30.0, gt=0, le=3600)
     retry_after_s: int = Field(5, ge=1, le=3600)
     # Models on demand: the agent's Unix socket the proxy asks for a held request's model (unset:
-    # <state_dir>/demand.sock; Catalog.demand_socket).
+    # /run/orchestrator/demand.sock, its directory open to HAProxy's group; Catalog.demand_socket).
     demand_socket: str | None = Field(None, pattern=r"^/[A-Za-z0-9._/-]+$")
+    # The account HAProxy's workers drop to (`user` / `group` in its global section, as Debian's stock
+    # config has; unset: they stay root). The agent checks it can reach the demand socket.
+    user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    group: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")  # default: the user's name
 
     @field_validator("bind")
     @classmethod
@@ -156,6 +160,18 @@ class Proxy(Strict):
         if v is not None and (any(p in ("..", ".") for p in v.split("/")) or not v.endswith(".sock")):
             raise ValueError(f"demand_socket {shown(v)} must be an absolute '.sock' path with no '..' or '.' parts")
         return v
+
+    @model_validator(mode="after")
+    def _group_with_user(self) -> Proxy:
+        if self.group is not None and self.user is None:
+            raise SubKeyError(".group", f"group {self.group!r} without user: HAProxy drops to a group only with "
+                                        "a user; set [proxy] user too")
+        return self
+
+    @property
+    def run_group(self) -> str | None:
+        """The group HAProxy's workers run as (None: root's)."""
+        return self.group or self.user
 
     @field_validator("haproxy")
     @classmethod

@@ -18,7 +18,7 @@ from orchestrator.core.catalog import Catalog, Group, Host
 # reads or deletes under, a credential root uses, an account the engines run as, or the socket's ACL.
 ROOT_ONLY_TOP = ("state_dir", "socket_group")
 ROOT_ONLY_DEFAULTS = ("user", "group", "engine", "env_dir", "ray", "allow_root")
-ROOT_ONLY_PROXY = ("config_path", "stats_socket", "haproxy", "demand_socket")
+ROOT_ONLY_PROXY = ("config_path", "stats_socket", "haproxy", "demand_socket", "user", "group")
 ROOT_ONLY_HOST = ("transport", "address", "ssh_port", "ssh_user", "ssh_key", "known_hosts", "models_dir", "unit_dir",
                   "python", "engine", "ray", "agent_socket")
 ROOT_ONLY_GROUP = ("peer_key", "peer_known_hosts")

@@ -260,7 +260,8 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
         port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
         # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.
         hard_stop_after=f"{max(1, round(stop_after_s * 1000))}ms",
-        retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"))
+        retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"),
+        user=proxy.user or "", group=proxy.run_group or "")
 
 
 @dataclass(frozen=True)

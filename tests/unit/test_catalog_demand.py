@@ -78,11 +78,12 @@ def test_an_explicit_deadline_wins(tmp_path: Path) -> None:
     assert (cat.demand_deadline("a", cold=False), cat.demand_deadline("a", cold=True)) == (45, 45)
 
 
-def test_the_socket_defaults_to_the_state_dir(tmp_path: Path) -> None:
-    """<state_dir>/demand.sock unless [proxy] demand_socket names another."""
-    assert load(tmp_path).demand_socket() == "/var/lib/orchestrator/demand.sock"
-    assert load(tmp_path, proxy_rest='demand_socket = "/run/orchestrator/demand.sock"').demand_socket() == \
-        "/run/orchestrator/demand.sock"
+def test_the_socket_defaults_to_run_orchestrator_outside_the_state_dir(tmp_path: Path) -> None:
+    """/run/orchestrator/demand.sock (HAProxy's user cannot pass the 0750 state dir) unless [proxy]
+    demand_socket names another."""
+    assert load(tmp_path).demand_socket() == "/run/orchestrator/demand.sock"
+    assert load(tmp_path, proxy_rest='demand_socket = "/srv/demand/agent.sock"').demand_socket() == \
+        "/srv/demand/agent.sock"
 
 
 @pytest.mark.parametrize("path", ["run/demand.sock", "/run/../etc/demand.sock", "/run/demand", "/run/x y.sock"])

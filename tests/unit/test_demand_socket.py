@@ -112,25 +112,27 @@ def test_the_socket_is_not_open_to_everyone(served: tuple[DemandWorld, str]) -> 
 
 
 def test_an_agent_with_a_model_on_demand_runs_its_loops_and_socket(tmp_path: Path) -> None:
-    """The agent opens <state_dir>/demand.sock and runs the demand and idle loops; status shows them."""
+    """The agent opens its demand socket ([proxy] demand_socket) and runs the demand and idle loops; status shows them."""
     from orchestrator.agent.daemon import Agent
 
     from .conftest import OpsWorld
 
-    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000},
+    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000,
+                                                "demand_socket": str(tmp_path / "run" / "demand.sock")},
                      models={"a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True}})
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
-    server = agent._start_demand()
+    agent.demand.sync()
     try:
-        assert {loop.name for loop in agent.loops} >= {"demand", "demand_idle"}
-        assert server is not None and world.catalog.demand_socket() == str(tmp_path / "state" / "demand.sock")
+        assert {loop.name for loop in agent.demand.loops} == {"demand", "demand_idle"}
+        assert agent.demand.server is not None
+        assert Path(world.catalog.demand_socket()).is_socket()
         sock, lines = ask(world.catalog.demand_socket(), b'{"model": "zzz"}\n')
         sock.close()
         assert lines[0]["status"] == 404
         assert agent.info()["demand"]["hosts"]["box"]["swaps_last_min"] == 0
     finally:
-        server.shutdown()
-        server.server_close()
+        agent.stop()
+        agent.demand.stop()
 
 
 def test_an_agent_without_models_on_demand_opens_no_socket(tmp_path: Path) -> None:
@@ -139,10 +141,13 @@ def test_an_agent_without_models_on_demand_opens_no_socket(tmp_path: Path) -> No
 
     from .conftest import OpsWorld
 
-    world = OpsWorld(tmp_path / "state")
+    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000,
+                                                "demand_socket": str(tmp_path / "run" / "demand.sock")})
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
-    assert agent._start_demand() is None and not Path(world.catalog.demand_socket()).exists()
-    assert "demand" not in agent.info() and {loop.name for loop in agent.loops} == {"schedules", "watch"}
+    agent.demand.sync()
+    assert agent.demand.server is None and not Path(world.catalog.demand_socket()).exists()
+    assert "demand" not in agent.info() and agent.demand.loops == []
+    assert {loop.name for loop in agent.loops} == {"schedules", "watch"}
 
 
 def test_a_held_request_is_served_when_descriptors_pass_1024(served: tuple[DemandWorld, str]) -> None:

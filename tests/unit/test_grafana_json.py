@@ -54,3 +54,14 @@ def test_the_host_variable_reads_the_hosts_from_the_agents_metric() -> None:
     (var,) = DASH["templating"]["list"]
     assert var["name"] == "host" and var["includeAll"] and var["datasource"]["uid"] == DS
     assert var["query"]["query"] == "label_values(orchestrator_active_model_info, host)"
+
+
+def test_the_warm_panels_show_each_models_residency_from_the_gauge() -> None:
+    """A warm-switch panel reads orchestrator_model_residency (awake / asleep / stopped per model), and
+    its value mappings name each state the query yields (2, 1, 0)."""
+    warm = [p for p in DASH["panels"] if p["title"].startswith("Warm switches")
+            and any("orchestrator_model_residency" in t["expr"] for t in p["targets"])]
+    assert {p["type"] for p in warm} >= {"state-timeline", "table"}
+    timeline = next(p for p in warm if p["type"] == "state-timeline")
+    (mapping,) = timeline["fieldConfig"]["defaults"]["mappings"]
+    assert {k: v["text"] for k, v in mapping["options"].items()} == {"2": "awake", "1": "asleep", "0": "stopped"}

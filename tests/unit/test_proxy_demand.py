@@ -355,7 +355,7 @@ def test_render_proxy_shows_the_hold_for_a_model_on_demand(tmp_path: Path) -> No
     code, out = _render_cli(tmp_path)
     assert code == 0, out
     assert f'lua-load "/etc/orchestrator/{DEMAND_LUA}"' in out
-    assert (f'http-request lua.demand_hold "{tmp_path}/state/demand.sock" 44 5 if {{ method POST }} '
+    assert ('http-request lua.demand_hold "/run/orchestrator/demand.sock" 44 5 if { method POST } '
             '{ var(txn.model) -m str "beta" } { nbsrv(m1) eq 0 }') in out
     assert 'server engine "127.0.0.1:8020" disabled' in out
     assert '{"id":"beta","object":"model"' in out and '"alpha"' not in out  # alpha: neither serving nor on demand

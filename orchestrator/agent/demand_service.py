@@ -1,0 +1,139 @@
+"""Models on demand, the agent's part that runs: the broker's two loops and the demand socket, up
+while the catalog has a model on demand. The agent syncs it at start and after each `config push`:
+a push that adds the first on-demand model starts them, one that removes the last stops them (the
+requests still held are answered 503), one that moves `[proxy] demand_socket` reopens the socket."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Protocol
+
+from orchestrator import logs
+from orchestrator.agent.demand import Broker
+from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
+from orchestrator.agent.loops import Failures, Loop
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.watch import stall_limit
+from orchestrator.errors import AgentError, ConfigError
+from orchestrator.ports import Clock
+
+log = logs.get_logger()
+
+JOIN_S = 10.0  # a stopped loop ends its pass within this (a pass holds the broker's lock briefly)
+
+
+class ServiceAgent(Protocol):
+    """What the service needs of the agent (agent/daemon.Agent)."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
+
+
+class DemandService:
+    def __init__(self, agent: ServiceAgent, broker: Broker, clock: Clock, failures: Failures) -> None:
+        self.agent = agent
+        self.broker = broker
+        self.clock = clock
+        self.failures = failures
+        self.loops: list[Loop] = []  # running now (the agent's watchdog checks them with its own)
+        self.server: DemandServer | None = None
+        self.path: str | None = None  # where the socket listens
+        self._halt = threading.Event()  # the running loops' own stop (set with the agent's, too)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def wanted(catalog: Catalog) -> bool:
+        return any(m.on_demand for m in catalog.models.values())
+
+    def sync(self, *, loops: bool = True) -> None:
+        """Bring the socket (and, with ``loops``, the loops) in line with the agent's catalog.
+        AgentError naming the socket when it cannot be opened (the loops are not started then)."""
+        catalog = self.agent.catalog
+        with self._lock:
+            if not self.wanted(catalog):
+                self._stop("no model is on demand any more")
+                return
+            path = catalog.demand_socket()
+            if self.server is not None and self.path != path:
+                self._close_socket()
+            if self.server is None:
+                self._open(path)
+            if loops and not self.loops and not self.agent.stopping.is_set():
+                self._start_loops()
+
+    def precheck(self, catalog: Catalog) -> None:
+        """Before a push takes ``catalog``: ConfigError when its [proxy] user could not reach the socket
+        the push would open (so the push changes nothing)."""
+        proxy = catalog.proxy
+        if self.wanted(catalog) and proxy.user is not None:
+            check_reachable(catalog.demand_socket(), proxy.user, proxy.run_group or proxy.user, planned=True)
+
+    def halt(self) -> None:
+        """The agent stops: the loops end their pass and stop (the socket stays for ``stop``)."""
+        self._halt.set()
+
+    def stop(self) -> None:
+        """Loops and socket down, the requests still held answered (the agent's last step)."""
+        with self._lock:
+            self._stop("the agent is stopping")
+
+    # -- the parts ---------------------------------------------------------------------------------
+    def _open(self, path: str) -> None:
+        proxy = self.agent.catalog.proxy
+        user, group = proxy.user or PROXY_USER, proxy.run_group or PROXY_USER
+        try:
+            server = DemandServer(path, self.broker, user=user, group=group)
+        except OSError as exc:
+            raise AgentError(f"the demand socket {path} ([proxy] demand_socket) cannot be opened: {exc}") from exc
+        if proxy.user is not None:  # HAProxy's workers drop to it: they must reach the socket
+            try:
+                check_reachable(path, user, group)
+            except ConfigError:
+                server.server_close()
+                os.unlink(path)
+                raise
+        threading.Thread(target=server.serve_forever, name="demand-socket", daemon=True).start()
+        self.server, self.path = server, path
+        log.info("demand_socket_listening", socket=path)
+
+    def _start_loops(self) -> None:
+        self._halt = threading.Event()
+        if self.agent.stopping.is_set():
+            self._halt.set()
+        self.loops = [
+            Loop("demand", self.broker.tick, stopping=self._halt, clock=self.clock, failures=self.failures,
+                 limit_s=stall_limit(1.0), retry_s=0.5),
+            Loop("demand_idle", self.broker.idle_tick, stopping=self._halt, clock=self.clock,
+                 failures=self.failures, limit_s=stall_limit(1.0)),
+        ]
+        for loop in self.loops:
+            loop.start()
+        log.info("demand_loops_started")
+
+    def _stop(self, why: str) -> None:
+        self._halt.set()
+        for loop in self.loops:
+            if loop.thread.is_alive():
+                loop.thread.join(JOIN_S)
+        if self.loops:
+            log.info("demand_loops_stopped", why=why)
+        self.loops = []
+        self._close_socket()
+        self.broker.release(why)
+
+    def _close_socket(self) -> None:
+        server, path = self.server, self.path
+        if server is None or path is None:
+            return
+        server.shutdown()
+        server.server_close()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self.server, self.path = None, None
+        log.info("demand_socket_closed", socket=path)
