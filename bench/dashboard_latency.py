@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orchestrator.agent.daemon import Agent
 from orchestrator.client.forward import Forwarder, unix_opener
 from orchestrator.dashboard.service import start
-from tests.builders.unix_http import UnixHTTP
+from tests.builders.unix_http import UnixHTTP, sse_marks
 from tests.unit.conftest import OpsWorld
 
 OUT = Path(__file__).with_name("dashboard_latency.txt")
@@ -51,31 +49,11 @@ def timed_gets(conn: http.client.HTTPConnection, n: int, headers: dict[str, str]
 
 def follow(agent: Agent, path: str, model: str) -> tuple[float, float]:
     """(ms to the first message showing the switch running, ms to the one showing MODEL serving)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(path)
-    s.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
-    stream = s.makefile("rb")
-    while stream.readline() not in (b"\r\n", b""):
-        pass  # headers
-    for line in stream:  # the message sent on connecting
-        if line.startswith(b"data: "):
-            break
-    t0 = time.perf_counter()
-    threading.Thread(target=lambda: list(agent.dispatch("switch", {"model": model}, "bench")), daemon=True).start()
-    running = serving = None
-    for line in stream:
-        if not line.startswith(b"data: "):
-            continue
-        html = json.loads(line[6:])["html"]
-        now = (time.perf_counter() - t0) * 1000
-        if running is None and 'data-state="running"' in html["h0-operation"]:
-            running = now
-        if f'data-model="{model}" data-state="serving"' in html["h0-models"]:
-            serving = now
-            break
-    s.close()
-    assert serving is not None
-    return (running if running is not None else serving), serving
+    return sse_marks(path, "/events",
+                     lambda: threading.Thread(target=lambda: list(agent.dispatch("switch", {"model": model}, "bench")),
+                                              daemon=True).start(),
+                     lambda html: 'data-state="running"' in html["h0-operation"],
+                     lambda html: f'data-model="{model}" data-state="serving"' in html["h0-models"])
 
 
 def summary(name: str, values: list[float]) -> str:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.fleet_profile import ROLES, Sampler
 from tests.builders.agent import CONFIG, PY
-from tests.builders.rollout import SOCKET, install
+from tests.builders.rollout import SOCKET, install, one_host_env
 from tests.builders.switch import MODELS
 from tests.hosts.machine import HostError
 from tests.hosts.pool import HostSet, boot_hosts
@@ -149,12 +149,8 @@ def main() -> int:
                 raise SystemExit("the controller's agent did not start:\n" + (work / "controller.log").read_text())
             time.sleep(0.1)
         h1 = hostset.hosts[0]
-        one_url = f"ssh://root@{h1.address}:{h1.port}"
-        hosts_file = work / "hosts.toml"
-        hosts_file.write_text(f'["{one_url}"]\nurl = "{one_url}"\nkey = "{h1.key_path}"\n'
-                              f'known_hosts = "{h1.known_hosts_path}"\npython = "{PY}"\nsocket = "{SOCKET}"\n')
+        one_url, env = one_host_env(work, h1)
         cli = [PY, "-m", "orchestrator"]
-        env = {"ORCHESTRATOR_HOSTS_FILE": str(hosts_file)}
         results: dict[str, list[float]] = {}
 
         def record(name: str, seconds: float, detail: str = "") -> None:

@@ -16,8 +16,6 @@ Writes the raw lines to bench/fleet_page.txt.
 from __future__ import annotations
 
 import argparse
-import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -34,7 +32,7 @@ from orchestrator.dashboard.service import start
 from orchestrator.deploy.operations import Operations
 from orchestrator.rollout.simulated import SimulatedBox
 from orchestrator.testing import FakeClock, FakeRolloutStore, FakeStateStore
-from tests.builders.unix_http import UnixHTTP
+from tests.builders.unix_http import UnixHTTP, sse_marks
 from tests.unit.conftest import make_catalog
 
 OUT = Path(__file__).with_name("fleet_page.txt")
@@ -75,29 +73,10 @@ def pages(path: str, n: int) -> list[float]:
 
 
 def follow(agent: Agent, path: str) -> tuple[float, float]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(path)
-    s.sendall(b"GET /fleet/events HTTP/1.1\r\nHost: x\r\n\r\n")
-    stream = s.makefile("rb")
-    for line in stream:
-        if line.startswith(b"data: "):
-            break
-    t0 = time.perf_counter()
-    agent.controller.start(RolloutStartArgs(model="beta"), "bench")
-    canary = done = None
-    for line in stream:
-        if not line.startswith(b"data: "):
-            continue
-        html = json.loads(line[6:])["html"]["g0-rollout"]
-        now = (time.perf_counter() - t0) * 1000
-        if canary is None and 'data-batch="0" data-state="switching"' in html:
-            canary = now
-        if 'data-status="succeeded"' in html:
-            done = now
-            break
-    s.close()
-    assert done is not None
-    return (canary if canary is not None else done), done
+    """(ms to the first message showing the canary batch switching, ms to the one showing the rollout done)."""
+    return sse_marks(path, "/fleet/events", lambda: agent.controller.start(RolloutStartArgs(model="beta"), "bench"),
+                     lambda html: 'data-batch="0" data-state="switching"' in html["g0-rollout"],
+                     lambda html: 'data-status="succeeded"' in html["g0-rollout"])
 
 
 def summary(name: str, values: list[float]) -> str:

@@ -29,7 +29,7 @@ from orchestrator import settings
 from orchestrator.core.render import render_unit
 from orchestrator.deploy.engine import default_template
 from tests.builders.agent import CONFIG, PY
-from tests.builders.rollout import SOCKET, install
+from tests.builders.rollout import SOCKET, install, one_host_env
 from tests.builders.switch import MODELS
 from tests.hosts.pool import HostSet, boot_hosts
 
@@ -114,10 +114,7 @@ def main() -> int:
         cfg = work / "deploy.toml"
         cfg.write_text(controller(hostset, work / "ctl", hostset.hosts[0].name))
         h1 = hostset.hosts[0]
-        one_url = f"ssh://root@{h1.address}:{h1.port}"
-        hosts_file = work / "hosts.toml"
-        hosts_file.write_text(f'["{one_url}"]\nurl = "{one_url}"\nkey = "{h1.key_path}"\n'
-                              f'known_hosts = "{h1.known_hosts_path}"\npython = "{PY}"\nsocket = "{SOCKET}"\n')
+        one_url, env = one_host_env(work, h1)
         cli = [PY, "-m", "orchestrator"]
         results: dict[str, list[float]] = {}
 
@@ -126,7 +123,6 @@ def main() -> int:
             print(f"{name}\t{seconds:.3f}", flush=True)
 
         state = "alpha"
-        env = {"ORCHESTRATOR_HOSTS_FILE": str(hosts_file)}
         for _ in range(args.rounds):  # each pair of switches goes there and back: every host ends on alpha
             for new in (PAIR[state], state) if "one-host" in only else ():
                 record("one host: orchestrator --host switch", timed([*cli, "--host", one_url, "switch", new], env))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,8 @@ if str(ROOT) not in sys.path:
 
 from orchestrator import settings
 from orchestrator.wiring import operations
-from tests.builders.proxy import PROXY_PORT, Prober, proxy_config
+from tests.builders.proxy import PROXY_PORT, Prober, proxy_box
 from tests.builders.switch import config_text
-from tests.hosts.pool import boot_hosts
 
 
 class DirectProber(Prober):
@@ -78,47 +76,40 @@ def main() -> None:
               "chat-b": {"port": 8102, "served_name": "chat", "gpus": [4, 5, 6, 7], **tp4, "args": lt},
               "chat-c": {"port": 8103, "served_name": "chat", "gpus": [0, 1, 2, 3], **tp4, "args": lt}}
     direct = {"alpha": {"port": 8111, **tp4, "args": lt}, "beta": {"port": 8112, **tp4, "args": lt}}
-    hosts = boot_hosts(1)
     results: dict[str, list[dict[str, Any]]] = {"proxy-disjoint": [], "proxy-overlap": [], "direct": []}
-    try:
-        host = hosts.hosts[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = Path(tmp) / "proxy.toml"
-            cfg.write_text(proxy_config(host, Path(tmp) / "state", models))
-            ops = operations(settings.load(cfg))
-            url = f"http://{host.address}:{PROXY_PORT}/v1"
-            ops.switch("chat-a")
-            for case, pair in (("proxy-disjoint", ("chat-b", "chat-a")), ("proxy-overlap", ("chat-c", "chat-a"))):
-                for i in range(args.rounds):
-                    with Prober(url, "chat") as prober:
-                        t0 = time.monotonic()
-                        out = ops.switch(pair[i % 2])
-                        took = time.monotonic() - t0
-                        time.sleep(0.3)
-                    results[case].append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(took, 2),
-                                          **summarise(prober, proxy=True)})
-                    print(case, results[case][-1]["to"], {k: v for k, v in results[case][-1].items()
-                                                          if k != "answers"}, flush=True)
-                if ops.status(host.name)["hosts"][host.name]["models"][0]["model"] != "chat-a":
-                    ops.switch("chat-a")
-            ops.stop("chat-a")
-            dcfg = Path(tmp) / "direct.toml"
-            dcfg.write_text(config_text(host, Path(tmp) / "dstate", direct))
-            dops = operations(settings.load(dcfg))
-            dops.switch("alpha")
+    with proxy_box(models) as (host, cfg):
+        ops = operations(settings.load(cfg))
+        url = f"http://{host.address}:{PROXY_PORT}/v1"
+        ops.switch("chat-a")
+        for case, pair in (("proxy-disjoint", ("chat-b", "chat-a")), ("proxy-overlap", ("chat-c", "chat-a"))):
             for i in range(args.rounds):
-                prober = DirectProber("", "")
-                prober.urls = (f"http://{host.address}:8111/v1", f"http://{host.address}:8112/v1")
-                with prober:
+                with Prober(url, "chat") as prober:
                     t0 = time.monotonic()
-                    out = dops.switch(("beta", "alpha")[i % 2])
+                    out = ops.switch(pair[i % 2])
                     took = time.monotonic() - t0
                     time.sleep(0.3)
-                results["direct"].append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(took, 2),
-                                          **summarise(prober, proxy=False)})
-                print("direct", {k: v for k, v in results["direct"][-1].items() if k != "answers"}, flush=True)
-    finally:
-        hosts.close()
+                results[case].append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(took, 2),
+                                      **summarise(prober, proxy=True)})
+                print(case, results[case][-1]["to"], {k: v for k, v in results[case][-1].items()
+                                                      if k != "answers"}, flush=True)
+            if ops.status(host.name)["hosts"][host.name]["models"][0]["model"] != "chat-a":
+                ops.switch("chat-a")
+        ops.stop("chat-a")
+        dcfg = cfg.parent / "direct.toml"
+        dcfg.write_text(config_text(host, cfg.parent / "dstate", direct))
+        dops = operations(settings.load(dcfg))
+        dops.switch("alpha")
+        for i in range(args.rounds):
+            prober = DirectProber("", "")
+            prober.urls = (f"http://{host.address}:8111/v1", f"http://{host.address}:8112/v1")
+            with prober:
+                t0 = time.monotonic()
+                out = dops.switch(("beta", "alpha")[i % 2])
+                took = time.monotonic() - t0
+                time.sleep(0.3)
+            results["direct"].append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(took, 2),
+                                      **summarise(prober, proxy=False)})
+            print("direct", {k: v for k, v in results["direct"][-1].items() if k != "answers"}, flush=True)
     (ROOT / "bench/proxy").mkdir(exist_ok=True)
     (ROOT / "bench/proxy/raw.json").write_text(json.dumps({"load_time_s": args.load_time, **results}, indent=1))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,7 @@ if str(ROOT) not in sys.path:
 from orchestrator import settings
 from orchestrator.wiring import operations
 from tests.builders.drain import MODELS, TOKENS, ProberProcess, moves, recorder, spanning
-from tests.builders.proxy import base_url, proxy_config
-from tests.hosts.pool import boot_hosts
+from tests.builders.proxy import base_url, proxy_box
 from tests.proxy_prober import classify
 
 
@@ -62,31 +60,24 @@ def main() -> None:
     ap.add_argument("--handovers", type=int, default=40)
     ap.add_argument("--stop-starts", type=int, default=10)
     args = ap.parse_args()
-    hosts = boot_hosts(1)
     results: dict[str, Any] = {"tokens_per_stream": TOKENS, "engine_args": MODELS["chat-a"]["args"]}
-    try:
-        host = hosts.hosts[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = Path(tmp) / "proxy.toml"
-            cfg.write_text(proxy_config(host, Path(tmp) / "state", MODELS))
-            ops = operations(settings.load(cfg))
-            ops.switch("chat-a")
-            for case, pair, rounds in (("handover", ("chat-b", "chat-a"), args.handovers),
-                                       ("stop-start", ("chat-c", "chat-a"), args.stop_starts)):
-                results[case] = run_case(ops, base_url(host), pair, rounds)
-                r = results[case]
-                drains = sorted(r["drain_s"])
-                print(f"{case}: {rounds} switches in {r['took_s']} s ({', '.join(r['outcomes'])}); "
-                      f"{r['requests']} requests ({r['streams']} streams): {r['ok']} ok, {r['cut']} cut, "
-                      f"{r['gap']} 503+Retry-After, {r['failed']} failed; {r['streams_across_a_route_move']} "
-                      f"streams in flight across a route move; switch {min(r['switch_s']):.2f}-"
-                      f"{max(r['switch_s']):.2f} s; drain median {drains[len(drains) // 2]:.2f} s, "
-                      f"max {drains[-1]:.2f} s", flush=True)
-                if ops.status(host.name)["hosts"][host.name]["models"][0]["model"] != "chat-a":
-                    ops.switch("chat-a")
-            ops.stop("chat-a")
-    finally:
-        hosts.close()
+    with proxy_box(MODELS) as (host, cfg):
+        ops = operations(settings.load(cfg))
+        ops.switch("chat-a")
+        for case, pair, rounds in (("handover", ("chat-b", "chat-a"), args.handovers),
+                                   ("stop-start", ("chat-c", "chat-a"), args.stop_starts)):
+            results[case] = run_case(ops, base_url(host), pair, rounds)
+            r = results[case]
+            drains = sorted(r["drain_s"])
+            print(f"{case}: {rounds} switches in {r['took_s']} s ({', '.join(r['outcomes'])}); "
+                  f"{r['requests']} requests ({r['streams']} streams): {r['ok']} ok, {r['cut']} cut, "
+                  f"{r['gap']} 503+Retry-After, {r['failed']} failed; {r['streams_across_a_route_move']} "
+                  f"streams in flight across a route move; switch {min(r['switch_s']):.2f}-"
+                  f"{max(r['switch_s']):.2f} s; drain median {drains[len(drains) // 2]:.2f} s, "
+                  f"max {drains[-1]:.2f} s", flush=True)
+            if ops.status(host.name)["hosts"][host.name]["models"][0]["model"] != "chat-a":
+                ops.switch("chat-a")
+        ops.stop("chat-a")
     (ROOT / "bench/proxy").mkdir(exist_ok=True)
     (ROOT / "bench/proxy/handovers.json").write_text(json.dumps(results, separators=(",", ":")) + "\n")
 

@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,7 @@ if str(ROOT) not in sys.path:
 
 from orchestrator import settings
 from orchestrator.wiring import operations
-from tests.builders.proxy import PROXY_PORT, Prober, proxy_config
-from tests.hosts.pool import boot_hosts
+from tests.builders.proxy import PROXY_PORT, Prober, proxy_box
 
 
 def summarise(prober: Prober) -> dict[str, Any]:
@@ -54,47 +52,39 @@ def main() -> None:
     warm = {**base, "sleep": "level1", "wake_deadline_s": 10}
     models = {"chat-a": {"port": 8131, **base}, "chat-c": {"port": 8133, **base},
               "alpha": {"port": 8141, **warm}, "beta": {"port": 8142, **warm}}
-    hosts = boot_hosts(1)
     results: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
-    try:
-        host = hosts.hosts[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = Path(tmp) / "deploy.toml"
-            text = proxy_config(host, Path(tmp) / "state", models)
-            cfg.write_text(text.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = 8\n", 1))
-            ops = operations(settings.load(cfg))
-            url = f"http://{host.address}:{PROXY_PORT}/v1"
-            for case, pair in (("cold", ("chat-c", "chat-a")), ("warm", ("beta", "alpha"))):
+    with proxy_box(models, host_keys="sleep_ram_gib = 8\n") as (host, cfg):
+        ops = operations(settings.load(cfg))
+        url = f"http://{host.address}:{PROXY_PORT}/v1"
+        for case, pair in (("cold", ("chat-c", "chat-a")), ("warm", ("beta", "alpha"))):
+            ops.switch(pair[1])
+            if case == "warm":
+                ops.switch(pair[0])  # one cold round first: afterwards both engines exist, one asleep
                 ops.switch(pair[1])
-                if case == "warm":
-                    ops.switch(pair[0])  # one cold round first: afterwards both engines exist, one asleep
-                    ops.switch(pair[1])
-                for i in range(args.rounds):
-                    with Prober(url, "chat") as prober:
-                        time.sleep(0.3)
-                        t0 = time.monotonic()
-                        out = ops.switch(pair[i % 2])
-                        took = time.monotonic() - t0
-                        time.sleep(0.3)
-                    phases = {p["phase"]: p["seconds"] for p in ops.history(host.name, 1)[0]["phases"]}
-                    warm_steps = [{k: e.get(k) for k in ("step", "model", "seconds")}
-                                  for e in reversed(ops.store.events(host=host.name, kind="warm", limit=20))
-                                  if e.get("deployment_id") == out["id"] and e.get("seconds") is not None]
-                    results[case].append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(took, 2),
-                                          "phases_s": phases, "warm_steps": warm_steps, **summarise(prober)})
-                    row = results[case][-1]
-                    print(case, row["to"], {k: v for k, v in row.items() if k not in ("answers", "to")}, flush=True)
-                for name in pair:
-                    if any(m["model"] == name for m in ops.status(host.name)["hosts"][host.name].get("models", [])):
-                        ops.stop(name)
-            for case, rows in results.items():
-                down = [r["downtime_ms"] for r in rows]
-                print(f"{case}: downtime median {statistics.median(down):.0f} ms, max {max(down)} ms; "
-                      f"failed {sum(r['failed'] for r in rows)}, 503 {sum(r['503_retry_after'] for r in rows)}, "
-                      f"outcomes {sorted({r['outcome'] for r in rows})}; switch median "
-                      f"{statistics.median(r['switch_s'] for r in rows):.2f} s", flush=True)
-    finally:
-        hosts.close()
+            for i in range(args.rounds):
+                with Prober(url, "chat") as prober:
+                    time.sleep(0.3)
+                    t0 = time.monotonic()
+                    out = ops.switch(pair[i % 2])
+                    took = time.monotonic() - t0
+                    time.sleep(0.3)
+                phases = {p["phase"]: p["seconds"] for p in ops.history(host.name, 1)[0]["phases"]}
+                warm_steps = [{k: e.get(k) for k in ("step", "model", "seconds")}
+                              for e in reversed(ops.store.events(host=host.name, kind="warm", limit=20))
+                              if e.get("deployment_id") == out["id"] and e.get("seconds") is not None]
+                results[case].append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(took, 2),
+                                      "phases_s": phases, "warm_steps": warm_steps, **summarise(prober)})
+                row = results[case][-1]
+                print(case, row["to"], {k: v for k, v in row.items() if k not in ("answers", "to")}, flush=True)
+            for name in pair:
+                if any(m["model"] == name for m in ops.status(host.name)["hosts"][host.name].get("models", [])):
+                    ops.stop(name)
+        for case, rows in results.items():
+            down = [r["downtime_ms"] for r in rows]
+            print(f"{case}: downtime median {statistics.median(down):.0f} ms, max {max(down)} ms; "
+                  f"failed {sum(r['failed'] for r in rows)}, 503 {sum(r['503_retry_after'] for r in rows)}, "
+                  f"outcomes {sorted({r['outcome'] for r in rows})}; switch median "
+                  f"{statistics.median(r['switch_s'] for r in rows):.2f} s", flush=True)
     (ROOT / "bench/warm").mkdir(exist_ok=True)
     (ROOT / "bench/warm/raw.json").write_text(json.dumps({"load_time_s": args.load_time, **results}, indent=1))
 

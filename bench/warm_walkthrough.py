@@ -9,7 +9,6 @@ vLLM's sleep API, the real HAProxy; `orchestrator switch` alpha, beta, alpha, th
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,8 +18,7 @@ if str(ROOT) not in sys.path:
 from click.testing import CliRunner
 
 from orchestrator.cli import main
-from tests.builders.proxy import proxy_config
-from tests.hosts.pool import boot_hosts
+from tests.builders.proxy import proxy_box
 
 ENGINE = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1"]
 WARM = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "sleep": "level1",
@@ -35,20 +33,12 @@ def run(cfg: Path, *args: str) -> None:
 
 
 def main_() -> None:
-    hosts = boot_hosts(1)
-    try:
-        host = hosts.hosts[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = Path(tmp) / "deploy.toml"
-            text = proxy_config(host, Path(tmp) / "state", {"alpha": {"port": 8151, **WARM},
-                                                           "beta": {"port": 8152, **WARM}})
-            cfg.write_text(text.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = 8\n", 1))
-            for model in ("alpha", "beta", "alpha"):
-                run(cfg, "switch", model)
-            run(cfg, "status", "--local")
-            run(cfg, "history", "--local")
-    finally:
-        hosts.close()
+    with proxy_box({"alpha": {"port": 8151, **WARM}, "beta": {"port": 8152, **WARM}},
+                   host_keys="sleep_ram_gib = 8\n") as (_, cfg):
+        for model in ("alpha", "beta", "alpha"):
+            run(cfg, "switch", model)
+        run(cfg, "status", "--local")
+        run(cfg, "history", "--local")
 
 
 if __name__ == "__main__":

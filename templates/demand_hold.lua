@@ -13,7 +13,9 @@
 --                                              in txn.demand_retry (the config writes the error body)
 -- The agent gone, silent for IDLE_S, or no final line within DEADLINE_S: txn.demand = "503".
 -- A client that goes away ends this action (`option abortonclose` on the frontend): the connection
--- closes, which tells the agent nobody waits any more.
+-- closes, which tells the agent nobody waits any more. HAProxy 2.6 logs that end as "aborting Lua
+-- processing on expired timeout" (it resumes the action once with yielding forbidden, and the
+-- receive below yields); Lua cannot see the client go while it waits, so the line stays (README).
 
 local IDLE_S = 5 -- the agent sends a line at least every 1.0 s; this much silence means it hung
 

@@ -267,6 +267,7 @@ class Agent:
         loaded = self._validated(text, name)
         self._last_validated = None
         ops = (self.ops_factory or operations)(loaded.catalog)  # anything that can fail, before the write
+        self.demand.precheck(loaded.catalog)  # HAProxy's user can reach the demand socket it would open
         with self.jobs.lock:  # no operation starts while the catalog is swapped
             if self.jobs.running:
                 running = ", ".join(f"{j.op} on {h}" for h, j in self.jobs.running.items())
@@ -301,8 +302,9 @@ class Agent:
         for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
-            self.metrics.residency(host, residency_series({n: self.catalog.models[n].sleep for n in
-                                                           self.catalog.models_on(host)}, self.ops.residency.residency(host)))
+            self.metrics.residency(host, residency_series(
+                {n: self.catalog.models[n].sleep for n in self.catalog.models_on(host)},
+                {d.model for d in self.ops.store.serving_set(host)}, self.ops.residency.residency(host)))
 
 
 __all__ = ["Agent"]

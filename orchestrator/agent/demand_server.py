@@ -20,6 +20,7 @@ import resource
 import select
 import socket
 import socketserver
+import stat
 import threading
 from collections.abc import Collection
 from pathlib import Path
@@ -54,9 +55,11 @@ def allowed_uids(user: str = PROXY_USER) -> frozenset[int]:
     return frozenset(uids)
 
 
-def check_reachable(path: str, user: str, group: str) -> None:
+def check_reachable(path: str, user: str, group: str, *, planned: bool = False) -> None:
     """ConfigError (exit 2) naming the socket, the account and the permission it lacks when HAProxy's
-    workers, running as ``user`` and ``group`` ([proxy] user, group), cannot connect to ``path``."""
+    workers, running as ``user`` and ``group`` ([proxy] user, group), cannot connect to ``path``.
+    ``planned``: before the agent opens it (a push): the socket, the default directory and those not
+    there yet are taken as DemandServer makes them (0660 and 0750, root and ``group``)."""
     try:
         pw = pwd.getpwnam(user)
         gid = grp.getgrnam(group).gr_gid
@@ -65,7 +68,8 @@ def check_reachable(path: str, user: str, group: str) -> None:
                           "on this box: create it, or unset [proxy] user", key="proxy.user") from exc
     who = Account(user, pw.pw_uid, frozenset({gid, *os.getgrouplist(user, pw.pw_gid)}))
     parts = Path(path).parts
-    chain = [_entry(str(Path(*parts[:i]))) for i in range(1, len(parts) + 1)]
+    chain = [_entry(str(Path(*parts[:i])), gid if planned else None, group, i == len(parts))
+             for i in range(1, len(parts) + 1)]
     missing = missing_access(chain, who)
     if missing is not None:
         raise ConfigError(f"HAProxy's user {user} (group {group}) cannot reach the demand socket {path}: it lacks "
@@ -74,7 +78,10 @@ def check_reachable(path: str, user: str, group: str) -> None:
                           key="proxy.demand_socket")
 
 
-def _entry(path: str) -> Entry:
+def _entry(path: str, planned_gid: int | None, group: str, last: bool) -> Entry:
+    if planned_gid is not None and (last or path == DEFAULT_DIR or not os.path.exists(path)):
+        mode = stat.S_IFSOCK | 0o660 if last else stat.S_IFDIR | 0o750
+        return Entry(path, mode, 0, planned_gid, "root", group)
     st = os.stat(path)
     return Entry(path, st.st_mode, st.st_uid, st.st_gid, _name(pwd.getpwuid, st.st_uid), _name(grp.getgrgid, st.st_gid))
 
@@ -227,8 +234,6 @@ def _room_for_connections() -> None:
 
 def _unlink_stale(path: str) -> None:
     """A socket left by a crashed agent goes; a live one (another agent) or a non-socket stays."""
-    import stat
-
     if not stat.S_ISSOCK(os.lstat(path).st_mode):
         raise OSError(f"{path} exists and is not a socket: refusing to replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -65,6 +65,13 @@ class DemandService:
             if loops and not self.loops and not self.agent.stopping.is_set():
                 self._start_loops()
 
+    def precheck(self, catalog: Catalog) -> None:
+        """Before a push takes ``catalog``: ConfigError when its [proxy] user could not reach the socket
+        the push would open (so the push changes nothing)."""
+        proxy = catalog.proxy
+        if self.wanted(catalog) and proxy.user is not None:
+            check_reachable(catalog.demand_socket(), proxy.user, proxy.run_group or proxy.user, planned=True)
+
     def halt(self) -> None:
         """The agent stops: the loops end their pass and stop (the socket stays for ``stop``)."""
         self._halt.set()

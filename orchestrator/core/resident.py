@@ -6,7 +6,7 @@ when the model last served: the least recently served sleeper is the one evicted
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -48,15 +48,16 @@ class Residency:
 AWAKE = "awake"
 
 
-def residency_series(models: Mapping[str, str | None],
+def residency_series(models: Mapping[str, str | None], serving: Collection[str],
                      records: Mapping[str, Residency]) -> list[tuple[str, str, str, int]]:
     """(model, state, level, 1 or 0) for each state each of ``models`` (name -> its sleep level, None:
-    it never sleeps) can be in, 1 for the one its record says (no record: stopped); a sleeper's level
-    is the one it sleeps at, else its configured one."""
+    it never sleeps) can be in, 1 for the current one: awake when in the ``serving`` set (a box
+    without warm switches keeps no records of it), else asleep by its record, else stopped; a
+    sleeper's level is the one it sleeps at, else its configured one."""
     out: list[tuple[str, str, str, int]] = []
     for name in sorted(models):
         rec = records.get(name)
-        state = rec.state if rec is not None and rec.state in (SERVING, ASLEEP) else STOPPED
+        state = SERVING if name in serving else ASLEEP if rec is not None and rec.state == ASLEEP else STOPPED
         level = (rec.level if rec is not None and state == ASLEEP and rec.level else models[name]) or ""
         possible = [(AWAKE, SERVING), *([("asleep", ASLEEP)] if level or state == ASLEEP else []), ("stopped", STOPPED)]
         out += [(name, label, level.removeprefix("level") if kind == ASLEEP else "", int(kind == state))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -13,6 +16,7 @@ import httpx
 
 from tests.builders.switch import config_text
 from tests.hosts.machine import Host
+from tests.hosts.pool import boot_hosts
 from tests.hosts.wait import wait_for
 
 PROXY_PORT = 8000
@@ -30,6 +34,22 @@ MODELS: dict[str, dict[str, Any]] = {
 def proxy_config(host: Host, state: Path, models: dict[str, dict[str, Any]] = MODELS) -> str:
     return config_text(host, state, models) + (f"[proxy]\nenabled = true\nport = {PROXY_PORT}\n"
                                                "drain_timeout_s = 20\nretry_after_s = 2\n")
+
+
+@contextmanager
+def proxy_box(models: dict[str, dict[str, Any]] = MODELS, *, host_keys: str = "") -> Iterator[tuple[Host, Path]]:
+    """One booted test host and, in a temporary dir, the proxy's deploy.toml for ``models`` (``host_keys``:
+    lines added to its [hosts.NAME]): (the host, the file); the host goes after the block."""
+    hosts = boot_hosts(1)
+    try:
+        host = hosts.hosts[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = Path(tmp) / "deploy.toml"
+            text = proxy_config(host, Path(tmp) / "state", models)
+            cfg.write_text(text.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\n{host_keys}", 1))
+            yield host, cfg
+    finally:
+        hosts.close()
 
 
 def base_url(host: Host) -> str:

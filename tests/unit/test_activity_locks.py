@@ -14,6 +14,7 @@ from orchestrator.deploy.locks import activity_holder, activity_lock
 from orchestrator.errors import Busy
 from orchestrator.loadgen import BenchPlan
 from orchestrator.rollout.tune import Tuner, tune_store
+from tests.builders.catalog import ONE_BOX_TOML
 
 from .cli_runner import invoke
 from .conftest import OpsWorld
@@ -70,10 +71,7 @@ def test_a_second_bench_on_a_box_exits_5_naming_the_box_and_the_first(tmp_path: 
     world = OpsWorld(state)
     ports = FakeHost(name="box").ports(world.catalog.hosts["box"], FakeWeights())
     Operations(world.catalog, lambda name: ports).switch("alpha")  # recorded in the state dir's state.db
-    (tmp_path / "deploy.toml").write_text(
-        f'state_dir = "{state}"\n[hosts.box]\ntransport = "ssh"\naddress = "127.0.0.9"\ngpus = 8\n'
-        'gpu_memory_gib = 96\n[models.alpha]\nrepo = "org/alpha"\ngpus = [0, 1, 2, 3]\ntensor_parallel = 4\n'
-        "port = 8000\n")
+    (tmp_path / "deploy.toml").write_text(ONE_BOX_TOML.format(state=state, extra=""))
     with activity_lock(str(state), "box", "bench", "a bench of alpha is running"):
         result = invoke("bench", "--config", str(tmp_path / "deploy.toml"), "--requests", "1", "--concurrency", "1")
     assert result.exit_code == 5, result.output

@@ -180,3 +180,46 @@ def test_the_agent_refuses_to_open_a_socket_its_proxy_user_cannot_reach_and_leav
         agent.demand.sync()
     assert exc.value.exit_code == 2
     assert not sock.exists() and agent.demand.server is None and agent.demand.loops == []
+
+
+def test_a_config_with_models_on_demand_loads_without_an_alert(tmp_path: Path) -> None:
+    """HAProxy checks the rendered config with a model on demand without an ALERT or WARNING (the
+    stick table's backend once took the frontend's defaults implicitly: an ALERT at every reload)."""
+    lua = template_text(DEMAND_LUA)
+    (tmp_path / DEMAND_LUA).write_text(lua)
+    config = render_config(Proxy(enabled=True, port=_free_port()), "127.0.0.1", [], template_text("haproxy.cfg.j2"),
+                           demand=[DemandRoute("ghost", "127.0.0.1", _free_port(), 5.0)],
+                           demand_socket=str(tmp_path / "demand.sock"), lua=lua)
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{tmp_path}/admin.sock"')
+                   .replace(f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp_path}/{DEMAND_LUA}"'))
+    check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], check=False, capture_output=True, text=True)
+    said = check.stdout + check.stderr
+    assert check.returncode == 0 and "[ALERT]" not in said and "[WARNING]" not in said, said
+
+
+def test_a_push_whose_proxy_user_could_not_reach_the_socket_changes_nothing(base: Path, tmp_path: Path) -> None:
+    """A push (as root: proxy.user is root-only) adding on demand with [proxy] user = "haproxy" and the
+    socket under pytest's 0700 tmp: exit 2 naming the socket, the user and the directory; the file,
+    the catalog and the socket stay as they were. The same push with the socket under an open
+    directory goes through, and the socket it opens is one haproxy reaches."""
+    from .test_demand_push import Pushed
+
+    world = Pushed(tmp_path, on_demand=False)
+    world.agent.demand.sync()
+    before = world.path.read_text()
+    closed = world.text(on_demand=True).replace("[proxy]\n", '[proxy]\nuser = "haproxy"\n', 1)
+    try:
+        shut = next(str(d) for d in [*reversed(tmp_path.parents), tmp_path] if not d.stat().st_mode & 0o001)
+        with pytest.raises(ConfigError, match=rf"cannot reach the demand socket {world.sock}: it lacks search "
+                                              rf"\(x\) on directory {shut} \(") as exc:
+            world.push(closed, uid=0)
+        assert exc.value.exit_code == 2 and world.path.read_text() == before
+        assert world.agent.catalog.proxy.user is None and not world.sock.exists()
+        sock = base / "run" / "demand.sock"
+        world.push(closed.replace(str(world.sock), str(sock)), uid=0)
+        assert world.agent.demand.path == str(sock) and world.loops() == {"demand", "demand_idle"}
+        check_reachable(str(sock), "haproxy", "haproxy")
+    finally:
+        world.agent.stop()
+        world.agent.demand.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.daemon import Agent
-from orchestrator.core.resident import ASLEEP, SERVING, Residency, residency_series
+from orchestrator.core.resident import ASLEEP, Residency, residency_series
 from tests.hosts.wait import wait_for
 
 from .conftest import OpsWorld
@@ -67,8 +67,18 @@ def test_the_gauge_follows_each_job_as_it_ends(agent: Agent) -> None:
 
 
 def test_a_sleeper_reports_the_level_it_sleeps_at() -> None:
-    """A model recorded asleep at level 2 reads level 2, whatever its configured level now."""
-    records = {"a": Residency("box", "a", ASLEEP, 0.0, level="level2"), "b": Residency("box", "b", SERVING, 0.0)}
-    series = residency_series({"a": "level1", "b": None}, records)
+    """A model recorded asleep at level 2 reads level 2, whatever its configured level now; one in the
+    serving set is awake without a record (a box without warm switches keeps none)."""
+    records = {"a": Residency("box", "a", ASLEEP, 0.0, level="level2")}
+    series = residency_series({"a": "level1", "b": None}, {"b"}, records)
     assert series == [("a", "awake", "", 0), ("a", "asleep", "2", 1), ("a", "stopped", "", 0),
                       ("b", "awake", "", 1), ("b", "stopped", "", 0)]
+
+
+def test_a_box_without_warm_switches_reports_its_serving_model_awake(tmp_path: Path) -> None:
+    """No proxy, no sleep mode (so no residency records): after a switch to alpha it reads awake, the others stopped."""
+    world = OpsWorld(tmp_path / "state")
+    plain = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
+    switch(plain, "alpha")
+    wait_for(lambda: current(plain), lambda now: now.get("alpha") == ("awake", ""), timeout=10, what="alpha's job ended")
+    assert current(plain) == {"alpha": ("awake", ""), "beta": ("stopped", ""), "gamma": ("stopped", "")}
