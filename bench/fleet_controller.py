@@ -42,6 +42,7 @@ from tests.hosts.machine import HostError
 from tests.hosts.pool import HostSet, boot_hosts
 
 PAIR = {"alpha": "beta", "beta": "alpha"}
+IDLE_S = 10.0
 
 
 def controller_config(hostset: HostSet, state: Path) -> str:
@@ -161,6 +162,11 @@ def main() -> int:
         sampler.start()
         print(f"# per-phase CPU: sampled every {sampler.interval_s} s (bench/fleet_profile.py); columns: "
               f"{', '.join(COLUMNS)}")
+        idle_t0 = time.time()
+        time.sleep(IDLE_S)  # what the 8 idle boxes use by themselves (their agents' loops, systemd)
+        idle = sampler.between(idle_t0, idle_t0 + IDLE_S)
+        print(f"#   {'idle, per second':<23} wall {IDLE_S:6.2f} s  CPU s: "
+              f"{cpu_line({k: v / IDLE_S for k, v in idle.items()})}")
         state_model = "alpha"
         for _ in range(args.rounds):
             for new in (PAIR[state_model], state_model):

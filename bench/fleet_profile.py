@@ -4,7 +4,8 @@ bench/fleet_controller.py.
 Every ``interval_s`` it reads each test host's CPU account (cgroup v1 cpuacct.usage of testhost-NAME:
 every process of that container, dead ones included) and the CPU of each process in it, by role from
 its command line: the box's agent, its engines (the stand-in API server and its engine child), sshd,
-the relays (`python -m orchestrator.agent.relay`, one per request), and the rest (systemd, shells).
+the relays (`python -m orchestrator.agent.relay`, one per request), the box's systemd (PID 1 and its
+helpers), D-Bus, journald, and the rest.
 A process keeps the last CPU figure sampled when it exits, so the sums only grow; what the container
 used beyond them is "unsampled" (processes shorter than one interval: mostly relays and the shells
 that exec them). The controller's agent and the client CLI are sampled by pid.
@@ -19,7 +20,7 @@ from bisect import bisect_left
 from pathlib import Path
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-ROLES = ("box agents", "engines", "sshd", "relays", "other", "unsampled")
+ROLES = ("box agents", "engines", "sshd", "relays", "systemd", "dbus", "journald", "other", "unsampled")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -30,8 +31,15 @@ def role_of(cmdline: bytes) -> str:
         return "engines"
     if b"orchestrator\x00agent" in cmdline:
         return "box agents"
-    if cmdline.startswith(b"sshd") or b"/sshd" in cmdline.split(b"\x00")[0]:
+    argv0 = cmdline.split(b"\x00")[0]
+    if cmdline.startswith(b"sshd") or b"/sshd" in argv0:
         return "sshd"
+    if b"journald" in argv0:
+        return "journald"
+    if b"dbus" in argv0:
+        return "dbus"
+    if b"systemd" in argv0 or argv0 in (b"/sbin/init", b"/usr/sbin/init"):
+        return "systemd"  # the box's PID 1 and its helpers (logind, udevd, ...)
     return "other"
 
 

@@ -93,6 +93,11 @@ class FleetView:
         with self.lock:
             self._close()
 
+    def _forget(self, host: str) -> None:
+        closer = getattr(self.clients.pop(host, None), "close", None)
+        if closer is not None:
+            closer()
+
     def _close(self) -> None:
         self.boxes = None
         for c in self.clients.values():
@@ -115,6 +120,9 @@ class FleetView:
                     if h not in self.clients:
                         self.clients[h] = self.agent.controller.connect(catalog.hosts[h])
                 self.boxes = (now, group_status({h: self.clients[h] for h in hosts})["hosts"])
+                for h, row in self.boxes[1].items():
+                    if "error" in row:  # its connection may be dead (SSH does not come back): connect anew next time
+                        self._forget(h)
             status = self.boxes[1]
         rollouts = self._rollouts(query)
         groups = []

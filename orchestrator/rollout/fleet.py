@@ -70,6 +70,18 @@ class Fleet:
                 closer()
         self.clients.clear()
 
+    def _run_all(self, calls: list[HostRequest], on_event: Report | None = None) -> dict[str, Any]:
+        """run_all, then the client of each host the way to which failed is closed and forgotten: its
+        connection may be dead (an SSH connection does not come back), so the next request connects anew."""
+        results = run_all(calls, on_event)
+        for host, result in results.items():
+            if isinstance(result, TransportError):
+                client = self.clients.pop(host, None)
+                closer = getattr(client, "close", None)
+                if closer is not None:
+                    closer()
+        return results
+
     def _clients(self, hosts: list[str]) -> dict[str, AgentClient]:
         for h in hosts:
             if h not in self.clients:
@@ -128,13 +140,13 @@ class Fleet:
         first = seed or order[0]
         clients = self._clients(order)
         self.report(first, "rollout_host", {"state": "staging", "detail": "from the hub"})
-        done = run_all([HostRequest(first, clients[first], "stage", {"model": model.name})], self._event)
+        done = self._run_all([HostRequest(first, clients[first], "stage", {"model": model.name})], self._event)
         others = [h for h in order if h != first]
         if not isinstance(done[first], OrchestratorError):
             peer = self._peer_of(first)
             for h in others:
                 self.report(h, "rollout_host", {"state": "staging", "detail": f"from {first}"})
-            done |= run_all([HostRequest(h, clients[h], "stage", {"model": model.name, "peer": peer}) for h in others],
+            done |= self._run_all([HostRequest(h, clients[h], "stage", {"model": model.name, "peer": peer}) for h in others],
                             self._event)
         errors = {h: r for h, r in done.items() if isinstance(r, OrchestratorError)}
         if errors:
@@ -182,7 +194,7 @@ class Fleet:
         for h in hosts:
             self.store.set_host(ro.id, h, state=HostState.SWITCHING, switched_at=self.clock.now())
             self.report(h, "rollout_host", {"state": "switching"})
-        results = run_all([HostRequest(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
+        results = self._run_all([HostRequest(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
         self.answered |= {h for h, r in results.items() if _serves_now(r, ro.model)}
         lost = [h for h, r in results.items() if isinstance(r, TransportError)]
         for h, r in results.items():
@@ -209,8 +221,8 @@ class Fleet:
         """After a restart: hosts recorded as switching are followed, recorded, or (never reached) re-sent."""
         records = {r.host: r for r in self.store.hosts(ro.id)}
         clients = self._clients(list(hosts))
-        status = run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in hosts])
-        history = run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in hosts])
+        status = self._run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in hosts])
+        history = self._run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in hosts])
         bad = {h: r for h in hosts for r in (status[h], history[h]) if isinstance(r, OrchestratorError)}
         if bad and all(isinstance(r, TransportError) for r in bad.values()):
             raise RolloutPaused(f"rollout #{ro.id} paused: cannot reach {', '.join(bad)}, recorded switching "
@@ -244,7 +256,7 @@ class Fleet:
             elif action == "switch":
                 self.store.set_host(ro.id, h, state=HostState.STAGED)
         if follow:
-            run_all([HostRequest(h, clients[h], "follow", {"host": None}) for h in follow], self._event)
+            self._run_all([HostRequest(h, clients[h], "follow", {"host": None}) for h in follow], self._event)
 
     def _gate(self, ro: Rollout, hosts: tuple[str, ...]) -> None:
         """Between batches: each host switched in this batch serves the model, healthy (and fast enough).
@@ -257,8 +269,8 @@ class Fleet:
             return
         clients = self._clients(switched)
         ask = [h for h in switched if h not in self.answered]
-        status = run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in ask])
-        history = run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in switched]) \
+        status = self._run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in ask])
+        history = self._run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in switched]) \
             if ro.gate == "bench" else {}
         failing: dict[str, str] = {}
         for h in switched:
@@ -267,7 +279,7 @@ class Fleet:
                 failing[h] = why
         if not failing:
             return
-        back = run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in failing], self._event)
+        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in failing], self._event)
         for h, why in failing.items():
             outcome = None if isinstance(back[h], OrchestratorError) else back[h].get("outcome")
             self.store.set_host(ro.id, h, state=HostState.FAILED, outcome=outcome, error=f"gate: {why}")
@@ -295,7 +307,7 @@ class Fleet:
         clients = self._clients(list(hosts))
         for h in hosts:
             self.report(h, "rollout_host", {"state": "reverting"})
-        back = run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in hosts], self._event)
+        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in hosts], self._event)
         for h, r in back.items():
             if isinstance(r, OrchestratorError):
                 self.store.set_host(ro.id, h, error=f"revert: {str(r).splitlines()[0]}")

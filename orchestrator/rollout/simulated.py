@@ -37,19 +37,23 @@ class SimulatedBox(AgentClient):
         self.peak_channels = 0
         self.on_switch: Callable[[str], None] | None = None
         self.closed = False
+        self.dropped = False  # its connection died with lose(): dead until close()
         self.preflight = preflight
         self.asked: list[str] = []  # the operation of each request, in the order they arrived
         if serving is not None:
             self._record(serving, "active")
 
     def close(self) -> None:
-        """What a remote client does at the end: its SSH connection closes."""
+        """What a remote client does at the end: its SSH connection closes (the next use opens another)."""
         self.closed = True
+        self.dropped = False
 
     def lose(self) -> None:
         """The box drops off the network: new channels fail, a channel in flight ends unanswered (the
-        box's agent finishes what it runs, as a real one does)."""
+        box's agent finishes what it runs, as a real one does), and the connection stays dead once the
+        box is back, as an SSH connection does, until the client is closed and connects again."""
         self.unreachable = TransportError(f"host {self.name}: SSH connection lost (simulated)")
+        self.dropped = True
 
     def come_back(self) -> None:
         self.unreachable = None
@@ -72,6 +76,8 @@ class SimulatedBox(AgentClient):
     def open_stream(self) -> Any:
         if self.unreachable is not None:
             raise self.unreachable
+        if self.dropped:
+            raise TransportError(f"host {self.name}: the SSH connection closed (simulated)")
         time.sleep(self.delay_s)  # opening a channel: the relay's exec, one round trip
         ours, agent = socket.socketpair()
         with self.lock:

@@ -27,6 +27,7 @@ from orchestrator.errors import TransportError
 from orchestrator.rollout.simulated import SimulatedBox
 from orchestrator.testing import FakeClock, FakeRolloutStore, FakeStateStore
 from tests.builders.unix_http import UnixHTTP
+from tests.hosts.wait import wait_for
 
 from .conftest import make_catalog
 from .test_dashboard_server import as_user
@@ -151,6 +152,19 @@ def test_an_unreachable_box_is_shown_naming_why(ctl: Ctl) -> None:
     rows = {b["host"]: b for b in ctl.fleet()["boxes"]}
     assert not rows["h3"]["reachable"] and "connection refused" in rows["h3"]["error"]
     assert rows["h1"]["serving"] == "alpha"
+
+
+def test_a_box_that_dropped_off_and_came_back_shows_again_on_the_next_refresh(ctl: Ctl) -> None:
+    """h3's connection dies (it stays dead, as SSH does): its row names why; once h3 answers again the
+    page connects anew and shows it serving, without waiting for the page to go idle."""
+    assert all(b["reachable"] for b in ctl.fleet()["boxes"])
+    ctl.boxes["h3"].lose()
+    wait_for(lambda: {b["host"]: b for b in ctl.fleet()["boxes"]}["h3"], lambda r: not r["reachable"], timeout=30,
+             what="h3 to read unreachable")
+    ctl.boxes["h3"].come_back()
+    row = wait_for(lambda: {b["host"]: b for b in ctl.fleet()["boxes"]}["h3"], lambda r: r["reachable"],
+                   timeout=30, what="h3 to read reachable again")
+    assert row["serving"] == "alpha"
 
 
 def test_the_rollout_shows_batch_by_batch_as_it_goes(ctl: Ctl) -> None:

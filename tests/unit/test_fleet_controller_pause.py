@@ -35,7 +35,9 @@ def test_a_box_lost_mid_switch_pauses_the_rollout_which_goes_on_when_it_answers_
                      what="the rollout to pause")
     assert "lost h1 mid-switch" in shown["reason"] and "tries again every 0.05 s" in shown["reason"]
     assert shown["controller"]["alive"] and states(controller.summary(rid))["h1"] == "switching"
-    boxes["h1"].come_back()
+    boxes["h1"].come_back()  # its old SSH connection is dead: the controller must connect again
+    wait_for(lambda: controller.summary(rid)["rollout"]["status"], lambda s: s not in ("running", "paused"),
+             timeout=30, what="the rollout to end")
     summary = run_to_end(controller, rid)
     assert summary["rollout"]["status"] == "succeeded" and states(summary) == dict.fromkeys(HOSTS, "switched")
     assert [b.switches("beta") for b in boxes.values()] == [1, 1, 1, 1]
