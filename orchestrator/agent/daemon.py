@@ -304,7 +304,8 @@ class Agent:
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
             self.metrics.residency(host, residency_series(
                 {n: self.catalog.models[n].sleep for n in self.catalog.models_on(host)},
-                {d.model for d in self.ops.store.serving_set(host)}, self.ops.residency.residency(host)))
+                {d.model for d in self.ops.store.serving_set(host)} | ({serving.model} if serving else set()),
+                self.ops.residency.residency(host)))
 
 
 __all__ = ["Agent"]
