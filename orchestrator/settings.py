@@ -145,9 +145,37 @@ def _overrides() -> dict[str, str]:
     return out
 
 
+# ORCHESTRATOR_* variables the tool reads that are not deploy.toml settings.
+OTHER_VARIABLES = frozenset({"CONFIG", "HOST", "HOSTS_FILE", "SOCKET", "LOG_LEVEL", "WHEELHOUSE", "TEST_MODELS"})
+
+
+def _misspelt() -> None:
+    """A variable that is neither a setting nor one of OTHER_VARIABLES but reads like a setting is a
+    typo that would silently change nothing (ORCHESTRATOR_STATE_DRI): named, with the setting meant."""
+    import difflib
+
+    from orchestrator.core.catalog import Catalog
+
+    fields = list(Catalog.model_fields)
+    for var in sorted(os.environ):
+        rest = var[len(ENV_PREFIX):]
+        if not var.upper().startswith(ENV_PREFIX) or rest.upper() in OTHER_VARIABLES:
+            continue
+        head, _, tail = rest.lower().partition("__")
+        if head in fields:
+            continue
+        close = difflib.get_close_matches(head, fields, n=1, cutoff=0.8)
+        if close:
+            meant = f"{ENV_PREFIX}{close[0].upper()}" + (f"__{tail.upper()}" if tail else "")
+            raise ConfigError(f"environment variable {var}: not a setting (did you mean {meant}?); "
+                              f"{ENV_PREFIX}<KEY> overrides a top-level key of deploy.toml, __ separates "
+                              "the parts of a key path")
+
+
 def _check_environment() -> None:
     from pydantic_settings import EnvSettingsSource, SettingsError
 
+    _misspelt()
     for var in _overrides().values():
         # pydantic-settings json.loads a table or list given in a variable: bound it the same way as
         # the file (nesting, huge numbers, duplicate keys); what is not JSON at all is left to it.

@@ -154,3 +154,24 @@ def test_the_agent_unit_runs_a_python_from_any_checkout_path(tmp_path: Path, pyt
     line = next(x for x in unit.text.splitlines() if x.startswith("ExecStart="))
     words = [w.replace("%%", "%") for w in shlex.split(line.removeprefix("ExecStart="))]
     assert words == [python, "-m", "orchestrator", "agent", "--config", "/etc/my configs/deploy.toml"]
+
+
+@pytest.mark.parametrize("var,meant", [
+    ("ORCHESTRATOR_STATE_DRI", "ORCHESTRATOR_STATE_DIR"),
+    ("ORCHESTRATOR_DEFALTS__LOAD_DEADLINE_S", "ORCHESTRATOR_DEFAULTS__LOAD_DEADLINE_S"),
+    ("ORCHESTRATOR_MODEL__A__PORT", "ORCHESTRATOR_MODELS__A__PORT"),
+])
+def test_a_misspelt_override_is_named_with_the_setting_meant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              var: str, meant: str) -> None:
+    """A typo in an override's name would change nothing in silence: refused, naming the variable meant."""
+    monkeypatch.setenv(var, "1200")
+    assert refused(write(tmp_path)) == f"environment variable {var}: not a setting (did you mean {meant}?); " \
+        "ORCHESTRATOR_<KEY> overrides a top-level key of deploy.toml, __ separates the parts of a key path"
+
+
+@pytest.mark.parametrize("var", ["ORCHESTRATOR_HOSTS_FILE", "ORCHESTRATOR_LOG_LEVEL", "ORCHESTRATOR_SOMETHING_ELSE"])
+def test_the_tools_other_variables_and_unrelated_names_are_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       var: str) -> None:
+    """Variables the tool reads for itself, and names like no setting, do not stop a load."""
+    monkeypatch.setenv(var, "x")
+    assert settings.load(write(tmp_path)).models["a"].port == 8000
