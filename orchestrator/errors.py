@@ -14,6 +14,8 @@ class OrchestratorError(Exception):
     """Root of every error the tool raises on purpose."""
 
     exit_code = 1
+    # What a command had done before it failed (`switch A B --json`), printed with its JSON error.
+    partial: object = None
 
     def __init__(self, message: str, *, host: str | None = None, unit: str | None = None,
                  step: str | None = None) -> None:

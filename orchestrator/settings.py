@@ -103,6 +103,7 @@ def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
 
     file = config_path(str(path) if path else None)
     data = _read_toml(file)
+    _check_kinds(data, str(file))
     _check_environment()
     token = _file_data.set(data)
     try:
@@ -144,9 +145,37 @@ def _overrides() -> dict[str, str]:
     return out
 
 
+# ORCHESTRATOR_* variables the tool reads that are not deploy.toml settings.
+OTHER_VARIABLES = frozenset({"CONFIG", "HOST", "HOSTS_FILE", "SOCKET", "LOG_LEVEL", "WHEELHOUSE", "TEST_MODELS"})
+
+
+def _misspelt() -> None:
+    """A variable that is neither a setting nor one of OTHER_VARIABLES but reads like a setting is a
+    typo that would silently change nothing (ORCHESTRATOR_STATE_DRI): named, with the setting meant."""
+    import difflib
+
+    from orchestrator.core.catalog import Catalog
+
+    fields = list(Catalog.model_fields)
+    for var in sorted(os.environ):
+        rest = var[len(ENV_PREFIX):]
+        if not var.upper().startswith(ENV_PREFIX) or rest.upper() in OTHER_VARIABLES:
+            continue
+        head, _, tail = rest.lower().partition("__")
+        if head in fields:
+            continue
+        close = difflib.get_close_matches(head, fields, n=1, cutoff=0.8)
+        if close:
+            meant = f"{ENV_PREFIX}{close[0].upper()}" + (f"__{tail.upper()}" if tail else "")
+            raise ConfigError(f"environment variable {var}: not a setting (did you mean {meant}?); "
+                              f"{ENV_PREFIX}<KEY> overrides a top-level key of deploy.toml, __ separates "
+                              "the parts of a key path")
+
+
 def _check_environment() -> None:
     from pydantic_settings import EnvSettingsSource, SettingsError
 
+    _misspelt()
     for var in _overrides().values():
         # pydantic-settings json.loads a table or list given in a variable: bound it the same way as
         # the file (nesting, huge numbers, duplicate keys); what is not JSON at all is left to it.
@@ -158,9 +187,26 @@ def _check_environment() -> None:
                 if not exc.syntax:
                     raise ConfigError(f"environment variable {var}: {exc.reason}") from None
     try:
-        EnvSettingsSource(_settings_class())()  # type: ignore[arg-type]
+        env_data = EnvSettingsSource(_settings_class())()  # type: ignore[arg-type]
     except SettingsError as exc:
         raise _env_error(str(exc)) from None
+    _check_kinds(env_data, "", from_env=True)
+
+
+def _check_kinds(data: dict[str, Any], file: str, *, from_env: bool = False) -> None:
+    """A boolean where a number belongs (or a number, or text from the file, where a boolean or a
+    number does) is refused naming where it came from, before pydantic would coerce it."""
+    from orchestrator.core.catalog import Catalog
+    from orchestrator.core.catalog_types import kind_of, wrong_types
+
+    lines = []
+    for bad in wrong_types(data, Catalog, text_ok=from_env):
+        origin = _origin(bad.key, file)
+        if from_env or origin == file:  # a file value an environment variable overrides does not count
+            value = str(bad.value).lower() if isinstance(bad.value, bool) else _short(bad.value, bad.key)
+            lines.append((origin, f"{bad.key}: must be {bad.expected}, not {kind_of(bad.value)} (got {value})"))
+    if lines:
+        raise _joined(lines)
 
 
 def _env_error(message: str) -> ConfigError:
@@ -262,9 +308,14 @@ def _config_error(exc: ValidationError, file: str) -> ConfigError:
         quoted = err["type"] == "missing" or isinstance(value, dict) or ctx_err is not None
         lines.append((_origin(key, file), redact_values(f"{key or '(top level)'}: {msg}"
                                                  + ("" if quoted else f" (got {_short(value, key)})"))))
+    return _joined(lines)
+
+
+def _joined(lines: list[tuple[str, str]]) -> ConfigError:
+    """One error for several problems, each ``(origin, "key: what")``: the first, then up to five more."""
     origin, head = lines[0]
     more = "".join(f"\n  also: {'' if o == origin else o + ': '}{line}" for o, line in lines[1:6])
-    return ConfigError(head + more, file=origin)
+    return ConfigError(redact_values(head + more), file=origin)
 
 
 def _short(value: Any, key: str = "") -> str:

@@ -75,6 +75,12 @@ class _Group(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Whether the command was asked for --json: its consumer then gets a JSON document on stdout
+        # whatever happens (args after "--" are operands, not options).
+        ctx.meta["json"] = "--json" in args[:args.index("--")] if "--" in args else "--json" in args
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -82,8 +88,23 @@ class _Group(click.Group):
             from orchestrator.core.secrets import redact_values
 
             # A message quotes bad values; a value shaped like a token is never printed.
-            click.echo(f"error: {redact_values(str(exc))}", err=True)
+            message = redact_values(str(exc))
+            if ctx.meta.get("json"):
+                _json_error(message, exc.exit_code, type(exc).__name__, exc.partial)
+            click.echo(f"error: {message}", err=True)
             sys.exit(exc.exit_code)
+        except click.ClickException as exc:  # a bad option or argument: click prints it and exits 2
+            if ctx.meta.get("json"):
+                _json_error(exc.format_message(), exc.exit_code, "UsageError", None)
+            raise
+
+
+def _json_error(message: str, code: int, kind: str, partial: Any) -> None:
+    """The one JSON document a --json command prints on stdout when it fails (the text stays on stderr)."""
+    import json
+
+    error: dict[str, Any] = {"message": message, "exit_code": code, "type": kind}
+    click.echo(json.dumps({"error": error} | ({"results": partial} if partial is not None else {}), indent=2))
 
 
 def _short(summary: str, limit: int) -> str:

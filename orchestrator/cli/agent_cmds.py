@@ -13,6 +13,7 @@ from orchestrator.cli.options import (
     int_in,
     json_option,
     local_option,
+    nonempty,
     printed,
 )
 from orchestrator.cli.tables import print_table, stdout_console
@@ -24,7 +25,7 @@ ENDED = "none (its last fire time has passed)"
 
 @click.group(invoke_without_command=True)
 @config_option
-@click.option("--socket", "socket_path", default=None, metavar="PATH",
+@click.option("--socket", "socket_path", default=None, metavar="PATH", callback=nonempty,
               help="control socket (default: <state_dir>/agent.sock or $ORCHESTRATOR_SOCKET)")
 @click.option("--metrics-port", type=int_in(0, 65535), default=None,
               help="Prometheus endpoint on 127.0.0.1 (default: metrics_port of deploy.toml, 9464; 0 disables it)")
@@ -45,7 +46,7 @@ def agent(ctx: click.Context, config: str | None, socket_path: str | None, metri
 
 
 @agent.command("dial-stdio")
-@click.option("--socket", "socket_path", default=None, metavar="PATH",
+@click.option("--socket", "socket_path", default=None, metavar="PATH", callback=nonempty,
               help="the agent's socket (default: $ORCHESTRATOR_SOCKET, else <state_dir>/agent.sock of the box's "
                    "deploy.toml)")
 @config_option

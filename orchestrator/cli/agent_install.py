@@ -7,7 +7,7 @@ import json
 import click
 
 from orchestrator import userfiles
-from orchestrator.cli.options import json_option
+from orchestrator.cli.options import json_option, nonempty
 from orchestrator.cli.target import remote_spec
 from orchestrator.core.documents import text_of
 from orchestrator.errors import UsageError
@@ -17,16 +17,16 @@ from orchestrator.errors import UsageError
 @click.argument("target", metavar="ssh://USER@BOX[:PORT]|NAME")
 @click.option("--upgrade", is_flag=True,
               help="replace an installed package with this tree's and restart the agent (only between operations)")
-@click.option("--config", "config", metavar="FILE", default=None,
+@click.option("--config", "config", metavar="FILE", callback=nonempty, default=None,
               help="deploy.toml for the box when it has none (default: a minimal one: the box itself, its GPUs)")
-@click.option("--key", metavar="PATH", default=None, help="SSH private key (default: hosts file, ssh-agent, ~/.ssh)")
-@click.option("--known-hosts", metavar="PATH", default=None,
+@click.option("--key", metavar="PATH", callback=nonempty, default=None, help="SSH private key (default: hosts file, ssh-agent, ~/.ssh)")
+@click.option("--known-hosts", metavar="PATH", callback=nonempty, default=None,
               help="known_hosts to check the box's key against (default: hosts file, else ~/.ssh/known_hosts)")
-@click.option("--python", "base_python", metavar="PATH", default="/usr/bin/python3", show_default=True,
+@click.option("--python", "base_python", metavar="PATH", callback=nonempty, default="/usr/bin/python3", show_default=True,
               help="the box's Python (>= 3.11) the venv is made from")
-@click.option("--source", metavar="DIR", default=None, help="project tree to build the wheel from (default: this one)")
-@click.option("--wheel", metavar="FILE", default=None, help="install this orchestrator wheel instead of building one")
-@click.option("--wheelhouse", metavar="DIR", default=None,
+@click.option("--source", metavar="DIR", callback=nonempty, default=None, help="project tree to build the wheel from (default: this one)")
+@click.option("--wheel", metavar="FILE", callback=nonempty, default=None, help="install this orchestrator wheel instead of building one")
+@click.option("--wheelhouse", metavar="DIR", callback=nonempty, default=None,
               help="dependency wheels for the box (default: resolved here into ~/.cache/orchestrator/wheelhouse)")
 @click.option("--authorize", is_flag=True,
               help="a controller (deploy.toml with groups): also add its key to each group host's authorized_keys, "

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 
 from orchestrator import settings, userfiles
-from orchestrator.cli.options import config_option, json_option
+from orchestrator.cli.options import config_option, json_option, nonempty
 from orchestrator.cli.tables import print_table
 from orchestrator.cli.target import catalog, local_only
 from orchestrator.core.catalog import Catalog
@@ -58,11 +58,11 @@ def models(config: str | None, as_json: bool) -> None:
 @click.command()
 @click.argument("model", required=False)
 @config_option
-@click.option("--out", "out", default="units", metavar="DIR", show_default=True,
+@click.option("--out", "out", default="units", metavar="DIR", callback=nonempty, show_default=True,
               help="directory the rendered units are written to")
 @click.option("--diff", "diff", is_flag=True,
               help="show what would change against the units in --out (writes nothing; exit 1 if any)")
-@click.option("--template", "template", metavar="PATH", default=None, help="vllm.service.j2 to render from")
+@click.option("--template", "template", metavar="PATH", callback=nonempty, default=None, help="vllm.service.j2 to render from")
 @click.option("--agent", "agent", is_flag=True, help="also render orchestrator-agent.service for this config")
 @click.option("--installed", is_flag=True, help="with --diff: compare with the unit installed on the model's host")
 @click.option("--proxy", "proxy", is_flag=True,

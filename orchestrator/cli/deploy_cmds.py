@@ -35,6 +35,7 @@ from orchestrator.contract.ops import (
     SWITCH,
 )
 from orchestrator.core.states import text_of
+from orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
     from orchestrator.ports import ProgressCallback
@@ -85,10 +86,29 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
         for p in [] if as_json else plans:
             click.echo(f"{p['model']} on {p['host']}: {p['mode'].replace('_', '-')}: {p['reason']}")
         return
+    if as_json and len(wanted) > 1:  # one JSON document: the list of results, in order
+        return _switch_all_json(be, wanted, no_rollback, force)
     for model in wanted:
         def run(p: ProgressCallback, m: str = model) -> dict[str, Any]:
             return be.call(SWITCH, {"model": m, "no_rollback": no_rollback, "force": force}, p)
         _finish(with_progress(as_json, run), as_json)
+
+
+def _switch_all_json(be: Any, models: list[str], no_rollback: bool, force: bool) -> None:
+    """`switch A B --json`: each switch in turn until one does not end active, then one list of the
+    results; an error after some of them carries those (``results`` beside the error document)."""
+    results: list[dict[str, Any]] = []
+    try:
+        for model in models:
+            results.append(be.call(SWITCH, {"model": model, "no_rollback": no_rollback, "force": force}))
+            if not results[-1].get("noop") and results[-1].get("outcome") != "active":
+                break
+    except OrchestratorError as exc:
+        exc.partial = results  # printed with the error document (cli/__init__.py)
+        raise
+    click.echo(json.dumps(results, indent=2))
+    if any(not r.get("noop") and r.get("outcome") != "active" for r in results):
+        sys.exit(1)
 
 
 @click.command()

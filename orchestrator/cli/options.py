@@ -20,8 +20,17 @@ MAX_SECONDS = 7 * 86_400.0
 MAX_HOSTS = 10_000
 
 
+def nonempty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A path option given as '' (an unset shell variable in `--config "$CFG"`) is refused, never read
+    as the default file or the working directory."""
+    if value == "":
+        raise click.BadParameter("an empty path (an unset variable?): name the file or directory, or leave the "
+                                 "option out", ctx=ctx, param=param)
+    return value
+
+
 def config_option(f: F) -> F:
-    return click.option("--config", "config", metavar="PATH", default=None,
+    return click.option("--config", "config", metavar="PATH", default=None, callback=nonempty,
                         help="deploy.toml to use (default: $ORCHESTRATOR_CONFIG or ./deploy.toml)")(f)
 
 

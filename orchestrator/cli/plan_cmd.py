@@ -13,7 +13,7 @@ from orchestrator import settings, userfiles
 from orchestrator.adapters import hub_config
 from orchestrator.adapters.hub_config import ModelConfig
 from orchestrator.adapters.tune_store import read_feedback
-from orchestrator.cli.options import int_in, json_option, number_in
+from orchestrator.cli.options import int_in, json_option, nonempty, number_in
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, catalog, remote_spec
 from orchestrator.contract.ops import EXPLAIN
@@ -75,10 +75,10 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
 
 @click.command()
 @click.argument("model", required=False)
-@click.option("--config", "config", metavar="PATH", default=None,
+@click.option("--config", "config", metavar="PATH", callback=nonempty, default=None,
               help="deploy.toml, or a model's bare config.json (with --gpus) to plan without a catalog")
-@click.option("--model-config", metavar="PATH", default=None, help="config.json to use for MODEL")
-@click.option("--index", "index_path", metavar="PATH", default=None,
+@click.option("--model-config", metavar="PATH", callback=nonempty, default=None, help="config.json to use for MODEL")
+@click.option("--index", "index_path", metavar="PATH", callback=nonempty, default=None,
               help="model.safetensors.index.json, for the real weight bytes")
 @click.option("--host", "host_name", default=None, help="host of the catalog to plan for")
 @click.option("--gpus", type=int_in(1, 1024), default=None, help="GPU count (bare mode; per node)")

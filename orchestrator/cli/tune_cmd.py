@@ -12,7 +12,15 @@ from rich.console import Console
 
 from orchestrator import settings
 from orchestrator.adapters.hub_config import read_json_file
-from orchestrator.cli.options import MAX_COUNT, MAX_SECONDS, config_option, int_in, json_option, number_in
+from orchestrator.cli.options import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    config_option,
+    int_in,
+    json_option,
+    nonempty,
+    number_in,
+)
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend
@@ -54,8 +62,8 @@ from orchestrator.wiring import operations
               help="benchmark each candidate this many times, to see the noise")
 @click.option("--restore", is_flag=True, help="bring back what served before instead of leaving the winner")
 @click.option("--apply", "apply_", is_flag=True, help="write the winner's layout into deploy.toml")
-@click.option("--chart", "chart", default=None, metavar="FILE.svg", help="also write the chart as an SVG image")
-@click.option("--model-config", default=None, metavar="PATH", help="config.json to plan with (default: the host's)")
+@click.option("--chart", "chart", default=None, metavar="FILE.svg", callback=nonempty, help="also write the chart as an SVG image")
+@click.option("--model-config", default=None, metavar="PATH", callback=nonempty, help="config.json to plan with (default: the host's)")
 @click.option("--resume", is_flag=True, help="finish the host's unfinished tune run (MODEL, if given, must be the run's)")
 @click.option("--abort", is_flag=True, help="stop the host's unfinished tune run; what served before returns")
 @click.option("--follow", is_flag=True, help="re-attach to the host's tune run in its agent; its report at the end")

@@ -25,13 +25,18 @@ from orchestrator.core.catalog_rules import (
     absolute_path,
     check_revision,
     is_loopback,
+    safe,
+    socket_fits,
 )
 from orchestrator.core.dashboard import Dashboard
+from orchestrator.core.safety import shown
 from orchestrator.core.secrets import scan
 from orchestrator.errors import UsageError
 
 # Models on demand: where the agent listens for the proxy when [proxy] demand_socket is unset.
 DEFAULT_DEMAND_SOCKET = "/run/orchestrator/demand.sock"
+# The longest of the sockets the agent makes in state_dir (agent.sock, demand.sock, dashboard.sock).
+LONGEST_SOCKET = "dashboard.sock"
 
 __all__ = ["NAME_RE", "PATH_RE", "USER_RE", "Catalog", "Defaults", "Demand", "Group", "Host", "Model", "Policy", "Proxy",
            "Schedule", "SubKeyError", "check_revision"]
@@ -56,7 +61,19 @@ class Catalog(Strict):
     @field_validator("state_dir")
     @classmethod
     def _state_dir_absolute(cls, v: str) -> str:
-        return absolute_path(v, "state_dir")
+        # Its sockets (agent.sock, demand.sock, dashboard.sock) must fit a socket path.
+        socket_fits(f"{safe(absolute_path(v, 'state_dir'), 'state_dir').rstrip('/')}/{LONGEST_SOCKET}", "state_dir's "
+                    f"{LONGEST_SOCKET}")
+        return v
+
+    @field_validator("socket_group")
+    @classmethod
+    def _group_name(cls, v: str) -> str:
+        # groupadd, install -g and chown take it as an argument: never an option or two words.
+        if not USER_RE.match(v):
+            raise ValueError(f"{shown(v)} is not a valid group name (lower case letters, digits, '_', '-'; "
+                             "at most 32, not starting with '-' or a digit)")
+        return v
 
     @model_validator(mode="before")
     @classmethod

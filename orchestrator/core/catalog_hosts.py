@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.core.catalog_rules import (
     DAY,
+    LOGIN_RE,
     PATH_RE,
     USER_RE,
     Name,
@@ -16,10 +17,12 @@ from orchestrator.core.catalog_rules import (
     absolute_path,
     check_address,
     check_engine,
+    key_file,
     not_root,
     outside_private_tmp,
     ram_reserve_gib,
     safe,
+    socket_fits,
 )
 from orchestrator.core.safety import shown
 
@@ -145,6 +148,24 @@ class Host(Strict):
     @classmethod
     def _safe_engine(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return None if v is None else check_engine(v)
+
+    @field_validator("ssh_user")
+    @classmethod
+    def _login(cls, v: str) -> str:
+        if not LOGIN_RE.match(v):
+            raise ValueError(f"ssh_user {shown(v)} is not a user name (letters, digits, '.', '_', '-'; at most 32, "
+                             "starting with a letter or '_')")
+        return v
+
+    @field_validator("ssh_key", "known_hosts")
+    @classmethod
+    def _client_file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else key_file(v, str(info.field_name))
+
+    @field_validator("agent_socket")
+    @classmethod
+    def _socket_fits(cls, v: str | None) -> str | None:
+        return None if v is None else socket_fits(v, "agent_socket")
 
     @model_validator(mode="after")
     def _sleep_budgets_possible(self) -> Host:

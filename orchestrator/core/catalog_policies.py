@@ -17,9 +17,12 @@ from orchestrator.core.catalog_rules import (
     parse_window,
     parse_zone,
     safe,
+    socket_fits,
     under,
 )
 from orchestrator.core.safety import shown
+
+MAX_GROUP_HOSTS = 10_000  # the CLI's bound on hosts of a group (cli/options.MAX_HOSTS)
 
 
 class Schedule(Strict):
@@ -82,9 +85,9 @@ class Group(Strict):
 
     name: Name = ""
     hosts: tuple[Name, ...]
-    canary: int = Field(1, ge=0)
-    batch: int = Field(1, ge=1)
-    max_failures: int = Field(0, ge=0)
+    canary: int = Field(1, ge=0, le=MAX_GROUP_HOSTS)
+    batch: int = Field(1, ge=1, le=MAX_GROUP_HOSTS)
+    max_failures: int = Field(0, ge=0, le=MAX_GROUP_HOSTS)
     gate: Literal["none", "health", "bench"] = "health"
     seed: Name | None = None  # the one host that downloads from the hub; the others copy from a peer
     peer_key: str | None = None  # on every box: the key its rsync uses to reach a peer box
@@ -152,14 +155,14 @@ class Proxy(Strict):
     def _socket_in_run(cls, v: str) -> str:
         if v.rsplit("/", 1)[-1] == "master.sock":
             raise ValueError(f"stats_socket {v!r} is the name of HAProxy's master socket beside it: use another")
-        return under(v, "/run/orchestrator-proxy/", ".sock", "stats_socket")
+        return socket_fits(under(v, "/run/orchestrator-proxy/", ".sock", "stats_socket"), "stats_socket")
 
     @field_validator("demand_socket")
     @classmethod
     def _socket_path(cls, v: str | None) -> str | None:
         if v is not None and (any(p in ("..", ".") for p in v.split("/")) or not v.endswith(".sock")):
             raise ValueError(f"demand_socket {shown(v)} must be an absolute '.sock' path with no '..' or '.' parts")
-        return v
+        return None if v is None else socket_fits(v, "demand_socket")
 
     @model_validator(mode="after")
     def _group_with_user(self) -> Proxy:

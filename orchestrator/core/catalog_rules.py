@@ -21,6 +21,11 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# An account to log in as over SSH (what useradd takes): never an ssh option, a second word or an '@'
+# (client/targets.py holds a --host URL's user to the same rule without loading pydantic).
+LOGIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$", re.ASCII)
+# sun_path holds 108 bytes with its NUL: a longer socket path cannot be bound or connected to.
+SOCKET_PATH_MAX = 107
 PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
 # A Hugging Face repo id: [owner/]name, letters, digits, "-", "_", "."; no "--" or ".." (the hub's
 # own rules; "--" also keeps <owner>--<name> directories unambiguous).
@@ -82,6 +87,23 @@ def absolute_path(value: str, what: str) -> str:
     if not value.startswith("/"):
         raise ValueError(f"{what} {shown(value)} is not an absolute path (start it with '/')")
     return value
+
+
+def socket_fits(path: str, what: str) -> str:
+    """A Unix socket path short enough to bind (the kernel's sun_path), named when it is not."""
+    size = len(path.encode())
+    if size > SOCKET_PATH_MAX:
+        raise ValueError(f"{what} {shown(path[:60] + '...')} is {size} bytes long: a Unix socket path holds at most "
+                         f"{SOCKET_PATH_MAX} (sun_path), so nothing could listen there; choose a shorter one")
+    return path
+
+
+def key_file(value: str, what: str) -> str:
+    """A file the SSH client reads (a key, a known_hosts): absolute or under '~/', as a relative one
+    would depend on the working directory of whichever process reads it."""
+    if not value.startswith(("/", "~/")):
+        raise ValueError(f"{what} {shown(value)} is not an absolute path (start it with '/' or '~/')")
+    return safe(value, what)
 
 
 def not_root(user: str) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from orchestrator.core.catalog_rules import PATH_RE, Strict
+from orchestrator.core.catalog_rules import PATH_RE, Strict, socket_fits
 from orchestrator.core.observed import GpuSnapshot
 from orchestrator.core.states import Phase, text_of
 
@@ -28,8 +28,13 @@ class Dashboard(Strict):
     agent's control socket; `orchestrator dashboard` forwards it to a local browser."""
 
     enabled: bool = True
-    socket: str | None = Field(None, pattern=PATH_RE.pattern, max_length=200)  # default <state_dir>/dashboard.sock
+    socket: str | None = Field(None, pattern=PATH_RE.pattern)  # default <state_dir>/dashboard.sock
     refresh_s: float = Field(2.0, ge=0.2, le=60.0)  # how often a live page re-reads GPUs and models
+
+    @field_validator("socket")
+    @classmethod
+    def _fits(cls, v: str | None) -> str | None:
+        return None if v is None else socket_fits(v, "socket")
 
 
 def socket_path(settings: Dashboard, state_dir: str) -> str:

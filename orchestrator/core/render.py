@@ -169,7 +169,10 @@ def render_agent_unit(catalog: Catalog, template: str, *, python: str, config: s
     """The agent's own unit (Type=notify, watchdog), running ``python -m orchestrator agent``."""
     jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
                               trim_blocks=True, lstrip_blocks=True)
-    argv = [_path(python, "python"), "-m", "orchestrator", "agent", "--config", config]
+    # Each word is quoted for ExecStart=: a venv of a checkout in "/srv/my tools/é x" runs as it is.
+    if not python.startswith("/") or not config.startswith("/"):
+        raise RenderError(f"the agent's python {python!r} and config {config!r} must be absolute paths")
+    argv = [python, "-m", "orchestrator", "agent", "--config", config]
     try:
         text = jenv.from_string(template).render(
             hosts=_plain(", ".join(sorted(catalog.hosts)), "hosts"),

@@ -53,7 +53,7 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
     ("tensor_parallel = 4\n[models.b]", "tensor_parallel = 2\n[models.b]",
      "models.a: tensor_parallel 2 x pipeline_parallel 1 x data_parallel 1 = 2 GPUs, but gpus lists 4"),
     ('repo = "org/a"', 'repo = "org/a"\ntensor_paralel = 4', "models.a.tensor_paralel: unknown key"),
-    ("gpus = 8", 'gpus = "eight"', "hosts.box.gpus: Input should be a valid integer"),
+    ("gpus = 8", 'gpus = "eight"', "hosts.box.gpus: must be an integer, not a string (got 'eight')"),
     ('repo = "org/a"', 'repo = "org/a"\nargs = ["--x", "a\\nExecStartPre=/bin/sh"]', "control character"),
     ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }', "models.a.env.HF_TOKEN: holds a secret by its name"),
     ("[hosts.box]", "[hosts.box\n", "not valid TOML"),
