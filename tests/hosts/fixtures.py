@@ -37,11 +37,19 @@ def host_set() -> Iterator[HostSet]:
 
 
 @pytest.fixture(scope="session")
-def netns_pair() -> Iterator[HostSet]:
-    """Two hosts behind a bridge, each in its own network namespace; booted on first use, shared by
-    the modules that need them (a boot costs ~12 s on a busy machine), torn down at session end."""
-    with boot_hosts(2, netns=True) as hostset:
+def netns_fleet() -> Iterator[HostSet]:
+    """Four hosts behind a bridge, each in its own network namespace; booted on first use and shared by
+    the modules that need four boxes (rollouts, the fleet page, host isolation) or two (netns_pair),
+    which reset them after a test (a boot costs ~12 s on a busy machine); torn down at session end."""
+    with boot_hosts(4, netns=True) as hostset:
         yield hostset
+
+
+@pytest.fixture(scope="session")
+def netns_pair(netns_fleet: HostSet) -> HostSet:
+    """h1 and h2 of netns_fleet, as a set of their own (same key, known_hosts and bridge) for the
+    modules that need two hosts across a network; never closed itself (netns_fleet owns the hosts)."""
+    return HostSet(hosts=netns_fleet.hosts[:2], key_dir=netns_fleet.key_dir, bridge=netns_fleet.bridge)
 
 
 @pytest.fixture
