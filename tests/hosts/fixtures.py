@@ -82,6 +82,17 @@ class Adapters:
 WITH_FAKES = pytest.mark.parametrize("adapters", ["local", "ssh", "fake"], indirect=True)
 
 
+@pytest.fixture(scope="session")
+def inside_adapters() -> Iterator[dict[str, InsideAdapters]]:
+    """The in-host adapter process of each host, by address, kept for the session: a start costs
+    ~0.7 s (Python, orchestrator and pydbus imported in the host), and the adapters hold nothing
+    between calls that a test could leave behind (the agent, too, keeps one pair for its lifetime)."""
+    running: dict[str, InsideAdapters] = {}
+    yield running
+    for inside in running.values():
+        inside.close()
+
+
 @pytest.fixture(params=["local", "ssh"])
 def adapters(request: pytest.FixtureRequest) -> Iterator[Adapters]:
     """Both adapter pairs against h1: the contract suites run once per transport (WITH_FAKES: and
@@ -92,11 +103,11 @@ def adapters(request: pytest.FixtureRequest) -> Iterator[Adapters]:
         return
     host: Host = request.getfixturevalue("host")
     if request.param == "local":
-        inside = InsideAdapters(host)
-        try:
-            yield Adapters("local", host, inside.shell, inside.systemd)
-        finally:
-            inside.close()
+        running: dict[str, InsideAdapters] = request.getfixturevalue("inside_adapters")
+        inside = running.get(host.address)
+        if inside is None or not inside.alive():  # first use, or a test ended the process
+            inside = running[host.address] = InsideAdapters(host)
+        yield Adapters("local", host, inside.shell, inside.systemd)
     else:
         shell, systemd = connect("ssh", host.address, port=host.port, user=host.user,
                                  key_filename=str(host.key_path), known_hosts=str(host.known_hosts_path),
