@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import logs, settings
+from orchestrator.adapters.clock import SystemClock
 from orchestrator.agent.daemon import Agent
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
@@ -77,6 +78,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.agent_with_hooks")
     parser.add_argument("--config", required=True)
     parser.add_argument("--pause-dir", required=True)
+    parser.add_argument("--minute-ends-in", type=float, default=None, metavar="S",
+                        help="the agent's clock runs ahead so that its first minute ends S seconds after it "
+                             "starts: an every-minute schedule fires then, not up to 60 s later")
     args = parser.parse_args()
     logs.configure(json=True)
     cat = settings.load(args.config)
@@ -84,8 +88,23 @@ def main() -> None:
     def ops_for(catalog: Catalog) -> Operations:
         return HookedOperations(catalog, args.pause_dir)
 
-    Agent(cat, ops_for(cat), metrics_port=cat.metrics_port or None,
+    clock = None if args.minute_ends_in is None else AheadClock.minute_ending_in(args.minute_ends_in)
+    Agent(cat, ops_for(cat), metrics_port=cat.metrics_port or None, clock=clock,
           config_path=str(Path(args.config).resolve()), ops_factory=ops_for).run()
+
+
+class AheadClock(SystemClock):
+    """The system's clocks with the wall clock ``ahead`` seconds in the future (monotonic as is)."""
+
+    def __init__(self, ahead: float) -> None:
+        self.ahead = ahead
+
+    @classmethod
+    def minute_ending_in(cls, seconds: float) -> AheadClock:
+        return cls((60.0 - seconds - time.time() % 60.0) % 60.0)
+
+    def now(self) -> float:
+        return time.time() + self.ahead
 
 
 if __name__ == "__main__":

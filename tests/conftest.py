@@ -17,7 +17,15 @@ _REPO = str(Path(__file__).resolve().parents[1])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from tests.hosts.fixtures import adapters, host, host_set, hosts, netns_pair  # noqa: F401
+from tests.hosts.fixtures import (  # noqa: F401
+    adapters,
+    host,
+    host_set,
+    hosts,
+    inside_adapters,
+    netns_fleet,
+    netns_pair,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -127,7 +127,9 @@ def test_schedule_fires_through_the_agent(hosts: list[Host], tmp_path: Path) -> 
     host = hosts[0]
     cfg = config_text(host, Path(STATE), MODELS, transport="local") + (
         '[schedules.soon]\ncron = "* * * * *"\naction = "redeploy"\n')  # the finest a 5-field cron fires
-    install_agent(host, cfg, tmp_path)
+    # The agent's wall clock runs ahead so that its minute ends 10 s after it starts (alpha serves by
+    # then): the first firing comes then rather than at the real minute's end, 30 s later on average.
+    install_agent(host, cfg, tmp_path, hook_args="--minute-ends-in 10")
     try:
         cli(host, "switch", "alpha")
         wait_for(lambda: any(h["trigger"] == "schedule:soon" and h["outcome"] == "active" for h in history(host)),

@@ -24,7 +24,7 @@ from tests.browser import chromium
 from tests.builders.agent import HOOKS, PY, STATE
 from tests.builders.switch import config_text
 from tests.hosts.machine import Host
-from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.pool import HostSet
 from tests.test_agent_hosts import install_agent
 from tests.test_rollout_hosts import Controller, box_cli, box_models
 
@@ -34,9 +34,9 @@ SHOTS = Path(__file__).resolve().parents[1] / "docs" / "dashboard"
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[HostSet]:
-    with boot_hosts(4, netns=True) as hostset:
-        yield hostset
+def fleet(netns_fleet: HostSet) -> HostSet:
+    """The session's four hosts in network namespaces (shared with the other modules of four boxes)."""
+    return netns_fleet
 
 
 @pytest.fixture

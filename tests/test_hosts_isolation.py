@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.hosts.machine import Host
-from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.pool import HostSet
 
 CYCLE = ("systemd-run --unit=fleet-same.service --property=KillMode=control-group sleep 600 && "
          "systemctl kill fleet-same.service && "
@@ -18,9 +17,9 @@ CYCLE = ("systemd-run --unit=fleet-same.service --property=KillMode=control-grou
 
 
 @pytest.fixture(scope="module")
-def four() -> Iterator[HostSet]:
-    with boot_hosts(4) as hostset:
-        yield hostset
+def four(netns_fleet: HostSet) -> HostSet:
+    """The session's four hosts (network namespaces of their own change nothing in what systemd sees)."""
+    return netns_fleet
 
 
 def _cycles(host: Host, n: int) -> list[str]:

@@ -23,7 +23,7 @@ from tests.builders.rollout import SOCKET, install
 from tests.builders.switch import MODELS
 from tests.hosts import keys, netns
 from tests.hosts.machine import Host
-from tests.hosts.pool import HostSet, boot_hosts
+from tests.hosts.pool import HostSet
 from tests.hosts.wait import wait_for
 from tests.hubstub import HubStub, StubRepo, sharded_model
 from tests.test_agent_hosts import active
@@ -37,9 +37,9 @@ pytestmark = pytest.mark.hosts
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[HostSet]:
-    with boot_hosts(4, netns=True) as hostset:
-        yield hostset
+def fleet(netns_fleet: HostSet) -> HostSet:
+    """The session's four hosts in network namespaces (shared with the other modules of four boxes)."""
+    return netns_fleet
 
 
 

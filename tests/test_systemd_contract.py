@@ -245,7 +245,8 @@ def test_kill_unit_signals_every_process(adapters: Adapters) -> None:
     install(adapters, unit, service("/bin/sh -c 'sleep 1000 & sleep 1000 & wait'"))
     adapters.systemd.start(unit)
     adapters.systemd.kill_unit(unit, signal.SIGKILL)
-    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: not s.is_active,
+    # Settled, not merely not active: 'deactivating' (the kill still reaping) is not active either.
+    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.active_state in ("failed", "inactive"),
                      what=f"{unit} killed")
     assert (state.active_state, state.result) == ("failed", "signal")
     assert adapters.systemd.cgroup_pids(unit) == []

@@ -46,8 +46,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def install_agent(host: Host, config: str, tmp: Path) -> None:
-    """The product's agent unit, started through the test-only entry point that adds the pause hook."""
+def install_agent(host: Host, config: str, tmp: Path, *, hook_args: str = "") -> None:
+    """The product's agent unit, started through the test-only entry point that adds the pause hook
+    (``hook_args``: more of that entry point's options, e.g. ``--minute-ends-in 12``)."""
     port = free_port()  # runs beside this one (other checkouts) have agents of their own
     METRICS[host.name] = f"http://127.0.0.1:{port}/metrics"
     config = config.replace("metrics_port = 19464", f"metrics_port = {port}")
@@ -60,7 +61,7 @@ def install_agent(host: Host, config: str, tmp: Path) -> None:
                              python=PY, config=CONFIG, extra_env={"PYTHONPATH": str(REPO)})
     # Quoted as the product quotes: the checkout may live in a directory with spaces (a fresh clone anywhere).
     hooked = "ExecStart=" + " ".join(exec_quote(a) for a in (PY, "-m", "tests.agent_with_hooks", "--config", CONFIG,
-                                                             "--pause-dir", HOOKS))
+                                                             "--pause-dir", HOOKS, *hook_args.split()))
     text = re.sub(r"^ExecStart=.*$", lambda _: f"WorkingDirectory={REPO}\n{hooked}", unit.text,
                   flags=re.MULTILINE)
     # The crash tests await systemd's restart of a SIGKILLed agent: the product's 2 s pause before it

@@ -37,11 +37,19 @@ def host_set() -> Iterator[HostSet]:
 
 
 @pytest.fixture(scope="session")
-def netns_pair() -> Iterator[HostSet]:
-    """Two hosts behind a bridge, each in its own network namespace; booted on first use, shared by
-    the modules that need them (a boot costs ~12 s on a busy machine), torn down at session end."""
-    with boot_hosts(2, netns=True) as hostset:
+def netns_fleet() -> Iterator[HostSet]:
+    """Four hosts behind a bridge, each in its own network namespace; booted on first use and shared by
+    the modules that need four boxes (rollouts, the fleet page, host isolation) or two (netns_pair),
+    which reset them after a test (a boot costs ~12 s on a busy machine); torn down at session end."""
+    with boot_hosts(4, netns=True) as hostset:
         yield hostset
+
+
+@pytest.fixture(scope="session")
+def netns_pair(netns_fleet: HostSet) -> HostSet:
+    """h1 and h2 of netns_fleet, as a set of their own (same key, known_hosts and bridge) for the
+    modules that need two hosts across a network; never closed itself (netns_fleet owns the hosts)."""
+    return HostSet(hosts=netns_fleet.hosts[:2], key_dir=netns_fleet.key_dir, bridge=netns_fleet.bridge)
 
 
 @pytest.fixture
@@ -74,6 +82,17 @@ class Adapters:
 WITH_FAKES = pytest.mark.parametrize("adapters", ["local", "ssh", "fake"], indirect=True)
 
 
+@pytest.fixture(scope="session")
+def inside_adapters() -> Iterator[dict[str, InsideAdapters]]:
+    """The in-host adapter process of each host, by address, kept for the session: a start costs
+    ~0.7 s (Python, orchestrator and pydbus imported in the host), and the adapters hold nothing
+    between calls that a test could leave behind (the agent, too, keeps one pair for its lifetime)."""
+    running: dict[str, InsideAdapters] = {}
+    yield running
+    for inside in running.values():
+        inside.close()
+
+
 @pytest.fixture(params=["local", "ssh"])
 def adapters(request: pytest.FixtureRequest) -> Iterator[Adapters]:
     """Both adapter pairs against h1: the contract suites run once per transport (WITH_FAKES: and
@@ -84,11 +103,11 @@ def adapters(request: pytest.FixtureRequest) -> Iterator[Adapters]:
         return
     host: Host = request.getfixturevalue("host")
     if request.param == "local":
-        inside = InsideAdapters(host)
-        try:
-            yield Adapters("local", host, inside.shell, inside.systemd)
-        finally:
-            inside.close()
+        running: dict[str, InsideAdapters] = request.getfixturevalue("inside_adapters")
+        inside = running.get(host.address)
+        if inside is None or not inside.alive():  # first use, or a test ended the process
+            inside = running[host.address] = InsideAdapters(host)
+        yield Adapters("local", host, inside.shell, inside.systemd)
     else:
         shell, systemd = connect("ssh", host.address, port=host.port, user=host.user,
                                  key_filename=str(host.key_path), known_hosts=str(host.known_hosts_path),

@@ -121,6 +121,9 @@ class InsideAdapters:
             raise _rebuild_error(answer["error"])
         return _decode(answer["result"])
 
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
     def close(self) -> None:
         if self._proc.stdin is not None:
             self._proc.stdin.close()
