@@ -6,7 +6,8 @@ every process of that container, dead ones included) and the CPU of each process
 its command line: the box's agent, its engines (the stand-in API server and its engine child), sshd,
 the relays (`python -m orchestrator.agent.relay`, one per request), the box's systemd (PID 1 and its
 helpers), D-Bus, journald, and the rest.
-A process keeps the last CPU figure sampled when it exits, so the sums only grow; what the container
+A process is counted under the role its command line had at its last sample (a unit's process is
+systemd's until it execs), and keeps the last CPU figure sampled when it exits, so the sums only grow; what the container
 used beyond them is "unsampled" (processes shorter than one interval: mostly relays and the shells
 that exec them). The controller's agent and the client CLI are sampled by pid.
 """
@@ -20,13 +21,16 @@ from bisect import bisect_left
 from pathlib import Path
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-ROLES = ("box agents", "engines", "sshd", "relays", "systemd", "dbus", "journald", "other", "unsampled")
+ROLES = ("box agents", "engines", "nvidia-smi", "sshd", "relays", "systemd", "dbus", "journald", "other",
+         "unsampled")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def role_of(cmdline: bytes) -> str:
     if b"orchestrator.agent.relay" in cmdline:
         return "relays"
+    if b"nvidia_smi" in cmdline or b"nvidia-smi" in cmdline:
+        return "nvidia-smi"  # the agent's GPU probes (the stand-in's script here)
     if b"openai_server.py" in cmdline or b"--engine-child" in cmdline:
         return "engines"
     if b"orchestrator\x00agent" in cmdline:
@@ -85,8 +89,8 @@ class Sampler:
                 cpu = proc_cpu(pid)
                 if cpu is None:
                     continue
-                role = self.seen[pid][0] if pid in self.seen else _role(pid)
-                self.seen[pid] = (role, cpu)
+                # read each time: a process forked by systemd or sshd is theirs until it execs
+                self.seen[pid] = (_role(pid), cpu)
         row = dict.fromkeys(ROLES, 0.0)
         for role, cpu in self.seen.values():
             row[role] += cpu

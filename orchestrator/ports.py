@@ -7,7 +7,7 @@ Every method raises only ``orchestrator.errors`` types.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -346,6 +346,10 @@ class RolloutStore(Protocol):
                pid: int, *, started_by: str | None = None, at: float | None = None) -> int: ...
 
     def set_host(self, rid: int, host: str, **fields: Any) -> None: ...
+
+    def set_hosts(self, rid: int, hosts: Mapping[str, Mapping[str, Any]]) -> None:
+        """set_host for many hosts, committed together (one transaction: all or none)."""
+        ...
 
     def finish(self, rid: int, status: RolloutStatus, reason: str | None, at: float | None = None) -> None: ...
 

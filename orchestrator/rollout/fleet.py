@@ -106,8 +106,8 @@ class Fleet:
                                     started_by=self.started_by, at=self.clock.now())
             if self.on_start is not None:
                 self.on_start(rid)
+        self.store.set_hosts(rid, {host: {"baseline_id": view.baseline_id} for host, view in views.items()})
         for host, view in views.items():
-            self.store.set_host(rid, host, baseline_id=view.baseline_id)
             self.report(host, "rollout_host", {"batch": _batch_of(batches, host), "state": "pending",
                                                "serving": view.serving})
         if model.source != "none":
@@ -152,8 +152,8 @@ class Fleet:
         if errors:
             self.store.finish(rid, RolloutStatus.FAILED, f"staging failed on {', '.join(errors)}", self.clock.now())
             raise refuse(errors, "staging")
+        self.store.set_hosts(rid, {h: {"state": HostState.STAGED} for h in order})
         for h in order:
-            self.store.set_host(rid, h, state=HostState.STAGED)
             self.report(h, "rollout_host", {"state": "staged"})
 
     def _peer_of(self, name: str) -> dict[str, Any]:
@@ -191,21 +191,30 @@ class Fleet:
 
     def _switch(self, ro: Rollout, hosts: tuple[str, ...]) -> None:
         clients = self._clients(list(hosts))
+        # the whole batch recorded switching (one commit) before any of its switches is sent
+        self.store.set_hosts(ro.id, {h: {"state": HostState.SWITCHING, "switched_at": self.clock.now()}
+                                     for h in hosts})
         for h in hosts:
-            self.store.set_host(ro.id, h, state=HostState.SWITCHING, switched_at=self.clock.now())
             self.report(h, "rollout_host", {"state": "switching"})
         results = self._run_all([HostRequest(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
         self.answered |= {h for h, r in results.items() if _serves_now(r, ro.model)}
         lost = [h for h, r in results.items() if isinstance(r, TransportError)]
-        for h, r in results.items():
-            if h not in lost:
-                self._record(ro, h, r)
+        ended = {h: self._ended(r) for h, r in results.items() if h not in lost}
+        self.store.set_hosts(ro.id, ended)  # the batch's answers, one commit, before the next step
+        for h, fields in ended.items():
+            self._reported(h, fields)
         if lost:  # its agent carries on; only a controller that sees the box again may say how it ended
             raise RolloutPaused(f"rollout #{ro.id} paused: lost {', '.join(lost)} mid-switch (its agent "
                                 f"carries on); `orchestrator rollout resume` once it answers again",
                                 rollout=ro.id, lost=lost)
 
     def _record(self, ro: Rollout, host: str, result: Any) -> None:
+        fields = self._ended(result)
+        self.store.set_host(ro.id, host, **fields)
+        self._reported(host, fields)
+
+    def _ended(self, result: Any) -> dict[str, Any]:
+        """The host fields a box's switch answer (or error) records."""
         if isinstance(result, OrchestratorError):
             fields: dict[str, Any] = {"state": HostState.FAILED, "error": str(result).splitlines()[0]}
         elif result.get("noop"):
@@ -213,7 +222,9 @@ class Fleet:
         else:
             fields = {"state": core.state_of_outcome(str(result["outcome"])), "outcome": result["outcome"],
                       "deployment_id": result.get("id"), "error": result.get("error")}
-        self.store.set_host(ro.id, host, ended_at=self.clock.now(), **fields)
+        return {**fields, "ended_at": self.clock.now()}
+
+    def _reported(self, host: str, fields: dict[str, Any]) -> None:
         self.report(host, "rollout_host", {"state": str(fields["state"]), "outcome": fields.get("outcome"),
                                            "error": fields.get("error")})
 

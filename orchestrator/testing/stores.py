@@ -79,6 +79,17 @@ class FakeRolloutStore:
             self.times[rid][host][0 if k == "switched_at" else 1] = v
         self.writes += 1
 
+    def set_hosts(self, rid: int, hosts: Any) -> None:
+        allowed = {"state", "baseline_id", "deployment_id", "outcome", "error", "switched_at", "ended_at"}
+        bad = {k for fields in hosts.values() for k in fields} - allowed
+        if bad:  # refused before any host changes, as the file's one transaction is
+            raise StateError(f"rollout store: no host field {min(bad)!r}")
+        if not hosts:
+            return
+        for host, fields in hosts.items():
+            self.set_host(rid, host, **fields)
+        self.writes -= len(hosts) - 1  # one commit
+
     def finish(self, rid: int, status: Any, reason: str | None, at: float | None = None) -> None:
         self.rollouts[rid] = replace(self.get(rid), status=status, reason=reason, ended_at=at or 0.0)
         self.writes += 1

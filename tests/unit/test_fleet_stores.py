@@ -55,6 +55,18 @@ def test_recent_reads_the_newest_rollouts_first_of_one_group_or_of_all(rollouts:
     assert rollouts.recent(2, "nobody") == []
 
 
+def test_set_hosts_records_many_hosts_together_or_none_of_them(rollouts: Any) -> None:
+    """set_hosts writes every host's fields; one unknown field refuses the whole call, nothing written."""
+    rid = rollouts.create("beta", "inference", Policy(batch=2), "health", [("h1", "h2")], 7)
+    rollouts.set_hosts(rid, {"h1": {"state": HostState.SWITCHING, "switched_at": 5.0},
+                             "h2": {"state": HostState.SWITCHING, "switched_at": 6.0}})
+    assert [r.state for r in rollouts.hosts(rid)] == [HostState.SWITCHING] * 2
+    with pytest.raises(StateError, match="no host field 'bogus'"):
+        rollouts.set_hosts(rid, {"h1": {"state": HostState.SWITCHED}, "h2": {"bogus": 1}})
+    assert [r.state for r in rollouts.hosts(rid)] == [HostState.SWITCHING] * 2
+    assert rollouts.host_times(rid) == {"h1": (5.0, None), "h2": (6.0, None)}
+
+
 def test_an_unknown_rollout_or_host_field_is_a_state_error(rollouts: Any) -> None:
     """get of a missing id and a host field that does not exist both raise StateError naming them."""
     rid = rollouts.create("beta", "inference", Policy(), "none", [("h1",)], 7)
