@@ -106,6 +106,16 @@ def test_two_clients_alternating_a_and_b_never_fail(box: Host) -> None:
     assert max_per_minute(swaps_of(swaps)) <= AB_CAP
 
 
+def test_the_proxy_workers_run_as_haproxy_and_the_socket_is_open_to_its_group(box: Host) -> None:
+    """[proxy] user = "haproxy": HAProxy's workers run as haproxy (the requests above reached the agent
+    through them); the agent made /run/orchestrator 0750 and the socket 0660, both root:haproxy."""
+    master = box.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-proxy"]).stdout.strip()
+    users = box.run(["ps", "-o", "user=", "--ppid", master]).stdout.split()
+    assert users and set(users) == {"haproxy"}, users
+    modes = box.run(["stat", "-c", "%a %U:%G", "/run/orchestrator", "/run/orchestrator/demand.sock"]).stdout.split("\n")
+    assert modes[:2] == ["750 root:haproxy", "660 root:haproxy"], modes
+
+
 def test_a_cancelled_cold_start_is_abandoned_and_its_memory_freed(box: Host) -> None:
     """A request for gamma (stopped, on free GPUs) whose client goes away once its cold start began: the
     start is abandoned, the engine stopped, and GPU 4-7 hold nothing."""
