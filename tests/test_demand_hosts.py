@@ -37,11 +37,12 @@ def _teardown(host: Host, reset: bool = False) -> None:
 
 @pytest.fixture(scope="module")
 def box(host_set: HostSet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    """h1's agent with alpha and beta on demand, on the same GPUs (shared by this module's tests, reset after)."""
+    """h1's agent with alpha and beta on demand, on the same GPUs (shared by this module's tests, reset after);
+    HAProxy's workers drop to the haproxy account ([proxy] user)."""
     host = host_set.hosts[0]
     _teardown(host)
-    install_agent(host, demand_config(host, Path(STATE), AB, max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S),
-                  tmp_path_factory.mktemp("demand"))
+    install_agent(host, demand_config(host, Path(STATE), AB, max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S,
+                                      proxy_user="haproxy"), tmp_path_factory.mktemp("demand"))
     # The proxy comes up with the agent's first apply: a switch of any model writes it; on demand
     # the first request does, so bring alpha up once by hand to have a proxy to send through.
     cli(host, "switch", "beta")
