@@ -37,11 +37,12 @@ def _teardown(host: Host, reset: bool = False) -> None:
 
 @pytest.fixture(scope="module")
 def box(host_set: HostSet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    """h1's agent with alpha and beta on demand, on the same GPUs (shared by this module's tests, reset after)."""
+    """h1's agent with alpha and beta on demand, on the same GPUs (shared by this module's tests, reset after);
+    HAProxy's workers drop to the haproxy account ([proxy] user)."""
     host = host_set.hosts[0]
     _teardown(host)
-    install_agent(host, demand_config(host, Path(STATE), AB, max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S),
-                  tmp_path_factory.mktemp("demand"))
+    install_agent(host, demand_config(host, Path(STATE), AB, max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S,
+                                      proxy_user="haproxy"), tmp_path_factory.mktemp("demand"))
     # The proxy comes up with the agent's first apply: a switch of any model writes it; on demand
     # the first request does, so bring alpha up once by hand to have a proxy to send through.
     cli(host, "switch", "beta")
@@ -104,6 +105,16 @@ def test_two_clients_alternating_a_and_b_never_fail(box: Host) -> None:
         assert a.wait <= AB_BATCH_S + took + SLACK_S, (a, took)
     print(f"  {two} of {len(answers)} requests came during the swap to the other model")
     assert max_per_minute(swaps_of(swaps)) <= AB_CAP
+
+
+def test_the_proxy_workers_run_as_haproxy_and_the_socket_is_open_to_its_group(box: Host) -> None:
+    """[proxy] user = "haproxy": HAProxy's workers run as haproxy (the requests above reached the agent
+    through them); the agent made /run/orchestrator 0750 and the socket 0660, both root:haproxy."""
+    master = box.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-proxy"]).stdout.strip()
+    users = box.run(["ps", "-o", "user=", "--ppid", master]).stdout.split()
+    assert users and set(users) == {"haproxy"}, users
+    modes = box.run(["stat", "-c", "%a %U:%G", "/run/orchestrator", "/run/orchestrator/demand.sock"]).stdout.split("\n")
+    assert modes[:2] == ["750 root:haproxy", "660 root:haproxy"], modes
 
 
 def test_a_cancelled_cold_start_is_abandoned_and_its_memory_freed(box: Host) -> None:

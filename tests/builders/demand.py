@@ -32,8 +32,11 @@ FLOOD: dict[str, dict[str, Any]] = {f"f{i}": {"port": 8150 + i, "gpus": LOW if i
 
 
 def demand_config(host: Host, state: Path, models: dict[str, dict[str, Any]], *, max_swaps_per_min: int,
-                  batch_wait_s: float, transport: str = "local") -> str:
+                  batch_wait_s: float, transport: str = "local", proxy_user: str | None = None) -> str:
+    """``proxy_user``: the account HAProxy's workers drop to ([proxy] user; None: they stay root)."""
     text = proxy_config(host, state, models).replace('transport = "ssh"', f'transport = "{transport}"', 1)
+    if proxy_user is not None:
+        text = text.replace("[proxy]\n", f'[proxy]\nuser = "{proxy_user}"\n', 1)
     text = text.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = 16\n", 1)
     return text + f"[demand]\nmax_swaps_per_min = {max_swaps_per_min}\nbatch_wait_s = {batch_wait_s}\n"
 

@@ -223,3 +223,16 @@ def test_a_push_whose_proxy_user_could_not_reach_the_socket_changes_nothing(base
     finally:
         world.agent.stop()
         world.agent.demand.stop()
+
+
+def test_proxy_user_and_group_render_into_haproxys_global_section() -> None:
+    """[proxy] user alone: `user` and `group` of that name; with [proxy] group: that group; neither: no drop."""
+    def global_of(proxy: Proxy) -> str:
+        text = render_config(proxy, "127.0.0.1", [], template_text("haproxy.cfg.j2"))
+        return text.split("\ndefaults ", 1)[0]
+
+    assert '\n    user "haproxy"\n    group "haproxy"\n' in global_of(Proxy(enabled=True, port=9000, user="haproxy"))
+    assert '\n    user "haproxy"\n    group "nogroup"\n' in global_of(Proxy(enabled=True, port=9000, user="haproxy",
+                                                                         group="nogroup"))
+    plain = global_of(Proxy(enabled=True, port=9000))
+    assert "\n    user " not in plain and "\n    group " not in plain

@@ -117,6 +117,7 @@ ESCALATIONS = {
     "ray": ("defaults.ray", '"/home/alice/ray"'),
     "env dir": ("defaults.env_dir", '"/home/alice/env"'),
     "haproxy": ("proxy.haproxy", '"/home/alice/haproxy"'),
+    "haproxy's account": ("proxy.user", '"daemon"'),
     "socket group": ("socket_group", '"users"'),
 }
 
