@@ -26,3 +26,21 @@ def host_lock(state_dir: str, host: str, describe_holder: str = "") -> Iterator[
         yield
     finally:
         os.close(fd)
+
+
+def host_held(state_dir: str, host: str) -> bool | None:
+    """Whether an operation holds the host's lock now (None: the lock file cannot be opened here). An
+    unfinished deployment on a host nobody holds was interrupted: nothing drives it until a recovery."""
+    try:
+        fd = os.open(Path(state_dir) / "locks" / f"{host}.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)

@@ -25,7 +25,7 @@ from orchestrator.core.secrets import redact_tree
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
-from orchestrator.deploy.locks import host_lock
+from orchestrator.deploy.locks import host_held, host_lock
 from orchestrator.deploy.warm_steps import sleeper_mib
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
@@ -431,6 +431,8 @@ class Operations:
                                                          "url": serving.spec.base_url},
                 "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
                              "trigger": d.trigger} for d in running],
+                # unfinished while nothing holds the host: interrupted (Ctrl-C, a crash), not running
+                **({"interrupted": True} if running and host_held(self.state_dir, name) is False else {}),
             }
             eng = Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template)
             if probe and serving is not None:
