@@ -101,10 +101,12 @@ class _Group(click.Group):
 
 def _privilege_hint(ctx: click.Context, exc: OrchestratorError) -> str:
     """Why a non-root user's command could not use the state store, and the two ways it can."""
+    from orchestrator.errors import StateStoreError
+
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, PermissionError):
         cause = cause.__cause__
-    if cause is None or os.geteuid() == 0:
+    if cause is None or not isinstance(exc, StateStoreError) or os.geteuid() == 0:
         return ""
     if ctx.invoked_subcommand == "agent":
         return f"; `orchestrator agent` runs as root (uid {os.geteuid()} here): it owns state_dir, the units and systemd"

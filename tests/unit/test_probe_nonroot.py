@@ -101,3 +101,10 @@ def test_a_command_that_needs_the_records_names_itself_and_the_rule(box: Path, c
     assert result["code"] == 2, result
     assert f"Permission denied; `orchestrator {command[0]}` found no agent to ask, so it uses the state directory " \
            f"itself, which only root may (uid {NOBODY} here): run it as root, or through the agent" in str(result["stderr"])
+
+
+def test_an_unreadable_deploy_toml_is_named_without_the_state_directory_hint(box: Path) -> None:
+    """A deploy.toml only root may read is refused naming the file; the state directory is not blamed."""
+    box.chmod(0o600)
+    result = as_nobody("models", "--config", str(box))
+    assert (result["code"], result["stderr"]) == (2, f"error: {box}: cannot read: Permission denied\n")
