@@ -8,6 +8,7 @@ import json
 import os
 import pkgutil
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,3 +109,13 @@ def test_an_unreadable_deploy_toml_is_named_without_the_state_directory_hint(box
     box.chmod(0o600)
     result = as_nobody("models", "--config", str(box))
     assert (result["code"], result["stderr"]) == (2, f"error: {box}: cannot read: Permission denied\n")
+
+
+@pytest.mark.parametrize("script", ["scripts/setup.sh", "scripts/demo.sh"])
+def test_setup_and_the_demo_say_they_need_root(script: str) -> None:
+    """The README's first command run as another user says it needs root and why, before touching anything."""
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(["runuser", "-u", "nobody", "--", "bash", script], cwd=repo, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"scripts/setup.sh: run it as root (uid {NOBODY} here): it installs apt packages")
