@@ -122,6 +122,9 @@ class AgentClient(Backend):
             stream.close()
 
 
+PARKS_ON_CTRL_C = frozenset({"switch", "rollback"})
+
+
 class LocalBackend(Backend):
     """Runs operations in this process (no agent running, or --local)."""
 
@@ -135,7 +138,7 @@ class LocalBackend(Backend):
     def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
         parsed = op.parse(self.catalog, args)
         # An operation that changes a box holds that box's own lock (agentless use over SSH).
-        with self._boxes(op.locks(self.catalog, parsed)), self._parking_on_sigint() as asked:
+        with self._boxes(op.locks(self.catalog, parsed)), self._parking_on_sigint(op.name) as asked:
             result = op.in_process(self.ops, parsed, Caller(progress=progress))
         if asked:
             stopped = Interrupted(f"interrupted (Ctrl-C): {op.name} stopped after its current step{_where(result)}; "
@@ -146,11 +149,12 @@ class LocalBackend(Backend):
         return result
 
     @contextmanager
-    def _parking_on_sigint(self) -> Iterator[list[bool]]:
+    def _parking_on_sigint(self, op: str) -> Iterator[list[bool]]:
         """Ctrl-C in this process does what SIGTERM does to the agent: the running step finishes (a wait
-        ends at its next poll) and the deployment parks, recorded; a second Ctrl-C quits at once."""
+        ends at its next poll) and the deployment parks, recorded; a second Ctrl-C quits at once. Only
+        for one deployment (switch, rollback): a tune or a recovery would start the next one."""
         asked: list[bool] = []
-        if threading.current_thread() is not threading.main_thread():
+        if op not in PARKS_ON_CTRL_C or threading.current_thread() is not threading.main_thread():
             yield asked
             return
 

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from orchestrator.cli.deploy_cmds import print_status
 from orchestrator.client.backends import LocalBackend
-from orchestrator.contract.ops import SWITCH
+from orchestrator.contract.ops import RECOVER, SWITCH
 from orchestrator.core.records import Deployment
 from orchestrator.errors import Interrupted
 
@@ -82,3 +82,14 @@ def test_recover_finishes_the_interrupted_switch(tmp_path: Path) -> None:
     world.ops.before_step = None
     [done] = world.ops.recover("box")
     assert done["outcome"] == "active" and "interrupted" not in world.ops.status(probe=False)["hosts"]["box"]
+
+
+def test_ctrl_c_during_a_recovery_quits_at_once_instead_of_parking(tmp_path: Path) -> None:
+    """An operation of several deployments (recover, tune) is not parked: it would start the next one."""
+    world = OpsWorld(tmp_path / "state", hosts=LOCAL)
+    ctrl_c_at(world, "stopping")
+    backend = LocalBackend(world.catalog, ops=world.ops)
+    with pytest.raises(Interrupted):
+        backend.call(SWITCH, {"model": "alpha"})
+    with pytest.raises(KeyboardInterrupt):
+        backend.call(RECOVER, {"host": "box"})
