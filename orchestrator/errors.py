@@ -182,3 +182,10 @@ class Detached(OrchestratorError):
     """The CLI stopped watching (Ctrl-C, lost terminal); the agent carries on with the operation."""
 
     exit_code = 130
+
+
+class Interrupted(OrchestratorError):
+    """Ctrl-C stopped an operation that ran in this process (no agent): its step finished or parked and
+    is recorded; `recover` (or the next switch, or the agent's start) finishes the deployment."""
+
+    exit_code = 130

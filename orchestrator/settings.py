@@ -103,6 +103,9 @@ def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
 
     file = config_path(str(path) if path else None)
     data = _read_toml(file)
+    if not data and not any(k.startswith(f"{ENV_PREFIX}HOSTS") for k in _overrides().values()):
+        raise ConfigError("holds no settings (empty, or only comments): a deploy.toml needs at least one "
+                          "[hosts.NAME] table (the shipped deploy.toml is an example)", file=str(file))
     _check_kinds(data, str(file))
     _check_environment()
     token = _file_data.set(data)

@@ -4,6 +4,11 @@
 # systemd, D-Bus and sshd; PyGObject for pydbus; the CPU build of vLLM with tiny generated models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ $EUID -ne 0 ]]; then
+    echo "scripts/setup.sh: run it as root (uid $EUID here): it installs apt packages, adds the vllm user, and the" \
+         "demo and the tests boot systemd-nspawn test hosts (sudo bash scripts/demo.sh)" >&2
+    exit 1
+fi
 t0=$(date +%s)
 say() { printf '[setup +%3ds] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
 

@@ -73,10 +73,12 @@ def _result(row: sqlite3.Row) -> TuneResult:
 def read_feedback(path: str | Path, host: str, model: str) -> tuple[list[TuneResult], TuneRun | None]:
     """What tune recorded for MODEL on HOST (failed layouts, newest first; the latest finished run),
     read without creating or changing anything: `plan` must not write state."""
-    if not Path(path).exists():
-        return [], None
     try:
+        if not Path(path).exists():
+            return [], None
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    except PermissionError:  # a state_dir only root (or socket_group) may enter: nothing measured to show
+        return [], None
     except sqlite3.Error:
         return [], None
     db.row_factory = sqlite3.Row

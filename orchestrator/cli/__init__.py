@@ -88,7 +88,7 @@ class _Group(click.Group):
             from orchestrator.core.secrets import redact_values
 
             # A message quotes bad values; a value shaped like a token is never printed.
-            message = redact_values(str(exc))
+            message = redact_values(str(exc)) + _privilege_hint(ctx, exc)
             if ctx.meta.get("json"):
                 _json_error(message, exc.exit_code, type(exc).__name__, exc.partial)
             click.echo(f"error: {message}", err=True)
@@ -97,6 +97,22 @@ class _Group(click.Group):
             if ctx.meta.get("json"):
                 _json_error(exc.format_message(), exc.exit_code, "UsageError", None)
             raise
+
+
+def _privilege_hint(ctx: click.Context, exc: OrchestratorError) -> str:
+    """Why a non-root user's command could not use the state store, and the two ways it can."""
+    from orchestrator.errors import StateStoreError
+
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, PermissionError):
+        cause = cause.__cause__
+    if cause is None or not isinstance(exc, StateStoreError) or os.geteuid() == 0:
+        return ""
+    if ctx.invoked_subcommand == "agent":
+        return f"; `orchestrator agent` runs as root (uid {os.geteuid()} here): it owns state_dir, the units and systemd"
+    return (f"; `orchestrator {ctx.invoked_subcommand}` found no agent to ask, so it uses the state directory "
+            f"itself, which only root may (uid {os.geteuid()} here): run it as root, or through the agent "
+            "(its socket_group's members may ask it; `orchestrator agent` runs as root)")
 
 
 def _json_error(message: str, code: int, kind: str, partial: Any) -> None:

@@ -241,8 +241,12 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
         if demand is not None:
             print_demand(console, demand)
         for run in entry["running"]:
-            console.print(f"  running: #{run['id']} revision {run['revision']} {run['model']} "
-                          f"in phase {run['phase']} ({run['trigger']})")
+            state = "interrupted" if entry.get("interrupted") else "running"
+            console.print(f"  {state}: #{run['id']} revision {run['revision']} {run['model']} "
+                          f"in phase {run['phase']} ({run['trigger']})"
+                          + ("; nothing runs it now: `orchestrator recover` finishes it (so does the next "
+                             "switch, or the agent when it starts)" if entry.get("interrupted") else ""),
+                          soft_wrap=True)
     for sched in result.get("schedules", []):
         console.print(f"schedule {sched['name']}: {sched['action']} {sched.get('model') or ''} "
                       + (f"next at {sched['next_run']}" if sched["next_run"] else "no next run (it has ended)"))

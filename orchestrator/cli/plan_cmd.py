@@ -249,7 +249,10 @@ def _switch_kind(config: str | None, model: str) -> dict[str, Any] | None:
     if remote_spec() is not None:  # the box's records, through its agent
         return backend(config).call(EXPLAIN, {"model": model})
     cat = settings.load(config)
-    if not (Path(cat.state_dir) / "state.db").exists():
+    try:
+        if not (Path(cat.state_dir) / "state.db").exists():
+            return None
+    except PermissionError:  # not root, and no agent answered: the layout verdict needs no records
         return None
     from orchestrator.wiring import operations
     return operations(cat).explain(model)

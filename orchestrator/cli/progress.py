@@ -86,7 +86,7 @@ class ProgressPrinter:
             where = f", revision {fields['revision']} in phase {fields['phase']}" if fields.get("phase") else ""
             self._line(f"following {fields['op']} {fields.get('what') or ''} on {fields['host']}{where}", "bold")
         elif event == "parked":
-            self._line(f"  parked in phase {fields['phase']}; the agent resumes it on start", "yellow")
+            self._line(f"  parked in phase {fields['phase']}; `recover` or the agent's next start resumes it", "yellow")
 
     def _tune(self, event: str, f: dict[str, Any]) -> None:
         if event == "tune_candidate":

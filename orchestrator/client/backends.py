@@ -8,17 +8,20 @@ one they got, and the arguments are checked the same way on both paths: once, wh
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from orchestrator.contract.ops import OPERATIONS, PING, Caller, Operation
 from orchestrator.contract.wire import ReplyReader, request, socket_path
-from orchestrator.errors import AgentError, Detached, OrchestratorError
+from orchestrator.errors import AgentError, Detached, Interrupted, OrchestratorError
 
 if TYPE_CHECKING:
     from orchestrator.core.catalog import Catalog
+    from orchestrator.deploy.operations import Operations
     from orchestrator.ports import ProgressCallback
 
 R = TypeVar("R")
@@ -119,21 +122,55 @@ class AgentClient(Backend):
             stream.close()
 
 
+PARKS_ON_CTRL_C = frozenset({"switch", "rollback"})
+
+
 class LocalBackend(Backend):
     """Runs operations in this process (no agent running, or --local)."""
 
-    def __init__(self, catalog: Catalog, *, ignore_agent: bool = False) -> None:
+    def __init__(self, catalog: Catalog, *, ignore_agent: bool = False, ops: Operations | None = None) -> None:
         from orchestrator.wiring import operations
 
         self.catalog = catalog
-        self.ops = operations(catalog)
+        self.ops = ops or operations(catalog)  # ops: given by a test, over fake ports
         self.ignore_agent = ignore_agent
 
     def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
         parsed = op.parse(self.catalog, args)
         # An operation that changes a box holds that box's own lock (agentless use over SSH).
-        with self._boxes(op.locks(self.catalog, parsed)):
-            return op.in_process(self.ops, parsed, Caller(progress=progress))
+        with self._boxes(op.locks(self.catalog, parsed)), self._parking_on_sigint(op.name) as asked:
+            result = op.in_process(self.ops, parsed, Caller(progress=progress))
+        if asked:
+            stopped = Interrupted(f"interrupted (Ctrl-C): {op.name} stopped after its current step{_where(result)}; "
+                                  "nothing runs it now: `orchestrator recover` finishes it (so does the next switch, "
+                                  "or the agent when it starts), `orchestrator status` shows it")
+            stopped.partial = result
+            raise stopped
+        return result
+
+    @contextmanager
+    def _parking_on_sigint(self, op: str) -> Iterator[list[bool]]:
+        """Ctrl-C in this process does what SIGTERM does to the agent: the running step finishes (a wait
+        ends at its next poll) and the deployment parks, recorded; a second Ctrl-C quits at once. Only
+        for one deployment (switch, rollback): a tune or a recovery would start the next one."""
+        asked: list[bool] = []
+        if op not in PARKS_ON_CTRL_C or threading.current_thread() is not threading.main_thread():
+            yield asked
+            return
+
+        def park(signum: int, frame: object) -> None:
+            if asked:
+                raise KeyboardInterrupt
+            asked.append(True)
+            self.ops.park_all()
+            os.write(2, b"\nCtrl-C: the current step finishes, then the operation stops, recorded "
+                        b"(Ctrl-C again to quit at once)\n")
+
+        previous = signal.signal(signal.SIGINT, park)
+        try:
+            yield asked
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     @contextmanager
     def _boxes(self, hosts: list[str]) -> Iterator[None]:
@@ -145,6 +182,14 @@ class LocalBackend(Backend):
             for name in hosts:
                 stack.enter_context(box_lock(self.catalog.hosts[name], ignore_agent=self.ignore_agent))
             yield
+
+
+def _where(result: object) -> str:
+    """Which deployment an interrupted operation left, and its phase, when its result says."""
+    if isinstance(result, dict) and "revision" in result:
+        return f": revision {result['revision']} ({result.get('model', '?')}) in phase " \
+               f"{result.get('phase') or result.get('outcome', '?')} on {result.get('host', '?')}"
+    return ""
 
 
 def agent_at(path: str) -> AgentClient | None:

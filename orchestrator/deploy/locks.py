@@ -69,13 +69,7 @@ def activity_holder(state_dir: str, box: str, activity: str) -> str | None:
     does. Read from /proc/locks, not by trying the lock: a try of our own could make the holder's
     next non-blocking one fail for that instant."""
     path = Path(state_dir) / "locks" / f"{box}.{activity}.lock"
-    try:
-        st = os.stat(path)
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return None
-    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    if not any(f[1:2] == ["FLOCK"] and f[5:6] == [where] for f in (line.split() for line in text.splitlines())):
+    if not _flocked(path):
         return None
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -96,3 +90,25 @@ def _described(fd: int, activity: str) -> str:
         return f"{held['doing']} since {since}"
     except (OSError, ValueError, KeyError, TypeError):
         return f"a {activity} is running"
+
+
+def host_held(state_dir: str, host: str) -> bool | None:
+    """Whether an operation holds the host's lock now (None: the lock file cannot be read here). An
+    unfinished deployment on a host nobody holds was interrupted: nothing drives it until a recovery.
+    Read from /proc/locks, not by trying the lock: a try of our own could make a starting operation's
+    non-blocking lock fail for that instant (a `status` turning a switch away as busy)."""
+    path = Path(state_dir) / "locks" / f"{host}.lock"
+    if not path.exists():
+        return False
+    return _flocked(path)
+
+
+def _flocked(path: Path) -> bool | None:
+    """Whether any process holds a flock on ``path`` (None: it or /proc/locks cannot be read)."""
+    try:
+        st = os.stat(path)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(f[1:2] == ["FLOCK"] and f[5:6] == [where] for f in (line.split() for line in text.splitlines()))

@@ -10,6 +10,7 @@ from orchestrator.core import schedule as sched
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment
 from orchestrator.core.resident import ASLEEP
+from orchestrator.deploy.locks import host_held
 from orchestrator.deploy.operations_base import OperationsBase
 from orchestrator.errors import OrchestratorError
 
@@ -161,6 +162,8 @@ class OperationsViews(OperationsBase):
                                                          "url": serving.spec.base_url},
                 "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
                              "trigger": d.trigger} for d in running],
+                # unfinished while nothing holds the host: interrupted (Ctrl-C, a crash), not running
+                **({"interrupted": True} if running and host_held(self.state_dir, name) is False else {}),
             }
             eng = self.engine()
             if probe and serving is not None:

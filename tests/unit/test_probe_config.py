@@ -175,3 +175,12 @@ def test_the_tools_other_variables_and_unrelated_names_are_left_alone(tmp_path: 
     """Variables the tool reads for itself, and names like no setting, do not stop a load."""
     monkeypatch.setenv(var, "x")
     assert settings.load(write(tmp_path)).models["a"].port == 8000
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n"])
+def test_an_empty_deploy_toml_says_it_is_empty(tmp_path: Path, text: str) -> None:
+    """An empty file is named as empty with what it needs, not as a missing `hosts` field."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(text)
+    assert refused(cfg) == f"{cfg}: holds no settings (empty, or only comments): a deploy.toml needs at least one " \
+        "[hosts.NAME] table (the shipped deploy.toml is an example)"

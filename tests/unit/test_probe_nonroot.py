@@ -1,0 +1,121 @@
+"""The CLI run by a user who is not root (a forked child that drops to uid nobody): read-only commands
+work where they need no records, and the rest name the command and the rule instead of a traceback."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.cli_runner import invoke
+
+NOBODY = 65534
+LAZY = ("urllib.request",)
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="drops from root to uid nobody")
+
+CONFIG = """state_dir = "{state}"
+[hosts.box]
+transport = "local"
+gpus = 8
+gpu_memory_gib = 96
+[models.a]
+repo = "org/a"
+config = "shipped:MiniMaxAI__MiniMax-M2.5.json"
+gpus = [0, 1, 2, 3]
+tensor_parallel = 4
+"""
+
+
+@pytest.fixture()
+def box() -> Iterator[Path]:
+    """A deploy.toml anyone may read, whose state_dir holds root's records (0700, state.db 0600)."""
+    top = Path(tempfile.mkdtemp(prefix="probe-nonroot-"))
+    top.chmod(0o755)
+    state = top / "state"
+    state.mkdir(mode=0o700)
+    (state / "state.db").write_bytes(b"")
+    (state / "state.db").chmod(0o600)
+    (top / "deploy.toml").write_text(CONFIG.format(state=state))
+    (top / "deploy.toml").chmod(0o644)
+    try:
+        yield top / "deploy.toml"
+    finally:
+        shutil.rmtree(top)
+
+
+def _imported_here() -> None:
+    """This interpreter may live where nobody cannot read (pyenv under /root): the child imports nothing
+    new, so every module the commands import lazily is imported before the fork."""
+    import orchestrator
+
+    for info in pkgutil.walk_packages(orchestrator.__path__, "orchestrator."):
+        if not info.name.startswith(("orchestrator.testing", "orchestrator.__main__")):
+            importlib.import_module(info.name)
+    for name in LAZY:
+        importlib.import_module(name)
+
+
+def as_nobody(*args: str) -> dict[str, object]:
+    """The CLI in a child process running as uid/gid nobody: its exit code, stdout and stderr."""
+    _imported_here()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop privileges for good, run the command, report, never return
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.environ.pop("ORCHESTRATOR_STATE_DIR", None)
+            result = invoke(*args)
+            out = {"code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+                   "exception": repr(result.exception)}
+            os.write(write, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return dict(json.loads(data))
+
+
+def test_plan_works_for_a_user_who_cannot_read_the_records(box: Path) -> None:
+    """`plan` needs no records for its verdict: a non-root user gets it (it was a PermissionError traceback)."""
+    result = as_nobody("plan", "a", "--config", str(box))
+    assert result["code"] == 0, result
+    assert str(result["stdout"]).startswith("a as TP=4 on 8 x 96 GiB: valid")
+
+
+@pytest.mark.parametrize("command", [["status"], ["history"], ["switch", "a"], ["rollback"]])
+def test_a_command_that_needs_the_records_names_itself_and_the_rule(box: Path, command: list[str]) -> None:
+    """Without an agent a non-root user's command names itself, the uid, and the two ways it can run."""
+    result = as_nobody(*command, "--config", str(box))
+    assert result["code"] == 2, result
+    assert f"Permission denied; `orchestrator {command[0]}` found no agent to ask, so it uses the state directory " \
+           f"itself, which only root may (uid {NOBODY} here): run it as root, or through the agent" in str(result["stderr"])
+
+
+def test_an_unreadable_deploy_toml_is_named_without_the_state_directory_hint(box: Path) -> None:
+    """A deploy.toml only root may read is refused naming the file; the state directory is not blamed."""
+    box.chmod(0o600)
+    result = as_nobody("models", "--config", str(box))
+    assert (result["code"], result["stderr"]) == (2, f"error: {box}: cannot read: Permission denied\n")
+
+
+@pytest.mark.parametrize("script", ["scripts/setup.sh", "scripts/demo.sh"])
+def test_setup_and_the_demo_say_they_need_root(script: str) -> None:
+    """The README's first command run as another user says it needs root and why, before touching anything."""
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(["runuser", "-u", "nobody", "--", "bash", script], cwd=repo, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"scripts/setup.sh: run it as root (uid {NOBODY} here): it installs apt packages")
