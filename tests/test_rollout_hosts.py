@@ -452,3 +452,47 @@ def test_a_host_that_does_not_authorize_the_controllers_key_fails_preflight_nami
     assert "rollout refused before anything stopped" in result.stderr and "h3: host h3" in result.stderr
     for h in boxes:
         assert active(h, "vllm-alpha.service") == "active" and beta_runs(h) == [], h.name
+
+
+def _kill_ssh_session_of_the_relay(host: Host) -> None:
+    """Kill (by pid) the box's sshd session that runs the controller's relay: its SSH connection dies."""
+    relay = host.run("pgrep -f 'orchestrator[.]agent[.]relay'").stdout.split()[0]
+    pid = relay
+    while True:
+        pid = host.run(f"ps -o ppid= -p {pid}").stdout.strip()
+        if host.run(f"ps -o comm= -p {pid}").stdout.strip().startswith("sshd"):
+            break
+    host.run(f"kill -9 {pid}")
+
+
+def test_a_connection_that_died_mid_switch_is_reopened_for_the_next_request(
+        fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    """The controller's SSH connection to h1 dies while h1 switches: that request reads a transport
+    error, h1's agent finishes the switch, and the controller's next request to h1 connects anew."""
+    from orchestrator import settings
+    from orchestrator.errors import TransportError
+    from orchestrator.rollout.fanout import HostRequest
+    from orchestrator.rollout.fleet import Fleet
+
+    start_all(boxes[:1], args=["--load-time", "3"])
+    ctl_fleet = Fleet(settings.load(write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))))
+    try:
+        client = ctl_fleet._clients(["h1"])["h1"]
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            switching = pool.submit(ctl_fleet._run_all, [HostRequest("h1", client, "switch", {"model": "beta"})])
+            wait_for(lambda: boxes[0].run("pgrep -f 'orchestrator[.]agent[.]relay'", check=False).returncode,
+                     lambda rc: rc == 0, timeout=60, what="the relay of the switch on h1")
+            _kill_ssh_session_of_the_relay(boxes[0])
+            assert isinstance(switching.result(timeout=120)["h1"], TransportError)
+
+        def status() -> Any:
+            return ctl_fleet._run_all([HostRequest("h1", ctl_fleet._clients(["h1"])["h1"], "status", {"host": None})])["h1"]
+
+        def switched(st: Any) -> bool:
+            entry = next(iter(st["hosts"].values()))
+            return (entry["serving"] or {}).get("model") == "beta" and not st["agent"]["running"]
+
+        wait_for(status, lambda st: isinstance(st, dict) and switched(st), timeout=60, interval=0.5,
+                 what="h1's switch to end, seen over a new connection")
+    finally:
+        ctl_fleet.close()

@@ -230,7 +230,7 @@ def _status(ops: Operations, a: HostArgs, c: Caller) -> dict[str, Any]:
     return {**ops.status(a.host), "schedules": ops.schedules(time.time(), c.next_runs)}
 
 
-def _preflight(ag: AgentSide, c: Caller) -> dict[str, Any]:
+def _preflight(ag: AgentSide) -> dict[str, Any]:
     def part(answer: Callable[[], Any]) -> dict[str, Any]:
         try:
             return {"result": answer()}
@@ -317,7 +317,7 @@ CONFIG_PUSH: Operation[ConfigPushArgs, dict[str, Any]] = Operation(
 # What a fleet controller asks each box before a rollout (rollout/preflight.py), in one round trip: the
 # box's deploy.toml, its status and its newest deployment, each part a result or the error it raised.
 PREFLIGHT: Operation[NoArgs, dict[str, Any]] = Operation(
-    "preflight", "NoArgs", dict, "rollout", agent=lambda ag, a, c: _preflight(ag, c))
+    "preflight", "NoArgs", dict, "rollout", agent=lambda ag, a, c: _preflight(ag))
 # A fleet's rollouts, run by the controller's agent (agent/controller.py), whoever asks: start returns
 # once the rollout is recorded (preflight refusals come back here), follow streams it to its end.
 ROLLOUT_START: Operation[RolloutStartArgs, dict[str, Any]] = Operation(
