@@ -61,7 +61,6 @@ class Fleet:
         self.on_start = on_start
         self.starting = starting or nullcontext()  # the last overlap check and the record as one step
         self.clients: dict[str, AgentClient] = {}  # one per box for the whole rollout, closed by close()
-        self.answered: set[str] = set()  # hosts whose own switch answer said it serves the model now
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -197,7 +196,6 @@ class Fleet:
         for h in hosts:
             self.report(h, "rollout_host", {"state": "switching"})
         results = self._run_all([HostRequest(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
-        self.answered |= {h for h, r in results.items() if _serves_now(r, ro.model)}
         lost = [h for h, r in results.items() if isinstance(r, TransportError)]
         ended = {h: self._ended(r) for h, r in results.items() if h not in lost}
         self.store.set_hosts(ro.id, ended)  # the batch's answers, one commit, before the next step
@@ -271,21 +269,20 @@ class Fleet:
 
     def _gate(self, ro: Rollout, hosts: tuple[str, ...]) -> None:
         """Between batches: each host switched in this batch serves the model, healthy (and fast enough).
-        A host's own switch answer says so (active: its agent saw the model healthy as the switch ended),
-        so only a host recorded otherwise (resume read it from its history) is asked for its status."""
+        Each is asked now, not taken from its switch answer: an engine that passed its health check and
+        then died (out of memory at its first real batch) is what a gate is there to catch."""
         if ro.gate == "none":
             return
         switched = [r.host for r in self.store.hosts(ro.id) if r.host in hosts and r.state is HostState.SWITCHED]
         if not switched:
             return
         clients = self._clients(switched)
-        ask = [h for h in switched if h not in self.answered]
-        status = self._run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in ask])
+        status = self._run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in switched])
         history = self._run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in switched]) \
             if ro.gate == "bench" else {}
         failing: dict[str, str] = {}
         for h in switched:
-            why = self._gate_one(ro, status.get(h, _ANSWERED), history.get(h))
+            why = self._gate_one(ro, status[h], history.get(h))
             if why is not None:
                 failing[h] = why
         if not failing:
@@ -300,8 +297,7 @@ class Fleet:
         if isinstance(status, OrchestratorError):
             return f"status: {status}"
         entry: dict[str, Any] = next(iter((status.get("hosts") or {}).values()), {})
-        serving: dict[str, Any] = {"model": ro.model, "healthy": True} if status is _ANSWERED \
-            else entry.get("serving") or {}
+        serving: dict[str, Any] = entry.get("serving") or {}
         tok_s = previous = None
         if history is not None and not isinstance(history, OrchestratorError) and history:
             tok_s = (history[0].get("bench") or {}).get("headline_tok_s")
@@ -380,18 +376,6 @@ class Fleet:
             shown["reason"] = (f"its controller (pid {ro.pid}) is gone; `orchestrator rollout resume` finishes it, "
                                "`orchestrator rollout abort` ends it")
         return {"rollout": shown, "hosts": hosts}
-
-
-# What the gate reads for a host whose own switch answer said it serves the model (no status asked).
-_ANSWERED: dict[str, Any] = {"hosts": {}}
-
-
-def _serves_now(result: Any, model: str) -> bool:
-    """A switch answer saying the box serves ``model`` healthy now: active (the engine's health check
-    passed before the agent answered), or a no-op (already active and healthy)."""
-    if isinstance(result, OrchestratorError) or not isinstance(result, dict):
-        return False
-    return bool(result.get("noop")) or (result.get("outcome") == "active" and result.get("model", model) == model)
 
 
 def _first_line(exc: OrchestratorError) -> str:

@@ -23,8 +23,10 @@ class SimulatedBox(AgentClient):
 
     def __init__(self, name: str, models: dict[str, str], *, serving: str | None = None,
                  failing: frozenset[str] = frozenset(), switch_s: float = 0.0, delay_s: float = 0.0,
-                 hold: threading.Event | None = None, preflight: bool = True) -> None:
-        """``preflight``: False for an agent that predates that operation (it answers it as unknown)."""
+                 hold: threading.Event | None = None, preflight: bool = True,
+                 sickens: frozenset[str] = frozenset()) -> None:
+        """``preflight``: False for an agent that predates that operation (it answers it as unknown);
+        ``sickens``: models whose switch answers active but whose engine reads unhealthy right after."""
         super().__init__(f"{name}.sock")
         self.name, self.models, self.failing = name, dict(models), failing
         self.switch_s, self.delay_s, self.hold = switch_s, delay_s, hold
@@ -39,6 +41,8 @@ class SimulatedBox(AgentClient):
         self.closed = False
         self.dropped = False  # its connection died with lose(): dead until close()
         self.preflight = preflight
+        self.sickens = sickens
+        self.healthy = True
         self.asked: list[str] = []  # the operation of each request, in the order they arrived
         if serving is not None:
             self._record(serving, "active")
@@ -113,7 +117,7 @@ class SimulatedBox(AgentClient):
             text = "".join(f'[models.{m}]\nrepo = "{r}"\n' for m, r in self.models.items())
             yield {"result": {"text": text, "path": "/etc/orchestrator/deploy.toml", "revision": 1}}
         elif op == "status":
-            serving = {"model": self.serving, "revision": self.deployments[-1]["revision"], "healthy": True} \
+            serving = {"model": self.serving, "revision": self.deployments[-1]["revision"], "healthy": self.healthy} \
                 if self.serving else None
             running = {self.name: self.running} if self.running else {}
             yield {"result": {"hosts": {self.name: {"serving": serving, "running": []}}, "agent": {"running": running}}}
@@ -126,7 +130,7 @@ class SimulatedBox(AgentClient):
         elif op == "rollback":
             previous = next((d["model"] for d in reversed(self.deployments[:-1]) if d["outcome"] == "active"), None)
             if previous is not None:
-                self.serving = previous
+                self.serving, self.healthy = previous, True
             yield {"result": {"outcome": "active", **self._record(previous or "nothing", "active")}}
         elif op == "follow":
             yield {"result": {"followed": []}}
@@ -157,6 +161,7 @@ class SimulatedBox(AgentClient):
             else:
                 dep = self._record(model, "active")
                 self.serving = model
+                self.healthy = model not in self.sickens
         finally:
             self.running = None
         yield {"result": {"id": dep["id"], "outcome": dep["outcome"], "model": model, "error": None}}

@@ -35,12 +35,12 @@ def started(boxes: dict[str, SimulatedBox]) -> tuple[FleetController, list[str],
     return controller, connects, summary
 
 
-def test_each_box_is_asked_one_preflight_and_one_switch_over_one_connection() -> None:
-    """Canary then batches, gate health: each box gets exactly preflight then switch, one connect each."""
+def test_each_box_is_asked_one_preflight_one_switch_and_the_gate_over_one_connection() -> None:
+    """Canary then batches, gate health: each box gets exactly preflight, switch, status, one connect each."""
     boxes = {h: SimulatedBox(h, MODELS, serving="alpha") for h in HOSTS}
     _controller, connects, summary = started(boxes)
     assert summary["rollout"]["status"] == "succeeded"
-    assert {h: b.asked for h, b in boxes.items()} == {h: ["preflight", "switch"] for h in HOSTS}
+    assert {h: b.asked for h, b in boxes.items()} == {h: ["preflight", "switch", "status"] for h in HOSTS}
     assert sorted(connects) == HOSTS and all(b.closed for b in boxes.values())
 
 
@@ -49,8 +49,18 @@ def test_a_box_whose_agent_predates_preflight_is_asked_the_three_questions() -> 
     boxes = {h: SimulatedBox(h, MODELS, serving="alpha", preflight=h != "h2") for h in HOSTS}
     _controller, _connects, summary = started(boxes)
     assert states(summary) == dict.fromkeys(HOSTS, "switched")
-    assert boxes["h2"].asked == ["preflight", "config_show", "status", "history", "switch"]
-    assert boxes["h1"].asked == ["preflight", "switch"]
+    assert boxes["h2"].asked == ["preflight", "config_show", "status", "history", "switch", "status"]
+    assert boxes["h1"].asked == ["preflight", "switch", "status"]
+
+
+def test_the_health_gate_reads_each_box_at_gate_time_not_its_switch_answer() -> None:
+    """The canary's switch answers active, then its engine reads unhealthy: the gate fails it and the rollout stops."""
+    boxes = {h: SimulatedBox(h, MODELS, serving="alpha", sickens=frozenset({"beta"}) if h == "h1" else frozenset())
+             for h in HOSTS}
+    _controller, _connects, summary = started(boxes)
+    assert summary["rollout"]["status"] != "succeeded"
+    assert states(summary)["h1"] == "failed"
+    assert all(b.switches("beta") == 0 for h, b in boxes.items() if h != "h1")
 
 
 @pytest.mark.parametrize("old", [False, True], ids=["preflight", "predates-preflight"])
