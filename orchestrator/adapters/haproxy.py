@@ -23,6 +23,7 @@ from orchestrator.core.haproxy_cli import (
     parse_show_proc,
     sessions,
 )
+from orchestrator.core.observed import listens_on
 from orchestrator.core.proxy import DEMAND_LUA, lua_path, master_socket, sha
 from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, ProxyError
@@ -212,20 +213,9 @@ class HaproxyProxy:
             return None
         port = self.proxy.port
         result = self.shell.run(["ss", "-Hltnp", f"( sport = :{port} )"], check=False, idempotent=True)
-        lines = [ln for ln in result.stdout.splitlines() if _binds(ln, self.bind, port)]
+        lines = [ln for ln in result.stdout.splitlines() if listens_on(ln, self.bind, port)]
         if not lines:
             return None
         users = lines[0].split("users:", 1)[1] if "users:" in lines[0] else "an unknown process"
         return (f"the proxy's port {self.bind}:{port} is already taken by {users.strip()} "
                 f"(set [proxy] port, or stop that process)")
-
-
-def _binds(line: str, bind: str, port: int) -> bool:
-    """Whether an `ss -ltn` line's local address conflicts with bind:port."""
-    fields = line.split()
-    if len(fields) < 4:
-        return False
-    local = fields[3]
-    addr = local.rsplit(":", 1)[0].strip("[]")
-    wildcard = {"0.0.0.0", "*", "::"}
-    return local.endswith(f":{port}") and (addr in wildcard or bind in wildcard or addr == bind)

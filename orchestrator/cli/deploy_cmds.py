@@ -34,7 +34,7 @@ from orchestrator.contract.ops import (
     STOP,
     SWITCH,
 )
-from orchestrator.core.states import text_of
+from orchestrator.core.states import Phase, is_terminal, text_of
 from orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -281,14 +281,24 @@ def history(config: str | None, host: str | None, group: str | None, limit: int,
             phases += f" | {demand.get('requests')} held, waited up to {worst:.1f}"  # models on demand
         bench = r.get("bench") or {}
         headline = _number(bench.get("headline_tok_s")) if isinstance(bench, dict) else None
-        outcome = str(r.get("outcome", "?"))
+        outcome = outcome_text(str(r.get("outcome", "?")))
         table_rows.append([str(r.get("host", "?")), str(r.get("revision", "?")), str(r.get("model", "?")),
                            str(r.get("unit_sha256") or "")[:12], str(r.get("trigger") or ""),
                            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "-",
-                           Text(outcome, style=text_of(outcome).style), took, phases,
+                           Text(outcome, style=text_of(str(r.get("outcome", "?"))).style), took, phases,
                            f"{headline:.1f}" if headline else ""])
     print_table(stdout_console(), ["host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took",
                                    "phases (s)", "tok/s C=1"], table_rows)
+
+
+def outcome_text(outcome: str) -> str:
+    """A history row's outcome; a deployment still in a phase says it is unfinished (running, or
+    interrupted: `status` tells which), so a phase is never read as how it ended."""
+    try:
+        phase = Phase(outcome)
+    except ValueError:
+        return outcome  # stopped, or a word from a newer version
+    return outcome if is_terminal(phase) else f"{outcome} (unfinished)"
 
 
 def _where(config: str | None, host: str | None) -> str:

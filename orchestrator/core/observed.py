@@ -82,3 +82,14 @@ class GpuSnapshot:
 
     def on(self, indices: frozenset[int] | set[int]) -> tuple[GpuProcess, ...]:
         return tuple(p for p in self.processes if p.gpu_index in indices)
+
+
+def listens_on(line: str, bind: str, port: int) -> bool:
+    """Whether an `ss -ltn` line's local address conflicts with bind:port."""
+    fields = line.split()
+    if len(fields) < 4:
+        return False
+    local = fields[3]
+    addr = local.rsplit(":", 1)[0].strip("[]")
+    wildcard = {"0.0.0.0", "*", "::"}
+    return local.endswith(f":{port}") and (addr in wildcard or bind in wildcard or addr == bind)

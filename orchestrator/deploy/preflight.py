@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
 from orchestrator.core import planner
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document
-from orchestrator.core.observed import GpuSnapshot
+from orchestrator.core.observed import GpuSnapshot, listens_on
 from orchestrator.core.records import Deployment
 from orchestrator.errors import PlanError
-from orchestrator.ports import HostPorts
+from orchestrator.ports import HostPorts, Shell
+
+# An engine of ours runs in a vllm-*.service cgroup (a model's unit, a tune variant's, a sleeper's).
+_OUR_CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
+
+
+def port_holder(shell: Shell, model: str, address: str, port: int) -> str | None:
+    """A process other than our engines listening where ``model``'s engine must (a peer tool, a vLLM
+    started by hand): the engine could not bind, so a switch would stop the serving model only to roll
+    back. Named with what `ss` says of it, before anything stops; None when the port is free or ours."""
+    result = shell.run(["ss", "-Hltnp", f"( sport = :{port} )"], check=False, idempotent=True)
+    for line in result.stdout.splitlines():
+        if not listens_on(line, address, port):
+            continue
+        pids = [int(p) for p in re.findall(r"pid=(\d+)", line)]
+        if pids and all(_OUR_CGROUP.search(shell.read_file(f"/proc/{pid}/cgroup") or b"") for pid in pids):
+            continue
+        users = line.split("users:", 1)[1].strip() if "users:" in line else "a process ss does not name"
+        return (f"{model}'s port {address}:{port} is already taken by {users}, not one of orchestrator's engines: "
+                f"its engine could not listen there, so nothing was stopped; stop that process or give "
+                f"models.{model}.port another port")
+    return None
 
 
 def _read_json(ports: HostPorts, path: str) -> dict[str, Any] | None:

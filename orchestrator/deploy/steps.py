@@ -16,7 +16,7 @@ from orchestrator.core.resident import SERVING, STOPPED
 from orchestrator.core.states import Event, Phase
 from orchestrator.deploy import actions, multinode, warm_steps
 from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
-from orchestrator.deploy.preflight import check_layout
+from orchestrator.deploy.preflight import check_layout, port_holder
 from orchestrator.errors import PlanError, SmokeGateFailed, SystemdError
 
 Step = Callable[[StepContext, StepInput], StepResult]
@@ -37,6 +37,9 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
                         f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
                         host=dep.host)
     check_layout(ctx.catalog, dep, ctx.ports, snap)
+    taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port)
+    if taken is not None:
+        raise PlanError(taken, host=dep.host)
     if ctx.ports.proxy is not None:
         holder = ctx.ports.proxy.port_holder()
         if holder is not None:

@@ -59,9 +59,9 @@ def install_agent(host: Host, config: str, tmp: Path, *, hook_args: str = "") ->
     cfg_path.write_text(config)
     unit = render_agent_unit(settings.load(cfg_path), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
                              python=PY, config=CONFIG, extra_env={"PYTHONPATH": str(REPO)})
-    # Quoted as the product quotes: the checkout may live in a directory with spaces (a fresh clone anywhere).
-    hooked = "ExecStart=" + " ".join(exec_quote(a) for a in (PY, "-m", "tests.agent_with_hooks", "--config", CONFIG,
-                                                             "--pause-dir", HOOKS, *hook_args.split()))
+    # The interpreter quoted as the product quotes it: the checkout may live in a directory with spaces
+    # (only it: test_agent_config_hosts' sed finds the rest of the line as written).
+    hooked = f"ExecStart={exec_quote(PY)} -m tests.agent_with_hooks --config {CONFIG} --pause-dir {HOOKS} {hook_args}".rstrip()
     text = re.sub(r"^ExecStart=.*$", lambda _: f"WorkingDirectory={REPO}\n{hooked}", unit.text,
                   flags=re.MULTILINE)
     # The crash tests await systemd's restart of a SIGKILLed agent: the product's 2 s pause before it

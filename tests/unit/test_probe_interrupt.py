@@ -93,3 +93,12 @@ def test_ctrl_c_during_a_recovery_quits_at_once_instead_of_parking(tmp_path: Pat
         backend.call(SWITCH, {"model": "alpha"})
     with pytest.raises(KeyboardInterrupt):
         backend.call(RECOVER, {"host": "box"})
+
+
+@pytest.mark.parametrize("outcome,text", [("checking", "checking (unfinished)"), ("stopping", "stopping (unfinished)"),
+                                          ("active", "active"), ("rolled_back", "rolled_back"), ("stopped", "stopped")])
+def test_history_never_shows_a_phase_as_an_outcome(outcome: str, text: str) -> None:
+    """A deployment left in a phase reads `checking (unfinished)` in history; ended ones read as they ended."""
+    from orchestrator.cli.deploy_cmds import outcome_text
+
+    assert outcome_text(outcome) == text
