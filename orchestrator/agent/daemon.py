@@ -52,6 +52,7 @@ class Agent:
         self.clock = clock or _system_clock()
         self.stopping = threading.Event()
         self.jobs = Jobs(ops, self._finished)
+        self._metrics_lock = threading.Lock()
         self.metrics = Metrics(metrics_port)
         self.notifier = sdnotify.SystemdNotifier()
         loaded = build(catalog, self.clock.now(), template=ops.template)  # ConfigError: exit 2, before the socket
@@ -299,6 +300,10 @@ class Agent:
         self._refresh_metrics()
 
     def _refresh_metrics(self) -> None:
+        with self._metrics_lock:  # jobs of two hosts end at once: a refresh that read first never writes last
+            self._refresh_metrics_now()
+
+    def _refresh_metrics_now(self) -> None:
         for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
