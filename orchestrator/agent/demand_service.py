@@ -102,7 +102,7 @@ class DemandService:
                 out[host] = "reloaded" if reroute(self.agent.ops, host, reason="config push") else "unchanged"
             except OrchestratorError as exc:
                 out[host] = (f"not reloaded: {exc}; it holds the new on-demand set from the host's next "
-                             "switch, stop or idle sleep")
+                             "switch, stop or idle sleep (or the one running now, which routes with this file)")
                 log.warning("demand_reroute_failed", host=host, error=str(exc))
         return out
 

@@ -18,6 +18,7 @@ import pytest
 from orchestrator import settings
 from orchestrator.agent.daemon import Agent
 from orchestrator.core.catalog import Catalog
+from orchestrator.deploy.locks import host_lock
 from orchestrator.deploy.operations import Operations
 from orchestrator.testing import FakeClock, FakeHost, FakeProxy, FakeStateStore, FakeWeights
 from tests.hosts.wait import wait_for
@@ -165,3 +166,12 @@ def test_a_push_whose_proxy_cannot_be_reloaded_says_so_and_keeps_the_push(starte
     result = started.push(started.text(on_demand=True))[-1]["result"]
     assert result["changed"] and result["proxy"]["box"].startswith("not reloaded: port 9000 is held by nginx")
     assert started.loops() == {"demand", "demand_idle"} and started.proxy.config is None
+
+
+def test_a_push_while_another_process_holds_the_hosts_lock_leaves_the_proxy_to_that_operation(
+        started: Pushed) -> None:
+    """A CLI without the agent holds box's lock: the push is in place, the proxy is not touched mid-operation."""
+    with host_lock(str(started.tmp / "state"), "box"):
+        result = started.push(started.text(on_demand=True))[-1]["result"]
+    assert result["changed"] and result["proxy"]["box"].startswith("not reloaded: host box is busy")
+    assert started.proxy.applied == []
