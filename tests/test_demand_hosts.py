@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.builders.agent import STATE, active, cli, history, install_agent
-from tests.builders.demand import AB, FLOOD, Answer, Client, demand_config, url
+from tests.builders.agent import CONFIG, STATE, active, cli, history, install_agent
+from tests.builders.demand import AB, FLOOD, HIGH, ON_DEMAND, Answer, Client, demand_config, url
 from tests.builders.proxy import PROXY_PORT
 from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet
@@ -154,6 +154,22 @@ def test_an_operators_switch_wins_and_on_demand_resumes(box: Host) -> None:
         wait_for(lambda: len(client.answers), lambda m: m >= n + 3, what="alpha answering again")
     assert _failures(client.answers) == []
     assert [d["model"] for d in back][-1] == "alpha" and serving(box) == {"alpha"}
+
+
+def test_a_push_that_adds_a_model_on_demand_holds_its_first_request_and_starts_it(box: Host) -> None:
+    """delta (GPU 4-7, stopped) is pushed on demand: the push reloads the proxy, and the very next request
+    for delta is held and answered 200 by its cold start (it was a 404 until a switch rewrote the proxy)."""
+    current = box.run(["cat", CONFIG]).stdout
+    wanted = demand_config(box, Path(STATE), {**AB, "delta": {"port": 8144, "gpus": HIGH, **ON_DEMAND}},
+                           max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S, proxy_user="haproxy")
+    delta = "[models.delta]" + wanted.split("[models.delta]", 1)[1].split("\n[", 1)[0] + "\n"
+    box.write_file("/tmp/pushed.toml", current.replace("[demand]\n", delta + "[demand]\n", 1))
+    pushed = json.loads(cli(box, "config", "push", "/tmp/pushed.toml", "--json").stdout)
+    assert pushed["proxy"] == {box.name: "reloaded"}, pushed
+    with Client(url(box), ["delta"], rounds=1) as client:
+        client.join(60)
+    assert [a.status for a in client.answers] == [200], client.answers
+    assert [d["outcome"] for d in demand_deployments(box) if d["model"] == "delta"] == ["active"]
 
 
 @pytest.fixture(scope="module")

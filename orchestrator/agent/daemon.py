@@ -52,6 +52,7 @@ class Agent:
         self.clock = clock or _system_clock()
         self.stopping = threading.Event()
         self.jobs = Jobs(ops, self._finished)
+        self._metrics_lock = threading.Lock()
         self.metrics = Metrics(metrics_port)
         self.notifier = sdnotify.SystemdNotifier()
         loaded = build(catalog, self.clock.now(), template=ops.template)  # ConfigError: exit 2, before the socket
@@ -263,7 +264,7 @@ class Agent:
         operations) replace the file and reload the catalog."""
         from orchestrator.wiring import operations
 
-        previous = configs.show()
+        previous, before = configs.show(), self.catalog
         loaded = self._validated(text, name)
         self._last_validated = None
         ops = (self.ops_factory or operations)(loaded.catalog)  # anything that can fail, before the write
@@ -278,8 +279,9 @@ class Agent:
             self.config_revision = revision
         log.info("config_pushed", revision=revision, operator=operator, file=str(configs.path))
         self.demand.sync()  # on demand's loops and socket follow the file (outside the jobs' lock)
+        proxies = self.demand.reroute(before)  # then the proxies hold for it (the socket answers by now)
         return {"path": str(configs.path), "revision": revision, "previous_revision": previous["revision"],
-                "changed": previous["sha256"] != configs.show()["sha256"]}
+                "changed": previous["sha256"] != configs.show()["sha256"], **({"proxy": proxies} if proxies else {})}
 
     def _swap(self, loaded: Loadout, ops: Operations) -> None:
         """Put a pushed file's loadout in place (nothing here can fail: it was all built before)."""
@@ -299,6 +301,10 @@ class Agent:
         self._refresh_metrics()
 
     def _refresh_metrics(self) -> None:
+        with self._metrics_lock:  # jobs of two hosts end at once: a refresh that read first never writes last
+            self._refresh_metrics_now()
+
+    def _refresh_metrics_now(self) -> None:
         for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)

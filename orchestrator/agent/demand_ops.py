@@ -1,6 +1,7 @@
 """The idle half of models on demand, as operations of the box: put an idle serving model to sleep
 (route away, drain, sleep mode=wait, verify its GPUs by PID) and stop an idle sleeper (its memory
 verified free). Each holds the host's lock like every other operation and is recorded as an event.
+A push that changes what the proxy holds for re-renders it (reroute), nothing switched.
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ def stop_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCal
     ops.record_event(ops.ports_for(host).clock.now(), host, "demand_idle",
                      {"model": model, "outcome": "stopped", "reason": reason})
     return {**result, "reason": reason}
+
+
+def reroute(ops: Operations, host: str, *, reason: str) -> bool:
+    """Render ``host``'s proxy config again for what serves now and apply it (the graceful reload every
+    switch uses: no served stream is cut); True when the proxy reloaded. Under the host's lock (Busy
+    otherwise); a host whose last deployment did not finish is left to its recovery, which routes it."""
+    with host_lock(ops.state_dir, host, ops.holder(host)):
+        if ops.unfinished(host):
+            return False
+        ctx = _ctx(ops, host, None)
+        changed = actions.route(ctx, [d.spec for d in ops.store.serving_set(host)])
+    ops.record_event(ctx.ports.clock.now(), host, "demand_route", {"reason": reason, "reloaded": changed})
+    return changed
 
 
 def _stop_verified(ctx: StepContext, model: str, unit: str, gpus: tuple[int, ...]) -> None:

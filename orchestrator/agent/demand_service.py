@@ -1,7 +1,9 @@
 """Models on demand, the agent's part that runs: the broker's two loops and the demand socket, up
 while the catalog has a model on demand. The agent syncs it at start and after each `config push`:
 a push that adds the first on-demand model starts them, one that removes the last stops them (the
-requests still held are answered 503), one that moves `[proxy] demand_socket` reopens the socket."""
+requests still held are answered 503), one that moves `[proxy] demand_socket` reopens the socket.
+A push that changes what a host's proxy holds for (which served names, their engines and bounds, the
+socket) re-renders that proxy at once (``reroute``): the next request for a new on-demand model is held."""
 
 from __future__ import annotations
 
@@ -10,12 +12,16 @@ import threading
 from typing import Protocol
 
 from orchestrator import logs
+from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.demand import Broker
+from orchestrator.agent.demand_ops import reroute
 from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
 from orchestrator.agent.loops import Failures, Loop
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.proxy import DemandRoute, demand_routes
 from orchestrator.core.watch import stall_limit
-from orchestrator.errors import AgentError, ConfigError
+from orchestrator.deploy.operations import Operations
+from orchestrator.errors import AgentError, ConfigError, OrchestratorError
 from orchestrator.ports import Clock
 
 log = logs.get_logger()
@@ -31,6 +37,18 @@ class ServiceAgent(Protocol):
 
     @property
     def stopping(self) -> threading.Event: ...
+
+    @property
+    def ops(self) -> Operations: ...
+
+
+def held_for(catalog: Catalog, host: str) -> tuple[tuple[DemandRoute, ...], str, int]:
+    """What ``host``'s proxy config holds requests for: its on-demand names (engine, bound), the socket
+    the hold asks and the Retry-After it answers (nothing when no model there is on demand)."""
+    if not catalog.proxy.enabled or host not in catalog.hosts:
+        return (), "", 0
+    routes = tuple(demand_routes(catalog, host))
+    return (routes, catalog.demand_socket(), catalog.proxy.retry_after_s) if routes else ((), "", 0)
 
 
 class DemandService:
@@ -71,6 +89,22 @@ class DemandService:
         proxy = catalog.proxy
         if self.wanted(catalog) and proxy.user is not None:
             check_reachable(catalog.demand_socket(), proxy.user, proxy.run_group or proxy.user, planned=True)
+
+    def reroute(self, before: Catalog) -> dict[str, str]:
+        """After a push from ``before``: re-render the proxy of each host this agent owns whose holds
+        changed. Host -> what happened; a proxy that could not be reloaded keeps its old config (it
+        takes the new one at the host's next switch, stop or idle sleep) and says why."""
+        catalog, out = self.agent.catalog, {}
+        for host in own_hosts(catalog):
+            if held_for(before, host) == held_for(catalog, host):
+                continue
+            try:
+                out[host] = "reloaded" if reroute(self.agent.ops, host, reason="config push") else "unchanged"
+            except OrchestratorError as exc:
+                out[host] = (f"not reloaded: {exc}; it holds the new on-demand set from the host's next "
+                             "switch, stop or idle sleep (or the one running now, which routes with this file)")
+                log.warning("demand_reroute_failed", host=host, error=str(exc))
+        return out
 
     def halt(self) -> None:
         """The agent stops: the loops end their pass and stop (the socket stays for ``stop``)."""

@@ -100,11 +100,16 @@ class Jobs:
             log.exception("operation_crashed", host=job.host, op=job.op)
             job.result = error_reply(AgentError(f"{job.op} on host {job.host} crashed: {exc!r}"))
         finally:
+            # What the job's end updates (metrics: the residency gauge) before anyone sees it done: a
+            # caller that waits for ``done`` (or the broker's next swap on the host) reads it current.
+            try:
+                self.on_finish(job)
+            except Exception:
+                log.exception("job_finish_failed", host=job.host, op=job.op)
             with self.lock:
                 self.running.pop(job.host, None)
             job.done.set()
             job.publish(_DONE)
-            self.on_finish(job)
             self._notify("finished", job)
 
     def _notify(self, what: str, job: Job) -> None:

@@ -1,10 +1,12 @@
 """Models on demand follow `config push` without an agent restart: a push that adds the first on-demand
 model opens the demand socket and starts the broker's loops, one that removes the last closes and
-stops them (a request still held gets a 503), one that moves `[proxy] demand_socket` reopens it.
-The agent's real config-reload path (dispatch of config_push) over a fake host."""
+stops them (a request still held gets a 503), one that moves `[proxy] demand_socket` reopens it; the
+front proxy is re-rendered at once when what it holds for changes. The agent's real config-reload path
+(dispatch of config_push) over a fake host and proxy."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 from collections.abc import Iterator
@@ -16,17 +18,19 @@ import pytest
 from orchestrator import settings
 from orchestrator.agent.daemon import Agent
 from orchestrator.core.catalog import Catalog
+from orchestrator.deploy.locks import host_lock
 from orchestrator.deploy.operations import Operations
-from orchestrator.testing import FakeClock, FakeHost, FakeStateStore, FakeWeights
+from orchestrator.testing import FakeClock, FakeHost, FakeProxy, FakeStateStore, FakeWeights
 from tests.hosts.wait import wait_for
 
 
-def deploy_toml(state: Path, sock: Path, *, on_demand: bool) -> str:
+def deploy_toml(state: Path, sock: Path, *, on_demand: bool, extra: str = "") -> str:
     return (f'state_dir = "{state}"\n'
             f'[proxy]\nenabled = true\nport = 9000\ndemand_socket = "{sock}"\n'
             '[hosts.box]\ntransport = "ssh"\naddress = "127.0.0.9"\ngpus = 8\ngpu_memory_gib = 96\n'
             '[models.a]\nrepo = "org/a"\ngpus = [0]\nport = 8001\n'
-            + ("on_demand = true\n" if on_demand else ""))
+            + ("on_demand = true\n" if on_demand else "") + extra
+            + '[models.b]\nrepo = "org/b"\ngpus = [1]\nport = 8002\n')
 
 
 class Pushed:
@@ -40,7 +44,8 @@ class Pushed:
         clock = FakeClock()
         host = FakeHost(name="box", clock=clock)
         catalog = settings.load(self.path)
-        ports = host.ports(catalog.hosts["box"], FakeWeights())
+        self.proxy = FakeProxy()
+        ports = dataclasses.replace(host.ports(catalog.hosts["box"], FakeWeights()), proxy=self.proxy)
         store = FakeStateStore()
 
         def ops_for(cat: Catalog) -> Operations:
@@ -52,8 +57,8 @@ class Pushed:
     def push(self, text: str, uid: int | None = None) -> list[dict[str, Any]]:
         return list(self.agent.dispatch("config_push", {"text": text, "name": "new.toml"}, "alice@test", uid=uid))
 
-    def text(self, *, on_demand: bool, sock: Path | None = None) -> str:
-        return deploy_toml(self.tmp / "state", sock or self.sock, on_demand=on_demand)
+    def text(self, *, on_demand: bool, sock: Path | None = None, extra: str = "") -> str:
+        return deploy_toml(self.tmp / "state", sock or self.sock, on_demand=on_demand, extra=extra)
 
     def loops(self) -> set[str]:
         return {loop.name for loop in self.agent.demand.loops if loop.thread.is_alive()}
@@ -121,3 +126,52 @@ def test_a_stopping_agent_starts_no_loops_on_a_push(started: Pushed) -> None:
     started.agent.stop()
     started.push(started.text(on_demand=True))
     assert started.agent.demand.loops == []
+
+
+def held(config: str | None) -> list[str]:
+    """The served names the proxy config holds for (its demand_hold lines)."""
+    return [line.split('-m str "')[1].split('"')[0] for line in (config or "").splitlines()
+            if "lua.demand_hold" in line]
+
+
+def test_a_push_that_makes_a_model_on_demand_reloads_the_proxy_to_hold_for_it(started: Pushed) -> None:
+    """b serves, a is stopped (its name a 404): the push making a on demand reloads the proxy at once,
+    b still routed, a held; no switch, stop or idle sleep needed first."""
+    switched = list(started.agent.dispatch("switch", {"model": "b"}, "alice@test"))
+    assert switched[-1]["result"]["outcome"] == "active"
+    before = len(started.proxy.applied)
+    assert held(started.proxy.config) == []
+    result = started.push(started.text(on_demand=True))[-1]["result"]
+    assert result["proxy"] == {"box": "reloaded"} and len(started.proxy.applied) == before + 1
+    engines = [line.split()[2:] for line in (started.proxy.config or "").splitlines() if line.strip().startswith("server engine")]
+    assert held(started.proxy.config) == ["a"] and engines == [['"127.0.0.9:8002"'], ['"127.0.0.9:8001"', "disabled"]]
+
+
+def test_a_push_that_changes_a_held_bound_reloads_and_one_that_changes_no_hold_does_not(started: Pushed) -> None:
+    """The proxy reloads for a changed demand_deadline_s (rendered into the hold), not for a push
+    that leaves every hold as it was; one that takes on demand away drops the hold."""
+    started.push(started.text(on_demand=True))
+    applied = len(started.proxy.applied)
+    assert "proxy" not in started.push(started.text(on_demand=True, extra="min_awake_s = 30\n"))[-1]["result"]
+    assert len(started.proxy.applied) == applied
+    longer = started.push(started.text(on_demand=True, extra="demand_deadline_s = 77\n"))[-1]["result"]
+    assert longer["proxy"] == {"box": "reloaded"} and " 79 " in (started.proxy.config or "")
+    started.push(started.text(on_demand=False))
+    assert held(started.proxy.config) == [] and len(started.proxy.applied) == applied + 2
+
+
+def test_a_push_whose_proxy_cannot_be_reloaded_says_so_and_keeps_the_push(started: Pushed) -> None:
+    """The proxy's port taken (it never started): the push is in place, its result names the host and why."""
+    started.proxy.taken_by = "port 9000 is held by nginx (pid 7)"
+    result = started.push(started.text(on_demand=True))[-1]["result"]
+    assert result["changed"] and result["proxy"]["box"].startswith("not reloaded: port 9000 is held by nginx")
+    assert started.loops() == {"demand", "demand_idle"} and started.proxy.config is None
+
+
+def test_a_push_while_another_process_holds_the_hosts_lock_leaves_the_proxy_to_that_operation(
+        started: Pushed) -> None:
+    """A CLI without the agent holds box's lock: the push is in place, the proxy is not touched mid-operation."""
+    with host_lock(str(started.tmp / "state"), "box"):
+        result = started.push(started.text(on_demand=True))[-1]["result"]
+    assert result["changed"] and result["proxy"]["box"].startswith("not reloaded: host box is busy")
+    assert started.proxy.applied == []

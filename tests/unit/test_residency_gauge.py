@@ -4,12 +4,16 @@ the state its record says, updated as each job ends (warm switches over a fake h
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from orchestrator.agent.daemon import Agent
+from orchestrator.agent.server import Job
 from orchestrator.core.resident import ASLEEP, Residency, residency_series
+from orchestrator.deploy.operations import Operations
+from orchestrator.testing import FakeResidencyStore
 from tests.hosts.wait import wait_for
 
 from .conftest import OpsWorld
@@ -82,3 +86,37 @@ def test_a_box_without_warm_switches_reports_its_serving_model_awake(tmp_path: P
     switch(plain, "alpha")
     wait_for(lambda: current(plain), lambda now: now.get("alpha") == ("awake", ""), timeout=10, what="alpha's job ended")
     assert current(plain) == {"alpha": ("awake", ""), "beta": ("stopped", ""), "gamma": ("stopped", "")}
+
+
+class _ReadAfterDone(FakeResidencyStore):
+    """A residency store whose reads after the watched job is done wait until the test has looked at the
+    gauge: a gauge refreshed only after ``done`` is then deterministically seen stale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job: Job | None = None
+        self.looked = threading.Event()
+
+    def residency(self, host: str) -> dict[str, Residency]:
+        if self.job is not None and self.job.done.is_set():
+            self.looked.wait(10)
+        return super().residency(host)
+
+
+def test_the_gauge_is_current_when_each_of_two_back_to_back_jobs_is_seen_done(tmp_path: Path) -> None:
+    """Read the moment each job is done (a then b, same GPUs), the gauge already says what that job left."""
+    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000},
+                     hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
+                                    "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
+                     models={"a": {"repo": "org/a", "port": 8001, **WARM}, "b": {"repo": "org/b", "port": 8002, **WARM}})
+    store = _ReadAfterDone()
+    ops = Operations(world.catalog, world.ops.ports_for, store=world.store, residency=store)
+    agent = Agent(world.catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
+    seen = []
+    for model in ("a", "b"):
+        store.looked.clear()
+        store.job = agent._submit("switch", {"model": model}, "alice")
+        assert store.job.done.wait(30)
+        seen.append(current(agent))
+        store.looked.set()
+    assert seen == [{"a": ("awake", ""), "b": ("stopped", "")}, {"a": ("asleep", "1"), "b": ("awake", "")}]
