@@ -5,7 +5,9 @@ Each host is a systemd-nspawn test host in its own network namespace running its
 stand-in engine with `--load-time L` (a sleep before /health answers: the engine's start costs a few
 CPU tenths, so 8 of them on 2 cores do not hide the controller's part in CPU contention). The
 controller is an agent on this machine (`orchestrator agent` with the fleet's deploy.toml); the
-client is a CLI reaching its socket. Rounds alternate alpha -> beta -> alpha.
+client is a CLI reaching its socket. Rounds alternate alpha -> beta -> alpha. A third method switches
+the same 8 hosts without the controller, 8 CLIs started at once (`--host URL switch` each): the same
+work on the same 2 cores, so the controller's own share is the rollout's excess over it.
 
 Per run it prints the wall time, and for a rollout what its record (rollouts.db) splits it into:
 before the first switch (CLI start, connects, preflight fan-outs), the switches (first switch start
@@ -66,6 +68,33 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:6])} ... exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
                          f"{proc.stderr[-2000:]}")
+    return took
+
+
+def all_hosts_env(work: Path, hostset: HostSet) -> tuple[list[str], dict[str, str]]:
+    """Every host by its ssh:// URL, and the environment naming one hosts file that gives each its key,
+    known_hosts, python and the agent's socket (as one_host_env does for one)."""
+    urls, text = [], ""
+    for h in hostset.hosts:
+        url = f"ssh://root@{h.address}:{h.port}"
+        urls.append(url)
+        text += (f'["{url}"]\nurl = "{url}"\nkey = "{h.key_path}"\nknown_hosts = "{h.known_hosts_path}"\n'
+                 f'python = "{PY}"\nsocket = "{SOCKET}"\n')
+    hosts_file = work / "all-hosts.toml"
+    hosts_file.write_text(text)
+    return urls, {"ORCHESTRATOR_HOSTS_FILE": str(hosts_file)}
+
+
+def timed_together(argvs: list[list[str]], env: dict[str, str]) -> float:
+    """Wall seconds from starting every command at once to the last one's exit (each must succeed)."""
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, **env}) for a in argvs]
+    outs = [p.communicate()[0] for p in procs]
+    took = time.monotonic() - t0
+    for a, p, out in zip(argvs, procs, outs):
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(a[:6])} ... exited {p.returncode}:\n{out[-2000:]}")
     return took
 
 
@@ -151,6 +180,7 @@ def main() -> int:
             time.sleep(0.1)
         h1 = hostset.hosts[0]
         one_url, env = one_host_env(work, h1)
+        all_urls, all_env = all_hosts_env(work, hostset)
         cli = [PY, "-m", "orchestrator"]
         results: dict[str, list[float]] = {}
 
@@ -185,13 +215,24 @@ def main() -> int:
                 record("8 hosts: rollout --batch 8 through the controller", took, f"{split(marks)}; {cpu}")
                 time.sleep(2 * sampler.interval_s)
                 print("\n".join(profile(sampler, marks)))
+            # The same 8 switches without a controller: 8 CLIs at once, one `--host URL switch` each (what a
+            # hand script over the fleet does): what 8 concurrent switches cost on this machine by themselves.
+            for new in (PAIR[state_model], state_model):
+                cli_cpu, t0 = children_cpu_s(), time.time()
+                took = timed_together([[*cli, "--host", u, "switch", new] for u in all_urls], all_env)
+                record("8 hosts: 8 CLIs at once, --host switch each (no controller)", took,
+                       f"client CLIs CPU {children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
+                time.sleep(2 * sampler.interval_s)
+                print(f"#   {'whole commands':<23} wall {took:6.2f} s  CPU s: {cpu_line(sampler.between(t0, t0 + took))}")
         sampler.close()
         print(f"# load at end {os.getloadavg()}, run {time.monotonic() - t_run:.0f} s")
         one = statistics.median(results["one host: orchestrator --host switch"])
-        print("\n| method | runs | median s | min-max s | vs one host's switch |\n|---|---|---|---|---|")
+        eight = statistics.median(results["8 hosts: 8 CLIs at once, --host switch each (no controller)"])
+        print("\n| method | runs | median s | min-max s | vs one host's switch | vs 8 CLIs at once |\n"
+              "|---|---|---|---|---|---|")
         for name, xs in results.items():
             print(f"| {name} | {len(xs)} | {statistics.median(xs):.2f} | {min(xs):.2f}-{max(xs):.2f} | "
-                  f"{statistics.median(xs) / one:.2f}x |")
+                  f"{statistics.median(xs) / one:.2f}x | {statistics.median(xs) / eight:.2f}x |")
     finally:
         if agent is not None and agent.poll() is None:
             agent.send_signal(signal.SIGTERM)
