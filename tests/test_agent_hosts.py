@@ -217,9 +217,18 @@ def test_watch_survives_an_ssh_outage_and_acts_afterwards(hosts: list[Host], tmp
         wait_for(lambda: h2.run("true", check=False).returncode != 0, what="sshd of h2 to go away")
         h1.run("systemctl restart orchestrator-agent.service")  # its first connection to h2 now fails
         pid = main_pid(h1)
+
+        def restarted_agent_counted_a_watch_failure() -> bool:
+            try:
+                return 'orchestrator_loop_failures_total{loop="watch"}' in metrics(h1)
+            except OSError:  # its metrics server not listening yet
+                return False
+
+        # Awaited on the restarted agent's own counter: the agent before the restart may have recorded a
+        # failure of its own (sshd went away while it watched), which a wait on the store alone would take.
+        wait_for(restarted_agent_counted_a_watch_failure, what="the restarted agent to count the watch's failure")
         failed = wait_for(lambda: store_events(h1, "loop_failed"), what="the watch to record the failure")
-        assert failed[0]["loop"] == "watch" and h2.address in failed[0]["error"]
-        assert 'orchestrator_loop_failures_total{loop="watch"}' in metrics(h1)
+        assert failed[-1]["loop"] == "watch" and h2.address in failed[-1]["error"]
         back.touch()
         wait_for(lambda: h2.run("true", check=False).returncode == 0, what="sshd of h2 to come back", timeout=60)
         wait_for(lambda: store_events(h1, "loop_recovered"), what="the watch to reach h2 again")
