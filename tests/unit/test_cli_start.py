@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator import settings
 from orchestrator.core.catalog import Catalog
+from tests.builders.agent_socket import StandInAgent
 from tests.builders.catalog import ONE_BOX_TOML
 
 HEAVY = ("pydantic", "pydantic_settings", "orchestrator.core.catalog", "orchestrator.deploy", "fabric", "tenacity")
@@ -25,27 +26,10 @@ PROBE = ("import json, sys\nfrom orchestrator.cli import main\n"
          f"print(json.dumps([sorted(m for m in {HEAVY!r} if m in sys.modules), code]), file=sys.stderr)")
 
 
-class StandInAgent:
-    """A Unix socket answering each request like an idle agent, recording the operations asked."""
 
-    def __init__(self, path: Path) -> None:
-        self.ops: list[str] = []
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
-        threading.Thread(target=self._serve, daemon=True).start()
 
-    def _serve(self) -> None:
-        replies = {"ping": {}, "status": {"hosts": {}, "schedules": []}, "history": []}
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn, conn.makefile("rb") as stream:
-                op = json.loads(stream.readline())["op"]
-                self.ops.append(op)
-                conn.sendall((json.dumps({"result": replies.get(op)}) + "\n").encode())
+# What an idle agent answers to the queries the CLI sends it.
+IDLE_AGENT = {"ping": {}, "status": {"hosts": {}, "schedules": []}, "history": []}
 
 
 @pytest.fixture
@@ -68,7 +52,7 @@ def probe(env: dict[str, str], *argv: str) -> tuple[list[str], int | str | None,
 def test_a_query_through_the_agent_loads_no_catalog(box: tuple[Path, dict[str, str]], tmp_path: Path,
                                                     command: str) -> None:
     """`status` and `history` with an agent on the socket ask it, loading neither pydantic nor the catalog."""
-    agent = StandInAgent(tmp_path / "agent.sock")
+    agent = StandInAgent(tmp_path / "agent.sock", IDLE_AGENT)
     loaded, code, out = probe(box[1], command)
     assert (loaded, code) == ([], 0), out
     assert agent.ops == ["ping", command]
@@ -79,7 +63,7 @@ def test_the_agent_answers_a_query_whatever_the_local_catalog_says(box: tuple[Pa
     """A deploy.toml the catalog would refuse still names the socket: the agent's own file rules."""
     config, env = box
     config.write_text(config.read_text() + "bogus_key = 1\n")
-    agent = StandInAgent(tmp_path / "agent.sock")
+    agent = StandInAgent(tmp_path / "agent.sock", IDLE_AGENT)
     _, code, out = probe(env, "history")
     assert code == 0 and "no deployments recorded yet on host box" in out
     assert agent.ops == ["ping", "history"]

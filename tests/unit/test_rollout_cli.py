@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
-from typing import Any
 
 from orchestrator.core.rollout import Policy
 from orchestrator.rollout.store import RolloutStore
+from tests.builders.agent_socket import StandInAgent
 from tests.builders.catalog import ONE_BOX_TOML
 
 from .test_cli_start import probe
@@ -23,27 +21,6 @@ SUMMARY = {"rollout": {"id": 3, "model": "beta", "group": "inference", "status":
                        "started_by": "alice@socket", "abort_requested": False}, "hosts": []}
 
 
-class Controller:
-    """A Unix socket answering like a controller's agent, recording the operations asked."""
-
-    def __init__(self, path: Path) -> None:
-        self.ops: list[str] = []
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        replies: dict[str, Any] = {"ping": {}, "rollout_status": SUMMARY}
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn, conn.makefile("rb") as stream:
-                op = json.loads(stream.readline())["op"]
-                self.ops.append(op)
-                conn.sendall((json.dumps({"result": replies.get(op)}) + "\n").encode())
 
 
 def cli_env(tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -57,7 +34,7 @@ def test_rollout_status_through_the_controller_loads_no_catalog(tmp_path: Path) 
     """With the controller on deploy.toml's socket: ping, rollout_status; neither pydantic nor the catalog loads."""
     _config, env = cli_env(tmp_path)
     (tmp_path / "state").mkdir()
-    controller = Controller(tmp_path / "state" / "agent.sock")
+    controller = StandInAgent(tmp_path / "state" / "agent.sock", {"ping": {}, "rollout_status": SUMMARY})
     loaded, code, out = probe(env, "rollout", "status")
     assert (loaded, code) == ([], 0), out
     assert controller.ops == ["ping", "rollout_status"] and "rollout #3 beta on group inference" in out
