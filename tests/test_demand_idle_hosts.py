@@ -35,6 +35,10 @@ def sleeping(host: Host) -> bool | None:
     return bool(r.json()["is_sleeping"])
 
 
+def residency_states(entry: dict[str, Any]) -> dict[str, str]:
+    return {m["model"]: m["state"] for m in entry["residency"]["models"]}
+
+
 def status(host: Host) -> dict[str, Any]:
     return dict(json.loads(cli(host, "status", "--json").stdout)["hosts"][host.name])
 
@@ -77,12 +81,15 @@ def test_requests_keep_a_model_awake_then_it_sleeps_after_idle_sleep_s_and_stops
         stop.set()
         thread.join(15)
     assert set(answers) == {200}
-    wait_for(lambda: sleeping(host), timeout=30, what="alpha asleep after idle_sleep_s")
-    entry = status(host)
-    assert entry["models"] == [] and {m["model"]: m["state"] for m in entry["residency"]["models"]} == {"alpha": "asleep"}
+    # The agent records the sleep once the engine's /sleep has answered: await the record (what status
+    # reports), then check the engine agrees; the engine's own word comes first and proves nothing of it.
+    entry = wait_for(lambda: status(host), lambda e: residency_states(e) == {"alpha": "asleep"}, timeout=30,
+                     what="alpha recorded asleep after idle_sleep_s")
+    assert entry["models"] == [] and sleeping(host) is True
     assert [h["trigger"] for h in history(host)].count("demand:alpha") == 0  # an idle sleep is no deployment
     wait_for(lambda: active(host, "vllm-alpha.service"), lambda s: s != "active", timeout=30,
              what="alpha stopped after idle_stop_s")
-    res = status(host)["residency"]
-    assert {m["model"]: m["state"] for m in res["models"]} == {"alpha": "stopped"}
+    entry = wait_for(lambda: status(host), lambda e: residency_states(e) == {"alpha": "stopped"}, timeout=30,
+                     what="alpha recorded stopped after idle_stop_s")
+    res = entry["residency"]
     assert all(not g["processes"] for g in res["gpus"]), res["gpus"]
