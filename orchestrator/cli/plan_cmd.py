@@ -255,7 +255,7 @@ def _switch_kind(config: str | None, model: str) -> dict[str, Any] | None:
     except PermissionError:  # not root, and no agent answered: the layout verdict needs no records
         return None
     from orchestrator.wiring import operations
-    return operations(cat).explain(model)
+    return operations(cat, reading=True).explain(model)
 
 
 def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | None, limit: int | None,
