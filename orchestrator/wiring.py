@@ -51,5 +51,6 @@ def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:
     return ports_for
 
 
-def operations(catalog: Catalog) -> Operations:
-    return Operations(catalog, ports_factory(catalog))
+def operations(catalog: Catalog, *, reading: bool = False) -> Operations:
+    """``reading``: for a read-only command, whose stores open read-only (nothing made on disk)."""
+    return Operations(catalog, ports_factory(catalog), reading=reading)

@@ -10,12 +10,14 @@ database keeps every unit's text and every error message.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from orchestrator.adapters.state_files import secure_state_file
 from orchestrator.core.records import NO_CHANGE, Deployment, PhaseTiming, ServingChange, UnitSpec
@@ -189,8 +191,12 @@ class SqliteFile:
     KIND = "state store"
     MIGRATIONS: tuple[Migration, ...] = _MIGRATIONS
 
-    def __init__(self, path: str | Path, *, group: str | None) -> None:
+    def __init__(self, path: str | Path, *, group: str | None, reading: bool = False) -> None:
         """Open (creating, securing and migrating as needed) the database at ``path``.
+
+        ``reading``: for a read-only command, which must leave the disk as it found it: no file or
+        directory is made and no mode changed; a file that is not there reads as an empty store, one of
+        an older schema is migrated in memory, and a write fails (StateError naming the file).
 
         ``group``: the socket group; when it exists and we are root the directory is 0750 and
         owned by it (so members reach the agent's socket there), else 0700. The file is 0600.
@@ -200,6 +206,9 @@ class SqliteFile:
         self.path = str(path)
         # One connection shared by the agent's threads: every use goes through this lock.
         self._lock = threading.RLock()
+        if reading:
+            self._db = self._open_reading()
+            return
         if self.path != ":memory:":
             secure_state_file(Path(self.path), group)
         try:
@@ -220,6 +229,49 @@ class SqliteFile:
         except StateStoreError:
             self._db.close()
             raise
+
+    def _open_reading(self) -> sqlite3.Connection:
+        """A read-only connection to the file while a writer has it open (its -wal is there); else a
+        copy in memory (SQLite's own read-only open would leave -wal and -shm files beside it), of this
+        schema: migrated there when the file is older, empty when there is no file."""
+        memory = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        memory.row_factory = sqlite3.Row
+        self._db = memory
+        if self._readable():
+            live = os.path.exists(self.path + "-wal")
+            try:
+                # immutable: no -shm is made; the file has every commit (no -wal: the last writer checkpointed)
+                disk = sqlite3.connect(f"file:{quote(self.path)}?{'mode=ro' if live else 'immutable=1'}", uri=True,
+                                       timeout=30.0, isolation_level=None, check_same_thread=False)
+                disk.row_factory = sqlite3.Row
+                self._db = disk
+                if live and self._version() == len(self.MIGRATIONS):
+                    memory.close()
+                    return disk
+                disk.backup(memory)
+                disk.close()
+            except sqlite3.DatabaseError as exc:
+                memory.close()
+                what = "not an SQLite database" if "not a database" in str(exc) else "cannot be read"
+                raise StateStoreError(f"{self.KIND} {self.path}: {what} ({exc})") from exc
+            self._db = memory
+        try:
+            self._migrate()
+        except (sqlite3.DatabaseError, StateStoreError):
+            memory.close()
+            raise
+        return memory
+
+    def _readable(self) -> bool:
+        """Whether the file is there to read; one this user may not read is a StateStoreError (the CLI adds
+        the rule: root, or through the agent), never an empty store."""
+        try:
+            os.close(os.open(self.path, os.O_RDONLY | os.O_CLOEXEC))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            raise StateStoreError(f"{self.KIND} {self.path}: cannot read it: {exc.strerror}") from exc
+        return True
 
     def _version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])

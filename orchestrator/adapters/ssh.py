@@ -26,6 +26,7 @@ from orchestrator.adapters.local_shell import MAX_READ
 from orchestrator.adapters.shell_base import checked, ignore_line, timed_out
 from orchestrator.adapters.ssh_session import connect_errors, prepare, tune
 from orchestrator.core.observed import CommandResult
+from orchestrator.core.records import host_port
 from orchestrator.errors import OrchestratorError, TransportError
 
 T = TypeVar("T")
@@ -72,7 +73,7 @@ class SshShell:
 
     @property
     def where(self) -> str:
-        return f"{self.user}@{self.address}:{self.port}"
+        return f"{self.user}@{host_port(self.address, self.port)}"
 
     # -- connection ---------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import paramiko
 
 from orchestrator import userfiles
 from orchestrator.adapters.known_hosts import load_known_hosts
+from orchestrator.core.records import host_port
 from orchestrator.errors import TransportError
 
 CONNECT_TIMEOUT = 10.0
@@ -77,8 +78,22 @@ def connect_errors(host: str, where: str, known_hosts: str | None, timeout: floa
         raise TransportError(f"SSH to {where} failed: {exc}", host=host) from exc
     except TimeoutError as exc:
         raise TransportError(f"SSH connection to {address} timed out after {timeout:g} s", host=host) from exc
+    except socket.gaierror as exc:
+        # fe80::1%eth9: getaddrinfo cannot resolve a zone that names no interface here
+        zone = address.rpartition("]")[0].partition("%")[2] if address.startswith("[") else ""
+        why = f"zone {zone} is not a network interface of this machine (`ip link` lists them)" \
+            if zone and not _interface(zone) else exc.strerror or str(exc)
+        raise TransportError(f"SSH connection to {address} failed: {why}", host=host) from exc
     except OSError as exc:
         raise TransportError(f"SSH connection to {address} failed: {exc.strerror or exc}", host=host) from exc
+
+
+def _interface(name: str) -> bool:
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return False
+    return True
 
 
 def tune(transport: paramiko.Transport, keepalive: int) -> None:
@@ -95,7 +110,7 @@ class SshSession:
 
     def __init__(self, ep: Endpoint, *, timeout: float = CONNECT_TIMEOUT, keepalive: int = 15) -> None:
         self.name, self.timeout = ep.name, timeout
-        self.where = f"{ep.user}@{ep.address}:{ep.port}"
+        self.where = f"{ep.user}@{host_port(ep.address, ep.port)}"
         self._client = paramiko.SSHClient()
         prepare(self._client, ep.name, ep.known_hosts, ep.key)
         own_key = ep.key is not None

@@ -32,7 +32,7 @@ from orchestrator.agent.server import BoundedServer, _drain
 from orchestrator.contract.wire import encode, peer_credentials
 from orchestrator.core.catalog import DEFAULT_DEMAND_SOCKET
 from orchestrator.core.documents import DocumentError, json_document
-from orchestrator.core.socket_access import Account, Entry, missing_access
+from orchestrator.core.socket_access import Account, Entry, missing_access, path_chain
 from orchestrator.errors import ConfigError
 
 log = logs.get_logger()
@@ -67,9 +67,8 @@ def check_reachable(path: str, user: str, group: str, *, planned: bool = False) 
         raise ConfigError(f"HAProxy's account {exc.args[0]} ([proxy] user {user!r}, group {group!r}) does not exist "
                           "on this box: create it, or unset [proxy] user", key="proxy.user") from exc
     who = Account(user, pw.pw_uid, frozenset({gid, *os.getgrouplist(user, pw.pw_gid)}))
-    parts = Path(path).parts
-    chain = [_entry(str(Path(*parts[:i])), gid if planned else None, group, i == len(parts))
-             for i in range(1, len(parts) + 1)]
+    paths = path_chain(path)
+    chain = [_entry(p, gid if planned else None, group, p == paths[-1]) for p in paths]
     missing = missing_access(chain, who)
     if missing is not None:
         raise ConfigError(f"HAProxy's user {user} (group {group}) cannot reach the demand socket {path}: it lacks "

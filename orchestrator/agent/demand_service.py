@@ -51,6 +51,14 @@ def held_for(catalog: Catalog, host: str) -> tuple[tuple[DemandRoute, ...], str,
     return (routes, catalog.demand_socket(), catalog.proxy.retry_after_s) if routes else ((), "", 0)
 
 
+def rendered_from(catalog: Catalog, host: str) -> tuple[object, ...]:
+    """Everything of ``catalog`` that ``host``'s proxy (its haproxy.cfg and its unit) is rendered from,
+    beside the serving set: [proxy] whole, the bind it falls back through, and the on-demand holds."""
+    if not catalog.proxy.enabled or host not in catalog.hosts:
+        return ()
+    return catalog.proxy, catalog.hosts[host].bind, catalog.defaults.bind, held_for(catalog, host)
+
+
 class DemandService:
     def __init__(self, agent: ServiceAgent, broker: Broker, clock: Clock, failures: Failures) -> None:
         self.agent = agent
@@ -91,12 +99,13 @@ class DemandService:
             check_reachable(catalog.demand_socket(), proxy.user, proxy.run_group or proxy.user, planned=True)
 
     def reroute(self, before: Catalog) -> dict[str, str]:
-        """After a push from ``before``: re-render the proxy of each host this agent owns whose holds
-        changed. Host -> what happened; a proxy that could not be reloaded keeps its old config (it
+        """After a push from ``before``: re-render the proxy of each host this agent owns whose proxy
+        is rendered from anything the push changed (a [proxy] setting as much as a hold: none waits for
+        the host's next apply). Host -> what happened; a proxy that could not be reloaded keeps its old config (it
         takes the new one at the host's next switch, stop or idle sleep) and says why."""
         catalog, out = self.agent.catalog, {}
         for host in own_hosts(catalog):
-            if held_for(before, host) == held_for(catalog, host):
+            if rendered_from(before, host) == rendered_from(catalog, host):
                 continue
             try:
                 out[host] = "reloaded" if reroute(self.agent.ops, host, reason="config push") else "unchanged"

@@ -100,7 +100,7 @@ def _dist(d: dict[str, Any] | None) -> str:
 def compare(config: str | None, host: str | None, as_json: bool) -> None:
     """Every model benchmarked on a host, side by side per concurrency level (latest run of each)."""
     local_only("compare")
-    ops = operations(settings.load(config))
+    ops = operations(settings.load(config), reading=True)
     name = ops.catalog.target(host=host).name
     rows: list[dict[str, Any]] = [{"model": d.model, "revision": d.revision, "unit_sha256": d.spec.unit_sha,
              "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in (d.bench or {})["levels"]}}

@@ -48,16 +48,16 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
     machine, the cache of earlier fetches, and only then the hub. ``remote`` (--host): the catalog is
     the box's, so its `config` paths and staged weights are files there; only a shipped one is read."""
     if given:
-        return ModelConfig(hub_config.read_json_file(given, "model config"), None, given)
+        return ModelConfig(hub_config.read_model_config(given, "model config"), None, given)
     shipped = model.config is not None and Path(model.config).parent == settings.SHIPPED_CONFIGS
     if model.config and (shipped or not remote):
-        return ModelConfig(hub_config.read_json_file(model.config, "model config"), None,
+        return ModelConfig(hub_config.read_model_config(model.config, "model config"), None,
                            f"{model.config} (models.{model.name}.config)")
     if host.transport == "local" and not remote:
         staged = Path(model_dir_for(cat, model))
         if (staged / CONFIG_NAME).is_file():
             index_file = staged / INDEX_NAME
-            return ModelConfig(hub_config.read_json_file(staged / CONFIG_NAME, "staged config"),
+            return ModelConfig(hub_config.read_model_config(staged / CONFIG_NAME, "staged config"),
                                hub_config.read_json_file(index_file, "staged index") if index_file.is_file()
                                else None, f"staged weights in {staged}")
     cached = None if refresh else hub_config.from_cache(model.repo, model.revision)
@@ -112,7 +112,7 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
     source: str | None = None
     if _is_model_config(config):
         assert config is not None
-        cfg = hub_config.read_json_file(config, "model config")
+        cfg = hub_config.read_model_config(config, "model config")
         if gpus is None or gpu_memory_gib is None:
             raise UsageError("planning a bare config.json needs --gpus N and --gpu-memory-gib G")
         hw = planner.Hardware(gpu_count=gpus, gpu_memory_gib=gpu_memory_gib, nodes=nodes or 1)
@@ -255,7 +255,7 @@ def _switch_kind(config: str | None, model: str) -> dict[str, Any] | None:
     except PermissionError:  # not root, and no agent answered: the layout verdict needs no records
         return None
     from orchestrator.wiring import operations
-    return operations(cat).explain(model)
+    return operations(cat, reading=True).explain(model)
 
 
 def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | None, limit: int | None,

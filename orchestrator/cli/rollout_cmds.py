@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -102,14 +103,18 @@ class FleetProgress:
 
 
 def _fleet(config: str | None, command: str, report: FleetProgress | None = None, *,
-           on_start: Callable[[int], None] | None = None) -> Fleet:
+           on_start: Callable[[int], None] | None = None, reading: bool = False) -> Fleet:
+    """``reading``: for a read-only command (rollout status, status --group): rollouts.db opens read-only."""
     spec = remote_spec()
     if spec is not None:
         raise UsageError(f"{command} runs on the controller and reaches every box's agent itself; drop "
                          f"--host {spec} (the hosts come from the controller's deploy.toml)")
     from orchestrator.rollout.fleet import Fleet
+    from orchestrator.rollout.store import RolloutStore
 
-    fleet = Fleet(settings.load(config), report=report, after_batch=after_batch_hook, on_start=on_start,
+    cat = settings.load(config)
+    store = RolloutStore(Path(cat.state_dir) / "rollouts.db", group=cat.socket_group, reading=True) if reading else None
+    fleet = Fleet(cat, report=report, after_batch=after_batch_hook, on_start=on_start, store=store,
                   started_by=f"{getpass.getuser()}@{socket.gethostname()} (this CLI)")
     click.get_current_context().call_on_close(fleet.close)
     return fleet
@@ -286,11 +291,11 @@ def rollout_status(config: str | None, rid: int | None, follow: bool, as_json: b
     if follow:
         raise UsageError("rollout status --follow re-attaches to a controller's rollout: give --host CTL (or run "
                          "the agent with this deploy.toml); an in-CLI rollout is followed where it runs")
-    _print(_fleet(config, "rollout status").summary(rid), as_json)
+    _print(_fleet(config, "rollout status", reading=True).summary(rid), as_json)
 
 
 def group_clients(config: str | None, group: str, command: str) -> dict[str, Any]:
-    fleet = _fleet(config, command)
+    fleet = _fleet(config, command, reading=True)
     if group not in fleet.catalog.groups:
         known = ", ".join(sorted(fleet.catalog.groups)) or "none"
         raise UsageError(f"unknown group {group!r} (known: {known})")

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from orchestrator import settings
-from orchestrator.adapters.hub_config import read_json_file
+from orchestrator.adapters.hub_config import read_model_config
 from orchestrator.cli.options import (
     MAX_COUNT,
     MAX_SECONDS,
@@ -102,7 +102,7 @@ def tune(model: str | None, config: str | None, layouts: str | None, top: int, s
     core.parse_objective(obj, levels)
     wanted = core.parse_layouts(layouts) if layouts is not None else None
     seq_caps = core.parse_seqs(seqs)
-    cfg_json = read_json_file(model_config, "--model-config") if model_config else None
+    cfg_json = read_model_config(model_config, "--model-config") if model_config else None
     client = backend(config)
     if isinstance(client, AgentClient):
         args = {"model": model, "layouts": layouts, "top": top, "seqs": seqs, "objective": obj,

@@ -133,13 +133,15 @@ class LocalBackend(Backend):
 
         self.catalog = catalog
         self.ops = ops or operations(catalog)  # ops: given by a test, over fake ports
+        # A query's: its stores open read-only, so status or history makes no state dir (nor a database).
+        self.reader = ops or operations(catalog, reading=True)
         self.ignore_agent = ignore_agent
 
     def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
         parsed = op.parse(self.catalog, args)
         # An operation that changes a box holds that box's own lock (agentless use over SSH).
         with self._boxes(op.locks(self.catalog, parsed)), self._parking_on_sigint(op.name) as asked:
-            result = op.in_process(self.ops, parsed, Caller(progress=progress))
+            result = op.in_process(self.reader if op.reads_only else self.ops, parsed, Caller(progress=progress))
         if asked:
             stopped = Interrupted(f"interrupted (Ctrl-C): {op.name} stopped after its current step{_where(result)}; "
                                   "nothing runs it now: `orchestrator recover` finishes it (so does the next switch, "

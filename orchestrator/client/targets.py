@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator import userfiles
 from orchestrator.core.documents import clip, toml_document
+from orchestrator.core.records import host_port
 from orchestrator.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class Target:
 
     @property
     def where(self) -> str:
-        return f"{self.user}@{self.address}:{self.port}"
+        return f"{self.user}@{host_port(self.address, self.port)}"
 
     @classmethod
     def of_host(cls, host: Host) -> Target:
@@ -75,6 +76,9 @@ def hosts_file() -> Path:
 # below, so that a bad one is named instead of defaulted (an empty user is not root, :0 is not 22).
 _URL_RE = re.compile(r"ssh://(?:(?P<user>[^@/]*)@)?(?P<host>\[[^\]/]*\]|[^:/@\[\]]*)(?::(?P<port>[^/]*))?/?", re.ASCII)
 _USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}", re.ASCII)  # what useradd takes; never an ssh option
+# RFC 6874 writes the zone %25eth0 in a URL; ssh and ip write %eth0: both are taken. A Linux interface
+# name is at most 15 bytes (IFNAMSIZ), never '/' or white space; this keeps it to what an operator uses.
+_ZONE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 _LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?", re.ASCII)
 
 
@@ -104,10 +108,20 @@ def _address(host: str, bad: Callable[[str], UsageError]) -> str:
     if not host:
         raise bad("no host")
     if host.startswith("["):
+        address, pct, zone = host[1:-1].partition("%")
+        if pct:  # a zone: the interface of this machine a link-local address is reached through
+            zone = zone.removeprefix("25")  # RFC 6874: the % itself as %25
+            if not zone:
+                raise bad(f"empty zone after '%' in [{clip(address)}%] (name the interface: [{address}%eth0])")
+            if len(zone) > 15 or not _ZONE_RE.fullmatch(zone):
+                raise bad(f"zone {clip(zone)} is not an interface name (letters, digits, '.', '_', '-'; at most 15)")
         try:
-            return str(ipaddress.IPv6Address(host[1:-1]))
+            ip = ipaddress.IPv6Address(address)
         except ValueError:
-            raise bad(f"{clip(host[1:-1])} in brackets is not an IPv6 address") from None
+            raise bad(f"{clip(address)} in brackets is not an IPv6 address") from None
+        if pct and not ip.is_link_local:  # getaddrinfo takes an interface name only for these
+            raise bad(f"zone %{zone} on {ip}: a zone is for a link-local address (fe80::/10) only; drop it")
+        return str(ip) + (f"%{zone}" if pct else "")
     for label in host.split("."):
         if len(label) > 63:
             raise bad(f"host name {clip(host)} has a label of {len(label)} characters (at most 63)")

@@ -147,6 +147,11 @@ class Operation(Generic[A, R]):
     def agent_only(self) -> bool:
         return self.run is None
 
+    @property
+    def reads_only(self) -> bool:
+        """A query: it holds no host and locks no box, so in-process it opens the stores read-only."""
+        return self.job is None and self.boxes is None
+
     def parse(self, catalog: Catalog, raw: object) -> A:
         """The arguments of a request, checked: types and ranges, then names against the catalog."""
         if raw is None:

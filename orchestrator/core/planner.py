@@ -285,7 +285,8 @@ def _verdict(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_by
     if reasons and not all(isinstance(v, int) and v >= 1 for v in (layout.tp, layout.pp, layout.dp)):
         return Verdict(layout, False, tuple(reasons))
     missing = [k for k, v in (("num_hidden_layers", m.num_layers), ("hidden_size", m.hidden_size),
-                              ("num_attention_heads", m.num_heads)) if v is None]
+                              ("num_attention_heads", m.num_heads)) if v is None
+               and not (k == "num_attention_heads" and m.attention_free)]
     if missing:
         reasons.append(f"config.json has no usable {', '.join(missing)}: cannot decide whether {layout} "
                        "can load")

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.errors import ConfigError
+
 # Keys under which multimodal wrappers nest the language model's config.
 _NESTED_TEXT_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
 
@@ -95,6 +97,11 @@ class ModelSpec:
         return self.family != "generic"
 
     @property
+    def attention_free(self) -> bool:
+        """vLLM runs it without attention (Mamba): it has no heads to count."""
+        return self.architecture in ATTENTION_FREE_ARCHS or self.model_type in ATTENTION_FREE_TYPES
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -170,6 +177,69 @@ def merged_view(config: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
+# vLLM's attention-free models (mamba.py, mamba2.py and terratorch.py implement IsAttentionFree; its
+# model_arch_config_convertor gives these model types 0 KV heads): no head count to ask of them.
+ATTENTION_FREE_ARCHS = frozenset({"MambaForCausalLM", "Mamba2ForCausalLM", "FalconMambaForCausalLM", "Terratorch",
+                                  "MedusaModel"})
+ATTENTION_FREE_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "medusa", "timm_wrapper"})
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+_KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+
+
+def _key_path(config: Mapping[str, Any], key: str) -> str:
+    """Where merged_view took ``key`` from: the deepest nested config that has it (text_config.KEY)."""
+    path: list[str] = []
+    where, current = key, config
+    for _ in range(4):
+        if key in current:
+            where = ".".join([*path, key])
+        name = next((k for k in _NESTED_TEXT_KEYS if isinstance(current.get(k), Mapping)), None)
+        if name is None:
+            break
+        path.append(name)
+        current = current[name]
+    return where
+
+
+def head_count_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """What makes the config's head counts impossible, as (field path, value, why), or None (missing: "missing"). Every count
+    present must be a positive integer and num_attention_heads (or an alias) must be there, except for an
+    attention-free architecture, which may say 0 or nothing (never a negative or a non-number)."""
+    view = merged_view(config)
+    names = {a for a in (_architecture(view), _architecture(config)) if a} | {
+        t for t in (view.get("model_type"), config.get("model_type")) if isinstance(t, str)}
+    free = bool(names & (ATTENTION_FREE_ARCHS | ATTENTION_FREE_TYPES))
+    for key in (*_HEAD_KEYS, *_KV_HEAD_KEYS):
+        if key not in view:
+            continue
+        n = _as_int(view[key])
+        if n is None or n < 0 or (n == 0 and not free):
+            why = ("not a head count: a model with attention has at least one head (0 is only for vLLM's attention-free "
+                   f"architectures: {', '.join(sorted(ATTENTION_FREE_ARCHS))})" if n == 0
+                   else "not a head count (a positive integer)")
+            return _key_path(config, key), _short(view[key]), why
+    if not free and not any(k in view for k in _HEAD_KEYS):
+        return "num_attention_heads", "missing", ("every model with attention has one (or n_head, num_heads); "
+                                                  "only vLLM's attention-free architectures go without")
+    return None
+
+
+def check_head_counts(config: Mapping[str, Any], where: str) -> None:
+    """ConfigError (exit 2) naming ``where`` (the file, or HOST:PATH), the field and its value when the
+    config's head counts are impossible (``head_count_error``): vLLM could not build the model from it."""
+    found = head_count_error(config)
+    if found is not None:
+        # "FIELD is VALUE", not "FIELD: VALUE": redact() hides the value after any "...key...:" name
+        error = ConfigError(head_count_message(found), file=where)
+        error.key = found[0]
+        raise error
+
+
+def head_count_message(found: tuple[str, str, str]) -> str:
+    field, value, why = found
+    return f"{field} is {value}: {why}"
+
+
 def _family(architecture: str | None, model_type: str | None) -> str:
     if architecture in _ARCH_FAMILIES:
         return _ARCH_FAMILIES[architecture]
@@ -200,8 +270,9 @@ def parse_model(config: Mapping[str, Any]) -> ModelSpec:
         family = _family(top_arch, config.get("model_type") if isinstance(config.get("model_type"), str)
                          else None)
     hidden = r.pos_int("hidden_size", "d_model", "n_embd")
-    heads = r.pos_int("num_attention_heads", "n_head", "num_heads")
-    kv_heads = r.pos_int("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+    free = bool({arch, top_arch, model_type} & (ATTENTION_FREE_ARCHS | ATTENTION_FREE_TYPES))
+    heads = r.pos_int(*_HEAD_KEYS, allow_zero=free) or None  # attention-free: 0 is no heads, not junk
+    kv_heads = r.pos_int(*_KV_HEAD_KEYS, allow_zero=free) or None
     if kv_heads is None and heads is not None and "num_key_value_heads" not in view:
         kv_heads = heads  # HF default: no GQA
     head_dim = r.pos_int("head_dim")

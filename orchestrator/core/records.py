@@ -8,6 +8,11 @@ from typing import Any
 from orchestrator.core.states import Fallback, Phase
 
 
+def host_port(address: str, port: int) -> str:
+    """ADDRESS:PORT for a message, an IPv6 literal (with its zone) in brackets: [fe80::1%eth0]:22."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
 @dataclass(frozen=True)
 class NodeUnit:
     """One more unit of a multi-node model: a headless rank, a Ray head or a Ray worker, on its host."""

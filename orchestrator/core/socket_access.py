@@ -10,6 +10,7 @@ from __future__ import annotations
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,15 @@ class Account:
     name: str
     uid: int
     gids: frozenset[int]  # its group (HAProxy's `group`) and its supplementary groups
+
+
+def path_chain(path: str) -> list[str]:
+    """The paths the kernel walks to reach ``path`` (absolute): /, each directory down, then ``path``
+    itself; the one list every check of a socket's reachability builds its Entries from."""
+    if not path.startswith("/"):
+        raise ValueError(f"socket path {path!r} is not absolute")
+    parts = PurePosixPath("/" + path.lstrip("/")).parts  # POSIX keeps a leading // apart; the kernel does not
+    return [str(PurePosixPath(*parts[:i])) for i in range(1, len(parts) + 1)]
 
 
 def _bits(entry: Entry, who: Account) -> tuple[int, str]:

@@ -25,8 +25,10 @@ class OperationsBase:
     def __init__(self, catalog: Catalog, ports_for: Callable[[str], HostPorts], *,
                  store: StateStore | None = None, template: str | None = None,
                  residency: ResidencyStore | None = None,
-                 before_step: Callable[[Deployment], None] | None = None) -> None:
+                 before_step: Callable[[Deployment], None] | None = None, reading: bool = False) -> None:
+        """``reading``: a read-only command's (status, history...): the stores open read-only (SqliteFile)."""
         self.catalog = catalog
+        self.reading = reading
         self.state_dir = catalog.state_dir
         # The stores open on first use: building the operations writes nothing, so a request refused
         # before it needs a record (two models that cannot serve together) leaves no state dir behind.
@@ -45,7 +47,8 @@ class OperationsBase:
     def store(self) -> StateStore:
         with self._open_lock:
             if self._store is None:
-                self._store = SqliteStore(Path(self.catalog.state_dir) / "state.db", group=self.catalog.socket_group)
+                self._store = SqliteStore(Path(self.catalog.state_dir) / "state.db", group=self.catalog.socket_group,
+                                          reading=self.reading)
             return self._store
 
     @property
@@ -54,7 +57,7 @@ class OperationsBase:
         with self._open_lock:
             if self._residency_store is None:
                 self._residency_store = SqliteResidencyStore(Path(self.catalog.state_dir) / "residency.db",
-                                                             group=self.catalog.socket_group)
+                                                             group=self.catalog.socket_group, reading=self.reading)
             return self._residency_store
 
     def engine(self, progress: ProgressCallback | None = None) -> Engine:

@@ -1,0 +1,58 @@
+"""`config push` reloads the front proxy at once for any change to what it is rendered from ([proxy]
+settings, the bind), not only for a change to what it holds on demand; a push that changes none of it
+leaves the proxy alone. The agent's real config-push path over a fake host and proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_demand_push import Pushed
+
+
+@pytest.fixture
+def serving(tmp_path: Path) -> Iterator[Pushed]:
+    """An agent with no model on demand, b switched in through the proxy."""
+    world = Pushed(tmp_path, on_demand=False)
+    world.agent.demand.sync()
+    switched = list(world.agent.dispatch("switch", {"model": "b"}, "alice@test"))
+    assert switched[-1]["result"]["outcome"] == "active"
+    yield world
+    world.agent.stop()
+    world.agent.demand.stop()
+
+
+def _with_proxy(world: Pushed, lines: str) -> str:
+    return world.text(on_demand=False).replace("port = 9000\n", "port = 9000\n" + lines, 1)
+
+
+@pytest.mark.parametrize("lines,rendered", [
+    ("drain_timeout_s = 45\n", "hard-stop-after 45000ms"),
+    ("retry_after_s = 9\n", "hdr Retry-After 9 "),
+    ("user = \"nobody\"\n", "user \"nobody\""),
+])
+def test_a_push_of_a_proxy_setting_alone_reloads_the_proxy_at_once(serving: Pushed, lines: str,
+                                                                   rendered: str) -> None:
+    """No model on demand: a push changing only [proxy] reloads HAProxy with it now, b still routed."""
+    before = len(serving.proxy.applied)
+    assert rendered not in (serving.proxy.config or "")
+    result = serving.push(_with_proxy(serving, lines), uid=0)[-1]["result"]  # root: [proxy] user is root-only
+    assert result["proxy"] == {"box": "reloaded"} and len(serving.proxy.applied) == before + 1
+    assert rendered in (serving.proxy.config or "") and '"127.0.0.9:8002"' in (serving.proxy.config or "")
+
+
+def test_a_push_that_moves_the_default_bind_reloads_the_proxy(serving: Pushed) -> None:
+    """[defaults] bind is where the proxy listens when neither [proxy] nor the host says: reloaded at once."""
+    text = serving.text(on_demand=False).replace("[proxy]\n", '[defaults]\nbind = "127.0.0.10"\n[proxy]\n', 1)
+    result = serving.push(text, uid=0)[-1]["result"]
+    assert result["proxy"] == {"box": "reloaded"} and '"127.0.0.10:9000"' in (serving.proxy.config or "")
+
+
+def test_a_push_that_changes_nothing_the_proxy_is_rendered_from_leaves_it(serving: Pushed) -> None:
+    """A model's setting the proxy does not render (its gpu_memory_utilization): no reload, no proxy key."""
+    before = len(serving.proxy.applied)
+    text = serving.text(on_demand=False, extra="gpu_memory_utilization = 0.8\n")
+    assert "proxy" not in serving.push(text)[-1]["result"]
+    assert len(serving.proxy.applied) == before
