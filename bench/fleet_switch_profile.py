@@ -29,13 +29,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.fleet_controller import all_hosts_env  # noqa: E402
-from bench.fleet_profile import CPUACCT, _role  # noqa: E402
-from tests.builders.agent import CONFIG, PY  # noqa: E402
-from tests.builders.rollout import install  # noqa: E402
-from tests.builders.switch import MODELS  # noqa: E402
-from tests.hosts.machine import HostError  # noqa: E402
-from tests.hosts.pool import boot_hosts  # noqa: E402
+from bench.fleet_controller import all_hosts_env
+from bench.fleet_profile import CPUACCT, _role
+from tests.builders.agent import CONFIG, PY
+from tests.builders.rollout import install
+from tests.builders.switch import MODELS
+from tests.hosts.machine import HostError
+from tests.hosts.pool import boot_hosts
 
 _TICK = os.sysconf("SC_CLK_TCK")
 PAIR = {"alpha": "beta", "beta": "alpha"}
