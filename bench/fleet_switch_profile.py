@@ -84,7 +84,7 @@ def main() -> int:
     hostset = boot_hosts(args.hosts, netns=True)
     work = Path(f"/tmp/fleet-switch-profile-{os.getpid()}")
     work.mkdir()
-    models = {n: {**MODELS[n], "args": ["--load-time", f"{args.load_time:g}"]} for n in ("alpha", "beta")}
+    models = {n: {**MODELS[n], "args": ["--load-time", f"{args.load_time:g}", "--load-time-from-start"]} for n in ("alpha", "beta")}
     try:
         for h in hostset.hosts:
             for attempt in range(3):
