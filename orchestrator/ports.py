@@ -89,9 +89,14 @@ class UnitFiles(Protocol):
 
     def daemon_reload(self) -> None: ...
 
-    def enable(self, unit: str) -> None: ...
+    def enable(self, unit: str, *, reload: bool = True) -> bool:
+        """Enable the unit; whether its links changed. ``reload=False``: the caller reloads once
+        for several changes (each reload re-reads every unit file of the host)."""
+        ...
 
-    def disable(self, unit: str) -> None: ...
+    def disable(self, unit: str, *, reload: bool = True) -> bool:
+        """Disable the unit; whether its links changed (``reload`` as for enable)."""
+        ...
 
 
 class UnitInspector(Protocol):

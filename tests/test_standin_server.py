@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -316,3 +318,15 @@ def test_chunk_delay_paces_the_stream(start: Callable[..., Standin]) -> None:
     stamps = [time.monotonic() for c in s.client().completions.create(
         model=NAME, prompt="hi", max_tokens=6, stream=True) if c.choices]
     assert (len(stamps), stamps[-1] - stamps[0] >= 5 * 0.05 * 0.9) == (6, True)
+
+
+def test_load_time_from_start_counts_from_the_process_start() -> None:
+    """--load-time-from-start's clock: the process's start on time.monotonic, between its spawn and its answer."""
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import openai_server as s; "
+             "print(repr(s.process_start()))")
+    before = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", probe, str(Path(__file__).parent / "standin")],
+                         capture_output=True, text=True, check=True).stdout
+    after = time.monotonic()
+    tick = 1 / os.sysconf("SC_CLK_TCK")  # /proc counts the start in clock ticks
+    assert before - tick <= float(out) <= after

@@ -214,6 +214,15 @@ def test_enable_and_disable_change_the_install_state(adapters: Adapters) -> None
 
 
 @WITH_FAKES
+def test_enable_and_disable_report_whether_a_link_changed(adapters: Adapters) -> None:
+    """enable and disable say whether they changed a link (the caller reloads only then)."""
+    unit = unit_name()
+    install(adapters, unit, service("/bin/sleep 1000") + "\n[Install]\nWantedBy=multi-user.target\n")
+    assert [adapters.systemd.enable(unit, reload=False), adapters.systemd.enable(unit, reload=False),
+            adapters.systemd.disable(unit), adapters.systemd.disable(unit)] == [True, False, True, False]
+
+
+@WITH_FAKES
 def test_enable_of_unknown_unit_raises_unit_not_found(adapters: Adapters) -> None:
     """Enabling a unit with no unit file names the unit."""
     unit = unit_name()

@@ -75,14 +75,25 @@ class DbusSystemd(ShellUnitFiles):
         check_unit_name(unit)
         try:
             path = self._manager.LoadUnit(unit)
-            obj = self._bus.get(_SYSTEMD, path)
-            props = obj["org.freedesktop.DBus.Properties"]
-            values = dict(props.GetAll(f"{_SYSTEMD}.Unit"))
+            values = self._properties(path, "Unit")
             if unit.endswith(".service") and values.get("LoadState") == "loaded":
-                values.update(props.GetAll(f"{_SYSTEMD}.Service"))
+                values.update(self._properties(path, "Service"))
         except GLib.Error as exc:
             raise self._error(exc, unit, f"reading {unit}") from exc
-        return state_from_properties(unit, {k: str(values.get(k, "")) for k in UNIT_PROPERTIES})
+        return state_from_properties(unit, {k: values.get(k, "") for k in UNIT_PROPERTIES})
+
+    def _properties(self, path: str, interface: str) -> dict[str, str]:
+        """UNIT_PROPERTIES of one interface of a unit's object, from one GetAll (one consistent view).
+
+        Called on the bus connection itself: a pydbus proxy of the object would introspect it first
+        (systemd's XML of every interface, parsed into classes) on every call, and unpacking the whole
+        reply would convert some 200 properties; the watch and every step read units often."""
+        reply = self._bus.con.call_sync(_SYSTEMD, path, "org.freedesktop.DBus.Properties", "GetAll",
+                                        GLib.Variant("(s)", (f"{_SYSTEMD}.{interface}",)),
+                                        GLib.VariantType.new("(a{sv})"), Gio.DBusCallFlags.NONE, -1, None)
+        props = reply.get_child_value(0)
+        found = {key: props.lookup_value(key, None) for key in UNIT_PROPERTIES}
+        return {key: str(value.unpack()) for key, value in found.items() if value is not None}
 
     def _job(self, method: str, verb: str, unit: str, timeout: float) -> None:
         check_unit_name(unit)
@@ -127,13 +138,20 @@ class DbusSystemd(ShellUnitFiles):
     def daemon_reload(self) -> None:
         self._call("Reload", None)
 
-    def enable(self, unit: str) -> None:
-        self._call("EnableUnitFiles", check_unit_name(unit), [unit], False, True)
-        self.daemon_reload()  # as `systemctl enable` does
+    def enable(self, unit: str, *, reload: bool = True) -> bool:
+        reply = self._call("EnableUnitFiles", check_unit_name(unit), [unit], False, True)
+        changes = reply[1] if isinstance(reply, tuple) else True  # (carries_install_info, changes)
+        return self._reloaded(bool(changes), reload)
 
-    def disable(self, unit: str) -> None:
-        self._call("DisableUnitFiles", check_unit_name(unit), [unit], False)
-        self.daemon_reload()
+    def disable(self, unit: str, *, reload: bool = True) -> bool:
+        changes = self._call("DisableUnitFiles", check_unit_name(unit), [unit], False)
+        return self._reloaded(bool(changes), reload)
+
+    def _reloaded(self, changed: bool, reload: bool) -> bool:
+        # As `systemctl enable` does, but only when a link changed: a reload re-reads every unit.
+        if changed and reload:
+            self.daemon_reload()
+        return changed
 
     def kill_unit(self, unit: str, signal: int) -> None:
         state = self.unit_state(unit)

@@ -77,16 +77,18 @@ class SshSystemd(ShellUnitFiles):
     def daemon_reload(self) -> None:
         self._checked("daemon-reload")
 
-    def enable(self, unit: str) -> None:
-        self._unit_file_op("enable", unit)
+    def enable(self, unit: str, *, reload: bool = True) -> bool:
+        return self._unit_file_op("enable", unit, reload)
 
-    def disable(self, unit: str) -> None:
-        self._unit_file_op("disable", unit)
+    def disable(self, unit: str, *, reload: bool = True) -> bool:
+        return self._unit_file_op("disable", unit, reload)
 
-    def _unit_file_op(self, verb: str, unit: str) -> None:
-        res = self._systemctl(verb, "--", check_unit_name(unit))
+    def _unit_file_op(self, verb: str, unit: str, reload: bool) -> bool:
+        # systemctl reports each link it created or removed on stderr and prints nothing when there
+        # was nothing to do; anything else it says (a warning) counts as a change: one reload too many.
+        res = self._systemctl(verb, *([] if reload else ["--no-reload"]), "--", check_unit_name(unit))
         if res.ok:
-            return
+            return bool(res.stderr.strip())
         if "does not exist" in res.stderr or not self.unit_state(unit).exists:
             raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
         raise SystemdError(f"systemctl {verb} {unit} exited {res.exit_code}: {res.stderr.strip()}",

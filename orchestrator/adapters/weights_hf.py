@@ -88,6 +88,10 @@ class HfWeightStore:
 
     def cleanup(self, root: str, *, keep: int, protected: Collection[tuple[str, str]],
                 unit_dir: str | None = None) -> list[StagedRevision]:
+        # The worker finds nothing to remove without the directory either; this test costs a few ms
+        # where a worker's start costs a Python with the project's imports, after every switch.
+        if not self.shell.run(["test", "-d", root], check=False, idempotent=True).ok:
+            return []
         pairs = json.dumps(sorted([n, r] for n, r in set(protected)))
         extra = ["--unit-dir", unit_dir] if unit_dir else []
         done = self._call(f"removing old revisions under {root}", "cleanup", root, str(keep), pairs, *extra)

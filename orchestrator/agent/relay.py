@@ -18,9 +18,6 @@ import socket
 import sys
 import threading
 
-from orchestrator import settings
-from orchestrator.contract.wire import socket_path
-
 DEFAULT_CONFIG = "/etc/orchestrator/deploy.toml"
 AGENT_UNREACHABLE = 6
 _CHUNK = 65536
@@ -29,7 +26,11 @@ _CHUNK = 65536
 def default_socket(config: str | None = None) -> str:
     """$ORCHESTRATOR_SOCKET, else <state_dir>/agent.sock of the box's deploy.toml (read cheaply)."""
     # The CLI's own cheap read (no catalog); a file it cannot read plainly: the default place, and a
-    # wrong socket is reported below.
+    # wrong socket is reported below. Imported here: a CLI or controller that names the socket (each
+    # request of theirs is one relay start) does not pay for the settings module and its imports.
+    from orchestrator import settings
+    from orchestrator.contract.wire import socket_path
+
     peeked = settings.peek(config or os.environ.get("ORCHESTRATOR_CONFIG") or DEFAULT_CONFIG)
     return socket_path(peeked.state_dir if peeked is not None else settings.DEFAULT_STATE_DIR)
 

@@ -216,10 +216,13 @@ def _asleep(ctx: StepContext, spec: UnitSpec) -> bool:
 def settle_enablement(ctx: StepContext, serving: str, others: Iterable[str]) -> None:
     """After a model proves healthy: it comes back on reboot, the others do not."""
     sd = ctx.ports.systemd
+    changed = False
     for unit in sorted(set(others) - {serving}):
         if sd.unit_state(unit).exists:
-            sd.disable(unit)
-    sd.enable(serving)
+            changed |= sd.disable(unit, reload=False)
+    changed |= sd.enable(serving, reload=False)
+    if changed:
+        sd.daemon_reload()  # one re-read of every unit file for all the links that changed
 
 
 def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = ()) -> bool:

@@ -169,11 +169,20 @@ class FakeSystemd:
         self.w.calls.append("daemon-reload")
         self.w.loaded = {n: u.text for n, u in self.w.units.items()}
 
-    def enable(self, unit: str) -> None:
-        self._file(unit).enabled = True
+    def enable(self, unit: str, *, reload: bool = True) -> bool:
+        return self._set_enabled(unit, True, reload)
 
-    def disable(self, unit: str) -> None:
-        self._file(unit).enabled = False
+    def disable(self, unit: str, *, reload: bool = True) -> bool:
+        return self._set_enabled(unit, False, reload)
+
+    def _set_enabled(self, unit: str, enabled: bool, reload: bool) -> bool:
+        """As the adapters do: a change of links reloads the manager unless the caller will."""
+        u = self._file(unit)
+        changed = u.enabled != enabled
+        u.enabled = enabled
+        if changed and reload:
+            self.daemon_reload()
+        return changed
 
     def _file(self, unit: str) -> _Unit:
         u = self.w.units.get(unit)

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3 -IS
 """Stand-in nvidia-smi for test hosts: answers the CSV queries the orchestrator uses.
 
 GPUs come from $STANDIN_GPU_DIR/gpus.json ({"count", "memory_mib", "name"}; missing -> 8 GPUs);
@@ -6,19 +6,20 @@ memory holders from one <pid>.json per process ({"pid", "name", "gpus": [...], "
 written by tests/standin/openai_server.py. Files of processes that are gone are ignored, so GPU
 memory frees when the holder dies, as on real hardware. Output matches real nvidia-smi 580
 (captured on an H200: tests/fixtures/nvidia-smi/), including its answer to an unknown field.
-Standard library only: it runs with the host's /usr/bin/python3.
+Standard library only: it runs with the host's /usr/bin/python3, isolated and without site (-IS).
+
+The agent runs it several times a second while GPUs free, and the real nvidia-smi is a C program:
+so it imports only what it must (json, os, sys; no pathlib, uuid or socket, ~20 ms of CPU a call).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-import uuid
-from pathlib import Path
 
-GPU_DIR = Path(os.environ.get("STANDIN_GPU_DIR", "/run/standin-gpu"))
+GPU_DIR = os.environ.get("STANDIN_GPU_DIR", "/run/standin-gpu")
+_DNS_NAMESPACE = bytes.fromhex("6ba7b8109dad11d180b400c04fd430c8")  # uuid.NAMESPACE_DNS
 DEFAULT = {"count": 8, "memory_mib": 97887, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
 
 # field -> (header name, unit); aliases map to the canonical name real nvidia-smi prints.
@@ -34,36 +35,54 @@ APP_FIELDS = {"pid": ("pid", ""), "process_name": ("process_name", ""), "name": 
 
 
 def gpu_uuid(index: int) -> str:
-    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{socket.gethostname()}.gpu{index}"))
+    """uuid.uuid5(NAMESPACE_DNS, "<hostname>.gpu<index>"), without importing uuid."""
+    try:
+        from _sha1 import sha1  # CPython's built-in module: hashlib would load OpenSSL
+    except ImportError:
+        from hashlib import sha1
+    digest = bytearray(sha1(_DNS_NAMESPACE + f"{os.uname().nodename}.gpu{index}".encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = digest.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def bus_id(index: int) -> str:
     return f"00000000:{index + 0x18:02X}:00.0"
 
 
-def load_gpus(gpu_dir: str | Path = GPU_DIR) -> dict[str, object]:
+def load_gpus(gpu_dir: str | os.PathLike[str] = GPU_DIR) -> dict[str, object]:
     try:
-        return {**DEFAULT, **json.loads((Path(gpu_dir) / "gpus.json").read_text())}
+        return {**DEFAULT, **json.loads(_read(os.path.join(gpu_dir, "gpus.json")))}
     except (FileNotFoundError, ValueError):
         return dict(DEFAULT)
 
 
 def alive(pid: int) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = _read(f"/proc/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError):
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def load_holders(count: int, gpu_dir: str | Path = GPU_DIR) -> list[tuple[int, int, str, int]]:
+def load_holders(count: int, gpu_dir: str | os.PathLike[str] = GPU_DIR) -> list[tuple[int, int, str, int]]:
     """(gpu index, pid, process name, MiB) of every live holder, ordered like nvidia-smi."""
     rows = []
-    for path in Path(gpu_dir).glob("*.json"):
-        if path.name == "gpus.json":
+    try:
+        names = os.listdir(gpu_dir)
+    except OSError:
+        names = []
+    for name in names:
+        if not name.endswith(".json") or name == "gpus.json":
             continue
         try:
-            h = json.loads(path.read_text())
+            h = json.loads(_read(os.path.join(gpu_dir, name)))
             pid, name, mib = int(h["pid"]), str(h["name"]), int(h["mib_per_gpu"])
             gpus = [int(g) for g in h["gpus"]]
         except (OSError, ValueError, KeyError, TypeError):

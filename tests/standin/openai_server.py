@@ -51,6 +51,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-name", required=True, help="model id listed by /v1/models")
     p.add_argument("--load-time", type=float, default=0.0, help="seconds until /health is 200")
+    p.add_argument("--load-time-from-start", action="store_true",
+                   help="count --load-time from this process's start (its exec by systemd, the shim's "
+                        "included), not from the end of its imports: a load that is a fixed sleep, which "
+                        "the CPU its own start takes on a busy machine does not lengthen")
     p.add_argument("--listen-after-load", action="store_true",
                    help="refuse connections while loading instead of answering 503")
     p.add_argument("--stop-time", type=float, default=0.0, help="seconds SIGTERM handling takes")
@@ -265,12 +269,19 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+def process_start() -> float:
+    """When this process started, on time.monotonic's clock (/proc's start time is since boot)."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    return time.monotonic() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 class App:
     def __init__(self, args: argparse.Namespace, placed: list[dict[str, Any]] | None = None,
                  sleep: SleepMode | None = None) -> None:
         self.args = args
         self.placed = placed  # Ray mode: where each rank's worker runs
-        self.started = time.monotonic()
+        self.started = process_start() if args.load_time_from_start else time.monotonic()
         self.created = int(time.time())
         self.name = args.served_name
         self.prompts: list[str] = []

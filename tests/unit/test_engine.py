@@ -235,3 +235,25 @@ def test_rolled_back_switch_does_not_clean_weights(world: World) -> None:
     world.host.behaviours["vllm-beta.service"] = "never_ready"
     world.switch("beta")
     assert world.weights.kept == [["alpha"]]
+
+
+def test_switch_between_installed_models_reloads_systemd_once(world: World) -> None:
+    """A switch whose unit files are unchanged makes one daemon-reload: disabling the old model and
+    enabling the new one share it (each reload re-reads every unit file of the host)."""
+    world.switch("alpha")
+    world.switch("beta")
+    world.switch("alpha")
+    before = len(world.host.calls)
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ACTIVE
+    assert world.host.calls[before:].count("daemon-reload") == 1
+    assert world.host.units["vllm-beta.service"].enabled
+    assert not world.host.units["vllm-alpha.service"].enabled
+
+
+def test_switch_to_an_enabled_unit_makes_no_daemon_reload(world: World) -> None:
+    """Re-switching to the model that serves changes no unit file and no link: no daemon-reload."""
+    world.switch("alpha")
+    before = len(world.host.calls)
+    world.engine.run(world.engine.plan_switch("alpha", force=True).id)
+    assert "daemon-reload" not in world.host.calls[before:]
