@@ -8,10 +8,10 @@ Cancelling ``run`` (or Ctrl-C through ``run_bench_blocking``) keeps every finish
 ``partial_result()`` returns them at any time.
 Each level's window is the same as ``vllm bench serve``'s benchmark duration: from just before the
 first request is sent to the last request's end (calibration requests come before it). Before the
-window every level opens its C connections (C concurrent GET /v1/models), so all C requests go out at
-once on open connections: on a busy server a level that starts with one open connection and C-1 to
-connect had its first request streaming while the others were still being admitted, one by one over
-a second on the CPU build (bench/gpu/RESULTS.md, cpu-compare-11). With
+window every level opens its C connections (C concurrent GET /v1/models), so all C requests leave at
+once on open connections: a level that started with the calibration's one open connection and C-1
+to connect had that one request streaming while the server admitted the others a few at a time over
+up to a second on the 2-core CPU build (bench/gpu/RESULTS.md, "Why C=64 read low"). With
 ``keep_traces`` every request's timings stay in ``traces`` with that window, on the perf_counter
 clock (CLOCK_MONOTONIC on Linux: one clock for every process of the host, so another tool's
 timestamps and a /metrics sampler's line up with them).
