@@ -7,7 +7,11 @@ count is used up or its deadline passes; requests in flight at the deadline fini
 Cancelling ``run`` (or Ctrl-C through ``run_bench_blocking``) keeps every finished request:
 ``partial_result()`` returns them at any time.
 Each level's window is the same as ``vllm bench serve``'s benchmark duration: from just before the
-first request is sent to the last request's end (calibration requests come before it); with
+first request is sent to the last request's end (calibration requests come before it). Before the
+window every level opens its C connections (C concurrent GET /v1/models), so all C requests leave at
+once on open connections: a level that started with the calibration's one open connection and C-1
+to connect had that one request streaming while the server admitted the others a few at a time over
+up to a second on the 2-core CPU build (bench/gpu/RESULTS.md, "Why C=64 read low"). With
 ``keep_traces`` every request's timings stay in ``traces`` with that window, on the perf_counter
 clock (CLOCK_MONOTONIC on Linux: one clock for every process of the host, so another tool's
 timestamps and a /metrics sampler's line up with them).
@@ -128,9 +132,10 @@ class LoadGenerator:
         self._concurrency = concurrency
         self._streamed = 0
         duration = self.plan.effective_duration_s
+        remaining = self.plan.requests or 0
+        await self._open_connections(client, concurrency)
         self._level_start = start = perf_counter()
         deadline = start + duration if duration is not None else None
-        remaining = self.plan.requests or 0
 
         async def worker() -> None:
             nonlocal remaining
@@ -241,6 +246,19 @@ class LoadGenerator:
         if not models:
             raise HealthCheckFailed(f"bench: {self.target.base_url}/v1/models lists no model")
         return str(models[0])
+
+    async def _open_connections(self, client: HttpBackend, concurrency: int) -> None:
+        """C requests in flight at once make the client hold C connections, kept open (keep-alive) for
+        the level's C workers. GET /v1/models costs the server next to nothing; whatever it answers,
+        the connection is open, so only a transport failure stops the run."""
+        answers = await asyncio.gather(*(client.get("/v1/models") for _ in range(concurrency)),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, StreamError):
+                raise TransportError(f"bench: opening {concurrency} connections to {self.target.base_url}: "
+                                     f"{answer.kind}: {answer.message}") from answer
+            if isinstance(answer, BaseException):
+                raise answer
 
     async def _calibrate(self, client: HttpBackend) -> None:
         """Unmeasured 1-token requests find how much of the run's text makes plan.prompt_tokens as the
