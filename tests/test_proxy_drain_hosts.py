@@ -29,6 +29,11 @@ from tests.proxy_prober import classify
 
 pytestmark = pytest.mark.hosts
 REPO = Path(__file__).resolve().parents[1]
+# Issue 29 asks for "many repeated handovers under a prober, not a few" and names no number: 20 here
+# (~3 s each; the racy drain cut 4 streams in 30, so 20 miss it ~7% of runs), 40 in
+# bench/proxy_handovers.py, whose figure the README quotes.
+HANDOVERS = 20
+
 
 @pytest.fixture
 def ops(host: Host, tmp_path: Path) -> Iterator[Operations]:
@@ -49,8 +54,8 @@ def summary(requests: list[dict[str, Any]]) -> str:
     return ", ".join(f"{len(v)} {k}" for k, v in got.items())
 
 
-def test_30_handovers_under_a_prober_cut_no_stream_and_fail_no_request(host: Host, ops: Operations) -> None:
-    """chat-a <-> chat-b (disjoint GPUs) 30 times under continuous plain and streaming traffic:
+def test_20_handovers_under_a_prober_cut_no_stream_and_fail_no_request(host: Host, ops: Operations) -> None:
+    """chat-a <-> chat-b (disjoint GPUs) 20 times under continuous plain and streaming traffic:
     every handover ends active, no stream is cut, no request fails or gets a 503."""
     assert ops.switch("chat-a")["outcome"] == "active"
     events: list[tuple[float, str]] = []
@@ -58,16 +63,16 @@ def test_30_handovers_under_a_prober_cut_no_stream_and_fail_no_request(host: Hos
     outcomes = []
     t0 = time.monotonic()
     with ProberProcess(base_url(host), "chat") as prober:
-        for i in range(30):
+        for i in range(HANDOVERS):
             outcomes.append(ops.switch(("chat-b", "chat-a")[i % 2], progress=recorder(events, drains))["outcome"])
     took = time.monotonic() - t0
     got = classify(prober.requests, TOKENS)
-    print(f"30 handovers in {took:.1f} s: {summary(prober.requests)}; "
+    print(f"{HANDOVERS} handovers in {took:.1f} s: {summary(prober.requests)}; "
           f"{spanning(prober.requests, moves(events))} streams spanned a route move; {drain_figures(drains)}")
-    assert outcomes == ["active"] * 30
-    assert [h["plan"]["mode"] for h in ops.history(host.name)[:30]] == ["handover"] * 30
+    assert outcomes == ["active"] * HANDOVERS
+    assert [h["plan"]["mode"] for h in ops.history(host.name)[:HANDOVERS]] == ["handover"] * HANDOVERS
     assert got["cut"] == [] and got["failed"] == [] and got["gap"] == []
-    assert len(moves(events)) == 30 and spanning(prober.requests, moves(events)) >= 30
+    assert len(moves(events)) == HANDOVERS and spanning(prober.requests, moves(events)) >= HANDOVERS
 
 
 def test_10_stop_starts_under_a_prober_answer_only_503_with_retry_after(host: Host, ops: Operations) -> None:
