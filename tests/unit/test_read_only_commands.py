@@ -60,3 +60,18 @@ def test_history_reads_an_older_database_without_migrating_it(box: Path) -> None
     assert result.exit_code == 0, result.output
     assert [(r["model"], r["outcome"]) for r in json.loads(result.stdout)] == [("a", "active")]
     assert (box / "state.db").read_bytes() == data and _tree(box) == before
+
+
+def test_history_reads_beside_a_live_writer(box: Path) -> None:
+    """A writer holds state.db open (its -wal there, a deployment committed to it only): `history` reads it."""
+    from tests.unit.test_store import SPEC
+
+    store = SqliteStore(box / "state.db", group=None)
+    try:
+        store.create("box", SPEC, "cli:root", None, 100.0)
+        assert (box / "state.db-wal").exists()
+        result = invoke("history", "--json")
+        assert result.exit_code == 0, result.output
+        assert [r["model"] for r in json.loads(result.stdout)] == ["a"]
+    finally:
+        store.close()
