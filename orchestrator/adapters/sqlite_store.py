@@ -182,6 +182,11 @@ _MIGRATIONS: tuple[Migration, ...] = (_to_v1, _create(_V2), _create(_V3), _creat
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
+def _file_state(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
 class SqliteFile:
     """One SQLite file of ours: opened secured and migrated to its current schema, one connection
     guarded by a lock, transactions that roll back whole, every SQLite error a StateError naming the
@@ -238,22 +243,16 @@ class SqliteFile:
         memory.row_factory = sqlite3.Row
         self._db = memory
         if self._readable():
-            live = os.path.exists(self.path + "-wal")
-            try:
-                # immutable: no -shm is made; the file has every commit (no -wal: the last writer checkpointed)
-                disk = sqlite3.connect(f"file:{quote(self.path)}?{'mode=ro' if live else 'immutable=1'}", uri=True,
-                                       timeout=30.0, isolation_level=None, check_same_thread=False)
-                disk.row_factory = sqlite3.Row
+            for live in (os.path.exists(self.path + "-wal"), True):
+                disk = self._connect_reading(live)
                 self._db = disk
-                if live and self._version() == len(self.MIGRATIONS):
-                    memory.close()
+                if live and self._current(disk, memory):
                     return disk
-                disk.backup(memory)
-                disk.close()
-            except sqlite3.DatabaseError as exc:
-                memory.close()
-                what = "not an SQLite database" if "not a database" in str(exc) else "cannot be read"
-                raise StateStoreError(f"{self.KIND} {self.path}: {what} ({exc})") from exc
+                before = _file_state(self.path)
+                self._copy(disk, memory)
+                # a writer that began (or checkpointed into the file) during the copy: read it live instead
+                if live or (before == _file_state(self.path) and not os.path.exists(self.path + "-wal")):
+                    break
             self._db = memory
         try:
             self._migrate()
@@ -261,6 +260,40 @@ class SqliteFile:
             memory.close()
             raise
         return memory
+
+    def _connect_reading(self, live: bool) -> sqlite3.Connection:
+        """``live``: read-only beside a writer's -wal; else immutable (no -shm is made; with no -wal the
+        file holds every commit, the last writer checkpointed)."""
+        try:
+            disk = sqlite3.connect(f"file:{quote(self.path)}?{'mode=ro' if live else 'immutable=1'}", uri=True,
+                                   timeout=30.0, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StateStoreError(f"{self.KIND} {self.path}: cannot open: {exc}") from exc
+        disk.row_factory = sqlite3.Row
+        return disk
+
+    def _current(self, disk: sqlite3.Connection, memory: sqlite3.Connection) -> bool:
+        """Whether the file is of this schema (then it is read as it is, and ``memory`` goes)."""
+        try:
+            current = self._version() == len(self.MIGRATIONS)
+        except sqlite3.DatabaseError as exc:
+            disk.close()
+            memory.close()
+            what = "not an SQLite database" if "not a database" in str(exc) else "cannot be read"
+            raise StateStoreError(f"{self.KIND} {self.path}: {what} ({exc})") from exc
+        if current:
+            memory.close()
+        return current
+
+    def _copy(self, disk: sqlite3.Connection, memory: sqlite3.Connection) -> None:
+        try:
+            disk.backup(memory)
+        except sqlite3.DatabaseError as exc:
+            memory.close()
+            what = "not an SQLite database" if "not a database" in str(exc) else "cannot be read"
+            raise StateStoreError(f"{self.KIND} {self.path}: {what} ({exc})") from exc
+        finally:
+            disk.close()
 
     def _readable(self) -> bool:
         """Whether the file is there to read; one this user may not read is a StateStoreError (the CLI adds

@@ -51,6 +51,11 @@ def held_for(catalog: Catalog, host: str) -> tuple[tuple[DemandRoute, ...], str,
     return (routes, catalog.demand_socket(), catalog.proxy.retry_after_s) if routes else ((), "", 0)
 
 
+def _account(catalog: Catalog) -> tuple[str, str]:
+    """HAProxy's (user, group) the demand socket is made for: [proxy] user and group, else Debian's haproxy."""
+    return catalog.proxy.user or PROXY_USER, catalog.proxy.run_group or PROXY_USER
+
+
 def rendered_from(catalog: Catalog, host: str) -> tuple[object, ...]:
     """Everything of ``catalog`` that ``host``'s proxy (its haproxy.cfg and its unit) is rendered from,
     beside the serving set: [proxy] whole, the bind it falls back through, and the on-demand holds."""
@@ -68,6 +73,7 @@ class DemandService:
         self.loops: list[Loop] = []  # running now (the agent's watchdog checks them with its own)
         self.server: DemandServer | None = None
         self.path: str | None = None  # where the socket listens
+        self.account: tuple[str, str] | None = None  # HAProxy's (user, group) the socket was made for
         self._halt = threading.Event()  # the running loops' own stop (set with the agent's, too)
         self._lock = threading.Lock()
 
@@ -84,7 +90,8 @@ class DemandService:
                 self._stop("no model is on demand any more")
                 return
             path = catalog.demand_socket()
-            if self.server is not None and self.path != path:
+            # a new [proxy] user or group: the socket's group and the uids let in are made at its opening
+            if self.server is not None and (self.path, self.account) != (path, _account(catalog)):
                 self._close_socket()
             if self.server is None:
                 self._open(path)
@@ -127,7 +134,7 @@ class DemandService:
     # -- the parts ---------------------------------------------------------------------------------
     def _open(self, path: str) -> None:
         proxy = self.agent.catalog.proxy
-        user, group = proxy.user or PROXY_USER, proxy.run_group or PROXY_USER
+        user, group = _account(self.agent.catalog)
         try:
             server = DemandServer(path, self.broker, user=user, group=group)
         except OSError as exc:
@@ -140,7 +147,7 @@ class DemandService:
                 os.unlink(path)
                 raise
         threading.Thread(target=server.serve_forever, name="demand-socket", daemon=True).start()
-        self.server, self.path = server, path
+        self.server, self.path, self.account = server, path, (user, group)
         log.info("demand_socket_listening", socket=path)
 
     def _start_loops(self) -> None:
@@ -178,5 +185,5 @@ class DemandService:
             os.unlink(path)
         except FileNotFoundError:
             pass
-        self.server, self.path = None, None
+        self.server, self.path, self.account = None, None, None
         log.info("demand_socket_closed", socket=path)

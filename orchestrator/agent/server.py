@@ -246,6 +246,10 @@ class BoundedServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     """A threading Unix socket server with at most ``slots`` connections in service at once: the one
     beyond goes to ``turn_away`` (which must close it), never to a thread of its own."""
     daemon_threads = True
+    # listen()'s backlog: socketserver's 5 made the 6th connection made while the accept thread was
+    # starved (a loaded box) fail at once for a non-blocking client (HAProxy's Lua: a held request's 503);
+    # the kernel caps it at net.core.somaxconn
+    request_queue_size = 4096
     slots: threading.BoundedSemaphore
 
     def turn_away(self, request: socket.socket) -> None:

@@ -160,10 +160,10 @@ def _render_proxy(cat: Catalog, diff: bool) -> None:
     if not cat.proxy.enabled:
         raise UsageError("render --proxy: the front proxy is not enabled in deploy.toml (set [proxy] enabled = true)")
     db = Path(cat.state_dir) / "state.db"
-    store = SqliteStore(db, group=cat.socket_group) if db.exists() else None  # never create one to read
+    store = SqliteStore(db, group=cat.socket_group, reading=True)  # read-only: nothing made or chmod-ed
     changed = False
     for name, host in cat.hosts.items():
-        specs = [d.spec for d in store.serving_set(name)] if store is not None else []
+        specs = [d.spec for d in store.serving_set(name)]
         bind = cat.proxy.bind or host.bind or cat.defaults.bind
         text = render_host(cat, name, bind, routes_for(specs), template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA))
         where = f"{name}:{cat.proxy.config_path}"

@@ -3,7 +3,8 @@
 Configs disagree on names (``n_routed_experts`` vs ``num_local_experts`` vs ``num_experts``), nest
 the language model (Kimi-K2.5 under ``text_config``), and in the wild carry wrong types. Everything
 here is tolerant: a value that is missing or malformed becomes ``None`` plus a note in ``problems``,
-never an exception, so the planner can always answer with a verdict.
+never an exception, so the planner can always answer with a verdict. Head counts vLLM could not
+build a model from are the exception: ``check_head_counts`` makes them bad input where a file is read.
 """
 
 from __future__ import annotations

@@ -236,3 +236,53 @@ def test_proxy_user_and_group_render_into_haproxys_global_section() -> None:
                                                                          group="nogroup"))
     plain = global_of(Proxy(enabled=True, port=9000))
     assert "\n    user " not in plain and "\n    group " not in plain
+
+
+def _first_line_as(user: str, group: str, sock: Path, model: str) -> str:
+    """What an account's connection to the demand socket gets first: its first line, or the OSError's name
+    (a child process that drops to ``user``/``group`` for good, as HAProxy's workers do)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(grp.getgrnam(group).gr_gid)
+            os.setuid(pwd.getpwnam(user).pw_uid)
+            try:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                conn.settimeout(10)
+                conn.connect(str(sock))
+                conn.sendall(json.dumps({"model": model}).encode() + b"\n")
+                out = conn.makefile("rb").readline().decode()
+            except OSError as exc:
+                out = type(exc).__name__
+            os.write(write, out.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return data
+
+
+def test_a_push_that_changes_the_proxy_user_reopens_the_socket_for_that_account(base: Path, tmp_path: Path) -> None:
+    """A model on demand, the proxy as root; a push (as root) making [proxy] user = "nobody" (group nogroup):
+    the socket is made again for that account, whose held request is served, not refused (EACCES or
+    "uid 65534 may not use the demand socket")."""
+    from .test_demand_push import Pushed
+
+    sock = base / "demand.sock"  # in a directory open to every account: the socket's own mode decides
+    world = Pushed(tmp_path, on_demand=False)
+    try:
+        world.push(world.text(on_demand=True, sock=sock), uid=0)
+        assert world.agent.demand.path == str(sock)
+        pushed = world.text(on_demand=True, sock=sock).replace("[proxy]\n", '[proxy]\nuser = "nobody"\ngroup = "nogroup"\n', 1)
+        world.push(pushed, uid=0)
+        first = _first_line_as("nobody", "nogroup", sock, "a")
+        assert '"waiting"' in first or '"ready"' in first, first
+        check_reachable(str(sock), "nobody", "nogroup")
+    finally:
+        world.agent.stop()
+        world.agent.demand.stop()

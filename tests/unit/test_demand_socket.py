@@ -209,3 +209,33 @@ def test_waiting_lines_go_on_while_a_pass_holds_the_broker(served: tuple[DemandW
         lines = [json.loads(reader.readline()) for _ in range(3)]
     sock.close()
     assert all("waiting" in line for line in lines)
+
+
+def test_a_burst_of_connections_waits_in_the_backlog_while_the_agent_is_slow_to_accept(tmp_path: Path) -> None:
+    """The proxy's Lua connects without blocking: 200 connections made before the agent accepts any (its
+    accept thread starved on a loaded box) are all queued, none refused with EAGAIN (a held request's
+    503 "the agent does not answer"); then each is answered."""
+    world = DemandWorld(tmp_path)
+    path = str(tmp_path / "demand.sock")
+    server = DemandServer(path, world.broker, uids=[os.getuid()])  # listening, not accepting yet
+    conns: list[socket.socket] = []
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    try:
+        for _ in range(200):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.setblocking(False)
+            conns.append(conn)
+            conn.connect(path)  # BlockingIOError once the backlog is full
+        serving.start()
+        for conn in conns:
+            conn.setblocking(True)
+            conn.settimeout(10)
+            conn.sendall(json.dumps({"model": "nope"}).encode() + b"\n")
+        answers = [json.loads(conn.makefile("rb").readline()) for conn in conns]
+        assert {a.get("status") for a in answers} == {404}
+    finally:
+        for conn in conns:
+            conn.close()
+        if serving.is_alive():
+            server.shutdown()
+        server.server_close()

@@ -13,11 +13,11 @@ from orchestrator.adapters.sqlite_store import SqliteStore
 from tests.unit.cli_runner import invoke
 from tests.unit.test_store import landed_db
 
-LOCAL = ('[hosts.box]\ntransport = "local"\ngpus = 8\n[models.a]\nrepo = "org/a"\ngpus = [0]\n'
+LOCAL = ('[proxy]\nenabled = true\nport = 9000\n[hosts.box]\ntransport = "local"\ngpus = 8\n[models.a]\nrepo = "org/a"\ngpus = [0]\n'
          '[groups.g]\nhosts = ["box"]\n')
 READ_ONLY = [
     ["status"], ["status", "--json"], ["history"], ["schedules"], ["switch", "a", "--dry-run"], ["compare"],
-    ["rollout", "status"], ["status", "--group", "g"], ["history", "--group", "g"],
+    ["rollout", "status"], ["status", "--group", "g"], ["history", "--group", "g"], ["render", "--proxy"],
 ]
 
 
@@ -60,3 +60,18 @@ def test_history_reads_an_older_database_without_migrating_it(box: Path) -> None
     assert result.exit_code == 0, result.output
     assert [(r["model"], r["outcome"]) for r in json.loads(result.stdout)] == [("a", "active")]
     assert (box / "state.db").read_bytes() == data and _tree(box) == before
+
+
+def test_history_reads_beside_a_live_writer(box: Path) -> None:
+    """A writer holds state.db open (its -wal there, a deployment committed to it only): `history` reads it."""
+    from tests.unit.test_store import SPEC
+
+    store = SqliteStore(box / "state.db", group=None)
+    try:
+        store.create("box", SPEC, "cli:root", None, 100.0)
+        assert (box / "state.db-wal").exists()
+        result = invoke("history", "--json")
+        assert result.exit_code == 0, result.output
+        assert [r["model"] for r in json.loads(result.stdout)] == ["a"]
+    finally:
+        store.close()
