@@ -230,7 +230,6 @@ def check_head_counts(config: Mapping[str, Any], where: str) -> None:
     config's head counts are impossible (``head_count_error``): vLLM could not build the model from it."""
     found = head_count_error(config)
     if found is not None:
-        # "FIELD is VALUE", not "FIELD: VALUE": redact() hides the value after any "...key...:" name
         error = ConfigError(head_count_message(found), file=where)
         error.key = found[0]
         raise error
