@@ -25,8 +25,11 @@ _HEAD_WORD = re.compile(r"^(?:.*token|.*keys?|pass|.*auth\d*|authn|authz|auth[a-
 # them names a part of a model.
 _ANY_WORD = re.compile(r"^(?:.*secrets?.*|.*passw(?:or)?d.*|.*passphrase.*|.*credentials?.*|.*oauth\d*"
                        r"|.*authori[sz]ation|authentication)$", re.IGNORECASE)
-# After a head word, words that say how the secret is written, not what the name holds.
-_FORM_WORD = re.compile(r"^(?:value|header|str|string|b64|base64|raw|hex|\d+)$", re.IGNORECASE)
+# After a head word, words that say how the secret is written or which one it is, not what the name
+# holds: API_KEY_B64, HF_TOKEN_2, OPENAI_API_KEY_PROD.
+_FORM_WORD = re.compile(r"^(?:value|header|str|string|b64|base64|raw|hex|\d+|v\d+|prod|production|dev|devel"
+                        r"|development|staging|stage|test|live|primary|secondary|old|new|main|backup|default)$",
+                        re.IGNORECASE)
 # A tokenizer's special tokens: the text of a vocabulary entry, never a credential.
 _VOCAB_WORD = re.compile(r"^(?:bos|eos|pad|unk|sep|cls|mask|image|video|audio|boi|eoi|boa|eoa|special)$",
                          re.IGNORECASE)

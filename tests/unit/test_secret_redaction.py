@@ -169,7 +169,8 @@ MODEL_FIELDS = ["num_key_value_heads", "key_value_dim", "num_key_value_groups", 
 SECRET_NAMES = ["api_key", "hf_token", "HF_TOKEN_VALUE", "db_password", "client_secret", "X-Api-Key",
                 "Authorization", "PROXY_AUTHORIZATION", "AWS_SECRET_ACCESS_KEY", "SECRET_KEY_BASE",
                 "MYSQL_ROOT_PASSWORD", "HUGGING_FACE_HUB_TOKEN", "access_token", "refresh-token", "--api-key",
-                "openai_api_keys", "SIGNING_KEY", "private_key", "PGPASSWORD", "smtp_pass"]
+                "openai_api_keys", "SIGNING_KEY", "private_key", "PGPASSWORD", "smtp_pass", "OPENAI_API_KEY_PROD",
+                "HF_TOKEN_2", "API_KEY_V2", "GITHUB_TOKEN_OLD", "auth_header", "X-Auth-Token", "Set-Cookie"]
 
 
 @pytest.mark.parametrize("name", MODEL_FIELDS)
