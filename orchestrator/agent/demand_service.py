@@ -105,7 +105,7 @@ class DemandService:
         if self.wanted(catalog) and proxy.user is not None:
             check_reachable(catalog.demand_socket(), proxy.user, proxy.run_group or proxy.user, planned=True)
 
-    def reroute(self, before: Catalog, before_ops: Operations | None = None) -> dict[str, str]:
+    def reroute(self, before: Catalog, before_ops: Operations) -> dict[str, str]:
         """After a push from ``before`` (run by ``before_ops``): re-render the proxy of each host this
         agent owns whose proxy is rendered from anything the push changed (a [proxy] setting as much as
         a hold: none waits for the host's next apply), start it where the push enabled it, stop and
@@ -118,7 +118,7 @@ class DemandService:
             if was == now:
                 continue
             if not now:
-                out[host] = self._proxy_off(before_ops or self.agent.ops, host)
+                out[host] = self._proxy_off(before_ops, host)
                 continue
             try:
                 changed = reroute(self.agent.ops, host, reason="config push" if was else "config push: [proxy] enabled")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.deploy.locks import host_lock
 from tests.unit.test_demand_push import Pushed
 
 
@@ -86,3 +87,14 @@ def test_a_push_that_keeps_the_proxy_off_leaves_it_alone(serving: Pushed) -> Non
     serving.push(_disabled(serving))
     result = serving.push(_disabled(serving).replace("port = 8001\n", "port = 8011\n", 1))[-1]["result"]
     assert "proxy" not in result and serving.proxy.stops == 1
+
+
+def test_a_disabling_push_while_another_process_holds_the_hosts_lock_says_the_proxy_still_runs(
+        serving: Pushed) -> None:
+    """A CLI holds box's lock: the push is in place, the proxy is not stopped mid-operation, and the
+    answer says it was not stopped, why, and how to stop it."""
+    with host_lock(str(serving.tmp / "state"), "box"):
+        result = serving.push(_disabled(serving))[-1]["result"]
+    assert result["changed"] and result["proxy"]["box"].startswith("not stopped: host box is busy")
+    assert "systemctl disable --now orchestrator-proxy.service" in result["proxy"]["box"]
+    assert serving.proxy.stops == 0 and serving.proxy.config is not None
