@@ -229,7 +229,7 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
     for what, keys, _ in (*_REQUIRED, ("a head count", _KV_HEAD_KEYS, "")):
         heads = keys in (_HEAD_KEYS, _KV_HEAD_KEYS)
         for key in keys:
-            if key not in view:
+            if view.get(key) is None:  # null is JSON's unset, as transformers reads it (the next name counts)
                 continue
             n = _as_int(view[key])
             if n is None or n < 0 or (n == 0 and not (heads and free)):
@@ -239,7 +239,7 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
                 return _key_path(config, key), _short(view[key]), why
     for what, keys, need in _REQUIRED:
         exempt = bare or (keys == _HEAD_KEYS and free)
-        if not exempt and not any(k in view for k in keys):
+        if not exempt and all(view.get(k) is None for k in keys):
             also = f" (or {', '.join(keys[1:])})"
             return keys[0], "missing", (f"{need}{also}; only vLLM's attention-free architectures go without "
                                         "heads" if keys == _HEAD_KEYS else f"{need}{also}")
@@ -295,7 +295,7 @@ def parse_model(config: Mapping[str, Any]) -> ModelSpec:
     free = bool({arch, top_arch, model_type} & (ATTENTION_FREE_ARCHS | ATTENTION_FREE_TYPES))
     heads = r.pos_int(*_HEAD_KEYS, allow_zero=free) or None  # attention-free: 0 is no heads, not junk
     kv_heads = r.pos_int(*_KV_HEAD_KEYS, allow_zero=free) or None
-    if kv_heads is None and heads is not None and "num_key_value_heads" not in view:
+    if kv_heads is None and heads is not None and view.get("num_key_value_heads") is None:
         kv_heads = heads  # HF default: no GQA
     head_dim = r.pos_int("head_dim")
     if head_dim is None and hidden and heads:

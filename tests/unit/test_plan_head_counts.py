@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.planner_arch import config_field_error
+from orchestrator.core.planner_arch import config_field_error, parse_model
 from tests.unit.cli_runner import invoke
 
 LLAMA: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -154,10 +154,18 @@ def test_a_catalog_model_config_without_hidden_size_refuses_the_deploy_toml(tmp_
 
 @pytest.mark.parametrize("cfg", [{"architectures": ["Terratorch"], "pretrained_cfg": {}},
                                  {"model_type": "timm_wrapper", "num_classes": 10},
-                                 {**MAMBA, "num_hidden_layers": None, "n_layer": 64}])
+                                 {**MAMBA, "num_hidden_layers": None, "n_layer": 64},
+                                 {**LLAMA, "num_key_value_heads": None}])
 def test_non_transformer_and_aliased_configs_need_no_more(cfg: dict[str, Any]) -> None:
-    """vLLM's Terratorch and timm wrapper have no layers or hidden size to ask; an alias counts as the name."""
-    assert config_field_error({k: v for k, v in cfg.items() if v is not None}) is None
+    """vLLM's Terratorch and timm wrapper have no layers or hidden size to ask; an alias counts as the
+    name, and a null is unset (num_key_value_heads: null is as many as the heads, as transformers reads it)."""
+    assert config_field_error(cfg) is None
+
+
+def test_a_null_required_field_with_no_other_name_is_missing() -> None:
+    """num_hidden_layers: null and no n_layer or num_layers: missing, as if absent."""
+    found = config_field_error({**LLAMA, "num_hidden_layers": None})
+    assert found is not None and found[:2] == ("num_hidden_layers", "missing")
 
 
 def test_a_switch_to_weights_without_a_layer_count_aborts_in_preflight() -> None:
@@ -177,3 +185,8 @@ def test_a_switch_to_weights_without_a_layer_count_aborts_in_preflight() -> None
     assert dep.phase is Phase.ABORTED
     assert f"{model_dir}/config.json: num_hidden_layers is missing: " in (dep.error or "")
     assert world.host.active_units() == ["vllm-alpha.service"]
+
+
+def test_a_null_kv_head_count_plans_as_many_kv_heads_as_heads() -> None:
+    """num_key_value_heads: null is transformers' default (no GQA): the planner counts 32 KV heads, not none."""
+    assert parse_model({**LLAMA, "num_key_value_heads": None}).num_kv_heads == 32
