@@ -218,3 +218,9 @@ def test_crash_journal_shows_the_head_count_and_hides_the_key() -> None:
     assert dep.phase is Phase.ROLLED_BACK
     assert "'num_key_value_heads': 3" in (dep.error or "") and "num_key_value_heads: 3 does" in (dep.error or "")
     assert hidden(dep.error or "") and hidden(json.dumps(world.store.events(limit=1000)))
+
+
+def test_command_output_shows_model_fields_and_hides_secrets() -> None:
+    """A failed command quoting a config's fields and a token: the fields are in its error, the token is not."""
+    exc = CommandFailed("vllm serve /m", 1, "num_key_value_heads: 3, key_value_dim=96\nHF_TOKEN=plainword1")
+    assert "num_key_value_heads: 3, key_value_dim=96" in str(exc) and hidden(str(exc)) and hidden(exc.output)
