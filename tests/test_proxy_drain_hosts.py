@@ -176,8 +176,7 @@ def test_a_unit_whose_master_socket_moved_is_restarted_and_then_serves(
 
 def test_stop_frees_the_port_and_disables_the_unit_and_apply_starts_it_again(
         host: Host, proxy: tuple[HaproxyProxy, Catalog]) -> None:
-    """[proxy] enabled = false's stop: the unit is inactive and disabled, nothing listens on the proxy's
-    port; a second stop says it was not running; apply of the same config starts it and it answers."""
+    """stop(): unit inactive and disabled, port free, a second stop says not running; apply starts it again."""
     port, catalog = proxy
     config = rendered(catalog, host, [Route("chat", host.address, 8101)])
     assert port.apply(config)

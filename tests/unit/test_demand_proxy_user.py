@@ -294,9 +294,7 @@ def _on_demand_as(world: Any, sock: Path, user: str, group: str) -> str:
 
 
 def test_a_directory_the_agent_made_is_made_again_for_a_new_proxy_account(base: Path, tmp_path: Path) -> None:
-    """The agent made the socket's directory (not the default) root:haproxy 0750; a push to [proxy] user
-    nobody, group nogroup goes through (it was refused, exit 2, as if the directory were the operator's):
-    the directory is then root:nogroup 0750 and nobody's held request is served."""
+    """A directory the agent made root:haproxy becomes root:nogroup on a push to nobody:nogroup, which is served."""
     from .test_demand_push import Pushed
 
     sock = base / "made" / "demand.sock"
@@ -315,8 +313,7 @@ def test_a_directory_the_agent_made_is_made_again_for_a_new_proxy_account(base: 
 
 
 def test_the_operators_own_directory_stays_refused_and_unchanged(base: Path, tmp_path: Path) -> None:
-    """A directory the operator made root:haproxy 0750 (no mark of the agent's): a push to [proxy] user
-    nobody is refused with exit 2 naming the directory, which keeps its group and mode."""
+    """The operator's root:haproxy directory: a push to nobody exits 2 naming it, and it stays as it was."""
     from .test_demand_push import Pushed
 
     mine = base / "operators"

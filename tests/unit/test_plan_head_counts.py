@@ -157,8 +157,7 @@ def test_a_catalog_model_config_without_hidden_size_refuses_the_deploy_toml(tmp_
                                  {**MAMBA, "num_hidden_layers": None, "n_layer": 64},
                                  {**LLAMA, "num_key_value_heads": None}])
 def test_non_transformer_and_aliased_configs_need_no_more(cfg: dict[str, Any]) -> None:
-    """vLLM's Terratorch and timm wrapper have no layers or hidden size to ask; an alias counts as the
-    name, and a null is unset (num_key_value_heads: null is as many as the heads, as transformers reads it)."""
+    """Terratorch and timm need no layers or hidden size; an alias counts; a null is unset, as transformers reads it."""
     assert config_field_error(cfg) is None
 
 
@@ -169,8 +168,7 @@ def test_a_null_required_field_with_no_other_name_is_missing() -> None:
 
 
 def test_a_switch_to_weights_without_a_layer_count_aborts_in_preflight() -> None:
-    """The staged config.json on the host has no num_hidden_layers: the switch aborts naming the host's
-    file and the field (it was a plan refusal), and the serving model is never stopped."""
+    """A staged config.json without num_hidden_layers aborts the switch naming the host's file; nothing stops."""
     from orchestrator.core.states import Phase
 
     from .conftest import World, make_catalog

@@ -65,8 +65,7 @@ def _disabled(world: Pushed) -> str:
 
 
 def test_a_push_that_disables_the_proxy_stops_it_and_says_so(serving: Pushed) -> None:
-    """[proxy] enabled = false: the proxy unit is stopped (it kept serving its old config before), the
-    push's answer says so, and the stop is recorded as an event of the host."""
+    """[proxy] enabled = false stops the proxy, the push's answer says so, and an event records it."""
     result = serving.push(_disabled(serving))[-1]["result"]
     assert result["proxy"]["box"].startswith("stopped: [proxy] enabled = false")
     assert serving.proxy.stops == 1 and serving.proxy.config is None
@@ -91,8 +90,7 @@ def test_a_push_that_keeps_the_proxy_off_leaves_it_alone(serving: Pushed) -> Non
 
 def test_a_disabling_push_while_another_process_holds_the_hosts_lock_says_the_proxy_still_runs(
         serving: Pushed) -> None:
-    """A CLI holds box's lock: the push is in place, the proxy is not stopped mid-operation, and the
-    answer says it was not stopped, why, and how to stop it."""
+    """A CLI holds box's lock: the push lands, the proxy keeps running, the answer says why and how to stop it."""
     with host_lock(str(serving.tmp / "state"), "box"):
         result = serving.push(_disabled(serving))[-1]["result"]
     assert result["changed"] and result["proxy"]["box"].startswith("not stopped: host box is busy")
