@@ -335,6 +335,11 @@ class FrontProxy(Protocol):
         """When the proxy does not run: what already listens on its address and port, else None."""
         ...
 
+    def stop(self) -> bool:
+        """Stop and disable the proxy unit ([proxy] enabled = false): its port is free and it does not
+        come back at boot; True when it was running. ``apply`` starts it again."""
+        ...
+
     def sessions(self, engines: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
         """Each engine's sessions now and seconds since its last one, over every proxy worker
         (models on demand: idleness); an engine the proxy has no server for is left out."""

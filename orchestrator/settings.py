@@ -264,10 +264,10 @@ def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> 
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: not a valid config.json (a JSON {type(data).__name__}, not an object)",
                               file=str(file), key=key)
-        from orchestrator.core.planner_arch import head_count_error, head_count_message, parse_model
+        from orchestrator.core.planner_arch import config_field_error, field_message, parse_model
 
-        if (bad := head_count_error(data)) is not None:
-            raise ConfigError(f"{path}: {head_count_message(bad)}", file=str(file), key=key)
+        if (bad := config_field_error(data)) is not None:
+            raise ConfigError(f"{path}: {field_message(bad)}", file=str(file), key=key)
 
         layers = parse_model(data).num_layers
         if layers and model.pipeline_parallel > layers:

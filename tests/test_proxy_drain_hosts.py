@@ -177,3 +177,18 @@ def test_a_unit_whose_master_socket_moved_is_restarted_and_then_serves(
     assert moved.apply(rendered(moved_catalog, host, [Route("chat", host.address, 8102)]))
     assert master(host, moved_catalog)[2]
     assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200
+
+
+def test_stop_frees_the_port_and_disables_the_unit_and_apply_starts_it_again(
+        host: Host, proxy: tuple[HaproxyProxy, Catalog]) -> None:
+    """stop(): unit inactive and disabled, port free, a second stop says not running; apply starts it again."""
+    port, catalog = proxy
+    config = rendered(catalog, host, [Route("chat", host.address, 8101)])
+    assert port.apply(config)
+    assert port.stop() is True
+    state = host.run("systemctl is-active orchestrator-proxy.service; systemctl is-enabled orchestrator-proxy.service",
+                     check=False).stdout.split()
+    assert state == ["inactive", "disabled"]
+    assert port.port_holder() is None and port.stop() is False
+    assert port.apply(config)
+    assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200

@@ -122,6 +122,17 @@ class HaproxyProxy:
         self.shell.write_file(self._applied, (sha(config) + "\n").encode())
         return True
 
+    def stop(self) -> bool:
+        state = self.systemd.unit_state(UNIT)
+        if not state.exists:
+            return False
+        if state.is_active:
+            self._systemctl("stop")
+        elif state.is_failed:
+            self.systemd.reset_failed(UNIT)
+        self.systemd.disable(UNIT)
+        return state.is_active
+
     def _install_unit(self) -> bool:
         if self.systemd.read_unit(UNIT) == self.unit_text:
             return False

@@ -19,7 +19,7 @@ import httpx
 
 from orchestrator import userfiles
 from orchestrator.core.documents import DocumentError, json_document
-from orchestrator.core.planner_arch import check_head_counts
+from orchestrator.core.planner_arch import check_model_config
 from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
 from orchestrator.errors import TransportError, UsageError
 
@@ -54,10 +54,10 @@ def read_json_file(path: str | Path, what: str) -> dict[str, Any]:
 
 
 def read_model_config(path: str | Path, what: str) -> dict[str, Any]:
-    """A model's config.json from a file: read_json_file's checks, then head counts vLLM can build
+    """A model's config.json from a file: read_json_file's checks, then the fields vLLM builds it from
     (ConfigError naming the file, the field and the value)."""
     data = read_json_file(path, what)
-    check_head_counts(data, str(path))
+    check_model_config(data, str(path))
     return data
 
 
@@ -129,7 +129,7 @@ def from_hub(repo: str, revision: str) -> ModelConfig:
             raise UsageError(f"{repo}@{revision} has no {CONFIG_NAME} on the hub")
         raw_index = _get(client, repo, revision, INDEX_NAME)
     config = _parse(raw_config, f"{CONFIG_NAME} of {repo}@{revision} from the hub")
-    check_head_counts(config, f"{CONFIG_NAME} of {repo}@{revision} from the hub")
+    check_model_config(config, f"{CONFIG_NAME} of {repo}@{revision} from the hub")
     index = None if raw_index is None else _parse(raw_index, f"{INDEX_NAME} of {repo}@{revision} from the hub")
     note = _store(repo, revision, {CONFIG_NAME: raw_config, **({INDEX_NAME: raw_index} if raw_index else {})})
     return ModelConfig(config, index, f"{repo}@{revision} from the hub at {endpoint()}{note}")

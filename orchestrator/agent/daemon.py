@@ -264,7 +264,7 @@ class Agent:
         operations) replace the file and reload the catalog."""
         from orchestrator.wiring import operations
 
-        previous, before = configs.show(), self.catalog
+        previous, before, before_ops = configs.show(), self.catalog, self.ops
         loaded = self._validated(text, name)
         self._last_validated = None
         ops = (self.ops_factory or operations)(loaded.catalog)  # anything that can fail, before the write
@@ -279,7 +279,7 @@ class Agent:
             self.config_revision = revision
         log.info("config_pushed", revision=revision, operator=operator, file=str(configs.path))
         self.demand.sync()  # on demand's loops and socket follow the file (outside the jobs' lock)
-        proxies = self.demand.reroute(before)  # then the proxies hold for it (the socket answers by now)
+        proxies = self.demand.reroute(before, before_ops)  # then the proxies hold for it (the socket answers by now)
         return {"path": str(configs.path), "revision": revision, "previous_revision": previous["revision"],
                 "changed": previous["sha256"] != configs.show()["sha256"], **({"proxy": proxies} if proxies else {})}
 

@@ -1,7 +1,8 @@
 """The idle half of models on demand, as operations of the box: put an idle serving model to sleep
 (route away, drain, sleep mode=wait, verify its GPUs by PID) and stop an idle sleeper (its memory
 verified free). Each holds the host's lock like every other operation and is recorded as an event.
-A push that changes what the proxy holds for re-renders it (reroute), nothing switched.
+A push that changes what the proxy holds for re-renders it (reroute), nothing switched; one that
+turns the proxy off stops it (proxy_off).
 """
 
 from __future__ import annotations
@@ -87,6 +88,17 @@ def reroute(ops: Operations, host: str, *, reason: str) -> bool:
         changed = actions.route(ctx, [d.spec for d in ops.store.serving_set(host)])
     ops.record_event(ctx.ports.clock.now(), host, "demand_route", {"reason": reason, "reloaded": changed})
     return changed
+
+
+def proxy_off(ops: Operations, host: str, *, reason: str) -> bool:
+    """Stop and disable ``host``'s front proxy (a push set [proxy] enabled = false): ``ops`` are the
+    ones of the catalog it was enabled in, which have its port. Under the host's lock (Busy otherwise),
+    recorded as an event; True when it was running."""
+    with host_lock(ops.state_dir, host, ops.holder(host)):
+        ports = ops.ports_for(host)
+        stopped = ports.proxy.stop() if ports.proxy is not None else False
+    ops.record_event(ports.clock.now(), host, "proxy_stopped", {"reason": reason, "was_running": stopped})
+    return stopped
 
 
 def _stop_verified(ctx: StepContext, model: str, unit: str, gpus: tuple[int, ...]) -> None:

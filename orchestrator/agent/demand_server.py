@@ -8,7 +8,9 @@ away: the request no longer waits. Only root, the agent's own user and HAProxy's
 
 The socket is 0660 in HAProxy's group; a directory the agent creates for it (the default,
 /run/orchestrator, always) is 0750 root and that group, so HAProxy's workers reach it after they
-drop to their own user. `check_reachable` says what that user lacks, before any request is held.
+drop to their own user. The agent marks a directory it creates (``MARK``) and makes it again for a
+later [proxy] group; an operator's own directory is never changed. `check_reachable` says what that
+user lacks, before any request is held.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ BEAT_S = 0.5  # the waiting lines' pace: twice the promised once a second, so on
 MAX_CONNECTIONS = 4096  # each held request is one connection; queue_limit bounds them per model
 PROXY_USER = "haproxy"  # Debian's package account: HAProxy's `user` when it drops root
 DEFAULT_DIR = DEFAULT_DEMAND_SOCKET.rsplit("/", 1)[0]  # the agent's own: made reachable at each start
+# In a socket directory the agent created: it is the agent's, re-owned for each [proxy] group (a
+# record that survives the agent's restart; /run's directories go with a reboot, and the mark with them).
+MARK = ".made-by-orchestrator"
 
 
 def allowed_uids(user: str = PROXY_USER) -> frozenset[int]:
@@ -77,8 +82,18 @@ def check_reachable(path: str, user: str, group: str, *, planned: bool = False) 
                           key="proxy.demand_socket")
 
 
+def made_here(path: str | Path) -> bool:
+    """The agent created directory ``path`` for a socket: its mark is there, the mark and the directory
+    owned by the agent's own user (no one else could have put it there)."""
+    try:
+        here, mark = os.lstat(path), os.lstat(os.path.join(path, MARK))
+    except OSError:
+        return False
+    return stat.S_ISDIR(here.st_mode) and stat.S_ISREG(mark.st_mode) and here.st_uid == mark.st_uid == os.getuid()
+
+
 def _entry(path: str, planned_gid: int | None, group: str, last: bool) -> Entry:
-    if planned_gid is not None and (last or path == DEFAULT_DIR or not os.path.exists(path)):
+    if planned_gid is not None and (last or path == DEFAULT_DIR or not os.path.exists(path) or made_here(path)):
         mode = stat.S_IFSOCK | 0o660 if last else stat.S_IFDIR | 0o750
         return Entry(path, mode, 0, planned_gid, "root", group)
     st = os.stat(path)
@@ -93,11 +108,17 @@ def _name(look: Any, ident: int) -> str:
 
 
 def _prepare_dir(path: Path, group: str) -> None:
-    """The socket's directory: one the agent creates, and always the default one, is 0750 in
-    ``group`` (HAProxy's), 0700 where the box has no such group; an operator's existing one is left as is."""
-    if path.exists() and str(path) != DEFAULT_DIR:
-        return
-    path.mkdir(parents=True, exist_ok=True)
+    """The socket's directory: one the agent creates (marked so, then made again for each new
+    ``group``), and always the default one, is 0750 in ``group`` (HAProxy's), 0700 where the box has no
+    such group; an operator's existing one is left as is."""
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        if str(path) != DEFAULT_DIR and not made_here(path):
+            return
+    else:
+        (path / MARK).write_text("made by the orchestrator agent for its demand socket: it sets this "
+                                 "directory's group to [proxy] group\n")
     try:
         os.chown(path, -1, grp.getgrnam(group).gr_gid)
         os.chmod(path, 0o750)

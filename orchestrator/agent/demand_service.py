@@ -14,7 +14,7 @@ from typing import Protocol
 from orchestrator import logs
 from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.demand import Broker
-from orchestrator.agent.demand_ops import reroute
+from orchestrator.agent.demand_ops import proxy_off, reroute
 from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
 from orchestrator.agent.loops import Failures, Loop
 from orchestrator.core.catalog import Catalog
@@ -105,22 +105,41 @@ class DemandService:
         if self.wanted(catalog) and proxy.user is not None:
             check_reachable(catalog.demand_socket(), proxy.user, proxy.run_group or proxy.user, planned=True)
 
-    def reroute(self, before: Catalog) -> dict[str, str]:
-        """After a push from ``before``: re-render the proxy of each host this agent owns whose proxy
-        is rendered from anything the push changed (a [proxy] setting as much as a hold: none waits for
-        the host's next apply). Host -> what happened; a proxy that could not be reloaded keeps its old config (it
-        takes the new one at the host's next switch, stop or idle sleep) and says why."""
+    def reroute(self, before: Catalog, before_ops: Operations) -> dict[str, str]:
+        """After a push from ``before`` (run by ``before_ops``): re-render the proxy of each host this
+        agent owns whose proxy is rendered from anything the push changed (a [proxy] setting as much as
+        a hold: none waits for the host's next apply), start it where the push enabled it, stop and
+        disable it where the push set [proxy] enabled = false. Host -> what happened; a proxy that could
+        not be reloaded keeps its old config (it takes the new one at the host's next switch, stop or
+        idle sleep) and says why."""
         catalog, out = self.agent.catalog, {}
         for host in own_hosts(catalog):
-            if rendered_from(before, host) == rendered_from(catalog, host):
+            was, now = rendered_from(before, host), rendered_from(catalog, host)
+            if was == now:
+                continue
+            if not now:
+                out[host] = self._proxy_off(before_ops, host)
                 continue
             try:
-                out[host] = "reloaded" if reroute(self.agent.ops, host, reason="config push") else "unchanged"
+                changed = reroute(self.agent.ops, host, reason="config push" if was else "config push: [proxy] enabled")
+                out[host] = ("reloaded" if was else "started") if changed else "unchanged"
             except OrchestratorError as exc:
                 out[host] = (f"not reloaded: {exc}; it holds the new on-demand set from the host's next "
                              "switch, stop or idle sleep (or the one running now, which routes with this file)")
                 log.warning("demand_reroute_failed", host=host, error=str(exc))
         return out
+
+    @staticmethod
+    def _proxy_off(ops: Operations, host: str) -> str:
+        """Stop ``host``'s proxy for a push that disabled it (``ops`` of the catalog that had it)."""
+        try:
+            stopped = proxy_off(ops, host, reason="config push: [proxy] enabled = false")
+        except OrchestratorError as exc:
+            log.warning("proxy_stop_failed", host=host, error=str(exc))
+            return (f"not stopped: {exc}; it still serves its last config until `systemctl disable --now "
+                    "orchestrator-proxy.service` on the host, or a push of [proxy] enabled = true takes it back")
+        return ("stopped: [proxy] enabled = false (orchestrator-proxy.service stopped and disabled); clients "
+                "reach each model on its own port" if stopped else "not running: [proxy] enabled = false")
 
     def halt(self) -> None:
         """The agent stops: the loops end their pass and stop (the socket stays for ``stop``)."""

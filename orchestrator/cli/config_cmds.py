@@ -88,4 +88,4 @@ def push(file: str, config: str | None, as_json: bool) -> None:
         click.echo(f"{result['path']}: unchanged (config revision {result['revision']})")
     if not as_json:  # a push that changed what a proxy holds for re-rendered it (agent/demand_service.py)
         for host, what in (result.get("proxy") or {}).items():
-            click.echo(f"front proxy on {host}: {what}", err=what.startswith("not reloaded"))
+            click.echo(f"front proxy on {host}: {what}", err=what.startswith(("not reloaded", "not stopped")))

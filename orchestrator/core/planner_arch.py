@@ -3,8 +3,9 @@
 Configs disagree on names (``n_routed_experts`` vs ``num_local_experts`` vs ``num_experts``), nest
 the language model (Kimi-K2.5 under ``text_config``), and in the wild carry wrong types. Everything
 here is tolerant: a value that is missing or malformed becomes ``None`` plus a note in ``problems``,
-never an exception, so the planner can always answer with a verdict. Head counts vLLM could not
-build a model from are the exception: ``check_head_counts`` makes them bad input where a file is read.
+never an exception, so the planner can always answer with a verdict. The fields vLLM cannot build a
+model without (layers, hidden size, heads) are the exception: ``check_model_config`` makes one that is
+missing or impossible bad input where a file is read.
 """
 
 from __future__ import annotations
@@ -202,41 +203,61 @@ def _key_path(config: Mapping[str, Any], key: str) -> str:
     return where
 
 
-def head_count_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """What makes the config's head counts impossible, as (field path, value, why), or None (missing: "missing"). Every count
-    present must be a positive integer and num_attention_heads (or an alias) must be there, except for an
-    attention-free architecture, which may say 0 or nothing (never a negative or a non-number)."""
+# vLLM's non-language models among them (a vision backbone, a geospatial model): no layer count or
+# hidden size of a transformer to ask of them either.
+NO_TRANSFORMER_ARCHS = frozenset({"Terratorch"})
+NO_TRANSFORMER_TYPES = frozenset({"timm_wrapper"})
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
+# (what the field counts, its names by precedence, why a model needs it)
+_REQUIRED = (("a layer count", _LAYER_KEYS, "vLLM builds the model's layers from it"),
+             ("a hidden size", _HIDDEN_KEYS, "every weight and the KV cache are sized from it"),
+             ("a head count", _HEAD_KEYS, "every model with attention has one"))
+
+
+def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """The first required field of a config.json that is missing or impossible, as (field path, value
+    or "missing", why), or None. The layer count, the hidden size and the head counts present must be
+    positive integers, and each of the first three must be there (under one of its names); vLLM's
+    attention-free architectures may give 0 heads or none (never a negative or a non-number), and its
+    non-transformer ones (Terratorch) need no layer count or hidden size."""
     view = merged_view(config)
     names = {a for a in (_architecture(view), _architecture(config)) if a} | {
         t for t in (view.get("model_type"), config.get("model_type")) if isinstance(t, str)}
     free = bool(names & (ATTENTION_FREE_ARCHS | ATTENTION_FREE_TYPES))
-    for key in (*_HEAD_KEYS, *_KV_HEAD_KEYS):
-        if key not in view:
-            continue
-        n = _as_int(view[key])
-        if n is None or n < 0 or (n == 0 and not free):
-            why = ("not a head count: a model with attention has at least one head (0 is only for vLLM's attention-free "
-                   f"architectures: {', '.join(sorted(ATTENTION_FREE_ARCHS))})" if n == 0
-                   else "not a head count (a positive integer)")
-            return _key_path(config, key), _short(view[key]), why
-    if not free and not any(k in view for k in _HEAD_KEYS):
-        return "num_attention_heads", "missing", ("every model with attention has one (or n_head, num_heads); "
-                                                  "only vLLM's attention-free architectures go without")
+    bare = bool(names & (NO_TRANSFORMER_ARCHS | NO_TRANSFORMER_TYPES))
+    for what, keys, _ in (*_REQUIRED, ("a head count", _KV_HEAD_KEYS, "")):
+        heads = keys in (_HEAD_KEYS, _KV_HEAD_KEYS)
+        for key in keys:
+            if view.get(key) is None:  # null is JSON's unset, as transformers reads it (the next name counts)
+                continue
+            n = _as_int(view[key])
+            if n is None or n < 0 or (n == 0 and not (heads and free)):
+                why = (f"not {what}: a model with attention has at least one head (0 is only for vLLM's "
+                       f"attention-free architectures: {', '.join(sorted(ATTENTION_FREE_ARCHS))})"
+                       if n == 0 and heads else f"not {what} (a positive integer)")
+                return _key_path(config, key), _short(view[key]), why
+    for what, keys, need in _REQUIRED:
+        exempt = bare or (keys == _HEAD_KEYS and free)
+        if not exempt and all(view.get(k) is None for k in keys):
+            also = f" (or {', '.join(keys[1:])})"
+            return keys[0], "missing", (f"{need}{also}; only vLLM's attention-free architectures go without "
+                                        "heads" if keys == _HEAD_KEYS else f"{need}{also}")
     return None
 
 
-def check_head_counts(config: Mapping[str, Any], where: str) -> None:
-    """ConfigError (exit 2) naming ``where`` (the file, or HOST:PATH), the field and its value when the
-    config's head counts are impossible (``head_count_error``): vLLM could not build the model from it."""
-    found = head_count_error(config)
+def check_model_config(config: Mapping[str, Any], where: str) -> None:
+    """ConfigError (exit 2) naming ``where`` (the file, or HOST:PATH), the field and its value when a
+    required field of the config is missing or impossible (``config_field_error``): vLLM could not
+    build the model from it."""
+    found = config_field_error(config)
     if found is not None:
-        # "FIELD is VALUE", not "FIELD: VALUE": redact() hides the value after any "...key...:" name
-        error = ConfigError(head_count_message(found), file=where)
+        error = ConfigError(field_message(found), file=where)
         error.key = found[0]
         raise error
 
 
-def head_count_message(found: tuple[str, str, str]) -> str:
+def field_message(found: tuple[str, str, str]) -> str:
     field, value, why = found
     return f"{field} is {value}: {why}"
 
@@ -274,7 +295,7 @@ def parse_model(config: Mapping[str, Any]) -> ModelSpec:
     free = bool({arch, top_arch, model_type} & (ATTENTION_FREE_ARCHS | ATTENTION_FREE_TYPES))
     heads = r.pos_int(*_HEAD_KEYS, allow_zero=free) or None  # attention-free: 0 is no heads, not junk
     kv_heads = r.pos_int(*_KV_HEAD_KEYS, allow_zero=free) or None
-    if kv_heads is None and heads is not None and "num_key_value_heads" not in view:
+    if kv_heads is None and heads is not None and view.get("num_key_value_heads") is None:
         kv_heads = heads  # HF default: no GQA
     head_dim = r.pos_int("head_dim")
     if head_dim is None and hidden and heads:

@@ -13,13 +13,26 @@ import functools
 import re
 from typing import Any
 
-# A word of a name (split on "_", "-", "."), by what it says, not by a list of known variables:
-# *TOKEN, *KEY(S), PASS, anything with SECRET, PASSW(OR)D, CREDENTIAL, *AUTH, AUTHORIZATION, AUTHN
-# (not AUTHOR, UNAUTHORIZED), BEARER, COOKIE, JWT, SESSIONID, SIGNATURE, SALT, DSN. TOKENIZER(S) and
-# TOKENS (vLLM's --max-num-batched-tokens) are not secrets, nor KEYFILE (a path).
-_SECRET_WORD = re.compile(r"^(?:.*token|.*keys?|pass|.*secret.*|.*passw(?:or)?d.*|.*credentials?.*"
-                          r"|.*auth\d*|authn|authz|authori[sz]ation|authentication|auth[a-z]*header|.*bearer.*|.*cookies?|.*jwts?|sessionid|sessid"
-                          r"|.*signature|dsn|.*salt)$", re.IGNORECASE)
+# A name is a secret by what it names, and a compound name names its last word: HF_TOKEN, api_key,
+# DB_PASS hold one; num_key_value_heads, key_value_dim, bos_token_id, past_key_values (model-config
+# fields, vLLM's arg dump) hold heads, a dim, an id, where key/token is only a qualifier. So these words
+# count last (or before only a form word: HF_TOKEN_VALUE, AUTH_HEADER, API_KEY_2): *TOKEN, *KEY(S),
+# PASS, *AUTH, BEARER, COOKIE, JWT, SESSIONID, SIGNATURE, SALT, DSN. TOKENIZER(S) and TOKENS
+# (--max-num-batched-tokens) are none, nor KEYFILE (a path), nor a vocabulary token (bos_token, pad_token).
+_HEAD_WORD = re.compile(r"^(?:.*token|.*keys?|pass|.*auth\d*|authn|authz|auth[a-z]*header|.*bearer|.*cookies?"
+                        r"|.*jwts?|sessionid|sessid|.*signature|dsn|.*salt)$", re.IGNORECASE)
+# Words that say secret wherever they stand (SECRET_KEY_BASE, PASSWORD_FILE, OAUTH2_CLIENT): none of
+# them names a part of a model.
+_ANY_WORD = re.compile(r"^(?:.*secrets?.*|.*passw(?:or)?d.*|.*passphrase.*|.*credentials?.*|.*oauth\d*"
+                       r"|.*authori[sz]ation|authentication)$", re.IGNORECASE)
+# After a head word, words that say how the secret is written or which one it is, not what the name
+# holds: API_KEY_B64, HF_TOKEN_2, OPENAI_API_KEY_PROD.
+_FORM_WORD = re.compile(r"^(?:value|header|str|string|b64|base64|raw|hex|\d+|v\d+|prod|production|dev|devel"
+                        r"|development|staging|stage|test|live|primary|secondary|old|new|main|backup|default)$",
+                        re.IGNORECASE)
+# A tokenizer's special tokens: the text of a vocabulary entry, never a credential.
+_VOCAB_WORD = re.compile(r"^(?:bos|eos|pad|unk|sep|cls|mask|image|video|audio|boi|eoi|boa|eoa|special)$",
+                         re.IGNORECASE)
 # Names of connection strings, which carry their password: DATABASE_URL, REDIS_URI, PG_CONN...
 _STORE_WORD = re.compile(r"^(?:database|db|postgres(?:ql)?|pg|mysql|mariadb|redis|mongo(?:db)?|amqp|rabbitmq"
                          r"|broker|sql|sqlalchemy|celery|kafka|connection|conn)$", re.IGNORECASE)
@@ -51,7 +64,12 @@ def secret_name(name: str) -> bool:
     """True when a variable or flag name says it holds a secret (HF_TOKEN, AWS_SECRET_ACCESS_KEY,
     AUTHORIZATION, SESSION_COOKIE, DATABASE_URL...)."""
     words = [w for w in _WORD_SPLIT.split(name.strip("-")) if w]
-    if any(_SECRET_WORD.match(word) for word in words):
+    if any(_ANY_WORD.match(word) for word in words):
+        return True
+    head = len(words)
+    while head > 1 and _FORM_WORD.match(words[head - 1]):
+        head -= 1
+    if head and _HEAD_WORD.match(words[head - 1]) and not (head > 1 and _VOCAB_WORD.match(words[head - 2])):
         return True
     return any(_STORE_WORD.match(w) for w in words) and any(_LOCATOR_WORD.match(w) for w in words)
 

@@ -10,7 +10,7 @@ from orchestrator.core import planner
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.observed import GpuSnapshot, listens_on
-from orchestrator.core.planner_arch import check_head_counts
+from orchestrator.core.planner_arch import check_model_config
 from orchestrator.core.records import Deployment
 from orchestrator.errors import PlanError
 from orchestrator.ports import HostPorts, Shell
@@ -70,7 +70,7 @@ def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuS
     config = _read_json(ports, f"{dep.spec.model_dir}/config.json")
     if config is None:
         return []
-    check_head_counts(config, f"{ports.host.name}:{dep.spec.model_dir}/config.json")
+    check_model_config(config, f"{ports.host.name}:{dep.spec.model_dir}/config.json")
     model = catalog.models[dep.model]
     index = _read_json(ports, f"{dep.spec.model_dir}/model.safetensors.index.json")
     layout = planner.Layout(tp=model.tensor_parallel, pp=model.pipeline_parallel, dp=model.data_parallel,

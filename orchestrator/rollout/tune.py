@@ -25,7 +25,7 @@ from orchestrator.core import planner
 from orchestrator.core import tune as core
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document, text_of, toml_document
-from orchestrator.core.planner_arch import check_head_counts
+from orchestrator.core.planner_arch import check_model_config
 from orchestrator.core.states import Phase
 from orchestrator.core.tune_records import TuneResult, TuneRun
 from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
@@ -124,7 +124,7 @@ class Tuner:
         if config is None:
             raise UsageError(f"tune {req.model}: no config.json in {model_dir} on host {host.name} to plan the "
                              "layouts from; pass --model-config PATH")
-        check_head_counts(config, "--model-config" if req.model_config is not None
+        check_model_config(config, "--model-config" if req.model_config is not None
                           else f"{host.name}:{model_dir}/config.json")
         index = _read_json(ports.shell.read_file(f"{model_dir}/model.safetensors.index.json"), "index")
         hw = hardware_of(ports.gpus.snapshot(), host.gpu_memory_gib, host.interconnect)

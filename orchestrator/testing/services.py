@@ -52,6 +52,7 @@ class FakeProxy:
         self.busy = 0
         self.drains: list[list[tuple[str, int]]] = []
         self.taken_by: str | None = None
+        self.stops = 0
         self.counted: dict[tuple[str, int], Any] = {}  # engine -> core.haproxy_cli.Sessions
 
     def apply(self, config: str) -> bool:
@@ -72,6 +73,12 @@ class FakeProxy:
 
     def port_holder(self) -> str | None:
         return self.taken_by if self.config is None else None
+
+    def stop(self) -> bool:
+        """Serves nothing any more (``config`` None); every stop is counted in ``stops``."""
+        was, self.config = self.config is not None, None
+        self.stops += 1
+        return was
 
     def sessions(self, engines: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Any]:
         """What a test put in ``counted`` (engine -> Sessions) for the engines asked about."""

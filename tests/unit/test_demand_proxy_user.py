@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -286,3 +287,59 @@ def test_a_push_that_changes_the_proxy_user_reopens_the_socket_for_that_account(
     finally:
         world.agent.stop()
         world.agent.demand.stop()
+
+
+def _on_demand_as(world: Any, sock: Path, user: str, group: str) -> str:
+    return world.text(on_demand=True, sock=sock).replace("[proxy]\n", f'[proxy]\nuser = "{user}"\ngroup = "{group}"\n', 1)
+
+
+def test_a_directory_the_agent_made_is_made_again_for_a_new_proxy_account(base: Path, tmp_path: Path) -> None:
+    """A directory the agent made root:haproxy becomes root:nogroup on a push to nobody:nogroup, which is served."""
+    from .test_demand_push import Pushed
+
+    sock = base / "made" / "demand.sock"
+    world = Pushed(tmp_path, on_demand=False)
+    try:
+        world.push(_on_demand_as(world, sock, "haproxy", "haproxy"), uid=0)
+        assert sock.parent.stat().st_gid == grp.getgrnam("haproxy").gr_gid
+        world.push(_on_demand_as(world, sock, "nobody", "nogroup"), uid=0)
+        st = sock.parent.stat()
+        assert (st.st_mode & 0o777, st.st_gid) == (0o750, grp.getgrnam("nogroup").gr_gid)
+        first = _first_line_as("nobody", "nogroup", sock, "a")
+        assert '"waiting"' in first or '"ready"' in first, first
+    finally:
+        world.agent.stop()
+        world.agent.demand.stop()
+
+
+def test_the_operators_own_directory_stays_refused_and_unchanged(base: Path, tmp_path: Path) -> None:
+    """The operator's root:haproxy directory: a push to nobody exits 2 naming it, and it stays as it was."""
+    from .test_demand_push import Pushed
+
+    mine = base / "operators"
+    mine.mkdir(mode=0o750)
+    os.chown(mine, 0, grp.getgrnam("haproxy").gr_gid)
+    sock = mine / "demand.sock"
+    world = Pushed(tmp_path, on_demand=False)
+    try:
+        world.push(_on_demand_as(world, sock, "haproxy", "haproxy"), uid=0)
+        with pytest.raises(ConfigError, match=rf"lacks search \(x\) on directory {mine} ") as exc:
+            world.push(_on_demand_as(world, sock, "nobody", "nogroup"), uid=0)
+        assert exc.value.exit_code == 2
+        st = mine.stat()
+        assert (st.st_mode & 0o777, st.st_gid) == (0o750, grp.getgrnam("haproxy").gr_gid)
+    finally:
+        world.agent.stop()
+        world.agent.demand.stop()
+
+
+def test_a_mark_someone_else_owns_does_not_make_a_directory_the_agents(base: Path) -> None:
+    """The agent's mark, but owned by another user (who could write it there): the directory is not the agent's."""
+    from orchestrator.agent.demand_server import MARK, made_here
+
+    there = base / "theirs"
+    there.mkdir()
+    (there / MARK).write_text("")
+    assert made_here(there)
+    os.chown(there / MARK, pwd.getpwnam("nobody").pw_uid, -1)
+    assert not made_here(there)

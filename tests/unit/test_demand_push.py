@@ -48,8 +48,9 @@ class Pushed:
         ports = dataclasses.replace(host.ports(catalog.hosts["box"], FakeWeights()), proxy=self.proxy)
         store = FakeStateStore()
 
-        def ops_for(cat: Catalog) -> Operations:
-            return Operations(cat, lambda name: ports, store=store)
+        def ops_for(cat: Catalog) -> Operations:  # as wiring builds them: no proxy port while [proxy] is off
+            mine = ports if cat.proxy.enabled else dataclasses.replace(ports, proxy=None)
+            return Operations(cat, lambda name: mine, store=store)
 
         self.agent = Agent(catalog, ops_for(catalog), socket=str(tmp / "agent.sock"), metrics_port=None,
                            clock=clock, config_path=str(self.path), ops_factory=ops_for)

@@ -158,3 +158,69 @@ def test_redact_handles_long_chains_of_names(text: str) -> None:
     """Thousands of name:value pairs in one line are scanned in one pass (no recursion limit), secrets still hidden."""
     out = redact(text)
     assert hidden(out) and out.replace("<a secret by its name, not shown>", "plainword1") == text
+
+
+# Model-config fields (config.json, vLLM's arg dump, tokenizer_config.json) whose names hold "key" or
+# "token" as a qualifier: what the value is comes last (heads, dim, rank, id), and none is a secret.
+MODEL_FIELDS = ["num_key_value_heads", "key_value_dim", "num_key_value_groups", "past_key_values", "kv_lora_rank",
+                "qk_rope_head_dim", "keys_to_ignore_at_inference", "bos_token_id", "eos_token", "pad_token",
+                "unk_token", "image_token_index", "key_layernorm_eps", "use_qk_norm", "--max-num-batched-tokens"]
+# Secret names by their last word (the thing they name), or by a word that says secret anywhere.
+SECRET_NAMES = ["api_key", "hf_token", "HF_TOKEN_VALUE", "db_password", "client_secret", "X-Api-Key",
+                "Authorization", "PROXY_AUTHORIZATION", "AWS_SECRET_ACCESS_KEY", "SECRET_KEY_BASE",
+                "MYSQL_ROOT_PASSWORD", "HUGGING_FACE_HUB_TOKEN", "access_token", "refresh-token", "--api-key",
+                "openai_api_keys", "SIGNING_KEY", "private_key", "PGPASSWORD", "smtp_pass", "OPENAI_API_KEY_PROD",
+                "HF_TOKEN_2", "API_KEY_V2", "GITHUB_TOKEN_OLD", "auth_header", "X-Auth-Token", "Set-Cookie"]
+
+
+@pytest.mark.parametrize("name", MODEL_FIELDS)
+def test_model_config_fields_are_not_secret_names(name: str) -> None:
+    """A model-config field naming heads, dims or a vocabulary token by a key/token qualifier is no secret."""
+    assert not secret_name(name)
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_secret_key_names_stay_secret(name: str) -> None:
+    """API keys, tokens, passwords, secrets and Authorization are secrets by their name."""
+    assert secret_name(name)
+
+
+@pytest.mark.parametrize("line", [
+    "num_key_value_heads: 8", "config: {'num_key_value_heads': 8, 'key_value_dim': 128, 'kv_lora_rank': 512}",
+    "hf_overrides={\"num_key_value_heads\": 2} bos_token_id=1 eos_token='</s>' pad_token: <pad>",
+    "ValueError: num_key_value_heads (3) must divide num_attention_heads (32)",
+])
+def test_redact_shows_model_config_fields(line: str) -> None:
+    """A journal line quoting model-config fields passes unchanged: the head count is shown."""
+    assert redact(line) == line
+
+
+@pytest.mark.parametrize("template,shown", [("{}: plainword1, num_key_value_heads: 8", "num_key_value_heads: 8"),
+                                            ("{}=plainword1 num_key_value_heads=8", "num_key_value_heads=8"),
+                                            ("{{'{}': 'plainword1', 'num_key_value_heads': 8}}",
+                                             "'num_key_value_heads': 8")])
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_redact_hides_every_secret_named_value(name: str, template: str, shown: str) -> None:
+    """The value after each secret name is hidden; the model field beside it is shown."""
+    out = redact(template.format(name))
+    assert hidden(out) and "not shown>" in out and shown in out
+
+
+def test_crash_journal_shows_the_head_count_and_hides_the_key() -> None:
+    """An engine crash quoting its head count and its API key records the count and hides the key."""
+    world = World(make_catalog())
+    world.switch("alpha")
+    world.host.behaviours["vllm-beta.service"] = "crash"
+    world.host.journal["vllm-beta.service"] = [
+        "non-default args: {'api_key': ['plainword1'], 'hf_overrides': {'num_key_value_heads': 3}}",
+        "ValueError: num_key_value_heads: 3 does not divide num_attention_heads: 32"]
+    dep = world.switch("beta")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert "'num_key_value_heads': 3" in (dep.error or "") and "num_key_value_heads: 3 does" in (dep.error or "")
+    assert hidden(dep.error or "") and hidden(json.dumps(world.store.events(limit=1000)))
+
+
+def test_command_output_shows_model_fields_and_hides_secrets() -> None:
+    """A failed command quoting a config's fields and a token: the fields are in its error, the token is not."""
+    exc = CommandFailed("vllm serve /m", 1, "num_key_value_heads: 3, key_value_dim=96\nHF_TOKEN=plainword1")
+    assert "num_key_value_heads: 3, key_value_dim=96" in str(exc) and hidden(str(exc)) and hidden(exc.output)
