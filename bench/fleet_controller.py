@@ -153,7 +153,7 @@ def main() -> int:
     t_run = time.monotonic()
     print(f"# controller overhead benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# machine: {os.cpu_count()} CPUs, {platform.platform()}, load {os.getloadavg()}")
-    print(f"# engine: stand-in, --load-time {args.load_time:g} (a sleep), 8 netns test hosts, batch 8, canary 0")
+    print(f"# engine: stand-in, --load-time {args.load_time:g} --load-time-from-start (a sleep from its exec), 8 netns test hosts, batch 8, canary 0")
     hostset = boot_hosts(8, netns=True)
     work = Path(f"/tmp/fleet-ctl-bench-{os.getpid()}")
     work.mkdir()

@@ -7,8 +7,9 @@ alpha and beta on every host at once (``--hosts 1``: one host's switch). Per swi
 - the wall time of each step, from the CLI's progress lines as they arrive;
 - the CPU seconds of every kind of process on the boxes (bench/fleet_profile.py's roles), and of the
   children each kind reaped during the switch (a process's cutime/cstime: what short-lived processes
-  cost, named by their parent: the agent's shells and nvidia-smi calls, systemd's unit processes,
-  sshd's relays);
+  cost, named by their parent: the agent's shells and nvidia-smi calls, sshd's relays). A reaped
+  child counts with its whole life: "children of systemd" is mostly the old engines, started in an
+  earlier switch; "total (cpuacct)" is what the boxes used during this one;
 - with ``--execs``, every program the boxes started during the switch, counted (strace -f -e execve
   on each box's agent; strace slows the agent, so the CPU figures of such a run are not the clean ones);
 - with ``--py-spy DIR``, a py-spy profile of each box's agent during the switch (raw, collapsed stacks).

@@ -297,13 +297,17 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> None:
 def settle(ctx: StepContext, spec: UnitSpec, stopped: Mapping[str, frozenset[str]]) -> None:
     """After the model proved healthy: its node units come back on reboot, the stopped ones do not."""
     mine = {(n.host, n.unit_name) for n in spec.nodes}
+    changed: dict[str, bool] = {}  # per node: one daemon-reload for every link that changed there
     for host, names in stopped.items():
         nctx = _node_ctx(ctx, host)
         for unit in sorted(names):
             if (host, unit) not in mine and unit != spec.unit_name and nctx.ports.systemd.unit_state(unit).exists:
-                nctx.ports.systemd.disable(unit)
+                changed[host] = nctx.ports.systemd.disable(unit, reload=False) | changed.get(host, False)
     for node in spec.nodes:
-        _node_ctx(ctx, node.host).ports.systemd.enable(node.unit_name)
+        did = _node_ctx(ctx, node.host).ports.systemd.enable(node.unit_name, reload=False)
+        changed[node.host] = did | changed.get(node.host, False)
+    for host in sorted(h for h, did in changed.items() if did):
+        _node_ctx(ctx, host).ports.systemd.daemon_reload()
 
 
 def restore_peers(ctx: StepContext, specs: Mapping[str, UnitSpec]) -> None:

@@ -249,6 +249,18 @@ def test_switch_from_multinode_to_single_box_and_back() -> None:
     assert fleet.hosts["g1"].active_units() == ["vllm-big.service"]
 
 
+def test_a_multinode_switch_reloads_each_nodes_systemd_once() -> None:
+    """Units unchanged: a peer node disabling its own model and enabling its rank shares one daemon-reload."""
+    fleet = Fleet(catalog())
+    for model in ("small2", "big", "small1", "small2"):
+        fleet.switch(model)
+    before = len(fleet.hosts["g2"].calls)
+    assert fleet.switch("big").phase is Phase.ACTIVE
+    assert fleet.hosts["g2"].calls[before:].count("daemon-reload") == 1
+    assert fleet.hosts["g2"].units["vllm-big-node1.service"].enabled
+    assert not fleet.hosts["g2"].units["vllm-small2.service"].enabled
+
+
 def test_render_writes_every_role(tmp_path: Path) -> None:
     """`orchestrator render` writes rank 0 and the headless rank of a native model, each with its node's IP."""
     cfg = tmp_path / "deploy.toml"
