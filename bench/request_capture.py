@@ -194,7 +194,7 @@ def order(log: str) -> int:
     # runs are separated by the sampler's idle polls (3 or more /metrics in a row)
     for run in re.split(r"m{3,}", marks):
         if sum(run.count(k) for k in "Nr") >= 16:
-            print(re.sub(r"o{8,}", lambda x: f"[{len(x.group())} o]", run[:110]))
+            print(re.sub(r"o{8,}", lambda x: f"[{len(x.group())} o]", run)[:110])
     return 0
 
 
