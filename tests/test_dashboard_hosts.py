@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -99,7 +100,7 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
     driver = chromium(tmp_path / "profile")
     try:
         driver.get(forwarded)
-        wait = WebDriverWait(driver, 60)
+        wait = WebDriverWait(driver, 60, ignored_exceptions=[StaleElementReferenceException])  # a section redrawn
         wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
         driver.execute_script("window.loadedOnce = true")
         assert state_of(driver, "alpha") == "serving" and holders(driver, 0).startswith("alpha (pid")
@@ -110,8 +111,12 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, 'ol.timeline li.current[data-phase="starting"]'))
         phases = [e.get_attribute("data-phase") for e in driver.find_elements(By.CSS_SELECTOR, "ol.timeline li")]
         assert phases[:3] == ["planned", "preflight", "staging"] and "freeing" in phases
-        assert state_of(driver, "beta-long") == "switching (starting)"
-        assert state_of(driver, "alpha") == "stopped (replaced by beta-long)"
+        # The models table comes from the agent's status, read before the timeline in each update: the
+        # update that first shows `starting` may carry the status of a moment before (the switch is
+        # held at starting, so the next update shows it).
+        wait.until(lambda d: (state_of(d, "beta-long"), state_of(d, "alpha")) == (
+            "switching (starting)", "stopped (replaced by beta-long)"),
+            "the models table to show beta-long starting and alpha replaced")
         wait.until(lambda d: holders(d, 0) == "free")  # alpha's engine is gone from GPU 0
         SHOTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SHOTS / "box-during-switch.png"))
@@ -121,6 +126,10 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
         switch.join(timeout=120)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#h0-operation p.idle"))
         assert holders(driver, 0).startswith("beta-long (pid")
+        # History is read before the running operation in each update: the first idle one may list the
+        # switch before its outcome was written.
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "table.history tbody tr").get_attribute(
+            "data-outcome") == "active", "the newest history row to end active")
         newest = driver.find_element(By.CSS_SELECTOR, "table.history tbody tr")
         assert newest.get_attribute("data-outcome") == "active" and "beta-long" in newest.text
         assert "start" in newest.find_element(By.CSS_SELECTOR, "td.phases").text

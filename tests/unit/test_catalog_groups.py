@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .cli_runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = "".join(f'[hosts.gpu{i}]\naddress = "10.0.0.{i}"\ngpus = 8\n' for i in (1, 2, 3))
@@ -15,8 +16,7 @@ MODEL = '[models.m]\ngroup = "inference"\nrepo = "org/m"\ngpus = [0, 1]\ntensor_
 
 
 def models(cfg: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config", str(cfg), "--json"],
-                          capture_output=True, text=True, cwd=REPO, check=False)
+    return run("models", "--config", str(cfg), "--json", cwd=REPO)
 
 
 def test_group_model_is_listed_with_its_group(tmp_path: Path) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .cli_runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -25,8 +26,7 @@ gpus = [0]
 
 
 def models(cfg: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config", str(cfg), "--json"],
-                          capture_output=True, text=True, cwd=REPO, check=False)
+    return run("models", "--config", str(cfg), "--json", cwd=REPO)
 
 
 @pytest.mark.parametrize(("source", "revision", "message"), [

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,8 @@ from orchestrator.deploy import multinode
 from orchestrator.deploy.engine import Engine
 from orchestrator.resources import template_text
 from orchestrator.testing import FakeClock, FakeHost, FakeStateStore, FakeWeights
+
+from .cli_runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 KIMI = REPO / "tests/fixtures/configs/moonshotai__Kimi-K2.5.json"
@@ -39,8 +40,7 @@ def toml(model: str, gpus: str = "[0, 1, 2, 3, 4, 5, 6, 7]") -> str:
 
 
 def orchestrator(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          cwd=REPO, check=False)
+    return run(*args, cwd=REPO)
 
 
 @pytest.mark.parametrize("model,key,message", [

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from orchestrator.core.states import Phase
 
+from .cli_runner import run
 from .conftest import World, make_catalog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,8 +15,7 @@ MINIMAX = REPO / "tests/fixtures/configs/MiniMaxAI__MiniMax-M2.5.json"
 
 
 def plan(*args: str) -> tuple[int, dict[str, object]]:
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "plan", "--config", str(MINIMAX), "--gpus", "8",
-                        "--gpu-memory-gib", "96", "--json", *args], capture_output=True, text=True, cwd=REPO, check=False)
+    r = run("plan", "--config", str(MINIMAX), "--gpus", "8", "--gpu-memory-gib", "96", "--json", *args, cwd=REPO)
     return r.returncode, json.loads(r.stdout)
 
 
@@ -68,9 +66,8 @@ def test_switch_refuses_invalid_layout_before_stopping() -> None:
 
 def test_unknown_host_is_named_without_traceback() -> None:
     """plan MODEL --host NOPE exits 2 naming the host and the known ones."""
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "plan", "minimax-m25", "--host", "nope",
-                        "--model-config", str(MINIMAX), "--config", str(REPO / "deploy.toml")],
-                       capture_output=True, text=True, cwd=REPO, check=False)
+    r = run("plan", "minimax-m25", "--host", "nope", "--model-config", str(MINIMAX), "--config", str(REPO / "deploy.toml"),
+            cwd=REPO)
     assert r.returncode == 2 and "unknown host 'nope' (known: blackwell)" in r.stderr
     assert "Traceback" not in r.stderr
 

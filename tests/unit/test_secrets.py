@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.core.secrets import secret_in_args, secret_name, secret_value_kind
+
+from .cli_runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = '[hosts.box]\ngpus = 2\n[models.a]\nrepo = "org/a"\ngpus = [0]\n'
@@ -19,8 +20,7 @@ GHP = "ghp_" + "a1B2" * 9
 
 
 def orchestrator(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          cwd=REPO, check=False)
+    return run(*args, cwd=REPO)
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN_VALUE", "VLLM_API_KEY", "db_password",

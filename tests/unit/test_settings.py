@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .cli_runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = """
@@ -26,8 +27,7 @@ tensor_parallel = 4
 
 
 def orchestrator(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, check=False)
+    return run(*args, env=env, cwd=REPO)
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -6,7 +6,6 @@ import json
 import sqlite3
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,8 @@ from orchestrator.adapters.sqlite_store import SCHEMA_VERSION, SqliteStore
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.states import Phase
 from orchestrator.errors import StateStoreError
+
+from .cli_runner import run
 
 REPO = Path(__file__).resolve().parents[2]
 # The schema as first landed (commit aabdd0a), when the file carried no version.
@@ -50,8 +51,7 @@ def history_cli(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     cfg = tmp_path / "deploy.toml"
     cfg.write_text(f'state_dir = "{tmp_path / "state"}"\n[hosts.box]\ngpus = 1\n'
                    '[models.a]\nrepo = "org/a"\ngpus = [0]\n')
-    return subprocess.run([sys.executable, "-m", "orchestrator", "history", "--local", "--json", "--config", str(cfg)],
-                          capture_output=True, text=True, cwd=REPO, check=False)
+    return run("history", "--local", "--json", "--config", str(cfg), cwd=REPO)
 
 
 def test_landed_database_is_migrated_and_keeps_its_history(tmp_path: Path) -> None:
