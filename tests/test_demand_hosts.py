@@ -86,7 +86,10 @@ def test_two_clients_alternating_a_and_b_never_fail(box: Host) -> None:
     for c in clients:
         c.join(300)
     answers = [a for c in clients for a in c.answers]
-    swaps = [d for d in demand_deployments(box) if d["id"] not in before]
+    # The last request is answered once its model is routed; that swap's record ends a moment later.
+    swaps = wait_for(lambda: [d for d in demand_deployments(box) if d["id"] not in before],
+                     lambda ds: all(d["ended_at"] is not None for d in ds), timeout=60,
+                     what="the on-demand swaps to end")
     waits = sorted(a.wait for a in answers)
     print(f"alternating A/B: {len(answers)} requests, {len(swaps)} swaps, wait p50 {waits[len(waits) // 2]:.2f} s "
           f"max {waits[-1]:.2f} s; statuses {sorted({str(a.status) for a in answers})}")
@@ -169,7 +172,11 @@ def test_a_push_that_adds_a_model_on_demand_holds_its_first_request_and_starts_i
     with Client(url(box), ["delta"], rounds=1) as client:
         client.join(60)
     assert [a.status for a in client.answers] == [200], client.answers
-    assert [d["outcome"] for d in demand_deployments(box) if d["model"] == "delta"] == ["active"]
+    # The held request is let through once delta is routed; its deployment ends a moment later.
+    delta_runs = wait_for(lambda: [d for d in demand_deployments(box) if d["model"] == "delta"],
+                          lambda ds: ds and all(d["ended_at"] is not None for d in ds), timeout=60,
+                          what="delta's on-demand deployment to end")
+    assert [d["outcome"] for d in delta_runs] == ["active"]
 
 
 @pytest.fixture(scope="module")
