@@ -72,6 +72,21 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     return took
 
 
+
+def install_serving_alpha(hostset: HostSet, load_time: float) -> None:
+    """Each host's agent with alpha and beta (a stand-in whose load is a fixed sleep from its exec),
+    alpha switched to."""
+    models = {n: {**MODELS[n], "args": ["--load-time", f"{load_time:g}", "--load-time-from-start"]}
+              for n in ("alpha", "beta")}
+    for h in hostset.hosts:
+        for attempt in range(3):  # on a loaded machine an agent's start can exceed its unit's start timeout
+            try:
+                install(h, models)
+                break
+            except HostError as exc:
+                print(f"# {h.name}: agent start failed (attempt {attempt + 1}): {str(exc).splitlines()[0]}")
+        h.run(f"{PY} -m orchestrator switch alpha --config {CONFIG}")
+
 def all_hosts_env(work: Path, hostset: HostSet) -> tuple[list[str], dict[str, str]]:
     """Every host by its ssh:// URL, and the environment naming one hosts file that gives each its key,
     known_hosts, python and the agent's socket (as one_host_env does for one)."""
@@ -158,16 +173,8 @@ def main() -> int:
     work = Path(f"/tmp/fleet-ctl-bench-{os.getpid()}")
     work.mkdir()
     agent: subprocess.Popen[bytes] | None = None
-    models = {n: {**MODELS[n], "args": ["--load-time", f"{args.load_time:g}", "--load-time-from-start"]} for n in ("alpha", "beta")}
     try:
-        for h in hostset.hosts:
-            for attempt in range(3):  # on a loaded machine an agent's start can exceed its unit's start timeout
-                try:
-                    install(h, models)
-                    break
-                except HostError as exc:
-                    print(f"# {h.name}: agent start failed (attempt {attempt + 1}): {str(exc).splitlines()[0]}")
-            h.run(f"{PY} -m orchestrator switch alpha --config {CONFIG}")
+        install_serving_alpha(hostset, args.load_time)
         cfg = work / "deploy.toml"
         state = work / "ctl"
         cfg.write_text(controller_config(hostset, state))

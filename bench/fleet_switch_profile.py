@@ -30,12 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.fleet_controller import all_hosts_env
+from bench.fleet_controller import all_hosts_env, install_serving_alpha
 from bench.fleet_profile import CPUACCT, _role
-from tests.builders.agent import CONFIG, PY
-from tests.builders.rollout import install
-from tests.builders.switch import MODELS
-from tests.hosts.machine import HostError
+from tests.builders.agent import PY
 from tests.hosts.pool import boot_hosts
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -85,16 +82,8 @@ def main() -> int:
     hostset = boot_hosts(args.hosts, netns=True)
     work = Path(f"/tmp/fleet-switch-profile-{os.getpid()}")
     work.mkdir()
-    models = {n: {**MODELS[n], "args": ["--load-time", f"{args.load_time:g}", "--load-time-from-start"]} for n in ("alpha", "beta")}
     try:
-        for h in hostset.hosts:
-            for attempt in range(3):
-                try:
-                    install(h, models)
-                    break
-                except HostError as exc:
-                    print(f"# {h.name}: agent start failed (attempt {attempt + 1}): {str(exc).splitlines()[0]}")
-            h.run(f"{PY} -m orchestrator switch alpha --config {CONFIG}")
+        install_serving_alpha(hostset, args.load_time)
         urls, env = all_hosts_env(work, hostset)
         machines = [h.machine for h in hostset.hosts]
         agents = []

@@ -28,6 +28,7 @@ from orchestrator.core.catalog import Proxy
 from orchestrator.core.proxy import DEMAND_LUA, DemandRoute, render_config
 from orchestrator.errors import ConfigError
 from orchestrator.resources import template_text
+from tests.builders.as_account import run_as
 from tests.hosts.wait import wait_for
 
 from .conftest import make_catalog
@@ -242,30 +243,16 @@ def test_proxy_user_and_group_render_into_haproxys_global_section() -> None:
 def _first_line_as(user: str, group: str, sock: Path, model: str) -> str:
     """What an account's connection to the demand socket gets first: its first line, or the OSError's name
     (a child process that drops to ``user``/``group`` for good, as HAProxy's workers do)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
+    def first_line() -> str:
         try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(grp.getgrnam(group).gr_gid)
-            os.setuid(pwd.getpwnam(user).pw_uid)
-            try:
-                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                conn.settimeout(10)
-                conn.connect(str(sock))
-                conn.sendall(json.dumps({"model": model}).encode() + b"\n")
-                out = conn.makefile("rb").readline().decode()
-            except OSError as exc:
-                out = type(exc).__name__
-            os.write(write, out.encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return data
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.settimeout(10)
+            conn.connect(str(sock))
+            conn.sendall(json.dumps({"model": model}).encode() + b"\n")
+            return conn.makefile("rb").readline().decode()
+        except OSError as exc:
+            return type(exc).__name__
+    return run_as(pwd.getpwnam(user).pw_uid, grp.getgrnam(group).gr_gid, first_line)
 
 
 def test_a_push_that_changes_the_proxy_user_reopens_the_socket_for_that_account(base: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders.as_account import run_as
 from tests.unit.cli_runner import invoke
 
 NOBODY = 65534
@@ -66,26 +67,12 @@ def _imported_here() -> None:
 def as_nobody(*args: str) -> dict[str, object]:
     """The CLI in a child process running as uid/gid nobody: its exit code, stdout and stderr."""
     _imported_here()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: drop privileges for good, run the command, report, never return
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.environ.pop("ORCHESTRATOR_STATE_DIR", None)
-            result = invoke(*args)
-            out = {"code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
-                   "exception": repr(result.exception)}
-            os.write(write, json.dumps(out).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return dict(json.loads(data))
+    def command() -> str:
+        os.environ.pop("ORCHESTRATOR_STATE_DIR", None)
+        result = invoke(*args)
+        return json.dumps({"code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+                           "exception": repr(result.exception)})
+    return dict(json.loads(run_as(NOBODY, NOBODY, command)))
 
 
 def test_plan_works_for_a_user_who_cannot_read_the_records(box: Path) -> None:
