@@ -9,8 +9,9 @@ as ``StreamError`` kinds: connect, timeout, connection_lost, bad_response.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import httpx
@@ -31,12 +32,38 @@ class HttpBackend(Protocol):
         """(status, body); transport failures raise StreamError."""
         ...
 
+    async def hold_open(self, path: str, count: int) -> None:
+        """``count`` GETs of path at once, each holding its connection until every one has its answer's
+        head: the pool then keeps ``count`` open connections. Transport failures raise StreamError."""
+        ...
+
     async def post_stream(self, path: str, body: bytes, on_data: OnData) -> tuple[int, bytes]:
         """POST a JSON body. On 200 every piece of the response body goes to on_data as it arrives
         and (200, b"") is returned; otherwise (status, body). Errors from on_data propagate."""
         ...
 
     async def aclose(self) -> None: ...
+
+
+async def _hold_together(count: int, one: Callable[[Callable[[], Awaitable[object]]], Awaitable[None]]) -> None:
+    """Run ``count`` copies of ``one(meet)``; ``meet()`` returns once every copy has called it. A GET that
+    gathers alone could finish before another starts and lend it its connection: the pool would then
+    hold fewer than ``count``. The first failure breaks the meeting for the others and is raised."""
+    barrier = asyncio.Barrier(count)
+
+    async def guarded() -> None:
+        try:
+            await one(barrier.wait)
+        except asyncio.BrokenBarrierError:
+            return  # another copy failed: its error is the one raised
+        except BaseException:
+            await barrier.abort()
+            raise
+
+    answers = await asyncio.gather(*(guarded() for _ in range(count)), return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
 
 
 def default_client() -> ClientKind:
@@ -58,6 +85,7 @@ class HttpxBackend:
             base_url=base_url, headers=headers, trust_env=False,
             timeout=httpx.Timeout(timeout_s, connect=30.0),
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+        self._connections = connections
 
     async def get(self, path: str) -> tuple[int, bytes]:
         try:
@@ -65,6 +93,17 @@ class HttpxBackend:
         except httpx.HTTPError as exc:
             raise _httpx_error(exc) from exc
         return resp.status_code, resp.content
+
+    async def hold_open(self, path: str, count: int) -> None:
+        async def one(meet: Callable[[], Awaitable[object]]) -> None:
+            try:
+                async with self._client.stream("GET", path) as resp:  # the connection is ours until closed
+                    await meet()
+                    await resp.aread()
+            except httpx.HTTPError as exc:
+                raise _httpx_error(exc) from exc
+
+        await _hold_together(min(count, self._connections), one)
 
     async def post_stream(self, path: str, body: bytes, on_data: OnData) -> tuple[int, bytes]:
         try:
@@ -121,6 +160,19 @@ class AiohttpBackend:
                 return resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _aiohttp_error(exc) from exc
+
+    async def hold_open(self, path: str, count: int) -> None:
+        import aiohttp
+
+        async def one(meet: Callable[[], Awaitable[object]]) -> None:
+            try:
+                async with self._open().get(self._base + path) as resp:  # held until its body is read
+                    await meet()
+                    await resp.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise _aiohttp_error(exc) from exc
+
+        await _hold_together(min(count, self._connections), one)
 
     async def post_stream(self, path: str, body: bytes, on_data: OnData) -> tuple[int, bytes]:
         import aiohttp

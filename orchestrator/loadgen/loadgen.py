@@ -248,17 +248,16 @@ class LoadGenerator:
         return str(models[0])
 
     async def _open_connections(self, client: HttpBackend, concurrency: int) -> None:
-        """C requests in flight at once make the client hold C connections, kept open (keep-alive) for
-        the level's C workers. GET /v1/models costs the server next to nothing; whatever it answers,
-        the connection is open, so only a transport failure stops the run."""
-        answers = await asyncio.gather(*(client.get("/v1/models") for _ in range(concurrency)),
-                                       return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, StreamError):
-                raise TransportError(f"bench: opening {concurrency} connections to {self.target.base_url}: "
-                                     f"{answer.kind}: {answer.message}") from answer
-            if isinstance(answer, BaseException):
-                raise answer
+        """C connections open (keep-alive) for the level's C workers: C GETs of /v1/models, each holding
+        its connection until all C have their answer (one answered early would otherwise lend its
+        connection to the next, and the level would open the rest inside its window). The GET costs the
+        server next to nothing; whatever it answers, the connection is open: only a transport failure
+        stops the run."""
+        try:
+            await client.hold_open("/v1/models", concurrency)
+        except StreamError as exc:
+            raise TransportError(f"bench: opening {concurrency} connections to {self.target.base_url}: "
+                                 f"{exc.kind}: {exc.message}") from exc
 
     async def _calibrate(self, client: HttpBackend) -> None:
         """Unmeasured 1-token requests find how much of the run's text makes plan.prompt_tokens as the

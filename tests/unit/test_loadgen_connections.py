@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -17,6 +17,8 @@ import pytest
 
 from orchestrator.errors import TransportError
 from orchestrator.loadgen import BenchPlan, BenchTarget, ClientKind, LoadGenerator
+from orchestrator.loadgen.http import _hold_together, open_backend
+from orchestrator.loadgen.sse import StreamError
 
 
 @dataclass
@@ -172,3 +174,46 @@ def test_a_target_that_refuses_connections_is_a_transport_error(client: ClientKi
                         client=client)
     with pytest.raises(TransportError, match=f"bench: opening 4 connections to {url}: connect"):
         asyncio.run(gen.run())
+
+
+def test_no_copy_passes_the_meeting_until_every_copy_has_reached_it() -> None:
+    """hold_open's meeting: a connection is released only once all C hold theirs (none lends its own)."""
+    started: list[int] = []
+    arrived: list[int] = []
+    passed: list[tuple[int, int]] = []
+
+    async def one(meet: Callable[[], Awaitable[object]]) -> None:
+        n = len(started)
+        started.append(n)
+        await asyncio.sleep(0.01 * n)  # the copies arrive one by one
+        arrived.append(n)
+        await meet()
+        passed.append((n, len(arrived)))
+
+    asyncio.run(_hold_together(5, one))
+    assert sorted(n for n, _ in passed) == [0, 1, 2, 3, 4] and {seen for _, seen in passed} == {5}
+
+
+def test_a_failed_copy_breaks_the_meeting_and_its_error_is_raised() -> None:
+    """One GET failing does not leave the others waiting for it: the run stops with that GET's error."""
+    async def one(meet: Callable[[], Awaitable[object]]) -> None:
+        if not getattr(one, "failed", False):
+            one.failed = True  # type: ignore[attr-defined]
+            raise StreamError("connect", "refused")
+        await meet()
+
+    with pytest.raises(StreamError, match="refused"):
+        asyncio.run(asyncio.wait_for(_hold_together(4, one), 10))
+
+
+def test_hold_open_leaves_exactly_c_connections_on_the_server(server: RecordingServer, client: ClientKind) -> None:
+    """C GETs held together arrive on C distinct connections."""
+    async def go() -> None:
+        backend = open_backend(client, server.url, {}, 10.0, 12)
+        try:
+            await backend.hold_open("/v1/models", 12)
+        finally:
+            await backend.aclose()
+
+    asyncio.run(go())
+    assert len({s.conn for s in server.seen if s.path == "/v1/models"}) == 12
