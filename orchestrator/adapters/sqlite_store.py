@@ -182,6 +182,10 @@ _MIGRATIONS: tuple[Migration, ...] = (_to_v1, _create(_V2), _create(_V3), _creat
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
+def _what_failed(exc: sqlite3.DatabaseError, otherwise: str) -> str:
+    return "not an SQLite database" if "not a database" in str(exc) else otherwise
+
+
 def _file_state(path: str) -> tuple[int, int, int]:
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns, st.st_ino
@@ -228,8 +232,7 @@ class SqliteFile:
             self._migrate()
         except sqlite3.DatabaseError as exc:
             self._db.close()
-            what = "not an SQLite database" if "not a database" in str(exc) else "cannot be used"
-            raise StateStoreError(f"{self.KIND} {self.path}: {what} ({exc}); move it aside to start a "
+            raise StateStoreError(f"{self.KIND} {self.path}: {_what_failed(exc, 'cannot be used')} ({exc}); move it aside to start a "
                                   f"fresh history") from exc
         except StateStoreError:
             self._db.close()
@@ -279,8 +282,7 @@ class SqliteFile:
         except sqlite3.DatabaseError as exc:
             disk.close()
             memory.close()
-            what = "not an SQLite database" if "not a database" in str(exc) else "cannot be read"
-            raise StateStoreError(f"{self.KIND} {self.path}: {what} ({exc})") from exc
+            raise StateStoreError(f"{self.KIND} {self.path}: {_what_failed(exc, 'cannot be read')} ({exc})") from exc
         if current:
             memory.close()
         return current
@@ -290,8 +292,7 @@ class SqliteFile:
             disk.backup(memory)
         except sqlite3.DatabaseError as exc:
             memory.close()
-            what = "not an SQLite database" if "not a database" in str(exc) else "cannot be read"
-            raise StateStoreError(f"{self.KIND} {self.path}: {what} ({exc})") from exc
+            raise StateStoreError(f"{self.KIND} {self.path}: {_what_failed(exc, 'cannot be read')} ({exc})") from exc
         finally:
             disk.close()
 
