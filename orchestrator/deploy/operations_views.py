@@ -166,6 +166,10 @@ class OperationsViews(OperationsBase):
                 **({"interrupted": True} if running and host_held(self.state_dir, name) is False else {}),
             }
             eng = self.engine()
+            if serving is not None and serving.spec.nodes:
+                # Nodes before health: restart counts only grow, so a rank this row shows restarted is
+                # one the health probe after it sees restarted too (never "healthy" beside "restarted 1x").
+                entry["serving"]["nodes"] = self._node_states(serving, probe)
             if probe and serving is not None:
                 entry["serving"]["healthy"] = eng.is_healthy(serving)
             if self.catalog.proxy.enabled:
@@ -177,8 +181,6 @@ class OperationsViews(OperationsBase):
                                     "gpus": list(d.spec.gpus), "unit": d.spec.unit_name, "url": d.spec.base_url,
                                     **({"healthy": eng.is_healthy(d)} if probe else {})}
                                    for d in self.store.serving_set(name)]
-            if serving is not None and serving.spec.nodes:
-                entry["serving"]["nodes"] = self._node_states(serving, probe)
             if ranks := self._rank_of(name):
                 entry["node_of"] = ranks
             if any(self.catalog.models[m].sleep for m in self.catalog.models_on(name)):

@@ -33,7 +33,10 @@ def test_a_box_lost_mid_switch_pauses_the_rollout_which_goes_on_when_it_answers_
     hold.set()
     shown = wait_for(lambda: controller.summary(rid)["rollout"], lambda ro: ro["status"] == "paused", timeout=30,
                      what="the rollout to pause")
-    assert "lost h1 mid-switch" in shown["reason"] and "tries again every 0.05 s" in shown["reason"]
+    # The first pause says it lost h1 mid-switch; each retry after it (every 0.05 s) that still cannot
+    # reach h1 says so instead: either may be the one read.
+    assert any(s in shown["reason"] for s in ("lost h1 mid-switch", "cannot reach h1, recorded switching"))
+    assert "tries again every 0.05 s" in shown["reason"]
     assert shown["controller"]["alive"] and states(controller.summary(rid))["h1"] == "switching"
     boxes["h1"].come_back()  # its old SSH connection is dead: the controller must connect again
     wait_for(lambda: controller.summary(rid)["rollout"]["status"], lambda s: s not in ("running", "paused"),
