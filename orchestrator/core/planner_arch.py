@@ -213,12 +213,17 @@ _HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
 _REQUIRED = (("a layer count", _LAYER_KEYS, "vLLM builds the model's layers from it"),
              ("a hidden size", _HIDDEN_KEYS, "every weight and the KV cache are sized from it"),
              ("a head count", _HEAD_KEYS, "every model with attention has one"))
+# Fields a config may leave out, but when present must be usable: vLLM sizes the KV cache by head_dim
+# and the embedding and LM head by the vocabulary (0 planned a 0.0 GiB KV cache as "valid").
+_OPTIONAL = (("a head count", _KV_HEAD_KEYS, ""), ("a head size", ("head_dim",), ""),
+             ("a vocabulary size", ("vocab_size", "padded_vocab_size"), ""))
 
 
 def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """The first required field of a config.json that is missing or impossible, as (field path, value
     or "missing", why), or None. The layer count, the hidden size and the head counts present must be
-    positive integers, and each of the first three must be there (under one of its names); vLLM's
+    positive integers, and each of the first three must be there (under one of its names); a head_dim or
+    vocabulary size, when given, is a positive integer too; vLLM's
     attention-free architectures may give 0 heads or none (never a negative or a non-number), and its
     non-transformer ones (Terratorch) need no layer count or hidden size."""
     view = merged_view(config)
@@ -226,7 +231,7 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
         t for t in (view.get("model_type"), config.get("model_type")) if isinstance(t, str)}
     free = bool(names & (ATTENTION_FREE_ARCHS | ATTENTION_FREE_TYPES))
     bare = bool(names & (NO_TRANSFORMER_ARCHS | NO_TRANSFORMER_TYPES))
-    for what, keys, _ in (*_REQUIRED, ("a head count", _KV_HEAD_KEYS, "")):
+    for what, keys, _ in (*_REQUIRED, *_OPTIONAL):
         heads = keys in (_HEAD_KEYS, _KV_HEAD_KEYS)
         for key in keys:
             if view.get(key) is None:  # null is JSON's unset, as transformers reads it (the next name counts)

@@ -121,13 +121,19 @@ REQUIRED = [
     ({"hidden_size": True}, "hidden_size", "True"),
     ({"hidden_size": 2**60}, "hidden_size", str(2**60)),
     ({"hidden_size": None, "d_model": -1}, "d_model", "-1"),
+    ({"head_dim": 0}, "head_dim", "0"),
+    ({"head_dim": -128}, "head_dim", "-128"),
+    ({"head_dim": "128"}, "head_dim", "'128'"),
+    ({"vocab_size": 0}, "vocab_size", "0"),
+    ({"vocab_size": -5}, "vocab_size", "-5"),
+    ({"vocab_size": 3.5}, "vocab_size", "3.5"),
 ]
 
 
 @pytest.mark.parametrize("change,field,value", REQUIRED, ids=[f"{f}={v}" for _, f, v in REQUIRED])
 def test_plan_refuses_a_config_missing_or_with_an_impossible_required_field(
         tmp_path: Path, change: dict[str, Any], field: str, value: str) -> None:
-    """`plan --config FILE` without a usable layer count or hidden size: exit 2 naming the file, field, value."""
+    """`plan --config FILE` without a usable layer count, hidden size, head size or vocabulary: exit 2 naming all."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(_with(change)))
     result = invoke("plan", "--config", str(path), "--gpus", "8", "--gpu-memory-gib", "80", "--tp", "8")
@@ -155,7 +161,8 @@ def test_a_catalog_model_config_without_hidden_size_refuses_the_deploy_toml(tmp_
 @pytest.mark.parametrize("cfg", [{"architectures": ["Terratorch"], "pretrained_cfg": {}},
                                  {"model_type": "timm_wrapper", "num_classes": 10},
                                  {**MAMBA, "num_hidden_layers": None, "n_layer": 64},
-                                 {**LLAMA, "num_key_value_heads": None}])
+                                 {**LLAMA, "num_key_value_heads": None},
+                                 {**LLAMA, "head_dim": None, "vocab_size": None}])
 def test_non_transformer_and_aliased_configs_need_no_more(cfg: dict[str, Any]) -> None:
     """Terratorch and timm need no layers or hidden size; an alias counts; a null is unset, as transformers reads it."""
     assert config_field_error(cfg) is None
