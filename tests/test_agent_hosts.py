@@ -282,3 +282,28 @@ def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(hosts: 
     finally:
         host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
                  "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+def test_an_agent_restarted_with_the_proxy_off_stops_the_proxy_left_running(hosts: list[Host],
+                                                                              tmp_path: Path) -> None:
+    """The proxy serves chat-a; deploy.toml edited to [proxy] enabled = false and the agent restarted (no
+    push): the agent's start stops and disables orchestrator-proxy.service; chat-a serves on its own port."""
+    from tests.builders.proxy import MODELS as PROXY_MODELS
+    from tests.builders.proxy import proxy_config
+    host = hosts[0]
+    config = proxy_config(host, Path(STATE), dict(PROXY_MODELS)).replace('transport = "ssh"', 'transport = "local"')
+    install_agent(host, config, tmp_path)
+    try:
+        cli(host, "switch", "chat-a")
+        assert active(host, "orchestrator-proxy.service") == "active"
+        host.write_file(CONFIG, host.run(["cat", CONFIG]).stdout.replace("enabled = true\n", "enabled = false\n", 1))
+        host.run("systemctl restart orchestrator-agent.service")
+        wait_for(lambda: active(host, "orchestrator-proxy.service"), lambda s: s == "inactive",
+                 what="the agent's start to stop the proxy left running")
+        enabled = host.run(["systemctl", "is-enabled", "orchestrator-proxy.service"], check=False).stdout.strip()
+        assert enabled == "disabled"
+        assert [e["was_running"] for e in store_events(host, "proxy_stopped")] == [True]
+        assert active(host, "vllm-chat-a.service") == "active"
+    finally:
+        host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
+                 "rm -f /etc/orchestrator/haproxy.cfg*", check=False)

@@ -24,13 +24,13 @@ from orchestrator.core.haproxy_cli import (
     sessions,
 )
 from orchestrator.core.observed import listens_on
-from orchestrator.core.proxy import DEMAND_LUA, lua_path, master_socket, sha
+from orchestrator.core.proxy import DEMAND_LUA, PROXY_UNIT, lua_path, master_socket, sha
 from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
 from orchestrator.resources import template_text
 
-UNIT = "orchestrator-proxy.service"
+UNIT = PROXY_UNIT
 T = TypeVar("T")
 
 # Asks HAProxy's master CLI (run on the proxy's host): `show proc`, and with "old" also `show info`,

@@ -2,13 +2,15 @@
 (route away, drain, sleep mode=wait, verify its GPUs by PID) and stop an idle sleeper (its memory
 verified free). Each holds the host's lock like every other operation and is recorded as an event.
 A push that changes what the proxy holds for re-renders it (reroute), nothing switched; one that
-turns the proxy off stops it (proxy_off).
+turns the proxy off stops it (proxy_off), and so does an agent that starts from a file with the proxy
+off while the host's proxy unit is still up from before (leftover_proxy_off).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.core.proxy import PROXY_UNIT
 from orchestrator.core.records import ServingChange
 from orchestrator.core.resident import ASLEEP, STOPPED
 from orchestrator.deploy import actions, warm
@@ -99,6 +101,28 @@ def proxy_off(ops: Operations, host: str, *, reason: str) -> bool:
         stopped = ports.proxy.stop() if ports.proxy is not None else False
     ops.record_event(ports.clock.now(), host, "proxy_stopped", {"reason": reason, "was_running": stopped})
     return stopped
+
+
+def leftover_proxy_off(ops: Operations, host: str, *, reason: str) -> str | None:
+    """``host``'s [proxy] is off, yet its orchestrator-proxy.service may still run or be enabled (the
+    file was edited and the agent restarted: no push stopped it). Stop and disable that unit, as a push
+    of enabled = false does; ``ops`` have no proxy port, so systemd is asked directly. Under the host's
+    lock, recorded as an event; what was done, or None when the unit is absent or already off."""
+    with host_lock(ops.state_dir, host, ops.holder(host)):
+        ports = ops.ports_for(host)
+        sd = ports.systemd
+        state = sd.unit_state(PROXY_UNIT)
+        if not state.exists:
+            return None
+        if state.is_active:
+            sd.stop(PROXY_UNIT)
+        elif state.is_failed:
+            sd.reset_failed(PROXY_UNIT)
+        unlinked = sd.disable(PROXY_UNIT)
+    if not (state.is_active or unlinked):
+        return None
+    ops.record_event(ports.clock.now(), host, "proxy_stopped", {"reason": reason, "was_running": state.is_active})
+    return f"{PROXY_UNIT} {'stopped and ' if state.is_active else ''}disabled: {reason}"
 
 
 def _stop_verified(ctx: StepContext, model: str, unit: str, gpus: tuple[int, ...]) -> None:

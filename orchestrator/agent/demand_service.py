@@ -14,7 +14,7 @@ from typing import Protocol
 from orchestrator import logs
 from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.demand import Broker
-from orchestrator.agent.demand_ops import proxy_off, reroute
+from orchestrator.agent.demand_ops import leftover_proxy_off, proxy_off, reroute
 from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
 from orchestrator.agent.loops import Failures, Loop
 from orchestrator.core.catalog import Catalog
@@ -140,6 +140,24 @@ class DemandService:
                     "orchestrator-proxy.service` on the host, or a push of [proxy] enabled = true takes it back")
         return ("stopped: [proxy] enabled = false (orchestrator-proxy.service stopped and disabled); clients "
                 "reach each model on its own port" if stopped else "not running: [proxy] enabled = false")
+
+    def settle_disabled_proxies(self) -> dict[str, str]:
+        """At the agent's start: each host it owns whose [proxy] is off has no proxy unit left running
+        or enabled from before (it would serve a stale routing table on the port). Host -> what was
+        done; a host that could not be settled is logged and left (the agent starts regardless)."""
+        catalog, out = self.agent.catalog, {}
+        for host in own_hosts(catalog):
+            if rendered_from(catalog, host):
+                continue
+            try:
+                done = leftover_proxy_off(self.agent.ops, host, reason="agent start: [proxy] enabled = false")
+            except OrchestratorError as exc:
+                log.warning("proxy_stop_failed", host=host, error=str(exc))
+                continue
+            if done is not None:
+                log.info("proxy_stopped", host=host, detail=done)
+                out[host] = done
+        return out
 
     def halt(self) -> None:
         """The agent stops: the loops end their pass and stop (the socket stays for ``stop``)."""

@@ -153,6 +153,7 @@ class DemandRoute:
 
 # Where the hold's Lua lives on the box: beside the config it is loaded by (the adapter writes it).
 DEMAND_LUA = "demand_hold.lua"
+PROXY_UNIT = "orchestrator-proxy.service"  # the one unit of a host's front proxy
 # The proxy's own bound on a hold, past the agent's deadline (the agent answers its 503 first).
 DEMAND_MARGIN_S = 2.0
 
