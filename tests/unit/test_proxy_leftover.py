@@ -80,4 +80,4 @@ def test_a_proxy_that_is_on_in_the_file_is_not_touched(tmp_path: Path) -> None:
     agent, store = _agent(tmp_path, host, enabled=True)
     assert agent.demand.settle_disabled_proxies() == {}
     assert host.ports().systemd.unit_state(PROXY_UNIT).active_state == "active"
-    assert host.units[PROXY_UNIT].enabled is True
+    assert host.units[PROXY_UNIT].enabled is True and store.events(kind="proxy_stopped") == []
