@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,14 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         requested = None if tp is None else planner.Layout(tp, pp or 1, dp or 1, bool(ep))
         name = Path(config).name
     else:
+        if model is None and config is not None:
+            # No MODEL: --config can only be a bare config.json, so say what is wrong with this one
+            # (missing, unreadable, not JSON) rather than ask for what was given.
+            try:
+                hub_config.read_model_config(config, "model config")
+            except OrchestratorError as exc:
+                raise UsageError(f"{exc}; without a MODEL, --config names a model's config.json (to plan a "
+                                 f"model of a deploy.toml: orchestrator plan MODEL --config {shlex.quote(config)})") from None
         if model is None:
             raise UsageError("name a MODEL of the catalog, or plan a bare config.json with --config PATH --gpus N")
         remote = remote_spec() is not None

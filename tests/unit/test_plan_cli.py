@@ -86,3 +86,15 @@ def test_a_restore_under_any_trigger_skips_the_layout_check() -> None:
     dep = world.engine.plan_rollback("box", 1, trigger="tune:7:restore")
     assert dep.restores == 1
     assert world.engine.run(dep.id).phase is Phase.ACTIVE
+
+
+def test_a_bare_config_that_is_missing_or_not_json_is_named_not_asked_for(tmp_path: Path) -> None:
+    """`plan --config PATH --gpus N` with no MODEL: a missing or non-JSON PATH is named (exit 2), not
+    answered with 'plan a bare config.json with --config PATH' (which it was)."""
+    toml = tmp_path / "my deploy"
+    toml.write_text("[hosts.a]\ngpus = 8\n")
+    for path, why in ((tmp_path / "gone", "file not found"), (toml, "not valid JSON")):
+        r = run("plan", "--config", str(path), "--gpus", "8", "--gpu-memory-gib", "80", cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert f"model config {path}: {why}" in r.stderr and "name a MODEL" not in r.stderr
+    assert f"orchestrator plan MODEL --config '{toml}'" in r.stderr
