@@ -76,7 +76,9 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 def install_serving_alpha(hostset: HostSet, load_time: float) -> None:
     """Each host's agent with alpha and beta (a stand-in whose load is a fixed sleep from its exec),
     alpha switched to."""
-    models = {n: {**MODELS[n], "args": ["--load-time", f"{load_time:g}", "--load-time-from-start"]}
+    # The test hosts' load deadline is 30 s: a longer load gets its own, with the same margin over it.
+    deadline = {"load_deadline_s": int(load_time + 30)} if load_time + 5 > 30 else {}
+    models = {n: {**MODELS[n], "args": ["--load-time", f"{load_time:g}", "--load-time-from-start"], **deadline}
               for n in ("alpha", "beta")}
     for h in hostset.hosts:
         for attempt in range(3):  # on a loaded machine an agent's start can exceed its unit's start timeout
