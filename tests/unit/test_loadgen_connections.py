@@ -59,11 +59,21 @@ class RecordingServer:
         self._enough = asyncio.Event()
         server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
+        self._server = server
         self._ready.set()
         self._loop.run_forever()
-        server.close()
+        self._loop.close()
+
+    async def _shutdown(self) -> None:
+        """The listener closed and every connection's task cancelled and awaited (none left pending)."""
+        self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
