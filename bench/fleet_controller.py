@@ -76,7 +76,7 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 def install_serving_alpha(hostset: HostSet, load_time: float) -> None:
     """Each host's agent with alpha and beta (a stand-in whose load is a fixed sleep from its exec),
     alpha switched to."""
-    # The test hosts' load deadline is 30 s: a longer load gets its own, with the same margin over it.
+    # The test hosts' load deadline is 30 s: a load near or past it gets a deadline 30 s past the load.
     deadline = {"load_deadline_s": int(load_time + 30)} if load_time + 5 > 30 else {}
     models = {n: {**MODELS[n], "args": ["--load-time", f"{load_time:g}", "--load-time-from-start"], **deadline}
               for n in ("alpha", "beta")}

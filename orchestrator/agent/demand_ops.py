@@ -108,9 +108,11 @@ def leftover_proxy_off(ops: Operations, host: str, *, reason: str) -> str | None
     file was edited and the agent restarted: no push stopped it). Stop and disable that unit, as a push
     of enabled = false does; ``ops`` have no proxy port, so systemd is asked directly. Under the host's
     lock, recorded as an event; what was done, or None when the unit is absent or already off."""
+    ports = ops.ports_for(host)
+    sd = ports.systemd
+    if not sd.unit_state(PROXY_UNIT).exists:
+        return None  # the usual case, a host that never ran the proxy: no lock taken at the agent's start
     with host_lock(ops.state_dir, host, ops.holder(host)):
-        ports = ops.ports_for(host)
-        sd = ports.systemd
         state = sd.unit_state(PROXY_UNIT)
         if not state.exists:
             return None

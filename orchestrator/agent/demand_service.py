@@ -145,10 +145,10 @@ class DemandService:
         """At the agent's start: each host it owns whose [proxy] is off has no proxy unit left running
         or enabled from before (it would serve a stale routing table on the port). Host -> what was
         done; a host that could not be settled is logged and left (the agent starts regardless)."""
-        catalog, out = self.agent.catalog, {}
+        catalog, out = self.agent.catalog, dict[str, str]()
+        if catalog.proxy.enabled:
+            return out
         for host in own_hosts(catalog):
-            if rendered_from(catalog, host):
-                continue
             try:
                 done = leftover_proxy_off(self.agent.ops, host, reason="agent start: [proxy] enabled = false")
             except OrchestratorError as exc:
