@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -22,3 +23,12 @@ def chromium(profile: Path, *, javascript: bool = True) -> webdriver.Chrome:
     if not javascript:
         opts.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+
+
+def texts(driver: Any, *selectors: str) -> tuple[str, ...]:
+    """Each selector's element's rendered text ('' when absent), read in one script call: a live page redraws
+    its sections on each update, so an element found by one WebDriver call can be gone when the next reads it."""
+    found = driver.execute_script(
+        "return arguments[0].map(s => { const e = document.querySelector(s); return e ? e.innerText.trim() : ''; })",
+        list(selectors))
+    return tuple(str(t) for t in found)

@@ -16,7 +16,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from orchestrator.agent.daemon import Agent
 from orchestrator.client.forward import Forwarder, unix_opener
 from orchestrator.dashboard.service import start
-from tests.browser import chromium
+from tests.browser import chromium, texts
 from tests.unit.conftest import OpsWorld
 
 
@@ -61,10 +61,6 @@ def test_the_tables_work_with_javascript_off(site: Site, tmp_path: Path) -> None
         driver.quit()
 
 
-def holders_of(driver: Any, gpu: int) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, f'table.gpus tr[data-gpu="{gpu}"] td.holders').text)
-
-
 def test_the_live_page_follows_a_switch_without_a_reload(site: Site, tmp_path: Path) -> None:
     """A switch made after the page loaded shows up in the models and GPU tables through SSE."""
     site.world.ops.switch("alpha")
@@ -72,11 +68,16 @@ def test_the_live_page_follows_a_switch_without_a_reload(site: Site, tmp_path: P
     try:
         driver.get(site.fwd.url)
         driver.execute_script("window.loadedOnce = true")  # gone if the page reloads
-        WebDriverWait(driver, 30).until(lambda d: "live" in d.find_element(By.ID, "updated").text)
+        WebDriverWait(driver, 30).until(lambda d: "live" in texts(d, "#updated")[0])
         site.world.ops.switch("beta")
         # the models and GPU tables are separate parts of a frame: await them together, not one then a read
-        WebDriverWait(driver, 30).until(lambda d: (state_of(d, "beta"), state_of(d, "alpha"), holders_of(d, 0)[:9])
-                                        == ("serving", "stopped", "beta (pid"))
+        def beta_took_over(d: Any) -> bool:
+            beta, alpha, gpu0 = texts(d, 'table.models tr[data-model="beta"] td.state',
+                                      'table.models tr[data-model="alpha"] td.state',
+                                      'table.gpus tr[data-gpu="0"] td.holders')
+            return (beta, alpha) == ("serving", "stopped") and gpu0.startswith("beta (pid")
+
+        WebDriverWait(driver, 30).until(beta_took_over)
         assert driver.execute_script("return window.loadedOnce") is True
         # the downtime chart (uPlot) drew both switches that stopped a model
         WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="downtime"] canvas'))

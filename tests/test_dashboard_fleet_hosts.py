@@ -20,7 +20,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.browser import chromium
+from tests.browser import chromium, texts
 from tests.builders.agent import HOOKS, PY, STATE
 from tests.builders.switch import config_text
 from tests.hosts.machine import Host
@@ -117,7 +117,7 @@ def test_the_fleet_page_follows_a_rollout_batch_by_batch(fleet: HostSet, control
     try:
         driver.get(forwarded)
         wait = WebDriverWait(driver, 120)
-        wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
+        wait.until(lambda d: "live" in texts(d, "#updated")[0])
         assert driver.current_url.endswith("/fleet")
         driver.execute_script("window.loadedOnce = true")
         assert page(driver)["serving"] == dict.fromkeys(("h1", "h2", "h3", "h4"), "alpha")

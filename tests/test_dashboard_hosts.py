@@ -26,7 +26,7 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.browser import chromium
+from tests.browser import chromium, texts
 from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
 from tests.test_agent_hosts import HOOKS, STATE, cli, install_agent, metrics
@@ -86,11 +86,11 @@ def forward(tmp_path: Path) -> Iterator[str]:
 
 
 def state_of(driver: Any, model: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, f'table.models tr[data-model="{model}"] td.state').text)
+    return texts(driver, f'table.models tr[data-model="{model}"] td.state')[0]
 
 
 def holders(driver: Any, gpu: int) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, f'table.gpus tr[data-gpu="{gpu}"] td.holders').text)
+    return texts(driver, f'table.gpus tr[data-gpu="{gpu}"] td.holders')[0]
 
 
 def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
     try:
         driver.get(forwarded)
         wait = WebDriverWait(driver, 60, ignored_exceptions=[StaleElementReferenceException])  # a section redrawn
-        wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
+        wait.until(lambda d: "live" in texts(d, "#updated")[0])
         driver.execute_script("window.loadedOnce = true")
         assert state_of(driver, "alpha") == "serving" and holders(driver, 0).startswith("alpha (pid")
 
@@ -227,6 +227,14 @@ def test_every_metric_of_the_grafana_dashboard_is_exported_by_the_agent(box: Hos
     assert wanted <= exported, f"queried but not exported: {sorted(wanted - exported)}"
 
 
+ASLEEP_VIEW = """
+const held = document.querySelector("p.sleep");
+return {budget: held.dataset.budget, held: held.dataset.held, text: held.innerText,
+        ram: document.querySelector('table.models tr[data-model="alpha"] td.ram').innerText.trim(),
+        residue: [...document.querySelectorAll('table.gpus tr[data-gpu="0"] span.proc.asleep')].map(e => e.dataset.model)};
+"""
+
+
 def test_the_box_page_shows_an_asleep_model_with_its_ram_and_gpu_residue(hosts: list[Host], tmp_path: Path) -> None:
     """Warm switches on a real agent: after alpha then beta, alpha is asleep (level 1) in the models
     table, the host RAM its weights hold is what counts against the budget, and its engine's residue on
@@ -243,19 +251,16 @@ def test_the_box_page_shows_an_asleep_model_with_its_ram_and_gpu_residue(hosts: 
             try:
                 driver.get(url)
                 wait = WebDriverWait(driver, 60)
-                wait.until(lambda d: "live" in d.find_element(By.ID, "updated").text)
+                wait.until(lambda d: "live" in texts(d, "#updated")[0])
                 assert (state_of(driver, "alpha"), state_of(driver, "beta")) == ("asleep", "serving")
                 cell = 'table.models tr[data-model="{}"] td.residency'
-                assert driver.find_element(By.CSS_SELECTOR, cell.format("alpha")).text == "asleep (level 1)"
-                assert driver.find_element(By.CSS_SELECTOR, cell.format("beta")).text == "awake"
-                held = driver.find_element(By.CSS_SELECTOR, "p.sleep")
-                assert float(str(held.get_attribute("data-budget"))) == 8.0
-                ram = driver.find_element(By.CSS_SELECTOR, 'table.models tr[data-model="alpha"] td.ram').text
+                assert texts(driver, cell.format("alpha"), cell.format("beta")) == ("asleep (level 1)", "awake")
+                view = driver.execute_script(ASLEEP_VIEW)  # one read: the page redraws on each update
+                assert float(view["budget"]) == 8.0
                 # the weights' size on the box (du): none here (source "none"), so the stand-in holds 0.0
-                assert float(str(held.get_attribute("data-held"))) == float(ram) and "of 8.0 GiB" in held.text
-                assert "asleep: alpha" in held.text
-                residue = driver.find_elements(By.CSS_SELECTOR, 'table.gpus tr[data-gpu="0"] span.proc.asleep')
-                assert [e.get_attribute("data-model") for e in residue] == ["alpha"]
+                assert float(view["held"]) == float(view["ram"]) and "of 8.0 GiB" in view["text"]
+                assert "asleep: alpha" in view["text"]
+                assert view["residue"] == ["alpha"]
                 SHOTS.mkdir(parents=True, exist_ok=True)
                 driver.save_screenshot(str(SHOTS / "box-asleep.png"))
             finally:
