@@ -26,11 +26,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -172,8 +174,7 @@ def main() -> int:
     print(f"# machine: {os.cpu_count()} CPUs, {platform.platform()}, load {os.getloadavg()}")
     print(f"# engine: stand-in, --load-time {args.load_time:g} --load-time-from-start (a sleep from its exec), 8 netns test hosts, batch 8, canary 0")
     hostset = boot_hosts(8, netns=True)
-    work = Path(f"/tmp/fleet-ctl-bench-{os.getpid()}")
-    work.mkdir()
+    work = Path(tempfile.mkdtemp(prefix="fleet-ctl-bench-"))  # removed at the end; its log is printed on failure
     agent: subprocess.Popen[bytes] | None = None
     try:
         install_serving_alpha(hostset, args.load_time)
@@ -248,6 +249,7 @@ def main() -> int:
             agent.send_signal(signal.SIGTERM)
             agent.wait(timeout=120)
         hostset.close()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,11 @@ def install(host: Host, models: dict[str, dict[str, Any]], env: dict[str, str] |
     host.run(f"systemctl stop orchestrator-agent.service; rm -rf {STATE} /models", check=False)
     host.write_file(CONFIG, config)
     host.run(f"groupadd -f orchestrator && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
-    local = Path("/tmp") / f"fleet-agent-{host.name}-{os.getpid()}.toml"
-    local.write_text(config)
-    unit = render_agent_unit(settings.load(local), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
+    with tempfile.TemporaryDirectory() as work:  # settings load from a file; no copy left behind in /tmp
+        local = Path(work) / "deploy.toml"
+        local.write_text(config)
+        loaded = settings.load(local)
+    unit = render_agent_unit(loaded, (REPO / "templates/orchestrator-agent.service.j2").read_text(),
                              python=PY, config=CONFIG, extra_env=env or {})
     host.write_file("/etc/systemd/system/orchestrator-agent.service", unit.text)
     host.run("systemctl daemon-reload && systemctl start orchestrator-agent.service")
