@@ -74,7 +74,10 @@ class Conn:
 
     def peer_closed(self, timeout: float) -> bool:
         readable, _, _ = select.select([self.sock], [], [], timeout)
-        if readable and not self.sock.recv(4096):
+        try:
+            if readable and not self.sock.recv(4096):
+                self.held.closed.set()
+        except ConnectionResetError:  # the proxy closed with our waiting lines unread: a reset, not an EOF
             self.held.closed.set()
         return self.held.closed.is_set()
 
