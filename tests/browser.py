@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +33,12 @@ def texts(driver: Any, *selectors: str) -> tuple[str, ...]:
         "return arguments[0].map(s => { const e = document.querySelector(s); return e ? e.innerText.trim() : ''; })",
         list(selectors))
     return tuple(str(t) for t in found)
+
+
+def screenshot(driver: Any, name: str, tmp: Path) -> Path:
+    """Save the page as NAME.png under $ORCHESTRATOR_SHOTS (the README's pictures: ORCHESTRATOR_SHOTS=docs/dashboard)
+    or else under the test's own tmp folder, so a test run leaves the checkout as it was."""
+    folder = Path(os.environ.get("ORCHESTRATOR_SHOTS") or tmp / "shots")
+    folder.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(folder / f"{name}.png"))
+    return folder / f"{name}.png"

@@ -5,7 +5,8 @@ The controller's agent runs on this machine (tests/test_rollout_hosts.py's Contr
 reaches the boxes); `orchestrator dashboard` forwards its dashboard socket, as an operator opens it.
 Batch 1's boxes are held in `starting` so the page is seen mid-batch: the canary switched, batch 1
 switching with its phase, batch 2 pending; then every batch done and every box serving beta, with no
-reload. A screenshot of the page mid-rollout is written to docs/dashboard/fleet-rollout.png."""
+reload. A screenshot of the page mid-rollout is taken (docs/dashboard/fleet-rollout.png when
+ORCHESTRATOR_SHOTS=docs/dashboard)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.browser import chromium, texts
+from tests.browser import chromium, screenshot, texts
 from tests.builders.agent import HOOKS, PY, STATE
 from tests.builders.switch import config_text
 from tests.hosts.machine import Host
@@ -30,7 +31,6 @@ from tests.test_rollout_hosts import Controller, box_cli, box_models
 
 pytestmark = pytest.mark.hosts
 
-SHOTS = Path(__file__).resolve().parents[1] / "docs" / "dashboard"
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +130,7 @@ def test_the_fleet_page_follows_a_rollout_batch_by_batch(fleet: HostSet, control
         assert held["hosts"]["h1"] == "switched" and held["hosts"]["h4"] == "pending"
         assert held["batches"] == {"0": "done", "1": "switching", "2": "pending"}
         assert held["label"] == "running: batch 1 switching"
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(SHOTS / "fleet-rollout.png"))
+        screenshot(driver, "fleet-rollout", tmp_path)
 
         for h in fleet.hosts[1:3]:
             h.run(f"rm -f {HOOKS}/pause-at")

@@ -3,7 +3,7 @@ operator opens it: `orchestrator --host BOX dashboard` on this machine, over SSH
 
 The GPU table, the models and the running switch's timeline update as the switch goes (the engine held
 before a phase by the test hook); screenshots of the box page mid-switch and of a tune comparison are
-written to docs/dashboard/. The Grafana dashboard's queries are checked against this agent's /metrics."""
+taken (docs/dashboard/ when ORCHESTRATOR_SHOTS=docs/dashboard). The Grafana dashboard's queries are checked against this agent's /metrics."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.browser import chromium, texts
+from tests.browser import chromium, screenshot, texts
 from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
 from tests.test_agent_hosts import HOOKS, STATE, cli, install_agent, metrics
@@ -37,7 +37,6 @@ from tests.test_warm_hosts import warm_config
 pytestmark = pytest.mark.hosts
 
 REPO = Path(__file__).resolve().parents[1]
-SHOTS = REPO / "docs" / "dashboard"
 GRAFANA = REPO / "orchestrator" / "dashboard" / "grafana.json"
 PY = sys.executable
 
@@ -118,8 +117,7 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
             "switching (starting)", "stopped (replaced by beta-long)"),
             "the models table to show beta-long starting and alpha replaced")
         wait.until(lambda d: holders(d, 0) == "free")  # alpha's engine is gone from GPU 0
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(SHOTS / "box-during-switch.png"))
+        screenshot(driver, "box-during-switch", tmp_path)
 
         box.run(f"rm -f {HOOKS}/pause-at")
         wait.until(lambda d: state_of(d, "beta-long") == "serving")
@@ -134,7 +132,7 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
         assert newest.get_attribute("data-outcome") == "active" and "beta-long" in newest.text
         assert "start" in newest.find_element(By.CSS_SELECTOR, "td.phases").text
         assert driver.execute_script("return window.loadedOnce") is True
-        driver.save_screenshot(str(SHOTS / "box-after-switch.png"))
+        screenshot(driver, "box-after-switch", tmp_path)
     finally:
         driver.quit()
 
@@ -154,8 +152,7 @@ def test_the_tune_page_compares_the_candidates(box: Host, forwarded: str, tmp_pa
         failed = driver.find_element(By.CSS_SELECTOR, 'table.tune tr[data-candidate="tp8"] td.error').text
         assert "192" in failed  # the engine's own line: why TP=8 cannot load
         WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="tune"] canvas'))
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(SHOTS / "tune-comparison.png"))
+        screenshot(driver, "tune-comparison", tmp_path)
         driver.get(forwarded.split("?")[0])  # the box page compares the candidates' benchmarks too
         assert driver.find_elements(By.CSS_SELECTOR, 'table.bench tr[data-model="tiny.tp4"]')
         WebDriverWait(driver, 30).until(
@@ -261,8 +258,7 @@ def test_the_box_page_shows_an_asleep_model_with_its_ram_and_gpu_residue(hosts: 
                 assert float(view["held"]) == float(view["ram"]) and "of 8.0 GiB" in view["text"]
                 assert "asleep: alpha" in view["text"]
                 assert view["residue"] == ["alpha"]
-                SHOTS.mkdir(parents=True, exist_ok=True)
-                driver.save_screenshot(str(SHOTS / "box-asleep.png"))
+                screenshot(driver, "box-asleep", tmp_path)
             finally:
                 driver.quit()
     finally:
