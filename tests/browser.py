@@ -36,9 +36,9 @@ def texts(driver: Any, *selectors: str) -> tuple[str, ...]:
 
 
 def screenshot(driver: Any, name: str, tmp: Path) -> Path:
-    """Save the page as NAME.png under $ORCHESTRATOR_SHOTS (the README's pictures: ORCHESTRATOR_SHOTS=docs/dashboard)
+    """Save the page as NAME.png under $DASHBOARD_SHOTS (the README's pictures: DASHBOARD_SHOTS=docs/dashboard)
     or else under the test's own tmp folder, so a test run leaves the checkout as it was."""
-    folder = Path(os.environ.get("ORCHESTRATOR_SHOTS") or tmp / "shots")
+    folder = Path(os.environ.get("DASHBOARD_SHOTS") or tmp / "shots")
     folder.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(folder / f"{name}.png"))
     return folder / f"{name}.png"

@@ -6,7 +6,7 @@ reaches the boxes); `orchestrator dashboard` forwards its dashboard socket, as a
 Batch 1's boxes are held in `starting` so the page is seen mid-batch: the canary switched, batch 1
 switching with its phase, batch 2 pending; then every batch done and every box serving beta, with no
 reload. A screenshot of the page mid-rollout is taken (docs/dashboard/fleet-rollout.png when
-ORCHESTRATOR_SHOTS=docs/dashboard)."""
+DASHBOARD_SHOTS=docs/dashboard)."""
 
 from __future__ import annotations
 

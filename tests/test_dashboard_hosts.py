@@ -3,7 +3,7 @@ operator opens it: `orchestrator --host BOX dashboard` on this machine, over SSH
 
 The GPU table, the models and the running switch's timeline update as the switch goes (the engine held
 before a phase by the test hook); screenshots of the box page mid-switch and of a tune comparison are
-taken (docs/dashboard/ when ORCHESTRATOR_SHOTS=docs/dashboard). The Grafana dashboard's queries are checked against this agent's /metrics."""
+taken (docs/dashboard/ when DASHBOARD_SHOTS=docs/dashboard). The Grafana dashboard's queries are checked against this agent's /metrics."""
 
 from __future__ import annotations
 
