@@ -32,7 +32,6 @@ from tests.test_rollout_hosts import Controller, box_cli, box_models
 pytestmark = pytest.mark.hosts
 
 
-
 @pytest.fixture(scope="module")
 def fleet(netns_fleet: HostSet) -> HostSet:
     """The session's four hosts in network namespaces (shared with the other modules of four boxes)."""
