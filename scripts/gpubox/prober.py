@@ -6,7 +6,9 @@ read timeout. Every request is kept: kind, start and end (monotonic), HTTP statu
 Retry-After, tokens, finish_reason, whether a stream ended with [DONE].
 
 A request *failed* when it got neither 200 nor 503 with Retry-After; a stream is *cut* when it answered 200
-without [DONE], without a finish_reason, or with fewer tokens than asked; a request *hung* when it took more
+without [DONE], with a finish_reason other than "length" (vLLM's sleep with mode=abort ends streams with
+"abort"), or with fewer tokens than asked by the usage chunk (stream_options.include_usage: one SSE event
+may carry several tokens, so events are not tokens); a request *hung* when it took more
 than 30 s. The gap of a window is the longest time between two 200 answers of plain requests (one held
 through a wake counts as down until it answers).
 """
@@ -40,11 +42,12 @@ class Prober:
         tokens = STREAM_TOKENS if stream else 2
         rec: dict[str, Any] = {"kind": kind, "t0": time.monotonic(), "status": None, "retry_after": None,
                                "tokens": 0, "finish": None, "done": False}
-        body = json.dumps({"model": self.model, "prompt": "hi", "max_tokens": tokens, "stream": stream,
-                           "ignore_eos": True})
+        body = {"model": self.model, "prompt": "hi", "max_tokens": tokens, "stream": stream, "ignore_eos": True}
+        if stream:  # the last chunk carries the token count: one SSE event may hold several tokens
+            body["stream_options"] = {"include_usage": True}
         conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
         try:
-            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
             resp = conn.getresponse()
             rec["status"], rec["retry_after"] = resp.status, resp.getheader("Retry-After")
             if resp.status != 200 or not stream:
@@ -62,9 +65,12 @@ class Prober:
                     if line == "data: [DONE]":
                         rec["done"] = True
                         continue
-                    choice = json.loads(line[6:])["choices"][0]
-                    rec["tokens"] += 1
-                    rec["finish"] = choice.get("finish_reason") or rec["finish"]
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        rec["usage_tokens"] = chunk["usage"].get("completion_tokens")
+                    for choice in chunk.get("choices") or []:
+                        rec["tokens"] += 1
+                        rec["finish"] = choice.get("finish_reason") or rec["finish"]
         except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError) as exc:
             rec["status"] = rec["status"] or type(exc).__name__
             rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -109,8 +115,11 @@ def classify(rec: dict[str, Any]) -> str:
         return "503"
     if rec["status"] != 200:
         return "failed"
-    if rec["kind"] == "stream" and not (rec["done"] and rec["finish"] and rec["tokens"] >= STREAM_TOKENS):
-        return "cut"
+    if rec["kind"] == "stream":
+        # vLLM may put several tokens in one SSE event: the usage chunk's count, when sent, is the truth
+        full = rec.get("usage_tokens") is None or rec["usage_tokens"] >= STREAM_TOKENS
+        if not (rec["done"] and rec["finish"] == "length" and full):
+            return "cut"
     return "ok"
 
 
