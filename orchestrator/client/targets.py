@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator import userfiles
-from orchestrator.core.catalog_hosts import INSTALLED_PYTHON
 from orchestrator.core.documents import clip, toml_document
 from orchestrator.core.records import host_port
 from orchestrator.errors import ConfigError, UsageError
@@ -31,7 +30,7 @@ from orchestrator.errors import ConfigError, UsageError
 if TYPE_CHECKING:
     from orchestrator.core.catalog import Host
 
-DEFAULT_PYTHON = INSTALLED_PYTHON
+DEFAULT_PYTHON = "/opt/orchestrator/venv/bin/python"  # core.catalog_hosts.INSTALLED_PYTHON (no pydantic here)
 _KEYS = {"url", "key", "known_hosts", "python", "socket"}
 
 
