@@ -114,7 +114,9 @@ class WatchTask:
         policy, now = self.catalog.policy, self.clock.now()
         if healthy:
             self.healthy_at[host] = now
-        held = None if unit is None else hold_off(unit, now, serving.spec.load_deadline_s, self.healthy_at.get(host))
+        # A deployment that ended serving passed its health checks then: the engine had loaded.
+        seen = max((t for t in (self.healthy_at.get(host), serving.ended_at) if t is not None), default=None)
+        held = None if unit is None else hold_off(unit, now, serving.spec.load_deadline_s, seen)
         verdict = judge(self.unhealthy_since.get(host), healthy, now, policy.unhealthy_after_s, held)
         if verdict.since is None:
             self.unhealthy_since.pop(host, None)

@@ -92,8 +92,9 @@ def quick(tmp_path: Path) -> Iterator[tuple[OpsWorld, Agent]]:
 
 
 def restarted_by_systemd(world: OpsWorld, load_s: float) -> float:
-    """alpha's engine was killed and systemd's Restart= started it again now, for a cold load of
-    load_s; returns alpha's load deadline."""
+    """alpha's engine was killed and systemd's Restart= started it again, for a cold load of load_s;
+    returns alpha's load deadline."""
+    world.clock.sleep(1)  # a while after the switch that made it serve
     unit = world.host.units["vllm-alpha.service"]
     unit.started_at, unit.restarts = world.clock.monotonic(), unit.restarts + 1
     world.host.load_s = load_s
@@ -123,6 +124,14 @@ def test_the_watch_restarts_an_engine_still_loading_past_its_deadline(quick: tup
     deadline = restarted_by_systemd(world, load_s=1000)
     assert ticks(agent, world, 0, 10, deadline - 1) == []
     assert ticks(agent, world, 2) == [("switch", {"model": "alpha", "force": True}, "watch:restart")]
+
+
+def test_the_watch_acts_on_an_engine_that_loaded_before_it_went_unhealthy(quick: tuple[OpsWorld, Agent]) -> None:
+    """The switch saw alpha healthy after its start: unhealthy now is not loading, the policy acts in time."""
+    world, agent = quick
+    world.host.behaviours["vllm-alpha.service"] = "never_ready"
+    assert ticks(agent, world, 0, world.catalog.policy.unhealthy_after_s + 1) == [
+        ("switch", {"model": "alpha", "force": True}, "watch:restart")]
 
 
 def test_a_failing_pass_does_not_end_the_loop(world: OpsWorld, agent: Agent) -> None:
