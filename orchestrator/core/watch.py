@@ -40,20 +40,22 @@ def judge(since: float | None, healthy: bool, now: float, unhealthy_after_s: flo
 
 
 def hold_off(unit: UnitState, now: float, load_deadline_s: float, healthy_at: float | None = None) -> str | None:
-    """Why the watch must not restart this engine now (None: it may): systemd is starting, restarting
-    or stopping the unit, or its main process started less than its load deadline ago and has not
-    answered healthy since (``healthy_at``: the last healthy reading). A restart by systemd itself
-    (Restart=) counts as a start: a real engine loads for minutes after a crash, and a restart by
-    the watch in the middle would only begin that load again."""
-    if unit.active_state in ("activating", "deactivating", "reloading") or unit.sub_state == "auto-restart":
-        return f"{unit.name} is {unit.active_state} ({unit.sub_state})"
-    loaded = healthy_at is not None and unit.started_at is not None and healthy_at >= unit.started_at
-    if unit.active_state == "active" and unit.started_at is not None and not loaded:
-        age = now - unit.started_at
-        if age < load_deadline_s:
-            return (f"{unit.name} started {max(age, 0.0):.0f} s ago (restarts by systemd: {unit.n_restarts}), "
-                    f"within its load deadline of {load_deadline_s:g} s")
-    return None
+    """Why the watch must not restart this engine now (None: it may): systemd is restarting or
+    stopping the unit, or is running or starting it and its main process started less than its load
+    deadline ago without answering healthy since (``healthy_at``: when it last did). A restart by
+    systemd itself (Restart=) counts as a start: a real engine loads for minutes after a crash, and a
+    restart by the watch in the middle would only begin that load again."""
+    if unit.sub_state == "auto-restart" or unit.active_state == "deactivating":
+        return f"{unit.name} is {unit.active_state} ({unit.sub_state})"  # bounded: RestartSec, TimeoutStopSec
+    if unit.active_state not in ("active", "activating", "reloading"):
+        return None  # failed or inactive: nothing but the policy brings it back
+    if unit.started_at is None:
+        return None if unit.active_state == "active" else f"{unit.name} is {unit.active_state} ({unit.sub_state})"
+    age = now - unit.started_at
+    if age >= load_deadline_s or (healthy_at is not None and healthy_at >= unit.started_at):
+        return None  # past its deadline, or it loaded since this start
+    return (f"{unit.name} ({unit.active_state}) started {max(age, 0.0):.0f} s ago (restarts by systemd: "
+            f"{unit.n_restarts}), within its load deadline of {load_deadline_s:g} s")
 
 
 def stall_limit(interval_s: float) -> float:

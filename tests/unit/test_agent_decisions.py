@@ -43,11 +43,16 @@ def engine(active: str = "active", sub: str = "running", started_at: float | Non
     return UnitState("vllm-alpha.service", "loaded", active, sub, 4242, 0, restarts, started_at=started_at)
 
 
-@pytest.mark.parametrize("active,sub", [("activating", "auto-restart"), ("activating", "start"),
-                                        ("deactivating", "stop-sigterm")])
-def test_a_unit_systemd_is_starting_or_stopping_is_held(active: str, sub: str) -> None:
-    """Activating, waiting to auto-restart or deactivating: the watch leaves it to systemd."""
+@pytest.mark.parametrize("active,sub", [("activating", "auto-restart"), ("deactivating", "stop-sigterm")])
+def test_a_unit_systemd_is_restarting_or_stopping_is_held(active: str, sub: str) -> None:
+    """Waiting to auto-restart or deactivating (bounded by RestartSec, TimeoutStopSec): left to systemd."""
     assert hold_off(engine(active, sub), 5000.0, 900.0) == f"vllm-alpha.service is {active} ({sub})"
+
+
+def test_a_unit_starting_is_held_within_its_load_deadline_only() -> None:
+    """Activating: held from its start for its load deadline, not for ever (a start that never ends)."""
+    assert hold_off(engine("activating", "start"), 1010.0, 900.0) is not None
+    assert hold_off(engine("activating", "start"), 1900.0, 900.0) is None
 
 
 def test_an_engine_restarted_by_systemd_is_held_within_its_load_deadline() -> None:
