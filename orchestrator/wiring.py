@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from orchestrator.adapters import connect
@@ -14,10 +15,19 @@ from orchestrator.adapters.smoke import SmokeBench
 from orchestrator.adapters.weights import SpecWeights
 from orchestrator.adapters.weights_hf import HfWeightStore
 from orchestrator.core.catalog import Catalog, Host
+from orchestrator.core.catalog_hosts import INSTALLED_PYTHON
 from orchestrator.core.proxy import render_unit
 from orchestrator.deploy.operations import Operations
 from orchestrator.ports import FrontProxy, HostPorts
 from orchestrator.resources import template_text
+
+
+def host_python(host: Host, own: str = sys.executable) -> str:
+    """The interpreter that runs the product's workers on the host: ``python`` when set, else this
+    process's own on a local host (the agent's venv), else the installed venv over SSH."""
+    if host.python:
+        return host.python
+    return own if host.transport == "local" and own else INSTALLED_PYTHON
 
 
 def build_ports(catalog: Catalog, host: Host) -> HostPorts:
@@ -25,14 +35,15 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
                              key_filename=host.ssh_key, known_hosts=host.known_hosts, unit_dir=host.unit_dir,
                              host=host.name)
     token_file = f"{catalog.defaults.env_dir.rstrip('/')}/hf-token"
-    weights = SpecWeights(HfWeightStore(shell, python=host.python), host, token_file, fleet=catalog.hosts,
+    python = host_python(host)
+    weights = SpecWeights(HfWeightStore(shell, python=python), host, token_file, fleet=catalog.hosts,
                           keep_revisions=catalog.policy.keep_revisions)
     proxy: FrontProxy | None = None
     if catalog.proxy.enabled:
         bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
         proxy = HaproxyProxy(shell, systemd, catalog.proxy, bind,
                              render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
-                             python=host.python, host=host.name)
+                             python=python, host=host.name)
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=NvidiaSmiProbe(shell),
                      health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
                      smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,6 +305,41 @@ def test_an_agent_restarted_with_the_proxy_off_stops_the_proxy_left_running(host
         assert enabled == "disabled"
         assert [e["was_running"] for e in store_events(host, "proxy_stopped")] == [True]
         assert active(host, "vllm-chat-a.service") == "active"
+    finally:
+        host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
+                 "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+def proxy_answer(host: Host, port: int, model: str) -> tuple[int, str] | None:
+    """(status, error code) of a completion through the host's proxy; None while nothing listens."""
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 2}).encode()
+    req = urllib.request.Request(f"http://{host.address}:{port}/v1/completions", data=body,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as err:
+        return err.code, str(json.loads(err.read())["error"]["code"])
+    except urllib.error.URLError:
+        return None
+
+
+def test_an_agent_with_the_proxy_on_answers_on_its_port_before_any_switch(hosts: list[Host],
+                                                                          tmp_path: Path) -> None:
+    """A fresh agent with [proxy] on and nothing served: its start brings the proxy up; a catalog name
+    answers 503 model_not_loaded, an unknown one 404 (before, nothing listened until the first switch)."""
+    from tests.builders.proxy import MODELS as PROXY_MODELS
+    from tests.builders.proxy import PROXY_PORT, proxy_config
+    host = hosts[0]
+    host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+    config = proxy_config(host, Path(STATE), dict(PROXY_MODELS)).replace('transport = "ssh"', 'transport = "local"')
+    install_agent(host, config, tmp_path)
+    try:
+        first = wait_for(lambda: proxy_answer(host, PROXY_PORT, "chat"), lambda a: a is not None,
+                         what="the proxy answering after the agent's start")
+        assert first == (503, "model_not_loaded")
+        assert proxy_answer(host, PROXY_PORT, "nope") == (404, "model_not_found")
+        assert active(host, "vllm-chat-a.service") != "active"
     finally:
         host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
                  "rm -f /etc/orchestrator/haproxy.cfg*", check=False)

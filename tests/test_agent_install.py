@@ -22,13 +22,14 @@ from tests.hosts.machine import Host
 from tests.hosts.pool import boot_hosts
 from tests.hosts.wait import wait_for
 from tests.test_switch_hosts import MODELS, config_text
+from tests.test_weights_hosts import LOCAL, add_manifest, write_model
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[1]
 STATE = Path("/var/lib/orchestrator")
 UNIT = "orchestrator-agent.service"
 BOX_MODELS = {"alpha": MODELS["alpha"], "beta": MODELS["beta"],
-              "slow": {"port": 8110, "args": ["--load-time", "30"], "load_deadline_s": 90}}
+              "slow": {"port": 8110, "args": ["--load-time", "30"], "load_deadline_s": 90}, "tiny": LOCAL}
 
 pytestmark = pytest.mark.hosts
 
@@ -101,9 +102,11 @@ def steps(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def installed(box: Host, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The first install on the bare box, with a deploy.toml for the stand-in engine."""
+    """The first install on the bare box, with a deploy.toml for the stand-in engine that leaves the
+    host's `python` unset, as the README's does."""
     cfg = tmp_path_factory.mktemp("cfg") / "deploy.toml"
-    cfg.write_text(config_text(box, STATE, BOX_MODELS, transport="local"))
+    text = config_text(box, STATE, BOX_MODELS, transport="local")
+    cfg.write_text("".join(line for line in text.splitlines(keepends=True) if not line.startswith("python = ")))
     return steps(install(box, "--config", str(cfg), "--json"))
 
 
@@ -154,6 +157,16 @@ def test_install_on_a_bare_box_then_a_switch_through_host(box: Host, installed: 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["outcome"] == "active"
     assert box.run(["systemctl", "is-active", "vllm-alpha.service"]).stdout.strip() == "active"
+
+
+def test_a_model_with_weights_switches_on_the_fresh_box(box: Host, installed: dict[str, Any],
+                                                        tmp_path: Path) -> None:
+    """A `local:` model stages through the worker in the agent's own venv (/usr/bin/python3 lacks it)."""
+    add_manifest(write_model(box))
+    done = client(box, tmp_path, "switch", "tiny", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["outcome"] == "active"
+    assert box.run(["systemctl", "is-active", "vllm-tiny.service"]).stdout.strip() == "active"
 
 
 def test_second_install_changes_nothing(box: Host, installed: dict[str, Any]) -> None:

@@ -109,7 +109,7 @@ def test_rollback_restores_the_set_and_stop_frees_a_model(host: Host, ops: Opera
                                                              "code": "active"}
     assert ops.stop("code")["serving"] == ["chat-a"]
     r = httpx.post(f"{base_url(host)}/completions", json={"model": "code", "prompt": "hi"}, timeout=10)
-    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"  # a name of the catalog: not 404
 
 
 def test_taken_proxy_port_aborts_before_anything_stops(host: Host, ops: Operations) -> None:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 
 import pytest
@@ -201,6 +202,21 @@ def test_restart_on_failure_counts_restarts(adapters: Adapters) -> None:
     state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.n_restarts >= 2,
                      what=f"{unit} restarted twice")
     assert state.n_restarts >= 2
+
+
+def test_started_at_is_the_last_start_systemds_own_restarts_included(adapters: Adapters) -> None:
+    """started_at is when the main process started (epoch s) and moves when Restart= starts it again."""
+    unit = unit_name()
+    content = service("/bin/sh -c 'sleep 1.2; exit 1'", Restart="on-failure", RestartSec="100ms")
+    install(adapters, unit, content.replace("[Unit]\n", "[Unit]\nStartLimitIntervalSec=0\n"))
+    assert adapters.systemd.unit_state(unit).started_at is None
+    before = time.time()
+    adapters.systemd.start(unit)
+    first = adapters.systemd.unit_state(unit).started_at
+    assert first is not None and before - 1 <= first <= time.time()  # `systemctl show` gives whole seconds
+    later = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.n_restarts >= 1 and s.active_state ==
+                     "active" and (s.started_at or 0) > first, what=f"{unit} restarted by systemd")
+    assert later.started_at is not None and later.started_at <= time.time()
 
 
 def test_enable_and_disable_change_the_install_state(adapters: Adapters) -> None:

@@ -32,8 +32,9 @@ class SshSystemd(ShellUnitFiles):
         return self.shell.run(["systemctl", *args], timeout=timeout, check=False, idempotent=idempotent)
 
     def unit_state(self, unit: str) -> UnitState:
-        res = self._systemctl("show", "--property=" + ",".join(UNIT_PROPERTIES), "--",
-                              check_unit_name(unit))
+        # TZ=UTC: its timestamps come out in UTC, whatever the host's zone (unit_files.timestamp)
+        res = self.shell.run(["env", "TZ=UTC", "systemctl", "show", "--property=" + ",".join(UNIT_PROPERTIES), "--",
+                              check_unit_name(unit)], check=False)
         if not res.ok:
             raise SystemdError(f"systemctl show {unit} exited {res.exit_code}: {res.stderr.strip()}",
                                host=self.host, unit=unit)

@@ -7,6 +7,7 @@ local Shell for these and the SSH adapter the remote one: the same code, the sam
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 from orchestrator.core.observed import UnitState
 from orchestrator.core.secrets import redact
@@ -15,7 +16,10 @@ from orchestrator.ports import Shell
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "ExecMainStatus", "NRestarts",
-                   "Result", "ControlGroup", "FragmentPath")
+                   "Result", "ControlGroup", "FragmentPath", "ExecMainStartTimestamp")
+# ``systemctl show`` prints timestamps for people; run with TZ=UTC (the SSH adapter does) they end
+# in UTC. (``--timestamp=unix`` needs systemd 251: Ubuntu 22.04 has 249.)
+_SHOWN_UTC = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(\.\d+)? UTC$")
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.(service|socket|timer|target|path|mount|slice|scope)$")
 
 
@@ -39,7 +43,21 @@ def state_from_properties(unit: str, props: dict[str, str]) -> UnitState:
                      main_pid=num("MainPID"), exec_main_status=num("ExecMainStatus"),
                      n_restarts=num("NRestarts"), result=props.get("Result") or "success",
                      control_group=props.get("ControlGroup", ""),
-                     fragment_path=props.get("FragmentPath", ""))
+                     fragment_path=props.get("FragmentPath", ""),
+                     started_at=timestamp(props.get("ExecMainStartTimestamp", "")))
+
+
+def timestamp(value: str) -> float | None:
+    """A systemd timestamp as epoch seconds: D-Bus gives microseconds, ``systemctl show`` (in UTC)
+    a date; 0, empty and "n/a" are "never"."""
+    value = value.strip()
+    if value.isdigit():
+        return int(value) / 1e6 if int(value) else None
+    shown = _SHOWN_UTC.search(value)
+    if shown is None:
+        return None
+    at = datetime.strptime(shown.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+    return at + float(shown.group(2) or 0)
 
 
 class ShellUnitFiles:

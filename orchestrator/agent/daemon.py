@@ -95,6 +95,7 @@ class Agent:
         dashboard = self._start_dashboard()
         self.demand.sync(loops=False)  # the socket before READY, the loops with the others
         self.demand.settle_disabled_proxies()  # [proxy] off in the file: no proxy left up from before
+        self.demand.start_proxies()  # [proxy] on: its port answers before the first switch
         log.info("agent_started", socket=self.socket, hosts=list(self.catalog.hosts))
         tuning = self.tuner.resume_unfinished(own_hosts(self.catalog))  # each recovers its own host first
         for host in own_hosts(self.catalog):  # reconcile what a crash left unfinished, before anything new

@@ -3,7 +3,8 @@
 verified free). Each holds the host's lock like every other operation and is recorded as an event.
 A push that changes what the proxy holds for re-renders it (reroute), nothing switched; one that
 turns the proxy off stops it (proxy_off), and so does an agent that starts from a file with the proxy
-off while the host's proxy unit is still up from before (leftover_proxy_off).
+off while the host's proxy unit is still up from before (leftover_proxy_off); one that starts with it
+on brings it up (proxy_up).
 """
 
 from __future__ import annotations
@@ -89,6 +90,22 @@ def reroute(ops: Operations, host: str, *, reason: str) -> bool:
         ctx = _ctx(ops, host, None)
         changed = actions.route(ctx, [d.spec for d in ops.store.serving_set(host)])
     ops.record_event(ctx.ports.clock.now(), host, "demand_route", {"reason": reason, "reloaded": changed})
+    return changed
+
+
+def proxy_up(ops: Operations, host: str, *, reason: str) -> bool:
+    """``host``'s front proxy up, routing what serves now: started where it was not (before a box's
+    first switch nothing else starts it, and a client would find nothing listening; the catalog's
+    names answer 503 "not loaded" then, other names 404). Under the host's lock (Busy otherwise); a
+    host whose last deployment did not finish is left to its recovery, which routes it. True when the
+    proxy started or reloaded (then recorded as an event)."""
+    with host_lock(ops.state_dir, host, ops.holder(host)):
+        if ops.ports_for(host).proxy is None or ops.unfinished(host):
+            return False
+        ctx = _ctx(ops, host, None)
+        changed = actions.route(ctx, [d.spec for d in ops.store.serving_set(host)])
+    if changed:
+        ops.record_event(ctx.ports.clock.now(), host, "proxy_up", {"reason": reason})
     return changed
 
 

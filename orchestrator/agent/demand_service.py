@@ -14,7 +14,7 @@ from typing import Protocol
 from orchestrator import logs
 from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.demand import Broker
-from orchestrator.agent.demand_ops import leftover_proxy_off, proxy_off, reroute
+from orchestrator.agent.demand_ops import leftover_proxy_off, proxy_off, proxy_up, reroute
 from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
 from orchestrator.agent.loops import Failures, Loop
 from orchestrator.core.catalog import Catalog
@@ -157,6 +157,21 @@ class DemandService:
             if done is not None:
                 log.info("proxy_stopped", host=host, detail=done)
                 out[host] = done
+        return out
+
+    def start_proxies(self) -> dict[str, str]:
+        """At the agent's start: each host it owns with [proxy] on has its proxy up before any switch
+        (the port answers: 503 "not loaded" for the catalog's names, 404 for others). Host -> what was
+        done; a host that could not be brought up is logged and left (its next switch tries again)."""
+        catalog, out = self.agent.catalog, dict[str, str]()
+        if not catalog.proxy.enabled:
+            return out
+        for host in own_hosts(catalog):
+            try:
+                if proxy_up(self.agent.ops, host, reason="agent start"):
+                    out[host] = "started or reloaded"
+            except OrchestratorError as exc:
+                log.warning("proxy_start_failed", host=host, error=str(exc))
         return out
 
     def halt(self) -> None:

@@ -16,7 +16,7 @@ from orchestrator.agent.loops import Failures
 from orchestrator.agent.metrics import Metrics
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.watch import judge
+from orchestrator.core.watch import hold_off, judge
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.ports import Clock
@@ -89,6 +89,8 @@ class WatchTask:
         self.catalog, self.ops, self.clock, self.submit, self.busy = catalog, ops, clock, submit, busy
         self.metrics, self.failures = metrics, failures
         self.unhealthy_since: dict[str, float] = {}
+        self.healthy_at: dict[str, float] = {}  # the last healthy reading of what serves, by host
+        self.holding: dict[str, str] = {}  # why the watch holds off, logged once per hold
 
     def tick(self) -> float:
         for host in own_hosts(self.catalog):  # not a controller's fleet hosts: their own agents watch them
@@ -104,17 +106,23 @@ class WatchTask:
         if self.busy(host):
             self.unhealthy_since.pop(host, None)  # an operation owns the host; judge afresh after it
             return
-        serving, healthy = self.ops.probe(host)  # TransportError: cannot look, which is not unhealthy
+        serving, healthy, unit = self.ops.probe(host)  # TransportError: cannot look, which is not unhealthy
         if serving is None:
             self.unhealthy_since.pop(host, None)
             return
         self.metrics.healthy(host, healthy)
-        policy = self.catalog.policy
-        verdict = judge(self.unhealthy_since.get(host), healthy, self.clock.now(), policy.unhealthy_after_s)
+        policy, now = self.catalog.policy, self.clock.now()
+        if healthy:
+            self.healthy_at[host] = now
+        # A deployment that ended serving passed its health checks then: the engine had loaded.
+        seen = max((t for t in (self.healthy_at.get(host), serving.ended_at) if t is not None), default=None)
+        held = None if unit is None else hold_off(unit, now, serving.spec.load_deadline_s, seen)
+        verdict = judge(self.unhealthy_since.get(host), healthy, now, policy.unhealthy_after_s, held)
         if verdict.since is None:
             self.unhealthy_since.pop(host, None)
         else:
             self.unhealthy_since[host] = verdict.since
+        self._held(host, serving.model, held if verdict.unhealthy_s >= policy.unhealthy_after_s else None)
         if not verdict.act:
             return
         detail = {"model": serving.model, "revision": serving.revision, "action": policy.on_unhealthy,
@@ -128,3 +136,11 @@ class WatchTask:
                 self.submit("rollback", {"host": host}, "watch")
         except OrchestratorError as exc:
             self.ops.record_event(self.clock.now(), host, "watch_action_failed", {"error": str(exc)})
+
+    def _held(self, host: str, model: str, why: str | None) -> None:
+        """An unhealthy engine left alone while it loads: logged when the hold begins."""
+        if why is None:
+            self.holding.pop(host, None)
+        elif host not in self.holding:
+            self.holding[host] = why
+            log.info("watch_holding_off", host=host, model=model, reason=why)

@@ -30,7 +30,7 @@ from orchestrator.errors import ConfigError, UsageError
 if TYPE_CHECKING:
     from orchestrator.core.catalog import Host
 
-DEFAULT_PYTHON = "/opt/orchestrator/venv/bin/python"
+DEFAULT_PYTHON = "/opt/orchestrator/venv/bin/python"  # core.catalog_hosts.INSTALLED_PYTHON (no pydantic here)
 _KEYS = {"url", "key", "known_hosts", "python", "socket"}
 
 
@@ -55,7 +55,7 @@ class Target:
     def of_host(cls, host: Host) -> Target:
         """A deploy.toml host as a target (the fleet's boxes, the agentless lock): its SSH settings."""
         return cls(name=host.name, address=host.address, port=host.ssh_port, user=host.ssh_user, key=host.ssh_key,
-                   known_hosts=host.known_hosts, python=host.python, socket=host.agent_socket)
+                   known_hosts=host.known_hosts, python=host.python or DEFAULT_PYTHON, socket=host.agent_socket)
 
     def relay_command(self) -> str:
         argv = [self.python, "-m", "orchestrator.agent.relay"]

@@ -26,6 +26,8 @@ from orchestrator.core.catalog_rules import (
 )
 from orchestrator.core.safety import shown
 
+INSTALLED_PYTHON = "/opt/orchestrator/venv/bin/python"  # `agent install`'s current venv on a box
+
 
 class Defaults(Strict):
     """Values every model inherits unless it sets its own."""
@@ -112,7 +114,9 @@ class Host(Strict):
     interconnect: Literal["pcie", "nvlink", "unknown"] = "unknown"
     models_dir: str = "/models"
     unit_dir: str = "/etc/systemd/system"
-    python: str = "/usr/bin/python3"
+    # The product's interpreter there (stage worker, proxy CLI); unset: the agent's own when local,
+    # INSTALLED_PYTHON over SSH (what `agent install` makes). /usr/bin/python3 lacks the product.
+    python: str | None = None
     engine: tuple[str, ...] | None = None
     bind: str | None = None  # the address vLLM listens on; defaults.bind when unset
     agent_socket: str | None = None  # a controller's rollout reaches the box's agent here (relay --socket)

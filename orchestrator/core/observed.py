@@ -33,6 +33,9 @@ class UnitState:
     result: str = "success"
     control_group: str = ""
     fragment_path: str = ""
+    # When its main process last started (epoch seconds, ExecMainStartTimestamp): systemd's own
+    # restarts move it too. None: never started, or not known.
+    started_at: float | None = None
 
     @property
     def exists(self) -> bool:

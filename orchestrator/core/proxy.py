@@ -134,10 +134,13 @@ class Route:
     name: str
     address: str | None = None  # None: a gap, answered 503 + Retry-After
     port: int | None = None
+    loading: bool = False  # a gap for a name nothing served before: "is loading", not "is being switched"
 
     @property
     def target(self) -> str:
-        return "503 (switching)" if self.address is None else f"{self.address}:{self.port}"
+        if self.address is not None:
+            return f"{self.address}:{self.port}"
+        return "503 (loading)" if self.loading else "503 (switching)"
 
 
 @dataclass(frozen=True)
@@ -182,13 +185,16 @@ def demand_routes(catalog: Catalog, host: str) -> list[DemandRoute]:
     return [out[k] for k in sorted(out)]
 
 
-def routes_for(serving: Iterable[UnitSpec], gaps: Iterable[str] = ()) -> list[Route]:
-    """One route per served name (a gap for names in ``gaps``), sorted for a stable config."""
+def routes_for(serving: Iterable[UnitSpec], gaps: Iterable[str] = (), loading: Iterable[str] = ()) -> list[Route]:
+    """One route per served name (a gap for names in ``gaps``; a loading gap for names in ``loading``
+    that neither serve nor are gaps), sorted for a stable config."""
     gap = set(gaps)
     out = {s.served_name: Route(s.served_name) if s.served_name in gap else
            Route(s.served_name, s.address, s.port) for s in serving}
     for name in gap - set(out):
         out[name] = Route(name)
+    for name in set(loading) - set(out):
+        out[name] = Route(name, loading=True)
     return [out[k] for k in sorted(out)]
 
 
@@ -226,15 +232,18 @@ def haproxy_comment(value: object) -> str:
 def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route], template: str, lua: str) -> str:
     """``host``'s haproxy.cfg: ``routes``, and the hold (``lua``: demand_hold.lua) for its models on demand."""
     demand = demand_routes(catalog, host)
+    known = sorted({catalog.models[m].served for m in catalog.models_on(host)})
     return render_config(catalog.proxy, bind, routes, template, demand=demand, demand_socket=catalog.demand_socket(),
-                         lua=lua if demand else "")
+                         lua=lua if demand else "", known=known)
 
 
 def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str, *,
-                  demand: Sequence[DemandRoute] = (), demand_socket: str = "", lua: str = "") -> str:
+                  demand: Sequence[DemandRoute] = (), demand_socket: str = "", lua: str = "",
+                  known: Sequence[str] = ()) -> str:
     """The haproxy.cfg routing ``routes``; names in ``demand`` are held while they have no usable
     server (``demand_socket``: the agent's; ``lua``: the hold's source, whose hash the config
-    carries so a new one reloads the proxy)."""
+    carries so a new one reloads the proxy). ``known``: the host's catalog names; one that neither
+    routes nor is held answers 503 "not loaded", so 404 means a name the host does not know."""
     if demand and not (demand_socket and lua):
         raise RenderError("models on demand need the agent's demand socket and the hold's Lua to render the proxy")
     served = [r for r in routes if r.address is not None]
@@ -256,7 +265,9 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
     models_json = json.dumps(models, separators=(",", ":")).replace("'", "\\u0027")
     return env.from_string(template).render(
         routes=routes, backends=backends, engine_control=ENGINE_CONTROL_PATHS, bind=bind,
-        gaps=[r for r in routes if r.address is None and r.name not in on_demand],
+        gaps=[r for r in routes if r.address is None and r.name not in on_demand and not r.loading],
+        loading=[r for r in routes if r.loading and r.name not in on_demand],
+        idle=sorted(set(known) - {r.name for r in routes} - set(on_demand)),
         demand_socket=demand_socket, lua_path=lua_path(proxy), lua_sha=sha(lua) if demand else "",
         port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
         # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.

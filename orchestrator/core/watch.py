@@ -1,14 +1,17 @@
 """The agent's watch decisions (pure: readings and times in, decisions out).
 
-Two rules: when a serving model has been unhealthy long enough to act on, and when one of the
-agent's own loops has stopped making progress (then the agent stops its watchdog pings so systemd
-restarts it). Times come from the Clock port, so tests drive them with a fake clock.
+Three rules: when a serving model has been unhealthy long enough to act on, when its engine must
+be left alone anyway (systemd is starting it, or it is still within its load deadline), and when
+one of the agent's own loops has stopped making progress (then the agent stops its watchdog pings
+so systemd restarts it). Times come from the Clock port, so tests drive them with a fake clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from orchestrator.core.observed import UnitState
 
 # A loop that has not started a pass for this long is stuck (a hung SSH call, a dead thread).
 STALL_FLOOR_S = 300.0
@@ -23,15 +26,36 @@ class Judgement:
     unhealthy_s: float = 0.0
 
 
-def judge(since: float | None, healthy: bool, now: float, unhealthy_after_s: float) -> Judgement:
-    """One health reading of a serving model. Acting ends the streak: the next one starts afresh."""
+def judge(since: float | None, healthy: bool, now: float, unhealthy_after_s: float,
+          held: str | None = None) -> Judgement:
+    """One health reading of a serving model. Acting ends the streak: the next one starts afresh.
+    ``held`` (see ``hold_off``): the streak goes on but nothing is done while the engine loads."""
     if healthy:
         return Judgement(None, False)
     start = now if since is None else since
     lasted = now - start
-    if lasted >= unhealthy_after_s:
+    if lasted >= unhealthy_after_s and held is None:
         return Judgement(None, True, lasted)
     return Judgement(start, False, lasted)
+
+
+def hold_off(unit: UnitState, now: float, load_deadline_s: float, healthy_at: float | None = None) -> str | None:
+    """Why the watch must not restart this engine now (None: it may): systemd is restarting or
+    stopping the unit, or is running or starting it and its main process started less than its load
+    deadline ago without answering healthy since (``healthy_at``: when it last did). A restart by
+    systemd itself (Restart=) counts as a start: a real engine loads for minutes after a crash, and a
+    restart by the watch in the middle would only begin that load again."""
+    if unit.sub_state == "auto-restart" or unit.active_state == "deactivating":
+        return f"{unit.name} is {unit.active_state} ({unit.sub_state})"  # bounded: RestartSec, TimeoutStopSec
+    if unit.active_state not in ("active", "activating", "reloading"):
+        return None  # failed or inactive: nothing but the policy brings it back
+    if unit.started_at is None:
+        return None if unit.active_state == "active" else f"{unit.name} is {unit.active_state} ({unit.sub_state})"
+    age = now - unit.started_at
+    if age >= load_deadline_s or (healthy_at is not None and healthy_at >= unit.started_at):
+        return None  # past its deadline, or it loaded since this start
+    return (f"{unit.name} ({unit.active_state}) started {max(age, 0.0):.0f} s ago (restarts by systemd: "
+            f"{unit.n_restarts}), within its load deadline of {load_deadline_s:g} s")
 
 
 def stall_limit(interval_s: float) -> float:

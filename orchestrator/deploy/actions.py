@@ -225,13 +225,14 @@ def settle_enablement(ctx: StepContext, serving: str, others: Iterable[str]) -> 
         sd.daemon_reload()  # one re-read of every unit file for all the links that changed
 
 
-def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = ()) -> bool:
-    """Make the front proxy route exactly ``specs`` (``gaps`` answer 503 + Retry-After)."""
+def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = (), loading: Iterable[str] = ()) -> bool:
+    """Make the front proxy route exactly ``specs`` (``gaps`` answer 503 + Retry-After, "being
+    switched"; ``loading`` names that neither serve nor are gaps the same, "loading")."""
     proxy = ctx.ports.proxy
     if proxy is None:
         return False
     specs = list(specs)
-    routes = routes_for(specs, gaps)
+    routes = routes_for(specs, gaps, loading)
     cfg = ctx.catalog.proxy
     host = ctx.ports.host
     bind = cfg.bind or host.bind or ctx.defaults.bind

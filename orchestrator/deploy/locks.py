@@ -106,9 +106,36 @@ def host_held(state_dir: str, host: str) -> bool | None:
 def _flocked(path: Path) -> bool | None:
     """Whether any process holds a flock on ``path`` (None: it or /proc/locks cannot be read)."""
     try:
-        st = os.stat(path)
+        names = _lock_names(path)
         text = Path("/proc/locks").read_text()
     except OSError:
         return None
-    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    return any(f[1:2] == ["FLOCK"] and f[5:6] == [where] for f in (line.split() for line in text.splitlines()))
+    return any(f[1:2] == ["FLOCK"] and f[5] in names for f in (line.split() for line in text.splitlines())
+               if len(f) > 5)
+
+
+def _lock_names(path: Path) -> set[str]:
+    """How /proc/locks may name the file: "dev:ino" of the inode its locks are kept on, the device
+    that of the superblock. On overlayfs (Docker, Kubernetes, systemd-nspawn roots) stat's st_dev is a
+    layer's, not the overlay's, so the device comes from the mount of an fd on the file too
+    (/proc/self/fdinfo's mnt_id and ino, the mount's device in /proc/self/mountinfo)."""
+    st = os.stat(path)
+    names = {_name(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)}
+    fd = os.open(path, os.O_PATH)
+    try:
+        info = dict(line.split(":", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+                    if ":" in line)
+    finally:
+        os.close(fd)
+    mount, ino = info.get("mnt_id", "").strip(), info.get("ino", str(st.st_ino)).strip()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[:1] == [mount] and len(fields) > 2 and ino.isdigit():
+            major, _, minor = fields[2].partition(":")
+            names.add(_name(int(major), int(minor), int(ino)))
+            break
+    return names
+
+
+def _name(major: int, minor: int, ino: int) -> str:
+    return f"{major:02x}:{minor:02x}:{ino}"  # as fs/locks.c prints it

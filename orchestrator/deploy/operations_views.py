@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from orchestrator.core import schedule as sched
+from orchestrator.core.observed import UnitState
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment
 from orchestrator.core.resident import ASLEEP
@@ -18,15 +19,16 @@ from orchestrator.errors import OrchestratorError
 class OperationsViews(OperationsBase):
     """The read-only side of Operations: what serves, what ran, what a switch would do."""
 
-    def probe(self, host: str) -> tuple[Deployment | None, bool]:
-        """(what serves, is it healthy); raises TransportError when the host cannot be reached, so
-        the watch can tell "down" from "cannot look" (is_healthy folds both into False)."""
+    def probe(self, host: str) -> tuple[Deployment | None, bool, UnitState | None]:
+        """(what serves, is it healthy, its unit as systemd sees it); raises TransportError when the
+        host cannot be reached, so the watch can tell "down" from "cannot look" (is_healthy folds
+        both into False)."""
         serving = self.store.serving(host)
         if serving is None:
-            return None, True
-        self.ports_for(host).systemd.unit_state(serving.spec.unit_name)
+            return None, True, None
+        unit = self.ports_for(host).systemd.unit_state(serving.spec.unit_name)
         eng = self.engine()
-        return serving, eng.is_healthy(serving)
+        return serving, eng.is_healthy(serving), unit
 
     def schedules(self, now: float, next_runs: dict[str, float] | None = None) -> list[dict[str, Any]]:
         """Each schedule with its next firing time and the last thing it did."""

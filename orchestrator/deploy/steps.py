@@ -87,12 +87,14 @@ def _preinstall(ctx: StepContext, spec: UnitSpec) -> None:
 
 
 def stopping(ctx: StepContext, step: StepInput) -> StepResult:
-    # Names whose engine stops now answer 503 + Retry-After until the switch ends; requests the
-    # previous proxy config already sent to that engine finish before it stops (a resumed step
-    # drains too: the route may have moved just before a crash).
+    # Names whose engine stops now answer 503 + Retry-After until the switch ends, and so does the
+    # target's name when nothing served it ("loading", not 404); requests the previous proxy config
+    # already sent to that engine finish before it stops (a resumed step drains too: the route may
+    # have moved just before a crash).
     units = step.units_to_stop
     if step.plan is not None:
-        actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in step.overlapping))
+        actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in step.overlapping),
+                      loading=[step.dep.spec.served_name])
         actions.drain(ctx, (d.spec for d in step.serving if d.spec.unit_name in step.units_to_stop))
         # Those that can sleep sleep (mode=wait, after the drain); sleepers stay unless evicted.
         leaving = [d for d in step.overlapping if d.spec.unit_name != step.dep.spec.unit_name]

@@ -121,9 +121,11 @@ class FakeSystemd:
         if u is None or unit not in self.w.loaded:
             return UnitState(unit, "not-found", "inactive", "dead")
         load = "bad-setting" if self.w.behaviours.get(unit) == "bad_unit" else "loaded"
+        clock = self.w.clock
         return UnitState(unit, load, u.active, u.sub, u.pid, u.status, u.restarts,
                          "exit-code" if u.active == "failed" else "success",
-                         fragment_path=f"{self.unit_dir}/{unit}")
+                         fragment_path=f"{self.unit_dir}/{unit}",
+                         started_at=None if u.active == "inactive" else clock.now() - clock.monotonic() + u.started_at)
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
         self.w.calls.append(f"start {unit}")

@@ -60,7 +60,7 @@ def switch_a_then_b_then_broken_rolls_back_to_b(host: Host, ops: Operations) -> 
     assert ops.switch("tiny-b")["outcome"] == "active"
     complete(host, 8202, "tiny-b")
     assert (active(host, "vllm-tiny-a.service"), active(host, "vllm-tiny-b.service")) == ("inactive", "active")
-    the_endpoint_follows_the_switch_and_answers_404_for_the_model_gone(host)
+    the_endpoint_follows_the_switch_and_answers_503_for_the_model_gone(host)
 
     broken = ops.switch("tiny-broken")
     assert broken["outcome"] == "rolled_back", broken
@@ -69,13 +69,16 @@ def switch_a_then_b_then_broken_rolls_back_to_b(host: Host, ops: Operations) -> 
     assert (active(host, "vllm-tiny-b.service"), active(host, "vllm-tiny-broken.service")) == ("active", "inactive")
 
 
-def the_endpoint_follows_the_switch_and_answers_404_for_the_model_gone(host: Host) -> None:
-    """After tiny-a -> tiny-b: tiny-b answers through the same URL, /v1/models follows, and tiny-a (no
-    longer served) gets the OpenAI-style 404."""
+def the_endpoint_follows_the_switch_and_answers_503_for_the_model_gone(host: Host) -> None:
+    """After tiny-a -> tiny-b: tiny-b answers through the same URL, /v1/models follows, and tiny-a (in the
+    catalog, no longer served) gets an OpenAI-style 503 model_not_loaded; a name the box does not know a 404."""
     client = endpoint(host)
     the_endpoint_serves(client, "tiny-b")
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.InternalServerError) as gone:
         client.completions.create(model="tiny-a", prompt="hi", max_tokens=1)
+    assert gone.value.status_code == 503 and gone.value.code == "model_not_loaded"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="tiny-z", prompt="hi", max_tokens=1)
     assert err.value.code == "model_not_found"
 
 

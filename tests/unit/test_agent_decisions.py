@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Schedule
-from orchestrator.core.watch import STALL_FLOOR_S, LoopBeat, dead_loops, judge, stall_limit
+from orchestrator.core.observed import UnitState
+from orchestrator.core.watch import STALL_FLOOR_S, LoopBeat, dead_loops, hold_off, judge, stall_limit
 
 
 def at(text: str) -> float:
@@ -35,6 +36,48 @@ def test_unhealthy_for_the_threshold_acts_once_and_starts_afresh() -> None:
 def test_a_healthy_reading_ends_the_streak() -> None:
     """One healthy reading forgets an unhealthy streak."""
     assert judge(100.0, True, 159.0, 60.0).since is None
+
+
+def engine(active: str = "active", sub: str = "running", started_at: float | None = 1000.0,
+           restarts: int = 1) -> UnitState:
+    return UnitState("vllm-alpha.service", "loaded", active, sub, 4242, 0, restarts, started_at=started_at)
+
+
+@pytest.mark.parametrize("active,sub", [("activating", "auto-restart"), ("deactivating", "stop-sigterm")])
+def test_a_unit_systemd_is_restarting_or_stopping_is_held(active: str, sub: str) -> None:
+    """Waiting to auto-restart or deactivating (bounded by RestartSec, TimeoutStopSec): left to systemd."""
+    assert hold_off(engine(active, sub), 5000.0, 900.0) == f"vllm-alpha.service is {active} ({sub})"
+
+
+def test_a_unit_starting_is_held_within_its_load_deadline_only() -> None:
+    """Activating: held from its start for its load deadline, not for ever (a start that never ends)."""
+    assert hold_off(engine("activating", "start"), 1010.0, 900.0) is not None
+    assert hold_off(engine("activating", "start"), 1900.0, 900.0) is None
+
+
+def test_an_engine_restarted_by_systemd_is_held_within_its_load_deadline() -> None:
+    """58 s into a cold start after systemd's own restart: held, however long it has been unhealthy."""
+    held = hold_off(engine(started_at=1000.0), 1058.0, 900.0, healthy_at=990.0)
+    assert held is not None and "started 58 s ago" in held and "restarts by systemd: 1" in held
+    verdict = judge(990.0, False, 1058.0, 60.0, held)
+    assert (verdict.act, verdict.since, verdict.unhealthy_s) == (False, 990.0, 68.0)
+
+
+def test_an_engine_past_its_load_deadline_is_not_held() -> None:
+    """Its load deadline after its last start the hold ends and the unhealthy streak is acted on."""
+    assert hold_off(engine(started_at=1000.0), 1900.0, 900.0) is None
+    assert judge(990.0, False, 1900.0, 60.0, None).act
+
+
+def test_an_engine_healthy_since_its_start_is_not_held() -> None:
+    """It loaded (answered healthy after its start): unhealthy now is not loading, the policy may act."""
+    assert hold_off(engine(started_at=1000.0), 1100.0, 900.0, healthy_at=1040.0) is None
+
+
+@pytest.mark.parametrize("active", ["failed", "inactive"])
+def test_a_dead_unit_is_not_held(active: str) -> None:
+    """Failed or inactive, systemd restarts nothing: the policy may act even soon after its start."""
+    assert hold_off(engine(active, "dead", started_at=1000.0), 1010.0, 900.0) is None
 
 
 def test_a_loop_that_beats_within_its_limit_is_alive() -> None:

@@ -79,6 +79,61 @@ def test_the_watch_restarts_a_model_down_past_the_threshold(world: OpsWorld, age
     assert world.events("unhealthy")[0]["unhealthy_s"] == world.catalog.policy.unhealthy_after_s
 
 
+@pytest.fixture
+def quick(tmp_path: Path) -> Iterator[tuple[OpsWorld, Agent]]:
+    """A watch quicker than alpha's load deadline (5 s against 30 s), as a real engine's minutes of loading
+    are against the shipped unhealthy_after_s = 60."""
+    w = OpsWorld(tmp_path / "quick", policy={"unhealthy_after_s": 5})
+    w.ops.switch("alpha")
+    a = Agent(w.catalog, w.ops, socket=str(tmp_path / "quick.sock"), metrics_port=None, clock=w.clock)
+    a.watch.submit = Submitted()
+    yield w, a
+    a.stop()
+
+
+def restarted_by_systemd(world: OpsWorld, load_s: float) -> float:
+    """alpha's engine was killed and systemd's Restart= started it again, for a cold load of load_s;
+    returns alpha's load deadline."""
+    world.clock.sleep(1)  # a while after the switch that made it serve
+    unit = world.host.units["vllm-alpha.service"]
+    unit.started_at, unit.restarts = world.clock.monotonic(), unit.restarts + 1
+    world.host.load_s = load_s
+    return world.catalog.defaults.load_deadline_s
+
+
+def ticks(agent: Agent, world: OpsWorld, *at: float) -> list[tuple[str, dict[str, Any], str]]:
+    """Watch passes at these seconds after now; what they submitted."""
+    start = world.clock.monotonic()
+    for t in at:
+        world.clock.sleep(start + t - world.clock.monotonic())
+        agent.watch.tick()
+    return list(agent.watch.submit.calls)  # type: ignore[attr-defined]
+
+
+def test_the_watch_leaves_an_engine_systemd_restarted_to_load(quick: tuple[OpsWorld, Agent]) -> None:
+    """Unhealthy past unhealthy_after_s but within its load deadline since systemd's restart: left to load."""
+    world, agent = quick
+    deadline = restarted_by_systemd(world, load_s=28)
+    assert ticks(agent, world, 0, 1, 10, 20, deadline - 3, 28) == []
+    assert world.events("unhealthy") == []
+
+
+def test_the_watch_restarts_an_engine_still_loading_past_its_deadline(quick: tuple[OpsWorld, Agent]) -> None:
+    """The hold ends at the load deadline after the last start: then the policy acts."""
+    world, agent = quick
+    deadline = restarted_by_systemd(world, load_s=1000)
+    assert ticks(agent, world, 0, 10, deadline - 1) == []
+    assert ticks(agent, world, 2) == [("switch", {"model": "alpha", "force": True}, "watch:restart")]
+
+
+def test_the_watch_acts_on_an_engine_that_loaded_before_it_went_unhealthy(quick: tuple[OpsWorld, Agent]) -> None:
+    """The switch saw alpha healthy after its start: unhealthy now is not loading, the policy acts in time."""
+    world, agent = quick
+    world.host.behaviours["vllm-alpha.service"] = "never_ready"
+    assert ticks(agent, world, 0, world.catalog.policy.unhealthy_after_s + 1) == [
+        ("switch", {"model": "alpha", "force": True}, "watch:restart")]
+
+
 def test_a_failing_pass_does_not_end_the_loop(world: OpsWorld, agent: Agent) -> None:
     """A tick that raises is recorded, and the loop's thread runs the next pass."""
     passes: list[int] = []

@@ -67,6 +67,15 @@ def test_disjoint_switch_is_a_handover(pw: ProxyWorld) -> None:
     assert not any("model_switching" in c for c in pw.proxy.applied)  # never a gap on the route
 
 
+def test_a_name_nothing_served_answers_loading_while_it_comes_up(pw: ProxyWorld) -> None:
+    """The first switch to "code": its name answers 503 model_loading until it routes, never 404."""
+    pw.switch("chat-a")
+    assert pw.switch("code").phase is Phase.ACTIVE
+    loading, routed = pw.proxy.applied[-2:]
+    assert 'code":"model_loading"}}\' if { method POST } { var(txn.model) -m str "code" }' in loading
+    assert 'use_backend m2 if { var(txn.model) -m str "code" }' in routed and "model_loading" not in routed
+
+
 def test_overlapping_switch_is_stop_start_with_a_503_gap(pw: ProxyWorld) -> None:
     """chat-a -> chat-c (same GPUs): chat-a stops first and the route answers 503 meanwhile."""
     pw.switch("chat-a")
@@ -107,7 +116,8 @@ def test_failed_add_rolls_back_to_the_set_without_it(pw: ProxyWorld) -> None:
     dep = pw.switch("code")
     assert dep.phase is Phase.ROLLED_BACK
     assert pw.serving() == ["chat-a"]
-    assert pw.proxy.config is not None and '-m str "code"' not in pw.proxy.config
+    assert pw.proxy.config is not None and 'use_backend m2' not in pw.proxy.config
+    assert 'use_backend m1 if { var(txn.model) -m str "chat" }' in pw.proxy.config
 
 
 @pytest.mark.parametrize("stop_at", ["stopping", "checking", "routing"])

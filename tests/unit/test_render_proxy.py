@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator import settings
 from orchestrator.adapters.sqlite_store import SqliteStore
-from orchestrator.core.proxy import render_config, routes_for
+from orchestrator.core.proxy import DEMAND_LUA, render_host, routes_for
 from orchestrator.core.records import ServingChange
 from orchestrator.deploy.engine import default_template, unit_spec
 from orchestrator.resources import template_text
@@ -42,7 +42,8 @@ def serve(config: Path, *models: str) -> str:
     specs = [unit_spec(cat, cat.models[m], default_template()) for m in models]
     revisions = [store.create("box", spec, "test", None, 0.0).revision for spec in specs]
     store.move_serving(ServingChange(sets=(("box", tuple(revisions)),)))
-    return render_config(cat.proxy, cat.defaults.bind, routes_for(specs), template_text("haproxy.cfg.j2"))
+    return render_host(cat, "box", cat.defaults.bind, routes_for(specs), template_text("haproxy.cfg.j2"),
+                       template_text(DEMAND_LUA))
 
 
 def test_render_proxy_prints_the_config_routing_what_serves(tmp_path: Path, installed: Path) -> None:
