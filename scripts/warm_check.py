@@ -1,7 +1,7 @@
 """engine_check's warm part: the product's sleep/wake code against two real vLLM engines on one GPU.
 
 What runs is the product's own: ``deploy.warm`` (sleep_verified: sleep, then the GPU holds only the
-residue, by PID; check_wake_fits: nothing but sleepers' residue on the GPU and room for the wake;
+residue, by PID; check_wake_fits: room for the wake on the GPU, counted in memory by PID;
 wake_checked: vLLM's level-1 or level-2 wake sequence, then one real completion, else EngineWedged)
 over ``adapters.engine_http.HttpEngineControl`` and ``adapters.nvidia_smi``. Only systemd is
 replaced (scripts/process_units.py). Sequence, each step a ``CHECK`` line:

@@ -67,6 +67,7 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
     # Asleep with its unit unchanged: the table's warm path wakes it instead of starting it.
     if step.plan is not None and ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text \
             and warm_steps.is_asleep(ctx, target):
+        warm_steps.check_wake_first(ctx, step, target)
         ctx.emit("warm", model=dep.model)
         return StepResult(spec=spec, event=Event.WARM)
     return StepResult(spec=spec)

@@ -63,11 +63,19 @@ def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine
         clock.sleep(POLL_S)
 
 
-def check_wake_fits(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str], residue_mib: int) -> None:
-    """Raise GpuBusy unless ``engine``'s GPUs hold nothing but sleepers' residue and have room for it."""
+def wake_shortfall(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str] | None = None,
+                   leaving: Mapping[int, str] | None = None, residue_mib: int = 0) -> list[str]:
+    """Why ``engine``'s GPUs lack the memory its wake takes (core.sleep_memory's count; ``leaving``:
+    engines that sleep first, down to ``residue_mib``; ``sleepers``: named in the messages)."""
     snap = probe.snapshot()
-    reasons = wake_blockers(snap, engine.gpus, own_pids=engine.pids, sleepers=sleepers, residue_mib=residue_mib,
-                            need_mib=need_mib(snap, engine.gpus, engine.utilization))
+    return wake_blockers(snap, engine.gpus, own_pids=engine.pids, sleepers=sleepers, leaving=leaving,
+                         residue_mib=residue_mib, need_mib=need_mib(snap, engine.gpus, engine.utilization))
+
+
+def check_wake_fits(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str] | None = None,
+                    residue_mib: int = 0) -> None:
+    """Raise GpuBusy unless ``engine``'s GPUs have the memory its wake takes, now."""
+    reasons = wake_shortfall(probe, engine, sleepers=sleepers, residue_mib=residue_mib)
     if reasons:
         raise GpuBusy(f"{engine.name} is not woken: its GPUs lack the memory it needs: " + "; ".join(reasons))
 

@@ -187,6 +187,20 @@ def asleep_units(ctx: StepContext, but: Iterable[str] = ()) -> set[str]:
 
 
 # -- the warm path's steps -------------------------------------------------------------------------
+def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:
+    """Before anything sleeps (staging, once it found the target asleep): the target's wake must fit
+    in what its GPUs will have free once the displaced engines sleep down to their residue, counted
+    in memory; else GpuBusy (the switch aborts, nothing changed) naming who holds what and the need."""
+    sd = ctx.ports.systemd
+    leaving = {pid: d.model for d in step.displaced if d.spec.unit_name != target.unit_name
+               and sd.unit_state(d.spec.unit_name).is_active for pid in sd.cgroup_pids(d.spec.unit_name)}
+    reasons = warm.wake_shortfall(ctx.ports.gpus, engine_of(ctx, target), sleepers=sleepers(ctx, but=[target.model]),
+                                  leaving=leaving, residue_mib=residue_mib(ctx))
+    if reasons:
+        raise GpuBusy(f"{target.model} cannot wake, so nothing was put to sleep and the route did not move: "
+                      + "; ".join(reasons), host=ctx.ports.host.name)
+
+
 def sleeping(ctx: StepContext, step: StepInput) -> None:
     """The route moves to the target (asleep: its engine holds what arrives until the wake), the
     displaced engines finish what they serve (drain, then sleep mode=wait) and sleep, or stop."""
@@ -198,7 +212,8 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
 
 
 def verifying(ctx: StepContext, step: StepInput) -> None:
-    """Never wake without the memory: the target's GPUs hold nothing but sleepers' residue, with room."""
+    """Never wake without the memory: the target's GPUs have what its wake takes, counted by PID (the
+    same count passed before anything slept; this one sees what the sleeps really gave back)."""
     dep, clock = step.dep, ctx.ports.clock
     eng = engine_of(ctx, dep.spec)
     deadline = clock.monotonic() + ctx.defaults.free_timeout_s
