@@ -209,9 +209,10 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
     dep = step.dep
     restore = step.displaced
     ctx.emit("rollback", to_set=[d.model for d in step.serving])
-    actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in restore
-                                                           if not ctx.ports.systemd.unit_state(
-                                                               d.spec.unit_name).is_active))
+    # A name whose engine is not awake (stopped, asleep, not answering) answers 503 + Retry-After until
+    # it is back, and stays so when it cannot come back: never a route to a sleeper, where requests hang.
+    actions.route(ctx, (d.spec for d in step.serving),
+                  gaps=(d.spec.served_name for d in restore if not warm_steps.awake(ctx, d.spec)))
     # The target sleeps again (warm), stays asleep if never woken, or stops; then the set comes back.
     warm_steps.settle_target(ctx, step)
     for old in restore:

@@ -59,6 +59,21 @@ def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:
         return False
 
 
+def awake(ctx: StepContext, spec: UnitSpec) -> bool:
+    """The engine runs and can answer: not asleep, and (with sleep mode) it answers ``/is_sleeping``.
+    Only such an engine may have a route: a request sent to a sleeper waits for a wake that may never
+    come, and one sent to an engine that does not answer hangs or is cut."""
+    control = ctx.ports.engine
+    if not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
+        return False
+    if control is None or not sleep_enabled(spec):
+        return True
+    try:
+        return not control.is_sleeping(spec.base_url)
+    except EngineError:
+        return False
+
+
 def mark(ctx: StepContext, model: str, state: str, *, level: str | None = None, unit: str = "",
          weights_gib: float | None = None) -> None:
     if ctx.residency is not None:

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Schedule
-from orchestrator.core.watch import STALL_FLOOR_S, LoopBeat, dead_loops, judge, stall_limit
+from orchestrator.core.watch import STALL_FLOOR_S, LoopBeat, dead_loops, judge, judge_revival, stall_limit
 
 
 def at(text: str) -> float:
@@ -35,6 +35,19 @@ def test_unhealthy_for_the_threshold_acts_once_and_starts_afresh() -> None:
 def test_a_healthy_reading_ends_the_streak() -> None:
     """One healthy reading forgets an unhealthy streak."""
     assert judge(100.0, True, 159.0, 60.0).since is None
+
+
+def test_a_lost_model_blocked_is_explained_once_and_not_woken() -> None:
+    """While its wake does not fit, why not is recorded on the first pass only, and nothing is tried."""
+    first = judge_revival(["PID 7 holds 8192 MiB"], said=False, tried=False)
+    again = judge_revival(["PID 7 holds 8192 MiB"], said=True, tried=False)
+    assert (first.act, first.say, again.act, again.say) == (False, True, False, False)
+
+
+def test_a_lost_model_is_woken_once_when_nothing_blocks_it() -> None:
+    """A wake that fits is tried; after that try the same failure is never acted on again."""
+    assert judge_revival([], said=True, tried=False).act
+    assert not judge_revival([], said=True, tried=True).act
 
 
 def test_a_loop_that_beats_within_its_limit_is_alive() -> None:

@@ -1,5 +1,7 @@
-"""The warm path's safety on fake ports: the wake's memory is counted before anything sleeps, and a
-rollback brings back what served beside a process that leaves room."""
+"""The warm path's safety on fake ports: the wake's memory is counted before anything sleeps, a
+rollback brings back what served beside a process that leaves room, a route never points at an
+engine that is asleep (503 + Retry-After instead), and the watch wakes what a failed
+switch left once its memory is back."""
 
 from __future__ import annotations
 
@@ -8,19 +10,26 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.loops import Failures
+from orchestrator.agent.metrics import Metrics
+from orchestrator.agent.tasks import WatchTask
+from orchestrator.core.records import Deployment
+from orchestrator.core.states import Phase
 from orchestrator.deploy.operations import Operations
 
 from .test_warm_switch import WarmWorld, warm_catalog
 
+GAP = "503 (switching)"
+
 
 def route_of(config: str | None, name: str) -> str | None:
-    """Where the proxy config sends ``name``: an engine's address, "503 (switching)", or None."""
+    """Where the proxy config sends ``name``: an engine's address, GAP, or None (not routed)."""
     found = re.search(rf"^#\s+{re.escape(name)} -> (.+)$", config or "", re.MULTILINE)
     return None if found is None else found.group(1).strip()
 
 
 class OpsWarmWorld(WarmWorld):
-    """A WarmWorld driven through Operations (what the agent runs), alpha serving and
+    """A WarmWorld driven through Operations (what the agent and its watch run), alpha serving and
     beta asleep on the same GPUs 0-3."""
 
     def __init__(self, state_dir: Path) -> None:
@@ -32,10 +41,30 @@ class OpsWarmWorld(WarmWorld):
             assert self.ops.switch(model)["outcome"] == "active"
         assert self.states() == {"alpha": "serving", "beta": "asleep"}
 
+    def watch(self) -> WatchTask:
+        """The agent's watch over these operations; its switches run at once, in this thread."""
+        metrics = Metrics(None)
+        return WatchTask(self.catalog, self.ops, self.host.clock,
+                         lambda op, args, trigger: self.ops.switch(args["model"], trigger=trigger),
+                         lambda host: False, metrics,
+                         Failures(self.host.clock, lambda at, host, kind, detail: None, metrics))
+
 
 @pytest.fixture
 def ow(tmp_path: Path) -> OpsWarmWorld:
     return OpsWarmWorld(tmp_path)
+
+
+def hog_at(ow: OpsWarmWorld, phase: Phase, mib: int) -> list[int]:
+    """From ``phase`` of the next switch on, a foreign process holds ``mib`` on GPU 0; its PID."""
+    pids: list[int] = []
+
+    def hook(dep: Deployment) -> None:
+        if dep.phase is phase and not pids:
+            pids.append(ow.host.hold([0], mib, "python"))
+
+    ow.ops.before_step = hook
+    return pids
 
 
 def test_a_wake_that_cannot_fit_is_refused_before_anything_sleeps(ow: OpsWarmWorld) -> None:
@@ -62,4 +91,36 @@ def test_a_rollback_wakes_what_served_beside_a_process_that_leaves_room(ow: OpsW
     result = ow.ops.switch("beta")
     assert result["outcome"] == "rolled_back", result
     assert ow.states()["alpha"] == "serving"
+    assert route_of(ow.proxy.config, "chat") == "127.0.0.1:8001"
+
+
+def test_a_failed_rollback_leaves_the_name_answering_503_not_routed_to_a_sleeper(ow: OpsWarmWorld) -> None:
+    """A process takes beta's memory while it verifies and stays: the rollback cannot wake alpha either,
+    the switch ends failed, and the proxy answers 503 + Retry-After for the name instead of sending
+    requests to an engine that sleeps."""
+    hog_at(ow, Phase.VERIFYING, 90_000)
+    result = ow.ops.switch("beta")
+    assert result["outcome"] == "failed", result
+    assert ow.states() == {"alpha": "asleep", "beta": "asleep"}
+    assert route_of(ow.proxy.config, "chat") == GAP
+
+
+def test_the_watch_says_why_not_then_wakes_what_served_once_the_blocker_leaves(ow: OpsWarmWorld) -> None:
+    """After that failed switch the watch records, once, the PID that keeps alpha asleep; when it
+    leaves, the watch switches back to alpha (warm) and the route comes back to alpha's engine."""
+    hog = hog_at(ow, Phase.VERIFYING, 90_000)
+    assert ow.ops.switch("beta")["outcome"] == "failed"
+    ow.ops.before_step = None
+    watch = ow.watch()
+    watch.tick()
+    watch.tick()
+    waiting = ow.store.events(kind="revive_waiting", limit=10)
+    assert len(waiting) == 1 and waiting[0]["model"] == "alpha"
+    assert any(f"PID {hog[0]} (python) holds 90000 MiB on GPU 0" in r for r in waiting[0]["reasons"])
+    assert ow.states()["alpha"] == "asleep"
+    del ow.host.holders[hog[0]]
+    watch.tick()
+    newest = ow.ops.history("box", 1)[0]
+    assert (newest["model"], newest["outcome"], newest["trigger"]) == ("alpha", "active", "watch:revive")
+    assert ow.states() == {"alpha": "serving", "beta": "asleep"}
     assert route_of(ow.proxy.config, "chat") == "127.0.0.1:8001"
