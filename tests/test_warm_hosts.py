@@ -163,6 +163,28 @@ def test_rollback_of_a_warm_switch_is_warm(host: Host, ops: Operations) -> None:
     assert r.status_code == 200
 
 
+def test_a_wedged_wake_restarts_with_the_proxy_answering_503_and_retry_after(host: Host, ops: Operations) -> None:
+    """While the wedged alpha restarts cold and is checked, "chat" gets the proxy's own 503 with
+    Retry-After (code model_switching) through the real HAProxy, not the starting engine's answers;
+    once alpha serves, the route is back on it."""
+    ops.switch("alpha")
+    ops.switch("beta")
+    httpx.post(f"{engine_url(host, 'alpha')}/wake_up", timeout=10)  # wedged: 500 out of memory
+    seen: list[tuple[int, str | None, str]] = []
+
+    def probe(dep: Deployment) -> None:
+        if dep.phase.value == "checking" and not seen:
+            r = chat(host)
+            seen.append((r.status_code, r.headers.get("retry-after"), r.text))
+
+    ops.before_step = probe
+    result = ops.switch("alpha")
+    assert result["outcome"] == "active", result.get("error")
+    assert "restarting" in phases(ops, host)
+    assert [(code, after) for code, after, _ in seen] == [(503, "2")] and '"model_switching"' in seen[0][2]
+    assert chat(host).status_code == 200
+
+
 def test_a_wake_that_cannot_fit_beside_a_foreign_process_is_refused_before_alpha_sleeps(
         host: Host, ops: Operations) -> None:
     """A foreign process holds 8 GiB on alpha's and beta's GPUs: `switch beta` is refused at staging

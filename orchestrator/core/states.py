@@ -96,8 +96,8 @@ TEXT: dict[Phase, PhaseText] = {
     P.VERIFYING: PhaseText("verifying: the target's GPUs have the memory its wake takes (nvidia-smi, by PID)",
                            "verify"),
     P.WAKING: PhaseText("waking: wake_up, then one real completion within wake_deadline_s", "wake"),
-    P.RESTARTING: PhaseText("restarting the wedged engine cold: kill its cgroup, free the GPUs, start", "restart",
-                            "yellow"),
+    P.RESTARTING: PhaseText("restarting the wedged engine cold (its name answers 503): kill its cgroup, free "
+                            "the GPUs, start", "restart", "yellow"),
     P.ACTIVE: PhaseText("active", "active", "green"),
     P.ROLLING_BACK: PhaseText("rolling back to the previous stable revision", "rollback", "yellow"),
     P.ROLLED_BACK: PhaseText("rolled back", "rolled_back", "yellow"),

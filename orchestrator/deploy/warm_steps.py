@@ -262,6 +262,9 @@ def restarting(ctx: StepContext, step: StepInput) -> None:
     GPUs hold nothing but sleepers' residue, start it cold (checking follows)."""
     spec = step.dep.spec
     sd = ctx.ports.systemd
+    # The route leaves the engine while it restarts: clients get 503 + Retry-After, not a reset or
+    # the starting engine's own 503s; `routing` brings it back once `checking` proved it serves.
+    actions.route(ctx, [d.spec for d in step.kept], gaps=[spec.served_name])
     note(ctx, "restart_wedged", model=spec.model, unit=spec.unit_name)
     if sd.unit_state(spec.unit_name).is_active:
         sd.kill_unit(spec.unit_name, signal.SIGKILL)

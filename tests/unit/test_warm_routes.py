@@ -1,12 +1,13 @@
 """The warm path's safety on fake ports: the wake's memory is counted before anything sleeps, a
 rollback brings back what served beside a process that leaves room, a route never points at an
-engine that is asleep (503 + Retry-After instead), and the watch wakes what a failed
+engine that is asleep or restarting (503 + Retry-After instead), and the watch wakes what a failed
 switch left once its memory is back."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,20 @@ def test_the_watch_says_why_not_then_wakes_what_served_once_the_blocker_leaves(o
     assert (newest["model"], newest["outcome"], newest["trigger"]) == ("alpha", "active", "watch:revive")
     assert ow.states() == {"alpha": "serving", "beta": "asleep"}
     assert route_of(ow.proxy.config, "chat") == "127.0.0.1:8001"
+
+
+def test_a_wedged_wake_restarts_with_its_route_off(ow: OpsWarmWorld) -> None:
+    """beta's wake wedges: while it restarts cold and is checked, its name answers 503 + Retry-After
+    (not beta's resets or loading 503s); once it serves, the route is back on beta."""
+    ow.host.engine_behaviours["vllm-beta.service"] = "wedged_wake"
+    seen: dict[str, Any] = {}
+
+    def hook(dep: Deployment) -> None:
+        if dep.phase is Phase.CHECKING:
+            seen["checking"] = route_of(ow.proxy.config, "chat")
+
+    ow.ops.before_step = hook
+    result = ow.ops.switch("beta")
+    assert result["outcome"] == "active", result
+    assert seen == {"checking": GAP}
+    assert route_of(ow.proxy.config, "chat") == "127.0.0.1:8002"
