@@ -80,8 +80,7 @@ class Warm:
             slept = warm.sleep_verified(self.control, self.rig.gpus, self.clock, off, level=1,
                                         residue_mib=self.residue, mode="wait")
             t1 = time.monotonic()
-            warm.check_wake_fits(self.rig.gpus, on, sleepers={p: off.name for p in off.pids},
-                                 residue_mib=self.residue)
+            warm.check_wake_fits(self.rig.gpus, on, sleepers={p: off.name for p in off.pids})
             t2 = time.monotonic()
             woke = warm.wake_checked(self.control, self.clock, on, level=1, deadline_s=30.0)
         except OrchestratorError as exc:
@@ -126,8 +125,7 @@ class Warm:
             self.ec.say(f"wedge: pid {hog.pid} {line} ({free} MiB were free, {sleeper.name} needs {need} MiB more); "
                         f"GPU by PID {self.smi(sleeper.gpus)}")
             try:
-                warm.check_wake_fits(self.rig.gpus, sleeper, sleepers={p: other.name for p in other.pids},
-                                     residue_mib=self.residue)
+                warm.check_wake_fits(self.rig.gpus, sleeper, sleepers={p: other.name for p in other.pids})
                 self.ec.check("wake_refused_without_memory", False, "check_wake_fits let the wake go ahead")
             except GpuBusy as exc:
                 self.ec.check("wake_refused_without_memory", str(hog.pid) in str(exc), str(exc)[:800])

@@ -41,15 +41,16 @@ def sleep_excess(snap: GpuSnapshot, gpus: Collection[int], pids: Collection[int]
 
 
 def wake_blockers(snap: GpuSnapshot, gpus: Collection[int], *, own_pids: Collection[int], need_mib: int,
-                  sleepers: Mapping[int, str] | None = None, leaving: Mapping[int, str] | None = None,
-                  residue_mib: int = 0) -> list[str]:
+                  sleepers: Mapping[int, str] | None = None,
+                  leaving: Mapping[int, tuple[str, int]] | None = None) -> list[str]:
     """Why waking an engine on ``gpus`` would fail (empty: it fits), counted in memory: each GPU's
     free MiB against what the woken engine takes there (``need_mib``, its share with the margin) beyond
     what it holds already. Who else holds memory does not matter, only how much: a process beside it
     that leaves room is no blocker (a rollback must bring back what served beside it a moment ago).
 
-    ``leaving`` maps the PIDs of engines put to sleep before the wake to their model: all they hold
-    beyond ``residue_mib`` counts as free (the check then runs before anything sleeps). ``sleepers``
+    ``leaving`` maps the PIDs of engines that sleep or stop before the wake to (their model, the MiB
+    they keep: a sleeper's residue, 0 for a stop): what they hold beyond it counts as free (the check
+    then runs before anything sleeps). ``sleepers``
     maps sleeping engines' PIDs to their model, for the messages. A short GPU names every process
     holding memory there with its MiB, and the MiB the wake needs."""
     asleep, going = sleepers or {}, leaving or {}
@@ -65,11 +66,12 @@ def wake_blockers(snap: GpuSnapshot, gpus: Collection[int], *, own_pids: Collect
         here = [p for p in snap.processes if p.gpu_index == gpu]
         own = sum(p.used_memory_mib for p in here if p.pid in own_pids)
         wanted = max(need_mib - own, 0)
-        freed = sum(max(p.used_memory_mib - residue_mib, 0) for p in here if p.pid in going)
+        freed = sum(max(p.used_memory_mib - going[p.pid][1], 0) for p in here if p.pid in going)
         free = info.memory_free_mib + freed
         if free >= wanted:
             continue
-        once = ", ".join(sorted({going[p.pid] for p in here if p.pid in going})) if freed else ""
+        once = ", ".join(sorted({f"{going[p.pid][0]} {'sleeps' if going[p.pid][1] else 'stops'}"
+                                 for p in here if p.pid in going})) if freed else ""
         held = tuple((p.pid, _label(p.pid, p.process_name, asleep, going), p.used_memory_mib)
                      for p in sorted(here, key=lambda p: (-p.used_memory_mib, p.pid)) if p.pid not in own_pids)
         short.setdefault((free, once, wanted, held), []).append(gpu)
@@ -83,9 +85,10 @@ def wake_blockers(snap: GpuSnapshot, gpus: Collection[int], *, own_pids: Collect
     return reasons
 
 
-def _label(pid: int, name: str, sleepers: Mapping[int, str], leaving: Mapping[int, str]) -> str:
+def _label(pid: int, name: str, sleepers: Mapping[int, str], leaving: Mapping[int, tuple[str, int]]) -> str:
     if pid in leaving:
-        return f"{leaving[pid]}, to sleep first"
+        model, keeps = leaving[pid]
+        return f"{model}, to {'sleep' if keeps else 'stop'} first"
     return f"sleeping {sleepers[pid]}" if pid in sleepers else name
 
 

@@ -204,13 +204,18 @@ def asleep_units(ctx: StepContext, but: Iterable[str] = ()) -> set[str]:
 # -- the warm path's steps -------------------------------------------------------------------------
 def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:
     """Before anything sleeps (staging, once it found the target asleep): the target's wake must fit
-    in what its GPUs will have free once the displaced engines sleep down to their residue, counted
-    in memory; else GpuBusy (the switch aborts, nothing changed) naming who holds what and the need."""
+    in what its GPUs will have free once the displaced engines sleep (down to their residue) or stop
+    (no sleep mode), counted in memory; else GpuBusy (the switch aborts, nothing changed) naming who
+    holds what and the need. A sleep that the RAM budget turns into a stop is counted as a sleep."""
     sd = ctx.ports.systemd
-    leaving = {pid: d.model for d in step.displaced if d.spec.unit_name != target.unit_name
-               and sd.unit_state(d.spec.unit_name).is_active for pid in sd.cgroup_pids(d.spec.unit_name)}
+    leaving: dict[int, tuple[str, int]] = {}
+    for d in step.displaced:
+        if d.spec.unit_name == target.unit_name or not sd.unit_state(d.spec.unit_name).is_active:
+            continue
+        keeps = residue_mib(ctx) if level_of(ctx, d.model) is not None and sleep_enabled(d.spec) else 0
+        leaving.update(dict.fromkeys(sd.cgroup_pids(d.spec.unit_name), (d.model, keeps)))
     reasons = warm.wake_shortfall(ctx.ports.gpus, engine_of(ctx, target), sleepers=sleepers(ctx, but=[target.model]),
-                                  leaving=leaving, residue_mib=residue_mib(ctx))
+                                  leaving=leaving)
     if reasons:
         raise GpuBusy(f"{target.model} cannot wake, so nothing was put to sleep and the route did not move: "
                       + "; ".join(reasons), host=ctx.ports.host.name)
@@ -234,8 +239,7 @@ def verifying(ctx: StepContext, step: StepInput) -> None:
     deadline = clock.monotonic() + ctx.defaults.free_timeout_s
     while True:
         try:
-            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model]),
-                                 residue_mib=residue_mib(ctx))
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model]))
             ctx.emit("wake_fits", model=dep.model, gpus=list(dep.spec.gpus))
             return
         except GpuBusy:
@@ -322,8 +326,7 @@ def flush_held(ctx: StepContext, spec: UnitSpec) -> None:
         return
     eng = engine_of(ctx, spec)
     try:
-        warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]),
-                             residue_mib=residue_mib(ctx))
+        warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]))
         warm.wake_checked(control, ctx.ports.clock, eng, level=_level_number(level),
                           deadline_s=deadline_of(ctx, spec.model))
         warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, eng, level=_level_number(level),
@@ -352,8 +355,7 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
     while True:
         try:
             # The target counts as a sleeper when it is recorded asleep again (it keeps its residue).
-            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]),
-                                 residue_mib=residue_mib(ctx))
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]))
             break
         except GpuBusy:
             if clock.monotonic() >= deadline:

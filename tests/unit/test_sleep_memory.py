@@ -16,7 +16,7 @@ def snapshot(used_mib: int) -> GpuSnapshot:
 def test_a_wake_with_exactly_its_share_free_is_refused() -> None:
     """Free memory equal to the share alone is not enough: the woken engine goes beyond it."""
     share = int(TOTAL * 0.55)
-    reasons = wake_blockers(snapshot(TOTAL - share), [0], own_pids=(), sleepers={}, residue_mib=1_844,
+    reasons = wake_blockers(snapshot(TOTAL - share), [0], own_pids=(), sleepers={},
                             need_mib=need_mib(snapshot(0), [0], 0.55))
     assert reasons == [f"GPU 0 has {share} MiB free, the wake needs {share + WAKE_MARGIN_MIB} MiB more"]
 
@@ -24,7 +24,7 @@ def test_a_wake_with_exactly_its_share_free_is_refused() -> None:
 def test_a_wake_with_its_share_and_the_margin_free_fits() -> None:
     """The share plus the margin free: nothing blocks the wake."""
     need = need_mib(snapshot(0), [0], 0.55)
-    assert wake_blockers(snapshot(TOTAL - need), [0], own_pids=(), sleepers={}, residue_mib=1_844,
+    assert wake_blockers(snapshot(TOTAL - need), [0], own_pids=(), sleepers={},
                          need_mib=need) == []
 
 
@@ -33,8 +33,8 @@ def test_engines_that_sleep_first_count_their_memory_above_the_residue_as_free()
     need = need_mib(snapshot(0), [0], 0.55)
     held = GpuSnapshot(gpus=(GpuInfo(0, "GPU-0", "NVIDIA H200", TOTAL, need + 1_844),),
                        processes=(GpuProcess(11, "VLLM::EngineCore", "GPU-0", need + 1_844, 0),))
-    assert wake_blockers(held, [0], own_pids=(), leaving={11: "alpha"}, residue_mib=1_844, need_mib=need) == []
-    assert wake_blockers(held, [0], own_pids=(), residue_mib=1_844, need_mib=need) != []
+    assert wake_blockers(held, [0], own_pids=(), leaving={11: ("alpha", 1_844)}, need_mib=need) == []
+    assert wake_blockers(held, [0], own_pids=(), need_mib=need) != []
 
 
 def test_a_short_gpu_names_each_holder_its_mib_and_the_need() -> None:

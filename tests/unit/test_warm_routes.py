@@ -18,7 +18,7 @@ from orchestrator.core.records import Deployment
 from orchestrator.core.states import Phase
 from orchestrator.deploy.operations import Operations
 
-from .test_warm_switch import WarmWorld, warm_catalog
+from .test_warm_switch import TP4, WarmWorld, warm_catalog
 
 GAP = "503 (switching)"
 
@@ -93,6 +93,20 @@ def test_a_rollback_wakes_what_served_beside_a_process_that_leaves_room(ow: OpsW
     assert result["outcome"] == "rolled_back", result
     assert ow.states()["alpha"] == "serving"
     assert route_of(ow.proxy.config, "chat") == "127.0.0.1:8001"
+
+
+def test_a_displaced_engine_without_sleep_mode_counts_all_its_memory_as_given_back() -> None:
+    """alpha has no sleep mode (it stops, keeping nothing): beta's wake fits beside an 8000 MiB process
+    that would not leave room had alpha kept a sleeper's residue, and the switch goes through."""
+    plain = {k: v for k, v in TP4.items() if k != "sleep"}
+    catalog = warm_catalog(alpha={"repo": "org/alpha", "port": 8001, **plain}, beta={"repo": "org/beta", "port": 8002,
+                                                                                     **TP4})
+    ww = WarmWorld(catalog)
+    assert ww.switch("beta").phase is Phase.ACTIVE and ww.switch("alpha").phase is Phase.ACTIVE
+    ww.host.hold([0], 8_000, "python")
+    back = ww.switch("beta")
+    assert back.phase is Phase.ACTIVE, back.error
+    assert ww.phases(back.id)[-4:] == ["sleeping", "verifying", "waking", "routing"]
 
 
 def test_a_failed_rollback_leaves_the_name_answering_503_not_routed_to_a_sleeper(ow: OpsWarmWorld) -> None:
