@@ -1,7 +1,7 @@
 """engine_check's warm part: the product's sleep/wake code against two real vLLM engines on one GPU.
 
 What runs is the product's own: ``deploy.warm`` (sleep_verified: sleep, then the GPU holds only the
-residue, by PID; check_wake_fits: nothing but sleepers' residue on the GPU and room for the wake;
+residue, by PID; check_wake_fits: room for the wake on the GPU, counted in memory by PID;
 wake_checked: vLLM's level-1 or level-2 wake sequence, then one real completion, else EngineWedged)
 over ``adapters.engine_http.HttpEngineControl`` and ``adapters.nvidia_smi``. Only systemd is
 replaced (scripts/process_units.py). Sequence, each step a ``CHECK`` line:
@@ -80,8 +80,7 @@ class Warm:
             slept = warm.sleep_verified(self.control, self.rig.gpus, self.clock, off, level=1,
                                         residue_mib=self.residue, mode="wait")
             t1 = time.monotonic()
-            warm.check_wake_fits(self.rig.gpus, on, sleepers={p: off.name for p in off.pids},
-                                 residue_mib=self.residue)
+            warm.check_wake_fits(self.rig.gpus, on, sleepers={p: off.name for p in off.pids})
             t2 = time.monotonic()
             woke = warm.wake_checked(self.control, self.clock, on, level=1, deadline_s=30.0)
         except OrchestratorError as exc:
@@ -126,8 +125,7 @@ class Warm:
             self.ec.say(f"wedge: pid {hog.pid} {line} ({free} MiB were free, {sleeper.name} needs {need} MiB more); "
                         f"GPU by PID {self.smi(sleeper.gpus)}")
             try:
-                warm.check_wake_fits(self.rig.gpus, sleeper, sleepers={p: other.name for p in other.pids},
-                                     residue_mib=self.residue)
+                warm.check_wake_fits(self.rig.gpus, sleeper, sleepers={p: other.name for p in other.pids})
                 self.ec.check("wake_refused_without_memory", False, "check_wake_fits let the wake go ahead")
             except GpuBusy as exc:
                 self.ec.check("wake_refused_without_memory", str(hog.pid) in str(exc), str(exc)[:800])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from orchestrator.deploy.operations import Operations
 from orchestrator.wiring import operations
 from tests.builders.drain import TOKENS, ProberProcess
 from tests.builders.proxy import base_url, proxy_config
-from tests.hosts.machine import Host
+from tests.hosts.machine import Host, in_host
 from tests.proxy_prober import classify
 
 pytestmark = pytest.mark.hosts
@@ -44,6 +45,12 @@ def ops(host: Host, tmp_path: Path) -> Iterator[Operations]:
     cfg.write_text(warm_config(host, tmp_path / "state"))
     yield operations(settings.load(cfg))
     host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+def chat(host: Host) -> httpx.Response:
+    """One completion for "chat" through the front proxy."""
+    return httpx.post(f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2},
+                      timeout=10)
 
 
 def engine_url(host: Host, model: str) -> str:
@@ -154,3 +161,48 @@ def test_rollback_of_a_warm_switch_is_warm(host: Host, ops: Operations) -> None:
     r = httpx.post(f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2},
                    timeout=10)
     assert r.status_code == 200
+
+
+def test_a_wedged_wake_restarts_with_the_proxy_answering_503_and_retry_after(host: Host, ops: Operations) -> None:
+    """While the wedged alpha restarts cold and is checked, "chat" gets the proxy's own 503 with
+    Retry-After (code model_switching) through the real HAProxy, not the starting engine's answers;
+    once alpha serves, the route is back on it."""
+    ops.switch("alpha")
+    ops.switch("beta")
+    httpx.post(f"{engine_url(host, 'alpha')}/wake_up", timeout=10)  # wedged: 500 out of memory
+    seen: list[tuple[int, str | None, str]] = []
+
+    def probe(dep: Deployment) -> None:
+        if dep.phase.value == "checking" and not seen:
+            r = chat(host)
+            seen.append((r.status_code, r.headers.get("retry-after"), r.text))
+
+    ops.before_step = probe
+    result = ops.switch("alpha")
+    assert result["outcome"] == "active", result.get("error")
+    assert "restarting" in phases(ops, host)
+    assert [(code, after) for code, after, _ in seen] == [(503, "2")] and '"model_switching"' in seen[0][2]
+    assert chat(host).status_code == 200
+
+
+def test_a_wake_that_cannot_fit_beside_a_foreign_process_is_refused_before_alpha_sleeps(
+        host: Host, ops: Operations) -> None:
+    """A foreign process holds 8 GiB on alpha's and beta's GPUs: `switch beta` is refused at staging
+    (aborted) naming its PID, the MiB it holds and the MiB beta's wake needs; alpha never slept and
+    still answers through the proxy."""
+    ops.switch("beta")
+    ops.switch("alpha")  # beta sleeps, alpha serves
+    stray = host.run(["systemd-run", "--unit=stray-gpu-holder", "--property=Type=exec", in_host(sys.executable),
+                      in_host(Path(__file__).parent / "standin/openai_server.py"), "--host", host.address,
+                      "--port", "8199", "--served-name", "stray", "--gpus", "0,1,2,3", "--gpu-mib", "8192"])
+    assert stray.returncode == 0
+    try:
+        pid = host.run("systemctl show -p MainPID --value stray-gpu-holder.service").stdout.strip()
+        result = ops.switch("beta")
+        assert result["outcome"] == "aborted", result
+        assert f"PID {pid} " in result["error"] and "holds 8192 MiB on GPU 0" in result["error"]
+        assert "the wake needs" in result["error"] and "nothing was put to sleep" in result["error"]
+        assert residency(ops, host) == {"alpha": "serving", "beta": "asleep"} and not sleeping(host, "alpha")
+        assert chat(host).status_code == 200
+    finally:
+        host.run(["systemctl", "stop", "stray-gpu-holder.service"], check=False)

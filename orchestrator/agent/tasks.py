@@ -16,7 +16,7 @@ from orchestrator.agent.loops import Failures
 from orchestrator.agent.metrics import Metrics
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.watch import hold_off, judge
+from orchestrator.core.watch import hold_off, judge, judge_revival
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.ports import Clock
@@ -91,6 +91,9 @@ class WatchTask:
         self.unhealthy_since: dict[str, float] = {}
         self.healthy_at: dict[str, float] = {}  # the last healthy reading of what serves, by host
         self.holding: dict[str, str] = {}  # why the watch holds off, logged once per hold
+        # (host, failed revision): why-not said, revival submitted; each once per failed switch.
+        self.said: set[tuple[str, int]] = set()
+        self.tried: set[tuple[str, int]] = set()
 
     def tick(self) -> float:
         for host in own_hosts(self.catalog):  # not a controller's fleet hosts: their own agents watch them
@@ -106,6 +109,7 @@ class WatchTask:
         if self.busy(host):
             self.unhealthy_since.pop(host, None)  # an operation owns the host; judge afresh after it
             return
+        self.revive(host)
         serving, healthy, unit = self.ops.probe(host)  # TransportError: cannot look, which is not unhealthy
         if serving is None:
             self.unhealthy_since.pop(host, None)
@@ -144,3 +148,27 @@ class WatchTask:
         elif host not in self.holding:
             self.holding[host] = why
             log.info("watch_holding_off", host=host, model=model, reason=why)
+    def revive(self, host: str) -> None:
+        """A failed switch whose rollback failed too left a name answering 503: wake what served it
+        once its memory is back (a warm switch, recorded like any), and say why not until then."""
+        lost = self.ops.lost(host)
+        if lost is None:
+            return
+        key = (host, lost.failed.revision)
+        verdict = judge_revival(lost.blockers, said=key in self.said, tried=key in self.tried)
+        detail = {"model": lost.model.model, "revision": lost.model.revision, "failed_revision": lost.failed.revision}
+        if verdict.say:
+            self.said.add(key)
+            self.ops.record_event(self.clock.now(), host, "revive_waiting", {**detail, "reasons": list(lost.blockers)})
+            log.warning("revive_waiting", host=host, reasons=list(lost.blockers), **detail)
+        if not verdict.act:
+            return
+        self.tried.add(key)
+        self.ops.record_event(self.clock.now(), host, "revive", detail)
+        log.info("revive", host=host, **detail)
+        try:
+            self.submit("switch", {"model": lost.model.model}, "watch:revive")
+        except errors.Busy:
+            self.tried.discard(key)  # another operation took the host first: look again next pass
+        except OrchestratorError as exc:
+            self.ops.record_event(self.clock.now(), host, "watch_action_failed", {"error": str(exc), **detail})

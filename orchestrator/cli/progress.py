@@ -115,7 +115,7 @@ class _Blank(dict[str, Any]):
 WARM_LINES: dict[str, tuple[str, str]] = {
     "slept": ("{model} sleeps ({level}, {seconds} s)", ""),
     "woken": ("{model} woke and answered a completion ({seconds} s)", "green"),
-    "wake_fits": ("GPUs {gpus} hold nothing but sleepers' residue: {model} may wake", ""),
+    "wake_fits": ("GPUs {gpus} have the memory {model}'s wake takes: it may wake", ""),
     "stopping": ("{model} stops: {reason}", ""),
     "evicted": ("{model} (asleep) is stopped: {reason}", "yellow"),
     "sleep_failed": ("{model}'s sleep failed, {then}: {error}", "yellow"),

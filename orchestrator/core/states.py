@@ -11,7 +11,7 @@ table is keyed by it, so nothing outside the table decides where a failure leads
 
 A warm switch (the target's engine is asleep) is the same table: staging reports ``warm`` and the
 deployment goes through ``sleeping`` (the displaced engines sleep), ``verifying`` (the target's GPUs
-hold nothing but sleepers' residue), ``waking`` (wake and one real completion) to ``routing``. A
+have the memory its wake takes), ``waking`` (wake and one real completion) to ``routing``. A
 wake that errs or does not answer in time reports ``wedged``: ``restarting`` brings the engine back
 cold, then the usual ``checking``.
 """
@@ -93,10 +93,11 @@ TEXT: dict[Phase, PhaseText] = {
     P.ROUTING: PhaseText("routing: the front proxy moves the route, drains and stops the old engine", "route"),
     P.SLEEPING: PhaseText("sleeping: the route moves, the displaced engines finish their requests and sleep",
                           "sleep"),
-    P.VERIFYING: PhaseText("verifying: the GPUs hold nothing but sleepers' residue (nvidia-smi, by PID)", "verify"),
+    P.VERIFYING: PhaseText("verifying: the target's GPUs have the memory its wake takes (nvidia-smi, by PID)",
+                           "verify"),
     P.WAKING: PhaseText("waking: wake_up, then one real completion within wake_deadline_s", "wake"),
-    P.RESTARTING: PhaseText("restarting the wedged engine cold: kill its cgroup, free the GPUs, start", "restart",
-                            "yellow"),
+    P.RESTARTING: PhaseText("restarting the wedged engine cold (its name answers 503): kill its cgroup, free "
+                            "the GPUs, start", "restart", "yellow"),
     P.ACTIVE: PhaseText("active", "active", "green"),
     P.ROLLING_BACK: PhaseText("rolling back to the previous stable revision", "rollback", "yellow"),
     P.ROLLED_BACK: PhaseText("rolled back", "rolled_back", "yellow"),

@@ -1,17 +1,20 @@
 """The agent's watch decisions (pure: readings and times in, decisions out).
 
-Three rules: when a serving model has been unhealthy long enough to act on, when its engine must
-be left alone anyway (systemd is starting it, or it is still within its load deadline), and when
-one of the agent's own loops has stopped making progress (then the agent stops its watchdog pings
-so systemd restarts it). Times come from the Clock port, so tests drive them with a fake clock.
+Four rules: when a serving model has been unhealthy long enough to act on, when its engine must
+be left alone anyway (systemd is starting it, or it is still within its load deadline), when one
+of the agent's own loops has stopped making progress (then the agent stops its watchdog pings so
+systemd restarts it), and which model a failed switch left without a route, to wake once its
+memory is back. Times come from the Clock port, so tests drive them with a fake clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.observed import UnitState
+from orchestrator.core.records import Deployment
+from orchestrator.core.states import Phase
 
 # A loop that has not started a pass for this long is stuck (a hung SSH call, a dead thread).
 STALL_FLOOR_S = 300.0
@@ -75,3 +78,31 @@ class LoopBeat:
 def dead_loops(loops: Mapping[str, LoopBeat], now: float) -> list[str]:
     """The loops that exited or have not beaten within their limit (monotonic seconds)."""
     return sorted(name for name, b in loops.items() if not b.alive or now - b.last_beat > b.limit_s)
+
+
+def to_bring_back(last: Deployment | None, displaced: Sequence[Deployment],
+                  routed: Collection[str]) -> Deployment | None:
+    """After the host's newest switch failed (its rollback too): the first model it displaced whose
+    served name no engine serves now (the proxy answers 503 + Retry-After for it). Only a failed
+    switch's own models: a revival that fails is a newer failed switch that displaced nothing, so
+    nothing is retried in a loop."""
+    if last is None or last.phase is not Phase.FAILED:
+        return None
+    return next((d for d in displaced if d.spec.served_name not in routed), None)
+
+
+@dataclass(frozen=True)
+class Revival:
+    """``act``: bring the model back now (its wake fits); ``say``: record why not (once per failure)."""
+
+    act: bool
+    say: bool
+
+
+def judge_revival(blockers: Sequence[str], *, said: bool, tried: bool) -> Revival:
+    """A lost model's wake is tried once, when nothing blocks it; until then why not is said once."""
+    if tried:
+        return Revival(act=False, say=False)
+    if not blockers:
+        return Revival(act=True, say=False)
+    return Revival(act=False, say=not said)

@@ -4,16 +4,29 @@ nothing changes on a box; the probes ask systemd and the engines)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core import schedule as sched
 from orchestrator.core.observed import UnitState
-from orchestrator.core.proxy import Mode
+from orchestrator.core.proxy import Mode, SwitchPlan
 from orchestrator.core.records import Deployment
 from orchestrator.core.resident import ASLEEP
+from orchestrator.core.watch import to_bring_back
+from orchestrator.deploy import warm, warm_steps
+from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.locks import host_held
 from orchestrator.deploy.operations_base import OperationsBase
 from orchestrator.errors import OrchestratorError
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A model the host's newest switch, failed, left with no engine behind its served name."""
+
+    failed: Deployment  # that switch
+    model: Deployment  # the revision that served before it
+    blockers: tuple[str, ...]  # why it cannot be woken now (empty: its wake fits)
 
 
 class OperationsViews(OperationsBase):
@@ -29,6 +42,27 @@ class OperationsViews(OperationsBase):
         unit = self.ports_for(host).systemd.unit_state(serving.spec.unit_name)
         eng = self.engine()
         return serving, eng.is_healthy(serving), unit
+
+    def lost(self, host: str) -> Lost | None:
+        """What the watch may bring back after a failed switch (core.watch.to_bring_back), and why its
+        wake does not fit now, counted in memory by PID (nvidia-smi); None when nothing was lost."""
+        newest = self.store.history(host, 1)
+        if not newest or (plan := self.store.plan_of(newest[0].id)) is None:
+            return None
+        displaced = [self.store.by_revision(host, r) for r in SwitchPlan.from_dict(plan).displaced]
+        old = to_bring_back(newest[0], displaced, {d.spec.served_name for d in self.store.serving_set(host)})
+        if old is None:
+            return None
+        ctx = StepContext(ports=self.ports_for(host), catalog=self.catalog, progress=lambda e, f: None,
+                          residency=self.residency)
+        rec = self.residency.residency(host).get(old.model)
+        if rec is None or rec.state != ASLEEP or not warm_steps.is_asleep(ctx, old.spec):
+            state = "not running" if rec is None or rec.state != ASLEEP else "not answering as a sleeper"
+            why = f"{old.model} is {state}: the watch only wakes a sleeper; `orchestrator switch {old.model}` starts it"
+            return Lost(newest[0], old, (why,))
+        reasons = warm.wake_shortfall(ctx.ports.gpus, warm_steps.engine_of(ctx, old.spec),
+                                      sleepers=warm_steps.sleepers(ctx, but=[old.model]))
+        return Lost(newest[0], old, tuple(reasons))
 
     def schedules(self, now: float, next_runs: dict[str, float] | None = None) -> list[dict[str, Any]]:
         """Each schedule with its next firing time and the last thing it did."""

@@ -67,6 +67,7 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
     # Asleep with its unit unchanged: the table's warm path wakes it instead of starting it.
     if step.plan is not None and ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text \
             and warm_steps.is_asleep(ctx, target):
+        warm_steps.check_wake_first(ctx, step, target)
         ctx.emit("warm", model=dep.model)
         return StepResult(spec=spec, event=Event.WARM)
     return StepResult(spec=spec)
@@ -210,9 +211,10 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
     dep = step.dep
     restore = step.displaced
     ctx.emit("rollback", to_set=[d.model for d in step.serving])
-    actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in restore
-                                                           if not ctx.ports.systemd.unit_state(
-                                                               d.spec.unit_name).is_active))
+    # A name whose engine is not awake (stopped, asleep, not answering) answers 503 + Retry-After until
+    # it is back, and stays so when it cannot come back: never a route to a sleeper, where requests hang.
+    actions.route(ctx, (d.spec for d in step.serving),
+                  gaps=(d.spec.served_name for d in restore if not warm_steps.awake(ctx, d.spec)))
     # The target sleeps again (warm), stays asleep if never woken, or stops; then the set comes back.
     warm_steps.settle_target(ctx, step)
     for old in restore:

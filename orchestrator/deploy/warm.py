@@ -63,11 +63,18 @@ def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine
         clock.sleep(POLL_S)
 
 
-def check_wake_fits(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str], residue_mib: int) -> None:
-    """Raise GpuBusy unless ``engine``'s GPUs hold nothing but sleepers' residue and have room for it."""
+def wake_shortfall(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str] | None = None,
+                   leaving: Mapping[int, tuple[str, int]] | None = None) -> list[str]:
+    """Why ``engine``'s GPUs lack the memory its wake takes (core.sleep_memory's count; ``leaving``:
+    PID -> (model, MiB it keeps) of engines that sleep or stop first; ``sleepers``: for messages)."""
     snap = probe.snapshot()
-    reasons = wake_blockers(snap, engine.gpus, own_pids=engine.pids, sleepers=sleepers, residue_mib=residue_mib,
-                            need_mib=need_mib(snap, engine.gpus, engine.utilization))
+    return wake_blockers(snap, engine.gpus, own_pids=engine.pids, sleepers=sleepers, leaving=leaving,
+                         need_mib=need_mib(snap, engine.gpus, engine.utilization))
+
+
+def check_wake_fits(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str] | None = None) -> None:
+    """Raise GpuBusy unless ``engine``'s GPUs have the memory its wake takes, now."""
+    reasons = wake_shortfall(probe, engine, sleepers=sleepers)
     if reasons:
         raise GpuBusy(f"{engine.name} is not woken: its GPUs lack the memory it needs: " + "; ".join(reasons))
 

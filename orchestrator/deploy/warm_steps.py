@@ -59,6 +59,21 @@ def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:
         return False
 
 
+def awake(ctx: StepContext, spec: UnitSpec) -> bool:
+    """The engine runs and can answer: not asleep, and (with sleep mode) it answers ``/is_sleeping``.
+    Only such an engine may have a route: a request sent to a sleeper waits for a wake that may never
+    come, and one sent to an engine that does not answer hangs or is cut."""
+    control = ctx.ports.engine
+    if not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
+        return False
+    if control is None or not sleep_enabled(spec):
+        return True
+    try:
+        return not control.is_sleeping(spec.base_url)
+    except EngineError:
+        return False
+
+
 def mark(ctx: StepContext, model: str, state: str, *, level: str | None = None, unit: str = "",
          weights_gib: float | None = None) -> None:
     if ctx.residency is not None:
@@ -187,6 +202,25 @@ def asleep_units(ctx: StepContext, but: Iterable[str] = ()) -> set[str]:
 
 
 # -- the warm path's steps -------------------------------------------------------------------------
+def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:
+    """Before anything sleeps (staging, once it found the target asleep): the target's wake must fit
+    in what its GPUs will have free once the displaced engines sleep (down to their residue) or stop
+    (no sleep mode), counted in memory; else GpuBusy (the switch aborts, nothing changed) naming who
+    holds what and the need. A sleep that the RAM budget turns into a stop is counted as a sleep."""
+    sd = ctx.ports.systemd
+    leaving: dict[int, tuple[str, int]] = {}
+    for d in step.displaced:
+        if d.spec.unit_name == target.unit_name or not sd.unit_state(d.spec.unit_name).is_active:
+            continue
+        keeps = residue_mib(ctx) if level_of(ctx, d.model) is not None and sleep_enabled(d.spec) else 0
+        leaving.update(dict.fromkeys(sd.cgroup_pids(d.spec.unit_name), (d.model, keeps)))
+    reasons = warm.wake_shortfall(ctx.ports.gpus, engine_of(ctx, target), sleepers=sleepers(ctx, but=[target.model]),
+                                  leaving=leaving)
+    if reasons:
+        raise GpuBusy(f"{target.model} cannot wake, so nothing was put to sleep and the route did not move: "
+                      + "; ".join(reasons), host=ctx.ports.host.name)
+
+
 def sleeping(ctx: StepContext, step: StepInput) -> None:
     """The route moves to the target (asleep: its engine holds what arrives until the wake), the
     displaced engines finish what they serve (drain, then sleep mode=wait) and sleep, or stop."""
@@ -198,14 +232,14 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
 
 
 def verifying(ctx: StepContext, step: StepInput) -> None:
-    """Never wake without the memory: the target's GPUs hold nothing but sleepers' residue, with room."""
+    """Never wake without the memory: the target's GPUs have what its wake takes, counted by PID (the
+    same count passed before anything slept; this one sees what the sleeps really gave back)."""
     dep, clock = step.dep, ctx.ports.clock
     eng = engine_of(ctx, dep.spec)
     deadline = clock.monotonic() + ctx.defaults.free_timeout_s
     while True:
         try:
-            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model]),
-                                 residue_mib=residue_mib(ctx))
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model]))
             ctx.emit("wake_fits", model=dep.model, gpus=list(dep.spec.gpus))
             return
         except GpuBusy:
@@ -232,6 +266,9 @@ def restarting(ctx: StepContext, step: StepInput) -> None:
     GPUs hold nothing but sleepers' residue, start it cold (checking follows)."""
     spec = step.dep.spec
     sd = ctx.ports.systemd
+    # The route leaves the engine while it restarts: clients get 503 + Retry-After, not a reset or
+    # the starting engine's own 503s; `routing` brings it back once `checking` proved it serves.
+    actions.route(ctx, [d.spec for d in step.kept], gaps=[spec.served_name])
     note(ctx, "restart_wedged", model=spec.model, unit=spec.unit_name)
     if sd.unit_state(spec.unit_name).is_active:
         sd.kill_unit(spec.unit_name, signal.SIGKILL)
@@ -289,8 +326,7 @@ def flush_held(ctx: StepContext, spec: UnitSpec) -> None:
         return
     eng = engine_of(ctx, spec)
     try:
-        warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]),
-                             residue_mib=residue_mib(ctx))
+        warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]))
         warm.wake_checked(control, ctx.ports.clock, eng, level=_level_number(level),
                           deadline_s=deadline_of(ctx, spec.model))
         warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, eng, level=_level_number(level),
@@ -319,8 +355,7 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
     while True:
         try:
             # The target counts as a sleeper when it is recorded asleep again (it keeps its residue).
-            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]),
-                                 residue_mib=residue_mib(ctx))
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]))
             break
         except GpuBusy:
             if clock.monotonic() >= deadline:

@@ -10,7 +10,15 @@ import pytest
 from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Schedule
 from orchestrator.core.observed import UnitState
-from orchestrator.core.watch import STALL_FLOOR_S, LoopBeat, dead_loops, hold_off, judge, stall_limit
+from orchestrator.core.watch import (
+    STALL_FLOOR_S,
+    LoopBeat,
+    dead_loops,
+    hold_off,
+    judge,
+    judge_revival,
+    stall_limit,
+)
 
 
 def at(text: str) -> float:
@@ -78,6 +86,17 @@ def test_an_engine_healthy_since_its_start_is_not_held() -> None:
 def test_a_dead_unit_is_not_held(active: str) -> None:
     """Failed or inactive, systemd restarts nothing: the policy may act even soon after its start."""
     assert hold_off(engine(active, "dead", started_at=1000.0), 1010.0, 900.0) is None
+def test_a_lost_model_blocked_is_explained_once_and_not_woken() -> None:
+    """While its wake does not fit, why not is recorded on the first pass only, and nothing is tried."""
+    first = judge_revival(["PID 7 holds 8192 MiB"], said=False, tried=False)
+    again = judge_revival(["PID 7 holds 8192 MiB"], said=True, tried=False)
+    assert (first.act, first.say, again.act, again.say) == (False, True, False, False)
+
+
+def test_a_lost_model_is_woken_once_when_nothing_blocks_it() -> None:
+    """A wake that fits is tried; after that try the same failure is never acted on again."""
+    assert judge_revival([], said=True, tried=False).act
+    assert not judge_revival([], said=True, tried=True).act
 
 
 def test_a_loop_that_beats_within_its_limit_is_alive() -> None:

@@ -50,7 +50,7 @@ def test_wake_fits_beside_a_sleepers_residue(host: FakeHost) -> None:
     sleep_verified(control, FakeGpus(host), host.clock, a, level=1, residue_mib=2_000)
     b = started(host, "b", 8001)
     sleep_verified(control, FakeGpus(host), host.clock, b, level=1, residue_mib=2_000)
-    check_wake_fits(FakeGpus(host), a, sleepers={min(b.pids): "b"}, residue_mib=2_000)
+    check_wake_fits(FakeGpus(host), a, sleepers={min(b.pids): "b"})
 
 
 def test_wake_refused_while_an_awake_engine_holds_the_gpu(host: FakeHost) -> None:
@@ -60,18 +60,31 @@ def test_wake_refused_while_an_awake_engine_holds_the_gpu(host: FakeHost) -> Non
     sleep_verified(control, FakeGpus(host), host.clock, a, level=1, residue_mib=2_000)
     b = started(host, "b", 8001)
     with pytest.raises(GpuBusy) as info:
-        check_wake_fits(FakeGpus(host), a, sleepers={}, residue_mib=2_000)
+        check_wake_fits(FakeGpus(host), a, sleepers={})
     assert f"PID {min(b.pids)} (VLLM::EngineCore) holds 70000 MiB on GPU 0" in str(info.value)
     assert control.is_sleeping(a.base_url)
 
 
-def test_wake_refused_when_a_sleeper_keeps_more_than_its_residue(host: FakeHost) -> None:
-    """A sleeper holding more than the residue blocks the wake, named as the sleeping model."""
+def test_wake_refused_when_a_sleeper_keeps_more_than_the_room_allows(host: FakeHost) -> None:
+    """A sleeper holding more than its residue blocks A's wake when the memory left is short: named as
+    the sleeping model with its MiB, beside the MiB the wake needs."""
     a = started(host, "a", 8000)
-    host.hold([0], 5_000, "VLLM::EngineCore", "vllm-c.service")
+    sleep_verified(FakeEngineControl(host), FakeGpus(host), host.clock, a, level=1, residue_mib=2_000)
+    host.hold([0], 40_000, "VLLM::EngineCore", "vllm-c.service")
     pid = max(host.holders)
-    with pytest.raises(GpuBusy, match=f"PID {pid} \\(sleeping c\\) holds 5000 MiB on GPU 0"):
-        check_wake_fits(FakeGpus(host), a, sleepers={pid: "c"}, residue_mib=2_000)
+    with pytest.raises(GpuBusy) as info:
+        check_wake_fits(FakeGpus(host), a, sleepers={pid: "c"})
+    assert "GPU 0 has 58200 MiB free, the wake needs 69224 MiB more" in str(info.value)
+    assert f"PID {pid} (sleeping c) holds 40000 MiB on GPU 0" in str(info.value)
+
+
+def test_a_foreign_process_that_leaves_room_does_not_block_a_wake(host: FakeHost) -> None:
+    """Memory decides, not who holds it: a process that is no engine of ours, with the wake's need
+    still free beside it, lets A wake (the rollback refused with 90.8 GiB free and 85.4 GiB needed)."""
+    a = started(host, "a", 8000)
+    sleep_verified(FakeEngineControl(host), FakeGpus(host), host.clock, a, level=1, residue_mib=2_000)
+    host.hold([0], 8_000, "python")
+    check_wake_fits(FakeGpus(host), a, sleepers={})
 
 
 def test_wake_then_completion_serves(host: FakeHost) -> None:
