@@ -62,6 +62,20 @@ def test_two_models_serve_through_one_port_with_the_openai_client(host: Host, op
     assert entry["endpoint"] == base_url(host)
 
 
+def test_a_1mb_prompt_with_model_last_reaches_each_model_through_the_installed_proxy(host: Host,
+                                                                                    ops: Operations) -> None:
+    """Keys sorted (``messages`` before ``model``), 1 MB: the proxy unit routes it to each model by name."""
+    assert ops.switch("chat-a")["outcome"] == "active"
+    assert ops.switch("code")["outcome"] == "active"
+    for name in ("chat", "code"):
+        body = json.dumps({"messages": [{"role": "user", "content": "x" * 1_000_000}], "max_tokens": 2,
+                           "model": name}, sort_keys=True)
+        answer = httpx.post(f"{base_url(host)}/chat/completions", content=body,
+                            headers={"Content-Type": "application/json"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == name
+
+
 def test_disjoint_switch_has_no_failed_request_and_streams_finish(host: Host, ops: Operations) -> None:
     """chat-a -> chat-b (disjoint GPUs) under a 50 ms prober and 3 long streams: 0 failures."""
     ops.switch("chat-a")

@@ -18,7 +18,7 @@ from orchestrator.agent.demand_ops import leftover_proxy_off, proxy_off, proxy_u
 from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
 from orchestrator.agent.loops import Failures, Loop
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.proxy import DemandRoute, demand_routes
+from orchestrator.core.proxy import DemandRoute, demand_routes, host_body_limit
 from orchestrator.core.watch import stall_limit
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, ConfigError, OrchestratorError
@@ -58,10 +58,12 @@ def _account(catalog: Catalog) -> tuple[str, str]:
 
 def rendered_from(catalog: Catalog, host: str) -> tuple[object, ...]:
     """Everything of ``catalog`` that ``host``'s proxy (its haproxy.cfg and its unit) is rendered from,
-    beside the serving set: [proxy] whole, the bind it falls back through, and the on-demand holds."""
+    beside the serving set: [proxy] whole, the bind it falls back through, the on-demand holds and the
+    body routing reads (from the host's max_model_len)."""
     if not catalog.proxy.enabled or host not in catalog.hosts:
         return ()
-    return catalog.proxy, catalog.hosts[host].bind, catalog.defaults.bind, held_for(catalog, host)
+    return (catalog.proxy, catalog.hosts[host].bind, catalog.defaults.bind, held_for(catalog, host),
+            host_body_limit(catalog, host))
 
 
 class DemandService:

@@ -161,6 +161,53 @@ PROXY_UNIT = "orchestrator-proxy.service"  # the one unit of a host's front prox
 DEMAND_MARGIN_S = 2.0
 
 
+# Routing reads the request's body for its `model`, wherever the key comes (a client that sorts keys
+# sends `messages` first), so HAProxy's buffer holds the largest body a model on the host accepts:
+# its max_model_len at 8 bytes a token (English text is ~4 bytes a token, JSON-escaped CJK ~6-8), plus
+# the request's other fields. HAProxy's memory grows with the bytes a connection holds, not with the
+# buffer's size (bench/proxy/body_memory.txt), so the margin costs nothing until a body uses it.
+BODY_BYTES_PER_TOKEN = 8
+BODY_MARGIN = 64 * 1024  # tools, sampling parameters, message framing
+# A model without max_model_len: vLLM takes its config's context, which the catalog does not read.
+DEFAULT_CONTEXT_TOKENS = 262_144
+MAX_BODY = 64 * 1024 * 1024  # no max_model_len makes the buffer unbounded: at most ~8M tokens
+MAX_BODY_TOKENS = (MAX_BODY - BODY_MARGIN) // BODY_BYTES_PER_TOKEN
+# Beside the body, the buffer holds the request's headers and HAProxy's rewrite reserve (1 KiB).
+HEADER_ROOM = 32 * 1024
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    """How much of a request's body the proxy reads to find its model: a longer body whose model is
+    not within it is answered 413 (one that names its model early still routes)."""
+
+    tokens: int  # the largest context of the host's models
+
+    @property
+    def bytes(self) -> int:
+        return self.tokens * BODY_BYTES_PER_TOKEN + BODY_MARGIN
+
+    @property
+    def bufsize(self) -> int:
+        """HAProxy's tune.bufsize: the body, its headers and the rewrite reserve."""
+        return self.bytes + HEADER_ROOM
+
+
+def body_limit(max_model_lens: Iterable[int | None]) -> BodyLimit:
+    """The limit for models of these contexts (None: unset, the default context stands in), capped."""
+    largest = max([DEFAULT_CONTEXT_TOKENS if n is None else n for n in max_model_lens], default=DEFAULT_CONTEXT_TOKENS)
+    return BodyLimit(min(largest, MAX_BODY_TOKENS))
+
+
+def host_body_limit(catalog: Catalog, host: str) -> BodyLimit:
+    """The limit of ``host``'s proxy: every model of the catalog there, serving or not, so that a
+    switch never changes it."""
+    return body_limit(catalog.models[m].max_model_len for m in catalog.models_on(host))
+
+
+DEFAULT_BODY = body_limit([])
+
+
 def lua_path(proxy: Proxy) -> str:
     return proxy.config_path.rsplit("/", 1)[0] + "/" + DEMAND_LUA
 
@@ -234,16 +281,17 @@ def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route],
     demand = demand_routes(catalog, host)
     known = sorted({catalog.models[m].served for m in catalog.models_on(host)})
     return render_config(catalog.proxy, bind, routes, template, demand=demand, demand_socket=catalog.demand_socket(),
-                         lua=lua if demand else "", known=known)
+                         lua=lua if demand else "", known=known, body=host_body_limit(catalog, host))
 
 
 def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str, *,
                   demand: Sequence[DemandRoute] = (), demand_socket: str = "", lua: str = "",
-                  known: Sequence[str] = ()) -> str:
+                  known: Sequence[str] = (), body: BodyLimit = DEFAULT_BODY) -> str:
     """The haproxy.cfg routing ``routes``; names in ``demand`` are held while they have no usable
     server (``demand_socket``: the agent's; ``lua``: the hold's source, whose hash the config
     carries so a new one reloads the proxy). ``known``: the host's catalog names; one that neither
-    routes nor is held answers 503 "not loaded", so 404 means a name the host does not know."""
+    routes nor is held answers 503 "not loaded", so 404 means a name the host does not know.
+    ``body``: how much of a body routing reads."""
     if demand and not (demand_socket and lua):
         raise RenderError("models on demand need the agent's demand socket and the hold's Lua to render the proxy")
     served = [r for r in routes if r.address is not None]
@@ -273,7 +321,7 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
         # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.
         hard_stop_after=f"{max(1, round(stop_after_s * 1000))}ms",
         retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"),
-        user=proxy.user or "", group=proxy.run_group or "")
+        user=proxy.user or "", group=proxy.run_group or "", body=body)
 
 
 @dataclass(frozen=True)

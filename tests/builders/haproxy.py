@@ -36,6 +36,7 @@ class Asked:
     at: float  # time.monotonic() when it came
     path: str
     model: str | None  # the JSON body's "model", if any
+    size: int = 0  # the body's length in bytes, as read
 
 
 class Engine(ThreadingHTTPServer):
@@ -71,13 +72,14 @@ class _Handler(BaseHTTPRequestHandler):
     server: Engine
 
     def _answer(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        raw = self._chunked() if "chunked" in self.headers.get("Transfer-Encoding", "") else \
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
         model = body.get("model") if isinstance(body, dict) else None
-        self.server.seen.append(Asked(time.monotonic(), self.path, None if model is None else str(model)))
+        self.server.seen.append(Asked(time.monotonic(), self.path, None if model is None else str(model), len(raw)))
         self.server.release.wait(30)
         out = self.server.body
         self.send_response(200)
@@ -85,6 +87,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         self.wfile.write(out)
+
+    def _chunked(self) -> bytes:
+        out = b""
+        while size := int(self.rfile.readline().split(b";")[0], 16):
+            out += self.rfile.read(size)
+            self.rfile.readline()
+        while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+            pass
+        return out
 
     do_GET = do_POST = _answer
 

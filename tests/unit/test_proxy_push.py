@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.proxy import body_limit
 from orchestrator.deploy.locks import host_lock
 from tests.unit.test_demand_push import Pushed
 
@@ -50,6 +51,14 @@ def test_a_push_that_moves_the_default_bind_reloads_the_proxy(serving: Pushed) -
     text = serving.text(on_demand=False).replace("[proxy]\n", '[defaults]\nbind = "127.0.0.10"\n[proxy]\n', 1)
     result = serving.push(text, uid=0)[-1]["result"]
     assert result["proxy"] == {"box": "reloaded"} and '"127.0.0.10:9000"' in (serving.proxy.config or "")
+
+
+def test_a_push_that_raises_a_models_max_model_len_reloads_the_proxy_with_the_larger_buffer(serving: Pushed) -> None:
+    """The body routing reads derives from the host's max_model_len: a push raising it reloads HAProxy at once."""
+    text = serving.text(on_demand=False, extra="max_model_len = 1048576\n")
+    result = serving.push(text)[-1]["result"]
+    assert result["proxy"] == {"box": "reloaded"}
+    assert f"tune.bufsize {body_limit([1_048_576]).bufsize}\n" in (serving.proxy.config or "")
 
 
 def test_a_push_that_changes_nothing_the_proxy_is_rendered_from_leaves_it(serving: Pushed) -> None:
