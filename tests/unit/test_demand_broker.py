@@ -222,6 +222,27 @@ def test_a_request_held_back_past_its_deadline_is_429(tmp_path: Path) -> None:
     assert "max_swaps_per_min" in ticket.answer["message"] and ticket.answer["retry_after_s"] >= 1
 
 
+def test_the_swap_cap_counts_the_swaps_made_before_the_agent_restarted(tmp_path: Path) -> None:
+    """Cap 1: a displaces b, the agent restarts (a new broker over the same records): b's request
+    waits for the cap, it does not swap again within the minute; after it, b's next request swaps."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=1)
+    dw.broker.open("bee")
+    dw.run_swap()
+    dw.clock.sleep(3)
+    dw.broker.open("a")
+    dw.run_swap()  # a displaces b: the one swap of this minute
+    dw.clock.sleep(5)
+    dw.broker = Broker(dw, dw.clock)
+    ticket = dw.broker.open("bee")
+    dw.broker.tick()
+    assert dw.broker.running == {} and ticket.answer is None
+    assert dw.broker.snapshot()["hosts"]["box"]["swaps_last_min"] == 1
+    dw.clock.sleep(56)  # past the minute since a's swap began
+    dw.broker.open("bee")
+    dw.run_swap()
+    assert dw.serving() == ["b"]
+
+
 def test_swaps_are_counted_per_kind(dw: DemandWorld) -> None:
     """A start on free GPUs is counted as not displacing."""
     dw.broker.open("a")
