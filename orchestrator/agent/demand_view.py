@@ -125,11 +125,17 @@ class HostView:
             counted = seen.get((dep.spec.address, dep.spec.port)) if dep is not None else None
             if counted is not None and counted.idle_s is not None:
                 last = max(last if last is not None else -math.inf, now - counted.idle_s)
+            up = None if began is None else now - max(0.0, epoch - began)
+            known = [t for t in (last, up) if t is not None]
+            if state is State.SERVING and known:
+                w.idle_from[name] = max(known)
+            elif state is State.ASLEEP and name in w.idle_from:
+                last = max(w.idle_from[name], last if last is not None else -math.inf)
             views[name] = ModelView(
                 name=name, state=state, on_demand=spec.on_demand, sleeps=spec.sleep is not None,
                 priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
                 idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
-                since=None if began is None else now - max(0.0, epoch - began), last_request=last,
+                since=up, last_request=last,
                 in_flight=self._in_flight_now(name, counted.current if counted is not None else 0, now),
                 waiting=tuple(t.arrived for t in w.tickets.get(name, [])))
         swap = w.running.get(host)

@@ -65,7 +65,7 @@ class ModelView:
     idle_stop_s: float | None = None
     queue_limit: int = 64
     since: float | None = None  # when its current state began (serving: when it came up)
-    last_request: float | None = None  # the last request seen for it (routed or held)
+    last_request: float | None = None  # the last request seen for it (routed or held); a sleeper's: or when it last came up, if later
     in_flight: int = 0  # sessions on its backend now (HAProxy's scur)
     waiting: tuple[float, ...] = ()  # arrival times of the held requests, oldest first
 
@@ -250,13 +250,18 @@ def expired(box: Box, name: str, now: float, deadline_s: float) -> Reject:
 def idle(box: Box, now: float) -> tuple[Action, float | None]:
     """The first idle model to put to sleep or stop, and when the next one falls due (None: never).
 
-    Idle time counts from the later of its last request and when it came up; a model with requests in
-    flight or held is not idle; nothing happens while a swap or an operator's operation runs."""
+    Idle time counts from the later of its last request and when it came up; a sleeper's from its
+    ``last_request`` (which then includes when it last came up), not from when it fell asleep, which
+    came ``idle_sleep_s`` after it (its ``since`` only when no request is known). A model with requests
+    in flight or held is not idle; nothing happens while a swap or an operator's operation runs."""
     due: list[float] = []
     for m in sorted(box.models.values(), key=lambda v: v.name):
         if not m.on_demand or m.in_flight or m.waiting or m.state is State.STOPPED:
             continue
-        base = max(t for t in (m.last_request, m.since, -math.inf) if t is not None)
+        if m.state is State.ASLEEP and m.last_request is not None:
+            base = m.last_request
+        else:
+            base = max(t for t in (m.last_request, m.since, -math.inf) if t is not None)
         if base == -math.inf:
             continue
         if m.state is State.SERVING and m.sleeps and m.idle_sleep_s is not None:

@@ -299,6 +299,24 @@ def test_a_sleeper_stops_after_idle_stop_s_and_its_gpus_are_free(tmp_path: Path)
     assert not dw.ports.gpus.snapshot().processes
 
 
+def test_a_model_asleep_for_idleness_stops_idle_stop_s_after_its_last_request(tmp_path: Path) -> None:
+    """idle_sleep_s 60, idle_stop_s 300: a sleeps 60 s after it came up for its one request, and stops
+    300 s after that, not 300 s after it fell asleep (which came idle_sleep_s late)."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60,
+                                             "idle_stop_s": 300}})
+    dw.broker.open("a")
+    dw.run_swap()
+    dw.broker.idle_tick()
+    came_up = dw.clock.monotonic()
+    dw.clock.sleep(61)
+    dw.broker.idle_tick()
+    assert dw.broker.idle_jobs["box"].done.wait(10) and dw.states() == {"a": "asleep"}
+    dw.clock.t = came_up + 301
+    dw.broker.idle_tick()
+    job = dw.broker.idle_jobs["box"]
+    assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "stopped"
+
+
 def test_a_request_after_an_idle_sleep_wakes_the_model(tmp_path: Path) -> None:
     """Slept for idleness, a is woken warm by its next request."""
     dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60}})

@@ -211,6 +211,13 @@ def test_a_sleeper_stops_after_idle_stop_s() -> None:
     assert idle(b, 700.0)[0].kind is Kind.STOP
 
 
+def test_a_sleeper_stops_idle_stop_s_after_its_last_request_not_after_it_fell_asleep() -> None:
+    """Last request at 100, asleep since 160 (idle_sleep_s 60), idle_stop_s 600: stopped at 700, not 760."""
+    b = box(replace(asleep("a", idle_sleep_s=60.0, idle_stop_s=600.0, last_request=100.0), since=160.0))
+    assert idle(b, 650.0)[1] == 700.0
+    assert idle(b, 700.0)[0].kind is Kind.STOP
+
+
 def test_a_model_without_sleep_mode_stops_when_idle() -> None:
     """No sleep mode, idle_stop_s 120: stopped."""
     assert idle(box(serving("a", idle_stop_s=120.0, last_request=0.0)), 120.0)[0].kind is Kind.STOP
