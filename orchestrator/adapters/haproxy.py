@@ -81,6 +81,7 @@ json.dump(None if proc is None else [ask("@!" + pid + " show stat") or "" for pi
 """
 RELOAD_TIMEOUT_S = 30.0  # a reload re-parses one small config: seconds at most, even on a loaded host
 _POLL_S = 0.05
+SESSIONS_RETRY_S = 2.0  # a master re-executing on a reload answers again well within this
 
 
 class HaproxyProxy:
@@ -218,15 +219,22 @@ class HaproxyProxy:
         return draining(procs, workers, engines)
 
     def sessions(self, engines: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
-        result = self.shell.run([self.python, "-c", _STATS_CLI, master_socket(self.proxy)], check=False,
-                                idempotent=True)
-        try:
-            answers = json.loads(result.stdout) if result.ok else None
-        except ValueError:
-            answers = None
-        if not isinstance(answers, list):  # no master answered (it re-executes on a reload, or is gone)
-            raise ProxyError(f"HAProxy's master CLI {master_socket(self.proxy)} gave no `show stat`", host=self.host)
-        return sessions([str(a) for a in answers], engines)
+        # A reload re-executes the master, whose CLI answers nothing meanwhile (a swap reloads twice):
+        # ask again for a while before saying the proxy gave no figures.
+        deadline = time.monotonic() + SESSIONS_RETRY_S
+        while True:
+            result = self.shell.run([self.python, "-c", _STATS_CLI, master_socket(self.proxy)], check=False,
+                                    idempotent=True)
+            try:
+                answers = json.loads(result.stdout) if result.ok else None
+            except ValueError:
+                answers = None
+            if isinstance(answers, list):
+                return sessions([str(a) for a in answers], engines)
+            if time.monotonic() > deadline:  # no master answered (it re-executes on a reload, or is gone)
+                raise ProxyError(f"HAProxy's master CLI {master_socket(self.proxy)} gave no `show stat` "
+                                 f"for {SESSIONS_RETRY_S:g} s", host=self.host)
+            time.sleep(_POLL_S)
 
     def port_holder(self) -> str | None:
         if self.systemd.unit_state(UNIT).is_active:
