@@ -317,6 +317,24 @@ def test_a_model_asleep_for_idleness_stops_idle_stop_s_after_its_last_request(tm
     assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "stopped"
 
 
+def test_a_sleeper_displaced_by_a_serving_model_stops_after_idle_stop_s(tmp_path: Path) -> None:
+    """b displaced a (same GPUs) and serves: a, asleep, stops after its idle_stop_s; b's engine on those
+    GPUs is not a busy GPU for that stop, and b keeps serving."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_stop_s": 300},
+                                       "b": {"repo": "org/b", "port": 8002, **SHARED}})
+    dw.broker.open("a")
+    dw.run_swap()
+    dw.clock.sleep(3)
+    dw.broker.open("b")
+    dw.run_swap()
+    assert dw.states() == {"a": "asleep", "b": "serving"}
+    dw.clock.sleep(301)
+    dw.broker.idle_tick()
+    job = dw.broker.idle_jobs["box"]
+    assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "stopped", job.result
+    assert dw.states() == {"a": "stopped", "b": "serving"} and dw.serving() == ["b"]
+
+
 def test_a_request_after_an_idle_sleep_wakes_the_model(tmp_path: Path) -> None:
     """Slept for idleness, a is woken warm by its next request."""
     dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60}})
