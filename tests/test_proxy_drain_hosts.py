@@ -251,3 +251,28 @@ def test_a_stalled_request_completed_after_the_drain_goes_to_the_current_route(h
     with headers_only, half:
         answers = [finish(headers_only, 0), finish(half, body_len // 2)]
     assert [a.split(b"\r\n", 1)[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 2, answers
+
+
+def test_stalled_clients_do_not_hold_the_sleep_of_a_warm_switch(host: Host, tmp_path: Path) -> None:
+    """alpha -> beta on the same GPUs, alpha put to sleep (the issue's case: sleeping phases of 22.7 s),
+    with two clients of alpha's proxy worker stalled mid-request: every drain ends with nothing left
+    draining, not at drain_timeout_s (20 s here)."""
+    from tests.test_warm_hosts import residency, warm_config
+
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(warm_config(host, tmp_path / "state"))
+    ops = operations(settings.load(cfg))
+    try:
+        assert ops.switch("alpha")["outcome"] == "active"
+        clients = slow_clients(host)
+        drains: list[dict[str, Any]] = []
+        try:
+            assert ops.switch("beta", progress=drained_events(drains))["outcome"] == "active"
+        finally:
+            for sock in clients:
+                sock.close()
+        print(f"warm switch drains with two stalled clients: {drains}")
+        assert drains and all(d["still_draining"] == 0 and d["seconds"] < 20 for d in drains)
+        assert residency(ops, host) == {"alpha": "asleep", "beta": "serving"}
+    finally:
+        host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
