@@ -4,6 +4,8 @@ test host while the route moves many times. A stream cut or a failed request in 
 
 from __future__ import annotations
 
+import json
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -191,3 +193,86 @@ def test_stop_frees_the_port_and_disables_the_unit_and_apply_starts_it_again(
     assert port.port_holder() is None and port.stop() is False
     assert port.apply(config)
     assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200
+
+
+def slow_clients(host: Host) -> list[socket.socket]:
+    """Two clients of chat through the proxy that sent a request's headers, one also half its body,
+    and then nothing (a client on a slow link, or one that stalls)."""
+    body = json.dumps({"model": "chat", "prompt": "hi", "max_tokens": 2}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host.address}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    clients = []
+    for sent in (head, head + body[:len(body) // 2]):
+        sock = socket.create_connection((host.address, PROXY_PORT), timeout=30)
+        sock.sendall(sent)
+        clients.append(sock)
+    return clients
+
+
+def finish(sock: socket.socket, sent_body: int) -> bytes:
+    """Send the rest of the slow client's body; its answer's status line and headers."""
+    body = json.dumps({"model": "chat", "prompt": "hi", "max_tokens": 2}).encode()
+    sock.sendall(body[sent_body:])
+    answer = b""
+    while b"\r\n\r\n" not in answer and (chunk := sock.recv(4096)):
+        answer += chunk
+    return answer
+
+
+def drained_events(into: list[dict[str, Any]]) -> Any:
+    return lambda event, fields: into.append(fields) if event == "drained" else None
+
+
+def test_clients_that_sent_only_headers_or_half_a_body_hold_no_drain(host: Host, ops: Operations) -> None:
+    """chat-a -> chat-b while two clients of chat-a's proxy worker stall mid-request: the drain of
+    chat-a ends with nothing left draining, not at drain_timeout_s (20 s here)."""
+    assert ops.switch("chat-a")["outcome"] == "active"
+    clients = slow_clients(host)
+    drains: list[dict[str, Any]] = []
+    try:
+        assert ops.switch("chat-b", progress=drained_events(drains))["outcome"] == "active"
+    finally:
+        for sock in clients:
+            sock.close()
+    print(f"drain with two stalled clients: {drains}")
+    assert [d["still_draining"] for d in drains] == [0]
+    assert drains[0]["seconds"] < 20
+
+
+def test_a_stalled_request_completed_after_the_drain_goes_to_the_current_route(host: Host, ops: Operations) -> None:
+    """The stalled clients finish their bodies once chat-a has stopped: the old proxy worker sends them
+    through the current one, and chat-b answers 200 (not a reset, not chat-a's refused port)."""
+    assert ops.switch("chat-a")["outcome"] == "active"
+    headers_only, half = slow_clients(host)
+    body_len = len(json.dumps({"model": "chat", "prompt": "hi", "max_tokens": 2}).encode())
+    assert ops.switch("chat-b")["outcome"] == "active"
+    assert "vllm-chat-a.service" not in host.run("systemctl list-units --state=active --plain --no-legend",
+                                                  check=False).stdout
+    with headers_only, half:
+        answers = [finish(headers_only, 0), finish(half, body_len // 2)]
+    assert [a.split(b"\r\n", 1)[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 2, answers
+
+
+def test_stalled_clients_do_not_hold_the_sleep_of_a_warm_switch(host: Host, tmp_path: Path) -> None:
+    """alpha -> beta on the same GPUs, alpha put to sleep (the issue's case: sleeping phases of 22.7 s),
+    with two clients of alpha's proxy worker stalled mid-request: every drain ends with nothing left
+    draining, not at drain_timeout_s (20 s here)."""
+    from tests.test_warm_hosts import residency, warm_config
+
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(warm_config(host, tmp_path / "state"))
+    ops = operations(settings.load(cfg))
+    try:
+        assert ops.switch("alpha")["outcome"] == "active"
+        clients = slow_clients(host)
+        drains: list[dict[str, Any]] = []
+        try:
+            assert ops.switch("beta", progress=drained_events(drains))["outcome"] == "active"
+        finally:
+            for sock in clients:
+                sock.close()
+        print(f"warm switch drains with two stalled clients: {drains}")
+        assert drains and all(d["still_draining"] == 0 and d["seconds"] < 20 for d in drains)
+        assert residency(ops, host) == {"alpha": "asleep", "beta": "serving"}
+    finally:
+        host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)

@@ -19,6 +19,7 @@ from orchestrator.core.haproxy_cli import (
     Procs,
     Sessions,
     draining,
+    mark_commands,
     new_worker,
     parse_show_proc,
     sessions,
@@ -33,10 +34,10 @@ from orchestrator.resources import template_text
 UNIT = PROXY_UNIT
 T = TypeVar("T")
 
-# Asks HAProxy's master CLI (run on the proxy's host): `show proc`, and with "old" also `show info`,
-# `show stat` and `show table demand_held` (models on demand) of every old worker (`@!PID` reaches a
-# worker through the master). JSON out;
-# "proc" is null when the master did not answer (it re-executes on a reload, or is gone).
+# Asks HAProxy's master CLI (run on the proxy's host): first sends the commands after the mode (the
+# drain's marks), then `show proc`, and with "old" also `show info`, `show stat` and each backend's
+# `get var proc.drained_<backend>` of every old worker (`@!PID` reaches a worker through the master).
+# JSON out; "proc" is null when the master did not answer (it re-executes on a reload, or is gone).
 _MASTER_CLI = """
 import json, socket, sys
 def ask(cmd):
@@ -54,6 +55,8 @@ def ask(cmd):
     finally:
         s.close()
     return out.decode(errors="replace")
+for cmd in sys.argv[3:]:
+    ask(cmd)
 proc = ask("show proc")
 old = {}
 if proc is not None and sys.argv[2] == "old":
@@ -63,8 +66,11 @@ if proc is not None and sys.argv[2] == "old":
             section = line.strip("# ").strip()
         elif section == "old workers" and line.split()[:1] and line.split()[0].isdigit():
             pid = line.split()[0]
-            old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": ask("@!" + pid + " show stat") or "",
-                        "table": ask("@!" + pid + " show table demand_held") or ""}
+            stat = ask("@!" + pid + " show stat") or ""
+            backends = [ln.split(",")[0] for ln in stat.splitlines() if ln.split(",")[1:2] == ["BACKEND"]]
+            marks = "".join(ask("@!" + pid + " get var proc.drained_" + b) or "" for b in backends
+                            if b.replace("_", "").isalnum())
+            old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": stat, "marks": marks}
 json.dump({"proc": proc, "old": old}, sys.stdout)
 """
 # `show stat` of every worker, current and old, through the master CLI (models on demand: idleness).
@@ -75,6 +81,7 @@ json.dump(None if proc is None else [ask("@!" + pid + " show stat") or "" for pi
 """
 RELOAD_TIMEOUT_S = 30.0  # a reload re-parses one small config: seconds at most, even on a loaded host
 _POLL_S = 0.05
+SESSIONS_RETRY_S = 2.0  # a master re-executing on a reload answers again well within this
 
 
 class HaproxyProxy:
@@ -169,15 +176,15 @@ class HaproxyProxy:
             raise ProxyError(f"systemctl {verb} {UNIT} failed (exit {exc.returncode}); journal:\n  "
                              + "\n  ".join(tail), host=self.host, unit=UNIT) from exc
 
-    def _master(self, mode: str) -> tuple[Procs | None, dict[int, OldWorker]]:
-        result = self.shell.run([self.python, "-c", _MASTER_CLI, master_socket(self.proxy), mode], check=False,
-                                idempotent=True)
+    def _master(self, mode: str, *commands: str) -> tuple[Procs | None, dict[int, OldWorker]]:
+        result = self.shell.run([self.python, "-c", _MASTER_CLI, master_socket(self.proxy), mode, *commands],
+                                check=False, idempotent=True)
         try:
             out = json.loads(result.stdout) if result.ok else {}
         except ValueError:
             out = {}
         procs = parse_show_proc(out.get("proc") or "")
-        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")), str(v.get("table", "")))
+        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")), str(v.get("marks", "")))
                    for pid, v in (out.get("old") or {}).items()}
         return procs, workers
 
@@ -202,6 +209,9 @@ class HaproxyProxy:
 
     def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
         procs, workers = self._master("old")
+        marks = mark_commands(workers, engines)
+        if marks:  # then read again: a request in flight to the engines shows as a session from now on
+            procs, workers = self._master("old", *marks)
         if procs is None:
             # No master: no proxy process is left that could hold a request, unless the unit
             # runs and the master is only re-executing (unknown: ask again).
@@ -209,15 +219,22 @@ class HaproxyProxy:
         return draining(procs, workers, engines)
 
     def sessions(self, engines: Sequence[tuple[str, int]]) -> dict[tuple[str, int], Sessions]:
-        result = self.shell.run([self.python, "-c", _STATS_CLI, master_socket(self.proxy)], check=False,
-                                idempotent=True)
-        try:
-            answers = json.loads(result.stdout) if result.ok else None
-        except ValueError:
-            answers = None
-        if not isinstance(answers, list):  # no master answered (it re-executes on a reload, or is gone)
-            raise ProxyError(f"HAProxy's master CLI {master_socket(self.proxy)} gave no `show stat`", host=self.host)
-        return sessions([str(a) for a in answers], engines)
+        # A reload re-executes the master, whose CLI answers nothing meanwhile (a swap reloads twice):
+        # ask again for a while before saying the proxy gave no figures.
+        deadline = time.monotonic() + SESSIONS_RETRY_S
+        while True:
+            result = self.shell.run([self.python, "-c", _STATS_CLI, master_socket(self.proxy)], check=False,
+                                    idempotent=True)
+            try:
+                answers = json.loads(result.stdout) if result.ok else None
+            except ValueError:
+                answers = None
+            if isinstance(answers, list):
+                return sessions([str(a) for a in answers], engines)
+            if time.monotonic() > deadline:  # no master answered (it re-executes on a reload, or is gone)
+                raise ProxyError(f"HAProxy's master CLI {master_socket(self.proxy)} gave no `show stat` "
+                                 f"for {SESSIONS_RETRY_S:g} s", host=self.host)
+            time.sleep(_POLL_S)
 
     def port_holder(self) -> str | None:
         if self.systemd.unit_state(UNIT).is_active:

@@ -215,7 +215,7 @@ class Broker:
                       for m, q in w.tickets.items() if q}
             cat = self.agent.catalog
             hosts = {h: {"swapping": w.running[h].model if h in w.running else None,
-                         "swaps_last_min": sum(1 for t in w.swaps.get(h, ()) if t > now - policy.WINDOW_S),
+                         "swaps_last_min": sum(1 for t in self.view.swaps(h) if t > now - policy.WINDOW_S),
                          "yielding_to": w.yielding.get(h),
                          "busy": self.view.busy(h),  # what on-demand waits for (an operator, a tune, a bench)
                          "queues": {m: q for m, q in queues.items() if m in cat.models and m in cat.models_on(h)}}

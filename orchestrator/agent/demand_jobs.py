@@ -4,14 +4,13 @@ sleep or stop (agent/demand_ops.py)."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from orchestrator import logs
 from orchestrator.agent.demand_ops import sleep_idle, stop_idle
 from orchestrator.agent.demand_tickets import Swap, Ticket, Waiting, answer
-from orchestrator.agent.demand_view import BrokerAgent, HostView
+from orchestrator.agent.demand_view import SWAP_EVENT, BrokerAgent, HostView
 from orchestrator.agent.server import Job
 from orchestrator.contract.wire import error_reply
 from orchestrator.core import demand as policy
@@ -64,7 +63,9 @@ class DemandJobs:
             return  # someone else took the host between the look and the submit: the next pass waits
         w.running[host] = swap
         if action.swap:
-            w.swaps.setdefault(host, deque(maxlen=1000)).append(now)
+            self.view.swaps(host).append(now)
+            self.agent.ops.record_event(self.clock.now(), host, SWAP_EVENT, {
+                "model": model, "action": action.kind.value, "displaces": list(action.displaces)})
         self.agent.metrics.demand_swap(host, model, action.kind.value, displacing=action.swap)
         log.info("demand_swap", host=host, model=model, kind=action.kind.value, displaces=list(action.displaces),
                  reason=action.reason)

@@ -64,17 +64,10 @@ def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCa
 
 
 def stop_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCallback | None = None) -> dict[str, Any]:
-    """Stop idle ``model``: a serving one as `stop` does (route, drain, stop, free); a sleeper by its
-    unit, its GPUs then verified free of it."""
+    """Stop idle ``model`` as `stop` does: a serving one (route, drain, stop, free), or a sleeper (its
+    unit, then its GPUs verified free of its processes; a model serving there stays)."""
     host = ops.catalog.target(model=model).name
-    if any(d.model == model for d in ops.store.serving_set(host)):
-        result = ops.stop(model, progress=progress)
-    else:
-        spec = ops.catalog.models[model]
-        with host_lock(ops.state_dir, host, ops.holder(host)):
-            ctx = _ctx(ops, host, progress)
-            _stop_verified(ctx, model, spec.unit_name, spec.gpus)
-        result = {"host": host, "model": model, "outcome": "stopped"}
+    result = ops.stop(model, progress=progress)
     ops.record_event(ops.ports_for(host).clock.now(), host, "demand_idle",
                      {"model": model, "outcome": "stopped", "reason": reason})
     return {**result, "reason": reason}

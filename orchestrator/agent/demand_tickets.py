@@ -73,6 +73,9 @@ class Waiting:
     running: dict[str, Swap] = field(default_factory=dict)  # host -> the on-demand switch running there
     idle_jobs: dict[str, Job] = field(default_factory=dict)  # host -> the idle sleep or stop running there
     last_request: dict[str, float] = field(default_factory=dict)  # model -> its last request (monotonic)
+    # model -> while it served, the later of its last request and when it came up (monotonic): once it
+    # sleeps, its idle_stop_s counts from this (HAProxy no longer reports on it then)
+    idle_from: dict[str, float] = field(default_factory=dict)
     yielding: dict[str, str] = field(default_factory=dict)  # host -> the operator's operation waiting for our job
     backoff: dict[str, tuple[float, str]] = field(default_factory=dict)  # host -> (until, why): its lock held elsewhere
 

@@ -30,6 +30,7 @@ SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within t
 RECORDS_TTL_S = 1.0  # the records are read again at least this often
 ROUTED_S = 1.0  # requests just answered ready count as in flight this long (HAProxy counts them late)
 PEAK_S = 1.5  # in flight: the most HAProxy counted over this long
+SWAP_EVENT = "demand_swap"  # the event recorded as an on-demand swap begins: what the cap counts
 
 
 class BrokerAgent(Protocol):
@@ -124,17 +125,33 @@ class HostView:
             counted = seen.get((dep.spec.address, dep.spec.port)) if dep is not None else None
             if counted is not None and counted.idle_s is not None:
                 last = max(last if last is not None else -math.inf, now - counted.idle_s)
+            up = None if began is None else now - max(0.0, epoch - began)
+            known = [t for t in (last, up) if t is not None]
+            if state is State.SERVING and known:
+                w.idle_from[name] = max(known)
+            elif state is State.ASLEEP and name in w.idle_from:
+                last = max(w.idle_from[name], last if last is not None else -math.inf)
             views[name] = ModelView(
                 name=name, state=state, on_demand=spec.on_demand, sleeps=spec.sleep is not None,
                 priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
                 idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
-                since=None if began is None else now - max(0.0, epoch - began), last_request=last,
+                since=up, last_request=last,
                 in_flight=self._in_flight_now(name, counted.current if counted is not None else 0, now),
                 waiting=tuple(t.arrived for t in w.tickets.get(name, [])))
         swap = w.running.get(host)
-        return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(w.swaps.get(host, ())),
+        return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(self.swaps(host)),
                    busy=self.busy(host), running=swap.model if swap is not None else None,
                    max_swaps_per_min=cat.demand.max_swaps_per_min, batch_wait_s=cat.demand.batch_wait_s)
+
+    def swaps(self, host: str) -> deque[float]:
+        """When ``host``'s recent swaps began (monotonic); read first from the records of the swaps
+        (SWAP_EVENT), so a restarted agent keeps the cap its previous run counted."""
+        w = self.waiting
+        if host not in w.swaps:
+            limit = self.agent.catalog.demand.max_swaps_per_min
+            at = [float(e["at"]) for e in self.agent.ops.store.events(host=host, kind=SWAP_EVENT, limit=limit)]
+            w.swaps[host] = deque(policy.recorded_swaps(at, self.clock.now(), self.clock.monotonic()), maxlen=1000)
+        return w.swaps[host]
 
     def busy(self, host: str) -> str | None:
         """What holds the host other than our own switch: an operator's (or the agent's) operation,

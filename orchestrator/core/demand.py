@@ -4,7 +4,9 @@ turned away (429 with Retry-After). No I/O and no clock of its own: every time i
 same monotonic seconds as the arrivals.
 
 Never thrash: at most ``max_swaps_per_min`` swaps (an on-demand wake or start that displaces a
-serving model) in any 60 s; a displaced model is never swapped out within ``min_awake_s`` of coming
+serving model) in any 60 s, spread at least 60 / ``max_swaps_per_min`` s apart (a burst would use up
+the minute and leave the other model's requests waiting out the rest of it), counted across agent
+restarts (the swaps' records, recorded_swaps); a displaced model is never swapped out within ``min_awake_s`` of coming
 up; while a displaced model still has requests (in flight or held) the next model's requests are
 batched for up to ``batch_wait_s`` before the swap; an operator's operation holds precedence.
 """
@@ -12,7 +14,7 @@ batched for up to ``batch_wait_s`` before the swap; an operator's operation hold
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -63,7 +65,7 @@ class ModelView:
     idle_stop_s: float | None = None
     queue_limit: int = 64
     since: float | None = None  # when its current state began (serving: when it came up)
-    last_request: float | None = None  # the last request seen for it (routed or held)
+    last_request: float | None = None  # the last request seen for it (routed or held); a sleeper's: or when it last came up, if later
     in_flight: int = 0  # sessions on its backend now (HAProxy's scur)
     waiting: tuple[float, ...] = ()  # arrival times of the held requests, oldest first
 
@@ -112,12 +114,34 @@ def _order(m: ModelView) -> tuple[int, int, float, str]:
     return (-m.priority, -len(m.waiting), m.waiting[0] if m.waiting else math.inf, m.name)
 
 
+def swap_spacing_s(box: Box) -> float:
+    """The least time between two swaps: the cap's minute shared out evenly."""
+    return WINDOW_S / box.max_swaps_per_min
+
+
 def next_swap_slot(box: Box, now: float) -> float:
-    """The earliest time the swap cap allows another swap (``now`` when it allows one already)."""
+    """The earliest time the swap cap allows another swap (``now`` when it allows one already): at most
+    ``max_swaps_per_min`` in any WINDOW_S, and ``swap_spacing_s`` after the last one."""
     recent = sorted(t for t in box.swaps if t > now - WINDOW_S)
-    if len(recent) < box.max_swaps_per_min:
-        return now
-    return recent[-box.max_swaps_per_min] + WINDOW_S
+    slot = recent[-1] + swap_spacing_s(box) if recent else now
+    if len(recent) >= box.max_swaps_per_min:
+        slot = max(slot, recent[-box.max_swaps_per_min] + WINDOW_S)
+    return max(now, slot)
+
+
+def recorded_swaps(at: Iterable[float], epoch: float, now: float) -> tuple[float, ...]:
+    """Swaps recorded at wall-clock times ``at``, as monotonic times (``now`` is the monotonic time at
+    wall-clock ``epoch``): those of the last WINDOW_S, oldest first, none later than now (a clock
+    stepped back). A restarted agent keeps counting the swaps its previous run made."""
+    return tuple(sorted(now - min(WINDOW_S, max(0.0, epoch - t)) for t in at if epoch - t < WINDOW_S))
+
+
+def _cap_reason(box: Box, now: float) -> str:
+    recent = sum(1 for t in box.swaps if t > now - WINDOW_S)
+    if recent >= box.max_swaps_per_min:
+        return f"{recent} swaps in the last minute (max_swaps_per_min {box.max_swaps_per_min})"
+    return (f"swaps are spread {swap_spacing_s(box):g} s apart (max_swaps_per_min {box.max_swaps_per_min}); "
+            f"{recent} in the last minute")
 
 
 def decide(box: Box, now: float) -> Action:
@@ -169,8 +193,7 @@ def _try(box: Box, target: ModelView, now: float) -> Action:
                                                          f"{target.name}'s are batched (batch_wait_s)")
     slot = next_swap_slot(box, now)
     if slot > now:
-        return Action(Kind.WAIT, target.name, slot, f"{box.max_swaps_per_min} swaps in the last minute "
-                                                    "(max_swaps_per_min)")
+        return Action(Kind.WAIT, target.name, slot, _cap_reason(box, now))
     return Action(kind, target.name, reason=f"{len(target.waiting)} request(s) wait; {', '.join(displaced)} "
                                             "give(s) way", displaces=displaced)
 
@@ -227,13 +250,18 @@ def expired(box: Box, name: str, now: float, deadline_s: float) -> Reject:
 def idle(box: Box, now: float) -> tuple[Action, float | None]:
     """The first idle model to put to sleep or stop, and when the next one falls due (None: never).
 
-    Idle time counts from the later of its last request and when it came up; a model with requests in
-    flight or held is not idle; nothing happens while a swap or an operator's operation runs."""
+    Idle time counts from the later of its last request and when it came up; a sleeper's from its
+    ``last_request`` (which then includes when it last came up), not from when it fell asleep, which
+    came ``idle_sleep_s`` after it (its ``since`` only when no request is known). A model with requests
+    in flight or held is not idle; nothing happens while a swap or an operator's operation runs."""
     due: list[float] = []
     for m in sorted(box.models.values(), key=lambda v: v.name):
         if not m.on_demand or m.in_flight or m.waiting or m.state is State.STOPPED:
             continue
-        base = max(t for t in (m.last_request, m.since, -math.inf) if t is not None)
+        if m.state is State.ASLEEP and m.last_request is not None:
+            base = m.last_request
+        else:
+            base = max(t for t in (m.last_request, m.since, -math.inf) if t is not None)
         if base == -math.inf:
             continue
         if m.state is State.SERVING and m.sleeps and m.idle_sleep_s is not None:

@@ -1,5 +1,5 @@
 """HAProxy's own answers about a reload, parsed (pure): which workers run, and whether an old one
-can still send a request to an engine that is about to stop.
+can still send a request to an engine that is about to stop or sleep.
 
 A reload (USR2 to the master) returns before the master re-executes and forks the new worker, so
 "no old worker" seen right after it proves nothing. The facts used instead, from the master CLI:
@@ -7,14 +7,16 @@ A reload (USR2 to the master) returns before the master re-executes and forks th
 * ``show proc``: the master's reload count and the PID of every worker, current and old;
   the new config serves once a worker that was not there before is listed after the count rose.
 * ``@!PID show info`` / ``@!PID show stat`` of each old worker: whether it stopped listening
-  (``Stopping: 1``), its client connections (``FRONTEND`` scur) and its sessions per server;
-  ``@!PID show table demand_held``: how many of those connections are requests held for a model on
-  demand (they cannot reach an engine being drained: see OldWorker.held).
+  (``Stopping: 1``) and its sessions per server (requests in flight to each engine);
+  ``@!PID get var proc.drained_<backend>``: whether the drain marked that backend (see below).
 
 An old worker answers one more request on every client connection it still holds (keep-alive,
-``option idle-close-on-response``), routed by its own config; so it can reach an engine while its
-config has a server at that engine and it holds any client connection or session to it, or still
-listens.
+``option idle-close-on-response``), and a slow client's request once its body is in, routed by its
+own config. So the drain marks, in each stopping old worker, every backend with a server at a
+drained engine (``set var proc.drained_<backend>``; the runtime API refuses ``set server`` in a
+stopping worker): such a backend then sends what comes later through the current worker, which
+routes by the current config (haproxy.cfg.j2's ``use-server current``). A connection with no
+request in flight to the engine then holds no drain; only the engine's sessions do.
 """
 
 from __future__ import annotations
@@ -73,19 +75,21 @@ def new_worker(before: Procs | None, now: Procs | None) -> int | None:
 
 @dataclass(frozen=True)
 class OldWorker:
-    """What an old worker says about itself; either text is empty when it did not answer."""
+    """What an old worker says about itself; a text is empty when it did not answer."""
 
     pid: int
     info: str
     stat: str
-    table: str = ""  # `show table demand_held`: its requests held for a model on demand
+    marks: str = ""  # its `get var proc.drained_<backend>` answers, one per backend
 
     @property
-    def held(self) -> int:
-        """Client connections held for a model on demand (or routed after the hold): each one closes
-        after its own request, which goes to its model's engine, never to one a reload drains."""
-        found = re.search(r"\bconn_cur=(\d+)", self.table)
-        return int(found.group(1)) if found else 0
+    def drained(self) -> frozenset[str]:
+        """The backends the drain marked in this worker: they send new requests to the current worker."""
+        return frozenset(re.findall(rf"^{re.escape(MARK)}(\w+): type=bool value=<1>", self.marks, re.MULTILINE))
+
+
+MARK = "proc.drained_"  # + a backend's name: haproxy.cfg.j2 reads it in that backend's use-server rule
+_BACKEND = re.compile(r"[A-Za-z0-9_]+")
 
 
 def _stat_rows(text: str) -> list[dict[str, str]]:
@@ -117,21 +121,42 @@ def _is_ip(address: str) -> bool:
     return True
 
 
+def _servers(worker: OldWorker, engines: list[tuple[str, int]]) -> list[dict[str, str]]:
+    return [r for r in _stat_rows(worker.stat)
+            if r.get("svname") not in ("FRONTEND", "BACKEND") and _matches(r.get("addr", ""), engines)]
+
+
+def to_mark(worker: OldWorker, engines: Iterable[tuple[str, int]]) -> list[str]:
+    """The backends of this stopping old worker with a server at one of ``engines`` that the drain has
+    not marked yet. A worker still listening is left alone: a request it sent through the current
+    worker could come back to itself."""
+    if not worker.info or not _stopping(worker.info):
+        return []
+    names = {r["pxname"] for r in _servers(worker, list(engines))}
+    return sorted(n for n in names - worker.drained if _BACKEND.fullmatch(n))
+
+
+def mark_commands(workers: Mapping[int, OldWorker], engines: Iterable[tuple[str, int]]) -> list[str]:
+    """Master CLI commands marking what ``to_mark`` finds in each old worker (``set var`` is an
+    experimental-mode command in HAProxy 2.6; the master passes the mode on to the worker)."""
+    engines = list(engines)
+    return [f"experimental-mode on; @!{pid} set var {MARK}{name} bool(1)"
+            for pid, worker in sorted(workers.items()) for name in to_mark(worker, engines)]
+
+
 def may_reach(worker: OldWorker, engines: Iterable[tuple[str, int]]) -> bool:
     """Whether this old worker can still send a request to one of ``engines``: True unless it
-    answered and either its config has no server there, or it stopped listening and holds no
-    client connection and no session to them."""
-    rows = _stat_rows(worker.stat)
-    if not rows or not worker.info:
+    answered and either its config has no server there, or every backend with a server there is
+    marked (it sends new requests to the current worker) and has no request in flight to them.
+    A client connection without a request at the engine (idle keep-alive, a slow client still
+    sending) does not count: what it sends later goes to the current worker."""
+    if not _stat_rows(worker.stat) or not worker.info:
         return True  # no answer: it may still be starting to stop; ask again
-    engines = list(engines)
-    servers = [r for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND") and _matches(r.get("addr", ""),
-                                                                                               engines)]
+    servers = _servers(worker, list(engines))
     if not servers:
         return False
-    clients = sum(int(r.get("scur") or 0) for r in rows if r.get("svname") == "FRONTEND") - worker.held
-    sessions = sum(int(r.get("scur") or 0) for r in servers)
-    return not _stopping(worker.info) or clients > 0 or sessions > 0
+    in_flight = sum(int(r.get("scur") or 0) + int(r.get("qcur") or 0) for r in servers)
+    return in_flight > 0 or any(r["pxname"] not in worker.drained for r in servers)
 
 
 def draining(procs: Procs, workers: Mapping[int, OldWorker], engines: Iterable[tuple[str, int]]) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import jinja2
 
 from orchestrator.core.catalog import Catalog, Proxy
+from orchestrator.core.haproxy_cli import MARK
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.render import engine_address
 from orchestrator.errors import RenderError, UsageError
@@ -321,7 +322,13 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
         # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.
         hard_stop_after=f"{max(1, round(stop_after_s * 1000))}ms",
         retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"),
-        user=proxy.user or "", group=proxy.run_group or "", body=body)
+        user=proxy.user or "", group=proxy.run_group or "", body=body, mark=MARK,
+        self_address=_self_address(bind))
+
+
+def _self_address(bind: str) -> str:
+    """Where a worker reaches the proxy's own frontend: loopback for a wildcard bind."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "*": "127.0.0.1", "": "127.0.0.1"}.get(bind, bind)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from orchestrator.core.records import Deployment, ServingChange
-from orchestrator.core.resident import STOPPED
+from orchestrator.core.resident import ASLEEP, STOPPED
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
@@ -24,6 +24,8 @@ from orchestrator.deploy.operations_views import OperationsViews
 from orchestrator.deploy.warm_steps import sleeper_mib
 from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
+
+_ANY_MIB = 1 << 40  # a process that may keep whatever it holds (free_gpus' allowance)
 
 
 class Operations(OperationsViews):
@@ -113,10 +115,33 @@ class Operations(OperationsViews):
             serving = self.store.serving_set(host) if self.catalog.proxy.enabled else \
                 [d for d in [self.store.serving(host)] if d is not None]
             dep = next((d for d in serving if d.model == model), None)
-            if dep is None:
-                raise UsageError(f"{model} does not serve on {host}: nothing to stop "
-                                 f"(serving: {', '.join(d.model for d in serving) or 'nothing'})")
-            return self._stop(eng, host, dep)
+            if dep is not None:
+                return self._stop(eng, host, dep)
+            rec = self.residency.residency(host).get(model)
+            if rec is not None and rec.state == ASLEEP:
+                return self._stop_sleeper(eng, host, model, rec.unit)
+            raise UsageError(f"{model} neither serves nor sleeps on {host}: nothing to stop "
+                             f"(serving: {', '.join(d.model for d in serving) or 'nothing'})")
+
+    def _stop_sleeper(self, eng: Engine, host: str, model: str, unit: str) -> dict[str, Any]:
+        """A sleeping model has no route: its unit stops (its weights leave host RAM), and its GPUs
+        are verified free of its processes by PID; the others there (the model that displaced it,
+        other sleepers) stay as they are."""
+        ports = self.ports_for(host)
+        ctx = StepContext(ports=ports, catalog=self.catalog, progress=eng.progress, bound={"host": host},
+                          residency=self.residency)
+        unit = unit or self.catalog.models[model].unit_name
+        gpus = self.catalog.models[model].gpus
+        own = set(ports.systemd.cgroup_pids(unit))
+        others = {p.pid: _ANY_MIB for p in ports.gpus.snapshot().on(frozenset(gpus)) if p.pid not in own}
+        actions.stop_units(ctx, [unit])
+        actions.free_gpus(ctx, gpus, [unit], sleepers=others)
+        if ports.systemd.unit_state(unit).exists:
+            ports.systemd.disable(unit)
+        self.residency.set_state(host, model, STOPPED, ports.clock.now(), unit=unit)
+        self.store.record_event(ports.clock.now(), host, "stop", {"model": model, "unit": unit, "was": ASLEEP})
+        return {"host": host, "model": model, "revision": None, "outcome": "stopped", "was": ASLEEP,
+                "serving": [d.model for d in self.store.serving_set(host)]}
 
     def _stop(self, eng: Engine, host: str, dep: Deployment) -> dict[str, Any]:
         ports = self.ports_for(host)

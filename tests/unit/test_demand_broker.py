@@ -222,6 +222,27 @@ def test_a_request_held_back_past_its_deadline_is_429(tmp_path: Path) -> None:
     assert "max_swaps_per_min" in ticket.answer["message"] and ticket.answer["retry_after_s"] >= 1
 
 
+def test_the_swap_cap_counts_the_swaps_made_before_the_agent_restarted(tmp_path: Path) -> None:
+    """Cap 1: a displaces b, the agent restarts (a new broker over the same records): b's request
+    waits for the cap, it does not swap again within the minute; after it, b's next request swaps."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=1)
+    dw.broker.open("bee")
+    dw.run_swap()
+    dw.clock.sleep(3)
+    dw.broker.open("a")
+    dw.run_swap()  # a displaces b: the one swap of this minute
+    dw.clock.sleep(5)
+    dw.broker = Broker(dw, dw.clock)
+    ticket = dw.broker.open("bee")
+    dw.broker.tick()
+    assert dw.broker.running == {} and ticket.answer is None
+    assert dw.broker.snapshot()["hosts"]["box"]["swaps_last_min"] == 1
+    dw.clock.sleep(56)  # past the minute since a's swap began
+    dw.broker.open("bee")
+    dw.run_swap()
+    assert dw.serving() == ["b"]
+
+
 def test_swaps_are_counted_per_kind(dw: DemandWorld) -> None:
     """A start on free GPUs is counted as not displacing."""
     dw.broker.open("a")
@@ -276,6 +297,42 @@ def test_a_sleeper_stops_after_idle_stop_s_and_its_gpus_are_free(tmp_path: Path)
     assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "stopped"
     assert dw.states() == {"a": "stopped"} and "vllm-a.service" not in dw.host.active_units()
     assert not dw.ports.gpus.snapshot().processes
+
+
+def test_a_model_asleep_for_idleness_stops_idle_stop_s_after_its_last_request(tmp_path: Path) -> None:
+    """idle_sleep_s 60, idle_stop_s 300: a sleeps 60 s after it came up for its one request, and stops
+    300 s after that, not 300 s after it fell asleep (which came idle_sleep_s late)."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60,
+                                             "idle_stop_s": 300}})
+    dw.broker.open("a")
+    dw.run_swap()
+    dw.broker.idle_tick()
+    came_up = dw.clock.monotonic()
+    dw.clock.sleep(61)
+    dw.broker.idle_tick()
+    assert dw.broker.idle_jobs["box"].done.wait(10) and dw.states() == {"a": "asleep"}
+    dw.clock.t = came_up + 301
+    dw.broker.idle_tick()
+    job = dw.broker.idle_jobs["box"]
+    assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "stopped"
+
+
+def test_a_sleeper_displaced_by_a_serving_model_stops_after_idle_stop_s(tmp_path: Path) -> None:
+    """b displaced a (same GPUs) and serves: a, asleep, stops after its idle_stop_s; b's engine on those
+    GPUs is not a busy GPU for that stop, and b keeps serving."""
+    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_stop_s": 300},
+                                       "b": {"repo": "org/b", "port": 8002, **SHARED}})
+    dw.broker.open("a")
+    dw.run_swap()
+    dw.clock.sleep(3)
+    dw.broker.open("b")
+    dw.run_swap()
+    assert dw.states() == {"a": "asleep", "b": "serving"}
+    dw.clock.sleep(301)
+    dw.broker.idle_tick()
+    job = dw.broker.idle_jobs["box"]
+    assert job.done.wait(10) and (job.result or {}).get("result", {}).get("outcome") == "stopped", job.result
+    assert dw.states() == {"a": "stopped", "b": "serving"} and dw.serving() == ["b"]
 
 
 def test_a_request_after_an_idle_sleep_wakes_the_model(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 from orchestrator.core.demand import (
@@ -14,6 +15,7 @@ from orchestrator.core.demand import (
     decide,
     expired,
     idle,
+    recorded_swaps,
     retry_after,
 )
 from orchestrator.core.resident import State
@@ -85,6 +87,36 @@ def test_the_swap_cap_holds_swaps_until_the_window_frees_one() -> None:
     held = decide(b, 100.0)
     assert (held.kind, held.until) == (Kind.WAIT, 110.0) and "max_swaps_per_min" in held.reason
     assert decide(b, 110.5).kind is Kind.WAKE
+
+
+def test_a_swap_waits_a_share_of_the_minute_after_the_last_one() -> None:
+    """Cap 6: the next swap comes 10 s after the last, not at once (a burst would use up the minute)."""
+    b = box(serving("a"), asleep("b", waiting=(99.0,)), swaps=(95.0,))
+    held = decide(b, 100.0)
+    assert (held.kind, held.until) == (Kind.WAIT, 105.0) and "spread 10 s apart" in held.reason
+    assert decide(b, 105.0).kind is Kind.WAKE
+
+
+def test_two_models_asked_in_turn_swap_evenly_through_the_minute() -> None:
+    """a and b each asked as soon as the other serves, for two minutes (cap 6): swaps come 10 s apart,
+    never 6 in a burst and then none for the rest of the minute."""
+    swaps: list[float] = []
+    up, down = "a", "b"
+    t = 100.0
+    while t < 220.0:
+        action = decide(box(serving(up), asleep(down, waiting=(t,)), swaps=tuple(swaps), batch_wait_s=0.0), t)
+        if action.kind is Kind.WAKE:
+            swaps.append(t)
+            up, down = down, up
+        t += 0.5
+    gaps = [later - earlier for earlier, later in pairwise(swaps)]
+    assert len(swaps) == 12 and set(gaps) == {10.0}
+
+
+def test_recorded_swaps_become_monotonic_times_of_the_last_minute() -> None:
+    """Wall-clock records 100 s, 50 s ago and 0.5 s ahead (a clock stepped back), read at monotonic 70:
+    the first is out of the window, the last is now."""
+    assert recorded_swaps([1000.0, 1050.0, 1100.5], epoch=1100.0, now=70.0) == (20.0, 70.0)
 
 
 def test_swaps_older_than_a_minute_do_not_count() -> None:
@@ -176,6 +208,13 @@ def test_a_sleeper_stops_after_idle_stop_s() -> None:
     """Asleep, last request at 100, idle_stop_s 600: stopped at 700."""
     b = box(asleep("a", idle_sleep_s=60.0, idle_stop_s=600.0, last_request=100.0))
     assert idle(b, 699.0)[1] == 700.0
+    assert idle(b, 700.0)[0].kind is Kind.STOP
+
+
+def test_a_sleeper_stops_idle_stop_s_after_its_last_request_not_after_it_fell_asleep() -> None:
+    """Last request at 100, asleep since 160 (idle_sleep_s 60), idle_stop_s 600: stopped at 700, not 760."""
+    b = box(replace(asleep("a", idle_sleep_s=60.0, idle_stop_s=600.0, last_request=100.0), since=160.0))
+    assert idle(b, 650.0)[1] == 700.0
     assert idle(b, 700.0)[0].kind is Kind.STOP
 
 

@@ -3,9 +3,18 @@ can still reach an engine. Fixtures are real answers of HAProxy 2.6.12 (tests/fi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, may_reach, new_worker, parse_show_proc
+from orchestrator.core.haproxy_cli import (
+    OldWorker,
+    Procs,
+    draining,
+    mark_commands,
+    may_reach,
+    new_worker,
+    parse_show_proc,
+)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures/haproxy"
 CHAT = ("127.0.0.1", 18951)  # m1's server in the fixtures' config; m2's is 18952
@@ -51,22 +60,44 @@ def test_an_old_worker_streaming_from_the_engine_can_reach_it() -> None:
     assert may_reach(worker("old_info_streaming.txt", "old_stat_streaming.txt"), [CHAT])
 
 
-def test_an_old_worker_holding_an_idle_client_connection_can_reach_the_engine() -> None:
-    """No session to the engine, but a keep-alive client it will answer once more by its old routes."""
+def marked(w: OldWorker, *backends: str) -> OldWorker:
+    """``w`` with these backends marked, as `get var` answers it."""
+    return replace(w, marks="".join(f"proc.drained_{b}: type=bool value=<1>\n" for b in backends))
+
+
+def test_an_unmarked_old_worker_holding_an_idle_client_connection_can_reach_the_engine() -> None:
+    """No session to the engine, but a keep-alive client it would answer once more by its old routes."""
     assert may_reach(worker("old_info_idle_client.txt", "old_stat_idle_client.txt"), [CHAT])
 
 
-def test_an_old_worker_still_listening_can_reach_the_engine() -> None:
-    """Not stopping yet (Stopping: 0): it may accept a new connection any time."""
+def test_a_client_connection_without_a_request_at_the_engine_holds_no_drain_once_marked() -> None:
+    """Idle or slow client, no session at the engine, its backend marked: what it sends goes to the
+    current worker, so the engine may stop."""
+    assert not may_reach(marked(worker("old_info_idle_client.txt", "old_stat_idle_client.txt"), "m1"), [CHAT])
+
+
+def test_a_request_in_flight_to_the_engine_holds_the_drain_though_marked() -> None:
+    """A session on the engine's server (a stream): the engine must not stop, marked or not."""
+    assert may_reach(marked(worker("old_info_streaming.txt", "old_stat_streaming.txt"), "m1", "m2"), [CHAT])
+
+
+def test_only_the_backends_at_the_engines_count_as_marked() -> None:
+    """m2 marked, the engine is m1's: not drained."""
+    assert may_reach(marked(worker("old_info_idle_client.txt", "old_stat_idle_client.txt"), "m2"), [CHAT])
+
+
+def test_the_drain_marks_each_stopping_old_workers_backends_at_the_engines_once() -> None:
+    """One command per backend with a server at the engines, none once it is marked."""
+    idle = worker("old_info_idle_client.txt", "old_stat_idle_client.txt")
+    assert mark_commands({23676: idle}, [CHAT]) == ["experimental-mode on; @!23676 set var proc.drained_m1 bool(1)"]
+    assert mark_commands({23676: marked(idle, "m1")}, [CHAT]) == []
+    assert mark_commands({23676: idle}, [("127.0.0.1", 18953)]) == []
+
+
+def test_an_old_worker_still_listening_is_not_marked() -> None:
+    """Not stopping yet: what it sent to the current worker could come back to itself."""
     info = (FIX / "old_info_idle_client.txt").read_text().replace("Stopping: 1", "Stopping: 0")
-    stat = (FIX / "old_stat_idle_client.txt").read_text().replace("openai,FRONTEND,,,1,", "openai,FRONTEND,,,0,")
-    assert may_reach(OldWorker(23676, info, stat), [CHAT])
-
-
-def test_a_stopping_old_worker_without_clients_or_sessions_cannot_reach_the_engine() -> None:
-    """Stopping, no client connection, no session: nothing left that could send a request."""
-    stat = (FIX / "old_stat_idle_client.txt").read_text().replace("openai,FRONTEND,,,1,", "openai,FRONTEND,,,0,")
-    assert not may_reach(OldWorker(23676, (FIX / "old_info_idle_client.txt").read_text(), stat), [CHAT])
+    assert mark_commands({23676: OldWorker(23676, info, (FIX / "old_stat_idle_client.txt").read_text())}, [CHAT]) == []
 
 
 def test_an_old_worker_whose_config_has_no_server_at_the_engine_cannot_reach_it() -> None:

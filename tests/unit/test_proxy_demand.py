@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.adapters.haproxy import _MASTER_CLI
 from orchestrator.core.catalog import Proxy
-from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, parse_show_proc
+from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, mark_commands, parse_show_proc
 from orchestrator.core.proxy import DEMAND_LUA, DemandRoute, Route
 from orchestrator.resources import template_text
 from tests.builders.haproxy import Engine, free_port, haproxy, render_front
@@ -304,19 +304,20 @@ def test_unknown_name_is_404_and_asks_nothing(front: Front) -> None:
     assert not front.agent.asked("nobody")
 
 
-def _old_workers(front: Front) -> tuple[Procs | None, dict[int, OldWorker]]:
-    """What the adapter asks the master CLI before a drain counts old workers (its own script)."""
-    out = subprocess.run([sys.executable, "-c", _MASTER_CLI, str(front.master_sock), "old"], capture_output=True,
-                         text=True, check=True).stdout
+def _old_workers(front: Front, *commands: str) -> tuple[Procs | None, dict[int, OldWorker]]:
+    """What the adapter asks the master CLI before a drain counts old workers (its own script), after
+    sending ``commands`` (the drain's marks)."""
+    out = subprocess.run([sys.executable, "-c", _MASTER_CLI, str(front.master_sock), "old", *commands],
+                         capture_output=True, text=True, check=True).stdout
     answer = json.loads(out)
-    return parse_show_proc(answer["proc"] or ""), {int(pid): OldWorker(int(pid), v["info"], v["stat"], v["table"])
+    return parse_show_proc(answer["proc"] or ""), {int(pid): OldWorker(int(pid), v["info"], v["stat"], v["marks"])
                                                    for pid, v in answer["old"].items()}
 
 
 def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
-    """The agent's swap reloads the proxy while a request is held: the drain of the displaced engine does
-    not wait for the held client (it cannot reach that engine), and the old worker, kept past
-    drain_timeout_s for its hold, routes it on ready."""
+    """The agent's swap reloads the proxy while a request is held: once the drain marked the displaced
+    engine's backend, it does not wait for the held client (no request in flight there), and the old
+    worker, kept past drain_timeout_s for its hold, routes it on ready."""
     release = threading.Event()
     front.agent.scripts["beta"] = ready_when(release)
     before = len(front.agent.asked("beta"))
@@ -331,12 +332,13 @@ def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
                                        Route("gapped")]))
     os.kill(front.master.pid, signal.SIGUSR2)
     wait_for(lambda: _workers(front.master.pid) - old, what="a worker of the new config")
+    alpha = [("127.0.0.1", front.alpha)]
     procs, workers = wait_for(lambda: _old_workers(front), lambda pw: pw[0] is not None and pw[0].old_workers
-                              and all(w.info and w.stat for w in pw[1].values()), what="the old worker's answers")
+                              and all(w.info and w.stat for w in pw[1].values()) and mark_commands(pw[1], alpha),
+                              what="the old worker's answers, stopping")
+    procs, workers = _old_workers(front, *mark_commands(workers, alpha))
     assert procs is not None
-    [worker] = workers.values()
-    assert worker.held == 1
-    assert draining(procs, workers, [("127.0.0.1", front.alpha)]) == 0
+    assert draining(procs, workers, alpha) == 0
     assert post(front.port, "beta")[0] == 200  # the new worker routes beta without a hold
     assert len(front.agent.asked("beta")) == before + 1
     reloaded = time.monotonic()

@@ -4,9 +4,11 @@ server that holds a request until told. What the idle loop of models on demand r
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +58,20 @@ def test_a_request_in_flight_counts_and_an_engine_never_asked_has_no_last_sessio
                      what="the finished request no longer counted")
     idle = after[engines[0]].idle_s
     assert idle is not None and idle >= 0 and after[engines[0]].total == 1
+
+
+def test_sessions_asked_while_the_master_reloads_answer(tmp_path: Path) -> None:
+    """A reload re-executes the master, whose CLI then answers nothing for a moment: sessions() asked
+    right after each of 10 reloads still answers (it asks again), never "gave no `show stat`"."""
+    engine = Engine().start()
+    port = free_port()
+    routes = [Route("chat", "127.0.0.1", engine.port)]
+    (tmp_path / "haproxy.cfg").write_text(render_front(tmp_path, Proxy(enabled=True, port=port), routes))
+    proxy = Proxy.model_construct(**{**Proxy().model_dump(), "enabled": True, "port": port,
+                                     "stats_socket": f"{tmp_path}/admin.sock"})
+    adapter = HaproxyProxy(LocalShell(), None, proxy, "127.0.0.1", "", python=sys.executable)  # type: ignore[arg-type]
+    with haproxy(tmp_path / "haproxy.cfg", port, master_sock=tmp_path / "master.sock") as master:
+        for _ in range(10):
+            master.send_signal(signal.SIGUSR2)
+            assert ("127.0.0.1", engine.port) in adapter.sessions([("127.0.0.1", engine.port)])
+    engine.close()

@@ -271,3 +271,23 @@ def test_explain_lists_the_recorded_sleepers_least_recently_served_first() -> No
     asleep = ops.explain("a")["asleep"]
     assert [(s["model"], s["state"]) for s in asleep] == [("a", "asleep"), ("b", "asleep")]
     assert asleep[0]["last_served"] <= asleep[1]["last_served"]
+
+
+def test_stop_of_a_sleeper_stops_its_unit_frees_its_gpus_and_records_it(tmp_path: Any) -> None:
+    """`stop alpha` while alpha sleeps (not "nothing to stop"): its unit stops, no process of it is left
+    on its GPUs (its host RAM goes with it), it reads stopped, and the stop is recorded."""
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld(warm_catalog().model_copy(update={"state_dir": str(tmp_path)}))
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    ports.proxy = ww.proxy
+    ops = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency)
+    ops.switch("alpha")
+    ops.switch("beta")
+    assert "vllm-alpha.service" in {h[3] for h in ww.host.holders.values()}  # its residue
+    result = ops.stop("alpha")
+    assert (result["outcome"], result["was"], result["serving"]) == ("stopped", "asleep", ["beta"])
+    assert ww.host.active_units() == ["vllm-beta.service"]
+    assert {h[3] for h in ww.host.holders.values()} == {"vllm-beta.service"}
+    assert ww.states() == {"alpha": "stopped", "beta": "serving"}
+    assert {k: ww.store.events(kind="stop")[0][k] for k in ("model", "was")} == {"model": "alpha", "was": "asleep"}
