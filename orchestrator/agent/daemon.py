@@ -11,7 +11,7 @@ from typing import Any
 
 import sdnotify
 
-from orchestrator import logs
+from orchestrator import logs, socket_paths
 from orchestrator.agent.config_ops import ConfigRevisions
 from orchestrator.agent.controller import FleetController, own_hosts
 from orchestrator.agent.demand import Broker
@@ -119,10 +119,7 @@ class Agent:
         if dashboard is not None:
             dashboard.close()
         self.demand.stop()
-        try:
-            os.unlink(self.socket)
-        except FileNotFoundError:
-            pass
+        socket_paths.remove(server.bound)
         log.info("agent_stopped")
 
     def _start_dashboard(self) -> Any:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator import logs
+from orchestrator import logs, socket_paths
 from orchestrator.agent.peers import operator
 from orchestrator.contract.wire import MAX_REQUEST, encode, error_reply, peer_credentials
 from orchestrator.core.documents import DocumentError, clip, json_document
@@ -283,10 +283,9 @@ class ControlServer(BoundedServer):
         self.overflow = threading.BoundedSemaphore(max_connections)  # clients being told "too many"
         self.max_connections = max_connections
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        if os.path.exists(path):
-            _refuse_if_live(path)
-            os.unlink(path)
+        socket_paths.clear_stale(path, "agent socket")
         super().__init__(path, _Handler)
+        self.bound = socket_paths.bound(path)
         os.chmod(path, 0o660)
         try:
             os.chown(path, -1, grp.getgrnam(agent.group).gr_gid)
@@ -314,17 +313,6 @@ class ControlServer(BoundedServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.exception("control_socket_error")  # one structured line, not socketserver's stderr dump
-
-
-def _refuse_if_live(path: str) -> None:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        return  # a stale socket from a crashed agent
-    finally:
-        probe.close()
-    raise AgentError(f"another agent already listens on {path}")
 
 
 def authorized(uid: int, gid: int, group: str) -> bool:

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from orchestrator import logs
+from orchestrator import logs, socket_paths
 from orchestrator.contract.wire import peer_credentials
 from orchestrator.dashboard.pages import Pages, Redirect
-from orchestrator.errors import AgentError, OrchestratorError
+from orchestrator.errors import OrchestratorError
 
 log = logs.get_logger()
 
@@ -174,10 +174,9 @@ class DashboardServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
         self.stopping = threading.Event()
         self.watch_slots = threading.BoundedSemaphore(MAX_WATCHERS)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(path):
-            _refuse_if_live(path)
-            os.unlink(path)
+        socket_paths.clear_stale(path, "dashboard socket")
         super().__init__(path, _Handler)
+        self.bound = socket_paths.bound(path)
         os.chmod(path, 0o666)  # every local user reaches it and is answered: 403 unless authorized
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -188,20 +187,5 @@ class DashboardServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
         self.live.stop()
         self.shutdown()
         self.server_close()
-        try:
-            os.unlink(self.server_address if isinstance(self.server_address, str) else "")
-        except OSError:
-            pass
+        socket_paths.remove(self.bound)
 
-
-def _refuse_if_live(path: str) -> None:
-    import socket
-
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        return  # stale, from a crashed agent
-    finally:
-        probe.close()
-    raise AgentError(f"dashboard socket {path}: another agent already serves it")
