@@ -28,7 +28,7 @@ from orchestrator.core.catalog_rules import (
     safe,
     socket_fits,
 )
-from orchestrator.core.dashboard import Dashboard
+from orchestrator.core.dashboard import Dashboard, socket_path
 from orchestrator.core.safety import shown
 from orchestrator.core.secrets import scan
 from orchestrator.errors import UsageError
@@ -269,6 +269,28 @@ class Catalog(Strict):
                 raise _KeyedError(f"{key}.idle_sleep_s", f"idle_sleep_s = {model.idle_sleep_s:g} on a model without "
                                                          "sleep mode: set sleep = \"level1\" or \"level2\", or use "
                                                          "idle_stop_s (the engine is stopped)")
+        return self
+
+    @model_validator(mode="after")
+    def _sockets_distinct(self) -> Catalog:
+        """Each socket the agent and HAProxy bind has a path of its own: a second bind at one would fail,
+        or take the other's place (the dashboard at the agent's own agent.sock)."""
+        state = self.state_dir.rstrip("/")
+        sockets = [(f"{state}/agent.sock", "the agent's socket (state_dir)"),
+                   (self.proxy.stats_socket, "proxy.stats_socket"),
+                   (self.proxy.master_socket, "HAProxy's master socket (beside proxy.stats_socket)"),
+                   (self.demand_socket(), "proxy.demand_socket" if self.proxy.demand_socket else
+                    f"the default demand socket {DEFAULT_DEMAND_SOCKET}"),
+                   (socket_path(self.dashboard, state), "dashboard.socket" if self.dashboard.socket else
+                    "the dashboard's socket (state_dir)")]
+        keys = {"proxy.demand_socket": self.proxy.demand_socket, "dashboard.socket": self.dashboard.socket}
+        seen: dict[str, str] = {}
+        for path, what in sockets:
+            if path in seen:
+                key = what if what in keys else seen[path] if seen[path] in keys else "state_dir"
+                other = seen[path] if key == what else what
+                raise _KeyedError(key, f"{path!r} is also {other}: give each socket a path of its own")
+            seen[path] = what
         return self
 
     def demand_socket(self) -> str:

@@ -22,7 +22,7 @@ from orchestrator.core.catalog_rules import (
     outside_private_tmp,
     ram_reserve_gib,
     safe,
-    socket_fits,
+    socket_file,
 )
 from orchestrator.core.safety import shown
 
@@ -165,7 +165,7 @@ class Host(Strict):
     @field_validator("agent_socket")
     @classmethod
     def _socket_fits(cls, v: str | None) -> str | None:
-        return None if v is None else socket_fits(v, "agent_socket")
+        return None if v is None else socket_file(v, "agent_socket", suffix=False)
 
     @model_validator(mode="after")
     def _sleep_budgets_possible(self) -> Host:

@@ -98,6 +98,23 @@ def socket_fits(path: str, what: str) -> str:
     return path
 
 
+# A socket path the agent binds as root or a relay connects to: one word of plain characters (it reaches
+# HAProxy's config, a unit and an SSH command line), never traversing.
+_SOCKET_RE = re.compile(r"/[A-Za-z0-9._/-]+")
+
+
+def socket_file(value: str, what: str, *, suffix: bool = True) -> str:
+    """An absolute socket path of letters, digits and . _ - / with no '.' or '..' parts (``/tmp/../etc/x.sock``
+    is refused, not resolved), ending in '.sock' when ``suffix``, that fits sun_path."""
+    name = value.rsplit("/", 1)[-1]
+    if (not _SOCKET_RE.fullmatch(value) or "//" in value or any(p in (".", "..") for p in value.split("/"))
+            or name in ("", ".sock") or (suffix and not name.endswith(".sock"))):
+        ending = " '.sock'" if suffix else ""
+        raise ValueError(f"{what} {shown(value)} must be an absolute{ending} path of letters, digits and . _ - / "
+                         "with no '.' or '..' parts (the agent's sockets are bound and reached as root)")
+    return socket_fits(value, what)
+
+
 def key_file(value: str, what: str) -> str:
     """A file the SSH client reads (a key, a known_hosts): absolute or under '~/', as a relative one
     would depend on the working directory of whichever process reads it."""
