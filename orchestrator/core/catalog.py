@@ -70,7 +70,7 @@ class Catalog(Strict):
     @classmethod
     def _group_name(cls, v: str) -> str:
         # groupadd, install -g and chown take it as an argument: never an option or two words.
-        if not USER_RE.match(v):
+        if not USER_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} is not a valid group name (lower case letters, digits, '_', '-'; "
                              "at most 32, not starting with '-' or a digit)")
         return v
@@ -354,7 +354,7 @@ class Catalog(Strict):
     def _check_routable(self) -> None:
         """With the proxy on, every served name must be routable and no model may take its port."""
         for name, model in self.models.items():
-            if not ROUTABLE_RE.match(model.served):
+            if not ROUTABLE_RE.fullmatch(model.served):
                 raise _KeyedError(f"models.{name}.served_name",
                                   f"{model.served!r} cannot be routed by the front proxy: use letters, "
                                   f"digits and . _ : / @ + - (no spaces or quotes), at most 128")

@@ -66,14 +66,14 @@ class Defaults(Strict):
     @field_validator("user", "group")
     @classmethod
     def _account(cls, v: str) -> str:
-        if not USER_RE.match(v):
+        if not USER_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} is not a valid user or group name (lower case letters, digits, '_', '-')")
         return v
 
     @field_validator("env_dir")
     @classmethod
     def _env_dir(cls, v: str) -> str:
-        if not PATH_RE.match(v):
+        if not PATH_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} must be an absolute path without spaces or quotes")
         return v
 
@@ -152,7 +152,7 @@ class Host(Strict):
     @field_validator("ssh_user")
     @classmethod
     def _login(cls, v: str) -> str:
-        if not LOGIN_RE.match(v):
+        if not LOGIN_RE.fullmatch(v):
             raise ValueError(f"ssh_user {shown(v)} is not a user name (letters, digits, '.', '_', '-'; at most 32, "
                              "starting with a letter or '_')")
         return v

@@ -95,7 +95,7 @@ class Model(Strict):
     @classmethod
     def _served_name(cls, v: str | None) -> str | None:
         # Always, not only with the proxy on: the name is a --served-model-name word in the unit.
-        if v is not None and not ROUTABLE_RE.match(v):
+        if v is not None and not ROUTABLE_RE.fullmatch(v):
             quoted = shown(v) if len(v) <= 60 else f"{shown(v[:60])}... ({len(v):,} characters)"
             raise ValueError(f"{quoted} cannot be routed by the front proxy nor named in a unit: {SERVED_NAME_ADVICE}")
         return v
@@ -103,7 +103,7 @@ class Model(Strict):
     @field_validator("repo")
     @classmethod
     def _repo_id(cls, v: str) -> str:
-        if not REPO_RE.match(v) or ".." in v or "--" in v:
+        if not REPO_RE.fullmatch(v) or ".." in v or "--" in v:
             raise ValueError(f"repo {shown(v)} is not a Hugging Face repo id ('owner/name': letters, digits, "
                              f"'-', '_', '.'; no '..' or '--')")
         return v
@@ -118,7 +118,7 @@ class Model(Strict):
     def _source_form(cls, v: str) -> str:
         kind, sep, arg = v.partition(":")
         ok = (v in ("hub", "none") or (kind == "local" and arg.startswith("/"))
-              or (kind == "host" and bool(NAME_RE.match(arg))))
+              or (kind == "host" and bool(NAME_RE.fullmatch(arg))))
         if not ok or (kind in ("local", "host") and not sep):
             raise ValueError(f"source {v!r} is not \"hub\", \"none\", \"local:/absolute/dir\" or "
                              "\"host:NAME\" (a host of this file that already staged the model)")
@@ -148,7 +148,7 @@ class Model(Strict):
             kind = "a secret by its name" if secret_name(key) else secret_value_kind(value)
             if kind:
                 raise SubKeyError(f".{key}", f"holds {kind} (value not shown): {SECRET_ADVICE}")
-            if not ENV_KEY_RE.match(key):
+            if not ENV_KEY_RE.fullmatch(key):
                 raise ValueError(f"environment variable name {shown(key)} is not a valid name")
             if key in DEV_MODE_ENV:
                 raise SubKeyError(f".{key}", f"{key} = {shown(value)} would open vLLM's dev endpoints "
@@ -226,7 +226,7 @@ class Model(Strict):
 
     @property
     def pinned(self) -> bool:
-        return bool(SHA_RE.match(self.revision))
+        return bool(SHA_RE.fullmatch(self.revision))
 
     @property
     def multinode(self) -> bool:

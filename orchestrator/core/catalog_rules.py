@@ -169,7 +169,7 @@ def check_address(value: str, what: str) -> str:
             return value
         except ValueError:
             pass
-        if _HOSTNAME_RE.match(value) and not re.fullmatch(r"[0-9.]+", value):
+        if _HOSTNAME_RE.fullmatch(value) and not re.fullmatch(r"[0-9.]+", value):
             return value
     raise ValueError(f"{what} {shown(value)} is not an IP address or a host name (letters, digits, '-' and "
                      f"'.'; IPv6 without brackets or zone)")
@@ -248,7 +248,7 @@ def check_fields(expr: str) -> None:
     if len(fields) != 5:
         raise ValueError(f"{expr[:80]!r} is not a valid cron expression: it has {len(fields)} fields, a cron "
                          "expression has exactly 5: minute hour day month weekday (e.g. '0 3 * * *')")
-    bad = next((f for f in fields if not _CRON_FIELD_RE.match(f)), None)
+    bad = next((f for f in fields if not _CRON_FIELD_RE.fullmatch(f)), None)
     if bad is not None:
         raise ValueError(f"{expr!r}: field {bad!r} may hold only ASCII digits, names (jan, mon) and * , - /")
 
@@ -267,7 +267,7 @@ def check_cron(expr: str) -> str:
 
 def parse_window(text: str) -> tuple[time, time]:
     """``"HH:MM-HH:MM"`` as (first, last); ValueError naming the text when a time is out of range."""
-    m = _WINDOW_RE.match(text)
+    m = _WINDOW_RE.fullmatch(text)
     if m is None:
         raise ValueError(f"window {text!r} must look like 'HH:MM-HH:MM', e.g. '01:00-05:00'")
     h1, m1, h2, m2 = (int(g) for g in m.groups())
