@@ -11,7 +11,7 @@ from typing import Any
 
 import sdnotify
 
-from orchestrator import logs, settings, socket_paths
+from orchestrator import logs, settings, unix_sockets
 from orchestrator.agent.config_ops import ConfigRevisions
 from orchestrator.agent.controller import FleetController, own_hosts
 from orchestrator.agent.demand import Broker
@@ -120,7 +120,7 @@ class Agent:
         if dashboard is not None:
             dashboard.close()
         self.demand.stop()
-        socket_paths.remove(server.bound)
+        unix_sockets.remove(server.bound)
         log.info("agent_stopped")
 
     def _start_dashboard(self) -> Any:

@@ -28,14 +28,15 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from orchestrator import logs, socket_paths
+from orchestrator import logs, unix_sockets
 from orchestrator.agent.demand import Broker
-from orchestrator.agent.server import BoundedServer, _drain
+from orchestrator.agent.server import _drain
 from orchestrator.contract.wire import encode, peer_credentials
 from orchestrator.core.catalog import DEFAULT_DEMAND_SOCKET
 from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.socket_access import Account, Entry, missing_access, path_chain
 from orchestrator.errors import ConfigError
+from orchestrator.unix_sockets import BoundedServer
 
 log = logs.get_logger()
 
@@ -221,9 +222,9 @@ class DemandServer(BoundedServer):
         self.uids = frozenset(uids) if uids is not None else allowed_uids(user)
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         _prepare_dir(Path(path).parent, group)
-        socket_paths.clear_stale(path, "demand socket")
+        unix_sockets.clear_stale(path, "demand socket")
         super().__init__(path, _Handler)
-        self.bound = socket_paths.bound(path)
+        self.bound = unix_sockets.bound(path)
         os.chmod(path, 0o660)  # peer credentials decide; the mode keeps everyone else from connecting
         try:
             os.chown(path, -1, grp.getgrnam(group).gr_gid)

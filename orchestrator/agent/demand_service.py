@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from orchestrator import logs, socket_paths
+from orchestrator import logs, unix_sockets
 from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.demand import Broker
 from orchestrator.agent.demand_ops import leftover_proxy_off, proxy_off, reroute
@@ -180,7 +180,7 @@ class DemandService:
                 check_reachable(path, user, group)
             except ConfigError:
                 server.server_close()
-                socket_paths.remove(server.bound)
+                unix_sockets.remove(server.bound)
                 raise
         threading.Thread(target=server.serve_forever, name="demand-socket", daemon=True).start()
         self.server, self.path, self.account = server, path, (user, group)
@@ -217,6 +217,6 @@ class DemandService:
             return
         server.shutdown()
         server.server_close()
-        socket_paths.remove(server.bound)
+        unix_sockets.remove(server.bound)
         self.server, self.path, self.account = None, None, None
         log.info("demand_socket_closed", socket=path)

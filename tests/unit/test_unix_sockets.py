@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import socket_paths
+from orchestrator import unix_sockets
 from orchestrator.agent.daemon import Agent
 from orchestrator.agent.demand_server import DemandServer
 from orchestrator.agent.server import ControlServer
@@ -65,7 +65,7 @@ def test_a_stale_socket_of_the_agents_own_is_replaced(tmp_path: Path, server: st
     _stale_socket(path)
     srv = SERVERS[server](str(path))
     try:
-        assert path.is_socket() and socket_paths.bound(str(path)) == srv.bound
+        assert path.is_socket() and unix_sockets.bound(str(path)) == srv.bound
     finally:
         srv.server_close()
 
@@ -77,7 +77,7 @@ def test_another_users_socket_is_refused_and_kept(tmp_path: Path) -> None:
     _stale_socket(path)
     os.chown(path, 65534, 65534)
     with pytest.raises(AgentError, match="a socket of uid 65534 is there"):
-        socket_paths.clear_stale(str(path), "dashboard socket")
+        unix_sockets.clear_stale(str(path), "dashboard socket")
     assert path.is_socket()
 
 
@@ -89,7 +89,7 @@ def test_a_live_socket_is_refused(tmp_path: Path) -> None:
     live.listen()
     try:
         with pytest.raises(AgentError, match=f"{path}: something already listens there"):
-            socket_paths.clear_stale(str(path), "agent socket")
+            unix_sockets.clear_stale(str(path), "agent socket")
     finally:
         live.close()
 
@@ -101,13 +101,13 @@ def test_close_leaves_a_file_put_at_the_path_since(tmp_path: Path) -> None:
     srv.server_close()
     path.unlink()
     path.write_text("someone else's\n")
-    socket_paths.remove(srv.bound)
+    unix_sockets.remove(srv.bound)
     assert path.read_text() == "someone else's\n"
 
 
 def test_the_agent_does_not_delete_a_file_named_as_its_dashboard_socket(tmp_path: Path) -> None:
     """`[dashboard] socket` naming a file: the dashboard stays off, the file stays whole."""
-    victim = tmp_path / "victim-file"
+    victim = tmp_path / "victim-file.sock"  # a name the catalog takes: the check is the server's
     victim.write_text("precious\n")
     world = OpsWorld(tmp_path / "state", dashboard={"socket": str(victim)})
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
