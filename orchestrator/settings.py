@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from orchestrator import userfiles
+from orchestrator import resources, userfiles
 from orchestrator.core.documents import DocumentError, json_document, toml_document
 from orchestrator.core.secrets import redact_values, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
@@ -253,7 +253,8 @@ def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> 
         key = f"models.{name}.config"
         path = _config_path(model.config, file, key)
         try:
-            data = json_document(userfiles.read_bytes(path), str(path), unique_keys=False)
+            raw = resources.shipped_config(path)
+            data = json_document(userfiles.read_bytes(path) if raw is None else raw, str(path), unique_keys=False)
         except FileNotFoundError:
             raise ConfigError(f"{path}: file not found", file=str(file), key=key) from None
         except OSError as exc:
@@ -280,7 +281,7 @@ def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> 
     return cat.model_copy(update={"models": {**cat.models, **resolved}})
 
 
-SHIPPED_CONFIGS = Path(__file__).with_name("configs")
+SHIPPED_CONFIGS = resources.SHIPPED_CONFIGS
 
 
 def _config_path(value: str, file: Path, key: str) -> Path:
@@ -288,7 +289,11 @@ def _config_path(value: str, file: Path, key: str) -> Path:
     installed), else a path, relative to deploy.toml's directory."""
     if value.startswith("shipped:"):
         name = value.removeprefix("shipped:")
-        known = sorted(p.name for p in SHIPPED_CONFIGS.glob("*.json"))
+        try:
+            known = sorted(resources.shipped_configs())
+        except OSError as exc:
+            raise ConfigError(f"{value!r}: cannot read the package's shipped configs: {exc.filename}: "
+                              f"{exc.strerror}", file=str(file), key=key) from None
         if name not in known:  # a listing, never a path built from the value
             raise ConfigError(f"{value!r}: no such shipped config.json (shipped: {', '.join(known)})",
                               file=str(file), key=key)
