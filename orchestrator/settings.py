@@ -112,6 +112,8 @@ def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
     try:
         # A BaseSettings takes its fields from the sources (the file, the environment), not arguments.
         cat = _with_model_configs(_settings_class()(), file, box_files=box_files)  # type: ignore[call-arg]
+        if box_files:
+            _proxy_accounts(cat, file)
         schedule.first_runs(cat.schedules, time.time())  # a cron whose every fire time has passed
         return cat
     except ValidationError as exc:
@@ -122,6 +124,25 @@ def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
         raise ConfigError(str(exc), file=str(file)) from None
     finally:
         _file_data.reset(token)
+
+
+def _proxy_accounts(cat: Catalog, file: Path) -> None:
+    """[proxy] user and group name accounts of this machine when it runs a proxy (a local host): HAProxy
+    would refuse to start as an account that does not exist, at the first switch instead of now."""
+    import grp
+    import pwd
+
+    if not cat.proxy.enabled or cat.proxy.user is None or not any(h.transport == "local" for h in cat.hosts.values()):
+        return
+    for key, name, look in (("proxy.user", cat.proxy.user, pwd.getpwnam), ("proxy.group", cat.proxy.group, grp.getgrnam)):
+        if name is None:
+            continue
+        try:
+            look(name)
+        except KeyError:
+            kind = "user" if key == "proxy.user" else "group"
+            raise ConfigError(f"{name!r}: no such {kind} on this machine (HAProxy's workers would drop to it; "
+                              f"create it, or leave {key} out)", file=str(file), key=key) from None
 
 
 def _read_toml(file: Path) -> dict[str, Any]:

@@ -151,6 +151,9 @@ class Catalog(Strict):
             always.append((self.metrics_port, "the agent's metrics port", "metrics_port"))
         if self.proxy.enabled:
             always.append((self.proxy.port, "the front proxy's port", "proxy.port"))
+        if len({port for port, _, _ in always}) < len(always):
+            raise _KeyedError("metrics_port", f"port {self.metrics_port} is also the front proxy's port (proxy.port): "
+                                              "give each listener a port of its own")
         for host_name in self.hosts:
             for port, what, key in always:
                 claims.setdefault((host_name, port), (what, key, None))

@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.core.catalog_rules import (
     DAY,
+    IFNAME_RE,
     LOGIN_RE,
     PATH_RE,
     USER_RE,
@@ -161,6 +162,15 @@ class Host(Strict):
     @classmethod
     def _client_file(cls, v: str | None, info: ValidationInfo) -> str | None:
         return None if v is None else key_file(v, str(info.field_name))
+
+    @field_validator("interface")
+    @classmethod
+    def _interface_name(cls, v: str | None) -> str | None:
+        # A Linux interface name (IFNAMSIZ 16 with its NUL), the one word GLOO/NCCL_SOCKET_IFNAME name.
+        if v is not None and not IFNAME_RE.fullmatch(v):
+            raise ValueError(f"interface {shown(v)} is not a network interface name (letters, digits and . _ - @ :, "
+                             "at most 15, as `ip link` lists them)")
+        return v
 
     @field_validator("agent_socket")
     @classmethod

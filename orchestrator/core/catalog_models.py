@@ -132,13 +132,28 @@ class Model(Strict):
         no_secret_in(v)
         for i, arg in enumerate(v):
             safe(arg, "argument")
-            if arg.split("=", 1)[0] in SLEEP_FLAGS:
-                raise SubKeyError(f"[{i}]", f"{shown(arg)}: sleep mode is the model's `sleep` setting "
+            flag = arg.split("=", 1)[0]
+            # argparse takes a unique prefix of an option for it (--enable-sleep is --enable-sleep-mode).
+            if flag.startswith("--") and len(flag) > 2 and any(f.startswith(flag) for f in SLEEP_FLAGS):
+                meant = next(f for f in SLEEP_FLAGS if f.startswith(flag))
+                said = "" if flag == meant else f" (vLLM's parser reads it as {meant})"
+                raise SubKeyError(f"[{i}]", f"{shown(arg)}{said}: sleep mode is the model's `sleep` setting "
                                             "(\"level1\" or \"level2\"), which also renders this flag")
         total = sum(len(a) + 1 for a in v)
         if total > MAX_UNIT_LINE:  # one ExecStart line: systemd refuses lines past LONG_LINE_MAX
             raise ValueError(f"{len(v)} arguments of {total:,} characters in all: at most {MAX_UNIT_LINE:,} fit "
                              "on the unit's ExecStart line")
+        return v
+
+    @field_validator("allow_patterns", "ignore_patterns")
+    @classmethod
+    def _patterns_inside(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # Globs over the repo's own files: nothing absolute, nothing that climbs out of the model's directory.
+        for i, pattern in enumerate(v):
+            safe(pattern, "pattern")
+            if pattern.startswith("/") or ".." in pattern.split("/"):
+                raise SubKeyError(f"[{i}]", f"{shown(pattern)}: a pattern names files inside the model's repo "
+                                            "('*.safetensors', 'tokenizer*'): no leading '/' and no '..' part")
         return v
 
     @field_validator("env")

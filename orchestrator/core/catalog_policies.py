@@ -104,6 +104,10 @@ class Group(Strict):
     def _canary_fits(self) -> Group:
         # The rollout's own rule (core.rollout.plan): a canary must leave hosts to promote to.
         n = len(self.hosts)
+        if self.max_failures > n:
+            raise SubKeyError(".max_failures", f"max_failures {self.max_failures} is more than the group's {n} hosts "
+                                               f"({', '.join(self.hosts)}): no rollout could ever fail that many; "
+                                               f"use at most {n}")
         if self.canary > n or (self.canary == n and n > 1):
             raise SubKeyError(".canary", f"canary {self.canary} is {'larger than' if self.canary > n else 'all of'} "
                                          f"the group's {n} hosts ({', '.join(self.hosts)}): nothing would be left to "

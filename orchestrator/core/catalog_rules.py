@@ -24,6 +24,7 @@ USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # An account to log in as over SSH (what useradd takes): never an ssh option, a second word or an '@'
 # (client/targets.py holds a --host URL's user to the same rule without loading pydantic).
 LOGIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$", re.ASCII)
+IFNAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,14}", re.ASCII)
 # sun_path holds 108 bytes with its NUL: a longer socket path cannot be bound or connected to.
 SOCKET_PATH_MAX = 107
 PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
