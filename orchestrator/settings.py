@@ -132,17 +132,19 @@ def _proxy_accounts(cat: Catalog, file: Path) -> None:
     import grp
     import pwd
 
-    if not cat.proxy.enabled or cat.proxy.user is None or not any(h.transport == "local" for h in cat.hosts.values()):
+    user = cat.proxy.user
+    if not cat.proxy.enabled or user is None or not any(h.transport == "local" for h in cat.hosts.values()):
         return
-    for key, name, look in (("proxy.user", cat.proxy.user, pwd.getpwnam), ("proxy.group", cat.proxy.group, grp.getgrnam)):
-        if name is None:
-            continue
+    group_key, group_said = (("proxy.group", "") if cat.proxy.group else
+                             ("proxy.user", " (HAProxy's group: [proxy] group unset takes the user's name)"))
+    for key, name, kind, look in (("proxy.user", user, "user", pwd.getpwnam),
+                                  (group_key, cat.proxy.group or user, "group", grp.getgrnam)):
         try:
             look(name)
         except KeyError:
-            kind = "user" if key == "proxy.user" else "group"
-            raise ConfigError(f"{name!r}: no such {kind} on this machine (HAProxy's workers would drop to it; "
-                              f"create it, or leave {key} out)", file=str(file), key=key) from None
+            raise ConfigError(f"{name!r}: no such {kind} on this machine{'' if kind == 'user' else group_said}: "
+                              "HAProxy's workers would drop to it (create it, or set another)",
+                              file=str(file), key=key) from None
 
 
 def _read_toml(file: Path) -> dict[str, Any]:

@@ -48,6 +48,12 @@ def test_a_proxy_group_that_does_not_exist_here_is_refused(tmp_path: Path) -> No
     assert "proxy.group: 'no-such-group': no such group on this machine" in refused(cfg)
 
 
+def test_a_proxy_user_without_a_group_of_its_name_needs_proxy_group(tmp_path: Path) -> None:
+    """[proxy] user = "nobody" alone: HAProxy's group would be "nobody", which Debian does not have: exit 2."""
+    cfg = write(tmp_path, host='transport = "local"', rest='[proxy]\nenabled = true\nport = 9000\nuser = "nobody"')
+    assert "proxy.user: 'nobody': no such group on this machine (HAProxy's group: [proxy] group unset" in refused(cfg)
+
+
 @pytest.mark.parametrize("key,value", [("python", "sh"), ("python", "/opt/o/bin/python; id"),
                                        ("socket", "/run/$(id).sock"), ("socket", "/run/a b.sock"),
                                        ("socket", "/run/../etc/a.sock")])
