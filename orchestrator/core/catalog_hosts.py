@@ -76,7 +76,7 @@ class Defaults(Strict):
     def _env_dir(cls, v: str) -> str:
         if not PATH_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} must be an absolute path without spaces or quotes")
-        return v
+        return absolute_path(v, "env_dir")
 
     @field_validator("engine")
     @classmethod

@@ -12,6 +12,7 @@ from orchestrator.core.catalog_rules import (
     Name,
     Strict,
     SubKeyError,
+    absolute_path,
     check_address,
     check_cron,
     parse_window,
@@ -98,7 +99,7 @@ class Group(Strict):
     def _safe_paths(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith("/"):
             raise ValueError(f"{v!r} is not an absolute path (a path on every box of the group)")
-        return None if v is None else safe(v, "value")
+        return None if v is None else absolute_path(safe(v, "value"), "path")
 
     @model_validator(mode="after")
     def _canary_fits(self) -> Group:

@@ -87,6 +87,8 @@ def absolute_path(value: str, what: str) -> str:
     working directory of whichever process reads it (the agent's is /, the CLI's is anywhere)."""
     if not value.startswith("/"):
         raise ValueError(f"{what} {shown(value)} is not an absolute path (start it with '/')")
+    if {".", ".."} & set(value.split("/")):  # root writes and runs under these: say the real path
+        raise ValueError(f"{what} {shown(value)} has a '.' or '..' part: name the real path")
     return value
 
 

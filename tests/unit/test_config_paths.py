@@ -50,3 +50,18 @@ def test_two_sockets_at_one_path_are_refused(tmp_path: Path, top: str, rest: str
     """A socket at another socket's path is refused naming the key, the path and the other socket."""
     message = refused(write(tmp_path, top=top, rest=rest))
     assert f"{key}: " in message and other in message and "give each socket a path of its own" in message
+
+
+@pytest.mark.parametrize("where,line,key", [
+    ("top", 'state_dir = "/var/lib/../../etc"', "state_dir"),
+    ("host", 'models_dir = "/models/../etc"', "hosts.box.models_dir"),
+    ("host", 'unit_dir = "/etc/systemd/system/../../cron.d"', "hosts.box.unit_dir"),
+    ("host", 'python = "/usr/bin/./python3"', "hosts.box.python"),
+    ("rest", '[defaults]\nenv_dir = "/etc/orchestrator/../../root"', "defaults.env_dir"),
+    ("rest", '[hosts.b2]\ngpus = 8\n[groups.g]\nhosts = ["box", "b2"]\npeer_key = "/etc/orchestrator/../../root/k"',
+     "groups.g.peer_key"),
+])
+def test_a_directory_root_writes_under_with_a_dot_part_is_refused(tmp_path: Path, where: str, line: str,
+                                                                   key: str) -> None:
+    """'.' or '..' in a path root writes or runs under is refused, not resolved: the real path is named."""
+    assert f"{key}: " in refused(write(tmp_path, **{where: line}))
