@@ -81,7 +81,9 @@ class CommandFailed(OrchestratorError):
     def __init__(self, command: str, exit_code: int, output: str, *, host: str | None = None) -> None:
         output = redact(output)
         tail = "\n".join(output.strip().splitlines()[-10:])
-        super().__init__(f"command {command!r} exited {exit_code}" + (f":\n{tail}" if tail else ""),
+        # The shells name inline scripts (core.commands); a long line from elsewhere is cut, not carried whole.
+        named = command if len(command) <= 400 else f"{command[:200]}... ({len(command):,} characters)"
+        super().__init__(f"command {named!r} exited {exit_code}" + (f":\n{tail}" if tail else ""),
                          host=host)
         self.command = command
         self.returncode = exit_code

@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from orchestrator import userfiles
+from orchestrator import resources, userfiles
 from orchestrator.core.documents import DocumentError, json_document, toml_document
 from orchestrator.core.secrets import redact_values, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
@@ -112,6 +112,8 @@ def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
     try:
         # A BaseSettings takes its fields from the sources (the file, the environment), not arguments.
         cat = _with_model_configs(_settings_class()(), file, box_files=box_files)  # type: ignore[call-arg]
+        if box_files:
+            _proxy_accounts(cat, file)
         schedule.first_runs(cat.schedules, time.time())  # a cron whose every fire time has passed
         return cat
     except ValidationError as exc:
@@ -122,6 +124,27 @@ def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
         raise ConfigError(str(exc), file=str(file)) from None
     finally:
         _file_data.reset(token)
+
+
+def _proxy_accounts(cat: Catalog, file: Path) -> None:
+    """[proxy] user and group name accounts of this machine when it runs a proxy (a local host): HAProxy
+    would refuse to start as an account that does not exist, at the first switch instead of now."""
+    import grp
+    import pwd
+
+    user = cat.proxy.user
+    if not cat.proxy.enabled or user is None or not any(h.transport == "local" for h in cat.hosts.values()):
+        return
+    group_key, group_said = (("proxy.group", "") if cat.proxy.group else
+                             ("proxy.user", " (HAProxy's group: [proxy] group unset takes the user's name)"))
+    for key, name, kind, look in (("proxy.user", user, "user", pwd.getpwnam),
+                                  (group_key, cat.proxy.group or user, "group", grp.getgrnam)):
+        try:
+            look(name)
+        except KeyError:
+            raise ConfigError(f"{name!r}: no such {kind} on this machine{'' if kind == 'user' else group_said}: "
+                              "HAProxy's workers would drop to it (create it, or set another)",
+                              file=str(file), key=key) from None
 
 
 def _read_toml(file: Path) -> dict[str, Any]:
@@ -253,7 +276,8 @@ def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> 
         key = f"models.{name}.config"
         path = _config_path(model.config, file, key)
         try:
-            data = json_document(userfiles.read_bytes(path), str(path), unique_keys=False)
+            raw = resources.shipped_config(path)
+            data = json_document(userfiles.read_bytes(path) if raw is None else raw, str(path), unique_keys=False)
         except FileNotFoundError:
             raise ConfigError(f"{path}: file not found", file=str(file), key=key) from None
         except OSError as exc:
@@ -280,7 +304,7 @@ def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> 
     return cat.model_copy(update={"models": {**cat.models, **resolved}})
 
 
-SHIPPED_CONFIGS = Path(__file__).with_name("configs")
+SHIPPED_CONFIGS = resources.SHIPPED_CONFIGS
 
 
 def _config_path(value: str, file: Path, key: str) -> Path:
@@ -288,7 +312,11 @@ def _config_path(value: str, file: Path, key: str) -> Path:
     installed), else a path, relative to deploy.toml's directory."""
     if value.startswith("shipped:"):
         name = value.removeprefix("shipped:")
-        known = sorted(p.name for p in SHIPPED_CONFIGS.glob("*.json"))
+        try:
+            known = sorted(resources.shipped_configs())
+        except OSError as exc:
+            raise ConfigError(f"{value!r}: cannot read the package's shipped configs: {exc.filename}: "
+                              f"{exc.strerror}", file=str(file), key=key) from None
         if name not in known:  # a listing, never a path built from the value
             raise ConfigError(f"{value!r}: no such shipped config.json (shipped: {', '.join(known)})",
                               file=str(file), key=key)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from orchestrator.core.catalog import Proxy
+from orchestrator.core.commands import Script
 from orchestrator.core.haproxy_cli import (
     OldWorker,
     Procs,
@@ -38,7 +39,7 @@ T = TypeVar("T")
 # drain's marks), then `show proc`, and with "old" also `show info`, `show stat` and each backend's
 # `get var proc.drained_<backend>` of every old worker (`@!PID` reaches a worker through the master).
 # JSON out; "proc" is null when the master did not answer (it re-executes on a reload, or is gone).
-_MASTER_CLI = """
+_MASTER_CLI = Script("""
 import json, socket, sys
 def ask(cmd):
     s = socket.socket(socket.AF_UNIX)
@@ -72,13 +73,13 @@ if proc is not None and sys.argv[2] == "old":
                             if b.replace("_", "").isalnum())
             old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": stat, "marks": marks}
 json.dump({"proc": proc, "old": old}, sys.stdout)
-"""
+""", "HAProxy master CLI (show proc)")
 # `show stat` of every worker, current and old, through the master CLI (models on demand: idleness).
-_STATS_CLI = _MASTER_CLI.split("proc = ask")[0] + """
+_STATS_CLI = Script(_MASTER_CLI.split("proc = ask")[0] + """
 proc = ask("show proc")
 pids = [ln.split()[0] for ln in (proc or "").splitlines() if ln.split()[1:2] == ["worker"] and ln.split()[0].isdigit()]
 json.dump(None if proc is None else [ask("@!" + pid + " show stat") or "" for pid in pids], sys.stdout)
-"""
+""", "HAProxy master CLI (show stat)")
 RELOAD_TIMEOUT_S = 30.0  # a reload re-parses one small config: seconds at most, even on a loaded host
 _POLL_S = 0.05
 SESSIONS_RETRY_S = 2.0  # a master re-executing on a reload answers again well within this

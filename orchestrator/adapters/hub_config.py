@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from orchestrator import userfiles
+from orchestrator import resources, userfiles
 from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.planner_arch import check_model_config
 from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
@@ -39,7 +39,8 @@ class ModelConfig:
 def read_json_file(path: str | Path, what: str) -> dict[str, Any]:
     """A JSON object from a file; UsageError naming the file and what is wrong with it."""
     try:
-        data = json_document(userfiles.read_bytes(path), str(path), unique_keys=False)
+        raw = resources.shipped_config(path)  # the package's own: read once per process
+        data = json_document(userfiles.read_bytes(path) if raw is None else raw, str(path), unique_keys=False)
     except FileNotFoundError as exc:
         raise UsageError(f"{what} {path}: file not found") from exc
     except IsADirectoryError as exc:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
 
 from orchestrator import userfiles
 from orchestrator.adapters.shell_base import checked, ignore_line, timed_out
+from orchestrator.core.commands import command_line
 from orchestrator.core.observed import CommandResult
 from orchestrator.errors import CommandFailed, OrchestratorError
 
@@ -34,7 +34,7 @@ class LocalShell:
 
     def _execute(self, argv: Sequence[str], on_line: Callable[[str], None],
                  timeout: float | None) -> CommandResult:
-        command = shlex.join(argv)
+        command = command_line(argv)  # an inline script named, not quoted
         try:
             proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     errors="replace", stdin=subprocess.DEVNULL)

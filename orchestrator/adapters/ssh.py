@@ -25,6 +25,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from orchestrator.adapters.local_shell import MAX_READ
 from orchestrator.adapters.shell_base import checked, ignore_line, timed_out
 from orchestrator.adapters.ssh_session import connect_errors, prepare, tune
+from orchestrator.core.commands import command_line
 from orchestrator.core.observed import CommandResult
 from orchestrator.core.records import host_port
 from orchestrator.errors import OrchestratorError, TransportError
@@ -139,7 +140,7 @@ class SshShell:
 
     def _execute(self, argv: Sequence[str], on_line: Callable[[str], None], timeout: float | None,
                  idempotent: bool) -> CommandResult:
-        command = shlex.join(argv)
+        command, shown = shlex.join(argv), command_line(argv)  # run the one, name the other
 
         def op() -> CommandResult:
             lines = _LineWriter(on_line)  # per attempt: a retry must not replay half a line
@@ -149,18 +150,18 @@ class SshShell:
                 res = self._conn.run(command, hide="stderr", out_stream=lines, warn=True, in_stream=False,
                                      timeout=limit)
             except CommandTimedOut as exc:
-                raise timed_out(command, timeout, self.host) from exc
+                raise timed_out(shown, timeout, self.host) from exc
             # invoke's timer closes the channel, and invoke calls it a timeout only once that timer
             # thread has ended; on a busy machine it may not have yet, and the closed channel reads as
             # exit -1. Past the limit on our own clock, a closed channel is the timeout.
             if res.exited == -1 and limit is not None and time.monotonic() - started >= limit:
-                raise timed_out(command, timeout, self.host)
+                raise timed_out(shown, timeout, self.host)
             if res.exited == -1 or not self._conn.is_connected:
-                raise _Dropped(f"no exit status for {command!r}")  # channel closed under us
+                raise _Dropped(f"no exit status for {shown!r}")  # channel closed under us
             lines.finish()
-            return CommandResult(command=command, exit_code=res.exited, stdout=res.stdout, stderr=res.stderr)
+            return CommandResult(command=shown, exit_code=res.exited, stdout=res.stdout, stderr=res.stderr)
 
-        return self._call(repr(command), op, idempotent)
+        return self._call(repr(shown), op, idempotent)
 
     def read_file(self, path: str) -> bytes | None:
         def op() -> bytes | None:

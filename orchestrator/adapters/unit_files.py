@@ -25,7 +25,7 @@ _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.(service|socket|timer|target|pat
 
 def check_unit_name(unit: str) -> str:
     """Unit names become file paths and command arguments: refuse anything that is not one."""
-    if not _UNIT_NAME.match(unit) or unit.startswith((".", "-")):
+    if not _UNIT_NAME.fullmatch(unit) or unit.startswith((".", "-")):
         raise UsageError(f"unit name {unit!r} is not a valid systemd unit name", unit=unit)
     return unit
 

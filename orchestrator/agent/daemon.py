@@ -11,7 +11,7 @@ from typing import Any
 
 import sdnotify
 
-from orchestrator import logs
+from orchestrator import logs, settings, unix_sockets
 from orchestrator.agent.config_ops import ConfigRevisions
 from orchestrator.agent.controller import FleetController, own_hosts
 from orchestrator.agent.demand import Broker
@@ -25,7 +25,8 @@ from orchestrator.agent.tune_jobs import TuneJobs
 from orchestrator.contract.ops import Caller, Operation, lookup
 from orchestrator.contract.wire import socket_path
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.privilege import root_only_changes
+from orchestrator.core.documents import DocumentError, toml_document
+from orchestrator.core.privilege import root_only_changes, unread_paths
 from orchestrator.core.resident import residency_series
 from orchestrator.core.watch import stall_limit
 from orchestrator.deploy.operations import Operations
@@ -120,10 +121,7 @@ class Agent:
         if dashboard is not None:
             dashboard.close()
         self.demand.stop()
-        try:
-            os.unlink(self.socket)
-        except FileNotFoundError:
-            pass
+        unix_sockets.remove(server.bound)
         log.info("agent_stopped")
 
     def _start_dashboard(self) -> Any:
@@ -248,7 +246,15 @@ class Agent:
 
     def root_only_changes(self, text: str, name: str | None) -> list[str]:
         """What ``text`` changes that only root may (core.privilege): the table's rule for config push."""
-        return root_only_changes(self.catalog, self._validated(text, name or "pushed file").catalog)
+        try:  # model files named anew: refused before validation reads them as root
+            early = unread_paths(toml_document(self._configs().show()["text"], "deploy.toml"),
+                                 toml_document(text, name or "pushed file"))
+        except DocumentError:
+            early = []  # validation names what is wrong with the text
+        if early:
+            return early
+        return root_only_changes(self.catalog, self._validated(text, name or "pushed file").catalog,
+                                 shipped=str(settings.SHIPPED_CONFIGS))
 
     def _validated(self, text: str, name: str) -> Loadout:
         """``text`` validated as at start; the last one is kept, so the table's root check and the push

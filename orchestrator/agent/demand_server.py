@@ -28,14 +28,15 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from orchestrator import logs
+from orchestrator import logs, unix_sockets
 from orchestrator.agent.demand import Broker
-from orchestrator.agent.server import BoundedServer, _drain
+from orchestrator.agent.server import _drain
 from orchestrator.contract.wire import encode, peer_credentials
 from orchestrator.core.catalog import DEFAULT_DEMAND_SOCKET
 from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.socket_access import Account, Entry, missing_access, path_chain
 from orchestrator.errors import ConfigError
+from orchestrator.unix_sockets import BoundedServer
 
 log = logs.get_logger()
 
@@ -221,9 +222,9 @@ class DemandServer(BoundedServer):
         self.uids = frozenset(uids) if uids is not None else allowed_uids(user)
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         _prepare_dir(Path(path).parent, group)
-        if os.path.exists(path):
-            _unlink_stale(path)
+        unix_sockets.clear_stale(path, "demand socket")
         super().__init__(path, _Handler)
+        self.bound = unix_sockets.bound(path)
         os.chmod(path, 0o660)  # peer credentials decide; the mode keeps everyone else from connecting
         try:
             os.chown(path, -1, grp.getgrnam(group).gr_gid)
@@ -250,18 +251,3 @@ def _room_for_connections() -> None:
     want = 4 * MAX_CONNECTIONS + 1024
     if soft != resource.RLIM_INFINITY and soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
-
-
-def _unlink_stale(path: str) -> None:
-    """A socket left by a crashed agent goes; a live one (another agent) or a non-socket stays."""
-    if not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise OSError(f"{path} exists and is not a socket: refusing to replace it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        os.unlink(path)
-        return
-    finally:
-        probe.close()
-    raise OSError(f"another agent already listens on {path}")

@@ -7,11 +7,10 @@ socket) re-renders that proxy at once (``reroute``): the next request for a new 
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Protocol
 
-from orchestrator import logs
+from orchestrator import logs, unix_sockets
 from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.demand import Broker
 from orchestrator.agent.demand_ops import leftover_proxy_off, proxy_off, proxy_up, reroute
@@ -198,7 +197,7 @@ class DemandService:
                 check_reachable(path, user, group)
             except ConfigError:
                 server.server_close()
-                os.unlink(path)
+                unix_sockets.remove(server.bound)
                 raise
         threading.Thread(target=server.serve_forever, name="demand-socket", daemon=True).start()
         self.server, self.path, self.account = server, path, (user, group)
@@ -235,9 +234,6 @@ class DemandService:
             return
         server.shutdown()
         server.server_close()
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        unix_sockets.remove(server.bound)
         self.server, self.path, self.account = None, None, None
         log.info("demand_socket_closed", socket=path)

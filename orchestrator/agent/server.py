@@ -18,12 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator import logs
+from orchestrator import logs, unix_sockets
 from orchestrator.agent.peers import operator
 from orchestrator.contract.wire import MAX_REQUEST, encode, error_reply, peer_credentials
 from orchestrator.core.documents import DocumentError, clip, json_document
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
+from orchestrator.unix_sockets import BoundedServer
 
 log = logs.get_logger()
 
@@ -242,36 +243,6 @@ def _parse(line: bytes) -> dict[str, Any]:
     return request
 
 
-class BoundedServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """A threading Unix socket server with at most ``slots`` connections in service at once: the one
-    beyond goes to ``turn_away`` (which must close it), never to a thread of its own."""
-    daemon_threads = True
-    # listen()'s backlog: socketserver's 5 made the 6th connection made while the accept thread was
-    # starved (a loaded box) fail at once for a non-blocking client (HAProxy's Lua: a held request's 503);
-    # the kernel caps it at net.core.somaxconn
-    request_queue_size = 4096
-    slots: threading.BoundedSemaphore
-
-    def turn_away(self, request: socket.socket) -> None:
-        self.shutdown_request(request)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.turn_away(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread took it: its slot is free again
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-
 class ControlServer(BoundedServer):
     allow_reuse_address = True
 
@@ -283,10 +254,9 @@ class ControlServer(BoundedServer):
         self.overflow = threading.BoundedSemaphore(max_connections)  # clients being told "too many"
         self.max_connections = max_connections
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        if os.path.exists(path):
-            _refuse_if_live(path)
-            os.unlink(path)
+        unix_sockets.clear_stale(path, "agent socket")
         super().__init__(path, _Handler)
+        self.bound = unix_sockets.bound(path)
         os.chmod(path, 0o660)
         try:
             os.chown(path, -1, grp.getgrnam(agent.group).gr_gid)
@@ -314,17 +284,6 @@ class ControlServer(BoundedServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.exception("control_socket_error")  # one structured line, not socketserver's stderr dump
-
-
-def _refuse_if_live(path: str) -> None:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        return  # a stale socket from a crashed agent
-    finally:
-        probe.close()
-    raise AgentError(f"another agent already listens on {path}")
 
 
 def authorized(uid: int, gid: int, group: str) -> bool:

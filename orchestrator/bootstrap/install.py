@@ -32,7 +32,7 @@ from orchestrator.bootstrap import wheels
 from orchestrator.bootstrap.controller_keys import ControllerKeys, Reach
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.render import render_agent_unit
-from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
+from orchestrator.errors import AgentError, Busy, ConfigError, OrchestratorError, UsageError
 from orchestrator.resources import template_text
 
 PREFIX = "/opt/orchestrator"
@@ -91,6 +91,8 @@ def validate_config(text: str, name: str) -> Catalog:
         path.write_text(text)
         try:
             return build(settings.load(path), time.time()).catalog
+        except ConfigError as exc:  # a DocumentError too, whose class takes other arguments
+            raise ConfigError(str(exc).replace(str(path), name)) from None
         except OrchestratorError as exc:
             raise type(exc)(str(exc).replace(str(path), name)) from None
 

@@ -93,6 +93,14 @@ class _Group(click.Group):
                 _json_error(message, exc.exit_code, type(exc).__name__, exc.partial)
             click.echo(f"error: {message}", err=True)
             sys.exit(exc.exit_code)
+        except PermissionError as exc:  # a file this user may not use, met outside the errors that name it
+            if exc.filename is None:
+                raise
+            message = f"{exc.filename}: {exc.strerror} (uid {os.geteuid()})"
+            if ctx.meta.get("json"):
+                _json_error(message, 2, "PermissionError", None)
+            click.echo(f"error: {message}", err=True)
+            sys.exit(2)
         except click.ClickException as exc:  # a bad option or argument: click prints it and exits 2
             if ctx.meta.get("json"):
                 _json_error(exc.format_message(), exc.exit_code, "UsageError", None)

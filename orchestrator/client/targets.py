@@ -79,6 +79,7 @@ _USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}", re.ASCII)  # what userad
 # RFC 6874 writes the zone %25eth0 in a URL; ssh and ip write %eth0: both are taken. A Linux interface
 # name is at most 15 bytes (IFNAMSIZ), never '/' or white space; this keeps it to what an operator uses.
 _ZONE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+_PATH_RE = re.compile(r"/[A-Za-z0-9._+/-]+", re.ASCII)
 _LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?", re.ASCII)
 
 
@@ -169,6 +170,12 @@ def load_hosts(path: Path) -> dict[str, Target]:
             base = parse_url(entry["url"], name=alias, source=f"{path}: {alias}.url")
         except UsageError as exc:
             raise ConfigError(str(exc)) from None
+        for key in ("python", "socket"):  # words of the relay's command line on the box: plain paths only
+            value = entry.get(key)
+            if value is not None and not _plain_path(value):
+                raise ConfigError(f"{key} {clip(value)} must be an absolute path of letters, digits and . _ + - / "
+                                  "with no '.' or '..' parts (it is run on the box as part of the relay's command)",
+                                  file=str(path), key=f"{alias}.{key}")
         out[alias] = Target(name=alias, address=base.address, port=base.port, user=base.user,
                             key=_expand(entry.get("key")), known_hosts=_expand(entry.get("known_hosts")),
                             python=entry.get("python", DEFAULT_PYTHON), socket=entry.get("socket"))
@@ -194,6 +201,10 @@ def resolve(spec: str, source: str = "--host") -> Target:
         raise UsageError(f"{where}unknown host {clip(spec)}: not an ssh:// URL and not a name in {path} "
                          f"(known: {known_names})")
     return hosts[spec]
+
+
+def _plain_path(value: str) -> bool:
+    return bool(_PATH_RE.fullmatch(value)) and not {".", ".."} & set(value.split("/")) and "//" not in value
 
 
 def _expand(value: str | None) -> str | None:

@@ -28,7 +28,7 @@ from orchestrator.core.catalog_rules import (
     safe,
     socket_fits,
 )
-from orchestrator.core.dashboard import Dashboard
+from orchestrator.core.dashboard import Dashboard, socket_path
 from orchestrator.core.safety import shown
 from orchestrator.core.secrets import scan
 from orchestrator.errors import UsageError
@@ -70,7 +70,7 @@ class Catalog(Strict):
     @classmethod
     def _group_name(cls, v: str) -> str:
         # groupadd, install -g and chown take it as an argument: never an option or two words.
-        if not USER_RE.match(v):
+        if not USER_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} is not a valid group name (lower case letters, digits, '_', '-'; "
                              "at most 32, not starting with '-' or a digit)")
         return v
@@ -151,6 +151,9 @@ class Catalog(Strict):
             always.append((self.metrics_port, "the agent's metrics port", "metrics_port"))
         if self.proxy.enabled:
             always.append((self.proxy.port, "the front proxy's port", "proxy.port"))
+        if len({port for port, _, _ in always}) < len(always):
+            raise _KeyedError("metrics_port", f"port {self.metrics_port} is also the front proxy's port (proxy.port): "
+                                              "give each listener a port of its own")
         for host_name in self.hosts:
             for port, what, key in always:
                 claims.setdefault((host_name, port), (what, key, None))
@@ -271,6 +274,28 @@ class Catalog(Strict):
                                                          "idle_stop_s (the engine is stopped)")
         return self
 
+    @model_validator(mode="after")
+    def _sockets_distinct(self) -> Catalog:
+        """Each socket the agent and HAProxy bind has a path of its own: a second bind at one would fail,
+        or take the other's place (the dashboard at the agent's own agent.sock)."""
+        state = self.state_dir.rstrip("/")
+        sockets = [(f"{state}/agent.sock", "the agent's socket (state_dir)"),
+                   (self.proxy.stats_socket, "proxy.stats_socket"),
+                   (self.proxy.master_socket, "HAProxy's master socket (beside proxy.stats_socket)"),
+                   (self.demand_socket(), "proxy.demand_socket" if self.proxy.demand_socket else
+                    f"the default demand socket {DEFAULT_DEMAND_SOCKET}"),
+                   (socket_path(self.dashboard, state), "dashboard.socket" if self.dashboard.socket else
+                    "the dashboard's socket (state_dir)")]
+        keys = {"proxy.demand_socket": self.proxy.demand_socket, "dashboard.socket": self.dashboard.socket}
+        seen: dict[str, str] = {}
+        for path, what in sockets:
+            if path in seen:
+                key = what if what in keys else seen[path] if seen[path] in keys else "state_dir"
+                other = seen[path] if key == what else what
+                raise _KeyedError(key, f"{path!r} is also {other}: give each socket a path of its own")
+            seen[path] = what
+        return self
+
     def demand_socket(self) -> str:
         """Where the agent listens for the proxy's held requests: [proxy] demand_socket, else
         /run/orchestrator/demand.sock (not in state_dir: HAProxy's workers, when they drop to their
@@ -332,7 +357,7 @@ class Catalog(Strict):
     def _check_routable(self) -> None:
         """With the proxy on, every served name must be routable and no model may take its port."""
         for name, model in self.models.items():
-            if not ROUTABLE_RE.match(model.served):
+            if not ROUTABLE_RE.fullmatch(model.served):
                 raise _KeyedError(f"models.{name}.served_name",
                                   f"{model.served!r} cannot be routed by the front proxy: use letters, "
                                   f"digits and . _ : / @ + - (no spaces or quotes), at most 128")

@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.core.catalog_rules import (
     DAY,
+    IFNAME_RE,
     LOGIN_RE,
     PATH_RE,
     USER_RE,
@@ -22,7 +23,7 @@ from orchestrator.core.catalog_rules import (
     outside_private_tmp,
     ram_reserve_gib,
     safe,
-    socket_fits,
+    socket_file,
 )
 from orchestrator.core.safety import shown
 
@@ -68,16 +69,16 @@ class Defaults(Strict):
     @field_validator("user", "group")
     @classmethod
     def _account(cls, v: str) -> str:
-        if not USER_RE.match(v):
+        if not USER_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} is not a valid user or group name (lower case letters, digits, '_', '-')")
         return v
 
     @field_validator("env_dir")
     @classmethod
     def _env_dir(cls, v: str) -> str:
-        if not PATH_RE.match(v):
+        if not PATH_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} must be an absolute path without spaces or quotes")
-        return v
+        return absolute_path(v, "env_dir")
 
     @field_validator("engine")
     @classmethod
@@ -156,7 +157,7 @@ class Host(Strict):
     @field_validator("ssh_user")
     @classmethod
     def _login(cls, v: str) -> str:
-        if not LOGIN_RE.match(v):
+        if not LOGIN_RE.fullmatch(v):
             raise ValueError(f"ssh_user {shown(v)} is not a user name (letters, digits, '.', '_', '-'; at most 32, "
                              "starting with a letter or '_')")
         return v
@@ -166,10 +167,19 @@ class Host(Strict):
     def _client_file(cls, v: str | None, info: ValidationInfo) -> str | None:
         return None if v is None else key_file(v, str(info.field_name))
 
+    @field_validator("interface")
+    @classmethod
+    def _interface_name(cls, v: str | None) -> str | None:
+        # A Linux interface name (IFNAMSIZ 16 with its NUL), the one word GLOO/NCCL_SOCKET_IFNAME name.
+        if v is not None and not IFNAME_RE.fullmatch(v):
+            raise ValueError(f"interface {shown(v)} is not a network interface name (letters, digits and . _ - @ :, "
+                             "at most 15, as `ip link` lists them)")
+        return v
+
     @field_validator("agent_socket")
     @classmethod
     def _socket_fits(cls, v: str | None) -> str | None:
-        return None if v is None else socket_fits(v, "agent_socket")
+        return None if v is None else socket_file(v, "agent_socket", suffix=False)
 
     @model_validator(mode="after")
     def _sleep_budgets_possible(self) -> Host:

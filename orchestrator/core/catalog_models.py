@@ -95,7 +95,7 @@ class Model(Strict):
     @classmethod
     def _served_name(cls, v: str | None) -> str | None:
         # Always, not only with the proxy on: the name is a --served-model-name word in the unit.
-        if v is not None and not ROUTABLE_RE.match(v):
+        if v is not None and not ROUTABLE_RE.fullmatch(v):
             quoted = shown(v) if len(v) <= 60 else f"{shown(v[:60])}... ({len(v):,} characters)"
             raise ValueError(f"{quoted} cannot be routed by the front proxy nor named in a unit: {SERVED_NAME_ADVICE}")
         return v
@@ -103,7 +103,7 @@ class Model(Strict):
     @field_validator("repo")
     @classmethod
     def _repo_id(cls, v: str) -> str:
-        if not REPO_RE.match(v) or ".." in v or "--" in v:
+        if not REPO_RE.fullmatch(v) or ".." in v or "--" in v:
             raise ValueError(f"repo {shown(v)} is not a Hugging Face repo id ('owner/name': letters, digits, "
                              f"'-', '_', '.'; no '..' or '--')")
         return v
@@ -118,7 +118,7 @@ class Model(Strict):
     def _source_form(cls, v: str) -> str:
         kind, sep, arg = v.partition(":")
         ok = (v in ("hub", "none") or (kind == "local" and arg.startswith("/"))
-              or (kind == "host" and bool(NAME_RE.match(arg))))
+              or (kind == "host" and bool(NAME_RE.fullmatch(arg))))
         if not ok or (kind in ("local", "host") and not sep):
             raise ValueError(f"source {v!r} is not \"hub\", \"none\", \"local:/absolute/dir\" or "
                              "\"host:NAME\" (a host of this file that already staged the model)")
@@ -132,13 +132,28 @@ class Model(Strict):
         no_secret_in(v)
         for i, arg in enumerate(v):
             safe(arg, "argument")
-            if arg.split("=", 1)[0] in SLEEP_FLAGS:
-                raise SubKeyError(f"[{i}]", f"{shown(arg)}: sleep mode is the model's `sleep` setting "
+            flag = arg.split("=", 1)[0]
+            # argparse takes a unique prefix of an option for it (--enable-sleep is --enable-sleep-mode).
+            if flag.startswith("--") and len(flag) > 2 and any(f.startswith(flag) for f in SLEEP_FLAGS):
+                meant = next(f for f in SLEEP_FLAGS if f.startswith(flag))
+                said = "" if flag == meant else f" (vLLM's parser reads it as {meant})"
+                raise SubKeyError(f"[{i}]", f"{shown(arg)}{said}: sleep mode is the model's `sleep` setting "
                                             "(\"level1\" or \"level2\"), which also renders this flag")
         total = sum(len(a) + 1 for a in v)
         if total > MAX_UNIT_LINE:  # one ExecStart line: systemd refuses lines past LONG_LINE_MAX
             raise ValueError(f"{len(v)} arguments of {total:,} characters in all: at most {MAX_UNIT_LINE:,} fit "
                              "on the unit's ExecStart line")
+        return v
+
+    @field_validator("allow_patterns", "ignore_patterns")
+    @classmethod
+    def _patterns_inside(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # Globs over the repo's own files: nothing absolute, nothing that climbs out of the model's directory.
+        for i, pattern in enumerate(v):
+            safe(pattern, "pattern")
+            if pattern.startswith("/") or ".." in pattern.split("/"):
+                raise SubKeyError(f"[{i}]", f"{shown(pattern)}: a pattern names files inside the model's repo "
+                                            "('*.safetensors', 'tokenizer*'): no leading '/' and no '..' part")
         return v
 
     @field_validator("env")
@@ -148,7 +163,7 @@ class Model(Strict):
             kind = "a secret by its name" if secret_name(key) else secret_value_kind(value)
             if kind:
                 raise SubKeyError(f".{key}", f"holds {kind} (value not shown): {SECRET_ADVICE}")
-            if not ENV_KEY_RE.match(key):
+            if not ENV_KEY_RE.fullmatch(key):
                 raise ValueError(f"environment variable name {shown(key)} is not a valid name")
             if key in DEV_MODE_ENV:
                 raise SubKeyError(f".{key}", f"{key} = {shown(value)} would open vLLM's dev endpoints "
@@ -226,7 +241,7 @@ class Model(Strict):
 
     @property
     def pinned(self) -> bool:
-        return bool(SHA_RE.match(self.revision))
+        return bool(SHA_RE.fullmatch(self.revision))
 
     @property
     def multinode(self) -> bool:

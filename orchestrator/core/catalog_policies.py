@@ -12,15 +12,16 @@ from orchestrator.core.catalog_rules import (
     Name,
     Strict,
     SubKeyError,
+    absolute_path,
     check_address,
     check_cron,
     parse_window,
     parse_zone,
     safe,
+    socket_file,
     socket_fits,
     under,
 )
-from orchestrator.core.safety import shown
 
 MAX_GROUP_HOSTS = 10_000  # the CLI's bound on hosts of a group (cli/options.MAX_HOSTS)
 
@@ -98,12 +99,16 @@ class Group(Strict):
     def _safe_paths(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith("/"):
             raise ValueError(f"{v!r} is not an absolute path (a path on every box of the group)")
-        return None if v is None else safe(v, "value")
+        return None if v is None else absolute_path(safe(v, "value"), "path")
 
     @model_validator(mode="after")
     def _canary_fits(self) -> Group:
         # The rollout's own rule (core.rollout.plan): a canary must leave hosts to promote to.
         n = len(self.hosts)
+        if self.max_failures > n:
+            raise SubKeyError(".max_failures", f"max_failures {self.max_failures} is more than the group's {n} hosts "
+                                               f"({', '.join(self.hosts)}): no rollout could ever fail that many; "
+                                               f"use at most {n}")
         if self.canary > n or (self.canary == n and n > 1):
             raise SubKeyError(".canary", f"canary {self.canary} is {'larger than' if self.canary > n else 'all of'} "
                                          f"the group's {n} hosts ({', '.join(self.hosts)}): nothing would be left to "
@@ -134,7 +139,7 @@ class Proxy(Strict):
     retry_after_s: int = Field(5, ge=1, le=3600)
     # Models on demand: the agent's Unix socket the proxy asks for a held request's model (unset:
     # /run/orchestrator/demand.sock, its directory open to HAProxy's group; Catalog.demand_socket).
-    demand_socket: str | None = Field(None, pattern=r"^/[A-Za-z0-9._/-]+$")
+    demand_socket: str | None = None
     # The account HAProxy's workers drop to (`user` / `group` in its global section, as Debian's stock
     # config has; unset: they stay root). The agent checks it can reach the demand socket.
     user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -160,9 +165,7 @@ class Proxy(Strict):
     @field_validator("demand_socket")
     @classmethod
     def _socket_path(cls, v: str | None) -> str | None:
-        if v is not None and (any(p in ("..", ".") for p in v.split("/")) or not v.endswith(".sock")):
-            raise ValueError(f"demand_socket {shown(v)} must be an absolute '.sock' path with no '..' or '.' parts")
-        return None if v is None else socket_fits(v, "demand_socket")
+        return None if v is None else socket_file(v, "demand_socket")
 
     @model_validator(mode="after")
     def _group_with_user(self) -> Proxy:
@@ -170,6 +173,11 @@ class Proxy(Strict):
             raise SubKeyError(".group", f"group {self.group!r} without user: HAProxy drops to a group only with "
                                         "a user; set [proxy] user too")
         return self
+
+    @property
+    def master_socket(self) -> str:
+        """HAProxy's master CLI socket, beside the stats socket."""
+        return self.stats_socket.rsplit("/", 1)[0] + "/master.sock"
 
     @property
     def run_group(self) -> str | None:

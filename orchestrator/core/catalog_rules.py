@@ -24,6 +24,7 @@ USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # An account to log in as over SSH (what useradd takes): never an ssh option, a second word or an '@'
 # (client/targets.py holds a --host URL's user to the same rule without loading pydantic).
 LOGIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$", re.ASCII)
+IFNAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,14}", re.ASCII)
 # sun_path holds 108 bytes with its NUL: a longer socket path cannot be bound or connected to.
 SOCKET_PATH_MAX = 107
 PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
@@ -86,6 +87,8 @@ def absolute_path(value: str, what: str) -> str:
     working directory of whichever process reads it (the agent's is /, the CLI's is anywhere)."""
     if not value.startswith("/"):
         raise ValueError(f"{what} {shown(value)} is not an absolute path (start it with '/')")
+    if {".", ".."} & set(value.split("/")):  # root writes and runs under these: say the real path
+        raise ValueError(f"{what} {shown(value)} has a '.' or '..' part: name the real path")
     return value
 
 
@@ -96,6 +99,23 @@ def socket_fits(path: str, what: str) -> str:
         raise ValueError(f"{what} {shown(path[:60] + '...')} is {size} bytes long: a Unix socket path holds at most "
                          f"{SOCKET_PATH_MAX} (sun_path), so nothing could listen there; choose a shorter one")
     return path
+
+
+# A socket path the agent binds as root or a relay connects to: one word of plain characters (it reaches
+# HAProxy's config, a unit and an SSH command line), never traversing.
+_SOCKET_RE = re.compile(r"/[A-Za-z0-9._/-]+")
+
+
+def socket_file(value: str, what: str, *, suffix: bool = True) -> str:
+    """An absolute socket path of letters, digits and . _ - / with no '.' or '..' parts (``/tmp/../etc/x.sock``
+    is refused, not resolved), ending in '.sock' when ``suffix``, that fits sun_path."""
+    name = value.rsplit("/", 1)[-1]
+    if (not _SOCKET_RE.fullmatch(value) or "//" in value or any(p in (".", "..") for p in value.split("/"))
+            or name in ("", ".sock") or (suffix and not name.endswith(".sock"))):
+        ending = " '.sock'" if suffix else ""
+        raise ValueError(f"{what} {shown(value)} must be an absolute{ending} path of letters, digits and . _ - / "
+                         "with no '.' or '..' parts (the agent's sockets are bound and reached as root)")
+    return socket_fits(value, what)
 
 
 def key_file(value: str, what: str) -> str:
@@ -152,7 +172,7 @@ def check_address(value: str, what: str) -> str:
             return value
         except ValueError:
             pass
-        if _HOSTNAME_RE.match(value) and not re.fullmatch(r"[0-9.]+", value):
+        if _HOSTNAME_RE.fullmatch(value) and not re.fullmatch(r"[0-9.]+", value):
             return value
     raise ValueError(f"{what} {shown(value)} is not an IP address or a host name (letters, digits, '-' and "
                      f"'.'; IPv6 without brackets or zone)")
@@ -231,7 +251,7 @@ def check_fields(expr: str) -> None:
     if len(fields) != 5:
         raise ValueError(f"{expr[:80]!r} is not a valid cron expression: it has {len(fields)} fields, a cron "
                          "expression has exactly 5: minute hour day month weekday (e.g. '0 3 * * *')")
-    bad = next((f for f in fields if not _CRON_FIELD_RE.match(f)), None)
+    bad = next((f for f in fields if not _CRON_FIELD_RE.fullmatch(f)), None)
     if bad is not None:
         raise ValueError(f"{expr!r}: field {bad!r} may hold only ASCII digits, names (jan, mon) and * , - /")
 
@@ -250,7 +270,7 @@ def check_cron(expr: str) -> str:
 
 def parse_window(text: str) -> tuple[time, time]:
     """``"HH:MM-HH:MM"`` as (first, last); ValueError naming the text when a time is out of range."""
-    m = _WINDOW_RE.match(text)
+    m = _WINDOW_RE.fullmatch(text)
     if m is None:
         raise ValueError(f"window {text!r} must look like 'HH:MM-HH:MM', e.g. '01:00-05:00'")
     h1, m1, h2, m2 = (int(g) for g in m.groups())

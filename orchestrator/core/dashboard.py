@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from orchestrator.core.catalog_rules import PATH_RE, Strict, socket_fits
+from orchestrator.core.catalog_rules import Strict, socket_file
 from orchestrator.core.observed import GpuSnapshot
 from orchestrator.core.states import Phase, text_of
 
@@ -28,13 +28,13 @@ class Dashboard(Strict):
     agent's control socket; `orchestrator dashboard` forwards it to a local browser."""
 
     enabled: bool = True
-    socket: str | None = Field(None, pattern=PATH_RE.pattern)  # default <state_dir>/dashboard.sock
+    socket: str | None = None  # default <state_dir>/dashboard.sock
     refresh_s: float = Field(2.0, ge=0.2, le=60.0)  # how often a live page re-reads GPUs and models
 
     @field_validator("socket")
     @classmethod
     def _fits(cls, v: str | None) -> str | None:
-        return None if v is None else socket_fits(v, "socket")
+        return None if v is None else socket_file(v, "socket")
 
 
 def socket_path(settings: Dashboard, state_dir: str) -> str:

@@ -302,6 +302,13 @@ def _verdict(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_by
     return Verdict(layout, not reasons, tuple(reasons), tuple(dict.fromkeys(warnings)), memory)
 
 
+def shape_reasons(config: Mapping[str, Any], layout: Layout) -> tuple[str, ...]:
+    """Why the model's config.json alone refuses ``layout`` (vLLM's shape rules: heads, blocks, experts,
+    layers): what is known before any host is read. Empty when the shapes allow it."""
+    m = parse_model(_as_mapping(config))
+    return tuple(shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep).reasons)
+
+
 def check(config: Mapping[str, Any], layout: Layout, hw: Hardware, workload: Workload | None = None,
           weight_bytes: int | None = None, devices: Sequence[int] | None = None) -> Verdict:
     """Verdict for one layout; devices are the GPU indices to use (default the first N)."""

@@ -367,7 +367,7 @@ def render_unit(proxy: Proxy, bind: str, template: str) -> str:
 
 
 def master_socket(proxy: Proxy) -> str:
-    return proxy.stats_socket.rsplit("/", 1)[0] + "/master.sock"
+    return proxy.master_socket
 
 
 def sha(text: str) -> str:

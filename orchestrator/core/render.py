@@ -41,7 +41,7 @@ def _plain(value: object, what: str) -> str:
 
 
 def _path(value: str, what: str) -> str:
-    if not PATH_RE.match(value):
+    if not PATH_RE.fullmatch(value):
         raise RenderError(f"{what} {value!r} must be an absolute path without spaces or quotes")
     return value.replace("%", "%%")
 
@@ -126,7 +126,7 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
     passes its host, its rank's arguments and environment, and its unit name."""
     d = catalog.defaults
     for value, what in ((d.user, "user"), (d.group, "group")):
-        if not USER_RE.match(value):
+        if not USER_RE.fullmatch(value):
             raise RenderError(f"{what} {value!r} is not a valid user or group name")
     directory = model_dir or model_dir_for(catalog, model)
     deadline = load_deadline(catalog, model)

@@ -34,7 +34,7 @@ def parse_layout(text: str) -> planner.Layout:
     ep = False
     parts = raw.split("+") if raw else []
     for part in parts:
-        m = _PART_RE.match(part)
+        m = _PART_RE.fullmatch(part)
         if part == "ep" and not ep:
             ep = True
         elif m and m.group(1) not in sizes and int(m.group(2)) >= 1:
@@ -111,7 +111,7 @@ def variant_name(model: str, layout: planner.Layout, seqs: int | None = None) ->
     """``minimax-m25.tp8-ep``: a valid catalog name and systemd unit name ("@" and "+" are not:
     "@" would make the unit a template instance)."""
     name = f"{model}.{token(layout).replace('+', '-')}" + (f"-s{seqs}" if seqs else "")
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise UsageError(f"tune {model}: variant name {name!r} is longer than 63 characters; "
                          "give the model a shorter name")
     return name
@@ -188,7 +188,7 @@ class Objective:
 
 
 def parse_objective(text: str, levels: Sequence[int]) -> Objective:
-    m = _OBJ_RE.match(text.strip())
+    m = _OBJ_RE.fullmatch(text.strip())
     if not m:
         raise UsageError(f"--objective {clip(text)}: unknown objective; use {OBJECTIVES_HELP}")
     kind, conc, floor = m.group(1), m.group(2), m.group(3)

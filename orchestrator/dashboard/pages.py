@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import threading
 from typing import Any
 
@@ -71,7 +72,7 @@ class Pages:
             return "application/json", json.dumps(self.live.box()).encode()
         if path == "/tune":
             return html, str(self.tune_page(None)).encode()
-        if path.startswith("/tune/") and path.removeprefix("/tune/").isdigit():
+        if re.fullmatch(r"/tune/[0-9]{1,18}", path):  # ASCII digits of a SQLite integer ('²' is a digit too)
             page = self.tune_page(int(path.removeprefix("/tune/")))
             return None if page is None else (html, page.encode())
         return None

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import socketserver
+import socket
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -20,10 +21,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from orchestrator import logs
+from orchestrator import logs, unix_sockets
 from orchestrator.contract.wire import peer_credentials
 from orchestrator.dashboard.pages import Pages, Redirect
-from orchestrator.errors import AgentError, OrchestratorError
+from orchestrator.errors import OrchestratorError
+from orchestrator.unix_sockets import BoundedServer
 
 log = logs.get_logger()
 
@@ -32,6 +34,8 @@ STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; char
 # Pages may load their own scripts and styles only: nothing inline, nothing from elsewhere.
 CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'"
 MAX_WATCHERS = 16  # open live pages at once; more get 503
+MAX_CONNECTIONS = 64  # connections in service at once (live pages included); more get 503
+TURN_AWAY_S = 1.0  # how long a turned-away client is listened to (overall), so it reads the 503
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -79,6 +83,11 @@ class _Handler(BaseHTTPRequestHandler):
             page = self.server.pages.route(path)
         except OrchestratorError as exc:
             self._send(HTTPStatus.BAD_GATEWAY, "text/plain; charset=utf-8", f"error: {exc}\n".encode())
+            return
+        except Exception:  # the dashboard's top loop: a page that fails is answered, never a dropped connection
+            log.exception("dashboard_page_failed", path=path[:200])
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8",
+                       b"500: this page failed; the agent's log says why\n")
             return
         if page is None:
             self._send(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", f"no page {path[:200]!r}\n".encode())
@@ -166,19 +175,47 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("dashboard_request", uid=self.peer_uid, line=format % args)
 
 
-class DashboardServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class DashboardServer(BoundedServer):
+    """At most MAX_CONNECTIONS connections in service, each on its thread; one more is answered 503."""
 
     def __init__(self, path: str, agent: Any, pages: Pages) -> None:
         self.agent, self.pages, self.live = agent, pages, pages.live
         self.stopping = threading.Event()
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.overflow = threading.BoundedSemaphore(MAX_CONNECTIONS)  # clients being told "too many"
         self.watch_slots = threading.BoundedSemaphore(MAX_WATCHERS)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(path):
-            _refuse_if_live(path)
-            os.unlink(path)
+        unix_sockets.clear_stale(path, "dashboard socket")
         super().__init__(path, _Handler)
+        self.bound = unix_sockets.bound(path)
         os.chmod(path, 0o666)  # every local user reaches it and is answered: 403 unless authorized
+
+    def turn_away(self, request: socket.socket) -> None:
+        log.warning("dashboard_turned_away", connections=MAX_CONNECTIONS)
+        if self.overflow.acquire(blocking=False):  # answer it, briefly, off the accepting thread
+            threading.Thread(target=self._tell_too_many, args=(request,), daemon=True).start()
+        else:
+            self.shutdown_request(request)
+
+    def _tell_too_many(self, request: socket.socket) -> None:
+        """503, then read what the client sent for a moment: closing on its unread request would reset
+        the connection before it reads the answer."""
+        body = f"the dashboard already serves {MAX_CONNECTIONS} connections; try again\n".encode()
+        try:
+            request.settimeout(TURN_AWAY_S)
+            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            request.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + TURN_AWAY_S
+            while (left := deadline - time.monotonic()) > 0:
+                request.settimeout(left)
+                if not request.recv(65536):
+                    break
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
+            self.overflow.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.exception("dashboard_error")
@@ -188,20 +225,5 @@ class DashboardServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
         self.live.stop()
         self.shutdown()
         self.server_close()
-        try:
-            os.unlink(self.server_address if isinstance(self.server_address, str) else "")
-        except OSError:
-            pass
+        unix_sockets.remove(self.bound)
 
-
-def _refuse_if_live(path: str) -> None:
-    import socket
-
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        return  # stale, from a crashed agent
-    finally:
-        probe.close()
-    raise AgentError(f"dashboard socket {path}: another agent already serves it")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import resources, userfiles
 from orchestrator import settings as settings_mod
-from orchestrator import userfiles
 from orchestrator.adapters.smoke import bench_record
 from orchestrator.adapters.tune_store import TuneStore
 from orchestrator.contract.args import TuneArgs
@@ -110,10 +110,15 @@ class Tuner:
         host = self.catalog.model_host(req.model)
         self._no_unfinished(host.name)
         core.parse_objective(req.objective, req.bench.concurrency)
+        offline = req.model_config if req.model_config is not None else _local_config(model.config)
         for lay in req.layouts or ():  # what the arguments alone decide, before the host is contacted
             core.variant_gpus(model, lay, host.gpus)
             for seqs in req.seqs:
                 core.variant_name(model.name, lay, seqs)
+            why = planner.shape_reasons(offline, lay) if offline is not None else ()
+            if why:
+                raise UsageError(f"tune {req.model}: layout {core.token(lay)} cannot load: {'; '.join(why)}; "
+                                 "nothing was deployed")
         ports = self.ops.ports_for(host.name)
         model_dir = self.ops.engine().spec_for(model).model_dir
         if model.source != "none" and ports.weights is not None:
@@ -372,3 +377,14 @@ def _read_json(raw: bytes | str | None, what: str) -> dict[str, Any] | None:
         raise UsageError(f"{what}: {exc.reason}") from None
     return data if isinstance(data, dict) else None
 
+
+def _local_config(path: str | None) -> dict[str, Any] | None:
+    """The model's `config` (a config.json here, validated when the catalog loaded), or None."""
+    if path is None:
+        return None
+    try:
+        raw = resources.shipped_config(path)
+        data = json_document(userfiles.read_bytes(path) if raw is None else raw, path, unique_keys=False)
+    except (OSError, DocumentError):
+        return None  # the host's own config.json decides, as before
+    return data if isinstance(data, dict) else None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from orchestrator.core.catalog import Host
+from orchestrator.core.commands import command_line
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
 from orchestrator.errors import (
     CommandFailed,
@@ -87,7 +88,7 @@ class FakeShell:
             idempotent: bool = False) -> CommandResult:
         if list(argv[:2]) == ["du", "-sbL"] and argv[-1] in self.w.sizes:  # the weights' size on disk
             return CommandResult(" ".join(argv), 0, f"{self.w.sizes[argv[-1]]}\t{argv[-1]}\n")
-        result = CommandResult(" ".join(argv), 127, "", "fake shell runs no commands")
+        result = CommandResult(command_line(argv), 127, "", "fake shell runs no commands")
         if check:
             raise CommandFailed(result.command, 127, result.stderr, host=self.host)
         return result

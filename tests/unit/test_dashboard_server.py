@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,47 @@ def test_the_dashboard_is_read_only(running: Running, method: str) -> None:
 def test_nothing_outside_the_pages_and_static_files_is_served(running: Running, path: str) -> None:
     """Paths outside the known pages and the package's static files are 404."""
     assert running.get(path)[0] == 404
+
+
+def raw_get(path: str, target: bytes) -> bytes:
+    """GET ``target`` (bytes as sent on the request line) on the dashboard socket: the whole reply."""
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("target", [b"/tune/\xb2", b"/tune/" + b"9" * 5000, b"/tune/" + b"9" * 30,
+                                    "/tune/\u0663".encode()])
+def test_a_tune_page_that_is_no_run_number_is_404(running: Running, target: bytes) -> None:
+    """'/tune/\u00b2', 5,000 digits, a number past SQLite's integers, an Arabic-Indic digit: 404, never a dropped connection."""
+    assert raw_get(running.path, target).startswith(b"HTTP/1.1 404 ")
+
+
+def test_connections_past_the_bound_get_503(running: Running) -> None:
+    """The dashboard serves a bounded number of connections at once: one more is answered 503 and closed."""
+    from orchestrator.dashboard.server import MAX_CONNECTIONS
+
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS):  # idle keep-alive connections, each holding a thread
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(running.path)
+            held.append(s)
+        deadline = time.monotonic() + 10
+        while (reply := raw_get(running.path, b"/api/box")).startswith(b"HTTP/1.1 200") and time.monotonic() < deadline:
+            time.sleep(0.05)  # the accepting thread may not have taken every held connection yet
+        assert reply.startswith(b"HTTP/1.1 503 ") and b"already serves 64 connections" in reply
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_static_files_are_the_vendored_chart_library(running: Running) -> None:

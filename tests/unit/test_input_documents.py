@@ -133,9 +133,10 @@ def test_tune_with_a_hostile_model_config_names_it(tmp_path: Path, raw: bytes) -
                              str(tmp_path / "c.json"), "--yes"), "--model-config")
 
 
-def test_agent_install_with_a_binary_config_names_it(tmp_path: Path) -> None:
-    """`agent install --config BINARY`: exit 2 naming the file, before any SSH."""
-    (tmp_path / "deploy.toml").write_bytes(BINARY)
+@pytest.mark.parametrize("raw", HOSTILE_TOML.values(), ids=HOSTILE_TOML.keys())
+def test_agent_install_with_a_hostile_config_names_it(tmp_path: Path, raw: bytes) -> None:
+    """`agent install --config FILE` (binary, nested past the bound ...): exit 2 naming the file, before any SSH."""
+    (tmp_path / "deploy.toml").write_bytes(raw)
     assert_exit_2_naming(run("agent", "install", "ssh://root@127.0.0.1:1", "--config", str(tmp_path / "deploy.toml")),
                          "deploy.toml")
 

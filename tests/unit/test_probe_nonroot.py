@@ -52,11 +52,15 @@ def box() -> Iterator[Path]:
         shutil.rmtree(top)
 
 
-def _imported_here() -> None:
-    """This interpreter may live where nobody cannot read (pyenv under /root): the child imports nothing
-    new, so every module the commands import lazily is imported before the fork."""
+def _imported_here(configs: bool = True) -> None:
+    """This interpreter and the checkout may live where nobody cannot read (pyenv under /root, a clone
+    in `mktemp -d`): the child imports nothing new and reads no package file, so every module the
+    commands import lazily is imported, and the shipped config.json files read, before the fork."""
     import orchestrator
+    from orchestrator import resources
 
+    if configs:
+        resources.shipped_configs()
     for info in pkgutil.walk_packages(orchestrator.__path__, "orchestrator."):
         if not info.name.startswith(("orchestrator.testing", "orchestrator.__main__")):
             importlib.import_module(info.name)
@@ -64,9 +68,9 @@ def _imported_here() -> None:
         importlib.import_module(name)
 
 
-def as_nobody(*args: str) -> dict[str, object]:
+def as_nobody(*args: str, configs: bool = True) -> dict[str, object]:
     """The CLI in a child process running as uid/gid nobody: its exit code, stdout and stderr."""
-    _imported_here()
+    _imported_here(configs)
     def command() -> str:
         os.environ.pop("ORCHESTRATOR_STATE_DIR", None)
         result = invoke(*args)
@@ -96,6 +100,23 @@ def test_an_unreadable_deploy_toml_is_named_without_the_state_directory_hint(box
     box.chmod(0o600)
     result = as_nobody("models", "--config", str(box))
     assert (result["code"], result["stderr"]) == (2, f"error: {box}: cannot read: Permission denied\n")
+
+
+def test_unreadable_shipped_configs_are_named(box: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package whose configs/ this user may not read: exit 2 naming the directory, not a bare PermissionError."""
+    from orchestrator import resources
+
+    hidden = tmp_path / "configs"
+    hidden.mkdir(mode=0o700)
+    monkeypatch.setattr(resources, "SHIPPED_CONFIGS", hidden)
+    resources.shipped_configs.cache_clear()
+    try:
+        result = as_nobody("plan", "a", "--config", str(box), configs=False)
+    finally:
+        resources.shipped_configs.cache_clear()
+    assert result["code"] == 2, result
+    assert f"models.a.config: 'shipped:MiniMaxAI__MiniMax-M2.5.json': cannot read the package's shipped configs: " \
+           f"{hidden}: Permission denied" in str(result["stderr"])
 
 
 @pytest.mark.parametrize("script", ["scripts/setup.sh", "scripts/demo.sh"])

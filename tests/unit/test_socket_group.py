@@ -119,6 +119,8 @@ ESCALATIONS = {
     "haproxy": ("proxy.haproxy", '"/home/alice/haproxy"'),
     "haproxy's account": ("proxy.user", '"daemon"'),
     "socket group": ("socket_group", '"users"'),
+    "dashboard socket": ("dashboard.socket", '"/etc/victim-file.sock"'),
+    "local weights": ("models.alpha.source", '"local:/root/weights"'),
 }
 
 
@@ -139,6 +141,19 @@ def test_a_member_may_push_models_and_policy(box: Box) -> None:
     reply = box.push(text, uid=NOBODY)
     assert reply["result"]["changed"] is True, reply
     assert box.config.read_text() == text and box.agent.catalog.models["alpha"].port == 8009
+
+
+def test_a_member_cannot_point_a_model_config_at_a_file_root_reads(box: Box) -> None:
+    """A model `config` outside the package's shipped ones is root's to set: a member's push exits 5."""
+    (box.root / "config.json").write_text('{"num_attention_heads": 32, "num_key_value_heads": 8}')
+    reply = box.push(deploy(Path(box.agent.catalog.state_dir), **{"models.alpha.config": '"config.json"'}), uid=NOBODY)
+    assert reply["error"]["exit_code"] == 5 and "models.alpha.config" in reply["error"]["message"], reply
+
+
+def test_a_member_may_name_a_shipped_model_config(box: Box) -> None:
+    """`config = "shipped:NAME"` names a file of the package: a member's push is applied."""
+    text = deploy(Path(box.agent.catalog.state_dir), **{"models.alpha.config": '"shipped:MiniMaxAI__MiniMax-M2.5.json"'})
+    assert box.push(text, uid=NOBODY)["result"]["changed"] is True
 
 
 def test_root_may_push_a_root_only_change(box: Box) -> None:
