@@ -161,7 +161,7 @@ class OperationsViews(OperationsBase):
                                                          "unit": serving.spec.unit_name,
                                                          "url": serving.spec.base_url},
                 "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
-                             "trigger": d.trigger} for d in running],
+                             "unit": d.spec.unit_name, "trigger": d.trigger} for d in running],
                 # unfinished while nothing holds the host: interrupted (Ctrl-C, a crash), not running
                 **({"interrupted": True} if running and host_held(self.state_dir, name) is False else {}),
             }
