@@ -10,6 +10,7 @@ from orchestrator.core import schedule as sched
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment
 from orchestrator.core.resident import ASLEEP
+from orchestrator.core.states import Phase
 from orchestrator.deploy.locks import host_held
 from orchestrator.deploy.operations_base import OperationsBase
 from orchestrator.errors import OrchestratorError
@@ -56,8 +57,23 @@ class OperationsViews(OperationsBase):
                 "serving model stops before the new one starts; clients see connection errors meanwhile",
                 "asleep": self._sleepers(host)}
         plan = eng.explain(host, spec)
-        return {"host": host, "model": model, "mode": plan.mode.value, "reason": plan.reason,
-                "displaced": [self.store.by_revision(host, r).model for r in plan.displaced],
+        displaced = [self.store.by_revision(host, r).model for r in plan.displaced]
+        mode, reason = plan.mode.value, plan.reason
+        asleep = self.residency.residency(host).get(model)
+        if asleep is not None and asleep.state == ASLEEP:
+            # staging's test, from the records: the unit it would run is the one that went to sleep
+            slept = next((d for d in self.store.history(host, limit=200)
+                          if d.model == model and d.phase is Phase.ACTIVE), None)
+            if slept is not None and slept.spec.unit_sha == spec.unit_sha:
+                others = ", ".join(displaced)
+                mode, reason = "warm", (
+                    f"{model} is asleep ({asleep.level or 'asleep'}) with its unit unchanged: a warm switch; the "
+                    f"route moves to {model} at once and its engine holds what arrives until it wakes (no 503 gap)"
+                    + (f"; {others} drain, then sleep (or stop, when the host's RAM for sleepers is full)"
+                       if others else ""))
+            else:
+                reason += f" ({model} is asleep, but its unit changed since: it starts cold, not warm)"
+        return {"host": host, "model": model, "mode": mode, "reason": reason, "displaced": displaced,
                 "asleep": self._sleepers(host)}
 
     def _sleepers(self, host: str) -> list[dict[str, object]]:

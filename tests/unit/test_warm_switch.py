@@ -271,3 +271,16 @@ def test_explain_lists_the_recorded_sleepers_least_recently_served_first() -> No
     asleep = ops.explain("a")["asleep"]
     assert [(s["model"], s["state"]) for s in asleep] == [("a", "asleep"), ("b", "asleep")]
     assert asleep[0]["last_served"] <= asleep[1]["last_served"]
+
+
+def test_dry_run_of_a_switch_to_a_sleeper_says_warm_not_stop_start() -> None:
+    """`switch --dry-run` to a model asleep with its unit unchanged describes the warm swap: no 503 gap."""
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld()
+    ww.switch("alpha")
+    ww.switch("beta")
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    plan = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency).explain("alpha")
+    assert plan["mode"] == "warm" and plan["displaced"] == ["beta"]
+    assert "stop-start" not in plan["reason"] and "holds what arrives until it wakes" in plan["reason"]
