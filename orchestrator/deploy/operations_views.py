@@ -181,6 +181,12 @@ class OperationsViews(OperationsBase):
                 # unfinished while nothing holds the host: interrupted (Ctrl-C, a crash), not running
                 **({"interrupted": True} if running and host_held(self.state_dir, name) is False else {}),
             }
+            if serving is None and not running:
+                # nothing serves because the newest deployment did not end active: status names it
+                last = next(iter(self.store.history(name, limit=1)), None)
+                if last is not None and last.phase is not Phase.ACTIVE:
+                    entry["last"] = {"id": last.id, "revision": last.revision, "model": last.model,
+                                     "outcome": last.phase.value, "error": last.error}
             eng = self.engine()
             if serving is not None and serving.spec.nodes:
                 # Nodes before health: restart counts only grow, so a rank this row shows restarted is
