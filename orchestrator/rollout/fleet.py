@@ -195,7 +195,8 @@ class Fleet:
                                      for h in hosts})
         for h in hosts:
             self.report(h, "rollout_host", {"state": "switching"})
-        results = self._run_all([HostRequest(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
+        results = self._run_all([HostRequest(h, clients[h], "switch", {"model": ro.model, "rollout": _label(ro)})
+                                 for h in hosts], self._event)
         lost = [h for h, r in results.items() if isinstance(r, TransportError)]
         ended = {h: self._ended(r) for h, r in results.items() if h not in lost}
         self.store.set_hosts(ro.id, ended)  # the batch's answers, one commit, before the next step
@@ -287,7 +288,8 @@ class Fleet:
                 failing[h] = why
         if not failing:
             return
-        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in failing], self._event)
+        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None, "rollout": _label(ro)})
+                              for h in failing], self._event)
         for h, why in failing.items():
             outcome = None if isinstance(back[h], OrchestratorError) else back[h].get("outcome")
             self.store.set_host(ro.id, h, state=HostState.FAILED, outcome=outcome, error=f"gate: {why}")
@@ -314,7 +316,8 @@ class Fleet:
         clients = self._clients(list(hosts))
         for h in hosts:
             self.report(h, "rollout_host", {"state": "reverting"})
-        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in hosts], self._event)
+        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None, "rollout": _label(ro)})
+                              for h in hosts], self._event)
         for h, r in back.items():
             if isinstance(r, OrchestratorError):
                 self.store.set_host(ro.id, h, error=f"revert: {str(r).splitlines()[0]}")
@@ -376,6 +379,12 @@ class Fleet:
             shown["reason"] = (f"its controller (pid {ro.pid}) is gone; `orchestrator rollout resume` finishes it, "
                                "`orchestrator rollout abort` ends it")
         return {"rollout": shown, "hosts": hosts}
+
+
+def _label(ro: Rollout) -> str:
+    """What each box records with the switches and rollbacks of this rollout, beside the controller's login."""
+    who = "".join(ch for ch in ro.started_by or "" if ch.isprintable())[:150]
+    return f"rollout #{ro.id}" + (f" by {who}" if who else "")
 
 
 def _first_line(exc: OrchestratorError) -> str:

@@ -107,6 +107,17 @@ def test_a_second_rollout_on_the_same_group_is_refused_naming_the_first_and_who_
     assert len(store.rollouts) == 1 and [b.switches("beta") for b in boxes.values()] == [1, 1, 1, 1]
 
 
+def test_each_box_records_the_rollouts_switch_as_the_rollout_and_who_started_it() -> None:
+    """The controller's switch names its rollout and the operator who started it; a real agent accepts the label."""
+    from orchestrator.contract.args import SwitchArgs
+
+    controller, boxes, _store = world()
+    run_to_end(controller, controller.start(RolloutStartArgs(model="beta"), "alice@10.0.0.7")["id"])
+    [sent] = [a for op, a in zip(boxes["h1"].asked, boxes["h1"].args, strict=True) if op == "switch"]
+    assert sent == {"model": "beta", "rollout": "rollout #1 by alice@10.0.0.7"}
+    SwitchArgs.model_validate(sent)
+
+
 def test_abort_from_another_client_stops_before_the_next_batch() -> None:
     """Abort while the canary switches: the canary ends, no other box is switched, the rollout reads aborted."""
     hold = threading.Event()
