@@ -225,7 +225,7 @@ def test_rollout_while_another_runs_on_one_of_its_hosts_is_refused(fleet: HostSe
         _out, err = proc.communicate(timeout=300)
     assert second.returncode == 5, second.stderr
     assert "rollout #1 (beta on group inference, started by " in second.stderr
-    assert "(this CLI)) has not finished on h2" in second.stderr
+    assert "(this CLI)) is still running on h2" in second.stderr and "rollout abort" in second.stderr
     assert proc.returncode == 0, err
     assert [d["outcome"] for d in beta_runs(boxes[1])] == ["active"]
 

@@ -131,8 +131,13 @@ class Fleet:
             if shared or ro.group == group:
                 who = f", started by {ro.started_by}" if ro.started_by else ""
                 where = f"on {', '.join(shared)}" if shared else f"on group {group}"
-                raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) has not finished {where}: "
-                           "`orchestrator rollout resume` or `orchestrator rollout abort` first")
+                if self.driven(ro):  # still running: resuming it is not for this client to do
+                    raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) is still running {where} "
+                               f"(its controller, pid {ro.pid}, drives it): wait for it to end (`orchestrator "
+                               "rollout status --follow`) or stop it (`orchestrator rollout abort`), then start "
+                               "again")
+                raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) has not finished {where} and "
+                           "nothing drives it: `orchestrator rollout resume` or `orchestrator rollout abort` first")
 
     def _stage(self, rid: int, model: Model, order: list[str], seed: str | None) -> None:
         """Every host stages before any stops: the seed from the hub, the others from the seed."""

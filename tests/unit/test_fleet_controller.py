@@ -102,9 +102,35 @@ def test_a_second_rollout_on_the_same_group_is_refused_naming_the_first_and_who_
     finally:
         hold.set()
     assert refused.value.exit_code == 5
-    assert "rollout #1 (beta on group inference, started by alice@socket) has not finished" in str(refused.value)
+    assert "rollout #1 (beta on group inference, started by alice@socket) is still running" in str(refused.value)
     run_to_end(controller, first["id"])
     assert len(store.rollouts) == 1 and [b.switches("beta") for b in boxes.values()] == [1, 1, 1, 1]
+
+
+def test_refusing_a_rollout_beside_a_running_one_says_wait_or_abort_not_resume() -> None:
+    """The first rollout still runs: the refusal tells to follow or abort it, never to resume what is running."""
+    hold = threading.Event()
+    controller, _boxes, _store = world(hold=hold)
+    first = controller.start(RolloutStartArgs(model="beta"), "alice@socket")
+    try:
+        with pytest.raises(Busy) as refused:
+            controller.start(RolloutStartArgs(model="beta"), "bob@socket")
+    finally:
+        hold.set()
+    assert "rollout resume" not in str(refused.value)
+    assert "rollout status --follow" in str(refused.value) and "rollout abort" in str(refused.value)
+    run_to_end(controller, first["id"])
+
+
+def test_a_rollout_refused_beside_one_nothing_drives_says_resume_or_abort() -> None:
+    """A rollout recorded running whose controller is gone: the refusal names `resume` or `abort`."""
+    controller, _boxes, store = world()
+    rid = store.create("beta", "inference", Policy(canary=1, batch=2), "health", [("h1",), ("h2", "h3"), ("h4",)],
+                       pid=1, started_by="alice")
+    with pytest.raises(Busy) as refused:
+        controller.start(RolloutStartArgs(model="beta"), "bob@socket")
+    assert f"rollout #{rid} (beta on group inference, started by alice) has not finished" in str(refused.value)
+    assert "`orchestrator rollout resume` or `orchestrator rollout abort` first" in str(refused.value)
 
 
 def test_each_box_records_the_rollouts_switch_as_the_rollout_and_who_started_it() -> None:
