@@ -57,7 +57,7 @@ class Fleet:
         self.clock = clock or _system_clock()
         self.pid = os.getpid() if pid is None else pid
         self.started_by = started_by
-        self.driven: Driven = driven or (lambda ro: ro.pid == self.pid or _alive(ro.pid))
+        self.driven: Driven = driven or (lambda ro: ro.pid == self.pid or process_alive(ro.pid))
         self.on_start = on_start
         self.starting = starting or nullcontext()  # the last overlap check and the record as one step
         self.clients: dict[str, AgentClient] = {}  # one per box for the whole rollout, closed by close()
@@ -400,7 +400,8 @@ def _batch_of(batches: list[tuple[str, ...]], host: str) -> int:
     return next(i for i, b in enumerate(batches) if host in b)
 
 
-def _alive(pid: int | None) -> bool:
+def process_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a live orchestrator process (a CLI or an agent that drives a rollout)."""
     if not pid:
         return False
     try:

@@ -251,3 +251,18 @@ def test_ctrl_c_in_the_cli_only_detaches_and_the_controller_finishes_the_rollout
         running.server.shutdown()
         running.server.server_close()
     assert run_to_end(controller, 1)["rollout"]["status"] == "succeeded"
+
+
+def test_a_rollout_a_live_cli_drives_reads_running_and_alive_on_the_controller() -> None:
+    """Recorded by a CLI that runs it itself (pid 777, alive): the controller reads it running with that
+    process alive, not interrupted; it neither resumes nor takes over what that process drives."""
+    controller, boxes, store = world()
+    controller.alive = lambda pid: pid == 777
+    rid = store.create("beta", "inference", Policy(canary=1, batch=2), "health", [("h1",), ("h2", "h3"), ("h4",)],
+                       pid=777, started_by="alice (this CLI)")
+    shown = controller.summary(rid)["rollout"]
+    assert (shown["status"], shown["controller"]) == ("running", {"pid": 777, "alive": True})
+    with pytest.raises(Busy, match="still driven by pid 777"):
+        controller.resume(rid)
+    assert "the controller (pid 777) stops after its running batch" in controller.abort(rid, False)["message"]
+    assert all(b.switches("beta") == 0 for b in boxes.values()) and rid not in controller.runs
