@@ -13,7 +13,7 @@ from orchestrator.contract.wire import socket_path
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: a query through an agent never loads the in-process stack
-    from orchestrator.client.backends import Backend
+    from orchestrator.client.backends import AgentClient, Backend
     from orchestrator.core.catalog import Catalog
 
 
@@ -60,7 +60,7 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     return client
 
 
-def _box_agent(config: str | None) -> Backend | None:
+def _box_agent(config: str | None) -> AgentClient | None:
     """The box's agent, found as the SSH relay finds it ($ORCHESTRATOR_SOCKET, else the state dir of
     /etc/orchestrator/deploy.toml, else the default one), when this user cannot read the deploy.toml
     asked for (0640 root:root: a socket-group member on the box) or asked for none and ./deploy.toml
