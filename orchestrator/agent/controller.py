@@ -130,8 +130,8 @@ class FleetController:
                 raise Busy(f"rollout #{ro.id} is already driven by this controller (agent pid {self.pid}): "
                            "follow it with `orchestrator rollout status --follow`")
             if self._driven(ro):
-                raise Busy(f"rollout #{ro.id} is still driven by pid {ro.pid} (a CLI that runs it itself): let it "
-                           "finish, or `orchestrator rollout abort` it")
+                raise Busy(f"rollout #{ro.id} is still driven by pid {ro.pid} (a CLI that runs it itself): "
+                           "let it finish, or `orchestrator rollout abort` it")
             job = Job("controller", "rollout resume", {"id": ro.id})
             self.runs[ro.id] = job
         self._spawn(job, lambda: self._driving(self._fleet(job), job, lambda f: f.drive(ro.id)), [ro.id], [],

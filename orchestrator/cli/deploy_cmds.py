@@ -223,8 +223,8 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
         elif serving is None and entry.get("last"):
             last = entry["last"]
             why = f": {str(last['error']).splitlines()[0][:300]}" if last.get("error") else ""
-            console.print(f"[bold]{name}[/]: nothing serves: revision {last['revision']} ({last['model']}) ended "
-                          f"{last['outcome']}" + escape(why), soft_wrap=True)
+            console.print(f"[bold]{name}[/]: nothing serves: revision {last['revision']} ({last['model']}) "
+                          f"ended {last['outcome']}" + escape(why), soft_wrap=True)
         elif serving is None:
             console.print(f"[bold]{name}[/]: nothing known to serve")
         else:

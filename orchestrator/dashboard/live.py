@@ -158,7 +158,8 @@ class Live:
             return {"error": str(exc), "rows": []}
         owners: dict[int, str] = {}
         units = view.unit_owners(entry, {m.name: m.unit_name for m in self.agent.catalog.models.values()})
-        states = {str(m["model"]): str(m["state"]) for m in (entry.get("residency") or {}).get("models") or []}
+        resident = (entry.get("residency") or {}).get("models") or []
+        states = {str(m["model"]): str(m["state"]) for m in resident}
         for unit, model in units.items():
             try:  # the main PID and every process of its cgroup (EngineCore, TP workers)
                 for pid in [ports.systemd.unit_state(unit).main_pid, *ports.systemd.cgroup_pids(unit)]:

@@ -67,8 +67,9 @@ class OperationsViews(OperationsBase):
             if slept is not None and slept.spec.unit_sha == spec.unit_sha:
                 others = ", ".join(displaced)
                 mode, reason = "warm", (
-                    f"{model} is asleep ({asleep.level or 'asleep'}) with its unit unchanged: a warm switch; the "
-                    f"route moves to {model} at once and its engine holds what arrives until it wakes (no 503 gap)"
+                    f"{model} is asleep ({asleep.level or 'asleep'}) with its unit unchanged: a warm switch; "
+                    f"the route moves to {model} at once and its engine holds what arrives until it wakes "
+                    "(no 503 gap)"
                     + (f"; {others} drain, then sleep (or stop, when the host's RAM for sleepers is full)"
                        if others else ""))
             else:
