@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -225,7 +226,9 @@ def test_rollout_while_another_runs_on_one_of_its_hosts_is_refused(fleet: HostSe
         _out, err = proc.communicate(timeout=300)
     assert second.returncode == 5, second.stderr
     assert "rollout #1 (beta on group inference, started by " in second.stderr
-    assert "(this CLI)) has not finished on h2" in second.stderr
+    # "is still running on h2" where the first CLI's command line names orchestrator (process_alive); this
+    # harness's (python -m tests.rollout_with_hooks) does not, so it may read "has not finished on h2"
+    assert re.search(r"\(this CLI\)\) (is still running|has not finished) on h2", second.stderr), second.stderr
     assert proc.returncode == 0, err
     assert [d["outcome"] for d in beta_runs(boxes[1])] == ["active"]
 

@@ -8,6 +8,7 @@ session with it, and `orchestrator --host BOX history` loads nothing more; ``Ssh
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,7 +73,7 @@ def connect_errors(host: str, where: str, known_hosts: str | None, timeout: floa
     except paramiko.AuthenticationException as exc:
         raise TransportError(f"authentication failed for {where} ({exc})", host=host) from exc
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
-        raise TransportError(f"SSH connection to {address} refused", host=host) from exc
+        raise TransportError(f"SSH connection to {address} {_no_connection(exc)}", host=host) from exc
     except paramiko.SSHException as exc:
         # RejectPolicy: "Server '...' not found in known_hosts"; also protocol/banner errors.
         raise TransportError(f"SSH to {where} failed: {exc}", host=host) from exc
@@ -86,6 +87,17 @@ def connect_errors(host: str, where: str, known_hosts: str | None, timeout: floa
         raise TransportError(f"SSH connection to {address} failed: {why}", host=host) from exc
     except OSError as exc:
         raise TransportError(f"SSH connection to {address} failed: {exc.strerror or exc}", host=host) from exc
+
+
+def _no_connection(exc: paramiko.ssh_exception.NoValidConnectionsError) -> str:
+    """Why no address of the host took the connection, as the system said it: "refused" only when
+    every one refused (something answered, nothing listens on the port); an unreachable host or
+    network says so."""
+    errors = [e for e in exc.errors.values() if isinstance(e, OSError)]
+    if errors and all(e.errno == errno.ECONNREFUSED for e in errors):
+        return "refused"
+    reasons = sorted({e.strerror or str(e) for e in errors if e.errno != errno.ECONNREFUSED})
+    return f"failed: {'; '.join(reasons)}" if reasons else f"failed: {exc}"
 
 
 def _interface(name: str) -> bool:

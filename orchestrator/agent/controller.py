@@ -22,10 +22,11 @@ from orchestrator.client.backends import AgentClient
 from orchestrator.contract.args import RolloutStartArgs
 from orchestrator.contract.wire import error_reply
 from orchestrator.core.catalog import Catalog, Host
+from orchestrator.core.rollout import Rollout
 from orchestrator.errors import AgentError, Busy, OrchestratorError, RolloutPaused, UsageError
 from orchestrator.ports import Clock
 from orchestrator.ports import RolloutStore as RolloutRecord
-from orchestrator.rollout.fleet import AfterBatch, Fleet, remote_client
+from orchestrator.rollout.fleet import AfterBatch, Fleet, process_alive, remote_client
 
 log = structlog.get_logger()
 
@@ -48,9 +49,11 @@ class FleetController:
     def __init__(self, catalog: Callable[[], Catalog], *, clock: Clock, pid: int,
                  store: RolloutRecord | None = None, connect: Callable[[Host], AgentClient] = remote_client,
                  after_batch: AfterBatch | None = None, stopping: threading.Event | None = None,
-                 retry_s: float = RETRY_S) -> None:
-        """``stopping``: the agent's (a paused rollout stops retrying then; its restart resumes it)."""
+                 retry_s: float = RETRY_S, alive: Callable[[int | None], bool] = process_alive) -> None:
+        """``stopping``: the agent's (a paused rollout stops retrying then; its restart resumes it);
+        ``alive``: whether the process a rollout is recorded with (a CLI running one itself) still runs."""
         self.catalog, self.clock, self.pid, self.connect = catalog, clock, pid, connect
+        self.alive = alive
         self.stopping, self.retry_s = stopping or threading.Event(), retry_s
         self.paused: dict[int, str] = {}  # rollouts waiting for a lost box, with why (guarded by lock)
         self.after_batch = after_batch or after_batch_hook
@@ -78,8 +81,13 @@ class FleetController:
 
         return Fleet(self.catalog(), connect=self.connect, report=report, store=self.store,
                      after_batch=self.after_batch, clock=self.clock, pid=self.pid, started_by=started_by,
-                     driven=lambda ro: ro.id in self.runs, on_start=on_start,
+                     driven=self._driven, on_start=on_start,
                      starting=self.starting)
+
+    def _driven(self, ro: Rollout) -> bool:
+        """Driven here, or by the live process it is recorded with (a CLI that runs it itself); a
+        rollout recorded by an earlier run of this agent is driven only once resumed here."""
+        return ro.id in self.runs or (ro.pid != self.pid and self.alive(ro.pid))
 
     def _is_controller(self) -> None:
         """An agent whose deploy.toml has no groups drives no rollout: say so, not "unknown group"."""
@@ -121,6 +129,9 @@ class FleetController:
             if ro.id in self.runs:
                 raise Busy(f"rollout #{ro.id} is already driven by this controller (agent pid {self.pid}): "
                            "follow it with `orchestrator rollout status --follow`")
+            if self._driven(ro):
+                raise Busy(f"rollout #{ro.id} is still driven by pid {ro.pid} (a CLI that runs it itself): "
+                           "let it finish, or `orchestrator rollout abort` it")
             job = Job("controller", "rollout resume", {"id": ro.id})
             self.runs[ro.id] = job
         self._spawn(job, lambda: self._driving(self._fleet(job), job, lambda f: f.drive(ro.id)), [ro.id], [],
@@ -133,13 +144,14 @@ class FleetController:
         fleet = self._fleet(None)
         ro = fleet._unfinished(rid)
         with self.lock:
-            driven = ro.id in self.runs
+            driven = self._driven(ro)
             self.store.request_abort(ro.id)
             if not driven:
                 job = Job("controller", "rollout abort", {"id": ro.id})
                 self.runs[ro.id] = job
         if driven:
-            return {**self.summary(ro.id), "message": f"abort requested: the controller (agent pid {self.pid}) "
+            who = f"agent pid {self.pid}" if ro.id in self.runs else f"pid {ro.pid}"
+            return {**self.summary(ro.id), "message": f"abort requested: the controller ({who}) "
                                                       "stops after its running batch"}
         self._spawn(job, lambda: self._driving(self._fleet(job), job,
                                                lambda f: f.drive(ro.id, rollback_all=rollback_all or None)),
@@ -221,7 +233,9 @@ class FleetController:
             self._is_controller()  # a rollout asked for by id may be an old one, from when it had groups
         out = self._fleet(None).summary(rid)
         ro = out["rollout"]
-        ro["controller"] = {"pid": self.pid, "alive": ro["id"] in self.runs, "agent": True}
+        if ro["id"] in self.runs:
+            ro["controller"] = {"pid": self.pid, "alive": True, "agent": True}
+        # else the fleet's: the process it is recorded with, and whether it runs (a CLI driving it)
         with self.lock:
             why = self.paused.get(ro["id"])
         if why is not None and ro["status"] == "running":

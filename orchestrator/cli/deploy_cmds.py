@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from orchestrator.cli.options import (
@@ -219,6 +220,11 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
             for rank in entry["node_of"]:
                 console.print(f"[bold]{name}[/]: a node of {rank['model']} (revision {rank['revision']}, headed on "
                               f"{rank['head']}: {', '.join(rank['units'])})", soft_wrap=True)
+        elif serving is None and entry.get("last"):
+            last = entry["last"]
+            why = f": {str(last['error']).splitlines()[0][:300]}" if last.get("error") else ""
+            console.print(f"[bold]{name}[/]: nothing serves: revision {last['revision']} ({last['model']}) "
+                          f"ended {last['outcome']}" + escape(why), soft_wrap=True)
         elif serving is None:
             console.print(f"[bold]{name}[/]: nothing known to serve")
         else:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.status import Status
 
+from orchestrator.core.progress_text import warm_line
 from orchestrator.core.states import phase_label, text_of
 
 T = TypeVar("T")
@@ -73,9 +74,8 @@ class ProgressPrinter:
                        "yellow")
         elif event == "rollback":
             self._line(f"  rolling back to revision {fields['to_revision']} ({fields['model']})", "yellow")
-        elif event in WARM_LINES:
-            text, style = WARM_LINES[event]
-            self._line("  " + text.format_map(_Blank(fields)), style)
+        elif (warm := warm_line(event, fields)) is not None:
+            self._line("  " + warm[0], warm[1])
         elif event == "stage_verified":
             self._line(f"  weights verified: {fields.get('checked', '')}")
         elif event == "staged":
@@ -102,26 +102,6 @@ class ProgressPrinter:
             self._line(f"tune: bringing back revision {f['to_revision']}", "yellow")
         elif event == "tune_winner":
             self._line(f"tune: winner {f['candidate']}: {f['action']}", "green")
-
-
-class _Blank(dict[str, Any]):
-    """Fields for a progress line: a field an older agent did not send reads as empty."""
-
-    def __missing__(self, key: str) -> str:
-        return ""
-
-
-# What the warm steps did, as one line each (deploy/warm_steps.py emits these with the engine's words).
-WARM_LINES: dict[str, tuple[str, str]] = {
-    "slept": ("{model} sleeps ({level}, {seconds} s)", ""),
-    "woken": ("{model} woke and answered a completion ({seconds} s)", "green"),
-    "wake_fits": ("GPUs {gpus} have the memory {model}'s wake takes: it may wake", ""),
-    "stopping": ("{model} stops: {reason}", ""),
-    "evicted": ("{model} (asleep) is stopped: {reason}", "yellow"),
-    "sleep_failed": ("{model}'s sleep failed, {then}: {error}", "yellow"),
-    "restart_wedged": ("{model} is wedged: killing {unit} and starting it cold", "yellow"),
-    "wake_failed": ("{model}'s wake failed, {then}: {error}", "yellow"),
-}
 
 
 def with_progress(quiet: bool, call: Callable[[ProgressPrinter], T]) -> T:

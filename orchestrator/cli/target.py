@@ -13,7 +13,7 @@ from orchestrator.contract.wire import socket_path
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: a query through an agent never loads the in-process stack
-    from orchestrator.client.backends import Backend
+    from orchestrator.client.backends import AgentClient, Backend
     from orchestrator.core.catalog import Catalog
 
 
@@ -42,6 +42,8 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
         # loaded (and a bad file refused, exit 2) as before.
         peeked = None if local else settings.peek(config)
         client = None if peeked is None else agent_at(socket_path(peeked.state_dir))
+        if client is None and peeked is None and not local:
+            client = _box_agent(config)
         if client is not None:
             return client
         return backend_for(settings.load(config), local=local, ignore_agent=ignore_agent)
@@ -56,6 +58,26 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     client = RemoteAgentClient(resolve(spec, remote_source()))
     click.get_current_context().call_on_close(client.close)
     return client
+
+
+def _box_agent(config: str | None) -> AgentClient | None:
+    """The box's agent, found as the SSH relay finds it ($ORCHESTRATOR_SOCKET, else the state dir of
+    /etc/orchestrator/deploy.toml, else the default one), when this user cannot read the deploy.toml
+    asked for (0640 root:root: a socket-group member on the box) or asked for none and ./deploy.toml
+    is not there. None otherwise: a file named that is missing, or one that reads, keeps its own error."""
+    import os
+
+    from orchestrator import settings
+    from orchestrator.agent.relay import default_socket
+    from orchestrator.client.backends import agent_at
+
+    file = settings.config_path(config)
+    if os.path.exists(file):
+        if os.access(file, os.R_OK):
+            return None
+    elif config or os.environ.get("ORCHESTRATOR_CONFIG"):
+        return None
+    return agent_at(default_socket(config))
 
 
 def run_model_job(op: Operation[Any, dict[str, Any]], model: str, config: str | None, local: bool, as_json: bool,

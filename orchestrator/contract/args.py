@@ -58,9 +58,16 @@ class StageArgs(ModelArgs):
     peer: dict[str, str | int | None] | None = None
 
 
+# What a fleet controller's switch or rollback is part of ("rollout #3 by alice@laptop"): the box records
+# it beside the caller it authenticated (the controller's login), never instead of it. No control
+# characters: it lands in history lines and logs.
+ROLLOUT_LABEL = r"^rollout #[0-9]{1,12}( by [^\x00-\x1f\x7f]{1,150})?$"
+
+
 class SwitchArgs(ModelArgs):
     no_rollback: bool = False
     force: bool = False
+    rollout: str | None = Field(None, max_length=200, pattern=ROLLOUT_LABEL)
 
 
 class HostArgs(Args):
@@ -69,6 +76,7 @@ class HostArgs(Args):
 
 class RollbackArgs(HostArgs):
     to_revision: int | None = Field(None, ge=1, le=2**31 - 1)
+    rollout: str | None = Field(None, max_length=200, pattern=ROLLOUT_LABEL)
 
 
 class HistoryArgs(HostArgs):

@@ -226,9 +226,18 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _rollback_trigger(caller: Caller) -> str:
+def _trigger(caller: Caller, rollout: str | None) -> str | None:
+    """Who asked, for the audit trail; a fleet controller's request names its rollout first, the login
+    the box authenticated (the controller's) after it."""
+    if rollout is None:
+        return caller.trigger
+    return f"{rollout} (via {caller.trigger})" if caller.trigger else rollout
+
+
+def _rollback_trigger(caller: Caller, rollout: str | None = None) -> str:
     # For people reading history: the engine knows a rollback by its record (Deployment.restores).
-    return f"rollback by {caller.trigger}" if caller.trigger else "rollback"
+    who = _trigger(caller, rollout)
+    return f"rollback by {who}" if who else "rollback"
 
 
 def _status(ops: Operations, a: HostArgs, c: Caller) -> dict[str, Any]:
@@ -273,12 +282,13 @@ def _host(catalog: Catalog, a: HostArgs) -> Host:
 
 SWITCH: Operation[SwitchArgs, dict[str, Any]] = Operation(
     "switch", "SwitchArgs", dict, "switch",
-    run=lambda ops, a, c: ops.switch(a.model, trigger=c.trigger, no_rollback=a.no_rollback, force=a.force,
-                                     progress=c.progress),
+    run=lambda ops, a, c: ops.switch(a.model, trigger=_trigger(c, a.rollout), no_rollback=a.no_rollback,
+                                     force=a.force, progress=c.progress),
     job=_model_host)
 ROLLBACK: Operation[RollbackArgs, dict[str, Any]] = Operation(
     "rollback", "RollbackArgs", dict, "rollback",
-    run=lambda ops, a, c: ops.rollback(a.host, a.to_revision, trigger=_rollback_trigger(c), progress=c.progress),
+    run=lambda ops, a, c: ops.rollback(a.host, a.to_revision, trigger=_rollback_trigger(c, a.rollout),
+                                       progress=c.progress),
     job=_host)
 RECOVER: Operation[HostArgs, dict[str, Any]] = Operation(
     "recover", "HostArgs", dict, "recover",

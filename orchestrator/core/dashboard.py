@@ -13,7 +13,8 @@ from pydantic import Field, field_validator
 
 from orchestrator.core.catalog_rules import Strict, socket_file
 from orchestrator.core.observed import GpuSnapshot
-from orchestrator.core.states import Phase, text_of
+from orchestrator.core.progress_text import warm_line
+from orchestrator.core.states import Phase, phase_label, text_of
 
 # The phases in which the old model no longer serves and the new one does not yet: a switch's downtime.
 DOWN_PHASES = frozenset({Phase.STOPPING, Phase.FREEING, Phase.INSTALLING, Phase.STARTING, Phase.CHECKING,
@@ -39,6 +40,23 @@ class Dashboard(Strict):
 
 def socket_path(settings: Dashboard, state_dir: str) -> str:
     return settings.socket or f"{state_dir.rstrip('/')}/dashboard.sock"
+
+
+def unit_owners(entry: Mapping[str, Any], unit_of: Mapping[str, str]) -> dict[str, str]:
+    """unit -> model for every engine of a host that may hold GPU memory: the serving ones, the sleepers
+    (their residue) and the running operation's target, whose new engine loads before the serving record
+    names it (``unit_of``: the catalog's model -> unit, for entries that name no unit)."""
+    units = {str(m["unit"]): str(m["model"]) for m in entry.get("models") or []}
+    if entry.get("serving"):
+        units.setdefault(str(entry["serving"]["unit"]), str(entry["serving"]["model"]))
+    for m in (entry.get("residency") or {}).get("models") or []:
+        if m["state"] != "stopped" and m["model"] in unit_of:
+            units.setdefault(unit_of[m["model"]], str(m["model"]))
+    for r in entry.get("running") or []:
+        unit = r.get("unit") or unit_of.get(r["model"])
+        if unit:
+            units.setdefault(str(unit), str(r["model"]))
+    return units
 
 
 def gpu_rows(snapshot: GpuSnapshot, owners: Mapping[int, str],
@@ -130,7 +148,8 @@ def sleep_summary(residency: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def timeline(running: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
     """The running operation as phases (from its stored record: entered, seconds, current) and the
-    progress lines the CLI streams (``events``: {"at", "event", "fields"}), newest last."""
+    progress lines the CLI streams (``events``: {"at", "event", "fields"}), newest first: the box shows
+    the top of the list, where what the switch waits for now must be."""
     if running is None:
         return {"active": False, "phases": [], "lines": []}
     phases = []
@@ -139,28 +158,56 @@ def timeline(running: Mapping[str, Any] | None, events: Sequence[Mapping[str, An
         phases.append({"phase": t["phase"], "label": text_of(t["phase"]).label,
                        "seconds": round((left if left is not None else now) - t["entered_at"], 1),
                        "current": left is None})
-    lines = [{"at": e["at"], "text": progress_line(str(e["event"]), e.get("fields") or {})} for e in events]
     return {"active": True, "id": running.get("id"), "model": running.get("model"),
             "revision": running.get("revision"), "trigger": running.get("trigger"), "op": running.get("op"),
-            "phases": phases, "lines": [ln for ln in lines if ln["text"]][-30:]}
+            "phases": phases, "lines": progress_lines(events)[:LINES]}
+
+
+LINES = 30  # the progress lines a running operation shows
+
+
+def progress_lines(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Events as lines, newest first: a wait reported again (each few seconds) replaces its last report,
+    and a line that repeats the one before it is shown once."""
+    lines: list[dict[str, Any]] = []
+    for e in events:
+        fields = e.get("fields") or {}
+        text = progress_line(str(e["event"]), fields)
+        if not text:
+            continue
+        key = ("waiting", fields.get("unit")) if e["event"] == "waiting" else ("text", text)
+        if lines and lines[-1]["key"] == key:
+            lines[-1] = {"at": e["at"], "text": text, "key": key}
+        else:
+            lines.append({"at": e["at"], "text": text, "key": key})
+    return [{"at": ln["at"], "text": ln["text"]} for ln in reversed(lines)]
 
 
 def progress_line(event: str, f: Mapping[str, Any]) -> str:
     """One progress event as the CLI words it (cli/progress.py), shortened for a table cell."""
     if event == "phase":
-        return f"#{f.get('revision', '?')} {f.get('model', '')}: {text_of(str(f.get('phase'))).label}"
+        label = phase_label(str(f.get("phase")), proxy=bool(f.get("proxy", True)),
+                            handover=bool(f.get("handover", False)))
+        return "" if label is None else f"#{f.get('revision', '?')} {f.get('model', '')}: {label}"
     if event == "waiting":
-        return f"waiting for {f.get('unit')}: {f.get('last')} ({float(f.get('seconds', 0)):.0f} s)"
+        deadline = f" of {float(f['deadline']):g} s" if f.get("deadline") is not None else ""
+        return f"waiting for {f.get('unit')}: {f.get('last')} ({float(f.get('seconds', 0)):.0f} s{deadline})"
     if event == "gpus_free":
         return f"GPUs {f.get('gpus')} free after {float(f.get('seconds', 0)):.1f} s"
     if event == "ready":
         return f"{f.get('unit')} ready after {float(f.get('seconds', 0)):.1f} s"
     if event in ("stop", "installed"):
         return f"{event} {f.get('unit')}"
+    if event == "reap":
+        return f"{f.get('unit')} left pids {f.get('pids')}: sending {f.get('signal')}"
+    if event == "rollback" and "to_set" in f:
+        return f"rolling back to the serving set before: {', '.join(f['to_set']) or 'nothing'}"
     if event == "rollback":
         return f"rolling back to revision {f.get('to_revision')} ({f.get('model')})"
     if event == "stage_progress":
         return ""  # many per second: the phase row says staging
+    if (warm := warm_line(event, f)) is not None:
+        return warm[0]
     return event + (f" {f.get('unit')}" if f.get("unit") else "")
 
 
@@ -171,13 +218,27 @@ def downtime_s(row: Mapping[str, Any]) -> float | None:
     return round(sum(spans), 2) if spans else None
 
 
-def history_rows(history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """History rows with each phase's duration and the downtime, newest first (as the agent answers)."""
-    return [{"id": h["id"], "revision": h["revision"], "model": h["model"], "outcome": h["outcome"],
-             "trigger": h.get("trigger"), "created_at": h["created_at"], "error": h.get("error"),
-             "phases": [{"phase": p["phase"], "short": text_of(p["phase"]).short, "seconds": p["seconds"]}
-                        for p in h.get("phases") or []],
-             "downtime_s": downtime_s(h)} for h in history]
+def history_rows(history: Sequence[Mapping[str, Any]], operation: Mapping[str, Any] | None = None
+                 ) -> list[dict[str, Any]]:
+    """History rows with each phase's duration and the downtime, newest first (as the agent answers).
+
+    The running deployment's row takes its phases from ``operation`` (timeline's answer), whose current
+    phase counts to now: its record has no duration for a phase it has not left yet."""
+    return [_history_row(_live(h, operation)) for h in history]
+
+
+def _live(row: Mapping[str, Any], operation: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if not operation or not operation.get("active") or operation.get("id") != row["id"]:
+        return row
+    return {**row, "phases": [{"phase": p["phase"], "seconds": p["seconds"]} for p in operation["phases"]]}
+
+
+def _history_row(h: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": h["id"], "revision": h["revision"], "model": h["model"], "outcome": h["outcome"],
+            "trigger": h.get("trigger"), "created_at": h["created_at"], "error": h.get("error"),
+            "phases": [{"phase": p["phase"], "short": text_of(p["phase"]).short, "seconds": p["seconds"]}
+                       for p in h.get("phases") or []],
+            "downtime_s": downtime_s(h)}
 
 
 def downtime_series(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

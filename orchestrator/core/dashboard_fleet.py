@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.core.dashboard import DOWN_PHASES, progress_line
+from orchestrator.core.dashboard import DOWN_PHASES, history_rows, model_rows, progress_line, sleep_summary
 
 ENDED_HOST = frozenset({"switched", "failed", "reverted"})
 
@@ -118,3 +118,17 @@ def live_update(state: dict[str, dict[str, Any]], event: str, fields: Mapping[st
     if text:
         cur["line"] = text
     return cur != before
+
+
+def box_view(host: str, models: Sequence[Any], status: Any, history: Any) -> dict[str, Any]:
+    """One box of a group as the fleet page's box page shows it, from its own agent's ``status`` and
+    ``history`` answers (an error instead of either: that error): what it serves, each group model's
+    state on it, the sleepers' RAM, its running operation and its recent history."""
+    if isinstance(status, str):
+        return {"name": host, "error": status}
+    entry: Mapping[str, Any] = next(iter((status.get("hosts") or {}).values()), {})
+    return {"name": host, "error": None, "serving": entry.get("serving"), "endpoint": entry.get("endpoint"),
+            "models": model_rows(models, entry), "sleep": sleep_summary(entry.get("residency")),
+            "running": list(entry.get("running") or []), "interrupted": bool(entry.get("interrupted")),
+            "history": [] if isinstance(history, str) else history_rows(history[:20]),
+            "history_error": history if isinstance(history, str) else None, "tune": []}

@@ -17,6 +17,7 @@ from orchestrator import logs
 from orchestrator.client.backends import AgentClient
 from orchestrator.core import dashboard_fleet as fv
 from orchestrator.errors import OrchestratorError
+from orchestrator.rollout.fanout import HostRequest, run_all
 from orchestrator.rollout.group_view import group_status
 
 log = logs.get_logger()
@@ -137,6 +138,25 @@ class FleetView:
                            "rollout": ro, "older": mine[1:1 + OLDER]})
         return {"at": time.time(), "groups": groups}
 
+    def box(self, host: str) -> dict[str, Any] | None:
+        """One box of a group (None: no group has it), asked through the page's connection to it."""
+        catalog = self.agent.catalog
+        group = next((name for name, g in catalog.groups.items() if host in g.hosts), None)
+        if group is None:
+            return None
+        with self.lock:
+            self.last_read = time.time()
+            if host not in self.clients:
+                self.clients[host] = self.agent.controller.connect(catalog.hosts[host])
+            client = self.clients[host]
+            status = run_all([HostRequest(host, client, "status", {"host": None})])[host]
+            history = run_all([HostRequest(host, client, "history", {"host": None, "limit": 20})])[host]
+            if isinstance(status, OrchestratorError):
+                self._forget(host)  # a dead connection: connect anew next time
+        models = [m for m in catalog.models.values() if m.group == group]
+        return {"at": time.time(), "group": group,
+                **fv.box_view(host, models, _or_error(status), _or_error(history))}
+
     def _rollouts(self, query: Any) -> list[dict[str, Any]]:
         """The unfinished rollouts and each group's last few, newest first, each as rollout_status answers."""
         store = self.agent.controller.store
@@ -152,3 +172,8 @@ class FleetView:
             out.append(fv.rollout_view(summary, abort_requested=store.get(rid).abort_requested,
                                        live=self._live_of(rid)))
         return out
+
+
+def _or_error(answer: Any) -> Any:
+    """An agent's answer, or the first line of the error that came instead."""
+    return str(answer).splitlines()[0] if isinstance(answer, OrchestratorError) else answer

@@ -113,13 +113,14 @@ class Live:
             models = [m for m in catalog.models.values() if name in [h.name for h in catalog.model_hosts(m.name)]]
             history = self.query("history", {"host": name, "limit": 50})
             running = self._running(name)
+            operation = view.timeline(running, self.events.get(name, []) if running else [], now)
             hosts.append({
                 "name": name, "serving": entry.get("serving"), "endpoint": entry.get("endpoint"),
                 "gpus": self._gpus(name, entry),
                 "models": view.model_rows(models, entry),
                 "sleep": view.sleep_summary(entry.get("residency")),
-                "operation": view.timeline(running, self.events.get(name, []) if running else [], now),
-                "history": view.history_rows(history[:20]),
+                "operation": operation,
+                "history": view.history_rows(history[:20], operation),
                 "downtime": view.downtime_series(history),
                 "events": [e for e in self.agent.ops.events(limit=40) if e.get("host") in (None, name)][:15],
                 "tune": [{k: r[k] for k in ("id", "model", "created_at", "winner")} for r in self.tune_runs(name)],
@@ -156,14 +157,9 @@ class Live:
         except OrchestratorError as exc:
             return {"error": str(exc), "rows": []}
         owners: dict[int, str] = {}
-        units = {m["unit"]: m["model"] for m in entry.get("models") or []}
-        if entry.get("serving"):
-            units.setdefault(entry["serving"]["unit"], entry["serving"]["model"])
-        residency = entry.get("residency") or {}
-        states = {str(m["model"]): str(m["state"]) for m in residency.get("models") or []}
-        for model, state in states.items():  # a sleeper's engine keeps its residue on the GPUs
-            if state != "stopped" and model in self.agent.catalog.models:
-                units.setdefault(self.agent.catalog.models[model].unit_name, model)
+        units = view.unit_owners(entry, {m.name: m.unit_name for m in self.agent.catalog.models.values()})
+        resident = (entry.get("residency") or {}).get("models") or []
+        states = {str(m["model"]): str(m["state"]) for m in resident}
         for unit, model in units.items():
             try:  # the main PID and every process of its cgroup (EngineCore, TP workers)
                 for pid in [ports.systemd.unit_state(unit).main_pid, *ports.systemd.cgroup_pids(unit)]:

@@ -66,6 +66,10 @@ class Pages:
             return html, self.box_page().encode()
         if path == "/fleet" and controller:
             return html, self.fleet_page().encode()
+        if path.startswith("/fleet/box/") and controller:
+            box = self.live.fleet.box(path.removeprefix("/fleet/box/"))
+            return None if box is None else (html, self.env.get_template("fleet_box.html.j2").render(
+                box=box, host=box, controller=True).encode())
         if path == "/api/fleet" and controller:
             return "application/json", json.dumps(self.live.fleet_view()).encode()
         if path == "/api/box":

@@ -12,6 +12,7 @@ from orchestrator.core.observed import UnitState
 from orchestrator.core.proxy import Mode, SwitchPlan
 from orchestrator.core.records import Deployment
 from orchestrator.core.resident import ASLEEP
+from orchestrator.core.states import Phase
 from orchestrator.core.watch import to_bring_back
 from orchestrator.deploy import warm, warm_steps
 from orchestrator.deploy.context import StepContext
@@ -92,8 +93,24 @@ class OperationsViews(OperationsBase):
                 "serving model stops before the new one starts; clients see connection errors meanwhile",
                 "asleep": self._sleepers(host)}
         plan = eng.explain(host, spec)
-        return {"host": host, "model": model, "mode": plan.mode.value, "reason": plan.reason,
-                "displaced": [self.store.by_revision(host, r).model for r in plan.displaced],
+        displaced = [self.store.by_revision(host, r).model for r in plan.displaced]
+        mode, reason = plan.mode.value, plan.reason
+        asleep = self.residency.residency(host).get(model)
+        if asleep is not None and asleep.state == ASLEEP:
+            # staging's test, from the records: the unit it would run is the one that went to sleep
+            slept = next((d for d in self.store.history(host, limit=200)
+                          if d.model == model and d.phase is Phase.ACTIVE), None)
+            if slept is not None and slept.spec.unit_sha == spec.unit_sha:
+                others = ", ".join(displaced)
+                mode, reason = "warm", (
+                    f"{model} is asleep ({asleep.level or 'asleep'}) with its unit unchanged: a warm switch; "
+                    f"the route moves to {model} at once and its engine holds what arrives until it wakes "
+                    "(no 503 gap)"
+                    + (f"; {others} drain, then sleep (or stop, when the host's RAM for sleepers is full)"
+                       if others else ""))
+            else:
+                reason += f" ({model} is asleep, but its unit changed since: it starts cold, not warm)"
+        return {"host": host, "model": model, "mode": mode, "reason": reason, "displaced": displaced,
                 "asleep": self._sleepers(host)}
 
     def _sleepers(self, host: str) -> list[dict[str, object]]:
@@ -197,10 +214,16 @@ class OperationsViews(OperationsBase):
                                                          "unit": serving.spec.unit_name,
                                                          "url": serving.spec.base_url},
                 "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
-                             "trigger": d.trigger} for d in running],
+                             "unit": d.spec.unit_name, "trigger": d.trigger} for d in running],
                 # unfinished while nothing holds the host: interrupted (Ctrl-C, a crash), not running
                 **({"interrupted": True} if running and host_held(self.state_dir, name) is False else {}),
             }
+            if serving is None and not running:
+                # nothing serves because the newest deployment did not end active: status names it
+                last = next(iter(self.store.history(name, limit=1)), None)
+                if last is not None and last.phase is not Phase.ACTIVE:
+                    entry["last"] = {"id": last.id, "revision": last.revision, "model": last.model,
+                                     "outcome": last.phase.value, "error": last.error}
             eng = self.engine()
             if serving is not None and serving.spec.nodes:
                 # Nodes before health: restart counts only grow, so a rank this row shows restarted is

@@ -57,7 +57,7 @@ class Fleet:
         self.clock = clock or _system_clock()
         self.pid = os.getpid() if pid is None else pid
         self.started_by = started_by
-        self.driven: Driven = driven or (lambda ro: ro.pid == self.pid or _alive(ro.pid))
+        self.driven: Driven = driven or (lambda ro: ro.pid == self.pid or process_alive(ro.pid))
         self.on_start = on_start
         self.starting = starting or nullcontext()  # the last overlap check and the record as one step
         self.clients: dict[str, AgentClient] = {}  # one per box for the whole rollout, closed by close()
@@ -131,8 +131,13 @@ class Fleet:
             if shared or ro.group == group:
                 who = f", started by {ro.started_by}" if ro.started_by else ""
                 where = f"on {', '.join(shared)}" if shared else f"on group {group}"
-                raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) has not finished {where}: "
-                           "`orchestrator rollout resume` or `orchestrator rollout abort` first")
+                if self.driven(ro):  # still running: resuming it is not for this client to do
+                    raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) is still running {where} "
+                               f"(its controller, pid {ro.pid}, drives it): wait for it to end (`orchestrator "
+                               "rollout status --follow`) or stop it (`orchestrator rollout abort`), then start "
+                               "again")
+                raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) has not finished {where} and "
+                           "nothing drives it: `orchestrator rollout resume` or `orchestrator rollout abort` first")
 
     def _stage(self, rid: int, model: Model, order: list[str], seed: str | None) -> None:
         """Every host stages before any stops: the seed from the hub, the others from the seed."""
@@ -195,7 +200,8 @@ class Fleet:
                                      for h in hosts})
         for h in hosts:
             self.report(h, "rollout_host", {"state": "switching"})
-        results = self._run_all([HostRequest(h, clients[h], "switch", {"model": ro.model}) for h in hosts], self._event)
+        results = self._run_all([HostRequest(h, clients[h], "switch", {"model": ro.model, "rollout": _label(ro)})
+                                 for h in hosts], self._event)
         lost = [h for h, r in results.items() if isinstance(r, TransportError)]
         ended = {h: self._ended(r) for h, r in results.items() if h not in lost}
         self.store.set_hosts(ro.id, ended)  # the batch's answers, one commit, before the next step
@@ -287,7 +293,8 @@ class Fleet:
                 failing[h] = why
         if not failing:
             return
-        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in failing], self._event)
+        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None, "rollout": _label(ro)})
+                              for h in failing], self._event)
         for h, why in failing.items():
             outcome = None if isinstance(back[h], OrchestratorError) else back[h].get("outcome")
             self.store.set_host(ro.id, h, state=HostState.FAILED, outcome=outcome, error=f"gate: {why}")
@@ -314,7 +321,8 @@ class Fleet:
         clients = self._clients(list(hosts))
         for h in hosts:
             self.report(h, "rollout_host", {"state": "reverting"})
-        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None}) for h in hosts], self._event)
+        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None, "rollout": _label(ro)})
+                              for h in hosts], self._event)
         for h, r in back.items():
             if isinstance(r, OrchestratorError):
                 self.store.set_host(ro.id, h, error=f"revert: {str(r).splitlines()[0]}")
@@ -378,6 +386,12 @@ class Fleet:
         return {"rollout": shown, "hosts": hosts}
 
 
+def _label(ro: Rollout) -> str:
+    """What each box records with the switches and rollbacks of this rollout, beside the controller's login."""
+    who = "".join(ch for ch in ro.started_by or "" if ch.isprintable())[:150]
+    return f"rollout #{ro.id}" + (f" by {who}" if who else "")
+
+
 def _first_line(exc: OrchestratorError) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -386,7 +400,8 @@ def _batch_of(batches: list[tuple[str, ...]], host: str) -> int:
     return next(i for i, b in enumerate(batches) if host in b)
 
 
-def _alive(pid: int | None) -> bool:
+def process_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a live orchestrator process (a CLI or an agent that drives a rollout)."""
     if not pid:
         return False
     try:

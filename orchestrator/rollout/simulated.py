@@ -44,6 +44,7 @@ class SimulatedBox(AgentClient):
         self.sickens = sickens
         self.healthy = True
         self.asked: list[str] = []  # the operation of each request, in the order they arrived
+        self.args: list[dict[str, Any]] = []  # and its arguments
         if serving is not None:
             self._record(serving, "active")
 
@@ -96,6 +97,7 @@ class SimulatedBox(AgentClient):
                 request = json.loads(stream.readline())
                 with self.lock:
                     self.asked.append(str(request["op"]))
+                    self.args.append(dict(request.get("args") or {}))
                 time.sleep(self.delay_s)  # the network: one round trip before the agent sees the request
                 try:
                     for item in self._answer(str(request["op"]), dict(request.get("args") or {})):

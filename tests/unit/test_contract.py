@@ -276,3 +276,23 @@ def test_switch_loads_deploy_toml_once(tmp_path: Path, monkeypatch: pytest.Monke
     result = invoke("switch", "no-such-model", "--config", str(repo / "deploy.toml"))
     assert result.exit_code == 2 and "unknown model 'no-such-model'" in result.output, result.output
     assert loads == [str(repo / "deploy.toml")]
+
+
+def test_a_rollouts_switch_is_recorded_as_the_rollout_via_the_login_the_box_authenticated(tmp_path: Path) -> None:
+    """A switch sent with its rollout's label is recorded "rollout #3 by alice (via root@ctl)" in the box's history."""
+    from orchestrator.contract.ops import SWITCH
+
+    world = OpsWorld(tmp_path / "state", hosts={"box": {"transport": "local", "gpus": 8, "gpu_memory_gib": 96}})
+    args = SWITCH.parse(world.catalog, {"model": "alpha", "rollout": "rollout #3 by alice@laptop"})
+    assert SWITCH.run is not None
+    SWITCH.run(world.ops, args, Caller(trigger="root@ctl"))
+    assert world.ops.history("box")[0]["trigger"] == "rollout #3 by alice@laptop (via root@ctl)"
+
+
+@pytest.mark.parametrize("label", ["rollout #3 by alice\nFAKE LINE", "anything else", "rollout #x"])
+def test_a_rollout_label_that_is_not_one_is_refused(label: str) -> None:
+    """The label is a rollout's id and who started it, on one line: anything else is a usage error."""
+    from orchestrator.contract.ops import SWITCH
+
+    with pytest.raises(UsageError, match="rollout"):
+        SWITCH.parse(make_catalog(), {"model": "alpha", "rollout": label})

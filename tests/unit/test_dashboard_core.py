@@ -127,3 +127,40 @@ def test_a_bad_dashboard_key_in_deploy_toml_names_the_file_key_and_value(tmp_pat
         settings.load(cfg)
     assert err.value.exit_code == 2
     assert str(cfg) in str(err.value) and "dashboard.socket" in str(err.value) and "run/d.sock" in str(err.value)
+
+
+def test_the_running_switchs_target_unit_owns_its_new_engines_pids() -> None:
+    """Mid-switch the new engine is the running operation's target, not "not ours", though nothing serves it yet."""
+    entry = {"serving": {"model": "alpha", "unit": "vllm-alpha.service"},
+             "running": [{"id": 4, "model": "gamma", "phase": "starting"}]}
+    units = view.unit_owners(entry, {"alpha": "vllm-alpha.service", "gamma": "vllm-gamma.service"})
+    assert units == {"vllm-alpha.service": "alpha", "vllm-gamma.service": "gamma"}
+
+
+def test_progress_lines_are_newest_first_without_repeats() -> None:
+    """The box shows the top of the list: the newest line first, a repeated wait once (its latest report)."""
+    events = [{"at": 1.0, "event": "stop", "fields": {"unit": "vllm-alpha.service"}},
+              {"at": 2.0, "event": "stop", "fields": {"unit": "vllm-alpha.service"}},
+              {"at": 3.0, "event": "waiting", "fields": {"unit": "vllm-beta.service", "last": "loading", "seconds": 5,
+                                                         "deadline": 600}},
+              {"at": 8.0, "event": "waiting", "fields": {"unit": "vllm-beta.service", "last": "loading",
+                                                         "seconds": 10, "deadline": 600}}]
+    tl = view.timeline({"id": 1, "timings": []}, events, now=9.0)
+    assert [ln["text"] for ln in tl["lines"]] == ["waiting for vllm-beta.service: loading (10 s of 600 s)",
+                                                   "stop vllm-alpha.service"]
+
+
+def test_a_warm_steps_progress_line_says_what_it_waits_for() -> None:
+    """A warm step's event reads as the CLI words it (the reason a model stops), not as the bare event name."""
+    line = view.progress_line("stopping", {"model": "alpha", "reason": "the host RAM budget holds no sleeper"})
+    assert line == "alpha stops: the host RAM budget holds no sleeper"
+
+
+def test_a_running_switchs_downtime_counts_its_current_phase_to_now() -> None:
+    """The history row of the running switch counts the phase it is in (freeing for 10 s), not only those it left."""
+    running = {"id": 7, "timings": [{"phase": "stopping", "entered_at": 10.0, "left_at": 10.4},
+                                    {"phase": "freeing", "entered_at": 10.4, "left_at": None}]}
+    op = view.timeline(running, [], now=20.4)
+    row = _row(7, "beta", [("stopping", 0.4), ("freeing", None)])
+    assert view.history_rows([row], op)[0]["downtime_s"] == 10.4
+    assert view.history_rows([row])[0]["downtime_s"] == 0.4  # without the operation: its record alone

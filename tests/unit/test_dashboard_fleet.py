@@ -334,3 +334,22 @@ def test_a_controller_that_is_also_a_box_shows_its_own_box_and_links_the_fleet(t
         assert [b["host"] for b in ctl.fleet()["boxes"]] == ["h1", "h2"]
     finally:
         server.close()
+
+
+def test_each_box_of_the_fleet_page_links_to_its_own_page(ctl: Ctl) -> None:
+    """The boxes table links each box to a page of its own: what its agent serves, each group model's state
+    on it and its history, with the command that opens its full dashboard; an unknown box is 404."""
+    body = ctl.get("/fleet")[2]
+    assert all(f'<a href="/fleet/box/{h}" class="box-link">{h}</a>' in body for h in HOSTS)
+    status, _, page = ctl.get("/fleet/box/h2")
+    assert status == 200 and 'data-box="h2"' in page
+    assert "serving alpha (revision 1)" in page and 'data-model="beta" data-state="stopped"' in page
+    assert 'data-revision="1" data-outcome="active"' in page and "orchestrator --host h2 dashboard" in page
+    assert ctl.get("/fleet/box/h9")[0] == 404
+
+
+def test_a_box_page_of_an_unreachable_box_says_why(ctl: Ctl) -> None:
+    """A box whose agent cannot be reached: its page names the reason instead of an error page."""
+    ctl.boxes["h3"].unreachable = TransportError("host h3 (127.0.0.12:22): connection refused")
+    status, _, page = ctl.get("/fleet/box/h3")
+    assert status == 200 and "unreachable: host h3 (127.0.0.12:22): connection refused" in page

@@ -102,9 +102,46 @@ def test_a_second_rollout_on_the_same_group_is_refused_naming_the_first_and_who_
     finally:
         hold.set()
     assert refused.value.exit_code == 5
-    assert "rollout #1 (beta on group inference, started by alice@socket) has not finished" in str(refused.value)
+    assert "rollout #1 (beta on group inference, started by alice@socket) is still running" in str(refused.value)
     run_to_end(controller, first["id"])
     assert len(store.rollouts) == 1 and [b.switches("beta") for b in boxes.values()] == [1, 1, 1, 1]
+
+
+def test_refusing_a_rollout_beside_a_running_one_says_wait_or_abort_not_resume() -> None:
+    """The first rollout still runs: the refusal tells to follow or abort it, never to resume what is running."""
+    hold = threading.Event()
+    controller, _boxes, _store = world(hold=hold)
+    first = controller.start(RolloutStartArgs(model="beta"), "alice@socket")
+    try:
+        with pytest.raises(Busy) as refused:
+            controller.start(RolloutStartArgs(model="beta"), "bob@socket")
+    finally:
+        hold.set()
+    assert "rollout resume" not in str(refused.value)
+    assert "rollout status --follow" in str(refused.value) and "rollout abort" in str(refused.value)
+    run_to_end(controller, first["id"])
+
+
+def test_a_rollout_refused_beside_one_nothing_drives_says_resume_or_abort() -> None:
+    """A rollout recorded running whose controller is gone: the refusal names `resume` or `abort`."""
+    controller, _boxes, store = world()
+    rid = store.create("beta", "inference", Policy(canary=1, batch=2), "health", [("h1",), ("h2", "h3"), ("h4",)],
+                       pid=1, started_by="alice")
+    with pytest.raises(Busy) as refused:
+        controller.start(RolloutStartArgs(model="beta"), "bob@socket")
+    assert f"rollout #{rid} (beta on group inference, started by alice) has not finished" in str(refused.value)
+    assert "`orchestrator rollout resume` or `orchestrator rollout abort` first" in str(refused.value)
+
+
+def test_each_box_records_the_rollouts_switch_as_the_rollout_and_who_started_it() -> None:
+    """The controller's switch names its rollout and the operator who started it; a real agent accepts the label."""
+    from orchestrator.contract.args import SwitchArgs
+
+    controller, boxes, _store = world()
+    run_to_end(controller, controller.start(RolloutStartArgs(model="beta"), "alice@10.0.0.7")["id"])
+    [sent] = [a for op, a in zip(boxes["h1"].asked, boxes["h1"].args, strict=True) if op == "switch"]
+    assert sent == {"model": "beta", "rollout": "rollout #1 by alice@10.0.0.7"}
+    SwitchArgs.model_validate(sent)
 
 
 def test_abort_from_another_client_stops_before_the_next_batch() -> None:
@@ -214,3 +251,18 @@ def test_ctrl_c_in_the_cli_only_detaches_and_the_controller_finishes_the_rollout
         running.server.shutdown()
         running.server.server_close()
     assert run_to_end(controller, 1)["rollout"]["status"] == "succeeded"
+
+
+def test_a_rollout_a_live_cli_drives_reads_running_and_alive_on_the_controller() -> None:
+    """Recorded by a CLI that runs it itself (pid 777, alive): the controller reads it running with that
+    process alive, not interrupted; it neither resumes nor takes over what that process drives."""
+    controller, boxes, store = world()
+    controller.alive = lambda pid: pid == 777
+    rid = store.create("beta", "inference", Policy(canary=1, batch=2), "health", [("h1",), ("h2", "h3"), ("h4",)],
+                       pid=777, started_by="alice (this CLI)")
+    shown = controller.summary(rid)["rollout"]
+    assert (shown["status"], shown["controller"]) == ("running", {"pid": 777, "alive": True})
+    with pytest.raises(Busy, match="still driven by pid 777"):
+        controller.resume(rid)
+    assert "the controller (pid 777) stops after its running batch" in controller.abort(rid, False)["message"]
+    assert all(b.switches("beta") == 0 for b in boxes.values()) and rid not in controller.runs

@@ -102,3 +102,14 @@ def test_history_never_shows_a_phase_as_an_outcome(outcome: str, text: str) -> N
     from orchestrator.cli.deploy_cmds import outcome_text
 
     assert outcome_text(outcome) == text
+
+
+def test_status_after_a_failed_revision_names_it(tmp_path: Path) -> None:
+    """Nothing serves after a first switch that failed: status opens naming its revision, model, outcome and error."""
+    world = OpsWorld(tmp_path / "state", hosts=LOCAL)
+    world.host.behaviours["vllm-alpha.service"] = "crash"
+    LocalBackend(world.catalog, ops=world.ops).call(SWITCH, {"model": "alpha"})
+    console = Console(record=True, width=400)
+    print_status(console, world.ops.status(probe=False))
+    first = console.export_text().splitlines()[0]
+    assert first.startswith("box: nothing serves: revision 1 (alpha) ended failed: ")

@@ -127,3 +127,56 @@ def test_setup_and_the_demo_say_they_need_root(script: str) -> None:
                             text=True, timeout=60, check=False)
     assert result.returncode == 1
     assert result.stderr.startswith(f"scripts/setup.sh: run it as root (uid {NOBODY} here): it installs apt packages")
+
+
+@pytest.fixture()
+def member_agent() -> Iterator[tuple[Path, str]]:
+    """An agent whose socket group is nogroup (nobody's), its socket and a deploy.toml 0640 root:root in a
+    folder anyone may enter: (deploy.toml, socket)."""
+    import threading
+
+    from orchestrator.agent.daemon import Agent
+    from orchestrator.agent.server import ControlServer
+    from tests.unit.conftest import OpsWorld
+
+    top = Path(tempfile.mkdtemp(prefix="member-"))
+    top.chmod(0o755)
+    world = OpsWorld(top / "state", socket_group="nogroup")
+    (top / "state").mkdir(exist_ok=True)
+    (top / "state").chmod(0o755)
+    sock = str(top / "state" / "agent.sock")
+    agent = Agent(world.catalog, world.ops, socket=sock, metrics_port=None, clock=world.clock)
+    server = ControlServer(sock, agent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cfg = top / "deploy.toml"
+    cfg.write_text(CONFIG.format(state=top / "state"))
+    cfg.chmod(0o640)
+    try:
+        yield cfg, sock
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(top)
+
+
+def test_a_socket_group_member_on_the_box_reaches_the_agent_past_a_deploy_toml_only_root_reads(
+        member_agent: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy.toml 0640 root:root: a member's `status` asks the box's agent (as the SSH relay finds it), not "file not found"."""
+    cfg, sock = member_agent
+    monkeypatch.setenv("ORCHESTRATOR_SOCKET", sock)
+    result = as_nobody("status", "--config", str(cfg))
+    assert result["code"] == 0, result
+    assert str(result["stdout"]).startswith("box: "), result
+
+
+def test_without_a_deploy_toml_here_the_cli_asks_the_boxs_agent(member_agent: tuple[Path, str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --config and no ./deploy.toml where it runs: `status` asks the box's agent instead of "file not found"."""
+    _cfg, sock = member_agent
+    monkeypatch.setenv("ORCHESTRATOR_SOCKET", sock)
+    monkeypatch.delenv("ORCHESTRATOR_CONFIG", raising=False)
+    monkeypatch.chdir(tempfile.gettempdir())
+    assert not Path("deploy.toml").exists()
+    result = as_nobody("status")
+    assert result["code"] == 0, result
+    assert str(result["stdout"]).startswith("box: "), result

@@ -3,6 +3,8 @@ the box lock uses map the same failure to the same TransportError."""
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 from pathlib import Path
 
@@ -45,3 +47,16 @@ def test_an_unreadable_key_file_is_named_before_any_connection(tmp_path: Path) -
         SshSession(Target(name="box", address="127.0.0.1", port=1, key=str(key), known_hosts=str(known)))
     assert str(shell_err.value) == str(session_err.value)
     assert str(shell_err.value).startswith(f"host box: cannot read SSH key {key}")
+
+
+@pytest.mark.parametrize(("code", "words"), [(errno.EHOSTUNREACH, "failed: No route to host"),
+                                             (errno.ENETUNREACH, "failed: Network is unreachable")])
+def test_an_unreachable_address_reads_unreachable_not_refused(code: int, words: str) -> None:
+    """No route to the address: the error says what the system said, not "refused" (which means something answered)."""
+    from paramiko.ssh_exception import NoValidConnectionsError
+
+    from orchestrator.adapters.ssh_session import connect_errors
+
+    with pytest.raises(TransportError) as err, connect_errors("box", "root@10.0.0.5:22", None, 10.0):
+        raise NoValidConnectionsError({("10.0.0.5", 22): OSError(code, os.strerror(code))})
+    assert str(err.value) == f"host box: SSH connection to 10.0.0.5:22 {words}"

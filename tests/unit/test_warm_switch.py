@@ -291,3 +291,14 @@ def test_stop_of_a_sleeper_stops_its_unit_frees_its_gpus_and_records_it(tmp_path
     assert {h[3] for h in ww.host.holders.values()} == {"vllm-beta.service"}
     assert ww.states() == {"alpha": "stopped", "beta": "serving"}
     assert {k: ww.store.events(kind="stop")[0][k] for k in ("model", "was")} == {"model": "alpha", "was": "asleep"}
+def test_dry_run_of_a_switch_to_a_sleeper_says_warm_not_stop_start() -> None:
+    """`switch --dry-run` to a model asleep with its unit unchanged describes the warm swap: no 503 gap."""
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld()
+    ww.switch("alpha")
+    ww.switch("beta")
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    plan = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency).explain("alpha")
+    assert plan["mode"] == "warm" and plan["displaced"] == ["beta"]
+    assert "stop-start" not in plan["reason"] and "holds what arrives until it wakes" in plan["reason"]
