@@ -9,6 +9,7 @@ front proxy (a completion every 50 ms, a 64-token stream every second) during ev
 with the step's outcome, what was expected, and the prober's counts for the step's window.
 
 A: cold switch to big; cold switch to small (big sleeps); 10 warm switches back and forth.
+C: the fixes in one call: cold, cold, 2 warm switches, the wedge, SIGKILL of an API server, stop.
 B: a warm rollback; a wedged wake (a foreign process holds the memory the target needs); SIGKILL of the agent
    as each warm phase begins; SIGKILL of the serving vLLM API server alone; stop of both models (GPU free by
    PID). Each line `STEP name verdict ...` says whether what happened is what the product promises.
@@ -199,7 +200,7 @@ def ok_switch(model: str, warm: bool) -> Callable[[dict[str, Any]], bool]:
     return verdict
 
 
-def part_a(run: Run) -> None:
+def part_a(run: Run, warm: int = 10) -> None:
     first = run.step("cold_big", "cold start of big; clients get 503 + Retry-After until it serves, none fails",
                      lambda: switch("big"), ok_switch("big", warm=False))
     if serving_model(first["status"]) != "big":
@@ -207,7 +208,7 @@ def part_a(run: Run) -> None:
         return
     run.step("cold_small", "cold start of small on the same GPU: big sleeps (level1); 503 + Retry-After in the gap",
              lambda: switch("small"), ok_switch("small", warm=False))
-    for i in range(10):
+    for i in range(warm):
         target = MODELS[i % 2]
         run.step(f"warm_{i + 1}_{target}", "warm switch: 0 failed, 0 503, 0 cut; the gap near vLLM's sleep + wake",
                  lambda t=target: switch(t), ok_switch(target, warm=True))
@@ -329,6 +330,22 @@ def part_b(run: Run) -> None:
              lambda r: not r["gpu"]["procs"] and all(v["rc"] == 0 for k, v in r.items() if k.startswith("stop_")))
 
 
+def part_c(run: Run) -> None:
+    """The fixes, in one device call: cold, cold, two warm switches, the wedge, SIGKILL of an API server, stop."""
+    part_a(run, warm=2)
+    if serving_model(status()) != "small":
+        return
+    run.step("wedge", "a foreign process holds the memory big needs: the switch is refused before anything "
+             "sleeps, small keeps serving, no client hangs", wedge,
+             lambda r: r.get("back_to_small") is True and r["client"]["hung"] == 0 and r["client"]["failed"] == 0)
+    run.step("kill_api", "SIGKILL of the serving API server alone: no orphan on the GPU, systemd restarts it and the "
+             "watch leaves the load alone, clients get 503 + Retry-After or wait", kill_api,
+             lambda r: r.get("back") is True and r.get("old_gpu_procs_gone_s") is not None and r["client"]["hung"] == 0
+             and r["client"]["failed"] == 0)
+    run.step("stop", "stop both models, the sleeper too: the GPU holds nothing (by PID)", stop_all,
+             lambda r: not r["gpu"]["procs"] and all(v["rc"] == 0 for k, v in r.items() if k.startswith("stop_")))
+
+
 def _rollback() -> dict[str, Any]:
     t = time.monotonic()
     rc, out = cli("rollback")
@@ -351,7 +368,7 @@ def main() -> int:
     part = sys.argv[1]
     run = Run(part)
     log(f"part {part}; status before: serving={serving_model(status())}; gpu={gpus()}")
-    {"A": part_a, "B": part_b}[part](run)
+    {"A": part_a, "B": part_b, "C": part_c}[part](run)
     rc = run.finish()
     (OUT / f"engine-{part}.json").write_text(json.dumps(engine_timings(), indent=1))
     log(f"engine timings: {json.dumps(engine_timings())}")
