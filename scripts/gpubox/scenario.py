@@ -147,7 +147,7 @@ class Run:
             got = {"harness_error": f"{type(exc).__name__}: {exc}"}
         t1 = time.monotonic()
         time.sleep(1.0)  # requests started in the window finish; counted by start time
-        row = {"part": self.part, "step": name, "expect": expect, "seconds": round(t1 - t0, 2), **got,
+        row = {"part": self.part, "step": name, "expect": expect, "t0": t0, "t1": t1, "seconds": round(t1 - t0, 2), **got,
                "client": summarise(self.prober.records, t0, t1), "status": status(), "gpu": gpus(),
                "units": units(), "history": cli_json("history", "--limit", "2")}
         row["verdict"] = "PASS" if verdict(row) else "FAIL"
