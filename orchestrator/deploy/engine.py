@@ -22,6 +22,7 @@ from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingCh
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.secrets import redact, redact_tree
 from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
+from orchestrator.deploy import actions
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
@@ -260,6 +261,8 @@ class Engine:
             self.store.transition(dep.id, nxt, ports.clock.now(), self._serving_change(dep, nxt))
             if nxt is Phase.ACTIVE:
                 self._clean_weights(ctx, dep)
+            if nxt is Phase.ABORTED:
+                self._routes_as_before(ctx, dep, blog)
             blog.info("phase_changed", phase=nxt.value, previous=dep.phase.value, on=event.value)
             plan = self.plan_of(dep)
             # what the phase does in this switch, so that progress lines say only what happens
@@ -267,6 +270,17 @@ class Engine:
                      handover=plan is not None and plan.mode is Mode.HANDOVER)
             dep = self.store.get(dep.id)
         return dep
+
+    def _routes_as_before(self, ctx: StepContext, dep: Deployment, blog: structlog.typing.FilteringBoundLogger) -> None:
+        """A switch that ended before stopping anything: the proxy routes the set as it was, without the
+        "loading" answer staging gave the target's name (nothing loads it now)."""
+        plan = self.plan_of(dep)
+        if plan is None:
+            return
+        try:
+            actions.route(ctx, (self.store.by_revision(dep.host, r).spec for r in plan.before))
+        except OrchestratorError as exc:  # the switch's own error is the one to report; this one is logged
+            blog.warning("routes_not_restored", error=str(exc))
 
     def _parked(self, ctx: StepContext, dep: Deployment, blog: structlog.typing.FilteringBoundLogger) -> Deployment:
         blog.info("deployment_parked", phase=dep.phase.value)

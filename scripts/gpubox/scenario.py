@@ -307,45 +307,47 @@ def stop_all() -> dict[str, Any]:
     return res
 
 
-def part_b(run: Run) -> None:
-    before = serving_model(status())
-    run.step("warm_rollback", "rollback of the last warm switch: warm, 0 failed, 0 503",
-             lambda: _rollback(), lambda r: r.get("rc") == 0 and serving_model(r["status"]) != before
-             and r["client"]["failed"] == 0 and r["client"]["hung"] == 0)
-    if serving_model(status()) != "small":
-        run.step("to_small", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
-    run.step("wedge", "a foreign process holds the memory big needs: the switch is refused or rolled back, small "
-             "serves again, no client hangs, the route never on a sleeper",
-             wedge, lambda r: r.get("back_to_small") is True and r["client"]["hung"] == 0
-             and r["client"]["failed"] == 0)
-    target = "big"
-    for phase in ("sleeping", "verifying", "waking", "routing"):
-        run.step(f"kill_agent_{phase}", f"SIGKILL of the agent as `{phase}` begins: converges, one model awake",
-                 lambda ph=phase, t=target: kill_agent_at(ph, t),
-                 lambda r: r.get("converged") is True and len(r.get("awake", [])) == 1 and r["client"]["hung"] == 0)
-        target = serving_model(status()) == "big" and "small" or "big"
-    run.step("kill_api", "SIGKILL of the serving API server alone: no orphan on the GPU, the model comes back, "
-             "clients get 503 + Retry-After or wait", kill_api,
-             lambda r: r.get("back") is True and r.get("old_gpu_procs_gone_s") is not None and r["client"]["hung"] == 0
-             and r["client"]["failed"] == 0)
-    run.step("stop", "stop both models: the GPU holds nothing (by PID)", stop_all,
-             lambda r: not r["gpu"]["procs"] and all(v["rc"] == 0 for k, v in r.items() if k.startswith("stop_")))
-
-
-def part_c(run: Run) -> None:
-    """The fixes, in one device call: cold, cold, two warm switches, the wedge, SIGKILL of an API server, stop."""
-    part_a(run, warm=2)
-    if serving_model(status()) != "small":
-        return
+def faults(run: Run) -> None:
+    """small serving: the wedge, SIGKILL of the serving API server, then stop of both (the sleeper too)."""
     run.step("wedge", "a foreign process holds the memory big needs: the switch is refused before anything "
-             "sleeps, small keeps serving, no client hangs", wedge,
+             "sleeps (or rolled back), small serves, no client hangs, the route never on a sleeper", wedge,
              lambda r: r.get("back_to_small") is True and r["client"]["hung"] == 0 and r["client"]["failed"] == 0)
+    if run.part == "B":
+        agent_kills(run)
     run.step("kill_api", "SIGKILL of the serving API server alone: no orphan on the GPU, systemd restarts it and the "
              "watch leaves the load alone, clients get 503 + Retry-After or wait", kill_api,
              lambda r: r.get("back") is True and r.get("old_gpu_procs_gone_s") is not None and r["client"]["hung"] == 0
              and r["client"]["failed"] == 0)
     run.step("stop", "stop both models, the sleeper too: the GPU holds nothing (by PID)", stop_all,
              lambda r: not r["gpu"]["procs"] and all(v["rc"] == 0 for k, v in r.items() if k.startswith("stop_")))
+
+
+def agent_kills(run: Run) -> None:
+    target = "big"
+    for phase in ("sleeping", "verifying", "waking", "routing"):
+        run.step(f"kill_agent_{phase}", f"SIGKILL of the agent as `{phase}` begins: converges, one model awake",
+                 lambda ph=phase, t=target: kill_agent_at(ph, t),
+                 lambda r: r.get("converged") is True and len(r.get("awake", [])) == 1 and r["client"]["hung"] == 0)
+        target = "small" if serving_model(status()) == "big" else "big"
+    if serving_model(status()) != "small":
+        run.step("to_small_again", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
+
+
+def part_b(run: Run) -> None:
+    before = serving_model(status())
+    run.step("warm_rollback", "rollback of the last warm switch: warm, 0 failed, 0 503",
+             _rollback, lambda r: r.get("rc") == 0 and serving_model(r["status"]) != before
+             and r["client"]["failed"] == 0 and r["client"]["hung"] == 0)
+    if serving_model(status()) != "small":
+        run.step("to_small", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
+    faults(run)
+
+
+def part_c(run: Run) -> None:
+    """The fixes, in one device call: cold, cold, two warm switches, the wedge, SIGKILL of an API server, stop."""
+    part_a(run, warm=2)
+    if serving_model(status()) == "small":
+        faults(run)
 
 
 def _rollback() -> dict[str, Any]:
