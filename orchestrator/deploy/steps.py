@@ -46,6 +46,11 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
             raise PlanError(holder, host=dep.host)
     if dep.spec.nodes:
         multinode.preflight(ctx, dep.spec)
+    if step.plan is not None and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
+        # A name nothing serves answers "loading" (503 + Retry-After) once the checks passed, the
+        # download included, not "not loaded"; a switch that ends before stopping anything takes the
+        # mark back (engine).
+        actions.route(ctx, (d.spec for d in step.serving), loading=[dep.spec.served_name])
     return DONE
 
 
@@ -53,10 +58,6 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
     """Stage and verify weights, then write and load the new unit: all while the old model serves."""
     dep, store = step.dep, ctx.ports.weights
     spec = None
-    if step.plan is not None and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
-        # A name nothing serves answers "loading" (503 + Retry-After) for the whole switch, the
-        # download included, not "not loaded"; a switch that ends here takes the mark back (engine).
-        actions.route(ctx, (d.spec for d in step.serving), loading=[dep.spec.served_name])
     if dep.spec.source != "none" and store is not None:
         staged = store.stage(dep.spec, ctx.progress)
         ctx.emit("staged", path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
