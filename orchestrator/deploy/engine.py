@@ -20,7 +20,6 @@ from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingChange, UnitSpec
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
-from orchestrator.core.secrets import redact, redact_tree
 from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
 from orchestrator.deploy import actions
 from orchestrator.deploy.context import Parked, StepContext, StepInput
@@ -31,6 +30,7 @@ from orchestrator.deploy.warm_steps import WARM_EVENT
 from orchestrator.errors import EngineWedged, NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.resources import template_text
+from orchestrator.secrets import redact, redact_tree
 
 # A cold start on demand may be abandoned while the target itself loads (never in a rollback's phases).
 ABANDONABLE = frozenset({Phase.STARTING, Phase.CHECKING})
