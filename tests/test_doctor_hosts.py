@@ -95,3 +95,20 @@ def test_json_shape(under_root: Path) -> None:
                for c in report["checks"])
     assert {"systemd", "gpus", "user vllm", "engine path", "engine alpha", "port 8101"} <= {
         c["check"] for c in report["checks"]}
+
+
+def test_local_weights_closed_to_the_user(host: Host, tmp_path: Path) -> None:
+    """A local: folder 0700 root: doctor fails its weights line naming the folder and the user; opened, ok."""
+    folder = "/srv/doctor-weights/alpha"
+    host.run(f"mkdir -p {folder} && echo '{{}}' > {folder}/config.json && chmod 700 {folder}")
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(as_vllm(host, tmp_path / "state", "/usr/bin/python3").replace(
+        'repo = "test/alpha"\nsource = "none"', f'repo = "test/alpha"\nsource = "local:{folder}"'))
+    try:
+        closed = checks(operations(settings.load(cfg), reading=True).doctor(None, ["alpha"]))["weights alpha"]
+        assert closed["status"] == "fail" and f"user vllm cannot read and enter (r-x) {folder}" in closed["detail"]
+        host.run(f"chmod 755 {folder}")
+        opened = checks(operations(settings.load(cfg), reading=True).doctor(None, ["alpha"]))["weights alpha"]
+        assert opened["status"] == "ok" and "config.json" in opened["detail"]
+    finally:
+        host.run("rm -rf /srv/doctor-weights", check=False)

@@ -33,14 +33,19 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
     probed = probe_access(shell, user, [engine, *folders.values(), *files, *nodes])
     account, walks = probed if probed is not None else (None, {})
     out.append(d.user_verdict(user, account, probed is not None))
+    reachable = True
     if account is not None:
-        out.append(d.access_verdict("engine path", "the engine", walks.get(engine, Walk(engine, {})), account,
-                                    "exec"))
+        path = d.access_verdict("engine path", "the engine", walks.get(engine, Walk(engine, {})), account, "exec")
+        reachable = path.status == "ok"
+        out.append(path)
     for name, (unit_text, folder) in units.items():
         model = catalog.models[name]
         needs = d.needed_flags(model.sleep is not None, model.expert_parallel)
-        run = _engine_run(shell, engine, user, group, unit_text) if d.is_python(engine) else None
-        out += d.engine_verdicts(name, user, engine, run, needs)
+        if not reachable:  # its unit would die with 203/EXEC: the line above says why
+            out.append(Verdict(f"engine {name}", "fail", f"not run: user {user} cannot reach {engine} (engine path)"))
+        else:
+            run = _engine_run(shell, engine, user, group, unit_text) if d.is_python(engine) else None
+            out += d.engine_verdicts(name, user, engine, run, needs)
         if account is not None and model.source != "none":
             out.append(d.weights_verdict(name, folder, _listing(shell, folder), account, walks,
                                          staged_expected=model.source.startswith("local:")))
