@@ -144,11 +144,22 @@ def is_python(path: str) -> bool:
     return re.fullmatch(r"python[0-9.]*", posixpath.basename(path)) is not None
 
 
+def shebang_python(head: bytes) -> str | None:
+    """The interpreter of a console script (`vllm serve`'s /opt/vllm/bin/vllm starts `#!/opt/vllm/bin/python3`),
+    so doctor can import vLLM with it; None for a binary or another interpreter."""
+    first = head.split(b"\n", 1)[0]
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    return words[0] if words and words[0].startswith("/") and is_python(words[0]) else None
+
+
 def engine_verdicts(model: str, user: str, engine: str, run: EngineRun | None, needs: Sequence[str]) -> list[Verdict]:
     """The interpreter ran as the user in the unit's sandbox, the vLLM version, and the flags ``needs``."""
     check = f"engine {model}"
     if run is None:
-        return [Verdict(check, "warn", f"{engine} is not a python interpreter: doctor cannot import vLLM with it",
+        return [Verdict(check, "warn", f"{engine} is not a python interpreter nor a python script: doctor cannot "
+                                       "import vLLM with it",
                         "name the environment's python as engine[0] (engine = [\".../bin/python3\", \"-m\", "
                         "\"vllm.entrypoints.openai.api_server\"]) for a full check")]
     if run.exit_code != 0 or run.version is None:

@@ -44,8 +44,9 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
         if not reachable:  # its unit would die with 203/EXEC: the line above says why
             out.append(Verdict(f"engine {name}", "fail", f"not run: user {user} cannot reach {engine} (engine path)"))
         else:
-            run = _engine_run(shell, engine, user, group, unit_text) if d.is_python(engine) else None
-            out += d.engine_verdicts(name, user, engine, run, needs)
+            python = engine if d.is_python(engine) else _script_python(shell, engine)
+            run = None if python is None else _engine_run(shell, python, user, group, unit_text)
+            out += d.engine_verdicts(name, user, python or engine, run, needs)
         if account is not None and model.source != "none":
             out.append(d.weights_verdict(name, folder, _listing(shell, folder), account, walks,
                                          staged_expected=model.source.startswith("local:")))
@@ -103,6 +104,11 @@ def _engine_run(shell: Shell, engine: str, user: str, group: str, unit_text: str
     argv += [engine, "-c", d.VLLM_SCRIPT]
     result = shell.run(argv, check=False, timeout=ENGINE_RUN_TIMEOUT_S)
     return d.parse_engine_run(result.exit_code, result.stdout + result.stderr)
+
+
+def _script_python(shell: Shell, engine: str) -> str | None:
+    result = shell.run(["head", "-c", "256", "--", engine], check=False, idempotent=True)
+    return d.shebang_python(result.stdout.encode()) if result.exit_code == 0 else None
 
 
 def _listing(shell: Shell, folder: str) -> list[str] | None:

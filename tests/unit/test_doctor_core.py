@@ -103,3 +103,9 @@ def test_low_disk_warns() -> None:
     """Under 10 GiB free in models_dir: warn."""
     assert d.disk_verdict("/models", 5 * d.GIB).status == "warn"
     assert d.disk_verdict("/models", 500 * d.GIB).status == "ok"
+
+
+def test_a_console_scripts_python_is_found_from_its_shebang() -> None:
+    """`vllm serve`'s script names its venv's python on its first line; a binary or a shell script: None."""
+    assert d.shebang_python(b"#!/opt/vllm/bin/python3\n# -*- coding: utf-8 -*-\n") == "/opt/vllm/bin/python3"
+    assert d.shebang_python(b"\x7fELF\x02\x01") is None and d.shebang_python(b"#!/bin/sh\n") is None
