@@ -54,6 +54,13 @@ class RenderError(OrchestratorError):
     exit_code = 2
 
 
+class AccessDenied(OrchestratorError):
+    """The unit's user cannot reach its engine or its weights: the unit would die (203/EXEC) after the
+    serving model was stopped, so a switch refuses before anything stops."""
+
+    exit_code = 2
+
+
 class PlanError(OrchestratorError):
     """The requested layout cannot load on the host; the message carries the fix."""
 

@@ -391,3 +391,14 @@ def test_two_agentless_controllers_cannot_interleave(bare: tuple[Host, Path], tm
     done = agentless(cfg, "switch", "alpha", "--json")
     assert done.returncode == 0, done.stderr
     assert active(box, "vllm-alpha.service") == "active"
+
+
+def test_doctor_through_the_boxs_agent(box: Host) -> None:
+    """`--host box doctor --json`: the box's agent probes its own host (systemd over D-Bus, the engine run as
+    its user in a transient unit) and answers the report; the venv's python has no vLLM, so exit 1."""
+    result = client_a("doctor", "--json")
+    report = json.loads(result.stdout)
+    checks = {c["check"]: c for c in report["checks"]}
+    assert result.returncode == 1 and report["host"] == box.name and report["ok"] is False
+    assert checks["systemd"]["status"] == "ok" and checks["user root"]["status"] == "ok"
+    assert checks["engine alpha"]["status"] == "fail" and "No module named 'vllm'" in checks["engine alpha"]["detail"]

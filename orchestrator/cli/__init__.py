@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "dashboard": ("dashboard_cmd", "dashboard",
                   ("Open the agent's dashboard (GPUs, models, the running switch, history, charts): its Unix "
                    "socket forwarded to 127.0.0.1 here, over the SSH connection with --host.")),
+    "doctor": ("doctor_cmd", "doctor",
+               "Check a box before the first switch: systemd, GPUs, each engine run as its user, weights, ports."),
     "history": ("deploy_cmds", "history",
                 "Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."),
     "models": ("catalog_cmds", "models", "List the models of the catalog (with --host: of the box's deploy.toml)."),

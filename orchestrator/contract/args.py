@@ -74,6 +74,15 @@ class HostArgs(Args):
     host: str | None = Field(None, max_length=200)
 
 
+class DoctorArgs(HostArgs):
+    models: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=64)
+
+    def check(self, catalog: Catalog) -> None:
+        super().check(catalog)
+        for model in self.models:
+            catalog.model(model)
+
+
 class RollbackArgs(HostArgs):
     to_revision: int | None = Field(None, ge=1, le=2**31 - 1)
     rollout: str | None = Field(None, max_length=200, pattern=ROLLOUT_LABEL)

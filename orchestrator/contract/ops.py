@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the argument models load with the first parse: a client nev
     from orchestrator.contract.args import (
         Args,
         ConfigPushArgs,
+        DoctorArgs,
         HistoryArgs,
         HostArgs,
         ModelArgs,
@@ -316,6 +317,10 @@ HISTORY: Operation[HistoryArgs, list[Any]] = Operation(
     agent=lambda ag, a, c: ag.annotate(ag.ops.history(a.host, a.limit)))
 SCHEDULES: Operation[NoArgs, list[Any]] = Operation(
     "schedules", "NoArgs", list, "schedules", run=lambda ops, a, c: ops.schedules(time.time(), c.next_runs))
+# A first-contact report of a box (core/doctor.py): asked of whoever runs the engines there (the agent, as
+# root), since the interpreter is run as the engines' user in a transient unit.
+DOCTOR: Operation[DoctorArgs, dict[str, Any]] = Operation(
+    "doctor", "DoctorArgs", dict, "doctor", run=lambda ops, a, c: ops.doctor(a.host, a.models))
 # Is an agent there (the client's own question); its pid.
 PING: Operation[NoArgs, dict[str, Any]] = Operation(
     "ping", "NoArgs", dict, None, run=lambda ops, a, c: {"pid": os.getpid()})

@@ -21,6 +21,7 @@ from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
 from orchestrator.deploy.locks import activity_lock, host_lock
 from orchestrator.deploy.operations_views import OperationsViews
+from orchestrator.deploy.preflight import check_access
 from orchestrator.deploy.warm_steps import sleeper_mib
 from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
@@ -64,6 +65,8 @@ class Operations(OperationsViews):
         with self._model_locks(model), self.running(progress) as eng:
             eng.abandon = abandon
             recovered = self._recover_host(eng, host)
+            # Before a deployment is recorded: a unit its user cannot run refuses with exit 2, not a rollback.
+            check_access(self.catalog, model, self.ports_for(host), eng.spec_for(self.catalog.models[model]).model_dir)
             dep = eng.plan_switch(model, trigger=trigger or default_trigger(), no_rollback=no_rollback, force=force)
             if dep is None:
                 serving = self.store.serving(host)

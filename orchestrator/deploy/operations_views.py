@@ -8,17 +8,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core import schedule as sched
+from orchestrator.core.doctor import report, unreachable_verdict
 from orchestrator.core.observed import UnitState
 from orchestrator.core.proxy import Mode, SwitchPlan
 from orchestrator.core.records import Deployment
+from orchestrator.core.render import model_dir_for, render_unit
 from orchestrator.core.resident import ASLEEP
 from orchestrator.core.states import Phase
 from orchestrator.core.watch import to_bring_back
 from orchestrator.deploy import warm, warm_steps
 from orchestrator.deploy.context import StepContext
+from orchestrator.deploy.engine import default_template
 from orchestrator.deploy.locks import host_held
 from orchestrator.deploy.operations_base import OperationsBase
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, TransportError, UsageError
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,29 @@ class OperationsViews(OperationsBase):
             rows.append({"name": name, "cron": s.cron, "action": s.action, "model": s.model, "window": s.window,
                          "next_run": shown, "next_run_ts": nxt, "last": last})
         return rows
+
+    def doctor(self, host: str | None, models: list[str]) -> dict[str, Any]:
+        """What the box of ``host`` (else of the models named, else the only one) will fail on, one verdict a
+        check (core/doctor.py); every model of that box when none is named."""
+        from orchestrator.deploy.doctor import diagnose  # only this command probes so much
+
+        target = self.catalog.target(model=models[0] if models and host is None else None, host=host)
+        on = self.catalog.models_on(target.name)
+        elsewhere = [m for m in models if m not in on]
+        if elsewhere:
+            raise UsageError(f"doctor: {', '.join(elsewhere)} not on host {target.name} (its models: "
+                             f"{', '.join(on) or 'none'}): name one host's models, or --host")
+        template = self.template or default_template()
+        units: dict[str, tuple[str, str]] = {}
+        for name in models or on:
+            model = self.catalog.models[name]
+            folder = model_dir_for(self.catalog, model, host=target)
+            units[name] = (render_unit(self.catalog, model, template, model_dir=folder, host=target).text, folder)
+        try:
+            ports = self.ports_for(target.name)
+        except TransportError as exc:  # no shell, no systemd: nothing else can be asked
+            return report(target.name, [unreachable_verdict(str(exc))])
+        return report(target.name, diagnose(self.catalog, ports, units))
 
     def explain(self, model: str) -> dict[str, Any]:
         """What a switch to MODEL would do to the host's serving set, and why (no I/O on the host)."""

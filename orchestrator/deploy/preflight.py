@@ -7,12 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 from orchestrator.core import planner
+from orchestrator.core.access import PROBE_SCRIPT, Account, Need, Walk, denial, fix_for, parse_probe
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.observed import GpuSnapshot, listens_on
 from orchestrator.core.planner_arch import check_model_config
 from orchestrator.core.records import Deployment
-from orchestrator.errors import PlanError
+from orchestrator.errors import AccessDenied, PlanError
 from orchestrator.ports import HostPorts, Shell
 
 # An engine of ours runs in a vllm-*.service cgroup (a model's unit, a tune variant's, a sleeper's).
@@ -35,6 +36,36 @@ def port_holder(shell: Shell, model: str, address: str, port: int) -> str | None
                 f"its engine could not listen there, so nothing was stopped; stop that process or give "
                 f"models.{model}.port another port")
     return None
+
+
+def probe_access(shell: Shell, user: str, targets: list[str]) -> tuple[Account | None, dict[str, Walk]] | None:
+    """The user's ids and every directory on the way to each target, in one command on the host; None
+    when the host could not run it (no sh: nothing can be said, so nothing is refused)."""
+    result = shell.run(["sh", "-c", PROBE_SCRIPT, "sh", user, *targets], check=False, idempotent=True)
+    return None if result.exit_code != 0 else parse_probe(user, result.stdout)
+
+
+def check_access(catalog: Catalog, model: str, ports: HostPorts, model_dir: str) -> None:
+    """Refuse (exit 2) a switch whose unit's user cannot execute the engine or read the weights, before
+    anything stops: a path walk with the user's uid and groups, cheap enough for every switch (doctor runs
+    the engine itself). A user the host lacks is refused too: systemd would fail the unit (217/USER)."""
+    user, engine = catalog.defaults.user, catalog.engine_for(ports.host)[0]
+    probed = probe_access(ports.shell, user, [engine, model_dir])
+    if probed is None:
+        return
+    account, walks = probed
+    where = f"host {ports.host.name}: {model}'s unit"
+    if account is None:
+        raise AccessDenied(f"{where} runs as user {user} ([defaults] user), which host {ports.host.name} does "
+                           f"not have: create it (useradd --system {user}) or set [defaults] user; nothing was "
+                           "stopped")
+    checks: tuple[tuple[str, Need, bool, str], ...] = ((engine, "exec", True, "the engine (engine[0])"),
+                                                       (model_dir, "dir", False, "the model folder"))
+    for target, need, exists, key in checks:
+        why = denial(walks.get(target, Walk(target, {})), account, need, must_exist=exists)
+        if why is not None:
+            raise AccessDenied(f"{where}, as user {user}, cannot use {key} {target}: {why}; nothing was stopped: "
+                               + fix_for(user))
 
 
 def _read_json(ports: HostPorts, path: str) -> dict[str, Any] | None:

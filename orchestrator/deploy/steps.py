@@ -16,7 +16,7 @@ from orchestrator.core.resident import SERVING, STOPPED
 from orchestrator.core.states import Event, Phase
 from orchestrator.deploy import actions, multinode, warm_steps
 from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
-from orchestrator.deploy.preflight import check_layout, port_holder
+from orchestrator.deploy.preflight import check_access, check_layout, port_holder
 from orchestrator.errors import PlanError, SmokeGateFailed, SystemdError
 
 Step = Callable[[StepContext, StepInput], StepResult]
@@ -36,6 +36,8 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
         raise PlanError(f"{dep.model} needs GPU {','.join(map(str, dep.spec.gpus))} but nvidia-smi shows "
                         f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
                         host=dep.host)
+    if dep.model in ctx.catalog.models and dep.restores is None:  # a recorded unit ran here before
+        check_access(ctx.catalog, dep.model, ctx.ports, dep.spec.model_dir)
     check_layout(ctx.catalog, dep, ctx.ports, snap)
     taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port)
     if taken is not None:
