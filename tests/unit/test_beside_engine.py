@@ -1,0 +1,130 @@
+"""Beside switches through the engine, on fake ports: a target that fits beside the model it displaces
+on the same GPUs starts (or wakes) first, the route moves, and only then the old model sleeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.core.proxy import Mode
+from orchestrator.core.states import Phase
+
+from .conftest import make_catalog
+from .test_warm_switch import WarmWorld
+
+ONE_GPU = {"gpus": [0], "sleep": "level1", "served_name": "chat"}
+
+
+def beside_catalog(small_util: float = 0.3) -> Any:
+    return make_catalog(
+        proxy={"enabled": True, "port": 8000},
+        hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
+                       "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
+        models={"big": {"repo": "org/big", "port": 8001, "gpu_memory_utilization": 0.6, **ONE_GPU},
+                "small": {"repo": "org/small", "port": 8002, "gpu_memory_utilization": small_util, **ONE_GPU}})
+
+
+def world(small_util: float = 0.3) -> WarmWorld:
+    ww = WarmWorld(beside_catalog(small_util))
+    # What each engine holds awake on the fake 97,887 MiB GPU: its share, a little over.
+    ww.host.start_mib.update({"vllm-big.service": 59_000, "vllm-small.service": int(97_887 * small_util) + 300})
+    return ww
+
+
+@pytest.fixture
+def bw() -> WarmWorld:
+    ww = world()
+    assert ww.switch("big").phase is Phase.ACTIVE
+    ww.host.calls.clear()
+    ww.proxy.applied.clear()
+    return ww
+
+
+def test_a_cold_target_that_fits_starts_before_anything_sleeps(bw: WarmWorld) -> None:
+    """big -> small on the same GPU, both fit: small starts, the route moves, then big sleeps."""
+    dep = bw.switch("small")
+    assert dep.phase is Phase.ACTIVE
+    assert bw.engine.plan_of(dep).mode is Mode.BESIDE  # type: ignore[union-attr]
+    calls = bw.host.calls
+    assert calls.index("start vllm-small.service") < calls.index("sleep vllm-big.service level=1 mode=wait")
+    assert "stop vllm-big.service" not in calls
+    assert not any("model_switching" in c for c in bw.proxy.applied)  # never a 503 gap
+    assert bw.states() == {"big": "asleep", "small": "serving"}
+    assert [d.model for d in bw.store.serving_set("box")] == ["small"]
+
+
+def test_a_failed_start_beside_leaves_the_old_model_serving(bw: WarmWorld) -> None:
+    """small crashes on start: big was never slept nor stopped and keeps the route."""
+    bw.host.behaviours["vllm-small.service"] = "crash"
+    dep = bw.switch("small")
+    assert dep.phase is Phase.ROLLED_BACK
+    assert not any(c.endswith("vllm-big.service") or "sleep vllm-big" in c for c in bw.host.calls)
+    assert not any("model_switching" in c for c in bw.proxy.applied)
+    assert bw.proxy.config is not None and ":8001" in bw.proxy.config and ":8002" not in bw.proxy.config
+    assert [d.model for d in bw.store.serving_set("box")] == ["big"]
+
+
+def test_a_target_that_does_not_fit_is_a_stop_start() -> None:
+    """small at 0.5 beside big at 0.6 does not fit one GPU: today's stop-start, big sleeps first."""
+    ww = world(small_util=0.5)
+    ww.switch("big")
+    ww.host.calls.clear()
+    dep = ww.switch("small")
+    assert ww.engine.plan_of(dep).mode is Mode.STOP_START  # type: ignore[union-attr]
+    assert ww.host.calls.index("sleep vllm-big.service level=1 mode=wait") < ww.host.calls.index(
+        "start vllm-small.service")
+
+
+def test_room_gone_before_staging_aborts_with_nothing_stopped(bw: WarmWorld) -> None:
+    """A process takes the room between the plan and the start: aborted, big untouched."""
+    dep = bw.engine.plan_switch("small")
+    assert dep is not None and bw.engine.plan_of(dep).mode is Mode.BESIDE  # type: ignore[union-attr]
+    bw.host.hold([0], 20_000, "python")
+    assert bw.engine.run(dep.id).phase is Phase.ABORTED
+    assert "start vllm-small.service" not in bw.host.calls and "sleep vllm-big.service" not in " ".join(bw.host.calls)
+
+
+def test_a_sleeping_target_wakes_beside_before_the_old_one_sleeps(bw: WarmWorld) -> None:
+    """big -> small -> big: big is asleep and fits beside small, so it wakes before small sleeps."""
+    bw.switch("small")
+    bw.host.calls.clear()
+    back = bw.switch("big")
+    assert back.phase is Phase.ACTIVE
+    assert bw.engine.plan_of(back).mode is Mode.BESIDE  # type: ignore[union-attr]
+    calls = bw.host.calls
+    assert "start vllm-big.service" not in calls
+    assert calls.index("wake vllm-big.service") < calls.index("sleep vllm-small.service level=1 mode=wait")
+    assert bw.states() == {"big": "serving", "small": "asleep"}
+
+
+def test_a_wedged_wake_beside_stops_the_target_and_keeps_the_old_serving(bw: WarmWorld) -> None:
+    """big wedges on its wake beside small: big stops, small keeps serving and its route."""
+    bw.switch("small")
+    bw.host.engine_behaviours["vllm-big.service"] = "wedged_wake"
+    bw.proxy.applied.clear()
+    back = bw.switch("big")
+    assert back.phase is Phase.ROLLED_BACK
+    assert "vllm-big.service" not in bw.host.active_units()
+    assert not any("model_switching" in c for c in bw.proxy.applied)
+    assert bw.states()["small"] == "serving"
+
+
+@pytest.mark.parametrize("stop_at", ["stopping", "freeing", "checking", "routing"])
+def test_an_interrupted_beside_switch_resumes_to_the_new_set(bw: WarmWorld, stop_at: str) -> None:
+    """Parked before STOP_AT and run again: small serves, routed; big asleep, never stopped."""
+    dep = bw.engine.plan_switch("small")
+    assert dep is not None
+
+    def park_at(d: Any) -> None:
+        if d.phase.value == stop_at:
+            bw.engine.park.set()
+
+    bw.engine.before_step = park_at
+    assert bw.engine.run(dep.id).phase.value == stop_at
+    bw.engine.park.clear()
+    bw.engine.before_step = None
+    assert bw.engine.run(dep.id).phase is Phase.ACTIVE
+    assert bw.states() == {"big": "asleep", "small": "serving"}
+    assert "stop vllm-big.service" not in bw.host.calls
+    assert bw.proxy.config is not None and ":8002" in bw.proxy.config
