@@ -275,7 +275,8 @@ class Engine:
             plan = self.plan_of(dep)
             # what the phase does in this switch, so that progress lines say only what happens
             ctx.emit("phase", phase=nxt.value, model=dep.model, proxy=plan is not None,
-                     handover=plan is not None and plan.keeps_serving)
+                     handover=plan is not None and plan.keeps_serving,
+                     beside=plan is not None and plan.mode is Mode.BESIDE)
             dep = self.store.get(dep.id)
         return dep
 

@@ -128,3 +128,57 @@ def test_an_interrupted_beside_switch_resumes_to_the_new_set(bw: WarmWorld, stop
     assert bw.states() == {"big": "asleep", "small": "serving"}
     assert "stop vllm-big.service" not in bw.host.calls
     assert bw.proxy.config is not None and ":8002" in bw.proxy.config
+
+
+def explain(ww: WarmWorld, model: str) -> dict[str, Any]:
+    from orchestrator.deploy.operations import Operations
+
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    return Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency).explain(model)
+
+
+def test_dry_run_says_beside_no_gap_with_the_figures(bw: WarmWorld) -> None:
+    """`switch --dry-run small` (and `plan`): beside, no gap, each GPU's MiB."""
+    plan = explain(bw, "small")
+    assert plan["mode"] == "beside" and plan["displaced"] == ["big"]
+    assert plan["reason"].startswith("no gap: small starts beside big on GPU 0")
+    assert "59,000 MiB awake (big)" in plan["reason"] and "of 97,887 MiB: fits" in plan["reason"]
+
+
+def test_dry_run_to_a_sleeper_that_fits_says_it_wakes_beside(bw: WarmWorld) -> None:
+    """The target asleep with its unit unchanged and room for both: it wakes beside, no gap."""
+    bw.switch("small")
+    plan = explain(bw, "big")
+    assert plan["mode"] == "beside" and plan["reason"].startswith("no gap: big is asleep and wakes beside small")
+
+
+def test_progress_says_the_old_engine_serves_until_the_route_moves_then_sleeps(bw: WarmWorld) -> None:
+    """The progress lines of a beside switch: nothing stops first; routing says the old one sleeps after."""
+    from .test_progress_text import printed
+
+    bw.events.clear()
+    bw.switch("small")
+    text = printed(bw.events)
+    assert "stopping the old unit" not in text
+    assert "small: stopping: nothing (beside: the old engine serves until the route moves)" in text
+    assert "small: routing: the front proxy moves the route; the old engine drains, then sleeps or stops" in text
+
+
+def test_history_shows_the_switch_was_beside(bw: WarmWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`history` marks a beside switch's phases: beside, no gap."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import deploy_cmds
+    from orchestrator.deploy.operations import Operations
+
+    bw.switch("small")
+    ports = bw.host.ports(bw.catalog.hosts["box"], bw.weights)
+    rows = Operations(bw.catalog, lambda name: ports, store=bw.store, residency=bw.residency).history("box")
+
+    class Rows:
+        def call(self, *args: Any, **kw: Any) -> Any:
+            return rows
+
+    monkeypatch.setattr(deploy_cmds, "backend", lambda *a, **kw: Rows())
+    out = CliRunner().invoke(deploy_cmds.history, ["--host", "box"], terminal_width=400).output
+    assert out.count("beside, no gap") == 1
