@@ -16,8 +16,8 @@ from .test_warm_switch import WarmWorld
 ONE_GPU = {"gpus": [0], "sleep": "level1", "served_name": "chat"}
 
 
-def beside_catalog(small_util: float = 0.3) -> Any:
-    return make_catalog(
+def beside_catalog(small_util: float = 0.3, **extra: Any) -> Any:
+    return make_catalog(**extra,
         proxy={"enabled": True, "port": 8000},
         hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
                        "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
@@ -182,3 +182,92 @@ def test_history_shows_the_switch_was_beside(bw: WarmWorld, monkeypatch: pytest.
     monkeypatch.setattr(deploy_cmds, "backend", lambda *a, **kw: Rows())
     out = CliRunner().invoke(deploy_cmds.history, ["--host", "box"], terminal_width=400).output
     assert out.count("beside, no gap") == 1
+
+
+def test_rollback_of_a_warm_switch_wakes_the_old_model_beside(tmp_path: Any) -> None:
+    """big -> small (big sleeps) then `rollback`: big wakes beside small before small sleeps."""
+    from orchestrator.deploy.operations import Operations
+
+    ww = WarmWorld(beside_catalog(state_dir=str(tmp_path)))
+    ww.host.start_mib.update({"vllm-big.service": 59_000, "vllm-small.service": 29_700})
+    ports = ww.host.ports(ww.catalog.hosts["box"], ww.weights)
+    ports.proxy = ww.proxy
+    ops = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency)
+    ops.switch("big")
+    ops.switch("small")
+    ww.host.calls.clear()
+    ww.proxy.applied.clear()
+    assert ops.rollback("box")["outcome"] == "active"
+    assert ops.history("box", 1)[0]["plan"]["mode"] == "beside"
+    calls = ww.host.calls
+    assert calls.index("wake vllm-big.service") < calls.index("sleep vllm-small.service level=1 mode=wait")
+    assert not any("model_switching" in c for c in ww.proxy.applied)
+    assert ww.states() == {"big": "serving", "small": "asleep"}
+
+
+BESIDE_CRASHES = ([("cold", n) for n in range(12)] + [("warm", n) for n in range(12)]
+                  + [(case, p) for case in ("cold", "warm") for p in
+                     (Phase.STOPPING, Phase.FREEING, Phase.STARTING, Phase.CHECKING, Phase.SLEEPING,
+                      Phase.VERIFYING, Phase.WAKING, Phase.ROUTING)])
+
+
+@pytest.mark.parametrize(("case", "where"), BESIDE_CRASHES)
+def test_the_agent_killed_in_a_beside_switch_converges(tmp_path: Any, case: str, where: int | Phase) -> None:
+    """Killed after any engine call of a beside switch (cold: big -> small; warm: back to a sleeping
+    big) or as any phase begins, the resumed run ends active: the target serves, the other sleeps,
+    the GPU holds the server's engine and a sleeper's residue, and the route names the server."""
+    from orchestrator.adapters.residency_store import SqliteResidencyStore
+    from orchestrator.adapters.sqlite_store import SqliteStore
+    from orchestrator.core.records import Deployment
+    from orchestrator.deploy.engine import Engine
+    from orchestrator.testing import FakeHost, FakeProxy, FakeWeights
+
+    from .test_engine_crash import Crash, CrashingControl
+
+    host = FakeHost(name="box")
+    mib = {"vllm-big.service": 59_000, "vllm-small.service": 29_700}
+    host.start_mib.update(mib)
+    catalog = beside_catalog()
+    ports = host.ports(catalog.hosts["box"], FakeWeights())
+    proxy = FakeProxy()
+    ports.proxy = proxy
+    control = CrashingControl(ports.engine)
+    ports.engine = control
+
+    def open_engine() -> tuple[Engine, SqliteStore, SqliteResidencyStore]:
+        store = SqliteStore(tmp_path / "state.db", group=None)
+        residency = SqliteResidencyStore(tmp_path / "residency.db", group=None)
+        return Engine(catalog, store, lambda name: ports, residency=residency), store, residency
+
+    eng, store, residency = open_engine()
+    for model in ("big", "small") if case == "warm" else ("big",):
+        done = eng.plan_switch(model)
+        assert done is not None and eng.run(done.id).phase is Phase.ACTIVE
+    target, other = ("big", "small") if case == "warm" else ("small", "big")
+    dep = eng.plan_switch(target)
+    assert dep is not None and eng.plan_of(dep).mode is Mode.BESIDE  # type: ignore[union-attr]
+    if isinstance(where, int):
+        control.left = where
+    else:
+        def die(d: Deployment) -> None:
+            if d.phase is where:
+                raise Crash(where.value)
+
+        eng.before_step = die
+    try:
+        eng.run(dep.id)
+    except Crash:
+        pass
+    control.left = None
+    store.close()
+    residency.close()
+
+    eng, store, residency = open_engine()
+    for unfinished in store.unfinished("box"):
+        eng.run(unfinished.id)
+    assert store.get(dep.id).phase is Phase.ACTIVE
+    assert {m: r.state for m, r in residency.residency("box").items()} == {target: "serving", other: "asleep"}
+    assert sorted(m for _, m, _, _ in host.holders.values()) == sorted([host.residue_mib, mib[f"vllm-{target}.service"]])
+    port = catalog.models[target].port
+    assert proxy.config is not None and f":{port}" in proxy.config
+    assert not any("model_switching" in c for c in proxy.applied)
