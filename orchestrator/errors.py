@@ -7,7 +7,7 @@ boundary with ``raise ... from exc`` so nothing above them sees paramiko, httpx 
 
 from __future__ import annotations
 
-from orchestrator.core.secrets import redact
+from orchestrator.secrets import redact
 
 
 class OrchestratorError(Exception):

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from orchestrator import resources, userfiles
 from orchestrator.core.documents import DocumentError, json_document, toml_document
-from orchestrator.core.secrets import redact_values, secret_name, secret_value_kind
 from orchestrator.errors import ConfigError, OrchestratorError
+from orchestrator.secrets import redact_values, secret_name, secret_value_kind
 
 if TYPE_CHECKING:  # pydantic and the catalog's models load with the first load(): peek() needs neither
     from pydantic import ValidationError

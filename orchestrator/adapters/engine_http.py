@@ -12,8 +12,8 @@ import httpx
 
 Params = list[tuple[str, str | int | float | bool | None]]
 
-from orchestrator.core.secrets import redact
 from orchestrator.errors import EngineError
+from orchestrator.secrets import redact
 
 MODES = ("wait", "keep", "abort")
 

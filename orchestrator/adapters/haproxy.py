@@ -27,10 +27,10 @@ from orchestrator.core.haproxy_cli import (
 )
 from orchestrator.core.observed import listens_on
 from orchestrator.core.proxy import DEMAND_LUA, PROXY_UNIT, lua_path, master_socket, sha
-from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
 from orchestrator.resources import template_text
+from orchestrator.secrets import redact
 
 UNIT = PROXY_UNIT
 T = TypeVar("T")

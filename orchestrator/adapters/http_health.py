@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from orchestrator.core.secrets import redact
 from orchestrator.errors import HealthCheckFailed
+from orchestrator.secrets import redact
 
 
 class HttpHealthProbe:

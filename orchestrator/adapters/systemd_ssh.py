@@ -16,9 +16,9 @@ from orchestrator.adapters.unit_files import (
     state_from_properties,
 )
 from orchestrator.core.observed import CommandResult, UnitState
-from orchestrator.core.secrets import redact
 from orchestrator.errors import CommandFailed, SystemdError, UnitNotFound
 from orchestrator.ports import Shell
+from orchestrator.secrets import redact
 
 
 class SshSystemd(ShellUnitFiles):

@@ -10,9 +10,9 @@ import re
 from datetime import UTC, datetime
 
 from orchestrator.core.observed import UnitState
-from orchestrator.core.secrets import redact
 from orchestrator.errors import SystemdError, UsageError
 from orchestrator.ports import Shell
+from orchestrator.secrets import redact
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "ExecMainStatus", "NRestarts",

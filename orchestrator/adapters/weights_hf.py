@@ -11,10 +11,10 @@ import json
 from collections.abc import Collection
 
 from orchestrator.core.observed import CommandResult
-from orchestrator.core.secrets import redact
 from orchestrator.core.weights import Manifest, StagedRevision, StageRequest
 from orchestrator.errors import WeightsError
 from orchestrator.ports import ProgressCallback, Shell
+from orchestrator.secrets import redact
 
 # Worker event -> the ProgressCallback event the CLI knows (cli/progress.py renders stage_progress
 # and staged; the others are there for logs).

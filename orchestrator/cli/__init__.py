@@ -85,7 +85,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except OrchestratorError as exc:
-            from orchestrator.core.secrets import redact_values
+            from orchestrator.secrets import redact_values
 
             # A message quotes bad values; a value shaped like a token is never printed.
             message = redact_values(str(exc)) + _privilege_hint(ctx, exc)

@@ -30,8 +30,8 @@ from orchestrator.core.catalog_rules import (
 )
 from orchestrator.core.dashboard import Dashboard, socket_path
 from orchestrator.core.safety import shown
-from orchestrator.core.secrets import scan
 from orchestrator.errors import UsageError
+from orchestrator.secrets import scan
 
 # Models on demand: where the agent listens for the proxy when [proxy] demand_socket is unset.
 DEFAULT_DEMAND_SOCKET = "/run/orchestrator/demand.sock"

@@ -26,7 +26,7 @@ from orchestrator.core.catalog_rules import (
     safe,
 )
 from orchestrator.core.safety import shown
-from orchestrator.core.secrets import secret_name, secret_value_kind
+from orchestrator.secrets import secret_name, secret_value_kind
 
 # Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
 # (its loopback bind and the proxy's deny of the dev endpoints).

@@ -14,8 +14,8 @@ from croniter import CroniterError, croniter
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.safety import check_safe_text, shown
-from orchestrator.core.secrets import secret_in_args
 from orchestrator.errors import RenderError
+from orchestrator.secrets import secret_in_args
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

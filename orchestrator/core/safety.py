@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import unicodedata
 
-from orchestrator.core.secrets import secret_value_kind
 from orchestrator.errors import RenderError
+from orchestrator.secrets import secret_value_kind
 
 # Cc: control characters (newline, CR, tab, NUL...), Cs: lone surrogates (not encodable as UTF-8),
 # Zl/Zp: Unicode line/paragraph separators, which some readers treat as a line end, Cf: format

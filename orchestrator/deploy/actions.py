@@ -13,11 +13,11 @@ from orchestrator import logs
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
 from orchestrator.core.proxy import DEMAND_LUA, render_host, routes_for
 from orchestrator.core.records import UnitSpec
-from orchestrator.core.secrets import redact
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.warm import sleep_enabled
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
 from orchestrator.resources import template_text
+from orchestrator.secrets import redact
 
 log = logs.get_logger()
 

@@ -10,10 +10,10 @@ from typing import Any
 from orchestrator.core.catalog import Catalog, Defaults
 from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, UnitSpec
-from orchestrator.core.secrets import redact_tree
 from orchestrator.core.states import Event
 from orchestrator.errors import Abandoned
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore
+from orchestrator.secrets import redact_tree
 
 
 class Parked(Exception):

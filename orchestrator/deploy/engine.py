@@ -20,8 +20,8 @@ from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingChange, UnitSpec
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
-from orchestrator.core.secrets import redact, redact_tree
 from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
+from orchestrator.deploy import actions
 from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
@@ -31,6 +31,7 @@ from orchestrator.deploy.warm_steps import WARM_EVENT
 from orchestrator.errors import EngineWedged, NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.resources import template_text
+from orchestrator.secrets import redact, redact_tree
 
 # A cold start on demand may be abandoned while the target itself loads (never in a rollback's phases).
 ABANDONABLE = frozenset({Phase.STARTING, Phase.CHECKING})
@@ -271,6 +272,8 @@ class Engine:
             self.store.transition(dep.id, nxt, ports.clock.now(), self._serving_change(dep, nxt))
             if nxt is Phase.ACTIVE:
                 self._clean_weights(ctx, dep)
+            if nxt is Phase.ABORTED:
+                self._routes_as_before(ctx, dep, blog)
             blog.info("phase_changed", phase=nxt.value, previous=dep.phase.value, on=event.value)
             plan = self.plan_of(dep)
             # what the phase does in this switch, so that progress lines say only what happens
@@ -279,6 +282,17 @@ class Engine:
                      beside=plan is not None and plan.mode is Mode.BESIDE)
             dep = self.store.get(dep.id)
         return dep
+
+    def _routes_as_before(self, ctx: StepContext, dep: Deployment, blog: structlog.typing.FilteringBoundLogger) -> None:
+        """A switch that ended before stopping anything: the proxy routes the set as it was, without the
+        "loading" answer staging gave the target's name (nothing loads it now)."""
+        plan = self.plan_of(dep)
+        if plan is None:
+            return
+        try:
+            actions.route(ctx, (self.store.by_revision(dep.host, r).spec for r in plan.before))
+        except OrchestratorError as exc:  # the switch's own error is the one to report; this one is logged
+            blog.warning("routes_not_restored", error=str(exc))
 
     def _parked(self, ctx: StepContext, dep: Deployment, blog: structlog.typing.FilteringBoundLogger) -> Deployment:
         blog.info("deployment_parked", phase=dep.phase.value)

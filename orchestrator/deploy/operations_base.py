@@ -14,9 +14,9 @@ from orchestrator.adapters.residency_store import SqliteResidencyStore
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
-from orchestrator.core.secrets import redact_tree
 from orchestrator.deploy.engine import Engine
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
+from orchestrator.secrets import redact_tree
 
 
 class OperationsBase:

@@ -48,6 +48,11 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
             raise PlanError(holder, host=dep.host)
     if dep.spec.nodes:
         multinode.preflight(ctx, dep.spec)
+    if step.plan is not None and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
+        # A name nothing serves answers "loading" (503 + Retry-After) once the checks passed, the
+        # download included, not "not loaded"; a switch that ends before stopping anything takes the
+        # mark back (engine).
+        actions.route(ctx, (d.spec for d in step.serving), loading=[dep.spec.served_name])
     return DONE
 
 

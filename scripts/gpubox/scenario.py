@@ -9,6 +9,7 @@ front proxy (a completion every 50 ms, a 64-token stream every second) during ev
 with the step's outcome, what was expected, and the prober's counts for the step's window.
 
 A: cold switch to big; cold switch to small (big sleeps); 10 warm switches back and forth.
+C: the fixes in one call: cold, cold, 2 warm switches, the wedge, SIGKILL of an API server, stop.
 B: a warm rollback; a wedged wake (a foreign process holds the memory the target needs); SIGKILL of the agent
    as each warm phase begins; SIGKILL of the serving vLLM API server alone; stop of both models (GPU free by
    PID). Each line `STEP name verdict ...` says whether what happened is what the product promises.
@@ -146,9 +147,11 @@ class Run:
             got = {"harness_error": f"{type(exc).__name__}: {exc}"}
         t1 = time.monotonic()
         time.sleep(1.0)  # requests started in the window finish; counted by start time
-        row = {"part": self.part, "step": name, "expect": expect, "seconds": round(t1 - t0, 2), **got,
+        row = {"part": self.part, "step": name, "expect": expect, "t0": t0, "t1": t1, "seconds": round(t1 - t0, 2), **got,
                "client": summarise(self.prober.records, t0, t1), "status": status(), "gpu": gpus(),
-               "units": units(), "history": cli_json("history", "--limit", "2")}
+               "units": units(), "history": cli_json("history", "--limit", "2"),
+               # what an operator reads, for the docs
+               "status_text": cli("status", timeout=60)[1], "history_text": cli("history", "--limit", "3", timeout=60)[1]}
         row["verdict"] = "PASS" if verdict(row) else "FAIL"
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
@@ -199,7 +202,7 @@ def ok_switch(model: str, warm: bool) -> Callable[[dict[str, Any]], bool]:
     return verdict
 
 
-def part_a(run: Run) -> None:
+def part_a(run: Run, warm: int = 10) -> None:
     first = run.step("cold_big", "cold start of big; clients get 503 + Retry-After until it serves, none fails",
                      lambda: switch("big"), ok_switch("big", warm=False))
     if serving_model(first["status"]) != "big":
@@ -207,7 +210,7 @@ def part_a(run: Run) -> None:
         return
     run.step("cold_small", "cold start of small on the same GPU: big sleeps (level1); 503 + Retry-After in the gap",
              lambda: switch("small"), ok_switch("small", warm=False))
-    for i in range(10):
+    for i in range(warm):
         target = MODELS[i % 2]
         run.step(f"warm_{i + 1}_{target}", "warm switch: 0 failed, 0 503, 0 cut; the gap near vLLM's sleep + wake",
                  lambda t=target: switch(t), ok_switch(target, warm=True))
@@ -304,29 +307,47 @@ def stop_all() -> dict[str, Any]:
     return res
 
 
-def part_b(run: Run) -> None:
-    before = serving_model(status())
-    run.step("warm_rollback", "rollback of the last warm switch: warm, 0 failed, 0 503",
-             lambda: _rollback(), lambda r: r.get("rc") == 0 and serving_model(r["status"]) != before
-             and r["client"]["failed"] == 0 and r["client"]["hung"] == 0)
-    if serving_model(status()) != "small":
-        run.step("to_small", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
-    run.step("wedge", "a foreign process holds the memory big needs: the switch is refused or rolled back, small "
-             "serves again, no client hangs, the route never on a sleeper",
-             wedge, lambda r: r.get("back_to_small") is True and r["client"]["hung"] == 0
+def faults(run: Run) -> None:
+    """small serving: the wedge, SIGKILL of the serving API server, then stop of both (the sleeper too)."""
+    run.step("wedge", "a foreign process holds the memory big needs: the switch is refused before anything "
+             "sleeps (or rolled back), small serves, no client hangs, the route never on a sleeper", wedge,
+             lambda r: r.get("back_to_small") is True and r["client"]["hung"] == 0 and r["client"]["failed"] == 0)
+    if run.part == "B":
+        agent_kills(run)
+    run.step("kill_api", "SIGKILL of the serving API server alone: no orphan on the GPU, systemd restarts it and the "
+             "watch leaves the load alone, clients get 503 + Retry-After or wait", kill_api,
+             lambda r: r.get("back") is True and r.get("old_gpu_procs_gone_s") is not None and r["client"]["hung"] == 0
              and r["client"]["failed"] == 0)
+    run.step("stop", "stop both models, the sleeper too: the GPU holds nothing (by PID)", stop_all,
+             lambda r: not r["gpu"]["procs"] and all(v["rc"] == 0 for k, v in r.items() if k.startswith("stop_")))
+
+
+def agent_kills(run: Run) -> None:
     target = "big"
     for phase in ("sleeping", "verifying", "waking", "routing"):
         run.step(f"kill_agent_{phase}", f"SIGKILL of the agent as `{phase}` begins: converges, one model awake",
                  lambda ph=phase, t=target: kill_agent_at(ph, t),
                  lambda r: r.get("converged") is True and len(r.get("awake", [])) == 1 and r["client"]["hung"] == 0)
-        target = serving_model(status()) == "big" and "small" or "big"
-    run.step("kill_api", "SIGKILL of the serving API server alone: no orphan on the GPU, the model comes back, "
-             "clients get 503 + Retry-After or wait", kill_api,
-             lambda r: r.get("back") is True and r.get("old_gpu_procs_gone_s") is not None and r["client"]["hung"] == 0
-             and r["client"]["failed"] == 0)
-    run.step("stop", "stop both models: the GPU holds nothing (by PID)", stop_all,
-             lambda r: not r["gpu"]["procs"] and all(v["rc"] == 0 for k, v in r.items() if k.startswith("stop_")))
+        target = "small" if serving_model(status()) == "big" else "big"
+    if serving_model(status()) != "small":
+        run.step("to_small_again", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
+
+
+def part_b(run: Run) -> None:
+    before = serving_model(status())
+    run.step("warm_rollback", "rollback of the last warm switch: warm, 0 failed, 0 503",
+             _rollback, lambda r: r.get("rc") == 0 and serving_model(r["status"]) != before
+             and r["client"]["failed"] == 0 and r["client"]["hung"] == 0)
+    if serving_model(status()) != "small":
+        run.step("to_small", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
+    faults(run)
+
+
+def part_c(run: Run) -> None:
+    """The fixes, in one device call: cold, cold, two warm switches, the wedge, SIGKILL of an API server, stop."""
+    part_a(run, warm=2)
+    if serving_model(status()) == "small":
+        faults(run)
 
 
 def _rollback() -> dict[str, Any]:
@@ -351,7 +372,7 @@ def main() -> int:
     part = sys.argv[1]
     run = Run(part)
     log(f"part {part}; status before: serving={serving_model(status())}; gpu={gpus()}")
-    {"A": part_a, "B": part_b}[part](run)
+    {"A": part_a, "B": part_b, "C": part_c}[part](run)
     rc = run.finish()
     (OUT / f"engine-{part}.json").write_text(json.dumps(engine_timings(), indent=1))
     log(f"engine timings: {json.dumps(engine_timings())}")

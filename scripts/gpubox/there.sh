@@ -76,7 +76,8 @@ run() {
   local part=$1
   . "$STATE"
   say "scenario $part"
-  CXENV="PYTHONUNBUFFERED=1 GPUBOX_DRY=$DRY" bash "$here/cx.sh" /opt/orch-cli/bin/python /wlogs/in/scenario.py "$part" /wlogs/out \
+  # bounded, so that the results come back inside the device call whatever the scenario does
+  CXENV="PYTHONUNBUFFERED=1 GPUBOX_DRY=$DRY" timeout "${RUN_TIMEOUT_S:-540}" bash "$here/cx.sh" /opt/orch-cli/bin/python /wlogs/in/scenario.py "$part" /wlogs/out \
     2>&1 | tee "$WLOGS/out/scenario-$part.log"
   local rc=${PIPESTATUS[0]}
   collect "$part"

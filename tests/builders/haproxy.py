@@ -40,12 +40,13 @@ class Asked:
 
 
 class Engine(ThreadingHTTPServer):
-    """A loopback stand-in for vLLM, serving from ``start``: answers every GET and POST 200 ``body``
+    """A loopback stand-in for vLLM, serving from ``start``: answers every GET and POST ``status`` ``body``
     once ``release`` is set (set from the start: clear it to hold answers), recording each request."""
 
-    def __init__(self, address: str = "127.0.0.1", body: bytes = b'{"ok":true}') -> None:
+    def __init__(self, address: str = "127.0.0.1", body: bytes = b'{"ok":true}', status: int = 200) -> None:
         self.seen: list[Asked] = []
         self.body = body
+        self.status = status
         self.release = threading.Event()
         self.release.set()
         self.address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -82,7 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.seen.append(Asked(time.monotonic(), self.path, None if model is None else str(model), len(raw)))
         self.server.release.wait(30)
         out = self.server.body
-        self.send_response(200)
+        self.send_response(self.server.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from orchestrator.core.secrets import secret_name, secret_value_kind
+from orchestrator.secrets import secret_name, secret_value_kind
 
 HF = "hf_" + "Qw3" * 12
 SK = "sk-" + "Zx8" * 10

@@ -10,6 +10,7 @@ import pytest
 from orchestrator.core.proxy import Mode
 from orchestrator.core.states import Phase
 from orchestrator.deploy.engine import Engine
+from orchestrator.errors import WeightsError
 from orchestrator.testing import FakeProxy
 
 from .conftest import World, make_catalog
@@ -161,3 +162,48 @@ def test_rollback_on_failure_off_holds_with_the_proxy_too() -> None:
     world.switch("chat-a")
     world.host.behaviours["vllm-code.service"] = "crash"
     assert world.switch("code").phase is Phase.FAILED
+
+
+class StagingWatch:
+    """Weights that record the proxy's config while they stage, and fail when told to."""
+
+    def __init__(self, pw: ProxyWorld, fail: bool = False) -> None:
+        self.pw, self.fail, self.seen = pw, fail, ""
+        self.inner = pw.weights
+
+    def stage(self, spec: Any, progress: Any) -> Any:
+        self.seen = self.pw.proxy.config or ""
+        if self.fail:
+            raise WeightsError(f"{spec.model}: no weights at {spec.model_dir}")
+        return self.inner.stage(spec, progress)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def watch_staging(pw: ProxyWorld, fail: bool = False) -> StagingWatch:
+    """The world's engine from now on stages through a StagingWatch."""
+    watch = StagingWatch(pw, fail)
+    ports = pw.host.ports(pw.catalog.hosts["box"], watch)  # type: ignore[arg-type]
+    ports.proxy = pw.proxy
+    pw.engine = Engine(pw.catalog, pw.store, lambda name: ports, progress=lambda e, f: pw.events.append((e, f)))
+    return watch
+
+
+def test_a_name_nothing_served_answers_loading_from_staging_on(pw: ProxyWorld) -> None:
+    """While the first switch to "code" stages its weights (a download can take hours), "code" answers
+    503 model_loading, not "not loaded"."""
+    pw.switch("chat-a")
+    watch = watch_staging(pw)
+    assert pw.switch("code").phase is Phase.ACTIVE
+    assert '"model_loading"}}\' if { method POST } { var(txn.model) -m str "code" }' in watch.seen
+
+
+def test_a_switch_aborted_in_staging_takes_the_loading_answer_back(pw: ProxyWorld) -> None:
+    """Staging fails: the switch ends aborted and the proxy routes as before, "code" no longer "loading"."""
+    pw.switch("chat-a")
+    before = pw.proxy.config
+    watch = watch_staging(pw, fail=True)
+    assert pw.switch("code").phase is Phase.ABORTED
+    assert "model_loading" in watch.seen
+    assert pw.proxy.config == before and "model_loading" not in (pw.proxy.config or "")

@@ -21,20 +21,24 @@ RETRY_AFTER_S = 4
 class Front:
     port: int
     engine: Engine
+    loading_engine: Engine
 
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     tmp = tmp_path_factory.mktemp("loading")
     engine = Engine().start()
+    loading_engine = Engine(body=b'{"error":{"message":"model is loading"}}', status=503).start()
     port = free_port()
-    routes = [Route("alpha", "127.0.0.1", engine.port), Route("beta", loading=True), Route("gamma")]
+    routes = [Route("alpha", "127.0.0.1", engine.port), Route("beta", loading=True), Route("gamma"),
+              Route("epsilon", "127.0.0.1", loading_engine.port)]
     cfg = tmp / "haproxy.cfg"
     cfg.write_text(render_front(tmp, Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S), routes,
-                                known=["alpha", "beta", "gamma", "delta"]))
+                                known=["alpha", "beta", "gamma", "delta", "epsilon"]))
     with haproxy(cfg, port):
-        yield Front(port, engine)
+        yield Front(port, engine, loading_engine)
     engine.close()
+    loading_engine.close()
 
 
 def error(body: bytes) -> dict[str, str]:
@@ -66,3 +70,10 @@ def test_only_an_unknown_name_is_404(front: Front) -> None:
     status, _, body = post(front.port, "nobody")
     assert status == 404 and error(body)["code"] == "model_not_found"
     assert post(front.port, "alpha")[0] == 200
+
+
+def test_an_engines_own_503_gets_retry_after(front: Front) -> None:
+    """An engine answering 503 itself (reloading after systemd restarted it): the client gets Retry-After too."""
+    status, headers, body = post(front.port, "epsilon")
+    assert (status, headers.get("retry-after")) == (503, str(RETRY_AFTER_S))
+    assert error(body)["message"] == "model is loading"

@@ -15,10 +15,10 @@ import pytest
 
 from orchestrator.adapters.http_health import HttpHealthProbe
 from orchestrator.adapters.sqlite_store import SqliteStore
-from orchestrator.core.secrets import redact, secret_name, secret_value_kind
 from orchestrator.core.states import Phase
 from orchestrator.deploy.engine import Engine
 from orchestrator.errors import CommandFailed, HealthCheckFailed
+from orchestrator.secrets import redact, secret_name, secret_value_kind
 
 from .conftest import World, make_catalog
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.secrets import secret_in_args, secret_name, secret_value_kind
+from orchestrator.secrets import secret_in_args, secret_name, secret_value_kind
 
 from .cli_runner import run
 
