@@ -206,3 +206,39 @@ def test_a_wake_that_cannot_fit_beside_a_foreign_process_is_refused_before_alpha
         assert chat(host).status_code == 200
     finally:
         host.run(["systemctl", "stop", "stray-gpu-holder.service"], check=False)
+
+
+# Two models on the same GPUs that fit awake together (97,887 MiB each GPU): 0.6 and 0.3 of it, each
+# engine holding a little over its share, as vLLM does.
+BESIDE: dict[str, dict[str, Any]] = {
+    "big": {"port": 8124, **WARM, "gpu_memory_utilization": 0.6},
+    "small": {"port": 8125, **WARM, "gpu_memory_utilization": 0.3},
+}
+BESIDE_MIB = {"big": 59_000, "small": 29_700}
+
+
+def test_a_cold_switch_to_a_model_that_fits_beside_has_no_gap(host: Host, tmp_path: Path) -> None:
+    """big -> small on the same GPUs, both fit awake: small starts beside big, the route moves, big
+    sleeps; through the real HAProxy no request fails, none is cut, none gets a 503."""
+    text = proxy_config(host, tmp_path / "state", BESIDE).replace(
+        f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = 8\n", 1)
+    for name, mib in BESIDE_MIB.items():
+        text = text.replace(f"[models.{name}]\n", f'[models.{name}]\nenv = {{ STANDIN_GPU_MIB = "{mib}" }}\n', 1)
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(text)
+    ops = operations(settings.load(cfg))
+    try:
+        assert ops.switch("big")["outcome"] == "active"
+        plan = ops.explain("small")
+        assert plan["mode"] == "beside", plan["reason"]
+        with ProberProcess(base_url(host), "chat") as prober:
+            result = ops.switch("small")
+        assert result["outcome"] == "active", result.get("error")
+        assert ops.history(host.name, 1)[0]["plan"]["mode"] == "beside"
+        got = classify(prober.requests, TOKENS)
+        print(f"beside switch: {len(got['ok'])} ok, {len(got['cut'])} cut, {len(got['gap'])} 503, "
+              f"{len(got['failed'])} failed")
+        assert got["failed"] == [] and got["cut"] == [] and got["gap"] == []
+        assert residency(ops, host) == {"big": "asleep", "small": "serving"}
+    finally:
+        host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)

@@ -282,6 +282,9 @@ def history(config: str | None, host: str | None, group: str | None, limit: int,
         took = f"{ended - created:.1f}s" if ended is not None and created is not None else "-"
         phases = " ".join(f"{text_of(str(p.get('phase'))).short} {seconds:.1f}"
                           for p in r.get("phases") or [] if (seconds := _number(p.get("seconds"))) is not None)
+        plan = r.get("plan")
+        if isinstance(plan, dict) and plan.get("mode") == "beside":
+            phases = f"beside, no gap: {phases}"  # the target started or woke beside the old model
         demand = r.get("demand")
         if isinstance(demand, dict) and (worst := _number(demand.get("wait_max_s"))) is not None:
             phases += f" | {demand.get('requests')} held, waited up to {worst:.1f}"  # models on demand

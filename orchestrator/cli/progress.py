@@ -45,7 +45,8 @@ class ProgressPrinter:
         if event == "phase":
             phase = text_of(str(fields.get("phase")))
             label = phase_label(str(fields.get("phase")), proxy=bool(fields.get("proxy", True)),
-                                handover=bool(fields.get("handover", False)))
+                                handover=bool(fields.get("handover", False)),
+                                beside=bool(fields.get("beside", False)))
             if label is None:
                 return
             self._line(f"#{fields.get('revision', '?')} {fields.get('model', '')}: {label}", phase.style)

@@ -187,7 +187,8 @@ def progress_line(event: str, f: Mapping[str, Any]) -> str:
     """One progress event as the CLI words it (cli/progress.py), shortened for a table cell."""
     if event == "phase":
         label = phase_label(str(f.get("phase")), proxy=bool(f.get("proxy", True)),
-                            handover=bool(f.get("handover", False)))
+                            handover=bool(f.get("handover", False)),
+                            beside=bool(f.get("beside", False)))
         return "" if label is None else f"#{f.get('revision', '?')} {f.get('model', '')}: {label}"
     if event == "waiting":
         deadline = f" of {float(f['deadline']):g} s" if f.get("deadline") is not None else ""

@@ -19,6 +19,7 @@ from typing import Any
 
 import jinja2
 
+from orchestrator.core.beside import BesideFit
 from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.haproxy_cli import MARK
 from orchestrator.core.records import UnitSpec
@@ -45,6 +46,9 @@ ENGINE_CONTROL_PATHS = (
 
 class Mode(StrEnum):
     HANDOVER = "handover"  # start beside the old one, move the route, drain, stop: no downtime
+    # The GPUs overlap but both fit awake (core.beside): start or wake the target beside, check it,
+    # move the route, drain, then the old one sleeps or stops. No gap either.
+    BESIDE = "beside"
     STOP_START = "stop_start"  # the GPUs overlap: stop, free, start; the route answers 503 meanwhile
     ADD = "add"  # nothing serves this name yet: the models on its GPUs (if any) stop first
 
@@ -67,6 +71,11 @@ class SwitchPlan:
     overlapping: tuple[int, ...]  # the displaced ones that must stop before the new one starts
     reason: str
 
+    @property
+    def keeps_serving(self) -> bool:
+        """The displaced engines serve until the route moves (nothing stops before the target starts)."""
+        return self.mode in (Mode.HANDOVER, Mode.BESIDE)
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "mode": self.mode.value}
 
@@ -80,8 +89,10 @@ def _gpus(gpus: Iterable[int]) -> str:
     return ",".join(map(str, sorted(gpus)))
 
 
-def plan_switch(spec: UnitSpec, serving: Sequence[Serving]) -> SwitchPlan:
-    """Which serving models ``spec`` replaces, and whether the route can move with no downtime."""
+def plan_switch(spec: UnitSpec, serving: Sequence[Serving], beside: BesideFit | None = None) -> SwitchPlan:
+    """Which serving models ``spec`` replaces, and whether the route can move with no downtime.
+    ``beside``: whether ``spec`` fits on its GPUs beside what runs there now (None: not known); a
+    stop-start becomes beside when it does and no displaced engine is the target's own unit."""
     wanted = set(spec.gpus)
     overlapping = [s for s in serving if wanted & set(s.spec.gpus) or s.spec.unit_name == spec.unit_name]
     holders = [s for s in serving if s.spec.served_name == spec.served_name]
@@ -94,10 +105,20 @@ def plan_switch(spec: UnitSpec, serving: Sequence[Serving]) -> SwitchPlan:
     elif any(h in overlapping for h in holders):
         old = holders[0].spec
         shared = wanted & set(old.gpus)
+        same_unit = any(s.spec.unit_name == spec.unit_name for s in overlapping)
+        if beside is not None and beside.fits and not same_unit and not spec.nodes:
+            leaving = ", ".join(s.spec.model for s in overlapping)
+            return SwitchPlan(
+                mode=Mode.BESIDE, before=tuple(s.revision for s in serving), displaced=tuple(sorted(displaced)),
+                overlapping=(), reason=(
+                    f"no gap: {spec.model} starts beside {leaving} on GPU {_gpus(wanted)} (both fit awake: "
+                    f"{beside.text()}); it is checked, the route moves, then {leaving} drain and sleep (or stop)"))
         mode = Mode.STOP_START
         reason = (f"{old.model} serves {spec.served_name!r} on GPU {_gpus(old.gpus)} and {spec.model} needs "
                   f"GPU {_gpus(shared) or _gpus(wanted)} of them: stop-start, the route answers 503 with "
                   f"Retry-After in the gap")
+        if beside is not None and not same_unit and beside.rooms:
+            reason += f" (not beside: {beside.text()})"
     else:
         old = holders[0].spec
         mode = Mode.HANDOVER

@@ -113,19 +113,29 @@ def text_of(phase: str) -> PhaseText:
     except ValueError:
         return PhaseText(phase, phase, "")
 
-def phase_label(phase: str, *, proxy: bool = True, handover: bool = False) -> str | None:
+def phase_label(phase: str, *, proxy: bool = True, handover: bool = False, beside: bool = False) -> str | None:
     """The progress line of a phase as this switch runs it; None: the phase does nothing here.
 
     Without a front proxy there is no route to move (the routing step does nothing). In a handover
-    the old engine keeps serving through ``stopping``: it stops in ``routing``, once the route moved."""
+    the old engine keeps serving through ``stopping``: it stops in ``routing``, once the route moved.
+    Beside (same GPUs, both fit awake) is a handover whose old engine sleeps or stops in ``routing``."""
     if phase == P.ROUTING and not proxy:
         return None
+    if beside and phase in _BESIDE:
+        return _BESIDE[phase]
     if phase == P.STOPPING and handover:
         return "stopping: nothing yet (a handover: the old engine serves until the route moves)"
     if phase == P.ROUTING and not handover:
         return "routing: the front proxy routes to the new engine"
     return text_of(phase).label
 
+
+_BESIDE: dict[str, str] = {
+    P.STOPPING: "stopping: nothing (beside: the old engine serves until the route moves)",
+    P.FREEING: "beside: counting that the target fits next to the serving engine (nvidia-smi, by PID)",
+    P.SLEEPING: "sleeping: nothing yet (beside: the target wakes next to the serving engine)",
+    P.ROUTING: "routing: the front proxy moves the route; the old engine drains, then sleeps or stops",
+}
 
 # The steps that run in order on the way to ACTIVE.
 FORWARD: tuple[Phase, ...] = (P.PLANNED, P.PREFLIGHT, P.STAGING, P.STOPPING, P.FREEING,

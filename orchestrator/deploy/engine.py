@@ -22,6 +22,7 @@ from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingCh
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
 from orchestrator.deploy import actions
+from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
@@ -133,8 +134,18 @@ class Engine:
         return self.plan_spec(host, spec, trigger or default_trigger(), no_rollback=no_rollback)
 
     def explain(self, host: str, spec: UnitSpec) -> SwitchPlan:
-        """Which serving models a switch to ``spec`` replaces, and whether it keeps the route up."""
-        return plan_switch(spec, [Serving(d.revision, d.spec) for d in self.store.serving_set(host)])
+        """Which serving models a switch to ``spec`` replaces, and whether it keeps the route up: a
+        stop-start whose target fits beside what serves (read from the GPUs now) becomes beside."""
+        serving = [Serving(d.revision, d.spec) for d in self.store.serving_set(host)]
+        plan = plan_switch(spec, serving)
+        if plan.mode is not Mode.STOP_START or spec.nodes:
+            return plan
+        try:
+            fit = room_beside(self.ports_for(host), self.catalog, self.residency, spec, (s.spec for s in serving))
+        except OrchestratorError as exc:
+            log.info("beside_unknown", host=host, model=spec.model, error=str(exc))
+            return plan
+        return plan_switch(spec, serving, fit)
 
     def plan_spec(self, host: str, spec: UnitSpec, trigger: str, *, no_rollback: bool = False,
                   restores: int | None = None) -> Deployment:
@@ -267,7 +278,8 @@ class Engine:
             plan = self.plan_of(dep)
             # what the phase does in this switch, so that progress lines say only what happens
             ctx.emit("phase", phase=nxt.value, model=dep.model, proxy=plan is not None,
-                     handover=plan is not None and plan.mode is Mode.HANDOVER)
+                     handover=plan is not None and plan.keeps_serving,
+                     beside=plan is not None and plan.mode is Mode.BESIDE)
             dep = self.store.get(dep.id)
         return dep
 
@@ -357,12 +369,13 @@ class Engine:
     def _units_to_stop(self, dep: Deployment, plan: SwitchPlan | None = None) -> frozenset[str]:
         """The recorded serving unit, the target itself (redeploy), and any managed unit on our GPUs.
 
-        With the proxy, only the serving models on our GPUs: a handover's old engine stops later."""
+        With the proxy, only the serving models on our GPUs: a handover's (or beside) old engine
+        stops later, once the route moved."""
         units = {dep.spec.unit_name}
         if plan is not None:
             units |= {self.store.by_revision(dep.host, r).spec.unit_name for r in plan.overlapping}
             kept = {self.store.by_revision(dep.host, r).spec.unit_name for r in plan.before
-                    if r not in plan.displaced}
+                    if r not in plan.displaced or plan.mode is Mode.BESIDE}
             wanted = set(dep.spec.gpus)
             units |= {self.catalog.models[n].unit_name for n in self.catalog.models_on(dep.host)
                       if wanted & set(self.catalog.models[n].gpus)}

@@ -108,7 +108,8 @@ class OperationsViews(OperationsBase):
         return report(target.name, diagnose(self.catalog, ports, units))
 
     def explain(self, model: str) -> dict[str, Any]:
-        """What a switch to MODEL would do to the host's serving set, and why (no I/O on the host)."""
+        """What a switch to MODEL would do to the host's serving set, and why (the host's I/O: one GPU
+        reading, for whether it fits beside what serves)."""
         host = self.catalog.target(model=model).name
         eng = self.engine()
         spec = eng.spec_for(self.catalog.models[model])
@@ -126,7 +127,9 @@ class OperationsViews(OperationsBase):
             # staging's test, from the records: the unit it would run is the one that went to sleep
             slept = next((d for d in self.store.history(host, limit=200)
                           if d.model == model and d.phase is Phase.ACTIVE), None)
-            if slept is not None and slept.spec.unit_sha == spec.unit_sha:
+            if slept is not None and slept.spec.unit_sha == spec.unit_sha and plan.mode is Mode.BESIDE:
+                reason = reason.replace(f"{model} starts beside", f"{model} is asleep and wakes beside", 1)
+            elif slept is not None and slept.spec.unit_sha == spec.unit_sha:
                 others = ", ".join(displaced)
                 mode, reason = "warm", (
                     f"{model} is asleep ({asleep.level or 'asleep'}) with its unit unchanged: a warm switch; "

@@ -15,9 +15,11 @@ from orchestrator.core.records import UnitSpec
 from orchestrator.core.resident import SERVING, STOPPED
 from orchestrator.core.states import Event, Phase
 from orchestrator.deploy import actions, multinode, warm_steps
+from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
 from orchestrator.deploy.preflight import check_access, check_layout, port_holder
-from orchestrator.errors import PlanError, SmokeGateFailed, SystemdError
+from orchestrator.deploy.warm_steps import beside
+from orchestrator.errors import GpuBusy, PlanError, SmokeGateFailed, SystemdError
 
 Step = Callable[[StepContext, StepInput], StepResult]
 
@@ -71,13 +73,40 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
     multinode.preinstall(ctx, spec or dep.spec)
     _preinstall(ctx, spec or dep.spec)
     target = spec or dep.spec
+    if beside(step):
+        check_beside(ctx, step, target)  # before anything changes: a stale count aborts, nothing stopped
     # Asleep with its unit unchanged: the table's warm path wakes it instead of starting it.
     if step.plan is not None and ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text \
             and warm_steps.is_asleep(ctx, target):
-        warm_steps.check_wake_first(ctx, step, target)
+        if not beside(step):
+            warm_steps.check_wake_first(ctx, step, target)
         ctx.emit("warm", model=dep.model)
         return StepResult(spec=spec, event=Event.WARM)
     return StepResult(spec=spec)
+
+
+def check_beside(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:
+    """GpuBusy unless ``target`` fits beside every engine that serves now, counted as planned."""
+    fit = room_beside(ctx.ports, ctx.catalog, ctx.residency, target, (d.spec for d in step.serving))
+    if not fit.fits:
+        raise GpuBusy(f"{target.model} no longer fits beside what serves, so nothing was stopped: {fit.text()}; "
+                      "switch again to plan a stop-start", host=ctx.ports.host.name)
+    warm_steps.note(ctx, "beside", model=target.model, gpus=[r.text() for r in fit.rooms])
+
+
+def _wait_beside(ctx: StepContext, step: StepInput) -> None:
+    """Beside: nothing was freed for the target; wait (free_timeout_s) until it fits beside again."""
+    clock = ctx.ports.clock
+    deadline = clock.monotonic() + ctx.defaults.free_timeout_s
+    while True:
+        fit = room_beside(ctx.ports, ctx.catalog, ctx.residency, step.dep.spec, (d.spec for d in step.serving))
+        if fit.fits:
+            ctx.emit("beside_fits", model=step.dep.model, gpus=list(step.dep.spec.gpus))
+            return
+        if clock.monotonic() >= deadline:
+            raise GpuBusy(f"{step.dep.model} does not fit beside what serves {ctx.defaults.free_timeout_s:g} s "
+                          f"after the stop: {fit.text()}", host=ctx.ports.host.name)
+        ctx.pause(min(0.2, ctx.defaults.health_interval_s))
 
 
 def _preinstall(ctx: StepContext, spec: UnitSpec) -> None:
@@ -100,7 +129,10 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
     # already sent to that engine finish before it stops (a resumed step drains too: the route may
     # have moved just before a crash).
     units = step.units_to_stop
-    if step.plan is not None:
+    if beside(step):
+        # The displaced engines keep serving: only what is neither serving nor asleep stops here.
+        units = units - warm_steps.asleep_units(ctx, but=[step.dep.model])
+    elif step.plan is not None:
         actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in step.overlapping),
                       loading=[step.dep.spec.served_name])
         actions.drain(ctx, (d.spec for d in step.serving if d.spec.unit_name in step.units_to_stop))
@@ -114,6 +146,9 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
 
 
 def freeing(ctx: StepContext, step: StepInput) -> StepResult:
+    if beside(step):
+        _wait_beside(ctx, step)
+        return DONE
     actions.free_gpus(ctx, step.dep.spec.gpus, step.units_to_stop - warm_steps.asleep_units(ctx, but=[step.dep.model]),
                       sleepers=warm_steps.gpus_sleepers(ctx, step))
     multinode.free(ctx, step.dep.spec, step.node_units_to_stop)
@@ -151,6 +186,9 @@ def routing(ctx: StepContext, step: StepInput) -> StepResult:
         return DONE
     dep = step.dep
     actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
+    if beside(step):
+        _leave_beside(ctx, step)
+        return DONE
     leaving = {d.spec.unit_name for d in step.displaced} - {dep.spec.unit_name}
     leaving -= warm_steps.asleep_units(ctx, but=[dep.model])  # a warm switch's displaced engines sleep
     running = [u for u in sorted(leaving) if ctx.ports.systemd.unit_state(u).is_active]
@@ -162,6 +200,21 @@ def routing(ctx: StepContext, step: StepInput) -> StepResult:
             warm_steps.mark(ctx, d.model, STOPPED, unit=d.spec.unit_name)
     warm_steps.mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
     return DONE
+
+
+def _leave_beside(ctx: StepContext, step: StepInput) -> None:
+    """Beside, once the route moved: the displaced engines drain, then sleep (sleep mode and the RAM
+    budget allow) or stop; one that slept already (a resumed run) stays asleep."""
+    dep = step.dep
+    asleep = warm_steps.asleep_units(ctx, but=[dep.model])
+    leaving = [d for d in step.displaced if d.spec.unit_name not in asleep | {dep.spec.unit_name}]
+    running = [d for d in leaving if ctx.ports.systemd.unit_state(d.spec.unit_name).is_active]
+    actions.drain(ctx, (d.spec for d in running))
+    if ctx.residency is not None:
+        warm_steps.put_to_sleep(ctx, step, leaving)
+    else:
+        actions.stop_units(ctx, {d.spec.unit_name for d in running})
+    warm_steps.mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
 
 
 def _smoke_gate(ctx: StepContext, step: StepInput) -> dict[str, object] | None:

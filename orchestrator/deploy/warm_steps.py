@@ -12,13 +12,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from orchestrator.core import residency as rules
+from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.resident import ASLEEP, SERVING, STOPPED, State
 from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, warm
 from orchestrator.deploy.context import StepContext, StepInput
 from orchestrator.deploy.warm import sleep_enabled
-from orchestrator.errors import EngineError, GpuBusy, OrchestratorError, SleepLeftMemory
+from orchestrator.errors import EngineError, EngineWedged, GpuBusy, OrchestratorError, SleepLeftMemory
 
 WARM_EVENT = "warm"  # the kind of ctx.record entries the warm steps write
 
@@ -202,6 +203,12 @@ def asleep_units(ctx: StepContext, but: Iterable[str] = ()) -> set[str]:
 
 
 # -- the warm path's steps -------------------------------------------------------------------------
+def beside(step: StepInput) -> bool:
+    """The switch starts or wakes its target beside the engines it displaces (core.beside): they
+    serve until the route moves, and sleep or stop only then."""
+    return step.plan is not None and step.plan.mode is Mode.BESIDE
+
+
 def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:
     """Before anything sleeps (staging, once it found the target asleep): the target's wake must fit
     in what its GPUs will have free once the displaced engines sleep (down to their residue) or stop
@@ -225,6 +232,8 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
     """The route moves to the target (asleep: its engine holds what arrives until the wake), the
     displaced engines finish what they serve (drain, then sleep mode=wait) and sleep, or stop."""
     dep = step.dep
+    if beside(step):
+        return  # the target wakes beside them; the route moves and they sleep in `routing`
     actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
     actions.drain(ctx, (d.spec for d in leaving))
@@ -266,6 +275,16 @@ def restarting(ctx: StepContext, step: StepInput) -> None:
     GPUs hold nothing but sleepers' residue, start it cold (checking follows)."""
     spec = step.dep.spec
     sd = ctx.ports.systemd
+    if beside(step):
+        # Woken beside the serving engines, which still have the route: a cold restart would need the
+        # GPUs they hold. The wedged engine goes; the failure leads to the set as it was (no gap).
+        note(ctx, "stop_wedged", model=spec.model, unit=spec.unit_name)
+        if sd.unit_state(spec.unit_name).is_active:
+            sd.kill_unit(spec.unit_name, signal.SIGKILL)
+        actions.stop_units(ctx, {spec.unit_name})
+        mark(ctx, spec.model, STOPPED, unit=spec.unit_name)
+        raise EngineWedged(f"{spec.model} wedged on its wake beside the serving engines: stopped; they keep serving",
+                           host=ctx.ports.host.name)
     # The route leaves the engine while it restarts: clients get 503 + Retry-After, not a reset or
     # the starting engine's own 503s; `routing` brings it back once `checking` proved it serves.
     actions.route(ctx, [d.spec for d in step.kept], gaps=[spec.served_name])
@@ -298,7 +317,7 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
         # Never woken: it stays asleep, as before the switch. The route pointed at it since `sleeping`:
         # requests it holds would wait for a wake that never comes, so a wake (where it fits) and a
         # sleep (mode=wait) answer them first.
-        if any(t.phase == Phase.SLEEPING.value for t in step.dep.timings):
+        if not beside(step) and any(t.phase == Phase.SLEEPING.value for t in step.dep.timings):
             flush_held(ctx, spec)
         return
     level, control = level_of(ctx, spec.model), ctx.ports.engine

@@ -61,6 +61,7 @@ class FakeHost:
     wedged: set[str] = field(default_factory=set)
     engine_behaviours: dict[str, Literal["leaky_sleep", "wedged_wake", "hangs_after_wake"]] = field(default_factory=dict)
     residue_mib: int = 1_800
+    start_mib: dict[str, int] = field(default_factory=dict)  # unit -> MiB per GPU it takes on start (default 70,000)
     sizes: dict[str, int] = field(default_factory=dict)  # directory -> bytes, for `du -sbL`
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(4000))
 
@@ -139,7 +140,7 @@ class FakeSystemd:
         if u.active == "active":
             return
         u.active, u.sub, u.started_at = "active", "running", self.w.clock.monotonic()
-        u.pid = self.w.hold(self._gpus_of(u.text), 70_000, "VLLM::EngineCore", unit)
+        u.pid = self.w.hold(self._gpus_of(u.text), self.w.start_mib.get(unit, 70_000), "VLLM::EngineCore", unit)
 
     def _gpus_of(self, text: str) -> tuple[int, ...]:
         for line in text.splitlines():
