@@ -80,6 +80,8 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
             and warm_steps.is_asleep(ctx, target):
         if not beside(step):
             warm_steps.check_wake_first(ctx, step, target)
+            if ctx.residency is not None:
+                warm_steps.decide(ctx, step)
         ctx.emit("warm", model=dep.model)
         return StepResult(spec=spec, event=Event.WARM)
     return StepResult(spec=spec)

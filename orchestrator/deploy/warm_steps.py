@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.core import residency as rules
 from orchestrator.core.proxy import Mode
@@ -18,10 +18,11 @@ from orchestrator.core.resident import ASLEEP, SERVING, STOPPED, State
 from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, warm
 from orchestrator.deploy.context import StepContext, StepInput
-from orchestrator.deploy.warm import sleep_enabled
+from orchestrator.deploy.warm import POLL_S, sleep_enabled
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, OrchestratorError, SleepLeftMemory
 
 WARM_EVENT = "warm"  # the kind of ctx.record entries the warm steps write
+FATE_EVENT = "fate"  # the warm note with the displaced models' fate, decided in staging
 
 
 def level_of(ctx: StepContext, model: str) -> str | None:
@@ -119,6 +120,10 @@ class Fate:
     stop: tuple[str, ...]  # displaced models that stop
     evict: tuple[str, ...]  # sleepers stopped to make room
     reasons: tuple[str, ...]
+    weights: Mapping[str, float] = field(default_factory=dict)  # displaced model -> GiB of weights (du)
+
+    def reason(self, model: str, default: str = "") -> str:
+        return next((r for r in self.reasons if r.startswith(model + " ")), default)
 
 
 def fate(ctx: StepContext, step: StepInput) -> Fate:
@@ -127,6 +132,7 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
     records = ctx.residency.residency(host.name) if ctx.residency is not None else {}
     displaced = {d.model: d.spec for d in step.displaced}
     residents = []
+    sizes = {name: weights_gib(ctx, spec) for name, spec in displaced.items()}
     for name in ctx.catalog.models_on(host.name):
         model = ctx.catalog.models[name]
         rec = records.get(name)
@@ -136,7 +142,7 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
             state = State.ASLEEP if rec is not None and rec.state == ASLEEP else State.SERVING
         if name == step.dep.model:
             state = State.ASLEEP if is_asleep(ctx, step.dep.spec) else State.STOPPED
-        size = weights_gib(ctx, displaced[name]) if name in displaced else (rec.weights_gib if rec else 0.0)
+        size = sizes[name] if name in displaced else (rec.weights_gib if rec else 0.0)
         residents.append(rules.Resident(
             name=name, gpus=model.gpus, gpu_memory_utilization=rules.utilization(ctx.catalog, model),
             sleep=model.sleep, weights_gib=size, state=state,
@@ -144,7 +150,25 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
             served_name=model.served))
     decision = rules.decide(step.dep.model, residents, rules.budgets_for(host, _mem_total_gib(ctx)),
                             displaced=list(displaced))
-    return Fate(decision.sleep, decision.stop, decision.evict, decision.reasons)
+    return Fate(decision.sleep, decision.stop, decision.evict, decision.reasons, sizes)
+
+
+def decide(ctx: StepContext, step: StepInput) -> Fate:
+    """Decide (and persist) what the switch does to the displaced models before the window opens:
+    the sleeping step then only acts (no unit reads, no ``du`` between the route move and the wake)."""
+    decided = fate(ctx, step)
+    note(ctx, FATE_EVENT, sleep=list(decided.sleep), stop=list(decided.stop), evict=list(decided.evict),
+         reasons=list(decided.reasons), weights=dict(decided.weights))
+    return decided
+
+
+def recorded_fate(step: StepInput) -> Fate | None:
+    """The decision ``decide`` persisted for this deployment (a resumed run acts on the same one)."""
+    for p in reversed(step.warm_progress):
+        if p.get("step") == FATE_EVENT:
+            return Fate(tuple(p.get("sleep", ())), tuple(p.get("stop", ())), tuple(p.get("evict", ())),
+                        tuple(p.get("reasons", ())), dict(p.get("weights", {})))
+    return None
 
 
 def _mem_total_gib(ctx: StepContext) -> float | None:
@@ -161,7 +185,7 @@ def _mem_total_gib(ctx: StepContext) -> float | None:
 def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment]) -> set[str]:
     """Sleep (mode=wait) or stop each displaced engine as the decision says, evict what it names;
     returns the units that now sleep. A sleep that errs or keeps its memory stops that engine."""
-    decided = fate(ctx, step)
+    decided = recorded_fate(step) or fate(ctx, step)
     asleep: set[str] = set()
     control = ctx.ports.engine
     for d in leaving:
@@ -174,20 +198,22 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
             try:
                 took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
                                            level=_level_number(level), residue_mib=residue_mib(ctx))
-                mark(ctx, d.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
+                size = decided.weights.get(d.model)
+                mark(ctx, d.model, ASLEEP, level=level, unit=unit,
+                     weights_gib=weights_gib(ctx, spec) if size is None else size)
                 note(ctx, "slept", model=d.model, level=level, seconds=round(took, 3))
                 asleep.add(unit)
                 continue
             except (SleepLeftMemory, EngineError) as exc:
                 note(ctx, "sleep_failed", model=d.model, error=str(exc), then="stopped instead")
         else:
-            why = next((r for r in decided.reasons if r.startswith(d.model + " ")), "no sleep mode")
+            why = decided.reason(d.model, "no sleep mode")
             note(ctx, "stopping", model=d.model, reason=why)
         actions.stop_units(ctx, {unit})
         mark(ctx, d.model, STOPPED, unit=unit)
     for name in decided.evict:
         unit = ctx.catalog.models[name].unit_name
-        note(ctx, "evicted", model=name, reason=next((r for r in decided.reasons if r.startswith(name + " ")), ""))
+        note(ctx, "evicted", model=name, reason=decided.reason(name))
         actions.stop_units(ctx, {unit})
         mark(ctx, name, STOPPED, unit=unit)
     return asleep
@@ -254,7 +280,7 @@ def verifying(ctx: StepContext, step: StepInput) -> None:
         except GpuBusy:
             if clock.monotonic() >= deadline:
                 raise
-        ctx.pause(0.2)
+        ctx.pause(POLL_S)
 
 
 def waking(ctx: StepContext, step: StepInput) -> None:

@@ -88,6 +88,7 @@ class FakeShell:
     def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
             idempotent: bool = False) -> CommandResult:
         if list(argv[:2]) == ["du", "-sbL"] and argv[-1] in self.w.sizes:  # the weights' size on disk
+            self.w.calls.append(f"du {argv[-1]}")
             return CommandResult(" ".join(argv), 0, f"{self.w.sizes[argv[-1]]}\t{argv[-1]}\n")
         result = CommandResult(command_line(argv), 127, "", "fake shell runs no commands")
         if check:
