@@ -61,6 +61,8 @@ lines = ['state_dir = "/var/lib/orchestrator"', 'socket_group = "orchestrator"',
          "port = 8000", 'bind = "127.0.0.1"', "", "[hosts.box]", 'transport = "local"', f"gpus = {gpus}",
          "gpu_memory_gib = 140", f'models_dir = "{models_dir}"', f"engine = {toml(engine)}",
          "memory_gib = 120", "sleep_ram_gib = 60"]
+if dry:  # the stand-in nvidia-smi's GPU, not the real H200 that NVML would find in the box
+    lines.append('gpu_probe = "nvidia-smi"')
 if os.environ.get("PYKEY") == "1":
     lines.append('python = "/opt/orchestrator/venv/bin/python"')
 for name, entry in models.items():
