@@ -35,9 +35,11 @@ def test_memory_nvml_cannot_tell_reads_as_zero() -> None:
 
 def test_a_process_name_is_its_argv0() -> None:
     """Without NVML's answer a process is named by argv[0] (what vLLM's engine sets), as nvidia-smi names it."""
-    proc = subprocess.Popen(["sleep", "30"])
+    proc = subprocess.Popen(["/bin/sh", "-c", "echo started; read x"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
     try:
-        assert proc_name(proc.pid) == "sleep"
+        assert proc.stdout is not None and proc.stdout.readline() == b"started\n"  # exec'd: its own argv now
+        assert proc_name(proc.pid) == "/bin/sh"
     finally:
         proc.kill()
         proc.wait()
