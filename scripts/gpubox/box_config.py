@@ -70,9 +70,12 @@ lines = ['state_dir = "/var/lib/orchestrator"', 'socket_group = "orchestrator"',
          "[defaults]", 'user = "vllm"', 'group = "vllm"', 'bind = "127.0.0.1"', "", "[proxy]", "enabled = true",
          "port = 8000", 'bind = "127.0.0.1"', "", "[hosts.box]", 'transport = "local"', f"gpus = {gpus}",
          "gpu_memory_gib = 140", f'models_dir = "{models_dir}"', f"engine = {toml(engine)}",
-         "memory_gib = 120", "sleep_ram_gib = 60", "", "[demand]", "max_swaps_per_min = 30"]
+         "memory_gib = 120", "sleep_ram_gib = 60"]
+if dry:  # the stand-in nvidia-smi's GPU (there is no driver here for NVML)
+    lines.append('gpu_probe = "nvidia-smi"')
 if os.environ.get("PYKEY") == "1":
     lines.append('python = "/opt/orchestrator/venv/bin/python"')
 for name, entry in models.items():
     lines += ["", f"[models.{name}]", 'host = "box"'] + [f"{k} = {toml(v)}" for k, v in entry.items()]
+lines += ["", "[demand]", "max_swaps_per_min = 30"]
 print("\n".join(lines))
