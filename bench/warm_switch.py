@@ -67,8 +67,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--load-time", type=float, default=1.0)
     ap.add_argument("--chunk-delay", type=float, default=0.005, help="stand-in seconds per streamed token")
+    ap.add_argument("--summarise", action="store_true", help="only print the summary of bench/warm/raw.json")
     args = ap.parse_args()
     prober_mod = load_prober()
+    if args.summarise:
+        report(prober_mod, json.loads((ROOT / "bench/warm/raw.json").read_text()))
+        return
     engine = ["--load-time", str(args.load_time), "--wake-time", "0.3", "--sleep-time", "0.1",
               "--chunk-delay", str(args.chunk_delay)]
     warm = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "args": engine,
@@ -110,9 +114,9 @@ def main() -> None:
                          if p.get("seconds") is not None}
     raw["records"] = records
     raw["engine_lines"] = [vars(x) for x in lines]
-    report(prober_mod, raw)
     (ROOT / "bench/warm").mkdir(exist_ok=True)
     (ROOT / "bench/warm/raw.json").write_text(json.dumps(raw, indent=1))
+    report(prober_mod, raw)
 
 
 def report(prober_mod: Any, raw: dict[str, Any]) -> None:
