@@ -71,18 +71,20 @@ def engine_lines(host: Any, units: list[str]) -> list[Line]:
 def engine_steps(lines: list[Line], w0: float, w1: float) -> dict[str, Any]:
     """What the engines logged in [w0, w1]: the last sleep and wake (seconds, unit) and the drain before it."""
     inside = [x for x in lines if w0 <= x.wall <= w1]
-    steps: dict[str, Any] = {"sleep_s": None, "wake_s": None, "drain_s": None, "slept": None, "woke": None}
+    steps: dict[str, Any] = {"sleep_s": None, "wake_s": None, "drain_s": None, "slept": None, "woke": None,
+                             "sleep_called_at": None, "asleep_at": None, "woke_at": None}
     waiting: dict[str, float] = {}
     for x in inside:
         if WAITING in x.text:
             waiting[x.unit] = x.wall
         elif m := ASLEEP.search(x.text):
-            steps["sleep_s"], steps["slept"] = float(m.group(1)), x.unit
+            steps["sleep_s"], steps["slept"], steps["asleep_at"] = float(m.group(1)), x.unit, x.wall
             began = x.wall - float(m.group(1))
+            steps["sleep_called_at"] = waiting.get(x.unit, began)
             if x.unit in waiting:
                 steps["drain_s"] = round(max(0.0, began - waiting[x.unit]), 3)
         elif m := AWAKE.search(x.text):
-            steps["wake_s"], steps["woke"] = float(m.group(1)), x.unit
+            steps["wake_s"], steps["woke"], steps["woke_at"] = float(m.group(1)), x.unit, x.wall
     return steps
 
 

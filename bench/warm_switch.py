@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine_floor import classify, engine_lines, engine_steps, first_token, load_prober, ms
+from engine_floor import Line, classify, engine_lines, engine_steps, first_token, load_prober, ms
 
 from tests.builders.agent import STATE, cli, install_agent
 from tests.builders.proxy import PROXY_PORT, proxy_config
@@ -49,10 +49,12 @@ PORTS = {"alpha": 8141, "beta": 8142}
 KINDS = ("ok", "503", "not_loaded", "cut", "failed", "hung")
 
 
-def gap_around(records: list[dict[str, Any]], t0: float, t1: float) -> float:
-    """The longest time between two 200 answers of plain requests, over pairs that touch [t0, t1]."""
+def gap_around(records: list[dict[str, Any]], t0: float, t1: float) -> tuple[float, float, float]:
+    """The longest time between two 200 answers of plain requests, over pairs that touch [t0, t1]: (the
+    gap, its start, its end)."""
     oks = sorted(r["t1"] for r in records if r["kind"] == "plain" and r["status"] == 200)
-    return max((b - a for a, b in itertools.pairwise(oks) if b >= t0 and a <= t1), default=0.0)
+    pairs = [(b - a, a, b) for a, b in itertools.pairwise(oks) if b >= t0 and a <= t1]
+    return max(pairs, default=(0.0, t0, t0))
 
 
 def counts(prober: Any, records: list[dict[str, Any]]) -> dict[str, int]:
@@ -108,7 +110,6 @@ def main() -> None:
     finally:
         hosts.close()
     for s in raw["switches"]:
-        s.update(engine_steps(lines, s["w0"], s["w1"]))
         d = hist.get(s["id"]) or {}
         s["phases_s"] = {p["phase"]: round(p["seconds"], 3) for p in d.get("phases") or []
                          if p.get("seconds") is not None}
@@ -119,22 +120,36 @@ def main() -> None:
     report(prober_mod, raw)
 
 
+def span(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
 def report(prober_mod: Any, raw: dict[str, Any]) -> None:
     records, switches = raw["records"], raw["switches"]
+    lines = [Line(**x) for x in raw["engine_lines"]]
     print(f"engine: stand-in {' '.join(raw['engine_args'])}; load average before {raw['load_before'][0]:.1f}, "
           f"after {raw['load_after'][0]:.1f} (2 shared cores)")
-    print("  #  to     gap_ms sleep_ms wake_ms first_ms floor_ms gap-floor ratio drain_ms  "
-          "plain/streams  bad  phases_s")
+    print("  #  to     gap_ms sleep_ms wake_ms first_ms floor_ms gap-floor ratio stream_drain_ms plain/streams  bad")
     excess, excess_drain, ratios, gaps, floors = [], [], [], [], []
     prev = records[0]["t0"] if records else 0.0
     for i, s in enumerate(switches):
-        gap = gap_around(records, s["t0"], s["t1"])
+        s.update(engine_steps(lines, s["w0"], s["w1"]))
+        gap, a, b = gap_around(records, s["t0"], s["t1"])
+        # a stream the displaced engine still serves when the route moves: the drain waits for its end
+        held = [r["t1"] for r in records if r["kind"] == "stream" and r["status"] == 200 and r["t0"] < a < r["t1"]]
+        drain = max(0.0, min(max(held, default=a), b) - a)
         parts = (s["sleep_s"], s["wake_s"], s["first_token_s"])
         floor = sum(parts) if None not in parts else None
         window = [r for r in records if prev <= r["t0"] < s["t1"]]
         prev = s["t1"]
         c = counts(prober_mod, window)
-        s.update(gap_s=round(gap, 3), floor_s=floor, window=c)
+        off = s["w0"] - s["t0"]  # monotonic -> wall clock, to set the client's times beside the journal's
+        wake_called = None if s["woke_at"] is None else s["woke_at"] - s["wake_s"]
+        s.update(gap_s=round(gap, 3), floor_s=floor, stream_drain_s=round(drain, 3), window=c,
+                 split_s={"route_to_sleep_call": span(a + off, s["sleep_called_at"]),
+                          "sleep_call": span(s["sleep_called_at"], s["asleep_at"]),
+                          "asleep_to_wake_call": span(s["asleep_at"], wake_called),
+                          "wake": s["wake_s"], "woken_to_answer": span(s["woke_at"], b + off)})
         bad = {k: v for k, v in c.items() if k != "ok" and v}
         plain = sum(r["kind"] == "plain" for r in window)
         line = (f"{i + 1:3d}  {s['to']:6s} {ms(gap):>6s} {ms(s['sleep_s']):>8s} {ms(s['wake_s']):>7s} "
@@ -143,14 +158,20 @@ def report(prober_mod: Any, raw: dict[str, Any]) -> None:
             gaps.append(gap)
             floors.append(floor)
             excess.append(gap - floor)
-            excess_drain.append(gap - floor - (s["drain_s"] or 0.0))
+            excess_drain.append(gap - floor - drain)
             ratios.append(gap / floor)
             line += f" {ms(gap - floor):>9s} {gap / floor:5.2f}"
         else:
             line += f" {'-':>9s} {'-':>5s}"
-        line += (f" {ms(s['drain_s']):>8s}  {plain:5d}/{len(window) - plain:<3d}  {bad or 0}  "
-                 f"{s['phases_s']}")
-        print(line, flush=True)
+        print(line + f" {ms(drain):>15s} {plain:5d}/{len(window) - plain:<3d}  {bad or 0}", flush=True)
+    print("where each gap goes (ms; client's last 200 -> the engine's sleep call -> asleep -> wake call -> awake "
+          "-> client's next 200, the journal's stamps) and the switch's phases (s, from `history`):")
+    print("  #  route->sleep_call sleep_call asleep->wake_call wake woken->answer  phases_s")
+    for i, s in enumerate(switches):
+        sp = s["split_s"]
+        print(f"{i + 1:3d}  {ms(sp['route_to_sleep_call']):>17s} {ms(sp['sleep_call']):>10s} "
+              f"{ms(sp['asleep_to_wake_call']):>17s} {ms(sp['wake']):>4s} {ms(sp['woken_to_answer']):>13s}  "
+              f"{s['phases_s']}")
     total = counts(prober_mod, records)
     outcomes = sorted({str(s["outcome"]) for s in switches})
     print(f"requests: {len(records)} ({sum(r['kind'] == 'stream' for r in records)} streams of 64 tokens); "
@@ -158,11 +179,15 @@ def report(prober_mod: Any, raw: dict[str, Any]) -> None:
     if not excess:
         print("FAIL: no switch with the engine's own sleep and wake lines")
         return
+    for key in ("route_to_sleep_call", "sleep_call", "asleep_to_wake_call", "woken_to_answer"):
+        vals = [s["split_s"][key] for s in switches if s["split_s"][key] is not None]
+        if vals:
+            print(f"  {key}: median {ms(statistics.median(vals))} ms, max {ms(max(vals))} ms")
     med, worst = statistics.median(excess), max(excess)
     print(f"gap: median {ms(statistics.median(gaps))} ms, max {ms(max(gaps))} ms; floor (sleep + wake + first "
           f"token): median {ms(statistics.median(floors))} ms; gap - floor: median {ms(med)} ms, max {ms(worst)} "
           f"ms; ratio gap / floor: median {statistics.median(ratios):.2f}, max {max(ratios):.2f}")
-    print(f"gap - floor - drain (the displaced engine finishing its streams): median "
+    print(f"gap - floor - stream drain (the displaced engine finishing a stream): median "
           f"{ms(statistics.median(excess_drain))} ms, max {ms(max(excess_drain))} ms")
     zero = all(total[k] == 0 for k in ("503", "failed", "cut", "hung", "not_loaded"))
     ok = med <= 0.1 and worst < 0.3 and zero and outcomes == ["active"]
