@@ -46,6 +46,9 @@ from tests.builders.proxy import PROXY_PORT, proxy_config
 from tests.hosts.pool import boot_hosts
 
 PORTS = {"alpha": 8141, "beta": 8142}
+EVENTS = ("import json, sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print(json.dumps([[a, k, json.loads(d)] "
+          "for a, k, d in db.execute('SELECT at, kind, detail FROM events WHERE at >= ? ORDER BY at', "
+          "(float(sys.argv[2]),))]))")
 KINDS = ("ok", "503", "not_loaded", "cut", "failed", "hung")
 
 
@@ -104,6 +107,8 @@ def main() -> None:
             records = prober.stop()
             lines = engine_lines(host, [f"vllm-{m}.service" for m in PORTS])
             hist = {d["id"]: d for d in json.loads(cli(host, "history", "--json", "--limit", "50").stdout)}
+            events = host.run_python(EVENTS, f"{STATE}/state.db", str(raw["switches"][0]["w0"] - 1), check=False)
+            raw["agent_events"] = json.loads(events.stdout or "[]")  # the agent's own records, stamped
             raw["load_after"] = os.getloadavg()  # the 2-core machine is shared: the figures move with it
             host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'",
                      check=False)
