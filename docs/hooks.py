@@ -63,7 +63,7 @@ def _command(cmd: click.Command, ctx: click.Context, out: list[str], level: int)
         if isinstance(param, click.Argument):
             rows.append((f"`{param.make_metavar(ctx) if _metavar_takes_ctx() else param.make_metavar()}`",
                          "argument" + (" (required)" if param.required else "")))
-        elif isinstance(param, click.Option) and not param.hidden:
+        elif isinstance(param, click.Option) and not param.hidden and param.name != "help":
             record = param.get_help_record(ctx)
             if record:
                 rows.append((f"`{record[0]}`", record[1]))
