@@ -23,14 +23,15 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 DOCS = Path(__file__).resolve().parent
-MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     def one(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in GENERATORS:
-            raise ValueError(f"{page.file.src_path}: unknown generated section {name!r} (known: {sorted(GENERATORS)})")
+            raise ValueError(f"{page.file.src_path}: unknown generated section {name!r} "
+                             f"(known: {sorted(GENERATORS)})")
         return GENERATORS[name]()
 
     return MARKER.sub(one, markdown)
@@ -103,7 +104,8 @@ def config_keys() -> str:
             key = f"{prefix}.{name}" if prefix else name
             table = _table_of(field.annotation)
             if table is not None:
-                sections.append((key + (".NAME" if get_origin(_bare(field.annotation)) is dict else ""), table))
+                named = get_origin(_bare(field.annotation)) is dict
+                sections.append((key + (".NAME" if named else ""), table))
                 continue
             seen.add(key)
             meaning = meanings.get(key) or comments.get(name)
@@ -244,12 +246,13 @@ def states() -> str:
         def to(event: Any, fallback: Any, phase: Any = phase) -> str:
             there = table.get((phase, event, fallback))
             return f"`{there.value}`" if there is not None else ""
-        others = ", ".join(f"`{e.value}` → `{table[phase, e, s.Fallback.PREVIOUS].value}`" for e in s.Event
-                           if e not in (s.Event.OK, s.Event.FAIL) and (phase, e, s.Fallback.PREVIOUS) in table)
+        extra = [e for e in s.Event if e not in (s.Event.OK, s.Event.FAIL) and (phase, e, s.Fallback.PREVIOUS) in table]
+        others = ", ".join(f"`{e.value}` → `{table[phase, e, s.Fallback.PREVIOUS].value}`" for e in extra)
         label = s.TEXT[phase].label if phase in s.TEXT else ""
         end = " (final)" if phase in s.TERMINAL else ""
-        out.append(f"| `{phase.value}`{end} | {_cell(label)} | {to(s.Event.OK, s.Fallback.PREVIOUS)} "
-                   f"| {to(s.Event.FAIL, s.Fallback.PREVIOUS)} | {to(s.Event.FAIL, s.Fallback.NONE)} | {others} |")
+        ok, fail, fail_none = (to(s.Event.OK, s.Fallback.PREVIOUS), to(s.Event.FAIL, s.Fallback.PREVIOUS),
+                               to(s.Event.FAIL, s.Fallback.NONE))
+        out.append(f"| `{phase.value}`{end} | {_cell(label)} | {ok} | {fail} | {fail_none} | {others} |")
     return "\n".join(out) + "\n"
 
 

@@ -74,14 +74,16 @@ def test_native_excerpt_loads_as_two_nodes_tp8_pp2(tmp_path: Path) -> None:
 
 
 def test_ray_variant_lines_load_as_a_ray_model(tmp_path: Path) -> None:
-    """The excerpt with the walk-through's two Ray lines in place of backend/master_port loads as backend ray."""
+    """The excerpt with the walk-through's two Ray lines (in place of backend/master_port) loads as
+    backend ray."""
     cat = settings.load(walkthrough_dir(tmp_path, block_after("kimi-k2-ray-lines")))
     m = cat.models["kimi-k2"]
     assert (m.backend, m.ray_port) == ("ray", 6379)
 
 
 def test_plan_output_shown_is_what_plan_prints(tmp_path: Path) -> None:
-    """Both `orchestrator plan` runs shown (one box refused, two boxes valid) print what the walk-through shows."""
+    """Both `orchestrator plan` runs shown (one box refused, two boxes valid) print what the walk-through
+    shows."""
     walkthrough_dir(tmp_path)
     base = "orchestrator plan --config kimi-k2-config.json --gpus 8 --gpu-memory-gib 96"
     for prefix, code in ((f"{base} --tp 8", 3), (f"{base} --nodes 2", 0)):
