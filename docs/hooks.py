@@ -246,7 +246,8 @@ def states() -> str:
         def to(event: Any, fallback: Any, phase: Any = phase) -> str:
             there = table.get((phase, event, fallback))
             return f"`{there.value}`" if there is not None else ""
-        extra = [e for e in s.Event if e not in (s.Event.OK, s.Event.FAIL) and (phase, e, s.Fallback.PREVIOUS) in table]
+        extra = [e for e in s.Event
+                 if e not in (s.Event.OK, s.Event.FAIL) and (phase, e, s.Fallback.PREVIOUS) in table]
         others = ", ".join(f"`{e.value}` → `{table[phase, e, s.Fallback.PREVIOUS].value}`" for e in extra)
         label = s.TEXT[phase].label if phase in s.TEXT else ""
         end = " (final)" if phase in s.TERMINAL else ""
