@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.core import residency as rules
 from orchestrator.core.proxy import Mode
@@ -18,10 +18,11 @@ from orchestrator.core.resident import ASLEEP, SERVING, STOPPED, State
 from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, warm
 from orchestrator.deploy.context import StepContext, StepInput
-from orchestrator.deploy.warm import sleep_enabled
+from orchestrator.deploy.warm import POLL_S, sleep_enabled
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, OrchestratorError, SleepLeftMemory
 
 WARM_EVENT = "warm"  # the kind of ctx.record entries the warm steps write
+FATE_EVENT = "fate"  # the warm note with the displaced models' fate, decided in staging
 
 
 def level_of(ctx: StepContext, model: str) -> str | None:
@@ -37,11 +38,21 @@ def residue_mib(ctx: StepContext) -> int:
     return int(ctx.ports.host.sleep_residue_gib * 1024)
 
 
-def engine_of(ctx: StepContext, spec: UnitSpec) -> warm.Engine:
+def unit_pids(ctx: StepContext, unit: str, *, reuse: bool = False) -> frozenset[int]:
+    """The unit's cgroup PIDs; with ``reuse`` (inside the warm window) as read earlier in this run."""
+    if reuse and unit in ctx.seen_pids:
+        return ctx.seen_pids[unit]
+    pids = ctx.seen_pids[unit] = frozenset(ctx.ports.systemd.cgroup_pids(unit))
+    return pids
+
+
+def engine_of(ctx: StepContext, spec: UnitSpec, *, reuse: bool = False) -> warm.Engine:
     model = ctx.catalog.models.get(spec.model)
     util = rules.utilization(ctx.catalog, model) if model is not None else ctx.defaults.gpu_memory_utilization
-    return warm.Engine(spec.model, spec.base_url, spec.gpus, frozenset(ctx.ports.systemd.cgroup_pids(spec.unit_name)),
+    return warm.Engine(spec.model, spec.base_url, spec.gpus, unit_pids(ctx, spec.unit_name, reuse=reuse),
                        utilization=util, served=spec.served_name)
+
+
 
 
 def deadline_of(ctx: StepContext, model: str) -> float:
@@ -95,7 +106,7 @@ def note(ctx: StepContext, what: str, **detail: object) -> None:
     ctx.emit(what, **detail)
 
 
-def sleepers(ctx: StepContext, but: Iterable[str] = ()) -> dict[int, str]:
+def sleepers(ctx: StepContext, but: Iterable[str] = (), *, reuse: bool = False) -> dict[int, str]:
     """PID -> model of every engine recorded asleep on the host (their residue may stay on a GPU)."""
     if ctx.residency is None:
         return {}
@@ -103,7 +114,7 @@ def sleepers(ctx: StepContext, but: Iterable[str] = ()) -> dict[int, str]:
     out: dict[int, str] = {}
     for name, r in ctx.residency.residency(ctx.ports.host.name).items():
         if r.state == ASLEEP and name not in skip and r.unit:
-            out.update({pid: name for pid in ctx.ports.systemd.cgroup_pids(r.unit)})
+            out.update({pid: name for pid in unit_pids(ctx, r.unit, reuse=reuse)})
     return out
 
 
@@ -119,6 +130,10 @@ class Fate:
     stop: tuple[str, ...]  # displaced models that stop
     evict: tuple[str, ...]  # sleepers stopped to make room
     reasons: tuple[str, ...]
+    weights: Mapping[str, float] = field(default_factory=dict)  # displaced model -> GiB of weights (du)
+
+    def reason(self, model: str, default: str = "") -> str:
+        return next((r for r in self.reasons if r.startswith(model + " ")), default)
 
 
 def fate(ctx: StepContext, step: StepInput) -> Fate:
@@ -127,6 +142,7 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
     records = ctx.residency.residency(host.name) if ctx.residency is not None else {}
     displaced = {d.model: d.spec for d in step.displaced}
     residents = []
+    sizes = {name: weights_gib(ctx, spec) for name, spec in displaced.items()}
     for name in ctx.catalog.models_on(host.name):
         model = ctx.catalog.models[name]
         rec = records.get(name)
@@ -136,7 +152,7 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
             state = State.ASLEEP if rec is not None and rec.state == ASLEEP else State.SERVING
         if name == step.dep.model:
             state = State.ASLEEP if is_asleep(ctx, step.dep.spec) else State.STOPPED
-        size = weights_gib(ctx, displaced[name]) if name in displaced else (rec.weights_gib if rec else 0.0)
+        size = sizes[name] if name in displaced else (rec.weights_gib if rec else 0.0)
         residents.append(rules.Resident(
             name=name, gpus=model.gpus, gpu_memory_utilization=rules.utilization(ctx.catalog, model),
             sleep=model.sleep, weights_gib=size, state=state,
@@ -144,7 +160,25 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
             served_name=model.served))
     decision = rules.decide(step.dep.model, residents, rules.budgets_for(host, _mem_total_gib(ctx)),
                             displaced=list(displaced))
-    return Fate(decision.sleep, decision.stop, decision.evict, decision.reasons)
+    return Fate(decision.sleep, decision.stop, decision.evict, decision.reasons, sizes)
+
+
+def decide(ctx: StepContext, step: StepInput) -> Fate:
+    """Decide (and persist) what the switch does to the displaced models before the window opens:
+    the sleeping step then only acts (no unit reads, no ``du`` between the route move and the wake)."""
+    decided = fate(ctx, step)
+    note(ctx, FATE_EVENT, sleep=list(decided.sleep), stop=list(decided.stop), evict=list(decided.evict),
+         reasons=list(decided.reasons), weights=dict(decided.weights))
+    return decided
+
+
+def recorded_fate(step: StepInput) -> Fate | None:
+    """The decision ``decide`` persisted for this deployment (a resumed run acts on the same one)."""
+    for p in reversed(step.warm_progress):
+        if p.get("step") == FATE_EVENT:
+            return Fate(tuple(p.get("sleep", ())), tuple(p.get("stop", ())), tuple(p.get("evict", ())),
+                        tuple(p.get("reasons", ())), dict(p.get("weights", {})))
+    return None
 
 
 def _mem_total_gib(ctx: StepContext) -> float | None:
@@ -158,10 +192,11 @@ def _mem_total_gib(ctx: StepContext) -> float | None:
     return None
 
 
-def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment]) -> set[str]:
+def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment], *, window: bool = False) -> set[str]:
     """Sleep (mode=wait) or stop each displaced engine as the decision says, evict what it names;
-    returns the units that now sleep. A sleep that errs or keeps its memory stops that engine."""
-    decided = fate(ctx, step)
+    returns the units that now sleep. A sleep that errs or keeps its memory stops that engine.
+    ``window``: a warm switch's, with the route on its target: reuse what staging read."""
+    decided = recorded_fate(step) or fate(ctx, step)
     asleep: set[str] = set()
     control = ctx.ports.engine
     for d in leaving:
@@ -172,22 +207,24 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
         level = level_of(ctx, d.model)
         if d.model in decided.sleep and control is not None and sleep_enabled(spec) and level is not None:
             try:
-                took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
+                took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec, reuse=window),
                                            level=_level_number(level), residue_mib=residue_mib(ctx))
-                mark(ctx, d.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
+                size = decided.weights.get(d.model)
+                mark(ctx, d.model, ASLEEP, level=level, unit=unit,
+                     weights_gib=weights_gib(ctx, spec) if size is None else size)
                 note(ctx, "slept", model=d.model, level=level, seconds=round(took, 3))
                 asleep.add(unit)
                 continue
             except (SleepLeftMemory, EngineError) as exc:
                 note(ctx, "sleep_failed", model=d.model, error=str(exc), then="stopped instead")
         else:
-            why = next((r for r in decided.reasons if r.startswith(d.model + " ")), "no sleep mode")
+            why = decided.reason(d.model, "no sleep mode")
             note(ctx, "stopping", model=d.model, reason=why)
         actions.stop_units(ctx, {unit})
         mark(ctx, d.model, STOPPED, unit=unit)
     for name in decided.evict:
         unit = ctx.catalog.models[name].unit_name
-        note(ctx, "evicted", model=name, reason=next((r for r in decided.reasons if r.startswith(name + " ")), ""))
+        note(ctx, "evicted", model=name, reason=decided.reason(name))
         actions.stop_units(ctx, {unit})
         mark(ctx, name, STOPPED, unit=unit)
     return asleep
@@ -220,7 +257,7 @@ def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> Non
         if d.spec.unit_name == target.unit_name or not sd.unit_state(d.spec.unit_name).is_active:
             continue
         keeps = residue_mib(ctx) if level_of(ctx, d.model) is not None and sleep_enabled(d.spec) else 0
-        leaving.update(dict.fromkeys(sd.cgroup_pids(d.spec.unit_name), (d.model, keeps)))
+        leaving.update(dict.fromkeys(unit_pids(ctx, d.spec.unit_name), (d.model, keeps)))
     reasons = warm.wake_shortfall(ctx.ports.gpus, engine_of(ctx, target), sleepers=sleepers(ctx, but=[target.model]),
                                   leaving=leaving)
     if reasons:
@@ -237,24 +274,25 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
     actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
     actions.drain(ctx, (d.spec for d in leaving))
-    put_to_sleep(ctx, step, leaving)
+    put_to_sleep(ctx, step, leaving, window=True)
 
 
 def verifying(ctx: StepContext, step: StepInput) -> None:
     """Never wake without the memory: the target's GPUs have what its wake takes, counted by PID (the
     same count passed before anything slept; this one sees what the sleeps really gave back)."""
     dep, clock = step.dep, ctx.ports.clock
-    eng = engine_of(ctx, dep.spec)
+    eng = engine_of(ctx, dep.spec, reuse=True)
     deadline = clock.monotonic() + ctx.defaults.free_timeout_s
     while True:
         try:
-            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model]))
+            # A fresh snapshot, not the one the sleep ended on: memory a process took since counts.
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model], reuse=True))
             ctx.emit("wake_fits", model=dep.model, gpus=list(dep.spec.gpus))
             return
         except GpuBusy:
             if clock.monotonic() >= deadline:
                 raise
-        ctx.pause(0.2)
+        ctx.pause(POLL_S)
 
 
 def waking(ctx: StepContext, step: StepInput) -> None:
@@ -264,7 +302,7 @@ def waking(ctx: StepContext, step: StepInput) -> None:
     assert control is not None  # staging reports warm only with an engine control
     level = level_of(ctx, dep.model)
     note(ctx, "wake_started", model=dep.model, level=level)
-    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec), level=_level_number(level),
+    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec, reuse=True), level=_level_number(level),
                              deadline_s=deadline_of(ctx, dep.model))
     note(ctx, "woken", model=dep.model, seconds=round(took, 3))
     mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)

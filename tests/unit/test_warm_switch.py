@@ -77,6 +77,34 @@ def test_the_displaced_engine_sleeps_with_mode_wait_after_the_route_moved(ww: Wa
     assert not any("model_switching" in c for c in ww.proxy.applied)  # never a 503 gap in a warm swap
 
 
+def test_what_happens_to_the_displaced_model_is_decided_before_the_route_moves(ww: WarmWorld) -> None:
+    """Staging decides and persists the displaced models' fate (weights measured then): between the
+    route move and the wake the switch only acts, it measures nothing."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.host.calls.clear()
+    back = ww.switch("alpha")
+    fate = [e for e in ww.warm_events() if e.get("step") == "fate" and e["deployment_id"] == back.id]
+    assert [(f["phase"], f["sleep"]) for f in fate] == [("staging", ["beta"])]
+    window = ww.host.calls[ww.host.calls.index("sleep vllm-beta.service level=1 mode=wait"):]
+    assert not [c for c in window if c.startswith("du ")]
+
+
+def test_the_window_reads_no_cgroup_staging_read_them(ww: WarmWorld) -> None:
+    """From the route move to the woken target the switch reuses the PIDs staging read: no unit's
+    cgroup is read between `sleeping` and `routing`."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    marks: dict[str, int] = {}
+
+    def mark(dep: Any) -> None:
+        marks.setdefault(dep.phase.value, len(ww.host.reads))
+    ww.engine.before_step = mark
+    assert ww.switch("alpha").phase is Phase.ACTIVE
+    assert marks["staging"] < marks["sleeping"] and ww.host.reads[marks["staging"]:marks["sleeping"]]
+    assert ww.host.reads[marks["sleeping"]:marks["routing"]] == []
+
+
 def test_wedged_wake_is_restarted_cold_and_the_switch_ends_active(ww: WarmWorld) -> None:
     """A wake that fails with the engine's 500 restarts the unit cold; the switch still ends active,
     with vLLM's words in the deployment's error and the restart in its events."""
