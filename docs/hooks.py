@@ -112,12 +112,15 @@ def config_keys() -> str:
             if not meaning:
                 missing.append(key)
                 continue
-            rows.append(f"| `{name}` | {_cell(_type(field.annotation))} | {_cell(_default(field))} "
-                        f"| {_cell(_constraints(field.metadata))} | {_cell(meaning)} |")
+            default = _default(field)
+            parts = (_type(field.annotation), default if default == "required" else "default " + default,
+                     _constraints(field.metadata))
+            kind = "<br>".join(_cell(part) for part in parts if part)
+            rows.append(f"| `{name}` | {kind} | {_cell(meaning)} |")
         if rows:
             title = f"`[{prefix}]`" if prefix else "Top level"
             out += [f"### {title}", "", f"{_cell(inspect.getdoc(model) or '')}", "",
-                    "| key | type | default | range | meaning |", "|---|---|---|---|---|", *rows, ""]
+                    "| key | type, default, range | meaning |", "|---|---|---|", *rows, ""]
     stale = sorted(set(meanings) - seen)
     if missing or stale:
         raise ValueError(f"deploy.toml keys without a meaning: {missing}; meanings of no key: {stale} "
@@ -174,6 +177,8 @@ def _default(field: Any) -> str:
         return "`[" + ", ".join(f'"{v}"' if isinstance(v, str) else str(v) for v in value) + "]`"
     if isinstance(value, dict):
         return "`{}`" if not value else f"`{value}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
     return f"`{value}`"
 
 
