@@ -41,8 +41,9 @@ version_of() { "$1" -c 'import importlib.metadata as m, sys; print(m.version(sys
 # Ray from PyPI for the multi-node Ray tests (the same version on every test host: they share this venv).
 RAY_VERSION=2.60.0
 wanted=()
-# ruff, mypy and importlinter: the fast lane of scripts/test.sh (a venv made before they joined the extra lacks them)
-if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pynvml, pytest, hypothesis, openai, aiohttp, ansible, selenium, ruff, mypy, importlinter' 2>/dev/null; then
+# ruff, mypy, importlinter and mkdocs (+ material): the fast lane of scripts/test.sh (a venv made before they
+# joined the extra lacks them); pynvml: the GPU probe on a box with a driver
+if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pynvml, pytest, hypothesis, openai, aiohttp, ansible, selenium, ruff, mypy, importlinter, mkdocs, material' 2>/dev/null; then
     wanted+=(-e '.[dbus,test,bench]')
 fi
 [[ "$(version_of .venv/bin/python ray)" == "$RAY_VERSION" ]] || wanted+=("ray==$RAY_VERSION")

@@ -369,6 +369,16 @@ def doctor() -> dict[str, Any]:
     return {"rc": rc, "rc_text": rc_text, "output": text[-3000:]}
 
 
+def gpu_probe() -> dict[str, Any]:
+    """bench/gpu_probe/bench.py --real with the CLI's python (the product's adapters): both probes' figures."""
+    if DRY:
+        return {"rc": 0, "output": "equal snapshots: True (dry run: no driver here, not measured)"}
+    rc, out = sh(str(Path(CLI).parent / "python"), str(Path(__file__).parent / "gpu_probe_bench.py"), "--real",
+                 "--calls", "200", timeout=300)
+    (OUT / "gpu_probe.txt").write_text(out)
+    return {"rc": rc, "output": out[-3000:]}
+
+
 def part_d(run: Run, floor: int = 8) -> None:
     """doctor; cold big; small beside big (no gap); 4 wakes beside; mid beside small; `floor` warm switches
     big <-> mid (they do not fit together: sleep, then wake); a warm rollback."""
@@ -378,6 +388,8 @@ def part_d(run: Run, floor: int = 8) -> None:
     if serving_model(first["status"]) != "big":
         log("big does not serve: the rest of the part cannot run (device time is scarce)")
         return
+    run.step("gpu_probe", "NVML against nvidia-smi on the real GPU while big holds it: equal snapshots, figures",
+             gpu_probe, lambda r: r.get("rc") == 0 and "equal snapshots: True" in r.get("output", ""))
     run.step("beside_small", "small fits awake beside big: starts beside, checked, route moves, big sleeps: no gap",
              lambda: switch("small"), beside_ok("small"))
     for i in range(4):
