@@ -88,9 +88,9 @@ def engine_steps(lines: list[Line], w0: float, w1: float) -> dict[str, Any]:
     return steps
 
 
-def first_token(address: str, port: int, model: str) -> float | None:
-    """Seconds of one 1-token completion on the engine's own port (None: it did not answer 200)."""
-    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 1})
+def first_token(address: str, port: int, model: str, max_tokens: int = 1) -> float | None:
+    """Seconds of one completion (1 token: the first token) on the engine's own port (None: not a 200)."""
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": max_tokens})
     conn = http.client.HTTPConnection(address, port, timeout=30)
     try:
         t0 = time.monotonic()
@@ -102,6 +102,21 @@ def first_token(address: str, port: int, model: str) -> float | None:
         return None
     finally:
         conn.close()
+
+
+NVML_DIR = "/var/lib/standin-nvml"
+FAKE_NVML_SOURCE = ROOT / "tests" / "standin" / "fake_nvml.c"
+
+
+def standin_nvml(host: Any) -> str:
+    """The test host's agent reads GPU memory through NVML, as on a GPU box: the stand-in libnvidia-ml.so.1
+    (tests/standin/fake_nvml.c, the stand-in GPUs' state) built in the host, found by the agent's dynamic
+    linker; call before the agent starts. Returns the host key that makes NVML a must."""
+    host.run(f"mkdir -p {NVML_DIR} /etc/systemd/system/orchestrator-agent.service.d && gcc -shared -fPIC "
+             f"-O2 -Wl,-soname,libnvidia-ml.so.1 -o {NVML_DIR}/libnvidia-ml.so.1 {FAKE_NVML_SOURCE}")
+    host.write_file("/etc/systemd/system/orchestrator-agent.service.d/nvml.conf",
+                    f"[Service]\nEnvironment=LD_LIBRARY_PATH={NVML_DIR}\n")
+    return 'gpu_probe = "nvml"\n'
 
 
 def ms(seconds: float | None) -> str:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine_floor import Line, engine_lines, engine_steps, first_token, ms
+from engine_floor import Line, engine_lines, engine_steps, first_token, ms, standin_nvml
 
 from tests.builders.agent import STATE, cli, install_agent
 from tests.builders.demand import AB, Answer, Client, demand_config, url
@@ -86,8 +86,9 @@ def main() -> None:
     try:
         host = hosts.hosts[0]
         with tempfile.TemporaryDirectory() as tmp:
-            install_agent(host, demand_config(host, Path(STATE), AB, max_swaps_per_min=60, batch_wait_s=BATCH_WAIT_S),
-                          Path(tmp))
+            config = demand_config(host, Path(STATE), AB, max_swaps_per_min=60, batch_wait_s=BATCH_WAIT_S)
+            config = config.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\n{standin_nvml(host)}", 1)
+            install_agent(host, config, Path(tmp))
             cli(host, "switch", "beta")
             cli(host, "switch", "alpha")  # beta asleep: both one wake away
             base = url(host)
@@ -97,8 +98,10 @@ def main() -> None:
             warm.join(600)
             raw["warm"] = [asdict(a) for a in warm.answers]
             awake = str(warm.answers[-1].model) if warm.answers else "alpha"
-            firsts = [first_token(host.address, AB[awake]["port"], awake) for _ in range(5)]
-            raw["first_token_s"] = statistics.median([f for f in firsts if f is not None] or [0.0])
+            for n in (1, 2, 16):  # what a request of n tokens takes on an awake engine (median of 5)
+                took = [first_token(host.address, AB[awake]["port"], awake, n) for _ in range(5)]
+                raw[f"service_{n}_s"] = statistics.median([f for f in took if f is not None] or [0.0])
+            raw["first_token_s"] = raw["service_1_s"]
 
             cold: list[Answer] = []
             for _ in range(args.cold_rounds):
@@ -133,7 +136,7 @@ def main() -> None:
 PEAK_S = 1.5  # orchestrator/agent/demand_view.py: a model counts as in flight for the most HAProxy saw over this long
 
 
-def against_floor(answers: list[Answer], lines: list[Line], first: float, batch_wait_s: float,
+def against_floor(answers: list[Answer], lines: list[Line], service: dict[int, float], batch_wait_s: float,
                   swaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each answered request: its wait, the floor of the swap inside it, the batching bound (strict: another
     model had a request in flight as it arrived; as the agent counts: or answered one within PEAK_S before),
@@ -144,7 +147,7 @@ def against_floor(answers: list[Answer], lines: list[Line], first: float, batch_
         steps = engine_steps(lines, a.w0, a.w1)
         woke = steps["woke"] == f"vllm-{a.model}.service"
         sleep = steps["sleep_s"] if woke and steps["slept"] != steps["woke"] else None
-        floor = (sleep or 0.0) + (steps["wake_s"] if woke else 0.0) + first
+        floor = (sleep or 0.0) + (steps["wake_s"] if woke else 0.0) + service[a.tokens]
         others = [b for b in answers if b is not a and b.model != a.model]
         busy = any(b.w0 <= a.w0 < b.w1 for b in others)
         recent = busy or any(b.w0 <= a.w0 < b.w1 + PEAK_S for b in others)
@@ -172,21 +175,25 @@ def report(raw: dict[str, Any]) -> None:
     warm, cold, mixed, only = answers("warm"), answers("cold"), answers("mixed"), answers("only_a")
     lines = [Line(**x) for x in raw["engine_lines"]]
     first, bw = float(raw["first_token_s"]), float(raw["batch_wait_s"])
+    # what the request itself takes on an awake engine: measured, or (an older raw file) the first token
+    # and the stand-in's 20 ms for each further token
+    service = {n: float(raw.get(f"service_{n}_s", first + 0.02 * (n - 1))) for n in (1, 2, 16)}
     la, lb = raw.get("load_before") or [0.0], raw.get("load_after") or [0.0]
     print(f"stand-in: load 2 s, sleep 0.1 s, wake 0.3 s, 20 ms a token; batch_wait_s {bw:g}; first token "
-          f"{ms(first)} ms (median of 5 on the engine's port); load average before {la[0]:.1f}, after {lb[0]:.1f}")
+          f"{ms(first)} ms, a 2-token request {ms(service[2])} ms, a 16-token one {ms(service[16])} ms (on an awake "
+          f"engine's port: the floor's last part); load average before {la[0]:.1f}, after {lb[0]:.1f}")
     print("warm: one client alternating beta/alpha, every request waits for a swap")
     print("  #  model  wait_ms sleep_ms wake_ms floor_ms bound_ms excess_ms agent_bound_ms drain_ms | "
           "arrival->swap swap (preflight+staging) swap->answer")
     swaps = raw["demand_deployments"]
-    warm_rows = against_floor([a for a in warm if a.status == 200], lines, first, bw, swaps)
+    warm_rows = against_floor([a for a in warm if a.status == 200], lines, service, bw, swaps)
     for i, r in enumerate(warm_rows):
         sp = r["split_s"]
         print(f"{i + 1:3d}  {r['model']:6s} {ms(r['wait_s']):>7s} {ms(r['sleep_s']):>8s} {ms(r['wake_s']):>7s} "
               f"{ms(r['floor_s']):>8s} {ms(r['bound_s']):>8s} {ms(r['excess_s']):>9s} {ms(r['agent_bound_s']):>14s} "
               f"{ms(r['drain_s']):>8s} | {ms(sp.get('arrival_to_swap')):>13s} {ms(sp.get('swap')):>4s} "
               f"({ms(sp.get('before_route'))}) {ms(sp.get('swap_to_answer')):>17s}")
-    mixed_rows = against_floor([a for a in mixed if a.status == 200], lines, first, bw, swaps)
+    mixed_rows = against_floor([a for a in mixed if a.status == 200], lines, service, bw, swaps)
     verdicts = []
     for name, rows, failed in (("warm", warm_rows, sum(a.failed for a in warm)),
                                ("mixed", mixed_rows, sum(a.failed for a in mixed))):

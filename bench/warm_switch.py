@@ -39,7 +39,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine_floor import Line, classify, engine_lines, engine_steps, first_token, load_prober, ms
+from engine_floor import (
+    Line,
+    classify,
+    engine_lines,
+    engine_steps,
+    first_token,
+    load_prober,
+    ms,
+    standin_nvml,
+)
 
 from tests.builders.agent import STATE, cli, install_agent
 from tests.builders.proxy import PROXY_PORT, proxy_config
@@ -72,6 +81,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--load-time", type=float, default=1.0)
     ap.add_argument("--chunk-delay", type=float, default=0.005, help="stand-in seconds per streamed token")
+    ap.add_argument("--gpu-probe", choices=("nvml", "nvidia-smi"), default="nvml",
+                    help="how the agent reads GPU memory: the stand-in NVML (as on a GPU box) or the stand-in nvidia-smi")
     ap.add_argument("--summarise", action="store_true", help="only print the summary of bench/warm/raw.json")
     args = ap.parse_args()
     prober_mod = load_prober()
@@ -83,13 +94,16 @@ def main() -> None:
     warm = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "args": engine,
             "sleep": "level1", "wake_deadline_s": 10}
     models = {name: {"port": port, **warm} for name, port in PORTS.items()}
-    raw: dict[str, Any] = {"engine_args": engine, "load_before": os.getloadavg(), "switches": []}
+    raw: dict[str, Any] = {"engine_args": engine, "gpu_probe": args.gpu_probe, "load_before": os.getloadavg(),
+                           "switches": []}
     hosts = boot_hosts(1)
     try:
         host = hosts.hosts[0]
         with tempfile.TemporaryDirectory() as tmp:
             config = proxy_config(host, Path(STATE), models).replace('transport = "ssh"', 'transport = "local"', 1)
-            config = config.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = 8\n", 1)
+            keys = "sleep_ram_gib = 8\n" + (standin_nvml(host) if args.gpu_probe == "nvml" else
+                                             'gpu_probe = "nvidia-smi"\n')
+            config = config.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\n{keys}", 1)
             install_agent(host, config, Path(tmp))
             for name in ("alpha", "beta", "alpha"):  # both engines exist afterwards, beta asleep
                 cli(host, "switch", name)
@@ -132,7 +146,8 @@ def span(a: float | None, b: float | None) -> float | None:
 def report(prober_mod: Any, raw: dict[str, Any]) -> None:
     records, switches = raw["records"], raw["switches"]
     lines = [Line(**x) for x in raw["engine_lines"]]
-    print(f"engine: stand-in {' '.join(raw['engine_args'])}; load average before {raw['load_before'][0]:.1f}, "
+    print(f"engine: stand-in {' '.join(raw['engine_args'])}; the agent's GPU probe: "
+          f"{raw.get('gpu_probe', 'nvidia-smi')}; load average before {raw['load_before'][0]:.1f}, "
           f"after {raw['load_after'][0]:.1f} (2 shared cores)")
     print("  #  to     gap_ms sleep_ms wake_ms first_ms floor_ms gap-floor ratio stream_drain_ms plain/streams  bad")
     excess, excess_drain, ratios, gaps, floors = [], [], [], [], []
