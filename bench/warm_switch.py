@@ -28,6 +28,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -83,9 +84,11 @@ def main() -> None:
     ap.add_argument("--chunk-delay", type=float, default=0.005, help="stand-in seconds per streamed token")
     ap.add_argument("--gpu-probe", choices=("nvml", "nvidia-smi"), default="nvml",
                     help="how the agent reads GPU memory: the stand-in NVML (as on a GPU box) or the stand-in nvidia-smi")
+    ap.add_argument("--seed", type=int, default=39)
     ap.add_argument("--summarise", action="store_true", help="only print the summary of bench/warm/raw.json")
     args = ap.parse_args()
     prober_mod = load_prober()
+    rng = random.Random(args.seed)
     if args.summarise:
         report(prober_mod, json.loads((ROOT / "bench/warm/raw.json").read_text()))
         return
@@ -117,7 +120,9 @@ def main() -> None:
                 first = first_token(host.address, PORTS[target], "chat")
                 raw["switches"].append({"to": target, "id": out.get("id"), "outcome": out.get("outcome"),
                                         "t0": t0, "t1": t1, "w0": w0, "w1": w1, "first_token_s": first})
-                time.sleep(2.0)  # streams started in the switch end; the next switch starts from a steady state
+                # streams started in the switch end; a random part so that the switches meet the streams (one a
+                # second) at any point of theirs, not at one phase of them the loop happens to keep
+                time.sleep(2.0 + rng.uniform(0.0, 1.0))
             records = prober.stop()
             lines = engine_lines(host, [f"vllm-{m}.service" for m in PORTS])
             hist = {d["id"]: d for d in json.loads(cli(host, "history", "--json", "--limit", "50").stdout)}
