@@ -56,6 +56,7 @@ from tests.builders.proxy import PROXY_PORT, proxy_config
 from tests.hosts.pool import boot_hosts
 
 PORTS = {"alpha": 8141, "beta": 8142}
+DRIVER = ROOT / "bench/warm/agent_switch.py"  # runs in the host: the switch through the agent's socket
 EVENTS = ("import json, sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print(json.dumps([[a, k, json.loads(d)] "
           "for a, k, d in db.execute('SELECT at, kind, detail FROM events WHERE at >= ? ORDER BY at', "
           "(float(sys.argv[2]),))]))")
@@ -84,6 +85,8 @@ def main() -> None:
     ap.add_argument("--chunk-delay", type=float, default=0.005, help="stand-in seconds per streamed token")
     ap.add_argument("--gpu-probe", choices=("nvml", "nvidia-smi"), default="nvml",
                     help="how the agent reads GPU memory: the stand-in NVML (as on a GPU box) or the stand-in nvidia-smi")
+    ap.add_argument("--via", choices=("socket", "cli"), default="socket",
+                    help="ask the agent through its socket as the CLI does (its progress events stamped), or run the CLI")
     ap.add_argument("--seed", type=int, default=39)
     ap.add_argument("--summarise", action="store_true", help="only print the summary of bench/warm/raw.json")
     args = ap.parse_args()
@@ -115,19 +118,24 @@ def main() -> None:
             for i in range(args.rounds):
                 target = ("beta", "alpha")[i % 2]
                 t0, w0 = time.monotonic(), time.time()
-                out = json.loads(cli(host, "switch", target, "--json").stdout)
+                if args.via == "cli":
+                    out, events = json.loads(cli(host, "switch", target, "--json").stdout), []
+                else:
+                    answer = json.loads(host.run(host.python_command(str(DRIVER), f"{STATE}/agent.sock", target)).stdout)
+                    out, events = answer["result"], answer["events"]
                 t1, w1 = time.monotonic(), time.time()
                 first = first_token(host.address, PORTS[target], "chat")
                 raw["switches"].append({"to": target, "id": out.get("id"), "outcome": out.get("outcome"),
-                                        "t0": t0, "t1": t1, "w0": w0, "w1": w1, "first_token_s": first})
+                                        "t0": t0, "t1": t1, "w0": w0, "w1": w1, "first_token_s": first,
+                                        "events": events})
                 # streams started in the switch end; a random part so that the switches meet the streams (one a
                 # second) at any point of theirs, not at one phase of them the loop happens to keep
                 time.sleep(2.0 + rng.uniform(0.0, 1.0))
             records = prober.stop()
             lines = engine_lines(host, [f"vllm-{m}.service" for m in PORTS])
             hist = {d["id"]: d for d in json.loads(cli(host, "history", "--json", "--limit", "50").stdout)}
-            events = host.run_python(EVENTS, f"{STATE}/state.db", str(raw["switches"][0]["w0"] - 1), check=False)
-            raw["agent_events"] = json.loads(events.stdout or "[]")  # the agent's own records, stamped
+            stored = host.run_python(EVENTS, f"{STATE}/state.db", str(raw["switches"][0]["w0"] - 1), check=False)
+            raw["agent_events"] = json.loads(stored.stdout or "[]")  # the agent's own records, stamped
             raw["load_after"] = os.getloadavg()  # the 2-core machine is shared: the figures move with it
             host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'",
                      check=False)
@@ -170,7 +178,8 @@ def report(prober_mod: Any, raw: dict[str, Any]) -> None:
         c = counts(prober_mod, window)
         off = s["w0"] - s["t0"]  # monotonic -> wall clock, to set the client's times beside the journal's
         wake_called = None if s["woke_at"] is None else s["woke_at"] - s["wake_s"]
-        s.update(gap_s=round(gap, 3), floor_s=floor, stream_drain_s=round(drain, 3), window=c,
+        s.update(gap_s=round(gap, 3), floor_s=floor, gap_at=(a + off, b + off), stream_drain_s=round(drain, 3),
+                 window=c,
                  split_s={"route_to_sleep_call": span(a + off, s["sleep_called_at"]),
                           "sleep_call": span(s["sleep_called_at"], s["asleep_at"]),
                           "asleep_to_wake_call": span(s["asleep_at"], wake_called),
@@ -197,6 +206,18 @@ def report(prober_mod: Any, raw: dict[str, Any]) -> None:
         print(f"{i + 1:3d}  {ms(sp['route_to_sleep_call']):>17s} {ms(sp['sleep_call']):>10s} "
               f"{ms(sp['asleep_to_wake_call']):>17s} {ms(sp['wake']):>4s} {ms(sp['woken_to_answer']):>13s}  "
               f"{s['phases_s']}")
+    if any(s.get("events") for s in switches):
+        print("the agent's progress events inside each gap (ms after the client's last 200; stamped as they reach "
+              "the caller in the host):")
+        for i, s in enumerate(switches):
+            start, end = s["gap_at"]
+            marks = []
+            for at, event, fields in s.get("events") or []:
+                if start - 0.05 <= at <= end:
+                    what = fields.get("phase") if event == "phase" else fields.get("step") if event == "warm" else ""
+                    took = f" {fields['seconds']:g}s" if isinstance(fields.get("seconds"), int | float) else ""
+                    marks.append(f"{event}{':' + str(what) if what else ''}{took} {ms(at - start)}")
+            print(f"{i + 1:3d}  " + ", ".join(marks))
     total = counts(prober_mod, records)
     outcomes = sorted({str(s["outcome"]) for s in switches})
     print(f"requests: {len(records)} ({sum(r['kind'] == 'stream' for r in records)} streams of 64 tokens); "
