@@ -200,12 +200,16 @@ def report(prober_mod: Any, raw: dict[str, Any]) -> None:
         print(line + f" {ms(drain):>15s} {plain:5d}/{len(window) - plain:<3d}  {bad or 0}", flush=True)
     print("where each gap goes (ms; client's last 200 -> the engine's sleep call -> asleep -> wake call -> awake "
           "-> client's next 200, the journal's stamps) and the switch's phases (s, from `history`):")
-    print("  #  route->sleep_call sleep_call asleep->wake_call wake woken->answer  phases_s")
+    print("  #  route->sleep_call (drained) sleep_call asleep->wake_call wake woken->answer  phases_s")
     for i, s in enumerate(switches):
         sp = s["split_s"]
-        print(f"{i + 1:3d}  {ms(sp['route_to_sleep_call']):>17s} {ms(sp['sleep_call']):>10s} "
-              f"{ms(sp['asleep_to_wake_call']):>17s} {ms(sp['wake']):>4s} {ms(sp['woken_to_answer']):>13s}  "
-              f"{s['phases_s']}")
+        # the agent's own record of its drain (warm note "drained", kept with the deployment since main 8fdd533)
+        drained = next((d.get("seconds") for _, kind, d in raw.get("agent_events") or []
+                        if kind == "warm" and d.get("step") == "drained" and d.get("deployment_id") == s["id"]), None)
+        s["agent_drained_s"] = drained
+        print(f"{i + 1:3d}  {ms(sp['route_to_sleep_call']):>17s} {'(' + ms(drained) + ')':>9s} "
+              f"{ms(sp['sleep_call']):>10s} {ms(sp['asleep_to_wake_call']):>17s} {ms(sp['wake']):>4s} "
+              f"{ms(sp['woken_to_answer']):>13s}  {s['phases_s']}")
     if any(s.get("events") for s in switches):
         print("the agent's progress events inside each gap (ms after the client's last 200; stamped as they reach "
               "the caller in the host):")
