@@ -81,6 +81,7 @@ class Found:
     unit_text: str = ""
     pid: int | None = None
     unexpressed: tuple[str, ...] = ()
+    pid_start: int | None = None  # a process's start time (/proc/PID/stat): the PID is that process's
 
     @property
     def label(self) -> str:
@@ -115,9 +116,24 @@ class Adoption:
 
     def to_dict(self) -> dict[str, Any]:
         f = self.found
-        return {"name": self.name, "unit": f.unit, "pid": f.pid, "argv": list(f.argv), "entry": self.entry,
+        return {"name": self.name, "unit": f.unit, "pid": f.pid, "argv": shown_argv(f.argv), "entry": self.entry,
                 "engine": list(self.engine), "explicit": list(self.explicit), "notes": list(self.notes),
                 "blockers": list(self.blockers)}
+
+
+def shown_argv(argv: tuple[str, ...]) -> list[str]:
+    """``argv`` with every word that carries a secret (``--api-key``'s value) replaced, for printing."""
+    out = list(argv)
+    for i, word in enumerate(argv):
+        flag, eq, _ = word.partition("=")
+        named = word.startswith("-") and secret_name(flag) and eq
+        after = i > 0 and argv[i - 1].startswith("-") and "=" not in argv[i - 1] and secret_name(argv[i - 1]) \
+            and not word.startswith("-")
+        if secret_value_kind(word) or named:
+            out[i] = f"{flag}=<not shown>" if named else "<not shown>"
+        elif after:
+            out[i] = "<not shown>"
+    return out
 
 
 # -- systemd's reading of a unit file ----------------------------------------------------------------------
@@ -554,3 +570,40 @@ def merged(config_text: str, adoptions: list[Adoption], host: str) -> str:
     """deploy.toml's text with the adopted entries appended (its own text, comments included, unchanged)."""
     text = config_text if config_text.endswith("\n") or not config_text else config_text + "\n"
     return text + "".join("\n" + entry_toml(a, host) for a in adoptions)
+
+
+# -- processes -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    pgrp: int
+    start: int  # clock ticks after boot: with the PID, one process for good
+
+
+def proc_stat(pid: int, raw: bytes | None) -> ProcStat | None:
+    """/proc/PID/stat read (its command name may hold spaces and parentheses); None: no such process."""
+    if not raw:
+        return None
+    rest = raw.decode(errors="replace").rsplit(")", 1)[-1].split()
+    if len(rest) < 20 or not all(f.lstrip("-").isdigit() for f in (rest[1], rest[2], rest[19])):
+        return None
+    return ProcStat(pid, int(rest[1]), int(rest[2]), int(rest[19]))
+
+
+def in_system_unit(cgroup: str) -> str | None:
+    """The system service a process runs in, from /proc/PID/cgroup; None: outside one (a login's
+    session scope, a user manager: started by hand)."""
+    for line in cgroup.splitlines():
+        path = line.rsplit(":", 1)[-1]
+        if path.startswith("/user.slice"):
+            return None
+        found = re.search(r"/([^/]+\.service)(?:/|$)", path)
+        if found:
+            return found.group(1)
+    return None
+
+
+def engine_env(environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The part of a hand-run process's environment that is the engine's (not the login's)."""
+    return tuple((k, v) for k, v in environ.items() if k.startswith(ENGINE_ENV_PREFIXES))

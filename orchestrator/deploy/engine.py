@@ -22,6 +22,7 @@ from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingCh
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
 from orchestrator.deploy import actions
+from orchestrator.deploy.adopt import alive
 from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
@@ -218,7 +219,9 @@ class Engine:
             ports = self.ports_for(dep.host)  # builds the host's connection on first use: may fail too
             ready = self._ready_restarts(dep)
             units = [(dep.host, dep.spec.unit_name), *((n.host, n.unit_name) for n in dep.spec.nodes)]
-            for host, unit in units:
+            if dep.spec.pid is not None and not alive(ports.shell, dep.spec):
+                return False  # an adopted hand-run process: no unit, its own PID tells
+            for host, unit in units if dep.spec.pid is None else []:
                 # A multi-node model is down when any of its units is (or cannot be reached), and when
                 # systemd restarted one on its own since it was ready: the rank that came back is a
                 # new process the others never joined (rank 0's API may well still answer).

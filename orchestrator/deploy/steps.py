@@ -14,7 +14,7 @@ from dataclasses import replace
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.resident import SERVING, STOPPED
 from orchestrator.core.states import Event, Phase
-from orchestrator.deploy import actions, multinode, warm_steps
+from orchestrator.deploy import actions, adopt, multinode, warm_steps
 from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
 from orchestrator.deploy.preflight import check_access, check_layout, port_holder
@@ -140,6 +140,9 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
         leaving = [d for d in step.overlapping if d.spec.unit_name != step.dep.spec.unit_name]
         asleep = warm_steps.put_to_sleep(ctx, step, leaving) if ctx.residency is not None else set()
         units = units - asleep - warm_steps.asleep_units(ctx, but=[step.dep.model])
+    # An engine adopted as a hand-run process has no unit to stop: its process goes (freeing verifies its GPUs).
+    replaced = [step.previous] if step.plan is None else list(step.overlapping) if not beside(step) else []
+    adopt.stop_processes(ctx, (d.spec for d in replaced if d is not None and d.spec.unit_name in units))
     actions.stop_units(ctx, units)
     multinode.stop(ctx, step.node_units_to_stop)  # the other nodes after the API, in reverse start order
     return DONE
@@ -192,6 +195,7 @@ def routing(ctx: StepContext, step: StepInput) -> StepResult:
     leaving = {d.spec.unit_name for d in step.displaced} - {dep.spec.unit_name}
     leaving -= warm_steps.asleep_units(ctx, but=[dep.model])  # a warm switch's displaced engines sleep
     running = [u for u in sorted(leaving) if ctx.ports.systemd.unit_state(u).is_active]
+    adopt.stop_processes(ctx, (d.spec for d in step.displaced if d.spec.unit_name in leaving))
     if running:
         actions.drain(ctx, (d.spec for d in step.displaced if d.spec.unit_name in running))
         actions.stop_units(ctx, running)
@@ -210,6 +214,7 @@ def _leave_beside(ctx: StepContext, step: StepInput) -> None:
     leaving = [d for d in step.displaced if d.spec.unit_name not in asleep | {dep.spec.unit_name}]
     running = [d for d in leaving if ctx.ports.systemd.unit_state(d.spec.unit_name).is_active]
     actions.drain(ctx, (d.spec for d in running))
+    adopt.stop_processes(ctx, (d.spec for d in leaving))  # a hand-run engine cannot sleep through the product
     if ctx.residency is not None:
         warm_steps.put_to_sleep(ctx, step, leaving)
     else:
