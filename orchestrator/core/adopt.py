@@ -593,7 +593,7 @@ def proc_stat(pid: int, raw: bytes | None) -> ProcStat | None:
 
 def in_system_unit(cgroup: str) -> str | None:
     """The system service a process runs in, from /proc/PID/cgroup; None: outside one (a login's
-    session scope, a user manager: started by hand)."""
+    session scope, a user manager)."""
     for line in cgroup.splitlines():
         path = line.rsplit(":", 1)[-1]
         if path.startswith("/user.slice"):

@@ -44,7 +44,7 @@ def discover(ports: HostPorts, units: Sequence[str], pids: Sequence[int], ours: 
                 raise AdoptError(f"unit {unit}: its ExecStart does not run vLLM's API server (`python -m "
                                  f"{a.API_SERVER}` or `vllm serve`)", host=ports.host.name)
             found.append(engine)
-        running = {f.pid: f for f in processes(ports.shell)}
+        running = {f.pid: f for f in processes(ports.shell, set(_vllm_units(ports.shell)) | skip)}
         for pid in pids:
             if pid not in running:
                 raise AdoptError(f"pid {pid}: no vLLM API server runs outside systemd with that pid",
@@ -52,13 +52,14 @@ def discover(ports: HostPorts, units: Sequence[str], pids: Sequence[int], ours: 
             found.append(running[pid])
         return found
     found = []
-    for unit in _vllm_units(ports.shell):
+    services = _vllm_units(ports.shell)
+    for unit in services:
         if unit in skip or unit.startswith("orchestrator-"):
             continue
         engine = _unit(ports.shell, unit)
         if engine is not None and not engine.unit_text.startswith(RENDERED_MARK):
             found.append(engine)
-    return found + processes(ports.shell)
+    return found + processes(ports.shell, set(services) | skip)
 
 
 def _vllm_units(shell: Shell) -> list[str]:
@@ -100,9 +101,10 @@ def _unit(shell: Shell, unit: str) -> a.Found | None:
                    unit=unit, unit_text=text, unexpressed=unexpressed)
 
 
-def processes(shell: Shell) -> list[a.Found]:
-    """vLLM API servers running outside any system service (started from a shell, with setsid or not);
-    a forked child with its parent's command line is its parent's."""
+def processes(shell: Shell, units: set[str]) -> list[a.Found]:
+    """vLLM API servers that no vLLM unit (of ``units``) runs: started from a shell, with setsid or not,
+    whether in a login's scope or, without pam_systemd, in ssh.service's cgroup; a forked child with its
+    parent's command line is its parent's."""
     result = shell.run(["sh", "-c", _SCAN], check=False, idempotent=True, timeout=60)
     rows: list[dict[str, str]] = []
     for line in result.stdout.splitlines():
@@ -115,7 +117,7 @@ def processes(shell: Shell) -> list[a.Found]:
     found: dict[int, tuple[a.Found, int]] = {}
     for row in rows:
         argv = tuple(w for w in _b64(row.get("C", "")).split("\0") if w)
-        if not row["pid"].isdigit() or not a.is_vllm(argv) or a.in_system_unit(_b64(row.get("G", ""))) is not None:
+        if not row["pid"].isdigit() or not a.is_vllm(argv) or a.in_system_unit(_b64(row.get("G", ""))) in units:
             continue
         pid = int(row["pid"])
         stat = a.proc_stat(pid, shell.read_file(f"/proc/{pid}/stat"))

@@ -1,0 +1,155 @@
+"""`orchestrator adopt` on a real systemd test host, over SSH: engines a team runs by hand taken over.
+
+The engine is the stand-in run as `python3 -m vllm.entrypoints.openai.api_server` (tests/standin/vllmpkg:
+the stand-in server in that very process), so its unit's ExecStart and its /proc cmdline read as vLLM's.
+A hand-written unit is adopted, a switch replaces it (disabled), and rollback brings it back, answered by a
+real completion; a process started with setsid outside systemd is adopted, and the next switch stops it and
+finds its GPUs free (the stand-in's nvidia-smi counts its memory by PID).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from orchestrator import settings
+from orchestrator.cli import main
+from orchestrator.wiring import operations
+from tests.builders.switch import MODELS, config_text
+from tests.hosts.machine import REPO, Host, in_host
+
+pytestmark = pytest.mark.hosts
+
+STANDIN_VLLM = in_host(REPO / "tests" / "standin" / "vllmpkg")
+PYTHON = in_host(sys.executable)
+ENGINE = [PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
+UNIT = "vllm-alpha-hand.service"
+FOLDER = "/srv/adopt-models"
+
+
+def base_config(host: Host, state: Path) -> str:
+    """The switch tests' deploy.toml, its engine vLLM's API server module (the stand-in's), with beta only."""
+    text = config_text(host, state, {"beta": MODELS["beta"]})
+    text = "\n".join(f"engine = {json.dumps(ENGINE)}" if line.startswith("engine = ") else line
+                     for line in text.splitlines()) + "\n"
+    return text + f'[models.beta.env]\nPYTHONPATH = "{STANDIN_VLLM}"\n'
+
+
+def hand_unit(host: Host) -> str:
+    return f"""[Unit]
+Description=alpha, written by hand
+After=network-online.target
+
+[Service]
+Type=simple
+User=root
+Environment="CUDA_VISIBLE_DEVICES=0,1,2,3" "PYTHONPATH={STANDIN_VLLM}"
+Environment=NCCL_IB_DISABLE=1
+ExecStart={PYTHON} -m vllm.entrypoints.openai.api_server --model {FOLDER}/alpha \\
+    --served-model-name alpha-hand --tensor-parallel-size 4 --port 8111 --host {host.address} --load-time=0.3
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def answers(host: Host, port: int, model: str, deadline: float = 30.0) -> str:
+    """A real completion from ``model`` on ``port`` (waits for the engine to load)."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            r = httpx.post(f"http://{host.address}:{port}/v1/completions",
+                           json={"model": model, "prompt": "hi", "max_tokens": 4}, timeout=5)
+            if r.status_code == 200:
+                text: str = r.json()["choices"][0]["text"]
+                return text
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > end:
+            raise AssertionError(f"{model} on :{port} gave no completion in {deadline:g} s")
+        time.sleep(0.2)
+
+
+def adopt(cfg: Path, *args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(main, ["adopt", "--config", str(cfg), "--local", "--json", *args])
+    assert result.exit_code == 0, result.output
+    out: dict[str, Any] = json.loads(result.output)
+    return out
+
+
+@pytest.fixture
+def folders(host: Host) -> Any:
+    host.run(f"mkdir -p {FOLDER}/alpha {FOLDER}/gamma && for m in alpha gamma; do echo '{{}}' > {FOLDER}/$m/config.json; done")
+    yield
+    host.run(f"rm -rf {FOLDER}", check=False)
+
+
+def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path: Path, folders: None) -> None:
+    """adopt --apply of a hand-written unit; a switch stops and disables it; rollback reinstalls its own text, answered."""
+    host.run(f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{hand_unit(host)}EOF\n"
+             f"systemctl daemon-reload && systemctl enable --now {UNIT}")
+    answers(host, 8111, "alpha-hand")
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(base_config(host, tmp_path / "state"))
+
+    review = adopt(cfg)
+    [found] = review["adopted"]
+    assert (found["unit"], found["name"], found["blockers"], found["differences"]) == (UNIT, "alpha-hand", [], [])
+    assert found["entry"]["gpus"] == [0, 1, 2, 3] and found["entry"]["args"] == ["--load-time=0.3"]
+    assert cfg.read_text() == base_config(host, tmp_path / "state")  # a review changes nothing
+
+    applied = adopt(cfg, "--apply")
+    [rec] = applied["recorded"]
+    assert rec["unit"] == UNIT and "[models.alpha-hand]" in cfg.read_text()
+    ops = operations(settings.load(cfg))
+    [first] = ops.history(host.name)
+    assert (first["trigger"], first["outcome"], first["unit"]) == ("adopt", "active", UNIT)
+    assert adopt(cfg)["adopted"] == []  # adopted once: not found again
+
+    assert ops.switch("beta")["outcome"] == "active"
+    assert host.run(["systemctl", "is-active", UNIT], check=False).stdout.strip() == "inactive"
+    assert host.run(["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "disabled"
+
+    back = operations(settings.load(cfg)).rollback(host.name)
+    assert (back["outcome"], back["model"], back["unit"]) == ("active", "alpha-hand", UNIT)
+    assert host.run(["cat", f"/etc/systemd/system/{UNIT}"]).stdout == hand_unit(host)
+    assert host.run(["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "enabled"
+    assert answers(host, 8111, "alpha-hand")
+
+
+def test_hand_run_process_adopted_then_stopped_by_the_next_switch(host: Host, tmp_path: Path, folders: None) -> None:
+    """A setsid engine outside systemd: adopted with its PID; the next switch stops it and its GPUs read free."""
+    host.run(f"cd / && CUDA_VISIBLE_DEVICES=4,5,6,7 PYTHONPATH={STANDIN_VLLM} setsid -f {PYTHON} -m "
+             f"vllm.entrypoints.openai.api_server --model {FOLDER}/gamma --served-model-name gamma-hand "
+             f"--tensor-parallel-size 4 --port 8112 --host {host.address} --load-time 0.3 "
+             "> /var/log/gamma-hand.log 2>&1 < /dev/null")
+    answers(host, 8112, "gamma-hand")
+    pid = int(host.run("pgrep -f 'served-model-name gamma-hand'").stdout.split()[0])
+    try:
+        cfg = tmp_path / "deploy.toml"
+        cfg.write_text(base_config(host, tmp_path / "state").replace("gpus = [0, 1, 2, 3]", "gpus = [4, 5, 6, 7]"))
+        [found] = adopt(cfg)["adopted"]
+        assert (found["pid"], found["unit"], found["name"], found["blockers"]) == (pid, None, "gamma-hand", [])
+        [rec] = adopt(cfg, "--apply")["recorded"]
+        assert rec["pid"] == pid
+        ops = operations(settings.load(cfg))
+        serving, healthy, _ = ops.probe(host.name)
+        assert serving is not None and serving.spec.pid == pid and healthy  # no unit: its PID and its answers
+        smi = host.run("nvidia-smi --query-compute-apps=pid --format=csv,noheader").stdout.split()
+        assert str(pid) in smi
+
+        assert ops.switch("beta")["outcome"] == "active"
+        assert host.run(["kill", "-0", str(pid)], check=False).returncode != 0
+        holders = host.run("nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv,noheader").stdout
+        assert str(pid) not in holders
+        assert answers(host, 8102, "beta")
+    finally:
+        host.run(["kill", "-KILL", str(pid)], check=False)
