@@ -9,6 +9,7 @@ finds its GPUs free (the stand-in's nvidia-smi counts its memory by PID).
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import time
@@ -24,6 +25,7 @@ from orchestrator.cli import main
 from orchestrator.wiring import operations
 from tests.builders.switch import MODELS, config_text
 from tests.hosts.machine import REPO, Host, in_host
+from tests.hubstub.models import sharded_model
 
 pytestmark = pytest.mark.hosts
 
@@ -87,7 +89,11 @@ def adopt(cfg: Path, *args: str) -> dict[str, Any]:
 
 @pytest.fixture
 def folders(host: Host) -> Any:
-    host.run(f"mkdir -p {FOLDER}/alpha {FOLDER}/gamma && for m in alpha gamma; do echo '{{}}' > {FOLDER}/$m/config.json; done")
+    """Each engine's --model folder: a real (tiny) model, as staging verifies a local: folder in place."""
+    for model in ("alpha", "gamma"):
+        host.run(f"mkdir -p {FOLDER}/{model}")
+        for name, data in sharded_model(["model-00001-of-00001.safetensors"], 16).items():
+            host.run(f"base64 -d > {FOLDER}/{model}/{name}", input=base64.b64encode(data).decode())
     yield
     host.run(f"rm -rf {FOLDER}", check=False)
 
@@ -119,7 +125,7 @@ def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path
     assert host.run(["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "disabled"
 
     back = operations(settings.load(cfg)).rollback(host.name)
-    assert (back["outcome"], back["model"], back["unit"]) == ("active", "alpha-hand", UNIT)
+    assert (back["outcome"], back["model"], back["unit"]) == ("active", "alpha-hand", UNIT), back["error"]
     assert host.run(["cat", f"/etc/systemd/system/{UNIT}"]).stdout == hand_unit(host)
     assert host.run(["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "enabled"
     assert answers(host, 8111, "alpha-hand")

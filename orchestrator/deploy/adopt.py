@@ -70,12 +70,11 @@ def _vllm_units(shell: Shell) -> list[str]:
     if not names:
         return []
     shown = shell.run(["systemctl", "show", "-p", "Id", "-p", "ExecStart", "--", *names], check=False, idempotent=True)
-    out, current = [], ""
-    for line in shown.stdout.splitlines():
-        if line.startswith("Id="):
-            current = line.removeprefix("Id=")
-        elif line.startswith("ExecStart=") and "vllm" in line and current:
-            out.append(current)
+    out = []
+    for block in shown.stdout.split("\n\n"):  # one per unit, its properties in systemd's order (not -p's)
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if "vllm" in props.get("ExecStart", "") and props.get("Id"):
+            out.append(props["Id"])
     return out
 
 
