@@ -31,20 +31,30 @@ pytestmark = pytest.mark.hosts
 
 STANDIN_VLLM = in_host(REPO / "tests" / "standin" / "vllmpkg")
 PYTHON = in_host(sys.executable)
-ENGINE = [PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
+API_SERVER = [PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
+SERVE = [in_host(REPO / "tests" / "standin" / "bin" / "vllm"), "serve"]  # a console script (#!/usr/bin/python3)
+# The two shapes of a hand-written unit's ExecStart (the engine, then its words), as the seeds wrote them.
+SHAPES = {
+    "api_server": (API_SERVER, ("--model {folder}/alpha --served-model-name alpha-hand --tensor-parallel-size 4 \\\n"
+                               "    --port 8111 --host {address} --load-time=0.3")),
+    "vllm serve": (SERVE, ("{folder}/alpha --served-model-name=alpha-hand --tensor-parallel-size=4 --port 8111 \\\n"
+                          "    --host {address} --load-time=0.3")),
+}
 UNIT = "vllm-alpha-hand.service"
 FOLDER = "/srv/adopt-models"
 
 
-def base_config(host: Host, state: Path) -> str:
-    """The switch tests' deploy.toml, its engine vLLM's API server module (the stand-in's), with beta only."""
+def base_config(host: Host, state: Path, engine: list[str] = API_SERVER) -> str:
+    """The switch tests' deploy.toml, its engine vLLM's (the stand-in's), with beta only."""
     text = config_text(host, state, {"beta": MODELS["beta"]})
-    text = "\n".join(f"engine = {json.dumps(ENGINE)}" if line.startswith("engine = ") else line
+    text = "\n".join(f"engine = {json.dumps(engine)}" if line.startswith("engine = ") else line
                      for line in text.splitlines()) + "\n"
     return text + f'[models.beta.env]\nPYTHONPATH = "{STANDIN_VLLM}"\n'
 
 
-def hand_unit(host: Host) -> str:
+def hand_unit(host: Host, shape: str) -> str:
+    engine, words = SHAPES[shape]
+    command = " ".join(engine) + " " + words.format(folder=FOLDER, address=host.address)
     return f"""[Unit]
 Description=alpha, written by hand
 After=network-online.target
@@ -54,8 +64,7 @@ Type=simple
 User=root
 Environment="CUDA_VISIBLE_DEVICES=0,1,2,3" "PYTHONPATH={STANDIN_VLLM}"
 Environment=NCCL_IB_DISABLE=1
-ExecStart={PYTHON} -m vllm.entrypoints.openai.api_server --model {FOLDER}/alpha \\
-    --served-model-name alpha-hand --tensor-parallel-size 4 --port 8111 --host {host.address} --load-time=0.3
+ExecStart={command}
 Restart=on-failure
 
 [Install]
@@ -98,19 +107,23 @@ def folders(host: Host) -> Any:
     host.run(f"rm -rf {FOLDER}", check=False)
 
 
-def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path: Path, folders: None) -> None:
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path: Path, folders: None,
+                                                            shape: str) -> None:
     """adopt --apply of a hand-written unit; a switch stops and disables it; rollback reinstalls its own text, answered."""
-    host.run(f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{hand_unit(host)}EOF\n"
+    unit = hand_unit(host, shape)
+    host.run(f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{unit}EOF\n"
              f"systemctl daemon-reload && systemctl enable --now {UNIT}")
     answers(host, 8111, "alpha-hand")
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text(base_config(host, tmp_path / "state"))
+    cfg.write_text(base_config(host, tmp_path / "state", SHAPES[shape][0]))
 
     review = adopt(cfg)
     [found] = review["adopted"]
     assert (found["unit"], found["name"], found["blockers"], found["differences"]) == (UNIT, "alpha-hand", [], [])
     assert found["entry"]["gpus"] == [0, 1, 2, 3] and found["entry"]["args"] == ["--load-time=0.3"]
-    assert cfg.read_text() == base_config(host, tmp_path / "state")  # a review changes nothing
+    assert found["rendered_argv"][:len(SHAPES[shape][0])] == SHAPES[shape][0]
+    assert cfg.read_text() == base_config(host, tmp_path / "state", SHAPES[shape][0])  # a review changes nothing
 
     applied = adopt(cfg, "--apply")
     [rec] = applied["recorded"]
@@ -126,9 +139,12 @@ def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path
 
     back = operations(settings.load(cfg)).rollback(host.name)
     assert (back["outcome"], back["model"], back["unit"]) == ("active", "alpha-hand", UNIT), back["error"]
-    assert host.run(["cat", f"/etc/systemd/system/{UNIT}"]).stdout == hand_unit(host)
+    assert host.run(["cat", f"/etc/systemd/system/{UNIT}"]).stdout == unit
     assert host.run(["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "enabled"
     assert answers(host, 8111, "alpha-hand")
+
+    refused = CliRunner().invoke(main, ["adopt", "--config", str(cfg), "--local", "--apply", "nosuch"])
+    assert refused.exit_code == 2 and "unit nosuch.service is inactive" in refused.output
 
 
 def test_hand_run_process_adopted_then_stopped_by_the_next_switch(host: Host, tmp_path: Path, folders: None) -> None:

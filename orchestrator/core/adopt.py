@@ -281,6 +281,17 @@ def engine_length(argv: tuple[str, ...] | list[str]) -> int | None:
     return None
 
 
+def engine_words(argv: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The engine of a vLLM command line as its entry names it: a console script the kernel ran through its
+    ``#!`` interpreter (/proc shows ``python3 /opt/venv/bin/vllm serve``) is the script (``vllm serve``)."""
+    start = engine_length(argv) or 0
+    words = tuple(argv[:start])
+    if len(words) == 3 and words[2] == "serve" and words[1].rsplit("/", 1)[-1] == "vllm" \
+            and words[0].rsplit("/", 1)[-1].startswith("python"):
+        return words[1:]
+    return words
+
+
 def is_vllm(argv: tuple[str, ...] | list[str]) -> bool:
     return engine_length(argv) is not None
 
@@ -360,7 +371,7 @@ def adopt(found: Found, target: Target) -> Adoption:
     start = engine_length(found.argv)
     if start is None:
         raise AdoptError(f"{label}: not a vLLM API server command line: {' '.join(found.argv)[:200]!r}")
-    engine = tuple(found.argv[:start])
+    engine = engine_words(found.argv)
     positional, opts, stray = options(found.argv[start:])
     notes += [f"{w!r} is neither a --flag nor a flag's value (after a flag vLLM reads as a switch?): kept in "
               "args where it stands" for w in stray]
@@ -518,8 +529,8 @@ def same_command(original: tuple[str, ...] | list[str], rendered: tuple[str, ...
     a, b = engine_length(original), engine_length(rendered)
     if a is None or b is None:
         return ["not both vLLM command lines"]
-    if list(original[:a]) != list(rendered[:b]):
-        diffs.append(f"engine {list(original[:a])} != {list(rendered[:b])}")
+    if engine_words(original) != engine_words(rendered):
+        diffs.append(f"engine {list(engine_words(original))} != {list(engine_words(rendered))}")
     want = sorted(pairs(original) + _explicit_pairs(explicit), key=lambda p: p[0])
     have = pairs(rendered)
     if want != have:

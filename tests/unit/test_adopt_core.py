@@ -203,6 +203,14 @@ def test_hand_run_process_without_devices() -> None:
     assert b.explicit == ("--port", "8000", "--gpu-memory-utilization", "0.9", "--host", "0.0.0.0")
 
 
+def test_console_script_through_its_interpreter() -> None:
+    """/proc shows `python3 /opt/venv/bin/vllm serve ...` for a `vllm serve` started by hand: the engine is the script."""
+    argv = ("/opt/ml-env/bin/python3", *SERVE, "/m/q", "--served-model-name", "q")
+    b = a.adopt(a.Found(argv=argv, pid=8), target(SERVE))
+    assert b.engine == SERVE and b.blockers == ()
+    assert a.same_command(argv, [*SERVE, "--model", "/m/q", "--served-model-name", "q"]) == []
+
+
 def test_no_model_is_an_error() -> None:
     """A command line with no --model and no positional: AdoptError naming the pid."""
     with pytest.raises(AdoptError, match="pid 9: no --model"):
