@@ -50,7 +50,8 @@ def adopt(units: tuple[str, ...], config: str | None, host: str | None, apply: b
            "pids": [x["pid"] for x in found["adopted"] if x["pid"] is not None]}
     recorded = _after_push(be, config, local).call(ADOPT_RECORD, ask)
     if as_json:
-        click.echo(json.dumps(found | {"config": pushed, "recorded": recorded["recorded"]}, indent=2))
+        extra = {"proxy": recorded["proxy"]} if "proxy" in recorded else {}
+        click.echo(json.dumps(found | {"config": pushed, "recorded": recorded["recorded"]} | extra, indent=2))
         return
     click.echo(_review(found))
     click.echo(f"{pushed['path']}: config revision {pushed['revision']}: {len(found['adopted'])} entr"
@@ -59,6 +60,8 @@ def adopt(units: tuple[str, ...], config: str | None, host: str | None, apply: b
         what = f"unit {r['unit']}" if r["pid"] is None else f"pid {r['pid']} (its next switch stops it)"
         click.echo(f"host {recorded['host']}: revision {r['revision']} records {r['model']} as it runs now "
                    f"({what}); `orchestrator switch` away from it can be rolled back to it")
+    if "proxy" in recorded:
+        click.echo(f"front proxy on {recorded['host']}: {recorded['proxy']}", err=recorded["proxy"].startswith("not"))
 
 
 def _label(x: dict[str, Any]) -> str:

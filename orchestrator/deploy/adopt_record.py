@@ -15,9 +15,11 @@ from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.records import ServingChange, UnitSpec
 from orchestrator.core.render import engine_address, engine_argv, load_deadline, model_dir_for
 from orchestrator.core.states import Phase
+from orchestrator.deploy import actions
 from orchestrator.deploy.adopt import discover
+from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import unit_spec
-from orchestrator.errors import AdoptError
+from orchestrator.errors import AdoptError, OrchestratorError
 from orchestrator.ports import HostPorts, StateStore
 
 TRIGGER = "adopt"
@@ -102,7 +104,20 @@ def record(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[st
         store.record_event(now, host.name, "adopted", {"model": model.name, "revision": dep.revision,
                                                       "unit": engine.unit, "pid": engine.pid})
         recorded.append({"model": model.name, "revision": dep.revision, "unit": spec.unit_name, "pid": spec.pid})
-    return {"host": host.name, "recorded": recorded}
+    out: dict[str, Any] = {"host": host.name, "recorded": recorded}
+    if catalog.proxy.enabled:
+        out["proxy"] = _route(catalog, store, ports)
+    return out
+
+
+def _route(catalog: Catalog, store: StateStore, ports: HostPorts) -> str:
+    """With the front proxy: it routes the serving set, the adopted engines in it, from now on."""
+    ctx = StepContext(ports=ports, catalog=catalog, progress=lambda event, fields: None)
+    try:
+        changed = actions.route(ctx, [d.spec for d in store.serving_set(ports.host.name)])
+    except OrchestratorError as exc:  # recorded all the same: the first switch routes again
+        return f"not routed: {exc}"
+    return "routed" if changed else "unchanged"
 
 
 def _spec(catalog: Catalog, host: Host, model: Model, engine: a.Found, template: str) -> UnitSpec:

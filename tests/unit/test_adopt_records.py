@@ -11,6 +11,7 @@ import pytest
 from orchestrator.core import adopt as a
 from orchestrator.deploy import adopt_record
 from orchestrator.errors import AdoptError
+from orchestrator.testing import FakeProxy
 
 from .conftest import OpsWorld
 
@@ -78,6 +79,20 @@ def test_switch_away_disables_it_and_rollback_brings_it_back_exactly(box: OpsWor
     assert (back["outcome"], back["model"], back["unit"], back["restores"]) == ("active", "hand", UNIT, 1)
     unit = box.host.units[UNIT]
     assert (unit.text, unit.active, unit.enabled) == (HAND, "active", True)
+
+
+def test_front_proxy_routes_the_adopted_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[proxy] on: the adopted engine joins the serving set and the proxy's config routes its served name."""
+    w = OpsWorld(tmp_path / "state", models=MODELS, proxy={"enabled": True, "port": 9000})
+    proxy = FakeProxy()
+    ports = w.ops.ports_for("box")
+    ports.proxy = proxy
+    fields = a.parse_unit(HAND, UNIT)
+    found = a.Found(argv=fields.argv, env=fields.env, unit=UNIT, unit_text=HAND)
+    monkeypatch.setattr(adopt_record, "discover", lambda ports, units, pids, ours: [found])
+    result = w.ops.adopt_record(None, [UNIT])
+    assert result["proxy"] == "routed" and [d.model for d in w.store.serving_set("box")] == ["hand"]
+    assert proxy.config is not None and "hand" in proxy.config and ":8005" in proxy.config
 
 
 def test_record_needs_the_entry_in_deploy_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
