@@ -236,7 +236,8 @@ def parse_unit(text: str, unit: str) -> UnitFields:
             while value and value[0] in _CONTROL:
                 prefix, value = prefix + value[0], value[1:]
             if prefix:
-                unexpressed.append(f"ExecStart={prefix}...: the prefix {prefix!r} (systemd's) is not carried")
+                unexpressed.append(f"ExecStart={prefix}...: the prefix {prefix!r} (systemd's) is not carried into "
+                                   "the entry")
             if "$" in value.replace("$$", ""):
                 raise AdoptError(f"unit {unit}: ExecStart= uses an environment variable "
                                  f"({re.search(r'[$][{]?[A-Za-z_][A-Za-z0-9_]*', value) or '$'}): systemd "
@@ -260,7 +261,9 @@ def parse_unit(text: str, unit: str) -> UnitFields:
         elif key == "WorkingDirectory" and value in ("/", "-/"):
             continue
         elif key not in _REPLACED_KEYS:
-            unexpressed.append(f"{key}={value}" if len(value) <= 120 else f"{key}={value[:120]}...")
+            line = f"{key}={value}" if len(value) <= 120 else f"{key}={value[:120]}..."
+            unexpressed.append(f"{line}: not carried into the entry (the adopted unit keeps it; a unit rendered "
+                               "from the entry has no such line)")
     if argv is None:
         raise AdoptError(f"unit {unit}: no ExecStart= in its [Service] section")
     return UnitFields(argv, tuple(env.items()), user, tuple(files), tuple(unexpressed))
@@ -507,9 +510,11 @@ def adopt(found: Found, target: Target) -> Adoption:
     if "bind" not in keyed:
         explicit += ["--host", target.bind]
     if engine != target.engine:
-        blockers.append(f"engine {list(engine)} is not host {target.host}'s engine {list(target.engine)}: "
-                        f"set [hosts.{target.host}] engine = {_toml_list(list(engine))} (the engine is the "
-                        "host's, one for all its models)")
+        # Not a blocker: the adopted revision keeps this unit's own command (a rollback runs it as it is);
+        # only a unit rendered from the entry runs the host's engine (the seeds' /root engine moved to /opt).
+        notes.append(f"engine {list(engine)} is not host {target.host}'s engine {list(target.engine)} (the engine "
+                     f"is the host's, one for all its models): a unit rendered from this entry runs the host's; "
+                     f"to keep this one set [hosts.{target.host}] engine = {_toml_list(list(engine))}")
     if found.user is not None and found.user != target.user:
         notes.append(f"runs as user {found.user}; the rendered unit runs it as {target.user} (defaults.user): "
                      "`orchestrator doctor` checks that user can reach the engine and the weights")

@@ -168,6 +168,17 @@ def test_drop_in_resets_exec_start() -> None:
     assert fields.argv == ("/usr/bin/vllm", "serve", "/b", "--port", "9") and dict(fields.env) == {"A": "1", "B": "2"}
 
 
+def test_seed_unit_on_a_host_whose_engine_moved() -> None:
+    """The seeds' /root engine on a host whose engine is /opt's: a note naming both, not a blocker; the render differs there only."""
+    fields = a.parse_unit(SEED_UNIT, "vllm-kimi-k25-int4.service")
+    found = a.Found(argv=fields.argv, env=fields.env, unit="vllm-kimi-k25-int4.service", unit_text=SEED_UNIT)
+    opt = ("/opt/ml-env/bin/python3", *ROOT_PY[1:])
+    b = a.adopt(found, target(opt))
+    assert b.blockers == () and any("'/root/ml-env/bin/python3'" in n and "/opt/ml-env" in n for n in b.notes)
+    rendered = [*opt, *fields.argv[len(ROOT_PY):]]
+    assert a.same_command(fields.argv, rendered) == [f"engine {list(ROOT_PY)} != {list(opt)}"]
+
+
 def test_not_vllm() -> None:
     """Only vLLM's API server counts: `-m ...api_server`, `vllm serve`, `-m vllm.entrypoints.cli.main serve`."""
     assert a.is_vllm(["/usr/bin/python3", "-m", a.API_SERVER, "--model", "/m"])
@@ -185,7 +196,7 @@ def test_blockers_name_the_bad_value() -> None:
     b = a.adopt(found, target(SERVE, taken=frozenset({"x"}), ports=frozenset({8000})))
     text = "\n".join(b.blockers)
     assert "CUDA_VISIBLE_DEVICES=0,1,2 lists 3 GPU(s) for a layout of 2" in text
-    assert "is not host box's engine ['/opt/ml-env/bin/vllm', 'serve']" in text
+    assert "is not host box's engine ['/opt/ml-env/bin/vllm', 'serve']" in "\n".join(b.notes)
     assert "model 'x' is already in deploy.toml" in text and "port 8000 is already a model's port" in text
     assert "--api-key carries" in text and "sk-abc" not in text + str(b.entry)
     unnamed = a.adopt(a.Found(argv=(*SERVE, "/shared/models/tiny"), pid=5), target(SERVE))
