@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from click.testing import CliRunner
 from orchestrator import settings
 from orchestrator.cli import main
 from orchestrator.wiring import operations
+from tests.builders.agent import CONFIG, STATE, install_agent
 from tests.builders.switch import MODELS, config_text
 from tests.hosts.machine import REPO, Host, in_host
 from tests.hubstub.models import sharded_model
@@ -44,9 +46,9 @@ UNIT = "vllm-alpha-hand.service"
 FOLDER = "/srv/adopt-models"
 
 
-def base_config(host: Host, state: Path, engine: list[str] = API_SERVER) -> str:
+def base_config(host: Host, state: Path, engine: list[str] = API_SERVER, transport: str = "ssh") -> str:
     """The switch tests' deploy.toml, its engine vLLM's (the stand-in's), with beta only."""
-    text = config_text(host, state, {"beta": MODELS["beta"]})
+    text = config_text(host, state, {"beta": MODELS["beta"]}, transport=transport)
     text = "\n".join(f"engine = {json.dumps(engine)}" if line.startswith("engine = ") else line
                      for line in text.splitlines()) + "\n"
     return text + f'[models.beta.env]\nPYTHONPATH = "{STANDIN_VLLM}"\n'
@@ -175,3 +177,39 @@ def test_hand_run_process_adopted_then_stopped_by_the_next_switch(host: Host, tm
         assert answers(host, 8102, "beta")
     finally:
         host.run(["kill", "-KILL", str(pid)], check=False)
+
+
+def test_through_the_agent_over_ssh(host: Host, tmp_path: Path, folders: None) -> None:
+    """`orchestrator --host box adopt --apply`: the agent's config push takes the entry, the agent records the
+    revision; switch and rollback through it bring the hand-written unit back, answered."""
+    unit = hand_unit(host, "api_server")
+    host.run(f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{unit}EOF\n"
+             f"systemctl daemon-reload && systemctl enable --now {UNIT}")
+    answers(host, 8111, "alpha-hand")
+    install_agent(host, base_config(host, Path(STATE), transport="local"), tmp_path)
+    hosts_file = tmp_path / "hosts.toml"
+    hosts_file.write_text(f'[box]\nurl = "ssh://root@{host.address}:{host.port}"\nkey = "{host.key_path}"\n'
+                          f'known_hosts = "{host.known_hosts_path}"\npython = "{sys.executable}"\n'
+                          f'socket = "{STATE}/agent.sock"\n')
+
+    def client(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orchestrator", "--host", "box", *args], capture_output=True,
+                              text=True, timeout=180, check=False,
+                              env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": str(hosts_file)})
+
+    try:
+        applied = client("adopt", "--apply", "--json")
+        assert applied.returncode == 0, applied.stderr
+        result = json.loads(applied.stdout)
+        assert [r["unit"] for r in result["recorded"]] == [UNIT] and result["config"]["changed"]
+        assert "[models.alpha-hand]" in host.run(["cat", CONFIG]).stdout
+        assert client("switch", "beta").returncode == 0
+        assert host.run(["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "disabled"
+        back = client("rollback")
+        assert back.returncode == 0, back.stderr
+        assert answers(host, 8111, "alpha-hand")
+        history = json.loads(client("history", "--json").stdout)
+        assert [h["trigger"].split(":")[0] for h in history][-1] == "adopt"
+    finally:
+        host.run("systemctl stop orchestrator-agent.service; systemctl reset-failed orchestrator-agent.service",
+                 check=False)
