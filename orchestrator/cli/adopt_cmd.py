@@ -45,7 +45,7 @@ def adopt(units: tuple[str, ...], config: str | None, host: str | None, apply: b
         click.echo(json.dumps(found | {"recorded": []}, indent=2) if as_json else
                    f"host {found['host']}: no vLLM engine runs outside the product; nothing to adopt")
         return
-    pushed = _push(be, config, local, found["toml"])
+    pushed = _push(be, config, local, found["toml"]) if found["toml"] else None  # entries deploy.toml lacks
     ask = {"host": host, "units": [x["unit"] for x in found["adopted"] if x["unit"]],
            "pids": [x["pid"] for x in found["adopted"] if x["pid"] is not None]}
     recorded = _after_push(be, config, local).call(ADOPT_RECORD, ask)
@@ -54,8 +54,10 @@ def adopt(units: tuple[str, ...], config: str | None, host: str | None, apply: b
         click.echo(json.dumps(found | {"config": pushed, "recorded": recorded["recorded"]} | extra, indent=2))
         return
     click.echo(_review(found))
-    click.echo(f"{pushed['path']}: config revision {pushed['revision']}: {len(found['adopted'])} entr"
-               f"{'y' if len(found['adopted']) == 1 else 'ies'} added")
+    added = len([x for x in found["adopted"] if not x["in_config"]])
+    if pushed is not None:
+        click.echo(f"{pushed['path']}: config revision {pushed['revision']}: {added} entr{'y' if added == 1 else 'ies'} "
+                   "added")
     for r in recorded["recorded"]:
         what = f"unit {r['unit']}" if r["pid"] is None else f"pid {r['pid']} (its next switch stops it)"
         click.echo(f"host {recorded['host']}: revision {r['revision']} records {r['model']} as it runs now "
@@ -73,7 +75,11 @@ def _review(found: dict[str, Any]) -> str:
         return f"# host {found['host']}: no vLLM engine runs outside the product; nothing to adopt"
     lines = []
     for x in found["adopted"]:
-        lines.append(x["toml"].rstrip("\n"))
+        if x["in_config"]:
+            lines.append(f"# {_label(x)} runs model {x['name']} of deploy.toml (its entry describes it)")
+            lines += [f"# note: {n}" for n in x["notes"]]
+        else:
+            lines.append(x["toml"].rstrip("\n"))
         for d in x["differences"]:
             lines.append(f"# differs when rendered: {d}")
         if not x["differences"] and "rendered_argv" in x:
@@ -109,7 +115,7 @@ def _push(be: Backend, config: str | None, local: bool, toml: str) -> dict[str, 
 
 def _after_push(be: Backend, config: str | None, local: bool) -> Backend:
     """Who records: the agent (it reloaded the pushed file), or in-process the file as it is now."""
-    return be if isinstance(be, AgentClient) else backend(config, local=True)
+    return be if isinstance(be, AgentClient) else backend(config, local=True)  # the file as pushed
 
 
 def _joined(text: str, toml: str) -> str:

@@ -25,11 +25,12 @@ from orchestrator.ports import HostPorts, StateStore
 TRIGGER = "adopt"
 
 
-def _ours(catalog: Catalog, store: StateStore, host: str, *, models: bool = True) -> tuple[set[str], set[int]]:
-    """Units and adopted PIDs the product already knows on ``host``: its revisions' (and its models')."""
-    units = {m.unit_name for m in catalog.models.values()} if models else set()
+def _ours(store: StateStore, host: str) -> tuple[set[str], set[int]]:
+    """Units and adopted PIDs the product already knows on ``host``: its revisions'. (A catalog model's unit
+    name is not enough: the seeds wrote vllm-kimi-k25-int4.service by hand; a rendered unit says so in its
+    first line, which discovery reads.)"""
     history = store.history(host, limit=200)
-    units |= {d.spec.unit_name for d in history if d.spec.pid is None}
+    units = {d.spec.unit_name for d in history if d.spec.pid is None}
     return units, {d.spec.pid for d in history if d.spec.pid is not None}
 
 
@@ -41,22 +42,52 @@ def _target(catalog: Catalog, host: Host, *, but: str | None = None) -> a.Target
                     ports=frozenset(catalog.models[m].port for m in on))
 
 
-def _found(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[str], pids: list[int], *,
-           models: bool = True) -> list[a.Found]:
-    ours, adopted = _ours(catalog, store, ports.host.name, models=models)
+def _found(store: StateStore, ports: HostPorts, units: list[str], pids: list[int]) -> list[a.Found]:
+    ours, adopted = _ours(store, ports.host.name)
     return [f for f in discover(ports, units, pids, ours) if f.pid is None or f.pid not in adopted]
+
+
+# What an entry deploy.toml already has must agree on, for the engine to be adopted under it as it is.
+_SAME = ("served", "port", "gpus")
+_COMPARED = ("served", "port", "gpus", "tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel",
+             "max_model_len", "max_num_seqs", "args", "source")
+
+
+def _adoption(catalog: Catalog, host: Host, found: a.Found) -> a.Adoption:
+    """The engine's adoption; when deploy.toml already has a model of its name on this host (written by hand
+    before, as the seeds' was), judged against that entry rather than refused for the name."""
+    adoption = a.adopt(found, _target(catalog, host))
+    if adoption.name in catalog.models_on(host.name):
+        adoption = a.adopt(found, _target(catalog, host, but=adoption.name))
+    return adoption
 
 
 def _checked(catalog: Catalog, host: Host, adoption: a.Adoption) -> dict[str, Any]:
     """The adoption as printed: its entry validated as deploy.toml would, and the command its unit would
-    run compared with the one that runs (token for token, flags in the renderer's order)."""
-    out = adoption.to_dict() | {"toml": a.entry_toml(adoption, host.name), "differences": []}
+    run compared with the one that runs (token for token, flags in the renderer's order); ``in_config``
+    when deploy.toml's own entry of that name already describes it (nothing to add, only the revision)."""
+    out = adoption.to_dict() | {"toml": a.entry_toml(adoption, host.name), "differences": [], "in_config": False}
     try:
         model = Model.model_validate({**adoption.entry, "name": adoption.name, "host": host.name})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         out["blockers"] = [*out["blockers"], f"the entry is not valid in deploy.toml: {problems}"]
         return out
+    existing = catalog.models.get(adoption.name) if adoption.name in catalog.models_on(host.name) else None
+    if existing is not None:
+        mismatch = [k for k in _SAME if getattr(existing, k) != getattr(model, k)]
+        if mismatch:
+            out["blockers"] = [*out["blockers"], f"deploy.toml's model {existing.name} has " + ", ".join(
+                f"{k} {getattr(existing, k)!r}" for k in mismatch) + " but it runs with " + ", ".join(
+                f"{k} {getattr(model, k)!r}" for k in mismatch) + ": rename the unit or fix the entry"]
+            return out
+        out["in_config"], out["toml"] = True, ""
+        other = [k for k in _COMPARED if getattr(existing, k) != getattr(model, k)]
+        if other:
+            out["notes"] = [*out["notes"], (f"deploy.toml's model {existing.name} differs from what runs in "
+                            f"{', '.join(other)}: the revision keeps what runs; a switch to {existing.name} runs "
+                            "the entry")]
+        model = existing
     rendered = engine_argv(catalog, model, model_dir_for(catalog, model, host=host), host)
     out["rendered_argv"] = rendered
     out["differences"] = a.same_command(adoption.found.argv, rendered, adoption.explicit, tuple(model.args))
@@ -66,8 +97,8 @@ def _checked(catalog: Catalog, host: Host, adoption: a.Adoption) -> dict[str, An
 def find(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[str], pids: list[int]) -> dict[str, Any]:
     """Each vLLM engine the box runs outside the product, with its entry for review (nothing changes)."""
     host = ports.host
-    adoptions = [_checked(catalog, host, a.adopt(f, _target(catalog, host))) for f in _found(catalog, store, ports, units, pids)]
-    return {"host": host.name, "adopted": adoptions, "toml": "".join("\n" + x["toml"] for x in adoptions)}
+    adoptions = [_checked(catalog, host, _adoption(catalog, host, f)) for f in _found(store, ports, units, pids)]
+    return {"host": host.name, "adopted": adoptions, "toml": "".join("\n" + x["toml"] for x in adoptions if x["toml"])}
 
 
 def record(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[str], pids: list[int], template: str,
@@ -75,7 +106,7 @@ def record(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[st
     """A revision (trigger ``adopt``) for each found engine whose entry deploy.toml now holds: a unit's own
     text (a rollback reinstalls it as it was), or a hand-run process's PID with its entry's rendered unit."""
     host = ports.host
-    found = _found(catalog, store, ports, units, pids, models=False)  # its entry names its unit now
+    found = _found(store, ports, units, pids)
     if not found:
         return {"host": host.name, "recorded": []}
     if not catalog.proxy.enabled and (len(found) > 1 or store.serving(host.name) is not None):
@@ -86,7 +117,7 @@ def record(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[st
                          "or turn [proxy] on", host=host.name)
     recorded = []
     for engine in found:
-        adoption = a.adopt(engine, _target(catalog, host))
+        adoption = _adoption(catalog, host, engine)
         model = catalog.models.get(adoption.name)
         if model is None:
             raise AdoptError(f"{engine.label}: deploy.toml has no model {adoption.name!r}: apply its entry first "

@@ -95,6 +95,18 @@ def test_front_proxy_routes_the_adopted_engine(tmp_path: Path, monkeypatch: pyte
     assert proxy.config is not None and "hand" in proxy.config and ":8005" in proxy.config
 
 
+def test_entry_written_by_hand_before_is_adopted_under_its_name(box: OpsWorld) -> None:
+    """deploy.toml already has model hand for the unit (the seeds' kimi-k25-int4): nothing to add, no blocker;
+    a field it says otherwise is named; a port it says otherwise blocks."""
+    found = box.ops.adopt(None, [UNIT])
+    [x] = found["adopted"]
+    assert (x["in_config"], x["blockers"], found["toml"]) == (True, [], "")
+    assert x["differences"] == []
+    moved = OpsWorld(Path(box.catalog.state_dir).parent / "moved", models={**MODELS, "hand": {**MODELS["hand"], "port": 8009}})
+    [y] = adopt_record.find(moved.catalog, moved.store, box.ops.ports_for("box"), [UNIT], [])["adopted"]
+    assert y["in_config"] is False and any("has port 8009 but it runs with port 8005" in b for b in y["blockers"])
+
+
 def test_record_needs_the_entry_in_deploy_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Recording before the entry was pushed: exit 2 naming the unit and the missing model."""
     w = OpsWorld(tmp_path / "state", models={k: v for k, v in MODELS.items() if k != "hand"})
