@@ -179,6 +179,30 @@ def test_hand_run_process_adopted_then_stopped_by_the_next_switch(host: Host, tm
         host.run(["kill", "-KILL", str(pid)], check=False)
 
 
+def test_hand_run_process_taken_under_systemd_by_a_switch_to_its_entry(host: Host, tmp_path: Path,
+                                                                       folders: None) -> None:
+    """Adopted, then `switch` to its own entry: the process stops, its entry's unit starts on the same port
+    (the port it held was not refused: this switch frees it first) and answers."""
+    host.run(f"cd / && CUDA_VISIBLE_DEVICES=4,5,6,7 PYTHONPATH={STANDIN_VLLM} setsid -f {PYTHON} -m "
+             f"vllm.entrypoints.openai.api_server --model {FOLDER}/gamma --served-model-name gamma-hand "
+             f"--tensor-parallel-size 4 --port 8112 --host {host.address} --load-time 0.3 "
+             "> /var/log/gamma-hand.log 2>&1 < /dev/null")
+    answers(host, 8112, "gamma-hand")
+    pid = int(host.run("pgrep -f 'served-model-name gamma-hand'").stdout.split()[0])
+    try:
+        cfg = tmp_path / "deploy.toml"
+        cfg.write_text(base_config(host, tmp_path / "state"))
+        [rec] = adopt(cfg, "--apply")["recorded"]
+        assert rec["pid"] == pid
+        done = operations(settings.load(cfg)).switch("gamma-hand")
+        assert (done["outcome"], done["unit"]) == ("active", "vllm-gamma-hand.service"), done["error"]
+        assert host.run(["kill", "-0", str(pid)], check=False).returncode != 0
+        assert host.run(["systemctl", "is-active", "vllm-gamma-hand.service"]).stdout.strip() == "active"
+        assert answers(host, 8112, "gamma-hand")
+    finally:
+        host.run(["kill", "-KILL", str(pid)], check=False)
+
+
 def test_through_the_agent_over_ssh(host: Host, tmp_path: Path, folders: None) -> None:
     """`orchestrator --host box adopt --apply`: the agent's config push takes the entry, the agent records the
     revision; switch and rollback through it bring the hand-written unit back, answered."""

@@ -112,7 +112,8 @@ class Engine:
             # Compare against what serves, in its staged directory: an unpinned branch is not
             # re-resolved here (no network for a no-op); --force does that.
             same = self.spec_for(model, model_dir=serving.spec.model_dir, revision=serving.spec.revision)
-            if same.unit_sha == serving.spec.unit_sha and self.is_healthy(serving):
+            # an adopted hand-run engine runs outside systemd: a switch to its own entry takes it under
+            if same.unit_sha == serving.spec.unit_sha and serving.spec.pid is None and self.is_healthy(serving):
                 return None
         previous = serving.revision if serving is not None else None
         # policy.rollback_on_failure = false is --no-rollback for every switch, the agent's included.
@@ -130,7 +131,7 @@ class Engine:
         for serving in self.store.serving_set(host):
             if serving.spec.model == model.name and not force:
                 same = self.spec_for(model, model_dir=serving.spec.model_dir, revision=serving.spec.revision)
-                if same.unit_sha == serving.spec.unit_sha and self.is_healthy(serving):
+                if same.unit_sha == serving.spec.unit_sha and serving.spec.pid is None and self.is_healthy(serving):
                     return None
         return self.plan_spec(host, spec, trigger or default_trigger(), no_rollback=no_rollback)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.core.records import UnitSpec
+from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.resident import SERVING, STOPPED
 from orchestrator.core.states import Event, Phase
 from orchestrator.deploy import actions, adopt, multinode, warm_steps
@@ -41,7 +41,9 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     if dep.model in ctx.catalog.models and dep.restores is None:  # a recorded unit ran here before
         check_access(ctx.catalog, dep.model, ctx.ports, dep.spec.model_dir)
     check_layout(ctx.catalog, dep, ctx.ports, snap)
-    taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port)
+    # What this switch stops first may hold the port now: an adopted unit of any name, a hand-run engine.
+    taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port, units=step.units_to_stop,
+                        pids=[d.spec.pid for d in _replaced(step) if d.spec.pid is not None])
     if taken is not None:
         raise PlanError(taken, host=dep.host)
     if ctx.ports.proxy is not None:
@@ -56,6 +58,13 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
         # mark back (engine).
         actions.route(ctx, (d.spec for d in step.serving), loading=[dep.spec.served_name])
     return DONE
+
+
+def _replaced(step: StepInput) -> list[Deployment]:
+    """The serving deployments whose engines this switch stops before it starts its own (none beside)."""
+    if step.plan is None:
+        return [step.previous] if step.previous is not None else []
+    return [] if beside(step) else list(step.overlapping)
 
 
 def staging(ctx: StepContext, step: StepInput) -> StepResult:
@@ -141,8 +150,7 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
         asleep = warm_steps.put_to_sleep(ctx, step, leaving) if ctx.residency is not None else set()
         units = units - asleep - warm_steps.asleep_units(ctx, but=[step.dep.model])
     # An engine adopted as a hand-run process has no unit to stop: its process goes (freeing verifies its GPUs).
-    replaced = [step.previous] if step.plan is None else list(step.overlapping) if not beside(step) else []
-    adopt.stop_processes(ctx, (d.spec for d in replaced if d is not None and d.spec.unit_name in units))
+    adopt.stop_processes(ctx, (d.spec for d in _replaced(step) if d.spec.unit_name in units))
     actions.stop_units(ctx, units)
     multinode.stop(ctx, step.node_units_to_stop)  # the other nodes after the API, in reverse start order
     return DONE
