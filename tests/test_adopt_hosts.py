@@ -103,7 +103,12 @@ def folders(host: Host) -> Any:
     """Each engine's --model folder: a real (tiny) model, as staging verifies a local: folder in place."""
     for model in ("alpha", "gamma"):
         host.run(f"mkdir -p {FOLDER}/{model}")
-        for name, data in sharded_model(["model-00001-of-00001.safetensors"], 16).items():
+        files = sharded_model(["model-00001-of-00001.safetensors"], 16)
+        files["config.json"] = json.dumps({  # what the planner reads of a model (a switch to the entry plans it)
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1024,
+            "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}).encode()
+        for name, data in files.items():
             host.run(f"base64 -d > {FOLDER}/{model}/{name}", input=base64.b64encode(data).decode())
     yield
     host.run(f"rm -rf {FOLDER}", check=False)
