@@ -15,58 +15,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.catalog_rules import ENV_KEY_RE, NAME_RE, ROUTABLE_RE
+from orchestrator.core.adopt_argv import KEYED, LONG, SWITCHES, engine_length, engine_words, options, pairs
+from orchestrator.core.catalog_rules import NAME_RE, ROUTABLE_RE
 from orchestrator.errors import AdoptError
 from orchestrator.secrets import secret_in_args, secret_name, secret_value_kind
-
-API_SERVER = "vllm.entrypoints.openai.api_server"
-CLI_MAIN = "vllm.entrypoints.cli.main"
-
-# The flags the renderer writes from an entry's keys (core/render.engine_argv), with their short forms.
-_KEYED = {"--model": "model", "--served-model-name": "served_name", "--host": "bind", "--port": "port",
-          "--tensor-parallel-size": "tensor_parallel", "-tp": "tensor_parallel",
-          "--pipeline-parallel-size": "pipeline_parallel", "-pp": "pipeline_parallel",
-          "--data-parallel-size": "data_parallel", "-dp": "data_parallel",
-          "--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
-          "--gpu-memory-utilization": "gpu_memory_utilization"}
-_LONG = {"tensor_parallel": "--tensor-parallel-size", "pipeline_parallel": "--pipeline-parallel-size",
-         "data_parallel": "--data-parallel-size"}
-_SWITCHES = {"--enable-expert-parallel": "expert_parallel", "-ep": "expert_parallel"}
-# vLLM's boolean flags met on the seeds' and the docs' command lines: they never take the next word.
-BOOLEAN_FLAGS = frozenset({
-    "--trust-remote-code", "--enable-auto-tool-choice", "--enable-expert-parallel", "--enable-sleep-mode",
-    "--enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-log-requests",
-    "--disable-log-stats", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-custom-all-reduce",
-    "--enable-lora", "--headless", "--disable-frontend-multiprocessing", "--enable-log-requests",
-    "--async-scheduling", "--enable-dbo", "--enable-eplb", "--disable-fastapi-docs", "--enable-prompt-tokens-details",
-    "--enable-server-load-tracking", "--disable-uvicorn-access-log", "--enable-request-id-headers",
-    "--return-tokens-as-token-ids", "--enable-force-include-usage", "--skip-tokenizer-init",
-    "--no-enable-log-requests", "--enable-tokenizer-info-endpoint"})
-# Variables the renderer writes itself, or that an entry cannot hold.
-_RENDERED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S")
-# A hand-run process's environment is a whole login's: only these belong to the engine.
-ENGINE_ENV_PREFIXES = ("CUDA_", "NCCL_", "VLLM_", "HF_", "HUGGING_FACE_", "TORCH", "PYTORCH_", "OMP_", "MKL_",
-                       "SAFETENSORS_", "TRANSFORMERS_", "TOKENIZERS_", "RAY_", "NVIDIA_", "TRITON_", "FLASHINFER_",
-                       "UCX_", "GLOO_", "MASTER_", "PYTHONPATH", "LD_LIBRARY_PATH")
-# [Service] keys of a hand-written unit that the rendered unit replaces with its own, without loss of
-# what the engine runs; any other key is named.
-_REPLACED_KEYS = frozenset({
-    "Type", "User", "Group", "Environment", "EnvironmentFile", "ExecStart", "Restart", "RestartSec",
-    "TimeoutStartSec", "TimeoutStopSec", "TimeoutSec", "KillMode", "KillSignal", "SendSIGKILL", "LimitNOFILE",
-    "LimitMEMLOCK", "NoNewPrivileges", "PrivateTmp", "SyslogIdentifier", "StandardOutput", "StandardError",
-    "StateDirectory", "CacheDirectory", "RemainAfterExit", "StartLimitIntervalSec", "StartLimitBurst"})
-_CONTROL = ("-", "@", "+", "!", ":")
-
-
-@dataclass(frozen=True)
-class UnitFields:
-    """What a unit file says about its service, as systemd reads it (the later assignment wins)."""
-
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-    user: str | None
-    environment_files: tuple[str, ...]
-    unexpressed: tuple[str, ...]  # lines the entry cannot carry, named
 
 
 @dataclass(frozen=True)
@@ -121,6 +73,10 @@ class Adoption:
                 "blockers": list(self.blockers)}
 
 
+# Variables the renderer writes itself, or that an entry cannot hold.
+_RENDERED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S")
+
+
 def shown_argv(argv: tuple[str, ...]) -> list[str]:
     """``argv`` with every word that carries a secret (``--api-key``'s value) replaced, for printing."""
     out = list(argv)
@@ -137,217 +93,6 @@ def shown_argv(argv: tuple[str, ...]) -> list[str]:
 
 
 # -- systemd's reading of a unit file ----------------------------------------------------------------------
-_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"',
-            "'": "'", "s": " "}
-
-
-def split_words(value: str, what: str = "line") -> list[str]:
-    """``value`` split into words as systemd splits ExecStart= and Environment=: whitespace between
-    words, "..." or '...' quoting, C escapes; ``%%`` is one ``%``. AdoptError on anything else (an
-    unterminated quote, a specifier such as %i that only systemd can resolve)."""
-    words: list[str] = []
-    i, n = 0, len(value)
-    while i < n:
-        while i < n and value[i] in " \t":
-            i += 1
-        if i >= n:
-            break
-        word: list[str] = []
-        quote = value[i] if value[i] in "\"'" else ""
-        i += 1 if quote else 0
-        while i < n:
-            c = value[i]
-            if quote and c == quote:
-                i += 1
-                if i < n and value[i] not in " \t":
-                    raise AdoptError(f"{what}: a quoted word runs into {value[i:i + 10]!r} without a space")
-                break
-            if not quote and c in " \t":
-                break
-            if c == "\\" and i + 1 < n:
-                e = value[i + 1]
-                if e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", value[i + 2:i + 4]):
-                    word.append(chr(int(value[i + 2:i + 4], 16)))
-                    i += 4
-                    continue
-                if e not in _ESCAPES:
-                    raise AdoptError(f"{what}: escape \\{e} is not one systemd reads as a character")
-                word.append(_ESCAPES[e])
-                i += 2
-                continue
-            if c == "%":
-                if value[i + 1:i + 2] != "%":
-                    raise AdoptError(f"{what}: specifier {value[i:i + 2]!r} is resolved by systemd per unit; "
-                                     "an entry cannot say it (write the value it stands for)")
-                word.append("%")
-                i += 2
-                continue
-            word.append(c)
-            i += 1
-        else:
-            if quote:
-                raise AdoptError(f"{what}: quote {quote} is never closed")
-        words.append("".join(word))
-    return words
-
-
-def _logical_lines(text: str) -> list[str]:
-    out: list[str] = []
-    pending = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not pending and (not line or line[0] in "#;"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        out.append(pending + line)
-        pending = ""
-    if pending:
-        out.append(pending)
-    return out
-
-
-def parse_unit(text: str, unit: str) -> UnitFields:
-    """The [Service] section of ``text`` (a unit file, then its drop-ins, as `systemctl cat` prints
-    them): ExecStart's argv, Environment=, User=, EnvironmentFile=, and the lines an entry cannot carry."""
-    section = ""
-    argv: tuple[str, ...] | None = None
-    env: dict[str, str] = {}
-    files: list[str] = []
-    user: str | None = None
-    unexpressed: list[str] = []
-    for line in _logical_lines(text):
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1]
-            continue
-        key, sep, value = line.partition("=")
-        key, value = key.strip(), value.strip()
-        if section != "Service" or not sep:
-            continue
-        if key == "ExecStart":
-            if not value:
-                argv = None  # a drop-in's empty assignment resets the list
-                continue
-            if argv is not None:
-                raise AdoptError(f"unit {unit}: more than one ExecStart= (only a Type=oneshot unit may): "
-                                 "an entry runs one engine command")
-            prefix = ""
-            while value and value[0] in _CONTROL:
-                prefix, value = prefix + value[0], value[1:]
-            if prefix:
-                unexpressed.append(f"ExecStart={prefix}...: the prefix {prefix!r} (systemd's) is not carried into "
-                                   "the entry")
-            if "$" in value.replace("$$", ""):
-                raise AdoptError(f"unit {unit}: ExecStart= uses an environment variable "
-                                 f"({re.search(r'[$][{]?[A-Za-z_][A-Za-z0-9_]*', value) or '$'}): systemd "
-                                 "substitutes it at start; an entry cannot say it (write its value)")
-            argv = tuple(w.replace("$$", "$") for w in split_words(value, f"unit {unit}: ExecStart="))
-        elif key == "Environment":
-            if not value:
-                env.clear()
-                continue
-            for word in split_words(value, f"unit {unit}: Environment="):
-                k, eq, v = word.partition("=")
-                if eq and ENV_KEY_RE.fullmatch(k):
-                    env[k] = v
-        elif key == "EnvironmentFile":
-            if not value:
-                files.clear()
-            else:
-                files.append(value.lstrip("-"))
-        elif key == "User":
-            user = value or None
-        elif key == "WorkingDirectory" and value in ("/", "-/"):
-            continue
-        elif key not in _REPLACED_KEYS:
-            line = f"{key}={value}" if len(value) <= 120 else f"{key}={value[:120]}..."
-            unexpressed.append(f"{line}: not carried into the entry (the adopted unit keeps it; a unit rendered "
-                               "from the entry has no such line)")
-    if argv is None:
-        raise AdoptError(f"unit {unit}: no ExecStart= in its [Service] section")
-    return UnitFields(argv, tuple(env.items()), user, tuple(files), tuple(unexpressed))
-
-
-# -- vLLM's command line -----------------------------------------------------------------------------------
-def engine_length(argv: tuple[str, ...] | list[str]) -> int | None:
-    """How many leading words of ``argv`` start vLLM's API server (the engine of an entry: the
-    interpreter and ``-m vllm.entrypoints.openai.api_server``, or ``vllm serve``); None: not vLLM's."""
-    for i, word in enumerate(argv[:-1]):
-        if word == "-m" and argv[i + 1] == API_SERVER:
-            return i + 2
-        if word == "-m" and argv[i + 1] == CLI_MAIN and i + 2 < len(argv) and argv[i + 2] == "serve":
-            return i + 3
-    for i, word in enumerate(argv[:3]):
-        if word.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
-            return i + 2
-    return None
-
-
-def engine_words(argv: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """The engine of a vLLM command line as its entry names it: a console script the kernel ran through its
-    ``#!`` interpreter (/proc shows ``python3 /opt/venv/bin/vllm serve``) is the script (``vllm serve``)."""
-    start = engine_length(argv) or 0
-    words = tuple(argv[:start])
-    if len(words) == 3 and words[2] == "serve" and words[1].rsplit("/", 1)[-1] == "vllm" \
-            and words[0].rsplit("/", 1)[-1].startswith("python"):
-        return words[1:]
-    return words
-
-
-def is_vllm(argv: tuple[str, ...] | list[str]) -> bool:
-    return engine_length(argv) is not None
-
-
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    value: str | None  # None: a boolean flag
-    words: tuple[str, ...]  # as written: ("--port", "8000"), ("--port=8000",) or ("--enforce-eager",)
-
-
-def options(words: tuple[str, ...] | list[str]) -> tuple[str | None, list[Option], list[str]]:
-    """(the positional model of `vllm serve`, the flags in order each as written, the words that are
-    neither a flag nor a flag's value: kept in order, named)."""
-    positional: str | None = None
-    out: list[Option] = []
-    stray: list[str] = []
-    i = 0
-    if words and not words[0].startswith("-"):
-        positional, i = words[0], 1
-    while i < len(words):
-        word = words[i]
-        if not word.startswith("-") or word == "-":
-            out.append(Option("", word, (word,)))
-            stray.append(word)
-            i += 1
-            continue
-        flag, eq, value = word.partition("=")
-        if eq:
-            out.append(Option(flag, value, (word,)))
-            i += 1
-        elif flag in BOOLEAN_FLAGS or flag == "-ep" or i + 1 >= len(words) or words[i + 1].startswith("-"):
-            out.append(Option(flag, None, (word,)))
-            i += 1
-        else:
-            out.append(Option(flag, words[i + 1], (word, words[i + 1])))
-            i += 2
-    return positional, out, stray
-
-
-def pairs(argv: tuple[str, ...] | list[str], label: str = "argv") -> list[tuple[str, str | None]]:
-    """The flag/value pairs of a vLLM command line (`vllm serve MODEL` read as --model MODEL), sorted by
-    flag (the order of one flag's repeats kept): what two command lines that mean the same share."""
-    start = engine_length(argv)
-    if start is None:
-        raise AdoptError(f"{label}: not a vLLM API server command line: {' '.join(argv)[:200]!r}")
-    model, opts, _ = options(tuple(argv[start:]))
-    found: list[tuple[str, str | None]] = [("--model", model)] if model is not None else []
-    long = {short: _LONG[key] for short, key in _KEYED.items() if short.startswith("-") and len(short) == 3}
-    found += [(long.get(o.flag, o.flag), o.value) for o in opts]
-    return sorted(found, key=lambda p: p[0])
-
-
 # -- the entry ---------------------------------------------------------------------------------------------
 def _int(value: str | None, flag: str, label: str) -> int:
     if value is None or not value.isdigit():
@@ -384,13 +129,13 @@ def adopt(found: Found, target: Target) -> Adoption:
     if positional is not None:
         keyed["model"] = positional
     for opt in opts:
-        key = _KEYED.get(opt.flag)
+        key = KEYED.get(opt.flag)
         if key is not None and opt.value is not None:
             if key in keyed:
                 blockers.append(f"{opt.flag} is given twice ({keyed[key]!r}, then {opt.value!r}): say it once")
             keyed[key] = opt.value
-        elif opt.flag in _SWITCHES and opt.value is None:
-            switches.add(_SWITCHES[opt.flag])
+        elif opt.flag in SWITCHES and opt.value is None:
+            switches.add(SWITCHES[opt.flag])
         elif opt.flag in ("--enable-sleep-mode", "--no-enable-sleep-mode"):
             notes.append(f"{opt.flag}: not carried; sleep mode is the entry's `sleep` (\"level1\" keeps the weights "
                          "in host RAM, \"level2\" drops them): set it to keep warm switches")
@@ -442,7 +187,7 @@ def adopt(found: Found, target: Target) -> Adoption:
     entry["port"] = _int(keyed.get("port", "8000"), "--port", label)
     if "port" not in keyed:
         explicit += ["--port", "8000"]
-    layout = {k: _int(keyed[k], _LONG[k], label) if k in keyed else 1 for k in _LONG}
+    layout = {k: _int(keyed[k], LONG[k], label) if k in keyed else 1 for k in LONG}
     world = layout["tensor_parallel"] * layout["pipeline_parallel"] * layout["data_parallel"]
     if "tensor_parallel" not in keyed:
         explicit += ["--tensor-parallel-size", "1"]
@@ -589,37 +334,3 @@ def merged(config_text: str, adoptions: list[Adoption], host: str) -> str:
 
 
 # -- processes -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ProcStat:
-    pid: int
-    ppid: int
-    pgrp: int
-    start: int  # clock ticks after boot: with the PID, one process for good
-
-
-def proc_stat(pid: int, raw: bytes | None) -> ProcStat | None:
-    """/proc/PID/stat read (its command name may hold spaces and parentheses); None: no such process."""
-    if not raw:
-        return None
-    rest = raw.decode(errors="replace").rsplit(")", 1)[-1].split()
-    if len(rest) < 20 or not all(f.lstrip("-").isdigit() for f in (rest[1], rest[2], rest[19])):
-        return None
-    return ProcStat(pid, int(rest[1]), int(rest[2]), int(rest[19]))
-
-
-def in_system_unit(cgroup: str) -> str | None:
-    """The system service a process runs in, from /proc/PID/cgroup; None: outside one (a login's
-    session scope, a user manager)."""
-    for line in cgroup.splitlines():
-        path = line.rsplit(":", 1)[-1]
-        if path.startswith("/user.slice"):
-            return None
-        found = re.search(r"/([^/]+\.service)(?:/|$)", path)
-        if found:
-            return found.group(1)
-    return None
-
-
-def engine_env(environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    """The part of a hand-run process's environment that is the engine's (not the login's)."""
-    return tuple((k, v) for k, v in environ.items() if k.startswith(ENGINE_ENV_PREFIXES))

@@ -10,6 +10,8 @@ import signal
 from collections.abc import Iterable, Sequence
 
 from orchestrator.core import adopt as a
+from orchestrator.core import adopt_argv as v
+from orchestrator.core import adopt_found as u
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
 from orchestrator.errors import AdoptError, GpuBusy
@@ -42,7 +44,7 @@ def discover(ports: HostPorts, units: Sequence[str], pids: Sequence[int], ours: 
             engine = _unit(ports.shell, unit)
             if engine is None:
                 raise AdoptError(f"unit {unit}: its ExecStart does not run vLLM's API server (`python -m "
-                                 f"{a.API_SERVER}` or `vllm serve`)", host=ports.host.name)
+                                 f"{v.API_SERVER}` or `vllm serve`)", host=ports.host.name)
             found.append(engine)
         running = {f.pid: f for f in processes(ports.shell, set(_vllm_units(ports.shell)) | skip)}
         for pid in pids:
@@ -91,8 +93,8 @@ def _unit(shell: Shell, unit: str) -> a.Found | None:
     text = raw.decode(errors="replace")
     drop_ins = props.get("DropInPaths", "").split()
     whole = text + "".join("\n" + (shell.read_file(p) or b"").decode(errors="replace") for p in drop_ins)
-    fields = a.parse_unit(whole, unit)
-    if not a.is_vllm(fields.argv):
+    fields = u.parse_unit(whole, unit)
+    if not v.is_vllm(fields.argv):
         return None
     unexpressed = fields.unexpressed + tuple(
         f"drop-in {p} stays on the box; the revision keeps {fragment} only" for p in drop_ins)
@@ -116,15 +118,15 @@ def processes(shell: Shell, units: set[str]) -> list[a.Found]:
     found: dict[int, tuple[a.Found, int]] = {}
     for row in rows:
         argv = tuple(w for w in _b64(row.get("C", "")).split("\0") if w)
-        if not row["pid"].isdigit() or not a.is_vllm(argv) or a.in_system_unit(_b64(row.get("G", ""))) in units:
+        if not row["pid"].isdigit() or not v.is_vllm(argv) or u.in_system_unit(_b64(row.get("G", ""))) in units:
             continue
         pid = int(row["pid"])
-        stat = a.proc_stat(pid, shell.read_file(f"/proc/{pid}/stat"))
+        stat = u.proc_stat(pid, shell.read_file(f"/proc/{pid}/stat"))
         if stat is None:
             continue  # gone since
         environ = dict(w.split("=", 1) for w in _b64(row.get("E", "")).split("\0") if "=" in w)
         user = row.get("user") if row.get("user") not in (None, "?") else None
-        found[pid] = (a.Found(argv=argv, env=a.engine_env(environ), user=user, pid=pid, pid_start=stat.start),
+        found[pid] = (a.Found(argv=argv, env=u.engine_env(environ), user=user, pid=pid, pid_start=stat.start),
                       stat.ppid)
     return [f for pid, (f, ppid) in sorted(found.items()) if ppid not in found]
 
@@ -138,7 +140,7 @@ def _b64(text: str) -> str:
 
 def started(shell: Shell, pid: int) -> int | None:
     """The process's start time (None: no such process)."""
-    stat = a.proc_stat(pid, shell.read_file(f"/proc/{pid}/stat"))
+    stat = u.proc_stat(pid, shell.read_file(f"/proc/{pid}/stat"))
     return None if stat is None else stat.start
 
 
@@ -154,7 +156,7 @@ def stop_processes(ctx: StepContext, specs: Iterable[UnitSpec]) -> None:
     for spec in specs:
         if spec.pid is None or not alive(shell, spec):
             continue
-        stat = a.proc_stat(spec.pid, shell.read_file(f"/proc/{spec.pid}/stat"))
+        stat = u.proc_stat(spec.pid, shell.read_file(f"/proc/{spec.pid}/stat"))
         target = f"-{spec.pid}" if stat is not None and stat.pgrp == spec.pid else str(spec.pid)
         ctx.emit("stop", unit=f"pid {spec.pid} ({spec.model}, adopted)")
         deadline = clock.monotonic() + ctx.defaults.stop_timeout_s

@@ -9,6 +9,8 @@ import pytest
 
 from orchestrator import settings
 from orchestrator.core import adopt as a
+from orchestrator.core import adopt_argv as v
+from orchestrator.core import adopt_found as u
 from orchestrator.core.render import render_unit
 from orchestrator.deploy.engine import default_template
 from orchestrator.errors import AdoptError
@@ -36,7 +38,7 @@ def target(engine: tuple[str, ...] = ROOT_PY, **kw: object) -> a.Target:
 
 def exec_start(unit_text: str) -> list[str]:
     [line] = [ln for ln in unit_text.splitlines() if ln.startswith("ExecStart=")]
-    return a.split_words(line.removeprefix("ExecStart="))
+    return u.split_words(line.removeprefix("ExecStart="))
 
 
 def rendered(tmp_path: Path, adoption: a.Adoption, engine: tuple[str, ...]) -> list[str]:
@@ -108,14 +110,14 @@ def test_entry_renders_the_same_command(tmp_path: Path, what: str, engine: tuple
     assert out[:len(engine)] == list(engine)
     args = tuple(adoption.entry.get("args", ()))
     assert a.same_command(argv, out, adoption.explicit, args) == []
-    assert sorted(a.pairs(out)) == sorted(a.pairs(argv) + a._explicit_pairs(adoption.explicit))
+    assert sorted(v.pairs(out)) == sorted(v.pairs(argv) + a._explicit_pairs(adoption.explicit))
     if args:
         assert out[-len(args):] == list(args)
 
 
 def test_seed_unit_maps_to_an_entry(tmp_path: Path) -> None:
     """The seeds' hand-written unit: layout, served name, port, GPUs, env; secrets and ExecStartPre named, not copied."""
-    fields = a.parse_unit(SEED_UNIT, "vllm-kimi-k25-int4.service")
+    fields = u.parse_unit(SEED_UNIT, "vllm-kimi-k25-int4.service")
     found = a.Found(argv=fields.argv, env=fields.env, user=fields.user, environment_files=fields.environment_files,
                     unit="vllm-kimi-k25-int4.service", unit_text=SEED_UNIT, unexpressed=fields.unexpressed)
     adoption = a.adopt(found, target())
@@ -143,7 +145,7 @@ def test_seed_unit_maps_to_an_entry(tmp_path: Path) -> None:
 ])
 def test_split_words_reads_as_systemd(line: str, words: list[str]) -> None:
     """Quotes, C escapes and %% as systemd reads an ExecStart= line."""
-    assert a.split_words(line) == words
+    assert u.split_words(line) == words
 
 
 @pytest.mark.parametrize(("text", "named"), [
@@ -155,7 +157,7 @@ def test_split_words_reads_as_systemd(line: str, words: list[str]) -> None:
 def test_unit_forms_an_entry_cannot_say(text: str, named: str) -> None:
     """Specifiers, $VARIABLES, a broken quote, no ExecStart: AdoptError (exit 2) naming the unit and the value."""
     with pytest.raises(AdoptError) as exc:
-        a.parse_unit(text, "odd.service")
+        u.parse_unit(text, "odd.service")
     assert exc.value.exit_code == 2 and "unit odd.service" in str(exc.value) and named in str(exc.value)
 
 
@@ -164,13 +166,13 @@ def test_drop_in_resets_exec_start() -> None:
     text = ("# /etc/systemd/system/x.service\n[Service]\nExecStart=/usr/bin/vllm serve /a\nEnvironment=A=1\n"
             "# /etc/systemd/system/x.service.d/override.conf\n[Service]\nExecStart=\n"
             "ExecStart=/usr/bin/vllm serve /b --port 9\nEnvironment=B=2\n")
-    fields = a.parse_unit(text, "x.service")
+    fields = u.parse_unit(text, "x.service")
     assert fields.argv == ("/usr/bin/vllm", "serve", "/b", "--port", "9") and dict(fields.env) == {"A": "1", "B": "2"}
 
 
 def test_seed_unit_on_a_host_whose_engine_moved() -> None:
     """The seeds' /root engine on a host whose engine is /opt's: a note naming both, not a blocker; the render differs there only."""
-    fields = a.parse_unit(SEED_UNIT, "vllm-kimi-k25-int4.service")
+    fields = u.parse_unit(SEED_UNIT, "vllm-kimi-k25-int4.service")
     found = a.Found(argv=fields.argv, env=fields.env, unit="vllm-kimi-k25-int4.service", unit_text=SEED_UNIT)
     opt = ("/opt/ml-env/bin/python3", *ROOT_PY[1:])
     b = a.adopt(found, target(opt))
@@ -181,11 +183,11 @@ def test_seed_unit_on_a_host_whose_engine_moved() -> None:
 
 def test_not_vllm() -> None:
     """Only vLLM's API server counts: `-m ...api_server`, `vllm serve`, `-m vllm.entrypoints.cli.main serve`."""
-    assert a.is_vllm(["/usr/bin/python3", "-m", a.API_SERVER, "--model", "/m"])
-    assert a.is_vllm(["/opt/venv/bin/vllm", "serve", "/m"])
-    assert a.is_vllm(["python", "-m", a.CLI_MAIN, "serve", "/m"])
-    assert not a.is_vllm(["/usr/bin/python3", "-m", "http.server"])
-    assert not a.is_vllm(["/usr/bin/vllm", "bench", "serve"])
+    assert v.is_vllm(["/usr/bin/python3", "-m", v.API_SERVER, "--model", "/m"])
+    assert v.is_vllm(["/opt/venv/bin/vllm", "serve", "/m"])
+    assert v.is_vllm(["python", "-m", v.CLI_MAIN, "serve", "/m"])
+    assert not v.is_vllm(["/usr/bin/python3", "-m", "http.server"])
+    assert not v.is_vllm(["/usr/bin/vllm", "bench", "serve"])
 
 
 def test_blockers_name_the_bad_value() -> None:

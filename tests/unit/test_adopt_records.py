@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.core import adopt as a
+from orchestrator.core import adopt_found as u
 from orchestrator.deploy import adopt_record
 from orchestrator.errors import AdoptError
 from orchestrator.testing import FakeProxy
@@ -47,7 +48,7 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OpsWorld:
     sd.daemon_reload()
     sd.start(UNIT)
     sd.enable(UNIT)
-    fields = a.parse_unit(HAND, UNIT)
+    fields = u.parse_unit(HAND, UNIT)
     found = a.Found(argv=fields.argv, env=fields.env, user=fields.user, environment_files=fields.environment_files,
                     unit=UNIT, unit_text=HAND)
 
@@ -87,7 +88,7 @@ def test_front_proxy_routes_the_adopted_engine(tmp_path: Path, monkeypatch: pyte
     proxy = FakeProxy()
     ports = w.ops.ports_for("box")
     ports.proxy = proxy
-    fields = a.parse_unit(HAND, UNIT)
+    fields = u.parse_unit(HAND, UNIT)
     found = a.Found(argv=fields.argv, env=fields.env, unit=UNIT, unit_text=HAND)
     monkeypatch.setattr(adopt_record, "discover", lambda ports, units, pids, ours: [found])
     result = w.ops.adopt_record(None, [UNIT])
@@ -110,7 +111,7 @@ def test_entry_written_by_hand_before_is_adopted_under_its_name(box: OpsWorld) -
 def test_record_needs_the_entry_in_deploy_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Recording before the entry was pushed: exit 2 naming the unit and the missing model."""
     w = OpsWorld(tmp_path / "state", models={k: v for k, v in MODELS.items() if k != "hand"})
-    fields = a.parse_unit(HAND, UNIT)
+    fields = u.parse_unit(HAND, UNIT)
     found = a.Found(argv=fields.argv, env=fields.env, unit=UNIT, unit_text=HAND)
     monkeypatch.setattr(adopt_record, "discover", lambda ports, units, pids, ours: [found])
     with pytest.raises(AdoptError) as exc:
