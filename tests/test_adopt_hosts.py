@@ -208,6 +208,26 @@ def test_hand_run_process_taken_under_systemd_by_a_switch_to_its_entry(host: Hos
         host.run(["kill", "-KILL", str(pid)], check=False)
 
 
+def test_stop_of_an_adopted_hand_run_process(host: Host, tmp_path: Path, folders: None) -> None:
+    """`stop` of an adopted hand-run engine: its process goes, its GPUs read free, nothing serves."""
+    host.run(f"cd / && CUDA_VISIBLE_DEVICES=4,5,6,7 PYTHONPATH={STANDIN_VLLM} setsid -f {PYTHON} -m "
+             f"vllm.entrypoints.openai.api_server --model {FOLDER}/gamma --served-model-name gamma-hand "
+             f"--tensor-parallel-size 4 --port 8112 --host {host.address} --load-time 0.3 "
+             "> /var/log/gamma-hand.log 2>&1 < /dev/null")
+    answers(host, 8112, "gamma-hand")
+    pid = int(host.run("pgrep -f 'served-model-name gamma-hand'").stdout.split()[0])
+    try:
+        cfg = tmp_path / "deploy.toml"
+        cfg.write_text(base_config(host, tmp_path / "state"))
+        adopt(cfg, "--apply")
+        stopped = operations(settings.load(cfg)).stop("gamma-hand")
+        assert (stopped["outcome"], stopped["serving"]) == ("stopped", [])
+        assert host.run(["kill", "-0", str(pid)], check=False).returncode != 0
+        assert host.run("nvidia-smi --query-compute-apps=pid --format=csv,noheader").stdout.strip() == ""
+    finally:
+        host.run(["kill", "-KILL", str(pid)], check=False)
+
+
 def test_through_the_agent_over_ssh(host: Host, tmp_path: Path, folders: None) -> None:
     """`orchestrator --host box adopt --apply`: the agent's config push takes the entry, the agent records the
     revision; switch and rollback through it bring the hand-written unit back, answered."""

@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.core.records import Deployment, ServingChange
 from orchestrator.core.resident import ASLEEP, STOPPED
 from orchestrator.deploy import actions, multinode
+from orchestrator.deploy.adopt import stop_processes
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_template, default_trigger
 from orchestrator.deploy.locks import activity_lock, host_lock
@@ -171,6 +172,7 @@ class Operations(OperationsViews):
             rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
             actions.route(ctx, [d.spec for d in rest])
             actions.drain(ctx, [dep.spec])
+        stop_processes(ctx, [dep.spec])  # an adopted engine started by hand: its process, then the GPUs are read
         actions.stop_units(ctx, [dep.spec.unit_name])
         actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name], sleepers=sleeper_mib(ctx, but=[dep.model]))
         if ports.systemd.unit_state(dep.spec.unit_name).exists:
