@@ -61,6 +61,13 @@ class AccessDenied(OrchestratorError):
     exit_code = 2
 
 
+class AdoptError(OrchestratorError):
+    """An engine found on a box cannot be adopted as it runs (`orchestrator adopt`): names the unit or
+    pid and the value that cannot be expressed in deploy.toml."""
+
+    exit_code = 2
+
+
 class PlanError(OrchestratorError):
     """The requested layout cannot load on the host; the message carries the fix."""
 

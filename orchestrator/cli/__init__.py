@@ -20,6 +20,8 @@ from orchestrator.errors import OrchestratorError
 # name -> (module, attribute, the summary `--help` lists: the command's own first sentence, which
 # tests/unit/test_cli_registry.py holds it to).
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "adopt": ("adopt_cmd", "adopt",
+              "Find vLLM engines the box runs by hand and write their deploy.toml entries (--apply: take them over)."),
     "agent": ("agent_cmds", "agent",
               "Run the daemon: control socket, crash recovery, schedules, health watch, metrics."),
     "bench": ("bench_cmds", "bench",

@@ -83,6 +83,17 @@ class DoctorArgs(HostArgs):
             catalog.model(model)
 
 
+# A unit name as systemctl takes it (never an option: it follows "--" there too).
+UNIT_NAME = r"^[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,250}$"
+
+
+class AdoptArgs(HostArgs):
+    """`adopt`: the units to adopt (none: every vLLM engine the box runs outside the product)."""
+
+    units: list[Annotated[str, Field(max_length=256, pattern=UNIT_NAME)]] = Field(default_factory=list, max_length=64)
+    pids: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] = Field(default_factory=list, max_length=64)
+
+
 class RollbackArgs(HostArgs):
     to_revision: int | None = Field(None, ge=1, le=2**31 - 1)
     rollout: str | None = Field(None, max_length=200, pattern=ROLLOUT_LABEL)

@@ -21,6 +21,7 @@ from orchestrator.errors import AgentError, OrchestratorError, Refused, UsageErr
 
 if TYPE_CHECKING:  # the argument models load with the first parse: a client never needs pydantic
     from orchestrator.contract.args import (
+        AdoptArgs,
         Args,
         ConfigPushArgs,
         DoctorArgs,
@@ -321,6 +322,14 @@ SCHEDULES: Operation[NoArgs, list[Any]] = Operation(
 # root), since the interpreter is run as the engines' user in a transient unit.
 DOCTOR: Operation[DoctorArgs, dict[str, Any]] = Operation(
     "doctor", "DoctorArgs", dict, "doctor", run=lambda ops, a, c: ops.doctor(a.host, a.models))
+# The vLLM engines a box runs outside the product (hand-written units, processes started by hand), each with
+# its deploy.toml entry for review (core/adopt.py); then, once the entries are pushed, a revision per engine
+# that records what runs now (trigger "adopt"): a job holding the host.
+ADOPT: Operation[AdoptArgs, dict[str, Any]] = Operation(
+    "adopt", "AdoptArgs", dict, "adopt", run=lambda ops, a, c: ops.adopt(a.host, a.units, a.pids))
+ADOPT_RECORD: Operation[AdoptArgs, dict[str, Any]] = Operation(
+    "adopt_record", "AdoptArgs", dict, "adopt --apply", run=lambda ops, a, c: ops.adopt_record(a.host, a.units, a.pids),
+    job=_host)
 # Is an agent there (the client's own question); its pid.
 PING: Operation[NoArgs, dict[str, Any]] = Operation(
     "ping", "NoArgs", dict, None, run=lambda ops, a, c: {"pid": os.getpid()})

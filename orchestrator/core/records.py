@@ -56,6 +56,11 @@ class UnitSpec:
     # unit (rank 0, the API) starts after them all, on the deployment's host.
     nodes: tuple[NodeUnit, ...] = ()
     backend: str = ""
+    # An engine adopted as a process started by hand outside systemd (`orchestrator adopt`): its PID
+    # and start time (/proc/PID/stat's 22nd field, so a recycled PID is never taken for it). The next
+    # switch stops that process; the unit above (rendered from its entry) is what a rollback starts.
+    pid: int | None = None
+    pid_start: int | None = None
 
     @property
     def node_hosts(self) -> tuple[str, ...]:

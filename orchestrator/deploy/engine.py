@@ -22,6 +22,7 @@ from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingCh
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
 from orchestrator.deploy import actions
+from orchestrator.deploy.adopt import alive
 from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
@@ -111,7 +112,8 @@ class Engine:
             # Compare against what serves, in its staged directory: an unpinned branch is not
             # re-resolved here (no network for a no-op); --force does that.
             same = self.spec_for(model, model_dir=serving.spec.model_dir, revision=serving.spec.revision)
-            if same.unit_sha == serving.spec.unit_sha and self.is_healthy(serving):
+            # an adopted hand-run engine runs outside systemd: a switch to its own entry takes it under
+            if same.unit_sha == serving.spec.unit_sha and serving.spec.pid is None and self.is_healthy(serving):
                 return None
         previous = serving.revision if serving is not None else None
         # policy.rollback_on_failure = false is --no-rollback for every switch, the agent's included.
@@ -129,7 +131,7 @@ class Engine:
         for serving in self.store.serving_set(host):
             if serving.spec.model == model.name and not force:
                 same = self.spec_for(model, model_dir=serving.spec.model_dir, revision=serving.spec.revision)
-                if same.unit_sha == serving.spec.unit_sha and self.is_healthy(serving):
+                if same.unit_sha == serving.spec.unit_sha and serving.spec.pid is None and self.is_healthy(serving):
                     return None
         return self.plan_spec(host, spec, trigger or default_trigger(), no_rollback=no_rollback)
 
@@ -218,7 +220,9 @@ class Engine:
             ports = self.ports_for(dep.host)  # builds the host's connection on first use: may fail too
             ready = self._ready_restarts(dep)
             units = [(dep.host, dep.spec.unit_name), *((n.host, n.unit_name) for n in dep.spec.nodes)]
-            for host, unit in units:
+            if dep.spec.pid is not None and not alive(ports.shell, dep.spec):
+                return False  # an adopted hand-run process: no unit, its own PID tells
+            for host, unit in units if dep.spec.pid is None else []:
                 # A multi-node model is down when any of its units is (or cannot be reached), and when
                 # systemd restarted one on its own since it was ready: the rank that came back is a
                 # new process the others never joined (rank 0's API may well still answer).

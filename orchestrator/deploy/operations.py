@@ -17,8 +17,9 @@ from typing import Any
 from orchestrator.core.records import Deployment, ServingChange
 from orchestrator.core.resident import ASLEEP, STOPPED
 from orchestrator.deploy import actions, multinode
+from orchestrator.deploy.adopt import stop_processes
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.engine import Engine, default_trigger
+from orchestrator.deploy.engine import Engine, default_template, default_trigger
 from orchestrator.deploy.locks import activity_lock, host_lock
 from orchestrator.deploy.operations_views import OperationsViews
 from orchestrator.deploy.preflight import check_access
@@ -110,6 +111,23 @@ class Operations(OperationsViews):
                 break
         return result
 
+    def adopt(self, host: str | None, units: list[str], pids: list[int] | None = None) -> dict[str, Any]:
+        """The vLLM engines ``host``'s box runs outside the product, each with its deploy.toml entry for
+        review (deploy/adopt_record.py); nothing changes."""
+        from orchestrator.deploy import adopt_record
+
+        target = self.catalog.target(host=host).name
+        return adopt_record.find(self.catalog, self.store, self.ports_for(target), _services(units), pids or [])
+
+    def adopt_record(self, host: str | None, units: list[str], pids: list[int] | None = None) -> dict[str, Any]:
+        """Once deploy.toml holds their entries: a revision per found engine recording what runs now."""
+        from orchestrator.deploy import adopt_record
+
+        target = self.catalog.target(host=host).name
+        with host_lock(self.state_dir, target, self.holder(target)):
+            return adopt_record.record(self.catalog, self.store, self.ports_for(target), _services(units),
+                                       pids or [], self.template or default_template(), time.time())
+
     def stop(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Stop MODEL and free its GPUs; with the proxy, its route goes first (then a 404)."""
         host = self.catalog.target(model=model).name
@@ -154,6 +172,7 @@ class Operations(OperationsViews):
             rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
             actions.route(ctx, [d.spec for d in rest])
             actions.drain(ctx, [dep.spec])
+        stop_processes(ctx, [dep.spec])  # an adopted engine started by hand: its process, then the GPUs are read
         actions.stop_units(ctx, [dep.spec.unit_name])
         actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name], sleepers=sleeper_mib(ctx, but=[dep.model]))
         if ports.systemd.unit_state(dep.spec.unit_name).exists:
@@ -209,3 +228,8 @@ class Operations(OperationsViews):
 
     def _recover_host(self, eng: Engine, host: str) -> list[dict[str, Any]]:
         return [eng.run(d.id).to_dict() for d in self.store.unfinished(host)]
+
+
+def _services(units: list[str]) -> list[str]:
+    """Unit names as systemctl reads them: a bare name is a service."""
+    return [u if u.endswith(".service") else f"{u}.service" for u in units]

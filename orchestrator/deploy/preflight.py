@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -20,16 +21,27 @@ from orchestrator.ports import HostPorts, Shell
 _OUR_CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
 
 
-def port_holder(shell: Shell, model: str, address: str, port: int) -> str | None:
+def port_holder(shell: Shell, model: str, address: str, port: int, *, units: Iterable[str] = (),
+                pids: Iterable[int] = ()) -> str | None:
     """A process other than our engines listening where ``model``'s engine must (a peer tool, a vLLM
     started by hand): the engine could not bind, so a switch would stop the serving model only to roll
-    back. Named with what `ss` says of it, before anything stops; None when the port is free or ours."""
+    back. Named with what `ss` says of it, before anything stops; None when the port is free or ours, or
+    held by what this switch stops first: ``units`` (an adopted unit of any name) or ``pids`` (an
+    adopted process started by hand)."""
+    stopped = [f"/{u}".encode() for u in units]
+    leaving = set(pids)
+
+    def ours(pid: int) -> bool:
+        cgroup = shell.read_file(f"/proc/{pid}/cgroup") or b""
+        return pid in leaving or bool(_OUR_CGROUP.search(cgroup)) or any(
+            u + b"\n" in cgroup or u + b"/" in cgroup for u in stopped)
+
     result = shell.run(["ss", "-Hltnp", f"( sport = :{port} )"], check=False, idempotent=True)
     for line in result.stdout.splitlines():
         if not listens_on(line, address, port):
             continue
         pids = [int(p) for p in re.findall(r"pid=(\d+)", line)]
-        if pids and all(_OUR_CGROUP.search(shell.read_file(f"/proc/{pid}/cgroup") or b"") for pid in pids):
+        if pids and all(ours(pid) for pid in pids):
             continue
         users = line.split("users:", 1)[1].strip() if "users:" in line else "a process ss does not name"
         return (f"{model}'s port {address}:{port} is already taken by {users}, not one of orchestrator's engines: "

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.core.records import UnitSpec
+from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.resident import SERVING, STOPPED
 from orchestrator.core.states import Event, Phase
-from orchestrator.deploy import actions, multinode, warm_steps
+from orchestrator.deploy import actions, adopt, multinode, warm_steps
 from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
 from orchestrator.deploy.preflight import check_access, check_layout, port_holder
@@ -48,7 +48,9 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     if dep.model in ctx.catalog.models and dep.restores is None:  # a recorded unit ran here before
         check_access(ctx.catalog, dep.model, ctx.ports, dep.spec.model_dir)
     check_layout(ctx.catalog, dep, ctx.ports, snap)
-    taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port)
+    # What this switch stops first may hold the port now: an adopted unit of any name, a hand-run engine.
+    taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port, units=step.units_to_stop,
+                        pids=[d.spec.pid for d in _replaced(step) if d.spec.pid is not None])
     if taken is not None:
         raise PlanError(taken, host=dep.host)
     if ctx.ports.proxy is not None:
@@ -58,6 +60,13 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     if dep.spec.nodes:
         multinode.preflight(ctx, dep.spec)
     return DONE
+
+
+def _replaced(step: StepInput) -> list[Deployment]:
+    """The serving deployments whose engines this switch stops before it starts its own (none beside)."""
+    if step.plan is None:
+        return [step.previous] if step.previous is not None else []
+    return [] if beside(step) else list(step.overlapping)
 
 
 def staging(ctx: StepContext, step: StepInput) -> StepResult:
@@ -157,6 +166,8 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
         leaving = [d for d in step.overlapping if d.spec.unit_name != step.dep.spec.unit_name]
         asleep = warm_steps.put_to_sleep(ctx, step, leaving) if ctx.residency is not None else set()
         units = units - asleep - warm_steps.asleep_units(ctx, but=[step.dep.model])
+    # An engine adopted as a hand-run process has no unit to stop: its process goes (freeing verifies its GPUs).
+    adopt.stop_processes(ctx, (d.spec for d in _replaced(step) if d.spec.unit_name in units))
     actions.stop_units(ctx, units)
     multinode.stop(ctx, step.node_units_to_stop)  # the other nodes after the API, in reverse start order
     return DONE
@@ -209,6 +220,7 @@ def routing(ctx: StepContext, step: StepInput) -> StepResult:
     leaving = {d.spec.unit_name for d in step.displaced} - {dep.spec.unit_name}
     leaving -= warm_steps.asleep_units(ctx, but=[dep.model])  # a warm switch's displaced engines sleep
     running = [u for u in sorted(leaving) if ctx.ports.systemd.unit_state(u).is_active]
+    adopt.stop_processes(ctx, (d.spec for d in step.displaced if d.spec.unit_name in leaving))
     if running:
         actions.drain(ctx, (d.spec for d in step.displaced if d.spec.unit_name in running))
         actions.stop_units(ctx, running)
@@ -227,6 +239,7 @@ def _leave_beside(ctx: StepContext, step: StepInput) -> None:
     leaving = [d for d in step.displaced if d.spec.unit_name not in asleep | {dep.spec.unit_name}]
     running = [d for d in leaving if ctx.ports.systemd.unit_state(d.spec.unit_name).is_active]
     actions.drain(ctx, (d.spec for d in running))
+    adopt.stop_processes(ctx, (d.spec for d in leaving))  # a hand-run engine cannot sleep through the product
     if ctx.residency is not None:
         warm_steps.put_to_sleep(ctx, step, leaving)
     else:

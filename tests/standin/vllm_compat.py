@@ -22,6 +22,11 @@ SERVER = Path(__file__).with_name("openai_server.py")
 
 
 def main(argv: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, str(SERVER), *server_args(argv)])
+
+
+def server_args(argv: list[str]) -> list[str]:
+    """The stand-in server's arguments for a vLLM command line's (after the engine's words)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--model")
     p.add_argument("--served-model-name")
@@ -45,14 +50,14 @@ def main(argv: list[str]) -> None:
     delays = dict(item.split("=", 1) for item in _listed("STANDIN_LAYOUT_DELAY_S"))
     if layout in delays and "--chunk-delay" not in rest:
         rest += ["--chunk-delay", delays[layout]]
-    args = [sys.executable, str(SERVER), "--host", known.host, "--port", str(known.port),
+    args = ["--host", known.host, "--port", str(known.port),
             "--served-name", known.served_model_name or known.model or "model"]
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if gpus and "--gpus" not in rest:
         args += ["--gpus", gpus, "--gpu-mib", os.environ.get("STANDIN_GPU_MIB", "70000")]
     if known.distributed_executor_backend == "ray":
         args += ray_args(known)
-    os.execv(sys.executable, [*args, *rest])
+    return [*args, *rest]
 
 
 def ray_args(known: argparse.Namespace) -> list[str]:

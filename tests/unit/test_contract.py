@@ -26,7 +26,8 @@ from .conftest import OpsWorld, make_catalog
 SAMPLE_ARGS: dict[str, dict[str, Any]] = {
     "switch": {"model": "alpha"}, "rollback": {}, "recover": {}, "stop": {"model": "alpha"},
     "stage": {"model": "alpha"}, "status": {}, "check_together": {"models": ["alpha", "gamma"]},
-    "explain": {"model": "alpha"}, "doctor": {}, "history": {}, "schedules": {}, "ping": {}, "follow": {},
+    "explain": {"model": "alpha"}, "doctor": {}, "adopt": {}, "adopt_record": {"units": ["vllm-x.service"]},
+    "history": {}, "schedules": {}, "ping": {}, "follow": {},
     "config_show": {}, "config_push": {"text": ""}, "preflight": {},
     "rollout_start": {"model": "alpha"}, "rollout_follow": {}, "rollout_status": {}, "rollout_resume": {},
     "rollout_abort": {},

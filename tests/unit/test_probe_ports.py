@@ -62,3 +62,19 @@ class EngineCgroups(LocalShell):
 def test_a_listener_in_one_of_our_engine_units_is_ours(listener: int) -> None:
     """The serving model's own engine (a redeploy, a tune variant, a sleeper woken) holds its port: no conflict."""
     assert port_holder(EngineCgroups(), "beta", "127.0.0.1", listener) is None
+
+
+class HandUnitCgroups(LocalShell):
+    """Every process read as one of a hand-written unit's, named as the team named it."""
+
+    def read_file(self, path: str) -> bytes | None:
+        if path.startswith("/proc/") and path.endswith("/cgroup"):
+            return b"0::/system.slice/kimi.service\n"
+        return super().read_file(path)
+
+
+def test_what_the_switch_stops_first_may_hold_the_port(listener: int) -> None:
+    """An adopted unit of any name, or an adopted hand-run PID, that this switch stops first: no conflict; else named."""
+    assert port_holder(HandUnitCgroups(), "beta", "127.0.0.1", listener, units={"kimi.service"}) is None
+    assert port_holder(HandUnitCgroups(), "beta", "127.0.0.1", listener, units={"kimi2.service"}) is not None
+    assert port_holder(LocalShell(), "beta", "127.0.0.1", listener, pids=[os.getpid()]) is None
