@@ -15,6 +15,7 @@ from orchestrator.agent.server import Job
 from orchestrator.contract.wire import error_reply
 from orchestrator.core import demand as policy
 from orchestrator.core.demand import Kind
+from orchestrator.core.states import Phase
 from orchestrator.errors import Busy, OrchestratorError
 from orchestrator.ports import Clock
 
@@ -99,7 +100,7 @@ class DemandJobs:
         outcome = (result.get("result") or {}).get("outcome")
         waiting = w.tickets.pop(swap.model, [])
         self.agent.metrics.demand_queue(swap.model, 0)
-        if outcome == "active":
+        if outcome == Phase.ACTIVE:
             for t in waiting:
                 self.answer(t, {"ready": True}, "ready")
             self.view.routed(swap.model, now, len(waiting))  # not yet in HAProxy's scur

@@ -57,7 +57,7 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
         for key in ("error", "rollback_error"):
             if result.get(key):
                 click.echo(f"{key.replace('_', ' ')}: {result[key]}", err=True)
-    if not result.get("noop") and result.get("outcome") != "active":
+    if not result.get("noop") and result.get("outcome") != Phase.ACTIVE:
         sys.exit(1)
 
 
@@ -102,13 +102,13 @@ def _switch_all_json(be: Any, models: list[str], no_rollback: bool, force: bool)
     try:
         for model in models:
             results.append(be.call(SWITCH, {"model": model, "no_rollback": no_rollback, "force": force}))
-            if not results[-1].get("noop") and results[-1].get("outcome") != "active":
+            if not results[-1].get("noop") and results[-1].get("outcome") != Phase.ACTIVE:
                 break
     except OrchestratorError as exc:
         exc.partial = results  # printed with the error document (cli/__init__.py)
         raise
     click.echo(json.dumps(results, indent=2))
-    if any(not r.get("noop") and r.get("outcome") != "active" for r in results):
+    if any(not r.get("noop") and r.get("outcome") != Phase.ACTIVE for r in results):
         sys.exit(1)
 
 

@@ -130,6 +130,10 @@ class Deployment:
     def model(self) -> str:
         return self.spec.model
 
+    def went_through(self, phase: Phase) -> bool:
+        """Whether this deployment entered ``phase`` (its recorded timings say)."""
+        return any(t.phase == phase for t in self.timings)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "host": self.host, "revision": self.revision, "model": self.model,

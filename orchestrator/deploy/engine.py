@@ -20,7 +20,18 @@ from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingChange, UnitSpec
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
-from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
+from orchestrator.core.states import (
+    ABANDONABLE,
+    Event,
+    Phase,
+    Serves,
+    advance,
+    failed,
+    fallback_of,
+    is_terminal,
+    moves_serving,
+    reported,
+)
 from orchestrator.deploy import actions
 from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import Parked, StepContext, StepInput
@@ -28,13 +39,10 @@ from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
 from orchestrator.deploy.warm import sleep_enabled
 from orchestrator.deploy.warm_steps import WARM_EVENT
-from orchestrator.errors import EngineWedged, NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
+from orchestrator.errors import NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.resources import template_text
 from orchestrator.secrets import redact, redact_tree
-
-# A cold start on demand may be abandoned while the target itself loads (never in a rollback's phases).
-ABANDONABLE = frozenset({Phase.STARTING, Phase.CHECKING})
 
 log = logs.get_logger()
 
@@ -320,13 +328,13 @@ class Engine:
                 return Event.FAIL
             blog.error("step_failed", phase=dep.phase.value, error=str(exc))
             self.store.record_error(dep.id, error=redact(f"{dep.phase.value}: {exc}"))
-            # where it leads (rollback, a cold restart, or not) is the table's, by dep.fallback
-            return Event.WEDGED if isinstance(exc, EngineWedged) and dep.phase is Phase.WAKING else Event.FAIL
+            # which event it reports, and where that leads (rollback, a cold restart, or not), are the table's
+            return failed(dep.phase, exc)
         if result.spec is not None:
             self.store.update_spec(dep.id, result.spec)
         if result.bench is not None:
             self.store.record_bench(dep.id, result.bench)
-        return result.event
+        return reported(dep.phase, result.event)
 
     def warm_progress(self, dep: Deployment) -> tuple[dict[str, Any], ...]:
         """What the warm steps of ``dep`` did so far, oldest first (persisted as they ran)."""
@@ -437,17 +445,18 @@ class Engine:
             ctx.emit("weights_removed", revisions=[f"{r.name}@{r.revision}" for r in removed])
 
     def _serving_change(self, dep: Deployment, phase: Phase) -> ServingChange:
-        """The serving pointers (and set) that entering ``phase`` moves: only outcomes move them. A
-        rollback that succeeds leaves them where they were (the previous revision); a failed one
-        means nothing is known to serve."""
-        if phase not in (Phase.ACTIVE, Phase.FAILED):
+        """The serving pointers (and set) that entering ``phase`` moves (states.MOVES_SERVING says which
+        outcomes move them, and to what)."""
+        serves = moves_serving(phase)
+        if serves is None:
             return NO_CHANGE
+        target = serves is Serves.TARGET
         sets: tuple[tuple[str, tuple[int, ...]], ...] = ()
         plan = self.plan_of(dep)
         if plan is not None:
             kept = tuple(r for r in plan.before if r not in plan.displaced)
-            sets = ((dep.host, (*kept, dep.revision) if phase is Phase.ACTIVE else kept),)
+            sets = ((dep.host, (*kept, dep.revision) if target else kept),)
         # The other nodes now serve (part of) this model, not what they served alone before.
         pointers: list[tuple[str, int | None]] = [(peer, None) for peer in self._peer_restore(dep)]
-        pointers.append((dep.host, dep.revision if phase is Phase.ACTIVE else None))
+        pointers.append((dep.host, dep.revision if target else None))
         return ServingChange(pointers=tuple(pointers), sets=sets)

@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.core.records import Deployment, ServingChange
 from orchestrator.core.resident import ASLEEP, STOPPED
+from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.engine import Engine, default_trigger
@@ -106,7 +107,7 @@ class Operations(OperationsViews):
             dep = eng.plan_spec(host, self.store.by_revision(host, revision).spec, f"{trigger}:to-{revision}",
                                 restores=revision)
             result = {"noop": False, **eng.run(dep.id).to_dict()}
-            if result["outcome"] != "active":
+            if result["outcome"] != Phase.ACTIVE:
                 break
         return result
 

@@ -343,7 +343,7 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
         # Never woken: it stays asleep, as before the switch. The route pointed at it since `sleeping`:
         # requests it holds would wait for a wake that never comes, so a wake (where it fits) and a
         # sleep (mode=wait) answer them first.
-        if not beside(step) and any(t.phase == Phase.SLEEPING.value for t in step.dep.timings):
+        if not beside(step) and step.dep.went_through(Phase.SLEEPING):
             flush_held(ctx, spec)
         return
     level, control = level_of(ctx, spec.model), ctx.ports.engine

@@ -26,7 +26,7 @@ from orchestrator.core import tune as core
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document, text_of, toml_document
 from orchestrator.core.planner_arch import check_model_config
-from orchestrator.core.states import Phase
+from orchestrator.core.states import LOADING, Phase
 from orchestrator.core.tune_records import TuneResult, TuneRun
 from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
 from orchestrator.deploy.locks import activity_lock
@@ -163,7 +163,7 @@ class Tuner:
     def _typical_load(self, host: str, model: str) -> float | None:
         for dep in self.ops.deployments(host, limit=200):
             if dep.phase is Phase.ACTIVE and (dep.model == model or dep.model.startswith(model + ".")):
-                secs = [t.seconds for t in dep.timings if t.phase in ("starting", "checking") and t.seconds]
+                secs = [t.seconds for t in dep.timings if t.phase in LOADING and t.seconds]
                 if secs:
                     return float(sum(secs))
         return None
@@ -266,7 +266,7 @@ class Tuner:
         res = vops.switch(cand.name, trigger=f"tune:{run.id}", progress=self.progress)
         clock = self.ops.ports_for(run.host).clock
         layout = core.token(cand.layout)
-        if not res.get("noop") and res.get("outcome") != "active":
+        if not res.get("noop") and res.get("outcome") != Phase.ACTIVE:
             detail = str(res.get("error") or res.get("outcome"))
             line = core.engine_error_line(detail)
             self.progress("tune_failed", {"candidate": cand.name, "error": line, "outcome": res.get("outcome")})
