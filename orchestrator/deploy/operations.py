@@ -106,8 +106,9 @@ class Operations(OperationsViews):
         for revision in plan.displaced:
             dep = eng.plan_spec(host, self.store.by_revision(host, revision).spec, f"{trigger}:to-{revision}",
                                 restores=revision)
-            result = {"noop": False, **eng.run(dep.id).to_dict()}
-            if result["outcome"] != Phase.ACTIVE:
+            final = eng.run(dep.id)
+            result = {"noop": False, **final.to_dict()}
+            if final.phase is not Phase.ACTIVE:
                 break
         return result
 

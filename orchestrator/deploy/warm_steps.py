@@ -121,9 +121,10 @@ class Fate:
     evict: tuple[str, ...]  # sleepers stopped to make room
     reasons: tuple[str, ...]
     weights: Mapping[str, float] = field(default_factory=dict)  # displaced model -> GiB of weights (du)
+    why: Mapping[str, str] = field(default_factory=dict)  # model -> the decision's first reason about it
 
     def reason(self, model: str, default: str = "") -> str:
-        return next((r for r in self.reasons if r.startswith(model + " ")), default)
+        return self.why.get(model, default)
 
 
 def fate(ctx: StepContext, step: StepInput) -> Fate:
@@ -150,7 +151,8 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
             served_name=model.served))
     decision = rules.decide(step.dep.model, residents, rules.budgets_for(host, _mem_total_gib(ctx)),
                             displaced=list(displaced))
-    return Fate(decision.sleep, decision.stop, decision.evict, decision.reasons, sizes)
+    why = {r.model: decision.reason(r.model) for r in decision.reasons}
+    return Fate(decision.sleep, decision.stop, decision.evict, tuple(r.text for r in decision.reasons), sizes, why)
 
 
 def decide(ctx: StepContext, step: StepInput) -> Fate:
@@ -158,7 +160,7 @@ def decide(ctx: StepContext, step: StepInput) -> Fate:
     the sleeping step then only acts (no unit reads, no ``du`` between the route move and the wake)."""
     decided = fate(ctx, step)
     note(ctx, FATE_EVENT, sleep=list(decided.sleep), stop=list(decided.stop), evict=list(decided.evict),
-         reasons=list(decided.reasons), weights=dict(decided.weights))
+         reasons=list(decided.reasons), weights=dict(decided.weights), why=dict(decided.why))
     return decided
 
 
@@ -167,7 +169,7 @@ def recorded_fate(step: StepInput) -> Fate | None:
     for p in reversed(step.warm_progress):
         if p.get("step") == FATE_EVENT:
             return Fate(tuple(p.get("sleep", ())), tuple(p.get("stop", ())), tuple(p.get("evict", ())),
-                        tuple(p.get("reasons", ())), dict(p.get("weights", {})))
+                        tuple(p.get("reasons", ())), dict(p.get("weights", {})), dict(p.get("why", {})))
     return None
 
 

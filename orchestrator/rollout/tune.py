@@ -26,6 +26,7 @@ from orchestrator.core import tune as core
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document, text_of, toml_document
 from orchestrator.core.planner_arch import check_model_config
+from orchestrator.core.records import SwitchResult
 from orchestrator.core.states import LOADING, Phase
 from orchestrator.core.tune_records import TuneResult, TuneRun
 from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
@@ -263,14 +264,14 @@ class Tuner:
         return report
 
     def _measure(self, run: TuneRun, vops: Operations, cand: core.Candidate, bench: BenchPlan, repeats: int) -> None:
-        res = vops.switch(cand.name, trigger=f"tune:{run.id}", progress=self.progress)
+        res = SwitchResult.from_dict(vops.switch(cand.name, trigger=f"tune:{run.id}", progress=self.progress))
         clock = self.ops.ports_for(run.host).clock
         layout = core.token(cand.layout)
-        if not res.get("noop") and res.get("outcome") != Phase.ACTIVE:
-            detail = str(res.get("error") or res.get("outcome"))
+        if not res.ok:
+            detail = str(res.error or res.ended)
             line = core.engine_error_line(detail)
-            self.progress("tune_failed", {"candidate": cand.name, "error": line, "outcome": res.get("outcome")})
-            self.store.record(TuneResult(run.id, cand.name, layout, "failed", res.get("id"), res.get("revision"),
+            self.progress("tune_failed", {"candidate": cand.name, "error": line, "outcome": res.ended})
+            self.store.record(TuneResult(run.id, cand.name, layout, "failed", res.deployment_id, res.revision,
                                          line, detail, [], clock.now()))
             return
         dep = self.ops.serving(run.host)
