@@ -333,9 +333,9 @@ class Catalog(Strict):
         return self.hosts[name]
 
     def only_host(self) -> Host:
-        """The single host, for commands that may leave --host out; else a UsageError naming them."""
+        """The single host, for commands that may leave --on out; else a UsageError naming them."""
         if len(self.hosts) != 1:
-            raise UsageError(f"there are {len(self.hosts)} hosts: say which one with --host "
+            raise UsageError(f"there are {len(self.hosts)} hosts: say which one with --on "
                              f"({', '.join(sorted(self.hosts))})")
         return next(iter(self.hosts.values()))
 

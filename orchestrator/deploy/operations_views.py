@@ -94,7 +94,7 @@ class OperationsViews(OperationsBase):
         elsewhere = [m for m in models if m not in on]
         if elsewhere:
             raise UsageError(f"doctor: {', '.join(elsewhere)} not on host {target.name} (its models: "
-                             f"{', '.join(on) or 'none'}): name one host's models, or --host")
+                             f"{', '.join(on) or 'none'}): name one host's models, or --on HOST")
         template = self.template or default_template()
         units: dict[str, tuple[str, str]] = {}
         for name in models or on:

@@ -180,7 +180,7 @@ def test_history_shows_the_switch_was_beside(bw: WarmWorld, monkeypatch: pytest.
             return rows
 
     monkeypatch.setattr(deploy_cmds, "backend", lambda *a, **kw: Rows())
-    out = CliRunner().invoke(deploy_cmds.history, ["--host", "box"], terminal_width=400).output
+    out = CliRunner().invoke(deploy_cmds.history, ["--on", "box"], terminal_width=400).output
     assert out.count("beside, no gap") == 1
 
 
