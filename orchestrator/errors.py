@@ -82,6 +82,11 @@ class RolloutPaused(TransportError):
         self.rollout, self.lost = rollout, lost
 
 
+class GpuProbeError(OrchestratorError):
+    """The GPUs could not be read: nvidia-smi could not be run or answered an error, or NVML failed
+    (no driver, no library, a GPU lost); names the host and the tool's own error."""
+
+
 class CommandFailed(OrchestratorError):
     """A command on a host exited non-zero: names the command, the exit code and its last output."""
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from orchestrator.adapters import connect
 from orchestrator.adapters.clock import SystemClock
 from orchestrator.adapters.engine_http import HttpEngineControl
+from orchestrator.adapters.gpu_choice import ChosenGpuProbe
 from orchestrator.adapters.haproxy import HaproxyProxy
 from orchestrator.adapters.http_health import HttpHealthProbe
-from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
 from orchestrator.adapters.smoke import SmokeBench
 from orchestrator.adapters.weights import SpecWeights
 from orchestrator.adapters.weights_hf import HfWeightStore
@@ -44,7 +44,9 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
         proxy = HaproxyProxy(shell, systemd, catalog.proxy, bind,
                              render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
                              python=python, host=host.name)
-    return HostPorts(host=host, shell=shell, systemd=systemd, gpus=NvidiaSmiProbe(shell),
+    # NVML in this process on the agent's own box, nvidia-smi over the shell elsewhere (adapters.gpu_choice)
+    gpus = ChosenGpuProbe(shell, mode=host.gpu_probe, local=host.transport == "local")
+    return HostPorts(host=host, shell=shell, systemd=systemd, gpus=gpus,
                      health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
                      smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy,
                      engine=HttpEngineControl())

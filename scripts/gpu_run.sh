@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 run of scripts/engine_check.py, as the device tool ran it (README: "Real vLLM on a GPU").
+# The H200 run of scripts/engine_check.py, as the device tool ran it (CONTRIBUTING.md: "Real vLLM on a GPU").
 # Expects: this repo's orchestrator/, scripts/, bench/ and whl/ (pure-Python wheels the machine lacks:
 # structlog, pydantic-settings, python-dotenv, croniter) beside it in CODE (default: this script's
 # folder's parent), vLLM 0.25.1 parts in PARTS (../shared/tools/gpu-vllm/pack.sh), and writes under OUT.

@@ -14,7 +14,9 @@ say() { printf '[setup +%3ds] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
 
 APT_PACKAGES=(systemd-container openssh-server openssh-client dbus libgirepository1.0-dev libcairo2-dev
               pkg-config gir1.2-glib-2.0 rsync python3-venv python3.11-venv iproute2 haproxy
-              chromium chromium-driver)  # chromium: the dashboard's browser tests (selenium, /usr/bin/chromedriver)
+              chromium chromium-driver gcc libc6-dev)
+# chromium: the dashboard's browser tests (selenium, /usr/bin/chromedriver); gcc: the NVML stand-in
+# (tests/standin/fake_nvml.c, built by the GPU-probe contract tests)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -39,8 +41,9 @@ version_of() { "$1" -c 'import importlib.metadata as m, sys; print(m.version(sys
 # Ray from PyPI for the multi-node Ray tests (the same version on every test host: they share this venv).
 RAY_VERSION=2.60.0
 wanted=()
-# ruff, mypy and importlinter: the fast lane of scripts/test.sh (a venv made before they joined the extra lacks them)
-if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pytest, hypothesis, openai, aiohttp, ansible, selenium, ruff, mypy, importlinter' 2>/dev/null; then
+# ruff, mypy, importlinter and mkdocs (+ material): the fast lane of scripts/test.sh (a venv made before they
+# joined the extra lacks them); pynvml: the GPU probe on a box with a driver
+if ! .venv/bin/python -c 'import orchestrator, pydbus, gi, pynvml, pytest, hypothesis, openai, aiohttp, ansible, selenium, ruff, mypy, importlinter, mkdocs, material' 2>/dev/null; then
     wanted+=(-e '.[dbus,test,bench]')
 fi
 [[ "$(version_of .venv/bin/python ray)" == "$RAY_VERSION" ]] || wanted+=("ray==$RAY_VERSION")
@@ -50,7 +53,7 @@ if ((${#wanted[@]})); then
     .venv/bin/python -m pip install -q --disable-pip-version-check -U pip 2>&1 | grep -v "is ignored" || true
     .venv/bin/python -m pip install -q --disable-pip-version-check "${wanted[@]}" 2>&1 | grep -v "is ignored" || true
 fi
-.venv/bin/python -c 'import orchestrator, pydbus, gi' || { echo "setup: the venv is incomplete" >&2; exit 1; }
+.venv/bin/python -c 'import orchestrator, pydbus, gi, pynvml' || { echo "setup: the venv is incomplete" >&2; exit 1; }
 # Ray venvs for the test hosts, made from the system python3 (a venv of a python under /root, such as
 # pyenv's, cannot run as the vllm user that Ray units run as): the tested version, and a different one
 # for the test of a worker whose Ray version differs (refused in preflight).

@@ -4,7 +4,9 @@
 # (CI's log too) ends with the 40 slowest set-ups, calls and teardowns, where the suite's time goes.
 #
 # A fast lane first (about a minute): ruff, mypy --strict (pyproject's [tool.mypy]), the layer contracts
-# (lint-imports) and tests/unit, so a type or layer error fails before the ~30 minutes of host tests.
+# (lint-imports), tests/unit and the docs site (mkdocs build --strict into a temporary directory: no
+# tracked file written; not -q, which hides the warnings --strict fails on), so a type, layer or docs
+# error fails before the ~30 minutes of host tests.
 # set -e stops at the first failure, so the last runner line of the log is always the one that failed;
 # the host run then leaves tests/unit out (they ran, and passed, in the fast lane).
 set -euo pipefail
@@ -15,4 +17,7 @@ lane .venv/bin/ruff check .
 lane .venv/bin/mypy --strict
 lane .venv/bin/lint-imports --no-cache
 lane .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 lane .venv/bin/mkdocs build --strict -d "$site"
+rm -rf "$site"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 --ignore=tests/unit "$@" tests

@@ -36,7 +36,7 @@ def texts(driver: Any, *selectors: str) -> tuple[str, ...]:
 
 
 def screenshot(driver: Any, name: str, tmp: Path) -> Path:
-    """Save the page as NAME.png under $DASHBOARD_SHOTS (the README's pictures: DASHBOARD_SHOTS=docs/dashboard)
+    """Save the page as NAME.png under $DASHBOARD_SHOTS (the docs' pictures: DASHBOARD_SHOTS=docs/dashboard)
     or else under the test's own tmp folder, so a test run leaves the checkout as it was."""
     folder = Path(os.environ.get("DASHBOARD_SHOTS") or tmp / "shots")
     folder.mkdir(parents=True, exist_ok=True)

@@ -6,13 +6,10 @@ import shlex
 
 from orchestrator.core import nvsmi
 from orchestrator.core.observed import GpuSnapshot
-from orchestrator.errors import CommandFailed, OrchestratorError
+from orchestrator.errors import CommandFailed, GpuProbeError
 from orchestrator.ports import Shell
 
-
-class GpuProbeError(OrchestratorError):
-    """nvidia-smi could not be run or answered with an error (driver gone, bad field)."""
-
+__all__ = ["GpuProbeError", "NvidiaSmiProbe"]
 
 _SEPARATOR = "--orchestrator-nvidia-smi-apps--"
 

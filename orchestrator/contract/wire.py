@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator import errors
 from orchestrator.errors import AgentError, OrchestratorError
 
-# One request line at most (the README's figure): a deploy.toml sent by `config push` must fit.
+# One request line at most (docs/reference/agent.md's figure): a deploy.toml sent by `config push` must fit.
 MAX_REQUEST = 64 * 1024
 
 # The error types a reply may name: every project error, so the client raises the agent's own type

@@ -137,6 +137,10 @@ class Host(Strict):
     memory_gib: float | None = Field(None, gt=0, le=1 << 24)
     sleep_ram_gib: float | None = Field(None, ge=0, le=1 << 24)
     sleep_residue_gib: float = Field(3.0, ge=0, le=65536)
+    # How the agent reads GPU memory by PID: "nvml" (NVIDIA's library in the agent's own process, a
+    # local host only), "nvidia-smi" (run through the host's shell), "auto": NVML on a local host
+    # where it initialises, else nvidia-smi.
+    gpu_probe: Literal["auto", "nvml", "nvidia-smi"] = "auto"
 
     @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind", "agent_socket",
                      "node_address", "interface", "ray")
@@ -180,6 +184,14 @@ class Host(Strict):
     @classmethod
     def _socket_fits(cls, v: str | None) -> str | None:
         return None if v is None else socket_file(v, "agent_socket", suffix=False)
+
+    @model_validator(mode="after")
+    def _nvml_is_local(self) -> Host:
+        if self.gpu_probe == "nvml" and self.transport != "local":
+            raise SubKeyError(".gpu_probe", f'gpu_probe "nvml" reads the GPUs of the machine the agent runs on: '
+                                            f'it needs transport = "local" (this host is "{self.transport}"); '
+                                            'use "nvidia-smi" or "auto"')
+        return self
 
     @model_validator(mode="after")
     def _sleep_budgets_possible(self) -> Host:

@@ -231,7 +231,7 @@ def check_engine(v: tuple[str, ...]) -> tuple[str, ...]:
 # Schedules: the cron, window and zone parsers (core.schedule computes firings from what they pass).
 _WINDOW_RE = re.compile(r"^([0-9]{2}):([0-9]{2})-([0-9]{2}):([0-9]{2})$", re.ASCII)  # \d would take '٠١'
 # One cron field: ASCII digits, names (jan, mon) and * , - / (croniter also reads seconds and years
-# as a 6th and 7th field, and Unicode digits; the README promises the classic 5 fields).
+# as a 6th and 7th field, and Unicode digits; docs/reference/configuration.md promises the classic 5 fields).
 _CRON_FIELD_RE = re.compile(r"^[0-9A-Za-z*,/-]+$", re.ASCII)
 # A cron that never fires from here on (Feb 31) is refused as well as a malformed one.
 _REFERENCE = datetime(2000, 1, 1, tzinfo=UTC)

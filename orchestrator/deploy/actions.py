@@ -242,6 +242,9 @@ def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = (),
     return changed
 
 
+DRAIN_POLL_S = 0.02  # a warm switch's clients wait for the drain: notice its end soon
+
+
 def drain(ctx: StepContext, engines: Iterable[UnitSpec]) -> None:
     """Bounded wait until no proxy worker of an earlier config can still send a request to these
     engines (in-flight ones finished, no client connection left that could bring another one).
@@ -254,6 +257,6 @@ def drain(ctx: StepContext, engines: Iterable[UnitSpec]) -> None:
     deadline = clock.monotonic() + ctx.catalog.proxy.drain_timeout_s + 2.0
     start = clock.monotonic()
     while (left := proxy.draining(targets)) != 0 and clock.monotonic() < deadline:
-        ctx.pause(0.1)
+        ctx.pause(DRAIN_POLL_S)
     ctx.emit("drained", seconds=round(clock.monotonic() - start, 3), still_draining=left,
              engines=[f"{a}:{p}" for a, p in targets])

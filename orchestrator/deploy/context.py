@@ -47,6 +47,10 @@ class StepContext:
     # Models on demand: while the target cold-starts, why to give up (every waiting request was
     # cancelled), else None; asked at each poll. The engine sets it for the target's own phases only.
     abandon: Callable[[], str | None] | None = None
+    # A warm switch's window (route moved .. target woken) reads no unit: the PIDs staging read are
+    # reused inside it. One run's: a resumed run reads again; a unit that restarted meanwhile makes a
+    # memory check fail safe (its new PIDs count as foreign).
+    seen_pids: dict[str, frozenset[int]] = field(default_factory=dict)
 
     @property
     def defaults(self) -> Defaults:

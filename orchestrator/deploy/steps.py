@@ -30,6 +30,11 @@ def planned(ctx: StepContext, step: StepInput) -> StepResult:
 
 def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     dep = step.dep
+    if step.plan is not None and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
+        # A name nothing serves answers "loading" (503 + Retry-After) from the switch's first step
+        # (the checks and the download included), not "not loaded"; a switch that ends before
+        # stopping anything takes the mark back (engine).
+        actions.route(ctx, (d.spec for d in step.serving), loading=[dep.spec.served_name])
     snap = ctx.ports.gpus.snapshot()
     state = ctx.ports.systemd.unit_state(dep.spec.unit_name)
     ctx.emit("preflight", gpus=len(snap.gpus), unit_state=state.active_state)
@@ -50,11 +55,6 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
             raise PlanError(holder, host=dep.host)
     if dep.spec.nodes:
         multinode.preflight(ctx, dep.spec)
-    if step.plan is not None and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
-        # A name nothing serves answers "loading" (503 + Retry-After) once the checks passed, the
-        # download included, not "not loaded"; a switch that ends before stopping anything takes the
-        # mark back (engine).
-        actions.route(ctx, (d.spec for d in step.serving), loading=[dep.spec.served_name])
     return DONE
 
 

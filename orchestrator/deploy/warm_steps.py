@@ -38,11 +38,21 @@ def residue_mib(ctx: StepContext) -> int:
     return int(ctx.ports.host.sleep_residue_gib * 1024)
 
 
-def engine_of(ctx: StepContext, spec: UnitSpec) -> warm.Engine:
+def unit_pids(ctx: StepContext, unit: str, *, reuse: bool = False) -> frozenset[int]:
+    """The unit's cgroup PIDs; with ``reuse`` (inside the warm window) as read earlier in this run."""
+    if reuse and unit in ctx.seen_pids:
+        return ctx.seen_pids[unit]
+    pids = ctx.seen_pids[unit] = frozenset(ctx.ports.systemd.cgroup_pids(unit))
+    return pids
+
+
+def engine_of(ctx: StepContext, spec: UnitSpec, *, reuse: bool = False) -> warm.Engine:
     model = ctx.catalog.models.get(spec.model)
     util = rules.utilization(ctx.catalog, model) if model is not None else ctx.defaults.gpu_memory_utilization
-    return warm.Engine(spec.model, spec.base_url, spec.gpus, frozenset(ctx.ports.systemd.cgroup_pids(spec.unit_name)),
+    return warm.Engine(spec.model, spec.base_url, spec.gpus, unit_pids(ctx, spec.unit_name, reuse=reuse),
                        utilization=util, served=spec.served_name)
+
+
 
 
 def deadline_of(ctx: StepContext, model: str) -> float:
@@ -96,7 +106,7 @@ def note(ctx: StepContext, what: str, **detail: object) -> None:
     ctx.emit(what, **detail)
 
 
-def sleepers(ctx: StepContext, but: Iterable[str] = ()) -> dict[int, str]:
+def sleepers(ctx: StepContext, but: Iterable[str] = (), *, reuse: bool = False) -> dict[int, str]:
     """PID -> model of every engine recorded asleep on the host (their residue may stay on a GPU)."""
     if ctx.residency is None:
         return {}
@@ -104,7 +114,7 @@ def sleepers(ctx: StepContext, but: Iterable[str] = ()) -> dict[int, str]:
     out: dict[int, str] = {}
     for name, r in ctx.residency.residency(ctx.ports.host.name).items():
         if r.state == ASLEEP and name not in skip and r.unit:
-            out.update({pid: name for pid in ctx.ports.systemd.cgroup_pids(r.unit)})
+            out.update({pid: name for pid in unit_pids(ctx, r.unit, reuse=reuse)})
     return out
 
 
@@ -184,9 +194,10 @@ def _mem_total_gib(ctx: StepContext) -> float | None:
     return None
 
 
-def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment]) -> set[str]:
+def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment], *, window: bool = False) -> set[str]:
     """Sleep (mode=wait) or stop each displaced engine as the decision says, evict what it names;
-    returns the units that now sleep. A sleep that errs or keeps its memory stops that engine."""
+    returns the units that now sleep. A sleep that errs or keeps its memory stops that engine.
+    ``window``: a warm switch's, with the route on its target: reuse what staging read."""
     decided = recorded_fate(step) or fate(ctx, step)
     asleep: set[str] = set()
     control = ctx.ports.engine
@@ -198,7 +209,7 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
         level = level_of(ctx, d.model)
         if d.model in decided.sleep and control is not None and sleep_enabled(spec) and level is not None:
             try:
-                took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
+                took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec, reuse=window),
                                            level=_level_number(level), residue_mib=residue_mib(ctx))
                 size = decided.weights.get(d.model)
                 mark(ctx, d.model, ASLEEP, level=level, unit=unit,
@@ -248,7 +259,7 @@ def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> Non
         if d.spec.unit_name == target.unit_name or not sd.unit_state(d.spec.unit_name).is_active:
             continue
         keeps = residue_mib(ctx) if level_of(ctx, d.model) is not None and sleep_enabled(d.spec) else 0
-        leaving.update(dict.fromkeys(sd.cgroup_pids(d.spec.unit_name), (d.model, keeps)))
+        leaving.update(dict.fromkeys(unit_pids(ctx, d.spec.unit_name), (d.model, keeps)))
     reasons = warm.wake_shortfall(ctx.ports.gpus, engine_of(ctx, target), sleepers=sleepers(ctx, but=[target.model]),
                                   leaving=leaving)
     if reasons:
@@ -265,18 +276,19 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
     actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
     actions.drain(ctx, (d.spec for d in leaving))
-    put_to_sleep(ctx, step, leaving)
+    put_to_sleep(ctx, step, leaving, window=True)
 
 
 def verifying(ctx: StepContext, step: StepInput) -> None:
     """Never wake without the memory: the target's GPUs have what its wake takes, counted by PID (the
     same count passed before anything slept; this one sees what the sleeps really gave back)."""
     dep, clock = step.dep, ctx.ports.clock
-    eng = engine_of(ctx, dep.spec)
+    eng = engine_of(ctx, dep.spec, reuse=True)
     deadline = clock.monotonic() + ctx.defaults.free_timeout_s
     while True:
         try:
-            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model]))
+            # A fresh snapshot, not the one the sleep ended on: memory a process took since counts.
+            warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[dep.model], reuse=True))
             ctx.emit("wake_fits", model=dep.model, gpus=list(dep.spec.gpus))
             return
         except GpuBusy:
@@ -292,7 +304,7 @@ def waking(ctx: StepContext, step: StepInput) -> None:
     assert control is not None  # staging reports warm only with an engine control
     level = level_of(ctx, dep.model)
     note(ctx, "wake_started", model=dep.model, level=level)
-    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec), level=_level_number(level),
+    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec, reuse=True), level=_level_number(level),
                              deadline_s=deadline_of(ctx, dep.model))
     note(ctx, "woken", model=dep.model, seconds=round(took, 3))
     mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)

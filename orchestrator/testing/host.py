@@ -52,6 +52,7 @@ class FakeHost:
     holders: dict[int, tuple[tuple[int, ...], int, str, str]] = field(default_factory=dict)
     loaded: dict[str, str] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)  # units whose cgroup PIDs were read, in order
     journal: dict[str, list[str]] = field(default_factory=dict)  # unit -> its lines, when a test sets them
     # Sleep mode (FakeEngineControl): unit -> level while asleep; unit -> MiB its engine held awake;
     # units whose sleep keeps their memory ("leaky_sleep"), whose wake fails ("wedged_wake") or whose
@@ -212,6 +213,7 @@ class FakeSystemd:
         return self.w.journal.get(unit, [f"{unit}: fake journal line"])[-lines:]
 
     def cgroup_pids(self, unit: str) -> list[int]:
+        self.w.reads.append(unit)
         return sorted(p for p, h in self.w.holders.items() if h[3] == unit)
 
     def kill_unit(self, unit: str, signal: int) -> None:

@@ -108,11 +108,14 @@ class Prober:
 
 
 def classify(rec: dict[str, Any]) -> str:
-    """ok, 503 (with Retry-After), cut, failed, or hung."""
+    """ok, 503 (with Retry-After), not_loaded (503: nothing serves the name and no switch to it has begun), cut,
+    failed, or hung."""
     if rec["t1"] - rec["t0"] > HUNG_S:
         return "hung"
     if rec["status"] == 503 and rec.get("retry_after"):
         return "503"
+    if rec["status"] == 503 and '"model_not_loaded"' in rec.get("body", ""):
+        return "not_loaded"
     if rec["status"] != 200:
         return "failed"
     if rec["kind"] == "stream":
@@ -126,7 +129,7 @@ def classify(rec: dict[str, Any]) -> str:
 def summarise(records: list[dict[str, Any]], t0: float, t1: float) -> dict[str, Any]:
     """Counts of the requests that started in [t0, t1], and the longest gap between 200 answers there."""
     window = [r for r in records if t0 <= r["t0"] <= t1]
-    counts: dict[str, int] = {"ok": 0, "503": 0, "cut": 0, "failed": 0, "hung": 0}
+    counts: dict[str, int] = {"ok": 0, "503": 0, "not_loaded": 0, "cut": 0, "failed": 0, "hung": 0}
     for r in window:
         counts[classify(r)] += 1
     oks = sorted(r["t1"] for r in records if r["kind"] == "plain" and r["status"] == 200 and t0 <= r["t1"] <= t1 + 60)

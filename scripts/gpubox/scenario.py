@@ -10,6 +10,9 @@ with the step's outcome, what was expected, and the prober's counts for the step
 
 A: cold switch to big; cold switch to small (big sleeps); 10 warm switches back and forth.
 C: the fixes in one call: cold, cold, 2 warm switches, the wedge, SIGKILL of an API server, stop.
+D: doctor; cold big; small beside big; 4 wakes beside; mid beside; 8 sleep-then-wake warm switches; a rollback.
+E: on demand (start, then 2 wakes of "od"); the wedge; SIGKILL of the agent at each warm phase; SIGKILL of an
+   API server; stop of everything.
 B: a warm rollback; a wedged wake (a foreign process holds the memory the target needs); SIGKILL of the agent
    as each warm phase begins; SIGKILL of the serving vLLM API server alone; stop of both models (GPU free by
    PID). Each line `STEP name verdict ...` says whether what happened is what the product promises.
@@ -33,7 +36,7 @@ from prober import Prober, summarise
 
 CLI = "/opt/orch-cli/bin/orchestrator"
 DRY = os.environ.get("GPUBOX_DRY") == "1"
-MODELS = ("big", "small")
+MODELS = ("big", "small", "mid", "od")
 T0 = time.monotonic()
 OUT = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/wlogs/out")
 os.environ.setdefault("ORCHESTRATOR_CONFIG", "/etc/orchestrator/deploy.toml")  # the box's, as an operator there
@@ -312,7 +315,7 @@ def faults(run: Run) -> None:
     run.step("wedge", "a foreign process holds the memory big needs: the switch is refused before anything "
              "sleeps (or rolled back), small serves, no client hangs, the route never on a sleeper", wedge,
              lambda r: r.get("back_to_small") is True and r["client"]["hung"] == 0 and r["client"]["failed"] == 0)
-    if run.part == "B":
+    if run.part in ("B", "E"):
         agent_kills(run)
     run.step("kill_api", "SIGKILL of the serving API server alone: no orphan on the GPU, systemd restarts it and the "
              "watch leaves the load alone, clients get 503 + Retry-After or wait", kill_api,
@@ -323,7 +326,7 @@ def faults(run: Run) -> None:
 
 
 def agent_kills(run: Run) -> None:
-    target = "big"
+    target = "big" if serving_model(status()) != "big" else "small"
     for phase in ("sleeping", "verifying", "waking", "routing"):
         run.step(f"kill_agent_{phase}", f"SIGKILL of the agent as `{phase}` begins: converges, one model awake",
                  lambda ph=phase, t=target: kill_agent_at(ph, t),
@@ -350,6 +353,111 @@ def part_c(run: Run) -> None:
         faults(run)
 
 
+# -- D and E: the beside-start, the warm floor, on demand ------------------------------------------------
+def beside_ok(model: str) -> Callable[[dict[str, Any]], bool]:
+    """A switch whose target fits awake beside what serves: no gap at all (0 503), the plan says beside."""
+    def verdict(row: dict[str, Any]) -> bool:
+        return ok_switch(model, warm=True)(row) and "beside" in row.get("output", "")
+    return verdict
+
+
+def doctor() -> dict[str, Any]:
+    rc, out = cli("doctor", "--json", timeout=300)
+    (OUT / "doctor.json").write_text(out)
+    rc_text, text = cli("doctor", timeout=300)
+    (OUT / "doctor.txt").write_text(text)
+    return {"rc": rc, "rc_text": rc_text, "output": text[-3000:]}
+
+
+def gpu_probe() -> dict[str, Any]:
+    """bench/gpu_probe/bench.py --real with the CLI's python (the product's adapters): both probes' figures."""
+    if DRY:
+        return {"rc": 0, "output": "equal snapshots: True (dry run: no driver here, not measured)"}
+    rc, out = sh(str(Path(CLI).parent / "python"), str(Path(__file__).parent / "gpu_probe_bench.py"), "--real",
+                 "--calls", "200", timeout=300)
+    (OUT / "gpu_probe.txt").write_text(out)
+    return {"rc": rc, "output": out[-3000:]}
+
+
+def part_d(run: Run, floor: int = 8) -> None:
+    """doctor; cold big; small beside big (no gap); 4 wakes beside; mid beside small; `floor` warm switches
+    big <-> mid (they do not fit together: sleep, then wake); a warm rollback."""
+    run.step("doctor", "doctor's report on the real box: no fail", doctor, lambda r: r.get("rc") == 0)
+    first = run.step("cold_big", "cold start of big; clients get 503 + Retry-After until it serves, none fails",
+                     lambda: switch("big"), ok_switch("big", warm=False))
+    if serving_model(first["status"]) != "big":
+        log("big does not serve: the rest of the part cannot run (device time is scarce)")
+        return
+    run.step("gpu_probe", "NVML against nvidia-smi on the real GPU while big holds it: equal snapshots, figures",
+             gpu_probe, lambda r: r.get("rc") == 0 and "equal snapshots: True" in r.get("output", ""))
+    run.step("beside_small", "small fits awake beside big: starts beside, checked, route moves, big sleeps: no gap",
+             lambda: switch("small"), beside_ok("small"))
+    for i in range(4):
+        target = ("big", "small")[i % 2]
+        run.step(f"beside_wake_{i + 1}_{target}", "a sleeper that fits beside wakes beside: no gap",
+                 lambda t=target: switch(t), beside_ok(target))
+    run.step("beside_mid", "mid (0.5) fits beside small (0.3) with big asleep: cold start beside, no gap",
+             lambda: switch("mid"), beside_ok("mid"))
+    for i in range(floor):
+        target = ("big", "mid")[i % 2]
+        run.step(f"floor_{i + 1}_{target}", "warm switch (sleep, then wake): 0 failed, 0 503, 0 cut; gap near vLLM's "
+                 "sleep + wake", lambda t=target: switch(t), ok_switch(target, warm=True))
+    before = serving_model(status())
+    run.step("warm_rollback", "rollback of the last warm switch: warm, 0 failed, 0 503",
+             _rollback, lambda r: r.get("rc") == 0 and serving_model(r["status"]) != before
+             and r["client"]["failed"] == 0 and r["client"]["hung"] == 0 and r["client"]["503"] == 0)
+
+
+def ask_od(timeout: float = 600) -> dict[str, Any]:
+    """One completion for "od" through the proxy: held while the agent starts or wakes it."""
+    import http.client
+    t = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", 8000, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps({"model": "od", "prompt": "hi", "max_tokens": 4}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        body = resp.read()[:300].decode("utf-8", "replace")
+        return {"od_status": resp.status, "od_wait_s": round(time.monotonic() - t, 3), "od_body": body}
+    except OSError as exc:
+        return {"od_status": None, "od_wait_s": round(time.monotonic() - t, 3), "od_error": str(exc)}
+    finally:
+        conn.close()
+
+
+def residency_of(model: str) -> str | None:
+    res = status().get("residency") or {}
+    for m in res.get("models", []) if isinstance(res, dict) else []:
+        if m.get("model") == model:
+            return m.get("state")
+    return None
+
+
+def part_e(run: Run) -> None:
+    """On demand (a request for od starts it, later wakes it), the wedge, SIGKILL of the agent at each warm phase,
+    SIGKILL of an API server, stop of everything (GPU free by PID)."""
+    run.step("demand_start", "a request for od (stopped) is held while the agent starts it, then answered 200",
+             ask_od, lambda r: r.get("od_status") == 200 and r["client"]["hung"] == 0)
+    run.step("back_to_chat", "switch back to big: od sleeps (warm or beside), chat serves again",
+             lambda: switch("big"), lambda r: r.get("rc") == 0 and serving_model(r["status"]) == "big"
+             and r["client"]["hung"] == 0)
+    for i in range(2):
+        def wake_od() -> dict[str, Any]:
+            res = {"od_before": residency_of("od")}
+            res.update(ask_od())
+            return res
+        run.step(f"demand_wake_{i + 1}", "a request for od (asleep) is held while the agent wakes it: waits about "
+                 "sleep + wake", wake_od, lambda r: r.get("od_status") == 200 and r.get("od_before") == "asleep"
+                 and r["client"]["hung"] == 0)
+        run.step(f"chat_again_{i + 1}", "switch back to big", lambda: switch("big"),
+                 lambda r: r.get("rc") == 0 and serving_model(r["status"]) == "big" and r["client"]["hung"] == 0)
+    if serving_model(status()) != "small":
+        run.step("to_small", "warm switch to small", lambda: switch("small"),
+                 lambda r: r.get("rc") == 0 and serving_model(r["status"]) == "small" and r["client"]["hung"] == 0
+                 and r["client"]["failed"] == 0)
+    faults(run)
+
+
 def _rollback() -> dict[str, Any]:
     t = time.monotonic()
     rc, out = cli("rollback")
@@ -372,7 +480,7 @@ def main() -> int:
     part = sys.argv[1]
     run = Run(part)
     log(f"part {part}; status before: serving={serving_model(status())}; gpu={gpus()}")
-    {"A": part_a, "B": part_b, "C": part_c}[part](run)
+    {"A": part_a, "B": part_b, "C": part_c, "D": part_d, "E": part_e}[part](run)
     rc = run.finish()
     (OUT / f"engine-{part}.json").write_text(json.dumps(engine_timings(), indent=1))
     log(f"engine timings: {json.dumps(engine_timings())}")

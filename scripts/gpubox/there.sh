@@ -49,6 +49,7 @@ up() {
   rm -rf "$WLOGS/in" && mkdir -p "$WLOGS/in" "$WLOGS/out"
   cp -r "$G/wheels" "$WLOGS/in/deps" && mv "$WLOGS"/in/deps/orchestrator-*.whl "$WLOGS/in/"
   cp "$here"/box_setup.sh "$here"/scenario.py "$here"/prober.py "$WLOGS/in/"
+  cp "$repo/bench/gpu_probe/bench.py" "$WLOGS/in/gpu_probe_bench.py"
   local gpus; if [ "$DRY" = 1 ]; then gpus=1; else gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l); fi
   DRY=$DRY GPUS=$gpus MODELS_DIR=$MODELS_DIR REPO=$repo PYKEY=${GPUBOX_PYTHON_KEY:-0} \
     python3 "$here/box_config.py" > "$WLOGS/in/deploy.toml"

@@ -1,11 +1,13 @@
 #!/usr/bin/python3 -IS
 """Stand-in nvidia-smi for test hosts: answers the CSV queries the orchestrator uses.
 
-GPUs come from $STANDIN_GPU_DIR/gpus.json ({"count", "memory_mib", "name"}; missing -> 8 GPUs);
+GPUs come from $STANDIN_GPU_DIR/gpus.json ({"count", "memory_mib", "name"}; missing -> 8 GPUs;
+"driver": false -> the answer of a box whose NVIDIA driver is not loaded, exit 9 = NVML's error code);
 memory holders from one <pid>.json per process ({"pid", "name", "gpus": [...], "mib_per_gpu"}),
 written by tests/standin/openai_server.py. Files of processes that are gone are ignored, so GPU
 memory frees when the holder dies, as on real hardware. Output matches real nvidia-smi 580
 (captured on an H200: tests/fixtures/nvidia-smi/), including its answer to an unknown field.
+tests/standin/fake_nvml.c serves the same state through NVML (a stand-in libnvidia-ml.so.1).
 Standard library only: it runs with the host's /usr/bin/python3, isolated and without site (-IS).
 
 The agent runs it several times a second while GPUs free, and the real nvidia-smi is a C program:
@@ -20,6 +22,8 @@ import sys
 
 GPU_DIR = os.environ.get("STANDIN_GPU_DIR", "/run/standin-gpu")
 _DNS_NAMESPACE = bytes.fromhex("6ba7b8109dad11d180b400c04fd430c8")  # uuid.NAMESPACE_DNS
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+             "Make sure that the latest NVIDIA driver is installed and running.")
 DEFAULT = {"count": 8, "memory_mib": 97887, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
 
 # field -> (header name, unit); aliases map to the canonical name real nvidia-smi prints.
@@ -120,6 +124,8 @@ def main(argv: list[str]) -> int:
             return fail(f"ERROR: Option {key} is not recognized. Please run 'nvidia-smi -h'.", 255)
         opts[key] = value
     spec = load_gpus()
+    if spec.get("driver") is False:
+        return fail(NO_DRIVER, 9)
     count, total, gname = int(str(spec["count"])), int(str(spec["memory_mib"])), str(spec["name"])
     holders = load_holders(count)
     if "-L" in opts or "--list-gpus" in opts:

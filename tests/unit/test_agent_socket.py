@@ -218,7 +218,7 @@ def test_connections_past_the_limit_are_turned_away(tmp_path: Path) -> None:
 
 
 def test_a_request_past_the_documented_64_kib_is_refused(running: Running) -> None:
-    """A well-formed request of 64 KiB + 1 byte is refused, naming the limit the README documents."""
+    """A well-formed request of 64 KiB + 1 byte is refused, naming the limit the docs give."""
     pad = 64 * 1024 - len(b'{"op":"ping","args":{"x":""}}')
     data = b'{"op":"ping","args":{"x":"' + b"a" * pad + b'"}}\n'
     assert len(data) == 64 * 1024 + 1

@@ -1,4 +1,4 @@
-"""Every deploy.toml committed (the repository's own, those under bench/, the README's extracted ones)
+"""Every deploy.toml committed (the repository's own, those under bench/, the docs' extracted ones)
 loads with today's schema, or is listed here as historical with why, so a reader can try each."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from orchestrator import settings
 from orchestrator.errors import ConfigError
 
-from .test_readme_walkthrough import block_after
+from .test_readme_walkthrough import block_after, doc_lines
 
 REPO = Path(__file__).resolve().parents[2]
 # path (from the repository root) -> why it no longer loads; bench/README.md says the same to a reader
@@ -24,9 +24,8 @@ def _committed() -> list[str]:
 
 
 def _snippets() -> list[str]:
-    text = (REPO / "README.md").read_text()
     prefix = "<!-- readme-snippet: "
-    return [line[len(prefix):-4] for line in text.splitlines()
+    return [line[len(prefix):-4] for line in doc_lines()
             if line.startswith(prefix) and line.endswith("deploy.toml -->")]
 
 
@@ -48,8 +47,8 @@ def test_a_committed_deploy_toml_loads_or_is_historical(rel: str) -> None:
 
 
 @pytest.mark.parametrize("name", _snippets())
-def test_a_readme_deploy_toml_snippet_loads(tmp_path: Path, name: str) -> None:
-    """The README's deploy.toml blocks marked for extraction load as shown."""
+def test_a_docs_deploy_toml_snippet_loads(tmp_path: Path, name: str) -> None:
+    """The deploy.toml blocks of the README and the docs marked for extraction load as shown."""
     path = tmp_path / "deploy.toml"
     path.write_text(block_after(name))
     assert settings.load(path, box_files=False).models

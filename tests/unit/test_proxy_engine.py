@@ -207,3 +207,15 @@ def test_a_switch_aborted_in_staging_takes_the_loading_answer_back(pw: ProxyWorl
     assert pw.switch("code").phase is Phase.ABORTED
     assert "model_loading" in watch.seen
     assert pw.proxy.config == before and "model_loading" not in (pw.proxy.config or "")
+
+
+def test_the_loading_answer_comes_first_and_goes_when_preflight_refuses(pw: ProxyWorld) -> None:
+    """"code" answers "loading" from the switch's first step, before its checks; a preflight refusal
+    (its GPUs are not there) takes the mark back: the proxy routes as before."""
+    pw.switch("chat-a")
+    before = pw.proxy.config
+    pw.proxy.applied.clear()
+    pw.host.gpu_count = 4  # "code" is on GPUs 4 and 5
+    assert pw.switch("code").phase is Phase.ABORTED
+    assert "model_loading" in pw.proxy.applied[0]
+    assert pw.proxy.config == before

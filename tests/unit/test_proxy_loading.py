@@ -5,6 +5,8 @@ left for names the host does not know."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,21 +26,41 @@ class Front:
     loading_engine: Engine
 
 
+class Dies:
+    """An engine killed under its request: accepts, reads the request, closes without an answer."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+
+
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     tmp = tmp_path_factory.mktemp("loading")
     engine = Engine().start()
     loading_engine = Engine(body=b'{"error":{"message":"model is loading"}}', status=503).start()
+    dies = Dies()
     port = free_port()
     routes = [Route("alpha", "127.0.0.1", engine.port), Route("beta", loading=True), Route("gamma"),
-              Route("epsilon", "127.0.0.1", loading_engine.port)]
+              Route("epsilon", "127.0.0.1", loading_engine.port), Route("zeta", "127.0.0.1", dies.port)]
     cfg = tmp / "haproxy.cfg"
     cfg.write_text(render_front(tmp, Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S), routes,
-                                known=["alpha", "beta", "gamma", "delta", "epsilon"]))
+                                known=["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]))
     with haproxy(cfg, port):
         yield Front(port, engine, loading_engine)
     engine.close()
     loading_engine.close()
+    dies.sock.close()
 
 
 def error(body: bytes) -> dict[str, str]:
@@ -77,3 +99,11 @@ def test_an_engines_own_503_gets_retry_after(front: Front) -> None:
     status, headers, body = post(front.port, "epsilon")
     assert (status, headers.get("retry-after")) == (503, str(RETRY_AFTER_S))
     assert error(body)["message"] == "model is loading"
+
+
+def test_an_engine_that_dies_under_a_request_is_502_json_with_retry_after(front: Front) -> None:
+    """The engine closes the connection without an answer (SIGKILLed mid-request): HAProxy's 502 comes
+    as OpenAI-style JSON, code engine_gone, with Retry-After."""
+    status, headers, body = post(front.port, "zeta")
+    assert (status, headers.get("retry-after")) == (502, str(RETRY_AFTER_S))
+    assert error(body)["code"] == "engine_gone"

@@ -1,5 +1,6 @@
-"""The README's Kimi-K2 multi-node walk-through stays true: its deploy.toml excerpt (native and the Ray
-variant) loads with the settings loader, and the `plan` output it shows is what `plan` prints."""
+"""The docs' Kimi-K2 multi-node walk-through (docs/howto/multi-node.md) stays true: its deploy.toml excerpt
+(native and the Ray variant) loads with the settings loader, and the `plan` output it shows is what `plan`
+prints. ``block_after`` and ``shown_command`` read the README and every page under docs/."""
 
 from __future__ import annotations
 
@@ -12,14 +13,27 @@ from orchestrator import settings
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+DOCS = (README, *sorted((REPO / "docs").rglob("*.md")))
 K2 = REPO / "tests/fixtures/configs/moonshotai__Kimi-K2-Instruct.json"
 
 
+def doc_lines() -> list[str]:
+    """The README's lines, then every docs page's."""
+    return [line for page in DOCS for line in page.read_text().splitlines()]
+
+
 def block_after(marker: str, text: str | None = None) -> str:
-    """The indented code block that follows a `<!-- readme-snippet: NAME -->` line, unindented."""
-    lines = (text or README.read_text()).splitlines()
+    """The code block (indented, or fenced with ```) that follows a `<!-- readme-snippet: NAME -->`
+    line of the README or a docs page, unindented."""
+    lines = text.splitlines() if text else doc_lines()
     start = lines.index(f"<!-- readme-snippet: {marker} -->") + 1
     out: list[str] = []
+    if lines[start].startswith("```"):
+        for line in lines[start + 1:]:
+            if line.startswith("```"):
+                break
+            out.append(line)
+        return "\n".join(out).strip() + "\n"
     for line in lines[start:]:
         if line and not line.startswith("    "):
             break
@@ -28,9 +42,9 @@ def block_after(marker: str, text: str | None = None) -> str:
 
 
 def shown_command(prefix: str) -> tuple[str, list[str]]:
-    """A `$ orchestrator plan ...` line of the README and the output lines shown under it (up to the next
-    `$` line or the end of the block)."""
-    lines = README.read_text().splitlines()
+    """A `$ orchestrator plan ...` line of an indented block of the docs and the output lines shown under
+    it (up to the next `$` line or the end of the block)."""
+    lines = doc_lines()
     i = next(n for n, line in enumerate(lines) if line.startswith(f"    $ {prefix}"))
     out: list[str] = []
     for line in lines[i + 1:]:
@@ -60,14 +74,16 @@ def test_native_excerpt_loads_as_two_nodes_tp8_pp2(tmp_path: Path) -> None:
 
 
 def test_ray_variant_lines_load_as_a_ray_model(tmp_path: Path) -> None:
-    """The excerpt with the README's two Ray lines in place of backend/master_port loads as backend ray."""
+    """The excerpt with the walk-through's two Ray lines (in place of backend/master_port) loads as
+    backend ray."""
     cat = settings.load(walkthrough_dir(tmp_path, block_after("kimi-k2-ray-lines")))
     m = cat.models["kimi-k2"]
     assert (m.backend, m.ray_port) == ("ray", 6379)
 
 
 def test_plan_output_shown_is_what_plan_prints(tmp_path: Path) -> None:
-    """Both `orchestrator plan` runs shown (one box refused, two boxes valid) print what the README shows."""
+    """Both `orchestrator plan` runs shown (one box refused, two boxes valid) print what the walk-through
+    shows."""
     walkthrough_dir(tmp_path)
     base = "orchestrator plan --config kimi-k2-config.json --gpus 8 --gpu-memory-gib 96"
     for prefix, code in ((f"{base} --tp 8", 3), (f"{base} --nodes 2", 0)):

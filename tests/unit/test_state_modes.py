@@ -1,4 +1,4 @@
-"""The state directory keeps the modes the README promises (0750, the socket group) whichever part of
+"""The state directory keeps the modes the docs promise (0750, the socket group) whichever part of
 the product opens it: the agent's operations, its config revisions, tune and rollouts."""
 
 from __future__ import annotations

@@ -90,6 +90,21 @@ def test_what_happens_to_the_displaced_model_is_decided_before_the_route_moves(w
     assert not [c for c in window if c.startswith("du ")]
 
 
+def test_the_window_reads_no_cgroup_staging_read_them(ww: WarmWorld) -> None:
+    """From the route move to the woken target the switch reuses the PIDs staging read: no unit's
+    cgroup is read between `sleeping` and `routing`."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    marks: dict[str, int] = {}
+
+    def mark(dep: Any) -> None:
+        marks.setdefault(dep.phase.value, len(ww.host.reads))
+    ww.engine.before_step = mark
+    assert ww.switch("alpha").phase is Phase.ACTIVE
+    assert marks["staging"] < marks["sleeping"] and ww.host.reads[marks["staging"]:marks["sleeping"]]
+    assert ww.host.reads[marks["sleeping"]:marks["routing"]] == []
+
+
 def test_wedged_wake_is_restarted_cold_and_the_switch_ends_active(ww: WarmWorld) -> None:
     """A wake that fails with the engine's 500 restarts the unit cold; the switch still ends active,
     with vLLM's words in the deployment's error and the restart in its events."""

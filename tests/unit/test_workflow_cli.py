@@ -1,4 +1,4 @@
-"""What a team's workflow ran into on the CLI: the commands as the README shows them."""
+"""What a team's workflow ran into on the CLI: the commands as the README and docs/ show them."""
 
 from __future__ import annotations
 
