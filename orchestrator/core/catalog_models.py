@@ -26,14 +26,13 @@ from orchestrator.core.catalog_rules import (
     safe,
 )
 from orchestrator.core.safety import shown
+from orchestrator.engines import ENGINE
 from orchestrator.secrets import secret_name, secret_value_kind
 
 # Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
 # (its loopback bind and the proxy's deny of the dev endpoints).
-DEV_MODE_ENV = ("VLLM_SERVER_DEV_MODE",)
-
-
-SLEEP_FLAGS = ("--enable-sleep-mode", "--no-enable-sleep-mode")
+DEV_MODE_ENV = ENGINE.dev_mode_env
+SLEEP_FLAGS = ENGINE.sleep_flags
 
 
 class Model(Strict):
@@ -237,7 +236,7 @@ class Model(Strict):
 
     @property
     def unit_name(self) -> str:
-        return f"vllm-{self.name}.service"
+        return ENGINE.unit_name(self.name)
 
     @property
     def pinned(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from orchestrator.core.access import Account, Need, Walk, denial, fix_for
 from orchestrator.core.observed import GpuSnapshot
+from orchestrator.engines import ENGINE
 
 Status = Literal["ok", "warn", "fail"]
 GIB = 1 << 30
@@ -181,7 +182,7 @@ def engine_verdicts(model: str, user: str, engine: str, run: EngineRun | None, n
 
 
 def needed_flags(sleep: bool, expert_parallel: bool) -> list[str]:
-    return [f for f, on in (("--enable-sleep-mode", sleep), ("--enable-expert-parallel", expert_parallel)) if on]
+    return ENGINE.flags_needed(sleep=sleep, expert_parallel=expert_parallel)
 
 
 def weights_verdict(model: str, folder: str, names: Iterable[str] | None, account: Account,

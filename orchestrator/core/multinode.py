@@ -20,12 +20,13 @@ import jinja2
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.records import NodeUnit
 from orchestrator.core.render import RenderedUnit, _plain, env_quote, exec_quote, model_dir_for, render_unit
+from orchestrator.engines import ENGINE
 from orchestrator.errors import RenderError
 
 TemplateText = Callable[[str], str]
 HEAD_TEMPLATE = "ray-head.service.j2"
 WORKER_TEMPLATE = "ray-worker.service.j2"
-ENGINE_TEMPLATE = "vllm.service.j2"
+ENGINE_TEMPLATE = ENGINE.template
 RAY_DIR = "/var/lib/ray"  # the Ray units' StateDirectory=ray
 # A Ray node holds no model state (the engine, stopped before it, needs the grace period): an idle
 # node drains in under a second, and one still waiting for an unreachable head ignores SIGTERM
@@ -42,7 +43,7 @@ class Rendered:
 
 
 def node_unit_name(model: Model, rank: int) -> str:
-    return f"vllm-{model.name}-node{rank}.service"
+    return ENGINE.unit_name(f"{model.name}-node{rank}")
 
 
 def ray_unit_name(model: Model, role: str) -> str:

@@ -39,6 +39,7 @@ from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
 from orchestrator.deploy.warm import sleep_enabled
 from orchestrator.deploy.warm_steps import WARM_EVENT
+from orchestrator.engines import ENGINE
 from orchestrator.errors import NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.resources import template_text
@@ -51,7 +52,7 @@ StepHook = Callable[[Deployment], None]
 
 
 def default_template() -> str:
-    return template_text("vllm.service.j2")
+    return template_text(ENGINE.template)
 
 
 def default_trigger() -> str:
@@ -64,13 +65,13 @@ def default_trigger() -> str:
 def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None,
               revision: str | None = None) -> UnitSpec:
     """The rendered unit(s) of ``model`` and what the engine needs to run them (no I/O);
-    ``template`` is the text of vllm.service.j2."""
+    ``template`` is the text of the engine's unit template."""
     host = catalog.model_host(model.name)
     directory = model_dir or model_dir_for(catalog, model, revision)
     nodes: tuple[NodeUnit, ...] = ()
     if model.nodes:
         def named(name: str) -> str:
-            return template if name == "vllm.service.j2" else template_text(name)
+            return template if name == ENGINE.template else template_text(name)
 
         rendered = render_nodes(catalog, model, named, model_dir=directory, revision=revision)
         unit, nodes = rendered.api, rendered.nodes

@@ -13,11 +13,9 @@ from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.observed import GpuSnapshot, listens_on
 from orchestrator.core.planner_arch import check_model_config
 from orchestrator.core.records import Deployment
+from orchestrator.engines import ENGINE
 from orchestrator.errors import AccessDenied, PlanError
 from orchestrator.ports import HostPorts, Shell
-
-# An engine of ours runs in a vllm-*.service cgroup (a model's unit, a tune variant's, a sleeper's).
-_OUR_CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
 
 
 def port_holder(shell: Shell, model: str, address: str, port: int) -> str | None:
@@ -29,7 +27,7 @@ def port_holder(shell: Shell, model: str, address: str, port: int) -> str | None
         if not listens_on(line, address, port):
             continue
         pids = [int(p) for p in re.findall(r"pid=(\d+)", line)]
-        if pids and all(_OUR_CGROUP.search(shell.read_file(f"/proc/{pid}/cgroup") or b"") for pid in pids):
+        if pids and all(ENGINE.owns_cgroup(shell.read_file(f"/proc/{pid}/cgroup") or b"") for pid in pids):
             continue
         users = line.split("users:", 1)[1].strip() if "users:" in line else "a process ss does not name"
         return (f"{model}'s port {address}:{port} is already taken by {users}, not one of orchestrator's engines: "

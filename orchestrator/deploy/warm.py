@@ -12,16 +12,16 @@ from dataclasses import dataclass
 
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.sleep_memory import holdings, need_mib, sleep_excess, wake_blockers
+from orchestrator.engines import ENGINE
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, SleepLeftMemory
 from orchestrator.ports import Clock, EngineControl, GpuProbe
 
 POLL_S = 0.05  # memory checks poll this often: a snapshot costs ~1 ms with NVML, one process with nvidia-smi
-SLEEP_FLAG = "--enable-sleep-mode"
 
 
 def sleep_enabled(spec: UnitSpec) -> bool:
-    """Whether the unit runs vLLM with sleep mode (rendered only for a model with ``sleep``)."""
-    return SLEEP_FLAG in spec.unit_text
+    """Whether the unit runs its engine with sleep mode (rendered only for a model with ``sleep``)."""
+    return ENGINE.sleeps(spec.unit_text)
 
 
 @dataclass(frozen=True)
