@@ -71,8 +71,8 @@ lines = ['state_dir = "/var/lib/orchestrator"', 'socket_group = "orchestrator"',
          "port = 8000", 'bind = "127.0.0.1"', "", "[hosts.box]", 'transport = "local"', f"gpus = {gpus}",
          "gpu_memory_gib = 140", f'models_dir = "{models_dir}"', f"engine = {toml(engine)}",
          "memory_gib = 120", "sleep_ram_gib = 60"]
-if dry:  # the stand-in nvidia-smi's GPU (there is no driver here for NVML)
-    lines.append('gpu_probe = "nvidia-smi"')
+if dry:  # the stand-in's GPU through its NVML library (there.sh puts it on the agent's LD_LIBRARY_PATH)
+    lines.append('gpu_probe = "nvml"')
 if os.environ.get("PYKEY") == "1":
     lines.append('python = "/opt/orchestrator/venv/bin/python"')
 for name, entry in models.items():

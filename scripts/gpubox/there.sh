@@ -65,6 +65,13 @@ up() {
   printf '[Service]\nLimitNOFILE=20000\n' > "$M/etc/systemd/system/vllm-.service.d/gpubox.conf"
   [ "$DRY" = 1 ] && printf '[Service]\nEnvironment=STANDIN_GPU_DIR=/run/standin-gpu\n' \
     > "$M/etc/systemd/system/vllm-.service.d/standin.conf"
+  if [ "$DRY" = 1 ]; then  # the agent reads the stand-in's GPU through NVML, as it reads a real one's
+    mkdir -p "$M/usr/local/lib/standin-nvml" "$M/etc/systemd/system/orchestrator-agent.service.d"
+    gcc -shared -fPIC -O2 -Wl,-soname,libnvidia-ml.so.1 -o "$M/usr/local/lib/standin-nvml/libnvidia-ml.so.1" \
+      "$repo/tests/standin/fake_nvml.c" || return 1
+    printf '[Service]\nEnvironment=STANDIN_GPU_DIR=/run/standin-gpu LD_LIBRARY_PATH=/usr/local/lib/standin-nvml\n' \
+      > "$M/etc/systemd/system/orchestrator-agent.service.d/standin.conf"
+  fi
   bash "$here/cx.sh" systemctl daemon-reload
   say "box_setup.sh (inside): CLI venv, agent install ssh://root@127.0.0.2:2222"
   CXENV="GPUBOX_DRY=$DRY" bash "$here/cx.sh" bash /wlogs/in/box_setup.sh 2>&1 | tee "$WLOGS/out/box_setup.log"
