@@ -121,7 +121,7 @@ class Tuner:
                 raise UsageError(f"tune {req.model}: layout {core.token(lay)} cannot load: {'; '.join(why)}; "
                                  "nothing was deployed")
         ports = self.ops.ports_for(host.name)
-        model_dir = self.ops.engine().spec_for(model).model_dir
+        model_dir = self.ops.deployer().spec_for(model).model_dir
         if model.source != "none" and ports.weights is not None:
             self.progress("tune_staging", {"model": req.model})
             model_dir = str(self.ops.stage(req.model, progress=self.progress)["path"])

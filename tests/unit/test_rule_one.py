@@ -37,7 +37,7 @@ from tests.unit.conftest import World, legal_move
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 STATES = PACKAGE / "core" / "states.py"
 NAMES = {p.value for p in Phase}
-MOVERS = {PACKAGE / "deploy" / "engine.py"}  # the one module that moves deployments (through advance)
+MOVERS = {PACKAGE / "deploy" / "deployer.py"}  # the one module that moves deployments (through advance)
 
 
 def _modules() -> Iterator[tuple[Path, ast.Module]]:
@@ -89,7 +89,7 @@ def test_no_module_keeps_its_own_set_of_phases() -> None:
 
 
 def test_only_the_engine_moves_a_deployment() -> None:
-    """advance() and the store's transition() are called by deploy/engine.py alone."""
+    """advance() and the store's transition() are called by deploy/deployer.py alone."""
     found = []
     for path, tree in _modules():
         for node in ast.walk(tree):
@@ -152,6 +152,6 @@ def test_the_engine_moves_only_as_the_table_says(world: World, behaviour: str | 
 
 def test_the_guard_catches_a_move_outside_the_table(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """Code that chooses a move itself (here: every step leads straight to active) is caught."""
-    monkeypatch.setattr("orchestrator.deploy.engine.advance", lambda phase, event, fallback: Phase.ACTIVE)
+    monkeypatch.setattr("orchestrator.deploy.deployer.advance", lambda phase, event, fallback: Phase.ACTIVE)
     with pytest.raises(AssertionError, match="planned -> active is not in core/states.py's table"):
         world.switch("alpha")

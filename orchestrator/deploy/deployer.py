@@ -1,4 +1,4 @@
-"""The engine: plans deployments and drives them through the state machine, one step at a time.
+"""The deployer: plans deployments and drives them through the state machine, one step at a time.
 
 Each phase change is written to the store before the next step runs. Running a deployment that
 was interrupted (a crash, SIGTERM) re-runs the step it was in: steps are idempotent. Any failure
@@ -85,7 +85,9 @@ def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str |
                     nodes=nodes, backend=model.backend if model.nodes else "")
 
 
-class Engine:
+class Deployer:
+    """Plans a host's deployments and drives each through core/states.py's table (``run``)."""
+
     def __init__(self, catalog: Catalog, store: StateStore, ports_for: PortsFactory, *,
                  template: str | None = None, progress: ProgressCallback | None = None,
                  before_step: StepHook | None = None, residency: ResidencyStore | None = None) -> None:
@@ -238,8 +240,8 @@ class Engine:
             if not ok or dep.spec.served_name not in ports.health.models(dep.spec.base_url):
                 return False
             # /health is 200 and the model listed while asleep: only /is_sleeping tells.
-            return not (sleep_enabled(dep.spec) and ports.engine is not None
-                        and ports.engine.is_sleeping(dep.spec.base_url))
+            return not (sleep_enabled(dep.spec) and ports.engine_control is not None
+                        and ports.engine_control.is_sleeping(dep.spec.base_url))
         except OrchestratorError:
             return False
 
