@@ -199,7 +199,7 @@ class Catalog(Strict):
 
     @model_validator(mode="after")
     def _sleep_possible(self) -> Catalog:
-        """`sleep`: a GPU platform with vLLM's sleep mode, one box, room in host RAM for a level1
+        """`sleep`: a GPU platform with the engine's sleep mode, one box, room in host RAM for a level1
         sleeper, and the dev endpoints sleep mode opens never reachable except through the proxy."""
         for name, model in self.models.items():
             if model.sleep is None:
@@ -212,9 +212,9 @@ class Catalog(Strict):
                 platform = self.platform_of(host)
                 if platform == "cpu":
                     why = (f"hosts.{host.name}.platform = \"cpu\"" if host.platform else
-                           f"its engine {self.engine_for(host)[0]} is vLLM's CPU build")
-                    raise _KeyedError(key, f"{said}: host {host.name} cannot sleep ({why}): vLLM's CPU "
-                                           "build has no sleep mode; remove sleep or use a GPU host")
+                           f"its engine {self.engine_for(host)[0]} is {ENGINE.title}'s CPU build")
+                    raise _KeyedError(key, f"{said}: host {host.name} cannot sleep ({why}): {ENGINE.title}'s "
+                                           "CPU build has no sleep mode; remove sleep or use a GPU host")
                 if host.sleep_residue_gib >= host.gpu_memory_gib:
                     raise _KeyedError(f"hosts.{host.name}.sleep_residue_gib",
                                       f"sleep_residue_gib {host.sleep_residue_gib:g} (what a sleeping engine keeps "
@@ -231,7 +231,7 @@ class Catalog(Strict):
                 bind, bind_key = ((host.bind, f"hosts.{host.name}.bind") if host.bind
                                   else (self.defaults.bind, "defaults.bind"))
                 if not self.proxy.enabled and not is_loopback(bind):
-                    raise _KeyedError(key, f"{said} opens vLLM's dev endpoints (/sleep, /wake_up, "
+                    raise _KeyedError(key, f"{said} opens {ENGINE.title}'s dev endpoints (/sleep, /wake_up, "
                                            f"/collective_rpc ...) on the engine's port, and {bind_key} = "
                                            f"{bind!r} would expose them beyond the box: set [proxy] enabled = "
                                            "true (the engine then listens on 127.0.0.1 behind it, which never "

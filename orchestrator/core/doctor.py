@@ -105,26 +105,8 @@ class EngineRun:
     flags: frozenset[str] | None = None  # the API server's options; None: not read
 
 
-# The import doctor runs with the engine's interpreter: the version, then the API server's options from
-# its own parser (vLLM moved FlexibleArgumentParser between releases; --help output hides some groups).
-VLLM_SCRIPT = """\
-import vllm
-print("version", vllm.__version__)
-try:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser as P
-    except ImportError:
-        try:
-            from vllm.utils import FlexibleArgumentParser as P
-        except ImportError:
-            from argparse import ArgumentParser as P
-    for a in make_arg_parser(P())._actions:
-        for s in a.option_strings:
-            print("flag", s)
-except Exception as e:
-    print("noflags", type(e).__name__, e)
-"""
+# The import doctor runs with the engine's interpreter (the engine's own probe script).
+ENGINE_SCRIPT = ENGINE.probe_script
 
 
 def parse_engine_run(exit_code: int, output: str) -> EngineRun:

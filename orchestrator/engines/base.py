@@ -59,6 +59,21 @@ class Engine(Protocol):
         ...
 
     @property
+    def default_command(self) -> tuple[str, ...]:
+        """deploy.toml's `engine` when it says none: the command line as the README installs it."""
+        ...
+
+    @property
+    def default_user(self) -> str:
+        """The account (and group) its units run as by default."""
+        ...
+
+    @property
+    def default_ray(self) -> str:
+        """Ray's CLI where the engine's install puts it (a multi-node model with backend ray)."""
+        ...
+
+    @property
     def control_paths(self) -> tuple[str, ...]:
         """HTTP paths that control the engine: never forwarded by the proxy."""
         ...
@@ -76,6 +91,17 @@ class Engine(Protocol):
     @property
     def sleep_api(self) -> SleepApi:
         """Its sleep mode's HTTP paths (each one among control_paths)."""
+        ...
+
+    @property
+    def probe_script(self) -> str:
+        """Python run with the engine's interpreter (doctor): prints "version V", then "flag F" per option
+        its server knows (or "noflags REASON")."""
+        ...
+
+    @property
+    def ray_args(self) -> tuple[str, ...]:
+        """What makes the engine on a Ray head use the Ray cluster (a multi-node model with backend ray)."""
         ...
 
     @property
@@ -115,6 +141,16 @@ class Engine(Protocol):
 
     def sleeps(self, unit_text: str) -> bool:
         """Whether a rendered unit runs the engine with sleep mode."""
+        ...
+
+    def node_args(self, *, nodes: int, rank: int, head_address: str, port: int,
+                  data_parallel_local: int | None = None) -> tuple[str, ...]:
+        """A node's rank of a multi-node model (native backend): its place among ``nodes``; with
+        ``data_parallel_local``, data parallel across nodes, that many replicas on each."""
+        ...
+
+    def node_env(self, peer_address: str) -> dict[str, str]:
+        """What the engine on a node needs to find the others (besides the NCCL/Gloo interface)."""
         ...
 
     def flags_needed(self, *, sleep: bool, expert_parallel: bool) -> list[str]:

@@ -35,18 +35,44 @@ _CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
 # ("(EngineCore pid=312) "): the engine's own reason, which its shutdown lines push out of a short tail.
 _EXCEPTION_LINE = re.compile(r"(?:^|[\s)])((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)): (\S.*)$")
 
+# The import doctor runs with the engine's interpreter: the version, then the API server's options from
+# its own parser (vLLM moved FlexibleArgumentParser between releases; --help output hides some groups).
+PROBE_SCRIPT = """\
+import vllm
+print("version", vllm.__version__)
+try:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser as P
+    except ImportError:
+        try:
+            from vllm.utils import FlexibleArgumentParser as P
+        except ImportError:
+            from argparse import ArgumentParser as P
+    for a in make_arg_parser(P())._actions:
+        for s in a.option_strings:
+            print("flag", s)
+except Exception as e:
+    print("noflags", type(e).__name__, e)
+"""
+
 
 @dataclass(frozen=True)
 class Vllm:
     name: str = "vllm"
     title: str = "vLLM"
     template: str = "vllm.service.j2"
+    default_command: tuple[str, ...] = ("/opt/vllm/bin/vllm", "serve")
+    default_user: str = "vllm"
+    default_ray: str = "/opt/vllm/bin/ray"
     control_paths: tuple[str, ...] = CONTROL_PATHS
     # Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
     # (its loopback bind and the proxy's deny of the dev endpoints).
     dev_mode_env: tuple[str, ...] = ("VLLM_SERVER_DEV_MODE",)
     sleep_flags: tuple[str, ...] = (SLEEP_FLAG, "--no-enable-sleep-mode")
     sleep_api: SleepApi = SLEEP_API
+    ray_args: tuple[str, ...] = ("--distributed-executor-backend", "ray")
+    probe_script: str = PROBE_SCRIPT
     health_path: str = "/health"
     models_path: str = "/v1/models"
     completions_path: str = "/v1/completions"
@@ -91,6 +117,20 @@ class Vllm:
 
     def sleeps(self, unit_text: str) -> bool:
         return SLEEP_FLAG in unit_text
+
+    def node_args(self, *, nodes: int, rank: int, head_address: str, port: int,
+                  data_parallel_local: int | None = None) -> tuple[str, ...]:
+        if data_parallel_local is not None:  # DP across nodes: each node runs its share of the replicas
+            args: tuple[str, ...] = ("--data-parallel-size-local", str(data_parallel_local),
+                                     "--data-parallel-start-rank", str(rank * data_parallel_local),
+                                     "--data-parallel-address", head_address, "--data-parallel-rpc-port", str(port))
+        else:
+            args = ("--nnodes", str(nodes), "--node-rank", str(rank), "--master-addr", head_address,
+                    "--master-port", str(port))
+        return args + (("--headless",) if rank else ())
+
+    def node_env(self, peer_address: str) -> dict[str, str]:
+        return {"VLLM_HOST_IP": peer_address}
 
     def flags_needed(self, *, sleep: bool, expert_parallel: bool) -> list[str]:
         return [f for f, on in ((SLEEP_FLAG, sleep), (EP_FLAG, expert_parallel)) if on]
