@@ -143,7 +143,7 @@ class EngineControl(Protocol):
     """The engine's sleep-mode API (its paths: ``orchestrator.engines`` ``SleepApi``) on one model's
     engine, named by its base URL.
 
-    Free of systemd on purpose: a base URL is all it needs (it also runs against real vLLM on a box
+    Free of systemd on purpose: a base URL is all it needs (it also runs against a real engine on a box
     without an init). Errors are EngineError with the engine's HTTP status and body."""
 
     def sleep(self, base_url: str, level: int, mode: str = "wait") -> None:
