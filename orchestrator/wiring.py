@@ -43,7 +43,7 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
         bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
         proxy = HaproxyProxy(shell, systemd, catalog.proxy, bind,
                              render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
-                             python=python, host=host.name)
+                             python=python, host=host.name, local=host.transport == "local")
     # NVML in this process on the agent's own box, nvidia-smi over the shell elsewhere (adapters.gpu_choice)
     gpus = ChosenGpuProbe(shell, mode=host.gpu_probe, local=host.transport == "local")
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=gpus,

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
+from orchestrator.adapters import haproxy_master
 from orchestrator.core.catalog import Proxy
 from orchestrator.core.commands import Script
 from orchestrator.core.haproxy_cli import (
@@ -35,51 +37,9 @@ from orchestrator.secrets import redact
 UNIT = PROXY_UNIT
 T = TypeVar("T")
 
-# Asks HAProxy's master CLI (run on the proxy's host): first sends the commands after the mode (the
-# drain's marks), then `show proc`, and with "old" also `show info`, `show stat` and each backend's
-# `get var proc.drained_<backend>` of every old worker (`@!PID` reaches a worker through the master).
-# JSON out; "proc" is null when the master did not answer (it re-executes on a reload, or is gone).
-_MASTER_CLI = Script("""
-import json, socket, sys
-def ask(cmd):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(5)
-    try:
-        s.connect(sys.argv[1])
-        s.sendall(cmd.encode() + b"\\n")
-        s.shutdown(socket.SHUT_WR)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-    except OSError:
-        return None
-    finally:
-        s.close()
-    return out.decode(errors="replace")
-for cmd in sys.argv[3:]:
-    ask(cmd)
-proc = ask("show proc")
-old = {}
-if proc is not None and sys.argv[2] == "old":
-    section = ""
-    for line in proc.splitlines():
-        if line.startswith("#"):
-            section = line.strip("# ").strip()
-        elif section == "old workers" and line.split()[:1] and line.split()[0].isdigit():
-            pid = line.split()[0]
-            stat = ask("@!" + pid + " show stat") or ""
-            backends = [ln.split(",")[0] for ln in stat.splitlines() if ln.split(",")[1:2] == ["BACKEND"]]
-            marks = "".join(ask("@!" + pid + " get var proc.drained_" + b) or "" for b in backends
-                            if b.replace("_", "").isalnum())
-            old[pid] = {"info": ask("@!" + pid + " show info") or "", "stat": stat, "marks": marks}
-json.dump({"proc": proc, "old": old}, sys.stdout)
-""", "HAProxy master CLI (show proc)")
-# `show stat` of every worker, current and old, through the master CLI (models on demand: idleness).
-_STATS_CLI = Script(_MASTER_CLI.split("proc = ask")[0] + """
-proc = ask("show proc")
-pids = [ln.split()[0] for ln in (proc or "").splitlines() if ln.split()[1:2] == ["worker"] and ln.split()[0].isdigit()]
-json.dump(None if proc is None else [ask("@!" + pid + " show stat") or "" for pid in pids], sys.stdout)
-""", "HAProxy master CLI (show stat)")
+# HAProxy's master CLI, asked in this process on the agent's own box and, over SSH, by this script (the
+# same module's text: adapters/haproxy_master.py) run on the proxy's host.
+_MASTER_CLI = Script(Path(haproxy_master.__file__).read_text(encoding="utf-8"), "HAProxy master CLI (show proc)")
 RELOAD_TIMEOUT_S = 30.0  # a reload re-parses one small config: seconds at most, even on a loaded host
 _POLL_S = 0.02  # a reload's new worker serves before we see it: the drain starts this much later at most
 # The CLI scripts need only the standard library: isolated and without site (no venv .pth files to
@@ -90,9 +50,11 @@ SESSIONS_RETRY_S = 2.0  # a master re-executing on a reload answers again well w
 
 class HaproxyProxy:
     def __init__(self, shell: Shell, systemd: Systemd, proxy: Proxy, bind: str, unit_text: str, *,
-                 python: str = "/usr/bin/python3", host: str = "") -> None:
+                 python: str = "/usr/bin/python3", host: str = "", local: bool = False) -> None:
+        """``local``: the proxy runs on the machine of this process (the agent's box): its master CLI is
+        asked from here, not by a script through the shell."""
         self.shell, self.systemd, self.proxy, self.bind = shell, systemd, proxy, bind
-        self.unit_text, self.python, self.host = unit_text, python, host
+        self.unit_text, self.python, self.host, self.local = unit_text, python, host, local
 
     @property
     def _applied(self) -> str:
@@ -181,12 +143,16 @@ class HaproxyProxy:
                              + "\n  ".join(tail), host=self.host, unit=UNIT) from exc
 
     def _master(self, mode: str, *commands: str) -> tuple[Procs | None, dict[int, OldWorker]]:
-        result = self.shell.run([self.python, *_BARE, "-c", _MASTER_CLI, master_socket(self.proxy), mode, *commands],
-                                check=False, idempotent=True)
-        try:
-            out = json.loads(result.stdout) if result.ok else {}
-        except ValueError:
-            out = {}
+        sock = master_socket(self.proxy)
+        if self.local:
+            out = haproxy_master.master(sock, mode, list(commands))
+        else:
+            result = self.shell.run([self.python, *_BARE, "-c", _MASTER_CLI, "master", sock, mode, *commands],
+                                    check=False, idempotent=True)
+            try:
+                out = json.loads(result.stdout) if result.ok else {}
+            except ValueError:
+                out = {}
         procs = parse_show_proc(out.get("proc") or "")
         workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")), str(v.get("marks", "")))
                    for pid, v in (out.get("old") or {}).items()}
@@ -227,12 +193,16 @@ class HaproxyProxy:
         # ask again for a while before saying the proxy gave no figures.
         deadline = time.monotonic() + SESSIONS_RETRY_S
         while True:
-            result = self.shell.run([self.python, *_BARE, "-c", _STATS_CLI, master_socket(self.proxy)], check=False,
-                                    idempotent=True)
-            try:
-                answers = json.loads(result.stdout) if result.ok else None
-            except ValueError:
-                answers = None
+            answers: object = None
+            if self.local:
+                answers = haproxy_master.stats(master_socket(self.proxy))
+            else:
+                result = self.shell.run([self.python, *_BARE, "-c", _MASTER_CLI, "stats", master_socket(self.proxy)],
+                                        check=False, idempotent=True)
+                try:
+                    answers = json.loads(result.stdout) if result.ok else None
+                except ValueError:
+                    answers = None
             if isinstance(answers, list):
                 return sessions([str(a) for a in answers], engines)
             if time.monotonic() > deadline:  # no master answered (it re-executes on a reload, or is gone)

@@ -16,6 +16,7 @@ class _Blank(dict[str, Any]):
 # What the warm steps did, as one line each (deploy/warm_steps.py emits these with the engine's words),
 # and the style the CLI prints it in.
 WARM_LINES: dict[str, tuple[str, str]] = {
+    "drained": ("what the proxy had in flight to {engines} finished ({seconds} s)", ""),
     "slept": ("{model} sleeps ({level}, {seconds} s)", ""),
     "woken": ("{model} woke and answered a completion ({seconds} s)", "green"),
     "wake_fits": ("GPUs {gpus} have the memory {model}'s wake takes: it may wake", ""),

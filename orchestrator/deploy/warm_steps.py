@@ -275,7 +275,11 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
         return  # the target wakes beside them; the route moves and they sleep in `routing`
     actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
+    started = ctx.ports.clock.monotonic()
     actions.drain(ctx, (d.spec for d in leaving))
+    # Kept with the deployment: what the displaced engines still served (their in-flight requests) is
+    # part of a warm switch's gap that is theirs, not the switch's (bench/warm: gap - this - sleep - wake).
+    ctx.record(WARM_EVENT, {"step": "drained", "seconds": round(ctx.ports.clock.monotonic() - started, 3)})
     put_to_sleep(ctx, step, leaving, window=True)
 
 

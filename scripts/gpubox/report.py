@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -57,6 +58,25 @@ def report(path: str) -> list[str]:
                      f"max {gaps[-1]} ms; failed {sum(s['client']['failed'] for s in warm)}, "
                      f"503 {sum(s['client']['503'] for s in warm)}, hung {sum(s['client']['hung'] for s in warm)}; "
                      f"cut {recut} of {sum(1 for r in records if r['kind'] == 'stream')} streams in the part")]
+    floor = [s for s in steps if s["step"].startswith(("floor_", "warm_"))]
+    if floor:
+        out += ["", ("| switch | gap ms | displaced finishing (drained) s | sleep s | wake + first completion s | "
+                     "the switch's own ms |"), "|---|---|---|---|---|---|"]
+        own = []
+        for s in floor:
+            text = s.get("output", "")
+            got = {k: float(m.group(1)) for k, pat in (("drained", r"finished \(([\d.]+) s\)"),
+                                                       ("sleep", r"sleeps \(level\d, ([\d.]+) s\)"),
+                                                       ("wake", r"woke and answered a completion \(([\d.]+) s\)"))
+                   if (m := re.search(pat, text))}
+            if len(got) == 3:
+                own.append(s["client"]["gap_ms"] - 1000 * sum(got.values()))
+            out.append(f"| {s['step']} | {s['client']['gap_ms']} | {got.get('drained', '')} | {got.get('sleep', '')} | "
+                       f"{got.get('wake', '')} | {round(own[-1]) if len(got) == 3 else ''} |")
+        if own:
+            own.sort()
+            out.append(f"the switch's own part of the gap (gap - drained - sleep - wake with its first completion): "
+                       f"median {round(own[len(own) // 2])} ms, max {round(own[-1])} ms over {len(own)} switches")
     for model, e in engine.items():
         out.append(f"vLLM's own words, {model}: init engine {e.get('init_engine')} s; sleep {e.get('sleep_s')} s; "
                    f"wake {e.get('wake_s')} s; freed {sorted(set(e.get('sleep_freed', [])))}")

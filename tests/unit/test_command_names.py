@@ -16,7 +16,7 @@ SCRIPT = haproxy._MASTER_CLI
 def test_a_missing_interpreter_names_the_script_not_its_text() -> None:
     """`/nonexistent/python -c <master CLI script>`: the error names the operation, in one short line."""
     with pytest.raises(CommandFailed) as info:
-        LocalShell().run(["/nonexistent/python3", "-c", SCRIPT, "/run/orchestrator-proxy/master.sock", "old"],
+        LocalShell().run(["/nonexistent/python3", "-c", SCRIPT, "master", "/run/orchestrator-proxy/master.sock", "old"],
                          check=False)
     message = str(info.value)
     assert "<HAProxy master CLI (show proc) script>" in message and "import json" not in message

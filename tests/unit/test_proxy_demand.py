@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.adapters import haproxy_master
 from orchestrator.adapters.haproxy import _MASTER_CLI
 from orchestrator.core.catalog import Proxy
 from orchestrator.core.haproxy_cli import OldWorker, Procs, draining, mark_commands, parse_show_proc
@@ -307,11 +308,23 @@ def test_unknown_name_is_404_and_asks_nothing(front: Front) -> None:
 def _old_workers(front: Front, *commands: str) -> tuple[Procs | None, dict[int, OldWorker]]:
     """What the adapter asks the master CLI before a drain counts old workers (its own script), after
     sending ``commands`` (the drain's marks)."""
-    out = subprocess.run([sys.executable, "-c", _MASTER_CLI, str(front.master_sock), "old", *commands],
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", _MASTER_CLI, "master", str(front.master_sock), "old",
+                          *commands],
                          capture_output=True, text=True, check=True).stdout
     answer = json.loads(out)
     return parse_show_proc(answer["proc"] or ""), {int(pid): OldWorker(int(pid), v["info"], v["stat"], v["marks"])
                                                    for pid, v in answer["old"].items()}
+
+
+def test_the_master_cli_answers_the_same_in_process_and_as_a_script(front: Front) -> None:
+    """The agent on its own box asks the master CLI in its process; over SSH the same module runs as a
+    script: both give the same workers."""
+    script = json.loads(subprocess.run([sys.executable, "-I", "-S", "-c", _MASTER_CLI, "master",
+                                        str(front.master_sock), "proc"], capture_output=True, text=True,
+                                       check=True).stdout)
+    here = haproxy_master.master(str(front.master_sock), "proc", [])
+    in_process, by_script = parse_show_proc(here["proc"]), parse_show_proc(script["proc"])
+    assert in_process is not None and by_script is not None and in_process.workers == by_script.workers
 
 
 def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:

@@ -90,6 +90,16 @@ def test_what_happens_to_the_displaced_model_is_decided_before_the_route_moves(w
     assert not [c for c in window if c.startswith("du ")]
 
 
+def test_the_drain_of_the_displaced_engines_is_kept_with_the_deployment(ww: WarmWorld) -> None:
+    """The sleeping step records how long the displaced engines took to finish what they served, so a
+    warm switch's gap can be split into theirs and the switch's."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    back = ww.switch("alpha")
+    drained = [e for e in ww.warm_events() if e.get("step") == "drained" and e["deployment_id"] == back.id]
+    assert [(d["phase"], d["seconds"] >= 0) for d in drained] == [("sleeping", True)]
+
+
 def test_the_window_reads_no_cgroup_staging_read_them(ww: WarmWorld) -> None:
     """From the route move to the woken target the switch reuses the PIDs staging read: no unit's
     cgroup is read between `sleeping` and `routing`."""
