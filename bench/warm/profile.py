@@ -9,7 +9,8 @@ host's adapters in this process, and every progress event is time-stamped; for e
 the phases and, inside them, each call with its wall time, then the median per call across the switches.
 The client-visible gap (longest time between two 200 answers) stands beside the engine's own sleep + wake.
 
-    .venv/bin/python bench/warm/profile.py [--rounds 6]      (raw: bench/warm/profile.json)
+    .venv/bin/python bench/warm/profile.py [--rounds 6] [--out bench/warm/profile-after.json]
+(committed: profile-before.txt/.json before the window cuts, profile-after.txt/.json after)
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Timed:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench/warm/profile-after.json", help="the raw rows")
     args = ap.parse_args()
     engine = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1"]
     warm = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "args": engine, "sleep": "level1",
@@ -119,7 +121,7 @@ def main() -> None:
         gaps = [r["gap_ms"] for r in rows]
         print(f"client gap median {statistics.median(gaps)} ms, max {max(gaps)} ms; switch median "
               f"{statistics.median(r['switch_s'] for r in rows):.2f} s; failed {sum(r['failed'] for r in rows)}")
-    (ROOT / "bench/warm/profile.json").write_text(json.dumps(rows, indent=1))
+    args.out.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

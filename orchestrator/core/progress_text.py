@@ -17,6 +17,7 @@ class _Blank(dict[str, Any]):
 # and the style the CLI prints it in.
 WARM_LINES: dict[str, tuple[str, str]] = {
     "drained": ("what the proxy had in flight to {engines} finished ({seconds} s)", ""),
+    "weights_in_ram": ("{model}'s weights are in host RAM as it loaded them (asleep, level1): not staged again", ""),
     "slept": ("{model} sleeps ({level}, {seconds} s)", ""),
     "woken": ("{model} woke and answered a completion ({seconds} s)", "green"),
     "wake_fits": ("GPUs {gpus} have the memory {model}'s wake takes: it may wake", ""),

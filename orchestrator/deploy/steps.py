@@ -30,10 +30,12 @@ def planned(ctx: StepContext, step: StepInput) -> StepResult:
 
 def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     dep = step.dep
-    if step.plan is not None and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
+    on_demand = dep.model in ctx.catalog.models and ctx.catalog.models[dep.model].on_demand
+    if step.plan is not None and not on_demand and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
         # A name nothing serves answers "loading" (503 + Retry-After) from the switch's first step
         # (the checks and the download included), not "not loaded"; a switch that ends before
-        # stopping anything takes the mark back (engine).
+        # stopping anything takes the mark back (engine). An on-demand model's requests are held
+        # (the proxy's demand hold) until it serves: it never gets the mark (core.proxy), so no apply.
         actions.route(ctx, (d.spec for d in step.serving), loading=[dep.spec.served_name])
     snap = ctx.ports.gpus.snapshot()
     state = ctx.ports.systemd.unit_state(dep.spec.unit_name)
@@ -62,7 +64,10 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
     """Stage and verify weights, then write and load the new unit: all while the old model serves."""
     dep, store = step.dep, ctx.ports.weights
     spec = None
-    if dep.spec.source != "none" and store is not None:
+    loaded = _asleep_as_loaded(ctx, step)
+    if loaded:
+        ctx.emit("weights_in_ram", model=dep.model)
+    if dep.spec.source != "none" and store is not None and not loaded:
         staged = store.stage(dep.spec, ctx.progress)
         ctx.emit("staged", path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
         # A rollback redeploys its recorded spec exactly; a switch follows where the weights landed.
@@ -85,6 +90,16 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
         ctx.emit("warm", model=dep.model)
         return StepResult(spec=spec, event=Event.WARM)
     return StepResult(spec=spec)
+
+
+def _asleep_as_loaded(ctx: StepContext, step: StepInput) -> bool:
+    """The target sleeps at level 1 under this very unit: its weights are in host RAM as it loaded them, and
+    its wake reads no file; staging them again would only put a verification of files into the wait of
+    what asks for it (an on-demand request waits from the swap's first step)."""
+    dep = step.dep
+    return (step.plan is not None and warm_steps.level_of(ctx, dep.model) == "level1"
+            and ctx.ports.systemd.read_unit(dep.spec.unit_name) == dep.spec.unit_text
+            and warm_steps.is_asleep(ctx, dep.spec))
 
 
 def check_beside(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:

@@ -340,3 +340,27 @@ def test_dry_run_of_a_switch_to_a_sleeper_says_warm_not_stop_start() -> None:
     plan = Operations(ww.catalog, lambda name: ports, store=ww.store, residency=ww.residency).explain("alpha")
     assert plan["mode"] == "warm" and plan["displaced"] == ["beta"]
     assert "stop-start" not in plan["reason"] and "holds what arrives until it wakes" in plan["reason"]
+
+
+def test_a_level1_sleeper_under_its_own_unit_is_woken_without_staging_its_weights(ww: WarmWorld) -> None:
+    """Back to alpha, asleep at level 1 under the same unit: its weights are in host RAM as it loaded them,
+    so the switch wakes it without staging (verifying) them again."""
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.weights.staged.clear()
+    assert ww.switch("alpha").phase is Phase.ACTIVE
+    assert ww.weights.staged == []
+    assert any(e == "weights_in_ram" for e, _ in ww.events)
+
+
+def test_a_level2_sleeper_stages_its_weights_before_its_wake() -> None:
+    """Level 2 reloads its weights from disk on the wake: they are staged and verified first, as before."""
+    level2 = {**TP4, "sleep": "level2"}
+    w = WarmWorld(warm_catalog(alpha={"repo": "org/alpha", "port": 8001, **level2},
+                               beta={"repo": "org/beta", "port": 8002, **level2}))
+    w.switch("alpha")
+    w.switch("beta")
+    w.weights.staged.clear()
+    assert w.switch("alpha").phase is Phase.ACTIVE
+    assert w.weights.staged == ["alpha"]
+
