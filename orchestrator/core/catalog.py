@@ -212,7 +212,7 @@ class Catalog(Strict):
                 platform = self.platform_of(host)
                 if platform == "cpu":
                     why = (f"hosts.{host.name}.platform = \"cpu\"" if host.platform else
-                           f"its engine {self.engine_for(host)[0]} is {ENGINE.title}'s CPU build")
+                           f"its engine {self.engine_command(host)[0]} is {ENGINE.title}'s CPU build")
                     raise _KeyedError(key, f"{said}: host {host.name} cannot sleep ({why}): {ENGINE.title}'s "
                                            "CPU build has no sleep mode; remove sleep or use a GPU host")
                 if host.sleep_residue_gib >= host.gpu_memory_gib:
@@ -318,7 +318,7 @@ class Catalog(Strict):
         command line (vLLM's CPU build: "cpu"), else "cuda"."""
         if host.platform is not None:
             return host.platform
-        return ENGINE.platform(self.engine_for(host))
+        return ENGINE.platform(self.engine_command(host))
 
     def model(self, name: str) -> Model:
         """The model called ``name``, or the one UsageError that lists the known ones."""
@@ -392,7 +392,8 @@ class Catalog(Strict):
     def models_on(self, host: str) -> list[str]:
         return [m for m in self.models if host in (h.name for h in self.model_hosts(m))]
 
-    def engine_for(self, host: Host) -> tuple[str, ...]:
+    def engine_command(self, host: Host) -> tuple[str, ...]:
+        """The engine's command line on ``host`` (deploy.toml's `engine`: the host's, else [defaults])."""
         return host.engine or self.defaults.engine
 
 

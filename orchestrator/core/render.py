@@ -84,7 +84,7 @@ def engine_address(catalog: Catalog, model: Model, host: Host) -> str:
 def launch_of(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> Launch:
     """What the engine needs to start ``model`` on ``host`` (default: its own), from the catalog."""
     host = host or catalog.model_host(model.name)
-    return Launch(command=tuple(catalog.engine_for(host)), model_dir=model_dir, served=model.served,
+    return Launch(command=tuple(catalog.engine_command(host)), model_dir=model_dir, served=model.served,
                   bind=engine_bind(catalog, model, host), port=model.port, tensor_parallel=model.tensor_parallel,
                   pipeline_parallel=model.pipeline_parallel, data_parallel=model.data_parallel,
                   expert_parallel=model.expert_parallel, sleep=model.sleep is not None,

@@ -31,7 +31,7 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
     shell, host = ports.shell, ports.host
     out = [_systemd(ports), _gpus(ports)]
     user, group = catalog.defaults.user, catalog.defaults.group
-    engine = catalog.engine_for(host)[0]
+    engine = catalog.engine_command(host)[0]
     folders = {name: folder for name, (_, folder) in units.items()}
     nodes = _device_nodes(shell)
     files = [f"{f}/{n}" for f in folders.values() for n in ("config.json", "model.safetensors.index.json")]

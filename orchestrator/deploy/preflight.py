@@ -47,7 +47,7 @@ def check_access(catalog: Catalog, model: str, ports: HostPorts, model_dir: str)
     """Refuse (exit 2) a switch whose unit's user cannot execute the engine or read the weights, before
     anything stops: a path walk with the user's uid and groups, cheap enough for every switch (doctor runs
     the engine itself). A user the host lacks is refused too: systemd would fail the unit (217/USER)."""
-    user, engine = catalog.defaults.user, catalog.engine_for(ports.host)[0]
+    user, engine = catalog.defaults.user, catalog.engine_command(ports.host)[0]
     probed = probe_access(ports.shell, user, [engine, model_dir])
     if probed is None:
         return

@@ -29,7 +29,7 @@ def verify_root(tmp: Path, catalog: Catalog) -> Path:
         shutil.copytree("/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
         (root / "etc/systemd/system").mkdir(parents=True)
     for host in catalog.hosts.values():
-        exe = root / catalog.engine_for(host)[0].lstrip("/")
+        exe = root / catalog.engine_command(host)[0].lstrip("/")
         exe.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy("/bin/true", exe)
     return root
