@@ -1,7 +1,7 @@
-"""The small interfaces between the engine and the outside world.
+"""The small interfaces between the application (the deployer, the agent) and the outside world.
 
 Each port has a real adapter in ``orchestrator.adapters`` and an in-memory fake in
-``orchestrator.testing``. Adapters are chosen once, per host, when the engine is built.
+``orchestrator.testing``. Adapters are chosen once, per host, when the operations are built.
 Every method raises only ``orchestrator.errors`` types.
 """
 
@@ -140,9 +140,10 @@ class HealthProbe(Protocol):
 
 
 class EngineControl(Protocol):
-    """vLLM's sleep-mode API (``--enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1``) on one engine.
+    """The engine's sleep-mode API (its paths: ``orchestrator.engines`` ``SleepApi``) on one model's
+    engine, named by its base URL.
 
-    Free of systemd on purpose: a base URL is all it needs (it also runs against real vLLM on a box
+    Free of systemd on purpose: a base URL is all it needs (it also runs against a real engine on a box
     without an init). Errors are EngineError with the engine's HTTP status and body."""
 
     def sleep(self, base_url: str, level: int, mode: str = "wait") -> None:
@@ -413,7 +414,7 @@ class HostPorts:
     weights: WeightStore | None = None
     smoke: SmokeBench | None = None
     proxy: FrontProxy | None = None
-    engine: EngineControl | None = None
+    engine_control: EngineControl | None = None
 
     def close(self) -> None:
         self.shell.close()

@@ -49,7 +49,7 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=gpus,
                      health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
                      smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy,
-                     engine=HttpEngineControl())
+                     engine_control=HttpEngineControl())
 
 
 def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:

@@ -56,7 +56,7 @@ from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy import actions
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError
 from orchestrator.ports import HostPorts
 
@@ -125,7 +125,7 @@ class Rig:
              model: dict[str, Any] | None = None) -> tuple[UnitSpec, StepContext]:
         catalog = settings.load(write_catalog(self.a, self.out, engine_args, name, model))
         self.catalog_host_residue_mib = catalog.hosts[self.a.host].sleep_residue_gib * 1024
-        spec = Engine(catalog, None, lambda h: None).spec_for(catalog.models[name])  # type: ignore[arg-type]
+        spec = Deployer(catalog, None, lambda h: None).spec_for(catalog.models[name])  # type: ignore[arg-type]
         (self.out / spec.unit_name).write_text(spec.unit_text)
         return spec, self.context(catalog)
 

@@ -51,15 +51,15 @@ class Warm:
         self.clock = SystemClock()
         self.swaps: list[dict[str, Any]] = []
 
-    def engine(self, spec: UnitSpec, utilization: float) -> warm.Engine:
-        return warm.Engine(name=spec.model, base_url=spec.base_url, gpus=tuple(spec.gpus),
+    def engine(self, spec: UnitSpec, utilization: float) -> warm.EngineProcess:
+        return warm.EngineProcess(name=spec.model, base_url=spec.base_url, gpus=tuple(spec.gpus),
                            pids=frozenset(self.rig.units.cgroup_pids(spec.unit_name)), utilization=utilization,
                            served=spec.served_name)
 
     def smi(self, gpus: tuple[int, ...]) -> dict[int, int]:
         return warm.pids_holding(self.rig.gpus, gpus)
 
-    def sleep(self, eng: warm.Engine, level: int, label: str) -> float | None:
+    def sleep(self, eng: warm.EngineProcess, level: int, label: str) -> float | None:
         try:
             took = warm.sleep_verified(self.control, self.rig.gpus, self.clock, eng, level=level,
                                        residue_mib=self.residue, mode="wait")
@@ -73,7 +73,7 @@ class Warm:
                       f"{self.control.is_sleeping(eng.base_url)}; GPU by PID {self.smi(eng.gpus)}")
         return took
 
-    def swap(self, off: warm.Engine, on: warm.Engine, i: int) -> None:
+    def swap(self, off: warm.EngineProcess, on: warm.EngineProcess, i: int) -> None:
         """``off`` sleeps, ``on`` wakes and answers: the client-visible gap of a warm switch."""
         t0 = time.monotonic()
         try:
@@ -96,7 +96,7 @@ class Warm:
         self.swaps.append(row)
         self.ec.check(f"swap_{i}", True, json.dumps(row))
 
-    def level2(self, eng: warm.Engine) -> None:
+    def level2(self, eng: warm.EngineProcess) -> None:
         if self.sleep(eng, 2, "sleep_level2") is None:
             return
         try:
@@ -107,7 +107,7 @@ class Warm:
         except OrchestratorError as exc:
             self.ec.check("wake_level2", False, str(exc)[:1500])
 
-    def wedge(self, other: warm.Engine, sleeper: warm.Engine) -> None:
+    def wedge(self, other: warm.EngineProcess, sleeper: warm.EngineProcess) -> None:
         """Both engines asleep, another process takes the memory ``sleeper`` needs; the product must
         refuse the wake naming that PID, and a forced wake must be found wedged, twice (vLLM's out of
         memory, then invalid argument)."""
@@ -139,7 +139,7 @@ class Warm:
         self.ec.say(f"wedge: hog gone; {sleeper.name} holds {warm.held_mib(self.rig.gpus, sleeper)} MiB by GPU")
         self.forced_wake(sleeper, "wedged_for_good", "invalid argument")
 
-    def forced_wake(self, eng: warm.Engine, label: str, words: str) -> None:
+    def forced_wake(self, eng: warm.EngineProcess, label: str, words: str) -> None:
         t = time.monotonic()
         try:
             warm.wake_checked(self.control, self.clock, eng, level=1, deadline_s=20.0)
@@ -149,7 +149,7 @@ class Warm:
                                                     f"{exc.status}): {str(exc)[:700]}; {eng.name} holds "
                                                     f"{warm.held_mib(self.rig.gpus, eng)} MiB by GPU")
 
-    def stop_freed(self, spec: UnitSpec, eng: warm.Engine, label: str) -> None:
+    def stop_freed(self, spec: UnitSpec, eng: warm.EngineProcess, label: str) -> None:
         t = time.monotonic()
         self.rig.units.stop(spec.unit_name)
         deadline = time.monotonic() + 30
@@ -166,7 +166,7 @@ class Warm:
         return out
 
 
-def start_big(ec: Any, rig: Any, a: Any, w: Warm, big: dict[str, Any]) -> tuple[Any, Any, warm.Engine] | None:
+def start_big(ec: Any, rig: Any, a: Any, w: Warm, big: dict[str, Any]) -> tuple[Any, Any, warm.EngineProcess] | None:
     """A, ready; with --fallback-engine when it does not come up with --engine and --first-args
     (e.g. `vllm serve --api-server-count 4`, which the comparison wants and nothing here has proved)."""
     spec, ctx = rig.spec("wa", shlex.split(a.engine_args) + shlex.split(a.first_args), model=big)
@@ -220,7 +220,7 @@ def run(ec: Any, rig: Any, a: Any, workers: Any) -> None:
     ec.stop_and_free(rig, spec_a, ctx_a)
 
 
-def compare_on(ec: Any, rig: Any, a: Any, w: Warm, spec_a: Any, eng_a: warm.Engine, workers: Any) -> None:
+def compare_on(ec: Any, rig: Any, a: Any, w: Warm, spec_a: Any, eng_a: warm.EngineProcess, workers: Any) -> None:
     """The strict comparison on A, woken first if it sleeps."""
     if workers is not None:
         if w.control.is_sleeping(eng_a.base_url):
@@ -233,7 +233,7 @@ def compare_on(ec: Any, rig: Any, a: Any, w: Warm, spec_a: Any, eng_a: warm.Engi
             ec.compare_check(rig, spec_a, a.levels, a.rounds, "compare", strict=True, workers=workers)
 
 
-def warm_part(ec: Any, rig: Any, a: Any, w: Warm, eng_a: warm.Engine, small: dict[str, Any]) -> bool:
+def warm_part(ec: Any, rig: Any, a: Any, w: Warm, eng_a: warm.EngineProcess, small: dict[str, Any]) -> bool:
     """False when A would not even sleep once."""
     if w.sleep(eng_a, 1, "first_sleep") is None:
         return False

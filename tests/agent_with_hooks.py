@@ -22,7 +22,7 @@ from orchestrator.adapters.clock import SystemClock
 from orchestrator.agent.daemon import Agent
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import OrchestratorError
 from orchestrator.ports import ProgressCallback
@@ -70,8 +70,8 @@ class HookedOperations(Operations):
         super().__init__(catalog, ports_factory(catalog), before_step=pause_hook(pause_dir))
         self.pause_dir = pause_dir
 
-    def engine(self, progress: ProgressCallback | None = None) -> Engine:
-        return super().engine(event_hook(self.pause_dir, progress))
+    def deployer(self, progress: ProgressCallback | None = None) -> Deployer:
+        return super().deployer(event_hook(self.pause_dir, progress))
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from orchestrator.adapters.nvidia_smi import NvidiaSmiProbe
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy import actions
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.ports import HostPorts
 from tests.hosts.wait import wait_for
 
@@ -82,7 +82,7 @@ args = ["--engine-child", "--load-time", "0.5", "--gpu-state-dir", "{gpu_dir}"]
 env = {{ STANDIN_GPU_MIB = "122666" }}
 ''')
     catalog = settings.load(cfg)
-    spec = Engine(catalog, None, lambda h: None).spec_for(catalog.models["m8"])  # type: ignore[arg-type]
+    spec = Deployer(catalog, None, lambda h: None).spec_for(catalog.models["m8"])  # type: ignore[arg-type]
     units = ProcessUnits("gpu", tmp_path)
     probe = NvidiaSmiProbe(LocalShell("gpu"), binary=str(smi))
     ports = HostPorts(host=catalog.hosts["gpu"], shell=LocalShell("gpu"), systemd=units,  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import settings
-from orchestrator.deploy.engine import default_template
+from orchestrator.deploy.deployer import default_template
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import Busy
 from orchestrator.wiring import operations, ports_factory

@@ -126,7 +126,7 @@ def test_ram_budget_full_stops_the_oldest_sleeper(host: Host, tmp_path: Path) ->
     ops = operations(settings.load(cfg))
     try:
         for name in ("alpha", "beta"):
-            spec = ops.engine().spec_for(ops.catalog.models[name])
+            spec = ops.deployer().spec_for(ops.catalog.models[name])
             host.run(f"mkdir -p {spec.model_dir} && truncate -s 1G {spec.model_dir}/weights.bin")
         ops.switch("alpha")
         ops.switch("beta")

@@ -12,10 +12,12 @@ import httpx
 
 Params = list[tuple[str, str | int | float | bool | None]]
 
+from orchestrator.engines import ENGINE
 from orchestrator.errors import EngineError
 from orchestrator.secrets import redact
 
 MODES = ("wait", "keep", "abort")
+API = ENGINE.sleep_api
 
 
 class HttpEngineControl:
@@ -47,44 +49,44 @@ class HttpEngineControl:
             raise EngineError(f"sleep level {level!r} for {base_url}: must be 1 or 2")
         if mode not in MODES:
             raise EngineError(f"sleep mode {mode!r} for {base_url}: must be one of {', '.join(MODES)}")
-        self._post(base_url, "/sleep", params=[("level", str(level)), ("mode", mode)], timeout=self._sleep_timeout)
+        self._post(base_url, API.sleep, params=[("level", str(level)), ("mode", mode)], timeout=self._sleep_timeout)
 
     def wake(self, base_url: str, tags: Sequence[str] = ()) -> None:
         params: Params = [("tags", t) for t in tags]
-        self._post(base_url, "/wake_up", params=params or None, timeout=self._wake_timeout)
+        self._post(base_url, API.wake, params=params or None, timeout=self._wake_timeout)
 
     def is_sleeping(self, base_url: str) -> bool:
         try:
-            r = self._client.get(f"{base_url}/is_sleeping")
+            r = self._client.get(f"{base_url}{API.is_sleeping}")
         except httpx.HTTPError as exc:
-            raise EngineError(f"GET {base_url}/is_sleeping: no answer ({type(exc).__name__}: {exc})") from exc
+            raise EngineError(f"GET {base_url}{API.is_sleeping}: no answer ({type(exc).__name__}: {exc})") from exc
         body = redact(r.text)[:500]
         if r.status_code != 200:
             # 404: the engine runs without VLLM_SERVER_DEV_MODE=1 (or is not vLLM).
-            raise EngineError(f"GET {base_url}/is_sleeping: HTTP {r.status_code}: {body}", status=r.status_code,
+            raise EngineError(f"GET {base_url}{API.is_sleeping}: HTTP {r.status_code}: {body}", status=r.status_code,
                               body=body)
         try:
             value = r.json()["is_sleeping"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise EngineError(f"GET {base_url}/is_sleeping: unexpected answer {body!r}", status=200,
+            raise EngineError(f"GET {base_url}{API.is_sleeping}: unexpected answer {body!r}", status=200,
                               body=body) from exc
         if not isinstance(value, bool):
-            raise EngineError(f"GET {base_url}/is_sleeping: is_sleeping is {value!r}, not a boolean",
+            raise EngineError(f"GET {base_url}{API.is_sleeping}: is_sleeping is {value!r}, not a boolean",
                               status=200, body=body)
         return value
 
     def reload_weights(self, base_url: str) -> None:
-        self._post(base_url, "/collective_rpc", json={"method": "reload_weights"}, timeout=self._wake_timeout)
+        self._post(base_url, API.reload_weights, json={"method": "reload_weights"}, timeout=self._wake_timeout)
 
     def reset_prefix_cache(self, base_url: str) -> None:
-        self._post(base_url, "/reset_prefix_cache")
+        self._post(base_url, API.reset_prefix_cache)
 
     def complete(self, base_url: str, model: str, timeout: float) -> str:
         body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
-        r = self._post(base_url, "/v1/completions", json=body, timeout=timeout)
+        r = self._post(base_url, ENGINE.completions_path, json=body, timeout=timeout)
         try:
             return str(r.json()["choices"][0]["text"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             text = redact(r.text)[:300]
-            raise EngineError(f"POST {base_url}/v1/completions: unexpected answer {text!r}", status=200,
+            raise EngineError(f"POST {base_url}{ENGINE.completions_path}: unexpected answer {text!r}", status=200,
                               body=text) from exc

@@ -174,7 +174,7 @@ class Agent:
         if self.stopping.is_set():
             raise AgentError("the agent is stopping; try again when it is back")
         assert spec.job is not None
-        # one host per job: recover without --host on several hosts is refused, naming them
+        # one host per job: recover without --on on several hosts is refused, naming them
         host = args.on if args.on is not None else self.catalog.only_host().name
         # Operators first: an on-demand swap running on the host is waited for (no new one starts meanwhile).
         self.broker.yield_to(host, f"{spec.name} by {trigger}", timeout_s=self._yield_s(host))

@@ -12,9 +12,11 @@ from orchestrator.agent.demand_ops import sleep_idle, stop_idle
 from orchestrator.agent.demand_tickets import Swap, Ticket, Waiting, answer
 from orchestrator.agent.demand_view import SWAP_EVENT, BrokerAgent, HostView
 from orchestrator.agent.server import Job
-from orchestrator.contract.wire import error_reply
+from orchestrator.contract.wire import error_of, error_reply
 from orchestrator.core import demand as policy
 from orchestrator.core.demand import Kind
+from orchestrator.core.records import SwitchResult
+from orchestrator.core.states import Phase
 from orchestrator.errors import Busy, OrchestratorError
 from orchestrator.ports import Clock
 
@@ -96,17 +98,18 @@ class DemandJobs:
         now = self.clock.monotonic()
         w = self.waiting
         swap.settled = True
-        outcome = (result.get("result") or {}).get("outcome")
+        switched = SwitchResult.from_dict(result.get("result") or {})
+        outcome = switched.ended
         waiting = w.tickets.pop(swap.model, [])
         self.agent.metrics.demand_queue(swap.model, 0)
-        if outcome == "active":
+        if switched.outcome is Phase.ACTIVE:
             for t in waiting:
                 self.answer(t, {"ready": True}, "ready")
             self.view.routed(swap.model, now, len(waiting))  # not yet in HAProxy's scur
         elif swap.abandoned and waiting:
             w.tickets[swap.model] = waiting  # they came after it was given up: the next pass decides
             self.agent.metrics.demand_queue(swap.model, len(waiting))
-        elif isinstance(result.get("error"), dict) and result["error"].get("type") in ("Busy", "NodeInUse"):
+        elif isinstance(result.get("error"), dict) and isinstance(error_of(result["error"]), Busy):
             # the host's lock was taken (a CLI without the agent): its requests wait, the next try in a while
             w.tickets[swap.model] = waiting
             self.agent.metrics.demand_queue(swap.model, len(waiting))
@@ -115,14 +118,14 @@ class DemandJobs:
         else:
             error = result.get("error") or {}
             why = error.get("message") if isinstance(error, dict) else None
-            message = f"{swap.model} could not be brought up ({outcome or 'failed'}): {why or 'see history'}"
+            message = f"{swap.model} could not be brought up ({outcome}): {why or 'see history'}"
             for t in waiting:
                 self.answer(t, {"status": 503, "message": message,
                                 "retry_after_s": self.agent.catalog.proxy.retry_after_s}, "503")
-        dep = (result.get("result") or {}).get("id")
+        dep = switched.deployment_id
         waits = sorted(round(now - t.arrived, 3) for t in waiting)
         self.agent.ops.record_event(self.clock.now(), host, "demand", {
-            "deployment_id": dep, "model": swap.model, "outcome": outcome or "failed", "cold": swap.cold,
+            "deployment_id": dep, "model": swap.model, "outcome": outcome, "cold": swap.cold,
             "requests": len(waiting), "cancelled": swap.cancelled, "waits_s": waits[:100],
             "wait_max_s": waits[-1] if waits else None, "took_s": round(now - swap.started, 3)})
 

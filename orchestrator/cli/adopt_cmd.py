@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.options import config_option, json_option, local_option
+from orchestrator.cli.options import config_option, json_option, local_option, on_option
 from orchestrator.cli.target import backend
 from orchestrator.client.backends import AgentClient, Backend
 from orchestrator.contract.ops import ADOPT, ADOPT_RECORD, CONFIG_PUSH, CONFIG_SHOW
@@ -17,7 +17,7 @@ from orchestrator.errors import AdoptError
 @click.command()
 @click.argument("units", nargs=-1, metavar="[UNIT...]")
 @config_option
-@click.option("--host", "host", default=None, help="the box to look at (a host of deploy.toml; default: the only one)")
+@on_option("the host of deploy.toml to look at (default: the only one)")
 @click.option("--apply", "apply", is_flag=True,
               help="push the entries into deploy.toml (checked as `config push` checks) and record what runs now")
 @local_option
@@ -100,7 +100,7 @@ def _push(be: Backend, config: str | None, local: bool, toml: str) -> dict[str, 
 
     from orchestrator import settings
     from orchestrator.agent.config_ops import ConfigRevisions
-    from orchestrator.deploy.engine import default_trigger
+    from orchestrator.deploy.deployer import default_trigger
 
     path = settings.config_path(config)
     running = settings.load(path)

@@ -19,6 +19,7 @@ from orchestrator.cli.options import (
     int_in,
     json_option,
     number_in,
+    on_option,
     printed,
 )
 from orchestrator.cli.tables import print_table, stdout_console
@@ -40,7 +41,7 @@ def _serving(ops: Operations, host: str | None) -> Any:
 
 @click.command()
 @config_option
-@click.option("--host", "host", default=None)
+@on_option("the host of deploy.toml whose serving model is measured (default: the only one)")
 @click.option("--concurrency", default="1,16,64,256", show_default=True, help="levels, comma-separated")
 @click.option("--max-tokens", type=int_in(1, MAX_COUNT), default=512, show_default=True)
 @click.option("--prompt-tokens", type=int_in(1, MAX_COUNT), default=128, show_default=True)
@@ -95,7 +96,7 @@ def _dist(d: dict[str, Any] | None) -> str:
 
 @click.command()
 @config_option
-@click.option("--host", "host", default=None)
+@on_option("the host of deploy.toml whose benchmarks are compared (default: the only one)")
 @json_option
 def compare(config: str | None, host: str | None, as_json: bool) -> None:
     """Every model benchmarked on a host, side by side per concurrency level (latest run of each)."""

@@ -18,7 +18,8 @@ from orchestrator.cli.target import catalog, local_only
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.multinode import render_nodes
 from orchestrator.core.render import RenderedUnit, load_deadline, render_agent_unit, render_unit
-from orchestrator.deploy.engine import default_template
+from orchestrator.deploy.deployer import default_template
+from orchestrator.engines import ENGINE
 from orchestrator.errors import UsageError
 from orchestrator.resources import template_text
 
@@ -93,7 +94,7 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
     for n in names:  # all or nothing: render before writing
         m = cat.models[n]
         if m.nodes:  # every role of a multi-node model: one unit per node, the Ray head's too
-            multi = render_nodes(cat, m, lambda name: text if name == "vllm.service.j2" else template_text(name))
+            multi = render_nodes(cat, m, lambda name: text if name == ENGINE.template else template_text(name))
             rendered.append(multi.api)
             rendered += [RenderedUnit(node.unit_name, node.unit_text) for node in multi.nodes]
             unit_host |= {node.unit_name: node.host for node in multi.nodes}

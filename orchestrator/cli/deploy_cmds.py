@@ -18,6 +18,7 @@ from orchestrator.cli.options import (
     int_in,
     json_option,
     local_option,
+    on_option,
     printed,
     read_local_option,
 )
@@ -35,6 +36,7 @@ from orchestrator.contract.ops import (
     STOP,
     SWITCH,
 )
+from orchestrator.core.records import SwitchResult
 from orchestrator.core.states import Phase, is_terminal, text_of
 from orchestrator.errors import OrchestratorError
 
@@ -57,7 +59,7 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
         for key in ("error", "rollback_error"):
             if result.get(key):
                 click.echo(f"{key.replace('_', ' ')}: {result[key]}", err=True)
-    if not result.get("noop") and result.get("outcome") != "active":
+    if not SwitchResult.from_dict(result).ok:
         sys.exit(1)
 
 
@@ -102,13 +104,13 @@ def _switch_all_json(be: Any, models: list[str], no_rollback: bool, force: bool)
     try:
         for model in models:
             results.append(be.call(SWITCH, {"model": model, "no_rollback": no_rollback, "force": force}))
-            if not results[-1].get("noop") and results[-1].get("outcome") != "active":
+            if not SwitchResult.from_dict(results[-1]).ok:
                 break
     except OrchestratorError as exc:
         exc.partial = results  # printed with the error document (cli/__init__.py)
         raise
     click.echo(json.dumps(results, indent=2))
-    if any(not r.get("noop") and r.get("outcome") != "active" for r in results):
+    if not all(SwitchResult.from_dict(r).ok for r in results):
         sys.exit(1)
 
 
@@ -125,7 +127,7 @@ def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
 
 @click.command()
 @config_option
-@click.option("--host", "host", default=None, help="host to roll back (default: the only one)")
+@on_option("the host of deploy.toml to roll back (default: the only one)")
 @click.option("--to", "to_revision", type=int_in(1, 2**31 - 1), default=None, metavar="REVISION",
               help="redeploy this revision's exact unit (default: the previous stable one)")
 @local_option
@@ -142,7 +144,7 @@ def rollback(config: str | None, host: str | None, to_revision: int | None, loca
 
 @click.command()
 @config_option
-@click.option("--host", "host", default=None)
+@on_option("the host of deploy.toml to recover (default: every one)")
 @read_local_option
 @json_option
 def recover(config: str | None, host: str | None, local: bool, as_json: bool) -> None:
@@ -160,7 +162,7 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
 
 @click.command()
 @config_option
-@click.option("--host", "host", default=None)
+@on_option("the host of deploy.toml to show (default: every one)")
 @click.option("--group", "group", default=None, help="every box of this group, through its agent (one line each)")
 @click.option("--follow", is_flag=True, help="stream the running operation's progress until it ends")
 @read_local_option
@@ -260,7 +262,7 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
 
 @click.command()
 @config_option
-@click.option("--host", "host", default=None)
+@on_option("the host of deploy.toml whose history is shown (default: every one)")
 @click.option("--group", "group", default=None, help="every box of this group, newest first across them")
 @click.option("--limit", type=int_in(1, 10_000), default=20, show_default=True)
 @read_local_option

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from orchestrator.cli.options import config_option, json_option, local_option
+from orchestrator.cli.options import config_option, json_option, local_option, on_option
 from orchestrator.cli.target import backend
 from orchestrator.contract.ops import DOCTOR
 
@@ -15,7 +15,7 @@ from orchestrator.contract.ops import DOCTOR
 @click.command()
 @click.argument("models", nargs=-1, metavar="[MODEL...]")
 @config_option
-@click.option("--host", "host", default=None, help="the box to check (default: the models' host, else the only one)")
+@on_option("the host of deploy.toml to check (default: the models' host, else the only one)")
 @local_option
 @json_option
 def doctor(models: tuple[str, ...], config: str | None, host: str | None, local: bool, as_json: bool) -> None:

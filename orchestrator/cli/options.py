@@ -34,6 +34,25 @@ def config_option(f: F) -> F:
                         help="deploy.toml to use (default: $ORCHESTRATOR_CONFIG or ./deploy.toml)")(f)
 
 
+def on_option(help: str, dest: str = "host") -> Callable[[F], F]:
+    """``--on HOST``: the host of deploy.toml (``[hosts.HOST]``) a command acts on. ``--host`` before the
+    command is the SSH box whose agent answers; after it, the old spelling of ``--on``, it is refused
+    with the new one named (exit 2), so that ``--host`` means one thing."""
+    def add(f: F) -> F:
+        f = click.option("--on", dest, metavar="HOST", default=None, help=help)(f)
+        return click.option("--host", "moved_host", default=None, hidden=True, expose_value=False,
+                            callback=_host_moved)(f)
+    return add
+
+
+def _host_moved(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        name = ctx.info_name
+        raise click.UsageError(f"`{name} --host {value}`: a host of deploy.toml is named with --on now "
+                               f"(`orchestrator {name} --on {value}`); --host goes before the command and "
+                               f"reaches a box's agent over SSH (`orchestrator --host BOX {name}`)", ctx=ctx)
+
+
 def local_option(f: F) -> F:
     return click.option("--local", "local", is_flag=True, help="run in this process even if an agent is running")(f)
 

@@ -14,7 +14,7 @@ from orchestrator import settings, userfiles
 from orchestrator.adapters import hub_config
 from orchestrator.adapters.hub_config import ModelConfig
 from orchestrator.adapters.tune_store import read_feedback
-from orchestrator.cli.options import int_in, json_option, nonempty, number_in
+from orchestrator.cli.options import int_in, json_option, nonempty, number_in, on_option
 from orchestrator.cli.tables import print_table, stdout_console
 from orchestrator.cli.target import backend, catalog, remote_spec
 from orchestrator.contract.ops import EXPLAIN
@@ -81,7 +81,7 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
 @click.option("--model-config", metavar="PATH", callback=nonempty, default=None, help="config.json to use for MODEL")
 @click.option("--index", "index_path", metavar="PATH", callback=nonempty, default=None,
               help="model.safetensors.index.json, for the real weight bytes")
-@click.option("--host", "host_name", default=None, help="host of the catalog to plan for")
+@on_option("the host of deploy.toml to plan for", dest="host_name")
 @click.option("--gpus", type=int_in(1, 1024), default=None, help="GPU count (bare mode; per node)")
 @click.option("--nodes", type=int_in(1, 256), default=None,
               help="boxes of --gpus GPUs each, for a model larger than one box")

@@ -20,6 +20,7 @@ from orchestrator.cli.options import (
     json_option,
     nonempty,
     number_in,
+    on_option,
 )
 from orchestrator.cli.progress import with_progress
 from orchestrator.cli.tables import print_table, stdout_console
@@ -68,8 +69,7 @@ from orchestrator.wiring import operations
 @click.option("--abort", is_flag=True, help="stop the host's unfinished tune run; what served before returns")
 @click.option("--follow", is_flag=True, help="re-attach to the host's tune run in its agent; its report at the end")
 @click.option("--status", "show_status", is_flag=True, help="the host's tune run in its agent: what it measured so far")
-@click.option("--host", "host", default=None,
-              help="host for --resume/--abort/--follow/--status (default: the only one, or MODEL's)")
+@on_option("the host of deploy.toml for --resume/--abort/--follow/--status (default: the only one, or MODEL's)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask before stopping what serves")
 @json_option
 def tune(model: str | None, config: str | None, layouts: str | None, top: int, seqs: str | None,
@@ -237,7 +237,7 @@ def through_agent(client: AgentClient, mode: str, args: dict[str, Any], which: d
 
 def _attached(client: AgentClient, op: Any, args: dict[str, Any], host: str | None, as_json: bool) -> dict[str, Any]:
     """One streamed tune request; Ctrl-C or a lost agent detach (the run goes on there)."""
-    again = f"`orchestrator {client.follow_hint}tune --follow" + (f" --host {host}`" if host else "`")
+    again = f"`orchestrator {client.follow_hint}tune --follow" + (f" --on {host}`" if host else "`")
     try:
         return dict(with_progress(as_json, lambda p: client.call(op, args, p)))
     except Detached:

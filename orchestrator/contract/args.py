@@ -23,7 +23,7 @@ class Args(BaseModel):
     @property
     def on(self) -> str | None:
         """The host this request's job holds (contract.ops.Operation.parse resolved it); None: every
-        host (recover without --host)."""
+        host (recover without --on)."""
         return self._on
 
     def check(self, catalog: Catalog) -> None:

@@ -265,12 +265,12 @@ def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]
 
 
 def _every_host_or(catalog: Catalog, a: HostArgs) -> list[str]:
-    # recover with no --host finishes what is unfinished on every host, so it holds every box
+    # recover with no --on finishes what is unfinished on every host, so it holds every box
     return [a.on] if a.on is not None else list(catalog.hosts)
 
 
 def _host_or_every(catalog: Catalog, a: HostArgs) -> Host | None:
-    # recover: with several hosts and no --host, every host (an agent asks which: Agent._start)
+    # recover: with several hosts and no --on, every host (an agent asks which: Agent._start)
     return catalog.target(host=a.host) if a.host is not None or len(catalog.hosts) == 1 else None
 
 

@@ -15,8 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.adopt_argv import KEYED, LONG, SWITCHES, engine_length, engine_words, options, pairs
 from orchestrator.core.catalog_rules import NAME_RE, ROUTABLE_RE
+from orchestrator.engines.vllm import DEV_MODE_ENV, READY_ENV, SLEEP_FLAG
+from orchestrator.engines.vllm_argv import KEYED, LONG, SWITCHES, engine_length, engine_words, options, pairs
 from orchestrator.errors import AdoptError
 from orchestrator.secrets import secret_in_args, secret_name, secret_value_kind
 
@@ -74,7 +75,7 @@ class Adoption:
 
 
 # Variables the renderer writes itself, or that an entry cannot hold.
-_RENDERED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_ENGINE_READY_TIMEOUT_S")
+_RENDERED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", READY_ENV)
 
 
 def shown_argv(argv: tuple[str, ...]) -> list[str]:
@@ -136,7 +137,7 @@ def adopt(found: Found, target: Target) -> Adoption:
             keyed[key] = opt.value
         elif opt.flag in SWITCHES and opt.value is None:
             switches.add(SWITCHES[opt.flag])
-        elif opt.flag in ("--enable-sleep-mode", "--no-enable-sleep-mode"):
+        elif opt.flag in (SLEEP_FLAG, "--no" + SLEEP_FLAG[1:]):
             notes.append(f"{opt.flag}: not carried; sleep mode is the entry's `sleep` (\"level1\" keeps the weights "
                          "in host RAM, \"level2\" drops them): set it to keep warm switches")
         else:
@@ -224,7 +225,7 @@ def adopt(found: Found, target: Target) -> Adoption:
     if util is None:
         explicit += ["--gpu-memory-utilization", "0.9"]
     env = dict(found.env)
-    deadline = env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+    deadline = env.get(READY_ENV)
     if deadline is not None and deadline.isdigit() and int(deadline) >= 1:
         entry["load_deadline_s"] = int(deadline)
     if args:
@@ -233,8 +234,8 @@ def adopt(found: Found, target: Target) -> Adoption:
     for key, value in env.items():
         if key in _RENDERED_ENV:
             continue
-        if key == "VLLM_SERVER_DEV_MODE":
-            notes.append("VLLM_SERVER_DEV_MODE: not carried; the entry's `sleep` turns it on with the proxy's guards")
+        if key == DEV_MODE_ENV:
+            notes.append(f"{DEV_MODE_ENV}: not carried; the entry's `sleep` turns it on with the proxy's guards")
         elif secret_name(key) or secret_value_kind(value):
             notes.append(f"{key}: a secret (value not shown), not copied: it goes in {target.env_dir}/{name}.env "
                          "(mode 0600)")

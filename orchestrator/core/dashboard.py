@@ -14,12 +14,7 @@ from pydantic import Field, field_validator
 from orchestrator.core.catalog_rules import Strict, socket_file
 from orchestrator.core.observed import GpuSnapshot
 from orchestrator.core.progress_text import warm_line
-from orchestrator.core.states import Phase, phase_label, text_of
-
-# The phases in which the old model no longer serves and the new one does not yet: a switch's downtime.
-DOWN_PHASES = frozenset({Phase.STOPPING, Phase.FREEING, Phase.INSTALLING, Phase.STARTING, Phase.CHECKING,
-                         Phase.ROLLING_BACK})
-ENDED = frozenset({Phase.ACTIVE, Phase.ROLLED_BACK, Phase.ABORTED, Phase.FAILED})
+from orchestrator.core.states import DOWN, Phase, phase_label, text_of
 
 
 class Dashboard(Strict):
@@ -104,7 +99,7 @@ def model_rows(models: Iterable[Any], entry: Mapping[str, Any]) -> list[dict[str
         live = serving.get(m.name)
         # The serving record moves at the end of a switch; from stopping on, the model whose GPUs the switch
         # takes is down already (the planner replaces what overlaps).
-        taker = next((r for r in running.values() if r["model"] != m.name and r["phase"] in DOWN_PHASES
+        taker = next((r for r in running.values() if r["model"] != m.name and r["phase"] in DOWN
                       and gpus[m.name] & gpus.get(r["model"], set())), None)
         if m.name in running:
             state = f"switching ({running[m.name]['phase']})"
@@ -215,7 +210,7 @@ def progress_line(event: str, f: Mapping[str, Any]) -> str:
 def downtime_s(row: Mapping[str, Any]) -> float | None:
     """Seconds a deployment spent with nothing serving its GPUs (stop to ready), None if it never stopped
     anything."""
-    spans = [p["seconds"] for p in row.get("phases") or [] if p["phase"] in DOWN_PHASES and p["seconds"]]
+    spans = [p["seconds"] for p in row.get("phases") or [] if p["phase"] in DOWN and p["seconds"]]
     return round(sum(spans), 2) if spans else None
 
 

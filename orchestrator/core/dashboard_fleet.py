@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.core.dashboard import DOWN_PHASES, history_rows, model_rows, progress_line, sleep_summary
-
-ENDED_HOST = frozenset({"switched", "failed", "reverted"})
+from orchestrator.core.dashboard import history_rows, model_rows, progress_line, sleep_summary
+from orchestrator.core.rollout import ENDED as ENDED_HOST
+from orchestrator.core.states import DOWN
 
 
 def own_hosts(catalog: Any) -> list[str]:
@@ -43,7 +43,7 @@ def box_rows(hosts: Sequence[str], status: Mapping[str, Any], live: Mapping[str,
         activity = f"switching ({phase})" if phase else "busy" if running else "idle"
         if not serving:
             health = ""
-        elif phase in DOWN_PHASES:  # the switch has stopped what the record still names (as the box page says)
+        elif phase in DOWN:  # the switch has stopped what the record still names (as the box page says)
             health = "down: switching"
         else:
             health = "healthy" if serving.get("healthy", True) else "unhealthy"

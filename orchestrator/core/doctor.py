@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from orchestrator.core.access import Account, Need, Walk, denial, fix_for
 from orchestrator.core.observed import GpuSnapshot
+from orchestrator.engines import ENGINE
 
 Status = Literal["ok", "warn", "fail"]
 GIB = 1 << 30
@@ -67,7 +68,7 @@ def gpu_verdict(snap: GpuSnapshot | None, error: str | None, driver: str | None)
         return Verdict("gpus", "fail", f"nvidia-smi did not answer: {error}",
                        "install the NVIDIA driver (nvidia-smi must run as root on the box)")
     if not snap.gpus:
-        return Verdict("gpus", "warn", "nvidia-smi shows no GPU", "a CPU host can only run the CPU build of vLLM")
+        return Verdict("gpus", "warn", "nvidia-smi shows no GPU", f"a CPU host can only run the CPU build of {ENGINE.title}")
     names = sorted({g.name for g in snap.gpus})
     mem = min(g.memory_total_mib for g in snap.gpus) / 1024
     held = [f"PID {p.pid} {p.process_name} {p.used_memory_mib} MiB on GPU {p.gpu_index}" for p in snap.processes]
@@ -104,26 +105,8 @@ class EngineRun:
     flags: frozenset[str] | None = None  # the API server's options; None: not read
 
 
-# The import doctor runs with the engine's interpreter: the version, then the API server's options from
-# its own parser (vLLM moved FlexibleArgumentParser between releases; --help output hides some groups).
-VLLM_SCRIPT = """\
-import vllm
-print("version", vllm.__version__)
-try:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser as P
-    except ImportError:
-        try:
-            from vllm.utils import FlexibleArgumentParser as P
-        except ImportError:
-            from argparse import ArgumentParser as P
-    for a in make_arg_parser(P())._actions:
-        for s in a.option_strings:
-            print("flag", s)
-except Exception as e:
-    print("noflags", type(e).__name__, e)
-"""
+# The import doctor runs with the engine's interpreter (the engine's own probe script).
+ENGINE_SCRIPT = ENGINE.probe_script
 
 
 def parse_engine_run(exit_code: int, output: str) -> EngineRun:
@@ -155,33 +138,33 @@ def shebang_python(head: bytes) -> str | None:
 
 
 def engine_verdicts(model: str, user: str, engine: str, run: EngineRun | None, needs: Sequence[str]) -> list[Verdict]:
-    """The interpreter ran as the user in the unit's sandbox, the vLLM version, and the flags ``needs``."""
+    """The interpreter ran as the user in the unit's sandbox, the engine's version, and the flags ``needs``."""
     check = f"engine {model}"
     if run is None:
         return [Verdict(check, "warn", f"{engine} is not a python interpreter nor a python script: doctor cannot "
-                                       "import vLLM with it",
+                                       f"import {ENGINE.title} with it",
                         "name the environment's python as engine[0] (engine = [\".../bin/python3\", \"-m\", "
                         "\"vllm.entrypoints.openai.api_server\"]) for a full check")]
     if run.exit_code != 0 or run.version is None:
         tail = " | ".join(run.output.strip().splitlines()[-3:]) or "no output"
-        return [Verdict(check, "fail", f"{engine} -c 'import vllm' as user {user} in a transient unit (PrivateTmp) "
+        return [Verdict(check, "fail", f"{engine} -c 'import {ENGINE.name}' as user {user} in a transient unit (PrivateTmp) "
                                        f"exited {run.exit_code}: {tail}",
-                        f"install vLLM into that environment, readable by {user}; or fix engine[0]")]
-    out = [ok(check, f"vLLM {run.version} imports with {engine} as user {user}")]
+                        f"install {ENGINE.title} into that environment, readable by {user}; or fix engine[0]")]
+    out = [ok(check, f"{ENGINE.title} {run.version} imports with {engine} as user {user}")]
     if needs:
         if run.flags is None:
-            out.append(Verdict(f"flags {model}", "warn", f"could not read vLLM {run.version}'s options: "
+            out.append(Verdict(f"flags {model}", "warn", f"could not read {ENGINE.title} {run.version}'s options: "
                                                          f"{', '.join(needs)} unchecked"))
         else:
             missing = [f for f in needs if f not in run.flags]
-            out.append(ok(f"flags {model}", f"vLLM {run.version} has {', '.join(needs)}") if not missing else
-                       Verdict(f"flags {model}", "fail", f"vLLM {run.version} has no {', '.join(missing)}",
-                               "upgrade vLLM, or drop the setting that needs it (sleep, expert_parallel)"))
+            out.append(ok(f"flags {model}", f"{ENGINE.title} {run.version} has {', '.join(needs)}") if not missing else
+                       Verdict(f"flags {model}", "fail", f"{ENGINE.title} {run.version} has no {', '.join(missing)}",
+                               f"upgrade {ENGINE.title}, or drop the setting that needs it (sleep, expert_parallel)"))
     return out
 
 
 def needed_flags(sleep: bool, expert_parallel: bool) -> list[str]:
-    return [f for f, on in (("--enable-sleep-mode", sleep), ("--enable-expert-parallel", expert_parallel)) if on]
+    return ENGINE.flags_needed(sleep=sleep, expert_parallel=expert_parallel)
 
 
 def weights_verdict(model: str, folder: str, names: Iterable[str] | None, account: Account,

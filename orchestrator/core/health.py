@@ -7,16 +7,12 @@ failed or restarted while we waited is a verdict on its own: waiting longer cann
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator.core.observed import UnitState
-
-# A Python exception line as tracebacks end ("RuntimeError: ..."), also behind vLLM's process prefix
-# ("(EngineCore pid=312) "): the engine's own reason, which its shutdown lines push out of a short tail.
-_EXCEPTION_LINE = re.compile(r"(?:^|[\s)])((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)): (\S.*)$")
+from orchestrator.engines import ENGINE
 
 
 class Readiness(StrEnum):
@@ -46,8 +42,8 @@ def judge_unit(unit: UnitState, restarts_before: int) -> Verdict | None:
 
 def judge_models(served: list[str], expected: str) -> Verdict:
     if expected in served:
-        return Verdict(Readiness.READY, f"/v1/models lists {expected}")
-    return Verdict(Readiness.WAITING, f"/v1/models lists {served or 'nothing'}, not {expected!r}")
+        return Verdict(Readiness.READY, f"{ENGINE.models_path} lists {expected}")
+    return Verdict(Readiness.WAITING, f"{ENGINE.models_path} lists {served or 'nothing'}, not {expected!r}")
 
 
 def engine_errors(lines: Sequence[str], limit: int = 3, width: int = 300) -> list[str]:
@@ -55,10 +51,10 @@ def engine_errors(lines: Sequence[str], limit: int = 3, width: int = 300) -> lis
     oldest first: the reason an engine died comes after whatever it logged while starting."""
     found: list[str] = []
     for line in reversed(lines):
-        match = _EXCEPTION_LINE.search(line)
-        if match is None:
+        said = ENGINE.reason(line)
+        if said is None:
             continue
-        text = f"{match.group(1)}: {match.group(2).strip()}"
+        text = f"{said[0]}: {said[1].strip()}"
         text = text if len(text) <= width else text[:width] + " [...]"
         if text not in found:
             found.append(text)

@@ -20,12 +20,13 @@ import jinja2
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.records import NodeUnit
 from orchestrator.core.render import RenderedUnit, _plain, env_quote, exec_quote, model_dir_for, render_unit
+from orchestrator.engines import ENGINE
 from orchestrator.errors import RenderError
 
 TemplateText = Callable[[str], str]
 HEAD_TEMPLATE = "ray-head.service.j2"
 WORKER_TEMPLATE = "ray-worker.service.j2"
-ENGINE_TEMPLATE = "vllm.service.j2"
+ENGINE_TEMPLATE = ENGINE.template
 RAY_DIR = "/var/lib/ray"  # the Ray units' StateDirectory=ray
 # A Ray node holds no model state (the engine, stopped before it, needs the grace period): an idle
 # node drains in under a second, and one still waiting for an unreachable head ignores SIGTERM
@@ -42,7 +43,7 @@ class Rendered:
 
 
 def node_unit_name(model: Model, rank: int) -> str:
-    return f"vllm-{model.name}-node{rank}.service"
+    return ENGINE.unit_name(f"{model.name}-node{rank}")
 
 
 def ray_unit_name(model: Model, role: str) -> str:
@@ -51,7 +52,7 @@ def ray_unit_name(model: Model, role: str) -> str:
 
 def _node_env(host: Host) -> dict[str, str]:
     """What every process of a node needs to find the others: its own address and interface."""
-    env = {"VLLM_HOST_IP": host.peer_address}
+    env = ENGINE.node_env(host.peer_address)
     if host.interface:
         env |= {"GLOO_SOCKET_IFNAME": host.interface, "NCCL_SOCKET_IFNAME": host.interface}
     return env
@@ -61,16 +62,10 @@ def _native_args(catalog: Catalog, model: Model, rank: int) -> tuple[str, ...]:
     head = catalog.model_host(model.name)
     n = len(model.nodes)
     per_node_ranks = model.tensor_parallel * model.pipeline_parallel
-    if model.data_parallel > 1 and per_node_ranks <= len(model.gpus):
-        # DP across nodes: each node runs data_parallel / n replicas of TP x PP.
-        local = model.data_parallel // n
-        args: tuple[str, ...] = ("--data-parallel-size-local", str(local), "--data-parallel-start-rank",
-                                 str(rank * local), "--data-parallel-address", head.peer_address,
-                                 "--data-parallel-rpc-port", str(model.master_port))
-    else:
-        args = ("--nnodes", str(n), "--node-rank", str(rank), "--master-addr", head.peer_address,
-                "--master-port", str(model.master_port))
-    return args + (("--headless",) if rank else ())
+    # DP across nodes: each node runs data_parallel / n replicas of TP x PP.
+    local = model.data_parallel // n if model.data_parallel > 1 and per_node_ranks <= len(model.gpus) else None
+    return ENGINE.node_args(nodes=n, rank=rank, head_address=head.peer_address, port=model.master_port,
+                            data_parallel_local=local)
 
 
 def _ray(catalog: Catalog, host: Host) -> str:
@@ -143,7 +138,7 @@ def render_nodes(catalog: Catalog, model: Model, templates: TemplateText, *,
         nodes += [_node(h, "ray-worker", r, _render_ray(catalog, model, h, "ray-worker", templates(WORKER_TEMPLATE)),
                         dirs[h.name]) for r, h in enumerate(hosts[1:], 1)]
         api = render_unit(catalog, model, engine, model_dir=model_dir, host=head, role="engine on the Ray head",
-                          extra_args=("--distributed-executor-backend", "ray"),
+                          extra_args=ENGINE.ray_args,
                           extra_env={**_node_env(head), "RAY_ADDRESS": f"{head.peer_address}:{model.ray_port}"})
         return Rendered(api, tuple(nodes))
     nodes = [_node(h, "headless", r, render_unit(catalog, model, engine, model_dir=dirs[h.name], host=h,

@@ -10,7 +10,7 @@ from typing import Any
 
 from orchestrator.core.catalog import Catalog, Host
 from orchestrator.core.catalog_rules import ram_reserve_gib
-from orchestrator.core.residency import Budgets, Decision, Resident, budgets_for, decide, utilization
+from orchestrator.core.residency import Budgets, Decision, Resident, Why, budgets_for, decide, utilization
 from orchestrator.core.resident import State
 from orchestrator.errors import UsageError
 
@@ -127,7 +127,7 @@ def render_residency(plan: ResidencyPlan) -> list[str]:
         lines.append(f"  beyond the RAM budget: {', '.join(plan.left_out)} (the least recently served sleeper "
                      "is evicted to make room)")
     for name, each in plan.beside.items():
-        extra = [x for x in each.reasons if "sleeps (" not in x]
+        extra = [x.text for x in each.reasons if x.why is not Why.SLEEPS]
         lines.append(f"  {name} awake beside the others asleep: " + ("fits" if each.fits and not extra else
                                                                      "; ".join(extra) or "does not fit"))
     d = plan.switch

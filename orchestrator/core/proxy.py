@@ -24,24 +24,11 @@ from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.haproxy_cli import MARK
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.render import engine_address
+from orchestrator.engines import ENGINE
 from orchestrator.errors import RenderError, UsageError
 
-# vLLM's engine-control endpoints, never forwarded to any backend: VLLM_SERVER_DEV_MODE=1 (which
-# sleep mode needs) opens vllm/entrypoints/serve/dev/{sleep,rpc,cache,server_info,rlhf}/api_router.py
-# in 0.25 (0.32 moved rlhf's to entrypoints/rl/online); the profiler and elastic-EP routes are
-# engine control too. Each is a prefix of the decoded, lower-cased path, as uvicorn decodes %XX.
-ENGINE_CONTROL_PATHS = (
-    "/sleep", "/wake_up", "/is_sleeping", "/release_kv_cache_memory",  # dev/sleep
-    "/collective_rpc",  # dev/rpc: any method on every worker
-    "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache",  # dev/cache
-    "/server_info",  # dev/server_info
-    "/pause", "/resume", "/is_paused", "/abort_requests", "/init_weight_transfer_engine",  # dev/rlhf
-    "/shutdown_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
-    "/update_weights", "/finish_weight_update", "/update_weight_version", "/weight_info",
-    "/weight_checker", "/get_world_size",
-    "/start_profile", "/stop_profile",  # serve/profile
-    "/scale_elastic_ep", "/is_scaling_elastic_ep",  # serve/elastic_ep
-)
+# The engine's control endpoints (sleep, wake_up, collective_rpc ...), never forwarded to any backend.
+ENGINE_CONTROL_PATHS = ENGINE.control_paths
 
 
 class Mode(StrEnum):

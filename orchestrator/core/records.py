@@ -135,6 +135,10 @@ class Deployment:
     def model(self) -> str:
         return self.spec.model
 
+    def went_through(self, phase: Phase) -> bool:
+        """Whether this deployment entered ``phase`` (its recorded timings say)."""
+        return any(t.phase == phase for t in self.timings)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "host": self.host, "revision": self.revision, "model": self.model,
@@ -148,3 +152,42 @@ class Deployment:
             "nodes": [{"host": n.host, "role": n.role, "rank": n.rank, "unit": n.unit_name}
                       for n in self.spec.nodes],
         }
+
+
+@dataclass(frozen=True)
+class SwitchResult:
+    """What a switch or a rollback answers, read back from its wire form (``Deployment.to_dict`` with
+    ``noop`` and ``recovered``, or a no-op's message): the outcome is a Phase, never a string compared."""
+
+    host: str
+    model: str
+    revision: int | None
+    outcome: Phase | None  # where the deployment ended (None: a no-op, or a stop of what it added)
+    noop: bool = False
+    error: str | None = None
+    rollback_error: str | None = None
+    deployment_id: int | None = None
+    wire: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # every field as answered
+
+    @property
+    def ok(self) -> bool:
+        """Nothing to do, or the switch ended active."""
+        return self.noop or self.outcome is Phase.ACTIVE
+
+    @property
+    def ended(self) -> Phase | str:
+        """The outcome, or the word the answer gave instead (``stopped``): for a message."""
+        return self.outcome if self.outcome is not None else str(self.wire.get("outcome") or "failed")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SwitchResult:
+        word = data.get("outcome")
+        try:
+            outcome = Phase(word) if word is not None else None
+        except ValueError:  # "stopped" (a rollback of what a switch added), or a newer version's word
+            outcome = None
+        revision, dep = data.get("revision"), data.get("id")
+        return cls(host=str(data.get("host") or ""), model=str(data.get("model") or ""),
+                   revision=int(revision) if revision is not None else None, outcome=outcome,
+                   noop=bool(data.get("noop")), error=data.get("error"), rollback_error=data.get("rollback_error"),
+                   deployment_id=int(dep) if dep is not None else None, wire=dict(data))

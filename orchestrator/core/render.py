@@ -1,4 +1,4 @@
-"""Render a model's systemd unit from templates/vllm.service.j2 (pure: text in, text out).
+"""Render a model's systemd unit from its engine's template, templates/vllm.service.j2 (pure: text in, text out).
 
 All escaping happens in the two filters below, so the template stays a readable layout. systemd
 resolves ``%`` specifiers over the whole line, then unquotes words with C escapes, then (ExecStart
@@ -15,6 +15,7 @@ import jinja2
 from orchestrator.core.catalog import PATH_RE, USER_RE, Catalog, Host, Model
 from orchestrator.core.catalog_rules import is_loopback
 from orchestrator.core.safety import check_safe_text
+from orchestrator.engines import ENGINE, Launch
 from orchestrator.errors import RenderError
 
 
@@ -80,28 +81,21 @@ def engine_address(catalog: Catalog, model: Model, host: Host) -> str:
     return "127.0.0.1" if host.transport == "local" and host.address in ("", "localhost") else host.address
 
 
-def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> list[str]:
-    """The full vLLM command line for a model: engine, layout flags, then the model's own args."""
+def launch_of(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> Launch:
+    """What the engine needs to start ``model`` on ``host`` (default: its own), from the catalog."""
     host = host or catalog.model_host(model.name)
-    d = catalog.defaults
-    argv = [*catalog.engine_for(host), "--model", model_dir, "--served-model-name", model.served,
-            "--host", engine_bind(catalog, model, host), "--port", str(model.port),
-            "--tensor-parallel-size", str(model.tensor_parallel)]
-    if model.pipeline_parallel > 1:
-        argv += ["--pipeline-parallel-size", str(model.pipeline_parallel)]
-    if model.data_parallel > 1:
-        argv += ["--data-parallel-size", str(model.data_parallel)]
-    if model.expert_parallel:
-        argv.append("--enable-expert-parallel")
-    if model.sleep is not None:
-        argv.append("--enable-sleep-mode")
-    if model.max_model_len:
-        argv += ["--max-model-len", str(model.max_model_len)]
-    if model.max_num_seqs:
-        argv += ["--max-num-seqs", str(model.max_num_seqs)]
-    util = model.gpu_memory_utilization or d.gpu_memory_utilization
-    argv += ["--gpu-memory-utilization", f"{util:g}", *model.args]
-    return argv
+    return Launch(command=tuple(catalog.engine_command(host)), model_dir=model_dir, served=model.served,
+                  bind=engine_bind(catalog, model, host), port=model.port, tensor_parallel=model.tensor_parallel,
+                  pipeline_parallel=model.pipeline_parallel, data_parallel=model.data_parallel,
+                  expert_parallel=model.expert_parallel, sleep=model.sleep is not None,
+                  max_model_len=model.max_model_len, max_num_seqs=model.max_num_seqs,
+                  gpu_memory_utilization=model.gpu_memory_utilization or catalog.defaults.gpu_memory_utilization,
+                  gpus=model.gpus, load_deadline_s=load_deadline(catalog, model), args=tuple(model.args))
+
+
+def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> list[str]:
+    """The engine's full command line for a model: its command, layout flags, then the model's own args."""
+    return ENGINE.argv(launch_of(catalog, model, model_dir, host))
 
 
 def model_dir_for(catalog: Catalog, model: Model, revision: str | None = None, host: Host | None = None) -> str:
@@ -122,7 +116,7 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
                 host: Host | None = None, extra_args: tuple[str, ...] = (),
                 extra_env: dict[str, str] | None = None, unit_name: str | None = None,
                 role: str = "") -> RenderedUnit:
-    """Render ``template`` (the text of vllm.service.j2) for ``model``; a node of a multi-node model
+    """Render ``template`` (the text of the engine's template) for ``model``; a node of a multi-node model
     passes its host, its rank's arguments and environment, and its unit name."""
     d = catalog.defaults
     for value, what in ((d.user, "user"), (d.group, "group")):
@@ -130,15 +124,10 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
             raise RenderError(f"{what} {value!r} is not a valid user or group name")
     directory = model_dir or model_dir_for(catalog, model)
     deadline = load_deadline(catalog, model)
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so indices match nvidia-smi's
-           "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in model.gpus),
-           # vLLM gives up on a slow engine start after this many seconds (default 600).
-           "VLLM_ENGINE_READY_TIMEOUT_S": str(int(deadline)),
-           # Sleep mode's HTTP endpoints (/sleep, /wake_up, /is_sleeping) exist only in dev mode.
-           **({"VLLM_SERVER_DEV_MODE": "1"} if model.sleep is not None else {}),
-           **(extra_env or {}), **model.env}
+    launch = launch_of(catalog, model, directory, host)
+    env = {**ENGINE.environment(launch), **(extra_env or {}), **model.env}
     on = f" ({role} on {host.name})" if host is not None and role else ""
-    argv = engine_argv(catalog, model, directory, host)
+    argv = ENGINE.argv(launch)
     # The model's own args stay last, after the node's (--headless, --node-rank ...).
     argv = argv[:len(argv) - len(model.args)] + list(extra_args) + list(model.args)
     jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
@@ -147,7 +136,7 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
         tmpl = jenv.from_string(template)
         text = tmpl.render(
             name=model.name,
-            description=_plain(f"vLLM {model.name}: {model.repo}@{model.revision} on GPUs "
+            description=_plain(f"{ENGINE.title} {model.name}: {model.repo}@{model.revision} on GPUs "
                                f"{','.join(map(str, model.gpus))}{on}", "description"),
             user=d.user, group=d.group,
             environment=[env_quote(k, v) for k, v in env.items()],
@@ -160,7 +149,7 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
             timeout_stop=int(d.stop_timeout_s),
         )
     except jinja2.TemplateError as exc:
-        raise RenderError(f"template vllm.service.j2: {exc}") from exc
+        raise RenderError(f"template {ENGINE.template}: {exc}") from exc
     return RenderedUnit(name=unit_name or model.unit_name, text=text)
 
 

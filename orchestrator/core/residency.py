@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from orchestrator.core.catalog import Catalog, Host, Model
@@ -20,6 +21,29 @@ from orchestrator.core.resident import State
 
 # Float sums of GiB figures: a budget that fits exactly must not fail on rounding.
 _EPS = 1e-6
+
+
+class Why(StrEnum):
+    """What a reason says about its model."""
+
+    SERVING = "serving"  # the target serves already
+    NO_SLEEP_MODE = "no_sleep_mode"  # a displaced model stops: it has no sleep mode
+    STOPS = "stops"  # a displaced model stops instead of sleeping (no room in RAM or on its GPUs)
+    EVICTED = "evicted"  # a sleeper stops to make room
+    SLEEPS = "sleeps"  # a displaced model sleeps
+    NO_FIT = "no_fit"  # the target does not fit its GPUs
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One line of a decision, about one model: callers ask by model and kind, never parse the text."""
+
+    model: str
+    why: Why
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -65,14 +89,18 @@ class Decision:
     ram_budget_gib: float | None
     gpu_gib: Mapping[int, float]  # per GPU of the target: GiB held by others afterwards (sleepers' residue)
     need_gib: float  # GiB per GPU the target takes awake
-    reasons: tuple[str, ...] = field(default=())
+    reasons: tuple[Reason, ...] = field(default=())
+
+    def reason(self, model: str, default: str = "") -> str:
+        """The first reason the decision gives about ``model``."""
+        return next((r.text for r in self.reasons if r.model == model), default)
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "wake": self.wake, "sleep": list(self.sleep), "stop": list(self.stop),
                 "evict": list(self.evict), "fits": self.fits, "ram_gib": round(self.ram_gib, 2),
                 "ram_budget_gib": None if self.ram_budget_gib is None else round(self.ram_budget_gib, 2),
                 "gpu_gib": {str(g): round(v, 2) for g, v in sorted(self.gpu_gib.items())},
-                "need_gib": round(self.need_gib, 2), "reasons": list(self.reasons)}
+                "need_gib": round(self.need_gib, 2), "reasons": [r.text for r in self.reasons]}
 
 
 def _age(r: Resident) -> float:
@@ -98,13 +126,13 @@ def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
     else:
         wanted = set(displaced)
         out = [r for r in residents if r.name in wanted and r.name != target and r.state is State.SERVING]
-    reasons: list[str] = []
+    reasons: list[Reason] = []
     if t.state is State.SERVING:
         return Decision(target, False, (), (), (), True, sum(r.ram_gib for r in residents if r.state is State.ASLEEP),
-                        budgets.ram_gib, {}, need, (f"{target} is already serving",))
+                        budgets.ram_gib, {}, need, (Reason(target, Why.SERVING, f"{target} is already serving"),))
     stop = [r.name for r in out if r.sleep is None]
     for name in stop:
-        reasons.append(f"{name} stops: it has no sleep mode (set models.{name}.sleep)")
+        reasons.append(Reason(name, Why.NO_SLEEP_MODE, f"{name} stops: it has no sleep mode (set models.{name}.sleep)"))
     # Sleepers afterwards: those asleep now (not the target), then the displaced that can sleep.
     old = sorted((r for r in residents if r.state is State.ASLEEP and r.name != target), key=_age)
     new = sorted((r for r in out if r.sleep is not None), key=_age)
@@ -114,9 +142,10 @@ def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
         if r.ram_gib > 0 and (budget is None or r.ram_gib > budget + _EPS):
             new.remove(r)
             stop.append(r.name)
-            reasons.append(f"{r.name} stops instead of sleeping: its {r.ram_gib:.1f} GiB of weights exceed the "
-                           + ("host's RAM budget for sleepers (unknown: set memory_gib or sleep_ram_gib)"
-                              if budget is None else f"{budget:.1f} GiB RAM budget for sleepers"))
+            reasons.append(Reason(r.name, Why.STOPS, f"{r.name} stops instead of sleeping: its {r.ram_gib:.1f} GiB "
+                                  "of weights exceed the " + ("host's RAM budget for sleepers (unknown: set "
+                                                               "memory_gib or sleep_ram_gib)" if budget is None
+                                                               else f"{budget:.1f} GiB RAM budget for sleepers")))
 
     def ram() -> float:
         return sum(r.ram_gib for r in old + new)
@@ -125,11 +154,11 @@ def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
         if r in old:
             old.remove(r)
             evict.append(r.name)
-            reasons.append(f"{r.name} (asleep, {_served(r)}) is evicted: {why}")
+            reasons.append(Reason(r.name, Why.EVICTED, f"{r.name} (asleep, {_served(r)}) is evicted: {why}"))
         else:
             new.remove(r)
             stop.append(r.name)
-            reasons.append(f"{r.name} stops instead of sleeping: {why}")
+            reasons.append(Reason(r.name, Why.STOPS, f"{r.name} stops instead of sleeping: {why}"))
 
     while budget is not None and ram() > budget + _EPS:
         victim = next(r for r in old + new if r.ram_gib > 0)
@@ -155,11 +184,11 @@ def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
     if not fits:
         g = next(g for g in t.gpus if gpu[g] + need > mem + _EPS)
         holders = ", ".join(r.name for r in staying if g in r.gpus) or "nothing the switch may stop"
-        reasons.append(f"{target} does not fit: GPU {g} keeps {gpu[g]:.1f} GiB ({holders}) and it needs "
-                       f"{need:.1f} of {mem:g} GiB")
+        reasons.append(Reason(target, Why.NO_FIT, f"{target} does not fit: GPU {g} keeps {gpu[g]:.1f} GiB "
+                              f"({holders}) and it needs {need:.1f} of {mem:g} GiB"))
     for r in new:
-        reasons.append(f"{r.name} sleeps ({r.sleep}" + (f", {r.ram_gib:.1f} GiB in host RAM)" if r.ram_gib else
-                                                       ", weights dropped)"))
+        reasons.append(Reason(r.name, Why.SLEEPS, f"{r.name} sleeps ({r.sleep}" + (
+            f", {r.ram_gib:.1f} GiB in host RAM)" if r.ram_gib else ", weights dropped)")))
     return Decision(target=target, wake=t.state is State.ASLEEP, sleep=tuple(r.name for r in new),
                     stop=tuple(stop), evict=tuple(evict), fits=fits, ram_gib=ram(), ram_budget_gib=budget,
                     gpu_gib=gpu, need_gib=need, reasons=tuple(reasons))

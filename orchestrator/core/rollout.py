@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
+from orchestrator.core.states import Phase
 from orchestrator.errors import UsageError
 
 
@@ -42,9 +43,10 @@ class RolloutStatus(StrEnum):
 
 ENDED = frozenset({HostState.SWITCHED, HostState.FAILED, HostState.REVERTED})
 NOT_STARTED = frozenset({HostState.PENDING, HostState.STAGED})
-# A box agent's deployment outcomes (core/states.py terminal phases) and a no-op switch.
-_OUTCOME_STATE = {"active": HostState.SWITCHED, "noop": HostState.SWITCHED, "rolled_back": HostState.FAILED,
-                  "aborted": HostState.FAILED, "failed": HostState.FAILED}
+# A box agent's deployment outcomes (core/states.py's ENDED) and a no-op switch.
+_OUTCOME_STATE: dict[str, HostState] = {Phase.ACTIVE: HostState.SWITCHED, "noop": HostState.SWITCHED,
+                                        Phase.ROLLED_BACK: HostState.FAILED, Phase.ABORTED: HostState.FAILED,
+                                        Phase.FAILED: HostState.FAILED}
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def resume_action(record: HostRecord, observed: Observed) -> ResumeAction:
         return "switch"
     if observed.busy or (observed.ours is not None and not observed.ours_ended):
         return "follow"
-    if observed.ours == "active" and not observed.serves_ours:
+    if observed.ours == Phase.ACTIVE and not observed.serves_ours:
         return "superseded"
     if observed.ours is not None:
         return "record"

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from itertools import pairwise
 
-from orchestrator.errors import StateError
+from orchestrator.errors import EngineWedged, OrchestratorError, StateError
 
 
 class Phase(StrEnum):
@@ -51,6 +50,7 @@ class Event(StrEnum):
     FAIL = "fail"
     WARM = "warm"  # staging found the target asleep, its unit unchanged: wake it instead of starting it
     WEDGED = "wedged"  # the woken engine erred or did not answer within wake_deadline_s
+    ADOPTED = "adopted"  # what already runs, recorded as it is (orchestrator adopt): it serves at once
 
 
 class Fallback(StrEnum):
@@ -137,50 +137,112 @@ _BESIDE: dict[str, str] = {
     P.ROUTING: "routing: the front proxy moves the route; the old engine drains, then sleeps or stops",
 }
 
-# The steps that run in order on the way to ACTIVE.
+# -- the table ------------------------------------------------------------------------------------
+# Where a failure leads from a phase that has stopped (or put to sleep) what served: back to the
+# previous stable revision when the deployment has one to go back to, else failed.
+@dataclass(frozen=True)
+class ByFallback:
+    previous: Phase  # with Fallback.PREVIOUS
+    none: Phase  # with Fallback.NONE
+
+    def of(self, fallback: Fallback) -> Phase:
+        return self.previous if fallback is F.PREVIOUS else self.none
+
+
+BACK = ByFallback(previous=P.ROLLING_BACK, none=P.FAILED)
+
+# Every move of a deployment, one row a phase, read top to bottom. Nothing outside this table decides
+# where an event leads; a phase with no row has ended.
+TABLE: dict[Phase, dict[Event, Phase | ByFallback]] = {
+    # the cold path (the old model serves until stopping; a failure before it aborts, nothing stopped)
+    P.PLANNED:      {E.OK: P.PREFLIGHT,  E.FAIL: P.ABORTED, E.ADOPTED: P.ACTIVE},
+    P.PREFLIGHT:    {E.OK: P.STAGING,    E.FAIL: P.ABORTED},
+    P.STAGING:      {E.OK: P.STOPPING,   E.FAIL: P.ABORTED, E.WARM: P.SLEEPING},
+    P.STOPPING:     {E.OK: P.FREEING,    E.FAIL: BACK},
+    P.FREEING:      {E.OK: P.INSTALLING, E.FAIL: BACK},
+    P.INSTALLING:   {E.OK: P.STARTING,   E.FAIL: BACK},
+    P.STARTING:     {E.OK: P.CHECKING,   E.FAIL: BACK},
+    P.CHECKING:     {E.OK: P.ROUTING,    E.FAIL: BACK},
+    P.ROUTING:      {E.OK: P.ACTIVE,     E.FAIL: BACK},
+    # the warm path (staging found the target asleep); a wedged wake restarts it cold, then checks
+    P.SLEEPING:     {E.OK: P.VERIFYING,  E.FAIL: BACK},
+    P.VERIFYING:    {E.OK: P.WAKING,     E.FAIL: BACK},
+    P.WAKING:       {E.OK: P.ROUTING,    E.FAIL: BACK, E.WEDGED: P.RESTARTING},
+    P.RESTARTING:   {E.OK: P.CHECKING,   E.FAIL: BACK},
+    # a failed rollback is final: both errors are kept and nothing is retried in a loop
+    P.ROLLING_BACK: {E.OK: P.ROLLED_BACK, E.FAIL: P.FAILED},
+}  # fmt: skip
+
+# -- facts about phases -------------------------------------------------------------------------------
+# The outcomes: a deployment in one of these has ended (no row in TABLE).
+ENDED: frozenset[Phase] = frozenset({P.ACTIVE, P.ROLLED_BACK, P.ABORTED, P.FAILED})
+TERMINAL = ENDED  # the older name
+# The steps that run in order on the way to ACTIVE (the cold path).
 FORWARD: tuple[Phase, ...] = (P.PLANNED, P.PREFLIGHT, P.STAGING, P.STOPPING, P.FREEING,
                               P.INSTALLING, P.STARTING, P.CHECKING, P.ROUTING, P.ACTIVE)
-# From here on the old model is (being) stopped: a failure must bring a model back.
-DISRUPTIVE: frozenset[Phase] = frozenset({P.STOPPING, P.FREEING, P.INSTALLING, P.STARTING, P.CHECKING,
-                                          P.ROUTING})
-TERMINAL: frozenset[Phase] = frozenset({P.ACTIVE, P.ROLLED_BACK, P.ABORTED, P.FAILED})
-# The warm path: from staging when the target sleeps; a wedged wake restarts it cold, then checks.
+# The warm path, from staging when the target sleeps.
 WARM: tuple[Phase, ...] = (P.STAGING, P.SLEEPING, P.VERIFYING, P.WAKING, P.ROUTING)
-WARM_DISRUPTIVE: frozenset[Phase] = frozenset({P.SLEEPING, P.VERIFYING, P.WAKING, P.RESTARTING})
+# Downtime: the phases in which the old model may no longer serve and the new one may not yet (the
+# dashboard counts them; a handover or beside switch keeps serving through some of them).
+DOWN: frozenset[Phase] = frozenset({P.STOPPING, P.FREEING, P.INSTALLING, P.STARTING, P.CHECKING, P.ROUTING,
+                                    P.SLEEPING, P.VERIFYING, P.WAKING, P.RESTARTING, P.ROLLING_BACK})
+# The target loads: its start and its health check (tune counts them as the load time).
+LOADING: frozenset[Phase] = frozenset({P.STARTING, P.CHECKING})
+# A cold start on demand may be abandoned while the target itself loads (never in a rollback's phases).
+ABANDONABLE: frozenset[Phase] = frozenset({P.STARTING, P.CHECKING})
 # Which events other than ok and fail each phase may report.
-EXTRA_EVENTS: dict[Phase, Event] = {P.STAGING: E.WARM, P.WAKING: E.WEDGED}
+EXTRA_EVENTS: dict[Phase, Event] = {P.PLANNED: E.ADOPTED, P.STAGING: E.WARM, P.WAKING: E.WEDGED}
+# A step's error that reports its phase's extra event rather than ``fail``, by phase and error type.
+RAISED_EVENTS: dict[Phase, tuple[type[OrchestratorError], Event]] = {P.WAKING: (EngineWedged, E.WEDGED)}
 
 
-def _table() -> dict[tuple[Phase, Event, Fallback], Phase]:
-    table: dict[tuple[Phase, Event, Fallback], Phase] = {}
-    for fallback in Fallback:
-        for here, there in pairwise(FORWARD):
-            table[here, E.OK, fallback] = there
-        for phase in (P.PLANNED, P.PREFLIGHT, P.STAGING):
-            table[phase, E.FAIL, fallback] = P.ABORTED
-        table[P.STAGING, E.WARM, fallback] = P.SLEEPING
-        for here, there in pairwise(WARM[1:]):
-            table[here, E.OK, fallback] = there
-        table[P.WAKING, E.WEDGED, fallback] = P.RESTARTING
-        table[P.RESTARTING, E.OK, fallback] = P.CHECKING
-        for phase in DISRUPTIVE | WARM_DISRUPTIVE:
-            table[phase, E.FAIL, fallback] = P.ROLLING_BACK if fallback is F.PREVIOUS else P.FAILED
-        table[P.ROLLING_BACK, E.OK, fallback] = P.ROLLED_BACK
-        # A failed rollback is final: both errors are kept and nothing is retried in a loop.
-        table[P.ROLLING_BACK, E.FAIL, fallback] = P.FAILED
-    return table
+class Serves(StrEnum):
+    """What serves once a deployment enters an outcome that moves the serving pointer (and set)."""
+
+    TARGET = "target"  # the deployment's revision, beside what it did not displace
+    KEPT = "kept"  # only what it did not displace: nothing is known to serve in its place
 
 
-TRANSITIONS: dict[tuple[Phase, Event, Fallback], Phase] = _table()
+# Only these outcomes move the serving pointer: a rollback that succeeds leaves it where it was
+# (the previous revision), an abort never moved it.
+MOVES_SERVING: dict[Phase, Serves] = {P.ACTIVE: Serves.TARGET, P.FAILED: Serves.KEPT}
+
+
+def _flat() -> dict[tuple[Phase, Event, Fallback], Phase]:
+    """TABLE, one key a (phase, event, fallback)."""
+    return {(here, event, fallback): there.of(fallback) if isinstance(there, ByFallback) else there
+            for here, row in TABLE.items() for event, there in row.items() for fallback in Fallback}
+
+
+TRANSITIONS: dict[tuple[Phase, Event, Fallback], Phase] = _flat()
+
+
+def reported(phase: Phase, event: Event) -> Event:
+    """``event`` as a step of ``phase`` reports it; a step that reports an event its phase may not
+    (ok, fail, or the phase's one extra event) is a bug, named."""
+    if event in (E.OK, E.FAIL) or EXTRA_EVENTS.get(phase) is event:
+        return event
+    raise StateError(f"the {phase.value!r} step reported {event.value!r}, which it may not report")
+
+
+def failed(phase: Phase, exc: OrchestratorError) -> Event:
+    """The event a step's error reports: ``fail``, unless the table names its type for the phase."""
+    kind, event = RAISED_EVENTS.get(phase, (None, E.FAIL))
+    return event if kind is not None and isinstance(exc, kind) else E.FAIL
 
 
 def advance(phase: Phase, event: Event, fallback: Fallback = F.PREVIOUS) -> Phase:
-    """The phase after ``event`` happens in ``phase`` to a deployment with ``fallback``."""
-    try:
-        return TRANSITIONS[phase, event, fallback]
-    except KeyError:
-        raise StateError(f"event {event.value!r} is not allowed in state {phase.value!r}") from None
+    """The phase after ``event`` happens in ``phase`` to a deployment with ``fallback`` (TABLE's row)."""
+    there = TABLE.get(phase, {}).get(event)
+    if there is None:
+        raise StateError(f"event {event.value!r} is not allowed in state {phase.value!r}")
+    return there.of(fallback) if isinstance(there, ByFallback) else there
 
 
 def is_terminal(phase: Phase) -> bool:
-    return phase in TERMINAL
+    return phase in ENDED
+
+
+def moves_serving(phase: Phase) -> Serves | None:
+    """What serves once a deployment enters ``phase``; None: the serving pointer stays."""
+    return MOVES_SERVING.get(phase)

@@ -174,7 +174,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
                                         host=ctx.ports.host.name, unit=spec.unit_name)
             next_unit_check = clock.monotonic() + 1.0
         ok, last = probe.health(spec.base_url)
-        if ok and sleep_enabled(spec) and ctx.ports.engine is not None and _asleep(ctx, spec):
+        if ok and sleep_enabled(spec) and ctx.ports.engine_control is not None and _asleep(ctx, spec):
             ok, last = False, f"GET {spec.base_url}/is_sleeping: true (/health answers 200 while asleep)"
         if ok:
             verdict = judge_models(probe.models(spec.base_url), spec.served_name)
@@ -206,9 +206,9 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
 
 
 def _asleep(ctx: StepContext, spec: UnitSpec) -> bool:
-    assert ctx.ports.engine is not None
+    assert ctx.ports.engine_control is not None
     try:
-        return ctx.ports.engine.is_sleeping(spec.base_url)
+        return ctx.ports.engine_control.is_sleeping(spec.base_url)
     except OrchestratorError:
         return False  # not answering: the completion will tell
 

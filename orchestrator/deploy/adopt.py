@@ -10,10 +10,10 @@ import signal
 from collections.abc import Iterable, Sequence
 
 from orchestrator.core import adopt as a
-from orchestrator.core import adopt_argv as v
 from orchestrator.core import adopt_found as u
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
+from orchestrator.engines import vllm_argv as v
 from orchestrator.errors import AdoptError, GpuBusy
 from orchestrator.ports import HostPorts, Shell
 

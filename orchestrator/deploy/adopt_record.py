@@ -12,13 +12,12 @@ from pydantic import ValidationError
 
 from orchestrator.core import adopt as a
 from orchestrator.core.catalog import Catalog, Host, Model
-from orchestrator.core.records import ServingChange, UnitSpec
+from orchestrator.core.records import UnitSpec
 from orchestrator.core.render import engine_address, engine_argv, load_deadline, model_dir_for
-from orchestrator.core.states import Phase
 from orchestrator.deploy import actions
 from orchestrator.deploy.adopt import discover
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.engine import unit_spec
+from orchestrator.deploy.deployer import record_running, unit_spec
 from orchestrator.errors import AdoptError, OrchestratorError
 from orchestrator.ports import HostPorts, StateStore
 
@@ -36,7 +35,7 @@ def _ours(store: StateStore, host: str) -> tuple[set[str], set[int]]:
 
 def _target(catalog: Catalog, host: Host, *, but: str | None = None) -> a.Target:
     on = [m for m in catalog.models_on(host.name) if m != but]
-    return a.Target(host=host.name, engine=catalog.engine_for(host), bind=host.bind or catalog.defaults.bind,
+    return a.Target(host=host.name, engine=catalog.engine_command(host), bind=host.bind or catalog.defaults.bind,
                     user=catalog.defaults.user, env_dir=catalog.defaults.env_dir,
                     taken=frozenset(m for m in catalog.models if m != but),
                     ports=frozenset(catalog.models[m].port for m in on))
@@ -127,11 +126,7 @@ def record(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[st
                              f"{list(model.gpus)}; it runs with port {adoption.entry['port']}, gpus "
                              f"{adoption.entry['gpus']}: the entry no longer describes it", host=host.name)
         spec = _spec(catalog, host, model, engine, template)
-        previous = store.serving(host.name)
-        dep = store.create(host.name, spec, TRIGGER, previous.revision if previous else None, now)
-        sets = ((host.name, (*(d.revision for d in store.serving_set(host.name)), dep.revision)),) \
-            if catalog.proxy.enabled else ()
-        store.transition(dep.id, Phase.ACTIVE, now, ServingChange(pointers=((host.name, dep.revision),), sets=sets))
+        dep = record_running(store, host.name, spec, TRIGGER, now, in_set=catalog.proxy.enabled)
         store.record_event(now, host.name, "adopted", {"model": model.name, "revision": dep.revision,
                                                       "unit": engine.unit, "pid": engine.pid})
         recorded.append({"model": model.name, "revision": dep.revision, "unit": spec.unit_name, "pid": spec.pid})

@@ -13,12 +13,17 @@ from orchestrator.core.doctor import Verdict
 from orchestrator.core.observed import GpuSnapshot, listens_on
 from orchestrator.core.render import engine_bind
 from orchestrator.deploy.preflight import probe_access
+from orchestrator.engines import ENGINE
 from orchestrator.errors import OrchestratorError
 from orchestrator.ports import HostPorts, Shell
 
 ENGINE_RUN_TIMEOUT_S = 300.0  # importing vLLM (torch, CUDA) takes tens of seconds on a cold cache
-# A listener of ours: a model's engine, the agent (metrics), the front proxy.
-_OURS = re.compile(rb"/(vllm-[^/]*|orchestrator-[^/]*)\.service(/|$)", re.MULTILINE)
+# A listener of ours: a model's engine (ENGINE.owns_cgroup), the agent (metrics), the front proxy.
+_OURS = re.compile(rb"/orchestrator-[^/]*\.service(/|$)", re.MULTILINE)
+
+
+def _ours(cgroup: bytes) -> bool:
+    return ENGINE.owns_cgroup(cgroup) or _OURS.search(cgroup) is not None
 
 
 def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str]]) -> list[Verdict]:
@@ -26,7 +31,7 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
     shell, host = ports.shell, ports.host
     out = [_systemd(ports), _gpus(ports)]
     user, group = catalog.defaults.user, catalog.defaults.group
-    engine = catalog.engine_for(host)[0]
+    engine = catalog.engine_command(host)[0]
     folders = {name: folder for name, (_, folder) in units.items()}
     nodes = _device_nodes(shell)
     files = [f"{f}/{n}" for f in folders.values() for n in ("config.json", "model.safetensors.index.json")]
@@ -101,7 +106,7 @@ def _engine_run(shell: Shell, engine: str, user: str, group: str, unit_text: str
             "-p", "PrivateTmp=yes", "-p", "NoNewPrivileges=yes", "-p", "WorkingDirectory=/"]
     for env in unit_environment(unit_text):
         argv += ["-p", f"Environment={env}"]
-    argv += [engine, "-c", d.VLLM_SCRIPT]
+    argv += [engine, "-c", d.ENGINE_SCRIPT]
     result = shell.run(argv, check=False, timeout=ENGINE_RUN_TIMEOUT_S)
     return d.parse_engine_run(result.exit_code, result.stdout + result.stderr)
 
@@ -157,7 +162,7 @@ def _foreign(shell: Shell, listening: list[str], address: str, port: int) -> str
         if not listens_on(line, address, port):
             continue
         pids = [int(p) for p in re.findall(r"pid=(\d+)", line)]
-        if pids and all(_OURS.search(shell.read_file(f"/proc/{pid}/cgroup") or b"") for pid in pids):
+        if pids and all(_ours(shell.read_file(f"/proc/{pid}/cgroup") or b"") for pid in pids):
             continue
         return line.split("users:", 1)[1].strip() if "users:" in line else "a process ss does not name"
     return None

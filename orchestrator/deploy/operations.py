@@ -16,10 +16,11 @@ from typing import Any
 
 from orchestrator.core.records import Deployment, ServingChange
 from orchestrator.core.resident import ASLEEP, STOPPED
+from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.adopt import stop_processes
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.engine import Engine, default_template, default_trigger
+from orchestrator.deploy.deployer import Deployer, default_template, default_trigger
 from orchestrator.deploy.locks import activity_lock, host_lock
 from orchestrator.deploy.operations_views import OperationsViews
 from orchestrator.deploy.preflight import check_access
@@ -89,7 +90,7 @@ class Operations(OperationsViews):
             return {"noop": False, "recovered": recovered, **eng.run(dep.id).to_dict()}
 
     # -- with the front proxy: a set of models per host ------------------------------------------
-    def _rollback_set(self, eng: Engine, host: str, to_revision: int | None, trigger: str) -> dict[str, Any]:
+    def _rollback_set(self, eng: Deployer, host: str, to_revision: int | None, trigger: str) -> dict[str, Any]:
         """Restore the set before the newest switch: redeploy what it displaced, or stop what it added."""
         if to_revision is not None:
             target = self.store.by_revision(host, to_revision)
@@ -106,8 +107,9 @@ class Operations(OperationsViews):
         for revision in plan.displaced:
             dep = eng.plan_spec(host, self.store.by_revision(host, revision).spec, f"{trigger}:to-{revision}",
                                 restores=revision)
-            result = {"noop": False, **eng.run(dep.id).to_dict()}
-            if result["outcome"] != "active":
+            final = eng.run(dep.id)
+            result = {"noop": False, **final.to_dict()}
+            if final.phase is not Phase.ACTIVE:
                 break
         return result
 
@@ -144,7 +146,7 @@ class Operations(OperationsViews):
             raise UsageError(f"{model} neither serves nor sleeps on {host}: nothing to stop "
                              f"(serving: {', '.join(d.model for d in serving) or 'nothing'})")
 
-    def _stop_sleeper(self, eng: Engine, host: str, model: str, unit: str) -> dict[str, Any]:
+    def _stop_sleeper(self, eng: Deployer, host: str, model: str, unit: str) -> dict[str, Any]:
         """A sleeping model has no route: its unit stops (its weights leave host RAM), and its GPUs
         are verified free of its processes by PID; the others there (the model that displaced it,
         other sleepers) stay as they are."""
@@ -164,7 +166,7 @@ class Operations(OperationsViews):
         return {"host": host, "model": model, "revision": None, "outcome": "stopped", "was": ASLEEP,
                 "serving": [d.model for d in self.store.serving_set(host)]}
 
-    def _stop(self, eng: Engine, host: str, dep: Deployment) -> dict[str, Any]:
+    def _stop(self, eng: Deployer, host: str, dep: Deployment) -> dict[str, Any]:
         ports = self.ports_for(host)
         ctx = StepContext(ports=ports, catalog=self.catalog, progress=eng.progress,
                           bound={"host": host, "revision": dep.revision}, residency=self.residency)
@@ -208,7 +210,7 @@ class Operations(OperationsViews):
             raise UsageError(f"host {host} has no weight store configured")
         weights = ports.weights
         with activity_lock(self.state_dir, host, "stage", f"a stage of {model} is running"):
-            spec = self.engine(progress).spec_for(self.catalog.models[model])
+            spec = self.deployer(progress).spec_for(self.catalog.models[model])
             if peer is not None:
                 from orchestrator.adapters.weights_peer import with_peer
 
@@ -226,7 +228,7 @@ class Operations(OperationsViews):
                 out += self._recover_host(eng, name)
         return out
 
-    def _recover_host(self, eng: Engine, host: str) -> list[dict[str, Any]]:
+    def _recover_host(self, eng: Deployer, host: str) -> list[dict[str, Any]]:
         return [eng.run(d.id).to_dict() for d in self.store.unfinished(host)]
 
 

@@ -1,4 +1,4 @@
-"""The state every operation shares: the stores (opened on first use), the engines in flight, and the
+"""The state every operation shares: the stores (opened on first use), the deployers in flight, and the
 lookups the fronts use instead of the catalog or the store. operations_views.py reads on it;
 operations.py (the operations that hold a host's lock and change a box) runs on both."""
 
@@ -14,13 +14,13 @@ from orchestrator.adapters.residency_store import SqliteResidencyStore
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.secrets import redact_tree
 
 
 class OperationsBase:
-    """The stores, the engines in flight and the record lookups (Operations adds what acts)."""
+    """The stores, the deployers in flight and the record lookups (Operations adds what acts)."""
 
     def __init__(self, catalog: Catalog, ports_for: Callable[[str], HostPorts], *,
                  store: StateStore | None = None, template: str | None = None,
@@ -38,10 +38,10 @@ class OperationsBase:
         self.ports_for = ports_for
         self.template = template
         self.before_step = before_step
-        # The engines of operations in flight, for SIGTERM; each leaves when its operation ends
-        # (a list of every engine ever built grew with each operation for the agent's lifetime).
-        self.engines: set[Engine] = set()
-        self._engines_lock = threading.Lock()
+        # The deployers of operations in flight, for SIGTERM; each leaves when its operation ends
+        # (a list of every deployer ever built grew with each operation for the agent's lifetime).
+        self.deployers: set[Deployer] = set()
+        self._deployers_lock = threading.Lock()
 
     @property
     def store(self) -> StateStore:
@@ -60,27 +60,27 @@ class OperationsBase:
                                                              group=self.catalog.socket_group, reading=self.reading)
             return self._residency_store
 
-    def engine(self, progress: ProgressCallback | None = None) -> Engine:
-        """An engine for lookups and planning; ``running`` is the one for an operation that runs steps."""
-        return Engine(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template, progress=progress,
-                      before_step=self.before_step)
+    def deployer(self, progress: ProgressCallback | None = None) -> Deployer:
+        """A deployer for lookups and planning; ``running`` is the one for an operation that runs steps."""
+        return Deployer(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template,
+                        progress=progress, before_step=self.before_step)
 
     @contextmanager
-    def running(self, progress: ProgressCallback | None = None) -> Iterator[Engine]:
-        """An engine that ``park_all`` reaches while the block runs, and forgets after it."""
-        eng = self.engine(progress)
-        with self._engines_lock:
-            self.engines.add(eng)
+    def running(self, progress: ProgressCallback | None = None) -> Iterator[Deployer]:
+        """A deployer that ``park_all`` reaches while the block runs, and forgets after it."""
+        eng = self.deployer(progress)
+        with self._deployers_lock:
+            self.deployers.add(eng)
         try:
             yield eng
         finally:
-            with self._engines_lock:
-                self.engines.discard(eng)
+            with self._deployers_lock:
+                self.deployers.discard(eng)
 
     def park_all(self) -> None:
-        """SIGTERM: every running engine finishes its step, persists, and stops."""
-        with self._engines_lock:
-            for eng in self.engines:
+        """SIGTERM: every running deployer finishes its step, persists, and stops."""
+        with self._deployers_lock:
+            for eng in self.deployers:
                 eng.park.set()
 
     # -- lookups callers use instead of the catalog or the store ------------------------------------

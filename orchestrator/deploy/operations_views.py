@@ -18,7 +18,7 @@ from orchestrator.core.states import Phase
 from orchestrator.core.watch import to_bring_back
 from orchestrator.deploy import warm, warm_steps
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.engine import default_template
+from orchestrator.deploy.deployer import default_template
 from orchestrator.deploy.locks import host_held
 from orchestrator.deploy.operations_base import OperationsBase
 from orchestrator.errors import OrchestratorError, TransportError, UsageError
@@ -44,7 +44,7 @@ class OperationsViews(OperationsBase):
         if serving is None:
             return None, True, None
         unit = self.ports_for(host).systemd.unit_state(serving.spec.unit_name)
-        eng = self.engine()
+        eng = self.deployer()
         return serving, eng.is_healthy(serving), unit
 
     def lost(self, host: str) -> Lost | None:
@@ -94,7 +94,7 @@ class OperationsViews(OperationsBase):
         elsewhere = [m for m in models if m not in on]
         if elsewhere:
             raise UsageError(f"doctor: {', '.join(elsewhere)} not on host {target.name} (its models: "
-                             f"{', '.join(on) or 'none'}): name one host's models, or --host")
+                             f"{', '.join(on) or 'none'}): name one host's models, or --on HOST")
         template = self.template or default_template()
         units: dict[str, tuple[str, str]] = {}
         for name in models or on:
@@ -111,7 +111,7 @@ class OperationsViews(OperationsBase):
         """What a switch to MODEL would do to the host's serving set, and why (the host's I/O: one GPU
         reading, for whether it fits beside what serves)."""
         host = self.catalog.target(model=model).name
-        eng = self.engine()
+        eng = self.deployer()
         spec = eng.spec_for(self.catalog.models[model])
         if not self.catalog.proxy.enabled:
             serving = self.store.serving(host)
@@ -180,7 +180,7 @@ class OperationsViews(OperationsBase):
         if host is not None:
             self.catalog.host(host)
         out = []
-        eng = self.engine()
+        eng = self.deployer()
         # Models on demand: the requests each on-demand switch served and their waits (agent/demand.py).
         demand = {e.get("deployment_id"): e for e in reversed(self.store.events(host=host, kind="demand", limit=500))}
         for d in self.store.history(host, limit):
@@ -253,7 +253,7 @@ class OperationsViews(OperationsBase):
                 if last is not None and last.phase is not Phase.ACTIVE:
                     entry["last"] = {"id": last.id, "revision": last.revision, "model": last.model,
                                      "outcome": last.phase.value, "error": last.error}
-            eng = self.engine()
+            eng = self.deployer()
             if serving is not None and serving.spec.nodes:
                 # Nodes before health: restart counts only grow, so a rank this row shows restarted is
                 # one the health probe after it sees restarted too (never "healthy" beside "restarted 1x").

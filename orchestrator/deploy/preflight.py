@@ -14,11 +14,9 @@ from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.observed import GpuSnapshot, listens_on
 from orchestrator.core.planner_arch import check_model_config
 from orchestrator.core.records import Deployment
+from orchestrator.engines import ENGINE
 from orchestrator.errors import AccessDenied, PlanError
 from orchestrator.ports import HostPorts, Shell
-
-# An engine of ours runs in a vllm-*.service cgroup (a model's unit, a tune variant's, a sleeper's).
-_OUR_CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
 
 
 def port_holder(shell: Shell, model: str, address: str, port: int, *, units: Iterable[str] = (),
@@ -33,7 +31,7 @@ def port_holder(shell: Shell, model: str, address: str, port: int, *, units: Ite
 
     def ours(pid: int) -> bool:
         cgroup = shell.read_file(f"/proc/{pid}/cgroup") or b""
-        return pid in leaving or bool(_OUR_CGROUP.search(cgroup)) or any(
+        return pid in leaving or ENGINE.owns_cgroup(cgroup) or any(
             u + b"\n" in cgroup or u + b"/" in cgroup for u in stopped)
 
     result = shell.run(["ss", "-Hltnp", f"( sport = :{port} )"], check=False, idempotent=True)
@@ -61,7 +59,7 @@ def check_access(catalog: Catalog, model: str, ports: HostPorts, model_dir: str)
     """Refuse (exit 2) a switch whose unit's user cannot execute the engine or read the weights, before
     anything stops: a path walk with the user's uid and groups, cheap enough for every switch (doctor runs
     the engine itself). A user the host lacks is refused too: systemd would fail the unit (217/USER)."""
-    user, engine = catalog.defaults.user, catalog.engine_for(ports.host)[0]
+    user, engine = catalog.defaults.user, catalog.engine_command(ports.host)[0]
     probed = probe_access(ports.shell, user, [engine, model_dir])
     if probed is None:
         return

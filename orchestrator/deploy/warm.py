@@ -12,21 +12,21 @@ from dataclasses import dataclass
 
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.sleep_memory import holdings, need_mib, sleep_excess, wake_blockers
+from orchestrator.engines import ENGINE
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, SleepLeftMemory
 from orchestrator.ports import Clock, EngineControl, GpuProbe
 
 POLL_S = 0.05  # memory checks poll this often: a snapshot costs ~1 ms with NVML, one process with nvidia-smi
-SLEEP_FLAG = "--enable-sleep-mode"
 
 
 def sleep_enabled(spec: UnitSpec) -> bool:
-    """Whether the unit runs vLLM with sleep mode (rendered only for a model with ``sleep``)."""
-    return SLEEP_FLAG in spec.unit_text
+    """Whether the unit runs its engine with sleep mode (rendered only for a model with ``sleep``)."""
+    return ENGINE.sleeps(spec.unit_text)
 
 
 @dataclass(frozen=True)
-class Engine:
-    """One engine as the warm code sees it."""
+class EngineProcess:
+    """One running engine (a model's process tree, its URL and GPUs) as the warm code sees it."""
 
     name: str  # the model (messages name it)
     base_url: str
@@ -40,7 +40,7 @@ class Engine:
         return self.served or self.name
 
 
-def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine: Engine, *, level: int,
+def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine: EngineProcess, *, level: int,
                    residue_mib: int, mode: str = "wait", settle_s: float = 5.0) -> float:
     """Put ``engine`` to sleep (unless it says it sleeps already) and prove it gave its GPUs back;
     returns the seconds the sleep took.
@@ -63,7 +63,7 @@ def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine
         clock.sleep(POLL_S)
 
 
-def wake_shortfall(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str] | None = None,
+def wake_shortfall(probe: GpuProbe, engine: EngineProcess, *, sleepers: Mapping[int, str] | None = None,
                    leaving: Mapping[int, tuple[str, int]] | None = None) -> list[str]:
     """Why ``engine``'s GPUs lack the memory its wake takes (core.sleep_memory's count; ``leaving``:
     PID -> (model, MiB it keeps) of engines that sleep or stop first; ``sleepers``: for messages)."""
@@ -72,14 +72,14 @@ def wake_shortfall(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, st
                          need_mib=need_mib(snap, engine.gpus, engine.utilization))
 
 
-def check_wake_fits(probe: GpuProbe, engine: Engine, *, sleepers: Mapping[int, str] | None = None) -> None:
+def check_wake_fits(probe: GpuProbe, engine: EngineProcess, *, sleepers: Mapping[int, str] | None = None) -> None:
     """Raise GpuBusy unless ``engine``'s GPUs have the memory its wake takes, now."""
     reasons = wake_shortfall(probe, engine, sleepers=sleepers)
     if reasons:
         raise GpuBusy(f"{engine.name} is not woken: its GPUs lack the memory it needs: " + "; ".join(reasons))
 
 
-def wake_checked(control: EngineControl, clock: Clock, engine: Engine, *, level: int, deadline_s: float) -> float:
+def wake_checked(control: EngineControl, clock: Clock, engine: EngineProcess, *, level: int, deadline_s: float) -> float:
     """Wake ``engine`` (vLLM's level-2 sequence for level 2) and prove it serves with one completion
     within ``deadline_s`` of the wake's start; returns the seconds that took.
 
@@ -108,7 +108,7 @@ def wake_checked(control: EngineControl, clock: Clock, engine: Engine, *, level:
     return clock.monotonic() - started
 
 
-def held_mib(probe: GpuProbe, engine: Engine) -> dict[int, int]:
+def held_mib(probe: GpuProbe, engine: EngineProcess) -> dict[int, int]:
     """GPU index -> MiB the engine's processes hold there now."""
     return {h.gpu: h.mib for h in holdings(probe.snapshot(), engine.gpus, engine.pids)}
 

@@ -46,10 +46,10 @@ def unit_pids(ctx: StepContext, unit: str, *, reuse: bool = False) -> frozenset[
     return pids
 
 
-def engine_of(ctx: StepContext, spec: UnitSpec, *, reuse: bool = False) -> warm.Engine:
+def engine_of(ctx: StepContext, spec: UnitSpec, *, reuse: bool = False) -> warm.EngineProcess:
     model = ctx.catalog.models.get(spec.model)
     util = rules.utilization(ctx.catalog, model) if model is not None else ctx.defaults.gpu_memory_utilization
-    return warm.Engine(spec.model, spec.base_url, spec.gpus, unit_pids(ctx, spec.unit_name, reuse=reuse),
+    return warm.EngineProcess(spec.model, spec.base_url, spec.gpus, unit_pids(ctx, spec.unit_name, reuse=reuse),
                        utilization=util, served=spec.served_name)
 
 
@@ -62,7 +62,7 @@ def deadline_of(ctx: StepContext, model: str) -> float:
 
 def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:
     """The engine runs and says it sleeps (``/health`` answers 200 while asleep: it cannot tell)."""
-    control = ctx.ports.engine
+    control = ctx.ports.engine_control
     if control is None or not sleep_enabled(spec) or not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
         return False
     try:
@@ -75,7 +75,7 @@ def awake(ctx: StepContext, spec: UnitSpec) -> bool:
     """The engine runs and can answer: not asleep, and (with sleep mode) it answers ``/is_sleeping``.
     Only such an engine may have a route: a request sent to a sleeper waits for a wake that may never
     come, and one sent to an engine that does not answer hangs or is cut."""
-    control = ctx.ports.engine
+    control = ctx.ports.engine_control
     if not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
         return False
     if control is None or not sleep_enabled(spec):
@@ -131,9 +131,10 @@ class Fate:
     evict: tuple[str, ...]  # sleepers stopped to make room
     reasons: tuple[str, ...]
     weights: Mapping[str, float] = field(default_factory=dict)  # displaced model -> GiB of weights (du)
+    why: Mapping[str, str] = field(default_factory=dict)  # model -> the decision's first reason about it
 
     def reason(self, model: str, default: str = "") -> str:
-        return next((r for r in self.reasons if r.startswith(model + " ")), default)
+        return self.why.get(model, default)
 
 
 def fate(ctx: StepContext, step: StepInput) -> Fate:
@@ -160,7 +161,8 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
             served_name=model.served))
     decision = rules.decide(step.dep.model, residents, rules.budgets_for(host, _mem_total_gib(ctx)),
                             displaced=list(displaced))
-    return Fate(decision.sleep, decision.stop, decision.evict, decision.reasons, sizes)
+    why = {r.model: decision.reason(r.model) for r in decision.reasons}
+    return Fate(decision.sleep, decision.stop, decision.evict, tuple(r.text for r in decision.reasons), sizes, why)
 
 
 def decide(ctx: StepContext, step: StepInput) -> Fate:
@@ -168,7 +170,7 @@ def decide(ctx: StepContext, step: StepInput) -> Fate:
     the sleeping step then only acts (no unit reads, no ``du`` between the route move and the wake)."""
     decided = fate(ctx, step)
     note(ctx, FATE_EVENT, sleep=list(decided.sleep), stop=list(decided.stop), evict=list(decided.evict),
-         reasons=list(decided.reasons), weights=dict(decided.weights))
+         reasons=list(decided.reasons), weights=dict(decided.weights), why=dict(decided.why))
     return decided
 
 
@@ -177,7 +179,7 @@ def recorded_fate(step: StepInput) -> Fate | None:
     for p in reversed(step.warm_progress):
         if p.get("step") == FATE_EVENT:
             return Fate(tuple(p.get("sleep", ())), tuple(p.get("stop", ())), tuple(p.get("evict", ())),
-                        tuple(p.get("reasons", ())), dict(p.get("weights", {})))
+                        tuple(p.get("reasons", ())), dict(p.get("weights", {})), dict(p.get("why", {})))
     return None
 
 
@@ -198,7 +200,7 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
     ``window``: a warm switch's, with the route on its target: reuse what staging read."""
     decided = recorded_fate(step) or fate(ctx, step)
     asleep: set[str] = set()
-    control = ctx.ports.engine
+    control = ctx.ports.engine_control
     for d in leaving:
         spec, unit = d.spec, d.spec.unit_name
         if not ctx.ports.systemd.unit_state(unit).is_active:
@@ -302,7 +304,7 @@ def verifying(ctx: StepContext, step: StepInput) -> None:
 def waking(ctx: StepContext, step: StepInput) -> None:
     """Wake the target and prove it with one completion within wake_deadline_s (else: wedged)."""
     dep = step.dep
-    control = ctx.ports.engine
+    control = ctx.ports.engine_control
     assert control is not None  # staging reports warm only with an engine control
     level = level_of(ctx, dep.model)
     note(ctx, "wake_started", model=dep.model, level=level)
@@ -359,10 +361,10 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
         # Never woken: it stays asleep, as before the switch. The route pointed at it since `sleeping`:
         # requests it holds would wait for a wake that never comes, so a wake (where it fits) and a
         # sleep (mode=wait) answer them first.
-        if not beside(step) and any(t.phase == Phase.SLEEPING.value for t in step.dep.timings):
+        if not beside(step) and step.dep.went_through(Phase.SLEEPING):
             flush_held(ctx, spec)
         return
-    level, control = level_of(ctx, spec.model), ctx.ports.engine
+    level, control = level_of(ctx, spec.model), ctx.ports.engine_control
     healthy = rec is not None and rec.state == SERVING
     if healthy and control is not None and level is not None and sleep_enabled(spec):
         try:
@@ -382,7 +384,7 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
 def flush_held(ctx: StepContext, spec: UnitSpec) -> None:
     """Wake a sleeper the route pointed at, let what it held finish, put it back to sleep; where the
     memory is not there, it stays asleep and says so (its held requests wait for its next wake)."""
-    control, level = ctx.ports.engine, level_of(ctx, spec.model)
+    control, level = ctx.ports.engine_control, level_of(ctx, spec.model)
     if control is None or level is None:
         return
     eng = engine_of(ctx, spec)
@@ -408,7 +410,7 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
         and ctx.ports.systemd.unit_state(spec.unit_name).is_active
     if not (resumed or is_asleep(ctx, spec)):
         return False
-    control = ctx.ports.engine
+    control = ctx.ports.engine_control
     assert control is not None
     eng = engine_of(ctx, spec)
     clock = ctx.ports.clock

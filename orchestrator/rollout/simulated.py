@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator.client.backends import AgentClient
 from orchestrator.contract.wire import encode, error_reply
+from orchestrator.core.states import Phase
 from orchestrator.errors import OrchestratorError, TransportError, UsageError
 
 
@@ -130,7 +131,7 @@ class SimulatedBox(AgentClient):
         elif op == "switch":
             yield from self._switch(str(args["model"]))
         elif op == "rollback":
-            previous = next((d["model"] for d in reversed(self.deployments[:-1]) if d["outcome"] == "active"), None)
+            previous = next((d["model"] for d in reversed(self.deployments[:-1]) if d["outcome"] == Phase.ACTIVE), None)
             if previous is not None:
                 self.serving, self.healthy = previous, True
             yield {"result": {"outcome": "active", **self._record(previous or "nothing", "active")}}

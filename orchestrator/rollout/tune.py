@@ -26,7 +26,8 @@ from orchestrator.core import tune as core
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, json_document, text_of, toml_document
 from orchestrator.core.planner_arch import check_model_config
-from orchestrator.core.states import Phase
+from orchestrator.core.records import SwitchResult
+from orchestrator.core.states import LOADING, Phase
 from orchestrator.core.tune_records import TuneResult, TuneRun
 from orchestrator.core.tune_toml import edit_model, layout_changes, unified_diff
 from orchestrator.deploy.locks import activity_lock
@@ -120,7 +121,7 @@ class Tuner:
                 raise UsageError(f"tune {req.model}: layout {core.token(lay)} cannot load: {'; '.join(why)}; "
                                  "nothing was deployed")
         ports = self.ops.ports_for(host.name)
-        model_dir = self.ops.engine().spec_for(model).model_dir
+        model_dir = self.ops.deployer().spec_for(model).model_dir
         if model.source != "none" and ports.weights is not None:
             self.progress("tune_staging", {"model": req.model})
             model_dir = str(self.ops.stage(req.model, progress=self.progress)["path"])
@@ -163,7 +164,7 @@ class Tuner:
     def _typical_load(self, host: str, model: str) -> float | None:
         for dep in self.ops.deployments(host, limit=200):
             if dep.phase is Phase.ACTIVE and (dep.model == model or dep.model.startswith(model + ".")):
-                secs = [t.seconds for t in dep.timings if t.phase in ("starting", "checking") and t.seconds]
+                secs = [t.seconds for t in dep.timings if t.phase in LOADING and t.seconds]
                 if secs:
                     return float(sum(secs))
         return None
@@ -263,14 +264,14 @@ class Tuner:
         return report
 
     def _measure(self, run: TuneRun, vops: Operations, cand: core.Candidate, bench: BenchPlan, repeats: int) -> None:
-        res = vops.switch(cand.name, trigger=f"tune:{run.id}", progress=self.progress)
+        res = SwitchResult.from_dict(vops.switch(cand.name, trigger=f"tune:{run.id}", progress=self.progress))
         clock = self.ops.ports_for(run.host).clock
         layout = core.token(cand.layout)
-        if not res.get("noop") and res.get("outcome") != "active":
-            detail = str(res.get("error") or res.get("outcome"))
+        if not res.ok:
+            detail = str(res.error or res.ended)
             line = core.engine_error_line(detail)
-            self.progress("tune_failed", {"candidate": cand.name, "error": line, "outcome": res.get("outcome")})
-            self.store.record(TuneResult(run.id, cand.name, layout, "failed", res.get("id"), res.get("revision"),
+            self.progress("tune_failed", {"candidate": cand.name, "error": line, "outcome": res.ended})
+            self.store.record(TuneResult(run.id, cand.name, layout, "failed", res.deployment_id, res.revision,
                                          line, detail, [], clock.now()))
             return
         dep = self.ops.serving(run.host)

@@ -70,7 +70,7 @@ class FakeHost:
         spec = host or Host(name=self.name, gpus=self.gpu_count)
         return HostPorts(host=spec, shell=FakeShell(self), systemd=FakeSystemd(self), gpus=FakeGpus(self),
                          health=FakeHealth(self), clock=self.clock, weights=weights,
-                         engine=FakeEngineControl(self))
+                         engine_control=FakeEngineControl(self))
 
     def hold(self, gpus: Sequence[int], mib: int, name: str = "python", unit: str = "") -> int:
         pid = next(self._pids)

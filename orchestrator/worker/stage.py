@@ -45,6 +45,7 @@ from orchestrator.core.weights import (
     revisions_named_in,
     space_needed,
 )
+from orchestrator.engines import ENGINE
 from orchestrator.errors import WeightsError
 from orchestrator.worker.files import (
     current_file,
@@ -252,9 +253,9 @@ def read_protected(root: Path) -> set[tuple[str, str]]:
 
 
 def in_units(unit_dir: str | None, root: Path) -> set[tuple[str, str]]:
-    """Revisions under root that an installed vLLM unit names (read from the unit files on disk)."""
+    """Revisions under root that an installed engine unit names (read from the unit files on disk)."""
     pairs: set[tuple[str, str]] = set()
-    for unit in sorted(Path(unit_dir).glob("vllm-*.service")) if unit_dir else []:
+    for unit in sorted(Path(unit_dir).glob(ENGINE.unit_name("*"))) if unit_dir else []:
         try:
             pairs |= revisions_named_in(unit.read_text(errors="replace"), str(root))
         except OSError as exc:  # unreadable: better to remove nothing

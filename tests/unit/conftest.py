@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.catalog import Catalog
-from orchestrator.deploy.engine import Engine
+from orchestrator.core.records import NO_CHANGE, ServingChange
+from orchestrator.core.states import TRANSITIONS, Event, Fallback, Phase
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import TransportError
 from orchestrator.ports import HostPorts
 from orchestrator.testing import FakeClock, FakeHost, FakeStateStore, FakeWeights
+
+
+def legal_move(here: Phase, there: Phase, fallback: Fallback) -> bool:
+    """Whether some event leads from ``here`` to ``there`` in core/states.py's table."""
+    return any(TRANSITIONS.get((here, event, fallback)) is there for event in Event)
+
+
+@pytest.fixture(autouse=True)
+def _moves_follow_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 1, held in every unit test: each move the deployer records (deploy/deployer.py is the one caller of
+    a store's transition) is one the table allows for the deployment's fallback."""
+    for cls in (FakeStateStore, SqliteStore):
+        def guarded(self: Any, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE,
+                    _original: Any = cls.transition) -> None:
+            if sys._getframe(1).f_globals.get("__name__") == "orchestrator.deploy.deployer":
+                dep = self.get(dep_id)
+                assert legal_move(dep.phase, phase, dep.fallback), (
+                    f"{dep.phase.value} -> {phase.value} is not in core/states.py's table "
+                    f"(fallback {dep.fallback.value})")
+            _original(self, dep_id, phase, at, serving)
+
+        monkeypatch.setattr(cls, "transition", guarded)
 
 
 def make_catalog(**overrides: Any) -> Catalog:
@@ -40,7 +66,7 @@ class World:
         self.store = FakeStateStore()
         self.events: list[tuple[str, dict[str, Any]]] = []
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
-        self.engine = Engine(self.catalog, self.store, lambda name: ports,
+        self.engine = Deployer(self.catalog, self.store, lambda name: ports,
                              progress=lambda e, f: self.events.append((e, f)))
 
     def switch(self, model: str, **kw: Any) -> Any:

@@ -9,10 +9,10 @@ import pytest
 
 from orchestrator import settings
 from orchestrator.core import adopt as a
-from orchestrator.core import adopt_argv as v
 from orchestrator.core import adopt_found as u
 from orchestrator.core.render import render_unit
-from orchestrator.deploy.engine import default_template
+from orchestrator.deploy.deployer import default_template
+from orchestrator.engines import vllm_argv as v
 from orchestrator.errors import AdoptError
 
 ROOT_PY = ("/root/ml-env/bin/python3", "-m", "vllm.entrypoints.openai.api_server")

@@ -180,7 +180,7 @@ def test_history_shows_the_switch_was_beside(bw: WarmWorld, monkeypatch: pytest.
             return rows
 
     monkeypatch.setattr(deploy_cmds, "backend", lambda *a, **kw: Rows())
-    out = CliRunner().invoke(deploy_cmds.history, ["--host", "box"], terminal_width=400).output
+    out = CliRunner().invoke(deploy_cmds.history, ["--on", "box"], terminal_width=400).output
     assert out.count("beside, no gap") == 1
 
 
@@ -219,7 +219,7 @@ def test_the_agent_killed_in_a_beside_switch_converges(tmp_path: Any, case: str,
     from orchestrator.adapters.residency_store import SqliteResidencyStore
     from orchestrator.adapters.sqlite_store import SqliteStore
     from orchestrator.core.records import Deployment
-    from orchestrator.deploy.engine import Engine
+    from orchestrator.deploy.deployer import Deployer
     from orchestrator.testing import FakeHost, FakeProxy, FakeWeights
 
     from .test_engine_crash import Crash, CrashingControl
@@ -231,13 +231,13 @@ def test_the_agent_killed_in_a_beside_switch_converges(tmp_path: Any, case: str,
     ports = host.ports(catalog.hosts["box"], FakeWeights())
     proxy = FakeProxy()
     ports.proxy = proxy
-    control = CrashingControl(ports.engine)
-    ports.engine = control
+    control = CrashingControl(ports.engine_control)
+    ports.engine_control = control
 
-    def open_engine() -> tuple[Engine, SqliteStore, SqliteResidencyStore]:
+    def open_engine() -> tuple[Deployer, SqliteStore, SqliteResidencyStore]:
         store = SqliteStore(tmp_path / "state.db", group=None)
         residency = SqliteResidencyStore(tmp_path / "residency.db", group=None)
-        return Engine(catalog, store, lambda name: ports, residency=residency), store, residency
+        return Deployer(catalog, store, lambda name: ports, residency=residency), store, residency
 
     eng, store, residency = open_engine()
     for model in ("big", "small") if case == "warm" else ("big",):

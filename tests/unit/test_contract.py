@@ -184,7 +184,7 @@ def test_the_local_backend_refuses_an_agent_only_operation(tmp_path: Path) -> No
 
 
 def test_recover_without_a_host_holds_every_box_in_process(tmp_path: Path) -> None:
-    """In-process recover with no --host locks every host of the catalog; with one, that host only."""
+    """In-process recover with no --on locks every host of the catalog; with one, that host only."""
     catalog = make_catalog(state_dir=str(tmp_path), hosts={
         "a": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8},
         "b": {"transport": "ssh", "address": "127.0.0.10", "gpus": 8}},

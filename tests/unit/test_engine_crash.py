@@ -15,7 +15,7 @@ import pytest
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.records import Deployment
 from orchestrator.core.states import Phase
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.testing import FakeHost, FakeWeights
 
 from .conftest import make_catalog
@@ -50,10 +50,10 @@ class CrashingStore:
         return write
 
 
-def engine(store: Any, host: FakeHost) -> Engine:
+def engine(store: Any, host: FakeHost) -> Deployer:
     catalog = make_catalog()
     ports = host.ports(catalog.hosts["box"], FakeWeights())
-    return Engine(catalog, store, lambda name: ports)
+    return Deployer(catalog, store, lambda name: ports)
 
 
 @pytest.mark.parametrize("writes_before_crash", range(4))
@@ -105,7 +105,7 @@ def test_a_crash_while_planning_a_proxy_switch_never_leaves_it_without_its_plan(
     catalog = proxy_catalog()
     ports = host.ports(catalog.hosts["box"], FakeWeights())
     ports.proxy = FakeProxy()
-    eng = Engine(catalog, store, lambda name: ports)
+    eng = Deployer(catalog, store, lambda name: ports)
     first = eng.plan_switch("chat-a")
     assert first is not None and eng.run(first.id).phase is Phase.ACTIVE
     store.left = writes_before_crash
@@ -118,7 +118,7 @@ def test_a_crash_while_planning_a_proxy_switch_never_leaves_it_without_its_plan(
     reopened = SqliteStore(tmp_path / "state.db", group=None)
     for unfinished in reopened.unfinished("box"):
         assert reopened.plan_of(unfinished.id) is not None
-        Engine(catalog, reopened, lambda name: ports).run(unfinished.id)
+        Deployer(catalog, reopened, lambda name: ports).run(unfinished.id)
     served = sorted(d.model for d in reopened.serving_set("box"))
     assert served in (["chat-a"], ["chat-a", "code"])
 
@@ -201,13 +201,13 @@ def test_the_agent_killed_in_a_warm_switch_converges(tmp_path: Path, case: str, 
     catalog = warm_catalog()
     ports = host.ports(catalog.hosts["box"], FakeWeights())
     ports.proxy = FakeProxy()
-    control = CrashingControl(ports.engine)
-    ports.engine = control
+    control = CrashingControl(ports.engine_control)
+    ports.engine_control = control
 
-    def open_engine() -> tuple[Engine, SqliteStore, SqliteResidencyStore]:
+    def open_engine() -> tuple[Deployer, SqliteStore, SqliteResidencyStore]:
         store = SqliteStore(tmp_path / "state.db", group=None)
         residency = SqliteResidencyStore(tmp_path / "residency.db", group=None)
-        return Engine(catalog, store, lambda name: ports, residency=residency), store, residency
+        return Deployer(catalog, store, lambda name: ports, residency=residency), store, residency
 
     eng, store, residency = open_engine()
     for model in ("alpha", "beta"):

@@ -26,9 +26,9 @@ def test_configuration_chosen_first_applies_to_a_module_loaded_later() -> None:
     result = run("import logging\n"
                  "from orchestrator import logs\n"
                  "logs.configure(json=True, level=logging.INFO)\n"
-                 "from orchestrator.deploy import engine\n"
-                 "engine.log.debug('hidden')\n"
-                 "engine.log.info('shown', host='h1')")
+                 "from orchestrator.deploy import deployer\n"
+                 "deployer.log.debug('hidden')\n"
+                 "deployer.log.info('shown', host='h1')")
     lines = [json.loads(line) for line in result.stderr.splitlines()]
     assert [(r["event"], r["host"], r["level"]) for r in lines] == [("shown", "h1", "info")]
     assert result.stdout == ""
@@ -37,9 +37,9 @@ def test_configuration_chosen_first_applies_to_a_module_loaded_later() -> None:
 def test_configuration_chosen_after_structlog_loaded_applies_at_once() -> None:
     """configure() with the logging modules already loaded reconfigures at once (the agent's case)."""
     result = run("import logging\n"
-                 "from orchestrator.deploy import engine\n"
+                 "from orchestrator.deploy import deployer\n"
                  "from orchestrator import logs\n"
                  "logs.configure(json=True, level=logging.WARNING)\n"
-                 "engine.log.info('hidden')\n"
-                 "engine.log.warning('shown')")
+                 "deployer.log.info('hidden')\n"
+                 "deployer.log.warning('shown')")
     assert [json.loads(line)["event"] for line in result.stderr.splitlines()] == ["shown"]

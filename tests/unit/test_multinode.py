@@ -15,7 +15,7 @@ from orchestrator.core.catalog import Catalog
 from orchestrator.core.multinode import render_nodes
 from orchestrator.core.states import Phase
 from orchestrator.deploy import multinode
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.resources import template_text
 from orchestrator.testing import FakeClock, FakeHost, FakeStateStore, FakeWeights
 
@@ -194,7 +194,7 @@ class Fleet:
         self.hosts = {n: FakeHost(name=n, gpu_count=2, clock=clock) for n in ("g1", "g2")}
         self.store = FakeStateStore()
         ports = {n: h.ports(cat.hosts[n]) for n, h in self.hosts.items()}
-        self.engine = Engine(cat, self.store, lambda n: ports[n])
+        self.engine = Deployer(cat, self.store, lambda n: ports[n])
 
     def switch(self, model: str) -> Any:
         dep = self.engine.plan_switch(model)
@@ -397,7 +397,7 @@ def test_each_node_stages_into_and_runs_from_its_own_models_dir() -> None:
     hosts = {n: FakeHost(name=n, gpu_count=2, clock=clock) for n in ("g1", "g2")}
     weights = {"g1": RootedWeights("/models"), "g2": RootedWeights("/data/models")}
     ports = {n: h.ports(cat.hosts[n], weights=weights[n]) for n, h in hosts.items()}
-    engine = Engine(cat, FakeStateStore(), lambda n: ports[n])
+    engine = Deployer(cat, FakeStateStore(), lambda n: ports[n])
     dep = engine.plan_switch("big")
     assert dep is not None
     assert engine.run(dep.id).phase is Phase.ACTIVE, engine.store.get(dep.id).error

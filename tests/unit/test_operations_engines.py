@@ -19,7 +19,7 @@ def test_finished_operations_retain_no_engine(tmp_path: Path) -> None:
         world.ops.rollback("box")
         world.ops.recover("box")
     world.ops.stop("alpha")
-    assert world.ops.engines == set()
+    assert world.ops.deployers == set()
 
 
 def test_park_all_parks_the_engine_that_is_running(tmp_path: Path) -> None:
@@ -32,4 +32,4 @@ def test_park_all_parks_the_engine_that_is_running(tmp_path: Path) -> None:
 
     world.ops.before_step = sigterm_at_stopping
     assert world.ops.switch("alpha")["outcome"] == "stopping"
-    assert world.ops.engines == set()
+    assert world.ops.deployers == set()

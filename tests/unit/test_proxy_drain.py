@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.deploy.operations import Operations
 from orchestrator.testing import FakeClock, FakeHost, FakeProxy, FakeStateStore, FakeWeights
 
@@ -39,7 +39,7 @@ class DrainWorld(World):
         self.proxy = WatchingProxy(self.host)
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
         ports.proxy = self.proxy
-        self.engine = Engine(self.catalog, self.store, lambda name: ports,
+        self.engine = Deployer(self.catalog, self.store, lambda name: ports,
                              progress=lambda e, f: self.events.append((e, f)))
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.core.proxy import Mode
 from orchestrator.core.states import Phase
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.errors import WeightsError
 from orchestrator.testing import FakeProxy
 
@@ -32,7 +32,7 @@ class ProxyWorld(World):
         self.proxy = FakeProxy()
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
         ports.proxy = self.proxy
-        self.engine = Engine(self.catalog, self.store, lambda name: ports,
+        self.engine = Deployer(self.catalog, self.store, lambda name: ports,
                              progress=lambda e, f: self.events.append((e, f)))
 
     def serving(self) -> list[str]:
@@ -158,7 +158,7 @@ def test_rollback_on_failure_off_holds_with_the_proxy_too() -> None:
     proxy = FakeProxy()
     ports = world.host.ports(catalog.hosts["box"], world.weights)
     ports.proxy = proxy
-    world.engine = Engine(catalog, world.store, lambda name: ports)
+    world.engine = Deployer(catalog, world.store, lambda name: ports)
     world.switch("chat-a")
     world.host.behaviours["vllm-code.service"] = "crash"
     assert world.switch("code").phase is Phase.FAILED
@@ -186,7 +186,7 @@ def watch_staging(pw: ProxyWorld, fail: bool = False) -> StagingWatch:
     watch = StagingWatch(pw, fail)
     ports = pw.host.ports(pw.catalog.hosts["box"], watch)  # type: ignore[arg-type]
     ports.proxy = pw.proxy
-    pw.engine = Engine(pw.catalog, pw.store, lambda name: ports, progress=lambda e, f: pw.events.append((e, f)))
+    pw.engine = Deployer(pw.catalog, pw.store, lambda name: ports, progress=lambda e, f: pw.events.append((e, f)))
     return watch
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from orchestrator import settings as deploy_settings
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.render import render_unit
-from orchestrator.deploy.engine import default_template
+from orchestrator.deploy.deployer import default_template
 from orchestrator.errors import ConfigError, OrchestratorError, RenderError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def verify_root(tmp: Path, catalog: Catalog) -> Path:
         shutil.copytree("/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
         (root / "etc/systemd/system").mkdir(parents=True)
     for host in catalog.hosts.values():
-        exe = root / catalog.engine_for(host)[0].lstrip("/")
+        exe = root / catalog.engine_command(host)[0].lstrip("/")
         exe.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy("/bin/true", exe)
     return root

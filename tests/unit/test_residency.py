@@ -29,7 +29,7 @@ def test_a_model_without_sleep_mode_stops() -> None:
     """The displaced model has no `sleep`: it stops, and the target cold-starts."""
     d = decide("b", [r("a", State.SERVING, sleep=None), r("b")], H200)
     assert (d.wake, d.sleep, d.stop, d.fits) == (False, (), ("a",), True)
-    assert "models.a.sleep" in d.reasons[0]
+    assert "models.a.sleep" in d.reasons[0].text
 
 
 def test_a_full_ram_budget_evicts_the_least_recently_served_sleeper() -> None:
@@ -39,7 +39,7 @@ def test_a_full_ram_budget_evicts_the_least_recently_served_sleeper() -> None:
                      r("e", State.ASLEEP, weights=60, served=200, gpus=(2,)), r("t")], H200)
     assert (d.sleep, d.evict, d.stop) == (("a",), ("c",), ())
     assert d.ram_gib == 90.0
-    assert any("c (asleep, the least recently served) is evicted" in x for x in d.reasons)
+    assert any("c (asleep, the least recently served) is evicted" in x.text for x in d.reasons)
 
 
 def test_a_never_served_sleeper_counts_as_the_oldest() -> None:
@@ -66,7 +66,7 @@ def test_level2_sleepers_hold_no_host_ram() -> None:
 def test_an_unknown_ram_budget_allows_only_level2() -> None:
     """No memory_gib, no sleep_ram_gib, not probed: a level1 model stops instead of sleeping."""
     d = decide("t", [r("a", State.SERVING), r("t")], Budgets(141.0, 3.0, ram_gib=None))
-    assert d.stop == ("a",) and "unknown" in d.reasons[0]
+    assert d.stop == ("a",) and "unknown" in d.reasons[0].text
 
 
 def test_residue_is_counted_and_a_sleeper_is_evicted_when_the_wake_would_not_fit() -> None:
@@ -118,7 +118,7 @@ def test_an_unknown_target_is_refused() -> None:
 def test_a_stuck_serving_engine_on_the_target_gpus_is_reported() -> None:
     """An engine kept by the caller's displaced list on a target GPU: the target does not fit, and the reason names it."""
     d = decide("t", [r("a", State.SERVING, util=0.5), r("t", util=0.6)], H200, displaced=[])
-    assert not d.fits and "GPU 0 keeps 70.5 GiB (a)" in d.reasons[-1]
+    assert not d.fits and "GPU 0 keeps 70.5 GiB (a)" in d.reasons[-1].text
 
 
 def test_the_decision_serialises_for_plan_json() -> None:
@@ -131,4 +131,4 @@ def test_an_eviction_names_when_the_sleeper_last_served() -> None:
     """Recorded epoch times are shown in UTC in the reason."""
     d = decide("t", [r("a", State.SERVING, weights=60, served=1_800_000_000.0),
                      r("c", State.ASLEEP, weights=60, served=1_764_547_200.0, gpus=(1,)), r("t")], H200)
-    assert d.evict == ("c",) and "c (asleep, last served 2025-12-01 00:00:00 UTC) is evicted" in d.reasons[0]
+    assert d.evict == ("c",) and "c (asleep, last served 2025-12-01 00:00:00 UTC) is evicted" in d.reasons[0].text

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.adapters.http_health import HttpHealthProbe
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.states import Phase
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.errors import CommandFailed, HealthCheckFailed
 from orchestrator.secrets import redact, secret_name, secret_value_kind
 
@@ -86,7 +86,7 @@ def crashing_world(store: SqliteStore | None = None) -> World:
     if store is not None:
         world.store = store  # type: ignore[assignment]
         ports = world.host.ports(world.catalog.hosts["box"], world.weights)
-        world.engine = Engine(world.catalog, store, lambda name: ports,
+        world.engine = Deployer(world.catalog, store, lambda name: ports,
                               progress=lambda e, f: world.events.append((e, f)))
     world.switch("alpha")
     world.host.behaviours["vllm-beta.service"] = "crash"

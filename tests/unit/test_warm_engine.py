@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.deploy.warm import Engine, check_wake_fits, sleep_verified, wake_checked
+from orchestrator.deploy.warm import EngineProcess, check_wake_fits, sleep_verified, wake_checked
 from orchestrator.errors import EngineWedged, GpuBusy, SleepLeftMemory
 from orchestrator.testing import FakeEngineControl, FakeGpus, FakeHost
 
 UNIT = 'ExecStart=vllm "--port" "{port}" "--served-model-name" "{name}"\nEnvironment=CUDA_VISIBLE_DEVICES={gpus}\n'
 
 
-def started(host: FakeHost, name: str, port: int, gpus: str = "0") -> Engine:
+def started(host: FakeHost, name: str, port: int, gpus: str = "0") -> EngineProcess:
     """A running fake engine on ``gpus``, as the warm code sees it."""
     unit = f"vllm-{name}.service"
     host.ports().systemd.install_unit(unit, UNIT.format(port=port, name=name, gpus=gpus))
     host.ports().systemd.daemon_reload()
     host.ports().systemd.start(unit)
     pids = frozenset(host.ports().systemd.cgroup_pids(unit))
-    return Engine(name, f"http://127.0.0.1:{port}", tuple(int(g) for g in gpus.split(",")), pids, utilization=0.7)
+    return EngineProcess(name, f"http://127.0.0.1:{port}", tuple(int(g) for g in gpus.split(",")), pids, utilization=0.7)
 
 
 @pytest.fixture

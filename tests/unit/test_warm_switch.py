@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.core.records import ServingChange
 from orchestrator.core.states import Phase
-from orchestrator.deploy.engine import Engine
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.testing import FakeProxy, FakeResidencyStore
 
 from .conftest import World, make_catalog
@@ -33,7 +33,7 @@ class WarmWorld(World):
         self.residency = FakeResidencyStore()
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
         ports.proxy = self.proxy
-        self.engine = Engine(self.catalog, self.store, lambda name: ports, residency=self.residency,
+        self.engine = Deployer(self.catalog, self.store, lambda name: ports, residency=self.residency,
                              progress=lambda e, f: self.events.append((e, f)))
 
     def states(self) -> dict[str, str]:
@@ -180,8 +180,8 @@ def test_a_sleeping_engine_is_not_healthy(ww: WarmWorld) -> None:
     ww.switch("alpha")
     dep = ww.store.serving_set("box")[0]
     assert ww.engine.is_healthy(dep)
-    assert ww.host.ports().engine is not None
-    ww.host.ports().engine.sleep(dep.spec.base_url, 1)
+    assert ww.host.ports().engine_control is not None
+    ww.host.ports().engine_control.sleep(dep.spec.base_url, 1)
     assert not ww.engine.is_healthy(dep)
 
 

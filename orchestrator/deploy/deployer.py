@@ -1,4 +1,4 @@
-"""The engine: plans deployments and drives them through the state machine, one step at a time.
+"""The deployer: plans deployments and drives them through the state machine, one step at a time.
 
 Each phase change is written to the store before the next step runs. Running a deployment that
 was interrupted (a crash, SIGTERM) re-runs the step it was in: steps are idempotent. Any failure
@@ -20,7 +20,18 @@ from orchestrator.core.multinode import render_nodes, unit_names
 from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingChange, UnitSpec
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
-from orchestrator.core.states import Event, Phase, advance, fallback_of, is_terminal
+from orchestrator.core.states import (
+    ABANDONABLE,
+    Event,
+    Phase,
+    Serves,
+    advance,
+    failed,
+    fallback_of,
+    is_terminal,
+    moves_serving,
+    reported,
+)
 from orchestrator.deploy import actions
 from orchestrator.deploy.adopt import alive
 from orchestrator.deploy.beside import room_beside
@@ -29,13 +40,11 @@ from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
 from orchestrator.deploy.warm import sleep_enabled
 from orchestrator.deploy.warm_steps import WARM_EVENT
-from orchestrator.errors import EngineWedged, NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
+from orchestrator.engines import ENGINE
+from orchestrator.errors import NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.resources import template_text
 from orchestrator.secrets import redact, redact_tree
-
-# A cold start on demand may be abandoned while the target itself loads (never in a rollback's phases).
-ABANDONABLE = frozenset({Phase.STARTING, Phase.CHECKING})
 
 log = logs.get_logger()
 
@@ -44,7 +53,7 @@ StepHook = Callable[[Deployment], None]
 
 
 def default_template() -> str:
-    return template_text("vllm.service.j2")
+    return template_text(ENGINE.template)
 
 
 def default_trigger() -> str:
@@ -57,13 +66,13 @@ def default_trigger() -> str:
 def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None,
               revision: str | None = None) -> UnitSpec:
     """The rendered unit(s) of ``model`` and what the engine needs to run them (no I/O);
-    ``template`` is the text of vllm.service.j2."""
+    ``template`` is the text of the engine's unit template."""
     host = catalog.model_host(model.name)
     directory = model_dir or model_dir_for(catalog, model, revision)
     nodes: tuple[NodeUnit, ...] = ()
     if model.nodes:
         def named(name: str) -> str:
-            return template if name == "vllm.service.j2" else template_text(name)
+            return template if name == ENGINE.template else template_text(name)
 
         rendered = render_nodes(catalog, model, named, model_dir=directory, revision=revision)
         unit, nodes = rendered.api, rendered.nodes
@@ -77,7 +86,22 @@ def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str |
                     nodes=nodes, backend=model.backend if model.nodes else "")
 
 
-class Engine:
+def record_running(store: StateStore, host: str, spec: UnitSpec, trigger: str, now: float, *,
+                   in_set: bool) -> Deployment:
+    """Record what already runs (an adoption) as a revision: created planned, then moved by the table's
+    ``adopted`` event to active, the host's serving revision (and, with the front proxy, ``in_set``: in
+    its serving set beside what serves there)."""
+    previous = store.serving(host)
+    dep = store.create(host, spec, trigger, previous.revision if previous else None, now)
+    sets = ((host, (*(d.revision for d in store.serving_set(host)), dep.revision)),) if in_set else ()
+    store.transition(dep.id, advance(dep.phase, Event.ADOPTED), now,
+                     ServingChange(pointers=((host, dep.revision),), sets=sets))
+    return store.get(dep.id)
+
+
+class Deployer:
+    """Plans a host's deployments and drives each through core/states.py's table (``run``)."""
+
     def __init__(self, catalog: Catalog, store: StateStore, ports_for: PortsFactory, *,
                  template: str | None = None, progress: ProgressCallback | None = None,
                  before_step: StepHook | None = None, residency: ResidencyStore | None = None) -> None:
@@ -233,8 +257,8 @@ class Engine:
             if not ok or dep.spec.served_name not in ports.health.models(dep.spec.base_url):
                 return False
             # /health is 200 and the model listed while asleep: only /is_sleeping tells.
-            return not (sleep_enabled(dep.spec) and ports.engine is not None
-                        and ports.engine.is_sleeping(dep.spec.base_url))
+            return not (sleep_enabled(dep.spec) and ports.engine_control is not None
+                        and ports.engine_control.is_sleeping(dep.spec.base_url))
         except OrchestratorError:
             return False
 
@@ -324,13 +348,13 @@ class Engine:
                 return Event.FAIL
             blog.error("step_failed", phase=dep.phase.value, error=str(exc))
             self.store.record_error(dep.id, error=redact(f"{dep.phase.value}: {exc}"))
-            # where it leads (rollback, a cold restart, or not) is the table's, by dep.fallback
-            return Event.WEDGED if isinstance(exc, EngineWedged) and dep.phase is Phase.WAKING else Event.FAIL
+            # which event it reports, and where that leads (rollback, a cold restart, or not), are the table's
+            return failed(dep.phase, exc)
         if result.spec is not None:
             self.store.update_spec(dep.id, result.spec)
         if result.bench is not None:
             self.store.record_bench(dep.id, result.bench)
-        return result.event
+        return reported(dep.phase, result.event)
 
     def warm_progress(self, dep: Deployment) -> tuple[dict[str, Any], ...]:
         """What the warm steps of ``dep`` did so far, oldest first (persisted as they ran)."""
@@ -441,17 +465,18 @@ class Engine:
             ctx.emit("weights_removed", revisions=[f"{r.name}@{r.revision}" for r in removed])
 
     def _serving_change(self, dep: Deployment, phase: Phase) -> ServingChange:
-        """The serving pointers (and set) that entering ``phase`` moves: only outcomes move them. A
-        rollback that succeeds leaves them where they were (the previous revision); a failed one
-        means nothing is known to serve."""
-        if phase not in (Phase.ACTIVE, Phase.FAILED):
+        """The serving pointers (and set) that entering ``phase`` moves (states.MOVES_SERVING says which
+        outcomes move them, and to what)."""
+        serves = moves_serving(phase)
+        if serves is None:
             return NO_CHANGE
+        target = serves is Serves.TARGET
         sets: tuple[tuple[str, tuple[int, ...]], ...] = ()
         plan = self.plan_of(dep)
         if plan is not None:
             kept = tuple(r for r in plan.before if r not in plan.displaced)
-            sets = ((dep.host, (*kept, dep.revision) if phase is Phase.ACTIVE else kept),)
+            sets = ((dep.host, (*kept, dep.revision) if target else kept),)
         # The other nodes now serve (part of) this model, not what they served alone before.
         pointers: list[tuple[str, int | None]] = [(peer, None) for peer in self._peer_restore(dep)]
-        pointers.append((dep.host, dep.revision if phase is Phase.ACTIVE else None))
+        pointers.append((dep.host, dep.revision if target else None))
         return ServingChange(pointers=tuple(pointers), sets=sets)

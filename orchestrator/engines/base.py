@@ -1,0 +1,163 @@
+"""The engine interface: ``Engine`` (one kind of inference engine) and ``Launch`` (what it starts)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SleepApi:
+    """The HTTP paths of an engine's sleep mode (adapters/engine_http.py calls them)."""
+
+    sleep: str  # POST ?level=N&mode=M
+    wake: str  # POST, ?tags=... for part of the engine
+    is_sleeping: str  # GET: {"is_sleeping": bool}
+    reload_weights: str  # POST {"method": "reload_weights"}: level 2's weights back
+    reset_prefix_cache: str  # POST: the last step of a level-2 wake
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What an engine needs to start one model (or one node's rank of it), from the catalog."""
+
+    command: tuple[str, ...]  # the engine's own command line (deploy.toml's `engine`)
+    model_dir: str  # the staged weights
+    served: str  # the name clients ask for
+    bind: str  # the address it listens on
+    port: int
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: bool = False
+    sleep: bool = False  # sleep mode on (the model has `sleep`)
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float = 0.9
+    gpus: tuple[int, ...] = ()
+    load_deadline_s: float = 600.0
+    args: tuple[str, ...] = field(default=())  # the model's own arguments, last
+
+
+class Engine(Protocol):
+    """One kind of inference engine (vLLM), as the product starts, watches and controls it."""
+
+    @property
+    def name(self) -> str:
+        """Its name in configuration and messages: "vllm"."""
+        ...
+
+    @property
+    def title(self) -> str:
+        """How units and messages name it: "vLLM"."""
+        ...
+
+    @property
+    def template(self) -> str:
+        """Its systemd unit template under templates/: "vllm.service.j2"."""
+        ...
+
+    @property
+    def default_command(self) -> tuple[str, ...]:
+        """deploy.toml's `engine` when it says none: the command line as the README installs it."""
+        ...
+
+    @property
+    def default_user(self) -> str:
+        """The account (and group) its units run as by default."""
+        ...
+
+    @property
+    def default_ray(self) -> str:
+        """Ray's CLI where the engine's install puts it (a multi-node model with backend ray)."""
+        ...
+
+    @property
+    def control_paths(self) -> tuple[str, ...]:
+        """HTTP paths that control the engine: never forwarded by the proxy."""
+        ...
+
+    @property
+    def dev_mode_env(self) -> tuple[str, ...]:
+        """Environment that opens those paths: set by rendering only."""
+        ...
+
+    @property
+    def sleep_flags(self) -> tuple[str, ...]:
+        """Arguments that turn sleep mode on or off: set by rendering only."""
+        ...
+
+    @property
+    def sleep_api(self) -> SleepApi:
+        """Its sleep mode's HTTP paths (each one among control_paths)."""
+        ...
+
+    @property
+    def probe_script(self) -> str:
+        """Python run with the engine's interpreter (doctor): prints "version V", then "flag F" per option
+        its server knows (or "noflags REASON")."""
+        ...
+
+    @property
+    def ray_args(self) -> tuple[str, ...]:
+        """What makes the engine on a Ray head use the Ray cluster (a multi-node model with backend ray)."""
+        ...
+
+    @property
+    def health_path(self) -> str:
+        """Answers 200 when the server is up (not proof that a request succeeds)."""
+        ...
+
+    @property
+    def models_path(self) -> str:
+        """Lists the served model names."""
+        ...
+
+    @property
+    def completions_path(self) -> str:
+        """One real completion: the readiness that counts."""
+        ...
+
+    def unit_name(self, model: str) -> str:
+        """The systemd unit that runs ``model``."""
+        ...
+
+    def owns_cgroup(self, cgroup: bytes) -> bool:
+        """Whether a process whose /proc/PID/cgroup reads ``cgroup`` runs in one of this engine's units."""
+        ...
+
+    def argv(self, launch: Launch) -> list[str]:
+        """The full command line: the engine's command, the layout flags, then the model's own args."""
+        ...
+
+    def environment(self, launch: Launch) -> dict[str, str]:
+        """The environment the unit sets for it (GPUs, start deadline, sleep mode's endpoints)."""
+        ...
+
+    def platform(self, command: Sequence[str]) -> str:
+        """What ``command`` runs on when the host does not say: "cpu" or "cuda"."""
+        ...
+
+    def sleeps(self, unit_text: str) -> bool:
+        """Whether a rendered unit runs the engine with sleep mode."""
+        ...
+
+    def node_args(self, *, nodes: int, rank: int, head_address: str, port: int,
+                  data_parallel_local: int | None = None) -> tuple[str, ...]:
+        """A node's rank of a multi-node model (native backend): its place among ``nodes``; with
+        ``data_parallel_local``, data parallel across nodes, that many replicas on each."""
+        ...
+
+    def node_env(self, peer_address: str) -> dict[str, str]:
+        """What the engine on a node needs to find the others (besides the NCCL/Gloo interface)."""
+        ...
+
+    def flags_needed(self, *, sleep: bool, expert_parallel: bool) -> list[str]:
+        """The flags a model with these features needs the installed engine to know (doctor asks it)."""
+        ...
+
+    def reason(self, line: str) -> tuple[str, str] | None:
+        """(error type, message) when a log line carries the engine's own reason for failing."""
+        ...
+
