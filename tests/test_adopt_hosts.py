@@ -154,14 +154,19 @@ def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path
     assert refused.exit_code == 2 and "unit nosuch.service is inactive" in refused.output
 
 
-def test_hand_run_process_adopted_then_stopped_by_the_next_switch(host: Host, tmp_path: Path, folders: None) -> None:
-    """A setsid engine outside systemd: adopted with its PID; the next switch stops it and its GPUs read free."""
+def start_by_hand(host: Host) -> int:
+    """gamma-hand, an engine started from a shell outside systemd (setsid) as the seeds did; its PID once it answers."""
     host.run(f"cd / && CUDA_VISIBLE_DEVICES=4,5,6,7 PYTHONPATH={STANDIN_VLLM} setsid -f {PYTHON} -m "
              f"vllm.entrypoints.openai.api_server --model {FOLDER}/gamma --served-model-name gamma-hand "
              f"--tensor-parallel-size 4 --port 8112 --host {host.address} --load-time 0.3 "
              "> /var/log/gamma-hand.log 2>&1 < /dev/null")
     answers(host, 8112, "gamma-hand")
-    pid = int(host.run("pgrep -f 'served-model-name gamma-hand'").stdout.split()[0])
+    return int(host.run("pgrep -f 'served-model-name gamma-hand'").stdout.split()[0])
+
+
+def test_hand_run_process_adopted_then_stopped_by_the_next_switch(host: Host, tmp_path: Path, folders: None) -> None:
+    """A setsid engine outside systemd: adopted with its PID; the next switch stops it and its GPUs read free."""
+    pid = start_by_hand(host)
     try:
         cfg = tmp_path / "deploy.toml"
         cfg.write_text(base_config(host, tmp_path / "state").replace("gpus = [0, 1, 2, 3]", "gpus = [4, 5, 6, 7]"))
@@ -188,12 +193,7 @@ def test_hand_run_process_taken_under_systemd_by_a_switch_to_its_entry(host: Hos
                                                                        folders: None) -> None:
     """Adopted, then `switch` to its own entry: the process stops, its entry's unit starts on the same port
     (the port it held was not refused: this switch frees it first) and answers."""
-    host.run(f"cd / && CUDA_VISIBLE_DEVICES=4,5,6,7 PYTHONPATH={STANDIN_VLLM} setsid -f {PYTHON} -m "
-             f"vllm.entrypoints.openai.api_server --model {FOLDER}/gamma --served-model-name gamma-hand "
-             f"--tensor-parallel-size 4 --port 8112 --host {host.address} --load-time 0.3 "
-             "> /var/log/gamma-hand.log 2>&1 < /dev/null")
-    answers(host, 8112, "gamma-hand")
-    pid = int(host.run("pgrep -f 'served-model-name gamma-hand'").stdout.split()[0])
+    pid = start_by_hand(host)
     try:
         cfg = tmp_path / "deploy.toml"
         cfg.write_text(base_config(host, tmp_path / "state"))
@@ -210,12 +210,7 @@ def test_hand_run_process_taken_under_systemd_by_a_switch_to_its_entry(host: Hos
 
 def test_stop_of_an_adopted_hand_run_process(host: Host, tmp_path: Path, folders: None) -> None:
     """`stop` of an adopted hand-run engine: its process goes, its GPUs read free, nothing serves."""
-    host.run(f"cd / && CUDA_VISIBLE_DEVICES=4,5,6,7 PYTHONPATH={STANDIN_VLLM} setsid -f {PYTHON} -m "
-             f"vllm.entrypoints.openai.api_server --model {FOLDER}/gamma --served-model-name gamma-hand "
-             f"--tensor-parallel-size 4 --port 8112 --host {host.address} --load-time 0.3 "
-             "> /var/log/gamma-hand.log 2>&1 < /dev/null")
-    answers(host, 8112, "gamma-hand")
-    pid = int(host.run("pgrep -f 'served-model-name gamma-hand'").stdout.split()[0])
+    pid = start_by_hand(host)
     try:
         cfg = tmp_path / "deploy.toml"
         cfg.write_text(base_config(host, tmp_path / "state"))
