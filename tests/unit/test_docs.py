@@ -12,6 +12,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.builders.source import parse
+
 from .test_readme_walkthrough import block_after
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +38,7 @@ def test_readme_links_resolve() -> None:
 
 def demo_commands() -> list[str]:
     """The `orchestrator ...` commands scripts/demo.py runs, in order (its `orchestrator(*args)` calls)."""
-    tree = ast.parse((REPO / "scripts/demo.py").read_text())
+    tree = parse(REPO / "scripts/demo.py")
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Name) and node.func.id == "orchestrator"]
     calls.sort(key=lambda node: (node.lineno, node.col_offset))

@@ -14,6 +14,7 @@ import pytest
 from orchestrator.core.proxy import ENGINE_CONTROL_PATHS
 from orchestrator.core.render import engine_argv, render_unit
 from orchestrator.engines import ENGINE, VLLM, Engine, Launch
+from tests.builders.source import parse
 from tests.unit.conftest import make_catalog
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
@@ -88,7 +89,7 @@ def test_vllm_specific_literals_live_in_the_engine_package() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         if PACKAGE / "engines" in path.parents:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 hits = [w for w in VLLM_ONLY if w in node.value]
                 if hits and not _docstring_or_message(node.value):

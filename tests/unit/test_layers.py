@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.builders.source import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,7 +26,7 @@ def test_benchmarks_import_no_test_module() -> None:
     """bench/ and scripts/ take shared builders from tests/builders (or tests/hosts), never from a test module."""
     offenders = []
     for path in sorted([*ROOT.glob("bench/**/*.py"), *ROOT.glob("scripts/**/*.py")]):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names  # type: ignore[attr-defined]

@@ -32,6 +32,7 @@ from orchestrator.core.states import (
     reported,
 )
 from orchestrator.errors import EngineWedged, StateError, UsageError
+from tests.builders.source import parse
 from tests.unit.conftest import World, legal_move
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
@@ -43,7 +44,7 @@ MOVERS = {PACKAGE / "deploy" / "deployer.py"}  # the one module that moves deplo
 def _modules() -> Iterator[tuple[Path, ast.Module]]:
     for path in sorted(PACKAGE.rglob("*.py")):
         if path != STATES:
-            yield path, ast.parse(path.read_text(), str(path))
+            yield path, parse(path)
 
 
 def _about_phases(node: ast.expr) -> bool:
