@@ -53,8 +53,9 @@ def install_agent(host: Host, config: str, tmp: Path, *, hook_args: str = "") ->
     METRICS[host.name] = f"http://127.0.0.1:{port}/metrics"
     config = config.replace("metrics_port = 19464", f"metrics_port = {port}")
     host.write_file(CONFIG, config)
-    # A fresh state dir: an earlier test's records (same host, same session) must not answer this one's waits.
-    host.run(f"groupadd -f orchestrator && rm -rf {STATE} && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
+    # A fresh state dir: an earlier test's records (same host, same session) must not answer this one's waits;
+    # and a fresh box has no previous config (an earlier test's `config push` left its CONFIG.prev).
+    host.run(f"groupadd -f orchestrator && rm -rf {STATE} {CONFIG}.prev && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
     cfg_path = tmp / "agent.toml"
     cfg_path.write_text(config)
     unit = render_agent_unit(settings.load(cfg_path), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
