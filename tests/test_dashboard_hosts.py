@@ -114,7 +114,9 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
         switch = threading.Thread(target=cli, args=(box, "switch", "beta-long"), daemon=True)
         switch.start()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, 'ol.timeline li.current[data-phase="starting"]'))
-        phases = [e.get_attribute("data-phase") for e in driver.find_elements(By.CSS_SELECTOR, "ol.timeline li")]
+        # Read in a wait: the page may redraw the timeline between finding its items and reading them.
+        phases = wait.until(lambda d: [e.get_attribute("data-phase")
+                                       for e in d.find_elements(By.CSS_SELECTOR, "ol.timeline li")])
         assert phases[:3] == ["planned", "preflight", "staging"] and "freeing" in phases
         # The models table comes from the agent's status, read before the timeline in each update: the
         # update that first shows `starting` may carry the status of a moment before (the switch is
