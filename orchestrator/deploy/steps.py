@@ -90,8 +90,9 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
     if beside(step):
         check_beside(ctx, step, target)  # before anything changes: a stale count aborts, nothing stopped
     # Asleep with its unit unchanged: the table's warm path wakes it instead of starting it.
-    if step.plan is not None and ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text \
-            and warm_steps.is_asleep(ctx, target):
+    # (``loaded`` said so already for this very unit: no second read of it and of /is_sleeping.)
+    if step.plan is not None and (loaded or (ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text
+                                             and warm_steps.is_asleep(ctx, target))):
         if not beside(step):
             warm_steps.check_wake_first(ctx, step, target)
             if ctx.residency is not None:
