@@ -8,7 +8,7 @@ Every method raises only ``orchestrator.errors`` types.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.core.haproxy_cli import Sessions
@@ -17,6 +17,7 @@ from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, Unit
 from orchestrator.core.resident import Residency
 from orchestrator.core.states import Fallback, Phase
 from orchestrator.core.weights import StagedRevision
+from orchestrator.engines import engine_named
 
 if TYPE_CHECKING:  # so that `--host` queries, which never read a catalog here, do not build its models
     from orchestrator.core.catalog import Host
@@ -414,7 +415,16 @@ class HostPorts:
     weights: WeightStore | None = None
     smoke: SmokeBench | None = None
     proxy: FrontProxy | None = None
-    engine_control: EngineControl | None = None
+    # Each engine's sleep-mode control, by engine name (orchestrator.engines.ENGINES' keys).
+    engine_controls: Mapping[str, EngineControl] = field(default_factory=dict)
+
+    def engine_control_for(self, spec: UnitSpec) -> EngineControl | None:
+        """The control of the engine ``spec`` runs on, or None when that engine runs the unit without
+        sleep mode (the engine reads its unit) or this host has no control for it: then the model
+        never sleeps and is stopped instead."""
+        if not engine_named(spec.engine).sleeps(spec.unit_text):
+            return None
+        return self.engine_controls.get(spec.engine)
 
     def close(self) -> None:
         self.shell.close()

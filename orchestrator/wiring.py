@@ -18,6 +18,7 @@ from orchestrator.core.catalog import Catalog, Host
 from orchestrator.core.catalog_hosts import INSTALLED_PYTHON
 from orchestrator.core.proxy import render_unit
 from orchestrator.deploy.operations import Operations
+from orchestrator.engines import ENGINES
 from orchestrator.ports import FrontProxy, HostPorts
 from orchestrator.resources import template_text
 
@@ -52,7 +53,7 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=gpus,
                      health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
                      smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy,
-                     engine_control=HttpEngineControl())
+                     engine_controls={name: HttpEngineControl(engine) for name, engine in ENGINES.items()})
 
 
 def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:

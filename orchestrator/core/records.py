@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from orchestrator.core.states import Fallback, Phase
+from orchestrator.engines import ENGINE
 
 
 def host_port(address: str, port: int) -> str:
@@ -61,6 +62,9 @@ class UnitSpec:
     # switch stops that process; the unit above (rendered from its entry) is what a rollback starts.
     pid: int | None = None
     pid_start: int | None = None
+    # The engine the unit runs (orchestrator.engines.ENGINES' key): it says whether the unit sleeps and
+    # which control (HostPorts.engine_control_for) puts it to sleep and wakes it. Older records: vLLM.
+    engine: str = ENGINE.name
 
     @property
     def node_hosts(self) -> tuple[str, ...]:

@@ -38,7 +38,6 @@ from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.steps import STEPS
-from orchestrator.deploy.warm import sleep_enabled
 from orchestrator.deploy.warm_steps import WARM_EVENT
 from orchestrator.engines import ENGINE
 from orchestrator.errors import NodeInUse, OrchestratorError, SmokeGateFailed, UsageError
@@ -257,8 +256,8 @@ class Deployer:
             if not ok or dep.spec.served_name not in ports.health.models(dep.spec.base_url):
                 return False
             # /health is 200 and the model listed while asleep: only /is_sleeping tells.
-            return not (sleep_enabled(dep.spec) and ports.engine_control is not None
-                        and ports.engine_control.is_sleeping(dep.spec.base_url))
+            control = ports.engine_control_for(dep.spec)
+            return not (control is not None and control.is_sleeping(dep.spec.base_url))
         except OrchestratorError:
             return False
 

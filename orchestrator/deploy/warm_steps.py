@@ -62,8 +62,8 @@ def deadline_of(ctx: StepContext, model: str) -> float:
 
 def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:
     """The engine runs and says it sleeps (``/health`` answers 200 while asleep: it cannot tell)."""
-    control = ctx.ports.engine_control
-    if control is None or not sleep_enabled(spec) or not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
+    control = ctx.ports.engine_control_for(spec)
+    if control is None or not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
         return False
     try:
         return control.is_sleeping(spec.base_url)
@@ -75,10 +75,10 @@ def awake(ctx: StepContext, spec: UnitSpec) -> bool:
     """The engine runs and can answer: not asleep, and (with sleep mode) it answers ``/is_sleeping``.
     Only such an engine may have a route: a request sent to a sleeper waits for a wake that may never
     come, and one sent to an engine that does not answer hangs or is cut."""
-    control = ctx.ports.engine_control
+    control = ctx.ports.engine_control_for(spec)
     if not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
         return False
-    if control is None or not sleep_enabled(spec):
+    if control is None:
         return True
     try:
         return not control.is_sleeping(spec.base_url)
@@ -200,14 +200,13 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
     ``window``: a warm switch's, with the route on its target: reuse what staging read."""
     decided = recorded_fate(step) or fate(ctx, step)
     asleep: set[str] = set()
-    control = ctx.ports.engine_control
     for d in leaving:
         spec, unit = d.spec, d.spec.unit_name
         if not ctx.ports.systemd.unit_state(unit).is_active:
             mark(ctx, d.model, STOPPED, unit=unit)
             continue
-        level = level_of(ctx, d.model)
-        if d.model in decided.sleep and control is not None and sleep_enabled(spec) and level is not None:
+        level, control = level_of(ctx, d.model), ctx.ports.engine_control_for(spec)
+        if d.model in decided.sleep and control is not None and level is not None:
             try:
                 took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec, reuse=window),
                                            level=_level_number(level), residue_mib=residue_mib(ctx))
@@ -304,7 +303,7 @@ def verifying(ctx: StepContext, step: StepInput) -> None:
 def waking(ctx: StepContext, step: StepInput) -> None:
     """Wake the target and prove it with one completion within wake_deadline_s (else: wedged)."""
     dep = step.dep
-    control = ctx.ports.engine_control
+    control = ctx.ports.engine_control_for(dep.spec)
     assert control is not None  # staging reports warm only with an engine control
     level = level_of(ctx, dep.model)
     note(ctx, "wake_started", model=dep.model, level=level)
@@ -364,9 +363,9 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
         if not beside(step) and step.dep.went_through(Phase.SLEEPING):
             flush_held(ctx, spec)
         return
-    level, control = level_of(ctx, spec.model), ctx.ports.engine_control
+    level, control = level_of(ctx, spec.model), ctx.ports.engine_control_for(spec)
     healthy = rec is not None and rec.state == SERVING
-    if healthy and control is not None and level is not None and sleep_enabled(spec):
+    if healthy and control is not None and level is not None:
         try:
             warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
                                 level=_level_number(level), residue_mib=residue_mib(ctx))
@@ -384,7 +383,7 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
 def flush_held(ctx: StepContext, spec: UnitSpec) -> None:
     """Wake a sleeper the route pointed at, let what it held finish, put it back to sleep; where the
     memory is not there, it stays asleep and says so (its held requests wait for its next wake)."""
-    control, level = ctx.ports.engine_control, level_of(ctx, spec.model)
+    control, level = ctx.ports.engine_control_for(spec), level_of(ctx, spec.model)
     if control is None or level is None:
         return
     eng = engine_of(ctx, spec)
@@ -410,7 +409,7 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
         and ctx.ports.systemd.unit_state(spec.unit_name).is_active
     if not (resumed or is_asleep(ctx, spec)):
         return False
-    control = ctx.ports.engine_control
+    control = ctx.ports.engine_control_for(spec)
     assert control is not None
     eng = engine_of(ctx, spec)
     clock = ctx.ports.clock
