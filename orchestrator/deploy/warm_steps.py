@@ -19,6 +19,7 @@ from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, warm
 from orchestrator.deploy.context import StepContext, StepInput
 from orchestrator.deploy.warm import POLL_S, sleep_enabled
+from orchestrator.engines import engine_named
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, OrchestratorError, SleepLeftMemory
 
 WARM_EVENT = "warm"  # the kind of ctx.record entries the warm steps write
@@ -30,8 +31,9 @@ def level_of(ctx: StepContext, model: str) -> str | None:
     return None if m is None else m.sleep
 
 
-def _level_number(level: str | None) -> int:
-    return 2 if level == "level2" else 1
+def _level_number(spec: UnitSpec, level: str | None) -> int:
+    """The level ``spec``'s engine's sleep API takes for a model's `sleep` (its engine says)."""
+    return engine_named(spec.engine).sleep_level(level or "level1")
 
 
 def residue_mib(ctx: StepContext) -> int:
@@ -209,7 +211,7 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
         if d.model in decided.sleep and control is not None and level is not None:
             try:
                 took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec, reuse=window),
-                                           level=_level_number(level), residue_mib=residue_mib(ctx))
+                                           level=_level_number(spec, level), residue_mib=residue_mib(ctx))
                 size = decided.weights.get(d.model)
                 mark(ctx, d.model, ASLEEP, level=level, unit=unit,
                      weights_gib=weights_gib(ctx, spec) if size is None else size)
@@ -307,8 +309,8 @@ def waking(ctx: StepContext, step: StepInput) -> None:
     assert control is not None  # staging reports warm only with an engine control
     level = level_of(ctx, dep.model)
     note(ctx, "wake_started", model=dep.model, level=level)
-    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec, reuse=True), level=_level_number(level),
-                             deadline_s=deadline_of(ctx, dep.model))
+    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec, reuse=True),
+                             level=_level_number(dep.spec, level), deadline_s=deadline_of(ctx, dep.model))
     note(ctx, "woken", model=dep.model, seconds=round(took, 3))
     mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
 
@@ -368,7 +370,7 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
     if healthy and control is not None and level is not None:
         try:
             warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
-                                level=_level_number(level), residue_mib=residue_mib(ctx))
+                                level=_level_number(spec, level), residue_mib=residue_mib(ctx))
             mark(ctx, spec.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
             note(ctx, "slept", model=spec.model, level=level)
             return
@@ -389,9 +391,9 @@ def flush_held(ctx: StepContext, spec: UnitSpec) -> None:
     eng = engine_of(ctx, spec)
     try:
         warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]))
-        warm.wake_checked(control, ctx.ports.clock, eng, level=_level_number(level),
+        warm.wake_checked(control, ctx.ports.clock, eng, level=_level_number(spec, level),
                           deadline_s=deadline_of(ctx, spec.model))
-        warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, eng, level=_level_number(level),
+        warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, eng, level=_level_number(spec, level),
                             residue_mib=residue_mib(ctx))
         note(ctx, "flushed", model=spec.model)
     except OrchestratorError as exc:
@@ -424,7 +426,7 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
                 raise
         ctx.pause(0.2)
     try:
-        took = warm.wake_checked(control, clock, eng, level=_level_number(level_of(ctx, spec.model)),
+        took = warm.wake_checked(control, clock, eng, level=_level_number(spec, level_of(ctx, spec.model)),
                                  deadline_s=deadline_of(ctx, spec.model))
         note(ctx, "woken", model=spec.model, seconds=round(took, 3))
     except OrchestratorError as exc:
