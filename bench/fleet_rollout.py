@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from orchestrator import settings
 from orchestrator.core.render import render_unit
-from orchestrator.deploy.deployer import default_template
+from orchestrator.deploy.planning import default_template
 from tests.builders.agent import CONFIG, PY
 from tests.builders.rollout import SOCKET, install, one_host_env
 from tests.builders.switch import MODELS

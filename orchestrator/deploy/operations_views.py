@@ -18,9 +18,9 @@ from orchestrator.core.states import Phase
 from orchestrator.core.watch import to_bring_back
 from orchestrator.deploy import warm, warm_steps
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.deployer import default_template
 from orchestrator.deploy.locks import host_held
 from orchestrator.deploy.operations_base import OperationsBase
+from orchestrator.deploy.planning import default_template
 from orchestrator.errors import OrchestratorError, TransportError, UsageError
 
 
