@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.core.haproxy_cli import Sessions
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
+from orchestrator.core.proxy import HostRouting
 from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
 from orchestrator.core.resident import Residency
 from orchestrator.core.states import Fallback, Phase
@@ -322,10 +323,11 @@ class SmokeBench(Protocol):
 class FrontProxy(Protocol):
     """The host's front proxy unit (see adapters.haproxy): one endpoint routing by ``model``."""
 
-    def apply(self, config: str) -> bool:
-        """Make the running proxy serve ``config``: install its unit, write and check the config,
-        start or gracefully reload; idempotent. Returns whether anything changed, once a proxy
-        process of ``config`` serves (the ones of earlier configs are then known to be old)."""
+    def apply(self, routing: HostRouting) -> bool:
+        """Make the running proxy route as ``routing`` says (the adapter renders its own config from
+        it): install its unit, write and check the config, start or gracefully reload; idempotent.
+        Returns whether anything changed, once a proxy process of the new config serves (the ones of
+        earlier configs are then known to be old)."""
         ...
 
     def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:

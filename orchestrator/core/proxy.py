@@ -285,12 +285,40 @@ def haproxy_comment(value: object) -> str:
     return _plain(value, "comment text")
 
 
+@dataclass(frozen=True)
+class HostRouting:
+    """What a host's front proxy must do, as data: the FrontProxy port takes it and its adapter renders
+    it (``render_routing``). Its routes, the host's names on demand (held while they have no server)
+    and every catalog name it knows, how much of a body routing reads, the proxy's settings and bind."""
+
+    proxy: Proxy
+    bind: str
+    routes: tuple[Route, ...]
+    demand: tuple[DemandRoute, ...] = ()
+    demand_socket: str = ""
+    known: tuple[str, ...] = ()
+    body: BodyLimit = DEFAULT_BODY
+
+
+def host_routing(catalog: Catalog, host: str, bind: str, routes: Iterable[Route]) -> HostRouting:
+    """``host``'s routing: ``routes``, and what the catalog says of its names (on demand, known, body)."""
+    demand = tuple(demand_routes(catalog, host))
+    return HostRouting(proxy=catalog.proxy, bind=bind, routes=tuple(routes), demand=demand,
+                       demand_socket=catalog.demand_socket(),
+                       known=tuple(sorted({catalog.models[m].served for m in catalog.models_on(host)})),
+                       body=host_body_limit(catalog, host))
+
+
+def render_routing(routing: HostRouting, template: str, lua: str) -> str:
+    """The haproxy.cfg of ``routing``, with the hold (``lua``: demand_hold.lua) for its names on demand."""
+    return render_config(routing.proxy, routing.bind, routing.routes, template, demand=routing.demand,
+                         demand_socket=routing.demand_socket, lua=lua if routing.demand else "", known=routing.known,
+                         body=routing.body)
+
+
 def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route], template: str, lua: str) -> str:
     """``host``'s haproxy.cfg: ``routes``, and the hold (``lua``: demand_hold.lua) for its models on demand."""
-    demand = demand_routes(catalog, host)
-    known = sorted({catalog.models[m].served for m in catalog.models_on(host)})
-    return render_config(catalog.proxy, bind, routes, template, demand=demand, demand_socket=catalog.demand_socket(),
-                         lua=lua if demand else "", known=known, body=host_body_limit(catalog, host))
+    return render_routing(host_routing(catalog, host, bind, routes), template, lua)
 
 
 def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str, *,

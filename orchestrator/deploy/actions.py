@@ -11,11 +11,10 @@ from collections.abc import Iterable, Mapping
 
 from orchestrator import logs
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
-from orchestrator.core.proxy import DEMAND_LUA, render_host, routes_for
+from orchestrator.core.proxy import host_routing, routes_for
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
-from orchestrator.resources import template_text
 from orchestrator.secrets import redact
 
 log = logs.get_logger()
@@ -238,8 +237,7 @@ def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = (),
     cfg = ctx.catalog.proxy
     host = ctx.ports.host
     bind = cfg.bind or host.bind or ctx.defaults.bind
-    changed = proxy.apply(render_host(ctx.catalog, host.name, bind, routes, template_text("haproxy.cfg.j2"),
-                                      template_text(DEMAND_LUA)))
+    changed = proxy.apply(host_routing(ctx.catalog, host.name, bind, routes))
     ctx.emit("routed", routes={r.name: r.target for r in routes}, changed=changed)
     return changed
 
