@@ -63,7 +63,7 @@ class UnitSpec:
     pid: int | None = None
     pid_start: int | None = None
     # The engine the unit runs (orchestrator.engines.ENGINES' key): it says whether the unit sleeps and
-    # which control (HostPorts.engine_control_for) puts it to sleep and wakes it. Older records: vLLM.
+    # which control (HostPorts.engine_control_for) puts it to sleep and wakes it. Older records: the default engine.
     engine: str = ENGINE.name
 
     @property

@@ -43,7 +43,7 @@ def test_an_unknown_engine_is_named() -> None:
 
 
 def test_a_record_without_an_engine_runs_on_vllm() -> None:
-    """A spec recorded before the engine was kept (no `engine` key) reads back as vLLM's."""
+    """A spec recorded before the engine was kept (no `engine` key) reads back as the default engine's."""
     data = spec(SLEEPS).to_dict()
     del data["engine"]
     assert UnitSpec.from_dict(data).engine == VLLM.name
