@@ -17,8 +17,8 @@ import structlog
 from orchestrator import logs
 from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
-from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
-from orchestrator.core.records import NO_CHANGE, Deployment, NodeUnit, ServingChange, UnitSpec
+from orchestrator.core.proxy import Serving, SwitchPlan, plan_switch
+from orchestrator.core.records import NO_CHANGE, Deployment, Mode, NodeUnit, ServingChange, UnitSpec
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import (
     ABANDONABLE,
