@@ -56,7 +56,7 @@ async def _hold_together(count: int, one: Callable[[Callable[[], Awaitable[objec
             await one(barrier.wait)
         except asyncio.BrokenBarrierError:
             return  # another copy failed: its error is the one raised
-        except BaseException:
+        except BaseException:  # any failure, cancellation included, breaks the meeting for the others; re-raised
             await barrier.abort()
             raise
 
