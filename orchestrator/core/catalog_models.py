@@ -37,6 +37,11 @@ SLEEP_FLAGS = ENGINE.sleep_flags
 # Keys the unit renders a flag for only when they are set: unset, the flag may come through args
 # (adopt carries `--max-model-len 32k` there, a value the integer key cannot hold).
 _KEYED_WHEN_SET = frozenset({"max_model_len", "max_num_seqs"})
+# What core/multinode.py renders on every `ray start` line, and from where.
+RAY_START_FLAGS = {"--head": "the model's first node", "--address": "the first node's address and ray_port",
+                   "--port": "the model's `ray_port`", "--node-ip-address": "the host's node_address",
+                   "--num-gpus": "the model's `gpus`", "--temp-dir": "the unit's state directory",
+                   "--block": "the unit (it runs in the foreground)"}
 
 
 class Model(Strict):
@@ -238,6 +243,18 @@ class Model(Strict):
             raise SubKeyError(f".args[{i}]", f"{shown(arg)}: the unit renders {flag} from {where}: set it there "
                                              f"(a second {flag} in args would override it behind the product's checks)")
         return self
+
+    @field_validator("ray_args")
+    @classmethod
+    def _ray_args_not_rendered(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # `ray start` (click) takes the last of a repeated option: these would move a node off what
+        # core/multinode renders and what the switch waits on (the head's port, the node's address, its GPUs).
+        for i, arg in enumerate(v):
+            flag = arg.split("=", 1)[0]
+            if flag in RAY_START_FLAGS:
+                raise SubKeyError(f"[{i}]", f"{shown(arg)}: the Ray units render {flag} from "
+                                            f"{RAY_START_FLAGS[flag]}: set it there")
+        return v
 
     @model_validator(mode="after")
     def _idle_order(self) -> Model:

@@ -3,6 +3,7 @@ given a second time, and the errors of a model's config.json or a host's GPUs re
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,31 @@ def test_gpu_index_on_a_host_without_gpus_says_it_has_none(tmp_path: Path) -> No
     with pytest.raises(ConfigError) as err:
         load(tmp_path, "", BASE.replace("gpus = 8", "gpus = 0"))
     assert "GPU index 0 is out of range: host gpu1 has no GPUs (hosts.gpu1.gpus = 0)" in str(err.value)
+
+
+RAY = """
+[hosts.g1]
+address = "10.0.0.1"
+gpus = 8
+[hosts.g2]
+address = "10.0.0.2"
+gpus = 8
+[models.big]
+repo = "org/big"
+gpus = [0, 1, 2, 3, 4, 5, 6, 7]
+nodes = ["g1", "g2"]
+tensor_parallel = 8
+pipeline_parallel = 2
+backend = "ray"
+"""
+
+
+@pytest.mark.parametrize(("ray_args", "message"), [
+    ('["--num-cpus", "4", "--port=7000"]', "models.big.ray_args[2]: '--port=7000': the Ray units render --port"),
+    ('["--num-gpus", "2"]', "models.big.ray_args[0]: '--num-gpus': the Ray units render --num-gpus from the model's `gpus`"),
+])
+def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(tmp_path: Path, ray_args: str, message: str) -> None:
+    """A `ray start` option the Ray units already render, repeated in ray_args (click takes the last), is refused."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load(tmp_path, f"ray_args = {ray_args}\n", RAY)
+    load(tmp_path, 'ray_args = ["--num-cpus", "4"]\n', RAY)
