@@ -44,10 +44,7 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
         bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
         proxy = HaproxyProxy(shell, systemd, catalog.proxy, bind,
                              render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
-                             python=python, host=host.name)
-        # Not local=True (the master CLI in this process) yet: with it, the on-demand flood on a test host
-        # (tests/test_demand_hosts.py) ended serving the least-asked models; until that is understood the
-        # master CLI runs as a script on every host.
+                             python=python, host=host.name, local=host.transport == "local")
     # NVML in this process on the agent's own box, nvidia-smi over the shell elsewhere (adapters.gpu_choice)
     gpus = ChosenGpuProbe(shell, mode=host.gpu_probe, local=host.transport == "local")
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=gpus,

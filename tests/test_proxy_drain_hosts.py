@@ -32,7 +32,7 @@ from tests.proxy_prober import classify
 pytestmark = pytest.mark.hosts
 REPO = Path(__file__).resolve().parents[1]
 # Issue 29's acceptance: "0 cut streams and 0 failures across at least 30 handovers" (the racy drain cut
-# 4 streams in 30); bench/proxy_handovers.py runs 40, the figure docs/howto/front-proxy.md quotes.
+# 4 streams in 30); bench/proxy/proxy_handovers.py runs 40, the figure docs/howto/front-proxy.md quotes.
 HANDOVERS = 30
 
 

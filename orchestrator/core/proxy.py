@@ -14,7 +14,6 @@ import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import Any
 
 import jinja2
@@ -22,22 +21,13 @@ import jinja2
 from orchestrator.core.beside import BesideFit
 from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.haproxy_cli import MARK
-from orchestrator.core.records import UnitSpec
+from orchestrator.core.records import Mode, UnitSpec
 from orchestrator.core.render import engine_address
 from orchestrator.engines import ENGINE
 from orchestrator.errors import RenderError, UsageError
 
 # The engine's control endpoints (sleep, wake_up, collective_rpc ...), never forwarded to any backend.
 ENGINE_CONTROL_PATHS = ENGINE.control_paths
-
-
-class Mode(StrEnum):
-    HANDOVER = "handover"  # start beside the old one, move the route, drain, stop: no downtime
-    # The GPUs overlap but both fit awake (core.beside): start or wake the target beside, check it,
-    # move the route, drain, then the old one sleeps or stops. No gap either.
-    BESIDE = "beside"
-    STOP_START = "stop_start"  # the GPUs overlap: stop, free, start; the route answers 503 meanwhile
-    ADD = "add"  # nothing serves this name yet: the models on its GPUs (if any) stop first
 
 
 @dataclass(frozen=True)
@@ -61,7 +51,7 @@ class SwitchPlan:
     @property
     def keeps_serving(self) -> bool:
         """The displaced engines serve until the route moves (nothing stops before the target starts)."""
-        return self.mode in (Mode.HANDOVER, Mode.BESIDE)
+        return self.mode.keeps_serving
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "mode": self.mode.value}

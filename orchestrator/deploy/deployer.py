@@ -18,8 +18,7 @@ import structlog
 
 from orchestrator import logs
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.proxy import Mode
-from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
+from orchestrator.core.records import NO_CHANGE, Deployment, Mode, ServingChange, UnitSpec
 from orchestrator.core.states import (
     ABANDONABLE,
     Event,

@@ -10,8 +10,8 @@ from typing import Any
 from orchestrator.core import schedule as sched
 from orchestrator.core.doctor import report, unreachable_verdict
 from orchestrator.core.observed import UnitState
-from orchestrator.core.proxy import Mode, SwitchPlan
-from orchestrator.core.records import Deployment
+from orchestrator.core.proxy import SwitchPlan
+from orchestrator.core.records import Deployment, Mode
 from orchestrator.core.render import model_dir_for, render_unit
 from orchestrator.core.resident import ASLEEP
 from orchestrator.core.states import Phase

@@ -11,8 +11,8 @@ import getpass
 from orchestrator import logs
 from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
-from orchestrator.core.proxy import Mode, Serving, SwitchPlan, plan_switch
-from orchestrator.core.records import Deployment, NodeUnit, UnitSpec
+from orchestrator.core.proxy import Serving, SwitchPlan, plan_switch
+from orchestrator.core.records import Deployment, Mode, NodeUnit, UnitSpec
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Phase, fallback_of
 from orchestrator.deploy.adopt import alive

@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.core import residency as rules
-from orchestrator.core.proxy import Mode
-from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.core.records import Deployment, Mode, UnitSpec
 from orchestrator.core.resident import ASLEEP, SERVING, STOPPED, State
 from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, warm
