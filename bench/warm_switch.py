@@ -200,14 +200,19 @@ def report(prober_mod: Any, raw: dict[str, Any]) -> None:
         print(line + f" {ms(drain):>15s} {plain:5d}/{len(window) - plain:<3d}  {bad or 0}", flush=True)
     print("where each gap goes (ms; client's last 200 -> the engine's sleep call -> asleep -> wake call -> awake "
           "-> client's next 200, the journal's stamps) and the switch's phases (s, from `history`):")
-    print("  #  route->sleep_call (drained) sleep_call asleep->wake_call wake woken->answer  phases_s")
+    print("  #  (quiet wait: outcome) route->sleep_call (drained) sleep_call asleep->wake_call wake woken->answer  "
+          "phases_s")
     for i, s in enumerate(switches):
         sp = s["split_s"]
         # the agent's own record of its drain (warm note "drained", kept with the deployment since main 8fdd533)
-        drained = next((d.get("seconds") for _, kind, d in raw.get("agent_events") or []
-                        if kind == "warm" and d.get("step") == "drained" and d.get("deployment_id") == s["id"]), None)
-        s["agent_drained_s"] = drained
-        print(f"{i + 1:3d}  {ms(sp['route_to_sleep_call']):>17s} {'(' + ms(drained) + ')':>9s} "
+        # and of its wait for a quiet moment before the route moved (warm note "quiet", before the gap opens)
+        drained, quiet = (next((d for _, kind, d in raw.get("agent_events") or []
+                                if kind == "warm" and d.get("step") == step and d.get("deployment_id") == s["id"]),
+                               {}) for step in ("drained", "quiet"))
+        s["agent_drained_s"] = drained.get("seconds")
+        s["quiet_s"], s["quiet_outcome"] = quiet.get("seconds"), quiet.get("outcome")
+        waited = f"({ms(s['quiet_s'])}: {s['quiet_outcome'] or '-'})"
+        print(f"{i + 1:3d}  {waited:>21s} {ms(sp['route_to_sleep_call']):>17s} {'(' + ms(s['agent_drained_s']) + ')':>9s} "
               f"{ms(sp['sleep_call']):>10s} {ms(sp['asleep_to_wake_call']):>17s} {ms(sp['wake']):>4s} "
               f"{ms(sp['woken_to_answer']):>13s}  {s['phases_s']}")
     if any(s.get("events") for s in switches):
@@ -233,6 +238,11 @@ def report(prober_mod: Any, raw: dict[str, Any]) -> None:
         vals = [s["split_s"][key] for s in switches if s["split_s"][key] is not None]
         if vals:
             print(f"  {key}: median {ms(statistics.median(vals))} ms, max {ms(max(vals))} ms")
+    waits = [s["quiet_s"] for s in switches if s.get("quiet_s") is not None]
+    if waits:  # before the gap opens: the displaced engine still serves meanwhile
+        ends = [str(s.get("quiet_outcome")) for s in switches if s.get("quiet_s") is not None]
+        print(f"  quiet wait before the route moved (not in the gap): median {ms(statistics.median(waits))} ms, "
+              f"max {ms(max(waits))} ms; ended {', '.join(f'{k} {ends.count(k)}' for k in sorted(set(ends)))}")
     med, worst = statistics.median(excess), max(excess)
     print(f"gap: median {ms(statistics.median(gaps))} ms, max {ms(max(gaps))} ms; floor (sleep + wake + first "
           f"token): median {ms(statistics.median(floors))} ms; gap - floor: median {ms(med)} ms, max {ms(worst)} "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,33 @@ def test_a_b_a_the_second_a_is_warm_and_the_prober_sees_no_failure(host: Host, o
     assert got["failed"] == [] and got["cut"] == [] and got["gap"] == []
     assert residency(ops, host) == {"alpha": "serving", "beta": "asleep"} and sleeping(host, "beta")
     assert not sleeping(host, "alpha")
+
+
+def test_a_stream_on_the_displaced_engine_holds_the_route_not_the_gap(host: Host, ops: Operations) -> None:
+    """beta streams 64 tokens (1.3 s) through the proxy as `switch alpha` begins: the route waits for a
+    quiet moment (beta still serves the stream), then moves, so beta's drain finds nothing to wait for;
+    the stream ends whole."""
+    assert ops.switch("alpha")["outcome"] == "active"
+    assert ops.switch("beta")["outcome"] == "active"
+    chunks: list[str] = []
+
+    def stream() -> None:
+        body = {"model": "chat", "prompt": "hi", "max_tokens": 64, "stream": True}
+        with httpx.stream("POST", f"{base_url(host)}/completions", json=body, timeout=30) as r:
+            chunks.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    client = threading.Thread(target=stream)
+    client.start()
+    time.sleep(0.3)  # the stream is in flight at beta (64 tokens at 20 ms: 1.28 s)
+    events: list[tuple[str, dict[str, Any]]] = []
+    result = ops.switch("alpha", progress=lambda e, f: events.append((e, f)) if e in ("quiet", "drained") else None)
+    client.join(timeout=30)
+    assert result["outcome"] == "active", result.get("error")
+    print(f"quiet wait and drain with a stream on the displaced engine: {events}")
+    (_, quiet), (_, drained) = events
+    assert quiet["outcome"] == "quiet" and quiet["seconds"] > 0.3
+    assert drained["still_draining"] == 0 and drained["seconds"] < quiet["seconds"]
+    assert chunks[-1] == "data: [DONE]" and len(chunks) > 64
 
 
 def test_a_wedged_wake_is_restarted_cold_with_the_engines_error_in_history(host: Host, ops: Operations) -> None:

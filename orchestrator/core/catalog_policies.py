@@ -136,6 +136,9 @@ class Proxy(Strict):
     config_path: str = Field("/etc/orchestrator/haproxy.cfg", pattern=r"^/[A-Za-z0-9._/-]+$")
     haproxy: str = Field("/usr/sbin/haproxy", pattern=r"^/[A-Za-z0-9._/-]+$")
     drain_timeout_s: float = Field(30.0, gt=0, le=3600)
+    # A warm switch moves its route once the engines it displaces have no request in flight (so none
+    # holds their sleep), waiting at most this long (deploy/actions.await_quiet); 0: at once.
+    quiet_wait_s: float = Field(2.0, ge=0, le=60)
     retry_after_s: int = Field(5, ge=1, le=3600)
     # Models on demand: the agent's Unix socket the proxy asks for a held request's model (unset:
     # /run/orchestrator/demand.sock, its directory open to HAProxy's group; Catalog.demand_socket).

@@ -16,6 +16,7 @@ class _Blank(dict[str, Any]):
 # What the warm steps did, as one line each (deploy/warm_steps.py emits these with the engine's words),
 # and the style the CLI prints it in.
 WARM_LINES: dict[str, tuple[str, str]] = {
+    "quiet": ("waited {seconds} s for a moment with no request in flight to {engines}: {result}", ""),
     "drained": ("what the proxy had in flight to {engines} finished ({seconds} s)", ""),
     "weights_in_ram": ("{model}'s weights are in host RAM as it loaded them (asleep, level1): not staged again", ""),
     "slept": ("{model} sleeps ({level}, {seconds} s)", ""),

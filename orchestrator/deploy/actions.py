@@ -12,9 +12,17 @@ from collections.abc import Iterable, Mapping
 from orchestrator import logs
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
 from orchestrator.core.proxy import host_routing, routes_for
+from orchestrator.core.quiet import QUIET_POLL_S, Quiet, verdict
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
-from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
+from orchestrator.errors import (
+    GpuBusy,
+    HealthCheckFailed,
+    OrchestratorError,
+    ProxyError,
+    SystemdError,
+    UnitNotFound,
+)
 from orchestrator.secrets import redact
 
 log = logs.get_logger()
@@ -260,3 +268,26 @@ def drain(ctx: StepContext, engines: Iterable[UnitSpec]) -> None:
         ctx.pause(DRAIN_POLL_S)
     ctx.emit("drained", seconds=round(clock.monotonic() - start, 3), still_draining=left,
              engines=[f"{a}:{p}" for a, p in targets])
+
+
+def await_quiet(ctx: StepContext, engines: Iterable[UnitSpec]) -> tuple[Quiet, float]:
+    """Before a warm switch moves the route off ``engines`` (they still serve meanwhile): wait, at most
+    ``[proxy] quiet_wait_s``, until the proxy counts no request in flight to them (core/quiet.py says
+    why none, not "none old"), reading every QUIET_POLL_S. Returns the last verdict and the seconds
+    waited; no proxy, no engine or a bound of 0: at once. Only reads: a run stopped here changed nothing."""
+    proxy, clock = ctx.ports.proxy, ctx.ports.clock
+    targets = sorted({(s.address, s.port) for s in engines})
+    bound = ctx.catalog.proxy.quiet_wait_s
+    if proxy is None or not targets or bound <= 0:
+        return Quiet(True, "off", 0), 0.0
+    start = clock.monotonic()
+    while True:
+        try:
+            counts = proxy.sessions(targets)
+        except ProxyError:
+            counts = None  # no master answered: nothing to wait on
+        quiet = verdict(counts, targets, clock.monotonic() - start, bound)
+        waited = clock.monotonic() - start
+        if quiet.move:
+            return quiet, waited
+        ctx.pause(min(QUIET_POLL_S, bound - waited))  # the reading at the bound moves it, not one after

@@ -273,14 +273,39 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
     dep = step.dep
     if beside(step):
         return  # the target wakes beside them; the route moves and they sleep in `routing`
-    actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
+    await_quiet(ctx, step, leaving)
+    actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     started = ctx.ports.clock.monotonic()
     actions.drain(ctx, (d.spec for d in leaving))
     # Kept with the deployment: what the displaced engines still served (their in-flight requests) is
     # part of a warm switch's gap that is theirs, not the switch's (bench/warm: gap - this - sleep - wake).
     ctx.record(WARM_EVENT, {"step": "drained", "seconds": round(ctx.ports.clock.monotonic() - started, 3)})
     put_to_sleep(ctx, step, leaving, window=True)
+
+
+def await_quiet(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment]) -> None:
+    """Move the route at a quiet moment of the displaced engines (actions.await_quiet, bounded by
+    ``[proxy] quiet_wait_s``): a request they still run when it moves holds their sleep, the target's
+    wake and so every client's gap; before it moves they serve, and nobody waits. Kept with the
+    deployment (how long, and whether it ended quiet) beside the drain that follows. Not for a target
+    on demand: its requests are held from their arrival, so the wait would be theirs, and it is never
+    shorter than the drain it spares (that ends with what is in flight now; quiet needs a moment with none)."""
+    model = ctx.catalog.models.get(step.dep.model)
+    if model is not None and model.on_demand:
+        return
+    quiet, waited = actions.await_quiet(ctx, (d.spec for d in leaving))
+    if quiet.outcome != "off":
+        note(ctx, "quiet", seconds=round(waited, 3), outcome=quiet.outcome, in_flight=quiet.in_flight,
+             result=QUIET_RESULTS[quiet.outcome].format(n=quiet.in_flight, bound=ctx.catalog.proxy.quiet_wait_s),
+             engines=[f"{d.spec.address}:{d.spec.port}" for d in leaving])
+
+
+QUIET_RESULTS = {
+    "quiet": "nothing in flight: the route moves",
+    "bound": "{n} still in flight at quiet_wait_s ({bound:g} s): the route moves, the drain waits for them",
+    "unknown": "the proxy gave no count: the route moves",
+}
 
 
 def verifying(ctx: StepContext, step: StepInput) -> None:
