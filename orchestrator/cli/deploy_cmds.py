@@ -290,6 +290,10 @@ def history(config: str | None, host: str | None, group: str | None, limit: int,
         demand = r.get("demand")
         if isinstance(demand, dict) and (worst := _number(demand.get("wait_max_s"))) is not None:
             phases += f" | {demand.get('requests')} held, waited up to {worst:.1f}"  # models on demand
+        quiet = r.get("quiet")
+        if isinstance(quiet, dict) and (waited := _number(quiet.get("seconds"))) is not None:
+            left = f", {quiet.get('in_flight')} still in flight" if quiet.get("outcome") == "bound" else ""
+            phases += f" | route waited {waited:.2f} for quiet{left}"  # warm: before the gap, the old model serving
         bench = r.get("bench") or {}
         headline = _number(bench.get("headline_tok_s")) if isinstance(bench, dict) else None
         outcome = outcome_text(str(r.get("outcome", "?")))

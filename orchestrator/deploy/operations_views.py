@@ -183,11 +183,16 @@ class OperationsViews(OperationsBase):
         eng = self.deployer()
         # Models on demand: the requests each on-demand switch served and their waits (agent/demand.py).
         demand = {e.get("deployment_id"): e for e in reversed(self.store.events(host=host, kind="demand", limit=500))}
+        # Warm switches: how long the route waited for a quiet moment of the displaced engines (warm note "quiet").
+        quiet = {e.get("deployment_id"): e for e in reversed(self.store.events(host=host, kind="warm", limit=20 * limit))
+                 if e.get("step") == "quiet"}
         for d in self.store.history(host, limit):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
             if d.id in demand:
                 row["demand"] = {k: demand[d.id].get(k) for k in ("requests", "cancelled", "cold", "waits_s",
                                                                   "wait_max_s")}
+            if d.id in quiet:
+                row["quiet"] = {k: quiet[d.id].get(k) for k in ("seconds", "outcome", "in_flight")}
             if d.spec.nodes:  # what it did on each node, as persisted while it ran
                 row["node_progress"] = [{k: e.get(k) for k in ("phase", "step", "node", "unit", "at")}
                                         for e in eng.node_progress(d)]

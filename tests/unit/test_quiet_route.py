@@ -181,3 +181,43 @@ def test_the_wait_reads_as_one_progress_line() -> None:
                                   "result": "nothing in flight: the route moves"})
     assert text == ("waited 0.03 s for a moment with no request in flight to ['127.0.0.1:8002']: "
                     "nothing in flight: the route moves")
+
+
+def _ops(qw: QuietWorld) -> Any:
+    from orchestrator.deploy.operations import Operations
+
+    ports = qw.host.ports(qw.catalog.hosts["box"], qw.weights)
+    ports.proxy = qw.proxy
+    return Operations(qw.catalog, lambda name: ports, store=qw.store, residency=qw.residency)
+
+
+def test_a_warm_rollback_waits_for_the_same_quiet_moment() -> None:
+    """`rollback` to the model asleep since the last switch is the same warm path: the route stays on
+    beta while it has a request in flight."""
+    qw = QuietWorld()
+    qw.proxy.script = [1, 0]
+    result = _ops(qw).rollback("box")
+    assert result["outcome"] == "active" and result["model"] == "alpha"
+    assert [(n, moved) for _, n, moved in qw.proxy.readings] == [(1, False), (0, False)]
+    assert [n["outcome"] for n in qw.quiet_notes(result["id"])] == ["quiet"]
+
+
+def test_history_shows_how_long_the_route_waited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`history` adds the wait to the warm switch's phases, and what was left in flight at the bound."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import deploy_cmds
+
+    qw = QuietWorld(quiet_wait_s=0.5)
+    qw.proxy.script = [2] * 1000
+    qw.switch("alpha")
+    rows = _ops(qw).history("box")
+    assert rows[0]["quiet"] == {"seconds": 0.5, "outcome": "bound", "in_flight": 2}
+
+    class Rows:
+        def call(self, *args: Any, **kw: Any) -> Any:
+            return rows
+
+    monkeypatch.setattr(deploy_cmds, "backend", lambda *a, **kw: Rows())
+    out = CliRunner().invoke(deploy_cmds.history, ["--on", "box"], terminal_width=400).output
+    assert out.count("route waited 0.50 for quiet, 2 still in flight") == 1
