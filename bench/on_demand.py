@@ -77,9 +77,13 @@ def main() -> None:
     ap.add_argument("--cold-rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--summarise", action="store_true", help="only recompute the summary from bench/on_demand.json")
+    ap.add_argument("--profile-out", type=Path, help="also write the warm swaps' profile (their timelines) there")
     args = ap.parse_args()
     if args.summarise:
-        report(json.loads((ROOT / "bench/on_demand.json").read_text()))
+        raw = json.loads((ROOT / "bench/on_demand.json").read_text())
+        report(raw)
+        if args.profile_out:
+            args.profile_out.write_text(profile(raw))
         return
     hosts = boot_hosts(1)
     raw: dict[str, Any] = {"load_before": os.getloadavg(), "batch_wait_s": BATCH_WAIT_S}
@@ -131,6 +135,37 @@ def main() -> None:
         hosts.close()
     (ROOT / "bench/on_demand.json").write_text(json.dumps(raw, indent=1))
     report(raw)
+    if args.profile_out:
+        args.profile_out.write_text(profile(raw))
+
+
+def profile(raw: dict[str, Any]) -> str:
+    """Where each warm request's wait went, from the agent's own timeline of its swap (history's demand row:
+    the oldest held request's arrival, the decision, every progress event of the switch, the release of the
+    held requests, the swap's end; ms from the arrival), the client's answer beside it; then the median of
+    each step (from one mark to the next) across the swaps."""
+    swaps = raw["demand_deployments"]
+    out = ["Warm on-demand swaps, one client alternating beta/alpha (bench/on_demand.py, raw bench/on_demand.json):",
+           "ms from the held request's arrival at the agent (its oldest ticket) to each mark the agent recorded;",
+           "'answer' is the client's whole wait (it sent the request a few ms before the agent saw it).", ""]
+    steps: dict[str, list[int]] = {}
+    order: list[str] = []
+    for a in [Answer(**x) for x in raw["warm"] if x["status"] == 200]:
+        swap = next((d for d in swaps if d["model"] == a.model and a.w0 <= d["created_at"] <= a.w1), None)
+        marks = ((swap or {}).get("demand") or {}).get("timeline_ms") or []
+        if not marks:
+            continue
+        out.append(f"-> {a.model}: " + ", ".join(f"{what} {t}" for t, what in marks) + f", answer {ms(a.wait)}")
+        for (t0, w0), (t1, w1) in zip(marks, [*marks[1:], [round(1000 * a.wait), "answer"]]):
+            key = f"{w0} -> {w1}"
+            if key not in steps:
+                order.append(key)
+            steps.setdefault(key, []).append(t1 - t0)
+    out += ["", "median ms per step (n swaps), in the order first seen:"]
+    for key in order:
+        vals = steps[key]
+        out.append(f"  {statistics.median(vals):7.0f}  ({len(vals):2d})  {key}")
+    return "\n".join(out) + "\n"
 
 
 PEAK_S = 1.5  # orchestrator/agent/demand_view.py: a model counts as in flight for the most HAProxy saw over this long

@@ -46,10 +46,21 @@ class DemandJobs:
         swap = Swap(model, cold, now)
         trigger = f"demand:{model}"
         w = self.waiting
+        swap.arrived = min((t.arrived for t in w.tickets.get(model, [])), default=None)
+        if swap.arrived is not None:
+            swap.mark(swap.arrived, "arrival")
+        swap.mark(now, "decided")
 
         def run(job: Job) -> dict[str, Any]:
+            publish = _publisher(job)
+
+            def progress(event: str, fields: dict[str, Any]) -> None:
+                publish(event, fields)
+                if event not in QUIET:
+                    swap.mark(self.clock.monotonic(), _what(event, fields))
+
             try:
-                result = self.agent.ops.switch(model, trigger=trigger, progress=_publisher(job),
+                result = self.agent.ops.switch(model, trigger=trigger, progress=progress,
                                                abandon=(lambda: self._abandon(host, model)) if cold else None)
             except OrchestratorError as exc:
                 with w.lock:
@@ -98,6 +109,7 @@ class DemandJobs:
         now = self.clock.monotonic()
         w = self.waiting
         swap.settled = True
+        swap.mark(now, "settled")
         switched = SwitchResult.from_dict(result.get("result") or {})
         outcome = switched.ended
         waiting = w.tickets.pop(swap.model, [])
@@ -127,7 +139,8 @@ class DemandJobs:
         self.agent.ops.record_event(self.clock.now(), host, "demand", {
             "deployment_id": dep, "model": swap.model, "outcome": outcome, "cold": swap.cold,
             "requests": len(waiting), "cancelled": swap.cancelled, "waits_s": waits[:100],
-            "wait_max_s": waits[-1] if waits else None, "took_s": round(now - swap.started, 3)})
+            "wait_max_s": waits[-1] if waits else None, "took_s": round(now - swap.started, 3),
+            "timeline_ms": swap.timeline_ms()})
 
     def idle(self, host: str, action: policy.Action) -> None:
         model, kind = action.model, action.kind
@@ -145,6 +158,18 @@ class DemandJobs:
         except Busy:
             return
         log.info("demand_idle", host=host, model=model, action=kind.value, reason=action.reason)
+
+
+QUIET = frozenset({"waiting", "stage_progress"})  # progress lines a swap's timeline leaves out (many, no step)
+
+
+def _what(event: str, fields: dict[str, Any]) -> str:
+    """One progress event as a timeline mark: the event, the phase it enters, and what it is about."""
+    if event == "phase":
+        return f"phase {fields.get('phase')}"
+    about = fields.get("model") or fields.get("unit")
+    changed = fields.get("changed")
+    return " ".join(str(x) for x in (event, about, "(reloaded)" if changed is True else None) if x)
 
 
 def _publisher(job: Job) -> Callable[[str, dict[str, Any]], None]:

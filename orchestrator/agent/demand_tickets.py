@@ -50,6 +50,9 @@ class Ticket:
             self._pipe = None
 
 
+TIMELINE_MAX = 80  # a swap's timeline keeps this many marks (a cold start's waiting lines are left out)
+
+
 @dataclass
 class Swap:
     """The on-demand switch running on a host."""
@@ -61,6 +64,19 @@ class Swap:
     cancelled: int = 0  # its requests that went away meanwhile
     settled: bool = False  # its requests were answered from its result
     abandoned: bool = False  # given up: nobody waited any more
+    arrived: float | None = None  # its oldest waiting request's arrival (monotonic), where its wait began
+    # (monotonic, what): the swap's own progress as its job reported it, with the broker's marks (decided,
+    # released, settled): where a held request's wait goes, recorded with the swap (history's demand row)
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+
+    def mark(self, at: float, what: str) -> None:
+        if len(self.timeline) < TIMELINE_MAX:
+            self.timeline.append((at, what))
+
+    def timeline_ms(self) -> list[tuple[int, str]]:
+        """The timeline in ms from the oldest request's arrival (else from the swap's start)."""
+        base = self.arrived if self.arrived is not None else self.started
+        return [(round(1000 * (t - base)), what) for t, what in self.timeline]
 
 
 @dataclass

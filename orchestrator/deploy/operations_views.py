@@ -187,7 +187,7 @@ class OperationsViews(OperationsBase):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
             if d.id in demand:
                 row["demand"] = {k: demand[d.id].get(k) for k in ("requests", "cancelled", "cold", "waits_s",
-                                                                  "wait_max_s")}
+                                                                  "wait_max_s", "timeline_ms")}
             if d.spec.nodes:  # what it did on each node, as persisted while it ran
                 row["node_progress"] = [{k: e.get(k) for k in ("phase", "step", "node", "unit", "at")}
                                         for e in eng.node_progress(d)]
