@@ -78,9 +78,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--summarise", action="store_true", help="only recompute the summary from bench/on_demand.json")
     ap.add_argument("--profile-out", type=Path, help="also write the warm swaps' profile (their timelines) there")
+    ap.add_argument("--raw", type=Path, default=ROOT / "bench/on_demand.json", help="the raw file --summarise reads")
     args = ap.parse_args()
     if args.summarise:
-        raw = json.loads((ROOT / "bench/on_demand.json").read_text())
+        raw = json.loads(args.raw.read_text())
         report(raw)
         if args.profile_out:
             args.profile_out.write_text(profile(raw))
@@ -156,7 +157,10 @@ def profile(raw: dict[str, Any]) -> str:
         if not marks:
             continue
         out.append(f"-> {a.model}: " + ", ".join(f"{what} {t}" for t, what in marks) + f", answer {ms(a.wait)}")
-        for (t0, w0), (t1, w1) in zip(marks, [*marks[1:], [round(1000 * a.wait), "answer"]]):
+        other = next((m for m in ("alpha", "beta") if m != a.model), "")
+        named = [(t, " ".join("target" if w == a.model else "displaced" if w == other else w for w in what.split()))
+                 for t, what in marks]
+        for (t0, w0), (t1, w1) in zip(named, [*named[1:], (round(1000 * a.wait), "answer")]):
             key = f"{w0} -> {w1}"
             if key not in steps:
                 order.append(key)
