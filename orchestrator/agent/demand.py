@@ -11,6 +11,7 @@ them after ``idle_stop_s``. What the policy sees of a host: agent/demand_view.py
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from orchestrator import logs
@@ -38,6 +39,7 @@ class Broker:
         self.view = HostView(agent, clock, self.waiting)
         self.jobs = DemandJobs(agent, clock, self.waiting, self.view)
         self._ids = 0
+        self.wake = threading.Event()  # set when a request is held: the demand loop's pass runs at once
 
     @property
     def running(self) -> dict[str, Swap]:
@@ -73,8 +75,9 @@ class Broker:
             ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream,
                             limit_s=catalog.demand_deadline(model, cold=True))
             w.last_request[model] = now
-            if routable(box, model):
+            if routable(box, model) or self.jobs.released(host, model):
                 self.jobs.answer(ticket, {"ready": True}, "ready")
+                self.view.routed(model, now, [ticket])
                 return ticket
             reject = policy.admit(box, model, now)
             if reject is not None:
@@ -83,6 +86,7 @@ class Broker:
             w.tickets.setdefault(model, []).append(ticket)
             self.agent.metrics.demand_queue(model, len(w.tickets[model]))
             log.info("demand_held", model=model, ticket=ticket.id, queued=len(w.tickets[model]))
+            self.wake.set()
             return ticket
 
     def cancel(self, ticket: Ticket) -> None:
@@ -99,6 +103,10 @@ class Broker:
             if swap is not None and swap.model == ticket.model:
                 swap.cancelled += 1
 
+    def taken(self, ticket: Ticket) -> None:
+        """The proxy took ``ticket``'s ready answer (it closed its end): HAProxy counts the request from now."""
+        ticket.taken_at = self.clock.monotonic()
+
     def position(self, ticket: Ticket) -> int:
         """Its place in its model's queue (0: not queued); without the lock, so a connection's waiting
         lines never wait for a pass that holds it (the proxy takes 5 s of silence for a dead agent)."""
@@ -113,14 +121,14 @@ class Broker:
         now = self.clock.monotonic()
         w = self.waiting
         for host in self.view.hosts():
-            if w.waits_on(host):
-                self.view.refresh(host, now)
+            if w.waits_on(host):  # a reading since the oldest held request came: what is in flight now
+                self.view.refresh(host, now, after=w.oldest(host))
             with self.lock:
                 self.jobs.finish(host, now)
                 if not any(t.host == host for q in w.tickets.values() for t in q):
                     continue
                 box = self.view.box(host, now, sessions=True)
-                self._answer_ready(box, now)
+                self._answer_ready(host, box, now)
                 action = policy.decide(box, now)
                 if action.kind in (Kind.WAKE, Kind.START):
                     self.jobs.start(host, action, now)
@@ -150,16 +158,16 @@ class Broker:
                     self.jobs.idle(host, action)
         return min(waits)
 
-    def _answer_ready(self, box: Box, now: float) -> None:
+    def _answer_ready(self, host: str, box: Box, now: float) -> None:
         """Tickets whose model serves are routed; those held past their deadline are answered."""
         for model, queue in list(self.waiting.tickets.items()):
             if model not in box.models:
                 continue
-            if routable(box, model):
+            if routable(box, model) or self.jobs.released(host, model):
                 for t in queue:
                     self.jobs.answer(t, {"ready": True}, "ready")
                 if queue:
-                    self.view.routed(model, now, len(queue))
+                    self.view.routed(model, now, list(queue))
                 queue.clear()
             coming = box.running == model
             for t in [t for t in queue if now - t.arrived >= (t.limit_s if coming else t.deadline_s)]:

@@ -30,6 +30,11 @@ def level_of(ctx: StepContext, model: str) -> str | None:
     return None if m is None else m.sleep
 
 
+def on_demand(ctx: StepContext, model: str) -> bool:
+    m = ctx.catalog.models.get(model)
+    return m is not None and m.on_demand
+
+
 def _level_number(level: str | None) -> int:
     return 2 if level == "level2" else 1
 
@@ -273,10 +278,15 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
     dep = step.dep
     if beside(step):
         return  # the target wakes beside them; the route moves and they sleep in `routing`
-    actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
+    # On demand, the target's requests are held by the proxy until its swap releases them (checked
+    # awake): only the displaced engines' routes must go before they sleep, which the running proxy
+    # does at once; the reload that routes the target comes in `routing`, past the held requests' wait.
+    withdrew = on_demand(ctx, dep.model) and (not leaving or actions.withdraw(ctx, (d.spec for d in leaving)))
+    if not withdrew:
+        actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     started = ctx.ports.clock.monotonic()
-    actions.drain(ctx, (d.spec for d in leaving))
+    actions.drain(ctx, (d.spec for d in leaving), current=withdrew)
     # Kept with the deployment: what the displaced engines still served (their in-flight requests) is
     # part of a warm switch's gap that is theirs, not the switch's (bench/warm: gap - this - sleep - wake).
     ctx.record(WARM_EVENT, {"step": "drained", "seconds": round(ctx.ports.clock.monotonic() - started, 3)})
