@@ -174,6 +174,8 @@ class HaproxyProxy:
                 or not self.systemd.unit_state(UNIT).is_active:
             return False
         servers = engine_servers(config.decode(), engines)
+        if not servers:
+            return False  # not in the config it runs, as far as it reads: a reload is the sure way
         self.shell.write_file(self._applied, b"withdrawn at runtime: the next apply reloads\n")
         said = self._master_cli("proc", *withdraw_commands(servers)).get("said") or [""]
         return withdrawn(str(said[-1]), servers)

@@ -196,8 +196,10 @@ class _Handler(socketserver.BaseRequestHandler):
                         broker.cancel(ticket)
                         return
             self._send(ticket.answer)
-            if ticket.answer.get("ready") is True and _closed_within(sock, TAKEN_WAIT_S):
-                broker.taken(ticket)  # the hold ended: HAProxy sends the request on in the same pass
+            if ticket.answer.get("ready") is True:
+                sock.shutdown(socket.SHUT_WR)  # the last line: a reader until the end has it
+                if _closed_within(sock, TAKEN_WAIT_S):
+                    broker.taken(ticket)  # the hold ended: HAProxy sends the request on in the same pass
         finally:
             ticket.close()
 

@@ -216,7 +216,7 @@ def engine_servers(config: str, engines: Iterable[tuple[str, int]]) -> list[tupl
         if words[:1] == ["backend"] and len(words) > 1:
             backend = words[1]
         elif words[:2] == ["server", "engine"] and len(words) > 2 and backend and _BACKEND.fullmatch(backend) \
-                and _matches(words[2], engines):
+                and _matches(words[2].strip('"'), engines):
             out.append((backend, "engine"))
     return out
 

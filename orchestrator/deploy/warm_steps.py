@@ -274,7 +274,8 @@ def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> Non
 
 def sleeping(ctx: StepContext, step: StepInput) -> None:
     """The route moves to the target (asleep: its engine holds what arrives until the wake), the
-    displaced engines finish what they serve (drain, then sleep mode=wait) and sleep, or stop."""
+    displaced engines finish what they serve (drain, then sleep mode=wait) and sleep, or stop. A
+    target on demand: only the displaced engines leave the running proxy (withdraw, no reload)."""
     dep = step.dep
     if beside(step):
         return  # the target wakes beside them; the route moves and they sleep in `routing`
