@@ -80,7 +80,8 @@ class HostView:
 
     def routed(self, model: str, now: float, tickets: list[Ticket]) -> None:
         """``tickets`` for ``model`` were just answered ready (not yet in HAProxy's scur)."""
-        self._routed[model] = (now, len(tickets))
+        when, count = self._routed.get(model, (-math.inf, 0))
+        self._routed[model] = (now, (count if now - when < ROUTED_S else 0) + len(tickets))  # those of the last second
         self._released.setdefault(model, []).extend(tickets)
 
     def records(self, host: str) -> tuple[dict[str, Deployment], dict[str, Residency]]:

@@ -690,3 +690,14 @@ def test_a_proxy_that_cannot_withdraw_moves_the_route_by_a_reload(tmp_path: Path
     dw.run_swap()
     assert dw.proxy.withdraws == 0 and routed(dw.proxy.applied[applied], 8002)
     assert dw.serving() == ["b"]
+
+
+def test_requests_answered_ready_one_after_another_add_up_as_in_flight(dw: DemandWorld) -> None:
+    """A swap to b released 3 held requests and a 4th was ready at once: until HAProxy counts them all
+    four count for b, so a lone request for a is 429 (b is asked more)."""
+    for _ in range(3):
+        dw.broker.open("bee")
+    dw.run_swap()
+    assert dw.broker.open("bee").answer == {"ready": True}
+    ticket = dw.broker.open("a")
+    assert ticket.answer is not None and ticket.answer["status"] == 429 and "(4 requests" in ticket.answer["message"]
