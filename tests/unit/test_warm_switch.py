@@ -364,3 +364,20 @@ def test_a_level2_sleeper_stages_its_weights_before_its_wake() -> None:
     assert w.switch("alpha").phase is Phase.ACTIVE
     assert w.weights.staged == ["alpha"]
 
+
+
+def test_the_wake_of_a_level1_sleeper_under_its_own_unit_skips_the_start_checks(
+        ww: WarmWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its engine loaded with this unit and holds its port: preflight neither probes access nor the
+    layout nor the port (a cold switch does, and a level-2 wake, which reads the weights again, too)."""
+    from orchestrator.deploy import steps
+
+    checked: list[str] = []
+    for name in ("check_access", "check_layout", "port_holder"):
+        monkeypatch.setattr(steps, name, lambda *a, _n=name, **k: checked.append(_n))
+    ww.switch("alpha")
+    assert set(checked) == {"check_access", "check_layout", "port_holder"}
+    ww.switch("beta")
+    checked.clear()
+    assert ww.switch("alpha").phase is Phase.ACTIVE
+    assert checked == []
