@@ -111,10 +111,7 @@ def _asleep_as_loaded(ctx: StepContext, step: StepInput) -> bool:
     """The target sleeps at level 1 under this very unit: its weights are in host RAM as it loaded them, and
     its wake reads no file; staging them again would only put a verification of files into the wait of
     what asks for it (an on-demand request waits from the swap's first step)."""
-    dep = step.dep
-    return (step.plan is not None and warm_steps.level_of(ctx, dep.model) == "level1"
-            and ctx.ports.systemd.read_unit(dep.spec.unit_name) == dep.spec.unit_text
-            and warm_steps.is_asleep(ctx, dep.spec))
+    return step.plan is not None and warm_steps.loaded_asleep(ctx.ports, ctx.catalog, step.dep.spec)
 
 
 def check_beside(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:

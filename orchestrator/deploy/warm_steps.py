@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.core import residency as rules
+from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import Mode
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.resident import ASLEEP, SERVING, STOPPED, State
@@ -20,6 +21,7 @@ from orchestrator.deploy import actions, warm
 from orchestrator.deploy.context import StepContext, StepInput
 from orchestrator.deploy.warm import POLL_S, sleep_enabled
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, OrchestratorError, SleepLeftMemory
+from orchestrator.ports import HostPorts
 
 WARM_EVENT = "warm"  # the kind of ctx.record entries the warm steps write
 FATE_EVENT = "fate"  # the warm note with the displaced models' fate, decided in staging
@@ -63,6 +65,21 @@ def engine_of(ctx: StepContext, spec: UnitSpec, *, reuse: bool = False) -> warm.
 def deadline_of(ctx: StepContext, model: str) -> float:
     m = ctx.catalog.models.get(model)
     return ctx.defaults.wake_deadline_s if m is None else rules.wake_deadline(ctx.catalog, m)
+
+
+def loaded_asleep(ports: HostPorts, catalog: Catalog, spec: UnitSpec) -> bool:
+    """``spec``'s model sleeps at level 1 under this very unit: its engine loaded with it and holds its
+    port and its weights (in host RAM); a wake starts no process and reads no file."""
+    m = catalog.models.get(spec.model)
+    control = ports.engine_control
+    if m is None or m.sleep != "level1" or control is None or not sleep_enabled(spec) \
+            or ports.systemd.read_unit(spec.unit_name) != spec.unit_text \
+            or not ports.systemd.unit_state(spec.unit_name).is_active:
+        return False
+    try:
+        return control.is_sleeping(spec.base_url)
+    except EngineError:
+        return False
 
 
 def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:

@@ -701,3 +701,17 @@ def test_requests_answered_ready_one_after_another_add_up_as_in_flight(dw: Deman
     assert dw.broker.open("bee").answer == {"ready": True}
     ticket = dw.broker.open("a")
     assert ticket.answer is not None and ticket.answer["status"] == 429 and "(4 requests" in ticket.answer["message"]
+
+
+def test_a_switch_to_a_level1_sleeper_under_its_own_unit_probes_no_access(
+        dw: DemandWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch's own access probe (before it plans) is left out for a wake that starts nothing."""
+    from orchestrator.deploy import operations
+
+    probed: list[str] = []
+    monkeypatch.setattr(operations, "check_access", lambda catalog, model, *a: probed.append(model))
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    assert probed == ["b", "a"]
+    dw.ops.switch("b")
+    assert probed == ["b", "a"] and dw.serving() == ["b"]
