@@ -45,6 +45,7 @@ from tests.builders.demand import AB, Answer, Client, demand_config, url
 from tests.hosts.pool import boot_hosts
 
 BATCH_WAIT_S = 1.0
+MAX_SWAPS_PER_MIN = 60  # the swap cap: swaps at least 60 / this seconds apart (core/demand.py swap_spacing_s)
 
 
 def spread(waits: list[float]) -> dict[str, float]:
@@ -91,7 +92,8 @@ def main() -> None:
     try:
         host = hosts.hosts[0]
         with tempfile.TemporaryDirectory() as tmp:
-            config = demand_config(host, Path(STATE), AB, max_swaps_per_min=60, batch_wait_s=BATCH_WAIT_S)
+            config = demand_config(host, Path(STATE), AB, max_swaps_per_min=MAX_SWAPS_PER_MIN,
+                                   batch_wait_s=BATCH_WAIT_S)
             config = config.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\n{standin_nvml(host)}", 1)
             install_agent(host, config, Path(tmp))
             cli(host, "switch", "beta")
@@ -191,6 +193,9 @@ def against_floor(answers: list[Answer], lines: list[Line], service: dict[int, f
         busy = any(b.w0 <= a.w0 < b.w1 for b in others)
         recent = busy or any(b.w0 <= a.w0 < b.w1 + PEAK_S for b in others)
         bound = batch_wait_s if busy else 0.0
+        # the swap cap's wait: the previous swap began less than its spacing before this request came
+        before = [d["created_at"] for d in swaps if d["created_at"] < a.w0]
+        cap = max(0.0, max(before) + 60 / MAX_SWAPS_PER_MIN - a.w0) if before else 0.0
         swap = next((d for d in swaps if d["model"] == a.model and a.w0 <= d["created_at"] <= a.w1), None)
         split: dict[str, Any] = {}
         if swap is not None and swap.get("ended_at") is not None:
@@ -198,9 +203,14 @@ def against_floor(answers: list[Answer], lines: list[Line], service: dict[int, f
             split = {"arrival_to_swap": swap["created_at"] - a.w0, "swap": swap["ended_at"] - swap["created_at"],
                      "before_route": sum(phases.get(k, 0.0) for k in ("planned", "preflight", "staging")),
                      "swap_to_answer": a.w1 - swap["ended_at"], "phases": phases}
+            marks = {what.split()[0]: t / 1000 for t, what in (swap.get("demand") or {}).get("timeline_ms") or []}
+            if "decided" in marks and "released" in marks:  # the agent's own marks (ms from the arrival)
+                split.update(arrival_to_swap=marks["decided"], swap=marks["released"] - marks["decided"],
+                             swap_to_answer=a.wait - marks["released"])
         rows.append({"model": a.model, "status": a.status, "wait_s": a.wait, "swap": woke, "sleep_s": sleep,
                      "wake_s": steps["wake_s"] if woke else None, "floor_s": floor, "bound_s": bound,
                      "agent_bound_s": batch_wait_s if recent else 0.0, "excess_s": a.wait - floor - bound,
+                     "cap_s": cap if woke else 0.0,
                      "drain_s": steps["drain_s"] if woke else None, "split_s": split})
     return rows
 
@@ -222,15 +232,16 @@ def report(raw: dict[str, Any]) -> None:
           f"{ms(first)} ms, a 2-token request {ms(service[2])} ms, a 16-token one {ms(service[16])} ms (on an awake "
           f"engine's port: the floor's last part); load average before {la[0]:.1f}, after {lb[0]:.1f}")
     print("warm: one client alternating beta/alpha, every request waits for a swap")
-    print("  #  model  wait_ms sleep_ms wake_ms floor_ms bound_ms excess_ms agent_bound_ms drain_ms | "
-          "arrival->swap swap (preflight+staging) swap->answer")
+    print("  #  model  wait_ms sleep_ms wake_ms floor_ms bound_ms excess_ms agent_bound_ms drain_ms cap_ms | "
+          "arrival->swap swap (preflight+staging) swap->answer (swap: its decision to its release of the held "
+          "requests, or to its end)")
     swaps = raw["demand_deployments"]
     warm_rows = against_floor([a for a in warm if a.status == 200], lines, service, bw, swaps)
     for i, r in enumerate(warm_rows):
         sp = r["split_s"]
         print(f"{i + 1:3d}  {r['model']:6s} {ms(r['wait_s']):>7s} {ms(r['sleep_s']):>8s} {ms(r['wake_s']):>7s} "
               f"{ms(r['floor_s']):>8s} {ms(r['bound_s']):>8s} {ms(r['excess_s']):>9s} {ms(r['agent_bound_s']):>14s} "
-              f"{ms(r['drain_s']):>8s} | {ms(sp.get('arrival_to_swap')):>13s} {ms(sp.get('swap')):>4s} "
+              f"{ms(r['drain_s']):>8s} {ms(r.get('cap_s')):>6s} | {ms(sp.get('arrival_to_swap')):>13s} {ms(sp.get('swap')):>4s} "
               f"({ms(sp.get('before_route'))}) {ms(sp.get('swap_to_answer')):>17s}")
     mixed_rows = against_floor([a for a in mixed if a.status == 200], lines, service, bw, swaps)
     verdicts = []
@@ -250,7 +261,11 @@ def report(raw: dict[str, Any]) -> None:
               f"max {ms(worst)} ms; less the drain: median "
               f"{ms(statistics.median(r['excess_s'] - (r['drain_s'] or 0) for r in rows))} ms; against the bound "
               f"as the agent counts it (busy for {PEAK_S:g} s after a request): median "
-              f"{ms(statistics.median(r['excess_s'] + r['bound_s'] - r['agent_bound_s'] for r in rows))} ms")
+              f"{ms(statistics.median(r['excess_s'] + r['bound_s'] - r['agent_bound_s'] for r in rows))} ms; "
+              f"less the swap cap's wait too (max_swaps_per_min {MAX_SWAPS_PER_MIN}: swaps "
+              f"{60 / MAX_SWAPS_PER_MIN:g} s apart): median "
+              f"{ms(statistics.median(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))}"
+              f" ms, max {ms(max(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))} ms")
         for key in ("arrival_to_swap", "swap", "before_route", "swap_to_answer"):
             vals = [r["split_s"][key] for r in swaps if r["split_s"]]
             if vals:

@@ -27,6 +27,7 @@ from orchestrator.ports import Clock
 log = logs.get_logger()
 
 TICK_S = 0.1  # the demand loop's pace while requests wait or a swap runs
+MIN_TICK_S = 0.005  # its shortest wait, up to the end of a bound (batch_wait_s, the swap cap)
 IDLE_TICK_S = 1.0  # the idle loop's longest wait
 
 
@@ -39,7 +40,9 @@ class Broker:
         self.view = HostView(agent, clock, self.waiting)
         self.jobs = DemandJobs(agent, clock, self.waiting, self.view)
         self._ids = 0
-        self.wake = threading.Event()  # set when a request is held: the demand loop's pass runs at once
+        # set when a request is held or a job ends: the demand loop's next pass runs at once
+        self.wake = threading.Event()
+        agent.jobs.observers.append(lambda what, job: self.wake.set() if what == "finished" else None)
 
     @property
     def running(self) -> dict[str, Swap]:
@@ -120,6 +123,7 @@ class Broker:
         """One pass of the demand loop; returns the seconds to wait."""
         now = self.clock.monotonic()
         w = self.waiting
+        wait = TICK_S
         for host in self.view.hosts():
             if w.waits_on(host):  # a reading since the oldest held request came: what is in flight now
                 self.view.refresh(host, now, after=w.oldest(host))
@@ -132,9 +136,11 @@ class Broker:
                 action = policy.decide(box, now)
                 if action.kind in (Kind.WAKE, Kind.START):
                     self.jobs.start(host, action, now)
+                elif action.until is not None:  # the batching bound or the swap cap ends then: be there
+                    wait = min(wait, max(MIN_TICK_S, action.until - now))
         with self.lock:
             busy = bool(w.running) or any(w.tickets.values())
-        return TICK_S if busy else 0.5
+        return wait if busy else 0.5
 
     def idle_tick(self) -> float:
         """One pass of the idle loop: the first idle model of each host goes to sleep or stops."""

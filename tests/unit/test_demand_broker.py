@@ -715,3 +715,22 @@ def test_a_switch_to_a_level1_sleeper_under_its_own_unit_probes_no_access(
     assert probed == ["b", "a"]
     dw.ops.switch("b")
     assert probed == ["b", "a"] and dw.serving() == ["b"]
+
+
+def test_the_demand_pass_waits_only_until_the_bound_it_waits_for_ends(tmp_path: Path) -> None:
+    """b's request is batched until 1 s after it came: 0.97 s later the next pass is due in 0.03 s, not 0.1."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    dw.proxy.counted[_a_engine(dw)] = Sessions(current=1, idle_s=0.0, total=1)
+    dw.broker.open("bee")
+    dw.clock.sleep(0.97)
+    assert dw.broker.tick() == pytest.approx(0.03) and dw.broker.running == {}
+
+
+def test_a_job_that_ends_wakes_the_demand_loop(dw: DemandWorld) -> None:
+    """The swap's job ends: the loop's next pass runs at once (requests behind it are decided then)."""
+    dw.broker.open("a")
+    dw.broker.wake.clear()
+    dw.run_swap()
+    assert dw.broker.wake.is_set()
