@@ -8,6 +8,7 @@ kept its memory, a wedged wake) is recorded as an event with the deployment and 
 from __future__ import annotations
 
 import signal
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -122,6 +123,27 @@ def weights_gib(ctx: StepContext, spec: UnitSpec) -> float:
     return int(head[0]) / 2**30 if res.ok and head and head[0].isdigit() else 0.0
 
 
+# Per host (its systemd port): (unit, model folder, main PID, when it started) -> GiB. What a running
+# engine loaded does not change while that process runs, so ``du`` is read once per engine process (an
+# on-demand swap's wait had it each time). A restart is a new key; the oldest go past LOADED_MAX.
+_LOADED: weakref.WeakKeyDictionary[object, dict[tuple[str, str, int, float], float]] = weakref.WeakKeyDictionary()
+LOADED_MAX = 64
+
+
+def loaded_gib(ctx: StepContext, spec: UnitSpec) -> float:
+    """``weights_gib`` of a running engine: what it loaded, and sleeping at level 1 holds in host RAM."""
+    state = ctx.ports.systemd.unit_state(spec.unit_name)
+    if not state.is_active or state.started_at is None or not state.main_pid:
+        return weights_gib(ctx, spec)
+    known = _LOADED.setdefault(ctx.ports.systemd, {})
+    key = (spec.unit_name, spec.model_dir, state.main_pid, state.started_at)
+    if key not in known:
+        while len(known) >= LOADED_MAX:
+            del known[next(iter(known))]
+        known[key] = weights_gib(ctx, spec)
+    return known[key]
+
+
 def note(ctx: StepContext, what: str, **detail: object) -> None:
     """Persist (with the deployment) and show one thing the warm steps did or an engine said."""
     ctx.record(WARM_EVENT, {"step": what, **detail})
@@ -165,7 +187,7 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
     records = ctx.residency.residency(host.name) if ctx.residency is not None else {}
     displaced = {d.model: d.spec for d in step.displaced}
     residents = []
-    sizes = {name: weights_gib(ctx, spec) for name, spec in displaced.items()}
+    sizes = {name: loaded_gib(ctx, spec) for name, spec in displaced.items()}
     for name in ctx.catalog.models_on(host.name):
         model = ctx.catalog.models[name]
         rec = records.get(name)

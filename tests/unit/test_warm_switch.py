@@ -381,3 +381,21 @@ def test_the_wake_of_a_level1_sleeper_under_its_own_unit_skips_the_start_checks(
     checked.clear()
     assert ww.switch("alpha").phase is Phase.ACTIVE
     assert checked == []
+
+
+def test_a_displaced_engines_weights_are_measured_once_per_engine_process(ww: WarmWorld) -> None:
+    """du of the displaced model's folder runs the first time its engine is put to sleep, not again while
+    the same process runs (it holds what it loaded); an engine started again is measured again."""
+    for name in ("alpha", "beta"):
+        ww.host.sizes[ww.engine.spec_for(ww.catalog.models[name]).model_dir] = 2**30
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.switch("alpha")
+    ww.host.calls.clear()
+    ww.switch("beta")
+    ww.switch("alpha")
+    assert [c for c in ww.host.calls if c.startswith("du ")] == []
+    ww.host.units["vllm-alpha.service"].started_at -= 60  # as if started again: another process
+    ww.host.calls.clear()
+    ww.switch("beta")
+    assert [c for c in ww.host.calls if c.startswith("du ")] != []
