@@ -8,15 +8,17 @@ Every method raises only ``orchestrator.errors`` types.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.core.haproxy_cli import Sessions
 from orchestrator.core.observed import CommandResult, GpuSnapshot, UnitState
+from orchestrator.core.proxy import HostRouting
 from orchestrator.core.records import NO_CHANGE, Deployment, ServingChange, UnitSpec
 from orchestrator.core.resident import Residency
 from orchestrator.core.states import Fallback, Phase
 from orchestrator.core.weights import StagedRevision
+from orchestrator.engines import engine_named
 
 if TYPE_CHECKING:  # so that `--host` queries, which never read a catalog here, do not build its models
     from orchestrator.core.catalog import Host
@@ -321,10 +323,11 @@ class SmokeBench(Protocol):
 class FrontProxy(Protocol):
     """The host's front proxy unit (see adapters.haproxy): one endpoint routing by ``model``."""
 
-    def apply(self, config: str) -> bool:
-        """Make the running proxy serve ``config``: install its unit, write and check the config,
-        start or gracefully reload; idempotent. Returns whether anything changed, once a proxy
-        process of ``config`` serves (the ones of earlier configs are then known to be old)."""
+    def apply(self, routing: HostRouting) -> bool:
+        """Make the running proxy route as ``routing`` says (the adapter renders its own config from
+        it): install its unit, write and check the config, start or gracefully reload; idempotent.
+        Returns whether anything changed, once a proxy process of the new config serves (the ones of
+        earlier configs are then known to be old)."""
         ...
 
     def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
@@ -422,7 +425,16 @@ class HostPorts:
     weights: WeightStore | None = None
     smoke: SmokeBench | None = None
     proxy: FrontProxy | None = None
-    engine_control: EngineControl | None = None
+    # Each engine's sleep-mode control, by engine name (orchestrator.engines.ENGINES' keys).
+    engine_controls: Mapping[str, EngineControl] = field(default_factory=dict)
+
+    def engine_control_for(self, spec: UnitSpec) -> EngineControl | None:
+        """The control of the engine ``spec`` runs on, or None when that engine runs the unit without
+        sleep mode (the engine reads its unit) or this host has no control for it: then the model
+        never sleeps and is stopped instead."""
+        if not engine_named(spec.engine).sleeps(spec.unit_text):
+            return None
+        return self.engine_controls.get(spec.engine)
 
     def close(self) -> None:
         self.shell.close()

@@ -120,6 +120,10 @@ def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
         raise _config_error(exc, str(file)) from None
     except SettingsError as exc:
         raise _env_error(str(exc)) from None
+    except ConfigError as exc:
+        if exc.file is None:
+            raise ConfigError(str(exc), file=str(file)) from None
+        raise  # already names the file (a model's config.json, the proxy's accounts)
     except OrchestratorError as exc:  # an error raised by a validator outside pydantic's wrap
         raise ConfigError(str(exc), file=str(file)) from None
     finally:

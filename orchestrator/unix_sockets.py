@@ -96,7 +96,7 @@ class BoundedServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return
         try:
             super().process_request(request, client_address)
-        except BaseException:  # no thread took it: its slot is free again
+        except BaseException:  # whatever kept a thread from taking it (re-raised): its slot is free again
             self.slots.release()
             raise
 

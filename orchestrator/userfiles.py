@@ -89,7 +89,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644
             os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
         os.replace(tmp, name)
-    except BaseException:
+    except BaseException:  # whatever stopped the write (Ctrl-C included) leaves no temporary; re-raised as it was
         try:
             os.unlink(tmp)
         except FileNotFoundError:

@@ -18,6 +18,7 @@ from orchestrator.core.catalog import Catalog, Host
 from orchestrator.core.catalog_hosts import INSTALLED_PYTHON
 from orchestrator.core.proxy import render_unit
 from orchestrator.deploy.operations import Operations
+from orchestrator.engines import ENGINES
 from orchestrator.ports import FrontProxy, HostPorts
 from orchestrator.resources import template_text
 
@@ -43,16 +44,13 @@ def build_ports(catalog: Catalog, host: Host) -> HostPorts:
         bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
         proxy = HaproxyProxy(shell, systemd, catalog.proxy, bind,
                              render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
-                             python=python, host=host.name)
-        # Not local=True (the master CLI in this process) yet: with it, the on-demand flood on a test host
-        # (tests/test_demand_hosts.py) ended serving the least-asked models; until that is understood the
-        # master CLI runs as a script on every host.
+                             python=python, host=host.name, local=host.transport == "local")
     # NVML in this process on the agent's own box, nvidia-smi over the shell elsewhere (adapters.gpu_choice)
     gpus = ChosenGpuProbe(shell, mode=host.gpu_probe, local=host.transport == "local")
     return HostPorts(host=host, shell=shell, systemd=systemd, gpus=gpus,
                      health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
                      smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy,
-                     engine_control=HttpEngineControl())
+                     engine_controls={name: HttpEngineControl(engine) for name, engine in ENGINES.items()})
 
 
 def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:

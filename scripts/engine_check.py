@@ -9,7 +9,7 @@ session started from the unit text the product rendered). Checks, in order, each
     deadline shorter than the load (must fail naming the deadline, while the engine keeps loading),
     then with the model's load deadline (/health, /v1/models, one real completion); the GPU probe
     (adapters/nvidia_smi over a LocalShell) names the engine's PIDs and memory; the load generator
-    against `vllm bench serve` (bench/vllm_compare.py; with --pin-engine/--pin-clients the engine's
+    against `vllm bench serve` (bench/loadgen/vllm_compare.py; with --pin-engine/--pin-clients the engine's
     processes and both clients on separate CPUs first); stop (SIGTERM to the session, like
     KillMode=control-group) and ``actions.free_gpus``: GPUs really free, by PID.
   engine 2 (--second-args, optional): readiness again, a short load-generator comparison, then the
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "bench" / "loadgen")]
 
 from process_units import ProcessUnits, describe, parse_unit
 from vllm_compare import Workers, compare, print_table, vllm_runs

@@ -6,9 +6,9 @@
 #   bash scripts/gpu_stage.sh DEST WHL_DIR
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd); dest=$1; whl=$2
-rm -rf "$dest" && mkdir -p "$dest/code/bench" "$dest/whl"
+rm -rf "$dest" && mkdir -p "$dest/code/bench/loadgen" "$dest/whl"
 cp -rL "$src/orchestrator" "$src/scripts" "$dest/code/"  # -L: _templates is a link, and links travel as links
-cp "$src/bench/vllm_compare.py" "$dest/code/bench/"
+cp "$src/bench/loadgen/vllm_compare.py" "$dest/code/bench/loadgen/"
 cp "$whl"/*.whl "$dest/whl/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 echo "staged $(git -C "$src" rev-parse --short HEAD)$(git -C "$src" diff --quiet || echo +dirty) in $dest: $(du -sh "$dest" | cut -f1)"

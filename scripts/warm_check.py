@@ -7,7 +7,7 @@ over ``adapters.engine_http.HttpEngineControl`` and ``adapters.nvidia_smi``. Onl
 replaced (scripts/process_units.py). Sequence, each step a ``CHECK`` line:
 
   A (the big model, --model-dir) starts with sleep mode; readiness; the load generator against
-  `vllm bench serve` on it (bench/vllm_compare.py, the strict comparison); A sleeps (its first sleep
+  `vllm bench serve` on it (bench/loadgen/vllm_compare.py, the strict comparison); A sleeps (its first sleep
   copies the weights to host RAM) and is verified; B (--warm-model-dir) starts beside the sleeper;
   SWAPS swaps B->A->B..., each timed (sleep + verify + wake + first completion = what a client waits
   through); A sleeps at level 2 and wakes by vLLM's level-2 sequence; then the wedge: A sleeps again,

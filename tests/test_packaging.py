@@ -45,7 +45,7 @@ def test_render_from_a_wheel_finds_the_templates(installed: Path, tmp_path: Path
 
 def test_switch_code_path_reads_the_shipped_unit_template(installed: Path, tmp_path: Path) -> None:
     """The engine's default template is the packaged copy of templates/vllm.service.j2."""
-    code = ("import orchestrator, sys; from orchestrator.deploy.deployer import default_template;"
+    code = ("import orchestrator, sys; from orchestrator.deploy.planning import default_template;"
             "sys.stdout.write(orchestrator.__file__ + '\\n' + default_template())")
     proc = _run(installed, tmp_path, "-c", code)
     assert proc.returncode == 0, proc.stderr

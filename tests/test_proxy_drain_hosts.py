@@ -32,7 +32,7 @@ from tests.proxy_prober import classify
 pytestmark = pytest.mark.hosts
 REPO = Path(__file__).resolve().parents[1]
 # Issue 29's acceptance: "0 cut streams and 0 failures across at least 30 handovers" (the racy drain cut
-# 4 streams in 30); bench/proxy_handovers.py runs 40, the figure docs/howto/front-proxy.md quotes.
+# 4 streams in 30); bench/proxy/proxy_handovers.py runs 40, the figure docs/howto/front-proxy.md quotes.
 HANDOVERS = 30
 
 
@@ -135,10 +135,10 @@ def test_a_reload_returns_once_the_master_lists_the_new_configs_worker(
     """apply() of a changed config: when it returns, the master counted the reload and lists a
     worker that was not there before (the drain can tell old workers from the new one)."""
     port, catalog = proxy
-    assert port.apply(rendered(catalog, host, [Route("chat", host.address, 8101)]))
+    assert port.apply_config(rendered(catalog, host, [Route("chat", host.address, 8101)]))
     before = master(host, catalog)
     for i in range(5):
-        assert port.apply(rendered(catalog, host, [Route("chat", host.address, 8102 + i)]))
+        assert port.apply_config(rendered(catalog, host, [Route("chat", host.address, 8102 + i)]))
         after = master(host, catalog)
         assert after[0] == before[0] + 1 and after[2] - before[2], (before, after)
         before = after
@@ -150,14 +150,14 @@ def test_a_reload_the_master_refuses_fails_naming_the_config_and_the_old_one_ser
     naming the config, no `.applied` update, and the proxy keeps answering with the old config."""
     port, catalog = proxy
     good = rendered(catalog, host, [Route("chat", host.address, 8101)])
-    assert port.apply(good)
+    assert port.apply_config(good)
     host.run(["systemd-run", "--unit=port-squatter", sys.executable, "-m", "http.server", "--bind", host.address,
               "8199"])
     wait_for(lambda: host.run(["ss", "-Hltn", "( sport = :8199 )"]).stdout, lambda out: bool(out.strip()),
              what="the squatter to listen")
     bad = good + f"\nfrontend extra\n    bind {host.address}:8199\n    default_backend no_route\n"
     with pytest.raises(ProxyError, match=f"could not load {catalog.proxy.config_path} on reload"):
-        port.apply(bad)
+        port.apply_config(bad)
     assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200
     applied = host.run(["cat", catalog.proxy.config_path + ".applied"]).stdout.strip()
     assert applied == sha(good)
@@ -168,14 +168,14 @@ def test_a_unit_whose_master_socket_moved_is_restarted_and_then_serves(
     """[proxy] stats_socket moved to another socket: the running master does not listen there,
     so a reload could never be confirmed; the proxy restarts on the new unit and answers."""
     port, catalog = proxy
-    assert port.apply(rendered(catalog, host, [Route("chat", host.address, 8101)]))
+    assert port.apply_config(rendered(catalog, host, [Route("chat", host.address, 8101)]))
     cfg = tmp_path / "moved.toml"
     cfg.write_text(proxy_config(host, tmp_path / "state", MODELS)
                    + 'stats_socket = "/run/orchestrator-proxy/moved.sock"\n')
     moved_catalog = settings.load(cfg)
     moved = build_ports(moved_catalog, moved_catalog.hosts[host.name]).proxy
     assert isinstance(moved, HaproxyProxy)
-    assert moved.apply(rendered(moved_catalog, host, [Route("chat", host.address, 8102)]))
+    assert moved.apply_config(rendered(moved_catalog, host, [Route("chat", host.address, 8102)]))
     assert master(host, moved_catalog)[2]
     assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200
 
@@ -185,13 +185,13 @@ def test_stop_frees_the_port_and_disables_the_unit_and_apply_starts_it_again(
     """stop(): unit inactive and disabled, port free, a second stop says not running; apply starts it again."""
     port, catalog = proxy
     config = rendered(catalog, host, [Route("chat", host.address, 8101)])
-    assert port.apply(config)
+    assert port.apply_config(config)
     assert port.stop() is True
     state = host.run("systemctl is-active orchestrator-proxy.service; systemctl is-enabled orchestrator-proxy.service",
                      check=False).stdout.split()
     assert state == ["inactive", "disabled"]
     assert port.port_holder() is None and port.stop() is False
-    assert port.apply(config)
+    assert port.apply_config(config)
     assert httpx.get(f"http://{host.address}:{PROXY_PORT}/health", timeout=10).status_code == 200
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import settings
-from orchestrator.deploy.deployer import default_template
 from orchestrator.deploy.operations import Operations
+from orchestrator.deploy.planning import default_template
 from orchestrator.errors import Busy
 from orchestrator.wiring import operations, ports_factory
 from tests.builders.switch import MODELS, config_text

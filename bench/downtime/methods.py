@@ -2,8 +2,8 @@
 
 - orchestrator: the CLI (``python -m orchestrator switch B``) as an operator runs it, in-process or
   through the agent when one runs (the CLI decides).
-- ansible: ``ansible-playbook bench/ansible/switch.yml`` over an ssh connection.
-- bash: ``bench/bash/switch.sh``, one ssh call per step and a curl loop.
+- ansible: ``ansible-playbook bench/baselines/ansible/switch.yml`` over an ssh connection.
+- bash: ``bench/baselines/bash/switch.sh``, one ssh call per step and a curl loop.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from bench.downtime.setup import GPUS, LOCAL_CONFIG, REPO, Bench, BenchModel
 
-ANSIBLE_DIR = REPO / "bench" / "ansible"
-BASH_SCRIPT = REPO / "bench" / "bash" / "switch.sh"
+ANSIBLE_DIR = REPO / "bench" / "baselines" / "ansible"
+BASH_SCRIPT = REPO / "bench" / "baselines" / "bash" / "switch.sh"
 VENV_BIN = Path(sys.executable).parent
 
 

@@ -163,9 +163,9 @@ def example_commands(bench: Bench, a: BenchModel, b: BenchModel) -> dict[str, st
     cmds = {
         "orchestrator": shlex.join(methods.orchestrator_command(bench, b)),
         "orchestrator-local": shlex.join(methods.local_command(bench, b)),
-        "ansible": "ANSIBLE_CONFIG=bench/ansible/ansible.cfg " + shlex.join(ansible),
+        "ansible": "ANSIBLE_CONFIG=bench/baselines/ansible/ansible.cfg " + shlex.join(ansible),
         "bash": " ".join(f'{k}="{v}"' if k == "UNIT_TEXT" else f"{k}={shlex.quote(v)}" for k, v in env.items())
-                + " bash bench/bash/switch.sh",
+                + " bash bench/baselines/bash/switch.sh",
     }
     keys = str(bench.host.key_path.parent)
     return {k: v.replace(str(bench.work), "$WORK").replace(keys, "$KEYS") for k, v in cmds.items()}
@@ -198,11 +198,11 @@ def render(r: Results) -> str:
     floor = t.stop_s + t.load_s
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Switch downtime: orchestrator vs Ansible vs bash", "",
-             (f"Written by `bench/switch_downtime.py` on {now} ({r.elapsed_s:.0f} s run). Re-run: "
-             f"`{' '.join(['.venv/bin/python bench/switch_downtime.py', *map(shlex.quote, r.args)])}`."), "",
+             (f"Written by `bench/downtime/switch_downtime.py` on {now} ({r.elapsed_s:.0f} s run). Re-run: "
+             f"`{' '.join(['.venv/bin/python bench/downtime/switch_downtime.py', *map(shlex.quote, r.args)])}`."), "",
              *_machine(r), "",
              ("Through `--host ssh://` (the relay and the box's agent) beside in-process, with the hand-script "
-              "floor: [REMOTE.md](REMOTE.md) (`bench/remote_overhead.py`)."), "",
+              "floor: [REMOTE.md](remote/REMOTE.md) (`bench/remote/remote_overhead.py`)."), "",
              "## Method", "",
              (f"- Stand-in engine: load time L = {t.load_s:g} s (port closed until loaded, like vLLM), stop time "
              f"S = {t.stop_s:g} s (port closed at SIGTERM, exit S later). Floor = S + L = {floor:g} s."),

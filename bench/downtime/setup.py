@@ -58,7 +58,7 @@ class Bench:
         """
         from orchestrator import settings
         from orchestrator.core.render import render_unit
-        from orchestrator.deploy.deployer import default_template
+        from orchestrator.deploy.planning import default_template
 
         catalog = settings.load(self.work / "deploy.toml")
         return render_unit(catalog, catalog.models[m.name], default_template()).text

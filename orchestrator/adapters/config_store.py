@@ -1,4 +1,4 @@
-"""The agent's config revisions in the state store (state.db, schema version 2 of sqlite_store.py).
+"""The agent's config revisions in the state store (state.db, schema version 2 of state_schema.py).
 
 Through the state file's own connection discipline (SqliteFile: one locked connection, a schema
 check on open, every SQLite failure a StateError naming the file), not a raw connection of its own.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.adapters.sqlite_store import SqliteFile
+from orchestrator.adapters.state_schema import StateFile
 
 
-class SqliteConfigStore(SqliteFile):
+class SqliteConfigStore(StateFile):
     """The config_revisions and deployment_configs tables."""
 
     def latest(self) -> tuple[int, str] | None:

@@ -31,13 +31,22 @@ from orchestrator.core.haproxy_cli import (
     withdrawn,
 )
 from orchestrator.core.observed import listens_on
-from orchestrator.core.proxy import DEMAND_LUA, PROXY_UNIT, lua_path, master_socket, sha
+from orchestrator.core.proxy import (
+    DEMAND_LUA,
+    PROXY_UNIT,
+    HostRouting,
+    lua_path,
+    master_socket,
+    render_routing,
+    sha,
+)
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
 from orchestrator.resources import template_text
 from orchestrator.secrets import redact
 
 UNIT = PROXY_UNIT
+CONFIG_TEMPLATE = "haproxy.cfg.j2"
 T = TypeVar("T")
 
 # HAProxy's master CLI, asked in this process on the agent's own box and, over SSH, by this script (the
@@ -63,7 +72,12 @@ class HaproxyProxy:
     def _applied(self) -> str:
         return self.proxy.config_path + ".applied"
 
-    def apply(self, config: str) -> bool:
+    def apply(self, routing: HostRouting) -> bool:
+        """The FrontProxy port: ``routing`` rendered with the shipped haproxy.cfg template, then applied."""
+        return self.apply_config(render_routing(routing, template_text(CONFIG_TEMPLATE), template_text(DEMAND_LUA)))
+
+    def apply_config(self, config: str) -> bool:
+        """Serve this rendered ``config`` (apply's second half; tests give it a config of their own)."""
         installed = self._install_unit()
         self._install_lua(config)
         path = self.proxy.config_path

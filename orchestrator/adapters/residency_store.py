@@ -1,5 +1,5 @@
 """ResidencyStore in its own SQLite file (residency.db in the state dir), opened as state.db is
-(adapters/sqlite_store.SqliteFile: a schema version, one locked connection, errors naming the file).
+(adapters/sqlite_file.SqliteFile: a schema version, one locked connection, errors naming the file).
 
 A file of its own so that the deployment records' schema and this one move independently."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from orchestrator.adapters.sqlite_store import Migration, SqliteFile, create_or_adopt
+from orchestrator.adapters.sqlite_file import Migration, SqliteFile, create_or_adopt
 from orchestrator.core.resident import SERVING, STATES, Residency
 from orchestrator.errors import StateError
 

@@ -1,7 +1,7 @@
 """Tune runs in the state store: what a run set out to measure and what each candidate gave.
 
 Its tables live in the same SQLite file as the deployments (schema version 3 of
-adapters/sqlite_store.py, which creates and migrates them). A candidate's row is written once its
+adapters/state_schema.py, which creates and migrates them). A candidate's row is written once its
 measurement is complete, so a resumed run never measures a candidate twice.
 """
 
@@ -12,12 +12,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from orchestrator.adapters.sqlite_store import SqliteFile
+from orchestrator.adapters.state_schema import StateFile
 from orchestrator.core.tune_records import RUNNING, TuneResult, TuneRun
 from orchestrator.errors import StateError
 
 
-class TuneStore(SqliteFile):
+class TuneStore(StateFile):
     """Tune runs and results, in the same state file as the deployments."""
 
     def create(self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None,

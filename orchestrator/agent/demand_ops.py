@@ -48,7 +48,7 @@ def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCa
         _leave_set(ops, host, dep.revision, [d.revision for d in rest])
         outcome = "asleep"
         try:
-            control = ctx.ports.engine_control
+            control = ctx.ports.engine_control_for(dep.spec)
             if control is None:
                 raise EngineError(f"host {host} has no engine control port")
             took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, dep.spec),

@@ -69,7 +69,10 @@ class HostView:
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
         self._routed: dict[str, tuple[float, int]] = {}  # model -> (when, how many) last answered ready
         self._released: dict[str, list[Ticket]] = {}  # model -> tickets answered ready, until HAProxy counts them
-        self._readings: dict[str, deque[tuple[float, int]]] = {}  # model -> (when, in flight) by HAProxy
+        # model -> (since when, in flight) as HAProxy counted it: one entry per change of the count, not per
+        # pass, so PEAK_S is a span of time however many passes read the box (a flood of turned-away requests
+        # reads it hundreds of times a second)
+        self._readings: dict[str, deque[tuple[float, int]]] = {}
         self._generation: dict[str, int] = {}  # host -> jobs started or ended there
         self._record_cache: dict[str, tuple[tuple[int, int], dict[str, Deployment], dict[str, Residency]]] = {}
         agent.jobs.observers.append(self._job_event)
@@ -190,10 +193,11 @@ class HostView:
         """The most HAProxy counted over the last PEAK_S (closed-loop clients leave gaps between an
         answer and their next request), or the requests just answered ready when more (it counts them
         late)."""
-        seen = self._readings.setdefault(model, deque(maxlen=256))
-        if not seen or seen[-1] != (now, current):
+        seen = self._readings.setdefault(model, deque())
+        if not seen or seen[-1][1] != current:
             seen.append((now, current))
-        while seen and seen[0][0] < now - PEAK_S:
+        # The count in effect when the span began stays: one is dropped once the next began before it.
+        while len(seen) > 1 and seen[1][0] <= now - PEAK_S:
             seen.popleft()
         peak = max(n for _, n in seen)
         when, n = self._routed.get(model, (0.0, 0))

@@ -17,7 +17,7 @@ from orchestrator.core import schedule as sched
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import DEMAND_LUA, render_host, render_unit, routes_for
 from orchestrator.core.records import UnitSpec
-from orchestrator.deploy.deployer import default_template, unit_spec
+from orchestrator.deploy.planning import default_template, unit_spec
 from orchestrator.errors import RenderError
 from orchestrator.resources import template_text
 

@@ -105,7 +105,7 @@ class Jobs:
             # caller that waits for ``done`` (or the broker's next swap on the host) reads it current.
             try:
                 self.on_finish(job)
-            except Exception:
+            except Exception:  # logged: the job's end (done, its waiters, the observers) must still come
                 log.exception("job_finish_failed", host=job.host, op=job.op)
             with self.lock:
                 self.running.pop(job.host, None)

@@ -100,7 +100,7 @@ def _push(be: Backend, config: str | None, local: bool, toml: str) -> dict[str, 
 
     from orchestrator import settings
     from orchestrator.agent.config_ops import ConfigRevisions
-    from orchestrator.deploy.deployer import default_trigger
+    from orchestrator.deploy.planning import default_trigger
 
     path = settings.config_path(config)
     running = settings.load(path)

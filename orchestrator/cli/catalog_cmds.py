@@ -18,7 +18,7 @@ from orchestrator.cli.target import catalog, local_only
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.multinode import render_nodes
 from orchestrator.core.render import RenderedUnit, load_deadline, render_agent_unit, render_unit
-from orchestrator.deploy.deployer import default_template
+from orchestrator.deploy.planning import default_template
 from orchestrator.engines import ENGINE
 from orchestrator.errors import UsageError
 from orchestrator.resources import template_text

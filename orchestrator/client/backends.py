@@ -78,7 +78,7 @@ class AgentClient(Backend):
         except OSError as exc:
             stream.close()
             raise AgentError(f"agent socket {self.path}: {op}: {exc.strerror or exc}") from exc
-        except BaseException:
+        except BaseException:  # anything else (an argument JSON cannot encode, Ctrl-C): close, re-raised as it was
             stream.close()
             raise
         return stream

@@ -176,6 +176,11 @@ def load_hosts(path: Path) -> dict[str, Target]:
                 raise ConfigError(f"{key} {clip(value)} must be an absolute path of letters, digits and . _ + - / "
                                   "with no '.' or '..' parts (it is run on the box as part of the relay's command)",
                                   file=str(path), key=f"{alias}.{key}")
+        for key in ("key", "known_hosts"):  # as deploy.toml's ssh_key: never relative to wherever the CLI runs
+            value = entry.get(key)
+            if value is not None and (not value.startswith(("/", "~/")) or not value.isprintable()):
+                raise ConfigError(f"{key} {clip(value)} must be an absolute path (or start with '~/'), one line of "
+                                  "printable characters", file=str(path), key=f"{alias}.{key}")
         out[alias] = Target(name=alias, address=base.address, port=base.port, user=base.user,
                             key=_expand(entry.get("key")), known_hosts=_expand(entry.get("known_hosts")),
                             python=entry.get("python", DEFAULT_PYTHON), socket=entry.get("socket"))

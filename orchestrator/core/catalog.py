@@ -124,7 +124,8 @@ class Catalog(Strict):
                 if too_high:
                     raise _KeyedError(f"models.{name}.gpus",
                                       f"GPU index {too_high[0]} is out of range: host {host.name} has "
-                                      f"{host.gpus} GPUs (0-{host.gpus - 1})")
+                                      + (f"{host.gpus} GPUs (0-{host.gpus - 1})" if host.gpus else
+                                         f"no GPUs (hosts.{host.name}.gpus = 0)"))
                 if model.nodes and model.tensor_parallel > host.gpus:
                     raise _KeyedError(f"models.{name}.tensor_parallel",
                                       f"tensor_parallel {model.tensor_parallel} is larger than node "

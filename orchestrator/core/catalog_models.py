@@ -27,12 +27,21 @@ from orchestrator.core.catalog_rules import (
 )
 from orchestrator.core.safety import shown
 from orchestrator.engines import ENGINE
+from orchestrator.engines.vllm_argv import KEYED, SWITCHES
 from orchestrator.secrets import secret_name, secret_value_kind
 
 # Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
 # (its loopback bind and the proxy's deny of the dev endpoints).
 DEV_MODE_ENV = ENGINE.dev_mode_env
 SLEEP_FLAGS = ENGINE.sleep_flags
+# Keys the unit renders a flag for only when they are set: unset, the flag may come through args
+# (adopt carries `--max-model-len 32k` there, a value the integer key cannot hold).
+_KEYED_WHEN_SET = frozenset({"max_model_len", "max_num_seqs"})
+# What core/multinode.py renders on every `ray start` line, and from where.
+RAY_START_FLAGS = {"--head": "the model's first node", "--address": "the first node's address and ray_port",
+                   "--port": "the model's `ray_port`", "--node-ip-address": "the host's node_address",
+                   "--num-gpus": "the model's `gpus`", "--temp-dir": "the unit's state directory",
+                   "--block": "the unit (it runs in the foreground)"}
 
 
 class Model(Strict):
@@ -122,7 +131,11 @@ class Model(Strict):
             raise ValueError(f"source {v!r} is not \"hub\", \"none\", \"local:/absolute/dir\" or "
                              "\"host:NAME\" (a host of this file that already staged the model)")
         if v.startswith("local:"):
-            outside_private_tmp(v.removeprefix("local:"), "local weights directory")
+            directory = v.removeprefix("local:")
+            if {".", ".."} & set(directory.split("/")):  # the unit runs the engine on it: say the real path
+                raise ValueError(f"source {shown(v)}: the local weights directory has a '.' or '..' part: "
+                                 "name the real path")
+            outside_private_tmp(directory, "local weights directory")
         return v
 
     @field_validator("args", "ray_args")
@@ -215,6 +228,33 @@ class Model(Strict):
                 f"data_parallel {self.data_parallel} = {need} GPUs, but gpus lists {len(self.gpus)}: "
                 f"{list(self.gpus)}")
         return self
+
+    @model_validator(mode="after")
+    def _args_not_keyed(self) -> Model:
+        # A flag the unit already renders from a key, given again in args, wins (the engine's parser takes
+        # the last): the engine would listen, serve or lay out otherwise than every check believes.
+        for i, arg in enumerate(self.args):
+            flag = arg.split("=", 1)[0]
+            key = KEYED.get(flag) or SWITCHES.get(flag)
+            if key is None or (key in _KEYED_WHEN_SET and getattr(self, key) is None):
+                continue
+            where = {"bind": "defaults.bind (or the host's bind)", "model": "the model's source (or the host's "
+                     "models_dir)"}.get(key, f"the model's `{key}`")
+            raise SubKeyError(f".args[{i}]", f"{shown(arg)}: the unit renders {flag} from {where}: set it there "
+                                             f"(a second {flag} in args would override it behind the product's checks)")
+        return self
+
+    @field_validator("ray_args")
+    @classmethod
+    def _ray_args_not_rendered(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # `ray start` (click) takes the last of a repeated option: these would move a node off what
+        # core/multinode renders and what the switch waits on (the head's port, the node's address, its GPUs).
+        for i, arg in enumerate(v):
+            flag = arg.split("=", 1)[0]
+            if flag in RAY_START_FLAGS:
+                raise SubKeyError(f"[{i}]", f"{shown(arg)}: the Ray units render {flag} from "
+                                            f"{RAY_START_FLAGS[flag]}: set it there")
+        return v
 
     @model_validator(mode="after")
     def _idle_order(self) -> Model:

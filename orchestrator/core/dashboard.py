@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from orchestrator.core.catalog_rules import Strict, socket_file
 from orchestrator.core.observed import GpuSnapshot
 from orchestrator.core.progress_text import warm_line
+from orchestrator.core.records import Mode
 from orchestrator.core.states import DOWN, Phase, phase_label, text_of
 
 
@@ -209,7 +210,11 @@ def progress_line(event: str, f: Mapping[str, Any]) -> str:
 
 def downtime_s(row: Mapping[str, Any]) -> float | None:
     """Seconds a deployment spent with nothing serving its GPUs (stop to ready), None if it never stopped
-    anything."""
+    anything. A handover or beside switch keeps the displaced engines serving until the route moves (a
+    graceful reload): its phases run beside the serving model, so it counts 0."""
+    mode = (row.get("plan") or {}).get("mode")
+    if mode in set(Mode) and Mode(mode).keeps_serving:
+        return 0.0
     spans = [p["seconds"] for p in row.get("phases") or [] if p["phase"] in DOWN and p["seconds"]]
     return round(sum(spans), 2) if spans else None
 

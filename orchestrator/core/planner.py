@@ -5,7 +5,9 @@ returns a Verdict with every reason (each naming the numbers and the vLLM source
 the valid layouts best first. It never raises on a config: garbage, truncated or unknown configs
 give a clean verdict (invalid with a reason when the shapes needed to decide are missing; unknown
 architectures get the generic checks plus a warning). See planner_rules.py for the shape rules and
-planner_memory.py for the memory math.
+planner_memory.py for the memory math. What the engine's loader demands (its memory rules, its
+defaults, whether and how it spreads experts) the planner asks the engine (``Engine.load_rules``,
+``engine=`` of check, layouts and plan; vLLM by default).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from orchestrator.core.planner_memory import (
     weights_per_gpu,
 )
 from orchestrator.core.planner_rules import shape_rules
+from orchestrator.engines import ENGINE, Engine, LoadRules
 
 __all__ = [
     "Hardware", "Layout", "Memory", "Plan", "Verdict", "Workload", "check", "check_disk",
@@ -82,22 +85,25 @@ class Hardware:
         return box if self.nodes == 1 else f"{self.nodes} nodes x {box}"
 
 
+_DEFAULTS = ENGINE.load_rules  # Workload's defaults: the default engine's
+
+
 @dataclass(frozen=True)
 class Workload:
     """What the KV cache must hold. max_model_len None means the model's max_position_embeddings.
 
-    vLLM refuses to start unless the KV cache holds at least one full-length sequence; set
-    min_full_sequences higher to demand room for that many concurrent full-length requests.
-    overhead_gib covers what vLLM's profiling run finds besides weights and KV cache (activation
-    peak, CUDA graphs, NCCL buffers, CUDA context).
+    The engine refuses to start unless the KV cache holds ``LoadRules.min_full_sequences`` full-length
+    sequences (vLLM: one); set min_full_sequences higher to demand room for that many concurrent
+    full-length requests. overhead_gib covers what the engine's profiling run finds besides weights and
+    KV cache (activation peak, CUDA graphs, NCCL buffers, CUDA context).
     """
 
     max_model_len: int | None = None
-    max_num_seqs: int = 256  # vLLM's scheduler cap; not a memory demand (requests are rarely full length)
-    min_full_sequences: int = 1
-    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = _DEFAULTS.max_num_seqs  # the scheduler's cap; not a memory demand
+    min_full_sequences: int = _DEFAULTS.min_full_sequences
+    gpu_memory_utilization: float = _DEFAULTS.gpu_memory_utilization
     kv_cache_dtype: str = "auto"
-    overhead_gib: float = 3.0
+    overhead_gib: float = _DEFAULTS.overhead_gib
 
 
 @dataclass(frozen=True)
@@ -176,7 +182,7 @@ def _as_mapping(config: object) -> Mapping[str, Any]:
 
 
 def _hardware_reasons(layout: Layout, hw: Hardware, wl: Workload, devices: Sequence[int] | None,
-                      reasons: list[str]) -> None:
+                      reasons: list[str], rules: LoadRules) -> None:
     """Checks on the layout numbers, the GPU count and indices, and the GPUs' free memory."""
     for name, value in (("TP", layout.tp), ("PP", layout.pp), ("DP", layout.dp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -204,8 +210,8 @@ def _hardware_reasons(layout: Layout, hw: Hardware, wl: Workload, devices: Seque
         if len(used) != layout.gpus:
             reasons.append(f"{layout} needs {layout.gpus} GPUs but {len(used)} indices were given: {used}")
     if hw.free_memory_gib is not None:
-        # vllm/v1/worker/gpu_worker.py init_device: free memory at start must cover utilization x total.
-        want = hw.gpu_memory_gib * wl.gpu_memory_utilization
+        # The engine's start rule (vLLM: gpu_worker.py init_device, free memory covers utilization x total).
+        want = rules.start_need_gib(hw.gpu_memory_gib, wl.gpu_memory_utilization)
         short = [(i, hw.free_memory_gib[i]) for i in used
                  if 0 <= i < len(hw.free_memory_gib) and hw.free_memory_gib[i] < want]
         for i, free in short:
@@ -233,8 +239,8 @@ def _node_warnings(layout: Layout, hw: Hardware) -> list[str]:
 
 
 def _memory(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_bytes: int | None,
-            reasons: list[str], warnings: list[str]) -> Memory | None:
-    weights = weights_per_gpu(m, layout.tp, layout.pp, layout.dp, layout.ep, weight_bytes)
+            reasons: list[str], warnings: list[str], rules: LoadRules) -> Memory | None:
+    weights = weights_per_gpu(m, layout.tp, layout.pp, layout.dp, layout.ep, weight_bytes, rules)
     if weights is None:
         warnings.append("memory not checked: no weight size (no safetensors index, and the config lacks "
                         "the shapes to estimate it)")
@@ -246,8 +252,7 @@ def _memory(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_byt
         max_len = 0
     elif m.max_position_embeddings and max_len > m.max_position_embeddings:
         warnings.append(f"max_model_len {max_len} exceeds max_position_embeddings "
-                        f"{m.max_position_embeddings}; vLLM refuses it unless rope scaling allows it or "
-                        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config/model.py)")
+                        f"{m.max_position_embeddings}; {rules.long_context}")
     full, sliding = kv_bytes_per_token(m, layout.tp, layout.pp, wl.kv_cache_dtype)
     per_seq = full * max_len + sliding * min(m.sliding_window or 0, max_len)
     seqs = max(wl.min_full_sequences, 1)
@@ -263,8 +268,7 @@ def _memory(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_byt
                        f"runtime overhead, over the budget of {budget:.1f} GiB "
                        f"({wl.gpu_memory_utilization} x {hw.gpu_memory_gib:.1f} GiB)")
     elif required > budget:
-        # vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory refuses a cache that cannot
-        # hold one max_model_len sequence.
+        # The engine refuses a cache that cannot hold min_full_sequences of max_model_len (rules.kv_rule).
         reasons.append(f"KV cache for {seqs} sequence(s) of {max_len} tokens needs {kv_gib:.1f} GiB per GPU "
                        f"but only {room:.1f} GiB is left after {weights_gib:.1f} GiB of weights and "
                        f"{wl.overhead_gib:.1f} GiB overhead (budget {budget:.1f} GiB); lower max_model_len "
@@ -278,10 +282,10 @@ def _memory(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_byt
 
 
 def _verdict(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_bytes: int | None,
-             devices: Sequence[int] | None = None) -> Verdict:
+             devices: Sequence[int] | None = None, rules: LoadRules = ENGINE.load_rules) -> Verdict:
     reasons: list[str] = []
     warnings: list[str] = []
-    _hardware_reasons(layout, hw, wl, devices, reasons)
+    _hardware_reasons(layout, hw, wl, devices, reasons, rules)
     if reasons and not all(isinstance(v, int) and v >= 1 for v in (layout.tp, layout.pp, layout.dp)):
         return Verdict(layout, False, tuple(reasons))
     missing = [k for k, v in (("num_hidden_layers", m.num_layers), ("hidden_size", m.hidden_size),
@@ -294,29 +298,30 @@ def _verdict(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_by
         warnings.append(f"architecture {m.architecture or m.model_type or 'unknown'} is not one the planner "
                         "knows: only generic checks ran")
     warnings.extend(m.problems)
-    found = shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep)
+    found = shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep, rules)
     reasons.extend(found.reasons)
     warnings.extend(found.warnings)
     warnings.extend(_node_warnings(layout, hw))
-    memory = _memory(m, layout, hw, wl, weight_bytes, reasons, warnings)
+    memory = _memory(m, layout, hw, wl, weight_bytes, reasons, warnings, rules)
     return Verdict(layout, not reasons, tuple(reasons), tuple(dict.fromkeys(warnings)), memory)
 
 
-def shape_reasons(config: Mapping[str, Any], layout: Layout) -> tuple[str, ...]:
+def shape_reasons(config: Mapping[str, Any], layout: Layout, *, engine: Engine = ENGINE) -> tuple[str, ...]:
     """Why the model's config.json alone refuses ``layout`` (vLLM's shape rules: heads, blocks, experts,
     layers): what is known before any host is read. Empty when the shapes allow it."""
     m = parse_model(_as_mapping(config))
-    return tuple(shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep).reasons)
+    return tuple(shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep, engine.load_rules).reasons)
 
 
 def check(config: Mapping[str, Any], layout: Layout, hw: Hardware, workload: Workload | None = None,
-          weight_bytes: int | None = None, devices: Sequence[int] | None = None) -> Verdict:
-    """Verdict for one layout; devices are the GPU indices to use (default the first N)."""
+          weight_bytes: int | None = None, devices: Sequence[int] | None = None, *,
+          engine: Engine = ENGINE) -> Verdict:
+    """Verdict for one layout on ``engine``; devices are the GPU indices to use (default the first N)."""
     m = parse_model(_as_mapping(config))
-    return _verdict(m, layout, hw, workload or Workload(), weight_bytes, devices)
+    return _verdict(m, layout, hw, workload or Workload(), weight_bytes, devices, engine.load_rules)
 
 
-def _candidates(m: ModelSpec, gpu_count: int) -> list[Layout]:
+def _candidates(m: ModelSpec, gpu_count: int, rules: LoadRules) -> list[Layout]:
     if gpu_count <= _MAX_ENUMERATED_GPUS:
         sizes = list(range(1, gpu_count + 1))
     else:
@@ -328,7 +333,7 @@ def _candidates(m: ModelSpec, gpu_count: int) -> list[Layout]:
                 if tp * pp * dp > gpu_count:
                     break
                 out.append(Layout(tp, pp, dp, False))
-                if m.is_moe and tp * dp > 1:
+                if m.is_moe and rules.expert_parallel is not None and rules.ep_size(tp, dp) > 1:
                     out.append(Layout(tp, pp, dp, True))
     return out
 
@@ -343,7 +348,7 @@ def _rank(m: ModelSpec, v: Verdict, hw: Hardware) -> tuple[float, ...]:
     return (crosses, lay.pp, -lay.gpus, replicated, ep_first, -seqs, lay.dp, lay.tp)
 
 
-def _why(m: ModelSpec, v: Verdict, hw: Hardware) -> str:
+def _why(m: ModelSpec, v: Verdict, hw: Hardware, rules: LoadRules) -> str:
     lay = v.layout
     parts = [f"uses all {hw.total_gpus} GPUs" if lay.gpus == hw.total_gpus
              else f"uses {lay.gpus} of {hw.total_gpus} GPUs, leaves {hw.total_gpus - lay.gpus} free"]
@@ -358,7 +363,7 @@ def _why(m: ModelSpec, v: Verdict, hw: Hardware) -> str:
         parts.append(f"{per} KV head{'s' if per > 1 else ''} per GPU" if lay.tp <= kv
                      else f"KV heads replicated {lay.tp // kv}x (TP {lay.tp} > {kv} KV heads)")
     if lay.ep and m.is_moe:
-        per = math.ceil(m.num_experts / (lay.tp * lay.dp))
+        per = math.ceil(m.num_experts / rules.ep_size(lay.tp, lay.dp))
         link = " (helps most on PCIe)" if hw.interconnect != "nvlink" else ""
         parts.append(f"expert parallel: {per} whole experts per GPU, no TP split of experts{link}")
     if lay.pp > 1:
@@ -370,22 +375,23 @@ def _why(m: ModelSpec, v: Verdict, hw: Hardware) -> str:
     return "; ".join(parts)
 
 
-def _valid_layouts(m: ModelSpec, hw: Hardware, wl: Workload, weight_bytes: int | None) -> list[Verdict]:
+def _valid_layouts(m: ModelSpec, hw: Hardware, wl: Workload, weight_bytes: int | None,
+                   rules: LoadRules) -> list[Verdict]:
     if not isinstance(hw.gpu_count, int) or hw.gpu_count < 1:
         return []
-    candidates = _candidates(m, hw.total_gpus)
+    candidates = _candidates(m, hw.total_gpus, rules)
     if hw.nodes > 1:  # a multi-node model uses every node
         candidates = [lay for lay in candidates if lay.gpus > hw.gpu_count * (hw.nodes - 1)]
-    valid = [v for v in (_verdict(m, lay, hw, wl, weight_bytes) for lay in candidates) if v.valid]
+    valid = [v for v in (_verdict(m, lay, hw, wl, weight_bytes, rules=rules) for lay in candidates) if v.valid]
     valid.sort(key=lambda v: _rank(m, v, hw))
-    return [replace(v, why=_why(m, v, hw)) for v in valid]
+    return [replace(v, why=_why(m, v, hw, rules)) for v in valid]
 
 
 def layouts(config: Mapping[str, Any], hw: Hardware, workload: Workload | None = None,
-            weight_bytes: int | None = None) -> tuple[Verdict, ...]:
-    """Every valid layout on this host, best first, each with its why."""
+            weight_bytes: int | None = None, *, engine: Engine = ENGINE) -> tuple[Verdict, ...]:
+    """Every valid layout of ``engine`` on this host, best first, each with its why."""
     m = parse_model(_as_mapping(config))
-    return tuple(_valid_layouts(m, hw, workload or Workload(), weight_bytes))
+    return tuple(_valid_layouts(m, hw, workload or Workload(), weight_bytes, engine.load_rules))
 
 
 def _fix(requested: Layout, valid: list[Verdict], hw: Hardware) -> str:
@@ -408,7 +414,8 @@ def _fix(requested: Layout, valid: list[Verdict], hw: Hardware) -> str:
 
 
 def plan(config: Mapping[str, Any], requested: Layout | None, hw: Hardware, workload: Workload | None = None,
-         weight_bytes: int | None = None, devices: Sequence[int] | None = None) -> Plan:
+         weight_bytes: int | None = None, devices: Sequence[int] | None = None, *,
+         engine: Engine = ENGINE) -> Plan:
     """The requested layout's verdict (with a fix when invalid) and the valid layouts best first.
 
     With requested None the best valid layout is checked, so ``valid`` answers "does any layout
@@ -416,13 +423,14 @@ def plan(config: Mapping[str, Any], requested: Layout | None, hw: Hardware, work
     """
     m = parse_model(_as_mapping(config))
     wl = workload or Workload()
-    valid = _valid_layouts(m, hw, wl, weight_bytes)
+    rules = engine.load_rules
+    valid = _valid_layouts(m, hw, wl, weight_bytes, rules)
     if requested is None:
         gpus = hw.gpu_count if isinstance(hw.gpu_count, int) and hw.gpu_count >= 1 else 1
         requested = valid[0].layout if valid else Layout(tp=gpus, pp=max(hw.nodes, 1))
-    verdict = _verdict(m, requested, hw, wl, weight_bytes, devices)
+    verdict = _verdict(m, requested, hw, wl, weight_bytes, devices, rules)
     if verdict.valid:
-        verdict = replace(verdict, why=_why(m, verdict, hw))
+        verdict = replace(verdict, why=_why(m, verdict, hw, rules))
     else:
         verdict = replace(verdict, fix=_fix(requested, valid, hw))
     return Plan(verdict, tuple(valid), _describe(m))

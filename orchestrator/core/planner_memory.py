@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.planner_arch import ModelSpec, QuantSpec
+from orchestrator.engines import ENGINE, LoadRules
 
 GIB = 1024**3
 
@@ -96,8 +97,9 @@ def estimate_weight_bytes(m: ModelSpec) -> int | None:
 
 
 def weights_per_gpu(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool,
-                    weight_bytes: int | None) -> float | None:
-    """Bytes of weights on the busiest GPU (the pipeline stage with the most layers)."""
+                    weight_bytes: int | None, rules: LoadRules = ENGINE.load_rules) -> float | None:
+    """Bytes of weights on the busiest GPU (the pipeline stage with the most layers); how experts
+    spread over the ranks is the engine's (``rules``)."""
     parts = components(m)
     if parts is None or parts.total <= 0:
         if weight_bytes is None:
@@ -108,12 +110,11 @@ def weights_per_gpu(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool,
     layers = m.num_layers or 1
     stage = math.ceil(layers / pp) / layers  # get_pp_indices (vllm/distributed/utils.py)
     if m.is_moe and ep:
-        # FusedMoEParallelConfig (fused_moe/config.py): with EP the experts are whole and spread
-        # over tp*dp ranks; the busiest rank holds ceil(E / ep_size) of them.
-        ep_size = tp * dp
-        experts = parts.experts * math.ceil(m.num_experts / ep_size) / max(m.num_experts, 1)
+        # With EP the experts are whole and spread over the engine's EP size; the busiest rank holds
+        # ceil(E / ep_size) of them (vLLM: FusedMoEParallelConfig, fused_moe/config.py).
+        experts = parts.experts * math.ceil(m.num_experts / rules.ep_size(tp, dp)) / max(m.num_experts, 1)
     else:
-        experts = parts.experts / (tp * dp)  # without EP, experts are TP-sharded over tp*dp ranks
+        experts = parts.experts / rules.moe_split(tp, dp, ep)  # without EP, experts are sharded
     per_layer = ((parts.attn + parts.dense_mlp + parts.shared_experts) / tp + experts
                  + parts.attn_replicated + parts.router)
     ends = parts.embed / tp + parts.lm_head / tp if pp == 1 else max(parts.embed, parts.lm_head) / tp

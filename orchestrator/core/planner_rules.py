@@ -2,7 +2,8 @@
 
 Each rule mirrors a check in vLLM's source (file named in the comment) and, when broken, yields a
 reason that names the numbers, so the operator sees the same arithmetic vLLM would fail on at load
-time, minutes or hours later, after the old model was already stopped.
+time, minutes or hours later, after the old model was already stopped. How experts spread over the
+ranks (expert parallel) and the flag that turns it on are the engine's (``LoadRules``), asked here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.core.planner_arch import ModelSpec
+from orchestrator.engines import ENGINE, LoadRules
 
 # vllm/model_executor/layers/vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE
 VOCAB_PADDING = 64
@@ -91,7 +93,7 @@ def vocab_rules(m: ModelSpec, tp: int, f: Findings) -> None:
                          " VocabParallelEmbedding)")
 
 
-def mlp_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings) -> None:
+def mlp_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings, rules: LoadRules = ENGINE.load_rules) -> None:
     q = m.quant
     cite = "vllm/model_executor/layers/linear.py MergedColumnParallelLinear"
     dense = [("intermediate_size", m.intermediate_size, q.dense_mlp, "dense MLP's"),
@@ -109,13 +111,13 @@ def mlp_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings) -> None:
     if not m.is_moe or not m.moe_intermediate_size:
         return
     size = m.moe_intermediate_size
-    # fused_moe/config.py FusedMoEParallelConfig.make: with EP each rank owns whole experts (the
-    # MoE layer's tp_size becomes 1); without EP the experts are TP-sharded over all tp*dp ranks
-    # (flatten_tp_across_dp), so DP does not spare the per-rank split.
-    if ep:
-        per, expr, moe_tp = size, f"moe_intermediate_size {size} (whole experts under EP)", 1
+    # The engine's split (vLLM: fused_moe/config.py FusedMoEParallelConfig.make): with EP each rank owns
+    # whole experts (the MoE layer's tp_size becomes 1); without EP the experts are TP-sharded over all
+    # tp*dp ranks (flatten_tp_across_dp), so DP does not spare the per-rank split.
+    moe_tp = rules.moe_split(tp, dp, ep)
+    if moe_tp == 1 and ep:
+        per, expr = size, f"moe_intermediate_size {size} (whole experts under EP)"
     else:
-        moe_tp = tp * dp
         label = f"TP {tp}" if dp == 1 else f"TP {tp} x DP {dp}"
         if size % moe_tp:
             f.reasons.append(f"moe_intermediate_size {size} is not divisible by {label} = {moe_tp} "
@@ -125,8 +127,9 @@ def mlp_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings) -> None:
     if not q.experts:
         return
     if q.block:
-        if not _block(f, "the MoE experts", per, q.block, moe_tp > 1, expr, _FP8_MOE) and not ep:
-            f.warnings.append("expert parallel (--enable-expert-parallel) keeps experts whole and lifts "
+        if not _block(f, "the MoE experts", per, q.block, moe_tp > 1, expr, _FP8_MOE) and not ep \
+                and rules.expert_parallel is not None:
+            f.warnings.append(f"expert parallel ({rules.expert_parallel}) keeps experts whole and lifts "
                               "the MoE block constraint")
     elif q.group_size and q.method != "mxfp4":
         # mxfp4 (gpt-oss) rounds the per-rank size up to its kernel's alignment: no hard rule.
@@ -161,13 +164,17 @@ def attention_block_rules(m: ModelSpec, tp: int, f: Findings) -> None:
     _block(f, "attention o_proj", o_in, (1, q.block[1]), True, "o_proj input per rank", _FP8_LINEAR)
 
 
-def expert_parallel_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings) -> None:
+def expert_parallel_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings,
+                          rules: LoadRules = ENGINE.load_rules) -> None:
     if not ep:
+        return
+    if rules.expert_parallel is None:
+        f.reasons.append("expert parallel: the engine has none")
         return
     if not m.is_moe:
         f.warnings.append("expert parallel has no effect: the model has no experts")
         return
-    size = tp * dp
+    size = rules.ep_size(tp, dp)
     # fused_moe layer.py determine_expert_map: experts are spread with the remainder on the first
     # ranks, so uneven is allowed; only EPLB requires an even split.
     if m.num_experts < size:
@@ -195,12 +202,12 @@ def pipeline_rules(m: ModelSpec, pp: int, f: Findings) -> None:
                           "unknown architecture, not verified")
 
 
-def shape_rules(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool) -> Findings:
+def shape_rules(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool, rules: LoadRules = ENGINE.load_rules) -> Findings:
     f = Findings()
     attention_rules(m, tp, f)
     vocab_rules(m, tp, f)
-    mlp_rules(m, tp, dp, ep, f)
+    mlp_rules(m, tp, dp, ep, f, rules)
     attention_block_rules(m, tp, f)
-    expert_parallel_rules(m, tp, dp, ep, f)
+    expert_parallel_rules(m, tp, dp, ep, f, rules)
     pipeline_rules(m, pp, f)
     return f

@@ -14,7 +14,6 @@ import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import Any
 
 import jinja2
@@ -22,22 +21,13 @@ import jinja2
 from orchestrator.core.beside import BesideFit
 from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.haproxy_cli import MARK
-from orchestrator.core.records import UnitSpec
+from orchestrator.core.records import Mode, UnitSpec
 from orchestrator.core.render import engine_address
 from orchestrator.engines import ENGINE
 from orchestrator.errors import RenderError, UsageError
 
 # The engine's control endpoints (sleep, wake_up, collective_rpc ...), never forwarded to any backend.
 ENGINE_CONTROL_PATHS = ENGINE.control_paths
-
-
-class Mode(StrEnum):
-    HANDOVER = "handover"  # start beside the old one, move the route, drain, stop: no downtime
-    # The GPUs overlap but both fit awake (core.beside): start or wake the target beside, check it,
-    # move the route, drain, then the old one sleeps or stops. No gap either.
-    BESIDE = "beside"
-    STOP_START = "stop_start"  # the GPUs overlap: stop, free, start; the route answers 503 meanwhile
-    ADD = "add"  # nothing serves this name yet: the models on its GPUs (if any) stop first
 
 
 @dataclass(frozen=True)
@@ -61,7 +51,7 @@ class SwitchPlan:
     @property
     def keeps_serving(self) -> bool:
         """The displaced engines serve until the route moves (nothing stops before the target starts)."""
-        return self.mode in (Mode.HANDOVER, Mode.BESIDE)
+        return self.mode.keeps_serving
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "mode": self.mode.value}
@@ -285,12 +275,40 @@ def haproxy_comment(value: object) -> str:
     return _plain(value, "comment text")
 
 
+@dataclass(frozen=True)
+class HostRouting:
+    """What a host's front proxy must do, as data: the FrontProxy port takes it and its adapter renders
+    it (``render_routing``). Its routes, the host's names on demand (held while they have no server)
+    and every catalog name it knows, how much of a body routing reads, the proxy's settings and bind."""
+
+    proxy: Proxy
+    bind: str
+    routes: tuple[Route, ...]
+    demand: tuple[DemandRoute, ...] = ()
+    demand_socket: str = ""
+    known: tuple[str, ...] = ()
+    body: BodyLimit = DEFAULT_BODY
+
+
+def host_routing(catalog: Catalog, host: str, bind: str, routes: Iterable[Route]) -> HostRouting:
+    """``host``'s routing: ``routes``, and what the catalog says of its names (on demand, known, body)."""
+    demand = tuple(demand_routes(catalog, host))
+    return HostRouting(proxy=catalog.proxy, bind=bind, routes=tuple(routes), demand=demand,
+                       demand_socket=catalog.demand_socket(),
+                       known=tuple(sorted({catalog.models[m].served for m in catalog.models_on(host)})),
+                       body=host_body_limit(catalog, host))
+
+
+def render_routing(routing: HostRouting, template: str, lua: str) -> str:
+    """The haproxy.cfg of ``routing``, with the hold (``lua``: demand_hold.lua) for its names on demand."""
+    return render_config(routing.proxy, routing.bind, routing.routes, template, demand=routing.demand,
+                         demand_socket=routing.demand_socket, lua=lua if routing.demand else "", known=routing.known,
+                         body=routing.body)
+
+
 def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route], template: str, lua: str) -> str:
     """``host``'s haproxy.cfg: ``routes``, and the hold (``lua``: demand_hold.lua) for its models on demand."""
-    demand = demand_routes(catalog, host)
-    known = sorted({catalog.models[m].served for m in catalog.models_on(host)})
-    return render_config(catalog.proxy, bind, routes, template, demand=demand, demand_socket=catalog.demand_socket(),
-                         lua=lua if demand else "", known=known, body=host_body_limit(catalog, host))
+    return render_routing(host_routing(catalog, host, bind, routes), template, lua)
 
 
 def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str, *,

@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from typing import Any
 
 from orchestrator.core.states import Fallback, Phase
+from orchestrator.engines import ENGINE
+
+
+class Mode(StrEnum):
+    """How a switch changes a host's serving set (core.proxy plans it; persisted with the deployment)."""
+
+    HANDOVER = "handover"  # start beside the old one, move the route, drain, stop: no downtime
+    # The GPUs overlap but both fit awake (core.beside): start or wake the target beside, check it,
+    # move the route, drain, then the old one sleeps or stops. No gap either.
+    BESIDE = "beside"
+    STOP_START = "stop_start"  # the GPUs overlap: stop, free, start; the route answers 503 meanwhile
+    ADD = "add"  # nothing serves this name yet: the models on its GPUs (if any) stop first
+
+    @property
+    def keeps_serving(self) -> bool:
+        """The displaced engines serve until the route moves (nothing stops before the target starts)."""
+        return self in (Mode.HANDOVER, Mode.BESIDE)
 
 
 def host_port(address: str, port: int) -> str:
@@ -61,6 +79,9 @@ class UnitSpec:
     # switch stops that process; the unit above (rendered from its entry) is what a rollback starts.
     pid: int | None = None
     pid_start: int | None = None
+    # The engine the unit runs (orchestrator.engines.ENGINES' key): it says whether the unit sleeps and
+    # which control (HostPorts.engine_control_for) puts it to sleep and wakes it. Older records: the default engine.
+    engine: str = ENGINE.name
 
     @property
     def node_hosts(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.resident import State
+from orchestrator.engines import ENGINE, engine_named
 
 # Float sums of GiB figures: a budget that fits exactly must not fail on rounding.
 _EPS = 1e-6
@@ -59,11 +60,13 @@ class Resident:
     level: str | None = None  # the level it sleeps at, when asleep
     last_served: float | None = None  # when it last served (epoch seconds); None: never
     served_name: str = ""  # the route it serves; a serving holder of the target's is displaced too
+    engine: str = ENGINE.name  # the engine it runs on: says which sleep levels keep the weights in RAM
 
     @property
     def ram_gib(self) -> float:
-        """Host RAM it holds while asleep."""
-        return self.weights_gib if (self.level or self.sleep) == "level1" else 0.0
+        """Host RAM it holds while asleep (its engine's level1 keeps the weights there, level2 drops them)."""
+        level = self.level or self.sleep
+        return self.weights_gib if level is not None and engine_named(self.engine).sleep_keeps_weights(level) else 0.0
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,11 @@ from collections.abc import Iterable, Mapping
 
 from orchestrator import logs
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
-from orchestrator.core.proxy import DEMAND_LUA, render_host, routes_for
+from orchestrator.core.proxy import host_routing, routes_for
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.warm import sleep_enabled
 from orchestrator.errors import GpuBusy, HealthCheckFailed, OrchestratorError, SystemdError, UnitNotFound
 from orchestrator.ports import FrontProxy
-from orchestrator.resources import template_text
 from orchestrator.secrets import redact
 
 log = logs.get_logger()
@@ -175,7 +173,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
                                         host=ctx.ports.host.name, unit=spec.unit_name)
             next_unit_check = clock.monotonic() + 1.0
         ok, last = probe.health(spec.base_url)
-        if ok and sleep_enabled(spec) and ctx.ports.engine_control is not None and _asleep(ctx, spec):
+        if ok and _asleep(ctx, spec):
             ok, last = False, f"GET {spec.base_url}/is_sleeping: true (/health answers 200 while asleep)"
         if ok:
             verdict = judge_models(probe.models(spec.base_url), spec.served_name)
@@ -207,9 +205,12 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
 
 
 def _asleep(ctx: StepContext, spec: UnitSpec) -> bool:
-    assert ctx.ports.engine_control is not None
+    """The engine says it sleeps (only an engine that runs the unit with sleep mode is asked)."""
+    control = ctx.ports.engine_control_for(spec)
+    if control is None:
+        return False
     try:
-        return ctx.ports.engine_control.is_sleeping(spec.base_url)
+        return control.is_sleeping(spec.base_url)
     except OrchestratorError:
         return False  # not answering: the completion will tell
 
@@ -237,8 +238,7 @@ def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = (),
     cfg = ctx.catalog.proxy
     host = ctx.ports.host
     bind = cfg.bind or host.bind or ctx.defaults.bind
-    changed = proxy.apply(render_host(ctx.catalog, host.name, bind, routes, template_text("haproxy.cfg.j2"),
-                                      template_text(DEMAND_LUA)))
+    changed = proxy.apply(host_routing(ctx.catalog, host.name, bind, routes))
     ctx.emit("routed", routes={r.name: r.target for r in routes}, changed=changed)
     return changed
 

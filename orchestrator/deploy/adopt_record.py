@@ -17,7 +17,8 @@ from orchestrator.core.render import engine_address, engine_argv, load_deadline,
 from orchestrator.deploy import actions
 from orchestrator.deploy.adopt import discover
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.deployer import record_running, unit_spec
+from orchestrator.deploy.deployer import record_running
+from orchestrator.deploy.planning import unit_spec
 from orchestrator.errors import AdoptError, OrchestratorError
 from orchestrator.ports import HostPorts, StateStore
 

@@ -20,9 +20,10 @@ from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, multinode
 from orchestrator.deploy.adopt import stop_processes
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.deployer import Deployer, default_template, default_trigger
+from orchestrator.deploy.deployer import Deployer
 from orchestrator.deploy.locks import activity_lock, host_lock
 from orchestrator.deploy.operations_views import OperationsViews
+from orchestrator.deploy.planning import default_template, default_trigger
 from orchestrator.deploy.preflight import check_access
 from orchestrator.deploy.warm_steps import loaded_asleep, sleeper_mib
 from orchestrator.errors import UsageError

@@ -10,17 +10,17 @@ from typing import Any
 from orchestrator.core import schedule as sched
 from orchestrator.core.doctor import report, unreachable_verdict
 from orchestrator.core.observed import UnitState
-from orchestrator.core.proxy import Mode, SwitchPlan
-from orchestrator.core.records import Deployment
+from orchestrator.core.proxy import SwitchPlan
+from orchestrator.core.records import Deployment, Mode
 from orchestrator.core.render import model_dir_for, render_unit
 from orchestrator.core.resident import ASLEEP
 from orchestrator.core.states import Phase
 from orchestrator.core.watch import to_bring_back
 from orchestrator.deploy import warm, warm_steps
 from orchestrator.deploy.context import StepContext
-from orchestrator.deploy.deployer import default_template
 from orchestrator.deploy.locks import host_held
 from orchestrator.deploy.operations_base import OperationsBase
+from orchestrator.deploy.planning import default_template
 from orchestrator.errors import OrchestratorError, TransportError, UsageError
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.sleep_memory import holdings, need_mib, sleep_excess, wake_blockers
-from orchestrator.engines import ENGINE
+from orchestrator.engines import engine_named
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, SleepLeftMemory
 from orchestrator.ports import Clock, EngineControl, GpuProbe
 
@@ -20,8 +20,9 @@ POLL_S = 0.05  # memory checks poll this often: a snapshot costs ~1 ms with NVML
 
 
 def sleep_enabled(spec: UnitSpec) -> bool:
-    """Whether the unit runs its engine with sleep mode (rendered only for a model with ``sleep``)."""
-    return ENGINE.sleeps(spec.unit_text)
+    """Whether the unit runs its engine with sleep mode (rendered only for a model with ``sleep``): its
+    engine reads the unit."""
+    return engine_named(spec.engine).sleeps(spec.unit_text)
 
 
 @dataclass(frozen=True)

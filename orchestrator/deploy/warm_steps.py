@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 from orchestrator.core import residency as rules
 from orchestrator.core.catalog import Catalog
-from orchestrator.core.proxy import Mode
-from orchestrator.core.records import Deployment, UnitSpec
+from orchestrator.core.records import Deployment, Mode, UnitSpec
 from orchestrator.core.resident import ASLEEP, SERVING, STOPPED, State
 from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, warm
 from orchestrator.deploy.context import StepContext, StepInput
 from orchestrator.deploy.warm import POLL_S, sleep_enabled
+from orchestrator.engines import engine_named
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, OrchestratorError, SleepLeftMemory
 from orchestrator.ports import HostPorts
 
@@ -38,8 +38,9 @@ def on_demand(ctx: StepContext, model: str) -> bool:
     return m is not None and m.on_demand
 
 
-def _level_number(level: str | None) -> int:
-    return 2 if level == "level2" else 1
+def _level_number(spec: UnitSpec, level: str | None) -> int:
+    """The level ``spec``'s engine's sleep API takes for a model's `sleep` (its engine says)."""
+    return engine_named(spec.engine).sleep_level(level or "level1")
 
 
 def residue_mib(ctx: StepContext) -> int:
@@ -72,21 +73,21 @@ def loaded_asleep(ports: HostPorts, catalog: Catalog, spec: UnitSpec) -> bool:
     """``spec``'s model sleeps at level 1 under this very unit: its engine loaded with it and holds its
     port and its weights (in host RAM); a wake starts no process and reads no file."""
     m = catalog.models.get(spec.model)
-    control = ports.engine_control
-    if m is None or m.sleep != "level1" or control is None or not sleep_enabled(spec) \
+    control = ports.engine_control_for(spec)
+    if m is None or m.sleep != "level1" or control is None \
             or ports.systemd.read_unit(spec.unit_name) != spec.unit_text \
             or not ports.systemd.unit_state(spec.unit_name).is_active:
         return False
     try:
-        return control.is_sleeping(spec.base_url)
+        return bool(control.is_sleeping(spec.base_url))
     except EngineError:
         return False
 
 
 def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:
     """The engine runs and says it sleeps (``/health`` answers 200 while asleep: it cannot tell)."""
-    control = ctx.ports.engine_control
-    if control is None or not sleep_enabled(spec) or not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
+    control = ctx.ports.engine_control_for(spec)
+    if control is None or not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
         return False
     try:
         return control.is_sleeping(spec.base_url)
@@ -98,10 +99,10 @@ def awake(ctx: StepContext, spec: UnitSpec) -> bool:
     """The engine runs and can answer: not asleep, and (with sleep mode) it answers ``/is_sleeping``.
     Only such an engine may have a route: a request sent to a sleeper waits for a wake that may never
     come, and one sent to an engine that does not answer hangs or is cut."""
-    control = ctx.ports.engine_control
+    control = ctx.ports.engine_control_for(spec)
     if not ctx.ports.systemd.unit_state(spec.unit_name).is_active:
         return False
-    if control is None or not sleep_enabled(spec):
+    if control is None:
         return True
     try:
         return not control.is_sleeping(spec.base_url)
@@ -244,17 +245,16 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
     ``window``: a warm switch's, with the route on its target: reuse what staging read."""
     decided = recorded_fate(step) or fate(ctx, step)
     asleep: set[str] = set()
-    control = ctx.ports.engine_control
     for d in leaving:
         spec, unit = d.spec, d.spec.unit_name
         if not ctx.ports.systemd.unit_state(unit).is_active:
             mark(ctx, d.model, STOPPED, unit=unit)
             continue
-        level = level_of(ctx, d.model)
-        if d.model in decided.sleep and control is not None and sleep_enabled(spec) and level is not None:
+        level, control = level_of(ctx, d.model), ctx.ports.engine_control_for(spec)
+        if d.model in decided.sleep and control is not None and level is not None:
             try:
                 took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec, reuse=window),
-                                           level=_level_number(level), residue_mib=residue_mib(ctx))
+                                           level=_level_number(spec, level), residue_mib=residue_mib(ctx))
                 size = decided.weights.get(d.model)
                 mark(ctx, d.model, ASLEEP, level=level, unit=unit,
                      weights_gib=weights_gib(ctx, spec) if size is None else size)
@@ -354,12 +354,12 @@ def verifying(ctx: StepContext, step: StepInput) -> None:
 def waking(ctx: StepContext, step: StepInput) -> None:
     """Wake the target and prove it with one completion within wake_deadline_s (else: wedged)."""
     dep = step.dep
-    control = ctx.ports.engine_control
+    control = ctx.ports.engine_control_for(dep.spec)
     assert control is not None  # staging reports warm only with an engine control
     level = level_of(ctx, dep.model)
     note(ctx, "wake_started", model=dep.model, level=level)
-    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec, reuse=True), level=_level_number(level),
-                             deadline_s=deadline_of(ctx, dep.model))
+    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec, reuse=True),
+                             level=_level_number(dep.spec, level), deadline_s=deadline_of(ctx, dep.model))
     note(ctx, "woken", model=dep.model, seconds=round(took, 3))
     mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
 
@@ -414,12 +414,12 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
         if not beside(step) and step.dep.went_through(Phase.SLEEPING):
             flush_held(ctx, spec)
         return
-    level, control = level_of(ctx, spec.model), ctx.ports.engine_control
+    level, control = level_of(ctx, spec.model), ctx.ports.engine_control_for(spec)
     healthy = rec is not None and rec.state == SERVING
-    if healthy and control is not None and level is not None and sleep_enabled(spec):
+    if healthy and control is not None and level is not None:
         try:
             warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
-                                level=_level_number(level), residue_mib=residue_mib(ctx))
+                                level=_level_number(spec, level), residue_mib=residue_mib(ctx))
             mark(ctx, spec.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
             note(ctx, "slept", model=spec.model, level=level)
             return
@@ -434,15 +434,15 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
 def flush_held(ctx: StepContext, spec: UnitSpec) -> None:
     """Wake a sleeper the route pointed at, let what it held finish, put it back to sleep; where the
     memory is not there, it stays asleep and says so (its held requests wait for its next wake)."""
-    control, level = ctx.ports.engine_control, level_of(ctx, spec.model)
+    control, level = ctx.ports.engine_control_for(spec), level_of(ctx, spec.model)
     if control is None or level is None:
         return
     eng = engine_of(ctx, spec)
     try:
         warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]))
-        warm.wake_checked(control, ctx.ports.clock, eng, level=_level_number(level),
+        warm.wake_checked(control, ctx.ports.clock, eng, level=_level_number(spec, level),
                           deadline_s=deadline_of(ctx, spec.model))
-        warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, eng, level=_level_number(level),
+        warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, eng, level=_level_number(spec, level),
                             residue_mib=residue_mib(ctx))
         note(ctx, "flushed", model=spec.model)
     except OrchestratorError as exc:
@@ -460,7 +460,7 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
         and ctx.ports.systemd.unit_state(spec.unit_name).is_active
     if not (resumed or is_asleep(ctx, spec)):
         return False
-    control = ctx.ports.engine_control
+    control = ctx.ports.engine_control_for(spec)
     assert control is not None
     eng = engine_of(ctx, spec)
     clock = ctx.ports.clock
@@ -475,7 +475,7 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
                 raise
         ctx.pause(0.2)
     try:
-        took = warm.wake_checked(control, clock, eng, level=_level_number(level_of(ctx, spec.model)),
+        took = warm.wake_checked(control, clock, eng, level=_level_number(spec, level_of(ctx, spec.model)),
                                  deadline_s=deadline_of(ctx, spec.model))
         note(ctx, "woken", model=spec.model, seconds=round(took, 3))
     except OrchestratorError as exc:

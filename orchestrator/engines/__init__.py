@@ -4,15 +4,31 @@ An engine says how to start a model (its command line and environment), how its 
 and how to tell its processes by their cgroup, which platform a command line runs on, whether a unit
 runs with sleep mode and which HTTP paths control the engine (the front proxy refuses them), where
 readiness is probed, and which log lines carry its own reason for failing. vLLM (``engines/vllm.py``)
-is the one implementation; a second engine is one more module beside it, plus its tests.
+is the one implementation; a second engine is one more module beside it, one entry in ``ENGINES``, plus
+its tests.
 """
 
 from __future__ import annotations
 
-from orchestrator.engines.base import Engine, Launch, SleepApi
+from collections.abc import Mapping
+
+from orchestrator.engines.base import Engine, Launch, LoadRules, SleepApi
 from orchestrator.engines.vllm import VLLM
+from orchestrator.errors import UsageError
 
-# The engine every model runs on (a second one would be chosen per model, by name, here).
+# The engine a model runs on when nothing names another (every model today).
 ENGINE: Engine = VLLM
+# Every engine, by the name a recorded unit spec keeps (UnitSpec.engine): the adapters of each (its
+# sleep-mode control) are chosen once per host from this table (orchestrator.wiring).
+ENGINES: Mapping[str, Engine] = {e.name: e for e in (VLLM,)}
 
-__all__ = ["ENGINE", "VLLM", "Engine", "Launch", "SleepApi"]
+
+def engine_named(name: str) -> Engine:
+    """The engine called ``name`` (a recorded unit spec's), else UsageError naming the known ones."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise UsageError(f"engine {name!r} is not known (known: {', '.join(sorted(ENGINES))})") from None
+
+
+__all__ = ["ENGINE", "ENGINES", "VLLM", "Engine", "Launch", "LoadRules", "SleepApi", "engine_named"]

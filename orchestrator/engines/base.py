@@ -19,6 +19,34 @@ class SleepApi:
 
 
 @dataclass(frozen=True)
+class LoadRules:
+    """What an engine's loader demands of a layout and of GPU memory: the engine's facts the planner
+    (core/planner*.py: the model's shapes and the arithmetic) asks instead of assuming them."""
+
+    overhead_gib: float  # what its profiling run finds besides weights and KV cache (activations, graphs, NCCL)
+    max_num_seqs: int  # its scheduler's default cap (not a memory demand)
+    gpu_memory_utilization: float  # its default share of each GPU
+    min_full_sequences: int  # the KV cache must hold this many max_model_len sequences, or it refuses to start
+    kv_rule: str  # where it refuses a KV cache too small (cited in the planner's reason)
+    start_rule: str  # where it refuses to start without utilization x total free (cited)
+    long_context: str  # what it does with max_model_len over max_position_embeddings
+    expert_parallel: str | None  # how a fix turns expert parallel on (its flag); None: the engine has none
+
+    def ep_size(self, tp: int, dp: int) -> int:
+        """The ranks experts are spread over with expert parallel."""
+        return tp * dp
+
+    def moe_split(self, tp: int, dp: int, ep: bool) -> int:
+        """The ranks each expert's weights are split over: with expert parallel none (whole experts
+        per rank), without it every TP rank of every DP replica."""
+        return 1 if ep else tp * dp
+
+    def start_need_gib(self, gpu_memory_gib: float, utilization: float) -> float:
+        """The free memory a GPU must have for the engine to start on it."""
+        return gpu_memory_gib * utilization
+
+
+@dataclass(frozen=True)
 class Launch:
     """What an engine needs to start one model (or one node's rank of it), from the catalog."""
 
@@ -91,6 +119,19 @@ class Engine(Protocol):
     @property
     def sleep_api(self) -> SleepApi:
         """Its sleep mode's HTTP paths (each one among control_paths)."""
+        ...
+
+    @property
+    def load_rules(self) -> LoadRules:
+        """What its loader demands of a layout and of GPU memory (the planner asks)."""
+        ...
+
+    def sleep_level(self, level: str) -> int:
+        """The level its sleep API takes for a model's `sleep` ("level1" -> 1, "level2" -> 2)."""
+        ...
+
+    def sleep_keeps_weights(self, level: str) -> bool:
+        """Whether a sleeper at ``level`` keeps its weights in host RAM (level1) or drops them (level2)."""
         ...
 
     @property

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.engines.base import Launch, SleepApi
+from orchestrator.engines.base import Launch, LoadRules, SleepApi
 
 # vLLM's engine-control endpoints, never forwarded to any backend: VLLM_SERVER_DEV_MODE=1 (which
 # sleep mode needs) opens vllm/entrypoints/serve/dev/{sleep,rpc,cache,server_info,rlhf}/api_router.py
@@ -54,9 +54,18 @@ try:
     for a in make_arg_parser(P())._actions:
         for s in a.option_strings:
             print("flag", s)
-except Exception as e:
+except Exception as e:  # vLLM's own code across releases, any failure: reported, and the doctor checks no flags
     print("noflags", type(e).__name__, e)
 """
+
+# What vLLM's loader demands (each rule cites the vLLM source the planner's message names).
+LOAD_RULES = LoadRules(
+    overhead_gib=3.0, max_num_seqs=256, gpu_memory_utilization=0.9, min_full_sequences=1,
+    kv_rule="vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory",
+    start_rule="vllm/v1/worker/gpu_worker.py init_device",
+    long_context="vLLM refuses it unless rope scaling allows it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config/model.py)",
+    expert_parallel=EP_FLAG,
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class Vllm:
     health_path: str = "/health"
     models_path: str = "/v1/models"
     completions_path: str = "/v1/completions"
+    load_rules: LoadRules = LOAD_RULES
 
     def unit_name(self, model: str) -> str:
         return f"vllm-{model}.service"
@@ -119,6 +129,12 @@ class Vllm:
 
     def sleeps(self, unit_text: str) -> bool:
         return SLEEP_FLAG in unit_text
+
+    def sleep_level(self, level: str) -> int:
+        return 2 if level == "level2" else 1
+
+    def sleep_keeps_weights(self, level: str) -> bool:
+        return level == "level1"  # level 2 drops them (reloaded from disk on wake)
 
     def node_args(self, *, nodes: int, rank: int, head_address: str, port: int,
                   data_parallel_local: int | None = None) -> tuple[str, ...]:

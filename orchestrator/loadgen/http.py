@@ -2,7 +2,7 @@
 
 aiohttp is the default when it is installed: its C parser costs ~9-10 us of CPU per streamed token
 against ~30-36 us for httpx (h11 handles each HTTP chunk, i.e. each token, in Python), measured
-with bench/loadgen.py's server at C=256. httpx (already a dependency) is the fallback.
+with bench/loadgen/loadgen.py's server at C=256. httpx (already a dependency) is the fallback.
 Both keep HTTP/1.1 connections alive, one per concurrent stream, and report transport failures
 as ``StreamError`` kinds: connect, timeout, connection_lost, bad_response.
 """
@@ -56,7 +56,7 @@ async def _hold_together(count: int, one: Callable[[Callable[[], Awaitable[objec
             await one(barrier.wait)
         except asyncio.BrokenBarrierError:
             return  # another copy failed: its error is the one raised
-        except BaseException:
+        except BaseException:  # any failure, cancellation included, breaks the meeting for the others; re-raised
             await barrier.abort()
             raise
 

@@ -1,6 +1,6 @@
 """In-process stand-ins for a fleet's box agents: the controller's real code (fan-out, store,
 decisions) against boxes that answer the agent's wire protocol over socket pairs, with a fake
-network delay and a switch that takes ``switch_s``. The unit tests and bench/fleet_sim.py use them.
+network delay and a switch that takes ``switch_s``. The unit tests and bench/fleet/fleet_sim.py use them.
 """
 
 from __future__ import annotations

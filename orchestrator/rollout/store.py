@@ -3,7 +3,7 @@
 Which hosts, in which batch, each host's state, the box's deployment id and outcome. Every change
 is committed before the controller acts on the next host, so a controller that died is resumed
 from here (`orchestrator rollout resume`) and never switches a host twice. The file is opened like
-state.db (adapters/sqlite_store.SqliteFile): a schema version, one locked connection, and every
+state.db (adapters/sqlite_file.SqliteFile): a schema version, one locked connection, and every
 SQLite failure a StateError naming the file.
 """
 
@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from orchestrator.adapters.sqlite_store import Migration, SqliteFile, create_or_adopt
+from orchestrator.adapters.sqlite_file import Migration, SqliteFile, create_or_adopt
 from orchestrator.core.rollout import HostRecord, HostState, Policy, Rollout, RolloutStatus
 from orchestrator.errors import StateError, StateStoreError
 

@@ -11,6 +11,7 @@ from typing import Literal
 from orchestrator.core.catalog import Host
 from orchestrator.core.commands import command_line
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
+from orchestrator.engines import VLLM, Engine
 from orchestrator.errors import (
     CommandFailed,
     EngineError,
@@ -70,7 +71,7 @@ class FakeHost:
         spec = host or Host(name=self.name, gpus=self.gpu_count)
         return HostPorts(host=spec, shell=FakeShell(self), systemd=FakeSystemd(self), gpus=FakeGpus(self),
                          health=FakeHealth(self), clock=self.clock, weights=weights,
-                         engine_control=FakeEngineControl(self))
+                         engine_controls={VLLM.name: FakeEngineControl(self)})
 
     def hold(self, gpus: Sequence[int], mib: int, name: str = "python", unit: str = "") -> int:
         pid = next(self._pids)
@@ -275,11 +276,14 @@ class FakeHealth:
 
 
 class FakeEngineControl:
-    """vLLM's sleep API on the fake host's units: a sleeper keeps ``residue_mib`` per GPU, a wake
-    without the memory fails with vLLM's words and wedges the engine, as measured on the H200."""
+    """An engine's sleep API (vLLM's by default) on the fake host's units: a sleeper keeps
+    ``residue_mib`` per GPU, a wake without the memory fails with vLLM's words and wedges the engine,
+    as measured on the H200."""
 
-    def __init__(self, world: FakeHost) -> None:
+    def __init__(self, world: FakeHost, engine: Engine = VLLM) -> None:
         self.w = world
+        self._api = engine.sleep_api
+        self._completions = engine.completions_path
 
     def _unit(self, base_url: str) -> tuple[str, _Unit]:
         found = FakeHealth(self.w)._unit_at(base_url)
@@ -311,7 +315,7 @@ class FakeEngineControl:
         name, _ = self._unit(base_url)
         self.w.calls.append(f"wake {name}" + (f" tags={','.join(tags)}" if tags else ""))
         if name in self.w.wedged:
-            raise EngineError(f"POST {base_url}/wake_up: HTTP 500: CUDA Error: invalid argument", status=500,
+            raise EngineError(f"POST {base_url}{self._api.wake}: HTTP 500: CUDA Error: invalid argument", status=500,
                               body="CUDA Error: invalid argument")
         if name not in self.w.sleeping or tags == ("weights",):
             return
@@ -322,7 +326,7 @@ class FakeEngineControl:
         if self.w.engine_behaviours.get(name) == "wedged_wake" or free < want:
             self.w.wedged.add(name)
             self._set_mib(name, mib + max(min(free, want), 0) // 2)
-            raise EngineError(f"POST {base_url}/wake_up: HTTP 500: CUDA Error: out of memory", status=500,
+            raise EngineError(f"POST {base_url}{self._api.wake}: HTTP 500: CUDA Error: out of memory", status=500,
                               body="CUDA Error: out of memory")
         self._set_mib(name, self.w.awake_mib.get(name, mib))
         del self.w.sleeping[name]
@@ -341,5 +345,5 @@ class FakeEngineControl:
         if name in self.w.sleeping or name in self.w.wedged or \
                 self.w.engine_behaviours.get(name) == "hangs_after_wake":
             self.w.clock.sleep(timeout)  # vLLM hangs it: no answer, no error
-            raise EngineError(f"POST {base_url}/v1/completions: no answer (ReadTimeout: {timeout:g} s)")
+            raise EngineError(f"POST {base_url}{self._completions}: no answer (ReadTimeout: {timeout:g} s)")
         return "x"

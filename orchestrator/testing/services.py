@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from orchestrator.core.proxy import DEMAND_LUA, HostRouting, render_routing
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.weights import StagedRevision
 from orchestrator.errors import ProxyError
 from orchestrator.ports import ProgressCallback, StagedWeights
+from orchestrator.resources import template_text
 
 
 class FakeWeights:
@@ -44,9 +46,11 @@ class FakeSmoke:
 
 
 class FakeProxy:
-    """The FrontProxy port in memory: the config it serves, every apply, and a port a test can take."""
+    """The FrontProxy port in memory: the routing it was given and the config the adapter would render
+    from it (the shipped template), every apply, and a port a test can take."""
 
     def __init__(self) -> None:
+        self.routing: HostRouting | None = None
         self.config: str | None = None
         self.applied: list[str] = []
         self.busy = 0
@@ -58,13 +62,14 @@ class FakeProxy:
         self.withdraws = 0  # withdraw calls that took (a test sets ``can_withdraw`` False to refuse them)
         self.can_withdraw = True
 
-    def apply(self, config: str) -> bool:
+    def apply(self, routing: HostRouting) -> bool:
+        config = render_routing(routing, template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA))
         if self.config == config and not self.withdrawn:
             return False
         self.withdrawn = []
         if self.config is None and self.taken_by:
             raise ProxyError(self.taken_by)
-        self.config = config
+        self.config, self.routing = config, routing
         self.applied.append(config)
         return True
 

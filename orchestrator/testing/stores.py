@@ -31,7 +31,7 @@ class FakeConfigStore:
         if then is not None:
             try:
                 then()
-            except BaseException:
+            except BaseException:  # any failure of ``then`` undoes the write, as the real transaction does; re-raised
                 if added:  # the transaction rolls back: the revision is not recorded either
                     self.revisions.pop()
                 raise

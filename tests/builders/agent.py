@@ -1,4 +1,4 @@
-"""Where the agent host tests (and bench/fleet_rollout.py, bench/on_demand.py) put a box's agent:
+"""Where the agent host tests (and bench/fleet/fleet_rollout.py, bench/on_demand.py) put a box's agent:
 config, state, hooks; installing it and running the CLI on the box."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A box's own agent for the fleet rollout tests and bench/fleet_rollout.py."""
+"""A box's own agent for the fleet rollout tests and bench/fleet/fleet_rollout.py."""
 
 from __future__ import annotations
 

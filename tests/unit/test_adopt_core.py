@@ -11,7 +11,7 @@ from orchestrator import settings
 from orchestrator.core import adopt as a
 from orchestrator.core import adopt_found as u
 from orchestrator.core.render import render_unit
-from orchestrator.deploy.deployer import default_template
+from orchestrator.deploy.planning import default_template
 from orchestrator.engines import vllm_argv as v
 from orchestrator.errors import AdoptError
 

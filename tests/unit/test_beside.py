@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from orchestrator.core.beside import Holder, beside_fit
 from orchestrator.core.observed import GpuInfo, GpuProcess, GpuSnapshot
-from orchestrator.core.proxy import Mode, Serving, plan_switch
-from orchestrator.core.records import UnitSpec
+from orchestrator.core.proxy import Serving, plan_switch
+from orchestrator.core.records import Mode, UnitSpec
 from orchestrator.core.sleep_memory import WAKE_MARGIN_MIB
 
 TOTAL = 143_771  # an H200 as nvidia-smi reports it

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.proxy import Mode
+from orchestrator.core.records import Mode
 from orchestrator.core.states import Phase
 
 from .conftest import make_catalog
@@ -231,8 +231,8 @@ def test_the_agent_killed_in_a_beside_switch_converges(tmp_path: Any, case: str,
     ports = host.ports(catalog.hosts["box"], FakeWeights())
     proxy = FakeProxy()
     ports.proxy = proxy
-    control = CrashingControl(ports.engine_control)
-    ports.engine_control = control
+    control = CrashingControl(ports.engine_controls["vllm"])
+    ports.engine_controls = {"vllm": control}
 
     def open_engine() -> tuple[Deployer, SqliteStore, SqliteResidencyStore]:
         store = SqliteStore(tmp_path / "state.db", group=None)

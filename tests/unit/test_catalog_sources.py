@@ -36,6 +36,7 @@ def models(cfg: Path) -> subprocess.CompletedProcess[str]:
     ("host:", SHA, "models.a.source: source 'host:' is not"),
     ("ftp://x", SHA, "models.a.source: source 'ftp://x' is not"),
     ("local:relative/dir", SHA, "models.a.source: source 'local:relative/dir' is not"),
+    ("local:/srv/../etc", SHA, "models.a.source: source 'local:/srv/../etc': the local weights directory has a '.'"),
 ])
 def test_bad_source_exits_2_naming_key_and_value(tmp_path: Path, source: str, revision: str,
                                                  message: str) -> None:

@@ -1,11 +1,11 @@
-"""bench/cpu_compare.sh: its own flags, checked before it starts a server."""
+"""bench/loadgen/cpu_compare.sh: its own flags, checked before it starts a server."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "cpu_compare.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "loadgen" / "cpu_compare.sh"
 
 
 def test_pinning_the_engine_alone_is_refused_naming_both_flags(tmp_path: Path) -> None:

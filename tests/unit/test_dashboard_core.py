@@ -76,6 +76,15 @@ def test_downtime_sums_the_phases_from_stop_to_ready() -> None:
     assert view.downtime_s(_row(2, "a", [("preflight", 1.0), ("aborted", None)])) is None
 
 
+def test_a_switch_that_keeps_serving_has_no_downtime() -> None:
+    """A handover or beside switch starts the target while the old model serves: its phases are no gap."""
+    phases = [("staging", 1.0), ("starting", 30.0), ("checking", 5.0), ("routing", 0.2), ("sleeping", 0.4),
+              ("active", None)]
+    for mode in ("handover", "beside"):
+        assert view.downtime_s({**_row(1, "a", phases), "plan": {"mode": mode, "reason": ""}}) == 0.0
+    assert view.downtime_s({**_row(1, "a", phases), "plan": {"mode": "stop_start", "reason": ""}}) == 35.6
+
+
 def test_downtime_series_is_oldest_first_with_one_series_per_model() -> None:
     """The chart's x axis runs forward in time; a model's series has gaps where another model deployed."""
     history = [_row(3, "b", [("stopping", 4.0)], at=300.0), _row(2, "a", [("preflight", 1.0)], at=200.0),

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator.agent.demand import Broker, Ticket
+from orchestrator.agent.demand_view import PEAK_S, SESSIONS_TTL_S
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.server import Jobs
 from orchestrator.core.haproxy_cli import Sessions
@@ -513,6 +514,24 @@ def test_requests_just_routed_count_as_in_flight(dw: DemandWorld) -> None:
     assert ticket.answer is not None and ticket.answer["status"] == 429 and "b is asked more" in ticket.answer["message"]
     dw.clock.sleep(1.5)
     assert dw.broker.open("a").answer is None
+
+
+def test_the_peak_in_flight_holds_for_peak_s_however_many_requests_are_turned_away(dw: DemandWorld) -> None:
+    """a serves 3 closed-loop clients and one reading counts 2 (a client between two requests): a lone
+    request for b is 429 for PEAK_S after the reading of 3, however many were turned away since (a flood
+    once pushed that reading out of a bounded list within a third of a second and let b take the GPUs)."""
+    dw.ops.switch("a")
+    spec = dw.store.serving_set("box")[0].spec
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=3, idle_s=0.0, total=3)
+    dw.broker.idle_tick()  # a reading of HAProxy's sessions
+    dw.clock.sleep(SESSIONS_TTL_S)
+    dw.proxy.counted[(spec.address, spec.port)] = Sessions(current=2, idle_s=0.0, total=4)
+    for _ in range(1000):
+        dw.clock.t += 0.5 / 1000  # turned away at 2000 a second, as clients that ignore Retry-After are
+        ticket = dw.broker.open("bee")
+        assert ticket.answer is not None and ticket.answer["status"] == 429, ticket.answer
+    dw.clock.sleep(PEAK_S)  # the reading of 3 is older than PEAK_S now: a is asked by 2, b may wait for it
+    assert dw.broker.open("bee").answer is None
 
 
 def test_a_request_after_an_abandoned_start_waits_for_the_next_decision(dw: DemandWorld) -> None:

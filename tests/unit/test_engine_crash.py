@@ -201,8 +201,8 @@ def test_the_agent_killed_in_a_warm_switch_converges(tmp_path: Path, case: str, 
     catalog = warm_catalog()
     ports = host.ports(catalog.hosts["box"], FakeWeights())
     ports.proxy = FakeProxy()
-    control = CrashingControl(ports.engine_control)
-    ports.engine_control = control
+    control = CrashingControl(ports.engine_controls["vllm"])
+    ports.engine_controls = {"vllm": control}
 
     def open_engine() -> tuple[Deployer, SqliteStore, SqliteResidencyStore]:
         store = SqliteStore(tmp_path / "state.db", group=None)

@@ -110,3 +110,9 @@ def test_the_sleep_api_is_among_the_control_paths_the_proxy_refuses() -> None:
     api = VLLM.sleep_api
     paths = (api.sleep, api.wake, api.is_sleeping, api.reload_weights, api.reset_prefix_cache)
     assert all(p in VLLM.control_paths for p in paths)
+
+
+def test_sleep_levels_and_what_a_sleeper_keeps_are_the_engines() -> None:
+    """vLLM's sleep API takes 1 or 2; level1 keeps the weights in host RAM, level2 drops them."""
+    assert (VLLM.sleep_level("level1"), VLLM.sleep_level("level2")) == (1, 2)
+    assert VLLM.sleep_keeps_weights("level1") and not VLLM.sleep_keeps_weights("level2")

@@ -186,3 +186,14 @@ def test_a_hostile_json_override_names_the_variable(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("ORCHESTRATOR_HOSTS", value)
     with pytest.raises(ConfigError, match="environment variable ORCHESTRATOR_HOSTS"):
         settings.load(tmp_path / "deploy.toml")
+
+
+@pytest.mark.parametrize(("key", "value"), [("key", "rel/id_ed25519"), ("known_hosts", "known_hosts"),
+                                            ("key", "/k\\nx")])
+def test_hosts_toml_ssh_file_relative_or_multiline_is_refused(tmp_path: Path, key: str, value: str) -> None:
+    """hosts.toml's key/known_hosts, like deploy.toml's: relative or not one printable line is exit 2 naming the key."""
+    (tmp_path / "hosts.toml").write_text(f'[gpu1]\nurl = "ssh://root@gpu1.lan"\n{key} = "{value}"\n')
+    with pytest.raises(ConfigError, match=rf"hosts\.toml: gpu1\.{key}: {key} .* must be an absolute path"):
+        load_hosts(tmp_path / "hosts.toml")
+    (tmp_path / "hosts.toml").write_text(f'[gpu1]\nurl = "ssh://root@gpu1.lan"\n{key} = "~/.ssh/x"\n')
+    assert load_hosts(tmp_path / "hosts.toml")["gpu1"].address == "gpu1.lan"

@@ -155,6 +155,22 @@ def test_ray_units_head_workers_and_engine() -> None:
     assert '"--distributed-executor-backend" "ray"' in r.api.text and '"RAY_ADDRESS=10.0.0.1:6379"' in r.api.text
 
 
+@pytest.mark.parametrize("backend", ["native", "ray"])
+def test_node_address_is_where_the_nodes_reach_each_other_not_address(backend: str) -> None:
+    """hosts.NAME.node_address set: the units name it (master/Ray address, VLLM_HOST_IP, --node-ip-address)
+    and never the host's address, which stays the orchestrator's way in over SSH."""
+    raw = catalog(backend).model_dump(mode="json", exclude_unset=True)
+    raw["hosts"]["g1"]["node_address"], raw["hosts"]["g2"]["node_address"] = "192.168.100.1", "192.168.100.2"
+    cat = Catalog.model_validate(raw)
+    r = render_nodes(cat, cat.models["big"], template_text)
+    texts = [r.api.text, *(n.unit_text for n in r.nodes)]
+    assert not any("10.0.0." in t for t in texts)
+    if backend == "native":
+        assert '"--master-addr" "192.168.100.1"' in r.api.text and '"VLLM_HOST_IP=192.168.100.2"' in r.nodes[0].unit_text
+    else:
+        assert '"--address" "192.168.100.1:6379" "--block" "--node-ip-address" "192.168.100.2"' in r.nodes[1].unit_text
+
+
 def test_ray_units_keep_ray_files_in_the_state_directory_and_take_ray_args() -> None:
     """Both Ray units: --temp-dir /var/lib/ray, no drain, short stop, ray_args last; only the head turns the dashboard off."""
     cat = catalog("ray", ray_args=["--num-cpus", "1"])

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.proxy import Mode
+from orchestrator.core.records import Mode
 from orchestrator.core.states import Phase
 from orchestrator.deploy.deployer import Deployer
 from orchestrator.errors import WeightsError

@@ -5,6 +5,7 @@ server that holds a request until told. What the idle loop of models on demand r
 from __future__ import annotations
 
 import signal
+import socketserver
 import sys
 import threading
 from collections.abc import Iterator
@@ -75,3 +76,48 @@ def test_sessions_asked_while_the_master_reloads_answer(tmp_path: Path) -> None:
             master.send_signal(signal.SIGUSR2)
             assert ("127.0.0.1", engine.port) in adapter.sessions([("127.0.0.1", engine.port)])
     engine.close()
+
+
+SHOW_PROC = """#<PID>          <type>          <reloads>       <uptime>        <version>
+100             master          1 [failed: 0]   0d00h00m09s     2.6.12-1+deb12u4
+# workers
+201             worker          0               0d00h00m01s     2.6.12-1+deb12u4
+# old workers
+200             worker          1               0d00h00m09s     2.6.12-1+deb12u4
+# programs
+
+"""
+STAT_HEAD = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,addr,lastsess\n"
+ANSWERS = {"show proc": SHOW_PROC,
+           "@!201 show stat": STAT_HEAD + "be_chat,chat,0,0,1,1,,5,127.0.0.1:8001,0\n",
+           "@!200 show stat": STAT_HEAD + "be_chat,chat,0,0,2,2,,40,127.0.0.1:8001,3\n"}
+
+
+class FakeMaster(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """HAProxy 2.6's master CLI as the adapter asks it, on a unix socket: `show proc` (a current worker
+    and an old one still holding 2 sessions on the engine; old workers are listed with type "worker")
+    and `@!PID show stat` of each."""
+
+    daemon_threads = True
+
+
+class _Answer(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        cmd = self.rfile.readline().decode().strip()
+        self.wfile.write(ANSWERS.get(cmd, "Unknown command.\n").encode())
+
+
+def test_sessions_in_process_and_as_a_script_count_the_same_workers_old_ones_included(tmp_path: Path) -> None:
+    """The agent's own box asks the master CLI in its process (local), another host through a script: from
+    the same master both count the current worker's session and the old worker's two (3 in flight), the
+    least idle time and the sessions of both."""
+    sock = str(tmp_path / "master.sock")
+    proxy = Proxy.model_construct(**{**Proxy().model_dump(), "enabled": True, "stats_socket": f"{tmp_path}/admin.sock"})
+    with FakeMaster(sock, _Answer) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            answers = [HaproxyProxy(LocalShell(), None, proxy, "127.0.0.1", "", python=sys.executable,  # type: ignore[arg-type]
+                                    local=local).sessions([("127.0.0.1", 8001)]) for local in (True, False)]
+        finally:
+            server.shutdown()
+    assert answers[0] == answers[1] == {("127.0.0.1", 8001): Sessions(current=3, idle_s=0.0, total=45)}

@@ -17,7 +17,7 @@ from orchestrator.adapters.local_shell import LocalShell
 from orchestrator.core.catalog import Proxy
 from orchestrator.core.haproxy_cli import Sessions
 from orchestrator.core.observed import UnitState
-from orchestrator.core.proxy import Route, sha
+from orchestrator.core.proxy import HostRouting, Route, sha
 from orchestrator.testing import FakeProxy
 from tests.builders.haproxy import Engine, free_port, haproxy, post, render_front
 from tests.hosts.wait import wait_for
@@ -93,10 +93,11 @@ def test_a_proxy_not_running_the_config_on_disk_refuses_to_withdraw(front: Front
 def test_the_fake_proxy_keeps_the_same_promises() -> None:
     """FakeProxy: refuses with nothing applied; after a withdraw the same config applies again (a reload)."""
     fake = FakeProxy()
+    routing = HostRouting(Proxy(enabled=True, port=9000), "127.0.0.1", (Route("m", "127.0.0.1", 1),))
     assert fake.withdraw([("127.0.0.1", 1)]) is False
-    assert fake.apply("cfg") is True and fake.apply("cfg") is False
+    assert fake.apply(routing) is True and fake.apply(routing) is False
     assert fake.withdraw([("127.0.0.1", 1)]) is True and fake.withdrawn == [("127.0.0.1", 1)]
-    assert fake.apply("cfg") is True and fake.withdrawn == []
+    assert fake.apply(routing) is True and fake.withdrawn == []
 
 
 

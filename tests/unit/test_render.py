@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from orchestrator import settings as deploy_settings
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.render import render_unit
-from orchestrator.deploy.deployer import default_template
+from orchestrator.deploy.planning import default_template
 from orchestrator.errors import ConfigError, OrchestratorError, RenderError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from orchestrator import settings
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.proxy import DEMAND_LUA, render_host, routes_for
 from orchestrator.core.records import ServingChange
-from orchestrator.deploy.deployer import default_template, unit_spec
+from orchestrator.deploy.planning import default_template, unit_spec
 from orchestrator.resources import template_text
 from tests.builders.toml import LOCAL_PROXY_BOX
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from orchestrator import settings
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.render import engine_address, engine_argv, engine_bind, render_unit
-from orchestrator.deploy.deployer import default_template
+from orchestrator.deploy.planning import default_template
 
 from .test_render import systemd_verify, verify_root
 

@@ -1,4 +1,4 @@
-"""bench/request_capture.py --order: how a run's requests reached a vLLM server, from its access lines."""
+"""bench/loadgen/request_capture.py --order: how a run's requests reached a vLLM server, from its access lines."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import request_capture  # bench/ is a folder of scripts
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "loadgen"))
+import request_capture  # bench/loadgen/ is a folder of scripts
 
 
 def access(port: int, request: str) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.adapters.sqlite_store import SCHEMA_VERSION, SqliteStore
+from orchestrator.adapters.sqlite_store import SqliteStore
+from orchestrator.adapters.state_schema import SCHEMA_VERSION
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.states import Phase
 from orchestrator.errors import StateStoreError

@@ -1,4 +1,4 @@
-"""bench/vllm_compare.py's verdict: the ratio of medians, every run kept, rounds paired by number."""
+"""bench/loadgen/vllm_compare.py's verdict: the ratio of medians, every run kept, rounds paired by number."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from vllm_compare import (  # bench/ is a folder of scripts
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "loadgen"))
+from vllm_compare import (  # bench/loadgen/ is a folder of scripts
     busiest,
     from_json,
     interpolate,

@@ -180,8 +180,9 @@ def test_a_sleeping_engine_is_not_healthy(ww: WarmWorld) -> None:
     ww.switch("alpha")
     dep = ww.store.serving_set("box")[0]
     assert ww.engine.is_healthy(dep)
-    assert ww.host.ports().engine_control is not None
-    ww.host.ports().engine_control.sleep(dep.spec.base_url, 1)
+    control = ww.host.ports().engine_control_for(dep.spec)
+    assert control is not None
+    control.sleep(dep.spec.base_url, 1)
     assert not ww.engine.is_healthy(dep)
 
 
