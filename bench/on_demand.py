@@ -45,6 +45,7 @@ from tests.builders.demand import AB, Answer, Client, demand_config, url
 from tests.hosts.pool import boot_hosts
 
 BATCH_WAIT_S = 1.0
+MAX_SWAPS_PER_MIN = 60  # the swap cap: swaps at least 60 / this seconds apart (core/demand.py swap_spacing_s)
 
 
 def spread(waits: list[float]) -> dict[str, float]:
@@ -77,16 +78,22 @@ def main() -> None:
     ap.add_argument("--cold-rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--summarise", action="store_true", help="only recompute the summary from bench/on_demand.json")
+    ap.add_argument("--profile-out", type=Path, help="also write the warm swaps' profile (their timelines) there")
+    ap.add_argument("--raw", type=Path, default=ROOT / "bench/on_demand.json", help="the raw file --summarise reads")
     args = ap.parse_args()
     if args.summarise:
-        report(json.loads((ROOT / "bench/on_demand.json").read_text()))
+        raw = json.loads(args.raw.read_text())
+        report(raw)
+        if args.profile_out:
+            args.profile_out.write_text(profile(raw))
         return
     hosts = boot_hosts(1)
     raw: dict[str, Any] = {"load_before": os.getloadavg(), "batch_wait_s": BATCH_WAIT_S}
     try:
         host = hosts.hosts[0]
         with tempfile.TemporaryDirectory() as tmp:
-            config = demand_config(host, Path(STATE), AB, max_swaps_per_min=60, batch_wait_s=BATCH_WAIT_S)
+            config = demand_config(host, Path(STATE), AB, max_swaps_per_min=MAX_SWAPS_PER_MIN,
+                                   batch_wait_s=BATCH_WAIT_S)
             config = config.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\n{standin_nvml(host)}", 1)
             install_agent(host, config, Path(tmp))
             cli(host, "switch", "beta")
@@ -131,6 +138,40 @@ def main() -> None:
         hosts.close()
     (ROOT / "bench/on_demand.json").write_text(json.dumps(raw, indent=1))
     report(raw)
+    if args.profile_out:
+        args.profile_out.write_text(profile(raw))
+
+
+def profile(raw: dict[str, Any]) -> str:
+    """Where each warm request's wait went, from the agent's own timeline of its swap (history's demand row:
+    the oldest held request's arrival, the decision, every progress event of the switch, the release of the
+    held requests, the swap's end; ms from the arrival), the client's answer beside it; then the median of
+    each step (from one mark to the next) across the swaps."""
+    swaps = raw["demand_deployments"]
+    out = ["Warm on-demand swaps, one client alternating beta/alpha (bench/on_demand.py, raw bench/on_demand.json):",
+           "ms from the held request's arrival at the agent (its oldest ticket) to each mark the agent recorded;",
+           "'answer' is the client's whole wait (it sent the request a few ms before the agent saw it).", ""]
+    steps: dict[str, list[int]] = {}
+    order: list[str] = []
+    for a in [Answer(**x) for x in raw["warm"] if x["status"] == 200]:
+        swap = next((d for d in swaps if d["model"] == a.model and a.w0 <= d["created_at"] <= a.w1), None)
+        marks = ((swap or {}).get("demand") or {}).get("timeline_ms") or []
+        if not marks:
+            continue
+        out.append(f"-> {a.model}: " + ", ".join(f"{what} {t}" for t, what in marks) + f", answer {ms(a.wait)}")
+        other = next((m for m in ("alpha", "beta") if m != a.model), "")
+        named = [(t, " ".join("target" if w == a.model else "displaced" if w == other else w for w in what.split()))
+                 for t, what in marks]
+        for (t0, w0), (t1, w1) in zip(named, [*named[1:], (round(1000 * a.wait), "answer")]):
+            key = f"{w0} -> {w1}"
+            if key not in steps:
+                order.append(key)
+            steps.setdefault(key, []).append(t1 - t0)
+    out += ["", "median ms per step (n swaps), in the order first seen:"]
+    for key in order:
+        vals = steps[key]
+        out.append(f"  {statistics.median(vals):7.0f}  ({len(vals):2d})  {key}")
+    return "\n".join(out) + "\n"
 
 
 PEAK_S = 1.5  # orchestrator/agent/demand_view.py: a model counts as in flight for the most HAProxy saw over this long
@@ -152,6 +193,9 @@ def against_floor(answers: list[Answer], lines: list[Line], service: dict[int, f
         busy = any(b.w0 <= a.w0 < b.w1 for b in others)
         recent = busy or any(b.w0 <= a.w0 < b.w1 + PEAK_S for b in others)
         bound = batch_wait_s if busy else 0.0
+        # the swap cap's wait: the previous swap began less than its spacing before this request came
+        before = [d["created_at"] for d in swaps if d["created_at"] < a.w0]
+        cap = max(0.0, max(before) + 60 / MAX_SWAPS_PER_MIN - a.w0) if before else 0.0
         swap = next((d for d in swaps if d["model"] == a.model and a.w0 <= d["created_at"] <= a.w1), None)
         split: dict[str, Any] = {}
         if swap is not None and swap.get("ended_at") is not None:
@@ -159,9 +203,14 @@ def against_floor(answers: list[Answer], lines: list[Line], service: dict[int, f
             split = {"arrival_to_swap": swap["created_at"] - a.w0, "swap": swap["ended_at"] - swap["created_at"],
                      "before_route": sum(phases.get(k, 0.0) for k in ("planned", "preflight", "staging")),
                      "swap_to_answer": a.w1 - swap["ended_at"], "phases": phases}
+            marks = {what.split()[0]: t / 1000 for t, what in (swap.get("demand") or {}).get("timeline_ms") or []}
+            if "decided" in marks and "released" in marks:  # the agent's own marks (ms from the arrival)
+                split.update(arrival_to_swap=marks["decided"], swap=marks["released"] - marks["decided"],
+                             swap_to_answer=a.wait - marks["released"])
         rows.append({"model": a.model, "status": a.status, "wait_s": a.wait, "swap": woke, "sleep_s": sleep,
                      "wake_s": steps["wake_s"] if woke else None, "floor_s": floor, "bound_s": bound,
                      "agent_bound_s": batch_wait_s if recent else 0.0, "excess_s": a.wait - floor - bound,
+                     "cap_s": cap if woke else 0.0,
                      "drain_s": steps["drain_s"] if woke else None, "split_s": split})
     return rows
 
@@ -183,15 +232,16 @@ def report(raw: dict[str, Any]) -> None:
           f"{ms(first)} ms, a 2-token request {ms(service[2])} ms, a 16-token one {ms(service[16])} ms (on an awake "
           f"engine's port: the floor's last part); load average before {la[0]:.1f}, after {lb[0]:.1f}")
     print("warm: one client alternating beta/alpha, every request waits for a swap")
-    print("  #  model  wait_ms sleep_ms wake_ms floor_ms bound_ms excess_ms agent_bound_ms drain_ms | "
-          "arrival->swap swap (preflight+staging) swap->answer")
+    print("  #  model  wait_ms sleep_ms wake_ms floor_ms bound_ms excess_ms agent_bound_ms drain_ms cap_ms | "
+          "arrival->swap swap (preflight+staging) swap->answer (swap: its decision to its release of the held "
+          "requests, or to its end)")
     swaps = raw["demand_deployments"]
     warm_rows = against_floor([a for a in warm if a.status == 200], lines, service, bw, swaps)
     for i, r in enumerate(warm_rows):
         sp = r["split_s"]
         print(f"{i + 1:3d}  {r['model']:6s} {ms(r['wait_s']):>7s} {ms(r['sleep_s']):>8s} {ms(r['wake_s']):>7s} "
               f"{ms(r['floor_s']):>8s} {ms(r['bound_s']):>8s} {ms(r['excess_s']):>9s} {ms(r['agent_bound_s']):>14s} "
-              f"{ms(r['drain_s']):>8s} | {ms(sp.get('arrival_to_swap')):>13s} {ms(sp.get('swap')):>4s} "
+              f"{ms(r['drain_s']):>8s} {ms(r.get('cap_s')):>6s} | {ms(sp.get('arrival_to_swap')):>13s} {ms(sp.get('swap')):>4s} "
               f"({ms(sp.get('before_route'))}) {ms(sp.get('swap_to_answer')):>17s}")
     mixed_rows = against_floor([a for a in mixed if a.status == 200], lines, service, bw, swaps)
     verdicts = []
@@ -211,7 +261,11 @@ def report(raw: dict[str, Any]) -> None:
               f"max {ms(worst)} ms; less the drain: median "
               f"{ms(statistics.median(r['excess_s'] - (r['drain_s'] or 0) for r in rows))} ms; against the bound "
               f"as the agent counts it (busy for {PEAK_S:g} s after a request): median "
-              f"{ms(statistics.median(r['excess_s'] + r['bound_s'] - r['agent_bound_s'] for r in rows))} ms")
+              f"{ms(statistics.median(r['excess_s'] + r['bound_s'] - r['agent_bound_s'] for r in rows))} ms; "
+              f"less the swap cap's wait too (max_swaps_per_min {MAX_SWAPS_PER_MIN}: swaps "
+              f"{60 / MAX_SWAPS_PER_MIN:g} s apart): median "
+              f"{ms(statistics.median(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))}"
+              f" ms, max {ms(max(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))} ms")
         for key in ("arrival_to_swap", "swap", "before_route", "swap_to_answer"):
             vals = [r["split_s"][key] for r in swaps if r["split_s"]]
             if vals:

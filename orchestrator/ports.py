@@ -335,6 +335,14 @@ class FrontProxy(Protocol):
         engines (address, port): 0 when they may stop; None when the proxy could not tell."""
         ...
 
+    def withdraw(self, engines: Sequence[tuple[str, int]]) -> bool:
+        """Models on demand: the running proxy stops sending requests to these engines (address, port)
+        at once, without a reload (a name on demand whose engine left is then held, others answer 503);
+        requests already there finish (``sessions`` counts them). The next ``apply`` reloads, whatever
+        it renders. False when it could not (the proxy does not run the config it was last given):
+        nothing changed, ``apply`` a config without them instead."""
+        ...
+
     def port_holder(self) -> str | None:
         """When the proxy does not run: what already listens on its address and port, else None."""
         ...

@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from orchestrator.adapters import haproxy_master
 from orchestrator.core.catalog import Proxy
@@ -22,10 +22,13 @@ from orchestrator.core.haproxy_cli import (
     Procs,
     Sessions,
     draining,
+    engine_servers,
     mark_commands,
     new_worker,
     parse_show_proc,
     sessions,
+    withdraw_commands,
+    withdrawn,
 )
 from orchestrator.core.observed import listens_on
 from orchestrator.core.proxy import (
@@ -157,20 +160,39 @@ class HaproxyProxy:
                              + "\n  ".join(tail), host=self.host, unit=UNIT) from exc
 
     def _master(self, mode: str, *commands: str) -> tuple[Procs | None, dict[int, OldWorker]]:
-        sock = master_socket(self.proxy)
-        if self.local:
-            out = haproxy_master.master(sock, mode, list(commands))
-        else:
-            result = self.shell.run([self.python, *_BARE, "-c", _MASTER_CLI, "master", sock, mode, *commands],
-                                    check=False, idempotent=True)
-            try:
-                out = json.loads(result.stdout) if result.ok else {}
-            except ValueError:
-                out = {}
+        out = self._master_cli(mode, *commands)
         procs = parse_show_proc(out.get("proc") or "")
         workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")), str(v.get("marks", "")))
                    for pid, v in (out.get("old") or {}).items()}
         return procs, workers
+
+    def _master_cli(self, mode: str, *commands: str) -> dict[str, Any]:
+        sock = master_socket(self.proxy)
+        if self.local:
+            return haproxy_master.master(sock, mode, list(commands))
+        result = self.shell.run([self.python, *_BARE, "-c", _MASTER_CLI, "master", sock, mode, *commands],
+                                check=False, idempotent=True)
+        try:
+            out = json.loads(result.stdout) if result.ok else {}
+        except ValueError:
+            out = {}
+        return out if isinstance(out, dict) else {}
+
+    def withdraw(self, engines: Sequence[tuple[str, int]]) -> bool:
+        """Models on demand: the running worker stops routing to ``engines`` now (runtime API, no reload);
+        False (nothing done: reload instead) unless the proxy runs the config on disk. The applied hash
+        is cleared first, so the next apply reloads whatever it renders (a crash in between included)."""
+        path = self.proxy.config_path
+        config, applied = self.shell.read_file(path), self.shell.read_file(self._applied)
+        if config is None or applied is None or applied.decode().strip() != sha(config.decode()) \
+                or not self.systemd.unit_state(UNIT).is_active:
+            return False
+        servers = engine_servers(config.decode(), engines)
+        if not servers:
+            return False  # not in the config it runs, as far as it reads: a reload is the sure way
+        self.shell.write_file(self._applied, b"withdrawn at runtime: the next apply reloads\n")
+        said = self._master_cli("proc", *withdraw_commands(servers)).get("said") or [""]
+        return withdrawn(str(said[-1]), servers)
 
     def _await(self, done: Callable[[Procs | None], T | None], what: str, before: Procs | None = None) -> T:
         """Poll the master CLI until ``done`` gives a value; a failed reload or the deadline raise."""

@@ -33,11 +33,10 @@ def ask(path: str, cmd: str) -> str | None:
 
 
 def master(path: str, mode: str, commands: list[str]) -> dict[str, Any]:
-    """Send ``commands`` (the drain's marks), then `show proc`; with mode "old" also `show info`, `show stat`
+    """Send ``commands`` (the drain's marks; their answers in "said"), then `show proc`; with mode "old" also `show info`, `show stat`
     and each backend's `get var proc.drained_<backend>` of every old worker (`@!PID` reaches a worker through
     the master). "proc" is None when the master did not answer."""
-    for cmd in commands:
-        ask(path, cmd)
+    said = [ask(path, cmd) or "" for cmd in commands]
     proc = ask(path, "show proc")
     old: dict[str, dict[str, str]] = {}
     if proc is not None and mode == "old":
@@ -52,7 +51,7 @@ def master(path: str, mode: str, commands: list[str]) -> dict[str, Any]:
                 marks = "".join(ask(path, "@!" + pid + " get var proc.drained_" + b) or "" for b in backends
                                 if b.replace("_", "").isalnum())
                 old[pid] = {"info": ask(path, "@!" + pid + " show info") or "", "stat": stat, "marks": marks}
-    return {"proc": proc, "old": old}
+    return {"proc": proc, "old": old, "said": said}
 
 
 def stats(path: str) -> list[str] | None:

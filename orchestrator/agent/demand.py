@@ -11,6 +11,7 @@ them after ``idle_stop_s``. What the policy sees of a host: agent/demand_view.py
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from orchestrator import logs
@@ -26,6 +27,7 @@ from orchestrator.ports import Clock
 log = logs.get_logger()
 
 TICK_S = 0.1  # the demand loop's pace while requests wait or a swap runs
+MIN_TICK_S = 0.005  # its shortest wait, up to the end of a bound (batch_wait_s, the swap cap)
 IDLE_TICK_S = 1.0  # the idle loop's longest wait
 
 
@@ -38,6 +40,9 @@ class Broker:
         self.view = HostView(agent, clock, self.waiting)
         self.jobs = DemandJobs(agent, clock, self.waiting, self.view)
         self._ids = 0
+        # set when a request is held or a job ends: the demand loop's next pass runs at once
+        self.wake = threading.Event()
+        agent.jobs.observers.append(lambda what, job: self.wake.set() if what == "finished" else None)
 
     @property
     def running(self) -> dict[str, Swap]:
@@ -73,8 +78,9 @@ class Broker:
             ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream,
                             limit_s=catalog.demand_deadline(model, cold=True))
             w.last_request[model] = now
-            if routable(box, model):
+            if routable(box, model) or self.jobs.released(host, model):
                 self.jobs.answer(ticket, {"ready": True}, "ready")
+                self.view.routed(model, now, [ticket])
                 return ticket
             reject = policy.admit(box, model, now)
             if reject is not None:
@@ -83,6 +89,7 @@ class Broker:
             w.tickets.setdefault(model, []).append(ticket)
             self.agent.metrics.demand_queue(model, len(w.tickets[model]))
             log.info("demand_held", model=model, ticket=ticket.id, queued=len(w.tickets[model]))
+            self.wake.set()
             return ticket
 
     def cancel(self, ticket: Ticket) -> None:
@@ -99,6 +106,10 @@ class Broker:
             if swap is not None and swap.model == ticket.model:
                 swap.cancelled += 1
 
+    def taken(self, ticket: Ticket) -> None:
+        """The proxy took ``ticket``'s ready answer (it closed its end): HAProxy counts the request from now."""
+        ticket.taken_at = self.clock.monotonic()
+
     def position(self, ticket: Ticket) -> int:
         """Its place in its model's queue (0: not queued); without the lock, so a connection's waiting
         lines never wait for a pass that holds it (the proxy takes 5 s of silence for a dead agent)."""
@@ -112,21 +123,24 @@ class Broker:
         """One pass of the demand loop; returns the seconds to wait."""
         now = self.clock.monotonic()
         w = self.waiting
+        wait = TICK_S
         for host in self.view.hosts():
-            if w.waits_on(host):
-                self.view.refresh(host, now)
+            if w.waits_on(host):  # a reading since the oldest held request came: what is in flight now
+                self.view.refresh(host, now, after=w.oldest(host))
             with self.lock:
                 self.jobs.finish(host, now)
                 if not any(t.host == host for q in w.tickets.values() for t in q):
                     continue
                 box = self.view.box(host, now, sessions=True)
-                self._answer_ready(box, now)
+                self._answer_ready(host, box, now)
                 action = policy.decide(box, now)
                 if action.kind in (Kind.WAKE, Kind.START):
                     self.jobs.start(host, action, now)
+                elif action.until is not None:  # the batching bound or the swap cap ends then: be there
+                    wait = min(wait, max(MIN_TICK_S, action.until - now))
         with self.lock:
             busy = bool(w.running) or any(w.tickets.values())
-        return TICK_S if busy else 0.5
+        return wait if busy else 0.5
 
     def idle_tick(self) -> float:
         """One pass of the idle loop: the first idle model of each host goes to sleep or stops."""
@@ -150,16 +164,16 @@ class Broker:
                     self.jobs.idle(host, action)
         return min(waits)
 
-    def _answer_ready(self, box: Box, now: float) -> None:
+    def _answer_ready(self, host: str, box: Box, now: float) -> None:
         """Tickets whose model serves are routed; those held past their deadline are answered."""
         for model, queue in list(self.waiting.tickets.items()):
             if model not in box.models:
                 continue
-            if routable(box, model):
+            if routable(box, model) or self.jobs.released(host, model):
                 for t in queue:
                     self.jobs.answer(t, {"ready": True}, "ready")
                 if queue:
-                    self.view.routed(model, now, len(queue))
+                    self.view.routed(model, now, list(queue))
                 queue.clear()
             coming = box.running == model
             for t in [t for t in queue if now - t.arrived >= (t.limit_s if coming else t.deadline_s)]:

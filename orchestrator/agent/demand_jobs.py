@@ -46,10 +46,23 @@ class DemandJobs:
         swap = Swap(model, cold, now)
         trigger = f"demand:{model}"
         w = self.waiting
+        swap.arrived = min((t.arrived for t in w.tickets.get(model, [])), default=None)
+        if swap.arrived is not None:
+            swap.mark(swap.arrived, "arrival")
+        swap.mark(now, "decided")
 
         def run(job: Job) -> dict[str, Any]:
+            publish = _publisher(job)
+
+            def progress(event: str, fields: dict[str, Any]) -> None:
+                publish(event, fields)
+                if event not in QUIET:
+                    swap.mark(self.clock.monotonic(), _what(event, fields))
+                if event == "phase" and fields.get("model") == model:
+                    self._phase(host, swap, str(fields.get("phase")))
+
             try:
-                result = self.agent.ops.switch(model, trigger=trigger, progress=_publisher(job),
+                result = self.agent.ops.switch(model, trigger=trigger, progress=progress,
                                                abandon=(lambda: self._abandon(host, model)) if cold else None)
             except OrchestratorError as exc:
                 with w.lock:
@@ -71,6 +84,35 @@ class DemandJobs:
         self.agent.metrics.demand_swap(host, model, action.kind.value, displacing=action.swap)
         log.info("demand_swap", host=host, model=model, kind=action.kind.value, displaces=list(action.displaces),
                  reason=action.reason)
+
+    def _phase(self, host: str, swap: Swap, phase: str) -> None:
+        """The swap's switch entered ``phase``: at `routing` its target has been checked awake (a real
+        completion: waking's, or checking's), so the requests held for it go now, not after the
+        proxy's reload and the switch's end; a rollback after that holds the later ones again."""
+        with self.waiting.lock:
+            if phase == Phase.ROUTING.value:
+                swap.released = True
+                self.release(swap, self.clock.monotonic())
+            elif phase == Phase.ROLLING_BACK.value:
+                swap.released = False
+
+    def release(self, swap: Swap, now: float) -> None:
+        """Answer ready every request waiting for ``swap``'s model (its target serves)."""
+        queue = self.waiting.tickets.get(swap.model, [])
+        if not queue:
+            return
+        for t in queue:
+            self.answer(t, {"ready": True}, "ready")
+        swap.mark(now, f"released {len(queue)}")
+        self.view.routed(swap.model, now, list(queue))
+        swap.waits.extend(now - t.arrived for t in queue)
+        queue.clear()
+        self.agent.metrics.demand_queue(swap.model, 0)
+
+    def released(self, host: str, model: str) -> bool:
+        """Whether requests for ``model`` go to its engine now because its swap released them."""
+        swap = self.waiting.running.get(host)
+        return swap is not None and swap.model == model and swap.released
 
     def _abandon(self, host: str, model: str) -> str | None:
         w = self.waiting
@@ -98,6 +140,7 @@ class DemandJobs:
         now = self.clock.monotonic()
         w = self.waiting
         swap.settled = True
+        swap.mark(now, "settled")
         switched = SwitchResult.from_dict(result.get("result") or {})
         outcome = switched.ended
         waiting = w.tickets.pop(swap.model, [])
@@ -105,7 +148,8 @@ class DemandJobs:
         if switched.outcome is Phase.ACTIVE:
             for t in waiting:
                 self.answer(t, {"ready": True}, "ready")
-            self.view.routed(swap.model, now, len(waiting))  # not yet in HAProxy's scur
+            if waiting:
+                self.view.routed(swap.model, now, waiting)  # not yet in HAProxy's scur
         elif swap.abandoned and waiting:
             w.tickets[swap.model] = waiting  # they came after it was given up: the next pass decides
             self.agent.metrics.demand_queue(swap.model, len(waiting))
@@ -123,11 +167,12 @@ class DemandJobs:
                 self.answer(t, {"status": 503, "message": message,
                                 "retry_after_s": self.agent.catalog.proxy.retry_after_s}, "503")
         dep = switched.deployment_id
-        waits = sorted(round(now - t.arrived, 3) for t in waiting)
+        waits = sorted(round(w, 3) for w in [*swap.waits, *(now - t.arrived for t in waiting)])
         self.agent.ops.record_event(self.clock.now(), host, "demand", {
             "deployment_id": dep, "model": swap.model, "outcome": outcome, "cold": swap.cold,
-            "requests": len(waiting), "cancelled": swap.cancelled, "waits_s": waits[:100],
-            "wait_max_s": waits[-1] if waits else None, "took_s": round(now - swap.started, 3)})
+            "requests": len(waits), "cancelled": swap.cancelled, "waits_s": waits[:100],
+            "wait_max_s": waits[-1] if waits else None, "took_s": round(now - swap.started, 3),
+            "timeline_ms": swap.timeline_ms()})
 
     def idle(self, host: str, action: policy.Action) -> None:
         model, kind = action.model, action.kind
@@ -145,6 +190,18 @@ class DemandJobs:
         except Busy:
             return
         log.info("demand_idle", host=host, model=model, action=kind.value, reason=action.reason)
+
+
+QUIET = frozenset({"waiting", "stage_progress"})  # progress lines a swap's timeline leaves out (many, no step)
+
+
+def _what(event: str, fields: dict[str, Any]) -> str:
+    """One progress event as a timeline mark: the event, the phase it enters, and what it is about."""
+    if event == "phase":
+        return f"phase {fields.get('phase')}"
+    about = fields.get("model") or fields.get("unit")
+    changed = fields.get("changed")
+    return " ".join(str(x) for x in (event, about, "(reloaded)" if changed is True else None) if x)
 
 
 def _publisher(job: Job) -> Callable[[str, dict[str, Any]], None]:

@@ -42,6 +42,7 @@ log = logs.get_logger()
 
 MAX_LINE = 4096
 READ_TIMEOUT_S = 5.0
+TAKEN_WAIT_S = 2.0  # how long a ready answer's connection waits for the proxy to close its end
 BEAT_S = 0.5  # the waiting lines' pace: twice the promised once a second, so one late line is no alarm
 MAX_CONNECTIONS = 4096  # each held request is one connection; queue_limit bounds them per model
 PROXY_USER = "haproxy"  # Debian's package account: HAProxy's `user` when it drops root
@@ -195,11 +196,22 @@ class _Handler(socketserver.BaseRequestHandler):
                         broker.cancel(ticket)
                         return
             self._send(ticket.answer)
+            if ticket.answer.get("ready") is True:
+                sock.shutdown(socket.SHUT_WR)  # the last line: a reader until the end has it
+                if _closed_within(sock, TAKEN_WAIT_S):
+                    broker.taken(ticket)  # the hold ended: HAProxy sends the request on in the same pass
         finally:
             ticket.close()
 
     def _send(self, obj: dict[str, Any]) -> None:
         self.request.sendall(encode(obj))
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the peer closed its end within ``seconds`` (the hold's Lua closes as it reads its answer)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLHUP)
+    return bool(poller.poll(seconds * 1000)) and not _alive(sock)
 
 
 def _alive(sock: socket.socket) -> bool:

@@ -209,7 +209,7 @@ class DemandService:
             self._halt.set()
         self.loops = [
             Loop("demand", self.broker.tick, stopping=self._halt, clock=self.clock, failures=self.failures,
-                 limit_s=stall_limit(1.0), retry_s=0.5),
+                 limit_s=stall_limit(1.0), retry_s=0.5, wake=self.broker.wake),
             Loop("demand_idle", self.broker.idle_tick, stopping=self._halt, clock=self.clock,
                  failures=self.failures, limit_s=stall_limit(1.0)),
         ]
@@ -219,6 +219,7 @@ class DemandService:
 
     def _stop(self, why: str) -> None:
         self._halt.set()
+        self.broker.wake.set()  # the demand loop waits on it
         for loop in self.loops:
             if loop.thread.is_alive():
                 loop.thread.join(JOIN_S)

@@ -27,6 +27,10 @@ class Ticket:
     limit_s: float = 0.0  # the longest it is held: the cold deadline (the proxy holds it 2 s longer)
     answer: dict[str, Any] | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    answered_at: float | None = None  # when it was answered (monotonic)
+    # ready, and the proxy took it (closed its end of the demand socket): HAProxy counts it at its
+    # engine from a moment after this (monotonic; None: not yet, or not known)
+    taken_at: float | None = None
     # written to when answered, so a connection's handler can wait on its socket and the answer at once
     _pipe: tuple[int, int] | None = None
 
@@ -50,6 +54,9 @@ class Ticket:
             self._pipe = None
 
 
+TIMELINE_MAX = 80  # a swap's timeline keeps this many marks (a cold start's waiting lines are left out)
+
+
 @dataclass
 class Swap:
     """The on-demand switch running on a host."""
@@ -61,6 +68,23 @@ class Swap:
     cancelled: int = 0  # its requests that went away meanwhile
     settled: bool = False  # its requests were answered from its result
     abandoned: bool = False  # given up: nobody waited any more
+    # its target checked awake (the switch entered `routing`): its requests go to the engine from then
+    # on, before the proxy's reload that routes it; cleared if the switch then rolls back
+    released: bool = False
+    waits: list[float] = field(default_factory=list)  # the waits of the requests it released
+    arrived: float | None = None  # its oldest waiting request's arrival (monotonic), where its wait began
+    # (monotonic, what): the swap's own progress as its job reported it, with the broker's marks (decided,
+    # released, settled): where a held request's wait goes, recorded with the swap (history's demand row)
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+
+    def mark(self, at: float, what: str) -> None:
+        if len(self.timeline) < TIMELINE_MAX:
+            self.timeline.append((at, what))
+
+    def timeline_ms(self) -> list[tuple[int, str]]:
+        """The timeline in ms from the oldest request's arrival (else from the swap's start)."""
+        base = self.arrived if self.arrived is not None else self.started
+        return [(round(1000 * (t - base)), what) for t, what in self.timeline]
 
 
 @dataclass
@@ -79,6 +103,10 @@ class Waiting:
     yielding: dict[str, str] = field(default_factory=dict)  # host -> the operator's operation waiting for our job
     backoff: dict[str, tuple[float, str]] = field(default_factory=dict)  # host -> (until, why): its lock held elsewhere
 
+    def oldest(self, host: str) -> float | None:
+        """When the oldest request held for a model of ``host`` arrived (None: none waits)."""
+        return min((t.arrived for q in list(self.tickets.values()) for t in list(q) if t.host == host), default=None)
+
     def waits_on(self, host: str) -> bool:
         """Whether a request for a model of ``host`` waits."""
         return any(t.host == host for q in list(self.tickets.values()) for t in list(q))
@@ -90,6 +118,7 @@ def reply(reject: Reject) -> dict[str, Any]:
 
 def answer(ticket: Ticket, answer: dict[str, Any], outcome: str, metrics: Metrics, now: float) -> None:
     """Settle ``ticket`` and count how it ended (its wait; a refusal by status)."""
+    ticket.answered_at = now
     ticket.settle(answer)
     if ticket.model:
         metrics.demand_wait(ticket.model, outcome if outcome == "ready" else str(answer.get("status")),

@@ -10,7 +10,7 @@ from collections import deque
 from typing import Protocol
 
 from orchestrator import logs
-from orchestrator.agent.demand_tickets import Waiting
+from orchestrator.agent.demand_tickets import Ticket, Waiting
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.server import Job, Jobs
 from orchestrator.core import demand as policy
@@ -29,7 +29,14 @@ log = logs.get_logger()
 SESSIONS_TTL_S = 0.25  # one `show stat` of the proxy serves the passes within this
 RECORDS_TTL_S = 1.0  # the records are read again at least this often
 ROUTED_S = 1.0  # requests just answered ready count as in flight this long (HAProxy counts them late)
-PEAK_S = 1.5  # in flight: the most HAProxy counted over this long
+# ... or, once the proxy took one (closed the demand connection after its answer), until a reading of
+# HAProxy's taken this long after that: it counts the request at its engine by then (it assigns the
+# server in the same pass that ends the hold)
+TAKEN_S = 0.05
+# asked: the most HAProxy counted over this long. A closed-loop client has no request in flight
+# between an answer and its next request: a reading in that gap must not make a model with many
+# clients look unasked to the rule that decides which model keeps the GPUs (core/demand.py outweighs).
+PEAK_S = 1.5
 SWAP_EVENT = "demand_swap"  # the event recorded as an on-demand swap begins: what the cap counts
 
 
@@ -61,6 +68,7 @@ class HostView:
         self.waiting = waiting
         self._sessions: dict[str, tuple[float, dict[tuple[str, int], Sessions]]] = {}
         self._routed: dict[str, tuple[float, int]] = {}  # model -> (when, how many) last answered ready
+        self._released: dict[str, list[Ticket]] = {}  # model -> tickets answered ready, until HAProxy counts them
         # model -> (since when, in flight) as HAProxy counted it: one entry per change of the count, not per
         # pass, so PEAK_S is a span of time however many passes read the box (a flood of turned-away requests
         # reads it hundreds of times a second)
@@ -73,9 +81,11 @@ class HostView:
         cat = self.agent.catalog
         return sorted({cat.model_host(n).name for n, m in cat.models.items() if m.on_demand})
 
-    def routed(self, model: str, now: float, count: int) -> None:
-        """``count`` requests for ``model`` were just answered ready (not yet in HAProxy's scur)."""
-        self._routed[model] = (now, count)
+    def routed(self, model: str, now: float, tickets: list[Ticket]) -> None:
+        """``tickets`` for ``model`` were just answered ready (not yet in HAProxy's scur)."""
+        when, count = self._routed.get(model, (-math.inf, 0))
+        self._routed[model] = (now, (count if now - when < ROUTED_S else 0) + len(tickets))  # those of the last second
+        self._released.setdefault(model, []).extend(tickets)
 
     def records(self, host: str) -> tuple[dict[str, Deployment], dict[str, Residency]]:
         """What serves and sleeps on ``host`` by the records: read again after a job started or ended
@@ -96,12 +106,13 @@ class HostView:
         """Jobs' observer: a job started or ended on a host, its records may have changed."""
         self._generation[job.host] = self._generation.get(job.host, 0) + 1
 
-    def refresh(self, host: str, now: float) -> None:
-        """Read the proxy's sessions for ``host`` when the last reading is old; outside the lock (it
-        runs a command on the host)."""
+    def refresh(self, host: str, now: float, after: float | None = None) -> None:
+        """Read the proxy's sessions for ``host`` when the last reading is old, or was taken before
+        ``after``; outside the lock (it runs a command on the host)."""
         cached = self._sessions.get(host)
-        if cached is not None and now - cached[0] < SESSIONS_TTL_S:
+        if cached is not None and now - cached[0] < SESSIONS_TTL_S and (after is None or cached[0] >= after):
             return
+        now = self.clock.monotonic()  # the reading's own time: what it can tell comes after this
         serving, _ = self.records(host)
         proxy = self.agent.ops.ports_for(host).proxy
         engines = sorted({(d.spec.address, d.spec.port) for d in serving.values()})
@@ -116,7 +127,9 @@ class HostView:
         cat, w = self.agent.catalog, self.waiting
         serving, records = self.records(host)
         epoch = self.clock.now()
-        seen = self._sessions.get(host, (0.0, {}))[1] if sessions else {}
+        read_at, seen = self._sessions.get(host, (-math.inf, {})) if sessions else (-math.inf, {})
+        held = [t.arrived for n in cat.models_on(host) for t in w.tickets.get(n, [])]
+        fresh = sessions and bool(held) and read_at >= min(held)  # read after the oldest held request came
         views: dict[str, ModelView] = {}
         for name in cat.models_on(host):
             spec, rec, dep = cat.models[name], records.get(name), serving.get(name)
@@ -140,6 +153,7 @@ class HostView:
                 idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
                 since=up, last_request=last,
                 in_flight=self._in_flight_now(name, counted.current if counted is not None else 0, now),
+                current=self._current(name, counted.current if counted is not None else 0, read_at) if fresh else None,
                 waiting=tuple(t.arrived for t in w.tickets.get(name, [])))
         swap = w.running.get(host)
         return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(self.swaps(host)),
@@ -188,6 +202,20 @@ class HostView:
         peak = max(n for _, n in seen)
         when, n = self._routed.get(model, (0.0, 0))
         return max(peak, n) if now - when < ROUTED_S else peak
+
+
+    def _current(self, model: str, counted: int, read_at: float) -> int:
+        """In flight by the reading taken at ``read_at``: what HAProxy counted, and the requests answered
+        ready that it may not count yet (not taken by the proxy within ROUTED_S of their answer, or taken
+        less than TAKEN_S before the reading)."""
+        unsure = []
+        for t in self._released.get(model, []):
+            answered = t.answered_at if t.answered_at is not None else -math.inf
+            if (t.taken_at is None and read_at - answered < ROUTED_S) or \
+                    (t.taken_at is not None and read_at < t.taken_at + TAKEN_S):
+                unsure.append(t)
+        self._released[model] = unsure
+        return counted + len(unsure)
 
 
 def routable(box: Box, model: str) -> bool:

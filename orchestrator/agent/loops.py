@@ -63,8 +63,10 @@ class Loop:
     """A named thread that runs ``tick`` until the agent stops; ``tick`` returns the seconds to wait."""
 
     def __init__(self, name: str, tick: Callable[[], float], *, stopping: threading.Event, clock: Clock,
-                 failures: Failures, limit_s: float, retry_s: float = 5.0) -> None:
+                 failures: Failures, limit_s: float, retry_s: float = 5.0, wake: threading.Event | None = None) -> None:
+        """``wake``: set, it ends the wait before the next pass at once (whoever stops the loop sets it too)."""
         self.name = name
+        self.wake = wake
         self.tick = tick
         self.stopping = stopping
         self.clock = clock
@@ -88,7 +90,11 @@ class Loop:
                 wait = self.retry_s
             else:
                 self.failures.ok(self.name, None)
-            self.stopping.wait(wait)
+            if self.wake is None:
+                self.stopping.wait(wait)
+            else:
+                self.wake.wait(wait)
+                self.wake.clear()
 
     def beat(self) -> LoopBeat:
         return LoopBeat(alive=self.thread.is_alive(), last_beat=self.last_beat, limit_s=self.limit_s)

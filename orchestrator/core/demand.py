@@ -8,7 +8,8 @@ serving model) in any 60 s, spread at least 60 / ``max_swaps_per_min`` s apart (
 the minute and leave the other model's requests waiting out the rest of it), counted across agent
 restarts (the swaps' records, recorded_swaps); a displaced model is never swapped out within ``min_awake_s`` of coming
 up; while a displaced model still has requests (in flight or held) the next model's requests are
-batched for up to ``batch_wait_s`` before the swap; an operator's operation holds precedence.
+batched for up to ``batch_wait_s`` before the swap (in flight: HAProxy's count since those requests
+came; the swap goes as soon as it reads none); an operator's operation holds precedence.
 """
 
 from __future__ import annotations
@@ -66,8 +67,15 @@ class ModelView:
     queue_limit: int = 64
     since: float | None = None  # when its current state began (serving: when it came up)
     last_request: float | None = None  # the last request seen for it (routed or held); a sleeper's: or when it last came up, if later
-    in_flight: int = 0  # sessions on its backend now (HAProxy's scur)
+    in_flight: int = 0  # sessions on its engine (HAProxy's scur + qcur), the most seen of late (closed-loop clients' gaps)
     waiting: tuple[float, ...] = ()  # arrival times of the held requests, oldest first
+    # in flight by a reading taken after the oldest held request arrived (None: none since: in_flight counts)
+    current: int | None = None
+
+    @property
+    def serving_now(self) -> int:
+        """Requests it serves now: the reading since the held requests came, else the recent peak."""
+        return self.in_flight if self.current is None else self.current
 
     @property
     def asked(self) -> int:
@@ -181,7 +189,11 @@ def _try(box: Box, target: ModelView, now: float) -> Action:
     heavier = _outweighed_by(box, target)
     if heavier is not None:
         return Action(Kind.WAIT, target.name, None, _outweighed(heavier, target))
-    active = [v for v in views if v.in_flight or v.waiting]
+    # Batching is for a displaced model someone is being served by right now (a reading since the held
+    # requests came): a client alternating two models alone has nothing in flight when it asks for the
+    # other, and waits for no bound. Who keeps the GPUs when one model is asked clearly more is decided
+    # above on the recent peak (``asked``), which a closed-loop client's gap between requests cannot hide.
+    active = [v for v in views if v.serving_now or v.waiting]
     stronger = [v for v in active if v.priority > target.priority]
     if stronger:
         return Action(Kind.WAIT, target.name, None, f"{stronger[0].name} (priority {stronger[0].priority}) still "

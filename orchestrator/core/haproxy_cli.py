@@ -170,7 +170,7 @@ def draining(procs: Procs, workers: Mapping[int, OldWorker], engines: Iterable[t
 class Sessions:
     """One engine's sessions as every worker of the proxy counts them (models on demand: idleness)."""
 
-    current: int  # scur, summed over the workers
+    current: int  # scur + qcur (in flight at the engine or queued for it), summed over the workers
     idle_s: float | None  # lastsess: seconds since its last session, the least over the workers; None: never
     total: int = 0  # stot, summed over the workers (a reload's new worker starts again from 0)
 
@@ -187,7 +187,7 @@ def sessions(stats: Iterable[str], engines: Iterable[tuple[str, int]]) -> dict[t
             for engine in engines:
                 if not _matches(row.get("addr", ""), [engine]):
                     continue
-                scur, stot = int(row.get("scur") or 0), int(row.get("stot") or 0)
+                scur, stot = int(row.get("scur") or 0) + int(row.get("qcur") or 0), int(row.get("stot") or 0)
                 last = int(row.get("lastsess") or -1)
                 seen = out.get(engine)
                 idle = None if last < 0 else float(last)
@@ -196,3 +196,37 @@ def sessions(stats: Iterable[str], engines: Iterable[tuple[str, int]]) -> dict[t
                     idle = seen.idle_s if idle is None else idle if seen.idle_s is None else min(idle, seen.idle_s)
                 out[engine] = Sessions(scur, idle, stot)
     return out
+
+
+# -- withdrawing a route without a reload (models on demand: the swap's route move) ----------------
+# A swap on demand takes the displaced engines out of the running worker through its runtime API
+# (`set server B/S state maint`): at once, where a reload (config check, re-exec, new worker) is
+# ~0.15 s inside the held request's wait. The current worker is `@1` (HAProxy 2.6: one worker).
+WITHDRAW_STAT = "@1 show stat"  # read after the commands: the proof that they took
+
+
+def engine_servers(config: str, engines: Iterable[tuple[str, int]]) -> list[tuple[str, str]]:
+    """(backend, server) of each ``server engine ADDR`` line of a rendered haproxy.cfg at one of
+    ``engines`` (haproxy.cfg.j2 names each model's engine server ``engine``)."""
+    engines = list(engines)
+    backend = ""
+    out: list[tuple[str, str]] = []
+    for line in config.splitlines():
+        words = line.split()
+        if words[:1] == ["backend"] and len(words) > 1:
+            backend = words[1]
+        elif words[:2] == ["server", "engine"] and len(words) > 2 and backend and _BACKEND.fullmatch(backend) \
+                and _matches(words[2].strip('"'), engines):
+            out.append((backend, "engine"))
+    return out
+
+
+def withdraw_commands(servers: Iterable[tuple[str, str]]) -> list[str]:
+    """Master CLI commands that put each server of the current worker in maintenance, then read its stats."""
+    return [*(f"@1 set server {b}/{s} state maint" for b, s in servers), WITHDRAW_STAT]
+
+
+def withdrawn(stat: str, servers: Iterable[tuple[str, str]]) -> bool:
+    """Whether the current worker's ``show stat`` lists every one of ``servers`` in maintenance."""
+    status = {(r.get("pxname"), r.get("svname")): r.get("status", "") for r in _stat_rows(stat)}
+    return all(status.get(s, "").startswith("MAINT") for s in servers)

@@ -23,6 +23,7 @@ from orchestrator.errors import (
     SystemdError,
     UnitNotFound,
 )
+from orchestrator.ports import FrontProxy
 from orchestrator.secrets import redact
 
 log = logs.get_logger()
@@ -250,13 +251,26 @@ def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = (),
     return changed
 
 
+def withdraw(ctx: StepContext, specs: Iterable[UnitSpec]) -> bool:
+    """Take the routes to these engines out of the running proxy at once, without a reload (models on
+    demand: a held request's wait has no reload in it); False when the proxy could not (then ``route``).
+    The config on disk still lists them: the next ``route`` reloads whatever it renders."""
+    proxy = ctx.ports.proxy
+    targets = sorted({(s.address, s.port) for s in specs})
+    if proxy is None or not targets or not proxy.withdraw(targets):
+        return False
+    ctx.emit("withdrawn", engines=[f"{a}:{p}" for a, p in targets])
+    return True
+
+
 DRAIN_POLL_S = 0.02  # a warm switch's clients wait for the drain: notice its end soon
 
 
-def drain(ctx: StepContext, engines: Iterable[UnitSpec]) -> None:
+def drain(ctx: StepContext, engines: Iterable[UnitSpec], *, current: bool = False) -> None:
     """Bounded wait until no proxy worker of an earlier config can still send a request to these
     engines (in-flight ones finished, no client connection left that could bring another one).
     Call it after ``route`` returned: the new config serves then, so the old workers are known.
+    ``current``: after ``withdraw`` (no new config), the running worker's requests there finish too.
     Past the deadline HAProxy's hard-stop-after (the same drain_timeout_s) ended them anyway."""
     proxy, clock = ctx.ports.proxy, ctx.ports.clock
     targets = sorted({(s.address, s.port) for s in engines})
@@ -264,10 +278,22 @@ def drain(ctx: StepContext, engines: Iterable[UnitSpec]) -> None:
         return
     deadline = clock.monotonic() + ctx.catalog.proxy.drain_timeout_s + 2.0
     start = clock.monotonic()
-    while (left := proxy.draining(targets)) != 0 and clock.monotonic() < deadline:
+    while (left := _in_flight(proxy, targets, current)) != 0 and clock.monotonic() < deadline:
         ctx.pause(DRAIN_POLL_S)
     ctx.emit("drained", seconds=round(clock.monotonic() - start, 3), still_draining=left,
              engines=[f"{a}:{p}" for a, p in targets])
+
+
+def _in_flight(proxy: FrontProxy, targets: list[tuple[str, int]], current: bool) -> int | None:
+    """The old workers that can still reach ``targets``; with ``current``, once they are 0, the requests
+    every worker has in flight there (None: the proxy could not tell)."""
+    left = proxy.draining(targets)
+    if left != 0 or not current:
+        return left
+    try:
+        return sum(s.current for s in proxy.sessions(targets).values())
+    except OrchestratorError:
+        return None
 
 
 def await_quiet(ctx: StepContext, engines: Iterable[UnitSpec]) -> tuple[Quiet, float]:

@@ -25,7 +25,7 @@ from orchestrator.deploy.locks import activity_lock, host_lock
 from orchestrator.deploy.operations_views import OperationsViews
 from orchestrator.deploy.planning import default_template, default_trigger
 from orchestrator.deploy.preflight import check_access
-from orchestrator.deploy.warm_steps import sleeper_mib
+from orchestrator.deploy.warm_steps import loaded_asleep, sleeper_mib
 from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
 
@@ -69,7 +69,10 @@ class Operations(OperationsViews):
             eng.abandon = abandon
             recovered = self._recover_host(eng, host)
             # Before a deployment is recorded: a unit its user cannot run refuses with exit 2, not a rollback.
-            check_access(self.catalog, model, self.ports_for(host), eng.spec_for(self.catalog.models[model]).model_dir)
+            # (a level-1 sleeper under this very unit runs already: its wake needs neither; preflight says so too)
+            spec = eng.spec_for(self.catalog.models[model])
+            if not (self.catalog.proxy.enabled and loaded_asleep(self.ports_for(host), self.catalog, spec)):
+                check_access(self.catalog, model, self.ports_for(host), spec.model_dir)
             dep = eng.plan_switch(model, trigger=trigger or default_trigger(), no_rollback=no_rollback, force=force)
             if dep is None:
                 serving = self.store.serving(host)

@@ -190,7 +190,7 @@ class OperationsViews(OperationsBase):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
             if d.id in demand:
                 row["demand"] = {k: demand[d.id].get(k) for k in ("requests", "cancelled", "cold", "waits_s",
-                                                                  "wait_max_s")}
+                                                                  "wait_max_s", "timeline_ms")}
             if d.id in quiet:
                 row["quiet"] = {k: quiet[d.id].get(k) for k in ("seconds", "outcome", "in_flight")}
             if d.spec.nodes:  # what it did on each node, as persisted while it ran

@@ -45,14 +45,19 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
         raise PlanError(f"{dep.model} needs GPU {','.join(map(str, dep.spec.gpus))} but nvidia-smi shows "
                         f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
                         host=dep.host)
-    if dep.model in ctx.catalog.models and dep.restores is None:  # a recorded unit ran here before
+    # A level-1 sleeper under this very unit loaded with it and holds its port: its wake starts no process
+    # and reads no file, so what a start needs (access, layout, a free port) was proven as it loaded; on
+    # demand these checks would be inside the held requests' wait.
+    loaded = _asleep_as_loaded(ctx, step)
+    if dep.model in ctx.catalog.models and dep.restores is None and not loaded:  # a recorded unit ran here before
         check_access(ctx.catalog, dep.model, ctx.ports, dep.spec.model_dir)
-    check_layout(ctx.catalog, dep, ctx.ports, snap)
-    # What this switch stops first may hold the port now: an adopted unit of any name, a hand-run engine.
-    taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port, units=step.units_to_stop,
-                        pids=[d.spec.pid for d in _replaced(step) if d.spec.pid is not None])
-    if taken is not None:
-        raise PlanError(taken, host=dep.host)
+    if not loaded:
+        check_layout(ctx.catalog, dep, ctx.ports, snap)
+        # What this switch stops first may hold the port now: an adopted unit of any name, a hand-run engine.
+        taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port, units=step.units_to_stop,
+                            pids=[d.spec.pid for d in _replaced(step) if d.spec.pid is not None])
+        if taken is not None:
+            raise PlanError(taken, host=dep.host)
     if ctx.ports.proxy is not None:
         holder = ctx.ports.proxy.port_holder()
         if holder is not None:
@@ -106,10 +111,7 @@ def _asleep_as_loaded(ctx: StepContext, step: StepInput) -> bool:
     """The target sleeps at level 1 under this very unit: its weights are in host RAM as it loaded them, and
     its wake reads no file; staging them again would only put a verification of files into the wait of
     what asks for it (an on-demand request waits from the swap's first step)."""
-    dep = step.dep
-    return (step.plan is not None and warm_steps.level_of(ctx, dep.model) == "level1"
-            and ctx.ports.systemd.read_unit(dep.spec.unit_name) == dep.spec.unit_text
-            and warm_steps.is_asleep(ctx, dep.spec))
+    return step.plan is not None and warm_steps.loaded_asleep(ctx.ports, ctx.catalog, step.dep.spec)
 
 
 def check_beside(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:

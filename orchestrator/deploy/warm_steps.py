@@ -8,10 +8,12 @@ kept its memory, a wedged wake) is recorded as an event with the deployment and 
 from __future__ import annotations
 
 import signal
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.core import residency as rules
+from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment, Mode, UnitSpec
 from orchestrator.core.resident import ASLEEP, SERVING, STOPPED, State
 from orchestrator.core.states import Phase
@@ -20,6 +22,7 @@ from orchestrator.deploy.context import StepContext, StepInput
 from orchestrator.deploy.warm import POLL_S, sleep_enabled
 from orchestrator.engines import engine_named
 from orchestrator.errors import EngineError, EngineWedged, GpuBusy, OrchestratorError, SleepLeftMemory
+from orchestrator.ports import HostPorts
 
 WARM_EVENT = "warm"  # the kind of ctx.record entries the warm steps write
 FATE_EVENT = "fate"  # the warm note with the displaced models' fate, decided in staging
@@ -28,6 +31,11 @@ FATE_EVENT = "fate"  # the warm note with the displaced models' fate, decided in
 def level_of(ctx: StepContext, model: str) -> str | None:
     m = ctx.catalog.models.get(model)
     return None if m is None else m.sleep
+
+
+def on_demand(ctx: StepContext, model: str) -> bool:
+    m = ctx.catalog.models.get(model)
+    return m is not None and m.on_demand
 
 
 def _level_number(spec: UnitSpec, level: str | None) -> int:
@@ -59,6 +67,21 @@ def engine_of(ctx: StepContext, spec: UnitSpec, *, reuse: bool = False) -> warm.
 def deadline_of(ctx: StepContext, model: str) -> float:
     m = ctx.catalog.models.get(model)
     return ctx.defaults.wake_deadline_s if m is None else rules.wake_deadline(ctx.catalog, m)
+
+
+def loaded_asleep(ports: HostPorts, catalog: Catalog, spec: UnitSpec) -> bool:
+    """``spec``'s model sleeps at level 1 under this very unit: its engine loaded with it and holds its
+    port and its weights (in host RAM); a wake starts no process and reads no file."""
+    m = catalog.models.get(spec.model)
+    control = ports.engine_control_for(spec)
+    if m is None or m.sleep != "level1" or control is None \
+            or ports.systemd.read_unit(spec.unit_name) != spec.unit_text \
+            or not ports.systemd.unit_state(spec.unit_name).is_active:
+        return False
+    try:
+        return bool(control.is_sleeping(spec.base_url))
+    except EngineError:
+        return False
 
 
 def is_asleep(ctx: StepContext, spec: UnitSpec) -> bool:
@@ -99,6 +122,27 @@ def weights_gib(ctx: StepContext, spec: UnitSpec) -> float:
     res = ctx.ports.shell.run(["du", "-sbL", spec.model_dir], check=False, idempotent=True)
     head = res.stdout.split()[:1]
     return int(head[0]) / 2**30 if res.ok and head and head[0].isdigit() else 0.0
+
+
+# Per host (its systemd port): (unit, model folder, main PID, when it started) -> GiB. What a running
+# engine loaded does not change while that process runs, so ``du`` is read once per engine process (an
+# on-demand swap's wait had it each time). A restart is a new key; the oldest go past LOADED_MAX.
+_LOADED: weakref.WeakKeyDictionary[object, dict[tuple[str, str, int, float], float]] = weakref.WeakKeyDictionary()
+LOADED_MAX = 64
+
+
+def loaded_gib(ctx: StepContext, spec: UnitSpec) -> float:
+    """``weights_gib`` of a running engine: what it loaded, and sleeping at level 1 holds in host RAM."""
+    state = ctx.ports.systemd.unit_state(spec.unit_name)
+    if not state.is_active or state.started_at is None or not state.main_pid:
+        return weights_gib(ctx, spec)
+    known = _LOADED.setdefault(ctx.ports.systemd, {})
+    key = (spec.unit_name, spec.model_dir, state.main_pid, state.started_at)
+    if key not in known:
+        while len(known) >= LOADED_MAX:
+            del known[next(iter(known))]
+        known[key] = weights_gib(ctx, spec)
+    return known[key]
 
 
 def note(ctx: StepContext, what: str, **detail: object) -> None:
@@ -144,7 +188,7 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
     records = ctx.residency.residency(host.name) if ctx.residency is not None else {}
     displaced = {d.model: d.spec for d in step.displaced}
     residents = []
-    sizes = {name: weights_gib(ctx, spec) for name, spec in displaced.items()}
+    sizes = {name: loaded_gib(ctx, spec) for name, spec in displaced.items()}
     for name in ctx.catalog.models_on(host.name):
         model = ctx.catalog.models[name]
         rec = records.get(name)
@@ -269,31 +313,37 @@ def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> Non
 
 def sleeping(ctx: StepContext, step: StepInput) -> None:
     """The route moves to the target (asleep: its engine holds what arrives until the wake), the
-    displaced engines finish what they serve (drain, then sleep mode=wait) and sleep, or stop."""
+    displaced engines finish what they serve (drain, then sleep mode=wait) and sleep, or stop. A
+    target on demand: only the displaced engines leave the running proxy (withdraw, no reload)."""
     dep = step.dep
     if beside(step):
         return  # the target wakes beside them; the route moves and they sleep in `routing`
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
-    await_quiet(ctx, step, leaving)
-    actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
+    if not on_demand(ctx, dep.model):
+        await_quiet(ctx, leaving)
+    # On demand, the target's requests are held by the proxy until its swap releases them (checked
+    # awake): only the displaced engines' routes must go before they sleep, which the running proxy
+    # does at once; the reload that routes the target comes in `routing`, past the held requests' wait.
+    withdrew = on_demand(ctx, dep.model) and (not leaving or actions.withdraw(ctx, (d.spec for d in leaving)))
+    if not withdrew:
+        actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     started = ctx.ports.clock.monotonic()
-    actions.drain(ctx, (d.spec for d in leaving))
+    actions.drain(ctx, (d.spec for d in leaving), current=withdrew)
     # Kept with the deployment: what the displaced engines still served (their in-flight requests) is
     # part of a warm switch's gap that is theirs, not the switch's (bench/warm: gap - this - sleep - wake).
     ctx.record(WARM_EVENT, {"step": "drained", "seconds": round(ctx.ports.clock.monotonic() - started, 3)})
     put_to_sleep(ctx, step, leaving, window=True)
 
 
-def await_quiet(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment]) -> None:
+def await_quiet(ctx: StepContext, leaving: Iterable[Deployment]) -> None:
     """Move the route at a quiet moment of the displaced engines (actions.await_quiet, bounded by
     ``[proxy] quiet_wait_s``): a request they still run when it moves holds their sleep, the target's
     wake and so every client's gap; before it moves they serve, and nobody waits. Kept with the
     deployment (how long, and whether it ended quiet) beside the drain that follows. Not for a target
-    on demand: its requests are held from their arrival, so the wait would be theirs, and it is never
-    shorter than the drain it spares (that ends with what is in flight now; quiet needs a moment with none)."""
-    model = ctx.catalog.models.get(step.dep.model)
-    if model is not None and model.on_demand:
-        return
+    on demand (the caller): its requests are held from their arrival, so the wait would be theirs, and
+    it is never shorter than the drain it spares (that ends with what is in flight now; quiet needs a
+    moment with none)."""
+    leaving = list(leaving)
     quiet, waited = actions.await_quiet(ctx, (d.spec for d in leaving))
     if quiet.outcome != "off":
         note(ctx, "quiet", seconds=round(waited, 3), outcome=quiet.outcome, in_flight=quiet.in_flight,

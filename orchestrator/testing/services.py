@@ -58,11 +58,15 @@ class FakeProxy:
         self.taken_by: str | None = None
         self.stops = 0
         self.counted: dict[tuple[str, int], Any] = {}  # engine -> core.haproxy_cli.Sessions
+        self.withdrawn: list[tuple[str, int]] = []  # engines taken out at runtime since the last apply
+        self.withdraws = 0  # withdraw calls that took (a test sets ``can_withdraw`` False to refuse them)
+        self.can_withdraw = True
 
     def apply(self, routing: HostRouting) -> bool:
         config = render_routing(routing, template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA))
-        if self.config == config:
+        if self.config == config and not self.withdrawn:
             return False
+        self.withdrawn = []
         if self.config is None and self.taken_by:
             raise ProxyError(self.taken_by)
         self.config, self.routing = config, routing
@@ -75,6 +79,14 @@ class FakeProxy:
             self.drains.append(list(engines))
         self.busy = max(0, self.busy - 1)
         return self.busy
+
+    def withdraw(self, engines: Sequence[tuple[str, int]]) -> bool:
+        """Takes ``engines`` out until the next apply, which then reloads even an unchanged config."""
+        if self.config is None or not self.can_withdraw:
+            return False
+        self.withdraws += 1
+        self.withdrawn = [*self.withdrawn, *engines]
+        return True
 
     def port_holder(self) -> str | None:
         return self.taken_by if self.config is None else None

@@ -14,6 +14,7 @@ import pytest
 from orchestrator.agent.daemon import Agent
 from orchestrator.agent.loops import Loop, dead
 from orchestrator.agent.tasks import ScheduleTask
+from tests.hosts.wait import wait_for
 
 from .conftest import OpsWorld
 
@@ -231,3 +232,26 @@ def test_schedules_show_the_next_run_the_window_admits(tmp_path: Path) -> None:
     task = ScheduleTask(w.catalog, w.ops, w.clock, Submitted())
     [row] = w.ops.schedules(w.clock.now(), task.next_runs)
     assert row["next_run_ts"] == datetime(2024, 5, 1, 4, 0, tzinfo=UTC).timestamp()
+
+
+def test_a_loop_with_a_wake_event_runs_its_next_pass_as_soon_as_it_is_set(world: OpsWorld, agent: Agent) -> None:
+    """A pass asked to wait an hour: setting the loop's wake event runs the next one at once."""
+    wake, second = threading.Event(), threading.Event()
+    passes: list[int] = []
+
+    def tick() -> float:
+        passes.append(1)
+        if len(passes) == 2:
+            second.set()
+            agent.stop()
+            wake.set()  # what stops a loop with a wake event sets it too
+        return 3600.0
+
+    loop = Loop("probe", tick, stopping=agent.stopping, clock=world.clock, failures=agent.failures, limit_s=7200,
+                wake=wake)
+    loop.start()
+    wait_for(lambda: len(passes) == 1, timeout=10, what="the first pass")
+    wake.set()
+    assert second.wait(10)
+    loop.thread.join(10)
+    assert not loop.thread.is_alive()

@@ -589,3 +589,167 @@ def test_an_idle_sleep_that_keeps_its_memory_stops_the_engine_instead(tmp_path: 
     assert dw.states() == {"a": "stopped"} and not dw.ports.gpus.snapshot().processes
     event = dw.store.events(kind="demand_idle")[0]
     assert event["outcome"] == "stopped" and "still holds" in event["sleep_failed"]
+
+
+def _a_engine(dw: DemandWorld) -> tuple[str, int]:
+    spec = next(d.spec for d in dw.store.serving_set("box") if d.model == "a")
+    return spec.address, spec.port
+
+
+def test_a_lone_client_alternating_two_models_waits_for_no_batching_bound(tmp_path: Path) -> None:
+    """a served a request a moment ago (HAProxy's peak 1) and has none in flight when b's comes: b's
+    swap starts at the first pass, not batch_wait_s later."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    dw.proxy.counted[_a_engine(dw)] = Sessions(current=1, idle_s=0.0, total=1)
+    dw.broker.idle_tick()
+    dw.proxy.counted[_a_engine(dw)] = Sessions(current=0, idle_s=0.0, total=1)
+    dw.clock.sleep(0.3)
+    ticket = dw.broker.open("bee")
+    dw.run_swap()
+    assert ticket.answer == {"ready": True} and dw.clock.monotonic() - ticket.arrived < 1.0
+
+
+def test_requests_in_flight_now_on_the_displaced_model_batch_until_it_serves_none(tmp_path: Path) -> None:
+    """a serves one request as b's comes: no swap; once HAProxy counts none, b's swap starts, before
+    batch_wait_s (1 s) has passed."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    dw.proxy.counted[_a_engine(dw)] = Sessions(current=1, idle_s=0.0, total=1)
+    ticket = dw.broker.open("bee")
+    dw.broker.tick()
+    assert dw.broker.running == {}
+    dw.proxy.counted[_a_engine(dw)] = Sessions(current=0, idle_s=0.0, total=1)
+    dw.clock.sleep(0.3)
+    dw.run_swap()
+    assert ticket.answer == {"ready": True} and dw.clock.monotonic() - ticket.arrived < 1.0
+
+
+def test_a_request_answered_ready_counts_in_flight_until_the_proxy_took_it(tmp_path: Path) -> None:
+    """b's request was just answered ready: until the proxy takes it (and a reading comes after), a
+    request for a is batched; then a's swap starts."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("a")
+    first = dw.broker.open("bee")
+    dw.run_swap()
+    assert first.answer == {"ready": True}
+    dw.clock.sleep(0.3)
+    dw.broker.open("a")
+    dw.broker.tick()
+    assert dw.broker.running == {}
+    dw.broker.taken(first)
+    dw.clock.sleep(0.3)
+    dw.broker.tick()
+    assert dw.broker.running["box"].model == "a"
+
+
+def test_held_requests_are_released_when_the_switch_enters_routing(tmp_path: Path) -> None:
+    """Warm swap to b: its held request is answered ready as the switch enters routing (b checked awake),
+    while the proxy's config does not route b yet; one that comes then is ready at once."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    ticket = dw.broker.open("bee")
+    seen: list[tuple[Any, bool]] = []
+
+    def at_routing(dep: Any) -> None:
+        if dep.phase.value == "routing" and not seen:
+            seen.append((ticket.answer, routed(dw.proxy.config or "", 8002)))
+            seen.append((dw.broker.open("bee").answer, False))
+
+    dw.ops.before_step = at_routing
+    dw.run_swap()
+    assert seen == [({"ready": True}, False), ({"ready": True}, False)]
+    assert routed(dw.proxy.config or "", 8002)
+    row = dw.ops.history("box", 1)[0]["demand"]
+    assert row["requests"] == 1 and any(what == "released 1" for _, what in row["timeline_ms"])
+
+
+def test_a_warm_swap_on_demand_withdraws_the_displaced_engine_instead_of_reloading(tmp_path: Path) -> None:
+    """sleeping takes a's engine out of the running proxy (no apply until routing), waits for the
+    requests it still serves there, then a sleeps; routing applies the config that routes b."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    applied = len(dw.proxy.applied)
+    engine = _a_engine(dw)
+    polls: list[str] = []
+
+    def finish_a() -> None:  # the drain polls: a's last request ends on its second poll
+        polls.append("poll")
+        if len(polls) == 2:
+            dw.proxy.counted[engine] = Sessions(current=0, idle_s=0.0, total=1)
+
+    phases: list[tuple[str, int]] = []
+
+    def step(dep: Any) -> None:
+        phases.append((dep.phase.value, len(dw.proxy.applied)))
+        if dep.phase.value == "sleeping":  # a request for a is in flight as its route leaves
+            dw.proxy.counted[engine] = Sessions(current=1, idle_s=0.0, total=1)
+            dw.clock.on_sleep.append(finish_a)
+
+    dw.ops.before_step = step
+    dw.broker.open("bee")
+    dw.run_swap()
+    assert dw.proxy.withdraws == 1 and dict(phases)["waking"] == applied and dict(phases)["routing"] == applied
+    assert len(dw.proxy.applied) == applied + 1 and routed(dw.proxy.applied[-1], 8002)
+    assert len(polls) >= 2 and dw.states()["a"] == "asleep"
+
+
+def test_a_proxy_that_cannot_withdraw_moves_the_route_by_a_reload(tmp_path: Path) -> None:
+    """withdraw refused (the proxy does not run its last config): sleeping applies the route as before."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    dw.proxy.can_withdraw = False
+    applied = len(dw.proxy.applied)
+    dw.broker.open("bee")
+    dw.run_swap()
+    assert dw.proxy.withdraws == 0 and routed(dw.proxy.applied[applied], 8002)
+    assert dw.serving() == ["b"]
+
+
+def test_requests_answered_ready_one_after_another_add_up_as_in_flight(dw: DemandWorld) -> None:
+    """A swap to b released 3 held requests and a 4th was ready at once: until HAProxy counts them all
+    four count for b, so a lone request for a is 429 (b is asked more)."""
+    for _ in range(3):
+        dw.broker.open("bee")
+    dw.run_swap()
+    assert dw.broker.open("bee").answer == {"ready": True}
+    ticket = dw.broker.open("a")
+    assert ticket.answer is not None and ticket.answer["status"] == 429 and "(4 requests" in ticket.answer["message"]
+
+
+def test_a_switch_to_a_level1_sleeper_under_its_own_unit_probes_no_access(
+        dw: DemandWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch's own access probe (before it plans) is left out for a wake that starts nothing."""
+    from orchestrator.deploy import operations
+
+    probed: list[str] = []
+    monkeypatch.setattr(operations, "check_access", lambda catalog, model, *a: probed.append(model))
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    assert probed == ["b", "a"]
+    dw.ops.switch("b")
+    assert probed == ["b", "a"] and dw.serving() == ["b"]
+
+
+def test_the_demand_pass_waits_only_until_the_bound_it_waits_for_ends(tmp_path: Path) -> None:
+    """b's request is batched until 1 s after it came: 0.97 s later the next pass is due in 0.03 s, not 0.1."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    dw.proxy.counted[_a_engine(dw)] = Sessions(current=1, idle_s=0.0, total=1)
+    dw.broker.open("bee")
+    dw.clock.sleep(0.97)
+    assert dw.broker.tick() == pytest.approx(0.03) and dw.broker.running == {}
+
+
+def test_a_job_that_ends_wakes_the_demand_loop(dw: DemandWorld) -> None:
+    """The swap's job ends: the loop's next pass runs at once (requests behind it are decided then)."""
+    dw.broker.open("a")
+    dw.broker.wake.clear()
+    dw.run_swap()
+    assert dw.broker.wake.is_set()

@@ -286,3 +286,31 @@ def test_a_higher_priority_is_never_outweighed_by_demand() -> None:
     """b (priority 1) is held, not refused, and wakes after the batching bound though a has 5 in flight."""
     b = box(serving("a", in_flight=5), asleep("b", priority=1, waiting=(99.0,)))
     assert admit(b, "b", 100.0) is None and decide(b, 101.0).kind is Kind.WAKE
+
+
+def test_a_displaced_model_serving_nothing_now_gives_way_without_the_batching_bound() -> None:
+    """A lone client alternating a and b: a served it a moment ago (peak 1) but a reading since b's
+    request came counts nothing in flight: b wakes at once."""
+    action = decide(box(serving("a", in_flight=1, current=0), asleep("b", waiting=(100.0,)), batch_wait_s=1.0), 100.0)
+    assert (action.kind, action.model, action.displaces) == (Kind.WAKE, "b", ("a",))
+
+
+def test_a_displaced_model_serving_a_request_now_batches_the_next() -> None:
+    """The reading since b's request came counts one in flight for a: b waits, at most batch_wait_s."""
+    b = box(serving("a", in_flight=1, current=1), asleep("b", waiting=(100.0,)), batch_wait_s=1.0)
+    held = decide(b, 100.2)
+    assert (held.kind, held.until) == (Kind.WAIT, 101.0) and "batch_wait_s" in held.reason
+    assert decide(b, 101.0).kind is Kind.WAKE
+
+
+def test_without_a_reading_since_the_request_came_the_recent_peak_batches() -> None:
+    """No reading of HAProxy since b's request came (current None): a's recent peak counts as serving."""
+    held = decide(box(serving("a", in_flight=1), asleep("b", waiting=(100.0,)), batch_wait_s=1.0), 100.2)
+    assert held.kind is Kind.WAIT and "batch_wait_s" in held.reason
+
+
+def test_a_model_asked_clearly_more_of_late_keeps_its_gpus_though_a_reading_finds_none_in_flight() -> None:
+    """Four closed-loop clients of a, read in their gap between requests (current 0): a still keeps its
+    GPUs against one request for b (the recent peak decides who is asked more)."""
+    held = decide(box(serving("a", in_flight=4, current=0), asleep("b", waiting=(99.0,))), 100.0)
+    assert held.kind is Kind.WAIT and "a is asked more" in held.reason

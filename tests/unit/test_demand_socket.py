@@ -239,3 +239,20 @@ def test_a_burst_of_connections_waits_in_the_backlog_while_the_agent_is_slow_to_
         if serving.is_alive():
             server.shutdown()
         server.server_close()
+
+
+def test_a_ready_answer_is_taken_once_the_proxy_closes_its_end(served: tuple[DemandWorld, str]) -> None:
+    """The agent marks a ready request taken (HAProxy counts it from then) when the hold closes its end
+    after reading the answer, not before."""
+    dw, path = served
+    taken: list[str] = []
+    mark = dw.broker.taken
+    dw.broker.taken = lambda t: (taken.append(t.model), mark(t))[1]  # type: ignore[method-assign]
+    sock, _ = ask(path, b'{"model": "a"}\n', replies=1)
+    dw.run_swap()
+    reader = sock.makefile("rb")
+    lines = [json.loads(raw) for raw in iter(reader.readline, b"")]
+    assert lines[-1] == {"ready": True} and taken == []
+    reader.close()
+    sock.close()
+    wait_for(lambda: taken == ["a"], timeout=10, what="the ready request marked taken")

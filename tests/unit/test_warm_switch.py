@@ -365,3 +365,38 @@ def test_a_level2_sleeper_stages_its_weights_before_its_wake() -> None:
     assert w.switch("alpha").phase is Phase.ACTIVE
     assert w.weights.staged == ["alpha"]
 
+
+
+def test_the_wake_of_a_level1_sleeper_under_its_own_unit_skips_the_start_checks(
+        ww: WarmWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its engine loaded with this unit and holds its port: preflight neither probes access nor the
+    layout nor the port (a cold switch does, and a level-2 wake, which reads the weights again, too)."""
+    from orchestrator.deploy import steps
+
+    checked: list[str] = []
+    for name in ("check_access", "check_layout", "port_holder"):
+        monkeypatch.setattr(steps, name, lambda *a, _n=name, **k: checked.append(_n))
+    ww.switch("alpha")
+    assert set(checked) == {"check_access", "check_layout", "port_holder"}
+    ww.switch("beta")
+    checked.clear()
+    assert ww.switch("alpha").phase is Phase.ACTIVE
+    assert checked == []
+
+
+def test_a_displaced_engines_weights_are_measured_once_per_engine_process(ww: WarmWorld) -> None:
+    """du of the displaced model's folder runs the first time its engine is put to sleep, not again while
+    the same process runs (it holds what it loaded); an engine started again is measured again."""
+    for name in ("alpha", "beta"):
+        ww.host.sizes[ww.engine.spec_for(ww.catalog.models[name]).model_dir] = 2**30
+    ww.switch("alpha")
+    ww.switch("beta")
+    ww.switch("alpha")
+    ww.host.calls.clear()
+    ww.switch("beta")
+    ww.switch("alpha")
+    assert [c for c in ww.host.calls if c.startswith("du ")] == []
+    ww.host.units["vllm-alpha.service"].started_at -= 60  # as if started again: another process
+    ww.host.calls.clear()
+    ww.switch("beta")
+    assert [c for c in ww.host.calls if c.startswith("du ")] != []
