@@ -276,3 +276,30 @@ def test_stalled_clients_do_not_hold_the_sleep_of_a_warm_switch(host: Host, tmp_
         assert residency(ops, host) == {"alpha": "asleep", "beta": "serving"}
     finally:
         host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+
+
+def test_stalled_clients_do_not_hold_the_quiet_wait_of_a_warm_switch(host: Host, tmp_path: Path) -> None:
+    """beta serving, alpha asleep, two clients of beta's proxy worker stalled mid-request: `switch alpha`
+    (warm) finds beta quiet at once (a connection with no request at the engine is no session), not at
+    quiet_wait_s, and its drain ends with nothing left."""
+    from tests.test_warm_hosts import residency, warm_config
+
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(warm_config(host, tmp_path / "state"))
+    ops = operations(settings.load(cfg))
+    try:
+        assert ops.switch("alpha")["outcome"] == "active"
+        assert ops.switch("beta")["outcome"] == "active"
+        clients = slow_clients(host)
+        seen: list[tuple[str, dict[str, Any]]] = []
+        try:
+            result = ops.switch("alpha", progress=lambda e, f: seen.append((e, f)) if e in ("quiet", "drained") else None)
+        finally:
+            for sock in clients:
+                sock.close()
+        print(f"warm switch with two stalled clients: {seen}")
+        assert result["outcome"] == "active", result.get("error")
+        assert [(e, f.get("outcome", f.get("still_draining"))) for e, f in seen] == [("quiet", "quiet"), ("drained", 0)]
+        assert residency(ops, host) == {"alpha": "serving", "beta": "asleep"}
+    finally:
+        host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)

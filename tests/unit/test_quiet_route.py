@@ -61,7 +61,7 @@ def test_sessions_count_only_at_the_displaced_engines() -> None:
 
 class ScriptedProxy(FakeProxy):
     """Counts beta's sessions from a script (then 0), noting at each reading the fake clock and whether
-    the route had moved to alpha yet; ``raises``: the master gives no answer."""
+    the route had moved off beta yet (to alpha, or beta withdrawn); ``raises``: the master gives no answer."""
 
     def __init__(self, world: QuietWorld) -> None:
         super().__init__()
@@ -73,7 +73,7 @@ class ScriptedProxy(FakeProxy):
             raise ProxyError("HAProxy's master CLI gave no `show stat`", host="box")
         n = self.script.pop(0) if self.script else 0
         routed_alpha = self.config is not None and ":8001" in self.config and ":8002" not in self.config
-        self.readings.append((self.world.host.clock.monotonic(), n, routed_alpha))
+        self.readings.append((self.world.host.clock.monotonic(), n, routed_alpha or BETA in self.withdrawn))
         return {e: Sessions(current=n if e == BETA else 0, idle_s=0.0) for e in engines}
 
 
@@ -147,14 +147,16 @@ def test_quiet_wait_s_zero_moves_the_route_without_reading() -> None:
 
 
 def test_a_target_on_demand_does_not_wait() -> None:
-    """An on-demand swap's requests are held from their arrival: the wait would be theirs, so none."""
+    """An on-demand swap's requests are held from their arrival: the wait would be theirs, so beta's
+    route goes first (withdrawn) and only its drain counts what it still runs."""
     models = {"alpha": {"repo": "org/alpha", "port": 8001, **TP4, "on_demand": True, "served_name": "alpha"},
               "beta": {"repo": "org/beta", "port": 8002, **TP4, "served_name": "beta"}}
     qw = QuietWorld(**models)
-    qw.proxy.script = [1] * 1000
+    qw.proxy.script = [1, 1, 0]
     back = qw.switch("alpha")
     assert back.phase is Phase.ACTIVE
-    assert qw.proxy.readings == [] and qw.quiet_notes(back.id) == []
+    assert qw.proxy.readings and all(moved for _, _, moved in qw.proxy.readings)
+    assert qw.quiet_notes(back.id) == []
 
 
 def test_a_run_stopped_during_the_wait_left_the_route_and_resumes_to_the_switch() -> None:
