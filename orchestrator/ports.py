@@ -330,6 +330,14 @@ class FrontProxy(Protocol):
         earlier configs are then known to be old)."""
         ...
 
+    def prepare(self, routing: HostRouting) -> None:
+        """Do ahead what ``apply(routing)`` must do before its reload where that changes nothing that
+        runs or is read at a restart (render, and check the config with the proxy's own parser), so
+        that ``apply`` of the same routing soon after only writes and reloads: a warm switch decides
+        when its route moves and wants the move to follow at once. Nothing on disk that the proxy
+        serves from changes; an ``apply`` of another routing ignores it."""
+        ...
+
     def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
         """How many proxy processes of earlier configs can still send a request to one of these
         engines (address, port): 0 when they may stop; None when the proxy could not tell."""

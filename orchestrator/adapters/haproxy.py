@@ -67,6 +67,7 @@ class HaproxyProxy:
         asked from here, not by a script through the shell."""
         self.shell, self.systemd, self.proxy, self.bind = shell, systemd, proxy, bind
         self.unit_text, self.python, self.host, self.local = unit_text, python, host, local
+        self._checked = ""  # the hash of the last config `prepare` had HAProxy check
 
     @property
     def _applied(self) -> str:
@@ -76,6 +77,20 @@ class HaproxyProxy:
         """The FrontProxy port: ``routing`` rendered with the shipped haproxy.cfg template, then applied."""
         return self.apply_config(render_routing(routing, template_text(CONFIG_TEMPLATE), template_text(DEMAND_LUA)))
 
+    def prepare(self, routing: HostRouting) -> None:
+        """The FrontProxy port: `haproxy -c` on ``routing``'s config now (a candidate file beside the
+        config, as apply checks it), remembered by its hash, so that apply of it skips the check. Not
+        when the Lua it loads is not installed yet (apply installs it first, then checks)."""
+        config = render_routing(routing, template_text(CONFIG_TEMPLATE), template_text(DEMAND_LUA))
+        lua = lua_path(self.proxy)
+        if lua in config and self.shell.read_file(lua) != template_text(DEMAND_LUA).encode():
+            return
+        current = self.shell.read_file(self.proxy.config_path)
+        if current is not None and current.decode() == config:
+            return
+        self._check(config)
+        self._checked = sha(config)
+
     def apply_config(self, config: str) -> bool:
         """Serve this rendered ``config`` (apply's second half; tests give it a config of their own)."""
         installed = self._install_unit()
@@ -83,7 +98,8 @@ class HaproxyProxy:
         path = self.proxy.config_path
         current = self.shell.read_file(path)
         if current is None or current.decode() != config:
-            self._check(config)
+            if sha(config) != self._checked:  # prepare checked this very text: not again
+                self._check(config)
             self.shell.run(["mkdir", "-p", path.rsplit("/", 1)[0]], idempotent=True)
             self.shell.write_file(path, config.encode(), mode=0o644)
         applied = self.shell.read_file(self._applied)

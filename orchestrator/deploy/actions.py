@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from orchestrator import logs
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
-from orchestrator.core.proxy import host_routing, routes_for
+from orchestrator.core.proxy import HostRouting, Route, host_routing, routes_for
 from orchestrator.core.quiet import QUIET_POLL_S, Quiet, verdict
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
@@ -241,14 +241,23 @@ def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = (),
     proxy = ctx.ports.proxy
     if proxy is None:
         return False
-    specs = list(specs)
-    routes = routes_for(specs, gaps, loading)
-    cfg = ctx.catalog.proxy
-    host = ctx.ports.host
-    bind = cfg.bind or host.bind or ctx.defaults.bind
-    changed = proxy.apply(host_routing(ctx.catalog, host.name, bind, routes))
+    routes = routes_for(list(specs), gaps, loading)
+    changed = proxy.apply(_routing(ctx, routes))
     ctx.emit("routed", routes={r.name: r.target for r in routes}, changed=changed)
     return changed
+
+
+def prepare_route(ctx: StepContext, specs: Iterable[UnitSpec]) -> None:
+    """What ``route(ctx, specs)`` does before its reload, done ahead (FrontProxy.prepare): the route
+    move that follows is the reload alone."""
+    if ctx.ports.proxy is not None:
+        ctx.ports.proxy.prepare(_routing(ctx, routes_for(list(specs), (), ())))
+
+
+def _routing(ctx: StepContext, routes: list[Route]) -> HostRouting:
+    host = ctx.ports.host
+    bind = ctx.catalog.proxy.bind or host.bind or ctx.defaults.bind
+    return host_routing(ctx.catalog, host.name, bind, routes)
 
 
 def withdraw(ctx: StepContext, specs: Iterable[UnitSpec]) -> bool:

@@ -320,6 +320,9 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
         return  # the target wakes beside them; the route moves and they sleep in `routing`
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
     if not on_demand(ctx, dep.model):
+        # The config checked first: once the wait reads none in flight, the route move is the reload
+        # alone (a request that reaches them before it lands holds their sleep like one in flight now).
+        actions.prepare_route(ctx, [*(d.spec for d in step.kept), dep.spec])
         await_quiet(ctx, leaving)
     # On demand, the target's requests are held by the proxy until its swap releases them (checked
     # awake): only the displaced engines' routes must go before they sleep, which the running proxy

@@ -53,6 +53,7 @@ class FakeProxy:
         self.routing: HostRouting | None = None
         self.config: str | None = None
         self.applied: list[str] = []
+        self.prepared: list[str] = []
         self.busy = 0
         self.drains: list[list[tuple[str, int]]] = []
         self.taken_by: str | None = None
@@ -72,6 +73,10 @@ class FakeProxy:
         self.config, self.routing = config, routing
         self.applied.append(config)
         return True
+
+    def prepare(self, routing: HostRouting) -> None:
+        """Renders as apply would and keeps that config in ``prepared``; serves nothing new."""
+        self.prepared.append(render_routing(routing, template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA)))
 
     def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
         """Counts ``busy`` down, one per poll; every drain's engines are kept in ``drains``."""

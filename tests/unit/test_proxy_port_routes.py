@@ -52,3 +52,60 @@ def test_the_fake_serves_what_the_adapter_would(routing: tuple[Any, HostRouting]
     fake = FakeProxy()
     assert fake.apply(r) and fake.routing == r and fake.config == served[0]
     assert not fake.apply(r)
+
+
+class _Files:
+    """A shell of files in memory (what prepare and apply read and write); runs nothing."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+
+    def read_file(self, path: str) -> bytes | None:
+        return self.files.get(path)
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        self.files[path] = data
+
+    def run(self, argv: list[str], **kw: Any) -> Any:
+        return None
+
+
+class _Running:
+    """The proxy unit installed as rendered and active."""
+
+    def __init__(self, unit_text: str) -> None:
+        self.unit_text = unit_text
+
+    def read_unit(self, name: str) -> str:
+        return self.unit_text
+
+    def unit_state(self, name: str) -> Any:
+        return type("State", (), {"is_active": True, "is_failed": False})()
+
+
+def test_prepare_checks_the_config_once_and_apply_of_it_does_not_check_again(
+        routing: tuple[Any, HostRouting], monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare has HAProxy check the routing's config and writes nothing it serves from; apply of the same
+    routing then skips the check (a warm switch's route move is the reload alone)."""
+    from orchestrator.core.proxy import sha
+
+    cat, r = routing
+    checked: list[str] = []
+    monkeypatch.setattr(HaproxyProxy, "_check", lambda self, config: checked.append(config))
+    shell = _Files()
+    port = HaproxyProxy(shell, _Running("unit"), cat.proxy, r.bind, "unit")  # type: ignore[arg-type]
+    port.prepare(r)
+    assert len(checked) == 1 and cat.proxy.config_path not in shell.files
+    shell.files[cat.proxy.config_path + ".applied"] = sha(checked[0]).encode()  # past the reload: no master here
+    assert port.apply(r) is False and len(checked) == 1
+    port.prepare(r)  # what it serves already: nothing to check
+    assert len(checked) == 1
+
+
+def test_the_fake_prepares_the_config_it_would_serve(routing: tuple[Any, HostRouting]) -> None:
+    """FakeProxy.prepare keeps the config apply would serve, and serves nothing new."""
+    _, r = routing
+    fake = FakeProxy()
+    fake.prepare(r)
+    assert fake.config is None and fake.applied == []
+    assert fake.apply(r) and fake.prepared == [fake.config]
