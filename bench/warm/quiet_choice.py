@@ -5,9 +5,10 @@ every second, each as the client timed it).
 
 For a switch asked at any instant (every 1 ms of the recording, outside the switches themselves), the
 product reads the displaced engine's in-flight count every POLL_S and moves the route when the rule
-says; the route move itself takes ROUTE_S (the reload: bench/warm_switch.txt's `routed`), and whatever
-is in flight to the old engine when it lands (started before, or during the move) must end before the
-engine sleeps: that remainder is what the switch adds to every client's gap. Rules:
+says; the route move itself takes --route-ms (from the reading to the agent's `routed` event, measured in
+bench/warm_switch.py's runs), and whatever is in flight to the old engine when it lands (started before,
+or during the move) must end before the engine sleeps: that remainder is what the switch adds to every
+client's gap. Rules:
 
 * zero: no request in flight;
 * age <= A ms: every request in flight started at most A ms ago (HAProxy's `show stat` has no ages,
@@ -17,7 +18,7 @@ engine sleeps: that remainder is what the switch adds to every client's gap. Rul
 Each rule's wait before the route moves (the displaced engine still serves: nobody waits) and the
 drain left in the gap, median / p99 / max.
 
-    .venv/bin/python bench/warm/quiet_choice.py [bench/warm/raw.json] [--bound 2.0]
+    .venv/bin/python bench/warm/quiet_choice.py [bench/warm/raw.json] [--bound 2.0] [--route-ms 145,60]
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.01  # core/quiet.py QUIET_POLL_S
-ROUTE_S = 0.025  # the route move (HAProxy's reload), bench/warm_switch.txt: median ~25 ms
 
 
 def pct(vals: list[float], q: float) -> float:
@@ -38,7 +38,8 @@ def pct(vals: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def replay(spans: list[tuple[float, float]], start: float, rule: str, age: float, bound: float) -> tuple[float, float]:
+def replay(spans: list[tuple[float, float]], start: float, rule: str, age: float, bound: float,
+           route_s: float) -> tuple[float, float]:
     """(the wait before the route moves, the drain left once it moved) for a switch asked at ``start``."""
     t = start
     while True:
@@ -50,7 +51,7 @@ def replay(spans: list[tuple[float, float]], start: float, rule: str, age: float
         if rule == "age" and all(t - a <= age for a, _ in live):
             break
         t += POLL_S
-    landed = t + ROUTE_S
+    landed = t + route_s
     held = [b for a, b in spans if a < landed and b > landed]
     return t - start, max((b - landed for b in held), default=0.0)
 
@@ -59,6 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("raw", nargs="?", default=str(ROOT / "bench/warm/raw.json"))
     ap.add_argument("--bound", type=float, default=2.0)
+    ap.add_argument("--route-ms", default="145,60", help="route move times to replay, ms (comma-separated)")
     args = ap.parse_args()
     raw: dict[str, Any] = json.loads(Path(args.raw).read_text())
     switches = [(s["t0"], s["t1"]) for s in raw["switches"]]
@@ -74,16 +76,19 @@ def main() -> None:
     busy = sum(1 for t in starts if any(a <= t < b for a, b in spans)) / len(starts)
     print(f"traffic outside the switches: {len(plain)} plain requests (median {statistics.median(plain) * 1e3:.0f} ms), "
           f"{len(stream)} streams (median {statistics.median(stream) * 1e3:.0f} ms); something in flight "
-          f"{busy:.0%} of the time; {len(starts)} switch instants, a reading every {POLL_S * 1e3:.0f} ms, "
-          f"route move {ROUTE_S * 1e3:.0f} ms, bound {args.bound:g} s")
-    print(f"{'rule':12s} {'wait median/p99/max ms':>24s} {'drain in the gap median/p99/max ms':>36s} {'drain > 50 ms':>14s}")
-    for rule, age in (("none", 0.0), ("zero", 0.0), ("age", 0.005), ("age", 0.02), ("age", 0.05)):
-        out = [replay(spans, t, rule, age, args.bound) for t in starts[::7]]
-        waits, drains = [w for w, _ in out], [d for _, d in out]
-        name = rule if rule != "age" else f"age<={age * 1e3:.0f}ms"
-        print(f"{name:12s} {statistics.median(waits) * 1e3:8.0f} /{pct(waits, 0.99) * 1e3:5.0f} /{max(waits) * 1e3:5.0f}"
-              f" {statistics.median(drains) * 1e3:18.0f} /{pct(drains, 0.99) * 1e3:5.0f} /{max(drains) * 1e3:5.0f}"
-              f" {sum(d > 0.05 for d in drains) / len(drains):13.1%}")
+          f"{busy:.0%} of the time; {len(starts[::7])} switch instants, a reading every {POLL_S * 1e3:.0f} ms, "
+          f"bound {args.bound:g} s")
+    for route_ms in (float(x) for x in args.route_ms.split(",")):
+        print(f"route move {route_ms:g} ms:")
+        print(f"  {'rule':12s} {'wait median/p99/max ms':>24s} {'drain in the gap median/p99/max ms':>36s} "
+              f"{'drain > 50 ms':>14s}")
+        for rule, age in (("none", 0.0), ("zero", 0.0), ("age", 0.005), ("age", 0.02), ("age", 0.05)):
+            out = [replay(spans, t, rule, age, args.bound, route_ms / 1e3) for t in starts[::7]]
+            waits, drains = [w for w, _ in out], [d for _, d in out]
+            name = rule if rule != "age" else f"age<={age * 1e3:.0f}ms"
+            print(f"  {name:12s} {statistics.median(waits) * 1e3:8.0f} /{pct(waits, 0.99) * 1e3:5.0f} /"
+                  f"{max(waits) * 1e3:5.0f} {statistics.median(drains) * 1e3:18.0f} /{pct(drains, 0.99) * 1e3:5.0f} /"
+                  f"{max(drains) * 1e3:5.0f} {sum(d > 0.05 for d in drains) / len(drains):13.1%}")
 
 
 if __name__ == "__main__":
