@@ -24,7 +24,6 @@ from orchestrator.deploy.deployer import Deployer
 from orchestrator.deploy.locks import activity_lock, host_lock
 from orchestrator.deploy.operations_views import OperationsViews
 from orchestrator.deploy.planning import default_template, default_trigger
-from orchestrator.deploy.preflight import check_access
 from orchestrator.deploy.warm_steps import sleeper_mib
 from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
@@ -69,7 +68,7 @@ class Operations(OperationsViews):
             eng.abandon = abandon
             recovered = self._recover_host(eng, host)
             # Before a deployment is recorded: a unit its user cannot run refuses with exit 2, not a rollback.
-            check_access(self.catalog, model, self.ports_for(host), eng.spec_for(self.catalog.models[model]).model_dir)
+            eng.check_access(model)  # once per switch: the deployment's preflight step then skips it
             dep = eng.plan_switch(model, trigger=trigger or default_trigger(), no_rollback=no_rollback, force=force)
             if dep is None:
                 serving = self.store.serving(host)

@@ -45,7 +45,8 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
         raise PlanError(f"{dep.model} needs GPU {','.join(map(str, dep.spec.gpus))} but nvidia-smi shows "
                         f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
                         host=dep.host)
-    if dep.model in ctx.catalog.models and dep.restores is None:  # a recorded unit ran here before
+    checked = (dep.model, dep.spec.model_dir) in ctx.access_checked  # by the switch, before it recorded dep
+    if dep.model in ctx.catalog.models and dep.restores is None and not checked:  # a recorded unit ran here before
         check_access(ctx.catalog, dep.model, ctx.ports, dep.spec.model_dir)
     check_layout(ctx.catalog, dep, ctx.ports, snap)
     # What this switch stops first may hold the port now: an adopted unit of any name, a hand-run engine.
