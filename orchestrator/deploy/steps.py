@@ -49,7 +49,8 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     # and reads no file, so what a start needs (access, layout, a free port) was proven as it loaded; on
     # demand these checks would be inside the held requests' wait.
     loaded = _asleep_as_loaded(ctx, step)
-    if dep.model in ctx.catalog.models and dep.restores is None and not loaded:  # a recorded unit ran here before
+    checked = (dep.model, dep.spec.model_dir) in ctx.access_checked  # by the switch, before it recorded dep
+    if dep.model in ctx.catalog.models and dep.restores is None and not (loaded or checked):  # ran here before
         check_access(ctx.catalog, dep.model, ctx.ports, dep.spec.model_dir)
     if not loaded:
         check_layout(ctx.catalog, dep, ctx.ports, snap)
