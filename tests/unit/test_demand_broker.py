@@ -725,10 +725,10 @@ def test_requests_answered_ready_one_after_another_add_up_as_in_flight(dw: Deman
 def test_a_switch_to_a_level1_sleeper_under_its_own_unit_probes_no_access(
         dw: DemandWorld, monkeypatch: pytest.MonkeyPatch) -> None:
     """The switch's own access probe (before it plans) is left out for a wake that starts nothing."""
-    from orchestrator.deploy import operations
+    from orchestrator.deploy import planning
 
     probed: list[str] = []
-    monkeypatch.setattr(operations, "check_access", lambda catalog, model, *a: probed.append(model))
+    monkeypatch.setattr(planning, "check_access", lambda catalog, model, *a: probed.append(model))
     dw.ops.switch("b")
     dw.ops.switch("a")
     assert probed == ["b", "a"]
