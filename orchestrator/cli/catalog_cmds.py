@@ -44,7 +44,8 @@ def models(config: str | None, as_json: bool) -> None:
         return
     table_rows: list[list[str]] = []
     for r in rows:
-        layout = f"TP={r['tensor_parallel']}" + (f" PP={r['pipeline_parallel']}" if r["pipeline_parallel"] > 1 else "") \
+        layout = f"TP={r['tensor_parallel']}" \
+            + (f" PP={r['pipeline_parallel']}" if r["pipeline_parallel"] > 1 else "") \
             + (f" DP={r['data_parallel']}" if r["data_parallel"] > 1 else "") \
             + (" + EP" if r["expert_parallel"] else "")
         rev = r["revision"] if r["pinned"] else f"{r['revision']} (unpinned)"
