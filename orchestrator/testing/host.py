@@ -62,7 +62,8 @@ class FakeHost:
     sleeping: dict[str, int] = field(default_factory=dict)
     awake_mib: dict[str, int] = field(default_factory=dict)
     wedged: set[str] = field(default_factory=set)
-    engine_behaviours: dict[str, Literal["leaky_sleep", "wedged_wake", "hangs_after_wake"]] = field(default_factory=dict)
+    engine_behaviours: dict[str, Literal["leaky_sleep", "wedged_wake", "hangs_after_wake"]] = field(
+        default_factory=dict)
     residue_mib: int = 1_800
     start_mib: dict[str, int] = field(default_factory=dict)  # unit -> MiB per GPU it takes on start (default 70,000)
     sizes: dict[str, int] = field(default_factory=dict)  # directory -> bytes, for `du -sbL`

@@ -53,7 +53,8 @@ def test_a_switch_refused_for_access_records_nothing(tmp_path: Path) -> None:
 
 
 def test_a_deployment_recovered_after_a_crash_is_checked_by_its_preflight(tmp_path: Path) -> None:
-    """A deployment recorded by an operation that died before preflight enters only through preflight: it probes there."""
+    """A deployment recorded by an operation that died before preflight enters only through preflight:
+    it probes there."""
     w = OpsWorld(tmp_path / "state")
     dep = w.ops.deployer().plan_switch("alpha")  # recorded, then the process that recorded it died
     assert dep is not None and probes(w.host) == 0

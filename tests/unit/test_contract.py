@@ -131,8 +131,8 @@ def test_agent_only_operations_have_an_agent_answer_and_no_in_process_one() -> N
     """config show/push, a controller's rollouts and an agent's tune runs are answered by an agent only: an
     agent answer (or stream), no in-process run."""
     agent_only = sorted(op.name for op in OPERATIONS.values() if op.agent_only)
-    assert agent_only == ["config_push", "config_show", "preflight", "rollout_abort", "rollout_follow", "rollout_resume",
-                          "rollout_start", "rollout_status", "tune_abort", "tune_follow", "tune_plan",
+    assert agent_only == ["config_push", "config_show", "preflight", "rollout_abort", "rollout_follow",
+                          "rollout_resume", "rollout_start", "rollout_status", "tune_abort", "tune_follow", "tune_plan",
                           "tune_resume", "tune_start", "tune_status"]
     assert all(OPERATIONS[name].agent is not None or OPERATIONS[name].stream is not None for name in agent_only)
 

@@ -48,7 +48,8 @@ def test_every_per_node_flag_is_in_the_accessor_and_every_one_there_is_written()
 
 
 def test_every_ray_start_option_the_units_render_is_refused_in_ray_args(tmp_path: Path) -> None:
-    """The options of the rendered ray-head and ray-worker units are core/ray_start.py's table, each refused in ray_args."""
+    """The options of the rendered ray-head and ray-worker units are core/ray_start.py's table,
+    each refused in ray_args."""
     cat = Catalog.model_validate({
         "hosts": {"g1": {"address": "10.0.0.1", "gpus": 2}, "g2": {"address": "10.0.0.2", "gpus": 2}},
         "models": {"big": {"repo": "org/big", "nodes": ["g1", "g2"], "gpus": [0, 1], "tensor_parallel": 2,
@@ -72,7 +73,8 @@ def test_core_reads_the_engines_flags_through_the_engine() -> None:
 
 
 def test_adopting_a_headless_rank_is_blocked() -> None:
-    """A found engine that is one node's rank of a multi-node model cannot become a one-box entry: a blocker names it."""
+    """A found engine that is one node's rank of a multi-node model cannot become a one-box entry:
+    a blocker names it."""
     argv = ("/opt/ml-env/bin/vllm", "serve", "/m/big", "--served-model-name", "big", "--nnodes", "2",
             "--node-rank", "1", "--master-addr", "10.0.0.1", "--headless")
     target = a.Target(host="box", engine=("/opt/ml-env/bin/vllm", "serve"), bind="0.0.0.0", user="vllm",
