@@ -31,7 +31,8 @@ def planned(ctx: StepContext, step: StepInput) -> StepResult:
 def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     dep = step.dep
     on_demand = dep.model in ctx.catalog.models and ctx.catalog.models[dep.model].on_demand
-    if step.plan is not None and not on_demand and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
+    served = {d.spec.served_name for d in step.serving}
+    if step.plan is not None and not on_demand and dep.spec.served_name not in served:
         # A name nothing serves answers "loading" (503 + Retry-After) from the switch's first step
         # (the checks and the download included), not "not loaded"; a switch that ends before
         # stopping anything takes the mark back (engine). An on-demand model's requests are held
@@ -317,7 +318,8 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
             continue
         if ctx.ports.systemd.unit_state(old.spec.unit_name).is_active:
             continue  # a handover's old engine still serves
-        actions.free_gpus(ctx, old.spec.gpus, {dep.spec.unit_name}, sleepers=warm_steps.sleeper_mib(ctx, but=[old.model]))
+        actions.free_gpus(ctx, old.spec.gpus, {dep.spec.unit_name},
+                          sleepers=warm_steps.sleeper_mib(ctx, but=[old.model]))
         actions.install_unit(ctx, old.spec)
         actions.start_unit(ctx, old.spec)
         actions.wait_ready(ctx, old.spec)

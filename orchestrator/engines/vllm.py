@@ -77,7 +77,8 @@ LOAD_RULES = LoadRules(
     overhead_gib=3.0, max_num_seqs=256, gpu_memory_utilization=0.9, min_full_sequences=1,
     kv_rule="vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory",
     start_rule="vllm/v1/worker/gpu_worker.py init_device",
-    long_context="vLLM refuses it unless rope scaling allows it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config/model.py)",
+    long_context=("vLLM refuses it unless rope scaling allows it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+                  "(vllm/config/model.py)"),
     expert_parallel=EP_FLAG,
 )
 

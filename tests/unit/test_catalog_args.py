@@ -51,7 +51,7 @@ def test_args_repeating_a_rendered_flag_is_refused(tmp_path: Path, args: str, fl
 
 
 def test_args_may_carry_max_model_len_only_while_its_key_is_unset(tmp_path: Path) -> None:
-    """``--max-model-len 32k`` (adopt's way for a value the integer key cannot hold) passes until max_model_len is set."""
+    """``--max-model-len 32k`` (adopt's way for a value the key cannot hold) passes until max_model_len is set."""
     load(tmp_path, 'args = ["--max-model-len", "32k"]\n')
     with pytest.raises(ConfigError, match=r"models\.a\.args\[0\]: '--max-model-len': the unit renders"):
         load(tmp_path, 'max_model_len = 4096\nargs = ["--max-model-len", "32k"]\n')
@@ -91,9 +91,11 @@ backend = "ray"
 
 @pytest.mark.parametrize(("ray_args", "message"), [
     ('["--num-cpus", "4", "--port=7000"]', "models.big.ray_args[2]: '--port=7000': the Ray units render --port"),
-    ('["--num-gpus", "2"]', "models.big.ray_args[0]: '--num-gpus': the Ray units render --num-gpus from the model's `gpus`"),
+    ('["--num-gpus", "2"]',
+     "models.big.ray_args[0]: '--num-gpus': the Ray units render --num-gpus from the model's `gpus`"),
 ])
-def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(tmp_path: Path, ray_args: str, message: str) -> None:
+def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(tmp_path: Path, ray_args: str,
+                                                                   message: str) -> None:
     """A `ray start` option the Ray units already render, repeated in ray_args (click takes the last), is refused."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         load(tmp_path, f"ray_args = {ray_args}\n", RAY)
@@ -101,7 +103,7 @@ def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(tmp_path: Pa
 
 
 def test_ray_args_repeating_an_option_the_ray_units_fix_are_refused(tmp_path: Path) -> None:
-    """--include-dashboard, which the Ray units render without a key (and Ray refuses on workers), is refused in ray_args."""
+    """--include-dashboard, rendered by the Ray units without a key (Ray refuses it on workers), is refused."""
     with pytest.raises(ConfigError, match=re.escape("models.big.ray_args[0]: '--include-dashboard': the Ray units "
                                                     "render --include-dashboard themselves")):
         load(tmp_path, 'ray_args = ["--include-dashboard", "true"]\n', RAY)
@@ -117,7 +119,8 @@ NATIVE = RAY.replace('backend = "ray"\n', "")
     (NATIVE, "--master-port", "--master-port", "the model's `master_port`"),
     (NATIVE, "--master-addr", "--master-addr", "the first node's address"),
     (NATIVE, "--data-parallel-rpc-port", "--data-parallel-rpc-port", "the model's `master_port`"),
-    (NATIVE, "--data-parallel-size-local", "--data-parallel-size-local", "the model's `data_parallel` over its `nodes`"),
+    (NATIVE, "--data-parallel-size-local", "--data-parallel-size-local",
+     "the model's `data_parallel` over its `nodes`"),
     (NATIVE, "--data-parallel-start-rank", "--data-parallel-start-rank", "the model's `nodes` (their order"),
     (NATIVE, "--data-parallel-address", "--data-parallel-address", "the first node's address"),
     (RAY, "--distributed-executor-backend=mp", "--distributed-executor-backend", "the model's `backend`"),
