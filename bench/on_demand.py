@@ -241,8 +241,8 @@ def report(raw: dict[str, Any]) -> None:
         sp = r["split_s"]
         print(f"{i + 1:3d}  {r['model']:6s} {ms(r['wait_s']):>7s} {ms(r['sleep_s']):>8s} {ms(r['wake_s']):>7s} "
               f"{ms(r['floor_s']):>8s} {ms(r['bound_s']):>8s} {ms(r['excess_s']):>9s} {ms(r['agent_bound_s']):>14s} "
-              f"{ms(r['drain_s']):>8s} {ms(r.get('cap_s')):>6s} | {ms(sp.get('arrival_to_swap')):>13s} {ms(sp.get('swap')):>4s} "
-              f"({ms(sp.get('before_route'))}) {ms(sp.get('swap_to_answer')):>17s}")
+              f"{ms(r['drain_s']):>8s} {ms(r.get('cap_s')):>6s} | {ms(sp.get('arrival_to_swap')):>13s} "
+              f"{ms(sp.get('swap')):>4s} ({ms(sp.get('before_route'))}) {ms(sp.get('swap_to_answer')):>17s}")
     mixed_rows = against_floor([a for a in mixed if a.status == 200], lines, service, bw, swaps)
     verdicts = []
     for name, rows, failed in (("warm", warm_rows, sum(a.failed for a in warm)),

@@ -84,9 +84,11 @@ def main() -> None:
     ap.add_argument("--load-time", type=float, default=1.0)
     ap.add_argument("--chunk-delay", type=float, default=0.005, help="stand-in seconds per streamed token")
     ap.add_argument("--gpu-probe", choices=("nvml", "nvidia-smi"), default="nvml",
-                    help="how the agent reads GPU memory: the stand-in NVML (as on a GPU box) or the stand-in nvidia-smi")
+                    help="how the agent reads GPU memory: the stand-in NVML (as on a GPU box) "
+                         "or the stand-in nvidia-smi")
     ap.add_argument("--via", choices=("socket", "cli"), default="socket",
-                    help="ask the agent through its socket as the CLI does (its progress events stamped), or run the CLI")
+                    help="ask the agent through its socket as the CLI does (its progress events stamped), "
+                         "or run the CLI")
     ap.add_argument("--seed", type=int, default=39)
     ap.add_argument("--summarise", action="store_true", help="only print the summary of bench/warm/raw.json")
     args = ap.parse_args()
@@ -121,7 +123,8 @@ def main() -> None:
                 if args.via == "cli":
                     out, events = json.loads(cli(host, "switch", target, "--json").stdout), []
                 else:
-                    answer = json.loads(host.run(host.python_command(str(DRIVER), f"{STATE}/agent.sock", target)).stdout)
+                    answer = json.loads(host.run(host.python_command(str(DRIVER), f"{STATE}/agent.sock",
+                                                                     target)).stdout)
                     out, events = answer["result"], answer["events"]
                 t1, w1 = time.monotonic(), time.time()
                 first = first_token(host.address, PORTS[target], "chat")

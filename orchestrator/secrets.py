@@ -54,8 +54,10 @@ _VALUE_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # ``name=value``, ``name: value``, ``'name': 'value'``, ``--name value`` in free text (a journal line,
 # vLLM's "non-default args: {...}" dump, a command's stderr): the value goes when the name says secret.
-_NAME_SEP = re.compile(r"""(?<![/\w.-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<q>['"]?)(?P<sep>\s*[=:]\s*|\s+(?=\S))""")
-_VALUE = re.compile(r"""(?![<])(?:(?i:bearer|basic|token)\s+[^\s,;}\])'"]+|\[[^\]]*\]|'[^']*'|"[^"]*"|[^\s,;}\])'"]+)""")
+_NAME_SEP = re.compile(r"""(?<![/\w.-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<q>['"]?)"""
+                       r"""(?P<sep>\s*[=:]\s*|\s+(?=\S))""")
+_VALUE = re.compile(r"""(?![<])(?:(?i:bearer|basic|token)\s+[^\s,;}\])'"]+|\[[^\]]*\]|"""
+                    r"""'[^']*'|"[^"]*"|[^\s,;}\])'"]+)""")
 _NAMED = "<a secret by its name, not shown>"
 
 

@@ -198,8 +198,8 @@ def _wait(rig: Rig, spec: UnitSpec, ctx: StepContext, short_deadline: float | No
 def probe_check(rig: Rig, spec: UnitSpec) -> dict[str, Any]:
     state = gpu_state(rig, spec.unit_name)
     held = [p for p in state["processes"] if p["in_unit"] and p["gpu"] in spec.gpus]
-    check("gpu_probe", bool(held), f"nvidia-smi: {json.dumps(state['gpus'])}; processes {json.dumps(state['processes'])}; "
-                                   f"unit session: {state['unit_pids']}")
+    check("gpu_probe", bool(held), f"nvidia-smi: {json.dumps(state['gpus'])}; "
+                                   f"processes {json.dumps(state['processes'])}; unit session: {state['unit_pids']}")
     raw = subprocess.run([rig.a.nvidia_smi], capture_output=True, text=True, check=False).stdout
     say("nvidia-smi (table):\n" + raw)
     return state

@@ -155,8 +155,9 @@ class Warm:
         deadline = time.monotonic() + 30
         while (held := warm.held_mib(self.rig.gpus, eng)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.ec.check(label, not held, f"{spec.unit_name} stopped; its PIDs {sorted(eng.pids)} hold {held or 'nothing'} "
-                                       f"{time.monotonic() - t:.2f} s later; GPU by PID {self.smi(eng.gpus)}")
+        self.ec.check(label, not held, f"{spec.unit_name} stopped; its PIDs {sorted(eng.pids)} "
+                                       f"hold {held or 'nothing'} {time.monotonic() - t:.2f} s later; "
+                                       f"GPU by PID {self.smi(eng.gpus)}")
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"swaps": self.swaps}

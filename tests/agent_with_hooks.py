@@ -4,8 +4,8 @@
 
 The hook holds the engine before the phase named in <dir>/pause-at until that file goes away,
 writing <dir>/paused meanwhile; <dir>/pause-on ("EVENT [NODE [UNIT]]", e.g. "node_started h2")
-holds it likewise right after the engine reports that event, in the middle of a step. It lives here, outside the package: the product has no switch
-(flag or environment variable) that turns test hooks on.
+holds it likewise right after the engine reports that event, in the middle of a step. It lives here,
+outside the package: the product has no switch (flag or environment variable) that turns test hooks on.
 """
 
 from __future__ import annotations

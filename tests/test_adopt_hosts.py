@@ -117,7 +117,8 @@ def folders(host: Host) -> Any:
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path: Path, folders: None,
                                                             shape: str) -> None:
-    """adopt --apply of a hand-written unit; a switch stops and disables it; rollback reinstalls its own text, answered."""
+    """adopt --apply of a hand-written unit; a switch stops and disables it; rollback reinstalls its own text,
+    answered."""
     unit = hand_unit(host, shape)
     host.run(f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{unit}EOF\n"
              f"systemctl daemon-reload && systemctl enable --now {UNIT}")

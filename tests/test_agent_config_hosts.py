@@ -39,7 +39,8 @@ def box(hosts: list[Host], tmp_path: Path) -> Iterator[tuple[Host, str]]:
 
 def client(hosts_file: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
-                          timeout=120, check=False, env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": hosts_file})
+                          timeout=120, check=False,
+                          env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": hosts_file})
 
 
 def test_config_push_of_a_past_only_cron_is_refused_and_changes_nothing(box: tuple[Host, str],

@@ -172,7 +172,8 @@ def test_sigterm_parks_the_step_and_restart_resumes_it(agent_host: Host) -> None
     cli(host, "switch", "alpha")
     host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'beta-long', '--config', CONFIG])} "
              f"> /tmp/switch.log 2>&1 &")
-    wait_for(lambda: history(host)[:1], lambda h: [(d["model"], d["outcome"]) for d in h] == [("beta-long", "checking")],
+    wait_for(lambda: history(host)[:1],
+             lambda h: [(d["model"], d["outcome"]) for d in h] == [("beta-long", "checking")],
              what="the health check to start", timeout=60)
     host.run("systemctl stop orchestrator-agent.service")
     props = host.run(["systemctl", "show", "-p", "Result", "-p", "ExecMainStatus", "orchestrator-agent"]).stdout

@@ -80,6 +80,7 @@ def test_the_live_page_follows_a_switch_without_a_reload(site: Site, tmp_path: P
         WebDriverWait(driver, 30).until(beta_took_over)
         assert driver.execute_script("return window.loadedOnce") is True
         # the downtime chart (uPlot) drew both switches that stopped a model
-        WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="downtime"] canvas'))
+        WebDriverWait(driver, 30).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="downtime"] canvas'))
     finally:
         driver.quit()

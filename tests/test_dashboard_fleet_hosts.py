@@ -74,7 +74,8 @@ def stop_and_reset(host: Host) -> None:
 @pytest.fixture
 def forwarded(controller: Controller) -> Iterator[str]:
     """`orchestrator dashboard --no-open` here, reaching the controller's agent by its socket; its URL."""
-    proc = subprocess.Popen([PY, "-m", "orchestrator", "dashboard", "--no-open", "--config", str(controller.client_cfg)],
+    proc = subprocess.Popen([PY, "-m", "orchestrator", "dashboard", "--no-open",
+                             "--config", str(controller.client_cfg)],
                             env={**os.environ, "ORCHESTRATOR_SOCKET": controller.socket},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -94,7 +95,8 @@ const ro = document.querySelector("p.rollout");
 return {status: ro ? ro.dataset.status : null, label: ro ? ro.querySelector(".label").textContent : "",
         hosts: q("table.rollout tr[data-host]", r => [r.dataset.host, r.querySelector("td.state").textContent]),
         batches: q("table.rollout tbody[data-batch]", b => [b.dataset.batch, b.dataset.state]),
-        serving: q('table.boxes tr[data-reachable="true"]', r => [r.dataset.host, r.querySelector("td.serving").textContent])};
+        serving: q('table.boxes tr[data-reachable="true"]',
+                   r => [r.dataset.host, r.querySelector("td.serving").textContent])};
 """
 
 

@@ -3,7 +3,8 @@ operator opens it: `orchestrator --host BOX dashboard` on this machine, over SSH
 
 The GPU table, the models and the running switch's timeline update as the switch goes (the engine held
 before a phase by the test hook); screenshots of the box page mid-switch and of a tune comparison are
-taken (docs/dashboard/ when DASHBOARD_SHOTS=docs/dashboard). The Grafana dashboard's queries are checked against this agent's /metrics."""
+taken (docs/dashboard/ when DASHBOARD_SHOTS=docs/dashboard). The Grafana dashboard's queries are checked
+against this agent's /metrics."""
 
 from __future__ import annotations
 
@@ -235,7 +236,8 @@ ASLEEP_VIEW = """
 const held = document.querySelector("p.sleep");
 return {budget: held.dataset.budget, held: held.dataset.held, text: held.innerText,
         ram: document.querySelector('table.models tr[data-model="alpha"] td.ram').innerText.trim(),
-        residue: [...document.querySelectorAll('table.gpus tr[data-gpu="0"] span.proc.asleep')].map(e => e.dataset.model)};
+        residue: [...document.querySelectorAll('table.gpus tr[data-gpu="0"] span.proc.asleep')]
+                 .map(e => e.dataset.model)};
 """
 
 

@@ -37,7 +37,8 @@ def pair(netns_pair: HostSet) -> list[Host]:
 
 
 def config(h1: Host, h2: Host, on_unhealthy: str) -> str:
-    head = (f'state_dir = "{STATE}"\nmetrics_port = 19464\n[defaults]\nuser = "root"\ngroup = "root"\nallow_root = true\n'
+    head = (f'state_dir = "{STATE}"\nmetrics_port = 19464\n[defaults]\nuser = "root"\ngroup = "root"\n'
+            'allow_root = true\n'
             f'engine = ["{in_host(PY)}", "{in_host(SHIM)}"]\nload_deadline_s = 30\nfree_timeout_s = 10\n'
             'stop_timeout_s = 10\nhealth_interval_s = 0.1\nrestart_sec = 0.5\n'
             f'[policy]\nwatch_interval_s = 1\nunhealthy_after_s = 2\non_unhealthy = "{on_unhealthy}"\n')

@@ -31,8 +31,9 @@ def bob(hosts: list[Host], tmp_path: Path) -> Iterator[tuple[Host, str]]:
     install_agent(box, config_text(box, Path(STATE), MODELS, transport="local"), tmp_path)
     public = keys.generate_ed25519(tmp_path / "bob_key", "bob@client")
     # useradd leaves the password locked ("!"), which sshd without PAM refuses even for a key: "*" is not.
+    # (chmod 0711 /root: the interpreter of these tests lives under /root/.pyenv)
     box.run("id bob >/dev/null 2>&1 || useradd -m -s /bin/sh -G orchestrator bob; usermod -p '*' bob; "
-            f"cp {AUTHORIZED} {AUTHORIZED}.orig; chmod 0711 /root")  # the interpreter of these tests lives under /root/.pyenv
+            f"cp {AUTHORIZED} {AUTHORIZED}.orig; chmod 0711 /root")
     box.run(f"cat >> {AUTHORIZED}", input=public + "\n")
     url = f"ssh://bob@{box.address}:{box.port}"
     (tmp_path / "hosts.toml").write_text(

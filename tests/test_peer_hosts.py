@@ -23,13 +23,15 @@ REPO = str(Path(__file__).resolve().parents[1])  # bind-mounted at the same path
 def host(host_set: HostSet) -> Iterator[Host]:
     """The session's h1 with a user alice (a boot of its own cost ~12 s more); alice removed after."""
     h = host_set.hosts[0]
-    h.run("id alice >/dev/null 2>&1 || useradd -m -s /bin/sh alice; usermod -p '*' alice")  # '*': no password, not locked
+    # '*': no password, not locked
+    h.run("id alice >/dev/null 2>&1 || useradd -m -s /bin/sh alice; usermod -p '*' alice")
     yield h
     h.run("pkill -KILL -u alice; userdel -r alice", check=False)
 
 
 def operator_inside(host: Host, pid: str, user: str) -> str:
-    code = f"import pwd; from orchestrator.agent.peers import operator; print(operator({pid}, pwd.getpwnam({user!r}).pw_uid))"
+    code = ("import pwd; from orchestrator.agent.peers import operator; "
+            f"print(operator({pid}, pwd.getpwnam({user!r}).pw_uid))")
     return host.run(f"cd {shlex.quote(REPO)} && {shlex.quote(sys.executable)} -c {shlex.quote(code)}").stdout.strip()
 
 

@@ -119,7 +119,8 @@ def test_a_forged_ssh_connection_does_not_change_the_recorded_address(net_hosts:
     hosts = tmp_path / "forging-hosts.toml"
     hosts.write_text(hosts_toml(box, str(box.key_path), str(box.known_hosts_path)).replace(f'"{PY}"', f'"{forging}"'))
     done = subprocess.run([PY, "-m", "orchestrator", "--host", "box", "switch", "alpha", "--json"], capture_output=True,
-                          text=True, timeout=120, check=False, env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts)})
+                          text=True, timeout=120, check=False,
+                          env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts)})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["trigger"] == f"root@{machine_address(box)}"
     shown = client_a("history", "--json")

@@ -489,7 +489,8 @@ def test_a_connection_that_died_mid_switch_is_reopened_for_the_next_request(
             assert isinstance(switching.result(timeout=120)["h1"], TransportError)
 
         def status() -> Any:
-            return ctl_fleet._run_all([HostRequest("h1", ctl_fleet._clients(["h1"])["h1"], "status", {"host": None})])["h1"]
+            client = ctl_fleet._clients(["h1"])["h1"]
+            return ctl_fleet._run_all([HostRequest("h1", client, "status", {"host": None})])["h1"]
 
         def switched(st: Any) -> bool:
             entry = next(iter(st["hosts"].values()))

@@ -141,7 +141,7 @@ def test_abort_from_another_client_stops_the_run_before_its_next_candidate(agent
     """`tune --abort` while the agent measures: the run ends aborted, alpha serves again, the CLI that
     started it exits 1 saying so."""
     first = agent.popen(*RUN)
-    wait_for(lambda: json.loads(agent.cli("tune", "--status", "--json").stdout)["running"] == "tune", bool,
+    wait_for(lambda: json.loads(agent.cli("tune", "--status", "--json").stdout)["running"] == "tune_start", bool,
              timeout=120,
              what="the agent to run the tune")  # the run, not its plan
     aborted = agent.cli("tune", "--abort", "--json")

@@ -81,7 +81,8 @@ def follow(agent: Agent, path: str) -> tuple[float, float]:
 
 def summary(name: str, values: list[float]) -> str:
     q = statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
-    return f"{name:<40} n={len(values):<3} median {statistics.median(values):8.1f} ms  p90 {q:8.1f} ms  max {max(values):8.1f} ms"
+    return (f"{name:<40} n={len(values):<3} median {statistics.median(values):8.1f} ms  p90 {q:8.1f} ms  "
+            f"max {max(values):8.1f} ms")
 
 
 def main() -> None:

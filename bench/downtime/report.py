@@ -148,7 +148,8 @@ def table(r: Results) -> str:
     if phase_rows(r):
         parts += ["", "orchestrator phases (median s)", _plain(phase_head(r), phase_rows(r))]
     if staged_rows(r):
-        parts += ["", "switches to models whose weights were staged inside the switch", _plain(STAGED_HEAD, staged_rows(r))]
+        parts += ["", "switches to models whose weights were staged inside the switch",
+                  _plain(STAGED_HEAD, staged_rows(r))]
     if r.agent:
         parts += ["", "agent footprint (python -m orchestrator agent)", _plain(AGENT_HEAD, agent_rows(r))]
     return "\n".join(parts)
@@ -248,7 +249,8 @@ def render(r: Results) -> str:
         lines += ["## Agent footprint", "",
                   ("`python -m orchestrator agent` on the controller (ssh transport to the host); RSS sampled every "
                   "0.1 s, CPU = user + system time of the process over the window (10 ms ticks). Idle includes "
-                  "its health watch (every 15 s, the default `watch_interval_s`) and schedule loops; each switch window is one `orchestrator switch` through its socket."),
+                  "its health watch (every 15 s, the default `watch_interval_s`) and schedule loops; each switch "
+                  "window is one `orchestrator switch` through its socket."),
                   "", _md(AGENT_HEAD, agent_rows(r)), ""]
     else:
         lines += ["## Agent footprint", "", "Not run (--skip-agent).", ""]

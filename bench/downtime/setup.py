@@ -68,8 +68,8 @@ class Bench:
         h = self.host
         state = LOCAL_STATE if local else self.work / "state"
         lines = [f'state_dir = "{state}"', "[defaults]", 'user = "root"', 'group = "root"', "allow_root = true",
-                 f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]', "load_deadline_s = 120", "stop_timeout_s = 30",
-                 "free_timeout_s = 30", "health_interval_s = 0.2", "restart_sec = 10",
+                 f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]', "load_deadline_s = 120",
+                 "stop_timeout_s = 30", "free_timeout_s = 30", "health_interval_s = 0.2", "restart_sec = 10",
                  f"[hosts.{h.name}]", f'transport = "{"local" if local else "ssh"}"', f'address = "{h.address}"',
                  f'bind = "{h.address}"', "gpus = 8", "gpu_memory_gib = 96", 'models_dir = "/models"',
                  f'python = "{sys.executable}"']

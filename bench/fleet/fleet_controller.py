@@ -172,7 +172,8 @@ def main() -> int:
     t_run = time.monotonic()
     print(f"# controller overhead benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# machine: {os.cpu_count()} CPUs, {platform.platform()}, load {os.getloadavg()}")
-    print(f"# engine: stand-in, --load-time {args.load_time:g} --load-time-from-start (a sleep from its exec), 8 netns test hosts, batch 8, canary 0")
+    print(f"# engine: stand-in, --load-time {args.load_time:g} --load-time-from-start (a sleep from its exec), "
+          "8 netns test hosts, batch 8, canary 0")
     hostset = boot_hosts(8, netns=True)
     work = Path(tempfile.mkdtemp(prefix="fleet-ctl-bench-"))  # removed at the end; its log is printed on failure
     agent: subprocess.Popen[bytes] | None = None
@@ -216,7 +217,8 @@ def main() -> int:
                 record("one host: orchestrator --host switch", took,
                        f"client CLI CPU {children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
                 time.sleep(2 * sampler.interval_s)  # a sample after the end
-                print(f"#   {'whole command':<23} wall {took:6.2f} s  CPU s: {cpu_line(sampler.between(t0, t0 + took))}")
+                print(f"#   {'whole command':<23} wall {took:6.2f} s  "
+                      f"CPU s: {cpu_line(sampler.between(t0, t0 + took))}")
             for new in (PAIR[state_model], state_model):
                 t0, agent_cpu, cli_cpu = time.time(), cpu_s(agent.pid), children_cpu_s()
                 took = timed([*cli, "rollout", new, "--batch", "8", "--config", str(cfg)], env)
@@ -234,7 +236,8 @@ def main() -> int:
                 record("8 hosts: 8 CLIs at once, --host switch each (no controller)", took,
                        f"client CLIs CPU {children_cpu_s() - cli_cpu:.2f} s, load {os.getloadavg()[0]:.1f}")
                 time.sleep(2 * sampler.interval_s)
-                print(f"#   {'whole commands':<23} wall {took:6.2f} s  CPU s: {cpu_line(sampler.between(t0, t0 + took))}")
+                print(f"#   {'whole commands':<23} wall {took:6.2f} s  "
+                      f"CPU s: {cpu_line(sampler.between(t0, t0 + took))}")
         sampler.close()
         print(f"# load at end {os.getloadavg()}, run {time.monotonic() - t_run:.0f} s")
         one = statistics.median(results["one host: orchestrator --host switch"])

@@ -7,9 +7,9 @@ its command line: the box's agent, its engines (the stand-in API server and its 
 the relays (`python -m orchestrator.agent.relay`, one per request), the box's systemd (PID 1 and its
 helpers), D-Bus, journald, and the rest.
 A process is counted under the role its command line had at its last sample (a unit's process is
-systemd's until it execs), and keeps the last CPU figure sampled when it exits, so the sums only grow; what the container
-used beyond them is "unsampled" (processes shorter than one interval: mostly relays and the shells
-that exec them). The controller's agent and the client CLI are sampled by pid.
+systemd's until it execs), and keeps the last CPU figure sampled when it exits, so the sums only
+grow; what the container used beyond them is "unsampled" (processes shorter than one interval:
+mostly relays and the shells that exec them). The controller's agent and the client CLI are sampled by pid.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Rounds alternate alpha -> beta -> alpha so every method switches between the sam
 Ansible runs with the agents stopped (their health watch would restart the model it stops) and
 writes the unit the orchestrator renders for that host, as bench/downtime/switch_downtime.py does.
 
-    .venv/bin/python bench/fleet/fleet_rollout.py [--rounds N] [--only one-host --only batch8 ...] > bench/fleet/fleet_rollout.txt
+    .venv/bin/python bench/fleet/fleet_rollout.py [--rounds N] [--only one-host --only batch8 ...] \\
+        > bench/fleet/fleet_rollout.txt
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})})
     took = time.monotonic() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:6])} ... exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{' '.join(argv[:6])} ... exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-2000:]}")
     return took
 
 

@@ -73,7 +73,8 @@ def run_case(n: int, batch: int, switch_s: float, rtt_s: float) -> dict[str, Any
         batches = [b - a for a, b in zip([first_switch, *marks[:-1]], marks, strict=True)]
         assert summary["rollout"]["status"] == "succeeded", summary["rollout"]
         assert all(b.switches("beta") == 1 for b in boxes.values())
-        return {"boxes": n, "batch": batch, "batches": len(batches), "preflight_s": first_switch - t0, "wall_s": t1 - t0, "batch_s": batches,
+        return {"boxes": n, "batch": batch, "batches": len(batches), "preflight_s": first_switch - t0,
+                "wall_s": t1 - t0, "batch_s": batches,
                 "cpu_s": cpu1 - cpu0, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "peak_channels": peaks.channels, "peak_threads": peaks.threads}
 

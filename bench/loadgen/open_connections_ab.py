@@ -66,9 +66,10 @@ def main() -> int:
         for name in order:
             r = one(a, WithoutOpening if name == "without" else LoadGenerator)
             rows[name].append(r)
-            print(f"pair {i + 1} {name:8} connections opened first: {r['tok_s']:8.1f} tok/s, head {r['head_tok_s']:7.1f},"
-                  f" steady {r['steady_tok_s']:7.1f}, all first {a.concurrency} have a token after"
-                  f" {r['first_c_all_first_token_s']:.2f} s; load {os.getloadavg()[0]:.2f}", flush=True)
+            print(f"pair {i + 1} {name:8} connections opened first: {r['tok_s']:8.1f} tok/s,"
+                  f" head {r['head_tok_s']:7.1f}, steady {r['steady_tok_s']:7.1f},"
+                  f" all first {a.concurrency} have a token after {r['first_c_all_first_token_s']:.2f} s;"
+                  f" load {os.getloadavg()[0]:.2f}", flush=True)
     for name, rs in rows.items():
         print(f"{name:8} medians: {statistics.median(r['tok_s'] for r in rs):.1f} tok/s, head"
               f" {statistics.median(r['head_tok_s'] for r in rs):.1f}, first {a.concurrency} served after"

@@ -190,7 +190,8 @@ def main() -> None:
     version = subprocess.run([HAPROXY, "-v"], capture_output=True, text=True, check=True).stdout.split("\n")[0]
     raw: dict[str, Any] = {"haproxy": version, "body_bytes": BODY, "held": [], "start": []}
     print(raw["haproxy"])
-    print(f"{BODY:,}-byte chat requests, `model` last; RSS of the HAProxy process (kB); per conn = (held - before) / N\n")
+    print(f"{BODY:,}-byte chat requests, `model` last; RSS of the HAProxy process (kB); "
+          "per conn = (held - before) / N\n")
     print(f"{'case':38} {'buffer':26} {'N':>4} {'per conn kB':>11} {'before':>7} {'held':>7} {'after close':>11}  note")
     for case, conns, upto in CASES:
         for label, limit in SIZES:

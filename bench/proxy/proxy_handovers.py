@@ -41,7 +41,8 @@ def run_case(ops: Any, url: str, pair: tuple[str, str], rounds: int) -> dict[str
         for i in range(rounds):
             s0 = time.monotonic()
             out = ops.switch(pair[i % 2], progress=recorder(events, drains))
-            switches.append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(time.monotonic() - s0, 2)})
+            switches.append({"to": out["model"], "outcome": out["outcome"],
+                             "switch_s": round(time.monotonic() - s0, 2)})
     got = classify(prober.requests, TOKENS)
     streams = [r for r in prober.requests if r["kind"] == "stream"]
     return {"rounds": rounds, "took_s": round(time.monotonic() - t0, 1), "requests": len(prober.requests),

@@ -165,10 +165,12 @@ def render(results: dict[str, list[Trial]], timing: Timing, prof: dict[str, floa
         "with the wheel cache warm)"), "",
         "## Method", "",
         (f"- Stand-in engine: L = {timing.load_s:g} s, S = {timing.stop_s:g} s; prober every 50 ms from this "
-        "machine; downtime = longest gap between good answers; overhead = downtime - (S + L) (bench/downtime/README.md)."),
+        "machine; downtime = longest gap between good answers; overhead = downtime - (S + L) "
+        "(bench/downtime/README.md)."),
         "- Rounds of one switch per tool, each to the model not serving; every tool writes the same unit text.",
-        ("- `floor`: bench/baselines/floor/switch.sh: ONE persistent SSH connection (ControlMaster, opened before the run) "
-        "doing `systemctl stop A && cat > unit && systemctl daemon-reload && systemctl start B` as one command, "
+        ("- `floor`: bench/baselines/floor/switch.sh: ONE persistent SSH connection (ControlMaster, opened "
+        "before the run) doing `systemctl stop A && cat > unit && systemctl daemon-reload && systemctl start B` "
+        "as one command, "
         "then curl /health every 50 ms. No GPU-free wait, no readiness beyond /health, no record, no rollback."),
         ("- `orchestrator`: the CLI here, in-process, ssh transport (fabric, one connection), every safety step "
         "(preflight, stop, GPUs free, install, start, /health + /v1/models + one real completion polled every "

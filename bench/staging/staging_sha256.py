@@ -11,7 +11,8 @@ Four measurements, each the median of --repeats runs over --size-mib MiB:
 4. ``hub download``: huggingface_hub's http_get of a --size-mib file from the local hub stand-in
    (tests/hubstub, loopback HTTP) into a plain file and into a HashingWriter.
 
-Pairs run alternately after a warm-up each. Cost per GiB = (seconds with hashing - seconds without) / GiB. Prints a table; nothing is asserted.
+Pairs run alternately after a warm-up each. Cost per GiB = (seconds with hashing - seconds without) / GiB.
+Prints a table; nothing is asserted.
 
     .venv/bin/python bench/staging/staging_sha256.py [--size-mib 1024] [--repeats 3] [--dir /var/tmp]
 """

@@ -54,7 +54,8 @@ class HttpEngineControl:
             raise EngineError(f"sleep level {level!r} for {base_url}: must be 1 or 2")
         if mode not in MODES:
             raise EngineError(f"sleep mode {mode!r} for {base_url}: must be one of {', '.join(MODES)}")
-        self._post(base_url, self._api.sleep, params=[("level", str(level)), ("mode", mode)], timeout=self._sleep_timeout)
+        self._post(base_url, self._api.sleep, params=[("level", str(level)), ("mode", mode)],
+                   timeout=self._sleep_timeout)
 
     def wake(self, base_url: str, tags: Sequence[str] = ()) -> None:
         params: Params = [("tags", t) for t in tags]
@@ -64,12 +65,13 @@ class HttpEngineControl:
         try:
             r = self._client.get(f"{base_url}{self._api.is_sleeping}")
         except httpx.HTTPError as exc:
-            raise EngineError(f"GET {base_url}{self._api.is_sleeping}: no answer ({type(exc).__name__}: {exc})") from exc
+            raise EngineError(f"GET {base_url}{self._api.is_sleeping}: no answer "
+                              f"({type(exc).__name__}: {exc})") from exc
         body = redact(r.text)[:500]
         if r.status_code != 200:
             # 404: the engine runs without VLLM_SERVER_DEV_MODE=1 (or is not vLLM).
-            raise EngineError(f"GET {base_url}{self._api.is_sleeping}: HTTP {r.status_code}: {body}", status=r.status_code,
-                              body=body)
+            raise EngineError(f"GET {base_url}{self._api.is_sleeping}: HTTP {r.status_code}: {body}",
+                              status=r.status_code, body=body)
         try:
             value = r.json()["is_sleeping"]
         except (ValueError, KeyError, TypeError) as exc:

@@ -178,7 +178,8 @@ class HaproxyProxy:
     def _master(self, mode: str, *commands: str) -> tuple[Procs | None, dict[int, OldWorker]]:
         out = self._master_cli(mode, *commands)
         procs = parse_show_proc(out.get("proc") or "")
-        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")), str(v.get("marks", "")))
+        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")),
+                                       str(v.get("marks", "")))
                    for pid, v in (out.get("old") or {}).items()}
         return procs, workers
 

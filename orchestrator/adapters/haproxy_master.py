@@ -33,9 +33,9 @@ def ask(path: str, cmd: str) -> str | None:
 
 
 def master(path: str, mode: str, commands: list[str]) -> dict[str, Any]:
-    """Send ``commands`` (the drain's marks; their answers in "said"), then `show proc`; with mode "old" also `show info`, `show stat`
-    and each backend's `get var proc.drained_<backend>` of every old worker (`@!PID` reaches a worker through
-    the master). "proc" is None when the master did not answer."""
+    """Send ``commands`` (the drain's marks; their answers in "said"), then `show proc`; with mode "old"
+    also `show info`, `show stat` and each backend's `get var proc.drained_<backend>` of every old worker
+    (`@!PID` reaches a worker through the master). "proc" is None when the master did not answer."""
     said = [ask(path, cmd) or "" for cmd in commands]
     proc = ask(path, "show proc")
     old: dict[str, dict[str, str]] = {}

@@ -47,4 +47,5 @@ class HttpHealthProbe:
         try:
             return str(r.json()["choices"][0]["text"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise HealthCheckFailed(f"POST {base_url}{ENGINE.completions_path}: unexpected answer {redact(r.text)[:300]!r}") from exc
+            raise HealthCheckFailed(f"POST {base_url}{ENGINE.completions_path}: unexpected answer "
+                                    f"{redact(r.text)[:300]!r}") from exc

@@ -85,8 +85,8 @@ class SqliteFile:
             self._migrate()
         except sqlite3.DatabaseError as exc:
             self._db.close()
-            raise StateStoreError(f"{self.KIND} {self.path}: {_what_failed(exc, 'cannot be used')} ({exc}); move it aside to start a "
-                                  f"fresh history") from exc
+            raise StateStoreError(f"{self.KIND} {self.path}: {_what_failed(exc, 'cannot be used')} ({exc}); "
+                                  f"move it aside to start a fresh history") from exc
         except StateStoreError:
             self._db.close()
             raise

@@ -39,7 +39,8 @@ class SqliteStore(StateFile):
             db.execute("INSERT INTO transitions (deployment_id, phase, at) VALUES (?,?,?)",
                        (dep_id, Phase.PLANNED.value, at))
             if plan is not None:
-                db.execute("INSERT INTO deployment_plans (deployment_id, plan) VALUES (?, ?)", (dep_id, json.dumps(plan)))
+                db.execute("INSERT INTO deployment_plans (deployment_id, plan) VALUES (?, ?)",
+                           (dep_id, json.dumps(plan)))
         return self.get(dep_id)
 
     def transition(self, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE) -> None:
@@ -85,8 +86,8 @@ class SqliteStore(StateFile):
 
     def record_plan(self, dep_id: int, plan: dict[str, Any]) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO deployment_plans (deployment_id, plan) VALUES (?, ?) ON CONFLICT(deployment_id) DO UPDATE "
-                       "SET plan=excluded.plan", (dep_id, json.dumps(plan)))
+            db.execute("INSERT INTO deployment_plans (deployment_id, plan) VALUES (?, ?) "
+                       "ON CONFLICT(deployment_id) DO UPDATE SET plan=excluded.plan", (dep_id, json.dumps(plan)))
 
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None:
         with self._tx() as db:

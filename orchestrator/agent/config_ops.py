@@ -31,7 +31,8 @@ def sha256(text: str) -> str:
 class ConfigRevisions:
     """The config file of one agent and its recorded revisions (in the agent's state.db)."""
 
-    def __init__(self, path: str | Path, state_dir: str, *, group: str | None, store: ConfigStore | None = None) -> None:
+    def __init__(self, path: str | Path, state_dir: str, *, group: str | None,
+                 store: ConfigStore | None = None) -> None:
         self.path = Path(path)
         # by default state.db: creates and migrates the schema, config tables included, with the modes
         # Operations gives it

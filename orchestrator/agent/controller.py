@@ -100,7 +100,7 @@ class FleetController:
     def start(self, args: RolloutStartArgs, started_by: str | None) -> dict[str, Any]:
         """Preflight and record here (refusals go back to the caller), then drive in the background."""
         self._is_controller()
-        job = Job("controller", "rollout", args.model_dump())
+        job = Job("controller", "rollout_start", args.model_dump())
         recorded = threading.Event()
         rid: list[int] = []
         failed: list[OrchestratorError] = []
@@ -132,7 +132,7 @@ class FleetController:
             if self._driven(ro):
                 raise Busy(f"rollout #{ro.id} is still driven by pid {ro.pid} (a CLI that runs it itself): "
                            "let it finish, or `orchestrator rollout abort` it")
-            job = Job("controller", "rollout resume", {"id": ro.id})
+            job = Job("controller", "rollout_resume", {"id": ro.id})
             self.runs[ro.id] = job
         self._spawn(job, lambda: self._driving(self._fleet(job), job, lambda f: f.drive(ro.id)), [ro.id], [],
                     threading.Event())
@@ -147,7 +147,7 @@ class FleetController:
             driven = self._driven(ro)
             self.store.request_abort(ro.id)
             if not driven:
-                job = Job("controller", "rollout abort", {"id": ro.id})
+                job = Job("controller", "rollout_abort", {"id": ro.id})
                 self.runs[ro.id] = job
         if driven:
             who = f"agent pid {self.pid}" if ro.id in self.runs else f"pid {ro.pid}"

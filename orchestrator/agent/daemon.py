@@ -150,7 +150,8 @@ class Agent:
         return authorized(uid, gid, self.group)
 
     # -- requests ---------------------------------------------------------------------------------
-    def dispatch(self, op: object, raw_args: object, caller: str, *, uid: int | None = None) -> Iterator[dict[str, Any]]:
+    def dispatch(self, op: object, raw_args: object, caller: str, *,
+                 uid: int | None = None) -> Iterator[dict[str, Any]]:
         """Answer one client request from the operation table (contract/ops.py); ``caller`` (user@socket
         or user@ssh-client, from the peer's uid and the box's view of its login) is the trigger, never
         what the client says; ``uid`` is the peer's (None: unknown, so never root)."""

@@ -1,6 +1,6 @@
 """Models on demand, the jobs the broker runs: a wake or start as a normal switch through the agent's
 jobs (trigger ``demand:<model>``), whose result answers the requests waiting for it, and the idle
-sleep or stop (agent/demand_ops.py)."""
+sleep or stop (the table's demand_sleep and demand_stop: contract/ops.py, deploy/demand_ops.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator import logs
-from orchestrator.agent.demand_ops import sleep_idle, stop_idle
 from orchestrator.agent.demand_tickets import Swap, Ticket, Waiting, answer
 from orchestrator.agent.demand_view import SWAP_EVENT, BrokerAgent, HostView
 from orchestrator.agent.server import Job
+from orchestrator.contract.ops import DEMAND_SLEEP, DEMAND_STOP, Caller
 from orchestrator.contract.wire import error_of, error_reply
 from orchestrator.core import demand as policy
 from orchestrator.core.demand import Kind
@@ -175,18 +175,21 @@ class DemandJobs:
             "timeline_ms": swap.timeline_ms()})
 
     def idle(self, host: str, action: policy.Action) -> None:
+        """Start the policy's idle sleep or stop of a model as a job: the table's demand_sleep or
+        demand_stop (contract/ops.py), parsed and run as a client's request is."""
         model, kind = action.model, action.kind
         assert model is not None
         ops = self.agent.ops
-        op = sleep_idle if kind is Kind.SLEEP else stop_idle
+        spec = DEMAND_SLEEP if kind is Kind.SLEEP else DEMAND_STOP
+        args = spec.parse(ops.catalog, {"model": model, "reason": action.reason})
 
         def run(job: Job) -> dict[str, Any]:
-            return op(ops, model, reason=action.reason, progress=_publisher(job))
+            return spec.in_process(ops, args, Caller(progress=_publisher(job), trigger=f"demand:{model}"))
 
         if self.agent.stopping.is_set():
             return
         try:
-            self.waiting.idle_jobs[host] = self.agent.jobs.submit(host, f"demand_{kind.value}", {"model": model}, run)
+            self.waiting.idle_jobs[host] = self.agent.jobs.submit(host, spec.name, {"model": model}, run)
         except Busy:
             return
         log.info("demand_idle", host=host, model=model, action=kind.value, reason=action.reason)

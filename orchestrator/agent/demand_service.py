@@ -3,19 +3,21 @@ while the catalog has a model on demand. The agent syncs it at start and after e
 a push that adds the first on-demand model starts them, one that removes the last stops them (the
 requests still held are answered 503), one that moves `[proxy] demand_socket` reopens the socket.
 A push that changes what a host's proxy holds for (which served names, their engines and bounds, the
-socket) re-renders that proxy at once (``reroute``): the next request for a new on-demand model is held."""
+socket) re-renders that proxy at once (``reroute``): the next request for a new on-demand model is held.
+What it does to a host's proxy (reroute, proxy_up, proxy_off, leftover_proxy_off) are operations of the
+table (contract/ops.py), run through it."""
 
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 from orchestrator import logs, unix_sockets
 from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.demand import Broker
-from orchestrator.agent.demand_ops import leftover_proxy_off, proxy_off, proxy_up, reroute
 from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
 from orchestrator.agent.loops import Failures, Loop
+from orchestrator.contract.ops import LEFTOVER_PROXY_OFF, PROXY_OFF, PROXY_UP, REROUTE, Caller, Operation
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import DemandRoute, demand_routes, host_body_limit
 from orchestrator.core.watch import stall_limit
@@ -63,6 +65,12 @@ def rendered_from(catalog: Catalog, host: str) -> tuple[object, ...]:
         return ()
     return (catalog.proxy, catalog.hosts[host].bind, catalog.defaults.bind, held_for(catalog, host),
             host_body_limit(catalog, host))
+
+
+def _box_op(spec: Operation[Any, dict[str, Any]], ops: Operations, host: str, reason: str) -> dict[str, Any]:
+    """One of the agent's own box operations (contract/ops.py, Who.AGENT) on ``host``, parsed against
+    ``ops``' catalog and run on them as the table says, here and now (under the host's lock)."""
+    return spec.in_process(ops, spec.parse(ops.catalog, {"host": host, "reason": reason}), Caller(trigger="agent"))
 
 
 class DemandService:
@@ -122,7 +130,8 @@ class DemandService:
                 out[host] = self._proxy_off(before_ops, host)
                 continue
             try:
-                changed = reroute(self.agent.ops, host, reason="config push" if was else "config push: [proxy] enabled")
+                changed = _box_op(REROUTE, self.agent.ops, host,
+                                  "config push" if was else "config push: [proxy] enabled")["reloaded"]
                 out[host] = ("reloaded" if was else "started") if changed else "unchanged"
             except OrchestratorError as exc:
                 out[host] = (f"not reloaded: {exc}; it holds the new on-demand set from the host's next "
@@ -134,7 +143,7 @@ class DemandService:
     def _proxy_off(ops: Operations, host: str) -> str:
         """Stop ``host``'s proxy for a push that disabled it (``ops`` of the catalog that had it)."""
         try:
-            stopped = proxy_off(ops, host, reason="config push: [proxy] enabled = false")
+            stopped = _box_op(PROXY_OFF, ops, host, "config push: [proxy] enabled = false")["was_running"]
         except OrchestratorError as exc:
             log.warning("proxy_stop_failed", host=host, error=str(exc))
             return (f"not stopped: {exc}; it still serves its last config until `systemctl disable --now "
@@ -151,7 +160,8 @@ class DemandService:
             return out
         for host in own_hosts(catalog):
             try:
-                done = leftover_proxy_off(self.agent.ops, host, reason="agent start: [proxy] enabled = false")
+                done = _box_op(LEFTOVER_PROXY_OFF, self.agent.ops, host,
+                               "agent start: [proxy] enabled = false")["done"]
             except OrchestratorError as exc:
                 log.warning("proxy_stop_failed", host=host, error=str(exc))
                 continue
@@ -169,7 +179,7 @@ class DemandService:
             return out
         for host in own_hosts(catalog):
             try:
-                if proxy_up(self.agent.ops, host, reason="agent start"):
+                if _box_op(PROXY_UP, self.agent.ops, host, "agent start")["changed"]:
                     out[host] = "started or reloaded"
             except OrchestratorError as exc:
                 log.warning("proxy_start_failed", host=host, error=str(exc))

@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator import logs, unix_sockets
 from orchestrator.agent.peers import operator
+from orchestrator.contract.ops import OPERATIONS
 from orchestrator.contract.wire import MAX_REQUEST, encode, error_reply, peer_credentials
 from orchestrator.core.documents import DocumentError, clip, json_document
 from orchestrator.deploy.operations import Operations
@@ -32,11 +33,16 @@ _DONE = object()
 
 
 class Job:
-    """One operation running on one host, with the listeners of its progress."""
+    """One operation running on one host, with the listeners of its progress. ``op`` is the name of an
+    entry of the operation table (contract/ops.py), whoever starts it (a client, a schedule, the broker,
+    the controller): the table is the one list of what the agent runs, so any other name is refused."""
 
     END = _DONE  # the last item of every listener's queue (the dashboard, a layer below, reads it from the job)
 
     def __init__(self, host: str, op: str, args: dict[str, Any]) -> None:
+        if op not in OPERATIONS:
+            raise AgentError(f"job {op!r} on host {host}: not an operation of the table (contract/ops.py); "
+                             f"declare it there (known: {', '.join(sorted(OPERATIONS))})")
         self.host, self.op, self.args = host, op, args
         self.listeners: list[queue.Queue[Any]] = []
         self.lock = threading.Lock()

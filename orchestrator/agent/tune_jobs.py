@@ -25,7 +25,7 @@ from orchestrator.rollout.tune import Tuner, request_of, tune_store
 
 log = logs.get_logger()
 
-_OPS = ("tune", "tune plan", "tune resume", "tune abort")
+_OPS = ("tune_start", "tune_plan", "tune_resume", "tune_abort")  # its jobs: the table's names (contract/ops.py)
 
 
 class TuneJobs:
@@ -81,13 +81,13 @@ class TuneJobs:
         """Stage the weights and pick the candidates, holding the host; nothing stops."""
         req = request_of(args)
         host = self._owned(self.ops().catalog.target(model=args.model).name)
-        return _stream(self._submit(host, "tune plan", _shown(args),
+        return _stream(self._submit(host, "tune_plan", _shown(args),
                                     lambda t: t.prepare(req).summary()))
 
     def start(self, args: TuneArgs) -> Iterator[dict[str, Any]]:
         req = request_of(args)
         host = self._owned(self.ops().catalog.target(model=args.model).name)
-        return _stream(self._submit(host, "tune", _shown(args),
+        return _stream(self._submit(host, "tune_start", _shown(args),
                                     lambda t: t.start(t.prepare(req))))
 
     def resume(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]:
@@ -96,7 +96,7 @@ class TuneJobs:
         running = self._running(host)
         if running is not None:
             return _stream(running, {"event": "tune_following", "fields": {"host": host, "op": running.op}})
-        return _stream(self._submit(host, "tune resume", args.model_dump(), lambda t: t.resume(host, args.model)))
+        return _stream(self._submit(host, "tune_resume", args.model_dump(), lambda t: t.resume(host, args.model)))
 
     def abort(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]:
         """A running run stops before its next candidate and what served before returns; an unfinished
@@ -109,7 +109,7 @@ class TuneJobs:
         if running is not None:
             return _stream(running, {"event": "tune_abort_requested", "fields": {
                 "host": host, "op": running.op, "when": "before its next candidate"}})
-        return _stream(self._submit(host, "tune abort", args.model_dump(), lambda t: t.abort(host, args.model)))
+        return _stream(self._submit(host, "tune_abort", args.model_dump(), lambda t: t.abort(host, args.model)))
 
     def follow(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]:
         """The host's running tune to its end (its report), else the last run's report (or status) at once."""
@@ -152,7 +152,7 @@ class TuneJobs:
                 continue
             log.info("tune_resumed", run=run.id, model=run.model, host=host)
             try:
-                self._submit(host, "tune resume", {"host": host, "model": None}, _resume(host))
+                self._submit(host, "tune_resume", {"host": host, "model": None}, _resume(host))
             except OrchestratorError as exc:
                 log.warning("tune_resume_failed", run=run.id, host=host, error=str(exc))
                 continue

@@ -38,7 +38,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "history": ("deploy_cmds", "history",
                 "Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."),
     "models": ("catalog_cmds", "models", "List the models of the catalog (with --host: of the box's deploy.toml)."),
-    "plan": ("plan_cmd", "plan", "Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can."),
+    "plan": ("plan_cmd", "plan",
+             "Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can."),
     "recover": ("deploy_cmds", "recover",
                 "Finish deployments a crash or a stop left unfinished (the agent does this on start)."),
     "render": ("catalog_cmds", "render", "Render units/vllm-MODEL.service (all models when MODEL is omitted)."),
@@ -121,7 +122,8 @@ def _privilege_hint(ctx: click.Context, exc: OrchestratorError) -> str:
     if cause is None or not isinstance(exc, StateStoreError) or os.geteuid() == 0:
         return ""
     if ctx.invoked_subcommand == "agent":
-        return f"; `orchestrator agent` runs as root (uid {os.geteuid()} here): it owns state_dir, the units and systemd"
+        return (f"; `orchestrator agent` runs as root (uid {os.geteuid()} here): it owns state_dir, the units "
+                "and systemd")
     return (f"; `orchestrator {ctx.invoked_subcommand}` found no agent to ask, so it uses the state directory "
             f"itself, which only root may (uid {os.geteuid()} here): run it as root, or through the agent "
             "(its socket_group's members may ask it; `orchestrator agent` runs as root)")

@@ -56,8 +56,8 @@ def adopt(units: tuple[str, ...], config: str | None, host: str | None, apply: b
     click.echo(_review(found))
     added = len([x for x in found["adopted"] if not x["in_config"]])
     if pushed is not None:
-        click.echo(f"{pushed['path']}: config revision {pushed['revision']}: {added} entr{'y' if added == 1 else 'ies'} "
-                   "added")
+        click.echo(f"{pushed['path']}: config revision {pushed['revision']}: "
+                   f"{added} entr{'y' if added == 1 else 'ies'} added")
     for r in recorded["recorded"]:
         what = f"unit {r['unit']}" if r["pid"] is None else f"pid {r['pid']} (its next switch stops it)"
         click.echo(f"host {recorded['host']}: revision {r['revision']} records {r['model']} as it runs now "
@@ -84,7 +84,8 @@ def _review(found: dict[str, Any]) -> str:
             lines.append(f"# differs when rendered: {d}")
         if not x["differences"] and "rendered_argv" in x:
             made = " ".join(x["explicit"])
-            lines.append("# its unit would run the same command" + (f" (stating vLLM's defaults {made})" if made else ""))
+            lines.append("# its unit would run the same command"
+                         + (f" (stating vLLM's defaults {made})" if made else ""))
         lines.append("")
     return "\n".join(lines)
 

@@ -70,7 +70,8 @@ def schedules(config: str | None, as_json: bool) -> None:
     if printed(rows, as_json, empty=lambda: f"no schedules in {settings.config_path(config)}"):
         return
     print_table(stdout_console(), ["schedule", "cron", "action", "model", "window", "next run", "last"],
-                [[r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "", r["next_run"] or ENDED,
+                [[r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "",
+                  r["next_run"] or ENDED,
                   " ".join(str((r.get("last") or {}).get(k, "")) for k in ("kind", "reason")).strip()]
                  for r in rows])
 

@@ -19,13 +19,16 @@ from orchestrator.errors import UsageError
               help="replace an installed package with this tree's and restart the agent (only between operations)")
 @click.option("--config", "config", metavar="FILE", callback=nonempty, default=None,
               help="deploy.toml for the box when it has none (default: a minimal one: the box itself, its GPUs)")
-@click.option("--key", metavar="PATH", callback=nonempty, default=None, help="SSH private key (default: hosts file, ssh-agent, ~/.ssh)")
+@click.option("--key", metavar="PATH", callback=nonempty, default=None,
+              help="SSH private key (default: hosts file, ssh-agent, ~/.ssh)")
 @click.option("--known-hosts", metavar="PATH", callback=nonempty, default=None,
               help="known_hosts to check the box's key against (default: hosts file, else ~/.ssh/known_hosts)")
-@click.option("--python", "base_python", metavar="PATH", callback=nonempty, default="/usr/bin/python3", show_default=True,
-              help="the box's Python (>= 3.11) the venv is made from")
-@click.option("--source", metavar="DIR", callback=nonempty, default=None, help="project tree to build the wheel from (default: this one)")
-@click.option("--wheel", metavar="FILE", callback=nonempty, default=None, help="install this orchestrator wheel instead of building one")
+@click.option("--python", "base_python", metavar="PATH", callback=nonempty, default="/usr/bin/python3",
+              show_default=True, help="the box's Python (>= 3.11) the venv is made from")
+@click.option("--source", metavar="DIR", callback=nonempty, default=None,
+              help="project tree to build the wheel from (default: this one)")
+@click.option("--wheel", metavar="FILE", callback=nonempty, default=None,
+              help="install this orchestrator wheel instead of building one")
 @click.option("--wheelhouse", metavar="DIR", callback=nonempty, default=None,
               help="dependency wheels for the box (default: resolved here into ~/.cache/orchestrator/wheelhouse)")
 @click.option("--authorize", is_flag=True,

@@ -35,7 +35,8 @@ from orchestrator.wiring import operations
 def _serving(ops: Operations, host: str | None) -> Any:
     serving = ops.serving(host)
     if serving is None:
-        raise UsageError(f"host {ops.catalog.target(host=host).name} serves nothing recorded as active: switch to a model first")
+        raise UsageError(f"host {ops.catalog.target(host=host).name} serves nothing recorded as active: "
+                         "switch to a model first")
     return serving
 
 

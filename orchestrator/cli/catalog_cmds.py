@@ -44,8 +44,10 @@ def models(config: str | None, as_json: bool) -> None:
         return
     table_rows: list[list[str]] = []
     for r in rows:
-        layout = f"TP={r['tensor_parallel']}" + (f" PP={r['pipeline_parallel']}" if r["pipeline_parallel"] > 1 else "") \
-            + (f" DP={r['data_parallel']}" if r["data_parallel"] > 1 else "") + (" + EP" if r["expert_parallel"] else "")
+        layout = f"TP={r['tensor_parallel']}" \
+            + (f" PP={r['pipeline_parallel']}" if r["pipeline_parallel"] > 1 else "") \
+            + (f" DP={r['data_parallel']}" if r["data_parallel"] > 1 else "") \
+            + (" + EP" if r["expert_parallel"] else "")
         rev = r["revision"] if r["pinned"] else f"{r['revision']} (unpinned)"
         table_rows.append([r["name"], r["host"], f"{r['repo']}@{rev}", r["served_name"], str(r["port"]),
                            ",".join(map(str, r["gpus"])), layout, f"{r['load_deadline_s']:g} s"])
@@ -63,7 +65,8 @@ def models(config: str | None, as_json: bool) -> None:
               help="directory the rendered units are written to")
 @click.option("--diff", "diff", is_flag=True,
               help="show what would change against the units in --out (writes nothing; exit 1 if any)")
-@click.option("--template", "template", metavar="PATH", callback=nonempty, default=None, help="vllm.service.j2 to render from")
+@click.option("--template", "template", metavar="PATH", callback=nonempty, default=None,
+              help="vllm.service.j2 to render from")
 @click.option("--agent", "agent", is_flag=True, help="also render orchestrator-agent.service for this config")
 @click.option("--installed", is_flag=True, help="with --diff: compare with the unit installed on the model's host")
 @click.option("--proxy", "proxy", is_flag=True,
@@ -166,7 +169,8 @@ def _render_proxy(cat: Catalog, diff: bool) -> None:
     for name, host in cat.hosts.items():
         specs = [d.spec for d in store.serving_set(name)]
         bind = cat.proxy.bind or host.bind or cat.defaults.bind
-        text = render_host(cat, name, bind, routes_for(specs), template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA))
+        text = render_host(cat, name, bind, routes_for(specs), template_text("haproxy.cfg.j2"),
+                           template_text(DEMAND_LUA))
         where = f"{name}:{cat.proxy.config_path}"
         if not diff:
             click.echo(f"# host {where}: routes {', '.join(s.served_name for s in specs) or 'none'}")

@@ -128,7 +128,8 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
                 hub_config.read_model_config(config, "model config")
             except OrchestratorError as exc:
                 raise UsageError(f"{exc}; without a MODEL, --config names a model's config.json (to plan a "
-                                 f"model of a deploy.toml: orchestrator plan MODEL --config {shlex.quote(config)})") from None
+                                 "model of a deploy.toml: orchestrator plan MODEL "
+                                 f"--config {shlex.quote(config)})") from None
         if model is None:
             raise UsageError("name a MODEL of the catalog, or plan a bare config.json with --config PATH --gpus N")
         remote = remote_spec() is not None

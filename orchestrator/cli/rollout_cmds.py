@@ -198,7 +198,8 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     ro = result["rollout"]
     why = f": {ro['reason']}" if ro.get("reason") else ""
     who = f" (started by {ro['started_by']})" if ro.get("started_by") else ""
-    asked = " (abort requested)" if ro.get("abort_requested") and ro["status"] in ("running", "paused", "interrupted") else ""
+    asked = (" (abort requested)"
+             if ro.get("abort_requested") and ro["status"] in ("running", "paused", "interrupted") else "")
     click.echo(f"rollout #{ro['id']} {ro['model']} on group {ro['group']}{who}: {ro['status']}{asked}{why}")
     for h in result["hosts"]:
         extra = " ".join(x for x in (f"deployment #{h['deployment_id']}" if h["deployment_id"] else "",

@@ -63,9 +63,12 @@ from orchestrator.wiring import operations
               help="benchmark each candidate this many times, to see the noise")
 @click.option("--restore", is_flag=True, help="bring back what served before instead of leaving the winner")
 @click.option("--apply", "apply_", is_flag=True, help="write the winner's layout into deploy.toml")
-@click.option("--chart", "chart", default=None, metavar="FILE.svg", callback=nonempty, help="also write the chart as an SVG image")
-@click.option("--model-config", default=None, metavar="PATH", callback=nonempty, help="config.json to plan with (default: the host's)")
-@click.option("--resume", is_flag=True, help="finish the host's unfinished tune run (MODEL, if given, must be the run's)")
+@click.option("--chart", "chart", default=None, metavar="FILE.svg", callback=nonempty,
+              help="also write the chart as an SVG image")
+@click.option("--model-config", default=None, metavar="PATH", callback=nonempty,
+              help="config.json to plan with (default: the host's)")
+@click.option("--resume", is_flag=True,
+              help="finish the host's unfinished tune run (MODEL, if given, must be the run's)")
 @click.option("--abort", is_flag=True, help="stop the host's unfinished tune run; what served before returns")
 @click.option("--follow", is_flag=True, help="re-attach to the host's tune run in its agent; its report at the end")
 @click.option("--status", "show_status", is_flag=True, help="the host's tune run in its agent: what it measured so far")

@@ -23,7 +23,8 @@ _HELD = 75
 _SCRIPT = f"""
 if [ "$1" != ignore-agent ] && systemctl is-active --quiet {AGENT_UNIT}; then echo AGENT; exit 0; fi
 mkdir -p {LOCK_DIR} && exec flock -n -E {_HELD} {LOCK_FILE} sh -c \\
-  'echo "$(id -un) from ${{SSH_CONNECTION%% *}} (pid $$) since $(date -u +%FT%TZ)" > {LOCK_FILE}; echo LOCKED; exec cat >/dev/null'
+  'echo "$(id -un) from ${{SSH_CONNECTION%% *}} (pid $$) since $(date -u +%FT%TZ)" > {LOCK_FILE}
+   echo LOCKED; exec cat >/dev/null'
 """
 
 

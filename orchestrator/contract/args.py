@@ -103,6 +103,20 @@ class HistoryArgs(HostArgs):
     limit: int = Field(50, ge=1, le=10_000)
 
 
+class IdleArgs(ModelArgs):
+    """demand_sleep, demand_stop: the on-demand broker's idle model, and why it goes (for its event)."""
+
+    reason: str = Field(max_length=2000)
+
+
+class ProxyArgs(Args):
+    """reroute, proxy_up, proxy_off, leftover_proxy_off: the host whose front proxy the agent acts on,
+    and why (a config push, the agent's start: for its event)."""
+
+    host: str = Field(max_length=200)
+    reason: str = Field(max_length=2000)
+
+
 class ConfigPushArgs(Args):
     text: str = Field(max_length=900_000)
     name: str | None = Field(None, max_length=200)

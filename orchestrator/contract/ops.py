@@ -4,7 +4,10 @@ The agent's socket, the in-process backend and the fleet fan-out all read this t
 operation is one entry here, one ``Operations`` method and one CLI command. An entry with ``job``
 set changes a box: it holds that host while it runs (the agent runs one per host, in the background,
 streaming progress); without it, it is a query answered at once. An entry without ``run`` is
-agent-only: it is answered by a running agent (``agent``), never in-process.
+agent-only: it is answered by a running agent (``agent``), never in-process. An entry of
+``Who.AGENT`` is one the agent runs itself (on demand's idle sleep and stop, its front proxy's reroute,
+start and stop), through this table like a client's request, and refuses to every client: every
+operation the agent runs is one of this table (agent/server.Job refuses any other).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ if TYPE_CHECKING:  # the argument models load with the first parse: a client nev
         DoctorArgs,
         HistoryArgs,
         HostArgs,
+        IdleArgs,
         ModelArgs,
         ModelsArgs,
         NoArgs,
+        ProxyArgs,
         RollbackArgs,
         RolloutAbortArgs,
         RolloutIdArgs,
@@ -50,13 +55,17 @@ R = TypeVar("R")
 class Who(Enum):
     """Who may run an operation. The socket lets in root, the agent's user and the socket group's members
     (agent/server.authorized) before it reads a byte; then each request is held to its entry's ``who``
-    (``Operation.admit``) from the peer's uid: root may run everything."""
+    (``Operation.admit``) from the peer's uid: root may run everything a client may ask (Who.AGENT's
+    entries are the agent's own: no client asks them)."""
 
     MEMBERS = "root and the members of the socket group"
     # A member may, except for what the entry's ``privileged`` finds in the request (core/privilege.py).
     MEMBERS_ROOT_FOR_PRIVILEGED = ("root and the members of the socket group; a change that decides what "
                                    "runs as root needs root (core/privilege.py)")
     ROOT = "root only"
+    # The agent's own box operations (on demand's idle sleep and stop, the proxy's reroute, start and stop
+    # after a push or at its start): the agent runs them from this table; no client may ask, root neither.
+    AGENT = "the agent itself, never a client"
 
 
 @dataclass(frozen=True)
@@ -185,6 +194,9 @@ class Operation(Generic[A, R]):
 
     def admit(self, agent: AgentSide, args: A, caller: Caller) -> None:
         """Refuse (exit 5) a caller the entry's ``who`` does not let run this request, before it runs."""
+        if self.who is Who.AGENT:
+            raise Refused(f"{self.name} by {caller.trigger}: the agent runs it itself (on-demand idle "
+                          "models, its front proxy), no client may ask it")
         if caller.uid == 0 or self.who is Who.MEMBERS:
             return
         if self.who is Who.ROOT:
@@ -282,6 +294,48 @@ def _host(catalog: Catalog, a: HostArgs) -> Host:
     return catalog.target(host=a.host)
 
 
+def _proxy_host(catalog: Catalog, a: ProxyArgs) -> Host:
+    return catalog.target(host=a.host)
+
+
+# The agent's own box operations (deploy/demand_ops.py), imported where they run: the deploy stack is never
+# loaded to name an operation (tests/unit/test_cli_start.py).
+def _demand_sleep(ops: Operations, a: IdleArgs, c: Caller) -> dict[str, Any]:
+    from orchestrator.deploy.demand_ops import sleep_idle
+
+    return sleep_idle(ops, a.model, reason=a.reason, progress=c.progress)
+
+
+def _demand_stop(ops: Operations, a: IdleArgs, c: Caller) -> dict[str, Any]:
+    from orchestrator.deploy.demand_ops import stop_idle
+
+    return stop_idle(ops, a.model, reason=a.reason, progress=c.progress)
+
+
+def _reroute(ops: Operations, a: ProxyArgs, c: Caller) -> dict[str, Any]:
+    from orchestrator.deploy.demand_ops import reroute
+
+    return {"reloaded": reroute(ops, a.host, reason=a.reason)}
+
+
+def _proxy_up(ops: Operations, a: ProxyArgs, c: Caller) -> dict[str, Any]:
+    from orchestrator.deploy.demand_ops import proxy_up
+
+    return {"changed": proxy_up(ops, a.host, reason=a.reason)}
+
+
+def _proxy_off(ops: Operations, a: ProxyArgs, c: Caller) -> dict[str, Any]:
+    from orchestrator.deploy.demand_ops import proxy_off
+
+    return {"was_running": proxy_off(ops, a.host, reason=a.reason)}
+
+
+def _leftover_proxy_off(ops: Operations, a: ProxyArgs, c: Caller) -> dict[str, Any]:
+    from orchestrator.deploy.demand_ops import leftover_proxy_off
+
+    return {"done": leftover_proxy_off(ops, a.host, reason=a.reason)}
+
+
 SWITCH: Operation[SwitchArgs, dict[str, Any]] = Operation(
     "switch", "SwitchArgs", dict, "switch",
     run=lambda ops, a, c: ops.switch(a.model, trigger=_trigger(c, a.rollout), no_rollback=a.no_rollback,
@@ -375,6 +429,22 @@ TUNE_FOLLOW: Operation[TuneHostArgs, dict[str, Any]] = Operation(
     "tune_follow", "TuneHostArgs", dict, "tune --follow", stream=lambda ag, a: ag.tuner.follow(a))
 TUNE_STATUS: Operation[TuneHostArgs, dict[str, Any]] = Operation(
     "tune_status", "TuneHostArgs", dict, "tune --status", agent=lambda ag, a, c: ag.tuner.status(a))
+# The agent's own box operations (Who.AGENT: refused to every client), run by it through this table
+# (deploy/demand_ops.py): an idle on-demand model put to sleep or stopped (the broker's jobs, holding the
+# model's host), and a host's front proxy re-rendered, started or stopped after a push or at the agent's
+# start (each under the host's lock, answered in the push or the start).
+DEMAND_SLEEP: Operation[IdleArgs, dict[str, Any]] = Operation(
+    "demand_sleep", "IdleArgs", dict, None, run=_demand_sleep, job=_model_host, who=Who.AGENT)
+DEMAND_STOP: Operation[IdleArgs, dict[str, Any]] = Operation(
+    "demand_stop", "IdleArgs", dict, None, run=_demand_stop, job=_model_host, who=Who.AGENT)
+REROUTE: Operation[ProxyArgs, dict[str, Any]] = Operation(
+    "reroute", "ProxyArgs", dict, None, run=_reroute, job=_proxy_host, who=Who.AGENT)
+PROXY_UP: Operation[ProxyArgs, dict[str, Any]] = Operation(
+    "proxy_up", "ProxyArgs", dict, None, run=_proxy_up, job=_proxy_host, who=Who.AGENT)
+PROXY_OFF: Operation[ProxyArgs, dict[str, Any]] = Operation(
+    "proxy_off", "ProxyArgs", dict, None, run=_proxy_off, job=_proxy_host, who=Who.AGENT)
+LEFTOVER_PROXY_OFF: Operation[ProxyArgs, dict[str, Any]] = Operation(
+    "leftover_proxy_off", "ProxyArgs", dict, None, run=_leftover_proxy_off, job=_proxy_host, who=Who.AGENT)
 
 # Every entry above, in the order declared: a new one needs no second listing.
 OPERATIONS: dict[str, Operation[Any, Any]] = {

@@ -108,8 +108,17 @@ PROBE_SCRIPT = r"""
 u=$1; shift
 id -u -- "$u" >/dev/null 2>&1 || { echo "nouser"; exit 0; }
 echo "uid $(id -u -- "$u")"; echo "gids $(id -G -- "$u")"
-walk() { p=$1; while :; do s=$(stat -L -c '%f %u %g' -- "$p" 2>/dev/null) && echo "stat $s $p"; [ "$p" = / ] && break; p=$(dirname -- "$p"); done; }
-for t in "$@"; do echo "target $t"; walk "$t"; r=$(readlink -f -- "$t" 2>/dev/null) && [ -n "$r" ] && [ "$r" != "$t" ] && { echo "resolved $r"; walk "$r"; }; done
+walk() {
+  p=$1
+  while :; do
+    s=$(stat -L -c '%f %u %g' -- "$p" 2>/dev/null) && echo "stat $s $p"
+    [ "$p" = / ] && break; p=$(dirname -- "$p")
+  done
+}
+for t in "$@"; do
+  echo "target $t"; walk "$t"
+  r=$(readlink -f -- "$t" 2>/dev/null) && [ -n "$r" ] && [ "$r" != "$t" ] && { echo "resolved $r"; walk "$r"; }
+done
 exit 0
 """
 

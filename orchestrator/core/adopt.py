@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.catalog_rules import NAME_RE, ROUTABLE_RE
-from orchestrator.engines.vllm import DEV_MODE_ENV, READY_ENV, SLEEP_FLAG
-from orchestrator.engines.vllm_argv import KEYED, LONG, SWITCHES, engine_length, engine_words, options, pairs
+from orchestrator.engines import ENGINE, Option
+from orchestrator.engines.vllm import DEV_MODE_ENV, READY_ENV
 from orchestrator.errors import AdoptError
 from orchestrator.secrets import secret_in_args, secret_name, secret_value_kind
 
@@ -74,6 +74,9 @@ class Adoption:
                 "blockers": list(self.blockers)}
 
 
+FLAGS = ENGINE.rendered_flags
+READ = ENGINE.command_line
+LAYOUT = ("tensor_parallel", "pipeline_parallel", "data_parallel")
 # Variables the renderer writes itself, or that an entry cannot hold.
 _RENDERED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", READY_ENV)
 
@@ -101,6 +104,15 @@ def _int(value: str | None, flag: str, label: str) -> int:
     return int(value)
 
 
+def _another_node(opt: Option) -> bool:
+    """Whether an option places the engine on one node of several: a headless rank, a rank past the first,
+    more than one node."""
+    carries = FLAGS.node.get(opt.flag)
+    if carries == "nodes":
+        return opt.value != "1"
+    return carries == "rank" and opt.value != "0"  # --headless has no value: a rank past the first
+
+
 def model_name(found: Found, served: str | None, model: str) -> str:
     """The entry's name: the unit's (without vllm- and .service), else the served name, else the folder."""
     if found.unit is not None:
@@ -117,11 +129,11 @@ def adopt(found: Found, target: Target) -> Adoption:
     label = found.label
     notes = list(found.unexpressed)
     blockers: list[str] = []
-    start = engine_length(found.argv)
+    start = READ.engine_length(found.argv)
     if start is None:
         raise AdoptError(f"{label}: not a vLLM API server command line: {' '.join(found.argv)[:200]!r}")
-    engine = engine_words(found.argv)
-    positional, opts, stray = options(found.argv[start:])
+    engine = READ.engine_words(found.argv)
+    positional, opts, stray = READ.options(found.argv[start:])
     notes += [f"{w!r} is neither a --flag nor a flag's value (after a flag vLLM reads as a switch?): kept in "
               "args where it stands" for w in stray]
     keyed: dict[str, str] = {}
@@ -130,17 +142,20 @@ def adopt(found: Found, target: Target) -> Adoption:
     if positional is not None:
         keyed["model"] = positional
     for opt in opts:
-        key = KEYED.get(opt.flag)
+        key = FLAGS.keyed.get(opt.flag)
         if key is not None and opt.value is not None:
             if key in keyed:
                 blockers.append(f"{opt.flag} is given twice ({keyed[key]!r}, then {opt.value!r}): say it once")
             keyed[key] = opt.value
-        elif opt.flag in SWITCHES and opt.value is None:
-            switches.add(SWITCHES[opt.flag])
-        elif opt.flag in (SLEEP_FLAG, "--no" + SLEEP_FLAG[1:]):
+        elif opt.flag in FLAGS.switches and opt.value is None:
+            switches.add(FLAGS.switches[opt.flag])
+        elif opt.flag in ENGINE.sleep_flags:
             notes.append(f"{opt.flag}: not carried; sleep mode is the entry's `sleep` (\"level1\" keeps the weights "
                          "in host RAM, \"level2\" drops them): set it to keep warm switches")
         else:
+            if _another_node(opt):
+                blockers.append(f"{' '.join(opt.words)}: this engine is one node's rank of a model spanning several "
+                                "boxes, and an adopted entry runs on one: write the model's `nodes` by hand")
             args += opt.words
     hit = secret_in_args(args)
     while hit is not None:
@@ -188,7 +203,7 @@ def adopt(found: Found, target: Target) -> Adoption:
     entry["port"] = _int(keyed.get("port", "8000"), "--port", label)
     if "port" not in keyed:
         explicit += ["--port", "8000"]
-    layout = {k: _int(keyed[k], LONG[k], label) if k in keyed else 1 for k in LONG}
+    layout = {k: _int(keyed[k], FLAGS.long(k), label) if k in keyed else 1 for k in LAYOUT}
     world = layout["tensor_parallel"] * layout["pipeline_parallel"] * layout["data_parallel"]
     if "tensor_parallel" not in keyed:
         explicit += ["--tensor-parallel-size", "1"]
@@ -277,13 +292,13 @@ def same_command(original: tuple[str, ...] | list[str], rendered: tuple[str, ...
     the same): the engine words, the flag/value pairs (``explicit``, vLLM's defaults the rendered unit
     states, added to the original's) and the ``args`` tail, token for token."""
     diffs: list[str] = []
-    a, b = engine_length(original), engine_length(rendered)
+    a, b = READ.engine_length(original), READ.engine_length(rendered)
     if a is None or b is None:
         return ["not both vLLM command lines"]
-    if engine_words(original) != engine_words(rendered):
-        diffs.append(f"engine {list(engine_words(original))} != {list(engine_words(rendered))}")
-    want = sorted(pairs(original) + _explicit_pairs(explicit), key=lambda p: p[0])
-    have = pairs(rendered)
+    if READ.engine_words(original) != READ.engine_words(rendered):
+        diffs.append(f"engine {list(READ.engine_words(original))} != {list(READ.engine_words(rendered))}")
+    want = sorted(READ.pairs(original) + _explicit_pairs(explicit), key=lambda p: p[0])
+    have = READ.pairs(rendered)
     if want != have:
         missing = [p for p in want if p not in have]
         extra = [p for p in have if p not in want]

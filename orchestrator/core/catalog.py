@@ -39,8 +39,8 @@ DEFAULT_DEMAND_SOCKET = "/run/orchestrator/demand.sock"
 # The longest of the sockets the agent makes in state_dir (agent.sock, demand.sock, dashboard.sock).
 LONGEST_SOCKET = "dashboard.sock"
 
-__all__ = ["NAME_RE", "PATH_RE", "USER_RE", "Catalog", "Defaults", "Demand", "Group", "Host", "Model", "Policy", "Proxy",
-           "Schedule", "SubKeyError", "check_revision"]
+__all__ = ["NAME_RE", "PATH_RE", "USER_RE", "Catalog", "Defaults", "Demand", "Group", "Host", "Model", "Policy",
+           "Proxy", "Schedule", "SubKeyError", "check_revision"]
 
 
 class Catalog(Strict):
@@ -254,8 +254,9 @@ class Catalog(Strict):
                                                            "models on demand: set on_demand = true as well")
                 continue
             if model.nodes:
-                raise _KeyedError(f"{key}.on_demand", f"on_demand = true: a multi-node model ({', '.join(model.nodes)}) "
-                                                      "cannot be started on demand; models on demand run on one box")
+                raise _KeyedError(f"{key}.on_demand", "on_demand = true: a multi-node model "
+                                                      f"({', '.join(model.nodes)}) cannot be started on demand; "
+                                                      "models on demand run on one box")
             if model.group is not None:
                 raise _KeyedError(f"{key}.on_demand", f"on_demand = true: a fleet model (group {model.group!r}) is "
                                                       "switched by `rollout`, not by requests")

@@ -25,23 +25,33 @@ from orchestrator.core.catalog_rules import (
     outside_private_tmp,
     safe,
 )
+from orchestrator.core.ray_start import FIXED as RAY_FIXED
+from orchestrator.core.ray_start import FROM_KEYS as RAY_FROM_KEYS
 from orchestrator.core.safety import shown
 from orchestrator.engines import ENGINE
-from orchestrator.engines.vllm_argv import KEYED, SWITCHES
 from orchestrator.secrets import secret_name, secret_value_kind
 
 # Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
 # (its loopback bind and the proxy's deny of the dev endpoints).
 DEV_MODE_ENV = ENGINE.dev_mode_env
 SLEEP_FLAGS = ENGINE.sleep_flags
+FLAGS = ENGINE.rendered_flags
 # Keys the unit renders a flag for only when they are set: unset, the flag may come through args
 # (adopt carries `--max-model-len 32k` there, a value the integer key cannot hold).
 _KEYED_WHEN_SET = frozenset({"max_model_len", "max_num_seqs"})
-# What core/multinode.py renders on every `ray start` line, and from where.
-RAY_START_FLAGS = {"--head": "the model's first node", "--address": "the first node's address and ray_port",
-                   "--port": "the model's `ray_port`", "--node-ip-address": "the host's node_address",
-                   "--num-gpus": "the model's `gpus`", "--temp-dir": "the unit's state directory",
-                   "--block": "the unit (it runs in the foreground)"}
+# Where a multi-node model's per-node flags (the engine's node_args, and what a Ray head's engine adds)
+# take their values from: the key to set instead.
+NODE_KEYS = {"nodes": "the model's `nodes` (their count)", "rank": "the model's `nodes` (their order: the "
+             "first serves the API, the others run headless)", "head_address": "the first node's address "
+             "(its host's node_address, else address)", "port": "the model's `master_port`",
+             "data_parallel_local": "the model's `data_parallel` over its `nodes`",
+             "backend": "the model's `backend` (\"native\" or \"ray\")"}
+
+
+def _read_as(arg: str, flag: str) -> str:
+    """The argument as written, and the flag the engine's parser reads it as when that differs."""
+    said = arg.split("=", 1)[0]
+    return shown(arg) if said == flag else f"{shown(arg)} ({ENGINE.title}'s parser reads it as {flag})"
 
 
 class Model(Strict):
@@ -145,9 +155,9 @@ class Model(Strict):
         for i, arg in enumerate(v):
             safe(arg, "argument")
             flag = arg.split("=", 1)[0]
-            # argparse takes a unique prefix of an option for it (--enable-sleep is --enable-sleep-mode).
-            if flag.startswith("--") and len(flag) > 2 and any(f.startswith(flag) for f in SLEEP_FLAGS):
-                meant = next(f for f in SLEEP_FLAGS if f.startswith(flag))
+            # its parser's other spellings: a unique prefix (--enable-sleep), underscores (--enable_sleep_mode)
+            meant = ENGINE.flag_read_as(arg, SLEEP_FLAGS)
+            if meant is not None:
                 said = "" if flag == meant else f" ({ENGINE.title}'s parser reads it as {meant})"
                 raise SubKeyError(f"[{i}]", f"{shown(arg)}{said}: sleep mode is the model's `sleep` setting "
                                             "(\"level1\" or \"level2\"), which also renders this flag")
@@ -230,18 +240,34 @@ class Model(Strict):
         return self
 
     @model_validator(mode="after")
-    def _args_not_keyed(self) -> Model:
+    def _args_not_rendered(self) -> Model:
         # A flag the unit already renders from a key, given again in args, wins (the engine's parser takes
         # the last): the engine would listen, serve or lay out otherwise than every check believes.
+        keyed = {**FLAGS.keyed, **FLAGS.switches}
         for i, arg in enumerate(self.args):
-            flag = arg.split("=", 1)[0]
-            key = KEYED.get(flag) or SWITCHES.get(flag)
-            if key is None or (key in _KEYED_WHEN_SET and getattr(self, key) is None):
+            flag = ENGINE.flag_read_as(arg, keyed)
+            if flag is None or (keyed[flag] in _KEYED_WHEN_SET and getattr(self, keyed[flag]) is None):
                 continue
+            key = keyed[flag]
             where = {"bind": "defaults.bind (or the host's bind)", "model": "the model's source (or the host's "
                      "models_dir)"}.get(key, f"the model's `{key}`")
-            raise SubKeyError(f".args[{i}]", f"{shown(arg)}: the unit renders {flag} from {where}: set it there "
-                                             f"(a second {flag} in args would override it behind the product's checks)")
+            raise SubKeyError(f".args[{i}]", f"{_read_as(arg, flag)}: the unit renders {flag} from {where}: set it "
+                                             f"there (a second {flag} in args would override it behind the product's "
+                                             "checks)")
+        return self
+
+    @model_validator(mode="after")
+    def _args_not_node_rendered(self) -> Model:
+        # Every node's unit of a multi-node model renders its place among the nodes (and a Ray head's engine
+        # the backend): repeated in args, which every node runs, each rank would claim another's place.
+        if not self.nodes:
+            return self
+        for i, arg in enumerate(self.args):
+            flag = ENGINE.flag_read_as(arg, FLAGS.node)
+            if flag is not None:
+                raise SubKeyError(f".args[{i}]", f"{_read_as(arg, flag)}: model {self.name} spans nodes "
+                                                 f"{list(self.nodes)}, whose units render {flag} for each node "
+                                                 f"from {NODE_KEYS[FLAGS.node[flag]]}: set that instead")
         return self
 
     @field_validator("ray_args")
@@ -251,9 +277,12 @@ class Model(Strict):
         # core/multinode renders and what the switch waits on (the head's port, the node's address, its GPUs).
         for i, arg in enumerate(v):
             flag = arg.split("=", 1)[0]
-            if flag in RAY_START_FLAGS:
+            if flag in RAY_FROM_KEYS:
                 raise SubKeyError(f"[{i}]", f"{shown(arg)}: the Ray units render {flag} from "
-                                            f"{RAY_START_FLAGS[flag]}: set it there")
+                                            f"{RAY_FROM_KEYS[flag]}: set it there")
+            if flag in RAY_FIXED:
+                raise SubKeyError(f"[{i}]", f"{shown(arg)}: the Ray units render {flag} themselves "
+                                            f"({RAY_FIXED[flag]}): ray_args cannot change it")
         return v
 
     @model_validator(mode="after")

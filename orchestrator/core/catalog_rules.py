@@ -30,7 +30,8 @@ SOCKET_PATH_MAX = 107
 PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
 # A Hugging Face repo id: [owner/]name, letters, digits, "-", "_", "."; no "--" or ".." (the hub's
 # own rules; "--" also keeps <owner>--<name> directories unambiguous).
-REPO_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?(/[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
+REPO_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+                     r"(/[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
 # Characters git refuses in a ref name (git-check-ref-format), plus anything a shell or path reads.
 _REF_BAD_RE = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 # vLLM units run with PrivateTmp=yes: their /tmp and /var/tmp are private and empty.
@@ -62,7 +63,8 @@ class Strict(BaseModel):
 # A served name systemd and HAProxy both take, proxy or not: one word of routable characters. Long
 # values would also make a unit line systemd cannot parse (LONG_LINE_MAX); every other value that
 # reaches a unit is bounded by MAX_UNIT_VALUE.
-SERVED_NAME_ADVICE = "use letters, digits and . _ : / @ + - (no spaces or quotes), starting with a letter or digit, at most 128"
+SERVED_NAME_ADVICE = ("use letters, digits and . _ : / @ + - (no spaces or quotes), starting with a letter or digit, "
+                      "at most 128")
 MAX_UNIT_VALUE = 4096
 MAX_UNIT_LINE = 65_536
 

@@ -66,8 +66,10 @@ class ModelView:
     idle_stop_s: float | None = None
     queue_limit: int = 64
     since: float | None = None  # when its current state began (serving: when it came up)
-    last_request: float | None = None  # the last request seen for it (routed or held); a sleeper's: or when it last came up, if later
-    in_flight: int = 0  # sessions on its engine (HAProxy's scur + qcur), the most seen of late (closed-loop clients' gaps)
+    # the last request seen for it (routed or held); a sleeper's: or when it last came up, if later
+    last_request: float | None = None
+    # sessions on its engine (HAProxy's scur + qcur), the most seen of late (closed-loop clients' gaps)
+    in_flight: int = 0
     waiting: tuple[float, ...] = ()  # arrival times of the held requests, oldest first
     # in flight by a reading taken after the oldest held request arrived (None: none since: in_flight counts)
     current: int | None = None
@@ -254,7 +256,8 @@ def expired(box: Box, name: str, now: float, deadline_s: float) -> Reject:
     brought up (the engine was slow), else 429 (the policy held it back: the cap, min_awake_s, an
     operator's operation), with Retry-After."""
     if box.running == name:
-        return Reject(503, f"{name} was not ready within {deadline_s:g} s (demand_deadline_s)", retry_after(box, name, now))
+        return Reject(503, f"{name} was not ready within {deadline_s:g} s (demand_deadline_s)",
+                      retry_after(box, name, now))
     return Reject(429, f"{name} could not be brought up within {deadline_s:g} s (demand_deadline_s): "
                        f"{decide(box, now).reason or 'the box is busy'}", retry_after(box, name, now))
 

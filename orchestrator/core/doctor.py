@@ -68,7 +68,8 @@ def gpu_verdict(snap: GpuSnapshot | None, error: str | None, driver: str | None)
         return Verdict("gpus", "fail", f"nvidia-smi did not answer: {error}",
                        "install the NVIDIA driver (nvidia-smi must run as root on the box)")
     if not snap.gpus:
-        return Verdict("gpus", "warn", "nvidia-smi shows no GPU", f"a CPU host can only run the CPU build of {ENGINE.title}")
+        return Verdict("gpus", "warn", "nvidia-smi shows no GPU",
+                       f"a CPU host can only run the CPU build of {ENGINE.title}")
     names = sorted({g.name for g in snap.gpus})
     mem = min(g.memory_total_mib for g in snap.gpus) / 1024
     held = [f"PID {p.pid} {p.process_name} {p.used_memory_mib} MiB on GPU {p.gpu_index}" for p in snap.processes]
@@ -147,8 +148,8 @@ def engine_verdicts(model: str, user: str, engine: str, run: EngineRun | None, n
                         "\"vllm.entrypoints.openai.api_server\"]) for a full check")]
     if run.exit_code != 0 or run.version is None:
         tail = " | ".join(run.output.strip().splitlines()[-3:]) or "no output"
-        return [Verdict(check, "fail", f"{engine} -c 'import {ENGINE.name}' as user {user} in a transient unit (PrivateTmp) "
-                                       f"exited {run.exit_code}: {tail}",
+        return [Verdict(check, "fail", f"{engine} -c 'import {ENGINE.name}' as user {user} in a transient unit "
+                                       f"(PrivateTmp) exited {run.exit_code}: {tail}",
                         f"install {ENGINE.title} into that environment, readable by {user}; or fix engine[0]")]
     out = [ok(check, f"{ENGINE.title} {run.version} imports with {engine} as user {user}")]
     if needs:

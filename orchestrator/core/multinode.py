@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import jinja2
 
 from orchestrator.core.catalog import Catalog, Host, Model
+from orchestrator.core.ray_start import start_argv
 from orchestrator.core.records import NodeUnit
 from orchestrator.core.render import RenderedUnit, _plain, env_quote, exec_quote, model_dir_for, render_unit
 from orchestrator.engines import ENGINE
@@ -27,7 +28,6 @@ TemplateText = Callable[[str], str]
 HEAD_TEMPLATE = "ray-head.service.j2"
 WORKER_TEMPLATE = "ray-worker.service.j2"
 ENGINE_TEMPLATE = ENGINE.template
-RAY_DIR = "/var/lib/ray"  # the Ray units' StateDirectory=ray
 # A Ray node holds no model state (the engine, stopped before it, needs the grace period): an idle
 # node drains in under a second, and one still waiting for an unreachable head ignores SIGTERM
 # until its GCS wait (40 s) ends, so waiting longer than this only delays a rollback.
@@ -75,18 +75,9 @@ def _ray(catalog: Catalog, host: Host) -> str:
 def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template: str) -> RenderedUnit:
     head = catalog.model_host(model.name)
     d = catalog.defaults
-    ray = _ray(catalog, host)
-    # Session files and sockets under the unit's StateDirectory (Ray's default /tmp/ray would be
-    # invisible to the engine unit, which has PrivateTmp=yes); the model's ray_args come last.
-    common = ["--block", "--node-ip-address", host.peer_address, "--num-gpus", str(len(model.gpus)),
-              "--temp-dir", RAY_DIR, "--disable-usage-stats"]
-    if role == "ray-head":
-        # No dashboard: it is a job-submission endpoint nobody here uses, and memory; `ray status`
-        # (what the switch waits on) reads the GCS directly. Ray refuses the flag on workers.
-        argv = [ray, "start", "--head", "--port", str(model.ray_port), *common, "--include-dashboard", "false"]
-    else:
-        argv = [ray, "start", "--address", f"{head.peer_address}:{model.ray_port}", *common]
-    argv += model.ray_args
+    argv = start_argv(_ray(catalog, host), head=role == "ray-head", head_address=head.peer_address,
+                      ray_port=model.ray_port, node_address=host.peer_address, gpus=len(model.gpus),
+                      ray_args=model.ray_args)
     # No drain on SIGTERM (Ray waits up to 30 s for Serve proxies to quiesce, and a head never
     # finishes): the engine, stopped before its Ray nodes, is what needs the grace period.
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, model.gpus)),

@@ -63,5 +63,6 @@ def missing_access(chain: Sequence[Entry], who: Account) -> str | None:
                     f"{who.name} is among its {cls})")
     bits, cls = _bits(sock, who)
     if not bits & 2:
-        return f"write (w) on socket {sock.path} ({stat.filemode(sock.mode)} {sock.owner}:{sock.group}; {who.name} is among its {cls})"
+        return (f"write (w) on socket {sock.path} ({stat.filemode(sock.mode)} {sock.owner}:{sock.group}; "
+                f"{who.name} is among its {cls})")
     return None

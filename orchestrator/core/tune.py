@@ -162,8 +162,8 @@ Kind = Literal["throughput", "single-stream", "tok-per-gpu", "ttft-p90"]
 OBJECTIVES_HELP = ("throughput[@C] (output tok/s at C, default the highest level), single-stream (tok/s of "
                    "one stream at C=1), tok-per-gpu[@C], ttft-p90@C:FLOOR (lowest TTFT p90 at C among "
                    "candidates with at least FLOOR tok/s there)")
-_OBJ_RE = re.compile(r"^(throughput|single-stream|tok-per-gpu|ttft-p90)(?:@([0-9]{1,6}))?(?::([0-9]{1,12}(?:\.[0-9]{1,6})?))?$",
-                     re.ASCII)
+_OBJ_RE = re.compile(r"^(throughput|single-stream|tok-per-gpu|ttft-p90)"
+                     r"(?:@([0-9]{1,6}))?(?::([0-9]{1,12}(?:\.[0-9]{1,6})?))?$", re.ASCII)
 
 
 @dataclass(frozen=True)

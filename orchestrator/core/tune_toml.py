@@ -85,7 +85,8 @@ def _check(text: str, model: str, changes: Mapping[str, Any], file: str) -> None
     try:
         table = toml_document(text, file)["models"][model]
     except DocumentError as exc:
-        raise UsageError(f"{file}: the edited [models.{model}] would not parse ({exc.reason}); edit it by hand") from exc
+        raise UsageError(f"{file}: the edited [models.{model}] would not parse ({exc.reason}); "
+                         "edit it by hand") from exc
     except KeyError as exc:
         raise UsageError(f"{file}: the edited [models.{model}] would not parse ({exc}); edit it by hand") from exc
     for key, want in changes.items():

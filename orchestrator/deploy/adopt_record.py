@@ -153,7 +153,8 @@ def _spec(catalog: Catalog, host: Host, model: Model, engine: a.Found, template:
         return UnitSpec(model=model.name, unit_name=engine.unit, unit_text=text,
                         unit_sha=hashlib.sha256(text.encode()).hexdigest(), served_name=model.served,
                         address=engine_address(catalog, model, host), port=model.port, gpus=model.gpus,
-                        load_deadline_s=load_deadline(catalog, model), model_dir=model_dir_for(catalog, model, host=host),
+                        load_deadline_s=load_deadline(catalog, model),
+                        model_dir=model_dir_for(catalog, model, host=host),
                         repo=model.repo, revision=model.revision, source=model.source)
     if engine.pid is None or engine.pid_start is None:
         raise AdoptError(f"{engine.label}: neither a unit nor a process with a start time", host=host.name)

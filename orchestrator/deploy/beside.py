@@ -27,7 +27,8 @@ def room_beside(ports: HostPorts, catalog: Catalog, residency: ResidencyStore | 
     their residue (one nvidia-smi snapshot; raises what the GPU probe raises)."""
     sd = ports.systemd
     residue = int(ports.host.sleep_residue_gib * 1024)
-    holders = [Holder(s.model, s.gpus, frozenset(sd.cgroup_pids(s.unit_name)), utilization=_utilization(catalog, s.model))
+    holders = [Holder(s.model, s.gpus, frozenset(sd.cgroup_pids(s.unit_name)),
+                      utilization=_utilization(catalog, s.model))
                for s in awake if s.unit_name != target.unit_name]
     named = {h.name for h in holders}
     records = residency.residency(ports.host.name) if residency is not None else {}

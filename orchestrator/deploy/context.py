@@ -51,6 +51,9 @@ class StepContext:
     # reused inside it. One run's: a resumed run reads again; a unit that restarted meanwhile makes a
     # memory check fail safe (its new PIDs count as foreign).
     seen_pids: dict[str, frozenset[int]] = field(default_factory=dict)
+    # (model, weights folder) this host's access check passed for in this run's operation, before the
+    # deployment was recorded (Planner.check_access): preflight does not probe the host again for them.
+    access_checked: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def defaults(self) -> Defaults:

@@ -79,7 +79,8 @@ class Deployer(Planner):
         blog = log.bind(**bound)
         ctx = StepContext(ports=ports, catalog=self.catalog, progress=self.progress,
                           managed_units=self._managed_units(dep.host), bound=bound, park=self.park,
-                          residency=self.residency)
+                          residency=self.residency,
+                          access_checked=frozenset((m, d) for h, m, d in self.access_checked if h == dep.host))
         node_ctxs: dict[str, StepContext] = {}
 
         def node_ctx(host: str) -> StepContext:

@@ -154,7 +154,8 @@ def _ports(catalog: Catalog, ports: HostPorts, models: Sequence[str]) -> list[Ve
     if catalog.metrics_port:
         wanted.append(("the agent's metrics", "127.0.0.1", catalog.metrics_port))
     listening = ports.shell.run(["ss", "-Hltnp"], check=False, idempotent=True).stdout.splitlines()
-    return [d.port_verdict(what, port, _foreign(ports.shell, listening, address, port)) for what, address, port in wanted]
+    return [d.port_verdict(what, port, _foreign(ports.shell, listening, address, port))
+            for what, address, port in wanted]
 
 
 def _foreign(shell: Shell, listening: list[str], address: str, port: int) -> str | None:

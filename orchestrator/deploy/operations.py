@@ -24,7 +24,6 @@ from orchestrator.deploy.deployer import Deployer
 from orchestrator.deploy.locks import activity_lock, host_lock
 from orchestrator.deploy.operations_views import OperationsViews
 from orchestrator.deploy.planning import default_template, default_trigger
-from orchestrator.deploy.preflight import check_access
 from orchestrator.deploy.warm_steps import loaded_asleep, sleeper_mib
 from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
@@ -72,7 +71,7 @@ class Operations(OperationsViews):
             # (a level-1 sleeper under this very unit runs already: its wake needs neither; preflight says so too)
             spec = eng.spec_for(self.catalog.models[model])
             if not (self.catalog.proxy.enabled and loaded_asleep(self.ports_for(host), self.catalog, spec)):
-                check_access(self.catalog, model, self.ports_for(host), spec.model_dir)
+                eng.check_access(model)  # once per switch: the deployment's preflight step then skips it
             dep = eng.plan_switch(model, trigger=trigger or default_trigger(), no_rollback=no_rollback, force=force)
             if dep is None:
                 serving = self.store.serving(host)

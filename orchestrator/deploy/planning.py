@@ -17,6 +17,7 @@ from orchestrator.core.render import engine_address, load_deadline, model_dir_fo
 from orchestrator.core.states import Phase, fallback_of
 from orchestrator.deploy.adopt import alive
 from orchestrator.deploy.beside import room_beside
+from orchestrator.deploy.preflight import check_access
 from orchestrator.deploy.step_inputs import PortsFactory, ready_restarts
 from orchestrator.engines import ENGINE
 from orchestrator.errors import NodeInUse, OrchestratorError, UsageError
@@ -70,6 +71,17 @@ class Planner:
         self.residency = residency
         self.ports_for = ports_for
         self.template = template if template is not None else default_template()
+        # (host, model, weights folder) whose access check passed before this planner recorded a deployment
+        # of it: the deployment's preflight step does not probe the host again (deploy/steps.py).
+        self.access_checked: set[tuple[str, str, str]] = set()
+
+    def check_access(self, model_name: str) -> None:
+        """Refuse (exit 2) a switch whose unit's user cannot run the engine or read the weights, before a
+        deployment is recorded (not a rollback); the preflight of the one this planner records then skips it."""
+        host = self.catalog.model_host(model_name).name
+        model_dir = self.spec_for(self.catalog.model(model_name)).model_dir
+        check_access(self.catalog, model_name, self.ports_for(host), model_dir)
+        self.access_checked.add((host, model_name, model_dir))
 
     def spec_for(self, model: Model, model_dir: str | None = None, revision: str | None = None) -> UnitSpec:
         return unit_spec(self.catalog, model, self.template, model_dir=model_dir, revision=revision)

@@ -31,7 +31,8 @@ def planned(ctx: StepContext, step: StepInput) -> StepResult:
 def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     dep = step.dep
     on_demand = dep.model in ctx.catalog.models and ctx.catalog.models[dep.model].on_demand
-    if step.plan is not None and not on_demand and dep.spec.served_name not in {d.spec.served_name for d in step.serving}:
+    served = {d.spec.served_name for d in step.serving}
+    if step.plan is not None and not on_demand and dep.spec.served_name not in served:
         # A name nothing serves answers "loading" (503 + Retry-After) from the switch's first step
         # (the checks and the download included), not "not loaded"; a switch that ends before
         # stopping anything takes the mark back (engine). An on-demand model's requests are held
@@ -49,7 +50,8 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     # and reads no file, so what a start needs (access, layout, a free port) was proven as it loaded; on
     # demand these checks would be inside the held requests' wait.
     loaded = _asleep_as_loaded(ctx, step)
-    if dep.model in ctx.catalog.models and dep.restores is None and not loaded:  # a recorded unit ran here before
+    checked = (dep.model, dep.spec.model_dir) in ctx.access_checked  # by the switch, before it recorded dep
+    if dep.model in ctx.catalog.models and dep.restores is None and not (loaded or checked):  # ran here before
         check_access(ctx.catalog, dep.model, ctx.ports, dep.spec.model_dir)
     if not loaded:
         check_layout(ctx.catalog, dep, ctx.ports, snap)
@@ -316,7 +318,8 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
             continue
         if ctx.ports.systemd.unit_state(old.spec.unit_name).is_active:
             continue  # a handover's old engine still serves
-        actions.free_gpus(ctx, old.spec.gpus, {dep.spec.unit_name}, sleepers=warm_steps.sleeper_mib(ctx, but=[old.model]))
+        actions.free_gpus(ctx, old.spec.gpus, {dep.spec.unit_name},
+                          sleepers=warm_steps.sleeper_mib(ctx, but=[old.model]))
         actions.install_unit(ctx, old.spec)
         actions.start_unit(ctx, old.spec)
         actions.wait_ready(ctx, old.spec)

@@ -80,7 +80,8 @@ def check_wake_fits(probe: GpuProbe, engine: EngineProcess, *, sleepers: Mapping
         raise GpuBusy(f"{engine.name} is not woken: its GPUs lack the memory it needs: " + "; ".join(reasons))
 
 
-def wake_checked(control: EngineControl, clock: Clock, engine: EngineProcess, *, level: int, deadline_s: float) -> float:
+def wake_checked(control: EngineControl, clock: Clock, engine: EngineProcess, *, level: int,
+                 deadline_s: float) -> float:
     """Wake ``engine`` (vLLM's level-2 sequence for level 2) and prove it serves with one completion
     within ``deadline_s`` of the wake's start; returns the seconds that took.
 

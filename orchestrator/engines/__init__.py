@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from orchestrator.engines.base import Engine, Launch, LoadRules, SleepApi
+from orchestrator.engines.base import CommandLine, Engine, Launch, LoadRules, Option, RenderedFlags, SleepApi
 from orchestrator.engines.vllm import VLLM
 from orchestrator.errors import UsageError
 
@@ -31,4 +31,5 @@ def engine_named(name: str) -> Engine:
         raise UsageError(f"engine {name!r} is not known (known: {', '.join(sorted(ENGINES))})") from None
 
 
-__all__ = ["ENGINE", "ENGINES", "VLLM", "Engine", "Launch", "LoadRules", "SleepApi", "engine_named"]
+__all__ = ["ENGINE", "ENGINES", "VLLM", "CommandLine", "Engine", "Launch", "LoadRules", "Option", "RenderedFlags",
+           "SleepApi", "engine_named"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +44,52 @@ class LoadRules:
     def start_need_gib(self, gpu_memory_gib: float, utilization: float) -> float:
         """The free memory a GPU must have for the engine to start on it."""
         return gpu_memory_gib * utilization
+
+
+@dataclass(frozen=True)
+class RenderedFlags:
+    """The flags an engine's units write themselves, each with what it carries: a model's own ``args``
+    (last on the command line, where the engine's parser takes the last of a repeated flag) must not say
+    one again, or the engine would run otherwise than every check believes."""
+
+    keyed: Mapping[str, str]  # flag (its short forms too) -> the deploy.toml key whose value it carries
+    switches: Mapping[str, str]  # flag without a value -> the boolean deploy.toml key that writes it
+    # A multi-node model's units only: flag -> what it carries, a parameter of Engine.node_args ("nodes",
+    # "rank", "head_address", "port", "data_parallel_local"), or "backend" for what ray_args writes.
+    node: Mapping[str, str]
+
+    def long(self, key: str) -> str:
+        """The long flag written for ``key`` (``tensor_parallel`` -> ``--tensor-parallel-size``)."""
+        return next(f for f, k in self.keyed.items() if k == key and f.startswith("--"))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a command line as written."""
+
+    flag: str
+    value: str | None  # None: a boolean flag
+    words: tuple[str, ...]  # as written: ("--port", "8000"), ("--port=8000",) or ("--enforce-eager",)
+
+
+class CommandLine(Protocol):
+    """Reading a command line of the engine's server as written (adopt: an engine found running)."""
+
+    def engine_length(self, argv: tuple[str, ...] | list[str]) -> int | None:
+        """How many leading words start the server; None: not this engine's."""
+        ...
+
+    def engine_words(self, argv: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        """Those words as a model entry's ``engine`` names them."""
+        ...
+
+    def options(self, words: tuple[str, ...] | list[str]) -> tuple[str | None, list[Option], list[str]]:
+        """(the positional model, the flags in order each as written, the words that are neither)."""
+        ...
+
+    def pairs(self, argv: tuple[str, ...] | list[str], label: str = "argv") -> list[tuple[str, str | None]]:
+        """The flag/value pairs, sorted by flag: what two command lines that mean the same share."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -114,6 +160,21 @@ class Engine(Protocol):
     @property
     def sleep_flags(self) -> tuple[str, ...]:
         """Arguments that turn sleep mode on or off: set by rendering only."""
+        ...
+
+    @property
+    def rendered_flags(self) -> RenderedFlags:
+        """The flags its units write from a model's keys (one node's and a multi-node model's per-node ones)."""
+        ...
+
+    @property
+    def command_line(self) -> CommandLine:
+        """How its server's command line reads (adopt)."""
+        ...
+
+    def flag_read_as(self, word: str, flags: Iterable[str]) -> str | None:
+        """The flag among ``flags`` its parser reads the argument ``word`` as (another spelling, a prefix
+        it completes, ``=value`` attached), else None."""
         ...
 
     @property

@@ -4,10 +4,11 @@ its readiness probes and the log lines that carry its reason for failing (pure: 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.engines.base import Launch, LoadRules, SleepApi
+from orchestrator.engines.base import CommandLine, Launch, LoadRules, RenderedFlags, SleepApi
+from orchestrator.engines.vllm_argv import KEYED, SWITCHES, VllmCommandLine
 
 # vLLM's engine-control endpoints, never forwarded to any backend: VLLM_SERVER_DEV_MODE=1 (which
 # sleep mode needs) opens vllm/entrypoints/serve/dev/{sleep,rpc,cache,server_info,rlhf}/api_router.py
@@ -31,6 +32,19 @@ SLEEP_FLAG = "--enable-sleep-mode"
 READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"  # the load deadline, as vLLM reads it
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # the engine-control endpoints on
 EP_FLAG = "--enable-expert-parallel"
+RAY_ARGS = ("--distributed-executor-backend", "ray")  # the engine on a Ray head uses the Ray cluster
+# What node_args writes on each node of a multi-node model, with the parameter it carries: its place among
+# the nodes (torch.distributed's rendezvous on the first), or data parallel across nodes (DP's own).
+NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT = "--nnodes", "--node-rank", "--master-addr", "--master-port"
+DP_LOCAL, DP_START_RANK = "--data-parallel-size-local", "--data-parallel-start-rank"
+DP_ADDRESS, DP_RPC_PORT = "--data-parallel-address", "--data-parallel-rpc-port"
+HEADLESS = "--headless"  # every node but the first: no API server
+NODE_FLAGS = {NNODES: "nodes", NODE_RANK: "rank", MASTER_ADDR: "head_address", MASTER_PORT: "port",
+              DP_LOCAL: "data_parallel_local", DP_START_RANK: "rank", DP_ADDRESS: "head_address",
+              DP_RPC_PORT: "port", HEADLESS: "rank"}
+COMMAND_LINE = VllmCommandLine()
+RENDERED_FLAGS = RenderedFlags(keyed=KEYED, switches=SWITCHES,
+                               node={**NODE_FLAGS, **{f: "backend" for f in RAY_ARGS if f.startswith("-")}})
 # An engine of ours runs in a vllm-*.service cgroup (a model's unit, a tune variant's, a sleeper's).
 _CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
 # A Python exception line as tracebacks end ("RuntimeError: ..."), also behind vLLM's process prefix
@@ -63,7 +77,8 @@ LOAD_RULES = LoadRules(
     overhead_gib=3.0, max_num_seqs=256, gpu_memory_utilization=0.9, min_full_sequences=1,
     kv_rule="vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory",
     start_rule="vllm/v1/worker/gpu_worker.py init_device",
-    long_context="vLLM refuses it unless rope scaling allows it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config/model.py)",
+    long_context=("vLLM refuses it unless rope scaling allows it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+                  "(vllm/config/model.py)"),
     expert_parallel=EP_FLAG,
 )
 
@@ -82,12 +97,14 @@ class Vllm:
     dev_mode_env: tuple[str, ...] = (DEV_MODE_ENV,)
     sleep_flags: tuple[str, ...] = (SLEEP_FLAG, "--no-enable-sleep-mode")
     sleep_api: SleepApi = SLEEP_API
-    ray_args: tuple[str, ...] = ("--distributed-executor-backend", "ray")
+    ray_args: tuple[str, ...] = RAY_ARGS
     probe_script: str = PROBE_SCRIPT
     health_path: str = "/health"
     models_path: str = "/v1/models"
     completions_path: str = "/v1/completions"
     load_rules: LoadRules = LOAD_RULES
+    rendered_flags: RenderedFlags = RENDERED_FLAGS
+    command_line: CommandLine = COMMAND_LINE
 
     def unit_name(self, model: str) -> str:
         return f"vllm-{model}.service"
@@ -127,6 +144,17 @@ class Vllm:
         paths = [part for part in command if part.startswith("/")]
         return "cpu" if any("vllm-cpu" in p.split("/") for p in paths) else "cuda"
 
+    def flag_read_as(self, word: str, flags: Iterable[str]) -> str | None:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--"):  # FlexibleArgumentParser reads --max_model_len as --max-model-len
+            flag = "--" + flag[2:].replace("_", "-")
+        names = tuple(flags)
+        if flag in names:
+            return flag
+        if flag.startswith("--") and len(flag) > 2:  # argparse takes a unique prefix of an option for it
+            return next((f for f in names if f.startswith(flag)), None)
+        return None
+
     def sleeps(self, unit_text: str) -> bool:
         return SLEEP_FLAG in unit_text
 
@@ -139,13 +167,11 @@ class Vllm:
     def node_args(self, *, nodes: int, rank: int, head_address: str, port: int,
                   data_parallel_local: int | None = None) -> tuple[str, ...]:
         if data_parallel_local is not None:  # DP across nodes: each node runs its share of the replicas
-            args: tuple[str, ...] = ("--data-parallel-size-local", str(data_parallel_local),
-                                     "--data-parallel-start-rank", str(rank * data_parallel_local),
-                                     "--data-parallel-address", head_address, "--data-parallel-rpc-port", str(port))
+            args: tuple[str, ...] = (DP_LOCAL, str(data_parallel_local), DP_START_RANK, str(rank * data_parallel_local),
+                                     DP_ADDRESS, head_address, DP_RPC_PORT, str(port))
         else:
-            args = ("--nnodes", str(nodes), "--node-rank", str(rank), "--master-addr", head_address,
-                    "--master-port", str(port))
-        return args + (("--headless",) if rank else ())
+            args = (NNODES, str(nodes), NODE_RANK, str(rank), MASTER_ADDR, head_address, MASTER_PORT, str(port))
+        return args + ((HEADLESS,) if rank else ())
 
     def node_env(self, peer_address: str) -> dict[str, str]:
         return {"VLLM_HOST_IP": peer_address}

@@ -3,8 +3,7 @@ vllm.entrypoints.openai.api_server`, `vllm serve`), its flags as written, and th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from orchestrator.engines.base import Option
 from orchestrator.errors import AdoptError
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -61,13 +60,6 @@ def is_vllm(argv: tuple[str, ...] | list[str]) -> bool:
     return engine_length(argv) is not None
 
 
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    value: str | None  # None: a boolean flag
-    words: tuple[str, ...]  # as written: ("--port", "8000"), ("--port=8000",) or ("--enforce-eager",)
-
-
 def options(words: tuple[str, ...] | list[str]) -> tuple[str | None, list[Option], list[str]]:
     """(the positional model of `vllm serve`, the flags in order each as written, the words that are
     neither a flag nor a flag's value: kept in order, named)."""
@@ -110,3 +102,12 @@ def pairs(argv: tuple[str, ...] | list[str], label: str = "argv") -> list[tuple[
     return sorted(found, key=lambda p: p[0])
 
 
+
+
+class VllmCommandLine:
+    """This module's reading of a vLLM command line, as the Engine's ``command_line``."""
+
+    engine_length = staticmethod(engine_length)
+    engine_words = staticmethod(engine_words)
+    options = staticmethod(options)
+    pairs = staticmethod(pairs)

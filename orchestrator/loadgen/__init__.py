@@ -27,4 +27,5 @@ from orchestrator.loadgen.model import (
 from orchestrator.loadgen.stats import Distribution
 
 __all__ = ["BenchPlan", "BenchResult", "BenchTarget", "ClientKind", "Distribution", "Endpoint", "ErrorCount",
-           "LevelResult", "LevelTrace", "LoadGenerator", "Progress", "ProgressCallback", "run_bench", "run_bench_blocking"]
+           "LevelResult", "LevelTrace", "LoadGenerator", "Progress", "ProgressCallback", "run_bench",
+           "run_bench_blocking"]

@@ -9,9 +9,10 @@ Cancelling ``run`` (or Ctrl-C through ``run_bench_blocking``) keeps every finish
 Each level's window is the same as ``vllm bench serve``'s benchmark duration: from just before the
 first request is sent to the last request's end (calibration requests come before it). Before the
 window every level opens its C connections (C GET /v1/models, each holding its connection until all
-C are answered), so all C requests leave at once on open connections: a level that started with the calibration's one open connection and C-1
-to connect had that one request streaming while the server admitted the others a few at a time over
-up to a second on the 2-core CPU build (bench/gpu/RESULTS.md, "Why C=64 read low"). With
+C are answered), so all C requests leave at once on open connections: a level that started with
+the calibration's one open connection and C-1 to connect had that one request streaming while the
+server admitted the others a few at a time over up to a second on the 2-core CPU build
+(bench/gpu/RESULTS.md, "Why C=64 read low"). With
 ``keep_traces`` every request's timings stay in ``traces`` with that window, on the perf_counter
 clock (CLOCK_MONOTONIC on Linux: one clock for every process of the host, so another tool's
 timestamps and a /metrics sampler's line up with them).

@@ -150,8 +150,8 @@ class Fleet:
             peer = self._peer_of(first)
             for h in others:
                 self.report(h, "rollout_host", {"state": "staging", "detail": f"from {first}"})
-            done |= self._run_all([HostRequest(h, clients[h], "stage", {"model": model.name, "peer": peer}) for h in others],
-                            self._event)
+            done |= self._run_all([HostRequest(h, clients[h], "stage", {"model": model.name, "peer": peer})
+                                   for h in others], self._event)
         errors = {h: r for h, r in done.items() if isinstance(r, OrchestratorError)}
         if errors:
             self.store.finish(rid, RolloutStatus.FAILED, f"staging failed on {', '.join(errors)}", self.clock.now())
@@ -284,8 +284,8 @@ class Fleet:
             return
         clients = self._clients(switched)
         status = self._run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in switched])
-        history = self._run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in switched]) \
-            if ro.gate == "bench" else {}
+        history = self._run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20})
+                                 for h in switched]) if ro.gate == "bench" else {}
         failing: dict[str, str] = {}
         for h in switched:
             why = self._gate_one(ro, status[h], history.get(h))

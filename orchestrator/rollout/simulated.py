@@ -72,7 +72,8 @@ class SimulatedBox(AgentClient):
         return sum(1 for d in self.deployments if d["model"] == model)
 
     def _record(self, model: str, outcome: str) -> dict[str, Any]:
-        dep = {"id": len(self.deployments) + 1, "model": model, "outcome": outcome, "revision": len(self.deployments) + 1,
+        dep = {"id": len(self.deployments) + 1, "model": model, "outcome": outcome,
+               "revision": len(self.deployments) + 1,
                "previous_revision": self.deployments[-1]["revision"] if self.deployments else None,
                "created_at": time.time(), "ended_at": time.time(), "bench": None, "error": None}
         self.deployments.append(dep)

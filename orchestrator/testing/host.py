@@ -53,6 +53,7 @@ class FakeHost:
     holders: dict[int, tuple[tuple[int, ...], int, str, str]] = field(default_factory=dict)
     loaded: dict[str, str] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
+    commands: list[tuple[str, ...]] = field(default_factory=list)  # every argv its shell was asked to run
     reads: list[str] = field(default_factory=list)  # units whose cgroup PIDs were read, in order
     journal: dict[str, list[str]] = field(default_factory=dict)  # unit -> its lines, when a test sets them
     # Sleep mode (FakeEngineControl): unit -> level while asleep; unit -> MiB its engine held awake;
@@ -61,7 +62,8 @@ class FakeHost:
     sleeping: dict[str, int] = field(default_factory=dict)
     awake_mib: dict[str, int] = field(default_factory=dict)
     wedged: set[str] = field(default_factory=set)
-    engine_behaviours: dict[str, Literal["leaky_sleep", "wedged_wake", "hangs_after_wake"]] = field(default_factory=dict)
+    engine_behaviours: dict[str, Literal["leaky_sleep", "wedged_wake", "hangs_after_wake"]] = field(
+        default_factory=dict)
     residue_mib: int = 1_800
     start_mib: dict[str, int] = field(default_factory=dict)  # unit -> MiB per GPU it takes on start (default 70,000)
     sizes: dict[str, int] = field(default_factory=dict)  # directory -> bytes, for `du -sbL`
@@ -89,6 +91,7 @@ class FakeShell:
 
     def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
             idempotent: bool = False) -> CommandResult:
+        self.w.commands.append(tuple(argv))
         if list(argv[:2]) == ["du", "-sbL"] and argv[-1] in self.w.sizes:  # the weights' size on disk
             self.w.calls.append(f"du {argv[-1]}")
             return CommandResult(" ".join(argv), 0, f"{self.w.sizes[argv[-1]]}\t{argv[-1]}\n")

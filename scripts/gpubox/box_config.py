@@ -3,8 +3,9 @@
 
 big: m8 (13 GiB bf16) at 0.6 of the GPU; small: m1 (1.4 GiB) at 0.3 (fits awake beside big); mid: m1 at 0.5
 (does not); od: m1 at 0.2 on demand under the name "od"; all `sleep = "level1"`, staged from `local:` folders
-(so the worker runs), behind the front proxy on 127.0.0.1:8000; big, small and mid serve the name "chat". With DRY=1 the engine is the
-project's stand-in (tests/standin/openai_server.py) and the models scripts/setup.sh's tiny ones.
+(so the worker runs), behind the front proxy on 127.0.0.1:8000; big, small and mid serve the name "chat".
+With DRY=1 the engine is the project's stand-in (tests/standin/openai_server.py) and the models
+scripts/setup.sh's tiny ones.
 Environment: GPUS, MODELS_DIR, REPO, DRY, PYKEY (1: write hosts.box.python, the work-around for a box whose
 worker interpreter is not the agent's).
 """
@@ -50,21 +51,24 @@ def toml(value: object) -> str:
 
 all_gpus = list(range(gpus))
 models = {
-    "big": {"repo": "local/m8", "source": f"local:{models_dir}/{'tiny-a' if dry else 'm8'}", "served_name": "chat", "port": 8101,
-            "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.6, "max_model_len": 4096,
-            "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60, "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "86000"} if dry else {})}},
-    "small": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "chat", "port": 8102,
-              "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.3, "max_model_len": 4096,
-              "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60, "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "43000"} if dry else {})}},
+    "big": {"repo": "local/m8", "source": f"local:{models_dir}/{'tiny-a' if dry else 'm8'}", "served_name": "chat",
+            "port": 8101, "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.6,
+            "max_model_len": 4096, "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60,
+            "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "86000"} if dry else {})}},
+    "small": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "chat",
+              "port": 8102, "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.3,
+              "max_model_len": 4096, "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60,
+              "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "43000"} if dry else {})}},
     # mid: m1 at 0.5: does not fit awake beside big (0.6), so big <-> mid is the sleep-then-wake warm switch
-    "mid": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "chat", "port": 8103,
-            "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.5, "max_model_len": 4096,
-            "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60, "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "71000"} if dry else {})}},
+    "mid": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "chat",
+            "port": 8103, "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.5,
+            "max_model_len": 4096, "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60,
+            "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "71000"} if dry else {})}},
     # od: on demand under its own name; a request for it starts or wakes it
-    "od": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "od", "port": 8104,
-           "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.2, "max_model_len": 4096,
-           "sleep": "level1", "on_demand": True, "load_deadline_s": 600, "wake_deadline_s": 60, "args": engine_args,
-           "env": {**env, **({"STANDIN_GPU_MIB": "28000"} if dry else {})}},
+    "od": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "od",
+           "port": 8104, "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.2,
+           "max_model_len": 4096, "sleep": "level1", "on_demand": True, "load_deadline_s": 600, "wake_deadline_s": 60,
+           "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "28000"} if dry else {})}},
 }
 lines = ['state_dir = "/var/lib/orchestrator"', 'socket_group = "orchestrator"', "",
          "[defaults]", 'user = "vllm"', 'group = "vllm"', 'bind = "127.0.0.1"', "", "[proxy]", "enabled = true",

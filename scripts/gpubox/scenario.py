@@ -150,11 +150,13 @@ class Run:
             got = {"harness_error": f"{type(exc).__name__}: {exc}"}
         t1 = time.monotonic()
         time.sleep(1.0)  # requests started in the window finish; counted by start time
-        row = {"part": self.part, "step": name, "expect": expect, "t0": t0, "t1": t1, "seconds": round(t1 - t0, 2), **got,
+        row = {"part": self.part, "step": name, "expect": expect, "t0": t0, "t1": t1, "seconds": round(t1 - t0, 2),
+               **got,
                "client": summarise(self.prober.records, t0, t1), "status": status(), "gpu": gpus(),
                "units": units(), "history": cli_json("history", "--limit", "2"),
                # what an operator reads, for the docs
-               "status_text": cli("status", timeout=60)[1], "history_text": cli("history", "--limit", "3", timeout=60)[1]}
+               "status_text": cli("status", timeout=60)[1],
+               "history_text": cli("history", "--limit", "3", timeout=60)[1]}
         row["verdict"] = "PASS" if verdict(row) else "FAIL"
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()

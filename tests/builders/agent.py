@@ -62,7 +62,8 @@ def install_agent(host: Host, config: str, tmp: Path, *, hook_args: str = "") ->
                              python=PY, config=CONFIG, extra_env={"PYTHONPATH": str(REPO)})
     # The interpreter quoted as the product quotes it: the checkout may live in a directory with spaces
     # (only it: test_agent_config_hosts' sed finds the rest of the line as written).
-    hooked = f"ExecStart={exec_quote(PY)} -m tests.agent_with_hooks --config {CONFIG} --pause-dir {HOOKS} {hook_args}".rstrip()
+    hooked = (f"ExecStart={exec_quote(PY)} -m tests.agent_with_hooks --config {CONFIG} --pause-dir {HOOKS} "
+              f"{hook_args}").rstrip()
     text = re.sub(r"^ExecStart=.*$", lambda _: f"WorkingDirectory={REPO}\n{hooked}", unit.text,
                   flags=re.MULTILINE)
     # The crash tests await systemd's restart of a SIGKILLed agent: the product's 2 s pause before it

@@ -89,8 +89,8 @@ SHAPES = [
       "--gpu-memory-utilization=0.85", "--tool-call-parser=llama3_json", "--enable-auto-tool-choice"],
      {"CUDA_VISIBLE_DEVICES": "5"}),
     ("boolean flags anywhere, defaults left out", SERVE,
-     ["/shared/models/tiny", "--served-model-name", "tiny", "--trust-remote-code", "--enable-prefix-caching", "--kv-cache-dtype", "fp8",
-      "--enable-expert-parallel", "--tensor-parallel-size", "2", "--disable-log-requests"],
+     ["/shared/models/tiny", "--served-model-name", "tiny", "--trust-remote-code", "--enable-prefix-caching",
+      "--kv-cache-dtype", "fp8", "--enable-expert-parallel", "--tensor-parallel-size", "2", "--disable-log-requests"],
      {"CUDA_VISIBLE_DEVICES": "0,1"}),
     ("quoted words with spaces and quotes", ROOT_PY,
      ["--model", "/shared/models/GLM-4.6", "--served-model-name", "glm", "--port", "8006",
@@ -116,7 +116,8 @@ def test_entry_renders_the_same_command(tmp_path: Path, what: str, engine: tuple
 
 
 def test_seed_unit_maps_to_an_entry(tmp_path: Path) -> None:
-    """The seeds' hand-written unit: layout, served name, port, GPUs, env; secrets and ExecStartPre named, not copied."""
+    """The seeds' hand-written unit: layout, served name, port, GPUs, env;
+    secrets and ExecStartPre named, not copied."""
     fields = u.parse_unit(SEED_UNIT, "vllm-kimi-k25-int4.service")
     found = a.Found(argv=fields.argv, env=fields.env, user=fields.user, environment_files=fields.environment_files,
                     unit="vllm-kimi-k25-int4.service", unit_text=SEED_UNIT, unexpressed=fields.unexpressed)
@@ -171,7 +172,8 @@ def test_drop_in_resets_exec_start() -> None:
 
 
 def test_seed_unit_on_a_host_whose_engine_moved() -> None:
-    """The seeds' /root engine on a host whose engine is /opt's: a note naming both, not a blocker; the render differs there only."""
+    """The seeds' /root engine on a host whose engine is /opt's: a note naming both, not a blocker;
+    the render differs there only."""
     fields = u.parse_unit(SEED_UNIT, "vllm-kimi-k25-int4.service")
     found = a.Found(argv=fields.argv, env=fields.env, unit="vllm-kimi-k25-int4.service", unit_text=SEED_UNIT)
     opt = ("/opt/ml-env/bin/python3", *ROOT_PY[1:])
@@ -191,7 +193,8 @@ def test_not_vllm() -> None:
 
 
 def test_blockers_name_the_bad_value() -> None:
-    """GPU count against the layout, UUID devices, another engine, a taken name or port, --api-key: named, not guessed."""
+    """GPU count against the layout, UUID devices, another engine, a taken name or port, --api-key:
+    named, not guessed."""
     argv = (*ROOT_PY, "--model", "/m/x", "--served-model-name", "x", "--tensor-parallel-size", "2", "--port", "8000",
             "--api-key", "sk-abcdefghijklmnopqrstuvwxyz0123456789abcd")
     found = a.Found(argv=argv, env=(("CUDA_VISIBLE_DEVICES", "0,1,2"),), pid=4242)
@@ -208,7 +211,8 @@ def test_blockers_name_the_bad_value() -> None:
 
 
 def test_hand_run_process_without_devices() -> None:
-    """No CUDA_VISIBLE_DEVICES: vLLM takes GPUs 0..world-1, and the entry says so (a note); named after the served name."""
+    """No CUDA_VISIBLE_DEVICES: vLLM takes GPUs 0..world-1, and the entry says so (a note);
+    named after the served name."""
     found = a.Found(argv=(*SERVE, "/m/Qwen", "--served-model-name", "qwen", "-tp", "2"), pid=77, user="vllm")
     b = a.adopt(found, target(SERVE))
     assert b.name == "qwen" and b.entry["gpus"] == [0, 1] and b.blockers == ()
@@ -217,7 +221,8 @@ def test_hand_run_process_without_devices() -> None:
 
 
 def test_console_script_through_its_interpreter() -> None:
-    """/proc shows `python3 /opt/venv/bin/vllm serve ...` for a `vllm serve` started by hand: the engine is the script."""
+    """/proc shows `python3 /opt/venv/bin/vllm serve ...` for a `vllm serve` started by hand:
+    the engine is the script."""
     argv = ("/opt/ml-env/bin/python3", *SERVE, "/m/q", "--served-model-name", "q")
     b = a.adopt(a.Found(argv=argv, pid=8), target(SERVE))
     assert b.engine == SERVE and b.blockers == ()

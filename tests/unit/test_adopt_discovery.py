@@ -87,7 +87,8 @@ def test_units_and_hand_run_processes_are_found() -> None:
             + proc_row(201, argv, {}, "0::/user.slice/user-0.slice/session-3.scope\n")
             + proc_row(300, serve, {}, "0::/system.slice/ssh.service\n")
             + proc_row(400, ["/usr/bin/grep", "vllm"], {}, "0::/user.slice\n"))
-    files = {"/etc/systemd/system/vllm-a.service": HAND.encode(), "/etc/systemd/system/vllm-r.service": RENDERED.encode(),
+    files = {"/etc/systemd/system/vllm-a.service": HAND.encode(),
+             "/etc/systemd/system/vllm-r.service": RENDERED.encode(),
              "/proc/100/stat": stat(100, 1, 100, 5), "/proc/200/stat": stat(200, 1, 200, 7),
              "/proc/201/stat": stat(201, 200, 200, 8), "/proc/300/stat": stat(300, 1, 300, 9)}
     shell = ScriptedShell(files, {

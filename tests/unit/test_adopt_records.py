@@ -41,7 +41,8 @@ MODELS = {
 
 @pytest.fixture
 def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OpsWorld:
-    """A fake box running the hand-written unit, enabled; discovery answers it (the probes are test_adopt_discovery's)."""
+    """A fake box running the hand-written unit, enabled; discovery answers it (the probes are
+    test_adopt_discovery's)."""
     w = OpsWorld(tmp_path / "state", models=MODELS)
     sd = w.host.ports().systemd
     sd.install_unit(UNIT, HAND)
@@ -60,7 +61,8 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OpsWorld:
 
 
 def test_adopted_unit_is_recorded_as_serving(box: OpsWorld) -> None:
-    """One revision, trigger adopt, active and serving, its unit text the hand-written file's; a second run finds nothing."""
+    """One revision, trigger adopt, active and serving, its unit text the hand-written file's;
+    a second run finds nothing."""
     recorded = box.ops.adopt_record(None, [UNIT])
     assert recorded == {"host": "box", "recorded": [{"model": "hand", "revision": 1, "unit": UNIT, "pid": None}]}
     serving = box.store.serving("box")
@@ -103,7 +105,8 @@ def test_entry_written_by_hand_before_is_adopted_under_its_name(box: OpsWorld) -
     [x] = found["adopted"]
     assert (x["in_config"], x["blockers"], found["toml"]) == (True, [], "")
     assert x["differences"] == []
-    moved = OpsWorld(Path(box.catalog.state_dir).parent / "moved", models={**MODELS, "hand": {**MODELS["hand"], "port": 8009}})
+    moved = OpsWorld(Path(box.catalog.state_dir).parent / "moved",
+                     models={**MODELS, "hand": {**MODELS["hand"], "port": 8009}})
     [y] = adopt_record.find(moved.catalog, moved.store, box.ops.ports_for("box"), [UNIT], [])["adopted"]
     assert y["in_config"] is False and any("has port 8009 but it runs with port 8005" in b for b in y["blockers"])
 

@@ -267,7 +267,8 @@ def test_the_agent_killed_in_a_beside_switch_converges(tmp_path: Any, case: str,
         eng.run(unfinished.id)
     assert store.get(dep.id).phase is Phase.ACTIVE
     assert {m: r.state for m, r in residency.residency("box").items()} == {target: "serving", other: "asleep"}
-    assert sorted(m for _, m, _, _ in host.holders.values()) == sorted([host.residue_mib, mib[f"vllm-{target}.service"]])
+    assert sorted(m for _, m, _, _ in host.holders.values()) == sorted([host.residue_mib,
+                                                                        mib[f"vllm-{target}.service"]])
     port = catalog.models[target].port
     assert proxy.config is not None and f":{port}" in proxy.config
     assert not any("model_switching" in c for c in proxy.applied)

@@ -51,7 +51,7 @@ def test_args_repeating_a_rendered_flag_is_refused(tmp_path: Path, args: str, fl
 
 
 def test_args_may_carry_max_model_len_only_while_its_key_is_unset(tmp_path: Path) -> None:
-    """``--max-model-len 32k`` (adopt's way for a value the integer key cannot hold) passes until max_model_len is set."""
+    """``--max-model-len 32k`` (adopt's way for a value the key cannot hold) passes until max_model_len is set."""
     load(tmp_path, 'args = ["--max-model-len", "32k"]\n')
     with pytest.raises(ConfigError, match=r"models\.a\.args\[0\]: '--max-model-len': the unit renders"):
         load(tmp_path, 'max_model_len = 4096\nargs = ["--max-model-len", "32k"]\n')
@@ -91,10 +91,63 @@ backend = "ray"
 
 @pytest.mark.parametrize(("ray_args", "message"), [
     ('["--num-cpus", "4", "--port=7000"]', "models.big.ray_args[2]: '--port=7000': the Ray units render --port"),
-    ('["--num-gpus", "2"]', "models.big.ray_args[0]: '--num-gpus': the Ray units render --num-gpus from the model's `gpus`"),
+    ('["--num-gpus", "2"]',
+     "models.big.ray_args[0]: '--num-gpus': the Ray units render --num-gpus from the model's `gpus`"),
 ])
-def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(tmp_path: Path, ray_args: str, message: str) -> None:
+def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(tmp_path: Path, ray_args: str,
+                                                                   message: str) -> None:
     """A `ray start` option the Ray units already render, repeated in ray_args (click takes the last), is refused."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         load(tmp_path, f"ray_args = {ray_args}\n", RAY)
     load(tmp_path, 'ray_args = ["--num-cpus", "4"]\n', RAY)
+
+
+def test_ray_args_repeating_an_option_the_ray_units_fix_are_refused(tmp_path: Path) -> None:
+    """--include-dashboard, rendered by the Ray units without a key (Ray refuses it on workers), is refused."""
+    with pytest.raises(ConfigError, match=re.escape("models.big.ray_args[0]: '--include-dashboard': the Ray units "
+                                                    "render --include-dashboard themselves")):
+        load(tmp_path, 'ray_args = ["--include-dashboard", "true"]\n', RAY)
+
+
+NATIVE = RAY.replace('backend = "ray"\n', "")
+
+
+@pytest.mark.parametrize(("base", "arg", "flag", "key"), [
+    (NATIVE, "--node-rank=1", "--node-rank", "the model's `nodes` (their order"),
+    (NATIVE, "--headless", "--headless", "the model's `nodes` (their order"),
+    (NATIVE, "--nnodes", "--nnodes", "the model's `nodes` (their count)"),
+    (NATIVE, "--master-port", "--master-port", "the model's `master_port`"),
+    (NATIVE, "--master-addr", "--master-addr", "the first node's address"),
+    (NATIVE, "--data-parallel-rpc-port", "--data-parallel-rpc-port", "the model's `master_port`"),
+    (NATIVE, "--data-parallel-size-local", "--data-parallel-size-local",
+     "the model's `data_parallel` over its `nodes`"),
+    (NATIVE, "--data-parallel-start-rank", "--data-parallel-start-rank", "the model's `nodes` (their order"),
+    (NATIVE, "--data-parallel-address", "--data-parallel-address", "the first node's address"),
+    (RAY, "--distributed-executor-backend=mp", "--distributed-executor-backend", "the model's `backend`"),
+    (NATIVE, "--distributed-executor-backend", "--distributed-executor-backend", "the model's `backend`"),
+])
+def test_args_repeating_a_per_node_flag_of_a_multi_node_model_are_refused(
+        tmp_path: Path, base: str, arg: str, flag: str, key: str) -> None:
+    """A flag each node's unit renders (its place among the nodes, the backend), in a multi-node model's args, is
+    refused naming the model, the key, the flag and the key to set instead."""
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, f'args = ["--trust-remote-code", "{arg}"]\n', base)
+    message = str(err.value)
+    assert f"models.big.args[1]: '{arg}': model big spans nodes ['g1', 'g2'], whose units render {flag} for each " \
+           f"node from {key}" in message and message.endswith(": set that instead")
+
+
+def test_per_node_flags_are_left_to_a_one_box_model(tmp_path: Path) -> None:
+    """A one-box model renders no per-node flag: its args may say --distributed-executor-backend (or --headless)."""
+    load(tmp_path, 'args = ["--distributed-executor-backend", "mp", "--data-parallel-rpc-port", "13345"]\n')
+
+
+@pytest.mark.parametrize(("base", "arg", "read_as"), [
+    (BASE + "max_model_len = 4096\n", "--max_model_len=8192", "--max-model-len"),
+    (BASE, "--tensor-parallel=2", "--tensor-parallel-size"),
+    (NATIVE, "--node_rank", "--node-rank"),
+])
+def test_other_spellings_of_a_rendered_flag_are_refused(tmp_path: Path, base: str, arg: str, read_as: str) -> None:
+    """Underscores and a prefix the engine's parser completes name the rendered flag as surely as its own spelling."""
+    with pytest.raises(ConfigError, match=re.escape(f"'{arg}' (vLLM's parser reads it as {read_as}): ")):
+        load(tmp_path, f'args = ["{arg}"]\n', base)

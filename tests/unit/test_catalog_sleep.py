@@ -121,7 +121,8 @@ def test_a_sleep_engine_on_a_public_address_without_the_proxy_is_refused(
 
 def test_a_sleep_engine_on_a_public_address_behind_the_proxy_loads(tmp_path: Path) -> None:
     """With the proxy on, a public bind is fine: the engine listens on loopback behind it."""
-    cat = load(tmp_path, host='bind = "10.1.2.3"', model='sleep = "level1"', rest="[proxy]\nenabled = true\nport = 9000")
+    cat = load(tmp_path, host='bind = "10.1.2.3"', model='sleep = "level1"',
+               rest="[proxy]\nenabled = true\nport = 9000")
     assert cat.models["a"].sleep == "level1"
 
 
@@ -137,15 +138,18 @@ def test_dev_mode_by_hand_is_refused(tmp_path: Path, model: str, key: str) -> No
 
 def test_sleep_on_a_multinode_model_is_refused(tmp_path: Path) -> None:
     """Warm switches are for one box: a multi-node model with sleep exits 2 naming it."""
-    rest = ('host = "box"\n[hosts.box2]\naddress = "127.0.0.2"\ngpus = 8\n[models.big]\nrepo = "org/big"\nnodes = ["box", "box2"]\n'
-            'gpus = [2]\npipeline_parallel = 2\nport = 8050\nsleep = "level2"\n')
+    rest = ('host = "box"\n[hosts.box2]\naddress = "127.0.0.2"\ngpus = 8\n'
+            '[models.big]\nrepo = "org/big"\nnodes = ["box", "box2"]\ngpus = [2]\npipeline_parallel = 2\nport = 8050\n'
+            'sleep = "level2"\n')
     message = refused(tmp_path, model='host = "box"', rest=rest)
     assert "models.big.sleep" in message and "multi-node" in message
 
 
 @pytest.mark.parametrize(("host", "key", "words"), [
-    ("memory_gib = 512\nsleep_ram_gib = 600", "hosts.box.sleep_ram_gib", "sleep_ram_gib 600 is more than the host's memory_gib 512"),
-    ("sleep_residue_gib = 141", "hosts.box.sleep_residue_gib", "sleep_residue_gib 141 is not less than gpu_memory_gib 141"),
+    ("memory_gib = 512\nsleep_ram_gib = 600", "hosts.box.sleep_ram_gib",
+     "sleep_ram_gib 600 is more than the host's memory_gib 512"),
+    ("sleep_residue_gib = 141", "hosts.box.sleep_residue_gib",
+     "sleep_residue_gib 141 is not less than gpu_memory_gib 141"),
 ])
 def test_host_budgets_that_cannot_be_are_refused(tmp_path: Path, host: str, key: str, words: str) -> None:
     """A RAM budget over the box's memory, a residue of a whole GPU: exit 2 naming the key and values."""

@@ -33,6 +33,9 @@ SAMPLE_ARGS: dict[str, dict[str, Any]] = {
     "rollout_abort": {},
     "tune_plan": {"model": "alpha", "concurrency": [1]}, "tune_start": {"model": "alpha", "concurrency": [1]},
     "tune_resume": {}, "tune_abort": {}, "tune_follow": {}, "tune_status": {},
+    "demand_sleep": {"model": "alpha", "reason": "idle"}, "demand_stop": {"model": "alpha", "reason": "idle"},
+    "reroute": {"host": "box", "reason": "test"}, "proxy_up": {"host": "box", "reason": "test"},
+    "proxy_off": {"host": "box", "reason": "test"}, "leftover_proxy_off": {"host": "box", "reason": "test"},
 }
 
 
@@ -95,9 +98,15 @@ def test_every_operation_with_a_command_names_a_cli_command_that_exists(name: st
         assert _command(op.command) is not None, f"{name}: no CLI command {op.command!r}"
 
 
-def test_only_ping_has_no_command_of_its_own() -> None:
-    """Every operation is run by a CLI command except ping, which the client asks itself."""
-    assert [op.name for op in OPERATIONS.values() if op.command is None] == ["ping"]
+def test_only_ping_and_the_agents_own_have_no_command() -> None:
+    """Every operation is run by a CLI command except ping, which the client asks itself, and the agent's
+    own box operations (Who.AGENT), which no client asks."""
+    from orchestrator.contract.ops import Who
+
+    assert [op.name for op in OPERATIONS.values() if op.command is None and op.who is not Who.AGENT] == ["ping"]
+    assert sorted(op.name for op in OPERATIONS.values() if op.who is Who.AGENT) == [
+        "demand_sleep", "demand_stop", "leftover_proxy_off", "proxy_off", "proxy_up", "reroute"]
+    assert all(op.command is None for op in OPERATIONS.values() if op.who is Who.AGENT)
 
 
 def test_every_in_process_operation_calls_an_operations_method(tmp_path: Path) -> None:
@@ -122,8 +131,8 @@ def test_agent_only_operations_have_an_agent_answer_and_no_in_process_one() -> N
     """config show/push, a controller's rollouts and an agent's tune runs are answered by an agent only: an
     agent answer (or stream), no in-process run."""
     agent_only = sorted(op.name for op in OPERATIONS.values() if op.agent_only)
-    assert agent_only == ["config_push", "config_show", "preflight", "rollout_abort", "rollout_follow", "rollout_resume",
-                          "rollout_start", "rollout_status", "tune_abort", "tune_follow", "tune_plan",
+    assert agent_only == ["config_push", "config_show", "preflight", "rollout_abort", "rollout_follow",
+                          "rollout_resume", "rollout_start", "rollout_status", "tune_abort", "tune_follow", "tune_plan",
                           "tune_resume", "tune_start", "tune_status"]
     assert all(OPERATIONS[name].agent is not None or OPERATIONS[name].stream is not None for name in agent_only)
 

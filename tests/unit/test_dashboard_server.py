@@ -72,7 +72,8 @@ def running(tmp_path: Path) -> Iterator[Running]:
 def as_user(path: str, gid: int = 65534, url: str = "/") -> str:
     """GET ``url`` on the socket as uid 65534 (nobody) with primary group ``gid`` and no other: the raw reply."""
     script = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
-              "s.sendall(b'GET ' + sys.argv[2].encode() + b' HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); "
+              "s.sendall(b'GET ' + sys.argv[2].encode() "
+              "+ b' HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); "
               "s.settimeout(10); out=b''\n"
               "while (c := s.recv(65536)): out += c\nprint(out.decode())")
     done = subprocess.run(["setpriv", "--reuid=65534", f"--regid={gid}", "--clear-groups", sys.executable, "-c",
@@ -164,7 +165,8 @@ def raw_get(path: str, target: bytes) -> bytes:
 @pytest.mark.parametrize("target", [b"/tune/\xb2", b"/tune/" + b"9" * 5000, b"/tune/" + b"9" * 30,
                                     "/tune/\u0663".encode()])
 def test_a_tune_page_that_is_no_run_number_is_404(running: Running, target: bytes) -> None:
-    """'/tune/\u00b2', 5,000 digits, a number past SQLite's integers, an Arabic-Indic digit: 404, never a dropped connection."""
+    """'/tune/\u00b2', 5,000 digits, a number past SQLite's integers, an Arabic-Indic digit:
+    404, never a dropped connection."""
     assert raw_get(running.path, target).startswith(b"HTTP/1.1 404 ")
 
 

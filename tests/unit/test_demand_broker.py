@@ -422,7 +422,8 @@ def test_a_model_with_more_requests_in_flight_keeps_its_gpus(dw: DemandWorld) ->
     dw.broker.tick()
     ticket = dw.broker.open("bee")
     dw.broker.tick()
-    assert ticket.answer is not None and ticket.answer["status"] == 429 and "a is asked more" in ticket.answer["message"]
+    assert ticket.answer is not None and ticket.answer["status"] == 429
+    assert "a is asked more" in ticket.answer["message"]
     assert dw.broker.snapshot()["queues"] == {} and dw.serving() == ["a"]
 
 
@@ -511,7 +512,8 @@ def test_requests_just_routed_count_as_in_flight(dw: DemandWorld) -> None:
         dw.broker.open("bee")
     dw.run_swap()
     ticket = dw.broker.open("a")
-    assert ticket.answer is not None and ticket.answer["status"] == 429 and "b is asked more" in ticket.answer["message"]
+    assert ticket.answer is not None and ticket.answer["status"] == 429
+    assert "b is asked more" in ticket.answer["message"]
     dw.clock.sleep(1.5)
     assert dw.broker.open("a").answer is None
 
@@ -725,10 +727,10 @@ def test_requests_answered_ready_one_after_another_add_up_as_in_flight(dw: Deman
 def test_a_switch_to_a_level1_sleeper_under_its_own_unit_probes_no_access(
         dw: DemandWorld, monkeypatch: pytest.MonkeyPatch) -> None:
     """The switch's own access probe (before it plans) is left out for a wake that starts nothing."""
-    from orchestrator.deploy import operations
+    from orchestrator.deploy import planning
 
     probed: list[str] = []
-    monkeypatch.setattr(operations, "check_access", lambda catalog, model, *a: probed.append(model))
+    monkeypatch.setattr(planning, "check_access", lambda catalog, model, *a: probed.append(model))
     dw.ops.switch("b")
     dw.ops.switch("a")
     assert probed == ["b", "a"]

@@ -71,7 +71,8 @@ def haproxy_as_haproxy(sock: Path, work: Path) -> Iterator[int]:
     lua = template_text(DEMAND_LUA)
     (work / DEMAND_LUA).write_text(lua)
     config = render_config(Proxy(enabled=True, port=port, user="haproxy"), "127.0.0.1", [],
-                           template_text("haproxy.cfg.j2"), demand=[DemandRoute("ghost", "127.0.0.1", _free_port(), 5.0)],
+                           template_text("haproxy.cfg.j2"),
+                           demand=[DemandRoute("ghost", "127.0.0.1", _free_port(), 5.0)],
                            demand_socket=str(sock), lua=lua)
     assert "\n    user \"haproxy\"\n    group \"haproxy\"\n" in config
     cfg = work / "haproxy.cfg"
@@ -266,7 +267,8 @@ def test_a_push_that_changes_the_proxy_user_reopens_the_socket_for_that_account(
     try:
         world.push(world.text(on_demand=True, sock=sock), uid=0)
         assert world.agent.demand.path == str(sock)
-        pushed = world.text(on_demand=True, sock=sock).replace("[proxy]\n", '[proxy]\nuser = "nobody"\ngroup = "nogroup"\n', 1)
+        pushed = world.text(on_demand=True, sock=sock).replace("[proxy]\n",
+                                                               '[proxy]\nuser = "nobody"\ngroup = "nogroup"\n', 1)
         world.push(pushed, uid=0)
         first = _first_line_as("nobody", "nogroup", sock, "a")
         assert '"waiting"' in first or '"ready"' in first, first
@@ -277,7 +279,8 @@ def test_a_push_that_changes_the_proxy_user_reopens_the_socket_for_that_account(
 
 
 def _on_demand_as(world: Any, sock: Path, user: str, group: str) -> str:
-    return world.text(on_demand=True, sock=sock).replace("[proxy]\n", f'[proxy]\nuser = "{user}"\ngroup = "{group}"\n', 1)
+    return world.text(on_demand=True, sock=sock).replace("[proxy]\n",
+                                                         f'[proxy]\nuser = "{user}"\ngroup = "{group}"\n', 1)
 
 
 def test_a_directory_the_agent_made_is_made_again_for_a_new_proxy_account(base: Path, tmp_path: Path) -> None:

@@ -144,7 +144,8 @@ def test_a_push_that_makes_a_model_on_demand_reloads_the_proxy_to_hold_for_it(st
     assert held(started.proxy.config) == []
     result = started.push(started.text(on_demand=True))[-1]["result"]
     assert result["proxy"] == {"box": "reloaded"} and len(started.proxy.applied) == before + 1
-    engines = [line.split()[2:] for line in (started.proxy.config or "").splitlines() if line.strip().startswith("server engine")]
+    engines = [line.split()[2:] for line in (started.proxy.config or "").splitlines()
+               if line.strip().startswith("server engine")]
     assert held(started.proxy.config) == ["a"] and engines == [['"127.0.0.9:8002"'], ['"127.0.0.9:8001"', "disabled"]]
 
 

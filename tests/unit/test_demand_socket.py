@@ -112,7 +112,8 @@ def test_the_socket_is_not_open_to_everyone(served: tuple[DemandWorld, str]) -> 
 
 
 def test_an_agent_with_a_model_on_demand_runs_its_loops_and_socket(tmp_path: Path) -> None:
-    """The agent opens its demand socket ([proxy] demand_socket) and runs the demand and idle loops; status shows them."""
+    """The agent opens its demand socket ([proxy] demand_socket) and runs the demand and idle loops;
+    status shows them."""
     from orchestrator.agent.daemon import Agent
 
     from .conftest import OpsWorld

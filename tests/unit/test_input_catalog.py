@@ -36,7 +36,8 @@ gpus = [1]
 port = 8001
 {rest}
 """
-BIG = '[models.big]\nrepo = "org/big"\nnodes = ["box", "box2"]\ngpus = [2, 3]\ntensor_parallel = 2\npipeline_parallel = 2\nport = 8050\n'
+BIG = ('[models.big]\nrepo = "org/big"\nnodes = ["box", "box2"]\ngpus = [2, 3]\ntensor_parallel = 2\n'
+       'pipeline_parallel = 2\nport = 8050\n')
 
 
 DOC = Template(BASE)
@@ -45,7 +46,8 @@ load, refused = DOC.load, DOC.refused
 
 @pytest.mark.parametrize(("top", "rest", "key", "words"), [
     ("metrics_port = 8001", "", "models.b.port", ["port 8001 is the agent's metrics port on host box (metrics_port)"]),
-    ("", BIG + "master_port = 8001\n", "models.big.master_port", ["port 8001 is already used by model b on host box (models.b.port)"]),
+    ("", BIG + "master_port = 8001\n", "models.big.master_port",
+     ["port 8001 is already used by model b on host box (models.b.port)"]),
     ("", BIG + 'backend = "ray"\nray_port = 9464\n', "models.big.ray_port", ["port 9464", "metrics_port"]),
     ("", BIG + "[proxy]\nenabled = true\nport = 29500\n", "models.big.master_port", ["port 29500", "proxy.port"]),
     ("", BIG.replace("port = 8050", "port = 29500"), "models.big.master_port", ["port 29500", "models.big.port"]),

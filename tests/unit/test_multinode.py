@@ -166,13 +166,15 @@ def test_node_address_is_where_the_nodes_reach_each_other_not_address(backend: s
     texts = [r.api.text, *(n.unit_text for n in r.nodes)]
     assert not any("10.0.0." in t for t in texts)
     if backend == "native":
-        assert '"--master-addr" "192.168.100.1"' in r.api.text and '"VLLM_HOST_IP=192.168.100.2"' in r.nodes[0].unit_text
+        assert '"--master-addr" "192.168.100.1"' in r.api.text
+        assert '"VLLM_HOST_IP=192.168.100.2"' in r.nodes[0].unit_text
     else:
         assert '"--address" "192.168.100.1:6379" "--block" "--node-ip-address" "192.168.100.2"' in r.nodes[1].unit_text
 
 
 def test_ray_units_keep_ray_files_in_the_state_directory_and_take_ray_args() -> None:
-    """Both Ray units: --temp-dir /var/lib/ray, no drain, short stop, ray_args last; only the head turns the dashboard off."""
+    """Both Ray units: --temp-dir /var/lib/ray, no drain, short stop, ray_args last;
+    only the head turns the dashboard off."""
     cat = catalog("ray", ray_args=["--num-cpus", "1"])
     head, worker = render_nodes(cat, cat.models["big"], template_text).nodes
     for unit in (head.unit_text, worker.unit_text):
@@ -180,7 +182,8 @@ def test_ray_units_keep_ray_files_in_the_state_directory_and_take_ray_args() -> 
         assert '"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0"' in unit and "TimeoutStopSec=15\n" in unit
         assert "SuccessExitStatus=1\n" in unit
     assert '"--include-dashboard" "false" "--num-cpus" "1"\n' in head.unit_text
-    assert "--include-dashboard" not in worker.unit_text and '"--disable-usage-stats" "--num-cpus" "1"\n' in worker.unit_text
+    assert "--include-dashboard" not in worker.unit_text
+    assert '"--disable-usage-stats" "--num-cpus" "1"\n' in worker.unit_text
 
 
 RAY_FIXTURES = REPO / "tests/fixtures/ray"

@@ -66,8 +66,8 @@ def test_switch_refuses_invalid_layout_before_stopping() -> None:
 
 def test_unknown_host_is_named_without_traceback() -> None:
     """plan MODEL --on NOPE exits 2 naming the host and the known ones."""
-    r = run("plan", "minimax-m25", "--on", "nope", "--model-config", str(MINIMAX), "--config", str(REPO / "deploy.toml"),
-            cwd=REPO)
+    r = run("plan", "minimax-m25", "--on", "nope", "--model-config", str(MINIMAX),
+            "--config", str(REPO / "deploy.toml"), cwd=REPO)
     assert r.returncode == 2 and "unknown host 'nope' (known: blackwell)" in r.stderr
     assert "Traceback" not in r.stderr
 

@@ -62,13 +62,14 @@ def test_a_warm_switch_sleeps_the_displaced_model_and_wakes_the_target(tmp_path:
 
 
 def test_a_full_budget_evicts_the_least_recently_served_sleeper(tmp_path: Path) -> None:
-    """30 GiB, b and c asleep (c listed first: the least recently served), a serving, switch to e: c is evicted for a."""
+    """30 GiB, b and c asleep (c listed first: the least recently served), a serving, switch to e:
+    c is evicted for a."""
     path = deploy(tmp_path, host="sleep_ram_gib = 30")
     r = invoke("plan", "--config", str(path), "e", "--serving", "a", "--asleep", "c,b")
     assert r.exit_code == 0, r.output
     assert "switch to e: cold start" in r.output and "  - a sleeps (level1, 12.6 GiB in host RAM)" in r.output
-    assert "c (asleep, the least recently served) is evicted: sleepers would hold 37.7 GiB of host RAM, over the 30.0 GiB" \
-        in r.output
+    assert ("c (asleep, the least recently served) is evicted: sleepers would hold 37.7 GiB of host RAM, "
+            "over the 30.0 GiB") in r.output
 
 
 def test_a_model_without_sleep_mode_is_stopped_by_the_switch(tmp_path: Path) -> None:

@@ -36,7 +36,8 @@ def write(tmp_path: Path, **fields: str) -> Path:
 @pytest.mark.parametrize("fields,key,bad", [
     ({"engine": '["/tmp/clone/.venv/bin/python", "-m", "vllm"]'}, "defaults.engine", "/tmp/clone/.venv/bin/python"),
     ({"host_engine": 'engine = ["/usr/bin/python3", "/var/tmp/shim.py"]'}, "hosts.box.engine", "/var/tmp/shim.py"),
-    ({"models_dir": "/tmp/models"}, "hosts.box.models_dir", "/tmp/models"),  # "/tmp/../tmp/...": a ".." part, refused first
+    # "/tmp/../tmp/...": a ".." part, refused first
+    ({"models_dir": "/tmp/models"}, "hosts.box.models_dir", "/tmp/models"),
     ({"source": "local:/var/tmp/weights"}, "models.a.source", "/var/tmp/weights"),
 ])
 def test_paths_under_private_tmp_are_refused(tmp_path: Path, fields: dict[str, str], key: str, bad: str) -> None:

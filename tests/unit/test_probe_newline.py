@@ -18,7 +18,8 @@ from tests.unit.test_probe_config import refused, write
     ("rest", '[proxy]\nuser = "haproxy\\n"', "proxy.user"),
     ("host", 'bind = "127.0.0.1\\n"', "hosts.box.bind"),
     ("host", 'node_address = "box.lan\\n"', "hosts.box.node_address"),
-    ("rest", '[schedules.nightly]\ncron = "0 3 * * *"\nmodel = "a"\nwindow = "01:00-05:00\\n"', "schedules.nightly.window"),
+    ("rest", '[schedules.nightly]\ncron = "0 3 * * *"\nmodel = "a"\nwindow = "01:00-05:00\\n"',
+     "schedules.nightly.window"),
     ("model", 'env = { "OMP_NUM_THREADS\\n" = "4" }', "models.a.env"),
 ])
 def test_a_trailing_newline_is_refused(tmp_path: Path, where: str, line: str, key: str) -> None:

@@ -91,8 +91,9 @@ def test_a_command_that_needs_the_records_names_itself_and_the_rule(box: Path, c
     """Without an agent a non-root user's command names itself, the uid, and the two ways it can run."""
     result = as_nobody(*command, "--config", str(box))
     assert result["code"] == 2, result
-    assert f"Permission denied; `orchestrator {command[0]}` found no agent to ask, so it uses the state directory " \
-           f"itself, which only root may (uid {NOBODY} here): run it as root, or through the agent" in str(result["stderr"])
+    assert (f"Permission denied; `orchestrator {command[0]}` found no agent to ask, so it uses the state directory "
+            f"itself, which only root may (uid {NOBODY} here): run it as root, or through the agent"
+            ) in str(result["stderr"])
 
 
 def test_an_unreadable_deploy_toml_is_named_without_the_state_directory_hint(box: Path) -> None:
@@ -161,7 +162,8 @@ def member_agent() -> Iterator[tuple[Path, str]]:
 
 def test_a_socket_group_member_on_the_box_reaches_the_agent_past_a_deploy_toml_only_root_reads(
         member_agent: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """deploy.toml 0640 root:root: a member's `status` asks the box's agent (as the SSH relay finds it), not "file not found"."""
+    """deploy.toml 0640 root:root: a member's `status` asks the box's agent (as the SSH relay finds it),
+    not "file not found"."""
     cfg, sock = member_agent
     monkeypatch.setenv("ORCHESTRATOR_SOCKET", sock)
     result = as_nobody("status", "--config", str(cfg))

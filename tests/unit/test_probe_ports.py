@@ -74,7 +74,8 @@ class HandUnitCgroups(LocalShell):
 
 
 def test_what_the_switch_stops_first_may_hold_the_port(listener: int) -> None:
-    """An adopted unit of any name, or an adopted hand-run PID, that this switch stops first: no conflict; else named."""
+    """An adopted unit of any name, or an adopted hand-run PID, that this switch stops first: no conflict;
+    else named."""
     assert port_holder(HandUnitCgroups(), "beta", "127.0.0.1", listener, units={"kimi.service"}) is None
     assert port_holder(HandUnitCgroups(), "beta", "127.0.0.1", listener, units={"kimi2.service"}) is not None
     assert port_holder(LocalShell(), "beta", "127.0.0.1", listener, pids=[os.getpid()]) is None

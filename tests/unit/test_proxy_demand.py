@@ -165,7 +165,8 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     agent.close()
 
 
-def post(port: int, model: str, *, stream: bool | None = None, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+def post(port: int, model: str, *, stream: bool | None = None,
+         timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
     return haproxy_post(port, model, timeout=timeout, **({} if stream is None else {"stream": stream}))
 
 
@@ -205,7 +206,8 @@ def test_held_then_routed(front: Front) -> None:
 
 
 def test_a_hold_outlasts_luas_session_timeout(front: Front) -> None:
-    """A stream held 5 s (longer than HAProxy's 4 s Lua session timeout) is still routed; the agent learns it streams."""
+    """A stream held 5 s (longer than HAProxy's 4 s Lua session timeout) is still routed;
+    the agent learns it streams."""
     front.agent.scripts["beta"] = ready_after(5.0)
     before = len(front.agent.asked("beta"))
     assert post(front.port, "beta", stream=True)[0] == 200
@@ -235,14 +237,16 @@ def test_503_without_retry_after_uses_the_proxys(front: Front) -> None:
 
 def test_agents_404_is_model_not_found(front: Front) -> None:
     """The agent's 404 (it will not serve that model) is OpenAI's model_not_found, without Retry-After."""
-    front.agent.scripts["beta"] = answer({"status": 404, "message": "beta is not on demand here", "retry_after_s": None})
+    front.agent.scripts["beta"] = answer({"status": 404, "message": "beta is not on demand here",
+                                          "retry_after_s": None})
     status, headers, body = post(front.port, "beta")
     assert status == 404 and "retry-after" not in headers
     assert json.loads(body)["error"]["code"] == "model_not_found"
 
 
 def test_client_disconnect_closes_the_agents_connection(front: Front) -> None:
-    """A client that gives up while held makes the proxy close its connection to the agent; nothing reaches the engine."""
+    """A client that gives up while held makes the proxy close its connection to the agent;
+    nothing reaches the engine."""
     front.agent.scripts["beta"] = ready_after(3600)
     before = len(front.agent.asked("beta"))
     seen = len(front.engine.seen)
@@ -369,7 +373,8 @@ def _render_cli(tmp_path: Path, extra: str = "") -> tuple[int, str]:
 
 
 def test_render_proxy_shows_the_hold_for_a_model_on_demand(tmp_path: Path) -> None:
-    """Nothing serves: the model on demand has a disabled backend, the hold (its cold deadline + margin), and is listed."""
+    """Nothing serves: the model on demand has a disabled backend, the hold (its cold deadline + margin),
+    and is listed."""
     code, out = _render_cli(tmp_path)
     assert code == 0, out
     assert f'lua-load "/etc/orchestrator/{DEMAND_LUA}"' in out

@@ -116,7 +116,8 @@ def test_an_unknown_target_is_refused() -> None:
 
 
 def test_a_stuck_serving_engine_on_the_target_gpus_is_reported() -> None:
-    """An engine kept by the caller's displaced list on a target GPU: the target does not fit, and the reason names it."""
+    """An engine kept by the caller's displaced list on a target GPU:
+    the target does not fit, and the reason names it."""
     d = decide("t", [r("a", State.SERVING, util=0.5), r("t", util=0.6)], H200, displaced=[])
     assert not d.fits and "GPU 0 keeps 70.5 GiB (a)" in d.reasons[-1].text
 

@@ -51,7 +51,8 @@ def current(agent: Agent) -> dict[str, tuple[str, str]]:
 
 
 def test_each_model_has_one_series_per_possible_state_and_only_the_current_is_1(agent: Agent) -> None:
-    """After a then b (same GPUs): a asleep at level 1, b awake, c stopped; c, which never sleeps, has no asleep series."""
+    """After a then b (same GPUs): a asleep at level 1, b awake, c stopped;
+    c, which never sleeps, has no asleep series."""
     switch(agent, "a")
     switch(agent, "b")
     wait_for(lambda: gauge(agent), lambda g: g[("b", "awake", "")] == 1, timeout=10, what="b's job ended")
@@ -84,7 +85,8 @@ def test_a_box_without_warm_switches_reports_its_serving_model_awake(tmp_path: P
     world = OpsWorld(tmp_path / "state")
     plain = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     switch(plain, "alpha")
-    wait_for(lambda: current(plain), lambda now: now.get("alpha") == ("awake", ""), timeout=10, what="alpha's job ended")
+    wait_for(lambda: current(plain), lambda now: now.get("alpha") == ("awake", ""), timeout=10,
+             what="alpha's job ended")
     assert current(plain) == {"alpha": ("awake", ""), "beta": ("stopped", ""), "gamma": ("stopped", "")}
 
 
@@ -108,7 +110,8 @@ def test_the_gauge_is_current_when_each_of_two_back_to_back_jobs_is_seen_done(tm
     world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000},
                      hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
                                     "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
-                     models={"a": {"repo": "org/a", "port": 8001, **WARM}, "b": {"repo": "org/b", "port": 8002, **WARM}})
+                     models={"a": {"repo": "org/a", "port": 8001, **WARM},
+                             "b": {"repo": "org/b", "port": 8002, **WARM}})
     store = _ReadAfterDone()
     ops = Operations(world.catalog, world.ops.ports_for, store=world.store, residency=store)
     agent = Agent(world.catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)

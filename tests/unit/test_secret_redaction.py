@@ -67,8 +67,9 @@ def test_secret_names_by_what_they_say(name: str) -> None:
     assert secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["AUTHOR", "HF_ENDPOINT", "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "TOKENIZERS_PARALLELISM",
-                                  "DATABASE_NAME", "VLLM_SERVER_URL", "PYTORCH_CUDA_ALLOC_CONF", "--ssl-keyfile"])
+@pytest.mark.parametrize("name", ["AUTHOR", "HF_ENDPOINT", "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME",
+                                  "TOKENIZERS_PARALLELISM", "DATABASE_NAME", "VLLM_SERVER_URL",
+                                  "PYTORCH_CUDA_ALLOC_CONF", "--ssl-keyfile"])
 def test_ordinary_names_stay_ordinary(name: str) -> None:
     """Endpoints, IPs, interfaces and a database's name are not secrets."""
     assert not secret_name(name)

@@ -55,13 +55,15 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
     ('repo = "org/a"', 'repo = "org/a"\ntensor_paralel = 4', "models.a.tensor_paralel: unknown key"),
     ("gpus = 8", 'gpus = "eight"', "hosts.box.gpus: must be an integer, not a string (got 'eight')"),
     ('repo = "org/a"', 'repo = "org/a"\nargs = ["--x", "a\\nExecStartPre=/bin/sh"]', "control character"),
-    ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }', "models.a.env.HF_TOKEN: holds a secret by its name"),
+    ('repo = "org/a"', 'repo = "org/a"\nenv = { HF_TOKEN = "hf_abc" }',
+     "models.a.env.HF_TOKEN: holds a secret by its name"),
     ("[hosts.box]", "[hosts.box\n", "not valid TOML"),
     ("tensor_parallel = 4\n[models.b]", "tensor_parallel = 4\nload_deadline_s = inf\n[models.b]",
      "models.a.load_deadline_s: Input should be a finite number (got inf)"),
     ("tensor_parallel = 4\n[models.b]", "tensor_parallel = 4\nload_deadline_s = 1e300\n[models.b]",
      "models.a.load_deadline_s: Input should be less than or equal to 604800 (got 1e+300)"),
-    ("gpus = 8", "gpus = 8\n[defaults]\nstop_timeout_s = nan", "defaults.stop_timeout_s: Input should be a finite number"),
+    ("gpus = 8", "gpus = 8\n[defaults]\nstop_timeout_s = nan",
+     "defaults.stop_timeout_s: Input should be a finite number"),
     ("gpus = 8", "gpus = 8\n[policy]\nwatch_interval_s = 1e-300", "policy.watch_interval_s: Input should be greater"),
     ('repo = "org/a"', 'repo = "org/a"\nrevision = "../../../../etc"',
      "models.a.revision: revision '../../../../etc' contains '..'"),
@@ -71,7 +73,8 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
      "models.a.args: argument 'safe\\u202eevil' contains the invisible format character '\\u202e' (U+202E"),
     ('repo = "org/a"', 'repo = "org/a"\nserved_name = "a\u200bb"', "models.a.served_name: value 'a\\u200bb' contains"),
     ('repo = "org/a"', 'repo = "org/a"\nenv = { FOO = "x\u2029y" }', "models.a.env: value of FOO 'x\\u2029y' contains"),
-    ('repo = "org/a"', 'repo = "org/a"\nenv = { FOO = "x\ty" }', "models.a.env: value of FOO 'x\\ty' contains the control"),
+    ('repo = "org/a"', 'repo = "org/a"\nenv = { FOO = "x\ty" }',
+     "models.a.env: value of FOO 'x\\ty' contains the control"),
     ("[hosts.box]", '[schedules.s]\ncron = "not a cron"\nmodel = "a"\n[hosts.box]',
      "schedules.s.cron: 'not a cron' is not a valid cron expression"),
     ("[hosts.box]", '[schedules.s]\ncron = "0 3 * * *"\nmodel = "a"\nwindow = "25:99-99:00"\n[hosts.box]',
@@ -83,7 +86,8 @@ def test_schedule_must_name_a_known_model(tmp_path: Path, extra: str, message: s
      "models.a.served_name: 'my model' cannot be routed by the front proxy"),
     ("gpus = 8\n[models.a]", "gpus = 8\n[proxy]\nenabled = true\nport = 8001\n[models.a]",
      "models.b.port: port 8001 is the front proxy's port"),
-    ("[hosts.box]", "[proxy]\ndrain_timeout_s = -1\n[hosts.box]", "proxy.drain_timeout_s: Input should be greater than 0"),
+    ("[hosts.box]", "[proxy]\ndrain_timeout_s = -1\n[hosts.box]",
+     "proxy.drain_timeout_s: Input should be greater than 0"),
 ])
 def test_invalid_file_names_file_key_and_value(tmp_path: Path, old: str, new: str, message: str) -> None:
     """Each invalid deploy.toml exits 2 with one error naming the file, the key path and the value."""
@@ -138,7 +142,8 @@ def test_invalid_schedule_is_refused_by_every_command(tmp_path: Path, command: l
     assert result.stderr == (f"error: {cfg}: schedules.s.cron: cron expression '0 0 31 2 *' never fires\n")
     cfg.write_text(GOOD + '[schedules.s]\ncron = "0 3 * * *"\nmodel = "a"\nhost = "nope"\n')
     result = orchestrator(*command, "--config", str(cfg))
-    assert (result.returncode, result.stderr) == (2, f"error: {cfg}: schedules.s.host: unknown host 'nope' (known: box)\n")
+    assert (result.returncode, result.stderr) == (2, (f"error: {cfg}: schedules.s.host: unknown host 'nope' "
+                                                      "(known: box)\n"))
 
 
 def test_non_utf8_file_names_the_byte_and_line(tmp_path: Path) -> None:
@@ -147,7 +152,8 @@ def test_non_utf8_file_names_the_byte_and_line(tmp_path: Path) -> None:
     cfg.write_bytes(GOOD.encode() + b'# caf\xe9\n')
     result = orchestrator("models", "--config", str(cfg))
     assert result.returncode == 2
-    assert result.stderr == f"error: {cfg}: not UTF-8 text: byte 0xe9 at line 14, column 6 (TOML, JSON and deploy files must be UTF-8)\n"
+    assert result.stderr == (f"error: {cfg}: not UTF-8 text: byte 0xe9 at line 14, column 6 "
+                             "(TOML, JSON and deploy files must be UTF-8)\n")
 
 
 @pytest.mark.parametrize("var,value,message", [

@@ -43,7 +43,8 @@ def test_a_short_gpu_names_each_holder_its_mib_and_the_need() -> None:
     hog = GpuSnapshot(gpus=(GpuInfo(0, "GPU-0", "NVIDIA H200", TOTAL, 90_000),),
                       processes=(GpuProcess(4412, "python", "GPU-0", 90_000, 0),))
     short = f"GPU 0 has {TOTAL - 90_000} MiB free, the wake needs {need} MiB more"
-    assert wake_blockers(hog, [0], own_pids=(), need_mib=need) == [f"{short}: PID 4412 (python) holds 90000 MiB on GPU 0"]
+    assert wake_blockers(hog, [0], own_pids=(), need_mib=need) == [
+        f"{short}: PID 4412 (python) holds 90000 MiB on GPU 0"]
 
 
 def test_a_foreign_process_that_leaves_the_room_blocks_nothing() -> None:

@@ -33,4 +33,5 @@ def test_the_first_directory_closed_to_the_account_is_named() -> None:
     modes = {"/": 0o755, "/run": 0o755, "/run/o": 0o750, "/run/o/d.sock": 0o660}
     chain = [Entry(p, (stat.S_IFSOCK if p.endswith(".sock") else stat.S_IFDIR) | modes[p], 0, 0, "root", "root")
              for p in path_chain("/run/o/d.sock")]
-    assert missing_access(chain, HAPROXY) == "search (x) on directory /run/o (drwxr-x--- root:root; haproxy is among its others)"
+    assert missing_access(chain, HAPROXY) == ("search (x) on directory /run/o "
+                                              "(drwxr-x--- root:root; haproxy is among its others)")

@@ -34,7 +34,8 @@ CLIENT = """
 import json, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
-s.sendall(json.dumps({"op": "config_push", "args": {"text": sys.stdin.read(), "name": "pushed.toml"}}).encode() + b"\\n")
+s.sendall(json.dumps({"op": "config_push",
+                      "args": {"text": sys.stdin.read(), "name": "pushed.toml"}}).encode() + b"\\n")
 s.shutdown(socket.SHUT_WR)
 print(s.makefile().read().splitlines()[-1])
 """
@@ -46,7 +47,8 @@ def deploy(state: Path, **changes: str) -> str:
         "": {"state_dir": f'"{state}"', "socket_group": '"nogroup"'},
         "defaults": {"engine": '["/opt/vllm/bin/vllm", "serve"]'},
         "hosts.box": {"transport": '"local"', "gpus": "8", "gpu_memory_gib": "96"},
-        "models.alpha": {"repo": '"org/alpha"', "host": '"box"', "gpus": "[0, 1, 2, 3]", "tensor_parallel": "4", "port": "8001"},
+        "models.alpha": {"repo": '"org/alpha"', "host": '"box"', "gpus": "[0, 1, 2, 3]", "tensor_parallel": "4",
+                         "port": "8001"},
     }
     for path, value in changes.items():
         table, _, key = path.rpartition(".")
@@ -90,8 +92,8 @@ def box() -> Iterator[Box]:
 
     # The socket beside the state dir, not in it: the state dir's mode is the agent's business.
     (root / "run").mkdir(mode=0o755)
-    agent = Agent(catalog, ops_for(catalog), socket=str(root / "run" / "agent.sock"), metrics_port=None, clock=FakeClock(),
-                  config_path=str(config), ops_factory=ops_for)
+    agent = Agent(catalog, ops_for(catalog), socket=str(root / "run" / "agent.sock"), metrics_port=None,
+                  clock=FakeClock(), config_path=str(config), ops_factory=ops_for)
     server = ControlServer(agent.socket, agent)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -152,7 +154,8 @@ def test_a_member_cannot_point_a_model_config_at_a_file_root_reads(box: Box) -> 
 
 def test_a_member_may_name_a_shipped_model_config(box: Box) -> None:
     """`config = "shipped:NAME"` names a file of the package: a member's push is applied."""
-    text = deploy(Path(box.agent.catalog.state_dir), **{"models.alpha.config": '"shipped:MiniMaxAI__MiniMax-M2.5.json"'})
+    text = deploy(Path(box.agent.catalog.state_dir),
+                  **{"models.alpha.config": '"shipped:MiniMaxAI__MiniMax-M2.5.json"'})
     assert box.push(text, uid=NOBODY)["result"]["changed"] is True
 
 

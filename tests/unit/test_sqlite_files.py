@@ -29,7 +29,8 @@ def test_a_newer_rollout_file_is_refused_naming_it_and_both_versions(tmp_path: P
     RolloutStore(path, group=None).close()
     sqlite3.connect(path).execute(f"PRAGMA user_version = {ROLLOUT_SCHEMA_VERSION + 1}")
     with pytest.raises(StateStoreError, match=rf"rollout store {path}: schema version {ROLLOUT_SCHEMA_VERSION + 1} "
-                                              rf"is newer than this orchestrator supports \({ROLLOUT_SCHEMA_VERSION}\)"):
+                                              r"is newer than this orchestrator supports "
+                                              rf"\({ROLLOUT_SCHEMA_VERSION}\)"):
         RolloutStore(path, group=None)
 
 

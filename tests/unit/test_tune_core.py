@@ -261,4 +261,5 @@ def test_requested_layout_that_failed_here_gets_a_warning() -> None:
     """Planning a layout that failed on this host warns with the engine's error and the date."""
     p = planner.plan(minimax(), planner.Layout(8, ep=True), SEED, weight_bytes=MINIMAX_BYTES)
     new, _ = t.with_measurements(p, [t.Failure("tp8+ep", "ValueError: boom", 86400.0, 2)], [], "")
-    assert new.requested.warnings[-1] == "tp8+ep failed to load on this host 1970-01-02 00:00 UTC (tune run #2): ValueError: boom"
+    assert new.requested.warnings[-1] == ("tp8+ep failed to load on this host 1970-01-02 00:00 UTC (tune run #2): "
+                                          "ValueError: boom")

@@ -63,7 +63,8 @@ def test_token_times_follow_each_request_from_its_send() -> None:
     assert token_times([10.0, 10.5], [0.2, 0.1], [[0.1, 0.1], [0.3]]) == pytest.approx([10.2, 10.3, 10.4, 10.6, 10.9])
 
 
-def samples(rate_tok_s: float, t0: float, t1: float, step: float = 0.25, running: float = 256) -> list[dict[str, float]]:
+def samples(rate_tok_s: float, t0: float, t1: float, step: float = 0.25,
+            running: float = 256) -> list[dict[str, float]]:
     """/metrics samples of an engine generating ``rate_tok_s`` between t0 and t1, idle around it."""
     out = []
     t = t0 - 1.0

@@ -18,7 +18,8 @@ def started(host: FakeHost, name: str, port: int, gpus: str = "0") -> EngineProc
     host.ports().systemd.daemon_reload()
     host.ports().systemd.start(unit)
     pids = frozenset(host.ports().systemd.cgroup_pids(unit))
-    return EngineProcess(name, f"http://127.0.0.1:{port}", tuple(int(g) for g in gpus.split(",")), pids, utilization=0.7)
+    return EngineProcess(name, f"http://127.0.0.1:{port}", tuple(int(g) for g in gpus.split(",")), pids,
+                         utilization=0.7)
 
 
 @pytest.fixture

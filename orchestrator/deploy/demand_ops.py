@@ -1,10 +1,13 @@
-"""The idle half of models on demand, as operations of the box: put an idle serving model to sleep
-(route away, drain, sleep mode=wait, verify its GPUs by PID) and stop an idle sleeper (its memory
-verified free). Each holds the host's lock like every other operation and is recorded as an event.
-A push that changes what the proxy holds for re-renders it (reroute), nothing switched; one that
-turns the proxy off stops it (proxy_off), and so does an agent that starts from a file with the proxy
-off while the host's proxy unit is still up from before (leftover_proxy_off); one that starts with it
-on brings it up (proxy_up).
+"""The agent's own box operations for models on demand and the front proxy, each declared in the
+operation table (contract/ops.py: demand_sleep, demand_stop, reroute, proxy_up, proxy_off,
+leftover_proxy_off; no client may ask them) and run through it by the agent.
+
+The idle half of models on demand: put an idle serving model to sleep (route away, drain, sleep
+mode=wait, verify its GPUs by PID) and stop an idle sleeper (its memory verified free). Each holds the
+host's lock like every other operation and is recorded as an event. A push that changes what the proxy
+holds for re-renders it (reroute), nothing switched; one that turns the proxy off stops it (proxy_off),
+and so does an agent that starts from a file with the proxy off while the host's proxy unit is still up
+from before (leftover_proxy_off); one that starts with it on brings it up (proxy_up).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.locks import host_lock
 from orchestrator.deploy.operations import Operations
 from orchestrator.deploy.warm_steps import engine_of, mark, residue_mib, sleeper_mib, weights_gib
+from orchestrator.engines import engine_named
 from orchestrator.errors import EngineError, SleepLeftMemory, UsageError
 from orchestrator.ports import ProgressCallback
 
@@ -52,7 +56,8 @@ def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCa
             if control is None:
                 raise EngineError(f"host {host} has no engine control port")
             took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, dep.spec),
-                                       level=2 if level == "level2" else 1, residue_mib=residue_mib(ctx))
+                                       level=engine_named(dep.spec.engine).sleep_level(level),
+                                       residue_mib=residue_mib(ctx))
             mark(ctx, model, ASLEEP, level=level, unit=dep.spec.unit_name, weights_gib=weights_gib(ctx, dep.spec))
             detail: dict[str, Any] = {"seconds": round(took, 3)}
         except (SleepLeftMemory, EngineError) as exc:
