@@ -215,7 +215,8 @@ def report(prober_mod: Any, raw: dict[str, Any]) -> None:
         s["agent_drained_s"] = drained.get("seconds")
         s["quiet_s"], s["quiet_outcome"] = quiet.get("seconds"), quiet.get("outcome")
         waited = f"({ms(s['quiet_s'])}: {s['quiet_outcome'] or '-'})"
-        print(f"{i + 1:3d}  {waited:>21s} {ms(sp['route_to_sleep_call']):>17s} {'(' + ms(s['agent_drained_s']) + ')':>9s} "
+        drained_ms = "(" + ms(s["agent_drained_s"]) + ")"
+        print(f"{i + 1:3d}  {waited:>21s} {ms(sp['route_to_sleep_call']):>17s} {drained_ms:>9s} "
               f"{ms(sp['sleep_call']):>10s} {ms(sp['asleep_to_wake_call']):>17s} {ms(sp['wake']):>4s} "
               f"{ms(sp['woken_to_answer']):>13s}  {s['phases_s']}")
     if any(s.get("events") for s in switches):

@@ -293,7 +293,8 @@ def test_stalled_clients_do_not_hold_the_quiet_wait_of_a_warm_switch(host: Host,
         clients = slow_clients(host)
         seen: list[tuple[str, dict[str, Any]]] = []
         try:
-            result = ops.switch("alpha", progress=lambda e, f: seen.append((e, f)) if e in ("quiet", "drained") else None)
+            result = ops.switch("alpha",
+                                progress=lambda e, f: seen.append((e, f)) if e in ("quiet", "drained") else None)
         finally:
             for sock in clients:
                 sock.close()

@@ -74,7 +74,8 @@ def main() -> None:
     lo, hi = spans[0][0] + 1, spans[-1][1] - 3
     starts = [lo + i * 0.001 for i in range(int((hi - lo) / 0.001)) if outside(lo + i * 0.001, lo + i * 0.001)]
     busy = sum(1 for t in starts if any(a <= t < b for a, b in spans)) / len(starts)
-    print(f"traffic outside the switches: {len(plain)} plain requests (median {statistics.median(plain) * 1e3:.0f} ms), "
+    print(f"traffic outside the switches: {len(plain)} plain requests "
+          f"(median {statistics.median(plain) * 1e3:.0f} ms), "
           f"{len(stream)} streams (median {statistics.median(stream) * 1e3:.0f} ms); something in flight "
           f"{busy:.0%} of the time; {len(starts[::7])} switch instants, a reading every {POLL_S * 1e3:.0f} ms, "
           f"bound {args.bound:g} s")

@@ -184,8 +184,8 @@ class OperationsViews(OperationsBase):
         # Models on demand: the requests each on-demand switch served and their waits (agent/demand.py).
         demand = {e.get("deployment_id"): e for e in reversed(self.store.events(host=host, kind="demand", limit=500))}
         # Warm switches: how long the route waited for a quiet moment of the displaced engines (warm note "quiet").
-        quiet = {e.get("deployment_id"): e for e in reversed(self.store.events(host=host, kind="warm", limit=20 * limit))
-                 if e.get("step") == "quiet"}
+        warm = self.store.events(host=host, kind="warm", limit=20 * limit)
+        quiet = {e.get("deployment_id"): e for e in reversed(warm) if e.get("step") == "quiet"}
         for d in self.store.history(host, limit):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
             if d.id in demand:
