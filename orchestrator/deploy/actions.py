@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from orchestrator import logs
 from orchestrator.core.health import Readiness, engine_errors, judge_models, judge_unit
 from orchestrator.core.proxy import HostRouting, Route, host_routing, routes_for
-from orchestrator.core.quiet import QUIET_POLL_S, Quiet, verdict
+from orchestrator.core.quiet import QUIET_POLL_S, Quiet, in_flight, verdict
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
 from orchestrator.errors import (
@@ -260,12 +260,17 @@ def _routing(ctx: StepContext, routes: list[Route]) -> HostRouting:
     return host_routing(ctx.catalog, host.name, bind, routes)
 
 
+def _addresses(specs: Iterable[UnitSpec]) -> list[tuple[str, int]]:
+    """The engines' addresses as the proxy's servers name them, each once."""
+    return sorted({(s.address, s.port) for s in specs})
+
+
 def withdraw(ctx: StepContext, specs: Iterable[UnitSpec]) -> bool:
     """Take the routes to these engines out of the running proxy at once, without a reload (models on
     demand: a held request's wait has no reload in it); False when the proxy could not (then ``route``).
     The config on disk still lists them: the next ``route`` reloads whatever it renders."""
     proxy = ctx.ports.proxy
-    targets = sorted({(s.address, s.port) for s in specs})
+    targets = _addresses(specs)
     if proxy is None or not targets or not proxy.withdraw(targets):
         return False
     ctx.emit("withdrawn", engines=[f"{a}:{p}" for a, p in targets])
@@ -282,7 +287,7 @@ def drain(ctx: StepContext, engines: Iterable[UnitSpec], *, current: bool = Fals
     ``current``: after ``withdraw`` (no new config), the running worker's requests there finish too.
     Past the deadline HAProxy's hard-stop-after (the same drain_timeout_s) ended them anyway."""
     proxy, clock = ctx.ports.proxy, ctx.ports.clock
-    targets = sorted({(s.address, s.port) for s in engines})
+    targets = _addresses(engines)
     if proxy is None or not targets:
         return
     deadline = clock.monotonic() + ctx.catalog.proxy.drain_timeout_s + 2.0
@@ -300,7 +305,7 @@ def _in_flight(proxy: FrontProxy, targets: list[tuple[str, int]], current: bool)
     if left != 0 or not current:
         return left
     try:
-        return sum(s.current for s in proxy.sessions(targets).values())
+        return in_flight(proxy.sessions(targets), targets)
     except OrchestratorError:
         return None
 
@@ -311,7 +316,7 @@ def await_quiet(ctx: StepContext, engines: Iterable[UnitSpec]) -> tuple[Quiet, f
     why none, not "none old"), reading every QUIET_POLL_S. Returns the last verdict and the seconds
     waited; no proxy, no engine or a bound of 0: at once. Only reads: a run stopped here changed nothing."""
     proxy, clock = ctx.ports.proxy, ctx.ports.clock
-    targets = sorted({(s.address, s.port) for s in engines})
+    targets = _addresses(engines)
     bound = ctx.catalog.proxy.quiet_wait_s
     if proxy is None or not targets or bound <= 0:
         return Quiet(True, "off", 0), 0.0
