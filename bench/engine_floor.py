@@ -53,8 +53,9 @@ class Line:
 
 def engine_lines(host: Any, units: list[str]) -> list[Line]:
     """The engines' sleep/wake lines, from the test host's journal."""
-    out = host.run(["journalctl", "-o", "json", "--no-pager", *[a for u in units for a in ("-u", u)]],
-                   check=False).stdout
+    out = host.run(
+        ["journalctl", "-o", "json", "--no-pager", *[a for u in units for a in ("-u", u)]], check=False
+    ).stdout
     lines = []
     for raw in out.splitlines():
         try:
@@ -71,8 +72,16 @@ def engine_lines(host: Any, units: list[str]) -> list[Line]:
 def engine_steps(lines: list[Line], w0: float, w1: float) -> dict[str, Any]:
     """What the engines logged in [w0, w1]: the last sleep and wake (seconds, unit) and the drain before it."""
     inside = [x for x in lines if w0 <= x.wall <= w1]
-    steps: dict[str, Any] = {"sleep_s": None, "wake_s": None, "drain_s": None, "slept": None, "woke": None,
-                             "sleep_called_at": None, "asleep_at": None, "woke_at": None}
+    steps: dict[str, Any] = {
+        "sleep_s": None,
+        "wake_s": None,
+        "drain_s": None,
+        "slept": None,
+        "woke": None,
+        "sleep_called_at": None,
+        "asleep_at": None,
+        "woke_at": None,
+    }
     waiting: dict[str, float] = {}
     for x in inside:
         if WAITING in x.text:
@@ -112,10 +121,14 @@ def standin_nvml(host: Any) -> str:
     """The test host's agent reads GPU memory through NVML, as on a GPU box: the stand-in libnvidia-ml.so.1
     (tests/standin/fake_nvml.c, the stand-in GPUs' state) built in the host, found by the agent's dynamic
     linker; call before the agent starts. Returns the host key that makes NVML a must."""
-    host.run(f"mkdir -p {NVML_DIR} /etc/systemd/system/orchestrator-agent.service.d && gcc -shared -fPIC "
-             f"-O2 -Wl,-soname,libnvidia-ml.so.1 -o {NVML_DIR}/libnvidia-ml.so.1 {FAKE_NVML_SOURCE}")
-    host.write_file("/etc/systemd/system/orchestrator-agent.service.d/nvml.conf",
-                    f"[Service]\nEnvironment=LD_LIBRARY_PATH={NVML_DIR}\n")
+    host.run(
+        f"mkdir -p {NVML_DIR} /etc/systemd/system/orchestrator-agent.service.d && gcc -shared -fPIC "
+        f"-O2 -Wl,-soname,libnvidia-ml.so.1 -o {NVML_DIR}/libnvidia-ml.so.1 {FAKE_NVML_SOURCE}"
+    )
+    host.write_file(
+        "/etc/systemd/system/orchestrator-agent.service.d/nvml.conf",
+        f"[Service]\nEnvironment=LD_LIBRARY_PATH={NVML_DIR}\n",
+    )
     return 'gpu_probe = "nvml"\n'
 
 

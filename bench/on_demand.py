@@ -58,8 +58,13 @@ def spread(waits: list[float]) -> dict[str, float]:
 
 def throughput(answers: list[Answer], seconds: float) -> dict[str, Any]:
     ok = [a for a in answers if a.status == 200]
-    return {"requests": len(answers), "ok": len(ok), "failed": sum(a.failed for a in answers),
-            "tokens": sum(a.tokens for a in ok), "tok_s": round(sum(a.tokens for a in ok) / seconds, 1)}
+    return {
+        "requests": len(answers),
+        "ok": len(ok),
+        "failed": sum(a.failed for a in answers),
+        "tokens": sum(a.tokens for a in ok),
+        "tok_s": round(sum(a.tokens for a in ok) / seconds, 1),
+    }
 
 
 def timed(clients: list[Client], seconds: float) -> float:
@@ -92,8 +97,9 @@ def main() -> None:
     try:
         host = hosts.hosts[0]
         with tempfile.TemporaryDirectory() as tmp:
-            config = demand_config(host, Path(STATE), AB, max_swaps_per_min=MAX_SWAPS_PER_MIN,
-                                   batch_wait_s=BATCH_WAIT_S)
+            config = demand_config(
+                host, Path(STATE), AB, max_swaps_per_min=MAX_SWAPS_PER_MIN, batch_wait_s=BATCH_WAIT_S
+            )
             config = config.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\n{standin_nvml(host)}", 1)
             install_agent(host, config, Path(tmp))
             cli(host, "switch", "beta")
@@ -126,14 +132,21 @@ def main() -> None:
             raw["only_s"] = timed(only, args.seconds)
             raw["mixed"] = [asdict(a) for c in mixed for a in c.answers]
             raw["only_a"] = [asdict(a) for c in only for a in c.answers]
-            demand = [d for d in json.loads(cli(host, "history", "--json", "--limit", "200").stdout)
-                      if str(d.get("trigger", "")).startswith("demand:")]
-            raw["demand_deployments"] = [{k: d.get(k) for k in ("id", "model", "outcome", "created_at", "ended_at",
-                                                                "demand", "phases")} for d in demand]
+            demand = [
+                d
+                for d in json.loads(cli(host, "history", "--json", "--limit", "200").stdout)
+                if str(d.get("trigger", "")).startswith("demand:")
+            ]
+            raw["demand_deployments"] = [
+                {k: d.get(k) for k in ("id", "model", "outcome", "created_at", "ended_at", "demand", "phases")}
+                for d in demand
+            ]
             raw["engine_lines"] = [vars(x) for x in engine_lines(host, [f"vllm-{m}.service" for m in AB])]
             raw["load_after"] = os.getloadavg()  # this 2-core machine is shared: the figures move with it
-            host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'",
-                     check=False)
+            host.run(
+                "systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'",
+                check=False,
+            )
     finally:
         hosts.close()
     (ROOT / "bench/on_demand.json").write_text(json.dumps(raw, indent=1))
@@ -148,9 +161,12 @@ def profile(raw: dict[str, Any]) -> str:
     held requests, the swap's end; ms from the arrival), the client's answer beside it; then the median of
     each step (from one mark to the next) across the swaps."""
     swaps = raw["demand_deployments"]
-    out = ["Warm on-demand swaps, one client alternating beta/alpha (bench/on_demand.py, raw bench/on_demand.json):",
-           "ms from the held request's arrival at the agent (its oldest ticket) to each mark the agent recorded;",
-           "'answer' is the client's whole wait (it sent the request a few ms before the agent saw it).", ""]
+    out = [
+        "Warm on-demand swaps, one client alternating beta/alpha (bench/on_demand.py, raw bench/on_demand.json):",
+        "ms from the held request's arrival at the agent (its oldest ticket) to each mark the agent recorded;",
+        "'answer' is the client's whole wait (it sent the request a few ms before the agent saw it).",
+        "",
+    ]
     steps: dict[str, list[int]] = {}
     order: list[str] = []
     for a in [Answer(**x) for x in raw["warm"] if x["status"] == 200]:
@@ -160,8 +176,10 @@ def profile(raw: dict[str, Any]) -> str:
             continue
         out.append(f"-> {a.model}: " + ", ".join(f"{what} {t}" for t, what in marks) + f", answer {ms(a.wait)}")
         other = next((m for m in ("alpha", "beta") if m != a.model), "")
-        named = [(t, " ".join("target" if w == a.model else "displaced" if w == other else w for w in what.split()))
-                 for t, what in marks]
+        named = [
+            (t, " ".join("target" if w == a.model else "displaced" if w == other else w for w in what.split()))
+            for t, what in marks
+        ]
         for (t0, w0), (t1, w1) in zip(named, [*named[1:], (round(1000 * a.wait), "answer")]):
             key = f"{w0} -> {w1}"
             if key not in steps:
@@ -177,8 +195,13 @@ def profile(raw: dict[str, Any]) -> str:
 PEAK_S = 1.5  # orchestrator/agent/demand_view.py: a model counts as in flight for the most HAProxy saw over this long
 
 
-def against_floor(answers: list[Answer], lines: list[Line], service: dict[int, float], batch_wait_s: float,
-                  swaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def against_floor(
+    answers: list[Answer],
+    lines: list[Line],
+    service: dict[int, float],
+    batch_wait_s: float,
+    swaps: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
     """Each answered request: its wait, the floor of the swap inside it, the batching bound (strict: another
     model had a request in flight as it arrived; as the agent counts: or answered one within PEAK_S before),
     the excess over the strict bound, and where its wait went (arrival -> the swap's record -> its end ->
@@ -200,18 +223,37 @@ def against_floor(answers: list[Answer], lines: list[Line], service: dict[int, f
         split: dict[str, Any] = {}
         if swap is not None and swap.get("ended_at") is not None:
             phases = {p["phase"]: p["seconds"] for p in swap.get("phases") or [] if p.get("seconds") is not None}
-            split = {"arrival_to_swap": swap["created_at"] - a.w0, "swap": swap["ended_at"] - swap["created_at"],
-                     "before_route": sum(phases.get(k, 0.0) for k in ("planned", "preflight", "staging")),
-                     "swap_to_answer": a.w1 - swap["ended_at"], "phases": phases}
+            split = {
+                "arrival_to_swap": swap["created_at"] - a.w0,
+                "swap": swap["ended_at"] - swap["created_at"],
+                "before_route": sum(phases.get(k, 0.0) for k in ("planned", "preflight", "staging")),
+                "swap_to_answer": a.w1 - swap["ended_at"],
+                "phases": phases,
+            }
             marks = {what.split()[0]: t / 1000 for t, what in (swap.get("demand") or {}).get("timeline_ms") or []}
             if "decided" in marks and "released" in marks:  # the agent's own marks (ms from the arrival)
-                split.update(arrival_to_swap=marks["decided"], swap=marks["released"] - marks["decided"],
-                             swap_to_answer=a.wait - marks["released"])
-        rows.append({"model": a.model, "status": a.status, "wait_s": a.wait, "swap": woke, "sleep_s": sleep,
-                     "wake_s": steps["wake_s"] if woke else None, "floor_s": floor, "bound_s": bound,
-                     "agent_bound_s": batch_wait_s if recent else 0.0, "excess_s": a.wait - floor - bound,
-                     "cap_s": cap if woke else 0.0,
-                     "drain_s": steps["drain_s"] if woke else None, "split_s": split})
+                split.update(
+                    arrival_to_swap=marks["decided"],
+                    swap=marks["released"] - marks["decided"],
+                    swap_to_answer=a.wait - marks["released"],
+                )
+        rows.append(
+            {
+                "model": a.model,
+                "status": a.status,
+                "wait_s": a.wait,
+                "swap": woke,
+                "sleep_s": sleep,
+                "wake_s": steps["wake_s"] if woke else None,
+                "floor_s": floor,
+                "bound_s": bound,
+                "agent_bound_s": batch_wait_s if recent else 0.0,
+                "excess_s": a.wait - floor - bound,
+                "cap_s": cap if woke else 0.0,
+                "drain_s": steps["drain_s"] if woke else None,
+                "split_s": split,
+            }
+        )
     return rows
 
 
@@ -228,25 +270,33 @@ def report(raw: dict[str, Any]) -> None:
     # and the stand-in's 20 ms for each further token
     service = {n: float(raw.get(f"service_{n}_s", first + 0.02 * (n - 1))) for n in (1, 2, 16)}
     la, lb = raw.get("load_before") or [0.0], raw.get("load_after") or [0.0]
-    print(f"stand-in: load 2 s, sleep 0.1 s, wake 0.3 s, 20 ms a token; batch_wait_s {bw:g}; first token "
-          f"{ms(first)} ms, a 2-token request {ms(service[2])} ms, a 16-token one {ms(service[16])} ms (on an awake "
-          f"engine's port: the floor's last part); load average before {la[0]:.1f}, after {lb[0]:.1f}")
+    print(
+        f"stand-in: load 2 s, sleep 0.1 s, wake 0.3 s, 20 ms a token; batch_wait_s {bw:g}; first token "
+        f"{ms(first)} ms, a 2-token request {ms(service[2])} ms, a 16-token one {ms(service[16])} ms (on an awake "
+        f"engine's port: the floor's last part); load average before {la[0]:.1f}, after {lb[0]:.1f}"
+    )
     print("warm: one client alternating beta/alpha, every request waits for a swap")
-    print("  #  model  wait_ms sleep_ms wake_ms floor_ms bound_ms excess_ms agent_bound_ms drain_ms cap_ms | "
-          "arrival->swap swap (preflight+staging) swap->answer (swap: its decision to its release of the held "
-          "requests, or to its end)")
+    print(
+        "  #  model  wait_ms sleep_ms wake_ms floor_ms bound_ms excess_ms agent_bound_ms drain_ms cap_ms | "
+        "arrival->swap swap (preflight+staging) swap->answer (swap: its decision to its release of the held "
+        "requests, or to its end)"
+    )
     swaps = raw["demand_deployments"]
     warm_rows = against_floor([a for a in warm if a.status == 200], lines, service, bw, swaps)
     for i, r in enumerate(warm_rows):
         sp = r["split_s"]
-        print(f"{i + 1:3d}  {r['model']:6s} {ms(r['wait_s']):>7s} {ms(r['sleep_s']):>8s} {ms(r['wake_s']):>7s} "
-              f"{ms(r['floor_s']):>8s} {ms(r['bound_s']):>8s} {ms(r['excess_s']):>9s} {ms(r['agent_bound_s']):>14s} "
-              f"{ms(r['drain_s']):>8s} {ms(r.get('cap_s')):>6s} | {ms(sp.get('arrival_to_swap')):>13s} "
-              f"{ms(sp.get('swap')):>4s} ({ms(sp.get('before_route'))}) {ms(sp.get('swap_to_answer')):>17s}")
+        print(
+            f"{i + 1:3d}  {r['model']:6s} {ms(r['wait_s']):>7s} {ms(r['sleep_s']):>8s} {ms(r['wake_s']):>7s} "
+            f"{ms(r['floor_s']):>8s} {ms(r['bound_s']):>8s} {ms(r['excess_s']):>9s} {ms(r['agent_bound_s']):>14s} "
+            f"{ms(r['drain_s']):>8s} {ms(r.get('cap_s')):>6s} | {ms(sp.get('arrival_to_swap')):>13s} "
+            f"{ms(sp.get('swap')):>4s} ({ms(sp.get('before_route'))}) {ms(sp.get('swap_to_answer')):>17s}"
+        )
     mixed_rows = against_floor([a for a in mixed if a.status == 200], lines, service, bw, swaps)
     verdicts = []
-    for name, rows, failed in (("warm", warm_rows, sum(a.failed for a in warm)),
-                               ("mixed", mixed_rows, sum(a.failed for a in mixed))):
+    for name, rows, failed in (
+        ("warm", warm_rows, sum(a.failed for a in warm)),
+        ("mixed", mixed_rows, sum(a.failed for a in mixed)),
+    ):
         swaps = [r for r in rows if r["swap"]]
         ex = [r["excess_s"] for r in rows]
         if not ex:
@@ -254,18 +304,20 @@ def report(raw: dict[str, Any]) -> None:
             verdicts.append(False)
             continue
         med, worst = statistics.median(ex), max(ex)
-        print(f"{name}: {len(rows)} answered ({len(swaps)} waited for a swap, {sum(r['bound_s'] > 0 for r in rows)} "
-              f"behind a busy model), failed {failed}; wait median {ms(statistics.median(r['wait_s'] for r in rows))}"
-              f" ms, max {ms(max(r['wait_s'] for r in rows))} ms; floor median "
-              f"{ms(statistics.median(r['floor_s'] for r in rows))} ms; wait - floor - bound: median {ms(med)} ms, "
-              f"max {ms(worst)} ms; less the drain: median "
-              f"{ms(statistics.median(r['excess_s'] - (r['drain_s'] or 0) for r in rows))} ms; against the bound "
-              f"as the agent counts it (busy for {PEAK_S:g} s after a request): median "
-              f"{ms(statistics.median(r['excess_s'] + r['bound_s'] - r['agent_bound_s'] for r in rows))} ms; "
-              f"less the swap cap's wait too (max_swaps_per_min {MAX_SWAPS_PER_MIN}: swaps "
-              f"{60 / MAX_SWAPS_PER_MIN:g} s apart): median "
-              f"{ms(statistics.median(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))}"
-              f" ms, max {ms(max(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))} ms")
+        print(
+            f"{name}: {len(rows)} answered ({len(swaps)} waited for a swap, {sum(r['bound_s'] > 0 for r in rows)} "
+            f"behind a busy model), failed {failed}; wait median {ms(statistics.median(r['wait_s'] for r in rows))}"
+            f" ms, max {ms(max(r['wait_s'] for r in rows))} ms; floor median "
+            f"{ms(statistics.median(r['floor_s'] for r in rows))} ms; wait - floor - bound: median {ms(med)} ms, "
+            f"max {ms(worst)} ms; less the drain: median "
+            f"{ms(statistics.median(r['excess_s'] - (r['drain_s'] or 0) for r in rows))} ms; against the bound "
+            f"as the agent counts it (busy for {PEAK_S:g} s after a request): median "
+            f"{ms(statistics.median(r['excess_s'] + r['bound_s'] - r['agent_bound_s'] for r in rows))} ms; "
+            f"less the swap cap's wait too (max_swaps_per_min {MAX_SWAPS_PER_MIN}: swaps "
+            f"{60 / MAX_SWAPS_PER_MIN:g} s apart): median "
+            f"{ms(statistics.median(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))}"
+            f" ms, max {ms(max(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))} ms"
+        )
         for key in ("arrival_to_swap", "swap", "before_route", "swap_to_answer"):
             vals = [r["split_s"][key] for r in swaps if r["split_s"]]
             if vals:
@@ -282,10 +334,15 @@ def report(raw: dict[str, Any]) -> None:
     for key, value in summary.items():
         print(f"{key}: {value}", flush=True)
     mixed_tok, only_tok = summary["mixed_a_b"]["tok_s"], summary["only_a"]["tok_s"]
-    print(f"mixed A/B serves {mixed_tok} tok/s, {100 * mixed_tok / max(only_tok, 1e-9):.0f}% of a box serving "
-          f"only A ({only_tok} tok/s)", flush=True)
-    print(f"{'PASS' if all(verdicts) else 'FAIL'}: wait <= floor + bound + 0.1 s at the median, max under + 0.3 s, "
-          "0 failed (warm, mixed)")
+    print(
+        f"mixed A/B serves {mixed_tok} tok/s, {100 * mixed_tok / max(only_tok, 1e-9):.0f}% of a box serving "
+        f"only A ({only_tok} tok/s)",
+        flush=True,
+    )
+    print(
+        f"{'PASS' if all(verdicts) else 'FAIL'}: wait <= floor + bound + 0.1 s at the median, max under + 0.3 s, "
+        "0 failed (warm, mixed)"
+    )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,14 @@ from orchestrator.cli import main
 from tests.builders.proxy import proxy_box
 
 ENGINE = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1"]
-WARM = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "sleep": "level1",
-        "wake_deadline_s": 10, "args": ENGINE}
+WARM = {
+    "served_name": "chat",
+    "gpus": [0, 1, 2, 3],
+    "tensor_parallel": 4,
+    "sleep": "level1",
+    "wake_deadline_s": 10,
+    "args": ENGINE,
+}
 
 
 def run(cfg: Path, *args: str) -> None:
@@ -33,8 +39,9 @@ def run(cfg: Path, *args: str) -> None:
 
 
 def main_() -> None:
-    with proxy_box({"alpha": {"port": 8151, **WARM}, "beta": {"port": 8152, **WARM}},
-                   host_keys="sleep_ram_gib = 8\n") as (_, cfg):
+    with proxy_box(
+        {"alpha": {"port": 8151, **WARM}, "beta": {"port": 8152, **WARM}}, host_keys="sleep_ram_gib = 8\n"
+    ) as (_, cfg):
         for model in ("alpha", "beta", "alpha"):
             run(cfg, "switch", model)
         run(cfg, "status", "--local")

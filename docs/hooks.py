@@ -30,8 +30,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     def one(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in GENERATORS:
-            raise ValueError(f"{page.file.src_path}: unknown generated section {name!r} "
-                             f"(known: {sorted(GENERATORS)})")
+            raise ValueError(f"{page.file.src_path}: unknown generated section {name!r} (known: {sorted(GENERATORS)})")
         return GENERATORS[name]()
 
     return MARKER.sub(one, markdown)
@@ -42,6 +41,7 @@ def _cell(text: str) -> str:
 
 
 # --- the CLI -------------------------------------------------------------------------------------------
+
 
 def cli() -> str:
     from orchestrator.cli import main
@@ -62,8 +62,12 @@ def _command(cmd: click.Command, ctx: click.Context, out: list[str], level: int)
     rows: list[tuple[str, str]] = []
     for param in cmd.get_params(ctx):
         if isinstance(param, click.Argument):
-            rows.append((f"`{param.make_metavar(ctx) if _metavar_takes_ctx() else param.make_metavar()}`",
-                         "argument" + (" (required)" if param.required else "")))
+            rows.append(
+                (
+                    f"`{param.make_metavar(ctx) if _metavar_takes_ctx() else param.make_metavar()}`",
+                    "argument" + (" (required)" if param.required else ""),
+                )
+            )
         elif isinstance(param, click.Option) and not param.hidden and param.name != "help":
             record = param.get_help_record(ctx)
             if record:
@@ -85,6 +89,7 @@ def _metavar_takes_ctx() -> bool:
 
 
 # --- deploy.toml ----------------------------------------------------------------------------------------
+
 
 def config_keys() -> str:
     from orchestrator.core.catalog import Catalog
@@ -113,18 +118,31 @@ def config_keys() -> str:
                 missing.append(key)
                 continue
             default = _default(field)
-            parts = (_type(field.annotation), default if default == "required" else "default " + default,
-                     _constraints(field.metadata))
+            parts = (
+                _type(field.annotation),
+                default if default == "required" else "default " + default,
+                _constraints(field.metadata),
+            )
             kind = "<br>".join(_cell(part) for part in parts if part)
             rows.append(f"| `{name}` | {kind} | {_cell(meaning)} |")
         if rows:
             title = f"`[{prefix}]`" if prefix else "Top level"
-            out += [f"### {title}", "", f"{_cell(inspect.getdoc(model) or '')}", "",
-                    "| key | type, default, range | meaning |", "|---|---|---|", *rows, ""]
+            out += [
+                f"### {title}",
+                "",
+                f"{_cell(inspect.getdoc(model) or '')}",
+                "",
+                "| key | type, default, range | meaning |",
+                "|---|---|---|",
+                *rows,
+                "",
+            ]
     stale = sorted(set(meanings) - seen)
     if missing or stale:
-        raise ValueError(f"deploy.toml keys without a meaning: {missing}; meanings of no key: {stale} "
-                         "(docs/reference/deploy-keys.toml, or a comment beside the field)")
+        raise ValueError(
+            f"deploy.toml keys without a meaning: {missing}; meanings of no key: {stale} "
+            "(docs/reference/deploy-keys.toml, or a comment beside the field)"
+        )
     return "\n".join(out)
 
 
@@ -215,12 +233,14 @@ def _field_comments(model: type[BaseModel]) -> dict[str, str]:
 
 # --- exit codes, metrics, states ------------------------------------------------------------------------
 
+
 def exit_codes() -> str:
     from orchestrator import errors
 
-    classes = sorted((c for c in vars(errors).values()
-                      if isinstance(c, type) and issubclass(c, errors.OrchestratorError)),
-                     key=lambda c: (c.exit_code, c is not errors.OrchestratorError, c.__name__))
+    classes = sorted(
+        (c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.OrchestratorError)),
+        key=lambda c: (c.exit_code, c is not errors.OrchestratorError, c.__name__),
+    )
     out = ["| exit code | error | raised when |", "|---|---|---|"]
     for c in classes:
         out.append(f"| {c.exit_code} | `{c.__name__}` | {_cell(inspect.getdoc(c) or '')} |")
@@ -245,19 +265,25 @@ def states() -> str:
     from orchestrator.core import states as s
 
     table = s.TRANSITIONS
-    out = ["| phase | what it does | `ok` | `fail` | `fail` (no fallback) | other events |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| phase | what it does | `ok` | `fail` | `fail` (no fallback) | other events |",
+        "|---|---|---|---|---|---|",
+    ]
     for phase in s.Phase:
+
         def to(event: Any, fallback: Any, phase: Any = phase) -> str:
             there = table.get((phase, event, fallback))
             return f"`{there.value}`" if there is not None else ""
-        extra = [e for e in s.Event
-                 if e not in (s.Event.OK, s.Event.FAIL) and (phase, e, s.Fallback.PREVIOUS) in table]
+
+        extra = [e for e in s.Event if e not in (s.Event.OK, s.Event.FAIL) and (phase, e, s.Fallback.PREVIOUS) in table]
         others = ", ".join(f"`{e.value}` → `{table[phase, e, s.Fallback.PREVIOUS].value}`" for e in extra)
         label = s.TEXT[phase].label if phase in s.TEXT else ""
         end = " (final)" if phase in s.TERMINAL else ""
-        ok, fail, fail_none = (to(s.Event.OK, s.Fallback.PREVIOUS), to(s.Event.FAIL, s.Fallback.PREVIOUS),
-                               to(s.Event.FAIL, s.Fallback.NONE))
+        ok, fail, fail_none = (
+            to(s.Event.OK, s.Fallback.PREVIOUS),
+            to(s.Event.FAIL, s.Fallback.PREVIOUS),
+            to(s.Event.FAIL, s.Fallback.NONE),
+        )
         out.append(f"| `{phase.value}`{end} | {_cell(label)} | {ok} | {fail} | {fail_none} | {others} |")
     return "\n".join(out) + "\n"
 
@@ -267,8 +293,13 @@ def states_diagram() -> str:
 
     edges: dict[tuple[str, str], list[str]] = {}
     for (here, event, fallback), there in s.TRANSITIONS.items():
-        label = event.value + (" (no fallback)" if fallback is s.Fallback.NONE and event is s.Event.FAIL
-                               and s.TRANSITIONS.get((here, event, s.Fallback.PREVIOUS)) != there else "")
+        label = event.value + (
+            " (no fallback)"
+            if fallback is s.Fallback.NONE
+            and event is s.Event.FAIL
+            and s.TRANSITIONS.get((here, event, s.Fallback.PREVIOUS)) != there
+            else ""
+        )
         edges.setdefault((here.value, there.value), [])
         if label not in edges[here.value, there.value]:
             edges[here.value, there.value].append(label)
@@ -280,5 +311,11 @@ def states_diagram() -> str:
     return "\n".join(out) + "\n"
 
 
-GENERATORS = {"cli": cli, "config-keys": config_keys, "exit-codes": exit_codes, "metrics": metrics,
-              "states": states, "states-diagram": states_diagram}
+GENERATORS = {
+    "cli": cli,
+    "config-keys": config_keys,
+    "exit-codes": exit_codes,
+    "metrics": metrics,
+    "states": states,
+    "states-diagram": states_diagram,
+}

@@ -17,8 +17,9 @@ class OrchestratorError(Exception):
     # What a command had done before it failed (`switch A B --json`), printed with its JSON error.
     partial: object = None
 
-    def __init__(self, message: str, *, host: str | None = None, unit: str | None = None,
-                 step: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, host: str | None = None, unit: str | None = None, step: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.host = host
@@ -102,8 +103,7 @@ class CommandFailed(OrchestratorError):
         tail = "\n".join(output.strip().splitlines()[-10:])
         # The shells name inline scripts (core.commands); a long line from elsewhere is cut, not carried whole.
         named = command if len(command) <= 400 else f"{command[:200]}... ({len(command):,} characters)"
-        super().__init__(f"command {named!r} exited {exit_code}" + (f":\n{tail}" if tail else ""),
-                         host=host)
+        super().__init__(f"command {named!r} exited {exit_code}" + (f":\n{tail}" if tail else ""), host=host)
         self.command = command
         self.returncode = exit_code
         self.output = output
@@ -141,8 +141,15 @@ class EngineError(OrchestratorError):
     """The engine answered a control call (sleep, wake, is_sleeping) with an error, or not at all;
     carries its own words: the HTTP status (None: no answer) and the body."""
 
-    def __init__(self, message: str, *, status: int | None = None, body: str = "", host: str | None = None,
-                 unit: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str = "",
+        host: str | None = None,
+        unit: str | None = None,
+    ) -> None:
         super().__init__(message, host=host, unit=unit)
         self.status = status
         self.body = body

@@ -53,8 +53,9 @@ def _apply() -> None:
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    renderer: structlog.typing.Processor = (structlog.processors.JSONRenderer() if chosen["json"]
-                                            else structlog.dev.ConsoleRenderer(colors=False))
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if chosen["json"] else structlog.dev.ConsoleRenderer(colors=False)
+    )
     structlog.configure(
         processors=[*processors, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(chosen["level"]),

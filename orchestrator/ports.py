@@ -31,14 +31,16 @@ class Shell(Protocol):
 
     host: str
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-            idempotent: bool = False) -> CommandResult:
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, idempotent: bool = False
+    ) -> CommandResult:
         """Run argv (quoted for the remote shell by the adapter). ``check`` raises CommandFailed
         on a non-zero exit; ``idempotent`` allows a retry after a dropped connection."""
         ...
 
-    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
-                      timeout: float | None = None) -> CommandResult:
+    def run_streaming(
+        self, argv: Sequence[str], on_line: Callable[[str], None], *, timeout: float | None = None
+    ) -> CommandResult:
         """Run argv, calling on_line for each line of stdout as it arrives (long jobs: staging).
         Never raises on a non-zero exit; the caller reads the result."""
         ...
@@ -217,9 +219,19 @@ class WeightStore(Protocol):
 class DeploymentRecords(Protocol):
     """Durable deployment records: each switch, its phases, errors, plan and benchmark."""
 
-    def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
-               at: float, no_rollback: bool = False, *, restores: int | None = None,
-               fallback: Fallback | None = None, plan: dict[str, Any] | None = None) -> Deployment:
+    def create(
+        self,
+        host: str,
+        spec: UnitSpec,
+        trigger: str,
+        previous_revision: int | None,
+        at: float,
+        no_rollback: bool = False,
+        *,
+        restores: int | None = None,
+        fallback: Fallback | None = None,
+        plan: dict[str, Any] | None = None,
+    ) -> Deployment:
         """A planned deployment; ``fallback`` None: the one of a switch without the front proxy.
         ``plan`` (front proxy) is recorded in the same transaction: never a deployment without it."""
         ...
@@ -230,8 +242,7 @@ class DeploymentRecords(Protocol):
 
     def update_spec(self, dep_id: int, spec: UnitSpec) -> None: ...
 
-    def record_error(self, dep_id: int, *, error: str | None = None,
-                     rollback_error: str | None = None) -> None: ...
+    def record_error(self, dep_id: int, *, error: str | None = None, rollback_error: str | None = None) -> None: ...
 
     def record_bench(self, dep_id: int, result: dict[str, Any]) -> None: ...
 
@@ -269,16 +280,24 @@ class EventLog(Protocol):
 
     def record_event(self, at: float, host: str | None, kind: str, detail: dict[str, Any]) -> None: ...
 
-    def events(self, host: str | None = None, kind: str | None = None,
-               limit: int = 50) -> list[dict[str, Any]]: ...
+    def events(self, host: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]: ...
 
 
 class ResidencyStore(Protocol):
     """Durable residency of each model on a host (serving, asleep at a level, stopped): beside the
     deployment records, in a file of its own (adapters/residency_store.py)."""
 
-    def set_state(self, host: str, model: str, state: str, at: float, *, level: str | None = None,
-                  unit: str = "", weights_gib: float | None = None) -> None:
+    def set_state(
+        self,
+        host: str,
+        model: str,
+        state: str,
+        at: float,
+        *,
+        level: str | None = None,
+        unit: str = "",
+        weights_gib: float | None = None,
+    ) -> None:
         """Record ``model``'s new state; leaving ``serving`` stamps last_served with ``at``;
         ``weights_gib`` None keeps the size recorded before."""
         ...
@@ -299,8 +318,9 @@ class ConfigStore(Protocol):
         """(revision, sha256) of the newest recorded revision, or None."""
         ...
 
-    def record_if_new(self, at: float, sha256: str, operator: str, text: str,
-                      then: Callable[[], None] | None = None) -> int:
+    def record_if_new(
+        self, at: float, sha256: str, operator: str, text: str, then: Callable[[], None] | None = None
+    ) -> int:
         """Record ``text`` unless the newest revision has the same sha256; its revision. ``then`` runs
         in the same transaction, after the insert: when it raises, nothing is recorded."""
         ...
@@ -372,8 +392,18 @@ class RolloutStore(Protocol):
 
     path: Any  # where the record lives, as errors name it
 
-    def create(self, model: str, group: str, policy: Policy, gate: str, batches: list[tuple[str, ...]],
-               pid: int, *, started_by: str | None = None, at: float | None = None) -> int: ...
+    def create(
+        self,
+        model: str,
+        group: str,
+        policy: Policy,
+        gate: str,
+        batches: list[tuple[str, ...]],
+        pid: int,
+        *,
+        started_by: str | None = None,
+        at: float | None = None,
+    ) -> int: ...
 
     def set_host(self, rid: int, host: str, **fields: Any) -> None: ...
 
@@ -404,8 +434,9 @@ class TuneStore(Protocol):
     """Tune runs and each candidate's measurement (adapters/tune_store.py; testing.FakeTuneStore); a
     result is recorded before the next candidate starts, so a resumed run never measures one twice."""
 
-    def create(self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None,
-               at: float) -> TuneRun: ...
+    def create(
+        self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None, at: float
+    ) -> TuneRun: ...
 
     def record(self, r: TuneResult) -> None: ...
 

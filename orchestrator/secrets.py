@@ -19,23 +19,33 @@ from typing import Any
 # count last (or before only a form word: HF_TOKEN_VALUE, AUTH_HEADER, API_KEY_2): *TOKEN, *KEY(S),
 # PASS, *AUTH, BEARER, COOKIE, JWT, SESSIONID, SIGNATURE, SALT, DSN. TOKENIZER(S) and TOKENS
 # (--max-num-batched-tokens) are none, nor KEYFILE (a path), nor a vocabulary token (bos_token, pad_token).
-_HEAD_WORD = re.compile(r"^(?:.*token|.*keys?|pass|.*auth\d*|authn|authz|auth[a-z]*header|.*bearer|.*cookies?"
-                        r"|.*jwts?|sessionid|sessid|.*signature|dsn|.*salt)$", re.IGNORECASE)
+_HEAD_WORD = re.compile(
+    r"^(?:.*token|.*keys?|pass|.*auth\d*|authn|authz|auth[a-z]*header|.*bearer|.*cookies?"
+    r"|.*jwts?|sessionid|sessid|.*signature|dsn|.*salt)$",
+    re.IGNORECASE,
+)
 # Words that say secret wherever they stand (SECRET_KEY_BASE, PASSWORD_FILE, OAUTH2_CLIENT): none of
 # them names a part of a model.
-_ANY_WORD = re.compile(r"^(?:.*secrets?.*|.*passw(?:or)?d.*|.*passphrase.*|.*credentials?.*|.*oauth\d*"
-                       r"|.*authori[sz]ation|authentication)$", re.IGNORECASE)
+_ANY_WORD = re.compile(
+    r"^(?:.*secrets?.*|.*passw(?:or)?d.*|.*passphrase.*|.*credentials?.*|.*oauth\d*"
+    r"|.*authori[sz]ation|authentication)$",
+    re.IGNORECASE,
+)
 # After a head word, words that say how the secret is written or which one it is, not what the name
 # holds: API_KEY_B64, HF_TOKEN_2, OPENAI_API_KEY_PROD.
-_FORM_WORD = re.compile(r"^(?:value|header|str|string|b64|base64|raw|hex|\d+|v\d+|prod|production|dev|devel"
-                        r"|development|staging|stage|test|live|primary|secondary|old|new|main|backup|default)$",
-                        re.IGNORECASE)
+_FORM_WORD = re.compile(
+    r"^(?:value|header|str|string|b64|base64|raw|hex|\d+|v\d+|prod|production|dev|devel"
+    r"|development|staging|stage|test|live|primary|secondary|old|new|main|backup|default)$",
+    re.IGNORECASE,
+)
 # A tokenizer's special tokens: the text of a vocabulary entry, never a credential.
-_VOCAB_WORD = re.compile(r"^(?:bos|eos|pad|unk|sep|cls|mask|image|video|audio|boi|eoi|boa|eoa|special)$",
-                         re.IGNORECASE)
+_VOCAB_WORD = re.compile(r"^(?:bos|eos|pad|unk|sep|cls|mask|image|video|audio|boi|eoi|boa|eoa|special)$", re.IGNORECASE)
 # Names of connection strings, which carry their password: DATABASE_URL, REDIS_URI, PG_CONN...
-_STORE_WORD = re.compile(r"^(?:database|db|postgres(?:ql)?|pg|mysql|mariadb|redis|mongo(?:db)?|amqp|rabbitmq"
-                         r"|broker|sql|sqlalchemy|celery|kafka|connection|conn)$", re.IGNORECASE)
+_STORE_WORD = re.compile(
+    r"^(?:database|db|postgres(?:ql)?|pg|mysql|mariadb|redis|mongo(?:db)?|amqp|rabbitmq"
+    r"|broker|sql|sqlalchemy|celery|kafka|connection|conn)$",
+    re.IGNORECASE,
+)
 _LOCATOR_WORD = re.compile(r"^(?:url|uri|dsn|string|str|conn|connection)$", re.IGNORECASE)
 _WORD_SPLIT = re.compile(r"[_.\-]+")
 
@@ -54,10 +64,14 @@ _VALUE_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # ``name=value``, ``name: value``, ``'name': 'value'``, ``--name value`` in free text (a journal line,
 # vLLM's "non-default args: {...}" dump, a command's stderr): the value goes when the name says secret.
-_NAME_SEP = re.compile(r"""(?<![/\w.-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<q>['"]?)"""
-                       r"""(?P<sep>\s*[=:]\s*|\s+(?=\S))""")
-_VALUE = re.compile(r"""(?![<])(?:(?i:bearer|basic|token)\s+[^\s,;}\])'"]+|\[[^\]]*\]|"""
-                    r"""'[^']*'|"[^"]*"|[^\s,;}\])'"]+)""")
+_NAME_SEP = re.compile(
+    r"""(?<![/\w.-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<q>['"]?)"""
+    r"""(?P<sep>\s*[=:]\s*|\s+(?=\S))"""
+)
+_VALUE = re.compile(
+    r"""(?![<])(?:(?i:bearer|basic|token)\s+[^\s,;}\])'"]+|\[[^\]]*\]|"""
+    r"""'[^']*'|"[^"]*"|[^\s,;}\])'"]+)"""
+)
 _NAMED = "<a secret by its name, not shown>"
 
 
@@ -98,7 +112,7 @@ def _hide_named(text: str) -> str:
         value = _VALUE.match(text, m.end())
         if value is None:
             continue
-        out += [text[pos:m.end()], _NAMED]
+        out += [text[pos : m.end()], _NAMED]
         pos = value.end()
     out.append(text[pos:])
     return "".join(out)

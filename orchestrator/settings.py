@@ -46,16 +46,17 @@ def _settings_class() -> type[Catalog]:
     from orchestrator.core.catalog import Catalog
 
     class DeploySettings(Catalog, BaseSettings):
-        model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
-                                          extra="forbid", frozen=True)
+        model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True)
 
         @classmethod
-        def settings_customise_sources(cls, settings_cls: type[BaseSettings],
-                                       init_settings: PydanticBaseSettingsSource,
-                                       env_settings: PydanticBaseSettingsSource,
-                                       dotenv_settings: PydanticBaseSettingsSource,
-                                       file_secret_settings: PydanticBaseSettingsSource,
-                                       ) -> tuple[PydanticBaseSettingsSource, ...]:
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
             # The file was read and parsed once by load(), for precise errors; the environment wins.
             return (env_settings, InitSettingsSource(settings_cls, _file_data.get()))
 
@@ -85,8 +86,12 @@ def peek(path: str | Path | None = None) -> Peek | None:
     env = {k.upper(): v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}
     state_dir = env.get(f"{ENV_PREFIX}STATE_DIR", data.get("state_dir", DEFAULT_STATE_DIR))
     hosts = data.get("hosts", {})
-    if not isinstance(state_dir, str) or not state_dir.startswith("/") or not isinstance(hosts, dict) \
-            or any(k.startswith(f"{ENV_PREFIX}HOSTS") for k in env):
+    if (
+        not isinstance(state_dir, str)
+        or not state_dir.startswith("/")
+        or not isinstance(hosts, dict)
+        or any(k.startswith(f"{ENV_PREFIX}HOSTS") for k in env)
+    ):
         return None
     return Peek(state_dir, tuple(sorted(hosts)))
 
@@ -104,8 +109,11 @@ def load(path: str | Path | None = None, *, box_files: bool = True) -> Catalog:
     file = config_path(str(path) if path else None)
     data = _read_toml(file)
     if not data and not any(k.startswith(f"{ENV_PREFIX}HOSTS") for k in _overrides().values()):
-        raise ConfigError("holds no settings (empty, or only comments): a deploy.toml needs at least one "
-                          "[hosts.NAME] table (the shipped deploy.toml is an example)", file=str(file))
+        raise ConfigError(
+            "holds no settings (empty, or only comments): a deploy.toml needs at least one "
+            "[hosts.NAME] table (the shipped deploy.toml is an example)",
+            file=str(file),
+        )
     _check_kinds(data, str(file))
     _check_environment()
     token = _file_data.set(data)
@@ -139,16 +147,24 @@ def _proxy_accounts(cat: Catalog, file: Path) -> None:
     user = cat.proxy.user
     if not cat.proxy.enabled or user is None or not any(h.transport == "local" for h in cat.hosts.values()):
         return
-    group_key, group_said = (("proxy.group", "") if cat.proxy.group else
-                             ("proxy.user", " (HAProxy's group: [proxy] group unset takes the user's name)"))
-    for key, name, kind, look in (("proxy.user", user, "user", pwd.getpwnam),
-                                  (group_key, cat.proxy.group or user, "group", grp.getgrnam)):
+    group_key, group_said = (
+        ("proxy.group", "")
+        if cat.proxy.group
+        else ("proxy.user", " (HAProxy's group: [proxy] group unset takes the user's name)")
+    )
+    for key, name, kind, look in (
+        ("proxy.user", user, "user", pwd.getpwnam),
+        (group_key, cat.proxy.group or user, "group", grp.getgrnam),
+    ):
         try:
             look(name)
         except KeyError:
-            raise ConfigError(f"{name!r}: no such {kind} on this machine{'' if kind == 'user' else group_said}: "
-                              "HAProxy's workers would drop to it (create it, or set another)",
-                              file=str(file), key=key) from None
+            raise ConfigError(
+                f"{name!r}: no such {kind} on this machine{'' if kind == 'user' else group_said}: "
+                "HAProxy's workers would drop to it (create it, or set another)",
+                file=str(file),
+                key=key,
+            ) from None
 
 
 def _read_toml(file: Path) -> dict[str, Any]:
@@ -169,7 +185,7 @@ def _overrides() -> dict[str, str]:
     out: dict[str, str] = {}
     for var in os.environ:
         if var.upper().startswith(ENV_PREFIX):
-            dotted = var[len(ENV_PREFIX):].lower().replace("__", ".")
+            dotted = var[len(ENV_PREFIX) :].lower().replace("__", ".")
             if dotted.split(".", 1)[0] in fields:
                 out[dotted] = var
     return out
@@ -188,7 +204,7 @@ def _misspelt() -> None:
 
     fields = list(Catalog.model_fields)
     for var in sorted(os.environ):
-        rest = var[len(ENV_PREFIX):]
+        rest = var[len(ENV_PREFIX) :]
         if not var.upper().startswith(ENV_PREFIX) or rest.upper() in OTHER_VARIABLES:
             continue
         head, _, tail = rest.lower().partition("__")
@@ -197,9 +213,11 @@ def _misspelt() -> None:
         close = difflib.get_close_matches(head, fields, n=1, cutoff=0.8)
         if close:
             meant = f"{ENV_PREFIX}{close[0].upper()}" + (f"__{tail.upper()}" if tail else "")
-            raise ConfigError(f"environment variable {var}: not a setting (did you mean {meant}?); "
-                              f"{ENV_PREFIX}<KEY> overrides a top-level key of deploy.toml, __ separates "
-                              "the parts of a key path")
+            raise ConfigError(
+                f"environment variable {var}: not a setting (did you mean {meant}?); "
+                f"{ENV_PREFIX}<KEY> overrides a top-level key of deploy.toml, __ separates "
+                "the parts of a key path"
+            )
 
 
 def _check_environment() -> None:
@@ -246,8 +264,9 @@ def _env_error(message: str) -> ConfigError:
     var = next((v for k, v in sorted(_overrides().items()) if k == field or k.startswith(field + ".")), None)
     if var is None:
         return ConfigError(f"environment: {message}")
-    return ConfigError(f"environment variable {var}: {field}: not valid JSON for a table or list "
-                       f"(got {_short(os.environ[var], var)})")
+    return ConfigError(
+        f"environment variable {var}: {field}: not valid JSON for a table or list (got {_short(os.environ[var], var)})"
+    )
 
 
 def _origin(key: str, file: str) -> str:
@@ -287,11 +306,13 @@ def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> 
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}", file=str(file), key=key) from None
         except DocumentError as exc:
-            raise ConfigError(f"{path}: not a valid config.json ({exc.reason})", file=str(file),
-                              key=key) from None
+            raise ConfigError(f"{path}: not a valid config.json ({exc.reason})", file=str(file), key=key) from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: not a valid config.json (a JSON {type(data).__name__}, not an object)",
-                              file=str(file), key=key)
+            raise ConfigError(
+                f"{path}: not a valid config.json (a JSON {type(data).__name__}, not an object)",
+                file=str(file),
+                key=key,
+            )
         from orchestrator.core.planner_arch import config_field_error, field_message, parse_model
 
         if (bad := config_field_error(data)) is not None:
@@ -299,9 +320,12 @@ def _with_model_configs(cat: Catalog, file: Path, *, box_files: bool = True) -> 
 
         layers = parse_model(data).num_layers
         if layers and model.pipeline_parallel > layers:
-            raise ConfigError(f"pipeline_parallel {model.pipeline_parallel} is larger than the model's "
-                              f"{layers} layers (num_hidden_layers in {path}): every stage needs a layer",
-                              file=str(file), key=f"models.{name}.pipeline_parallel")
+            raise ConfigError(
+                f"pipeline_parallel {model.pipeline_parallel} is larger than the model's "
+                f"{layers} layers (num_hidden_layers in {path}): every stage needs a layer",
+                file=str(file),
+                key=f"models.{name}.pipeline_parallel",
+            )
         resolved[name] = model.model_copy(update={"config": str(path)})
     if not resolved:
         return cat
@@ -319,11 +343,15 @@ def _config_path(value: str, file: Path, key: str) -> Path:
         try:
             known = sorted(resources.shipped_configs())
         except OSError as exc:
-            raise ConfigError(f"{value!r}: cannot read the package's shipped configs: {exc.filename}: "
-                              f"{exc.strerror}", file=str(file), key=key) from None
+            raise ConfigError(
+                f"{value!r}: cannot read the package's shipped configs: {exc.filename}: {exc.strerror}",
+                file=str(file),
+                key=key,
+            ) from None
         if name not in known:  # a listing, never a path built from the value
-            raise ConfigError(f"{value!r}: no such shipped config.json (shipped: {', '.join(known)})",
-                              file=str(file), key=key)
+            raise ConfigError(
+                f"{value!r}: no such shipped config.json (shipped: {', '.join(known)})", file=str(file), key=key
+            )
         return SHIPPED_CONFIGS / name
     path = Path(value).expanduser()
     return path if path.is_absolute() else file.parent / path
@@ -344,8 +372,12 @@ def _config_error(exc: ValidationError, file: str) -> ConfigError:
             msg = "unknown key"
         value = err.get("input")
         quoted = err["type"] == "missing" or isinstance(value, dict) or ctx_err is not None
-        lines.append((_origin(key, file), redact_values(f"{key or '(top level)'}: {msg}"
-                                                 + ("" if quoted else f" (got {_short(value, key)})"))))
+        lines.append(
+            (
+                _origin(key, file),
+                redact_values(f"{key or '(top level)'}: {msg}" + ("" if quoted else f" (got {_short(value, key)})")),
+            )
+        )
     return _joined(lines)
 
 

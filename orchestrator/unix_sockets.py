@@ -22,8 +22,14 @@ from typing import Any, NamedTuple
 
 from orchestrator.errors import AgentError
 
-_KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 class Bound(NamedTuple):
@@ -43,11 +49,15 @@ def clear_stale(path: str, what: str) -> None:
         return
     if not stat.S_ISSOCK(st.st_mode):
         kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a socket")
-        raise AgentError(f"{what} {path}: {kind} is there, not a socket; the agent removes only a stale "
-                         "socket of its own: choose another path, or move that away")
+        raise AgentError(
+            f"{what} {path}: {kind} is there, not a socket; the agent removes only a stale "
+            "socket of its own: choose another path, or move that away"
+        )
     if st.st_uid != os.geteuid():
-        raise AgentError(f"{what} {path}: a socket of uid {st.st_uid} is there, not one the agent (uid "
-                         f"{os.geteuid()}) made: choose another path, or remove it yourself")
+        raise AgentError(
+            f"{what} {path}: a socket of uid {st.st_uid} is there, not one the agent (uid "
+            f"{os.geteuid()}) made: choose another path, or remove it yourself"
+        )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
@@ -80,6 +90,7 @@ def remove(sock: Bound | None) -> None:
 class BoundedServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     """A threading Unix socket server with at most ``slots`` connections in service at once: the one
     beyond goes to ``turn_away`` (which must close it), never to a thread of its own."""
+
     daemon_threads = True
     # listen()'s backlog: socketserver's 5 made the 6th connection made while the accept thread was
     # starved (a loaded box) fail at once for a non-blocking client (HAProxy's Lua: a held request's 503);

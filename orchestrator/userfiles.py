@@ -24,8 +24,13 @@ import tempfile
 
 MAX_BYTES = 16 * 1024 * 1024  # far above any deploy.toml, config.json or known_hosts
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class NotARegularFile(OSError):
@@ -74,7 +79,6 @@ def _check(name: str, st: os.stat_result, limit: int) -> None:
 def read_text(path: str | os.PathLike[str], *, limit: int = MAX_BYTES, encoding: str = "utf-8") -> str:
     """:func:`read_bytes` decoded (UnicodeDecodeError, a ValueError, when it is not ``encoding``)."""
     return read_bytes(path, limit=limit).decode(encoding)
-
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:

@@ -32,25 +32,52 @@ def host_python(host: Host, own: str = sys.executable) -> str:
 
 
 def build_ports(catalog: Catalog, host: Host) -> HostPorts:
-    shell, systemd = connect(host.transport, host.address, port=host.ssh_port, user=host.ssh_user,
-                             key_filename=host.ssh_key, known_hosts=host.known_hosts, unit_dir=host.unit_dir,
-                             host=host.name)
+    shell, systemd = connect(
+        host.transport,
+        host.address,
+        port=host.ssh_port,
+        user=host.ssh_user,
+        key_filename=host.ssh_key,
+        known_hosts=host.known_hosts,
+        unit_dir=host.unit_dir,
+        host=host.name,
+    )
     token_file = f"{catalog.defaults.env_dir.rstrip('/')}/hf-token"
     python = host_python(host)
-    weights = SpecWeights(HfWeightStore(shell, python=python), host, token_file, fleet=catalog.hosts,
-                          keep_revisions=catalog.policy.keep_revisions)
+    weights = SpecWeights(
+        HfWeightStore(shell, python=python),
+        host,
+        token_file,
+        fleet=catalog.hosts,
+        keep_revisions=catalog.policy.keep_revisions,
+    )
     proxy: FrontProxy | None = None
     if catalog.proxy.enabled:
         bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
-        proxy = HaproxyProxy(shell, systemd, catalog.proxy, bind,
-                             render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
-                             python=python, host=host.name, local=host.transport == "local")
+        proxy = HaproxyProxy(
+            shell,
+            systemd,
+            catalog.proxy,
+            bind,
+            render_unit(catalog.proxy, bind, template_text("orchestrator-proxy.service.j2")),
+            python=python,
+            host=host.name,
+            local=host.transport == "local",
+        )
     # NVML in this process on the agent's own box, nvidia-smi over the shell elsewhere (adapters.gpu_choice)
     gpus = ChosenGpuProbe(shell, mode=host.gpu_probe, local=host.transport == "local")
-    return HostPorts(host=host, shell=shell, systemd=systemd, gpus=gpus,
-                     health=HttpHealthProbe(), clock=SystemClock(), weights=weights,
-                     smoke=SmokeBench() if catalog.policy.smoke_bench else None, proxy=proxy,
-                     engine_controls={name: HttpEngineControl(engine) for name, engine in ENGINES.items()})
+    return HostPorts(
+        host=host,
+        shell=shell,
+        systemd=systemd,
+        gpus=gpus,
+        health=HttpHealthProbe(),
+        clock=SystemClock(),
+        weights=weights,
+        smoke=SmokeBench() if catalog.policy.smoke_bench else None,
+        proxy=proxy,
+        engine_controls={name: HttpEngineControl(engine) for name, engine in ENGINES.items()},
+    )
 
 
 def ports_factory(catalog: Catalog) -> Callable[[str], HostPorts]:

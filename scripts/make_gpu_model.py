@@ -43,14 +43,23 @@ def build_tokenizer() -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     corpus = ["Hello world, this checkpoint has random weights.", "0123456789 abcdefghijklmnopqrstuvwxyz"]
-    tok.train_from_iterator(corpus, trainer=trainers.BpeTrainer(
-        vocab_size=512, special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.train_from_iterator(
+        corpus,
+        trainer=trainers.BpeTrainer(
+            vocab_size=512,
+            special_tokens=["<pad>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   model_max_length=4096)
-    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=4096
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     return fast
 
 
@@ -60,10 +69,20 @@ def make(name: str, dest: Path, tok: Any) -> dict[str, Any]:
 
     h, layers, inter, heads, kv = SPECS[name]
     t = time.monotonic()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=4096,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      tie_word_embeddings=False, torch_dtype="bfloat16")
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=h,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         m = LlamaForCausalLM(cfg).to(torch.bfloat16)
@@ -73,15 +92,19 @@ def make(name: str, dest: Path, tok: Any) -> dict[str, Any]:
     built = time.monotonic() - t
     m.save_pretrained(dest, safe_serialization=True, max_shard_size="5GB")
     tok.save_pretrained(dest)
-    GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                     pad_token_id=tok.pad_token_id).save_pretrained(dest)
+    GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    ).save_pretrained(dest)
     n = sum(p.numel() for p in m.parameters())
     del m
     torch.cuda.empty_cache()
     size = sum(f.stat().st_size for f in dest.glob("*.safetensors"))
     took = time.monotonic() - t
-    print(f"made {name}: {n / 1e9:.2f} B params, {size / 2**30:.1f} GiB in {took:.1f} s (built on the GPU in "
-          f"{built:.1f} s, written in {took - built:.1f} s)", flush=True)
+    print(
+        f"made {name}: {n / 1e9:.2f} B params, {size / 2**30:.1f} GiB in {took:.1f} s (built on the GPU in "
+        f"{built:.1f} s, written in {took - built:.1f} s)",
+        flush=True,
+    )
     return {"params": n, "bytes": size, "build_s": round(built, 1), "make_s": round(took, 1)}
 
 

@@ -57,12 +57,8 @@ class Spec:
 
 
 SPECS = [
-    Spec(
-        "tiny-a", seed=1, hidden_size=256, num_attention_heads=4, num_hidden_layers=2, intermediate_size=512
-    ),
-    Spec(
-        "tiny-b", seed=2, hidden_size=128, num_attention_heads=2, num_hidden_layers=2, intermediate_size=256
-    ),
+    Spec("tiny-a", seed=1, hidden_size=256, num_attention_heads=4, num_hidden_layers=2, intermediate_size=512),
+    Spec("tiny-b", seed=2, hidden_size=128, num_attention_heads=2, num_hidden_layers=2, intermediate_size=256),
     # Weights load into a Llama, but vLLM has no model class by this name: the engine exits at start.
     Spec(
         "tiny-broken",

@@ -129,8 +129,14 @@ class ProcessUnits:
                 os.makedirs(f"{base}/{keys[key]}", exist_ok=True)
         u.log = self.log_dir / f"{unit}.log"
         with open(u.log, "ab") as log:
-            u.proc = subprocess.Popen(argv, env={**os.environ, **env, **self.extra_env}, stdout=log,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            u.proc = subprocess.Popen(
+                argv,
+                env={**os.environ, **env, **self.extra_env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         u.sid, u.stopping, u.failed, u.started_at, u.exits = u.proc.pid, False, False, time.monotonic(), {}
 
     def stop(self, unit: str, *, timeout: float = 300.0) -> None:
@@ -178,15 +184,23 @@ class ProcessUnits:
             return UnitState(name=unit, load_state="loaded", active_state="inactive", sub_state="dead")
         code = u.proc.poll()
         if code is None:
-            return UnitState(name=unit, load_state="loaded", active_state="active", sub_state="running",
-                             main_pid=u.proc.pid)
+            return UnitState(
+                name=unit, load_state="loaded", active_state="active", sub_state="running", main_pid=u.proc.pid
+            )
         if code != 0 and not u.stopping:
             u.failed = True
         if u.failed:
-            return UnitState(name=unit, load_state="loaded", active_state="failed", sub_state="failed",
-                             exec_main_status=code, result="exit-code" if code > 0 else "signal")
-        return UnitState(name=unit, load_state="loaded", active_state="inactive", sub_state="dead",
-                         exec_main_status=code)
+            return UnitState(
+                name=unit,
+                load_state="loaded",
+                active_state="failed",
+                sub_state="failed",
+                exec_main_status=code,
+                result="exit-code" if code > 0 else "signal",
+            )
+        return UnitState(
+            name=unit, load_state="loaded", active_state="inactive", sub_state="dead", exec_main_status=code
+        )
 
     def journal_tail(self, unit: str, lines: int = 20) -> list[str]:
         u = self.units.get(unit)

@@ -3,7 +3,7 @@
 # sshd, D-Bus and vLLM included. Extra arguments go to the second pytest run. --durations=40: every run
 # (CI's log too) ends with the 40 slowest set-ups, calls and teardowns, where the suite's time goes.
 #
-# A fast lane first (about a minute): ruff, mypy --strict (pyproject's [tool.mypy]), the layer contracts
+# A fast lane first (about a minute): ruff (lint, and format --check: one layout, no style review), mypy --strict (pyproject's [tool.mypy]), the layer contracts
 # (lint-imports), tests/unit and the docs site (mkdocs build --strict into a temporary directory: no
 # tracked file written; not -q, which hides the warnings --strict fails on), so a type, layer or docs
 # error fails before the ~30 minutes of host tests.
@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 lane() { printf '[fast lane] %s\n' "$*"; "$@"; }
 lane .venv/bin/ruff check .
+lane .venv/bin/ruff format --check .
 lane .venv/bin/mypy --strict
 lane .venv/bin/lint-imports --no-cache
 lane .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit

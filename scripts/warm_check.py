@@ -32,10 +32,12 @@ from orchestrator.core.records import UnitSpec
 from orchestrator.deploy import warm
 from orchestrator.errors import EngineWedged, GpuBusy, OrchestratorError, SleepLeftMemory
 
-HOG = ("import sys, torch\n"
-       "x = torch.empty(int(sys.argv[1]) << 20, dtype=torch.uint8, device='cuda')\n"
-       "print('holding', sys.argv[1], 'MiB', flush=True)\n"
-       "sys.stdin.read()\n")
+HOG = (
+    "import sys, torch\n"
+    "x = torch.empty(int(sys.argv[1]) << 20, dtype=torch.uint8, device='cuda')\n"
+    "print('holding', sys.argv[1], 'MiB', flush=True)\n"
+    "sys.stdin.read()\n"
+)
 
 
 ec_split = shlex.split
@@ -52,33 +54,43 @@ class Warm:
         self.swaps: list[dict[str, Any]] = []
 
     def engine(self, spec: UnitSpec, utilization: float) -> warm.EngineProcess:
-        return warm.EngineProcess(name=spec.model, base_url=spec.base_url, gpus=tuple(spec.gpus),
-                           pids=frozenset(self.rig.units.cgroup_pids(spec.unit_name)), utilization=utilization,
-                           served=spec.served_name)
+        return warm.EngineProcess(
+            name=spec.model,
+            base_url=spec.base_url,
+            gpus=tuple(spec.gpus),
+            pids=frozenset(self.rig.units.cgroup_pids(spec.unit_name)),
+            utilization=utilization,
+            served=spec.served_name,
+        )
 
     def smi(self, gpus: tuple[int, ...]) -> dict[int, int]:
         return warm.pids_holding(self.rig.gpus, gpus)
 
     def sleep(self, eng: warm.EngineProcess, level: int, label: str) -> float | None:
         try:
-            took = warm.sleep_verified(self.control, self.rig.gpus, self.clock, eng, level=level,
-                                       residue_mib=self.residue, mode="wait")
+            took = warm.sleep_verified(
+                self.control, self.rig.gpus, self.clock, eng, level=level, residue_mib=self.residue, mode="wait"
+            )
         except (SleepLeftMemory, OrchestratorError) as exc:
             self.ec.check(label, False, str(exc)[:1500])
             return None
         held = warm.held_mib(self.rig.gpus, eng)
-        self.ec.check(label, all(m <= self.residue for m in held.values()),
-                      f"{eng.name} sleep level {level} mode=wait answered in {took:.3f} s; now holds {held} MiB "
-                      f"by GPU (residue limit {self.residue} MiB); /is_sleeping "
-                      f"{self.control.is_sleeping(eng.base_url)}; GPU by PID {self.smi(eng.gpus)}")
+        self.ec.check(
+            label,
+            all(m <= self.residue for m in held.values()),
+            f"{eng.name} sleep level {level} mode=wait answered in {took:.3f} s; now holds {held} MiB "
+            f"by GPU (residue limit {self.residue} MiB); /is_sleeping "
+            f"{self.control.is_sleeping(eng.base_url)}; GPU by PID {self.smi(eng.gpus)}",
+        )
         return took
 
     def swap(self, off: warm.EngineProcess, on: warm.EngineProcess, i: int) -> None:
         """``off`` sleeps, ``on`` wakes and answers: the client-visible gap of a warm switch."""
         t0 = time.monotonic()
         try:
-            slept = warm.sleep_verified(self.control, self.rig.gpus, self.clock, off, level=1,
-                                        residue_mib=self.residue, mode="wait")
+            slept = warm.sleep_verified(
+                self.control, self.rig.gpus, self.clock, off, level=1, residue_mib=self.residue, mode="wait"
+            )
             t1 = time.monotonic()
             warm.check_wake_fits(self.rig.gpus, on, sleepers={p: off.name for p in off.pids})
             t2 = time.monotonic()
@@ -89,10 +101,17 @@ class Warm:
         t3 = time.monotonic()
         # sleep_s: the POST /sleep; slept_and_verified_s: with the residue check by PID after it;
         # fits_s: check_wake_fits' nvidia-smi read; then the wake and the first completion.
-        row = {"swap": i, "from": off.name, "to": on.name, "sleep_s": round(slept, 3),
-               "slept_and_verified_s": round(t1 - t0, 3), "fits_s": round(t2 - t1, 3),
-               "wake_and_completion_s": round(woke, 3),
-               "downtime_s": round(t3 - t0, 3), "gpu_by_pid": self.smi(on.gpus)}
+        row = {
+            "swap": i,
+            "from": off.name,
+            "to": on.name,
+            "sleep_s": round(slept, 3),
+            "slept_and_verified_s": round(t1 - t0, 3),
+            "fits_s": round(t2 - t1, 3),
+            "wake_and_completion_s": round(woke, 3),
+            "downtime_s": round(t3 - t0, 3),
+            "gpu_by_pid": self.smi(on.gpus),
+        }
         self.swaps.append(row)
         self.ec.check(f"swap_{i}", True, json.dumps(row))
 
@@ -101,9 +120,13 @@ class Warm:
             return
         try:
             took = warm.wake_checked(self.control, self.clock, eng, level=2, deadline_s=60.0)
-            self.ec.check("wake_level2", True, f"{eng.name}: wake_up?tags=weights, collective_rpc reload_weights, "
-                                               f"wake_up?tags=kv_cache, reset_prefix_cache and one completion in "
-                                               f"{took:.3f} s; GPU by PID {self.smi(eng.gpus)}")
+            self.ec.check(
+                "wake_level2",
+                True,
+                f"{eng.name}: wake_up?tags=weights, collective_rpc reload_weights, "
+                f"wake_up?tags=kv_cache, reset_prefix_cache and one completion in "
+                f"{took:.3f} s; GPU by PID {self.smi(eng.gpus)}",
+            )
         except OrchestratorError as exc:
             self.ec.check("wake_level2", False, str(exc)[:1500])
 
@@ -114,16 +137,19 @@ class Warm:
         snap = self.rig.gpus.snapshot()
         gpu = sleeper.gpus[0]
         free = next(g.memory_free_mib for g in snap.gpus if g.index == gpu)
-        need = warm.need_mib(snap, sleeper.gpus, sleeper.utilization) - sum(warm.held_mib(self.rig.gpus,
-                                                                                         sleeper).values())
+        need = warm.need_mib(snap, sleeper.gpus, sleeper.utilization) - sum(
+            warm.held_mib(self.rig.gpus, sleeper).values()
+        )
         take = max(free - need // 2, 1024)
         argv = ec_split(self.hog.format(mib=take)) if self.hog else [sys.executable, "-c", HOG, str(take)]
         hog = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert hog.stdout is not None
             line = hog.stdout.readline().strip()
-            self.ec.say(f"wedge: pid {hog.pid} {line} ({free} MiB were free, {sleeper.name} needs {need} MiB more); "
-                        f"GPU by PID {self.smi(sleeper.gpus)}")
+            self.ec.say(
+                f"wedge: pid {hog.pid} {line} ({free} MiB were free, {sleeper.name} needs {need} MiB more); "
+                f"GPU by PID {self.smi(sleeper.gpus)}"
+            )
             try:
                 warm.check_wake_fits(self.rig.gpus, sleeper, sleepers={p: other.name for p in other.pids})
                 self.ec.check("wake_refused_without_memory", False, "check_wake_fits let the wake go ahead")
@@ -145,9 +171,13 @@ class Warm:
             warm.wake_checked(self.control, self.clock, eng, level=1, deadline_s=20.0)
             self.ec.check(label, False, f"{eng.name} woke and answered: not wedged")
         except EngineWedged as exc:
-            self.ec.check(label, words in str(exc), f"EngineWedged after {time.monotonic() - t:.2f} s (status "
-                                                    f"{exc.status}): {str(exc)[:700]}; {eng.name} holds "
-                                                    f"{warm.held_mib(self.rig.gpus, eng)} MiB by GPU")
+            self.ec.check(
+                label,
+                words in str(exc),
+                f"EngineWedged after {time.monotonic() - t:.2f} s (status "
+                f"{exc.status}): {str(exc)[:700]}; {eng.name} holds "
+                f"{warm.held_mib(self.rig.gpus, eng)} MiB by GPU",
+            )
 
     def stop_freed(self, spec: UnitSpec, eng: warm.EngineProcess, label: str) -> None:
         t = time.monotonic()
@@ -155,9 +185,13 @@ class Warm:
         deadline = time.monotonic() + 30
         while (held := warm.held_mib(self.rig.gpus, eng)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.ec.check(label, not held, f"{spec.unit_name} stopped; its PIDs {sorted(eng.pids)} "
-                                       f"hold {held or 'nothing'} {time.monotonic() - t:.2f} s later; "
-                                       f"GPU by PID {self.smi(eng.gpus)}")
+        self.ec.check(
+            label,
+            not held,
+            f"{spec.unit_name} stopped; its PIDs {sorted(eng.pids)} "
+            f"hold {held or 'nothing'} {time.monotonic() - t:.2f} s later; "
+            f"GPU by PID {self.smi(eng.gpus)}",
+        )
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"swaps": self.swaps}
@@ -172,8 +206,11 @@ def start_big(ec: Any, rig: Any, a: Any, w: Warm, big: dict[str, Any]) -> tuple[
     (e.g. `vllm serve --api-server-count 4`, which the comparison wants and nothing here has proved)."""
     spec, ctx = rig.spec("wa", shlex.split(a.engine_args) + shlex.split(a.first_args), model=big)
     w.residue = int(rig.catalog_host_residue_mib)  # the host's sleep_residue_gib (default: measured)
-    ec.check("sleep_mode_rendered", warm.sleep_enabled(spec) and "VLLM_SERVER_DEV_MODE=1" in spec.unit_text,
-             f"{spec.unit_name}: --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 rendered for sleep = \"level1\"")
+    ec.check(
+        "sleep_mode_rendered",
+        warm.sleep_enabled(spec) and "VLLM_SERVER_DEV_MODE=1" in spec.unit_text,
+        f'{spec.unit_name}: --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 rendered for sleep = "level1"',
+    )
     if ec.start_and_wait(rig, spec, ctx, None) is None:
         if not a.fallback_engine:
             return None
@@ -193,8 +230,14 @@ def run(ec: Any, rig: Any, a: Any, workers: Any) -> None:
     """The whole warm sequence (see the module docstring), then the comparison on A, woken again,
     with the time left (the warm checks first: they exist nowhere else)."""
     big = {"sleep": "level1", "gpu_memory_utilization": a.util_a}
-    small = {"sleep": "level1", "gpu_memory_utilization": a.util_b, "source": f"local:{a.warm_model_dir}",
-             "served_name": a.warm_served_name, "port": a.warm_port, "repo": "local/" + a.warm_served_name}
+    small = {
+        "sleep": "level1",
+        "gpu_memory_utilization": a.util_b,
+        "source": f"local:{a.warm_model_dir}",
+        "served_name": a.warm_served_name,
+        "port": a.warm_port,
+        "repo": "local/" + a.warm_served_name,
+    }
     w = Warm(ec, rig, 0, a.hog)
     started = start_big(ec, rig, a, w, big)
     if started is None:
@@ -238,8 +281,10 @@ def warm_part(ec: Any, rig: Any, a: Any, w: Warm, eng_a: warm.EngineProcess, sma
     """False when A would not even sleep once."""
     if w.sleep(eng_a, 1, "first_sleep") is None:
         return False
-    ec.say(f"while {eng_a.name} sleeps: /health {ec.http_status(eng_a.base_url + '/health')}, /v1/models "
-           f"{ec.http_status(eng_a.base_url + '/v1/models')}")
+    ec.say(
+        f"while {eng_a.name} sleeps: /health {ec.http_status(eng_a.base_url + '/health')}, /v1/models "
+        f"{ec.http_status(eng_a.base_url + '/v1/models')}"
+    )
     spec_b, ctx_b = rig.spec("wb", shlex.split(a.engine_args) + shlex.split(a.warm_args), model=small)
     if ec.start_and_wait(rig, spec_b, ctx_b, None) is None:
         return True

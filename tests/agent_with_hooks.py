@@ -56,7 +56,7 @@ def event_hook(directory: str, progress: ProgressCallback | None) -> ProgressCal
             wanted = pause_on.read_text().split()
         except FileNotFoundError:
             return
-        if [event, str(fields.get("node")), str(fields.get("unit"))][:len(wanted)] != wanted:
+        if [event, str(fields.get("node")), str(fields.get("unit"))][: len(wanted)] != wanted:
             return
         paused.write_text(f"{event} {fields.get('node')} {fields.get('unit')}\n")
         while pause_on.exists():
@@ -78,9 +78,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.agent_with_hooks")
     parser.add_argument("--config", required=True)
     parser.add_argument("--pause-dir", required=True)
-    parser.add_argument("--minute-ends-in", type=float, default=None, metavar="S",
-                        help="the agent's clock runs ahead so that its first minute ends S seconds after it "
-                             "starts: an every-minute schedule fires then, not up to 60 s later")
+    parser.add_argument(
+        "--minute-ends-in",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the agent's clock runs ahead so that its first minute ends S seconds after it "
+        "starts: an every-minute schedule fires then, not up to 60 s later",
+    )
     args = parser.parse_args()
     logs.configure(json=True)
     cat = settings.load(args.config)
@@ -89,8 +94,14 @@ def main() -> None:
         return HookedOperations(catalog, args.pause_dir)
 
     clock = None if args.minute_ends_in is None else AheadClock.minute_ending_in(args.minute_ends_in)
-    Agent(cat, ops_for(cat), metrics_port=cat.metrics_port or None, clock=clock,
-          config_path=str(Path(args.config).resolve()), ops_factory=ops_for).run()
+    Agent(
+        cat,
+        ops_for(cat),
+        metrics_port=cat.metrics_port or None,
+        clock=clock,
+        config_path=str(Path(args.config).resolve()),
+        ops_factory=ops_for,
+    ).run()
 
 
 class AheadClock(SystemClock):

@@ -9,9 +9,18 @@ from typing import Any
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1280,1800")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1280,1800",
+)
 
 
 def chromium(profile: Path, *, javascript: bool = True) -> webdriver.Chrome:
@@ -31,7 +40,8 @@ def texts(driver: Any, *selectors: str) -> tuple[str, ...]:
     its sections on each update, so an element found by one WebDriver call can be gone when the next reads it."""
     found = driver.execute_script(
         "return arguments[0].map(s => { const e = document.querySelector(s); return e ? e.innerText.trim() : ''; })",
-        list(selectors))
+        list(selectors),
+    )
     return tuple(str(t) for t in found)
 
 

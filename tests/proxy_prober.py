@@ -30,8 +30,14 @@ import httpx
 
 
 def _stream(client: httpx.Client, url: str, model: str, tokens: int) -> dict[str, Any]:
-    rec: dict[str, Any] = {"kind": "stream", "t0": time.monotonic(), "tokens": 0, "finish": None, "done": False,
-                           "retry_after": None}
+    rec: dict[str, Any] = {
+        "kind": "stream",
+        "t0": time.monotonic(),
+        "tokens": 0,
+        "finish": None,
+        "done": False,
+        "retry_after": None,
+    }
     body = {"model": model, "prompt": "hi", "max_tokens": tokens, "stream": True}
     try:
         with client.stream("POST", f"{url}/completions", json=body) as r:
@@ -57,8 +63,14 @@ def _stream(client: httpx.Client, url: str, model: str, tokens: int) -> dict[str
 
 
 def _plain(client: httpx.Client, url: str, model: str) -> dict[str, Any]:
-    rec: dict[str, Any] = {"kind": "plain", "t0": time.monotonic(), "tokens": 0, "finish": None, "done": False,
-                           "retry_after": None}
+    rec: dict[str, Any] = {
+        "kind": "plain",
+        "t0": time.monotonic(),
+        "tokens": 0,
+        "finish": None,
+        "done": False,
+        "retry_after": None,
+    }
     try:
         r = client.post(f"{url}/completions", json={"model": model, "prompt": "hi", "max_tokens": 2})
         rec["status"], rec["retry_after"] = r.status_code, r.headers.get("retry-after")
@@ -77,8 +89,11 @@ def classify(requests: list[dict[str, Any]], tokens: int) -> dict[str, list[dict
     out: dict[str, list[dict[str, Any]]] = {"ok": [], "cut": [], "gap": [], "failed": []}
     for rec in requests:
         if rec["status"] == 200:
-            whole = rec["done"] and rec["finish"] is not None and rec["tokens"] >= (tokens if rec["kind"] == "stream"
-                                                                                   else 2)
+            whole = (
+                rec["done"]
+                and rec["finish"] is not None
+                and rec["tokens"] >= (tokens if rec["kind"] == "stream" else 2)
+            )
             out["ok" if whole else "cut" if rec["kind"] == "stream" else "failed"].append(rec)
         elif rec["status"] == 503 and rec["retry_after"]:
             out["gap"].append(rec)
@@ -104,8 +119,11 @@ def main() -> int:
     def worker(i: int, streaming: bool) -> None:
         with httpx.Client(timeout=httpx.Timeout(30.0)) as client:
             while not stop.is_set():
-                rec = _stream(client, args.url, args.model, args.tokens) if streaming else \
-                    _plain(client, args.url, args.model)
+                rec = (
+                    _stream(client, args.url, args.model, args.tokens)
+                    if streaming
+                    else _plain(client, args.url, args.model)
+                )
                 with lock:
                     records.append(rec)
                     if rec["status"] == 200:

@@ -37,10 +37,20 @@ API_SERVER = [PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
 SERVE = [in_host(REPO / "tests" / "standin" / "bin" / "vllm"), "serve"]  # a console script (#!/usr/bin/python3)
 # The two shapes of a hand-written unit's ExecStart (the engine, then its words), as the seeds wrote them.
 SHAPES = {
-    "api_server": (API_SERVER, ("--model {folder}/alpha --served-model-name alpha-hand --tensor-parallel-size 4 \\\n"
-                               "    --port 8111 --host {address} --load-time=0.3")),
-    "vllm serve": (SERVE, ("{folder}/alpha --served-model-name=alpha-hand --tensor-parallel-size=4 --port 8111 \\\n"
-                          "    --host {address} --load-time=0.3")),
+    "api_server": (
+        API_SERVER,
+        (
+            "--model {folder}/alpha --served-model-name alpha-hand --tensor-parallel-size 4 \\\n"
+            "    --port 8111 --host {address} --load-time=0.3"
+        ),
+    ),
+    "vllm serve": (
+        SERVE,
+        (
+            "{folder}/alpha --served-model-name=alpha-hand --tensor-parallel-size=4 --port 8111 \\\n"
+            "    --host {address} --load-time=0.3"
+        ),
+    ),
 }
 UNIT = "vllm-alpha-hand.service"
 FOLDER = "/srv/adopt-models"
@@ -49,8 +59,12 @@ FOLDER = "/srv/adopt-models"
 def base_config(host: Host, state: Path, engine: list[str] = API_SERVER, transport: str = "ssh") -> str:
     """The switch tests' deploy.toml, its engine vLLM's (the stand-in's), with beta only."""
     text = config_text(host, state, {"beta": MODELS["beta"]}, transport=transport)
-    text = "\n".join(f"engine = {json.dumps(engine)}" if line.startswith("engine = ") else line
-                     for line in text.splitlines()) + "\n"
+    text = (
+        "\n".join(
+            f"engine = {json.dumps(engine)}" if line.startswith("engine = ") else line for line in text.splitlines()
+        )
+        + "\n"
+    )
     return text + f'[models.beta.env]\nPYTHONPATH = "{STANDIN_VLLM}"\n'
 
 
@@ -79,8 +93,11 @@ def answers(host: Host, port: int, model: str, deadline: float = 30.0) -> str:
     end = time.monotonic() + deadline
     while True:
         try:
-            r = httpx.post(f"http://{host.address}:{port}/v1/completions",
-                           json={"model": model, "prompt": "hi", "max_tokens": 4}, timeout=5)
+            r = httpx.post(
+                f"http://{host.address}:{port}/v1/completions",
+                json={"model": model, "prompt": "hi", "max_tokens": 4},
+                timeout=5,
+            )
             if r.status_code == 200:
                 text: str = r.json()["choices"][0]["text"]
                 return text
@@ -104,10 +121,20 @@ def folders(host: Host) -> Any:
     for model in ("alpha", "gamma"):
         host.run(f"mkdir -p {FOLDER}/{model}")
         files = sharded_model(["model-00001-of-00001.safetensors"], 16)
-        files["config.json"] = json.dumps({  # what the planner reads of a model (a switch to the entry plans it)
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1024,
-            "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}).encode()
+        files["config.json"] = json.dumps(
+            {  # what the planner reads of a model (a switch to the entry plans it)
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "intermediate_size": 512,
+                "vocab_size": 1024,
+                "max_position_embeddings": 4096,
+                "torch_dtype": "bfloat16",
+            }
+        ).encode()
         for name, data in files.items():
             host.run(f"base64 -d > {FOLDER}/{model}/{name}", input=base64.b64encode(data).decode())
     yield
@@ -115,13 +142,15 @@ def folders(host: Host) -> Any:
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path: Path, folders: None,
-                                                            shape: str) -> None:
+def test_hand_written_unit_adopted_replaced_and_rolled_back(
+    host: Host, tmp_path: Path, folders: None, shape: str
+) -> None:
     """adopt --apply of a hand-written unit; a switch stops and disables it; rollback reinstalls its own text,
     answered."""
     unit = hand_unit(host, shape)
-    host.run(f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{unit}EOF\n"
-             f"systemctl daemon-reload && systemctl enable --now {UNIT}")
+    host.run(
+        f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{unit}EOF\nsystemctl daemon-reload && systemctl enable --now {UNIT}"
+    )
     answers(host, 8111, "alpha-hand")
     cfg = tmp_path / "deploy.toml"
     cfg.write_text(base_config(host, tmp_path / "state", SHAPES[shape][0]))
@@ -130,7 +159,7 @@ def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path
     [found] = review["adopted"]
     assert (found["unit"], found["name"], found["blockers"], found["differences"]) == (UNIT, "alpha-hand", [], [])
     assert found["entry"]["gpus"] == [0, 1, 2, 3] and found["entry"]["args"] == ["--load-time=0.3"]
-    assert found["rendered_argv"][:len(SHAPES[shape][0])] == SHAPES[shape][0]
+    assert found["rendered_argv"][: len(SHAPES[shape][0])] == SHAPES[shape][0]
     assert cfg.read_text() == base_config(host, tmp_path / "state", SHAPES[shape][0])  # a review changes nothing
 
     applied = adopt(cfg, "--apply")
@@ -157,10 +186,12 @@ def test_hand_written_unit_adopted_replaced_and_rolled_back(host: Host, tmp_path
 
 def start_by_hand(host: Host) -> int:
     """gamma-hand, an engine started from a shell outside systemd (setsid) as the seeds did; its PID once it answers."""
-    host.run(f"cd / && CUDA_VISIBLE_DEVICES=4,5,6,7 PYTHONPATH={STANDIN_VLLM} setsid -f {PYTHON} -m "
-             f"vllm.entrypoints.openai.api_server --model {FOLDER}/gamma --served-model-name gamma-hand "
-             f"--tensor-parallel-size 4 --port 8112 --host {host.address} --load-time 0.3 "
-             "> /var/log/gamma-hand.log 2>&1 < /dev/null")
+    host.run(
+        f"cd / && CUDA_VISIBLE_DEVICES=4,5,6,7 PYTHONPATH={STANDIN_VLLM} setsid -f {PYTHON} -m "
+        f"vllm.entrypoints.openai.api_server --model {FOLDER}/gamma --served-model-name gamma-hand "
+        f"--tensor-parallel-size 4 --port 8112 --host {host.address} --load-time 0.3 "
+        "> /var/log/gamma-hand.log 2>&1 < /dev/null"
+    )
     answers(host, 8112, "gamma-hand")
     return int(host.run("pgrep -f 'served-model-name gamma-hand'").stdout.split()[0])
 
@@ -190,8 +221,9 @@ def test_hand_run_process_adopted_then_stopped_by_the_next_switch(host: Host, tm
         host.run(["kill", "-KILL", str(pid)], check=False)
 
 
-def test_hand_run_process_taken_under_systemd_by_a_switch_to_its_entry(host: Host, tmp_path: Path,
-                                                                       folders: None) -> None:
+def test_hand_run_process_taken_under_systemd_by_a_switch_to_its_entry(
+    host: Host, tmp_path: Path, folders: None
+) -> None:
     """Adopted, then `switch` to its own entry: the process stops, its entry's unit starts on the same port
     (the port it held was not refused: this switch frees it first) and answers."""
     pid = start_by_hand(host)
@@ -228,19 +260,27 @@ def test_through_the_agent_over_ssh(host: Host, tmp_path: Path, folders: None) -
     """`orchestrator --host box adopt --apply`: the agent's config push takes the entry, the agent records the
     revision; switch and rollback through it bring the hand-written unit back, answered."""
     unit = hand_unit(host, "api_server")
-    host.run(f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{unit}EOF\n"
-             f"systemctl daemon-reload && systemctl enable --now {UNIT}")
+    host.run(
+        f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{unit}EOF\nsystemctl daemon-reload && systemctl enable --now {UNIT}"
+    )
     answers(host, 8111, "alpha-hand")
     install_agent(host, base_config(host, Path(STATE), transport="local"), tmp_path)
     hosts_file = tmp_path / "hosts.toml"
-    hosts_file.write_text(f'[box]\nurl = "ssh://root@{host.address}:{host.port}"\nkey = "{host.key_path}"\n'
-                          f'known_hosts = "{host.known_hosts_path}"\npython = "{sys.executable}"\n'
-                          f'socket = "{STATE}/agent.sock"\n')
+    hosts_file.write_text(
+        f'[box]\nurl = "ssh://root@{host.address}:{host.port}"\nkey = "{host.key_path}"\n'
+        f'known_hosts = "{host.known_hosts_path}"\npython = "{sys.executable}"\n'
+        f'socket = "{STATE}/agent.sock"\n'
+    )
 
     def client(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator", "--host", "box", *args], capture_output=True,
-                              text=True, timeout=180, check=False,
-                              env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": str(hosts_file)})
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", "--host", "box", *args],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+            env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": str(hosts_file)},
+        )
 
     try:
         applied = client("adopt", "--apply", "--json")
@@ -256,5 +296,6 @@ def test_through_the_agent_over_ssh(host: Host, tmp_path: Path, folders: None) -
         history = json.loads(client("history", "--json").stdout)
         assert [h["trigger"].split(":")[0] for h in history][-1] == "adopt"
     finally:
-        host.run("systemctl stop orchestrator-agent.service; systemctl reset-failed orchestrator-agent.service",
-                 check=False)
+        host.run(
+            "systemctl stop orchestrator-agent.service; systemctl reset-failed orchestrator-agent.service", check=False
+        )

@@ -29,22 +29,28 @@ def box(hosts: list[Host], tmp_path: Path) -> Iterator[tuple[Host, str]]:
     install_agent(host, config_text(host, Path(STATE), MODELS, transport="local"), tmp_path)
     (tmp_path / "hosts.toml").write_text(
         f'[box]\nurl = "ssh://root@{host.address}:{host.port}"\nkey = "{host.key_path}"\n'
-        f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{STATE}/agent.sock"\n')
+        f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{STATE}/agent.sock"\n'
+    )
     try:
         yield host, str(tmp_path / "hosts.toml")
     finally:
-        host.run("systemctl stop orchestrator-agent.service; systemctl reset-failed orchestrator-agent.service",
-                 check=False)
+        host.run(
+            "systemctl stop orchestrator-agent.service; systemctl reset-failed orchestrator-agent.service", check=False
+        )
 
 
 def client(hosts_file: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
-                          timeout=120, check=False,
-                          env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": hosts_file})
+    return subprocess.run(
+        [PY, "-m", "orchestrator", "--host", "box", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": hosts_file},
+    )
 
 
-def test_config_push_of_a_past_only_cron_is_refused_and_changes_nothing(box: tuple[Host, str],
-                                                                        tmp_path: Path) -> None:
+def test_config_push_of_a_past_only_cron_is_refused_and_changes_nothing(box: tuple[Host, str], tmp_path: Path) -> None:
     """Exit 2 naming the pushed file, the schedule and its cron; the box's file, .prev and agent unchanged."""
     host, hosts_file = box
     before = host.run(["cat", CONFIG]).stdout
@@ -66,11 +72,17 @@ def test_agent_start_with_a_past_only_cron_fails_once_with_the_reason(box: tuple
     host, _ = box
     host.write_file(CONFIG, host.run(["cat", CONFIG]).stdout + PAST)
     # The product's own entry point (the harness's hooked one would not say how the product exits).
-    host.run(f"sed -i -E 's|-m tests.agent_with_hooks --config (\\S+) --pause-dir \\S+|-m orchestrator agent "
-             f"--config \\1|' {UNIT} && grep -q -- '-m orchestrator agent --config' {UNIT} && systemctl daemon-reload")
+    host.run(
+        f"sed -i -E 's|-m tests.agent_with_hooks --config (\\S+) --pause-dir \\S+|-m orchestrator agent "
+        f"--config \\1|' {UNIT} && grep -q -- '-m orchestrator agent --config' {UNIT} && systemctl daemon-reload"
+    )
     host.run("systemctl restart orchestrator-agent.service", check=False)
-    wait_for(lambda: active(host, "orchestrator-agent.service"), lambda s: s == "failed", timeout=60,
-             what="the agent to fail on its config")
+    wait_for(
+        lambda: active(host, "orchestrator-agent.service"),
+        lambda s: s == "failed",
+        timeout=60,
+        what="the agent to fail on its config",
+    )
     status = host.run(["systemctl", "show", "-p", "ExecMainStatus", "--value", "orchestrator-agent"]).stdout
     assert status.strip() == "2"
     journal = host.run("journalctl -u orchestrator-agent.service --no-pager -o cat -n 30").stdout

@@ -69,8 +69,11 @@ def install_ssh_agent(h1: Host, h2: Host, tmp: Path) -> None:
     """h1 runs the agent for h2, reached over SSH with strict host keys."""
     h1.write_file("/etc/orchestrator-test-key", Path(h2.key_path).read_text(), mode=0o600)
     h1.write_file("/etc/orchestrator-test-known-hosts", Path(h2.known_hosts_path).read_text())
-    cfg = config_text(h2, Path(STATE), MODELS).replace(str(h2.key_path), "/etc/orchestrator-test-key").replace(
-        str(h2.known_hosts_path), "/etc/orchestrator-test-known-hosts")
+    cfg = (
+        config_text(h2, Path(STATE), MODELS)
+        .replace(str(h2.key_path), "/etc/orchestrator-test-key")
+        .replace(str(h2.known_hosts_path), "/etc/orchestrator-test-known-hosts")
+    )
     install_agent(h1, cfg, tmp)
 
 
@@ -91,20 +94,39 @@ def kill_agent_paused_before(host: Host, phase: str, model: str) -> None:
     """`switch MODEL` in the background, paused before PHASE; the agent SIGKILLed there; returns once
     systemd restarted it and the interrupted deployment ended."""
     host.write_file(f"{HOOKS}/pause-at", phase)
-    host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', model, '--config', CONFIG])} "
-             f"> /tmp/switch.log 2>&1 &")
-    wait_for(lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
-             what=f"the engine to pause before {phase}", timeout=60)
+    host.run(
+        f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', model, '--config', CONFIG])} > /tmp/switch.log 2>&1 &"
+    )
+    wait_for(
+        lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
+        what=f"the engine to pause before {phase}",
+        timeout=60,
+    )
     old_pid = main_pid(host)
     host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
-    wait_for(lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
-             what="systemd to restart the agent", timeout=60)
-    wait_for(lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
-             what="the interrupted deployment to end", timeout=90)
+    wait_for(
+        lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
+        what="systemd to restart the agent",
+        timeout=60,
+    )
+    wait_for(
+        lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
+        what="the interrupted deployment to end",
+        timeout=90,
+    )
 
 
-CRASH_CASES = ["preflight", "staging", "stopping", "freeing", "installing", "starting", "checking", "routing",
-               "rolling_back"]
+CRASH_CASES = [
+    "preflight",
+    "staging",
+    "stopping",
+    "freeing",
+    "installing",
+    "starting",
+    "checking",
+    "routing",
+    "rolling_back",
+]
 
 
 @pytest.mark.parametrize("phase", CRASH_CASES)
@@ -127,25 +149,35 @@ def test_schedule_fires_through_the_agent(hosts: list[Host], tmp_path: Path) -> 
     """End to end (the decisions are unit-tested on a fake clock): a redeploy every minute runs and is recorded."""
     host = hosts[0]
     cfg = config_text(host, Path(STATE), MODELS, transport="local") + (
-        '[schedules.soon]\ncron = "* * * * *"\naction = "redeploy"\n')  # the finest a 5-field cron fires
+        '[schedules.soon]\ncron = "* * * * *"\naction = "redeploy"\n'
+    )  # the finest a 5-field cron fires
     # The agent's wall clock runs ahead so that its minute ends 10 s after it starts (alpha serves by
     # then): the first firing comes then rather than at the real minute's end, 30 s later on average.
     install_agent(host, cfg, tmp_path, hook_args="--minute-ends-in 10")
     try:
         cli(host, "switch", "alpha")
-        wait_for(lambda: any(h["trigger"] == "schedule:soon" and h["outcome"] == "active" for h in history(host)),
-                 what="the schedule to redeploy alpha", timeout=150)
+        wait_for(
+            lambda: any(h["trigger"] == "schedule:soon" and h["outcome"] == "active" for h in history(host)),
+            what="the schedule to redeploy alpha",
+            timeout=150,
+        )
         listed = json.loads(cli(host, "schedules", "--json").stdout)
         assert listed[0]["name"] == "soon" and listed[0]["last"]["kind"].startswith("schedule_")
         # Awaited, not sampled: the next firing may be stopping the unit right now; it ends active again.
-        wait_for(lambda: active(host, "vllm-alpha.service"), lambda state: state == "active",
-                 what="vllm-alpha.service active after the scheduled redeploys", timeout=150)
+        wait_for(
+            lambda: active(host, "vllm-alpha.service"),
+            lambda state: state == "active",
+            what="vllm-alpha.service active after the scheduled redeploys",
+            timeout=150,
+        )
     finally:
         host.run("systemctl stop orchestrator-agent.service", check=False)
 
 
-PING = ("import json, socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
-        "s.sendall(b'{\"op\": \"ping\"}\\n'); print(s.makefile().readline())")
+PING = (
+    "import json, socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+    's.sendall(b\'{"op": "ping"}\\n\'); print(s.makefile().readline())'
+)
 
 
 def ping_as(host: Host, user: str) -> Any:
@@ -170,11 +202,16 @@ def test_sigterm_parks_the_step_and_restart_resumes_it(agent_host: Host) -> None
     """systemctl stop during a load: the agent exits cleanly, the deployment waits; the next start finishes it."""
     host = agent_host
     cli(host, "switch", "alpha")
-    host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'beta-long', '--config', CONFIG])} "
-             f"> /tmp/switch.log 2>&1 &")
-    wait_for(lambda: history(host)[:1],
-             lambda h: [(d["model"], d["outcome"]) for d in h] == [("beta-long", "checking")],
-             what="the health check to start", timeout=60)
+    host.run(
+        f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'beta-long', '--config', CONFIG])} "
+        f"> /tmp/switch.log 2>&1 &"
+    )
+    wait_for(
+        lambda: history(host)[:1],
+        lambda h: [(d["model"], d["outcome"]) for d in h] == [("beta-long", "checking")],
+        what="the health check to start",
+        timeout=60,
+    )
     host.run("systemctl stop orchestrator-agent.service")
     props = host.run(["systemctl", "show", "-p", "Result", "-p", "ExecMainStatus", "orchestrator-agent"]).stdout
     assert "Result=success" in props and "ExecMainStatus=0" in props
@@ -190,20 +227,27 @@ def test_watch_restarts_a_model_that_stays_unhealthy(agent_host: Host) -> None:
     host = agent_host
     cli(host, "switch", "alpha")
     host.run("systemctl stop vllm-alpha.service")
-    wait_for(lambda: any(h["trigger"] == "watch:restart" and h["outcome"] == "active" for h in history(host)),
-             what="the watch to redeploy alpha", timeout=60)
+    wait_for(
+        lambda: any(h["trigger"] == "watch:restart" and h["outcome"] == "active" for h in history(host)),
+        what="the watch to redeploy alpha",
+        timeout=60,
+    )
     assert active(host, "vllm-alpha.service") == "active"
     status = json.loads(cli(host, "status", "--json").stdout)
     assert status["hosts"][host.name]["serving"]["model"] == "alpha"
 
 
-OUTAGE = ("sleep 1; systemctl stop ssh.service; systemctl kill -s SIGKILL ssh.service; "
-          "while [ ! -e /var/tmp/ssh-back ]; do sleep 0.2; done; rm -f /var/tmp/ssh-back; systemctl start ssh.service")
+OUTAGE = (
+    "sleep 1; systemctl stop ssh.service; systemctl kill -s SIGKILL ssh.service; "
+    "while [ ! -e /var/tmp/ssh-back ]; do sleep 0.2; done; rm -f /var/tmp/ssh-back; systemctl start ssh.service"
+)
 
 
 def store_events(host: Host, kind: str) -> list[dict[str, Any]]:
-    code = ("import json, sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print(json.dumps([json.loads(d) for "
-            "(d,) in db.execute('SELECT detail FROM events WHERE kind=? ORDER BY rowid', (sys.argv[2],))]))")
+    code = (
+        "import json, sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print(json.dumps([json.loads(d) for "
+        "(d,) in db.execute('SELECT detail FROM events WHERE kind=? ORDER BY rowid', (sys.argv[2],))]))"
+    )
     return list(json.loads(host.run_python(code, f"{STATE}/state.db", kind).stdout))
 
 
@@ -237,8 +281,13 @@ def test_watch_survives_an_ssh_outage_and_acts_afterwards(hosts: list[Host], tmp
         h2.run("systemctl stop vllm-alpha.service")
         # The restart's own outcome is the engine's business (rolled_back is seen now and then: systemd in
         # a test host answers a cgroup kill with EIO); what matters here is that the watch acted.
-        wait_for(lambda: any(h["trigger"] == "watch:restart" and h["outcome"] in ("active", "rolled_back")
-                             for h in history(h1)), what="the watch to redeploy alpha on h2", timeout=60)
+        wait_for(
+            lambda: any(
+                h["trigger"] == "watch:restart" and h["outcome"] in ("active", "rolled_back") for h in history(h1)
+            ),
+            what="the watch to redeploy alpha on h2",
+            timeout=60,
+        )
         assert active(h2, "vllm-alpha.service") == "active"
         assert main_pid(h1) == pid  # the same agent: its watch lived through the outage
     finally:
@@ -249,49 +298,74 @@ def test_watch_survives_an_ssh_outage_and_acts_afterwards(hosts: list[Host], tmp
 
 
 @pytest.mark.parametrize("phase", ["checking", "routing"])
-def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(hosts: list[Host], phase: str,
-                                                                        tmp_path: Path) -> None:
+def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(
+    hosts: list[Host], phase: str, tmp_path: Path
+) -> None:
     """SIGKILL before PHASE of chat-a -> chat-b with a half-written proxy config: recovery ends with
     chat-b alone serving and the proxy routing chat to it."""
     from tests.builders.proxy import MODELS as PROXY_MODELS
     from tests.builders.proxy import PROXY_PORT, proxy_config
+
     host = hosts[0]
-    install_agent(host, proxy_config(host, Path(STATE), {k: v for k, v in PROXY_MODELS.items()}).replace(
-        'transport = "ssh"', 'transport = "local"'), tmp_path)
+    install_agent(
+        host,
+        proxy_config(host, Path(STATE), {k: v for k, v in PROXY_MODELS.items()}).replace(
+            'transport = "ssh"', 'transport = "local"'
+        ),
+        tmp_path,
+    )
     try:
         cli(host, "switch", "chat-a")
         host.write_file(f"{HOOKS}/pause-at", phase)
-        host.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'chat-b', '--config', CONFIG])} "
-                 f"> /tmp/switch.log 2>&1 &")
-        wait_for(lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
-                 what=f"the engine to pause before {phase}")
+        host.run(
+            f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', 'chat-b', '--config', CONFIG])} "
+            f"> /tmp/switch.log 2>&1 &"
+        )
+        wait_for(
+            lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
+            what=f"the engine to pause before {phase}",
+        )
         # Half-updated: a config on disk the running proxy never loaded.
         host.run("sed -i 's/8101/8109/' /etc/orchestrator/haproxy.cfg")
         old_pid = host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
         host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
-        wait_for(lambda: host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]
-                                  ).stdout.strip() not in ("0", old_pid), what="systemd to restart the agent")
-        wait_for(lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
-                 what="the interrupted deployment to end", timeout=90)
+        wait_for(
+            lambda: (
+                host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
+                not in ("0", old_pid)
+            ),
+            what="systemd to restart the agent",
+        )
+        wait_for(
+            lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
+            what="the interrupted deployment to end",
+            timeout=90,
+        )
         newest = history(host)[0]
         assert (newest["outcome"], newest["model"]) == ("active", "chat-b"), newest.get("error")
         assert (active(host, "vllm-chat-a.service"), active(host, "vllm-chat-b.service")) == ("inactive", "active")
         body = json.dumps({"model": "chat", "prompt": "hi", "max_tokens": 2}).encode()
-        req = urllib.request.Request(f"http://{host.address}:{PROXY_PORT}/v1/completions", data=body,
-                                     headers={"content-type": "application/json"})
+        req = urllib.request.Request(
+            f"http://{host.address}:{PROXY_PORT}/v1/completions",
+            data=body,
+            headers={"content-type": "application/json"},
+        )
         assert json.loads(urllib.request.urlopen(req, timeout=10).read())["model"] == "chat"
         assert "8102" in host.run(["cat", "/etc/orchestrator/haproxy.cfg"]).stdout
     finally:
-        host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
-                 "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+        host.run(
+            "systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
+            "rm -f /etc/orchestrator/haproxy.cfg*",
+            check=False,
+        )
 
 
-def test_an_agent_restarted_with_the_proxy_off_stops_the_proxy_left_running(hosts: list[Host],
-                                                                              tmp_path: Path) -> None:
+def test_an_agent_restarted_with_the_proxy_off_stops_the_proxy_left_running(hosts: list[Host], tmp_path: Path) -> None:
     """The proxy serves chat-a; deploy.toml edited to [proxy] enabled = false and the agent restarted (no
     push): the agent's start stops and disables orchestrator-proxy.service; chat-a serves on its own port."""
     from tests.builders.proxy import MODELS as PROXY_MODELS
     from tests.builders.proxy import proxy_config
+
     host = hosts[0]
     config = proxy_config(host, Path(STATE), dict(PROXY_MODELS)).replace('transport = "ssh"', 'transport = "local"')
     install_agent(host, config, tmp_path)
@@ -300,22 +374,29 @@ def test_an_agent_restarted_with_the_proxy_off_stops_the_proxy_left_running(host
         assert active(host, "orchestrator-proxy.service") == "active"
         host.write_file(CONFIG, host.run(["cat", CONFIG]).stdout.replace("enabled = true\n", "enabled = false\n", 1))
         host.run("systemctl restart orchestrator-agent.service")
-        wait_for(lambda: active(host, "orchestrator-proxy.service"), lambda s: s == "inactive",
-                 what="the agent's start to stop the proxy left running")
+        wait_for(
+            lambda: active(host, "orchestrator-proxy.service"),
+            lambda s: s == "inactive",
+            what="the agent's start to stop the proxy left running",
+        )
         enabled = host.run(["systemctl", "is-enabled", "orchestrator-proxy.service"], check=False).stdout.strip()
         assert enabled == "disabled"
         assert [e["was_running"] for e in store_events(host, "proxy_stopped")] == [True]
         assert active(host, "vllm-chat-a.service") == "active"
     finally:
-        host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
-                 "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+        host.run(
+            "systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
+            "rm -f /etc/orchestrator/haproxy.cfg*",
+            check=False,
+        )
 
 
 def proxy_answer(host: Host, port: int, model: str) -> tuple[int, str] | None:
     """(status, error code) of a completion through the host's proxy; None while nothing listens."""
     body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 2}).encode()
-    req = urllib.request.Request(f"http://{host.address}:{port}/v1/completions", data=body,
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{host.address}:{port}/v1/completions", data=body, headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, ""
@@ -325,22 +406,28 @@ def proxy_answer(host: Host, port: int, model: str) -> tuple[int, str] | None:
         return None
 
 
-def test_an_agent_with_the_proxy_on_answers_on_its_port_before_any_switch(hosts: list[Host],
-                                                                          tmp_path: Path) -> None:
+def test_an_agent_with_the_proxy_on_answers_on_its_port_before_any_switch(hosts: list[Host], tmp_path: Path) -> None:
     """A fresh agent with [proxy] on and nothing served: its start brings the proxy up; a catalog name
     answers 503 model_not_loaded, an unknown one 404 (before, nothing listened until the first switch)."""
     from tests.builders.proxy import MODELS as PROXY_MODELS
     from tests.builders.proxy import PROXY_PORT, proxy_config
+
     host = hosts[0]
     host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
     config = proxy_config(host, Path(STATE), dict(PROXY_MODELS)).replace('transport = "ssh"', 'transport = "local"')
     install_agent(host, config, tmp_path)
     try:
-        first = wait_for(lambda: proxy_answer(host, PROXY_PORT, "chat"), lambda a: a is not None,
-                         what="the proxy answering after the agent's start")
+        first = wait_for(
+            lambda: proxy_answer(host, PROXY_PORT, "chat"),
+            lambda a: a is not None,
+            what="the proxy answering after the agent's start",
+        )
         assert first == (503, "model_not_loaded")
         assert proxy_answer(host, PROXY_PORT, "nope") == (404, "model_not_found")
         assert active(host, "vllm-chat-a.service") != "active"
     finally:
-        host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
-                 "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+        host.run(
+            "systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
+            "rm -f /etc/orchestrator/haproxy.cfg*",
+            check=False,
+        )

@@ -28,8 +28,12 @@ PY = sys.executable
 REPO = Path(__file__).resolve().parents[1]
 STATE = Path("/var/lib/orchestrator")
 UNIT = "orchestrator-agent.service"
-BOX_MODELS = {"alpha": MODELS["alpha"], "beta": MODELS["beta"],
-              "slow": {"port": 8110, "args": ["--load-time", "30"], "load_deadline_s": 90}, "tiny": LOCAL}
+BOX_MODELS = {
+    "alpha": MODELS["alpha"],
+    "beta": MODELS["beta"],
+    "slow": {"port": 8110, "args": ["--load-time", "30"], "load_deadline_s": 90},
+    "tiny": LOCAL,
+}
 
 pytestmark = pytest.mark.hosts
 
@@ -44,32 +48,57 @@ def box() -> Iterator[Host]:
         yield host
 
 
-def install(box: Host, *args: str, known_hosts: Path | None = None, port: int | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def install(
+    box: Host, *args: str, known_hosts: Path | None = None, port: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     url = f"ssh://root@{box.address}:{port or box.port}"
-    argv = [PY, "-m", "orchestrator", "agent", "install", url, "--key", str(box.key_path),
-            "--known-hosts", str(known_hosts or box.known_hosts_path), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, **(env or {})})
+    argv = [
+        PY,
+        "-m",
+        "orchestrator",
+        "agent",
+        "install",
+        url,
+        "--key",
+        str(box.key_path),
+        "--known-hosts",
+        str(known_hosts or box.known_hosts_path),
+        *args,
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **(env or {})}
+    )
 
 
 def client_env(box: Host, tmp: Path) -> dict[str, str]:
     """A hosts file naming the box `box`, python and socket left to their defaults (the installed ones)."""
     hosts = tmp / "hosts.toml"
-    hosts.write_text(f'[box]\nurl = "ssh://root@{box.address}:{box.port}"\nkey = "{box.key_path}"\n'
-                     f'known_hosts = "{box.known_hosts_path}"\n')
+    hosts.write_text(
+        f'[box]\nurl = "ssh://root@{box.address}:{box.port}"\nkey = "{box.key_path}"\n'
+        f'known_hosts = "{box.known_hosts_path}"\n'
+    )
     return {**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts)}
 
 
 def client(box: Host, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI on this machine through the box's agent."""
-    return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
-                          timeout=180, check=False, env=client_env(box, tmp))
+    return subprocess.run(
+        [PY, "-m", "orchestrator", "--host", "box", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env=client_env(box, tmp),
+    )
 
 
 def untouched(box: Host) -> bool:
-    return box.run(f"test -e /opt/orchestrator || test -e /etc/orchestrator || test -e /etc/systemd/system/{UNIT}",
-                   check=False).returncode != 0
+    return (
+        box.run(
+            f"test -e /opt/orchestrator || test -e /etc/orchestrator || test -e /etc/systemd/system/{UNIT}", check=False
+        ).returncode
+        != 0
+    )
 
 
 def main_pid(box: Host) -> str:
@@ -87,8 +116,7 @@ def modified_tree(tmp: Path, marker: str) -> Path:
         tree.mkdir(exist_ok=True)
         shutil.copy2(REPO / part, tree / part)
     for part in ("orchestrator", "templates"):
-        shutil.copytree(REPO / part, tree / part, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(REPO / part, tree / part, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     with (tree / "orchestrator" / "__init__.py").open("a") as fh:
         fh.write(f"# build {marker}\n")
     return tree
@@ -114,8 +142,10 @@ def test_unreachable_box_exits_4_and_changes_nothing(box: Host) -> None:
     """Nothing listens on the port: exit 4, one line naming the box, nothing written there."""
     result = install(box, port=2)
     assert result.returncode == 4, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == \
-        f"error: host ssh://root@{box.address}:2: SSH connection to {box.address}:2 refused"
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"error: host ssh://root@{box.address}:2: SSH connection to {box.address}:2 refused"
+    )
     assert untouched(box)
 
 
@@ -133,8 +163,10 @@ def test_wrong_host_key_exits_4_and_changes_nothing(box: Host, tmp_path: Path) -
 def test_bad_config_exits_2_before_connecting(box: Host, tmp_path: Path) -> None:
     """A misspelt key in --config: exit 2 naming the file and the key; nothing written on the box."""
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text(config_text(box, STATE, BOX_MODELS, transport="local")
-                   + '[models.delta]\nrepo = "test/delta"\ngpus = [0]\ntensor_paralel = 4\n')
+    cfg.write_text(
+        config_text(box, STATE, BOX_MODELS, transport="local")
+        + '[models.delta]\nrepo = "test/delta"\ngpus = [0]\ntensor_paralel = 4\n'
+    )
     result = install(box, "--config", str(cfg))
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip()
@@ -142,8 +174,7 @@ def test_bad_config_exits_2_before_connecting(box: Host, tmp_path: Path) -> None
     assert untouched(box)
 
 
-def test_install_on_a_bare_box_then_a_switch_through_host(box: Host, installed: dict[str, Any],
-                                                          tmp_path: Path) -> None:
+def test_install_on_a_bare_box_then_a_switch_through_host(box: Host, installed: dict[str, Any], tmp_path: Path) -> None:
     """Every step acts on the bare box; the agent runs from its own venv and a --host switch goes through it."""
     report = installed["_report"]
     assert report["changed"] and all(installed[s]["changed"] for s in ("package", "config", "unit", "service"))
@@ -159,8 +190,7 @@ def test_install_on_a_bare_box_then_a_switch_through_host(box: Host, installed: 
     assert box.run(["systemctl", "is-active", "vllm-alpha.service"]).stdout.strip() == "active"
 
 
-def test_a_model_with_weights_switches_on_the_fresh_box(box: Host, installed: dict[str, Any],
-                                                        tmp_path: Path) -> None:
+def test_a_model_with_weights_switches_on_the_fresh_box(box: Host, installed: dict[str, Any], tmp_path: Path) -> None:
     """A `local:` model stages through the worker in the agent's own venv (/usr/bin/python3 lacks it)."""
     add_manifest(write_model(box))
     done = client(box, tmp_path, "switch", "tiny", "--json")
@@ -180,15 +210,23 @@ def test_second_install_changes_nothing(box: Host, installed: dict[str, Any]) ->
     assert plain.returncode == 0 and "nothing to do" in plain.stdout, plain.stderr
 
 
-def test_upgrade_while_a_switch_runs_exits_5_naming_it(box: Host, installed: dict[str, Any],
-                                                        tmp_path: Path) -> None:
+def test_upgrade_while_a_switch_runs_exits_5_naming_it(box: Host, installed: dict[str, Any], tmp_path: Path) -> None:
     """--upgrade with a switch running: exit 5 naming it; the agent, its venv and the switch go on."""
     before, pid = current_venv(box), main_pid(box)
-    running = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "slow"], text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=client_env(box, tmp_path))
+    running = subprocess.Popen(
+        [PY, "-m", "orchestrator", "--host", "box", "switch", "slow"],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=client_env(box, tmp_path),
+    )
     try:
-        wait_for(lambda: json.loads(client(box, tmp_path, "status", "--json").stdout)["agent"]["running"],
-                 bool, timeout=60, what="the switch to run on the box")
+        wait_for(
+            lambda: json.loads(client(box, tmp_path, "status", "--json").stdout)["agent"]["running"],
+            bool,
+            timeout=60,
+            what="the switch to run on the box",
+        )
         refused = install(box, "--upgrade", "--source", str(modified_tree(tmp_path, "busy")))
     finally:
         _out, err = running.communicate(timeout=180)
@@ -198,8 +236,9 @@ def test_upgrade_while_a_switch_runs_exits_5_naming_it(box: Host, installed: dic
     assert running.returncode == 0, err
 
 
-def test_upgrade_replaces_the_package_and_restarts_the_agent(box: Host, installed: dict[str, Any],
-                                                             tmp_path: Path) -> None:
+def test_upgrade_replaces_the_package_and_restarts_the_agent(
+    box: Host, installed: dict[str, Any], tmp_path: Path
+) -> None:
     """--upgrade from a changed tree: a new venv, the agent restarted on it, history kept, switches work."""
     pid = main_pid(box)
     upgraded = steps(install(box, "--upgrade", "--source", str(modified_tree(tmp_path, "next")), "--json"))

@@ -55,19 +55,27 @@ def test_each_level_runs_its_requests_and_counts_usage_tokens(standin: Start, cl
     result = asyncio.run(run_bench(BenchTarget(s.url), plan, client=client))
     levels = [(lv.concurrency, lv.requests_ok, lv.output_tokens, lv.errors) for lv in result.levels]
     assert (result.model, result.client, result.complete, levels) == (
-        "tiny-standin", client, True, [(1, 6, 48, ()), (4, 6, 48, ())])
+        "tiny-standin",
+        client,
+        True,
+        [(1, 6, 48, ()), (4, 6, 48, ())],
+    )
 
 
 def test_prompts_are_scaled_to_the_requested_prompt_tokens(standin: Start, client: ClientKind) -> None:
     """The warm-up request's usage calibrates prompts: 20 prompt tokens per request as the server counts."""
     s = standin()
-    result = asyncio.run(run_bench(BenchTarget(s.url), BenchPlan(concurrency=(2,), prompt_tokens=20,
-                                                                 max_tokens=2, requests=4), client=client))
+    result = asyncio.run(
+        run_bench(
+            BenchTarget(s.url), BenchPlan(concurrency=(2,), prompt_tokens=20, max_tokens=2, requests=4), client=client
+        )
+    )
     assert result.levels[0].input_tokens == 4 * 20
 
 
 def test_prompts_hit_the_prompt_tokens_exactly_when_token_counts_vary_per_word(
-        standin: Start, client: ClientKind) -> None:
+    standin: Start, client: ClientKind
+) -> None:
     """With a tokenizer whose count per word varies (one token per byte), every prompt is exactly 128 tokens."""
     s = standin("--count-prompt", "bytes")
     plan = BenchPlan(concurrency=(4,), prompt_tokens=128, max_tokens=4, requests=32)
@@ -100,21 +108,28 @@ def test_no_two_runs_share_a_prompt_prefix(standin: Start, client: ClientKind) -
 def test_chat_endpoint_is_measured_too(standin: Start, client: ClientKind) -> None:
     """endpoint='chat' streams /v1/chat/completions and counts usage the same way."""
     s = standin()
-    result = asyncio.run(run_bench(BenchTarget(s.url, endpoint="chat"),
-                                   BenchPlan(concurrency=(2,), max_tokens=5, requests=3), client=client))
+    result = asyncio.run(
+        run_bench(
+            BenchTarget(s.url, endpoint="chat"), BenchPlan(concurrency=(2,), max_tokens=5, requests=3), client=client
+        )
+    )
     lv = result.levels[0]
     assert (result.endpoint, lv.output_tokens, lv.ttft_ms.count) == ("chat", 15, 3)
 
 
-def test_duration_mode_finishes_requests_in_flight_at_the_deadline(
-        standin: Start, client: ClientKind) -> None:
+def test_duration_mode_finishes_requests_in_flight_at_the_deadline(standin: Start, client: ClientKind) -> None:
     """With --duration, every request started before the deadline completes and counts."""
     s = standin("--chunk-delay", "0.01")
-    result = asyncio.run(run_bench(BenchTarget(s.url), BenchPlan(concurrency=(3,), max_tokens=10,
-                                                                 duration_s=0.5), client=client))
+    result = asyncio.run(
+        run_bench(BenchTarget(s.url), BenchPlan(concurrency=(3,), max_tokens=10, duration_s=0.5), client=client)
+    )
     lv = result.levels[0]
     assert (lv.requests_ok >= 3, lv.requests_failed, lv.output_tokens, lv.complete) == (
-        True, 0, lv.requests_ok * 10, True)
+        True,
+        0,
+        lv.requests_ok * 10,
+        True,
+    )
 
 
 def test_failed_requests_are_counted_by_kind(standin: Start, client: ClientKind) -> None:
@@ -155,8 +170,13 @@ def test_progress_reports_while_running_and_once_per_level_done(standin: Start, 
     """The callback sees live snapshots and one done=True snapshot per level with its totals."""
     s = standin("--chunk-delay", "0.01")
     seen: list[Progress] = []
-    gen = LoadGenerator(BenchTarget(s.url), BenchPlan(concurrency=(1, 2), max_tokens=20, requests=4),
-                        on_progress=seen.append, progress_interval_s=0.05, client=client)
+    gen = LoadGenerator(
+        BenchTarget(s.url),
+        BenchPlan(concurrency=(1, 2), max_tokens=20, requests=4),
+        on_progress=seen.append,
+        progress_interval_s=0.05,
+        client=client,
+    )
     asyncio.run(gen.run())
     done = [(p.concurrency, p.requests_ok, p.output_tokens) for p in seen if p.done]
     assert (done, any(not p.done and p.streamed_tokens > 0 for p in seen)) == ([(1, 4, 80), (2, 4, 80)], True)
@@ -168,9 +188,13 @@ def test_cancelling_keeps_the_finished_requests(standin: Start, client: ClientKi
 
     async def scenario() -> LoadGenerator:
         enough = asyncio.Event()
-        gen = LoadGenerator(BenchTarget(s.url), BenchPlan(concurrency=(2,), max_tokens=5, duration_s=600),
-                            on_progress=lambda p: enough.set() if p.requests_ok >= 3 else None,
-                            progress_interval_s=0.02, client=client)
+        gen = LoadGenerator(
+            BenchTarget(s.url),
+            BenchPlan(concurrency=(2,), max_tokens=5, duration_s=600),
+            on_progress=lambda p: enough.set() if p.requests_ok >= 3 else None,
+            progress_interval_s=0.02,
+            client=client,
+        )
         task = asyncio.create_task(gen.run())
         await enough.wait()
         task.cancel()
@@ -181,7 +205,11 @@ def test_cancelling_keeps_the_finished_requests(standin: Start, client: ClientKi
     partial = asyncio.run(scenario()).partial_result()
     lv = partial.levels[0]
     assert (partial.complete, lv.complete, lv.requests_ok >= 3, lv.output_tokens) == (
-        False, False, True, lv.requests_ok * 5)
+        False,
+        False,
+        True,
+        lv.requests_ok * 5,
+    )
 
 
 def test_ctrl_c_returns_partial_results(standin: Start, client: ClientKind) -> None:
@@ -196,11 +224,13 @@ def test_ctrl_c_returns_partial_results(standin: Start, client: ClientKind) -> N
 
     threading.Thread(target=interrupt, daemon=True).start()
     # 600 s of work: the level provably has work left when SIGINT comes, however slow the machine
-    result = run_bench_blocking(BenchTarget(s.url), BenchPlan(concurrency=(2,), max_tokens=5, duration_s=600),
-                                # a failed request ends the wait too: the assertion then says so
-                                on_progress=lambda p: started.set() if p.requests_ok >= 2 or p.requests_failed
-                                else None,
-                                client=client)
+    result = run_bench_blocking(
+        BenchTarget(s.url),
+        BenchPlan(concurrency=(2,), max_tokens=5, duration_s=600),
+        # a failed request ends the wait too: the assertion then says so
+        on_progress=lambda p: started.set() if p.requests_ok >= 2 or p.requests_failed else None,
+        client=client,
+    )
     lv = result.levels[0]
     assert (result.complete, lv.requests_ok >= 2, lv.requests_failed) == (False, True, 0), lv.errors
 
@@ -210,8 +240,7 @@ def test_kept_traces_hold_each_levels_window_and_requests() -> None:
     request done) and every request in it, so another tool's timestamps can be lined up with ours."""
     s = StandinServer("--served-name", "tiny-standin").wait_listening()
     try:
-        gen = LoadGenerator(BenchTarget(s.url), BenchPlan(concurrency=(2,), max_tokens=4, requests=5),
-                            keep_traces=True)
+        gen = LoadGenerator(BenchTarget(s.url), BenchPlan(concurrency=(2,), max_tokens=4, requests=5), keep_traces=True)
         before = time.perf_counter()
         result = asyncio.run(gen.run())
     finally:

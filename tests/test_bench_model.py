@@ -13,8 +13,16 @@ from orchestrator.loadgen.sse import RequestOutcome
 
 def ok(start: float, ttft: float, latency: float, tokens: int, end: float | None = None) -> RequestOutcome:
     gaps = tuple((latency - ttft) / (tokens - 1) for _ in range(tokens - 1)) if tokens > 1 else ()
-    return RequestOutcome(ok=True, start=start, end=end or start + latency, ttft=ttft, latency=latency,
-                          itl=gaps, prompt_tokens=10, completion_tokens=tokens)
+    return RequestOutcome(
+        ok=True,
+        start=start,
+        end=end or start + latency,
+        ttft=ttft,
+        latency=latency,
+        itl=gaps,
+        prompt_tokens=10,
+        completion_tokens=tokens,
+    )
 
 
 def test_plan_refuses_both_duration_and_requests() -> None:
@@ -60,27 +68,41 @@ def test_tpot_excludes_the_first_token() -> None:
 
 def test_failures_are_counted_by_kind_with_an_example() -> None:
     """Failed requests do not add tokens; each kind is counted and keeps its first message."""
-    fails = [RequestOutcome.failure(0, 1, "http_500", "boom"), RequestOutcome.failure(0, 1, "http_500", "b2"),
-             RequestOutcome.failure(0, 1, "connect", "refused")]
+    fails = [
+        RequestOutcome.failure(0, 1, "http_500", "boom"),
+        RequestOutcome.failure(0, 1, "http_500", "b2"),
+        RequestOutcome.failure(0, 1, "connect", "refused"),
+    ]
     lv = LevelResult.from_outcomes(1, [ok(0, 0.1, 1.0, 10), *fails], duration_s=1.0)
     assert ({e.kind: (e.count, e.example) for e in lv.errors}, lv.output_tokens) == (
-        {"connect": (1, "refused"), "http_500": (2, "boom")}, 10)
+        {"connect": (1, "refused"), "http_500": (2, "boom")},
+        10,
+    )
 
 
 def test_result_round_trips_through_json() -> None:
     """to_dict gives plain JSON and from_dict rebuilds an equal result."""
     fail = RequestOutcome.failure(0, 1, "timeout", "t")
     lv = LevelResult.from_outcomes(1, [ok(0, 0.1, 1.0, 10), fail], 1.0)
-    result = BenchResult(base_url="http://127.0.0.2:8000", model="m", endpoint="completions",
-                         plan=BenchPlan(concurrency=(1,), requests=2), started_at="2026-11-29T18:00:00+00:00",
-                         complete=True, levels=(lv,))
+    result = BenchResult(
+        base_url="http://127.0.0.2:8000",
+        model="m",
+        endpoint="completions",
+        plan=BenchPlan(concurrency=(1,), requests=2),
+        started_at="2026-11-29T18:00:00+00:00",
+        complete=True,
+        levels=(lv,),
+    )
     assert BenchResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
 
 
 def test_headline_figures_read_the_levels() -> None:
     """single_stream_tok_s is C=1's per-stream rate; peak_output_tok_s the best aggregate."""
-    levels = (LevelResult.from_outcomes(1, [ok(0, 0.1, 2.0, 100)], 2.0),
-              LevelResult.from_outcomes(4, [ok(0, 0.1, 2.0, 100)] * 4, 2.0))
-    result = BenchResult(base_url="http://h", model="m", endpoint="chat", plan=BenchPlan(),
-                         started_at="", complete=True, levels=levels)
+    levels = (
+        LevelResult.from_outcomes(1, [ok(0, 0.1, 2.0, 100)], 2.0),
+        LevelResult.from_outcomes(4, [ok(0, 0.1, 2.0, 100)] * 4, 2.0),
+    )
+    result = BenchResult(
+        base_url="http://h", model="m", endpoint="chat", plan=BenchPlan(), started_at="", complete=True, levels=levels
+    )
     assert (result.single_stream_tok_s, result.peak_output_tok_s) == (50.0, 200.0)

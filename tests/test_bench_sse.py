@@ -17,8 +17,9 @@ def token(text: str = "x") -> bytes:
     return event({"id": "cmpl-1", "choices": [{"index": 0, "text": text, "finish_reason": None}]})
 
 
-USAGE = event({"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 42,
-                                                        "total_tokens": 49}})
+USAGE = event(
+    {"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 42, "total_tokens": 49}}
+)
 DONE = b"data: [DONE]\n\n"
 
 
@@ -56,11 +57,14 @@ def test_crlf_line_endings_are_accepted() -> None:
     assert acc.finish(1.0).completion_tokens == 42
 
 
-@pytest.mark.parametrize(("body", "kind"), [
-    (token() + USAGE, "truncated"),
-    (USAGE + DONE, "no_tokens"),
-    (token() + DONE, "no_usage"),
-])
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (token() + USAGE, "truncated"),
+        (USAGE + DONE, "no_tokens"),
+        (token() + DONE, "no_usage"),
+    ],
+)
 def test_unusable_streams_name_their_error_kind(body: bytes, kind: str) -> None:
     """A stream without [DONE], without tokens or without usage fails with that kind."""
     acc = StreamAccumulator(start=0.0)

@@ -29,8 +29,7 @@ class Site:
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[Site]:
     world = OpsWorld(tmp_path / "state", dashboard={"socket": str(tmp_path / "dash.sock"), "refresh_s": 0.3})
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     server = start(agent)
     assert server is not None
     fwd = Forwarder(unix_opener(str(tmp_path / "dash.sock")))
@@ -55,8 +54,10 @@ def test_the_tables_work_with_javascript_off(site: Site, tmp_path: Path) -> None
         assert state_of(driver, "alpha") == "serving"
         holders = driver.find_element(By.CSS_SELECTOR, 'table.gpus tr[data-gpu="0"] td.holders').text
         assert holders.startswith("alpha (pid")
-        assert driver.find_element(By.CSS_SELECTOR, 'table.history tr[data-revision="1"]').get_attribute(
-            "data-outcome") == "active"
+        assert (
+            driver.find_element(By.CSS_SELECTOR, 'table.history tr[data-revision="1"]').get_attribute("data-outcome")
+            == "active"
+        )
     finally:
         driver.quit()
 
@@ -70,17 +71,22 @@ def test_the_live_page_follows_a_switch_without_a_reload(site: Site, tmp_path: P
         driver.execute_script("window.loadedOnce = true")  # gone if the page reloads
         WebDriverWait(driver, 30).until(lambda d: "live" in texts(d, "#updated")[0])
         site.world.ops.switch("beta")
+
         # the models and GPU tables are separate parts of a frame: await them together, not one then a read
         def beta_took_over(d: Any) -> bool:
-            beta, alpha, gpu0 = texts(d, 'table.models tr[data-model="beta"] td.state',
-                                      'table.models tr[data-model="alpha"] td.state',
-                                      'table.gpus tr[data-gpu="0"] td.holders')
+            beta, alpha, gpu0 = texts(
+                d,
+                'table.models tr[data-model="beta"] td.state',
+                'table.models tr[data-model="alpha"] td.state',
+                'table.gpus tr[data-gpu="0"] td.holders',
+            )
             return (beta, alpha) == ("serving", "stopped") and gpu0.startswith("beta (pid")
 
         WebDriverWait(driver, 30).until(beta_took_over)
         assert driver.execute_script("return window.loadedOnce") is True
         # the downtime chart (uPlot) drew both switches that stopped a model
         WebDriverWait(driver, 30).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="downtime"] canvas'))
+            lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="downtime"] canvas')
+        )
     finally:
         driver.quit()

@@ -41,6 +41,7 @@ def fleet(netns_fleet: HostSet) -> HostSet:
 @pytest.fixture
 def controller(fleet: HostSet, tmp_path: Path) -> Iterator[Controller]:
     """Every box's own agent (with the pause hook) serving alpha; the controller's agent started here."""
+
     def serve_alpha(h: Host) -> None:
         (tmp_path / h.name).mkdir()
         install_agent(h, config_text(h, Path(STATE), box_models(), transport="local"), tmp_path / h.name)
@@ -74,10 +75,13 @@ def stop_and_reset(host: Host) -> None:
 @pytest.fixture
 def forwarded(controller: Controller) -> Iterator[str]:
     """`orchestrator dashboard --no-open` here, reaching the controller's agent by its socket; its URL."""
-    proc = subprocess.Popen([PY, "-m", "orchestrator", "dashboard", "--no-open",
-                             "--config", str(controller.client_cfg)],
-                            env={**os.environ, "ORCHESTRATOR_SOCKET": controller.socket},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "orchestrator", "dashboard", "--no-open", "--config", str(controller.client_cfg)],
+        env={**os.environ, "ORCHESTRATOR_SOCKET": controller.socket},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     try:
@@ -106,12 +110,15 @@ def page(driver: Any) -> dict[str, Any]:
 
 def serving(driver: Any) -> dict[str, str]:
     """The boxes table's serving column, read through the DOM API (works with JavaScript off)."""
-    return {str(r.get_attribute("data-host")): r.find_element(By.CSS_SELECTOR, "td.serving").text
-            for r in driver.find_elements(By.CSS_SELECTOR, 'table.boxes tr[data-reachable="true"]')}
+    return {
+        str(r.get_attribute("data-host")): r.find_element(By.CSS_SELECTOR, "td.serving").text
+        for r in driver.find_elements(By.CSS_SELECTOR, 'table.boxes tr[data-reachable="true"]')
+    }
 
 
-def test_the_fleet_page_follows_a_rollout_batch_by_batch(fleet: HostSet, controller: Controller,
-                                                         forwarded: str, tmp_path: Path) -> None:
+def test_the_fleet_page_follows_a_rollout_batch_by_batch(
+    fleet: HostSet, controller: Controller, forwarded: str, tmp_path: Path
+) -> None:
     """The controller's dashboard opens on the fleet page; the rollout's batches and each box's state
     update live as the rollout goes; the tables are there with JavaScript off too."""
     driver = chromium(tmp_path / "profile")
@@ -126,8 +133,11 @@ def test_the_fleet_page_follows_a_rollout_batch_by_batch(fleet: HostSet, control
         for h in fleet.hosts[1:3]:  # batch 1 (h2, h3) held before its engine starts
             h.write_file(f"{HOOKS}/pause-at", "starting")
         rollout = controller.popen("rollout", "beta")
-        held = wait.until(lambda d: (v := page(d))["hosts"].get("h2") == "switching (starting)"
-                          and v["serving"].get("h1") == "beta" and v)
+        held = wait.until(
+            lambda d: (
+                (v := page(d))["hosts"].get("h2") == "switching (starting)" and v["serving"].get("h1") == "beta" and v
+            )
+        )
         assert held["hosts"]["h1"] == "switched" and held["hosts"]["h4"] == "pending"
         assert held["batches"] == {"0": "done", "1": "switching", "2": "pending"}
         assert held["label"] == "running: batch 1 switching"
@@ -135,8 +145,13 @@ def test_the_fleet_page_follows_a_rollout_batch_by_batch(fleet: HostSet, control
 
         for h in fleet.hosts[1:3]:
             h.run(f"rm -f {HOOKS}/pause-at")
-        done = wait.until(lambda d: (v := page(d))["status"] == "succeeded"
-                          and v["serving"] == dict.fromkeys(("h1", "h2", "h3", "h4"), "beta") and v)
+        done = wait.until(
+            lambda d: (
+                (v := page(d))["status"] == "succeeded"
+                and v["serving"] == dict.fromkeys(("h1", "h2", "h3", "h4"), "beta")
+                and v
+            )
+        )
         assert done["batches"] == {"0": "done", "1": "done", "2": "done"}
         assert driver.execute_script("return window.loadedOnce") is True
         assert rollout.wait(timeout=120) == 0

@@ -50,8 +50,10 @@ def box(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
     models = {"alpha": MODELS["alpha"], "beta-long": MODELS["beta-long"], "gamma": MODELS["gamma"], "tiny": TINY}
     install_agent(host, config_text(host, Path(STATE), models, transport="local") + TINY_ENV, tmp_path)
     write_hosts_file(host, tmp_path)
-    wait_for(lambda: host.run(["test", "-S", f"{STATE}/dashboard.sock"], check=False).returncode == 0,
-             what="the agent's dashboard socket")
+    wait_for(
+        lambda: host.run(["test", "-S", f"{STATE}/dashboard.sock"], check=False).returncode == 0,
+        what="the agent's dashboard socket",
+    )
     yield host
     host.run(f"rm -f {HOOKS}/pause-at; systemctl stop orchestrator-agent.service", check=False)
 
@@ -60,7 +62,8 @@ def write_hosts_file(host: Host, tmp_path: Path) -> None:
     """A hosts file here that names ``host`` `box` (what `--host box` reaches over SSH)."""
     (tmp_path / "hosts.toml").write_text(
         f'[box]\nurl = "ssh://root@{host.address}:{host.port}"\nkey = "{host.key_path}"\n'
-        f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{STATE}/agent.sock"\n')
+        f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{STATE}/agent.sock"\n'
+    )
 
 
 @pytest.fixture
@@ -73,8 +76,13 @@ def forwarded(box: Host, tmp_path: Path) -> Iterator[str]:
 @contextmanager
 def forward(tmp_path: Path) -> Iterator[str]:
     env = {**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(tmp_path / "hosts.toml")}
-    proc = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "dashboard", "--no-open"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "orchestrator", "--host", "box", "dashboard", "--no-open"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     try:
@@ -116,15 +124,20 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
         switch.start()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, 'ol.timeline li.current[data-phase="starting"]'))
         # Read in a wait: the page may redraw the timeline between finding its items and reading them.
-        phases = wait.until(lambda d: [e.get_attribute("data-phase")
-                                       for e in d.find_elements(By.CSS_SELECTOR, "ol.timeline li")])
+        phases = wait.until(
+            lambda d: [e.get_attribute("data-phase") for e in d.find_elements(By.CSS_SELECTOR, "ol.timeline li")]
+        )
         assert phases[:3] == ["planned", "preflight", "staging"] and "freeing" in phases
         # The models table comes from the agent's status, read before the timeline in each update: the
         # update that first shows `starting` may carry the status of a moment before (the switch is
         # held at starting, so the next update shows it).
-        wait.until(lambda d: (state_of(d, "beta-long"), state_of(d, "alpha")) == (
-            "switching (starting)", "stopped (replaced by beta-long)"),
-            "the models table to show beta-long starting and alpha replaced")
+        wait.until(
+            lambda d: (
+                (state_of(d, "beta-long"), state_of(d, "alpha"))
+                == ("switching (starting)", "stopped (replaced by beta-long)")
+            ),
+            "the models table to show beta-long starting and alpha replaced",
+        )
         wait.until(lambda d: holders(d, 0) == "free")  # alpha's engine is gone from GPU 0
         screenshot(driver, "box-during-switch", tmp_path)
 
@@ -135,8 +148,10 @@ def test_the_box_page_follows_a_switch_as_it_goes(box: Host, forwarded: str, tmp
         assert holders(driver, 0).startswith("beta-long (pid")
         # History is read before the running operation in each update: the first idle one may list the
         # switch before its outcome was written.
-        newest = wait.until(lambda d: (row := d.execute_script(NEWEST_ROW)) and row["outcome"] == "active" and row,
-                            "the newest history row to end active")  # one read: the page redraws on each update
+        newest = wait.until(
+            lambda d: (row := d.execute_script(NEWEST_ROW)) and row["outcome"] == "active" and row,
+            "the newest history row to end active",
+        )  # one read: the page redraws on each update
         assert newest["outcome"] == "active" and "beta-long" in newest["text"]
         assert "start" in newest["phases"]
         assert driver.execute_script("return window.loadedOnce") is True
@@ -164,7 +179,8 @@ def test_the_tune_page_compares_the_candidates(box: Host, forwarded: str, tmp_pa
         driver.get(forwarded.split("?")[0])  # the box page compares the candidates' benchmarks too
         assert driver.find_elements(By.CSS_SELECTOR, 'table.bench tr[data-model="tiny.tp4"]')
         WebDriverWait(driver, 30).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="bench_tok_s"] canvas'))
+            lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-chart="bench_tok_s"] canvas')
+        )
     finally:
         driver.quit()
 
@@ -173,11 +189,23 @@ def test_a_box_user_outside_the_socket_group_gets_403(box: Host) -> None:
     """On the box, a local user who is not in the socket group is answered 403 by the dashboard socket;
     once in the group, the page (the state dir is opened to others for this check: normally a stranger
     cannot even reach the socket)."""
-    box.run("id dashguest >/dev/null 2>&1 || useradd --no-create-home dashguest; "
-            "gpasswd -d dashguest orchestrator >/dev/null 2>&1 || true")
+    box.run(
+        "id dashguest >/dev/null 2>&1 || useradd --no-create-home dashguest; "
+        "gpasswd -d dashguest orchestrator >/dev/null 2>&1 || true"
+    )
     box.run(f"chmod g+rx,o+x {STATE}")
-    get = ["runuser", "-u", "dashguest", "--", "curl", "-sS", "-i", "--unix-socket", f"{STATE}/dashboard.sock",
-           "http://box/"]
+    get = [
+        "runuser",
+        "-u",
+        "dashguest",
+        "--",
+        "curl",
+        "-sS",
+        "-i",
+        "--unix-socket",
+        f"{STATE}/dashboard.sock",
+        "http://box/",
+    ]
     out = box.run(get).stdout
     assert out.startswith("HTTP/1.1 403") and "may not use the dashboard" in out and "'orchestrator'" in out
     assert "<table" not in out
@@ -271,8 +299,11 @@ def test_the_box_page_shows_an_asleep_model_with_its_ram_and_gpu_residue(hosts: 
             finally:
                 driver.quit()
     finally:
-        host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
-                 "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+        host.run(
+            "systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
+            "rm -f /etc/orchestrator/haproxy.cfg*",
+            check=False,
+        )
 
 
 def only_models(config: str, models: tuple[str, ...]) -> str:
@@ -280,7 +311,7 @@ def only_models(config: str, models: tuple[str, ...]) -> str:
     out, skip = [], False
     for line in config.splitlines(keepends=True):
         if line.startswith("["):
-            skip = line.startswith("[models.") and line.strip()[len("[models."):-1] not in models
+            skip = line.startswith("[models.") and line.strip()[len("[models.") : -1] not in models
         if not skip:
             out.append(line)
     return "".join(out)

@@ -29,8 +29,11 @@ SLACK_S = 1.5  # the broker's tick, HAProxy and HTTP on a loaded 2-core machine
 
 
 def _teardown(host: Host, reset: bool = False) -> None:
-    host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'; "
-             "rm -f /etc/orchestrator/haproxy.cfg* /etc/orchestrator/demand_hold.lua", check=False)
+    host.run(
+        "systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'; "
+        "rm -f /etc/orchestrator/haproxy.cfg* /etc/orchestrator/demand_hold.lua",
+        check=False,
+    )
     if reset:
         host.reset()
 
@@ -41,8 +44,11 @@ def box(host_set: HostSet, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     HAProxy's workers drop to the haproxy account ([proxy] user)."""
     host = host_set.hosts[0]
     _teardown(host)
-    install_agent(host, demand_config(host, Path(STATE), AB, max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S,
-                                      proxy_user="haproxy"), tmp_path_factory.mktemp("demand"))
+    install_agent(
+        host,
+        demand_config(host, Path(STATE), AB, max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S, proxy_user="haproxy"),
+        tmp_path_factory.mktemp("demand"),
+    )
     # The proxy comes up with the agent's first apply: a switch of any model writes it; on demand
     # the first request does, so bring alpha up once by hand to have a proxy to send through.
     cli(host, "switch", "beta")
@@ -87,12 +93,17 @@ def test_two_clients_alternating_a_and_b_never_fail(box: Host) -> None:
         c.join(300)
     answers = [a for c in clients for a in c.answers]
     # The last request is answered once its model is routed; that swap's record ends a moment later.
-    swaps = wait_for(lambda: [d for d in demand_deployments(box) if d["id"] not in before],
-                     lambda ds: all(d["ended_at"] is not None for d in ds), timeout=60,
-                     what="the on-demand swaps to end")
+    swaps = wait_for(
+        lambda: [d for d in demand_deployments(box) if d["id"] not in before],
+        lambda ds: all(d["ended_at"] is not None for d in ds),
+        timeout=60,
+        what="the on-demand swaps to end",
+    )
     waits = sorted(a.wait for a in answers)
-    print(f"alternating A/B: {len(answers)} requests, {len(swaps)} swaps, wait p50 {waits[len(waits) // 2]:.2f} s "
-          f"max {waits[-1]:.2f} s; statuses {sorted({str(a.status) for a in answers})}")
+    print(
+        f"alternating A/B: {len(answers)} requests, {len(swaps)} swaps, wait p50 {waits[len(waits) // 2]:.2f} s "
+        f"max {waits[-1]:.2f} s; statuses {sorted({str(a.status) for a in answers})}"
+    )
     for c in clients:
         print("  " + " ".join(f"{a.model}:{a.wait:.2f}" for a in c.answers))
     assert len(answers) == 16 and all(a.status == 200 for a in answers), [a for a in answers if a.status != 200]
@@ -125,16 +136,24 @@ def test_a_cancelled_cold_start_is_abandoned_and_its_memory_freed(box: Host) -> 
     start is abandoned, the engine stopped, and GPU 4-7 hold nothing."""
     body = json.dumps({"model": "gamma", "prompt": "hi", "max_tokens": 2}).encode()
     client = socket.create_connection((box.address, PROXY_PORT), timeout=10)
-    client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: box\r\nContent-Type: application/json\r\n"
-                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    client.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: box\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     try:
-        wait_for(lambda: [d for d in demand_deployments(box) if d["model"] == "gamma"], timeout=60,
-                 what="gamma's on-demand cold start to begin")
+        wait_for(
+            lambda: [d for d in demand_deployments(box) if d["model"] == "gamma"],
+            timeout=60,
+            what="gamma's on-demand cold start to begin",
+        )
     finally:
         client.close()  # the only request waiting for gamma goes away
-    newest = wait_for(lambda: [d for d in demand_deployments(box) if d["model"] == "gamma"][:1],
-                      lambda d: d and d[0]["ended_at"] is not None, timeout=60,
-                      what="gamma's on-demand cold start to end")[0]
+    newest = wait_for(
+        lambda: [d for d in demand_deployments(box) if d["model"] == "gamma"][:1],
+        lambda d: d and d[0]["ended_at"] is not None,
+        timeout=60,
+        what="gamma's on-demand cold start to end",
+    )[0]
     assert newest["outcome"] == "rolled_back" and "abandoned" in (newest.get("error") or ""), newest
     assert active(box, "vllm-gamma.service") != "active"
     used = box.run("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits").stdout
@@ -150,9 +169,12 @@ def test_an_operators_switch_wins_and_on_demand_resumes(box: Host) -> None:
         wait_for(lambda: len(client.answers), lambda n: n >= 3, what="the client's first answers")
         op = json.loads(cli(box, "switch", "beta", "--json").stdout)
         assert op["outcome"] == "active", op
-        back = wait_for(lambda: [d for d in demand_deployments(box) if d["id"] > op["id"]],
-                        lambda ds: any(d["outcome"] == "active" and d["model"] == "alpha" for d in ds),
-                        timeout=60, what="on demand to bring alpha back after the operator's switch")
+        back = wait_for(
+            lambda: [d for d in demand_deployments(box) if d["id"] > op["id"]],
+            lambda ds: any(d["outcome"] == "active" and d["model"] == "alpha" for d in ds),
+            timeout=60,
+            what="on demand to bring alpha back after the operator's switch",
+        )
         n = len(client.answers)
         wait_for(lambda: len(client.answers), lambda m: m >= n + 3, what="alpha answering again")
     assert _failures(client.answers) == []
@@ -163,8 +185,14 @@ def test_a_push_that_adds_a_model_on_demand_holds_its_first_request_and_starts_i
     """delta (GPU 4-7, stopped) is pushed on demand: the push reloads the proxy, and the very next request
     for delta is held and answered 200 by its cold start (it was a 404 until a switch rewrote the proxy)."""
     current = box.run(["cat", CONFIG]).stdout
-    wanted = demand_config(box, Path(STATE), {**AB, "delta": {"port": 8144, "gpus": HIGH, **ON_DEMAND}},
-                           max_swaps_per_min=AB_CAP, batch_wait_s=AB_BATCH_S, proxy_user="haproxy")
+    wanted = demand_config(
+        box,
+        Path(STATE),
+        {**AB, "delta": {"port": 8144, "gpus": HIGH, **ON_DEMAND}},
+        max_swaps_per_min=AB_CAP,
+        batch_wait_s=AB_BATCH_S,
+        proxy_user="haproxy",
+    )
     delta = "[models.delta]" + wanted.split("[models.delta]", 1)[1].split("\n[", 1)[0] + "\n"
     box.write_file("/tmp/pushed.toml", current.replace("[demand]\n", delta + "[demand]\n", 1))
     pushed = json.loads(cli(box, "config", "push", "/tmp/pushed.toml", "--json").stdout)
@@ -173,9 +201,12 @@ def test_a_push_that_adds_a_model_on_demand_holds_its_first_request_and_starts_i
         client.join(60)
     assert [a.status for a in client.answers] == [200], client.answers
     # The held request is let through once delta is routed; its deployment ends a moment later.
-    delta_runs = wait_for(lambda: [d for d in demand_deployments(box) if d["model"] == "delta"],
-                          lambda ds: ds and all(d["ended_at"] is not None for d in ds), timeout=60,
-                          what="delta's on-demand deployment to end")
+    delta_runs = wait_for(
+        lambda: [d for d in demand_deployments(box) if d["model"] == "delta"],
+        lambda ds: ds and all(d["ended_at"] is not None for d in ds),
+        timeout=60,
+        what="delta's on-demand deployment to end",
+    )
     assert [d["outcome"] for d in delta_runs] == ["active"]
 
 
@@ -184,8 +215,11 @@ def flood_box(box: Host, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H
     """h1's agent again, now with five models on demand on a box that fits two."""
     host = box
     _teardown(host)
-    install_agent(host, demand_config(host, Path(STATE), FLOOD, max_swaps_per_min=FLOOD_CAP, batch_wait_s=1.0),
-                  tmp_path_factory.mktemp("flood"))
+    install_agent(
+        host,
+        demand_config(host, Path(STATE), FLOOD, max_swaps_per_min=FLOOD_CAP, batch_wait_s=1.0),
+        tmp_path_factory.mktemp("flood"),
+    )
     cli(host, "switch", "f3")
     yield host
     _teardown(host)
@@ -208,9 +242,10 @@ def test_a_flood_for_five_models_fails_only_429_and_ends_serving_the_most_asked(
     by_status: dict[str, int] = {}
     for a in answers:
         by_status[str(a.status)] = by_status.get(str(a.status), 0) + 1
-    print(f"flood: {len(answers)} requests {by_status}, {len(swaps)} on-demand deployments, "
-          f"at most {max_per_minute(swaps)} in a minute; serving {sorted(serving(host))}")
+    print(
+        f"flood: {len(answers)} requests {by_status}, {len(swaps)} on-demand deployments, "
+        f"at most {max_per_minute(swaps)} in a minute; serving {sorted(serving(host))}"
+    )
     assert _failures(answers) == []
     assert max_per_minute(swaps) <= FLOOD_CAP
     assert serving(host) == {"f1", "f2"}
-

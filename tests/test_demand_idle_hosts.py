@@ -22,8 +22,16 @@ from tests.test_agent_hosts import active, cli, history, install_agent
 from tests.test_warm_hosts import ENGINE
 
 pytestmark = pytest.mark.hosts
-IDLE = {"port": 8131, "served_name": "chat", "sleep": "level1", "wake_deadline_s": 5, "args": ENGINE,
-        "on_demand": True, "idle_sleep_s": 3, "idle_stop_s": 8}
+IDLE = {
+    "port": 8131,
+    "served_name": "chat",
+    "sleep": "level1",
+    "wake_deadline_s": 5,
+    "args": ENGINE,
+    "on_demand": True,
+    "idle_sleep_s": 3,
+    "idle_stop_s": 8,
+}
 
 
 def sleeping(host: Host) -> bool | None:
@@ -52,12 +60,15 @@ def idle_agent(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
     install_agent(host, config, tmp_path)
     assert json.loads(cli(host, "switch", "alpha", "--json").stdout)["outcome"] == "active"
     yield host
-    host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
-             "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+    host.run(
+        "systemctl stop orchestrator-agent.service orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*",
+        check=False,
+    )
 
 
 def test_requests_keep_a_model_awake_then_it_sleeps_after_idle_sleep_s_and_stops_after_idle_stop_s(
-        idle_agent: Host) -> None:
+    idle_agent: Host,
+) -> None:
     """The idle policy end to end (one agent, one cold start: the suite's time): completions through
     the proxy for twice idle_sleep_s keep alpha awake (HAProxy counts them); once they stop, alpha
     sleeps and leaves the route, with no deployment recorded; after idle_stop_s it is stopped and
@@ -69,8 +80,11 @@ def test_requests_keep_a_model_awake_then_it_sleeps_after_idle_sleep_s_and_stops
     def client() -> None:
         with httpx.Client(timeout=10) as c:
             while not stop.wait(0.5):
-                answers.append(c.post(f"{base_url(host)}/completions",
-                                      json={"model": "chat", "prompt": "hi", "max_tokens": 2}).status_code)
+                answers.append(
+                    c.post(
+                        f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2}
+                    ).status_code
+                )
 
     thread = threading.Thread(target=client, daemon=True)
     thread.start()
@@ -83,13 +97,25 @@ def test_requests_keep_a_model_awake_then_it_sleeps_after_idle_sleep_s_and_stops
     assert set(answers) == {200}
     # The agent records the sleep once the engine's /sleep has answered: await the record (what status
     # reports), then check the engine agrees; the engine's own word comes first and proves nothing of it.
-    entry = wait_for(lambda: status(host), lambda e: residency_states(e) == {"alpha": "asleep"}, timeout=30,
-                     what="alpha recorded asleep after idle_sleep_s")
+    entry = wait_for(
+        lambda: status(host),
+        lambda e: residency_states(e) == {"alpha": "asleep"},
+        timeout=30,
+        what="alpha recorded asleep after idle_sleep_s",
+    )
     assert entry["models"] == [] and sleeping(host) is True
     assert [h["trigger"] for h in history(host)].count("demand:alpha") == 0  # an idle sleep is no deployment
-    wait_for(lambda: active(host, "vllm-alpha.service"), lambda s: s != "active", timeout=30,
-             what="alpha stopped after idle_stop_s")
-    entry = wait_for(lambda: status(host), lambda e: residency_states(e) == {"alpha": "stopped"}, timeout=30,
-                     what="alpha recorded stopped after idle_stop_s")
+    wait_for(
+        lambda: active(host, "vllm-alpha.service"),
+        lambda s: s != "active",
+        timeout=30,
+        what="alpha stopped after idle_stop_s",
+    )
+    entry = wait_for(
+        lambda: status(host),
+        lambda e: residency_states(e) == {"alpha": "stopped"},
+        timeout=30,
+        what="alpha recorded stopped after idle_stop_s",
+    )
     res = entry["residency"]
     assert all(not g["processes"] for g in res["gpus"]), res["gpus"]

@@ -31,8 +31,13 @@ def as_vllm(host: Host, state: Path, engine: str) -> str:
     text = config_text(host, state, AS_VLLM)
     text = text.replace('user = "root"', 'user = "vllm"').replace('group = "root"', 'group = "vllm"')
     text = text.replace("allow_root = true\n", "")
-    text = "\n".join(f'engine = ["{engine}", "{in_host(SHIM)}"]' if line.startswith("engine = ") else line
-                     for line in text.splitlines()) + "\n"
+    text = (
+        "\n".join(
+            f'engine = ["{engine}", "{in_host(SHIM)}"]' if line.startswith("engine = ") else line
+            for line in text.splitlines()
+        )
+        + "\n"
+    )
     for model in AS_VLLM:
         text += f'[models.{model}.env]\nPYTHONPATH = "{in_host(STANDIN_VLLM)}"\n'
     return text
@@ -91,10 +96,13 @@ def test_json_shape(under_root: Path) -> None:
     assert result.exit_code == 1
     report = json.loads(result.output)
     assert set(report) == {"host", "ok", "checks"} and report["ok"] is False
-    assert all(set(c) == {"check", "status", "detail", "fix"} and c["status"] in ("ok", "warn", "fail")
-               for c in report["checks"])
+    assert all(
+        set(c) == {"check", "status", "detail", "fix"} and c["status"] in ("ok", "warn", "fail")
+        for c in report["checks"]
+    )
     assert {"systemd", "gpus", "user vllm", "engine path", "engine alpha", "port 8101"} <= {
-        c["check"] for c in report["checks"]}
+        c["check"] for c in report["checks"]
+    }
 
 
 def test_local_weights_closed_to_the_user(host: Host, tmp_path: Path) -> None:
@@ -102,8 +110,11 @@ def test_local_weights_closed_to_the_user(host: Host, tmp_path: Path) -> None:
     folder = "/srv/doctor-weights/alpha"
     host.run(f"mkdir -p {folder} && echo '{{}}' > {folder}/config.json && chmod 700 {folder}")
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text(as_vllm(host, tmp_path / "state", "/usr/bin/python3").replace(
-        'repo = "test/alpha"\nsource = "none"', f'repo = "test/alpha"\nsource = "local:{folder}"'))
+    cfg.write_text(
+        as_vllm(host, tmp_path / "state", "/usr/bin/python3").replace(
+            'repo = "test/alpha"\nsource = "none"', f'repo = "test/alpha"\nsource = "local:{folder}"'
+        )
+    )
     try:
         closed = checks(operations(settings.load(cfg), reading=True).doctor(None, ["alpha"]))["weights alpha"]
         assert closed["status"] == "fail" and f"user vllm cannot read and enter (r-x) {folder}" in closed["detail"]

@@ -43,8 +43,9 @@ def children() -> Iterator[list[NvmlChild]]:
         child.close()
 
 
-def probe_for(adapter: str, gpus: StandinGpus, tmp_path: Path, nvml_lib: Path, children: list[NvmlChild],
-              **env: str) -> Probe:
+def probe_for(
+    adapter: str, gpus: StandinGpus, tmp_path: Path, nvml_lib: Path, children: list[NvmlChild], **env: str
+) -> Probe:
     if adapter == "nvidia-smi":
         return smi_probe(gpus, tmp_path)
     children.append(NvmlChild(gpus, nvml_lib, env=env))
@@ -52,8 +53,9 @@ def probe_for(adapter: str, gpus: StandinGpus, tmp_path: Path, nvml_lib: Path, c
 
 
 @pytest.fixture(params=ADAPTERS)
-def probe(request: pytest.FixtureRequest, gpus: StandinGpus, tmp_path: Path, nvml_lib: Path,
-          children: list[NvmlChild]) -> Probe:
+def probe(
+    request: pytest.FixtureRequest, gpus: StandinGpus, tmp_path: Path, nvml_lib: Path, children: list[NvmlChild]
+) -> Probe:
     return probe_for(request.param, gpus, tmp_path, nvml_lib, children)
 
 
@@ -64,7 +66,8 @@ def test_configured_gpus_are_reported_free(probe: Probe, gpus: StandinGpus) -> N
     """With no holders, each configured GPU shows with its index, UUID, name and total, 0 MiB used."""
     snap = probe.snapshot()
     assert [(g.index, g.uuid, g.name, g.memory_total_mib, g.memory_used_mib) for g in snap.gpus] == [
-        (i, gpu_uuid(i), "Test GPU", 1000, 0) for i in range(4)]
+        (i, gpu_uuid(i), "Test GPU", 1000, 0) for i in range(4)
+    ]
     assert snap.processes == ()
 
 
@@ -73,7 +76,9 @@ def test_a_holder_shows_by_pid_and_mib_on_each_of_its_gpus(probe: Probe, gpus: S
     pid = gpus.hold([1, 2], 700).pid
     snap = probe.snapshot()
     assert [(p.pid, p.process_name, p.gpu_index, p.gpu_uuid, p.used_memory_mib) for p in snap.processes] == [
-        (pid, "VLLM::EngineCore", 1, gpu_uuid(1), 700), (pid, "VLLM::EngineCore", 2, gpu_uuid(2), 700)]
+        (pid, "VLLM::EngineCore", 1, gpu_uuid(1), 700),
+        (pid, "VLLM::EngineCore", 2, gpu_uuid(2), 700),
+    ]
     assert [g.memory_used_mib for g in snap.gpus] == [0, 700, 700, 0]
     assert snap.gpus[1].memory_free_mib == 300
 
@@ -120,8 +125,9 @@ def test_no_driver_is_a_gpu_probe_error_naming_the_host(probe: Probe, gpus: Stan
 # -- both adapters agree ----------------------------------------------------------------------------
 
 
-def test_both_adapters_give_equal_snapshots(gpus: StandinGpus, tmp_path: Path, nvml_lib: Path,
-                                            children: list[NvmlChild]) -> None:
+def test_both_adapters_give_equal_snapshots(
+    gpus: StandinGpus, tmp_path: Path, nvml_lib: Path, children: list[NvmlChild]
+) -> None:
     """Several holders on several GPUs (one dead): nvidia-smi and NVML give the very same snapshot."""
     gpus.set_gpus(count=8, memory_mib=143771, name="NVIDIA H200")
     gpus.hold([0, 1, 2, 3], 122666)
@@ -134,8 +140,9 @@ def test_both_adapters_give_equal_snapshots(gpus: StandinGpus, tmp_path: Path, n
     assert nvml.snapshot() == snap
 
 
-def test_nvml_without_memory_v2_reads_the_same(gpus: StandinGpus, tmp_path: Path, nvml_lib: Path,
-                                               children: list[NvmlChild]) -> None:
+def test_nvml_without_memory_v2_reads_the_same(
+    gpus: StandinGpus, tmp_path: Path, nvml_lib: Path, children: list[NvmlChild]
+) -> None:
     """On a driver without nvmlDeviceGetMemoryInfo_v2 the NVML probe falls back to v1, same figures."""
     gpus.hold([1], 512)
     old = probe_for("nvml", gpus, tmp_path, nvml_lib, children, STANDIN_NVML_NO_MEMORY_V2="1")
@@ -152,30 +159,40 @@ def test_nvml_without_its_library_is_a_gpu_probe_error(gpus: StandinGpus, childr
 # -- the choice wiring makes, once per host -----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("mode", "local", "library", "chosen"), [
-    ("auto", True, True, "NvmlProbe"),
-    ("auto", True, False, "NvidiaSmiProbe"),  # no driver library here: nvidia-smi answers
-    ("auto", False, True, "NvidiaSmiProbe"),  # NVML reads only the agent's own box
-    ("nvidia-smi", True, True, "NvidiaSmiProbe"),
-    ("nvml", True, True, "NvmlProbe"),
-])
+@pytest.mark.parametrize(
+    ("mode", "local", "library", "chosen"),
+    [
+        ("auto", True, True, "NvmlProbe"),
+        ("auto", True, False, "NvidiaSmiProbe"),  # no driver library here: nvidia-smi answers
+        ("auto", False, True, "NvidiaSmiProbe"),  # NVML reads only the agent's own box
+        ("nvidia-smi", True, True, "NvidiaSmiProbe"),
+        ("nvml", True, True, "NvmlProbe"),
+    ],
+)
 def test_wiring_chooses_nvml_only_on_a_local_host_where_it_starts(
-        mode: str, local: bool, library: bool, chosen: str, gpus: StandinGpus, tmp_path: Path, nvml_lib: Path,
-        children: list[NvmlChild]) -> None:
+    mode: str,
+    local: bool,
+    library: bool,
+    chosen: str,
+    gpus: StandinGpus,
+    tmp_path: Path,
+    nvml_lib: Path,
+    children: list[NvmlChild],
+) -> None:
     """auto: NVML on a local host where it initialises, else nvidia-smi; an explicit mode is obeyed."""
     smi_probe(gpus, tmp_path)  # the stand-in nvidia-smi, first on the child's PATH
-    children.append(NvmlChild(gpus, nvml_lib if library else None, kind="chosen", mode=mode, local=local,
-                              smi=tmp_path))
+    children.append(NvmlChild(gpus, nvml_lib if library else None, kind="chosen", mode=mode, local=local, smi=tmp_path))
     holder = gpus.hold([2], 64)
     assert children[-1].chosen() == chosen
     assert [(r["host"], r["probe"]) for r in children[-1].logged() if r["event"] == "gpu_probe_chosen"] == [
-        (HOST, "nvml" if chosen == "NvmlProbe" else "nvidia-smi")]
-    assert [(p.pid, p.gpu_index, p.used_memory_mib) for p in children[-1].snapshot().processes] == [
-        (holder.pid, 2, 64)]
+        (HOST, "nvml" if chosen == "NvmlProbe" else "nvidia-smi")
+    ]
+    assert [(p.pid, p.gpu_index, p.used_memory_mib) for p in children[-1].snapshot().processes] == [(holder.pid, 2, 64)]
 
 
 def test_nvml_required_where_it_cannot_start_is_an_error_naming_host_and_cause(
-        gpus: StandinGpus, tmp_path: Path, nvml_lib: Path, children: list[NvmlChild]) -> None:
+    gpus: StandinGpus, tmp_path: Path, nvml_lib: Path, children: list[NvmlChild]
+) -> None:
     """gpu_probe = "nvml" on a box whose driver is not loaded: GpuProbeError with the host and NVML's error."""
     gpus.set_gpus(driver=False)
     children.append(NvmlChild(gpus, nvml_lib, kind="chosen", mode="nvml"))

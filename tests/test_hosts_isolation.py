@@ -9,11 +9,13 @@ import pytest
 from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet
 
-CYCLE = ("systemd-run --unit=fleet-same.service --property=KillMode=control-group sleep 600 && "
-         "systemctl kill fleet-same.service && "
-         "timeout 20 sh -c 'while systemctl is-active -q fleet-same.service; do sleep 0.05; done'; "
-         "systemctl reset-failed fleet-same.service 2>/dev/null; "
-         "systemd-run --unit=fleet-same.service sleep 600 && systemctl stop fleet-same.service")
+CYCLE = (
+    "systemd-run --unit=fleet-same.service --property=KillMode=control-group sleep 600 && "
+    "systemctl kill fleet-same.service && "
+    "timeout 20 sh -c 'while systemctl is-active -q fleet-same.service; do sleep 0.05; done'; "
+    "systemctl reset-failed fleet-same.service 2>/dev/null; "
+    "systemd-run --unit=fleet-same.service sleep 600 && systemctl stop fleet-same.service"
+)
 
 
 @pytest.fixture(scope="module")

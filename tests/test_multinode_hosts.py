@@ -37,22 +37,28 @@ def pair(netns_pair: HostSet) -> list[Host]:
 
 
 def config(h1: Host, h2: Host, on_unhealthy: str) -> str:
-    head = (f'state_dir = "{STATE}"\nmetrics_port = 19464\n[defaults]\nuser = "root"\ngroup = "root"\n'
-            'allow_root = true\n'
-            f'engine = ["{in_host(PY)}", "{in_host(SHIM)}"]\nload_deadline_s = 30\nfree_timeout_s = 10\n'
-            'stop_timeout_s = 10\nhealth_interval_s = 0.1\nrestart_sec = 0.5\n'
-            f'[policy]\nwatch_interval_s = 1\nunhealthy_after_s = 2\non_unhealthy = "{on_unhealthy}"\n')
+    head = (
+        f'state_dir = "{STATE}"\nmetrics_port = 19464\n[defaults]\nuser = "root"\ngroup = "root"\n'
+        "allow_root = true\n"
+        f'engine = ["{in_host(PY)}", "{in_host(SHIM)}"]\nload_deadline_s = 30\nfree_timeout_s = 10\n'
+        "stop_timeout_s = 10\nhealth_interval_s = 0.1\nrestart_sec = 0.5\n"
+        f'[policy]\nwatch_interval_s = 1\nunhealthy_after_s = 2\non_unhealthy = "{on_unhealthy}"\n'
+    )
     hosts = "".join(
         f'[hosts.{h.name}]\ntransport = "{transport}"\naddress = "{h.address}"\nbind = "{h.address}"\n'
         f'ssh_port = {h.port}\nssh_key = "{KEY}"\nknown_hosts = "{KNOWN}"\ngpus = 8\ngpu_memory_gib = 96\n'
-        f'python = "{PY}"\n' for h, transport in ((h1, "local"), (h2, "ssh")))
+        f'python = "{PY}"\n'
+        for h, transport in ((h1, "local"), (h2, "ssh"))
+    )
     common = 'repo = "test/m"\nsource = "none"\ngpus = [0, 1, 2, 3]\ntensor_parallel = 4\n'
-    models = (f'[models.big]\n{common}nodes = ["{h1.name}", "{h2.name}"]\npipeline_parallel = 2\nport = 8301\n'
-              'master_port = 29701\nargs = ["--load-time", "0.3"]\n'
-              f'[models.big-mute]\n{common}nodes = ["{h1.name}", "{h2.name}"]\npipeline_parallel = 2\n'
-              'port = 8302\nmaster_port = 29702\nargs = ["--health-ok-but-completions-fail"]\n'
-              f'[models.small1]\n{common}host = "{h1.name}"\nport = 8303\nargs = ["--load-time", "0.3"]\n'
-              f'[models.small2]\n{common}host = "{h2.name}"\nport = 8304\nargs = ["--load-time", "0.3"]\n')
+    models = (
+        f'[models.big]\n{common}nodes = ["{h1.name}", "{h2.name}"]\npipeline_parallel = 2\nport = 8301\n'
+        'master_port = 29701\nargs = ["--load-time", "0.3"]\n'
+        f'[models.big-mute]\n{common}nodes = ["{h1.name}", "{h2.name}"]\npipeline_parallel = 2\n'
+        'port = 8302\nmaster_port = 29702\nargs = ["--health-ok-but-completions-fail"]\n'
+        f'[models.small1]\n{common}host = "{h1.name}"\nport = 8303\nargs = ["--load-time", "0.3"]\n'
+        f'[models.small2]\n{common}host = "{h2.name}"\nport = 8304\nargs = ["--load-time", "0.3"]\n'
+    )
     return head + hosts + models
 
 
@@ -94,22 +100,33 @@ def crash_and_resume(h1: Host, model: str, pause_on: str, at_pause: Callable[[],
     """Switch to MODEL through the agent, SIGKILL the agent when the engine reports PAUSE_ON (after
     calling AT_PAUSE), let systemd restart it; returns AT_PAUSE's value and the history once it ended."""
     h1.write_file(f"{HOOKS}/pause-on", pause_on)
-    h1.run(f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', model, '--config', CONFIG])} "
-           "> /tmp/switch.log 2>&1 &")
-    wait_for(lambda: h1.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
-             what=f"the engine to pause at {pause_on}", timeout=60)
+    h1.run(
+        f"nohup {shlex.join([PY, '-m', 'orchestrator', 'switch', model, '--config', CONFIG])} > /tmp/switch.log 2>&1 &"
+    )
+    wait_for(
+        lambda: h1.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
+        what=f"the engine to pause at {pause_on}",
+        timeout=60,
+    )
     seen = at_pause()
     old_pid = main_pid(h1)
     h1.run(f"rm -f {HOOKS}/pause-on {HOOKS}/paused && systemctl kill -s SIGKILL orchestrator-agent.service")
-    wait_for(lambda: main_pid(h1) not in ("0", old_pid) and active(h1, "orchestrator-agent.service") == "active",
-             what="systemd to restart the agent", timeout=60)
-    return seen, wait_for(lambda: history(h1), lambda h: h[0]["outcome"] in ("active", "rolled_back", "failed",
-                                                                             "aborted"),
-                          what="the interrupted deployment to end", timeout=90)
+    wait_for(
+        lambda: main_pid(h1) not in ("0", old_pid) and active(h1, "orchestrator-agent.service") == "active",
+        what="systemd to restart the agent",
+        timeout=60,
+    )
+    return seen, wait_for(
+        lambda: history(h1),
+        lambda h: h[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
+        what="the interrupted deployment to end",
+        timeout=90,
+    )
 
 
 def test_crash_after_the_headless_rank_started_resumes_without_restarting_it(
-        agent: Callable[[str], list[Host]]) -> None:
+    agent: Callable[[str], list[Host]],
+) -> None:
     """SIGKILL once h2's rank is started and rank 0 is not: the restarted agent finishes the one
     deployment (active) and h2's rank is the very same start (InvocationID, MainPID, NRestarts)."""
     h1, h2 = agent("restart")
@@ -131,13 +148,16 @@ def test_crash_during_rollback_resumes_without_restarting_what_came_back(agent: 
     the resumed rollback leaves that rank running (same start) and ends rolled_back with big serving."""
     h1, h2 = agent("restart")
     switch(h1, "big")
-    before, done = crash_and_resume(h1, "big-mute", f"node_started {h2.name} {BIG_NODE}",
-                                    lambda: props(h2, BIG_NODE))
+    before, done = crash_and_resume(h1, "big-mute", f"node_started {h2.name} {BIG_NODE}", lambda: props(h2, BIG_NODE))
     newest = done[0]
     assert (newest["model"], newest["outcome"]) == ("big-mute", "rolled_back"), newest.get("rollback_error")
     assert props(h2, BIG_NODE) == before
-    assert [active(h2, BIG_NODE), active(h1, BIG), active(h2, "vllm-big-mute-node1.service"),
-            active(h1, "vllm-big-mute.service")] == ["active", "active", "inactive", "inactive"]
+    assert [
+        active(h2, BIG_NODE),
+        active(h1, BIG),
+        active(h2, "vllm-big-mute-node1.service"),
+        active(h1, "vllm-big-mute.service"),
+    ] == ["active", "active", "inactive", "inactive"]
 
 
 def test_watch_restarts_every_node_when_the_rank_on_h2_is_killed(agent: Callable[[str], list[Host]]) -> None:
@@ -147,8 +167,12 @@ def test_watch_restarts_every_node_when_the_rank_on_h2_is_killed(agent: Callable
     switch(h1, "big")
     killed = props(h2, BIG_NODE)
     h2.run(["systemctl", "kill", "-s", "KILL", BIG_NODE])
-    done = wait_for(lambda: history(h1), lambda h: h[0]["trigger"] == "watch:restart" and h[0]["outcome"] == "active",
-                    what="the watch to redeploy big on every node", timeout=90)
+    done = wait_for(
+        lambda: history(h1),
+        lambda h: h[0]["trigger"] == "watch:restart" and h[0]["outcome"] == "active",
+        what="the watch to redeploy big on every node",
+        timeout=90,
+    )
     assert [d["model"] for d in done] == ["big", "big"]
     assert (active(h2, BIG_NODE), active(h1, BIG)) == ("active", "active")
     assert props(h2, BIG_NODE)[0] != killed[0]
@@ -162,11 +186,18 @@ def test_watch_rolls_back_to_the_single_box_model_when_a_rank_is_lost(agent: Cal
     switch(h1, "small1")
     switch(h1, "big")
     h2.run(["systemctl", "kill", "-s", "KILL", BIG_NODE])
-    done = wait_for(lambda: history(h1), lambda h: "watch" in h[0]["trigger"] and h[0]["outcome"] == "active",
-                    what="the watch to roll back to small1", timeout=90)
+    done = wait_for(
+        lambda: history(h1),
+        lambda h: "watch" in h[0]["trigger"] and h[0]["outcome"] == "active",
+        what="the watch to roll back to small1",
+        timeout=90,
+    )
     assert done[0]["model"] == "small1"
     assert [active(h1, "vllm-small1.service"), active(h1, BIG), active(h2, BIG_NODE)] == [
-        "active", "inactive", "inactive"]
+        "active",
+        "inactive",
+        "inactive",
+    ]
 
 
 def test_status_shows_every_nodes_role_and_unit_state_live(agent: Callable[[str], list[Host]]) -> None:
@@ -182,8 +213,11 @@ def test_status_shows_every_nodes_role_and_unit_state_live(agent: Callable[[str]
     assert f"node {h2.name}: headless rank 1, {BIG_NODE} active" in text
     assert f"{h2.name}: a node of big (revision 1, headed on {h1.name}: {BIG_NODE})" in text
     h2.run(["systemctl", "kill", "-s", "KILL", BIG_NODE])
-    lost = wait_for(lambda: status(h1)[h1.name]["serving"], lambda s: s["nodes"][0].get("restarts") == 1,
-                    what="systemd to bring h2's rank back alone")
+    lost = wait_for(
+        lambda: status(h1)[h1.name]["serving"],
+        lambda s: s["nodes"][0].get("restarts") == 1,
+        what="systemd to bring h2's rank back alone",
+    )
     assert lost["healthy"] is False and lost["nodes"][1]["restarts"] == 0
     assert f"{BIG_NODE} active (restarted 1x by systemd on its own)" in cli(h1, "status").stdout
     assert "not healthy" in cli(h1, "status").stdout
@@ -203,12 +237,14 @@ def test_multinode_to_single_box_and_back(agent: Callable[[str], list[Host]]) ->
     assert running() == (["vllm-small1.service"], [])
     assert switch(h1, "big")["outcome"] == "active"
     assert running() == ([BIG], [BIG_NODE])
-    assert [(d["model"], d["outcome"]) for d in history(h1)] == [("big", "active"), ("small1", "active"),
-                                                                 ("big", "active")]
+    assert [(d["model"], d["outcome"]) for d in history(h1)] == [
+        ("big", "active"),
+        ("small1", "active"),
+        ("big", "active"),
+    ]
 
 
-def test_single_box_switch_on_a_rank_node_is_refused_before_anything_stops(
-        agent: Callable[[str], list[Host]]) -> None:
+def test_single_box_switch_on_a_rank_node_is_refused_before_anything_stops(agent: Callable[[str], list[Host]]) -> None:
     """small2 needs h2's GPUs 0-3 where big's rank 1 runs: exit 5 naming big, its head and the stop
     command; h2's rank is untouched and nothing is recorded."""
     h1, h2 = agent("record")

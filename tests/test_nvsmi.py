@@ -31,10 +31,14 @@ def real(name: str) -> str:
 
 def test_queries_ask_for_csv_without_header_or_units() -> None:
     """The probe's queries are the two documented CSV forms."""
-    assert nvsmi.gpu_query() == ["--query-gpu=index,uuid,name,memory.total,memory.used",
-                                 "--format=csv,noheader,nounits"]
-    assert nvsmi.apps_query() == ["--query-compute-apps=pid,process_name,gpu_uuid,used_memory",
-                                  "--format=csv,noheader,nounits"]
+    assert nvsmi.gpu_query() == [
+        "--query-gpu=index,uuid,name,memory.total,memory.used",
+        "--format=csv,noheader,nounits",
+    ]
+    assert nvsmi.apps_query() == [
+        "--query-compute-apps=pid,process_name,gpu_uuid,used_memory",
+        "--format=csv,noheader,nounits",
+    ]
 
 
 def test_real_gpu_holding_memory_is_seen_with_its_pid() -> None:
@@ -60,8 +64,9 @@ def test_no_compute_processes_is_an_empty_answer() -> None:
 
 def test_unavailable_values_read_as_zero() -> None:
     """[N/A] and [Not Supported] (MIG, vGPU, containers) read as 0 MiB instead of failing."""
-    gpus = nvsmi.parse_gpus(f"0, {H200_UUID}, NVIDIA H200, 143771, [Not Supported]\n"
-                            "1, GPU-1, NVIDIA H200, [N/A], [N/A]\n")
+    gpus = nvsmi.parse_gpus(
+        f"0, {H200_UUID}, NVIDIA H200, 143771, [Not Supported]\n1, GPU-1, NVIDIA H200, [N/A], [N/A]\n"
+    )
     assert [(g.memory_total_mib, g.memory_used_mib) for g in gpus] == [(143771, 0), (0, 0)]
 
 
@@ -74,8 +79,7 @@ def test_process_with_unknown_memory_still_holds_its_gpu() -> None:
 
 def test_header_line_and_units_are_tolerated() -> None:
     """Output with a header and ' MiB' units (the real default format) parses the same."""
-    text = ("pid, process_name, gpu_uuid, used_gpu_memory [MiB]\n"
-            f"435, python3, {H200_UUID}, 20998 MiB\n")
+    text = f"pid, process_name, gpu_uuid, used_gpu_memory [MiB]\n435, python3, {H200_UUID}, 20998 MiB\n"
     assert nvsmi.parse_apps(text, nvsmi.parse_gpus(real("gpu_held.csv")))[0].used_memory_mib == 20998
 
 
@@ -121,8 +125,10 @@ def hold(host: Host, gpus: list[int], mib: int) -> tuple[str, int]:
     unit = f"t-holder-{len(gpus)}-{mib}.service"
     host.run(["systemd-run", f"--unit={unit}", "sleep", "1000"])
     pid = int(host.run(["systemctl", "show", "-p", "MainPID", "--value", unit]).stdout)
-    host.write_file(f"/run/standin-gpu/{pid}.json",
-                    json.dumps({"pid": pid, "name": "VLLM::EngineCore", "gpus": gpus, "mib_per_gpu": mib}))
+    host.write_file(
+        f"/run/standin-gpu/{pid}.json",
+        json.dumps({"pid": pid, "name": "VLLM::EngineCore", "gpus": gpus, "mib_per_gpu": mib}),
+    )
     return unit, pid
 
 
@@ -140,8 +146,7 @@ def test_standin_matches_the_real_line_format(host: Host) -> None:
 @pytest_hosts
 def test_standin_rejects_unknown_fields_like_the_real_one(host: Host) -> None:
     """An unknown field exits 2 with the real message on stdout."""
-    res = host.run(["nvidia-smi", "--query-gpu=index,bogus.field", "--format=csv,noheader,nounits"],
-                   check=False)
+    res = host.run(["nvidia-smi", "--query-gpu=index,bogus.field", "--format=csv,noheader,nounits"], check=False)
     assert (res.returncode, res.stdout) == (2, 'Field "bogus.field" is not a valid field to query.\n\n')
 
 
@@ -151,7 +156,9 @@ def test_probe_reports_the_configured_gpus(adapters: Adapters) -> None:
     adapters.host.set_gpus(count=2, memory_mib=1000, name="Test GPU")
     snap = NvidiaSmiProbe(adapters.shell).snapshot()
     assert [(g.index, g.name, g.memory_total_mib, g.memory_used_mib) for g in snap.gpus] == [
-        (0, "Test GPU", 1000, 0), (1, "Test GPU", 1000, 0)]
+        (0, "Test GPU", 1000, 0),
+        (1, "Test GPU", 1000, 0),
+    ]
     assert snap.processes == ()
 
 

@@ -32,24 +32,34 @@ def bob(hosts: list[Host], tmp_path: Path) -> Iterator[tuple[Host, str]]:
     public = keys.generate_ed25519(tmp_path / "bob_key", "bob@client")
     # useradd leaves the password locked ("!"), which sshd without PAM refuses even for a key: "*" is not.
     # (chmod 0711 /root: the interpreter of these tests lives under /root/.pyenv)
-    box.run("id bob >/dev/null 2>&1 || useradd -m -s /bin/sh -G orchestrator bob; usermod -p '*' bob; "
-            f"cp {AUTHORIZED} {AUTHORIZED}.orig; chmod 0711 /root")
+    box.run(
+        "id bob >/dev/null 2>&1 || useradd -m -s /bin/sh -G orchestrator bob; usermod -p '*' bob; "
+        f"cp {AUTHORIZED} {AUTHORIZED}.orig; chmod 0711 /root"
+    )
     box.run(f"cat >> {AUTHORIZED}", input=public + "\n")
     url = f"ssh://bob@{box.address}:{box.port}"
     (tmp_path / "hosts.toml").write_text(
         f'[box]\nurl = "{url}"\nkey = "{tmp_path / "bob_key"}"\nknown_hosts = "{box.known_hosts_path}"\n'
-        f'python = "{PY}"\nsocket = "{STATE}/agent.sock"\n')
+        f'python = "{PY}"\nsocket = "{STATE}/agent.sock"\n'
+    )
     try:
         yield box, url
     finally:
-        box.run(f"mv {AUTHORIZED}.orig {AUTHORIZED}; chmod 0700 /root; "
-                "systemctl stop orchestrator-agent.service", check=False)
+        box.run(
+            f"mv {AUTHORIZED}.orig {AUTHORIZED}; chmod 0700 /root; systemctl stop orchestrator-agent.service",
+            check=False,
+        )
 
 
 def as_bob(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "orchestrator", "--host", url, *args], capture_output=True, text=True,
-                          timeout=120, check=False,
-                          env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": str(tmp_path / "hosts.toml")})
+    return subprocess.run(
+        [PY, "-m", "orchestrator", "--host", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "ORCHESTRATOR_HOSTS_FILE": str(tmp_path / "hosts.toml")},
+    )
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> Any:
@@ -59,8 +69,12 @@ def ok(result: subprocess.CompletedProcess[str]) -> Any:
 
 def restart_agent(box: Host) -> None:
     box.run("systemctl restart orchestrator-agent.service")
-    wait_for(lambda: active(box, "orchestrator-agent.service"), lambda s: s == "active", timeout=60,
-             what="the agent to be active again")
+    wait_for(
+        lambda: active(box, "orchestrator-agent.service"),
+        lambda s: s == "active",
+        timeout=60,
+        what="the agent to be active again",
+    )
 
 
 def state_dir_mode(box: Host) -> str:

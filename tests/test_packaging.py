@@ -17,12 +17,40 @@ REPO = Path(__file__).resolve().parents[1]
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The package built as a wheel and installed into a directory of its own (no source tree)."""
     work = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check",
-                    "-w", str(work / "dist"), str(REPO)], check=True, cwd=work)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+            "-w",
+            str(work / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        cwd=work,
+    )
     (wheel,) = (work / "dist").glob("orchestrator-*.whl")
     target = work / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--disable-pip-version-check",
-                    "--target", str(target), str(wheel)], check=True, cwd=work)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        cwd=work,
+    )
     return target
 
 
@@ -45,8 +73,10 @@ def test_render_from_a_wheel_finds_the_templates(installed: Path, tmp_path: Path
 
 def test_switch_code_path_reads_the_shipped_unit_template(installed: Path, tmp_path: Path) -> None:
     """The engine's default template is the packaged copy of templates/vllm.service.j2."""
-    code = ("import orchestrator, sys; from orchestrator.deploy.planning import default_template;"
-            "sys.stdout.write(orchestrator.__file__ + '\\n' + default_template())")
+    code = (
+        "import orchestrator, sys; from orchestrator.deploy.planning import default_template;"
+        "sys.stdout.write(orchestrator.__file__ + '\\n' + default_template())"
+    )
     proc = _run(installed, tmp_path, "-c", code)
     assert proc.returncode == 0, proc.stderr
     origin, text = proc.stdout.split("\n", 1)
@@ -54,15 +84,18 @@ def test_switch_code_path_reads_the_shipped_unit_template(installed: Path, tmp_p
     assert text == (REPO / "templates" / "vllm.service.j2").read_text()
 
 
-def test_the_wheel_carries_the_dashboard_templates_static_files_and_grafana_json(installed: Path,
-                                                                                 tmp_path: Path) -> None:
+def test_the_wheel_carries_the_dashboard_templates_static_files_and_grafana_json(
+    installed: Path, tmp_path: Path
+) -> None:
     """The agent installed from a wheel renders its dashboard and serves uPlot and its licence."""
-    code = ("import json, sys; from importlib import resources as r; d = r.files('orchestrator.dashboard');"
-            "from orchestrator.dashboard.pages import _env;"
-            "names = ['static/uPlot.iife.min.js', 'static/uPlot.LICENSE.txt', 'static/dashboard.js',"
-            " 'static/dashboard.css', 'grafana.json'];"
-            "print(json.dumps({n: d.joinpath(n).is_file() for n in names}));"
-            "print(sorted(_env().list_templates()))")
+    code = (
+        "import json, sys; from importlib import resources as r; d = r.files('orchestrator.dashboard');"
+        "from orchestrator.dashboard.pages import _env;"
+        "names = ['static/uPlot.iife.min.js', 'static/uPlot.LICENSE.txt', 'static/dashboard.js',"
+        " 'static/dashboard.css', 'grafana.json'];"
+        "print(json.dumps({n: d.joinpath(n).is_file() for n in names}));"
+        "print(sorted(_env().list_templates()))"
+    )
     proc = _run(installed, tmp_path, "-c", code)
     assert proc.returncode == 0, proc.stderr
     files, templates = proc.stdout.splitlines()

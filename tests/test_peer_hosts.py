@@ -30,8 +30,10 @@ def host(host_set: HostSet) -> Iterator[Host]:
 
 
 def operator_inside(host: Host, pid: str, user: str) -> str:
-    code = ("import pwd; from orchestrator.agent.peers import operator; "
-            f"print(operator({pid}, pwd.getpwnam({user!r}).pw_uid))")
+    code = (
+        "import pwd; from orchestrator.agent.peers import operator; "
+        f"print(operator({pid}, pwd.getpwnam({user!r}).pw_uid))"
+    )
     return host.run(f"cd {shlex.quote(REPO)} && {shlex.quote(sys.executable)} -c {shlex.quote(code)}").stdout.strip()
 
 
@@ -39,13 +41,32 @@ def operator_inside(host: Host, pid: str, user: str) -> str:
 def test_a_login_is_named_by_sshds_connection_not_its_own_environment(host: Host, user: str) -> None:
     """A login that forges SSH_CONNECTION=6.6.6.6 is still user@<its real address>."""
     marker = f"sleep 3{len(user)}7"  # a command line of this test's own, to find the process by
-    login = subprocess.Popen(["ssh", "-F", "/dev/null", "-i", str(host.key_path), "-o", "IdentitiesOnly=yes",
-                              "-o", f"UserKnownHostsFile={host.known_hosts_path}", "-o", "StrictHostKeyChecking=yes",
-                              "-p", str(host.port), f"{user}@{host.address}",
-                              f"SSH_CONNECTION='6.6.6.6 1 2 3' exec {marker}"], stdin=subprocess.DEVNULL)
+    login = subprocess.Popen(
+        [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(host.key_path),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={host.known_hosts_path}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-p",
+            str(host.port),
+            f"{user}@{host.address}",
+            f"SSH_CONNECTION='6.6.6.6 1 2 3' exec {marker}",
+        ],
+        stdin=subprocess.DEVNULL,
+    )
     try:
-        pid = wait_for(lambda: host.run(["pgrep", "-u", user, "-f", f"^{marker}$"], check=False).stdout.split(),
-                       bool, what=f"{user}'s login process")[0]
+        pid = wait_for(
+            lambda: host.run(["pgrep", "-u", user, "-f", f"^{marker}$"], check=False).stdout.split(),
+            bool,
+            what=f"{user}'s login process",
+        )[0]
         assert operator_inside(host, pid, user) == f"{user}@127.0.0.1"
     finally:
         login.kill()

@@ -203,8 +203,7 @@ def test_layout_str() -> None:
 
 def test_weight_bytes_from_index() -> None:
     """metadata.total_size is the weight size; anything else is unknown."""
-    assert weight_bytes_from_index({"metadata": {"total_size": 230_000_000_000}, "weight_map": {}}) \
-        == 230_000_000_000
+    assert weight_bytes_from_index({"metadata": {"total_size": 230_000_000_000}, "weight_map": {}}) == 230_000_000_000
     assert weight_bytes_from_index({"weight_map": {}}) is None
     assert weight_bytes_from_index({"metadata": {"total_size": "big"}}) is None
     assert weight_bytes_from_index({"metadata": {"total_size": -1}}) is None

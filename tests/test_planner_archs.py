@@ -94,8 +94,13 @@ def test_uneven_experts_under_ep_warn() -> None:
 
 def test_unknown_architecture_gets_generic_checks_and_a_warning() -> None:
     """An unknown model still has its heads checked, and the verdict says only generic checks ran."""
-    cfg = {"architectures": ["FancyNewForCausalLM"], "num_hidden_layers": 4, "hidden_size": 512,
-           "num_attention_heads": 6, "vocab_size": 1000}
+    cfg = {
+        "architectures": ["FancyNewForCausalLM"],
+        "num_hidden_layers": 4,
+        "hidden_size": 512,
+        "num_attention_heads": 6,
+        "vocab_size": 1000,
+    }
     v = check(cfg, Layout(4), Hardware(4, 24.0))
     assert any("num_attention_heads 6 is not divisible by TP 4" in r for r in v.reasons)
     assert any("FancyNewForCausalLM is not one the planner knows" in w for w in v.warnings)

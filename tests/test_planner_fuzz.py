@@ -23,14 +23,23 @@ from orchestrator.core.planner import (
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 REAL = {p.stem: json.loads(p.read_text()) for p in sorted(CONFIGS.glob("*.json"))}
-KEYS = sorted({k for cfg in REAL.values() for k in cfg} | {k for k in REAL["moonshotai__Kimi-K2.5"]
-                                                            ["text_config"]})
+KEYS = sorted({k for cfg in REAL.values() for k in cfg} | {k for k in REAL["moonshotai__Kimi-K2.5"]["text_config"]})
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(10**300, 10**400),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))
-json_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner,
-                                                 max_size=6)), max_leaves=20)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.integers(10**300, 10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=6)
+    ),
+    max_leaves=20,
+)
 configs = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=25)
 small_layouts = st.builds(Layout, st.integers(1, 9), st.integers(1, 3), st.integers(1, 3), st.booleans())
 hosts = st.builds(Hardware, st.integers(1, 9), st.floats(1, 200), st.none(), st.none())
@@ -75,8 +84,7 @@ def test_truncated_real_configs_give_a_clean_verdict(name: str, data: st.DataObj
 
 
 @FAST
-@given(st.sampled_from(sorted(REAL)), st.sampled_from(sorted({k for c in REAL.values() for k in c})),
-       json_values)
+@given(st.sampled_from(sorted(REAL)), st.sampled_from(sorted({k for c in REAL.values() for k in c})), json_values)
 def test_real_configs_with_one_corrupted_key(name: str, key: str, value: Any) -> None:
     """Replacing one key of a real config with junk yields a verdict and a plan."""
     cfg = dict(REAL[name])
@@ -104,19 +112,36 @@ def test_index_and_estimate_never_raise(value: Any) -> None:
     assert est is None or est > 0
 
 
-workloads = st.builds(Workload, st.none() | st.integers(-10, 2**22), st.integers(0, 1024), st.integers(-1, 64),
-                      st.floats(-1, 2), st.sampled_from(["auto", "fp8", "fp8_e5m2", "bogus"]),
-                      st.floats(0, 50))
-probed_hosts = st.builds(Hardware, st.integers(-1, 9), st.floats(0, 200),
-                         st.none() | st.lists(st.floats(0, 200), max_size=10).map(tuple),
-                         st.sampled_from([None, "nvlink", "pcie"]))
+workloads = st.builds(
+    Workload,
+    st.none() | st.integers(-10, 2**22),
+    st.integers(0, 1024),
+    st.integers(-1, 64),
+    st.floats(-1, 2),
+    st.sampled_from(["auto", "fp8", "fp8_e5m2", "bogus"]),
+    st.floats(0, 50),
+)
+probed_hosts = st.builds(
+    Hardware,
+    st.integers(-1, 9),
+    st.floats(0, 200),
+    st.none() | st.lists(st.floats(0, 200), max_size=10).map(tuple),
+    st.sampled_from([None, "nvlink", "pcie"]),
+)
 
 
 @FAST
-@given(st.sampled_from(sorted(REAL)), st.none() | small_layouts, probed_hosts, workloads,
-       st.none() | st.integers(1, 10**13), st.none() | st.lists(st.integers(-2, 10), max_size=9))
-def test_plans_for_odd_hosts_and_workloads(name: str, layout: Layout | None, hw: Hardware, wl: Workload,
-                                           weight_bytes: int | None, devices: list[int] | None) -> None:
+@given(
+    st.sampled_from(sorted(REAL)),
+    st.none() | small_layouts,
+    probed_hosts,
+    workloads,
+    st.none() | st.integers(1, 10**13),
+    st.none() | st.lists(st.integers(-2, 10), max_size=9),
+)
+def test_plans_for_odd_hosts_and_workloads(
+    name: str, layout: Layout | None, hw: Hardware, wl: Workload, weight_bytes: int | None, devices: list[int] | None
+) -> None:
     """Odd hosts (no GPUs, partial free-memory probes), workloads and GPU indices still give a plan."""
     p = plan(REAL[name], layout, hw, wl, weight_bytes, devices)
     assert_clean(p.requested)

@@ -53,11 +53,12 @@ def rig(tmp_path: Path, src: Path) -> Iterator[Rig]:
     gpu_dir = tmp_path / "gpu"
     gpu_dir.mkdir()
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nSTANDIN_GPU_DIR={gpu_dir} exec {sys.executable} "
-                   f"{REPO / 'tests/standin/nvidia_smi.py'} \"$@\"\n")
+    smi.write_text(
+        f'#!/bin/sh\nSTANDIN_GPU_DIR={gpu_dir} exec {sys.executable} {REPO / "tests/standin/nvidia_smi.py"} "$@"\n'
+    )
     smi.chmod(0o755)
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text(f'''state_dir = "{tmp_path / 'state'}"
+    cfg.write_text(f'''state_dir = "{tmp_path / "state"}"
 [defaults]
 bind = "127.0.0.1"
 user = "root"
@@ -71,7 +72,7 @@ transport = "local"
 gpus = 1
 gpu_memory_gib = 140
 models_dir = "/var/lib/orchestrator-test/models"
-engine = ["{python}", "{src / 'tests/standin/vllm_compat.py'}"]
+engine = ["{python}", "{src / "tests/standin/vllm_compat.py"}"]
 [models.m8]
 repo = "local/m8"
 source = "local:/var/lib/orchestrator-test/models/tiny-a"
@@ -85,8 +86,14 @@ env = {{ STANDIN_GPU_MIB = "122666" }}
     spec = Deployer(catalog, None, lambda h: None).spec_for(catalog.models["m8"])  # type: ignore[arg-type]
     units = ProcessUnits("gpu", tmp_path)
     probe = NvidiaSmiProbe(LocalShell("gpu"), binary=str(smi))
-    ports = HostPorts(host=catalog.hosts["gpu"], shell=LocalShell("gpu"), systemd=units,  # type: ignore[arg-type]
-                      gpus=probe, health=HttpHealthProbe(), clock=SystemClock())
+    ports = HostPorts(
+        host=catalog.hosts["gpu"],
+        shell=LocalShell("gpu"),
+        systemd=units,  # type: ignore[arg-type]
+        gpus=probe,
+        health=HttpHealthProbe(),
+        clock=SystemClock(),
+    )
     ctx = StepContext(ports=ports, catalog=catalog, progress=lambda event, fields: None)
     units.install_unit(spec.unit_name, spec.unit_text)
     units.start(spec.unit_name)

@@ -44,7 +44,6 @@ def ops(host: Host, tmp_path: Path) -> Iterator[Operations]:
     host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
 
 
-
 def drain_figures(drains: list[float]) -> str:
     drains = sorted(drains)
     return f"drain median {drains[len(drains) // 2]:.2f} s, max {drains[-1]:.2f} s" if drains else "no drain"
@@ -68,8 +67,10 @@ def test_30_handovers_under_a_prober_cut_no_stream_and_fail_no_request(host: Hos
             outcomes.append(ops.switch(("chat-b", "chat-a")[i % 2], progress=recorder(events, drains))["outcome"])
     took = time.monotonic() - t0
     got = classify(prober.requests, TOKENS)
-    print(f"{HANDOVERS} handovers in {took:.1f} s: {summary(prober.requests)}; "
-          f"{spanning(prober.requests, moves(events))} streams spanned a route move; {drain_figures(drains)}")
+    print(
+        f"{HANDOVERS} handovers in {took:.1f} s: {summary(prober.requests)}; "
+        f"{spanning(prober.requests, moves(events))} streams spanned a route move; {drain_figures(drains)}"
+    )
     assert outcomes == ["active"] * HANDOVERS
     assert [h["plan"]["mode"] for h in ops.history(host.name)[:HANDOVERS]] == ["handover"] * HANDOVERS
     assert got["cut"] == [] and got["failed"] == [] and got["gap"] == []
@@ -87,8 +88,10 @@ def test_10_stop_starts_under_a_prober_answer_only_503_with_retry_after(host: Ho
         for i in range(10):
             outcomes.append(ops.switch(("chat-c", "chat-a")[i % 2], progress=recorder(events, drains))["outcome"])
     got = classify(prober.requests, TOKENS)
-    print(f"10 stop-starts: {summary(prober.requests)}; "
-          f"{spanning(prober.requests, moves(events))} streams spanned a route change; {drain_figures(drains)}")
+    print(
+        f"10 stop-starts: {summary(prober.requests)}; "
+        f"{spanning(prober.requests, moves(events))} streams spanned a route change; {drain_figures(drains)}"
+    )
     assert outcomes == ["active"] * 10
     assert got["cut"] == [] and got["failed"] == []
     assert got["gap"] and {r["retry_after"] for r in got["gap"]} == {"2"}
@@ -131,7 +134,8 @@ def master(host: Host, catalog: Catalog) -> tuple[int, int, set[int]]:
 
 
 def test_a_reload_returns_once_the_master_lists_the_new_configs_worker(
-        host: Host, proxy: tuple[HaproxyProxy, Catalog]) -> None:
+    host: Host, proxy: tuple[HaproxyProxy, Catalog]
+) -> None:
     """apply() of a changed config: when it returns, the master counted the reload and lists a
     worker that was not there before (the drain can tell old workers from the new one)."""
     port, catalog = proxy
@@ -145,16 +149,21 @@ def test_a_reload_returns_once_the_master_lists_the_new_configs_worker(
 
 
 def test_a_reload_the_master_refuses_fails_naming_the_config_and_the_old_one_serves(
-        host: Host, proxy: tuple[HaproxyProxy, Catalog]) -> None:
+    host: Host, proxy: tuple[HaproxyProxy, Catalog]
+) -> None:
     """A config that passes `haproxy -c` but cannot be loaded (its extra bind is taken): ProxyError
     naming the config, no `.applied` update, and the proxy keeps answering with the old config."""
     port, catalog = proxy
     good = rendered(catalog, host, [Route("chat", host.address, 8101)])
     assert port.apply_config(good)
-    host.run(["systemd-run", "--unit=port-squatter", sys.executable, "-m", "http.server", "--bind", host.address,
-              "8199"])
-    wait_for(lambda: host.run(["ss", "-Hltn", "( sport = :8199 )"]).stdout, lambda out: bool(out.strip()),
-             what="the squatter to listen")
+    host.run(
+        ["systemd-run", "--unit=port-squatter", sys.executable, "-m", "http.server", "--bind", host.address, "8199"]
+    )
+    wait_for(
+        lambda: host.run(["ss", "-Hltn", "( sport = :8199 )"]).stdout,
+        lambda out: bool(out.strip()),
+        what="the squatter to listen",
+    )
     bad = good + f"\nfrontend extra\n    bind {host.address}:8199\n    default_backend no_route\n"
     with pytest.raises(ProxyError, match=f"could not load {catalog.proxy.config_path} on reload"):
         port.apply_config(bad)
@@ -164,14 +173,16 @@ def test_a_reload_the_master_refuses_fails_naming_the_config_and_the_old_one_ser
 
 
 def test_a_unit_whose_master_socket_moved_is_restarted_and_then_serves(
-        host: Host, proxy: tuple[HaproxyProxy, Catalog], tmp_path: Path) -> None:
+    host: Host, proxy: tuple[HaproxyProxy, Catalog], tmp_path: Path
+) -> None:
     """[proxy] stats_socket moved to another socket: the running master does not listen there,
     so a reload could never be confirmed; the proxy restarts on the new unit and answers."""
     port, catalog = proxy
     assert port.apply_config(rendered(catalog, host, [Route("chat", host.address, 8101)]))
     cfg = tmp_path / "moved.toml"
-    cfg.write_text(proxy_config(host, tmp_path / "state", MODELS)
-                   + 'stats_socket = "/run/orchestrator-proxy/moved.sock"\n')
+    cfg.write_text(
+        proxy_config(host, tmp_path / "state", MODELS) + 'stats_socket = "/run/orchestrator-proxy/moved.sock"\n'
+    )
     moved_catalog = settings.load(cfg)
     moved = build_ports(moved_catalog, moved_catalog.hosts[host.name]).proxy
     assert isinstance(moved, HaproxyProxy)
@@ -181,14 +192,16 @@ def test_a_unit_whose_master_socket_moved_is_restarted_and_then_serves(
 
 
 def test_stop_frees_the_port_and_disables_the_unit_and_apply_starts_it_again(
-        host: Host, proxy: tuple[HaproxyProxy, Catalog]) -> None:
+    host: Host, proxy: tuple[HaproxyProxy, Catalog]
+) -> None:
     """stop(): unit inactive and disabled, port free, a second stop says not running; apply starts it again."""
     port, catalog = proxy
     config = rendered(catalog, host, [Route("chat", host.address, 8101)])
     assert port.apply_config(config)
     assert port.stop() is True
-    state = host.run("systemctl is-active orchestrator-proxy.service; systemctl is-enabled orchestrator-proxy.service",
-                     check=False).stdout.split()
+    state = host.run(
+        "systemctl is-active orchestrator-proxy.service; systemctl is-enabled orchestrator-proxy.service", check=False
+    ).stdout.split()
     assert state == ["inactive", "disabled"]
     assert port.port_holder() is None and port.stop() is False
     assert port.apply_config(config)
@@ -199,10 +212,12 @@ def slow_clients(host: Host) -> list[socket.socket]:
     """Two clients of chat through the proxy that sent a request's headers, one also half its body,
     and then nothing (a client on a slow link, or one that stalls)."""
     body = json.dumps({"model": "chat", "prompt": "hi", "max_tokens": 2}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host.address}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host.address}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     clients = []
-    for sent in (head, head + body[:len(body) // 2]):
+    for sent in (head, head + body[: len(body) // 2]):
         sock = socket.create_connection((host.address, PROXY_PORT), timeout=30)
         sock.sendall(sent)
         clients.append(sock)
@@ -246,8 +261,10 @@ def test_a_stalled_request_completed_after_the_drain_goes_to_the_current_route(h
     headers_only, half = slow_clients(host)
     body_len = len(json.dumps({"model": "chat", "prompt": "hi", "max_tokens": 2}).encode())
     assert ops.switch("chat-b")["outcome"] == "active"
-    assert "vllm-chat-a.service" not in host.run("systemctl list-units --state=active --plain --no-legend",
-                                                  check=False).stdout
+    assert (
+        "vllm-chat-a.service"
+        not in host.run("systemctl list-units --state=active --plain --no-legend", check=False).stdout
+    )
     with headers_only, half:
         answers = [finish(headers_only, 0), finish(half, body_len // 2)]
     assert [a.split(b"\r\n", 1)[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 2, answers
@@ -293,8 +310,9 @@ def test_stalled_clients_do_not_hold_the_quiet_wait_of_a_warm_switch(host: Host,
         clients = slow_clients(host)
         seen: list[tuple[str, dict[str, Any]]] = []
         try:
-            result = ops.switch("alpha",
-                                progress=lambda e, f: seen.append((e, f)) if e in ("quiet", "drained") else None)
+            result = ops.switch(
+                "alpha", progress=lambda e, f: seen.append((e, f)) if e in ("quiet", "drained") else None
+            )
         finally:
             for sock in clients:
                 sock.close()

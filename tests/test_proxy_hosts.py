@@ -25,13 +25,13 @@ from tests.test_switch_hosts import unit_states
 pytestmark = pytest.mark.hosts
 REPO = Path(__file__).resolve().parents[1]
 
+
 @pytest.fixture
 def ops(host: Host, tmp_path: Path) -> Iterator[Operations]:
     cfg = tmp_path / "deploy.toml"
     cfg.write_text(proxy_config(host, tmp_path / "state"))
     yield operations(settings.load(cfg))
     host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
-
 
 
 def stream(url: str, model: str, tokens: int, out: list[tuple[int, str | None]]) -> None:
@@ -62,16 +62,19 @@ def test_two_models_serve_through_one_port_with_the_openai_client(host: Host, op
     assert entry["endpoint"] == base_url(host)
 
 
-def test_a_1mb_prompt_with_model_last_reaches_each_model_through_the_installed_proxy(host: Host,
-                                                                                    ops: Operations) -> None:
+def test_a_1mb_prompt_with_model_last_reaches_each_model_through_the_installed_proxy(
+    host: Host, ops: Operations
+) -> None:
     """Keys sorted (``messages`` before ``model``), 1 MB: the proxy unit routes it to each model by name."""
     assert ops.switch("chat-a")["outcome"] == "active"
     assert ops.switch("code")["outcome"] == "active"
     for name in ("chat", "code"):
-        body = json.dumps({"messages": [{"role": "user", "content": "x" * 1_000_000}], "max_tokens": 2,
-                           "model": name}, sort_keys=True)
-        answer = httpx.post(f"{base_url(host)}/chat/completions", content=body,
-                            headers={"Content-Type": "application/json"}, timeout=30)
+        body = json.dumps(
+            {"messages": [{"role": "user", "content": "x" * 1_000_000}], "max_tokens": 2, "model": name}, sort_keys=True
+        )
+        answer = httpx.post(
+            f"{base_url(host)}/chat/completions", content=body, headers={"Content-Type": "application/json"}, timeout=30
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json()["model"] == name
 
@@ -119,8 +122,7 @@ def test_rollback_restores_the_set_and_stop_frees_a_model(host: Host, ops: Opera
     assert [m["model"] for m in ops.status(host.name)["hosts"][host.name]["models"]] == ["chat-b"]
     assert ops.rollback(host.name)["outcome"] == "active"
     assert [m["model"] for m in ops.status(host.name)["hosts"][host.name]["models"]] == ["chat-a", "code"]
-    assert unit_states(host, "chat-a", "chat-b", "code") == {"chat-a": "active", "chat-b": "inactive",
-                                                             "code": "active"}
+    assert unit_states(host, "chat-a", "chat-b", "code") == {"chat-a": "active", "chat-b": "inactive", "code": "active"}
     assert ops.stop("code")["serving"] == ["chat-a"]
     r = httpx.post(f"{base_url(host)}/completions", json={"model": "code", "prompt": "hi"}, timeout=10)
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"  # a name of the catalog: not 404
@@ -128,10 +130,23 @@ def test_rollback_restores_the_set_and_stop_frees_a_model(host: Host, ops: Opera
 
 def test_taken_proxy_port_aborts_before_anything_stops(host: Host, ops: Operations) -> None:
     """Another process on the proxy's address:port: the switch aborts naming it; nothing is stopped."""
-    host.run(["systemd-run", "--unit=port-squatter", sys.executable, "-m", "http.server", "--bind", host.address,
-              str(PROXY_PORT)])
-    wait_for(lambda: host.run(["ss", "-Hltn", f"( sport = :{PROXY_PORT} )"]).stdout, lambda out: bool(out.strip()),
-             what="the squatter to listen")
+    host.run(
+        [
+            "systemd-run",
+            "--unit=port-squatter",
+            sys.executable,
+            "-m",
+            "http.server",
+            "--bind",
+            host.address,
+            str(PROXY_PORT),
+        ]
+    )
+    wait_for(
+        lambda: host.run(["ss", "-Hltn", f"( sport = :{PROXY_PORT} )"]).stdout,
+        lambda out: bool(out.strip()),
+        what="the squatter to listen",
+    )
     result = ops.switch("chat-a")
     assert result["outcome"] == "aborted"
     assert f"port {host.address}:{PROXY_PORT} is already taken" in result["error"]
@@ -143,20 +158,38 @@ def test_overlapping_models_asked_to_serve_together_are_refused(host: Host, tmp_
     models = {**MODELS, "code-wide": {"port": 8105, "gpus": [2, 3, 4, 5], **TP4}}
     cfg = tmp_path / "deploy.toml"
     cfg.write_text(proxy_config(host, tmp_path / "state", models))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "switch", "chat-a", "code-wide", "--config",
-                           str(cfg), "--local"], capture_output=True, text=True, cwd=REPO, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "switch", "chat-a", "code-wide", "--config", str(cfg), "--local"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     assert proc.returncode == 2
-    assert "chat-a (GPU 0,1,2,3) and code-wide (GPU 2,3,4,5) cannot serve together: both need GPU 2,3" \
-        in proc.stderr
+    assert "chat-a (GPU 0,1,2,3) and code-wide (GPU 2,3,4,5) cannot serve together: both need GPU 2,3" in proc.stderr
     assert not (tmp_path / "state").exists()
 
 
 def test_dry_run_says_handover_or_stop_start(host: Host, ops: Operations, tmp_path: Path) -> None:
     """After chat-a: chat-b would be a handover (disjoint GPUs), chat-c a stop-start (shared GPUs)."""
     ops.switch("chat-a")
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "switch", "chat-b", "--dry-run", "--json",
-                          "--config", str(tmp_path / "deploy.toml")], capture_output=True, text=True, cwd=REPO,
-                         check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "switch",
+            "chat-b",
+            "--dry-run",
+            "--json",
+            "--config",
+            str(tmp_path / "deploy.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     assert json.loads(out.stdout)[0]["mode"] == "handover", out.stderr
     assert ops.explain("chat-c")["mode"] == "stop_start"
     assert "GPU 0,1,2,3" in ops.explain("chat-c")["reason"]

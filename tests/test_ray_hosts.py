@@ -45,8 +45,9 @@ def hosts(pair: list[Host]) -> Iterator[list[Host]]:
     """Both hosts, reset after the test (units stopped and removed, h2's route to h1 back)."""
     yield pair
     h1, h2 = pair
-    subprocess.run(["ip", "-n", ns(h2), "route", "del", "blackhole", f"{h1.address}/32"], capture_output=True,
-                   check=False)
+    subprocess.run(
+        ["ip", "-n", ns(h2), "route", "del", "blackhole", f"{h1.address}/32"], capture_output=True, check=False
+    )
     with ThreadPoolExecutor(max_workers=2) as pool:
         for fut in [pool.submit(h.reset) for h in pair]:
             fut.result()
@@ -62,7 +63,9 @@ def config_text(h1: Host, h2: Host, state: Path, *, h2_ray: str = RAY, join_time
         f'[hosts.{h.name}]\ntransport = "ssh"\naddress = "{h.address}"\nbind = "{h.address}"\nssh_port = {h.port}\n'
         f'ssh_key = "{h.key_path}"\nknown_hosts = "{h.known_hosts_path}"\ngpus = 8\ngpu_memory_gib = 96\n'
         f'interface = "thp{h.address.rsplit(".", 1)[1]}"\nnetwork = "ethernet"\npython = "{sys.executable}"\n'
-        f'ray = "{ray}/bin/ray"\n' for h, ray in ((h1, RAY), (h2, h2_ray)))
+        f'ray = "{ray}/bin/ray"\n'
+        for h, ray in ((h1, RAY), (h2, h2_ray))
+    )
     return f"""state_dir = "{state}"
 [defaults]
 engine = ["{RAY}/bin/python", "{in_host(SHIM)}"]
@@ -118,11 +121,13 @@ args = ["--ray-timeout", "5", "--ray-world", "3"]
 
 def gcs_nodes(h1: Host) -> list[dict[str, Any]]:
     """Alive nodes with their resources, straight from the head's GCS (Ray's own client, as root)."""
-    code = ("import json, ray._raylet as r\n"
-            f"c = r.GcsClient(address='{h1.address}:{RAY_PORT}')\n"
-            "print(json.dumps([{'ip': n.node_manager_address, 'resources': dict(n.resources_total)}\n"
-            "                  for n in c.get_all_node_info().values() if n.state == 0]))")
-    out = h1.run(["sh", "-c", f"cd / && exec {RAY}/bin/python -c \"$0\"", code]).stdout
+    code = (
+        "import json, ray._raylet as r\n"
+        f"c = r.GcsClient(address='{h1.address}:{RAY_PORT}')\n"
+        "print(json.dumps([{'ip': n.node_manager_address, 'resources': dict(n.resources_total)}\n"
+        "                  for n in c.get_all_node_info().values() if n.state == 0]))"
+    )
+    out = h1.run(["sh", "-c", f'cd / && exec {RAY}/bin/python -c "$0"', code]).stdout
     return sorted(json.loads(out), key=lambda n: n["ip"])
 
 
@@ -135,8 +140,9 @@ def get(host: Host, url: str, body: dict[str, Any] | None = None) -> Any:
 
 
 def completes(host: Host, port: int, model: str) -> bool:
-    answer = get(host, f"http://{host.address}:{port}/v1/completions", {"model": model, "prompt": "hi",
-                                                                       "max_tokens": 2})
+    answer = get(
+        host, f"http://{host.address}:{port}/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2}
+    )
     return bool(answer["choices"][0]["text"])
 
 
@@ -173,10 +179,16 @@ def test_ray_cluster_forms_and_standin_engine_places_workers_on_both_hosts(hosts
 
     nodes = gcs_nodes(h1)
     assert [(n["ip"], n["resources"]["GPU"], n["resources"]["CPU"]) for n in nodes] == [
-        (h1.address, 1.0, 1.0), (h2.address, 1.0, 1.0)]
+        (h1.address, 1.0, 1.0),
+        (h2.address, 1.0, 1.0),
+    ]
     [(_, cluster)] = [(e, f) for e, f in events if e == "ray_cluster"]
-    print("ray cluster:", cluster, "RSS MiB of the vllm user:",
-          [h.run("ps -u vllm -o rss= | awk '{s+=$1} END {print int(s/1024)}'").stdout.strip() for h in hosts])
+    print(
+        "ray cluster:",
+        cluster,
+        "RSS MiB of the vllm user:",
+        [h.run("ps -u vllm -o rss= | awk '{s+=$1} END {print int(s/1024)}'").stdout.strip() for h in hosts],
+    )
     assert len(cluster["nodes"]) == 2 and all("1 GPU, 1 CPU" in n for n in cluster["nodes"])
 
     workers = get(h1, f"http://{h1.address}:8310/standin/ray")["workers"]
@@ -196,8 +208,13 @@ def test_worker_with_another_ray_version_is_refused_before_anything_stops(hosts:
     mixed = tmp_path / "mixed.toml"
     mixed.write_text(config_text(h1, h2, tmp_path / "state", h2_ray=OTHER_RAY))
     since = time.time()
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "switch", "rayed", "--config", str(mixed)],
-                       capture_output=True, text=True, cwd=REPO, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "switch", "rayed", "--config", str(mixed)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     assert r.returncode != 0
     message = r.stdout + r.stderr
     assert f"{h1.name} has Ray 2.60.0" in message and f"{h2.name} has Ray 2.59.0" in message, message
@@ -224,7 +241,9 @@ def test_unreachable_head_fails_before_the_engine_and_restores_both_nodes(hosts:
     assert not started_since(h1, "vllm-rayed.service", since)
     assert completes(h1, 8301, "solo1") and completes(h2, 8302, "solo2")
     assert [state(h, u) for h, u in ((h1, "ray-rayed-head.service"), (h2, "ray-rayed-worker.service"))] == [
-        "inactive", "inactive"]
+        "inactive",
+        "inactive",
+    ]
     assert (ray_processes(h1), ray_processes(h2)) == ("", "")
 
 
@@ -237,14 +256,17 @@ def test_ray_model_stops_cleanly_when_a_single_box_model_replaces_it(hosts: list
     assert ops.switch("rayed")["outcome"] == "active"
     assert ray_processes(h2) != ""
     assert ops.switch("solo1")["outcome"] == "active"
-    assert [state(h, u) for h, u in ((h1, "vllm-rayed.service"), (h1, "ray-rayed-head.service"),
-                                     (h2, "ray-rayed-worker.service"))] == ["inactive"] * 3
+    assert [
+        state(h, u)
+        for h, u in ((h1, "vllm-rayed.service"), (h1, "ray-rayed-head.service"), (h2, "ray-rayed-worker.service"))
+    ] == ["inactive"] * 3
     assert (ray_processes(h1), ray_processes(h2)) == ("", "")
     assert completes(h1, 8301, "solo1")
 
 
-def test_engine_whose_placement_group_cannot_be_placed_fails_loudly_and_rolls_back(hosts: list[Host],
-                                                                                  tmp_path: Path) -> None:
+def test_engine_whose_placement_group_cannot_be_placed_fails_loudly_and_rolls_back(
+    hosts: list[Host], tmp_path: Path
+) -> None:
     """The engine wants 3 GPU bundles of a 2-GPU cluster: it exits naming the placement group; solo1 serves again."""
     h1, h2 = hosts
     cfg = tmp_path / "deploy.toml"

@@ -39,8 +39,10 @@ def net_hosts(netns_pair: HostSet) -> HostSet:
 
 
 def hosts_toml(box: Host, key: str, known: str) -> str:
-    return (f'[box]\nurl = "ssh://root@{box.address}:{box.port}"\nkey = "{key}"\nknown_hosts = "{known}"\n'
-            f'python = "{PY}"\nsocket = "{SOCKET}"\n')
+    return (
+        f'[box]\nurl = "ssh://root@{box.address}:{box.port}"\nkey = "{key}"\nknown_hosts = "{known}"\n'
+        f'python = "{PY}"\nsocket = "{SOCKET}"\n'
+    )
 
 
 @pytest.fixture
@@ -64,8 +66,9 @@ def box(net_hosts: HostSet, tmp_path: Path) -> Iterator[Host]:
 
 def client_a(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI on this machine, through the relay on the box."""
-    return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def client_b(h2: Host, *args: str) -> subprocess.CompletedProcess[str]:
@@ -105,22 +108,43 @@ def test_switch_through_the_relay_records_the_ssh_login(net_hosts: HostSet, box:
     assert out["outcome"] == "active" and out["host"] == box.name
     assert out["trigger"] == f"root@{machine_address(box)}"
     assert active(box, "vllm-alpha.service") == "active"
-    local = json.loads(box.run(shlex.join([PY, "-m", "orchestrator", "history", "--json", "--local", "--config",
-                                           "/etc/orchestrator-agent-test.toml"])).stdout)
+    local = json.loads(
+        box.run(
+            shlex.join(
+                [
+                    PY,
+                    "-m",
+                    "orchestrator",
+                    "history",
+                    "--json",
+                    "--local",
+                    "--config",
+                    "/etc/orchestrator-agent-test.toml",
+                ]
+            )
+        ).stdout
+    )
     assert [h["revision"] for h in local] == [1]
 
 
-def test_a_forged_ssh_connection_does_not_change_the_recorded_address(net_hosts: HostSet, box: Host,
-                                                                     tmp_path: Path) -> None:
+def test_a_forged_ssh_connection_does_not_change_the_recorded_address(
+    net_hosts: HostSet, box: Host, tmp_path: Path
+) -> None:
     """A relay with SSH_CONNECTION forged to 6.6.6.6 is recorded at sshd's own connection's address."""
     forging = "/usr/local/bin/forging-python"
-    box.write_file(forging, f'#!/bin/sh\nexport SSH_CONNECTION="6.6.6.6 4242 {box.address} 22"\nexec {PY} "$@"\n',
-                   mode=0o755)
+    box.write_file(
+        forging, f'#!/bin/sh\nexport SSH_CONNECTION="6.6.6.6 4242 {box.address} 22"\nexec {PY} "$@"\n', mode=0o755
+    )
     hosts = tmp_path / "forging-hosts.toml"
     hosts.write_text(hosts_toml(box, str(box.key_path), str(box.known_hosts_path)).replace(f'"{PY}"', f'"{forging}"'))
-    done = subprocess.run([PY, "-m", "orchestrator", "--host", "box", "switch", "alpha", "--json"], capture_output=True,
-                          text=True, timeout=120, check=False,
-                          env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts)})
+    done = subprocess.run(
+        [PY, "-m", "orchestrator", "--host", "box", "switch", "alpha", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts)},
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["trigger"] == f"root@{machine_address(box)}"
     shown = client_a("history", "--json")
@@ -132,8 +156,12 @@ def test_two_clients_at_once_one_is_refused_naming_the_running_switch(net_hosts:
     h2 = net_hosts.hosts[1]
     assert client_a("switch", "alpha").returncode == 0
     hold_at(box, "stopping")
-    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"], text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        [PY, "-m", "orchestrator", "--host", "box", "switch", "beta"],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for(lambda: paused(box), bool, timeout=60, what="A's switch to hold before stopping")
         refused = client_b(h2, "switch", "gamma")
@@ -193,8 +221,12 @@ def test_agent_killed_mid_switch_over_host_says_it_resumes_and_how_to_follow(box
     `--host box status --follow` (it said "relay exited 0"); the restarted agent finishes the switch."""
     assert client_a("switch", "alpha").returncode == 0
     hold_at(box, "stopping")
-    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"], text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        [PY, "-m", "orchestrator", "--host", "box", "switch", "beta"],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for(lambda: paused(box), bool, timeout=60, what="the switch to hold before stopping")
         box.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
@@ -203,8 +235,13 @@ def test_agent_killed_mid_switch_over_host_says_it_resumes_and_how_to_follow(box
         release(box)
     assert first.returncode == 6, err
     assert "resumes the switch when it starts again" in err and "`orchestrator --host box status --follow`" in err
-    wait_for(lambda: client_a("history", "--json"), lambda r: r.returncode == 0 and json.loads(r.stdout)[0][
-        "outcome"] in ("active", "rolled_back"), timeout=90, interval=1.0, what="the restarted agent to end the switch")
+    wait_for(
+        lambda: client_a("history", "--json"),
+        lambda r: r.returncode == 0 and json.loads(r.stdout)[0]["outcome"] in ("active", "rolled_back"),
+        timeout=90,
+        interval=1.0,
+        what="the restarted agent to end the switch",
+    )
     assert history(client_a("history", "--json"))[0]["model"] == "beta"
 
 
@@ -226,8 +263,11 @@ def test_cut_connection_mid_switch_completes_and_another_client_follows_it(net_h
     h2 = net_hosts.hosts[1]
     assert client_a("switch", "alpha").returncode == 0
     hold_at(box, "starting")
-    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "beta"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [PY, "-m", "orchestrator", "--host", "box", "switch", "beta"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: paused(box), bool, timeout=60, what="A's switch to hold before starting")
     finally:
@@ -235,11 +275,19 @@ def test_cut_connection_mid_switch_completes_and_another_client_follows_it(net_h
         first.wait(timeout=30)
     follow = shlex.join([PY, "-m", "orchestrator", "--host", "box", "status", "--follow"])
     h2.run(f"ORCHESTRATOR_HOSTS_FILE={B_HOSTS} nohup {follow} > /tmp/follow.log 2>&1 & echo $! > /tmp/follow.pid")
-    wait_for(lambda: h2.run("cat /tmp/follow.log").stdout, lambda log: "following switch beta" in log,
-             timeout=60, what="B's status --follow to attach")
+    wait_for(
+        lambda: h2.run("cat /tmp/follow.log").stdout,
+        lambda log: "following switch beta" in log,
+        timeout=60,
+        what="B's status --follow to attach",
+    )
     release(box)
-    wait_for(lambda: h2.run("kill -0 $(cat /tmp/follow.pid)", check=False).returncode, lambda rc: rc != 0,
-             timeout=90, what="B's status --follow to end")
+    wait_for(
+        lambda: h2.run("kill -0 $(cat /tmp/follow.pid)", check=False).returncode,
+        lambda rc: rc != 0,
+        timeout=90,
+        what="B's status --follow to end",
+    )
     log = h2.run("cat /tmp/follow.log").stdout
     assert "revision 2 in phase starting" in log and "#2 beta: active" in log, log
     assert "h1: beta (revision 2" in log, log
@@ -258,8 +306,14 @@ def bare(net_hosts: HostSet, tmp_path: Path) -> Iterator[tuple[Host, Path]]:
 
 
 def run_with(hosts_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "orchestrator", "--host", "box", *args], capture_output=True, text=True,
-                          timeout=120, check=False, env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts_file)})
+    return subprocess.run(
+        [PY, "-m", "orchestrator", "--host", "box", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "ORCHESTRATOR_HOSTS_FILE": str(hosts_file)},
+    )
 
 
 def nothing_changed(box: Host) -> bool:
@@ -323,8 +377,10 @@ def test_config_push_is_recorded_reloaded_and_linked_to_deployments(box: Host, t
     """A valid push: new revision, previous file kept, the new model switchable at once, its deployment linked."""
     before = json.loads(client_a("config", "show", "--json").stdout)
     new = tmp_path / "deploy.toml"
-    new.write_text(before["text"] + '[models.delta]\nrepo = "test/delta"\nsource = "none"\ntensor_parallel = 4\n'
-                   'gpus = [0, 1, 2, 3]\nport = 8108\nargs = ["--load-time", "0.3"]\n')
+    new.write_text(
+        before["text"] + '[models.delta]\nrepo = "test/delta"\nsource = "none"\ntensor_parallel = 4\n'
+        'gpus = [0, 1, 2, 3]\nport = 8108\nargs = ["--load-time", "0.3"]\n'
+    )
     assert client_a("config", "diff", str(new)).returncode == 1
     pushed = client_a("config", "push", str(new), "--json")
     assert pushed.returncode == 0, pushed.stderr
@@ -345,8 +401,12 @@ def test_config_push_during_a_switch_is_refused_and_says_so(box: Host, tmp_path:
     new = tmp_path / "deploy.toml"
     new.write_text(before["text"] + "# a comment\n")
     hold_at(box, "stopping")
-    first = subprocess.Popen([PY, "-m", "orchestrator", "--host", "box", "switch", "alpha"], text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        [PY, "-m", "orchestrator", "--host", "box", "switch", "alpha"],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for(lambda: paused(box), bool, timeout=60, what="the switch to hold before stopping")
         pushed = client_a("config", "push", str(new))
@@ -361,8 +421,13 @@ def test_config_push_during_a_switch_is_refused_and_says_so(box: Host, tmp_path:
 
 def agentless(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """A controller with no agent of its own on the box: the CLI in-process, ssh transport."""
-    return subprocess.run([PY, "-m", "orchestrator", *args, "--config", str(cfg)], capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [PY, "-m", "orchestrator", *args, "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_agentless_controller_refuses_a_box_whose_agent_runs(box: Host, tmp_path: Path) -> None:

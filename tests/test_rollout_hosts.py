@@ -43,7 +43,6 @@ def fleet(netns_fleet: HostSet) -> HostSet:
     return netns_fleet
 
 
-
 def box_models(broken: bool = False, **beta: Any) -> dict[str, dict[str, Any]]:
     return {"alpha": MODELS["alpha"], "beta": {**MODELS["beta"], **(BROKEN if broken else {}), **beta}}
 
@@ -51,14 +50,31 @@ def box_models(broken: bool = False, **beta: Any) -> dict[str, dict[str, Any]]:
 def controller_config(hostset: HostSet, state: Path, *, groups: str | None = None, beta: str = "") -> str:
     lines = [f'state_dir = "{state}"']
     for h in hostset.hosts:
-        lines += [f"[hosts.{h.name}]", f'address = "{h.address}"', f"ssh_port = {h.port}",
-                  f'ssh_key = "{hostset.key_path}"', f'known_hosts = "{hostset.known_hosts_path}"',
-                  f'python = "{PY}"', f'agent_socket = "{SOCKET}"', "gpus = 8"]
+        lines += [
+            f"[hosts.{h.name}]",
+            f'address = "{h.address}"',
+            f"ssh_port = {h.port}",
+            f'ssh_key = "{hostset.key_path}"',
+            f'known_hosts = "{hostset.known_hosts_path}"',
+            f'python = "{PY}"',
+            f'agent_socket = "{SOCKET}"',
+            "gpus = 8",
+        ]
     names = ", ".join(f'"{h.name}"' for h in hostset.hosts)
-    lines.append(groups or f'[groups.inference]\nhosts = [{names}]\ncanary = 1\nbatch = 2\n'
-                           f'peer_key = "{PEER_KEY}"\npeer_known_hosts = "{PEER_KNOWN}"')
-    lines += ["[models.beta]", 'group = "inference"', 'repo = "test/beta"', "gpus = [0, 1, 2, 3]",
-              "tensor_parallel = 4", "port = 8102", beta or 'source = "none"']
+    lines.append(
+        groups
+        or f"[groups.inference]\nhosts = [{names}]\ncanary = 1\nbatch = 2\n"
+        f'peer_key = "{PEER_KEY}"\npeer_known_hosts = "{PEER_KNOWN}"'
+    )
+    lines += [
+        "[models.beta]",
+        'group = "inference"',
+        'repo = "test/beta"',
+        "gpus = [0, 1, 2, 3]",
+        "tensor_parallel = 4",
+        "port = 8102",
+        beta or 'source = "none"',
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -99,8 +115,14 @@ def box_history(host: Host) -> list[dict[str, Any]]:
 
 
 def ctl(cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "orchestrator", *args, "--config", str(cfg)], capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [PY, "-m", "orchestrator", *args, "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def beta_runs(host: Host) -> list[dict[str, Any]]:
@@ -117,8 +139,9 @@ def states(summary: dict[str, Any]) -> dict[str, str]:
     return {h["host"]: h["state"] for h in summary["hosts"]}
 
 
-def test_canary_then_batches_succeeds_and_history_shows_the_order(fleet: HostSet, boxes: list[Host],
-                                                                   tmp_path: Path) -> None:
+def test_canary_then_batches_succeeds_and_history_shows_the_order(
+    fleet: HostSet, boxes: list[Host], tmp_path: Path
+) -> None:
     """4 hosts, canary 1, batch 2: every box serves beta; the group history shows h1, then h2+h3, then h4."""
     start_all(boxes)
     cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
@@ -128,9 +151,14 @@ def test_canary_then_batches_succeeds_and_history_shows_the_order(fleet: HostSet
     summary = json.loads(done.stdout)
     assert summary["rollout"]["status"] == "succeeded"
     assert [(h["host"], h["batch"], h["state"]) for h in summary["hosts"]] == [
-        ("h1", 0, "switched"), ("h2", 1, "switched"), ("h3", 1, "switched"), ("h4", 2, "switched")]
-    assert all(active(h, "vllm-beta.service") == "active" and active(h, "vllm-alpha.service") != "active"
-               for h in boxes)
+        ("h1", 0, "switched"),
+        ("h2", 1, "switched"),
+        ("h3", 1, "switched"),
+        ("h4", 2, "switched"),
+    ]
+    assert all(
+        active(h, "vllm-beta.service") == "active" and active(h, "vllm-alpha.service") != "active" for h in boxes
+    )
     hist = ctl(cfg, "history", "--group", "inference", "--json")
     assert hist.returncode == 0, hist.stderr
     beta = sorted((d for d in json.loads(hist.stdout) if d["model"] == "beta"), key=lambda d: d["created_at"])
@@ -159,8 +187,9 @@ def test_failed_canary_rolls_back_and_no_other_host_stops(fleet: HostSet, boxes:
         assert [(d["model"], d["outcome"]) for d in box_history(h)] == [("alpha", "active")]
 
 
-def test_failure_in_batch_2_stops_and_rollback_all_restores_the_rest(fleet: HostSet, boxes: list[Host],
-                                                                    tmp_path: Path) -> None:
+def test_failure_in_batch_2_stops_and_rollback_all_restores_the_rest(
+    fleet: HostSet, boxes: list[Host], tmp_path: Path
+) -> None:
     """h3 fails in batch 2: it rolls back, h4 is never touched, --rollback-all returns h1 and h2 to alpha."""
     start_all(boxes, broken={"h3"})
     cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl"))
@@ -169,8 +198,9 @@ def test_failure_in_batch_2_stops_and_rollback_all_restores_the_rest(fleet: Host
     summary = json.loads(done.stdout)
     assert states(summary) == {"h1": "reverted", "h2": "reverted", "h3": "failed", "h4": "pending"}
     assert "h3" in summary["rollout"]["reason"]
-    assert all(active(h, "vllm-alpha.service") == "active" and active(h, "vllm-beta.service") != "active"
-               for h in boxes)
+    assert all(
+        active(h, "vllm-alpha.service") == "active" and active(h, "vllm-beta.service") != "active" for h in boxes
+    )
     assert [(d["model"], d["outcome"]) for d in box_history(boxes[3])] == [("alpha", "active")]
     assert [d["outcome"] for d in beta_runs(boxes[2])] == ["rolled_back"]
     status = json.loads(ctl(cfg, "rollout", "status", "--json").stdout)
@@ -180,17 +210,37 @@ def test_failure_in_batch_2_stops_and_rollback_all_restores_the_rest(fleet: Host
 def paused_rollout(cfg: Path, hooks: Path, after_batch: int) -> subprocess.Popen[str]:
     hooks.mkdir(exist_ok=True)
     (hooks / "rollout-pause-after").write_text(str(after_batch))
-    proc = subprocess.Popen([PY, "-m", "tests.rollout_with_hooks", "--pause-dir", str(hooks), "rollout", "beta",
-                             "--config", str(cfg), "--json"], text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=REPO)
-    wait_for(lambda: (hooks / "rollout-paused").exists() or proc.poll() is not None, bool, timeout=180,
-             what=f"the controller to hold after batch {after_batch}")
+    proc = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "tests.rollout_with_hooks",
+            "--pause-dir",
+            str(hooks),
+            "rollout",
+            "beta",
+            "--config",
+            str(cfg),
+            "--json",
+        ],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    wait_for(
+        lambda: (hooks / "rollout-paused").exists() or proc.poll() is not None,
+        bool,
+        timeout=180,
+        what=f"the controller to hold after batch {after_batch}",
+    )
     assert proc.poll() is None, proc.communicate()
     return proc
 
 
 def test_controller_killed_between_batches_resume_finishes_without_switching_twice(
-        fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    fleet: HostSet, boxes: list[Host], tmp_path: Path
+) -> None:
     """SIGKILL the controller after the canary: `rollout status` says interrupted; `rollout resume`
     finishes; each box has one beta deployment."""
     start_all(boxes)
@@ -210,13 +260,15 @@ def test_controller_killed_between_batches_resume_finishes_without_switching_twi
         assert [d["outcome"] for d in beta_runs(h)] == ["active"], h.name
 
 
-def test_rollout_while_another_runs_on_one_of_its_hosts_is_refused(fleet: HostSet, boxes: list[Host],
-                                                                  tmp_path: Path) -> None:
+def test_rollout_while_another_runs_on_one_of_its_hosts_is_refused(
+    fleet: HostSet, boxes: list[Host], tmp_path: Path
+) -> None:
     """A rollout holds h1-h4 (paused after its canary): another group's rollout sharing h2 exits 5, nothing stops."""
     start_all(boxes)
     names = ", ".join(f'"{h.name}"' for h in boxes)
-    groups = (f'[groups.inference]\nhosts = [{names}]\ncanary = 1\nbatch = 2\n'
-              '[groups.edge]\nhosts = ["h2"]\ncanary = 0\n')
+    groups = (
+        f'[groups.inference]\nhosts = [{names}]\ncanary = 1\nbatch = 2\n[groups.edge]\nhosts = ["h2"]\ncanary = 0\n'
+    )
     cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl", groups=groups))
     proc = paused_rollout(cfg, tmp_path / "hooks", 0)
     try:
@@ -243,7 +295,8 @@ def test_unknown_group_exits_2_and_nothing_is_recorded(fleet: HostSet, tmp_path:
 
 
 def test_host_without_agent_or_unreachable_is_refused_before_anything_stops(
-        fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    fleet: HostSet, boxes: list[Host], tmp_path: Path
+) -> None:
     """h3 has no agent and h4's link is down: exit 6 naming both, before any box stops alpha."""
     start_all(boxes)
     boxes[2].run("systemctl stop orchestrator-agent.service")
@@ -263,16 +316,30 @@ def test_host_without_agent_or_unreachable_is_refused_before_anything_stops(
         assert beta_runs(h) == []
 
 
-def test_one_hub_download_for_the_group_the_others_copy_from_a_peer(fleet: HostSet, boxes: list[Host],
-                                                                    tmp_path: Path) -> None:
+def test_one_hub_download_for_the_group_the_others_copy_from_a_peer(
+    fleet: HostSet, boxes: list[Host], tmp_path: Path
+) -> None:
     """beta from the hub: the seed pulls each shard once, h2-h4 rsync from it; all four switch."""
     first = int(boxes[0].address.split(".")[2])
-    files = {**sharded_model(SHARDS, 50_000), "config.json": json.dumps({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 256,
-        "torch_dtype": "float32"}).encode()}
+    files = {
+        **sharded_model(SHARDS, 50_000),
+        "config.json": json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "num_hidden_layers": 2,
+                "intermediate_size": 512,
+                "vocab_size": 1000,
+                "max_position_embeddings": 256,
+                "torch_dtype": "float32",
+            }
+        ).encode(),
+    }
     with HubStub(address=netns.address(first, 1)) as hub:
         hub.add(StubRepo.of("test/beta", files, sha=SHA))
+
         def start(h: Host) -> None:
             h.write_file(PEER_KEY, Path(fleet.key_path).read_text(), mode=0o600)
             h.write_file(PEER_KNOWN, Path(fleet.known_hosts_path).read_text())
@@ -280,8 +347,9 @@ def test_one_hub_download_for_the_group_the_others_copy_from_a_peer(fleet: HostS
             assert box_cli(h, "switch", "alpha").returncode == 0, h.name
 
         on_each(boxes, start)
-        cfg = write_config(tmp_path, controller_config(fleet, tmp_path / "ctl",
-                                                       beta=f'source = "hub"\nrevision = "{SHA}"'))
+        cfg = write_config(
+            tmp_path, controller_config(fleet, tmp_path / "ctl", beta=f'source = "hub"\nrevision = "{SHA}"')
+        )
         done = ctl(cfg, "rollout", "beta", "--json")
         assert done.returncode == 0, done.stdout + done.stderr
         # each file's body went out of the hub exactly once: one model's worth of egress, not four
@@ -310,16 +378,32 @@ class Controller:
             text = head + f"[hosts.{bad_key_on}]" + tail.replace(str(fleet.key_path), str(stranger), 1)
         self.cfg = write_config(tmp_path, text)
         self.client_cfg = tmp_path / "laptop.toml"  # the laptop's key is authorized nowhere
-        self.client_cfg.write_text(controller_config(fleet, tmp_path / "laptop").replace(str(fleet.key_path),
-                                                                                         str(stranger)))
+        self.client_cfg.write_text(
+            controller_config(fleet, tmp_path / "laptop").replace(str(fleet.key_path), str(stranger))
+        )
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = tmp_path / "controller.log"
         self.log = self.log_path.open("a")
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([PY, "-m", "tests.controller_with_hooks", "--pause-dir", str(self.hooks), "agent",
-                                      "--config", str(self.cfg), "--metrics-port", "0"], cwd=REPO, text=True,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "tests.controller_with_hooks",
+                "--pause-dir",
+                str(self.hooks),
+                "agent",
+                "--config",
+                str(self.cfg),
+                "--metrics-port",
+                "0",
+            ],
+            cwd=REPO,
+            text=True,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         proc = self.proc
         wait_for(lambda: self.answers() or proc.poll() is not None, timeout=60, what="the controller's agent to answer")
         assert proc.poll() is None, self.log_path.read_text()
@@ -349,17 +433,22 @@ class Controller:
         return ctl(self.client_cfg, *args, env={"ORCHESTRATOR_SOCKET": self.socket})
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([PY, "-m", "orchestrator", *args, "--config", str(self.client_cfg)], text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={**os.environ, "ORCHESTRATOR_SOCKET": self.socket})
+        return subprocess.Popen(
+            [PY, "-m", "orchestrator", *args, "--config", str(self.client_cfg)],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "ORCHESTRATOR_SOCKET": self.socket},
+        )
 
     def hold_after(self, batch: int) -> None:
         (self.hooks / "rollout-paused").unlink(missing_ok=True)
         (self.hooks / "rollout-pause-after").write_text(str(batch))
 
     def await_held(self) -> None:
-        wait_for(lambda: (self.hooks / "rollout-paused").exists(), timeout=180,
-                 what="the controller to hold after its batch")
+        wait_for(
+            lambda: (self.hooks / "rollout-paused").exists(), timeout=180, what="the controller to hold after its batch"
+        )
 
     def release(self) -> None:
         (self.hooks / "rollout-pause-after").unlink(missing_ok=True)
@@ -378,7 +467,8 @@ def controller(fleet: HostSet, boxes: list[Host], tmp_path: Path) -> Iterator[Co
 
 
 def test_through_the_controller_the_rollout_survives_the_cli_and_a_second_client_sees_it_end(
-        controller: Controller, boxes: list[Host]) -> None:
+    controller: Controller, boxes: list[Host]
+) -> None:
     """The CLI that started it is SIGKILLed after the canary: the rollout goes on in the controller; a
     second client's `rollout status` shows every host and `status --follow` sees it succeed, each box
     switched once (through the controller's SSH key: the clients' key is authorized nowhere)."""
@@ -400,7 +490,8 @@ def test_through_the_controller_the_rollout_survives_the_cli_and_a_second_client
 
 
 def test_abort_from_a_second_client_stops_the_next_batch_and_a_second_rollout_is_refused(
-        controller: Controller, boxes: list[Host]) -> None:
+    controller: Controller, boxes: list[Host]
+) -> None:
     """Held after the canary: another rollout of the group exits 5 naming #1 and who started it; abort
     from another client ends it aborted with h2-h4 never switched."""
     controller.hold_after(0)
@@ -422,7 +513,8 @@ def test_abort_from_a_second_client_stops_the_next_batch_and_a_second_rollout_is
 
 
 def test_the_controllers_agent_killed_between_batches_resumes_on_restart_switching_each_host_once(
-        controller: Controller, boxes: list[Host]) -> None:
+    controller: Controller, boxes: list[Host]
+) -> None:
     """SIGKILL the controller's agent after the canary: started again, it resumes the rollout by itself;
     it succeeds and every box has exactly one beta deployment."""
     controller.hold_after(0)
@@ -442,7 +534,8 @@ def test_the_controllers_agent_killed_between_batches_resumes_on_restart_switchi
 
 
 def test_a_host_that_does_not_authorize_the_controllers_key_fails_preflight_naming_it(
-        fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    fleet: HostSet, boxes: list[Host], tmp_path: Path
+) -> None:
     """h3 does not authorize the controller's key: the rollout is refused naming h3; no box stops alpha."""
     start_all(boxes)
     ctl_ = Controller(fleet, tmp_path, bad_key_on="h3")
@@ -469,7 +562,8 @@ def _kill_ssh_session_of_the_relay(host: Host) -> None:
 
 
 def test_a_connection_that_died_mid_switch_is_reopened_for_the_next_request(
-        fleet: HostSet, boxes: list[Host], tmp_path: Path) -> None:
+    fleet: HostSet, boxes: list[Host], tmp_path: Path
+) -> None:
     """The controller's SSH connection to h1 dies while h1 switches: that request reads a transport
     error, h1's agent finishes the switch, and the controller's next request to h1 connects anew."""
     from orchestrator import settings
@@ -483,8 +577,12 @@ def test_a_connection_that_died_mid_switch_is_reopened_for_the_next_request(
         client = ctl_fleet._clients(["h1"])["h1"]
         with ThreadPoolExecutor(max_workers=1) as pool:
             switching = pool.submit(ctl_fleet._run_all, [HostRequest("h1", client, "switch", {"model": "beta"})])
-            wait_for(lambda: boxes[0].run("pgrep -f 'orchestrator[.]agent[.]relay'", check=False).returncode,
-                     lambda rc: rc == 0, timeout=60, what="the relay of the switch on h1")
+            wait_for(
+                lambda: boxes[0].run("pgrep -f 'orchestrator[.]agent[.]relay'", check=False).returncode,
+                lambda rc: rc == 0,
+                timeout=60,
+                what="the relay of the switch on h1",
+            )
             _kill_ssh_session_of_the_relay(boxes[0])
             assert isinstance(switching.result(timeout=120)["h1"], TransportError)
 
@@ -496,7 +594,12 @@ def test_a_connection_that_died_mid_switch_is_reopened_for_the_next_request(
             entry = next(iter(st["hosts"].values()))
             return (entry["serving"] or {}).get("model") == "beta" and not st["agent"]["running"]
 
-        wait_for(status, lambda st: isinstance(st, dict) and switched(st), timeout=60, interval=0.5,
-                 what="h1's switch to end, seen over a new connection")
+        wait_for(
+            status,
+            lambda st: isinstance(st, dict) and switched(st),
+            timeout=60,
+            interval=0.5,
+            what="h1's switch to end, seen over a new connection",
+        )
     finally:
         ctl_fleet.close()

@@ -120,8 +120,13 @@ def test_write_file_never_follows_a_symlink_planted_in_the_directory(adapters: A
 
 
 def ssh_shell(host: Host, **overrides: object) -> SshShell:
-    args: dict[str, object] = {"port": host.port, "user": host.user, "key_filename": str(host.key_path),
-                               "known_hosts": str(host.known_hosts_path), "host": host.name}
+    args: dict[str, object] = {
+        "port": host.port,
+        "user": host.user,
+        "key_filename": str(host.key_path),
+        "known_hosts": str(host.known_hosts_path),
+        "host": host.name,
+    }
     args.update(overrides)
     return SshShell(host.address, **args)  # type: ignore[arg-type]
 
@@ -140,8 +145,14 @@ def test_ssh_reuses_one_connection(host: Host) -> None:
 def test_connect_factory_checks_the_connection_at_once(host: Host) -> None:
     """connect('ssh', ...) opens the connection itself, so a bad address fails there."""
     with pytest.raises(TransportError, match="refused"):
-        connect("ssh", host.address, port=1, key_filename=str(host.key_path),
-                known_hosts=str(host.known_hosts_path), host=host.name)
+        connect(
+            "ssh",
+            host.address,
+            port=1,
+            key_filename=str(host.key_path),
+            known_hosts=str(host.known_hosts_path),
+            host=host.name,
+        )
 
 
 def test_ssh_refused_names_host_and_address(host: Host) -> None:
@@ -184,8 +195,11 @@ def drop_connection_when(host: Host, shell: SshShell, marker: str) -> threading.
     port = transport.sock.getsockname()[1]
 
     def kill() -> None:
-        wait_for(lambda: host.run(["test", "-e", marker], check=False).returncode, lambda rc: rc == 0,
-                 what=f"{marker} in {host.name}")
+        wait_for(
+            lambda: host.run(["test", "-e", marker], check=False).returncode,
+            lambda rc: rc == 0,
+            what=f"{marker} in {host.name}",
+        )
         out = host.run(f"ss -Htnp state established '( sport = :22 and dport = :{port} )'").stdout
         pids = sorted(set(re.findall(r"pid=(\d+)", out)))
         assert pids, f"no sshd process found for client port {port}: {out!r}"
@@ -241,8 +255,9 @@ def test_shell_reconnects_after_a_drop(host: Host) -> None:
 
 def _streaming_case(shell: Any) -> None:
     lines: list[str] = []
-    result = shell.run_streaming(["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.1; done; echo oops >&2; exit 3"],
-                                 lines.append)
+    result = shell.run_streaming(
+        ["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.1; done; echo oops >&2; exit 3"], lines.append
+    )
     assert lines == ["line1", "line2", "line3"]
     assert result.exit_code == 3 and "oops" in result.stderr
 
@@ -256,8 +271,14 @@ def test_local_run_streaming_hands_over_lines_as_they_come() -> None:
 
 def test_ssh_run_streaming_hands_over_lines_as_they_come(host: Host) -> None:
     """The same over SSH: lines arrive through fabric's output stream, whole."""
-    shell, _ = connect("ssh", host.address, port=host.port, key_filename=str(host.key_path),
-                       known_hosts=str(host.known_hosts_path), host=host.name)
+    shell, _ = connect(
+        "ssh",
+        host.address,
+        port=host.port,
+        key_filename=str(host.key_path),
+        known_hosts=str(host.known_hosts_path),
+        host=host.name,
+    )
     try:
         _streaming_case(shell)
     finally:

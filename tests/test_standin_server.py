@@ -99,15 +99,21 @@ def test_completion_honours_max_tokens(start: Callable[..., Standin]) -> None:
     """A non-streamed completion returns max_tokens tokens with usage and a cmpl- id."""
     s = start().wait_listening()
     r = s.client().completions.create(model=NAME, prompt="one two three", max_tokens=7)
-    assert (r.id.startswith("cmpl-"), r.choices[0].finish_reason, r.usage is not None and
-            (r.usage.prompt_tokens, r.usage.completion_tokens)) == (True, "length", (3, 7))
+    assert (
+        r.id.startswith("cmpl-"),
+        r.choices[0].finish_reason,
+        r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens),
+    ) == (True, "length", (3, 7))
 
 
 def test_streamed_completion_ends_with_a_usage_chunk(start: Callable[..., Standin]) -> None:
     """A streamed completion sends one chunk per token, then a usage chunk with no choices."""
     s = start().wait_listening()
-    chunks = list(s.client().completions.create(
-        model=NAME, prompt="hi", max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        s.client().completions.create(
+            model=NAME, prompt="hi", max_tokens=5, stream=True, stream_options={"include_usage": True}
+        )
+    )
     texts = [c.choices[0].text for c in chunks if c.choices]
     usage = chunks[-1].usage
     assert (len(texts), chunks[-1].choices, usage and usage.completion_tokens) == (5, [], 5)
@@ -116,22 +122,29 @@ def test_streamed_completion_ends_with_a_usage_chunk(start: Callable[..., Standi
 def test_chat_completion_honours_max_tokens(start: Callable[..., Standin]) -> None:
     """A non-streamed chat completion answers as the assistant with max_tokens tokens."""
     s = start().wait_listening()
-    r = s.client().chat.completions.create(
-        model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-    assert (r.id.startswith("chatcmpl-"), r.choices[0].message.role, r.usage and
-            r.usage.completion_tokens) == (True, "assistant", 4)
+    r = s.client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert (r.id.startswith("chatcmpl-"), r.choices[0].message.role, r.usage and r.usage.completion_tokens) == (
+        True,
+        "assistant",
+        4,
+    )
 
 
 def test_streamed_chat_ends_with_a_usage_chunk(start: Callable[..., Standin]) -> None:
     """A streamed chat completion sends the role, one delta per token, then a usage chunk."""
     s = start().wait_listening()
-    chunks = list(s.client().chat.completions.create(
-        model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        s.client().chat.completions.create(
+            model=NAME,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     usage = chunks[-1].usage
-    assert (chunks[0].choices[0].delta.role, len(contents), usage and usage.completion_tokens) == (
-        "assistant", 6, 6)
+    assert (chunks[0].choices[0].delta.role, len(contents), usage and usage.completion_tokens) == ("assistant", 6, 6)
 
 
 def test_unknown_model_is_not_found(start: Callable[..., Standin]) -> None:
@@ -180,15 +193,13 @@ def _refused(port: int) -> bool:
     return False
 
 
-def test_gpu_file_is_written_while_loading_and_removed_on_exit(
-        start: Callable[..., Standin], tmp_path: Path) -> None:
+def test_gpu_file_is_written_while_loading_and_removed_on_exit(start: Callable[..., Standin], tmp_path: Path) -> None:
     """The server writes <dir>/<pid>.json as loading starts and removes it on a clean exit."""
     d = tmp_path / "gpu"
     s = start("--load-time", "30", "--gpus", "0,2", "--gpu-mib", "1234", "--gpu-state-dir", str(d))
     wait_for(lambda: gpu_files(d), what="gpu file")
     seen = gpu_files(d)
-    assert (seen[s.proc.pid]["gpus"], seen[s.proc.pid]["mib_per_gpu"], s.stop(), gpu_files(d)) == (
-        [0, 2], 1234, 0, {})
+    assert (seen[s.proc.pid]["gpus"], seen[s.proc.pid]["mib_per_gpu"], s.stop(), gpu_files(d)) == ([0, 2], 1234, 0, {})
 
 
 def test_gpu_dir_comes_from_environment(start: Callable[..., Standin], tmp_path: Path) -> None:
@@ -204,29 +215,33 @@ def test_engine_child_holds_the_memory(start: Callable[..., Standin], tmp_path: 
     d = tmp_path / "gpu"
     s = start("--engine-child", "--gpus", "0", "--gpu-state-dir", str(d)).wait_listening()
     wait_for(lambda: gpu_files(d), what="gpu file")
-    (pid, info), = gpu_files(d).items()
+    ((pid, info),) = gpu_files(d).items()
     comm = Path(f"/proc/{pid}/comm").read_text().strip()
     assert (pid != s.proc.pid, info["name"], comm, s.stop(), gpu_files(d), alive(pid)) == (
-        True, "VLLM::EngineCore", "VLLM::EngineCor", 0, {}, False)
+        True,
+        "VLLM::EngineCore",
+        "VLLM::EngineCor",
+        0,
+        {},
+        False,
+    )
 
 
 def test_process_name_names_the_child(start: Callable[..., Standin], tmp_path: Path) -> None:
     """--process-name sets the name of the process holding the memory."""
     d = tmp_path / "gpu"
-    start("--engine-child", "--process-name", "vllm-worker", "--gpus", "0",
-          "--gpu-state-dir", str(d)).wait_listening()
+    start("--engine-child", "--process-name", "vllm-worker", "--gpus", "0", "--gpu-state-dir", str(d)).wait_listening()
     wait_for(lambda: gpu_files(d), what="gpu file")
-    (pid, info), = gpu_files(d).items()
+    ((pid, info),) = gpu_files(d).items()
     assert (info["name"], Path(f"/proc/{pid}/comm").read_text().strip()) == ("vllm-worker", "vllm-worker")
 
 
 def test_child_ignoring_sigterm_outlives_the_server(start: Callable[..., Standin], tmp_path: Path) -> None:
     """--child-ignores-sigterm leaves an orphan that keeps its GPU file until SIGKILL."""
     d = tmp_path / "gpu"
-    s = start("--engine-child", "--child-ignores-sigterm", "--gpus", "0,1",
-              "--gpu-state-dir", str(d)).wait_listening()
+    s = start("--engine-child", "--child-ignores-sigterm", "--gpus", "0,1", "--gpu-state-dir", str(d)).wait_listening()
     wait_for(lambda: gpu_files(d), what="gpu file")
-    (pid, _), = gpu_files(d).items()
+    ((pid, _),) = gpu_files(d).items()
     assert (s.stop(), alive(pid), list(gpu_files(d))) == (0, True, [pid])
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not alive(pid), what="orphan killed")
@@ -235,10 +250,11 @@ def test_child_ignoring_sigterm_outlives_the_server(start: Callable[..., Standin
 def test_engine_child_exits_after_its_max_life(start: Callable[..., Standin], tmp_path: Path) -> None:
     """An orphaned child exits by itself after --child-max-life and removes its file."""
     d = tmp_path / "gpu"
-    s = start("--engine-child", "--child-ignores-sigterm", "--child-max-life", "2", "--gpus", "0",
-              "--gpu-state-dir", str(d)).wait_listening()
+    s = start(
+        "--engine-child", "--child-ignores-sigterm", "--child-max-life", "2", "--gpus", "0", "--gpu-state-dir", str(d)
+    ).wait_listening()
     wait_for(lambda: gpu_files(d), what="gpu file")
-    (pid, _), = gpu_files(d).items()
+    ((pid, _),) = gpu_files(d).items()
     s.stop()
     wait_for(lambda: not alive(pid) and not gpu_files(d), what="child gone with its file")
     assert gpu_files(d) == {}
@@ -249,7 +265,7 @@ def test_server_exits_when_engine_child_dies(start: Callable[..., Standin], tmp_
     d = tmp_path / "gpu"
     s = start("--engine-child", "--gpus", "0", "--gpu-state-dir", str(d)).wait_listening()
     wait_for(lambda: gpu_files(d), what="gpu file")
-    (pid, _), = gpu_files(d).items()
+    ((pid, _),) = gpu_files(d).items()
     os.kill(pid, signal.SIGKILL)
     assert (s.proc.wait(15), gpu_files(d)) == (1, {})
 
@@ -267,20 +283,26 @@ def children(pid: int) -> list[int]:
 
 
 def test_sigkill_of_the_api_server_leaves_the_engine_holding_memory(
-        start: Callable[..., Standin], tmp_path: Path) -> None:
+    start: Callable[..., Standin], tmp_path: Path
+) -> None:
     """As measured with vLLM 0.25.1 on an H200: SIGKILL of the API server alone leaves its two children,
     EngineCore (holding the GPU memory) and a resource tracker, running; SIGTERM ends them."""
     d = tmp_path / "gpu"
     s = start("--engine-child", "--gpus", "0", "--gpu-mib", "122666", "--gpu-state-dir", str(d)).wait_listening()
     wait_for(lambda: gpu_files(d), what="gpu file")
-    (engine, info), = gpu_files(d).items()
+    ((engine, info),) = gpu_files(d).items()
     kids = children(s.proc.pid)
     os.kill(s.proc.pid, signal.SIGKILL)
     s.proc.wait()
     time.sleep(1.0)  # the measured case: still there 1, 5 and 15 s later (nothing to await: a non-event)
     names = sorted(Path(f"/proc/{p}/comm").read_text().strip() for p in kids if alive(p))
     assert (len(kids), "VLLM::EngineCor" in names, len(names), info["mib_per_gpu"], list(gpu_files(d))) == (
-        2, True, 2, 122666, [engine])
+        2,
+        True,
+        2,
+        122666,
+        [engine],
+    )
     for p in kids:
         os.kill(p, signal.SIGTERM)
     wait_for(lambda: not any(alive(p) for p in kids) and not gpu_files(d), what="orphans gone after SIGTERM")
@@ -290,8 +312,18 @@ def test_engine_memory_follows_the_measured_start_phases(start: Callable[..., St
     """With --load-time, the engine child first holds the weights (13 of 122.7 GB on the H200), then all of
     its memory once the KV cache is allocated, and vLLM's phase lines come in vLLM's order before the port opens."""
     d = tmp_path / "gpu"
-    s = start("--engine-child", "--listen-after-load", "--load-time", "3", "--gpus", "0", "--gpu-mib", "122666",
-              "--gpu-state-dir", str(d))
+    s = start(
+        "--engine-child",
+        "--listen-after-load",
+        "--load-time",
+        "3",
+        "--gpus",
+        "0",
+        "--gpu-mib",
+        "122666",
+        "--gpu-state-dir",
+        str(d),
+    )
     seen: list[int] = []
 
     def sample() -> bool:
@@ -307,26 +339,41 @@ def test_engine_memory_follows_the_measured_start_phases(start: Callable[..., St
     assert (seen[0] < 0.15 * 122666, seen[-1], phases) == (True, 122666, list(PHASES))
 
 
-PHASES = ("non-default args", "Initializing a V1 LLM engine", "Loading weights took", "Model loading took",
-          "torch.compile took", "Available KV cache memory", "Graph capturing finished", "init engine",
-          "Starting vLLM server on", "Application startup complete")
+PHASES = (
+    "non-default args",
+    "Initializing a V1 LLM engine",
+    "Loading weights took",
+    "Model loading took",
+    "torch.compile took",
+    "Available KV cache memory",
+    "Graph capturing finished",
+    "init engine",
+    "Starting vLLM server on",
+    "Application startup complete",
+)
 
 
 def test_chunk_delay_paces_the_stream(start: Callable[..., Standin]) -> None:
     """--chunk-delay spaces streamed tokens at least that far apart."""
     s = start("--chunk-delay", "0.05").wait_listening()
-    stamps = [time.monotonic() for c in s.client().completions.create(
-        model=NAME, prompt="hi", max_tokens=6, stream=True) if c.choices]
+    stamps = [
+        time.monotonic()
+        for c in s.client().completions.create(model=NAME, prompt="hi", max_tokens=6, stream=True)
+        if c.choices
+    ]
     assert (len(stamps), stamps[-1] - stamps[0] >= 5 * 0.05 * 0.9) == (6, True)
 
 
 def test_load_time_from_start_counts_from_the_process_start() -> None:
     """--load-time-from-start's clock: the process's start on time.monotonic, between its spawn and its answer."""
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import openai_server as s; "
-             "print(repr(s.process_start()))")
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); import openai_server as s; print(repr(s.process_start()))"
     before = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", probe, str(Path(__file__).parent / "standin")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(Path(__file__).parent / "standin")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     after = time.monotonic()
     tick = 1 / os.sysconf("SC_CLK_TCK")  # /proc counts the start in clock ticks
     assert before - tick <= float(out) <= after

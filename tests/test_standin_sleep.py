@@ -39,9 +39,25 @@ def start(gpu_dir: Path) -> Iterator[Callable[..., StandinServer]]:
 
     def _start(*args: str, env: dict[str, str] | None = DEV, sleep_mode: bool = True) -> StandinServer:
         flags = ["--enable-sleep-mode"] if sleep_mode else []
-        s = StandinServer("--served-name", NAME, "--gpus", "0", "--gpu-mib", str(FULL_MIB),
-                          "--gpu-state-dir", str(gpu_dir), "--wake-time", "0.3", "--sleep-time", "0",
-                          "--reload-time", "0", *flags, *args, env=env)
+        s = StandinServer(
+            "--served-name",
+            NAME,
+            "--gpus",
+            "0",
+            "--gpu-mib",
+            str(FULL_MIB),
+            "--gpu-state-dir",
+            str(gpu_dir),
+            "--wake-time",
+            "0.3",
+            "--sleep-time",
+            "0",
+            "--reload-time",
+            "0",
+            *flags,
+            *args,
+            env=env,
+        )
         started.append(s)
         return s.wait_listening()
 
@@ -55,9 +71,18 @@ def start(gpu_dir: Path) -> Iterator[Callable[..., StandinServer]]:
 
 def nvsmi_apps(gpu_dir: Path) -> list[tuple[int, str, int]]:
     """(pid, process name, MiB) as the stand-in nvidia-smi lists them."""
-    out = subprocess.run([sys.executable, str(NVSMI), "--query-compute-apps=pid,process_name,used_memory",
-                          "--format=csv,noheader,nounits"], env={**os.environ, "STANDIN_GPU_DIR": str(gpu_dir)},
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(NVSMI),
+            "--query-compute-apps=pid,process_name,used_memory",
+            "--format=csv,noheader,nounits",
+        ],
+        env={**os.environ, "STANDIN_GPU_DIR": str(gpu_dir)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [(int(p), n, int(m)) for p, n, m in (line.split(", ") for line in out.splitlines())]
 
 
@@ -74,8 +99,9 @@ def state(s: StandinServer) -> dict[str, Any]:
 
 
 def complete(s: StandinServer, timeout: float = 10, max_tokens: int = 4) -> httpx.Response:
-    return httpx.post(s.url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": max_tokens},
-                      timeout=timeout)
+    return httpx.post(
+        s.url + "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": max_tokens}, timeout=timeout
+    )
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -88,8 +114,12 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 def stream_events(s: StandinServer, max_tokens: int, first: threading.Event) -> list[dict[str, Any]]:
     """A streamed completion's events; ``first`` is set once a token arrived."""
     events = []
-    with httpx.stream("POST", s.url + "/v1/completions", timeout=30, json={
-            "model": NAME, "prompt": "hi", "max_tokens": max_tokens, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        s.url + "/v1/completions",
+        timeout=30,
+        json={"model": NAME, "prompt": "hi", "max_tokens": max_tokens, "stream": True},
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 events.append(json.loads(line[6:]))
@@ -100,9 +130,12 @@ def stream_events(s: StandinServer, max_tokens: int, first: threading.Event) -> 
 def test_dev_routes_are_404_without_dev_mode(start: Callable[..., StandinServer]) -> None:
     """Without VLLM_SERVER_DEV_MODE=1, /sleep, /wake_up, /is_sleeping and /collective_rpc do not exist."""
     s = start(env={"VLLM_SERVER_DEV_MODE": "0"})
-    codes = [post(s, "/sleep?level=1").status_code, post(s, "/wake_up").status_code,
-             httpx.get(s.url + "/is_sleeping").status_code,
-             post(s, "/collective_rpc", json={"method": "reload_weights"}).status_code]
+    codes = [
+        post(s, "/sleep?level=1").status_code,
+        post(s, "/wake_up").status_code,
+        httpx.get(s.url + "/is_sleeping").status_code,
+        post(s, "/collective_rpc", json={"method": "reload_weights"}).status_code,
+    ]
     assert codes == [404, 404, 404, 404]
 
 
@@ -113,7 +146,13 @@ def test_sleep_and_wake_answer_200_with_an_empty_body(start: Callable[..., Stand
     asleep = httpx.get(s.url + "/is_sleeping").content
     woke = post(s, "/wake_up")
     assert (slept.status_code, slept.content, asleep, woke.status_code, woke.content, sleeping(s)) == (
-        200, b"", b'{"is_sleeping":true}', 200, b"", False)
+        200,
+        b"",
+        b'{"is_sleeping":true}',
+        200,
+        b"",
+        False,
+    )
 
 
 def test_health_and_models_answer_while_asleep(start: Callable[..., StandinServer]) -> None:
@@ -183,15 +222,20 @@ def test_sleep_keep_pauses_streams_until_the_wake(start: Callable[..., StandinSe
 
 
 def test_nvidia_smi_shows_the_residue_of_a_sleeper_per_process(
-        start: Callable[..., StandinServer], gpu_dir: Path) -> None:
+    start: Callable[..., StandinServer], gpu_dir: Path
+) -> None:
     """Asleep, the EngineCore process keeps the measured residue; awake again, all of its memory."""
     s = start("--engine-child")
-    (pid, name, before), = nvsmi_apps(gpu_dir)
+    ((pid, name, before),) = nvsmi_apps(gpu_dir)
     post(s, "/sleep?level=1")
     asleep = nvsmi_apps(gpu_dir)
     post(s, "/wake_up")
     assert (name, before, asleep, nvsmi_apps(gpu_dir)) == (
-        "VLLM::EngineCore", FULL_MIB, [(pid, name, RESIDUE_MIB)], [(pid, name, FULL_MIB)])
+        "VLLM::EngineCore",
+        FULL_MIB,
+        [(pid, name, RESIDUE_MIB)],
+        [(pid, name, FULL_MIB)],
+    )
 
 
 def test_residue_is_a_flag(start: Callable[..., StandinServer], gpu_dir: Path) -> None:
@@ -204,13 +248,13 @@ def test_residue_is_a_flag(start: Callable[..., StandinServer], gpu_dir: Path) -
 def hold_memory(gpu_dir: Path, mib: int) -> subprocess.Popen[bytes]:
     """Another live process holding ``mib`` on GPU 0, in the stand-in nvidia-smi's accounting."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    (gpu_dir / f"{p.pid}.json").write_text(json.dumps(
-        {"pid": p.pid, "name": "python3", "gpus": [0], "mib_per_gpu": mib}))
+    (gpu_dir / f"{p.pid}.json").write_text(
+        json.dumps({"pid": p.pid, "name": "python3", "gpus": [0], "mib_per_gpu": mib})
+    )
     return p
 
 
-def test_a_wake_without_the_memory_half_wakes_and_wedges(
-        start: Callable[..., StandinServer], gpu_dir: Path) -> None:
+def test_a_wake_without_the_memory_half_wakes_and_wedges(start: Callable[..., StandinServer], gpu_dir: Path) -> None:
     """500 "out of memory", the engine holds all that was free, completions hang; later: "invalid argument"."""
     s = start()
     post(s, "/sleep?level=1")
@@ -224,13 +268,17 @@ def test_a_wake_without_the_memory_half_wakes_and_wedges(
         other.kill()
         other.wait()
     again = post(s, "/wake_up")
-    assert (oom.status_code, "CUDA Error: out of memory" in oom.json()["error"]["message"], half,
-            again.status_code, "CUDA Error: invalid argument" in again.json()["error"]["message"],
-            sleeping(s)) == (500, True, [TOTAL_MIB - 10000], 500, True, True)
+    assert (
+        oom.status_code,
+        "CUDA Error: out of memory" in oom.json()["error"]["message"],
+        half,
+        again.status_code,
+        "CUDA Error: invalid argument" in again.json()["error"]["message"],
+        sleeping(s),
+    ) == (500, True, [TOTAL_MIB - 10000], 500, True, True)
 
 
-def test_a_wake_with_room_beside_another_process_succeeds(
-        start: Callable[..., StandinServer], gpu_dir: Path) -> None:
+def test_a_wake_with_room_beside_another_process_succeeds(start: Callable[..., StandinServer], gpu_dir: Path) -> None:
     """Another holder that leaves enough room does not stop the wake."""
     s = start()
     post(s, "/sleep?level=1")
@@ -244,15 +292,15 @@ def test_a_wake_with_room_beside_another_process_succeeds(
 
 
 def test_sleep_keeps_memory_knob_answers_200_and_frees_nothing(
-        start: Callable[..., StandinServer], gpu_dir: Path) -> None:
+    start: Callable[..., StandinServer], gpu_dir: Path
+) -> None:
     """--sleep-keeps-memory: /sleep says 200 and /is_sleeping true, but the memory stays (vllm#47654)."""
     s = start("--sleep-keeps-memory")
     code = post(s, "/sleep?level=1").status_code
     assert (code, sleeping(s), [m for _, _, m in nvsmi_apps(gpu_dir)]) == (200, True, [FULL_MIB])
 
 
-def test_without_enable_sleep_mode_sleep_frees_nothing(
-        start: Callable[..., StandinServer], gpu_dir: Path) -> None:
+def test_without_enable_sleep_mode_sleep_frees_nothing(start: Callable[..., StandinServer], gpu_dir: Path) -> None:
     """vLLM attaches the routes on the env alone; without --enable-sleep-mode its cumem pool is empty."""
     s = start(sleep_mode=False)
     code = post(s, "/sleep?level=1").status_code
@@ -270,7 +318,12 @@ def test_level2_wake_follows_vllms_sequence(start: Callable[..., StandinServer],
     post(s, "/reset_prefix_cache")
     text = complete(s).json()["choices"][0]["text"]
     assert (partly, rpc.status_code, rpc.content, sleeping(s), text) == (
-        (True, [RESIDUE_MIB + int(FULL_MIB * 0.114)]), 200, b'{"results":[null]}', False, "Hello world, this")
+        (True, [RESIDUE_MIB + int(FULL_MIB * 0.114)]),
+        200,
+        b'{"results":[null]}',
+        False,
+        "Hello world, this",
+    )
 
 
 def test_level2_wake_without_reload_weights_answers_garbage(start: Callable[..., StandinServer]) -> None:

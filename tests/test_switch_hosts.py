@@ -25,8 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.hosts
 
 
-
-
 @pytest.fixture
 def ops(host: Host, tmp_path: Path) -> Operations:
     cfg = tmp_path / "deploy.toml"
@@ -50,16 +48,21 @@ def test_switch_a_to_b(host: Host, ops: Operations) -> None:
     assert unit_states(host, "alpha", "beta") == {"alpha": "inactive", "beta": "active"}
     assert host.run(["systemctl", "is-enabled", "vllm-beta.service"]).stdout.strip() == "enabled"
     history = ops.history(host.name)
-    assert [(h["revision"], h["model"], h["outcome"]) for h in history] == [(2, "beta", "active"),
-                                                                             (1, "alpha", "active")]
+    assert [(h["revision"], h["model"], h["outcome"]) for h in history] == [
+        (2, "beta", "active"),
+        (1, "alpha", "active"),
+    ]
     assert {p["phase"] for p in history[0]["phases"]} >= {"stopping", "freeing", "starting", "checking"}
 
 
-@pytest.mark.parametrize("bad,error", [
-    ("beta-slow", "not ready after its load deadline of 3 s"),
-    ("beta-crash", "vllm-beta-crash.service"),
-    ("beta-mute", "completions failed"),
-])
+@pytest.mark.parametrize(
+    "bad,error",
+    [
+        ("beta-slow", "not ready after its load deadline of 3 s"),
+        ("beta-crash", "vllm-beta-crash.service"),
+        ("beta-mute", "completions failed"),
+    ],
+)
 def test_failed_switch_rolls_back_to_a(host: Host, ops: Operations, bad: str, error: str) -> None:
     """B never ready, B crashing on start, B failing completions: A serves again, both recorded."""
     ops.switch("alpha")
@@ -76,9 +79,25 @@ def test_failed_switch_rolls_back_to_a(host: Host, ops: Operations, bad: str, er
 def test_foreign_process_on_gpus_stops_switch_and_rolls_back(host: Host, ops: Operations) -> None:
     """A process outside our units on B's GPUs is named (PID, name, memory); A comes back."""
     ops.switch("gamma")
-    stray = host.run(["systemd-run", "--unit=stray-gpu-holder", "--property=Type=exec", sys.executable,
-                      str(REPO / "tests/standin/openai_server.py"), "--host", host.address, "--port", "8199",
-                      "--served-name", "stray", "--gpus", "0,1", "--gpu-mib", "20480"])
+    stray = host.run(
+        [
+            "systemd-run",
+            "--unit=stray-gpu-holder",
+            "--property=Type=exec",
+            sys.executable,
+            str(REPO / "tests/standin/openai_server.py"),
+            "--host",
+            host.address,
+            "--port",
+            "8199",
+            "--served-name",
+            "stray",
+            "--gpus",
+            "0,1",
+            "--gpu-mib",
+            "20480",
+        ]
+    )
     assert stray.returncode == 0
     try:
         result = ops.switch("beta")
@@ -92,8 +111,10 @@ def test_foreign_process_on_gpus_stops_switch_and_rolls_back(host: Host, ops: Op
 def test_leftover_engine_of_old_unit_is_reaped(host: Host, tmp_path: Path) -> None:
     """A legacy unit (KillMode=process) leaves its engine child holding the GPUs: it is killed, B starts."""
     cfg = tmp_path / "deploy.toml"
-    models = {**MODELS, "alpha": {**MODELS["alpha"], "args": ["--load-time", "0.3", "--engine-child",
-                                                            "--child-ignores-sigterm"]}}
+    models = {
+        **MODELS,
+        "alpha": {**MODELS["alpha"], "args": ["--load-time", "0.3", "--engine-child", "--child-ignores-sigterm"]},
+    }
     cfg.write_text(config_text(host, tmp_path / "state", models))
     catalog = settings.load(cfg)
     legacy = default_template().replace("KillMode=control-group", "KillMode=process")
@@ -130,8 +151,9 @@ def test_engine_orphaned_by_sigkill_of_the_api_server_is_reaped(host: Host, tmp_
 
 
 def gpu_holders(host: Host) -> list[str]:
-    out = host.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
-                    "--format=csv,noheader,nounits"]).stdout
+    out = host.run(
+        ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
+    ).stdout
     return sorted(line for line in out.splitlines() if line.strip())
 
 
@@ -182,8 +204,9 @@ def test_second_switch_on_busy_host_is_refused(host: Host, ops: Operations, tmp_
     ops.switch("alpha")
     seen: list[str] = []
     done = threading.Event()
-    first = threading.Thread(target=lambda: (ops.switch("beta-long", progress=lambda e, f: seen.append(
-        str(f.get("phase")))), done.set()))
+    first = threading.Thread(
+        target=lambda: (ops.switch("beta-long", progress=lambda e, f: seen.append(str(f.get("phase")))), done.set())
+    )
     first.start()
     wait_for(lambda: "checking" in seen, what="the first switch to reach checking")
     other = operations(ops.catalog)
@@ -199,25 +222,47 @@ def test_switch_through_dbus_inside_the_host(host: Host) -> None:
     cfg = config_text(host, Path("/var/lib/orchestrator-test"), MODELS, transport="local")
     host.write_file("/etc/orchestrator-test.toml", cfg)
     for model in ("alpha", "beta"):
-        r = host.run([sys.executable, "-m", "orchestrator", "switch", model, "--config",
-                      "/etc/orchestrator-test.toml", "--json"], check=False)
+        r = host.run(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator",
+                "switch",
+                model,
+                "--config",
+                "/etc/orchestrator-test.toml",
+                "--json",
+            ],
+            check=False,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         assert f'"model": "{model}"' in r.stdout and '"outcome": "active"' in r.stdout
     assert unit_states(host, "alpha", "beta") == {"alpha": "inactive", "beta": "active"}
 
 
-def test_switch_stages_weights_from_the_hub_before_stopping(host: Host, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_switch_stages_weights_from_the_hub_before_stopping(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A hub model is downloaded and verified while A serves; the unit runs the staged revision."""
     import json
 
     from tests.hubstub import HubStub, StubRepo, sharded_model
 
     files = sharded_model(["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"], 50_000)
-    files["config.json"] = json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
-        "max_position_embeddings": 2048, "torch_dtype": "float32"}).encode()
+    files["config.json"] = json.dumps(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "intermediate_size": 512,
+            "vocab_size": 1000,
+            "max_position_embeddings": 2048,
+            "torch_dtype": "float32",
+        }
+    ).encode()
     with HubStub() as hub:
         hub.add(StubRepo.of("org/staged", files, sha="b" * 40))
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
@@ -245,8 +290,12 @@ def test_render_diff_against_installed_unit(host: Host, ops: Operations, tmp_pat
     changed = {**MODELS, "alpha": {**MODELS["alpha"], "max_model_len": 4096}}
     cfg = tmp_path / "changed.toml"
     cfg.write_text(config_text(host, tmp_path / "state", changed))
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "render", "alpha", "--config", str(cfg), "--diff",
-                        "--installed"], capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "render", "alpha", "--config", str(cfg), "--diff", "--installed"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 1, r.stderr
     assert f"{host.name}:/etc/systemd/system/vllm-alpha.service" in r.stdout
     assert '"--max-model-len" "4096"' in r.stdout

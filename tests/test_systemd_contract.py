@@ -61,7 +61,10 @@ def test_installed_unit_loads_after_daemon_reload(adapters: Adapters) -> None:
     install(adapters, unit, service("/bin/sleep 1000"))
     state = adapters.systemd.unit_state(unit)
     assert (state.load_state, state.active_state, state.fragment_path) == (
-        "loaded", "inactive", f"/etc/systemd/system/{unit}")
+        "loaded",
+        "inactive",
+        f"/etc/systemd/system/{unit}",
+    )
 
 
 def test_start_makes_unit_active_with_main_pid(adapters: Adapters) -> None:
@@ -131,8 +134,7 @@ def test_unit_exiting_non_zero_is_failed_with_exit_status(adapters: Adapters) ->
     unit = unit_name()
     install(adapters, unit, service("/bin/sh -c 'exit 3'"))
     adapters.systemd.start(unit)
-    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.is_failed,
-                     what=f"{unit} failed")
+    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.is_failed, what=f"{unit} failed")
     assert (state.exec_main_status, state.result) == (3, "exit-code")
 
 
@@ -158,11 +160,11 @@ def test_reset_failed_clears_the_failed_state(adapters: Adapters) -> None:
 def test_journal_tail_returns_the_last_lines(adapters: Adapters) -> None:
     """journal_tail gives the unit's last N output lines, oldest first."""
     unit = unit_name()
-    install(adapters, unit, service("/bin/sh -c 'for i in 1 2 3 4 5; do echo line-$i; done'",
-                                    Type="oneshot"))
+    install(adapters, unit, service("/bin/sh -c 'for i in 1 2 3 4 5; do echo line-$i; done'", Type="oneshot"))
     adapters.systemd.start(unit)
-    lines = wait_for(lambda: adapters.systemd.journal_tail(unit, 40), lambda ls: "line-5" in ls,
-                     what=f"{unit} output in the journal")
+    lines = wait_for(
+        lambda: adapters.systemd.journal_tail(unit, 40), lambda ls: "line-5" in ls, what=f"{unit} output in the journal"
+    )
     assert [x for x in lines if x.startswith("line-")][-3:] == ["line-3", "line-4", "line-5"]
     assert len(adapters.systemd.journal_tail(unit, 2)) == 2
 
@@ -173,8 +175,9 @@ def test_journal_tail_hides_secrets_the_engine_printed(adapters: Adapters) -> No
     hf = "hf_" + "Zx9" * 12
     install(adapters, unit, service(f"/bin/sh -c 'echo token {hf}; echo HF_TOKEN=plainsecret1; echo done-1'"))
     adapters.systemd.start(unit)
-    lines = wait_for(lambda: adapters.systemd.journal_tail(unit, 40), lambda ls: "done-1" in ls,
-                     what=f"{unit} output in the journal")
+    lines = wait_for(
+        lambda: adapters.systemd.journal_tail(unit, 40), lambda ls: "done-1" in ls, what=f"{unit} output in the journal"
+    )
     text = "\n".join(lines)
     assert hf not in text and "plainsecret1" not in text
     assert "token <a Hugging Face token, not shown>" in lines and "HF_TOKEN=<a secret by its name, not shown>" in lines
@@ -188,8 +191,9 @@ def test_daemon_reload_picks_up_a_changed_unit(adapters: Adapters) -> None:
     adapters.systemd.install_unit(unit, service("/bin/echo version-two", Type="oneshot"))
     adapters.systemd.daemon_reload()
     adapters.systemd.start(unit)
-    lines = wait_for(lambda: adapters.systemd.journal_tail(unit, 20), lambda ls: "version-two" in ls,
-                     what="second version's output")
+    lines = wait_for(
+        lambda: adapters.systemd.journal_tail(unit, 20), lambda ls: "version-two" in ls, what="second version's output"
+    )
     assert lines.index("version-one") < lines.index("version-two")
 
 
@@ -199,8 +203,9 @@ def test_restart_on_failure_counts_restarts(adapters: Adapters) -> None:
     content = service("/bin/sh -c 'exit 1'", Restart="on-failure", RestartSec="100ms")
     install(adapters, unit, content.replace("[Unit]\n", "[Unit]\nStartLimitIntervalSec=0\n"))
     adapters.systemd.start(unit)
-    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.n_restarts >= 2,
-                     what=f"{unit} restarted twice")
+    state = wait_for(
+        lambda: adapters.systemd.unit_state(unit), lambda s: s.n_restarts >= 2, what=f"{unit} restarted twice"
+    )
     assert state.n_restarts >= 2
 
 
@@ -214,8 +219,11 @@ def test_started_at_is_the_last_start_systemds_own_restarts_included(adapters: A
     adapters.systemd.start(unit)
     first = adapters.systemd.unit_state(unit).started_at
     assert first is not None and before - 1 <= first <= time.time()  # `systemctl show` gives whole seconds
-    later = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.n_restarts >= 1 and s.active_state ==
-                     "active" and (s.started_at or 0) > first, what=f"{unit} restarted by systemd")
+    later = wait_for(
+        lambda: adapters.systemd.unit_state(unit),
+        lambda s: s.n_restarts >= 1 and s.active_state == "active" and (s.started_at or 0) > first,
+        what=f"{unit} restarted by systemd",
+    )
     assert later.started_at is not None and later.started_at <= time.time()
 
 
@@ -234,8 +242,12 @@ def test_enable_and_disable_report_whether_a_link_changed(adapters: Adapters) ->
     """enable and disable say whether they changed a link (the caller reloads only then)."""
     unit = unit_name()
     install(adapters, unit, service("/bin/sleep 1000") + "\n[Install]\nWantedBy=multi-user.target\n")
-    assert [adapters.systemd.enable(unit, reload=False), adapters.systemd.enable(unit, reload=False),
-            adapters.systemd.disable(unit), adapters.systemd.disable(unit)] == [True, False, True, False]
+    assert [
+        adapters.systemd.enable(unit, reload=False),
+        adapters.systemd.enable(unit, reload=False),
+        adapters.systemd.disable(unit),
+        adapters.systemd.disable(unit),
+    ] == [True, False, True, False]
 
 
 @WITH_FAKES
@@ -251,8 +263,9 @@ def test_cgroup_pids_lists_every_process_of_the_unit(adapters: Adapters) -> None
     unit = unit_name()
     install(adapters, unit, service("/bin/sh -c 'sleep 1000 & sleep 1000 & wait'"))
     adapters.systemd.start(unit)
-    pids = wait_for(lambda: adapters.systemd.cgroup_pids(unit), lambda p: len(p) >= 3,
-                    what=f"{unit} forked its children")
+    pids = wait_for(
+        lambda: adapters.systemd.cgroup_pids(unit), lambda p: len(p) >= 3, what=f"{unit} forked its children"
+    )
     assert adapters.systemd.unit_state(unit).main_pid in pids
 
 
@@ -271,8 +284,11 @@ def test_kill_unit_signals_every_process(adapters: Adapters) -> None:
     adapters.systemd.start(unit)
     adapters.systemd.kill_unit(unit, signal.SIGKILL)
     # Settled, not merely not active: 'deactivating' (the kill still reaping) is not active either.
-    state = wait_for(lambda: adapters.systemd.unit_state(unit), lambda s: s.active_state in ("failed", "inactive"),
-                     what=f"{unit} killed")
+    state = wait_for(
+        lambda: adapters.systemd.unit_state(unit),
+        lambda s: s.active_state in ("failed", "inactive"),
+        what=f"{unit} killed",
+    )
     assert (state.active_state, state.result) == ("failed", "signal")
     assert adapters.systemd.cgroup_pids(unit) == []
 

@@ -28,8 +28,22 @@ from tests.test_tune_hosts import TINY, TINY_ENV, _measured, history, put_tiny
 
 pytestmark = pytest.mark.hosts
 
-RUN = ["tune", "tiny", "--layouts", "tp2,tp4", "--concurrency", "1,4", "--duration", "2", "--max-tokens", "16",
-       "--prompt-tokens", "8", "--yes", "--json"]
+RUN = [
+    "tune",
+    "tiny",
+    "--layouts",
+    "tp2,tp4",
+    "--concurrency",
+    "1,4",
+    "--duration",
+    "2",
+    "--max-tokens",
+    "16",
+    "--prompt-tokens",
+    "8",
+    "--yes",
+    "--json",
+]
 
 
 class TuneAgent:
@@ -41,8 +55,12 @@ class TuneAgent:
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "agent", "--config", str(self.cfg),
-                                          "--metrics-port", "0"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator", "agent", "--config", str(self.cfg), "--metrics-port", "0"],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         proc = self.proc
         wait_for(lambda: self.answers() or proc.poll() is not None, timeout=60, what="the agent to answer")
         assert proc.poll() is None, self.log.read_text()
@@ -69,16 +87,24 @@ class TuneAgent:
             self.proc.wait(timeout=120)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator", *args, "--config", str(self.cfg)],
-                              capture_output=True, text=True, check=False, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args, "--config", str(self.cfg)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "orchestrator", *args, "--config", str(self.cfg)], text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args, "--config", str(self.cfg)],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     def await_measured(self, n: int) -> None:
-        wait_for(lambda: _measured(self.state), lambda got: got >= n, timeout=120,
-                 what=f"{n} candidate(s) measured")
+        wait_for(lambda: _measured(self.state), lambda got: got >= n, timeout=120, what=f"{n} candidate(s) measured")
 
 
 @pytest.fixture
@@ -101,7 +127,8 @@ def _tp2_benched(cfg: Path) -> int:
 
 
 def test_a_tune_survives_the_cli_that_started_it_and_another_client_follows_it_to_its_report(
-        agent: TuneAgent, host: Host) -> None:
+    agent: TuneAgent, host: Host
+) -> None:
     """The CLI is SIGKILLed after the first candidate: the agent goes on; `tune --follow` from another
     client gets the report (tp4 wins, serves); each layout was measured once."""
     first = agent.popen(*RUN)
@@ -119,7 +146,8 @@ def test_a_tune_survives_the_cli_that_started_it_and_another_client_follows_it_t
 
 
 def test_the_agent_killed_mid_run_resumes_it_on_restart_and_another_client_attaches_with_resume(
-        agent: TuneAgent, host: Host) -> None:
+    agent: TuneAgent, host: Host
+) -> None:
     """SIGKILL the agent after the first candidate: started again it resumes the run; `tune --resume
     --apply` from another client follows it to the report and writes the winner's layout into the
     agent's deploy.toml (a config push); tp2 is not measured twice."""
@@ -141,9 +169,12 @@ def test_abort_from_another_client_stops_the_run_before_its_next_candidate(agent
     """`tune --abort` while the agent measures: the run ends aborted, alpha serves again, the CLI that
     started it exits 1 saying so."""
     first = agent.popen(*RUN)
-    wait_for(lambda: json.loads(agent.cli("tune", "--status", "--json").stdout)["running"] == "tune_start", bool,
-             timeout=120,
-             what="the agent to run the tune")  # the run, not its plan
+    wait_for(
+        lambda: json.loads(agent.cli("tune", "--status", "--json").stdout)["running"] == "tune_start",
+        bool,
+        timeout=120,
+        what="the agent to run the tune",
+    )  # the run, not its plan
     aborted = agent.cli("tune", "--abort", "--json")
     assert aborted.returncode == 0, aborted.stderr
     assert json.loads(aborted.stdout)["state"] == "aborted"

@@ -26,9 +26,18 @@ from tests.test_switch_hosts import MODELS, config_text, unit_states
 
 pytestmark = pytest.mark.hosts
 
-TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-               "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024,
-               "vocab_size": 1000, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
 TINY = {"port": 8120, "source": "local:/srv/tiny", "tensor_parallel": 2, "gpus": [0, 1], "args": ["--load-time", "0.2"]}
 TINY_ENV = '[models.tiny.env]\nSTANDIN_LAYOUT_DELAY_S = "tp2=0.004,tp4=0.0005"\nSTANDIN_REFUSE_LAYOUTS = "tp8"\n'
 BENCH = ["--concurrency", "1,4", "--requests", "8", "--max-tokens", "16", "--prompt-tokens", "8", "--yes"]
@@ -51,8 +60,13 @@ def cfg(host: Host, tmp_path: Path) -> Path:
 
 
 def cli(cfg: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "orchestrator", *args, "--config", str(cfg)],
-                       capture_output=True, text=True, check=False, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args, "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     if check:
         assert r.returncode == 0, r.stdout + r.stderr
     return r
@@ -73,7 +87,11 @@ def test_tune_picks_the_fastest_layout_and_leaves_it_serving(host: Host, cfg: Pa
     assert rows["tp8"]["status"] == "failed" and "output_size of gate's and up's weight = 192" in rows["tp8"]["error"]
     assert report["serving"]["model"] == "tiny.tp4"
     assert unit_states(host, "alpha", "tiny.tp2", "tiny.tp4", "tiny.tp8") == {
-        "alpha": "inactive", "tiny.tp2": "inactive", "tiny.tp4": "active", "tiny.tp8": "inactive"}
+        "alpha": "inactive",
+        "tiny.tp2": "inactive",
+        "tiny.tp4": "active",
+        "tiny.tp8": "inactive",
+    }
     svg = chart.read_text()
     assert all(label in svg for label in ("tp2", "tp4 (winner)", "tp8 (failed to load)"))
     assert "\n-tensor_parallel = 2\n" in report["diff"] and "\n+tensor_parallel = 4\n" in report["diff"]
@@ -120,7 +138,10 @@ def test_restore_brings_back_what_served_before(host: Host, cfg: Path) -> None:
     assert report["decision"]["winner"] == "tiny.tp4"
     assert report["serving"]["model"] == "alpha"
     assert unit_states(host, "alpha", "tiny.tp2", "tiny.tp4") == {
-        "alpha": "active", "tiny.tp2": "inactive", "tiny.tp4": "inactive"}
+        "alpha": "active",
+        "tiny.tp2": "inactive",
+        "tiny.tp4": "inactive",
+    }
     assert history(cfg)[0]["trigger"].endswith(":restore:to-1")
 
 
@@ -131,14 +152,16 @@ def test_apply_writes_the_layout_into_deploy_toml(host: Host, cfg: Path) -> None
     assert (tiny.tensor_parallel, tiny.gpus) == (4, (0, 1, 2, 3))
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--layouts", "tp3"], "layout tp3 cannot load on host"),
-    (["--objective", "fastest"], "--objective 'fastest': unknown objective"),
-    (["--concurrency", "1,0,4"], "--concurrency '1,0,4': '0' is less than 1"),
-    (["--concurrency", "-4"], "--concurrency '-4': '-4' is less than 1"),
-])
-def test_bad_input_exits_2_with_one_line_and_deploys_nothing(host: Host, cfg: Path, args: list[str],
-                                                             msg: str) -> None:
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--layouts", "tp3"], "layout tp3 cannot load on host"),
+        (["--objective", "fastest"], "--objective 'fastest': unknown objective"),
+        (["--concurrency", "1,0,4"], "--concurrency '1,0,4': '0' is less than 1"),
+        (["--concurrency", "-4"], "--concurrency '-4': '-4' is less than 1"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_deploys_nothing(host: Host, cfg: Path, args: list[str], msg: str) -> None:
     """A refused layout, an unknown objective or a non-positive level: exit 2, one error line (after
     the staging progress, for a layout checked against the staged config), nothing deployed."""
     r = cli(cfg, "tune", "tiny", *args, "--yes", check=False)
@@ -160,9 +183,24 @@ def _measured(state: Path) -> int:
 
 
 def _kill_after_first(cfg: Path, tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "tune", "tiny", "--layouts", "tp2,tp4", *BENCH,
-                             "--json", "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "tune",
+            "tiny",
+            "--layouts",
+            "tp2,tp4",
+            *BENCH,
+            "--json",
+            "--config",
+            str(cfg),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: _measured(tmp_path / "state"), lambda n: n >= 1, timeout=120, what="first candidate measured")
     finally:

@@ -37,8 +37,10 @@ def warm_agent(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
     cli(host, "switch", "beta")
     assert is_sleeping(host, "alpha") is True
     yield host
-    host.run("systemctl stop orchestrator-agent.service orchestrator-proxy.service; "
-             "rm -f /etc/orchestrator/haproxy.cfg*", check=False)
+    host.run(
+        "systemctl stop orchestrator-agent.service orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*",
+        check=False,
+    )
 
 
 def _only(config: str, models: dict[str, object]) -> str:
@@ -46,7 +48,7 @@ def _only(config: str, models: dict[str, object]) -> str:
     out, skip = [], False
     for line in config.splitlines(keepends=True):
         if line.startswith("["):
-            skip = line.startswith("[models.") and line.strip()[len("[models."):-1] not in models
+            skip = line.startswith("[models.") and line.strip()[len("[models.") : -1] not in models
         if not skip:
             out.append(line)
     return "".join(out)

@@ -50,8 +50,9 @@ def ops(host: Host, tmp_path: Path) -> Iterator[Operations]:
 
 def chat(host: Host) -> httpx.Response:
     """One completion for "chat" through the front proxy."""
-    return httpx.post(f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2},
-                      timeout=10)
+    return httpx.post(
+        f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2}, timeout=10
+    )
 
 
 def engine_url(host: Host, model: str) -> str:
@@ -86,8 +87,10 @@ def test_a_b_a_the_second_a_is_warm_and_the_prober_sees_no_failure(host: Host, o
     assert phases(ops, host)[-4:] == ["sleeping", "verifying", "waking", "routing"]
     assert host.run("systemctl show -p MainPID --value vllm-alpha.service").stdout.strip() == pid_before
     got = classify(prober.requests, TOKENS)
-    print(f"warm swap in {took:.2f} s: {len(got['ok'])} ok, {len(got['cut'])} cut, {len(got['gap'])} 503, "
-          f"{len(got['failed'])} failed")
+    print(
+        f"warm swap in {took:.2f} s: {len(got['ok'])} ok, {len(got['cut'])} cut, {len(got['gap'])} 503, "
+        f"{len(got['failed'])} failed"
+    )
     assert got["failed"] == [] and got["cut"] == [] and got["gap"] == []
     assert residency(ops, host) == {"alpha": "serving", "beta": "asleep"} and sleeping(host, "beta")
     assert not sleeping(host, "alpha")
@@ -178,16 +181,17 @@ def test_rollback_of_a_warm_switch_is_warm(host: Host, ops: Operations) -> None:
 
     def break_alpha(dep: Deployment) -> None:
         if dep.phase.value == "restarting":
-            host.run("sed -i 's|^ExecStart=.*|ExecStart=/bin/false|' /etc/systemd/system/vllm-alpha.service"
-                     " && systemctl daemon-reload")
+            host.run(
+                "sed -i 's|^ExecStart=.*|ExecStart=/bin/false|' /etc/systemd/system/vllm-alpha.service"
+                " && systemctl daemon-reload"
+            )
 
     ops.before_step = break_alpha
     result = ops.switch("alpha")
     assert result["outcome"] == "rolled_back", result
     assert host.run("systemctl show -p MainPID --value vllm-beta.service").stdout.strip() == beta_pid
     assert residency(ops, host) == {"beta": "serving"} and not sleeping(host, "beta")
-    r = httpx.post(f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2},
-                   timeout=10)
+    r = httpx.post(f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2}, timeout=10)
     assert r.status_code == 200
 
 
@@ -214,15 +218,32 @@ def test_a_wedged_wake_restarts_with_the_proxy_answering_503_and_retry_after(hos
 
 
 def test_a_wake_that_cannot_fit_beside_a_foreign_process_is_refused_before_alpha_sleeps(
-        host: Host, ops: Operations) -> None:
+    host: Host, ops: Operations
+) -> None:
     """A foreign process holds 8 GiB on alpha's and beta's GPUs: `switch beta` is refused at staging
     (aborted) naming its PID, the MiB it holds and the MiB beta's wake needs; alpha never slept and
     still answers through the proxy."""
     ops.switch("beta")
     ops.switch("alpha")  # beta sleeps, alpha serves
-    stray = host.run(["systemd-run", "--unit=stray-gpu-holder", "--property=Type=exec", in_host(sys.executable),
-                      in_host(Path(__file__).parent / "standin/openai_server.py"), "--host", host.address,
-                      "--port", "8199", "--served-name", "stray", "--gpus", "0,1,2,3", "--gpu-mib", "8192"])
+    stray = host.run(
+        [
+            "systemd-run",
+            "--unit=stray-gpu-holder",
+            "--property=Type=exec",
+            in_host(sys.executable),
+            in_host(Path(__file__).parent / "standin/openai_server.py"),
+            "--host",
+            host.address,
+            "--port",
+            "8199",
+            "--served-name",
+            "stray",
+            "--gpus",
+            "0,1,2,3",
+            "--gpu-mib",
+            "8192",
+        ]
+    )
     assert stray.returncode == 0
     try:
         pid = host.run("systemctl show -p MainPID --value stray-gpu-holder.service").stdout.strip()
@@ -249,7 +270,8 @@ def test_a_cold_switch_to_a_model_that_fits_beside_has_no_gap(host: Host, tmp_pa
     """big -> small on the same GPUs, both fit awake: small starts beside big, the route moves, big
     sleeps; through the real HAProxy no request fails, none is cut, none gets a 503."""
     text = proxy_config(host, tmp_path / "state", BESIDE).replace(
-        f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = 8\n", 1)
+        f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\nsleep_ram_gib = 8\n", 1
+    )
     for name, mib in BESIDE_MIB.items():
         text = text.replace(f"[models.{name}]\n", f'[models.{name}]\nenv = {{ STANDIN_GPU_MIB = "{mib}" }}\n', 1)
     cfg = tmp_path / "deploy.toml"
@@ -264,8 +286,10 @@ def test_a_cold_switch_to_a_model_that_fits_beside_has_no_gap(host: Host, tmp_pa
         assert result["outcome"] == "active", result.get("error")
         assert ops.history(host.name, 1)[0]["plan"]["mode"] == "beside"
         got = classify(prober.requests, TOKENS)
-        print(f"beside switch: {len(got['ok'])} ok, {len(got['cut'])} cut, {len(got['gap'])} 503, "
-              f"{len(got['failed'])} failed")
+        print(
+            f"beside switch: {len(got['ok'])} ok, {len(got['cut'])} cut, {len(got['gap'])} 503, "
+            f"{len(got['failed'])} failed"
+        )
         assert got["failed"] == [] and got["cut"] == [] and got["gap"] == []
         assert residency(ops, host) == {"big": "asleep", "small": "serving"}
     finally:

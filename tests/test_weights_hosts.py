@@ -26,9 +26,18 @@ pytestmark = pytest.mark.hosts
 
 WEIGHTS = "/srv/weights-check/tiny"  # inside the host (not /tmp: units run with PrivateTmp=yes)
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
-          "max_position_embeddings": 2048, "torch_dtype": "float32"}
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "float32",
+}
 LOCAL = {"port": 8130, "source": f"local:{WEIGHTS}", "args": ["--load-time", "0.3"]}
 
 
@@ -47,9 +56,20 @@ def add_manifest(root: Path) -> None:
     """What a staged revision carries: each file's size and sha256 (used in place it is checked)."""
     files = {p.name: p.stat().st_size for p in root.iterdir()}
     sha = {n: hashlib.sha256((root / n).read_bytes()).hexdigest() for n in files}
-    (root / MANIFEST_NAME).write_text(json.dumps({
-        "name": "org--tiny", "repo": "org/tiny", "revision": "c" * 40, "files": files, "source": "hub",
-        "staged_at": time.time(), "path": WEIGHTS, "sha256": sha}))
+    (root / MANIFEST_NAME).write_text(
+        json.dumps(
+            {
+                "name": "org--tiny",
+                "repo": "org/tiny",
+                "revision": "c" * 40,
+                "files": files,
+                "source": "hub",
+                "staged_at": time.time(),
+                "path": WEIGHTS,
+                "sha256": sha,
+            }
+        )
+    )
 
 
 def flip_data_byte(path: Path) -> None:
@@ -72,8 +92,11 @@ def flipped_byte_with_manifest(root: Path) -> None:
     flip_data_byte(root / SHARDS[1])
 
 
-DAMAGE: dict[str, Callable[[Path], None]] = {"missing shard": missing_shard, "corrupt header": corrupt_header,
-                                             "flipped byte, sha256 known": flipped_byte_with_manifest}
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "missing shard": missing_shard,
+    "corrupt header": corrupt_header,
+    "flipped byte, sha256 known": flipped_byte_with_manifest,
+}
 
 
 @pytest.fixture
@@ -85,8 +108,13 @@ def cfg(host: Host, tmp_path: Path) -> Path:
 
 
 def switch(cfg: Path, model: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", "switch", model, "--config", str(cfg)],
-                          capture_output=True, text=True, timeout=180, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "switch", model, "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def invocation(host: Host, unit: str) -> str:
@@ -99,8 +127,7 @@ def serves(host: Host, port: int) -> bool:
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_a_damaged_local_model_is_refused_before_the_serving_model_stops(host: Host, cfg: Path,
-                                                                         damage: str) -> None:
+def test_a_damaged_local_model_is_refused_before_the_serving_model_stops(host: Host, cfg: Path, damage: str) -> None:
     """Missing shard, corrupt header, flipped byte (sha256 known): exit 1 naming the shard; alpha serves on."""
     DAMAGE[damage](write_model(host))
     before = invocation(host, "vllm-alpha.service")

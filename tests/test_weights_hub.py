@@ -51,10 +51,8 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "models"
 
 
-def request(hub: HubStub, root: Path, repo: str = "org/tiny", revision: str = SHA,
-            **kw: object) -> StageRequest:
-    return StageRequest(name="tiny", repo=repo, revision=revision, root=str(root), endpoint=hub.url,
-                        **kw)  # type: ignore[arg-type]
+def request(hub: HubStub, root: Path, repo: str = "org/tiny", revision: str = SHA, **kw: object) -> StageRequest:
+    return StageRequest(name="tiny", repo=repo, revision=revision, root=str(root), endpoint=hub.url, **kw)  # type: ignore[arg-type]
 
 
 def stage(store: HfWeightStore, req: StageRequest, events: Events | None = None) -> Manifest:
@@ -63,12 +61,14 @@ def stage(store: HfWeightStore, req: StageRequest, events: Events | None = None)
 
 
 def shard_gets(hub: HubStub) -> list[str]:
-    return [r.path for r in hub.requests if r.method == "GET" and "safetensors" in r.path
-            and "/resolve/" in r.path and not r.path.endswith(".json")]
+    return [
+        r.path
+        for r in hub.requests
+        if r.method == "GET" and "safetensors" in r.path and "/resolve/" in r.path and not r.path.endswith(".json")
+    ]
 
 
-def test_full_download_writes_verified_files_and_manifest(hub: HubStub, store: HfWeightStore,
-                                                         root: Path) -> None:
+def test_full_download_writes_verified_files_and_manifest(hub: HubStub, store: HfWeightStore, root: Path) -> None:
     """A hub model lands in <root>/<name>/<sha>/ with every file at its listed size and a manifest."""
     files = sharded_model(SHARDS, 4096)
     hub.add(StubRepo.of("org/tiny", files, sha=SHA))
@@ -120,8 +120,9 @@ def test_staged_model_is_not_downloaded_again(hub: HubStub, store: HfWeightStore
     assert hub.requests == []
 
 
-def test_shards_are_taken_from_the_index_not_a_numbering_pattern(hub: HubStub, store: HfWeightStore,
-                                                                 root: Path) -> None:
+def test_shards_are_taken_from_the_index_not_a_numbering_pattern(
+    hub: HubStub, store: HfWeightStore, root: Path
+) -> None:
     """Shards named freely in the index (no %05d numbering) stage and verify."""
     names = ["model-1-of-3.safetensors", "weights_b.safetensors", "model-00003-of-00009.safetensors"]
     hub.add(StubRepo.of("org/tiny", sharded_model(names, 64), sha=SHA))
@@ -144,7 +145,8 @@ def test_ignore_patterns_skip_files(hub: HubStub, store: HfWeightStore, root: Pa
 
 
 def test_shard_named_in_index_but_not_listed_fails_before_big_downloads(
-        hub: HubStub, store: HfWeightStore, root: Path) -> None:
+    hub: HubStub, store: HfWeightStore, root: Path
+) -> None:
     """An index naming a shard the hub does not list fails, names the shard, and fetches no shard."""
     files = sharded_model(SHARDS, 64)
     del files[SHARDS[1]]
@@ -155,8 +157,7 @@ def test_shard_named_in_index_but_not_listed_fails_before_big_downloads(
     assert store.verify(str(root), "tiny", SHA) is None
 
 
-def test_listed_shard_that_is_not_served_is_reported_missing(hub: HubStub, store: HfWeightStore,
-                                                            root: Path) -> None:
+def test_listed_shard_that_is_not_served_is_reported_missing(hub: HubStub, store: HfWeightStore, root: Path) -> None:
     """A shard the hub lists but answers 404 for fails with its name and expected size."""
     repo = hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA))
     size = repo.files[SHARDS[1]].size
@@ -166,32 +167,37 @@ def test_listed_shard_that_is_not_served_is_reported_missing(hub: HubStub, store
     assert not (root / "tiny" / SHA).exists()
 
 
-def test_wrong_size_is_reported_with_expected_and_found(hub: HubStub, store: HfWeightStore,
-                                                        root: Path) -> None:
+def test_wrong_size_is_reported_with_expected_and_found(hub: HubStub, store: HfWeightStore, root: Path) -> None:
     """A shard served at another size than listed fails, naming the file and both sizes."""
     repo = hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA))
     data = repo.files[SHARDS[0]].data or b""
     repo.files[SHARDS[0]] = StubFile(data, listed_size=len(data) + 100)
-    with pytest.raises(WeightsError, match=rf"{SHARDS[0]} has the wrong size.*expected {len(data) + 100} "
-                                           rf"bytes.*found {len(data)}"):
+    with pytest.raises(
+        WeightsError,
+        match=rf"{SHARDS[0]} has the wrong size.*expected {len(data) + 100} "
+        rf"bytes.*found {len(data)}",
+    ):
         stage(store, request(hub, root))
     assert store.verify(str(root), "tiny", SHA) is None
 
 
-def test_verify_reports_a_shard_that_shrank_after_staging(hub: HubStub, store: HfWeightStore,
-                                                         root: Path) -> None:
+def test_verify_reports_a_shard_that_shrank_after_staging(hub: HubStub, store: HfWeightStore, root: Path) -> None:
     """verify() names a staged shard whose size no longer matches, with both sizes."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA))
     manifest = stage(store, request(hub, root))
     shard = root / "tiny" / SHA / SHARDS[1]
     os.truncate(shard, 10)
-    with pytest.raises(WeightsError, match=rf"{SHARDS[1]} has the wrong size \(expected "
-                                           rf"{manifest.files[SHARDS[1]]} bytes, found 10\)"):
+    with pytest.raises(
+        WeightsError,
+        match=rf"{SHARDS[1]} has the wrong size \(expected "
+        rf"{manifest.files[SHARDS[1]]} bytes, found 10\)",
+    ):
         store.verify(str(root), "tiny", SHA)
 
 
-def test_broken_staged_model_is_restaged_fetching_only_the_bad_file(hub: HubStub, store: HfWeightStore,
-                                                                   root: Path) -> None:
+def test_broken_staged_model_is_restaged_fetching_only_the_bad_file(
+    hub: HubStub, store: HfWeightStore, root: Path
+) -> None:
     """Staging over a damaged model downloads only the file whose size is wrong."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA))
     stage(store, request(hub, root))
@@ -207,8 +213,9 @@ def test_not_staged_model_verifies_as_none(store: HfWeightStore, root: Path) -> 
     assert store.verify(str(root), "tiny", SHA) is None
 
 
-def _start_stalled_stage(hub: HubStub, store: HfWeightStore, runner: LocalRunner, root: Path,
-                         errors: list[BaseException]) -> tuple[threading.Thread, Path]:
+def _start_stalled_stage(
+    hub: HubStub, store: HfWeightStore, runner: LocalRunner, root: Path, errors: list[BaseException]
+) -> tuple[threading.Thread, Path]:
     files = sharded_model(SHARDS, 6 * MiB // 4 * 4)  # first shard ~24 MiB
     hub.add(StubRepo.of("org/tiny", files, sha=SHA))
     hub.stall(SHARDS[0], 12 * MiB)
@@ -227,8 +234,9 @@ def _start_stalled_stage(hub: HubStub, store: HfWeightStore, runner: LocalRunner
     return thread, part
 
 
-def test_resume_after_killed_worker_fetches_only_the_rest(hub: HubStub, store: HfWeightStore,
-                                                          runner: LocalRunner, root: Path) -> None:
+def test_resume_after_killed_worker_fetches_only_the_rest(
+    hub: HubStub, store: HfWeightStore, runner: LocalRunner, root: Path
+) -> None:
     """After the worker is killed mid-file, the rerun asks for the rest with a Range header."""
     errors: list[BaseException] = []
     thread, part = _start_stalled_stage(hub, store, runner, root, errors)
@@ -246,8 +254,9 @@ def test_resume_after_killed_worker_fetches_only_the_rest(hub: HubStub, store: H
     assert (root / "tiny" / SHA / SHARDS[0]).read_bytes() == hub.repos["org/tiny"].files[SHARDS[0]].data
 
 
-def test_killed_download_is_never_taken_as_staged(hub: HubStub, store: HfWeightStore,
-                                                  runner: LocalRunner, root: Path) -> None:
+def test_killed_download_is_never_taken_as_staged(
+    hub: HubStub, store: HfWeightStore, runner: LocalRunner, root: Path
+) -> None:
     """A download killed mid-file leaves only the staging directory; verify() says not staged."""
     errors: list[BaseException] = []
     thread, _ = _start_stalled_stage(hub, store, runner, root, errors)
@@ -258,8 +267,7 @@ def test_killed_download_is_never_taken_as_staged(hub: HubStub, store: HfWeightS
     assert os.listdir(root / "tiny") == [f".staging-{SHA}"]
 
 
-def test_model_larger_than_the_disk_fails_before_writing(hub: HubStub, store: HfWeightStore,
-                                                         small_disk: Path) -> None:
+def test_model_larger_than_the_disk_fails_before_writing(hub: HubStub, store: HfWeightStore, small_disk: Path) -> None:
     """A 32 MiB model on a 20 MiB volume fails with needed and free bytes, leaving nothing behind."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 4 * MiB), sha=SHA))
     root = small_disk / "models"
@@ -269,8 +277,7 @@ def test_model_larger_than_the_disk_fails_before_writing(hub: HubStub, store: Hf
     assert [r for r in hub.requests if "/resolve/" in r.path] == []
 
 
-def _stage_in_thread(store: HfWeightStore, req: StageRequest,
-                     errors: list[BaseException]) -> threading.Thread:
+def _stage_in_thread(store: HfWeightStore, req: StageRequest, errors: list[BaseException]) -> threading.Thread:
     def run() -> None:
         try:
             stage(store, req)
@@ -299,7 +306,8 @@ def _fill(path: Path, *, leave_pages: int = 0) -> None:
 
 
 def test_disk_filling_up_during_download_keeps_the_partial_model_and_says_why(
-        hub: HubStub, store: HfWeightStore, runner: LocalRunner, small_disk: Path) -> None:
+    hub: HubStub, store: HfWeightStore, runner: LocalRunner, small_disk: Path
+) -> None:
     """When the disk fills mid-download, the error names the path, needed and free bytes, the files
     fetched so far stay, and a rerun with room again completes."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS[:1], 3 * MiB), sha=SHA))  # 12 MiB
@@ -312,8 +320,11 @@ def test_disk_filling_up_during_download_keeps_the_partial_model_and_says_why(
     hub.release()
     thread.join()
     staging = root / "tiny" / f".staging-{SHA}"
-    assert re.search(rf"disk full under {staging} while staging: needs .* \(\d+ bytes\), .* free "
-                     rf"\(\d+ bytes\); the partial download is kept", str(errors[0]))
+    assert re.search(
+        rf"disk full under {staging} while staging: needs .* \(\d+ bytes\), .* free "
+        rf"\(\d+ bytes\); the partial download is kept",
+        str(errors[0]),
+    )
     assert (staging / "config.json").is_file()
     (small_disk / "filler").unlink()
     hub.requests.clear()
@@ -321,8 +332,7 @@ def test_disk_filling_up_during_download_keeps_the_partial_model_and_says_why(
     assert hub.gets("config.json") == []
 
 
-def test_disk_full_while_finalizing_is_a_clear_error(hub: HubStub, store: HfWeightStore,
-                                                   small_disk: Path) -> None:
+def test_disk_full_while_finalizing_is_a_clear_error(hub: HubStub, store: HfWeightStore, small_disk: Path) -> None:
     """A disk that fills after the last byte arrived fails the manifest write with a WeightsError
     naming the path and the free bytes, not a traceback; the fetched files stay."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64 * 1024), sha=SHA))
@@ -335,14 +345,16 @@ def test_disk_full_while_finalizing_is_a_clear_error(hub: HubStub, store: HfWeig
     hub.release()
     thread.join()
     staging = root / "tiny" / f".staging-{SHA}"
-    assert re.search(rf"disk full under {staging} while staging: every file is fetched but the manifest "
-                     r"cannot be written, .* free \(\d+ bytes\); the partial download is kept", str(errors[0]))
+    assert re.search(
+        rf"disk full under {staging} while staging: every file is fetched but the manifest "
+        r"cannot be written, .* free \(\d+ bytes\); the partial download is kept",
+        str(errors[0]),
+    )
     assert (staging / SHARDS[1]).is_file()
     assert store.verify(str(root), "tiny", SHA) is None
 
 
-def test_gated_repo_without_token_is_refused_with_401(hub: HubStub, store: HfWeightStore,
-                                                      root: Path) -> None:
+def test_gated_repo_without_token_is_refused_with_401(hub: HubStub, store: HfWeightStore, root: Path) -> None:
     """A gated repo and no token fails with HTTP 401 and a hint about the token."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA, token=TOKEN))
     with pytest.raises(WeightsError, match="HTTP 401: the repo is gated or private"):
@@ -357,7 +369,8 @@ def _token_file(tmp_path: Path, token: str, mode: int = 0o600) -> str:
 
 
 def test_gated_repo_with_wrong_token_is_refused_without_echoing_it(
-        hub: HubStub, store: HfWeightStore, runner: LocalRunner, root: Path, tmp_path: Path) -> None:
+    hub: HubStub, store: HfWeightStore, runner: LocalRunner, root: Path, tmp_path: Path
+) -> None:
     """A wrong token gets 401, names the token file, and never shows the token."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA, token=TOKEN))
     wrong = "hf_wrongWRONGwrong_77"
@@ -367,16 +380,18 @@ def test_gated_repo_with_wrong_token_is_refused_without_echoing_it(
     assert wrong not in str(err.value) and wrong not in "".join(runner.output)
 
 
-def test_missing_token_file_means_anonymous_access(hub: HubStub, store: HfWeightStore, root: Path,
-                                                  tmp_path: Path) -> None:
+def test_missing_token_file_means_anonymous_access(
+    hub: HubStub, store: HfWeightStore, root: Path, tmp_path: Path
+) -> None:
     """A token file that does not exist is no token: a public repo stages without Authorization."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA))
     stage(store, request(hub, root, token_file=str(tmp_path / "absent-token")))
     assert {r.authorization for r in hub.requests} == {None}
 
 
-def test_token_file_readable_by_others_is_refused(hub: HubStub, store: HfWeightStore, root: Path,
-                                                  tmp_path: Path) -> None:
+def test_token_file_readable_by_others_is_refused(
+    hub: HubStub, store: HfWeightStore, root: Path, tmp_path: Path
+) -> None:
     """A token file with group/other permissions is refused, naming the file and its mode."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA, token=TOKEN))
     token_file = _token_file(tmp_path, TOKEN, 0o644)
@@ -389,8 +404,13 @@ def _all_written_bytes(*dirs: Path) -> bytes:
 
 
 def test_token_from_file_never_appears_in_output_manifest_or_files(
-        hub: HubStub, store: HfWeightStore, runner: LocalRunner, root: Path, tmp_path: Path,
-        caplog: pytest.LogCaptureFixture) -> None:
+    hub: HubStub,
+    store: HfWeightStore,
+    runner: LocalRunner,
+    root: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """With the right token the gated model stages, and the token is in no output, event or file."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64), sha=SHA, token=TOKEN))
     events: Events = []
@@ -411,8 +431,7 @@ def test_token_from_environment_is_used_and_never_printed(hub: HubStub, root: Pa
     assert TOKEN.encode() not in _all_written_bytes(root, tmp_path / "hf-home")
 
 
-def test_second_stage_under_the_same_root_is_refused(
-        hub: HubStub, store: HfWeightStore, root: Path) -> None:
+def test_second_stage_under_the_same_root_is_refused(hub: HubStub, store: HfWeightStore, root: Path) -> None:
     """While one stage runs under a root, another is refused at once; the first still completes."""
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 1024), sha=SHA))
     hub.stall(SHARDS[0], 100)
@@ -434,7 +453,8 @@ HOSTILE = ["/{outside}/abs.bin", "../../escaped.bin", "a/../../../escaped2.bin"]
 
 @pytest.mark.parametrize("pattern", HOSTILE)
 def test_hub_listing_with_a_name_outside_the_model_dir_is_refused(
-        hub: HubStub, store: HfWeightStore, root: Path, tmp_path: Path, pattern: str) -> None:
+    hub: HubStub, store: HfWeightStore, root: Path, tmp_path: Path, pattern: str
+) -> None:
     """A hub listing an absolute or ../ file name fails before any download, naming the file and the
     repo; nothing is written outside the model directory."""
     outside = tmp_path / "outside"
@@ -442,15 +462,19 @@ def test_hub_listing_with_a_name_outside_the_model_dir_is_refused(
     name = pattern.format(outside=str(outside).lstrip("/"))
     files = sharded_model(SHARDS, 64) | {name: b"pwned"}
     hub.add(StubRepo.of("org/tiny", files, sha=SHA))
-    with pytest.raises(WeightsError, match=rf"file name '{re.escape(name)}' listed for org/tiny is not a "
-                                           "plain relative path"):
+    with pytest.raises(
+        WeightsError,
+        match=rf"file name '{re.escape(name)}' listed for org/tiny is not a "
+        "plain relative path",
+    ):
         stage(store, request(hub, root))
     assert not any(p.name.startswith(("abs", "escaped")) for p in tmp_path.rglob("*"))
     assert [r for r in hub.requests if "/resolve/" in r.path] == []
 
 
-def test_symlink_under_the_staging_dir_is_not_followed(hub: HubStub, store: HfWeightStore, root: Path,
-                                                      tmp_path: Path) -> None:
+def test_symlink_under_the_staging_dir_is_not_followed(
+    hub: HubStub, store: HfWeightStore, root: Path, tmp_path: Path
+) -> None:
     """A listed name whose directory is a symlink out of the staging dir is refused before writing."""
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -458,14 +482,18 @@ def test_symlink_under_the_staging_dir_is_not_followed(hub: HubStub, store: HfWe
     staging.mkdir(parents=True)
     (staging / "sub").symlink_to(outside)
     hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 64) | {"sub/evil.bin": b"pwned"}, sha=SHA))
-    with pytest.raises(WeightsError, match=r"file name 'sub/evil.bin' listed for org/tiny resolves to "
-                                           rf"{outside}/evil.bin, outside"):
+    with pytest.raises(
+        WeightsError,
+        match=r"file name 'sub/evil.bin' listed for org/tiny resolves to "
+        rf"{outside}/evil.bin, outside",
+    ):
         stage(store, request(hub, root))
     assert os.listdir(outside) == []
 
 
 def test_corrupted_bytes_served_once_are_fetched_again_and_verified(
-        hub: HubStub, store: HfWeightStore, root: Path) -> None:
+    hub: HubStub, store: HfWeightStore, root: Path
+) -> None:
     """A shard whose sha256 does not match is fetched once more; the staged bytes are the right ones."""
     repo = hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 4096), sha=SHA))
     hub.corrupt(SHARDS[1], times=1)
@@ -478,13 +506,17 @@ def test_corrupted_bytes_served_once_are_fetched_again_and_verified(
 
 
 def test_bytes_corrupted_on_every_fetch_fail_naming_file_expected_and_actual(
-        hub: HubStub, store: HfWeightStore, root: Path) -> None:
+    hub: HubStub, store: HfWeightStore, root: Path
+) -> None:
     """A shard served corrupted every time fails after one re-fetch, naming the file and both hashes."""
     repo = hub.add(StubRepo.of("org/tiny", sharded_model(SHARDS, 4096), sha=SHA))
     hub.corrupt(SHARDS[0], times=None)
     expected = repo.files[SHARDS[0]].sha256
-    with pytest.raises(WeightsError, match=rf"{SHARDS[0]} failed its sha256 check twice \(expected "
-                                           rf"{expected}, actual [0-9a-f]{{64}}\)"):
+    with pytest.raises(
+        WeightsError,
+        match=rf"{SHARDS[0]} failed its sha256 check twice \(expected "
+        rf"{expected}, actual [0-9a-f]{{64}}\)",
+    ):
         stage(store, request(hub, root))
     assert len(hub.gets(SHARDS[0])) == 2
     assert store.verify(str(root), "tiny", SHA) is None
@@ -520,6 +552,7 @@ def test_unreachable_hub_is_one_clear_error(store: HfWeightStore, root: Path) ->
 def test_pyproject_declares_the_hub_major_version_the_code_uses() -> None:
     """The huggingface_hub requirement's floor is the installed major version (the code uses 2.x APIs)."""
     import huggingface_hub
+
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     floor = re.search(r'"huggingface_hub>=(\d+)\.(\d+)(?:,<(\d+))?"', text)
     assert floor is not None

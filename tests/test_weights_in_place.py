@@ -49,12 +49,23 @@ def write_model(directory: Path, files: dict[str, bytes] = FILES) -> Path:
     return directory
 
 
-def in_place(store: HfWeightStore, directory: Path, tmp_path: Path, events: list[tuple[str, Any]] | None = None
-             ) -> Any:
+def in_place(store: HfWeightStore, directory: Path, tmp_path: Path, events: list[tuple[str, Any]] | None = None) -> Any:
     weights = SpecWeights(store, Host(name="box", transport="local", models_dir="/srv/unused"), None)
-    spec = UnitSpec(model="tiny", unit_name="vllm-tiny.service", unit_text="", unit_sha="", served_name="tiny",
-                    address="127.0.0.1", port=8000, gpus=(0,), load_deadline_s=60.0, model_dir=str(directory),
-                    repo="org/tiny", revision="local", source=f"local:{directory}")
+    spec = UnitSpec(
+        model="tiny",
+        unit_name="vllm-tiny.service",
+        unit_text="",
+        unit_sha="",
+        served_name="tiny",
+        address="127.0.0.1",
+        port=8000,
+        gpus=(0,),
+        load_deadline_s=60.0,
+        model_dir=str(directory),
+        repo="org/tiny",
+        revision="local",
+        source=f"local:{directory}",
+    )
     return weights.stage(spec, lambda e, f: (events if events is not None else []).append((e, f)))
 
 
@@ -68,8 +79,7 @@ def header_end(path: Path) -> int:
     return 8 + int(struct.unpack("<Q", path.read_bytes()[:8])[0])
 
 
-def test_an_intact_directory_in_place_is_accepted_with_what_was_checked(store: HfWeightStore,
-                                                                       tmp_path: Path) -> None:
+def test_an_intact_directory_in_place_is_accepted_with_what_was_checked(store: HfWeightStore, tmp_path: Path) -> None:
     """A whole model is used where it is; the progress says which checks ran (no sha256 known here)."""
     events: list[tuple[str, Any]] = []
     staged = in_place(store, write_model(tmp_path / "m"), tmp_path, events)
@@ -79,8 +89,7 @@ def test_an_intact_directory_in_place_is_accepted_with_what_was_checked(store: H
     assert "no sha256 known" in checked["checked"]
 
 
-def test_a_shard_the_index_names_missing_in_place_is_refused_naming_it(store: HfWeightStore,
-                                                                       tmp_path: Path) -> None:
+def test_a_shard_the_index_names_missing_in_place_is_refused_naming_it(store: HfWeightStore, tmp_path: Path) -> None:
     """Deleting a shard that model.safetensors.index.json names fails the check, naming the shard."""
     model = write_model(tmp_path / "m")
     (model / SHARDS[1]).unlink()
@@ -89,8 +98,10 @@ def test_a_shard_the_index_names_missing_in_place_is_refused_naming_it(store: Hf
 
 
 CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
-    "length prefix past the end": (lambda p: p.write_bytes(struct.pack("<Q", 1 << 40) + p.read_bytes()[8:]),
-                                   "header length 1099511627776 is larger than the file"),
+    "length prefix past the end": (
+        lambda p: p.write_bytes(struct.pack("<Q", 1 << 40) + p.read_bytes()[8:]),
+        "header length 1099511627776 is larger than the file",
+    ),
     "header not JSON": (lambda p: flip(p, 8), "header is not JSON"),
     "truncated data": (lambda p: p.write_bytes(p.read_bytes()[:-100]), "ends at byte 4096 but the file holds"),
     "extra bytes": (lambda p: p.write_bytes(p.read_bytes() + b"\0" * 8), "are not covered by any tensor"),
@@ -98,8 +109,9 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
 
 
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
-def test_a_shard_with_a_corrupt_header_in_place_is_refused_naming_it(store: HfWeightStore, tmp_path: Path,
-                                                                     corruption: str) -> None:
+def test_a_shard_with_a_corrupt_header_in_place_is_refused_naming_it(
+    store: HfWeightStore, tmp_path: Path, corruption: str
+) -> None:
     """A shard whose safetensors header cannot be what vLLM loads is refused, naming the file and why."""
     model = write_model(tmp_path / "m")
     damage, why = CORRUPTIONS[corruption]
@@ -119,10 +131,13 @@ def test_a_tensor_the_index_places_in_a_shard_must_be_in_its_header(store: HfWei
 
 
 def test_a_flipped_data_byte_in_place_is_refused_when_the_manifest_knows_the_sha256(
-        hub: HubStub, store: HfWeightStore, tmp_path: Path) -> None:
+    hub: HubStub, store: HfWeightStore, tmp_path: Path
+) -> None:
     """A staged revision used in place keeps its manifest: a flipped tensor byte fails its sha256."""
-    manifest = store.stage(StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "hub"),
-                                        endpoint=hub.url), lambda e, f: None)
+    manifest = store.stage(
+        StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "hub"), endpoint=hub.url),
+        lambda e, f: None,
+    )
     shard = Path(manifest.path) / SHARDS[1]
     flip(shard, header_end(shard) + 100)
     with pytest.raises(WeightsError, match=f"{SHARDS[1]} failed its sha256 check") as exc:
@@ -130,11 +145,13 @@ def test_a_flipped_data_byte_in_place_is_refused_when_the_manifest_knows_the_sha
     assert manifest.sha256[SHARDS[1]] in str(exc.value)
 
 
-def test_a_flipped_data_byte_in_a_hub_cache_snapshot_is_refused(hub: HubStub, store: HfWeightStore,
-                                                                 tmp_path: Path) -> None:
+def test_a_flipped_data_byte_in_a_hub_cache_snapshot_is_refused(
+    hub: HubStub, store: HfWeightStore, tmp_path: Path
+) -> None:
     """A Hugging Face cache snapshot names each blob by its sha256: a flipped byte in a blob is caught."""
-    snap = Path(snapshot_download("org/tiny", revision=SHA, cache_dir=tmp_path / "cache", endpoint=hub.url,
-                                  token=False))
+    snap = Path(
+        snapshot_download("org/tiny", revision=SHA, cache_dir=tmp_path / "cache", endpoint=hub.url, token=False)
+    )
     events: list[tuple[str, Any]] = []
     in_place(store, snap, tmp_path, events)
     assert [f["sha256_checked"] for e, f in events if e == "stage_verified"] == [len(FILES)]
@@ -145,14 +162,18 @@ def test_a_flipped_data_byte_in_a_hub_cache_snapshot_is_refused(hub: HubStub, st
 
 
 def test_staging_a_local_copy_checks_the_sha256_its_manifest_records(
-        hub: HubStub, store: HfWeightStore, tmp_path: Path) -> None:
+    hub: HubStub, store: HfWeightStore, tmp_path: Path
+) -> None:
     """Staging from a local directory with a manifest verifies every copied file's sha256: nothing staged."""
-    first = store.stage(StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "a"),
-                                     endpoint=hub.url), lambda e, f: None)
+    first = store.stage(
+        StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "a"), endpoint=hub.url),
+        lambda e, f: None,
+    )
     shard = Path(first.path) / SHARDS[0]
     flip(shard, header_end(shard) + 3)
-    request = StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "b"),
-                           source=f"local:{first.path}")
+    request = StageRequest(
+        name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "b"), source=f"local:{first.path}"
+    )
     with pytest.raises(WeightsError, match=f"{SHARDS[0]} failed its sha256 check"):
         store.stage(request, lambda e, f: None)
     assert store.verify(str(tmp_path / "b"), "tiny", SHA) is None
@@ -165,18 +186,31 @@ def test_a_hub_shard_with_a_corrupt_header_is_not_staged(store: HfWeightStore, t
     with HubStub() as stub:
         stub.add(StubRepo.of("org/tiny", {**FILES, SHARDS[0]: bytes(bad)}, sha=SHA))
         with pytest.raises(WeightsError, match=f"{SHARDS[0]}: safetensors header length"):
-            store.stage(StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "m"),
-                                     endpoint=stub.url), lambda e, f: None)
+            store.stage(
+                StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(tmp_path / "m"), endpoint=stub.url),
+                lambda e, f: None,
+            )
     assert store.verify(str(tmp_path / "m"), "tiny", SHA) is None
 
 
-def test_a_manifest_in_place_naming_a_file_outside_the_directory_is_refused(store: HfWeightStore,
-                                                                             tmp_path: Path) -> None:
+def test_a_manifest_in_place_naming_a_file_outside_the_directory_is_refused(
+    store: HfWeightStore, tmp_path: Path
+) -> None:
     """A manifest whose listing leaves the directory (../) is refused before any file is read."""
     model = write_model(tmp_path / "m")
     (tmp_path / "secret").write_text("not weights")
-    (model / ".orchestrator-manifest.json").write_text(json.dumps({
-        "name": "tiny", "repo": "org/tiny", "revision": SHA, "source": "hub", "staged_at": 0, "path": str(model),
-        "files": {**{n: len(d) for n, d in FILES.items()}, "../secret": 11}}))
+    (model / ".orchestrator-manifest.json").write_text(
+        json.dumps(
+            {
+                "name": "tiny",
+                "repo": "org/tiny",
+                "revision": SHA,
+                "source": "hub",
+                "staged_at": 0,
+                "path": str(model),
+                "files": {**{n: len(d) for n, d in FILES.items()}, "../secret": 11},
+            }
+        )
+    )
     with pytest.raises(WeightsError, match=r"file name '\.\./secret' .* is not a plain relative path"):
         in_place(store, model, tmp_path)

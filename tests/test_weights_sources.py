@@ -51,12 +51,12 @@ def from_hub(hub: HubStub, root: Path, revision: str = SHA) -> StageRequest:
 
 
 def from_source(root: Path, source: str, peer: PeerSpec | None = None) -> StageRequest:
-    return StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(root), source=source,
-                        peer=peer)
+    return StageRequest(name="tiny", repo="org/tiny", revision=SHA, root=str(root), source=source, peer=peer)
 
 
 def test_local_directory_on_the_same_disk_is_hardlinked_and_verified(
-        hub: HubStub, store: HfWeightStore, tmp_path: Path) -> None:
+    hub: HubStub, store: HfWeightStore, tmp_path: Path
+) -> None:
     """Staging from a staged copy on the same filesystem links the files and writes a manifest."""
     first = stage(store, from_hub(hub, tmp_path / "a"))
     manifest = stage(store, from_source(tmp_path / "b", f"local:{first.path}"))
@@ -67,10 +67,12 @@ def test_local_directory_on_the_same_disk_is_hardlinked_and_verified(
 
 
 def test_hugging_face_cache_snapshot_is_staged_as_regular_files(
-        hub: HubStub, store: HfWeightStore, tmp_path: Path) -> None:
+    hub: HubStub, store: HfWeightStore, tmp_path: Path
+) -> None:
     """A cache snapshot of symlinks into blobs/ stages as real files of the right sizes."""
-    snap = Path(snapshot_download("org/tiny", revision=SHA, cache_dir=tmp_path / "cache",
-                                  endpoint=hub.url, token=False))
+    snap = Path(
+        snapshot_download("org/tiny", revision=SHA, cache_dir=tmp_path / "cache", endpoint=hub.url, token=False)
+    )
     assert (snap / SHARDS[0]).is_symlink()
     manifest = stage(store, from_source(tmp_path / "models", f"local:{snap}"))
     staged = Path(manifest.path)
@@ -78,8 +80,7 @@ def test_hugging_face_cache_snapshot_is_staged_as_regular_files(
     assert (staged / SHARDS[0]).stat().st_size == hub.repos["org/tiny"].files[SHARDS[0]].size
 
 
-def test_local_directory_missing_a_shard_is_refused(hub: HubStub, store: HfWeightStore,
-                                                    tmp_path: Path) -> None:
+def test_local_directory_missing_a_shard_is_refused(hub: HubStub, store: HfWeightStore, tmp_path: Path) -> None:
     """A local source whose index names a shard it lacks fails and stages nothing."""
     first = stage(store, from_hub(hub, tmp_path / "a"))
     src = tmp_path / "plain"
@@ -120,10 +121,10 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress {address}\nHostKey {d / 'host_key'}\n"
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nPasswordAuthentication no\nStrictModes no\n"
-        f"PermitRootLogin prohibit-password\nUsePAM no\nPidFile {d / 'sshd.pid'}\n")
+        f"PermitRootLogin prohibit-password\nUsePAM no\nPidFile {d / 'sshd.pid'}\n"
+    )
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")],
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.DEVNULL)
     try:
         _await_listening(address, port, proc)
         yield Sshd(address, port, str(d / "client_key"), str(d / "known_hosts"))
@@ -143,14 +144,14 @@ def _await_listening(address: str, port: int, proc: subprocess.Popen[bytes]) -> 
     raise AssertionError(f"sshd never listened on {address}:{port}")
 
 
-def test_peer_host_copy_over_rsync_and_ssh(hub: HubStub, store: HfWeightStore, tmp_path: Path,
-                                          sshd: Sshd) -> None:
+def test_peer_host_copy_over_rsync_and_ssh(hub: HubStub, store: HfWeightStore, tmp_path: Path, sshd: Sshd) -> None:
     """A model staged on a peer is pulled with rsync over a real SSH login and verified."""
     peer_root = tmp_path / "peer"
     first = stage(store, from_hub(hub, peer_root))
     hub.requests.clear()
-    peer = PeerSpec(address=sshd.address, root=str(peer_root), port=sshd.port, key_file=sshd.key,
-                    known_hosts=sshd.known_hosts)
+    peer = PeerSpec(
+        address=sshd.address, root=str(peer_root), port=sshd.port, key_file=sshd.key, known_hosts=sshd.known_hosts
+    )
     manifest = stage(store, from_source(tmp_path / "here", "host:gpu2", peer))
     assert manifest.files == first.files and manifest.source == "host:gpu2"
     assert (Path(manifest.path) / SHARDS[1]).read_bytes() == (Path(first.path) / SHARDS[1]).read_bytes()
@@ -159,16 +160,31 @@ def test_peer_host_copy_over_rsync_and_ssh(hub: HubStub, store: HfWeightStore, t
 
 def test_peer_without_the_model_is_reported(store: HfWeightStore, tmp_path: Path, sshd: Sshd) -> None:
     """A peer that has not staged the revision fails with the path it looked for."""
-    peer = PeerSpec(address=sshd.address, root=str(tmp_path / "empty"), port=sshd.port,
-                    key_file=sshd.key, known_hosts=sshd.known_hosts)
+    peer = PeerSpec(
+        address=sshd.address,
+        root=str(tmp_path / "empty"),
+        port=sshd.port,
+        key_file=sshd.key,
+        known_hosts=sshd.known_hosts,
+    )
     with pytest.raises(WeightsError, match=f"reading {tmp_path}/empty/tiny/{SHA}/{MANIFEST_NAME} on gpu2"):
         stage(store, from_source(tmp_path / "here", "host:gpu2", peer))
 
 
 def test_stage_runs_on_a_remote_host_over_ssh(hub: HubStub, tmp_path: Path, sshd: Sshd) -> None:
     """Through an SSH shell the worker stages on the remote host and streams progress back."""
-    ssh = ["ssh", "-p", str(sshd.port), "-i", sshd.key, "-o", f"UserKnownHostsFile={sshd.known_hosts}",
-           "-o", "BatchMode=yes", f"root@{sshd.address}"]
+    ssh = [
+        "ssh",
+        "-p",
+        str(sshd.port),
+        "-i",
+        sshd.key,
+        "-o",
+        f"UserKnownHostsFile={sshd.known_hosts}",
+        "-o",
+        "BatchMode=yes",
+        f"root@{sshd.address}",
+    ]
     store = HfWeightStore(SshRunner(ssh), python=sys.executable)
     events: list[tuple[str, dict[str, object]]] = []
     manifest = store.stage(from_hub(hub, tmp_path / "remote"), lambda e, f: events.append((e, f)))
@@ -178,8 +194,7 @@ def test_stage_runs_on_a_remote_host_over_ssh(hub: HubStub, tmp_path: Path, sshd
     assert progress[-1]["bytes"] == manifest.total_bytes
 
 
-def _stage_revisions(hub: HubStub, store: HfWeightStore, root: Path, n: int,
-                     name: str = "tiny") -> list[str]:
+def _stage_revisions(hub: HubStub, store: HfWeightStore, root: Path, n: int, name: str = "tiny") -> list[str]:
     shas = []
     for i in range(n):
         sha = f"{i:x}" * 40
@@ -189,8 +204,7 @@ def _stage_revisions(hub: HubStub, store: HfWeightStore, root: Path, n: int,
     return shas
 
 
-def test_cleanup_keeps_newest_and_never_removes_protected(hub: HubStub, store: HfWeightStore,
-                                                         tmp_path: Path) -> None:
+def test_cleanup_keeps_newest_and_never_removes_protected(hub: HubStub, store: HfWeightStore, tmp_path: Path) -> None:
     """keep=1 removes old revisions except the protected rollback one."""
     root = tmp_path / "models"
     old, middle, new = _stage_revisions(hub, store, root, 3)
@@ -229,7 +243,8 @@ def test_free_bytes_reports_the_volume(store: HfWeightStore, tmp_path: Path) -> 
 
 @pytest.mark.parametrize("name", ["../../escaped.bin", "/{outside}/abs.bin"])
 def test_local_manifest_with_a_name_outside_the_model_dir_is_refused(
-        hub: HubStub, store: HfWeightStore, tmp_path: Path, name: str) -> None:
+    hub: HubStub, store: HfWeightStore, tmp_path: Path, name: str
+) -> None:
     """A local source whose manifest lists an absolute or ../ name fails, naming file and repo, and
     neither writes nor unlinks anything outside the staging directory."""
     first = stage(store, from_hub(hub, tmp_path / "a"))
@@ -251,34 +266,64 @@ def test_local_manifest_with_a_name_outside_the_model_dir_is_refused(
 def test_hostile_peer_user_is_refused_by_the_worker_before_ssh(tmp_path: Path) -> None:
     """A peer user that ssh would read as -oProxyCommand is refused by the worker; no command runs."""
     pwned = tmp_path / "pwned"
-    req = from_source(tmp_path / "here", "host:gpu2",
-                      PeerSpec(address="127.0.0.9", root=str(tmp_path / "peer"))).to_dict()
+    req = from_source(
+        tmp_path / "here", "host:gpu2", PeerSpec(address="127.0.0.9", root=str(tmp_path / "peer"))
+    ).to_dict()
     req["peer"] = {**req["peer"], "user": f"-oProxyCommand=touch {pwned}"}  # type: ignore[dict-item]
-    out = subprocess.run([sys.executable, "-m", "orchestrator.worker.stage", "stage", json.dumps(req)],
-                         capture_output=True, text=True, check=False, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.worker.stage", "stage", json.dumps(req)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert out.returncode == 3
     assert "ssh user '-oProxyCommand=touch" in json.loads(out.stdout.splitlines()[-1])["message"]
     assert not list(tmp_path.glob("pwned*"))
 
 
 def _unit(model_dir: str, revision: str, source: str = "hub") -> UnitSpec:
-    return UnitSpec(model="tiny", unit_name="vllm-tiny.service", unit_text="", unit_sha="", served_name="tiny",
-                    address="127.0.0.1", port=8000, gpus=(0,), load_deadline_s=60.0, model_dir=model_dir,
-                    repo="org/tiny", revision=revision, source=source)
+    return UnitSpec(
+        model="tiny",
+        unit_name="vllm-tiny.service",
+        unit_text="",
+        unit_sha="",
+        served_name="tiny",
+        address="127.0.0.1",
+        port=8000,
+        gpus=(0,),
+        load_deadline_s=60.0,
+        model_dir=model_dir,
+        repo="org/tiny",
+        revision=revision,
+        source=source,
+    )
 
 
 def test_host_source_is_wired_from_the_catalog_and_copies_from_the_peer(
-        hub: HubStub, store: HfWeightStore, host_dir: Path, sshd: Sshd) -> None:
+    hub: HubStub, store: HfWeightStore, host_dir: Path, sshd: Sshd
+) -> None:
     """A catalog model with source = "host:gpu2" stages through SpecWeights from gpu2's catalog entry
     (its weight root holds a space)."""
     peer_root = host_dir / "peer models"
     stage(store, replace(from_hub(hub, peer_root), name="org--tiny"))
-    catalog = Catalog.model_validate({
-        "hosts": {"gpu1": {"transport": "local", "models_dir": str(host_dir / "here")},
-                  "gpu2": {"address": sshd.address, "ssh_port": sshd.port, "ssh_key": sshd.key,
-                           "known_hosts": sshd.known_hosts, "models_dir": str(peer_root)}},
-        "models": {"tiny": {"host": "gpu1", "repo": "org/tiny", "revision": SHA, "gpus": [0],
-                            "source": "host:gpu2"}}})
+    catalog = Catalog.model_validate(
+        {
+            "hosts": {
+                "gpu1": {"transport": "local", "models_dir": str(host_dir / "here")},
+                "gpu2": {
+                    "address": sshd.address,
+                    "ssh_port": sshd.port,
+                    "ssh_key": sshd.key,
+                    "known_hosts": sshd.known_hosts,
+                    "models_dir": str(peer_root),
+                },
+            },
+            "models": {
+                "tiny": {"host": "gpu1", "repo": "org/tiny", "revision": SHA, "gpus": [0], "source": "host:gpu2"}
+            },
+        }
+    )
     weights = SpecWeights(store, catalog.hosts["gpu1"], None, fleet=catalog.hosts)
     hub.requests.clear()
     staged = weights.stage(_unit("", SHA, catalog.models["tiny"].source), lambda e, f: None)
@@ -287,21 +332,20 @@ def test_host_source_is_wired_from_the_catalog_and_copies_from_the_peer(
     assert hub.requests == []
 
 
-def test_cleanup_after_a_switch_keeps_newest_serving_and_previous(
-        hub: HubStub, host_dir: Path) -> None:
+def test_cleanup_after_a_switch_keeps_newest_serving_and_previous(hub: HubStub, host_dir: Path) -> None:
     """SpecWeights.cleanup with keep=1 removes old revisions except the newest, the serving and the
     previous stable one, and records those two on the host."""
     root = host_dir / "models"
     store = HfWeightStore(LocalShell(), python=sys.executable)
     shas = _stage_revisions(hub, store, root, 4, name="org--tiny")
-    weights = SpecWeights(store, Host(name="box", transport="local", models_dir=str(root)), None,
-                          keep_revisions=1)
+    weights = SpecWeights(store, Host(name="box", transport="local", models_dir=str(root)), None, keep_revisions=1)
     serving, previous = (_unit(f"{root}/org--tiny/{sha}", sha) for sha in shas[:2])
     removed = weights.cleanup([serving, previous])
     assert [r.revision for r in removed] == [shas[2]]
     assert sorted(os.listdir(root / "org--tiny")) == sorted([shas[0], shas[1], shas[3]])
     assert json.loads((root / PROTECT_NAME).read_text())["protected"] == sorted(
-        [["org--tiny", shas[0]], ["org--tiny", shas[1]]])
+        [["org--tiny", shas[0]], ["org--tiny", shas[1]]]
+    )
 
 
 def test_cleanup_never_removes_a_revision_an_installed_unit_names(hub: HubStub, host_dir: Path) -> None:
@@ -312,15 +356,18 @@ def test_cleanup_never_removes_a_revision_an_installed_unit_names(hub: HubStub, 
     store = HfWeightStore(LocalShell(), python=sys.executable)
     shas = _stage_revisions(hub, store, root, 3, name="org--tiny")
     (units / "vllm-other.service").write_text(
-        f"[Service]\nExecStart=/opt/vllm/bin/vllm serve --model {root}/org--tiny/{shas[0]} --port 8001\n")
-    weights = SpecWeights(store, Host(name="box", transport="local", models_dir=str(root), unit_dir=str(units)),
-                          None, keep_revisions=1)
+        f"[Service]\nExecStart=/opt/vllm/bin/vllm serve --model {root}/org--tiny/{shas[0]} --port 8001\n"
+    )
+    weights = SpecWeights(
+        store, Host(name="box", transport="local", models_dir=str(root), unit_dir=str(units)), None, keep_revisions=1
+    )
     assert [r.revision for r in weights.cleanup([])] == [shas[1]]
     assert sorted(os.listdir(root / "org--tiny")) == sorted([shas[0], shas[2]])
 
 
 def test_staging_frees_room_from_old_revisions_but_never_protected_ones(
-        hub: HubStub, store: HfWeightStore, small_disk: Path) -> None:
+    hub: HubStub, store: HfWeightStore, small_disk: Path
+) -> None:
     """On a 20 MiB disk holding two 8 MiB revisions, a third stages by removing the older unprotected
     one (as keep=2 would after the switch); the protected one stays."""
     hub.repos["org/tiny"] = StubRepo.of("org/tiny", sharded_model(SHARDS, 1 << 20), sha=SHA)
@@ -333,5 +380,4 @@ def test_staging_frees_room_from_old_revisions_but_never_protected_ones(
     req = replace(from_hub(hub, root, revision="main"), keep_revisions=2)
     manifest = store.stage(req, lambda e, f: events.append((e, f)))
     assert sorted(os.listdir(root / "tiny")) == sorted([serving, manifest.revision])
-    assert [(f["revision"], f["reason"]) for e, f in events if e == "stage_cleanup"] == [
-        (old, "room for staging")]
+    assert [(f["revision"], f["reason"]) for e, f in events if e == "stage_cleanup"] == [(old, "room for staging")]

@@ -90,8 +90,12 @@ def main() -> None:
     tcp = socket.create_server(("127.0.0.1", 0))
     sshd = Listener(tcp, agent=False)
     port = tcp.getsockname()[1]
-    env = {**os.environ, "ORCHESTRATOR_CONFIG": str(work / "deploy.toml"),
-           "ORCHESTRATOR_SOCKET": str(work / "agent.sock"), "HOME": str(work)}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_CONFIG": str(work / "deploy.toml"),
+        "ORCHESTRATOR_SOCKET": str(work / "agent.sock"),
+        "HOME": str(work),
+    }
     env.pop("ORCHESTRATOR_HOST", None)
     cli = str(VENV_BIN / "orchestrator")
     cases: list[tuple[str, list[str], Listener | None]] = [
@@ -105,8 +109,10 @@ def main() -> None:
     results: dict[str, list[tuple[float, float | None, int, float]]] = {name: [] for name, _, _ in cases}
     # nice -n -20 (root): the runs get the CPU ahead of the other sessions' processes, so wall time
     # reads about as on an idle machine; the niceness is printed with the load.
-    print(f"# {runs} runs each, interleaved; os.cpu_count()={os.cpu_count()}, load {os.getloadavg()[0]:.2f}, "
-          f"niceness {os.nice(0)}")
+    print(
+        f"# {runs} runs each, interleaved; os.cpu_count()={os.cpu_count()}, load {os.getloadavg()[0]:.2f}, "
+        f"niceness {os.nice(0)}"
+    )
     for i in range(runs):
         for name, argv, listener in cases:
             total, start, rc, cpu = run(argv, env, listener)
@@ -120,8 +126,10 @@ def main() -> None:
         starts = [s for _, s, _, _ in rows if s is not None]
         start = f"{statistics.median(starts):.3f} | {min(starts):.3f}" if starts else "- | -"
         totals, cpus = [t for t, _, _, _ in rows], [c for _, _, _, c in rows]
-        print(f"| {name} | {start} | {statistics.median(totals):.3f} | {statistics.median(cpus):.3f} | "
-              f"{sorted({rc for _, _, rc, _ in rows})} |")
+        print(
+            f"| {name} | {start} | {statistics.median(totals):.3f} | {statistics.median(cpus):.3f} | "
+            f"{sorted({rc for _, _, rc, _ in rows})} |"
+        )
 
 
 if __name__ == "__main__":

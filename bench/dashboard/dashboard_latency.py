@@ -49,17 +49,23 @@ def timed_gets(conn: http.client.HTTPConnection, n: int, headers: dict[str, str]
 
 def follow(agent: Agent, path: str, model: str) -> tuple[float, float]:
     """(ms to the first message showing the switch running, ms to the one showing MODEL serving)."""
-    return sse_marks(path, "/events",
-                     lambda: threading.Thread(target=lambda: list(agent.dispatch("switch", {"model": model}, "bench")),
-                                              daemon=True).start(),
-                     lambda html: 'data-state="running"' in html["h0-operation"],
-                     lambda html: f'data-model="{model}" data-state="serving"' in html["h0-models"])
+    return sse_marks(
+        path,
+        "/events",
+        lambda: threading.Thread(
+            target=lambda: list(agent.dispatch("switch", {"model": model}, "bench")), daemon=True
+        ).start(),
+        lambda html: 'data-state="running"' in html["h0-operation"],
+        lambda html: f'data-model="{model}" data-state="serving"' in html["h0-models"],
+    )
 
 
 def summary(name: str, values: list[float]) -> str:
     q = statistics.quantiles(values, n=10)
-    return (f"{name:<28} n={len(values):<3} median {statistics.median(values):7.1f} ms  p90 {q[8]:7.1f} ms  "
-            f"max {max(values):7.1f} ms")
+    return (
+        f"{name:<28} n={len(values):<3} median {statistics.median(values):7.1f} ms  p90 {q[8]:7.1f} ms  "
+        f"max {max(values):7.1f} ms"
+    )
 
 
 def main() -> None:
@@ -75,8 +81,12 @@ def main() -> None:
     assert server is not None
     fwd = Forwarder(unix_opener(sock))
     threading.Thread(target=fwd.serve_forever, daemon=True).start()
-    lines = [(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, agent in-process over fake ports, "
-             f"refresh_s 2.0, python {sys.version.split()[0]}")]
+    lines = [
+        (
+            f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, agent in-process over fake ports, "
+            f"refresh_s 2.0, python {sys.version.split()[0]}"
+        )
+    ]
     world.ops.switch("alpha")
     page = timed_gets(UnixHTTP(sock), args.n, {})
     fwd_conn = http.client.HTTPConnection("127.0.0.1", fwd.port, timeout=30)
@@ -85,15 +95,20 @@ def main() -> None:
     for i in range(args.switches):
         model = "beta" if i % 2 == 0 else "alpha"
         r, s = follow(agent, sock, model)
-        lines.append(f"switch {i + 1:>2} -> {model:<5}: running shown after {r:7.1f} ms, serving shown after "
-                     f"{s:7.1f} ms")
+        lines.append(
+            f"switch {i + 1:>2} -> {model:<5}: running shown after {r:7.1f} ms, serving shown after {s:7.1f} ms"
+        )
         started.append(r)
         served.append(s)
         agent.jobs.join(timeout=30)
         while agent.jobs.running:
             time.sleep(0.01)
-    lines += [summary("page GET / (unix socket)", page), summary("page GET / (forwarder)", forwarded),
-              summary("switch shown running", started), summary("switch shown serving", served)]
+    lines += [
+        summary("page GET / (unix socket)", page),
+        summary("page GET / (forwarder)", forwarded),
+        summary("switch shown running", started),
+        summary("switch shown serving", served),
+    ]
     OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fwd.shutdown()

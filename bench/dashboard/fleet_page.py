@@ -42,16 +42,31 @@ def controller(tmp: Path, boxes: int, rtt_ms: float) -> tuple[Agent, Any, str]:
     names = [f"b{i:04d}" for i in range(boxes)]
     hosts = {h: {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96} for h in names}
     path = str(tmp / "d.sock")
-    catalog = make_catalog(state_dir=str(tmp / "state"), hosts=hosts, dashboard={"socket": path, "refresh_s": 0.2},
-                           groups={"inference": {"hosts": names, "canary": 1, "batch": max(1, boxes // 4)}},
-                           models={"beta": {"repo": "org/beta", "group": "inference", "gpus": [0, 1, 2, 3],
-                                            "tensor_parallel": 4, "port": 8001, "source": "none"}})
-    sims = {h: SimulatedBox(h, {"alpha": "org/alpha", "beta": "org/beta"}, serving="alpha",
-                            delay_s=rtt_ms / 2000) for h in names}
+    catalog = make_catalog(
+        state_dir=str(tmp / "state"),
+        hosts=hosts,
+        dashboard={"socket": path, "refresh_s": 0.2},
+        groups={"inference": {"hosts": names, "canary": 1, "batch": max(1, boxes // 4)}},
+        models={
+            "beta": {
+                "repo": "org/beta",
+                "group": "inference",
+                "gpus": [0, 1, 2, 3],
+                "tensor_parallel": 4,
+                "port": 8001,
+                "source": "none",
+            }
+        },
+    )
+    sims = {
+        h: SimulatedBox(h, {"alpha": "org/alpha", "beta": "org/beta"}, serving="alpha", delay_s=rtt_ms / 2000)
+        for h in names
+    }
     ops = Operations(catalog, lambda name: (_ for _ in ()).throw(AssertionError(name)), store=FakeStateStore())
     agent = Agent(catalog, ops, socket=str(tmp / "agent.sock"), metrics_port=None, clock=FakeClock())
-    agent.controller = FleetController(lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(),
-                                       connect=lambda host: sims[host.name])
+    agent.controller = FleetController(
+        lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(), connect=lambda host: sims[host.name]
+    )
     server = start(agent)
     assert server is not None
     return agent, server, path
@@ -74,23 +89,31 @@ def pages(path: str, n: int) -> list[float]:
 
 def follow(agent: Agent, path: str) -> tuple[float, float]:
     """(ms to the first message showing the canary batch switching, ms to the one showing the rollout done)."""
-    return sse_marks(path, "/fleet/events", lambda: agent.controller.start(RolloutStartArgs(model="beta"), "bench"),
-                     lambda html: 'data-batch="0" data-state="switching"' in html["g0-rollout"],
-                     lambda html: 'data-status="succeeded"' in html["g0-rollout"])
+    return sse_marks(
+        path,
+        "/fleet/events",
+        lambda: agent.controller.start(RolloutStartArgs(model="beta"), "bench"),
+        lambda html: 'data-batch="0" data-state="switching"' in html["g0-rollout"],
+        lambda html: 'data-status="succeeded"' in html["g0-rollout"],
+    )
 
 
 def summary(name: str, values: list[float]) -> str:
     q = statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
-    return (f"{name:<40} n={len(values):<3} median {statistics.median(values):8.1f} ms  p90 {q:8.1f} ms  "
-            f"max {max(values):8.1f} ms")
+    return (
+        f"{name:<40} n={len(values):<3} median {statistics.median(values):8.1f} ms  p90 {q:8.1f} ms  "
+        f"max {max(values):8.1f} ms"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10)
     args = ap.parse_args()
-    head = (f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, controller in-process, simulated boxes "
-            f"(socket pairs, fake round trip), python {sys.version.split()[0]}")
+    head = (
+        f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, controller in-process, simulated boxes "
+        f"(socket pairs, fake round trip), python {sys.version.split()[0]}"
+    )
     lines = [head]
     for boxes, rtt in ((4, 0.0), (4, 20.0), (100, 0.0), (100, 20.0), (1000, 0.0)):
         with tempfile.TemporaryDirectory(prefix="fleet-page-", dir="/tmp") as tmp:
@@ -99,8 +122,10 @@ def main() -> None:
                 lines.append(summary(f"GET /fleet, {boxes} boxes, rtt {rtt:g} ms", pages(path, args.n)))
                 if boxes <= 100:
                     canary, done = follow(agent, path)
-                    lines.append(f"rollout over {boxes} boxes, rtt {rtt:g} ms: canary shown switching after "
-                                 f"{canary:.1f} ms, succeeded shown after {done:.1f} ms")
+                    lines.append(
+                        f"rollout over {boxes} boxes, rtt {rtt:g} ms: canary shown switching after "
+                        f"{canary:.1f} ms, succeeded shown after {done:.1f} ms"
+                    )
             finally:
                 server.close()
         print(lines[-1], flush=True)

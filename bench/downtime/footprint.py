@@ -56,5 +56,6 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self.rss.append(rss_mib(self.pid))
-        self.window = Window(time.monotonic() - self._t0, cpu_seconds(self.pid) - self._cpu0,
-                             min(self.rss), max(self.rss))
+        self.window = Window(
+            time.monotonic() - self._t0, cpu_seconds(self.pid) - self._cpu0, min(self.rss), max(self.rss)
+        )

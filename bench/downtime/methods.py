@@ -33,18 +33,28 @@ Phases = dict[str, float]
 
 def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> tuple[float, Phases]:
     t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          timeout=timeout, cwd=REPO, check=False)
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO, check=False
+    )
     wall = time.monotonic() - t0
     if proc.returncode != 0:
-        raise SwitchFailed(f"{shlex.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-3000:]}")
+        raise SwitchFailed(
+            f"{shlex.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return wall, {}
 
 
 def orchestrator_command(bench: Bench, model: BenchModel) -> list[str]:
-    return [sys.executable, "-m", "orchestrator", "switch", model.name, "--config", str(bench.work / "deploy.toml"),
-            "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "switch",
+        model.name,
+        "--config",
+        str(bench.work / "deploy.toml"),
+        "--json",
+    ]
 
 
 def local_command(bench: Bench, model: BenchModel) -> list[str]:
@@ -72,26 +82,40 @@ def _orchestrator(argv: list[str]) -> tuple[float, Phases]:
         result = {}
     outcome = result.get("outcome")
     if proc.returncode != 0 or outcome != "active":
-        raise SwitchFailed(f"{shlex.join(argv)} exited {proc.returncode} (outcome {outcome}):\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise SwitchFailed(
+            f"{shlex.join(argv)} exited {proc.returncode} (outcome {outcome}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return wall, {p["phase"]: float(p["seconds"]) for p in result.get("phases", [])}
 
 
 def write_inventory(bench: Bench) -> Path:
     h = bench.host
     text = string.Template((ANSIBLE_DIR / "inventory.ini.template").read_text()).substitute(
-        name=h.name, address=h.address, port=h.port, key=h.key_path, known_hosts=h.known_hosts_path)
+        name=h.name, address=h.address, port=h.port, key=h.key_path, known_hosts=h.known_hosts_path
+    )
     path = bench.work / "inventory.ini"
     path.write_text(text)
     return path
 
 
 def ansible_command(bench: Bench, old: BenchModel, new: BenchModel) -> list[str]:
-    extra = {"old_unit": old.unit, "new_unit": new.unit, "new_model": new.name,
-             "gpus": ",".join(map(str, GPUS)), "unit_text": bench.unit_text(new),
-             "health_url": f"http://{bench.host.address}:{new.port}/health"}
-    return [str(VENV_BIN / "ansible-playbook"), "-i", str(bench.work / "inventory.ini"),
-            str(ANSIBLE_DIR / "switch.yml"), "-e", json.dumps(extra)]
+    extra = {
+        "old_unit": old.unit,
+        "new_unit": new.unit,
+        "new_model": new.name,
+        "gpus": ",".join(map(str, GPUS)),
+        "unit_text": bench.unit_text(new),
+        "health_url": f"http://{bench.host.address}:{new.port}/health",
+    }
+    return [
+        str(VENV_BIN / "ansible-playbook"),
+        "-i",
+        str(bench.work / "inventory.ini"),
+        str(ANSIBLE_DIR / "switch.yml"),
+        "-e",
+        json.dumps(extra),
+    ]
 
 
 def ansible_switch(bench: Bench, old: BenchModel, new: BenchModel) -> tuple[float, Phases]:
@@ -102,9 +126,16 @@ def ansible_switch(bench: Bench, old: BenchModel, new: BenchModel) -> tuple[floa
 def bash_env(bench: Bench, old: BenchModel, new: BenchModel) -> dict[str, str]:
     h = bench.host
     ssh_opts = " ".join(h.ssh_argv()[1:-1])  # between "ssh" and user@address; no spaces in them
-    return {"TARGET": f"{h.user}@{h.address}", "SSH_OPTS": ssh_opts, "OLD_UNIT": old.unit, "NEW_UNIT": new.unit,
-            "NEW_MODEL": new.name, "GPUS": ",".join(map(str, GPUS)), "UNIT_TEXT": bench.unit_text(new),
-            "HEALTH_URL": f"http://{h.address}:{new.port}/health"}
+    return {
+        "TARGET": f"{h.user}@{h.address}",
+        "SSH_OPTS": ssh_opts,
+        "OLD_UNIT": old.unit,
+        "NEW_UNIT": new.unit,
+        "NEW_MODEL": new.name,
+        "GPUS": ",".join(map(str, GPUS)),
+        "UNIT_TEXT": bench.unit_text(new),
+        "HEALTH_URL": f"http://{h.address}:{new.port}/health",
+    }
 
 
 def bash_switch(bench: Bench, old: BenchModel, new: BenchModel) -> tuple[float, Phases]:

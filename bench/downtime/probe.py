@@ -65,7 +65,7 @@ class Prober:
     def serving(self, since: float) -> bool:
         """Whether a request sent at or after ``since`` got a good answer."""
         with self._lock:
-            return any(sent >= since for sent, _ in self.good[-len(self.targets) * 4:])
+            return any(sent >= since for sent, _ in self.good[-len(self.targets) * 4 :])
 
     def wait_serving(self, timeout: float = 60.0) -> None:
         """Block until a request sent after this call gets a good answer."""
@@ -83,8 +83,10 @@ class Prober:
         inside = [t for t in times if start < t <= end]
         series = before[-1:] + inside
         if len(series) < 2:
-            raise RuntimeError(f"probe saw no answer on one side of the switch window ({len(before)} "
-                               f"good answers before, {len(inside)} inside)")
+            raise RuntimeError(
+                f"probe saw no answer on one side of the switch window ({len(before)} "
+                f"good answers before, {len(inside)} inside)"
+            )
         gaps = [(b - a, a, b) for a, b in pairwise(series)]
         return max(gaps)
 

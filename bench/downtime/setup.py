@@ -67,17 +67,37 @@ class Bench:
         """deploy.toml for the controller (ssh transport), or for the host itself (local: D-Bus)."""
         h = self.host
         state = LOCAL_STATE if local else self.work / "state"
-        lines = [f'state_dir = "{state}"', "[defaults]", 'user = "root"', 'group = "root"', "allow_root = true",
-                 f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]', "load_deadline_s = 120",
-                 "stop_timeout_s = 30", "free_timeout_s = 30", "health_interval_s = 0.2", "restart_sec = 10",
-                 f"[hosts.{h.name}]", f'transport = "{"local" if local else "ssh"}"', f'address = "{h.address}"',
-                 f'bind = "{h.address}"', "gpus = 8", "gpu_memory_gib = 96", 'models_dir = "/models"',
-                 f'python = "{sys.executable}"']
+        lines = [
+            f'state_dir = "{state}"',
+            "[defaults]",
+            'user = "root"',
+            'group = "root"',
+            "allow_root = true",
+            f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]',
+            "load_deadline_s = 120",
+            "stop_timeout_s = 30",
+            "free_timeout_s = 30",
+            "health_interval_s = 0.2",
+            "restart_sec = 10",
+            f"[hosts.{h.name}]",
+            f'transport = "{"local" if local else "ssh"}"',
+            f'address = "{h.address}"',
+            f'bind = "{h.address}"',
+            "gpus = 8",
+            "gpu_memory_gib = 96",
+            'models_dir = "/models"',
+            f'python = "{sys.executable}"',
+        ]
         if not local:
             lines += [f"ssh_port = {h.port}", f'ssh_key = "{h.key_path}"', f'known_hosts = "{h.known_hosts_path}"']
         for m in self.models:
-            lines += [f"[models.{m.name}]", f"port = {m.port}", f"gpus = {list(GPUS)}",
-                      f"tensor_parallel = {len(GPUS)}", f"args = {self.timing.args()!r}".replace("'", '"')]
+            lines += [
+                f"[models.{m.name}]",
+                f"port = {m.port}",
+                f"gpus = {list(GPUS)}",
+                f"tensor_parallel = {len(GPUS)}",
+                f"args = {self.timing.args()!r}".replace("'", '"'),
+            ]
             if m.repo:
                 lines += [f'repo = "{m.repo}"', 'source = "hub"', f'revision = "{m.revision}"']
             else:

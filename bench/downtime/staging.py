@@ -16,10 +16,19 @@ from tests.hubstub import HubStub, StubFile, StubRepo
 
 SHARD_BYTES = 512 << 20
 # A small Llama: the planner checks the layout against it before anything is stopped.
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-          "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-          "vocab_size": 1024, "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-          "tie_word_embeddings": False}
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1024,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
 BLOCK = os.urandom(1 << 20)
 
 
@@ -33,9 +42,13 @@ class CachedFile(StubFile):
 
 def _shard(tensor: str, nbytes: int) -> bytes:
     floats = nbytes // 4
-    header = json.dumps({"__metadata__": {"format": "pt"},
-                         tensor: {"dtype": "F32", "shape": [floats], "data_offsets": [0, floats * 4]}},
-                        separators=(",", ":")).encode()
+    header = json.dumps(
+        {
+            "__metadata__": {"format": "pt"},
+            tensor: {"dtype": "F32", "shape": [floats], "data_offsets": [0, floats * 4]},
+        },
+        separators=(",", ":"),
+    ).encode()
     header += b" " * (-len(header) % 8)
     body = (BLOCK * (floats * 4 // len(BLOCK) + 1))[: floats * 4]
     return struct.pack("<Q", len(header)) + header + body
@@ -54,7 +67,8 @@ def repo_files(total_bytes: int) -> dict[str, CachedFile]:
         files[name] = _shard(tensor, floats * 4)
         weight_map[tensor] = name
     files["model.safetensors.index.json"] = json.dumps(
-        {"metadata": {"total_size": floats * 4 * n}, "weight_map": weight_map}).encode()
+        {"metadata": {"total_size": floats * 4 * n}, "weight_map": weight_map}
+    ).encode()
     return {name: CachedFile(data) for name, data in files.items()}
 
 

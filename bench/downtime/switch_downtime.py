@@ -48,8 +48,9 @@ def targets(bench: Bench, *models: BenchModel) -> list[Target]:
     return [Target(bench.host.address, m.port, m.name) for m in models]
 
 
-def measure(bench: Bench, prober: Prober, method: str, fn: Switcher, old: BenchModel, new: BenchModel,
-            note: str = "") -> Trial:
+def measure(
+    bench: Bench, prober: Prober, method: str, fn: Switcher, old: BenchModel, new: BenchModel, note: str = ""
+) -> Trial:
     prober.wait_serving()
     time.sleep(0.3)  # a few good answers from A before the switch starts
     t0 = time.monotonic()
@@ -57,13 +58,16 @@ def measure(bench: Bench, prober: Prober, method: str, fn: Switcher, old: BenchM
     prober.wait_serving()
     gap, _, _ = prober.downtime(t0, time.monotonic())
     trial = Trial(method, old.name, new.name, gap, wall, bench.timing.stop_s + bench.timing.load_s, note, phases)
-    log(f"{method:12s} {old.name} -> {new.name}: downtime {gap:.3f} s, overhead {trial.overhead:+.3f} s, "
-        f"command {wall:.2f} s {note}")
+    log(
+        f"{method:12s} {old.name} -> {new.name}: downtime {gap:.3f} s, overhead {trial.overhead:+.3f} s, "
+        f"command {wall:.2f} s {note}"
+    )
     return trial
 
 
-def interleaved(bench: Bench, tools: dict[str, Switcher], a: BenchModel, b: BenchModel, rounds: int,
-                serving: BenchModel) -> tuple[dict[str, list[Trial]], BenchModel]:
+def interleaved(
+    bench: Bench, tools: dict[str, Switcher], a: BenchModel, b: BenchModel, rounds: int, serving: BenchModel
+) -> tuple[dict[str, list[Trial]], BenchModel]:
     """``rounds`` rounds of one switch per tool, each to the model not serving: on a shared machine
     the load drifts, so every tool is measured in every stretch of the run. Odd rounds go through
     the tools in reverse order, so each tool alternates A -> B and B -> A."""
@@ -77,8 +81,9 @@ def interleaved(bench: Bench, tools: dict[str, Switcher], a: BenchModel, b: Benc
     return trials, serving
 
 
-def staging_trials(bench: Bench, a: BenchModel, groups: list[tuple[float, list[BenchModel]]], serving: BenchModel,
-                   back_name: str) -> tuple[list[Trial], list[Trial], BenchModel]:
+def staging_trials(
+    bench: Bench, a: BenchModel, groups: list[tuple[float, list[BenchModel]]], serving: BenchModel, back_name: str
+) -> tuple[list[Trial], list[Trial], BenchModel]:
     """Per size: A -> a fresh model (staged inside the switch), back to A, A -> a second fresh model, back.
 
     The switches back to A (weights present, same catalog) are the baseline the staged ones compare to.
@@ -92,19 +97,25 @@ def staging_trials(bench: Bench, a: BenchModel, groups: list[tuple[float, list[B
                 back.append(measure(bench, prober, back_name, methods.orchestrator_switch, serving, a))
                 serving = a
             for big in bigs:
-                staged.append(measure(bench, prober, "staged", methods.orchestrator_switch, a, big,
-                                      note=f"{size:g} GB staged"))
+                staged.append(
+                    measure(bench, prober, "staged", methods.orchestrator_switch, a, big, note=f"{size:g} GB staged")
+                )
                 back.append(measure(bench, prober, back_name, methods.orchestrator_switch, big, a))
     return staged, back, a
 
 
-def agent_footprint(bench: Bench, a: BenchModel, b: BenchModel, serving: BenchModel,
-                    idle_s: float) -> tuple[dict[str, Window], list[Trial], BenchModel]:
+def agent_footprint(
+    bench: Bench, a: BenchModel, b: BenchModel, serving: BenchModel, idle_s: float
+) -> tuple[dict[str, Window], list[Trial], BenchModel]:
     config = bench.work / "deploy.toml"
     sock = bench.work / "state" / "agent.sock"
     out = open(bench.work / "agent.log", "wb")  # noqa: SIM115 - handed to the child
-    agent = subprocess.Popen([sys.executable, "-m", "orchestrator", "agent", "--config", str(config),
-                              "--metrics-port", "0"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "agent", "--config", str(config), "--metrics-port", "0"],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     out.close()
     windows: dict[str, Window] = {}
     trials: list[Trial] = []
@@ -199,12 +210,14 @@ def main() -> int:
                 bench.deploy_toml()
                 results.baseline = f"orchestrator, {len(bench.models)} models"
                 results.trials["staged"], results.trials[results.baseline], serving = staging_trials(
-                    bench, a, groups, serving, results.baseline)
+                    bench, a, groups, serving, results.baseline
+                )
                 bench.models = [a, b]
                 bench.deploy_toml()
             if not args.skip_agent:
                 results.agent, results.trials["via agent"], serving = agent_footprint(
-                    bench, a, b, serving, args.idle_seconds)
+                    bench, a, b, serving, args.idle_seconds
+                )
     finally:
         shutil.rmtree(models_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)

@@ -21,8 +21,7 @@ from bisect import bisect_left
 from pathlib import Path
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-ROLES = ("box agents", "engines", "nvidia-smi", "sshd", "relays", "systemd", "dbus", "journald", "other",
-         "unsampled")
+ROLES = ("box agents", "engines", "nvidia-smi", "sshd", "relays", "systemd", "dbus", "journald", "other", "unsampled")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 

@@ -43,15 +43,30 @@ METHODS = ("one-host", "batch8", "batch2", "ansible")
 def controller(hostset: HostSet, state: Path, one: str) -> str:
     lines = [f'state_dir = "{state}"']
     for h in hostset.hosts:
-        lines += [f"[hosts.{h.name}]", f'address = "{h.address}"', f'ssh_key = "{hostset.key_path}"',
-                  f'known_hosts = "{hostset.known_hosts_path}"', f'python = "{PY}"', f'agent_socket = "{SOCKET}"']
+        lines += [
+            f"[hosts.{h.name}]",
+            f'address = "{h.address}"',
+            f'ssh_key = "{hostset.key_path}"',
+            f'known_hosts = "{hostset.known_hosts_path}"',
+            f'python = "{PY}"',
+            f'agent_socket = "{SOCKET}"',
+        ]
     names = ", ".join(f'"{h.name}"' for h in hostset.hosts)
-    lines += [f"[groups.fleet]\nhosts = [{names}]\ncanary = 0\nbatch = 8\ngate = \"health\"",
-              f'[groups.one]\nhosts = ["{one}"]\ncanary = 0\nbatch = 1']
+    lines += [
+        f'[groups.fleet]\nhosts = [{names}]\ncanary = 0\nbatch = 8\ngate = "health"',
+        f'[groups.one]\nhosts = ["{one}"]\ncanary = 0\nbatch = 1',
+    ]
     for name in ("alpha", "beta"):
         m = MODELS[name]
-        lines += [f"[models.{name}]", 'group = "fleet"', f'repo = "test/{name}"', 'source = "none"',
-                  "gpus = [0, 1, 2, 3]", "tensor_parallel = 4", f"port = {m['port']}"]
+        lines += [
+            f"[models.{name}]",
+            'group = "fleet"',
+            f'repo = "test/{name}"',
+            'source = "none"',
+            "gpus = [0, 1, 2, 3]",
+            "tensor_parallel = 4",
+            f"port = {m['port']}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -63,11 +78,16 @@ def inventory(hostset: HostSet, work: Path) -> Path:
         cat = settings.load(cfg)
         units = {n: render_unit(cat, cat.models[n], default_template()).text for n in ("alpha", "beta")}
         hosts[h.name] = {
-            "ansible_host": h.address, "ansible_port": h.port, "ansible_user": "root",
-            "ansible_python_interpreter": "/usr/bin/python3", "ansible_ssh_private_key_file": str(h.key_path),
+            "ansible_host": h.address,
+            "ansible_port": h.port,
+            "ansible_user": "root",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_ssh_private_key_file": str(h.key_path),
             "ansible_ssh_common_args": f"-F /dev/null -o IdentitiesOnly=yes -o UserKnownHostsFile={h.known_hosts_path}"
-                                       " -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes",
-            "units": units, "address": h.address}
+            " -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes",
+            "units": units,
+            "address": h.address,
+        }
     path = work / "inventory.json"
     path.write_text(json.dumps({"gpu": {"hosts": hosts}}))
     return path
@@ -78,28 +98,45 @@ def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})})
     took = time.monotonic() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:6])} ... exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"{' '.join(argv[:6])} ... exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return took
 
 
 def ansible(inv: Path, new: str, serial: str | None) -> float:
     old = PAIR[new]
-    extra = {"old_unit": f"vllm-{old}.service", "new_unit": f"vllm-{new}.service", "new_model": new,
-             "gpus": "0,1,2,3", "unit_text": "{{ units['" + new + "'] }}",
-             "health_url": "http://{{ address }}:" + str(MODELS[new]["port"]) + "/health"}
+    extra = {
+        "old_unit": f"vllm-{old}.service",
+        "new_unit": f"vllm-{new}.service",
+        "new_model": new,
+        "gpus": "0,1,2,3",
+        "unit_text": "{{ units['" + new + "'] }}",
+        "health_url": "http://{{ address }}:" + str(MODELS[new]["port"]) + "/health",
+    }
     if serial:
         extra["ansible_serial"] = serial
-    return timed([str(VENV_BIN / "ansible-playbook"), "-f", "8", "-i", str(inv), str(ANSIBLE / "switch.yml"),
-                  "-e", json.dumps(extra)], {"ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-                                             "PATH": f"{VENV_BIN}:{os.environ['PATH']}"})
+    return timed(
+        [
+            str(VENV_BIN / "ansible-playbook"),
+            "-f",
+            "8",
+            "-i",
+            str(inv),
+            str(ANSIBLE / "switch.yml"),
+            "-e",
+            json.dumps(extra),
+        ],
+        {"ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", action="append", choices=METHODS,
-                    help="run only these methods (repeat the option); default: all")
+    ap.add_argument(
+        "--only", action="append", choices=METHODS, help="run only these methods (repeat the option); default: all"
+    )
     args = ap.parse_args()
     only = set(args.only or METHODS)
     t_start = time.monotonic()
@@ -129,14 +166,20 @@ def main() -> int:
             for new in (PAIR[state], state) if "one-host" in only else ():
                 record("one host: orchestrator --host switch", timed([*cli, "--host", one_url, "switch", new], env))
             for new in (PAIR[state], state) if "one-host" in only else ():
-                record("one host: orchestrator rollout (group of 1)", timed(
-                    [*cli, "rollout", new, "--group", "one", "--config", str(cfg)]))
+                record(
+                    "one host: orchestrator rollout (group of 1)",
+                    timed([*cli, "rollout", new, "--group", "one", "--config", str(cfg)]),
+                )
             for new in (PAIR[state], state) if "batch8" in only else ():
-                record("8 hosts: orchestrator rollout --batch 8", timed(
-                    [*cli, "rollout", new, "--batch", "8", "--config", str(cfg)]))
+                record(
+                    "8 hosts: orchestrator rollout --batch 8",
+                    timed([*cli, "rollout", new, "--batch", "8", "--config", str(cfg)]),
+                )
             for new in (PAIR[state], state) if "batch2" in only else ():
-                record("8 hosts: orchestrator rollout --batch 2", timed(
-                    [*cli, "rollout", new, "--batch", "2", "--config", str(cfg)]))
+                record(
+                    "8 hosts: orchestrator rollout --batch 2",
+                    timed([*cli, "rollout", new, "--batch", "2", "--config", str(cfg)]),
+                )
         for h in hostset.hosts:
             h.run("systemctl stop orchestrator-agent.service")
         inv = inventory(hostset, work)

@@ -30,13 +30,28 @@ from orchestrator.rollout.store import RolloutStore
 
 
 def catalog(n: int, batch: int, state_dir: str) -> Catalog:
-    hosts = {f"b{i}": {"transport": "ssh", "address": f"127.0.{i // 250}.{i % 250 + 1}", "gpus": 8,
-                       "gpu_memory_gib": 96} for i in range(n)}
-    return Catalog.model_validate({
-        "state_dir": state_dir, "defaults": {"engine": ["/opt/vllm/bin/vllm", "serve"]}, "hosts": hosts,
-        "groups": {"fleet": {"hosts": list(hosts), "canary": 1, "batch": batch, "gate": "health"}},
-        "models": {"beta": {"repo": "org/beta", "group": "fleet", "gpus": [0, 1, 2, 3], "tensor_parallel": 4,
-                            "port": 8001, "source": "none"}}})
+    hosts = {
+        f"b{i}": {"transport": "ssh", "address": f"127.0.{i // 250}.{i % 250 + 1}", "gpus": 8, "gpu_memory_gib": 96}
+        for i in range(n)
+    }
+    return Catalog.model_validate(
+        {
+            "state_dir": state_dir,
+            "defaults": {"engine": ["/opt/vllm/bin/vllm", "serve"]},
+            "hosts": hosts,
+            "groups": {"fleet": {"hosts": list(hosts), "canary": 1, "batch": batch, "gate": "health"}},
+            "models": {
+                "beta": {
+                    "repo": "org/beta",
+                    "group": "fleet",
+                    "gpus": [0, 1, 2, 3],
+                    "tensor_parallel": 4,
+                    "port": 8001,
+                    "source": "none",
+                }
+            },
+        }
+    )
 
 
 class Peaks:
@@ -55,12 +70,22 @@ class Peaks:
 def run_case(n: int, batch: int, switch_s: float, rtt_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fleet-sim-") as tmp:
         cat = catalog(n, batch, tmp)
-        boxes = {name: SimulatedBox(name, {"beta": "org/beta", "alpha": "org/alpha"}, serving="alpha",
-                                    switch_s=switch_s, delay_s=rtt_s) for name in cat.hosts}
+        boxes = {
+            name: SimulatedBox(
+                name, {"beta": "org/beta", "alpha": "org/alpha"}, serving="alpha", switch_s=switch_s, delay_s=rtt_s
+            )
+            for name in cat.hosts
+        }
         marks: list[float] = []
         store = RolloutStore(Path(tmp) / "rollouts.db", group=None)
-        ctl = FleetController(lambda: cat, clock=SystemClock(), pid=1, store=store,
-                              connect=lambda host: boxes[host.name], after_batch=lambda b: marks.append(time.time()))
+        ctl = FleetController(
+            lambda: cat,
+            clock=SystemClock(),
+            pid=1,
+            store=store,
+            connect=lambda host: boxes[host.name],
+            after_batch=lambda b: marks.append(time.time()),
+        )
         peaks = Peaks(list(boxes.values()))
         cpu0, t0 = time.process_time(), time.time()
         rid = ctl.start(RolloutStartArgs(model="beta"), "bench")["id"]
@@ -73,10 +98,18 @@ def run_case(n: int, batch: int, switch_s: float, rtt_s: float) -> dict[str, Any
         batches = [b - a for a, b in zip([first_switch, *marks[:-1]], marks, strict=True)]
         assert summary["rollout"]["status"] == "succeeded", summary["rollout"]
         assert all(b.switches("beta") == 1 for b in boxes.values())
-        return {"boxes": n, "batch": batch, "batches": len(batches), "preflight_s": first_switch - t0,
-                "wall_s": t1 - t0, "batch_s": batches,
-                "cpu_s": cpu1 - cpu0, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "peak_channels": peaks.channels, "peak_threads": peaks.threads}
+        return {
+            "boxes": n,
+            "batch": batch,
+            "batches": len(batches),
+            "preflight_s": first_switch - t0,
+            "wall_s": t1 - t0,
+            "batch_s": batches,
+            "cpu_s": cpu1 - cpu0,
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_channels": peaks.channels,
+            "peak_threads": peaks.threads,
+        }
 
 
 def main() -> None:
@@ -92,12 +125,15 @@ def main() -> None:
         n, batch = (int(x) for x in case.split(":"))
         r = run_case(n, batch, a.switch_s, a.rtt_s)
         later = r["batch_s"][1:] or r["batch_s"]
-        print(f"boxes={r['boxes']} batch={r['batch']} batches={r['batches']} wall_s={r['wall_s']:.2f} "
-              f"preflight_s={r['preflight_s']:.2f} canary_s={r['batch_s'][0]:.2f} "
-              f"batch_s_median={statistics.median(later):.2f} batch_s_max={max(later):.2f} "
-              f"overhead_per_batch_s={statistics.median(later) - a.switch_s:.2f} cpu_s={r['cpu_s']:.2f} "
-              f"peak_rss_mib={r['rss_mib']:.0f} peak_channels={r['peak_channels']} "
-              f"peak_threads={r['peak_threads']}", flush=True)
+        print(
+            f"boxes={r['boxes']} batch={r['batch']} batches={r['batches']} wall_s={r['wall_s']:.2f} "
+            f"preflight_s={r['preflight_s']:.2f} canary_s={r['batch_s'][0]:.2f} "
+            f"batch_s_median={statistics.median(later):.2f} batch_s_max={max(later):.2f} "
+            f"overhead_per_batch_s={statistics.median(later) - a.switch_s:.2f} cpu_s={r['cpu_s']:.2f} "
+            f"peak_rss_mib={r['rss_mib']:.0f} peak_channels={r['peak_channels']} "
+            f"peak_threads={r['peak_threads']}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

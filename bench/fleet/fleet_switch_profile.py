@@ -54,8 +54,9 @@ def snapshot(machines: list[str]) -> tuple[float, dict[int, tuple[str, float, fl
     return total, procs
 
 
-def cpu_table(before: tuple[float, dict[int, tuple[str, float, float]]],
-              after: tuple[float, dict[int, tuple[str, float, float]]]) -> dict[str, float]:
+def cpu_table(
+    before: tuple[float, dict[int, tuple[str, float, float]]], after: tuple[float, dict[int, tuple[str, float, float]]]
+) -> dict[str, float]:
     own: dict[str, float] = collections.defaultdict(float)
     for pid, (role, cpu, children) in after[1].items():
         was = before[1].get(pid)
@@ -77,8 +78,11 @@ def main() -> int:
     ap.add_argument("--execs", action="store_true", help="count the programs started (strace on the agents)")
     ap.add_argument("--py-spy", type=Path, help="write a py-spy profile of each agent per switch here")
     args = ap.parse_args()
-    print(f"# switch profile, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()}, {args.hosts} host(s), stand-in engine --load-time {args.load_time:g}", flush=True)
+    print(
+        f"# switch profile, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()}, {args.hosts} host(s), stand-in engine --load-time {args.load_time:g}",
+        flush=True,
+    )
     hostset = boot_hosts(args.hosts, netns=True)
     work = Path(f"/tmp/fleet-switch-profile-{os.getpid()}")
     work.mkdir()
@@ -104,26 +108,82 @@ def main() -> int:
         if args.py_spy:  # what an idle agent does by itself
             args.py_spy.mkdir(parents=True, exist_ok=True)
             idle0 = snapshot(machines)
-            subprocess.run([str(REPO / ".venv/bin/py-spy"), "record", "-p", str(agents[0]), "-r", "50", "-d", "10",
-                            "-f", "raw", "-o", str(args.py_spy / "idle-agent.txt")], capture_output=True, check=False)
-            print("# CPU s of the idle boxes over 10 s:", {k: round(v, 2) for k, v in
-                                                          cpu_table(idle0, snapshot(machines)).items() if v >= 0.005})
+            subprocess.run(
+                [
+                    str(REPO / ".venv/bin/py-spy"),
+                    "record",
+                    "-p",
+                    str(agents[0]),
+                    "-r",
+                    "50",
+                    "-d",
+                    "10",
+                    "-f",
+                    "raw",
+                    "-o",
+                    str(args.py_spy / "idle-agent.txt"),
+                ],
+                capture_output=True,
+                check=False,
+            )
+            print(
+                "# CPU s of the idle boxes over 10 s:",
+                {k: round(v, 2) for k, v in cpu_table(idle0, snapshot(machines)).items() if v >= 0.005},
+            )
         for i in range(args.switches):
             new = PAIR[model]
             helpers: list[subprocess.Popen[bytes]] = []
             if args.execs:
-                helpers += [subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=execve", "-o",
-                                              str(work / f"execs-{i}-{pid}"), "-p", str(pid)]) for pid in agents]
+                helpers += [
+                    subprocess.Popen(
+                        [
+                            "strace",
+                            "-f",
+                            "-qq",
+                            "-e",
+                            "trace=execve",
+                            "-o",
+                            str(work / f"execs-{i}-{pid}"),
+                            "-p",
+                            str(pid),
+                        ]
+                    )
+                    for pid in agents
+                ]
                 time.sleep(1)
             if args.py_spy:
                 args.py_spy.mkdir(parents=True, exist_ok=True)
-                helpers += [subprocess.Popen([str(REPO / ".venv/bin/py-spy"), "record", "-p", str(pid), "-r", "50",
-                                              "-f", "raw", "-o", str(args.py_spy / f"switch{i}-agent{pid}.txt")],
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in agents]
+                helpers += [
+                    subprocess.Popen(
+                        [
+                            str(REPO / ".venv/bin/py-spy"),
+                            "record",
+                            "-p",
+                            str(pid),
+                            "-r",
+                            "50",
+                            "-f",
+                            "raw",
+                            "-o",
+                            str(args.py_spy / f"switch{i}-agent{pid}.txt"),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                    for pid in agents
+                ]
                 time.sleep(1)
             before, t0 = snapshot(machines), time.monotonic()
-            procs = [subprocess.Popen([PY, "-m", "orchestrator", "--host", u, "switch", new], stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, env={**os.environ, **env}, text=True) for u in urls]
+            procs = [
+                subprocess.Popen(
+                    [PY, "-m", "orchestrator", "--host", u, "switch", new],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **env},
+                    text=True,
+                )
+                for u in urls
+            ]
             lines = []
             assert procs[0].stdout is not None
             for line in procs[0].stdout:
@@ -137,8 +197,10 @@ def main() -> int:
                 h.send_signal(2)
             for h in helpers:
                 h.wait(timeout=30)
-            print(f"\n## switch {i + 1}: {model} -> {new} on {args.hosts} host(s): wall {wall:.2f} s, "
-                  f"load {os.getloadavg()[0]:.1f}" + (f", FAILED {bad}" if bad else ""))
+            print(
+                f"\n## switch {i + 1}: {model} -> {new} on {args.hosts} host(s): wall {wall:.2f} s, "
+                f"load {os.getloadavg()[0]:.1f}" + (f", FAILED {bad}" if bad else "")
+            )
             print("# h1's progress (s since start):")
             for t, line in lines:
                 print(f"#   {t:6.2f}  {line[:150]}")

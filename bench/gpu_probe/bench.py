@@ -52,7 +52,7 @@ def timed(snapshot: Callable[[], GpuSnapshot], calls: int) -> list[float]:
 def figures(name: str, seconds: list[float]) -> str:
     ms = sorted(s * 1000 for s in seconds)
     p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
-    return (f"{name:<34} {len(ms):>5} {statistics.median(ms):>10.3f} {p99:>10.3f} {ms[0]:>9.3f} {ms[-1]:>9.3f}")
+    return f"{name:<34} {len(ms):>5} {statistics.median(ms):>10.3f} {p99:>10.3f} {ms[0]:>9.3f} {ms[-1]:>9.3f}"
 
 
 HEADER = f"{'probe':<34} {'calls':>5} {'median ms':>10} {'p99 ms':>10} {'min ms':>9} {'max ms':>9}"
@@ -107,9 +107,11 @@ def memory_versions() -> None:
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
         v1, v2 = pynvml.nvmlDeviceGetMemoryInfo(h), pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-        print(f"GPU {i} NVML bytes: v1 total {v1.total} used {v1.used} free {v1.free}; v2 total {v2.total} "
-              f"reserved {v2.reserved} used {v2.used} free {v2.free}; MiB v1 {v1.used >> 20}/{v1.total >> 20} "
-              f"v2 {v2.used >> 20}/{v2.total >> 20}")
+        print(
+            f"GPU {i} NVML bytes: v1 total {v1.total} used {v1.used} free {v1.free}; v2 total {v2.total} "
+            f"reserved {v2.reserved} used {v2.used} free {v2.free}; MiB v1 {v1.used >> 20}/{v1.total >> 20} "
+            f"v2 {v2.used >> 20}/{v2.total >> 20}"
+        )
 
 
 def real(calls: int, hold_gib: float) -> None:
@@ -148,9 +150,11 @@ def main() -> None:
     ap.add_argument("--real", action="store_true", help="this machine's nvidia-smi and NVML")
     ap.add_argument("--hold-gib", type=float, default=0.0, help="--real: a torch process holds this on GPU 0")
     a = ap.parse_args()
-    print(f"# bench/gpu_probe/bench.py --calls {a.calls}{' --real' if a.real else ''}: "
-          f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, "
-          f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
+    print(
+        f"# bench/gpu_probe/bench.py --calls {a.calls}{' --real' if a.real else ''}: "
+        f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}"
+    )
     if a.real:
         real(a.calls, a.hold_gib)
     else:

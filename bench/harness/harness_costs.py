@@ -24,8 +24,10 @@ from tests.hosts.inside import InsideAdapters
 from tests.hosts.machine import Host
 from tests.hosts.pool import boot_hosts
 
-UNITS = ("printf '[Service]\\nExecStart=/bin/sleep 600\\n[Install]\\nWantedBy=multi-user.target\\n' "
-         "> /etc/systemd/system/bench-unit.service && systemctl daemon-reload && systemctl enable --now bench-unit")
+UNITS = (
+    "printf '[Service]\\nExecStart=/bin/sleep 600\\n[Install]\\nWantedBy=multi-user.target\\n' "
+    "> /etc/systemd/system/bench-unit.service && systemctl daemon-reload && systemctl enable --now bench-unit"
+)
 
 
 def timed(label: str, step: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> None:
@@ -68,8 +70,11 @@ def main() -> None:
         timed("reset after a test that added nothing", h.reset, n)
         timed("reset after a test that added a unit", h.reset, n, before=lambda: h.run(UNITS))
         timed("in-host adapter process: start, a call, close", lambda: inside_once(h), n)
-        timed("the CLI in the host (history --help)",
-              lambda: h.run(h.python_command("-m", "orchestrator", "history", "--help")), n)
+        timed(
+            "the CLI in the host (history --help)",
+            lambda: h.run(h.python_command("-m", "orchestrator", "history", "--help")),
+            n,
+        )
     print(f"load after: {load()}", flush=True)
 
 

@@ -27,9 +27,22 @@ SERVER = ROOT / "tests" / "standin" / "openai_server.py"
 
 
 def start_server(batch: int, delay: float) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", "--served-name", "bench",
-                             "--stream-batch", str(batch), "--chunk-delay", str(delay)],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(SERVER),
+            "--port",
+            "0",
+            "--served-name",
+            "bench",
+            "--stream-batch",
+            str(batch),
+            "--chunk-delay",
+            str(delay),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     line = proc.stderr.readline()
     if " listening on " not in line:
@@ -50,8 +63,12 @@ def machine_busy_seconds() -> float:
 
 
 def show(p: Progress) -> None:
-    print(f"\r  C={p.concurrency:<4} {p.elapsed_s:5.1f}s  ok={p.requests_ok:<6} failed={p.requests_failed:<4}"
-          f" in-flight={p.in_flight:<4} streamed {p.streamed_tok_s:9.0f} tok/s", end="", file=sys.stderr)
+    print(
+        f"\r  C={p.concurrency:<4} {p.elapsed_s:5.1f}s  ok={p.requests_ok:<6} failed={p.requests_failed:<4}"
+        f" in-flight={p.in_flight:<4} streamed {p.streamed_tok_s:9.0f} tok/s",
+        end="",
+        file=sys.stderr,
+    )
     if p.done:
         print(file=sys.stderr)
 
@@ -65,11 +82,16 @@ def main() -> int:
     ap.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--stream-batch", type=int, default=1,
-                    help="tokens per server write (1 = one HTTP chunk per token, like vLLM)")
+    ap.add_argument(
+        "--stream-batch", type=int, default=1, help="tokens per server write (1 = one HTTP chunk per token, like vLLM)"
+    )
     ap.add_argument("--chunk-delay", type=float, default=0.0, help="server seconds per token (0 = instant)")
-    ap.add_argument("--client", choices=["aiohttp", "httpx"], default=None,
-                    help="HTTP client of the generator (default: aiohttp if installed)")
+    ap.add_argument(
+        "--client",
+        choices=["aiohttp", "httpx"],
+        default=None,
+        help="HTTP client of the generator (default: aiohttp if installed)",
+    )
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON")
     ap.add_argument("--profile", default=None)
     args = ap.parse_args()
@@ -79,10 +101,13 @@ def main() -> int:
         proc, port = start_server(args.stream_batch, args.chunk_delay)
         target = BenchTarget(f"http://127.0.0.1:{port}", endpoint=args.endpoint)
     try:
-        plan = BenchPlan(concurrency=tuple(int(c) for c in args.concurrency.split(",")),
-                         max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
-                         duration_s=args.duration if args.duration or args.requests else 20.0,
-                         requests=args.requests)
+        plan = BenchPlan(
+            concurrency=tuple(int(c) for c in args.concurrency.split(",")),
+            max_tokens=args.max_tokens,
+            prompt_tokens=args.prompt_tokens,
+            duration_s=args.duration if args.duration or args.requests else 20.0,
+            requests=args.requests,
+        )
         server_pid = proc.pid if proc else os.getpid()
         server_cpu0, busy0, t0 = cpu_seconds(server_pid), machine_busy_seconds(), time.monotonic()
         own0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -107,16 +132,20 @@ def main() -> int:
         print(json.dumps(result.to_dict(), indent=2))
     others = max(0.0, busy - own_cpu - server_cpu)
     server = f"stand-in server {server_cpu:.1f}s ({server_cpu / wall:.0%}), " if proc else ""
-    print(f"client {result.client}; cpu over {wall:.1f}s wall on {os.cpu_count()} cores: generator "
-          f"{own_cpu:.1f}s ({own_cpu / wall:.0%} of a core), {server}other processes {others:.1f}s")
+    print(
+        f"client {result.client}; cpu over {wall:.1f}s wall on {os.cpu_count()} cores: generator "
+        f"{own_cpu:.1f}s ({own_cpu / wall:.0%} of a core), {server}other processes {others:.1f}s"
+    )
     for lv in result.levels:
         errors = ", ".join(f"{e.kind}={e.count}" for e in lv.errors) or "none"
-        print(f"C={lv.concurrency}: {lv.output_tok_s:,.0f} output tok/s sustained "
-              f"({lv.output_tokens:,} tokens from usage in {lv.duration_s:.1f}s), "
-              f"{lv.requests_per_s:.1f} req/s, "
-              f"per stream {lv.output_tok_s_per_stream:,.0f} tok/s, TTFT p50 {lv.ttft_ms.p50:.1f} ms "
-              f"p99 {lv.ttft_ms.p99:.1f} ms, ITL p50 {lv.itl_ms.p50:.2f} ms p99 {lv.itl_ms.p99:.2f} ms, "
-              f"errors: {errors}")
+        print(
+            f"C={lv.concurrency}: {lv.output_tok_s:,.0f} output tok/s sustained "
+            f"({lv.output_tokens:,} tokens from usage in {lv.duration_s:.1f}s), "
+            f"{lv.requests_per_s:.1f} req/s, "
+            f"per stream {lv.output_tok_s_per_stream:,.0f} tok/s, TTFT p50 {lv.ttft_ms.p50:.1f} ms "
+            f"p99 {lv.ttft_ms.p99:.1f} ms, ITL p50 {lv.itl_ms.p50:.2f} ms p99 {lv.itl_ms.p99:.2f} ms, "
+            f"errors: {errors}"
+        )
     return 0
 
 

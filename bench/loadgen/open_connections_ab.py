@@ -33,8 +33,9 @@ class WithoutOpening(LoadGenerator):
 
 
 def one(a: argparse.Namespace, cls: type[LoadGenerator]) -> dict[str, float]:
-    plan = BenchPlan(concurrency=(a.concurrency,), requests=a.requests, prompt_tokens=128, max_tokens=128,
-                     ignore_eos=True)
+    plan = BenchPlan(
+        concurrency=(a.concurrency,), requests=a.requests, prompt_tokens=128, max_tokens=128, ignore_eos=True
+    )
     gen = cls(BenchTarget(a.url, model=a.model), plan, keep_traces=True)
     # as in bench/loadgen/vllm_compare.py: /metrics scraped on a new connection every --sample-interval s
     sampler = Sampler(sys.executable, a.url, a.sample_interval) if a.sample_interval > 0 else None
@@ -46,9 +47,13 @@ def one(a: argparse.Namespace, cls: type[LoadGenerator]) -> dict[str, float]:
     trace = gen.traces[0]
     times, first, last = ours_times(trace)
     win = window_figures(times, lv.output_tokens, (first, last), [])
-    starts = sorted(trace.outcomes, key=lambda o: o.start)[:a.concurrency]
-    return {"tok_s": lv.output_tok_s, "head_tok_s": win["head_tok_s"], "steady_tok_s": win["steady_tok_s"],
-            "first_c_all_first_token_s": max(o.start + o.ttft for o in starts) - trace.start}
+    starts = sorted(trace.outcomes, key=lambda o: o.start)[: a.concurrency]
+    return {
+        "tok_s": lv.output_tok_s,
+        "head_tok_s": win["head_tok_s"],
+        "steady_tok_s": win["steady_tok_s"],
+        "first_c_all_first_token_s": max(o.start + o.ttft for o in starts) - trace.start,
+    }
 
 
 def main() -> int:
@@ -66,14 +71,19 @@ def main() -> int:
         for name in order:
             r = one(a, WithoutOpening if name == "without" else LoadGenerator)
             rows[name].append(r)
-            print(f"pair {i + 1} {name:8} connections opened first: {r['tok_s']:8.1f} tok/s,"
-                  f" head {r['head_tok_s']:7.1f}, steady {r['steady_tok_s']:7.1f},"
-                  f" all first {a.concurrency} have a token after {r['first_c_all_first_token_s']:.2f} s;"
-                  f" load {os.getloadavg()[0]:.2f}", flush=True)
+            print(
+                f"pair {i + 1} {name:8} connections opened first: {r['tok_s']:8.1f} tok/s,"
+                f" head {r['head_tok_s']:7.1f}, steady {r['steady_tok_s']:7.1f},"
+                f" all first {a.concurrency} have a token after {r['first_c_all_first_token_s']:.2f} s;"
+                f" load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     for name, rs in rows.items():
-        print(f"{name:8} medians: {statistics.median(r['tok_s'] for r in rs):.1f} tok/s, head"
-              f" {statistics.median(r['head_tok_s'] for r in rs):.1f}, first {a.concurrency} served after"
-              f" {statistics.median(r['first_c_all_first_token_s'] for r in rs):.2f} s")
+        print(
+            f"{name:8} medians: {statistics.median(r['tok_s'] for r in rs):.1f} tok/s, head"
+            f" {statistics.median(r['head_tok_s'] for r in rs):.1f}, first {a.concurrency} served after"
+            f" {statistics.median(r['first_c_all_first_token_s'] for r in rs):.2f} s"
+        )
     return 0
 
 

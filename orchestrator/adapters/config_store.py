@@ -19,8 +19,9 @@ class SqliteConfigStore(StateFile):
         rows = self._read("SELECT revision, sha256 FROM config_revisions ORDER BY revision DESC LIMIT 1")
         return (int(rows[0]["revision"]), str(rows[0]["sha256"])) if rows else None
 
-    def record_if_new(self, at: float, sha256: str, operator: str, text: str,
-                      then: Callable[[], None] | None = None) -> int:
+    def record_if_new(
+        self, at: float, sha256: str, operator: str, text: str, then: Callable[[], None] | None = None
+    ) -> int:
         """Record ``text`` unless the newest revision has the same content; returns its revision.
 
         ``then`` runs inside the same transaction, after the insert: when it raises, the revision is
@@ -30,8 +31,10 @@ class SqliteConfigStore(StateFile):
             if row is not None and row["sha256"] == sha256:
                 revision = int(row["revision"])
             else:
-                cur = db.execute("INSERT INTO config_revisions (at, sha256, operator, text) VALUES (?,?,?,?)",
-                                 (at, sha256, operator, text))
+                cur = db.execute(
+                    "INSERT INTO config_revisions (at, sha256, operator, text) VALUES (?,?,?,?)",
+                    (at, sha256, operator, text),
+                )
                 revision = int(cur.lastrowid or 0)
             if then is not None:
                 then()
@@ -43,5 +46,7 @@ class SqliteConfigStore(StateFile):
 
     def links(self) -> dict[int, int]:
         """deployment id -> the config revision it ran with."""
-        return {int(r["deployment_id"]): int(r["config_revision"])
-                for r in self._read("SELECT deployment_id, config_revision FROM deployment_configs")}
+        return {
+            int(r["deployment_id"]): int(r["config_revision"])
+            for r in self._read("SELECT deployment_id, config_revision FROM deployment_configs")
+        }

@@ -23,8 +23,9 @@ MODES = ("wait", "keep", "abort")
 class HttpEngineControl:
     """One engine's sleep mode over HTTP (wiring makes one per engine of ``engines.ENGINES``)."""
 
-    def __init__(self, engine: Engine = VLLM, timeout: float = 10.0, sleep_timeout: float = 300.0,
-                 wake_timeout: float = 120.0) -> None:
+    def __init__(
+        self, engine: Engine = VLLM, timeout: float = 10.0, sleep_timeout: float = 300.0, wake_timeout: float = 120.0
+    ) -> None:
         self._api = engine.sleep_api
         self._completions = engine.completions_path
         # A first level-1 sleep copies the weights to host RAM (12.6 s for 13 GiB measured) and
@@ -36,12 +37,23 @@ class HttpEngineControl:
     def close(self) -> None:
         self._client.close()
 
-    def _post(self, base_url: str, path: str, *, params: Params | None = None,
-              json: object = None, timeout: float | None = None) -> httpx.Response:
+    def _post(
+        self,
+        base_url: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        json: object = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
         what = f"POST {base_url}{path}" + ("?" + "&".join(f"{k}={v}" for k, v in params) if params else "")
         try:
-            r = self._client.post(f"{base_url}{path}", params=params, json=json,
-                                  timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+            r = self._client.post(
+                f"{base_url}{path}",
+                params=params,
+                json=json,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
         except httpx.HTTPError as exc:
             raise EngineError(f"{what}: no answer ({type(exc).__name__}: {exc})") from exc
         if r.status_code != 200:
@@ -54,8 +66,9 @@ class HttpEngineControl:
             raise EngineError(f"sleep level {level!r} for {base_url}: must be 1 or 2")
         if mode not in MODES:
             raise EngineError(f"sleep mode {mode!r} for {base_url}: must be one of {', '.join(MODES)}")
-        self._post(base_url, self._api.sleep, params=[("level", str(level)), ("mode", mode)],
-                   timeout=self._sleep_timeout)
+        self._post(
+            base_url, self._api.sleep, params=[("level", str(level)), ("mode", mode)], timeout=self._sleep_timeout
+        )
 
     def wake(self, base_url: str, tags: Sequence[str] = ()) -> None:
         params: Params = [("tags", t) for t in tags]
@@ -65,21 +78,25 @@ class HttpEngineControl:
         try:
             r = self._client.get(f"{base_url}{self._api.is_sleeping}")
         except httpx.HTTPError as exc:
-            raise EngineError(f"GET {base_url}{self._api.is_sleeping}: no answer "
-                              f"({type(exc).__name__}: {exc})") from exc
+            raise EngineError(
+                f"GET {base_url}{self._api.is_sleeping}: no answer ({type(exc).__name__}: {exc})"
+            ) from exc
         body = redact(r.text)[:500]
         if r.status_code != 200:
             # 404: the engine runs without VLLM_SERVER_DEV_MODE=1 (or is not vLLM).
-            raise EngineError(f"GET {base_url}{self._api.is_sleeping}: HTTP {r.status_code}: {body}",
-                              status=r.status_code, body=body)
+            raise EngineError(
+                f"GET {base_url}{self._api.is_sleeping}: HTTP {r.status_code}: {body}", status=r.status_code, body=body
+            )
         try:
             value = r.json()["is_sleeping"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise EngineError(f"GET {base_url}{self._api.is_sleeping}: unexpected answer {body!r}", status=200,
-                              body=body) from exc
+            raise EngineError(
+                f"GET {base_url}{self._api.is_sleeping}: unexpected answer {body!r}", status=200, body=body
+            ) from exc
         if not isinstance(value, bool):
-            raise EngineError(f"GET {base_url}{self._api.is_sleeping}: is_sleeping is {value!r}, not a boolean",
-                              status=200, body=body)
+            raise EngineError(
+                f"GET {base_url}{self._api.is_sleeping}: is_sleeping is {value!r}, not a boolean", status=200, body=body
+            )
         return value
 
     def reload_weights(self, base_url: str) -> None:
@@ -95,5 +112,6 @@ class HttpEngineControl:
             return str(r.json()["choices"][0]["text"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             text = redact(r.text)[:300]
-            raise EngineError(f"POST {base_url}{self._completions}: unexpected answer {text!r}", status=200,
-                              body=text) from exc
+            raise EngineError(
+                f"POST {base_url}{self._completions}: unexpected answer {text!r}", status=200, body=text
+            ) from exc

@@ -27,8 +27,9 @@ class ChosenGpuProbe:
     "nvidia-smi" always runs it; "nvml" is NVML or a GpuProbeError naming the host and NVML's error;
     "auto" is NVML on a local host where it initialises, else nvidia-smi."""
 
-    def __init__(self, shell: Shell, *, mode: Mode = "auto", local: bool = False,
-                 nvml: NvmlProbe | None = None) -> None:
+    def __init__(
+        self, shell: Shell, *, mode: Mode = "auto", local: bool = False, nvml: NvmlProbe | None = None
+    ) -> None:
         self.shell = shell
         self.mode = mode
         self.local = local
@@ -55,8 +56,9 @@ class ChosenGpuProbe:
             self._nvml.snapshot()  # every call the probe makes, once: a driver too old for one shows now
         except GpuProbeError as exc:
             if self.mode == "nvml":
-                raise GpuProbeError(f'gpu_probe = "nvml", but NVML cannot read this host\'s GPUs: {exc.message}',
-                                    host=self.shell.host) from exc
+                raise GpuProbeError(
+                    f'gpu_probe = "nvml", but NVML cannot read this host\'s GPUs: {exc.message}', host=self.shell.host
+                ) from exc
             log.info("gpu_probe_chosen", probe="nvidia-smi", reason=f"NVML unavailable: {exc.message}")
             return NvidiaSmiProbe(self.shell)
         log.info("gpu_probe_chosen", probe="nvml", reason="configured" if self.mode == "nvml" else "local host")

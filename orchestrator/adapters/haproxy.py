@@ -61,8 +61,18 @@ SESSIONS_RETRY_S = 2.0  # a master re-executing on a reload answers again well w
 
 
 class HaproxyProxy:
-    def __init__(self, shell: Shell, systemd: Systemd, proxy: Proxy, bind: str, unit_text: str, *,
-                 python: str = "/usr/bin/python3", host: str = "", local: bool = False) -> None:
+    def __init__(
+        self,
+        shell: Shell,
+        systemd: Systemd,
+        proxy: Proxy,
+        bind: str,
+        unit_text: str,
+        *,
+        python: str = "/usr/bin/python3",
+        host: str = "",
+        local: bool = False,
+    ) -> None:
         """``local``: the proxy runs on the machine of this process (the agent's box): its master CLI is
         asked from here, not by a script through the shell."""
         self.shell, self.systemd, self.proxy, self.bind = shell, systemd, proxy, bind
@@ -164,31 +174,39 @@ class HaproxyProxy:
         self.shell.write_file(candidate, config.encode(), mode=0o644)
         result = self.shell.run([self.proxy.haproxy, "-c", "-q", "-f", candidate], check=False)
         if not result.ok:
-            raise ProxyError(f"HAProxy refuses the rendered config {candidate}: "
-                             f"{redact(result.stderr or result.stdout).strip()[-800:]}", host=self.host)
+            raise ProxyError(
+                f"HAProxy refuses the rendered config {candidate}: "
+                f"{redact(result.stderr or result.stdout).strip()[-800:]}",
+                host=self.host,
+            )
 
     def _systemctl(self, verb: str) -> None:
         try:
             self.shell.run(["systemctl", verb, UNIT], timeout=60)
         except CommandFailed as exc:
             tail = self.systemd.journal_tail(UNIT, 8)
-            raise ProxyError(f"systemctl {verb} {UNIT} failed (exit {exc.returncode}); journal:\n  "
-                             + "\n  ".join(tail), host=self.host, unit=UNIT) from exc
+            raise ProxyError(
+                f"systemctl {verb} {UNIT} failed (exit {exc.returncode}); journal:\n  " + "\n  ".join(tail),
+                host=self.host,
+                unit=UNIT,
+            ) from exc
 
     def _master(self, mode: str, *commands: str) -> tuple[Procs | None, dict[int, OldWorker]]:
         out = self._master_cli(mode, *commands)
         procs = parse_show_proc(out.get("proc") or "")
-        workers = {int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")),
-                                       str(v.get("marks", "")))
-                   for pid, v in (out.get("old") or {}).items()}
+        workers = {
+            int(pid): OldWorker(int(pid), str(v.get("info", "")), str(v.get("stat", "")), str(v.get("marks", "")))
+            for pid, v in (out.get("old") or {}).items()
+        }
         return procs, workers
 
     def _master_cli(self, mode: str, *commands: str) -> dict[str, Any]:
         sock = master_socket(self.proxy)
         if self.local:
             return haproxy_master.master(sock, mode, list(commands))
-        result = self.shell.run([self.python, *_BARE, "-c", _MASTER_CLI, "master", sock, mode, *commands],
-                                check=False, idempotent=True)
+        result = self.shell.run(
+            [self.python, *_BARE, "-c", _MASTER_CLI, "master", sock, mode, *commands], check=False, idempotent=True
+        )
         try:
             out = json.loads(result.stdout) if result.ok else {}
         except ValueError:
@@ -201,8 +219,12 @@ class HaproxyProxy:
         is cleared first, so the next apply reloads whatever it renders (a crash in between included)."""
         path = self.proxy.config_path
         config, applied = self.shell.read_file(path), self.shell.read_file(self._applied)
-        if config is None or applied is None or applied.decode().strip() != sha(config.decode()) \
-                or not self.systemd.unit_state(UNIT).is_active:
+        if (
+            config is None
+            or applied is None
+            or applied.decode().strip() != sha(config.decode())
+            or not self.systemd.unit_state(UNIT).is_active
+        ):
             return False
         servers = engine_servers(config.decode(), engines)
         if not servers:
@@ -220,14 +242,20 @@ class HaproxyProxy:
             if value is not None:
                 return value
             if before is not None and procs is not None and procs.failed > before.failed:
-                raise ProxyError(f"HAProxy's master could not load {self.proxy.config_path} on reload (failed "
-                                 f"reloads {before.failed} -> {procs.failed}); the old config still serves; "
-                                 "journal:\n  " + "\n  ".join(self.systemd.journal_tail(UNIT, 8)),
-                                 host=self.host, unit=UNIT)
+                raise ProxyError(
+                    f"HAProxy's master could not load {self.proxy.config_path} on reload (failed "
+                    f"reloads {before.failed} -> {procs.failed}); the old config still serves; "
+                    "journal:\n  " + "\n  ".join(self.systemd.journal_tail(UNIT, 8)),
+                    host=self.host,
+                    unit=UNIT,
+                )
             if time.monotonic() > deadline:
-                raise ProxyError(f"{UNIT}: no {what} on {master_socket(self.proxy)} within {RELOAD_TIMEOUT_S:g} s "
-                                 f"(last `show proc`: {procs}); journal:\n  "
-                                 + "\n  ".join(self.systemd.journal_tail(UNIT, 8)), host=self.host, unit=UNIT)
+                raise ProxyError(
+                    f"{UNIT}: no {what} on {master_socket(self.proxy)} within {RELOAD_TIMEOUT_S:g} s "
+                    f"(last `show proc`: {procs}); journal:\n  " + "\n  ".join(self.systemd.journal_tail(UNIT, 8)),
+                    host=self.host,
+                    unit=UNIT,
+                )
             time.sleep(_POLL_S)
 
     def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
@@ -250,8 +278,11 @@ class HaproxyProxy:
             if self.local:
                 answers = haproxy_master.stats(master_socket(self.proxy))
             else:
-                result = self.shell.run([self.python, *_BARE, "-c", _MASTER_CLI, "stats", master_socket(self.proxy)],
-                                        check=False, idempotent=True)
+                result = self.shell.run(
+                    [self.python, *_BARE, "-c", _MASTER_CLI, "stats", master_socket(self.proxy)],
+                    check=False,
+                    idempotent=True,
+                )
                 try:
                     answers = json.loads(result.stdout) if result.ok else None
                 except ValueError:
@@ -259,8 +290,10 @@ class HaproxyProxy:
             if isinstance(answers, list):
                 return sessions([str(a) for a in answers], engines)
             if time.monotonic() > deadline:  # no master answered (it re-executes on a reload, or is gone)
-                raise ProxyError(f"HAProxy's master CLI {master_socket(self.proxy)} gave no `show stat` "
-                                 f"for {SESSIONS_RETRY_S:g} s", host=self.host)
+                raise ProxyError(
+                    f"HAProxy's master CLI {master_socket(self.proxy)} gave no `show stat` for {SESSIONS_RETRY_S:g} s",
+                    host=self.host,
+                )
             time.sleep(_POLL_S)
 
     def port_holder(self) -> str | None:
@@ -272,5 +305,7 @@ class HaproxyProxy:
         if not lines:
             return None
         users = lines[0].split("users:", 1)[1] if "users:" in lines[0] else "an unknown process"
-        return (f"the proxy's port {self.bind}:{port} is already taken by {users.strip()} "
-                f"(set [proxy] port, or stop that process)")
+        return (
+            f"the proxy's port {self.bind}:{port} is already taken by {users.strip()} "
+            f"(set [proxy] port, or stop that process)"
+        )

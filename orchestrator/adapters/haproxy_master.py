@@ -48,8 +48,11 @@ def master(path: str, mode: str, commands: list[str]) -> dict[str, Any]:
                 pid = line.split()[0]
                 stat = ask(path, "@!" + pid + " show stat") or ""
                 backends = [ln.split(",")[0] for ln in stat.splitlines() if ln.split(",")[1:2] == ["BACKEND"]]
-                marks = "".join(ask(path, "@!" + pid + " get var proc.drained_" + b) or "" for b in backends
-                                if b.replace("_", "").isalnum())
+                marks = "".join(
+                    ask(path, "@!" + pid + " get var proc.drained_" + b) or ""
+                    for b in backends
+                    if b.replace("_", "").isalnum()
+                )
                 old[pid] = {"info": ask(path, "@!" + pid + " show info") or "", "stat": stat, "marks": marks}
     return {"proc": proc, "old": old, "said": said}
 

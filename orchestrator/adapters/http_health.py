@@ -42,10 +42,12 @@ class HttpHealthProbe:
         except httpx.HTTPError as exc:
             raise HealthCheckFailed(f"POST {base_url}{ENGINE.completions_path}: {type(exc).__name__}: {exc}") from exc
         if r.status_code != 200:
-            raise HealthCheckFailed(f"POST {base_url}{ENGINE.completions_path} for {model!r}: HTTP {r.status_code}: "
-                                    f"{redact(r.text)[:300]}")
+            raise HealthCheckFailed(
+                f"POST {base_url}{ENGINE.completions_path} for {model!r}: HTTP {r.status_code}: {redact(r.text)[:300]}"
+            )
         try:
             return str(r.json()["choices"][0]["text"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise HealthCheckFailed(f"POST {base_url}{ENGINE.completions_path}: unexpected answer "
-                                    f"{redact(r.text)[:300]!r}") from exc
+            raise HealthCheckFailed(
+                f"POST {base_url}{ENGINE.completions_path}: unexpected answer {redact(r.text)[:300]!r}"
+            ) from exc

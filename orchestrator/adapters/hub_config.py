@@ -105,8 +105,7 @@ def _get(client: httpx.Client, repo: str, revision: str, name: str) -> bytes | N
         response = client.get(url)
     except httpx.TransportError as exc:  # DNS, refused, timeout, TLS: no retry, say so at once
         reason = str(exc) or type(exc).__name__
-        raise TransportError(f"cannot fetch {where}: the hub at {endpoint()} cannot be reached ({reason})"
-                             ) from exc
+        raise TransportError(f"cannot fetch {where}: the hub at {endpoint()} cannot be reached ({reason})") from exc
     code = response.headers.get("X-Error-Code", "")
     if response.status_code == 200:
         return response.content

@@ -22,22 +22,29 @@ class LocalShell:
     def __init__(self, host: str = "localhost") -> None:
         self.host = host
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-            idempotent: bool = False) -> CommandResult:
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, idempotent: bool = False
+    ) -> CommandResult:
         # idempotent only matters for transports that can drop; a local run cannot.
         result = self._execute(argv, ignore_line, timeout)
         return checked(result, self.host) if check else result
 
-    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
-                      timeout: float | None = None) -> CommandResult:
+    def run_streaming(
+        self, argv: Sequence[str], on_line: Callable[[str], None], *, timeout: float | None = None
+    ) -> CommandResult:
         return self._execute(argv, on_line, timeout)
 
-    def _execute(self, argv: Sequence[str], on_line: Callable[[str], None],
-                 timeout: float | None) -> CommandResult:
+    def _execute(self, argv: Sequence[str], on_line: Callable[[str], None], timeout: float | None) -> CommandResult:
         command = command_line(argv)  # an inline script named, not quoted
         try:
-            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    errors="replace", stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                list(argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                stdin=subprocess.DEVNULL,
+            )
         except FileNotFoundError as exc:
             raise CommandFailed(command, 127, f"{argv[0]}: command not found", host=self.host) from exc
         # stderr is drained on its own thread so a chatty child never blocks on a full pipe.

@@ -27,13 +27,20 @@ class NvidiaSmiProbe:
             return self.shell.run(argv, timeout=self.timeout, idempotent=True).stdout
         except CommandFailed as exc:
             detail = [line for line in exc.output.strip().splitlines() if line != _SEPARATOR]
-            raise GpuProbeError(f"{self.binary} {what} exited {exc.returncode}"
-                                + (f": {detail[0]}" if detail else ""), host=self.shell.host) from exc
+            raise GpuProbeError(
+                f"{self.binary} {what} exited {exc.returncode}" + (f": {detail[0]}" if detail else ""),
+                host=self.shell.host,
+            ) from exc
 
     def snapshot(self) -> GpuSnapshot:
         # Both queries in one round trip: the freeing step polls this several times a second.
-        joined = " && ".join([shlex.join([self.binary, *nvsmi.gpu_query()]), f"echo {_SEPARATOR}",
-                              shlex.join([self.binary, *nvsmi.apps_query()])])
+        joined = " && ".join(
+            [
+                shlex.join([self.binary, *nvsmi.gpu_query()]),
+                f"echo {_SEPARATOR}",
+                shlex.join([self.binary, *nvsmi.apps_query()]),
+            ]
+        )
         out = self._query(["sh", "-c", joined], what="query")
         gpu_text, _, apps_text = out.partition(f"{_SEPARATOR}\n")
         gpus = nvsmi.parse_gpus(gpu_text)

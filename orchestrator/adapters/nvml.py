@@ -81,8 +81,7 @@ class NvmlProbe:
             except (nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NotSupported):
                 self._memory_v2 = False  # a driver before v2 (R510): v1 from now on
             except nvml.NVMLError as exc:
-                raise GpuProbeError(f"NVML nvmlDeviceGetMemoryInfo_v2 (GPU {index}): {exc}",
-                                    host=self.host) from exc
+                raise GpuProbeError(f"NVML nvmlDeviceGetMemoryInfo_v2 (GPU {index}): {exc}", host=self.host) from exc
         mem = self._call(nvml, f"nvmlDeviceGetMemoryInfo (GPU {index})", nvml.nvmlDeviceGetMemoryInfo, handle)
         return mib(mem.total), mib(mem.used)
 
@@ -103,8 +102,20 @@ class NvmlProbe:
             name = str(self._call(nv, f"nvmlDeviceGetName (GPU {index})", nv.nvmlDeviceGetName, handle))
             total, used = self._memory(nv, index, handle)
             gpus.append(GpuInfo(index=index, uuid=uuid, name=name, memory_total_mib=total, memory_used_mib=used))
-            running = self._call(nv, f"nvmlDeviceGetComputeRunningProcesses (GPU {index})",
-                                 nv.nvmlDeviceGetComputeRunningProcesses, handle)
-            procs += [GpuProcess(pid=int(p.pid), process_name=self._name(nv, int(p.pid)), gpu_uuid=uuid,
-                                 used_memory_mib=mib(p.usedGpuMemory), gpu_index=index) for p in running]
+            running = self._call(
+                nv,
+                f"nvmlDeviceGetComputeRunningProcesses (GPU {index})",
+                nv.nvmlDeviceGetComputeRunningProcesses,
+                handle,
+            )
+            procs += [
+                GpuProcess(
+                    pid=int(p.pid),
+                    process_name=self._name(nv, int(p.pid)),
+                    gpu_uuid=uuid,
+                    used_memory_mib=mib(p.usedGpuMemory),
+                    gpu_index=index,
+                )
+                for p in running
+            ]
         return GpuSnapshot(gpus=tuple(gpus), processes=tuple(procs))

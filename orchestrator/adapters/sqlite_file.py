@@ -28,8 +28,10 @@ def create_or_adopt(db: sqlite3.Connection, path: str, kind: str, marker: str, s
     ``marker`` table is adopted as it is; a file of someone else's tables is refused."""
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")} - {"sqlite_sequence"}
     if tables and marker not in tables:
-        raise StateStoreError(f"{kind} {path}: holds tables that are not orchestrator's "
-                              f"({', '.join(sorted(tables))}); point state_dir at a directory of its own")
+        raise StateStoreError(
+            f"{kind} {path}: holds tables that are not orchestrator's "
+            f"({', '.join(sorted(tables))}); point state_dir at a directory of its own"
+        )
     for statement in statements:
         db.execute(statement)
 
@@ -74,8 +76,7 @@ class SqliteFile:
         if self.path != ":memory:":
             secure_state_file(Path(self.path), group)
         try:
-            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
-                                       check_same_thread=False)
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise StateStoreError(f"{self.KIND} {self.path}: cannot open: {exc}") from exc
         self._db.row_factory = sqlite3.Row
@@ -85,8 +86,10 @@ class SqliteFile:
             self._migrate()
         except sqlite3.DatabaseError as exc:
             self._db.close()
-            raise StateStoreError(f"{self.KIND} {self.path}: {_what_failed(exc, 'cannot be used')} ({exc}); "
-                                  f"move it aside to start a fresh history") from exc
+            raise StateStoreError(
+                f"{self.KIND} {self.path}: {_what_failed(exc, 'cannot be used')} ({exc}); "
+                f"move it aside to start a fresh history"
+            ) from exc
         except StateStoreError:
             self._db.close()
             raise
@@ -121,8 +124,13 @@ class SqliteFile:
         """``live``: read-only beside a writer's -wal; else immutable (no -shm is made; with no -wal the
         file holds every commit, the last writer checkpointed)."""
         try:
-            disk = sqlite3.connect(f"file:{quote(self.path)}?{'mode=ro' if live else 'immutable=1'}", uri=True,
-                                   timeout=30.0, isolation_level=None, check_same_thread=False)
+            disk = sqlite3.connect(
+                f"file:{quote(self.path)}?{'mode=ro' if live else 'immutable=1'}",
+                uri=True,
+                timeout=30.0,
+                isolation_level=None,
+                check_same_thread=False,
+            )
         except sqlite3.Error as exc:
             raise StateStoreError(f"{self.KIND} {self.path}: cannot open: {exc}") from exc
         disk.row_factory = sqlite3.Row
@@ -174,7 +182,8 @@ class SqliteFile:
                 if version > latest:
                     raise StateStoreError(
                         f"{self.KIND} {self.path}: schema version {version} is newer than this orchestrator "
-                        f"supports ({latest}); upgrade orchestrator (or move the file aside)")
+                        f"supports ({latest}); upgrade orchestrator (or move the file aside)"
+                    )
                 for step in self.MIGRATIONS[version:]:
                     step(self._db, self.path)
                 self._db.execute(f"PRAGMA user_version = {latest}")

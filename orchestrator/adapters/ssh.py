@@ -42,17 +42,27 @@ def _explicit_config() -> Config:
     """Explicit settings only: fabric reads /etc/fabric.* and ~/.fabric.* unless lazy (a `gateway`
     there runs as a ProxyCommand, a .py one is imported), and OpenSSH's ssh_config files unless
     given an SSHConfig of its own; none of them may steer a connection the catalog describes."""
-    return Config(ssh_config=paramiko.SSHConfig(), lazy=True, runtime_ssh_path=None,
-                  overrides={"load_ssh_configs": False})
+    return Config(
+        ssh_config=paramiko.SSHConfig(), lazy=True, runtime_ssh_path=None, overrides={"load_ssh_configs": False}
+    )
 
 
 class SshShell:
     """Commands and files on one host through a single reused SSH connection."""
 
-    def __init__(self, address: str, *, port: int = 22, user: str = "root",
-                 key_filename: str | None = None, known_hosts: str | None = None,
-                 host: str | None = None, connect_timeout: float = 10.0,
-                 keepalive: int = 15, default_keys: bool = False) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        port: int = 22,
+        user: str = "root",
+        key_filename: str | None = None,
+        known_hosts: str | None = None,
+        host: str | None = None,
+        connect_timeout: float = 10.0,
+        keepalive: int = 15,
+        default_keys: bool = False,
+    ) -> None:
         self.host = host or address
         self.address = address
         self.port = port
@@ -62,13 +72,22 @@ class SshShell:
         self._timeout = connect_timeout
         # default_keys: with no key file, an operator's CLI may use the SSH agent and ~/.ssh keys.
         own = key_filename is None and default_keys
-        kwargs: dict[str, object] = {"look_for_keys": own, "allow_agent": own,
-                                     "banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
+        kwargs: dict[str, object] = {
+            "look_for_keys": own,
+            "allow_agent": own,
+            "banner_timeout": connect_timeout,
+            "auth_timeout": connect_timeout,
+        }
         if key_filename:
             kwargs["key_filename"] = key_filename
-        self._conn = Connection(address, user=user, port=port, connect_timeout=int(connect_timeout),
-                                connect_kwargs=kwargs,
-                                config=_explicit_config())
+        self._conn = Connection(
+            address,
+            user=user,
+            port=port,
+            connect_timeout=int(connect_timeout),
+            connect_kwargs=kwargs,
+            config=_explicit_config(),
+        )
         # fabric installs AutoAddPolicy; an unknown or changed host key must stop us instead.
         prepare(self._conn.client, self.host, known_hosts, key_filename)
 
@@ -100,6 +119,7 @@ class SshShell:
 
     def _call(self, what: str, op: Callable[[], T], idempotent: bool) -> T:
         """Run op on an open connection; a drop is retried only for idempotent operations."""
+
         def attempt() -> T:
             self.connect()
             try:
@@ -119,27 +139,35 @@ class SshShell:
         try:
             if not idempotent:
                 return attempt()
-            return retry(retry=retry_if_exception_type(_Dropped), stop=stop_after_attempt(_RETRIES),
-                         wait=wait_exponential(multiplier=0.2, max=2), reraise=True)(attempt)()
+            return retry(
+                retry=retry_if_exception_type(_Dropped),
+                stop=stop_after_attempt(_RETRIES),
+                wait=wait_exponential(multiplier=0.2, max=2),
+                reraise=True,
+            )(attempt)()
         except _Dropped as exc:
             tried = f"after {_RETRIES} attempts" if idempotent else "not retried: not idempotent"
-            raise TransportError(f"connection to {self.address}:{self.port} dropped during {what} "
-                                 f"({tried})", host=self.host) from exc
+            raise TransportError(
+                f"connection to {self.address}:{self.port} dropped during {what} ({tried})", host=self.host
+            ) from exc
 
     # -- Shell --------------------------------------------------------------------------------------
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-            idempotent: bool = False) -> CommandResult:
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, idempotent: bool = False
+    ) -> CommandResult:
         result = self._execute(argv, ignore_line, timeout, idempotent)
         return checked(result, self.host) if check else result
 
-    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
-                      timeout: float | None = None) -> CommandResult:
+    def run_streaming(
+        self, argv: Sequence[str], on_line: Callable[[str], None], *, timeout: float | None = None
+    ) -> CommandResult:
         # Not retried: a long job (a download) restarted blindly could run twice at once.
         return self._execute(argv, on_line, timeout, idempotent=False)
 
-    def _execute(self, argv: Sequence[str], on_line: Callable[[str], None], timeout: float | None,
-                 idempotent: bool) -> CommandResult:
+    def _execute(
+        self, argv: Sequence[str], on_line: Callable[[str], None], timeout: float | None, idempotent: bool
+    ) -> CommandResult:
         command, shown = shlex.join(argv), command_line(argv)  # run the one, name the other
 
         def op() -> CommandResult:
@@ -147,8 +175,9 @@ class SshShell:
             limit = math.ceil(timeout) if timeout else None
             started = time.monotonic()
             try:
-                res = self._conn.run(command, hide="stderr", out_stream=lines, warn=True, in_stream=False,
-                                     timeout=limit)
+                res = self._conn.run(
+                    command, hide="stderr", out_stream=lines, warn=True, in_stream=False, timeout=limit
+                )
             except CommandTimedOut as exc:
                 raise timed_out(shown, timeout, self.host) from exc
             # invoke's timer closes the channel, and invoke calls it a timeout only once that timer
@@ -170,11 +199,13 @@ class SshShell:
                 # A FIFO would block the box's sftp-server and /dev/zero never ends: regular files only.
                 st = sftp.stat(path)
                 if st.st_mode is not None and not stat.S_ISREG(st.st_mode):
-                    raise OrchestratorError(f"cannot read {path} on {self.address}: not a regular file",
-                                            host=self.host)
+                    raise OrchestratorError(f"cannot read {path} on {self.address}: not a regular file", host=self.host)
                 if (st.st_size or 0) > MAX_READ:
-                    raise OrchestratorError(f"cannot read {path} on {self.address}: {st.st_size} bytes, more "
-                                            f"than the {MAX_READ} read from a host", host=self.host)
+                    raise OrchestratorError(
+                        f"cannot read {path} on {self.address}: {st.st_size} bytes, more "
+                        f"than the {MAX_READ} read from a host",
+                        host=self.host,
+                    )
                 with sftp.open(path, "rb") as f:
                     return bytes(f.read(MAX_READ + 1))[:MAX_READ]
             except FileNotFoundError:

@@ -69,7 +69,8 @@ def connect_errors(host: str, where: str, known_hosts: str | None, timeout: floa
         raise TransportError(
             f"SSH host key mismatch for {address}: server offered {exc.key.get_name()} {exc.key.fingerprint}, "
             f"known_hosts {known_hosts or '~/.ssh/known_hosts'} expects {exc.expected_key.fingerprint}",
-            host=host) from exc
+            host=host,
+        ) from exc
     except paramiko.AuthenticationException as exc:
         raise TransportError(f"authentication failed for {where} ({exc})", host=host) from exc
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
@@ -82,8 +83,11 @@ def connect_errors(host: str, where: str, known_hosts: str | None, timeout: floa
     except socket.gaierror as exc:
         # fe80::1%eth9: getaddrinfo cannot resolve a zone that names no interface here
         zone = address.rpartition("]")[0].partition("%")[2] if address.startswith("[") else ""
-        why = f"zone {zone} is not a network interface of this machine (`ip link` lists them)" \
-            if zone and not _interface(zone) else exc.strerror or str(exc)
+        why = (
+            f"zone {zone} is not a network interface of this machine (`ip link` lists them)"
+            if zone and not _interface(zone)
+            else exc.strerror or str(exc)
+        )
         raise TransportError(f"SSH connection to {address} failed: {why}", host=host) from exc
     except OSError as exc:
         raise TransportError(f"SSH connection to {address} failed: {exc.strerror or exc}", host=host) from exc
@@ -127,9 +131,17 @@ class SshSession:
         prepare(self._client, ep.name, ep.known_hosts, ep.key)
         own_key = ep.key is not None
         with connect_errors(ep.name, self.where, ep.known_hosts, timeout):
-            self._client.connect(ep.address, port=ep.port, username=ep.user, key_filename=ep.key,
-                                 look_for_keys=not own_key, allow_agent=not own_key, timeout=timeout,
-                                 banner_timeout=timeout, auth_timeout=timeout)
+            self._client.connect(
+                ep.address,
+                port=ep.port,
+                username=ep.user,
+                key_filename=ep.key,
+                look_for_keys=not own_key,
+                allow_agent=not own_key,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+            )
         transport = self._client.get_transport()
         if transport is not None:
             tune(transport, keepalive)

@@ -16,8 +16,24 @@ from pathlib import Path
 from orchestrator.errors import StateStoreError
 
 # Directories the system shares: a state_dir pointing at one would be chmod-ed into uselessness.
-_SHARED = frozenset({"/", "/tmp", "/var", "/var/tmp", "/var/lib", "/etc", "/home", "/root", "/usr", "/opt",
-                     "/srv", "/run", "/dev", "/dev/shm"})
+_SHARED = frozenset(
+    {
+        "/",
+        "/tmp",
+        "/var",
+        "/var/tmp",
+        "/var/lib",
+        "/etc",
+        "/home",
+        "/root",
+        "/usr",
+        "/opt",
+        "/srv",
+        "/run",
+        "/dev",
+        "/dev/shm",
+    }
+)
 
 
 def _gid(group: str | None) -> int | None:
@@ -33,8 +49,10 @@ def secure_state_file(path: Path, group: str | None) -> None:
     """Create ``path``'s directory and ``path`` with private modes, tightening existing ones."""
     directory = path.parent.absolute()
     if str(directory) in _SHARED or (directory.is_dir() and directory.stat().st_mode & stat.S_IWOTH):
-        raise StateStoreError(f"state store {path}: state_dir {directory} is a shared directory; give "
-                              f"orchestrator a directory of its own (e.g. /var/lib/orchestrator)")
+        raise StateStoreError(
+            f"state store {path}: state_dir {directory} is a shared directory; give "
+            f"orchestrator a directory of its own (e.g. /var/lib/orchestrator)"
+        )
     gid = _gid(group)
     mode = 0o750 if gid is not None else 0o700
     try:

@@ -52,9 +52,15 @@ _V1 = (
 _TABLES = frozenset({"deployments", "transitions", "serving", "events"})
 # Columns of deployments a file without them cannot do without; the others can be added empty.
 _REQUIRED = ("id", "host", "revision", "spec", "phase", "created_at")
-_ADDABLE = {"trigger": "TEXT NOT NULL DEFAULT ''", "previous_revision": "INTEGER", "ended_at": "REAL",
-            "error": "TEXT", "rollback_error": "TEXT", "no_rollback": "INTEGER NOT NULL DEFAULT 0",
-            "bench": "TEXT"}
+_ADDABLE = {
+    "trigger": "TEXT NOT NULL DEFAULT ''",
+    "previous_revision": "INTEGER",
+    "ended_at": "REAL",
+    "error": "TEXT",
+    "rollback_error": "TEXT",
+    "no_rollback": "INTEGER NOT NULL DEFAULT 0",
+    "bench": "TEXT",
+}
 
 
 def _to_v1(db: sqlite3.Connection, path: str) -> None:
@@ -62,8 +68,10 @@ def _to_v1(db: sqlite3.Connection, path: str) -> None:
     columns = {r[1] for r in db.execute("PRAGMA table_info(deployments)")}
     missing = [c for c in _REQUIRED if c not in columns]
     if missing:
-        raise StateStoreError(f"state store {path}: table deployments has no column {', '.join(missing)}; "
-                              f"it is not a state store this orchestrator can read")
+        raise StateStoreError(
+            f"state store {path}: table deployments has no column {', '.join(missing)}; "
+            f"it is not a state store this orchestrator can read"
+        )
     for column, decl in _ADDABLE.items():
         if column not in columns:
             db.execute(f"ALTER TABLE deployments ADD COLUMN {column} {decl}")
@@ -139,11 +147,15 @@ def _to_v5(db: sqlite3.Connection, path: str) -> None:
         db.execute("ALTER TABLE deployments ADD COLUMN restores INTEGER")
     if "fallback" not in columns:
         db.execute(f"ALTER TABLE deployments ADD COLUMN fallback TEXT NOT NULL DEFAULT '{Fallback.NONE.value}'")
-    db.execute("UPDATE deployments SET restores = CAST(substr(trigger, instr(trigger, ':to-') + 4) AS INTEGER) "
-               "WHERE trigger LIKE 'rollback%' AND instr(trigger, ':to-') > 0")
-    db.execute("UPDATE deployments SET fallback = CASE WHEN no_rollback = 0 AND (previous_revision IS NOT NULL "
-               "OR id IN (SELECT deployment_id FROM deployment_plans)) THEN ? ELSE ? END",
-               (Fallback.PREVIOUS.value, Fallback.NONE.value))
+    db.execute(
+        "UPDATE deployments SET restores = CAST(substr(trigger, instr(trigger, ':to-') + 4) AS INTEGER) "
+        "WHERE trigger LIKE 'rollback%' AND instr(trigger, ':to-') > 0"
+    )
+    db.execute(
+        "UPDATE deployments SET fallback = CASE WHEN no_rollback = 0 AND (previous_revision IS NOT NULL "
+        "OR id IN (SELECT deployment_id FROM deployment_plans)) THEN ? ELSE ? END",
+        (Fallback.PREVIOUS.value, Fallback.NONE.value),
+    )
 
 
 def _create(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection, str], None]:

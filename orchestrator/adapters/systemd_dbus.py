@@ -25,8 +25,11 @@ from orchestrator.ports import Shell
 
 _SYSTEMD = "org.freedesktop.systemd1"
 _ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
-_NOT_FOUND = ("org.freedesktop.systemd1.NoSuchUnit", "org.freedesktop.DBus.Error.FileNotFound",
-              "org.freedesktop.systemd1.LoadFailed")
+_NOT_FOUND = (
+    "org.freedesktop.systemd1.NoSuchUnit",
+    "org.freedesktop.DBus.Error.FileNotFound",
+    "org.freedesktop.systemd1.LoadFailed",
+)
 
 
 def _dbus_name(exc: GLib.Error) -> str:
@@ -47,8 +50,7 @@ class DbusSystemd(ShellUnitFiles):
             self._manager = self._bus.get(_SYSTEMD, "/org/freedesktop/systemd1")
             self._subscribe()
         except GLib.Error as exc:
-            raise TransportError(f"cannot reach systemd on the system bus: {exc.message}",
-                                 host=self.host) from exc
+            raise TransportError(f"cannot reach systemd on the system bus: {exc.message}", host=self.host) from exc
         self._finished: dict[str, str] = {}
         self._ctx = GLib.MainContext.default()
         self._subscription = self._manager.JobRemoved.connect(self._on_job_removed)
@@ -68,8 +70,7 @@ class DbusSystemd(ShellUnitFiles):
         name = _dbus_name(exc)
         if unit and name in _NOT_FOUND:
             return UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
-        return SystemdError(f"{what} failed: {name or 'D-Bus error'}: {exc.message}",
-                            host=self.host, unit=unit)
+        return SystemdError(f"{what} failed: {name or 'D-Bus error'}: {exc.message}", host=self.host, unit=unit)
 
     def unit_state(self, unit: str) -> UnitState:
         check_unit_name(unit)
@@ -88,9 +89,17 @@ class DbusSystemd(ShellUnitFiles):
         Called on the bus connection itself: a pydbus proxy of the object would introspect it first
         (systemd's XML of every interface, parsed into classes) on every call, and unpacking the whole
         reply would convert some 200 properties; the watch and every step read units often."""
-        reply = self._bus.con.call_sync(_SYSTEMD, path, "org.freedesktop.DBus.Properties", "GetAll",
-                                        GLib.Variant("(s)", (f"{_SYSTEMD}.{interface}",)),
-                                        GLib.VariantType.new("(a{sv})"), Gio.DBusCallFlags.NONE, -1, None)
+        reply = self._bus.con.call_sync(
+            _SYSTEMD,
+            path,
+            "org.freedesktop.DBus.Properties",
+            "GetAll",
+            GLib.Variant("(s)", (f"{_SYSTEMD}.{interface}",)),
+            GLib.VariantType.new("(a{sv})"),
+            Gio.DBusCallFlags.NONE,
+            -1,
+            None,
+        )
         props = reply.get_child_value(0)
         found = {key: props.lookup_value(key, None) for key in UNIT_PROPERTIES}
         return {key: str(value.unpack()) for key, value in found.items() if value is not None}
@@ -104,8 +113,9 @@ class DbusSystemd(ShellUnitFiles):
         deadline = time.monotonic() + timeout
         while job not in self._finished:
             if time.monotonic() > deadline:
-                raise SystemdError(f"{verb} of {unit} did not finish within {timeout:g} s ({job})",
-                                   host=self.host, unit=unit)
+                raise SystemdError(
+                    f"{verb} of {unit} did not finish within {timeout:g} s ({job})", host=self.host, unit=unit
+                )
             if not self._ctx.iteration(False):
                 time.sleep(0.01)  # nothing pending: yield instead of spinning
         result = self._finished[job]
@@ -115,9 +125,12 @@ class DbusSystemd(ShellUnitFiles):
         if result != "done":
             state = self.unit_state(unit)
             tail = "\n".join(self.journal_tail(unit, 10))
-            raise SystemdError(f"{verb} of {unit} ended with job result {result!r} "
-                               f"(ActiveState={state.active_state}, Result={state.result})"
-                               + (f"\n{tail}" if tail else ""), host=self.host, unit=unit)
+            raise SystemdError(
+                f"{verb} of {unit} ended with job result {result!r} "
+                f"(ActiveState={state.active_state}, Result={state.result})" + (f"\n{tail}" if tail else ""),
+                host=self.host,
+                unit=unit,
+            )
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
         self._job("StartUnit", "start", unit, timeout)

@@ -27,28 +27,45 @@ class SshSystemd(ShellUnitFiles):
     def __init__(self, shell: Shell, unit_dir: str = DEFAULT_UNIT_DIR) -> None:
         super().__init__(shell, unit_dir)
 
-    def _systemctl(self, *args: str, timeout: float | None = None, idempotent: bool = True,
-                   ) -> CommandResult:
+    def _systemctl(
+        self,
+        *args: str,
+        timeout: float | None = None,
+        idempotent: bool = True,
+    ) -> CommandResult:
         return self.shell.run(["systemctl", *args], timeout=timeout, check=False, idempotent=idempotent)
 
     def unit_state(self, unit: str) -> UnitState:
         # TZ=UTC: its timestamps come out in UTC, whatever the host's zone (unit_files.timestamp)
-        res = self.shell.run(["env", "TZ=UTC", "systemctl", "show", "--property=" + ",".join(UNIT_PROPERTIES), "--",
-                              check_unit_name(unit)], check=False)
+        res = self.shell.run(
+            [
+                "env",
+                "TZ=UTC",
+                "systemctl",
+                "show",
+                "--property=" + ",".join(UNIT_PROPERTIES),
+                "--",
+                check_unit_name(unit),
+            ],
+            check=False,
+        )
         if not res.ok:
-            raise SystemdError(f"systemctl show {unit} exited {res.exit_code}: {res.stderr.strip()}",
-                               host=self.host, unit=unit)
+            raise SystemdError(
+                f"systemctl show {unit} exited {res.exit_code}: {res.stderr.strip()}", host=self.host, unit=unit
+            )
         props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
         return state_from_properties(unit, props)
 
     def _job(self, verb: str, unit: str, timeout: float, idempotent: bool) -> None:
         try:
-            res = self._systemctl(verb, "--job-mode=replace", "--", check_unit_name(unit),
-                                  timeout=timeout, idempotent=idempotent)
+            res = self._systemctl(
+                verb, "--job-mode=replace", "--", check_unit_name(unit), timeout=timeout, idempotent=idempotent
+            )
         except CommandFailed as exc:
             if exc.returncode == 124:
-                raise SystemdError(f"{verb} of {unit} did not finish within {timeout:g} s",
-                                   host=self.host, unit=unit) from exc
+                raise SystemdError(
+                    f"{verb} of {unit} did not finish within {timeout:g} s", host=self.host, unit=unit
+                ) from exc
             raise
         if res.ok:
             return
@@ -56,9 +73,12 @@ class SshSystemd(ShellUnitFiles):
         if not state.exists:
             raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
         tail = "\n".join(self.journal_tail(unit, 10))
-        raise SystemdError(f"{verb} of {unit} failed (ActiveState={state.active_state}, "
-                           f"Result={state.result}): {redact(res.stderr.strip())}" + (f"\n{tail}" if tail else ""),
-                           host=self.host, unit=unit)
+        raise SystemdError(
+            f"{verb} of {unit} failed (ActiveState={state.active_state}, "
+            f"Result={state.result}): {redact(res.stderr.strip())}" + (f"\n{tail}" if tail else ""),
+            host=self.host,
+            unit=unit,
+        )
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
         self._job("start", unit, timeout, idempotent=True)
@@ -92,8 +112,9 @@ class SshSystemd(ShellUnitFiles):
             return bool(res.stderr.strip())
         if "does not exist" in res.stderr or not self.unit_state(unit).exists:
             raise UnitNotFound(f"unit {unit} not found", host=self.host, unit=unit)
-        raise SystemdError(f"systemctl {verb} {unit} exited {res.exit_code}: {res.stderr.strip()}",
-                           host=self.host, unit=unit)
+        raise SystemdError(
+            f"systemctl {verb} {unit} exited {res.exit_code}: {res.stderr.strip()}", host=self.host, unit=unit
+        )
 
     def kill_unit(self, unit: str, signal: int) -> None:
         state = self.unit_state(unit)
@@ -105,5 +126,6 @@ class SshSystemd(ShellUnitFiles):
     def _checked(self, *args: str) -> None:
         res = self._systemctl(*args)
         if not res.ok:
-            raise SystemdError(f"systemctl {' '.join(args)} exited {res.exit_code}: {res.stderr.strip()}",
-                               host=self.host)
+            raise SystemdError(
+                f"systemctl {' '.join(args)} exited {res.exit_code}: {res.stderr.strip()}", host=self.host
+            )

@@ -15,8 +15,18 @@ from orchestrator.ports import Shell
 from orchestrator.secrets import redact
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
-UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "ExecMainStatus", "NRestarts",
-                   "Result", "ControlGroup", "FragmentPath", "ExecMainStartTimestamp")
+UNIT_PROPERTIES = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "MainPID",
+    "ExecMainStatus",
+    "NRestarts",
+    "Result",
+    "ControlGroup",
+    "FragmentPath",
+    "ExecMainStartTimestamp",
+)
 # ``systemctl show`` prints timestamps for people; run with TZ=UTC (the SSH adapter does) they end
 # in UTC. (``--timestamp=unix`` needs systemd 251: Ubuntu 22.04 has 249.)
 _SHOWN_UTC = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(\.\d+)? UTC$")
@@ -32,19 +42,26 @@ def check_unit_name(unit: str) -> str:
 
 def state_from_properties(unit: str, props: dict[str, str]) -> UnitState:
     """UnitState from systemd property values as text (``systemctl show`` or D-Bus, stringified)."""
+
     def num(key: str) -> int:
         try:
             return int(props.get(key) or 0)
         except ValueError:
             return 0  # "[not set]" and friends on units that are not services
 
-    return UnitState(name=unit, load_state=props.get("LoadState", ""),
-                     active_state=props.get("ActiveState", ""), sub_state=props.get("SubState", ""),
-                     main_pid=num("MainPID"), exec_main_status=num("ExecMainStatus"),
-                     n_restarts=num("NRestarts"), result=props.get("Result") or "success",
-                     control_group=props.get("ControlGroup", ""),
-                     fragment_path=props.get("FragmentPath", ""),
-                     started_at=timestamp(props.get("ExecMainStartTimestamp", "")))
+    return UnitState(
+        name=unit,
+        load_state=props.get("LoadState", ""),
+        active_state=props.get("ActiveState", ""),
+        sub_state=props.get("SubState", ""),
+        main_pid=num("MainPID"),
+        exec_main_status=num("ExecMainStatus"),
+        n_restarts=num("NRestarts"),
+        result=props.get("Result") or "success",
+        control_group=props.get("ControlGroup", ""),
+        fragment_path=props.get("FragmentPath", ""),
+        started_at=timestamp(props.get("ExecMainStartTimestamp", "")),
+    )
 
 
 def timestamp(value: str) -> float | None:
@@ -91,11 +108,13 @@ class ShellUnitFiles:
         # (or the unit's death) reached us: `journalctl --sync` is processed after every message queued
         # before it, a barrier that makes the lines a failed start printed visible (one round trip).
         script = 'journalctl --sync >/dev/null 2>&1; exec journalctl -u "$1" -n "$2" --no-pager -q -o cat'
-        res = self.shell.run(["sh", "-c", script, "journal_tail", check_unit_name(unit), str(int(lines))],
-                             idempotent=True, check=False)
+        res = self.shell.run(
+            ["sh", "-c", script, "journal_tail", check_unit_name(unit), str(int(lines))], idempotent=True, check=False
+        )
         if not res.ok:
-            raise SystemdError(f"journalctl for {unit} exited {res.exit_code}: {res.stderr.strip()}",
-                               host=self.host, unit=unit)
+            raise SystemdError(
+                f"journalctl for {unit} exited {res.exit_code}: {res.stderr.strip()}", host=self.host, unit=unit
+            )
         return [redact(line) for line in res.stdout.splitlines()]  # journal text: secrets hidden at the source
 
     def cgroup_pids(self, unit: str) -> list[int]:
@@ -106,6 +125,7 @@ class ShellUnitFiles:
         # .../systemd. Missing roots and a cgroup vanishing mid-read make find fail: what it printed
         # still holds. Units may own sub-cgroups (Delegate=, workers): read every level.
         roots = [f"/sys/fs/cgroup{sub}{cgroup}" for sub in ("", "/unified", "/systemd")]
-        res = self.shell.run(["find", *roots, "-name", "cgroup.procs", "-exec", "cat", "--", "{}", "+"],
-                             idempotent=True, check=False)
+        res = self.shell.run(
+            ["find", *roots, "-name", "cgroup.procs", "-exec", "cat", "--", "{}", "+"], idempotent=True, check=False
+        )
         return sorted({int(p) for p in res.stdout.split() if p.isdigit()})

@@ -17,8 +17,15 @@ from orchestrator.ports import ProgressCallback, StagedWeights
 class SpecWeights:
     """The engine's WeightStore port over the Hugging Face store: a UnitSpec in, verified weights out."""
 
-    def __init__(self, store: HfWeightStore, host: Host, token_file: str | None, *,
-                 fleet: Mapping[str, Host] | None = None, keep_revisions: int = 0) -> None:
+    def __init__(
+        self,
+        store: HfWeightStore,
+        host: Host,
+        token_file: str | None,
+        *,
+        fleet: Mapping[str, Host] | None = None,
+        keep_revisions: int = 0,
+    ) -> None:
         self.store = store
         self.host = host
         self.token_file = token_file
@@ -26,10 +33,18 @@ class SpecWeights:
         self.keep_revisions = keep_revisions
 
     def _request(self, spec: UnitSpec) -> StageRequest:
-        return StageRequest(name=spec.repo.replace("/", "--"), repo=spec.repo, revision=spec.revision,
-                            root=self.host.models_dir, source=spec.source, token_file=self.token_file,
-                            endpoint=os.environ.get("HF_ENDPOINT"), peer=self._peer(spec),
-                            keep_revisions=self.keep_revisions, unit_dir=self.host.unit_dir)
+        return StageRequest(
+            name=spec.repo.replace("/", "--"),
+            repo=spec.repo,
+            revision=spec.revision,
+            root=self.host.models_dir,
+            source=spec.source,
+            token_file=self.token_file,
+            endpoint=os.environ.get("HF_ENDPOINT"),
+            peer=self._peer(spec),
+            keep_revisions=self.keep_revisions,
+            unit_dir=self.host.unit_dir,
+        )
 
     def _peer(self, spec: UnitSpec) -> PeerSpec | None:
         """The peer of a ``host:NAME`` source, reached from this host with the peer's catalog entry
@@ -39,10 +54,17 @@ class SpecWeights:
         name = spec.source.removeprefix("host:")
         peer = self.fleet.get(name)
         if peer is None:
-            raise WeightsError(f"model {spec.model}: source {spec.source!r} names no host of the catalog",
-                               host=self.host.name)
-        return PeerSpec(address=peer.address, root=peer.models_dir, port=peer.ssh_port, user=peer.ssh_user,
-                        key_file=peer.ssh_key, known_hosts=peer.known_hosts)
+            raise WeightsError(
+                f"model {spec.model}: source {spec.source!r} names no host of the catalog", host=self.host.name
+            )
+        return PeerSpec(
+            address=peer.address,
+            root=peer.models_dir,
+            port=peer.ssh_port,
+            user=peer.ssh_user,
+            key_file=peer.ssh_key,
+            known_hosts=peer.known_hosts,
+        )
 
     def cleanup(self, keep_serving: Iterable[UnitSpec]) -> list[StagedRevision]:
         """Remove old staged revisions on this host: keep policy.keep_revisions newest per repo and
@@ -55,8 +77,7 @@ class SpecWeights:
         specs = list(keep_serving)
         protected = protected_pairs([s.model_dir for s in specs], root)
         protected |= {(s.repo.replace("/", "--"), s.revision) for s in specs}
-        return self.store.cleanup(root, keep=self.keep_revisions, protected=protected,
-                                  unit_dir=self.host.unit_dir)
+        return self.store.cleanup(root, keep=self.keep_revisions, protected=protected, unit_dir=self.host.unit_dir)
 
     def stage(self, spec: UnitSpec, progress: ProgressCallback) -> StagedWeights:
         if spec.source.startswith("local:"):

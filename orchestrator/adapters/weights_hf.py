@@ -18,17 +18,23 @@ from orchestrator.secrets import redact
 
 # Worker event -> the ProgressCallback event the CLI knows (cli/progress.py renders stage_progress
 # and staged; the others are there for logs).
-EVENTS = {"progress": "stage_progress", "plan": "stage_plan", "file_done": "stage_file",
-          "resume": "stage_resume", "restage": "stage_restage", "already_staged": "staged",
-          "sha256_mismatch": "stage_sha256_mismatch", "cleanup": "stage_cleanup",
-          "verified": "stage_verified"}
+EVENTS = {
+    "progress": "stage_progress",
+    "plan": "stage_plan",
+    "file_done": "stage_file",
+    "resume": "stage_resume",
+    "restage": "stage_restage",
+    "already_staged": "staged",
+    "sha256_mismatch": "stage_sha256_mismatch",
+    "cleanup": "stage_cleanup",
+    "verified": "stage_verified",
+}
 
 
 class HfWeightStore:
     """WeightStore over any Shell; the worker's progress lines stream back while it downloads."""
 
-    def __init__(self, shell: Shell, *, python: str = "python3",
-                 timeout: float | None = None) -> None:
+    def __init__(self, shell: Shell, *, python: str = "python3", timeout: float | None = None) -> None:
         self.shell = shell
         self.python = python
         self.timeout = timeout
@@ -76,18 +82,23 @@ class HfWeightStore:
     def list_staged(self, root: str) -> list[StagedRevision]:
         done = self._call(f"listing models under {root}", "list", root)
         entries = done.get("staged")
-        return [_revision(e) for e in (entries if isinstance(entries, list) else [])
-                if isinstance(e, dict) and not e.get("partial")]
+        return [
+            _revision(e)
+            for e in (entries if isinstance(entries, list) else [])
+            if isinstance(e, dict) and not e.get("partial")
+        ]
 
-    def remove(self, root: str, name: str, revision: str, *,
-               protected: Collection[tuple[str, str]] = ()) -> bool:
+    def remove(self, root: str, name: str, revision: str, *, protected: Collection[tuple[str, str]] = ()) -> bool:
         if (name, revision) in set(protected):
-            raise WeightsError(f"model {name} revision {revision} is protected (active or rollback) "
-                               "and was not removed", host=self.host)
+            raise WeightsError(
+                f"model {name} revision {revision} is protected (active or rollback) and was not removed",
+                host=self.host,
+            )
         return bool(self._call(f"removing model {name}", "remove", root, name, revision)["removed"])
 
-    def cleanup(self, root: str, *, keep: int, protected: Collection[tuple[str, str]],
-                unit_dir: str | None = None) -> list[StagedRevision]:
+    def cleanup(
+        self, root: str, *, keep: int, protected: Collection[tuple[str, str]], unit_dir: str | None = None
+    ) -> list[StagedRevision]:
         # The worker finds nothing to remove without the directory either; this test costs a few ms
         # where a worker's start costs a Python with the project's imports, after every switch.
         if not self.shell.run(["test", "-d", root], check=False, idempotent=True).ok:
@@ -113,13 +124,16 @@ class HfWeightStore:
         if final.get("event") == "error":
             return WeightsError(redact(str(final.get("message"))), host=self.host)
         tail = "\n".join(redact(result.stderr or result.stdout).strip().splitlines()[-5:])
-        return WeightsError(f"{what}: the stage worker exited {result.exit_code} without a result"
-                            + (f":\n{tail}" if tail else ""), host=self.host)
+        return WeightsError(
+            f"{what}: the stage worker exited {result.exit_code} without a result" + (f":\n{tail}" if tail else ""),
+            host=self.host,
+        )
 
 
 def _revision(entry: dict[str, object]) -> StagedRevision:
-    return StagedRevision(str(entry["name"]), str(entry["revision"]), float(str(entry["staged_at"])),
-                          int(str(entry.get("bytes", 0))))
+    return StagedRevision(
+        str(entry["name"]), str(entry["revision"]), float(str(entry["staged_at"])), int(str(entry.get("bytes", 0)))
+    )
 
 
 def _parse(line: str) -> dict[str, object] | None:

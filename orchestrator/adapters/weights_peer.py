@@ -18,15 +18,23 @@ from orchestrator.errors import UsageError
 from orchestrator.ports import WeightStore
 
 # request key -> catalog Host field (the Host model validates each value, as in deploy.toml)
-_FIELDS = {"name": "name", "address": "address", "port": "ssh_port", "user": "ssh_user", "root": "models_dir",
-           "key_file": "ssh_key", "known_hosts": "known_hosts"}
+_FIELDS = {
+    "name": "name",
+    "address": "address",
+    "port": "ssh_port",
+    "user": "ssh_user",
+    "root": "models_dir",
+    "key_file": "ssh_key",
+    "known_hosts": "known_hosts",
+}
 
 
 def peer_host(peer: Mapping[str, Any]) -> Host:
     unknown = set(peer) - set(_FIELDS)
     if unknown or "name" not in peer or "address" not in peer:
-        raise UsageError(f"stage: peer needs name and address, known keys {', '.join(sorted(_FIELDS))} "
-                         f"(got {sorted(peer)})")
+        raise UsageError(
+            f"stage: peer needs name and address, known keys {', '.join(sorted(_FIELDS))} (got {sorted(peer)})"
+        )
     try:
         return Host.model_validate({_FIELDS[k]: v for k, v in peer.items() if v is not None})
     except ValidationError as exc:
@@ -42,6 +50,11 @@ def with_peer(weights: WeightStore | None, peer: Mapping[str, Any]) -> tuple[Spe
     host = peer_host(peer)
     if host.name == weights.host.name:
         raise UsageError(f"stage: peer {host.name!r} is this host itself")
-    store = SpecWeights(weights.store, weights.host, weights.token_file, fleet={**weights.fleet, host.name: host},
-                        keep_revisions=weights.keep_revisions)
+    store = SpecWeights(
+        weights.store,
+        weights.host,
+        weights.token_file,
+        fleet={**weights.fleet, host.name: host},
+        keep_revisions=weights.keep_revisions,
+    )
     return store, f"host:{host.name}"

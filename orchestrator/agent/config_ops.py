@@ -31,8 +31,9 @@ def sha256(text: str) -> str:
 class ConfigRevisions:
     """The config file of one agent and its recorded revisions (in the agent's state.db)."""
 
-    def __init__(self, path: str | Path, state_dir: str, *, group: str | None,
-                 store: ConfigStore | None = None) -> None:
+    def __init__(
+        self, path: str | Path, state_dir: str, *, group: str | None, store: ConfigStore | None = None
+    ) -> None:
         self.path = Path(path)
         # by default state.db: creates and migrates the schema, config tables included, with the modes
         # Operations gives it
@@ -53,8 +54,7 @@ class ConfigRevisions:
         revision, text = self.current()
         return {"path": str(self.path), "revision": revision, "sha256": sha256(text), "text": text}
 
-    def validate(self, text: str, name: str, running: Catalog, *, now: float,
-                 template: str | None = None) -> Loadout:
+    def validate(self, text: str, name: str, running: Catalog, *, now: float, template: str | None = None) -> Loadout:
         """Build what the agent would load from ``text`` (as at start), on a private copy, before
         anything is written; ConfigError or RenderError (exit 2) names the file."""
         fd, tmp = tempfile.mkstemp(prefix=".push-", suffix=".toml", dir=self.path.parent)
@@ -71,11 +71,17 @@ class ConfigRevisions:
             os.unlink(tmp)
         catalog = loaded.catalog
         if catalog.state_dir != running.state_dir:
-            raise ConfigError(f"state_dir {catalog.state_dir!r} differs from the agent's {running.state_dir!r}: "
-                              "a push cannot move the state (edit the file and restart the agent)", file=name)
+            raise ConfigError(
+                f"state_dir {catalog.state_dir!r} differs from the agent's {running.state_dir!r}: "
+                "a push cannot move the state (edit the file and restart the agent)",
+                file=name,
+            )
         if catalog.defaults.allow_root and not running.defaults.allow_root:
-            raise ConfigError("defaults.allow_root: a push cannot turn on engines as root (edit the file on the box "
-                              "as root and restart the agent)", file=name)
+            raise ConfigError(
+                "defaults.allow_root: a push cannot turn on engines as root (edit the file on the box "
+                "as root and restart the agent)",
+                file=name,
+            )
         return loaded
 
     def replace(self, text: str, operator: str) -> int:

@@ -46,10 +46,19 @@ def own_hosts(catalog: Catalog) -> list[str]:
 
 
 class FleetController:
-    def __init__(self, catalog: Callable[[], Catalog], *, clock: Clock, pid: int,
-                 store: RolloutRecord | None = None, connect: Callable[[Host], AgentClient] = remote_client,
-                 after_batch: AfterBatch | None = None, stopping: threading.Event | None = None,
-                 retry_s: float = RETRY_S, alive: Callable[[int | None], bool] = process_alive) -> None:
+    def __init__(
+        self,
+        catalog: Callable[[], Catalog],
+        *,
+        clock: Clock,
+        pid: int,
+        store: RolloutRecord | None = None,
+        connect: Callable[[Host], AgentClient] = remote_client,
+        after_batch: AfterBatch | None = None,
+        stopping: threading.Event | None = None,
+        retry_s: float = RETRY_S,
+        alive: Callable[[int | None], bool] = process_alive,
+    ) -> None:
         """``stopping``: the agent's (a paused rollout stops retrying then; its restart resumes it);
         ``alive``: whether the process a rollout is recorded with (a CLI running one itself) still runs."""
         self.catalog, self.clock, self.pid, self.connect = catalog, clock, pid, connect
@@ -73,16 +82,26 @@ class FleetController:
             self._store = RolloutStore(Path(cat.state_dir) / "rollouts.db", group=cat.socket_group)
         return self._store
 
-    def _fleet(self, job: Job | None, started_by: str | None = None,
-               on_start: Callable[[int], None] | None = None) -> Fleet:
+    def _fleet(
+        self, job: Job | None, started_by: str | None = None, on_start: Callable[[int], None] | None = None
+    ) -> Fleet:
         def report(host: str, event: str, fields: dict[str, Any]) -> None:
             if job is not None:
                 job.publish({"event": event, "fields": {**fields, "group_host": host}})
 
-        return Fleet(self.catalog(), connect=self.connect, report=report, store=self.store,
-                     after_batch=self.after_batch, clock=self.clock, pid=self.pid, started_by=started_by,
-                     driven=self._driven, on_start=on_start,
-                     starting=self.starting)
+        return Fleet(
+            self.catalog(),
+            connect=self.connect,
+            report=report,
+            store=self.store,
+            after_batch=self.after_batch,
+            clock=self.clock,
+            pid=self.pid,
+            started_by=started_by,
+            driven=self._driven,
+            on_start=on_start,
+            starting=self.starting,
+        )
 
     def _driven(self, ro: Rollout) -> bool:
         """Driven here, or by the live process it is recorded with (a CLI that runs it itself); a
@@ -92,9 +111,11 @@ class FleetController:
     def _is_controller(self) -> None:
         """An agent whose deploy.toml has no groups drives no rollout: say so, not "unknown group"."""
         if not self.catalog().groups:
-            raise UsageError(f"the agent (pid {self.pid}) that answered is not a fleet controller: its deploy.toml "
-                             "has no [groups.*]; reach the controller (--host CTL, or ORCHESTRATOR_SOCKET at its "
-                             "socket), or unset both to run the rollout in this CLI")
+            raise UsageError(
+                f"the agent (pid {self.pid}) that answered is not a fleet controller: its deploy.toml "
+                "has no [groups.*]; reach the controller (--host CTL, or ORCHESTRATOR_SOCKET at its "
+                "socket), or unset both to run the rollout in this CLI"
+            )
 
     # -- starting and driving -------------------------------------------------------------------
     def start(self, args: RolloutStartArgs, started_by: str | None) -> dict[str, Any]:
@@ -112,11 +133,18 @@ class FleetController:
             recorded.set()
 
         def body(fleet: Fleet) -> dict[str, Any]:
-            return fleet.rollout(args.model, group=args.group, canary=args.canary, batch=args.batch,
-                                 max_failures=args.max_failures, rollback_all=args.rollback_all)
+            return fleet.rollout(
+                args.model,
+                group=args.group,
+                canary=args.canary,
+                batch=args.batch,
+                max_failures=args.max_failures,
+                rollback_all=args.rollback_all,
+            )
 
-        self._spawn(job, lambda: self._driving(self._fleet(job, started_by, on_start), job, body), rid, failed,
-                    recorded)
+        self._spawn(
+            job, lambda: self._driving(self._fleet(job, started_by, on_start), job, body), rid, failed, recorded
+        )
         recorded.wait()
         if failed:
             raise failed[0]
@@ -127,15 +155,20 @@ class FleetController:
         ro = self._fleet(None)._unfinished(rid)
         with self.lock:
             if ro.id in self.runs:
-                raise Busy(f"rollout #{ro.id} is already driven by this controller (agent pid {self.pid}): "
-                           "follow it with `orchestrator rollout status --follow`")
+                raise Busy(
+                    f"rollout #{ro.id} is already driven by this controller (agent pid {self.pid}): "
+                    "follow it with `orchestrator rollout status --follow`"
+                )
             if self._driven(ro):
-                raise Busy(f"rollout #{ro.id} is still driven by pid {ro.pid} (a CLI that runs it itself): "
-                           "let it finish, or `orchestrator rollout abort` it")
+                raise Busy(
+                    f"rollout #{ro.id} is still driven by pid {ro.pid} (a CLI that runs it itself): "
+                    "let it finish, or `orchestrator rollout abort` it"
+                )
             job = Job("controller", "rollout_resume", {"id": ro.id})
             self.runs[ro.id] = job
-        self._spawn(job, lambda: self._driving(self._fleet(job), job, lambda f: f.drive(ro.id)), [ro.id], [],
-                    threading.Event())
+        self._spawn(
+            job, lambda: self._driving(self._fleet(job), job, lambda f: f.drive(ro.id)), [ro.id], [], threading.Event()
+        )
         return {"id": ro.id, **self.summary(ro.id)}
 
     def abort(self, rid: int | None, rollback_all: bool) -> dict[str, Any]:
@@ -151,11 +184,17 @@ class FleetController:
                 self.runs[ro.id] = job
         if driven:
             who = f"agent pid {self.pid}" if ro.id in self.runs else f"pid {ro.pid}"
-            return {**self.summary(ro.id), "message": f"abort requested: the controller ({who}) "
-                                                      "stops after its running batch"}
-        self._spawn(job, lambda: self._driving(self._fleet(job), job,
-                                               lambda f: f.drive(ro.id, rollback_all=rollback_all or None)),
-                    [ro.id], [], threading.Event())
+            return {
+                **self.summary(ro.id),
+                "message": f"abort requested: the controller ({who}) stops after its running batch",
+            }
+        self._spawn(
+            job,
+            lambda: self._driving(self._fleet(job), job, lambda f: f.drive(ro.id, rollback_all=rollback_all or None)),
+            [ro.id],
+            [],
+            threading.Event(),
+        )
         return {**self.summary(ro.id), "message": "abort requested: ending it now"}
 
     def resume_unfinished(self) -> None:
@@ -170,8 +209,14 @@ class FleetController:
             except OrchestratorError as exc:
                 log.warning("rollout_resume_failed", rollout=ro.id, error=str(exc))
 
-    def _spawn(self, job: Job, body: Callable[[], dict[str, Any]], rid: list[int],
-               failed: list[OrchestratorError], recorded: threading.Event) -> None:
+    def _spawn(
+        self,
+        job: Job,
+        body: Callable[[], dict[str, Any]],
+        rid: list[int],
+        failed: list[OrchestratorError],
+        recorded: threading.Event,
+    ) -> None:
         for observe in list(self.observers):
             observe(job)
 
@@ -213,8 +258,12 @@ class FleetController:
                 with self.lock:
                     self.paused[rid] = str(paused)
                 log.warning("rollout_paused", rollout=rid, lost=paused.lost, retry_s=self.retry_s)
-                job.publish({"event": "rollout_paused", "fields": {
-                    "rollout": rid, "lost": paused.lost, "reason": str(paused), "retry_s": self.retry_s}})
+                job.publish(
+                    {
+                        "event": "rollout_paused",
+                        "fields": {"rollout": rid, "lost": paused.lost, "reason": str(paused), "retry_s": self.retry_s},
+                    }
+                )
                 if self.stopping.wait(self.retry_s):
                     raise paused  # the agent stops: the rollout stays recorded; its restart resumes it
                 try:
@@ -240,8 +289,10 @@ class FleetController:
             why = self.paused.get(ro["id"])
         if why is not None and ro["status"] == "running":
             ro["status"] = "paused"
-            ro["reason"] = (f"{why.split('; ')[0]}; the controller (agent pid {self.pid}) tries again every "
-                            f"{self.retry_s:g} s and goes on once it answers")
+            ro["reason"] = (
+                f"{why.split('; ')[0]}; the controller (agent pid {self.pid}) tries again every "
+                f"{self.retry_s:g} s and goes on once it answers"
+            )
         return out
 
     def follow(self, rid: int | None) -> Iterator[dict[str, Any]]:
@@ -264,4 +315,3 @@ class FleetController:
             finally:
                 job.unlisten(q)
         yield {"result": self.summary(rid)}
-

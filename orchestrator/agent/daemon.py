@@ -43,9 +43,17 @@ def _system_clock() -> Clock:
 
 
 class Agent:
-    def __init__(self, catalog: Catalog, ops: Operations, *, socket: str | None = None,
-                 metrics_port: int | None = 9464, clock: Clock | None = None, config_path: str | None = None,
-                 ops_factory: Callable[[Catalog], Operations] | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        ops: Operations,
+        *,
+        socket: str | None = None,
+        metrics_port: int | None = 9464,
+        clock: Clock | None = None,
+        config_path: str | None = None,
+        ops_factory: Callable[[Catalog], Operations] | None = None,
+    ) -> None:
         self.catalog = catalog
         self.ops = ops
         self.group = catalog.socket_group
@@ -61,10 +69,22 @@ class Agent:
         self.scheduler = ScheduleTask(catalog, ops, self.clock, self._submit, loaded.next_runs)
         self.watch = WatchTask(catalog, ops, self.clock, self._submit, self.jobs.busy, self.metrics, self.failures)
         self.loops = [
-            Loop("schedules", self.scheduler.tick, stopping=self.stopping, clock=self.clock, failures=self.failures,
-                 limit_s=stall_limit(30.0)),
-            Loop("watch", self.watch.tick, stopping=self.stopping, clock=self.clock, failures=self.failures,
-                 limit_s=stall_limit(catalog.policy.watch_interval_s)),
+            Loop(
+                "schedules",
+                self.scheduler.tick,
+                stopping=self.stopping,
+                clock=self.clock,
+                failures=self.failures,
+                limit_s=stall_limit(30.0),
+            ),
+            Loop(
+                "watch",
+                self.watch.tick,
+                stopping=self.stopping,
+                clock=self.clock,
+                failures=self.failures,
+                limit_s=stall_limit(catalog.policy.watch_interval_s),
+            ),
         ]
         # Models on demand: the broker answers the front proxy's held requests (agent/demand.py); its
         # loops and socket run while the catalog has an on-demand model (synced at start and on push).
@@ -72,19 +92,22 @@ class Agent:
         self.demand = DemandService(self, self.broker, self.clock, self.failures)
         self.reported_dead: list[str] = []
         # config show/push need the file the agent was started from; revisions live in its state.db
-        self.configs = (ConfigRevisions(config_path, catalog.state_dir, group=catalog.socket_group)
-                        if config_path else None)
+        self.configs = (
+            ConfigRevisions(config_path, catalog.state_dir, group=catalog.socket_group) if config_path else None
+        )
         self.config_revision = self.configs.record_if_new("agent start") if self.configs else None
         self.ops_factory = ops_factory
         self._last_validated: tuple[tuple[str, str, int], Loadout] | None = None  # see _validated
         self.dashboard_socket: str | None = None  # where the dashboard serves, once started (status says)
         # rollouts this agent runs as its fleet's controller (agent/controller.py); test entry points
         # may replace it before run()
-        self.controller = FleetController(lambda: self.catalog, clock=self.clock, pid=os.getpid(),
-                                          stopping=self.stopping)
+        self.controller = FleetController(
+            lambda: self.catalog, clock=self.clock, pid=os.getpid(), stopping=self.stopping
+        )
         # tune runs, each a job of its model's host (agent/tune_jobs.py)
-        self.tuner = TuneJobs(self.jobs, lambda: self.ops, lambda: self.configs.path if self.configs else None,
-                              self.stopping)
+        self.tuner = TuneJobs(
+            self.jobs, lambda: self.ops, lambda: self.configs.path if self.configs else None, self.stopping
+        )
 
     # -- life cycle -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -150,8 +173,9 @@ class Agent:
         return authorized(uid, gid, self.group)
 
     # -- requests ---------------------------------------------------------------------------------
-    def dispatch(self, op: object, raw_args: object, caller: str, *,
-                 uid: int | None = None) -> Iterator[dict[str, Any]]:
+    def dispatch(
+        self, op: object, raw_args: object, caller: str, *, uid: int | None = None
+    ) -> Iterator[dict[str, Any]]:
         """Answer one client request from the operation table (contract/ops.py); ``caller`` (user@socket
         or user@ssh-client, from the peer's uid and the box's view of its login) is the trigger, never
         what the client says; ``uid`` is the peer's (None: unknown, so never root)."""
@@ -163,8 +187,9 @@ class Agent:
         elif spec.stream is not None:
             yield from spec.stream(self, args)
         else:
-            yield {"result": spec.in_agent(self, args, Caller(trigger=caller, uid=uid,
-                                                               next_runs=self.scheduler.next_runs))}
+            yield {
+                "result": spec.in_agent(self, args, Caller(trigger=caller, uid=uid, next_runs=self.scheduler.next_runs))
+            }
 
     def _submit(self, op: str, raw_args: dict[str, Any], trigger: str) -> Job:
         """Start a job of the agent's own (schedules, watch, recovery), validated like a client's."""
@@ -180,15 +205,22 @@ class Agent:
         # Operators first: an on-demand swap running on the host is waited for (no new one starts meanwhile).
         self.broker.yield_to(host, f"{spec.name} by {trigger}", timeout_s=self._yield_s(host))
         try:
-            return self.jobs.submit(host, spec.name, args.model_dump(), lambda job: spec.in_process(
-                self.ops, args, Caller(progress=self._publisher(job), trigger=trigger)))
+            return self.jobs.submit(
+                host,
+                spec.name,
+                args.model_dump(),
+                lambda job: spec.in_process(self.ops, args, Caller(progress=self._publisher(job), trigger=trigger)),
+            )
         finally:
             self.broker.resume(host)
 
     def _yield_s(self, host: str) -> float:
         """The longest an operation waits for an on-demand swap on ``host``: its longest cold start."""
-        deadlines = [self.catalog.demand_deadline(n, cold=True) for n in self.catalog.models_on(host)
-                     if self.catalog.models[n].on_demand]
+        deadlines = [
+            self.catalog.demand_deadline(n, cold=True)
+            for n in self.catalog.models_on(host)
+            if self.catalog.models[n].on_demand
+        ]
         return max(deadlines, default=0.0) + 60.0 if deadlines else 0.0
 
     @staticmethod
@@ -210,8 +242,11 @@ class Agent:
 
     # -- what only the agent answers (contract.ops.AgentSide) ---------------------------------------
     def info(self) -> dict[str, Any]:
-        out = {"pid": os.getpid(), "running": {h: j.op for h, j in list(self.jobs.running.items())},
-               "dashboard": self.dashboard_socket}
+        out = {
+            "pid": os.getpid(),
+            "running": {h: j.op for h, j in list(self.jobs.running.items())},
+            "dashboard": self.dashboard_socket,
+        }
         if any(m.on_demand for m in self.catalog.models.values()):
             out["demand"] = self.broker.snapshot()
         return out
@@ -224,10 +259,16 @@ class Agent:
         for job in jobs:
             q = job.listen()  # before saying so: nothing published after "following" is missed
             running = self.ops.unfinished(job.host)
-            yield {"event": "following", "fields": {
-                "host": job.host, "op": job.op, "what": " ".join(str(v) for v in job.args.values() if v),
-                "phase": running[-1].phase.value if running else None,
-                "revision": running[-1].revision if running else None}}
+            yield {
+                "event": "following",
+                "fields": {
+                    "host": job.host,
+                    "op": job.op,
+                    "what": " ".join(str(v) for v in job.args.values() if v),
+                    "phase": running[-1].phase.value if running else None,
+                    "revision": running[-1].revision if running else None,
+                },
+            }
             for item in self._stream(job, q):
                 if "event" in item:
                     yield item
@@ -248,14 +289,16 @@ class Agent:
     def root_only_changes(self, text: str, name: str | None) -> list[str]:
         """What ``text`` changes that only root may (core.privilege): the table's rule for config push."""
         try:  # model files named anew: refused before validation reads them as root
-            early = unread_paths(toml_document(self._configs().show()["text"], "deploy.toml"),
-                                 toml_document(text, name or "pushed file"))
+            early = unread_paths(
+                toml_document(self._configs().show()["text"], "deploy.toml"), toml_document(text, name or "pushed file")
+            )
         except DocumentError:
             early = []  # validation names what is wrong with the text
         if early:
             return early
-        return root_only_changes(self.catalog, self._validated(text, name or "pushed file").catalog,
-                                 shipped=str(settings.SHIPPED_CONFIGS))
+        return root_only_changes(
+            self.catalog, self._validated(text, name or "pushed file").catalog, shipped=str(settings.SHIPPED_CONFIGS)
+        )
 
     def _validated(self, text: str, name: str) -> Loadout:
         """``text`` validated as at start; the last one is kept, so the table's root check and the push
@@ -263,8 +306,10 @@ class Agent:
         key = (text, name, id(self.catalog))
         last = self._last_validated
         if last is None or last[0] != key:
-            last = key, self._configs().validate(text, name, self.catalog, now=self.clock.now(),
-                                                  template=self.ops.template)
+            last = (
+                key,
+                self._configs().validate(text, name, self.catalog, now=self.clock.now(), template=self.ops.template),
+            )
             self._last_validated = last
         return last[1]
 
@@ -281,16 +326,23 @@ class Agent:
         with self.jobs.lock:  # no operation starts while the catalog is swapped
             if self.jobs.running:
                 running = ", ".join(f"{j.op} on {h}" for h, j in self.jobs.running.items())
-                raise Busy(f"config push refused: an operation is running ({running}); nothing was changed: "
-                           "push again once it ends (`orchestrator status --follow` shows when)")
+                raise Busy(
+                    f"config push refused: an operation is running ({running}); nothing was changed: "
+                    "push again once it ends (`orchestrator status --follow` shows when)"
+                )
             revision = configs.replace(text, operator)
             self._swap(loaded, ops)
             self.config_revision = revision
         log.info("config_pushed", revision=revision, operator=operator, file=str(configs.path))
         self.demand.sync()  # on demand's loops and socket follow the file (outside the jobs' lock)
         proxies = self.demand.reroute(before, before_ops)  # then the proxies hold for it (the socket answers by now)
-        return {"path": str(configs.path), "revision": revision, "previous_revision": previous["revision"],
-                "changed": previous["sha256"] != configs.show()["sha256"], **({"proxy": proxies} if proxies else {})}
+        return {
+            "path": str(configs.path),
+            "revision": revision,
+            "previous_revision": previous["revision"],
+            "changed": previous["sha256"] != configs.show()["sha256"],
+            **({"proxy": proxies} if proxies else {}),
+        }
 
     def _swap(self, loaded: Loadout, ops: Operations) -> None:
         """Put a pushed file's loadout in place (nothing here can fail: it was all built before)."""
@@ -302,8 +354,12 @@ class Agent:
     # -- background work --------------------------------------------------------------------------
     def _finished(self, job: Job) -> None:
         result = (job.result or {}).get("result") or {}
-        if self.configs is not None and self.config_revision is not None and isinstance(result, dict) \
-                and isinstance(result.get("id"), int):
+        if (
+            self.configs is not None
+            and self.config_revision is not None
+            and isinstance(result, dict)
+            and isinstance(result.get("id"), int)
+        ):
             self.configs.link(result["id"], self.config_revision)
         if isinstance(result, dict) and result.get("outcome"):
             self.metrics.deployment(job.host, str(result["outcome"]), result.get("phases") or [])
@@ -317,10 +373,14 @@ class Agent:
         for host in own_hosts(self.catalog):
             serving = self.ops.serving(host)
             self.metrics.active(host, serving.model if serving else None, serving.revision if serving else None)
-            self.metrics.residency(host, residency_series(
-                {n: self.catalog.models[n].sleep for n in self.catalog.models_on(host)},
-                {d.model for d in self.ops.store.serving_set(host)} | ({serving.model} if serving else set()),
-                self.ops.residency.residency(host)))
+            self.metrics.residency(
+                host,
+                residency_series(
+                    {n: self.catalog.models[n].sleep for n in self.catalog.models_on(host)},
+                    {d.model for d in self.ops.store.serving_set(host)} | ({serving.model} if serving else set()),
+                    self.ops.residency.residency(host),
+                ),
+            )
 
 
 __all__ = ["Agent"]

@@ -75,8 +75,15 @@ class Broker:
             box = self.view.box(host, now, sessions=True)  # what is in flight decides "asked more"
             view = box.models[model]
             cold = view.state is State.STOPPED
-            ticket = Ticket(self._ids, model, host, now, catalog.demand_deadline(model, cold=cold), stream,
-                            limit_s=catalog.demand_deadline(model, cold=True))
+            ticket = Ticket(
+                self._ids,
+                model,
+                host,
+                now,
+                catalog.demand_deadline(model, cold=cold),
+                stream,
+                limit_s=catalog.demand_deadline(model, cold=True),
+            )
             w.last_request[model] = now
             if routable(box, model) or self.jobs.released(host, model):
                 self.jobs.answer(ticket, {"ready": True}, "ready")
@@ -150,8 +157,12 @@ class Broker:
             self.view.refresh(host, now)
             with self.lock:
                 box = self.view.box(host, now, sessions=True)  # also a reading of what is in flight
-                if not any(m.idle_sleep_s or m.idle_stop_s for n in self.agent.catalog.models_on(host)
-                           for m in [self.agent.catalog.models[n]] if m.on_demand):
+                if not any(
+                    m.idle_sleep_s or m.idle_stop_s
+                    for n in self.agent.catalog.models_on(host)
+                    for m in [self.agent.catalog.models[n]]
+                    if m.on_demand
+                ):
                     continue
                 job = self.waiting.idle_jobs.get(host)
                 if job is not None and not job.done.is_set():
@@ -190,8 +201,15 @@ class Broker:
         with self.lock:
             for model, queue in list(self.waiting.tickets.items()):
                 for t in queue:
-                    self.jobs.answer(t, {"status": 503, "message": f"{model} is not brought up on demand: {why}",
-                                         "retry_after_s": retry}, "503")
+                    self.jobs.answer(
+                        t,
+                        {
+                            "status": 503,
+                            "message": f"{model} is not brought up on demand: {why}",
+                            "retry_after_s": retry,
+                        },
+                        "503",
+                    )
                 queue.clear()
                 self.agent.metrics.demand_queue(model, 0)
 
@@ -215,8 +233,9 @@ class Broker:
     def owns(self, job: Job | None) -> bool:
         w = self.waiting
         with self.lock:
-            return job is not None and (any(s.job is job for s in w.running.values())
-                                        or any(j is job for j in w.idle_jobs.values()))
+            return job is not None and (
+                any(s.job is job for s in w.running.values()) or any(j is job for j in w.idle_jobs.values())
+            )
 
     # -- status -------------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -225,15 +244,22 @@ class Broker:
         now = self.clock.monotonic()
         w = self.waiting
         with self.lock:
-            queues = {m: {"waiting": len(q), "oldest_s": round(now - q[0].arrived, 3) if q else None}
-                      for m, q in w.tickets.items() if q}
+            queues = {
+                m: {"waiting": len(q), "oldest_s": round(now - q[0].arrived, 3) if q else None}
+                for m, q in w.tickets.items()
+                if q
+            }
             cat = self.agent.catalog
-            hosts = {h: {"swapping": w.running[h].model if h in w.running else None,
-                         "swaps_last_min": sum(1 for t in self.view.swaps(h) if t > now - policy.WINDOW_S),
-                         "yielding_to": w.yielding.get(h),
-                         "busy": self.view.busy(h),  # what on-demand waits for (an operator, a tune, a bench)
-                         "queues": {m: q for m, q in queues.items() if m in cat.models and m in cat.models_on(h)}}
-                     for h in self.view.hosts()}
+            hosts = {
+                h: {
+                    "swapping": w.running[h].model if h in w.running else None,
+                    "swaps_last_min": sum(1 for t in self.view.swaps(h) if t > now - policy.WINDOW_S),
+                    "yielding_to": w.yielding.get(h),
+                    "busy": self.view.busy(h),  # what on-demand waits for (an operator, a tune, a bench)
+                    "queues": {m: q for m, q in queues.items() if m in cat.models and m in cat.models_on(h)},
+                }
+                for h in self.view.hosts()
+            }
         return {"queues": queues, "hosts": hosts}
 
 

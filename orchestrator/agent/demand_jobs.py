@@ -62,8 +62,12 @@ class DemandJobs:
                     self._phase(host, swap, str(fields.get("phase")))
 
             try:
-                result = self.agent.ops.switch(model, trigger=trigger, progress=progress,
-                                               abandon=(lambda: self._abandon(host, model)) if cold else None)
+                result = self.agent.ops.switch(
+                    model,
+                    trigger=trigger,
+                    progress=progress,
+                    abandon=(lambda: self._abandon(host, model)) if cold else None,
+                )
             except OrchestratorError as exc:
                 with w.lock:
                     self.settle(host, swap, error_reply(exc))
@@ -79,11 +83,21 @@ class DemandJobs:
         w.running[host] = swap
         if action.swap:
             self.view.swaps(host).append(now)
-            self.agent.ops.record_event(self.clock.now(), host, SWAP_EVENT, {
-                "model": model, "action": action.kind.value, "displaces": list(action.displaces)})
+            self.agent.ops.record_event(
+                self.clock.now(),
+                host,
+                SWAP_EVENT,
+                {"model": model, "action": action.kind.value, "displaces": list(action.displaces)},
+            )
         self.agent.metrics.demand_swap(host, model, action.kind.value, displacing=action.swap)
-        log.info("demand_swap", host=host, model=model, kind=action.kind.value, displaces=list(action.displaces),
-                 reason=action.reason)
+        log.info(
+            "demand_swap",
+            host=host,
+            model=model,
+            kind=action.kind.value,
+            displaces=list(action.displaces),
+            reason=action.reason,
+        )
 
     def _phase(self, host: str, swap: Swap, phase: str) -> None:
         """The swap's switch entered ``phase``: at `routing` its target has been checked awake (a real
@@ -121,8 +135,9 @@ class DemandJobs:
             if swap is None or swap.model != model or w.tickets.get(model) or not swap.cancelled:
                 return None
             swap.abandoned = True
-            return (f"abandoned: every request waiting for {model} was cancelled ({swap.cancelled}) while it "
-                    "cold-started")
+            return (
+                f"abandoned: every request waiting for {model} was cancelled ({swap.cancelled}) while it cold-started"
+            )
 
     def finish(self, host: str, now: float) -> None:
         """The swap's job has ended: forget it (its requests were answered as it ended)."""
@@ -164,15 +179,30 @@ class DemandJobs:
             why = error.get("message") if isinstance(error, dict) else None
             message = f"{swap.model} could not be brought up ({outcome}): {why or 'see history'}"
             for t in waiting:
-                self.answer(t, {"status": 503, "message": message,
-                                "retry_after_s": self.agent.catalog.proxy.retry_after_s}, "503")
+                self.answer(
+                    t,
+                    {"status": 503, "message": message, "retry_after_s": self.agent.catalog.proxy.retry_after_s},
+                    "503",
+                )
         dep = switched.deployment_id
         waits = sorted(round(w, 3) for w in [*swap.waits, *(now - t.arrived for t in waiting)])
-        self.agent.ops.record_event(self.clock.now(), host, "demand", {
-            "deployment_id": dep, "model": swap.model, "outcome": outcome, "cold": swap.cold,
-            "requests": len(waits), "cancelled": swap.cancelled, "waits_s": waits[:100],
-            "wait_max_s": waits[-1] if waits else None, "took_s": round(now - swap.started, 3),
-            "timeline_ms": swap.timeline_ms()})
+        self.agent.ops.record_event(
+            self.clock.now(),
+            host,
+            "demand",
+            {
+                "deployment_id": dep,
+                "model": swap.model,
+                "outcome": outcome,
+                "cold": swap.cold,
+                "requests": len(waits),
+                "cancelled": swap.cancelled,
+                "waits_s": waits[:100],
+                "wait_max_s": waits[-1] if waits else None,
+                "took_s": round(now - swap.started, 3),
+                "timeline_ms": swap.timeline_ms(),
+            },
+        )
 
     def idle(self, host: str, action: policy.Action) -> None:
         """Start the policy's idle sleep or stop of a model as a job: the table's demand_sleep or

@@ -71,17 +71,22 @@ def check_reachable(path: str, user: str, group: str, *, planned: bool = False) 
         pw = pwd.getpwnam(user)
         gid = grp.getgrnam(group).gr_gid
     except KeyError as exc:
-        raise ConfigError(f"HAProxy's account {exc.args[0]} ([proxy] user {user!r}, group {group!r}) does not exist "
-                          "on this box: create it, or unset [proxy] user", key="proxy.user") from exc
+        raise ConfigError(
+            f"HAProxy's account {exc.args[0]} ([proxy] user {user!r}, group {group!r}) does not exist "
+            "on this box: create it, or unset [proxy] user",
+            key="proxy.user",
+        ) from exc
     who = Account(user, pw.pw_uid, frozenset({gid, *os.getgrouplist(user, pw.pw_gid)}))
     paths = path_chain(path)
     chain = [_entry(p, gid if planned else None, group, p == paths[-1]) for p in paths]
     missing = missing_access(chain, who)
     if missing is not None:
-        raise ConfigError(f"HAProxy's user {user} (group {group}) cannot reach the demand socket {path}: it lacks "
-                          f"{missing}; a held request would get 503. Leave [proxy] demand_socket unset "
-                          f"(/run/orchestrator/demand.sock, made reachable for group {group}) or open that path to it",
-                          key="proxy.demand_socket")
+        raise ConfigError(
+            f"HAProxy's user {user} (group {group}) cannot reach the demand socket {path}: it lacks "
+            f"{missing}; a held request would get 503. Leave [proxy] demand_socket unset "
+            f"(/run/orchestrator/demand.sock, made reachable for group {group}) or open that path to it",
+            key="proxy.demand_socket",
+        )
 
 
 def made_here(path: str | Path) -> bool:
@@ -119,8 +124,9 @@ def _prepare_dir(path: Path, group: str) -> None:
         if str(path) != DEFAULT_DIR and not made_here(path):
             return
     else:
-        (path / MARK).write_text("made by the orchestrator agent for its demand socket: it sets this "
-                                 "directory's group to [proxy] group\n")
+        (path / MARK).write_text(
+            "made by the orchestrator agent for its demand socket: it sets this directory's group to [proxy] group\n"
+        )
     try:
         os.chown(path, -1, grp.getgrnam(group).gr_gid)
         os.chmod(path, 0o750)
@@ -137,8 +143,13 @@ class _Handler(socketserver.BaseRequestHandler):
             _, uid, _ = peer_credentials(sock)
             if uid not in self.server.uids:
                 log.warning("demand_client_refused", uid=uid)
-                self._send({"status": 503, "message": f"uid {uid} may not use the demand socket (root and "
-                                                      "HAProxy's user only)", "retry_after_s": None})
+                self._send(
+                    {
+                        "status": 503,
+                        "message": f"uid {uid} may not use the demand socket (root and HAProxy's user only)",
+                        "retry_after_s": None,
+                    }
+                )
                 _drain(sock)  # so the client reads the answer, not a reset from its unread line
                 return
             request = self._read()
@@ -170,9 +181,13 @@ class _Handler(socketserver.BaseRequestHandler):
             request = json_document(line, "demand request")
         except DocumentError as exc:
             return f"bad demand request {line[:80]!r}: {exc.reason}"
-        if not isinstance(request, dict) or not isinstance(request.get("model"), str) \
-                or not isinstance(request.get("stream", False), bool) or set(request) - {"model", "stream"}:
-            return f"bad demand request {line[:80]!r}: {{\"model\": NAME, \"stream\": BOOL}} expected"
+        if (
+            not isinstance(request, dict)
+            or not isinstance(request.get("model"), str)
+            or not isinstance(request.get("stream", False), bool)
+            or set(request) - {"model", "stream"}
+        ):
+            return f'bad demand request {line[:80]!r}: {{"model": NAME, "stream": BOOL}} expected'
         return request
 
     def _serve(self, sock: socket.socket, request: dict[str, Any]) -> None:
@@ -225,9 +240,15 @@ def _alive(sock: socket.socket) -> bool:
 
 
 class DemandServer(BoundedServer):
-
-    def __init__(self, path: str, broker: Broker, uids: Collection[int] | None = None, *,
-                 user: str = PROXY_USER, group: str = PROXY_USER) -> None:
+    def __init__(
+        self,
+        path: str,
+        broker: Broker,
+        uids: Collection[int] | None = None,
+        *,
+        user: str = PROXY_USER,
+        group: str = PROXY_USER,
+    ) -> None:
         """``user``, ``group``: HAProxy's ([proxy] user and group; Debian's haproxy account by default)."""
         _room_for_connections()
         self.broker = broker
@@ -246,8 +267,15 @@ class DemandServer(BoundedServer):
     def turn_away(self, request: socket.socket) -> None:
         log.warning("demand_client_turned_away", connections=MAX_CONNECTIONS)
         try:
-            request.sendall(encode({"status": 429, "message": f"the agent holds {MAX_CONNECTIONS} requests "
-                                                              "already", "retry_after_s": 1}))
+            request.sendall(
+                encode(
+                    {
+                        "status": 429,
+                        "message": f"the agent holds {MAX_CONNECTIONS} requests already",
+                        "retry_after_s": 1,
+                    }
+                )
+            )
         except OSError:
             pass
         self.shutdown_request(request)

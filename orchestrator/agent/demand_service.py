@@ -63,8 +63,13 @@ def rendered_from(catalog: Catalog, host: str) -> tuple[object, ...]:
     body routing reads (from the host's max_model_len)."""
     if not catalog.proxy.enabled or host not in catalog.hosts:
         return ()
-    return (catalog.proxy, catalog.hosts[host].bind, catalog.defaults.bind, held_for(catalog, host),
-            host_body_limit(catalog, host))
+    return (
+        catalog.proxy,
+        catalog.hosts[host].bind,
+        catalog.defaults.bind,
+        held_for(catalog, host),
+        host_body_limit(catalog, host),
+    )
 
 
 def _box_op(spec: Operation[Any, dict[str, Any]], ops: Operations, host: str, reason: str) -> dict[str, Any]:
@@ -130,12 +135,15 @@ class DemandService:
                 out[host] = self._proxy_off(before_ops, host)
                 continue
             try:
-                changed = _box_op(REROUTE, self.agent.ops, host,
-                                  "config push" if was else "config push: [proxy] enabled")["reloaded"]
+                changed = _box_op(
+                    REROUTE, self.agent.ops, host, "config push" if was else "config push: [proxy] enabled"
+                )["reloaded"]
                 out[host] = ("reloaded" if was else "started") if changed else "unchanged"
             except OrchestratorError as exc:
-                out[host] = (f"not reloaded: {exc}; it holds the new on-demand set from the host's next "
-                             "switch, stop or idle sleep (or the one running now, which routes with this file)")
+                out[host] = (
+                    f"not reloaded: {exc}; it holds the new on-demand set from the host's next "
+                    "switch, stop or idle sleep (or the one running now, which routes with this file)"
+                )
                 log.warning("demand_reroute_failed", host=host, error=str(exc))
         return out
 
@@ -146,10 +154,16 @@ class DemandService:
             stopped = _box_op(PROXY_OFF, ops, host, "config push: [proxy] enabled = false")["was_running"]
         except OrchestratorError as exc:
             log.warning("proxy_stop_failed", host=host, error=str(exc))
-            return (f"not stopped: {exc}; it still serves its last config until `systemctl disable --now "
-                    "orchestrator-proxy.service` on the host, or a push of [proxy] enabled = true takes it back")
-        return ("stopped: [proxy] enabled = false (orchestrator-proxy.service stopped and disabled); clients "
-                "reach each model on its own port" if stopped else "not running: [proxy] enabled = false")
+            return (
+                f"not stopped: {exc}; it still serves its last config until `systemctl disable --now "
+                "orchestrator-proxy.service` on the host, or a push of [proxy] enabled = true takes it back"
+            )
+        return (
+            "stopped: [proxy] enabled = false (orchestrator-proxy.service stopped and disabled); clients "
+            "reach each model on its own port"
+            if stopped
+            else "not running: [proxy] enabled = false"
+        )
 
     def settle_disabled_proxies(self) -> dict[str, str]:
         """At the agent's start: each host it owns whose [proxy] is off has no proxy unit left running
@@ -160,8 +174,7 @@ class DemandService:
             return out
         for host in own_hosts(catalog):
             try:
-                done = _box_op(LEFTOVER_PROXY_OFF, self.agent.ops, host,
-                               "agent start: [proxy] enabled = false")["done"]
+                done = _box_op(LEFTOVER_PROXY_OFF, self.agent.ops, host, "agent start: [proxy] enabled = false")["done"]
             except OrchestratorError as exc:
                 log.warning("proxy_stop_failed", host=host, error=str(exc))
                 continue
@@ -218,10 +231,24 @@ class DemandService:
         if self.agent.stopping.is_set():
             self._halt.set()
         self.loops = [
-            Loop("demand", self.broker.tick, stopping=self._halt, clock=self.clock, failures=self.failures,
-                 limit_s=stall_limit(1.0), retry_s=0.5, wake=self.broker.wake),
-            Loop("demand_idle", self.broker.idle_tick, stopping=self._halt, clock=self.clock,
-                 failures=self.failures, limit_s=stall_limit(1.0)),
+            Loop(
+                "demand",
+                self.broker.tick,
+                stopping=self._halt,
+                clock=self.clock,
+                failures=self.failures,
+                limit_s=stall_limit(1.0),
+                retry_s=0.5,
+                wake=self.broker.wake,
+            ),
+            Loop(
+                "demand_idle",
+                self.broker.idle_tick,
+                stopping=self._halt,
+                clock=self.clock,
+                failures=self.failures,
+                limit_s=stall_limit(1.0),
+            ),
         ]
         for loop in self.loops:
             loop.start()

@@ -121,7 +121,8 @@ def answer(ticket: Ticket, answer: dict[str, Any], outcome: str, metrics: Metric
     ticket.answered_at = now
     ticket.settle(answer)
     if ticket.model:
-        metrics.demand_wait(ticket.model, outcome if outcome == "ready" else str(answer.get("status")),
-                            now - ticket.arrived)
+        metrics.demand_wait(
+            ticket.model, outcome if outcome == "ready" else str(answer.get("status")), now - ticket.arrived
+        )
         if "status" in answer:
             metrics.demand_rejected(ticket.model, int(answer["status"]))

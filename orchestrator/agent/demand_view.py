@@ -133,10 +133,20 @@ class HostView:
         views: dict[str, ModelView] = {}
         for name in cat.models_on(host):
             spec, rec, dep = cat.models[name], records.get(name), serving.get(name)
-            state = State.SERVING if dep is not None else State.ASLEEP if rec is not None and rec.state == ASLEEP \
+            state = (
+                State.SERVING
+                if dep is not None
+                else State.ASLEEP
+                if rec is not None and rec.state == ASLEEP
                 else State.STOPPED
-            began = rec.since if rec is not None and rec.state == state.value else \
-                (dep.ended_at or dep.created_at) if dep is not None else None
+            )
+            began = (
+                rec.since
+                if rec is not None and rec.state == state.value
+                else (dep.ended_at or dep.created_at)
+                if dep is not None
+                else None
+            )
             last = w.last_request.get(name)
             counted = seen.get((dep.spec.address, dep.spec.port)) if dep is not None else None
             if counted is not None and counted.idle_s is not None:
@@ -148,17 +158,31 @@ class HostView:
             elif state is State.ASLEEP and name in w.idle_from:
                 last = max(w.idle_from[name], last if last is not None else -math.inf)
             views[name] = ModelView(
-                name=name, state=state, on_demand=spec.on_demand, sleeps=spec.sleep is not None,
-                priority=spec.priority, min_awake_s=spec.min_awake_s, idle_sleep_s=spec.idle_sleep_s,
-                idle_stop_s=spec.idle_stop_s, queue_limit=spec.queue_limit,
-                since=up, last_request=last,
+                name=name,
+                state=state,
+                on_demand=spec.on_demand,
+                sleeps=spec.sleep is not None,
+                priority=spec.priority,
+                min_awake_s=spec.min_awake_s,
+                idle_sleep_s=spec.idle_sleep_s,
+                idle_stop_s=spec.idle_stop_s,
+                queue_limit=spec.queue_limit,
+                since=up,
+                last_request=last,
                 in_flight=self._in_flight_now(name, counted.current if counted is not None else 0, now),
                 current=self._current(name, counted.current if counted is not None else 0, read_at) if fresh else None,
-                waiting=tuple(t.arrived for t in w.tickets.get(name, [])))
+                waiting=tuple(t.arrived for t in w.tickets.get(name, [])),
+            )
         swap = w.running.get(host)
-        return Box(models=views, conflicts=policy.conflicts_of(cat, host), swaps=tuple(self.swaps(host)),
-                   busy=self.busy(host), running=swap.model if swap is not None else None,
-                   max_swaps_per_min=cat.demand.max_swaps_per_min, batch_wait_s=cat.demand.batch_wait_s)
+        return Box(
+            models=views,
+            conflicts=policy.conflicts_of(cat, host),
+            swaps=tuple(self.swaps(host)),
+            busy=self.busy(host),
+            running=swap.model if swap is not None else None,
+            max_swaps_per_min=cat.demand.max_swaps_per_min,
+            batch_wait_s=cat.demand.batch_wait_s,
+        )
 
     def swaps(self, host: str) -> deque[float]:
         """When ``host``'s recent swaps began (monotonic); read first from the records of the swaps
@@ -203,7 +227,6 @@ class HostView:
         when, n = self._routed.get(model, (0.0, 0))
         return max(peak, n) if now - when < ROUTED_S else peak
 
-
     def _current(self, model: str, counted: int, read_at: float) -> int:
         """In flight by the reading taken at ``read_at``: what HAProxy counted, and the requests answered
         ready that it may not count yet (not taken by the proxy within ROUTED_S of their answer, or taken
@@ -211,8 +234,9 @@ class HostView:
         unsure = []
         for t in self._released.get(model, []):
             answered = t.answered_at if t.answered_at is not None else -math.inf
-            if (t.taken_at is None and read_at - answered < ROUTED_S) or \
-                    (t.taken_at is not None and read_at < t.taken_at + TAKEN_S):
+            if (t.taken_at is None and read_at - answered < ROUTED_S) or (
+                t.taken_at is not None and read_at < t.taken_at + TAKEN_S
+            ):
                 unsure.append(t)
         self._released[model] = unsure
         return counted + len(unsure)

@@ -46,8 +46,10 @@ def build(catalog: Catalog, now: float, *, template: str | None = None) -> Loado
             bind = catalog.proxy.bind or host.bind or catalog.defaults.bind
             routes = routes_for(specs[m] for m in catalog.models_on(name) if m in specs)
             try:
-                proxy[name] = (render_host(catalog, name, bind, routes, cfg_template, template_text(DEMAND_LUA)),
-                               render_unit(catalog.proxy, bind, unit_template))
+                proxy[name] = (
+                    render_host(catalog, name, bind, routes, cfg_template, template_text(DEMAND_LUA)),
+                    render_unit(catalog.proxy, bind, unit_template),
+                )
             except jinja2.TemplateError as exc:
                 raise RenderError(f"front proxy of host {name}: template: {exc}", host=name) from exc
     return Loadout(catalog=catalog, next_runs=next_runs, specs=specs, proxy=proxy)

@@ -62,8 +62,18 @@ class Failures:
 class Loop:
     """A named thread that runs ``tick`` until the agent stops; ``tick`` returns the seconds to wait."""
 
-    def __init__(self, name: str, tick: Callable[[], float], *, stopping: threading.Event, clock: Clock,
-                 failures: Failures, limit_s: float, retry_s: float = 5.0, wake: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        tick: Callable[[], float],
+        *,
+        stopping: threading.Event,
+        clock: Clock,
+        failures: Failures,
+        limit_s: float,
+        retry_s: float = 5.0,
+        wake: threading.Event | None = None,
+    ) -> None:
         """``wake``: set, it ends the wait before the next pass at once (whoever stops the loop sets it too)."""
         self.name = name
         self.wake = wake

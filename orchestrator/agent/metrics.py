@@ -15,36 +15,70 @@ class Metrics:
     def __init__(self, port: int | None) -> None:
         self.port = port
         self.registry = CollectorRegistry()
-        self.deployments = Counter("orchestrator_deployments", "Deployments by host and outcome",
-                                   ["host", "outcome"], registry=self.registry)
-        self.phase_seconds = Histogram("orchestrator_phase_seconds", "Duration of each deployment phase",
-                                       ["phase"], registry=self.registry,
-                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 2400))
-        self.active_info = Gauge("orchestrator_active_model_info", "1 for the model each host serves",
-                                 ["host", "model", "revision"], registry=self.registry)
-        self.health = Gauge("orchestrator_model_healthy", "1 when the serving model passes its health probe",
-                            ["host"], registry=self.registry)
-        self.loop_failures = Counter("orchestrator_loop_failures", "Failed passes of the agent's loops "
-                                     "(schedules, watch); the loop goes on", ["loop"], registry=self.registry)
-        self.loops_dead = Gauge("orchestrator_loops_dead", "Agent loops that exited or stopped making "
-                                "progress (watchdog pings withheld)", registry=self.registry)
+        self.deployments = Counter(
+            "orchestrator_deployments", "Deployments by host and outcome", ["host", "outcome"], registry=self.registry
+        )
+        self.phase_seconds = Histogram(
+            "orchestrator_phase_seconds",
+            "Duration of each deployment phase",
+            ["phase"],
+            registry=self.registry,
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 2400),
+        )
+        self.active_info = Gauge(
+            "orchestrator_active_model_info",
+            "1 for the model each host serves",
+            ["host", "model", "revision"],
+            registry=self.registry,
+        )
+        self.health = Gauge(
+            "orchestrator_model_healthy",
+            "1 when the serving model passes its health probe",
+            ["host"],
+            registry=self.registry,
+        )
+        self.loop_failures = Counter(
+            "orchestrator_loop_failures",
+            "Failed passes of the agent's loops (schedules, watch); the loop goes on",
+            ["loop"],
+            registry=self.registry,
+        )
+        self.loops_dead = Gauge(
+            "orchestrator_loops_dead",
+            "Agent loops that exited or stopped making progress (watchdog pings withheld)",
+            registry=self.registry,
+        )
         # Models on demand (agent/demand.py): how long held requests waited and how they ended, swaps, refusals.
-        self.demand_waits = Histogram("orchestrator_demand_wait_seconds", "How long a request held by the front "
-                                      "proxy waited, by model and how it ended (ready, 429, 503, 404, cancelled)",
-                                      ["model", "outcome"], registry=self.registry,
-                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900))
-        self.demand_swaps = Counter("orchestrator_demand_swaps", "On-demand wakes and starts, by host, model, "
-                                    "kind (wake, start) and whether they displaced a serving model",
-                                    ["host", "model", "kind", "displacing"], registry=self.registry)
-        self.demand_refusals = Counter("orchestrator_demand_rejected", "Held requests answered other than ready, "
-                                       "by model and HTTP status (429: queue_limit or the swap cap)",
-                                       ["model", "status"], registry=self.registry)
-        self.demand_queued = Gauge("orchestrator_demand_queue", "Requests held now, by model",
-                                   ["model"], registry=self.registry)
+        self.demand_waits = Histogram(
+            "orchestrator_demand_wait_seconds",
+            "How long a request held by the front "
+            "proxy waited, by model and how it ended (ready, 429, 503, 404, cancelled)",
+            ["model", "outcome"],
+            registry=self.registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
+        )
+        self.demand_swaps = Counter(
+            "orchestrator_demand_swaps",
+            "On-demand wakes and starts, by host, model, kind (wake, start) and whether they displaced a serving model",
+            ["host", "model", "kind", "displacing"],
+            registry=self.registry,
+        )
+        self.demand_refusals = Counter(
+            "orchestrator_demand_rejected",
+            "Held requests answered other than ready, by model and HTTP status (429: queue_limit or the swap cap)",
+            ["model", "status"],
+            registry=self.registry,
+        )
+        self.demand_queued = Gauge(
+            "orchestrator_demand_queue", "Requests held now, by model", ["model"], registry=self.registry
+        )
         # Warm switches: each model awake, asleep (at its level) or stopped, one series per state (1: now).
-        self.residency_state = Gauge("orchestrator_model_residency", "1 for the state each model is in on its "
-                                     "host (awake, asleep at level 1 or 2, stopped), 0 for the others",
-                                     ["host", "model", "state", "level"], registry=self.registry)
+        self.residency_state = Gauge(
+            "orchestrator_model_residency",
+            "1 for the state each model is in on its host (awake, asleep at level 1 or 2, stopped), 0 for the others",
+            ["host", "model", "state", "level"],
+            registry=self.registry,
+        )
 
     def start(self) -> None:
         if not self.port:

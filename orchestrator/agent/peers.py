@@ -78,7 +78,7 @@ def _address(hex_addr: str) -> str:
     if len(raw) == 4:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])
     # /proc/net/tcp6 prints the 16 bytes as four host-order (little-endian) 32-bit words.
-    addr = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    addr = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
     return str(addr.ipv4_mapped or addr)
 
 

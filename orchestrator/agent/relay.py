@@ -41,8 +41,11 @@ def connect(path: str) -> socket.socket:
         sock.connect(path)
     except OSError as exc:
         sock.close()
-        reason = "no agent is running there" if isinstance(exc, FileNotFoundError | ConnectionRefusedError) \
+        reason = (
+            "no agent is running there"
+            if isinstance(exc, FileNotFoundError | ConnectionRefusedError)
             else exc.strerror or str(exc)
+        )
         raise ConnectionError(f"agent socket {path}: {reason}") from exc
     return sock
 
@@ -67,7 +70,7 @@ def pipe(sock: socket.socket, stdin: int, stdout: int) -> None:
         while data := sock.recv(_CHUNK):
             view = memoryview(data)
             while view:
-                view = view[os.write(stdout, view):]
+                view = view[os.write(stdout, view) :]
     except OSError:
         pass  # the SSH client is gone (EPIPE) or the agent reset: either way the relay ends
     finally:

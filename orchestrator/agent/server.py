@@ -41,8 +41,10 @@ class Job:
 
     def __init__(self, host: str, op: str, args: dict[str, Any]) -> None:
         if op not in OPERATIONS:
-            raise AgentError(f"job {op!r} on host {host}: not an operation of the table (contract/ops.py); "
-                             f"declare it there (known: {', '.join(sorted(OPERATIONS))})")
+            raise AgentError(
+                f"job {op!r} on host {host}: not an operation of the table (contract/ops.py); "
+                f"declare it there (known: {', '.join(sorted(OPERATIONS))})"
+            )
         self.host, self.op, self.args = host, op, args
         self.listeners: list[queue.Queue[Any]] = []
         self.lock = threading.Lock()
@@ -88,8 +90,11 @@ class Jobs:
         with self.lock:
             current = self.running.get(host)
             if current is not None:
-                raise Busy(f"host {host} is busy with {current.op} {_describe(current.args)} "
-                           f"({self.ops.holder(host)}); try again when it ends", host=host)
+                raise Busy(
+                    f"host {host} is busy with {current.op} {_describe(current.args)} "
+                    f"({self.ops.holder(host)}); try again when it ends",
+                    host=host,
+                )
             job = Job(host, op, args)
             self.running[host] = job
         thread = threading.Thread(target=self._run, args=(job, run), name=f"{op}-{host}", daemon=True)
@@ -157,13 +162,13 @@ class _Handler(socketserver.StreamRequestHandler):
             pid, uid, gid = peer_credentials(self.request)
             if not agent.authorized(uid, gid):  # before reading a single byte of the request
                 log.warning("client_refused", uid=uid, gid=gid)
-                self._refuse(AgentError(f"uid {uid} may not use the agent: only root and members of "
-                                        f"group {agent.group!r} may"))
+                self._refuse(
+                    AgentError(f"uid {uid} may not use the agent: only root and members of group {agent.group!r} may")
+                )
                 return
             try:
                 request = _parse(self._read_request())
-                for item in agent.dispatch(request.get("op"), request.get("args"), operator(pid, uid),
-                                           uid=uid):
+                for item in agent.dispatch(request.get("op"), request.get("args"), operator(pid, uid), uid=uid):
                     self._send(item)
             except OrchestratorError as exc:
                 log.info("request_refused", uid=uid, error=str(exc))
@@ -197,7 +202,7 @@ class _Handler(socketserver.StreamRequestHandler):
             buf += chunk
         self.request.settimeout(limit_s)
         end = buf.find(b"\n")
-        return bytes(buf if end < 0 else buf[:end + 1])
+        return bytes(buf if end < 0 else buf[: end + 1])
 
     def _send(self, obj: dict[str, Any]) -> None:
         self.wfile.write(encode(obj))
@@ -252,8 +257,9 @@ def _parse(line: bytes) -> dict[str, Any]:
 class ControlServer(BoundedServer):
     allow_reuse_address = True
 
-    def __init__(self, path: str, agent: Any, max_connections: int = MAX_CONNECTIONS,
-                 io_timeout_s: float = IO_TIMEOUT_S) -> None:
+    def __init__(
+        self, path: str, agent: Any, max_connections: int = MAX_CONNECTIONS, io_timeout_s: float = IO_TIMEOUT_S
+    ) -> None:
         self.agent = agent
         self.io_timeout_s = io_timeout_s
         self.slots = threading.BoundedSemaphore(max_connections)
@@ -279,8 +285,11 @@ class ControlServer(BoundedServer):
     def _tell_too_many(self, request: socket.socket) -> None:
         try:
             request.settimeout(DRAIN_S)
-            request.sendall(encode(error_reply(AgentError(
-                f"the agent already serves {self.max_connections} connections; try again"))))
+            request.sendall(
+                encode(
+                    error_reply(AgentError(f"the agent already serves {self.max_connections} connections; try again"))
+                )
+            )
             _drain(request)
         except OSError:
             pass

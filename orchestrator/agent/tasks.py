@@ -28,12 +28,12 @@ Busy = Callable[[str], object]
 
 
 class ScheduleTask:
-    def __init__(self, catalog: Catalog, ops: Operations, clock: Clock, submit: Submit,
-                 next_runs: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, catalog: Catalog, ops: Operations, clock: Clock, submit: Submit, next_runs: dict[str, float] | None = None
+    ) -> None:
         """``next_runs``: as the agent's loadout computed them (else computed here, from now)."""
         self.catalog, self.ops, self.clock, self.submit = catalog, ops, clock, submit
-        self.next_runs = dict(next_runs) if next_runs is not None else sched.first_runs(catalog.schedules,
-                                                                                        clock.now())
+        self.next_runs = dict(next_runs) if next_runs is not None else sched.first_runs(catalog.schedules, clock.now())
 
     def reload(self, catalog: Catalog, ops: Operations, next_runs: dict[str, float]) -> None:
         """A pushed deploy.toml: its schedules replace these, from now on."""
@@ -84,8 +84,16 @@ class ScheduleTask:
 
 
 class WatchTask:
-    def __init__(self, catalog: Catalog, ops: Operations, clock: Clock, submit: Submit, busy: Busy,
-                 metrics: Metrics, failures: Failures) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        ops: Operations,
+        clock: Clock,
+        submit: Submit,
+        busy: Busy,
+        metrics: Metrics,
+        failures: Failures,
+    ) -> None:
         self.catalog, self.ops, self.clock, self.submit, self.busy = catalog, ops, clock, submit, busy
         self.metrics, self.failures = metrics, failures
         self.unhealthy_since: dict[str, float] = {}
@@ -129,8 +137,12 @@ class WatchTask:
         self._held(host, serving.model, held if verdict.unhealthy_s >= policy.unhealthy_after_s else None)
         if not verdict.act:
             return
-        detail = {"model": serving.model, "revision": serving.revision, "action": policy.on_unhealthy,
-                  "unhealthy_s": round(verdict.unhealthy_s, 1)}
+        detail = {
+            "model": serving.model,
+            "revision": serving.revision,
+            "action": policy.on_unhealthy,
+            "unhealthy_s": round(verdict.unhealthy_s, 1),
+        }
         self.ops.record_event(self.clock.now(), host, "unhealthy", detail)
         log.warning("model_unhealthy", host=host, **detail)
         try:
@@ -148,6 +160,7 @@ class WatchTask:
         elif host not in self.holding:
             self.holding[host] = why
             log.info("watch_holding_off", host=host, model=model, reason=why)
+
     def revive(self, host: str) -> None:
         """A failed switch whose rollback failed too left a name answering 503: wake what served it
         once its memory is back (a warm switch, recorded like any), and say why not until then."""

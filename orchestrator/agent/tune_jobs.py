@@ -31,8 +31,13 @@ _OPS = ("tune_start", "tune_plan", "tune_resume", "tune_abort")  # its jobs: the
 class TuneJobs:
     """``ops``, ``config_path``: the agent's current ones (a pushed deploy.toml replaces both)."""
 
-    def __init__(self, jobs: Jobs, ops: Callable[[], Operations], config_path: Callable[[], Path | None],
-                 stopping: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        jobs: Jobs,
+        ops: Callable[[], Operations],
+        config_path: Callable[[], Path | None],
+        stopping: threading.Event | None = None,
+    ) -> None:
         """``stopping``: the agent's; a running tune parks before its next candidate once it is set."""
         self.jobs, self.ops, self.config_path = jobs, ops, config_path
         self.stopping = stopping or threading.Event()
@@ -47,8 +52,7 @@ class TuneJobs:
             with self.lock:
                 return host in self.stop_requested
 
-        return Tuner(self.ops(), self.config_path(), publish, should_stop=should_stop,
-                     should_park=self.stopping.is_set)
+        return Tuner(self.ops(), self.config_path(), publish, should_stop=should_stop, should_park=self.stopping.is_set)
 
     def _submit(self, host: str, op: str, args: dict[str, Any], body: Callable[[Tuner], dict[str, Any]]) -> Job:
         def run(job: Job) -> dict[str, Any]:
@@ -66,8 +70,10 @@ class TuneJobs:
     def _owned(self, host: str) -> str:
         """A fleet host this agent only reaches as the controller is its box agent's to tune, not ours."""
         if host not in own_hosts(self.ops().catalog):
-            raise UsageError(f"host {host} is a group host this agent reaches as its fleet's controller: its own "
-                             f"agent owns it and runs its tune (`orchestrator --host {host} tune ...`)")
+            raise UsageError(
+                f"host {host} is a group host this agent reaches as its fleet's controller: its own "
+                f"agent owns it and runs its tune (`orchestrator --host {host} tune ...`)"
+            )
         return host
 
     def _running(self, host: str, *, plan: bool = True) -> Job | None:
@@ -81,14 +87,12 @@ class TuneJobs:
         """Stage the weights and pick the candidates, holding the host; nothing stops."""
         req = request_of(args)
         host = self._owned(self.ops().catalog.target(model=args.model).name)
-        return _stream(self._submit(host, "tune_plan", _shown(args),
-                                    lambda t: t.prepare(req).summary()))
+        return _stream(self._submit(host, "tune_plan", _shown(args), lambda t: t.prepare(req).summary()))
 
     def start(self, args: TuneArgs) -> Iterator[dict[str, Any]]:
         req = request_of(args)
         host = self._owned(self.ops().catalog.target(model=args.model).name)
-        return _stream(self._submit(host, "tune_start", _shown(args),
-                                    lambda t: t.start(t.prepare(req))))
+        return _stream(self._submit(host, "tune_start", _shown(args), lambda t: t.start(t.prepare(req))))
 
     def resume(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]:
         """The host's unfinished run, driven on; one already running here is followed instead."""
@@ -107,8 +111,13 @@ class TuneJobs:
             if running is not None:
                 self.stop_requested.add(host)
         if running is not None:
-            return _stream(running, {"event": "tune_abort_requested", "fields": {
-                "host": host, "op": running.op, "when": "before its next candidate"}})
+            return _stream(
+                running,
+                {
+                    "event": "tune_abort_requested",
+                    "fields": {"host": host, "op": running.op, "when": "before its next candidate"},
+                },
+            )
         return _stream(self._submit(host, "tune_abort", args.model_dump(), lambda t: t.abort(host, args.model)))
 
     def follow(self, args: TuneHostArgs) -> Iterator[dict[str, Any]]:
@@ -133,8 +142,14 @@ class TuneJobs:
         if run is None:
             return out
         measured = [r.candidate for r in store.results(run.id)]
-        out["run"] = {"id": run.id, "model": run.model, "state": run.state, "measured": measured,
-                      "candidates": [c["name"] for c in run.settings["candidates"]], "report": run.result}
+        out["run"] = {
+            "id": run.id,
+            "model": run.model,
+            "state": run.state,
+            "measured": measured,
+            "candidates": [c["name"] for c in run.settings["candidates"]],
+            "report": run.result,
+        }
         return out
 
     # -- at agent start ---------------------------------------------------------------------------

@@ -41,9 +41,11 @@ def group_hosts(catalog: Catalog) -> list[Host]:
     for h in hosts:
         if h.ssh_key is None:
             group = next(g.name for g in catalog.groups.values() if h.name in g.hosts)
-            raise UsageError(f"host {h.name} of group {group} has no ssh_key: the controller reaches it with its "
-                             f"own key, never an operator's; set ssh_key = \"/etc/orchestrator/controller_ed25519\" "
-                             "(agent install generates it on the controller) in its [hosts] table")
+            raise UsageError(
+                f"host {h.name} of group {group} has no ssh_key: the controller reaches it with its "
+                f'own key, never an operator\'s; set ssh_key = "/etc/orchestrator/controller_ed25519" '
+                "(agent install generates it on the controller) in its [hosts] table"
+            )
     return hosts
 
 
@@ -84,34 +86,52 @@ class ControllerKeys:
         for h in hosts:
             public = publics[str(h.ssh_key)]
             if reach is None:
-                self.step(f"authorize {h.name}", False, f"not reached (no --authorize): add to "
-                          f"the authorized_keys of {h.ssh_user}@{known_hosts_pattern(h)} the line {public}")
+                self.step(
+                    f"authorize {h.name}",
+                    False,
+                    f"not reached (no --authorize): add to "
+                    f"the authorized_keys of {h.ssh_user}@{known_hosts_pattern(h)} the line {public}",
+                )
                 continue
             try:
                 seen[h.name] = self._authorize(h, public, reach)
             except OrchestratorError as exc:
-                self.step(f"authorize {h.name}", False, f"cannot reach it from here ({str(exc).splitlines()[0]}): "
-                          f"add to the authorized_keys of {h.ssh_user}@{known_hosts_pattern(h)} the line {public}")
+                self.step(
+                    f"authorize {h.name}",
+                    False,
+                    f"cannot reach it from here ({str(exc).splitlines()[0]}): "
+                    f"add to the authorized_keys of {h.ssh_user}@{known_hosts_pattern(h)} the line {public}",
+                )
         for h in hosts:
             self._known(h, seen.get(h.name))
         return publics
 
     def _key(self, path: str) -> str:
         q = shlex.quote(path)
-        out = self._run(f"made=''; if ! test -f {q}; then install -d -m 0700 \"$(dirname {q})\" && "
-                        f"ssh-keygen -q -t ed25519 -N '' -C \"orchestrator-controller@$(hostname -s)\" -f {q} "
-                        f"</dev/null >/dev/null && made=yes; fi; echo \"made=$made\"; cat {q}.pub")
+        out = self._run(
+            f"made=''; if ! test -f {q}; then install -d -m 0700 \"$(dirname {q})\" && "
+            f"ssh-keygen -q -t ed25519 -N '' -C \"orchestrator-controller@$(hostname -s)\" -f {q} "
+            f'</dev/null >/dev/null && made=yes; fi; echo "made=$made"; cat {q}.pub'
+        )
         made, _, public = out.partition("\n")
         line = public.strip()
         if not line:
             raise OrchestratorError(f"host {self.box.where}: {path} has no public half {path}.pub to authorize")
-        self.step("controller key", made == "made=yes",
-                  f"{path} {'generated' if made == 'made=yes' else 'exists'}: {line}")
+        self.step(
+            "controller key", made == "made=yes", f"{path} {'generated' if made == 'made=yes' else 'exists'}: {line}"
+        )
         return line
 
     def _authorize(self, h: Host, public: str, reach: Reach) -> str:
-        shell = SshShell(h.address, port=h.ssh_port, user=h.ssh_user, key_filename=reach.key,
-                         known_hosts=reach.known_hosts, host=h.name, default_keys=True)
+        shell = SshShell(
+            h.address,
+            port=h.ssh_port,
+            user=h.ssh_user,
+            key_filename=reach.key,
+            known_hosts=reach.known_hosts,
+            host=h.name,
+            default_keys=True,
+        )
         try:
             shell.connect()
             out = shell.run(["sh", "-c", _AUTHORIZE, "authorize", public], timeout=30).stdout
@@ -120,29 +140,42 @@ class ControllerKeys:
             shell.close()
         added = "added" in out.split()
         file = next((w.removeprefix("file=") for w in out.split() if w.startswith("file=")), "authorized_keys")
-        self.step(f"authorize {h.name}", added, f"the controller's key {'added to' if added else 'already in'} "
-                  f"{h.ssh_user}@{h.name}:{file}")
+        self.step(
+            f"authorize {h.name}",
+            added,
+            f"the controller's key {'added to' if added else 'already in'} {h.ssh_user}@{h.name}:{file}",
+        )
         return server
 
     def _known(self, h: Host, server: str | None) -> None:
         path = h.known_hosts or DEFAULT_KNOWN_HOSTS
-        file = path if path != DEFAULT_KNOWN_HOSTS else "\"$HOME/.ssh/known_hosts\""
+        file = path if path != DEFAULT_KNOWN_HOSTS else '"$HOME/.ssh/known_hosts"'
         file = file if file.startswith('"') else shlex.quote(file)
         pattern = known_hosts_pattern(h)
-        present = self._run(f"test -f {file} && ssh-keygen -F {shlex.quote(pattern)} -f {file} >/dev/null "
-                            "&& echo yes || true").strip()
+        present = self._run(
+            f"test -f {file} && ssh-keygen -F {shlex.quote(pattern)} -f {file} >/dev/null && echo yes || true"
+        ).strip()
         if present == "yes":
             self.step(f"known_hosts {h.name}", False, f"{path} already holds {pattern}")
             return
         if server is not None:
             line, how = f"{pattern} {server}", "as the installer's checked connection saw it"
         else:
-            scan = self.box.run(["ssh-keyscan", "-T", "5", "-t", "ed25519", "-p", str(h.ssh_port), h.address],
-                                check=False, timeout=30).stdout.strip().splitlines()
+            scan = (
+                self.box.run(
+                    ["ssh-keyscan", "-T", "5", "-t", "ed25519", "-p", str(h.ssh_port), h.address],
+                    check=False,
+                    timeout=30,
+                )
+                .stdout.strip()
+                .splitlines()
+            )
             found = [s for s in scan if s and not s.startswith("#")]
             if not found:
-                raise OrchestratorError(f"host {self.box.where}: ssh-keyscan of {h.name} ({pattern}) found no host "
-                                        f"key: the controller cannot reach it; add its key to {path} by hand")
+                raise OrchestratorError(
+                    f"host {self.box.where}: ssh-keyscan of {h.name} ({pattern}) found no host "
+                    f"key: the controller cannot reach it; add its key to {path} by hand"
+                )
             keytype, blob = found[0].split()[1:3]
             line, how = f"{pattern} {keytype} {blob}", "scanned from the controller (trust on first use)"
         self._run(f"umask 022; mkdir -p \"$(dirname {file})\" && printf '%s\\n' {shlex.quote(line)} >> {file}")

@@ -79,9 +79,15 @@ class Report:
         return any(s.changed for s in self.steps)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "changed": self.changed, "version": self.version,
-                "fingerprint": self.fingerprint, "python": self.python, "controller_keys": self.controller_keys,
-                "steps": [{"step": s.name, "changed": s.changed, "detail": s.detail} for s in self.steps]}
+        return {
+            "host": self.host,
+            "changed": self.changed,
+            "version": self.version,
+            "fingerprint": self.fingerprint,
+            "python": self.python,
+            "controller_keys": self.controller_keys,
+            "steps": [{"step": s.name, "changed": s.changed, "detail": s.detail} for s in self.steps],
+        }
 
 
 def validate_config(text: str, name: str) -> Catalog:
@@ -101,10 +107,12 @@ def minimal_config(hostname: str, gpus: list[float]) -> str:
     """A deploy.toml for a fresh box: the box itself over D-Bus, its GPUs as nvidia-smi reports them."""
     name = re.sub(r"[^a-z0-9._-]", "-", hostname.lower()).strip("-._") or "box"
     memory = f"gpu_memory_gib = {min(gpus) / 1024:.1f}\n" if gpus else ""
-    return ("# Written by `orchestrator agent install`: this box's configuration. Add [models.*] and change it\n"
-            "# with `orchestrator --host ... config push FILE` (validated, recorded, previous file kept).\n"
-            'state_dir = "/var/lib/orchestrator"\nsocket_group = "orchestrator"\n\n'
-            f'[hosts.{name}]\ntransport = "local"\ngpus = {len(gpus)}\n{memory}')
+    return (
+        "# Written by `orchestrator agent install`: this box's configuration. Add [models.*] and change it\n"
+        "# with `orchestrator --host ... config push FILE` (validated, recorded, previous file kept).\n"
+        'state_dir = "/var/lib/orchestrator"\nsocket_group = "orchestrator"\n\n'
+        f'[hosts.{name}]\ntransport = "local"\ngpus = {len(gpus)}\n{memory}'
+    )
 
 
 class Installer:
@@ -129,8 +137,10 @@ class Installer:
     def _agent_call(self, python: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
         """One request to the box's agent through the relay, on this same SSH connection."""
         request = json.dumps({"op": op, "args": args})
-        script = f"printf '%s\\n' {shlex.quote(request)} | {shlex.quote(python)} -m orchestrator.agent.relay " \
-                 f"--config {CONFIG}"
+        script = (
+            f"printf '%s\\n' {shlex.quote(request)} | {shlex.quote(python)} -m orchestrator.agent.relay "
+            f"--config {CONFIG}"
+        )
         result = self.sh.run(["sh", "-c", script], check=False, timeout=30)
         for line in result.stdout.splitlines():
             msg = json.loads(line)
@@ -146,7 +156,7 @@ class Installer:
     def probe(self) -> None:
         py = shlex.quote(self.opts.base_python)
         out = self._run(
-            f'echo "python=$({py} -c \'import sys, platform; v = sys.version_info; '
+            f"echo \"python=$({py} -c 'import sys, platform; v = sys.version_info; "
             f'print(f"cp{{v[0]}}{{v[1]}}-{{platform.machine()}}")\' 2>/dev/null)"\n'
             f'echo "gi=$({py} -c "import gi, venv, ensurepip" 2>/dev/null && echo yes)"\n'
             f'echo "current=$(readlink {PREFIX}/venv 2>/dev/null)"\n'
@@ -155,25 +165,31 @@ class Installer:
             f'echo "enabled=$(systemctl is-enabled {UNIT} 2>/dev/null)"\n'
             'echo "hostname=$(hostname -s)"\n'
             'echo "gpus=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null '
-            '| tr -d " " | paste -sd, -)"\n')
+            '| tr -d " " | paste -sd, -)"\n'
+        )
         self.facts = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         if not self.facts.get("python"):
-            raise UsageError(f"host {self.sh.where}: no Python at {self.opts.base_python} (pass --python PATH "
-                             "of a Python >= 3.11 on the box)")
+            raise UsageError(
+                f"host {self.sh.where}: no Python at {self.opts.base_python} (pass --python PATH "
+                "of a Python >= 3.11 on the box)"
+            )
         if not self.facts.get("gi"):
             self._apt_gi()
 
     def _apt_gi(self) -> None:
         """python3-gi (pydbus' GLib binding, compiled by the distribution) and venv support from apt."""
         self.say("box python lacks gi or venv: apt-get install python3-gi python3-venv")
-        apt = ("command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive "
-               "apt-get install -y --no-install-recommends python3-gi python3-venv")
-        res = self.sh.run(["sh", "-c", apt],
-                          check=False, timeout=600)
+        apt = (
+            "command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive "
+            "apt-get install -y --no-install-recommends python3-gi python3-venv"
+        )
+        res = self.sh.run(["sh", "-c", apt], check=False, timeout=600)
         if not res.ok:
-            raise OrchestratorError(f"host {self.sh.where}: {self.opts.base_python} cannot import gi/venv and "
-                                    "`apt-get install python3-gi python3-venv` failed; install them (or "
-                                    "PyGObject for that Python) and run again")
+            raise OrchestratorError(
+                f"host {self.sh.where}: {self.opts.base_python} cannot import gi/venv and "
+                "`apt-get install python3-gi python3-venv` failed; install them (or "
+                "PyGObject for that Python) and run again"
+            )
         self._step("system packages", True, "installed python3-gi python3-venv")
 
     def package(self) -> tuple[wheels.PackageWheel, bool]:
@@ -191,8 +207,9 @@ class Installer:
                 self._step("package", False, f"orchestrator {pkg.version} ({pkg.short}) already installed")
                 return pkg, False
             if current and not self.opts.upgrade:
-                self._step("package", False, f"kept the installed {current} (this tree is {pkg.short}: "
-                                             "--upgrade replaces it)")
+                self._step(
+                    "package", False, f"kept the installed {current} (this tree is {pkg.short}: --upgrade replaces it)"
+                )
                 self.report.fingerprint = current
                 return pkg, False
             if current:
@@ -207,9 +224,11 @@ class Installer:
             if not deps:
                 raise UsageError(f"--wheelhouse {self.opts.wheelhouse}: holds no *.whl")
         elif tag != wheels.interpreter_tag():
-            raise UsageError(f"host {self.sh.where}: its Python is {tag}, this machine's {wheels.interpreter_tag()}: "
-                             "the dependency wheels built here would not fit; run from a machine with the same "
-                             "Python or pass --wheelhouse DIR with wheels for the box")
+            raise UsageError(
+                f"host {self.sh.where}: its Python is {tag}, this machine's {wheels.interpreter_tag()}: "
+                "the dependency wheels built here would not fit; run from a machine with the same "
+                "Python or pass --wheelhouse DIR with wheels for the box"
+            )
         else:
             cache = wheels.default_cache()
             self.say(f"dependency wheels: resolving into {cache}")
@@ -218,19 +237,24 @@ class Installer:
         venv, dist = f"{PREFIX}/venvs/{pkg.short}", f"{PREFIX}/dist/{pkg.short}"
         self.say(f"creating {venv} and installing {len(deps) + 1} wheels offline")
         reqs = " ".join(shlex.quote(r) for r in wheels.EXTRA_REQUIREMENTS)
-        self._run(f"set -e; rm -rf {venv}; {shlex.quote(self.opts.base_python)} -m venv --system-site-packages "
-                  f"{venv}; PIP_CONFIG_FILE=/dev/null {venv}/bin/python -m pip install -q --no-index "
-                  f"--no-cache-dir --disable-pip-version-check --ignore-installed --find-links {PREFIX}/wheels "
-                  f"{dist}/{pkg.path.name} {reqs}; {venv}/bin/python -c 'import orchestrator.cli, pydbus, gi'",
-                  timeout=900)
-        self._step("package", True, f"orchestrator {pkg.version} ({pkg.short}) installed in {venv} "
-                                    f"({sent} files copied)")
+        self._run(
+            f"set -e; rm -rf {venv}; {shlex.quote(self.opts.base_python)} -m venv --system-site-packages "
+            f"{venv}; PIP_CONFIG_FILE=/dev/null {venv}/bin/python -m pip install -q --no-index "
+            f"--no-cache-dir --disable-pip-version-check --ignore-installed --find-links {PREFIX}/wheels "
+            f"{dist}/{pkg.path.name} {reqs}; {venv}/bin/python -c 'import orchestrator.cli, pydbus, gi'",
+            timeout=900,
+        )
+        self._step(
+            "package", True, f"orchestrator {pkg.version} ({pkg.short}) installed in {venv} ({sent} files copied)"
+        )
 
     def _ship(self, pkg: wheels.PackageWheel, deps: list[Path]) -> int:
         """Copy the wheels the box lacks (by name and size) over the SSH connection's SFTP."""
-        listing = self._run(f"mkdir -p {PREFIX}/wheels {PREFIX}/dist/{pkg.short} && "
-                            f"find {PREFIX}/wheels {PREFIX}/dist/{pkg.short} -maxdepth 1 -name '*.whl' "
-                            "-printf '%p %s\\n'")
+        listing = self._run(
+            f"mkdir -p {PREFIX}/wheels {PREFIX}/dist/{pkg.short} && "
+            f"find {PREFIX}/wheels {PREFIX}/dist/{pkg.short} -maxdepth 1 -name '*.whl' "
+            "-printf '%p %s\\n'"
+        )
         have = {tuple(line.rsplit(" ", 1)) for line in listing.splitlines()}
         todo = [(d, f"{PREFIX}/wheels/{d.name}") for d in deps]
         todo.append((pkg.path, f"{PREFIX}/dist/{pkg.short}/{pkg.path.name}"))
@@ -248,22 +272,29 @@ class Installer:
         if self.facts.get("active") != "active":
             return
         status = self._agent_call(f"{PREFIX}/venv/bin/python", "status", {"host": None})
-        running = [f"{d['model']} (revision {d['revision']}, phase {d['phase']}, by {d['trigger']}) on {h}"
-                   for h, entry in status.get("hosts", {}).items() for d in entry.get("running", [])]
+        running = [
+            f"{d['model']} (revision {d['revision']}, phase {d['phase']}, by {d['trigger']}) on {h}"
+            for h, entry in status.get("hosts", {}).items()
+            for d in entry.get("running", [])
+        ]
         ops = status.get("agent", {}).get("running") or {}
         if running or ops:
             what = "; ".join(running) or ", ".join(f"{op} on {h}" for h, op in ops.items())
-            raise Busy(f"host {self.sh.where}: the agent is running {what}: an upgrade restarts it only "
-                       "between operations; run it again when that ends (`orchestrator --host ... status "
-                       "--follow`)")
+            raise Busy(
+                f"host {self.sh.where}: the agent is running {what}: an upgrade restarts it only "
+                "between operations; run it again when that ends (`orchestrator --host ... status "
+                "--follow`)"
+            )
 
     def group_and_state(self, catalog: Catalog) -> None:
         """The socket group and the state directory (an existing one is left as it is: when it is
         /var/lib/orchestrator, the unit's StateDirectory= owns its ownership and mode)."""
         group, state = shlex.quote(catalog.socket_group), shlex.quote(catalog.state_dir)
-        out = self._run(f"made=''; getent group {group} >/dev/null || {{ groupadd --system {group}; made=group; }}; "
-                        f"test -d {state} || {{ install -d -m 0750 -g {group} {state}; made=\"$made state\"; }}; "
-                        "echo $made")
+        out = self._run(
+            f"made=''; getent group {group} >/dev/null || {{ groupadd --system {group}; made=group; }}; "
+            f'test -d {state} || {{ install -d -m 0750 -g {group} {state}; made="$made state"; }}; '
+            "echo $made"
+        )
         made = out.split()
         self._step("group", "group" in made, f"{catalog.socket_group} " + ("created" if "group" in made else "exists"))
         self._step("state dir", "state" in made, f"{catalog.state_dir} " + ("created" if "state" in made else "exists"))
@@ -288,8 +319,9 @@ class Installer:
         return catalog
 
     def unit(self, catalog: Catalog, python: str) -> bool:
-        text = render_agent_unit(catalog, template_text("orchestrator-agent.service.j2"), python=python,
-                                 config=CONFIG).text
+        text = render_agent_unit(
+            catalog, template_text("orchestrator-agent.service.j2"), python=python, config=CONFIG
+        ).text
         old = self.sh.read_file(UNIT_PATH)
         if old is not None and old.decode() == text:
             self._step("unit", False, f"{UNIT_PATH} up to date")
@@ -328,8 +360,10 @@ class Installer:
                     raise AgentError(f"{exc}; not ready after {READY_TIMEOUT_S:g} s. Journal:\n{journal}") from None
                 time.sleep(0.2)
         pid = status.get("agent", {}).get("pid")
-        self.say(f"agent ready: pid {pid}, hosts {', '.join(sorted(status.get('hosts', {})))} "
-                 f"({time.monotonic() - t0:.1f} s)")
+        self.say(
+            f"agent ready: pid {pid}, hosts {', '.join(sorted(status.get('hosts', {})))} "
+            f"({time.monotonic() - t0:.1f} s)"
+        )
 
     def run(self) -> Report:
         self.sh.connect()
@@ -341,13 +375,16 @@ class Installer:
         self.report.python = python = f"{PREFIX}/venvs/{short}/bin/python"
         catalog = self.config()
         if catalog.groups:  # a fleet's controller: its own SSH identity for the group's hosts
-            self.report.controller_keys = ControllerKeys(self.sh, self._step, self.say).setup(catalog,
-                                                                                           self.opts.authorize)
+            self.report.controller_keys = ControllerKeys(self.sh, self._step, self.say).setup(
+                catalog, self.opts.authorize
+            )
         self.group_and_state(catalog)
         unit_changed = self.unit(catalog, python)
         self.service(short, restart=new_venv or unit_changed)
         self.wait_ready()
         if new_venv:
-            self._run(f"cd {PREFIX}/venvs && ls -1t | grep -vxF {short} | tail -n +{KEEP_VENVS} "
-                      f"| while read -r old; do rm -rf \"$old\" \"../dist/$old\"; done")
+            self._run(
+                f"cd {PREFIX}/venvs && ls -1t | grep -vxF {short} | tail -n +{KEEP_VENVS} "
+                f'| while read -r old; do rm -rf "$old" "../dist/$old"; done'
+            )
         return self.report

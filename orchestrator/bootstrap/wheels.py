@@ -58,8 +58,10 @@ def source_tree(explicit: str | None = None) -> Path:
         name = tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
     except (OSError, tomllib.TOMLDecodeError) as exc:
         where = f"--source {explicit}" if explicit else f"the tree this orchestrator runs from ({root})"
-        raise UsageError(f"{where}: no readable pyproject.toml of the orchestrator project ({exc}); "
-                         "pass --source DIR (a checkout) or --wheel FILE") from None
+        raise UsageError(
+            f"{where}: no readable pyproject.toml of the orchestrator project ({exc}); "
+            "pass --source DIR (a checkout) or --wheel FILE"
+        ) from None
     if name != "orchestrator":
         raise UsageError(f"--source {root}: pyproject.toml names project {name!r}, not 'orchestrator'")
     return root
@@ -99,8 +101,9 @@ def inspect(path: Path) -> PackageWheel:
             record = next((n for n in zf.namelist() if n.endswith(".dist-info/RECORD")), None)
             if record is None or not Path(record).parent.name.startswith("orchestrator-"):
                 raise UsageError(f"wheel {path}: not an orchestrator wheel (no orchestrator-*.dist-info/RECORD)")
-            lines = sorted(line for line in zf.read(record).decode().splitlines()
-                           if line and not line.startswith(record))
+            lines = sorted(
+                line for line in zf.read(record).decode().splitlines() if line and not line.startswith(record)
+            )
     except (OSError, zipfile.BadZipFile) as exc:
         raise UsageError(f"wheel {path}: cannot read it as a wheel ({exc})") from None
     version = Path(record).parent.name.removeprefix("orchestrator-").removesuffix(".dist-info")

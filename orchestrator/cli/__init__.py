@@ -20,41 +20,85 @@ from orchestrator.errors import OrchestratorError
 # name -> (module, attribute, the summary `--help` lists: the command's own first sentence, which
 # tests/unit/test_cli_registry.py holds it to).
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "adopt": ("adopt_cmd", "adopt",
-              "Find vLLM engines the box runs by hand and write their deploy.toml entries (--apply: take them over)."),
-    "agent": ("agent_cmds", "agent",
-              "Run the daemon: control socket, crash recovery, schedules, health watch, metrics."),
-    "bench": ("bench_cmds", "bench",
-              "Measure output tok/s, TTFT and ITL of the active deployment at rising concurrency."),
-    "compare": ("bench_cmds", "compare",
-                "Every model benchmarked on a host, side by side per concurrency level (latest run of each)."),
-    "config": ("config_cmds", "config",
-               "The agent's deploy.toml: show it, diff a file against it, push a file to replace it."),
-    "dashboard": ("dashboard_cmd", "dashboard",
-                  ("Open the agent's dashboard (GPUs, models, the running switch, history, charts): its Unix "
-                   "socket forwarded to 127.0.0.1 here, over the SSH connection with --host.")),
-    "doctor": ("doctor_cmd", "doctor",
-               "Check a box before the first switch: systemd, GPUs, each engine run as its user, weights, ports."),
-    "history": ("deploy_cmds", "history",
-                "Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."),
+    "adopt": (
+        "adopt_cmd",
+        "adopt",
+        "Find vLLM engines the box runs by hand and write their deploy.toml entries (--apply: take them over).",
+    ),
+    "agent": (
+        "agent_cmds",
+        "agent",
+        "Run the daemon: control socket, crash recovery, schedules, health watch, metrics.",
+    ),
+    "bench": (
+        "bench_cmds",
+        "bench",
+        "Measure output tok/s, TTFT and ITL of the active deployment at rising concurrency.",
+    ),
+    "compare": (
+        "bench_cmds",
+        "compare",
+        "Every model benchmarked on a host, side by side per concurrency level (latest run of each).",
+    ),
+    "config": (
+        "config_cmds",
+        "config",
+        "The agent's deploy.toml: show it, diff a file against it, push a file to replace it.",
+    ),
+    "dashboard": (
+        "dashboard_cmd",
+        "dashboard",
+        (
+            "Open the agent's dashboard (GPUs, models, the running switch, history, charts): its Unix "
+            "socket forwarded to 127.0.0.1 here, over the SSH connection with --host."
+        ),
+    ),
+    "doctor": (
+        "doctor_cmd",
+        "doctor",
+        "Check a box before the first switch: systemd, GPUs, each engine run as its user, weights, ports.",
+    ),
+    "history": (
+        "deploy_cmds",
+        "history",
+        "Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase.",
+    ),
     "models": ("catalog_cmds", "models", "List the models of the catalog (with --host: of the box's deploy.toml)."),
-    "plan": ("plan_cmd", "plan",
-             "Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can."),
-    "recover": ("deploy_cmds", "recover",
-                "Finish deployments a crash or a stop left unfinished (the agent does this on start)."),
+    "plan": (
+        "plan_cmd",
+        "plan",
+        "Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can.",
+    ),
+    "recover": (
+        "deploy_cmds",
+        "recover",
+        "Finish deployments a crash or a stop left unfinished (the agent does this on start).",
+    ),
     "render": ("catalog_cmds", "render", "Render units/vllm-MODEL.service (all models when MODEL is omitted)."),
     "rollback": ("deploy_cmds", "rollback", "Go back to the last model that was healthy, or to revision --to N."),
-    "rollout": ("rollout_cmds", "rollout",
-                "Switch a group model on every box of its group: canary first, then in batches (see `rollout start`)."),
+    "rollout": (
+        "rollout_cmds",
+        "rollout",
+        "Switch a group model on every box of its group: canary first, then in batches (see `rollout start`).",
+    ),
     "schedules": ("agent_cmds", "schedules", "Scheduled operations, their next run and what they last did."),
     "stage": ("agent_cmds", "stage", "Download and verify MODEL's weights now (the serving model keeps serving)."),
     "status": ("deploy_cmds", "status", "What serves on each host, what is running, and the schedules."),
-    "stop": ("deploy_cmds", "stop",
-             "Stop MODEL and free its GPUs (with the proxy: its route goes first, the others keep serving)."),
-    "switch": ("deploy_cmds", "switch",
-               "Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check."),
-    "tune": ("tune_cmd", "tune",
-             "Deploy each candidate layout of MODEL (a safe switch each), benchmark it, keep the winner."),
+    "stop": (
+        "deploy_cmds",
+        "stop",
+        "Stop MODEL and free its GPUs (with the proxy: its route goes first, the others keep serving).",
+    ),
+    "switch": (
+        "deploy_cmds",
+        "switch",
+        "Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check.",
+    ),
+    "tune": (
+        "tune_cmd",
+        "tune",
+        "Deploy each candidate layout of MODEL (a safe switch each), benchmark it, keep the winner.",
+    ),
 }
 
 
@@ -83,7 +127,7 @@ class _Group(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # Whether the command was asked for --json: its consumer then gets a JSON document on stdout
         # whatever happens (args after "--" are operands, not options).
-        ctx.meta["json"] = "--json" in args[:args.index("--")] if "--" in args else "--json" in args
+        ctx.meta["json"] = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -122,11 +166,14 @@ def _privilege_hint(ctx: click.Context, exc: OrchestratorError) -> str:
     if cause is None or not isinstance(exc, StateStoreError) or os.geteuid() == 0:
         return ""
     if ctx.invoked_subcommand == "agent":
-        return (f"; `orchestrator agent` runs as root (uid {os.geteuid()} here): it owns state_dir, the units "
-                "and systemd")
-    return (f"; `orchestrator {ctx.invoked_subcommand}` found no agent to ask, so it uses the state directory "
-            f"itself, which only root may (uid {os.geteuid()} here): run it as root, or through the agent "
-            "(its socket_group's members may ask it; `orchestrator agent` runs as root)")
+        return (
+            f"; `orchestrator agent` runs as root (uid {os.geteuid()} here): it owns state_dir, the units and systemd"
+        )
+    return (
+        f"; `orchestrator {ctx.invoked_subcommand}` found no agent to ask, so it uses the state directory "
+        f"itself, which only root may (uid {os.geteuid()} here): run it as root, or through the agent "
+        "(its socket_group's members may ask it; `orchestrator agent` runs as root)"
+    )
 
 
 def _json_error(message: str, code: int, kind: str, partial: Any) -> None:
@@ -144,9 +191,15 @@ def _short(summary: str, limit: int) -> str:
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="orchestrator")
-@click.option("--host", "remote", envvar="ORCHESTRATOR_HOST", default=None, metavar="ssh://USER@BOX[:PORT]|NAME",
-              help="act through the agent on that box over SSH ($ORCHESTRATOR_HOST; NAME from "
-                   "~/.config/orchestrator/hosts.toml or $ORCHESTRATOR_HOSTS_FILE)")
+@click.option(
+    "--host",
+    "remote",
+    envvar="ORCHESTRATOR_HOST",
+    default=None,
+    metavar="ssh://USER@BOX[:PORT]|NAME",
+    help="act through the agent on that box over SSH ($ORCHESTRATOR_HOST; NAME from "
+    "~/.config/orchestrator/hosts.toml or $ORCHESTRATOR_HOSTS_FILE)",
+)
 def main(remote: str | None) -> None:
     """Deploy vLLM models as systemd services and switch between them safely."""
     from orchestrator import logs

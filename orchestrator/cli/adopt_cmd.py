@@ -18,12 +18,17 @@ from orchestrator.errors import AdoptError
 @click.argument("units", nargs=-1, metavar="[UNIT...]")
 @config_option
 @on_option("the host of deploy.toml to look at (default: the only one)")
-@click.option("--apply", "apply", is_flag=True,
-              help="push the entries into deploy.toml (checked as `config push` checks) and record what runs now")
+@click.option(
+    "--apply",
+    "apply",
+    is_flag=True,
+    help="push the entries into deploy.toml (checked as `config push` checks) and record what runs now",
+)
 @local_option
 @json_option
-def adopt(units: tuple[str, ...], config: str | None, host: str | None, apply: bool, local: bool,
-          as_json: bool) -> None:
+def adopt(
+    units: tuple[str, ...], config: str | None, host: str | None, apply: bool, local: bool, as_json: bool
+) -> None:
     """Find vLLM engines the box runs by hand and write their deploy.toml entries (--apply: take them over).
 
     Every unit whose command runs vLLM's API server (`python -m vllm.entrypoints.openai.api_server` or
@@ -42,12 +47,18 @@ def adopt(units: tuple[str, ...], config: str | None, host: str | None, apply: b
     if blocked:
         raise AdoptError("nothing was changed: " + "; ".join(blocked))
     if not found["adopted"]:
-        click.echo(json.dumps(found | {"recorded": []}, indent=2) if as_json else
-                   f"host {found['host']}: no vLLM engine runs outside the product; nothing to adopt")
+        click.echo(
+            json.dumps(found | {"recorded": []}, indent=2)
+            if as_json
+            else f"host {found['host']}: no vLLM engine runs outside the product; nothing to adopt"
+        )
         return
     pushed = _push(be, config, local, found["toml"]) if found["toml"] else None  # entries deploy.toml lacks
-    ask = {"host": host, "units": [x["unit"] for x in found["adopted"] if x["unit"]],
-           "pids": [x["pid"] for x in found["adopted"] if x["pid"] is not None]}
+    ask = {
+        "host": host,
+        "units": [x["unit"] for x in found["adopted"] if x["unit"]],
+        "pids": [x["pid"] for x in found["adopted"] if x["pid"] is not None],
+    }
     recorded = _after_push(be, config, local).call(ADOPT_RECORD, ask)
     if as_json:
         extra = {"proxy": recorded["proxy"]} if "proxy" in recorded else {}
@@ -56,12 +67,15 @@ def adopt(units: tuple[str, ...], config: str | None, host: str | None, apply: b
     click.echo(_review(found))
     added = len([x for x in found["adopted"] if not x["in_config"]])
     if pushed is not None:
-        click.echo(f"{pushed['path']}: config revision {pushed['revision']}: "
-                   f"{added} entr{'y' if added == 1 else 'ies'} added")
+        click.echo(
+            f"{pushed['path']}: config revision {pushed['revision']}: {added} entr{'y' if added == 1 else 'ies'} added"
+        )
     for r in recorded["recorded"]:
         what = f"unit {r['unit']}" if r["pid"] is None else f"pid {r['pid']} (its next switch stops it)"
-        click.echo(f"host {recorded['host']}: revision {r['revision']} records {r['model']} as it runs now "
-                   f"({what}); `orchestrator switch` away from it can be rolled back to it")
+        click.echo(
+            f"host {recorded['host']}: revision {r['revision']} records {r['model']} as it runs now "
+            f"({what}); `orchestrator switch` away from it can be rolled back to it"
+        )
     if "proxy" in recorded:
         click.echo(f"front proxy on {recorded['host']}: {recorded['proxy']}", err=recorded["proxy"].startswith("not"))
 
@@ -84,8 +98,9 @@ def _review(found: dict[str, Any]) -> str:
             lines.append(f"# differs when rendered: {d}")
         if not x["differences"] and "rendered_argv" in x:
             made = " ".join(x["explicit"])
-            lines.append("# its unit would run the same command"
-                         + (f" (stating vLLM's defaults {made})" if made else ""))
+            lines.append(
+                "# its unit would run the same command" + (f" (stating vLLM's defaults {made})" if made else "")
+            )
         lines.append("")
     return "\n".join(lines)
 

@@ -25,10 +25,20 @@ ENDED = "none (its last fire time has passed)"
 
 @click.group(invoke_without_command=True)
 @config_option
-@click.option("--socket", "socket_path", default=None, metavar="PATH", callback=nonempty,
-              help="control socket (default: <state_dir>/agent.sock or $ORCHESTRATOR_SOCKET)")
-@click.option("--metrics-port", type=int_in(0, 65535), default=None,
-              help="Prometheus endpoint on 127.0.0.1 (default: metrics_port of deploy.toml, 9464; 0 disables it)")
+@click.option(
+    "--socket",
+    "socket_path",
+    default=None,
+    metavar="PATH",
+    callback=nonempty,
+    help="control socket (default: <state_dir>/agent.sock or $ORCHESTRATOR_SOCKET)",
+)
+@click.option(
+    "--metrics-port",
+    type=int_in(0, 65535),
+    default=None,
+    help="Prometheus endpoint on 127.0.0.1 (default: metrics_port of deploy.toml, 9464; 0 disables it)",
+)
 @click.pass_context
 def agent(ctx: click.Context, config: str | None, socket_path: str | None, metrics_port: int | None) -> None:
     """Run the daemon: control socket, crash recovery, schedules, health watch, metrics."""
@@ -40,15 +50,25 @@ def agent(ctx: click.Context, config: str | None, socket_path: str | None, metri
     logs.configure(json=True)
     cat = settings.load(config)
     port = cat.metrics_port if metrics_port is None else metrics_port
-    Agent(cat, operations(cat), socket=socket_path, metrics_port=port or None,
-          config_path=str(settings.config_path(config).resolve()),
-          ops_factory=operations).run()
+    Agent(
+        cat,
+        operations(cat),
+        socket=socket_path,
+        metrics_port=port or None,
+        config_path=str(settings.config_path(config).resolve()),
+        ops_factory=operations,
+    ).run()
 
 
 @agent.command("dial-stdio")
-@click.option("--socket", "socket_path", default=None, metavar="PATH", callback=nonempty,
-              help="the agent's socket (default: $ORCHESTRATOR_SOCKET, else <state_dir>/agent.sock of the box's "
-                   "deploy.toml)")
+@click.option(
+    "--socket",
+    "socket_path",
+    default=None,
+    metavar="PATH",
+    callback=nonempty,
+    help="the agent's socket (default: $ORCHESTRATOR_SOCKET, else <state_dir>/agent.sock of the box's deploy.toml)",
+)
 @config_option
 def dial_stdio(socket_path: str | None, config: str | None) -> None:
     """Relay stdin/stdout to the agent's socket (what a remote `orchestrator --host` runs over SSH)."""
@@ -69,11 +89,22 @@ def schedules(config: str | None, as_json: bool) -> None:
     rows = backend(config).call(SCHEDULES, {})
     if printed(rows, as_json, empty=lambda: f"no schedules in {settings.config_path(config)}"):
         return
-    print_table(stdout_console(), ["schedule", "cron", "action", "model", "window", "next run", "last"],
-                [[r["name"], r["cron"], r["action"], r.get("model") or "", r.get("window") or "",
-                  r["next_run"] or ENDED,
-                  " ".join(str((r.get("last") or {}).get(k, "")) for k in ("kind", "reason")).strip()]
-                 for r in rows])
+    print_table(
+        stdout_console(),
+        ["schedule", "cron", "action", "model", "window", "next run", "last"],
+        [
+            [
+                r["name"],
+                r["cron"],
+                r["action"],
+                r.get("model") or "",
+                r.get("window") or "",
+                r["next_run"] or ENDED,
+                " ".join(str((r.get("last") or {}).get(k, "")) for k in ("kind", "reason")).strip(),
+            ]
+            for r in rows
+        ],
+    )
 
 
 @click.command()
@@ -83,5 +114,13 @@ def schedules(config: str | None, as_json: bool) -> None:
 @json_option
 def stage(model: str, config: str | None, local: bool, as_json: bool) -> None:
     """Download and verify MODEL's weights now (the serving model keeps serving)."""
-    run_model_job(STAGE, model, config, local, as_json, text=lambda r: f"{model} staged on {r['host']}: {r['path']} "
-                  f"(revision {r['revision']}, {r['bytes'] / 2**30:.2f} GiB)")
+    run_model_job(
+        STAGE,
+        model,
+        config,
+        local,
+        as_json,
+        text=lambda r: (
+            f"{model} staged on {r['host']}: {r['path']} (revision {r['revision']}, {r['bytes'] / 2**30:.2f} GiB)"
+        ),
+    )

@@ -35,8 +35,9 @@ from orchestrator.wiring import operations
 def _serving(ops: Operations, host: str | None) -> Any:
     serving = ops.serving(host)
     if serving is None:
-        raise UsageError(f"host {ops.catalog.target(host=host).name} serves nothing recorded as active: "
-                         "switch to a model first")
+        raise UsageError(
+            f"host {ops.catalog.target(host=host).name} serves nothing recorded as active: switch to a model first"
+        )
     return serving
 
 
@@ -50,23 +51,41 @@ def _serving(ops: Operations, host: str | None) -> Any:
 @click.option("--requests", "requests_", type=int_in(1, MAX_COUNT), default=None, help="requests per level")
 @click.option("--no-record", is_flag=True, help="do not store the result with the revision")
 @json_option
-def bench(config: str | None, host: str | None, concurrency: str, max_tokens: int, prompt_tokens: int,
-          duration: float | None, requests_: int | None, no_record: bool, as_json: bool) -> None:
+def bench(
+    config: str | None,
+    host: str | None,
+    concurrency: str,
+    max_tokens: int,
+    prompt_tokens: int,
+    duration: float | None,
+    requests_: int | None,
+    no_record: bool,
+    as_json: bool,
+) -> None:
     """Measure output tok/s, TTFT and ITL of the active deployment at rising concurrency."""
     local_only("bench")
     # Every argument is checked before anything is read from a host.
-    plan = BenchPlan(concurrency=parse_concurrency(concurrency), max_tokens=max_tokens, prompt_tokens=prompt_tokens,
-                     duration_s=duration, requests=requests_)
+    plan = BenchPlan(
+        concurrency=parse_concurrency(concurrency),
+        max_tokens=max_tokens,
+        prompt_tokens=prompt_tokens,
+        duration_s=duration,
+        requests=requests_,
+    )
     ops = operations(settings.load(config))
     serving = _serving(ops, host)
     target = BenchTarget(base_url=serving.spec.base_url, model=serving.spec.served_name)
     console = Console(stderr=True)
     with Live(console=console, transient=True, refresh_per_second=4, redirect_stdout=False) as live:
+
         def show(p: Progress) -> None:
             if not as_json:
-                live.update(f"C={p.concurrency} ({p.level_index + 1}/{p.levels}) {p.elapsed_s:5.1f}s of {p.target}: "
-                            f"{p.requests_ok} ok, {p.requests_failed} failed, {p.in_flight} in flight, "
-                            f"{p.streamed_tok_s:,.0f} tok/s")
+                live.update(
+                    f"C={p.concurrency} ({p.level_index + 1}/{p.levels}) {p.elapsed_s:5.1f}s of {p.target}: "
+                    f"{p.requests_ok} ok, {p.requests_failed} failed, {p.in_flight} in flight, "
+                    f"{p.streamed_tok_s:,.0f} tok/s"
+                )
+
         # Held while it runs: on-demand swaps and idle sleeps wait for it (its load bypasses the proxy).
         with activity_lock(ops.state_dir, serving.host, "bench", f"a bench of {serving.model} is running"):
             result = run_bench_blocking(target, plan, on_progress=show)
@@ -79,12 +98,24 @@ def bench(config: str | None, host: str | None, concurrency: str, max_tokens: in
         rows = []
         for lv in record["levels"]:
             errors = ", ".join(f"{e['kind']} x{e['count']}" for e in lv.get("errors", [])) or "0"
-            rows.append([str(lv["concurrency"]), f"{lv['output_tok_s']:,.1f}", f"{lv['output_tok_s_per_stream']:,.1f}",
-                         f"{lv['requests_per_s']:.2f}", _dist(lv["ttft_ms"]), _dist(lv["itl_ms"]), errors])
-        print_table(stdout_console(), ["C", "out tok/s", "per stream", "req/s", "TTFT p50/p90/p99 ms",
-                                       "ITL p50/p90/p99 ms", "errors"], rows,
-                    title=f"{serving.model} revision {serving.revision} ({serving.spec.base_url})"
-                          + ("" if result.complete else " - cancelled, partial"))
+            rows.append(
+                [
+                    str(lv["concurrency"]),
+                    f"{lv['output_tok_s']:,.1f}",
+                    f"{lv['output_tok_s_per_stream']:,.1f}",
+                    f"{lv['requests_per_s']:.2f}",
+                    _dist(lv["ttft_ms"]),
+                    _dist(lv["itl_ms"]),
+                    errors,
+                ]
+            )
+        print_table(
+            stdout_console(),
+            ["C", "out tok/s", "per stream", "req/s", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "errors"],
+            rows,
+            title=f"{serving.model} revision {serving.revision} ({serving.spec.base_url})"
+            + ("" if result.complete else " - cancelled, partial"),
+        )
     if not result.complete:
         sys.exit(130)
 
@@ -104,13 +135,28 @@ def compare(config: str | None, host: str | None, as_json: bool) -> None:
     local_only("compare")
     ops = operations(settings.load(config), reading=True)
     name = ops.catalog.target(host=host).name
-    rows: list[dict[str, Any]] = [{"model": d.model, "revision": d.revision, "unit_sha256": d.spec.unit_sha,
-             "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in (d.bench or {})["levels"]}}
-            for d in ops.benchmarks(name)]
+    rows: list[dict[str, Any]] = [
+        {
+            "model": d.model,
+            "revision": d.revision,
+            "unit_sha256": d.spec.unit_sha,
+            "tok_s": {str(lv["concurrency"]): lv["output_tok_s"] for lv in (d.bench or {})["levels"]},
+        }
+        for d in ops.benchmarks(name)
+    ]
     if printed(rows, as_json, empty=lambda: f"no benchmarks recorded yet on host {name}"):
         return
     levels = sorted({int(c) for r in rows for c in r["tok_s"]})
-    print_table(stdout_console(), ["model", "rev", *[f"C={c} tok/s" for c in levels]],
-                [[r["model"], str(r["revision"]),
-                  *[f"{r['tok_s'][str(c)]:,.0f}" if str(c) in r["tok_s"] else "-" for c in levels]] for r in rows],
-                title=f"output tok/s on {name}")
+    print_table(
+        stdout_console(),
+        ["model", "rev", *[f"C={c} tok/s" for c in levels]],
+        [
+            [
+                r["model"],
+                str(r["revision"]),
+                *[f"{r['tok_s'][str(c)]:,.0f}" if str(c) in r["tok_s"] else "-" for c in levels],
+            ]
+            for r in rows
+        ],
+        title=f"output tok/s on {name}",
+    )

@@ -33,47 +33,97 @@ def models(config: str | None, as_json: bool) -> None:
     rows: list[dict[str, Any]] = []
     for name, m in cat.models.items():
         where = f"group:{m.group}" if m.group else cat.model_host(name).name
-        rows.append({"name": name, "host": where, "repo": m.repo, "revision": m.revision,
-                     "pinned": m.pinned, "served_name": m.served, "port": m.port, "gpus": list(m.gpus),
-                     "tensor_parallel": m.tensor_parallel, "pipeline_parallel": m.pipeline_parallel,
-                     "data_parallel": m.data_parallel, "expert_parallel": m.expert_parallel,
-                     "max_model_len": m.max_model_len, "load_deadline_s": load_deadline(cat, m),
-                     "unit": m.unit_name})
+        rows.append(
+            {
+                "name": name,
+                "host": where,
+                "repo": m.repo,
+                "revision": m.revision,
+                "pinned": m.pinned,
+                "served_name": m.served,
+                "port": m.port,
+                "gpus": list(m.gpus),
+                "tensor_parallel": m.tensor_parallel,
+                "pipeline_parallel": m.pipeline_parallel,
+                "data_parallel": m.data_parallel,
+                "expert_parallel": m.expert_parallel,
+                "max_model_len": m.max_model_len,
+                "load_deadline_s": load_deadline(cat, m),
+                "unit": m.unit_name,
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     table_rows: list[list[str]] = []
     for r in rows:
-        layout = f"TP={r['tensor_parallel']}" \
-            + (f" PP={r['pipeline_parallel']}" if r["pipeline_parallel"] > 1 else "") \
-            + (f" DP={r['data_parallel']}" if r["data_parallel"] > 1 else "") \
+        layout = (
+            f"TP={r['tensor_parallel']}"
+            + (f" PP={r['pipeline_parallel']}" if r["pipeline_parallel"] > 1 else "")
+            + (f" DP={r['data_parallel']}" if r["data_parallel"] > 1 else "")
             + (" + EP" if r["expert_parallel"] else "")
+        )
         rev = r["revision"] if r["pinned"] else f"{r['revision']} (unpinned)"
-        table_rows.append([r["name"], r["host"], f"{r['repo']}@{rev}", r["served_name"], str(r["port"]),
-                           ",".join(map(str, r["gpus"])), layout, f"{r['load_deadline_s']:g} s"])
+        table_rows.append(
+            [
+                r["name"],
+                r["host"],
+                f"{r['repo']}@{rev}",
+                r["served_name"],
+                str(r["port"]),
+                ",".join(map(str, r["gpus"])),
+                layout,
+                f"{r['load_deadline_s']:g} s",
+            ]
+        )
     if not table_rows:
         click.echo(f"no models in {settings.config_path(config)}")
         return
-    print_table(Console(), ["model", "host", "repo@revision", "served as", "port", "GPUs", "layout", "deadline"],
-                table_rows)
+    print_table(
+        Console(), ["model", "host", "repo@revision", "served as", "port", "GPUs", "layout", "deadline"], table_rows
+    )
 
 
 @click.command()
 @click.argument("model", required=False)
 @config_option
-@click.option("--out", "out", default="units", metavar="DIR", callback=nonempty, show_default=True,
-              help="directory the rendered units are written to")
-@click.option("--diff", "diff", is_flag=True,
-              help="show what would change against the units in --out (writes nothing; exit 1 if any)")
-@click.option("--template", "template", metavar="PATH", callback=nonempty, default=None,
-              help="vllm.service.j2 to render from")
+@click.option(
+    "--out",
+    "out",
+    default="units",
+    metavar="DIR",
+    callback=nonempty,
+    show_default=True,
+    help="directory the rendered units are written to",
+)
+@click.option(
+    "--diff",
+    "diff",
+    is_flag=True,
+    help="show what would change against the units in --out (writes nothing; exit 1 if any)",
+)
+@click.option(
+    "--template", "template", metavar="PATH", callback=nonempty, default=None, help="vllm.service.j2 to render from"
+)
 @click.option("--agent", "agent", is_flag=True, help="also render orchestrator-agent.service for this config")
 @click.option("--installed", is_flag=True, help="with --diff: compare with the unit installed on the model's host")
-@click.option("--proxy", "proxy", is_flag=True,
-              help="print each host's front proxy config (haproxy.cfg) routing what serves there now; with "
-                   "--diff: against the one installed at proxy.config_path (exit 1 if they differ)")
-def render(model: str | None, config: str | None, out: str, diff: bool, template: str | None, agent: bool,
-           installed: bool, proxy: bool) -> None:
+@click.option(
+    "--proxy",
+    "proxy",
+    is_flag=True,
+    help="print each host's front proxy config (haproxy.cfg) routing what serves there now; with "
+    "--diff: against the one installed at proxy.config_path (exit 1 if they differ)",
+)
+def render(
+    model: str | None,
+    config: str | None,
+    out: str,
+    diff: bool,
+    template: str | None,
+    agent: bool,
+    installed: bool,
+    proxy: bool,
+) -> None:
     """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
     if proxy:
         local_only("render --proxy")  # what serves is read from this machine's state.db
@@ -105,8 +155,14 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
             rendered.append(render_unit(cat, m, text))
         unit_host[m.unit_name] = cat.model_host(n).name
     if agent:
-        rendered.append(render_agent_unit(cat, template_text("orchestrator-agent.service.j2"), python=sys.executable,
-                                          config=str(settings.config_path(config).resolve())))
+        rendered.append(
+            render_agent_unit(
+                cat,
+                template_text("orchestrator-agent.service.j2"),
+                python=sys.executable,
+                config=str(settings.config_path(config).resolve()),
+            )
+        )
     changed = 0
     ports_for = None
     if installed:
@@ -122,8 +178,14 @@ def render(model: str | None, config: str | None, out: str, diff: bool, template
         else:
             old = userfiles.read_text(path) if path.exists() else ""
         if diff:
-            lines = list(difflib.unified_diff(old.splitlines(keepends=True), unit.text.splitlines(keepends=True),
-                                              fromfile=str(path) if old else "/dev/null", tofile=f"{path} (rendered)"))
+            lines = list(
+                difflib.unified_diff(
+                    old.splitlines(keepends=True),
+                    unit.text.splitlines(keepends=True),
+                    fromfile=str(path) if old else "/dev/null",
+                    tofile=f"{path} (rendered)",
+                )
+            )
             changed += bool(lines)
             sys.stdout.writelines(lines)
             continue
@@ -169,26 +231,42 @@ def _render_proxy(cat: Catalog, diff: bool) -> None:
     for name, host in cat.hosts.items():
         specs = [d.spec for d in store.serving_set(name)]
         bind = cat.proxy.bind or host.bind or cat.defaults.bind
-        text = render_host(cat, name, bind, routes_for(specs), template_text("haproxy.cfg.j2"),
-                           template_text(DEMAND_LUA))
+        text = render_host(
+            cat, name, bind, routes_for(specs), template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA)
+        )
         where = f"{name}:{cat.proxy.config_path}"
         if not diff:
             click.echo(f"# host {where}: routes {', '.join(s.served_name for s in specs) or 'none'}")
             click.echo(text, nl=False)
             continue
         # Only the file is read: a local host needs no D-Bus for that, a remote one its SSH connection.
-        shell = (LocalShell(name) if host.transport == "local" else
-                 connect(host.transport, host.address, port=host.ssh_port, user=host.ssh_user,
-                         key_filename=host.ssh_key, known_hosts=host.known_hosts, unit_dir=host.unit_dir,
-                         host=name)[0])
+        shell = (
+            LocalShell(name)
+            if host.transport == "local"
+            else connect(
+                host.transport,
+                host.address,
+                port=host.ssh_port,
+                user=host.ssh_user,
+                key_filename=host.ssh_key,
+                known_hosts=host.known_hosts,
+                unit_dir=host.unit_dir,
+                host=name,
+            )[0]
+        )
         try:
             raw = shell.read_file(cat.proxy.config_path)
         finally:
             shell.close()
         old = "" if raw is None else raw.decode("utf-8", "replace")
-        lines = list(difflib.unified_diff(old.splitlines(keepends=True), text.splitlines(keepends=True),
-                                          fromfile=where if raw is not None else "/dev/null",
-                                          tofile=f"{where} (rendered)"))
+        lines = list(
+            difflib.unified_diff(
+                old.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=where if raw is not None else "/dev/null",
+                tofile=f"{where} (rendered)",
+            )
+        )
         changed |= bool(lines)
         sys.stdout.writelines(lines)
     if changed:

@@ -22,8 +22,10 @@ from orchestrator.errors import AgentError, ConfigError
 def _agent(config: str | None) -> AgentClient:
     be = backend(config)
     if not isinstance(be, AgentClient):
-        raise AgentError("no agent answers here: config show/diff/push act on a running agent's file "
-                         "(start it, or use --host ssh://BOX)")
+        raise AgentError(
+            "no agent answers here: config show/diff/push act on a running agent's file "
+            "(start it, or use --host ssh://BOX)"
+        )
     return be
 
 
@@ -60,8 +62,14 @@ def diff(file: str, config: str | None) -> None:
     """Unified diff from the agent's deploy.toml to FILE; exit 1 when they differ."""
     text = _read(file)
     shown = _agent(config).call(CONFIG_SHOW, {})
-    lines = list(difflib.unified_diff(shown["text"].splitlines(keepends=True), text.splitlines(keepends=True),
-                                      fromfile=f"{shown['path']} (revision {shown['revision']})", tofile=file))
+    lines = list(
+        difflib.unified_diff(
+            shown["text"].splitlines(keepends=True),
+            text.splitlines(keepends=True),
+            fromfile=f"{shown['path']} (revision {shown['revision']})",
+            tofile=file,
+        )
+    )
     sys.stdout.writelines(lines)
     if lines:
         sys.exit(1)
@@ -76,14 +84,19 @@ def push(file: str, config: str | None, as_json: bool) -> None:
     text, name = _read(file), Path(file).name
     size = len(request(CONFIG_PUSH.name, {"text": text, "name": name}))
     if size > MAX_REQUEST:  # refused here, naming the file, rather than by the agent as "bad request"
-        raise ConfigError(f"{len(text.encode()):,} bytes: too large to push (one request to the agent is at most "
-                          f"{MAX_REQUEST // 1024} KiB, this one would be {size:,} bytes)", file=file)
+        raise ConfigError(
+            f"{len(text.encode()):,} bytes: too large to push (one request to the agent is at most "
+            f"{MAX_REQUEST // 1024} KiB, this one would be {size:,} bytes)",
+            file=file,
+        )
     result = _agent(config).call(CONFIG_PUSH, {"text": text, "name": name})
     if as_json:
         click.echo(json.dumps(result, indent=2))
     elif result["changed"]:
-        click.echo(f"{result['path']}: config revision {result['revision']} (was {result['previous_revision']}); "
-                   "the agent reloaded it")
+        click.echo(
+            f"{result['path']}: config revision {result['revision']} (was {result['previous_revision']}); "
+            "the agent reloaded it"
+        )
     else:
         click.echo(f"{result['path']}: unchanged (config revision {result['revision']})")
     if not as_json:  # a push that changed what a proxy holds for re-rendered it (agent/demand_service.py)

@@ -15,8 +15,13 @@ from orchestrator.errors import AgentError, UsageError
 
 @click.command()
 @config_option
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="the local port on 127.0.0.1 (0: any free one)")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="the local port on 127.0.0.1 (0: any free one)",
+)
 @click.option("--open/--no-open", "open_browser", default=True, help="open a browser on the page")
 def dashboard(config: str | None, port: int, open_browser: bool) -> None:
     """Open the agent's dashboard (GPUs, models, the running switch, history, charts): its Unix socket
@@ -30,10 +35,13 @@ def dashboard(config: str | None, port: int, open_browser: bool) -> None:
         raise AgentError("no agent runs here to serve a dashboard: start it (`orchestrator agent`) or use --host")
     path = agent.get("dashboard")
     if not path:
-        raise AgentError("the agent serves no dashboard ([dashboard] enabled = false in its deploy.toml, or its "
-                         "socket could not be made: see the agent's log)")
-    opener: Callable[[], Stream] = (lambda: RelayStream(be.open_relay(path))) if isinstance(be, RemoteAgentClient) \
-        else unix_opener(path)
+        raise AgentError(
+            "the agent serves no dashboard ([dashboard] enabled = false in its deploy.toml, or its "
+            "socket could not be made: see the agent's log)"
+        )
+    opener: Callable[[], Stream] = (
+        (lambda: RelayStream(be.open_relay(path))) if isinstance(be, RemoteAgentClient) else unix_opener(path)
+    )
     try:
         fwd = Forwarder(opener, port)
     except OSError as exc:

@@ -70,11 +70,22 @@ def _finish(result: dict[str, Any], as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="redeploy even if MODEL already serves, healthy and unchanged")
 @click.option("--dry-run", is_flag=True, help="say what the switch would stop and whether it keeps the route up")
 @local_option
-@click.option("--ignore-agent", is_flag=True,
-              help="agentless (in-process, ssh transport): act even though the box's own agent is running")
+@click.option(
+    "--ignore-agent",
+    is_flag=True,
+    help="agentless (in-process, ssh transport): act even though the box's own agent is running",
+)
 @json_option
-def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force: bool, dry_run: bool,
-           local: bool, ignore_agent: bool, as_json: bool) -> None:
+def switch(
+    models: tuple[str, ...],
+    config: str | None,
+    no_rollback: bool,
+    force: bool,
+    dry_run: bool,
+    local: bool,
+    ignore_agent: bool,
+    as_json: bool,
+) -> None:
     """Switch the host of MODEL to MODEL: stage, stop, free GPUs, install, start, health-check.
 
     With the front proxy, several MODELs (disjoint GPUs) serve together, and a switch stops only
@@ -92,8 +103,10 @@ def switch(models: tuple[str, ...], config: str | None, no_rollback: bool, force
     if as_json and len(wanted) > 1:  # one JSON document: the list of results, in order
         return _switch_all_json(be, wanted, no_rollback, force)
     for model in wanted:
+
         def run(p: ProgressCallback, m: str = model) -> dict[str, Any]:
             return be.call(SWITCH, {"model": m, "no_rollback": no_rollback, "force": force}, p)
+
         _finish(with_progress(as_json, run), as_json)
 
 
@@ -121,21 +134,40 @@ def _switch_all_json(be: Any, models: list[str], no_rollback: bool, force: bool)
 @json_option
 def stop(model: str, config: str | None, local: bool, as_json: bool) -> None:
     """Stop MODEL and free its GPUs (with the proxy: its route goes first, the others keep serving)."""
-    run_model_job(STOP, model, config, local, as_json, text=lambda r: f"{r['model']} (revision {r['revision']}) on "
-                  f"{r['host']}: stopped; serving: {', '.join(r['serving']) or 'nothing'}")
+    run_model_job(
+        STOP,
+        model,
+        config,
+        local,
+        as_json,
+        text=lambda r: (
+            f"{r['model']} (revision {r['revision']}) on "
+            f"{r['host']}: stopped; serving: {', '.join(r['serving']) or 'nothing'}"
+        ),
+    )
 
 
 @click.command()
 @config_option
 @on_option("the host of deploy.toml to roll back (default: the only one)")
-@click.option("--to", "to_revision", type=int_in(1, 2**31 - 1), default=None, metavar="REVISION",
-              help="redeploy this revision's exact unit (default: the previous stable one)")
+@click.option(
+    "--to",
+    "to_revision",
+    type=int_in(1, 2**31 - 1),
+    default=None,
+    metavar="REVISION",
+    help="redeploy this revision's exact unit (default: the previous stable one)",
+)
 @local_option
-@click.option("--ignore-agent", is_flag=True,
-              help="agentless (in-process, ssh transport): act even though the box's own agent is running")
+@click.option(
+    "--ignore-agent",
+    is_flag=True,
+    help="agentless (in-process, ssh transport): act even though the box's own agent is running",
+)
 @json_option
-def rollback(config: str | None, host: str | None, to_revision: int | None, local: bool, ignore_agent: bool,
-             as_json: bool) -> None:
+def rollback(
+    config: str | None, host: str | None, to_revision: int | None, local: bool, ignore_agent: bool, as_json: bool
+) -> None:
     """Go back to the last model that was healthy, or to revision --to N."""
     be = backend(config, local=local, ignore_agent=ignore_agent)
     result = with_progress(as_json, lambda p: be.call(ROLLBACK, {"host": host, "to_revision": to_revision}, p))
@@ -167,8 +199,7 @@ def recover(config: str | None, host: str | None, local: bool, as_json: bool) ->
 @click.option("--follow", is_flag=True, help="stream the running operation's progress until it ends")
 @read_local_option
 @json_option
-def status(config: str | None, host: str | None, group: str | None, follow: bool, local: bool,
-           as_json: bool) -> None:
+def status(config: str | None, host: str | None, group: str | None, follow: bool, local: bool, as_json: bool) -> None:
     """What serves on each host, what is running, and the schedules."""
     if group is not None:
         from orchestrator.cli.rollout_cmds import print_group_status
@@ -187,25 +218,42 @@ def status(config: str | None, host: str | None, group: str | None, follow: bool
 def print_residency(console: Console, res: dict[str, Any]) -> None:
     """Warm switches: each model's residency, the RAM sleepers hold, each GPU's memory by process."""
     for m in res["models"]:
-        level = f" ({m['level']}" + (f", {m['ram_gib']:.2f} GiB of host RAM)" if m["ram_gib"] else ")") \
-            if m["state"] == "asleep" else ""
+        level = (
+            f" ({m['level']}" + (f", {m['ram_gib']:.2f} GiB of host RAM)" if m["ram_gib"] else ")")
+            if m["state"] == "asleep"
+            else ""
+        )
         console.print(f"  {m['state']} {m['model']}{level}", markup=False, soft_wrap=True)
     budget = res.get("ram_budget_gib")
-    console.print(f"  sleepers hold {res['sleep_ram_gib']:.2f} GiB of host RAM"
-                  + (f" (budget {budget:.1f} GiB)" if budget is not None else " (budget unknown)"), markup=False)
+    console.print(
+        f"  sleepers hold {res['sleep_ram_gib']:.2f} GiB of host RAM"
+        + (f" (budget {budget:.1f} GiB)" if budget is not None else " (budget unknown)"),
+        markup=False,
+    )
     for g in res.get("gpus", []):
-        procs = ", ".join(f"PID {p['pid']} {p['model'] or '?'}{' ' + p['state'] if p['state'] else ''} {p['mib']} MiB"
-                          for p in g["processes"]) or "no process"
-        console.print(f"  GPU {g['index']}: {g['used_mib']} of {g['total_mib']} MiB used ({procs})", markup=False,
-                      soft_wrap=True)
+        procs = (
+            ", ".join(
+                f"PID {p['pid']} {p['model'] or '?'}{' ' + p['state'] if p['state'] else ''} {p['mib']} MiB"
+                for p in g["processes"]
+            )
+            or "no process"
+        )
+        console.print(
+            f"  GPU {g['index']}: {g['used_mib']} of {g['total_mib']} MiB used ({procs})", markup=False, soft_wrap=True
+        )
     if "gpus_error" in res:
         console.print(f"  GPUs not probed: {res['gpus_error']}", markup=False, soft_wrap=True)
 
 
 def print_demand(console: Console, demand: dict[str, Any]) -> None:
     """Models on demand: the requests held per model, the swap running, the swaps of the last minute."""
-    queues = ", ".join(f"{m} {q['waiting']} waiting (oldest {q['oldest_s']:.1f} s)"
-                       for m, q in sorted(demand.get("queues", {}).items())) or "no request held"
+    queues = (
+        ", ".join(
+            f"{m} {q['waiting']} waiting (oldest {q['oldest_s']:.1f} s)"
+            for m, q in sorted(demand.get("queues", {}).items())
+        )
+        or "no request held"
+    )
     line = f"  on demand: {queues}; {demand.get('swaps_last_min', 0)} swaps in the last minute"
     if demand.get("swapping"):
         line += f"; bringing up {demand['swapping']}"
@@ -220,29 +268,42 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
         serving = entry["serving"]
         if serving is None and entry.get("node_of"):
             for rank in entry["node_of"]:
-                console.print(f"[bold]{name}[/]: a node of {rank['model']} (revision {rank['revision']}, headed on "
-                              f"{rank['head']}: {', '.join(rank['units'])})", soft_wrap=True)
+                console.print(
+                    f"[bold]{name}[/]: a node of {rank['model']} (revision {rank['revision']}, headed on "
+                    f"{rank['head']}: {', '.join(rank['units'])})",
+                    soft_wrap=True,
+                )
         elif serving is None and entry.get("last"):
             last = entry["last"]
             why = f": {str(last['error']).splitlines()[0][:300]}" if last.get("error") else ""
-            console.print(f"[bold]{name}[/]: nothing serves: revision {last['revision']} ({last['model']}) "
-                          f"ended {last['outcome']}" + escape(why), soft_wrap=True)
+            console.print(
+                f"[bold]{name}[/]: nothing serves: revision {last['revision']} ({last['model']}) "
+                f"ended {last['outcome']}" + escape(why),
+                soft_wrap=True,
+            )
         elif serving is None:
             console.print(f"[bold]{name}[/]: nothing known to serve")
         else:
             health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(serving.get("healthy"), "")
-            console.print(f"[bold]{name}[/]: {serving['model']} (revision {serving['revision']}, "
-                          f"{serving['unit']}, {serving['url']}) {health}")
+            console.print(
+                f"[bold]{name}[/]: {serving['model']} (revision {serving['revision']}, "
+                f"{serving['unit']}, {serving['url']}) {health}"
+            )
             for node in serving.get("nodes", []):
                 restarts = f" (restarted {node['restarts']}x by systemd on its own)" if node.get("restarts") else ""
-                console.print(f"  node {node['host']}: {node['role']}, {node['unit']} {node['state']}{restarts}",
-                              markup=False, soft_wrap=True)
+                console.print(
+                    f"  node {node['host']}: {node['role']}, {node['unit']} {node['state']}{restarts}",
+                    markup=False,
+                    soft_wrap=True,
+                )
         if "endpoint" in entry:
             console.print(f"  endpoint {entry['endpoint']}")
         for m in entry.get("models", []):
             health = {True: "[green]healthy[/]", False: "[red]not healthy[/]"}.get(m.get("healthy"), "")
-            console.print(f"  serving {m['served_name']}: {m['model']} (revision {m['revision']}, GPU "
-                          f"{','.join(map(str, m['gpus']))}, {m['url']}) {health}")
+            console.print(
+                f"  serving {m['served_name']}: {m['model']} (revision {m['revision']}, GPU "
+                f"{','.join(map(str, m['gpus']))}, {m['url']}) {health}"
+            )
         if "residency" in entry:
             print_residency(console, entry["residency"])
         demand = ((result.get("agent") or {}).get("demand") or {}).get("hosts", {}).get(name)
@@ -250,14 +311,22 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
             print_demand(console, demand)
         for run in entry["running"]:
             state = "interrupted" if entry.get("interrupted") else "running"
-            console.print(f"  {state}: #{run['id']} revision {run['revision']} {run['model']} "
-                          f"in phase {run['phase']} ({run['trigger']})"
-                          + ("; nothing runs it now: `orchestrator recover` finishes it (so does the next "
-                             "switch, or the agent when it starts)" if entry.get("interrupted") else ""),
-                          soft_wrap=True)
+            console.print(
+                f"  {state}: #{run['id']} revision {run['revision']} {run['model']} "
+                f"in phase {run['phase']} ({run['trigger']})"
+                + (
+                    "; nothing runs it now: `orchestrator recover` finishes it (so does the next "
+                    "switch, or the agent when it starts)"
+                    if entry.get("interrupted")
+                    else ""
+                ),
+                soft_wrap=True,
+            )
     for sched in result.get("schedules", []):
-        console.print(f"schedule {sched['name']}: {sched['action']} {sched.get('model') or ''} "
-                      + (f"next at {sched['next_run']}" if sched["next_run"] else "no next run (it has ended)"))
+        console.print(
+            f"schedule {sched['name']}: {sched['action']} {sched.get('model') or ''} "
+            + (f"next at {sched['next_run']}" if sched["next_run"] else "no next run (it has ended)")
+        )
 
 
 @click.command()
@@ -267,8 +336,7 @@ def print_status(console: Console, result: dict[str, Any]) -> None:
 @click.option("--limit", type=int_in(1, 10_000), default=20, show_default=True)
 @read_local_option
 @json_option
-def history(config: str | None, host: str | None, group: str | None, limit: int, local: bool,
-            as_json: bool) -> None:
+def history(config: str | None, host: str | None, group: str | None, limit: int, local: bool, as_json: bool) -> None:
     """Revisions, newest first: model, unit hash, trigger, outcome and the time of every phase."""
     if group is not None:
         from orchestrator.cli.rollout_cmds import print_group_history
@@ -282,8 +350,11 @@ def history(config: str | None, host: str | None, group: str | None, limit: int,
         # Rows come from a database that may predate or postdate this version: any field may be missing.
         created, ended = _number(r.get("created_at")), _number(r.get("ended_at"))
         took = f"{ended - created:.1f}s" if ended is not None and created is not None else "-"
-        phases = " ".join(f"{text_of(str(p.get('phase'))).short} {seconds:.1f}"
-                          for p in r.get("phases") or [] if (seconds := _number(p.get("seconds"))) is not None)
+        phases = " ".join(
+            f"{text_of(str(p.get('phase'))).short} {seconds:.1f}"
+            for p in r.get("phases") or []
+            if (seconds := _number(p.get("seconds"))) is not None
+        )
         plan = r.get("plan")
         if isinstance(plan, dict) and plan.get("mode") == "beside":
             phases = f"beside, no gap: {phases}"  # the target started or woke beside the old model
@@ -297,13 +368,25 @@ def history(config: str | None, host: str | None, group: str | None, limit: int,
         bench = r.get("bench") or {}
         headline = _number(bench.get("headline_tok_s")) if isinstance(bench, dict) else None
         outcome = outcome_text(str(r.get("outcome", "?")))
-        table_rows.append([str(r.get("host", "?")), str(r.get("revision", "?")), str(r.get("model", "?")),
-                           str(r.get("unit_sha256") or "")[:12], str(r.get("trigger") or ""),
-                           time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "-",
-                           Text(outcome, style=text_of(str(r.get("outcome", "?"))).style), took, phases,
-                           f"{headline:.1f}" if headline else ""])
-    print_table(stdout_console(), ["host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took",
-                                   "phases (s)", "tok/s C=1"], table_rows)
+        table_rows.append(
+            [
+                str(r.get("host", "?")),
+                str(r.get("revision", "?")),
+                str(r.get("model", "?")),
+                str(r.get("unit_sha256") or "")[:12],
+                str(r.get("trigger") or ""),
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "-",
+                Text(outcome, style=text_of(str(r.get("outcome", "?"))).style),
+                took,
+                phases,
+                f"{headline:.1f}" if headline else "",
+            ]
+        )
+    print_table(
+        stdout_console(),
+        ["host", "rev", "model", "unit sha", "trigger", "started", "outcome", "took", "phases (s)", "tok/s C=1"],
+        table_rows,
+    )
 
 
 def outcome_text(outcome: str) -> str:

@@ -24,33 +24,48 @@ def nonempty(ctx: click.Context, param: click.Parameter, value: str | None) -> s
     """A path option given as '' (an unset shell variable in `--config "$CFG"`) is refused, never read
     as the default file or the working directory."""
     if value == "":
-        raise click.BadParameter("an empty path (an unset variable?): name the file or directory, or leave the "
-                                 "option out", ctx=ctx, param=param)
+        raise click.BadParameter(
+            "an empty path (an unset variable?): name the file or directory, or leave the option out",
+            ctx=ctx,
+            param=param,
+        )
     return value
 
 
 def config_option(f: F) -> F:
-    return click.option("--config", "config", metavar="PATH", default=None, callback=nonempty,
-                        help="deploy.toml to use (default: $ORCHESTRATOR_CONFIG or ./deploy.toml)")(f)
+    return click.option(
+        "--config",
+        "config",
+        metavar="PATH",
+        default=None,
+        callback=nonempty,
+        help="deploy.toml to use (default: $ORCHESTRATOR_CONFIG or ./deploy.toml)",
+    )(f)
 
 
 def on_option(help: str, dest: str = "host") -> Callable[[F], F]:
     """``--on HOST``: the host of deploy.toml (``[hosts.HOST]``) a command acts on. ``--host`` before the
     command is the SSH box whose agent answers; after it, the old spelling of ``--on``, it is refused
     with the new one named (exit 2), so that ``--host`` means one thing."""
+
     def add(f: F) -> F:
         f = click.option("--on", dest, metavar="HOST", default=None, help=help)(f)
-        return click.option("--host", "moved_host", default=None, hidden=True, expose_value=False,
-                            callback=_host_moved)(f)
+        return click.option(
+            "--host", "moved_host", default=None, hidden=True, expose_value=False, callback=_host_moved
+        )(f)
+
     return add
 
 
 def _host_moved(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value is not None:
         name = ctx.info_name
-        raise click.UsageError(f"`{name} --host {value}`: a host of deploy.toml is named with --on now "
-                               f"(`orchestrator {name} --on {value}`); --host goes before the command and "
-                               f"reaches a box's agent over SSH (`orchestrator --host BOX {name}`)", ctx=ctx)
+        raise click.UsageError(
+            f"`{name} --host {value}`: a host of deploy.toml is named with --on now "
+            f"(`orchestrator {name} --on {value}`); --host goes before the command and "
+            f"reaches a box's agent over SSH (`orchestrator --host BOX {name}`)",
+            ctx=ctx,
+        )
 
 
 def local_option(f: F) -> F:
@@ -65,8 +80,9 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")(f)
 
 
-def printed(value: Any, as_json: bool, *, empty: Callable[[], str] | None = None,
-            text: Callable[[Any], str] | None = None) -> bool:
+def printed(
+    value: Any, as_json: bool, *, empty: Callable[[], str] | None = None, text: Callable[[Any], str] | None = None
+) -> bool:
     """What a command prints of an answer, in one place: with --json the answer as JSON; else for an
     empty one the words ``empty`` says, else ``text`` of it. False: nothing printed (the caller prints
     its table)."""

@@ -43,8 +43,9 @@ def _is_model_config(path: str | None) -> bool:
     return head.startswith(b"{")
 
 
-def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | None,
-                          refresh: bool, *, remote: bool = False) -> ModelConfig:
+def _catalog_model_config(
+    cat: Catalog, model: Model, host: Host, given: str | None, refresh: bool, *, remote: bool = False
+) -> ModelConfig:
     """config.json of a catalog model: --model-config, the model's `config`, the weights staged on this
     machine, the cache of earlier fetches, and only then the hub. ``remote`` (--host): the catalog is
     the box's, so its `config` paths and staged weights are files there; only a shipped one is read."""
@@ -52,39 +53,58 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
         return ModelConfig(hub_config.read_model_config(given, "model config"), None, given)
     shipped = model.config is not None and Path(model.config).parent == settings.SHIPPED_CONFIGS
     if model.config and (shipped or not remote):
-        return ModelConfig(hub_config.read_model_config(model.config, "model config"), None,
-                           f"{model.config} (models.{model.name}.config)")
+        return ModelConfig(
+            hub_config.read_model_config(model.config, "model config"),
+            None,
+            f"{model.config} (models.{model.name}.config)",
+        )
     if host.transport == "local" and not remote:
         staged = Path(model_dir_for(cat, model))
         if (staged / CONFIG_NAME).is_file():
             index_file = staged / INDEX_NAME
-            return ModelConfig(hub_config.read_model_config(staged / CONFIG_NAME, "staged config"),
-                               hub_config.read_json_file(index_file, "staged index") if index_file.is_file()
-                               else None, f"staged weights in {staged}")
+            return ModelConfig(
+                hub_config.read_model_config(staged / CONFIG_NAME, "staged config"),
+                hub_config.read_json_file(index_file, "staged index") if index_file.is_file() else None,
+                f"staged weights in {staged}",
+            )
     cached = None if refresh else hub_config.from_cache(model.repo, model.revision)
     if cached is not None:
         return cached
     try:
         return hub_config.from_hub(model.repo, model.revision)
     except OrchestratorError as exc:
-        exc.message += (f"; models.{model.name}.config {model.config!r} is a file on the box: pass "
-                        "--model-config PATH" if remote and model.config else
-                        f"; set models.{model.name}.config to a local copy of config.json or pass "
-                        "--model-config PATH")
+        exc.message += (
+            f"; models.{model.name}.config {model.config!r} is a file on the box: pass --model-config PATH"
+            if remote and model.config
+            else f"; set models.{model.name}.config to a local copy of config.json or pass --model-config PATH"
+        )
         raise
 
 
 @click.command()
 @click.argument("model", required=False)
-@click.option("--config", "config", metavar="PATH", callback=nonempty, default=None,
-              help="deploy.toml, or a model's bare config.json (with --gpus) to plan without a catalog")
+@click.option(
+    "--config",
+    "config",
+    metavar="PATH",
+    callback=nonempty,
+    default=None,
+    help="deploy.toml, or a model's bare config.json (with --gpus) to plan without a catalog",
+)
 @click.option("--model-config", metavar="PATH", callback=nonempty, default=None, help="config.json to use for MODEL")
-@click.option("--index", "index_path", metavar="PATH", callback=nonempty, default=None,
-              help="model.safetensors.index.json, for the real weight bytes")
+@click.option(
+    "--index",
+    "index_path",
+    metavar="PATH",
+    callback=nonempty,
+    default=None,
+    help="model.safetensors.index.json, for the real weight bytes",
+)
 @on_option("the host of deploy.toml to plan for", dest="host_name")
 @click.option("--gpus", type=int_in(1, 1024), default=None, help="GPU count (bare mode; per node)")
-@click.option("--nodes", type=int_in(1, 256), default=None,
-              help="boxes of --gpus GPUs each, for a model larger than one box")
+@click.option(
+    "--nodes", type=int_in(1, 256), default=None, help="boxes of --gpus GPUs each, for a model larger than one box"
+)
 @click.option("--gpu-memory-gib", type=number_in(0.1, 65536), default=None, help="memory of each GPU")
 @click.option("--tp", type=int_in(1, 1024), default=None, help="tensor parallel size")
 @click.option("--pp", type=int_in(1, 1024), default=None, help="pipeline parallel size")
@@ -94,16 +114,40 @@ def _catalog_model_config(cat: Catalog, model: Model, host: Host, given: str | N
 @click.option("--gpu-memory-utilization", type=number_in(0.05, 1.0), default=None)
 @click.option("--refresh", is_flag=True, help="fetch config.json from the hub again instead of the cached copy")
 @click.option("--all", "show_all", is_flag=True, help="list every valid layout, not the best few")
-@click.option("--serving", metavar="NAMES", default=None,
-              help="warm switches: the host's models serving now, comma-separated (default: the records)")
-@click.option("--asleep", metavar="NAMES", default=None,
-              help="warm switches: the host's models asleep now, least recently served first (default: the records)")
+@click.option(
+    "--serving",
+    metavar="NAMES",
+    default=None,
+    help="warm switches: the host's models serving now, comma-separated (default: the records)",
+)
+@click.option(
+    "--asleep",
+    metavar="NAMES",
+    default=None,
+    help="warm switches: the host's models asleep now, least recently served first (default: the records)",
+)
 @json_option
-def plan(model: str | None, config: str | None, model_config: str | None, index_path: str | None,
-         host_name: str | None, gpus: int | None, nodes: int | None, gpu_memory_gib: float | None, tp: int | None,
-         pp: int | None, dp: int | None, ep: bool | None, max_model_len: int | None,
-         gpu_memory_utilization: float | None, refresh: bool, show_all: bool, serving: str | None,
-         asleep: str | None, as_json: bool) -> None:
+def plan(
+    model: str | None,
+    config: str | None,
+    model_config: str | None,
+    index_path: str | None,
+    host_name: str | None,
+    gpus: int | None,
+    nodes: int | None,
+    gpu_memory_gib: float | None,
+    tp: int | None,
+    pp: int | None,
+    dp: int | None,
+    ep: bool | None,
+    max_model_len: int | None,
+    gpu_memory_utilization: float | None,
+    refresh: bool,
+    show_all: bool,
+    serving: str | None,
+    asleep: str | None,
+    as_json: bool,
+) -> None:
     """Say whether MODEL can load with its layout (or --tp/--ep...), why not, and what can.
 
     Exit status: 0 when the layout is valid, 3 when it is not, 2 for bad input, 4 when config.json
@@ -127,9 +171,11 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
             try:
                 hub_config.read_model_config(config, "model config")
             except OrchestratorError as exc:
-                raise UsageError(f"{exc}; without a MODEL, --config names a model's config.json (to plan a "
-                                 "model of a deploy.toml: orchestrator plan MODEL "
-                                 f"--config {shlex.quote(config)})") from None
+                raise UsageError(
+                    f"{exc}; without a MODEL, --config names a model's config.json (to plan a "
+                    "model of a deploy.toml: orchestrator plan MODEL "
+                    f"--config {shlex.quote(config)})"
+                ) from None
         if model is None:
             raise UsageError("name a MODEL of the catalog, or plan a bare config.json with --config PATH --gpus N")
         remote = remote_spec() is not None
@@ -140,14 +186,25 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
         cfg, index, source = found.config, index or found.index, found.source
         # A multi-node model: its GPUs per node (the same on each) times its nodes.
         count = len(m.gpus) if m.nodes else host.gpus
-        hw = planner.Hardware(gpu_count=gpus or count, gpu_memory_gib=gpu_memory_gib or host.gpu_memory_gib,
-                              interconnect=None if host.interconnect == "unknown" else host.interconnect,
-                              nodes=nodes or len(m.nodes) or 1, network=host.network)
-        wl = planner.Workload(max_model_len=max_model_len or m.max_model_len,
-                              gpu_memory_utilization=gpu_memory_utilization or m.gpu_memory_utilization
-                              or cat.defaults.gpu_memory_utilization)
-        requested = planner.Layout(tp or m.tensor_parallel, pp or m.pipeline_parallel, dp or m.data_parallel,
-                                   m.expert_parallel if ep is None else ep)
+        hw = planner.Hardware(
+            gpu_count=gpus or count,
+            gpu_memory_gib=gpu_memory_gib or host.gpu_memory_gib,
+            interconnect=None if host.interconnect == "unknown" else host.interconnect,
+            nodes=nodes or len(m.nodes) or 1,
+            network=host.network,
+        )
+        wl = planner.Workload(
+            max_model_len=max_model_len or m.max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization
+            or m.gpu_memory_utilization
+            or cat.defaults.gpu_memory_utilization,
+        )
+        requested = planner.Layout(
+            tp or m.tensor_parallel,
+            pp or m.pipeline_parallel,
+            dp or m.data_parallel,
+            m.expert_parallel if ep is None else ep,
+        )
         name = model
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
     result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes)
@@ -157,14 +214,33 @@ def plan(model: str | None, config: str | None, model_config: str | None, index_
     switch = _switch_kind(config, name) if name == model else None
     warm = None
     if name == model:
-        warm = _residency(cat, host, model, _weights_gib(cfg, index), switch, serving, asleep,
-                          remote=remote_spec() is not None, refresh=refresh)
+        warm = _residency(
+            cat,
+            host,
+            model,
+            _weights_gib(cfg, index),
+            switch,
+            serving,
+            asleep,
+            remote=remote_spec() is not None,
+            refresh=refresh,
+        )
     elif serving is not None or asleep is not None:
         raise UsageError("--serving and --asleep plan a catalog model's warm switch: name a MODEL")
     if as_json:
-        click.echo(json.dumps({"name": name, "config_source": source, **result.to_dict(),
-                               "ranking": note or "planner", **({"switch": switch} if switch else {}),
-                               **({"residency": warm.to_dict()} if warm else {})}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "name": name,
+                    "config_source": source,
+                    **result.to_dict(),
+                    "ranking": note or "planner",
+                    **({"switch": switch} if switch else {}),
+                    **({"residency": warm.to_dict()} if warm else {}),
+                },
+                indent=2,
+            )
+        )
     else:
         _print(name, result, hw, source, limit=None if show_all else 6, note=note)
         if switch:
@@ -189,22 +265,31 @@ def _names(value: str | None, cat: Catalog, host: Host, option: str) -> list[str
     on = cat.models_on(host.name)
     for n in names:
         if n not in on:
-            raise UsageError(f"{option} {value!r}: {n!r} is not a model of host {host.name} "
-                             f"(its models: {', '.join(on) or 'none'})")
+            raise UsageError(
+                f"{option} {value!r}: {n!r} is not a model of host {host.name} (its models: {', '.join(on) or 'none'})"
+            )
     return names
 
 
-def _residency(cat: Catalog, host: Host, model: str, weights: float | None, switch: dict[str, Any] | None,
-               serving: str | None, asleep: str | None, *, remote: bool,
-               refresh: bool) -> ResidencyPlan | None:
+def _residency(
+    cat: Catalog,
+    host: Host,
+    model: str,
+    weights: float | None,
+    switch: dict[str, Any] | None,
+    serving: str | None,
+    asleep: str | None,
+    *,
+    remote: bool,
+    refresh: bool,
+) -> ResidencyPlan | None:
     """The host's warm-switch plan, when one of its models has sleep mode: the states come from
     --serving/--asleep, else the records (the switch's displaced models serve; its ``asleep`` entries,
     least recently served first, sleep)."""
     on = cat.models_on(host.name)
     if not any(cat.models[n].sleep for n in on):
         if serving is not None or asleep is not None:
-            raise UsageError(f"--serving/--asleep: no model of host {host.name} has sleep mode "
-                             "(set models.NAME.sleep)")
+            raise UsageError(f"--serving/--asleep: no model of host {host.name} has sleep mode (set models.NAME.sleep)")
         return None
     check_budget(cat, host, model, weights, "from its config.json")
     now_serving = _names(serving, cat, host, "--serving")
@@ -232,9 +317,10 @@ def _local_weights(cat: Catalog, name: str, host: Host, *, remote: bool, refresh
             staged = Path(model_dir_for(cat, m))
             if (staged / CONFIG_NAME).is_file():
                 index_file = staged / INDEX_NAME
-                return _weights_gib(hub_config.read_json_file(staged / CONFIG_NAME, "staged config"),
-                                    hub_config.read_json_file(index_file, "staged index")
-                                    if index_file.is_file() else None)
+                return _weights_gib(
+                    hub_config.read_json_file(staged / CONFIG_NAME, "staged config"),
+                    hub_config.read_json_file(index_file, "staged index") if index_file.is_file() else None,
+                )
         cached = None if refresh else hub_config.from_cache(m.repo, m.revision)
     except OrchestratorError:
         return None
@@ -265,11 +351,13 @@ def _switch_kind(config: str | None, model: str) -> dict[str, Any] | None:
     except PermissionError:  # not root, and no agent answered: the layout verdict needs no records
         return None
     from orchestrator.wiring import operations
+
     return operations(cat, reading=True).explain(model)
 
 
-def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | None, limit: int | None,
-           note: str = "") -> None:
+def _print(
+    name: str, result: planner.Plan, hw: planner.Hardware, source: str | None, limit: int | None, note: str = ""
+) -> None:
     console = stdout_console()
     v = result.requested
     mark = "[green]valid[/]" if v.valid else "[red]cannot load[/]"
@@ -282,19 +370,34 @@ def _print(name: str, result: planner.Plan, hw: planner.Hardware, source: str | 
         console.print(f"  ! {warning}", markup=False)
     if v.memory:
         mem = v.memory
-        console.print(f"  memory per GPU: weights {mem.weights_gib:.1f} GiB ({mem.weights_source}) + KV cache "
-                      f"{mem.kv_cache_gib:.1f} GiB + overhead {mem.overhead_gib:.1f} GiB = {mem.required_gib:.1f} "
-                      f"of {mem.budget_gib:.1f} GiB budget", markup=False)
+        console.print(
+            f"  memory per GPU: weights {mem.weights_gib:.1f} GiB ({mem.weights_source}) + KV cache "
+            f"{mem.kv_cache_gib:.1f} GiB + overhead {mem.overhead_gib:.1f} GiB = {mem.required_gib:.1f} "
+            f"of {mem.budget_gib:.1f} GiB budget",
+            markup=False,
+        )
     if v.fix:
         console.print(f"  fix: {v.fix}", markup=False)
     if result.layouts:
         shown = result.layouts[:limit] if limit else result.layouts
         more = len(result.layouts) - len(shown)
-        rows = [[str(n), str(lay.layout), str(lay.layout.gpus),
-                 f"{lay.memory.weights_gib:.1f} GiB" if lay.memory else "?",
-                 str(lay.memory.max_full_sequences) if lay.memory else "?"] for n, lay in enumerate(shown, 1)]
+        rows = [
+            [
+                str(n),
+                str(lay.layout),
+                str(lay.layout.gpus),
+                f"{lay.memory.weights_gib:.1f} GiB" if lay.memory else "?",
+                str(lay.memory.max_full_sequences) if lay.memory else "?",
+            ]
+            for n, lay in enumerate(shown, 1)
+        ]
         console.print()
-        print_table(console, ["#", "layout", "GPUs", "weights/GPU", "full-length seqs/replica"], rows,
-                    title="valid layouts, best first" + (f" ({more} more: --all)" if more else "")
-                    + (f"\n{note}" if note else ""),
-                    notes=[lay.why for lay in shown])
+        print_table(
+            console,
+            ["#", "layout", "GPUs", "weights/GPU", "full-length seqs/replica"],
+            rows,
+            title="valid layouts, best first"
+            + (f" ({more} more: --all)" if more else "")
+            + (f"\n{note}" if note else ""),
+            notes=[lay.why for lay in shown],
+        )

@@ -14,6 +14,7 @@ from orchestrator.core.states import phase_label, text_of
 
 T = TypeVar("T")
 
+
 class ProgressPrinter:
     def __init__(self, console: Console | None = None, quiet: bool = False) -> None:
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
@@ -44,16 +45,21 @@ class ProgressPrinter:
     def __call__(self, event: str, fields: dict[str, Any]) -> None:
         if event == "phase":
             phase = text_of(str(fields.get("phase")))
-            label = phase_label(str(fields.get("phase")), proxy=bool(fields.get("proxy", True)),
-                                handover=bool(fields.get("handover", False)),
-                                beside=bool(fields.get("beside", False)))
+            label = phase_label(
+                str(fields.get("phase")),
+                proxy=bool(fields.get("proxy", True)),
+                handover=bool(fields.get("handover", False)),
+                beside=bool(fields.get("beside", False)),
+            )
             if label is None:
                 return
             self._line(f"#{fields.get('revision', '?')} {fields.get('model', '')}: {label}", phase.style)
             self._spin(label)
         elif event == "waiting":
-            text = (f"  waiting for {fields['unit']}: {fields.get('last')} "
-                    f"({fields['seconds']:.0f} s of {fields['deadline']:g} s)")
+            text = (
+                f"  waiting for {fields['unit']}: {fields.get('last')} "
+                f"({fields['seconds']:.0f} s of {fields['deadline']:g} s)"
+            )
             self._line(text, "dim")
         elif event == "stage_progress":
             done, total = int(fields.get("bytes", 0)), int(fields.get("total", 0) or 0)
@@ -71,8 +77,9 @@ class ProgressPrinter:
         elif event == "ready":
             self._line(f"  {fields['unit']} ready after {fields['seconds']:.1f} s", "green")
         elif event == "rollback" and "to_set" in fields:  # with the proxy: the serving set as it was
-            self._line(f"  rolling back to the serving set before: {', '.join(fields['to_set']) or 'nothing'}",
-                       "yellow")
+            self._line(
+                f"  rolling back to the serving set before: {', '.join(fields['to_set']) or 'nothing'}", "yellow"
+            )
         elif event == "rollback":
             self._line(f"  rolling back to revision {fields['to_revision']} ({fields['model']})", "yellow")
         elif (warm := warm_line(event, fields)) is not None:

@@ -41,8 +41,14 @@ if TYPE_CHECKING:  # an in-CLI rollout loads the fleet (and the catalog); a clie
 # with it); no flag or environment variable reaches it.
 after_batch_hook: AfterBatch | None = None
 
-_STYLE = {"switched": "green", "failed": "red", "reverted": "yellow", "switching": "cyan", "staging": "cyan",
-          "reverting": "yellow"}
+_STYLE = {
+    "switched": "green",
+    "failed": "red",
+    "reverted": "yellow",
+    "switching": "cyan",
+    "staging": "cyan",
+    "reverting": "yellow",
+}
 
 
 class FleetProgress:
@@ -67,9 +73,11 @@ class FleetProgress:
     def __call__(self, host: str, event: str, fields: dict[str, Any]) -> None:
         if event == "rollout_paused":  # the whole rollout waits for a lost box: no row of its own
             if not self.quiet:
-                self.console.print(f"{time.monotonic() - self.t0:7.1f}s {fields.get('reason', 'paused')} "
-                                   f"(the controller tries again every {fields.get('retry_s', '?')} s)",
-                                   markup=False)
+                self.console.print(
+                    f"{time.monotonic() - self.t0:7.1f}s {fields.get('reason', 'paused')} "
+                    f"(the controller tries again every {fields.get('retry_s', '?')} s)",
+                    markup=False,
+                )
             return
         row = self.rows.setdefault(host, {"batch": "", "state": "pending", "phase": "", "detail": ""})
         line: str | None = None
@@ -102,20 +110,34 @@ class FleetProgress:
         return table
 
 
-def _fleet(config: str | None, command: str, report: FleetProgress | None = None, *,
-           on_start: Callable[[int], None] | None = None, reading: bool = False) -> Fleet:
+def _fleet(
+    config: str | None,
+    command: str,
+    report: FleetProgress | None = None,
+    *,
+    on_start: Callable[[int], None] | None = None,
+    reading: bool = False,
+) -> Fleet:
     """``reading``: for a read-only command (rollout status, status --group): rollouts.db opens read-only."""
     spec = remote_spec()
     if spec is not None:
-        raise UsageError(f"{command} runs on the controller and reaches every box's agent itself; drop "
-                         f"--host {spec} (the hosts come from the controller's deploy.toml)")
+        raise UsageError(
+            f"{command} runs on the controller and reaches every box's agent itself; drop "
+            f"--host {spec} (the hosts come from the controller's deploy.toml)"
+        )
     from orchestrator.rollout.fleet import Fleet
     from orchestrator.rollout.store import RolloutStore
 
     cat = settings.load(config)
     store = RolloutStore(Path(cat.state_dir) / "rollouts.db", group=cat.socket_group, reading=True) if reading else None
-    fleet = Fleet(cat, report=report, after_batch=after_batch_hook, on_start=on_start, store=store,
-                  started_by=f"{getpass.getuser()}@{socket.gethostname()} (this CLI)")
+    fleet = Fleet(
+        cat,
+        report=report,
+        after_batch=after_batch_hook,
+        on_start=on_start,
+        store=store,
+        started_by=f"{getpass.getuser()}@{socket.gethostname()} (this CLI)",
+    )
     click.get_current_context().call_on_close(fleet.close)
     return fleet
 
@@ -144,12 +166,20 @@ def _controller(config: str | None) -> AgentClient | None:
 
 
 def _no_controller_note(rid: int) -> None:
-    click.echo(f"note: rollout #{rid} runs in this CLI (no controller: give --host CTL, or run the agent with "
-               "this deploy.toml); if this CLI stops, `orchestrator rollout resume` finishes it", err=True)
+    click.echo(
+        f"note: rollout #{rid} runs in this CLI (no controller: give --host CTL, or run the agent with "
+        "this deploy.toml); if this CLI stops, `orchestrator rollout resume` finishes it",
+        err=True,
+    )
 
 
-def _run(config: str | None, command: str, as_json: bool, call: Callable[[Fleet], dict[str, Any]],
-         on_start: Callable[[int], None] | None = None) -> None:
+def _run(
+    config: str | None,
+    command: str,
+    as_json: bool,
+    call: Callable[[Fleet], dict[str, Any]],
+    on_start: Callable[[int], None] | None = None,
+) -> None:
     progress = FleetProgress(quiet=as_json)
     try:
         result = call(_fleet(config, command, progress, on_start=on_start))
@@ -165,14 +195,19 @@ def _follow(client: AgentClient, rid: int, as_json: bool) -> None:
     progress = FleetProgress(quiet=as_json)
     again = f"`orchestrator {client.follow_hint}rollout status --follow --id {rid}` re-attaches"
     try:
-        result = client.call(ROLLOUT_FOLLOW, {"id": rid},
-                             lambda event, fields: progress(str(fields.pop("group_host", "")), event, fields))
+        result = client.call(
+            ROLLOUT_FOLLOW,
+            {"id": rid},
+            lambda event, fields: progress(str(fields.pop("group_host", "")), event, fields),
+        )
     except (KeyboardInterrupt, Detached):  # the client turns Ctrl-C into Detached; either way: ours
         raise Detached(f"detached from rollout #{rid}: it goes on on the controller; {again}") from None
     except (AgentError, TransportError) as exc:
-        lost = type(exc)(f"lost the controller while following rollout #{rid} ({str(exc).splitlines()[0]}); the "
-                         f"rollout is the controller's and goes on there (or resumes when its agent restarts); "
-                         f"{again}")
+        lost = type(exc)(
+            f"lost the controller while following rollout #{rid} ({str(exc).splitlines()[0]}); the "
+            f"rollout is the controller's and goes on there (or resumes when its agent restarts); "
+            f"{again}"
+        )
         lost.exit_code = exc.exit_code
         raise lost from None
     finally:
@@ -185,9 +220,12 @@ def _follow(client: AgentClient, rid: int, as_json: bool) -> None:
 def _started(client: AgentClient, answer: dict[str, Any], as_json: bool) -> None:
     ro = answer["rollout"]
     if not as_json:
-        click.echo(f"rollout #{answer['id']} {ro['model']} on group {ro['group']}: run by the controller "
-                   f"(agent pid {ro['controller']['pid']}), started by {ro.get('started_by') or 'unknown'}; "
-                   "Ctrl-C detaches", err=True)
+        click.echo(
+            f"rollout #{answer['id']} {ro['model']} on group {ro['group']}: run by the controller "
+            f"(agent pid {ro['controller']['pid']}), started by {ro.get('started_by') or 'unknown'}; "
+            "Ctrl-C detaches",
+            err=True,
+        )
     _follow(client, int(answer["id"]), as_json)
 
 
@@ -198,12 +236,22 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     ro = result["rollout"]
     why = f": {ro['reason']}" if ro.get("reason") else ""
     who = f" (started by {ro['started_by']})" if ro.get("started_by") else ""
-    asked = (" (abort requested)"
-             if ro.get("abort_requested") and ro["status"] in ("running", "paused", "interrupted") else "")
+    asked = (
+        " (abort requested)"
+        if ro.get("abort_requested") and ro["status"] in ("running", "paused", "interrupted")
+        else ""
+    )
     click.echo(f"rollout #{ro['id']} {ro['model']} on group {ro['group']}{who}: {ro['status']}{asked}{why}")
     for h in result["hosts"]:
-        extra = " ".join(x for x in (f"deployment #{h['deployment_id']}" if h["deployment_id"] else "",
-                                     h["outcome"] or "", h["error"] or "") if x)
+        extra = " ".join(
+            x
+            for x in (
+                f"deployment #{h['deployment_id']}" if h["deployment_id"] else "",
+                h["outcome"] or "",
+                h["error"] or "",
+            )
+            if x
+        )
         click.echo(f"  {h['host']:<12} batch {h['batch']}  {h['state']:<9} {extra}")
     if result.get("message"):
         click.echo(result["message"])
@@ -232,19 +280,39 @@ def rollout() -> None:
 @click.option("--max-failures", type=int_in(0, MAX_HOSTS), default=None, help="failed hosts tolerated")
 @click.option("--rollback-all", is_flag=True, help="when the rollout stops, return the switched hosts too")
 @json_option
-def start(model: str, config: str | None, group: str | None, canary: int | None, batch: int | None,
-          max_failures: int | None, rollback_all: bool, as_json: bool) -> None:
+def start(
+    model: str,
+    config: str | None,
+    group: str | None,
+    canary: int | None,
+    batch: int | None,
+    max_failures: int | None,
+    rollback_all: bool,
+    as_json: bool,
+) -> None:
     """Stage MODEL on every host (one hub download), then switch canary and batches through each agent.
     With a controller (--host CTL, or the agent of this deploy.toml) the rollout is its job."""
     client = _controller(config)
     if client is not None:
-        args = {"model": model, "group": group, "canary": canary, "batch": batch, "max_failures": max_failures,
-                "rollback_all": rollback_all}
+        args = {
+            "model": model,
+            "group": group,
+            "canary": canary,
+            "batch": batch,
+            "max_failures": max_failures,
+            "rollback_all": rollback_all,
+        }
         _started(client, client.call(ROLLOUT_START, args), as_json)
         return
-    _run(config, "rollout", as_json, lambda f: f.rollout(model, group=group, canary=canary, batch=batch,
-                                                         max_failures=max_failures, rollback_all=rollback_all),
-         on_start=_no_controller_note)
+    _run(
+        config,
+        "rollout",
+        as_json,
+        lambda f: f.rollout(
+            model, group=group, canary=canary, batch=batch, max_failures=max_failures, rollback_all=rollback_all
+        ),
+        on_start=_no_controller_note,
+    )
 
 
 @rollout.command("resume")
@@ -290,8 +358,10 @@ def rollout_status(config: str | None, rid: int | None, follow: bool, as_json: b
         _print(client.call(ROLLOUT_STATUS, {"id": rid}), as_json)
         return
     if follow:
-        raise UsageError("rollout status --follow re-attaches to a controller's rollout: give --host CTL (or run "
-                         "the agent with this deploy.toml); an in-CLI rollout is followed where it runs")
+        raise UsageError(
+            "rollout status --follow re-attaches to a controller's rollout: give --host CTL (or run "
+            "the agent with this deploy.toml); an in-CLI rollout is followed where it runs"
+        )
     _print(_fleet(config, "rollout status", reading=True).summary(rid), as_json)
 
 
@@ -342,6 +412,8 @@ def group_history_lines(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{r['group_host']:<12} unreachable: {r['error']}")
             continue
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
-        lines.append(f"{at} {r['group_host']:<12} #{r['revision']:<3} {r['model']:<16} {r['outcome']:<11} "
-                     f"{r['trigger']}" + (f"  error: {r['error']}" if r.get("error") else ""))
+        lines.append(
+            f"{at} {r['group_host']:<12} #{r['revision']:<3} {r['model']:<16} {r['outcome']:<11} "
+            f"{r['trigger']}" + (f"  error: {r['error']}" if r.get("error") else "")
+        )
     return lines

@@ -24,8 +24,14 @@ def stdout_console() -> Console:
     return console
 
 
-def print_table(console: Console, headers: Sequence[str], rows: Sequence[Sequence[Cell]], *,
-                title: str | None = None, notes: Sequence[str] = ()) -> None:
+def print_table(
+    console: Console,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Cell]],
+    *,
+    title: str | None = None,
+    notes: Sequence[str] = (),
+) -> None:
     """Print rows under headers, whole; ``notes`` follow as numbered lines under the table.
 
     A cell is shown as given (no markup is interpreted); a Text cell keeps its style on a terminal.
@@ -53,8 +59,7 @@ def print_table(console: Console, headers: Sequence[str], rows: Sequence[Sequenc
             console.print(Text(f"{number:>3}. {note}"), soft_wrap=True)
 
 
-def _print_plain(console: Console, headers: Sequence[str], rows: Sequence[Sequence[Cell]],
-                 title: str | None) -> None:
+def _print_plain(console: Console, headers: Sequence[str], rows: Sequence[Sequence[Cell]], title: str | None) -> None:
     plain = [[cell if isinstance(cell, str) else cell.plain for cell in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in plain)]) for i, h in enumerate(headers)]
     if title:

@@ -50,8 +50,9 @@ def backend(config: str | None, *, local: bool = False, ignore_agent: bool = Fal
     if local:
         raise UsageError(f"--local runs in this process; it cannot be combined with --host {spec}")
     if config is not None:
-        raise UsageError(f"--config {config}: with --host {spec} the box's own deploy.toml is used "
-                         "(see `orchestrator config show`)")
+        raise UsageError(
+            f"--config {config}: with --host {spec} the box's own deploy.toml is used (see `orchestrator config show`)"
+        )
     from orchestrator.client.remote import RemoteAgentClient
     from orchestrator.client.targets import resolve
 
@@ -80,8 +81,14 @@ def _box_agent(config: str | None) -> AgentClient | None:
     return agent_at(default_socket(config))
 
 
-def run_model_job(op: Operation[Any, dict[str, Any]], model: str, config: str | None, local: bool, as_json: bool,
-                  text: Callable[[dict[str, Any]], str]) -> None:
+def run_model_job(
+    op: Operation[Any, dict[str, Any]],
+    model: str,
+    config: str | None,
+    local: bool,
+    as_json: bool,
+    text: Callable[[dict[str, Any]], str],
+) -> None:
     """A job on MODEL's host through whichever backend (progress on stderr); its result as JSON or ``text``."""
     from orchestrator.cli.options import printed
     from orchestrator.cli.progress import with_progress
@@ -106,5 +113,7 @@ def local_only(command: str) -> None:
     """Commands that do not go through the agent yet refuse --host instead of acting locally."""
     spec = remote_spec()
     if spec is not None:
-        raise UsageError(f"{command} does not go through the agent yet: run it on the box "
-                         f"(ssh {spec.removeprefix('ssh://')} orchestrator {command}), without --host")
+        raise UsageError(
+            f"{command} does not go through the agent yet: run it on the box "
+            f"(ssh {spec.removeprefix('ssh://')} orchestrator {command}), without --host"
+        )

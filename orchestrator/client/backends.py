@@ -94,8 +94,10 @@ class AgentClient(Backend):
         spec = OPERATIONS.get(op)
         if spec is None or spec.job is None:  # a query: nothing was running for it
             return text
-        return (f"{text}; the agent resumes the {op} when it starts again (systemd restarts it), or rolls it "
-                f"back: follow it with `orchestrator {self.follow_hint}status --follow`")
+        return (
+            f"{text}; the agent resumes the {op} when it starts again (systemd restarts it), or rolls it "
+            f"back: follow it with `orchestrator {self.follow_hint}status --follow`"
+        )
 
     def call(self, op: Operation[Any, R], args: dict[str, Any], progress: ProgressCallback | None = None) -> R:
         return op.reply(self.answer(op.name, args, progress), f"agent at {self.path}")
@@ -114,8 +116,10 @@ class AgentClient(Backend):
                         progress(event.name, event.fields)
             return reader.reply.value()
         except KeyboardInterrupt:
-            raise Detached(f"detached from {op}: the agent carries on (follow it with `orchestrator "
-                           f"{self.follow_hint}status --follow`)") from None
+            raise Detached(
+                f"detached from {op}: the agent carries on (follow it with `orchestrator "
+                f"{self.follow_hint}status --follow`)"
+            ) from None
         except OSError as exc:
             raise AgentError(f"agent socket {self.path}: {op}: {exc.strerror or exc}") from exc
         finally:
@@ -143,9 +147,11 @@ class LocalBackend(Backend):
         with self._boxes(op.locks(self.catalog, parsed)), self._parking_on_sigint(op.name) as asked:
             result = op.in_process(self.reader if op.reads_only else self.ops, parsed, Caller(progress=progress))
         if asked:
-            stopped = Interrupted(f"interrupted (Ctrl-C): {op.name} stopped after its current step{_where(result)}; "
-                                  "nothing runs it now: `orchestrator recover` finishes it (so does the next switch, "
-                                  "or the agent when it starts), `orchestrator status` shows it")
+            stopped = Interrupted(
+                f"interrupted (Ctrl-C): {op.name} stopped after its current step{_where(result)}; "
+                "nothing runs it now: `orchestrator recover` finishes it (so does the next switch, "
+                "or the agent when it starts), `orchestrator status` shows it"
+            )
             stopped.partial = result
             raise stopped
         return result
@@ -165,8 +171,11 @@ class LocalBackend(Backend):
                 raise KeyboardInterrupt
             asked.append(True)
             self.ops.park_all()
-            os.write(2, b"\nCtrl-C: the current step finishes, then the operation stops, recorded "
-                        b"(Ctrl-C again to quit at once)\n")
+            os.write(
+                2,
+                b"\nCtrl-C: the current step finishes, then the operation stops, recorded "
+                b"(Ctrl-C again to quit at once)\n",
+            )
 
         previous = signal.signal(signal.SIGINT, park)
         try:
@@ -189,8 +198,10 @@ class LocalBackend(Backend):
 def _where(result: object) -> str:
     """Which deployment an interrupted operation left, and its phase, when its result says."""
     if isinstance(result, dict) and "revision" in result:
-        return f": revision {result['revision']} ({result.get('model', '?')}) in phase " \
-               f"{result.get('phase') or result.get('outcome', '?')} on {result.get('host', '?')}"
+        return (
+            f": revision {result['revision']} ({result.get('model', '?')}) in phase "
+            f"{result.get('phase') or result.get('outcome', '?')} on {result.get('host', '?')}"
+        )
     return ""
 
 

@@ -40,22 +40,29 @@ def box_lock(host: Host, *, ignore_agent: bool = False) -> Iterator[None]:
     target = Target.of_host(host)
     session = SshSession(target)
     try:
-        channel = session.exec(f"sh -c {shlex.quote(_SCRIPT)} lock {'ignore-agent' if ignore_agent else 'check'}",
-                               f"the lock on {LOCK_FILE}")
+        channel = session.exec(
+            f"sh -c {shlex.quote(_SCRIPT)} lock {'ignore-agent' if ignore_agent else 'check'}",
+            f"the lock on {LOCK_FILE}",
+        )
         first = channel.makefile("rb").readline().decode(errors="replace").strip()
         if first == "AGENT":
-            raise Busy(f"host {host.name}: its agent ({AGENT_UNIT}) runs on {host.address} and owns the box: "
-                       f"use `orchestrator --host ssh://{target.where} ...` (or --ignore-agent)", host=host.name)
+            raise Busy(
+                f"host {host.name}: its agent ({AGENT_UNIT}) runs on {host.address} and owns the box: "
+                f"use `orchestrator --host ssh://{target.where} ...` (or --ignore-agent)",
+                host=host.name,
+            )
         if first != "LOCKED":
             status = channel.recv_exit_status()
             if status == _HELD:
                 holder = session.exec(f"cat {LOCK_FILE}", "a read of the lock's holder").makefile("rb").read()
-                raise Busy(f"host {host.name}: another controller holds {LOCK_FILE} on the box "
-                           f"({holder.decode(errors='replace').strip() or 'holder unknown'}); try again when it "
-                           "is done", host=host.name)
+                raise Busy(
+                    f"host {host.name}: another controller holds {LOCK_FILE} on the box "
+                    f"({holder.decode(errors='replace').strip() or 'holder unknown'}); try again when it "
+                    "is done",
+                    host=host.name,
+                )
             err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
-            raise TransportError(f"host {host.name}: could not take {LOCK_FILE} (exit {status}): {err}",
-                                 host=host.name)
+            raise TransportError(f"host {host.name}: could not take {LOCK_FILE} (exit {status}): {err}", host=host.name)
         yield
     finally:
         session.close()  # the box's `cat` sees EOF, flock exits, the lock is free

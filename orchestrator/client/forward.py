@@ -70,6 +70,7 @@ def unix_opener(path: str) -> Callable[[], Stream]:
             sock.close()
             raise OrchestratorError(f"dashboard socket {path}: {exc.strerror or exc}") from exc
         return sock
+
     return open_
 
 
@@ -133,8 +134,11 @@ def check(head: bytes, fwd: Forwarder) -> bytes | None:
             k, v = line.split(":", 1)
             headers[k.strip().lower()] = v.strip()
     if headers.get("host") not in fwd.allowed_hosts():
-        return _reply(403, f"403: Host {headers.get('host', '')[:100]!r} is not this forwarder "
-                           f"({', '.join(sorted(fwd.allowed_hosts()))})\n")
+        return _reply(
+            403,
+            f"403: Host {headers.get('host', '')[:100]!r} is not this forwarder "
+            f"({', '.join(sorted(fwd.allowed_hosts()))})\n",
+        )
     url = urlsplit(target)
     query = parse_qsl(url.query, keep_blank_values=True)
     given = dict(query).get("token")
@@ -143,8 +147,11 @@ def check(head: bytes, fwd: Forwarder) -> bytes | None:
             return _reply(403, "403: wrong token: open the URL `orchestrator dashboard` printed\n")
         rest = urlencode([(k, v) for k, v in query if k != "token"])
         location = (url.path or "/") + (f"?{rest}" if rest else "")
-        return _reply(303, "", {"Location": location, "Set-Cookie": f"{fwd.cookie}={fwd.token}; Path=/; HttpOnly; "
-                                                                       "SameSite=Strict"})
+        return _reply(
+            303,
+            "",
+            {"Location": location, "Set-Cookie": f"{fwd.cookie}={fwd.token}; Path=/; HttpOnly; SameSite=Strict"},
+        )
     try:
         jar = SimpleCookie(headers.get("cookie", ""))
     except CookieError:
@@ -158,9 +165,14 @@ def check(head: bytes, fwd: Forwarder) -> bytes | None:
 def _reply(status: int, text: str, headers: dict[str, str] | None = None) -> bytes:
     reason = {303: "See Other", 400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
     body = text.encode()
-    lines = [f"HTTP/1.1 {status} {reason}", "Content-Type: text/plain; charset=utf-8",
-             f"Content-Length: {len(body)}", "Connection: close", "Cache-Control: no-store",
-             *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    lines = [
+        f"HTTP/1.1 {status} {reason}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        "Cache-Control: no-store",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
@@ -180,6 +192,7 @@ def _read_head(sock: socket.socket) -> bytes:
 def _pipe(client: socket.socket, upstream: Stream, first: bytes) -> None:
     """Both ways until either side closes; then both are closed. A far end that closes before its first
     byte (the relay found no agent, the agent went away) is a 502 saying why, not an empty reply."""
+
     def up() -> None:
         try:
             upstream.sendall(first)
@@ -202,8 +215,9 @@ def _pipe(client: socket.socket, upstream: Stream, first: bytes) -> None:
             client.sendall(data)
         if not answered:
             why = getattr(upstream, "failure", lambda: None)()
-            client.sendall(_reply(502, f"the dashboard closed the connection without an answer"
-                                       f"{': ' + why if why else ''}\n"))
+            client.sendall(
+                _reply(502, f"the dashboard closed the connection without an answer{': ' + why if why else ''}\n")
+            )
     except OSError:
         pass
     finally:

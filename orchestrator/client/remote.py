@@ -39,25 +39,30 @@ class RemoteAgentClient(AgentClient):
 
     def ended(self, op: str, stream: Any) -> OrchestratorError:
         if self._ssh is None or not self._ssh.active():
-            return TransportError(f"host {self.target.name} ({self.target.where}): the SSH connection dropped "
-                                  f"during {op}; the agent on the box carries on (re-attach with `orchestrator "
-                                  f"{self.follow_hint}status --follow`)")
+            return TransportError(
+                f"host {self.target.name} ({self.target.where}): the SSH connection dropped "
+                f"during {op}; the agent on the box carries on (re-attach with `orchestrator "
+                f"{self.follow_hint}status --follow`)"
+            )
         status = stream.recv_exit_status()
         err = stream.makefile_stderr("rb").read().decode(errors="replace").strip()
         if status == 0 and not err:  # the relay saw the agent's socket close: the agent went away
             return AgentError(self.went_away(op))
         last = err.splitlines()[-1].removeprefix("error: ") if err else f"relay exited {status}"
         if status == RELAY_NOT_FOUND:
-            return AgentError(f"host {self.target.name}: no orchestrator on the box ({last}); install it with "
-                              f"`orchestrator agent install ssh://{self.target.where}` or set python in the "
-                              "hosts file")
+            return AgentError(
+                f"host {self.target.name}: no orchestrator on the box ({last}); install it with "
+                f"`orchestrator agent install ssh://{self.target.where}` or set python in the "
+                "hosts file"
+            )
         return AgentError(f"host {self.target.name}: {last}")
 
     def open_relay(self, socket_path: str) -> Any:
         """A byte stream to another Unix socket of the agent on the box (the dashboard's), through the
         same relay on the same SSH connection: the agent sees the SSH login's uid, as on its socket."""
-        return self._session().exec(shlex.join([self.target.python, "-m", "orchestrator.agent.relay",
-                                                "--socket", socket_path]), "the relay")
+        return self._session().exec(
+            shlex.join([self.target.python, "-m", "orchestrator.agent.relay", "--socket", socket_path]), "the relay"
+        )
 
     def close(self) -> None:
         if self._ssh is not None:

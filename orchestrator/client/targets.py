@@ -54,8 +54,16 @@ class Target:
     @classmethod
     def of_host(cls, host: Host) -> Target:
         """A deploy.toml host as a target (the fleet's boxes, the agentless lock): its SSH settings."""
-        return cls(name=host.name, address=host.address, port=host.ssh_port, user=host.ssh_user, key=host.ssh_key,
-                   known_hosts=host.known_hosts, python=host.python or DEFAULT_PYTHON, socket=host.agent_socket)
+        return cls(
+            name=host.name,
+            address=host.address,
+            port=host.ssh_port,
+            user=host.ssh_user,
+            key=host.ssh_key,
+            known_hosts=host.known_hosts,
+            python=host.python or DEFAULT_PYTHON,
+            socket=host.agent_socket,
+        )
 
     def relay_command(self) -> str:
         argv = [self.python, "-m", "orchestrator.agent.relay"]
@@ -86,6 +94,7 @@ _LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?", re.ASCII)
 def parse_url(url: str, *, name: str | None = None, source: str = "--host") -> Target:
     """ssh://[user@]address[:port] -> Target; anything else is a UsageError naming the value and the
     part of it that is wrong."""
+
     def bad(problem: str) -> UsageError:
         return UsageError(f"{source} {clip(url)}: {problem}")
 
@@ -127,8 +136,9 @@ def _address(host: str, bad: Callable[[str], UsageError]) -> str:
         if len(label) > 63:
             raise bad(f"host name {clip(host)} has a label of {len(label)} characters (at most 63)")
         if not _LABEL_RE.fullmatch(label):
-            raise bad(f"host {clip(host)} is not a host name or address (labels of letters, digits and '-', "
-                      "joined by '.')")
+            raise bad(
+                f"host {clip(host)} is not a host name or address (labels of letters, digits and '-', joined by '.')"
+            )
     if len(host) > 253:
         raise bad(f"host name of {len(host)} characters (at most 253)")
     return host
@@ -157,11 +167,12 @@ def load_hosts(path: Path) -> dict[str, Target]:
     out: dict[str, Target] = {}
     for alias, entry in data.items():
         if not isinstance(entry, dict):
-            raise ConfigError(f"expected a table [{alias}] with url = \"ssh://...\"", file=str(path), key=alias)
+            raise ConfigError(f'expected a table [{alias}] with url = "ssh://..."', file=str(path), key=alias)
         unknown = set(entry) - _KEYS
         if unknown:
-            raise ConfigError(f"unknown key {min(unknown)!r} (known: {', '.join(sorted(_KEYS))})",
-                              file=str(path), key=alias)
+            raise ConfigError(
+                f"unknown key {min(unknown)!r} (known: {', '.join(sorted(_KEYS))})", file=str(path), key=alias
+            )
         bad = [k for k, v in entry.items() if not isinstance(v, str) or not v]
         if bad or "url" not in entry:
             key = f"{alias}.{bad[0] if bad else 'url'}"
@@ -173,17 +184,31 @@ def load_hosts(path: Path) -> dict[str, Target]:
         for key in ("python", "socket"):  # words of the relay's command line on the box: plain paths only
             value = entry.get(key)
             if value is not None and not _plain_path(value):
-                raise ConfigError(f"{key} {clip(value)} must be an absolute path of letters, digits and . _ + - / "
-                                  "with no '.' or '..' parts (it is run on the box as part of the relay's command)",
-                                  file=str(path), key=f"{alias}.{key}")
+                raise ConfigError(
+                    f"{key} {clip(value)} must be an absolute path of letters, digits and . _ + - / "
+                    "with no '.' or '..' parts (it is run on the box as part of the relay's command)",
+                    file=str(path),
+                    key=f"{alias}.{key}",
+                )
         for key in ("key", "known_hosts"):  # as deploy.toml's ssh_key: never relative to wherever the CLI runs
             value = entry.get(key)
             if value is not None and (not value.startswith(("/", "~/")) or not value.isprintable()):
-                raise ConfigError(f"{key} {clip(value)} must be an absolute path (or start with '~/'), one line of "
-                                  "printable characters", file=str(path), key=f"{alias}.{key}")
-        out[alias] = Target(name=alias, address=base.address, port=base.port, user=base.user,
-                            key=_expand(entry.get("key")), known_hosts=_expand(entry.get("known_hosts")),
-                            python=entry.get("python", DEFAULT_PYTHON), socket=entry.get("socket"))
+                raise ConfigError(
+                    f"{key} {clip(value)} must be an absolute path (or start with '~/'), one line of "
+                    "printable characters",
+                    file=str(path),
+                    key=f"{alias}.{key}",
+                )
+        out[alias] = Target(
+            name=alias,
+            address=base.address,
+            port=base.port,
+            user=base.user,
+            key=_expand(entry.get("key")),
+            known_hosts=_expand(entry.get("known_hosts")),
+            python=entry.get("python", DEFAULT_PYTHON),
+            socket=entry.get("socket"),
+        )
     return out
 
 
@@ -196,15 +221,24 @@ def resolve(spec: str, source: str = "--host") -> Target:
         url = parse_url(spec, source=source)
         ref = known.get(url.address)
         if ref is not None and (ref.port, ref.user) == (url.port, url.user):
-            return Target(name=spec, address=url.address, port=url.port, user=url.user, key=ref.key,
-                          known_hosts=ref.known_hosts, python=ref.python, socket=ref.socket)
+            return Target(
+                name=spec,
+                address=url.address,
+                port=url.port,
+                user=url.user,
+                key=ref.key,
+                known_hosts=ref.known_hosts,
+                python=ref.python,
+                socket=ref.socket,
+            )
         return url
     hosts = load_hosts(path)
     if spec not in hosts:
         known_names = ", ".join(sorted(hosts)) or "none"
         where = "" if source == "--host" else f"{source}: "
-        raise UsageError(f"{where}unknown host {clip(spec)}: not an ssh:// URL and not a name in {path} "
-                         f"(known: {known_names})")
+        raise UsageError(
+            f"{where}unknown host {clip(spec)}: not an ssh:// URL and not a name in {path} (known: {known_names})"
+        )
     return hosts[spec]
 
 

@@ -60,8 +60,10 @@ class Who(Enum):
 
     MEMBERS = "root and the members of the socket group"
     # A member may, except for what the entry's ``privileged`` finds in the request (core/privilege.py).
-    MEMBERS_ROOT_FOR_PRIVILEGED = ("root and the members of the socket group; a change that decides what "
-                                   "runs as root needs root (core/privilege.py)")
+    MEMBERS_ROOT_FOR_PRIVILEGED = (
+        "root and the members of the socket group; a change that decides what "
+        "runs as root needs root (core/privilege.py)"
+    )
     ROOT = "root only"
     # The agent's own box operations (on demand's idle sleep and stop, the proxy's reroute, start and stop
     # after a push or at its start): the agent runs them from this table; no client may ask, root neither.
@@ -176,8 +178,9 @@ class Operation(Generic[A, R]):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "args"
-            raise UsageError(f"{self.name}: argument {where}: {first['msg']} (got {_short(first.get('input'))})"
-                             ) from None
+            raise UsageError(
+                f"{self.name}: argument {where}: {first['msg']} (got {_short(first.get('input'))})"
+            ) from None
         args.check(catalog)
         host = None if self.job is None else self.job(catalog, args)
         args._on = None if host is None else host.name
@@ -195,19 +198,23 @@ class Operation(Generic[A, R]):
     def admit(self, agent: AgentSide, args: A, caller: Caller) -> None:
         """Refuse (exit 5) a caller the entry's ``who`` does not let run this request, before it runs."""
         if self.who is Who.AGENT:
-            raise Refused(f"{self.name} by {caller.trigger}: the agent runs it itself (on-demand idle "
-                          "models, its front proxy), no client may ask it")
+            raise Refused(
+                f"{self.name} by {caller.trigger}: the agent runs it itself (on-demand idle "
+                "models, its front proxy), no client may ask it"
+            )
         if caller.uid == 0 or self.who is Who.MEMBERS:
             return
         if self.who is Who.ROOT:
             raise Refused(f"{self.name} by {caller.trigger}: only root may run it")
         changes = [] if self.privileged is None else self.privileged(agent, args)
         if changes:
-            raise Refused(f"{self.name} by {caller.trigger}: only root may change {', '.join(changes[:6])}"
-                          + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
-                          + ": these decide what the agent runs or writes as root and as whom the engines run "
-                            "(do it as root, or edit the agent's deploy.toml on the box as root); nothing was "
-                            "changed")
+            raise Refused(
+                f"{self.name} by {caller.trigger}: only root may change {', '.join(changes[:6])}"
+                + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
+                + ": these decide what the agent runs or writes as root and as whom the engines run "
+                "(do it as root, or edit the agent's deploy.toml on the box as root); nothing was "
+                "changed"
+            )
 
     def locks(self, catalog: Catalog, args: A) -> list[str]:
         """The boxes an in-process run holds (agentless: each one's own lock)."""
@@ -217,8 +224,9 @@ class Operation(Generic[A, R]):
 
     def in_process(self, ops: Operations, args: A, caller: Caller) -> R:
         if self.run is None:
-            raise UsageError(f"{self.name} acts on a running agent (its deploy.toml, its jobs): start the "
-                             "agent, or use --host")
+            raise UsageError(
+                f"{self.name} acts on a running agent (its deploy.toml, its jobs): start the agent, or use --host"
+            )
         return self.run(ops, args, caller)
 
     def in_agent(self, agent: AgentSide, args: A, caller: Caller) -> R:
@@ -230,8 +238,7 @@ class Operation(Generic[A, R]):
     def reply(self, value: object, where: str) -> R:
         """A client's reading of the result: the declared shape, or an AgentError naming what came."""
         if not isinstance(value, self.result):
-            raise AgentError(f"{where} answered {self.name} with {_short(value)}: expected a "
-                             f"{self.result.__name__}")
+            raise AgentError(f"{where} answered {self.name} with {_short(value)}: expected a {self.result.__name__}")
         return value
 
 
@@ -265,9 +272,11 @@ def _preflight(ag: AgentSide) -> dict[str, Any]:
         except OrchestratorError as exc:  # one part's refusal is that part's answer, as if asked alone
             return error_reply(exc)
 
-    return {"config_show": part(ag.config_show),
-            "status": part(lambda: {**ag.ops.status(None), "agent": ag.info()}),
-            "history": part(lambda: ag.annotate(ag.ops.history(None, 1)))}
+    return {
+        "config_show": part(ag.config_show),
+        "status": part(lambda: {**ag.ops.status(None), "agent": ag.info()}),
+        "history": part(lambda: ag.annotate(ag.ops.history(None, 1))),
+    }
 
 
 def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]:
@@ -337,118 +346,190 @@ def _leftover_proxy_off(ops: Operations, a: ProxyArgs, c: Caller) -> dict[str, A
 
 
 SWITCH: Operation[SwitchArgs, dict[str, Any]] = Operation(
-    "switch", "SwitchArgs", dict, "switch",
-    run=lambda ops, a, c: ops.switch(a.model, trigger=_trigger(c, a.rollout), no_rollback=a.no_rollback,
-                                     force=a.force, progress=c.progress),
-    job=_model_host)
+    "switch",
+    "SwitchArgs",
+    dict,
+    "switch",
+    run=lambda ops, a, c: ops.switch(
+        a.model, trigger=_trigger(c, a.rollout), no_rollback=a.no_rollback, force=a.force, progress=c.progress
+    ),
+    job=_model_host,
+)
 ROLLBACK: Operation[RollbackArgs, dict[str, Any]] = Operation(
-    "rollback", "RollbackArgs", dict, "rollback",
-    run=lambda ops, a, c: ops.rollback(a.host, a.to_revision, trigger=_rollback_trigger(c, a.rollout),
-                                       progress=c.progress),
-    job=_host)
+    "rollback",
+    "RollbackArgs",
+    dict,
+    "rollback",
+    run=lambda ops, a, c: ops.rollback(
+        a.host, a.to_revision, trigger=_rollback_trigger(c, a.rollout), progress=c.progress
+    ),
+    job=_host,
+)
 RECOVER: Operation[HostArgs, dict[str, Any]] = Operation(
-    "recover", "HostArgs", dict, "recover",
+    "recover",
+    "HostArgs",
+    dict,
+    "recover",
     run=lambda ops, a, c: {"recovered": ops.recover(a.host, progress=c.progress)},
-    job=_host_or_every, boxes=_every_host_or)
+    job=_host_or_every,
+    boxes=_every_host_or,
+)
 STOP: Operation[ModelArgs, dict[str, Any]] = Operation(
-    "stop", "ModelArgs", dict, "stop",
-    run=lambda ops, a, c: ops.stop(a.model, progress=c.progress),
-    job=_model_host)
+    "stop", "ModelArgs", dict, "stop", run=lambda ops, a, c: ops.stop(a.model, progress=c.progress), job=_model_host
+)
 STAGE: Operation[StageArgs, dict[str, Any]] = Operation(
-    "stage", "StageArgs", dict, "stage",
+    "stage",
+    "StageArgs",
+    dict,
+    "stage",
     run=lambda ops, a, c: ops.stage(a.model, peer=a.peer, progress=c.progress),
-    job=_model_host)
+    job=_model_host,
+)
 STATUS: Operation[HostArgs, dict[str, Any]] = Operation(
-    "status", "HostArgs", dict, "status", run=_status,
-    agent=lambda ag, a, c: {**_status(ag.ops, a, c), "agent": ag.info()})
+    "status",
+    "HostArgs",
+    dict,
+    "status",
+    run=_status,
+    agent=lambda ag, a, c: {**_status(ag.ops, a, c), "agent": ag.info()},
+)
 # What a CLI asks before it sends one switch per model (core/proxy.check_together), and what `switch
 # --dry-run` prints: both read the catalog and records of whoever answers (with --host: the box's).
 CHECK_TOGETHER: Operation[ModelsArgs, dict[str, Any]] = Operation(
-    "check_together", "ModelsArgs", dict, "switch", run=_check_together)
+    "check_together", "ModelsArgs", dict, "switch", run=_check_together
+)
 EXPLAIN: Operation[ModelArgs, dict[str, Any]] = Operation(
-    "explain", "ModelArgs", dict, "switch --dry-run", run=lambda ops, a, c: ops.explain(a.model))
+    "explain", "ModelArgs", dict, "switch --dry-run", run=lambda ops, a, c: ops.explain(a.model)
+)
 HISTORY: Operation[HistoryArgs, list[Any]] = Operation(
-    "history", "HistoryArgs", list, "history", run=lambda ops, a, c: ops.history(a.host, a.limit),
-    agent=lambda ag, a, c: ag.annotate(ag.ops.history(a.host, a.limit)))
+    "history",
+    "HistoryArgs",
+    list,
+    "history",
+    run=lambda ops, a, c: ops.history(a.host, a.limit),
+    agent=lambda ag, a, c: ag.annotate(ag.ops.history(a.host, a.limit)),
+)
 SCHEDULES: Operation[NoArgs, list[Any]] = Operation(
-    "schedules", "NoArgs", list, "schedules", run=lambda ops, a, c: ops.schedules(time.time(), c.next_runs))
+    "schedules", "NoArgs", list, "schedules", run=lambda ops, a, c: ops.schedules(time.time(), c.next_runs)
+)
 # A first-contact report of a box (core/doctor.py): asked of whoever runs the engines there (the agent, as
 # root), since the interpreter is run as the engines' user in a transient unit.
 DOCTOR: Operation[DoctorArgs, dict[str, Any]] = Operation(
-    "doctor", "DoctorArgs", dict, "doctor", run=lambda ops, a, c: ops.doctor(a.host, a.models))
+    "doctor", "DoctorArgs", dict, "doctor", run=lambda ops, a, c: ops.doctor(a.host, a.models)
+)
 # The vLLM engines a box runs outside the product (hand-written units, processes started by hand), each with
 # its deploy.toml entry for review (core/adopt.py); then, once the entries are pushed, a revision per engine
 # that records what runs now (trigger "adopt"): a job holding the host.
 ADOPT: Operation[AdoptArgs, dict[str, Any]] = Operation(
-    "adopt", "AdoptArgs", dict, "adopt", run=lambda ops, a, c: ops.adopt(a.host, a.units, a.pids))
+    "adopt", "AdoptArgs", dict, "adopt", run=lambda ops, a, c: ops.adopt(a.host, a.units, a.pids)
+)
 ADOPT_RECORD: Operation[AdoptArgs, dict[str, Any]] = Operation(
-    "adopt_record", "AdoptArgs", dict, "adopt --apply", run=lambda ops, a, c: ops.adopt_record(a.host, a.units, a.pids),
-    job=_host)
+    "adopt_record",
+    "AdoptArgs",
+    dict,
+    "adopt --apply",
+    run=lambda ops, a, c: ops.adopt_record(a.host, a.units, a.pids),
+    job=_host,
+)
 # Is an agent there (the client's own question); its pid.
 PING: Operation[NoArgs, dict[str, Any]] = Operation(
-    "ping", "NoArgs", dict, None, run=lambda ops, a, c: {"pid": os.getpid()})
+    "ping", "NoArgs", dict, None, run=lambda ops, a, c: {"pid": os.getpid()}
+)
 # The progress of running jobs: an agent streams it; in-process nothing runs in the background.
 FOLLOW: Operation[HostArgs, dict[str, Any]] = Operation(
-    "follow", "HostArgs", dict, "status --follow", run=lambda ops, a, c: {"followed": []},
-    stream=lambda ag, a: ag.follow(a.host))
+    "follow",
+    "HostArgs",
+    dict,
+    "status --follow",
+    run=lambda ops, a, c: {"followed": []},
+    stream=lambda ag, a: ag.follow(a.host),
+)
 # Answered by the agent from the file it was started with; nothing in-process.
 CONFIG_SHOW: Operation[NoArgs, dict[str, Any]] = Operation(
-    "config_show", "NoArgs", dict, "config show", agent=lambda ag, a, c: ag.config_show())
+    "config_show", "NoArgs", dict, "config show", agent=lambda ag, a, c: ag.config_show()
+)
 CONFIG_PUSH: Operation[ConfigPushArgs, dict[str, Any]] = Operation(
-    "config_push", "ConfigPushArgs", dict, "config push", agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
-    who=Who.MEMBERS_ROOT_FOR_PRIVILEGED, privileged=lambda ag, a: ag.root_only_changes(a.text, a.name))
+    "config_push",
+    "ConfigPushArgs",
+    dict,
+    "config push",
+    agent=lambda ag, a, c: ag.config_push(a.text, a.name, c),
+    who=Who.MEMBERS_ROOT_FOR_PRIVILEGED,
+    privileged=lambda ag, a: ag.root_only_changes(a.text, a.name),
+)
 # What a fleet controller asks each box before a rollout (rollout/preflight.py), in one round trip: the
 # box's deploy.toml, its status and its newest deployment, each part a result or the error it raised.
 PREFLIGHT: Operation[NoArgs, dict[str, Any]] = Operation(
-    "preflight", "NoArgs", dict, "rollout", agent=lambda ag, a, c: _preflight(ag))
+    "preflight", "NoArgs", dict, "rollout", agent=lambda ag, a, c: _preflight(ag)
+)
 # A fleet's rollouts, run by the controller's agent (agent/controller.py), whoever asks: start returns
 # once the rollout is recorded (preflight refusals come back here), follow streams it to its end.
 ROLLOUT_START: Operation[RolloutStartArgs, dict[str, Any]] = Operation(
-    "rollout_start", "RolloutStartArgs", dict, "rollout", agent=lambda ag, a, c: ag.controller.start(a, c.trigger))
+    "rollout_start", "RolloutStartArgs", dict, "rollout", agent=lambda ag, a, c: ag.controller.start(a, c.trigger)
+)
 ROLLOUT_FOLLOW: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_follow", "RolloutIdArgs", dict, "rollout status --follow",
-    stream=lambda ag, a: ag.controller.follow(a.id))
+    "rollout_follow", "RolloutIdArgs", dict, "rollout status --follow", stream=lambda ag, a: ag.controller.follow(a.id)
+)
 ROLLOUT_STATUS: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_status", "RolloutIdArgs", dict, "rollout status", agent=lambda ag, a, c: ag.controller.summary(a.id))
+    "rollout_status", "RolloutIdArgs", dict, "rollout status", agent=lambda ag, a, c: ag.controller.summary(a.id)
+)
 ROLLOUT_RESUME: Operation[RolloutIdArgs, dict[str, Any]] = Operation(
-    "rollout_resume", "RolloutIdArgs", dict, "rollout resume", agent=lambda ag, a, c: ag.controller.resume(a.id))
+    "rollout_resume", "RolloutIdArgs", dict, "rollout resume", agent=lambda ag, a, c: ag.controller.resume(a.id)
+)
 ROLLOUT_ABORT: Operation[RolloutAbortArgs, dict[str, Any]] = Operation(
-    "rollout_abort", "RolloutAbortArgs", dict, "rollout abort",
-    agent=lambda ag, a, c: ag.controller.abort(a.id, a.rollback_all))
+    "rollout_abort",
+    "RolloutAbortArgs",
+    dict,
+    "rollout abort",
+    agent=lambda ag, a, c: ag.controller.abort(a.id, a.rollback_all),
+)
 # A tune run, as a job of the agent that owns the model's host (agent/tune_jobs.py): the plan (staging
 # and the planner, before anything stops), the run, and what re-attaches to it from any client.
 TUNE_PLAN: Operation[TuneArgs, dict[str, Any]] = Operation(
-    "tune_plan", "TuneArgs", dict, "tune", stream=lambda ag, a: ag.tuner.plan(a))
+    "tune_plan", "TuneArgs", dict, "tune", stream=lambda ag, a: ag.tuner.plan(a)
+)
 TUNE_START: Operation[TuneArgs, dict[str, Any]] = Operation(
-    "tune_start", "TuneArgs", dict, "tune", stream=lambda ag, a: ag.tuner.start(a))
+    "tune_start", "TuneArgs", dict, "tune", stream=lambda ag, a: ag.tuner.start(a)
+)
 TUNE_RESUME: Operation[TuneHostArgs, dict[str, Any]] = Operation(
-    "tune_resume", "TuneHostArgs", dict, "tune --resume", stream=lambda ag, a: ag.tuner.resume(a))
+    "tune_resume", "TuneHostArgs", dict, "tune --resume", stream=lambda ag, a: ag.tuner.resume(a)
+)
 TUNE_ABORT: Operation[TuneHostArgs, dict[str, Any]] = Operation(
-    "tune_abort", "TuneHostArgs", dict, "tune --abort", stream=lambda ag, a: ag.tuner.abort(a))
+    "tune_abort", "TuneHostArgs", dict, "tune --abort", stream=lambda ag, a: ag.tuner.abort(a)
+)
 TUNE_FOLLOW: Operation[TuneHostArgs, dict[str, Any]] = Operation(
-    "tune_follow", "TuneHostArgs", dict, "tune --follow", stream=lambda ag, a: ag.tuner.follow(a))
+    "tune_follow", "TuneHostArgs", dict, "tune --follow", stream=lambda ag, a: ag.tuner.follow(a)
+)
 TUNE_STATUS: Operation[TuneHostArgs, dict[str, Any]] = Operation(
-    "tune_status", "TuneHostArgs", dict, "tune --status", agent=lambda ag, a, c: ag.tuner.status(a))
+    "tune_status", "TuneHostArgs", dict, "tune --status", agent=lambda ag, a, c: ag.tuner.status(a)
+)
 # The agent's own box operations (Who.AGENT: refused to every client), run by it through this table
 # (deploy/demand_ops.py): an idle on-demand model put to sleep or stopped (the broker's jobs, holding the
 # model's host), and a host's front proxy re-rendered, started or stopped after a push or at the agent's
 # start (each under the host's lock, answered in the push or the start).
 DEMAND_SLEEP: Operation[IdleArgs, dict[str, Any]] = Operation(
-    "demand_sleep", "IdleArgs", dict, None, run=_demand_sleep, job=_model_host, who=Who.AGENT)
+    "demand_sleep", "IdleArgs", dict, None, run=_demand_sleep, job=_model_host, who=Who.AGENT
+)
 DEMAND_STOP: Operation[IdleArgs, dict[str, Any]] = Operation(
-    "demand_stop", "IdleArgs", dict, None, run=_demand_stop, job=_model_host, who=Who.AGENT)
+    "demand_stop", "IdleArgs", dict, None, run=_demand_stop, job=_model_host, who=Who.AGENT
+)
 REROUTE: Operation[ProxyArgs, dict[str, Any]] = Operation(
-    "reroute", "ProxyArgs", dict, None, run=_reroute, job=_proxy_host, who=Who.AGENT)
+    "reroute", "ProxyArgs", dict, None, run=_reroute, job=_proxy_host, who=Who.AGENT
+)
 PROXY_UP: Operation[ProxyArgs, dict[str, Any]] = Operation(
-    "proxy_up", "ProxyArgs", dict, None, run=_proxy_up, job=_proxy_host, who=Who.AGENT)
+    "proxy_up", "ProxyArgs", dict, None, run=_proxy_up, job=_proxy_host, who=Who.AGENT
+)
 PROXY_OFF: Operation[ProxyArgs, dict[str, Any]] = Operation(
-    "proxy_off", "ProxyArgs", dict, None, run=_proxy_off, job=_proxy_host, who=Who.AGENT)
+    "proxy_off", "ProxyArgs", dict, None, run=_proxy_off, job=_proxy_host, who=Who.AGENT
+)
 LEFTOVER_PROXY_OFF: Operation[ProxyArgs, dict[str, Any]] = Operation(
-    "leftover_proxy_off", "ProxyArgs", dict, None, run=_leftover_proxy_off, job=_proxy_host, who=Who.AGENT)
+    "leftover_proxy_off", "ProxyArgs", dict, None, run=_leftover_proxy_off, job=_proxy_host, who=Who.AGENT
+)
 
 # Every entry above, in the order declared: a new one needs no second listing.
 OPERATIONS: dict[str, Operation[Any, Any]] = {
-    value.name: value for value in list(globals().values()) if isinstance(value, Operation)}
+    value.name: value for value in list(globals().values()) if isinstance(value, Operation)
+}
 
 
 def lookup(op: object) -> Operation[Any, Any]:

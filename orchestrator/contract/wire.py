@@ -24,8 +24,8 @@ MAX_REQUEST = 64 * 1024
 # The error types a reply may name: every project error, so the client raises the agent's own type
 # (and exit code); any other name reads as an AgentError.
 ERROR_TYPES: dict[str, type[OrchestratorError]] = {
-    name: cls for name, cls in vars(errors).items()
-    if isinstance(cls, type) and issubclass(cls, OrchestratorError)}
+    name: cls for name, cls in vars(errors).items() if isinstance(cls, type) and issubclass(cls, OrchestratorError)
+}
 
 
 def socket_path(state_dir: str) -> str:

@@ -77,12 +77,14 @@ def denial(walk: Walk, user: Account, need: Need, *, must_exist: bool = True) ->
         for path in paths[:-1]:
             st = walk.stats.get(path)
             if st is None:
-                return (f"{walk.target} does not exist ({path} is missing)" if must_exist else None)
+                return f"{walk.target} does not exist ({path} is missing)" if must_exist else None
             if not stat.S_ISDIR(st.mode):
                 return f"{path} on the way to {walk.target} is not a directory"
             if not _allowed(st, user, 1):
-                return (f"user {user.name} cannot enter {path} ({_show(st)}): it lacks search (x) permission "
-                        f"there, so it cannot reach {walk.target}")
+                return (
+                    f"user {user.name} cannot enter {path} ({_show(st)}): it lacks search (x) permission "
+                    f"there, so it cannot reach {walk.target}"
+                )
         leaf = walk.stats.get(paths[-1])
         if leaf is None:
             return f"{walk.target} does not exist" if must_exist else None
@@ -98,8 +100,10 @@ def denial(walk: Walk, user: Account, need: Need, *, must_exist: bool = True) ->
 
 def fix_for(user: str) -> str:
     """The usual way out of a denial, for the report's and the error's last words."""
-    return (f"move it where user {user} can reach it (e.g. under /opt or /srv), open the directory named to "
-            f"{user} (chmod o+x DIR, or a group of {user}), or set [defaults] user to an account that can")
+    return (
+        f"move it where user {user} can reach it (e.g. under /opt or /srv), open the directory named to "
+        f"{user} (chmod o+x DIR, or a group of {user}), or set [defaults] user to an account that can"
+    )
 
 
 # -- the host's answer ----------------------------------------------------------------------------------

@@ -69,9 +69,17 @@ class Adoption:
 
     def to_dict(self) -> dict[str, Any]:
         f = self.found
-        return {"name": self.name, "unit": f.unit, "pid": f.pid, "argv": shown_argv(f.argv), "entry": self.entry,
-                "engine": list(self.engine), "explicit": list(self.explicit), "notes": list(self.notes),
-                "blockers": list(self.blockers)}
+        return {
+            "name": self.name,
+            "unit": f.unit,
+            "pid": f.pid,
+            "argv": shown_argv(f.argv),
+            "entry": self.entry,
+            "engine": list(self.engine),
+            "explicit": list(self.explicit),
+            "notes": list(self.notes),
+            "blockers": list(self.blockers),
+        }
 
 
 FLAGS = ENGINE.rendered_flags
@@ -87,8 +95,13 @@ def shown_argv(argv: tuple[str, ...]) -> list[str]:
     for i, word in enumerate(argv):
         flag, eq, _ = word.partition("=")
         named = word.startswith("-") and secret_name(flag) and eq
-        after = i > 0 and argv[i - 1].startswith("-") and "=" not in argv[i - 1] and secret_name(argv[i - 1]) \
+        after = (
+            i > 0
+            and argv[i - 1].startswith("-")
+            and "=" not in argv[i - 1]
+            and secret_name(argv[i - 1])
             and not word.startswith("-")
+        )
         if secret_value_kind(word) or named:
             out[i] = f"{flag}=<not shown>" if named else "<not shown>"
         elif after:
@@ -134,8 +147,11 @@ def adopt(found: Found, target: Target) -> Adoption:
         raise AdoptError(f"{label}: not a vLLM API server command line: {' '.join(found.argv)[:200]!r}")
     engine = READ.engine_words(found.argv)
     positional, opts, stray = READ.options(found.argv[start:])
-    notes += [f"{w!r} is neither a --flag nor a flag's value (after a flag vLLM reads as a switch?): kept in "
-              "args where it stands" for w in stray]
+    notes += [
+        f"{w!r} is neither a --flag nor a flag's value (after a flag vLLM reads as a switch?): kept in "
+        "args where it stands"
+        for w in stray
+    ]
     keyed: dict[str, str] = {}
     switches: set[str] = set()
     args: list[str] = []
@@ -150,12 +166,16 @@ def adopt(found: Found, target: Target) -> Adoption:
         elif opt.flag in FLAGS.switches and opt.value is None:
             switches.add(FLAGS.switches[opt.flag])
         elif opt.flag in ENGINE.sleep_flags:
-            notes.append(f"{opt.flag}: not carried; sleep mode is the entry's `sleep` (\"level1\" keeps the weights "
-                         "in host RAM, \"level2\" drops them): set it to keep warm switches")
+            notes.append(
+                f'{opt.flag}: not carried; sleep mode is the entry\'s `sleep` ("level1" keeps the weights '
+                'in host RAM, "level2" drops them): set it to keep warm switches'
+            )
         else:
             if _another_node(opt):
-                blockers.append(f"{' '.join(opt.words)}: this engine is one node's rank of a model spanning several "
-                                "boxes, and an adopted entry runs on one: write the model's `nodes` by hand")
+                blockers.append(
+                    f"{' '.join(opt.words)}: this engine is one node's rank of a model spanning several "
+                    "boxes, and an adopted entry runs on one: write the model's `nodes` by hand"
+                )
             args += opt.words
     hit = secret_in_args(args)
     while hit is not None:
@@ -166,15 +186,19 @@ def adopt(found: Found, target: Target) -> Adoption:
             flag, drop = args[i - 1], {i - 1, i}
         else:
             flag, drop = f"word {args[i][:4]}...", {i}
-        blockers.append(f"{flag} carries {hit[1]} on the command line (value not shown): it is not copied into "
-                        f"deploy.toml; vLLM reads its API key from VLLM_API_KEY: put it in "
-                        f"{target.env_dir}/<name>.env and drop it from the command line")
+        blockers.append(
+            f"{flag} carries {hit[1]} on the command line (value not shown): it is not copied into "
+            f"deploy.toml; vLLM reads its API key from VLLM_API_KEY: put it in "
+            f"{target.env_dir}/<name>.env and drop it from the command line"
+        )
         args = [a for j, a in enumerate(args) if j not in drop]
         hit = secret_in_args(args)
     model = keyed.get("model")
     if model is None:
-        raise AdoptError(f"{label}: no --model (nor `vllm serve MODEL`): vLLM would serve its default model, "
-                         "which an entry cannot name")
+        raise AdoptError(
+            f"{label}: no --model (nor `vllm serve MODEL`): vLLM would serve its default model, "
+            "which an entry cannot name"
+        )
     served = keyed.get("served_name")
     name = model_name(found, served, model)
     entry: dict[str, Any] = {}
@@ -183,13 +207,17 @@ def adopt(found: Found, target: Target) -> Adoption:
         base = re.sub(r"[^A-Za-z0-9._-]+", "-", model.rstrip("/").rsplit("/", 1)[-1]).strip("-._") or "model"
         entry["repo"] = f"local/{base}"
         entry["source"] = f"local:{model.rstrip('/') or '/'}"
-        notes.append(f"repo {entry['repo']!r} only names the local folder {model} (source local:): set the hub "
-                     "id there to stage other revisions")
+        notes.append(
+            f"repo {entry['repo']!r} only names the local folder {model} (source local:): set the hub "
+            "id there to stage other revisions"
+        )
     else:
         entry["repo"] = model
         entry["source"] = "hub"
-        notes.append(f"--model {model}: a hub id vLLM downloads itself; the entry stages it into the host's "
-                     "models_dir and runs vLLM on that folder (--model changes to it)")
+        notes.append(
+            f"--model {model}: a hub id vLLM downloads itself; the entry stages it into the host's "
+            "models_dir and runs vLLM on that folder (--model changes to it)"
+        )
     if served is not None:
         entry["served_name"] = served
         if not ROUTABLE_RE.fullmatch(served):
@@ -198,8 +226,9 @@ def adopt(found: Found, target: Target) -> Adoption:
         entry["served_name"] = model  # vLLM serves it under its --model value
         explicit += ["--served-model-name", model]
     else:
-        blockers.append(f"no --served-model-name: vLLM serves it as {model!r}, a name the front proxy cannot "
-                        "route nor a unit hold")
+        blockers.append(
+            f"no --served-model-name: vLLM serves it as {model!r}, a name the front proxy cannot route nor a unit hold"
+        )
     entry["port"] = _int(keyed.get("port", "8000"), "--port", label)
     if "port" not in keyed:
         explicit += ["--port", "8000"]
@@ -210,17 +239,20 @@ def adopt(found: Found, target: Target) -> Adoption:
     visible = dict(found.env).get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         gpus = list(range(world))
-        notes.append(f"no CUDA_VISIBLE_DEVICES: vLLM takes GPUs 0-{world - 1} for its {world} rank(s), "
-                     "so gpus says so")
+        notes.append(f"no CUDA_VISIBLE_DEVICES: vLLM takes GPUs 0-{world - 1} for its {world} rank(s), so gpus says so")
     elif not re.fullmatch(r"\d+(,\d+)*", visible.replace(" ", "")):
         gpus = []
-        blockers.append(f"CUDA_VISIBLE_DEVICES={visible!r}: gpus are indices (nvidia-smi's), not UUIDs or "
-                        "MIG names: write the indices")
+        blockers.append(
+            f"CUDA_VISIBLE_DEVICES={visible!r}: gpus are indices (nvidia-smi's), not UUIDs or "
+            "MIG names: write the indices"
+        )
     else:
         gpus = [int(g) for g in visible.replace(" ", "").split(",")]
         if len(gpus) != world:
-            blockers.append(f"CUDA_VISIBLE_DEVICES={visible} lists {len(gpus)} GPU(s) for a layout of {world} "
-                            "(tensor x pipeline x data parallel): an entry's gpus are exactly its layout's")
+            blockers.append(
+                f"CUDA_VISIBLE_DEVICES={visible} lists {len(gpus)} GPU(s) for a layout of {world} "
+                "(tensor x pipeline x data parallel): an entry's gpus are exactly its layout's"
+            )
     entry["gpus"] = gpus
     entry.update({k: v for k, v in layout.items() if k in keyed or k == "tensor_parallel"})
     if "expert_parallel" in switches:
@@ -252,33 +284,44 @@ def adopt(found: Found, target: Target) -> Adoption:
         if key == DEV_MODE_ENV:
             notes.append(f"{DEV_MODE_ENV}: not carried; the entry's `sleep` turns it on with the proxy's guards")
         elif secret_name(key) or secret_value_kind(value):
-            notes.append(f"{key}: a secret (value not shown), not copied: it goes in {target.env_dir}/{name}.env "
-                         "(mode 0600)")
+            notes.append(
+                f"{key}: a secret (value not shown), not copied: it goes in {target.env_dir}/{name}.env (mode 0600)"
+            )
         else:
             kept[key] = value
     if kept:
         entry["env"] = kept
     if env.get("CUDA_DEVICE_ORDER", "") != "PCI_BUS_ID" and visible is not None:
-        notes.append("CUDA_DEVICE_ORDER is not PCI_BUS_ID here: CUDA may number the GPUs fastest first; the "
-                     "rendered unit sets PCI_BUS_ID (nvidia-smi's order): check gpus against nvidia-smi")
+        notes.append(
+            "CUDA_DEVICE_ORDER is not PCI_BUS_ID here: CUDA may number the GPUs fastest first; the "
+            "rendered unit sets PCI_BUS_ID (nvidia-smi's order): check gpus against nvidia-smi"
+        )
     for file in found.environment_files:
-        notes.append(f"EnvironmentFile={file} stays where it is, not copied (it may hold secrets): the rendered "
-                     f"unit reads {target.env_dir}/{name}.env; move or link it there before the first switch "
-                     "to this entry")
+        notes.append(
+            f"EnvironmentFile={file} stays where it is, not copied (it may hold secrets): the rendered "
+            f"unit reads {target.env_dir}/{name}.env; move or link it there before the first switch "
+            "to this entry"
+        )
     if "bind" in keyed and keyed["bind"] != target.bind:
-        notes.append(f"--host {keyed['bind']}: the entry binds the host's address {target.bind} (bind of "
-                     f"[hosts.{target.host}] or [defaults]): set it there to keep {keyed['bind']}")
+        notes.append(
+            f"--host {keyed['bind']}: the entry binds the host's address {target.bind} (bind of "
+            f"[hosts.{target.host}] or [defaults]): set it there to keep {keyed['bind']}"
+        )
     if "bind" not in keyed:
         explicit += ["--host", target.bind]
     if engine != target.engine:
         # Not a blocker: the adopted revision keeps this unit's own command (a rollback runs it as it is);
         # only a unit rendered from the entry runs the host's engine (the seeds' /root engine moved to /opt).
-        notes.append(f"engine {list(engine)} is not host {target.host}'s engine {list(target.engine)} (the engine "
-                     f"is the host's, one for all its models): a unit rendered from this entry runs the host's; "
-                     f"to keep this one set [hosts.{target.host}] engine = {_toml_list(list(engine))}")
+        notes.append(
+            f"engine {list(engine)} is not host {target.host}'s engine {list(target.engine)} (the engine "
+            f"is the host's, one for all its models): a unit rendered from this entry runs the host's; "
+            f"to keep this one set [hosts.{target.host}] engine = {_toml_list(list(engine))}"
+        )
     if found.user is not None and found.user != target.user:
-        notes.append(f"runs as user {found.user}; the rendered unit runs it as {target.user} (defaults.user): "
-                     "`orchestrator doctor` checks that user can reach the engine and the weights")
+        notes.append(
+            f"runs as user {found.user}; the rendered unit runs it as {target.user} (defaults.user): "
+            "`orchestrator doctor` checks that user can reach the engine and the weights"
+        )
     if name in target.taken:
         blockers.append(f"model {name!r} is already in deploy.toml: rename the unit's entry")
     if entry["port"] in target.ports:
@@ -286,8 +329,12 @@ def adopt(found: Found, target: Target) -> Adoption:
     return Adoption(name, found, entry, engine, tuple(explicit), tuple(notes), tuple(blockers))
 
 
-def same_command(original: tuple[str, ...] | list[str], rendered: tuple[str, ...] | list[str],
-                 explicit: tuple[str, ...] = (), args: tuple[str, ...] = ()) -> list[str]:
+def same_command(
+    original: tuple[str, ...] | list[str],
+    rendered: tuple[str, ...] | list[str],
+    explicit: tuple[str, ...] = (),
+    args: tuple[str, ...] = (),
+) -> list[str]:
     """What differs between the command a found engine runs and the one its entry's unit runs (empty:
     the same): the engine words, the flag/value pairs (``explicit``, vLLM's defaults the rendered unit
     states, added to the original's) and the ``args`` tail, token for token."""
@@ -303,8 +350,8 @@ def same_command(original: tuple[str, ...] | list[str], rendered: tuple[str, ...
         missing = [p for p in want if p not in have]
         extra = [p for p in have if p not in want]
         diffs.append(f"flags only in the original {missing}, only in the rendered unit {extra}")
-    if args and list(rendered[-len(args):]) != list(args):
-        diffs.append(f"args tail {list(rendered[-len(args):])} != {list(args)}")
+    if args and list(rendered[-len(args) :]) != list(args):
+        diffs.append(f"args tail {list(rendered[-len(args) :])} != {list(args)}")
     return diffs
 
 
@@ -323,8 +370,10 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     text = str(value)
-    escaped = "".join(c if c not in '"\\' and 0x20 <= ord(c) != 0x7F else
-                      ("\\" + c if c in '"\\' else f"\\u{ord(c):04x}") for c in text)
+    escaped = "".join(
+        c if c not in '"\\' and 0x20 <= ord(c) != 0x7F else ("\\" + c if c in '"\\' else f"\\u{ord(c):04x}")
+        for c in text
+    )
     return f'"{escaped}"'
 
 

@@ -10,16 +10,61 @@ from orchestrator.core.catalog_rules import ENV_KEY_RE
 from orchestrator.errors import AdoptError
 
 # A hand-run process's environment is a whole login's: only these belong to the engine.
-ENGINE_ENV_PREFIXES = ("CUDA_", "NCCL_", "VLLM_", "HF_", "HUGGING_FACE_", "TORCH", "PYTORCH_", "OMP_", "MKL_",
-                       "SAFETENSORS_", "TRANSFORMERS_", "TOKENIZERS_", "RAY_", "NVIDIA_", "TRITON_", "FLASHINFER_",
-                       "UCX_", "GLOO_", "MASTER_", "PYTHONPATH", "LD_LIBRARY_PATH")
+ENGINE_ENV_PREFIXES = (
+    "CUDA_",
+    "NCCL_",
+    "VLLM_",
+    "HF_",
+    "HUGGING_FACE_",
+    "TORCH",
+    "PYTORCH_",
+    "OMP_",
+    "MKL_",
+    "SAFETENSORS_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "RAY_",
+    "NVIDIA_",
+    "TRITON_",
+    "FLASHINFER_",
+    "UCX_",
+    "GLOO_",
+    "MASTER_",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+)
 # [Service] keys of a hand-written unit that the rendered unit replaces with its own, without loss of
 # what the engine runs; any other key is named.
-_REPLACED_KEYS = frozenset({
-    "Type", "User", "Group", "Environment", "EnvironmentFile", "ExecStart", "Restart", "RestartSec",
-    "TimeoutStartSec", "TimeoutStopSec", "TimeoutSec", "KillMode", "KillSignal", "SendSIGKILL", "LimitNOFILE",
-    "LimitMEMLOCK", "NoNewPrivileges", "PrivateTmp", "SyslogIdentifier", "StandardOutput", "StandardError",
-    "StateDirectory", "CacheDirectory", "RemainAfterExit", "StartLimitIntervalSec", "StartLimitBurst"})
+_REPLACED_KEYS = frozenset(
+    {
+        "Type",
+        "User",
+        "Group",
+        "Environment",
+        "EnvironmentFile",
+        "ExecStart",
+        "Restart",
+        "RestartSec",
+        "TimeoutStartSec",
+        "TimeoutStopSec",
+        "TimeoutSec",
+        "KillMode",
+        "KillSignal",
+        "SendSIGKILL",
+        "LimitNOFILE",
+        "LimitMEMLOCK",
+        "NoNewPrivileges",
+        "PrivateTmp",
+        "SyslogIdentifier",
+        "StandardOutput",
+        "StandardError",
+        "StateDirectory",
+        "CacheDirectory",
+        "RemainAfterExit",
+        "StartLimitIntervalSec",
+        "StartLimitBurst",
+    }
+)
 _CONTROL = ("-", "@", "+", "!", ":")
 
 
@@ -34,9 +79,19 @@ class UnitFields:
     unexpressed: tuple[str, ...]  # lines the entry cannot carry, named
 
 
-
-_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"',
-            "'": "'", "s": " "}
+_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "s": " ",
+}
 
 
 def split_words(value: str, what: str = "line") -> list[str]:
@@ -58,14 +113,14 @@ def split_words(value: str, what: str = "line") -> list[str]:
             if quote and c == quote:
                 i += 1
                 if i < n and value[i] not in " \t":
-                    raise AdoptError(f"{what}: a quoted word runs into {value[i:i + 10]!r} without a space")
+                    raise AdoptError(f"{what}: a quoted word runs into {value[i : i + 10]!r} without a space")
                 break
             if not quote and c in " \t":
                 break
             if c == "\\" and i + 1 < n:
                 e = value[i + 1]
-                if e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", value[i + 2:i + 4]):
-                    word.append(chr(int(value[i + 2:i + 4], 16)))
+                if e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", value[i + 2 : i + 4]):
+                    word.append(chr(int(value[i + 2 : i + 4], 16)))
                     i += 4
                     continue
                 if e not in _ESCAPES:
@@ -74,9 +129,11 @@ def split_words(value: str, what: str = "line") -> list[str]:
                 i += 2
                 continue
             if c == "%":
-                if value[i + 1:i + 2] != "%":
-                    raise AdoptError(f"{what}: specifier {value[i:i + 2]!r} is resolved by systemd per unit; "
-                                     "an entry cannot say it (write the value it stands for)")
+                if value[i + 1 : i + 2] != "%":
+                    raise AdoptError(
+                        f"{what}: specifier {value[i : i + 2]!r} is resolved by systemd per unit; "
+                        "an entry cannot say it (write the value it stands for)"
+                    )
                 word.append("%")
                 i += 2
                 continue
@@ -128,18 +185,23 @@ def parse_unit(text: str, unit: str) -> UnitFields:
                 argv = None  # a drop-in's empty assignment resets the list
                 continue
             if argv is not None:
-                raise AdoptError(f"unit {unit}: more than one ExecStart= (only a Type=oneshot unit may): "
-                                 "an entry runs one engine command")
+                raise AdoptError(
+                    f"unit {unit}: more than one ExecStart= (only a Type=oneshot unit may): "
+                    "an entry runs one engine command"
+                )
             prefix = ""
             while value and value[0] in _CONTROL:
                 prefix, value = prefix + value[0], value[1:]
             if prefix:
-                unexpressed.append(f"ExecStart={prefix}...: the prefix {prefix!r} (systemd's) is not carried into "
-                                   "the entry")
+                unexpressed.append(
+                    f"ExecStart={prefix}...: the prefix {prefix!r} (systemd's) is not carried into the entry"
+                )
             if "$" in value.replace("$$", ""):
-                raise AdoptError(f"unit {unit}: ExecStart= uses an environment variable "
-                                 f"({re.search(r'[$][{]?[A-Za-z_][A-Za-z0-9_]*', value) or '$'}): systemd "
-                                 "substitutes it at start; an entry cannot say it (write its value)")
+                raise AdoptError(
+                    f"unit {unit}: ExecStart= uses an environment variable "
+                    f"({re.search(r'[$][{]?[A-Za-z_][A-Za-z0-9_]*', value) or '$'}): systemd "
+                    "substitutes it at start; an entry cannot say it (write its value)"
+                )
             argv = tuple(w.replace("$$", "$") for w in split_words(value, f"unit {unit}: ExecStart="))
         elif key == "Environment":
             if not value:
@@ -160,8 +222,10 @@ def parse_unit(text: str, unit: str) -> UnitFields:
             continue
         elif key not in _REPLACED_KEYS:
             line = f"{key}={value}" if len(value) <= 120 else f"{key}={value[:120]}..."
-            unexpressed.append(f"{line}: not carried into the entry (the adopted unit keeps it; a unit rendered "
-                               "from the entry has no such line)")
+            unexpressed.append(
+                f"{line}: not carried into the entry (the adopted unit keeps it; a unit rendered "
+                "from the entry has no such line)"
+            )
     if argv is None:
         raise AdoptError(f"unit {unit}: no ExecStart= in its [Service] section")
     return UnitFields(argv, tuple(env.items()), user, tuple(files), tuple(unexpressed))

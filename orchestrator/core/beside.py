@@ -57,9 +57,11 @@ class GpuRoom:
         who = f" ({', '.join(self.awake)})" if self.awake else ""
         verdict = "fits" if self.fits else "does not fit"
         short = "" if self.free_mib >= self.need_mib else f"; only {self.free_mib:,} MiB free now"
-        return (f"GPU {self.gpu}: {self.awake_mib:,} MiB awake{who} + {self.asleep_mib:,} asleep + "
-                f"{self.foreign_mib:,} other + {self.need_mib:,} target (incl. {WAKE_MARGIN_MIB:,} margin) = "
-                f"{self.held_mib + self.need_mib:,} of {self.total_mib:,} MiB: {verdict}{short}")
+        return (
+            f"GPU {self.gpu}: {self.awake_mib:,} MiB awake{who} + {self.asleep_mib:,} asleep + "
+            f"{self.foreign_mib:,} other + {self.need_mib:,} target (incl. {WAKE_MARGIN_MIB:,} margin) = "
+            f"{self.held_mib + self.need_mib:,} of {self.total_mib:,} MiB: {verdict}{short}"
+        )
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,14 @@ class BesideFit:
         return "; ".join(parts)
 
 
-def beside_fit(snap: GpuSnapshot, gpus: Collection[int], *, utilization: float, holders: Sequence[Holder],
-               own_pids: Collection[int] = ()) -> BesideFit:
+def beside_fit(
+    snap: GpuSnapshot,
+    gpus: Collection[int],
+    *,
+    utilization: float,
+    holders: Sequence[Holder],
+    own_pids: Collection[int] = (),
+) -> BesideFit:
     """Whether an engine at ``utilization`` on ``gpus`` fits beside ``holders`` (``own_pids``: the
     target's processes, when it runs asleep), with the margin the wake-fit check uses."""
     known = {g.index: g for g in snap.gpus}
@@ -110,7 +118,16 @@ def beside_fit(snap: GpuSnapshot, gpus: Collection[int], *, utilization: float, 
                 names.append(h.name)
         foreign = sum(p.used_memory_mib for p in here if p.pid not in ours)
         mine = sum(p.used_memory_mib for p in here if p.pid in own)
-        rooms.append(GpuRoom(gpu=gpu, total_mib=total, awake_mib=awake, asleep_mib=asleep, foreign_mib=foreign,
-                             need_mib=int(total * utilization) + WAKE_MARGIN_MIB,
-                             free_mib=info.memory_free_mib + mine, awake=tuple(names)))
+        rooms.append(
+            GpuRoom(
+                gpu=gpu,
+                total_mib=total,
+                awake_mib=awake,
+                asleep_mib=asleep,
+                foreign_mib=foreign,
+                need_mib=int(total * utilization) + WAKE_MARGIN_MIB,
+                free_mib=info.memory_free_mib + mine,
+                awake=tuple(names),
+            )
+        )
     return BesideFit(tuple(rooms), tuple(missing))

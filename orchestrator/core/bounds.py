@@ -23,8 +23,10 @@ def parse_int(text: str, lo: int, hi: int) -> int:
     if not _INT_RE.fullmatch(stripped):
         raise ValueError(f"{clip(text)} is not a whole number of ASCII digits")
     if len(stripped) > _DIGITS:
-        raise ValueError(f"{clip(text)} is {'less' if stripped.startswith('-') else 'more'} than "
-                         f"{lo if stripped.startswith('-') else hi}")
+        raise ValueError(
+            f"{clip(text)} is {'less' if stripped.startswith('-') else 'more'} than "
+            f"{lo if stripped.startswith('-') else hi}"
+        )
     value = int(stripped)
     _check(value, lo, hi, text)
     return value

@@ -39,8 +39,22 @@ DEFAULT_DEMAND_SOCKET = "/run/orchestrator/demand.sock"
 # The longest of the sockets the agent makes in state_dir (agent.sock, demand.sock, dashboard.sock).
 LONGEST_SOCKET = "dashboard.sock"
 
-__all__ = ["NAME_RE", "PATH_RE", "USER_RE", "Catalog", "Defaults", "Demand", "Group", "Host", "Model", "Policy",
-           "Proxy", "Schedule", "SubKeyError", "check_revision"]
+__all__ = [
+    "NAME_RE",
+    "PATH_RE",
+    "USER_RE",
+    "Catalog",
+    "Defaults",
+    "Demand",
+    "Group",
+    "Host",
+    "Model",
+    "Policy",
+    "Proxy",
+    "Schedule",
+    "SubKeyError",
+    "check_revision",
+]
 
 
 class Catalog(Strict):
@@ -63,8 +77,10 @@ class Catalog(Strict):
     @classmethod
     def _state_dir_absolute(cls, v: str) -> str:
         # Its sockets (agent.sock, demand.sock, dashboard.sock) must fit a socket path.
-        socket_fits(f"{safe(absolute_path(v, 'state_dir'), 'state_dir').rstrip('/')}/{LONGEST_SOCKET}", "state_dir's "
-                    f"{LONGEST_SOCKET}")
+        socket_fits(
+            f"{safe(absolute_path(v, 'state_dir'), 'state_dir').rstrip('/')}/{LONGEST_SOCKET}",
+            f"state_dir's {LONGEST_SOCKET}",
+        )
         return v
 
     @field_validator("socket_group")
@@ -72,8 +88,10 @@ class Catalog(Strict):
     def _group_name(cls, v: str) -> str:
         # groupadd, install -g and chown take it as an argument: never an option or two words.
         if not USER_RE.fullmatch(v):
-            raise ValueError(f"{shown(v)} is not a valid group name (lower case letters, digits, '_', '-'; "
-                             "at most 32, not starting with '-' or a digit)")
+            raise ValueError(
+                f"{shown(v)} is not a valid group name (lower case letters, digits, '_', '-'; "
+                "at most 32, not starting with '-' or a digit)"
+            )
         return v
 
     @model_validator(mode="before")
@@ -84,8 +102,7 @@ class Catalog(Strict):
             for section in ("hosts", "models", "schedules", "groups"):
                 table = data.get(section)
                 if isinstance(table, dict):
-                    data[section] = {k: ({**v, "name": k} if isinstance(v, dict) else v)
-                                     for k, v in table.items()}
+                    data[section] = {k: ({**v, "name": k} if isinstance(v, dict) else v) for k, v in table.items()}
         return data
 
     @model_validator(mode="after")
@@ -101,11 +118,13 @@ class Catalog(Strict):
         for name, group in self.groups.items():
             unknown = [h for h in group.hosts if h not in self.hosts]
             if unknown:
-                raise _KeyedError(f"groups.{name}.hosts",
-                                  f"unknown host {unknown[0]!r} (known: {', '.join(sorted(self.hosts))})")
+                raise _KeyedError(
+                    f"groups.{name}.hosts", f"unknown host {unknown[0]!r} (known: {', '.join(sorted(self.hosts))})"
+                )
             if group.seed is not None and group.seed not in group.hosts:
-                raise _KeyedError(f"groups.{name}.seed",
-                                  f"seed {group.seed!r} is not a host of the group ({', '.join(group.hosts)})")
+                raise _KeyedError(
+                    f"groups.{name}.seed", f"seed {group.seed!r} is not a host of the group ({', '.join(group.hosts)})"
+                )
         for name, model in self.models.items():
             if model.group is not None and model.group not in self.groups:
                 known = ", ".join(sorted(self.groups)) or "none"
@@ -117,28 +136,37 @@ class Catalog(Strict):
         for name, model in self.models.items():
             for node in model.nodes:
                 if node not in self.hosts:
-                    raise _KeyedError(f"models.{name}.nodes",
-                                      f"unknown host {node!r} (known: {', '.join(sorted(self.hosts))})")
+                    raise _KeyedError(
+                        f"models.{name}.nodes", f"unknown host {node!r} (known: {', '.join(sorted(self.hosts))})"
+                    )
             for host in self.model_hosts(name):
                 too_high = [g for g in model.gpus if g >= host.gpus]
                 if too_high:
-                    raise _KeyedError(f"models.{name}.gpus",
-                                      f"GPU index {too_high[0]} is out of range: host {host.name} has "
-                                      + (f"{host.gpus} GPUs (0-{host.gpus - 1})" if host.gpus else
-                                         f"no GPUs (hosts.{host.name}.gpus = 0)"))
+                    raise _KeyedError(
+                        f"models.{name}.gpus",
+                        f"GPU index {too_high[0]} is out of range: host {host.name} has "
+                        + (
+                            f"{host.gpus} GPUs (0-{host.gpus - 1})"
+                            if host.gpus
+                            else f"no GPUs (hosts.{host.name}.gpus = 0)"
+                        ),
+                    )
                 if model.nodes and model.tensor_parallel > host.gpus:
-                    raise _KeyedError(f"models.{name}.tensor_parallel",
-                                      f"tensor_parallel {model.tensor_parallel} is larger than node "
-                                      f"{host.name}'s {host.gpus} GPUs: keep TP inside a box and use "
-                                      "pipeline_parallel or data_parallel across nodes")
+                    raise _KeyedError(
+                        f"models.{name}.tensor_parallel",
+                        f"tensor_parallel {model.tensor_parallel} is larger than node "
+                        f"{host.name}'s {host.gpus} GPUs: keep TP inside a box and use "
+                        "pipeline_parallel or data_parallel across nodes",
+                    )
         if self.proxy.enabled:
             self._check_routable()
         for name, sched in self.schedules.items():
             if sched.model and sched.model not in self.models:
                 raise _KeyedError(f"schedules.{name}.model", unknown_model(sched.model, self.models))
             if sched.host and sched.host not in self.hosts:
-                raise _KeyedError(f"schedules.{name}.host",
-                                  f"unknown host {sched.host!r} (known: {', '.join(sorted(self.hosts))})")
+                raise _KeyedError(
+                    f"schedules.{name}.host", f"unknown host {sched.host!r} (known: {', '.join(sorted(self.hosts))})"
+                )
         return self
 
     @model_validator(mode="after")
@@ -154,8 +182,11 @@ class Catalog(Strict):
         if self.proxy.enabled:
             always.append((self.proxy.port, "the front proxy's port", "proxy.port"))
         if len({port for port, _, _ in always}) < len(always):
-            raise _KeyedError("metrics_port", f"port {self.metrics_port} is also the front proxy's port (proxy.port): "
-                                              "give each listener a port of its own")
+            raise _KeyedError(
+                "metrics_port",
+                f"port {self.metrics_port} is also the front proxy's port (proxy.port): "
+                "give each listener a port of its own",
+            )
         for host_name in self.hosts:
             for port, what, key in always:
                 claims.setdefault((host_name, port), (what, key, None))
@@ -171,8 +202,11 @@ class Catalog(Strict):
                     here = (f"already used by {owner}", f"models.{name}.{field}", frozenset(model.gpus))
                     prior = claims.get(at)
                     if prior is not None and _collide(prior, here, field):
-                        raise _KeyedError(here[1], f"port {port} is {prior[0]} on host {node.name} ({prior[1]}): "
-                                                   "give each listener a port of its own")
+                        raise _KeyedError(
+                            here[1],
+                            f"port {port} is {prior[0]} on host {node.name} ({prior[1]}): "
+                            "give each listener a port of its own",
+                        )
                     claims.setdefault(at, here)
         return self
 
@@ -185,17 +219,25 @@ class Catalog(Strict):
                 continue
             peer, key = model.source.removeprefix("host:"), f"models.{name}.source"
             if peer not in self.hosts:
-                raise _KeyedError(key, f"source {model.source!r} names unknown host {peer!r} "
-                                       f"(known: {', '.join(sorted(self.hosts))})")
+                raise _KeyedError(
+                    key, f"source {model.source!r} names unknown host {peer!r} (known: {', '.join(sorted(self.hosts))})"
+                )
             if model.group is not None:
-                raise _KeyedError(key, f"source {model.source!r}: a group model's weights come from the hub "
-                                       "once per rollout (the seed host pulls, the others copy from a peer)")
+                raise _KeyedError(
+                    key,
+                    f"source {model.source!r}: a group model's weights come from the hub "
+                    "once per rollout (the seed host pulls, the others copy from a peer)",
+                )
             if peer == self.model_host(name).name:
-                raise _KeyedError(key, f"source {model.source!r} is the model's own host {peer!r}; "
-                                       "copy from another host, or use \"hub\"")
+                raise _KeyedError(
+                    key,
+                    f'source {model.source!r} is the model\'s own host {peer!r}; copy from another host, or use "hub"',
+                )
             if not model.pinned:
-                raise _KeyedError(key, f"source {model.source!r} needs revision pinned to a commit SHA "
-                                       f"(got revision {model.revision!r})")
+                raise _KeyedError(
+                    key,
+                    f"source {model.source!r} needs revision pinned to a commit SHA (got revision {model.revision!r})",
+                )
         return self
 
     @model_validator(mode="after")
@@ -207,36 +249,53 @@ class Catalog(Strict):
                 continue
             key, said = f"models.{name}.sleep", f"sleep {model.sleep!r}"
             if model.nodes:
-                raise _KeyedError(key, f"{said}: a multi-node model ({', '.join(model.nodes)}) cannot sleep; "
-                                       "warm switches are for models on one box")
+                raise _KeyedError(
+                    key,
+                    f"{said}: a multi-node model ({', '.join(model.nodes)}) cannot sleep; "
+                    "warm switches are for models on one box",
+                )
             for host in self.model_hosts(name):
                 platform = self.platform_of(host)
                 if platform == "cpu":
-                    why = (f"hosts.{host.name}.platform = \"cpu\"" if host.platform else
-                           f"its engine {self.engine_command(host)[0]} is {ENGINE.title}'s CPU build")
-                    raise _KeyedError(key, f"{said}: host {host.name} cannot sleep ({why}): {ENGINE.title}'s "
-                                           "CPU build has no sleep mode; remove sleep or use a GPU host")
+                    why = (
+                        f'hosts.{host.name}.platform = "cpu"'
+                        if host.platform
+                        else f"its engine {self.engine_command(host)[0]} is {ENGINE.title}'s CPU build"
+                    )
+                    raise _KeyedError(
+                        key,
+                        f"{said}: host {host.name} cannot sleep ({why}): {ENGINE.title}'s "
+                        "CPU build has no sleep mode; remove sleep or use a GPU host",
+                    )
                 if host.sleep_residue_gib >= host.gpu_memory_gib:
-                    raise _KeyedError(f"hosts.{host.name}.sleep_residue_gib",
-                                      f"sleep_residue_gib {host.sleep_residue_gib:g} (what a sleeping engine keeps "
-                                      f"per GPU) is not less than gpu_memory_gib {host.gpu_memory_gib:g}: "
-                                      f"{key} = {model.sleep!r} could never leave room for another engine")
+                    raise _KeyedError(
+                        f"hosts.{host.name}.sleep_residue_gib",
+                        f"sleep_residue_gib {host.sleep_residue_gib:g} (what a sleeping engine keeps "
+                        f"per GPU) is not less than gpu_memory_gib {host.gpu_memory_gib:g}: "
+                        f"{key} = {model.sleep!r} could never leave room for another engine",
+                    )
                 budget = host.sleep_ram_budget()
                 if model.sleep == "level1" and budget is not None and budget <= 0:
-                    which = ("sleep_ram_gib" if host.sleep_ram_gib is not None else "memory_gib")
+                    which = "sleep_ram_gib" if host.sleep_ram_gib is not None else "memory_gib"
                     value = host.sleep_ram_gib if host.sleep_ram_gib is not None else host.memory_gib
-                    raise _KeyedError(f"hosts.{host.name}.{which}",
-                                      f"{which} {value:g} leaves a RAM budget of 0 GiB for sleeping weights: "
-                                      f"it cannot hold one level1 sleeper ({key} = \"level1\"); raise it, "
-                                      "or use sleep = \"level2\" (weights dropped, reloaded on wake)")
-                bind, bind_key = ((host.bind, f"hosts.{host.name}.bind") if host.bind
-                                  else (self.defaults.bind, "defaults.bind"))
+                    raise _KeyedError(
+                        f"hosts.{host.name}.{which}",
+                        f"{which} {value:g} leaves a RAM budget of 0 GiB for sleeping weights: "
+                        f'it cannot hold one level1 sleeper ({key} = "level1"); raise it, '
+                        'or use sleep = "level2" (weights dropped, reloaded on wake)',
+                    )
+                bind, bind_key = (
+                    (host.bind, f"hosts.{host.name}.bind") if host.bind else (self.defaults.bind, "defaults.bind")
+                )
                 if not self.proxy.enabled and not is_loopback(bind):
-                    raise _KeyedError(key, f"{said} opens {ENGINE.title}'s dev endpoints (/sleep, /wake_up, "
-                                           f"/collective_rpc ...) on the engine's port, and {bind_key} = "
-                                           f"{bind!r} would expose them beyond the box: set [proxy] enabled = "
-                                           "true (the engine then listens on 127.0.0.1 behind it, which never "
-                                           f"forwards those paths) or {bind_key} = \"127.0.0.1\"")
+                    raise _KeyedError(
+                        key,
+                        f"{said} opens {ENGINE.title}'s dev endpoints (/sleep, /wake_up, "
+                        f"/collective_rpc ...) on the engine's port, and {bind_key} = "
+                        f"{bind!r} would expose them beyond the box: set [proxy] enabled = "
+                        "true (the engine then listens on 127.0.0.1 behind it, which never "
+                        f'forwards those paths) or {bind_key} = "127.0.0.1"',
+                    )
         return self
 
     @model_validator(mode="after")
@@ -247,34 +306,62 @@ class Catalog(Strict):
             key = f"models.{name}"
             if not model.on_demand:
                 # A value at its default says nothing (a model read back from its own dump sets them all).
-                extra = sorted(k for k in _DEMAND_KEYS if k in model.model_fields_set
-                               and getattr(model, k) != type(model).model_fields[k].default)
+                extra = sorted(
+                    k
+                    for k in _DEMAND_KEYS
+                    if k in model.model_fields_set and getattr(model, k) != type(model).model_fields[k].default
+                )
                 if extra:
-                    raise _KeyedError(f"{key}.{extra[0]}", f"{extra[0]} = {getattr(model, extra[0])!r} applies to "
-                                                           "models on demand: set on_demand = true as well")
+                    raise _KeyedError(
+                        f"{key}.{extra[0]}",
+                        f"{extra[0]} = {getattr(model, extra[0])!r} applies to "
+                        "models on demand: set on_demand = true as well",
+                    )
                 continue
             if model.nodes:
-                raise _KeyedError(f"{key}.on_demand", "on_demand = true: a multi-node model "
-                                                      f"({', '.join(model.nodes)}) cannot be started on demand; "
-                                                      "models on demand run on one box")
+                raise _KeyedError(
+                    f"{key}.on_demand",
+                    "on_demand = true: a multi-node model "
+                    f"({', '.join(model.nodes)}) cannot be started on demand; "
+                    "models on demand run on one box",
+                )
             if model.group is not None:
-                raise _KeyedError(f"{key}.on_demand", f"on_demand = true: a fleet model (group {model.group!r}) is "
-                                                      "switched by `rollout`, not by requests")
+                raise _KeyedError(
+                    f"{key}.on_demand",
+                    f"on_demand = true: a fleet model (group {model.group!r}) is "
+                    "switched by `rollout`, not by requests",
+                )
             if not self.proxy.enabled:
-                raise _KeyedError(f"{key}.on_demand", "on_demand = true needs [proxy] enabled = true: the front proxy "
-                                                      "holds a request while the agent wakes or starts its model")
-            twin = next((other for other, m in self.models.items() if other != name and m.served == model.served
-                         and {h.name for h in self.model_hosts(other)} & {h.name for h in self.model_hosts(name)}),
-                        None)
+                raise _KeyedError(
+                    f"{key}.on_demand",
+                    "on_demand = true needs [proxy] enabled = true: the front proxy "
+                    "holds a request while the agent wakes or starts its model",
+                )
+            twin = next(
+                (
+                    other
+                    for other, m in self.models.items()
+                    if other != name
+                    and m.served == model.served
+                    and {h.name for h in self.model_hosts(other)} & {h.name for h in self.model_hosts(name)}
+                ),
+                None,
+            )
             if twin is not None:
-                raise _KeyedError(f"{key}.on_demand", f"on_demand = true: model {twin} serves the same name "
-                                                      f"{model.served!r} on the same host, so a request for it "
-                                                      "could not say which to bring up; give each its own "
-                                                      "served_name")
+                raise _KeyedError(
+                    f"{key}.on_demand",
+                    f"on_demand = true: model {twin} serves the same name "
+                    f"{model.served!r} on the same host, so a request for it "
+                    "could not say which to bring up; give each its own "
+                    "served_name",
+                )
             if model.idle_sleep_s is not None and model.sleep is None:
-                raise _KeyedError(f"{key}.idle_sleep_s", f"idle_sleep_s = {model.idle_sleep_s:g} on a model without "
-                                                         "sleep mode: set sleep = \"level1\" or \"level2\", or use "
-                                                         "idle_stop_s (the engine is stopped)")
+                raise _KeyedError(
+                    f"{key}.idle_sleep_s",
+                    f"idle_sleep_s = {model.idle_sleep_s:g} on a model without "
+                    'sleep mode: set sleep = "level1" or "level2", or use '
+                    "idle_stop_s (the engine is stopped)",
+                )
         return self
 
     @model_validator(mode="after")
@@ -282,13 +369,21 @@ class Catalog(Strict):
         """Each socket the agent and HAProxy bind has a path of its own: a second bind at one would fail,
         or take the other's place (the dashboard at the agent's own agent.sock)."""
         state = self.state_dir.rstrip("/")
-        sockets = [(f"{state}/agent.sock", "the agent's socket (state_dir)"),
-                   (self.proxy.stats_socket, "proxy.stats_socket"),
-                   (self.proxy.master_socket, "HAProxy's master socket (beside proxy.stats_socket)"),
-                   (self.demand_socket(), "proxy.demand_socket" if self.proxy.demand_socket else
-                    f"the default demand socket {DEFAULT_DEMAND_SOCKET}"),
-                   (socket_path(self.dashboard, state), "dashboard.socket" if self.dashboard.socket else
-                    "the dashboard's socket (state_dir)")]
+        sockets = [
+            (f"{state}/agent.sock", "the agent's socket (state_dir)"),
+            (self.proxy.stats_socket, "proxy.stats_socket"),
+            (self.proxy.master_socket, "HAProxy's master socket (beside proxy.stats_socket)"),
+            (
+                self.demand_socket(),
+                "proxy.demand_socket"
+                if self.proxy.demand_socket
+                else f"the default demand socket {DEFAULT_DEMAND_SOCKET}",
+            ),
+            (
+                socket_path(self.dashboard, state),
+                "dashboard.socket" if self.dashboard.socket else "the dashboard's socket (state_dir)",
+            ),
+        ]
         keys = {"proxy.demand_socket": self.proxy.demand_socket, "dashboard.socket": self.dashboard.socket}
         seen: dict[str, str] = {}
         for path, what in sockets:
@@ -311,8 +406,11 @@ class Catalog(Strict):
         model = self.model(name)
         if model.demand_deadline_s is not None:
             return model.demand_deadline_s
-        base = (model.load_deadline_s or self.defaults.load_deadline_s) if cold or model.sleep is None \
+        base = (
+            (model.load_deadline_s or self.defaults.load_deadline_s)
+            if cold or model.sleep is None
             else (model.wake_deadline_s or self.defaults.wake_deadline_s)
+        )
         return base + self.demand.batch_wait_s
 
     def platform_of(self, host: Host) -> str:
@@ -337,8 +435,9 @@ class Catalog(Strict):
     def only_host(self) -> Host:
         """The single host, for commands that may leave --on out; else a UsageError naming them."""
         if len(self.hosts) != 1:
-            raise UsageError(f"there are {len(self.hosts)} hosts: say which one with --on "
-                             f"({', '.join(sorted(self.hosts))})")
+            raise UsageError(
+                f"there are {len(self.hosts)} hosts: say which one with --on ({', '.join(sorted(self.hosts))})"
+            )
         return next(iter(self.hosts.values()))
 
     def target(self, model: str | None = None, host: str | None = None) -> Host:
@@ -360,9 +459,11 @@ class Catalog(Strict):
         """With the proxy on, every served name must be routable and no model may take its port."""
         for name, model in self.models.items():
             if not ROUTABLE_RE.fullmatch(model.served):
-                raise _KeyedError(f"models.{name}.served_name",
-                                  f"{model.served!r} cannot be routed by the front proxy: use letters, "
-                                  f"digits and . _ : / @ + - (no spaces or quotes), at most 128")
+                raise _KeyedError(
+                    f"models.{name}.served_name",
+                    f"{model.served!r} cannot be routed by the front proxy: use letters, "
+                    f"digits and . _ : / @ + - (no spaces or quotes), at most 128",
+                )
 
     def model_host(self, model: str) -> Host:
         """The host a model runs on (a multi-node model: its first node, which serves the API): where a
@@ -371,17 +472,21 @@ class Catalog(Strict):
         if spec.nodes and spec.nodes[0] in self.hosts:
             return self.hosts[spec.nodes[0]]
         if spec.group is not None:
-            raise UsageError(f"model {model!r} runs on every host of group {spec.group!r} "
-                             f"({', '.join(self.groups[spec.group].hosts)}): switch it with "
-                             f"`orchestrator rollout {model}`")
+            raise UsageError(
+                f"model {model!r} runs on every host of group {spec.group!r} "
+                f"({', '.join(self.groups[spec.group].hosts)}): switch it with "
+                f"`orchestrator rollout {model}`"
+            )
         if spec.host is not None:
             if spec.host not in self.hosts:
-                raise _KeyedError(f"models.{model}.host",
-                                  f"unknown host {spec.host!r} (known: {', '.join(sorted(self.hosts))})")
+                raise _KeyedError(
+                    f"models.{model}.host", f"unknown host {spec.host!r} (known: {', '.join(sorted(self.hosts))})"
+                )
             return self.hosts[spec.host]
         if len(self.hosts) != 1:
-            raise _KeyedError(f"models.{model}.host",
-                              f"missing: there are {len(self.hosts)} hosts, say which one serves it")
+            raise _KeyedError(
+                f"models.{model}.host", f"missing: there are {len(self.hosts)} hosts, say which one serves it"
+            )
         return next(iter(self.hosts.values()))
 
     def nodes_of(self, model: str) -> list[Host]:
@@ -407,8 +512,9 @@ def unknown_model(name: str, models: Mapping[str, object]) -> str:
     return f"unknown model {name!r} (known: {', '.join(sorted(models)) or 'none'})"
 
 
-def _collide(prior: tuple[str, str, frozenset[int] | None], here: tuple[str, str, frozenset[int] | None],
-             field: str) -> bool:
+def _collide(
+    prior: tuple[str, str, frozenset[int] | None], here: tuple[str, str, frozenset[int] | None], field: str
+) -> bool:
     """Whether two claims on one host's port can be live at once."""
     if prior[2] is None or here[2] is None or prior[1].rsplit(".", 1)[0] == here[1].rsplit(".", 1)[0]:
         return True  # an always-on listener, or one model's own two ports

@@ -143,8 +143,18 @@ class Host(Strict):
     # where it initialises, else nvidia-smi.
     gpu_probe: Literal["auto", "nvml", "nvidia-smi"] = "auto"
 
-    @field_validator("address", "ssh_user", "models_dir", "unit_dir", "python", "bind", "agent_socket",
-                     "node_address", "interface", "ray")
+    @field_validator(
+        "address",
+        "ssh_user",
+        "models_dir",
+        "unit_dir",
+        "python",
+        "bind",
+        "agent_socket",
+        "node_address",
+        "interface",
+        "ray",
+    )
     @classmethod
     def _safe_text(cls, v: str | None) -> str | None:
         return None if v is None else safe(v, "value")
@@ -163,8 +173,10 @@ class Host(Strict):
     @classmethod
     def _login(cls, v: str) -> str:
         if not LOGIN_RE.fullmatch(v):
-            raise ValueError(f"ssh_user {shown(v)} is not a user name (letters, digits, '.', '_', '-'; at most 32, "
-                             "starting with a letter or '_')")
+            raise ValueError(
+                f"ssh_user {shown(v)} is not a user name (letters, digits, '.', '_', '-'; at most 32, "
+                "starting with a letter or '_')"
+            )
         return v
 
     @field_validator("ssh_key", "known_hosts")
@@ -177,8 +189,10 @@ class Host(Strict):
     def _interface_name(cls, v: str | None) -> str | None:
         # A Linux interface name (IFNAMSIZ 16 with its NUL), the one word GLOO/NCCL_SOCKET_IFNAME name.
         if v is not None and not IFNAME_RE.fullmatch(v):
-            raise ValueError(f"interface {shown(v)} is not a network interface name (letters, digits and . _ - @ :, "
-                             "at most 15, as `ip link` lists them)")
+            raise ValueError(
+                f"interface {shown(v)} is not a network interface name (letters, digits and . _ - @ :, "
+                "at most 15, as `ip link` lists them)"
+            )
         return v
 
     @field_validator("agent_socket")
@@ -189,22 +203,30 @@ class Host(Strict):
     @model_validator(mode="after")
     def _nvml_is_local(self) -> Host:
         if self.gpu_probe == "nvml" and self.transport != "local":
-            raise SubKeyError(".gpu_probe", f'gpu_probe "nvml" reads the GPUs of the machine the agent runs on: '
-                                            f'it needs transport = "local" (this host is "{self.transport}"); '
-                                            'use "nvidia-smi" or "auto"')
+            raise SubKeyError(
+                ".gpu_probe",
+                f'gpu_probe "nvml" reads the GPUs of the machine the agent runs on: '
+                f'it needs transport = "local" (this host is "{self.transport}"); '
+                'use "nvidia-smi" or "auto"',
+            )
         return self
 
     @model_validator(mode="after")
     def _sleep_budgets_possible(self) -> Host:
-        if (self.sleep_ram_gib is not None and self.memory_gib is not None
-                and self.sleep_ram_gib > self.memory_gib):
-            raise SubKeyError(".sleep_ram_gib", f"sleep_ram_gib {self.sleep_ram_gib:g} is more than the host's "
-                                                f"memory_gib {self.memory_gib:g}: sleepers' weights live in host RAM")
+        if self.sleep_ram_gib is not None and self.memory_gib is not None and self.sleep_ram_gib > self.memory_gib:
+            raise SubKeyError(
+                ".sleep_ram_gib",
+                f"sleep_ram_gib {self.sleep_ram_gib:g} is more than the host's "
+                f"memory_gib {self.memory_gib:g}: sleepers' weights live in host RAM",
+            )
         # Only when set: a small GPU with no sleep model keeps loading with the default.
         if "sleep_residue_gib" in self.model_fields_set and self.sleep_residue_gib >= self.gpu_memory_gib:
-            raise SubKeyError(".sleep_residue_gib", f"sleep_residue_gib {self.sleep_residue_gib:g} is not less than "
-                                                    f"gpu_memory_gib {self.gpu_memory_gib:g}: it is what a sleeping "
-                                                    "engine keeps of one GPU")
+            raise SubKeyError(
+                ".sleep_residue_gib",
+                f"sleep_residue_gib {self.sleep_residue_gib:g} is not less than "
+                f"gpu_memory_gib {self.gpu_memory_gib:g}: it is what a sleeping "
+                "engine keeps of one GPU",
+            )
         return self
 
     def sleep_ram_budget(self, probed_memory_gib: float | None = None) -> float | None:

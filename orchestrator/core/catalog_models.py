@@ -41,11 +41,14 @@ FLAGS = ENGINE.rendered_flags
 _KEYED_WHEN_SET = frozenset({"max_model_len", "max_num_seqs"})
 # Where a multi-node model's per-node flags (the engine's node_args, and what a Ray head's engine adds)
 # take their values from: the key to set instead.
-NODE_KEYS = {"nodes": "the model's `nodes` (their count)", "rank": "the model's `nodes` (their order: the "
-             "first serves the API, the others run headless)", "head_address": "the first node's address "
-             "(its host's node_address, else address)", "port": "the model's `master_port`",
-             "data_parallel_local": "the model's `data_parallel` over its `nodes`",
-             "backend": "the model's `backend` (\"native\" or \"ray\")"}
+NODE_KEYS = {
+    "nodes": "the model's `nodes` (their count)",
+    "rank": "the model's `nodes` (their order: the first serves the API, the others run headless)",
+    "head_address": "the first node's address (its host's node_address, else address)",
+    "port": "the model's `master_port`",
+    "data_parallel_local": "the model's `data_parallel` over its `nodes`",
+    "backend": 'the model\'s `backend` ("native" or "ray")',
+}
 
 
 def _read_as(arg: str, flag: str) -> str:
@@ -122,8 +125,10 @@ class Model(Strict):
     @classmethod
     def _repo_id(cls, v: str) -> str:
         if not REPO_RE.fullmatch(v) or ".." in v or "--" in v:
-            raise ValueError(f"repo {shown(v)} is not a Hugging Face repo id ('owner/name': letters, digits, "
-                             f"'-', '_', '.'; no '..' or '--')")
+            raise ValueError(
+                f"repo {shown(v)} is not a Hugging Face repo id ('owner/name': letters, digits, "
+                f"'-', '_', '.'; no '..' or '--')"
+            )
         return v
 
     @field_validator("revision")
@@ -135,16 +140,22 @@ class Model(Strict):
     @classmethod
     def _source_form(cls, v: str) -> str:
         kind, sep, arg = v.partition(":")
-        ok = (v in ("hub", "none") or (kind == "local" and arg.startswith("/"))
-              or (kind == "host" and bool(NAME_RE.fullmatch(arg))))
+        ok = (
+            v in ("hub", "none")
+            or (kind == "local" and arg.startswith("/"))
+            or (kind == "host" and bool(NAME_RE.fullmatch(arg)))
+        )
         if not ok or (kind in ("local", "host") and not sep):
-            raise ValueError(f"source {v!r} is not \"hub\", \"none\", \"local:/absolute/dir\" or "
-                             "\"host:NAME\" (a host of this file that already staged the model)")
+            raise ValueError(
+                f'source {v!r} is not "hub", "none", "local:/absolute/dir" or '
+                '"host:NAME" (a host of this file that already staged the model)'
+            )
         if v.startswith("local:"):
             directory = v.removeprefix("local:")
             if {".", ".."} & set(directory.split("/")):  # the unit runs the engine on it: say the real path
-                raise ValueError(f"source {shown(v)}: the local weights directory has a '.' or '..' part: "
-                                 "name the real path")
+                raise ValueError(
+                    f"source {shown(v)}: the local weights directory has a '.' or '..' part: name the real path"
+                )
             outside_private_tmp(directory, "local weights directory")
         return v
 
@@ -159,12 +170,17 @@ class Model(Strict):
             meant = ENGINE.flag_read_as(arg, SLEEP_FLAGS)
             if meant is not None:
                 said = "" if flag == meant else f" ({ENGINE.title}'s parser reads it as {meant})"
-                raise SubKeyError(f"[{i}]", f"{shown(arg)}{said}: sleep mode is the model's `sleep` setting "
-                                            "(\"level1\" or \"level2\"), which also renders this flag")
+                raise SubKeyError(
+                    f"[{i}]",
+                    f"{shown(arg)}{said}: sleep mode is the model's `sleep` setting "
+                    '("level1" or "level2"), which also renders this flag',
+                )
         total = sum(len(a) + 1 for a in v)
         if total > MAX_UNIT_LINE:  # one ExecStart line: systemd refuses lines past LONG_LINE_MAX
-            raise ValueError(f"{len(v)} arguments of {total:,} characters in all: at most {MAX_UNIT_LINE:,} fit "
-                             "on the unit's ExecStart line")
+            raise ValueError(
+                f"{len(v)} arguments of {total:,} characters in all: at most {MAX_UNIT_LINE:,} fit "
+                "on the unit's ExecStart line"
+            )
         return v
 
     @field_validator("allow_patterns", "ignore_patterns")
@@ -174,8 +190,11 @@ class Model(Strict):
         for i, pattern in enumerate(v):
             safe(pattern, "pattern")
             if pattern.startswith("/") or ".." in pattern.split("/"):
-                raise SubKeyError(f"[{i}]", f"{shown(pattern)}: a pattern names files inside the model's repo "
-                                            "('*.safetensors', 'tokenizer*'): no leading '/' and no '..' part")
+                raise SubKeyError(
+                    f"[{i}]",
+                    f"{shown(pattern)}: a pattern names files inside the model's repo "
+                    "('*.safetensors', 'tokenizer*'): no leading '/' and no '..' part",
+                )
         return v
 
     @field_validator("env")
@@ -188,9 +207,12 @@ class Model(Strict):
             if not ENV_KEY_RE.fullmatch(key):
                 raise ValueError(f"environment variable name {shown(key)} is not a valid name")
             if key in DEV_MODE_ENV:
-                raise SubKeyError(f".{key}", f"{key} = {shown(value)} would open {ENGINE.title}'s dev endpoints "
-                                             "(/collective_rpc, /sleep ...) without the product's guards: set "
-                                             "sleep = \"level1\" or \"level2\" instead, which turns it on")
+                raise SubKeyError(
+                    f".{key}",
+                    f"{key} = {shown(value)} would open {ENGINE.title}'s dev endpoints "
+                    "(/collective_rpc, /sleep ...) without the product's guards: set "
+                    'sleep = "level1" or "level2" instead, which turns it on',
+                )
             safe(value, f"value of {key}")
         return v
 
@@ -212,8 +234,9 @@ class Model(Strict):
         if twice:
             raise ValueError(f"host {twice[0]!r} is listed twice in {list(v)} (each node is one host)")
         if len(v) == 1:
-            raise ValueError(f"{list(v)} names one host: a multi-node model spans at least 2 (use host = "
-                             f"{v[0]!r} for one box)")
+            raise ValueError(
+                f"{list(v)} names one host: a multi-node model spans at least 2 (use host = {v[0]!r} for one box)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -225,18 +248,22 @@ class Model(Strict):
                 raise ValueError(
                     f"tensor_parallel {self.tensor_parallel} x pipeline_parallel {self.pipeline_parallel} x "
                     f"data_parallel {self.data_parallel} = {need} GPUs, but {len(self.nodes)} nodes x "
-                    f"{len(self.gpus)} GPUs each (gpus = {list(self.gpus)}) = {have}")
+                    f"{len(self.gpus)} GPUs each (gpus = {list(self.gpus)}) = {have}"
+                )
             if self.host is not None and self.host != self.nodes[0]:
-                raise ValueError(f"host {self.host!r} is not the first of nodes {list(self.nodes)} (the first "
-                                 "node serves the API; leave host out)")
+                raise ValueError(
+                    f"host {self.host!r} is not the first of nodes {list(self.nodes)} (the first "
+                    "node serves the API; leave host out)"
+                )
             return self
         if self.backend == "ray":
-            raise ValueError("backend \"ray\" needs nodes = [...] (Ray is used across boxes only)")
+            raise ValueError('backend "ray" needs nodes = [...] (Ray is used across boxes only)')
         if need != len(self.gpus):
             raise ValueError(
                 f"tensor_parallel {self.tensor_parallel} x pipeline_parallel {self.pipeline_parallel} x "
                 f"data_parallel {self.data_parallel} = {need} GPUs, but gpus lists {len(self.gpus)}: "
-                f"{list(self.gpus)}")
+                f"{list(self.gpus)}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -249,11 +276,16 @@ class Model(Strict):
             if flag is None or (keyed[flag] in _KEYED_WHEN_SET and getattr(self, keyed[flag]) is None):
                 continue
             key = keyed[flag]
-            where = {"bind": "defaults.bind (or the host's bind)", "model": "the model's source (or the host's "
-                     "models_dir)"}.get(key, f"the model's `{key}`")
-            raise SubKeyError(f".args[{i}]", f"{_read_as(arg, flag)}: the unit renders {flag} from {where}: set it "
-                                             f"there (a second {flag} in args would override it behind the product's "
-                                             "checks)")
+            where = {
+                "bind": "defaults.bind (or the host's bind)",
+                "model": "the model's source (or the host's models_dir)",
+            }.get(key, f"the model's `{key}`")
+            raise SubKeyError(
+                f".args[{i}]",
+                f"{_read_as(arg, flag)}: the unit renders {flag} from {where}: set it "
+                f"there (a second {flag} in args would override it behind the product's "
+                "checks)",
+            )
         return self
 
     @model_validator(mode="after")
@@ -265,9 +297,12 @@ class Model(Strict):
         for i, arg in enumerate(self.args):
             flag = ENGINE.flag_read_as(arg, FLAGS.node)
             if flag is not None:
-                raise SubKeyError(f".args[{i}]", f"{_read_as(arg, flag)}: model {self.name} spans nodes "
-                                                 f"{list(self.nodes)}, whose units render {flag} for each node "
-                                                 f"from {NODE_KEYS[FLAGS.node[flag]]}: set that instead")
+                raise SubKeyError(
+                    f".args[{i}]",
+                    f"{_read_as(arg, flag)}: model {self.name} spans nodes "
+                    f"{list(self.nodes)}, whose units render {flag} for each node "
+                    f"from {NODE_KEYS[FLAGS.node[flag]]}: set that instead",
+                )
         return self
 
     @field_validator("ray_args")
@@ -278,19 +313,26 @@ class Model(Strict):
         for i, arg in enumerate(v):
             flag = arg.split("=", 1)[0]
             if flag in RAY_FROM_KEYS:
-                raise SubKeyError(f"[{i}]", f"{shown(arg)}: the Ray units render {flag} from "
-                                            f"{RAY_FROM_KEYS[flag]}: set it there")
+                raise SubKeyError(
+                    f"[{i}]", f"{shown(arg)}: the Ray units render {flag} from {RAY_FROM_KEYS[flag]}: set it there"
+                )
             if flag in RAY_FIXED:
-                raise SubKeyError(f"[{i}]", f"{shown(arg)}: the Ray units render {flag} themselves "
-                                            f"({RAY_FIXED[flag]}): ray_args cannot change it")
+                raise SubKeyError(
+                    f"[{i}]",
+                    f"{shown(arg)}: the Ray units render {flag} themselves "
+                    f"({RAY_FIXED[flag]}): ray_args cannot change it",
+                )
         return v
 
     @model_validator(mode="after")
     def _idle_order(self) -> Model:
         if self.idle_sleep_s is not None and self.idle_stop_s is not None and self.idle_stop_s < self.idle_sleep_s:
-            raise SubKeyError(".idle_stop_s", f"idle_stop_s {self.idle_stop_s:g} is less than idle_sleep_s "
-                                              f"{self.idle_sleep_s:g}: a model is stopped after it has slept, so "
-                                              "idle_stop_s counts from the last request too and must be the larger")
+            raise SubKeyError(
+                ".idle_stop_s",
+                f"idle_stop_s {self.idle_stop_s:g} is less than idle_sleep_s "
+                f"{self.idle_sleep_s:g}: a model is stopped after it has slept, so "
+                "idle_stop_s counts from the last request too and must be the larger",
+            )
         return self
 
     @model_validator(mode="after")

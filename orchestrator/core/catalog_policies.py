@@ -106,13 +106,19 @@ class Group(Strict):
         # The rollout's own rule (core.rollout.plan): a canary must leave hosts to promote to.
         n = len(self.hosts)
         if self.max_failures > n:
-            raise SubKeyError(".max_failures", f"max_failures {self.max_failures} is more than the group's {n} hosts "
-                                               f"({', '.join(self.hosts)}): no rollout could ever fail that many; "
-                                               f"use at most {n}")
+            raise SubKeyError(
+                ".max_failures",
+                f"max_failures {self.max_failures} is more than the group's {n} hosts "
+                f"({', '.join(self.hosts)}): no rollout could ever fail that many; "
+                f"use at most {n}",
+            )
         if self.canary > n or (self.canary == n and n > 1):
-            raise SubKeyError(".canary", f"canary {self.canary} is {'larger than' if self.canary > n else 'all of'} "
-                                         f"the group's {n} hosts ({', '.join(self.hosts)}): nothing would be left to "
-                                         f"promote; use at most {max(n - 1, 1)}")
+            raise SubKeyError(
+                ".canary",
+                f"canary {self.canary} is {'larger than' if self.canary > n else 'all of'} "
+                f"the group's {n} hosts ({', '.join(self.hosts)}): nothing would be left to "
+                f"promote; use at most {max(n - 1, 1)}",
+            )
         return self
 
     @field_validator("hosts")
@@ -173,8 +179,10 @@ class Proxy(Strict):
     @model_validator(mode="after")
     def _group_with_user(self) -> Proxy:
         if self.group is not None and self.user is None:
-            raise SubKeyError(".group", f"group {self.group!r} without user: HAProxy drops to a group only with "
-                                        "a user; set [proxy] user too")
+            raise SubKeyError(
+                ".group",
+                f"group {self.group!r} without user: HAProxy drops to a group only with a user; set [proxy] user too",
+            )
         return self
 
     @property

@@ -30,8 +30,10 @@ SOCKET_PATH_MAX = 107
 PATH_RE = re.compile(r"^/[^\s\"'\\]*$")
 # A Hugging Face repo id: [owner/]name, letters, digits, "-", "_", "."; no "--" or ".." (the hub's
 # own rules; "--" also keeps <owner>--<name> directories unambiguous).
-REPO_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
-                     r"(/[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
+REPO_RE = re.compile(
+    r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+    r"(/[A-Za-z0-9]([A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$"
+)
 # Characters git refuses in a ref name (git-check-ref-format), plus anything a shell or path reads.
 _REF_BAD_RE = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 # vLLM units run with PrivateTmp=yes: their /tmp and /var/tmp are private and empty.
@@ -42,8 +44,10 @@ ROUTABLE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 # A DNS host name (RFC 1123 labels). Addresses reach HAProxy's config, vLLM's --host and SSH as one
 # word: nothing but an IP literal or such a name may pass, so no value can carry a second directive.
-_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                          r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME_RE = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 
 # Without sleep_ram_gib, sleepers may use the host's memory minus this reserve: the OS, the agent,
 # each engine's own API server and EngineCore processes (several GiB each), the page cache that
@@ -63,8 +67,9 @@ class Strict(BaseModel):
 # A served name systemd and HAProxy both take, proxy or not: one word of routable characters. Long
 # values would also make a unit line systemd cannot parse (LONG_LINE_MAX); every other value that
 # reaches a unit is bounded by MAX_UNIT_VALUE.
-SERVED_NAME_ADVICE = ("use letters, digits and . _ : / @ + - (no spaces or quotes), starting with a letter or digit, "
-                      "at most 128")
+SERVED_NAME_ADVICE = (
+    "use letters, digits and . _ : / @ + - (no spaces or quotes), starting with a letter or digit, at most 128"
+)
 MAX_UNIT_VALUE = 4096
 MAX_UNIT_LINE = 65_536
 
@@ -98,8 +103,10 @@ def socket_fits(path: str, what: str) -> str:
     """A Unix socket path short enough to bind (the kernel's sun_path), named when it is not."""
     size = len(path.encode())
     if size > SOCKET_PATH_MAX:
-        raise ValueError(f"{what} {shown(path[:60] + '...')} is {size} bytes long: a Unix socket path holds at most "
-                         f"{SOCKET_PATH_MAX} (sun_path), so nothing could listen there; choose a shorter one")
+        raise ValueError(
+            f"{what} {shown(path[:60] + '...')} is {size} bytes long: a Unix socket path holds at most "
+            f"{SOCKET_PATH_MAX} (sun_path), so nothing could listen there; choose a shorter one"
+        )
     return path
 
 
@@ -112,11 +119,18 @@ def socket_file(value: str, what: str, *, suffix: bool = True) -> str:
     """An absolute socket path of letters, digits and . _ - / with no '.' or '..' parts (``/tmp/../etc/x.sock``
     is refused, not resolved), ending in '.sock' when ``suffix``, that fits sun_path."""
     name = value.rsplit("/", 1)[-1]
-    if (not _SOCKET_RE.fullmatch(value) or "//" in value or any(p in (".", "..") for p in value.split("/"))
-            or name in ("", ".sock") or (suffix and not name.endswith(".sock"))):
+    if (
+        not _SOCKET_RE.fullmatch(value)
+        or "//" in value
+        or any(p in (".", "..") for p in value.split("/"))
+        or name in ("", ".sock")
+        or (suffix and not name.endswith(".sock"))
+    ):
         ending = " '.sock'" if suffix else ""
-        raise ValueError(f"{what} {shown(value)} must be an absolute{ending} path of letters, digits and . _ - / "
-                         "with no '.' or '..' parts (the agent's sockets are bound and reached as root)")
+        raise ValueError(
+            f"{what} {shown(value)} must be an absolute{ending} path of letters, digits and . _ - / "
+            "with no '.' or '..' parts (the agent's sockets are bound and reached as root)"
+        )
     return socket_fits(value, what)
 
 
@@ -131,13 +145,17 @@ def key_file(value: str, what: str) -> str:
 def not_root(user: str) -> str:
     """Engines run as an unprivileged account: a model server as root owns the box."""
     if user == "root":
-        raise ValueError("'root' is refused: engines run as an unprivileged account (the shipped 'vllm'); "
-                         "set allow_root = true in [defaults] only on a disposable test bed")
+        raise ValueError(
+            "'root' is refused: engines run as an unprivileged account (the shipped 'vllm'); "
+            "set allow_root = true in [defaults] only on a disposable test bed"
+        )
     return user
 
 
-SECRET_ADVICE = ("unit files are world-readable, so secrets go in the model's EnvironmentFile "
-                 "(<env_dir>/<model>.env, mode 0600), never in deploy.toml")
+SECRET_ADVICE = (
+    "unit files are world-readable, so secrets go in the model's EnvironmentFile "
+    "(<env_dir>/<model>.env, mode 0600), never in deploy.toml"
+)
 
 
 class SubKeyError(ValueError):
@@ -157,8 +175,9 @@ def no_secret_in(args: tuple[str, ...]) -> None:
 
 def safe(value: str, what: str) -> str:
     if len(value) > MAX_UNIT_VALUE:
-        raise ValueError(f"{what} of {len(value):,} characters is longer than {MAX_UNIT_VALUE} (starts "
-                         f"{shown(value[:40])})")
+        raise ValueError(
+            f"{what} of {len(value):,} characters is longer than {MAX_UNIT_VALUE} (starts {shown(value[:40])})"
+        )
     try:
         check_safe_text(value, what)
     except RenderError as exc:  # a ValueError, so pydantic reports it with its key path
@@ -176,18 +195,28 @@ def check_address(value: str, what: str) -> str:
             pass
         if _HOSTNAME_RE.fullmatch(value) and not re.fullmatch(r"[0-9.]+", value):
             return value
-    raise ValueError(f"{what} {shown(value)} is not an IP address or a host name (letters, digits, '-' and "
-                     f"'.'; IPv6 without brackets or zone)")
+    raise ValueError(
+        f"{what} {shown(value)} is not an IP address or a host name (letters, digits, '-' and "
+        f"'.'; IPv6 without brackets or zone)"
+    )
 
 
 def under(path: str, root: str, suffix: str, what: str) -> str:
     """An absolute path inside ``root`` with no '..' or '.' parts that ends in ``suffix``: where root
     writes for the proxy stays in the product's own directories."""
     parts = path.split("/")
-    if (not path.startswith(root) or path == root or any(p in ("..", ".") for p in parts)
-            or "//" in path or not path.endswith(suffix) or path.endswith("/" + suffix)):
-        raise ValueError(f"{what} {shown(path)} must be a '{suffix}' file inside {root} (no '..' or '.' parts): "
-                         "the agent writes it as root")
+    if (
+        not path.startswith(root)
+        or path == root
+        or any(p in ("..", ".") for p in parts)
+        or "//" in path
+        or not path.endswith(suffix)
+        or path.endswith("/" + suffix)
+    ):
+        raise ValueError(
+            f"{what} {shown(path)} must be a '{suffix}' file inside {root} (no '..' or '.' parts): "
+            "the agent writes it as root"
+        )
     return path
 
 
@@ -215,8 +244,10 @@ def outside_private_tmp(path: str, what: str) -> None:
     norm = posixpath.normpath(path)
     for tmp in PRIVATE_TMP:
         if norm == tmp or norm.startswith(tmp + "/"):
-            raise ValueError(f"{what} {path} is under {tmp}, which the model's unit cannot see (vLLM units run "
-                             f"with PrivateTmp=yes, an empty {tmp} of their own): move it out of /tmp and /var/tmp")
+            raise ValueError(
+                f"{what} {path} is under {tmp}, which the model's unit cannot see (vLLM units run "
+                f"with PrivateTmp=yes, an empty {tmp} of their own): move it out of /tmp and /var/tmp"
+            )
 
 
 def check_engine(v: tuple[str, ...]) -> tuple[str, ...]:
@@ -251,8 +282,10 @@ def check_fields(expr: str) -> None:
     """Exactly 5 fields of ASCII cron characters; ValueError naming the expression otherwise."""
     fields = expr.split()
     if len(fields) != 5:
-        raise ValueError(f"{expr[:80]!r} is not a valid cron expression: it has {len(fields)} fields, a cron "
-                         "expression has exactly 5: minute hour day month weekday (e.g. '0 3 * * *')")
+        raise ValueError(
+            f"{expr[:80]!r} is not a valid cron expression: it has {len(fields)} fields, a cron "
+            "expression has exactly 5: minute hour day month weekday (e.g. '0 3 * * *')"
+        )
     bad = next((f for f in fields if not _CRON_FIELD_RE.fullmatch(f)), None)
     if bad is not None:
         raise ValueError(f"{expr!r}: field {bad!r} may hold only ASCII digits, names (jan, mon) and * , - /")

@@ -26,8 +26,9 @@ class WrongType(NamedTuple):
     value: Any
 
 
-def wrong_types(data: Mapping[str, Any], model: type[BaseModel], *, text_ok: bool = False,
-                prefix: str = "") -> Iterator[WrongType]:
+def wrong_types(
+    data: Mapping[str, Any], model: type[BaseModel], *, text_ok: bool = False, prefix: str = ""
+) -> Iterator[WrongType]:
     """Every value of ``data`` (a table for ``model``) whose kind its field does not take, in order.
     Unknown keys and kinds other than booleans and numbers are left to pydantic (it names them)."""
     for key, value in data.items():

@@ -55,22 +55,36 @@ def unit_owners(entry: Mapping[str, Any], unit_of: Mapping[str, str]) -> dict[st
     return units
 
 
-def gpu_rows(snapshot: GpuSnapshot, owners: Mapping[int, str],
-             states: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def gpu_rows(
+    snapshot: GpuSnapshot, owners: Mapping[int, str], states: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Each GPU with its memory and the processes on it, each named by the model whose unit holds its
     PID (``owners``: pid -> model), else "not ours"; with the model's residency (``states``: model ->
     serving/asleep), so a sleeper's residue reads as such."""
     rows = []
     states = states or {}
     for gpu in snapshot.gpus:
-        procs: list[dict[str, Any]] = [{"pid": p.pid, "name": p.process_name, "mib": p.used_memory_mib,
-                  "model": owners.get(p.pid, "not ours"),
-                  "asleep": states.get(owners.get(p.pid, "")) == "asleep"} for p in snapshot.on({gpu.index})]
-        rows.append({"index": gpu.index, "name": gpu.name, "used_mib": gpu.memory_used_mib,
-                     "total_mib": gpu.memory_total_mib,
-                     "used_pct": round(100 * gpu.memory_used_mib / gpu.memory_total_mib) if gpu.memory_total_mib
-                     else 0, "processes": procs,
-                     "models": sorted({str(p["model"]) for p in procs})})
+        procs: list[dict[str, Any]] = [
+            {
+                "pid": p.pid,
+                "name": p.process_name,
+                "mib": p.used_memory_mib,
+                "model": owners.get(p.pid, "not ours"),
+                "asleep": states.get(owners.get(p.pid, "")) == "asleep",
+            }
+            for p in snapshot.on({gpu.index})
+        ]
+        rows.append(
+            {
+                "index": gpu.index,
+                "name": gpu.name,
+                "used_mib": gpu.memory_used_mib,
+                "total_mib": gpu.memory_total_mib,
+                "used_pct": round(100 * gpu.memory_used_mib / gpu.memory_total_mib) if gpu.memory_total_mib else 0,
+                "processes": procs,
+                "models": sorted({str(p["model"]) for p in procs}),
+            }
+        )
     return rows
 
 
@@ -100,8 +114,14 @@ def model_rows(models: Iterable[Any], entry: Mapping[str, Any]) -> list[dict[str
         live = serving.get(m.name)
         # The serving record moves at the end of a switch; from stopping on, the model whose GPUs the switch
         # takes is down already (the planner replaces what overlaps).
-        taker = next((r for r in running.values() if r["model"] != m.name and r["phase"] in DOWN
-                      and gpus[m.name] & gpus.get(r["model"], set())), None)
+        taker = next(
+            (
+                r
+                for r in running.values()
+                if r["model"] != m.name and r["phase"] in DOWN and gpus[m.name] & gpus.get(r["model"], set())
+            ),
+            None,
+        )
         if m.name in running:
             state = f"switching ({running[m.name]['phase']})"
         elif live is not None and taker is not None:
@@ -114,10 +134,18 @@ def model_rows(models: Iterable[Any], entry: Mapping[str, Any]) -> list[dict[str
         else:
             state = "stopped"
         res = resident.get(m.name)
-        rows.append({"model": m.name, "state": state, "revision": live.get("revision") if live else None,
-                     "layout": layout(m), "gpus": ",".join(str(g) for g in m.gpus), "port": m.port,
-                     "residency": residency_label(res) if res is not None else "",
-                     "ram_gib": float(res.get("ram_gib") or 0.0) if res is not None else None})
+        rows.append(
+            {
+                "model": m.name,
+                "state": state,
+                "revision": live.get("revision") if live else None,
+                "layout": layout(m),
+                "gpus": ",".join(str(g) for g in m.gpus),
+                "port": m.port,
+                "residency": residency_label(res) if res is not None else "",
+                "ram_gib": float(res.get("ram_gib") or 0.0) if res is not None else None,
+            }
+        )
     return rows
 
 
@@ -136,10 +164,14 @@ def sleep_summary(residency: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not residency:
         return None
     held, budget = float(residency.get("sleep_ram_gib") or 0.0), float(residency.get("ram_budget_gib") or 0.0)
-    return {"held_gib": held, "budget_gib": budget, "residue_gib": residency.get("residue_gib"),
-            "pct": round(100 * held / budget) if budget else 0,
-            "sleepers": [str(m["model"]) for m in residency.get("models") or [] if m["state"] == "asleep"],
-            "gpus_error": residency.get("gpus_error")}
+    return {
+        "held_gib": held,
+        "budget_gib": budget,
+        "residue_gib": residency.get("residue_gib"),
+        "pct": round(100 * held / budget) if budget else 0,
+        "sleepers": [str(m["model"]) for m in residency.get("models") or [] if m["state"] == "asleep"],
+        "gpus_error": residency.get("gpus_error"),
+    }
 
 
 def timeline(running: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
@@ -151,12 +183,24 @@ def timeline(running: Mapping[str, Any] | None, events: Sequence[Mapping[str, An
     phases = []
     for t in running.get("timings") or []:
         left = t.get("left_at")
-        phases.append({"phase": t["phase"], "label": text_of(t["phase"]).label,
-                       "seconds": round((left if left is not None else now) - t["entered_at"], 1),
-                       "current": left is None})
-    return {"active": True, "id": running.get("id"), "model": running.get("model"),
-            "revision": running.get("revision"), "trigger": running.get("trigger"), "op": running.get("op"),
-            "phases": phases, "lines": progress_lines(events)[:LINES]}
+        phases.append(
+            {
+                "phase": t["phase"],
+                "label": text_of(t["phase"]).label,
+                "seconds": round((left if left is not None else now) - t["entered_at"], 1),
+                "current": left is None,
+            }
+        )
+    return {
+        "active": True,
+        "id": running.get("id"),
+        "model": running.get("model"),
+        "revision": running.get("revision"),
+        "trigger": running.get("trigger"),
+        "op": running.get("op"),
+        "phases": phases,
+        "lines": progress_lines(events)[:LINES],
+    }
 
 
 LINES = 30  # the progress lines a running operation shows
@@ -182,9 +226,12 @@ def progress_lines(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def progress_line(event: str, f: Mapping[str, Any]) -> str:
     """One progress event as the CLI words it (cli/progress.py), shortened for a table cell."""
     if event == "phase":
-        label = phase_label(str(f.get("phase")), proxy=bool(f.get("proxy", True)),
-                            handover=bool(f.get("handover", False)),
-                            beside=bool(f.get("beside", False)))
+        label = phase_label(
+            str(f.get("phase")),
+            proxy=bool(f.get("proxy", True)),
+            handover=bool(f.get("handover", False)),
+            beside=bool(f.get("beside", False)),
+        )
         return "" if label is None else f"#{f.get('revision', '?')} {f.get('model', '')}: {label}"
     if event == "waiting":
         deadline = f" of {float(f['deadline']):g} s" if f.get("deadline") is not None else ""
@@ -219,8 +266,9 @@ def downtime_s(row: Mapping[str, Any]) -> float | None:
     return round(sum(spans), 2) if spans else None
 
 
-def history_rows(history: Sequence[Mapping[str, Any]], operation: Mapping[str, Any] | None = None
-                 ) -> list[dict[str, Any]]:
+def history_rows(
+    history: Sequence[Mapping[str, Any]], operation: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """History rows with each phase's duration and the downtime, newest first (as the agent answers).
 
     The running deployment's row takes its phases from ``operation`` (timeline's answer), whose current
@@ -235,11 +283,20 @@ def _live(row: Mapping[str, Any], operation: Mapping[str, Any] | None) -> Mappin
 
 
 def _history_row(h: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": h["id"], "revision": h["revision"], "model": h["model"], "outcome": h["outcome"],
-            "trigger": h.get("trigger"), "created_at": h["created_at"], "error": h.get("error"),
-            "phases": [{"phase": p["phase"], "short": text_of(p["phase"]).short, "seconds": p["seconds"]}
-                       for p in h.get("phases") or []],
-            "downtime_s": downtime_s(h)}
+    return {
+        "id": h["id"],
+        "revision": h["revision"],
+        "model": h["model"],
+        "outcome": h["outcome"],
+        "trigger": h.get("trigger"),
+        "created_at": h["created_at"],
+        "error": h.get("error"),
+        "phases": [
+            {"phase": p["phase"], "short": text_of(p["phase"]).short, "seconds": p["seconds"]}
+            for p in h.get("phases") or []
+        ],
+        "downtime_s": downtime_s(h),
+    }
 
 
 def downtime_series(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -247,9 +304,10 @@ def downtime_series(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     model with None where another model's deployment sits."""
     rows = [h for h in reversed(history) if downtime_s(h) is not None]
     models = sorted({h["model"] for h in rows})
-    return {"x": [h["created_at"] for h in rows],
-            "series": [{"label": m, "values": [downtime_s(h) if h["model"] == m else None for h in rows]}
-                       for m in models]}
+    return {
+        "x": [h["created_at"] for h in rows],
+        "series": [{"label": m, "values": [downtime_s(h) if h["model"] == m else None for h in rows]} for m in models],
+    }
 
 
 def tune_series(report: Mapping[str, Any], key: str = "tok_s") -> dict[str, Any]:
@@ -259,8 +317,14 @@ def tune_series(report: Mapping[str, Any], key: str = "tok_s") -> dict[str, Any]
     series = []
     for row in report.get("candidates") or []:
         lv = {int(c): v for c, v in (row.get("levels") or {}).items()}
-        series.append({"label": row["layout"], "winner": bool(row.get("winner")), "error": row.get("error"),
-                       "values": [lv[c].get(key) if c in lv else None for c in levels]})
+        series.append(
+            {
+                "label": row["layout"],
+                "winner": bool(row.get("winner")),
+                "error": row.get("error"),
+                "values": [lv[c].get(key) if c in lv else None for c in levels],
+            }
+        )
     return {"x": levels, "series": series}
 
 
@@ -268,17 +332,28 @@ def bench_rows(benchmarks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The latest benchmark of each model (``compare``'s rows): tok/s and TTFT p90 per concurrency."""
     rows = []
     for b in benchmarks:
-        levels = {int(lv["concurrency"]): {"tok_s": lv.get("output_tok_s"),
-                                            "ttft_p90_ms": (lv.get("ttft_ms") or {}).get("p90")}
-                  for lv in (b.get("bench") or {}).get("levels") or []}
-        rows.append({"model": b["model"], "revision": b["revision"], "layout": b.get("layout") or "",
-                     "levels": levels})
+        levels = {
+            int(lv["concurrency"]): {
+                "tok_s": lv.get("output_tok_s"),
+                "ttft_p90_ms": (lv.get("ttft_ms") or {}).get("p90"),
+            }
+            for lv in (b.get("bench") or {}).get("levels") or []
+        }
+        rows.append({"model": b["model"], "revision": b["revision"], "layout": b.get("layout") or "", "levels": levels})
     return rows
 
 
 def bench_series(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any]:
     """Bench rows as chart data: x = every concurrency measured, one series per model (and layout)."""
     levels = sorted({c for r in rows for c in r["levels"]})
-    return {"x": levels, "series": [
-        {"label": f"{r['model']} {r['layout']}".strip(), "winner": False,
-         "values": [r["levels"][c][key] if c in r["levels"] else None for c in levels]} for r in rows]}
+    return {
+        "x": levels,
+        "series": [
+            {
+                "label": f"{r['model']} {r['layout']}".strip(),
+                "winner": False,
+                "values": [r["levels"][c][key] if c in r["levels"] else None for c in levels],
+            }
+            for r in rows
+        ],
+    }

@@ -22,8 +22,9 @@ def own_hosts(catalog: Any) -> list[str]:
     return [n for n, h in catalog.hosts.items() if n not in grouped or h.transport == "local"]
 
 
-def box_rows(hosts: Sequence[str], status: Mapping[str, Any], live: Mapping[str, Mapping[str, Any]]
-             ) -> list[dict[str, Any]]:
+def box_rows(
+    hosts: Sequence[str], status: Mapping[str, Any], live: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """One row per box of a group: what it serves (model, revision, health) and what it is doing (its
     agent's running operation and phase, or the phase the rollout's progress last reported).
 
@@ -34,8 +35,18 @@ def box_rows(hosts: Sequence[str], status: Mapping[str, Any], live: Mapping[str,
         entry = status.get(h) or {"error": "no answer"}
         ev = live.get(h) or {}
         if entry.get("error"):
-            rows.append({"host": h, "reachable": False, "error": entry["error"], "serving": None,
-                         "revision": None, "health": "", "activity": "", "weights": None})
+            rows.append(
+                {
+                    "host": h,
+                    "reachable": False,
+                    "error": entry["error"],
+                    "serving": None,
+                    "revision": None,
+                    "health": "",
+                    "activity": "",
+                    "weights": None,
+                }
+            )
             continue
         serving = entry.get("serving") or {}
         running = entry.get("running") or []
@@ -47,9 +58,19 @@ def box_rows(hosts: Sequence[str], status: Mapping[str, Any], live: Mapping[str,
             health = "down: switching"
         else:
             health = "healthy" if serving.get("healthy", True) else "unhealthy"
-        rows.append({"host": h, "reachable": True, "error": None, "serving": serving.get("model"),
-                     "revision": serving.get("revision"), "health": health, "activity": activity,
-                     "weights": entry.get("weights_revision"), "line": ev.get("line") or ""})
+        rows.append(
+            {
+                "host": h,
+                "reachable": True,
+                "error": None,
+                "serving": serving.get("model"),
+                "revision": serving.get("revision"),
+                "health": health,
+                "activity": activity,
+                "weights": entry.get("weights_revision"),
+                "line": ev.get("line") or "",
+            }
+        )
     return rows
 
 
@@ -66,8 +87,9 @@ def batch_state(states: Sequence[str]) -> str:
     return "partly done"
 
 
-def rollout_view(summary: Mapping[str, Any], *, abort_requested: bool,
-                 live: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def rollout_view(
+    summary: Mapping[str, Any], *, abort_requested: bool, live: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
     """A rollout (``rollout_status``'s answer) by batch: the canary, then each batch with its hosts'
     state, outcome and live phase; a label that says where it stands (between batches, an abort
     asked for, interrupted)."""
@@ -78,25 +100,43 @@ def rollout_view(summary: Mapping[str, Any], *, abort_requested: bool,
     for i in indexes:
         members = [h for h in hosts if int(h["batch"]) == i]
         name = "canary" if ro.get("canary") and i == 0 else f"batch {i if ro.get('canary') else i + 1}"
-        rows = [{"host": h["host"], "state": h["state"], "outcome": h.get("outcome"), "error": h.get("error"),
-                 "deployment_id": h.get("deployment_id"),
-                 "seconds": None if h.get("switched_at") is None or h.get("ended_at") is None
-                 else round(float(h["ended_at"]) - float(h["switched_at"]), 1),
-                 "phase": (live.get(h["host"]) or {}).get("phase") if h["state"] == "switching" else None,
-                 "line": (live.get(h["host"]) or {}).get("line") or ""} for h in members]
-        batches.append({"index": i, "name": name, "state": batch_state([r["state"] for r in rows]),
-                        "hosts": rows})
+        rows = [
+            {
+                "host": h["host"],
+                "state": h["state"],
+                "outcome": h.get("outcome"),
+                "error": h.get("error"),
+                "deployment_id": h.get("deployment_id"),
+                "seconds": None
+                if h.get("switched_at") is None or h.get("ended_at") is None
+                else round(float(h["ended_at"]) - float(h["switched_at"]), 1),
+                "phase": (live.get(h["host"]) or {}).get("phase") if h["state"] == "switching" else None,
+                "line": (live.get(h["host"]) or {}).get("line") or "",
+            }
+            for h in members
+        ]
+        batches.append({"index": i, "name": name, "state": batch_state([r["state"] for r in rows]), "hosts": rows})
     status = str(ro["status"])
     if status == "running":
         going = next((b for b in batches if b["state"] == "switching"), None)
         pending = next((b for b in batches if b["state"] == "pending"), None)
-        where = f"{going['name']} switching" if going else \
-            f"between batches (next: {pending['name']})" if pending else "finishing"
+        where = (
+            f"{going['name']} switching"
+            if going
+            else f"between batches (next: {pending['name']})"
+            if pending
+            else "finishing"
+        )
         label = f"running: {where}" + (", abort requested: stops after this batch" if abort_requested else "")
     else:
         label = status
-    return {**ro, "label": label, "abort_requested": abort_requested, "batches": batches,
-            "alive": bool((ro.get("controller") or {}).get("alive"))}
+    return {
+        **ro,
+        "label": label,
+        "abort_requested": abort_requested,
+        "batches": batches,
+        "alive": bool((ro.get("controller") or {}).get("alive")),
+    }
 
 
 def live_update(state: dict[str, dict[str, Any]], event: str, fields: Mapping[str, Any]) -> bool:
@@ -127,8 +167,16 @@ def box_view(host: str, models: Sequence[Any], status: Any, history: Any) -> dic
     if isinstance(status, str):
         return {"name": host, "error": status}
     entry: Mapping[str, Any] = next(iter((status.get("hosts") or {}).values()), {})
-    return {"name": host, "error": None, "serving": entry.get("serving"), "endpoint": entry.get("endpoint"),
-            "models": model_rows(models, entry), "sleep": sleep_summary(entry.get("residency")),
-            "running": list(entry.get("running") or []), "interrupted": bool(entry.get("interrupted")),
-            "history": [] if isinstance(history, str) else history_rows(history[:20]),
-            "history_error": history if isinstance(history, str) else None, "tune": []}
+    return {
+        "name": host,
+        "error": None,
+        "serving": entry.get("serving"),
+        "endpoint": entry.get("endpoint"),
+        "models": model_rows(models, entry),
+        "sleep": sleep_summary(entry.get("residency")),
+        "running": list(entry.get("running") or []),
+        "interrupted": bool(entry.get("interrupted")),
+        "history": [] if isinstance(history, str) else history_rows(history[:20]),
+        "history_error": history if isinstance(history, str) else None,
+        "tune": [],
+    }

@@ -98,8 +98,13 @@ class Box:
     batch_wait_s: float = 2.0
 
     def displaced_by(self, name: str) -> tuple[str, ...]:
-        return tuple(sorted(m for m in self.conflicts.get(name, frozenset())
-                            if m in self.models and self.models[m].state is State.SERVING))
+        return tuple(
+            sorted(
+                m
+                for m in self.conflicts.get(name, frozenset())
+                if m in self.models and self.models[m].state is State.SERVING
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -150,8 +155,10 @@ def _cap_reason(box: Box, now: float) -> str:
     recent = sum(1 for t in box.swaps if t > now - WINDOW_S)
     if recent >= box.max_swaps_per_min:
         return f"{recent} swaps in the last minute (max_swaps_per_min {box.max_swaps_per_min})"
-    return (f"swaps are spread {swap_spacing_s(box):g} s apart (max_swaps_per_min {box.max_swaps_per_min}); "
-            f"{recent} in the last minute")
+    return (
+        f"swaps are spread {swap_spacing_s(box):g} s apart (max_swaps_per_min {box.max_swaps_per_min}); "
+        f"{recent} in the last minute"
+    )
 
 
 def decide(box: Box, now: float) -> Action:
@@ -180,14 +187,19 @@ def _try(box: Box, target: ModelView, now: float) -> Action:
     kind = Kind.WAKE if target.state is State.ASLEEP else Kind.START
     displaced = box.displaced_by(target.name)
     if not displaced:
-        return Action(kind, target.name, reason=f"{len(target.waiting)} request(s) wait; its GPUs are free",
-                      displaces=())
+        return Action(
+            kind, target.name, reason=f"{len(target.waiting)} request(s) wait; its GPUs are free", displaces=()
+        )
     views = [box.models[d] for d in displaced]
     young = [v for v in views if v.since is not None and now < v.since + v.min_awake_s]
     if young:
         until = max((v.since or 0.0) + v.min_awake_s for v in young)
-        return Action(Kind.WAIT, target.name, until, f"{', '.join(v.name for v in young)} must stay awake "
-                                                     f"{young[0].min_awake_s:g} s (min_awake_s)")
+        return Action(
+            Kind.WAIT,
+            target.name,
+            until,
+            f"{', '.join(v.name for v in young)} must stay awake {young[0].min_awake_s:g} s (min_awake_s)",
+        )
     heavier = _outweighed_by(box, target)
     if heavier is not None:
         return Action(Kind.WAIT, target.name, None, _outweighed(heavier, target))
@@ -198,18 +210,31 @@ def _try(box: Box, target: ModelView, now: float) -> Action:
     active = [v for v in views if v.serving_now or v.waiting]
     stronger = [v for v in active if v.priority > target.priority]
     if stronger:
-        return Action(Kind.WAIT, target.name, None, f"{stronger[0].name} (priority {stronger[0].priority}) still "
-                                                    f"has requests; {target.name} has priority {target.priority}")
+        return Action(
+            Kind.WAIT,
+            target.name,
+            None,
+            f"{stronger[0].name} (priority {stronger[0].priority}) still "
+            f"has requests; {target.name} has priority {target.priority}",
+        )
     if active:
         until = target.waiting[0] + box.batch_wait_s
         if now < until:
-            return Action(Kind.WAIT, target.name, until, f"{active[0].name} still serves requests: "
-                                                         f"{target.name}'s are batched (batch_wait_s)")
+            return Action(
+                Kind.WAIT,
+                target.name,
+                until,
+                f"{active[0].name} still serves requests: {target.name}'s are batched (batch_wait_s)",
+            )
     slot = next_swap_slot(box, now)
     if slot > now:
         return Action(Kind.WAIT, target.name, slot, _cap_reason(box, now))
-    return Action(kind, target.name, reason=f"{len(target.waiting)} request(s) wait; {', '.join(displaced)} "
-                                            "give(s) way", displaces=displaced)
+    return Action(
+        kind,
+        target.name,
+        reason=f"{len(target.waiting)} request(s) wait; {', '.join(displaced)} give(s) way",
+        displaces=displaced,
+    )
 
 
 def _outweighed_by(box: Box, target: ModelView, extra: int = 0) -> ModelView | None:
@@ -226,8 +251,10 @@ def _outweighed_by(box: Box, target: ModelView, extra: int = 0) -> ModelView | N
 
 
 def _outweighed(heavier: ModelView, target: ModelView, extra: int = 0) -> str:
-    return (f"{heavier.name} is asked more ({heavier.asked} requests in flight or held, {target.name} "
-            f"{len(target.waiting) + extra}): it keeps its GPUs")
+    return (
+        f"{heavier.name} is asked more ({heavier.asked} requests in flight or held, {target.name} "
+        f"{len(target.waiting) + extra}): it keeps its GPUs"
+    )
 
 
 def retry_after(box: Box, name: str, now: float) -> int:
@@ -240,14 +267,20 @@ def admit(box: Box, name: str, now: float) -> Reject | None:
     """Whether one more request for ``name`` (a model of the box) may be held: None, or why not."""
     m = box.models[name]
     if not m.on_demand and m.state is not State.SERVING:
-        return Reject(503, f"model {name} is {m.state.value} and not on demand (on_demand = false): an operator "
-                           f"brings it up with `orchestrator switch {name}`")
+        return Reject(
+            503,
+            f"model {name} is {m.state.value} and not on demand (on_demand = false): an operator "
+            f"brings it up with `orchestrator switch {name}`",
+        )
     heavier = _outweighed_by(box, m, extra=1) if m.state is not State.SERVING else None
     if heavier is not None:
         return Reject(429, _outweighed(heavier, m, extra=1), max(OUTWEIGHED_RETRY_S, retry_after(box, name, now)))
     if len(m.waiting) >= m.queue_limit:
-        return Reject(429, f"{len(m.waiting)} requests for {name} already wait (queue_limit {m.queue_limit})",
-                      retry_after(box, name, now))
+        return Reject(
+            429,
+            f"{len(m.waiting)} requests for {name} already wait (queue_limit {m.queue_limit})",
+            retry_after(box, name, now),
+        )
     return None
 
 
@@ -256,10 +289,15 @@ def expired(box: Box, name: str, now: float, deadline_s: float) -> Reject:
     brought up (the engine was slow), else 429 (the policy held it back: the cap, min_awake_s, an
     operator's operation), with Retry-After."""
     if box.running == name:
-        return Reject(503, f"{name} was not ready within {deadline_s:g} s (demand_deadline_s)",
-                      retry_after(box, name, now))
-    return Reject(429, f"{name} could not be brought up within {deadline_s:g} s (demand_deadline_s): "
-                       f"{decide(box, now).reason or 'the box is busy'}", retry_after(box, name, now))
+        return Reject(
+            503, f"{name} was not ready within {deadline_s:g} s (demand_deadline_s)", retry_after(box, name, now)
+        )
+    return Reject(
+        429,
+        f"{name} could not be brought up within {deadline_s:g} s (demand_deadline_s): "
+        f"{decide(box, now).reason or 'the box is busy'}",
+        retry_after(box, name, now),
+    )
 
 
 def idle(box: Box, now: float) -> tuple[Action, float | None]:

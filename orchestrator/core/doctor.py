@@ -36,8 +36,11 @@ def ok(check: str, detail: str) -> Verdict:
 
 def report(host: str, verdicts: Sequence[Verdict]) -> dict[str, Any]:
     """The answer of the doctor operation: every line, and whether any failed (the CLI's exit 1)."""
-    return {"host": host, "ok": not any(v.status == "fail" for v in verdicts),
-            "checks": [v.to_dict() for v in verdicts]}
+    return {
+        "host": host,
+        "ok": not any(v.status == "fail" for v in verdicts),
+        "checks": [v.to_dict() for v in verdicts],
+    }
 
 
 def lines(result: dict[str, Any]) -> list[str]:
@@ -52,47 +55,69 @@ def lines(result: dict[str, Any]) -> list[str]:
 
 # -- the box ------------------------------------------------------------------------------------------
 def unreachable_verdict(error: str) -> Verdict:
-    return Verdict("host", "fail", error, "the box must run systemd and D-Bus (locally) or sshd (ssh transport), "
-                                          "reachable with the host's ssh settings")
+    return Verdict(
+        "host",
+        "fail",
+        error,
+        "the box must run systemd and D-Bus (locally) or sshd (ssh transport), reachable with the host's ssh settings",
+    )
 
 
 def systemd_verdict(error: str | None) -> Verdict:
     if error is None:
         return ok("systemd", "the manager answers over D-Bus")
-    return Verdict("systemd", "fail", f"cannot ask systemd: {error}",
-                   "the box must boot with systemd and run dbus (systemctl status dbus.service)")
+    return Verdict(
+        "systemd",
+        "fail",
+        f"cannot ask systemd: {error}",
+        "the box must boot with systemd and run dbus (systemctl status dbus.service)",
+    )
 
 
 def gpu_verdict(snap: GpuSnapshot | None, error: str | None, driver: str | None) -> Verdict:
     if snap is None:
-        return Verdict("gpus", "fail", f"nvidia-smi did not answer: {error}",
-                       "install the NVIDIA driver (nvidia-smi must run as root on the box)")
+        return Verdict(
+            "gpus",
+            "fail",
+            f"nvidia-smi did not answer: {error}",
+            "install the NVIDIA driver (nvidia-smi must run as root on the box)",
+        )
     if not snap.gpus:
-        return Verdict("gpus", "warn", "nvidia-smi shows no GPU",
-                       f"a CPU host can only run the CPU build of {ENGINE.title}")
+        return Verdict(
+            "gpus", "warn", "nvidia-smi shows no GPU", f"a CPU host can only run the CPU build of {ENGINE.title}"
+        )
     names = sorted({g.name for g in snap.gpus})
     mem = min(g.memory_total_mib for g in snap.gpus) / 1024
     held = [f"PID {p.pid} {p.process_name} {p.used_memory_mib} MiB on GPU {p.gpu_index}" for p in snap.processes]
-    return ok("gpus", f"{len(snap.gpus)} x {', '.join(names)} ({mem:.1f} GiB each)"
-              + (f", driver {driver}" if driver else "")
-              + (f"; held: {'; '.join(held)}" if held else "; no process holds GPU memory"))
+    return ok(
+        "gpus",
+        f"{len(snap.gpus)} x {', '.join(names)} ({mem:.1f} GiB each)"
+        + (f", driver {driver}" if driver else "")
+        + (f"; held: {'; '.join(held)}" if held else "; no process holds GPU memory"),
+    )
 
 
 def user_verdict(user: str, account: Account | None, probed: bool) -> Verdict:
     if not probed:
         return Verdict(f"user {user}", "warn", "the host did not run the path probe (no sh?): access unchecked")
     if account is None:
-        return Verdict(f"user {user}", "fail", f"the engines' user {user} ([defaults] user) does not exist here",
-                       f"useradd --system {user}, or set [defaults] user to an account of this box")
+        return Verdict(
+            f"user {user}",
+            "fail",
+            f"the engines' user {user} ([defaults] user) does not exist here",
+            f"useradd --system {user}, or set [defaults] user to an account of this box",
+        )
     return ok(f"user {user}", f"uid {account.uid}, groups {' '.join(map(str, sorted(account.gids)))}")
 
 
-def access_verdict(check: str, what: str, walk: Walk, account: Account, need: Need, *,
-                   must_exist: bool = True) -> Verdict:
+def access_verdict(
+    check: str, what: str, walk: Walk, account: Account, need: Need, *, must_exist: bool = True
+) -> Verdict:
     why = denial(walk, account, need, must_exist=must_exist)
     if why is None:
-        return ok(check, f"{what} {walk.target}: user {account.name} can " + ("execute it" if need == "exec"
-                                                                               else "read it"))
+        return ok(
+            check, f"{what} {walk.target}: user {account.name} can " + ("execute it" if need == "exec" else "read it")
+        )
     return Verdict(check, "fail", f"{what} {walk.target}: {why}", fix_for(account.name))
 
 
@@ -142,25 +167,49 @@ def engine_verdicts(model: str, user: str, engine: str, run: EngineRun | None, n
     """The interpreter ran as the user in the unit's sandbox, the engine's version, and the flags ``needs``."""
     check = f"engine {model}"
     if run is None:
-        return [Verdict(check, "warn", f"{engine} is not a python interpreter nor a python script: doctor cannot "
-                                       f"import {ENGINE.title} with it",
-                        "name the environment's python as engine[0] (engine = [\".../bin/python3\", \"-m\", "
-                        "\"vllm.entrypoints.openai.api_server\"]) for a full check")]
+        return [
+            Verdict(
+                check,
+                "warn",
+                f"{engine} is not a python interpreter nor a python script: doctor cannot "
+                f"import {ENGINE.title} with it",
+                'name the environment\'s python as engine[0] (engine = [".../bin/python3", "-m", '
+                '"vllm.entrypoints.openai.api_server"]) for a full check',
+            )
+        ]
     if run.exit_code != 0 or run.version is None:
         tail = " | ".join(run.output.strip().splitlines()[-3:]) or "no output"
-        return [Verdict(check, "fail", f"{engine} -c 'import {ENGINE.name}' as user {user} in a transient unit "
-                                       f"(PrivateTmp) exited {run.exit_code}: {tail}",
-                        f"install {ENGINE.title} into that environment, readable by {user}; or fix engine[0]")]
+        return [
+            Verdict(
+                check,
+                "fail",
+                f"{engine} -c 'import {ENGINE.name}' as user {user} in a transient unit "
+                f"(PrivateTmp) exited {run.exit_code}: {tail}",
+                f"install {ENGINE.title} into that environment, readable by {user}; or fix engine[0]",
+            )
+        ]
     out = [ok(check, f"{ENGINE.title} {run.version} imports with {engine} as user {user}")]
     if needs:
         if run.flags is None:
-            out.append(Verdict(f"flags {model}", "warn", f"could not read {ENGINE.title} {run.version}'s options: "
-                                                         f"{', '.join(needs)} unchecked"))
+            out.append(
+                Verdict(
+                    f"flags {model}",
+                    "warn",
+                    f"could not read {ENGINE.title} {run.version}'s options: {', '.join(needs)} unchecked",
+                )
+            )
         else:
             missing = [f for f in needs if f not in run.flags]
-            out.append(ok(f"flags {model}", f"{ENGINE.title} {run.version} has {', '.join(needs)}") if not missing else
-                       Verdict(f"flags {model}", "fail", f"{ENGINE.title} {run.version} has no {', '.join(missing)}",
-                               f"upgrade {ENGINE.title}, or drop the setting that needs it (sleep, expert_parallel)"))
+            out.append(
+                ok(f"flags {model}", f"{ENGINE.title} {run.version} has {', '.join(needs)}")
+                if not missing
+                else Verdict(
+                    f"flags {model}",
+                    "fail",
+                    f"{ENGINE.title} {run.version} has no {', '.join(missing)}",
+                    f"upgrade {ENGINE.title}, or drop the setting that needs it (sleep, expert_parallel)",
+                )
+            )
     return out
 
 
@@ -168,8 +217,15 @@ def needed_flags(sleep: bool, expert_parallel: bool) -> list[str]:
     return ENGINE.flags_needed(sleep=sleep, expert_parallel=expert_parallel)
 
 
-def weights_verdict(model: str, folder: str, names: Iterable[str] | None, account: Account,
-                    walks: dict[str, Walk], *, staged_expected: bool) -> Verdict:
+def weights_verdict(
+    model: str,
+    folder: str,
+    names: Iterable[str] | None,
+    account: Account,
+    walks: dict[str, Walk],
+    *,
+    staged_expected: bool,
+) -> Verdict:
     """The model folder readable by the user, with config.json and, when sharded, its index."""
     check = f"weights {model}"
     walk = walks.get(folder, Walk(folder, {}))
@@ -186,16 +242,24 @@ def weights_verdict(model: str, folder: str, names: Iterable[str] | None, accoun
     if len(shards) > 1 and "model.safetensors.index.json" not in listed:
         missing.append("model.safetensors.index.json")
     if missing:
-        return Verdict(check, "fail", f"{folder} has no {', '.join(missing)}",
-                       "stage the model again (orchestrator stage) or copy the missing files")
+        return Verdict(
+            check,
+            "fail",
+            f"{folder} has no {', '.join(missing)}",
+            "stage the model again (orchestrator stage) or copy the missing files",
+        )
     for name in ("config.json", "model.safetensors.index.json"):
         if name in listed:
             path = posixpath.join(folder, name)
             leaf = denial(walks.get(path, Walk(path, {})), account, "read")
             if leaf is not None:
                 return Verdict(check, "fail", leaf, f"chmod o+r {path} (or a group of {account.name})")
-    return ok(check, f"{folder}: config.json" + (f" and index ({len(shards)} shards)" if len(shards) > 1 else "")
-              + f", readable by {account.name}")
+    return ok(
+        check,
+        f"{folder}: config.json"
+        + (f" and index ({len(shards)} shards)" if len(shards) > 1 else "")
+        + f", readable by {account.name}",
+    )
 
 
 def disk_verdict(models_dir: str, free_bytes: int | None) -> Verdict:
@@ -203,8 +267,12 @@ def disk_verdict(models_dir: str, free_bytes: int | None) -> Verdict:
         return Verdict("disk", "warn", f"could not read the free space under {models_dir}")
     gib = free_bytes / GIB
     if gib < LOW_DISK_GIB:
-        return Verdict("disk", "warn", f"{gib:.1f} GiB free under {models_dir} (models_dir): too little to stage "
-                                       "a model", "free space, or point models_dir at a larger disk")
+        return Verdict(
+            "disk",
+            "warn",
+            f"{gib:.1f} GiB free under {models_dir} (models_dir): too little to stage a model",
+            "free space, or point models_dir at a larger disk",
+        )
     return ok("disk", f"{gib:.1f} GiB free under {models_dir} (models_dir)")
 
 
@@ -213,28 +281,45 @@ def devices_verdict(nodes: dict[str, Walk], account: Account | None) -> Verdict:
         return Verdict("devices", "warn", "no /dev/nvidia* device node here (a CPU host?)")
     if account is None:
         return Verdict("devices", "warn", f"{len(nodes)} /dev/nvidia* nodes; their user is unknown")
-    denied = [w.target for w in nodes.values()
-              if (st := w.stats.get(w.target)) is not None and stat.S_ISCHR(st.mode)
-              and denial(w, account, "rw") is not None]
+    denied = [
+        w.target
+        for w in nodes.values()
+        if (st := w.stats.get(w.target)) is not None and stat.S_ISCHR(st.mode) and denial(w, account, "rw") is not None
+    ]
     if denied:
-        return Verdict("devices", "fail", f"user {account.name} cannot open {', '.join(sorted(denied))} for "
-                                          "read and write", f"add {account.name} to the devices' group (video), or "
-                                                            "fix the driver's device modes")
+        return Verdict(
+            "devices",
+            "fail",
+            f"user {account.name} cannot open {', '.join(sorted(denied))} for read and write",
+            f"add {account.name} to the devices' group (video), or fix the driver's device modes",
+        )
     return ok("devices", f"{len(nodes)} /dev/nvidia* nodes, usable by {account.name}")
 
 
-def ram_verdict(memory_gib: float | None, sleep_ram_gib: float | None, budget_gib: float | None,
-                meminfo_gib: float | None, sleepers: Sequence[str]) -> Verdict:
+def ram_verdict(
+    memory_gib: float | None,
+    sleep_ram_gib: float | None,
+    budget_gib: float | None,
+    meminfo_gib: float | None,
+    sleepers: Sequence[str],
+) -> Verdict:
     if not sleepers:
         return ok("ram", f"{meminfo_gib:.1f} GiB of host RAM; no model sleeps" if meminfo_gib else "no model sleeps")
     if meminfo_gib is None:
         return Verdict("ram", "warn", "could not read /proc/meminfo: the sleep budget is unchecked")
     for key, value in (("sleep_ram_gib", sleep_ram_gib), ("memory_gib", memory_gib)):
         if value is not None and value > meminfo_gib * 1.02:
-            return Verdict("ram", "fail", f"{key} {value:g} is more than the {meminfo_gib:.1f} GiB this host has",
-                           f"lower hosts.*.{key} to what the box has")
-    return ok("ram", f"{meminfo_gib:.1f} GiB of host RAM; sleepers ({', '.join(sleepers)}) may hold "
-              + (f"{budget_gib:.1f} GiB" if budget_gib is not None else "an unknown budget"))
+            return Verdict(
+                "ram",
+                "fail",
+                f"{key} {value:g} is more than the {meminfo_gib:.1f} GiB this host has",
+                f"lower hosts.*.{key} to what the box has",
+            )
+    return ok(
+        "ram",
+        f"{meminfo_gib:.1f} GiB of host RAM; sleepers ({', '.join(sleepers)}) may hold "
+        + (f"{budget_gib:.1f} GiB" if budget_gib is not None else "an unknown budget"),
+    )
 
 
 def haproxy_verdict(path: str, version: str | None, error: str | None) -> Verdict:
@@ -246,12 +331,20 @@ def haproxy_verdict(path: str, version: str | None, error: str | None) -> Verdic
 def port_verdict(what: str, port: int, holder: str | None) -> Verdict:
     if holder is None:
         return ok(f"port {port}", f"{what}: free or ours")
-    return Verdict(f"port {port}", "fail", f"{what} is taken by {holder}, not one of orchestrator's units",
-                   "stop that process, or give this listener another port in deploy.toml")
+    return Verdict(
+        f"port {port}",
+        "fail",
+        f"{what} is taken by {holder}, not one of orchestrator's units",
+        "stop that process, or give this listener another port in deploy.toml",
+    )
 
 
 def group_verdict(group: str, exists: bool) -> Verdict:
     if exists:
         return ok("socket group", f"{group} exists")
-    return Verdict("socket group", "warn", f"group {group} (socket_group) does not exist: only root may use the agent",
-                   f"groupadd --system {group} (`orchestrator agent install` makes it)")
+    return Verdict(
+        "socket group",
+        "warn",
+        f"group {group} (socket_group) does not exist: only root may use the agent",
+        f"groupadd --system {group} (`orchestrator agent install` makes it)",
+    )

@@ -48,10 +48,13 @@ def text_of(raw: bytes | str, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
+        line = raw[: exc.start].count(b"\n") + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise DocumentError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column} "
-                            "(TOML, JSON and deploy files must be UTF-8)", where) from None
+        raise DocumentError(
+            f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column {column} "
+            "(TOML, JSON and deploy files must be UTF-8)",
+            where,
+        ) from None
 
 
 def toml_document(raw: bytes | str, where: str) -> dict[str, Any]:
@@ -76,9 +79,13 @@ def json_document(raw: bytes | str, where: str, *, unique_keys: bool = True) -> 
     (a config.json downloaded from the hub is taken as Python reads it: the last key wins)."""
     text = text_of(raw, where)
     try:
-        data = json.loads(text, parse_int=lambda s: _integer(s, where), parse_float=lambda s: _finite(s, where),
-                          parse_constant=lambda s: _constant(s, where),
-                          object_pairs_hook=(lambda pairs: _unique(pairs, where)) if unique_keys else None)
+        data = json.loads(
+            text,
+            parse_int=lambda s: _integer(s, where),
+            parse_float=lambda s: _finite(s, where),
+            parse_constant=lambda s: _constant(s, where),
+            object_pairs_hook=(lambda pairs: _unique(pairs, where)) if unique_keys else None,
+        )
     except RecursionError:
         raise DocumentError(f"not valid JSON: nested deeper than {MAX_DEPTH} levels", where) from None
     except DocumentError:
@@ -125,7 +132,8 @@ def _unique(pairs: list[tuple[str, Any]], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise DocumentError(f"duplicate key {clip(key, 40)} in one JSON object (which one counts would be a "
-                                f"guess)", where)
+            raise DocumentError(
+                f"duplicate key {clip(key, 40)} in one JSON object (which one counts would be a guess)", where
+            )
         out[key] = value
     return out

@@ -122,8 +122,11 @@ def _is_ip(address: str) -> bool:
 
 
 def _servers(worker: OldWorker, engines: list[tuple[str, int]]) -> list[dict[str, str]]:
-    return [r for r in _stat_rows(worker.stat)
-            if r.get("svname") not in ("FRONTEND", "BACKEND") and _matches(r.get("addr", ""), engines)]
+    return [
+        r
+        for r in _stat_rows(worker.stat)
+        if r.get("svname") not in ("FRONTEND", "BACKEND") and _matches(r.get("addr", ""), engines)
+    ]
 
 
 def to_mark(worker: OldWorker, engines: Iterable[tuple[str, int]]) -> list[str]:
@@ -140,8 +143,11 @@ def mark_commands(workers: Mapping[int, OldWorker], engines: Iterable[tuple[str,
     """Master CLI commands marking what ``to_mark`` finds in each old worker (``set var`` is an
     experimental-mode command in HAProxy 2.6; the master passes the mode on to the worker)."""
     engines = list(engines)
-    return [f"experimental-mode on; @!{pid} set var {MARK}{name} bool(1)"
-            for pid, worker in sorted(workers.items()) for name in to_mark(worker, engines)]
+    return [
+        f"experimental-mode on; @!{pid} set var {MARK}{name} bool(1)"
+        for pid, worker in sorted(workers.items())
+        for name in to_mark(worker, engines)
+    ]
 
 
 def may_reach(worker: OldWorker, engines: Iterable[tuple[str, int]]) -> bool:
@@ -162,8 +168,7 @@ def may_reach(worker: OldWorker, engines: Iterable[tuple[str, int]]) -> bool:
 def draining(procs: Procs, workers: Mapping[int, OldWorker], engines: Iterable[tuple[str, int]]) -> int:
     """How many old workers can still reach ``engines`` (0: the engines may stop)."""
     engines = list(engines)
-    return sum(1 for pid in procs.old_workers
-               if pid not in workers or may_reach(workers[pid], engines))
+    return sum(1 for pid in procs.old_workers if pid not in workers or may_reach(workers[pid], engines))
 
 
 @dataclass(frozen=True)
@@ -215,8 +220,13 @@ def engine_servers(config: str, engines: Iterable[tuple[str, int]]) -> list[tupl
         words = line.split()
         if words[:1] == ["backend"] and len(words) > 1:
             backend = words[1]
-        elif words[:2] == ["server", "engine"] and len(words) > 2 and backend and _BACKEND.fullmatch(backend) \
-                and _matches(words[2].strip('"'), engines):
+        elif (
+            words[:2] == ["server", "engine"]
+            and len(words) > 2
+            and backend
+            and _BACKEND.fullmatch(backend)
+            and _matches(words[2].strip('"'), engines)
+        ):
             out.append((backend, "engine"))
     return out
 

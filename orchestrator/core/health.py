@@ -30,11 +30,15 @@ class Verdict:
 def judge_unit(unit: UnitState, restarts_before: int) -> Verdict | None:
     """A FAILED verdict when systemd already says the server is gone, else None (keep probing)."""
     if unit.is_failed:
-        return Verdict(Readiness.FAILED, f"{unit.name} entered failed ({unit.result}, exit status "
-                                         f"{unit.exec_main_status})")
+        return Verdict(
+            Readiness.FAILED, f"{unit.name} entered failed ({unit.result}, exit status {unit.exec_main_status})"
+        )
     if unit.n_restarts > restarts_before:
-        return Verdict(Readiness.FAILED, f"{unit.name} exited and was restarted by systemd "
-                                         f"{unit.n_restarts - restarts_before} time(s) while loading")
+        return Verdict(
+            Readiness.FAILED,
+            f"{unit.name} exited and was restarted by systemd "
+            f"{unit.n_restarts - restarts_before} time(s) while loading",
+        )
     if not unit.is_active and unit.active_state != "activating":
         return Verdict(Readiness.FAILED, f"{unit.name} is {unit.active_state}/{unit.sub_state}, not running")
     return None

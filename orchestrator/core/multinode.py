@@ -64,8 +64,9 @@ def _native_args(catalog: Catalog, model: Model, rank: int) -> tuple[str, ...]:
     per_node_ranks = model.tensor_parallel * model.pipeline_parallel
     # DP across nodes: each node runs data_parallel / n replicas of TP x PP.
     local = model.data_parallel // n if model.data_parallel > 1 and per_node_ranks <= len(model.gpus) else None
-    return ENGINE.node_args(nodes=n, rank=rank, head_address=head.peer_address, port=model.master_port,
-                            data_parallel_local=local)
+    return ENGINE.node_args(
+        nodes=n, rank=rank, head_address=head.peer_address, port=model.master_port, data_parallel_local=local
+    )
 
 
 def _ray(catalog: Catalog, host: Host) -> str:
@@ -75,70 +76,153 @@ def _ray(catalog: Catalog, host: Host) -> str:
 def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template: str) -> RenderedUnit:
     head = catalog.model_host(model.name)
     d = catalog.defaults
-    argv = start_argv(_ray(catalog, host), head=role == "ray-head", head_address=head.peer_address,
-                      ray_port=model.ray_port, node_address=host.peer_address, gpus=len(model.gpus),
-                      ray_args=model.ray_args)
+    argv = start_argv(
+        _ray(catalog, host),
+        head=role == "ray-head",
+        head_address=head.peer_address,
+        ray_port=model.ray_port,
+        node_address=host.peer_address,
+        gpus=len(model.gpus),
+        ray_args=model.ray_args,
+    )
     # No drain on SIGTERM (Ray waits up to 30 s for Serve proxies to quiesce, and a head never
     # finishes): the engine, stopped before its Ray nodes, is what needs the grace period.
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, model.gpus)),
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **_node_env(host), **model.env}
+    env = {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, model.gpus)),
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        **_node_env(host),
+        **model.env,
+    }
     name = ray_unit_name(model, role)
-    jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
-                              trim_blocks=True, lstrip_blocks=True)
+    jenv = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     try:
         text = jenv.from_string(template).render(
             name=name.removesuffix(".service"),
-            description=_plain(f"Ray {role.removeprefix('ray-')} for {model.name} on {host.name}: GPUs "
-                               f"{','.join(map(str, model.gpus))}", "description"),
-            user=d.user, group=d.group, state_directory="ray",
+            description=_plain(
+                f"Ray {role.removeprefix('ray-')} for {model.name} on {host.name}: GPUs "
+                f"{','.join(map(str, model.gpus))}",
+                "description",
+            ),
+            user=d.user,
+            group=d.group,
+            state_directory="ray",
             environment=[env_quote(k, v) for k, v in env.items()],
             exec_start=" ".join(exec_quote(a) for a in argv),
-            timeout_stop=int(min(d.stop_timeout_s, RAY_STOP_TIMEOUT_S)))
+            timeout_stop=int(min(d.stop_timeout_s, RAY_STOP_TIMEOUT_S)),
+        )
     except jinja2.TemplateError as exc:
         raise RenderError(f"template {role}.service.j2: {exc}") from exc
     return RenderedUnit(name=name, text=text)
 
 
 def _node(host: Host, role: str, rank: int, unit: RenderedUnit, model_dir: str) -> NodeUnit:
-    return NodeUnit(host=host.name, role=role, rank=rank, unit_name=unit.name, unit_text=unit.text,
-                    unit_sha=unit.sha256, model_dir=model_dir)
+    return NodeUnit(
+        host=host.name,
+        role=role,
+        rank=rank,
+        unit_name=unit.name,
+        unit_text=unit.text,
+        unit_sha=unit.sha256,
+        model_dir=model_dir,
+    )
 
 
 def node_model_dir(catalog: Catalog, model: Model, host: Host, model_dir: str | None, revision: str | None) -> str:
     """Where a node's engine finds the weights: the node stages into its own models_dir (hosts may
     differ), so only the head uses ``model_dir`` as given; a ``local:`` source is one path everywhere."""
-    if model_dir is not None and (host.name == catalog.nodes_of(model.name)[0].name
-                                  or model.source.startswith("local:")):
+    if model_dir is not None and (
+        host.name == catalog.nodes_of(model.name)[0].name or model.source.startswith("local:")
+    ):
         return model_dir
     return model_dir_for(catalog, model, None if model.source.startswith("local:") else revision, host)
 
 
-def render_nodes(catalog: Catalog, model: Model, templates: TemplateText, *,
-                 model_dir: str | None = None, revision: str | None = None) -> Rendered:
+def render_nodes(
+    catalog: Catalog,
+    model: Model,
+    templates: TemplateText,
+    *,
+    model_dir: str | None = None,
+    revision: str | None = None,
+) -> Rendered:
     """Every unit of a multi-node model, the API's apart; ``templates`` gives a template's text by name.
     ``model_dir`` is the head's weights directory, ``revision`` the staged revision every node has."""
     hosts = catalog.nodes_of(model.name)
     head = hosts[0]
     engine = templates(ENGINE_TEMPLATE)
     # Ray's workers load the path the engine on the head names; a headless rank gets its own --model.
-    dirs = {h.name: node_model_dir(catalog, model, head if model.backend == "ray" else h, model_dir, revision)
-            for h in hosts}
+    dirs = {
+        h.name: node_model_dir(catalog, model, head if model.backend == "ray" else h, model_dir, revision)
+        for h in hosts
+    }
     if model.backend == "ray":
-        nodes = [_node(head, "ray-head", 0, _render_ray(catalog, model, head, "ray-head", templates(HEAD_TEMPLATE)),
-                       dirs[head.name])]
-        nodes += [_node(h, "ray-worker", r, _render_ray(catalog, model, h, "ray-worker", templates(WORKER_TEMPLATE)),
-                        dirs[h.name]) for r, h in enumerate(hosts[1:], 1)]
-        api = render_unit(catalog, model, engine, model_dir=model_dir, host=head, role="engine on the Ray head",
-                          extra_args=ENGINE.ray_args,
-                          extra_env={**_node_env(head), "RAY_ADDRESS": f"{head.peer_address}:{model.ray_port}"})
+        nodes = [
+            _node(
+                head,
+                "ray-head",
+                0,
+                _render_ray(catalog, model, head, "ray-head", templates(HEAD_TEMPLATE)),
+                dirs[head.name],
+            )
+        ]
+        nodes += [
+            _node(
+                h,
+                "ray-worker",
+                r,
+                _render_ray(catalog, model, h, "ray-worker", templates(WORKER_TEMPLATE)),
+                dirs[h.name],
+            )
+            for r, h in enumerate(hosts[1:], 1)
+        ]
+        api = render_unit(
+            catalog,
+            model,
+            engine,
+            model_dir=model_dir,
+            host=head,
+            role="engine on the Ray head",
+            extra_args=ENGINE.ray_args,
+            extra_env={**_node_env(head), "RAY_ADDRESS": f"{head.peer_address}:{model.ray_port}"},
+        )
         return Rendered(api, tuple(nodes))
-    nodes = [_node(h, "headless", r, render_unit(catalog, model, engine, model_dir=dirs[h.name], host=h,
-                                                 role=f"headless rank {r}", extra_args=_native_args(catalog, model, r),
-                                                 extra_env=_node_env(h), unit_name=node_unit_name(model, r)),
-                   dirs[h.name])
-             for r, h in enumerate(hosts[1:], 1)]
-    api = render_unit(catalog, model, engine, model_dir=model_dir, host=head, role="rank 0, the API",
-                      extra_args=_native_args(catalog, model, 0), extra_env=_node_env(head))
+    nodes = [
+        _node(
+            h,
+            "headless",
+            r,
+            render_unit(
+                catalog,
+                model,
+                engine,
+                model_dir=dirs[h.name],
+                host=h,
+                role=f"headless rank {r}",
+                extra_args=_native_args(catalog, model, r),
+                extra_env=_node_env(h),
+                unit_name=node_unit_name(model, r),
+            ),
+            dirs[h.name],
+        )
+        for r, h in enumerate(hosts[1:], 1)
+    ]
+    api = render_unit(
+        catalog,
+        model,
+        engine,
+        model_dir=model_dir,
+        host=head,
+        role="rank 0, the API",
+        extra_args=_native_args(catalog, model, 0),
+        extra_env=_node_env(head),
+    )
     return Rendered(api, tuple(nodes))
 
 

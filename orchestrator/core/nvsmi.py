@@ -57,10 +57,11 @@ def _rows(text: str, fields: Sequence[str], free_text: str | None) -> list[dict[
         if len(cells) > len(fields) and free_text in fields:
             i = fields.index(free_text)
             extra = len(cells) - len(fields)
-            cells[i:i + extra + 1] = [", ".join(cells[i:i + extra + 1])]
+            cells[i : i + extra + 1] = [", ".join(cells[i : i + extra + 1])]
         if len(cells) != len(fields):
-            raise NvsmiParseError(f"nvidia-smi: expected {len(fields)} fields "
-                                  f"({', '.join(fields)}), got {len(cells)} in line {line!r}")
+            raise NvsmiParseError(
+                f"nvidia-smi: expected {len(fields)} fields ({', '.join(fields)}), got {len(cells)} in line {line!r}"
+            )
         rows.append(dict(zip(fields, cells, strict=True)))
     return rows
 
@@ -79,23 +80,34 @@ def parse_gpus(text: str, fields: Sequence[str] = GPU_FIELDS) -> tuple[GpuInfo, 
     gpus = []
     for row in _rows(text, fields, "name"):
         index, line = _whole(row, "index", "GPU index")
-        gpus.append(GpuInfo(index=index, uuid=row.get("uuid", ""), name=row.get("name", ""),
-                            memory_total_mib=_mib(row.get("memory.total", "0"), "memory.total", line),
-                            memory_used_mib=_mib(row.get("memory.used", "0"), "memory.used", line)))
+        gpus.append(
+            GpuInfo(
+                index=index,
+                uuid=row.get("uuid", ""),
+                name=row.get("name", ""),
+                memory_total_mib=_mib(row.get("memory.total", "0"), "memory.total", line),
+                memory_used_mib=_mib(row.get("memory.used", "0"), "memory.used", line),
+            )
+        )
     return tuple(sorted(gpus, key=lambda g: g.index))
 
 
-def parse_apps(text: str, gpus: Sequence[GpuInfo],
-               fields: Sequence[str] = APP_FIELDS) -> tuple[GpuProcess, ...]:
+def parse_apps(text: str, gpus: Sequence[GpuInfo], fields: Sequence[str] = APP_FIELDS) -> tuple[GpuProcess, ...]:
     """Compute processes from the --query-compute-apps answer; gpu_index resolved by UUID."""
     index_of = {g.uuid: g.index for g in gpus}
     procs = []
     for row in _rows(text, fields, "process_name"):
         pid, line = _whole(row, "pid", "pid")
         uuid = row.get("gpu_uuid", "")
-        procs.append(GpuProcess(pid=pid, process_name=row.get("process_name", ""), gpu_uuid=uuid,
-                                used_memory_mib=_mib(row.get("used_memory", "0"), "used_memory", line),
-                                gpu_index=index_of.get(uuid, -1)))
+        procs.append(
+            GpuProcess(
+                pid=pid,
+                process_name=row.get("process_name", ""),
+                gpu_uuid=uuid,
+                used_memory_mib=_mib(row.get("used_memory", "0"), "used_memory", line),
+                gpu_index=index_of.get(uuid, -1),
+            )
+        )
     return tuple(procs)
 
 

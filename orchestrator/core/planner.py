@@ -31,8 +31,19 @@ from orchestrator.core.planner_rules import shape_rules
 from orchestrator.engines import ENGINE, Engine, LoadRules
 
 __all__ = [
-    "Hardware", "Layout", "Memory", "Plan", "Verdict", "Workload", "check", "check_disk",
-    "describe_model", "estimate_weight_bytes_from_config", "layouts", "plan", "weight_bytes_from_headers",
+    "Hardware",
+    "Layout",
+    "Memory",
+    "Plan",
+    "Verdict",
+    "Workload",
+    "check",
+    "check_disk",
+    "describe_model",
+    "estimate_weight_bytes_from_config",
+    "layouts",
+    "plan",
+    "weight_bytes_from_headers",
     "weight_bytes_from_index",
 ]
 
@@ -62,8 +73,7 @@ class Layout:
         return f"{base} with expert parallel" if self.ep else base
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "gpus": self.gpus,
-                "name": str(self)}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "gpus": self.gpus, "name": str(self)}
 
 
 @dataclass(frozen=True)
@@ -135,9 +145,15 @@ class Verdict:
     why: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layout": self.layout.to_dict(), "valid": self.valid, "reasons": list(self.reasons),
-                "warnings": list(self.warnings), "memory": self.memory.to_dict() if self.memory else None,
-                "fix": self.fix, "why": self.why}
+        return {
+            "layout": self.layout.to_dict(),
+            "valid": self.valid,
+            "reasons": list(self.reasons),
+            "warnings": list(self.warnings),
+            "memory": self.memory.to_dict() if self.memory else None,
+            "fix": self.fix,
+            "why": self.why,
+        }
 
 
 @dataclass(frozen=True)
@@ -155,10 +171,15 @@ class Plan:
         return self.requested.fix
 
     def to_dict(self) -> dict[str, Any]:
-        return {"valid": self.valid, "reasons": list(self.requested.reasons),
-                "warnings": list(self.requested.warnings), "fix": self.fix,
-                "requested": self.requested.to_dict(), "layouts": [v.to_dict() for v in self.layouts],
-                "model": dict(self.model)}
+        return {
+            "valid": self.valid,
+            "reasons": list(self.requested.reasons),
+            "warnings": list(self.requested.warnings),
+            "fix": self.fix,
+            "requested": self.requested.to_dict(),
+            "layouts": [v.to_dict() for v in self.layouts],
+            "model": dict(self.model),
+        }
 
 
 def estimate_weight_bytes_from_config(config: Mapping[str, Any]) -> int | None:
@@ -172,17 +193,25 @@ def describe_model(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _describe(m: ModelSpec) -> dict[str, Any]:
-    return {"architecture": m.architecture, "family": m.family, "attention": "MLA" if m.is_mla else "GQA",
-            "layers": m.num_layers, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
-            "experts": m.num_experts, "quantization": m.quant.label}
+    return {
+        "architecture": m.architecture,
+        "family": m.family,
+        "attention": "MLA" if m.is_mla else "GQA",
+        "layers": m.num_layers,
+        "heads": m.num_heads,
+        "kv_heads": m.num_kv_heads,
+        "experts": m.num_experts,
+        "quantization": m.quant.label,
+    }
 
 
 def _as_mapping(config: object) -> Mapping[str, Any]:
     return config if isinstance(config, Mapping) else {}
 
 
-def _hardware_reasons(layout: Layout, hw: Hardware, wl: Workload, devices: Sequence[int] | None,
-                      reasons: list[str], rules: LoadRules) -> None:
+def _hardware_reasons(
+    layout: Layout, hw: Hardware, wl: Workload, devices: Sequence[int] | None, reasons: list[str], rules: LoadRules
+) -> None:
     """Checks on the layout numbers, the GPU count and indices, and the GPUs' free memory."""
     for name, value in (("TP", layout.tp), ("PP", layout.pp), ("DP", layout.dp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -193,8 +222,10 @@ def _hardware_reasons(layout: Layout, hw: Hardware, wl: Workload, devices: Seque
         return
     if layout.gpus > hw.total_gpus:
         where = "the host has" if hw.nodes == 1 else f"{hw.nodes} nodes x {hw.gpu_count} GPUs have"
-        reasons.append(f"{layout} needs {layout.gpus} GPUs (TP {layout.tp} x PP {layout.pp} x DP "
-                       f"{layout.dp}) but {where} {hw.total_gpus}")
+        reasons.append(
+            f"{layout} needs {layout.gpus} GPUs (TP {layout.tp} x PP {layout.pp} x DP "
+            f"{layout.dp}) but {where} {hw.total_gpus}"
+        )
         return
     if hw.nodes > 1:
         _node_reasons(layout, hw, reasons)
@@ -212,11 +243,16 @@ def _hardware_reasons(layout: Layout, hw: Hardware, wl: Workload, devices: Seque
     if hw.free_memory_gib is not None:
         # The engine's start rule (vLLM: gpu_worker.py init_device, free memory covers utilization x total).
         want = rules.start_need_gib(hw.gpu_memory_gib, wl.gpu_memory_utilization)
-        short = [(i, hw.free_memory_gib[i]) for i in used
-                 if 0 <= i < len(hw.free_memory_gib) and hw.free_memory_gib[i] < want]
+        short = [
+            (i, hw.free_memory_gib[i])
+            for i in used
+            if 0 <= i < len(hw.free_memory_gib) and hw.free_memory_gib[i] < want
+        ]
         for i, free in short:
-            reasons.append(f"GPU {i} has {free:.1f} GiB free, less than gpu_memory_utilization "
-                           f"{wl.gpu_memory_utilization} x {hw.gpu_memory_gib:.1f} GiB = {want:.1f} GiB")
+            reasons.append(
+                f"GPU {i} has {free:.1f} GiB free, less than gpu_memory_utilization "
+                f"{wl.gpu_memory_utilization} x {hw.gpu_memory_gib:.1f} GiB = {want:.1f} GiB"
+            )
 
 
 def _node_reasons(layout: Layout, hw: Hardware, reasons: list[str]) -> None:
@@ -224,8 +260,9 @@ def _node_reasons(layout: Layout, hw: Hardware, reasons: list[str]) -> None:
     if layout.gpus % hw.nodes:
         reasons.append(f"{layout} needs {layout.gpus} GPUs, which do not split evenly over {hw.nodes} nodes")
     elif layout.tp <= hw.gpu_count and hw.gpu_count % layout.tp and layout.tp % hw.gpu_count:
-        reasons.append(f"TP {layout.tp} does not divide a node's {hw.gpu_count} GPUs: a TP group would "
-                       "straddle two boxes")
+        reasons.append(
+            f"TP {layout.tp} does not divide a node's {hw.gpu_count} GPUs: a TP group would straddle two boxes"
+        )
     elif layout.tp > hw.gpu_count and layout.tp % hw.gpu_count:
         reasons.append(f"TP {layout.tp} is not a multiple of a node's {hw.gpu_count} GPUs")
 
@@ -234,25 +271,38 @@ def _node_warnings(layout: Layout, hw: Hardware) -> list[str]:
     if hw.nodes == 1 or layout.tp <= hw.gpu_count:
         return []
     net = hw.network if hw.network and hw.network != "unknown" else "an unknown network"
-    return [(f"TP {layout.tp} crosses boxes ({hw.gpu_count} GPUs per node): every layer's all-reduce goes "
-             f"over {net} between nodes; prefer TP {hw.gpu_count} inside a box and PP or DP across nodes")]
+    return [
+        (
+            f"TP {layout.tp} crosses boxes ({hw.gpu_count} GPUs per node): every layer's all-reduce goes "
+            f"over {net} between nodes; prefer TP {hw.gpu_count} inside a box and PP or DP across nodes"
+        )
+    ]
 
 
-def _memory(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_bytes: int | None,
-            reasons: list[str], warnings: list[str], rules: LoadRules) -> Memory | None:
+def _memory(
+    m: ModelSpec,
+    layout: Layout,
+    hw: Hardware,
+    wl: Workload,
+    weight_bytes: int | None,
+    reasons: list[str],
+    warnings: list[str],
+    rules: LoadRules,
+) -> Memory | None:
     weights = weights_per_gpu(m, layout.tp, layout.pp, layout.dp, layout.ep, weight_bytes, rules)
     if weights is None:
-        warnings.append("memory not checked: no weight size (no safetensors index, and the config lacks "
-                        "the shapes to estimate it)")
+        warnings.append(
+            "memory not checked: no weight size (no safetensors index, and the config lacks the shapes to estimate it)"
+        )
         return None
     max_len = wl.max_model_len or m.max_position_embeddings
     if max_len is None or max_len <= 0:
-        warnings.append("KV cache not checked: no max_model_len and the config has no "
-                        "max_position_embeddings")
+        warnings.append("KV cache not checked: no max_model_len and the config has no max_position_embeddings")
         max_len = 0
     elif m.max_position_embeddings and max_len > m.max_position_embeddings:
-        warnings.append(f"max_model_len {max_len} exceeds max_position_embeddings "
-                        f"{m.max_position_embeddings}; {rules.long_context}")
+        warnings.append(
+            f"max_model_len {max_len} exceeds max_position_embeddings {m.max_position_embeddings}; {rules.long_context}"
+        )
     full, sliding = kv_bytes_per_token(m, layout.tp, layout.pp, wl.kv_cache_dtype)
     per_seq = full * max_len + sliding * min(m.sliding_window or 0, max_len)
     seqs = max(wl.min_full_sequences, 1)
@@ -264,39 +314,66 @@ def _memory(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_byt
     fits = int(room * GIB // per_seq) if per_seq > 0 and room > 0 else 0
     source = "index" if weight_bytes is not None else "config estimate"
     if weights_gib + wl.overhead_gib > budget:
-        reasons.append(f"weights need {weights_gib:.1f} GiB per GPU ({source}) + {wl.overhead_gib:.1f} GiB "
-                       f"runtime overhead, over the budget of {budget:.1f} GiB "
-                       f"({wl.gpu_memory_utilization} x {hw.gpu_memory_gib:.1f} GiB)")
+        reasons.append(
+            f"weights need {weights_gib:.1f} GiB per GPU ({source}) + {wl.overhead_gib:.1f} GiB "
+            f"runtime overhead, over the budget of {budget:.1f} GiB "
+            f"({wl.gpu_memory_utilization} x {hw.gpu_memory_gib:.1f} GiB)"
+        )
     elif required > budget:
         # The engine refuses a cache that cannot hold min_full_sequences of max_model_len (rules.kv_rule).
-        reasons.append(f"KV cache for {seqs} sequence(s) of {max_len} tokens needs {kv_gib:.1f} GiB per GPU "
-                       f"but only {room:.1f} GiB is left after {weights_gib:.1f} GiB of weights and "
-                       f"{wl.overhead_gib:.1f} GiB overhead (budget {budget:.1f} GiB); lower max_model_len "
-                       "or use more GPUs")
+        reasons.append(
+            f"KV cache for {seqs} sequence(s) of {max_len} tokens needs {kv_gib:.1f} GiB per GPU "
+            f"but only {room:.1f} GiB is left after {weights_gib:.1f} GiB of weights and "
+            f"{wl.overhead_gib:.1f} GiB overhead (budget {budget:.1f} GiB); lower max_model_len "
+            "or use more GPUs"
+        )
     elif budget - required < 0.05 * budget:
-        warnings.append(f"only {budget - required:.1f} GiB of headroom per GPU: the estimate may be off by "
-                        "more than that")
-    return Memory(weights_gib=weights_gib, weights_source=source, kv_cache_gib=kv_gib,
-                  kv_bytes_per_token=full, overhead_gib=wl.overhead_gib, required_gib=required,
-                  budget_gib=budget, max_full_sequences=fits, max_model_len=max_len)
+        warnings.append(
+            f"only {budget - required:.1f} GiB of headroom per GPU: the estimate may be off by more than that"
+        )
+    return Memory(
+        weights_gib=weights_gib,
+        weights_source=source,
+        kv_cache_gib=kv_gib,
+        kv_bytes_per_token=full,
+        overhead_gib=wl.overhead_gib,
+        required_gib=required,
+        budget_gib=budget,
+        max_full_sequences=fits,
+        max_model_len=max_len,
+    )
 
 
-def _verdict(m: ModelSpec, layout: Layout, hw: Hardware, wl: Workload, weight_bytes: int | None,
-             devices: Sequence[int] | None = None, rules: LoadRules = ENGINE.load_rules) -> Verdict:
+def _verdict(
+    m: ModelSpec,
+    layout: Layout,
+    hw: Hardware,
+    wl: Workload,
+    weight_bytes: int | None,
+    devices: Sequence[int] | None = None,
+    rules: LoadRules = ENGINE.load_rules,
+) -> Verdict:
     reasons: list[str] = []
     warnings: list[str] = []
     _hardware_reasons(layout, hw, wl, devices, reasons, rules)
     if reasons and not all(isinstance(v, int) and v >= 1 for v in (layout.tp, layout.pp, layout.dp)):
         return Verdict(layout, False, tuple(reasons))
-    missing = [k for k, v in (("num_hidden_layers", m.num_layers), ("hidden_size", m.hidden_size),
-                              ("num_attention_heads", m.num_heads)) if v is None
-               and not (k == "num_attention_heads" and m.attention_free)]
+    missing = [
+        k
+        for k, v in (
+            ("num_hidden_layers", m.num_layers),
+            ("hidden_size", m.hidden_size),
+            ("num_attention_heads", m.num_heads),
+        )
+        if v is None and not (k == "num_attention_heads" and m.attention_free)
+    ]
     if missing:
-        reasons.append(f"config.json has no usable {', '.join(missing)}: cannot decide whether {layout} "
-                       "can load")
+        reasons.append(f"config.json has no usable {', '.join(missing)}: cannot decide whether {layout} can load")
     if not m.known:
-        warnings.append(f"architecture {m.architecture or m.model_type or 'unknown'} is not one the planner "
-                        "knows: only generic checks ran")
+        warnings.append(
+            f"architecture {m.architecture or m.model_type or 'unknown'} is not one the planner "
+            "knows: only generic checks ran"
+        )
     warnings.extend(m.problems)
     found = shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep, rules)
     reasons.extend(found.reasons)
@@ -313,9 +390,16 @@ def shape_reasons(config: Mapping[str, Any], layout: Layout, *, engine: Engine =
     return tuple(shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep, engine.load_rules).reasons)
 
 
-def check(config: Mapping[str, Any], layout: Layout, hw: Hardware, workload: Workload | None = None,
-          weight_bytes: int | None = None, devices: Sequence[int] | None = None, *,
-          engine: Engine = ENGINE) -> Verdict:
+def check(
+    config: Mapping[str, Any],
+    layout: Layout,
+    hw: Hardware,
+    workload: Workload | None = None,
+    weight_bytes: int | None = None,
+    devices: Sequence[int] | None = None,
+    *,
+    engine: Engine = ENGINE,
+) -> Verdict:
     """Verdict for one layout on ``engine``; devices are the GPU indices to use (default the first N)."""
     m = parse_model(_as_mapping(config))
     return _verdict(m, layout, hw, workload or Workload(), weight_bytes, devices, engine.load_rules)
@@ -350,18 +434,26 @@ def _rank(m: ModelSpec, v: Verdict, hw: Hardware) -> tuple[float, ...]:
 
 def _why(m: ModelSpec, v: Verdict, hw: Hardware, rules: LoadRules) -> str:
     lay = v.layout
-    parts = [f"uses all {hw.total_gpus} GPUs" if lay.gpus == hw.total_gpus
-             else f"uses {lay.gpus} of {hw.total_gpus} GPUs, leaves {hw.total_gpus - lay.gpus} free"]
+    parts = [
+        f"uses all {hw.total_gpus} GPUs"
+        if lay.gpus == hw.total_gpus
+        else f"uses {lay.gpus} of {hw.total_gpus} GPUs, leaves {hw.total_gpus - lay.gpus} free"
+    ]
     if hw.nodes > 1:
-        parts.append(f"{lay.gpus // hw.nodes} GPUs on each of {hw.nodes} nodes"
-                     + (", TP inside a box" if lay.tp <= hw.gpu_count else ", TP across boxes"))
+        parts.append(
+            f"{lay.gpus // hw.nodes} GPUs on each of {hw.nodes} nodes"
+            + (", TP inside a box" if lay.tp <= hw.gpu_count else ", TP across boxes")
+        )
     if m.is_mla:
         parts.append("MLA latent KV cache (not split by TP)")
     elif m.num_kv_heads:
         kv = m.num_kv_heads
         per = kv // lay.tp
-        parts.append(f"{per} KV head{'s' if per > 1 else ''} per GPU" if lay.tp <= kv
-                     else f"KV heads replicated {lay.tp // kv}x (TP {lay.tp} > {kv} KV heads)")
+        parts.append(
+            f"{per} KV head{'s' if per > 1 else ''} per GPU"
+            if lay.tp <= kv
+            else f"KV heads replicated {lay.tp // kv}x (TP {lay.tp} > {kv} KV heads)"
+        )
     if lay.ep and m.is_moe:
         per = math.ceil(m.num_experts / rules.ep_size(lay.tp, lay.dp))
         link = " (helps most on PCIe)" if hw.interconnect != "nvlink" else ""
@@ -370,13 +462,13 @@ def _why(m: ModelSpec, v: Verdict, hw: Hardware, rules: LoadRules) -> str:
         parts.append(f"{lay.pp} pipeline stages (bubbles; chosen only to fit)")
     if v.memory and v.memory.max_model_len:
         total = v.memory.max_full_sequences * lay.dp
-        parts.append(f"KV room for {total} full {v.memory.max_model_len}-token sequence"
-                     + ("" if total == 1 else "s"))
+        parts.append(f"KV room for {total} full {v.memory.max_model_len}-token sequence" + ("" if total == 1 else "s"))
     return "; ".join(parts)
 
 
-def _valid_layouts(m: ModelSpec, hw: Hardware, wl: Workload, weight_bytes: int | None,
-                   rules: LoadRules) -> list[Verdict]:
+def _valid_layouts(
+    m: ModelSpec, hw: Hardware, wl: Workload, weight_bytes: int | None, rules: LoadRules
+) -> list[Verdict]:
     if not isinstance(hw.gpu_count, int) or hw.gpu_count < 1:
         return []
     candidates = _candidates(m, hw.total_gpus, rules)
@@ -387,8 +479,14 @@ def _valid_layouts(m: ModelSpec, hw: Hardware, wl: Workload, weight_bytes: int |
     return [replace(v, why=_why(m, v, hw, rules)) for v in valid]
 
 
-def layouts(config: Mapping[str, Any], hw: Hardware, workload: Workload | None = None,
-            weight_bytes: int | None = None, *, engine: Engine = ENGINE) -> tuple[Verdict, ...]:
+def layouts(
+    config: Mapping[str, Any],
+    hw: Hardware,
+    workload: Workload | None = None,
+    weight_bytes: int | None = None,
+    *,
+    engine: Engine = ENGINE,
+) -> tuple[Verdict, ...]:
     """Every valid layout of ``engine`` on this host, best first, each with its why."""
     m = parse_model(_as_mapping(config))
     return tuple(_valid_layouts(m, hw, workload or Workload(), weight_bytes, engine.load_rules))
@@ -397,12 +495,20 @@ def layouts(config: Mapping[str, Any], hw: Hardware, workload: Workload | None =
 def _fix(requested: Layout, valid: list[Verdict], hw: Hardware) -> str:
     if not valid:
         more = "more nodes, " if hw.nodes > 1 else "more nodes (nodes = [...]), "
-        return (f"no layout fits on {hw} GPUs: use {more}more or larger GPUs, "
-                "a smaller max_model_len, or a smaller quantization")
+        return (
+            f"no layout fits on {hw} GPUs: use {more}more or larger GPUs, "
+            "a smaller max_model_len, or a smaller quantization"
+        )
     by_layout = {v.layout: v for v in valid}
     picks: list[Layout] = []
-    smaller = [v.layout for v in valid if v.layout.pp == requested.pp and v.layout.dp == requested.dp
-               and v.layout.ep == requested.ep and v.layout.tp < requested.tp]
+    smaller = [
+        v.layout
+        for v in valid
+        if v.layout.pp == requested.pp
+        and v.layout.dp == requested.dp
+        and v.layout.ep == requested.ep
+        and v.layout.tp < requested.tp
+    ]
     if smaller:
         picks.append(max(smaller, key=lambda lay: lay.tp))
     toggled = Layout(requested.tp, requested.pp, requested.dp, not requested.ep)
@@ -413,9 +519,16 @@ def _fix(requested: Layout, valid: list[Verdict], hw: Hardware) -> str:
     return "use " + ", or ".join(p.phrase() for p in picks)
 
 
-def plan(config: Mapping[str, Any], requested: Layout | None, hw: Hardware, workload: Workload | None = None,
-         weight_bytes: int | None = None, devices: Sequence[int] | None = None, *,
-         engine: Engine = ENGINE) -> Plan:
+def plan(
+    config: Mapping[str, Any],
+    requested: Layout | None,
+    hw: Hardware,
+    workload: Workload | None = None,
+    weight_bytes: int | None = None,
+    devices: Sequence[int] | None = None,
+    *,
+    engine: Engine = ENGINE,
+) -> Plan:
     """The requested layout's verdict (with a fix when invalid) and the valid layouts best first.
 
     With requested None the best valid layout is checked, so ``valid`` answers "does any layout

@@ -23,17 +23,35 @@ _NESTED_TEXT_KEYS = ("text_config", "language_config", "llm_config", "thinker_co
 
 # Families whose vLLM implementation we read; anything else gets generic checks and a warning.
 _FAMILIES: dict[str, str] = {
-    "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v3", "kimi_k2": "deepseek_v3",
-    "kimi_k25": "deepseek_v3", "minimax_m2": "minimax_m2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
-    "qwen2": "qwen3", "qwen2_moe": "qwen3_moe", "llama": "llama", "mistral": "llama",
-    "glm4_moe": "glm4_moe", "gpt_oss": "gpt_oss", "mixtral": "qwen3_moe",
+    "deepseek_v3": "deepseek_v3",
+    "deepseek_v2": "deepseek_v3",
+    "kimi_k2": "deepseek_v3",
+    "kimi_k25": "deepseek_v3",
+    "minimax_m2": "minimax_m2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
+    "qwen2": "qwen3",
+    "qwen2_moe": "qwen3_moe",
+    "llama": "llama",
+    "mistral": "llama",
+    "glm4_moe": "glm4_moe",
+    "gpt_oss": "gpt_oss",
+    "mixtral": "qwen3_moe",
 }
 _ARCH_FAMILIES: dict[str, str] = {
-    "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV2ForCausalLM": "deepseek_v3",
-    "KimiK25ForConditionalGeneration": "deepseek_v3", "MiniMaxM2ForCausalLM": "minimax_m2",
-    "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe", "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama", "Glm4MoeForCausalLM": "glm4_moe", "GptOssForCausalLM": "gpt_oss",
-    "Qwen2ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "qwen3_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV2ForCausalLM": "deepseek_v3",
+    "KimiK25ForConditionalGeneration": "deepseek_v3",
+    "MiniMaxM2ForCausalLM": "minimax_m2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Glm4MoeForCausalLM": "glm4_moe",
+    "GptOssForCausalLM": "gpt_oss",
+    "Qwen2ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "qwen3_moe",
 }
 
 
@@ -169,20 +187,21 @@ def merged_view(config: Mapping[str, Any]) -> dict[str, Any]:
         if current is None:
             break
         view.update({k: v for k, v in current.items() if isinstance(k, str)})
-        nested = next((current[k] for k in _NESTED_TEXT_KEYS
-                       if isinstance(current.get(k), Mapping)), None)
+        nested = next((current[k] for k in _NESTED_TEXT_KEYS if isinstance(current.get(k), Mapping)), None)
         current = nested
     # A wrapper's quantization_config sits at the top in some repos, inside text_config in others.
     if not isinstance(view.get("quantization_config"), Mapping) and isinstance(
-            config.get("quantization_config"), Mapping):
+        config.get("quantization_config"), Mapping
+    ):
         view["quantization_config"] = config["quantization_config"]
     return view
 
 
 # vLLM's attention-free models (mamba.py, mamba2.py and terratorch.py implement IsAttentionFree; its
 # model_arch_config_convertor gives these model types 0 KV heads): no head count to ask of them.
-ATTENTION_FREE_ARCHS = frozenset({"MambaForCausalLM", "Mamba2ForCausalLM", "FalconMambaForCausalLM", "Terratorch",
-                                  "MedusaModel"})
+ATTENTION_FREE_ARCHS = frozenset(
+    {"MambaForCausalLM", "Mamba2ForCausalLM", "FalconMambaForCausalLM", "Terratorch", "MedusaModel"}
+)
 ATTENTION_FREE_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "medusa", "timm_wrapper"})
 _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 _KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
@@ -210,13 +229,18 @@ NO_TRANSFORMER_TYPES = frozenset({"timm_wrapper"})
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
 # (what the field counts, its names by precedence, why a model needs it)
-_REQUIRED = (("a layer count", _LAYER_KEYS, "vLLM builds the model's layers from it"),
-             ("a hidden size", _HIDDEN_KEYS, "every weight and the KV cache are sized from it"),
-             ("a head count", _HEAD_KEYS, "every model with attention has one"))
+_REQUIRED = (
+    ("a layer count", _LAYER_KEYS, "vLLM builds the model's layers from it"),
+    ("a hidden size", _HIDDEN_KEYS, "every weight and the KV cache are sized from it"),
+    ("a head count", _HEAD_KEYS, "every model with attention has one"),
+)
 # Fields a config may leave out, but when present must be usable: vLLM sizes the KV cache by head_dim
 # and the embedding and LM head by the vocabulary (0 planned a 0.0 GiB KV cache as "valid").
-_OPTIONAL = (("a head count", _KV_HEAD_KEYS, ""), ("a head size", ("head_dim",), ""),
-             ("a vocabulary size", ("vocab_size", "padded_vocab_size"), ""))
+_OPTIONAL = (
+    ("a head count", _KV_HEAD_KEYS, ""),
+    ("a head size", ("head_dim",), ""),
+    ("a vocabulary size", ("vocab_size", "padded_vocab_size"), ""),
+)
 
 
 def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -228,7 +252,8 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
     non-transformer ones (Terratorch) need no layer count or hidden size."""
     view = merged_view(config)
     names = {a for a in (_architecture(view), _architecture(config)) if a} | {
-        t for t in (view.get("model_type"), config.get("model_type")) if isinstance(t, str)}
+        t for t in (view.get("model_type"), config.get("model_type")) if isinstance(t, str)
+    }
     free = bool(names & (ATTENTION_FREE_ARCHS | ATTENTION_FREE_TYPES))
     bare = bool(names & (NO_TRANSFORMER_ARCHS | NO_TRANSFORMER_TYPES))
     for what, keys, _ in (*_REQUIRED, *_OPTIONAL):
@@ -238,16 +263,26 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
                 continue
             n = _as_int(view[key])
             if n is None or n < 0 or (n == 0 and not (heads and free)):
-                why = (f"not {what}: a model with attention has at least one head (0 is only for vLLM's "
-                       f"attention-free architectures: {', '.join(sorted(ATTENTION_FREE_ARCHS))})"
-                       if n == 0 and heads else f"not {what} (a positive integer)")
+                why = (
+                    f"not {what}: a model with attention has at least one head (0 is only for vLLM's "
+                    f"attention-free architectures: {', '.join(sorted(ATTENTION_FREE_ARCHS))})"
+                    if n == 0 and heads
+                    else f"not {what} (a positive integer)"
+                )
                 return _key_path(config, key), _short(view[key]), why
     for what, keys, need in _REQUIRED:
         exempt = bare or (keys == _HEAD_KEYS and free)
         if not exempt and all(view.get(k) is None for k in keys):
             also = f" (or {', '.join(keys[1:])})"
-            return keys[0], "missing", (f"{need}{also}; only vLLM's attention-free architectures go without "
-                                        "heads" if keys == _HEAD_KEYS else f"{need}{also}")
+            return (
+                keys[0],
+                "missing",
+                (
+                    f"{need}{also}; only vLLM's attention-free architectures go without heads"
+                    if keys == _HEAD_KEYS
+                    else f"{need}{also}"
+                ),
+            )
     return None
 
 
@@ -294,8 +329,7 @@ def parse_model(config: Mapping[str, Any]) -> ModelSpec:
     model_type = r.text("model_type")
     family = _family(arch, model_type)
     if family == "generic":
-        family = _family(top_arch, config.get("model_type") if isinstance(config.get("model_type"), str)
-                         else None)
+        family = _family(top_arch, config.get("model_type") if isinstance(config.get("model_type"), str) else None)
     hidden = r.pos_int("hidden_size", "d_model", "n_embd")
     free = bool({arch, top_arch, model_type} & (ATTENTION_FREE_ARCHS | ATTENTION_FREE_TYPES))
     heads = r.pos_int(*_HEAD_KEYS, allow_zero=free) or None  # attention-free: 0 is no heads, not junk
@@ -323,8 +357,7 @@ def parse_model(config: Mapping[str, Any]) -> ModelSpec:
     if experts:
         n_shared = r.pos_int("n_shared_experts", allow_zero=True) or 0
         shared = n_shared * (moe_inter or 0)
-        shared += r.pos_int("shared_expert_intermediate_size", "shared_intermediate_size",
-                            allow_zero=True) or 0
+        shared += r.pos_int("shared_expert_intermediate_size", "shared_intermediate_size", allow_zero=True) or 0
     kv_lora = r.pos_int("kv_lora_rank")
     dtype_name = r.text("torch_dtype") or r.text("dtype") or "bfloat16"
     window = r.pos_int("sliding_window")
@@ -336,19 +369,32 @@ def parse_model(config: Mapping[str, Any]) -> ModelSpec:
             sliding_layers = min(sliding_layers, num_layers)
     tie = view.get("tie_word_embeddings")
     return ModelSpec(
-        architecture=arch or top_arch, model_type=model_type, family=family,
-        num_layers=num_layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, vocab_size=r.pos_int("vocab_size", "padded_vocab_size"),
-        intermediate_size=inter, moe_intermediate_size=moe_inter, num_experts=experts,
-        shared_intermediate_size=shared, num_dense_layers=dense_layers,
-        kv_lora_rank=kv_lora, qk_rope_head_dim=r.pos_int("qk_rope_head_dim") if kv_lora else None,
+        architecture=arch or top_arch,
+        model_type=model_type,
+        family=family,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=r.pos_int("vocab_size", "padded_vocab_size"),
+        intermediate_size=inter,
+        moe_intermediate_size=moe_inter,
+        num_experts=experts,
+        shared_intermediate_size=shared,
+        num_dense_layers=dense_layers,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=r.pos_int("qk_rope_head_dim") if kv_lora else None,
         qk_nope_head_dim=r.pos_int("qk_nope_head_dim") if kv_lora else None,
         v_head_dim=r.pos_int("v_head_dim") if kv_lora else None,
         q_lora_rank=r.pos_int("q_lora_rank") if kv_lora else None,
         max_position_embeddings=r.pos_int("max_position_embeddings", "n_positions", "seq_length"),
-        tie_word_embeddings=tie is True, dtype_bytes=_DTYPE_BYTES.get(dtype_name, 2),
-        sliding_window=window if sliding_layers else None, num_sliding_layers=sliding_layers,
-        quant=parse_quant(view.get("quantization_config")), problems=tuple(r.problems),
+        tie_word_embeddings=tie is True,
+        dtype_bytes=_DTYPE_BYTES.get(dtype_name, 2),
+        sliding_window=window if sliding_layers else None,
+        num_sliding_layers=sliding_layers,
+        quant=parse_quant(view.get("quantization_config")),
+        problems=tuple(r.problems),
     )
 
 
@@ -392,8 +438,9 @@ def parse_quant(qc: object) -> QuantSpec:
         return QuantSpec()
     method = qc.get("quant_method")
     method = method.lower() if isinstance(method, str) else "unknown"
-    ignore = (_str_list(qc.get("ignore")) + _str_list(qc.get("modules_to_not_convert"))
-              + _str_list(qc.get("ignored_layers")))
+    ignore = (
+        _str_list(qc.get("ignore")) + _str_list(qc.get("modules_to_not_convert")) + _str_list(qc.get("ignored_layers"))
+    )
     block = _int_pair(qc.get("weight_block_size"))
     group = _as_int(qc.get("group_size"))
     bits = _as_int(qc.get("bits")) or _as_int(qc.get("w_bit"))
@@ -412,6 +459,10 @@ def parse_quant(qc: object) -> QuantSpec:
         # gpt-oss: only the experts are MXFP4 (block of 32 values); attention and router stay BF16.
         return QuantSpec(method=method, group_size=32, bits=4, experts=True)
     covered = {part: not _ignored(name, ignore) for part, name in _PROBES.items()}
-    return QuantSpec(method=method, block=block,
-                     group_size=group if group is not None and group > 0 else None,
-                     bits=bits if bits is not None and 0 < bits <= 16 else None, **covered)
+    return QuantSpec(
+        method=method,
+        block=block,
+        group_size=group if group is not None and group > 0 else None,
+        bits=bits if bits is not None and 0 < bits <= 16 else None,
+        **covered,
+    )

@@ -34,13 +34,33 @@ class Components:
 
     @property
     def total(self) -> float:
-        return (self.embed + self.lm_head + self.attn + self.attn_replicated + self.dense_mlp
-                + self.shared_experts + self.experts + self.router)
+        return (
+            self.embed
+            + self.lm_head
+            + self.attn
+            + self.attn_replicated
+            + self.dense_mlp
+            + self.shared_experts
+            + self.experts
+            + self.router
+        )
 
     def scaled(self, factor: float) -> Components:
-        return Components(*(getattr(self, f) * factor for f in (
-            "embed", "lm_head", "attn", "attn_replicated", "dense_mlp", "shared_experts", "experts",
-            "router")))
+        return Components(
+            *(
+                getattr(self, f) * factor
+                for f in (
+                    "embed",
+                    "lm_head",
+                    "attn",
+                    "attn_replicated",
+                    "dense_mlp",
+                    "shared_experts",
+                    "experts",
+                    "router",
+                )
+            )
+        )
 
 
 def _bytes_per_param(quant: QuantSpec, covered: bool, dtype_bytes: int) -> float:
@@ -85,10 +105,15 @@ def components(m: ModelSpec) -> Components | None:
     experts = 3 * h * (m.moe_intermediate_size or 0) * m.num_experts * moe_layers
     shared = 3 * h * m.shared_intermediate_size * moe_layers
     return Components(
-        embed=embed, lm_head=lm_head, attn=attn_b, attn_replicated=replicated_b, dense_mlp=dense,
+        embed=embed,
+        lm_head=lm_head,
+        attn=attn_b,
+        attn_replicated=replicated_b,
+        dense_mlp=dense,
         shared_experts=shared * _bytes_per_param(q, q.shared_experts, bpp),
         experts=experts * _bytes_per_param(q, q.experts, bpp),
-        router=h * m.num_experts * moe_layers * bpp)
+        router=h * m.num_experts * moe_layers * bpp,
+    )
 
 
 def estimate_weight_bytes(m: ModelSpec) -> int | None:
@@ -96,8 +121,9 @@ def estimate_weight_bytes(m: ModelSpec) -> int | None:
     return int(parts.total) if parts and parts.total > 0 else None
 
 
-def weights_per_gpu(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool,
-                    weight_bytes: int | None, rules: LoadRules = ENGINE.load_rules) -> float | None:
+def weights_per_gpu(
+    m: ModelSpec, tp: int, pp: int, dp: int, ep: bool, weight_bytes: int | None, rules: LoadRules = ENGINE.load_rules
+) -> float | None:
     """Bytes of weights on the busiest GPU (the pipeline stage with the most layers); how experts
     spread over the ranks is the engine's (``rules``)."""
     parts = components(m)
@@ -115,8 +141,9 @@ def weights_per_gpu(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool,
         experts = parts.experts * math.ceil(m.num_experts / rules.ep_size(tp, dp)) / max(m.num_experts, 1)
     else:
         experts = parts.experts / rules.moe_split(tp, dp, ep)  # without EP, experts are sharded
-    per_layer = ((parts.attn + parts.dense_mlp + parts.shared_experts) / tp + experts
-                 + parts.attn_replicated + parts.router)
+    per_layer = (
+        (parts.attn + parts.dense_mlp + parts.shared_experts) / tp + experts + parts.attn_replicated + parts.router
+    )
     ends = parts.embed / tp + parts.lm_head / tp if pp == 1 else max(parts.embed, parts.lm_head) / tp
     return per_layer * stage + ends
 
@@ -163,11 +190,13 @@ def weight_bytes_from_headers(headers: Iterable[Mapping[str, Any]]) -> int | Non
         if not isinstance(header, Mapping):
             continue
         for name, entry in header.items():
-            offsets = entry.get("data_offsets") if isinstance(entry, Mapping) and name != "__metadata__" \
-                else None
-            if (isinstance(offsets, list) and len(offsets) == 2
-                    and all(isinstance(x, int) and not isinstance(x, bool) for x in offsets)
-                    and 0 <= offsets[0] <= offsets[1]):
+            offsets = entry.get("data_offsets") if isinstance(entry, Mapping) and name != "__metadata__" else None
+            if (
+                isinstance(offsets, list)
+                and len(offsets) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in offsets)
+                and 0 <= offsets[0] <= offsets[1]
+            ):
                 total += offsets[1] - offsets[0]
     return total or None
 
@@ -176,5 +205,7 @@ def check_disk(needed_bytes: int, free_bytes: int, path: str) -> str | None:
     """A reason when the download does not fit on the filesystem holding path, else None."""
     if needed_bytes <= free_bytes:
         return None
-    return (f"{path}: the download needs {needed_bytes / 1e9:.1f} GB but only {free_bytes / 1e9:.1f} GB "
-            f"is free ({(needed_bytes - free_bytes) / 1e9:.1f} GB short)")
+    return (
+        f"{path}: the download needs {needed_bytes / 1e9:.1f} GB but only {free_bytes / 1e9:.1f} GB "
+        f"is free ({(needed_bytes - free_bytes) / 1e9:.1f} GB short)"
+    )

@@ -18,10 +18,14 @@ VOCAB_PADDING = 64
 
 _FP8_LINEAR = "vllm/model_executor/layers/quantization/utils/fp8_utils.py validate_fp8_block_shape"
 _FP8_MOE = "vllm/model_executor/layers/quantization/fp8.py Fp8MoEMethod.create_weights"
-_MERGED_OK = ("vLLM since PR #30836 (Dec 2025) skips this check for merged gate_up/qkv layers "
-              "(linear.py ColumnParallelLinear._maybe_allow_fp8_block_shape_mismatch); older vLLM refuses it")
-_WNA16_MOE = ("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe.py "
-              "(scales are intermediate_size_per_partition // group_size)")
+_MERGED_OK = (
+    "vLLM since PR #30836 (Dec 2025) skips this check for merged gate_up/qkv layers "
+    "(linear.py ColumnParallelLinear._maybe_allow_fp8_block_shape_mismatch); older vLLM refuses it"
+)
+_WNA16_MOE = (
+    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe.py "
+    "(scales are intermediate_size_per_partition // group_size)"
+)
 
 
 @dataclass
@@ -38,8 +42,9 @@ def _split(f: Findings, name: str, size: int, tp: int, cite: str) -> int | None:
     return size // tp
 
 
-def _block(f: Findings, what: str, per_rank: int, block: tuple[int, int], row_split: bool, expr: str,
-           cite: str) -> bool:
+def _block(
+    f: Findings, what: str, per_rank: int, block: tuple[int, int], row_split: bool, expr: str, cite: str
+) -> bool:
     """Column-parallel rows must fill block_n; row-parallel inputs (TP > 1) must fill block_k."""
     dims = [("block_n", block[0])] + ([("block_k", block[1])] if row_split else [])
     bad = [(name, dim) for name, dim in dims if per_rank % dim]
@@ -47,16 +52,19 @@ def _block(f: Findings, what: str, per_rank: int, block: tuple[int, int], row_sp
         return True
     sizes = sorted({dim for _, dim in bad})
     which = "/".join(name for name, _ in bad)
-    f.reasons.append(f"{expr} = {per_rank} is not divisible by the FP8 weight block "
-                     f"{' or '.join(map(str, sizes))} ({which}) of {what} ({cite})")
+    f.reasons.append(
+        f"{expr} = {per_rank} is not divisible by the FP8 weight block "
+        f"{' or '.join(map(str, sizes))} ({which}) of {what} ({cite})"
+    )
     return False
 
 
 def _merged_rows(f: Findings, what: str, per_rank: int, block_n: int, expr: str) -> None:
     """Merged column-parallel layers (gate_up, qkv) may miss block_n on current vLLM: warn only."""
     if per_rank % block_n:
-        f.warnings.append(f"{expr} = {per_rank} is not a multiple of the FP8 weight block {block_n} for "
-                          f"{what}: {_MERGED_OK}")
+        f.warnings.append(
+            f"{expr} = {per_rank} is not a multiple of the FP8 weight block {block_n} for {what}: {_MERGED_OK}"
+        )
 
 
 def attention_rules(m: ModelSpec, tp: int, f: Findings) -> None:
@@ -64,22 +72,30 @@ def attention_rules(m: ModelSpec, tp: int, f: Findings) -> None:
         return
     # vllm/config/model.py ModelConfig.verify_with_parallel_config
     if m.num_heads % tp:
-        f.reasons.append(f"num_attention_heads {m.num_heads} is not divisible by TP {tp} "
-                         "(vllm/config/model.py verify_with_parallel_config)")
+        f.reasons.append(
+            f"num_attention_heads {m.num_heads} is not divisible by TP {tp} "
+            "(vllm/config/model.py verify_with_parallel_config)"
+        )
     if m.is_mla or m.num_kv_heads is None:
         return  # MLA has one latent KV head, cached whole on every rank
     kv = m.num_kv_heads
     # vllm/model_executor/layers/linear.py QKVParallelLinear: divide(kv, tp) or divide(tp, kv)
     if tp > kv and tp % kv:
-        f.reasons.append(f"num_key_value_heads {kv} cannot be replicated over TP {tp}: TP {tp} is not a "
-                         f"multiple of {kv} (vllm/model_executor/layers/linear.py QKVParallelLinear)")
+        f.reasons.append(
+            f"num_key_value_heads {kv} cannot be replicated over TP {tp}: TP {tp} is not a "
+            f"multiple of {kv} (vllm/model_executor/layers/linear.py QKVParallelLinear)"
+        )
     elif tp <= kv and kv % tp:
-        f.reasons.append(f"num_key_value_heads {kv} is not divisible by TP {tp} "
-                         f"({kv} / {tp} = {kv / tp:.2f}; vllm/model_executor/layers/linear.py "
-                         "QKVParallelLinear)")
+        f.reasons.append(
+            f"num_key_value_heads {kv} is not divisible by TP {tp} "
+            f"({kv} / {tp} = {kv / tp:.2f}; vllm/model_executor/layers/linear.py "
+            "QKVParallelLinear)"
+        )
     elif tp > kv:
-        f.warnings.append(f"TP {tp} > num_key_value_heads {kv}: each KV head is replicated {tp // kv}x, "
-                          "so the KV cache costs more memory per token")
+        f.warnings.append(
+            f"TP {tp} > num_key_value_heads {kv}: each KV head is replicated {tp // kv}x, "
+            "so the KV cache costs more memory per token"
+        )
 
 
 def vocab_rules(m: ModelSpec, tp: int, f: Findings) -> None:
@@ -88,17 +104,20 @@ def vocab_rules(m: ModelSpec, tp: int, f: Findings) -> None:
     padded = -(-m.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
     # vocab_parallel_embedding.py: pad_vocab_size(vocab, 64), then divide(padded, tp_size)
     if padded % tp:
-        f.reasons.append(f"vocab_size {m.vocab_size} padded to a multiple of {VOCAB_PADDING} is {padded}, "
-                         f"not divisible by TP {tp} (vllm/model_executor/layers/vocab_parallel_embedding.py"
-                         " VocabParallelEmbedding)")
+        f.reasons.append(
+            f"vocab_size {m.vocab_size} padded to a multiple of {VOCAB_PADDING} is {padded}, "
+            f"not divisible by TP {tp} (vllm/model_executor/layers/vocab_parallel_embedding.py"
+            " VocabParallelEmbedding)"
+        )
 
 
 def mlp_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings, rules: LoadRules = ENGINE.load_rules) -> None:
     q = m.quant
     cite = "vllm/model_executor/layers/linear.py MergedColumnParallelLinear"
-    dense = [("intermediate_size", m.intermediate_size, q.dense_mlp, "dense MLP's"),
-             ("shared experts' intermediate size", m.shared_intermediate_size or None, q.shared_experts,
-              "shared experts'")]
+    dense = [
+        ("intermediate_size", m.intermediate_size, q.dense_mlp, "dense MLP's"),
+        ("shared experts' intermediate size", m.shared_intermediate_size or None, q.shared_experts, "shared experts'"),
+    ]
     for name, size, covered, what in dense:
         if not size:
             continue
@@ -120,27 +139,37 @@ def mlp_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings, rules: Load
     else:
         label = f"TP {tp}" if dp == 1 else f"TP {tp} x DP {dp}"
         if size % moe_tp:
-            f.reasons.append(f"moe_intermediate_size {size} is not divisible by {label} = {moe_tp} "
-                             "(vllm/model_executor/layers/fused_moe/layer.py FusedMoE)")
+            f.reasons.append(
+                f"moe_intermediate_size {size} is not divisible by {label} = {moe_tp} "
+                "(vllm/model_executor/layers/fused_moe/layer.py FusedMoE)"
+            )
             return
         per, expr = size // moe_tp, f"moe_intermediate_size {size} / {label}"
     if not q.experts:
         return
     if q.block:
-        if not _block(f, "the MoE experts", per, q.block, moe_tp > 1, expr, _FP8_MOE) and not ep \
-                and rules.expert_parallel is not None:
-            f.warnings.append(f"expert parallel ({rules.expert_parallel}) keeps experts whole and lifts "
-                              "the MoE block constraint")
+        if (
+            not _block(f, "the MoE experts", per, q.block, moe_tp > 1, expr, _FP8_MOE)
+            and not ep
+            and rules.expert_parallel is not None
+        ):
+            f.warnings.append(
+                f"expert parallel ({rules.expert_parallel}) keeps experts whole and lifts the MoE block constraint"
+            )
     elif q.group_size and q.method != "mxfp4":
         # mxfp4 (gpt-oss) rounds the per-rank size up to its kernel's alignment: no hard rule.
         g = q.group_size
         if moe_tp > 1 and per % g:
-            f.reasons.append(f"{expr} = {per} is not divisible by the quantization group size {g} for "
-                             f"the MoE experts' down projection ({_WNA16_MOE})")
+            f.reasons.append(
+                f"{expr} = {per} is not divisible by the quantization group size {g} for "
+                f"the MoE experts' down projection ({_WNA16_MOE})"
+            )
         elif per % max(64, g):
-            f.warnings.append(f"{expr} = {per} is not a multiple of {max(64, g)}: the Marlin MoE kernel "
-                              "does not apply and vLLM falls back to a slower kernel "
-                              "(quantization/utils/marlin_utils.py check_moe_marlin_supports_layer)")
+            f.warnings.append(
+                f"{expr} = {per} is not a multiple of {max(64, g)}: the Marlin MoE kernel "
+                "does not apply and vLLM falls back to a slower kernel "
+                "(quantization/utils/marlin_utils.py check_moe_marlin_supports_layer)"
+            )
 
 
 def attention_block_rules(m: ModelSpec, tp: int, f: Findings) -> None:
@@ -152,20 +181,24 @@ def attention_block_rules(m: ModelSpec, tp: int, f: Findings) -> None:
         return  # nothing is split; a lone layer is never checked against its block
     if m.is_mla:
         # q_b_proj and kv_b_proj are single-output ColumnParallelLinear: block_n applies in full.
-        for name, size in (("q_b_proj", heads * ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0))),
-                           ("kv_b_proj", heads * ((m.qk_nope_head_dim or 0) + (m.v_head_dim or m.head_dim)))):
+        for name, size in (
+            ("q_b_proj", heads * ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0))),
+            ("kv_b_proj", heads * ((m.qk_nope_head_dim or 0) + (m.v_head_dim or m.head_dim))),
+        ):
             _block(f, f"attention {name}", size, (q.block[0], 1), False, f"{name} rows per rank", _FP8_LINEAR)
         o_in = heads * (m.v_head_dim or m.head_dim)
     else:
         kv_rank = max((m.num_kv_heads or m.num_heads) // tp, 1)
-        _merged_rows(f, "the attention qkv projection", min(heads, kv_rank) * m.head_dim, q.block[0],
-                     "q/k/v rows per rank")
+        _merged_rows(
+            f, "the attention qkv projection", min(heads, kv_rank) * m.head_dim, q.block[0], "q/k/v rows per rank"
+        )
         o_in = heads * m.head_dim
     _block(f, "attention o_proj", o_in, (1, q.block[1]), True, "o_proj input per rank", _FP8_LINEAR)
 
 
-def expert_parallel_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings,
-                          rules: LoadRules = ENGINE.load_rules) -> None:
+def expert_parallel_rules(
+    m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings, rules: LoadRules = ENGINE.load_rules
+) -> None:
     if not ep:
         return
     if rules.expert_parallel is None:
@@ -178,12 +211,16 @@ def expert_parallel_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings,
     # fused_moe layer.py determine_expert_map: experts are spread with the remainder on the first
     # ranks, so uneven is allowed; only EPLB requires an even split.
     if m.num_experts < size:
-        f.warnings.append(f"{m.num_experts} experts over EP size {size} (TP {tp} x DP {dp}): "
-                          f"{size - m.num_experts} ranks hold no expert")
+        f.warnings.append(
+            f"{m.num_experts} experts over EP size {size} (TP {tp} x DP {dp}): "
+            f"{size - m.num_experts} ranks hold no expert"
+        )
     elif m.num_experts % size:
-        f.warnings.append(f"{m.num_experts} experts do not split evenly over EP size {size} (TP {tp} x DP "
-                          f"{dp}); vLLM gives the first {m.num_experts % size} ranks one more, and EPLB "
-                          "would refuse it")
+        f.warnings.append(
+            f"{m.num_experts} experts do not split evenly over EP size {size} (TP {tp} x DP "
+            f"{dp}); vLLM gives the first {m.num_experts % size} ranks one more, and EPLB "
+            "would refuse it"
+        )
 
 
 def pipeline_rules(m: ModelSpec, pp: int, f: Findings) -> None:
@@ -191,15 +228,20 @@ def pipeline_rules(m: ModelSpec, pp: int, f: Findings) -> None:
         return
     # vllm/distributed/utils.py get_pp_indices: uneven splits are allowed, empty stages are not useful.
     if m.num_layers < pp:
-        f.reasons.append(f"num_hidden_layers {m.num_layers} < PP {pp}: some pipeline stages would hold "
-                         "no layer (vllm/distributed/utils.py get_pp_indices)")
+        f.reasons.append(
+            f"num_hidden_layers {m.num_layers} < PP {pp}: some pipeline stages would hold "
+            "no layer (vllm/distributed/utils.py get_pp_indices)"
+        )
     elif m.num_layers % pp:
-        f.warnings.append(f"num_hidden_layers {m.num_layers} does not split evenly over PP {pp}: stages "
-                          f"hold {m.num_layers // pp} or {m.num_layers // pp + 1} layers "
-                          "(vllm/distributed/utils.py get_pp_indices; VLLM_PP_LAYER_PARTITION overrides)")
+        f.warnings.append(
+            f"num_hidden_layers {m.num_layers} does not split evenly over PP {pp}: stages "
+            f"hold {m.num_layers // pp} or {m.num_layers // pp + 1} layers "
+            "(vllm/distributed/utils.py get_pp_indices; VLLM_PP_LAYER_PARTITION overrides)"
+        )
     if not m.known:
-        f.warnings.append("pipeline parallel needs the model class to implement SupportsPP; "
-                          "unknown architecture, not verified")
+        f.warnings.append(
+            "pipeline parallel needs the model class to implement SupportsPP; unknown architecture, not verified"
+        )
 
 
 def shape_rules(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool, rules: LoadRules = ENGINE.load_rules) -> Findings:

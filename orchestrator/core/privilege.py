@@ -20,16 +20,30 @@ from orchestrator.core.catalog import Catalog, Group, Host
 ROOT_ONLY_TOP = ("state_dir", "socket_group")
 ROOT_ONLY_DEFAULTS = ("user", "group", "engine", "env_dir", "ray", "allow_root")
 ROOT_ONLY_PROXY = ("config_path", "stats_socket", "haproxy", "demand_socket", "user", "group")
-ROOT_ONLY_HOST = ("transport", "address", "ssh_port", "ssh_user", "ssh_key", "known_hosts", "models_dir", "unit_dir",
-                  "python", "engine", "ray", "agent_socket")
+ROOT_ONLY_HOST = (
+    "transport",
+    "address",
+    "ssh_port",
+    "ssh_user",
+    "ssh_key",
+    "known_hosts",
+    "models_dir",
+    "unit_dir",
+    "python",
+    "engine",
+    "ray",
+    "agent_socket",
+)
 ROOT_ONLY_GROUP = ("peer_key", "peer_known_hosts")
 ROOT_ONLY_DASHBOARD = ("socket",)  # a path the agent binds (and would clear) as root
 # A model's files root reads for it: its config.json (a package's shipped one excepted) and a local
 # weights directory (copied into models_dir); a hub or peer source names no path.
 ROOT_ONLY_MODEL = ("config", "source")
 # Path-valued keys a member may set: each names no file root reads, writes or binds.
-MEMBER_PATHS = {"models.allow_patterns": "glob patterns inside the model's own staged directory",
-                "models.ignore_patterns": "glob patterns inside the model's own staged directory"}
+MEMBER_PATHS = {
+    "models.allow_patterns": "glob patterns inside the model's own staged directory",
+    "models.ignore_patterns": "glob patterns inside the model's own staged directory",
+}
 
 
 def _get(entry: object, key: str) -> Any:

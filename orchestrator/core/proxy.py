@@ -58,8 +58,13 @@ class SwitchPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SwitchPlan:
-        return cls(mode=Mode(data["mode"]), before=tuple(data["before"]), displaced=tuple(data["displaced"]),
-                   overlapping=tuple(data["overlapping"]), reason=str(data["reason"]))
+        return cls(
+            mode=Mode(data["mode"]),
+            before=tuple(data["before"]),
+            displaced=tuple(data["displaced"]),
+            overlapping=tuple(data["overlapping"]),
+            reason=str(data["reason"]),
+        )
 
 
 def _gpus(gpus: Iterable[int]) -> str:
@@ -75,8 +80,11 @@ def plan_switch(spec: UnitSpec, serving: Sequence[Serving], beside: BesideFit | 
     holders = [s for s in serving if s.spec.served_name == spec.served_name]
     displaced = {s.revision for s in overlapping} | {s.revision for s in holders}
     before = tuple(s.revision for s in serving)
-    evicted = "".join(f"; stops {s.spec.model} (GPU {_gpus(wanted & set(s.spec.gpus))} overlap)"
-                      for s in overlapping if s not in holders)
+    evicted = "".join(
+        f"; stops {s.spec.model} (GPU {_gpus(wanted & set(s.spec.gpus))} overlap)"
+        for s in overlapping
+        if s not in holders
+    )
     if not holders:
         mode, reason = Mode.ADD, f"nothing serves {spec.served_name!r} yet: start it on GPU {_gpus(wanted)}"
     elif any(h in overlapping for h in holders):
@@ -86,23 +94,37 @@ def plan_switch(spec: UnitSpec, serving: Sequence[Serving], beside: BesideFit | 
         if beside is not None and beside.fits and not same_unit and not spec.nodes:
             leaving = ", ".join(s.spec.model for s in overlapping)
             return SwitchPlan(
-                mode=Mode.BESIDE, before=tuple(s.revision for s in serving), displaced=tuple(sorted(displaced)),
-                overlapping=(), reason=(
+                mode=Mode.BESIDE,
+                before=tuple(s.revision for s in serving),
+                displaced=tuple(sorted(displaced)),
+                overlapping=(),
+                reason=(
                     f"no gap: {spec.model} starts beside {leaving} on GPU {_gpus(wanted)} (both fit awake: "
-                    f"{beside.text()}); it is checked, the route moves, then {leaving} drain and sleep (or stop)"))
+                    f"{beside.text()}); it is checked, the route moves, then {leaving} drain and sleep (or stop)"
+                ),
+            )
         mode = Mode.STOP_START
-        reason = (f"{old.model} serves {spec.served_name!r} on GPU {_gpus(old.gpus)} and {spec.model} needs "
-                  f"GPU {_gpus(shared) or _gpus(wanted)} of them: stop-start, the route answers 503 with "
-                  f"Retry-After in the gap")
+        reason = (
+            f"{old.model} serves {spec.served_name!r} on GPU {_gpus(old.gpus)} and {spec.model} needs "
+            f"GPU {_gpus(shared) or _gpus(wanted)} of them: stop-start, the route answers 503 with "
+            f"Retry-After in the gap"
+        )
         if beside is not None and not same_unit and beside.rooms:
             reason += f" (not beside: {beside.text()})"
     else:
         old = holders[0].spec
         mode = Mode.HANDOVER
-        reason = (f"{spec.model} needs GPU {_gpus(wanted)}, disjoint from {old.model} on GPU {_gpus(old.gpus)}: "
-                  f"zero-downtime handover (start, check, move the route, drain, stop)")
-    return SwitchPlan(mode=mode, before=before, displaced=tuple(sorted(displaced)),
-                      overlapping=tuple(sorted(s.revision for s in overlapping)), reason=reason + evicted)
+        reason = (
+            f"{spec.model} needs GPU {_gpus(wanted)}, disjoint from {old.model} on GPU {_gpus(old.gpus)}: "
+            f"zero-downtime handover (start, check, move the route, drain, stop)"
+        )
+    return SwitchPlan(
+        mode=mode,
+        before=before,
+        displaced=tuple(sorted(displaced)),
+        overlapping=tuple(sorted(s.revision for s in overlapping)),
+        reason=reason + evicted,
+    )
 
 
 def check_together(catalog: Catalog, names: Sequence[str]) -> str:
@@ -110,21 +132,26 @@ def check_together(catalog: Catalog, names: Sequence[str]) -> str:
     names. Returns the host; raises UsageError naming both models and the GPUs otherwise."""
     hosts = sorted({catalog.model_host(n).name for n in names})
     if len(hosts) != 1:
-        raise UsageError(f"models {', '.join(names)} run on different hosts ({', '.join(hosts)}): "
-                         "switch them one host at a time")
+        raise UsageError(
+            f"models {', '.join(names)} run on different hosts ({', '.join(hosts)}): switch them one host at a time"
+        )
     if len(names) > 1 and not catalog.proxy.enabled:
         raise UsageError("serving several models on one host needs the front proxy: set [proxy] enabled = true")
     for i, a_name in enumerate(names):
         a = catalog.models[a_name]
-        for b_name in names[i + 1:]:
+        for b_name in names[i + 1 :]:
             b = catalog.models[b_name]
             shared = set(a.gpus) & set(b.gpus)
             if shared:
-                raise UsageError(f"{a_name} (GPU {_gpus(a.gpus)}) and {b_name} (GPU {_gpus(b.gpus)}) cannot "
-                                 f"serve together: both need GPU {_gpus(shared)}")
+                raise UsageError(
+                    f"{a_name} (GPU {_gpus(a.gpus)}) and {b_name} (GPU {_gpus(b.gpus)}) cannot "
+                    f"serve together: both need GPU {_gpus(shared)}"
+                )
             if a.served == b.served:
-                raise UsageError(f"{a_name} and {b_name} cannot serve together: both are served as "
-                                 f"{a.served!r} and the proxy routes one engine per name")
+                raise UsageError(
+                    f"{a_name} and {b_name} cannot serve together: both are served as "
+                    f"{a.served!r} and the proxy routes one engine per name"
+                )
     return hosts[0]
 
 
@@ -221,13 +248,22 @@ def demand_routes(catalog: Catalog, host: str) -> list[DemandRoute]:
         if not model.on_demand:
             continue
         if model.served in out:
-            other = next(n for n in catalog.models_on(host) if catalog.models[n].on_demand
-                         and catalog.models[n].served == model.served)
-            raise RenderError(f"models {other} and {name} are both on demand and served as {model.served!r} on "
-                              f"host {host}: a held request could not know which to start (set on_demand on one)",
-                              host=host)
-        out[model.served] = DemandRoute(model.served, engine_address(catalog, model, catalog.hosts[host]),
-                                        model.port, catalog.demand_deadline(name, cold=True))
+            other = next(
+                n
+                for n in catalog.models_on(host)
+                if catalog.models[n].on_demand and catalog.models[n].served == model.served
+            )
+            raise RenderError(
+                f"models {other} and {name} are both on demand and served as {model.served!r} on "
+                f"host {host}: a held request could not know which to start (set on_demand on one)",
+                host=host,
+            )
+        out[model.served] = DemandRoute(
+            model.served,
+            engine_address(catalog, model, catalog.hosts[host]),
+            model.port,
+            catalog.demand_deadline(name, cold=True),
+        )
     return [out[k] for k in sorted(out)]
 
 
@@ -235,8 +271,10 @@ def routes_for(serving: Iterable[UnitSpec], gaps: Iterable[str] = (), loading: I
     """One route per served name (a gap for names in ``gaps``; a loading gap for names in ``loading``
     that neither serve nor are gaps), sorted for a stable config."""
     gap = set(gaps)
-    out = {s.served_name: Route(s.served_name) if s.served_name in gap else
-           Route(s.served_name, s.address, s.port) for s in serving}
+    out = {
+        s.served_name: Route(s.served_name) if s.served_name in gap else Route(s.served_name, s.address, s.port)
+        for s in serving
+    }
     for name in gap - set(out):
         out[name] = Route(name)
     for name in set(loading) - set(out):
@@ -246,11 +284,13 @@ def routes_for(serving: Iterable[UnitSpec], gaps: Iterable[str] = (), loading: I
 
 def _plain(value: object, what: str) -> str:
     text = str(value)
-    bad = next((ch for ch in text if ord(ch) < 0x20 or ord(ch) == 0x7f or unicodedata.category(ch) in
-                ("Zl", "Zp", "Cf")), None)
+    bad = next(
+        (ch for ch in text if ord(ch) < 0x20 or ord(ch) == 0x7F or unicodedata.category(ch) in ("Zl", "Zp", "Cf")), None
+    )
     if bad is not None or not text:
-        raise RenderError(f"{what} {text!r} cannot be written into HAProxy's config "
-                          + (f"(it holds {bad!r})" if bad else "(empty)"))
+        raise RenderError(
+            f"{what} {text!r} cannot be written into HAProxy's config " + (f"(it holds {bad!r})" if bad else "(empty)")
+        )
     return text
 
 
@@ -259,7 +299,7 @@ def haproxy_word(value: object) -> str:
     start another argument, a comment or an environment variable (defence in depth: the catalog
     already allows only addresses, paths and routable names here)."""
     text = _plain(value, "value")
-    for ch in '\\"$#\'':
+    for ch in "\\\"$#'":
         text = text.replace(ch, "\\" + ch)
     return f'"{text}"'
 
@@ -293,17 +333,30 @@ class HostRouting:
 def host_routing(catalog: Catalog, host: str, bind: str, routes: Iterable[Route]) -> HostRouting:
     """``host``'s routing: ``routes``, and what the catalog says of its names (on demand, known, body)."""
     demand = tuple(demand_routes(catalog, host))
-    return HostRouting(proxy=catalog.proxy, bind=bind, routes=tuple(routes), demand=demand,
-                       demand_socket=catalog.demand_socket(),
-                       known=tuple(sorted({catalog.models[m].served for m in catalog.models_on(host)})),
-                       body=host_body_limit(catalog, host))
+    return HostRouting(
+        proxy=catalog.proxy,
+        bind=bind,
+        routes=tuple(routes),
+        demand=demand,
+        demand_socket=catalog.demand_socket(),
+        known=tuple(sorted({catalog.models[m].served for m in catalog.models_on(host)})),
+        body=host_body_limit(catalog, host),
+    )
 
 
 def render_routing(routing: HostRouting, template: str, lua: str) -> str:
     """The haproxy.cfg of ``routing``, with the hold (``lua``: demand_hold.lua) for its names on demand."""
-    return render_config(routing.proxy, routing.bind, routing.routes, template, demand=routing.demand,
-                         demand_socket=routing.demand_socket, lua=lua if routing.demand else "", known=routing.known,
-                         body=routing.body)
+    return render_config(
+        routing.proxy,
+        routing.bind,
+        routing.routes,
+        template,
+        demand=routing.demand,
+        demand_socket=routing.demand_socket,
+        lua=lua if routing.demand else "",
+        known=routing.known,
+        body=routing.body,
+    )
 
 
 def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route], template: str, lua: str) -> str:
@@ -311,9 +364,18 @@ def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route],
     return render_routing(host_routing(catalog, host, bind, routes), template, lua)
 
 
-def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: str, *,
-                  demand: Sequence[DemandRoute] = (), demand_socket: str = "", lua: str = "",
-                  known: Sequence[str] = (), body: BodyLimit = DEFAULT_BODY) -> str:
+def render_config(
+    proxy: Proxy,
+    bind: str,
+    routes: Sequence[Route],
+    template: str,
+    *,
+    demand: Sequence[DemandRoute] = (),
+    demand_socket: str = "",
+    lua: str = "",
+    known: Sequence[str] = (),
+    body: BodyLimit = DEFAULT_BODY,
+) -> str:
     """The haproxy.cfg routing ``routes``; names in ``demand`` are held while they have no usable
     server (``demand_socket``: the agent's; ``lua``: the hold's source, whose hash the config
     carries so a new one reloads the proxy). ``known``: the host's catalog names; one that neither
@@ -325,12 +387,21 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
     on_demand = {d.name: d for d in demand}
     by_name = {r.name: r for r in served}
     # One backend per name that routes: served ones, and names on demand wherever they are.
-    backends = [_Backend(f"m{i}", name, by_name.get(name), on_demand.get(name))
-                for i, name in enumerate([*by_name, *sorted(set(on_demand) - set(by_name))], 1)]
-    models = {"object": "list", "data": [{"id": b.name, "object": "model", "owned_by": "orchestrator"}
-                                         for b in backends]}
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    backends = [
+        _Backend(f"m{i}", name, by_name.get(name), on_demand.get(name))
+        for i, name in enumerate([*by_name, *sorted(set(on_demand) - set(by_name))], 1)
+    ]
+    models = {
+        "object": "list",
+        "data": [{"id": b.name, "object": "model", "owned_by": "orchestrator"} for b in backends],
+    }
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
     env.filters.update(q=haproxy_word, comment=haproxy_comment)
     env.globals.update(addr=haproxy_addr)
     # A request held for a model on demand lives in the worker that took it, through reloads: an old
@@ -339,17 +410,29 @@ def render_config(proxy: Proxy, bind: str, routes: Sequence[Route], template: st
     # Single-quoted in the config, where HAProxy interprets nothing: a quote in a name is \u0027 JSON.
     models_json = json.dumps(models, separators=(",", ":")).replace("'", "\\u0027")
     return env.from_string(template).render(
-        routes=routes, backends=backends, engine_control=ENGINE_CONTROL_PATHS, bind=bind,
+        routes=routes,
+        backends=backends,
+        engine_control=ENGINE_CONTROL_PATHS,
+        bind=bind,
         gaps=[r for r in routes if r.address is None and r.name not in on_demand and not r.loading],
         loading=[r for r in routes if r.loading and r.name not in on_demand],
         idle=sorted(set(known) - {r.name for r in routes} - set(on_demand)),
-        demand_socket=demand_socket, lua_path=lua_path(proxy), lua_sha=sha(lua) if demand else "",
-        port=proxy.port, stats_socket=proxy.stats_socket, drain_timeout_s=f"{proxy.drain_timeout_s:g}",
+        demand_socket=demand_socket,
+        lua_path=lua_path(proxy),
+        lua_sha=sha(lua) if demand else "",
+        port=proxy.port,
+        stats_socket=proxy.stats_socket,
+        drain_timeout_s=f"{proxy.drain_timeout_s:g}",
         # HAProxy takes whole time units only: "0.5s" and "1e-05s" are refused, milliseconds are not.
         hard_stop_after=f"{max(1, round(stop_after_s * 1000))}ms",
-        retry_after_s=proxy.retry_after_s, models_json=_plain(models_json, "model list"),
-        user=proxy.user or "", group=proxy.run_group or "", body=body, mark=MARK,
-        self_address=_self_address(bind))
+        retry_after_s=proxy.retry_after_s,
+        models_json=_plain(models_json, "model list"),
+        user=proxy.user or "",
+        group=proxy.run_group or "",
+        body=body,
+        mark=MARK,
+        self_address=_self_address(bind),
+    )
 
 
 def _self_address(bind: str) -> str:
@@ -388,8 +471,12 @@ class _Backend:
 def render_unit(proxy: Proxy, bind: str, template: str) -> str:
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     return env.from_string(template).render(
-        bind=bind, port=proxy.port, config_path=proxy.config_path, haproxy=proxy.haproxy,
-        master_socket=master_socket(proxy))
+        bind=bind,
+        port=proxy.port,
+        config_path=proxy.config_path,
+        haproxy=proxy.haproxy,
+        master_socket=master_socket(proxy),
+    )
 
 
 def master_socket(proxy: Proxy) -> str:

@@ -39,8 +39,12 @@ def in_flight(counts: Mapping[tuple[str, int], Sessions], engines: Iterable[tupl
     return sum(counts[e].current for e in engines if e in counts)
 
 
-def verdict(counts: Mapping[tuple[str, int], Sessions] | None, engines: Iterable[tuple[str, int]],
-            waited_s: float, bound_s: float) -> Quiet:
+def verdict(
+    counts: Mapping[tuple[str, int], Sessions] | None,
+    engines: Iterable[tuple[str, int]],
+    waited_s: float,
+    bound_s: float,
+) -> Quiet:
     """The route moves when nothing is in flight to ``engines``, when the proxy could not count
     (``counts`` None: waiting would only delay the switch blind), or once ``waited_s`` reached
     ``bound_s``; otherwise the switch reads again after QUIET_POLL_S."""

@@ -100,8 +100,11 @@ class UnitSpec:
     def from_dict(cls, data: dict[str, Any]) -> UnitSpec:
         """The spec recorded in ``data``; keys a newer version added are ignored."""
         known = {f.name for f in fields(cls)} - {"gpus", "nodes"}
-        return cls(**{k: v for k, v in data.items() if k in known}, gpus=tuple(data["gpus"]),
-                   nodes=tuple(NodeUnit.from_dict(n) for n in data.get("nodes") or ()))
+        return cls(
+            **{k: v for k, v in data.items() if k in known},
+            gpus=tuple(data["gpus"]),
+            nodes=tuple(NodeUnit.from_dict(n) for n in data.get("nodes") or ()),
+        )
 
 
 @dataclass(frozen=True)
@@ -162,16 +165,24 @@ class Deployment:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "host": self.host, "revision": self.revision, "model": self.model,
-            "unit": self.spec.unit_name, "unit_sha256": self.spec.unit_sha, "weights_revision": self.spec.revision,
+            "id": self.id,
+            "host": self.host,
+            "revision": self.revision,
+            "model": self.model,
+            "unit": self.spec.unit_name,
+            "unit_sha256": self.spec.unit_sha,
+            "weights_revision": self.spec.revision,
             "trigger": self.trigger,
-            "outcome": self.phase.value, "created_at": self.created_at, "ended_at": self.ended_at,
-            "previous_revision": self.previous_revision, "restores": self.restores, "error": self.error,
+            "outcome": self.phase.value,
+            "created_at": self.created_at,
+            "ended_at": self.ended_at,
+            "previous_revision": self.previous_revision,
+            "restores": self.restores,
+            "error": self.error,
             "rollback_error": self.rollback_error,
             "phases": [{"phase": t.phase, "seconds": t.seconds} for t in self.timings],
             "bench": self.bench,
-            "nodes": [{"host": n.host, "role": n.role, "rank": n.rank, "unit": n.unit_name}
-                      for n in self.spec.nodes],
+            "nodes": [{"host": n.host, "role": n.role, "rank": n.rank, "unit": n.unit_name} for n in self.spec.nodes],
         }
 
 
@@ -208,7 +219,14 @@ class SwitchResult:
         except ValueError:  # "stopped" (a rollback of what a switch added), or a newer version's word
             outcome = None
         revision, dep = data.get("revision"), data.get("id")
-        return cls(host=str(data.get("host") or ""), model=str(data.get("model") or ""),
-                   revision=int(revision) if revision is not None else None, outcome=outcome,
-                   noop=bool(data.get("noop")), error=data.get("error"), rollback_error=data.get("rollback_error"),
-                   deployment_id=int(dep) if dep is not None else None, wire=dict(data))
+        return cls(
+            host=str(data.get("host") or ""),
+            model=str(data.get("model") or ""),
+            revision=int(revision) if revision is not None else None,
+            outcome=outcome,
+            noop=bool(data.get("noop")),
+            error=data.get("error"),
+            rollback_error=data.get("rollback_error"),
+            deployment_id=int(dep) if dep is not None else None,
+            wire=dict(data),
+        )

@@ -84,13 +84,24 @@ def engine_address(catalog: Catalog, model: Model, host: Host) -> str:
 def launch_of(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> Launch:
     """What the engine needs to start ``model`` on ``host`` (default: its own), from the catalog."""
     host = host or catalog.model_host(model.name)
-    return Launch(command=tuple(catalog.engine_command(host)), model_dir=model_dir, served=model.served,
-                  bind=engine_bind(catalog, model, host), port=model.port, tensor_parallel=model.tensor_parallel,
-                  pipeline_parallel=model.pipeline_parallel, data_parallel=model.data_parallel,
-                  expert_parallel=model.expert_parallel, sleep=model.sleep is not None,
-                  max_model_len=model.max_model_len, max_num_seqs=model.max_num_seqs,
-                  gpu_memory_utilization=model.gpu_memory_utilization or catalog.defaults.gpu_memory_utilization,
-                  gpus=model.gpus, load_deadline_s=load_deadline(catalog, model), args=tuple(model.args))
+    return Launch(
+        command=tuple(catalog.engine_command(host)),
+        model_dir=model_dir,
+        served=model.served,
+        bind=engine_bind(catalog, model, host),
+        port=model.port,
+        tensor_parallel=model.tensor_parallel,
+        pipeline_parallel=model.pipeline_parallel,
+        data_parallel=model.data_parallel,
+        expert_parallel=model.expert_parallel,
+        sleep=model.sleep is not None,
+        max_model_len=model.max_model_len,
+        max_num_seqs=model.max_num_seqs,
+        gpu_memory_utilization=model.gpu_memory_utilization or catalog.defaults.gpu_memory_utilization,
+        gpus=model.gpus,
+        load_deadline_s=load_deadline(catalog, model),
+        args=tuple(model.args),
+    )
 
 
 def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> list[str]:
@@ -112,10 +123,18 @@ def load_deadline(catalog: Catalog, model: Model) -> float:
     return model.load_deadline_s or catalog.defaults.load_deadline_s
 
 
-def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None,
-                host: Host | None = None, extra_args: tuple[str, ...] = (),
-                extra_env: dict[str, str] | None = None, unit_name: str | None = None,
-                role: str = "") -> RenderedUnit:
+def render_unit(
+    catalog: Catalog,
+    model: Model,
+    template: str,
+    *,
+    model_dir: str | None = None,
+    host: Host | None = None,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+    unit_name: str | None = None,
+    role: str = "",
+) -> RenderedUnit:
     """Render ``template`` (the text of the engine's template) for ``model``; a node of a multi-node model
     passes its host, its rank's arguments and environment, and its unit name."""
     d = catalog.defaults
@@ -129,16 +148,25 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
     on = f" ({role} on {host.name})" if host is not None and role else ""
     argv = ENGINE.argv(launch)
     # The model's own args stay last, after the node's (--headless, --node-rank ...).
-    argv = argv[:len(argv) - len(model.args)] + list(extra_args) + list(model.args)
-    jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
-                              trim_blocks=True, lstrip_blocks=True)
+    argv = argv[: len(argv) - len(model.args)] + list(extra_args) + list(model.args)
+    jenv = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     try:
         tmpl = jenv.from_string(template)
         text = tmpl.render(
             name=model.name,
-            description=_plain(f"{ENGINE.title} {model.name}: {model.repo}@{model.revision} on GPUs "
-                               f"{','.join(map(str, model.gpus))}{on}", "description"),
-            user=d.user, group=d.group,
+            description=_plain(
+                f"{ENGINE.title} {model.name}: {model.repo}@{model.revision} on GPUs "
+                f"{','.join(map(str, model.gpus))}{on}",
+                "description",
+            ),
+            user=d.user,
+            group=d.group,
             environment=[env_quote(k, v) for k, v in env.items()],
             environment_file=_path(f"{d.env_dir.rstrip('/')}/{model.name}.env", "environment file"),
             exec_start=" ".join(exec_quote(a) for a in argv),
@@ -153,11 +181,17 @@ def render_unit(catalog: Catalog, model: Model, template: str, *, model_dir: str
     return RenderedUnit(name=unit_name or model.unit_name, text=text)
 
 
-def render_agent_unit(catalog: Catalog, template: str, *, python: str, config: str,
-                      extra_env: dict[str, str] | None = None) -> RenderedUnit:
+def render_agent_unit(
+    catalog: Catalog, template: str, *, python: str, config: str, extra_env: dict[str, str] | None = None
+) -> RenderedUnit:
     """The agent's own unit (Type=notify, watchdog), running ``python -m orchestrator agent``."""
-    jenv = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
-                              trim_blocks=True, lstrip_blocks=True)
+    jenv = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     # Each word is quoted for ExecStart=: a venv of a checkout in "/srv/my tools/é x" runs as it is.
     if not python.startswith("/") or not config.startswith("/"):
         raise RenderError(f"the agent's python {python!r} and config {config!r} must be absolute paths")
@@ -166,7 +200,8 @@ def render_agent_unit(catalog: Catalog, template: str, *, python: str, config: s
         text = jenv.from_string(template).render(
             hosts=_plain(", ".join(sorted(catalog.hosts)), "hosts"),
             exec_start=" ".join(exec_quote(a) for a in argv),
-            environment=[env_quote(k, v) for k, v in (extra_env or {}).items()])
+            environment=[env_quote(k, v) for k, v in (extra_env or {}).items()],
+        )
     except jinja2.TemplateError as exc:
         raise RenderError(f"template orchestrator-agent.service.j2: {exc}") from exc
     return RenderedUnit(name="orchestrator-agent.service", text=text)

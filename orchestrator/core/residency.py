@@ -99,19 +99,28 @@ class Decision:
         return next((r.text for r in self.reasons if r.model == model), default)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "wake": self.wake, "sleep": list(self.sleep), "stop": list(self.stop),
-                "evict": list(self.evict), "fits": self.fits, "ram_gib": round(self.ram_gib, 2),
-                "ram_budget_gib": None if self.ram_budget_gib is None else round(self.ram_budget_gib, 2),
-                "gpu_gib": {str(g): round(v, 2) for g, v in sorted(self.gpu_gib.items())},
-                "need_gib": round(self.need_gib, 2), "reasons": [r.text for r in self.reasons]}
+        return {
+            "target": self.target,
+            "wake": self.wake,
+            "sleep": list(self.sleep),
+            "stop": list(self.stop),
+            "evict": list(self.evict),
+            "fits": self.fits,
+            "ram_gib": round(self.ram_gib, 2),
+            "ram_budget_gib": None if self.ram_budget_gib is None else round(self.ram_budget_gib, 2),
+            "gpu_gib": {str(g): round(v, 2) for g, v in sorted(self.gpu_gib.items())},
+            "need_gib": round(self.need_gib, 2),
+            "reasons": [r.text for r in self.reasons],
+        }
 
 
 def _age(r: Resident) -> float:
     return float("-inf") if r.last_served is None else r.last_served
 
 
-def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
-           displaced: Iterable[str] | None = None) -> Decision:
+def decide(
+    target: str, residents: Sequence[Resident], budgets: Budgets, displaced: Iterable[str] | None = None
+) -> Decision:
     """What switching the host to ``target`` sleeps, stops and evicts, and whether it then fits.
 
     ``residents``: every model of the host (the target included) with its state. ``displaced``: the
@@ -124,15 +133,31 @@ def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
     mem = budgets.gpu_memory_gib
     need = t.gpu_memory_utilization * mem
     if displaced is None:
-        out = [r for r in residents if r.name != target and r.state is State.SERVING
-               and (set(r.gpus) & set(t.gpus) or (t.served_name and r.served_name == t.served_name))]
+        out = [
+            r
+            for r in residents
+            if r.name != target
+            and r.state is State.SERVING
+            and (set(r.gpus) & set(t.gpus) or (t.served_name and r.served_name == t.served_name))
+        ]
     else:
         wanted = set(displaced)
         out = [r for r in residents if r.name in wanted and r.name != target and r.state is State.SERVING]
     reasons: list[Reason] = []
     if t.state is State.SERVING:
-        return Decision(target, False, (), (), (), True, sum(r.ram_gib for r in residents if r.state is State.ASLEEP),
-                        budgets.ram_gib, {}, need, (Reason(target, Why.SERVING, f"{target} is already serving"),))
+        return Decision(
+            target,
+            False,
+            (),
+            (),
+            (),
+            True,
+            sum(r.ram_gib for r in residents if r.state is State.ASLEEP),
+            budgets.ram_gib,
+            {},
+            need,
+            (Reason(target, Why.SERVING, f"{target} is already serving"),),
+        )
     stop = [r.name for r in out if r.sleep is None]
     for name in stop:
         reasons.append(Reason(name, Why.NO_SLEEP_MODE, f"{name} stops: it has no sleep mode (set models.{name}.sleep)"))
@@ -145,10 +170,19 @@ def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
         if r.ram_gib > 0 and (budget is None or r.ram_gib > budget + _EPS):
             new.remove(r)
             stop.append(r.name)
-            reasons.append(Reason(r.name, Why.STOPS, f"{r.name} stops instead of sleeping: its {r.ram_gib:.1f} GiB "
-                                  "of weights exceed the " + ("host's RAM budget for sleepers (unknown: set "
-                                                               "memory_gib or sleep_ram_gib)" if budget is None
-                                                               else f"{budget:.1f} GiB RAM budget for sleepers")))
+            reasons.append(
+                Reason(
+                    r.name,
+                    Why.STOPS,
+                    f"{r.name} stops instead of sleeping: its {r.ram_gib:.1f} GiB "
+                    "of weights exceed the "
+                    + (
+                        "host's RAM budget for sleepers (unknown: set memory_gib or sleep_ram_gib)"
+                        if budget is None
+                        else f"{budget:.1f} GiB RAM budget for sleepers"
+                    ),
+                )
+            )
 
     def ram() -> float:
         return sum(r.ram_gib for r in old + new)
@@ -172,29 +206,51 @@ def decide(target: str, residents: Sequence[Resident], budgets: Budgets,
     staying = [r for r in residents if r.state is State.SERVING and r not in out and r.name != target]
 
     def held(g: int) -> float:
-        return (sum(r.gpu_memory_utilization * mem for r in staying if g in r.gpus)
-                + sum(budgets.residue_gib for r in old + new if g in r.gpus))
+        return sum(r.gpu_memory_utilization * mem for r in staying if g in r.gpus) + sum(
+            budgets.residue_gib for r in old + new if g in r.gpus
+        )
 
     for g in t.gpus:
         while held(g) + need > mem + _EPS:
             victims = [r for r in old + new if g in r.gpus]
             if not victims:
                 break
-            drop(victims[0], f"GPU {g} would hold {held(g):.1f} GiB beside {target}'s {need:.1f} GiB of "
-                             f"{mem:g} GiB")
+            drop(victims[0], f"GPU {g} would hold {held(g):.1f} GiB beside {target}'s {need:.1f} GiB of {mem:g} GiB")
     gpu = {g: held(g) for g in t.gpus}
     fits = all(gpu[g] + need <= mem + _EPS for g in t.gpus)
     if not fits:
         g = next(g for g in t.gpus if gpu[g] + need > mem + _EPS)
         holders = ", ".join(r.name for r in staying if g in r.gpus) or "nothing the switch may stop"
-        reasons.append(Reason(target, Why.NO_FIT, f"{target} does not fit: GPU {g} keeps {gpu[g]:.1f} GiB "
-                              f"({holders}) and it needs {need:.1f} of {mem:g} GiB"))
+        reasons.append(
+            Reason(
+                target,
+                Why.NO_FIT,
+                f"{target} does not fit: GPU {g} keeps {gpu[g]:.1f} GiB "
+                f"({holders}) and it needs {need:.1f} of {mem:g} GiB",
+            )
+        )
     for r in new:
-        reasons.append(Reason(r.name, Why.SLEEPS, f"{r.name} sleeps ({r.sleep}" + (
-            f", {r.ram_gib:.1f} GiB in host RAM)" if r.ram_gib else ", weights dropped)")))
-    return Decision(target=target, wake=t.state is State.ASLEEP, sleep=tuple(r.name for r in new),
-                    stop=tuple(stop), evict=tuple(evict), fits=fits, ram_gib=ram(), ram_budget_gib=budget,
-                    gpu_gib=gpu, need_gib=need, reasons=tuple(reasons))
+        reasons.append(
+            Reason(
+                r.name,
+                Why.SLEEPS,
+                f"{r.name} sleeps ({r.sleep}"
+                + (f", {r.ram_gib:.1f} GiB in host RAM)" if r.ram_gib else ", weights dropped)"),
+            )
+        )
+    return Decision(
+        target=target,
+        wake=t.state is State.ASLEEP,
+        sleep=tuple(r.name for r in new),
+        stop=tuple(stop),
+        evict=tuple(evict),
+        fits=fits,
+        ram_gib=ram(),
+        ram_budget_gib=budget,
+        gpu_gib=gpu,
+        need_gib=need,
+        reasons=tuple(reasons),
+    )
 
 
 def _served(r: Resident) -> str:
@@ -207,10 +263,14 @@ def _served(r: Resident) -> str:
 
 # Catalog-derived settings, shared by validation, rendering, `plan` and the switch.
 
+
 def budgets_for(host: Host, probed_memory_gib: float | None = None) -> Budgets:
     """The host's budgets; ``probed_memory_gib``: the box's MemTotal, for a host without memory_gib."""
-    return Budgets(gpu_memory_gib=host.gpu_memory_gib, residue_gib=host.sleep_residue_gib,
-                   ram_gib=host.sleep_ram_budget(probed_memory_gib))
+    return Budgets(
+        gpu_memory_gib=host.gpu_memory_gib,
+        residue_gib=host.sleep_residue_gib,
+        ram_gib=host.sleep_ram_budget(probed_memory_gib),
+    )
 
 
 def wake_deadline(catalog: Catalog, model: Model) -> float:

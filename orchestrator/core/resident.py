@@ -39,8 +39,15 @@ class Residency:
         return self.weights_gib if self.state == ASLEEP and self.level == "level1" else 0.0
 
     def to_dict(self) -> dict[str, object]:
-        return {"model": self.model, "state": self.state, "level": self.level, "since": self.since,
-                "last_served": self.last_served, "unit": self.unit, "ram_gib": round(self.ram_gib, 3)}
+        return {
+            "model": self.model,
+            "state": self.state,
+            "level": self.level,
+            "since": self.since,
+            "last_served": self.last_served,
+            "unit": self.unit,
+            "ram_gib": round(self.ram_gib, 3),
+        }
 
 
 # The residency gauge's states (orchestrator_model_residency): serving reads "awake" there, as on the
@@ -48,8 +55,9 @@ class Residency:
 AWAKE = "awake"
 
 
-def residency_series(models: Mapping[str, str | None], serving: Collection[str],
-                     records: Mapping[str, Residency]) -> list[tuple[str, str, str, int]]:
+def residency_series(
+    models: Mapping[str, str | None], serving: Collection[str], records: Mapping[str, Residency]
+) -> list[tuple[str, str, str, int]]:
     """(model, state, level, 1 or 0) for each state each of ``models`` (name -> its sleep level, None:
     it never sleeps) can be in, 1 for the current one: awake when in the ``serving`` set (a box
     without warm switches keeps no records of it), else asleep by its record, else stopped; a
@@ -60,6 +68,8 @@ def residency_series(models: Mapping[str, str | None], serving: Collection[str],
         state = SERVING if name in serving else ASLEEP if rec is not None and rec.state == ASLEEP else STOPPED
         level = (rec.level if rec is not None and state == ASLEEP and rec.level else models[name]) or ""
         possible = [(AWAKE, SERVING), *([("asleep", ASLEEP)] if level or state == ASLEEP else []), ("stopped", STOPPED)]
-        out += [(name, label, level.removeprefix("level") if kind == ASLEEP else "", int(kind == state))
-                for label, kind in possible]
+        out += [
+            (name, label, level.removeprefix("level") if kind == ASLEEP else "", int(kind == state))
+            for label, kind in possible
+        ]
     return out

@@ -44,9 +44,13 @@ class RolloutStatus(StrEnum):
 ENDED = frozenset({HostState.SWITCHED, HostState.FAILED, HostState.REVERTED})
 NOT_STARTED = frozenset({HostState.PENDING, HostState.STAGED})
 # A box agent's deployment outcomes (core/states.py's ENDED) and a no-op switch.
-_OUTCOME_STATE: dict[str, HostState] = {Phase.ACTIVE: HostState.SWITCHED, "noop": HostState.SWITCHED,
-                                        Phase.ROLLED_BACK: HostState.FAILED, Phase.ABORTED: HostState.FAILED,
-                                        Phase.FAILED: HostState.FAILED}
+_OUTCOME_STATE: dict[str, HostState] = {
+    Phase.ACTIVE: HostState.SWITCHED,
+    "noop": HostState.SWITCHED,
+    Phase.ROLLED_BACK: HostState.FAILED,
+    Phase.ABORTED: HostState.FAILED,
+    Phase.FAILED: HostState.FAILED,
+}
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,13 @@ def plan(hosts: Sequence[str], canary: int, batch: int) -> list[tuple[str, ...]]
     if canary < 0 or batch < 1:
         raise UsageError(f"canary must be >= 0 and batch >= 1 (got canary {canary}, batch {batch})")
     if canary >= len(hosts) and len(hosts) > 1:
-        raise UsageError(f"canary {canary} covers all {len(hosts)} hosts of the group: nothing would be left "
-                         "to promote (use a smaller --canary)")
+        raise UsageError(
+            f"canary {canary} covers all {len(hosts)} hosts of the group: nothing would be left "
+            "to promote (use a smaller --canary)"
+        )
     first = [tuple(hosts[:canary])] if canary else []
     rest = list(hosts[canary:])
-    return first + [tuple(rest[i:i + batch]) for i in range(0, len(rest), batch)]
+    return first + [tuple(rest[i : i + batch]) for i in range(0, len(rest), batch)]
 
 
 def state_of_outcome(outcome: str) -> HostState:
@@ -109,15 +115,23 @@ def decide(records: Sequence[HostRecord], policy: Policy, *, has_canary: bool, a
     revert = tuple(r.host for r in records if r.state is HostState.SWITCHED) if policy.rollback_all else ()
     if aborted:  # the status says "aborted" already: the reason says what was left undone
         untouched = [r.host for r in records if r.state in NOT_STARTED]
-        return Decision("stop", revert=revert, reason="abort requested" + (
-            f"; not switched: {', '.join(untouched)}" if untouched else "; every host had been switched"))
+        return Decision(
+            "stop",
+            revert=revert,
+            reason="abort requested"
+            + (f"; not switched: {', '.join(untouched)}" if untouched else "; every host had been switched"),
+        )
     if canary_failed:
-        return Decision("stop", revert=revert,
-                        reason=f"canary {', '.join(r.host for r in failed if r.batch == 0)} failed")
+        return Decision(
+            "stop", revert=revert, reason=f"canary {', '.join(r.host for r in failed if r.batch == 0)} failed"
+        )
     if len(failed) > policy.max_failures:
-        return Decision("stop", revert=revert,
-                        reason=f"{len(failed)} host(s) failed ({', '.join(r.host for r in failed)}), more than "
-                               f"max_failures {policy.max_failures}")
+        return Decision(
+            "stop",
+            revert=revert,
+            reason=f"{len(failed)} host(s) failed ({', '.join(r.host for r in failed)}), more than "
+            f"max_failures {policy.max_failures}",
+        )
     waiting = [r for r in records if r.state in NOT_STARTED]
     if not waiting:
         return Decision("done")
@@ -158,9 +172,15 @@ def resume_action(record: HostRecord, observed: Observed) -> ResumeAction:
     return "switch"
 
 
-def gate_failure(*, model: str, serving: str | None, healthy: bool | None,
-                 tok_s: float | None = None, previous_tok_s: float | None = None,
-                 min_ratio: float | None = None) -> str | None:
+def gate_failure(
+    *,
+    model: str,
+    serving: str | None,
+    healthy: bool | None,
+    tok_s: float | None = None,
+    previous_tok_s: float | None = None,
+    min_ratio: float | None = None,
+) -> str | None:
     """Why a switched host fails the gate between batches (None: it passes).
 
     health: the host serves ``model`` and its health check passes now; bench: the post-switch
@@ -173,8 +193,7 @@ def gate_failure(*, model: str, serving: str | None, healthy: bool | None,
         if tok_s is None:
             return f"no post-switch benchmark of {model} to compare with {previous_tok_s:.1f} tok/s"
         if tok_s < min_ratio * previous_tok_s:
-            return (f"{tok_s:.1f} tok/s is below {min_ratio:g} x {previous_tok_s:.1f} tok/s of the previous "
-                    "revision")
+            return f"{tok_s:.1f} tok/s is below {min_ratio:g} x {previous_tok_s:.1f} tok/s of the previous revision"
     return None
 
 
@@ -199,8 +218,19 @@ class Rollout:
     started_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "model": self.model, "group": self.group, "status": self.status.value,
-                "canary": self.canary, "batch": self.policy.batch, "max_failures": self.policy.max_failures,
-                "rollback_all": self.policy.rollback_all, "gate": self.gate, "started_at": self.started_at,
-                "ended_at": self.ended_at, "reason": self.reason,
-                "started_by": self.started_by, "abort_requested": self.abort_requested}
+        return {
+            "id": self.id,
+            "model": self.model,
+            "group": self.group,
+            "status": self.status.value,
+            "canary": self.canary,
+            "batch": self.policy.batch,
+            "max_failures": self.policy.max_failures,
+            "rollback_all": self.policy.rollback_all,
+            "gate": self.gate,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "reason": self.reason,
+            "started_by": self.started_by,
+            "abort_requested": self.abort_requested,
+        }

@@ -31,9 +31,11 @@ def check_safe_text(value: str, what: str) -> None:
         category = unicodedata.category(ch)
         if category in _FORBIDDEN_CATEGORIES:
             kind = "control" if category in ("Cc", "Cs") else "invisible format" if category == "Cf" else "line break"
-            raise RenderError(f"{what} {shown(value)} contains the {kind} character {ch!r} "
-                              f"(U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')}); it cannot be written "
-                              f"into a unit file")
+            raise RenderError(
+                f"{what} {shown(value)} contains the {kind} character {ch!r} "
+                f"(U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')}); it cannot be written "
+                f"into a unit file"
+            )
     for quote in ('"', "'"):
         if value.count(quote) % 2:
             raise RenderError(f"{what} {shown(value)} has an unbalanced {quote} quote")

@@ -18,6 +18,7 @@ from orchestrator.errors import ConfigError
 if TYPE_CHECKING:
     from orchestrator.core.catalog_policies import Schedule
 
+
 def window_contains(window: str, zone: str, at: datetime) -> bool:
     """True when ``at`` (an aware datetime) falls inside ``window`` in ``zone``; windows may wrap midnight.
 
@@ -33,8 +34,11 @@ def validate(s: Schedule) -> None:
 
     The catalog already refuses such a schedule at load time; this guards one built in code.
     """
-    for key, check in (("timezone", lambda: parse_zone(s.timezone)), ("cron", lambda: check_cron(s.cron)),
-                       ("window", lambda: s.window is None or parse_window(s.window))):
+    for key, check in (
+        ("timezone", lambda: parse_zone(s.timezone)),
+        ("cron", lambda: check_cron(s.cron)),
+        ("window", lambda: s.window is None or parse_window(s.window)),
+    ):
         try:
             check()
         except ValueError as exc:
@@ -89,8 +93,11 @@ def first_runs(schedules: Mapping[str, Schedule], now: float) -> dict[str, float
         at = next_run(s, now)
         if at is None:
             when = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M UTC")
-            raise ConfigError(f"cron expression {s.cron!r} has no fire time after {when} (every time it "
-                              "names is in the past); remove the schedule or fix it", key=f"schedules.{name}.cron")
+            raise ConfigError(
+                f"cron expression {s.cron!r} has no fire time after {when} (every time it "
+                "names is in the past); remove the schedule or fix it",
+                key=f"schedules.{name}.cron",
+            )
         runs[name] = at
     return runs
 

@@ -34,15 +34,22 @@ def holdings(snap: GpuSnapshot, gpus: Collection[int], pids: Collection[int]) ->
     return tuple(out)
 
 
-def sleep_excess(snap: GpuSnapshot, gpus: Collection[int], pids: Collection[int],
-                 residue_mib: int) -> tuple[Holding, ...]:
+def sleep_excess(
+    snap: GpuSnapshot, gpus: Collection[int], pids: Collection[int], residue_mib: int
+) -> tuple[Holding, ...]:
     """The GPUs on which a sleeping engine keeps more than a sleeper's residue (empty: it slept)."""
     return tuple(h for h in holdings(snap, gpus, pids) if h.mib > residue_mib)
 
 
-def wake_blockers(snap: GpuSnapshot, gpus: Collection[int], *, own_pids: Collection[int], need_mib: int,
-                  sleepers: Mapping[int, str] | None = None,
-                  leaving: Mapping[int, tuple[str, int]] | None = None) -> list[str]:
+def wake_blockers(
+    snap: GpuSnapshot,
+    gpus: Collection[int],
+    *,
+    own_pids: Collection[int],
+    need_mib: int,
+    sleepers: Mapping[int, str] | None = None,
+    leaving: Mapping[int, tuple[str, int]] | None = None,
+) -> list[str]:
     """Why waking an engine on ``gpus`` would fail (empty: it fits), counted in memory: each GPU's
     free MiB against what the woken engine takes there (``need_mib``, its share with the margin) beyond
     what it holds already. Who else holds memory does not matter, only how much: a process beside it
@@ -70,16 +77,29 @@ def wake_blockers(snap: GpuSnapshot, gpus: Collection[int], *, own_pids: Collect
         free = info.memory_free_mib + freed
         if free >= wanted:
             continue
-        once = ", ".join(sorted({f"{going[p.pid][0]} {'sleeps' if going[p.pid][1] else 'stops'}"
-                                 for p in here if p.pid in going})) if freed else ""
-        held = tuple((p.pid, _label(p.pid, p.process_name, asleep, going), p.used_memory_mib)
-                     for p in sorted(here, key=lambda p: (-p.used_memory_mib, p.pid)) if p.pid not in own_pids)
+        once = (
+            ", ".join(
+                sorted(
+                    {f"{going[p.pid][0]} {'sleeps' if going[p.pid][1] else 'stops'}" for p in here if p.pid in going}
+                )
+            )
+            if freed
+            else ""
+        )
+        held = tuple(
+            (p.pid, _label(p.pid, p.process_name, asleep, going), p.used_memory_mib)
+            for p in sorted(here, key=lambda p: (-p.used_memory_mib, p.pid))
+            if p.pid not in own_pids
+        )
         short.setdefault((free, once, wanted, held), []).append(gpu)
     for (free, once, wanted, held), alike in short.items():
         where = ",".join(map(str, alike))
         each = " each" if len(alike) > 1 else ""
-        text = (f"GPU {where} {'have' if each else 'has'} {free} MiB free{each}"
-                + (f" once {once} sleeps" if once else "") + f", the wake needs {wanted} MiB more")
+        text = (
+            f"GPU {where} {'have' if each else 'has'} {free} MiB free{each}"
+            + (f" once {once} sleeps" if once else "")
+            + f", the wake needs {wanted} MiB more"
+        )
         holders = [f"PID {pid} ({label}) holds {mib} MiB on GPU {where}{each}" for pid, label, mib in held]
         reasons.append(text + (": " + ", ".join(holders) if holders else ""))
     return reasons

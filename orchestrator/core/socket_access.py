@@ -59,10 +59,14 @@ def missing_access(chain: Sequence[Entry], who: Account) -> str | None:
     for d in dirs:
         bits, cls = _bits(d, who)
         if not bits & 1:
-            return (f"search (x) on directory {d.path} ({stat.filemode(d.mode)} {d.owner}:{d.group}; "
-                    f"{who.name} is among its {cls})")
+            return (
+                f"search (x) on directory {d.path} ({stat.filemode(d.mode)} {d.owner}:{d.group}; "
+                f"{who.name} is among its {cls})"
+            )
     bits, cls = _bits(sock, who)
     if not bits & 2:
-        return (f"write (w) on socket {sock.path} ({stat.filemode(sock.mode)} {sock.owner}:{sock.group}; "
-                f"{who.name} is among its {cls})")
+        return (
+            f"write (w) on socket {sock.path} ({stat.filemode(sock.mode)} {sock.owner}:{sock.group}; "
+            f"{who.name} is among its {cls})"
+        )
     return None

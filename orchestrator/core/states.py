@@ -91,13 +91,16 @@ TEXT: dict[Phase, PhaseText] = {
     P.STARTING: PhaseText("starting", "start"),
     P.CHECKING: PhaseText("health check: /health, /v1/models, one completion", "check"),
     P.ROUTING: PhaseText("routing: the front proxy moves the route, drains and stops the old engine", "route"),
-    P.SLEEPING: PhaseText("sleeping: the route moves, the displaced engines finish their requests and sleep",
-                          "sleep"),
-    P.VERIFYING: PhaseText("verifying: the target's GPUs have the memory its wake takes (nvidia-smi, by PID)",
-                           "verify"),
+    P.SLEEPING: PhaseText("sleeping: the route moves, the displaced engines finish their requests and sleep", "sleep"),
+    P.VERIFYING: PhaseText(
+        "verifying: the target's GPUs have the memory its wake takes (nvidia-smi, by PID)", "verify"
+    ),
     P.WAKING: PhaseText("waking: wake_up, then one real completion within wake_deadline_s", "wake"),
-    P.RESTARTING: PhaseText("restarting the wedged engine cold (its name answers 503): kill its cgroup, free "
-                            "the GPUs, start", "restart", "yellow"),
+    P.RESTARTING: PhaseText(
+        "restarting the wedged engine cold (its name answers 503): kill its cgroup, free the GPUs, start",
+        "restart",
+        "yellow",
+    ),
     P.ACTIVE: PhaseText("active", "active", "green"),
     P.ROLLING_BACK: PhaseText("rolling back to the previous stable revision", "rollback", "yellow"),
     P.ROLLED_BACK: PhaseText("rolled back", "rolled_back", "yellow"),
@@ -112,6 +115,7 @@ def text_of(phase: str) -> PhaseText:
         return TEXT[Phase(phase)]
     except ValueError:
         return PhaseText(phase, phase, "")
+
 
 def phase_label(phase: str, *, proxy: bool = True, handover: bool = False, beside: bool = False) -> str | None:
     """The progress line of a phase as this switch runs it; None: the phase does nothing here.
@@ -136,6 +140,7 @@ _BESIDE: dict[str, str] = {
     P.SLEEPING: "sleeping: nothing yet (beside: the target wakes next to the serving engine)",
     P.ROUTING: "routing: the front proxy moves the route; the old engine drains, then sleeps or stops",
 }
+
 
 # -- the table ------------------------------------------------------------------------------------
 # Where a failure leads from a phase that has stopped (or put to sleep) what served: back to the
@@ -178,14 +183,37 @@ TABLE: dict[Phase, dict[Event, Phase | ByFallback]] = {
 ENDED: frozenset[Phase] = frozenset({P.ACTIVE, P.ROLLED_BACK, P.ABORTED, P.FAILED})
 TERMINAL = ENDED  # the older name
 # The steps that run in order on the way to ACTIVE (the cold path).
-FORWARD: tuple[Phase, ...] = (P.PLANNED, P.PREFLIGHT, P.STAGING, P.STOPPING, P.FREEING,
-                              P.INSTALLING, P.STARTING, P.CHECKING, P.ROUTING, P.ACTIVE)
+FORWARD: tuple[Phase, ...] = (
+    P.PLANNED,
+    P.PREFLIGHT,
+    P.STAGING,
+    P.STOPPING,
+    P.FREEING,
+    P.INSTALLING,
+    P.STARTING,
+    P.CHECKING,
+    P.ROUTING,
+    P.ACTIVE,
+)
 # The warm path, from staging when the target sleeps.
 WARM: tuple[Phase, ...] = (P.STAGING, P.SLEEPING, P.VERIFYING, P.WAKING, P.ROUTING)
 # Downtime: the phases in which the old model may no longer serve and the new one may not yet (the
 # dashboard counts them; a handover or beside switch keeps serving through some of them).
-DOWN: frozenset[Phase] = frozenset({P.STOPPING, P.FREEING, P.INSTALLING, P.STARTING, P.CHECKING, P.ROUTING,
-                                    P.SLEEPING, P.VERIFYING, P.WAKING, P.RESTARTING, P.ROLLING_BACK})
+DOWN: frozenset[Phase] = frozenset(
+    {
+        P.STOPPING,
+        P.FREEING,
+        P.INSTALLING,
+        P.STARTING,
+        P.CHECKING,
+        P.ROUTING,
+        P.SLEEPING,
+        P.VERIFYING,
+        P.WAKING,
+        P.RESTARTING,
+        P.ROLLING_BACK,
+    }
+)
 # The target loads: its start and its health check (tune counts them as the load time).
 LOADING: frozenset[Phase] = frozenset({P.STARTING, P.CHECKING})
 # A cold start on demand may be abandoned while the target itself loads (never in a rollback's phases).
@@ -210,8 +238,12 @@ MOVES_SERVING: dict[Phase, Serves] = {P.ACTIVE: Serves.TARGET, P.FAILED: Serves.
 
 def _flat() -> dict[tuple[Phase, Event, Fallback], Phase]:
     """TABLE, one key a (phase, event, fallback)."""
-    return {(here, event, fallback): there.of(fallback) if isinstance(there, ByFallback) else there
-            for here, row in TABLE.items() for event, there in row.items() for fallback in Fallback}
+    return {
+        (here, event, fallback): there.of(fallback) if isinstance(there, ByFallback) else there
+        for here, row in TABLE.items()
+        for event, there in row.items()
+        for fallback in Fallback
+    }
 
 
 TRANSITIONS: dict[tuple[Phase, Event, Fallback], Phase] = _flat()

@@ -27,6 +27,7 @@ MAX_NUM_SEQS = 1_000_000
 
 # -- layouts ----------------------------------------------------------------------------------------
 
+
 def parse_layout(text: str) -> planner.Layout:
     """``tp4``, ``tp8+ep``, ``tp2+pp2``, ``tp4+dp2+ep``: tp first, each part once."""
     raw = text.strip().lower()
@@ -77,6 +78,7 @@ def parse_seqs(text: str | None) -> tuple[int | None, ...]:
 
 # -- candidates -------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Candidate:
     name: str  # the variant's catalog name (and unit name part): minimax-m25.tp8-ep
@@ -112,14 +114,22 @@ def variant_name(model: str, layout: planner.Layout, seqs: int | None = None) ->
     "@" would make the unit a template instance)."""
     name = f"{model}.{token(layout).replace('+', '-')}" + (f"-s{seqs}" if seqs else "")
     if not NAME_RE.fullmatch(name):
-        raise UsageError(f"tune {model}: variant name {name!r} is longer than 63 characters; "
-                         "give the model a shorter name")
+        raise UsageError(
+            f"tune {model}: variant name {name!r} is longer than 63 characters; give the model a shorter name"
+        )
     return name
 
 
-def select(model: Model, config: Mapping[str, Any], hw: planner.Hardware, workload: planner.Workload,
-           weight_bytes: int | None, requested: Sequence[planner.Layout] | None, top: int,
-           seqs: Sequence[int | None] = (None,)) -> Selection:
+def select(
+    model: Model,
+    config: Mapping[str, Any],
+    hw: planner.Hardware,
+    workload: planner.Workload,
+    weight_bytes: int | None,
+    requested: Sequence[planner.Layout] | None,
+    top: int,
+    seqs: Sequence[int | None] = (None,),
+) -> Selection:
     """The planner's best ``top`` valid layouts, or the requested ones with the refused set apart."""
     refused: list[Refused] = []
     if requested is None:
@@ -148,9 +158,15 @@ def variant_gpus(model: Model, layout: planner.Layout, host_gpus: int) -> tuple[
 def variant(model: Model, cand: Candidate, host_gpus: int) -> Model:
     """The model with the candidate's layout: same repo, revision, weights, port, served name."""
     data = model.model_dump()
-    data.update(name=cand.name, served_name=model.served, tensor_parallel=cand.layout.tp,
-                pipeline_parallel=cand.layout.pp, data_parallel=cand.layout.dp,
-                expert_parallel=cand.layout.ep, gpus=variant_gpus(model, cand.layout, host_gpus))
+    data.update(
+        name=cand.name,
+        served_name=model.served,
+        tensor_parallel=cand.layout.tp,
+        pipeline_parallel=cand.layout.pp,
+        data_parallel=cand.layout.dp,
+        expert_parallel=cand.layout.ep,
+        gpus=variant_gpus(model, cand.layout, host_gpus),
+    )
     if cand.max_num_seqs is not None:
         data["max_num_seqs"] = cand.max_num_seqs
     return Model.model_validate(data)
@@ -159,11 +175,16 @@ def variant(model: Model, cand: Candidate, host_gpus: int) -> Model:
 # -- objectives -------------------------------------------------------------------------------------
 
 Kind = Literal["throughput", "single-stream", "tok-per-gpu", "ttft-p90"]
-OBJECTIVES_HELP = ("throughput[@C] (output tok/s at C, default the highest level), single-stream (tok/s of "
-                   "one stream at C=1), tok-per-gpu[@C], ttft-p90@C:FLOOR (lowest TTFT p90 at C among "
-                   "candidates with at least FLOOR tok/s there)")
-_OBJ_RE = re.compile(r"^(throughput|single-stream|tok-per-gpu|ttft-p90)"
-                     r"(?:@([0-9]{1,6}))?(?::([0-9]{1,12}(?:\.[0-9]{1,6})?))?$", re.ASCII)
+OBJECTIVES_HELP = (
+    "throughput[@C] (output tok/s at C, default the highest level), single-stream (tok/s of "
+    "one stream at C=1), tok-per-gpu[@C], ttft-p90@C:FLOOR (lowest TTFT p90 at C among "
+    "candidates with at least FLOOR tok/s there)"
+)
+_OBJ_RE = re.compile(
+    r"^(throughput|single-stream|tok-per-gpu|ttft-p90)"
+    r"(?:@([0-9]{1,6}))?(?::([0-9]{1,12}(?:\.[0-9]{1,6})?))?$",
+    re.ASCII,
+)
 
 
 @dataclass(frozen=True)
@@ -178,8 +199,9 @@ class Objective:
 
     @property
     def unit(self) -> str:
-        return {"throughput": "tok/s", "single-stream": "tok/s", "tok-per-gpu": "tok/s/GPU",
-                "ttft-p90": "ms"}[self.kind]
+        return {"throughput": "tok/s", "single-stream": "tok/s", "tok-per-gpu": "tok/s/GPU", "ttft-p90": "ms"}[
+            self.kind
+        ]
 
     def __str__(self) -> str:
         if self.kind == "single-stream":
@@ -199,11 +221,18 @@ def parse_objective(text: str, levels: Sequence[int]) -> Objective:
     else:
         c = int(conc) if conc else max(levels)
     if (floor is None) == (kind == "ttft-p90"):
-        raise UsageError(f"--objective {clip(text)}: " + ("ttft-p90 needs a throughput floor, e.g. ttft-p90@64:1500"
-                                                      if kind == "ttft-p90" else f"{kind} takes no :FLOOR"))
+        raise UsageError(
+            f"--objective {clip(text)}: "
+            + (
+                "ttft-p90 needs a throughput floor, e.g. ttft-p90@64:1500"
+                if kind == "ttft-p90"
+                else f"{kind} takes no :FLOOR"
+            )
+        )
     if c not in levels:
-        raise UsageError(f"--objective {clip(text)}: concurrency {c} is not among --concurrency "
-                         f"{','.join(map(str, levels))}")
+        raise UsageError(
+            f"--objective {clip(text)}: concurrency {c} is not among --concurrency {','.join(map(str, levels))}"
+        )
     return Objective(kind, c, float(floor) if floor is not None else None)  # type: ignore[arg-type]
 
 
@@ -231,6 +260,7 @@ def score(obj: Objective, record: Mapping[str, Any], gpus: int) -> float | None:
 
 
 # -- the verdict ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -262,12 +292,24 @@ class Decision:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"objective": str(self.objective), "unit": self.objective.unit,
-                "winner": self.winner.name if self.winner else None,
-                "runner_up": self.runner_up.name if self.runner_up else None,
-                "margin_pct": _r(self.margin_pct), "noise_pct": _r(self.noise_pct), "note": self.note,
-                "ranking": [{"candidate": r.candidate.name, "layout": r.candidate.label, "score": _r(r.score),
-                             "spread_pct": _r(r.spread_pct)} for r in self.ranking]}
+        return {
+            "objective": str(self.objective),
+            "unit": self.objective.unit,
+            "winner": self.winner.name if self.winner else None,
+            "runner_up": self.runner_up.name if self.runner_up else None,
+            "margin_pct": _r(self.margin_pct),
+            "noise_pct": _r(self.noise_pct),
+            "note": self.note,
+            "ranking": [
+                {
+                    "candidate": r.candidate.name,
+                    "layout": r.candidate.label,
+                    "score": _r(r.score),
+                    "spread_pct": _r(r.spread_pct),
+                }
+                for r in self.ranking
+            ],
+        }
 
 
 def _r(v: float | None) -> float | None:
@@ -288,16 +330,23 @@ def decide(obj: Objective, measured: Sequence[Measured]) -> Decision:
     ranked.sort(key=lambda r: (r.score is None, sign * (r.score or 0.0)))
     ok = [r for r in ranked if r.score is not None]
     if not ok:
-        return Decision(obj, tuple(ranked), None, None, None, None,
-                        note=f"no candidate qualified for {obj}")
+        return Decision(obj, tuple(ranked), None, None, None, None, note=f"no candidate qualified for {obj}")
     win = ok[0]
     if len(ok) == 1:
-        return Decision(obj, tuple(ranked), win.candidate, None, None, win.spread_pct,
-                        note="the only candidate that qualified")
+        return Decision(
+            obj, tuple(ranked), win.candidate, None, None, win.spread_pct, note="the only candidate that qualified"
+        )
     run = ok[1]
     assert win.score is not None and run.score is not None
-    margin = ((win.score - run.score) / run.score * 100 if obj.higher_is_better
-              else (run.score - win.score) / run.score * 100) if run.score else None
+    margin = (
+        (
+            (win.score - run.score) / run.score * 100
+            if obj.higher_is_better
+            else (run.score - win.score) / run.score * 100
+        )
+        if run.score
+        else None
+    )
     spreads = [s for s in (win.spread_pct, run.spread_pct) if s is not None]
     noise = max(spreads) if spreads else None
     note = ""
@@ -310,8 +359,10 @@ def decide(obj: Objective, measured: Sequence[Measured]) -> Decision:
 
 # -- the engine's error -----------------------------------------------------------------------------
 
-_SYSTEMD_NOISE = re.compile(r"^(\S+\.service: |Started |Starting |Stopped |Stopping |Failed to start |"
-                            r"Scheduled restart|Consumed |Deactivated )")
+_SYSTEMD_NOISE = re.compile(
+    r"^(\S+\.service: |Started |Starting |Stopped |Stopping |Failed to start |"
+    r"Scheduled restart|Consumed |Deactivated )"
+)
 _ERRORISH = re.compile(r"(error|exception|refuses|traceback|out of memory|failed)", re.IGNORECASE)
 
 
@@ -323,7 +374,7 @@ def engine_error_line(error: str) -> str:
         start = next(i for i, ln in enumerate(lines) if ln.startswith("last lines of the journal of "))
     except StopIteration:
         return lines[0] if lines else error
-    tail = [ln.strip() for ln in lines[start + 1:] if ln.strip()]
+    tail = [ln.strip() for ln in lines[start + 1 :] if ln.strip()]
     engine = [ln for ln in tail if not _SYSTEMD_NOISE.match(ln)]
     hits = [ln for ln in engine if _ERRORISH.search(ln) and not ln.startswith("Traceback")]
     return (hits or engine or [lines[0]])[-1]
@@ -331,8 +382,16 @@ def engine_error_line(error: str) -> str:
 
 # -- time estimate ----------------------------------------------------------------------------------
 
-def estimate(n: int, load_deadline_s: float, typical_load_s: float | None, levels: int,
-             duration_s: float | None, requests: int | None, repeats: int) -> str:
+
+def estimate(
+    n: int,
+    load_deadline_s: float,
+    typical_load_s: float | None,
+    levels: int,
+    duration_s: float | None,
+    requests: int | None,
+    repeats: int,
+) -> str:
     """A readable bound: loads (typical when known, at most the deadline) plus the benchmark time."""
     if duration_s is not None or requests is None:
         per_bench = (duration_s or 30.0) * levels * repeats
@@ -348,6 +407,7 @@ def estimate(n: int, load_deadline_s: float, typical_load_s: float | None, level
 
 # -- what tune measured, fed back into `plan` -------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Failure:
     layout: str  # token, e.g. tp8
@@ -360,8 +420,9 @@ def _day(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def with_measurements(plan: planner.Plan, failures: Sequence[Failure], ranking: Sequence[tuple[str, float]],
-                      source: str) -> tuple[planner.Plan, str]:
+def with_measurements(
+    plan: planner.Plan, failures: Sequence[Failure], ranking: Sequence[tuple[str, float]], source: str
+) -> tuple[planner.Plan, str]:
     """The plan with what tune saw on this host: measured layouts first in measured order (then the
     heuristic's), layouts that failed to load last with their error and date; returns the plan and a
     note saying which ranking it shows."""
@@ -389,8 +450,13 @@ def with_measurements(plan: planner.Plan, failures: Sequence[Failure], ranking: 
     tok = token(requested.layout)
     if tok in failed:
         f = failed[tok]
-        requested = replace(requested, warnings=(*requested.warnings, (f"{tok} failed to load on this host "
-                                                 f"{_day(f.at)} (tune run #{f.run}): {f.error}")))
+        requested = replace(
+            requested,
+            warnings=(
+                *requested.warnings,
+                (f"{tok} failed to load on this host {_day(f.at)} (tune run #{f.run}): {f.error}"),
+            ),
+        )
     note = f"ranked by measurement ({source}), then by the planner" if ranking else ""
     if failed and not note:
         note = "layouts that failed to load on this host are listed last"

@@ -58,15 +58,21 @@ def svg_chart(report: Mapping[str, Any], width: int = 720, height: int = 420) ->
         return top + ph - v / peak * ph
 
     title = f"{report['model']} on {report['host']}: output tok/s vs concurrency (tune run #{report['run']})"
-    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="sans-serif" font-size="12">'),
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="22" font-size="14">{escape(title)}</text>',
-           f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="black"/>',
-           f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="black"/>',
-           f'<text x="{left + pw / 2}" y="{height - 12}" text-anchor="middle">concurrency</text>',
-           (f'<text x="16" y="{top + ph / 2}" transform="rotate(-90 16 {top + ph / 2})" '
-           'text-anchor="middle">output tok/s</text>')]
+    out = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'font-family="sans-serif" font-size="12">'
+        ),
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="14">{escape(title)}</text>',
+        f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="black"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="black"/>',
+        f'<text x="{left + pw / 2}" y="{height - 12}" text-anchor="middle">concurrency</text>',
+        (
+            f'<text x="16" y="{top + ph / 2}" transform="rotate(-90 16 {top + ph / 2})" '
+            'text-anchor="middle">output tok/s</text>'
+        ),
+    ]
     for c in levels:
         out.append(f'<text x="{x(c):.1f}" y="{top + ph + 18}" text-anchor="middle">{c}</text>')
     for i in range(5):
@@ -77,8 +83,7 @@ def svg_chart(report: Mapping[str, Any], width: int = 720, height: int = 420) ->
         color = COLORS[i % len(COLORS)]
         if len(pts) > 1:
             path = " ".join(f"{x(c):.1f},{y(v):.1f}" for c, v in pts)
-            out.append(f'<polyline points="{path}" fill="none" stroke="{color}" '
-                       f'stroke-width="{3 if win else 1.5}"/>')
+            out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="{3 if win else 1.5}"/>')
         out += [f'<circle cx="{x(c):.1f}" cy="{y(v):.1f}" r="3" fill="{color}"/>' for c, v in pts]
         legend = label + (" (winner)" if win else "") + (" (failed to load)" if error else "")
         ly = top + 16 * i

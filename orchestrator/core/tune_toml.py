@@ -39,7 +39,7 @@ def _split_comment(rest: str) -> tuple[str, str]:
     if i < 0:
         return rest.rstrip(), ""
     value = rest[:i].rstrip()
-    return value, rest[len(value):].rstrip()
+    return value, rest[len(value) :].rstrip()
 
 
 def edit_model(text: str, model: str, changes: Mapping[str, Any], file: str = "deploy.toml") -> str:
@@ -75,7 +75,7 @@ def edit_model(text: str, model: str, changes: Mapping[str, Any], file: str = "d
         if not lines[last_key].endswith("\n"):
             lines[last_key] += "\n"
         added = [f"{k} = {toml_value(v)}\n" for k, v in pending.items()]
-        lines[last_key + 1:last_key + 1] = added
+        lines[last_key + 1 : last_key + 1] = added
     new = "".join(lines)
     _check(new, model, changes, file)
     return new
@@ -85,8 +85,9 @@ def _check(text: str, model: str, changes: Mapping[str, Any], file: str) -> None
     try:
         table = toml_document(text, file)["models"][model]
     except DocumentError as exc:
-        raise UsageError(f"{file}: the edited [models.{model}] would not parse ({exc.reason}); "
-                         "edit it by hand") from exc
+        raise UsageError(
+            f"{file}: the edited [models.{model}] would not parse ({exc.reason}); edit it by hand"
+        ) from exc
     except KeyError as exc:
         raise UsageError(f"{file}: the edited [models.{model}] would not parse ({exc}); edit it by hand") from exc
     for key, want in changes.items():
@@ -96,17 +97,22 @@ def _check(text: str, model: str, changes: Mapping[str, Any], file: str) -> None
 
 
 def unified_diff(old: str, new: str, file: str) -> str:
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=f"a/{file}", tofile=f"b/{file}"))
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{file}", tofile=f"b/{file}"
+        )
+    )
 
 
-def layout_changes(current: Mapping[str, Any], target: Mapping[str, Any],
-                   defaults: Mapping[str, Any]) -> dict[str, Any]:
+def layout_changes(
+    current: Mapping[str, Any], target: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
     """Keys whose value changes; a key absent from the file counts as its default."""
     out: dict[str, Any] = {}
     for key, want in target.items():
         have = current.get(key, defaults.get(key))
         if (list(have) if isinstance(have, (list, tuple)) else have) != (
-                list(want) if isinstance(want, (list, tuple)) else want):
+            list(want) if isinstance(want, (list, tuple)) else want
+        ):
             out[key] = list(want) if isinstance(want, tuple) else want
     return out

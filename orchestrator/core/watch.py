@@ -29,8 +29,9 @@ class Judgement:
     unhealthy_s: float = 0.0
 
 
-def judge(since: float | None, healthy: bool, now: float, unhealthy_after_s: float,
-          held: str | None = None) -> Judgement:
+def judge(
+    since: float | None, healthy: bool, now: float, unhealthy_after_s: float, held: str | None = None
+) -> Judgement:
     """One health reading of a serving model. Acting ends the streak: the next one starts afresh.
     ``held`` (see ``hold_off``): the streak goes on but nothing is done while the engine loads."""
     if healthy:
@@ -57,8 +58,10 @@ def hold_off(unit: UnitState, now: float, load_deadline_s: float, healthy_at: fl
     age = now - unit.started_at
     if age >= load_deadline_s or (healthy_at is not None and healthy_at >= unit.started_at):
         return None  # past its deadline, or it loaded since this start
-    return (f"{unit.name} ({unit.active_state}) started {max(age, 0.0):.0f} s ago (restarts by systemd: "
-            f"{unit.n_restarts}), within its load deadline of {load_deadline_s:g} s")
+    return (
+        f"{unit.name} ({unit.active_state}) started {max(age, 0.0):.0f} s ago (restarts by systemd: "
+        f"{unit.n_restarts}), within its load deadline of {load_deadline_s:g} s"
+    )
 
 
 def stall_limit(interval_s: float) -> float:
@@ -80,8 +83,9 @@ def dead_loops(loops: Mapping[str, LoopBeat], now: float) -> list[str]:
     return sorted(name for name, b in loops.items() if not b.alive or now - b.last_beat > b.limit_s)
 
 
-def to_bring_back(last: Deployment | None, displaced: Sequence[Deployment],
-                  routed: Collection[str]) -> Deployment | None:
+def to_bring_back(
+    last: Deployment | None, displaced: Sequence[Deployment], routed: Collection[str]
+) -> Deployment | None:
     """After the host's newest switch failed (its rollback too): the first model it displaced whose
     served name no engine serves now (the proxy answers 503 + Retry-After for it). Only a failed
     switch's own models: a revival that fails is a newer failed switch that displaced nothing, so

@@ -44,11 +44,18 @@ def check_file_name(name: str, *, repo: str, where: str) -> None:
     """A file name from a listing or a manifest must stay inside the model directory: relative,
     POSIX, no ``..``/``.``/empty part, no backslash or control character. The worker also resolves
     it against the directory on disk (symlinks)."""
-    bad = (not name or name.startswith("/") or "\\" in name or any(ord(c) < 32 or c == "\x7f" for c in name)
-           or any(part in ("", ".", "..") for part in name.split("/")))
+    bad = (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or any(ord(c) < 32 or c == "\x7f" for c in name)
+        or any(part in ("", ".", "..") for part in name.split("/"))
+    )
     if bad:
-        raise WeightsError(f"{where}: file name {name!r} listed for {repo} is not a plain relative path "
-                           "inside the model directory; refusing to stage it")
+        raise WeightsError(
+            f"{where}: file name {name!r} listed for {repo} is not a plain relative path "
+            "inside the model directory; refusing to stage it"
+        )
 
 
 def check_file_names(names: Iterable[str], *, repo: str, where: str) -> None:
@@ -72,8 +79,11 @@ class PeerSpec:
             raise WeightsError(f"peer address {self.address!r} is not a host name or IP address")
         if not _USER.fullmatch(self.user):
             raise WeightsError(f"peer {self.address}: ssh user {self.user!r} is not a login name")
-        if not self.root.startswith("/") or any(p in (".", "..") for p in self.root.split("/")) \
-                or any(ord(c) < 32 for c in self.root):
+        if (
+            not self.root.startswith("/")
+            or any(p in (".", "..") for p in self.root.split("/"))
+            or any(ord(c) < 32 for c in self.root)
+        ):
             raise WeightsError(f"peer {self.address}: weight root {self.root!r} is not a plain absolute path")
         if not 1 <= self.port <= 65535:
             raise WeightsError(f"peer {self.address}: ssh port {self.port} is out of range")
@@ -108,13 +118,13 @@ class StageRequest:
             raise WeightsError(f"model {self.name}: weight root {self.root!r} is not an absolute path")
         kind = self.source.split(":", 1)[0]
         if kind not in ("hub", "local", "host") or (kind != "hub" and ":" not in self.source):
-            raise WeightsError(f"model {self.name}: source {self.source!r} is not hub, local:/dir "
-                               "or host:NAME")
+            raise WeightsError(f"model {self.name}: source {self.source!r} is not hub, local:/dir or host:NAME")
         if kind == "host" and self.peer is None:
             raise WeightsError(f"model {self.name}: source {self.source!r} needs peer connection details")
         if kind != "hub" and not is_commit_sha(self.revision):
-            raise WeightsError(f"model {self.name}: source {self.source!r} needs a commit SHA revision, "
-                               f"got {self.revision!r}")
+            raise WeightsError(
+                f"model {self.name}: source {self.source!r} needs a commit SHA revision, got {self.revision!r}"
+            )
 
     @property
     def source_kind(self) -> str:
@@ -126,14 +136,28 @@ class StageRequest:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "name": self.name, "repo": self.repo, "revision": self.revision, "root": self.root,
-            "source": self.source, "allow_patterns": list(self.allow_patterns),
-            "ignore_patterns": list(self.ignore_patterns), "token_file": self.token_file,
-            "endpoint": self.endpoint, "reserve_bytes": self.reserve_bytes,
-            "keep_revisions": self.keep_revisions, "unit_dir": self.unit_dir, "peer": None if self.peer is None else {
-                "address": self.peer.address, "root": self.peer.root, "port": self.peer.port,
-                "user": self.peer.user, "key_file": self.peer.key_file,
-                "known_hosts": self.peer.known_hosts},
+            "name": self.name,
+            "repo": self.repo,
+            "revision": self.revision,
+            "root": self.root,
+            "source": self.source,
+            "allow_patterns": list(self.allow_patterns),
+            "ignore_patterns": list(self.ignore_patterns),
+            "token_file": self.token_file,
+            "endpoint": self.endpoint,
+            "reserve_bytes": self.reserve_bytes,
+            "keep_revisions": self.keep_revisions,
+            "unit_dir": self.unit_dir,
+            "peer": None
+            if self.peer is None
+            else {
+                "address": self.peer.address,
+                "root": self.peer.root,
+                "port": self.peer.port,
+                "user": self.peer.user,
+                "key_file": self.peer.key_file,
+                "known_hosts": self.peer.known_hosts,
+            },
         }
 
     @classmethod
@@ -141,18 +165,28 @@ class StageRequest:
         try:
             peer = data.get("peer")
             return cls(
-                name=str(data["name"]), repo=str(data["repo"]), revision=str(data["revision"]),
-                root=str(data["root"]), source=str(data.get("source", "hub")),
+                name=str(data["name"]),
+                repo=str(data["repo"]),
+                revision=str(data["revision"]),
+                root=str(data["root"]),
+                source=str(data.get("source", "hub")),
                 allow_patterns=tuple(str(p) for p in _seq(data.get("allow_patterns"))),
                 ignore_patterns=tuple(str(p) for p in _seq(data.get("ignore_patterns"))),
-                token_file=_opt_str(data.get("token_file")), endpoint=_opt_str(data.get("endpoint")),
+                token_file=_opt_str(data.get("token_file")),
+                endpoint=_opt_str(data.get("endpoint")),
                 reserve_bytes=int(str(data.get("reserve_bytes", 0))),
                 keep_revisions=int(str(data.get("keep_revisions", 0))),
                 unit_dir=_opt_str(data.get("unit_dir")),
-                peer=None if not isinstance(peer, Mapping) else PeerSpec(
-                    address=str(peer["address"]), root=str(peer["root"]), port=int(str(peer["port"])),
-                    user=str(peer["user"]), key_file=_opt_str(peer.get("key_file")),
-                    known_hosts=_opt_str(peer.get("known_hosts"))),
+                peer=None
+                if not isinstance(peer, Mapping)
+                else PeerSpec(
+                    address=str(peer["address"]),
+                    root=str(peer["root"]),
+                    port=int(str(peer["port"])),
+                    user=str(peer["user"]),
+                    key_file=_opt_str(peer.get("key_file")),
+                    known_hosts=_opt_str(peer.get("known_hosts")),
+                ),
             )
         except (KeyError, ValueError) as exc:
             raise WeightsError(f"stage request is malformed: {exc!r}") from exc
@@ -186,11 +220,19 @@ class Manifest:
         return sum(self.files.values())
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "repo": self.repo, "revision": self.revision,
-                "requested_revision": self.requested_revision, "source": self.source,
-                "staged_at": self.staged_at, "path": self.path, "index_sha256": self.index_sha256,
-                "total_bytes": self.total_bytes, "files": dict(sorted(self.files.items())),
-                "sha256": dict(sorted(self.sha256.items()))}
+        return {
+            "name": self.name,
+            "repo": self.repo,
+            "revision": self.revision,
+            "requested_revision": self.requested_revision,
+            "source": self.source,
+            "staged_at": self.staged_at,
+            "path": self.path,
+            "index_sha256": self.index_sha256,
+            "total_bytes": self.total_bytes,
+            "files": dict(sorted(self.files.items())),
+            "sha256": dict(sorted(self.sha256.items())),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Manifest:
@@ -199,12 +241,18 @@ class Manifest:
             sha = data.get("sha256") or {}
             if not isinstance(files, Mapping) or not isinstance(sha, Mapping):
                 raise TypeError("files is not a mapping")
-            return cls(name=str(data["name"]), repo=str(data["repo"]), revision=str(data["revision"]),
-                       files={str(k): int(v) for k, v in files.items()}, source=str(data["source"]),
-                       staged_at=float(str(data["staged_at"])), path=str(data["path"]),
-                       index_sha256=_opt_str(data.get("index_sha256")),
-                       requested_revision=_opt_str(data.get("requested_revision")),
-                       sha256={str(k): str(v) for k, v in sha.items()})
+            return cls(
+                name=str(data["name"]),
+                repo=str(data["repo"]),
+                revision=str(data["revision"]),
+                files={str(k): int(v) for k, v in files.items()},
+                source=str(data["source"]),
+                staged_at=float(str(data["staged_at"])),
+                path=str(data["path"]),
+                index_sha256=_opt_str(data.get("index_sha256")),
+                requested_revision=_opt_str(data.get("requested_revision")),
+                sha256={str(k): str(v) for k, v in sha.items()},
+            )
         except (KeyError, ValueError, TypeError) as exc:
             raise WeightsError(f"manifest is malformed: {exc!r}") from exc
 
@@ -217,8 +265,9 @@ def index_shards(index: object, *, where: str) -> set[str]:
     return {str(v) for v in weight_map.values()}
 
 
-def listing_problems(expected: Mapping[str, int], present: Mapping[str, int], index: object | None,
-                     *, where: str) -> list[str]:
+def listing_problems(
+    expected: Mapping[str, int], present: Mapping[str, int], index: object | None, *, where: str
+) -> list[str]:
     """Every reason the files in ``present`` are not the complete model ``expected`` describes."""
     problems: list[str] = []
     if CONFIG_NAME not in expected:
@@ -227,8 +276,10 @@ def listing_problems(expected: Mapping[str, int], present: Mapping[str, int], in
     if index is not None:
         for shard in sorted(index_shards(index, where=where)):
             if shard not in expected:
-                problems.append(f"{where}: shard {shard} named in {INDEX_NAME} is not in the file list "
-                                "(missing on the source, or excluded by a pattern)")
+                problems.append(
+                    f"{where}: shard {shard} named in {INDEX_NAME} is not in the file list "
+                    "(missing on the source, or excluded by a pattern)"
+                )
             required.add(shard)
     elif not any(f.endswith(".safetensors") for f in expected):
         problems.append(f"{where}: no {INDEX_NAME} and no *.safetensors file in the file list")
@@ -249,8 +300,11 @@ def in_place_problems(present: Mapping[str, int], index: object | None, *, where
     if CONFIG_NAME not in present:
         problems.append(f"{where}: {CONFIG_NAME} is missing")
     if index is not None:
-        problems += [f"{where}: shard {shard} named in {INDEX_NAME} is missing"
-                     for shard in sorted(index_shards(index, where=where)) if shard not in present]
+        problems += [
+            f"{where}: shard {shard} named in {INDEX_NAME} is missing"
+            for shard in sorted(index_shards(index, where=where))
+            if shard not in present
+        ]
     elif not any(f.endswith(".safetensors") for f in present):
         problems.append(f"{where}: no {INDEX_NAME} and no *.safetensors file")
     return problems
@@ -260,15 +314,31 @@ def index_tensors(index: object | None) -> dict[str, set[str]]:
     """Shard file -> the tensor names the index places in it."""
     weight_map = index.get("weight_map") if isinstance(index, Mapping) else None
     out: dict[str, set[str]] = {}
-    for tensor, shard in (weight_map.items() if isinstance(weight_map, Mapping) else ()):
+    for tensor, shard in weight_map.items() if isinstance(weight_map, Mapping) else ():
         out.setdefault(str(shard), set()).add(str(tensor))
     return out
 
 
 # safetensors: an 8-byte little-endian header length, that many bytes of JSON, then the tensor data.
 SAFETENSORS_MAX_HEADER = 100 << 20  # the format's own limit (safetensors refuses larger headers)
-_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
-                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 
 
 def header_length_problem(name: str, size: int, length: int) -> str | None:
@@ -284,8 +354,12 @@ def header_length_problem(name: str, size: int, length: int) -> str | None:
 
 def _offsets(info: object) -> tuple[int, int] | None:
     offsets = info.get("data_offsets") if isinstance(info, Mapping) else None
-    if (isinstance(offsets, list) and len(offsets) == 2 and all(type(v) is int for v in offsets)
-            and 0 <= offsets[0] <= offsets[1]):
+    if (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(v) is int for v in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
         return offsets[0], offsets[1]
     return None
 
@@ -322,32 +396,41 @@ def safetensors_problems(name: str, size: int, header: bytes, indexed: Iterable[
             continue
         begin, end = span
         if end > data:
-            problems.append(f"{name}: tensor {tensor} ends at byte {end} but the file holds {data} bytes of "
-                            "data after its header (truncated?)")
+            problems.append(
+                f"{name}: tensor {tensor} ends at byte {end} but the file holds {data} bytes of "
+                "data after its header (truncated?)"
+            )
         want = _tensor_bytes(info)
         if want is not None and want != end - begin:
-            problems.append(f"{name}: tensor {tensor} ({info.get('dtype')} {info.get('shape')}) needs {want} "
-                            f"bytes, its data_offsets span {end - begin}")
+            problems.append(
+                f"{name}: tensor {tensor} ({info.get('dtype')} {info.get('shape')}) needs {want} "
+                f"bytes, its data_offsets span {end - begin}"
+            )
         spans.append((begin, end, tensor))
     if not problems:
         at = 0
         for begin, end, tensor in sorted(spans):
             if begin != at:
-                problems.append(f"{name}: tensor {tensor} starts at byte {begin} of the data, not at {at} "
-                                "(tensors overlap or leave a gap)")
+                problems.append(
+                    f"{name}: tensor {tensor} starts at byte {begin} of the data, not at {at} "
+                    "(tensors overlap or leave a gap)"
+                )
                 break
             at = end
         else:
             if at != data:
-                problems.append(f"{name}: bytes {at}-{data} of its data are not covered by any tensor (the file "
-                                "is longer than its header says)")
+                problems.append(
+                    f"{name}: bytes {at}-{data} of its data are not covered by any tensor (the file "
+                    "is longer than its header says)"
+                )
     missing = sorted(set(indexed) - set(parsed))
     problems += [f"{name}: tensor {t} that {INDEX_NAME} places in it is not in its header" for t in missing[:3]]
     return problems
 
 
-def verify_listing(expected: Mapping[str, int], present: Mapping[str, int], index: object | None,
-                   *, where: str) -> None:
+def verify_listing(
+    expected: Mapping[str, int], present: Mapping[str, int], index: object | None, *, where: str
+) -> None:
     """Raise WeightsError naming each missing or wrongly sized file; return when the model is whole."""
     problems = listing_problems(expected, present, index, where=where)
     if problems:
@@ -367,10 +450,15 @@ def check_space(needed: int, free: int, *, where: str, reserve: int = 0, reclaim
     """Enough room counting what the keep-N cleanup may free (``reclaimable``) as room."""
     if needed + reserve > free + reclaimable:
         extra = f" plus a reserve of {fmt_bytes(reserve)}" if reserve else ""
-        freeable = (f" and {fmt_bytes(reclaimable)} ({reclaimable} bytes) that removing old revisions "
-                    "would free") if reclaimable else ""
-        raise WeightsError(f"{where}: needs {fmt_bytes(needed)} more ({needed} bytes){extra}, "
-                           f"only {fmt_bytes(free)} free ({free} bytes){freeable}; nothing was written")
+        freeable = (
+            (f" and {fmt_bytes(reclaimable)} ({reclaimable} bytes) that removing old revisions would free")
+            if reclaimable
+            else ""
+        )
+        raise WeightsError(
+            f"{where}: needs {fmt_bytes(needed)} more ({needed} bytes){extra}, "
+            f"only {fmt_bytes(free)} free ({free} bytes){freeable}; nothing was written"
+        )
 
 
 @dataclass(frozen=True)
@@ -398,21 +486,29 @@ def revisions_named_in(text: str, root: str) -> set[tuple[str, str]]:
     """(name, revision) of every ``<root>/<name>/<revision>`` a unit file's text names (its --model):
     weights an installed unit would load are in use, whatever the deployment records say."""
     # The path starts a word (not /srv/models/... for root /models) and the revision ends one.
-    pattern = (r"(?<![^\s\"'=])" + re.escape(root.rstrip("/"))
-               + r"/([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?=$|[\s\"'/])")
+    pattern = (
+        r"(?<![^\s\"'=])"
+        + re.escape(root.rstrip("/"))
+        + r"/([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?=$|[\s\"'/])"
+    )
     return {(m.group(1), m.group(2)) for m in re.finditer(pattern, text)}
 
 
-def reclaim_for(staged: Iterable[StagedRevision], *, keep: int, protected: Iterable[tuple[str, str]],
-                incoming: StagedRevision, needed: int) -> list[StagedRevision]:
+def reclaim_for(
+    staged: Iterable[StagedRevision],
+    *,
+    keep: int,
+    protected: Iterable[tuple[str, str]],
+    incoming: StagedRevision,
+    needed: int,
+) -> list[StagedRevision]:
     """The revisions to remove before staging ``incoming`` so that ``needed`` bytes fit: only those the
     keep-N cleanup would remove once ``incoming`` is staged (it counts as the newest), oldest first,
     no more than needed; never a protected one, never ``incoming`` itself."""
     if needed <= 0:
         return []
     others = [s for s in staged if (s.name, s.revision) != (incoming.name, incoming.revision)]
-    doomed = plan_cleanup([*others, incoming], keep=keep,
-                          protected={*protected, (incoming.name, incoming.revision)})
+    doomed = plan_cleanup([*others, incoming], keep=keep, protected={*protected, (incoming.name, incoming.revision)})
     chosen: list[StagedRevision] = []
     for s in sorted(doomed, key=lambda s: s.staged_at):
         if needed <= 0:
@@ -422,8 +518,9 @@ def reclaim_for(staged: Iterable[StagedRevision], *, keep: int, protected: Itera
     return chosen
 
 
-def plan_cleanup(staged: Iterable[StagedRevision], *, keep: int,
-                 protected: Iterable[tuple[str, str]]) -> list[StagedRevision]:
+def plan_cleanup(
+    staged: Iterable[StagedRevision], *, keep: int, protected: Iterable[tuple[str, str]]
+) -> list[StagedRevision]:
     """Revisions to remove so that each model keeps its ``keep`` newest; protected ones never go."""
     if keep < 0:
         raise WeightsError(f"cleanup keep={keep} must be >= 0")

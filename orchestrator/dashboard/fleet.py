@@ -62,15 +62,17 @@ class FleetView:
             if job in self.live:
                 return
             self.live[job] = {}
-        threading.Thread(target=self._listen, args=(job, job.listen()), daemon=True,
-                         name="dashboard-rollout").start()
+        threading.Thread(target=self._listen, args=(job, job.listen()), daemon=True, name="dashboard-rollout").start()
         self.bump()
 
     def _listen(self, job: Any, q: Any) -> None:
         try:
             while (item := q.get()) is not job.END:
-                if isinstance(item, dict) and "event" in item and \
-                        fv.live_update(self.live[job], str(item["event"]), item.get("fields") or {}):
+                if (
+                    isinstance(item, dict)
+                    and "event" in item
+                    and fv.live_update(self.live[job], str(item["event"]), item.get("fields") or {})
+                ):
                     self.bump()
         finally:
             job.unlisten(q)
@@ -131,11 +133,20 @@ class FleetView:
             mine = [r for r in rollouts if r["group"] == name]
             ro = mine[0] if mine else None
             live = self._live_of(ro["id"]) if ro else {}
-            groups.append({"name": name, "hosts": list(g.hosts), "canary": g.canary, "batch": g.batch,
-                           "max_failures": g.max_failures, "gate": g.gate,
-                           "models": sorted(m.name for m in catalog.models.values() if m.group == name),
-                           "boxes": fv.box_rows(g.hosts, status, live if ro and ro["status"] == "running" else {}),
-                           "rollout": ro, "older": mine[1:1 + OLDER]})
+            groups.append(
+                {
+                    "name": name,
+                    "hosts": list(g.hosts),
+                    "canary": g.canary,
+                    "batch": g.batch,
+                    "max_failures": g.max_failures,
+                    "gate": g.gate,
+                    "models": sorted(m.name for m in catalog.models.values() if m.group == name),
+                    "boxes": fv.box_rows(g.hosts, status, live if ro and ro["status"] == "running" else {}),
+                    "rollout": ro,
+                    "older": mine[1 : 1 + OLDER],
+                }
+            )
         return {"at": time.time(), "groups": groups}
 
     def box(self, host: str) -> dict[str, Any] | None:
@@ -154,8 +165,7 @@ class FleetView:
             if isinstance(status, OrchestratorError):
                 self._forget(host)  # a dead connection: connect anew next time
         models = [m for m in catalog.models.values() if m.group == group]
-        return {"at": time.time(), "group": group,
-                **fv.box_view(host, models, _or_error(status), _or_error(history))}
+        return {"at": time.time(), "group": group, **fv.box_view(host, models, _or_error(status), _or_error(history))}
 
     def _rollouts(self, query: Any) -> list[dict[str, Any]]:
         """The unfinished rollouts and each group's last few, newest first, each as rollout_status answers."""
@@ -169,8 +179,9 @@ class FleetView:
             except OrchestratorError as exc:
                 log.info("dashboard_rollout_unreadable", rollout=rid, error=str(exc))
                 continue
-            out.append(fv.rollout_view(summary, abort_requested=store.get(rid).abort_requested,
-                                       live=self._live_of(rid)))
+            out.append(
+                fv.rollout_view(summary, abort_requested=store.get(rid).abort_requested, live=self._live_of(rid))
+            )
         return out
 
 

@@ -21,6 +21,7 @@ from orchestrator.errors import OrchestratorError
 
 log = logs.get_logger()
 
+
 class Live:
     def __init__(self, agent: Any, refresh_s: float, tune_runs: Callable[[str], list[dict[str, Any]]]) -> None:
         self.agent = agent
@@ -60,8 +61,9 @@ class Live:
                     fields = item.get("fields") or {}
                     if not view.progress_line(str(item["event"]), fields):
                         continue  # nothing the page shows (stage_progress, many a second): no re-read
-                    self.events[host].append({"at": time.time(), "event": item["event"],
-                                              "fields": fields, "op": job.op})
+                    self.events[host].append(
+                        {"at": time.time(), "event": item["event"], "fields": fields, "op": job.op}
+                    )
                     self.bump()
         finally:
             job.unlisten(q)
@@ -114,23 +116,39 @@ class Live:
             history = self.query("history", {"host": name, "limit": 50})
             running = self._running(name)
             operation = view.timeline(running, self.events.get(name, []) if running else [], now)
-            hosts.append({
-                "name": name, "serving": entry.get("serving"), "endpoint": entry.get("endpoint"),
-                "gpus": self._gpus(name, entry),
-                "models": view.model_rows(models, entry),
-                "sleep": view.sleep_summary(entry.get("residency")),
-                "operation": operation,
-                "history": view.history_rows(history[:20], operation),
-                "downtime": view.downtime_series(history),
-                "events": [e for e in self.agent.ops.events(limit=40) if e.get("host") in (None, name)][:15],
-                "tune": [{k: r[k] for k in ("id", "model", "created_at", "winner")} for r in self.tune_runs(name)],
-                "bench": view.bench_rows([
-                    {"model": d.model, "revision": d.revision, "bench": d.bench,
-                     "layout": view.layout(catalog.models[d.model]) if d.model in catalog.models else ""}
-                    for d in self.agent.ops.benchmarks(name)]),
-            })
-        return {"at": now, "agent": status.get("agent"), "hosts": hosts, "schedules": status.get("schedules") or [],
-                "groups": sorted(catalog.groups)}
+            hosts.append(
+                {
+                    "name": name,
+                    "serving": entry.get("serving"),
+                    "endpoint": entry.get("endpoint"),
+                    "gpus": self._gpus(name, entry),
+                    "models": view.model_rows(models, entry),
+                    "sleep": view.sleep_summary(entry.get("residency")),
+                    "operation": operation,
+                    "history": view.history_rows(history[:20], operation),
+                    "downtime": view.downtime_series(history),
+                    "events": [e for e in self.agent.ops.events(limit=40) if e.get("host") in (None, name)][:15],
+                    "tune": [{k: r[k] for k in ("id", "model", "created_at", "winner")} for r in self.tune_runs(name)],
+                    "bench": view.bench_rows(
+                        [
+                            {
+                                "model": d.model,
+                                "revision": d.revision,
+                                "bench": d.bench,
+                                "layout": view.layout(catalog.models[d.model]) if d.model in catalog.models else "",
+                            }
+                            for d in self.agent.ops.benchmarks(name)
+                        ]
+                    ),
+                }
+            )
+        return {
+            "at": now,
+            "agent": status.get("agent"),
+            "hosts": hosts,
+            "schedules": status.get("schedules") or [],
+            "groups": sorted(catalog.groups),
+        }
 
     def fleet_view(self) -> dict[str, Any]:
         return self.fleet.read(self.query)
@@ -143,9 +161,13 @@ class Live:
         out: dict[str, Any] = {"op": job.op if job else "recover"}
         if unfinished:
             d = unfinished[-1]
-            out.update(id=d.id, model=d.model, revision=d.revision, trigger=d.trigger,
-                       timings=[{"phase": t.phase, "entered_at": t.entered_at, "left_at": t.left_at}
-                                for t in d.timings])
+            out.update(
+                id=d.id,
+                model=d.model,
+                revision=d.revision,
+                trigger=d.trigger,
+                timings=[{"phase": t.phase, "entered_at": t.entered_at, "left_at": t.left_at} for t in d.timings],
+            )
         elif job is not None:
             out.update(model=job.args.get("model"), timings=[])
         return out

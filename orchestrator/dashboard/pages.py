@@ -34,9 +34,13 @@ def _when(at: float | None) -> str:
 
 
 def _env() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("orchestrator.dashboard", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-                             lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("orchestrator.dashboard", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["when"] = _when
     env.filters["secs"] = lambda s: "" if s is None else f"{s:.1f} s"
     env.filters["gib"] = lambda mib: f"{mib / 1024:.1f}"
@@ -44,8 +48,11 @@ def _env() -> jinja2.Environment:
 
 
 def _charts(host: dict[str, Any]) -> dict[str, Any]:
-    return {"downtime": host["downtime"], "bench_tok_s": view.bench_series(host["bench"], "tok_s"),
-            "bench_ttft": view.bench_series(host["bench"], "ttft_p90_ms")}
+    return {
+        "downtime": host["downtime"],
+        "bench_tok_s": view.bench_series(host["bench"], "tok_s"),
+        "bench_ttft": view.bench_series(host["bench"], "ttft_p90_ms"),
+    }
 
 
 class Pages:
@@ -68,8 +75,14 @@ class Pages:
             return html, self.fleet_page().encode()
         if path.startswith("/fleet/box/") and controller:
             box = self.live.fleet.box(path.removeprefix("/fleet/box/"))
-            return None if box is None else (html, self.env.get_template("fleet_box.html.j2").render(
-                box=box, host=box, controller=True).encode())
+            return (
+                None
+                if box is None
+                else (
+                    html,
+                    self.env.get_template("fleet_box.html.j2").render(box=box, host=box, controller=True).encode(),
+                )
+            )
         if path == "/api/fleet" and controller:
             return "application/json", json.dumps(self.live.fleet_view()).encode()
         if path == "/api/box":
@@ -84,8 +97,11 @@ class Pages:
     def box_page(self) -> str:
         box = self.live.box()
         return self.env.get_template("box.html.j2").render(
-            box=box, controller=bool(box["groups"]), sections={h["name"]: self._sections(h) for h in box["hosts"]},
-            charts=json.dumps({h["name"]: _charts(h) for h in box["hosts"]}))
+            box=box,
+            controller=bool(box["groups"]),
+            sections={h["name"]: self._sections(h) for h in box["hosts"]},
+            charts=json.dumps({h["name"]: _charts(h) for h in box["hosts"]}),
+        )
 
     def sections(self) -> dict[str, Any]:
         """The live parts of the box page: element id -> HTML, and the chart data; every open page
@@ -112,7 +128,8 @@ class Pages:
     def fleet_page(self) -> str:
         fleet = self.live.fleet_view()
         return self.env.get_template("fleet.html.j2").render(
-            fleet=fleet, controller=True, sections={g["name"]: self._fleet_sections(g) for g in fleet["groups"]})
+            fleet=fleet, controller=True, sections={g["name"]: self._fleet_sections(g) for g in fleet["groups"]}
+        )
 
     def fleet_sections(self) -> dict[str, Any]:
         """The live parts of the fleet page, read once per version for every open page (the boxes are
@@ -139,7 +156,11 @@ class Pages:
             return None
         report = chosen["report"] if chosen else None
         return self.env.get_template("tune.html.j2").render(
-            controller=self.live.fleet.is_controller(), runs=runs, chosen=chosen, report=report,
+            controller=self.live.fleet.is_controller(),
+            runs=runs,
+            chosen=chosen,
+            report=report,
             svg=svg_chart(report) if report else "",
             chart=json.dumps(view.tune_series(report) if report else None),
-            ttft=json.dumps(view.tune_series(report, "ttft_p90_ms") if report else None))
+            ttft=json.dumps(view.tune_series(report, "ttft_p90_ms") if report else None),
+        )

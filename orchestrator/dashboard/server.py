@@ -29,8 +29,11 @@ from orchestrator.unix_sockets import BoundedServer
 
 log = logs.get_logger()
 
-STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
-                ".txt": "text/plain; charset=utf-8"}
+STATIC_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8",
+}
 # Pages may load their own scripts and styles only: nothing inline, nothing from elsewhere.
 CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'"
 MAX_WATCHERS = 16  # open live pages at once; more get 503
@@ -54,9 +57,12 @@ class _Handler(BaseHTTPRequestHandler):
             log.warning("dashboard_refused", uid=uid, gid=gid)
             self.close_connection = True
             if self.handle_one_request_head():
-                self._send(HTTPStatus.FORBIDDEN, "text/plain; charset=utf-8",
-                           f"403: uid {uid} may not use the dashboard: only root and members of group "
-                           f"{self.server.agent.group!r} may (the same as the agent's socket)\n".encode())
+                self._send(
+                    HTTPStatus.FORBIDDEN,
+                    "text/plain; charset=utf-8",
+                    f"403: uid {uid} may not use the dashboard: only root and members of group "
+                    f"{self.server.agent.group!r} may (the same as the agent's socket)\n".encode(),
+                )
             return
         super().handle()
 
@@ -86,8 +92,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         except Exception:  # the dashboard's top loop: a page that fails is answered, never a dropped connection
             log.exception("dashboard_page_failed", path=path[:200])
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8",
-                       b"500: this page failed; the agent's log says why\n")
+            self._send(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                "text/plain; charset=utf-8",
+                b"500: this page failed; the agent's log says why\n",
+            )
             return
         if page is None:
             self._send(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", f"no page {path[:200]!r}\n".encode())
@@ -100,8 +109,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refuse_method(self) -> None:
         self.close_connection = True
-        self._send(HTTPStatus.METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
-                   f"{self.command}: the dashboard is read-only (GET and HEAD only)\n".encode(), allow="GET, HEAD")
+        self._send(
+            HTTPStatus.METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            f"{self.command}: the dashboard is read-only (GET and HEAD only)\n".encode(),
+            allow="GET, HEAD",
+        )
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method
 
@@ -121,8 +134,11 @@ class _Handler(BaseHTTPRequestHandler):
         page), sent whenever the agent's view changes (a progress event) or every refresh_s."""
         live = self.server.live
         if not self.server.watch_slots.acquire(blocking=False):
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain; charset=utf-8",
-                       f"the dashboard already serves {MAX_WATCHERS} live pages\n".encode())
+            self._send(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                f"the dashboard already serves {MAX_WATCHERS} live pages\n".encode(),
+            )
             return
         live.watch(+1)
         self.close_connection = True
@@ -151,8 +167,16 @@ class _Handler(BaseHTTPRequestHandler):
             live.watch(-1)
             self.server.watch_slots.release()
 
-    def _send(self, status: HTTPStatus, kind: str, body: bytes, *, cache: str = "no-store",
-              allow: str | None = None, location: str | None = None) -> None:
+    def _send(
+        self,
+        status: HTTPStatus,
+        kind: str,
+        body: bytes,
+        *,
+        cache: str = "no-store",
+        allow: str | None = None,
+        location: str | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
@@ -203,8 +227,10 @@ class DashboardServer(BoundedServer):
         body = f"the dashboard already serves {MAX_CONNECTIONS} connections; try again\n".encode()
         try:
             request.settimeout(TURN_AWAY_S)
-            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            request.sendall(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             request.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + TURN_AWAY_S
             while (left := deadline - time.monotonic()) > 0:
@@ -226,4 +252,3 @@ class DashboardServer(BoundedServer):
         self.shutdown()
         self.server_close()
         unix_sockets.remove(self.bound)
-

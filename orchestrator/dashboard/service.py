@@ -25,9 +25,17 @@ def tune_runs(agent: Any) -> Any:
         out = []
         for r in store.finished(host):
             report = r.result or {}
-            out.append({"id": r.id, "model": r.model, "created_at": r.created_at,
-                        "winner": (report.get("decision") or {}).get("winner"), "report": report})
+            out.append(
+                {
+                    "id": r.id,
+                    "model": r.model,
+                    "created_at": r.created_at,
+                    "winner": (report.get("decision") or {}).get("winner"),
+                    "report": report,
+                }
+            )
         return out
+
     return runs
 
 

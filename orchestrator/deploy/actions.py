@@ -56,8 +56,9 @@ def stop_units(ctx: StepContext, units: Iterable[str]) -> list[str]:
     return stopped
 
 
-def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str],
-              sleepers: Mapping[int, int] | None = None) -> None:
+def free_gpus(
+    ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str], sleepers: Mapping[int, int] | None = None
+) -> None:
     """Return when ``gpus`` hold no process and no memory; reap what the stopped units left behind.
     ``sleepers``: PIDs of sleeping engines that may stay, each with at most that many MiB per GPU.
 
@@ -82,13 +83,19 @@ def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str],
         known = {g.index for g in snap.gpus}
         missing = sorted(wanted - known)
         if missing:
-            raise GpuBusy(f"GPU {','.join(map(str, missing))} does not exist: nvidia-smi shows GPUs "
-                          f"{','.join(map(str, sorted(known))) or 'none'}", host=ctx.ports.host.name)
+            raise GpuBusy(
+                f"GPU {','.join(map(str, missing))} does not exist: nvidia-smi shows GPUs "
+                f"{','.join(map(str, sorted(known))) or 'none'}",
+                host=ctx.ports.host.name,
+            )
         allowed = sleepers or {}
         kept = [p for p in snap.on(wanted) if p.pid in allowed and p.used_memory_mib <= allowed[p.pid]]
         procs = tuple(p for p in snap.on(wanted) if p not in kept)
-        used = {g.index: g.memory_used_mib - sum(p.used_memory_mib for p in kept if p.gpu_index == g.index)
-                for g in snap.gpus if g.index in wanted}
+        used = {
+            g.index: g.memory_used_mib - sum(p.used_memory_mib for p in kept if p.gpu_index == g.index)
+            for g in snap.gpus
+            if g.index in wanted
+        }
         busy_mem = {i: m for i, m in used.items() if m > ctx.free_threshold_mib}
         if not leftovers and not procs and not busy_mem:
             ctx.emit("gpus_free", gpus=list(gpus), seconds=round(clock.monotonic() - start, 3))
@@ -107,14 +114,19 @@ def free_gpus(ctx: StepContext, gpus: tuple[int, ...], units: Iterable[str],
         if elapsed > timeout:
             ours = {pid for pids in leftovers.values() for pid in pids}
             holders = [p for p in procs if p.pid not in ours] or list(procs)
-            detail = ", ".join(f"pid {p.pid} {p.process_name} holds {p.used_memory_mib / 1024:.1f} GiB on "
-                               f"GPU {p.gpu_index}" for p in holders)
+            detail = ", ".join(
+                f"pid {p.pid} {p.process_name} holds {p.used_memory_mib / 1024:.1f} GiB on GPU {p.gpu_index}"
+                for p in holders
+            )
             if not detail:
                 detail = ", ".join(f"GPU {i} still uses {m / 1024:.1f} GiB" for i, m in busy_mem.items())
             if leftovers and not holders:
                 detail = ", ".join(f"{u} still has pids {p}" for u, p in leftovers.items())
-            raise GpuBusy(f"GPU {','.join(map(str, gpus))} not free {timeout:g} s after "
-                          f"{', '.join(sorted(set(units))) or 'the stop'}: {detail}", host=ctx.ports.host.name)
+            raise GpuBusy(
+                f"GPU {','.join(map(str, gpus))} not free {timeout:g} s after "
+                f"{', '.join(sorted(set(units))) or 'the stop'}: {detail}",
+                host=ctx.ports.host.name,
+            )
         ctx.pause(min(0.2, ctx.defaults.health_interval_s))
 
 
@@ -136,9 +148,12 @@ def install_unit(ctx: StepContext, spec: UnitSpec) -> bool:
         sd.daemon_reload()
     state = sd.unit_state(spec.unit_name)
     if state.load_state != "loaded":
-        raise SystemdError(f"{spec.unit_name} did not load after daemon-reload (load state "
-                           f"{state.load_state}): the unit file is invalid"
-                           + journal_hint(ctx, spec.unit_name), host=ctx.ports.host.name, unit=spec.unit_name)
+        raise SystemdError(
+            f"{spec.unit_name} did not load after daemon-reload (load state "
+            f"{state.load_state}): the unit file is invalid" + journal_hint(ctx, spec.unit_name),
+            host=ctx.ports.host.name,
+            unit=spec.unit_name,
+        )
     ctx.emit("installed", unit=spec.unit_name, changed=changed, sha256=spec.unit_sha[:12])
     return changed
 
@@ -153,8 +168,9 @@ def start_unit(ctx: StepContext, spec: UnitSpec) -> None:
     try:
         sd.start(spec.unit_name)
     except SystemdError as exc:
-        raise SystemdError(f"{exc}{journal_hint(ctx, spec.unit_name)}", host=ctx.ports.host.name,
-                           unit=spec.unit_name) from exc
+        raise SystemdError(
+            f"{exc}{journal_hint(ctx, spec.unit_name)}", host=ctx.ports.host.name, unit=spec.unit_name
+        ) from exc
 
 
 def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
@@ -177,8 +193,11 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
             unit_verdict = judge_unit(sd.unit_state(spec.unit_name), restarts_before)
             if unit_verdict is not None:
                 after = f" after {completion_error}" if completion_error else ""  # died answering it
-                raise HealthCheckFailed(unit_verdict.detail + after + journal_hint(ctx, spec.unit_name),
-                                        host=ctx.ports.host.name, unit=spec.unit_name)
+                raise HealthCheckFailed(
+                    unit_verdict.detail + after + journal_hint(ctx, spec.unit_name),
+                    host=ctx.ports.host.name,
+                    unit=spec.unit_name,
+                )
             next_unit_check = clock.monotonic() + 1.0
         ok, last = probe.health(spec.base_url)
         if ok and _asleep(ctx, spec):
@@ -197,17 +216,21 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
                     if completion_errors >= ctx.completion_attempts:
                         raise HealthCheckFailed(
                             f"{spec.unit_name}: /health is 200 and /v1/models lists {spec.served_name}, "
-                            f"but {completion_errors} completions failed: {exc}"
-                            + journal_hint(ctx, spec.unit_name),
-                            host=ctx.ports.host.name, unit=spec.unit_name) from exc
+                            f"but {completion_errors} completions failed: {exc}" + journal_hint(ctx, spec.unit_name),
+                            host=ctx.ports.host.name,
+                            unit=spec.unit_name,
+                        ) from exc
         if elapsed > spec.load_deadline_s:
-            raise HealthCheckFailed(f"{spec.unit_name} not ready after its load deadline of "
-                                    f"{spec.load_deadline_s:g} s; last probe: {last}"
-                                    + journal_hint(ctx, spec.unit_name),
-                                    host=ctx.ports.host.name, unit=spec.unit_name)
+            raise HealthCheckFailed(
+                f"{spec.unit_name} not ready after its load deadline of "
+                f"{spec.load_deadline_s:g} s; last probe: {last}" + journal_hint(ctx, spec.unit_name),
+                host=ctx.ports.host.name,
+                unit=spec.unit_name,
+            )
         if clock.monotonic() >= next_note:
-            ctx.emit("waiting", unit=spec.unit_name, seconds=round(elapsed, 1),
-                     deadline=spec.load_deadline_s, last=last)
+            ctx.emit(
+                "waiting", unit=spec.unit_name, seconds=round(elapsed, 1), deadline=spec.load_deadline_s, last=last
+            )
             next_note = clock.monotonic() + 5.0
         ctx.pause(ctx.defaults.health_interval_s)
 
@@ -294,8 +317,12 @@ def drain(ctx: StepContext, engines: Iterable[UnitSpec], *, current: bool = Fals
     start = clock.monotonic()
     while (left := _in_flight(proxy, targets, current)) != 0 and clock.monotonic() < deadline:
         ctx.pause(DRAIN_POLL_S)
-    ctx.emit("drained", seconds=round(clock.monotonic() - start, 3), still_draining=left,
-             engines=[f"{a}:{p}" for a, p in targets])
+    ctx.emit(
+        "drained",
+        seconds=round(clock.monotonic() - start, 3),
+        still_draining=left,
+        engines=[f"{a}:{p}" for a, p in targets],
+    )
 
 
 def _in_flight(proxy: FrontProxy, targets: list[tuple[str, int]], current: bool) -> int | None:

@@ -39,18 +39,25 @@ def discover(ports: HostPorts, units: Sequence[str], pids: Sequence[int], ours: 
         for unit in units:
             state = ports.systemd.unit_state(unit)
             if not state.is_active:
-                raise AdoptError(f"unit {unit} is {state.active_state} ({state.load_state}): adopt records what "
-                                 "runs now; start it, or name a running one", host=ports.host.name)
+                raise AdoptError(
+                    f"unit {unit} is {state.active_state} ({state.load_state}): adopt records what "
+                    "runs now; start it, or name a running one",
+                    host=ports.host.name,
+                )
             engine = _unit(ports.shell, unit)
             if engine is None:
-                raise AdoptError(f"unit {unit}: its ExecStart does not run vLLM's API server (`python -m "
-                                 f"{v.API_SERVER}` or `vllm serve`)", host=ports.host.name)
+                raise AdoptError(
+                    f"unit {unit}: its ExecStart does not run vLLM's API server (`python -m "
+                    f"{v.API_SERVER}` or `vllm serve`)",
+                    host=ports.host.name,
+                )
             found.append(engine)
         running = {f.pid: f for f in processes(ports.shell, set(_vllm_units(ports.shell)) | skip)}
         for pid in pids:
             if pid not in running:
-                raise AdoptError(f"pid {pid}: no vLLM API server runs outside systemd with that pid",
-                                 host=ports.host.name)
+                raise AdoptError(
+                    f"pid {pid}: no vLLM API server runs outside systemd with that pid", host=ports.host.name
+                )
             found.append(running[pid])
         return found
     found = []
@@ -66,8 +73,11 @@ def discover(ports: HostPorts, units: Sequence[str], pids: Sequence[int], ours: 
 
 def _vllm_units(shell: Shell) -> list[str]:
     """Active services whose ExecStart mentions vllm (one systemctl call for all of them)."""
-    listed = shell.run(["systemctl", "list-units", "--type=service", "--state=active", "--plain", "--no-legend",
-                        "--no-pager"], check=False, idempotent=True)
+    listed = shell.run(
+        ["systemctl", "list-units", "--type=service", "--state=active", "--plain", "--no-legend", "--no-pager"],
+        check=False,
+        idempotent=True,
+    )
     names = [line.split()[0] for line in listed.stdout.splitlines() if line.split()]
     if not names:
         return []
@@ -82,14 +92,18 @@ def _vllm_units(shell: Shell) -> list[str]:
 
 def _unit(shell: Shell, unit: str) -> a.Found | None:
     """A unit's engine, from its file and drop-ins as systemd reads them; None: not vLLM's API server."""
-    shown = shell.run(["systemctl", "show", "-p", "FragmentPath", "-p", "DropInPaths", "--", unit], check=False,
-                      idempotent=True)
+    shown = shell.run(
+        ["systemctl", "show", "-p", "FragmentPath", "-p", "DropInPaths", "--", unit], check=False, idempotent=True
+    )
     props = dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
     fragment = props.get("FragmentPath", "")
     raw = shell.read_file(fragment) if fragment else None
     if raw is None:
-        raise AdoptError(f"unit {unit}: its file {fragment or '(none: a transient or generated unit)'} cannot be "
-                         "read: adopt keeps a unit's own file to roll back to", host=None)
+        raise AdoptError(
+            f"unit {unit}: its file {fragment or '(none: a transient or generated unit)'} cannot be "
+            "read: adopt keeps a unit's own file to roll back to",
+            host=None,
+        )
     text = raw.decode(errors="replace")
     drop_ins = props.get("DropInPaths", "").split()
     whole = text + "".join("\n" + (shell.read_file(p) or b"").decode(errors="replace") for p in drop_ins)
@@ -97,9 +111,17 @@ def _unit(shell: Shell, unit: str) -> a.Found | None:
     if not v.is_vllm(fields.argv):
         return None
     unexpressed = fields.unexpressed + tuple(
-        f"drop-in {p} stays on the box; the revision keeps {fragment} only" for p in drop_ins)
-    return a.Found(argv=fields.argv, env=fields.env, user=fields.user, environment_files=fields.environment_files,
-                   unit=unit, unit_text=text, unexpressed=unexpressed)
+        f"drop-in {p} stays on the box; the revision keeps {fragment} only" for p in drop_ins
+    )
+    return a.Found(
+        argv=fields.argv,
+        env=fields.env,
+        user=fields.user,
+        environment_files=fields.environment_files,
+        unit=unit,
+        unit_text=text,
+        unexpressed=unexpressed,
+    )
 
 
 def processes(shell: Shell, units: set[str]) -> list[a.Found]:
@@ -126,8 +148,10 @@ def processes(shell: Shell, units: set[str]) -> list[a.Found]:
             continue  # gone since
         environ = dict(w.split("=", 1) for w in _b64(row.get("E", "")).split("\0") if "=" in w)
         user = row.get("user") if row.get("user") not in (None, "?") else None
-        found[pid] = (a.Found(argv=argv, env=u.engine_env(environ), user=user, pid=pid, pid_start=stat.start),
-                      stat.ppid)
+        found[pid] = (
+            a.Found(argv=argv, env=u.engine_env(environ), user=user, pid=pid, pid_start=stat.start),
+            stat.ppid,
+        )
     return [f for pid, (f, ppid) in sorted(found.items()) if ppid not in found]
 
 
@@ -165,8 +189,9 @@ def stop_processes(ctx: StepContext, specs: Iterable[UnitSpec]) -> None:
         while alive(shell, spec):
             if clock.monotonic() >= deadline:
                 if sent is signal.SIGKILL:
-                    raise GpuBusy(f"pid {spec.pid} ({spec.model}, adopted) still runs after SIGKILL",
-                                  host=ctx.ports.host.name)
+                    raise GpuBusy(
+                        f"pid {spec.pid} ({spec.model}, adopted) still runs after SIGKILL", host=ctx.ports.host.name
+                    )
                 sent, deadline = signal.SIGKILL, clock.monotonic() + 10
                 ctx.emit("reap", unit=f"pid {spec.pid}", pids=[spec.pid], signal="SIGKILL")
                 shell.run(["kill", "-KILL", "--", target], check=False)

@@ -36,10 +36,15 @@ def _ours(store: StateStore, host: str) -> tuple[set[str], set[int]]:
 
 def _target(catalog: Catalog, host: Host, *, but: str | None = None) -> a.Target:
     on = [m for m in catalog.models_on(host.name) if m != but]
-    return a.Target(host=host.name, engine=catalog.engine_command(host), bind=host.bind or catalog.defaults.bind,
-                    user=catalog.defaults.user, env_dir=catalog.defaults.env_dir,
-                    taken=frozenset(m for m in catalog.models if m != but),
-                    ports=frozenset(catalog.models[m].port for m in on))
+    return a.Target(
+        host=host.name,
+        engine=catalog.engine_command(host),
+        bind=host.bind or catalog.defaults.bind,
+        user=catalog.defaults.user,
+        env_dir=catalog.defaults.env_dir,
+        taken=frozenset(m for m in catalog.models if m != but),
+        ports=frozenset(catalog.models[m].port for m in on),
+    )
 
 
 def _found(store: StateStore, ports: HostPorts, units: list[str], pids: list[int]) -> list[a.Found]:
@@ -49,8 +54,19 @@ def _found(store: StateStore, ports: HostPorts, units: list[str], pids: list[int
 
 # What an entry deploy.toml already has must agree on, for the engine to be adopted under it as it is.
 _SAME = ("served", "port", "gpus")
-_COMPARED = ("served", "port", "gpus", "tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel",
-             "max_model_len", "max_num_seqs", "args", "source")
+_COMPARED = (
+    "served",
+    "port",
+    "gpus",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "data_parallel",
+    "expert_parallel",
+    "max_model_len",
+    "max_num_seqs",
+    "args",
+    "source",
+)
 
 
 def _adoption(catalog: Catalog, host: Host, found: a.Found) -> a.Adoption:
@@ -77,16 +93,26 @@ def _checked(catalog: Catalog, host: Host, adoption: a.Adoption) -> dict[str, An
     if existing is not None:
         mismatch = [k for k in _SAME if getattr(existing, k) != getattr(model, k)]
         if mismatch:
-            out["blockers"] = [*out["blockers"], f"deploy.toml's model {existing.name} has " + ", ".join(
-                f"{k} {getattr(existing, k)!r}" for k in mismatch) + " but it runs with " + ", ".join(
-                f"{k} {getattr(model, k)!r}" for k in mismatch) + ": rename the unit or fix the entry"]
+            out["blockers"] = [
+                *out["blockers"],
+                f"deploy.toml's model {existing.name} has "
+                + ", ".join(f"{k} {getattr(existing, k)!r}" for k in mismatch)
+                + " but it runs with "
+                + ", ".join(f"{k} {getattr(model, k)!r}" for k in mismatch)
+                + ": rename the unit or fix the entry",
+            ]
             return out
         out["in_config"], out["toml"] = True, ""
         other = [k for k in _COMPARED if getattr(existing, k) != getattr(model, k)]
         if other:
-            out["notes"] = [*out["notes"], (f"deploy.toml's model {existing.name} differs from what runs in "
-                            f"{', '.join(other)}: the revision keeps what runs; a switch to {existing.name} runs "
-                            "the entry")]
+            out["notes"] = [
+                *out["notes"],
+                (
+                    f"deploy.toml's model {existing.name} differs from what runs in "
+                    f"{', '.join(other)}: the revision keeps what runs; a switch to {existing.name} runs "
+                    "the entry"
+                ),
+            ]
         model = existing
     rendered = engine_argv(catalog, model, model_dir_for(catalog, model, host=host), host)
     out["rendered_argv"] = rendered
@@ -101,8 +127,9 @@ def find(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[str]
     return {"host": host.name, "adopted": adoptions, "toml": "".join("\n" + x["toml"] for x in adoptions if x["toml"])}
 
 
-def record(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[str], pids: list[int], template: str,
-           now: float) -> dict[str, Any]:
+def record(
+    catalog: Catalog, store: StateStore, ports: HostPorts, units: list[str], pids: list[int], template: str, now: float
+) -> dict[str, Any]:
     """A revision (trigger ``adopt``) for each found engine whose entry deploy.toml now holds: a unit's own
     text (a rollback reinstalls it as it was), or a hand-run process's PID with its entry's rendered unit."""
     host = ports.host
@@ -111,25 +138,40 @@ def record(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[st
         return {"host": host.name, "recorded": []}
     if not catalog.proxy.enabled and (len(found) > 1 or store.serving(host.name) is not None):
         serving = store.serving(host.name)
-        what = (f"{serving.model} serves there as revision {serving.revision}" if serving is not None
-                else f"{len(found)} engines run there ({', '.join(f.label for f in found)})")
-        raise AdoptError(f"without the front proxy a host serves one model, and {what}: name one unit to adopt, "
-                         "or turn [proxy] on", host=host.name)
+        what = (
+            f"{serving.model} serves there as revision {serving.revision}"
+            if serving is not None
+            else f"{len(found)} engines run there ({', '.join(f.label for f in found)})"
+        )
+        raise AdoptError(
+            f"without the front proxy a host serves one model, and {what}: name one unit to adopt, or turn [proxy] on",
+            host=host.name,
+        )
     recorded = []
     for engine in found:
         adoption = _adoption(catalog, host, engine)
         model = catalog.models.get(adoption.name)
         if model is None:
-            raise AdoptError(f"{engine.label}: deploy.toml has no model {adoption.name!r}: apply its entry first "
-                             "(`orchestrator adopt --apply` pushes it, then records)", host=host.name)
+            raise AdoptError(
+                f"{engine.label}: deploy.toml has no model {adoption.name!r}: apply its entry first "
+                "(`orchestrator adopt --apply` pushes it, then records)",
+                host=host.name,
+            )
         if model.port != adoption.entry["port"] or list(model.gpus) != adoption.entry["gpus"]:
-            raise AdoptError(f"{engine.label}: model {model.name} in deploy.toml has port {model.port}, gpus "
-                             f"{list(model.gpus)}; it runs with port {adoption.entry['port']}, gpus "
-                             f"{adoption.entry['gpus']}: the entry no longer describes it", host=host.name)
+            raise AdoptError(
+                f"{engine.label}: model {model.name} in deploy.toml has port {model.port}, gpus "
+                f"{list(model.gpus)}; it runs with port {adoption.entry['port']}, gpus "
+                f"{adoption.entry['gpus']}: the entry no longer describes it",
+                host=host.name,
+            )
         spec = _spec(catalog, host, model, engine, template)
         dep = record_running(store, host.name, spec, TRIGGER, now, in_set=catalog.proxy.enabled)
-        store.record_event(now, host.name, "adopted", {"model": model.name, "revision": dep.revision,
-                                                      "unit": engine.unit, "pid": engine.pid})
+        store.record_event(
+            now,
+            host.name,
+            "adopted",
+            {"model": model.name, "revision": dep.revision, "unit": engine.unit, "pid": engine.pid},
+        )
         recorded.append({"model": model.name, "revision": dep.revision, "unit": spec.unit_name, "pid": spec.pid})
     out: dict[str, Any] = {"host": host.name, "recorded": recorded}
     if catalog.proxy.enabled:
@@ -150,12 +192,21 @@ def _route(catalog: Catalog, store: StateStore, ports: HostPorts) -> str:
 def _spec(catalog: Catalog, host: Host, model: Model, engine: a.Found, template: str) -> UnitSpec:
     if engine.unit is not None:
         text = engine.unit_text
-        return UnitSpec(model=model.name, unit_name=engine.unit, unit_text=text,
-                        unit_sha=hashlib.sha256(text.encode()).hexdigest(), served_name=model.served,
-                        address=engine_address(catalog, model, host), port=model.port, gpus=model.gpus,
-                        load_deadline_s=load_deadline(catalog, model),
-                        model_dir=model_dir_for(catalog, model, host=host),
-                        repo=model.repo, revision=model.revision, source=model.source)
+        return UnitSpec(
+            model=model.name,
+            unit_name=engine.unit,
+            unit_text=text,
+            unit_sha=hashlib.sha256(text.encode()).hexdigest(),
+            served_name=model.served,
+            address=engine_address(catalog, model, host),
+            port=model.port,
+            gpus=model.gpus,
+            load_deadline_s=load_deadline(catalog, model),
+            model_dir=model_dir_for(catalog, model, host=host),
+            repo=model.repo,
+            revision=model.revision,
+            source=model.source,
+        )
     if engine.pid is None or engine.pid_start is None:
         raise AdoptError(f"{engine.label}: neither a unit nor a process with a start time", host=host.name)
     return replace(unit_spec(catalog, model, template), pid=engine.pid, pid_start=engine.pid_start)

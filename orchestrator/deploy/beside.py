@@ -21,23 +21,38 @@ def _utilization(catalog: Catalog, model: str) -> float:
     return rules.utilization(catalog, m) if m is not None else catalog.defaults.gpu_memory_utilization
 
 
-def room_beside(ports: HostPorts, catalog: Catalog, residency: ResidencyStore | None, target: UnitSpec,
-                awake: Iterable[UnitSpec]) -> BesideFit:
+def room_beside(
+    ports: HostPorts, catalog: Catalog, residency: ResidencyStore | None, target: UnitSpec, awake: Iterable[UnitSpec]
+) -> BesideFit:
     """Whether ``target`` fits on its GPUs while ``awake`` keep serving and the host's sleepers keep
     their residue (one nvidia-smi snapshot; raises what the GPU probe raises)."""
     sd = ports.systemd
     residue = int(ports.host.sleep_residue_gib * 1024)
-    holders = [Holder(s.model, s.gpus, frozenset(sd.cgroup_pids(s.unit_name)),
-                      utilization=_utilization(catalog, s.model))
-               for s in awake if s.unit_name != target.unit_name]
+    holders = [
+        Holder(s.model, s.gpus, frozenset(sd.cgroup_pids(s.unit_name)), utilization=_utilization(catalog, s.model))
+        for s in awake
+        if s.unit_name != target.unit_name
+    ]
     named = {h.name for h in holders}
     records = residency.residency(ports.host.name) if residency is not None else {}
     for name, rec in records.items():
         if rec.state != ASLEEP or name == target.model or name in named or not rec.unit:
             continue
         model = catalog.models.get(name)
-        holders.append(Holder(name, model.gpus if model is not None else (), frozenset(sd.cgroup_pids(rec.unit)),
-                              asleep=True, residue_mib=residue))
+        holders.append(
+            Holder(
+                name,
+                model.gpus if model is not None else (),
+                frozenset(sd.cgroup_pids(rec.unit)),
+                asleep=True,
+                residue_mib=residue,
+            )
+        )
     own = sd.cgroup_pids(target.unit_name)
-    return beside_fit(ports.gpus.snapshot(), target.gpus, utilization=_utilization(catalog, target.model),
-                      holders=holders, own_pids=own)
+    return beside_fit(
+        ports.gpus.snapshot(),
+        target.gpus,
+        utilization=_utilization(catalog, target.model),
+        holders=holders,
+        own_pids=own,
+    )

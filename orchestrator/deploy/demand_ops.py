@@ -28,8 +28,13 @@ from orchestrator.ports import ProgressCallback
 
 
 def _ctx(ops: Operations, host: str, progress: ProgressCallback | None, **bound: Any) -> StepContext:
-    return StepContext(ports=ops.ports_for(host), catalog=ops.catalog, progress=progress or (lambda e, f: None),
-                       bound={"host": host, **bound}, residency=ops.residency)
+    return StepContext(
+        ports=ops.ports_for(host),
+        catalog=ops.catalog,
+        progress=progress or (lambda e, f: None),
+        bound={"host": host, **bound},
+        residency=ops.residency,
+    )
 
 
 def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCallback | None = None) -> dict[str, Any]:
@@ -55,16 +60,25 @@ def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCa
             control = ctx.ports.engine_control_for(dep.spec)
             if control is None:
                 raise EngineError(f"host {host} has no engine control port")
-            took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, dep.spec),
-                                       level=engine_named(dep.spec.engine).sleep_level(level),
-                                       residue_mib=residue_mib(ctx))
+            took = warm.sleep_verified(
+                control,
+                ctx.ports.gpus,
+                ctx.ports.clock,
+                engine_of(ctx, dep.spec),
+                level=engine_named(dep.spec.engine).sleep_level(level),
+                residue_mib=residue_mib(ctx),
+            )
             mark(ctx, model, ASLEEP, level=level, unit=dep.spec.unit_name, weights_gib=weights_gib(ctx, dep.spec))
             detail: dict[str, Any] = {"seconds": round(took, 3)}
         except (SleepLeftMemory, EngineError) as exc:
             _stop_verified(ctx, model, dep.spec.unit_name, dep.spec.gpus)
             outcome, detail = "stopped", {"sleep_failed": str(exc)}
-        ops.record_event(ctx.ports.clock.now(), host, "demand_idle",
-                         {"model": model, "outcome": outcome, "reason": reason, "revision": dep.revision, **detail})
+        ops.record_event(
+            ctx.ports.clock.now(),
+            host,
+            "demand_idle",
+            {"model": model, "outcome": outcome, "reason": reason, "revision": dep.revision, **detail},
+        )
         return {"host": host, "model": model, "outcome": outcome, "reason": reason, **detail}
 
 
@@ -73,8 +87,9 @@ def stop_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCal
     unit, then its GPUs verified free of its processes; a model serving there stays)."""
     host = ops.catalog.target(model=model).name
     result = ops.stop(model, progress=progress)
-    ops.record_event(ops.ports_for(host).clock.now(), host, "demand_idle",
-                     {"model": model, "outcome": "stopped", "reason": reason})
+    ops.record_event(
+        ops.ports_for(host).clock.now(), host, "demand_idle", {"model": model, "outcome": "stopped", "reason": reason}
+    )
     return {**result, "reason": reason}
 
 
@@ -152,6 +167,9 @@ def _stop_verified(ctx: StepContext, model: str, unit: str, gpus: tuple[int, ...
 
 def _leave_set(ops: Operations, host: str, revision: int, rest: list[int]) -> None:
     current = ops.store.serving(host)
-    ops.store.move_serving(ServingChange(
-        pointers=((host, None),) if current is not None and current.revision == revision else (),
-        sets=((host, tuple(rest)),)))
+    ops.store.move_serving(
+        ServingChange(
+            pointers=((host, None),) if current is not None and current.revision == revision else (),
+            sets=((host, tuple(rest)),),
+        )
+    )

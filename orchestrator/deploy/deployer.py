@@ -44,25 +44,35 @@ log = logs.get_logger()
 StepHook = Callable[[Deployment], None]
 
 
-def record_running(store: StateStore, host: str, spec: UnitSpec, trigger: str, now: float, *,
-                   in_set: bool) -> Deployment:
+def record_running(
+    store: StateStore, host: str, spec: UnitSpec, trigger: str, now: float, *, in_set: bool
+) -> Deployment:
     """Record what already runs (an adoption) as a revision: created planned, then moved by the table's
     ``adopted`` event to active, the host's serving revision (and, with the front proxy, ``in_set``: in
     its serving set beside what serves there)."""
     previous = store.serving(host)
     dep = store.create(host, spec, trigger, previous.revision if previous else None, now)
     sets = ((host, (*(d.revision for d in store.serving_set(host)), dep.revision)),) if in_set else ()
-    store.transition(dep.id, advance(dep.phase, Event.ADOPTED), now,
-                     ServingChange(pointers=((host, dep.revision),), sets=sets))
+    store.transition(
+        dep.id, advance(dep.phase, Event.ADOPTED), now, ServingChange(pointers=((host, dep.revision),), sets=sets)
+    )
     return store.get(dep.id)
 
 
 class Deployer(Planner):
     """Plans a host's deployments (``Planner``) and drives each through core/states.py's table (``run``)."""
 
-    def __init__(self, catalog: Catalog, store: StateStore, ports_for: PortsFactory, *,
-                 template: str | None = None, progress: ProgressCallback | None = None,
-                 before_step: StepHook | None = None, residency: ResidencyStore | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        store: StateStore,
+        ports_for: PortsFactory,
+        *,
+        template: str | None = None,
+        progress: ProgressCallback | None = None,
+        before_step: StepHook | None = None,
+        residency: ResidencyStore | None = None,
+    ) -> None:
         super().__init__(catalog, store, ports_for, template=template, residency=residency)
         self.progress: ProgressCallback = progress or (lambda event, fields: None)
         self.before_step = before_step
@@ -77,23 +87,37 @@ class Deployer(Planner):
         ports = self.ports_for(dep.host)
         bound = {"deployment_id": dep.id, "host": dep.host, "revision": dep.revision}
         blog = log.bind(**bound)
-        ctx = StepContext(ports=ports, catalog=self.catalog, progress=self.progress,
-                          managed_units=self._managed_units(dep.host), bound=bound, park=self.park,
-                          residency=self.residency,
-                          access_checked=frozenset((m, d) for h, m, d in self.access_checked if h == dep.host))
+        ctx = StepContext(
+            ports=ports,
+            catalog=self.catalog,
+            progress=self.progress,
+            managed_units=self._managed_units(dep.host),
+            bound=bound,
+            park=self.park,
+            residency=self.residency,
+            access_checked=frozenset((m, d) for h, m, d in self.access_checked if h == dep.host),
+        )
         node_ctxs: dict[str, StepContext] = {}
 
         def node_ctx(host: str) -> StepContext:
             if host not in node_ctxs:
-                node_ctxs[host] = StepContext(ports=self.ports_for(host), catalog=self.catalog,
-                                              progress=self.progress, managed_units=self._managed_units(host),
-                                              bound={**bound, "node": host}, park=self.park)
+                node_ctxs[host] = StepContext(
+                    ports=self.ports_for(host),
+                    catalog=self.catalog,
+                    progress=self.progress,
+                    managed_units=self._managed_units(host),
+                    bound={**bound, "node": host},
+                    park=self.park,
+                )
             return node_ctxs[host]
 
         ctx.node_ctx = node_ctx
         ctx.record = lambda kind, detail: self.store.record_event(
-            ports.clock.now(), dep.host, kind, redact_tree({"deployment_id": dep.id, "revision": dep.revision,
-                                                            "phase": dep.phase.value, **detail}))
+            ports.clock.now(),
+            dep.host,
+            kind,
+            redact_tree({"deployment_id": dep.id, "revision": dep.revision, "phase": dep.phase.value, **detail}),
+        )
         while not is_terminal(dep.phase):
             if self.before_step is not None:
                 self.before_step(dep)  # test hook: pause or park at a named phase
@@ -114,9 +138,14 @@ class Deployer(Planner):
             blog.info("phase_changed", phase=nxt.value, previous=dep.phase.value, on=event.value)
             plan = self.plan_of(dep)
             # what the phase does in this switch, so that progress lines say only what happens
-            ctx.emit("phase", phase=nxt.value, model=dep.model, proxy=plan is not None,
-                     handover=plan is not None and plan.keeps_serving,
-                     beside=plan is not None and plan.mode is Mode.BESIDE)
+            ctx.emit(
+                "phase",
+                phase=nxt.value,
+                model=dep.model,
+                proxy=plan is not None,
+                handover=plan is not None and plan.keeps_serving,
+                beside=plan is not None and plan.mode is Mode.BESIDE,
+            )
             dep = self.store.get(dep.id)
         return dep
 
@@ -140,14 +169,20 @@ class Deployer(Planner):
         """Run the phase's step and persist what it returns; map a failure to the table's event."""
         plan = self.plan_of(dep)
         serving = () if plan is None else tuple(self.store.by_revision(dep.host, r) for r in plan.before)
-        step = StepInput(dep=dep, previous=step_inputs.previous(self.store, dep),
-                         units_to_stop=step_inputs.units_to_stop(self.catalog, self.store, dep, plan),
-                         respec=lambda path, revision: self.spec_for(self.catalog.models[dep.model],
-                                                                     model_dir=path, revision=revision),
-                         plan=plan, serving=serving,
-                         node_units_to_stop=step_inputs.node_units_to_stop(self.catalog, self.store, dep),
-                         peer_restore=self._peer_restore(dep), node_progress=self.node_progress(dep),
-                         warm_progress=self.warm_progress(dep))
+        step = StepInput(
+            dep=dep,
+            previous=step_inputs.previous(self.store, dep),
+            units_to_stop=step_inputs.units_to_stop(self.catalog, self.store, dep, plan),
+            respec=lambda path, revision: self.spec_for(
+                self.catalog.models[dep.model], model_dir=path, revision=revision
+            ),
+            plan=plan,
+            serving=serving,
+            node_units_to_stop=step_inputs.node_units_to_stop(self.catalog, self.store, dep),
+            peer_restore=self._peer_restore(dep),
+            node_progress=self.node_progress(dep),
+            warm_progress=self.warm_progress(dep),
+        )
         try:
             result = STEPS[dep.phase](ctx, step)
         except OrchestratorError as exc:

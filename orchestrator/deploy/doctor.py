@@ -53,8 +53,16 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
             run = None if python is None else _engine_run(shell, python, user, group, unit_text)
             out += d.engine_verdicts(name, user, python or engine, run, needs)
         if account is not None and model.source != "none":
-            out.append(d.weights_verdict(name, folder, _listing(shell, folder), account, walks,
-                                         staged_expected=model.source.startswith("local:")))
+            out.append(
+                d.weights_verdict(
+                    name,
+                    folder,
+                    _listing(shell, folder),
+                    account,
+                    walks,
+                    staged_expected=model.source.startswith("local:"),
+                )
+            )
     out.append(d.disk_verdict(host.models_dir, _free_bytes(shell, host.models_dir)))
     out.append(d.devices_verdict({n: walks.get(n, Walk(n, {})) for n in nodes}, account))
     meminfo = _meminfo_gib(shell)
@@ -63,8 +71,12 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
     if catalog.proxy.enabled:
         out.append(_haproxy(shell, catalog.proxy.haproxy))
     out += _ports(catalog, ports, list(units))
-    out.append(d.group_verdict(catalog.socket_group, shell.run(["getent", "group", catalog.socket_group],
-                                                               check=False, idempotent=True).exit_code == 0))
+    out.append(
+        d.group_verdict(
+            catalog.socket_group,
+            shell.run(["getent", "group", catalog.socket_group], check=False, idempotent=True).exit_code == 0,
+        )
+    )
     return out
 
 
@@ -83,15 +95,17 @@ def _gpus(ports: HostPorts) -> Verdict:
         snap = ports.gpus.snapshot()
     except OrchestratorError as exc:
         error = str(exc)
-    driver = ports.shell.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], check=False,
-                             idempotent=True)
+    driver = ports.shell.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], check=False, idempotent=True
+    )
     version = driver.stdout.strip().splitlines()[0].strip() if driver.exit_code == 0 and driver.stdout.strip() else None
     return d.gpu_verdict(snap, error, version)
 
 
 def _device_nodes(shell: Shell) -> list[str]:
-    result = shell.run(["sh", "-c", "for f in /dev/nvidia*; do [ -e \"$f\" ] && echo \"$f\"; done; true"],
-                       check=False, idempotent=True)
+    result = shell.run(
+        ["sh", "-c", 'for f in /dev/nvidia*; do [ -e "$f" ] && echo "$f"; done; true'], check=False, idempotent=True
+    )
     return [line for line in result.stdout.splitlines() if line.startswith("/dev/nvidia")]
 
 
@@ -102,8 +116,23 @@ def unit_environment(unit_text: str) -> list[str]:
 
 def _engine_run(shell: Shell, engine: str, user: str, group: str, unit_text: str) -> d.EngineRun:
     """The interpreter as systemd runs the unit: its user and group, PrivateTmp, its environment."""
-    argv = ["systemd-run", "--wait", "--pipe", "--quiet", "--collect", "-p", f"User={user}", "-p", f"Group={group}",
-            "-p", "PrivateTmp=yes", "-p", "NoNewPrivileges=yes", "-p", "WorkingDirectory=/"]
+    argv = [
+        "systemd-run",
+        "--wait",
+        "--pipe",
+        "--quiet",
+        "--collect",
+        "-p",
+        f"User={user}",
+        "-p",
+        f"Group={group}",
+        "-p",
+        "PrivateTmp=yes",
+        "-p",
+        "NoNewPrivileges=yes",
+        "-p",
+        "WorkingDirectory=/",
+    ]
     for env in unit_environment(unit_text):
         argv += ["-p", f"Environment={env}"]
     argv += [engine, "-c", d.ENGINE_SCRIPT]
@@ -154,8 +183,9 @@ def _ports(catalog: Catalog, ports: HostPorts, models: Sequence[str]) -> list[Ve
     if catalog.metrics_port:
         wanted.append(("the agent's metrics", "127.0.0.1", catalog.metrics_port))
     listening = ports.shell.run(["ss", "-Hltnp"], check=False, idempotent=True).stdout.splitlines()
-    return [d.port_verdict(what, port, _foreign(ports.shell, listening, address, port))
-            for what, address, port in wanted]
+    return [
+        d.port_verdict(what, port, _foreign(ports.shell, listening, address, port)) for what, address, port in wanted
+    ]
 
 
 def _foreign(shell: Shell, listening: list[str], address: str, port: int) -> str | None:

@@ -42,8 +42,7 @@ def host_lock(state_dir: str, host: str, describe_holder: str = "") -> Iterator[
     fd = _open(state_dir, host)
     try:
         if not _try_flock(fd):
-            raise Busy(f"host {host} is busy: {describe_holder or 'another operation is running'}; {WAIT}",
-                       host=host)
+            raise Busy(f"host {host} is busy: {describe_holder or 'another operation is running'}; {WAIT}", host=host)
         yield
     finally:
         os.close(fd)
@@ -110,8 +109,9 @@ def _flocked(path: Path) -> bool | None:
         text = Path("/proc/locks").read_text()
     except OSError:
         return None
-    return any(f[1:2] == ["FLOCK"] and f[5] in names for f in (line.split() for line in text.splitlines())
-               if len(f) > 5)
+    return any(
+        f[1:2] == ["FLOCK"] and f[5] in names for f in (line.split() for line in text.splitlines()) if len(f) > 5
+    )
 
 
 def _lock_names(path: Path) -> set[str]:
@@ -123,8 +123,9 @@ def _lock_names(path: Path) -> set[str]:
     names = {_name(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)}
     fd = os.open(path, os.O_PATH)
     try:
-        info = dict(line.split(":", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
-                    if ":" in line)
+        info = dict(
+            line.split(":", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":" in line
+        )
     finally:
         os.close(fd)
     mount, ino = info.get("mnt_id", "").strip(), info.get("ino", str(st.st_ino)).strip()

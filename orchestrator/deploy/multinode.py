@@ -32,8 +32,11 @@ def record(ctx: StepContext, step: str, host: str, unit: str, sha: str, **detail
 
 def recorded(progress: Iterable[Mapping[str, Any]], step: str, phase: str) -> set[tuple[str, str, str]]:
     """(node, unit, sha256) of the units a deployment's ``phase`` recorded as ``step``."""
-    return {(str(e["node"]), str(e["unit"]), str(e["sha256"])) for e in progress
-            if e.get("step") == step and e.get("phase") == phase}
+    return {
+        (str(e["node"]), str(e["unit"]), str(e["sha256"]))
+        for e in progress
+        if e.get("step") == step and e.get("phase") == phase
+    }
 
 
 def api_progress(ctx: StepContext, spec: UnitSpec, step: str) -> None:
@@ -50,10 +53,21 @@ def _node_ctx(ctx: StepContext, host: str) -> StepContext:
 
 def _as_spec(spec: UnitSpec, node: NodeUnit) -> UnitSpec:
     """A node's unit in the shape the single-host actions take (it has no API of its own)."""
-    return UnitSpec(model=spec.model, unit_name=node.unit_name, unit_text=node.unit_text, unit_sha=node.unit_sha,
-                    served_name=spec.served_name, address=spec.address, port=spec.port, gpus=spec.gpus,
-                    load_deadline_s=spec.load_deadline_s, model_dir=node.model_dir or spec.model_dir, repo=spec.repo,
-                    revision=spec.revision, source=spec.source)
+    return UnitSpec(
+        model=spec.model,
+        unit_name=node.unit_name,
+        unit_text=node.unit_text,
+        unit_sha=node.unit_sha,
+        served_name=spec.served_name,
+        address=spec.address,
+        port=spec.port,
+        gpus=spec.gpus,
+        load_deadline_s=spec.load_deadline_s,
+        model_dir=node.model_dir or spec.model_dir,
+        repo=spec.repo,
+        revision=spec.revision,
+        source=spec.source,
+    )
 
 
 def preflight(ctx: StepContext, spec: UnitSpec) -> None:
@@ -63,8 +77,11 @@ def preflight(ctx: StepContext, spec: UnitSpec) -> None:
         snap = nctx.ports.gpus.snapshot()
         missing = sorted(set(spec.gpus) - {g.index for g in snap.gpus})
         if missing:
-            raise PlanError(f"{spec.model} needs GPU {','.join(map(str, spec.gpus))} on node {host} but "
-                            f"nvidia-smi there shows {len(snap.gpus)} GPU(s)", host=host)
+            raise PlanError(
+                f"{spec.model} needs GPU {','.join(map(str, spec.gpus))} on node {host} but "
+                f"nvidia-smi there shows {len(snap.gpus)} GPU(s)",
+                host=host,
+            )
         ctx.emit("node_preflight", node=host, gpus=len(snap.gpus))
     if spec.backend == "ray":
         check_ray_versions(ctx, spec)
@@ -82,8 +99,7 @@ def ray_version(ctx: StepContext, host: str) -> str:
     found = RAY_VERSION_RE.search(result.stdout)
     if result.exit_code != 0 or found is None:
         detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise PlanError(f"node {host}: `{ray} --version` failed (exit {result.exit_code}): {detail[0]}",
-                        host=host)
+        raise PlanError(f"node {host}: `{ray} --version` failed (exit {result.exit_code}): {detail[0]}", host=host)
     return found.group(1)
 
 
@@ -107,10 +123,16 @@ def stage(ctx: StepContext, spec: UnitSpec) -> None:
         staged = nctx.ports.weights.stage(want, nctx.progress)
         ctx.emit("staged", node=node.host, path=staged.path, revision=staged.revision, bytes=staged.total_bytes)
         if node.model_dir and staged.path != want.model_dir:
-            why = " (Ray's workers read the head's path: give every node the same models_dir)" \
-                if spec.backend == "ray" else ""
-            raise WeightsError(f"{spec.model}: node {node.host} staged the weights into {staged.path} but "
-                               f"{node.unit_name} reads them from {want.model_dir}{why}", host=node.host)
+            why = (
+                " (Ray's workers read the head's path: give every node the same models_dir)"
+                if spec.backend == "ray"
+                else ""
+            )
+            raise WeightsError(
+                f"{spec.model}: node {node.host} staged the weights into {staged.path} but "
+                f"{node.unit_name} reads them from {want.model_dir}{why}",
+                host=node.host,
+            )
 
 
 def preinstall(ctx: StepContext, spec: UnitSpec) -> None:
@@ -133,8 +155,12 @@ def stop(ctx: StepContext, units: Mapping[str, frozenset[str]], keep: frozenset[
                 nctx.ports.systemd.reset_failed(unit)
 
 
-def free(ctx: StepContext, spec: UnitSpec, units: Mapping[str, frozenset[str]],
-         keep: frozenset[tuple[str, str]] = frozenset()) -> None:
+def free(
+    ctx: StepContext,
+    spec: UnitSpec,
+    units: Mapping[str, frozenset[str]],
+    keep: frozenset[tuple[str, str]] = frozenset(),
+) -> None:
     for host in spec.node_hosts:
         # A node whose unit of ``spec`` already runs again (a resumed rollback) holds the GPUs by right.
         if host != ctx.ports.host.name and not any(h == host for h, _ in keep):
@@ -200,19 +226,23 @@ def _ray_address(spec: UnitSpec) -> str:
     return found.group(1) if found else ""
 
 
-def resumed(ctx: StepContext, spec: UnitSpec, progress: Iterable[Mapping[str, Any]],
-            phase: str) -> frozenset[tuple[str, str]]:
+def resumed(
+    ctx: StepContext, spec: UnitSpec, progress: Iterable[Mapping[str, Any]], phase: str
+) -> frozenset[tuple[str, str]]:
     """(host, unit) of ``spec`` that ``phase`` of this deployment started before a crash and that
     still run that very unit: re-running the phase must not stop them (a rank's restart is a new
     process group the others do not know)."""
     started = recorded(progress, "started", phase)
     if not started:
         return frozenset()
-    units = [(n.host, n.unit_name, n.unit_sha) for n in spec.nodes] + [(ctx.ports.host.name, spec.unit_name,
-                                                                         spec.unit_sha)]
-    return frozenset((h, u) for h, u, sha in units if (h, u, sha) in started
-                     and _node_ctx(ctx, h).ports.systemd.unit_state(u).is_active)
-
+    units = [(n.host, n.unit_name, n.unit_sha) for n in spec.nodes] + [
+        (ctx.ports.host.name, spec.unit_name, spec.unit_sha)
+    ]
+    return frozenset(
+        (h, u)
+        for h, u, sha in units
+        if (h, u, sha) in started and _node_ctx(ctx, h).ports.systemd.unit_state(u).is_active
+    )
 
 
 def wait_ray_cluster(ctx: StepContext, spec: UnitSpec) -> None:
@@ -236,10 +266,12 @@ def wait_ray_cluster(ctx: StepContext, spec: UnitSpec) -> None:
             nctx = _node_ctx(ctx, node.host)
             state = nctx.ports.systemd.unit_state(node.unit_name)
             if not state.is_active:
-                raise HealthCheckFailed(f"{node.unit_name} on {node.host} is {state.active_state} "
-                                        f"({state.sub_state}) while the Ray cluster forms"
-                                        + actions.journal_hint(nctx, node.unit_name),
-                                        host=node.host, unit=node.unit_name)
+                raise HealthCheckFailed(
+                    f"{node.unit_name} on {node.host} is {state.active_state} "
+                    f"({state.sub_state}) while the Ray cluster forms" + actions.journal_hint(nctx, node.unit_name),
+                    host=node.host,
+                    unit=node.unit_name,
+                )
         left = timeout - (clock.monotonic() - start_at)
         argv = [ray, "status", "-v"] + (["--address", address] if address else [])
         result = ctx.ports.shell.run(argv, timeout=max(5.0, min(60.0, left)), check=False)
@@ -247,8 +279,7 @@ def wait_ray_cluster(ctx: StepContext, spec: UnitSpec) -> None:
         last = ((result.stdout if result.exit_code == 0 else result.stderr).strip().splitlines()[-1:] or [""])[0]
         ready = [n for n in nodes if n.totals.get("GPU", 0) >= len(spec.gpus) and n.totals.get("CPU", 0) > 0]
         if len(ready) >= want:
-            ctx.emit("ray_cluster", nodes=[n.shown() for n in nodes],
-                     seconds=round(clock.monotonic() - start_at, 3))
+            ctx.emit("ray_cluster", nodes=[n.shown() for n in nodes], seconds=round(clock.monotonic() - start_at, 3))
             return
         if clock.monotonic() - start_at > timeout:
             expected = ", ".join(f"{n.host} ({n.role})" for n in spec.nodes)
@@ -257,14 +288,18 @@ def wait_ray_cluster(ctx: StepContext, spec: UnitSpec) -> None:
                 f"Ray cluster of {spec.model} at {address or 'the head'} shows {len(ready)} of {want} nodes "
                 f"with {len(spec.gpus)} GPU(s) each after ray_join_timeout_s = {timeout:g} s; expected "
                 f"{expected}; seen: {seen}" + node_hints(ctx, spec),
-                host=ctx.ports.host.name, unit=head.unit_name)
+                host=ctx.ports.host.name,
+                unit=head.unit_name,
+            )
         ctx.pause(max(ctx.defaults.health_interval_s, 0.5))
 
 
 def node_hints(ctx: StepContext, spec: UnitSpec) -> str:
     """The journals of the other nodes: a failed rank's reason is often only there."""
-    return "".join(f"\n--- node {n.host} ({n.role}):" + actions.journal_hint(_node_ctx(ctx, n.host), n.unit_name)
-                   for n in spec.nodes)
+    return "".join(
+        f"\n--- node {n.host} ({n.role}):" + actions.journal_hint(_node_ctx(ctx, n.host), n.unit_name)
+        for n in spec.nodes
+    )
 
 
 def wait_ready(ctx: StepContext, spec: UnitSpec) -> None:
@@ -275,16 +310,18 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> None:
     try:
         actions.wait_ready(ctx, spec)
     except HealthCheckFailed as exc:
-        raise HealthCheckFailed(f"{exc}{node_hints(ctx, spec)}", host=ctx.ports.host.name,
-                                unit=spec.unit_name) from exc
+        raise HealthCheckFailed(f"{exc}{node_hints(ctx, spec)}", host=ctx.ports.host.name, unit=spec.unit_name) from exc
     states = []
     for node in spec.nodes:
         nctx = _node_ctx(ctx, node.host)
         state = nctx.ports.systemd.unit_state(node.unit_name)
         if not state.is_active:
-            raise HealthCheckFailed(f"{node.unit_name} on {node.host} is {state.active_state} after the API "
-                                    "answered" + actions.journal_hint(nctx, node.unit_name),
-                                    host=node.host, unit=node.unit_name)
+            raise HealthCheckFailed(
+                f"{node.unit_name} on {node.host} is {state.active_state} after the API "
+                "answered" + actions.journal_hint(nctx, node.unit_name),
+                host=node.host,
+                unit=node.unit_name,
+            )
         states.append((node, state))
     # The restart counts the watch compares against (Engine.is_healthy): a rank systemd restarted
     # on its own later is a new process the others never joined.
@@ -324,5 +361,6 @@ def restore_peers(ctx: StepContext, specs: Mapping[str, UnitSpec]) -> None:
         except OrchestratorError as exc:
             errors.append(f"node {host}: {spec.model}: {exc}")
     if errors:
-        raise HealthCheckFailed("could not bring back what served on the other nodes: " + "; ".join(errors),
-                                host=ctx.ports.host.name)
+        raise HealthCheckFailed(
+            "could not bring back what served on the other nodes: " + "; ".join(errors), host=ctx.ports.host.name
+        )

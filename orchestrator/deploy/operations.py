@@ -46,8 +46,12 @@ class Operations(OperationsViews):
             sd.disable(serving.spec.unit_name)
             self.store.move_serving(ServingChange(pointers=((host, None),)))
             self.residency.set_state(host, serving.model, STOPPED, time.time(), unit=serving.spec.unit_name)
-            self.store.record_event(time.time(), host, "stopped", {"unit": serving.spec.unit_name,
-                                                                   "revision": serving.revision, "reason": reason})
+            self.store.record_event(
+                time.time(),
+                host,
+                "stopped",
+                {"unit": serving.spec.unit_name, "revision": serving.revision, "reason": reason},
+            )
 
     # -- operations ---------------------------------------------------------------------------
     @contextmanager
@@ -58,9 +62,16 @@ class Operations(OperationsViews):
                 stack.enter_context(host_lock(self.state_dir, node.name, self.holder(node.name)))
             yield
 
-    def switch(self, model: str, *, trigger: str | None = None, no_rollback: bool = False, force: bool = False,
-               progress: ProgressCallback | None = None,
-               abandon: Callable[[], str | None] | None = None) -> dict[str, Any]:
+    def switch(
+        self,
+        model: str,
+        *,
+        trigger: str | None = None,
+        no_rollback: bool = False,
+        force: bool = False,
+        progress: ProgressCallback | None = None,
+        abandon: Callable[[], str | None] | None = None,
+    ) -> dict[str, Any]:
         """Switch to ``model``; ``abandon`` (models on demand): asked while it cold-starts, a reason
         fails the switch (Abandoned) so that it rolls back."""
         host = self.catalog.target(model=model).name
@@ -76,14 +87,25 @@ class Operations(OperationsViews):
             if dep is None:
                 serving = self.store.serving(host)
                 assert serving is not None
-                return {"noop": True, "host": host, "model": model, "revision": serving.revision,
-                        "message": f"{model} is already active and healthy on {host} (revision "
-                                   f"{serving.revision}); nothing to do (use --force to redeploy)"}
+                return {
+                    "noop": True,
+                    "host": host,
+                    "model": model,
+                    "revision": serving.revision,
+                    "message": f"{model} is already active and healthy on {host} (revision "
+                    f"{serving.revision}); nothing to do (use --force to redeploy)",
+                }
             final = eng.run(dep.id)
             return {"noop": False, "recovered": recovered, **final.to_dict()}
 
-    def rollback(self, host: str | None = None, to_revision: int | None = None, *, trigger: str = "rollback",
-                 progress: ProgressCallback | None = None) -> dict[str, Any]:
+    def rollback(
+        self,
+        host: str | None = None,
+        to_revision: int | None = None,
+        *,
+        trigger: str = "rollback",
+        progress: ProgressCallback | None = None,
+    ) -> dict[str, Any]:
         host = self.catalog.target(host=host).name
         with host_lock(self.state_dir, host, self.holder(host)), self.running(progress) as eng:
             recovered = self._recover_host(eng, host)
@@ -108,8 +130,9 @@ class Operations(OperationsViews):
             return {**self._stop(eng, host, last), "noop": False}
         result: dict[str, Any] = {}
         for revision in plan.displaced:
-            dep = eng.plan_spec(host, self.store.by_revision(host, revision).spec, f"{trigger}:to-{revision}",
-                                restores=revision)
+            dep = eng.plan_spec(
+                host, self.store.by_revision(host, revision).spec, f"{trigger}:to-{revision}", restores=revision
+            )
             final = eng.run(dep.id)
             result = {"noop": False, **final.to_dict()}
             if final.phase is not Phase.ACTIVE:
@@ -130,32 +153,45 @@ class Operations(OperationsViews):
 
         target = self.catalog.target(host=host).name
         with host_lock(self.state_dir, target, self.holder(target)):
-            return adopt_record.record(self.catalog, self.store, self.ports_for(target), _services(units),
-                                       pids or [], self.template or default_template(), time.time())
+            return adopt_record.record(
+                self.catalog,
+                self.store,
+                self.ports_for(target),
+                _services(units),
+                pids or [],
+                self.template or default_template(),
+                time.time(),
+            )
 
     def stop(self, model: str, *, progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Stop MODEL and free its GPUs; with the proxy, its route goes first (then a 404)."""
         host = self.catalog.target(model=model).name
         with self._model_locks(model), self.running(progress) as eng:  # a multi-node model stops on every node
             self._recover_host(eng, host)
-            serving = self.store.serving_set(host) if self.catalog.proxy.enabled else \
-                [d for d in [self.store.serving(host)] if d is not None]
+            serving = (
+                self.store.serving_set(host)
+                if self.catalog.proxy.enabled
+                else [d for d in [self.store.serving(host)] if d is not None]
+            )
             dep = next((d for d in serving if d.model == model), None)
             if dep is not None:
                 return self._stop(eng, host, dep)
             rec = self.residency.residency(host).get(model)
             if rec is not None and rec.state == ASLEEP:
                 return self._stop_sleeper(eng, host, model, rec.unit)
-            raise UsageError(f"{model} neither serves nor sleeps on {host}: nothing to stop "
-                             f"(serving: {', '.join(d.model for d in serving) or 'nothing'})")
+            raise UsageError(
+                f"{model} neither serves nor sleeps on {host}: nothing to stop "
+                f"(serving: {', '.join(d.model for d in serving) or 'nothing'})"
+            )
 
     def _stop_sleeper(self, eng: Deployer, host: str, model: str, unit: str) -> dict[str, Any]:
         """A sleeping model has no route: its unit stops (its weights leave host RAM), and its GPUs
         are verified free of its processes by PID; the others there (the model that displaced it,
         other sleepers) stay as they are."""
         ports = self.ports_for(host)
-        ctx = StepContext(ports=ports, catalog=self.catalog, progress=eng.progress, bound={"host": host},
-                          residency=self.residency)
+        ctx = StepContext(
+            ports=ports, catalog=self.catalog, progress=eng.progress, bound={"host": host}, residency=self.residency
+        )
         unit = unit or self.catalog.models[model].unit_name
         gpus = self.catalog.models[model].gpus
         own = set(ports.systemd.cgroup_pids(unit))
@@ -166,13 +202,24 @@ class Operations(OperationsViews):
             ports.systemd.disable(unit)
         self.residency.set_state(host, model, STOPPED, ports.clock.now(), unit=unit)
         self.store.record_event(ports.clock.now(), host, "stop", {"model": model, "unit": unit, "was": ASLEEP})
-        return {"host": host, "model": model, "revision": None, "outcome": "stopped", "was": ASLEEP,
-                "serving": [d.model for d in self.store.serving_set(host)]}
+        return {
+            "host": host,
+            "model": model,
+            "revision": None,
+            "outcome": "stopped",
+            "was": ASLEEP,
+            "serving": [d.model for d in self.store.serving_set(host)],
+        }
 
     def _stop(self, eng: Deployer, host: str, dep: Deployment) -> dict[str, Any]:
         ports = self.ports_for(host)
-        ctx = StepContext(ports=ports, catalog=self.catalog, progress=eng.progress,
-                          bound={"host": host, "revision": dep.revision}, residency=self.residency)
+        ctx = StepContext(
+            ports=ports,
+            catalog=self.catalog,
+            progress=eng.progress,
+            bound={"host": host, "revision": dep.revision},
+            residency=self.residency,
+        )
         if self.catalog.proxy.enabled:
             rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
             actions.route(ctx, [d.spec for d in rest])
@@ -183,8 +230,12 @@ class Operations(OperationsViews):
         if ports.systemd.unit_state(dep.spec.unit_name).exists:
             ports.systemd.disable(dep.spec.unit_name)
         if dep.spec.nodes:  # then its other units, in reverse start order, on every node
-            ctx.node_ctx = lambda h: StepContext(ports=self.ports_for(h), catalog=self.catalog, progress=eng.progress,
-                                                 bound={"host": h, "revision": dep.revision})
+            ctx.node_ctx = lambda h: StepContext(
+                ports=self.ports_for(h),
+                catalog=self.catalog,
+                progress=eng.progress,
+                bound={"host": h, "revision": dep.revision},
+            )
             units: dict[str, set[str]] = {}
             for node in reversed(dep.spec.nodes):
                 units.setdefault(node.host, set()).add(node.unit_name)
@@ -195,16 +246,25 @@ class Operations(OperationsViews):
                     self.ports_for(node.host).systemd.disable(node.unit_name)
         current = self.store.serving(host)
         # the set and the pointer in one transaction: a crash between them left `status` naming a stopped model
-        self.store.move_serving(ServingChange(
-            pointers=((host, None),) if current is not None and current.revision == dep.revision else (),
-            sets=((host, tuple(d.revision for d in rest)),) if self.catalog.proxy.enabled else ()))
+        self.store.move_serving(
+            ServingChange(
+                pointers=((host, None),) if current is not None and current.revision == dep.revision else (),
+                sets=((host, tuple(d.revision for d in rest)),) if self.catalog.proxy.enabled else (),
+            )
+        )
         self.residency.set_state(host, dep.model, STOPPED, ports.clock.now(), unit=dep.spec.unit_name)
         self.store.record_event(ports.clock.now(), host, "stop", {"model": dep.model, "revision": dep.revision})
-        return {"host": host, "model": dep.model, "revision": dep.revision, "outcome": "stopped",
-                "serving": [d.model for d in self.store.serving_set(host)]}
+        return {
+            "host": host,
+            "model": dep.model,
+            "revision": dep.revision,
+            "outcome": "stopped",
+            "serving": [d.model for d in self.store.serving_set(host)],
+        }
 
-    def stage(self, model: str, *, peer: dict[str, Any] | None = None,
-              progress: ProgressCallback | None = None) -> dict[str, Any]:
+    def stage(
+        self, model: str, *, peer: dict[str, Any] | None = None, progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
         """Download and verify a model's weights while whatever serves keeps serving; ``peer``: copy
         them from that box instead (a fleet rollout's one download per fleet, adapters/weights_peer.py)."""
         host = self.catalog.target(model=model).name
@@ -220,8 +280,13 @@ class Operations(OperationsViews):
                 weights, source = with_peer(ports.weights, peer)
                 spec = replace(spec, source=source)
             staged = weights.stage(spec, progress or (lambda e, f: None))
-        return {"model": model, "host": host, "path": staged.path, "revision": staged.revision,
-                "bytes": staged.total_bytes}
+        return {
+            "model": model,
+            "host": host,
+            "path": staged.path,
+            "revision": staged.revision,
+            "bytes": staged.total_bytes,
+        }
 
     def recover(self, host: str | None = None, progress: ProgressCallback | None = None) -> list[dict[str, Any]]:
         """Drive every unfinished deployment (a crash, a parked SIGTERM) to an outcome."""

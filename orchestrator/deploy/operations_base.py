@@ -22,10 +22,17 @@ from orchestrator.secrets import redact_tree
 class OperationsBase:
     """The stores, the deployers in flight and the record lookups (Operations adds what acts)."""
 
-    def __init__(self, catalog: Catalog, ports_for: Callable[[str], HostPorts], *,
-                 store: StateStore | None = None, template: str | None = None,
-                 residency: ResidencyStore | None = None,
-                 before_step: Callable[[Deployment], None] | None = None, reading: bool = False) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        ports_for: Callable[[str], HostPorts],
+        *,
+        store: StateStore | None = None,
+        template: str | None = None,
+        residency: ResidencyStore | None = None,
+        before_step: Callable[[Deployment], None] | None = None,
+        reading: bool = False,
+    ) -> None:
         """``reading``: a read-only command's (status, history...): the stores open read-only (SqliteFile)."""
         self.catalog = catalog
         self.reading = reading
@@ -47,8 +54,9 @@ class OperationsBase:
     def store(self) -> StateStore:
         with self._open_lock:
             if self._store is None:
-                self._store = SqliteStore(Path(self.catalog.state_dir) / "state.db", group=self.catalog.socket_group,
-                                          reading=self.reading)
+                self._store = SqliteStore(
+                    Path(self.catalog.state_dir) / "state.db", group=self.catalog.socket_group, reading=self.reading
+                )
             return self._store
 
     @property
@@ -56,14 +64,22 @@ class OperationsBase:
         """Warm switches: which models sleep (a file of its own beside state.db)."""
         with self._open_lock:
             if self._residency_store is None:
-                self._residency_store = SqliteResidencyStore(Path(self.catalog.state_dir) / "residency.db",
-                                                             group=self.catalog.socket_group, reading=self.reading)
+                self._residency_store = SqliteResidencyStore(
+                    Path(self.catalog.state_dir) / "residency.db", group=self.catalog.socket_group, reading=self.reading
+                )
             return self._residency_store
 
     def deployer(self, progress: ProgressCallback | None = None) -> Deployer:
         """A deployer for lookups and planning; ``running`` is the one for an operation that runs steps."""
-        return Deployer(self.catalog, self.store, self.ports_for, residency=self.residency, template=self.template,
-                        progress=progress, before_step=self.before_step)
+        return Deployer(
+            self.catalog,
+            self.store,
+            self.ports_for,
+            residency=self.residency,
+            template=self.template,
+            progress=progress,
+            before_step=self.before_step,
+        )
 
     @contextmanager
     def running(self, progress: ProgressCallback | None = None) -> Iterator[Deployer]:
@@ -91,7 +107,6 @@ class OperationsBase:
             return "another operation is running"
         d = running[-1]
         return f"deployment #{d.id} (revision {d.revision}, {d.model}, {d.trigger}) is in phase {d.phase.value}"
-
 
     def serving(self, host: str | None) -> Deployment | None:
         """The deployment recorded as serving on the host (the only host when left out)."""

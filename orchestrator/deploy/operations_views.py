@@ -57,15 +57,17 @@ class OperationsViews(OperationsBase):
         old = to_bring_back(newest[0], displaced, {d.spec.served_name for d in self.store.serving_set(host)})
         if old is None:
             return None
-        ctx = StepContext(ports=self.ports_for(host), catalog=self.catalog, progress=lambda e, f: None,
-                          residency=self.residency)
+        ctx = StepContext(
+            ports=self.ports_for(host), catalog=self.catalog, progress=lambda e, f: None, residency=self.residency
+        )
         rec = self.residency.residency(host).get(old.model)
         if rec is None or rec.state != ASLEEP or not warm_steps.is_asleep(ctx, old.spec):
             state = "not running" if rec is None or rec.state != ASLEEP else "not answering as a sleeper"
             why = f"{old.model} is {state}: the watch only wakes a sleeper; `orchestrator switch {old.model}` starts it"
             return Lost(newest[0], old, (why,))
-        reasons = warm.wake_shortfall(ctx.ports.gpus, warm_steps.engine_of(ctx, old.spec),
-                                      sleepers=warm_steps.sleepers(ctx, but=[old.model]))
+        reasons = warm.wake_shortfall(
+            ctx.ports.gpus, warm_steps.engine_of(ctx, old.spec), sleepers=warm_steps.sleepers(ctx, but=[old.model])
+        )
         return Lost(newest[0], old, tuple(reasons))
 
     def schedules(self, now: float, next_runs: dict[str, float] | None = None) -> list[dict[str, Any]]:
@@ -77,11 +79,25 @@ class OperationsViews(OperationsBase):
             first = next_runs.get(name) if next_runs is not None else sched.next_run(s, now)
             nxt = None if first is None else sched.next_run_in_window(s, first)
             last = next((e for e in events if e["schedule"] == name), None)
-            shown = ("never: its cron has no fire time left" if first is None
-                     else "never: no firing of its cron falls inside its window" if nxt is None
-                     else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(nxt)))
-            rows.append({"name": name, "cron": s.cron, "action": s.action, "model": s.model, "window": s.window,
-                         "next_run": shown, "next_run_ts": nxt, "last": last})
+            shown = (
+                "never: its cron has no fire time left"
+                if first is None
+                else "never: no firing of its cron falls inside its window"
+                if nxt is None
+                else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(nxt))
+            )
+            rows.append(
+                {
+                    "name": name,
+                    "cron": s.cron,
+                    "action": s.action,
+                    "model": s.model,
+                    "window": s.window,
+                    "next_run": shown,
+                    "next_run_ts": nxt,
+                    "last": last,
+                }
+            )
         return rows
 
     def doctor(self, host: str | None, models: list[str]) -> dict[str, Any]:
@@ -93,8 +109,10 @@ class OperationsViews(OperationsBase):
         on = self.catalog.models_on(target.name)
         elsewhere = [m for m in models if m not in on]
         if elsewhere:
-            raise UsageError(f"doctor: {', '.join(elsewhere)} not on host {target.name} (its models: "
-                             f"{', '.join(on) or 'none'}): name one host's models, or --on HOST")
+            raise UsageError(
+                f"doctor: {', '.join(elsewhere)} not on host {target.name} (its models: "
+                f"{', '.join(on) or 'none'}): name one host's models, or --on HOST"
+            )
         template = self.template or default_template()
         units: dict[str, tuple[str, str]] = {}
         for name in models or on:
@@ -115,32 +133,51 @@ class OperationsViews(OperationsBase):
         spec = eng.spec_for(self.catalog.models[model])
         if not self.catalog.proxy.enabled:
             serving = self.store.serving(host)
-            return {"host": host, "model": model, "mode": Mode.STOP_START.value, "displaced": [
-                serving.model] if serving else [], "reason": "no front proxy ([proxy] enabled = false): the "
+            return {
+                "host": host,
+                "model": model,
+                "mode": Mode.STOP_START.value,
+                "displaced": [serving.model] if serving else [],
+                "reason": "no front proxy ([proxy] enabled = false): the "
                 "serving model stops before the new one starts; clients see connection errors meanwhile",
-                "asleep": self._sleepers(host)}
+                "asleep": self._sleepers(host),
+            }
         plan = eng.explain(host, spec)
         displaced = [self.store.by_revision(host, r).model for r in plan.displaced]
         mode, reason = plan.mode.value, plan.reason
         asleep = self.residency.residency(host).get(model)
         if asleep is not None and asleep.state == ASLEEP:
             # staging's test, from the records: the unit it would run is the one that went to sleep
-            slept = next((d for d in self.store.history(host, limit=200)
-                          if d.model == model and d.phase is Phase.ACTIVE), None)
+            slept = next(
+                (d for d in self.store.history(host, limit=200) if d.model == model and d.phase is Phase.ACTIVE), None
+            )
             if slept is not None and slept.spec.unit_sha == spec.unit_sha and plan.mode is Mode.BESIDE:
                 reason = reason.replace(f"{model} starts beside", f"{model} is asleep and wakes beside", 1)
             elif slept is not None and slept.spec.unit_sha == spec.unit_sha:
                 others = ", ".join(displaced)
-                mode, reason = "warm", (
-                    f"{model} is asleep ({asleep.level or 'asleep'}) with its unit unchanged: a warm switch; "
-                    f"the route moves to {model} at once and its engine holds what arrives until it wakes "
-                    "(no 503 gap)"
-                    + (f"; {others} drain, then sleep (or stop, when the host's RAM for sleepers is full)"
-                       if others else ""))
+                mode, reason = (
+                    "warm",
+                    (
+                        f"{model} is asleep ({asleep.level or 'asleep'}) with its unit unchanged: a warm switch; "
+                        f"the route moves to {model} at once and its engine holds what arrives until it wakes "
+                        "(no 503 gap)"
+                        + (
+                            f"; {others} drain, then sleep (or stop, when the host's RAM for sleepers is full)"
+                            if others
+                            else ""
+                        )
+                    ),
+                )
             else:
                 reason += f" ({model} is asleep, but its unit changed since: it starts cold, not warm)"
-        return {"host": host, "model": model, "mode": mode, "reason": reason, "displaced": displaced,
-                "asleep": self._sleepers(host)}
+        return {
+            "host": host,
+            "model": model,
+            "mode": mode,
+            "reason": reason,
+            "displaced": displaced,
+            "asleep": self._sleepers(host),
+        }
 
     def _sleepers(self, host: str) -> list[dict[str, object]]:
         """The host's recorded sleepers, least recently served first (the order `plan` evicts in)."""
@@ -150,8 +187,9 @@ class OperationsViews(OperationsBase):
 
     def _node_states(self, dep: Deployment, probe: bool) -> list[dict[str, Any]]:
         """Each unit of a multi-node model: its host, role and (probed) systemd state."""
-        rows = [(n.host, n.role + (f" rank {n.rank}" if n.role == "headless" else ""), n.unit_name)
-                for n in dep.spec.nodes]
+        rows = [
+            (n.host, n.role + (f" rank {n.rank}" if n.role == "headless" else ""), n.unit_name) for n in dep.spec.nodes
+        ]
         rows.append((dep.host, "engine (API)" if dep.spec.backend == "ray" else "rank 0 (API)", dep.spec.unit_name))
         out = []
         for host, role, unit in rows:
@@ -172,8 +210,14 @@ class OperationsViews(OperationsBase):
         for head in self.catalog.hosts:
             dep = self.store.serving(head) if head != host else None
             if dep is not None and host in dep.spec.node_hosts:
-                out.append({"model": dep.model, "head": head, "revision": dep.revision,
-                            "units": [n.unit_name for n in dep.spec.nodes if n.host == host]})
+                out.append(
+                    {
+                        "model": dep.model,
+                        "head": head,
+                        "revision": dep.revision,
+                        "units": [n.unit_name for n in dep.spec.nodes if n.host == host],
+                    }
+                )
         return out
 
     def history(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
@@ -189,18 +233,23 @@ class OperationsViews(OperationsBase):
         for d in self.store.history(host, limit):
             row, plan = d.to_dict(), self.store.plan_of(d.id)
             if d.id in demand:
-                row["demand"] = {k: demand[d.id].get(k) for k in ("requests", "cancelled", "cold", "waits_s",
-                                                                  "wait_max_s", "timeline_ms")}
+                row["demand"] = {
+                    k: demand[d.id].get(k)
+                    for k in ("requests", "cancelled", "cold", "waits_s", "wait_max_s", "timeline_ms")
+                }
             if d.id in quiet:
                 row["quiet"] = {k: quiet[d.id].get(k) for k in ("seconds", "outcome", "in_flight")}
             if d.spec.nodes:  # what it did on each node, as persisted while it ran
-                row["node_progress"] = [{k: e.get(k) for k in ("phase", "step", "node", "unit", "at")}
-                                        for e in eng.node_progress(d)]
+                row["node_progress"] = [
+                    {k: e.get(k) for k in ("phase", "step", "node", "unit", "at")} for e in eng.node_progress(d)
+                ]
             if plan is not None:
                 kept = [r for r in plan["before"] if r not in plan["displaced"]]
-                row["plan"] = {"mode": plan["mode"], "reason": plan["reason"],
-                               "set_after": sorted(self.store.by_revision(d.host, r).model
-                                                   for r in [*kept, d.revision])}
+                row["plan"] = {
+                    "mode": plan["mode"],
+                    "reason": plan["reason"],
+                    "set_after": sorted(self.store.by_revision(d.host, r).model for r in [*kept, d.revision]),
+                }
             out.append(row)
         return out
 
@@ -212,27 +261,55 @@ class OperationsViews(OperationsBase):
         models = []
         for name in self.catalog.models_on(host):
             rec = records.get(name)
-            models.append({"model": name, "state": rec.state if rec else "stopped", "level": rec.level if rec else None,
-                           "since": rec.since if rec else None, "last_served": rec.last_served if rec else None,
-                           "ram_gib": round(rec.ram_gib, 3) if rec else 0.0})
-        out: dict[str, Any] = {"models": models, "sleep_ram_gib": round(sum(r.ram_gib for r in records.values()), 3),
-                               "ram_budget_gib": h.sleep_ram_budget(), "residue_gib": h.sleep_residue_gib}
+            models.append(
+                {
+                    "model": name,
+                    "state": rec.state if rec else "stopped",
+                    "level": rec.level if rec else None,
+                    "since": rec.since if rec else None,
+                    "last_served": rec.last_served if rec else None,
+                    "ram_gib": round(rec.ram_gib, 3) if rec else 0.0,
+                }
+            )
+        out: dict[str, Any] = {
+            "models": models,
+            "sleep_ram_gib": round(sum(r.ram_gib for r in records.values()), 3),
+            "ram_budget_gib": h.sleep_ram_budget(),
+            "residue_gib": h.sleep_residue_gib,
+        }
         if probe:
             try:
                 ports = self.ports_for(host)
                 for m in models:  # observed: a record of a unit stopped since (a reboot, systemctl) is stale
-                    if m["state"] != "stopped" and not ports.systemd.unit_state(
-                            self.catalog.models[str(m["model"])].unit_name).is_active:
+                    if (
+                        m["state"] != "stopped"
+                        and not ports.systemd.unit_state(self.catalog.models[str(m["model"])].unit_name).is_active
+                    ):
                         m.update(state="stopped", level=None, ram_gib=0.0)
-                owner = {pid: n for n in self.catalog.models_on(host)
-                         for pid in ports.systemd.cgroup_pids(self.catalog.models[n].unit_name)}
+                owner = {
+                    pid: n
+                    for n in self.catalog.models_on(host)
+                    for pid in ports.systemd.cgroup_pids(self.catalog.models[n].unit_name)
+                }
                 snap = ports.gpus.snapshot()
-                out["gpus"] = [{"index": g.index, "used_mib": g.memory_used_mib, "total_mib": g.memory_total_mib,
-                                "processes": [{"pid": p.pid, "mib": p.used_memory_mib, "model": owner.get(p.pid),
-                                               "state": records[owner[p.pid]].state
-                                               if owner.get(p.pid) in records else None}
-                                              for p in snap.processes if p.gpu_index == g.index]}
-                               for g in snap.gpus]
+                out["gpus"] = [
+                    {
+                        "index": g.index,
+                        "used_mib": g.memory_used_mib,
+                        "total_mib": g.memory_total_mib,
+                        "processes": [
+                            {
+                                "pid": p.pid,
+                                "mib": p.used_memory_mib,
+                                "model": owner.get(p.pid),
+                                "state": records[owner[p.pid]].state if owner.get(p.pid) in records else None,
+                            }
+                            for p in snap.processes
+                            if p.gpu_index == g.index
+                        ],
+                    }
+                    for g in snap.gpus
+                ]
             except OrchestratorError as exc:
                 out["gpus_error"] = str(exc)
         return out
@@ -244,11 +321,25 @@ class OperationsViews(OperationsBase):
             serving = self.store.serving(name)
             running = self.store.unfinished(name)
             entry: dict[str, Any] = {
-                "serving": None if serving is None else {"revision": serving.revision, "model": serving.model,
-                                                         "unit": serving.spec.unit_name,
-                                                         "url": serving.spec.base_url},
-                "running": [{"id": d.id, "revision": d.revision, "model": d.model, "phase": d.phase.value,
-                             "unit": d.spec.unit_name, "trigger": d.trigger} for d in running],
+                "serving": None
+                if serving is None
+                else {
+                    "revision": serving.revision,
+                    "model": serving.model,
+                    "unit": serving.spec.unit_name,
+                    "url": serving.spec.base_url,
+                },
+                "running": [
+                    {
+                        "id": d.id,
+                        "revision": d.revision,
+                        "model": d.model,
+                        "phase": d.phase.value,
+                        "unit": d.spec.unit_name,
+                        "trigger": d.trigger,
+                    }
+                    for d in running
+                ],
                 # unfinished while nothing holds the host: interrupted (Ctrl-C, a crash), not running
                 **({"interrupted": True} if running and host_held(self.state_dir, name) is False else {}),
             }
@@ -256,8 +347,13 @@ class OperationsViews(OperationsBase):
                 # nothing serves because the newest deployment did not end active: status names it
                 last = next(iter(self.store.history(name, limit=1)), None)
                 if last is not None and last.phase is not Phase.ACTIVE:
-                    entry["last"] = {"id": last.id, "revision": last.revision, "model": last.model,
-                                     "outcome": last.phase.value, "error": last.error}
+                    entry["last"] = {
+                        "id": last.id,
+                        "revision": last.revision,
+                        "model": last.model,
+                        "outcome": last.phase.value,
+                        "error": last.error,
+                    }
             eng = self.deployer()
             if serving is not None and serving.spec.nodes:
                 # Nodes before health: restart counts only grow, so a rank this row shows restarted is
@@ -270,10 +366,18 @@ class OperationsViews(OperationsBase):
                 bind = cfg.bind or h.bind or h.address
                 where = h.address if bind in ("0.0.0.0", "::") else bind
                 entry["endpoint"] = f"http://{f'[{where}]' if ':' in where else where}:{cfg.port}/v1"
-                entry["models"] = [{"revision": d.revision, "model": d.model, "served_name": d.spec.served_name,
-                                    "gpus": list(d.spec.gpus), "unit": d.spec.unit_name, "url": d.spec.base_url,
-                                    **({"healthy": eng.is_healthy(d)} if probe else {})}
-                                   for d in self.store.serving_set(name)]
+                entry["models"] = [
+                    {
+                        "revision": d.revision,
+                        "model": d.model,
+                        "served_name": d.spec.served_name,
+                        "gpus": list(d.spec.gpus),
+                        "unit": d.spec.unit_name,
+                        "url": d.spec.base_url,
+                        **({"healthy": eng.is_healthy(d)} if probe else {}),
+                    }
+                    for d in self.store.serving_set(name)
+                ]
             if ranks := self._rank_of(name):
                 entry["node_of"] = ranks
             if any(self.catalog.models[m].sleep for m in self.catalog.models_on(name)):

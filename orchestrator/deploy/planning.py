@@ -38,14 +38,16 @@ def default_trigger() -> str:
         return "cli"
 
 
-def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None,
-              revision: str | None = None) -> UnitSpec:
+def unit_spec(
+    catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None, revision: str | None = None
+) -> UnitSpec:
     """The rendered unit(s) of ``model`` and what the engine needs to run them (no I/O);
     ``template`` is the text of the engine's unit template."""
     host = catalog.model_host(model.name)
     directory = model_dir or model_dir_for(catalog, model, revision)
     nodes: tuple[NodeUnit, ...] = ()
     if model.nodes:
+
         def named(name: str) -> str:
             return template if name == ENGINE.template else template_text(name)
 
@@ -54,18 +56,37 @@ def unit_spec(catalog: Catalog, model: Model, template: str, *, model_dir: str |
     else:
         unit = render_unit(catalog, model, template, model_dir=directory)
     address = engine_address(catalog, model, host)
-    return UnitSpec(model=model.name, unit_name=unit.name, unit_text=unit.text, unit_sha=unit.sha256,
-                    served_name=model.served, address=address, port=model.port, gpus=model.gpus,
-                    load_deadline_s=load_deadline(catalog, model), model_dir=directory,
-                    repo=model.repo, revision=revision or model.revision, source=model.source,
-                    nodes=nodes, backend=model.backend if model.nodes else "")
+    return UnitSpec(
+        model=model.name,
+        unit_name=unit.name,
+        unit_text=unit.text,
+        unit_sha=unit.sha256,
+        served_name=model.served,
+        address=address,
+        port=model.port,
+        gpus=model.gpus,
+        load_deadline_s=load_deadline(catalog, model),
+        model_dir=directory,
+        repo=model.repo,
+        revision=revision or model.revision,
+        source=model.source,
+        nodes=nodes,
+        backend=model.backend if model.nodes else "",
+    )
 
 
 class Planner:
     """Plans a host's deployments: each ``plan_*`` records a new one (phase planned) or says none is needed."""
 
-    def __init__(self, catalog: Catalog, store: StateStore, ports_for: PortsFactory, *,
-                 template: str | None = None, residency: ResidencyStore | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        store: StateStore,
+        ports_for: PortsFactory,
+        *,
+        template: str | None = None,
+        residency: ResidencyStore | None = None,
+    ) -> None:
         self.catalog = catalog
         self.store = store
         self.residency = residency
@@ -86,8 +107,9 @@ class Planner:
     def spec_for(self, model: Model, model_dir: str | None = None, revision: str | None = None) -> UnitSpec:
         return unit_spec(self.catalog, model, self.template, model_dir=model_dir, revision=revision)
 
-    def plan_switch(self, model_name: str, *, trigger: str | None = None, no_rollback: bool = False,
-                    force: bool = False) -> Deployment | None:
+    def plan_switch(
+        self, model_name: str, *, trigger: str | None = None, no_rollback: bool = False, force: bool = False
+    ) -> Deployment | None:
         """A new deployment of ``model_name``, or None when it already serves, healthy, unchanged."""
         model = self.catalog.model(model_name)
         host = self.catalog.model_host(model_name)
@@ -107,13 +129,17 @@ class Planner:
         previous = serving.revision if serving is not None else None
         # policy.rollback_on_failure = false is --no-rollback for every switch, the agent's included.
         no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure
-        return self.store.create(host.name, spec, trigger or default_trigger(), previous,
-                                 self.ports_for(host.name).clock.now(), no_rollback=no_rollback,
-                                 fallback=fallback_of(previous_revision=previous, in_set=False,
-                                                      no_rollback=no_rollback))
+        return self.store.create(
+            host.name,
+            spec,
+            trigger or default_trigger(),
+            previous,
+            self.ports_for(host.name).clock.now(),
+            no_rollback=no_rollback,
+            fallback=fallback_of(previous_revision=previous, in_set=False, no_rollback=no_rollback),
+        )
 
-    def _plan_in_set(self, model: Model, *, trigger: str | None, no_rollback: bool,
-                     force: bool) -> Deployment | None:
+    def _plan_in_set(self, model: Model, *, trigger: str | None, no_rollback: bool, force: bool) -> Deployment | None:
         host = self.catalog.model_host(model.name).name
         spec = self.spec_for(model)
         for serving in self.store.serving_set(host):
@@ -137,49 +163,65 @@ class Planner:
             return plan
         return plan_switch(spec, serving, fit)
 
-    def plan_spec(self, host: str, spec: UnitSpec, trigger: str, *, no_rollback: bool = False,
-                  restores: int | None = None) -> Deployment:
+    def plan_spec(
+        self, host: str, spec: UnitSpec, trigger: str, *, no_rollback: bool = False, restores: int | None = None
+    ) -> Deployment:
         """A deployment of ``spec`` into the host's serving set, with its plan recorded; ``restores``:
         the revision whose recorded unit ``spec`` is (a rollback)."""
         plan = self.explain(host, spec)
-        holders = [r for r in plan.displaced
-                   if self.store.by_revision(host, r).spec.served_name == spec.served_name]
+        holders = [r for r in plan.displaced if self.store.by_revision(host, r).spec.served_name == spec.served_name]
         previous = holders[0] if holders else (plan.displaced[0] if plan.displaced else None)
         no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure  # as plan_switch: every switch
-        dep = self.store.create(host, spec, trigger, previous, self.ports_for(host).clock.now(),
-                                no_rollback=no_rollback, restores=restores,
-                                fallback=fallback_of(previous_revision=previous, in_set=True, no_rollback=no_rollback),
-                                plan=plan.to_dict())
+        dep = self.store.create(
+            host,
+            spec,
+            trigger,
+            previous,
+            self.ports_for(host).clock.now(),
+            no_rollback=no_rollback,
+            restores=restores,
+            fallback=fallback_of(previous_revision=previous, in_set=True, no_rollback=no_rollback),
+            plan=plan.to_dict(),
+        )
         return dep
 
     def plan_of(self, dep: Deployment) -> SwitchPlan | None:
         data = self.store.plan_of(dep.id)
         return None if data is None else SwitchPlan.from_dict(data)
 
-    def plan_rollback(self, host_name: str, to_revision: int | None = None, *, trigger: str = "rollback",
-                      no_rollback: bool = False) -> Deployment:
+    def plan_rollback(
+        self, host_name: str, to_revision: int | None = None, *, trigger: str = "rollback", no_rollback: bool = False
+    ) -> Deployment:
         """A new deployment that redeploys a recorded revision's exact unit."""
         if host_name not in self.catalog.hosts:
             raise UsageError(f"unknown host {host_name!r} (known: {', '.join(sorted(self.catalog.hosts))})")
         serving = self.store.serving(host_name)
         if to_revision is None:
             if serving is None or serving.previous_revision is None:
-                raise UsageError(f"host {host_name} has no previous stable revision to roll back to"
-                                 " (see `orchestrator history`)")
+                raise UsageError(
+                    f"host {host_name} has no previous stable revision to roll back to (see `orchestrator history`)"
+                )
             to_revision = serving.previous_revision
         target = self.store.by_revision(host_name, to_revision)
         if not target.spec.nodes:
             self.refuse_foreign_ranks(host_name, target.spec.gpus, target.model)
         if target.phase is not Phase.ACTIVE:
-            raise UsageError(f"host {host_name}: revision {to_revision} ({target.model}) never became "
-                             f"active (outcome {target.phase.value}); roll back to one that did")
+            raise UsageError(
+                f"host {host_name}: revision {to_revision} ({target.model}) never became "
+                f"active (outcome {target.phase.value}); roll back to one that did"
+            )
         previous = serving.revision if serving else None
         no_rollback = no_rollback or not self.catalog.policy.rollback_on_failure
-        return self.store.create(host_name, target.spec, f"{trigger}:to-{to_revision}", previous,
-                                 self.ports_for(host_name).clock.now(), no_rollback=no_rollback,
-                                 restores=to_revision,
-                                 fallback=fallback_of(previous_revision=previous, in_set=False,
-                                                      no_rollback=no_rollback))
+        return self.store.create(
+            host_name,
+            target.spec,
+            f"{trigger}:to-{to_revision}",
+            previous,
+            self.ports_for(host_name).clock.now(),
+            no_rollback=no_rollback,
+            restores=to_revision,
+            fallback=fallback_of(previous_revision=previous, in_set=False, no_rollback=no_rollback),
+        )
 
     def refuse_foreign_ranks(self, host: str, gpus: tuple[int, ...], model: str) -> None:
         """Refuse, before anything is recorded or stopped, a single-box model on GPUs of ``host``
@@ -198,10 +240,13 @@ class Planner:
             running = sorted(u for u in unit_names(self.catalog, other).get(host, set()) if sd.unit_state(u).is_active)
             if running:
                 shared = ",".join(map(str, sorted(wanted & set(other.gpus))))
-                raise NodeInUse(f"{model} needs GPU {shared} on {host}, where {', '.join(running)} runs a rank of "
-                                f"multi-node model {other.name} (headed on {hosts[0]}): nothing was stopped; stop "
-                                f"that model on every node first with `orchestrator stop {other.name}`, or switch "
-                                f"{hosts[0]} to another model", host=host)
+                raise NodeInUse(
+                    f"{model} needs GPU {shared} on {host}, where {', '.join(running)} runs a rank of "
+                    f"multi-node model {other.name} (headed on {hosts[0]}): nothing was stopped; stop "
+                    f"that model on every node first with `orchestrator stop {other.name}`, or switch "
+                    f"{hosts[0]} to another model",
+                    host=host,
+                )
 
     def is_healthy(self, dep: Deployment) -> bool:
         try:

@@ -19,8 +19,9 @@ from orchestrator.errors import AccessDenied, PlanError
 from orchestrator.ports import HostPorts, Shell
 
 
-def port_holder(shell: Shell, model: str, address: str, port: int, *, units: Iterable[str] = (),
-                pids: Iterable[int] = ()) -> str | None:
+def port_holder(
+    shell: Shell, model: str, address: str, port: int, *, units: Iterable[str] = (), pids: Iterable[int] = ()
+) -> str | None:
     """A process other than our engines listening where ``model``'s engine must (a peer tool, a vLLM
     started by hand): the engine could not bind, so a switch would stop the serving model only to roll
     back. Named with what `ss` says of it, before anything stops; None when the port is free or ours, or
@@ -31,8 +32,11 @@ def port_holder(shell: Shell, model: str, address: str, port: int, *, units: Ite
 
     def ours(pid: int) -> bool:
         cgroup = shell.read_file(f"/proc/{pid}/cgroup") or b""
-        return pid in leaving or ENGINE.owns_cgroup(cgroup) or any(
-            u + b"\n" in cgroup or u + b"/" in cgroup for u in stopped)
+        return (
+            pid in leaving
+            or ENGINE.owns_cgroup(cgroup)
+            or any(u + b"\n" in cgroup or u + b"/" in cgroup for u in stopped)
+        )
 
     result = shell.run(["ss", "-Hltnp", f"( sport = :{port} )"], check=False, idempotent=True)
     for line in result.stdout.splitlines():
@@ -42,9 +46,11 @@ def port_holder(shell: Shell, model: str, address: str, port: int, *, units: Ite
         if pids and all(ours(pid) for pid in pids):
             continue
         users = line.split("users:", 1)[1].strip() if "users:" in line else "a process ss does not name"
-        return (f"{model}'s port {address}:{port} is already taken by {users}, not one of orchestrator's engines: "
-                f"its engine could not listen there, so nothing was stopped; stop that process or give "
-                f"models.{model}.port another port")
+        return (
+            f"{model}'s port {address}:{port} is already taken by {users}, not one of orchestrator's engines: "
+            f"its engine could not listen there, so nothing was stopped; stop that process or give "
+            f"models.{model}.port another port"
+        )
     return None
 
 
@@ -66,16 +72,21 @@ def check_access(catalog: Catalog, model: str, ports: HostPorts, model_dir: str)
     account, walks = probed
     where = f"host {ports.host.name}: {model}'s unit"
     if account is None:
-        raise AccessDenied(f"{where} runs as user {user} ([defaults] user), which host {ports.host.name} does "
-                           f"not have: create it (useradd --system {user}) or set [defaults] user; nothing was "
-                           "stopped")
-    checks: tuple[tuple[str, Need, bool, str], ...] = ((engine, "exec", True, "the engine (engine[0])"),
-                                                       (model_dir, "dir", False, "the model folder"))
+        raise AccessDenied(
+            f"{where} runs as user {user} ([defaults] user), which host {ports.host.name} does "
+            f"not have: create it (useradd --system {user}) or set [defaults] user; nothing was "
+            "stopped"
+        )
+    checks: tuple[tuple[str, Need, bool, str], ...] = (
+        (engine, "exec", True, "the engine (engine[0])"),
+        (model_dir, "dir", False, "the model folder"),
+    )
     for target, need, exists, key in checks:
         why = denial(walks.get(target, Walk(target, {})), account, need, must_exist=exists)
         if why is not None:
-            raise AccessDenied(f"{where}, as user {user}, cannot use {key} {target}: {why}; nothing was stopped: "
-                               + fix_for(user))
+            raise AccessDenied(
+                f"{where}, as user {user}, cannot use {key} {target}: {why}; nothing was stopped: " + fix_for(user)
+            )
 
 
 def _read_json(ports: HostPorts, path: str) -> dict[str, Any] | None:
@@ -96,8 +107,11 @@ def hardware_of(snap: GpuSnapshot, host_memory_gib: float, interconnect: str) ->
     freeing step checks that memory is really released after the stop.
     """
     memory = min(g.memory_total_mib for g in snap.gpus) / 1024 if snap.gpus else host_memory_gib
-    return planner.Hardware(gpu_count=len(snap.gpus), gpu_memory_gib=memory,
-                            interconnect=None if interconnect == "unknown" else interconnect)
+    return planner.Hardware(
+        gpu_count=len(snap.gpus),
+        gpu_memory_gib=memory,
+        interconnect=None if interconnect == "unknown" else interconnect,
+    )
 
 
 def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuSnapshot) -> list[str]:
@@ -114,11 +128,13 @@ def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuS
     check_model_config(config, f"{ports.host.name}:{dep.spec.model_dir}/config.json")
     model = catalog.models[dep.model]
     index = _read_json(ports, f"{dep.spec.model_dir}/model.safetensors.index.json")
-    layout = planner.Layout(tp=model.tensor_parallel, pp=model.pipeline_parallel, dp=model.data_parallel,
-                            ep=model.expert_parallel)
+    layout = planner.Layout(
+        tp=model.tensor_parallel, pp=model.pipeline_parallel, dp=model.data_parallel, ep=model.expert_parallel
+    )
     workload = planner.Workload(
         max_model_len=model.max_model_len,
-        gpu_memory_utilization=model.gpu_memory_utilization or catalog.defaults.gpu_memory_utilization)
+        gpu_memory_utilization=model.gpu_memory_utilization or catalog.defaults.gpu_memory_utilization,
+    )
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
     hw = hardware_of(snap, ports.host.gpu_memory_gib, ports.host.interconnect)
     if model.nodes:  # the same GPUs on every node; each node's were checked in its own preflight
@@ -127,6 +143,5 @@ def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuS
     verdict = result.requested
     if not verdict.valid:
         fix = f"; {verdict.fix}" if verdict.fix else ""
-        raise PlanError(f"{dep.model} cannot load as {layout}: " + "; ".join(verdict.reasons) + fix,
-                        host=dep.host)
+        raise PlanError(f"{dep.model} cannot load as {layout}: " + "; ".join(verdict.reasons) + fix, host=dep.host)
     return list(verdict.warnings)

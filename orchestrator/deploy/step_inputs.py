@@ -41,7 +41,8 @@ def ready_restarts(store: StateStore, dep: Deployment) -> dict[tuple[str, str], 
     if not dep.spec.nodes:
         return {}
     shas = {(n.host, n.unit_name): n.unit_sha for n in dep.spec.nodes} | {
-        (dep.host, dep.spec.unit_name): dep.spec.unit_sha}
+        (dep.host, dep.spec.unit_name): dep.spec.unit_sha
+    }
     out: dict[tuple[str, str], int] = {}
     for e in store.events(host=dep.host, kind=NODE_PROGRESS, limit=500):
         key = (str(e.get("node")), str(e.get("unit")))
@@ -64,8 +65,9 @@ def previous(store: StateStore, dep: Deployment) -> Deployment | None:
     return store.by_revision(dep.host, dep.previous_revision)
 
 
-def units_to_stop(catalog: Catalog, store: StateStore, dep: Deployment,
-                  plan: SwitchPlan | None = None) -> frozenset[str]:
+def units_to_stop(
+    catalog: Catalog, store: StateStore, dep: Deployment, plan: SwitchPlan | None = None
+) -> frozenset[str]:
     """The recorded serving unit, the target itself (redeploy), and any managed unit on our GPUs.
 
     With the proxy, only the serving models on our GPUs: a handover's (or beside) old engine
@@ -73,11 +75,15 @@ def units_to_stop(catalog: Catalog, store: StateStore, dep: Deployment,
     units = {dep.spec.unit_name}
     if plan is not None:
         units |= {store.by_revision(dep.host, r).spec.unit_name for r in plan.overlapping}
-        kept = {store.by_revision(dep.host, r).spec.unit_name for r in plan.before
-                if r not in plan.displaced or plan.mode is Mode.BESIDE}
+        kept = {
+            store.by_revision(dep.host, r).spec.unit_name
+            for r in plan.before
+            if r not in plan.displaced or plan.mode is Mode.BESIDE
+        }
         wanted = set(dep.spec.gpus)
-        units |= {catalog.models[n].unit_name for n in catalog.models_on(dep.host)
-                  if wanted & set(catalog.models[n].gpus)}
+        units |= {
+            catalog.models[n].unit_name for n in catalog.models_on(dep.host) if wanted & set(catalog.models[n].gpus)
+        }
         return frozenset(units - kept)
     if dep.previous_revision is not None:
         units.add(store.by_revision(dep.host, dep.previous_revision).spec.unit_name)

@@ -43,9 +43,11 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     ctx.emit("preflight", gpus=len(snap.gpus), unit_state=state.active_state)
     missing = sorted(set(dep.spec.gpus) - {g.index for g in snap.gpus})
     if missing:
-        raise PlanError(f"{dep.model} needs GPU {','.join(map(str, dep.spec.gpus))} but nvidia-smi shows "
-                        f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
-                        host=dep.host)
+        raise PlanError(
+            f"{dep.model} needs GPU {','.join(map(str, dep.spec.gpus))} but nvidia-smi shows "
+            f"{len(snap.gpus)} GPU(s): {','.join(str(g.index) for g in snap.gpus) or 'none'}",
+            host=dep.host,
+        )
     # A level-1 sleeper under this very unit loaded with it and holds its port: its wake starts no process
     # and reads no file, so what a start needs (access, layout, a free port) was proven as it loaded; on
     # demand these checks would be inside the held requests' wait.
@@ -56,8 +58,14 @@ def preflight(ctx: StepContext, step: StepInput) -> StepResult:
     if not loaded:
         check_layout(ctx.catalog, dep, ctx.ports, snap)
         # What this switch stops first may hold the port now: an adopted unit of any name, a hand-run engine.
-        taken = port_holder(ctx.ports.shell, dep.model, dep.spec.address, dep.spec.port, units=step.units_to_stop,
-                            pids=[d.spec.pid for d in _replaced(step) if d.spec.pid is not None])
+        taken = port_holder(
+            ctx.ports.shell,
+            dep.model,
+            dep.spec.address,
+            dep.spec.port,
+            units=step.units_to_stop,
+            pids=[d.spec.pid for d in _replaced(step) if d.spec.pid is not None],
+        )
         if taken is not None:
             raise PlanError(taken, host=dep.host)
     if ctx.ports.proxy is not None:
@@ -98,8 +106,10 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
         check_beside(ctx, step, target)  # before anything changes: a stale count aborts, nothing stopped
     # Asleep with its unit unchanged: the table's warm path wakes it instead of starting it.
     # (``loaded`` said so already for this very unit: no second read of it and of /is_sleeping.)
-    if step.plan is not None and (loaded or (ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text
-                                             and warm_steps.is_asleep(ctx, target))):
+    if step.plan is not None and (
+        loaded
+        or (ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text and warm_steps.is_asleep(ctx, target))
+    ):
         if not beside(step):
             warm_steps.check_wake_first(ctx, step, target)
             if ctx.residency is not None:
@@ -120,8 +130,11 @@ def check_beside(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:
     """GpuBusy unless ``target`` fits beside every engine that serves now, counted as planned."""
     fit = room_beside(ctx.ports, ctx.catalog, ctx.residency, target, (d.spec for d in step.serving))
     if not fit.fits:
-        raise GpuBusy(f"{target.model} no longer fits beside what serves, so nothing was stopped: {fit.text()}; "
-                      "switch again to plan a stop-start", host=ctx.ports.host.name)
+        raise GpuBusy(
+            f"{target.model} no longer fits beside what serves, so nothing was stopped: {fit.text()}; "
+            "switch again to plan a stop-start",
+            host=ctx.ports.host.name,
+        )
     warm_steps.note(ctx, "beside", model=target.model, gpus=[r.text() for r in fit.rooms])
 
 
@@ -135,8 +148,11 @@ def _wait_beside(ctx: StepContext, step: StepInput) -> None:
             ctx.emit("beside_fits", model=step.dep.model, gpus=list(step.dep.spec.gpus))
             return
         if clock.monotonic() >= deadline:
-            raise GpuBusy(f"{step.dep.model} does not fit beside what serves {ctx.defaults.free_timeout_s:g} s "
-                          f"after the stop: {fit.text()}", host=ctx.ports.host.name)
+            raise GpuBusy(
+                f"{step.dep.model} does not fit beside what serves {ctx.defaults.free_timeout_s:g} s "
+                f"after the stop: {fit.text()}",
+                host=ctx.ports.host.name,
+            )
         ctx.pause(min(0.2, ctx.defaults.health_interval_s))
 
 
@@ -164,8 +180,12 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
         # The displaced engines keep serving: only what is neither serving nor asleep stops here.
         units = units - warm_steps.asleep_units(ctx, but=[step.dep.model])
     elif step.plan is not None:
-        actions.route(ctx, (d.spec for d in step.serving), gaps=(d.spec.served_name for d in step.overlapping),
-                      loading=[step.dep.spec.served_name])
+        actions.route(
+            ctx,
+            (d.spec for d in step.serving),
+            gaps=(d.spec.served_name for d in step.overlapping),
+            loading=[step.dep.spec.served_name],
+        )
         actions.drain(ctx, (d.spec for d in step.serving if d.spec.unit_name in step.units_to_stop))
         # Those that can sleep sleep (mode=wait, after the drain); sleepers stay unless evicted.
         leaving = [d for d in step.overlapping if d.spec.unit_name != step.dep.spec.unit_name]
@@ -182,8 +202,12 @@ def freeing(ctx: StepContext, step: StepInput) -> StepResult:
     if beside(step):
         _wait_beside(ctx, step)
         return DONE
-    actions.free_gpus(ctx, step.dep.spec.gpus, step.units_to_stop - warm_steps.asleep_units(ctx, but=[step.dep.model]),
-                      sleepers=warm_steps.gpus_sleepers(ctx, step))
+    actions.free_gpus(
+        ctx,
+        step.dep.spec.gpus,
+        step.units_to_stop - warm_steps.asleep_units(ctx, but=[step.dep.model]),
+        sleepers=warm_steps.gpus_sleepers(ctx, step),
+    )
     multinode.free(ctx, step.dep.spec, step.node_units_to_stop)
     return DONE
 
@@ -268,7 +292,11 @@ def _smoke_gate(ctx: StepContext, step: StepInput) -> dict[str, object] | None:
         raise SmokeGateFailed(
             f"{dep.spec.unit_name}: single-stream {0.0 if new is None else new:.1f} tok/s is below "
             f"{policy.min_tok_s_ratio:g} x {old:.1f} tok/s of revision {step.previous.revision} "
-            f"({step.previous.model})", host=dep.host, unit=dep.spec.unit_name, bench=record)
+            f"({step.previous.model})",
+            host=dep.host,
+            unit=dep.spec.unit_name,
+            bench=record,
+        )
     return record
 
 
@@ -308,8 +336,11 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
     ctx.emit("rollback", to_set=[d.model for d in step.serving])
     # A name whose engine is not awake (stopped, asleep, not answering) answers 503 + Retry-After until
     # it is back, and stays so when it cannot come back: never a route to a sleeper, where requests hang.
-    actions.route(ctx, (d.spec for d in step.serving),
-                  gaps=(d.spec.served_name for d in restore if not warm_steps.awake(ctx, d.spec)))
+    actions.route(
+        ctx,
+        (d.spec for d in step.serving),
+        gaps=(d.spec.served_name for d in restore if not warm_steps.awake(ctx, d.spec)),
+    )
     # The target sleeps again (warm), stays asleep if never woken, or stops; then the set comes back.
     warm_steps.settle_target(ctx, step)
     for old in restore:
@@ -318,16 +349,19 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
             continue
         if ctx.ports.systemd.unit_state(old.spec.unit_name).is_active:
             continue  # a handover's old engine still serves
-        actions.free_gpus(ctx, old.spec.gpus, {dep.spec.unit_name},
-                          sleepers=warm_steps.sleeper_mib(ctx, but=[old.model]))
+        actions.free_gpus(
+            ctx, old.spec.gpus, {dep.spec.unit_name}, sleepers=warm_steps.sleeper_mib(ctx, but=[old.model])
+        )
         actions.install_unit(ctx, old.spec)
         actions.start_unit(ctx, old.spec)
         actions.wait_ready(ctx, old.spec)
         warm_steps.mark(ctx, old.model, SERVING, unit=old.spec.unit_name)
         actions.settle_enablement(ctx, old.spec.unit_name, set())
     actions.route(ctx, (d.spec for d in step.serving))
-    if dep.spec.unit_name not in {d.spec.unit_name for d in step.serving} \
-            and ctx.ports.systemd.unit_state(dep.spec.unit_name).exists:
+    if (
+        dep.spec.unit_name not in {d.spec.unit_name for d in step.serving}
+        and ctx.ports.systemd.unit_state(dep.spec.unit_name).exists
+    ):
         ctx.ports.systemd.disable(dep.spec.unit_name)
     return DONE
 

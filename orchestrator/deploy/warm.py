@@ -41,8 +41,17 @@ class EngineProcess:
         return self.served or self.name
 
 
-def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine: EngineProcess, *, level: int,
-                   residue_mib: int, mode: str = "wait", settle_s: float = 5.0) -> float:
+def sleep_verified(
+    control: EngineControl,
+    probe: GpuProbe,
+    clock: Clock,
+    engine: EngineProcess,
+    *,
+    level: int,
+    residue_mib: int,
+    mode: str = "wait",
+    settle_s: float = 5.0,
+) -> float:
     """Put ``engine`` to sleep (unless it says it sleeps already) and prove it gave its GPUs back;
     returns the seconds the sleep took.
 
@@ -60,17 +69,29 @@ def sleep_verified(control: EngineControl, probe: GpuProbe, clock: Clock, engine
         if clock.monotonic() >= deadline:
             raise SleepLeftMemory(
                 f"{engine.name} answered its sleep (level {level}) with 200 but still holds "
-                f"{'; '.join(h.text() for h in excess)}, more than the {residue_mib} MiB residue of a sleeper")
+                f"{'; '.join(h.text() for h in excess)}, more than the {residue_mib} MiB residue of a sleeper"
+            )
         clock.sleep(POLL_S)
 
 
-def wake_shortfall(probe: GpuProbe, engine: EngineProcess, *, sleepers: Mapping[int, str] | None = None,
-                   leaving: Mapping[int, tuple[str, int]] | None = None) -> list[str]:
+def wake_shortfall(
+    probe: GpuProbe,
+    engine: EngineProcess,
+    *,
+    sleepers: Mapping[int, str] | None = None,
+    leaving: Mapping[int, tuple[str, int]] | None = None,
+) -> list[str]:
     """Why ``engine``'s GPUs lack the memory its wake takes (core.sleep_memory's count; ``leaving``:
     PID -> (model, MiB it keeps) of engines that sleep or stop first; ``sleepers``: for messages)."""
     snap = probe.snapshot()
-    return wake_blockers(snap, engine.gpus, own_pids=engine.pids, sleepers=sleepers, leaving=leaving,
-                         need_mib=need_mib(snap, engine.gpus, engine.utilization))
+    return wake_blockers(
+        snap,
+        engine.gpus,
+        own_pids=engine.pids,
+        sleepers=sleepers,
+        leaving=leaving,
+        need_mib=need_mib(snap, engine.gpus, engine.utilization),
+    )
 
 
 def check_wake_fits(probe: GpuProbe, engine: EngineProcess, *, sleepers: Mapping[int, str] | None = None) -> None:
@@ -80,8 +101,9 @@ def check_wake_fits(probe: GpuProbe, engine: EngineProcess, *, sleepers: Mapping
         raise GpuBusy(f"{engine.name} is not woken: its GPUs lack the memory it needs: " + "; ".join(reasons))
 
 
-def wake_checked(control: EngineControl, clock: Clock, engine: EngineProcess, *, level: int,
-                 deadline_s: float) -> float:
+def wake_checked(
+    control: EngineControl, clock: Clock, engine: EngineProcess, *, level: int, deadline_s: float
+) -> float:
     """Wake ``engine`` (vLLM's level-2 sequence for level 2) and prove it serves with one completion
     within ``deadline_s`` of the wake's start; returns the seconds that took.
 
@@ -105,8 +127,11 @@ def wake_checked(control: EngineControl, clock: Clock, engine: EngineProcess, *,
             raise EngineError(f"the wake took {clock.monotonic() - started:.2f} s, the whole wake_deadline_s")
         control.complete(engine.base_url, engine.model, timeout=left)
     except EngineError as exc:
-        raise EngineWedged(f"{engine.name} is wedged after its wake (level {level}, wake_deadline_s {deadline_s:g}): "
-                           f"{exc}", status=exc.status, body=exc.body) from exc
+        raise EngineWedged(
+            f"{engine.name} is wedged after its wake (level {level}, wake_deadline_s {deadline_s:g}): {exc}",
+            status=exc.status,
+            body=exc.body,
+        ) from exc
     return clock.monotonic() - started
 
 

@@ -58,10 +58,14 @@ def unit_pids(ctx: StepContext, unit: str, *, reuse: bool = False) -> frozenset[
 def engine_of(ctx: StepContext, spec: UnitSpec, *, reuse: bool = False) -> warm.EngineProcess:
     model = ctx.catalog.models.get(spec.model)
     util = rules.utilization(ctx.catalog, model) if model is not None else ctx.defaults.gpu_memory_utilization
-    return warm.EngineProcess(spec.model, spec.base_url, spec.gpus, unit_pids(ctx, spec.unit_name, reuse=reuse),
-                       utilization=util, served=spec.served_name)
-
-
+    return warm.EngineProcess(
+        spec.model,
+        spec.base_url,
+        spec.gpus,
+        unit_pids(ctx, spec.unit_name, reuse=reuse),
+        utilization=util,
+        served=spec.served_name,
+    )
 
 
 def deadline_of(ctx: StepContext, model: str) -> float:
@@ -74,9 +78,13 @@ def loaded_asleep(ports: HostPorts, catalog: Catalog, spec: UnitSpec) -> bool:
     port and its weights (in host RAM); a wake starts no process and reads no file."""
     m = catalog.models.get(spec.model)
     control = ports.engine_control_for(spec)
-    if m is None or m.sleep != "level1" or control is None \
-            or ports.systemd.read_unit(spec.unit_name) != spec.unit_text \
-            or not ports.systemd.unit_state(spec.unit_name).is_active:
+    if (
+        m is None
+        or m.sleep != "level1"
+        or control is None
+        or ports.systemd.read_unit(spec.unit_name) != spec.unit_text
+        or not ports.systemd.unit_state(spec.unit_name).is_active
+    ):
         return False
     try:
         return bool(control.is_sleeping(spec.base_url))
@@ -110,11 +118,19 @@ def awake(ctx: StepContext, spec: UnitSpec) -> bool:
         return False
 
 
-def mark(ctx: StepContext, model: str, state: str, *, level: str | None = None, unit: str = "",
-         weights_gib: float | None = None) -> None:
+def mark(
+    ctx: StepContext,
+    model: str,
+    state: str,
+    *,
+    level: str | None = None,
+    unit: str = "",
+    weights_gib: float | None = None,
+) -> None:
     if ctx.residency is not None:
-        ctx.residency.set_state(ctx.ports.host.name, model, state, ctx.ports.clock.now(), level=level, unit=unit,
-                                weights_gib=weights_gib)
+        ctx.residency.set_state(
+            ctx.ports.host.name, model, state, ctx.ports.clock.now(), level=level, unit=unit, weights_gib=weights_gib
+        )
 
 
 def weights_gib(ctx: StepContext, spec: UnitSpec) -> float:
@@ -199,13 +215,22 @@ def fate(ctx: StepContext, step: StepInput) -> Fate:
         if name == step.dep.model:
             state = State.ASLEEP if is_asleep(ctx, step.dep.spec) else State.STOPPED
         size = sizes[name] if name in displaced else (rec.weights_gib if rec else 0.0)
-        residents.append(rules.Resident(
-            name=name, gpus=model.gpus, gpu_memory_utilization=rules.utilization(ctx.catalog, model),
-            sleep=model.sleep, weights_gib=size, state=state,
-            level=rec.level if rec is not None else None, last_served=rec.last_served if rec is not None else None,
-            served_name=model.served))
-    decision = rules.decide(step.dep.model, residents, rules.budgets_for(host, _mem_total_gib(ctx)),
-                            displaced=list(displaced))
+        residents.append(
+            rules.Resident(
+                name=name,
+                gpus=model.gpus,
+                gpu_memory_utilization=rules.utilization(ctx.catalog, model),
+                sleep=model.sleep,
+                weights_gib=size,
+                state=state,
+                level=rec.level if rec is not None else None,
+                last_served=rec.last_served if rec is not None else None,
+                served_name=model.served,
+            )
+        )
+    decision = rules.decide(
+        step.dep.model, residents, rules.budgets_for(host, _mem_total_gib(ctx)), displaced=list(displaced)
+    )
     why = {r.model: decision.reason(r.model) for r in decision.reasons}
     return Fate(decision.sleep, decision.stop, decision.evict, tuple(r.text for r in decision.reasons), sizes, why)
 
@@ -214,8 +239,16 @@ def decide(ctx: StepContext, step: StepInput) -> Fate:
     """Decide (and persist) what the switch does to the displaced models before the window opens:
     the sleeping step then only acts (no unit reads, no ``du`` between the route move and the wake)."""
     decided = fate(ctx, step)
-    note(ctx, FATE_EVENT, sleep=list(decided.sleep), stop=list(decided.stop), evict=list(decided.evict),
-         reasons=list(decided.reasons), weights=dict(decided.weights), why=dict(decided.why))
+    note(
+        ctx,
+        FATE_EVENT,
+        sleep=list(decided.sleep),
+        stop=list(decided.stop),
+        evict=list(decided.evict),
+        reasons=list(decided.reasons),
+        weights=dict(decided.weights),
+        why=dict(decided.why),
+    )
     return decided
 
 
@@ -223,8 +256,14 @@ def recorded_fate(step: StepInput) -> Fate | None:
     """The decision ``decide`` persisted for this deployment (a resumed run acts on the same one)."""
     for p in reversed(step.warm_progress):
         if p.get("step") == FATE_EVENT:
-            return Fate(tuple(p.get("sleep", ())), tuple(p.get("stop", ())), tuple(p.get("evict", ())),
-                        tuple(p.get("reasons", ())), dict(p.get("weights", {})), dict(p.get("why", {})))
+            return Fate(
+                tuple(p.get("sleep", ())),
+                tuple(p.get("stop", ())),
+                tuple(p.get("evict", ())),
+                tuple(p.get("reasons", ())),
+                dict(p.get("weights", {})),
+                dict(p.get("why", {})),
+            )
     return None
 
 
@@ -253,11 +292,23 @@ def put_to_sleep(ctx: StepContext, step: StepInput, leaving: Iterable[Deployment
         level, control = level_of(ctx, d.model), ctx.ports.engine_control_for(spec)
         if d.model in decided.sleep and control is not None and level is not None:
             try:
-                took = warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec, reuse=window),
-                                           level=_level_number(spec, level), residue_mib=residue_mib(ctx))
+                took = warm.sleep_verified(
+                    control,
+                    ctx.ports.gpus,
+                    ctx.ports.clock,
+                    engine_of(ctx, spec, reuse=window),
+                    level=_level_number(spec, level),
+                    residue_mib=residue_mib(ctx),
+                )
                 size = decided.weights.get(d.model)
-                mark(ctx, d.model, ASLEEP, level=level, unit=unit,
-                     weights_gib=weights_gib(ctx, spec) if size is None else size)
+                mark(
+                    ctx,
+                    d.model,
+                    ASLEEP,
+                    level=level,
+                    unit=unit,
+                    weights_gib=weights_gib(ctx, spec) if size is None else size,
+                )
                 note(ctx, "slept", model=d.model, level=level, seconds=round(took, 3))
                 asleep.add(unit)
                 continue
@@ -281,8 +332,11 @@ def asleep_units(ctx: StepContext, but: Iterable[str] = ()) -> set[str]:
     if ctx.residency is None:
         return set()
     skip = set(but)
-    return {r.unit for n, r in ctx.residency.residency(ctx.ports.host.name).items()
-            if r.state == ASLEEP and n not in skip and r.unit}
+    return {
+        r.unit
+        for n, r in ctx.residency.residency(ctx.ports.host.name).items()
+        if r.state == ASLEEP and n not in skip and r.unit
+    }
 
 
 # -- the warm path's steps -------------------------------------------------------------------------
@@ -304,11 +358,15 @@ def check_wake_first(ctx: StepContext, step: StepInput, target: UnitSpec) -> Non
             continue
         keeps = residue_mib(ctx) if level_of(ctx, d.model) is not None and sleep_enabled(d.spec) else 0
         leaving.update(dict.fromkeys(unit_pids(ctx, d.spec.unit_name), (d.model, keeps)))
-    reasons = warm.wake_shortfall(ctx.ports.gpus, engine_of(ctx, target), sleepers=sleepers(ctx, but=[target.model]),
-                                  leaving=leaving)
+    reasons = warm.wake_shortfall(
+        ctx.ports.gpus, engine_of(ctx, target), sleepers=sleepers(ctx, but=[target.model]), leaving=leaving
+    )
     if reasons:
-        raise GpuBusy(f"{target.model} cannot wake, so nothing was put to sleep and the route did not move: "
-                      + "; ".join(reasons), host=ctx.ports.host.name)
+        raise GpuBusy(
+            f"{target.model} cannot wake, so nothing was put to sleep and the route did not move: "
+            + "; ".join(reasons),
+            host=ctx.ports.host.name,
+        )
 
 
 def sleeping(ctx: StepContext, step: StepInput) -> None:
@@ -349,9 +407,15 @@ def await_quiet(ctx: StepContext, leaving: Iterable[Deployment]) -> None:
     leaving = list(leaving)
     quiet, waited = actions.await_quiet(ctx, (d.spec for d in leaving))
     if quiet.outcome != "off":
-        note(ctx, "quiet", seconds=round(waited, 3), outcome=quiet.outcome, in_flight=quiet.in_flight,
-             result=QUIET_RESULTS[quiet.outcome].format(n=quiet.in_flight, bound=ctx.catalog.proxy.quiet_wait_s),
-             engines=[f"{d.spec.address}:{d.spec.port}" for d in leaving])
+        note(
+            ctx,
+            "quiet",
+            seconds=round(waited, 3),
+            outcome=quiet.outcome,
+            in_flight=quiet.in_flight,
+            result=QUIET_RESULTS[quiet.outcome].format(n=quiet.in_flight, bound=ctx.catalog.proxy.quiet_wait_s),
+            engines=[f"{d.spec.address}:{d.spec.port}" for d in leaving],
+        )
 
 
 QUIET_RESULTS = {
@@ -386,8 +450,13 @@ def waking(ctx: StepContext, step: StepInput) -> None:
     assert control is not None  # staging reports warm only with an engine control
     level = level_of(ctx, dep.model)
     note(ctx, "wake_started", model=dep.model, level=level)
-    took = warm.wake_checked(control, ctx.ports.clock, engine_of(ctx, dep.spec, reuse=True),
-                             level=_level_number(dep.spec, level), deadline_s=deadline_of(ctx, dep.model))
+    took = warm.wake_checked(
+        control,
+        ctx.ports.clock,
+        engine_of(ctx, dep.spec, reuse=True),
+        level=_level_number(dep.spec, level),
+        deadline_s=deadline_of(ctx, dep.model),
+    )
     note(ctx, "woken", model=dep.model, seconds=round(took, 3))
     mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
 
@@ -405,8 +474,10 @@ def restarting(ctx: StepContext, step: StepInput) -> None:
             sd.kill_unit(spec.unit_name, signal.SIGKILL)
         actions.stop_units(ctx, {spec.unit_name})
         mark(ctx, spec.model, STOPPED, unit=spec.unit_name)
-        raise EngineWedged(f"{spec.model} wedged on its wake beside the serving engines: stopped; they keep serving",
-                           host=ctx.ports.host.name)
+        raise EngineWedged(
+            f"{spec.model} wedged on its wake beside the serving engines: stopped; they keep serving",
+            host=ctx.ports.host.name,
+        )
     # The route leaves the engine while it restarts: clients get 503 + Retry-After, not a reset or
     # the starting engine's own 503s; `routing` brings it back once `checking` proved it serves.
     actions.route(ctx, [d.spec for d in step.kept], gaps=[spec.served_name])
@@ -446,8 +517,14 @@ def settle_target(ctx: StepContext, step: StepInput) -> None:
     healthy = rec is not None and rec.state == SERVING
     if healthy and control is not None and level is not None:
         try:
-            warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, engine_of(ctx, spec),
-                                level=_level_number(spec, level), residue_mib=residue_mib(ctx))
+            warm.sleep_verified(
+                control,
+                ctx.ports.gpus,
+                ctx.ports.clock,
+                engine_of(ctx, spec),
+                level=_level_number(spec, level),
+                residue_mib=residue_mib(ctx),
+            )
             mark(ctx, spec.model, ASLEEP, level=level, unit=unit, weights_gib=weights_gib(ctx, spec))
             note(ctx, "slept", model=spec.model, level=level)
             return
@@ -468,10 +545,17 @@ def flush_held(ctx: StepContext, spec: UnitSpec) -> None:
     eng = engine_of(ctx, spec)
     try:
         warm.check_wake_fits(ctx.ports.gpus, eng, sleepers=sleepers(ctx, but=[spec.model]))
-        warm.wake_checked(control, ctx.ports.clock, eng, level=_level_number(spec, level),
-                          deadline_s=deadline_of(ctx, spec.model))
-        warm.sleep_verified(control, ctx.ports.gpus, ctx.ports.clock, eng, level=_level_number(spec, level),
-                            residue_mib=residue_mib(ctx))
+        warm.wake_checked(
+            control, ctx.ports.clock, eng, level=_level_number(spec, level), deadline_s=deadline_of(ctx, spec.model)
+        )
+        warm.sleep_verified(
+            control,
+            ctx.ports.gpus,
+            ctx.ports.clock,
+            eng,
+            level=_level_number(spec, level),
+            residue_mib=residue_mib(ctx),
+        )
         note(ctx, "flushed", model=spec.model)
     except OrchestratorError as exc:
         note(ctx, "flush_failed", model=spec.model, error=str(exc), then="left asleep")
@@ -484,8 +568,12 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
     records = ctx.residency.residency(ctx.ports.host.name) if ctx.residency is not None else {}
     rec = records.get(old.model)
     # Recorded asleep but awake now: a rollback resumed after its wake; the completion still decides.
-    resumed = rec is not None and rec.state == ASLEEP and sleep_enabled(spec) \
+    resumed = (
+        rec is not None
+        and rec.state == ASLEEP
+        and sleep_enabled(spec)
         and ctx.ports.systemd.unit_state(spec.unit_name).is_active
+    )
     if not (resumed or is_asleep(ctx, spec)):
         return False
     control = ctx.ports.engine_control_for(spec)
@@ -503,8 +591,13 @@ def wake_back(ctx: StepContext, old: Deployment) -> bool:
                 raise
         ctx.pause(0.2)
     try:
-        took = warm.wake_checked(control, clock, eng, level=_level_number(spec, level_of(ctx, spec.model)),
-                                 deadline_s=deadline_of(ctx, spec.model))
+        took = warm.wake_checked(
+            control,
+            clock,
+            eng,
+            level=_level_number(spec, level_of(ctx, spec.model)),
+            deadline_s=deadline_of(ctx, spec.model),
+        )
         note(ctx, "woken", model=spec.model, seconds=round(took, 3))
     except OrchestratorError as exc:
         note(ctx, "wake_failed", model=spec.model, error=str(exc), then="restarted cold")

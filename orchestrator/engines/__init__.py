@@ -31,5 +31,16 @@ def engine_named(name: str) -> Engine:
         raise UsageError(f"engine {name!r} is not known (known: {', '.join(sorted(ENGINES))})") from None
 
 
-__all__ = ["ENGINE", "ENGINES", "VLLM", "CommandLine", "Engine", "Launch", "LoadRules", "Option", "RenderedFlags",
-           "SleepApi", "engine_named"]
+__all__ = [
+    "ENGINE",
+    "ENGINES",
+    "VLLM",
+    "CommandLine",
+    "Engine",
+    "Launch",
+    "LoadRules",
+    "Option",
+    "RenderedFlags",
+    "SleepApi",
+    "engine_named",
+]

@@ -245,8 +245,9 @@ class Engine(Protocol):
         """Whether a rendered unit runs the engine with sleep mode."""
         ...
 
-    def node_args(self, *, nodes: int, rank: int, head_address: str, port: int,
-                  data_parallel_local: int | None = None) -> tuple[str, ...]:
+    def node_args(
+        self, *, nodes: int, rank: int, head_address: str, port: int, data_parallel_local: int | None = None
+    ) -> tuple[str, ...]:
         """A node's rank of a multi-node model (native backend): its place among ``nodes``; with
         ``data_parallel_local``, data parallel across nodes, that many replicas on each."""
         ...
@@ -262,4 +263,3 @@ class Engine(Protocol):
     def reason(self, line: str) -> tuple[str, str] | None:
         """(error type, message) when a log line carries the engine's own reason for failing."""
         ...
-

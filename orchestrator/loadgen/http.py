@@ -70,8 +70,9 @@ def default_client() -> ClientKind:
     return "aiohttp" if importlib.util.find_spec("aiohttp") is not None else "httpx"
 
 
-def open_backend(kind: ClientKind, base_url: str, headers: dict[str, str], timeout_s: float,
-                 connections: int) -> HttpBackend:
+def open_backend(
+    kind: ClientKind, base_url: str, headers: dict[str, str], timeout_s: float, connections: int
+) -> HttpBackend:
     if kind == "aiohttp":
         return AiohttpBackend(base_url, headers, timeout_s, connections)
     return HttpxBackend(base_url, headers, timeout_s, connections)
@@ -82,9 +83,12 @@ class HttpxBackend:
 
     def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float, connections: int) -> None:
         self._client = httpx.AsyncClient(
-            base_url=base_url, headers=headers, trust_env=False,
+            base_url=base_url,
+            headers=headers,
+            trust_env=False,
             timeout=httpx.Timeout(timeout_s, connect=30.0),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        )
         self._connections = connections
 
     async def get(self, path: str) -> tuple[int, bytes]:
@@ -148,8 +152,11 @@ class AiohttpBackend:
 
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=self._timeout, trust_env=False,
-                connector=aiohttp.TCPConnector(limit=self._connections, limit_per_host=0))
+                headers=self._headers,
+                timeout=self._timeout,
+                trust_env=False,
+                connector=aiohttp.TCPConnector(limit=self._connections, limit_per_host=0),
+            )
         return self._session
 
     async def get(self, path: str) -> tuple[int, bytes]:

@@ -62,9 +62,16 @@ class LevelTrace:
 class LoadGenerator:
     """Runs a BenchPlan against a BenchTarget; see the module docstring for the rules."""
 
-    def __init__(self, target: BenchTarget, plan: BenchPlan, *, on_progress: ProgressCallback | None = None,
-                 progress_interval_s: float = 0.5, client: ClientKind | None = None,
-                 keep_traces: bool = False) -> None:
+    def __init__(
+        self,
+        target: BenchTarget,
+        plan: BenchPlan,
+        *,
+        on_progress: ProgressCallback | None = None,
+        progress_interval_s: float = 0.5,
+        client: ClientKind | None = None,
+        keep_traces: bool = False,
+    ) -> None:
         self.target = target
         self.plan = plan
         self.client: ClientKind = client or default_client()
@@ -120,11 +127,19 @@ class LoadGenerator:
         levels = list(self._levels)
         if not complete and self._outcomes:
             end = max(o.end for o in self._outcomes)
-            levels.append(LevelResult.from_outcomes(self._concurrency, self._outcomes,
-                                                    end - self._level_start, complete=False))
-        return BenchResult(base_url=self.target.base_url, model=self._model, endpoint=self.target.endpoint,
-                           plan=self.plan, started_at=self._started_at, complete=complete,
-                           levels=tuple(levels), client=self.client)
+            levels.append(
+                LevelResult.from_outcomes(self._concurrency, self._outcomes, end - self._level_start, complete=False)
+            )
+        return BenchResult(
+            base_url=self.target.base_url,
+            model=self._model,
+            endpoint=self.target.endpoint,
+            plan=self.plan,
+            started_at=self._started_at,
+            complete=complete,
+            levels=tuple(levels),
+            client=self.client,
+        )
 
     # ---- one level --------------------------------------------------------------------------
 
@@ -187,18 +202,31 @@ class LoadGenerator:
             tokens = sum(o.completion_tokens for o in outcomes)
         duration = self.plan.effective_duration_s
         target = f"{duration:g}s" if duration is not None else f"{self.plan.requests} requests"
-        return Progress(level_index=index, levels=len(self.plan.concurrency), concurrency=self._concurrency,
-                        elapsed_s=elapsed, target=target, requests_ok=ok, requests_failed=failed,
-                        in_flight=self._in_flight, output_tokens=tokens, streamed_tokens=self._streamed,
-                        done=done)
+        return Progress(
+            level_index=index,
+            levels=len(self.plan.concurrency),
+            concurrency=self._concurrency,
+            elapsed_s=elapsed,
+            target=target,
+            requests_ok=ok,
+            requests_failed=failed,
+            in_flight=self._in_flight,
+            output_tokens=tokens,
+            streamed_tokens=self._streamed,
+            done=done,
+        )
 
     # ---- one request ------------------------------------------------------------------------
 
     def _body(self, max_tokens: int | None = None, chars: int | None = None) -> bytes:
         tag = " ".join(self._tags.choices("0123456789", k=self._tag_digits))
-        prompt = f"{tag} {self._text[:self._chars if chars is None else chars]}"
-        body: dict[str, Any] = {"model": self._model, "stream": True, "temperature": 0.0,
-                                "stream_options": {"include_usage": True}}
+        prompt = f"{tag} {self._text[: self._chars if chars is None else chars]}"
+        body: dict[str, Any] = {
+            "model": self._model,
+            "stream": True,
+            "temperature": 0.0,
+            "stream_options": {"include_usage": True},
+        }
         n = max_tokens or self.plan.max_tokens
         if self.target.endpoint == "chat":
             body.update(messages=[{"role": "user", "content": prompt}], max_completion_tokens=n)
@@ -223,8 +251,9 @@ class LoadGenerator:
         try:
             status, detail = await client.post_stream(self._path, body, on_data)
             if status != 200:
-                return RequestOutcome.failure(start, perf_counter(), f"http_{status}",
-                                              detail.decode("utf-8", "replace"))
+                return RequestOutcome.failure(
+                    start, perf_counter(), f"http_{status}", detail.decode("utf-8", "replace")
+                )
             return acc.finish(perf_counter())
         except StreamError as exc:  # transport failures and unusable streams alike
             return RequestOutcome.failure(start, perf_counter(), exc.kind, exc.message)
@@ -237,13 +266,13 @@ class LoadGenerator:
         try:
             status, body = await client.get("/v1/models")
         except StreamError as exc:
-            raise TransportError(
-                f"bench: {self.target.base_url}/v1/models: {exc.kind}: {exc.message}") from exc
+            raise TransportError(f"bench: {self.target.base_url}/v1/models: {exc.kind}: {exc.message}") from exc
         try:
             models = [m["id"] for m in json.loads(body)["data"]]
         except (ValueError, KeyError, TypeError) as exc:
-            raise HealthCheckFailed(f"bench: {self.target.base_url}/v1/models answered "
-                                    f"{status} {body[:200]!r}, not a model list") from exc
+            raise HealthCheckFailed(
+                f"bench: {self.target.base_url}/v1/models answered {status} {body[:200]!r}, not a model list"
+            ) from exc
         if not models:
             raise HealthCheckFailed(f"bench: {self.target.base_url}/v1/models lists no model")
         return str(models[0])
@@ -257,8 +286,9 @@ class LoadGenerator:
         try:
             await client.hold_open("/v1/models", concurrency)
         except StreamError as exc:
-            raise TransportError(f"bench: opening {concurrency} connections to {self.target.base_url}: "
-                                 f"{exc.kind}: {exc.message}") from exc
+            raise TransportError(
+                f"bench: opening {concurrency} connections to {self.target.base_url}: {exc.kind}: {exc.message}"
+            ) from exc
 
     async def _calibrate(self, client: HttpBackend) -> None:
         """Unmeasured 1-token requests find how much of the run's text makes plan.prompt_tokens as the
@@ -295,19 +325,31 @@ class LoadGenerator:
         if not outcome.ok and refused_ok and outcome.error_kind == "http_400":
             return -1
         if not outcome.ok:
-            raise HealthCheckFailed(f"bench: warm-up request to {self.target.base_url}{self._path} "
-                                    f"({self._model}) failed: {outcome.error_kind}: {outcome.error}")
+            raise HealthCheckFailed(
+                f"bench: warm-up request to {self.target.base_url}{self._path} "
+                f"({self._model}) failed: {outcome.error_kind}: {outcome.error}"
+            )
         return outcome.prompt_tokens
 
 
-async def run_bench(target: BenchTarget, plan: BenchPlan, *, on_progress: ProgressCallback | None = None,
-                    client: ClientKind | None = None) -> BenchResult:
+async def run_bench(
+    target: BenchTarget,
+    plan: BenchPlan,
+    *,
+    on_progress: ProgressCallback | None = None,
+    client: ClientKind | None = None,
+) -> BenchResult:
     """Run the plan; cancellation propagates (use LoadGenerator to keep partial results)."""
     return await LoadGenerator(target, plan, on_progress=on_progress, client=client).run()
 
 
-def run_bench_blocking(target: BenchTarget, plan: BenchPlan, *, on_progress: ProgressCallback | None = None,
-                       client: ClientKind | None = None) -> BenchResult:
+def run_bench_blocking(
+    target: BenchTarget,
+    plan: BenchPlan,
+    *,
+    on_progress: ProgressCallback | None = None,
+    client: ClientKind | None = None,
+) -> BenchResult:
     """For a CLI: runs an event loop; Ctrl-C stops it and returns what finished (complete=False)."""
     gen = LoadGenerator(target, plan, on_progress=on_progress, client=client)
     try:

@@ -76,17 +76,31 @@ class BenchPlan:
         return 30.0 if self.duration_s is None and self.requests is None else self.duration_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"concurrency": list(self.concurrency), "max_tokens": self.max_tokens,
-                "prompt_tokens": self.prompt_tokens, "duration_s": self.duration_s,
-                "requests": self.requests, "ignore_eos": self.ignore_eos,
-                "request_timeout_s": self.request_timeout_s, "warmup": self.warmup, "seed": self.seed}
+        return {
+            "concurrency": list(self.concurrency),
+            "max_tokens": self.max_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "duration_s": self.duration_s,
+            "requests": self.requests,
+            "ignore_eos": self.ignore_eos,
+            "request_timeout_s": self.request_timeout_s,
+            "warmup": self.warmup,
+            "seed": self.seed,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BenchPlan:
-        return cls(concurrency=tuple(d["concurrency"]), max_tokens=d["max_tokens"],
-                   prompt_tokens=d["prompt_tokens"], duration_s=d["duration_s"], requests=d["requests"],
-                   ignore_eos=d["ignore_eos"], request_timeout_s=d["request_timeout_s"],
-                   warmup=d["warmup"], seed=d["seed"])
+        return cls(
+            concurrency=tuple(d["concurrency"]),
+            max_tokens=d["max_tokens"],
+            prompt_tokens=d["prompt_tokens"],
+            duration_s=d["duration_s"],
+            requests=d["requests"],
+            ignore_eos=d["ignore_eos"],
+            request_timeout_s=d["request_timeout_s"],
+            warmup=d["warmup"],
+            seed=d["seed"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +132,9 @@ class LevelResult:
     errors: tuple[ErrorCount, ...] = ()
 
     @classmethod
-    def from_outcomes(cls, concurrency: int, outcomes: Iterable[RequestOutcome], duration_s: float,
-                      *, complete: bool = True) -> LevelResult:
+    def from_outcomes(
+        cls, concurrency: int, outcomes: Iterable[RequestOutcome], duration_s: float, *, complete: bool = True
+    ) -> LevelResult:
         done = list(outcomes)
         ok = [o for o in done if o.ok]
         failed = [o for o in done if not o.ok]
@@ -131,43 +146,69 @@ class LevelResult:
         timed = [o for o in ok if o.latency > 0]
         per_stream = [o.completion_tokens / o.latency for o in timed]
         return cls(
-            concurrency=concurrency, complete=complete, duration_s=duration_s, requests_ok=len(ok),
-            requests_failed=len(failed), input_tokens=sum(o.prompt_tokens for o in ok), output_tokens=output,
+            concurrency=concurrency,
+            complete=complete,
+            duration_s=duration_s,
+            requests_ok=len(ok),
+            requests_failed=len(failed),
+            input_tokens=sum(o.prompt_tokens for o in ok),
+            output_tokens=output,
             output_tok_s=rate(output, duration_s),
-            output_tok_s_per_stream=rate(sum(o.completion_tokens for o in timed),
-                                         math.fsum(o.latency for o in timed)),
+            output_tok_s_per_stream=rate(sum(o.completion_tokens for o in timed), math.fsum(o.latency for o in timed)),
             requests_per_s=rate(len(ok), duration_s),
             ttft_ms=summarize((o.ttft for o in ok), 1000.0),
             itl_ms=summarize((gap for o in ok for gap in o.itl), 1000.0),
-            tpot_ms=summarize(((o.latency - o.ttft) / (o.completion_tokens - 1)
-                               for o in ok if o.completion_tokens > 1), 1000.0),
+            tpot_ms=summarize(
+                ((o.latency - o.ttft) / (o.completion_tokens - 1) for o in ok if o.completion_tokens > 1), 1000.0
+            ),
             e2e_ms=summarize((o.latency for o in ok), 1000.0),
             stream_tok_s=summarize(per_stream),
-            errors=tuple(ErrorCount(k, n, examples[k]) for k, n in sorted(kinds.items())))
+            errors=tuple(ErrorCount(k, n, examples[k]) for k, n in sorted(kinds.items())),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "complete": self.complete, "duration_s": self.duration_s,
-                "requests_ok": self.requests_ok, "requests_failed": self.requests_failed,
-                "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "output_tok_s": self.output_tok_s, "output_tok_s_per_stream": self.output_tok_s_per_stream,
-                "requests_per_s": self.requests_per_s, "ttft_ms": self.ttft_ms.to_dict(),
-                "itl_ms": self.itl_ms.to_dict(), "tpot_ms": self.tpot_ms.to_dict(),
-                "e2e_ms": self.e2e_ms.to_dict(), "stream_tok_s": self.stream_tok_s.to_dict(),
-                "errors": {e.kind: e.count for e in self.errors},
-                "error_examples": {e.kind: e.example for e in self.errors}}
+        return {
+            "concurrency": self.concurrency,
+            "complete": self.complete,
+            "duration_s": self.duration_s,
+            "requests_ok": self.requests_ok,
+            "requests_failed": self.requests_failed,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "output_tok_s": self.output_tok_s,
+            "output_tok_s_per_stream": self.output_tok_s_per_stream,
+            "requests_per_s": self.requests_per_s,
+            "ttft_ms": self.ttft_ms.to_dict(),
+            "itl_ms": self.itl_ms.to_dict(),
+            "tpot_ms": self.tpot_ms.to_dict(),
+            "e2e_ms": self.e2e_ms.to_dict(),
+            "stream_tok_s": self.stream_tok_s.to_dict(),
+            "errors": {e.kind: e.count for e in self.errors},
+            "error_examples": {e.kind: e.example for e in self.errors},
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LevelResult:
         dist = Distribution.from_dict
         examples = d.get("error_examples", {})
-        return cls(concurrency=d["concurrency"], complete=d["complete"], duration_s=d["duration_s"],
-                   requests_ok=d["requests_ok"], requests_failed=d["requests_failed"],
-                   input_tokens=d["input_tokens"], output_tokens=d["output_tokens"],
-                   output_tok_s=d["output_tok_s"], output_tok_s_per_stream=d["output_tok_s_per_stream"],
-                   requests_per_s=d["requests_per_s"], ttft_ms=dist(d["ttft_ms"]), itl_ms=dist(d["itl_ms"]),
-                   tpot_ms=dist(d["tpot_ms"]), e2e_ms=dist(d["e2e_ms"]),
-                   stream_tok_s=dist(d["stream_tok_s"]),
-                   errors=tuple(ErrorCount(k, n, examples.get(k, "")) for k, n in d["errors"].items()))
+        return cls(
+            concurrency=d["concurrency"],
+            complete=d["complete"],
+            duration_s=d["duration_s"],
+            requests_ok=d["requests_ok"],
+            requests_failed=d["requests_failed"],
+            input_tokens=d["input_tokens"],
+            output_tokens=d["output_tokens"],
+            output_tok_s=d["output_tok_s"],
+            output_tok_s_per_stream=d["output_tok_s_per_stream"],
+            requests_per_s=d["requests_per_s"],
+            ttft_ms=dist(d["ttft_ms"]),
+            itl_ms=dist(d["itl_ms"]),
+            tpot_ms=dist(d["tpot_ms"]),
+            e2e_ms=dist(d["e2e_ms"]),
+            stream_tok_s=dist(d["stream_tok_s"]),
+            errors=tuple(ErrorCount(k, n, examples.get(k, "")) for k, n in d["errors"].items()),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,15 +239,29 @@ class BenchResult:
         return max((lv.output_tok_s for lv in self.levels if lv.requests_ok), default=None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"base_url": self.base_url, "model": self.model, "endpoint": self.endpoint,
-                "plan": self.plan.to_dict(), "started_at": self.started_at, "complete": self.complete,
-                "levels": [lv.to_dict() for lv in self.levels], "client": self.client}
+        return {
+            "base_url": self.base_url,
+            "model": self.model,
+            "endpoint": self.endpoint,
+            "plan": self.plan.to_dict(),
+            "started_at": self.started_at,
+            "complete": self.complete,
+            "levels": [lv.to_dict() for lv in self.levels],
+            "client": self.client,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BenchResult:
-        return cls(base_url=d["base_url"], model=d["model"], endpoint=d["endpoint"],
-                   plan=BenchPlan.from_dict(d["plan"]), started_at=d["started_at"], complete=d["complete"],
-                   levels=tuple(LevelResult.from_dict(lv) for lv in d["levels"]), client=d.get("client", ""))
+        return cls(
+            base_url=d["base_url"],
+            model=d["model"],
+            endpoint=d["endpoint"],
+            plan=BenchPlan.from_dict(d["plan"]),
+            started_at=d["started_at"],
+            complete=d["complete"],
+            levels=tuple(LevelResult.from_dict(lv) for lv in d["levels"]),
+            client=d.get("client", ""),
+        )
 
 
 @dataclass(frozen=True, slots=True)

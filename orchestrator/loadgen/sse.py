@@ -105,6 +105,13 @@ class StreamAccumulator:
         prompt = self._usage.get("prompt_tokens", 0)
         if not isinstance(completion, int) or not isinstance(prompt, int):
             raise StreamError("no_usage", f"usage without integer token counts: {self._usage!r}")
-        return RequestOutcome(ok=True, start=self._start, end=now, ttft=self._first - self._start,
-                              latency=self._last - self._start, itl=tuple(self._itl),
-                              prompt_tokens=prompt, completion_tokens=completion)
+        return RequestOutcome(
+            ok=True,
+            start=self._start,
+            end=now,
+            ttft=self._first - self._start,
+            latency=self._last - self._start,
+            itl=tuple(self._itl),
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+        )

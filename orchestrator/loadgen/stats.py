@@ -23,13 +23,23 @@ class Distribution:
 
     def to_dict(self) -> dict[str, float | int | None]:
         """JSON-safe: NaN (no samples) becomes None."""
-        return {"count": self.count, "mean": _json(self.mean), "p50": _json(self.p50),
-                "p90": _json(self.p90), "p99": _json(self.p99)}
+        return {
+            "count": self.count,
+            "mean": _json(self.mean),
+            "p50": _json(self.p50),
+            "p90": _json(self.p90),
+            "p99": _json(self.p99),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, float | int | None]) -> Distribution:
-        return cls(count=int(data["count"] or 0), mean=_float(data["mean"]), p50=_float(data["p50"]),
-                   p90=_float(data["p90"]), p99=_float(data["p99"]))
+        return cls(
+            count=int(data["count"] or 0),
+            mean=_float(data["mean"]),
+            p50=_float(data["p50"]),
+            p90=_float(data["p90"]),
+            p99=_float(data["p99"]),
+        )
 
 
 def _json(x: float) -> float | None:
@@ -62,8 +72,13 @@ def summarize(values: Iterable[float], scale: float = 1.0) -> Distribution:
     data = sorted(v * scale for v in values)
     if not data:
         return EMPTY
-    return Distribution(count=len(data), mean=math.fsum(data) / len(data), p50=percentile(data, 50),
-                        p90=percentile(data, 90), p99=percentile(data, 99))
+    return Distribution(
+        count=len(data),
+        mean=math.fsum(data) / len(data),
+        p50=percentile(data, 50),
+        p90=percentile(data, 90),
+        p99=percentile(data, 99),
+    )
 
 
 def rate(amount: float, seconds: float) -> float:

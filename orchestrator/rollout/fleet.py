@@ -39,12 +39,21 @@ def remote_client(host: Host) -> AgentClient:
 
 
 class Fleet:
-    def __init__(self, catalog: Catalog, *, connect: Callable[[Host], AgentClient] = remote_client,
-                 report: Report | None = None, store: RolloutRecord | None = None,
-                 after_batch: AfterBatch | None = None, clock: Clock | None = None, pid: int | None = None,
-                 started_by: str | None = None, driven: Driven | None = None,
-                 on_start: Callable[[int], None] | None = None,
-                 starting: AbstractContextManager[Any] | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        connect: Callable[[Host], AgentClient] = remote_client,
+        report: Report | None = None,
+        store: RolloutRecord | None = None,
+        after_batch: AfterBatch | None = None,
+        clock: Clock | None = None,
+        pid: int | None = None,
+        started_by: str | None = None,
+        driven: Driven | None = None,
+        on_start: Callable[[int], None] | None = None,
+        starting: AbstractContextManager[Any] | None = None,
+    ) -> None:
         """``pid``: the controller's (this process, or the agent that drives rollouts); ``driven``:
         how this controller tells a live rollout from one whose controller died (default: its pid
         runs orchestrator); ``on_start``: told the new rollout's id once it is recorded."""
@@ -52,8 +61,9 @@ class Fleet:
         self.after_batch = after_batch
         self.connect = connect
         self.report = report or (lambda h, e, f: None)
-        self.store: RolloutRecord = store or RolloutStore(Path(catalog.state_dir) / "rollouts.db",
-                                                          group=catalog.socket_group)
+        self.store: RolloutRecord = store or RolloutStore(
+            Path(catalog.state_dir) / "rollouts.db", group=catalog.socket_group
+        )
         self.clock = clock or _system_clock()
         self.pid = os.getpid() if pid is None else pid
         self.started_by = started_by
@@ -88,27 +98,46 @@ class Fleet:
         return {h: self.clients[h] for h in hosts}
 
     # -- starting ---------------------------------------------------------------------------------
-    def rollout(self, model_name: str, *, group: str | None = None, canary: int | None = None,
-                batch: int | None = None, max_failures: int | None = None,
-                rollback_all: bool = False) -> dict[str, Any]:
+    def rollout(
+        self,
+        model_name: str,
+        *,
+        group: str | None = None,
+        canary: int | None = None,
+        batch: int | None = None,
+        max_failures: int | None = None,
+        rollback_all: bool = False,
+    ) -> dict[str, Any]:
         model, group_name = self._target(model_name, group)
         grp = self.catalog.groups[group_name]
-        policy = core.Policy(canary=grp.canary if canary is None else canary, batch=batch or grp.batch,
-                             max_failures=grp.max_failures if max_failures is None else max_failures,
-                             rollback_all=rollback_all)
+        policy = core.Policy(
+            canary=grp.canary if canary is None else canary,
+            batch=batch or grp.batch,
+            max_failures=grp.max_failures if max_failures is None else max_failures,
+            rollback_all=rollback_all,
+        )
         batches = core.plan(list(grp.hosts), policy.canary, policy.batch)
         self._no_overlap(group_name, grp.hosts)
         views = check_boxes(self._clients(list(grp.hosts)), model)
         with self.starting:
             self._no_overlap(group_name, grp.hosts)  # again: another client may have started one meanwhile
-            rid = self.store.create(model.name, group_name, policy, grp.gate, batches, self.pid,
-                                    started_by=self.started_by, at=self.clock.now())
+            rid = self.store.create(
+                model.name,
+                group_name,
+                policy,
+                grp.gate,
+                batches,
+                self.pid,
+                started_by=self.started_by,
+                at=self.clock.now(),
+            )
             if self.on_start is not None:
                 self.on_start(rid)
         self.store.set_hosts(rid, {host: {"baseline_id": view.baseline_id} for host, view in views.items()})
         for host, view in views.items():
-            self.report(host, "rollout_host", {"batch": _batch_of(batches, host), "state": "pending",
-                                               "serving": view.serving})
+            self.report(
+                host, "rollout_host", {"batch": _batch_of(batches, host), "state": "pending", "serving": view.serving}
+            )
         if model.source != "none":
             self._stage(rid, model, [h for b in batches for h in b], grp.seed)
         return self._drive(rid)
@@ -117,8 +146,9 @@ class Fleet:
         model = self.catalog.model(model_name)
         name = group or model.group
         if name is None:
-            raise UsageError(f"model {model_name!r} targets no group: give --group G or set group in "
-                             f"[models.{model_name}]")
+            raise UsageError(
+                f"model {model_name!r} targets no group: give --group G or set group in [models.{model_name}]"
+            )
         if name not in self.catalog.groups:
             known = ", ".join(sorted(self.catalog.groups)) or "none"
             raise UsageError(f"unknown group {name!r} (known: {known})")
@@ -132,12 +162,16 @@ class Fleet:
                 who = f", started by {ro.started_by}" if ro.started_by else ""
                 where = f"on {', '.join(shared)}" if shared else f"on group {group}"
                 if self.driven(ro):  # still running: resuming it is not for this client to do
-                    raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) is still running {where} "
-                               f"(its controller, pid {ro.pid}, drives it): wait for it to end (`orchestrator "
-                               "rollout status --follow`) or stop it (`orchestrator rollout abort`), then start "
-                               "again")
-                raise Busy(f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) has not finished {where} and "
-                           "nothing drives it: `orchestrator rollout resume` or `orchestrator rollout abort` first")
+                    raise Busy(
+                        f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) is still running {where} "
+                        f"(its controller, pid {ro.pid}, drives it): wait for it to end (`orchestrator "
+                        "rollout status --follow`) or stop it (`orchestrator rollout abort`), then start "
+                        "again"
+                    )
+                raise Busy(
+                    f"rollout #{ro.id} ({ro.model} on group {ro.group}{who}) has not finished {where} and "
+                    "nothing drives it: `orchestrator rollout resume` or `orchestrator rollout abort` first"
+                )
 
     def _stage(self, rid: int, model: Model, order: list[str], seed: str | None) -> None:
         """Every host stages before any stops: the seed from the hub, the others from the seed."""
@@ -150,8 +184,9 @@ class Fleet:
             peer = self._peer_of(first)
             for h in others:
                 self.report(h, "rollout_host", {"state": "staging", "detail": f"from {first}"})
-            done |= self._run_all([HostRequest(h, clients[h], "stage", {"model": model.name, "peer": peer})
-                                   for h in others], self._event)
+            done |= self._run_all(
+                [HostRequest(h, clients[h], "stage", {"model": model.name, "peer": peer}) for h in others], self._event
+            )
         errors = {h: r for h, r in done.items() if isinstance(r, OrchestratorError)}
         if errors:
             self.store.finish(rid, RolloutStatus.FAILED, f"staging failed on {', '.join(errors)}", self.clock.now())
@@ -163,17 +198,26 @@ class Fleet:
     def _peer_of(self, name: str) -> dict[str, Any]:
         host = self.catalog.hosts[name]
         grp = next(g for g in self.catalog.groups.values() if name in g.hosts)
-        return {"name": name, "address": host.address, "port": host.ssh_port, "user": host.ssh_user,
-                "root": host.models_dir, "key_file": grp.peer_key, "known_hosts": grp.peer_known_hosts}
+        return {
+            "name": name,
+            "address": host.address,
+            "port": host.ssh_port,
+            "user": host.ssh_user,
+            "root": host.models_dir,
+            "key_file": grp.peer_key,
+            "known_hosts": grp.peer_known_hosts,
+        }
 
     # -- driving ----------------------------------------------------------------------------------
     def _drive(self, rid: int, *, rollback_all: bool | None = None) -> dict[str, Any]:
         while True:
             ro = self.store.get(rid)
-            policy = ro.policy if rollback_all is None else core.Policy(
-                ro.policy.canary, ro.policy.batch, ro.policy.max_failures, rollback_all)
-            decision = core.decide(self.store.hosts(rid), policy, has_canary=ro.canary > 0,
-                                   aborted=ro.abort_requested)
+            policy = (
+                ro.policy
+                if rollback_all is None
+                else core.Policy(ro.policy.canary, ro.policy.batch, ro.policy.max_failures, rollback_all)
+            )
+            decision = core.decide(self.store.hosts(rid), policy, has_canary=ro.canary > 0, aborted=ro.abort_requested)
             if decision.kind == "wait":
                 self._settle(ro, decision.hosts)
             elif decision.kind == "switch":
@@ -196,21 +240,25 @@ class Fleet:
     def _switch(self, ro: Rollout, hosts: tuple[str, ...]) -> None:
         clients = self._clients(list(hosts))
         # the whole batch recorded switching (one commit) before any of its switches is sent
-        self.store.set_hosts(ro.id, {h: {"state": HostState.SWITCHING, "switched_at": self.clock.now()}
-                                     for h in hosts})
+        self.store.set_hosts(ro.id, {h: {"state": HostState.SWITCHING, "switched_at": self.clock.now()} for h in hosts})
         for h in hosts:
             self.report(h, "rollout_host", {"state": "switching"})
-        results = self._run_all([HostRequest(h, clients[h], "switch", {"model": ro.model, "rollout": _label(ro)})
-                                 for h in hosts], self._event)
+        results = self._run_all(
+            [HostRequest(h, clients[h], "switch", {"model": ro.model, "rollout": _label(ro)}) for h in hosts],
+            self._event,
+        )
         lost = [h for h, r in results.items() if isinstance(r, TransportError)]
         ended = {h: self._ended(r) for h, r in results.items() if h not in lost}
         self.store.set_hosts(ro.id, ended)  # the batch's answers, one commit, before the next step
         for h, fields in ended.items():
             self._reported(h, fields)
         if lost:  # its agent carries on; only a controller that sees the box again may say how it ended
-            raise RolloutPaused(f"rollout #{ro.id} paused: lost {', '.join(lost)} mid-switch (its agent "
-                                f"carries on); `orchestrator rollout resume` once it answers again",
-                                rollout=ro.id, lost=lost)
+            raise RolloutPaused(
+                f"rollout #{ro.id} paused: lost {', '.join(lost)} mid-switch (its agent "
+                f"carries on); `orchestrator rollout resume` once it answers again",
+                rollout=ro.id,
+                lost=lost,
+            )
 
     def _record(self, ro: Rollout, host: str, result: Any) -> None:
         fields = self._ended(result)
@@ -224,13 +272,20 @@ class Fleet:
         elif result.get("noop"):
             fields = {"state": HostState.SWITCHED, "outcome": "noop"}
         else:
-            fields = {"state": core.state_of_outcome(str(result["outcome"])), "outcome": result["outcome"],
-                      "deployment_id": result.get("id"), "error": result.get("error")}
+            fields = {
+                "state": core.state_of_outcome(str(result["outcome"])),
+                "outcome": result["outcome"],
+                "deployment_id": result.get("id"),
+                "error": result.get("error"),
+            }
         return {**fields, "ended_at": self.clock.now()}
 
     def _reported(self, host: str, fields: dict[str, Any]) -> None:
-        self.report(host, "rollout_host", {"state": str(fields["state"]), "outcome": fields.get("outcome"),
-                                           "error": fields.get("error")})
+        self.report(
+            host,
+            "rollout_host",
+            {"state": str(fields["state"]), "outcome": fields.get("outcome"), "error": fields.get("error")},
+        )
 
     def _settle(self, ro: Rollout, hosts: tuple[str, ...]) -> None:
         """After a restart: hosts recorded as switching are followed, recorded, or (never reached) re-sent."""
@@ -240,10 +295,13 @@ class Fleet:
         history = self._run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in hosts])
         bad = {h: r for h in hosts for r in (status[h], history[h]) if isinstance(r, OrchestratorError)}
         if bad and all(isinstance(r, TransportError) for r in bad.values()):
-            raise RolloutPaused(f"rollout #{ro.id} paused: cannot reach {', '.join(bad)}, recorded switching "
-                                f"({_first_line(next(iter(bad.values())))}); it goes on once "
-                                f"{'they answer' if len(bad) > 1 else 'it answers'} again", rollout=ro.id,
-                                lost=list(bad))
+            raise RolloutPaused(
+                f"rollout #{ro.id} paused: cannot reach {', '.join(bad)}, recorded switching "
+                f"({_first_line(next(iter(bad.values())))}); it goes on once "
+                f"{'they answer' if len(bad) > 1 else 'it answers'} again",
+                rollout=ro.id,
+                lost=list(bad),
+            )
         if bad:
             raise refuse(bad, "resume could not see every box that was switching")
         follow: list[str] = []
@@ -253,9 +311,12 @@ class Fleet:
             newest = ours[0] if ours else None
             entry: dict[str, Any] = next(iter((status[h].get("hosts") or {}).values()), {})
             serving = (entry.get("serving") or {}).get("model")
-            observed = core.Observed(busy=busy, ours=newest["outcome"] if newest else None,
-                                     ours_ended=bool(newest and newest.get("ended_at")),
-                                     serves_ours=serving == ro.model)
+            observed = core.Observed(
+                busy=busy,
+                ours=newest["outcome"] if newest else None,
+                ours_ended=bool(newest and newest.get("ended_at")),
+                serves_ours=serving == ro.model,
+            )
             action = core.resume_action(records[h], observed)
             self.report(h, "rollout_host", {"state": "switching", "detail": f"resume: {action}"})
             if action == "follow":
@@ -263,10 +324,19 @@ class Fleet:
             elif action == "record" and newest is not None:
                 self._record(ro, h, newest)
             elif action == "superseded" and newest is not None:
-                error = (f"deployment #{newest['id']} of {ro.model} became active, but the box serves "
-                         f"{serving or 'nothing'} now (switched by another operation since)")
-                self.store.set_host(ro.id, h, state=HostState.FAILED, outcome="superseded",
-                                    deployment_id=newest["id"], error=error, ended_at=self.clock.now())
+                error = (
+                    f"deployment #{newest['id']} of {ro.model} became active, but the box serves "
+                    f"{serving or 'nothing'} now (switched by another operation since)"
+                )
+                self.store.set_host(
+                    ro.id,
+                    h,
+                    state=HostState.FAILED,
+                    outcome="superseded",
+                    deployment_id=newest["id"],
+                    error=error,
+                    ended_at=self.clock.now(),
+                )
                 self.report(h, "rollout_host", {"state": "failed", "outcome": "superseded", "error": error})
             elif action == "switch":
                 self.store.set_host(ro.id, h, state=HostState.STAGED)
@@ -284,8 +354,11 @@ class Fleet:
             return
         clients = self._clients(switched)
         status = self._run_all([HostRequest(h, clients[h], "status", {"host": None}) for h in switched])
-        history = self._run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20})
-                                 for h in switched]) if ro.gate == "bench" else {}
+        history = (
+            self._run_all([HostRequest(h, clients[h], "history", {"host": None, "limit": 20}) for h in switched])
+            if ro.gate == "bench"
+            else {}
+        )
         failing: dict[str, str] = {}
         for h in switched:
             why = self._gate_one(ro, status[h], history.get(h))
@@ -293,8 +366,10 @@ class Fleet:
                 failing[h] = why
         if not failing:
             return
-        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None, "rollout": _label(ro)})
-                              for h in failing], self._event)
+        back = self._run_all(
+            [HostRequest(h, clients[h], "rollback", {"host": None, "rollout": _label(ro)}) for h in failing],
+            self._event,
+        )
         for h, why in failing.items():
             outcome = None if isinstance(back[h], OrchestratorError) else back[h].get("outcome")
             self.store.set_host(ro.id, h, state=HostState.FAILED, outcome=outcome, error=f"gate: {why}")
@@ -312,8 +387,14 @@ class Fleet:
             prev = next((d for d in history if d["revision"] == prev_rev), None)
             previous = ((prev or {}).get("bench") or {}).get("headline_tok_s")
         ratio = self.catalog.policy.min_tok_s_ratio if ro.gate == "bench" else None
-        return core.gate_failure(model=ro.model, serving=serving.get("model"), healthy=serving.get("healthy"),
-                                 tok_s=tok_s, previous_tok_s=previous, min_ratio=ratio)
+        return core.gate_failure(
+            model=ro.model,
+            serving=serving.get("model"),
+            healthy=serving.get("healthy"),
+            tok_s=tok_s,
+            previous_tok_s=previous,
+            min_ratio=ratio,
+        )
 
     def _revert(self, ro: Rollout, hosts: tuple[str, ...]) -> None:
         if not hosts:
@@ -321,8 +402,9 @@ class Fleet:
         clients = self._clients(list(hosts))
         for h in hosts:
             self.report(h, "rollout_host", {"state": "reverting"})
-        back = self._run_all([HostRequest(h, clients[h], "rollback", {"host": None, "rollout": _label(ro)})
-                              for h in hosts], self._event)
+        back = self._run_all(
+            [HostRequest(h, clients[h], "rollback", {"host": None, "rollout": _label(ro)}) for h in hosts], self._event
+        )
         for h, r in back.items():
             if isinstance(r, OrchestratorError):
                 self.store.set_host(ro.id, h, error=f"revert: {str(r).splitlines()[0]}")
@@ -346,8 +428,10 @@ class Fleet:
     def resume(self, rid: int | None = None) -> dict[str, Any]:
         ro = self._unfinished(rid)
         if self.driven(ro):
-            raise Busy(f"rollout #{ro.id} is still driven by controller pid {ro.pid}; abort it with "
-                       "`orchestrator rollout abort`")
+            raise Busy(
+                f"rollout #{ro.id} is still driven by controller pid {ro.pid}; abort it with "
+                "`orchestrator rollout abort`"
+            )
         self.store.take_over(ro.id, self.pid)
         return self._drive(ro.id)
 
@@ -362,8 +446,10 @@ class Fleet:
         ro = self._unfinished(rid)
         self.store.request_abort(ro.id)
         if self.driven(ro):
-            return {**self.summary(ro.id), "message": f"abort requested: the controller (pid {ro.pid}) stops "
-                                                      "after its running batch"}
+            return {
+                **self.summary(ro.id),
+                "message": f"abort requested: the controller (pid {ro.pid}) stops after its running batch",
+            }
         self.store.take_over(ro.id, self.pid)
         return self._drive(ro.id, rollback_all=rollback_all or None)
 
@@ -372,17 +458,29 @@ class Fleet:
         if ro is None:
             raise UsageError(f"no rollout recorded in {self.store.path}")
         times = self.store.host_times(ro.id)
-        hosts = [{"host": r.host, "batch": r.batch, "state": r.state.value, "deployment_id": r.deployment_id,
-                  "outcome": r.outcome, "error": r.error, "switched_at": times[r.host][0],
-                  "ended_at": times[r.host][1]} for r in self.store.hosts(ro.id)]
+        hosts = [
+            {
+                "host": r.host,
+                "batch": r.batch,
+                "state": r.state.value,
+                "deployment_id": r.deployment_id,
+                "outcome": r.outcome,
+                "error": r.error,
+                "switched_at": times[r.host][0],
+                "ended_at": times[r.host][1],
+            }
+            for r in self.store.hosts(ro.id)
+        ]
         shown = ro.to_dict()
         alive = self.driven(ro)
         shown["controller"] = {"pid": ro.pid, "alive": alive}
         if ro.status is RolloutStatus.RUNNING and not alive:
             # recorded as running, but nothing drives it: its controller died (kill -9, a lost machine)
             shown["status"] = "interrupted"
-            shown["reason"] = (f"its controller (pid {ro.pid}) is gone; `orchestrator rollout resume` finishes it, "
-                               "`orchestrator rollout abort` ends it")
+            shown["reason"] = (
+                f"its controller (pid {ro.pid}) is gone; `orchestrator rollout resume` finishes it, "
+                "`orchestrator rollout abort` ends it"
+            )
         return {"rollout": shown, "hosts": hosts}
 
 
@@ -415,4 +513,3 @@ def _system_clock() -> Clock:
     from orchestrator.adapters.clock import SystemClock
 
     return SystemClock()
-

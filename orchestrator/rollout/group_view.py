@@ -23,8 +23,12 @@ def group_status(clients: Mapping[str, AgentClient]) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = next(iter((st.get("hosts") or {}).values()), {})
         serving = entry.get("serving") or None
-        row: dict[str, Any] = {"serving": serving, "running": entry.get("running", []), "unit_sha256": None,
-                               "weights_revision": None}
+        row: dict[str, Any] = {
+            "serving": serving,
+            "running": entry.get("running", []),
+            "unit_sha256": None,
+            "weights_revision": None,
+        }
         if serving is not None and not isinstance(hist, OrchestratorError):
             dep = next((d for d in hist if d["revision"] == serving["revision"]), None) or {}
             row["unit_sha256"], row["weights_revision"] = dep.get("unit_sha256"), dep.get("weights_revision")
@@ -38,12 +42,14 @@ def group_status(clients: Mapping[str, AgentClient]) -> dict[str, Any]:
 def group_history(clients: Mapping[str, AgentClient], limit: int) -> list[dict[str, Any]]:
     """Every host's deployments, newest first across the group, each tagged with its host's name."""
     rows: list[dict[str, Any]] = []
-    for h, result in run_all([HostRequest(h, c, "history", {"host": None, "limit": limit})
-                              for h, c in clients.items()]).items():
+    for h, result in run_all(
+        [HostRequest(h, c, "history", {"host": None, "limit": limit}) for h, c in clients.items()]
+    ).items():
         if isinstance(result, OrchestratorError):
             # marked as such: a deployment record has an "error" key too (None when it went well)
-            rows.append({"group_host": h, "unreachable": True, "error": str(result).splitlines()[0],
-                         "created_at": None})
+            rows.append(
+                {"group_host": h, "unreachable": True, "error": str(result).splitlines()[0], "created_at": None}
+            )
             continue
         rows += [{"group_host": h, **d} for d in result]
     # unreachable hosts first (created_at None: JSON has no infinity), then newest first

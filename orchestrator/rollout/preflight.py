@@ -59,15 +59,19 @@ def check_boxes(clients: Mapping[str, AgentClient], model: Model) -> dict[str, B
             continue
         running = [f"{op} on {h}" for h, op in (st.get("agent") or {}).get("running", {}).items()]
         entries = st.get("hosts") or {}
-        running += [f"deployment #{d['id']} ({d['model']}) in phase {d['phase']}"
-                    for e in entries.values() for d in e.get("running", [])]
+        running += [
+            f"deployment #{d['id']} ({d['model']}) in phase {d['phase']}"
+            for e in entries.values()
+            for d in e.get("running", [])
+        ]
         if running:
             errors[host] = Busy(f"busy: {', '.join(running)}")
             continue
         box_host, entry = next(iter(entries.items())) if entries else (host, {})
         serving = (entry.get("serving") or {}).get("model")
-        views[host] = BoxView(host=host, box_host=box_host, serving=serving,
-                              baseline_id=int(hist[0]["id"]) if hist else None)
+        views[host] = BoxView(
+            host=host, box_host=box_host, serving=serving, baseline_id=int(hist[0]["id"]) if hist else None
+        )
     if errors:
         raise refuse(errors, "a box is busy or did not answer")
     return views
@@ -118,12 +122,15 @@ def _same_model(host: str, result: Any, model: Model, errors: dict[str, Orchestr
         return
     entry = (catalog.get("models") or {}).get(model.name)
     if not isinstance(entry, dict):
-        errors[host] = UsageError(f"its agent's deploy.toml has no model {model.name!r} (add it there, same "
-                                  "repo and revision, or `orchestrator --host ... config push`)")
+        errors[host] = UsageError(
+            f"its agent's deploy.toml has no model {model.name!r} (add it there, same "
+            "repo and revision, or `orchestrator --host ... config push`)"
+        )
         return
     for key in ("repo", "revision"):
         theirs, ours = entry.get(key, "main" if key == "revision" else None), getattr(model, key)
         if theirs != ours:
-            errors[host] = UsageError(f"its agent's model {model.name} has {key} {theirs!r}, the controller's "
-                                      f"deploy.toml says {ours!r}")
+            errors[host] = UsageError(
+                f"its agent's model {model.name} has {key} {theirs!r}, the controller's deploy.toml says {ours!r}"
+            )
             return

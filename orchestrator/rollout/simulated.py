@@ -22,10 +22,19 @@ class SimulatedBox(AgentClient):
     """One box: ``models`` (name -> repo) in its catalog, serving ``serving``; a switch to a model in
     ``failing`` is rolled back by its agent; ``hold`` (set by a test) blocks switches until set."""
 
-    def __init__(self, name: str, models: dict[str, str], *, serving: str | None = None,
-                 failing: frozenset[str] = frozenset(), switch_s: float = 0.0, delay_s: float = 0.0,
-                 hold: threading.Event | None = None, preflight: bool = True,
-                 sickens: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        name: str,
+        models: dict[str, str],
+        *,
+        serving: str | None = None,
+        failing: frozenset[str] = frozenset(),
+        switch_s: float = 0.0,
+        delay_s: float = 0.0,
+        hold: threading.Event | None = None,
+        preflight: bool = True,
+        sickens: frozenset[str] = frozenset(),
+    ) -> None:
         """``preflight``: False for an agent that predates that operation (it answers it as unknown);
         ``sickens``: models whose switch answers active but whose engine reads unhealthy right after."""
         super().__init__(f"{name}.sock")
@@ -72,10 +81,17 @@ class SimulatedBox(AgentClient):
         return sum(1 for d in self.deployments if d["model"] == model)
 
     def _record(self, model: str, outcome: str) -> dict[str, Any]:
-        dep = {"id": len(self.deployments) + 1, "model": model, "outcome": outcome,
-               "revision": len(self.deployments) + 1,
-               "previous_revision": self.deployments[-1]["revision"] if self.deployments else None,
-               "created_at": time.time(), "ended_at": time.time(), "bench": None, "error": None}
+        dep = {
+            "id": len(self.deployments) + 1,
+            "model": model,
+            "outcome": outcome,
+            "revision": len(self.deployments) + 1,
+            "previous_revision": self.deployments[-1]["revision"] if self.deployments else None,
+            "created_at": time.time(),
+            "ended_at": time.time(),
+            "bench": None,
+            "error": None,
+        }
         self.deployments.append(dep)
         return dep
 
@@ -121,12 +137,15 @@ class SimulatedBox(AgentClient):
             text = "".join(f'[models.{m}]\nrepo = "{r}"\n' for m, r in self.models.items())
             yield {"result": {"text": text, "path": "/etc/orchestrator/deploy.toml", "revision": 1}}
         elif op == "status":
-            serving = {"model": self.serving, "revision": self.deployments[-1]["revision"], "healthy": self.healthy} \
-                if self.serving else None
+            serving = (
+                {"model": self.serving, "revision": self.deployments[-1]["revision"], "healthy": self.healthy}
+                if self.serving
+                else None
+            )
             running = {self.name: self.running} if self.running else {}
             yield {"result": {"hosts": {self.name: {"serving": serving, "running": []}}, "agent": {"running": running}}}
         elif op == "history":
-            yield {"result": list(reversed(self.deployments))[:int(args.get("limit") or 20)]}
+            yield {"result": list(reversed(self.deployments))[: int(args.get("limit") or 20)]}
         elif op == "stage":
             yield {"result": {"model": args["model"], "staged": True}}
         elif op == "switch":

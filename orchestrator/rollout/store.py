@@ -19,7 +19,8 @@ from orchestrator.core.rollout import HostRecord, HostState, Policy, Rollout, Ro
 from orchestrator.errors import StateError, StateStoreError
 
 # Version 1: the schema as first landed (until then the file had no user_version).
-_V1 = ("""
+_V1 = (
+    """
 CREATE TABLE IF NOT EXISTS rollouts (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   model TEXT NOT NULL,
@@ -35,7 +36,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
   pid INTEGER,
   abort_requested INTEGER NOT NULL DEFAULT 0,
   reason TEXT
-)""", """
+)""",
+    """
 CREATE TABLE IF NOT EXISTS rollout_hosts (
   rollout_id INTEGER NOT NULL REFERENCES rollouts(id),
   host TEXT NOT NULL,
@@ -49,7 +51,8 @@ CREATE TABLE IF NOT EXISTS rollout_hosts (
   switched_at REAL,
   ended_at REAL,
   PRIMARY KEY (rollout_id, host)
-)""")
+)""",
+)
 
 
 def _to_v1(db: sqlite3.Connection, path: str) -> None:
@@ -73,20 +76,44 @@ class RolloutStore(SqliteFile):
     MIGRATIONS = _MIGRATIONS
 
     # -- writing ------------------------------------------------------------------------------------
-    def create(self, model: str, group: str, policy: Policy, gate: str, batches: list[tuple[str, ...]],
-               pid: int, *, started_by: str | None = None, at: float | None = None) -> int:
+    def create(
+        self,
+        model: str,
+        group: str,
+        policy: Policy,
+        gate: str,
+        batches: list[tuple[str, ...]],
+        pid: int,
+        *,
+        started_by: str | None = None,
+        at: float | None = None,
+    ) -> int:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO rollouts (model, grp, status, canary, batch, max_failures, rollback_all, gate, "
                 "started_at, pid, started_by) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (model, group, RolloutStatus.RUNNING.value, policy.canary, policy.batch, policy.max_failures,
-                 int(policy.rollback_all), gate, time.time() if at is None else at, pid, started_by))
+                (
+                    model,
+                    group,
+                    RolloutStatus.RUNNING.value,
+                    policy.canary,
+                    policy.batch,
+                    policy.max_failures,
+                    int(policy.rollback_all),
+                    gate,
+                    time.time() if at is None else at,
+                    pid,
+                    started_by,
+                ),
+            )
             rid = int(cur.lastrowid or 0)
             position = 0
             for number, batch in enumerate(batches):
                 for host in batch:
-                    db.execute("INSERT INTO rollout_hosts (rollout_id, host, position, batch, state) "
-                               "VALUES (?,?,?,?,?)", (rid, host, position, number, HostState.PENDING.value))
+                    db.execute(
+                        "INSERT INTO rollout_hosts (rollout_id, host, position, batch, state) VALUES (?,?,?,?,?)",
+                        (rid, host, position, number, HostState.PENDING.value),
+                    )
                     position += 1
         return rid
 
@@ -103,13 +130,16 @@ class RolloutStore(SqliteFile):
             for host, fields in hosts.items():
                 values = {k: (v.value if isinstance(v, HostState) else v) for k, v in fields.items()}
                 cols = ", ".join(f"{k} = ?" for k in values)
-                db.execute(f"UPDATE rollout_hosts SET {cols} WHERE rollout_id = ? AND host = ?",
-                           (*values.values(), rid, host))
+                db.execute(
+                    f"UPDATE rollout_hosts SET {cols} WHERE rollout_id = ? AND host = ?", (*values.values(), rid, host)
+                )
 
     def finish(self, rid: int, status: RolloutStatus, reason: str | None, at: float | None = None) -> None:
         with self._tx() as db:
-            db.execute("UPDATE rollouts SET status = ?, reason = ?, ended_at = ? WHERE id = ?",
-                       (status.value, reason, time.time() if at is None else at, rid))
+            db.execute(
+                "UPDATE rollouts SET status = ?, reason = ?, ended_at = ? WHERE id = ?",
+                (status.value, reason, time.time() if at is None else at, rid),
+            )
 
     def take_over(self, rid: int, pid: int) -> None:
         with self._tx() as db:
@@ -128,9 +158,18 @@ class RolloutStore(SqliteFile):
 
     def hosts(self, rid: int) -> list[HostRecord]:
         rows = self._read("SELECT * FROM rollout_hosts WHERE rollout_id = ? ORDER BY position", (rid,))
-        return [HostRecord(host=r["host"], batch=r["batch"], state=self._value(HostState, r["state"], rid),
-                           baseline_id=r["baseline_id"], deployment_id=r["deployment_id"], outcome=r["outcome"],
-                           error=r["error"]) for r in rows]
+        return [
+            HostRecord(
+                host=r["host"],
+                batch=r["batch"],
+                state=self._value(HostState, r["state"], rid),
+                baseline_id=r["baseline_id"],
+                deployment_id=r["deployment_id"],
+                outcome=r["outcome"],
+                error=r["error"],
+            )
+            for r in rows
+        ]
 
     def host_times(self, rid: int) -> dict[str, tuple[float | None, float | None]]:
         rows = self._read("SELECT host, switched_at, ended_at FROM rollout_hosts WHERE rollout_id = ?", (rid,))
@@ -154,14 +193,30 @@ class RolloutStore(SqliteFile):
         try:
             return kind(value)
         except ValueError:
-            raise StateStoreError(f"{self.KIND} {self.path}: rollout #{rid}: unknown state {value!r} "
-                                  f"(written by another version of orchestrator?)") from None
+            raise StateStoreError(
+                f"{self.KIND} {self.path}: rollout #{rid}: unknown state {value!r} "
+                f"(written by another version of orchestrator?)"
+            ) from None
 
     def _rollout(self, row: sqlite3.Row) -> Rollout:
-        policy = Policy(canary=row["canary"], batch=row["batch"], max_failures=row["max_failures"],
-                        rollback_all=bool(row["rollback_all"]))
-        return Rollout(id=row["id"], model=row["model"], group=row["grp"],
-                       status=self._value(RolloutStatus, row["status"], row["id"]), policy=policy,
-                       canary=row["canary"], gate=row["gate"], started_at=row["started_at"], ended_at=row["ended_at"],
-                       pid=row["pid"], abort_requested=bool(row["abort_requested"]), reason=row["reason"],
-                       started_by=row["started_by"])
+        policy = Policy(
+            canary=row["canary"],
+            batch=row["batch"],
+            max_failures=row["max_failures"],
+            rollback_all=bool(row["rollback_all"]),
+        )
+        return Rollout(
+            id=row["id"],
+            model=row["model"],
+            group=row["grp"],
+            status=self._value(RolloutStatus, row["status"], row["id"]),
+            policy=policy,
+            canary=row["canary"],
+            gate=row["gate"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            pid=row["pid"],
+            abort_requested=bool(row["abort_requested"]),
+            reason=row["reason"],
+            started_by=row["started_by"],
+        )

@@ -56,13 +56,27 @@ class TuneRequest:
 def request_of(args: TuneArgs) -> TuneRequest:
     """A tune request from its contract arguments (an agent's client sent them), checked as the CLI checks."""
     levels = tuple(args.concurrency)
-    plan = BenchPlan(concurrency=levels, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
-                     duration_s=args.duration_s, requests=args.requests)
+    plan = BenchPlan(
+        concurrency=levels,
+        max_tokens=args.max_tokens,
+        prompt_tokens=args.prompt_tokens,
+        duration_s=args.duration_s,
+        requests=args.requests,
+    )
     obj = args.objective or f"throughput@{max(levels)}"
     core.parse_objective(obj, levels)
     layouts = core.parse_layouts(args.layouts) if args.layouts is not None else None
-    return TuneRequest(args.model, layouts, args.top, core.parse_seqs(args.seqs), obj, plan, args.repeats,
-                       args.restore, dict(args.config_json) if args.config_json is not None else None)
+    return TuneRequest(
+        args.model,
+        layouts,
+        args.top,
+        core.parse_seqs(args.seqs),
+        obj,
+        plan,
+        args.repeats,
+        args.restore,
+        dict(args.config_json) if args.config_json is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -77,10 +91,17 @@ class Prepared:
     def summary(self) -> dict[str, Any]:
         """What the CLI shows before anything stops (the same for a run in this process or in an agent)."""
         req = self.request
-        return {"model": req.model, "host": self.host, "objective": req.objective,
-                "concurrency": list(req.bench.concurrency), "restore": req.restore, "estimate": self.estimate,
-                "candidates": [{"label": c.label, "name": c.name} for c in self.candidates],
-                "previous_model": self.previous_model, "previous_revision": self.previous_revision}
+        return {
+            "model": req.model,
+            "host": self.host,
+            "objective": req.objective,
+            "concurrency": list(req.bench.concurrency),
+            "restore": req.restore,
+            "estimate": self.estimate,
+            "candidates": [{"label": c.label, "name": c.name} for c in self.candidates],
+            "previous_model": self.previous_model,
+            "previous_revision": self.previous_revision,
+        }
 
 
 def tune_store(catalog: Catalog) -> TuneStore:
@@ -88,8 +109,15 @@ def tune_store(catalog: Catalog) -> TuneStore:
 
 
 class Tuner:
-    def __init__(self, ops: Operations, config_path: Path | None, progress: ProgressCallback | None = None, *,
-                 should_stop: Callable[[], bool] | None = None, should_park: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        ops: Operations,
+        config_path: Path | None,
+        progress: ProgressCallback | None = None,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        should_park: Callable[[], bool] | None = None,
+    ) -> None:
         """``config_path``: the deploy.toml the winner's diff is of (None: no diff); asked before each
         candidate: ``should_stop`` (an agent's `tune --abort` of a running run) True ends the run aborted,
         ``should_park`` (the agent stops) True leaves it unfinished for the agent's restart to resume."""
@@ -118,48 +146,76 @@ class Tuner:
                 core.variant_name(model.name, lay, seqs)
             why = planner.shape_reasons(offline, lay) if offline is not None else ()
             if why:
-                raise UsageError(f"tune {req.model}: layout {core.token(lay)} cannot load: {'; '.join(why)}; "
-                                 "nothing was deployed")
+                raise UsageError(
+                    f"tune {req.model}: layout {core.token(lay)} cannot load: {'; '.join(why)}; nothing was deployed"
+                )
         ports = self.ops.ports_for(host.name)
         model_dir = self.ops.deployer().spec_for(model).model_dir
         if model.source != "none" and ports.weights is not None:
             self.progress("tune_staging", {"model": req.model})
             model_dir = str(self.ops.stage(req.model, progress=self.progress)["path"])
-        config = req.model_config if req.model_config is not None else _read_json(ports.shell.read_file(
-            f"{model_dir}/config.json"), f"{host.name}:{model_dir}/config.json")
+        config = (
+            req.model_config
+            if req.model_config is not None
+            else _read_json(ports.shell.read_file(f"{model_dir}/config.json"), f"{host.name}:{model_dir}/config.json")
+        )
         if config is None:
-            raise UsageError(f"tune {req.model}: no config.json in {model_dir} on host {host.name} to plan the "
-                             "layouts from; pass --model-config PATH")
-        check_model_config(config, "--model-config" if req.model_config is not None
-                          else f"{host.name}:{model_dir}/config.json")
+            raise UsageError(
+                f"tune {req.model}: no config.json in {model_dir} on host {host.name} to plan the "
+                "layouts from; pass --model-config PATH"
+            )
+        check_model_config(
+            config, "--model-config" if req.model_config is not None else f"{host.name}:{model_dir}/config.json"
+        )
         index = _read_json(ports.shell.read_file(f"{model_dir}/model.safetensors.index.json"), "index")
         hw = hardware_of(ports.gpus.snapshot(), host.gpu_memory_gib, host.interconnect)
-        wl = planner.Workload(max_model_len=model.max_model_len, gpu_memory_utilization=model.gpu_memory_utilization
-                              or self.catalog.defaults.gpu_memory_utilization)
+        wl = planner.Workload(
+            max_model_len=model.max_model_len,
+            gpu_memory_utilization=model.gpu_memory_utilization or self.catalog.defaults.gpu_memory_utilization,
+        )
         weight_bytes = planner.weight_bytes_from_index(index) if index else None
         sel = core.select(model, config, hw, wl, weight_bytes, req.layouts, req.top, req.seqs)
         if sel.refused:
-            raise UsageError(f"tune {req.model}: " + " | ".join(
-                f"layout {core.token(r.layout)} cannot load on host {host.name}: {r.reason}" for r in sel.refused)
-                + "; nothing was deployed")
+            raise UsageError(
+                f"tune {req.model}: "
+                + " | ".join(
+                    f"layout {core.token(r.layout)} cannot load on host {host.name}: {r.reason}" for r in sel.refused
+                )
+                + "; nothing was deployed"
+            )
         if not sel.candidates:
             raise UsageError(f"tune {req.model}: no layout of it can load on host {host.name}")
         for cand in sel.candidates:
             core.variant(model, cand, host.gpus)  # a layout wider than the host fails here, not mid-run
         serving = self.ops.serving(host.name)
         deadline = model.load_deadline_s or self.catalog.defaults.load_deadline_s
-        est = core.estimate(len(sel.candidates), deadline, self._typical_load(host.name, req.model),
-                            len(req.bench.concurrency), req.bench.duration_s, req.bench.requests, req.repeats)
-        return Prepared(req, host.name, sel.candidates, serving.revision if serving else None,
-                        serving.model if serving else None, est)
+        est = core.estimate(
+            len(sel.candidates),
+            deadline,
+            self._typical_load(host.name, req.model),
+            len(req.bench.concurrency),
+            req.bench.duration_s,
+            req.bench.requests,
+            req.repeats,
+        )
+        return Prepared(
+            req,
+            host.name,
+            sel.candidates,
+            serving.revision if serving else None,
+            serving.model if serving else None,
+            est,
+        )
 
     def _no_unfinished(self, host: str) -> None:
         run = self.store.unfinished(host)
         if run is not None:
             done = len(self.store.results(run.id))
-            raise UsageError(f"tune run #{run.id} of {run.model} on host {host} is unfinished ({done} of "
-                             f"{len(run.settings['candidates'])} candidates measured): `orchestrator tune --resume`"
-                             " finishes it, `orchestrator tune --abort` brings back what served before")
+            raise UsageError(
+                f"tune run #{run.id} of {run.model} on host {host} is unfinished ({done} of "
+                f"{len(run.settings['candidates'])} candidates measured): `orchestrator tune --resume`"
+                " finishes it, `orchestrator tune --abort` brings back what served before"
+            )
 
     def _typical_load(self, host: str, model: str) -> float | None:
         for dep in self.ops.deployments(host, limit=200):
@@ -172,13 +228,19 @@ class Tuner:
     # -- the run ----------------------------------------------------------------------------------
     def start(self, prep: Prepared) -> dict[str, Any]:
         req = prep.request
-        settings = {"candidates": [c.to_dict() for c in prep.candidates], "objective": req.objective,
-                    "bench": req.bench.to_dict(), "repeats": req.repeats, "restore": req.restore,
-                    "previous_model": prep.previous_model}
+        settings = {
+            "candidates": [c.to_dict() for c in prep.candidates],
+            "objective": req.objective,
+            "bench": req.bench.to_dict(),
+            "repeats": req.repeats,
+            "restore": req.restore,
+            "previous_model": prep.previous_model,
+        }
         with self._lock(prep.host, req.model):
             self._no_unfinished(prep.host)
-            run = self.store.create(prep.host, req.model, settings, prep.previous_revision,
-                                    self.ops.ports_for(prep.host).clock.now())
+            run = self.store.create(
+                prep.host, req.model, settings, prep.previous_revision, self.ops.ports_for(prep.host).clock.now()
+            )
             return self._drive(run)
 
     def resume(self, host: str | None, model: str | None = None) -> dict[str, Any]:
@@ -195,8 +257,10 @@ class Tuner:
         if run is None:
             raise UsageError(f"host {host} has no unfinished tune run to {what}")
         if model is not None and run.model != model:
-            raise UsageError(f"tune --{what} {model}: the unfinished tune run #{run.id} on host {host} tunes "
-                             f"{run.model}, not {model} (`orchestrator tune --{what}` acts on it)")
+            raise UsageError(
+                f"tune --{what} {model}: the unfinished tune run #{run.id} on host {host} tunes "
+                f"{run.model}, not {model} (`orchestrator tune --{what}` acts on it)"
+            )
         return run
 
     def abort(self, host: str | None, model: str | None = None) -> dict[str, Any]:
@@ -213,8 +277,9 @@ class Tuner:
     def _lock(self, host: str, model: str | None = None) -> Any:
         run = None if model is not None else self.store.unfinished(host)
         model = model or (run.model if run is not None else None)
-        return activity_lock(self.catalog.state_dir, host, "tune", f"a tune of {model} is running" if model
-                             else "a tune run is running")
+        return activity_lock(
+            self.catalog.state_dir, host, "tune", f"a tune of {model} is running" if model else "a tune run is running"
+        )
 
     def _variants_ops(self, run: TuneRun, cands: list[core.Candidate]) -> Operations:
         if run.model not in self.catalog.models:
@@ -225,8 +290,13 @@ class Tuner:
         # Not re-validated on purpose: the variants share the model's port, which the catalog refuses
         # for models that could serve together; these replace each other, one at a time.
         catalog = self.catalog.model_copy(update={"models": {**self.catalog.models, **variants}})
-        return Operations(catalog, self.ops.ports_for, store=self.ops.store, template=self.ops.template,
-                          before_step=self.ops.before_step)
+        return Operations(
+            catalog,
+            self.ops.ports_for,
+            store=self.ops.store,
+            template=self.ops.template,
+            before_step=self.ops.before_step,
+        )
 
     def _drive(self, run: TuneRun) -> dict[str, Any]:
         cands = [core.Candidate.from_dict(c) for c in run.settings["candidates"]]
@@ -243,17 +313,27 @@ class Tuner:
                 self.progress("tune_aborting", {"run": run.id, "before": cand.name})
                 return self._aborted(run)
             if self.should_park():
-                raise AgentError(f"tune run #{run.id} of {run.model} on host {run.host} parked before {cand.name}: "
-                                 "the agent is stopping; it resumes the run when it starts again")
-            self.progress("tune_candidate", {"candidate": cand.name, "layout": cand.label, "index": i,
-                                             "of": len(cands)})
+                raise AgentError(
+                    f"tune run #{run.id} of {run.model} on host {run.host} parked before {cand.name}: "
+                    "the agent is stopping; it resumes the run when it starts again"
+                )
+            self.progress(
+                "tune_candidate", {"candidate": cand.name, "layout": cand.label, "index": i, "of": len(cands)}
+            )
             self._measure(run, vops, cand, bench, repeats)
         results = {r.candidate: r for r in self.store.results(run.id)}
-        measured = [core.Measured(c, vops.catalog.models[c.name].tensor_parallel
-                                  * vops.catalog.models[c.name].pipeline_parallel
-                                  * vops.catalog.models[c.name].data_parallel,
-                                  tuple(results[c.name].records), results[c.name].error, results[c.name].revision)
-                    for c in cands]
+        measured = [
+            core.Measured(
+                c,
+                vops.catalog.models[c.name].tensor_parallel
+                * vops.catalog.models[c.name].pipeline_parallel
+                * vops.catalog.models[c.name].data_parallel,
+                tuple(results[c.name].records),
+                results[c.name].error,
+                results[c.name].revision,
+            )
+            for c in cands
+        ]
         decision = core.decide(obj, measured)
         if run.settings["restore"] or decision.winner is None:
             serving = self._restore(run)
@@ -271,8 +351,11 @@ class Tuner:
             detail = str(res.error or res.ended)
             line = core.engine_error_line(detail)
             self.progress("tune_failed", {"candidate": cand.name, "error": line, "outcome": res.ended})
-            self.store.record(TuneResult(run.id, cand.name, layout, "failed", res.deployment_id, res.revision,
-                                         line, detail, [], clock.now()))
+            self.store.record(
+                TuneResult(
+                    run.id, cand.name, layout, "failed", res.deployment_id, res.revision, line, detail, [], clock.now()
+                )
+            )
             return
         dep = self.ops.serving(run.host)
         assert dep is not None and dep.model == cand.name
@@ -283,8 +366,9 @@ class Tuner:
             records.append(bench_record(run_bench_blocking(target, bench).to_dict()))
         # Stored with the revision too, so `compare` lists the layout later like any benchmark.
         self.ops.record_bench(dep.id, {**records[-1], "tune_run": run.id})
-        self.store.record(TuneResult(run.id, cand.name, layout, "ok", dep.id, dep.revision, None, None, records,
-                                     clock.now()))
+        self.store.record(
+            TuneResult(run.id, cand.name, layout, "ok", dep.id, dep.revision, None, None, records, clock.now())
+        )
 
     def _keep(self, vops: Operations, run: TuneRun, winner: core.Candidate) -> dict[str, Any]:
         serving = self.ops.serving(run.host)
@@ -309,25 +393,52 @@ class Tuner:
         return {} if s is None else {"model": s.model, "revision": s.revision, "unit": s.spec.unit_name}
 
     # -- the report -------------------------------------------------------------------------------
-    def _report(self, run: TuneRun, cands: list[core.Candidate], results: dict[str, TuneResult],
-                decision: core.Decision, serving: dict[str, Any]) -> dict[str, Any]:
+    def _report(
+        self,
+        run: TuneRun,
+        cands: list[core.Candidate],
+        results: dict[str, TuneResult],
+        decision: core.Decision,
+        serving: dict[str, Any],
+    ) -> dict[str, Any]:
         rows = []
         scores = {r.candidate.name: r.score for r in decision.ranking}
         for c in cands:
             r = results[c.name]
             last = r.records[-1] if r.records else {}
-            levels = {str(lv["concurrency"]): {"tok_s": lv["output_tok_s"],
-                                               "ttft_p90_ms": (lv.get("ttft_ms") or {}).get("p90"),
-                                               "errors": sum((lv.get("errors") or {}).values())}
-                      for lv in last.get("levels", [])}
-            rows.append({"candidate": c.name, "layout": c.label, "status": r.status, "revision": r.revision,
-                         "error": r.error, "score": scores.get(c.name), "levels": levels,
-                         "winner": decision.winner is not None and decision.winner.name == c.name})
+            levels = {
+                str(lv["concurrency"]): {
+                    "tok_s": lv["output_tok_s"],
+                    "ttft_p90_ms": (lv.get("ttft_ms") or {}).get("p90"),
+                    "errors": sum((lv.get("errors") or {}).values()),
+                }
+                for lv in last.get("levels", [])
+            }
+            rows.append(
+                {
+                    "candidate": c.name,
+                    "layout": c.label,
+                    "status": r.status,
+                    "revision": r.revision,
+                    "error": r.error,
+                    "score": scores.get(c.name),
+                    "levels": levels,
+                    "winner": decision.winner is not None and decision.winner.name == c.name,
+                }
+            )
         diff, changes = self._changes(run.model, decision.winner)
-        return {"run": run.id, "host": run.host, "model": run.model,
-                "concurrency": BenchPlan.from_dict(run.settings["bench"]).concurrency,
-                "candidates": rows, "decision": decision.to_dict(), "serving": serving,
-                "previous_revision": run.previous_revision, "diff": diff, "changes": changes}
+        return {
+            "run": run.id,
+            "host": run.host,
+            "model": run.model,
+            "concurrency": BenchPlan.from_dict(run.settings["bench"]).concurrency,
+            "candidates": rows,
+            "decision": decision.to_dict(),
+            "serving": serving,
+            "previous_revision": run.previous_revision,
+            "diff": diff,
+            "changes": changes,
+        }
 
     def _changes(self, model: str, winner: core.Candidate | None) -> tuple[str | None, dict[str, Any]]:
         """The unified diff of deploy.toml that gives MODEL the winner's layout, and the keys it sets."""
@@ -339,9 +450,13 @@ class Tuner:
         except (OSError, DocumentError, KeyError):
             return None, {}
         base = self.catalog.models[model]
-        target: dict[str, Any] = {"tensor_parallel": winner.layout.tp, "pipeline_parallel": winner.layout.pp,
-                                  "data_parallel": winner.layout.dp, "expert_parallel": winner.layout.ep,
-                                  "gpus": core.variant_gpus(base, winner.layout, self.catalog.model_host(model).gpus)}
+        target: dict[str, Any] = {
+            "tensor_parallel": winner.layout.tp,
+            "pipeline_parallel": winner.layout.pp,
+            "data_parallel": winner.layout.dp,
+            "expert_parallel": winner.layout.ep,
+            "gpus": core.variant_gpus(base, winner.layout, self.catalog.model_host(model).gpus),
+        }
         if winner.max_num_seqs is not None:
             target["max_num_seqs"] = winner.max_num_seqs
         changes = layout_changes(current, target, _LAYOUT_KEYS)

@@ -23,7 +23,20 @@ from orchestrator.testing.services import FakeProxy, FakeSmoke, FakeWeights
 from orchestrator.testing.stores import FakeConfigStore, FakeRolloutStore, FakeTuneStore
 
 __all__ = [
-    "Behaviour", "FakeClock", "FakeConfigStore", "FakeEngineControl", "FakeGpus", "FakeHealth",
-    "FakeHost", "FakeProxy", "FakeResidencyStore", "FakeRolloutStore", "FakeShell", "FakeSmoke",
-    "FakeStateStore", "FakeSystemd", "FakeTuneStore", "FakeWeights",
+    "Behaviour",
+    "FakeClock",
+    "FakeConfigStore",
+    "FakeEngineControl",
+    "FakeGpus",
+    "FakeHealth",
+    "FakeHost",
+    "FakeProxy",
+    "FakeResidencyStore",
+    "FakeRolloutStore",
+    "FakeShell",
+    "FakeSmoke",
+    "FakeStateStore",
+    "FakeSystemd",
+    "FakeTuneStore",
+    "FakeWeights",
 ]

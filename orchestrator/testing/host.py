@@ -63,7 +63,8 @@ class FakeHost:
     awake_mib: dict[str, int] = field(default_factory=dict)
     wedged: set[str] = field(default_factory=set)
     engine_behaviours: dict[str, Literal["leaky_sleep", "wedged_wake", "hangs_after_wake"]] = field(
-        default_factory=dict)
+        default_factory=dict
+    )
     residue_mib: int = 1_800
     start_mib: dict[str, int] = field(default_factory=dict)  # unit -> MiB per GPU it takes on start (default 70,000)
     sizes: dict[str, int] = field(default_factory=dict)  # directory -> bytes, for `du -sbL`
@@ -71,9 +72,16 @@ class FakeHost:
 
     def ports(self, host: Host | None = None, weights: WeightStore | None = None) -> HostPorts:
         spec = host or Host(name=self.name, gpus=self.gpu_count)
-        return HostPorts(host=spec, shell=FakeShell(self), systemd=FakeSystemd(self), gpus=FakeGpus(self),
-                         health=FakeHealth(self), clock=self.clock, weights=weights,
-                         engine_controls={VLLM.name: FakeEngineControl(self)})
+        return HostPorts(
+            host=spec,
+            shell=FakeShell(self),
+            systemd=FakeSystemd(self),
+            gpus=FakeGpus(self),
+            health=FakeHealth(self),
+            clock=self.clock,
+            weights=weights,
+            engine_controls={VLLM.name: FakeEngineControl(self)},
+        )
 
     def hold(self, gpus: Sequence[int], mib: int, name: str = "python", unit: str = "") -> int:
         pid = next(self._pids)
@@ -89,8 +97,9 @@ class FakeShell:
         self.host = world.name
         self.w = world
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-            idempotent: bool = False) -> CommandResult:
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, idempotent: bool = False
+    ) -> CommandResult:
         self.w.commands.append(tuple(argv))
         if list(argv[:2]) == ["du", "-sbL"] and argv[-1] in self.w.sizes:  # the weights' size on disk
             self.w.calls.append(f"du {argv[-1]}")
@@ -100,8 +109,9 @@ class FakeShell:
             raise CommandFailed(result.command, 127, result.stderr, host=self.host)
         return result
 
-    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
-                      timeout: float | None = None) -> CommandResult:
+    def run_streaming(
+        self, argv: Sequence[str], on_line: Callable[[str], None], *, timeout: float | None = None
+    ) -> CommandResult:
         return self.run(argv, check=False)
 
     def read_file(self, path: str) -> bytes | None:
@@ -130,10 +140,18 @@ class FakeSystemd:
             return UnitState(unit, "not-found", "inactive", "dead")
         load = "bad-setting" if self.w.behaviours.get(unit) == "bad_unit" else "loaded"
         clock = self.w.clock
-        return UnitState(unit, load, u.active, u.sub, u.pid, u.status, u.restarts,
-                         "exit-code" if u.active == "failed" else "success",
-                         fragment_path=f"{self.unit_dir}/{unit}",
-                         started_at=None if u.active == "inactive" else clock.now() - clock.monotonic() + u.started_at)
+        return UnitState(
+            unit,
+            load,
+            u.active,
+            u.sub,
+            u.pid,
+            u.status,
+            u.restarts,
+            "exit-code" if u.active == "failed" else "success",
+            fragment_path=f"{self.unit_dir}/{unit}",
+            started_at=None if u.active == "inactive" else clock.now() - clock.monotonic() + u.started_at,
+        )
 
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
         self.w.calls.append(f"start {unit}")
@@ -203,8 +221,11 @@ class FakeSystemd:
     def install_unit(self, unit: str, content: str) -> None:
         self.w.calls.append(f"install {unit}")
         old = self.w.units.get(unit)
-        self.w.units[unit] = _Unit(content) if old is None else _Unit(content, old.active, old.sub, old.pid,
-                                                                      old.status, old.restarts, old.enabled)
+        self.w.units[unit] = (
+            _Unit(content)
+            if old is None
+            else _Unit(content, old.active, old.sub, old.pid, old.status, old.restarts, old.enabled)
+        )
 
     def read_unit(self, unit: str) -> str | None:
         u = self.w.units.get(unit)
@@ -318,8 +339,11 @@ class FakeEngineControl:
         name, _ = self._unit(base_url)
         self.w.calls.append(f"wake {name}" + (f" tags={','.join(tags)}" if tags else ""))
         if name in self.w.wedged:
-            raise EngineError(f"POST {base_url}{self._api.wake}: HTTP 500: CUDA Error: invalid argument", status=500,
-                              body="CUDA Error: invalid argument")
+            raise EngineError(
+                f"POST {base_url}{self._api.wake}: HTTP 500: CUDA Error: invalid argument",
+                status=500,
+                body="CUDA Error: invalid argument",
+            )
         if name not in self.w.sleeping or tags == ("weights",):
             return
         pid = self._holder(name)
@@ -329,8 +353,11 @@ class FakeEngineControl:
         if self.w.engine_behaviours.get(name) == "wedged_wake" or free < want:
             self.w.wedged.add(name)
             self._set_mib(name, mib + max(min(free, want), 0) // 2)
-            raise EngineError(f"POST {base_url}{self._api.wake}: HTTP 500: CUDA Error: out of memory", status=500,
-                              body="CUDA Error: out of memory")
+            raise EngineError(
+                f"POST {base_url}{self._api.wake}: HTTP 500: CUDA Error: out of memory",
+                status=500,
+                body="CUDA Error: out of memory",
+            )
         self._set_mib(name, self.w.awake_mib.get(name, mib))
         del self.w.sleeping[name]
 
@@ -345,8 +372,7 @@ class FakeEngineControl:
 
     def complete(self, base_url: str, model: str, timeout: float) -> str:
         name, _ = self._unit(base_url)
-        if name in self.w.sleeping or name in self.w.wedged or \
-                self.w.engine_behaviours.get(name) == "hangs_after_wake":
+        if name in self.w.sleeping or name in self.w.wedged or self.w.engine_behaviours.get(name) == "hangs_after_wake":
             self.w.clock.sleep(timeout)  # vLLM hangs it: no answer, no error
             raise EngineError(f"POST {base_url}{self._completions}: no answer (ReadTimeout: {timeout:g} s)")
         return "x"

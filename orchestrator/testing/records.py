@@ -26,16 +26,36 @@ class FakeStateStore:
     def _put(self, dep_id: int, **changes: Any) -> None:
         self.rows[dep_id] = replace(self.rows[dep_id], **changes)
 
-    def create(self, host: str, spec: UnitSpec, trigger: str, previous_revision: int | None,
-               at: float, no_rollback: bool = False, *, restores: int | None = None,
-               fallback: Fallback | None = None, plan: dict[str, Any] | None = None) -> Deployment:
+    def create(
+        self,
+        host: str,
+        spec: UnitSpec,
+        trigger: str,
+        previous_revision: int | None,
+        at: float,
+        no_rollback: bool = False,
+        *,
+        restores: int | None = None,
+        fallback: Fallback | None = None,
+        plan: dict[str, Any] | None = None,
+    ) -> Deployment:
         dep_id = len(self.rows) + 1
         revision = 1 + max((d.revision for d in self.rows.values() if d.host == host), default=0)
         if fallback is None:
             fallback = fallback_of(previous_revision=previous_revision, in_set=False, no_rollback=no_rollback)
-        self.rows[dep_id] = Deployment(id=dep_id, host=host, revision=revision, spec=spec, trigger=trigger,
-                                       phase=Phase.PLANNED, created_at=at, previous_revision=previous_revision,
-                                       no_rollback=no_rollback, restores=restores, fallback=fallback)
+        self.rows[dep_id] = Deployment(
+            id=dep_id,
+            host=host,
+            revision=revision,
+            spec=spec,
+            trigger=trigger,
+            phase=Phase.PLANNED,
+            created_at=at,
+            previous_revision=previous_revision,
+            no_rollback=no_rollback,
+            restores=restores,
+            fallback=fallback,
+        )
         self.marks[dep_id] = [(Phase.PLANNED.value, at)]
         if plan is not None:
             self.record_plan(dep_id, plan)
@@ -56,8 +76,7 @@ class FakeStateStore:
     def update_spec(self, dep_id: int, spec: UnitSpec) -> None:
         self._put(dep_id, spec=spec)
 
-    def record_error(self, dep_id: int, *, error: str | None = None,
-                     rollback_error: str | None = None) -> None:
+    def record_error(self, dep_id: int, *, error: str | None = None, rollback_error: str | None = None) -> None:
         if error is not None:
             self._put(dep_id, error=error)
         if rollback_error is not None:
@@ -82,8 +101,11 @@ class FakeStateStore:
         if dep_id not in self.rows:
             raise StateError(f"deployment #{dep_id} does not exist in memory")
         marks = self.marks[dep_id]
-        timings = tuple(PhaseTiming(p, at, marks[i + 1][1] if i + 1 < len(marks) else None)
-                        for i, (p, at) in enumerate(marks) if not is_terminal(Phase(p)))
+        timings = tuple(
+            PhaseTiming(p, at, marks[i + 1][1] if i + 1 < len(marks) else None)
+            for i, (p, at) in enumerate(marks)
+            if not is_terminal(Phase(p))
+        )
         return replace(self.rows[dep_id], timings=timings)
 
     def by_revision(self, host: str, revision: int) -> Deployment:
@@ -97,17 +119,20 @@ class FakeStateStore:
         return [self.get(i) for i in ids[:limit]]
 
     def unfinished(self, host: str | None = None) -> list[Deployment]:
-        return [self.get(i) for i in sorted(self.rows)
-                if not is_terminal(self.rows[i].phase) and (host is None or self.rows[i].host == host)]
+        return [
+            self.get(i)
+            for i in sorted(self.rows)
+            if not is_terminal(self.rows[i].phase) and (host is None or self.rows[i].host == host)
+        ]
 
     def serving(self, host: str) -> Deployment | None:
         revision = self.pointers.get(host)
         return None if revision is None else self.by_revision(host, revision)
 
-    def events(self, host: str | None = None, kind: str | None = None,
-               limit: int = 50) -> list[dict[str, Any]]:
-        found = [e for e in reversed(self.log) if (host is None or e["host"] == host)
-                 and (kind is None or e["kind"] == kind)]
+    def events(self, host: str | None = None, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        found = [
+            e for e in reversed(self.log) if (host is None or e["host"] == host) and (kind is None or e["kind"] == kind)
+        ]
         return found[:limit]
 
 
@@ -117,8 +142,17 @@ class FakeResidencyStore:
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], Residency] = {}
 
-    def set_state(self, host: str, model: str, state: str, at: float, *, level: str | None = None,
-                  unit: str = "", weights_gib: float | None = None) -> None:
+    def set_state(
+        self,
+        host: str,
+        model: str,
+        state: str,
+        at: float,
+        *,
+        level: str | None = None,
+        unit: str = "",
+        weights_gib: float | None = None,
+    ) -> None:
         if state not in STATES:
             raise StateError(f"residency of {model} on {host}: state {state!r} is not one of {', '.join(STATES)}")
         old = self.rows.get((host, model))

@@ -20,8 +20,9 @@ class FakeConfigStore:
     def latest(self) -> tuple[int, str] | None:
         return (len(self.revisions), self.revisions[-1][1]) if self.revisions else None
 
-    def record_if_new(self, at: float, sha256: str, operator: str, text: str,
-                      then: Callable[[], None] | None = None) -> int:
+    def record_if_new(
+        self, at: float, sha256: str, operator: str, text: str, then: Callable[[], None] | None = None
+    ) -> int:
         latest = self.latest()
         if latest is not None and latest[1] == sha256:
             revision, added = latest[0], False
@@ -56,14 +57,36 @@ class FakeRolloutStore:
         self.times: dict[int, dict[str, list[float | None]]] = {}
         self.writes = 0  # every change, so a test can see one was made before an action
 
-    def create(self, model: str, group: str, policy: Any, gate: str, batches: list[tuple[str, ...]],
-               pid: int, *, started_by: str | None = None, at: float | None = None) -> int:
+    def create(
+        self,
+        model: str,
+        group: str,
+        policy: Any,
+        gate: str,
+        batches: list[tuple[str, ...]],
+        pid: int,
+        *,
+        started_by: str | None = None,
+        at: float | None = None,
+    ) -> int:
         from orchestrator.core.rollout import HostRecord, Rollout, RolloutStatus
 
         rid = len(self.rollouts) + 1
-        self.rollouts[rid] = Rollout(id=rid, model=model, group=group, status=RolloutStatus.RUNNING, policy=policy,
-                                     canary=policy.canary, gate=gate, started_at=at or 0.0, ended_at=None, pid=pid,
-                                     abort_requested=False, reason=None, started_by=started_by)
+        self.rollouts[rid] = Rollout(
+            id=rid,
+            model=model,
+            group=group,
+            status=RolloutStatus.RUNNING,
+            policy=policy,
+            canary=policy.canary,
+            gate=gate,
+            started_at=at or 0.0,
+            ended_at=None,
+            pid=pid,
+            abort_requested=False,
+            reason=None,
+            started_by=started_by,
+        )
         self.records[rid] = [HostRecord(host=h, batch=n) for n, b in enumerate(batches) for h in b]
         self.times[rid] = {h: [None, None] for b in batches for h in b}
         self.writes += 1
@@ -131,8 +154,7 @@ class FakeTuneStore:
         self.runs: dict[int, Any] = {}
         self.result_rows: dict[int, dict[str, Any]] = {}
 
-    def create(self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None,
-               at: float) -> Any:
+    def create(self, host: str, model: str, settings: dict[str, Any], previous_revision: int | None, at: float) -> Any:
         from orchestrator.core.tune_records import RUNNING, TuneRun
 
         run_id = len(self.runs) + 1

@@ -52,8 +52,10 @@ def load_token(token_file: str | None) -> str | None:
         try:
             st = os.stat(token_file)
             if st.st_mode & 0o077:
-                raise WeightsError(f"token file {token_file} has mode {stat.S_IMODE(st.st_mode):o}; "
-                                   "it must be readable by its owner only (chmod 600)")
+                raise WeightsError(
+                    f"token file {token_file} has mode {stat.S_IMODE(st.st_mode):o}; "
+                    "it must be readable by its owner only (chmod 600)"
+                )
             token = Path(token_file).read_text().strip() or None
         except OSError as exc:
             raise WeightsError(f"token file {token_file} cannot be read: {exc.strerror}") from exc
@@ -127,8 +129,10 @@ def inside(base: Path, name: str, *, repo: str, where: str) -> Path:
     real_base = os.path.realpath(base)
     real = os.path.realpath(base / name)
     if os.path.commonpath([real_base, real]) != real_base or real == real_base:
-        raise WeightsError(f"{where}: file name {name!r} listed for {repo} resolves to {real}, outside "
-                           f"{base} (through a symlink); refusing to stage it")
+        raise WeightsError(
+            f"{where}: file name {name!r} listed for {repo} resolves to {real}, outside "
+            f"{base} (through a symlink); refusing to stage it"
+        )
     return base / name
 
 

@@ -45,8 +45,15 @@ from orchestrator.worker.verify import cache_blob_sha256
 class SourcePlan:
     """What a source will deliver: the commit, file sizes and whether it costs no disk space."""
 
-    def __init__(self, revision: str, files: dict[str, int], *, sha256: dict[str, str] | None = None,
-                 same_device: bool = False, context: object = None) -> None:
+    def __init__(
+        self,
+        revision: str,
+        files: dict[str, int],
+        *,
+        sha256: dict[str, str] | None = None,
+        same_device: bool = False,
+        context: object = None,
+    ) -> None:
         self.revision, self.files, self.sha256 = revision, files, sha256 or {}
         self.same_device, self.context = same_device, context
         self.hashed: set[str] = set()  # files whose sha256 was checked while they were fetched
@@ -60,8 +67,7 @@ def plan_source(req: StageRequest, token: str | None) -> SourcePlan:
     """What the request's source (hub, local directory or peer host) will deliver; every file name
     it lists is checked to stay inside the model directory before anything is written."""
     plan = _PLANNERS[req.source_kind](req, token)
-    check_file_names([*plan.files, *plan.sha256], repo=req.repo,
-                     where=f"model {req.name} (from {req.source})")
+    check_file_names([*plan.files, *plan.sha256], repo=req.repo, where=f"model {req.name} (from {req.source})")
     return plan
 
 
@@ -74,8 +80,10 @@ def check_index_against_listing(index: object, files: Mapping[str, int], where: 
     """Fail before the big downloads when the index names a shard the source does not have."""
     missing = sorted(index_shards(index, where=where) - set(files))
     if missing:
-        raise WeightsError(f"{where}: shard {', '.join(missing)} named in {INDEX_NAME} is not in the "
-                           "file list (missing on the source, or excluded by a pattern)")
+        raise WeightsError(
+            f"{where}: shard {', '.join(missing)} named in {INDEX_NAME} is not in the "
+            "file list (missing on the source, or excluded by a pattern)"
+        )
     if CONFIG_NAME not in files:
         raise WeightsError(f"{where}: {CONFIG_NAME} is not in the file list")
 
@@ -85,6 +93,7 @@ def _hub_errors() -> tuple[type[Exception], ...]:
     re-export of its HTTP client, stable across the hub's major versions)."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
     from huggingface_hub.utils import httpx  # type: ignore[attr-defined]
+
     return (HfHubHTTPError, OfflineModeIsEnabled, httpx.RequestError)
 
 
@@ -95,41 +104,51 @@ def _hub_error(req: StageRequest, exc: Exception, file: str | None = None, size:
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
+
     what = f"model {req.name} ({req.repo}@{req.revision}" + (f", file {file})" if file else ")")
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     if isinstance(exc, GatedRepoError) or status in (401, 403):
         origin = f"token file {req.token_file}" if req.token_file else "HF_TOKEN"
-        return WeightsError(f"{what}: the hub answered HTTP {status}: the repo is gated or private and the "
-                            f"token from {origin} is missing or not accepted")
+        return WeightsError(
+            f"{what}: the hub answered HTTP {status}: the repo is gated or private and the "
+            f"token from {origin} is missing or not accepted"
+        )
     if file and (isinstance(exc, RemoteEntryNotFoundError) or status == 404):
-        return WeightsError(f"{what}: listed by the hub but not served (HTTP 404): "
-                            f"{file} is missing (expected {size} bytes, found none)")
+        return WeightsError(
+            f"{what}: listed by the hub but not served (HTTP 404): "
+            f"{file} is missing (expected {size} bytes, found none)"
+        )
     if isinstance(exc, RevisionNotFoundError):
         return WeightsError(f"{what}: revision {req.revision!r} does not exist on the hub")
     if isinstance(exc, RepositoryNotFoundError):
         return WeightsError(f"{what}: the repo does not exist on the hub")
     if status is not None:
         return WeightsError(f"{what}: the hub answered HTTP {status}")
-    return WeightsError(f"{what}: the hub at {req.endpoint or 'the default endpoint'} cannot be reached: "
-                        f"{type(exc).__name__}: {exc}")
+    return WeightsError(
+        f"{what}: the hub at {req.endpoint or 'the default endpoint'} cannot be reached: {type(exc).__name__}: {exc}"
+    )
 
 
 def _plan_hub(req: StageRequest, token: str | None) -> SourcePlan:
     from huggingface_hub import HfApi
     from huggingface_hub.utils import filter_repo_objects  # type: ignore[attr-defined]
+
     try:
         info = HfApi(endpoint=req.endpoint, token=token or False).model_info(
-            req.repo, revision=req.revision, files_metadata=True)
+            req.repo, revision=req.revision, files_metadata=True
+        )
     except _hub_errors() as exc:
         raise _hub_error(req, exc) from exc
     siblings = info.siblings or []
     unsized = [s.rfilename for s in siblings if s.size is None]
     if unsized or not info.sha:
         raise WeightsError(f"model {req.name}: the hub gave no commit or no sizes for {unsized[:3]}")
-    names = filter_repo_objects([s.rfilename for s in siblings],
-                                allow_patterns=list(req.allow_patterns) or None,
-                                ignore_patterns=list(req.ignore_patterns) or None)
+    names = filter_repo_objects(
+        [s.rfilename for s in siblings],
+        allow_patterns=list(req.allow_patterns) or None,
+        ignore_patterns=list(req.ignore_patterns) or None,
+    )
     wanted = set(names)
     files = {s.rfilename: int(s.size or 0) for s in siblings if s.rfilename in wanted}
     sha256 = {s.rfilename: s.lfs.sha256 for s in siblings if s.lfs is not None and s.rfilename in wanted}
@@ -146,8 +165,7 @@ def _fetch_hub(req: StageRequest, plan: SourcePlan, staging: Path, token: str | 
         emit("file_done", file=name, size=plan.files[name])
 
 
-def _fetch_hub_file(req: StageRequest, plan: SourcePlan, staging: Path, token: str | None,
-                    name: str) -> None:
+def _fetch_hub_file(req: StageRequest, plan: SourcePlan, staging: Path, token: str | None, name: str) -> None:
     """Fetch one file through a .part file, hashing as it is written (and the kept part on a resume);
     a file whose sha256 is not the listed one is fetched once more from scratch, then refused."""
     where = f"model {req.name} (from {req.source})"
@@ -164,9 +182,11 @@ def _fetch_hub_file(req: StageRequest, plan: SourcePlan, staging: Path, token: s
         actual = _download(req, plan, part, token, name)
         if actual != expected:
             part.unlink()
-            raise WeightsError(f"model {req.name} ({req.repo}@{plan.revision}): {name} failed its sha256 "
-                               f"check twice (expected {expected}, actual {actual}); the hub or a proxy "
-                               "serves corrupted bytes")
+            raise WeightsError(
+                f"model {req.name} ({req.repo}@{plan.revision}): {name} failed its sha256 "
+                f"check twice (expected {expected}, actual {actual}); the hub or a proxy "
+                "serves corrupted bytes"
+            )
     os.replace(part, dest)
     if expected is not None:
         plan.hashed.add(name)
@@ -177,13 +197,16 @@ def _download(req: StageRequest, plan: SourcePlan, part: Path, token: str | None
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
     size = plan.files[name]
     url = hf_hub_url(req.repo, name, revision=plan.revision, endpoint=req.endpoint)
     try:
         meta = get_hf_file_metadata(url, token=token or False, endpoint=req.endpoint)
         if meta.size is not None and meta.size != size:
-            raise WeightsError(f"model {req.name}: {name} has the wrong size on the hub (expected {size} "
-                               f"bytes as listed, found {meta.size} served)")
+            raise WeightsError(
+                f"model {req.name}: {name} has the wrong size on the hub (expected {size} "
+                f"bytes as listed, found {meta.size} served)"
+            )
         headers = strip_auth_off_host(url, meta.location, build_hf_headers(token=token or False))
         have = part.stat().st_size if part.exists() else 0
         have = have if have <= size else 0
@@ -192,8 +215,14 @@ def _download(req: StageRequest, plan: SourcePlan, part: Path, token: str | None
             writer = HashingWriter(f, have=have)  # a resume hashes the part it keeps
             if have:
                 emit("resume", file=name, offset=have)
-            http_get(meta.location, writer, resume_size=have,  # type: ignore[arg-type]
-                     headers=headers, expected_size=size, displayed_filename=name)
+            http_get(
+                meta.location,
+                writer,  # type: ignore[arg-type]
+                resume_size=have,
+                headers=headers,
+                expected_size=size,
+                displayed_filename=name,
+            )
             f.flush()
             os.fsync(f.fileno())
             return writer.hexdigest()
@@ -203,8 +232,9 @@ def _download(req: StageRequest, plan: SourcePlan, part: Path, token: str | None
         if exc.errno is not None:  # a real I/O error (ENOSPC is handled by stage())
             raise
         found = part.stat().st_size if part.exists() else 0
-        raise WeightsError(f"model {req.name}: {name} has the wrong size (expected {size} bytes, "
-                           f"found {found})") from exc
+        raise WeightsError(
+            f"model {req.name}: {name} has the wrong size (expected {size} bytes, found {found})"
+        ) from exc
 
 
 def _plan_local(req: StageRequest, token: str | None) -> SourcePlan:
@@ -268,10 +298,21 @@ def _fetch_peer(req: StageRequest, plan: SourcePlan, staging: Path, token: str |
     ssh, target, remote = _peer_ssh(req)
     # -rt, not -a: no symlinks, devices, owners or modes from the peer land under the staging dir;
     # --protect-args: the remote path goes over the protocol, never through the peer's shell.
-    run_checked(["rsync", "-rt", "--protect-args", "--partial-dir=.rsync-partial",
-                 f"--exclude=/{MANIFEST_NAME}", "-e", shlex.join(ssh), "--",
-                 f"{target}:{remote}/", f"{staging}/"],
-                f"model {req.name}: rsync from {req.source_arg}")
+    run_checked(
+        [
+            "rsync",
+            "-rt",
+            "--protect-args",
+            "--partial-dir=.rsync-partial",
+            f"--exclude=/{MANIFEST_NAME}",
+            "-e",
+            shlex.join(ssh),
+            "--",
+            f"{target}:{remote}/",
+            f"{staging}/",
+        ],
+        f"model {req.name}: rsync from {req.source_arg}",
+    )
     shutil.rmtree(staging / ".rsync-partial", ignore_errors=True)
 
 

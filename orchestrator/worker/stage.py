@@ -148,8 +148,7 @@ def stage(req: StageRequest) -> Manifest:
         needed = space_needed(plan.files, dir_sizes(staging, parts=True))
         if not plan.same_device:
             _make_room(req, plan.revision, needed)
-        emit("plan", revision=plan.revision, files=len(plan.files), total=sum(plan.files.values()),
-             needed=needed)
+        emit("plan", revision=plan.revision, files=len(plan.files), total=sum(plan.files.values()), needed=needed)
         staging.mkdir(parents=True, exist_ok=True)
         try:
             with _Poller(staging, sum(plan.files.values())):
@@ -172,10 +171,10 @@ def _make_room(req: StageRequest, revision: str, needed: int) -> None:
     if short > 0 and req.keep_revisions > 0:
         incoming = StagedRevision(req.name, revision, float("inf"))
         protected = read_protected(root) | in_units(req.unit_dir, root)
-        doomed = reclaim_for(staged_revisions(root), keep=req.keep_revisions, protected=protected,
-                             incoming=incoming, needed=short)
-    check_space(needed, free, where=where, reserve=req.reserve_bytes,
-                reclaimable=sum(s.bytes for s in doomed))
+        doomed = reclaim_for(
+            staged_revisions(root), keep=req.keep_revisions, protected=protected, incoming=incoming, needed=short
+        )
+    check_space(needed, free, where=where, reserve=req.reserve_bytes, reclaimable=sum(s.bytes for s in doomed))
     for s in doomed:
         emit("cleanup", name=s.name, revision=s.revision, bytes=s.bytes, reason="room for staging")
         remove(str(root), s.name, s.revision)
@@ -184,11 +183,16 @@ def _make_room(req: StageRequest, revision: str, needed: int) -> None:
 def _disk_full(req: StageRequest, plan: SourcePlan, staging: Path) -> WeightsError:
     needed = space_needed(plan.files, dir_sizes(staging, parts=True))
     free = free_bytes(str(staging))
-    what = (f"needs {fmt_bytes(needed)} more ({needed} bytes)" if needed
-            else "every file is fetched but the manifest cannot be written")
-    return WeightsError(f"model {req.name}: disk full under {staging} while staging: {what}, "
-                        f"{fmt_bytes(free)} free ({free} bytes); the partial download is kept and a rerun "
-                        "resumes it")
+    what = (
+        f"needs {fmt_bytes(needed)} more ({needed} bytes)"
+        if needed
+        else "every file is fetched but the manifest cannot be written"
+    )
+    return WeightsError(
+        f"model {req.name}: disk full under {staging} while staging: {what}, "
+        f"{fmt_bytes(free)} free ({free} bytes); the partial download is kept and a rerun "
+        "resumes it"
+    )
 
 
 def _already_staged(req: StageRequest, revision: str) -> Manifest | None:
@@ -217,14 +221,26 @@ def _finalize(req: StageRequest, plan: SourcePlan, staging: Path, final: Path) -
     for leftover in staging.rglob(f"*{PART_SUFFIX}"):
         leftover.unlink()
     index = read_index(staging, plan.files)
-    verified = verify_model(staging, where=f"model {req.name} ({staging})", expected=plan.files,
-                            sha256=plan.sha256, already_hashed=plan.hashed)
+    verified = verify_model(
+        staging,
+        where=f"model {req.name} ({staging})",
+        expected=plan.files,
+        sha256=plan.sha256,
+        already_hashed=plan.hashed,
+    )
     emit("verified", path=str(final), **verified.to_dict())
     manifest = Manifest(
-        name=req.name, repo=req.repo, revision=plan.revision, files=dict(plan.files), source=req.source,
-        staged_at=time.time(), path=str(final),
+        name=req.name,
+        repo=req.repo,
+        revision=plan.revision,
+        files=dict(plan.files),
+        source=req.source,
+        staged_at=time.time(),
+        path=str(final),
         index_sha256=sha256_file(staging / INDEX_NAME) if index is not None else None,
-        requested_revision=None if req.revision == plan.revision else req.revision, sha256=plan.sha256)
+        requested_revision=None if req.revision == plan.revision else req.revision,
+        sha256=plan.sha256,
+    )
     write_atomic(staging / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=1).encode())
     os.rename(staging, final)
     fsync_dir(final.parent)
@@ -233,9 +249,11 @@ def _finalize(req: StageRequest, plan: SourcePlan, staging: Path, final: Path) -
 
 def staged_revisions(root: Path) -> list[StagedRevision]:
     """Every complete staged revision under root, with its size (partial ones are never listed)."""
-    return [StagedRevision(str(e["name"]), str(e["revision"]), float(str(e["staged_at"])),
-                           int(str(e["bytes"])))
-            for e in list_staged(str(root)) if not e.get("partial")]
+    return [
+        StagedRevision(str(e["name"]), str(e["revision"]), float(str(e["staged_at"])), int(str(e["bytes"])))
+        for e in list_staged(str(root))
+        if not e.get("partial")
+    ]
 
 
 def read_protected(root: Path) -> set[tuple[str, str]]:
@@ -263,8 +281,7 @@ def in_units(unit_dir: str | None, root: Path) -> set[tuple[str, str]]:
     return pairs
 
 
-def cleanup(root: str, keep: int, protected: set[tuple[str, str]],
-            unit_dir: str | None = None) -> list[StagedRevision]:
+def cleanup(root: str, keep: int, protected: set[tuple[str, str]], unit_dir: str | None = None) -> list[StagedRevision]:
     """Record the protected revisions on the host (staging reads them), then keep the ``keep`` newest
     revisions of each model and remove the rest; never a protected one, nor one an installed unit
     under ``unit_dir`` names."""
@@ -272,10 +289,8 @@ def cleanup(root: str, keep: int, protected: set[tuple[str, str]],
     if not base.is_dir():
         return []
     with _root_lock(base):
-        write_atomic(base / PROTECT_NAME,
-                     json.dumps({"protected": sorted([n, r] for n, r in protected)}).encode())
-        doomed = plan_cleanup(staged_revisions(base), keep=keep,
-                              protected=protected | in_units(unit_dir, base))
+        write_atomic(base / PROTECT_NAME, json.dumps({"protected": sorted([n, r] for n, r in protected)}).encode())
+        doomed = plan_cleanup(staged_revisions(base), keep=keep, protected=protected | in_units(unit_dir, base))
         for s in doomed:
             emit("cleanup", name=s.name, revision=s.revision, bytes=s.bytes, reason=f"keep {keep}")
             remove(root, s.name, s.revision)
@@ -301,18 +316,38 @@ def list_staged(root: str) -> list[dict[str, object]]:
     for model_dir in sorted(base.iterdir()) if base.is_dir() else []:
         for rev_dir in sorted(model_dir.iterdir()) if model_dir.is_dir() else []:
             if rev_dir.name.startswith(STAGING_PREFIX):
-                out.append({"name": model_dir.name, "revision": rev_dir.name[len(STAGING_PREFIX):],
-                            "partial": True, "bytes": tree_bytes(rev_dir)})
+                out.append(
+                    {
+                        "name": model_dir.name,
+                        "revision": rev_dir.name[len(STAGING_PREFIX) :],
+                        "partial": True,
+                        "bytes": tree_bytes(rev_dir),
+                    }
+                )
             elif is_commit_sha(rev_dir.name):
                 try:
                     m = read_manifest(rev_dir)
                 except WeightsError as exc:  # listed, never counted as staged
-                    out.append({"name": model_dir.name, "revision": rev_dir.name, "partial": True,
-                                "broken": str(exc), "bytes": tree_bytes(rev_dir)})
+                    out.append(
+                        {
+                            "name": model_dir.name,
+                            "revision": rev_dir.name,
+                            "partial": True,
+                            "broken": str(exc),
+                            "bytes": tree_bytes(rev_dir),
+                        }
+                    )
                     continue
                 if m is not None:
-                    out.append({"name": m.name, "revision": m.revision, "partial": False,
-                                "bytes": m.total_bytes, "staged_at": m.staged_at})
+                    out.append(
+                        {
+                            "name": m.name,
+                            "revision": m.revision,
+                            "partial": False,
+                            "bytes": m.total_bytes,
+                            "staged_at": m.staged_at,
+                        }
+                    )
     return out
 
 
@@ -330,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("cleanup")
     p.add_argument("root")
     p.add_argument("keep", type=int)
-    p.add_argument("protected", help='JSON list of [name, revision] pairs never to remove')
+    p.add_argument("protected", help="JSON list of [name, revision] pairs never to remove")
     p.add_argument("--unit-dir", help="installed units here name revisions that are in use")
     sub.add_parser("free").add_argument("path")
     args = parser.parse_args(argv)
@@ -357,8 +392,13 @@ def main(argv: list[str] | None = None) -> int:
             except (ValueError, TypeError) as exc:
                 raise WeightsError(f"cleanup: protected revisions are not a JSON list of pairs: {exc}") from exc
             removed = cleanup(args.root, args.keep, pairs, args.unit_dir)
-            emit("done", removed=[{"name": s.name, "revision": s.revision, "bytes": s.bytes,
-                                   "staged_at": s.staged_at} for s in removed])
+            emit(
+                "done",
+                removed=[
+                    {"name": s.name, "revision": s.revision, "bytes": s.bytes, "staged_at": s.staged_at}
+                    for s in removed
+                ],
+            )
         else:
             emit("done", path=args.path, free_bytes=free_bytes(args.path))
     except WeightsError as exc:

@@ -69,26 +69,40 @@ def header_problems(path: Path, name: str, indexed: Collection[str]) -> list[str
         return [f"{name}: cannot be read: {exc.strerror}"]
 
 
-def verify_model(base: Path, *, where: str, expected: Mapping[str, int] | None = None,
-                 sha256: Mapping[str, str] | None = None, already_hashed: Collection[str] = ()) -> Verified:
+def verify_model(
+    base: Path,
+    *,
+    where: str,
+    expected: Mapping[str, int] | None = None,
+    sha256: Mapping[str, str] | None = None,
+    already_hashed: Collection[str] = (),
+) -> Verified:
     """Raise WeightsError naming every bad file under ``base``; ``expected`` is the source's listing
     (None: a directory used in place, whose own files are the listing), ``sha256`` the digests known
     for it, ``already_hashed`` files hashed while they were fetched."""
     present = dir_sizes(base)
     listing = dict(expected) if expected is not None else present
     index = read_index(base, listing)
-    problems = (listing_problems(listing, present, index, where=where) if expected is not None
-                else in_place_problems(present, index, where=where))
+    problems = (
+        listing_problems(listing, present, index, where=where)
+        if expected is not None
+        else in_place_problems(present, index, where=where)
+    )
     tensors = index_tensors(index)
     safetensors = [n for n in sorted(listing) if n.endswith(".safetensors") and present.get(n) == listing[n]]
     for name in safetensors:
         problems += [f"{where}: {p}" for p in header_problems(base / name, name, tensors.get(name, ()))]
     known = {n: d for n, d in (sha256 or {}).items() if n in listing and n not in already_hashed}
-    what = (f"{len(listing)} files: {'sizes and shards against ' + INDEX_NAME if index is not None else 'sizes'}, "
-            f"{len(safetensors)} safetensors headers, ")
-    what += (f"sha256 of {len(known) + len(already_hashed)}" if known or already_hashed else
-             "no sha256 known (no manifest, no hub listing, not a hub cache snapshot): a flipped byte in "
-             "tensor data is not detectable")
+    what = (
+        f"{len(listing)} files: {'sizes and shards against ' + INDEX_NAME if index is not None else 'sizes'}, "
+        f"{len(safetensors)} safetensors headers, "
+    )
+    what += (
+        f"sha256 of {len(known) + len(already_hashed)}"
+        if known or already_hashed
+        else "no sha256 known (no manifest, no hub listing, not a hub cache snapshot): a flipped byte in "
+        "tensor data is not detectable"
+    )
     if problems:
         raise WeightsError("; ".join(problems) + f" (checked {what})")
     for name, digest in sorted(known.items()):
@@ -110,8 +124,11 @@ def verify_in_place(base: Path, *, where: str) -> Verified:
     if manifest is None:
         return verify_model(base, where=where, sha256=cache_blob_sha256(base, dir_sizes(base)))
     check_file_names([*manifest.files, *manifest.sha256], repo=manifest.repo, where=where)  # never read outside
-    if manifest.index_sha256 is not None and INDEX_NAME in manifest.files and (base / INDEX_NAME).is_file() \
-            and sha256_file(base / INDEX_NAME) != manifest.index_sha256:
-        raise WeightsError(f"{where}: {INDEX_NAME} changed since it was staged (its sha256 is not the "
-                           "manifest's)")
+    if (
+        manifest.index_sha256 is not None
+        and INDEX_NAME in manifest.files
+        and (base / INDEX_NAME).is_file()
+        and sha256_file(base / INDEX_NAME) != manifest.index_sha256
+    ):
+        raise WeightsError(f"{where}: {INDEX_NAME} changed since it was staged (its sha256 is not the manifest's)")
     return verify_model(base, where=where, expected=manifest.files, sha256=manifest.sha256)

@@ -28,8 +28,12 @@ if dry:
 else:
     engine = ["/opt/torch/.venv/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
     engine_args = []
-    env = {"PYTHONPATH": "/opt/vllm/site", "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1"}
+    env = {
+        "PYTHONPATH": "/opt/vllm/site",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
     if gpus > 1:  # NVLink multicast stays off on the lent multi-GPU machines
         env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
 
@@ -51,30 +55,93 @@ def toml(value: object) -> str:
 
 all_gpus = list(range(gpus))
 models = {
-    "big": {"repo": "local/m8", "source": f"local:{models_dir}/{'tiny-a' if dry else 'm8'}", "served_name": "chat",
-            "port": 8101, "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.6,
-            "max_model_len": 4096, "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60,
-            "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "86000"} if dry else {})}},
-    "small": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "chat",
-              "port": 8102, "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.3,
-              "max_model_len": 4096, "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60,
-              "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "43000"} if dry else {})}},
+    "big": {
+        "repo": "local/m8",
+        "source": f"local:{models_dir}/{'tiny-a' if dry else 'm8'}",
+        "served_name": "chat",
+        "port": 8101,
+        "gpus": all_gpus,
+        "tensor_parallel": gpus,
+        "gpu_memory_utilization": 0.6,
+        "max_model_len": 4096,
+        "sleep": "level1",
+        "load_deadline_s": 600,
+        "wake_deadline_s": 60,
+        "args": engine_args,
+        "env": {**env, **({"STANDIN_GPU_MIB": "86000"} if dry else {})},
+    },
+    "small": {
+        "repo": "local/m1",
+        "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}",
+        "served_name": "chat",
+        "port": 8102,
+        "gpus": all_gpus,
+        "tensor_parallel": gpus,
+        "gpu_memory_utilization": 0.3,
+        "max_model_len": 4096,
+        "sleep": "level1",
+        "load_deadline_s": 600,
+        "wake_deadline_s": 60,
+        "args": engine_args,
+        "env": {**env, **({"STANDIN_GPU_MIB": "43000"} if dry else {})},
+    },
     # mid: m1 at 0.5: does not fit awake beside big (0.6), so big <-> mid is the sleep-then-wake warm switch
-    "mid": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "chat",
-            "port": 8103, "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.5,
-            "max_model_len": 4096, "sleep": "level1", "load_deadline_s": 600, "wake_deadline_s": 60,
-            "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "71000"} if dry else {})}},
+    "mid": {
+        "repo": "local/m1",
+        "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}",
+        "served_name": "chat",
+        "port": 8103,
+        "gpus": all_gpus,
+        "tensor_parallel": gpus,
+        "gpu_memory_utilization": 0.5,
+        "max_model_len": 4096,
+        "sleep": "level1",
+        "load_deadline_s": 600,
+        "wake_deadline_s": 60,
+        "args": engine_args,
+        "env": {**env, **({"STANDIN_GPU_MIB": "71000"} if dry else {})},
+    },
     # od: on demand under its own name; a request for it starts or wakes it
-    "od": {"repo": "local/m1", "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}", "served_name": "od",
-           "port": 8104, "gpus": all_gpus, "tensor_parallel": gpus, "gpu_memory_utilization": 0.2,
-           "max_model_len": 4096, "sleep": "level1", "on_demand": True, "load_deadline_s": 600, "wake_deadline_s": 60,
-           "args": engine_args, "env": {**env, **({"STANDIN_GPU_MIB": "28000"} if dry else {})}},
+    "od": {
+        "repo": "local/m1",
+        "source": f"local:{models_dir}/{'tiny-b' if dry else 'm1'}",
+        "served_name": "od",
+        "port": 8104,
+        "gpus": all_gpus,
+        "tensor_parallel": gpus,
+        "gpu_memory_utilization": 0.2,
+        "max_model_len": 4096,
+        "sleep": "level1",
+        "on_demand": True,
+        "load_deadline_s": 600,
+        "wake_deadline_s": 60,
+        "args": engine_args,
+        "env": {**env, **({"STANDIN_GPU_MIB": "28000"} if dry else {})},
+    },
 }
-lines = ['state_dir = "/var/lib/orchestrator"', 'socket_group = "orchestrator"', "",
-         "[defaults]", 'user = "vllm"', 'group = "vllm"', 'bind = "127.0.0.1"', "", "[proxy]", "enabled = true",
-         "port = 8000", 'bind = "127.0.0.1"', "", "[hosts.box]", 'transport = "local"', f"gpus = {gpus}",
-         "gpu_memory_gib = 140", f'models_dir = "{models_dir}"', f"engine = {toml(engine)}",
-         "memory_gib = 120", "sleep_ram_gib = 60"]
+lines = [
+    'state_dir = "/var/lib/orchestrator"',
+    'socket_group = "orchestrator"',
+    "",
+    "[defaults]",
+    'user = "vllm"',
+    'group = "vllm"',
+    'bind = "127.0.0.1"',
+    "",
+    "[proxy]",
+    "enabled = true",
+    "port = 8000",
+    'bind = "127.0.0.1"',
+    "",
+    "[hosts.box]",
+    'transport = "local"',
+    f"gpus = {gpus}",
+    "gpu_memory_gib = 140",
+    f'models_dir = "{models_dir}"',
+    f"engine = {toml(engine)}",
+    "memory_gib = 120",
+    "sleep_ram_gib = 60",
+]
 if dry:  # the stand-in's GPU through its NVML library (there.sh puts it on the agent's LD_LIBRARY_PATH)
     lines.append('gpu_probe = "nvml"')
 if os.environ.get("PYKEY") == "1":

@@ -40,8 +40,15 @@ class Prober:
     def _request(self, kind: str) -> None:
         stream = kind == "stream"
         tokens = STREAM_TOKENS if stream else 2
-        rec: dict[str, Any] = {"kind": kind, "t0": time.monotonic(), "status": None, "retry_after": None,
-                               "tokens": 0, "finish": None, "done": False}
+        rec: dict[str, Any] = {
+            "kind": kind,
+            "t0": time.monotonic(),
+            "status": None,
+            "retry_after": None,
+            "tokens": 0,
+            "finish": None,
+            "done": False,
+        }
         body = {"model": self.model, "prompt": "hi", "max_tokens": tokens, "stream": stream, "ignore_eos": True}
         if stream:  # the last chunk carries the token count: one SSE event may hold several tokens
             body["stream_options"] = {"include_usage": True}
@@ -138,5 +145,4 @@ def summarise(records: list[dict[str, Any]], t0: float, t1: float) -> dict[str, 
     for r in window:
         if classify(r) in ("failed", "cut", "hung"):
             statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
-    return {"requests": len(window), **counts, "gap_ms": round(max(gaps, default=0.0) * 1000),
-            "bad_statuses": statuses}
+    return {"requests": len(window), **counts, "gap_ms": round(max(gaps, default=0.0) * 1000), "bad_statuses": statuses}

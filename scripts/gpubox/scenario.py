@@ -80,8 +80,9 @@ def gpus() -> dict[str, Any]:
                 cg = Path(f"/proc/{pid}/cgroup").read_text().strip().rsplit("/", 1)[-1]
             except OSError:
                 cg = "gone"
-            procs.append({"pid": pid, "name": parts[1], "mib": int(parts[2]) if parts[2].isdigit() else parts[2],
-                          "unit": cg})
+            procs.append(
+                {"pid": pid, "name": parts[1], "mib": int(parts[2]) if parts[2].isdigit() else parts[2], "unit": cg}
+            )
     return {"gpus": mem.splitlines(), "procs": procs}
 
 
@@ -126,9 +127,11 @@ def wait_for(what: str, pred: Callable[[dict[str, Any]], bool], timeout: float) 
 
 def settled(model: str | None = None) -> Callable[[dict[str, Any]], bool]:
     """No operation running, one model serving and healthy (that model, if named)."""
+
     def pred(st: dict[str, Any]) -> bool:
         s = st.get("serving") or {}
-        return (not st.get("running") and bool(s.get("healthy")) and (model is None or s.get("model") == model))
+        return not st.get("running") and bool(s.get("healthy")) and (model is None or s.get("model") == model)
+
     return pred
 
 
@@ -140,8 +143,9 @@ class Run:
         OUT.mkdir(parents=True, exist_ok=True)
         self.file = (OUT / "steps.jsonl").open("a")
 
-    def step(self, name: str, expect: str, fn: Callable[[], dict[str, Any]],
-             verdict: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    def step(
+        self, name: str, expect: str, fn: Callable[[], dict[str, Any]], verdict: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any]:
         log(f"STEP {name}: {expect}")
         t0 = time.monotonic()
         try:
@@ -150,22 +154,34 @@ class Run:
             got = {"harness_error": f"{type(exc).__name__}: {exc}"}
         t1 = time.monotonic()
         time.sleep(1.0)  # requests started in the window finish; counted by start time
-        row = {"part": self.part, "step": name, "expect": expect, "t0": t0, "t1": t1, "seconds": round(t1 - t0, 2),
-               **got,
-               "client": summarise(self.prober.records, t0, t1), "status": status(), "gpu": gpus(),
-               "units": units(), "history": cli_json("history", "--limit", "2"),
-               # what an operator reads, for the docs
-               "status_text": cli("status", timeout=60)[1],
-               "history_text": cli("history", "--limit", "3", timeout=60)[1]}
+        row = {
+            "part": self.part,
+            "step": name,
+            "expect": expect,
+            "t0": t0,
+            "t1": t1,
+            "seconds": round(t1 - t0, 2),
+            **got,
+            "client": summarise(self.prober.records, t0, t1),
+            "status": status(),
+            "gpu": gpus(),
+            "units": units(),
+            "history": cli_json("history", "--limit", "2"),
+            # what an operator reads, for the docs
+            "status_text": cli("status", timeout=60)[1],
+            "history_text": cli("history", "--limit", "3", timeout=60)[1],
+        }
         row["verdict"] = "PASS" if verdict(row) else "FAIL"
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         c = row["client"]
-        log(f"STEP {name} {row['verdict']} in {row['seconds']} s: "
+        log(
+            f"STEP {name} {row['verdict']} in {row['seconds']} s: "
             + ", ".join(f"{k}={v}" for k, v in got.items() if k not in ("output",))[:600]
             + f" | client ok={c['ok']} 503={c['503']} failed={c['failed']} cut={c['cut']} hung={c['hung']}"
-              f" gap={c['gap_ms']} ms {c['bad_statuses'] or ''} | serving={serving_model(row['status'])}"
-              f" gpu={[(p['pid'], p['unit'], p['mib']) for p in row['gpu']['procs']]}")
+            f" gap={c['gap_ms']} ms {c['bad_statuses'] or ''} | serving={serving_model(row['status'])}"
+            f" gpu={[(p['pid'], p['unit'], p['mib']) for p in row['gpu']['procs']]}"
+        )
         self.steps.append(row)
         return row
 
@@ -174,8 +190,10 @@ class Run:
         (OUT / f"prober-{self.part}.json").write_text(json.dumps(records))
         fails = [s["step"] for s in self.steps if s["verdict"] != "PASS"]
         total = summarise(records, 0, time.monotonic())
-        log(f"PART {self.part}: {len(self.steps)} steps, {len(fails)} not as promised {fails}; client over the "
-            f"part: {total}")
+        log(
+            f"PART {self.part}: {len(self.steps)} steps, {len(fails)} not as promised {fails}; client over the "
+            f"part: {total}"
+        )
         return 1 if fails else 0
 
 
@@ -204,35 +222,52 @@ def ok_switch(model: str, warm: bool) -> Callable[[dict[str, Any]], bool]:
         c = row["client"]
         clean = c["failed"] == 0 and c["cut"] == 0 and c["hung"] == 0 and (not warm or c["503"] == 0)
         return row.get("rc") == 0 and serving_model(row["status"]) == model and clean
+
     return verdict
 
 
 def part_a(run: Run, warm: int = 10) -> None:
-    first = run.step("cold_big", "cold start of big; clients get 503 + Retry-After until it serves, none fails",
-                     lambda: switch("big"), ok_switch("big", warm=False))
+    first = run.step(
+        "cold_big",
+        "cold start of big; clients get 503 + Retry-After until it serves, none fails",
+        lambda: switch("big"),
+        ok_switch("big", warm=False),
+    )
     if serving_model(first["status"]) != "big":
         log("big does not serve: the rest of the part cannot run (device time is scarce)")
         return
-    run.step("cold_small", "cold start of small on the same GPU: big sleeps (level1); 503 + Retry-After in the gap",
-             lambda: switch("small"), ok_switch("small", warm=False))
+    run.step(
+        "cold_small",
+        "cold start of small on the same GPU: big sleeps (level1); 503 + Retry-After in the gap",
+        lambda: switch("small"),
+        ok_switch("small", warm=False),
+    )
     for i in range(warm):
         target = MODELS[i % 2]
-        run.step(f"warm_{i + 1}_{target}", "warm switch: 0 failed, 0 503, 0 cut; the gap near vLLM's sleep + wake",
-                 lambda t=target: switch(t), ok_switch(target, warm=True))
+        run.step(
+            f"warm_{i + 1}_{target}",
+            "warm switch: 0 failed, 0 503, 0 cut; the gap near vLLM's sleep + wake",
+            lambda t=target: switch(t),
+            ok_switch(target, warm=True),
+        )
 
 
 def hog_start(mib: int) -> subprocess.Popen[str]:
     """A foreign process holding `mib` MiB of GPU 0 until its stdin closes."""
     if DRY:
-        code = ("import json, os, sys\n"
-                "d = '/run/standin-gpu'\n"
-                "json.dump({'pid': os.getpid(), 'name': 'python3', 'gpus': [0], 'mib_per_gpu': int(sys.argv[1])},"
-                " open(f'{d}/{os.getpid()}.json', 'w'))\n"
-                "print('holding', flush=True)\nsys.stdin.read()\n")
+        code = (
+            "import json, os, sys\n"
+            "d = '/run/standin-gpu'\n"
+            "json.dump({'pid': os.getpid(), 'name': 'python3', 'gpus': [0], 'mib_per_gpu': int(sys.argv[1])},"
+            " open(f'{d}/{os.getpid()}.json', 'w'))\n"
+            "print('holding', flush=True)\nsys.stdin.read()\n"
+        )
         cmd = ["/usr/bin/python3", "-c", code, str(mib)]
     else:
-        code = ("import sys, torch\nx = torch.empty(int(sys.argv[1]) << 20, dtype=torch.uint8, device='cuda')\n"
-                "print('holding', flush=True)\nsys.stdin.read()\n")
+        code = (
+            "import sys, torch\nx = torch.empty(int(sys.argv[1]) << 20, dtype=torch.uint8, device='cuda')\n"
+            "print('holding', flush=True)\nsys.stdin.read()\n"
+        )
         cmd = ["/opt/torch/.venv/bin/python3", "-c", code, str(mib)]
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
@@ -273,8 +308,14 @@ def kill_agent_at(phase: str, target: str) -> dict[str, Any]:
     p.kill()
     p.wait()
     held, secs, st = wait_for("one model serving, nothing running", settled(), 180)
-    return {"killed_at_s": killed_at, "converged": held, "converge_s": round(secs, 1),
-            "serving": serving_model(st), "awake": awake(st), "output": "\n".join(lines[-20:])}
+    return {
+        "killed_at_s": killed_at,
+        "converged": held,
+        "converge_s": round(secs, 1),
+        "serving": serving_model(st),
+        "awake": awake(st),
+        "output": "\n".join(lines[-20:]),
+    }
 
 
 def kill_api() -> dict[str, Any]:
@@ -288,16 +329,26 @@ def kill_api() -> dict[str, Any]:
     freed_s = None
     while time.monotonic() - t < 120:  # the EngineCore (another PID of the unit) must go too
         now = gpus()["procs"]
-        if not any(p["unit"] == "gone" or (p["unit"] == f"vllm-{model}.service" and p["pid"] != int(pid))
-                   and p["pid"] in [q["pid"] for q in before["procs"]] for p in now):
+        if not any(
+            p["unit"] == "gone"
+            or (p["unit"] == f"vllm-{model}.service" and p["pid"] != int(pid))
+            and p["pid"] in [q["pid"] for q in before["procs"]]
+            for p in now
+        ):
             freed_s = round(time.monotonic() - t, 1)
             break
         time.sleep(0.2)
     held, secs, st = wait_for(f"{model} serving again", settled(model), 240)
     _, journal = sh("journalctl", "-u", "orchestrator-agent", "-n", "300", "--no-pager", "-o", "cat")
     watch = [line for line in journal.splitlines() if "watch" in line or "unhealthy" in line or "restart" in line]
-    return {"model": model, "killed_pid": int(pid), "old_gpu_procs_gone_s": freed_s, "back": held,
-            "back_s": round(secs, 1), "agent_watch_lines": watch[-15:]}
+    return {
+        "model": model,
+        "killed_pid": int(pid),
+        "old_gpu_procs_gone_s": freed_s,
+        "back": held,
+        "back_s": round(secs, 1),
+        "agent_watch_lines": watch[-15:],
+    }
 
 
 def stop_all() -> dict[str, Any]:
@@ -314,25 +365,44 @@ def stop_all() -> dict[str, Any]:
 
 def faults(run: Run) -> None:
     """small serving: the wedge, SIGKILL of the serving API server, then stop of both (the sleeper too)."""
-    run.step("wedge", "a foreign process holds the memory big needs: the switch is refused before anything "
-             "sleeps (or rolled back), small serves, no client hangs, the route never on a sleeper", wedge,
-             lambda r: r.get("back_to_small") is True and r["client"]["hung"] == 0 and r["client"]["failed"] == 0)
+    run.step(
+        "wedge",
+        "a foreign process holds the memory big needs: the switch is refused before anything "
+        "sleeps (or rolled back), small serves, no client hangs, the route never on a sleeper",
+        wedge,
+        lambda r: r.get("back_to_small") is True and r["client"]["hung"] == 0 and r["client"]["failed"] == 0,
+    )
     if run.part in ("B", "E"):
         agent_kills(run)
-    run.step("kill_api", "SIGKILL of the serving API server alone: no orphan on the GPU, systemd restarts it and the "
-             "watch leaves the load alone, clients get 503 + Retry-After or wait", kill_api,
-             lambda r: r.get("back") is True and r.get("old_gpu_procs_gone_s") is not None and r["client"]["hung"] == 0
-             and r["client"]["failed"] == 0)
-    run.step("stop", "stop both models, the sleeper too: the GPU holds nothing (by PID)", stop_all,
-             lambda r: not r["gpu"]["procs"] and all(v["rc"] == 0 for k, v in r.items() if k.startswith("stop_")))
+    run.step(
+        "kill_api",
+        "SIGKILL of the serving API server alone: no orphan on the GPU, systemd restarts it and the "
+        "watch leaves the load alone, clients get 503 + Retry-After or wait",
+        kill_api,
+        lambda r: (
+            r.get("back") is True
+            and r.get("old_gpu_procs_gone_s") is not None
+            and r["client"]["hung"] == 0
+            and r["client"]["failed"] == 0
+        ),
+    )
+    run.step(
+        "stop",
+        "stop both models, the sleeper too: the GPU holds nothing (by PID)",
+        stop_all,
+        lambda r: not r["gpu"]["procs"] and all(v["rc"] == 0 for k, v in r.items() if k.startswith("stop_")),
+    )
 
 
 def agent_kills(run: Run) -> None:
     target = "big" if serving_model(status()) != "big" else "small"
     for phase in ("sleeping", "verifying", "waking", "routing"):
-        run.step(f"kill_agent_{phase}", f"SIGKILL of the agent as `{phase}` begins: converges, one model awake",
-                 lambda ph=phase, t=target: kill_agent_at(ph, t),
-                 lambda r: r.get("converged") is True and len(r.get("awake", [])) == 1 and r["client"]["hung"] == 0)
+        run.step(
+            f"kill_agent_{phase}",
+            f"SIGKILL of the agent as `{phase}` begins: converges, one model awake",
+            lambda ph=phase, t=target: kill_agent_at(ph, t),
+            lambda r: r.get("converged") is True and len(r.get("awake", [])) == 1 and r["client"]["hung"] == 0,
+        )
         target = "small" if serving_model(status()) == "big" else "big"
     if serving_model(status()) != "small":
         run.step("to_small_again", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
@@ -340,9 +410,17 @@ def agent_kills(run: Run) -> None:
 
 def part_b(run: Run) -> None:
     before = serving_model(status())
-    run.step("warm_rollback", "rollback of the last warm switch: warm, 0 failed, 0 503",
-             _rollback, lambda r: r.get("rc") == 0 and serving_model(r["status"]) != before
-             and r["client"]["failed"] == 0 and r["client"]["hung"] == 0)
+    run.step(
+        "warm_rollback",
+        "rollback of the last warm switch: warm, 0 failed, 0 503",
+        _rollback,
+        lambda r: (
+            r.get("rc") == 0
+            and serving_model(r["status"]) != before
+            and r["client"]["failed"] == 0
+            and r["client"]["hung"] == 0
+        ),
+    )
     if serving_model(status()) != "small":
         run.step("to_small", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
     faults(run)
@@ -358,8 +436,10 @@ def part_c(run: Run) -> None:
 # -- D and E: the beside-start, the warm floor, on demand ------------------------------------------------
 def beside_ok(model: str) -> Callable[[dict[str, Any]], bool]:
     """A switch whose target fits awake beside what serves: no gap at all (0 503), the plan says beside."""
+
     def verdict(row: dict[str, Any]) -> bool:
         return ok_switch(model, warm=True)(row) and "beside" in row.get("output", "")
+
     return verdict
 
 
@@ -375,8 +455,14 @@ def gpu_probe() -> dict[str, Any]:
     """bench/gpu_probe/bench.py --real with the CLI's python (the product's adapters): both probes' figures."""
     if DRY:
         return {"rc": 0, "output": "equal snapshots: True (dry run: no driver here, not measured)"}
-    rc, out = sh(str(Path(CLI).parent / "python"), str(Path(__file__).parent / "gpu_probe_bench.py"), "--real",
-                 "--calls", "200", timeout=300)
+    rc, out = sh(
+        str(Path(CLI).parent / "python"),
+        str(Path(__file__).parent / "gpu_probe_bench.py"),
+        "--real",
+        "--calls",
+        "200",
+        timeout=300,
+    )
     (OUT / "gpu_probe.txt").write_text(out)
     return {"rc": rc, "output": out[-3000:]}
 
@@ -385,39 +471,77 @@ def part_d(run: Run, floor: int = 8) -> None:
     """doctor; cold big; small beside big (no gap); 4 wakes beside; mid beside small; `floor` warm switches
     big <-> mid (they do not fit together: sleep, then wake); a warm rollback."""
     run.step("doctor", "doctor's report on the real box: no fail", doctor, lambda r: r.get("rc") == 0)
-    first = run.step("cold_big", "cold start of big; clients get 503 + Retry-After until it serves, none fails",
-                     lambda: switch("big"), ok_switch("big", warm=False))
+    first = run.step(
+        "cold_big",
+        "cold start of big; clients get 503 + Retry-After until it serves, none fails",
+        lambda: switch("big"),
+        ok_switch("big", warm=False),
+    )
     if serving_model(first["status"]) != "big":
         log("big does not serve: the rest of the part cannot run (device time is scarce)")
         return
-    run.step("gpu_probe", "NVML against nvidia-smi on the real GPU while big holds it: equal snapshots, figures",
-             gpu_probe, lambda r: r.get("rc") == 0 and "equal snapshots: True" in r.get("output", ""))
-    run.step("beside_small", "small fits awake beside big: starts beside, checked, route moves, big sleeps: no gap",
-             lambda: switch("small"), beside_ok("small"))
+    run.step(
+        "gpu_probe",
+        "NVML against nvidia-smi on the real GPU while big holds it: equal snapshots, figures",
+        gpu_probe,
+        lambda r: r.get("rc") == 0 and "equal snapshots: True" in r.get("output", ""),
+    )
+    run.step(
+        "beside_small",
+        "small fits awake beside big: starts beside, checked, route moves, big sleeps: no gap",
+        lambda: switch("small"),
+        beside_ok("small"),
+    )
     for i in range(4):
         target = ("big", "small")[i % 2]
-        run.step(f"beside_wake_{i + 1}_{target}", "a sleeper that fits beside wakes beside: no gap",
-                 lambda t=target: switch(t), beside_ok(target))
-    run.step("beside_mid", "mid (0.5) fits beside small (0.3) with big asleep: cold start beside, no gap",
-             lambda: switch("mid"), beside_ok("mid"))
+        run.step(
+            f"beside_wake_{i + 1}_{target}",
+            "a sleeper that fits beside wakes beside: no gap",
+            lambda t=target: switch(t),
+            beside_ok(target),
+        )
+    run.step(
+        "beside_mid",
+        "mid (0.5) fits beside small (0.3) with big asleep: cold start beside, no gap",
+        lambda: switch("mid"),
+        beside_ok("mid"),
+    )
     for i in range(floor):
         target = ("big", "mid")[i % 2]
-        run.step(f"floor_{i + 1}_{target}", "warm switch (sleep, then wake): 0 failed, 0 503, 0 cut; gap near vLLM's "
-                 "sleep + wake", lambda t=target: switch(t), ok_switch(target, warm=True))
+        run.step(
+            f"floor_{i + 1}_{target}",
+            "warm switch (sleep, then wake): 0 failed, 0 503, 0 cut; gap near vLLM's sleep + wake",
+            lambda t=target: switch(t),
+            ok_switch(target, warm=True),
+        )
     before = serving_model(status())
-    run.step("warm_rollback", "rollback of the last warm switch: warm, 0 failed, 0 503",
-             _rollback, lambda r: r.get("rc") == 0 and serving_model(r["status"]) != before
-             and r["client"]["failed"] == 0 and r["client"]["hung"] == 0 and r["client"]["503"] == 0)
+    run.step(
+        "warm_rollback",
+        "rollback of the last warm switch: warm, 0 failed, 0 503",
+        _rollback,
+        lambda r: (
+            r.get("rc") == 0
+            and serving_model(r["status"]) != before
+            and r["client"]["failed"] == 0
+            and r["client"]["hung"] == 0
+            and r["client"]["503"] == 0
+        ),
+    )
 
 
 def ask_od(timeout: float = 600) -> dict[str, Any]:
     """One completion for "od" through the proxy: held while the agent starts or wakes it."""
     import http.client
+
     t = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", 8000, timeout=timeout)
     try:
-        conn.request("POST", "/v1/completions", json.dumps({"model": "od", "prompt": "hi", "max_tokens": 4}),
-                     {"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps({"model": "od", "prompt": "hi", "max_tokens": 4}),
+            {"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         body = resp.read()[:300].decode("utf-8", "replace")
         return {"od_status": resp.status, "od_wait_s": round(time.monotonic() - t, 3), "od_body": body}
@@ -438,25 +562,49 @@ def residency_of(model: str) -> str | None:
 def part_e(run: Run) -> None:
     """On demand (a request for od starts it, later wakes it), the wedge, SIGKILL of the agent at each warm phase,
     SIGKILL of an API server, stop of everything (GPU free by PID)."""
-    run.step("demand_start", "a request for od (stopped) is held while the agent starts it, then answered 200",
-             ask_od, lambda r: r.get("od_status") == 200 and r["client"]["hung"] == 0)
-    run.step("back_to_chat", "switch back to big: od sleeps (warm or beside), chat serves again",
-             lambda: switch("big"), lambda r: r.get("rc") == 0 and serving_model(r["status"]) == "big"
-             and r["client"]["hung"] == 0)
+    run.step(
+        "demand_start",
+        "a request for od (stopped) is held while the agent starts it, then answered 200",
+        ask_od,
+        lambda r: r.get("od_status") == 200 and r["client"]["hung"] == 0,
+    )
+    run.step(
+        "back_to_chat",
+        "switch back to big: od sleeps (warm or beside), chat serves again",
+        lambda: switch("big"),
+        lambda r: r.get("rc") == 0 and serving_model(r["status"]) == "big" and r["client"]["hung"] == 0,
+    )
     for i in range(2):
+
         def wake_od() -> dict[str, Any]:
             res = {"od_before": residency_of("od")}
             res.update(ask_od())
             return res
-        run.step(f"demand_wake_{i + 1}", "a request for od (asleep) is held while the agent wakes it: waits about "
-                 "sleep + wake", wake_od, lambda r: r.get("od_status") == 200 and r.get("od_before") == "asleep"
-                 and r["client"]["hung"] == 0)
-        run.step(f"chat_again_{i + 1}", "switch back to big", lambda: switch("big"),
-                 lambda r: r.get("rc") == 0 and serving_model(r["status"]) == "big" and r["client"]["hung"] == 0)
+
+        run.step(
+            f"demand_wake_{i + 1}",
+            "a request for od (asleep) is held while the agent wakes it: waits about sleep + wake",
+            wake_od,
+            lambda r: r.get("od_status") == 200 and r.get("od_before") == "asleep" and r["client"]["hung"] == 0,
+        )
+        run.step(
+            f"chat_again_{i + 1}",
+            "switch back to big",
+            lambda: switch("big"),
+            lambda r: r.get("rc") == 0 and serving_model(r["status"]) == "big" and r["client"]["hung"] == 0,
+        )
     if serving_model(status()) != "small":
-        run.step("to_small", "warm switch to small", lambda: switch("small"),
-                 lambda r: r.get("rc") == 0 and serving_model(r["status"]) == "small" and r["client"]["hung"] == 0
-                 and r["client"]["failed"] == 0)
+        run.step(
+            "to_small",
+            "warm switch to small",
+            lambda: switch("small"),
+            lambda r: (
+                r.get("rc") == 0
+                and serving_model(r["status"]) == "small"
+                and r["client"]["hung"] == 0
+                and r["client"]["failed"] == 0
+            ),
+        )
     faults(run)
 
 
@@ -471,10 +619,12 @@ def engine_timings() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in MODELS:
         _, j = sh("journalctl", "-u", f"vllm-{m}.service", "--no-pager", "-o", "cat")
-        out[m] = {"wake_s": [float(x) for x in re.findall(r"It took ([\d.]+) seconds to wake up", j)],
-                  "sleep_freed": re.findall(r"Sleep mode freed ([\d.]+ GiB)", j),
-                  "init_engine": re.findall(r"init engine .* took ([\d.]+) s", j),
-                  "sleep_s": [float(x) for x in re.findall(r"It took ([\d.]+) seconds to fall asleep", j)]}
+        out[m] = {
+            "wake_s": [float(x) for x in re.findall(r"It took ([\d.]+) seconds to wake up", j)],
+            "sleep_freed": re.findall(r"Sleep mode freed ([\d.]+ GiB)", j),
+            "init_engine": re.findall(r"init engine .* took ([\d.]+) s", j),
+            "sleep_s": [float(x) for x in re.findall(r"It took ([\d.]+) seconds to fall asleep", j)],
+        }
     return out
 
 

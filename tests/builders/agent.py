@@ -58,14 +58,19 @@ def install_agent(host: Host, config: str, tmp: Path, *, hook_args: str = "") ->
     host.run(f"groupadd -f orchestrator && rm -rf {STATE} {CONFIG}.prev && mkdir -p {HOOKS} && rm -f {HOOKS}/*")
     cfg_path = tmp / "agent.toml"
     cfg_path.write_text(config)
-    unit = render_agent_unit(settings.load(cfg_path), (REPO / "templates/orchestrator-agent.service.j2").read_text(),
-                             python=PY, config=CONFIG, extra_env={"PYTHONPATH": str(REPO)})
+    unit = render_agent_unit(
+        settings.load(cfg_path),
+        (REPO / "templates/orchestrator-agent.service.j2").read_text(),
+        python=PY,
+        config=CONFIG,
+        extra_env={"PYTHONPATH": str(REPO)},
+    )
     # The interpreter quoted as the product quotes it: the checkout may live in a directory with spaces
     # (only it: test_agent_config_hosts' sed finds the rest of the line as written).
-    hooked = (f"ExecStart={exec_quote(PY)} -m tests.agent_with_hooks --config {CONFIG} --pause-dir {HOOKS} "
-              f"{hook_args}").rstrip()
-    text = re.sub(r"^ExecStart=.*$", lambda _: f"WorkingDirectory={REPO}\n{hooked}", unit.text,
-                  flags=re.MULTILINE)
+    hooked = (
+        f"ExecStart={exec_quote(PY)} -m tests.agent_with_hooks --config {CONFIG} --pause-dir {HOOKS} {hook_args}"
+    ).rstrip()
+    text = re.sub(r"^ExecStart=.*$", lambda _: f"WorkingDirectory={REPO}\n{hooked}", unit.text, flags=re.MULTILINE)
     # The crash tests await systemd's restart of a SIGKILLed agent: the product's 2 s pause before it
     # only slows them (what they check is that systemd restarts it and the switch converges).
     text = re.sub(r"^RestartSec=.*$", "RestartSec=100ms", text, count=1, flags=re.MULTILINE)

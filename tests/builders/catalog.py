@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-ONE_BOX_TOML = '''state_dir = "{state}"
+ONE_BOX_TOML = """state_dir = "{state}"
 [defaults]
 engine = ["/opt/vllm/bin/vllm", "serve"]
 [hosts.box]
@@ -15,4 +15,4 @@ repo = "org/alpha"
 gpus = [0, 1, 2, 3]
 tensor_parallel = 4
 port = 8000
-{extra}'''
+{extra}"""

@@ -18,21 +18,37 @@ from tests.hosts.machine import Host
 ENGINE = ["--load-time", "2", "--wake-time", "0.3", "--sleep-time", "0.1", "--chunk-delay", "0.02"]
 # demand_deadline_s: a warm swap here is the displaced model's drain and sleep, the check and the wake
 # (3-5 s on this loaded 2-core machine), longer than the default (wake_deadline_s + batch_wait_s).
-ON_DEMAND: dict[str, Any] = {"sleep": "level1", "on_demand": True, "wake_deadline_s": 5, "demand_deadline_s": 30,
-                             "args": ENGINE}
+ON_DEMAND: dict[str, Any] = {
+    "sleep": "level1",
+    "on_demand": True,
+    "wake_deadline_s": 5,
+    "demand_deadline_s": 30,
+    "args": ENGINE,
+}
 LOW = [0, 1, 2, 3]
 HIGH = [4, 5, 6, 7]
 # alpha and beta share GPU 0-3: serving one means the other sleeps; gamma (GPU 4-7) never came up.
-AB: dict[str, dict[str, Any]] = {"alpha": {"port": 8141, "gpus": LOW, **ON_DEMAND},
-                                 "beta": {"port": 8142, "gpus": LOW, **ON_DEMAND},
-                                 "gamma": {"port": 8143, "gpus": HIGH, **ON_DEMAND}}
+AB: dict[str, dict[str, Any]] = {
+    "alpha": {"port": 8141, "gpus": LOW, **ON_DEMAND},
+    "beta": {"port": 8142, "gpus": LOW, **ON_DEMAND},
+    "gamma": {"port": 8143, "gpus": HIGH, **ON_DEMAND},
+}
 # Five models on a box that fits two at once (4 of its 8 GPUs each).
-FLOOD: dict[str, dict[str, Any]] = {f"f{i}": {"port": 8150 + i, "gpus": LOW if i % 2 else HIGH, **ON_DEMAND}
-                                    for i in range(1, 6)}
+FLOOD: dict[str, dict[str, Any]] = {
+    f"f{i}": {"port": 8150 + i, "gpus": LOW if i % 2 else HIGH, **ON_DEMAND} for i in range(1, 6)
+}
 
 
-def demand_config(host: Host, state: Path, models: dict[str, dict[str, Any]], *, max_swaps_per_min: int,
-                  batch_wait_s: float, transport: str = "local", proxy_user: str | None = None) -> str:
+def demand_config(
+    host: Host,
+    state: Path,
+    models: dict[str, dict[str, Any]],
+    *,
+    max_swaps_per_min: int,
+    batch_wait_s: float,
+    transport: str = "local",
+    proxy_user: str | None = None,
+) -> str:
     """``proxy_user``: the account HAProxy's workers drop to ([proxy] user; None: they stay root)."""
     text = proxy_config(host, state, models).replace('transport = "ssh"', f'transport = "{transport}"', 1)
     if proxy_user is not None:
@@ -89,8 +105,9 @@ class Client:
                 try:
                     r = client.post(f"{self.url}/completions", json=body)
                     tokens = (r.json().get("usage") or {}).get("completion_tokens", 0) if r.status_code == 200 else 0
-                    self.answers.append(Answer(model, t0, time.monotonic(), r.status_code,
-                                               r.headers.get("retry-after"), tokens, w0))
+                    self.answers.append(
+                        Answer(model, t0, time.monotonic(), r.status_code, r.headers.get("retry-after"), tokens, w0)
+                    )
                 except (httpx.HTTPError, ValueError) as exc:
                     self.answers.append(Answer(model, t0, time.monotonic(), type(exc).__name__, None, w0=w0))
 

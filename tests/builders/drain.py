@@ -24,15 +24,26 @@ class ProberProcess:
     """tests/proxy_prober.py as a child process; ``requests`` holds its records once it stopped."""
 
     def __init__(self, url: str, model: str) -> None:
-        self.cmd = [sys.executable, str(REPO / "tests/proxy_prober.py"), url, model, "--streams", "4",
-                    "--plain", "2", "--tokens", str(TOKENS)]
+        self.cmd = [
+            sys.executable,
+            str(REPO / "tests/proxy_prober.py"),
+            url,
+            model,
+            "--streams",
+            "4",
+            "--plain",
+            "2",
+            "--tokens",
+            str(TOKENS),
+        ]
         self.requests: list[dict[str, Any]] = []
 
     def __enter__(self) -> Self:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
         first: list[str] = []
-        reader = threading.Thread(target=lambda: first.append(self.proc.stdout.readline() if self.proc.stdout
-                                                              else ""), daemon=True)
+        reader = threading.Thread(
+            target=lambda: first.append(self.proc.stdout.readline() if self.proc.stdout else ""), daemon=True
+        )
         reader.start()
         reader.join(timeout=30)
         if first != ["probing\n"]:
@@ -62,4 +73,5 @@ def recorder(events: list[tuple[float, str]], drains: list[float]) -> Any:
             events.append((time.monotonic(), event))
         if event == "drained":
             drains.append(float(fields["seconds"]))
+
     return progress

@@ -37,8 +37,24 @@ def build_fake_nvml(dest: Path) -> Path:
         raise RuntimeError("gcc is missing: scripts/setup.sh installs it (the NVML stand-in is C)")
     dest.mkdir(parents=True, exist_ok=True)
     lib = dest / "libnvidia-ml.so.1"
-    subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
-                    "-o", str(lib), str(FAKE_NVML_SOURCE)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            gcc,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+            str(lib),
+            str(FAKE_NVML_SOURCE),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return lib.parent
 
 
@@ -51,15 +67,17 @@ class StandinGpus:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def set_gpus(self, count: int = 8, memory_mib: int = 97887, name: str = "Test GPU", **extra: Any) -> None:
-        (self.dir / "gpus.json").write_text(json.dumps({"count": count, "memory_mib": memory_mib, "name": name,
-                                                        **extra}))
+        (self.dir / "gpus.json").write_text(
+            json.dumps({"count": count, "memory_mib": memory_mib, "name": name, **extra})
+        )
 
     def hold(self, gpus: list[int], mib: int, name: str = "VLLM::EngineCore") -> subprocess.Popen[bytes]:
         """A live process registered as holding ``mib`` on each of ``gpus``, as the stand-in engine does."""
         proc = subprocess.Popen(["sleep", "1000"])
         self.procs.append(proc)
-        (self.dir / f"{proc.pid}.json").write_text(json.dumps({"pid": proc.pid, "name": name, "gpus": gpus,
-                                                               "mib_per_gpu": mib}))
+        (self.dir / f"{proc.pid}.json").write_text(
+            json.dumps({"pid": proc.pid, "name": name, "gpus": gpus, "mib_per_gpu": mib})
+        )
         return proc
 
     def kill(self, proc: subprocess.Popen[bytes], *, reap: bool = True) -> None:
@@ -80,7 +98,7 @@ class StandinGpus:
 def smi_probe(gpus: StandinGpus, tmp: Path) -> NvidiaSmiProbe:
     """The stand-in nvidia-smi on ``gpus``'s state, run through a LocalShell."""
     smi = tmp / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nSTANDIN_GPU_DIR={gpus.dir} exec {sys.executable} -IS {STANDIN_NVSMI} \"$@\"\n")
+    smi.write_text(f'#!/bin/sh\nSTANDIN_GPU_DIR={gpus.dir} exec {sys.executable} -IS {STANDIN_NVSMI} "$@"\n')
     smi.chmod(0o755)
     return NvidiaSmiProbe(LocalShell(HOST), binary=str(smi))
 
@@ -90,8 +108,9 @@ def snapshot_json(snap: GpuSnapshot) -> dict[str, Any]:
 
 
 def snapshot_from(data: dict[str, Any]) -> GpuSnapshot:
-    return GpuSnapshot(gpus=tuple(GpuInfo(**g) for g in data["gpus"]),
-                       processes=tuple(GpuProcess(**p) for p in data["processes"]))
+    return GpuSnapshot(
+        gpus=tuple(GpuInfo(**g) for g in data["gpus"]), processes=tuple(GpuProcess(**p) for p in data["processes"])
+    )
 
 
 class NvmlChild:
@@ -99,8 +118,17 @@ class NvmlChild:
     ``mode``/``local``) over the stand-in NVML in ``lib_dir`` (None: no NVML library at all); ``smi``: the
     folder whose nvidia-smi a chosen probe falls back to (smi_probe's wrapper)."""
 
-    def __init__(self, gpus: StandinGpus, lib_dir: Path | None, *, kind: str = "nvml", mode: str = "auto",
-                 local: bool = True, smi: Path | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        gpus: StandinGpus,
+        lib_dir: Path | None,
+        *,
+        kind: str = "nvml",
+        mode: str = "auto",
+        local: bool = True,
+        smi: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         child_env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
         child_env |= {"STANDIN_GPU_DIR": str(gpus.dir), "PYTHONPATH": str(REPO), **(env or {})}
         if lib_dir is not None:
@@ -109,8 +137,9 @@ class NvmlChild:
             child_env["PATH"] = f"{smi}:{child_env.get('PATH', '/usr/bin:/bin')}"
         argv = [sys.executable, "-m", "tests.builders.gpu_probe_child", kind, mode, "local" if local else "ssh"]
         self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in close(), with the child)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     env=child_env, cwd=REPO, text=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=child_env, cwd=REPO, text=True
+        )
 
     def logged(self) -> list[dict[str, Any]]:
         """The child's log lines so far (structlog's JSON)."""

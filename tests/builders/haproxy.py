@@ -73,8 +73,11 @@ class _Handler(BaseHTTPRequestHandler):
     server: Engine
 
     def _answer(self) -> None:
-        raw = self._chunked() if "chunked" in self.headers.get("Transfer-Encoding", "") else \
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        raw = (
+            self._chunked()
+            if "chunked" in self.headers.get("Transfer-Encoding", "")
+            else self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        )
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
@@ -109,8 +112,9 @@ def render_front(tmp: Path, proxy: Proxy, routes: list[Route], **demand: Any) ->
     this run's own admin socket and Lua path under ``tmp`` (the shipped ones are the box's): parallel
     runs stay apart."""
     config = render_config(proxy, "127.0.0.1", routes, template_text("haproxy.cfg.j2"), **demand)
-    return (config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{tmp}/admin.sock"')
-            .replace(f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp}/{DEMAND_LUA}"'))
+    return config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{tmp}/admin.sock"').replace(
+        f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp}/{DEMAND_LUA}"'
+    )
 
 
 @contextmanager
@@ -143,8 +147,9 @@ def post(port: int, model: str, *, timeout: float = 30, **fields: Any) -> tuple[
     return request(port, "POST", "/v1/completions", {"model": model, "prompt": "hi", **fields}, timeout=timeout)
 
 
-def request(port: int, method: str, path: str, body: dict[str, object] | None = None, *,
-            timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+def request(
+    port: int, method: str, path: str, body: dict[str, object] | None = None, *, timeout: float = 10
+) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     data = json.dumps(body).encode() if body is not None else None
     conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})

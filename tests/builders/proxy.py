@@ -22,18 +22,29 @@ from tests.hosts.wait import wait_for
 PROXY_PORT = 8000
 TP4 = {"tensor_parallel": 4}
 MODELS: dict[str, dict[str, Any]] = {
-    "chat-a": {"port": 8101, "served_name": "chat", "gpus": [0, 1, 2, 3], **TP4,
-               "args": ["--load-time", "0.3", "--chunk-delay", "0.05"]},
-    "chat-b": {"port": 8102, "served_name": "chat", "gpus": [4, 5, 6, 7], **TP4,
-               "args": ["--load-time", "0.3", "--chunk-delay", "0.05"]},
+    "chat-a": {
+        "port": 8101,
+        "served_name": "chat",
+        "gpus": [0, 1, 2, 3],
+        **TP4,
+        "args": ["--load-time", "0.3", "--chunk-delay", "0.05"],
+    },
+    "chat-b": {
+        "port": 8102,
+        "served_name": "chat",
+        "gpus": [4, 5, 6, 7],
+        **TP4,
+        "args": ["--load-time", "0.3", "--chunk-delay", "0.05"],
+    },
     "chat-c": {"port": 8103, "served_name": "chat", "gpus": [0, 1, 2, 3], **TP4, "args": ["--load-time", "1.5"]},
     "code": {"port": 8104, "gpus": [4, 5], "tensor_parallel": 2, "args": ["--load-time", "0.3"]},
 }
 
 
 def proxy_config(host: Host, state: Path, models: dict[str, dict[str, Any]] = MODELS) -> str:
-    return config_text(host, state, models) + (f"[proxy]\nenabled = true\nport = {PROXY_PORT}\n"
-                                               "drain_timeout_s = 20\nretry_after_s = 2\n")
+    return config_text(host, state, models) + (
+        f"[proxy]\nenabled = true\nport = {PROXY_PORT}\ndrain_timeout_s = 20\nretry_after_s = 2\n"
+    )
 
 
 @contextmanager
@@ -71,8 +82,9 @@ class Prober:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 try:
-                    r = client.post(f"{self.url}/completions", json={"model": self.model, "prompt": "hi",
-                                                                     "max_tokens": 2})
+                    r = client.post(
+                        f"{self.url}/completions", json={"model": self.model, "prompt": "hi", "max_tokens": 2}
+                    )
                     self.answers.append((time.monotonic(), r.status_code, r.headers.get("retry-after")))
                 except httpx.HTTPError as exc:
                     self.answers.append((time.monotonic(), type(exc).__name__, None))

@@ -25,8 +25,13 @@ def install(host: Host, models: dict[str, dict[str, Any]], env: dict[str, str] |
         local = Path(work) / "deploy.toml"
         local.write_text(config)
         loaded = settings.load(local)
-    unit = render_agent_unit(loaded, (REPO / "templates/orchestrator-agent.service.j2").read_text(),
-                             python=PY, config=CONFIG, extra_env=env or {})
+    unit = render_agent_unit(
+        loaded,
+        (REPO / "templates/orchestrator-agent.service.j2").read_text(),
+        python=PY,
+        config=CONFIG,
+        extra_env=env or {},
+    )
     host.write_file("/etc/systemd/system/orchestrator-agent.service", unit.text)
     host.run("systemctl daemon-reload && systemctl start orchestrator-agent.service")
 
@@ -36,6 +41,8 @@ def one_host_env(work: Path, host: Host) -> tuple[str, dict[str, str]]:
     ``work`` that gives it its key, known_hosts, python and the agent's socket)."""
     url = f"ssh://root@{host.address}:{host.port}"
     hosts_file = work / "hosts.toml"
-    hosts_file.write_text(f'["{url}"]\nurl = "{url}"\nkey = "{host.key_path}"\n'
-                          f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{SOCKET}"\n')
+    hosts_file.write_text(
+        f'["{url}"]\nurl = "{url}"\nkey = "{host.key_path}"\n'
+        f'known_hosts = "{host.known_hosts_path}"\npython = "{PY}"\nsocket = "{SOCKET}"\n'
+    )
     return url, {"ORCHESTRATOR_HOSTS_FILE": str(hosts_file)}

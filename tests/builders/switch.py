@@ -13,14 +13,33 @@ SHIM = REPO / "tests" / "standin" / "vllm_compat.py"
 
 
 def config_text(host: Host, state_dir: Path, models: dict[str, dict[str, Any]], *, transport: str = "ssh") -> str:
-    lines = [f'state_dir = "{state_dir}"', "metrics_port = 19464", "[defaults]", 'user = "root"', 'group = "root"',
-             "allow_root = true", f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]', "load_deadline_s = 30",
-             "free_timeout_s = 10", "stop_timeout_s = 10", "health_interval_s = 0.1", "restart_sec = 0.5",
-             "[policy]", "watch_interval_s = 1", "unhealthy_after_s = 2",
-             f"[hosts.{host.name}]", f'transport = "{transport}"', f'address = "{host.address}"',
-             f'bind = "{host.address}"', f"ssh_port = {host.port}", f'ssh_key = "{host.key_path}"',
-             f'known_hosts = "{host.known_hosts_path}"', "gpus = 8", "gpu_memory_gib = 96",
-             f'python = "{sys.executable}"']
+    lines = [
+        f'state_dir = "{state_dir}"',
+        "metrics_port = 19464",
+        "[defaults]",
+        'user = "root"',
+        'group = "root"',
+        "allow_root = true",
+        f'engine = ["{in_host(sys.executable)}", "{in_host(SHIM)}"]',
+        "load_deadline_s = 30",
+        "free_timeout_s = 10",
+        "stop_timeout_s = 10",
+        "health_interval_s = 0.1",
+        "restart_sec = 0.5",
+        "[policy]",
+        "watch_interval_s = 1",
+        "unhealthy_after_s = 2",
+        f"[hosts.{host.name}]",
+        f'transport = "{transport}"',
+        f'address = "{host.address}"',
+        f'bind = "{host.address}"',
+        f"ssh_port = {host.port}",
+        f'ssh_key = "{host.key_path}"',
+        f'known_hosts = "{host.known_hosts_path}"',
+        "gpus = 8",
+        "gpu_memory_gib = 96",
+        f'python = "{sys.executable}"',
+    ]
     for name, fields in models.items():
         lines.append(f"[models.{name}]")
         base = {"repo": f"test/{name}", "source": "none", "tensor_parallel": 4, "gpus": [0, 1, 2, 3]}

@@ -39,7 +39,8 @@ class Template:
 
 # One local box behind the front proxy with alpha and beta on 2 GPUs each (`render --proxy` tests, the
 # on-demand ones): give ``state``; ``defaults``, ``proxy`` (its keys), ``beta`` (its keys) and ``rest``.
-LOCAL_PROXY_BOX = Template('''state_dir = "{state}"
+LOCAL_PROXY_BOX = Template(
+    """state_dir = "{state}"
 socket_group = "root"
 [defaults]
 engine = ["/opt/vllm/bin/vllm", "serve"]
@@ -63,4 +64,6 @@ gpus = {beta_gpus}
 tensor_parallel = 2
 port = 8020
 {beta}
-{rest}''', {"enabled": "true", "beta_gpus": "[2, 3]"})
+{rest}""",
+    {"enabled": "true", "beta_gpus": "[2, 3]"},
+)

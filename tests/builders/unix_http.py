@@ -20,8 +20,13 @@ class UnixHTTP(http.client.HTTPConnection):
         self.sock.connect(self.unix_path)
 
 
-def sse_marks(path: str, url: str, start: Callable[[], object], first: Callable[[dict[str, str]], bool],
-              last: Callable[[dict[str, str]], bool]) -> tuple[float, float]:
+def sse_marks(
+    path: str,
+    url: str,
+    start: Callable[[], object],
+    first: Callable[[dict[str, str]], bool],
+    last: Callable[[dict[str, str]], bool],
+) -> tuple[float, float]:
     """Follow the dashboard's event stream ``url`` on the socket at ``path``; once its first message came,
     call ``start``; then (ms to the first message whose fragments ``first`` accepts, ms to the one ``last``
     accepts; the first is the last's when none showed before it)."""

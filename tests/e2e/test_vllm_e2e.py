@@ -30,16 +30,19 @@ pytestmark = [pytest.mark.hosts, pytest.mark.vllm]
 @pytest.fixture
 def ops(host: Host, tmp_path: Path) -> Iterator[Operations]:
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text(vllm_config_text(host, tmp_path / "state", MODELS)
-                   + f"\n[proxy]\nenabled = true\nport = {PROXY_PORT}\ndrain_timeout_s = 20\nretry_after_s = 2\n")
+    cfg.write_text(
+        vllm_config_text(host, tmp_path / "state", MODELS)
+        + f"\n[proxy]\nenabled = true\nport = {PROXY_PORT}\ndrain_timeout_s = 20\nretry_after_s = 2\n"
+    )
     yield operations(settings.load(cfg))
     host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
 
 
 def endpoint(host: Host) -> openai.OpenAI:
     """The proxy's one URL, whatever serves."""
-    return openai.OpenAI(base_url=f"http://{host.address}:{PROXY_PORT}/v1", api_key="unused", timeout=120,
-                         max_retries=0)
+    return openai.OpenAI(
+        base_url=f"http://{host.address}:{PROXY_PORT}/v1", api_key="unused", timeout=120, max_retries=0
+    )
 
 
 def the_endpoint_serves(client: openai.OpenAI, model: str) -> None:
@@ -98,16 +101,20 @@ def history_has_every_switch_with_its_phase_timings(host: Host, ops: Operations)
     """History lists every switch, newest first, each with its checking and starting phases timed."""
     history = ops.history(host.name)
     assert [(h["model"], h["outcome"]) for h in history] == [
-        ("tiny-unservable", "rolled_back"), ("tiny-broken", "rolled_back"), ("tiny-b", "active"), ("tiny-a", "active")]
+        ("tiny-unservable", "rolled_back"),
+        ("tiny-broken", "rolled_back"),
+        ("tiny-b", "active"),
+        ("tiny-a", "active"),
+    ]
     for h in history:
         timed = {p["phase"]: p["seconds"] for p in h["phases"]}
         assert timed["checking"] is not None and timed["starting"] is not None
-    print("phase timings:", [(h["model"], {p["phase"]: round(p["seconds"], 2) for p in h["phases"]})
-                             for h in history])
+    print("phase timings:", [(h["model"], {p["phase"]: round(p["seconds"], 2) for p in h["phases"]}) for h in history])
 
 
 def test_switch_real_vllm_models_through_one_endpoint_and_roll_back_from_broken_and_unservable_ones(
-        host: Host, ops: Operations) -> None:
+    host: Host, ops: Operations
+) -> None:
     """tiny-a -> tiny-b (both answering on their ports and through the proxy's one URL, which 404s the
     model gone) -> tiny-broken rolls back to tiny-b; tiny-unservable (health 200, every completion
     failing) rolls back to tiny-b with the engine's error; history has it all."""

@@ -37,14 +37,18 @@ def pair(netns_pair: HostSet) -> Iterator[list[Host]]:
 
 
 def config_text(h1: Host, h2: Host, state: Path) -> str:
-    common = ('max_model_len = 512\nmax_num_seqs = 4\ngpu_memory_utilization = 0.3\nload_deadline_s = 300\n'
-              'args = ["--enforce-eager", "--dtype", "float32"]\n'
-              'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "nobind", OMP_NUM_THREADS = "1" }\n')
+    common = (
+        "max_model_len = 512\nmax_num_seqs = 4\ngpu_memory_utilization = 0.3\nload_deadline_s = 300\n"
+        'args = ["--enforce-eager", "--dtype", "float32"]\n'
+        'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "nobind", OMP_NUM_THREADS = "1" }\n'
+    )
     hosts = "".join(
         f'[hosts.{h.name}]\ntransport = "ssh"\naddress = "{h.address}"\nbind = "{h.address}"\nssh_port = {h.port}\n'
         f'ssh_key = "{h.key_path}"\nknown_hosts = "{h.known_hosts_path}"\ngpus = 8\ngpu_memory_gib = 96\n'
         f'interface = "thp{h.address.rsplit(".", 1)[1]}"\nnetwork = "ethernet"\npython = "{os.sys.executable}"\n'
-        f'engine = ["{VLLM_VENV}/bin/python", "{LAUNCHER}"]\n' for h in (h1, h2))
+        f'engine = ["{VLLM_VENV}/bin/python", "{LAUNCHER}"]\n'
+        for h in (h1, h2)
+    )
     return f"""state_dir = "{state}"
 [defaults]
 stop_timeout_s = 30

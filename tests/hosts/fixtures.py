@@ -109,9 +109,15 @@ def adapters(request: pytest.FixtureRequest) -> Iterator[Adapters]:
             inside = running[host.address] = InsideAdapters(host)
         yield Adapters("local", host, inside.shell, inside.systemd)
     else:
-        shell, systemd = connect("ssh", host.address, port=host.port, user=host.user,
-                                 key_filename=str(host.key_path), known_hosts=str(host.known_hosts_path),
-                                 host=host.name)
+        shell, systemd = connect(
+            "ssh",
+            host.address,
+            port=host.port,
+            user=host.user,
+            key_filename=str(host.key_path),
+            known_hosts=str(host.known_hosts_path),
+            host=host.name,
+        )
         try:
             yield Adapters("ssh", host, shell, systemd)
         finally:

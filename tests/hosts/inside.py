@@ -25,8 +25,10 @@ def _encode(value: Any) -> Any:
         return {"__bytes__": base64.b64encode(value).decode()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         cls = type(value)
-        return {"__dataclass__": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        return {
+            "__dataclass__": f"{cls.__module__}:{cls.__qualname__}",
+            "fields": {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)},
+        }
     if isinstance(value, list | tuple):
         return [_encode(v) for v in value]
     return value
@@ -49,8 +51,11 @@ def _resolve(name: str) -> Any:
 
 def _error_payload(exc: BaseException) -> dict[str, Any]:
     cls = type(exc)
-    return {"type": f"{cls.__module__}:{cls.__qualname__}", "message": getattr(exc, "message", str(exc)),
-            "attrs": {k: v for k, v in vars(exc).items() if isinstance(v, str | int | type(None))}}
+    return {
+        "type": f"{cls.__module__}:{cls.__qualname__}",
+        "message": getattr(exc, "message", str(exc)),
+        "attrs": {k: v for k, v in vars(exc).items() if isinstance(v, str | int | type(None))},
+    }
 
 
 def _rebuild_error(payload: dict[str, Any]) -> BaseException:
@@ -101,21 +106,29 @@ class InsideAdapters:
     def __init__(self, host: Host) -> None:
         self._proc = subprocess.Popen(
             [*host.ssh_argv(shared=True), "--", host.python_command("-m", "tests.hosts.inside", host.name)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.shell: Any = _Proxy(self, "shell", host.name)
         self.systemd: Any = _Proxy(self, "systemd", host.name)
         self._host = host
 
     def call(self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        req = {"target": target, "method": method, "args": _encode(list(args)),
-               "kwargs": {k: _encode(v) for k, v in kwargs.items()}}
+        req = {
+            "target": target,
+            "method": method,
+            "args": _encode(list(args)),
+            "kwargs": {k: _encode(v) for k, v in kwargs.items()},
+        }
         self._proc.stdin.write(json.dumps(req) + "\n")
         self._proc.stdin.flush()
         line = self._proc.stdout.readline()
         if not line:
-            raise HostError(f"{self._host.name}: in-host adapter process exited "
-                            f"({self._proc.poll()}) during {target}.{method}")
+            raise HostError(
+                f"{self._host.name}: in-host adapter process exited ({self._proc.poll()}) during {target}.{method}"
+            )
         answer = json.loads(line)
         if "error" in answer:
             raise _rebuild_error(answer["error"])

@@ -15,8 +15,11 @@ def generate_ed25519(path: Path, comment: str) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     for p in (path, path.with_name(path.name + ".pub")):
         p.unlink(missing_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                   check=True, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
     return path.with_name(path.name + ".pub").read_text().strip()
 
 

@@ -30,16 +30,26 @@ STANDIN_NVSMI = REPO / "tests" / "standin" / "nvidia_smi.py"
 DEFAULT_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 DEFAULT_GPUS: dict[str, object] = {"count": 8, "memory_mib": 97887, "name": DEFAULT_GPU_NAME}
 # Where the machine's systemd generators are (masked in hosts: see Host.prepare).
-GENERATOR_DIRS = ("/usr/lib/systemd/system-generators", "/lib/systemd/system-generators",
-                  "/usr/local/lib/systemd/system-generators", "/etc/systemd/system-generators")
+GENERATOR_DIRS = (
+    "/usr/lib/systemd/system-generators",
+    "/lib/systemd/system-generators",
+    "/usr/local/lib/systemd/system-generators",
+    "/etc/systemd/system-generators",
+)
 # Units enabled on the machine that must not start in a host (ports, timers, consoles).
 KEEP_ENABLED = {"ssh.service", "sshd.service"}
-EXTRA_MASKS = ["postgresql@.service", "console-getty.service", "getty@.service",
-               "container-getty@.service", "systemd-timesyncd.service", "apt-daily.service",
-               "apt-daily-upgrade.service",
-               # Remounts the overlay root from an empty fstab: nothing to do, and it failed now
-               # and then when several hosts booted at once.
-               "systemd-remount-fs.service"]
+EXTRA_MASKS = [
+    "postgresql@.service",
+    "console-getty.service",
+    "getty@.service",
+    "container-getty@.service",
+    "systemd-timesyncd.service",
+    "apt-daily.service",
+    "apt-daily-upgrade.service",
+    # Remounts the overlay root from an empty fstab: nothing to do, and it failed now
+    # and then when several hosts booted at once.
+    "systemd-remount-fs.service",
+]
 
 
 def repo_binds() -> tuple[str, ...]:
@@ -119,57 +129,110 @@ class Host:
         shared=True multiplexes over one connection per host (ControlMaster): a fresh handshake costs
         ~0.35 s and ~80 ms of client CPU here, a session on the shared connection ~20 ms and 5 ms, and
         the harness runs thousands of commands. Left out by default: benches measure plain SSH."""
-        argv = ["ssh", "-F", "/dev/null", "-i", str(self.key_path), "-o", "IdentitiesOnly=yes",
-                "-o", f"UserKnownHostsFile={self.known_hosts_path}", "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR",
-                "-p", str(self.port), f"{self.user}@{self.address}"]
+        argv = [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(self.key_path),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts_path}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "ConnectTimeout=5",
+            "-o",
+            "LogLevel=ERROR",
+            "-p",
+            str(self.port),
+            f"{self.user}@{self.address}",
+        ]
         if batch:
             argv[1:1] = ["-o", "BatchMode=yes"]
         if shared:
             # auto: the first command becomes the master; once sshd drops it (an outage test kills
             # sshd), the next command connects afresh and becomes the master again.
-            argv[1:1] = ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_path}",
-                         "-o", "ControlPersist=300"]
+            argv[1:1] = [
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                f"ControlPath={self.control_path}",
+                "-o",
+                "ControlPersist=300",
+            ]
         return argv
 
     def close_shared_connection(self) -> None:
         """End the shared SSH connection's master process (the host is going away)."""
         if self.control_path.exists():
-            subprocess.run(["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}", "-O", "exit",
-                            f"{self.user}@{self.address}"], check=False, capture_output=True,
-                           stdin=subprocess.DEVNULL, timeout=10)
+            subprocess.run(
+                [
+                    "ssh",
+                    "-F",
+                    "/dev/null",
+                    "-o",
+                    f"ControlPath={self.control_path}",
+                    "-O",
+                    "exit",
+                    f"{self.user}@{self.address}",
+                ],
+                check=False,
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=10,
+            )
 
-    def run(self, cmd: str | Sequence[str], *, check: bool = True, input: str | None = None,
-            timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, cmd: str | Sequence[str], *, check: bool = True, input: str | None = None, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run cmd in the host (a string goes to the remote shell as is; a list is quoted)."""
         line = cmd if isinstance(cmd, str) else shlex.join(cmd)
-        proc = subprocess.run([*self.ssh_argv(shared=True), "--", line], check=False, capture_output=True, text=True,
-                              input=input, timeout=timeout, stdin=None if input is not None
-                              else subprocess.DEVNULL)
+        proc = subprocess.run(
+            [*self.ssh_argv(shared=True), "--", line],
+            check=False,
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=timeout,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
         if check and proc.returncode != 0:
-            raise HostError(f"{self.name} ({self.address}): {line!r} exited {proc.returncode}:\n"
-                            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            raise HostError(
+                f"{self.name} ({self.address}): {line!r} exited {proc.returncode}:\n"
+                f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            )
         return proc
 
-    def run_python(self, code: str, *args: str, check: bool = True,
-                   timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    def run_python(
+        self, code: str, *args: str, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run a Python snippet inside the host with the project's venv and the repo importable."""
         return self.run(self.python_command("-c", code, *args), check=check, timeout=timeout)
 
     def python_command(self, *args: str) -> str:
         """A remote shell line running the venv's Python in the repo with the package importable."""
-        return (f"cd {shlex.quote(str(REPO))} && PYTHONPATH={shlex.quote(str(REPO))} "
-                f"PYTHONDONTWRITEBYTECODE=1 exec {shlex.join([self.python, *args])}")
+        return (
+            f"cd {shlex.quote(str(REPO))} && PYTHONPATH={shlex.quote(str(REPO))} "
+            f"PYTHONDONTWRITEBYTECODE=1 exec {shlex.join([self.python, *args])}"
+        )
 
     def write_file(self, path: str, data: str, mode: int = 0o644) -> None:
         """Write a file inside the host (a test's setup step)."""
-        self.run(f"umask 022; mkdir -p {shlex.quote(os.path.dirname(path))} && cat > {shlex.quote(path)}"
-                 f" && chmod {mode:o} {shlex.quote(path)}", input=data)
+        self.run(
+            f"umask 022; mkdir -p {shlex.quote(os.path.dirname(path))} && cat > {shlex.quote(path)}"
+            f" && chmod {mode:o} {shlex.quote(path)}",
+            input=data,
+        )
 
     def set_gpus(self, count: int = 8, memory_mib: int = 97887, name: str = DEFAULT_GPU_NAME) -> None:
         """What the stand-in nvidia-smi reports as this host's GPUs."""
-        self.write_file("/run/standin-gpu/gpus.json",
-                        json.dumps({"count": count, "memory_mib": memory_mib, "name": name}))
+        self.write_file(
+            "/run/standin-gpu/gpus.json", json.dumps({"count": count, "memory_mib": memory_mib, "name": name})
+        )
 
     def reset(self) -> None:
         """Back to the state right after boot: test units stopped and removed, GPUs default."""
@@ -184,8 +247,17 @@ class Host:
         _sh(["mount", "-t", "tmpfs", "-o", "mode=0755", f"testhost-{self.machine}", str(self.rw)])
         (self.rw / "upper").mkdir()
         (self.rw / "work").mkdir()
-        _sh(["mount", "-t", "overlay", f"testhost-{self.machine}", "-o",
-             f"lowerdir=/,upperdir={self.rw}/upper,workdir={self.rw}/work", str(self.root)])
+        _sh(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                f"testhost-{self.machine}",
+                "-o",
+                f"lowerdir=/,upperdir={self.rw}/upper,workdir={self.rw}/work",
+                str(self.root),
+            ]
+        )
         root = self.root
         (root / "etc/hostname").write_text(self.machine + "\n")
         # The machine's /root/.bashrc runs `pyenv init`, whose rehash waits on a lock file that a
@@ -196,8 +268,9 @@ class Host:
         for old in ssh_dir.glob("ssh_host_*"):
             old.unlink()
         shutil.copy(self.host_key_path, ssh_dir / "ssh_host_ed25519_key")
-        shutil.copy(self.host_key_path.with_name(self.host_key_path.name + ".pub"),
-                    ssh_dir / "ssh_host_ed25519_key.pub")
+        shutil.copy(
+            self.host_key_path.with_name(self.host_key_path.name + ".pub"), ssh_dir / "ssh_host_ed25519_key.pub"
+        )
         os.chmod(ssh_dir / "ssh_host_ed25519_key", 0o600)
         (ssh_dir / "testhost_authorized_keys").write_text(client_public_key + "\n")
         (ssh_dir / "sshd_config.d").mkdir(exist_ok=True)
@@ -206,11 +279,13 @@ class Host:
             "HostKey /etc/ssh/ssh_host_ed25519_key\n"
             "AuthorizedKeysFile /etc/ssh/testhost_authorized_keys\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nUsePAM no\nUseDNS no\nMaxStartups 100:30:200\nMaxSessions 100\n")
+            "KbdInteractiveAuthentication no\nUsePAM no\nUseDNS no\nMaxStartups 100:30:200\nMaxSessions 100\n"
+        )
         (root / "etc/tmpfiles.d").mkdir(exist_ok=True)
         (root / "etc/tmpfiles.d/standin-gpu.conf").write_text(
             "d /run/standin-gpu 1777 root root -\n"
-            f"f /run/standin-gpu/gpus.json 0644 root root - {json.dumps(DEFAULT_GPUS)}\n")
+            f"f /run/standin-gpu/gpus.json 0644 root root - {json.dumps(DEFAULT_GPUS)}\n"
+        )
         # systemd runs every generator at boot and again at each daemon-reload (the product reloads
         # for each unit it installs, the reset after a test too): the machine's 13 cost ~0.35 s a
         # reload and give a test host nothing (an empty fstab, gettys masked, no SysV scripts,
@@ -227,8 +302,9 @@ class Host:
         self._mask_units()
 
     def _mask_units(self) -> None:
-        out = _sh(["systemctl", f"--root={self.root}", "list-unit-files", "--state=enabled",
-                   "--no-legend", "--no-pager"])
+        out = _sh(
+            ["systemctl", f"--root={self.root}", "list-unit-files", "--state=enabled", "--no-legend", "--no-pager"]
+        )
         enabled = [line.split()[0] for line in out.splitlines() if line.strip()]
         masks = [u for u in enabled if u not in KEEP_ENABLED and not u.endswith(".target")]
         _sh(["systemctl", f"--root={self.root}", "mask", *masks, *EXTRA_MASKS])
@@ -237,8 +313,18 @@ class Host:
 
     def start(self) -> None:
         """Start systemd-nspawn in its own session (Ctrl-C in the terminal must not reach it)."""
-        argv = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "--console=passive",
-                "-D", str(self.root), "-M", self.machine, "--boot"]
+        argv = [
+            "systemd-nspawn",
+            "--register=no",
+            "--keep-unit",
+            "--quiet",
+            "--console=passive",
+            "-D",
+            str(self.root),
+            "-M",
+            self.machine,
+            "--boot",
+        ]
         if self.netns:
             argv.append(f"--network-namespace-path={self.netns}")
         argv += [f"--bind-ro={p}" for p in self.binds_ro] + [f"--bind={p}" for p in self.binds_rw]
@@ -246,8 +332,9 @@ class Host:
         argv = ["sh", "-c", _OWN_CGROUPS + ' exec "$@"', "own-cgroups", self.cgroup, *argv]
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
         try:
-            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         finally:
             log.close()
         self.nspawn_pid = self._proc.pid
@@ -258,25 +345,30 @@ class Host:
         deadline = t0 + timeout
         while not _port_open(self.address, self.port):
             if self._proc is not None and self._proc.poll() is not None:
-                raise HostError(f"{self.name}: systemd-nspawn exited {self._proc.returncode} during boot:\n"
-                                f"{self.console_tail()}")
+                raise HostError(
+                    f"{self.name}: systemd-nspawn exited {self._proc.returncode} during boot:\n{self.console_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise HostError(f"{self.name}: sshd on {self.address}:{self.port} not up after "
-                                f"{timeout:.0f} s:\n{self.console_tail()}")
+                raise HostError(
+                    f"{self.name}: sshd on {self.address}:{self.port} not up after "
+                    f"{timeout:.0f} s:\n{self.console_tail()}"
+                )
             time.sleep(0.05)
-        state = self.run("systemctl is-system-running --wait", check=False,
-                         timeout=max(deadline - time.monotonic(), 5)).stdout.strip()
+        state = self.run(
+            "systemctl is-system-running --wait", check=False, timeout=max(deadline - time.monotonic(), 5)
+        ).stdout.strip()
         if state not in ("running", "degraded"):
             raise HostError(f"{self.name}: boot ended in state {state!r}:\n{self.console_tail()}")
         if state == "degraded":
             # A unit the tests do not need failed at boot: note it, and start from a clean slate.
             failed = self.run("systemctl --failed --no-legend --plain; systemctl reset-failed").stdout
-            warnings.warn(f"{self.name}: boot degraded, failed units reset: {failed.strip()}",
-                          stacklevel=2)
-        self.run("mkdir -p /run/testhost && ls -1 /etc/systemd/system > /run/testhost/baseline-units && "
-                 "systemctl list-units --type=service,socket,timer,path,scope --plain --no-legend "
-                 "--state=active,activating,deactivating,reloading,failed | awk '{print $1}' | sort "
-                 "> /run/testhost/baseline-active")
+            warnings.warn(f"{self.name}: boot degraded, failed units reset: {failed.strip()}", stacklevel=2)
+        self.run(
+            "mkdir -p /run/testhost && ls -1 /etc/systemd/system > /run/testhost/baseline-units && "
+            "systemctl list-units --type=service,socket,timer,path,scope --plain --no-legend "
+            "--state=active,activating,deactivating,reloading,failed | awk '{print $1}' | sort "
+            "> /run/testhost/baseline-active"
+        )
         self.boot_seconds = time.monotonic() - t0
 
     def console_tail(self, lines: int = 30) -> str:

@@ -86,8 +86,15 @@ def _teardown(host: Host) -> None:
     host.state_dir.with_suffix(".json").unlink(missing_ok=True)
 
 
-def boot_hosts(count: int, *, binds_ro: tuple[str, ...] = (), binds_rw: tuple[str, ...] = (),
-               manual: bool = False, timeout: float = 120.0, netns: bool = False) -> HostSet:
+def boot_hosts(
+    count: int,
+    *,
+    binds_ro: tuple[str, ...] = (),
+    binds_rw: tuple[str, ...] = (),
+    manual: bool = False,
+    timeout: float = 120.0,
+    netns: bool = False,
+) -> HostSet:
     """Boot ``count`` hosts in parallel; returns when every one has finished booting.
 
     netns=True puts each host in a network namespace of its own behind a bridge (tests/hosts/netns.py),
@@ -97,8 +104,11 @@ def boot_hosts(count: int, *, binds_ro: tuple[str, ...] = (), binds_rw: tuple[st
     _install_exit_handlers()
     STATE_ROOT.mkdir(parents=True, exist_ok=True)
     _reap_key_dirs()
-    key_dir = (STATE_ROOT / "manual-keys") if manual else Path(
-        tempfile.mkdtemp(prefix=f"keys-{os.getpid()}-", dir=STATE_ROOT))
+    key_dir = (
+        (STATE_ROOT / "manual-keys")
+        if manual
+        else Path(tempfile.mkdtemp(prefix=f"keys-{os.getpid()}-", dir=STATE_ROOT))
+    )
     client_pub = keys.generate_ed25519(key_dir / "id_ed25519", "testhosts-client")
     slots = _claim_slots(count, manual)
     hostset = HostSet(hosts=[], key_dir=key_dir, manual=manual, _locks=[fd for _, fd in slots])
@@ -111,12 +121,17 @@ def boot_hosts(count: int, *, binds_ro: tuple[str, ...] = (), binds_rw: tuple[st
         for i, (octet, _) in enumerate(slots, start=1):
             state_dir = STATE_ROOT / str(octet)
             address = netns_mod.address(first, octet) if netns else f"127.0.0.{octet}"
-            host = Host(name=f"h{i}", address=address, state_dir=state_dir,
-                        netns=netns_mod.create_namespace(first, octet) if netns else None,
-                        key_path=key_dir / "id_ed25519", known_hosts_path=key_dir / "known_hosts",
-                        host_key_path=key_dir / f"host_h{i}_ed25519",
-                        binds_ro=(*repo_binds(), *binds_ro),
-                        binds_rw=binds_rw)
+            host = Host(
+                name=f"h{i}",
+                address=address,
+                state_dir=state_dir,
+                netns=netns_mod.create_namespace(first, octet) if netns else None,
+                key_path=key_dir / "id_ed25519",
+                known_hosts_path=key_dir / "known_hosts",
+                host_key_path=key_dir / f"host_h{i}_ed25519",
+                binds_ro=(*repo_binds(), *binds_ro),
+                binds_rw=binds_rw,
+            )
             hostset.hosts.append(host)
             pub = keys.generate_ed25519(host.host_key_path, f"testhost-{host.name}")
             known.append(keys.known_hosts_line(host.address, host.port, pub))
@@ -139,10 +154,17 @@ def _boot_one(host: Host, client_pub: str, manual: bool, timeout: float) -> None
 
 
 def _write_state(host: Host, manual: bool) -> None:
-    state = {"name": host.name, "address": host.address, "nspawn_pid": host.nspawn_pid,
-             "owner_pid": 0 if manual else os.getpid(), "manual": manual,
-             "state_dir": str(host.state_dir), "key_path": str(host.key_path),
-             "known_hosts_path": str(host.known_hosts_path), "netns": host.netns}
+    state = {
+        "name": host.name,
+        "address": host.address,
+        "nspawn_pid": host.nspawn_pid,
+        "owner_pid": 0 if manual else os.getpid(),
+        "manual": manual,
+        "state_dir": str(host.state_dir),
+        "key_path": str(host.key_path),
+        "known_hosts_path": str(host.known_hosts_path),
+        "netns": host.netns,
+    }
     path = host.state_dir.with_suffix(".json")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state))

@@ -9,9 +9,16 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T], done: Callable[[T], Any] = bool, *, timeout: float = 30.0,
-             what: str = "condition", interval: float = 0.05,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> T:
+def wait_for(
+    probe: Callable[[], T],
+    done: Callable[[T], Any] = bool,
+    *,
+    timeout: float = 30.0,
+    what: str = "condition",
+    interval: float = 0.05,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
     """Call probe until done(value) holds (by default: until the value is truthy); return that
     value, or fail naming what was awaited and the last value seen.
 

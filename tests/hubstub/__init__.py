@@ -3,5 +3,4 @@
 from .models import safetensors_bytes, sharded_model, single_file_model
 from .server import HubStub, Request, StubFile, StubRepo
 
-__all__ = ["HubStub", "Request", "StubFile", "StubRepo", "safetensors_bytes", "sharded_model",
-           "single_file_model"]
+__all__ = ["HubStub", "Request", "StubFile", "StubRepo", "safetensors_bytes", "sharded_model", "single_file_model"]

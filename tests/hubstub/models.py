@@ -26,8 +26,14 @@ def safetensors_bytes(tensors: Mapping[str, tuple[int, ...]], *, seed: int = 0) 
 def sharded_model(shard_names: list[str], floats_per_shard: int) -> dict[str, bytes]:
     """config.json, model.safetensors.index.json naming exactly ``shard_names``, and the shards."""
     files: dict[str, bytes] = {
-        "config.json": json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-                                   "num_attention_heads": 4, "num_key_value_heads": 4}).encode(),
+        "config.json": json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+            }
+        ).encode(),
         "tokenizer_config.json": b"{}",
     }
     weight_map: dict[str, str] = {}
@@ -38,11 +44,14 @@ def sharded_model(shard_names: list[str], floats_per_shard: int) -> dict[str, by
         weight_map.update({n: shard for n in names})
         total += floats_per_shard * 4
     files["model.safetensors.index.json"] = json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1).encode()
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1
+    ).encode()
     return files
 
 
 def single_file_model(floats: int) -> dict[str, bytes]:
     """A model with one model.safetensors and no index."""
-    return {"config.json": b'{"architectures": ["LlamaForCausalLM"]}',
-            "model.safetensors": safetensors_bytes({"lm_head.weight": (floats,)})}
+    return {
+        "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+        "model.safetensors": safetensors_bytes({"lm_head.weight": (floats,)}),
+    }

@@ -23,20 +23,20 @@ class LocalRunner:
         self.output: list[str] = []
         self.started = threading.Event()
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-            idempotent: bool = False) -> CommandResult:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, env=self.env, timeout=timeout,
-                              check=False)
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, idempotent: bool = False
+    ) -> CommandResult:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, env=self.env, timeout=timeout, check=False)
         self.output += [proc.stdout, proc.stderr]
         result = CommandResult(shlex.join(argv), proc.returncode, proc.stdout, proc.stderr)
         if check and not result.ok:
             raise CommandFailed(result.command, result.exit_code, proc.stdout + proc.stderr)
         return result
 
-    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
-                      timeout: float | None = None) -> CommandResult:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=self.env)
+    def run_streaming(
+        self, argv: Sequence[str], on_line: Callable[[str], None], *, timeout: float | None = None
+    ) -> CommandResult:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
         self.procs.append(proc)
         self.started.set()
         err: list[str] = []
@@ -72,10 +72,12 @@ class SshRunner(LocalRunner):
         self.host = ssh[-1]
         self.ssh = ssh
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-            idempotent: bool = False) -> CommandResult:
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, idempotent: bool = False
+    ) -> CommandResult:
         return super().run([*self.ssh, shlex.join(argv)], timeout=timeout, check=check)
 
-    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
-                      timeout: float | None = None) -> CommandResult:
+    def run_streaming(
+        self, argv: Sequence[str], on_line: Callable[[str], None], *, timeout: float | None = None
+    ) -> CommandResult:
         return super().run_streaming([*self.ssh, shlex.join(argv)], on_line, timeout=timeout)

@@ -45,8 +45,7 @@ class StubRepo:
     branches: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, repo_id: str, files: dict[str, bytes], *, sha: str = "a" * 40,
-           token: str | None = None) -> StubRepo:
+    def of(cls, repo_id: str, files: dict[str, bytes], *, sha: str = "a" * 40, token: str | None = None) -> StubRepo:
         return cls(repo_id, sha, {k: StubFile(v) for k, v in files.items()}, token, {"main": sha})
 
 
@@ -115,8 +114,7 @@ class HubStub:
         self._release.set()
 
     def gets(self, path: str) -> list[Request]:
-        return [r for r in self.requests if r.method == "GET" and r.path.endswith("/" + path)
-                and "/resolve/" in r.path]
+        return [r for r in self.requests if r.method == "GET" and r.path.endswith("/" + path) and "/resolve/" in r.path]
 
     def log(self, request: Request) -> None:
         with self._lock:
@@ -130,8 +128,7 @@ class HubStub:
         self._thread.start()
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.release()
         self._server.shutdown()
         self._server.server_close()
@@ -165,8 +162,9 @@ class _Handler(BaseHTTPRequestHandler):
             status = 499  # the client went away (a killed worker)
             self.close_connection = True
         finally:
-            self.hub.log(Request(self.command, path, self.headers.get("Range"),
-                                 self.headers.get("Authorization"), status))
+            self.hub.log(
+                Request(self.command, path, self.headers.get("Range"), self.headers.get("Authorization"), status)
+            )
 
     def _repo(self, repo_id: str) -> StubRepo | int:
         repo = self.hub.repos.get(repo_id)
@@ -175,8 +173,12 @@ class _Handler(BaseHTTPRequestHandler):
         if repo.token is not None:
             auth = self.headers.get("Authorization")
             if auth is None:
-                return self._error(401, "GatedRepo", f"Access to model {repo_id} is restricted. You "
-                                   "must have access to it and be authenticated to access it.")
+                return self._error(
+                    401,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted. You "
+                    "must have access to it and be authenticated to access it.",
+                )
             if auth != f"Bearer {repo.token}":
                 return self._error(401, None, "Invalid credentials in Authorization header")
         return repo
@@ -195,16 +197,39 @@ class _Handler(BaseHTTPRequestHandler):
         if sha is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
         if rest and rest[0] == "tree":
-            body: object = [{"type": "file", "oid": f.sha256[:40], "size": f.size, "path": name,
-                             "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134}}
-                            for name, f in sorted(repo.files.items())]
+            body: object = [
+                {
+                    "type": "file",
+                    "oid": f.sha256[:40],
+                    "size": f.size,
+                    "path": name,
+                    "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134},
+                }
+                for name, f in sorted(repo.files.items())
+            ]
         else:
-            body = {"_id": "0" * 24, "id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
-                    "gated": "manual" if repo.token else False, "disabled": False, "tags": [],
-                    "downloads": 0, "likes": 0, "lastModified": "2026-01-01T00:00:00.000Z",
-                    "siblings": [{"rfilename": name, "size": f.size, "blobId": f.sha256[:40],
-                                  "lfs": {"sha256": f.sha256, "size": f.size, "pointerSize": 134}}
-                                 for name, f in sorted(repo.files.items())]}
+            body = {
+                "_id": "0" * 24,
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": sha,
+                "private": False,
+                "gated": "manual" if repo.token else False,
+                "disabled": False,
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "lastModified": "2026-01-01T00:00:00.000Z",
+                "siblings": [
+                    {
+                        "rfilename": name,
+                        "size": f.size,
+                        "blobId": f.sha256[:40],
+                        "lfs": {"sha256": f.sha256, "size": f.size, "pointerSize": 134},
+                    }
+                    for name, f in sorted(repo.files.items())
+                ],
+            }
         data = json.dumps(body).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -226,7 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
         data, start, status = f.data, 0, 200
         if not head and self.hub._corrupted(name):
             mid = len(data) // 2
-            data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]
+            data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1 :]
         rng = self.headers.get("Range")
         if rng and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
@@ -253,7 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.count_body(name, min(stall[1], len(data)))
             self.hub.stalled.set()
             self.hub._release.wait()
-            self.wfile.write(data[stall[1]:])  # BrokenPipe when the client was killed meanwhile
+            self.wfile.write(data[stall[1] :])  # BrokenPipe when the client was killed meanwhile
             self.hub.count_body(name, len(data) - stall[1])
             return
         self.wfile.write(data)

@@ -22,15 +22,24 @@ SERVER = Path(__file__).with_name("openai_server.py")
 class StandinServer:
     """One server process; ``port`` is known once it prints that it listens (``--port 0`` default)."""
 
-    def __init__(self, *args: str, host: str = "127.0.0.1", port: int = 0,
-                 env: dict[str, str] | None = None, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        *args: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        env: dict[str, str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
         if "--served-name" not in args:
             args = ("--served-name", "tiny-standin", *args)
         self.host = host
         self.port = port
         self.proc = subprocess.Popen(
             [python, str(SERVER), "--host", host, "--port", str(port), *args],
-            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         self.stderr: list[str] = []
         self.listening = threading.Event()
         threading.Thread(target=self._read_stderr, daemon=True).start()

@@ -22,20 +22,37 @@ import sys
 
 GPU_DIR = os.environ.get("STANDIN_GPU_DIR", "/run/standin-gpu")
 _DNS_NAMESPACE = bytes.fromhex("6ba7b8109dad11d180b400c04fd430c8")  # uuid.NAMESPACE_DNS
-NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-             "Make sure that the latest NVIDIA driver is installed and running.")
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running."
+)
 DEFAULT = {"count": 8, "memory_mib": 97887, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
 
 # field -> (header name, unit); aliases map to the canonical name real nvidia-smi prints.
-GPU_FIELDS = {"index": ("index", ""), "uuid": ("uuid", ""), "gpu_uuid": ("uuid", ""), "name": ("name", ""),
-              "gpu_name": ("name", ""), "memory.total": ("memory.total [MiB]", "MiB"),
-              "memory.used": ("memory.used [MiB]", "MiB"), "memory.free": ("memory.free [MiB]", "MiB"),
-              "count": ("count", ""), "pci.bus_id": ("pci.bus_id", ""), "gpu_bus_id": ("pci.bus_id", ""),
-              "driver_version": ("driver_version", "")}
-APP_FIELDS = {"pid": ("pid", ""), "process_name": ("process_name", ""), "name": ("process_name", ""),
-              "gpu_uuid": ("gpu_uuid", ""), "gpu_name": ("gpu_name", ""), "gpu_bus_id": ("gpu_bus_id", ""),
-              "used_memory": ("used_gpu_memory [MiB]", "MiB"),
-              "used_gpu_memory": ("used_gpu_memory [MiB]", "MiB")}
+GPU_FIELDS = {
+    "index": ("index", ""),
+    "uuid": ("uuid", ""),
+    "gpu_uuid": ("uuid", ""),
+    "name": ("name", ""),
+    "gpu_name": ("name", ""),
+    "memory.total": ("memory.total [MiB]", "MiB"),
+    "memory.used": ("memory.used [MiB]", "MiB"),
+    "memory.free": ("memory.free [MiB]", "MiB"),
+    "count": ("count", ""),
+    "pci.bus_id": ("pci.bus_id", ""),
+    "gpu_bus_id": ("pci.bus_id", ""),
+    "driver_version": ("driver_version", ""),
+}
+APP_FIELDS = {
+    "pid": ("pid", ""),
+    "process_name": ("process_name", ""),
+    "name": ("process_name", ""),
+    "gpu_uuid": ("gpu_uuid", ""),
+    "gpu_name": ("gpu_name", ""),
+    "gpu_bus_id": ("gpu_bus_id", ""),
+    "used_memory": ("used_gpu_memory [MiB]", "MiB"),
+    "used_gpu_memory": ("used_gpu_memory [MiB]", "MiB"),
+}
 
 
 def gpu_uuid(index: int) -> str:
@@ -101,8 +118,9 @@ def fail(message: str, code: int = 2, blank: bool = True) -> int:
     return code
 
 
-def render(fields: list[str], table: dict[str, tuple[str, str]], rows: list[dict[str, object]],
-           header: bool, units: bool) -> None:
+def render(
+    fields: list[str], table: dict[str, tuple[str, str]], rows: list[dict[str, object]], header: bool, units: bool
+) -> None:
     out = []
     if header:
         out.append(", ".join(table[f][0] for f in fields))
@@ -148,12 +166,31 @@ def main(argv: list[str]) -> int:
         rows: list[dict[str, object]] = []
         for i in range(count):
             used = sum(m for g, _, _, m in holders if g == i)
-            rows.append({"index": i, "uuid": gpu_uuid(i), "name": gname, "memory.total [MiB]": total,
-                         "memory.used [MiB]": used, "memory.free [MiB]": max(total - used, 0),
-                         "count": count, "pci.bus_id": bus_id(i), "driver_version": "580.159.04"})
+            rows.append(
+                {
+                    "index": i,
+                    "uuid": gpu_uuid(i),
+                    "name": gname,
+                    "memory.total [MiB]": total,
+                    "memory.used [MiB]": used,
+                    "memory.free [MiB]": max(total - used, 0),
+                    "count": count,
+                    "pci.bus_id": bus_id(i),
+                    "driver_version": "580.159.04",
+                }
+            )
     else:
-        rows = [{"pid": pid, "process_name": name, "gpu_uuid": gpu_uuid(g), "gpu_name": gname,
-                 "gpu_bus_id": bus_id(g), "used_gpu_memory [MiB]": mib} for g, pid, name, mib in holders]
+        rows = [
+            {
+                "pid": pid,
+                "process_name": name,
+                "gpu_uuid": gpu_uuid(g),
+                "gpu_name": gname,
+                "gpu_bus_id": bus_id(g),
+                "used_gpu_memory [MiB]": mib,
+            }
+            for g, pid, name, mib in holders
+        ]
     render(fields, known, rows, "noheader" not in flags, "nounits" not in flags)
     return 0
 

@@ -33,16 +33,43 @@ from sleep_mode import RESIDUE_MIB, Memory, SleepError, SleepMode
 
 PR_SET_NAME = 15
 DEFAULT_GPU_DIR = "/run/standin-gpu"
-WORDS = ("Hello", " world", ",", " this", " is", " a", " stand", "-in", " model", " that", " streams",
-         " tokens", " quickly", " for", " tests", ".")
+WORDS = (
+    "Hello",
+    " world",
+    ",",
+    " this",
+    " is",
+    " a",
+    " stand",
+    "-in",
+    " model",
+    " that",
+    " streams",
+    " tokens",
+    " quickly",
+    " for",
+    " tests",
+    ".",
+)
 WORDS_JSON = tuple(json.dumps(w).encode() for w in WORDS)
 # What a level-2 sleeper answers when woken without reload_weights: its weights are uninitialised.
 GARBAGE = ("\u0120\u0120", "!!", "\u010a", "??")
 GARBAGE_JSON = tuple(json.dumps(w).encode() for w in GARBAGE)
-DEV_ROUTES = {"/sleep": "POST", "/wake_up": "POST", "/is_sleeping": "GET", "/collective_rpc": "POST",
-              "/reset_prefix_cache": "POST"}
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+DEV_ROUTES = {
+    "/sleep": "POST",
+    "/wake_up": "POST",
+    "/is_sleeping": "GET",
+    "/collective_rpc": "POST",
+    "/reset_prefix_cache": "POST",
+}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -51,12 +78,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-name", required=True, help="model id listed by /v1/models")
     p.add_argument("--load-time", type=float, default=0.0, help="seconds until /health is 200")
-    p.add_argument("--load-time-from-start", action="store_true",
-                   help="count --load-time from this process's start (its exec by systemd, the shim's "
-                        "included), not from the end of its imports: a load that is a fixed sleep, which "
-                        "the CPU its own start takes on a busy machine does not lengthen")
-    p.add_argument("--listen-after-load", action="store_true",
-                   help="refuse connections while loading instead of answering 503")
+    p.add_argument(
+        "--load-time-from-start",
+        action="store_true",
+        help="count --load-time from this process's start (its exec by systemd, the shim's "
+        "included), not from the end of its imports: a load that is a fixed sleep, which "
+        "the CPU its own start takes on a busy machine does not lengthen",
+    )
+    p.add_argument(
+        "--listen-after-load", action="store_true", help="refuse connections while loading instead of answering 503"
+    )
     p.add_argument("--stop-time", type=float, default=0.0, help="seconds SIGTERM handling takes")
     p.add_argument("--health-ok-but-completions-fail", action="store_true")
     p.add_argument("--crash-after", type=float, default=None, help="exit 1 this long after start")
@@ -66,43 +97,80 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--gpu-state-dir", default=os.environ.get("STANDIN_GPU_DIR", DEFAULT_GPU_DIR))
     p.add_argument("--engine-child", action="store_true", help="a forked child holds the memory")
     p.add_argument("--child-ignores-sigterm", action="store_true")
-    p.add_argument("--child-max-life", type=float, default=600.0,
-                   help="the engine child exits by itself after this long, so nothing leaks")
+    p.add_argument(
+        "--child-max-life",
+        type=float,
+        default=600.0,
+        help="the engine child exits by itself after this long, so nothing leaks",
+    )
     p.add_argument("--chunk-delay", type=float, default=0.0, help="seconds per streamed token")
     p.add_argument("--default-max-tokens", type=int, default=16)
-    p.add_argument("--count-prompt", choices=["words", "bytes"], default="words",
-                   help="prompt tokens as whitespace-separated words, or one per UTF-8 byte (a byte-level "
-                        "tokenizer without merges, whose count per word varies with the word)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="refuse (400, vLLM's message) a request whose prompt + max_tokens exceed this")
-    p.add_argument("--record-prompts", action="store_true",
-                   help="keep every prompt received; GET /standin/prompts lists them")
-    p.add_argument("--stream-batch", type=int, default=1,
-                   help="with no token delay: tokens per write (1 = one HTTP chunk per token, like vLLM)")
-    p.add_argument("--process-name", default=None,
-                   help="name of the process holding memory (default VLLM::EngineCore for the child)")
-    p.add_argument("--ray-address", default=None,
-                   help="join this Ray cluster and place --ray-world GPU workers before serving (ray_engine.py)")
+    p.add_argument(
+        "--count-prompt",
+        choices=["words", "bytes"],
+        default="words",
+        help="prompt tokens as whitespace-separated words, or one per UTF-8 byte (a byte-level "
+        "tokenizer without merges, whose count per word varies with the word)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="refuse (400, vLLM's message) a request whose prompt + max_tokens exceed this",
+    )
+    p.add_argument(
+        "--record-prompts", action="store_true", help="keep every prompt received; GET /standin/prompts lists them"
+    )
+    p.add_argument(
+        "--stream-batch",
+        type=int,
+        default=1,
+        help="with no token delay: tokens per write (1 = one HTTP chunk per token, like vLLM)",
+    )
+    p.add_argument(
+        "--process-name",
+        default=None,
+        help="name of the process holding memory (default VLLM::EngineCore for the child)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this Ray cluster and place --ray-world GPU workers before serving (ray_engine.py)",
+    )
     p.add_argument("--ray-world", type=int, default=1, help="ranks (TP x PP) to place on the Ray cluster")
     p.add_argument("--ray-driver-ip", default="", help="this node's address: rank 0 is placed here")
     p.add_argument("--ray-timeout", type=float, default=60.0, help="seconds the placement group may take")
     # Sleep mode (sleep_mode.py): the routes exist only with VLLM_SERVER_DEV_MODE=1, as in vLLM.
-    p.add_argument("--enable-sleep-mode", action="store_true",
-                   help="vLLM's flag: without it /sleep answers 200 but frees nothing")
-    p.add_argument("--sleep-residue-mib", type=int, default=RESIDUE_MIB,
-                   help="MiB per GPU a sleeping engine keeps (measured: m8 1,816-1,844, m1 1,238)")
+    p.add_argument(
+        "--enable-sleep-mode", action="store_true", help="vLLM's flag: without it /sleep answers 200 but frees nothing"
+    )
+    p.add_argument(
+        "--sleep-residue-mib",
+        type=int,
+        default=RESIDUE_MIB,
+        help="MiB per GPU a sleeping engine keeps (measured: m8 1,816-1,844, m1 1,238)",
+    )
     p.add_argument("--sleep-time", type=float, default=0.35, help="seconds a level-1/2 sleep takes")
-    p.add_argument("--first-sleep-time", type=float, default=None,
-                   help="seconds the first sleep of this engine takes (measured 6.9-12.6 s for m8)")
+    p.add_argument(
+        "--first-sleep-time",
+        type=float,
+        default=None,
+        help="seconds the first sleep of this engine takes (measured 6.9-12.6 s for m8)",
+    )
     p.add_argument("--wake-time", type=float, default=0.38, help="seconds a wake_up takes")
-    p.add_argument("--reload-time", type=float, default=3.04,
-                   help="seconds collective_rpc reload_weights takes (level-2 wake)")
-    p.add_argument("--sleep-keeps-memory", action="store_true",
-                   help="failure mode: /sleep answers 200 and the memory stays (vllm#47654)")
+    p.add_argument(
+        "--reload-time", type=float, default=3.04, help="seconds collective_rpc reload_weights takes (level-2 wake)"
+    )
+    p.add_argument(
+        "--sleep-keeps-memory",
+        action="store_true",
+        help="failure mode: /sleep answers 200 and the memory stays (vllm#47654)",
+    )
     return p.parse_args(argv)
 
 
 # ---- GPU memory files ---------------------------------------------------------------------------
+
 
 def gpu_file(state_dir: str, pid: int) -> str:
     return os.path.join(state_dir, f"{pid}.json")
@@ -152,8 +220,16 @@ WEIGHTS_AT, KV_AT, WEIGHTS_SHARE = 0.61, 0.81, 0.114
 
 def phase_line(args: argparse.Namespace, text: str) -> str:
     t = float(args.load_time)
-    return text.format(model=args.served_name, host=args.host, port=args.port, w=0.018 * t, ml=0.040 * t,
-                       tc=0.178 * t, gc=0.053 * t, ie=0.379 * t)
+    return text.format(
+        model=args.served_name,
+        host=args.host,
+        port=args.port,
+        w=0.018 * t,
+        ml=0.040 * t,
+        tc=0.178 * t,
+        gc=0.053 * t,
+        ie=0.379 * t,
+    )
 
 
 def log_phase(who: str, text: str) -> None:
@@ -221,13 +297,17 @@ def engine_child_main(args: argparse.Namespace, gpus: list[int]) -> None:
         deadline = time.monotonic() + args.child_max_life
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 1.0))
-        print(f"standin engine child {me}: exiting after --child-max-life {args.child_max_life}s",
-              file=sys.stderr, flush=True)
+        print(
+            f"standin engine child {me}: exiting after --child-max-life {args.child_max_life}s",
+            file=sys.stderr,
+            flush=True,
+        )
     finally:
         remove_gpu_file(args.gpu_state_dir, me)
 
 
 # ---- HTTP ---------------------------------------------------------------------------------------
+
 
 class Request:
     __slots__ = ("body", "keep_alive", "method", "path", "query")
@@ -257,8 +337,9 @@ def send_json(writer: asyncio.StreamWriter, req: Request, status: int, obj: Any)
 
 def send_empty(writer: asyncio.StreamWriter, req: Request) -> None:
     """Starlette's ``Response(status_code=200)``: no content type, no body."""
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n" +
-                 (b"" if req.keep_alive else b"connection: close\r\n") + b"\r\n")
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n" + (b"" if req.keep_alive else b"connection: close\r\n") + b"\r\n"
+    )
 
 
 def error_body(status: int, kind: str, message: str) -> dict[str, Any]:
@@ -277,8 +358,9 @@ def process_start() -> float:
 
 
 class App:
-    def __init__(self, args: argparse.Namespace, placed: list[dict[str, Any]] | None = None,
-                 sleep: SleepMode | None = None) -> None:
+    def __init__(
+        self, args: argparse.Namespace, placed: list[dict[str, Any]] | None = None, sleep: SleepMode | None = None
+    ) -> None:
         self.args = args
         self.placed = placed  # Ray mode: where each rank's worker runs
         self.started = process_start() if args.load_time_from_start else time.monotonic()
@@ -326,14 +408,41 @@ class App:
             send_json(writer, req, 200, {"prompts": self.prompts})
         elif req.path == "/standin/sleep":  # for tests: requests held by a sleeping engine
             sm = self.sleep
-            send_json(writer, req, 200, {"held": sm.held, "running": sm.inflight, "held_mib": sm.held_mib,
-                                         "wedged": sm.wedged, "sleeping_tags": sorted(sm.sleeping_tags)})
+            send_json(
+                writer,
+                req,
+                200,
+                {
+                    "held": sm.held,
+                    "running": sm.inflight,
+                    "held_mib": sm.held_mib,
+                    "wedged": sm.wedged,
+                    "sleeping_tags": sorted(sm.sleeping_tags),
+                },
+            )
         elif req.path == "/standin/ray" and self.placed is not None:
             send_json(writer, req, 200, {"workers": self.placed})
         elif req.path == "/v1/models" and req.method == "GET":
-            send_json(writer, req, 200, {"object": "list", "data": [{
-                "id": self.name, "object": "model", "created": self.created, "owned_by": "vllm",
-                "root": self.name, "parent": None, "max_model_len": 4096, "permission": []}]})
+            send_json(
+                writer,
+                req,
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": self.name,
+                            "object": "model",
+                            "created": self.created,
+                            "owned_by": "vllm",
+                            "root": self.name,
+                            "parent": None,
+                            "max_model_len": 4096,
+                            "permission": [],
+                        }
+                    ],
+                },
+            )
         elif req.path in ("/v1/completions", "/v1/chat/completions") and req.method == "POST":
             await self.completion(req, writer, chat=req.path.endswith("chat/completions"))
         elif self.dev_mode and req.path in DEV_ROUTES:
@@ -365,8 +474,7 @@ class App:
             log_phase("engine", f"ERROR {exc}")
             send_json(writer, req, 500, error_body(500, "InternalServerError", str(exc)))
         except ValueError:  # int("x"): FastAPI's bare 500
-            writer.write(response_head(500, "text/plain; charset=utf-8", req.keep_alive, 21) +
-                         b"Internal Server Error")
+            writer.write(response_head(500, "text/plain; charset=utf-8", req.keep_alive, 21) + b"Internal Server Error")
 
     async def collective_rpc(self, req: Request, writer: asyncio.StreamWriter) -> None:
         """reload_weights is the one worker method the stand-in has; others fail in the worker."""
@@ -380,8 +488,10 @@ class App:
             send_json(writer, req, 400, {"detail": "Missing 'method' in request body"})
             return
         if method != "reload_weights":
-            raise SleepError(f"Call to collective_rpc method failed: 'Worker' object has no attribute "
-                             f"'{method}' (stand-in: only reload_weights)")
+            raise SleepError(
+                f"Call to collective_rpc method failed: 'Worker' object has no attribute "
+                f"'{method}' (stand-in: only reload_weights)"
+            )
         await self.sleep.reload_weights()
         body_out = b'{"results":[null]}'
         writer.write(response_head(200, "application/json", req.keep_alive, len(body_out)) + body_out)
@@ -396,12 +506,17 @@ class App:
             send_json(writer, req, 400, error_body(400, "BadRequestError", str(exc)))
             return
         if body.get("model") != self.name:
-            send_json(writer, req, 404, error_body(
-                404, "NotFoundError", f"The model `{body.get('model')}` does not exist."))
+            send_json(
+                writer, req, 404, error_body(404, "NotFoundError", f"The model `{body.get('model')}` does not exist.")
+            )
             return
         if self.args.health_ok_but_completions_fail:
-            send_json(writer, req, 500, error_body(
-                500, "InternalServerError", "EngineCore encountered an issue (stand-in failure mode)"))
+            send_json(
+                writer,
+                req,
+                500,
+                error_body(500, "InternalServerError", "EngineCore encountered an issue (stand-in failure mode)"),
+            )
             return
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         epoch = await self.sleep.admit()  # held while the engine sleeps, as vLLM queues it
@@ -414,8 +529,9 @@ class App:
         finally:
             self.sleep.done()
 
-    async def whole(self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int,
-                    prompt_tokens: int, epoch: int) -> None:
+    async def whole(
+        self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int, prompt_tokens: int, epoch: int
+    ) -> None:
         sm, delay, produced = self.sleep, self.args.chunk_delay, 0
         words = WORDS if sm.weights_valid else GARBAGE
         while produced < n:
@@ -426,17 +542,33 @@ class App:
             produced += 1
         finish = "length" if produced == n else "abort"
         text = "".join(words[i % len(words)] for i in range(produced))
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
-                 "total_tokens": prompt_tokens + produced}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": produced,
+            "total_tokens": prompt_tokens + produced,
+        }
         if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                      "stop_reason": None}
-        send_json(writer, req, 200, {
-            "id": rid, "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": self.name, "choices": [choice], "usage": usage})
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        send_json(
+            writer,
+            req,
+            200,
+            {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.name,
+                "choices": [choice],
+                "usage": usage,
+            },
+        )
 
     def validate(self, body: dict[str, Any], chat: bool) -> tuple[int, int]:
         """(max tokens, prompt tokens); prompt tokens are counted as words, roughly like BPE."""
@@ -445,8 +577,9 @@ class App:
         n = self.args.default_max_tokens if n is None else n
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {n!r}")
-        count = (lambda text: len(text.encode())) if self.args.count_prompt == "bytes" \
-            else (lambda text: len(text.split()))
+        count = (
+            (lambda text: len(text.encode())) if self.args.count_prompt == "bytes" else (lambda text: len(text.split()))
+        )
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -470,12 +603,23 @@ class App:
             self.prompts.extend(texts)
         limit = self.args.max_model_len
         if limit is not None and words + n > limit:
-            raise ValueError(f"This model's maximum context length is {limit} tokens. However, you requested "
-                             f"{words + n} tokens ({words} in the messages, {n} in the completion).")
+            raise ValueError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{words + n} tokens ({words} in the messages, {n} in the completion)."
+            )
         return n, max(1, words)
 
-    async def stream(self, writer: asyncio.StreamWriter, req: Request, rid: str, chat: bool, n: int,
-                     prompt_tokens: int, epoch: int, include_usage: bool) -> None:
+    async def stream(
+        self,
+        writer: asyncio.StreamWriter,
+        req: Request,
+        rid: str,
+        chat: bool,
+        n: int,
+        prompt_tokens: int,
+        epoch: int,
+        include_usage: bool,
+    ) -> None:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         common = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(self.name)},'
@@ -490,8 +634,10 @@ class App:
         writer.write(response_head(200, "text/event-stream", req.keep_alive, None))
         events: list[bytes] = []
         if chat:
-            events.append(b"data: " + common.encode() + b'"choices":[{"index":0,"delta":{"role":"assistant",'
-                          b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n')
+            events.append(
+                b"data: " + common.encode() + b'"choices":[{"index":0,"delta":{"role":"assistant",'
+                b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+            )
         delay = self.args.chunk_delay
         produced = 0
         for i in range(n):
@@ -499,8 +645,7 @@ class App:
             if not (sm.running.is_set() and epoch == sm.abort_epoch) and not await sm.step(epoch):
                 events.append(b"data: " + pre + b'""' + close + aborted + b"\n\n")
                 break
-            events.append(b"data: " + pre + words[i % len(words)] + close +
-                          (last if i == n - 1 else mid) + b"\n\n")
+            events.append(b"data: " + pre + words[i % len(words)] + close + (last if i == n - 1 else mid) + b"\n\n")
             produced += 1
             if delay:
                 await asyncio.sleep(delay)
@@ -511,33 +656,48 @@ class App:
                 if not delay:
                     await asyncio.sleep(0)  # let other streams progress
         if include_usage:
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
-                     "total_tokens": prompt_tokens + produced}
-            events.append(b"data: " + common.encode() + b'"choices":[],"usage":' +
-                          json.dumps(usage).encode() + b"}\n\n")
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": produced,
+                "total_tokens": prompt_tokens + produced,
+            }
+            events.append(
+                b"data: " + common.encode() + b'"choices":[],"usage":' + json.dumps(usage).encode() + b"}\n\n"
+            )
         events.append(b"data: [DONE]\n\n")
         writer.write(chunk(b"".join(events)) + b"0\r\n\r\n")
 
 
 # ---- lifecycle ----------------------------------------------------------------------------------
 
+
 def sleep_mode(args: argparse.Namespace, gpus: list[int] | None, holder: Any, child: bool = False) -> SleepMode:
     """The engine's sleep state; it rewrites the holder's GPU file (the EngineCore child's, if any)."""
     name = args.process_name or ("VLLM::EngineCore" if child else sys.executable)
     memory = None
     if gpus:
-        memory = Memory(args.gpu_state_dir, gpus,
-                        lambda mib: write_gpu_file(args.gpu_state_dir, holder(), name, gpus, mib))
-    return SleepMode(enabled=args.enable_sleep_mode, full_mib=args.gpu_mib,
-                     weights_mib=int(args.gpu_mib * WEIGHTS_SHARE),
-                     residue_mib=min(args.sleep_residue_mib, args.gpu_mib), sleep_time=args.sleep_time,
-                     first_sleep_time=args.first_sleep_time, wake_time=args.wake_time,
-                     reload_time=args.reload_time, keeps_memory=args.sleep_keeps_memory, memory=memory,
-                     holder=holder, log=lambda text: log_phase("engine", text))
+        memory = Memory(
+            args.gpu_state_dir, gpus, lambda mib: write_gpu_file(args.gpu_state_dir, holder(), name, gpus, mib)
+        )
+    return SleepMode(
+        enabled=args.enable_sleep_mode,
+        full_mib=args.gpu_mib,
+        weights_mib=int(args.gpu_mib * WEIGHTS_SHARE),
+        residue_mib=min(args.sleep_residue_mib, args.gpu_mib),
+        sleep_time=args.sleep_time,
+        first_sleep_time=args.first_sleep_time,
+        wake_time=args.wake_time,
+        reload_time=args.reload_time,
+        keeps_memory=args.sleep_keeps_memory,
+        memory=memory,
+        holder=holder,
+        log=lambda text: log_phase("engine", text),
+    )
 
 
-async def serve(args: argparse.Namespace, gpus: list[int], child: int | None,
-                placed: list[dict[str, Any]] | None = None) -> int:
+async def serve(
+    args: argparse.Namespace, gpus: list[int], child: int | None, placed: list[dict[str, Any]] | None = None
+) -> int:
     loop = asyncio.get_running_loop()
     holder = child if child is not None else os.getpid()
     app = App(args, placed, sleep_mode(args, gpus, lambda: holder, child is not None))
@@ -563,8 +723,7 @@ async def serve(args: argparse.Namespace, gpus: list[int], child: int | None,
             pid, status = os.waitpid(child, os.WNOHANG)
             if pid == child and not stop.is_set():
                 remove_gpu_file(args.gpu_state_dir, child)
-                print(f"standin: engine child {child} died (status {status}); exiting",
-                      file=sys.stderr, flush=True)
+                print(f"standin: engine child {child} died (status {status}); exiting", file=sys.stderr, flush=True)
                 outcome["code"] = 1
                 stop.set()
 
@@ -582,11 +741,13 @@ async def serve(args: argparse.Namespace, gpus: list[int], child: int | None,
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=args.load_time)
     if not stop.is_set():
-        server = await asyncio.start_server(app.handle, args.host, args.port, backlog=2048,
-                                            reuse_address=True)
+        server = await asyncio.start_server(app.handle, args.host, args.port, backlog=2048, reuse_address=True)
         host, port = server.sockets[0].getsockname()[:2]  # --port 0 picks a free port
-        print(f"standin: {args.served_name} listening on {host}:{port}"
-              f" (load time {args.load_time}s)", file=sys.stderr, flush=True)
+        print(
+            f"standin: {args.served_name} listening on {host}:{port} (load time {args.load_time}s)",
+            file=sys.stderr,
+            flush=True,
+        )
     await stop.wait()
     if server is not None:
         server.close()  # stop accepting; open streams may go on during the stop time
@@ -638,8 +799,11 @@ def join_ray(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     """Ray mode: the workers placed on the cluster before the port opens (like vLLM); None on failure."""
     from ray_engine import PlacementError, place  # needs ray: only in Ray mode
 
-    print(f"standin: joining Ray at {args.ray_address} to place {args.ray_world} GPU worker(s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"standin: joining Ray at {args.ray_address} to place {args.ray_world} GPU worker(s)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         placed = place(args.ray_address, args.ray_world, args.ray_driver_ip, args.ray_timeout)
     except PlacementError as exc:

@@ -27,8 +27,11 @@ class Worker:
 
     def where(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        return {
+            "node_id": ctx.get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        }
 
 
 def place(address: str, world: int, driver_ip: str, timeout: float) -> list[dict[str, Any]]:
@@ -43,9 +46,14 @@ def place(address: str, world: int, driver_ip: str, timeout: float) -> list[dict
         raise PlacementError(
             f"placement group of {world} x {{GPU: 1}} (PACK, rank 0 on {driver_ip}) not placed within "
             f"{timeout:g} s (state {state}); the cluster has {ray.cluster_resources()} with "
-            f"{len([n for n in ray.nodes() if n['Alive']])} node(s) alive")
-    workers = [Worker.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-        placement_group=pg, placement_group_bundle_index=i)).remote() for i in range(world)]
+            f"{len([n for n in ray.nodes() if n['Alive']])} node(s) alive"
+        )
+    workers = [
+        Worker.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+        ).remote()
+        for i in range(world)
+    ]
     placed: list[dict[str, Any]] = ray.get([w.where.remote() for w in workers], timeout=timeout)
     for rank, info in enumerate(placed):
         info["rank"] = rank

@@ -25,8 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nvidia_smi import load_gpus, load_holders  # a sibling script, not a package
 
 OOM = "Call to wake_up method failed: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163"
-INVALID = ("Call to wake_up method failed: CUDA Error: invalid argument at "
-           "/workspace/csrc/cumem_allocator.cpp:169")
+INVALID = "Call to wake_up method failed: CUDA Error: invalid argument at /workspace/csrc/cumem_allocator.cpp:169"
 TAGS = ("weights", "kv_cache")
 MODES = ("abort", "wait", "keep")
 # m8 on the H200: 1,816-1,844 MiB after a level-1 or level-2 sleep (m1: 1,238 MiB).
@@ -48,17 +47,30 @@ class Memory:
         spec = load_gpus(self.gpu_dir)
         count, total = int(str(spec["count"])), int(str(spec["memory_mib"]))
         holders = load_holders(count, self.gpu_dir)
-        return min((total - sum(m for g, pid, _, m in holders if g == gpu and pid != me)
-                    for gpu in self.gpus), default=total)
+        return min(
+            (total - sum(m for g, pid, _, m in holders if g == gpu and pid != me) for gpu in self.gpus), default=total
+        )
 
 
 class SleepMode:
     """Scheduler pause + executor sleep of one engine; completions ask it when they may run."""
 
-    def __init__(self, *, enabled: bool, full_mib: int, weights_mib: int, residue_mib: int,
-                 sleep_time: float, first_sleep_time: float | None, wake_time: float,
-                 reload_time: float, keeps_memory: bool, memory: Memory | None,
-                 holder: Callable[[], int], log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        full_mib: int,
+        weights_mib: int,
+        residue_mib: int,
+        sleep_time: float,
+        first_sleep_time: float | None,
+        wake_time: float,
+        reload_time: float,
+        keeps_memory: bool,
+        memory: Memory | None,
+        holder: Callable[[], int],
+        log: Callable[[str], None],
+    ) -> None:
         self.enabled, self.keeps_memory = enabled, keeps_memory
         self.full_mib, self.weights_mib, self.residue_mib = full_mib, weights_mib, residue_mib
         self.sleep_time, self.wake_time, self.reload_time = sleep_time, wake_time, reload_time
@@ -133,8 +145,10 @@ class SleepMode:
         self.sleeping_tags = set(TAGS)
         if level >= 2:
             self.weights_valid = False
-        self.log(f"Sleep mode freed {(before - self.held_mib) / 1024:.2f} GiB memory, "
-                 f"{self.held_mib / 1024:.2f} GiB memory is still in use.")
+        self.log(
+            f"Sleep mode freed {(before - self.held_mib) / 1024:.2f} GiB memory, "
+            f"{self.held_mib / 1024:.2f} GiB memory is still in use."
+        )
         self.log(f"It took {took:.6f} seconds to fall asleep.")
 
     async def wake_up(self, tags: list[str] | None) -> None:
@@ -173,14 +187,19 @@ class SleepMode:
 
     def target_mib(self, still_sleeping: set[str]) -> int:
         kv = max(self.full_mib - self.residue_mib - self.weights_mib, 0)
-        return (self.residue_mib + (0 if "weights" in still_sleeping else self.weights_mib)
-                + (0 if "kv_cache" in still_sleeping else kv))
+        return (
+            self.residue_mib
+            + (0 if "weights" in still_sleeping else self.weights_mib)
+            + (0 if "kv_cache" in still_sleeping else kv)
+        )
 
     async def reload_weights(self) -> None:
         """collective_rpc reload_weights: the level-2 wake's middle step (from disk, 3.04 s for m8)."""
         if "weights" in self.sleeping_tags:
-            raise SleepError("Call to collective_rpc method failed: reload_weights while the weights "
-                             "are asleep (stand-in: wake_up?tags=weights first)")
+            raise SleepError(
+                "Call to collective_rpc method failed: reload_weights while the weights "
+                "are asleep (stand-in: wake_up?tags=weights first)"
+            )
         await asyncio.sleep(self.reload_time)
         self.weights_valid = True
 

@@ -32,8 +32,14 @@ def server_args(argv: list[str]) -> list[str]:
     p.add_argument("--served-model-name")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", default="8000")
-    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
-                 "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization"):
+    for flag in (
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--data-parallel-size",
+        "--max-model-len",
+        "--max-num-seqs",
+        "--gpu-memory-utilization",
+    ):
         p.add_argument(flag)
     p.add_argument("--enable-expert-parallel", action="store_true")
     p.add_argument("--distributed-executor-backend")
@@ -44,14 +50,24 @@ def server_args(argv: list[str]) -> list[str]:
     known, rest = p.parse_known_args(argv)
     layout = layout_token(known)
     if layout in _listed("STANDIN_REFUSE_LAYOUTS"):
-        print(f"ValueError: The output_size of gate's and up's weight = 192 is not divisible by weight "
-              f"quantization block_n = 128. (stand-in refuses {layout})", file=sys.stderr, flush=True)
+        print(
+            f"ValueError: The output_size of gate's and up's weight = 192 is not divisible by weight "
+            f"quantization block_n = 128. (stand-in refuses {layout})",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
     delays = dict(item.split("=", 1) for item in _listed("STANDIN_LAYOUT_DELAY_S"))
     if layout in delays and "--chunk-delay" not in rest:
         rest += ["--chunk-delay", delays[layout]]
-    args = ["--host", known.host, "--port", str(known.port),
-            "--served-name", known.served_model_name or known.model or "model"]
+    args = [
+        "--host",
+        known.host,
+        "--port",
+        str(known.port),
+        "--served-name",
+        known.served_model_name or known.model or "model",
+    ]
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if gpus and "--gpus" not in rest:
         args += ["--gpus", gpus, "--gpu-mib", os.environ.get("STANDIN_GPU_MIB", "70000")]
@@ -67,15 +83,22 @@ def ray_args(known: argparse.Namespace) -> list[str]:
         print("standin: --distributed-executor-backend ray needs RAY_ADDRESS", file=sys.stderr, flush=True)
         sys.exit(1)
     world = int(known.tensor_parallel_size or 1) * int(known.pipeline_parallel_size or 1)
-    return ["--ray-address", address, "--ray-world", str(world),
-            "--ray-driver-ip", os.environ.get("VLLM_HOST_IP", known.host)]
+    return [
+        "--ray-address",
+        address,
+        "--ray-world",
+        str(world),
+        "--ray-driver-ip",
+        os.environ.get("VLLM_HOST_IP", known.host),
+    ]
 
 
 def layout_token(known: argparse.Namespace) -> str:
     """tp4, tp8+ep, tp2+pp2: the same short form as `tune --layouts`."""
     parts = [f"tp{known.tensor_parallel_size or 1}"]
-    parts += [f"{n}{v}" for n, v in (("pp", known.pipeline_parallel_size), ("dp", known.data_parallel_size))
-              if v and v != "1"]
+    parts += [
+        f"{n}{v}" for n, v in (("pp", known.pipeline_parallel_size), ("dp", known.data_parallel_size)) if v and v != "1"
+    ]
     return "+".join(parts + (["ep"] if known.enable_expert_parallel else []))
 
 

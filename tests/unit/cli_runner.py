@@ -46,8 +46,9 @@ def _process_state(env: Mapping[str, str] | None, cwd: Path | str | None) -> Ite
             logging.getLogger(name).setLevel(level)
 
 
-def run(*args: str, env: Mapping[str, str] | None = None,
-        cwd: Path | str | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, env: Mapping[str, str] | None = None, cwd: Path | str | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m orchestrator ARGS` as its subprocess would end (exit status, stdout, stderr, an
     uncaught exception's traceback on stderr), run in this process: for tests of what the CLI prints
     and exits with, not of how it starts (tests/unit/test_cli_start.py), a start costing ~0.35 s of CPU."""
@@ -56,5 +57,4 @@ def run(*args: str, env: Mapping[str, str] | None = None,
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))
-    return subprocess.CompletedProcess(["python", "-m", "orchestrator", *args], result.exit_code, result.stdout,
-                                       stderr)
+    return subprocess.CompletedProcess(["python", "-m", "orchestrator", *args], result.exit_code, result.stdout, stderr)

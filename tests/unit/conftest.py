@@ -29,13 +29,21 @@ def _moves_follow_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rule 1, held in every unit test: each move the deployer records (deploy/deployer.py is the one caller of
     a store's transition) is one the table allows for the deployment's fallback."""
     for cls in (FakeStateStore, SqliteStore):
-        def guarded(self: Any, dep_id: int, phase: Phase, at: float, serving: ServingChange = NO_CHANGE,
-                    _original: Any = cls.transition) -> None:
+
+        def guarded(
+            self: Any,
+            dep_id: int,
+            phase: Phase,
+            at: float,
+            serving: ServingChange = NO_CHANGE,
+            _original: Any = cls.transition,
+        ) -> None:
             if sys._getframe(1).f_globals.get("__name__") == "orchestrator.deploy.deployer":
                 dep = self.get(dep_id)
                 assert legal_move(dep.phase, phase, dep.fallback), (
                     f"{dep.phase.value} -> {phase.value} is not in core/states.py's table "
-                    f"(fallback {dep.fallback.value})")
+                    f"(fallback {dep.fallback.value})"
+                )
             _original(self, dep_id, phase, at, serving)
 
         monkeypatch.setattr(cls, "transition", guarded)
@@ -43,8 +51,12 @@ def _moves_follow_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def make_catalog(**overrides: Any) -> Catalog:
     data: dict[str, Any] = {
-        "defaults": {"engine": ["/opt/vllm/bin/vllm", "serve"], "free_timeout_s": 5, "load_deadline_s": 30,
-                     "health_interval_s": 0.1},
+        "defaults": {
+            "engine": ["/opt/vllm/bin/vllm", "serve"],
+            "free_timeout_s": 5,
+            "load_deadline_s": 30,
+            "health_interval_s": 0.1,
+        },
         "hosts": {"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96}},
         "models": {
             "alpha": {"repo": "org/alpha", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8000},
@@ -66,8 +78,9 @@ class World:
         self.store = FakeStateStore()
         self.events: list[tuple[str, dict[str, Any]]] = []
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
-        self.engine = Deployer(self.catalog, self.store, lambda name: ports,
-                             progress=lambda e, f: self.events.append((e, f)))
+        self.engine = Deployer(
+            self.catalog, self.store, lambda name: ports, progress=lambda e, f: self.events.append((e, f))
+        )
 
     def switch(self, model: str, **kw: Any) -> Any:
         dep = self.engine.plan_switch(model, **kw)

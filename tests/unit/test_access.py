@@ -13,9 +13,16 @@ def walk(target: str, modes: dict[str, int], resolved: str | None = None) -> Wal
     return Walk(target, {p: PathStat(p, m, 0, 0) for p, m in modes.items()}, resolved)
 
 
-ROOT_ENGINE = walk("/root/ml-env/bin/python3", {"/": DIR | 0o755, "/root": DIR | 0o700,
-                                                "/root/ml-env": DIR | 0o755, "/root/ml-env/bin": DIR | 0o755,
-                                                "/root/ml-env/bin/python3": FILE | 0o755})
+ROOT_ENGINE = walk(
+    "/root/ml-env/bin/python3",
+    {
+        "/": DIR | 0o755,
+        "/root": DIR | 0o700,
+        "/root/ml-env": DIR | 0o755,
+        "/root/ml-env/bin": DIR | 0o755,
+        "/root/ml-env/bin/python3": FILE | 0o755,
+    },
+)
 
 
 def test_root_home_is_named_for_the_user() -> None:
@@ -37,14 +44,22 @@ def test_a_missing_directory_of_the_engine_is_named() -> None:
 
 def test_a_folder_staging_will_make_is_not_refused() -> None:
     """must_exist=False: a model folder not there yet, under enterable directories, is fine."""
-    assert denial(walk("/models/x/main", {"/": DIR | 0o755, "/models": DIR | 0o755}), VLLM, "dir",
-                  must_exist=False) is None
+    assert (
+        denial(walk("/models/x/main", {"/": DIR | 0o755, "/models": DIR | 0o755}), VLLM, "dir", must_exist=False)
+        is None
+    )
 
 
 def test_the_symlink_target_path_is_walked_too() -> None:
     """A venv python linking into /root/.pyenv: /root stops the user even though the venv is open."""
-    stats = {"/": DIR | 0o755, "/srv": DIR | 0o755, "/srv/venv": DIR | 0o755, "/srv/venv/bin": DIR | 0o755,
-             "/srv/venv/bin/python": FILE | 0o755, "/root": DIR | 0o700}
+    stats = {
+        "/": DIR | 0o755,
+        "/srv": DIR | 0o755,
+        "/srv/venv": DIR | 0o755,
+        "/srv/venv/bin": DIR | 0o755,
+        "/srv/venv/bin/python": FILE | 0o755,
+        "/root": DIR | 0o700,
+    }
     why = denial(walk("/srv/venv/bin/python", stats, resolved="/root/.pyenv/bin/python3.11"), VLLM, "exec")
     assert why is not None and "cannot enter /root " in why
 
@@ -65,8 +80,7 @@ def test_a_file_without_x_is_not_executable() -> None:
 
 def test_parse_probe_reads_the_account_and_walks() -> None:
     """The probe script's lines become the account and one walk per target, its resolved path kept."""
-    text = ("uid 999\ngids 995 44\ntarget /a/b\nstat 41ed 0 0 /a\nstat 41ed 0 0 /\n"
-            "resolved /c d\nstat 81ed 0 0 /c d\n")
+    text = "uid 999\ngids 995 44\ntarget /a/b\nstat 41ed 0 0 /a\nstat 41ed 0 0 /\nresolved /c d\nstat 81ed 0 0 /c d\n"
     account, walks = parse_probe("vllm", text)
     assert account == Account("vllm", 999, frozenset({995, 44}))
     assert walks["/a/b"].resolved == "/c d" and set(walks["/a/b"].stats) == {"/a", "/", "/c d"}

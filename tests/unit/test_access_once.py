@@ -26,8 +26,9 @@ def probes(host: FakeHost) -> int:
 class NoUserShell(FakeShell):
     """A host without the units' user: the access probe answers "nouser"."""
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-            idempotent: bool = False) -> CommandResult:
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, idempotent: bool = False
+    ) -> CommandResult:
         if tuple(argv[:3]) == ("sh", "-c", PROBE_SCRIPT):
             self.w.commands.append(tuple(argv))
             return CommandResult(" ".join(argv[:2]), 0, "nouser\n")

@@ -43,9 +43,20 @@ def test_a_second_tune_run_on_a_box_is_busy_naming_the_box_and_the_first(world: 
     alpha is running since T" (the first asked, between its candidates, for the second)."""
     world.ops.switch("alpha")
     cands = [core.Candidate("alpha.tp4", core.parse_layout("tp4")).to_dict()]
-    tune_store(world.catalog).create("box", "alpha", {
-        "candidates": cands, "objective": "throughput@1", "restore": False, "previous_model": "alpha", "repeats": 1,
-        "bench": BenchPlan(concurrency=(1,), max_tokens=4, prompt_tokens=4, requests=1).to_dict()}, 1, 0.0)
+    tune_store(world.catalog).create(
+        "box",
+        "alpha",
+        {
+            "candidates": cands,
+            "objective": "throughput@1",
+            "restore": False,
+            "previous_model": "alpha",
+            "repeats": 1,
+            "bench": BenchPlan(concurrency=(1,), max_tokens=4, prompt_tokens=4, requests=1).to_dict(),
+        },
+        1,
+        0.0,
+    )
     refused: list[Busy] = []
 
     def second() -> bool:
@@ -57,8 +68,9 @@ def test_a_second_tune_run_on_a_box_is_busy_naming_the_box_and_the_first(world: 
     with pytest.raises(Exception, match="parked"):
         Tuner(world.ops, None, should_park=second).resume("box")
     assert len(refused) == 1 and refused[0].exit_code == 5
-    assert re.match(f"host box: busy, a tune of alpha is running {SINCE}; wait for it", str(refused[0])), \
-        str(refused[0])
+    assert re.match(f"host box: busy, a tune of alpha is running {SINCE}; wait for it", str(refused[0])), str(
+        refused[0]
+    )
 
 
 def test_a_second_bench_on_a_box_exits_5_naming_the_box_and_the_first(tmp_path: Path) -> None:

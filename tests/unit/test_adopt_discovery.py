@@ -26,26 +26,32 @@ RENDERED = "# Rendered by orchestrator from templates/vllm.service.j2.\n[Service
 class ScriptedShell:
     """Answers the commands adopt runs from a table; files (and /proc) from a dict."""
 
-    def __init__(self, files: dict[str, bytes], answers: dict[tuple[str, ...], str],
-                 on_kill: Callable[[list[str]], None] | None = None) -> None:
+    def __init__(
+        self,
+        files: dict[str, bytes],
+        answers: dict[tuple[str, ...], str],
+        on_kill: Callable[[list[str]], None] | None = None,
+    ) -> None:
         self.host = "box"
         self.files = files
         self.answers = answers
         self.on_kill = on_kill
         self.ran: list[list[str]] = []
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-            idempotent: bool = False) -> CommandResult:
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, idempotent: bool = False
+    ) -> CommandResult:
         self.ran.append(list(argv))
         if argv[0] == "kill" and self.on_kill is not None:
             self.on_kill(list(argv))
         for prefix, out in self.answers.items():
-            if tuple(argv[:len(prefix)]) == prefix:
+            if tuple(argv[: len(prefix)]) == prefix:
                 return CommandResult(" ".join(argv), 0, out)
         return CommandResult(" ".join(argv), 0, "")
 
-    def run_streaming(self, argv: Sequence[str], on_line: Callable[[str], None], *,
-                      timeout: float | None = None) -> CommandResult:
+    def run_streaming(
+        self, argv: Sequence[str], on_line: Callable[[str], None], *, timeout: float | None = None
+    ) -> CommandResult:
         return self.run(argv)
 
     def read_file(self, path: str) -> bytes | None:
@@ -69,7 +75,7 @@ def proc_row(pid: int, argv: list[str], environ: dict[str, str], cgroup: str) ->
         return base64.b64encode(text.encode()).decode()
 
     env = "".join(f"{k}={v}\0" for k, v in environ.items())
-    return (f"P {pid} root\nC {b64(chr(0).join(argv) + chr(0))}\nE {b64(env)}\nG {b64(cgroup)}\n")
+    return f"P {pid} root\nC {b64(chr(0).join(argv) + chr(0))}\nE {b64(env)}\nG {b64(cgroup)}\n"
 
 
 def ports_with(shell: ScriptedShell) -> HostPorts:
@@ -81,30 +87,63 @@ def test_units_and_hand_run_processes_are_found() -> None:
     a rendered unit, the unit's own process and a forked child are not."""
     argv = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/b", "--served-model-name", "b"]
     serve = ["/opt/v/bin/python3", "/opt/v/bin/vllm", "serve", "/m/c", "--served-model-name", "c"]
-    rows = (proc_row(100, argv[:4] + ["/m/a"], {}, "0::/system.slice/vllm-a.service\n")
-            + proc_row(200, argv, {"CUDA_VISIBLE_DEVICES": "2", "PATH": "/bin", "HF_TOKEN": "x"},
-                       "0::/user.slice/user-0.slice/session-3.scope\n")
-            + proc_row(201, argv, {}, "0::/user.slice/user-0.slice/session-3.scope\n")
-            + proc_row(300, serve, {}, "0::/system.slice/ssh.service\n")
-            + proc_row(400, ["/usr/bin/grep", "vllm"], {}, "0::/user.slice\n"))
-    files = {"/etc/systemd/system/vllm-a.service": HAND.encode(),
-             "/etc/systemd/system/vllm-r.service": RENDERED.encode(),
-             "/proc/100/stat": stat(100, 1, 100, 5), "/proc/200/stat": stat(200, 1, 200, 7),
-             "/proc/201/stat": stat(201, 200, 200, 8), "/proc/300/stat": stat(300, 1, 300, 9)}
-    shell = ScriptedShell(files, {
-        ("systemctl", "list-units"): "vllm-a.service loaded active running a\nvllm-r.service loaded active running r\n"
-                                     "ssh.service loaded active running OpenBSD sshd\n",
-        # systemd prints a unit's properties in its own order: ExecStart before Id
-        ("systemctl", "show", "-p", "Id", "-p", "ExecStart"): (
-            f"ExecStart={{ path={PY} ; argv[]={ENGINE} --model /m/a ; }}\nId=vllm-a.service\n\n"
-            "ExecStart={ path=/x/vllm ; argv[]=/x/vllm serve --model /m ; }\nId=vllm-r.service\n\n"
-            "ExecStart={ path=/usr/sbin/sshd ; argv[]=/usr/sbin/sshd -D ; }\nId=ssh.service\n"),
-        ("systemctl", "show", "-p", "FragmentPath", "-p", "DropInPaths", "--", "vllm-a.service"):
-            "FragmentPath=/etc/systemd/system/vllm-a.service\nDropInPaths=\n",
-        ("systemctl", "show", "-p", "FragmentPath", "-p", "DropInPaths", "--", "vllm-r.service"):
-            "FragmentPath=/etc/systemd/system/vllm-r.service\nDropInPaths=\n",
-        ("sh", "-c"): rows,
-    })
+    rows = (
+        proc_row(100, argv[:4] + ["/m/a"], {}, "0::/system.slice/vllm-a.service\n")
+        + proc_row(
+            200,
+            argv,
+            {"CUDA_VISIBLE_DEVICES": "2", "PATH": "/bin", "HF_TOKEN": "x"},
+            "0::/user.slice/user-0.slice/session-3.scope\n",
+        )
+        + proc_row(201, argv, {}, "0::/user.slice/user-0.slice/session-3.scope\n")
+        + proc_row(300, serve, {}, "0::/system.slice/ssh.service\n")
+        + proc_row(400, ["/usr/bin/grep", "vllm"], {}, "0::/user.slice\n")
+    )
+    files = {
+        "/etc/systemd/system/vllm-a.service": HAND.encode(),
+        "/etc/systemd/system/vllm-r.service": RENDERED.encode(),
+        "/proc/100/stat": stat(100, 1, 100, 5),
+        "/proc/200/stat": stat(200, 1, 200, 7),
+        "/proc/201/stat": stat(201, 200, 200, 8),
+        "/proc/300/stat": stat(300, 1, 300, 9),
+    }
+    shell = ScriptedShell(
+        files,
+        {
+            (
+                "systemctl",
+                "list-units",
+            ): "vllm-a.service loaded active running a\nvllm-r.service loaded active running r\n"
+            "ssh.service loaded active running OpenBSD sshd\n",
+            # systemd prints a unit's properties in its own order: ExecStart before Id
+            ("systemctl", "show", "-p", "Id", "-p", "ExecStart"): (
+                f"ExecStart={{ path={PY} ; argv[]={ENGINE} --model /m/a ; }}\nId=vllm-a.service\n\n"
+                "ExecStart={ path=/x/vllm ; argv[]=/x/vllm serve --model /m ; }\nId=vllm-r.service\n\n"
+                "ExecStart={ path=/usr/sbin/sshd ; argv[]=/usr/sbin/sshd -D ; }\nId=ssh.service\n"
+            ),
+            (
+                "systemctl",
+                "show",
+                "-p",
+                "FragmentPath",
+                "-p",
+                "DropInPaths",
+                "--",
+                "vllm-a.service",
+            ): "FragmentPath=/etc/systemd/system/vllm-a.service\nDropInPaths=\n",
+            (
+                "systemctl",
+                "show",
+                "-p",
+                "FragmentPath",
+                "-p",
+                "DropInPaths",
+                "--",
+                "vllm-r.service",
+            ): "FragmentPath=/etc/systemd/system/vllm-r.service\nDropInPaths=\n",
+            ("sh", "-c"): rows,
+        },
+    )
     found = d.discover(ports_with(shell), [], [], ours=set())
     assert [(f.unit, f.pid) for f in found] == [("vllm-a.service", None), (None, 200), (None, 300)]
     unit, hand, ssh = found
@@ -125,15 +164,27 @@ def test_named_unit_not_running_is_refused() -> None:
 
 
 def spec(pid: int, start: int) -> UnitSpec:
-    return UnitSpec(model="b", unit_name="vllm-b.service", unit_text="", unit_sha="", served_name="b",
-                    address="127.0.0.1", port=8000, gpus=(0,), load_deadline_s=30, model_dir="/m/b", pid=pid,
-                    pid_start=start)
+    return UnitSpec(
+        model="b",
+        unit_name="vllm-b.service",
+        unit_text="",
+        unit_sha="",
+        served_name="b",
+        address="127.0.0.1",
+        port=8000,
+        gpus=(0,),
+        load_deadline_s=30,
+        model_dir="/m/b",
+        pid=pid,
+        pid_start=start,
+    )
 
 
 def ctx_for(shell: ScriptedShell) -> tuple[StepContext, list[tuple[str, dict[str, Any]]]]:
     events: list[tuple[str, dict[str, Any]]] = []
-    return StepContext(ports=ports_with(shell), catalog=make_catalog(),
-                       progress=lambda e, f: events.append((e, f))), events
+    return StepContext(
+        ports=ports_with(shell), catalog=make_catalog(), progress=lambda e, f: events.append((e, f))
+    ), events
 
 
 def test_adopted_process_group_gets_sigterm() -> None:

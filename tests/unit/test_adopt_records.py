@@ -34,8 +34,16 @@ MODELS = {
     "alpha": {"repo": "org/alpha", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8000},
     "beta": {"repo": "org/beta", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8001},
     # what `adopt --apply` pushed for the unit above
-    "hand": {"repo": "local/hand", "source": "local:/m/hand", "served_name": "hand", "gpus": [0, 1, 2, 3],
-             "tensor_parallel": 4, "port": 8005, "gpu_memory_utilization": 0.9, "args": ["--enforce-eager"]},
+    "hand": {
+        "repo": "local/hand",
+        "source": "local:/m/hand",
+        "served_name": "hand",
+        "gpus": [0, 1, 2, 3],
+        "tensor_parallel": 4,
+        "port": 8005,
+        "gpu_memory_utilization": 0.9,
+        "args": ["--enforce-eager"],
+    },
 }
 
 
@@ -50,8 +58,14 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OpsWorld:
     sd.start(UNIT)
     sd.enable(UNIT)
     fields = u.parse_unit(HAND, UNIT)
-    found = a.Found(argv=fields.argv, env=fields.env, user=fields.user, environment_files=fields.environment_files,
-                    unit=UNIT, unit_text=HAND)
+    found = a.Found(
+        argv=fields.argv,
+        env=fields.env,
+        user=fields.user,
+        environment_files=fields.environment_files,
+        unit=UNIT,
+        unit_text=HAND,
+    )
 
     def discover(ports: Any, units: Any, pids: Any, ours: Any) -> list[a.Found]:
         return [] if UNIT in ours else [found]
@@ -105,8 +119,9 @@ def test_entry_written_by_hand_before_is_adopted_under_its_name(box: OpsWorld) -
     [x] = found["adopted"]
     assert (x["in_config"], x["blockers"], found["toml"]) == (True, [], "")
     assert x["differences"] == []
-    moved = OpsWorld(Path(box.catalog.state_dir).parent / "moved",
-                     models={**MODELS, "hand": {**MODELS["hand"], "port": 8009}})
+    moved = OpsWorld(
+        Path(box.catalog.state_dir).parent / "moved", models={**MODELS, "hand": {**MODELS["hand"], "port": 8009}}
+    )
     [y] = adopt_record.find(moved.catalog, moved.store, box.ops.ports_for("box"), [UNIT], [])["adopted"]
     assert y["in_config"] is False and any("has port 8009 but it runs with port 8005" in b for b in y["blockers"])
 

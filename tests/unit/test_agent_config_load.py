@@ -25,10 +25,12 @@ NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC).timestamp()
 
 
 def deploy_toml(state: Path, cron: str) -> str:
-    return (f'state_dir = "{state}"\n'
-            '[hosts.box]\ntransport = "ssh"\naddress = "127.0.0.9"\ngpus = 8\ngpu_memory_gib = 96\n'
-            '[models.alpha]\nrepo = "org/alpha"\ngpus = [0, 1, 2, 3]\ntensor_parallel = 4\nport = 8000\n'
-            f'[schedules.nightly]\ncron = "{cron}"\naction = "redeploy"\nhost = "box"\n')
+    return (
+        f'state_dir = "{state}"\n'
+        '[hosts.box]\ntransport = "ssh"\naddress = "127.0.0.9"\ngpus = 8\ngpu_memory_gib = 96\n'
+        '[models.alpha]\nrepo = "org/alpha"\ngpus = [0, 1, 2, 3]\ntensor_parallel = 4\nport = 8000\n'
+        f'[schedules.nightly]\ncron = "{cron}"\naction = "redeploy"\nhost = "box"\n'
+    )
 
 
 def no_ports(name: str) -> HostPorts:
@@ -41,8 +43,15 @@ def ops_for(catalog: Catalog) -> Operations:
 
 def agent_on(path: Path, clock: FakeClock) -> Agent:
     catalog = settings.load(path)
-    return Agent(catalog, ops_for(catalog), socket=str(path.parent / "agent.sock"), metrics_port=None,
-                 clock=clock, config_path=str(path), ops_factory=ops_for)
+    return Agent(
+        catalog,
+        ops_for(catalog),
+        socket=str(path.parent / "agent.sock"),
+        metrics_port=None,
+        clock=clock,
+        config_path=str(path),
+        ops_factory=ops_for,
+    )
 
 
 def push(agent: Agent, text: str) -> list[dict[str, Any]]:
@@ -61,10 +70,13 @@ def test_a_cron_that_only_fired_in_the_past_is_refused_when_the_file_is_loaded(t
 def test_a_catalog_built_in_code_refuses_a_schedule_that_cannot_fire_again(tmp_path: Path) -> None:
     """Catalog validation (what the agent is built from) names schedules.old.cron and the expression."""
     with pytest.raises(ValidationError, match=r"old[\s\S]*cron[\s\S]*0 0 1 1 \* 0 2001"):
-        Catalog.model_validate({
-            "state_dir": str(tmp_path / "state"),
-            "hosts": {"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96}},
-            "schedules": {"old": {"cron": PAST, "action": "redeploy", "host": "box"}}})
+        Catalog.model_validate(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "hosts": {"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96}},
+                "schedules": {"old": {"cron": PAST, "action": "redeploy", "host": "box"}},
+            }
+        )
 
 
 def test_config_push_of_a_schedule_without_a_future_run_changes_nothing(tmp_path: Path) -> None:

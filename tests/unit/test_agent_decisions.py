@@ -46,8 +46,9 @@ def test_a_healthy_reading_ends_the_streak() -> None:
     assert judge(100.0, True, 159.0, 60.0).since is None
 
 
-def engine(active: str = "active", sub: str = "running", started_at: float | None = 1000.0,
-           restarts: int = 1) -> UnitState:
+def engine(
+    active: str = "active", sub: str = "running", started_at: float | None = 1000.0, restarts: int = 1
+) -> UnitState:
     return UnitState("vllm-alpha.service", "loaded", active, sub, 4242, 0, restarts, started_at=started_at)
 
 
@@ -86,6 +87,8 @@ def test_an_engine_healthy_since_its_start_is_not_held() -> None:
 def test_a_dead_unit_is_not_held(active: str) -> None:
     """Failed or inactive, systemd restarts nothing: the policy may act even soon after its start."""
     assert hold_off(engine(active, "dead", started_at=1000.0), 1010.0, 900.0) is None
+
+
 def test_a_lost_model_blocked_is_explained_once_and_not_woken() -> None:
     """While its wake does not fit, why not is recorded on the first pass only, and nothing is tried."""
     first = judge_revival(["PID 7 holds 8192 MiB"], said=False, tried=False)
@@ -106,8 +109,9 @@ def test_a_loop_that_beats_within_its_limit_is_alive() -> None:
 
 def test_a_loop_that_stopped_beating_is_dead() -> None:
     """A running thread without a pass for longer than its limit is reported (a hung call)."""
-    assert dead_loops({"watch": LoopBeat(True, 1000.0, 300.0), "schedules": LoopBeat(True, 1290, 300.0)},
-                      1301.0) == ["watch"]
+    assert dead_loops({"watch": LoopBeat(True, 1000.0, 300.0), "schedules": LoopBeat(True, 1290, 300.0)}, 1301.0) == [
+        "watch"
+    ]
 
 
 def test_a_loop_whose_thread_exited_is_dead_at_once() -> None:
@@ -147,7 +151,10 @@ def test_windows_wrap_midnight() -> None:
     """A 22:00-02:00 window holds at 23:30 and 01:00, not at 12:00."""
     s = Schedule(name="n", cron="0 * * * *", action="redeploy", window="22:00-02:00")
     assert [sched.in_window(s, at(f"2024-05-01T{t}")) for t in ("23:30:00", "01:00:00", "12:00:00")] == [
-        True, True, False]
+        True,
+        True,
+        False,
+    ]
 
 
 @pytest.mark.parametrize("window", ["25:99-99:00", "12:00-24:00"])

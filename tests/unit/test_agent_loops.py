@@ -132,7 +132,8 @@ def test_the_watch_acts_on_an_engine_that_loaded_before_it_went_unhealthy(quick:
     world, agent = quick
     world.host.behaviours["vllm-alpha.service"] = "never_ready"
     assert ticks(agent, world, 0, world.catalog.policy.unhealthy_after_s + 1) == [
-        ("switch", {"model": "alpha", "force": True}, "watch:restart")]
+        ("switch", {"model": "alpha", "force": True}, "watch:restart")
+    ]
 
 
 def test_a_failing_pass_does_not_end_the_loop(world: OpsWorld, agent: Agent) -> None:
@@ -146,8 +147,9 @@ def test_a_failing_pass_does_not_end_the_loop(world: OpsWorld, agent: Agent) -> 
         agent.stop()
         return 0.0
 
-    loop = Loop("probe", tick, stopping=agent.stopping, clock=world.clock, failures=agent.failures, limit_s=300,
-                retry_s=0.0)
+    loop = Loop(
+        "probe", tick, stopping=agent.stopping, clock=world.clock, failures=agent.failures, limit_s=300, retry_s=0.0
+    )
     loop.start()
     loop.thread.join(10)
     assert len(passes) == 2
@@ -247,8 +249,9 @@ def test_a_loop_with_a_wake_event_runs_its_next_pass_as_soon_as_it_is_set(world:
             wake.set()  # what stops a loop with a wake event sets it too
         return 3600.0
 
-    loop = Loop("probe", tick, stopping=agent.stopping, clock=world.clock, failures=agent.failures, limit_s=7200,
-                wake=wake)
+    loop = Loop(
+        "probe", tick, stopping=agent.stopping, clock=world.clock, failures=agent.failures, limit_s=7200, wake=wake
+    )
     loop.start()
     wait_for(lambda: len(passes) == 1, timeout=10, what="the first pass")
     wake.set()

@@ -75,8 +75,7 @@ def test_the_agents_own_operations_are_on_demand_and_the_front_proxy() -> None:
 def test_no_client_may_ask_the_agents_own_operations(tmp_path: Path, name: str, uid: int | None) -> None:
     """Asked over the socket, by root as by a member: refused (exit 5) naming it and the caller; nothing runs."""
     world = OpsWorld(tmp_path)
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     before = world.store.events(limit=10_000)
     with pytest.raises(Refused, match=rf"{name} by tester@socket: the agent runs it itself"):
         list(agent.dispatch(name, SAMPLE_ARGS[name], "tester@socket", uid=uid))

@@ -52,8 +52,9 @@ class Running:
 
 def start(root: Path, max_connections: int = 32, io_timeout_s: float = 10.0) -> Running:
     world = OpsWorld(root / "state")
-    agent = Agent(world.catalog, world.ops, socket=str(root / "state" / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(
+        world.catalog, world.ops, socket=str(root / "state" / "agent.sock"), metrics_port=None, clock=world.clock
+    )
     server = ControlServer(agent.socket, agent, max_connections=max_connections, io_timeout_s=io_timeout_s)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return Running(world, agent, server, agent.socket, root)
@@ -94,18 +95,25 @@ def assert_usage_error(replies: list[dict[str, Any]], *words: str) -> None:
 
 NASTY = ["../../x", "../../../x", "/etc/passwd", "alpha/../../x", "", "..", "alpha\n", "a" * 300, "box", "alpha"]
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
     | st.sampled_from(NASTY),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 arg_names = st.sampled_from(["model", "host", "limit", "to_revision", "no_rollback", "force", "trigger"]) | st.text(
-    max_size=8)
+    max_size=8
+)
 requests = st.one_of(
     st.binary(max_size=200).map(lambda b: b + b"\n"),
     json_values.map(lambda v: json.dumps(v).encode() + b"\n"),
-    st.fixed_dictionaries({"op": st.sampled_from(sorted(OPERATIONS)) | json_values},
-                          optional={"args": st.dictionaries(arg_names, json_values, max_size=4) | json_values})
-    .map(lambda r: json.dumps(r).encode() + b"\n"),
+    st.fixed_dictionaries(
+        {"op": st.sampled_from(sorted(OPERATIONS)) | json_values},
+        optional={"args": st.dictionaries(arg_names, json_values, max_size=4) | json_values},
+    ).map(lambda r: json.dumps(r).encode() + b"\n"),
 )
 
 
@@ -121,18 +129,21 @@ def test_every_generated_request_gets_one_clean_reply(running: Running, data: by
     assert files_outside_state(running.root) == before
 
 
-@pytest.mark.parametrize(("request_", "words"), [
-    ({"op": "rollback", "args": {"host": "../../x"}}, ["unknown host '../../x'", "known: box"]),
-    ({"op": "switch", "args": {}}, ["switch: argument model: Field required"]),
-    ({"op": "switch"}, ["switch: argument model"]),
-    ({"op": "switch", "args": [1]}, ["switch: args must be a JSON object, got [1]"]),
-    ({"op": "history", "args": {"limit": "abc"}}, ["history: argument limit", "'abc'"]),
-    ({"op": "history", "args": {"limit": 0}}, ["history: argument limit", "greater than or equal to 1"]),
-    ({"op": "switch", "args": {"model": "alpha", "trigger": "cron:me"}}, ["argument trigger", "not permitted"]),
-    ({"op": "stage", "args": {"model": "../../etc"}}, ["unknown model '../../etc'"]),
-    ({"op": "reboot"}, ["unknown operation 'reboot'"]),
-    ([1, 2], ["a JSON object with op and args expected"]),
-])
+@pytest.mark.parametrize(
+    ("request_", "words"),
+    [
+        ({"op": "rollback", "args": {"host": "../../x"}}, ["unknown host '../../x'", "known: box"]),
+        ({"op": "switch", "args": {}}, ["switch: argument model: Field required"]),
+        ({"op": "switch"}, ["switch: argument model"]),
+        ({"op": "switch", "args": [1]}, ["switch: args must be a JSON object, got [1]"]),
+        ({"op": "history", "args": {"limit": "abc"}}, ["history: argument limit", "'abc'"]),
+        ({"op": "history", "args": {"limit": 0}}, ["history: argument limit", "greater than or equal to 1"]),
+        ({"op": "switch", "args": {"model": "alpha", "trigger": "cron:me"}}, ["argument trigger", "not permitted"]),
+        ({"op": "stage", "args": {"model": "../../etc"}}, ["unknown model '../../etc'"]),
+        ({"op": "reboot"}, ["unknown operation 'reboot'"]),
+        ([1, 2], ["a JSON object with op and args expected"]),
+    ],
+)
 def test_malformed_requests_get_a_usage_error(running: Running, request_: Any, words: list[str]) -> None:
     """Each request from the review is refused with one usage error naming the argument and value."""
     assert_usage_error(running.request(request_), *words)
@@ -179,8 +190,14 @@ def test_a_forged_ssh_connection_is_recorded_as_a_claim_not_as_fact(running: Run
     import sys
 
     env = {**os.environ, "SSH_CONNECTION": "6.6.6.6 4242 10.0.0.1 22"}
-    done = subprocess.run([sys.executable, "-c", FORGING_CLIENT, running.path, "gamma"], env=env, capture_output=True,
-                          text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", FORGING_CLIENT, running.path, "gamma"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     trigger = json.loads(done.stdout)["result"]["trigger"]
     user = pwd.getpwuid(os.getuid()).pw_name
     assert trigger == f"{user}@socket (claims ssh from 6.6.6.6)"
@@ -275,6 +292,7 @@ def test_a_turned_away_client_dripping_bytes_does_not_hold_its_slot(tmp_path: Pa
                 return r.request({"op": "ping"})[-1]["error"]["type"] == "AgentError"
             except (IndexError, KeyError, OSError):
                 return False  # dropped without an answer: the dripper still holds the slot for answers
+
         wait_for(answered, what="a client past the limit to be answered again while another drips bytes")
     finally:
         stop.set()

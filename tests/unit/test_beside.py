@@ -16,8 +16,10 @@ BIG_AWAKE = 86_908  # measured at 0.6
 
 def snap(*procs: tuple[int, str, int]) -> GpuSnapshot:
     used = sum(mib for _, _, mib in procs)
-    return GpuSnapshot(gpus=(GpuInfo(0, "GPU-0", "NVIDIA H200", TOTAL, used),),
-                       processes=tuple(GpuProcess(pid, name, "GPU-0", mib, 0) for pid, name, mib in procs))
+    return GpuSnapshot(
+        gpus=(GpuInfo(0, "GPU-0", "NVIDIA H200", TOTAL, used),),
+        processes=tuple(GpuProcess(pid, name, "GPU-0", mib, 0) for pid, name, mib in procs),
+    )
 
 
 def need(util: float) -> int:
@@ -41,8 +43,12 @@ def test_one_mib_over_the_gpu_does_not_fit() -> None:
 
 def test_an_engine_counts_its_share_when_it_holds_less() -> None:
     """An awake engine holding less than its share now may grow to it: its share counts."""
-    fit = beside_fit(snap((11, "VLLM::EngineCore", 10_000)), [0], utilization=0.35,
-                     holders=[Holder("big", (0,), frozenset({11}), utilization=0.7)])
+    fit = beside_fit(
+        snap((11, "VLLM::EngineCore", 10_000)),
+        [0],
+        utilization=0.35,
+        holders=[Holder("big", (0,), frozenset({11}), utilization=0.7)],
+    )
     assert fit.rooms[0].awake_mib == int(TOTAL * 0.7)
     assert not fit.fits
 
@@ -50,8 +56,9 @@ def test_an_engine_counts_its_share_when_it_holds_less() -> None:
 def test_a_foreign_process_counts_against_the_room() -> None:
     """A process no engine of the host owns (measured now) can tip the verdict."""
     alone = beside_fit(snap((11, "VLLM::EngineCore", BIG_AWAKE)), [0], utilization=0.3, holders=[BIG])
-    foreign = beside_fit(snap((11, "VLLM::EngineCore", BIG_AWAKE), (99, "python", 13_000)), [0],
-                         utilization=0.3, holders=[BIG])
+    foreign = beside_fit(
+        snap((11, "VLLM::EngineCore", BIG_AWAKE), (99, "python", 13_000)), [0], utilization=0.3, holders=[BIG]
+    )
     assert alone.fits and not foreign.fits
     assert foreign.rooms[0].foreign_mib == 13_000
     assert "13,000 other" in foreign.text()
@@ -61,8 +68,12 @@ def test_sleepers_residue_counts_against_the_room() -> None:
     """A sleeper keeps the host's residue (or what it holds, if more) on the target's GPU."""
     sleeper = Holder("old", (0,), frozenset({22}), asleep=True, residue_mib=3_072)
     tight = TOTAL - need(0.3) - 2_000
-    fit = beside_fit(snap((11, "VLLM::EngineCore", tight), (22, "VLLM::EngineCore", 1_200)), [0],
-                     utilization=0.3, holders=[BIG, sleeper])
+    fit = beside_fit(
+        snap((11, "VLLM::EngineCore", tight), (22, "VLLM::EngineCore", 1_200)),
+        [0],
+        utilization=0.3,
+        holders=[BIG, sleeper],
+    )
     assert fit.rooms[0].asleep_mib == 3_072
     assert not fit.fits
 
@@ -70,8 +81,13 @@ def test_sleepers_residue_counts_against_the_room() -> None:
 def test_a_sleeping_target_counts_its_own_residue_as_its_own() -> None:
     """Waking beside: the target's own residue is free to it, not held by others."""
     total_held = TOTAL - need(0.3) + 1_500
-    fit = beside_fit(snap((11, "VLLM::EngineCore", total_held - 1_500), (33, "VLLM::EngineCore", 1_500)), [0],
-                     utilization=0.3, holders=[BIG], own_pids={33})
+    fit = beside_fit(
+        snap((11, "VLLM::EngineCore", total_held - 1_500), (33, "VLLM::EngineCore", 1_500)),
+        [0],
+        utilization=0.3,
+        holders=[BIG],
+        own_pids={33},
+    )
     assert fit.fits and fit.rooms[0].foreign_mib == 0
 
 
@@ -82,9 +98,18 @@ def test_a_gpu_nvidia_smi_does_not_show_never_fits() -> None:
 
 
 def spec(model: str, unit: str | None = None) -> UnitSpec:
-    return UnitSpec(model=model, unit_name=unit or f"vllm-{model}.service", unit_text="", unit_sha="",
-                    served_name="chat", address="127.0.0.1", port=8001, gpus=(0,), load_deadline_s=60,
-                    model_dir="/m")
+    return UnitSpec(
+        model=model,
+        unit_name=unit or f"vllm-{model}.service",
+        unit_text="",
+        unit_sha="",
+        served_name="chat",
+        address="127.0.0.1",
+        port=8001,
+        gpus=(0,),
+        load_deadline_s=60,
+        model_dir="/m",
+    )
 
 
 def test_a_stop_start_that_fits_is_planned_beside_with_the_figures() -> None:

@@ -17,12 +17,24 @@ ONE_GPU = {"gpus": [0], "sleep": "level1", "served_name": "chat"}
 
 
 def beside_catalog(small_util: float = 0.3, **extra: Any) -> Any:
-    return make_catalog(**extra,
+    return make_catalog(
+        **extra,
         proxy={"enabled": True, "port": 8000},
-        hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
-                       "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
-        models={"big": {"repo": "org/big", "port": 8001, "gpu_memory_utilization": 0.6, **ONE_GPU},
-                "small": {"repo": "org/small", "port": 8002, "gpu_memory_utilization": small_util, **ONE_GPU}})
+        hosts={
+            "box": {
+                "transport": "ssh",
+                "address": "127.0.0.9",
+                "gpus": 8,
+                "gpu_memory_gib": 96,
+                "sleep_ram_gib": 100,
+                "sleep_residue_gib": 2,
+            }
+        },
+        models={
+            "big": {"repo": "org/big", "port": 8001, "gpu_memory_utilization": 0.6, **ONE_GPU},
+            "small": {"repo": "org/small", "port": 8002, "gpu_memory_utilization": small_util, **ONE_GPU},
+        },
+    )
 
 
 def world(small_util: float = 0.3) -> WarmWorld:
@@ -73,7 +85,8 @@ def test_a_target_that_does_not_fit_is_a_stop_start() -> None:
     dep = ww.switch("small")
     assert ww.engine.plan_of(dep).mode is Mode.STOP_START  # type: ignore[union-attr]
     assert ww.host.calls.index("sleep vllm-big.service level=1 mode=wait") < ww.host.calls.index(
-        "start vllm-small.service")
+        "start vllm-small.service"
+    )
 
 
 def test_room_gone_before_staging_aborts_with_nothing_stopped(bw: WarmWorld) -> None:
@@ -205,10 +218,24 @@ def test_rollback_of_a_warm_switch_wakes_the_old_model_beside(tmp_path: Any) -> 
     assert ww.states() == {"big": "serving", "small": "asleep"}
 
 
-BESIDE_CRASHES = ([("cold", n) for n in range(12)] + [("warm", n) for n in range(12)]
-                  + [(case, p) for case in ("cold", "warm") for p in
-                     (Phase.STOPPING, Phase.FREEING, Phase.STARTING, Phase.CHECKING, Phase.SLEEPING,
-                      Phase.VERIFYING, Phase.WAKING, Phase.ROUTING)])
+BESIDE_CRASHES = (
+    [("cold", n) for n in range(12)]
+    + [("warm", n) for n in range(12)]
+    + [
+        (case, p)
+        for case in ("cold", "warm")
+        for p in (
+            Phase.STOPPING,
+            Phase.FREEING,
+            Phase.STARTING,
+            Phase.CHECKING,
+            Phase.SLEEPING,
+            Phase.VERIFYING,
+            Phase.WAKING,
+            Phase.ROUTING,
+        )
+    ]
+)
 
 
 @pytest.mark.parametrize(("case", "where"), BESIDE_CRASHES)
@@ -249,6 +276,7 @@ def test_the_agent_killed_in_a_beside_switch_converges(tmp_path: Any, case: str,
     if isinstance(where, int):
         control.left = where
     else:
+
         def die(d: Deployment) -> None:
             if d.phase is where:
                 raise Crash(where.value)
@@ -267,8 +295,9 @@ def test_the_agent_killed_in_a_beside_switch_converges(tmp_path: Any, case: str,
         eng.run(unfinished.id)
     assert store.get(dep.id).phase is Phase.ACTIVE
     assert {m: r.state for m, r in residency.residency("box").items()} == {target: "serving", other: "asleep"}
-    assert sorted(m for _, m, _, _ in host.holders.values()) == sorted([host.residue_mib,
-                                                                        mib[f"vllm-{target}.service"]])
+    assert sorted(m for _, m, _, _ in host.holders.values()) == sorted(
+        [host.residue_mib, mib[f"vllm-{target}.service"]]
+    )
     port = catalog.models[target].port
     assert proxy.config is not None and f":{port}" in proxy.config
     assert not any("model_switching" in c for c in proxy.applied)

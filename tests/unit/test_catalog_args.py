@@ -31,16 +31,19 @@ def load(tmp_path: Path, extra: str, base: str = BASE) -> object:
     return settings.load(cfg)
 
 
-@pytest.mark.parametrize(("args", "flag", "where"), [
-    ('["--port", "9999"]', "--port", "the model's `port`"),
-    ('["--host=1.2.3.4"]', "--host", "defaults.bind"),
-    ('["--served-model-name", "other"]', "--served-model-name", "the model's `served_name`"),
-    ('["--model", "/etc"]', "--model", "the model's source"),
-    ('["--trust-remote-code", "-tp", "2"]', "-tp", "the model's `tensor_parallel`"),
-    ('["--pipeline-parallel-size=2"]', "--pipeline-parallel-size", "the model's `pipeline_parallel`"),
-    ('["--enable-expert-parallel"]', "--enable-expert-parallel", "the model's `expert_parallel`"),
-    ('["--gpu-memory-utilization", "0.5"]', "--gpu-memory-utilization", "the model's `gpu_memory_utilization`"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag", "where"),
+    [
+        ('["--port", "9999"]', "--port", "the model's `port`"),
+        ('["--host=1.2.3.4"]', "--host", "defaults.bind"),
+        ('["--served-model-name", "other"]', "--served-model-name", "the model's `served_name`"),
+        ('["--model", "/etc"]', "--model", "the model's source"),
+        ('["--trust-remote-code", "-tp", "2"]', "-tp", "the model's `tensor_parallel`"),
+        ('["--pipeline-parallel-size=2"]', "--pipeline-parallel-size", "the model's `pipeline_parallel`"),
+        ('["--enable-expert-parallel"]', "--enable-expert-parallel", "the model's `expert_parallel`"),
+        ('["--gpu-memory-utilization", "0.5"]', "--gpu-memory-utilization", "the model's `gpu_memory_utilization`"),
+    ],
+)
 def test_args_repeating_a_rendered_flag_is_refused(tmp_path: Path, args: str, flag: str, where: str) -> None:
     """A flag the unit renders from a key, repeated in args (which the engine reads last), is refused naming it."""
     with pytest.raises(ConfigError) as err:
@@ -89,13 +92,19 @@ backend = "ray"
 """
 
 
-@pytest.mark.parametrize(("ray_args", "message"), [
-    ('["--num-cpus", "4", "--port=7000"]', "models.big.ray_args[2]: '--port=7000': the Ray units render --port"),
-    ('["--num-gpus", "2"]',
-     "models.big.ray_args[0]: '--num-gpus': the Ray units render --num-gpus from the model's `gpus`"),
-])
-def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(tmp_path: Path, ray_args: str,
-                                                                   message: str) -> None:
+@pytest.mark.parametrize(
+    ("ray_args", "message"),
+    [
+        ('["--num-cpus", "4", "--port=7000"]', "models.big.ray_args[2]: '--port=7000': the Ray units render --port"),
+        (
+            '["--num-gpus", "2"]',
+            "models.big.ray_args[0]: '--num-gpus': the Ray units render --num-gpus from the model's `gpus`",
+        ),
+    ],
+)
+def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(
+    tmp_path: Path, ray_args: str, message: str
+) -> None:
     """A `ray start` option the Ray units already render, repeated in ray_args (click takes the last), is refused."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         load(tmp_path, f"ray_args = {ray_args}\n", RAY)
@@ -104,37 +113,53 @@ def test_ray_args_repeating_a_rendered_ray_start_option_are_refused(tmp_path: Pa
 
 def test_ray_args_repeating_an_option_the_ray_units_fix_are_refused(tmp_path: Path) -> None:
     """--include-dashboard, rendered by the Ray units without a key (Ray refuses it on workers), is refused."""
-    with pytest.raises(ConfigError, match=re.escape("models.big.ray_args[0]: '--include-dashboard': the Ray units "
-                                                    "render --include-dashboard themselves")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "models.big.ray_args[0]: '--include-dashboard': the Ray units render --include-dashboard themselves"
+        ),
+    ):
         load(tmp_path, 'ray_args = ["--include-dashboard", "true"]\n', RAY)
 
 
 NATIVE = RAY.replace('backend = "ray"\n', "")
 
 
-@pytest.mark.parametrize(("base", "arg", "flag", "key"), [
-    (NATIVE, "--node-rank=1", "--node-rank", "the model's `nodes` (their order"),
-    (NATIVE, "--headless", "--headless", "the model's `nodes` (their order"),
-    (NATIVE, "--nnodes", "--nnodes", "the model's `nodes` (their count)"),
-    (NATIVE, "--master-port", "--master-port", "the model's `master_port`"),
-    (NATIVE, "--master-addr", "--master-addr", "the first node's address"),
-    (NATIVE, "--data-parallel-rpc-port", "--data-parallel-rpc-port", "the model's `master_port`"),
-    (NATIVE, "--data-parallel-size-local", "--data-parallel-size-local",
-     "the model's `data_parallel` over its `nodes`"),
-    (NATIVE, "--data-parallel-start-rank", "--data-parallel-start-rank", "the model's `nodes` (their order"),
-    (NATIVE, "--data-parallel-address", "--data-parallel-address", "the first node's address"),
-    (RAY, "--distributed-executor-backend=mp", "--distributed-executor-backend", "the model's `backend`"),
-    (NATIVE, "--distributed-executor-backend", "--distributed-executor-backend", "the model's `backend`"),
-])
+@pytest.mark.parametrize(
+    ("base", "arg", "flag", "key"),
+    [
+        (NATIVE, "--node-rank=1", "--node-rank", "the model's `nodes` (their order"),
+        (NATIVE, "--headless", "--headless", "the model's `nodes` (their order"),
+        (NATIVE, "--nnodes", "--nnodes", "the model's `nodes` (their count)"),
+        (NATIVE, "--master-port", "--master-port", "the model's `master_port`"),
+        (NATIVE, "--master-addr", "--master-addr", "the first node's address"),
+        (NATIVE, "--data-parallel-rpc-port", "--data-parallel-rpc-port", "the model's `master_port`"),
+        (
+            NATIVE,
+            "--data-parallel-size-local",
+            "--data-parallel-size-local",
+            "the model's `data_parallel` over its `nodes`",
+        ),
+        (NATIVE, "--data-parallel-start-rank", "--data-parallel-start-rank", "the model's `nodes` (their order"),
+        (NATIVE, "--data-parallel-address", "--data-parallel-address", "the first node's address"),
+        (RAY, "--distributed-executor-backend=mp", "--distributed-executor-backend", "the model's `backend`"),
+        (NATIVE, "--distributed-executor-backend", "--distributed-executor-backend", "the model's `backend`"),
+    ],
+)
 def test_args_repeating_a_per_node_flag_of_a_multi_node_model_are_refused(
-        tmp_path: Path, base: str, arg: str, flag: str, key: str) -> None:
+    tmp_path: Path, base: str, arg: str, flag: str, key: str
+) -> None:
     """A flag each node's unit renders (its place among the nodes, the backend), in a multi-node model's args, is
     refused naming the model, the key, the flag and the key to set instead."""
     with pytest.raises(ConfigError) as err:
         load(tmp_path, f'args = ["--trust-remote-code", "{arg}"]\n', base)
     message = str(err.value)
-    assert f"models.big.args[1]: '{arg}': model big spans nodes ['g1', 'g2'], whose units render {flag} for each " \
-           f"node from {key}" in message and message.endswith(": set that instead")
+    assert (
+        f"models.big.args[1]: '{arg}': model big spans nodes ['g1', 'g2'], whose units render {flag} for each "
+        f"node from {key}"
+        in message
+        and message.endswith(": set that instead")
+    )
 
 
 def test_per_node_flags_are_left_to_a_one_box_model(tmp_path: Path) -> None:
@@ -142,11 +167,14 @@ def test_per_node_flags_are_left_to_a_one_box_model(tmp_path: Path) -> None:
     load(tmp_path, 'args = ["--distributed-executor-backend", "mp", "--data-parallel-rpc-port", "13345"]\n')
 
 
-@pytest.mark.parametrize(("base", "arg", "read_as"), [
-    (BASE + "max_model_len = 4096\n", "--max_model_len=8192", "--max-model-len"),
-    (BASE, "--tensor-parallel=2", "--tensor-parallel-size"),
-    (NATIVE, "--node_rank", "--node-rank"),
-])
+@pytest.mark.parametrize(
+    ("base", "arg", "read_as"),
+    [
+        (BASE + "max_model_len = 4096\n", "--max_model_len=8192", "--max-model-len"),
+        (BASE, "--tensor-parallel=2", "--tensor-parallel-size"),
+        (NATIVE, "--node_rank", "--node-rank"),
+    ],
+)
 def test_other_spellings_of_a_rendered_flag_are_refused(tmp_path: Path, base: str, arg: str, read_as: str) -> None:
     """Underscores and a prefix the engine's parser completes name the rendered flag as surely as its own spelling."""
     with pytest.raises(ConfigError, match=re.escape(f"'{arg}' (vLLM's parser reads it as {read_as}): ")):

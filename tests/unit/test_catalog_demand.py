@@ -48,19 +48,34 @@ def test_defaults_keep_an_on_demand_model_awake_and_the_box_calm(tmp_path: Path)
     """Unset: no idle sleep or stop, no minimum awake time, priority 0, 64 waiting, 6 swaps a minute."""
     cat = load(tmp_path)
     a, b = cat.models["a"], cat.models["b"]
-    assert (a.on_demand, a.idle_sleep_s, a.idle_stop_s, a.min_awake_s, a.priority, a.queue_limit) == \
-        (True, None, None, 0.0, 0, 64)
+    assert (a.on_demand, a.idle_sleep_s, a.idle_stop_s, a.min_awake_s, a.priority, a.queue_limit) == (
+        True,
+        None,
+        None,
+        0.0,
+        0,
+        64,
+    )
     assert (b.on_demand, cat.demand.max_swaps_per_min, cat.demand.batch_wait_s) == (False, 6, 2.0)
 
 
 def test_the_idle_policy_and_limits_load_as_given(tmp_path: Path) -> None:
     """Every on-demand key and the [demand] section load as written."""
-    cat = load(tmp_path, model='sleep = "level1"\nidle_sleep_s = 60\nidle_stop_s = 600\nmin_awake_s = 30\n'
-                               'priority = 5\nqueue_limit = 8\ndemand_deadline_s = 45',
-               rest="[demand]\nmax_swaps_per_min = 3\nbatch_wait_s = 0.5")
+    cat = load(
+        tmp_path,
+        model='sleep = "level1"\nidle_sleep_s = 60\nidle_stop_s = 600\nmin_awake_s = 30\n'
+        "priority = 5\nqueue_limit = 8\ndemand_deadline_s = 45",
+        rest="[demand]\nmax_swaps_per_min = 3\nbatch_wait_s = 0.5",
+    )
     a = cat.models["a"]
-    assert (a.idle_sleep_s, a.idle_stop_s, a.min_awake_s, a.priority, a.queue_limit, a.demand_deadline_s) == \
-        (60, 600, 30, 5, 8, 45)
+    assert (a.idle_sleep_s, a.idle_stop_s, a.min_awake_s, a.priority, a.queue_limit, a.demand_deadline_s) == (
+        60,
+        600,
+        30,
+        5,
+        8,
+        45,
+    )
     assert (cat.demand.max_swaps_per_min, cat.demand.batch_wait_s) == (3, 0.5)
 
 
@@ -82,8 +97,10 @@ def test_the_socket_defaults_to_run_orchestrator_outside_the_state_dir(tmp_path:
     """/run/orchestrator/demand.sock (HAProxy's user cannot pass the 0750 state dir) unless [proxy]
     demand_socket names another."""
     assert load(tmp_path).demand_socket() == "/run/orchestrator/demand.sock"
-    assert load(tmp_path, proxy_rest='demand_socket = "/srv/demand/agent.sock"').demand_socket() == \
-        "/srv/demand/agent.sock"
+    assert (
+        load(tmp_path, proxy_rest='demand_socket = "/srv/demand/agent.sock"').demand_socket()
+        == "/srv/demand/agent.sock"
+    )
 
 
 @pytest.mark.parametrize("path", ["run/demand.sock", "/run/../etc/demand.sock", "/run/demand", "/run/x y.sock"])
@@ -118,14 +135,24 @@ def test_on_demand_without_the_proxy_is_refused(tmp_path: Path) -> None:
 
 def test_on_demand_on_a_multinode_model_is_refused(tmp_path: Path) -> None:
     """A model across boxes cannot be started by a request: exit 2 naming it."""
-    rest = ('[hosts.box2]\naddress = "127.0.0.2"\ngpus = 8\n[models.big]\nrepo = "org/big"\nnodes = ["box", "box2"]\n'
-            'gpus = [2]\npipeline_parallel = 2\nport = 8050\non_demand = true\n')
+    rest = (
+        '[hosts.box2]\naddress = "127.0.0.2"\ngpus = 8\n[models.big]\nrepo = "org/big"\nnodes = ["box", "box2"]\n'
+        "gpus = [2]\npipeline_parallel = 2\nport = 8050\non_demand = true\n"
+    )
     message = refused(tmp_path, model='host = "box"', rest='host = "box"\n' + rest)
     assert "models.big.on_demand" in message and "multi-node" in message and "box, box2" in message
 
 
-@pytest.mark.parametrize(("key", "value"), [("idle_stop_s", "60"), ("priority", "3"), ("queue_limit", "4"),
-                                            ("min_awake_s", "10"), ("demand_deadline_s", "30")])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("idle_stop_s", "60"),
+        ("priority", "3"),
+        ("queue_limit", "4"),
+        ("min_awake_s", "10"),
+        ("demand_deadline_s", "30"),
+    ],
+)
 def test_demand_keys_without_on_demand_are_refused(tmp_path: Path, key: str, value: str) -> None:
     """An idle or queue key on a model that is not on demand would do nothing: exit 2 naming it."""
     message = refused(tmp_path, rest=f"{key} = {value}")
@@ -138,19 +165,29 @@ def test_a_catalog_read_back_from_its_own_dump_loads(tmp_path: Path) -> None:
     assert Catalog.model_validate(catalog.model_dump()).models.keys() == catalog.models.keys()
 
 
-@pytest.mark.parametrize(("text", "key"), [("queue_limit = 0", "models.a.queue_limit"),
-                                           ("priority = 5000", "models.a.priority"),
-                                           ("min_awake_s = -1", "models.a.min_awake_s"),
-                                           ("idle_sleep_s = 0", "models.a.idle_sleep_s")])
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("queue_limit = 0", "models.a.queue_limit"),
+        ("priority = 5000", "models.a.priority"),
+        ("min_awake_s = -1", "models.a.min_awake_s"),
+        ("idle_sleep_s = 0", "models.a.idle_sleep_s"),
+    ],
+)
 def test_values_out_of_range_are_refused(tmp_path: Path, text: str, key: str) -> None:
     """A queue of 0, a priority past 1000, a negative time: exit 2 naming the key."""
     message = refused(tmp_path, model='sleep = "level1"\n' + text)
     assert key in message
 
 
-@pytest.mark.parametrize(("text", "key"), [("max_swaps_per_min = 0", "demand.max_swaps_per_min"),
-                                           ("batch_wait_s = -1", "demand.batch_wait_s"),
-                                           ("swaps = 3", "demand.swaps")])
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("max_swaps_per_min = 0", "demand.max_swaps_per_min"),
+        ("batch_wait_s = -1", "demand.batch_wait_s"),
+        ("swaps = 3", "demand.swaps"),
+    ],
+)
 def test_bad_demand_section_values_are_refused(tmp_path: Path, text: str, key: str) -> None:
     """[demand] with a zero cap, a negative wait or an unknown key: exit 2 naming the key."""
     assert key in refused(tmp_path, rest="[demand]\n" + text)

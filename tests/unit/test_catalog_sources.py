@@ -29,17 +29,23 @@ def models(cfg: Path) -> subprocess.CompletedProcess[str]:
     return run("models", "--config", str(cfg), "--json", cwd=REPO)
 
 
-@pytest.mark.parametrize(("source", "revision", "message"), [
-    ("host:gpu9", SHA, "models.a.source: source 'host:gpu9' names unknown host 'gpu9' (known: gpu1, gpu2)"),
-    ("host:gpu1", SHA, "models.a.source: source 'host:gpu1' is the model's own host 'gpu1'"),
-    ("host:gpu2", "main", "models.a.source: source 'host:gpu2' needs revision pinned to a commit SHA"),
-    ("host:", SHA, "models.a.source: source 'host:' is not"),
-    ("ftp://x", SHA, "models.a.source: source 'ftp://x' is not"),
-    ("local:relative/dir", SHA, "models.a.source: source 'local:relative/dir' is not"),
-    ("local:/srv/../etc", SHA, "models.a.source: source 'local:/srv/../etc': the local weights directory has a '.'"),
-])
-def test_bad_source_exits_2_naming_key_and_value(tmp_path: Path, source: str, revision: str,
-                                                 message: str) -> None:
+@pytest.mark.parametrize(
+    ("source", "revision", "message"),
+    [
+        ("host:gpu9", SHA, "models.a.source: source 'host:gpu9' names unknown host 'gpu9' (known: gpu1, gpu2)"),
+        ("host:gpu1", SHA, "models.a.source: source 'host:gpu1' is the model's own host 'gpu1'"),
+        ("host:gpu2", "main", "models.a.source: source 'host:gpu2' needs revision pinned to a commit SHA"),
+        ("host:", SHA, "models.a.source: source 'host:' is not"),
+        ("ftp://x", SHA, "models.a.source: source 'ftp://x' is not"),
+        ("local:relative/dir", SHA, "models.a.source: source 'local:relative/dir' is not"),
+        (
+            "local:/srv/../etc",
+            SHA,
+            "models.a.source: source 'local:/srv/../etc': the local weights directory has a '.'",
+        ),
+    ],
+)
+def test_bad_source_exits_2_naming_key_and_value(tmp_path: Path, source: str, revision: str, message: str) -> None:
     """An unknown, own or unpinned peer, or a malformed source, exits 2 with the key and the value."""
     cfg = tmp_path / "deploy.toml"
     cfg.write_text(BASE.replace(SHA, revision) + f'source = "{source}"\n')

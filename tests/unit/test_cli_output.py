@@ -19,9 +19,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 MINIMAX = REPO / "tests/fixtures/configs/MiniMaxAI__MiniMax-M2.5.json"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-SHIPPED = ["kimi-k25-nvfp4", "minimax-m25", "minimax-m25-ep", "kimi-k25-int4", "blackwell",
-           "nvidia/Kimi-K2.5-NVFP4@main (unpinned)", "MiniMaxAI/MiniMax-M2.5@main (unpinned)",
-           "moonshotai/Kimi-K2.5@main (unpinned)", "0,1,2,3,4,5,6,7", "TP=8 + EP", "minimax-m2.5"]
+SHIPPED = [
+    "kimi-k25-nvfp4",
+    "minimax-m25",
+    "minimax-m25-ep",
+    "kimi-k25-int4",
+    "blackwell",
+    "nvidia/Kimi-K2.5-NVFP4@main (unpinned)",
+    "MiniMaxAI/MiniMax-M2.5@main (unpinned)",
+    "moonshotai/Kimi-K2.5@main (unpinned)",
+    "0,1,2,3,4,5,6,7",
+    "TP=8 + EP",
+    "minimax-m2.5",
+]
 
 
 def _env() -> dict[str, str]:
@@ -30,8 +40,9 @@ def _env() -> dict[str, str]:
 
 def run_piped(*args: str) -> str:
     """stdout of the CLI through a pipe, at COLUMNS=80."""
-    r = subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                       cwd=REPO, env=_env(), check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, cwd=REPO, env=_env(), check=False
+    )
     assert r.returncode in (0, 3), r.stderr
     return r.stdout
 
@@ -40,8 +51,14 @@ def run_on_tty(*args: str) -> str:
     """What the CLI shows on an 80-column terminal (a pseudo-terminal), escape codes removed."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=slave, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, cwd=REPO, env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=_env(),
+    )
     os.close(slave)
     chunks = []
     while True:
@@ -94,8 +111,11 @@ def test_history_without_deployments_says_so(tmp_path: Path) -> None:
 
 def _fresh_state(tmp_path: Path) -> Path:
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text((REPO / "deploy.toml").read_text().replace(
-        'state_dir = "/var/lib/orchestrator"', f'state_dir = "{tmp_path / "state"}"'))
+    cfg.write_text(
+        (REPO / "deploy.toml")
+        .read_text()
+        .replace('state_dir = "/var/lib/orchestrator"', f'state_dir = "{tmp_path / "state"}"')
+    )
     return cfg
 
 

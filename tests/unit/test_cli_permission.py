@@ -12,6 +12,7 @@ from .cli_runner import invoke
 
 def test_a_permission_error_with_a_file_is_named_with_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
     """PermissionError on /srv/x: `error: /srv/x: Permission denied (uid N)`, exit 2."""
+
     def denied(*_: object, **__: object) -> None:
         raise PermissionError(13, "Permission denied", "/srv/x")
 

@@ -25,9 +25,11 @@ def test_help_summary_is_the_commands_own_first_sentence(name: str) -> None:
 
 def test_help_imports_no_command_module() -> None:
     """`orchestrator --help` lists every command without importing the modules that define them."""
-    probe = ("import sys; from orchestrator.cli import main\n"
-             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in sys.modules if m.startswith('orchestrator.cli.')))")
+    probe = (
+        "import sys; from orchestrator.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('orchestrator.cli.')))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "[]"
     assert all(f"  {name} " in out for name in COMMANDS)

@@ -21,11 +21,11 @@ from tests.builders.agent_socket import StandInAgent
 from tests.builders.catalog import ONE_BOX_TOML
 
 HEAVY = ("pydantic", "pydantic_settings", "orchestrator.core.catalog", "orchestrator.deploy", "fabric", "tenacity")
-PROBE = ("import json, sys\nfrom orchestrator.cli import main\n"
-         "try:\n    main(sys.argv[1:])\nexcept SystemExit as exc:\n    code = exc.code\n"
-         f"print(json.dumps([sorted(m for m in {HEAVY!r} if m in sys.modules), code]), file=sys.stderr)")
-
-
+PROBE = (
+    "import json, sys\nfrom orchestrator.cli import main\n"
+    "try:\n    main(sys.argv[1:])\nexcept SystemExit as exc:\n    code = exc.code\n"
+    f"print(json.dumps([sorted(m for m in {HEAVY!r} if m in sys.modules), code]), file=sys.stderr)"
+)
 
 
 # What an idle agent answers to the queries the CLI sends it.
@@ -42,15 +42,15 @@ def box(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 def probe(env: dict[str, str], *argv: str) -> tuple[list[str], int | str | None, str]:
     """(the heavy modules loaded, exit code, output) of one CLI run in a fresh interpreter."""
-    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], env=env, capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], env=env, capture_output=True, text=True, check=False)
     loaded, code = json.loads(proc.stderr.strip().splitlines()[-1])  # the probe's own last line
     return loaded, code, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("command", ["status", "history"])
-def test_a_query_through_the_agent_loads_no_catalog(box: tuple[Path, dict[str, str]], tmp_path: Path,
-                                                    command: str) -> None:
+def test_a_query_through_the_agent_loads_no_catalog(
+    box: tuple[Path, dict[str, str]], tmp_path: Path, command: str
+) -> None:
     """`status` and `history` with an agent on the socket ask it, loading neither pydantic nor the catalog."""
     agent = StandInAgent(tmp_path / "agent.sock", IDLE_AGENT)
     loaded, code, out = probe(box[1], command)
@@ -58,8 +58,9 @@ def test_a_query_through_the_agent_loads_no_catalog(box: tuple[Path, dict[str, s
     assert agent.ops == ["ping", command]
 
 
-def test_the_agent_answers_a_query_whatever_the_local_catalog_says(box: tuple[Path, dict[str, str]],
-                                                                   tmp_path: Path) -> None:
+def test_the_agent_answers_a_query_whatever_the_local_catalog_says(
+    box: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
     """A deploy.toml the catalog would refuse still names the socket: the agent's own file rules."""
     config, env = box
     config.write_text(config.read_text() + "bogus_key = 1\n")
@@ -103,12 +104,15 @@ def test_host_to_a_port_that_speaks_no_ssh_prints_one_line(box: tuple[Path, dict
     assert code == 4 and len(lines) == 1 and lines[0].startswith("error: host ssh://bench@127.0.0.1"), out
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    ('state_dir = "relative/state"\n', "a relative state_dir"),
-    ("state_dir = 7\n", "a state_dir that is not text"),
-    ("state_dir = \n", "not TOML"),
-    ('hosts = "box"\n', "hosts that are not a table"),
-])
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('state_dir = "relative/state"\n', "a relative state_dir"),
+        ("state_dir = 7\n", "a state_dir that is not text"),
+        ("state_dir = \n", "not TOML"),
+        ('hosts = "box"\n', "hosts that are not a table"),
+    ],
+)
 def test_peek_leaves_what_is_not_plain_to_the_catalog(tmp_path: Path, text: str, why: str) -> None:
     """peek() says None (the caller validates and gets the catalog's exit-2 error) for {why}."""
     (tmp_path / "deploy.toml").write_text(text)

@@ -16,8 +16,9 @@ SCRIPT = haproxy._MASTER_CLI
 def test_a_missing_interpreter_names_the_script_not_its_text() -> None:
     """`/nonexistent/python -c <master CLI script>`: the error names the operation, in one short line."""
     with pytest.raises(CommandFailed) as info:
-        LocalShell().run(["/nonexistent/python3", "-c", SCRIPT, "master", "/run/orchestrator-proxy/master.sock", "old"],
-                         check=False)
+        LocalShell().run(
+            ["/nonexistent/python3", "-c", SCRIPT, "master", "/run/orchestrator-proxy/master.sock", "old"], check=False
+        )
     message = str(info.value)
     assert "<HAProxy master CLI (show proc) script>" in message and "import json" not in message
     assert len(message.splitlines()[0]) < 200
@@ -32,8 +33,10 @@ def test_an_exit_code_names_the_script_not_its_text() -> None:
 
 def test_an_unnamed_multi_line_script_is_counted_not_quoted() -> None:
     """A -c argument of several lines (or a long one) without a name reads as an inline script of N lines."""
-    assert command_line(["python3", "-c", "import os\nprint(os.getpid())\n", "x y"]) == \
-        "python3 -c <inline script, 2 lines> 'x y'"
+    assert (
+        command_line(["python3", "-c", "import os\nprint(os.getpid())\n", "x y"])
+        == "python3 -c <inline script, 2 lines> 'x y'"
+    )
 
 
 def test_short_commands_are_quoted_as_before() -> None:

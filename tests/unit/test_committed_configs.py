@@ -18,15 +18,22 @@ HISTORICAL: dict[str, str] = {}
 
 
 def _committed() -> list[str]:
-    found = {"deploy.toml", *(str(p.relative_to(REPO)) for p in (REPO / "bench").rglob("*.toml")
-                              if p.name == "deploy.toml" or p.name.endswith(".deploy.toml"))}
+    found = {
+        "deploy.toml",
+        *(
+            str(p.relative_to(REPO))
+            for p in (REPO / "bench").rglob("*.toml")
+            if p.name == "deploy.toml" or p.name.endswith(".deploy.toml")
+        ),
+    }
     return sorted(found)
 
 
 def _snippets() -> list[str]:
     prefix = "<!-- readme-snippet: "
-    return [line[len(prefix):-4] for line in doc_lines()
-            if line.startswith(prefix) and line.endswith("deploy.toml -->")]
+    return [
+        line[len(prefix) : -4] for line in doc_lines() if line.startswith(prefix) and line.endswith("deploy.toml -->")
+    ]
 
 
 def test_the_bench_deploy_tomls_are_found() -> None:

@@ -59,6 +59,8 @@ def test_config_revisions_run_on_the_fake(tmp_path: Path) -> None:
     revisions = ConfigRevisions(config, str(tmp_path), group=None, store=FakeConfigStore())
     revision = revisions.record_if_new("op")
     revisions.link(5, revision)
-    assert revisions.annotate([{"id": 5}, {"id": 6}]) == [{"id": 5, "config_revision": revision},
-                                                         {"id": 6, "config_revision": None}]
+    assert revisions.annotate([{"id": 5}, {"id": 6}]) == [
+        {"id": 5, "config_revision": revision},
+        {"id": 6, "config_revision": None},
+    ]
     assert not (tmp_path / "state.db").exists()

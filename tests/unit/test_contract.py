@@ -24,18 +24,41 @@ from .conftest import OpsWorld, make_catalog
 
 # A valid request of each operation against OpsWorld's catalog.
 SAMPLE_ARGS: dict[str, dict[str, Any]] = {
-    "switch": {"model": "alpha"}, "rollback": {}, "recover": {}, "stop": {"model": "alpha"},
-    "stage": {"model": "alpha"}, "status": {}, "check_together": {"models": ["alpha", "gamma"]},
-    "explain": {"model": "alpha"}, "doctor": {}, "adopt": {}, "adopt_record": {"units": ["vllm-x.service"]},
-    "history": {}, "schedules": {}, "ping": {}, "follow": {},
-    "config_show": {}, "config_push": {"text": ""}, "preflight": {},
-    "rollout_start": {"model": "alpha"}, "rollout_follow": {}, "rollout_status": {}, "rollout_resume": {},
+    "switch": {"model": "alpha"},
+    "rollback": {},
+    "recover": {},
+    "stop": {"model": "alpha"},
+    "stage": {"model": "alpha"},
+    "status": {},
+    "check_together": {"models": ["alpha", "gamma"]},
+    "explain": {"model": "alpha"},
+    "doctor": {},
+    "adopt": {},
+    "adopt_record": {"units": ["vllm-x.service"]},
+    "history": {},
+    "schedules": {},
+    "ping": {},
+    "follow": {},
+    "config_show": {},
+    "config_push": {"text": ""},
+    "preflight": {},
+    "rollout_start": {"model": "alpha"},
+    "rollout_follow": {},
+    "rollout_status": {},
+    "rollout_resume": {},
     "rollout_abort": {},
-    "tune_plan": {"model": "alpha", "concurrency": [1]}, "tune_start": {"model": "alpha", "concurrency": [1]},
-    "tune_resume": {}, "tune_abort": {}, "tune_follow": {}, "tune_status": {},
-    "demand_sleep": {"model": "alpha", "reason": "idle"}, "demand_stop": {"model": "alpha", "reason": "idle"},
-    "reroute": {"host": "box", "reason": "test"}, "proxy_up": {"host": "box", "reason": "test"},
-    "proxy_off": {"host": "box", "reason": "test"}, "leftover_proxy_off": {"host": "box", "reason": "test"},
+    "tune_plan": {"model": "alpha", "concurrency": [1]},
+    "tune_start": {"model": "alpha", "concurrency": [1]},
+    "tune_resume": {},
+    "tune_abort": {},
+    "tune_follow": {},
+    "tune_status": {},
+    "demand_sleep": {"model": "alpha", "reason": "idle"},
+    "demand_stop": {"model": "alpha", "reason": "idle"},
+    "reroute": {"host": "box", "reason": "test"},
+    "proxy_up": {"host": "box", "reason": "test"},
+    "proxy_off": {"host": "box", "reason": "test"},
+    "leftover_proxy_off": {"host": "box", "reason": "test"},
 }
 
 
@@ -105,7 +128,13 @@ def test_only_ping_and_the_agents_own_have_no_command() -> None:
 
     assert [op.name for op in OPERATIONS.values() if op.command is None and op.who is not Who.AGENT] == ["ping"]
     assert sorted(op.name for op in OPERATIONS.values() if op.who is Who.AGENT) == [
-        "demand_sleep", "demand_stop", "leftover_proxy_off", "proxy_off", "proxy_up", "reroute"]
+        "demand_sleep",
+        "demand_stop",
+        "leftover_proxy_off",
+        "proxy_off",
+        "proxy_up",
+        "reroute",
+    ]
     assert all(op.command is None for op in OPERATIONS.values() if op.who is Who.AGENT)
 
 
@@ -131,17 +160,29 @@ def test_agent_only_operations_have_an_agent_answer_and_no_in_process_one() -> N
     """config show/push, a controller's rollouts and an agent's tune runs are answered by an agent only: an
     agent answer (or stream), no in-process run."""
     agent_only = sorted(op.name for op in OPERATIONS.values() if op.agent_only)
-    assert agent_only == ["config_push", "config_show", "preflight", "rollout_abort", "rollout_follow",
-                          "rollout_resume", "rollout_start", "rollout_status", "tune_abort", "tune_follow", "tune_plan",
-                          "tune_resume", "tune_start", "tune_status"]
+    assert agent_only == [
+        "config_push",
+        "config_show",
+        "preflight",
+        "rollout_abort",
+        "rollout_follow",
+        "rollout_resume",
+        "rollout_start",
+        "rollout_status",
+        "tune_abort",
+        "tune_follow",
+        "tune_plan",
+        "tune_resume",
+        "tune_start",
+        "tune_status",
+    ]
     assert all(OPERATIONS[name].agent is not None or OPERATIONS[name].stream is not None for name in agent_only)
 
 
 def test_every_operation_answers_in_an_agent(tmp_path: Path) -> None:
     """Each declared operation is dispatched by the agent from the table: a result or a project error."""
     world = OpsWorld(tmp_path)
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     for name in OPERATIONS:
         try:
             replies = list(agent.dispatch(name, SAMPLE_ARGS[name], "tester@socket", uid=1000))
@@ -152,8 +193,9 @@ def test_every_operation_answers_in_an_agent(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("uid", "runs"), [(1000, False), (None, False), (0, True)])
-def test_the_agent_holds_each_request_to_its_entrys_who(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        uid: int | None, runs: bool) -> None:
+def test_the_agent_holds_each_request_to_its_entrys_who(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uid: int | None, runs: bool
+) -> None:
     """An entry declared root-only is refused (exit 5, naming it and the caller) to a member or an unknown
     peer before it runs, whatever its own code does; root runs it."""
     from orchestrator.contract.ops import Operation, Who
@@ -161,11 +203,11 @@ def test_the_agent_holds_each_request_to_its_entrys_who(tmp_path: Path, monkeypa
 
     ran: list[str] = []
     probe: Operation[Any, dict[str, Any]] = Operation(
-        "probe", "NoArgs", dict, None, run=lambda ops, a, c: ran.append("probe") or {}, who=Who.ROOT)
+        "probe", "NoArgs", dict, None, run=lambda ops, a, c: ran.append("probe") or {}, who=Who.ROOT
+    )
     monkeypatch.setitem(OPERATIONS, "probe", probe)
     world = OpsWorld(tmp_path)
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     if runs:
         assert list(agent.dispatch("probe", {}, "root@socket", uid=uid)) == [{"result": {}}]
     else:
@@ -177,8 +219,7 @@ def test_the_agent_holds_each_request_to_its_entrys_who(tmp_path: Path, monkeypa
 def test_the_agent_refuses_an_undeclared_operation_with_the_usage_exit_code(tmp_path: Path) -> None:
     """An operation not in the table: UsageError (exit 2) listing the declared ones, as the wire carries it."""
     world = OpsWorld(tmp_path)
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     with pytest.raises(UsageError) as err:
         list(agent.dispatch("reboot", {}, "tester@socket"))
     reply = error_reply(err.value)["error"]
@@ -194,10 +235,14 @@ def test_the_local_backend_refuses_an_agent_only_operation(tmp_path: Path) -> No
 
 def test_recover_without_a_host_holds_every_box_in_process(tmp_path: Path) -> None:
     """In-process recover with no --on locks every host of the catalog; with one, that host only."""
-    catalog = make_catalog(state_dir=str(tmp_path), hosts={
-        "a": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8},
-        "b": {"transport": "ssh", "address": "127.0.0.10", "gpus": 8}},
-        models={"alpha": {"repo": "org/alpha", "gpus": [0], "host": "a", "port": 8000}})
+    catalog = make_catalog(
+        state_dir=str(tmp_path),
+        hosts={
+            "a": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8},
+            "b": {"transport": "ssh", "address": "127.0.0.10", "gpus": 8},
+        },
+        models={"alpha": {"repo": "org/alpha", "gpus": [0], "host": "a", "port": 8000}},
+    )
     assert RECOVER.locks(catalog, RECOVER.parse(catalog, {})) == ["a", "b"]
     assert RECOVER.locks(catalog, RECOVER.parse(catalog, {"host": "b"})) == ["b"]
 
@@ -223,8 +268,11 @@ def test_a_query_takes_no_box_lock(tmp_path: Path) -> None:
 
 def test_the_reply_reader_reads_an_answer_split_anywhere() -> None:
     """Events and the result arrive in pieces that cut lines anywhere: the same events, then the result."""
-    data = encode({"event": "phase", "fields": {"phase": "stopping"}}) + encode({"event": "done"}) \
+    data = (
+        encode({"event": "phase", "fields": {"phase": "stopping"}})
+        + encode({"event": "done"})
         + encode({"result": {"ok": True}})
+    )
     for cut in range(1, len(data)):
         reader = ReplyReader()
         events = reader.feed(data[:cut]) + reader.feed(data[cut:])

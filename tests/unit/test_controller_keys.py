@@ -7,8 +7,10 @@ from pathlib import Path
 
 from .cli_runner import invoke
 
-CONFIG = ('state_dir = "{state}"\n[hosts.n1]\naddress = "127.0.0.1"\nssh_key = "/etc/orchestrator/ctl"\n'
-          '[hosts.n2]\naddress = "127.0.0.2"\n[groups.inference]\nhosts = ["n1", "n2"]\n')
+CONFIG = (
+    'state_dir = "{state}"\n[hosts.n1]\naddress = "127.0.0.1"\nssh_key = "/etc/orchestrator/ctl"\n'
+    '[hosts.n2]\naddress = "127.0.0.2"\n[groups.inference]\nhosts = ["n1", "n2"]\n'
+)
 
 
 def test_a_group_host_without_ssh_key_exits_2_naming_it_before_connecting(tmp_path: Path) -> None:

@@ -25,9 +25,14 @@ TOML = ONE_BOX_TOML
 
 
 def run_cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", "dashboard", "--no-open", "--config", str(cfg),
-                           *args], capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "ORCHESTRATOR_HOST": ""})
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "dashboard", "--no-open", "--config", str(cfg), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "ORCHESTRATOR_HOST": ""},
+    )
 
 
 @contextmanager
@@ -78,9 +83,13 @@ def test_a_taken_port_is_bad_input_naming_it(cfg: Path, tmp_path: Path) -> None:
 def test_the_printed_url_opens_the_agents_page(cfg: Path, tmp_path: Path) -> None:
     """The command prints a loopback URL with a token; opening it gets the box page of this agent."""
     with agent_on(tmp_path):
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "dashboard", "--no-open", "--config",
-                                 str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "ORCHESTRATOR_HOST": ""})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "dashboard", "--no-open", "--config", str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "ORCHESTRATOR_HOST": ""},
+        )
         try:
             assert proc.stdout is not None
             url = proc.stdout.readline().strip()

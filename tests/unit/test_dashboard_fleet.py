@@ -36,13 +36,27 @@ HOSTS = ["h1", "h2", "h3", "h4"]
 
 
 def fleet_catalog(state_dir: Path, socket_path: str) -> Any:
-    hosts = {h: {"transport": "ssh", "address": f"127.0.0.{i + 10}", "gpus": 8, "gpu_memory_gib": 96}
-             for i, h in enumerate(HOSTS)}
-    return make_catalog(state_dir=str(state_dir), hosts=hosts, socket_group="users",
-                        dashboard={"socket": socket_path, "refresh_s": 0.2},
-                        groups={"inference": {"hosts": HOSTS, "canary": 1, "batch": 2}},
-                        models={"beta": {"repo": "org/beta", "group": "inference", "gpus": [0, 1, 2, 3],
-                                         "tensor_parallel": 4, "port": 8001, "source": "none"}})
+    hosts = {
+        h: {"transport": "ssh", "address": f"127.0.0.{i + 10}", "gpus": 8, "gpu_memory_gib": 96}
+        for i, h in enumerate(HOSTS)
+    }
+    return make_catalog(
+        state_dir=str(state_dir),
+        hosts=hosts,
+        socket_group="users",
+        dashboard={"socket": socket_path, "refresh_s": 0.2},
+        groups={"inference": {"hosts": HOSTS, "canary": 1, "batch": 2}},
+        models={
+            "beta": {
+                "repo": "org/beta",
+                "group": "inference",
+                "gpus": [0, 1, 2, 3],
+                "tensor_parallel": 4,
+                "port": 8001,
+                "source": "none",
+            }
+        },
+    )
 
 
 @dataclass
@@ -73,13 +87,16 @@ def ctl(tmp_path: Path) -> Iterator[Ctl]:
     path = str(public / "dashboard.sock")
     catalog = fleet_catalog(tmp_path / "state", path)
     hold = threading.Event()
-    boxes = {h: SimulatedBox(h, {"alpha": "org/alpha", "beta": "org/beta"}, serving="alpha", hold=hold)
-             for h in HOSTS}
-    ops = Operations(catalog, lambda name: (_ for _ in ()).throw(AssertionError(f"the controller touched {name}")),
-                     store=FakeStateStore())
+    boxes = {h: SimulatedBox(h, {"alpha": "org/alpha", "beta": "org/beta"}, serving="alpha", hold=hold) for h in HOSTS}
+    ops = Operations(
+        catalog,
+        lambda name: (_ for _ in ()).throw(AssertionError(f"the controller touched {name}")),
+        store=FakeStateStore(),
+    )
     agent = Agent(catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=FakeClock())
-    agent.controller = FleetController(lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(),
-                                       connect=lambda host: boxes[host.name])
+    agent.controller = FleetController(
+        lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(), connect=lambda host: boxes[host.name]
+    )
     server = start(agent)
     assert server is not None
     yield Ctl(agent, server, boxes, hold, path)
@@ -134,8 +151,7 @@ def test_an_agent_without_groups_has_no_fleet_page(tmp_path: Path) -> None:
     from .conftest import OpsWorld
 
     world = OpsWorld(tmp_path / "state", dashboard={"socket": str(tmp_path / "d.sock")})
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     server = start(agent)
     assert server is not None
     try:
@@ -159,11 +175,19 @@ def test_a_box_that_dropped_off_and_came_back_shows_again_on_the_next_refresh(ct
     page connects anew and shows it serving, without waiting for the page to go idle."""
     assert all(b["reachable"] for b in ctl.fleet()["boxes"])
     ctl.boxes["h3"].lose()
-    wait_for(lambda: {b["host"]: b for b in ctl.fleet()["boxes"]}["h3"], lambda r: not r["reachable"], timeout=30,
-             what="h3 to read unreachable")
+    wait_for(
+        lambda: {b["host"]: b for b in ctl.fleet()["boxes"]}["h3"],
+        lambda r: not r["reachable"],
+        timeout=30,
+        what="h3 to read unreachable",
+    )
     ctl.boxes["h3"].come_back()
-    row = wait_for(lambda: {b["host"]: b for b in ctl.fleet()["boxes"]}["h3"], lambda r: r["reachable"],
-                   timeout=30, what="h3 to read reachable again")
+    row = wait_for(
+        lambda: {b["host"]: b for b in ctl.fleet()["boxes"]}["h3"],
+        lambda r: r["reachable"],
+        timeout=30,
+        what="h3 to read reachable again",
+    )
     assert row["serving"] == "alpha"
 
 
@@ -173,14 +197,24 @@ def test_the_rollout_shows_batch_by_batch_as_it_goes(ctl: Ctl) -> None:
     messages = sse(ctl.path, "/fleet/events")
     assert "no rollout recorded" in next(messages)["html"]["g0-rollout"]
     rid = ctl.agent.controller.start(RolloutStartArgs(model="beta"), "alice@10.0.0.7")["id"]
-    held = until(messages, lambda html: 'data-host="h1" data-state="switching"' in html["g0-rollout"]
-                 and "switching (starting)" in html["g0-rollout"])
+    held = until(
+        messages,
+        lambda html: (
+            'data-host="h1" data-state="switching"' in html["g0-rollout"]
+            and "switching (starting)" in html["g0-rollout"]
+        ),
+    )
     assert 'data-batch="0" data-state="switching"' in held["g0-rollout"]
     assert 'data-batch="1" data-state="pending"' in held["g0-rollout"]
     assert "running: canary switching" in held["g0-rollout"] and "alice@10.0.0.7" in held["g0-rollout"]
     ctl.hold.set()
-    done = until(messages, lambda html: 'data-status="succeeded"' in html["g0-rollout"]
-                 and html["g0-boxes"].count('<td class="serving">beta</td>') == 4)
+    done = until(
+        messages,
+        lambda html: (
+            'data-status="succeeded"' in html["g0-rollout"]
+            and html["g0-boxes"].count('<td class="serving">beta</td>') == 4
+        ),
+    )
     assert all(f'data-batch="{i}" data-state="done"' in done["g0-rollout"] for i in (0, 1, 2))
     assert f"rollout #{rid}" in done["g0-rollout"]
 
@@ -229,7 +263,9 @@ def test_batches_name_the_canary_and_count_the_rest_from_one() -> None:
     assert view["label"] == "running: between batches (next: canary)"
     summary["rollout"]["canary"] = 0
     assert [b["name"] for b in fv.rollout_view(summary, abort_requested=False, live={})["batches"]] == [
-        "batch 1", "batch 2"]
+        "batch 1",
+        "batch 2",
+    ]
 
 
 def test_a_batch_with_a_failed_host_reads_failed() -> None:
@@ -243,21 +279,35 @@ def test_a_batch_with_a_failed_host_reads_failed() -> None:
 def test_a_group_box_reached_over_ssh_is_not_the_controllers_own_host() -> None:
     """own_hosts: a group's boxes over SSH are their own agents'; the controller's own box (local) and a
     host in no group stay on its box page."""
-    hosts = {"h1": {"transport": "local", "address": "127.0.0.10"}, "h2": {"address": "127.0.0.11"},
-             "solo": {"address": "127.0.0.12"}}
-    cat = make_catalog(hosts=hosts, groups={"inference": {"hosts": ["h1", "h2"]}},
-                       models={"beta": {"repo": "org/beta", "group": "inference", "gpus": [0], "port": 8001},
-                               "own": {"repo": "org/own", "host": "solo", "gpus": [0], "port": 8002}})
+    hosts = {
+        "h1": {"transport": "local", "address": "127.0.0.10"},
+        "h2": {"address": "127.0.0.11"},
+        "solo": {"address": "127.0.0.12"},
+    }
+    cat = make_catalog(
+        hosts=hosts,
+        groups={"inference": {"hosts": ["h1", "h2"]}},
+        models={
+            "beta": {"repo": "org/beta", "group": "inference", "gpus": [0], "port": 8001},
+            "own": {"repo": "org/own", "host": "solo", "gpus": [0], "port": 8002},
+        },
+    )
     assert fv.own_hosts(cat) == ["h1", "solo"]
 
 
 def test_a_box_whose_switch_stopped_its_model_reads_down_not_unhealthy() -> None:
     """The record still names alpha while the switch to beta starts: the box is down for the switch, and
     says its phase; before anything stopped (staging) alpha's health stands."""
-    status = {"h1": {"serving": {"model": "alpha", "revision": 1, "healthy": False},
-                     "running": [{"model": "beta", "phase": "starting"}]},
-              "h2": {"serving": {"model": "alpha", "revision": 1, "healthy": True},
-                     "running": [{"model": "beta", "phase": "staging"}]}}
+    status = {
+        "h1": {
+            "serving": {"model": "alpha", "revision": 1, "healthy": False},
+            "running": [{"model": "beta", "phase": "starting"}],
+        },
+        "h2": {
+            "serving": {"model": "alpha", "revision": 1, "healthy": True},
+            "running": [{"model": "beta", "phase": "staging"}],
+        },
+    }
     rows = {r["host"]: r for r in fv.box_rows(["h1", "h2"], status, {})}
     assert (rows["h1"]["health"], rows["h1"]["activity"]) == ("down: switching", "switching (starting)")
     assert (rows["h2"]["health"], rows["h2"]["activity"]) == ("healthy", "switching (staging)")
@@ -290,8 +340,9 @@ def test_the_boxes_are_asked_at_most_once_per_refresh_and_let_go_when_no_page_re
     boxes = {h: CountingBox(h, {"alpha": "org/alpha"}, serving="alpha") for h in HOSTS}
     ops = Operations(catalog, lambda name: (_ for _ in ()).throw(AssertionError(name)), store=FakeStateStore())
     agent = Agent(catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=FakeClock())
-    agent.controller = FleetController(lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(),
-                                       connect=lambda host: boxes[host.name])
+    agent.controller = FleetController(
+        lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(), connect=lambda host: boxes[host.name]
+    )
     from orchestrator.dashboard.live import Live
 
     live = Live(agent, 60.0, lambda host: [])
@@ -309,21 +360,38 @@ def test_a_controller_that_is_also_a_box_shows_its_own_box_and_links_the_fleet(t
     h2), with a link to the fleet page, which lists both boxes."""
     from orchestrator.testing import FakeHost, FakeWeights
 
-    hosts = {"h1": {"transport": "local", "address": "127.0.0.10", "gpus": 8, "gpu_memory_gib": 96},
-             "h2": {"transport": "ssh", "address": "127.0.0.11", "gpus": 8, "gpu_memory_gib": 96}}
-    catalog = make_catalog(state_dir=str(tmp_path / "state"), hosts=hosts,
-                           dashboard={"socket": str(tmp_path / "d.sock")},
-                           groups={"inference": {"hosts": ["h1", "h2"]}},
-                           models={"beta": {"repo": "org/beta", "group": "inference", "gpus": [0, 1, 2, 3],
-                                            "tensor_parallel": 4, "port": 8001, "source": "none"}})
+    hosts = {
+        "h1": {"transport": "local", "address": "127.0.0.10", "gpus": 8, "gpu_memory_gib": 96},
+        "h2": {"transport": "ssh", "address": "127.0.0.11", "gpus": 8, "gpu_memory_gib": 96},
+    }
+    catalog = make_catalog(
+        state_dir=str(tmp_path / "state"),
+        hosts=hosts,
+        dashboard={"socket": str(tmp_path / "d.sock")},
+        groups={"inference": {"hosts": ["h1", "h2"]}},
+        models={
+            "beta": {
+                "repo": "org/beta",
+                "group": "inference",
+                "gpus": [0, 1, 2, 3],
+                "tensor_parallel": 4,
+                "port": 8001,
+                "source": "none",
+            }
+        },
+    )
     box = FakeHost(name="h1")
     ports = box.ports(catalog.hosts["h1"], FakeWeights())
-    ops = Operations(catalog, lambda name: ports if name == "h1" else (_ for _ in ()).throw(AssertionError(name)),
-                     store=FakeStateStore())
+    ops = Operations(
+        catalog,
+        lambda name: ports if name == "h1" else (_ for _ in ()).throw(AssertionError(name)),
+        store=FakeStateStore(),
+    )
     agent = Agent(catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=FakeClock())
     sims = {h: SimulatedBox(h, {"beta": "org/beta"}, serving="beta") for h in ("h1", "h2")}
-    agent.controller = FleetController(lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(),
-                                       connect=lambda host: sims[host.name])
+    agent.controller = FleetController(
+        lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(), connect=lambda host: sims[host.name]
+    )
     server = start(agent)
     assert server is not None
     try:

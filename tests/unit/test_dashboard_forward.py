@@ -22,8 +22,7 @@ from .conftest import OpsWorld
 @pytest.fixture
 def fwd(tmp_path: Path) -> Iterator[Forwarder]:
     world = OpsWorld(tmp_path / "state", dashboard={"socket": str(tmp_path / "dash.sock")})
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     server = start(agent)
     assert server is not None
     forwarder = Forwarder(unix_opener(str(tmp_path / "dash.sock")))
@@ -61,13 +60,17 @@ def test_the_session_cookie_reaches_the_dashboard(fwd: Forwarder) -> None:
     assert reply.startswith("HTTP/1.1 200") and 'class="gpus"' in reply
 
 
-@pytest.mark.parametrize(("target", "cookie", "why"), [
-    ("/", None, "no session token"),
-    ("/?token=guess", None, "wrong token"),
-    ("/api/box", "orchestrator_dashboard_1=x", "no session token"),
-])
-def test_another_local_user_without_the_token_gets_403(fwd: Forwarder, target: str, cookie: str | None,
-                                                         why: str) -> None:
+@pytest.mark.parametrize(
+    ("target", "cookie", "why"),
+    [
+        ("/", None, "no session token"),
+        ("/?token=guess", None, "wrong token"),
+        ("/api/box", "orchestrator_dashboard_1=x", "no session token"),
+    ],
+)
+def test_another_local_user_without_the_token_gets_403(
+    fwd: Forwarder, target: str, cookie: str | None, why: str
+) -> None:
     """The loopback port is open to every local user: without this session's token nothing is forwarded."""
     reply = send(fwd, target, cookie=cookie)
     assert reply.startswith("HTTP/1.1 403") and why in reply and "<table" not in reply

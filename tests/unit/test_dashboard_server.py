@@ -60,8 +60,7 @@ def running(tmp_path: Path) -> Iterator[Running]:
     public.chmod(0o755)
     path = str(public / "dashboard.sock")
     world = OpsWorld(tmp_path / "state", socket_group=GROUP, dashboard={"socket": path, "refresh_s": 0.2})
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     server = start(agent)
     assert server is not None
     yield Running(world, agent, server, path)
@@ -71,13 +70,20 @@ def running(tmp_path: Path) -> Iterator[Running]:
 
 def as_user(path: str, gid: int = 65534, url: str = "/") -> str:
     """GET ``url`` on the socket as uid 65534 (nobody) with primary group ``gid`` and no other: the raw reply."""
-    script = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
-              "s.sendall(b'GET ' + sys.argv[2].encode() "
-              "+ b' HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); "
-              "s.settimeout(10); out=b''\n"
-              "while (c := s.recv(65536)): out += c\nprint(out.decode())")
-    done = subprocess.run(["setpriv", "--reuid=65534", f"--regid={gid}", "--clear-groups", sys.executable, "-c",
-                           script, path, url], capture_output=True, text=True, timeout=60, check=True)
+    script = (
+        "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+        "s.sendall(b'GET ' + sys.argv[2].encode() "
+        "+ b' HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); "
+        "s.settimeout(10); out=b''\n"
+        "while (c := s.recv(65536)): out += c\nprint(out.decode())"
+    )
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", f"--regid={gid}", "--clear-groups", sys.executable, "-c", script, path, url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return done.stdout
 
 
@@ -114,8 +120,14 @@ def test_recorded_benchmarks_show_per_model_and_concurrency(running: Running) ->
     assert '<tr data-model="alpha"><td>alpha</td><td>1</td><td>TP=4</td>' in body
     assert "<th>tok/s C=16</th>" in body and ">1600<" in body and ">36 ms<" in body
     chart = json.loads(running.get("/api/box")[2])["hosts"][0]["bench"]
-    assert chart == [{"model": "alpha", "revision": 1, "layout": "TP=4", "levels": {
-        "1": {"tok_s": 100.0, "ttft_p90_ms": 21.0}, "16": {"tok_s": 1600.0, "ttft_p90_ms": 36.0}}}]
+    assert chart == [
+        {
+            "model": "alpha",
+            "revision": 1,
+            "layout": "TP=4",
+            "levels": {"1": {"tok_s": 100.0, "ttft_p90_ms": 21.0}, "16": {"tok_s": 1600.0, "ttft_p90_ms": 36.0}},
+        }
+    ]
 
 
 def test_a_user_outside_the_socket_group_gets_403(running: Running) -> None:
@@ -140,8 +152,17 @@ def test_the_dashboard_is_read_only(running: Running, method: str) -> None:
     assert running.world.ops.history("box") == []
 
 
-@pytest.mark.parametrize("path", ["/static/../server.py", "/static/..%2fserver.py", "/static/server.py",
-                                  "/static/.hidden.js", "/etc/passwd", "/tune/999"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/../server.py",
+        "/static/..%2fserver.py",
+        "/static/server.py",
+        "/static/.hidden.js",
+        "/etc/passwd",
+        "/tune/999",
+    ],
+)
 def test_nothing_outside_the_pages_and_static_files_is_served(running: Running, path: str) -> None:
     """Paths outside the known pages and the package's static files are 404."""
     assert running.get(path)[0] == 404
@@ -162,8 +183,9 @@ def raw_get(path: str, target: bytes) -> bytes:
         s.close()
 
 
-@pytest.mark.parametrize("target", [b"/tune/\xb2", b"/tune/" + b"9" * 5000, b"/tune/" + b"9" * 30,
-                                    "/tune/\u0663".encode()])
+@pytest.mark.parametrize(
+    "target", [b"/tune/\xb2", b"/tune/" + b"9" * 5000, b"/tune/" + b"9" * 30, "/tune/\u0663".encode()]
+)
 def test_a_tune_page_that_is_no_run_number_is_404(running: Running, target: bytes) -> None:
     """'/tune/\u00b2', 5,000 digits, a number past SQLite's integers, an Arabic-Indic digit:
     404, never a dropped connection."""
@@ -216,8 +238,7 @@ def test_the_event_stream_sends_the_live_sections(running: Running) -> None:
     event, data = stream.split(b"\n")[:2]
     assert event == b"event: sections"
     msg = json.loads(data.removeprefix(b"data: "))
-    assert set(msg["html"]) == {"h0-gpus", "h0-models", "h0-operation", "h0-history", "h0-events",
-                                "h0-bench"}
+    assert set(msg["html"]) == {"h0-gpus", "h0-models", "h0-operation", "h0-history", "h0-events", "h0-bench"}
     assert "no operation running" in msg["html"]["h0-operation"]
 
 
@@ -233,8 +254,7 @@ def test_a_job_of_the_agent_reaches_an_open_page_without_waiting_for_a_refresh(t
     """With no periodic refresh at all (60 s), a switch submitted to the agent, however short, is pushed
     to an open page as it starts and ends: the page learns from the agent's jobs, not from polling."""
     world = OpsWorld(tmp_path / "state", dashboard={"socket": str(tmp_path / "d.sock"), "refresh_s": 60})
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     server = start(agent)
     assert server is not None
     try:
@@ -261,8 +281,7 @@ def test_status_says_where_the_dashboard_serves(running: Running) -> None:
 def test_a_disabled_dashboard_opens_no_socket(tmp_path: Path) -> None:
     """enabled = false: no socket is made at all."""
     world = OpsWorld(tmp_path / "state", dashboard={"enabled": False, "socket": str(tmp_path / "d.sock")})
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     assert start(agent) is None and not os.path.exists(tmp_path / "d.sock")
 
 
@@ -270,11 +289,21 @@ def warm_agent(tmp_path: Path) -> tuple[Agent, Operations, FakeHost]:
     """An agent over one fake host whose two models sleep instead of stopping (warm switches)."""
     tp4 = {"tensor_parallel": 4, "gpus": [0, 1, 2, 3], "sleep": "level1"}
     catalog = make_catalog(
-        state_dir=str(tmp_path / "state"), dashboard={"socket": str(tmp_path / "d.sock")},
+        state_dir=str(tmp_path / "state"),
+        dashboard={"socket": str(tmp_path / "d.sock")},
         proxy={"enabled": True, "port": 8000},
-        hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
-                       "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
-        models={"alpha": {"repo": "org/alpha", "port": 8001, **tp4}, "beta": {"repo": "org/beta", "port": 8002, **tp4}})
+        hosts={
+            "box": {
+                "transport": "ssh",
+                "address": "127.0.0.9",
+                "gpus": 8,
+                "gpu_memory_gib": 96,
+                "sleep_ram_gib": 100,
+                "sleep_residue_gib": 2,
+            }
+        },
+        models={"alpha": {"repo": "org/alpha", "port": 8001, **tp4}, "beta": {"repo": "org/beta", "port": 8002, **tp4}},
+    )
     clock = FakeClock()
     host = FakeHost(name="box", clock=clock)
     ports = host.ports(catalog.hosts["box"], FakeWeights())
@@ -318,8 +347,7 @@ def test_progress_the_page_does_not_show_does_not_re_read_the_box(tmp_path: Path
     from orchestrator.agent.server import Job
 
     world = OpsWorld(tmp_path / "state", dashboard={"socket": str(tmp_path / "d.sock")})
-    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None,
-                  clock=world.clock)
+    agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     live = Live(agent, 60.0, lambda host: [])
     job = Job("box", "switch", {"model": "alpha"})
     live._observe("started", job)

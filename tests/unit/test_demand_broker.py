@@ -35,14 +35,26 @@ class DemandWorld:
 
     def __init__(self, state_dir: Path, models: dict[str, dict[str, Any]] | None = None, **demand: Any) -> None:
         self.catalog = make_catalog(
-            state_dir=str(state_dir), proxy={"enabled": True, "port": 9000},
+            state_dir=str(state_dir),
+            proxy={"enabled": True, "port": 9000},
             demand={"batch_wait_s": 1.0, **demand},
-            hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
-                           "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
-            models=models or {"a": {"repo": "org/a", "port": 8001, **SHARED},
-                              "b": {"repo": "org/b", "port": 8002, "served_name": "bee", **SHARED},
-                              "c": {"repo": "org/c", "port": 8003, "tensor_parallel": 4, "gpus": [4, 5, 6, 7],
-                                    "on_demand": True}})
+            hosts={
+                "box": {
+                    "transport": "ssh",
+                    "address": "127.0.0.9",
+                    "gpus": 8,
+                    "gpu_memory_gib": 96,
+                    "sleep_ram_gib": 100,
+                    "sleep_residue_gib": 2,
+                }
+            },
+            models=models
+            or {
+                "a": {"repo": "org/a", "port": 8001, **SHARED},
+                "b": {"repo": "org/b", "port": 8002, "served_name": "bee", **SHARED},
+                "c": {"repo": "org/c", "port": 8003, "tensor_parallel": 4, "gpus": [4, 5, 6, 7], "on_demand": True},
+            },
+        )
         self.clock = FakeClock()
         self.host = FakeHost(name="box", clock=self.clock)
         self.proxy = FakeProxy()
@@ -206,9 +218,14 @@ def test_an_operator_waits_for_a_running_demand_swap_then_wins(dw: DemandWorld) 
 
 def test_a_request_held_back_past_its_deadline_is_429(tmp_path: Path) -> None:
     """The swap cap holds b's request until past its demand_deadline_s: 429 with Retry-After."""
-    dw = DemandWorld(tmp_path, max_swaps_per_min=1,
-                     models={"a": {"repo": "org/a", "port": 8001, **SHARED},
-                             "b": {"repo": "org/b", "port": 8002, **SHARED, "demand_deadline_s": 5}})
+    dw = DemandWorld(
+        tmp_path,
+        max_swaps_per_min=1,
+        models={
+            "a": {"repo": "org/a", "port": 8001, **SHARED},
+            "b": {"repo": "org/b", "port": 8002, **SHARED, "demand_deadline_s": 5},
+        },
+    )
     dw.broker.open("b")
     dw.run_swap()
     dw.clock.sleep(3)  # b's requests were answered 3 s ago: no longer counted as in flight
@@ -248,8 +265,7 @@ def test_swaps_are_counted_per_kind(dw: DemandWorld) -> None:
     """A start on free GPUs is counted as not displacing."""
     dw.broker.open("a")
     dw.run_swap()
-    assert dw.metric("orchestrator_demand_swaps_total", host="box", model="a", kind="start",
-                     displacing="false") == 1
+    assert dw.metric("orchestrator_demand_swaps_total", host="box", model="a", kind="start", displacing="false") == 1
     assert dw.metric("orchestrator_demand_wait_seconds_count", model="a", outcome="ready") == 1
 
 
@@ -285,8 +301,9 @@ def test_requests_in_flight_keep_a_model_awake(tmp_path: Path) -> None:
 
 def test_a_sleeper_stops_after_idle_stop_s_and_its_gpus_are_free(tmp_path: Path) -> None:
     """Asleep a with idle_stop_s 300: stopped, nothing of it left on its GPUs."""
-    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60,
-                                             "idle_stop_s": 300}})
+    dw = DemandWorld(
+        tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60, "idle_stop_s": 300}}
+    )
     dw.broker.open("a")
     dw.run_swap()
     dw.clock.sleep(61)
@@ -303,8 +320,9 @@ def test_a_sleeper_stops_after_idle_stop_s_and_its_gpus_are_free(tmp_path: Path)
 def test_a_model_asleep_for_idleness_stops_idle_stop_s_after_its_last_request(tmp_path: Path) -> None:
     """idle_sleep_s 60, idle_stop_s 300: a sleeps 60 s after it came up for its one request, and stops
     300 s after that, not 300 s after it fell asleep (which came idle_sleep_s late)."""
-    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60,
-                                             "idle_stop_s": 300}})
+    dw = DemandWorld(
+        tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_sleep_s": 60, "idle_stop_s": 300}}
+    )
     dw.broker.open("a")
     dw.run_swap()
     dw.broker.idle_tick()
@@ -321,8 +339,13 @@ def test_a_model_asleep_for_idleness_stops_idle_stop_s_after_its_last_request(tm
 def test_a_sleeper_displaced_by_a_serving_model_stops_after_idle_stop_s(tmp_path: Path) -> None:
     """b displaced a (same GPUs) and serves: a, asleep, stops after its idle_stop_s; b's engine on those
     GPUs is not a busy GPU for that stop, and b keeps serving."""
-    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED, "idle_stop_s": 300},
-                                       "b": {"repo": "org/b", "port": 8002, **SHARED}})
+    dw = DemandWorld(
+        tmp_path,
+        models={
+            "a": {"repo": "org/a", "port": 8001, **SHARED, "idle_stop_s": 300},
+            "b": {"repo": "org/b", "port": 8002, **SHARED},
+        },
+    )
     dw.broker.open("a")
     dw.run_swap()
     dw.clock.sleep(3)
@@ -370,10 +393,10 @@ def test_status_text_shows_the_queue_and_the_swap(dw: DemandWorld) -> None:
     dw.broker.open("a")
     dw.broker.open("a")
     out = io.StringIO()
-    print_status(Console(file=out, width=200), {**dw.ops.status("box", probe=False),
-                                                "agent": {"demand": dw.broker.snapshot()}})
+    print_status(
+        Console(file=out, width=200), {**dw.ops.status("box", probe=False), "agent": {"demand": dw.broker.snapshot()}}
+    )
     assert "on demand: a 2 waiting (oldest 0.0 s); 0 swaps in the last minute" in out.getvalue()
-
 
 
 def test_a_tune_run_holds_precedence_between_its_switches(dw: DemandWorld) -> None:
@@ -480,8 +503,13 @@ def test_a_request_for_a_serving_model_waits_while_a_switch_runs(dw: DemandWorld
 def test_a_request_past_its_deadline_waits_for_its_own_running_swap(tmp_path: Path) -> None:
     """b asleep (wake deadline 5 s: held 6 s): its swap runs longer (a slow host); the request is not
     failed at 6 s but waits for the swap, up to the cold deadline the proxy holds it for."""
-    dw = DemandWorld(tmp_path, models={"a": {"repo": "org/a", "port": 8001, **SHARED},
-                                       "b": {"repo": "org/b", "port": 8002, **SHARED, "wake_deadline_s": 5}})
+    dw = DemandWorld(
+        tmp_path,
+        models={
+            "a": {"repo": "org/a", "port": 8001, **SHARED},
+            "b": {"repo": "org/b", "port": 8002, **SHARED, "wake_deadline_s": 5},
+        },
+    )
     dw.ops.switch("b")
     dw.ops.switch("a")
     release, blocked = threading.Event(), threading.Event()
@@ -725,7 +753,8 @@ def test_requests_answered_ready_one_after_another_add_up_as_in_flight(dw: Deman
 
 
 def test_a_switch_to_a_level1_sleeper_under_its_own_unit_probes_no_access(
-        dw: DemandWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    dw: DemandWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The switch's own access probe (before it plans) is left out for a wake that starts nothing."""
     from orchestrator.deploy import planning
 

@@ -157,8 +157,12 @@ def test_a_busy_model_of_higher_priority_is_not_swapped_out() -> None:
 def test_a_model_on_free_gpus_is_not_held_back_by_one_that_waits() -> None:
     """c (top priority) waits for min_awake_s; d, on free GPUs, starts meanwhile."""
     conflicts = {"a": frozenset({"c"}), "c": frozenset({"a"})}
-    b = box(replace(serving("a", min_awake_s=60.0), since=90.0), asleep("c", priority=5, waiting=(99.0,)),
-            stopped("d", waiting=(99.5,)), conflicts=conflicts)
+    b = box(
+        replace(serving("a", min_awake_s=60.0), since=90.0),
+        asleep("c", priority=5, waiting=(99.0,)),
+        stopped("d", waiting=(99.5,)),
+        conflicts=conflicts,
+    )
     action = decide(b, 100.0)
     assert (action.kind, action.model) == (Kind.START, "d")
 
@@ -249,8 +253,10 @@ def test_nothing_goes_idle_while_an_operator_holds_the_box() -> None:
 
 def test_models_not_on_demand_never_go_idle() -> None:
     """An operator's model keeps serving."""
-    assert idle(box(serving("a", on_demand=False, idle_stop_s=1.0, last_request=0.0)), 100.0) == \
-        (idle(box(), 100.0)[0], None)
+    assert idle(box(serving("a", on_demand=False, idle_stop_s=1.0, last_request=0.0)), 100.0) == (
+        idle(box(), 100.0)[0],
+        None,
+    )
 
 
 def test_models_on_overlapping_gpus_conflict_and_disjoint_ones_do_not(tmp_path: Path) -> None:

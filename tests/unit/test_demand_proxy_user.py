@@ -70,16 +70,25 @@ def haproxy_as_haproxy(sock: Path, work: Path) -> Iterator[int]:
     port = _free_port()
     lua = template_text(DEMAND_LUA)
     (work / DEMAND_LUA).write_text(lua)
-    config = render_config(Proxy(enabled=True, port=port, user="haproxy"), "127.0.0.1", [],
-                           template_text("haproxy.cfg.j2"),
-                           demand=[DemandRoute("ghost", "127.0.0.1", _free_port(), 5.0)],
-                           demand_socket=str(sock), lua=lua)
-    assert "\n    user \"haproxy\"\n    group \"haproxy\"\n" in config
+    config = render_config(
+        Proxy(enabled=True, port=port, user="haproxy"),
+        "127.0.0.1",
+        [],
+        template_text("haproxy.cfg.j2"),
+        demand=[DemandRoute("ghost", "127.0.0.1", _free_port(), 5.0)],
+        demand_socket=str(sock),
+        lua=lua,
+    )
+    assert '\n    user "haproxy"\n    group "haproxy"\n' in config
     cfg = work / "haproxy.cfg"
-    cfg.write_text(config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{work}/admin.sock"')
-                   .replace(f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{work}/{DEMAND_LUA}"'))
-    master = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    cfg.write_text(
+        config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{work}/admin.sock"').replace(
+            f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{work}/{DEMAND_LUA}"'
+        )
+    )
+    master = subprocess.Popen(
+        [HAPROXY, "-W", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
     def listening() -> bool:
         try:
@@ -91,8 +100,9 @@ def haproxy_as_haproxy(sock: Path, work: Path) -> Iterator[int]:
 
     try:
         wait_for(listening, what="HAProxy listening")
-        workers = subprocess.run(["pgrep", "-P", str(master.pid)], check=False, capture_output=True,
-                                 text=True).stdout.split()
+        workers = subprocess.run(
+            ["pgrep", "-P", str(master.pid)], check=False, capture_output=True, text=True
+        ).stdout.split()
         assert workers and all(_uid_of(int(w)) == pwd.getpwnam("haproxy").pw_uid for w in workers), workers
         yield port
     finally:
@@ -107,8 +117,12 @@ def _uid_of(pid: int) -> int:
 
 def ask_ghost(port: int) -> tuple[int, dict[str, str]]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("POST", "/v1/completions", body=json.dumps({"model": "ghost", "prompt": "hi"}),
-                 headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        body=json.dumps({"model": "ghost", "prompt": "hi"}),
+        headers={"Content-Type": "application/json"},
+    )
     answer = conn.getresponse()
     out = answer.status, json.loads(answer.read())["error"]
     conn.close()
@@ -116,7 +130,8 @@ def ask_ghost(port: int) -> tuple[int, dict[str, str]]:
 
 
 def test_haproxy_as_its_own_user_reaches_the_socket_in_the_directory_the_agent_makes(
-        base: Path, tmp_path: Path) -> None:
+    base: Path, tmp_path: Path
+) -> None:
     """The agent creates the socket's directory 0750 root:haproxy and the socket 0660 root:haproxy: the
     proxy's worker (uid haproxy) connects, and the agent's own 404 comes back through it."""
     sock = base / "orchestrator" / "demand.sock"
@@ -130,7 +145,8 @@ def test_haproxy_as_its_own_user_reaches_the_socket_in_the_directory_the_agent_m
 
 
 def test_a_socket_in_a_directory_closed_to_haproxy_is_refused_at_start_as_haproxy_itself_would_fail(
-        base: Path, tmp_path: Path) -> None:
+    base: Path, tmp_path: Path
+) -> None:
     """The old layout, the socket inside a 0750 root:root state dir: the start check names the socket,
     the user and the missing search permission; the real proxy, as haproxy, indeed cannot connect (503)."""
     state = base / "state"
@@ -165,7 +181,8 @@ def test_a_proxy_group_without_a_user_is_refused() -> None:
 
 
 def test_the_agent_refuses_to_open_a_socket_its_proxy_user_cannot_reach_and_leaves_none(
-        base: Path, tmp_path: Path) -> None:
+    base: Path, tmp_path: Path
+) -> None:
     """The agent's start (and a push's sync) with [proxy] user = "haproxy" and the socket in a closed
     directory: ConfigError (exit 2) naming it; no socket file and no loops are left behind."""
     from orchestrator.agent.daemon import Agent
@@ -175,9 +192,11 @@ def test_the_agent_refuses_to_open_a_socket_its_proxy_user_cannot_reach_and_leav
     closed = base / "closed"
     closed.mkdir(mode=0o700)
     sock = closed / "demand.sock"
-    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000, "user": "haproxy",
-                                                "demand_socket": str(sock)},
-                     models={"a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True}})
+    world = OpsWorld(
+        tmp_path / "state",
+        proxy={"enabled": True, "port": 9000, "user": "haproxy", "demand_socket": str(sock)},
+        models={"a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True}},
+    )
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     with pytest.raises(ConfigError, match=rf"cannot reach the demand socket {sock}: it lacks search \(x\)") as exc:
         agent.demand.sync()
@@ -190,12 +209,21 @@ def test_a_config_with_models_on_demand_loads_without_an_alert(tmp_path: Path) -
     stick table's backend once took the frontend's defaults implicitly: an ALERT at every reload)."""
     lua = template_text(DEMAND_LUA)
     (tmp_path / DEMAND_LUA).write_text(lua)
-    config = render_config(Proxy(enabled=True, port=_free_port()), "127.0.0.1", [], template_text("haproxy.cfg.j2"),
-                           demand=[DemandRoute("ghost", "127.0.0.1", _free_port(), 5.0)],
-                           demand_socket=str(tmp_path / "demand.sock"), lua=lua)
+    config = render_config(
+        Proxy(enabled=True, port=_free_port()),
+        "127.0.0.1",
+        [],
+        template_text("haproxy.cfg.j2"),
+        demand=[DemandRoute("ghost", "127.0.0.1", _free_port(), 5.0)],
+        demand_socket=str(tmp_path / "demand.sock"),
+        lua=lua,
+    )
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{tmp_path}/admin.sock"')
-                   .replace(f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp_path}/{DEMAND_LUA}"'))
+    cfg.write_text(
+        config.replace('"/run/orchestrator-proxy/admin.sock"', f'"{tmp_path}/admin.sock"').replace(
+            f'"/etc/orchestrator/{DEMAND_LUA}"', f'"{tmp_path}/{DEMAND_LUA}"'
+        )
+    )
     check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], check=False, capture_output=True, text=True)
     said = check.stdout + check.stderr
     assert check.returncode == 0 and "[ALERT]" not in said and "[WARNING]" not in said, said
@@ -214,8 +242,11 @@ def test_a_push_whose_proxy_user_could_not_reach_the_socket_changes_nothing(base
     closed = world.text(on_demand=True).replace("[proxy]\n", '[proxy]\nuser = "haproxy"\n', 1)
     try:
         shut = next(str(d) for d in [*reversed(tmp_path.parents), tmp_path] if not d.stat().st_mode & 0o001)
-        with pytest.raises(ConfigError, match=rf"cannot reach the demand socket {world.sock}: it lacks search "
-                                              rf"\(x\) on directory {shut} \(") as exc:
+        with pytest.raises(
+            ConfigError,
+            match=rf"cannot reach the demand socket {world.sock}: it lacks search "
+            rf"\(x\) on directory {shut} \(",
+        ) as exc:
             world.push(closed, uid=0)
         assert exc.value.exit_code == 2 and world.path.read_text() == before
         assert world.agent.catalog.proxy.user is None and not world.sock.exists()
@@ -230,13 +261,15 @@ def test_a_push_whose_proxy_user_could_not_reach_the_socket_changes_nothing(base
 
 def test_proxy_user_and_group_render_into_haproxys_global_section() -> None:
     """[proxy] user alone: `user` and `group` of that name; with [proxy] group: that group; neither: no drop."""
+
     def global_of(proxy: Proxy) -> str:
         text = render_config(proxy, "127.0.0.1", [], template_text("haproxy.cfg.j2"))
         return text.split("\ndefaults ", 1)[0]
 
     assert '\n    user "haproxy"\n    group "haproxy"\n' in global_of(Proxy(enabled=True, port=9000, user="haproxy"))
-    assert '\n    user "haproxy"\n    group "nogroup"\n' in global_of(Proxy(enabled=True, port=9000, user="haproxy",
-                                                                         group="nogroup"))
+    assert '\n    user "haproxy"\n    group "nogroup"\n' in global_of(
+        Proxy(enabled=True, port=9000, user="haproxy", group="nogroup")
+    )
     plain = global_of(Proxy(enabled=True, port=9000))
     assert "\n    user " not in plain and "\n    group " not in plain
 
@@ -244,6 +277,7 @@ def test_proxy_user_and_group_render_into_haproxys_global_section() -> None:
 def _first_line_as(user: str, group: str, sock: Path, model: str) -> str:
     """What an account's connection to the demand socket gets first: its first line, or the OSError's name
     (a child process that drops to ``user``/``group`` for good, as HAProxy's workers do)."""
+
     def first_line() -> str:
         try:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -253,6 +287,7 @@ def _first_line_as(user: str, group: str, sock: Path, model: str) -> str:
             return conn.makefile("rb").readline().decode()
         except OSError as exc:
             return type(exc).__name__
+
     return run_as(pwd.getpwnam(user).pw_uid, grp.getgrnam(group).gr_gid, first_line)
 
 
@@ -267,8 +302,9 @@ def test_a_push_that_changes_the_proxy_user_reopens_the_socket_for_that_account(
     try:
         world.push(world.text(on_demand=True, sock=sock), uid=0)
         assert world.agent.demand.path == str(sock)
-        pushed = world.text(on_demand=True, sock=sock).replace("[proxy]\n",
-                                                               '[proxy]\nuser = "nobody"\ngroup = "nogroup"\n', 1)
+        pushed = world.text(on_demand=True, sock=sock).replace(
+            "[proxy]\n", '[proxy]\nuser = "nobody"\ngroup = "nogroup"\n', 1
+        )
         world.push(pushed, uid=0)
         first = _first_line_as("nobody", "nogroup", sock, "a")
         assert '"waiting"' in first or '"ready"' in first, first
@@ -279,8 +315,9 @@ def test_a_push_that_changes_the_proxy_user_reopens_the_socket_for_that_account(
 
 
 def _on_demand_as(world: Any, sock: Path, user: str, group: str) -> str:
-    return world.text(on_demand=True, sock=sock).replace("[proxy]\n",
-                                                         f'[proxy]\nuser = "{user}"\ngroup = "{group}"\n', 1)
+    return world.text(on_demand=True, sock=sock).replace(
+        "[proxy]\n", f'[proxy]\nuser = "{user}"\ngroup = "{group}"\n', 1
+    )
 
 
 def test_a_directory_the_agent_made_is_made_again_for_a_new_proxy_account(base: Path, tmp_path: Path) -> None:

@@ -25,12 +25,15 @@ from tests.hosts.wait import wait_for
 
 
 def deploy_toml(state: Path, sock: Path, *, on_demand: bool, extra: str = "") -> str:
-    return (f'state_dir = "{state}"\n'
-            f'[proxy]\nenabled = true\nport = 9000\ndemand_socket = "{sock}"\n'
-            '[hosts.box]\ntransport = "ssh"\naddress = "127.0.0.9"\ngpus = 8\ngpu_memory_gib = 96\n'
-            '[models.a]\nrepo = "org/a"\ngpus = [0]\nport = 8001\n'
-            + ("on_demand = true\n" if on_demand else "") + extra
-            + '[models.b]\nrepo = "org/b"\ngpus = [1]\nport = 8002\n')
+    return (
+        f'state_dir = "{state}"\n'
+        f'[proxy]\nenabled = true\nport = 9000\ndemand_socket = "{sock}"\n'
+        '[hosts.box]\ntransport = "ssh"\naddress = "127.0.0.9"\ngpus = 8\ngpu_memory_gib = 96\n'
+        '[models.a]\nrepo = "org/a"\ngpus = [0]\nport = 8001\n'
+        + ("on_demand = true\n" if on_demand else "")
+        + extra
+        + '[models.b]\nrepo = "org/b"\ngpus = [1]\nport = 8002\n'
+    )
 
 
 class Pushed:
@@ -52,8 +55,15 @@ class Pushed:
             mine = ports if cat.proxy.enabled else dataclasses.replace(ports, proxy=None)
             return Operations(cat, lambda name: mine, store=store)
 
-        self.agent = Agent(catalog, ops_for(catalog), socket=str(tmp / "agent.sock"), metrics_port=None,
-                           clock=clock, config_path=str(self.path), ops_factory=ops_for)
+        self.agent = Agent(
+            catalog,
+            ops_for(catalog),
+            socket=str(tmp / "agent.sock"),
+            metrics_port=None,
+            clock=clock,
+            config_path=str(self.path),
+            ops_factory=ops_for,
+        )
 
     def push(self, text: str, uid: int | None = None) -> list[dict[str, Any]]:
         return list(self.agent.dispatch("config_push", {"text": text, "name": "new.toml"}, "alice@test", uid=uid))
@@ -95,8 +105,7 @@ def test_a_push_that_adds_the_first_on_demand_model_opens_the_socket_and_starts_
     assert started.agent.info()["demand"]["hosts"]["box"]["swaps_last_min"] == 0
 
 
-def test_a_push_that_removes_the_last_on_demand_model_closes_the_socket_and_answers_the_held(
-        started: Pushed) -> None:
+def test_a_push_that_removes_the_last_on_demand_model_closes_the_socket_and_answers_the_held(started: Pushed) -> None:
     """On demand, then a push without it: the loops end, the socket file goes, a request held meanwhile
     gets one 503 naming why instead of waiting for a pass that never comes."""
     started.push(started.text(on_demand=True))
@@ -131,8 +140,9 @@ def test_a_stopping_agent_starts_no_loops_on_a_push(started: Pushed) -> None:
 
 def held(config: str | None) -> list[str]:
     """The served names the proxy config holds for (its demand_hold lines)."""
-    return [line.split('-m str "')[1].split('"')[0] for line in (config or "").splitlines()
-            if "lua.demand_hold" in line]
+    return [
+        line.split('-m str "')[1].split('"')[0] for line in (config or "").splitlines() if "lua.demand_hold" in line
+    ]
 
 
 def test_a_push_that_makes_a_model_on_demand_reloads_the_proxy_to_hold_for_it(started: Pushed) -> None:
@@ -144,8 +154,11 @@ def test_a_push_that_makes_a_model_on_demand_reloads_the_proxy_to_hold_for_it(st
     assert held(started.proxy.config) == []
     result = started.push(started.text(on_demand=True))[-1]["result"]
     assert result["proxy"] == {"box": "reloaded"} and len(started.proxy.applied) == before + 1
-    engines = [line.split()[2:] for line in (started.proxy.config or "").splitlines()
-               if line.strip().startswith("server engine")]
+    engines = [
+        line.split()[2:]
+        for line in (started.proxy.config or "").splitlines()
+        if line.strip().startswith("server engine")
+    ]
     assert held(started.proxy.config) == ["a"] and engines == [['"127.0.0.9:8002"'], ['"127.0.0.9:8001"', "disabled"]]
 
 
@@ -170,8 +183,7 @@ def test_a_push_whose_proxy_cannot_be_reloaded_says_so_and_keeps_the_push(starte
     assert started.loops() == {"demand", "demand_idle"} and started.proxy.config is None
 
 
-def test_a_push_while_another_process_holds_the_hosts_lock_leaves_the_proxy_to_that_operation(
-        started: Pushed) -> None:
+def test_a_push_while_another_process_holds_the_hosts_lock_leaves_the_proxy_to_that_operation(started: Pushed) -> None:
     """A CLI without the agent holds box's lock: the push is in place, the proxy is not touched mid-operation."""
     with host_lock(str(started.tmp / "state"), "box"):
         result = started.push(started.text(on_demand=True))[-1]["result"]

@@ -78,8 +78,10 @@ def test_closing_the_connection_cancels_the_request(served: tuple[DemandWorld, s
     assert dw.metric("orchestrator_demand_wait_seconds_count", model="a", outcome="cancelled") == 1
 
 
-@pytest.mark.parametrize("line", [b"not json\n", b'{"model": 3}\n', b'{"model": "a", "extra": 1}\n',
-                                  b'{"model": "a", "stream": "yes"}\n', b"[]\n"])
+@pytest.mark.parametrize(
+    "line",
+    [b"not json\n", b'{"model": 3}\n', b'{"model": "a", "extra": 1}\n', b'{"model": "a", "stream": "yes"}\n', b"[]\n"],
+)
 def test_a_malformed_request_gets_one_503_line_naming_it(served: tuple[DemandWorld, str], line: bytes) -> None:
     """Not the agreed line: one 503 naming what was expected; nothing queued."""
     dw, path = served
@@ -118,9 +120,11 @@ def test_an_agent_with_a_model_on_demand_runs_its_loops_and_socket(tmp_path: Pat
 
     from .conftest import OpsWorld
 
-    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000,
-                                                "demand_socket": str(tmp_path / "run" / "demand.sock")},
-                     models={"a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True}})
+    world = OpsWorld(
+        tmp_path / "state",
+        proxy={"enabled": True, "port": 9000, "demand_socket": str(tmp_path / "run" / "demand.sock")},
+        models={"a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True}},
+    )
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     agent.demand.sync()
     try:
@@ -142,8 +146,10 @@ def test_an_agent_without_models_on_demand_opens_no_socket(tmp_path: Path) -> No
 
     from .conftest import OpsWorld
 
-    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000,
-                                                "demand_socket": str(tmp_path / "run" / "demand.sock")})
+    world = OpsWorld(
+        tmp_path / "state",
+        proxy={"enabled": True, "port": 9000, "demand_socket": str(tmp_path / "run" / "demand.sock")},
+    )
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     agent.demand.sync()
     assert agent.demand.server is None and not Path(world.catalog.demand_socket()).exists()
@@ -173,9 +179,14 @@ def test_an_operators_switch_waits_for_the_running_demand_swap_instead_of_busy(t
 
     from .conftest import OpsWorld
 
-    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000},
-                     models={"a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True},
-                             "b": {"repo": "org/b", "gpus": [0], "port": 8002}})
+    world = OpsWorld(
+        tmp_path / "state",
+        proxy={"enabled": True, "port": 9000},
+        models={
+            "a": {"repo": "org/a", "gpus": [0], "port": 8001, "on_demand": True},
+            "b": {"repo": "org/b", "gpus": [0], "port": 8002},
+        },
+    )
     agent = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     release, blocked = threading.Event(), threading.Event()
 

@@ -39,8 +39,11 @@ def test_readme_links_resolve() -> None:
 def demo_commands() -> list[str]:
     """The `orchestrator ...` commands scripts/demo.py runs, in order (its `orchestrator(*args)` calls)."""
     tree = parse(REPO / "scripts/demo.py")
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Name) and node.func.id == "orchestrator"]
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "orchestrator"
+    ]
     calls.sort(key=lambda node: (node.lineno, node.col_offset))
     return ["orchestrator " + " ".join(ast.literal_eval(arg) for arg in call.args) for call in calls]
 
@@ -75,6 +78,7 @@ def test_generated_reference_section_builds(name: str) -> None:
 
 def test_every_generated_marker_is_used() -> None:
     """Each generator fills a page (a section left out of every page is dead code)."""
-    used = set(re.findall(r"<!-- generated: ([a-z-]+) -->",
-                          "".join(p.read_text() for p in (REPO / "docs").rglob("*.md"))))
+    used = set(
+        re.findall(r"<!-- generated: ([a-z-]+) -->", "".join(p.read_text() for p in (REPO / "docs").rglob("*.md")))
+    )
     assert used == set(_hooks().GENERATORS)

@@ -75,8 +75,10 @@ def test_a_shown_command_parses(page: str, command: str) -> None:
     check(command)
 
 
-@pytest.mark.parametrize("command", ["orchestrator switch a --bogus", "orchestrator swtch a",
-                                     "orchestrator config psh f", "orchestrator status extra"])
+@pytest.mark.parametrize(
+    "command",
+    ["orchestrator switch a --bogus", "orchestrator swtch a", "orchestrator config psh f", "orchestrator status extra"],
+)
 def test_a_wrong_command_is_caught(command: str) -> None:
     with pytest.raises(click.UsageError):
         check(command)

@@ -60,8 +60,14 @@ def test_a_non_python_engine_warns() -> None:
 def test_sharded_weights_need_their_index() -> None:
     """Two shards without model.safetensors.index.json: fail naming the index."""
     stats = {"/": PathStat("/", DIR | 0o755, 0, 0), "/w": PathStat("/w", DIR | 0o755, 0, 0)}
-    v = d.weights_verdict("m", "/w", ["config.json", "a.safetensors", "b.safetensors"], VLLM, {"/w": Walk("/w", stats)},
-                          staged_expected=False)
+    v = d.weights_verdict(
+        "m",
+        "/w",
+        ["config.json", "a.safetensors", "b.safetensors"],
+        VLLM,
+        {"/w": Walk("/w", stats)},
+        staged_expected=False,
+    )
     assert v.status == "fail" and "model.safetensors.index.json" in v.detail
 
 
@@ -73,8 +79,11 @@ def test_unstaged_hub_weights_warn_and_missing_local_ones_fail() -> None:
 
 def test_device_nodes_closed_to_the_user_fail() -> None:
     """/dev/nvidia0 0660 root:root: user vllm cannot open it; none at all is a warn (a CPU host)."""
-    stats = {"/": PathStat("/", DIR | 0o755, 0, 0), "/dev": PathStat("/dev", DIR | 0o755, 0, 0),
-             "/dev/nvidia0": PathStat("/dev/nvidia0", CHR | 0o660, 0, 0)}
+    stats = {
+        "/": PathStat("/", DIR | 0o755, 0, 0),
+        "/dev": PathStat("/dev", DIR | 0o755, 0, 0),
+        "/dev/nvidia0": PathStat("/dev/nvidia0", CHR | 0o660, 0, 0),
+    }
     v = d.devices_verdict({"/dev/nvidia0": Walk("/dev/nvidia0", stats)}, VLLM)
     assert v.status == "fail" and "/dev/nvidia0" in v.detail
     assert d.devices_verdict({}, VLLM).status == "warn"

@@ -168,13 +168,23 @@ def test_every_phase_is_timed(world: World) -> None:
     """History keeps a duration for each phase a deployment passed through."""
     dep = world.switch("alpha")
     phases = [t.phase for t in dep.timings]
-    assert phases == ["planned", "preflight", "staging", "stopping", "freeing", "installing", "starting",
-                      "checking", "routing"]
+    assert phases == [
+        "planned",
+        "preflight",
+        "staging",
+        "stopping",
+        "freeing",
+        "installing",
+        "starting",
+        "checking",
+        "routing",
+    ]
     assert all(t.seconds is not None for t in dep.timings)
 
 
-@pytest.mark.parametrize("stop_at", ["preflight", "staging", "stopping", "freeing", "installing", "starting",
-                                     "checking", "routing"])
+@pytest.mark.parametrize(
+    "stop_at", ["preflight", "staging", "stopping", "freeing", "installing", "starting", "checking", "routing"]
+)
 def test_resume_after_interruption_converges(world: World, stop_at: str) -> None:
     """An engine stopped at any phase boundary and run again ends active, with one unit running."""
     world.switch("alpha")

@@ -14,8 +14,19 @@ AWAKE_ONLY = 'ExecStart=/opt/vllm/bin/vllm "serve"\n'
 
 
 def spec(unit_text: str, engine: str = VLLM.name) -> UnitSpec:
-    return UnitSpec(model="m", unit_name="vllm-m.service", unit_text=unit_text, unit_sha="0", served_name="m",
-                    address="127.0.0.1", port=8000, gpus=(0,), load_deadline_s=60.0, model_dir="/m", engine=engine)
+    return UnitSpec(
+        model="m",
+        unit_name="vllm-m.service",
+        unit_text=unit_text,
+        unit_sha="0",
+        served_name="m",
+        address="127.0.0.1",
+        port=8000,
+        gpus=(0,),
+        load_deadline_s=60.0,
+        model_dir="/m",
+        engine=engine,
+    )
 
 
 def test_a_sleeping_unit_gets_its_engines_control() -> None:

@@ -20,8 +20,18 @@ from orchestrator.testing import FakeHost, FakeWeights
 
 from .conftest import make_catalog
 
-WRITES = frozenset({"create", "transition", "update_spec", "record_error", "move_serving",
-                    "record_plan", "record_bench", "record_event"})
+WRITES = frozenset(
+    {
+        "create",
+        "transition",
+        "update_spec",
+        "record_error",
+        "move_serving",
+        "record_plan",
+        "record_bench",
+        "record_event",
+    }
+)
 
 
 class Crash(BaseException):
@@ -58,8 +68,9 @@ def engine(store: Any, host: FakeHost) -> Deployer:
 
 @pytest.mark.parametrize("writes_before_crash", range(4))
 @pytest.mark.parametrize("ending", ["active", "failed"])
-def test_a_crash_at_the_end_never_splits_outcome_and_serving(tmp_path: Path, ending: str,
-                                                             writes_before_crash: int) -> None:
+def test_a_crash_at_the_end_never_splits_outcome_and_serving(
+    tmp_path: Path, ending: str, writes_before_crash: int
+) -> None:
     """Crash before the k-th write from `routing` on; after recovery the pointer matches the outcome."""
     host = FakeHost(name="box")
     store = CrashingStore(SqliteStore(tmp_path / "state.db", group=None))
@@ -93,8 +104,9 @@ def test_a_crash_at_the_end_never_splits_outcome_and_serving(tmp_path: Path, end
 
 
 @pytest.mark.parametrize("writes_before_crash", range(3))
-def test_a_crash_while_planning_a_proxy_switch_never_leaves_it_without_its_plan(tmp_path: Path,
-                                                                               writes_before_crash: int) -> None:
+def test_a_crash_while_planning_a_proxy_switch_never_leaves_it_without_its_plan(
+    tmp_path: Path, writes_before_crash: int
+) -> None:
     """A deployment recorded without its plan would run as a one-model switch: created with it, or not at all."""
     from orchestrator.testing import FakeProxy
 
@@ -175,15 +187,22 @@ class CrashingControl:
         return call
 
 
-WARM_CASES = {"warm": {}, "wedged": {"vllm-alpha.service": "wedged_wake"},
-              "rollback": {"vllm-alpha.service": "wedged_wake"}}  # and alpha's cold restart fails
+WARM_CASES = {
+    "warm": {},
+    "wedged": {"vllm-alpha.service": "wedged_wake"},
+    "rollback": {"vllm-alpha.service": "wedged_wake"},
+}  # and alpha's cold restart fails
 
 
 # (case, where): after the n-th engine call (8 in a warm switch, 6 up to a wedged wake), or as a phase begins.
-WARM_CRASHES = ([("warm", n) for n in range(8)] + [("wedged", n) for n in range(6)]
-                + [("warm", p) for p in (Phase.SLEEPING, Phase.VERIFYING, Phase.WAKING, Phase.ROUTING)]
-                + [("wedged", p) for p in (Phase.RESTARTING, Phase.CHECKING, Phase.ROUTING)]
-                + [("rollback", n) for n in range(6, 9)] + [("rollback", Phase.ROLLING_BACK)])
+WARM_CRASHES = (
+    [("warm", n) for n in range(8)]
+    + [("wedged", n) for n in range(6)]
+    + [("warm", p) for p in (Phase.SLEEPING, Phase.VERIFYING, Phase.WAKING, Phase.ROUTING)]
+    + [("wedged", p) for p in (Phase.RESTARTING, Phase.CHECKING, Phase.ROUTING)]
+    + [("rollback", n) for n in range(6, 9)]
+    + [("rollback", Phase.ROLLING_BACK)]
+)
 
 
 @pytest.mark.parametrize(("case", "where"), WARM_CRASHES)
@@ -221,6 +240,7 @@ def test_the_agent_killed_in_a_warm_switch_converges(tmp_path: Path, case: str, 
     if isinstance(where, int):
         control.left = where
     else:
+
         def die(d: Deployment) -> None:
             if d.phase is where:
                 raise Crash(where.value)

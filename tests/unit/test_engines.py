@@ -34,17 +34,46 @@ def test_unit_names_and_cgroups() -> None:
 
 
 def test_argv_and_environment_of_a_launch() -> None:
-    launch = Launch(command=("/opt/vllm/bin/vllm", "serve"), model_dir="/m", served="chat", bind="127.0.0.1",
-                    port=8001, tensor_parallel=4, expert_parallel=True, sleep=True, gpu_memory_utilization=0.85,
-                    gpus=(0, 1, 2, 3), load_deadline_s=1800, args=("--trust-remote-code",))
+    launch = Launch(
+        command=("/opt/vllm/bin/vllm", "serve"),
+        model_dir="/m",
+        served="chat",
+        bind="127.0.0.1",
+        port=8001,
+        tensor_parallel=4,
+        expert_parallel=True,
+        sleep=True,
+        gpu_memory_utilization=0.85,
+        gpus=(0, 1, 2, 3),
+        load_deadline_s=1800,
+        args=("--trust-remote-code",),
+    )
     assert VLLM.argv(launch) == [
-        "/opt/vllm/bin/vllm", "serve", "--model", "/m", "--served-model-name", "chat", "--host", "127.0.0.1",
-        "--port", "8001", "--tensor-parallel-size", "4", "--enable-expert-parallel", "--enable-sleep-mode",
-        "--gpu-memory-utilization", "0.85", "--trust-remote-code"]
-    assert VLLM.environment(launch) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
-                                        "VLLM_ENGINE_READY_TIMEOUT_S": "1800", "VLLM_SERVER_DEV_MODE": "1"}
-    assert "VLLM_SERVER_DEV_MODE" not in VLLM.environment(Launch(command=(), model_dir="", served="", bind="",
-                                                                 port=1))
+        "/opt/vllm/bin/vllm",
+        "serve",
+        "--model",
+        "/m",
+        "--served-model-name",
+        "chat",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8001",
+        "--tensor-parallel-size",
+        "4",
+        "--enable-expert-parallel",
+        "--enable-sleep-mode",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--trust-remote-code",
+    ]
+    assert VLLM.environment(launch) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "VLLM_ENGINE_READY_TIMEOUT_S": "1800",
+        "VLLM_SERVER_DEV_MODE": "1",
+    }
+    assert "VLLM_SERVER_DEV_MODE" not in VLLM.environment(Launch(command=(), model_dir="", served="", bind="", port=1))
 
 
 def test_rendering_asks_the_engine() -> None:
@@ -57,9 +86,14 @@ def test_rendering_asks_the_engine() -> None:
     assert "VLLM_ENGINE_READY_TIMEOUT_S=30" in unit.text and not VLLM.sleeps(unit.text)
 
 
-@pytest.mark.parametrize(("command", "platform"), [
-    (("/opt/vllm-cpu/bin/vllm", "serve"), "cpu"), (("/opt/vllm/bin/vllm", "serve"), "cuda"),
-    (("vllm-cpu", "serve"), "cuda")])  # a bare name says nothing of where it was installed
+@pytest.mark.parametrize(
+    ("command", "platform"),
+    [
+        (("/opt/vllm-cpu/bin/vllm", "serve"), "cpu"),
+        (("/opt/vllm/bin/vllm", "serve"), "cuda"),
+        (("vllm-cpu", "serve"), "cuda"),
+    ],
+)  # a bare name says nothing of where it was installed
 def test_platform_from_the_command(command: tuple[str, ...], platform: str) -> None:
     assert VLLM.platform(command) == platform
 
@@ -70,7 +104,9 @@ def test_control_paths_the_proxy_refuses_are_the_engines() -> None:
 
 def test_the_engines_own_reason_in_a_log_line() -> None:
     assert VLLM.reason("(EngineCore pid=312) RuntimeError: CUDA out of memory") == (
-        "RuntimeError", "CUDA out of memory")
+        "RuntimeError",
+        "CUDA out of memory",
+    )
     assert VLLM.reason("INFO: loading weights") is None
 
 
@@ -80,8 +116,14 @@ def test_flags_a_feature_needs() -> None:
 
 
 # What only vLLM says; spelled in engines/ alone (a literal containing it, anywhere else, is a leak).
-VLLM_ONLY = ("--enable-sleep-mode", "VLLM_SERVER_DEV_MODE", "VLLM_ENGINE_READY_TIMEOUT_S", "vllm-cpu",
-             "vllm.service.j2", "/is_sleeping")
+VLLM_ONLY = (
+    "--enable-sleep-mode",
+    "VLLM_SERVER_DEV_MODE",
+    "VLLM_ENGINE_READY_TIMEOUT_S",
+    "vllm-cpu",
+    "vllm.service.j2",
+    "/is_sleeping",
+)
 
 
 def test_vllm_specific_literals_live_in_the_engine_package() -> None:
@@ -95,8 +137,9 @@ def test_vllm_specific_literals_live_in_the_engine_package() -> None:
                 if hits and not _docstring_or_message(node.value):
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {hits}")
             if isinstance(node, ast.JoinedStr) and any(
-                    isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.startswith("vllm-")
-                    for v in node.values):
+                isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.startswith("vllm-")
+                for v in node.values
+            ):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: an f-string unit name")
     assert found == []
 

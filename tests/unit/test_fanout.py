@@ -22,8 +22,15 @@ class FakeBox(AgentClient):
     """A box whose agent answers ``reply`` (a result, or an error) once its channel is open; opening
     waits at ``gate`` (a barrier every box must reach) and may raise ``open_error`` instead."""
 
-    def __init__(self, name: str, reply: Any = None, *, gate: threading.Barrier | None = None,
-                 open_error: OrchestratorError | None = None, after: tuple[FakeBox, ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        reply: Any = None,
+        *,
+        gate: threading.Barrier | None = None,
+        open_error: OrchestratorError | None = None,
+        after: tuple[FakeBox, ...] = (),
+    ) -> None:
         super().__init__(f"{name}.sock")
         self.name, self.reply, self.gate, self.open_error, self.after = name, reply, gate, open_error, after
         self.requests: list[dict[str, Any]] = []
@@ -73,8 +80,12 @@ def test_results_and_errors_come_back_in_call_order() -> None:
     """A reply that arrives last and a box that cannot be reached still come back in call order; the
     refusal names every bad host in that order with the first one's exit code."""
     c, d = FakeBox("c", {"ok": True}), FakeBox("d", AgentError("agent at d.sock: no model 'x'"))
-    boxes = [FakeBox("a", Busy("busy: switch on a"), after=(c, d)),
-             FakeBox("b", open_error=TransportError("host b (10.0.0.2:22): connection refused")), c, d]
+    boxes = [
+        FakeBox("a", Busy("busy: switch on a"), after=(c, d)),
+        FakeBox("b", open_error=TransportError("host b (10.0.0.2:22): connection refused")),
+        c,
+        d,
+    ]
     results = run_all([HostRequest(b.name, b, "config_show") for b in boxes])
     assert list(results) == ["a", "b", "c", "d"]
     assert results["c"] == {"ok": True}
@@ -91,8 +102,14 @@ def test_group_history_in_plain_text_prints_each_deployment_and_each_unreachable
     from orchestrator.cli.rollout_cmds import group_history_lines
     from orchestrator.rollout.group_view import group_history
 
-    dep = {"revision": 3, "model": "alpha", "outcome": "active", "trigger": "root@10.0.0.7", "error": None,
-           "created_at": 1_700_000_000.0}
+    dep = {
+        "revision": 3,
+        "model": "alpha",
+        "outcome": "active",
+        "trigger": "root@10.0.0.7",
+        "error": None,
+        "created_at": 1_700_000_000.0,
+    }
     boxes = {"h1": FakeBox("h1", [dep]), "h2": FakeBox("h2", open_error=TransportError("host h2: connection refused"))}
     rows = group_history(boxes, 10)
     lines = group_history_lines(rows)

@@ -30,19 +30,33 @@ MODELS = {"alpha": "org/alpha", "beta": "org/beta"}
 
 
 def fleet_catalog() -> Catalog:
-    hosts = {h: {"transport": "ssh", "address": f"127.0.0.{i + 10}", "gpus": 8, "gpu_memory_gib": 96}
-             for i, h in enumerate(HOSTS)}
-    return make_catalog(hosts=hosts, groups={"inference": {"hosts": HOSTS, "canary": 1, "batch": 2}},
-                        models={"beta": {"repo": "org/beta", "group": "inference", "gpus": [0, 1, 2, 3],
-                                         "tensor_parallel": 4, "port": 8001, "source": "none"}})
+    hosts = {
+        h: {"transport": "ssh", "address": f"127.0.0.{i + 10}", "gpus": 8, "gpu_memory_gib": 96}
+        for i, h in enumerate(HOSTS)
+    }
+    return make_catalog(
+        hosts=hosts,
+        groups={"inference": {"hosts": HOSTS, "canary": 1, "batch": 2}},
+        models={
+            "beta": {
+                "repo": "org/beta",
+                "group": "inference",
+                "gpus": [0, 1, 2, 3],
+                "tensor_parallel": 4,
+                "port": 8001,
+                "source": "none",
+            }
+        },
+    )
 
 
 def world(**box: Any) -> tuple[FleetController, dict[str, SimulatedBox], FakeRolloutStore]:
     boxes = {h: SimulatedBox(h, MODELS, serving="alpha", **box) for h in HOSTS}
     store = FakeRolloutStore()
     catalog = fleet_catalog()
-    controller = FleetController(lambda: catalog, clock=FakeClock(), pid=4242, store=store,
-                                 connect=lambda host: boxes[host.name])
+    controller = FleetController(
+        lambda: catalog, clock=FakeClock(), pid=4242, store=store, connect=lambda host: boxes[host.name]
+    )
     return controller, boxes, store
 
 
@@ -125,8 +139,15 @@ def test_refusing_a_rollout_beside_a_running_one_says_wait_or_abort_not_resume()
 def test_a_rollout_refused_beside_one_nothing_drives_says_resume_or_abort() -> None:
     """A rollout recorded running whose controller is gone: the refusal names `resume` or `abort`."""
     controller, _boxes, store = world()
-    rid = store.create("beta", "inference", Policy(canary=1, batch=2), "health", [("h1",), ("h2", "h3"), ("h4",)],
-                       pid=1, started_by="alice")
+    rid = store.create(
+        "beta",
+        "inference",
+        Policy(canary=1, batch=2),
+        "health",
+        [("h1",), ("h2", "h3"), ("h4",)],
+        pid=1,
+        started_by="alice",
+    )
     with pytest.raises(Busy) as refused:
         controller.start(RolloutStartArgs(model="beta"), "bob@socket")
     assert f"rollout #{rid} (beta on group inference, started by alice) has not finished" in str(refused.value)
@@ -162,8 +183,15 @@ def test_a_restarted_controller_resumes_and_never_switches_a_host_twice() -> Non
     """The record says h1 switched and h2 switching (its box got there); a new controller over the same
     store finishes the rollout: h2 is recorded from its box, h3 and h4 switched, each once."""
     controller, boxes, store = world()
-    rid = store.create("beta", "inference", Policy(canary=1, batch=2), "health", [("h1",), ("h2", "h3"), ("h4",)],
-                       pid=1, started_by="alice")
+    rid = store.create(
+        "beta",
+        "inference",
+        Policy(canary=1, batch=2),
+        "health",
+        [("h1",), ("h2", "h3"), ("h4",)],
+        pid=1,
+        started_by="alice",
+    )
     for name in HOSTS:
         store.set_host(rid, name, baseline_id=1)
     for name in ("h1", "h2"):
@@ -234,12 +262,19 @@ def test_ctrl_c_in_the_cli_only_detaches_and_the_controller_finishes_the_rollout
     running.agent.controller = controller
     cfg = tmp_path / "laptop.toml"
     cfg.write_text(CLIENT_TOML.format(state=tmp_path / "laptop"))
-    cli = subprocess.Popen([sys.executable, "-m", "orchestrator", "rollout", "beta", "--config", str(cfg)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "ORCHESTRATOR_SOCKET": running.path})
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "rollout", "beta", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ORCHESTRATOR_SOCKET": running.path},
+    )
     try:
-        wait_for(lambda: boxes["h1"].running == "switch" or cli.poll() is not None, timeout=60,
-                 what="the canary's switch to start")
+        wait_for(
+            lambda: boxes["h1"].running == "switch" or cli.poll() is not None,
+            timeout=60,
+            what="the canary's switch to start",
+        )
         cli.send_signal(signal.SIGINT)
         _out, err = cli.communicate(timeout=60)
         assert cli.returncode == 130, err
@@ -258,8 +293,15 @@ def test_a_rollout_a_live_cli_drives_reads_running_and_alive_on_the_controller()
     process alive, not interrupted; it neither resumes nor takes over what that process drives."""
     controller, boxes, store = world()
     controller.alive = lambda pid: pid == 777
-    rid = store.create("beta", "inference", Policy(canary=1, batch=2), "health", [("h1",), ("h2", "h3"), ("h4",)],
-                       pid=777, started_by="alice (this CLI)")
+    rid = store.create(
+        "beta",
+        "inference",
+        Policy(canary=1, batch=2),
+        "health",
+        [("h1",), ("h2", "h3"), ("h4",)],
+        pid=777,
+        started_by="alice (this CLI)",
+    )
     shown = controller.summary(rid)["rollout"]
     assert (shown["status"], shown["controller"]) == ("running", {"pid": 777, "alive": True})
     with pytest.raises(Busy, match="still driven by pid 777"):

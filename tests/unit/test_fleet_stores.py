@@ -32,17 +32,32 @@ def tunes(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 def test_a_rollout_keeps_its_batches_host_states_and_who_started_it(rollouts: Any) -> None:
     """create, set_host, finish: the record reads back the same, in batch order, started_by kept."""
-    rid = rollouts.create("beta", "inference", Policy(canary=1, batch=2), "health", [("h1",), ("h2", "h3")], 7,
-                          started_by="alice@ssh:10.0.0.1", at=100.0)
+    rid = rollouts.create(
+        "beta",
+        "inference",
+        Policy(canary=1, batch=2),
+        "health",
+        [("h1",), ("h2", "h3")],
+        7,
+        started_by="alice@ssh:10.0.0.1",
+        at=100.0,
+    )
     rollouts.set_host(rid, "h1", state=HostState.SWITCHED, outcome="active", switched_at=101.0, ended_at=102.0)
     assert [(r.host, r.batch, r.state) for r in rollouts.hosts(rid)] == [
-        ("h1", 0, HostState.SWITCHED), ("h2", 1, HostState.PENDING), ("h3", 1, HostState.PENDING)]
+        ("h1", 0, HostState.SWITCHED),
+        ("h2", 1, HostState.PENDING),
+        ("h3", 1, HostState.PENDING),
+    ]
     assert rollouts.host_times(rid)["h1"] == (101.0, 102.0)
     assert [r.id for r in rollouts.unfinished()] == [rid]
     rollouts.finish(rid, RolloutStatus.SUCCEEDED, None, 103.0)
     ro = rollouts.get(rid)
-    assert (ro.status, ro.started_by, ro.started_at, ro.ended_at) == (RolloutStatus.SUCCEEDED, "alice@ssh:10.0.0.1",
-                                                                      100.0, 103.0)
+    assert (ro.status, ro.started_by, ro.started_at, ro.ended_at) == (
+        RolloutStatus.SUCCEEDED,
+        "alice@ssh:10.0.0.1",
+        100.0,
+        103.0,
+    )
     assert rollouts.unfinished() == [] and rollouts.latest() == ro
 
 
@@ -58,8 +73,13 @@ def test_recent_reads_the_newest_rollouts_first_of_one_group_or_of_all(rollouts:
 def test_set_hosts_records_many_hosts_together_or_none_of_them(rollouts: Any) -> None:
     """set_hosts writes every host's fields; one unknown field refuses the whole call, nothing written."""
     rid = rollouts.create("beta", "inference", Policy(batch=2), "health", [("h1", "h2")], 7)
-    rollouts.set_hosts(rid, {"h1": {"state": HostState.SWITCHING, "switched_at": 5.0},
-                             "h2": {"state": HostState.SWITCHING, "switched_at": 6.0}})
+    rollouts.set_hosts(
+        rid,
+        {
+            "h1": {"state": HostState.SWITCHING, "switched_at": 5.0},
+            "h2": {"state": HostState.SWITCHING, "switched_at": 6.0},
+        },
+    )
     assert [r.state for r in rollouts.hosts(rid)] == [HostState.SWITCHING] * 2
     with pytest.raises(StateError, match="no host field 'bogus'"):
         rollouts.set_hosts(rid, {"h1": {"state": HostState.SWITCHED}, "h2": {"bogus": 1}})

@@ -9,7 +9,8 @@ from pathlib import Path
 from orchestrator.adapters.nvml import mib, proc_name
 from tests.builders.toml import Template
 
-DOC = Template("""
+DOC = Template(
+    """
 state_dir = "/var/lib/orchestrator"
 [hosts.box]
 transport = "{transport}"
@@ -20,7 +21,9 @@ gpu_memory_gib = 141
 repo = "org/a"
 gpus = [0]
 port = 8001
-""", defaults={"transport": "local"})
+""",
+    defaults={"transport": "local"},
+)
 
 
 def test_bytes_read_as_nvidia_smis_mib_rounded_down() -> None:
@@ -35,8 +38,7 @@ def test_memory_nvml_cannot_tell_reads_as_zero() -> None:
 
 def test_a_process_name_is_its_argv0() -> None:
     """Without NVML's answer a process is named by argv[0] (what vLLM's engine sets), as nvidia-smi names it."""
-    proc = subprocess.Popen(["/bin/sh", "-c", "echo started; read x"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen(["/bin/sh", "-c", "echo started; read x"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"started\n"  # exec'd: its own argv now
         assert proc_name(proc.pid) == "/bin/sh"

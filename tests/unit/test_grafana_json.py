@@ -18,8 +18,15 @@ def test_it_is_an_importable_dashboard_with_a_datasource_input() -> None:
     """Top-level keys Grafana needs, and the Prometheus data source asked for at import (not hard-coded)."""
     assert {"title", "uid", "schemaVersion", "panels", "templating", "time"} <= set(DASH)
     assert isinstance(DASH["schemaVersion"], int) and DASH["schemaVersion"] >= 30
-    assert DASH["__inputs"] == [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource",
-                                 "pluginId": "prometheus", "pluginName": "Prometheus"}]
+    assert DASH["__inputs"] == [
+        {
+            "name": "DS_PROMETHEUS",
+            "label": "Prometheus",
+            "type": "datasource",
+            "pluginId": "prometheus",
+            "pluginName": "Prometheus",
+        }
+    ]
     assert "id" not in DASH or DASH["id"] is None  # an id would clash with the importing instance's
 
 
@@ -59,8 +66,12 @@ def test_the_host_variable_reads_the_hosts_from_the_agents_metric() -> None:
 def test_the_warm_panels_show_each_models_residency_from_the_gauge() -> None:
     """A warm-switch panel reads orchestrator_model_residency (awake / asleep / stopped per model), and
     its value mappings name each state the query yields (2, 1, 0)."""
-    warm = [p for p in DASH["panels"] if p["title"].startswith("Warm switches")
-            and any("orchestrator_model_residency" in t["expr"] for t in p["targets"])]
+    warm = [
+        p
+        for p in DASH["panels"]
+        if p["title"].startswith("Warm switches")
+        and any("orchestrator_model_residency" in t["expr"] for t in p["targets"])
+    ]
     assert {p["type"] for p in warm} >= {"state-timeline", "table"}
     timeline = next(p for p in warm if p["type"] == "state-timeline")
     (mapping,) = timeline["fieldConfig"]["defaults"]["mappings"]

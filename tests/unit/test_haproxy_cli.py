@@ -141,8 +141,10 @@ def test_the_engine_servers_of_a_rendered_config_are_found_by_address() -> None:
     """Each backend's `server engine` at one of the engines (quoted as rendered); `current` never."""
     from orchestrator.core.haproxy_cli import engine_servers, withdraw_commands, withdrawn
 
-    config = ('backend m1 from base\n    server engine "127.0.0.1:8001"\n    server current "127.0.0.1:9000" weight 0\n'
-              'backend m2 from base\n    server engine "127.0.0.1:8002" disabled\n')
+    config = (
+        'backend m1 from base\n    server engine "127.0.0.1:8001"\n    server current "127.0.0.1:9000" weight 0\n'
+        'backend m2 from base\n    server engine "127.0.0.1:8002" disabled\n'
+    )
     assert engine_servers(config, [("127.0.0.1", 8002), ("127.0.0.1", 9000)]) == [("m2", "engine")]
     assert withdraw_commands([("m2", "engine")]) == ["@1 set server m2/engine state maint", "@1 show stat"]
     stat = "# pxname,svname,qcur,scur,status\nm2,engine,0,1,MAINT\nm1,engine,0,0,UP\n"

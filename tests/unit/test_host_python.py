@@ -28,5 +28,7 @@ def test_the_relay_and_the_workers_default_to_the_same_venv() -> None:
 def test_a_set_python_wins() -> None:
     """The operator's `python` is used on either transport."""
     for transport in ("local", "ssh"):
-        assert host_python(Host(name="box", transport=transport, python="/srv/py/bin/python"), own=AGENT) \
+        assert (
+            host_python(Host(name="box", transport=transport, python="/srv/py/bin/python"), own=AGENT)
             == "/srv/py/bin/python"
+        )

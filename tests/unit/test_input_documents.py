@@ -21,11 +21,21 @@ DEEP_TOML = "x = " + "[" * 5000 + "]" * 5000 + "\n"
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
 BINARY = b"\x89PNG\r\n\x1a\n\xff\xfe\x00junk"
 HUGE_INT = "x = " + "9" * 5000 + "\n"
-HOSTILE_TOML = {"deep": DEEP_TOML.encode(), "binary": BINARY, "huge int": HUGE_INT.encode(),
-                "huge float": b"x = 1e999\n", "nested past the bound": ("x = " + "[" * (MAX_DEPTH + 1)
-                                                                       + "]" * (MAX_DEPTH + 1) + "\n").encode()}
-HOSTILE_JSON = {"deep": DEEP_JSON.encode(), "binary": BINARY, "huge int": b"9" * 5000, "huge float": b"[1e999]",
-                "NaN": b"[NaN]", "duplicate key": b'{"a": 1, "a": 2}'}
+HOSTILE_TOML = {
+    "deep": DEEP_TOML.encode(),
+    "binary": BINARY,
+    "huge int": HUGE_INT.encode(),
+    "huge float": b"x = 1e999\n",
+    "nested past the bound": ("x = " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "\n").encode(),
+}
+HOSTILE_JSON = {
+    "deep": DEEP_JSON.encode(),
+    "binary": BINARY,
+    "huge int": b"9" * 5000,
+    "huge float": b"[1e999]",
+    "NaN": b"[NaN]",
+    "duplicate key": b'{"a": 1, "a": 2}',
+}
 # A config.json is read as vLLM reads it (duplicate keys: the last wins); everything else is refused.
 HOSTILE_CONFIG_JSON = {k: v for k, v in HOSTILE_JSON.items() if k != "duplicate key"}
 DEPLOY = """
@@ -102,8 +112,9 @@ def test_hostile_hosts_toml_is_a_config_error_naming_the_file(tmp_path: Path, ra
 
 
 @pytest.mark.parametrize("raw", HOSTILE_TOML.values(), ids=HOSTILE_TOML.keys())
-def test_the_relay_falls_back_to_the_default_socket_on_a_hostile_deploy_toml(tmp_path: Path, raw: bytes,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_relay_falls_back_to_the_default_socket_on_a_hostile_deploy_toml(
+    tmp_path: Path, raw: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The relay reads state_dir cheaply; an unreadable deploy.toml means the default place, no traceback."""
     monkeypatch.delenv("ORCHESTRATOR_SOCKET", raising=False)
     (tmp_path / "deploy.toml").write_bytes(raw)
@@ -120,8 +131,9 @@ def test_config_diff_of_a_binary_file_names_it(tmp_path: Path) -> None:
 def test_plan_with_a_hostile_config_json_names_it(tmp_path: Path, raw: bytes) -> None:
     """`plan --config FILE.json`: exit 2 naming the file."""
     (tmp_path / "c.json").write_bytes(raw)
-    assert_exit_2_naming(run("plan", "--config", str(tmp_path / "c.json"), "--gpus", "8", "--gpu-memory-gib", "80"),
-                         "c.json")
+    assert_exit_2_naming(
+        run("plan", "--config", str(tmp_path / "c.json"), "--gpus", "8", "--gpu-memory-gib", "80"), "c.json"
+    )
 
 
 @pytest.mark.parametrize("raw", HOSTILE_CONFIG_JSON.values(), ids=HOSTILE_CONFIG_JSON.keys())
@@ -129,16 +141,21 @@ def test_tune_with_a_hostile_model_config_names_it(tmp_path: Path, raw: bytes) -
     """`tune --model-config FILE`: exit 2 naming the option and the file, before any host is read."""
     (tmp_path / "c.json").write_bytes(raw)
     (tmp_path / "deploy.toml").write_text(DEPLOY.replace('config = "config.json"\n', ""))
-    assert_exit_2_naming(run("tune", "a", "--config", str(tmp_path / "deploy.toml"), "--model-config",
-                             str(tmp_path / "c.json"), "--yes"), "--model-config")
+    assert_exit_2_naming(
+        run(
+            "tune", "a", "--config", str(tmp_path / "deploy.toml"), "--model-config", str(tmp_path / "c.json"), "--yes"
+        ),
+        "--model-config",
+    )
 
 
 @pytest.mark.parametrize("raw", HOSTILE_TOML.values(), ids=HOSTILE_TOML.keys())
 def test_agent_install_with_a_hostile_config_names_it(tmp_path: Path, raw: bytes) -> None:
     """`agent install --config FILE` (binary, nested past the bound ...): exit 2 naming the file, before any SSH."""
     (tmp_path / "deploy.toml").write_bytes(raw)
-    assert_exit_2_naming(run("agent", "install", "ssh://root@127.0.0.1:1", "--config", str(tmp_path / "deploy.toml")),
-                         "deploy.toml")
+    assert_exit_2_naming(
+        run("agent", "install", "ssh://root@127.0.0.1:1", "--config", str(tmp_path / "deploy.toml")), "deploy.toml"
+    )
 
 
 def test_json_round_trip_of_ordinary_documents_is_unchanged() -> None:
@@ -177,10 +194,14 @@ def test_tune_apply_refuses_an_edit_that_would_not_parse(text: str) -> None:
         _check(text, "a", {"tensor_parallel": 2}, "deploy.toml")
 
 
-@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, '{"box": {"gpus": 1, "gpus": 2}}', "[" + "9" * 5000 + "]"],
-                         ids=["deep", "duplicate key", "huge int"])
-def test_a_hostile_json_override_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    value: str) -> None:
+@pytest.mark.parametrize(
+    "value",
+    ["[" * 5000 + "]" * 5000, '{"box": {"gpus": 1, "gpus": 2}}', "[" + "9" * 5000 + "]"],
+    ids=["deep", "duplicate key", "huge int"],
+)
+def test_a_hostile_json_override_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     """ORCHESTRATOR_HOSTS holding hostile JSON: a ConfigError naming the variable, no traceback."""
     (tmp_path / "deploy.toml").write_text(DEPLOY.replace('config = "config.json"\n', ""))
     monkeypatch.setenv("ORCHESTRATOR_HOSTS", value)
@@ -188,8 +209,9 @@ def test_a_hostile_json_override_names_the_variable(tmp_path: Path, monkeypatch:
         settings.load(tmp_path / "deploy.toml")
 
 
-@pytest.mark.parametrize(("key", "value"), [("key", "rel/id_ed25519"), ("known_hosts", "known_hosts"),
-                                            ("key", "/k\\nx")])
+@pytest.mark.parametrize(
+    ("key", "value"), [("key", "rel/id_ed25519"), ("known_hosts", "known_hosts"), ("key", "/k\\nx")]
+)
 def test_hosts_toml_ssh_file_relative_or_multiline_is_refused(tmp_path: Path, key: str, value: str) -> None:
     """hosts.toml's key/known_hosts, like deploy.toml's: relative or not one printable line is exit 2 naming the key."""
     (tmp_path / "hosts.toml").write_text(f'[gpu1]\nurl = "ssh://root@gpu1.lan"\n{key} = "{value}"\n')

@@ -27,8 +27,16 @@ def test_benchmarks_import_no_test_module() -> None:
     offenders = []
     for path in sorted([*ROOT.glob("bench/**/*.py"), *ROOT.glob("scripts/**/*.py")]):
         for node in ast.walk(parse(path)):
-            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
-                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names  # type: ignore[attr-defined]
-                          if n.startswith(("tests.test_", "tests.unit.test_"))]
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            offenders += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                for n in names  # type: ignore[attr-defined]
+                if n.startswith(("tests.test_", "tests.unit.test_"))
+            ]
     assert offenders == []

@@ -91,8 +91,10 @@ class RecordingServer:
                 self.seen.append(Seen(conn, accepted, path, arrived))
                 if path == "/v1/models":
                     data = json.dumps({"object": "list", "data": [{"id": "m"}]}).encode()
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(data), data))
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(data), data)
+                    )
                 else:
                     await self._stream(writer, json.loads(body))
                 await writer.drain()
@@ -139,9 +141,12 @@ def server() -> Iterator[RecordingServer]:
 
 
 def run_level(url: str, concurrency: int, requests: int, client: ClientKind) -> LoadGenerator:
-    gen = LoadGenerator(BenchTarget(url, model="m"), BenchPlan(concurrency=(concurrency,), requests=requests,
-                                                               prompt_tokens=16, max_tokens=4),
-                        client=client, keep_traces=True)
+    gen = LoadGenerator(
+        BenchTarget(url, model="m"),
+        BenchPlan(concurrency=(concurrency,), requests=requests, prompt_tokens=16, max_tokens=4),
+        client=client,
+        keep_traces=True,
+    )
     asyncio.run(gen.run())
     return gen
 
@@ -180,8 +185,9 @@ def test_a_target_that_refuses_connections_is_a_transport_error(client: ClientKi
     server = RecordingServer()
     url = server.url
     server.stop()
-    gen = LoadGenerator(BenchTarget(url, model="m"), BenchPlan(concurrency=(4,), requests=4, warmup=False),
-                        client=client)
+    gen = LoadGenerator(
+        BenchTarget(url, model="m"), BenchPlan(concurrency=(4,), requests=4, warmup=False), client=client
+    )
     with pytest.raises(TransportError, match=f"bench: opening 4 connections to {url}: connect"):
         asyncio.run(gen.run())
 
@@ -206,6 +212,7 @@ def test_no_copy_passes_the_meeting_until_every_copy_has_reached_it() -> None:
 
 def test_a_failed_copy_breaks_the_meeting_and_its_error_is_raised() -> None:
     """One GET failing does not leave the others waiting for it: the run stops with that GET's error."""
+
     async def one(meet: Callable[[], Awaitable[object]]) -> None:
         if not getattr(one, "failed", False):
             one.failed = True  # type: ignore[attr-defined]
@@ -218,6 +225,7 @@ def test_a_failed_copy_breaks_the_meeting_and_its_error_is_raised() -> None:
 
 def test_hold_open_leaves_exactly_c_connections_on_the_server(server: RecordingServer, client: ClientKind) -> None:
     """C GETs held together arrive on C distinct connections."""
+
     async def go() -> None:
         backend = open_backend(client, server.url, {}, 10.0, 12)
         try:

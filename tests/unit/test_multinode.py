@@ -43,16 +43,22 @@ def orchestrator(*args: str) -> subprocess.CompletedProcess[str]:
     return run(*args, cwd=REPO)
 
 
-@pytest.mark.parametrize("model,key,message", [
-    ('nodes = ["g1", "g1"]\ntensor_parallel = 8\npipeline_parallel = 2\n', "models.big.nodes",
-     "host 'g1' is listed twice"),
-    ('nodes = ["g1", "g9"]\ntensor_parallel = 8\npipeline_parallel = 2\n', "models.big.nodes",
-     "unknown host 'g9'"),
-    ('nodes = ["g1", "g2"]\ntensor_parallel = 4\n', "models.big", "2 nodes x 8 GPUs each"),
-    (f'nodes = ["g1", "g2"]\ntensor_parallel = 8\npipeline_parallel = 2\nconfig = "{KIMI}"\n', None, None),
-])
-def test_bad_node_layouts_exit_2_naming_the_key(tmp_path: Path, model: str, key: str | None,
-                                                 message: str | None) -> None:
+@pytest.mark.parametrize(
+    "model,key,message",
+    [
+        (
+            'nodes = ["g1", "g1"]\ntensor_parallel = 8\npipeline_parallel = 2\n',
+            "models.big.nodes",
+            "host 'g1' is listed twice",
+        ),
+        ('nodes = ["g1", "g9"]\ntensor_parallel = 8\npipeline_parallel = 2\n', "models.big.nodes", "unknown host 'g9'"),
+        ('nodes = ["g1", "g2"]\ntensor_parallel = 4\n', "models.big", "2 nodes x 8 GPUs each"),
+        (f'nodes = ["g1", "g2"]\ntensor_parallel = 8\npipeline_parallel = 2\nconfig = "{KIMI}"\n', None, None),
+    ],
+)
+def test_bad_node_layouts_exit_2_naming_the_key(
+    tmp_path: Path, model: str, key: str | None, message: str | None
+) -> None:
     """A node listed twice, an unknown node, a GPU count that does not add up: exit 2 with the key; a good one loads."""
     cfg = tmp_path / "deploy.toml"
     cfg.write_text(toml(model))
@@ -67,8 +73,10 @@ def test_bad_node_layouts_exit_2_naming_the_key(tmp_path: Path, model: str, key:
 def test_tp_larger_than_a_nodes_gpus_exits_2(tmp_path: Path) -> None:
     """tensor_parallel 16 over two 8-GPU boxes is refused by name: TP stays inside a box."""
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text(HOSTS + '[models.big]\nrepo = "org/big"\nnodes = ["g1", "g2"]\ngpus = [0, 1, 2, 3, 4, 5, 6, 7]\n'
-                   'tensor_parallel = 16\n')
+    cfg.write_text(
+        HOSTS + '[models.big]\nrepo = "org/big"\nnodes = ["g1", "g2"]\ngpus = [0, 1, 2, 3, 4, 5, 6, 7]\n'
+        "tensor_parallel = 16\n"
+    )
     r = orchestrator("models", "--config", str(cfg))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "models.big.tensor_parallel" in r.stderr and "larger than node g1's 8 GPUs" in r.stderr
@@ -77,9 +85,11 @@ def test_tp_larger_than_a_nodes_gpus_exits_2(tmp_path: Path) -> None:
 def test_pp_larger_than_the_layers_exits_2(tmp_path: Path) -> None:
     """PP 64 over 61 layers (Kimi's config.json) is refused, naming pipeline_parallel and the layer count."""
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text(HOSTS.replace("gpus = 8", "gpus = 64") + '[models.big]\nrepo = "org/big"\nnodes = ["g1", "g2"]\n'
-                   f'gpus = [{", ".join(map(str, range(32)))}]\ntensor_parallel = 1\npipeline_parallel = 64\n'
-                   f'config = "{KIMI}"\n')
+    cfg.write_text(
+        HOSTS.replace("gpus = 8", "gpus = 64") + '[models.big]\nrepo = "org/big"\nnodes = ["g1", "g2"]\n'
+        f"gpus = [{', '.join(map(str, range(32)))}]\ntensor_parallel = 1\npipeline_parallel = 64\n"
+        f'config = "{KIMI}"\n'
+    )
     r = orchestrator("models", "--config", str(cfg))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "models.big.pipeline_parallel" in r.stderr and "61 layers" in r.stderr, r.stderr
@@ -118,17 +128,34 @@ def test_plan_cli_bare_config_with_nodes() -> None:
 
 
 def catalog(backend: str = "native", **model: Any) -> Catalog:
-    return Catalog.model_validate({
-        "defaults": {"engine": ["/opt/vllm/bin/vllm", "serve"], "free_timeout_s": 5, "load_deadline_s": 30,
-                     "health_interval_s": 0.1},
-        "hosts": {"g1": {"address": "10.0.0.1", "gpus": 2, "interface": "eth1"},
-                  "g2": {"address": "10.0.0.2", "gpus": 2}},
-        "models": {
-            "big": {"repo": "org/big", "nodes": ["g1", "g2"], "gpus": [0, 1], "tensor_parallel": 2,
-                    "pipeline_parallel": 2, "port": 8000, "backend": backend, **model},
-            "small1": {"repo": "org/s", "host": "g1", "gpus": [0, 1], "tensor_parallel": 2, "port": 8001},
-            "small2": {"repo": "org/s", "host": "g2", "gpus": [0, 1], "tensor_parallel": 2, "port": 8002},
-        }})
+    return Catalog.model_validate(
+        {
+            "defaults": {
+                "engine": ["/opt/vllm/bin/vllm", "serve"],
+                "free_timeout_s": 5,
+                "load_deadline_s": 30,
+                "health_interval_s": 0.1,
+            },
+            "hosts": {
+                "g1": {"address": "10.0.0.1", "gpus": 2, "interface": "eth1"},
+                "g2": {"address": "10.0.0.2", "gpus": 2},
+            },
+            "models": {
+                "big": {
+                    "repo": "org/big",
+                    "nodes": ["g1", "g2"],
+                    "gpus": [0, 1],
+                    "tensor_parallel": 2,
+                    "pipeline_parallel": 2,
+                    "port": 8000,
+                    "backend": backend,
+                    **model,
+                },
+                "small1": {"repo": "org/s", "host": "g1", "gpus": [0, 1], "tensor_parallel": 2, "port": 8001},
+                "small2": {"repo": "org/s", "host": "g2", "gpus": [0, 1], "tensor_parallel": 2, "port": 8002},
+            },
+        }
+    )
 
 
 def test_native_units_rank0_serves_and_rank1_is_headless() -> None:
@@ -189,11 +216,17 @@ def test_ray_units_keep_ray_files_in_the_state_directory_and_take_ray_args() -> 
 RAY_FIXTURES = REPO / "tests/fixtures/ray"
 
 
-@pytest.mark.parametrize("fixture,nodes", [
-    ("status-v-head-only.txt", [("cb080578", {"CPU": 1.0, "GPU": 2.0})]),
-    ("status-v-2-nodes.txt", [("c54cf3d8", {"CPU": 1.0, "GPU": 1.0}), ("366f4922", {"CPU": 1.0, "GPU": 1.0})]),
-    ("status-v-2-nodes-serving.txt", [("7d95939f", {"CPU": 1.0, "GPU": 1.0}), ("ce69c2d5", {"CPU": 1.0, "GPU": 1.0})]),
-])
+@pytest.mark.parametrize(
+    "fixture,nodes",
+    [
+        ("status-v-head-only.txt", [("cb080578", {"CPU": 1.0, "GPU": 2.0})]),
+        ("status-v-2-nodes.txt", [("c54cf3d8", {"CPU": 1.0, "GPU": 1.0}), ("366f4922", {"CPU": 1.0, "GPU": 1.0})]),
+        (
+            "status-v-2-nodes-serving.txt",
+            [("7d95939f", {"CPU": 1.0, "GPU": 1.0}), ("ce69c2d5", {"CPU": 1.0, "GPU": 1.0})],
+        ),
+    ],
+)
 def test_ray_status_nodes_reads_every_node_with_its_cpus_and_gpus(fixture: str, nodes: list[Any]) -> None:
     """Real `ray status -v` of Ray 2.60 (head only, two nodes, two nodes with a placement group): each node's totals."""
     found = multinode.ray_status_nodes((RAY_FIXTURES / fixture).read_text())
@@ -229,8 +262,10 @@ def test_switch_starts_headless_ranks_before_rank0_and_stops_peers_models() -> N
     assert dep.phase is Phase.ACTIVE, dep.error
     assert fleet.hosts["g2"].active_units() == ["vllm-big-node1.service"]
     assert fleet.hosts["g1"].active_units() == ["vllm-big.service"]
-    assert fleet.hosts["g2"].units["vllm-big-node1.service"].started_at <= fleet.hosts["g1"].units[
-        "vllm-big.service"].started_at
+    assert (
+        fleet.hosts["g2"].units["vllm-big-node1.service"].started_at
+        <= fleet.hosts["g1"].units["vllm-big.service"].started_at
+    )
     assert "stop vllm-small2.service" in fleet.hosts["g2"].calls
     assert fleet.store.serving("g2") is None
 
@@ -305,6 +340,7 @@ def crash_at(event: str, node: str, unit: str | None = None) -> Any:
     def progress(name: str, fields: dict[str, Any]) -> None:
         if name == event and fields.get("node") == node and unit in (None, fields.get("unit")):
             raise Crash(f"{event} on {node}")
+
     return progress
 
 
@@ -320,13 +356,19 @@ def test_per_node_progress_is_recorded_and_a_crash_after_the_headless_rank_resum
         fleet.engine.run(dep.id)
     assert fleet.store.get(dep.id).phase is Phase.STARTING
     assert [(e["step"], e["node"]) for e in fleet.engine.node_progress(dep) if e["phase"] == "starting"] == [
-        ("started", "g2")]
+        ("started", "g2")
+    ]
     fleet.engine.progress = lambda event, fields: None
     assert fleet.engine.run(dep.id).phase is Phase.ACTIVE
     assert fleet.hosts["g2"].calls.count("start vllm-big-node1.service") == 1
     assert [(e["phase"], e["step"], e["node"]) for e in fleet.engine.node_progress(dep)] == [
-        ("installing", "installed", "g2"), ("installing", "installed", "g1"), ("starting", "started", "g2"),
-        ("starting", "started", "g1"), ("checking", "ready", "g2"), ("checking", "ready", "g1")]
+        ("installing", "installed", "g2"),
+        ("installing", "installed", "g1"),
+        ("starting", "started", "g2"),
+        ("starting", "started", "g1"),
+        ("checking", "ready", "g2"),
+        ("checking", "ready", "g1"),
+    ]
 
 
 def test_a_crash_during_rollback_resumes_without_restarting_what_it_brought_back() -> None:
@@ -364,8 +406,11 @@ def test_single_box_switch_on_a_rank_node_is_refused_naming_the_multinode_model(
 
     fleet = Fleet(catalog())
     fleet.switch("big")
-    with pytest.raises(NodeInUse, match=r"vllm-big-node1.service runs a rank of multi-node model big "
-                                          r"\(headed on g1\).*`orchestrator stop big`") as info:
+    with pytest.raises(
+        NodeInUse,
+        match=r"vllm-big-node1.service runs a rank of multi-node model big "
+        r"\(headed on g1\).*`orchestrator stop big`",
+    ) as info:
         fleet.engine.plan_switch("small2")
     assert info.value.exit_code == 5
     assert len(fleet.store.history()) == 1
@@ -398,8 +443,9 @@ class RootedWeights(FakeWeights):
         from orchestrator.ports import StagedWeights
 
         self.staged.append(spec.model_dir)
-        return StagedWeights(path=f"{self.root}/{spec.repo.replace('/', '--')}/{spec.revision}",
-                             revision=spec.revision, total_bytes=0)
+        return StagedWeights(
+            path=f"{self.root}/{spec.repo.replace('/', '--')}/{spec.revision}", revision=spec.revision, total_bytes=0
+        )
 
 
 def test_each_node_stages_into_and_runs_from_its_own_models_dir() -> None:
@@ -408,8 +454,9 @@ def test_each_node_stages_into_and_runs_from_its_own_models_dir() -> None:
     data["hosts"]["g2"]["models_dir"] = "/data/models"
     data["models"]["big"].update(source="hub", revision="a" * 40)
     cat = Catalog.model_validate(data)
-    rendered = render_nodes(cat, cat.models["big"], template_text, model_dir=f"/models/org--big/{'b' * 40}",
-                            revision="b" * 40)
+    rendered = render_nodes(
+        cat, cat.models["big"], template_text, model_dir=f"/models/org--big/{'b' * 40}", revision="b" * 40
+    )
     assert f'"--model" "/models/org--big/{"b" * 40}"' in rendered.api.text
     assert f'"--model" "/data/models/org--big/{"b" * 40}"' in rendered.nodes[0].unit_text
     clock = FakeClock()

@@ -50,9 +50,12 @@ def test_layouts_are_listed_best_first() -> None:
 
 def test_switch_refuses_invalid_layout_before_stopping() -> None:
     """A switch to TP=8 without EP aborts in preflight; the serving model is never stopped."""
-    catalog = make_catalog(models={
-        "alpha": {"repo": "org/alpha", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8000},
-        "mm-tp8": {"repo": "MiniMaxAI/MiniMax-M2.5", "gpus": list(range(8)), "tensor_parallel": 8, "port": 8001}})
+    catalog = make_catalog(
+        models={
+            "alpha": {"repo": "org/alpha", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8000},
+            "mm-tp8": {"repo": "MiniMaxAI/MiniMax-M2.5", "gpus": list(range(8)), "tensor_parallel": 8, "port": 8001},
+        }
+    )
     world = World(catalog)
     world.switch("alpha")
     model_dir = world.engine.spec_for(catalog.models["mm-tp8"]).model_dir
@@ -66,8 +69,17 @@ def test_switch_refuses_invalid_layout_before_stopping() -> None:
 
 def test_unknown_host_is_named_without_traceback() -> None:
     """plan MODEL --on NOPE exits 2 naming the host and the known ones."""
-    r = run("plan", "minimax-m25", "--on", "nope", "--model-config", str(MINIMAX),
-            "--config", str(REPO / "deploy.toml"), cwd=REPO)
+    r = run(
+        "plan",
+        "minimax-m25",
+        "--on",
+        "nope",
+        "--model-config",
+        str(MINIMAX),
+        "--config",
+        str(REPO / "deploy.toml"),
+        cwd=REPO,
+    )
     assert r.returncode == 2 and "unknown host 'nope' (known: blackwell)" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -75,9 +87,12 @@ def test_unknown_host_is_named_without_traceback() -> None:
 def test_a_restore_under_any_trigger_skips_the_layout_check() -> None:
     """A rollback is known by its record, not its trigger's wording: tune's restore of a revision that
     loaded once is not refused by a layout check that the catalog's config.json would fail now."""
-    catalog = make_catalog(models={
-        "alpha": {"repo": "org/alpha", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8000},
-        "mm-tp8": {"repo": "MiniMaxAI/MiniMax-M2.5", "gpus": list(range(8)), "tensor_parallel": 8, "port": 8001}})
+    catalog = make_catalog(
+        models={
+            "alpha": {"repo": "org/alpha", "gpus": [0, 1, 2, 3], "tensor_parallel": 4, "port": 8000},
+            "mm-tp8": {"repo": "MiniMaxAI/MiniMax-M2.5", "gpus": list(range(8)), "tensor_parallel": 8, "port": 8001},
+        }
+    )
     world = World(catalog)
     assert world.switch("mm-tp8").phase is Phase.ACTIVE  # no config.json on the box yet: nothing to check
     world.switch("alpha")

@@ -39,8 +39,15 @@ def hub() -> Iterator[HubStub]:
 
 def plan(tmp_path: Path, endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_ENDPOINT": endpoint, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_TOKEN": ""}
-    return subprocess.run([sys.executable, "-m", "orchestrator", "plan", *args], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, check=False, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "plan", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+        timeout=120,
+    )
 
 
 def catalog(tmp_path: Path, extra: str = "") -> Path:
@@ -88,18 +95,25 @@ def test_model_config_key_plans_offline(tmp_path: Path, closed_endpoint: str) ->
     assert f"config.json: {tmp_path / 'configs/minimax.json'} (models.minimax-m25-ep.config)" in r.stdout
 
 
-@pytest.mark.parametrize("content,message", [
-    (None, "file not found"),
-    ("not json", "not a valid config.json (not valid JSON"),
-    ("[1, 2]", "not a valid config.json (a JSON list, not an object)"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "file not found"),
+        ("not json", "not a valid config.json (not valid JSON"),
+        ("[1, 2]", "not a valid config.json (a JSON list, not an object)"),
+    ],
+)
 def test_model_config_key_must_name_a_json_object(tmp_path: Path, content: str | None, message: str) -> None:
     """A missing or invalid models.NAME.config is one error naming the file, the key and the path."""
     if content is not None:
         (tmp_path / "c.json").write_text(content)
     cfg = catalog(tmp_path, 'config = "c.json"\n')
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config", str(cfg)],
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "models", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert f"{cfg}: models.minimax-m25-ep.config: {tmp_path / 'c.json'}: {message}" in r.stderr
 

@@ -13,11 +13,25 @@ import pytest
 from orchestrator.core.planner_arch import config_field_error, parse_model
 from tests.unit.cli_runner import invoke
 
-LLAMA: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-                         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                         "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096}
-MAMBA: dict[str, Any] = {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "hidden_size": 2560,
-                         "num_hidden_layers": 64, "vocab_size": 50280, "intermediate_size": 5120}
+LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
+MAMBA: dict[str, Any] = {
+    "architectures": ["MambaForCausalLM"],
+    "model_type": "mamba",
+    "hidden_size": 2560,
+    "num_hidden_layers": 64,
+    "vocab_size": 50280,
+    "intermediate_size": 5120,
+}
 BAD = [
     ({"num_key_value_heads": 0}, "num_key_value_heads", "0"),
     ({"num_key_value_heads": -2}, "num_key_value_heads", "-2"),
@@ -34,8 +48,9 @@ def _with(change: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("change,field,value", BAD, ids=[f"{f}={v}" for _, f, v in BAD])
-def test_plan_refuses_a_config_with_an_impossible_head_count(tmp_path: Path, change: dict[str, Any], field: str,
-                                                             value: str) -> None:
+def test_plan_refuses_a_config_with_an_impossible_head_count(
+    tmp_path: Path, change: dict[str, Any], field: str, value: str
+) -> None:
     """`plan --config FILE`: exit 2, the message names the file, the field and the value (it was a warning)."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(_with(change)))
@@ -74,9 +89,15 @@ def test_an_attention_free_architecture_plans_without_heads(tmp_path: Path) -> N
     assert [w for w in out["reasons"] + out["warnings"] if "head" in w] == []
 
 
-@pytest.mark.parametrize("cfg", [LLAMA, MAMBA, {**MAMBA, "model_type": "falcon_mamba",
-                                                  "architectures": ["FalconMambaForCausalLM"]},
-                                 {"num_attention_heads": 8, "n_head": 8, "hidden_size": 64, "n_layer": 2}])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LLAMA,
+        MAMBA,
+        {**MAMBA, "model_type": "falcon_mamba", "architectures": ["FalconMambaForCausalLM"]},
+        {"num_attention_heads": 8, "n_head": 8, "hidden_size": 64, "n_layer": 2},
+    ],
+)
 def test_usable_head_counts_are_no_error(cfg: dict[str, Any]) -> None:
     """GQA, no GQA (kv heads absent: as many as heads), attention-free, an alias: nothing to refuse."""
     assert config_field_error({k: v for k, v in cfg.items() if k != "num_key_value_heads"}) is None
@@ -85,8 +106,11 @@ def test_usable_head_counts_are_no_error(cfg: dict[str, Any]) -> None:
 
 def test_a_negative_count_is_refused_even_for_an_attention_free_architecture() -> None:
     """Attention-free excuses a zero or a missing count, never a negative one."""
-    assert config_field_error({**MAMBA, "num_key_value_heads": -1}) == ("num_key_value_heads", "-1",
-                                                                        "not a head count (a positive integer)")
+    assert config_field_error({**MAMBA, "num_key_value_heads": -1}) == (
+        "num_key_value_heads",
+        "-1",
+        "not a head count (a positive integer)",
+    )
 
 
 def test_a_switch_to_weights_whose_config_has_zero_kv_heads_aborts_in_preflight() -> None:
@@ -96,8 +120,12 @@ def test_a_switch_to_weights_whose_config_has_zero_kv_heads_aborts_in_preflight(
 
     from .conftest import World, make_catalog
 
-    catalog = make_catalog(models={"alpha": {"repo": "org/alpha", "gpus": [0], "port": 8000},
-                                   "beta": {"repo": "org/beta", "gpus": [0], "port": 8001}})
+    catalog = make_catalog(
+        models={
+            "alpha": {"repo": "org/alpha", "gpus": [0], "port": 8000},
+            "beta": {"repo": "org/beta", "gpus": [0], "port": 8001},
+        }
+    )
     world = World(catalog)
     world.switch("alpha")
     model_dir = world.engine.spec_for(catalog.models["beta"]).model_dir
@@ -132,7 +160,8 @@ REQUIRED = [
 
 @pytest.mark.parametrize("change,field,value", REQUIRED, ids=[f"{f}={v}" for _, f, v in REQUIRED])
 def test_plan_refuses_a_config_missing_or_with_an_impossible_required_field(
-        tmp_path: Path, change: dict[str, Any], field: str, value: str) -> None:
+    tmp_path: Path, change: dict[str, Any], field: str, value: str
+) -> None:
     """`plan --config FILE` without a usable layer count, hidden size, head size or vocabulary: exit 2 naming all."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(_with(change)))
@@ -158,11 +187,16 @@ def test_a_catalog_model_config_without_hidden_size_refuses_the_deploy_toml(tmp_
     assert "models.a.config" in result.output and "hidden_size is missing: " in result.output
 
 
-@pytest.mark.parametrize("cfg", [{"architectures": ["Terratorch"], "pretrained_cfg": {}},
-                                 {"model_type": "timm_wrapper", "num_classes": 10},
-                                 {**MAMBA, "num_hidden_layers": None, "n_layer": 64},
-                                 {**LLAMA, "num_key_value_heads": None},
-                                 {**LLAMA, "head_dim": None, "vocab_size": None}])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"architectures": ["Terratorch"], "pretrained_cfg": {}},
+        {"model_type": "timm_wrapper", "num_classes": 10},
+        {**MAMBA, "num_hidden_layers": None, "n_layer": 64},
+        {**LLAMA, "num_key_value_heads": None},
+        {**LLAMA, "head_dim": None, "vocab_size": None},
+    ],
+)
 def test_non_transformer_and_aliased_configs_need_no_more(cfg: dict[str, Any]) -> None:
     """Terratorch and timm need no layers or hidden size; an alias counts; a null is unset, as transformers reads it."""
     assert config_field_error(cfg) is None
@@ -180,8 +214,12 @@ def test_a_switch_to_weights_without_a_layer_count_aborts_in_preflight() -> None
 
     from .conftest import World, make_catalog
 
-    catalog = make_catalog(models={"alpha": {"repo": "org/alpha", "gpus": [0], "port": 8000},
-                                   "beta": {"repo": "org/beta", "gpus": [0], "port": 8001}})
+    catalog = make_catalog(
+        models={
+            "alpha": {"repo": "org/alpha", "gpus": [0], "port": 8000},
+            "beta": {"repo": "org/beta", "gpus": [0], "port": 8001},
+        }
+    )
     world = World(catalog)
     world.switch("alpha")
     model_dir = world.engine.spec_for(catalog.models["beta"]).model_dir

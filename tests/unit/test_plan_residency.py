@@ -10,21 +10,38 @@ from pathlib import Path
 from .cli_runner import invoke
 
 # A Llama-7B-shaped config: 6.7 B parameters in bf16, 12.6 GiB of weights by the planner's estimate.
-LLAMA_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-            "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-            "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
-            "torch_dtype": "bfloat16"}
+LLAMA_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}
 
 
 def deploy(tmp_path: Path, host: str = "memory_gib = 64", extra: str = "") -> Path:
     (tmp_path / "llama7b.json").write_text(json.dumps(LLAMA_7B))
-    models = "".join(f'[models.{n}]\nrepo = "org/{n}"\ngpus = [0]\nport = {8001 + i}\nconfig = "llama7b.json"\n'
-                     f'{sleep}\n' for i, (n, sleep) in enumerate(
-                         [("a", 'sleep = "level1"'), ("b", 'sleep = "level1"'), ("c", 'sleep = "level1"'),
-                          ("d", 'sleep = "level2"'), ("e", "")]))
+    models = "".join(
+        f'[models.{n}]\nrepo = "org/{n}"\ngpus = [0]\nport = {8001 + i}\nconfig = "llama7b.json"\n{sleep}\n'
+        for i, (n, sleep) in enumerate(
+            [
+                ("a", 'sleep = "level1"'),
+                ("b", 'sleep = "level1"'),
+                ("c", 'sleep = "level1"'),
+                ("d", 'sleep = "level2"'),
+                ("e", ""),
+            ]
+        )
+    )
     (tmp_path / "deploy.toml").write_text(
         f'state_dir = "{tmp_path}/state"\n[defaults]\nbind = "127.0.0.1"\ngpu_memory_utilization = 0.9\n'
-        f'[hosts.box]\ntransport = "local"\ngpus = 8\ngpu_memory_gib = 141\n{host}\n{models}{extra}')
+        f'[hosts.box]\ntransport = "local"\ngpus = 8\ngpu_memory_gib = 141\n{host}\n{models}{extra}'
+    )
     return tmp_path / "deploy.toml"
 
 
@@ -58,7 +75,12 @@ def test_a_warm_switch_sleeps_the_displaced_model_and_wakes_the_target(tmp_path:
     switch = plan_json(deploy(tmp_path), "a", "--serving", "b", "--asleep", "a")["switch"]
     assert isinstance(switch, dict)
     assert (switch["wake"], switch["sleep"], switch["stop"], switch["evict"], switch["fits"]) == (
-        True, ["b"], [], [], True)
+        True,
+        ["b"],
+        [],
+        [],
+        True,
+    )
 
 
 def test_a_full_budget_evicts_the_least_recently_served_sleeper(tmp_path: Path) -> None:
@@ -68,8 +90,9 @@ def test_a_full_budget_evicts_the_least_recently_served_sleeper(tmp_path: Path) 
     r = invoke("plan", "--config", str(path), "e", "--serving", "a", "--asleep", "c,b")
     assert r.exit_code == 0, r.output
     assert "switch to e: cold start" in r.output and "  - a sleeps (level1, 12.6 GiB in host RAM)" in r.output
-    assert ("c (asleep, the least recently served) is evicted: sleepers would hold 37.7 GiB of host RAM, "
-            "over the 30.0 GiB") in r.output
+    assert (
+        "c (asleep, the least recently served) is evicted: sleepers would hold 37.7 GiB of host RAM, over the 30.0 GiB"
+    ) in r.output
 
 
 def test_a_model_without_sleep_mode_is_stopped_by_the_switch(tmp_path: Path) -> None:
@@ -96,7 +119,8 @@ def test_a_host_without_sleep_models_plans_as_before(tmp_path: Path) -> None:
     (tmp_path / "llama7b.json").write_text(json.dumps(LLAMA_7B))
     (tmp_path / "deploy.toml").write_text(
         f'state_dir = "{tmp_path}/state"\n[hosts.box]\ntransport = "local"\ngpus = 8\ngpu_memory_gib = 141\n'
-        '[models.a]\nrepo = "org/a"\ngpus = [0]\nconfig = "llama7b.json"\n')
+        '[models.a]\nrepo = "org/a"\ngpus = [0]\nconfig = "llama7b.json"\n'
+    )
     r = invoke("plan", "--config", str(tmp_path / "deploy.toml"), "a", "--json")
     assert r.exit_code == 0 and "residency" not in json.loads(r.output)
 

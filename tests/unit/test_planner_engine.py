@@ -47,8 +47,13 @@ def test_an_engine_without_expert_parallel_refuses_an_ep_layout(minimax: dict[st
 
 def test_the_fp8_block_warning_names_the_engines_flag(minimax: dict[str, Any]) -> None:
     """The hint that EP lifts the MoE block rule names the engine's own flag."""
-    v = check(minimax, Layout(tp=8), SEED_HOST, weight_bytes=MINIMAX_BYTES,
-              engine=replace(VLLM, load_rules=replace(VLLM.load_rules, expert_parallel="--ep-on")))
+    v = check(
+        minimax,
+        Layout(tp=8),
+        SEED_HOST,
+        weight_bytes=MINIMAX_BYTES,
+        engine=replace(VLLM, load_rules=replace(VLLM.load_rules, expert_parallel="--ep-on")),
+    )
     assert any("expert parallel (--ep-on)" in w for w in v.warnings)
 
 
@@ -56,8 +61,9 @@ def test_the_free_memory_to_start_is_the_engines_rule(minimax: dict[str, Any]) -
     """The free memory a GPU needs at start comes from the engine's start rule."""
     hw = replace(SEED_HOST, free_memory_gib=(80.0,) * 8)
     assert not check(minimax, Layout(tp=4), hw, weight_bytes=MINIMAX_BYTES).valid  # 0.9 x 96 = 86.4 > 80
-    lenient = replace(VLLM, load_rules=HalfToStart(**{f.name: getattr(VLLM.load_rules, f.name)
-                                                     for f in fields(LoadRules)}))
+    lenient = replace(
+        VLLM, load_rules=HalfToStart(**{f.name: getattr(VLLM.load_rules, f.name) for f in fields(LoadRules)})
+    )
     assert check(minimax, Layout(tp=4), hw, weight_bytes=MINIMAX_BYTES, engine=lenient).valid
 
 
@@ -66,4 +72,8 @@ def test_workload_defaults_are_the_engines() -> None:
     rules = VLLM.load_rules
     wl = Workload()
     assert (wl.overhead_gib, wl.max_num_seqs, wl.gpu_memory_utilization, wl.min_full_sequences) == (
-        rules.overhead_gib, rules.max_num_seqs, rules.gpu_memory_utilization, rules.min_full_sequences)
+        rules.overhead_gib,
+        rules.max_num_seqs,
+        rules.gpu_memory_utilization,
+        rules.min_full_sequences,
+    )

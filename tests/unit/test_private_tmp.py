@@ -33,13 +33,16 @@ def write(tmp_path: Path, **fields: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("fields,key,bad", [
-    ({"engine": '["/tmp/clone/.venv/bin/python", "-m", "vllm"]'}, "defaults.engine", "/tmp/clone/.venv/bin/python"),
-    ({"host_engine": 'engine = ["/usr/bin/python3", "/var/tmp/shim.py"]'}, "hosts.box.engine", "/var/tmp/shim.py"),
-    # "/tmp/../tmp/...": a ".." part, refused first
-    ({"models_dir": "/tmp/models"}, "hosts.box.models_dir", "/tmp/models"),
-    ({"source": "local:/var/tmp/weights"}, "models.a.source", "/var/tmp/weights"),
-])
+@pytest.mark.parametrize(
+    "fields,key,bad",
+    [
+        ({"engine": '["/tmp/clone/.venv/bin/python", "-m", "vllm"]'}, "defaults.engine", "/tmp/clone/.venv/bin/python"),
+        ({"host_engine": 'engine = ["/usr/bin/python3", "/var/tmp/shim.py"]'}, "hosts.box.engine", "/var/tmp/shim.py"),
+        # "/tmp/../tmp/...": a ".." part, refused first
+        ({"models_dir": "/tmp/models"}, "hosts.box.models_dir", "/tmp/models"),
+        ({"source": "local:/var/tmp/weights"}, "models.a.source", "/var/tmp/weights"),
+    ],
+)
 def test_paths_under_private_tmp_are_refused(tmp_path: Path, fields: dict[str, str], key: str, bad: str) -> None:
     """An engine, models_dir or local weights under /tmp or /var/tmp is one error naming key, path and why."""
     with pytest.raises(ConfigError) as err:
@@ -55,7 +58,17 @@ def test_paths_outside_tmp_load(tmp_path: Path) -> None:
 
 def test_engine_under_tmp_exits_2_in_one_line(tmp_path: Path) -> None:
     """The CLI reports it as bad configuration: exit 2, one line, no traceback."""
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config",
-                        str(write(tmp_path, engine='["/tmp/venv/bin/vllm", "serve"]'))],
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "models",
+            "--config",
+            str(write(tmp_path, engine='["/tmp/venv/bin/vllm", "serve"]')),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

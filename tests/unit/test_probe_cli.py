@@ -14,14 +14,18 @@ from tests.unit.cli_runner import invoke
 GOOD = '[hosts.box]\ngpus = 8\n[models.a]\nrepo = "org/a"\ngpus = [0]\n'
 
 
-@pytest.mark.parametrize("args,option", [
-    (["models", "--config", ""], "--config"),
-    (["plan", "a", "--config", ""], "--config"),
-    (["render", "--out", ""], "--out"),
-    (["plan", "a", "--model-config", ""], "--model-config"),
-])
-def test_an_empty_path_option_is_refused_not_defaulted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      args: list[str], option: str) -> None:
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (["models", "--config", ""], "--config"),
+        (["plan", "a", "--config", ""], "--config"),
+        (["render", "--out", ""], "--out"),
+        (["plan", "a", "--model-config", ""], "--model-config"),
+    ],
+)
+def test_an_empty_path_option_is_refused_not_defaulted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], option: str
+) -> None:
     """`--config "$UNSET"` never reads ./deploy.toml, `--out ""` never writes into the working directory."""
     (tmp_path / "deploy.toml").write_text(GOOD)
     monkeypatch.chdir(tmp_path)
@@ -34,22 +38,26 @@ def test_an_empty_path_option_is_refused_not_defaulted(tmp_path: Path, monkeypat
 LOCAL = '[hosts.box]\ntransport = "local"\ngpus = 8\n[models.a]\nrepo = "org/a"\ngpus = [0]\n'
 
 
-@pytest.mark.parametrize("args,code", [
-    (["switch", "nope"], 2),
-    (["switch", "a", "nope"], 2),
-    (["stage", "nope"], 2),
-    (["stop", "nope"], 2),
-    (["plan", "nope"], 2),
-    (["tune", "nope"], 2),
-    (["rollback"], 2),
-    (["bench"], 2),
-    (["history", "--limit", "0"], 2),
-    (["status", "--group", "g"], 2),
-    (["models", "--config", "/nonexistent/deploy.toml"], 2),
-    (["config", "show"], 6),
-])
+@pytest.mark.parametrize(
+    "args,code",
+    [
+        (["switch", "nope"], 2),
+        (["switch", "a", "nope"], 2),
+        (["stage", "nope"], 2),
+        (["stop", "nope"], 2),
+        (["plan", "nope"], 2),
+        (["tune", "nope"], 2),
+        (["rollback"], 2),
+        (["bench"], 2),
+        (["history", "--limit", "0"], 2),
+        (["status", "--group", "g"], 2),
+        (["models", "--config", "/nonexistent/deploy.toml"], 2),
+        (["config", "show"], 6),
+    ],
+)
 def test_every_json_command_prints_one_json_document_even_when_it_fails(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], code: int) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], code: int
+) -> None:
     """A --json consumer always gets one document on stdout: the error, its exit code and type (text on stderr)."""
     (tmp_path / "deploy.toml").write_text(LOCAL)
     monkeypatch.chdir(tmp_path)

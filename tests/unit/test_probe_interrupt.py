@@ -25,11 +25,13 @@ LOCAL = {"box": {"transport": "local", "gpus": 8, "gpu_memory_gib": 96}}
 
 def ctrl_c_at(world: OpsWorld, phase: str, seen: list[dict[str, Any]] | None = None) -> None:
     """Send this process SIGINT (the terminal's Ctrl-C) when the switch reaches ``phase``."""
+
     def hook(dep: Deployment) -> None:
         if dep.phase.value == phase:
             if seen is not None:
                 seen.append(world.ops.status(probe=False)["hosts"]["box"])
             os.kill(os.getpid(), signal.SIGINT)
+
     world.ops.before_step = hook
 
 
@@ -40,8 +42,10 @@ def test_ctrl_c_parks_the_switch_and_exits_130_naming_it(tmp_path: Path) -> None
     with pytest.raises(Interrupted) as info:
         LocalBackend(world.catalog, ops=world.ops).call(SWITCH, {"model": "alpha"})
     assert info.value.exit_code == 130
-    assert "interrupted (Ctrl-C): switch stopped after its current step: revision 1 (alpha) in phase stopping " \
-           "on box; nothing runs it now: `orchestrator recover` finishes it" in str(info.value)
+    assert (
+        "interrupted (Ctrl-C): switch stopped after its current step: revision 1 (alpha) in phase stopping "
+        "on box; nothing runs it now: `orchestrator recover` finishes it" in str(info.value)
+    )
     [dep] = world.ops.unfinished("box")
     assert dep.phase.value == "stopping"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
@@ -69,8 +73,10 @@ def test_status_text_says_interrupted_and_how_to_finish(tmp_path: Path) -> None:
     print_status(console, world.ops.status(probe=False))
     [line] = [x for x in console.export_text().splitlines() if "#1" in x]
     assert line.startswith("  interrupted: #1 revision 1 alpha in phase stopping (")
-    assert line.endswith("); nothing runs it now: `orchestrator recover` finishes it (so does the next switch, or "
-                         "the agent when it starts)")
+    assert line.endswith(
+        "); nothing runs it now: `orchestrator recover` finishes it (so does the next switch, or "
+        "the agent when it starts)"
+    )
 
 
 def test_recover_finishes_the_interrupted_switch(tmp_path: Path) -> None:
@@ -95,8 +101,16 @@ def test_ctrl_c_during_a_recovery_quits_at_once_instead_of_parking(tmp_path: Pat
         backend.call(RECOVER, {"host": "box"})
 
 
-@pytest.mark.parametrize("outcome,text", [("checking", "checking (unfinished)"), ("stopping", "stopping (unfinished)"),
-                                          ("active", "active"), ("rolled_back", "rolled_back"), ("stopped", "stopped")])
+@pytest.mark.parametrize(
+    "outcome,text",
+    [
+        ("checking", "checking (unfinished)"),
+        ("stopping", "stopping (unfinished)"),
+        ("active", "active"),
+        ("rolled_back", "rolled_back"),
+        ("stopped", "stopped"),
+    ],
+)
 def test_history_never_shows_a_phase_as_an_outcome(outcome: str, text: str) -> None:
     """A deployment left in a phase reads `checking (unfinished)` in history; ended ones read as they ended."""
     from orchestrator.cli.deploy_cmds import outcome_text

@@ -71,11 +71,19 @@ def _imported_here(configs: bool = True) -> None:
 def as_nobody(*args: str, configs: bool = True) -> dict[str, object]:
     """The CLI in a child process running as uid/gid nobody: its exit code, stdout and stderr."""
     _imported_here(configs)
+
     def command() -> str:
         os.environ.pop("ORCHESTRATOR_STATE_DIR", None)
         result = invoke(*args)
-        return json.dumps({"code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
-                           "exception": repr(result.exception)})
+        return json.dumps(
+            {
+                "code": result.exit_code,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "exception": repr(result.exception),
+            }
+        )
+
     return dict(json.loads(run_as(NOBODY, NOBODY, command)))
 
 
@@ -91,9 +99,10 @@ def test_a_command_that_needs_the_records_names_itself_and_the_rule(box: Path, c
     """Without an agent a non-root user's command names itself, the uid, and the two ways it can run."""
     result = as_nobody(*command, "--config", str(box))
     assert result["code"] == 2, result
-    assert (f"Permission denied; `orchestrator {command[0]}` found no agent to ask, so it uses the state directory "
-            f"itself, which only root may (uid {NOBODY} here): run it as root, or through the agent"
-            ) in str(result["stderr"])
+    assert (
+        f"Permission denied; `orchestrator {command[0]}` found no agent to ask, so it uses the state directory "
+        f"itself, which only root may (uid {NOBODY} here): run it as root, or through the agent"
+    ) in str(result["stderr"])
 
 
 def test_an_unreadable_deploy_toml_is_named_without_the_state_directory_hint(box: Path) -> None:
@@ -116,16 +125,24 @@ def test_unreadable_shipped_configs_are_named(box: Path, tmp_path: Path, monkeyp
     finally:
         resources.shipped_configs.cache_clear()
     assert result["code"] == 2, result
-    assert f"models.a.config: 'shipped:MiniMaxAI__MiniMax-M2.5.json': cannot read the package's shipped configs: " \
-           f"{hidden}: Permission denied" in str(result["stderr"])
+    assert (
+        f"models.a.config: 'shipped:MiniMaxAI__MiniMax-M2.5.json': cannot read the package's shipped configs: "
+        f"{hidden}: Permission denied" in str(result["stderr"])
+    )
 
 
 @pytest.mark.parametrize("script", ["scripts/setup.sh", "scripts/demo.sh"])
 def test_setup_and_the_demo_say_they_need_root(script: str) -> None:
     """The README's first command run as another user says it needs root and why, before touching anything."""
     repo = Path(__file__).resolve().parents[2]
-    result = subprocess.run(["runuser", "-u", "nobody", "--", "bash", script], cwd=repo, capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "bash", script],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 1
     assert result.stderr.startswith(f"scripts/setup.sh: run it as root (uid {NOBODY} here): it installs apt packages")
 
@@ -161,7 +178,8 @@ def member_agent() -> Iterator[tuple[Path, str]]:
 
 
 def test_a_socket_group_member_on_the_box_reaches_the_agent_past_a_deploy_toml_only_root_reads(
-        member_agent: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    member_agent: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """deploy.toml 0640 root:root: a member's `status` asks the box's agent (as the SSH relay finds it),
     not "file not found"."""
     cfg, sock = member_agent
@@ -171,8 +189,9 @@ def test_a_socket_group_member_on_the_box_reaches_the_agent_past_a_deploy_toml_o
     assert str(result["stdout"]).startswith("box: "), result
 
 
-def test_without_a_deploy_toml_here_the_cli_asks_the_boxs_agent(member_agent: tuple[Path, str],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_deploy_toml_here_the_cli_asks_the_boxs_agent(
+    member_agent: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No --config and no ./deploy.toml where it runs: `status` asks the box's agent instead of "file not found"."""
     _cfg, sock = member_agent
     monkeypatch.setenv("ORCHESTRATOR_SOCKET", sock)

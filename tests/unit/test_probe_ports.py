@@ -28,8 +28,10 @@ def test_a_foreign_listener_on_the_engine_port_is_named(listener: int) -> None:
     assert message is not None
     assert message.startswith(f"beta's port 127.0.0.1:{listener} is already taken by ((\"python")
     assert f"pid={os.getpid()}" in message
-    assert message.endswith("not one of orchestrator's engines: its engine could not listen there, so nothing was "
-                            "stopped; stop that process or give models.beta.port another port")
+    assert message.endswith(
+        "not one of orchestrator's engines: its engine could not listen there, so nothing was "
+        "stopped; stop that process or give models.beta.port another port"
+    )
 
 
 def test_a_listener_on_a_wildcard_address_conflicts_too() -> None:

@@ -45,7 +45,8 @@ def test_a_handover_does_not_say_it_stops_the_old_unit_before_the_route_moves() 
 def test_a_rollback_with_the_proxy_names_the_set_it_restores() -> None:
     """The proxy's rollback event (a serving set, no single revision) prints the set instead of failing."""
     assert "rolling back to the serving set before: chat-a, code" in printed(
-        [("rollback", {"revision": 3, "to_set": ["chat-a", "code"]})])
+        [("rollback", {"revision": 3, "to_set": ["chat-a", "code"]})]
+    )
 
 
 def test_a_warm_switch_says_who_sleeps_and_who_woke() -> None:

@@ -48,8 +48,9 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
 def model_last(model: str, size: int) -> bytes:
     """A chat request of ``size`` bytes serialized with sorted keys: ``messages`` before ``model``."""
     frame = json.dumps({"messages": [{"role": "user", "content": ""}], "model": model}, sort_keys=True)
-    body = json.dumps({"messages": [{"role": "user", "content": "x" * (size - len(frame))}], "model": model},
-                      sort_keys=True).encode()
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "x" * (size - len(frame))}], "model": model}, sort_keys=True
+    ).encode()
     assert len(body) == size and body.index(b'"model"') > size - 30
     return body
 
@@ -59,7 +60,7 @@ def send(port: int, body: bytes, *, chunked: bool = False) -> tuple[int, dict[st
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Content-Type": "application/json"}
     if chunked:
-        pieces = (body[i:i + 65536] for i in range(0, len(body), 65536))
+        pieces = (body[i : i + 65536] for i in range(0, len(body), 65536))
         conn.request("POST", "/v1/chat/completions", body=pieces, headers=headers, encode_chunked=True)
     else:
         conn.request("POST", "/v1/chat/completions", body=body, headers=headers)

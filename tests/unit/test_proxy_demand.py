@@ -147,13 +147,21 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     port = free_port()
     lua = template_text(DEMAND_LUA)
     (tmp / DEMAND_LUA).write_text(lua)
-    demand = [DemandRoute(name, "127.0.0.1", eport, 2.0 if name == "brief" else 60.0)
-              for name in ("beta", "brief", "awake", "gapped")]
+    demand = [
+        DemandRoute(name, "127.0.0.1", eport, 2.0 if name == "brief" else 60.0)
+        for name in ("beta", "brief", "awake", "gapped")
+    ]
 
     def render(routes: list[Route]) -> str:
         # drain_timeout_s 1: a reload's old worker would be ended (hard-stop-after) 1 s after, but for the holds.
-        return render_front(tmp, Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S, drain_timeout_s=1),
-                            routes, demand=demand, demand_socket=str(agent.path), lua=lua)
+        return render_front(
+            tmp,
+            Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S, drain_timeout_s=1),
+            routes,
+            demand=demand,
+            demand_socket=str(agent.path),
+            lua=lua,
+        )
 
     cfg = tmp / "haproxy.cfg"
     alpha = free_port()
@@ -165,8 +173,9 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     agent.close()
 
 
-def post(port: int, model: str, *, stream: bool | None = None,
-         timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+def post(
+    port: int, model: str, *, stream: bool | None = None, timeout: float = 30
+) -> tuple[int, dict[str, str], bytes]:
     return haproxy_post(port, model, timeout=timeout, **({} if stream is None else {"stream": stream}))
 
 
@@ -174,6 +183,7 @@ def ready_after(seconds: float) -> Script:
     def script(conn: Conn) -> None:
         if conn.wait(seconds):
             conn.final({"ready": True})
+
     return script
 
 
@@ -183,6 +193,7 @@ def ready_when(release: threading.Event) -> Script:
             if not conn.wait(0.2):
                 return
         conn.final({"ready": True})
+
     return script
 
 
@@ -190,6 +201,7 @@ def answer(obj: dict[str, object]) -> Script:
     def script(conn: Conn) -> None:
         conn.wait(0.3)
         conn.final(obj)
+
     return script
 
 
@@ -231,14 +243,19 @@ def test_503_without_retry_after_uses_the_proxys(front: Front) -> None:
     front.agent.scripts["beta"] = answer({"status": 503, "message": "deadline passed", "retry_after_s": None})
     status, headers, body = post(front.port, "beta")
     assert status == 503 and headers["retry-after"] == str(RETRY_AFTER_S)
-    assert json.loads(body)["error"] == {"message": "deadline passed", "type": "service_unavailable",
-                                         "param": "model", "code": "model_unavailable"}
+    assert json.loads(body)["error"] == {
+        "message": "deadline passed",
+        "type": "service_unavailable",
+        "param": "model",
+        "code": "model_unavailable",
+    }
 
 
 def test_agents_404_is_model_not_found(front: Front) -> None:
     """The agent's 404 (it will not serve that model) is OpenAI's model_not_found, without Retry-After."""
-    front.agent.scripts["beta"] = answer({"status": 404, "message": "beta is not on demand here",
-                                          "retry_after_s": None})
+    front.agent.scripts["beta"] = answer(
+        {"status": 404, "message": "beta is not on demand here", "retry_after_s": None}
+    )
     status, headers, body = post(front.port, "beta")
     assert status == 404 and "retry-after" not in headers
     assert json.loads(body)["error"]["code"] == "model_not_found"
@@ -312,20 +329,29 @@ def test_unknown_name_is_404_and_asks_nothing(front: Front) -> None:
 def _old_workers(front: Front, *commands: str) -> tuple[Procs | None, dict[int, OldWorker]]:
     """What the adapter asks the master CLI before a drain counts old workers (its own script), after
     sending ``commands`` (the drain's marks)."""
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", _MASTER_CLI, "master", str(front.master_sock), "old",
-                          *commands],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _MASTER_CLI, "master", str(front.master_sock), "old", *commands],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     answer = json.loads(out)
-    return parse_show_proc(answer["proc"] or ""), {int(pid): OldWorker(int(pid), v["info"], v["stat"], v["marks"])
-                                                   for pid, v in answer["old"].items()}
+    return parse_show_proc(answer["proc"] or ""), {
+        int(pid): OldWorker(int(pid), v["info"], v["stat"], v["marks"]) for pid, v in answer["old"].items()
+    }
 
 
 def test_the_master_cli_answers_the_same_in_process_and_as_a_script(front: Front) -> None:
     """The agent on its own box asks the master CLI in its process; over SSH the same module runs as a
     script: both give the same workers."""
-    script = json.loads(subprocess.run([sys.executable, "-I", "-S", "-c", _MASTER_CLI, "master",
-                                        str(front.master_sock), "proc"], capture_output=True, text=True,
-                                       check=True).stdout)
+    script = json.loads(
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _MASTER_CLI, "master", str(front.master_sock), "proc"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     here = haproxy_master.master(str(front.master_sock), "proc", [])
     in_process, by_script = parse_show_proc(here["proc"]), parse_show_proc(script["proc"])
     assert in_process is not None and by_script is not None and in_process.workers == by_script.workers
@@ -345,14 +371,22 @@ def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
     held = wait_for(lambda: front.agent.asked("beta")[before:], what="the held request at the agent")[0]
     old = _workers(front.master.pid)
     # The swap: beta takes alpha's place; alpha's engine is drained before it sleeps.
-    front.cfg.write_text(front.render([Route("awake", "127.0.0.1", eport), Route("beta", "127.0.0.1", eport),
-                                       Route("gapped")]))
+    front.cfg.write_text(
+        front.render([Route("awake", "127.0.0.1", eport), Route("beta", "127.0.0.1", eport), Route("gapped")])
+    )
     os.kill(front.master.pid, signal.SIGUSR2)
     wait_for(lambda: _workers(front.master.pid) - old, what="a worker of the new config")
     alpha = [("127.0.0.1", front.alpha)]
-    procs, workers = wait_for(lambda: _old_workers(front), lambda pw: pw[0] is not None and pw[0].old_workers
-                              and all(w.info and w.stat for w in pw[1].values()) and mark_commands(pw[1], alpha),
-                              what="the old worker's answers, stopping")
+    procs, workers = wait_for(
+        lambda: _old_workers(front),
+        lambda pw: (
+            pw[0] is not None
+            and pw[0].old_workers
+            and all(w.info and w.stat for w in pw[1].values())
+            and mark_commands(pw[1], alpha)
+        ),
+        what="the old worker's answers, stopping",
+    )
     procs, workers = _old_workers(front, *mark_commands(workers, alpha))
     assert procs is not None
     assert draining(procs, workers, alpha) == 0
@@ -364,10 +398,17 @@ def test_a_reload_during_the_hold_keeps_the_held_request(front: Front) -> None:
     client.join(30)
     assert result == [200] and held.finals
 
+
 def _render_cli(tmp_path: Path, extra: str = "") -> tuple[int, str]:
     (tmp_path / "state").mkdir(exist_ok=True)
-    path = LOCAL_PROXY_BOX.write(tmp_path, state=str(tmp_path / "state"), defaults="load_deadline_s = 40",
-                                 beta_gpus="[0, 1]", beta="on_demand = true", rest=extra)
+    path = LOCAL_PROXY_BOX.write(
+        tmp_path,
+        state=str(tmp_path / "state"),
+        defaults="load_deadline_s = 40",
+        beta_gpus="[0, 1]",
+        beta="on_demand = true",
+        rest=extra,
+    )
     result = invoke("render", "--proxy", "--config", str(path))
     return result.exit_code, result.output
 
@@ -378,8 +419,10 @@ def test_render_proxy_shows_the_hold_for_a_model_on_demand(tmp_path: Path) -> No
     code, out = _render_cli(tmp_path)
     assert code == 0, out
     assert f'lua-load "/etc/orchestrator/{DEMAND_LUA}"' in out
-    assert ('http-request lua.demand_hold "/run/orchestrator/demand.sock" 44 5 if { method POST } '
-            '{ var(txn.model) -m str "beta" } { nbsrv(m1) eq 0 }') in out
+    assert (
+        'http-request lua.demand_hold "/run/orchestrator/demand.sock" 44 5 if { method POST } '
+        '{ var(txn.model) -m str "beta" } { nbsrv(m1) eq 0 }'
+    ) in out
     assert 'server engine "127.0.0.1:8020" disabled' in out
     assert '{"id":"beta","object":"model"' in out and '{"id":"alpha"' not in out  # alpha: neither serving nor on demand
 
@@ -387,6 +430,9 @@ def test_render_proxy_shows_the_hold_for_a_model_on_demand(tmp_path: Path) -> No
 def test_two_models_on_demand_with_one_served_name_are_refused(tmp_path: Path) -> None:
     """Two models on demand served as one name: exit 2 naming both and the name (a ready could not say which;
     the catalog refuses it, and render_host would too)."""
-    code, out = _render_cli(tmp_path, '[models.gamma]\nrepo = "org/g"\ngpus = [4, 5]\ntensor_parallel = 2\n'
-                                      'port = 8030\non_demand = true\nserved_name = "beta"\n')
+    code, out = _render_cli(
+        tmp_path,
+        '[models.gamma]\nrepo = "org/g"\ngpus = [4, 5]\ntensor_parallel = 2\n'
+        'port = 8030\non_demand = true\nserved_name = "beta"\n',
+    )
     assert code == 2 and "beta" in out and "gamma" in out and "'beta'" in out, out

@@ -39,8 +39,9 @@ class DrainWorld(World):
         self.proxy = WatchingProxy(self.host)
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
         ports.proxy = self.proxy
-        self.engine = Deployer(self.catalog, self.store, lambda name: ports,
-                             progress=lambda e, f: self.events.append((e, f)))
+        self.engine = Deployer(
+            self.catalog, self.store, lambda name: ports, progress=lambda e, f: self.events.append((e, f))
+        )
 
 
 @pytest.fixture
@@ -54,8 +55,11 @@ def test_handover_stops_the_old_engine_only_once_no_old_worker_can_reach_it(dw: 
     dw.proxy.script = [2, 1]
     dw.switch("chat-b")
     assert dw.proxy.drains[-1] == [CHAT_A]
-    assert [(left, "vllm-chat-a.service" in units) for left, units in dw.proxy.polls[-3:]] == \
-        [(2, True), (1, True), (0, True)]
+    assert [(left, "vllm-chat-a.service" in units) for left, units in dw.proxy.polls[-3:]] == [
+        (2, True),
+        (1, True),
+        (0, True),
+    ]
     assert "vllm-chat-a.service" not in dw.host.active_units()
 
 

@@ -18,12 +18,15 @@ from .conftest import World, make_catalog
 
 def proxy_catalog() -> Any:
     tp4 = {"tensor_parallel": 4}
-    return make_catalog(proxy={"enabled": True, "port": 8000}, models={
-        "chat-a": {"repo": "org/a", "gpus": [0, 1, 2, 3], "served_name": "chat", "port": 8001, **tp4},
-        "chat-b": {"repo": "org/b", "gpus": [4, 5, 6, 7], "served_name": "chat", "port": 8002, **tp4},
-        "chat-c": {"repo": "org/c", "gpus": [0, 1, 2, 3], "served_name": "chat", "port": 8003, **tp4},
-        "code": {"repo": "org/code", "gpus": [4, 5], "tensor_parallel": 2, "port": 8004},
-    })
+    return make_catalog(
+        proxy={"enabled": True, "port": 8000},
+        models={
+            "chat-a": {"repo": "org/a", "gpus": [0, 1, 2, 3], "served_name": "chat", "port": 8001, **tp4},
+            "chat-b": {"repo": "org/b", "gpus": [4, 5, 6, 7], "served_name": "chat", "port": 8002, **tp4},
+            "chat-c": {"repo": "org/c", "gpus": [0, 1, 2, 3], "served_name": "chat", "port": 8003, **tp4},
+            "code": {"repo": "org/code", "gpus": [4, 5], "tensor_parallel": 2, "port": 8004},
+        },
+    )
 
 
 class ProxyWorld(World):
@@ -32,8 +35,9 @@ class ProxyWorld(World):
         self.proxy = FakeProxy()
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
         ports.proxy = self.proxy
-        self.engine = Deployer(self.catalog, self.store, lambda name: ports,
-                             progress=lambda e, f: self.events.append((e, f)))
+        self.engine = Deployer(
+            self.catalog, self.store, lambda name: ports, progress=lambda e, f: self.events.append((e, f))
+        )
 
     def serving(self) -> list[str]:
         return [d.model for d in self.store.serving_set("box")]
@@ -117,7 +121,7 @@ def test_failed_add_rolls_back_to_the_set_without_it(pw: ProxyWorld) -> None:
     dep = pw.switch("code")
     assert dep.phase is Phase.ROLLED_BACK
     assert pw.serving() == ["chat-a"]
-    assert pw.proxy.config is not None and 'use_backend m2' not in pw.proxy.config
+    assert pw.proxy.config is not None and "use_backend m2" not in pw.proxy.config
     assert 'use_backend m1 if { var(txn.model) -m str "chat" }' in pw.proxy.config
 
 
@@ -152,8 +156,7 @@ def test_taken_proxy_port_aborts_before_anything_stops(pw: ProxyWorld) -> None:
 
 def test_rollback_on_failure_off_holds_with_the_proxy_too() -> None:
     """policy.rollback_on_failure = false: a failed add with the front proxy ends failed, not rolled back."""
-    catalog = proxy_catalog().model_copy(update={"policy": make_catalog(
-        policy={"rollback_on_failure": False}).policy})
+    catalog = proxy_catalog().model_copy(update={"policy": make_catalog(policy={"rollback_on_failure": False}).policy})
     world = World(catalog)
     proxy = FakeProxy()
     ports = world.host.ports(catalog.hosts["box"], world.weights)
@@ -210,7 +213,7 @@ def test_a_switch_aborted_in_staging_takes_the_loading_answer_back(pw: ProxyWorl
 
 
 def test_the_loading_answer_comes_first_and_goes_when_preflight_refuses(pw: ProxyWorld) -> None:
-    """"code" answers "loading" from the switch's first step, before its checks; a preflight refusal
+    """ "code" answers "loading" from the switch's first step, before its checks; a preflight refusal
     (its GPUs are not there) takes the mark back: the proxy routes as before."""
     pw.switch("chat-a")
     before = pw.proxy.config

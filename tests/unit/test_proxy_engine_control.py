@@ -21,8 +21,9 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Engin
     engine = Engine().start()
     port = free_port()
     tmp = tmp_path_factory.mktemp("haproxy")
-    (tmp / "haproxy.cfg").write_text(render_front(tmp, Proxy(enabled=True, port=port),
-                                                  [Route(MODEL, "127.0.0.1", engine.port)]))
+    (tmp / "haproxy.cfg").write_text(
+        render_front(tmp, Proxy(enabled=True, port=port), [Route(MODEL, "127.0.0.1", engine.port)])
+    )
     with haproxy(tmp / "haproxy.cfg", port):
         yield port, engine
     engine.close()
@@ -45,8 +46,18 @@ def test_every_engine_control_endpoint_is_403(front: tuple[int, Engine], path: s
     assert not [p for p in engine.paths() if p.split("?")[0] == path]
 
 
-@pytest.mark.parametrize("path", ["/%73leep", "/SLEEP", "/Collective_RPC", "/wake_up/", "/wake%5Fup?tags=weights",
-                                  "/%63ollective_rpc", "http://127.0.0.1/sleep?level=1"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/%73leep",
+        "/SLEEP",
+        "/Collective_RPC",
+        "/wake_up/",
+        "/wake%5Fup?tags=weights",
+        "/%63ollective_rpc",
+        "http://127.0.0.1/sleep?level=1",
+    ],
+)
 def test_encoded_or_cased_spellings_are_403(front: tuple[int, Engine], path: str) -> None:
     """uvicorn decodes %XX before routing: an encoded, upper-case or absolute-form spelling is refused the same way."""
     port, engine = front

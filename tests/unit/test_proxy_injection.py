@@ -57,8 +57,7 @@ def _catalog(**overrides: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("payload", PAYLOADS)
-@pytest.mark.parametrize("key", ["defaults.bind", "hosts.bind", "hosts.address", "hosts.node_address",
-                                 "proxy.bind"])
+@pytest.mark.parametrize("key", ["defaults.bind", "hosts.bind", "hosts.address", "hosts.node_address", "proxy.bind"])
 def test_address_fields_refuse_anything_but_an_address(key: str, payload: str) -> None:
     """An address field holding more than an IP or a host name is refused, naming the field."""
     with pytest.raises(ValueError, match=key.rsplit(".", 1)[-1]):
@@ -68,16 +67,22 @@ def test_address_fields_refuse_anything_but_an_address(key: str, payload: str) -
 @pytest.mark.parametrize("value", ["0.0.0.0", "::", "::1", "127.0.0.1", "gpu1.lan", "localhost", "box-2"])
 def test_address_fields_accept_addresses_and_host_names(value: str) -> None:
     """IPv4, IPv6 (bare) and DNS names are accepted in every address field."""
-    cat = Catalog.model_validate(_catalog(**{"defaults.bind": value, "hosts.bind": value,
-                                             "hosts.address": value, "proxy.bind": value}))
+    cat = Catalog.model_validate(
+        _catalog(**{"defaults.bind": value, "hosts.bind": value, "hosts.address": value, "proxy.bind": value})
+    )
     assert cat.proxy.bind == value and cat.hosts["box"].address == value
 
 
 def test_cli_names_file_key_and_value_of_an_injected_bind(tmp_path: Path) -> None:
     """`models` on a deploy.toml with an injected bind exits 2 naming the key and the value."""
     (tmp_path / "deploy.toml").write_text('[defaults]\nbind = "0.0.0.0 accept-proxy"\n[hosts.box]\ngpus = 1\n')
-    done = subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config", str(tmp_path / "deploy.toml")],
-                          capture_output=True, text=True, cwd=REPO, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "models", "--config", str(tmp_path / "deploy.toml")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     assert done.returncode == 2
     assert "defaults.bind" in done.stderr and "'0.0.0.0 accept-proxy'" in done.stderr
 
@@ -122,8 +127,12 @@ def test_template_refuses_a_line_break_in_any_value(payload: str) -> None:
 @pytest.mark.parametrize("bind", ["0.0.0.0", "::", "127.0.0.1", "localhost"])
 def test_rendered_config_passes_haproxy_check(bind: str, tmp_path: Path) -> None:
     """A config with IPv4/IPv6 binds, IPv6 and named engines, gaps and routes passes real `haproxy -c`."""
-    routes = [Route("chat", "::1", 8001), Route("code", "localhost", 8002), Route("org/m:v1@x+y", "127.0.0.1", 8003),
-              Route("gap")]
+    routes = [
+        Route("chat", "::1", 8001),
+        Route("code", "localhost", 8002),
+        Route("org/m:v1@x+y", "127.0.0.1", 8003),
+        Route("gap"),
+    ]
     config = _render(bind, routes)
     done = _haproxy_check(config, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -144,8 +153,18 @@ def test_an_engine_on_an_ipv6_address_is_reached_at_its_base_url() -> None:
 
     server = Engine("::1", body=b'{"object":"list","data":[{"id":"chat"}]}').start()
     try:
-        spec = UnitSpec(model="m", unit_name="vllm-m.service", unit_text="", unit_sha="", served_name="chat",
-                        address="::1", port=server.port, gpus=(0,), load_deadline_s=1, model_dir="/m")
+        spec = UnitSpec(
+            model="m",
+            unit_name="vllm-m.service",
+            unit_text="",
+            unit_sha="",
+            served_name="chat",
+            address="::1",
+            port=server.port,
+            gpus=(0,),
+            load_deadline_s=1,
+            model_dir="/m",
+        )
         assert spec.base_url == f"http://[::1]:{spec.port}"
         assert HttpHealthProbe().models(spec.base_url) == ["chat"]
     finally:

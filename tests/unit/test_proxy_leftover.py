@@ -25,8 +25,9 @@ def _agent(tmp: Path, host: FakeHost, *, enabled: bool) -> tuple[Agent, FakeStat
     store = FakeStateStore()
     ports = host.ports(catalog.hosts["box"], FakeWeights())
     ops = Operations(catalog, lambda name: ports, store=store)
-    return Agent(catalog, ops, socket=str(tmp / "agent.sock"), metrics_port=None, clock=host.clock,
-                 config_path=str(path)), store
+    return Agent(
+        catalog, ops, socket=str(tmp / "agent.sock"), metrics_port=None, clock=host.clock, config_path=str(path)
+    ), store
 
 
 def _proxy_up(host: FakeHost, *, running: bool = True) -> None:
@@ -48,7 +49,8 @@ def test_a_proxy_left_running_is_stopped_and_disabled_at_start(tmp_path: Path) -
     assert host.ports().systemd.unit_state(PROXY_UNIT).active_state == "inactive"
     assert host.units[PROXY_UNIT].enabled is False
     assert [(e["reason"], e["was_running"]) for e in store.events(kind="proxy_stopped")] == [
-        ("agent start: [proxy] enabled = false", True)]
+        ("agent start: [proxy] enabled = false", True)
+    ]
 
 
 def test_a_stopped_but_enabled_proxy_is_disabled_so_a_reboot_does_not_start_it(tmp_path: Path) -> None:
@@ -57,7 +59,8 @@ def test_a_stopped_but_enabled_proxy_is_disabled_so_a_reboot_does_not_start_it(t
     _proxy_up(host, running=False)
     agent, store = _agent(tmp_path, host, enabled=False)
     assert agent.demand.settle_disabled_proxies() == {
-        "box": f"{PROXY_UNIT} disabled: agent start: [proxy] enabled = false"}
+        "box": f"{PROXY_UNIT} disabled: agent start: [proxy] enabled = false"
+    }
     assert host.units[PROXY_UNIT].enabled is False
     assert [e["was_running"] for e in store.events(kind="proxy_stopped")] == [False]
 

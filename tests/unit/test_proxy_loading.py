@@ -51,11 +51,22 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     loading_engine = Engine(body=b'{"error":{"message":"model is loading"}}', status=503).start()
     dies = Dies()
     port = free_port()
-    routes = [Route("alpha", "127.0.0.1", engine.port), Route("beta", loading=True), Route("gamma"),
-              Route("epsilon", "127.0.0.1", loading_engine.port), Route("zeta", "127.0.0.1", dies.port)]
+    routes = [
+        Route("alpha", "127.0.0.1", engine.port),
+        Route("beta", loading=True),
+        Route("gamma"),
+        Route("epsilon", "127.0.0.1", loading_engine.port),
+        Route("zeta", "127.0.0.1", dies.port),
+    ]
     cfg = tmp / "haproxy.cfg"
-    cfg.write_text(render_front(tmp, Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S), routes,
-                                known=["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]))
+    cfg.write_text(
+        render_front(
+            tmp,
+            Proxy(enabled=True, port=port, retry_after_s=RETRY_AFTER_S),
+            routes,
+            known=["alpha", "beta", "gamma", "delta", "epsilon", "zeta"],
+        )
+    )
     with haproxy(cfg, port):
         yield Front(port, engine, loading_engine)
     engine.close()

@@ -30,20 +30,23 @@ def test_the_routing_carries_what_the_catalog_says_of_the_host(routing: tuple[An
     assert r.proxy == cat.proxy and r.bind == cat.defaults.bind
 
 
-def test_the_adapter_renders_the_routing_as_render_host(routing: tuple[Any, HostRouting],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_adapter_renders_the_routing_as_render_host(
+    routing: tuple[Any, HostRouting], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """HaproxyProxy.apply serves the config render_host gives for the same routes (the shipped template)."""
     cat, r = routing
     served: list[str] = []
     monkeypatch.setattr(HaproxyProxy, "apply_config", lambda self, config: served.append(config) or True)
     port = HaproxyProxy(None, None, cat.proxy, r.bind, "")  # type: ignore[arg-type]
     assert port.apply(r)
-    assert served == [render_host(cat, "box", r.bind, r.routes, template_text("haproxy.cfg.j2"),
-                                  template_text(DEMAND_LUA))]
+    assert served == [
+        render_host(cat, "box", r.bind, r.routes, template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA))
+    ]
 
 
-def test_the_fake_serves_what_the_adapter_would(routing: tuple[Any, HostRouting],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fake_serves_what_the_adapter_would(
+    routing: tuple[Any, HostRouting], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """FakeProxy keeps the routing and the very config the adapter renders from it; the same again is no change."""
     cat, r = routing
     served: list[str] = []
@@ -84,7 +87,8 @@ class _Running:
 
 
 def test_prepare_checks_the_config_once_and_apply_of_it_does_not_check_again(
-        routing: tuple[Any, HostRouting], monkeypatch: pytest.MonkeyPatch) -> None:
+    routing: tuple[Any, HostRouting], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """prepare has HAProxy check the routing's config and writes nothing it serves from; apply of the same
     routing then skips the check (a warm switch's route move is the reload alone)."""
     from orchestrator.core.proxy import sha

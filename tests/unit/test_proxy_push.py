@@ -31,13 +31,15 @@ def _with_proxy(world: Pushed, lines: str) -> str:
     return world.text(on_demand=False).replace("port = 9000\n", "port = 9000\n" + lines, 1)
 
 
-@pytest.mark.parametrize("lines,rendered", [
-    ("drain_timeout_s = 45\n", "hard-stop-after 45000ms"),
-    ("retry_after_s = 9\n", "hdr Retry-After 9 "),
-    ("user = \"nobody\"\n", "user \"nobody\""),
-])
-def test_a_push_of_a_proxy_setting_alone_reloads_the_proxy_at_once(serving: Pushed, lines: str,
-                                                                   rendered: str) -> None:
+@pytest.mark.parametrize(
+    "lines,rendered",
+    [
+        ("drain_timeout_s = 45\n", "hard-stop-after 45000ms"),
+        ("retry_after_s = 9\n", "hdr Retry-After 9 "),
+        ('user = "nobody"\n', 'user "nobody"'),
+    ],
+)
+def test_a_push_of_a_proxy_setting_alone_reloads_the_proxy_at_once(serving: Pushed, lines: str, rendered: str) -> None:
     """No model on demand: a push changing only [proxy] reloads HAProxy with it now, b still routed."""
     before = len(serving.proxy.applied)
     assert rendered not in (serving.proxy.config or "")
@@ -97,8 +99,7 @@ def test_a_push_that_keeps_the_proxy_off_leaves_it_alone(serving: Pushed) -> Non
     assert "proxy" not in result and serving.proxy.stops == 1
 
 
-def test_a_disabling_push_while_another_process_holds_the_hosts_lock_says_the_proxy_still_runs(
-        serving: Pushed) -> None:
+def test_a_disabling_push_while_another_process_holds_the_hosts_lock_says_the_proxy_still_runs(serving: Pushed) -> None:
     """A CLI holds box's lock: the push lands, the proxy keeps running, the answer says why and how to stop it."""
     with host_lock(str(serving.tmp / "state"), "box"):
         result = serving.push(_disabled(serving))[-1]["result"]

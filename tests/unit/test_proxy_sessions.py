@@ -32,8 +32,9 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Engin
     (tmp / "haproxy.cfg").write_text(render_front(tmp, Proxy(enabled=True, port=port), routes))
     with haproxy(tmp / "haproxy.cfg", port, master_sock=tmp / "master.sock"):
         # the shipped socket paths are the box's; this run's own (not a valid deploy.toml value) keeps runs apart
-        proxy = Proxy.model_construct(**{**Proxy().model_dump(), "enabled": True, "port": port,
-                                         "stats_socket": f"{tmp}/admin.sock"})
+        proxy = Proxy.model_construct(
+            **{**Proxy().model_dump(), "enabled": True, "port": port, "stats_socket": f"{tmp}/admin.sock"}
+        )
         adapter = HaproxyProxy(LocalShell(), None, proxy, "127.0.0.1", "", python=sys.executable)  # type: ignore[arg-type]
         yield port, busy, quiet, adapter
         busy.release.set()
@@ -42,21 +43,30 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Engin
 
 
 def test_a_request_in_flight_counts_and_an_engine_never_asked_has_no_last_session(
-        front: tuple[int, Engine, Engine, HaproxyProxy]) -> None:
+    front: tuple[int, Engine, Engine, HaproxyProxy],
+) -> None:
     """One request held by the busy engine: 1 session there; the quiet one: 0 and no last session."""
     port, busy, quiet, adapter = front
     engines = [("127.0.0.1", busy.port), ("127.0.0.1", quiet.port)]
     results: list[int] = []
     client = threading.Thread(target=lambda: results.append(post(port, "busy")[0]))
     client.start()
-    seen = wait_for(lambda: adapter.sessions(engines), lambda s: s.get(engines[0], Sessions(0, None)).current == 1,
-                    timeout=20, what="the held request counted by HAProxy")
+    seen = wait_for(
+        lambda: adapter.sessions(engines),
+        lambda s: s.get(engines[0], Sessions(0, None)).current == 1,
+        timeout=20,
+        what="the held request counted by HAProxy",
+    )
     assert seen[engines[1]] == Sessions(0, None, 0)
     busy.release.set()
     client.join(30)
     assert results == [200]
-    after = wait_for(lambda: adapter.sessions(engines), lambda s: s[engines[0]].current == 0, timeout=20,
-                     what="the finished request no longer counted")
+    after = wait_for(
+        lambda: adapter.sessions(engines),
+        lambda s: s[engines[0]].current == 0,
+        timeout=20,
+        what="the finished request no longer counted",
+    )
     idle = after[engines[0]].idle_s
     assert idle is not None and idle >= 0 and after[engines[0]].total == 1
 
@@ -68,8 +78,9 @@ def test_sessions_asked_while_the_master_reloads_answer(tmp_path: Path) -> None:
     port = free_port()
     routes = [Route("chat", "127.0.0.1", engine.port)]
     (tmp_path / "haproxy.cfg").write_text(render_front(tmp_path, Proxy(enabled=True, port=port), routes))
-    proxy = Proxy.model_construct(**{**Proxy().model_dump(), "enabled": True, "port": port,
-                                     "stats_socket": f"{tmp_path}/admin.sock"})
+    proxy = Proxy.model_construct(
+        **{**Proxy().model_dump(), "enabled": True, "port": port, "stats_socket": f"{tmp_path}/admin.sock"}
+    )
     adapter = HaproxyProxy(LocalShell(), None, proxy, "127.0.0.1", "", python=sys.executable)  # type: ignore[arg-type]
     with haproxy(tmp_path / "haproxy.cfg", port, master_sock=tmp_path / "master.sock") as master:
         for _ in range(10):
@@ -88,9 +99,11 @@ SHOW_PROC = """#<PID>          <type>          <reloads>       <uptime>        <
 
 """
 STAT_HEAD = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,addr,lastsess\n"
-ANSWERS = {"show proc": SHOW_PROC,
-           "@!201 show stat": STAT_HEAD + "be_chat,chat,0,0,1,1,,5,127.0.0.1:8001,0\n",
-           "@!200 show stat": STAT_HEAD + "be_chat,chat,0,0,2,2,,40,127.0.0.1:8001,3\n"}
+ANSWERS = {
+    "show proc": SHOW_PROC,
+    "@!201 show stat": STAT_HEAD + "be_chat,chat,0,0,1,1,,5,127.0.0.1:8001,0\n",
+    "@!200 show stat": STAT_HEAD + "be_chat,chat,0,0,2,2,,40,127.0.0.1:8001,3\n",
+}
 
 
 class FakeMaster(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -116,8 +129,18 @@ def test_sessions_in_process_and_as_a_script_count_the_same_workers_old_ones_inc
     with FakeMaster(sock, _Answer) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
-            answers = [HaproxyProxy(LocalShell(), None, proxy, "127.0.0.1", "", python=sys.executable,  # type: ignore[arg-type]
-                                    local=local).sessions([("127.0.0.1", 8001)]) for local in (True, False)]
+            answers = [
+                HaproxyProxy(
+                    LocalShell(),
+                    None,
+                    proxy,
+                    "127.0.0.1",
+                    "",
+                    python=sys.executable,  # type: ignore[arg-type]
+                    local=local,
+                ).sessions([("127.0.0.1", 8001)])
+                for local in (True, False)
+            ]
         finally:
             server.shutdown()
     assert answers[0] == answers[1] == {("127.0.0.1", 8001): Sessions(current=3, idle_s=0.0, total=45)}

@@ -48,10 +48,23 @@ def front(tmp_path: Path) -> Iterator[Front]:
     cfg.write_text(render_front(tmp_path, Proxy(enabled=True, port=port), routes))
     (tmp_path / "haproxy.cfg.applied").write_text(sha(cfg.read_text()) + "\n")  # it runs the config on disk
     with haproxy(cfg, port, master_sock=tmp_path / "master.sock"):
-        proxy = Proxy.model_construct(**{**Proxy().model_dump(), "enabled": True, "port": port,
-                                         "stats_socket": f"{tmp_path}/admin.sock", "config_path": str(cfg)})
-        adapter = HaproxyProxy(LocalShell(), ActiveUnit(), proxy, "127.0.0.1", "",  # type: ignore[arg-type]
-                               python=sys.executable)
+        proxy = Proxy.model_construct(
+            **{
+                **Proxy().model_dump(),
+                "enabled": True,
+                "port": port,
+                "stats_socket": f"{tmp_path}/admin.sock",
+                "config_path": str(cfg),
+            }
+        )
+        adapter = HaproxyProxy(
+            LocalShell(),
+            ActiveUnit(),
+            proxy,
+            "127.0.0.1",
+            "",  # type: ignore[arg-type]
+            python=sys.executable,
+        )
         yield Front(port, busy, quiet, adapter, cfg)
     busy.close()
     quiet.close()
@@ -65,8 +78,12 @@ def test_a_withdrawn_engine_gets_no_new_request_while_its_request_in_flight_fini
     results: list[int] = []
     client = threading.Thread(target=lambda: results.append(post(front.port, "busy")[0]))
     client.start()
-    wait_for(lambda: front.adapter.sessions([engine]), lambda s: s.get(engine, Sessions(0, None)).current == 1,
-             timeout=20, what="the held request counted by HAProxy")
+    wait_for(
+        lambda: front.adapter.sessions([engine]),
+        lambda s: s.get(engine, Sessions(0, None)).current == 1,
+        timeout=20,
+        what="the held request counted by HAProxy",
+    )
     assert front.adapter.withdraw([engine]) is True
     assert post(front.port, "busy")[0] == 503 and post(front.port, "quiet")[0] == 200
     assert front.adapter.sessions([engine])[engine].current == 1
@@ -98,8 +115,6 @@ def test_the_fake_proxy_keeps_the_same_promises() -> None:
     assert fake.apply(routing) is True and fake.apply(routing) is False
     assert fake.withdraw([("127.0.0.1", 1)]) is True and fake.withdrawn == [("127.0.0.1", 1)]
     assert fake.apply(routing) is True and fake.withdrawn == []
-
-
 
 
 def test_an_engine_the_running_config_has_no_server_for_is_not_withdrawn(front: Front) -> None:

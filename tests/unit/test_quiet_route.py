@@ -88,15 +88,23 @@ class QuietWorld(World):
         self.residency = FakeResidencyStore()
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
         ports.proxy = self.proxy
-        self.engine = Deployer(self.catalog, self.store, lambda name: ports, residency=self.residency,
-                               progress=lambda e, f: self.events.append((e, f)))
+        self.engine = Deployer(
+            self.catalog,
+            self.store,
+            lambda name: ports,
+            residency=self.residency,
+            progress=lambda e, f: self.events.append((e, f)),
+        )
         self.switch("alpha")
         self.switch("beta")
         self.proxy.readings.clear()
 
     def quiet_notes(self, dep_id: int) -> list[dict[str, Any]]:
-        return [e for e in self.store.events(kind="warm", limit=500)
-                if e.get("step") == "quiet" and e["deployment_id"] == dep_id]
+        return [
+            e
+            for e in self.store.events(kind="warm", limit=500)
+            if e.get("step") == "quiet" and e["deployment_id"] == dep_id
+        ]
 
 
 def test_the_route_moves_at_the_first_reading_with_nothing_in_flight() -> None:
@@ -149,8 +157,10 @@ def test_quiet_wait_s_zero_moves_the_route_without_reading() -> None:
 def test_a_target_on_demand_does_not_wait() -> None:
     """An on-demand swap's requests are held from their arrival: the wait would be theirs, so beta's
     route goes first (withdrawn) and only its drain counts what it still runs."""
-    models = {"alpha": {"repo": "org/alpha", "port": 8001, **TP4, "on_demand": True, "served_name": "alpha"},
-              "beta": {"repo": "org/beta", "port": 8002, **TP4, "served_name": "beta"}}
+    models = {
+        "alpha": {"repo": "org/alpha", "port": 8001, **TP4, "on_demand": True, "served_name": "alpha"},
+        "beta": {"repo": "org/beta", "port": 8002, **TP4, "served_name": "beta"},
+    }
     qw = QuietWorld(**models)
     qw.proxy.script = [1, 1, 0]
     back = qw.switch("alpha")
@@ -179,10 +189,12 @@ def test_a_run_stopped_during_the_wait_left_the_route_and_resumes_to_the_switch(
 
 def test_the_wait_reads_as_one_progress_line() -> None:
     """The CLI's and the dashboard's line for the wait: how long, which engines, what followed."""
-    text, _ = warm_line("quiet", {"seconds": 0.03, "engines": ["127.0.0.1:8002"],
-                                  "result": "nothing in flight: the route moves"})
-    assert text == ("waited 0.03 s for a moment with no request in flight to ['127.0.0.1:8002']: "
-                    "nothing in flight: the route moves")
+    text, _ = warm_line(
+        "quiet", {"seconds": 0.03, "engines": ["127.0.0.1:8002"], "result": "nothing in flight: the route moves"}
+    )
+    assert text == (
+        "waited 0.03 s for a moment with no request in flight to ['127.0.0.1:8002']: nothing in flight: the route moves"
+    )
 
 
 def _ops(qw: QuietWorld) -> Any:

@@ -13,11 +13,21 @@ from orchestrator.adapters.sqlite_store import SqliteStore
 from tests.unit.cli_runner import invoke
 from tests.unit.test_store import landed_db
 
-LOCAL = ('[proxy]\nenabled = true\nport = 9000\n[hosts.box]\ntransport = "local"\ngpus = 8\n'
-         '[models.a]\nrepo = "org/a"\ngpus = [0]\n[groups.g]\nhosts = ["box"]\n')
+LOCAL = (
+    '[proxy]\nenabled = true\nport = 9000\n[hosts.box]\ntransport = "local"\ngpus = 8\n'
+    '[models.a]\nrepo = "org/a"\ngpus = [0]\n[groups.g]\nhosts = ["box"]\n'
+)
 READ_ONLY = [
-    ["status"], ["status", "--json"], ["history"], ["schedules"], ["switch", "a", "--dry-run"], ["compare"],
-    ["rollout", "status"], ["status", "--group", "g"], ["history", "--group", "g"], ["render", "--proxy"],
+    ["status"],
+    ["status", "--json"],
+    ["history"],
+    ["schedules"],
+    ["switch", "a", "--dry-run"],
+    ["compare"],
+    ["rollout", "status"],
+    ["status", "--group", "g"],
+    ["history", "--group", "g"],
+    ["render", "--proxy"],
 ]
 
 

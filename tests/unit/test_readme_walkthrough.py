@@ -29,7 +29,7 @@ def block_after(marker: str, text: str | None = None) -> str:
     start = lines.index(f"<!-- readme-snippet: {marker} -->") + 1
     out: list[str] = []
     if lines[start].startswith("```"):
-        for line in lines[start + 1:]:
+        for line in lines[start + 1 :]:
             if line.startswith("```"):
                 break
             out.append(line)
@@ -47,7 +47,7 @@ def shown_command(prefix: str) -> tuple[str, list[str]]:
     lines = doc_lines()
     i = next(n for n, line in enumerate(lines) if line.startswith(f"    $ {prefix}"))
     out: list[str] = []
-    for line in lines[i + 1:]:
+    for line in lines[i + 1 :]:
         if not line.startswith("    ") or line.startswith("    $ "):
             break
         out.append(line[4:])
@@ -57,9 +57,10 @@ def shown_command(prefix: str) -> tuple[str, list[str]]:
 def walkthrough_dir(tmp_path: Path, model_lines: str | None = None) -> Path:
     text = block_after("kimi-k2-deploy.toml")
     if model_lines is not None:
-        text = "".join(model_lines if line.startswith("backend = ") else
-                       "" if line.startswith("master_port = ") else line
-                       for line in text.splitlines(keepends=True))
+        text = "".join(
+            model_lines if line.startswith("backend = ") else "" if line.startswith("master_port = ") else line
+            for line in text.splitlines(keepends=True)
+        )
     (tmp_path / "deploy.toml").write_text(text)
     shutil.copy(K2, tmp_path / "kimi-k2-config.json")
     return tmp_path / "deploy.toml"
@@ -88,9 +89,14 @@ def test_plan_output_shown_is_what_plan_prints(tmp_path: Path) -> None:
     base = "orchestrator plan --config kimi-k2-config.json --gpus 8 --gpu-memory-gib 96"
     for prefix, code in ((f"{base} --tp 8", 3), (f"{base} --nodes 2", 0)):
         command, shown = shown_command(prefix)
-        r = subprocess.run([sys.executable, "-m", "orchestrator", *command.split()[1:]], capture_output=True,
-                           text=True, cwd=tmp_path, check=False)
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *command.split()[1:]],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            check=False,
+        )
         assert r.returncode == code, r.stderr
         printed = r.stdout.splitlines()
         head = [line for line in shown if line != "..."]
-        assert printed[:len(head)] == head, (command, printed)
+        assert printed[: len(head)] == head, (command, printed)

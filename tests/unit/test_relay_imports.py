@@ -20,6 +20,11 @@ print(code, sorted(m for m in sys.modules if m.startswith("orchestrator")))
 
 def test_relay_told_its_socket_imports_no_settings(tmp_path: Path) -> None:
     """A relay given --socket pipes to it without importing the settings or wire modules."""
-    out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "agent.sock")], capture_output=True,
-                         text=True, check=True, stdin=subprocess.DEVNULL).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tmp_path / "agent.sock")],
+        capture_output=True,
+        text=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
+    ).stdout
     assert out.strip() == "0 ['orchestrator', 'orchestrator.agent', 'orchestrator.agent.relay']"

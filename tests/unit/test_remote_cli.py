@@ -16,8 +16,15 @@ from orchestrator.errors import ConfigError, UsageError
 
 def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ORCHESTRATOR_HOSTS_FILE": str(tmp_path / "hosts.toml")}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          cwd=tmp_path, env={**base, **(env or {})}, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**base, **(env or {})},
+        timeout=60,
+        check=False,
+    )
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -28,8 +35,9 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
 
 def test_url_with_user_and_port_parses() -> None:
     """ssh://user@box:port gives user, address and port; the user defaults to root."""
-    assert parse_url("ssh://ops@10.0.0.5:2222") == Target(name="ssh://ops@10.0.0.5:2222", address="10.0.0.5",
-                                                          port=2222, user="ops")
+    assert parse_url("ssh://ops@10.0.0.5:2222") == Target(
+        name="ssh://ops@10.0.0.5:2222", address="10.0.0.5", port=2222, user="ops"
+    )
     assert parse_url("ssh://gpu1").user == "root"
 
 
@@ -42,8 +50,9 @@ def test_bad_url_is_a_usage_error_naming_it(bad: str) -> None:
 
 def test_named_host_comes_from_the_hosts_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A [gpu1] table gives the URL, key, known_hosts, python and socket of --host gpu1."""
-    (tmp_path / "hosts.toml").write_text('[gpu1]\nurl = "ssh://ops@10.0.0.5:2222"\nkey = "~/k"\n'
-                                         'python = "/opt/o/bin/python"\nsocket = "/run/a.sock"\n')
+    (tmp_path / "hosts.toml").write_text(
+        '[gpu1]\nurl = "ssh://ops@10.0.0.5:2222"\nkey = "~/k"\npython = "/opt/o/bin/python"\nsocket = "/run/a.sock"\n'
+    )
     monkeypatch.setenv("ORCHESTRATOR_HOSTS_FILE", str(tmp_path / "hosts.toml"))
     target = resolve("gpu1")
     assert (target.address, target.port, target.user, target.socket) == ("10.0.0.5", 2222, "ops", "/run/a.sock")
@@ -97,21 +106,24 @@ def test_bench_refuses_host_instead_of_running_locally(tmp_path: Path) -> None:
     assert result.returncode == 2 and "bench does not go through the agent" in one_line(result)
 
 
-@pytest.mark.parametrize(("bad", "words"), [
-    ("ssh://root@[::1", ["'['", "']'"]),
-    ("ssh://root@[not-an-ip]:22", ["'not-an-ip'", "IPv6"]),
-    ("ssh://" + "a" * 300 + ".example", ["label of 300 characters", "at most 63"]),
-    ("ssh://" + ".".join(["abcdefgh"] * 40), ["359 characters", "at most 253"]),
-    ("ssh://box:0", ["port 0", "1-65535"]),
-    ("ssh://box:", ["empty port"]),
-    ("ssh://box:２２", ["port '２２'", "digits"]),
-    ("ssh://@box", ["empty user"]),
-    ("ssh://ro ot@box", ["user 'ro ot'"]),
-    ("ssh://-oProxyCommand=x@box", ["user '-oProxyCommand=x'"]),
-    ("ssh://bo_x..y", ["'bo_x..y'"]),
-    ("ssh://box?x=1", ["'box?x=1'"]),
-    ("ssh://a@b@box", ["'a@b@box'"]),
-])
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        ("ssh://root@[::1", ["'['", "']'"]),
+        ("ssh://root@[not-an-ip]:22", ["'not-an-ip'", "IPv6"]),
+        ("ssh://" + "a" * 300 + ".example", ["label of 300 characters", "at most 63"]),
+        ("ssh://" + ".".join(["abcdefgh"] * 40), ["359 characters", "at most 253"]),
+        ("ssh://box:0", ["port 0", "1-65535"]),
+        ("ssh://box:", ["empty port"]),
+        ("ssh://box:２２", ["port '２２'", "digits"]),
+        ("ssh://@box", ["empty user"]),
+        ("ssh://ro ot@box", ["user 'ro ot'"]),
+        ("ssh://-oProxyCommand=x@box", ["user '-oProxyCommand=x'"]),
+        ("ssh://bo_x..y", ["'bo_x..y'"]),
+        ("ssh://box?x=1", ["'box?x=1'"]),
+        ("ssh://a@b@box", ["'a@b@box'"]),
+    ],
+)
 def test_url_edge_cases_are_refused_naming_the_part(bad: str, words: list[str]) -> None:
     """Each --host edge case from the review is one usage error naming the bad part, never a default."""
     with pytest.raises(UsageError) as info:

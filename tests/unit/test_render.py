@@ -37,8 +37,9 @@ def verify_root(tmp: Path, catalog: Catalog) -> Path:
 
 def systemd_verify(root: Path, name: str, text: str) -> subprocess.CompletedProcess[str]:
     (root / "etc/systemd/system" / name).write_text(text)
-    return subprocess.run(["systemd-analyze", "verify", f"--root={root}", name], capture_output=True, text=True,
-                          check=False)
+    return subprocess.run(
+        ["systemd-analyze", "verify", f"--root={root}", name], capture_output=True, text=True, check=False
+    )
 
 
 def directives(text: str) -> list[str]:
@@ -68,18 +69,23 @@ def test_unit_takes_whole_engine_tree_down(tmp_path: Path) -> None:
 
 
 def base(**model: object) -> dict[str, object]:
-    return {"hosts": {"h": {"gpus": 2, "engine": ["/opt/vllm/bin/vllm", "serve"]}},
-            "models": {"m": {"repo": "org/m", "gpus": [0], **model}}}
+    return {
+        "hosts": {"h": {"gpus": 2, "engine": ["/opt/vllm/bin/vllm", "serve"]}},
+        "models": {"m": {"repo": "org/m", "gpus": [0], **model}},
+    }
 
 
-@pytest.mark.parametrize("field,value,named", [
-    ("args", ["--x", "a\nExecStartPre=/bin/rm -rf /"]," control character '\\n'"),
-    ("args", ["bad\rvalue"], "control character '\\r'"),
-    ("args", ['--chat-template="unbalanced'], 'unbalanced " quote'),
-    ("served_name", "name\x00", "control character '\\x00'"),
-    ("env", {"FOO": "x\nUser=root"}, "value of FOO 'x\\nUser=root'"),
-    ("repo", "org/m'", "unbalanced ' quote"),
-])
+@pytest.mark.parametrize(
+    "field,value,named",
+    [
+        ("args", ["--x", "a\nExecStartPre=/bin/rm -rf /"], " control character '\\n'"),
+        ("args", ["bad\rvalue"], "control character '\\r'"),
+        ("args", ['--chat-template="unbalanced'], 'unbalanced " quote'),
+        ("served_name", "name\x00", "control character '\\x00'"),
+        ("env", {"FOO": "x\nUser=root"}, "value of FOO 'x\\nUser=root'"),
+        ("repo", "org/m'", "unbalanced ' quote"),
+    ],
+)
 def test_hostile_values_are_rejected(field: str, value: object, named: str) -> None:
     """A newline, control character or unbalanced quote is refused, naming the value."""
     with pytest.raises((RenderError, ValueError), match=re.escape(named)):
@@ -107,9 +113,11 @@ def test_random_values_render_intact_or_are_refused(tmp_path: Path, arg: str, en
         unit = render_unit(catalog, catalog.models["m"], TEMPLATE)
     except (OrchestratorError, ValueError):
         return
-    reference = render_unit(Catalog.model_validate(base(args=["--x", "y"], env={"FOO": "z"})),
-                            Catalog.model_validate(base()).models["m"].model_copy(
-                                update={"args": ("--x", "y"), "env": {"FOO": "z"}}), TEMPLATE)
+    reference = render_unit(
+        Catalog.model_validate(base(args=["--x", "y"], env={"FOO": "z"})),
+        Catalog.model_validate(base()).models["m"].model_copy(update={"args": ("--x", "y"), "env": {"FOO": "z"}}),
+        TEMPLATE,
+    )
     assert directives(unit.text) == directives(reference.text)
     result = systemd_verify(verify_root(tmp_path, catalog), unit.name, unit.text)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -127,12 +135,15 @@ def small_config(tmp_path: Path, transport: str = "ssh") -> Path:
     return cfg
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--template", "/nonexistent"], "error: --template /nonexistent: no such file\n"),
-    (["--template", "/"], "error: --template /: cannot read: a directory, not a regular file\n"),
-    (["--out", "{file}"], "error: --out {file}: exists and is not a directory\n"),
-    (["--out", "{file}/sub"], "error: --out {file}/sub: cannot write vllm-m.service: Not a directory\n"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--template", "/nonexistent"], "error: --template /nonexistent: no such file\n"),
+        (["--template", "/"], "error: --template /: cannot read: a directory, not a regular file\n"),
+        (["--out", "{file}"], "error: --out {file}: exists and is not a directory\n"),
+        (["--out", "{file}/sub"], "error: --out {file}/sub: cannot write vllm-m.service: Not a directory\n"),
+    ],
+)
 def test_render_bad_paths_are_one_line_errors(tmp_path: Path, args: list[str], message: str) -> None:
     """A missing template or an --out that is a file exits 2 with one line naming the path; nothing is written."""
     cfg = small_config(tmp_path)
@@ -149,8 +160,10 @@ def test_render_installed_without_dbus_names_the_extra(tmp_path: Path) -> None:
     cfg = small_config(tmp_path, transport="local")
     result = run_cli("render", "--config", str(cfg), "--diff", "--installed", pre="sys.modules['pydbus'] = None")
     assert result.returncode == 2
-    assert result.stderr == ("error: host h: transport 'local' drives systemd over D-Bus, which needs the extra "
-                             "orchestrator[dbus] (pip install 'orchestrator[dbus]'): pydbus is not installed\n")
+    assert result.stderr == (
+        "error: host h: transport 'local' drives systemd over D-Bus, which needs the extra "
+        "orchestrator[dbus] (pip install 'orchestrator[dbus]'): pydbus is not installed\n"
+    )
 
 
 @pytest.mark.parametrize("char", ["\u202e", "\u200b", "\u2066", "\ufeff", "\u00ad"])
@@ -160,13 +173,13 @@ def test_invisible_and_bidi_characters_are_refused(char: str) -> None:
         Catalog.model_validate(base(args=["--x", f"a{char}b"]))
 
 
-@pytest.mark.parametrize("revision", ["../../../../etc", "/etc", "a/../b", ".hidden", "x.lock", "a b", "a:b",
-                                      "-rf", "refs/heads/", "a@{1}"])
+@pytest.mark.parametrize(
+    "revision", ["../../../../etc", "/etc", "a/../b", ".hidden", "x.lock", "a b", "a:b", "-rf", "refs/heads/", "a@{1}"]
+)
 def test_revision_that_is_not_a_git_ref_is_refused(revision: str) -> None:
     """A revision is a commit SHA, branch or tag name by git's rules, never a path or an option."""
     with pytest.raises(ValueError, match=r"models\.m\.revision"):
         Catalog.model_validate(base(revision=revision))
-
 
 
 def test_agent_unit_does_not_restart_on_bad_input() -> None:
@@ -175,6 +188,10 @@ def test_agent_unit_does_not_restart_on_bad_input() -> None:
     from orchestrator.resources import template_text
 
     catalog = Catalog.model_validate(base())
-    unit = render_agent_unit(catalog, template_text("orchestrator-agent.service.j2"), python="/usr/bin/python3",
-                             config="/etc/orchestrator/deploy.toml")
+    unit = render_agent_unit(
+        catalog,
+        template_text("orchestrator-agent.service.j2"),
+        python="/usr/bin/python3",
+        config="/etc/orchestrator/deploy.toml",
+    )
     assert "Restart=on-failure\n" in unit.text and "RestartPreventExitStatus=2\n" in unit.text

@@ -29,8 +29,9 @@ def installed() -> Iterator[Path]:
 
 
 def deploy_toml(tmp_path: Path, cfg: Path, enabled: bool = True) -> Path:
-    path = LOCAL_PROXY_BOX.write(tmp_path, state=str(tmp_path / "state"), proxy=f'config_path = "{cfg}"',
-                                 enabled=str(enabled).lower())
+    path = LOCAL_PROXY_BOX.write(
+        tmp_path, state=str(tmp_path / "state"), proxy=f'config_path = "{cfg}"', enabled=str(enabled).lower()
+    )
     (tmp_path / "state").mkdir(exist_ok=True)
     return path
 
@@ -42,8 +43,9 @@ def serve(config: Path, *models: str) -> str:
     specs = [unit_spec(cat, cat.models[m], default_template()) for m in models]
     revisions = [store.create("box", spec, "test", None, 0.0).revision for spec in specs]
     store.move_serving(ServingChange(sets=(("box", tuple(revisions)),)))
-    return render_host(cat, "box", cat.defaults.bind, routes_for(specs), template_text("haproxy.cfg.j2"),
-                       template_text(DEMAND_LUA))
+    return render_host(
+        cat, "box", cat.defaults.bind, routes_for(specs), template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA)
+    )
 
 
 def test_render_proxy_prints_the_config_routing_what_serves(tmp_path: Path, installed: Path) -> None:

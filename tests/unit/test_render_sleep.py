@@ -76,4 +76,6 @@ def test_the_product_reaches_a_loopback_engine_at_loopback() -> None:
     cat = catalog()
     box = cat.hosts["box"]
     assert (engine_address(cat, cat.models["warm"], box), engine_address(cat, cat.models["cold"], box)) == (
-        "127.0.0.1", "10.0.0.5")
+        "127.0.0.1",
+        "10.0.0.5",
+    )

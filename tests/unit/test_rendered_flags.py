@@ -28,9 +28,20 @@ def _flags(words: list[str] | tuple[str, ...]) -> set[str]:
 
 def test_every_flag_of_one_nodes_command_line_is_in_the_accessor() -> None:
     """The engine's argv with every key set writes only flags its rendered_flags (or sleep_flags) name."""
-    launch = Launch(command=("vllm", "serve"), model_dir="/m", served="m", bind="0.0.0.0", port=8000,
-                    tensor_parallel=2, pipeline_parallel=2, data_parallel=2, expert_parallel=True, sleep=True,
-                    max_model_len=4096, max_num_seqs=8)
+    launch = Launch(
+        command=("vllm", "serve"),
+        model_dir="/m",
+        served="m",
+        bind="0.0.0.0",
+        port=8000,
+        tensor_parallel=2,
+        pipeline_parallel=2,
+        data_parallel=2,
+        expert_parallel=True,
+        sleep=True,
+        max_model_len=4096,
+        max_num_seqs=8,
+    )
     written = _flags(ENGINE.argv(launch))
     assert written <= {*FLAGS.keyed, *FLAGS.switches, *ENGINE.sleep_flags}
     assert {f for f in FLAGS.keyed if f.startswith("--")} <= written  # every long keyed flag is really written
@@ -41,8 +52,9 @@ def test_every_per_node_flag_is_in_the_accessor_and_every_one_there_is_written()
     written: set[str] = set()
     for local in (None, 2):
         for rank in (0, 1):
-            written |= _flags(ENGINE.node_args(nodes=2, rank=rank, head_address="10.0.0.1", port=29500,
-                                               data_parallel_local=local))
+            written |= _flags(
+                ENGINE.node_args(nodes=2, rank=rank, head_address="10.0.0.1", port=29500, data_parallel_local=local)
+            )
     written |= _flags(ENGINE.ray_args)
     assert written == set(FLAGS.node)
 
@@ -50,10 +62,21 @@ def test_every_per_node_flag_is_in_the_accessor_and_every_one_there_is_written()
 def test_every_ray_start_option_the_units_render_is_refused_in_ray_args(tmp_path: Path) -> None:
     """The options of the rendered ray-head and ray-worker units are core/ray_start.py's table,
     each refused in ray_args."""
-    cat = Catalog.model_validate({
-        "hosts": {"g1": {"address": "10.0.0.1", "gpus": 2}, "g2": {"address": "10.0.0.2", "gpus": 2}},
-        "models": {"big": {"repo": "org/big", "nodes": ["g1", "g2"], "gpus": [0, 1], "tensor_parallel": 2,
-                           "pipeline_parallel": 2, "backend": "ray"}}})
+    cat = Catalog.model_validate(
+        {
+            "hosts": {"g1": {"address": "10.0.0.1", "gpus": 2}, "g2": {"address": "10.0.0.2", "gpus": 2}},
+            "models": {
+                "big": {
+                    "repo": "org/big",
+                    "nodes": ["g1", "g2"],
+                    "gpus": [0, 1],
+                    "tensor_parallel": 2,
+                    "pipeline_parallel": 2,
+                    "backend": "ray",
+                }
+            },
+        }
+    )
     units = render_nodes(cat, cat.models["big"], template_text).nodes
     exec_starts = [re.search(r"^ExecStart=(.*)$", u.unit_text, re.MULTILINE) for u in units]
     rendered = {w.strip('"') for m in exec_starts if m for w in m.group(1).split() if w.startswith('"-')}
@@ -66,19 +89,39 @@ def test_every_ray_start_option_the_units_render_is_refused_in_ray_args(tmp_path
 def test_core_reads_the_engines_flags_through_the_engine() -> None:
     """No module of core imports engines/vllm_argv.py: the catalog's check and adopt ask the Engine."""
     core = Path(__file__).resolve().parents[2] / "orchestrator" / "core"
-    importers = [p.name for p in core.glob("*.py")
-                 for node in ast.walk(ast.parse(p.read_text()))
-                 if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("vllm_argv")]
+    importers = [
+        p.name
+        for p in core.glob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("vllm_argv")
+    ]
     assert importers == []
 
 
 def test_adopting_a_headless_rank_is_blocked() -> None:
     """A found engine that is one node's rank of a multi-node model cannot become a one-box entry:
     a blocker names it."""
-    argv = ("/opt/ml-env/bin/vllm", "serve", "/m/big", "--served-model-name", "big", "--nnodes", "2",
-            "--node-rank", "1", "--master-addr", "10.0.0.1", "--headless")
-    target = a.Target(host="box", engine=("/opt/ml-env/bin/vllm", "serve"), bind="0.0.0.0", user="vllm",
-                      env_dir="/etc/orchestrator/env")
+    argv = (
+        "/opt/ml-env/bin/vllm",
+        "serve",
+        "/m/big",
+        "--served-model-name",
+        "big",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--headless",
+    )
+    target = a.Target(
+        host="box",
+        engine=("/opt/ml-env/bin/vllm", "serve"),
+        bind="0.0.0.0",
+        user="vllm",
+        env_dir="/etc/orchestrator/env",
+    )
     blockers = "\n".join(a.adopt(a.Found(argv=argv, pid=7), target).blockers)
     assert "--nnodes 2: this engine is one node's rank" in blockers and "--headless: this engine" in blockers
     assert "--node-rank 1: this engine" in blockers and "--master-addr" not in blockers

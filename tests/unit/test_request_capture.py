@@ -16,7 +16,8 @@ def access(port: int, request: str) -> str:
 
 
 def test_a_run_shows_new_and_open_connections_between_the_samplers_polls(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Calibration on one connection, then 16 completions on new ones: 'Nrr' then 16 'N', runs split at 'mmm'."""
     lines = [access(9000 + i, "GET /metrics") for i in range(3)]
     lines += [access(100, "POST /v1/completions")] * 3

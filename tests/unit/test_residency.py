@@ -11,11 +11,28 @@ from orchestrator.core.resident import State
 H200 = Budgets(gpu_memory_gib=141.0, residue_gib=3.0, ram_gib=100.0)
 
 
-def r(name: str, state: State = State.STOPPED, *, gpus: tuple[int, ...] = (0,), util: float = 0.9,
-      sleep: str | None = "level1", weights: float = 13.0, served: float | None = None) -> Resident:
+def r(
+    name: str,
+    state: State = State.STOPPED,
+    *,
+    gpus: tuple[int, ...] = (0,),
+    util: float = 0.9,
+    sleep: str | None = "level1",
+    weights: float = 13.0,
+    served: float | None = None,
+) -> Resident:
     level = sleep if state is State.ASLEEP else None
-    return Resident(name=name, gpus=gpus, gpu_memory_utilization=util, sleep=sleep, weights_gib=weights,
-                    state=state, level=level, last_served=served, served_name=name)
+    return Resident(
+        name=name,
+        gpus=gpus,
+        gpu_memory_utilization=util,
+        sleep=sleep,
+        weights_gib=weights,
+        state=state,
+        level=level,
+        last_served=served,
+        served_name=name,
+    )
 
 
 def test_switch_to_a_sleeper_sleeps_the_displaced_and_wakes_it() -> None:
@@ -34,9 +51,16 @@ def test_a_model_without_sleep_mode_stops() -> None:
 
 def test_a_full_ram_budget_evicts_the_least_recently_served_sleeper() -> None:
     """60 + 30 GiB asleep, A (30 GiB) must sleep in 100 GiB: the older sleeper (C) is evicted."""
-    d = decide("t", [r("a", State.SERVING, weights=30, served=300), r("c", State.ASLEEP, weights=30, served=100,
-                                                                        gpus=(1,)),
-                     r("e", State.ASLEEP, weights=60, served=200, gpus=(2,)), r("t")], H200)
+    d = decide(
+        "t",
+        [
+            r("a", State.SERVING, weights=30, served=300),
+            r("c", State.ASLEEP, weights=30, served=100, gpus=(1,)),
+            r("e", State.ASLEEP, weights=60, served=200, gpus=(2,)),
+            r("t"),
+        ],
+        H200,
+    )
     assert (d.sleep, d.evict, d.stop) == (("a",), ("c",), ())
     assert d.ram_gib == 90.0
     assert any("c (asleep, the least recently served) is evicted" in x.text for x in d.reasons)
@@ -44,9 +68,16 @@ def test_a_full_ram_budget_evicts_the_least_recently_served_sleeper() -> None:
 
 def test_a_never_served_sleeper_counts_as_the_oldest() -> None:
     """last_served None is evicted before any served sleeper."""
-    d = decide("t", [r("a", State.SERVING, weights=50, served=300), r("c", State.ASLEEP, weights=50, served=5,
-                                                                        gpus=(1,)),
-                     r("n", State.ASLEEP, weights=50, gpus=(2,)), r("t")], H200)
+    d = decide(
+        "t",
+        [
+            r("a", State.SERVING, weights=50, served=300),
+            r("c", State.ASLEEP, weights=50, served=5, gpus=(1,)),
+            r("n", State.ASLEEP, weights=50, gpus=(2,)),
+            r("t"),
+        ],
+        H200,
+    )
     assert d.evict == ("n",)
 
 
@@ -58,8 +89,7 @@ def test_weights_larger_than_the_budget_stop_instead_of_sleeping() -> None:
 
 def test_level2_sleepers_hold_no_host_ram() -> None:
     """level2 drops the weights: it sleeps whatever the RAM budget."""
-    d = decide("t", [r("a", State.SERVING, sleep="level2", weights=500), r("t")],
-               Budgets(141.0, 3.0, ram_gib=0.0))
+    d = decide("t", [r("a", State.SERVING, sleep="level2", weights=500), r("t")], Budgets(141.0, 3.0, ram_gib=0.0))
     assert (d.sleep, d.stop, d.ram_gib) == (("a",), (), 0.0)
 
 
@@ -71,8 +101,15 @@ def test_an_unknown_ram_budget_allows_only_level2() -> None:
 
 def test_residue_is_counted_and_a_sleeper_is_evicted_when_the_wake_would_not_fit() -> None:
     """Target at 0.97 (136.8 GiB) beside two sleepers' 6 GiB on GPU 0: the older sleeper goes."""
-    d = decide("t", [r("x", State.ASLEEP, sleep="level2", served=1), r("y", State.ASLEEP, sleep="level2", served=2),
-                     r("t", State.ASLEEP, util=0.97)], H200)
+    d = decide(
+        "t",
+        [
+            r("x", State.ASLEEP, sleep="level2", served=1),
+            r("y", State.ASLEEP, sleep="level2", served=2),
+            r("t", State.ASLEEP, util=0.97),
+        ],
+        H200,
+    )
     assert (d.wake, d.evict, d.fits) == (True, ("x",), True)
     assert d.gpu_gib == {0: 3.0}
 
@@ -98,8 +135,9 @@ def test_a_holder_of_the_target_name_on_other_gpus_is_displaced() -> None:
 
 def test_an_explicit_displaced_list_is_used_as_given() -> None:
     """The switch passes plan_switch's displaced set: only those sleep or stop."""
-    d = decide("t", [r("a", State.SERVING), r("b", State.SERVING, sleep=None, gpus=(1,)), r("t")], H200,
-               displaced=["a"])
+    d = decide(
+        "t", [r("a", State.SERVING), r("b", State.SERVING, sleep=None, gpus=(1,)), r("t")], H200, displaced=["a"]
+    )
     assert (d.sleep, d.stop) == (("a",), ())
 
 
@@ -130,6 +168,13 @@ def test_the_decision_serialises_for_plan_json() -> None:
 
 def test_an_eviction_names_when_the_sleeper_last_served() -> None:
     """Recorded epoch times are shown in UTC in the reason."""
-    d = decide("t", [r("a", State.SERVING, weights=60, served=1_800_000_000.0),
-                     r("c", State.ASLEEP, weights=60, served=1_764_547_200.0, gpus=(1,)), r("t")], H200)
+    d = decide(
+        "t",
+        [
+            r("a", State.SERVING, weights=60, served=1_800_000_000.0),
+            r("c", State.ASLEEP, weights=60, served=1_764_547_200.0, gpus=(1,)),
+            r("t"),
+        ],
+        H200,
+    )
     assert d.evict == ("c",) and "c (asleep, last served 2025-12-01 00:00:00 UTC) is evicted" in d.reasons[0].text

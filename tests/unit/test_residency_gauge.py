@@ -24,12 +24,25 @@ WARM = {"tensor_parallel": 4, "gpus": [0, 1, 2, 3], "sleep": "level1"}
 @pytest.fixture
 def agent(tmp_path: Path) -> Agent:
     """a and b sleep at level 1 on GPUs 0-3; c never sleeps (4-7)."""
-    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000},
-                     hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
-                                    "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
-                     models={"a": {"repo": "org/a", "port": 8001, **WARM},
-                             "b": {"repo": "org/b", "port": 8002, **WARM},
-                             "c": {"repo": "org/c", "port": 8003, "tensor_parallel": 4, "gpus": [4, 5, 6, 7]}})
+    world = OpsWorld(
+        tmp_path / "state",
+        proxy={"enabled": True, "port": 9000},
+        hosts={
+            "box": {
+                "transport": "ssh",
+                "address": "127.0.0.9",
+                "gpus": 8,
+                "gpu_memory_gib": 96,
+                "sleep_ram_gib": 100,
+                "sleep_residue_gib": 2,
+            }
+        },
+        models={
+            "a": {"repo": "org/a", "port": 8001, **WARM},
+            "b": {"repo": "org/b", "port": 8002, **WARM},
+            "c": {"repo": "org/c", "port": 8003, "tensor_parallel": 4, "gpus": [4, 5, 6, 7]},
+        },
+    )
     return Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
 
 
@@ -41,8 +54,11 @@ def switch(agent: Agent, model: str) -> None:
 def gauge(agent: Agent) -> dict[tuple[str, str, str], float]:
     """(model, state, level) -> value, for host box."""
     fam = next(f for f in agent.metrics.registry.collect() if f.name == "orchestrator_model_residency")
-    return {(s.labels["model"], s.labels["state"], s.labels["level"]): s.value
-            for s in fam.samples if s.labels["host"] == "box"}
+    return {
+        (s.labels["model"], s.labels["state"], s.labels["level"]): s.value
+        for s in fam.samples
+        if s.labels["host"] == "box"
+    }
 
 
 def current(agent: Agent) -> dict[str, tuple[str, str]]:
@@ -57,9 +73,15 @@ def test_each_model_has_one_series_per_possible_state_and_only_the_current_is_1(
     switch(agent, "b")
     wait_for(lambda: gauge(agent), lambda g: g[("b", "awake", "")] == 1, timeout=10, what="b's job ended")
     assert gauge(agent) == {
-        ("a", "awake", ""): 0, ("a", "asleep", "1"): 1, ("a", "stopped", ""): 0,
-        ("b", "awake", ""): 1, ("b", "asleep", "1"): 0, ("b", "stopped", ""): 0,
-        ("c", "awake", ""): 0, ("c", "stopped", ""): 1}
+        ("a", "awake", ""): 0,
+        ("a", "asleep", "1"): 1,
+        ("a", "stopped", ""): 0,
+        ("b", "awake", ""): 1,
+        ("b", "asleep", "1"): 0,
+        ("b", "stopped", ""): 0,
+        ("c", "awake", ""): 0,
+        ("c", "stopped", ""): 1,
+    }
 
 
 def test_the_gauge_follows_each_job_as_it_ends(agent: Agent) -> None:
@@ -76,8 +98,13 @@ def test_a_sleeper_reports_the_level_it_sleeps_at() -> None:
     serving set is awake without a record (a box without warm switches keeps none)."""
     records = {"a": Residency("box", "a", ASLEEP, 0.0, level="level2")}
     series = residency_series({"a": "level1", "b": None}, {"b"}, records)
-    assert series == [("a", "awake", "", 0), ("a", "asleep", "2", 1), ("a", "stopped", "", 0),
-                      ("b", "awake", "", 1), ("b", "stopped", "", 0)]
+    assert series == [
+        ("a", "awake", "", 0),
+        ("a", "asleep", "2", 1),
+        ("a", "stopped", "", 0),
+        ("b", "awake", "", 1),
+        ("b", "stopped", "", 0),
+    ]
 
 
 def test_a_box_without_warm_switches_reports_its_serving_model_awake(tmp_path: Path) -> None:
@@ -85,8 +112,9 @@ def test_a_box_without_warm_switches_reports_its_serving_model_awake(tmp_path: P
     world = OpsWorld(tmp_path / "state")
     plain = Agent(world.catalog, world.ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)
     switch(plain, "alpha")
-    wait_for(lambda: current(plain), lambda now: now.get("alpha") == ("awake", ""), timeout=10,
-             what="alpha's job ended")
+    wait_for(
+        lambda: current(plain), lambda now: now.get("alpha") == ("awake", ""), timeout=10, what="alpha's job ended"
+    )
     assert current(plain) == {"alpha": ("awake", ""), "beta": ("stopped", ""), "gamma": ("stopped", "")}
 
 
@@ -107,11 +135,21 @@ class _ReadAfterDone(FakeResidencyStore):
 
 def test_the_gauge_is_current_when_each_of_two_back_to_back_jobs_is_seen_done(tmp_path: Path) -> None:
     """Read the moment each job is done (a then b, same GPUs), the gauge already says what that job left."""
-    world = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000},
-                     hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
-                                    "sleep_ram_gib": 100, "sleep_residue_gib": 2}},
-                     models={"a": {"repo": "org/a", "port": 8001, **WARM},
-                             "b": {"repo": "org/b", "port": 8002, **WARM}})
+    world = OpsWorld(
+        tmp_path / "state",
+        proxy={"enabled": True, "port": 9000},
+        hosts={
+            "box": {
+                "transport": "ssh",
+                "address": "127.0.0.9",
+                "gpus": 8,
+                "gpu_memory_gib": 96,
+                "sleep_ram_gib": 100,
+                "sleep_residue_gib": 2,
+            }
+        },
+        models={"a": {"repo": "org/a", "port": 8001, **WARM}, "b": {"repo": "org/b", "port": 8002, **WARM}},
+    )
     store = _ReadAfterDone()
     ops = Operations(world.catalog, world.ops.ports_for, store=world.store, residency=store)
     agent = Agent(world.catalog, ops, socket=str(tmp_path / "agent.sock"), metrics_port=None, clock=world.clock)

@@ -17,7 +17,12 @@ def test_states_survive_a_reopen_with_level_unit_and_size(tmp_path: Path) -> Non
     store.close()
     rec = SqliteResidencyStore(tmp_path / "residency.db", group=None).residency("box")["alpha"]
     assert (rec.state, rec.level, rec.unit, rec.weights_gib, rec.ram_gib) == (
-        "asleep", "level1", "vllm-alpha.service", 13.0, 13.0)
+        "asleep",
+        "level1",
+        "vllm-alpha.service",
+        13.0,
+        13.0,
+    )
 
 
 def test_leaving_serving_stamps_last_served(tmp_path: Path) -> None:

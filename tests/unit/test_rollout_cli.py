@@ -17,10 +17,18 @@ from tests.builders.catalog import ONE_BOX_TOML
 from .test_cli_start import probe
 from .test_rollout_status import dead_pid
 
-SUMMARY = {"rollout": {"id": 3, "model": "beta", "group": "inference", "status": "running", "reason": None,
-                       "started_by": "alice@socket", "abort_requested": False}, "hosts": []}
-
-
+SUMMARY = {
+    "rollout": {
+        "id": 3,
+        "model": "beta",
+        "group": "inference",
+        "status": "running",
+        "reason": None,
+        "started_by": "alice@socket",
+        "abort_requested": False,
+    },
+    "hosts": [],
+}
 
 
 def cli_env(tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -48,10 +56,20 @@ def test_rollout_status_json_says_an_abort_was_requested(tmp_path: Path) -> None
     store = RolloutStore(tmp_path / "state" / "rollouts.db", group=None)
     rid = store.create("beta", "inference", Policy(), "health", [("box",)], dead_pid())
     store.request_abort(rid)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "rollout", "status", "--json", "--config",
-                           str(config)], env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "rollout", "status", "--json", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["rollout"]["abort_requested"] is True
-    text = subprocess.run([sys.executable, "-m", "orchestrator", "rollout", "status", "--config", str(config)],
-                          env=env, capture_output=True, text=True, check=False)
+    text = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "rollout", "status", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert f"rollout #{rid} beta on group inference: interrupted (abort requested): " in text.stdout, text.stderr

@@ -36,8 +36,9 @@ def test_plan_without_canary_and_uneven_last_batch() -> None:
     assert plan(HOSTS, 0, 3) == [("h1", "h2", "h3"), ("h4", "h5")]
 
 
-@pytest.mark.parametrize(("canary", "batch", "words"), [(5, 1, "covers all 5 hosts"), (-1, 1, "canary must"),
-                                                        (1, 0, "batch >= 1")])
+@pytest.mark.parametrize(
+    ("canary", "batch", "words"), [(5, 1, "covers all 5 hosts"), (-1, 1, "canary must"), (1, 0, "batch >= 1")]
+)
 def test_plan_refuses_bad_sizes(canary: int, batch: int, words: str) -> None:
     """A canary covering every host, or sizes below their minimum, are bad input naming the values."""
     with pytest.raises(UsageError, match=words):
@@ -86,8 +87,9 @@ def test_failures_within_budget_continue() -> None:
 def test_in_flight_switches_are_waited_for_first() -> None:
     """A host still switching (e.g. after a restart): wait for it before any new decision."""
     recs = records({"h1": S.SWITCHED, "h2": S.SWITCHING, "h3": S.FAILED}, plan(HOSTS, 1, 2))
-    assert decide(recs, Policy(), has_canary=True) == Decision("wait", hosts=("h2",),
-                                                               reason="switches still running on their agents")
+    assert decide(recs, Policy(), has_canary=True) == Decision(
+        "wait", hosts=("h2",), reason="switches still running on their agents"
+    )
 
 
 def test_all_switched_is_done() -> None:
@@ -111,17 +113,20 @@ def test_an_abort_reason_names_what_was_left_undone() -> None:
     assert reason == f"abort requested; not switched: {', '.join(HOSTS[1:])}"
 
 
-@pytest.mark.parametrize(("state", "observed", "action"), [
-    (S.SWITCHED, Observed(busy=False, ours="active"), "keep"),
-    (S.FAILED, Observed(busy=True, ours=None), "keep"),
-    (S.REVERTED, Observed(busy=False, ours="active"), "keep"),
-    (S.SWITCHING, Observed(busy=True, ours="starting", ours_ended=False), "follow"),
-    (S.SWITCHING, Observed(busy=False, ours="active"), "record"),
-    (S.SWITCHING, Observed(busy=False, ours="rolled_back"), "record"),
-    (S.SWITCHING, Observed(busy=False, ours="active", serves_ours=False), "superseded"),
-    (S.SWITCHING, Observed(busy=False, ours=None), "switch"),
-    (S.STAGED, Observed(busy=False, ours=None), "switch"),
-])
+@pytest.mark.parametrize(
+    ("state", "observed", "action"),
+    [
+        (S.SWITCHED, Observed(busy=False, ours="active"), "keep"),
+        (S.FAILED, Observed(busy=True, ours=None), "keep"),
+        (S.REVERTED, Observed(busy=False, ours="active"), "keep"),
+        (S.SWITCHING, Observed(busy=True, ours="starting", ours_ended=False), "follow"),
+        (S.SWITCHING, Observed(busy=False, ours="active"), "record"),
+        (S.SWITCHING, Observed(busy=False, ours="rolled_back"), "record"),
+        (S.SWITCHING, Observed(busy=False, ours="active", serves_ours=False), "superseded"),
+        (S.SWITCHING, Observed(busy=False, ours=None), "switch"),
+        (S.STAGED, Observed(busy=False, ours=None), "switch"),
+    ],
+)
 def test_resume_never_switches_a_host_twice(state: HostState, observed: Observed, action: str) -> None:
     """Recorded as ended: kept; ended unseen: recorded from its agent, unless the box serves another model
     now (superseded: not switched); only a request that never arrived is sent."""
@@ -131,7 +136,12 @@ def test_resume_never_switches_a_host_twice(state: HostState, observed: Observed
 def test_outcomes_map_to_host_states() -> None:
     """active/no-op -> switched; rolled_back/aborted/failed -> failed; a running phase is refused."""
     assert [state_of_outcome(o) for o in ("active", "noop", "rolled_back", "aborted", "failed")] == [
-        S.SWITCHED, S.SWITCHED, S.FAILED, S.FAILED, S.FAILED]
+        S.SWITCHED,
+        S.SWITCHED,
+        S.FAILED,
+        S.FAILED,
+        S.FAILED,
+    ]
     with pytest.raises(UsageError, match="'starting' has not ended"):
         state_of_outcome("starting")
 

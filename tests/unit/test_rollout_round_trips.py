@@ -27,8 +27,9 @@ def started(boxes: dict[str, SimulatedBox]) -> tuple[FleetController, list[str],
         connects.append(host.name)
         return boxes[host.name]
 
-    controller = FleetController(lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(),
-                                 connect=connect)
+    controller = FleetController(
+        lambda: catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(), connect=connect
+    )
     summary = run_to_end(controller, controller.start(RolloutStartArgs(model="beta"), "alice")["id"])
     for t in controller.threads:
         t.join(timeout=30)
@@ -55,8 +56,10 @@ def test_a_box_whose_agent_predates_preflight_is_asked_the_three_questions() -> 
 
 def test_the_health_gate_reads_each_box_at_gate_time_not_its_switch_answer() -> None:
     """The canary's switch answers active, then its engine reads unhealthy: the gate fails it and the rollout stops."""
-    boxes = {h: SimulatedBox(h, MODELS, serving="alpha", sickens=frozenset({"beta"}) if h == "h1" else frozenset())
-             for h in HOSTS}
+    boxes = {
+        h: SimulatedBox(h, MODELS, serving="alpha", sickens=frozenset({"beta"}) if h == "h1" else frozenset())
+        for h in HOSTS
+    }
     _controller, _connects, summary = started(boxes)
     assert summary["rollout"]["status"] != "succeeded"
     assert states(summary)["h1"] == "failed"
@@ -64,20 +67,29 @@ def test_the_health_gate_reads_each_box_at_gate_time_not_its_switch_answer() -> 
 
 
 @pytest.mark.parametrize("old", [False, True], ids=["preflight", "predates-preflight"])
-@pytest.mark.parametrize(("spoil", "what", "names"), [
-    (lambda b: setattr(b, "running", "switch"), "a box is busy or did not answer", "h3: busy: switch on h3"),
-    (lambda b: b.models.pop("beta"), "the boxes' deploy.toml", "h3: its agent's deploy.toml has no model 'beta'"),
-    (lambda b: b.models.update(beta="org/other"), "the boxes' deploy.toml",
-     "h3: its agent's model beta has repo 'org/other', the controller's deploy.toml says 'org/beta'"),
-], ids=["busy", "no-model", "other-repo"])
-def test_preflight_refusals_name_the_check_and_the_host_either_way(spoil: Any, what: str, names: str,
-                                                                    old: bool) -> None:
+@pytest.mark.parametrize(
+    ("spoil", "what", "names"),
+    [
+        (lambda b: setattr(b, "running", "switch"), "a box is busy or did not answer", "h3: busy: switch on h3"),
+        (lambda b: b.models.pop("beta"), "the boxes' deploy.toml", "h3: its agent's deploy.toml has no model 'beta'"),
+        (
+            lambda b: b.models.update(beta="org/other"),
+            "the boxes' deploy.toml",
+            "h3: its agent's model beta has repo 'org/other', the controller's deploy.toml says 'org/beta'",
+        ),
+    ],
+    ids=["busy", "no-model", "other-repo"],
+)
+def test_preflight_refusals_name_the_check_and_the_host_either_way(
+    spoil: Any, what: str, names: str, old: bool
+) -> None:
     """A busy h3, or one whose deploy.toml lacks or differs on the model: refused with the same words
     through preflight as through the three questions; nothing switches."""
     boxes = {h: SimulatedBox(h, MODELS, serving="alpha", preflight=not old) for h in HOSTS}
     spoil(boxes["h3"])
-    controller = FleetController(fleet_catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(),
-                                 connect=lambda host: boxes[host.name])
+    controller = FleetController(
+        fleet_catalog, clock=FakeClock(), pid=4242, store=FakeRolloutStore(), connect=lambda host: boxes[host.name]
+    )
     with pytest.raises(OrchestratorError) as refused:
         controller.start(RolloutStartArgs(model="beta"), "alice")
     assert f"rollout refused before anything stopped ({what}): {names}" in str(refused.value)

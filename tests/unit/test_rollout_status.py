@@ -67,10 +67,18 @@ def test_resume_does_not_mark_switched_a_host_that_serves_another_model_now(tmp_
     store = RolloutStore(tmp_path / "rollouts.db", group=None)
     rid = store.create("beta", "edge", Policy(canary=1), "health", [("box",)], dead_pid())
     store.set_host(rid, "box", state=HostState.SWITCHING, baseline_id=1)
-    box = Box({"status": {"hosts": {"box": {"serving": {"model": "gamma", "revision": 4}, "running": []}},
-                          "agent": {"running": {}}},
-               "history": [{"id": 4, "model": "gamma", "outcome": "active", "ended_at": 2.0, "revision": 4},
-                           {"id": 3, "model": "beta", "outcome": "active", "ended_at": 1.0, "revision": 3}]})
+    box = Box(
+        {
+            "status": {
+                "hosts": {"box": {"serving": {"model": "gamma", "revision": 4}, "running": []}},
+                "agent": {"running": {}},
+            },
+            "history": [
+                {"id": 4, "model": "gamma", "outcome": "active", "ended_at": 2.0, "revision": 4},
+                {"id": 3, "model": "beta", "outcome": "active", "ended_at": 1.0, "revision": 3},
+            ],
+        }
+    )
     fleet = Fleet(make_catalog(state_dir=str(tmp_path)), store=store, connect=lambda host: box)
     result = fleet.resume(rid)
     [host] = result["hosts"]

@@ -11,8 +11,20 @@ from orchestrator.core.catalog_hosts import Defaults
 from orchestrator.core.dashboard import Dashboard
 
 # What makes a key path-valued: how its name ends, or a default that is an absolute path.
-PATHY = ("socket", "path", "dir", "key", "known_hosts", "python", "engine", "haproxy", "ray", "config", "source",
-         "patterns")
+PATHY = (
+    "socket",
+    "path",
+    "dir",
+    "key",
+    "known_hosts",
+    "python",
+    "engine",
+    "haproxy",
+    "ray",
+    "config",
+    "source",
+    "patterns",
+)
 
 SECTIONS: dict[str, tuple[type[BaseModel], tuple[str, ...]]] = {
     "": (Catalog, privilege.ROOT_ONLY_TOP),

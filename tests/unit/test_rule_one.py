@@ -59,8 +59,11 @@ def _phase_names(node: ast.expr) -> list[str]:
 
 def _phase_members(node: ast.expr) -> int:
     items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else []
-    return sum(1 for i in items if isinstance(i, ast.Attribute) and isinstance(i.value, ast.Name)
-               and i.value.id in ("Phase", "P"))
+    return sum(
+        1
+        for i in items
+        if isinstance(i, ast.Attribute) and isinstance(i.value, ast.Name) and i.value.id in ("Phase", "P")
+    )
 
 
 def test_no_module_compares_phase_or_outcome_names() -> None:
@@ -111,7 +114,8 @@ def test_the_table_is_the_transitions() -> None:
 def test_the_phase_facts_agree_with_the_table() -> None:
     """Extra events are the table's, raised ones among them; abandonable and down phases are running ones."""
     assert {(p, e) for p, row in TABLE.items() for e in row if e not in (Event.OK, Event.FAIL)} == set(
-        EXTRA_EVENTS.items())
+        EXTRA_EVENTS.items()
+    )
     assert all(EXTRA_EVENTS[p] is e for p, (_, e) in RAISED_EVENTS.items())
     assert ABANDONABLE <= DOWN and not DOWN & ENDED
 
@@ -135,11 +139,19 @@ def test_legal_move_accepts_only_the_tables_moves() -> None:
     assert not legal_move(Phase.STAGING, Phase.ACTIVE, Fallback.PREVIOUS)
 
 
-@pytest.mark.parametrize(("behaviour", "no_rollback", "outcome"), [
-    (None, False, Phase.ACTIVE), ("bad_unit", False, Phase.ABORTED), ("crash", False, Phase.ROLLED_BACK),
-    ("never_ready", False, Phase.ROLLED_BACK), ("health_only", True, Phase.FAILED)])
-def test_the_engine_moves_only_as_the_table_says(world: World, behaviour: str | None, no_rollback: bool,
-                                                 outcome: Phase) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "no_rollback", "outcome"),
+    [
+        (None, False, Phase.ACTIVE),
+        ("bad_unit", False, Phase.ABORTED),
+        ("crash", False, Phase.ROLLED_BACK),
+        ("never_ready", False, Phase.ROLLED_BACK),
+        ("health_only", True, Phase.FAILED),
+    ],
+)
+def test_the_engine_moves_only_as_the_table_says(
+    world: World, behaviour: str | None, no_rollback: bool, outcome: Phase
+) -> None:
     """A first switch, then a second whose engine behaves as ``behaviour``: every move recorded is the
     table's (the guard in conftest asserts each one as it is made), and the outcome is where it leads."""
     assert world.switch("alpha").phase is Phase.ACTIVE

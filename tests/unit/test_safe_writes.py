@@ -42,8 +42,13 @@ def test_render_out_does_not_follow_a_planted_temporary(tmp_path: Path, victim: 
     (tmp_path / "deploy.toml").write_text(DEPLOY)
     out = tmp_path / "units"
     plant(out, guesses("vllm-m.service"), victim)
-    done = subprocess.run([sys.executable, "-m", "orchestrator", "render", "--config", str(tmp_path / "deploy.toml"),
-                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "render", "--config", str(tmp_path / "deploy.toml"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert victim.read_text() == "precious\n"
     assert "ExecStart=" in (out / "vllm-m.service").read_text()
@@ -51,8 +56,9 @@ def test_render_out_does_not_follow_a_planted_temporary(tmp_path: Path, victim: 
 
 
 @pytest.mark.parametrize("writer", ["helper", "local shell", "worker"])
-def test_atomic_writers_ignore_planted_temporaries_and_replace_a_symlinked_target(writer: str, tmp_path: Path,
-                                                                                    victim: Path) -> None:
+def test_atomic_writers_ignore_planted_temporaries_and_replace_a_symlinked_target(
+    writer: str, tmp_path: Path, victim: Path
+) -> None:
     """Each writer through a temporary replaces the target (a symlink there too) without touching the victim."""
     target = tmp_path / "d" / "unit.service"
     plant(target.parent, [*guesses(target.name), target.name], victim)

@@ -50,33 +50,78 @@ def test_redact_hides_each_secret_of_a_line(line: str) -> None:
     assert hidden(out) and "not shown>" in out
 
 
-@pytest.mark.parametrize("line", ["max_num_batched_tokens: 8192", "tokenizer: /models/m", "author: alice",
-                                  "401 Unauthorized: check /etc/orchestrator/env/hf-token", "the token is expired",
-                                  "KV cache: 2.1 GiB, key: value cache"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "max_num_batched_tokens: 8192",
+        "tokenizer: /models/m",
+        "author: alice",
+        "401 Unauthorized: check /etc/orchestrator/env/hf-token",
+        "the token is expired",
+        "KV cache: 2.1 GiB, key: value cache",
+    ],
+)
 def test_redact_leaves_ordinary_text_alone(line: str) -> None:
     """Ordinary log text (tokens counts, tokenizer paths, an error naming a token file) is unchanged."""
     assert redact(line) == line.replace("key: value", "key: <a secret by its name, not shown>")
 
 
-@pytest.mark.parametrize("name", ["AUTHORIZATION", "AUTH_HEADER", "BEARER", "COOKIE", "JWT", "DATABASE_URL",
-                                  "SESSION_COOKIE", "X_AUTH", "OAUTH2_CLIENT", "PROXY_AUTHORIZATION", "REDIS_URI",
-                                  "SQLALCHEMY_DATABASE_URI", "PG_DSN", "MONGO_CONNECTION_STRING", "JWT_SIGNING_KEY",
-                                  "--bearer", "webhook-signature", "PASSWORD_SALT", "BASIC_AUTH"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "AUTHORIZATION",
+        "AUTH_HEADER",
+        "BEARER",
+        "COOKIE",
+        "JWT",
+        "DATABASE_URL",
+        "SESSION_COOKIE",
+        "X_AUTH",
+        "OAUTH2_CLIENT",
+        "PROXY_AUTHORIZATION",
+        "REDIS_URI",
+        "SQLALCHEMY_DATABASE_URI",
+        "PG_DSN",
+        "MONGO_CONNECTION_STRING",
+        "JWT_SIGNING_KEY",
+        "--bearer",
+        "webhook-signature",
+        "PASSWORD_SALT",
+        "BASIC_AUTH",
+    ],
+)
 def test_secret_names_by_what_they_say(name: str) -> None:
     """Names about authorization, bearer tokens, cookies, JWTs and connection strings are secrets."""
     assert secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["AUTHOR", "HF_ENDPOINT", "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME",
-                                  "TOKENIZERS_PARALLELISM", "DATABASE_NAME", "VLLM_SERVER_URL",
-                                  "PYTORCH_CUDA_ALLOC_CONF", "--ssl-keyfile"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "AUTHOR",
+        "HF_ENDPOINT",
+        "VLLM_HOST_IP",
+        "NCCL_SOCKET_IFNAME",
+        "TOKENIZERS_PARALLELISM",
+        "DATABASE_NAME",
+        "VLLM_SERVER_URL",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "--ssl-keyfile",
+    ],
+)
 def test_ordinary_names_stay_ordinary(name: str) -> None:
     """Endpoints, IPs, interfaces and a database's name are not secrets."""
     assert not secret_name(name)
 
 
-@pytest.mark.parametrize("value,kind", [(JWT, "JSON web token"), ("Bearer abcdefgh12345678", "bearer token"),
-                                        ("https://u:p4ss@example.org/", "URL with a password")])
+@pytest.mark.parametrize(
+    "value,kind",
+    [
+        (JWT, "JSON web token"),
+        ("Bearer abcdefgh12345678", "bearer token"),
+        ("https://u:p4ss@example.org/", "URL with a password"),
+    ],
+)
 def test_new_value_shapes(value: str, kind: str) -> None:
     """JWTs, bearer headers and URLs with user:password@ are secrets by their shape."""
     assert kind in (secret_value_kind(value) or "")
@@ -87,8 +132,9 @@ def crashing_world(store: SqliteStore | None = None) -> World:
     if store is not None:
         world.store = store  # type: ignore[assignment]
         ports = world.host.ports(world.catalog.hosts["box"], world.weights)
-        world.engine = Deployer(world.catalog, store, lambda name: ports,
-                              progress=lambda e, f: world.events.append((e, f)))
+        world.engine = Deployer(
+            world.catalog, store, lambda name: ports, progress=lambda e, f: world.events.append((e, f))
+        )
     world.switch("alpha")
     world.host.behaviours["vllm-beta.service"] = "crash"
     world.host.journal["vllm-beta.service"] = list(LEAKS.values())
@@ -113,8 +159,13 @@ def test_history_json_shows_no_secret_from_the_journal(tmp_path: Path) -> None:
     store.close()
     cfg = tmp_path / "deploy.toml"
     cfg.write_text(f'state_dir = "{state}"\n[hosts.box]\ngpus = 8\n')
-    done = subprocess.run([sys.executable, "-m", "orchestrator", "history", "--json", "--local", "--config", str(cfg)],
-                          capture_output=True, text=True, cwd=REPO, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "history", "--json", "--local", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "journal" in done.stdout and hidden(done.stdout)
 
@@ -163,15 +214,53 @@ def test_redact_handles_long_chains_of_names(text: str) -> None:
 
 # Model-config fields (config.json, vLLM's arg dump, tokenizer_config.json) whose names hold "key" or
 # "token" as a qualifier: what the value is comes last (heads, dim, rank, id), and none is a secret.
-MODEL_FIELDS = ["num_key_value_heads", "key_value_dim", "num_key_value_groups", "past_key_values", "kv_lora_rank",
-                "qk_rope_head_dim", "keys_to_ignore_at_inference", "bos_token_id", "eos_token", "pad_token",
-                "unk_token", "image_token_index", "key_layernorm_eps", "use_qk_norm", "--max-num-batched-tokens"]
+MODEL_FIELDS = [
+    "num_key_value_heads",
+    "key_value_dim",
+    "num_key_value_groups",
+    "past_key_values",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "keys_to_ignore_at_inference",
+    "bos_token_id",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+    "image_token_index",
+    "key_layernorm_eps",
+    "use_qk_norm",
+    "--max-num-batched-tokens",
+]
 # Secret names by their last word (the thing they name), or by a word that says secret anywhere.
-SECRET_NAMES = ["api_key", "hf_token", "HF_TOKEN_VALUE", "db_password", "client_secret", "X-Api-Key",
-                "Authorization", "PROXY_AUTHORIZATION", "AWS_SECRET_ACCESS_KEY", "SECRET_KEY_BASE",
-                "MYSQL_ROOT_PASSWORD", "HUGGING_FACE_HUB_TOKEN", "access_token", "refresh-token", "--api-key",
-                "openai_api_keys", "SIGNING_KEY", "private_key", "PGPASSWORD", "smtp_pass", "OPENAI_API_KEY_PROD",
-                "HF_TOKEN_2", "API_KEY_V2", "GITHUB_TOKEN_OLD", "auth_header", "X-Auth-Token", "Set-Cookie"]
+SECRET_NAMES = [
+    "api_key",
+    "hf_token",
+    "HF_TOKEN_VALUE",
+    "db_password",
+    "client_secret",
+    "X-Api-Key",
+    "Authorization",
+    "PROXY_AUTHORIZATION",
+    "AWS_SECRET_ACCESS_KEY",
+    "SECRET_KEY_BASE",
+    "MYSQL_ROOT_PASSWORD",
+    "HUGGING_FACE_HUB_TOKEN",
+    "access_token",
+    "refresh-token",
+    "--api-key",
+    "openai_api_keys",
+    "SIGNING_KEY",
+    "private_key",
+    "PGPASSWORD",
+    "smtp_pass",
+    "OPENAI_API_KEY_PROD",
+    "HF_TOKEN_2",
+    "API_KEY_V2",
+    "GITHUB_TOKEN_OLD",
+    "auth_header",
+    "X-Auth-Token",
+    "Set-Cookie",
+]
 
 
 @pytest.mark.parametrize("name", MODEL_FIELDS)
@@ -186,20 +275,28 @@ def test_secret_key_names_stay_secret(name: str) -> None:
     assert secret_name(name)
 
 
-@pytest.mark.parametrize("line", [
-    "num_key_value_heads: 8", "config: {'num_key_value_heads': 8, 'key_value_dim': 128, 'kv_lora_rank': 512}",
-    "hf_overrides={\"num_key_value_heads\": 2} bos_token_id=1 eos_token='</s>' pad_token: <pad>",
-    "ValueError: num_key_value_heads (3) must divide num_attention_heads (32)",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "num_key_value_heads: 8",
+        "config: {'num_key_value_heads': 8, 'key_value_dim': 128, 'kv_lora_rank': 512}",
+        "hf_overrides={\"num_key_value_heads\": 2} bos_token_id=1 eos_token='</s>' pad_token: <pad>",
+        "ValueError: num_key_value_heads (3) must divide num_attention_heads (32)",
+    ],
+)
 def test_redact_shows_model_config_fields(line: str) -> None:
     """A journal line quoting model-config fields passes unchanged: the head count is shown."""
     assert redact(line) == line
 
 
-@pytest.mark.parametrize("template,shown", [("{}: plainword1, num_key_value_heads: 8", "num_key_value_heads: 8"),
-                                            ("{}=plainword1 num_key_value_heads=8", "num_key_value_heads=8"),
-                                            ("{{'{}': 'plainword1', 'num_key_value_heads': 8}}",
-                                             "'num_key_value_heads': 8")])
+@pytest.mark.parametrize(
+    "template,shown",
+    [
+        ("{}: plainword1, num_key_value_heads: 8", "num_key_value_heads: 8"),
+        ("{}=plainword1 num_key_value_heads=8", "num_key_value_heads=8"),
+        ("{{'{}': 'plainword1', 'num_key_value_heads': 8}}", "'num_key_value_heads': 8"),
+    ],
+)
 @pytest.mark.parametrize("name", SECRET_NAMES)
 def test_redact_hides_every_secret_named_value(name: str, template: str, shown: str) -> None:
     """The value after each secret name is hidden; the model field beside it is shown."""
@@ -214,7 +311,8 @@ def test_crash_journal_shows_the_head_count_and_hides_the_key() -> None:
     world.host.behaviours["vllm-beta.service"] = "crash"
     world.host.journal["vllm-beta.service"] = [
         "non-default args: {'api_key': ['plainword1'], 'hf_overrides': {'num_key_value_heads': 3}}",
-        "ValueError: num_key_value_heads: 3 does not divide num_attention_heads: 32"]
+        "ValueError: num_key_value_heads: 3 does not divide num_attention_heads: 32",
+    ]
     dep = world.switch("beta")
     assert dep.phase is Phase.ROLLED_BACK
     assert "'num_key_value_heads': 3" in (dep.error or "") and "num_key_value_heads: 3 does" in (dep.error or "")

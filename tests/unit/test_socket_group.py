@@ -47,8 +47,13 @@ def deploy(state: Path, **changes: str) -> str:
         "": {"state_dir": f'"{state}"', "socket_group": '"nogroup"'},
         "defaults": {"engine": '["/opt/vllm/bin/vllm", "serve"]'},
         "hosts.box": {"transport": '"local"', "gpus": "8", "gpu_memory_gib": "96"},
-        "models.alpha": {"repo": '"org/alpha"', "host": '"box"', "gpus": "[0, 1, 2, 3]", "tensor_parallel": "4",
-                         "port": "8001"},
+        "models.alpha": {
+            "repo": '"org/alpha"',
+            "host": '"box"',
+            "gpus": "[0, 1, 2, 3]",
+            "tensor_parallel": "4",
+            "port": "8001",
+        },
     }
     for path, value in changes.items():
         table, _, key = path.rpartition(".")
@@ -69,8 +74,15 @@ class Box:
     def push(self, text: str, *, uid: int) -> dict[str, Any]:
         ids: dict[str, Any] = {} if uid == 0 else {"user": uid, "group": NOBODY, "extra_groups": []}
         # The system interpreter: the test venv may sit where nobody can read.
-        done = subprocess.run(["/usr/bin/python3", "-c", CLIENT, self.agent.socket], input=text, capture_output=True,
-                              text=True, timeout=60, check=False, **ids)
+        done = subprocess.run(
+            ["/usr/bin/python3", "-c", CLIENT, self.agent.socket],
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            **ids,
+        )
         assert done.returncode == 0, done.stderr
         return dict(json.loads(done.stdout))
 
@@ -92,8 +104,15 @@ def box() -> Iterator[Box]:
 
     # The socket beside the state dir, not in it: the state dir's mode is the agent's business.
     (root / "run").mkdir(mode=0o755)
-    agent = Agent(catalog, ops_for(catalog), socket=str(root / "run" / "agent.sock"), metrics_port=None,
-                  clock=FakeClock(), config_path=str(config), ops_factory=ops_for)
+    agent = Agent(
+        catalog,
+        ops_for(catalog),
+        socket=str(root / "run" / "agent.sock"),
+        metrics_port=None,
+        clock=FakeClock(),
+        config_path=str(config),
+        ops_factory=ops_for,
+    )
     server = ControlServer(agent.socket, agent)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -154,8 +173,9 @@ def test_a_member_cannot_point_a_model_config_at_a_file_root_reads(box: Box) -> 
 
 def test_a_member_may_name_a_shipped_model_config(box: Box) -> None:
     """`config = "shipped:NAME"` names a file of the package: a member's push is applied."""
-    text = deploy(Path(box.agent.catalog.state_dir),
-                  **{"models.alpha.config": '"shipped:MiniMaxAI__MiniMax-M2.5.json"'})
+    text = deploy(
+        Path(box.agent.catalog.state_dir), **{"models.alpha.config": '"shipped:MiniMaxAI__MiniMax-M2.5.json"'}
+    )
     assert box.push(text, uid=NOBODY)["result"]["changed"] is True
 
 
@@ -166,15 +186,18 @@ def test_root_may_push_a_root_only_change(box: Box) -> None:
     assert box.agent.catalog.hosts["box"].python == "/opt/orchestrator/venv/bin/python"
 
 
-@pytest.mark.parametrize("key,value", [
-    ("proxy.config_path", '"/etc/passwd"'),
-    ("proxy.config_path", '"/etc/orchestrator/../passwd.cfg"'),
-    ("proxy.config_path", '"/etc/orchestrator/deploy.toml"'),
-    ("proxy.stats_socket", '"/run/orchestrator-proxy/../../etc/x.sock"'),
-    ("proxy.stats_socket", '"/etc/orchestrator/admin.sock"'),
-    ("proxy.stats_socket", '"/run/orchestrator-proxy/master.sock"'),
-    ("proxy.haproxy", '"/usr/sbin/../../tmp/haproxy"'),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("proxy.config_path", '"/etc/passwd"'),
+        ("proxy.config_path", '"/etc/orchestrator/../passwd.cfg"'),
+        ("proxy.config_path", '"/etc/orchestrator/deploy.toml"'),
+        ("proxy.stats_socket", '"/run/orchestrator-proxy/../../etc/x.sock"'),
+        ("proxy.stats_socket", '"/etc/orchestrator/admin.sock"'),
+        ("proxy.stats_socket", '"/run/orchestrator-proxy/master.sock"'),
+        ("proxy.haproxy", '"/usr/sbin/../../tmp/haproxy"'),
+    ],
+)
 def test_root_written_proxy_paths_stay_in_the_products_directories(tmp_path: Path, key: str, value: str) -> None:
     """A proxy path outside /etc/orchestrator or /run/orchestrator-proxy, or traversing, is refused for anyone."""
     cfg = tmp_path / "deploy.toml"

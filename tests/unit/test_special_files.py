@@ -40,8 +40,15 @@ KIND_WORDS = {"fifo": "FIFO", "zero": "character device", "dir": "directory", "b
 
 
 def run(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, timeout=GUARD_S, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=GUARD_S,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("kind", list(KIND_WORDS))
@@ -74,8 +81,10 @@ CASES: dict[str, tuple[Callable[[str, Path], subprocess.CompletedProcess[str]], 
     "plan --config": (lambda p, t: run("plan", "--config", p, "--gpus", "8", "--gpu-memory-gib", "80"), 2),
     "plan --model-config": (lambda p, t: run("plan", "m", "--config", _deploy(t), "--model-config", p), 2),
     "tune --model-config": (lambda p, t: run("tune", "m", "--config", _deploy(t), "--model-config", p), 2),
-    "render --template": (lambda p, t: run("render", "--config", _deploy(t), "--out", str(t / "out"),
-                                           "--template", p), 2),
+    "render --template": (
+        lambda p, t: run("render", "--config", _deploy(t), "--out", str(t / "out"), "--template", p),
+        2,
+    ),
     "config diff": (lambda p, t: run("config", "diff", p), 2),
     "agent install --config": (lambda p, t: run("agent", "install", "ssh://root@127.0.0.1:1", "--config", p), 2),
     "hosts.toml": (lambda p, t: run("--host", "box", "status", env={"ORCHESTRATOR_HOSTS_FILE": p}), 2),
@@ -98,7 +107,13 @@ def test_every_user_file_is_refused_when_special(entry: str, kind: str, tmp_path
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
 def test_relay_config_that_is_special_does_not_hang_the_relay(kind: str, tmp_path: Path) -> None:
     """The relay falls back to the default socket and reports the agent unreachable (exit 6)."""
-    done = subprocess.run([sys.executable, "-m", "orchestrator.agent.relay", "--config", special(kind, tmp_path)],
-                          capture_output=True, text=True, timeout=GUARD_S, check=False, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "ORCHESTRATOR_SOCKET": ""})
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.agent.relay", "--config", special(kind, tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "ORCHESTRATOR_SOCKET": ""},
+    )
     assert done.returncode == 6 and "agent socket" in done.stderr

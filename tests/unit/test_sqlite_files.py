@@ -28,9 +28,12 @@ def test_a_newer_rollout_file_is_refused_naming_it_and_both_versions(tmp_path: P
     path = tmp_path / "rollouts.db"
     RolloutStore(path, group=None).close()
     sqlite3.connect(path).execute(f"PRAGMA user_version = {ROLLOUT_SCHEMA_VERSION + 1}")
-    with pytest.raises(StateStoreError, match=rf"rollout store {path}: schema version {ROLLOUT_SCHEMA_VERSION + 1} "
-                                              r"is newer than this orchestrator supports "
-                                              rf"\({ROLLOUT_SCHEMA_VERSION}\)"):
+    with pytest.raises(
+        StateStoreError,
+        match=rf"rollout store {path}: schema version {ROLLOUT_SCHEMA_VERSION + 1} "
+        r"is newer than this orchestrator supports "
+        rf"\({ROLLOUT_SCHEMA_VERSION}\)",
+    ):
         RolloutStore(path, group=None)
 
 
@@ -42,8 +45,10 @@ def test_an_unversioned_rollout_file_is_adopted_with_its_rollouts(tmp_path: Path
     db = sqlite3.connect(path)
     for statement in rollout_store._V1:
         db.execute(statement)
-    db.execute("INSERT INTO rollouts (model, grp, status, canary, batch, max_failures, rollback_all, gate, "
-               "started_at) VALUES ('m', 'g', 'running', 1, 1, 0, 0, 'none', 1.0)")
+    db.execute(
+        "INSERT INTO rollouts (model, grp, status, canary, batch, max_failures, rollback_all, gate, "
+        "started_at) VALUES ('m', 'g', 'running', 1, 1, 0, 0, 'none', 1.0)"
+    )
     db.commit()
     db.close()
     store = RolloutStore(path, group=None)
@@ -56,8 +61,9 @@ def test_a_failed_rollout_write_is_a_state_error_naming_the_file(tmp_path: Path)
     """SQLite refusing a write after the open reaches the user as StateError naming rollouts.db."""
     path = tmp_path / "rollouts.db"
     store = RolloutStore(path, group=None)
-    sqlite3.connect(path).executescript("CREATE TRIGGER full BEFORE INSERT ON rollouts "
-                                        "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END;")
+    sqlite3.connect(path).executescript(
+        "CREATE TRIGGER full BEFORE INSERT ON rollouts BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END;"
+    )
     with pytest.raises(StateError, match=rf"rollout store {path}: database or disk is full"):
         store.create("m", "g", POLICY, "none", [("box",)], pid=1)
     assert store.latest() is None
@@ -71,8 +77,10 @@ def revisions(tmp_path: Path) -> tuple[ConfigRevisions, Path]:
 
 def refuse_revisions(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "state" / "state.db")
-    db.executescript("CREATE TRIGGER full BEFORE INSERT ON config_revisions "
-                     "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END;")
+    db.executescript(
+        "CREATE TRIGGER full BEFORE INSERT ON config_revisions "
+        "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END;"
+    )
     db.close()
 
 

@@ -18,13 +18,15 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.mark.parametrize(("name", "text"), [
-    (".fabric.yaml", 'gateway: "touch {marker}"\n'),
-    (".fabric.py", 'open("{marker}", "w").close()\n'),
-    (".ssh/config", "Host *\n    ProxyCommand touch {marker}\n"),
-])
-def test_user_config_files_are_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str,
-                                        text: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        (".fabric.yaml", 'gateway: "touch {marker}"\n'),
+        (".fabric.py", 'open("{marker}", "w").close()\n'),
+        (".ssh/config", "Host *\n    ProxyCommand touch {marker}\n"),
+    ],
+)
+def test_user_config_files_are_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> None:
     """A config file in the user's home that would run a command: connecting runs nothing of it."""
     marker = tmp_path / "ran"
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -49,8 +49,10 @@ def test_an_unreadable_key_file_is_named_before_any_connection(tmp_path: Path) -
     assert str(shell_err.value).startswith(f"host box: cannot read SSH key {key}")
 
 
-@pytest.mark.parametrize(("code", "words"), [(errno.EHOSTUNREACH, "failed: No route to host"),
-                                             (errno.ENETUNREACH, "failed: Network is unreachable")])
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [(errno.EHOSTUNREACH, "failed: No route to host"), (errno.ENETUNREACH, "failed: Network is unreachable")],
+)
 def test_an_unreachable_address_reads_unreachable_not_refused(code: int, words: str) -> None:
     """No route to the address: the error says what the system said, not "refused" (which means something answered)."""
     from paramiko.ssh_exception import NoValidConnectionsError

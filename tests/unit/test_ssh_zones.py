@@ -19,13 +19,16 @@ def test_a_zone_parses_in_both_spellings() -> None:
     assert parse_url("ssh://[fe80::1%25eth0]").address == "fe80::1%eth0"
 
 
-@pytest.mark.parametrize("bad,words", [
-    ("ssh://[fe80::1%]", ["empty zone"]),
-    ("ssh://[fe80::1%25]", ["empty zone"]),
-    ("ssh://[fe80::1%eth 0]", ["zone 'eth 0'", "interface name"]),
-    ("ssh://[fe80::1%a/b]", ["fe80::1%a/b"]),
-    ("ssh://[fe80::1%abcdefghijklmnop]", ["zone 'abcdefghijklmnop'", "at most 15"]),
-])
+@pytest.mark.parametrize(
+    "bad,words",
+    [
+        ("ssh://[fe80::1%]", ["empty zone"]),
+        ("ssh://[fe80::1%25]", ["empty zone"]),
+        ("ssh://[fe80::1%eth 0]", ["zone 'eth 0'", "interface name"]),
+        ("ssh://[fe80::1%a/b]", ["fe80::1%a/b"]),
+        ("ssh://[fe80::1%abcdefghijklmnop]", ["zone 'abcdefghijklmnop'", "at most 15"]),
+    ],
+)
 def test_a_bad_zone_is_refused_naming_it(bad: str, words: list[str]) -> None:
     """A zone that no interface can be named: exit 2 naming the URL and the zone."""
     with pytest.raises(UsageError) as info:
@@ -50,8 +53,11 @@ def test_a_zoned_address_is_dialled_through_its_interface(tmp_path: Path) -> Non
         SshSession(Target(name="box", address=target.address, port=2222, known_hosts=str(known)))
     with pytest.raises(TransportError) as shell_err:
         SshShell(target.address, port=2222, host="box", known_hosts=str(known)).connect()
-    assert str(session_err.value) == str(shell_err.value) == \
-        "host box: SSH connection to [fe80::1%lo]:2222 failed: Network is unreachable"
+    assert (
+        str(session_err.value)
+        == str(shell_err.value)
+        == "host box: SSH connection to [fe80::1%lo]:2222 failed: Network is unreachable"
+    )
 
 
 def test_a_zone_on_an_address_that_is_not_link_local_is_refused() -> None:

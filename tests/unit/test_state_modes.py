@@ -30,8 +30,10 @@ def no_ports(name: str) -> HostPorts:
 
 def modes(state: Path) -> dict[str, tuple[int, str]]:
     """Mode and group of the directory and of every database file in it."""
-    return {p.name: (stat.S_IMODE(p.stat().st_mode), grp.getgrgid(p.stat().st_gid).gr_name)
-            for p in [state, *sorted(state.glob("*.db*"))]}
+    return {
+        p.name: (stat.S_IMODE(p.stat().st_mode), grp.getgrgid(p.stat().st_gid).gr_name)
+        for p in [state, *sorted(state.glob("*.db*"))]
+    }
 
 
 def test_agent_start_leaves_the_state_dir_to_the_socket_group(tmp_path: Path) -> None:
@@ -40,8 +42,14 @@ def test_agent_start_leaves_the_state_dir_to_the_socket_group(tmp_path: Path) ->
     cfg = tmp_path / "deploy.toml"
     cfg.write_text("# the agent's file\n")
     catalog = make_catalog(state_dir=str(state), socket_group=GROUP)
-    Agent(catalog, Operations(catalog, no_ports), socket=str(state / "agent.sock"), metrics_port=None,
-          clock=FakeClock(), config_path=str(cfg))
+    Agent(
+        catalog,
+        Operations(catalog, no_ports),
+        socket=str(state / "agent.sock"),
+        metrics_port=None,
+        clock=FakeClock(),
+        config_path=str(cfg),
+    )
     assert modes(state)[state.name] == (0o750, GROUP)
     assert all(mode == 0o600 for name, (mode, _) in modes(state).items() if name != state.name)
 

@@ -16,9 +16,18 @@ from orchestrator.testing import FakeStateStore
 
 
 def spec(model: str = "alpha") -> UnitSpec:
-    return UnitSpec(model=model, unit_name=f"vllm-{model}.service", unit_text="[Service]\n", unit_sha="ab" * 32,
-                    served_name=model, address="127.0.0.1", port=8000, gpus=(0, 1), load_deadline_s=60,
-                    model_dir=f"/models/{model}")
+    return UnitSpec(
+        model=model,
+        unit_name=f"vllm-{model}.service",
+        unit_text="[Service]\n",
+        unit_sha="ab" * 32,
+        served_name=model,
+        address="127.0.0.1",
+        port=8000,
+        gpus=(0, 1),
+        load_deadline_s=60,
+        model_dir=f"/models/{model}",
+    )
 
 
 @pytest.fixture(params=["sqlite", "fake"])
@@ -64,8 +73,12 @@ def test_an_outcome_moves_the_serving_pointers_and_set_with_it(store: StateStore
     old = store.create("a", spec(), "t", None, 1.0)
     store.move_serving(ServingChange(pointers=(("b", 7),)))
     dep = store.create("a", spec("beta"), "t", old.revision, 2.0)
-    store.transition(dep.id, Phase.ACTIVE, 3.0, ServingChange(pointers=(("b", None), ("a", dep.revision)),
-                                                              sets=(("a", (old.revision, dep.revision)),)))
+    store.transition(
+        dep.id,
+        Phase.ACTIVE,
+        3.0,
+        ServingChange(pointers=(("b", None), ("a", dep.revision)), sets=(("a", (old.revision, dep.revision)),)),
+    )
     assert store.get(dep.id).phase is Phase.ACTIVE
     assert store.serving("a") == store.get(dep.id) and store.serving("b") is None
     assert [d.revision for d in store.serving_set("a")] == [old.revision, dep.revision]
@@ -80,7 +93,12 @@ def test_errors_bench_and_spec_updates_are_kept(store: StateStore) -> None:
     store.update_spec(dep.id, spec("beta"))
     got = store.get(dep.id)
     assert (got.error, got.rollback_error, got.bench, got.model, got.no_rollback) == (
-        "checking: boom", "rollback: worse", {"headline_tok_s": 12.5}, "beta", True)
+        "checking: boom",
+        "rollback: worse",
+        {"headline_tok_s": 12.5},
+        "beta",
+        True,
+    )
 
 
 def test_history_is_newest_first_and_limited(store: StateStore) -> None:

@@ -34,8 +34,7 @@ def test_failure_before_stopping_aborts(phase: Phase) -> None:
     assert advance(phase, Event.FAIL) is Phase.ABORTED
 
 
-@pytest.mark.parametrize("phase", [Phase.STOPPING, Phase.FREEING, Phase.INSTALLING, Phase.STARTING,
-                                   Phase.CHECKING])
+@pytest.mark.parametrize("phase", [Phase.STOPPING, Phase.FREEING, Phase.INSTALLING, Phase.STARTING, Phase.CHECKING])
 def test_failure_after_stopping_rolls_back(phase: Phase) -> None:
     """From stopping on, a failure rolls back (or fails when rollback is impossible)."""
     assert advance(phase, Event.FAIL) is Phase.ROLLING_BACK

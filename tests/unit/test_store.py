@@ -30,19 +30,32 @@ CREATE TABLE transitions (deployment_id INTEGER NOT NULL REFERENCES deployments(
 CREATE TABLE serving (host TEXT PRIMARY KEY, revision INTEGER);
 CREATE TABLE events (at REAL NOT NULL, host TEXT, kind TEXT NOT NULL, detail TEXT NOT NULL);
 """
-SPEC = UnitSpec(model="a", unit_name="vllm-a.service", unit_text="[Service]\n", unit_sha="ab" * 32,
-                served_name="a", address="127.0.0.1", port=8000, gpus=(0,), load_deadline_s=60.0,
-                model_dir="/models/org--a/main")
+SPEC = UnitSpec(
+    model="a",
+    unit_name="vllm-a.service",
+    unit_text="[Service]\n",
+    unit_sha="ab" * 32,
+    served_name="a",
+    address="127.0.0.1",
+    port=8000,
+    gpus=(0,),
+    load_deadline_s=60.0,
+    model_dir="/models/org--a/main",
+)
 
 
 def landed_db(path: Path) -> None:
     """A database written by the landed version: one active deployment that serves."""
     db = sqlite3.connect(path)
     db.executescript(LANDED)
-    db.execute("INSERT INTO deployments (host, revision, spec, trigger, phase, created_at, ended_at)"
-               " VALUES ('box', 1, ?, 'cli:root', 'active', 100.0, 175.0)", (json.dumps(SPEC.to_dict()),))
-    db.executemany("INSERT INTO transitions VALUES (1, ?, ?)", [("planned", 100.0), ("starting", 110.0),
-                                                                ("active", 175.0)])
+    db.execute(
+        "INSERT INTO deployments (host, revision, spec, trigger, phase, created_at, ended_at)"
+        " VALUES ('box', 1, ?, 'cli:root', 'active', 100.0, 175.0)",
+        (json.dumps(SPEC.to_dict()),),
+    )
+    db.executemany(
+        "INSERT INTO transitions VALUES (1, ?, ?)", [("planned", 100.0), ("starting", 110.0), ("active", 175.0)]
+    )
     db.execute("INSERT INTO serving VALUES ('box', 1)")
     db.commit()
     db.close()
@@ -50,8 +63,9 @@ def landed_db(path: Path) -> None:
 
 def history_cli(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text(f'state_dir = "{tmp_path / "state"}"\n[hosts.box]\ngpus = 1\n'
-                   '[models.a]\nrepo = "org/a"\ngpus = [0]\n')
+    cfg.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[hosts.box]\ngpus = 1\n[models.a]\nrepo = "org/a"\ngpus = [0]\n'
+    )
     return run("history", "--local", "--json", "--config", str(cfg), cwd=REPO)
 
 
@@ -66,8 +80,9 @@ def test_landed_database_is_migrated_and_keeps_its_history(tmp_path: Path) -> No
     store.close()
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert {"config_revisions", "deployment_configs"} <= {r[0] for r in db.execute(
-        "SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"config_revisions", "deployment_configs"} <= {
+        r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+    }
 
 
 def test_version_1_database_gains_the_config_tables(tmp_path: Path) -> None:
@@ -93,10 +108,14 @@ def test_older_rows_gain_restores_and_fallback_from_the_rules_of_their_time(tmp_
     path = tmp_path / "state.db"
     landed_db(path)
     db = sqlite3.connect(path)
-    db.executemany("INSERT INTO deployments (host, revision, spec, trigger, phase, created_at, previous_revision,"
-                   " no_rollback) VALUES ('box', ?, ?, ?, 'active', 200.0, ?, ?)",
-                   [(2, json.dumps(SPEC.to_dict()), "rollback by watch:to-1", 1, 0),
-                    (3, json.dumps(SPEC.to_dict()), "cli:root", 2, 1)])
+    db.executemany(
+        "INSERT INTO deployments (host, revision, spec, trigger, phase, created_at, previous_revision,"
+        " no_rollback) VALUES ('box', ?, ?, ?, 'active', 200.0, ?, ?)",
+        [
+            (2, json.dumps(SPEC.to_dict()), "rollback by watch:to-1", 1, 0),
+            (3, json.dumps(SPEC.to_dict()), "cli:root", 2, 1),
+        ],
+    )
     db.commit()
     db.close()
     store = SqliteStore(path, group=None)
@@ -117,13 +136,18 @@ def test_newer_database_is_refused_naming_file_and_versions(tmp_path: Path) -> N
     path.parent.mkdir()
     landed_db(path)
     sqlite3.connect(path).execute("PRAGMA user_version = 7")
-    with pytest.raises(StateStoreError, match=rf"{path}: schema version 7 is newer than this orchestrator "
-                                              rf"supports \({SCHEMA_VERSION}\)"):
+    with pytest.raises(
+        StateStoreError,
+        match=rf"{path}: schema version 7 is newer than this orchestrator "
+        rf"supports \({SCHEMA_VERSION}\)",
+    ):
         SqliteStore(path, group=None)
     result = history_cli(tmp_path)
     assert result.returncode == 2
-    assert result.stderr == (f"error: state store {path}: schema version 7 is newer than this orchestrator "
-                             f"supports ({SCHEMA_VERSION}); upgrade orchestrator (or move the file aside)\n")
+    assert result.stderr == (
+        f"error: state store {path}: schema version 7 is newer than this orchestrator "
+        f"supports ({SCHEMA_VERSION}); upgrade orchestrator (or move the file aside)\n"
+    )
 
 
 def test_garbage_file_is_a_clean_error(tmp_path: Path) -> None:
@@ -152,9 +176,11 @@ def test_rows_with_extra_columns_and_nulls_do_not_crash_history(tmp_path: Path) 
     landed_db(path)
     db = sqlite3.connect(path)
     db.execute("ALTER TABLE deployments ADD COLUMN added_later TEXT")
-    db.execute("INSERT INTO deployments (host, revision, spec, trigger, phase, created_at, bench, added_later)"
-               " VALUES ('box', 2, ?, 'cli:root', 'failed', 200.0, 'not json', 'x')",
-               (json.dumps({**SPEC.to_dict(), "field_from_the_future": 1}),))
+    db.execute(
+        "INSERT INTO deployments (host, revision, spec, trigger, phase, created_at, bench, added_later)"
+        " VALUES ('box', 2, ?, 'cli:root', 'failed', 200.0, 'not json', 'x')",
+        (json.dumps({**SPEC.to_dict(), "field_from_the_future": 1}),),
+    )
     db.execute("INSERT INTO transitions VALUES (2, 'planned', 200.0)")
     db.commit()
     db.close()
@@ -175,8 +201,10 @@ def test_row_with_an_unknown_phase_is_a_clean_error(tmp_path: Path) -> None:
     db.close()
     result = history_cli(tmp_path)
     assert result.returncode == 2
-    assert result.stderr == (f"error: state store {path}: deployment #1: unknown phase 'teleporting' "
-                             f"(written by another version of orchestrator?)\n")
+    assert result.stderr == (
+        f"error: state store {path}: deployment #1: unknown phase 'teleporting' "
+        f"(written by another version of orchestrator?)\n"
+    )
 
 
 def test_state_directory_and_database_are_not_world_readable(tmp_path: Path) -> None:

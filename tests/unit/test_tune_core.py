@@ -18,19 +18,35 @@ from orchestrator.errors import UsageError
 CONFIGS = Path(__file__).parents[1] / "fixtures" / "configs"
 SEED = planner.Hardware(8, 96.0, interconnect="pcie")
 MINIMAX_BYTES = 230_000_000_000
-BASE = Model(name="minimax-m25", repo="MiniMaxAI/MiniMax-M2.5", revision="a" * 40, port=8000,
-             gpus=(0, 1, 2, 3), tensor_parallel=4)
+BASE = Model(
+    name="minimax-m25",
+    repo="MiniMaxAI/MiniMax-M2.5",
+    revision="a" * 40,
+    port=8000,
+    gpus=(0, 1, 2, 3),
+    tensor_parallel=4,
+)
 
 
 def minimax() -> dict[str, Any]:
     return dict(json.loads((CONFIGS / "MiniMaxAI__MiniMax-M2.5.json").read_text()))
 
 
-def rec(tok_s: dict[int, float], ttft_p90: float = 100.0, per_stream: float | None = None,
-        ok: int = 10) -> dict[str, Any]:
-    return {"levels": [{"concurrency": c, "requests_ok": ok, "output_tok_s": v,
-                        "output_tok_s_per_stream": per_stream if per_stream is not None else v / c,
-                        "ttft_ms": {"p50": ttft_p90 / 2, "p90": ttft_p90, "p99": ttft_p90}} for c, v in tok_s.items()]}
+def rec(
+    tok_s: dict[int, float], ttft_p90: float = 100.0, per_stream: float | None = None, ok: int = 10
+) -> dict[str, Any]:
+    return {
+        "levels": [
+            {
+                "concurrency": c,
+                "requests_ok": ok,
+                "output_tok_s": v,
+                "output_tok_s_per_stream": per_stream if per_stream is not None else v / c,
+                "ttft_ms": {"p50": ttft_p90 / 2, "p90": ttft_p90, "p99": ttft_p90},
+            }
+            for c, v in tok_s.items()
+        ]
+    }
 
 
 def cand(layout: str) -> t.Candidate:
@@ -40,10 +56,16 @@ def cand(layout: str) -> t.Candidate:
 
 # -- parsing ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,layout", [
-    ("tp4", planner.Layout(4)), ("tp8+ep", planner.Layout(8, ep=True)), ("TP2+pp2", planner.Layout(2, pp=2)),
-    ("tp4+dp2+ep", planner.Layout(4, dp=2, ep=True)),
-])
+
+@pytest.mark.parametrize(
+    "text,layout",
+    [
+        ("tp4", planner.Layout(4)),
+        ("tp8+ep", planner.Layout(8, ep=True)),
+        ("TP2+pp2", planner.Layout(2, pp=2)),
+        ("tp4+dp2+ep", planner.Layout(4, dp=2, ep=True)),
+    ],
+)
 def test_layout_parses(text: str, layout: planner.Layout) -> None:
     """tpN[+ppN][+dpN][+ep] parses to the planner's Layout and prints back in the short form."""
     assert t.parse_layout(text) == layout
@@ -64,10 +86,18 @@ def test_duplicate_layout_refused() -> None:
         t.parse_layouts("tp4,tp8,TP4")
 
 
-@pytest.mark.parametrize("text,msg", [("0,64", "'0' is less than 1"), ("1,-4", "'-4' is less than 1"),
-                                      ("1,x", "'x' is not a whole number"), ("", "empty"),
-                                      ("1,1", "twice"), ("1.5", "'1.5' is not a whole number"),
-                                      ("1,65537", "'65537' is more than 65536")])
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("0,64", "'0' is less than 1"),
+        ("1,-4", "'-4' is less than 1"),
+        ("1,x", "'x' is not a whole number"),
+        ("", "empty"),
+        ("1,1", "twice"),
+        ("1.5", "'1.5' is not a whole number"),
+        ("1,65537", "'65537' is more than 65536"),
+    ],
+)
 def test_bad_concurrency_refused(text: str, msg: str) -> None:
     """Zero, negative, non-integer or repeated levels are refused naming the value."""
     with pytest.raises(UsageError, match=msg):
@@ -79,19 +109,31 @@ def test_concurrency_parses() -> None:
     assert t.parse_concurrency(" 1, 64,256") == (1, 64, 256)
 
 
-@pytest.mark.parametrize("text,want", [
-    ("throughput", t.Objective("throughput", 256)), ("throughput@64", t.Objective("throughput", 64)),
-    ("single-stream", t.Objective("single-stream", 1)), ("tok-per-gpu@256", t.Objective("tok-per-gpu", 256)),
-    ("ttft-p90@64:1500", t.Objective("ttft-p90", 64, 1500.0)),
-])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("throughput", t.Objective("throughput", 256)),
+        ("throughput@64", t.Objective("throughput", 64)),
+        ("single-stream", t.Objective("single-stream", 1)),
+        ("tok-per-gpu@256", t.Objective("tok-per-gpu", 256)),
+        ("ttft-p90@64:1500", t.Objective("ttft-p90", 64, 1500.0)),
+    ],
+)
 def test_objective_parses(text: str, want: t.Objective) -> None:
     """Each documented objective parses; throughput defaults to the highest level."""
     assert t.parse_objective(text, (1, 64, 256)) == want
 
 
-@pytest.mark.parametrize("text,msg", [("fastest", "unknown objective"), ("throughput@32", "not among"),
-                                      ("ttft-p90@64", "needs a throughput floor"), ("throughput@64:5", "no :FLOOR"),
-                                      ("single-stream@4", "takes no")])
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("fastest", "unknown objective"),
+        ("throughput@32", "not among"),
+        ("ttft-p90@64", "needs a throughput floor"),
+        ("throughput@64:5", "no :FLOOR"),
+        ("single-stream@4", "takes no"),
+    ],
+)
 def test_bad_objective_refused(text: str, msg: str) -> None:
     """An unknown objective, a level not measured, or a missing floor is a usage error."""
     with pytest.raises(UsageError, match=msg):
@@ -99,6 +141,7 @@ def test_bad_objective_refused(text: str, msg: str) -> None:
 
 
 # -- candidates -------------------------------------------------------------------------------------
+
 
 def test_top_candidates_come_from_the_planner() -> None:
     """Without --layouts the planner's best valid layouts are the candidates, best first."""
@@ -133,11 +176,17 @@ def test_variant_with_seqs_sets_max_num_seqs() -> None:
 
 # -- scoring and the winner -------------------------------------------------------------------------
 
+
 def test_throughput_winner_and_margin() -> None:
     """The highest tok/s at the chosen level wins; the margin is over the runner-up."""
     obj = t.parse_objective("throughput@256", (1, 256))
-    d = t.decide(obj, [t.Measured(cand("tp4"), 4, (rec({1: 60, 256: 2586}),)),
-                       t.Measured(cand("tp8+ep"), 8, (rec({1: 55, 256: 3982}),))])
+    d = t.decide(
+        obj,
+        [
+            t.Measured(cand("tp4"), 4, (rec({1: 60, 256: 2586}),)),
+            t.Measured(cand("tp8+ep"), 8, (rec({1: 55, 256: 3982}),)),
+        ],
+    )
     assert d.winner == cand("tp8+ep") and d.runner_up == cand("tp4")
     assert d.margin_pct == pytest.approx((3982 - 2586) / 2586 * 100)
     assert "repeat" in d.note
@@ -146,17 +195,23 @@ def test_throughput_winner_and_margin() -> None:
 def test_tok_per_gpu_prefers_the_smaller_layout() -> None:
     """Per GPU, 2586 on 4 GPUs beats 3982 on 8."""
     obj = t.parse_objective("tok-per-gpu@256", (1, 256))
-    d = t.decide(obj, [t.Measured(cand("tp4"), 4, (rec({256: 2586}),)),
-                       t.Measured(cand("tp8+ep"), 8, (rec({256: 3982}),))])
+    d = t.decide(
+        obj, [t.Measured(cand("tp4"), 4, (rec({256: 2586}),)), t.Measured(cand("tp8+ep"), 8, (rec({256: 3982}),))]
+    )
     assert d.winner == cand("tp4")
 
 
 def test_ttft_objective_respects_the_floor() -> None:
     """The lowest TTFT p90 wins only among candidates above the throughput floor."""
     obj = t.parse_objective("ttft-p90@64:1000", (64,))
-    d = t.decide(obj, [t.Measured(cand("tp2"), 2, (rec({64: 500}, ttft_p90=50),)),
-                       t.Measured(cand("tp4"), 4, (rec({64: 1500}, ttft_p90=90),)),
-                       t.Measured(cand("tp8"), 8, (rec({64: 1800}, ttft_p90=120),))])
+    d = t.decide(
+        obj,
+        [
+            t.Measured(cand("tp2"), 2, (rec({64: 500}, ttft_p90=50),)),
+            t.Measured(cand("tp4"), 4, (rec({64: 1500}, ttft_p90=90),)),
+            t.Measured(cand("tp8"), 8, (rec({64: 1800}, ttft_p90=120),)),
+        ],
+    )
     assert d.winner == cand("tp4") and d.runner_up == cand("tp8")
     assert d.margin_pct == pytest.approx(25.0)
     assert d.ranking[-1].candidate == cand("tp2") and d.ranking[-1].score is None
@@ -165,8 +220,9 @@ def test_ttft_objective_respects_the_floor() -> None:
 def test_failed_candidate_never_wins() -> None:
     """A candidate that failed to load ranks last with no score."""
     obj = t.parse_objective("single-stream", (1,))
-    d = t.decide(obj, [t.Measured(cand("tp8"), 8, (), error="ValueError: boom"),
-                       t.Measured(cand("tp4"), 4, (rec({1: 80}),))])
+    d = t.decide(
+        obj, [t.Measured(cand("tp8"), 8, (), error="ValueError: boom"), t.Measured(cand("tp4"), 4, (rec({1: 80}),))]
+    )
     assert d.winner == cand("tp4") and d.runner_up is None
     assert [r.candidate for r in d.ranking] == [cand("tp4"), cand("tp8")]
 
@@ -174,8 +230,13 @@ def test_failed_candidate_never_wins() -> None:
 def test_margin_within_noise_is_called_a_tie() -> None:
     """With repeats, a margin smaller than the spread of the repeats is reported as a tie."""
     obj = t.parse_objective("throughput@1", (1,))
-    d = t.decide(obj, [t.Measured(cand("tp4"), 4, (rec({1: 100}), rec({1: 110}))),
-                       t.Measured(cand("tp8"), 8, (rec({1: 102}), rec({1: 104})))])
+    d = t.decide(
+        obj,
+        [
+            t.Measured(cand("tp4"), 4, (rec({1: 100}), rec({1: 110}))),
+            t.Measured(cand("tp8"), 8, (rec({1: 102}), rec({1: 104}))),
+        ],
+    )
     assert d.winner == cand("tp4")
     assert d.noise_pct == pytest.approx(10 / 105 * 100)
     assert "tie" in d.note
@@ -189,13 +250,16 @@ def test_nothing_qualified() -> None:
 
 # -- the engine's error line ------------------------------------------------------------------------
 
+
 def test_engine_error_line_is_taken_from_the_journal() -> None:
     """The engine's own last error line is picked, not systemd's lines about the unit."""
-    error = ("checking: vllm-m.tp8.service failed (exit 1)\nlast lines of the journal of vllm-m.tp8.service:\n"
-             "  INFO starting\n  Traceback (most recent call last):\n"
-             "  ValueError: The output_size of gate's and up's weight = 192 is not divisible by block_n = 128.\n"
-             "  vllm-m.tp8.service: Main process exited, code=exited, status=1/FAILURE\n"
-             "  Failed to start vllm-m.tp8.service - vLLM m.tp8.")
+    error = (
+        "checking: vllm-m.tp8.service failed (exit 1)\nlast lines of the journal of vllm-m.tp8.service:\n"
+        "  INFO starting\n  Traceback (most recent call last):\n"
+        "  ValueError: The output_size of gate's and up's weight = 192 is not divisible by block_n = 128.\n"
+        "  vllm-m.tp8.service: Main process exited, code=exited, status=1/FAILURE\n"
+        "  Failed to start vllm-m.tp8.service - vLLM m.tp8."
+    )
     assert t.engine_error_line(error).startswith("ValueError: The output_size")
 
 
@@ -244,6 +308,7 @@ def test_layout_changes_only_lists_what_differs() -> None:
 
 # -- feedback into plan -----------------------------------------------------------------------------
 
+
 def test_measured_ranking_replaces_the_heuristic_and_failures_go_last() -> None:
     """Measured layouts lead in measured order; a layout that failed here is last, with error and date."""
     p = planner.plan(minimax(), planner.Layout(4), SEED, weight_bytes=MINIMAX_BYTES)
@@ -261,5 +326,6 @@ def test_requested_layout_that_failed_here_gets_a_warning() -> None:
     """Planning a layout that failed on this host warns with the engine's error and the date."""
     p = planner.plan(minimax(), planner.Layout(8, ep=True), SEED, weight_bytes=MINIMAX_BYTES)
     new, _ = t.with_measurements(p, [t.Failure("tp8+ep", "ValueError: boom", 86400.0, 2)], [], "")
-    assert new.requested.warnings[-1] == ("tp8+ep failed to load on this host 1970-01-02 00:00 UTC (tune run #2): "
-                                          "ValueError: boom")
+    assert new.requested.warnings[-1] == (
+        "tp8+ep failed to load on this host 1970-01-02 00:00 UTC (tune run #2): ValueError: boom"
+    )

@@ -11,14 +11,16 @@ from orchestrator.core.tune_chart import svg_chart, text_chart
 from orchestrator.core.tune_records import TuneResult
 
 REPORT: dict[str, Any] = {
-    "run": 3, "host": "h1", "model": "m", "concurrency": [1, 64],
+    "run": 3,
+    "host": "h1",
+    "model": "m",
+    "concurrency": [1, 64],
     "candidates": [
-        {"layout": "tp4", "winner": False, "error": None,
-         "levels": {"1": {"tok_s": 60.0}, "64": {"tok_s": 2000.0}}},
-        {"layout": "tp8+ep", "winner": True, "error": None,
-         "levels": {"1": {"tok_s": 55.0}, "64": {"tok_s": 4000.0}}},
+        {"layout": "tp4", "winner": False, "error": None, "levels": {"1": {"tok_s": 60.0}, "64": {"tok_s": 2000.0}}},
+        {"layout": "tp8+ep", "winner": True, "error": None, "levels": {"1": {"tok_s": 55.0}, "64": {"tok_s": 4000.0}}},
         {"layout": "tp8", "winner": False, "error": "ValueError: x", "levels": {}},
-    ]}
+    ],
+}
 
 
 def test_text_chart_marks_the_winner_and_the_failure() -> None:

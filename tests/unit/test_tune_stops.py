@@ -22,8 +22,14 @@ def unfinished_run(world: OpsWorld) -> int:
     """alpha served (revision 1); a run of alpha over tp2 and tp4 recorded, nothing measured yet."""
     world.ops.switch("alpha")
     cands = [core.Candidate(f"alpha.{t}", core.parse_layout(t)).to_dict() for t in ("tp2", "tp4")]
-    settings = {"candidates": cands, "objective": "throughput@1", "bench": BENCH, "repeats": 1, "restore": False,
-                "previous_model": "alpha"}
+    settings = {
+        "candidates": cands,
+        "objective": "throughput@1",
+        "bench": BENCH,
+        "repeats": 1,
+        "restore": False,
+        "previous_model": "alpha",
+    }
     return tune_store(world.catalog).create("box", "alpha", settings, 1, world.clock.now()).id
 
 

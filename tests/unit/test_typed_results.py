@@ -20,8 +20,9 @@ def test_a_switch_result_reads_its_outcome_as_a_phase(world: World) -> None:
 
 
 def test_a_failed_switch_or_a_stop_is_not_ok_and_says_how_it_ended() -> None:
-    rolled = SwitchResult.from_dict({"host": "box", "model": "b", "revision": 2, "outcome": "rolled_back",
-                                     "error": "checking: no"})
+    rolled = SwitchResult.from_dict(
+        {"host": "box", "model": "b", "revision": 2, "outcome": "rolled_back", "error": "checking: no"}
+    )
     assert rolled.outcome is Phase.ROLLED_BACK and not rolled.ok and rolled.error == "checking: no"
     stopped = SwitchResult.from_dict({"host": "box", "model": "b", "revision": 2, "outcome": "stopped"})
     assert stopped.outcome is None and stopped.ended == "stopped" and not stopped.ok
@@ -36,9 +37,15 @@ def test_residency_reasons_name_their_model_and_kind() -> None:
     """A without sleep mode stops, C (asleep) is evicted for room: each reason is found by model, and a
     model whose name begins another's ("a" and "ab") is not taken for it."""
     budgets = Budgets(gpu_memory_gib=141.0, residue_gib=3.0, ram_gib=100.0)
-    d = decide("t", [Resident("a", (0,), 0.9, None, 13.0, State.SERVING, served_name="a"),
-                     Resident("ab", (0,), 0.9, "level1", 13.0, State.STOPPED, served_name="ab"),
-                     Resident("t", (0,), 0.9, "level1", 13.0, State.STOPPED, served_name="t")], budgets)
+    d = decide(
+        "t",
+        [
+            Resident("a", (0,), 0.9, None, 13.0, State.SERVING, served_name="a"),
+            Resident("ab", (0,), 0.9, "level1", 13.0, State.STOPPED, served_name="ab"),
+            Resident("t", (0,), 0.9, "level1", 13.0, State.STOPPED, served_name="t"),
+        ],
+        budgets,
+    )
     assert [(r.model, r.why) for r in d.reasons] == [("a", Why.NO_SLEEP_MODE)]
     assert d.reason("a").startswith("a stops: it has no sleep mode") and d.reason("ab", "none") == "none"
     assert d.to_dict()["reasons"] == [d.reasons[0].text]

@@ -29,8 +29,15 @@ from vllm_compare import (  # bench/loadgen/ is a folder of scripts
 
 
 def run(tool: str, rnd: int, tok_s: float, api_cpu: float = 8.0, c: int = 256) -> dict[str, Any]:
-    return {"tool": tool, "round": rnd, "concurrency": c, "requests": 1024, "output_tok_s": tok_s,
-            "cpu_s": {"api_server": api_cpu}, "server": {"generation_tokens": 131072}}
+    return {
+        "tool": tool,
+        "round": rnd,
+        "concurrency": c,
+        "requests": 1024,
+        "output_tok_s": tok_s,
+        "cpu_s": {"api_server": api_cpu},
+        "server": {"generation_tokens": 131072},
+    }
 
 
 def test_levels_take_rounds_per_level() -> None:
@@ -46,8 +53,14 @@ def test_a_bad_level_names_itself() -> None:
 
 def test_one_stalled_run_does_not_decide_the_verdict() -> None:
     """The verdict is the ratio of medians: one run 20% low moves the mean, not the median."""
-    runs = [run("ours", 1, 12500), run("vllm", 1, 12480), run("ours", 2, 12600), run("vllm", 2, 9900, 11.4),
-            run("ours", 3, 12550), run("vllm", 3, 12520)]
+    runs = [
+        run("ours", 1, 12500),
+        run("vllm", 1, 12480),
+        run("ours", 2, 12600),
+        run("vllm", 2, 9900, 11.4),
+        run("ours", 3, 12550),
+        run("vllm", 3, 12520),
+    ]
     level = summarize(runs, [(256, 1024)], 0.02)["levels"][0]
     assert (level["within"], level["means_within"], level["stalled"]) == (True, False, ["vllm round 2"])
 
@@ -63,17 +76,23 @@ def test_token_times_follow_each_request_from_its_send() -> None:
     assert token_times([10.0, 10.5], [0.2, 0.1], [[0.1, 0.1], [0.3]]) == pytest.approx([10.2, 10.3, 10.4, 10.6, 10.9])
 
 
-def samples(rate_tok_s: float, t0: float, t1: float, step: float = 0.25,
-            running: float = 256) -> list[dict[str, float]]:
+def samples(
+    rate_tok_s: float, t0: float, t1: float, step: float = 0.25, running: float = 256
+) -> list[dict[str, float]]:
     """/metrics samples of an engine generating ``rate_tok_s`` between t0 and t1, idle around it."""
     out = []
     t = t0 - 1.0
     while t <= t1 + 1.0:
         gen = rate_tok_s * min(max(t - t0, 0.0), t1 - t0)
-        out.append({"t": t, "vllm:generation_tokens_total": 500 + gen,
-                    "vllm:iteration_tokens_total_count": 100 * min(max(t - t0, 0.0), t1 - t0),
-                    "vllm:num_requests_running": running if t0 <= t <= t1 else 0.0,
-                    "vllm:num_requests_waiting": 0.0})
+        out.append(
+            {
+                "t": t,
+                "vllm:generation_tokens_total": 500 + gen,
+                "vllm:iteration_tokens_total_count": 100 * min(max(t - t0, 0.0), t1 - t0),
+                "vllm:num_requests_running": running if t0 <= t <= t1 else 0.0,
+                "vllm:num_requests_waiting": 0.0,
+            }
+        )
         t += step
     return out
 
@@ -101,7 +120,10 @@ def test_a_server_without_metrics_leaves_the_engine_columns_empty() -> None:
     """No samples: the client's figures stand, the engine's read None instead of 0."""
     fig = window_figures([1.0, 2.0], 2, (0.5, 2.0), [])
     assert (fig["engine"]["steady_tok_s"], fig["engine"]["span_tok_s"], fig["engine"]["running_mean"]) == (
-        None, None, None)
+        None,
+        None,
+        None,
+    )
 
 
 def test_interpolation_is_linear_between_samples_and_none_outside() -> None:
@@ -113,9 +135,21 @@ def test_interpolation_is_linear_between_samples_and_none_outside() -> None:
 def test_split_processes_sum_over_their_common_window() -> None:
     """K processes count as one run: all their tokens over the first send of any to the last token of
     any, not the sum of their own rates (which a stagger would inflate)."""
-    parts = [{"output_throughput": 100.0, "duration": 10.0, "completed": 2, "failed": 0, "total_input_tokens": 10,
-              "total_output_tokens": 1000, "median_ttft_ms": 5.0, "median_itl_ms": 1.0,
-              "token_times": [t0 + 0.01 * i for i in range(1000)], "first_send": t0} for t0 in (0.0, 1.0)]
+    parts = [
+        {
+            "output_throughput": 100.0,
+            "duration": 10.0,
+            "completed": 2,
+            "failed": 0,
+            "total_input_tokens": 10,
+            "total_output_tokens": 1000,
+            "median_ttft_ms": 5.0,
+            "median_itl_ms": 1.0,
+            "token_times": [t0 + 0.01 * i for i in range(1000)],
+            "first_send": t0,
+        }
+        for t0 in (0.0, 1.0)
+    ]
     merged = merge_split(parts)
     assert (merged["total_output_tokens"], merged["first_send"], merged["last_token"]) == (2000, 0.0, 10.99)
     assert merged["output_throughput"] == pytest.approx(2000 / 10.99)
@@ -144,8 +178,14 @@ def test_a_split_level_counts_its_workers() -> None:
 
 def test_ours_is_compared_with_every_form_of_the_reference() -> None:
     """Each other tool gets ours/tool by medians; the acceptance stays ours against the one process."""
-    runs = [run("ours", 1, 100), run("vllm", 1, 90), run("vllm_x4", 1, 99),
-            run("ours", 2, 102), run("vllm", 2, 92), run("vllm_x4", 2, 101)]
+    runs = [
+        run("ours", 1, 100),
+        run("vllm", 1, 90),
+        run("vllm_x4", 1, 99),
+        run("ours", 2, 102),
+        run("vllm", 2, 92),
+        run("vllm_x4", 2, 101),
+    ]
     level = summarize(runs, [(256, 1024)], 0.02)["levels"][0]
     assert (level["within"], level["vs"]["vllm_x4"]["within"]) == (False, True)
     assert level["vs"]["vllm_x4"]["round_ratios"] == pytest.approx([100 / 99, 102 / 101])

@@ -52,5 +52,11 @@ def test_the_timeout_names_what_was_awaited_and_the_last_value() -> None:
     """Past the timeout: an AssertionError naming the condition and the last value the probe gave."""
     clock = Clock()
     with pytest.raises(AssertionError, match=r"the unit active not reached within 1 s; last value: 'inactive'"):
-        wait_for(lambda: "inactive", lambda v: v == "active", timeout=1, what="the unit active", clock=clock,
-                 sleep=clock.sleep)
+        wait_for(
+            lambda: "inactive",
+            lambda v: v == "active",
+            timeout=1,
+            what="the unit active",
+            clock=clock,
+            sleep=clock.sleep,
+        )

@@ -18,8 +18,9 @@ def started(host: FakeHost, name: str, port: int, gpus: str = "0") -> EngineProc
     host.ports().systemd.daemon_reload()
     host.ports().systemd.start(unit)
     pids = frozenset(host.ports().systemd.cgroup_pids(unit))
-    return EngineProcess(name, f"http://127.0.0.1:{port}", tuple(int(g) for g in gpus.split(",")), pids,
-                         utilization=0.7)
+    return EngineProcess(
+        name, f"http://127.0.0.1:{port}", tuple(int(g) for g in gpus.split(",")), pids, utilization=0.7
+    )
 
 
 @pytest.fixture
@@ -104,7 +105,10 @@ def test_level2_wake_follows_vllms_sequence(host: FakeHost) -> None:
     sleep_verified(control, FakeGpus(host), host.clock, a, level=2, residue_mib=2_000)
     wake_checked(control, host.clock, a, level=2, deadline_s=5)
     assert [c for c in host.calls if c.startswith(("wake", "reload"))] == [
-        "wake vllm-a.service tags=weights", "reload_weights vllm-a.service", "wake vllm-a.service tags=kv_cache"]
+        "wake vllm-a.service tags=weights",
+        "reload_weights vllm-a.service",
+        "wake vllm-a.service tags=kv_cache",
+    ]
 
 
 def test_failed_wake_is_wedged_with_the_engines_words(host: FakeHost) -> None:

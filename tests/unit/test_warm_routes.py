@@ -45,10 +45,15 @@ class OpsWarmWorld(WarmWorld):
     def watch(self) -> WatchTask:
         """The agent's watch over these operations; its switches run at once, in this thread."""
         metrics = Metrics(None)
-        return WatchTask(self.catalog, self.ops, self.host.clock,
-                         lambda op, args, trigger: self.ops.switch(args["model"], trigger=trigger),
-                         lambda host: False, metrics,
-                         Failures(self.host.clock, lambda at, host, kind, detail: None, metrics))
+        return WatchTask(
+            self.catalog,
+            self.ops,
+            self.host.clock,
+            lambda op, args, trigger: self.ops.switch(args["model"], trigger=trigger),
+            lambda host: False,
+            metrics,
+            Failures(self.host.clock, lambda at, host, kind, detail: None, metrics),
+        )
 
 
 @pytest.fixture
@@ -99,8 +104,9 @@ def test_a_displaced_engine_without_sleep_mode_counts_all_its_memory_as_given_ba
     """alpha has no sleep mode (it stops, keeping nothing): beta's wake fits beside an 8000 MiB process
     that would not leave room had alpha kept a sleeper's residue, and the switch goes through."""
     plain = {k: v for k, v in TP4.items() if k != "sleep"}
-    catalog = warm_catalog(alpha={"repo": "org/alpha", "port": 8001, **plain}, beta={"repo": "org/beta", "port": 8002,
-                                                                                     **TP4})
+    catalog = warm_catalog(
+        alpha={"repo": "org/alpha", "port": 8001, **plain}, beta={"repo": "org/beta", "port": 8002, **TP4}
+    )
     ww = WarmWorld(catalog)
     assert ww.switch("beta").phase is Phase.ACTIVE and ww.switch("alpha").phase is Phase.ACTIVE
     ww.host.hold([0], 8_000, "python")

@@ -20,10 +20,19 @@ TP4 = {"tensor_parallel": 4, "gpus": [0, 1, 2, 3], "sleep": "level1", "served_na
 def warm_catalog(sleep_ram_gib: float = 100, **models: Any) -> Any:
     return make_catalog(
         proxy={"enabled": True, "port": 8000},
-        hosts={"box": {"transport": "ssh", "address": "127.0.0.9", "gpus": 8, "gpu_memory_gib": 96,
-                       "sleep_ram_gib": sleep_ram_gib, "sleep_residue_gib": 2}},
-        models=models or {"alpha": {"repo": "org/alpha", "port": 8001, **TP4},
-                          "beta": {"repo": "org/beta", "port": 8002, **TP4}})
+        hosts={
+            "box": {
+                "transport": "ssh",
+                "address": "127.0.0.9",
+                "gpus": 8,
+                "gpu_memory_gib": 96,
+                "sleep_ram_gib": sleep_ram_gib,
+                "sleep_residue_gib": 2,
+            }
+        },
+        models=models
+        or {"alpha": {"repo": "org/alpha", "port": 8001, **TP4}, "beta": {"repo": "org/beta", "port": 8002, **TP4}},
+    )
 
 
 class WarmWorld(World):
@@ -33,8 +42,13 @@ class WarmWorld(World):
         self.residency = FakeResidencyStore()
         ports = self.host.ports(self.catalog.hosts["box"], self.weights)
         ports.proxy = self.proxy
-        self.engine = Deployer(self.catalog, self.store, lambda name: ports, residency=self.residency,
-                             progress=lambda e, f: self.events.append((e, f)))
+        self.engine = Deployer(
+            self.catalog,
+            self.store,
+            lambda name: ports,
+            residency=self.residency,
+            progress=lambda e, f: self.events.append((e, f)),
+        )
 
     def states(self) -> dict[str, str]:
         return {m: r.state for m, r in self.residency.residency("box").items()}
@@ -86,7 +100,7 @@ def test_what_happens_to_the_displaced_model_is_decided_before_the_route_moves(w
     back = ww.switch("alpha")
     fate = [e for e in ww.warm_events() if e.get("step") == "fate" and e["deployment_id"] == back.id]
     assert [(f["phase"], f["sleep"]) for f in fate] == [("staging", ["beta"])]
-    window = ww.host.calls[ww.host.calls.index("sleep vllm-beta.service level=1 mode=wait"):]
+    window = ww.host.calls[ww.host.calls.index("sleep vllm-beta.service level=1 mode=wait") :]
     assert not [c for c in window if c.startswith("du ")]
 
 
@@ -109,10 +123,11 @@ def test_the_window_reads_no_cgroup_staging_read_them(ww: WarmWorld) -> None:
 
     def mark(dep: Any) -> None:
         marks.setdefault(dep.phase.value, len(ww.host.reads))
+
     ww.engine.before_step = mark
     assert ww.switch("alpha").phase is Phase.ACTIVE
-    assert marks["staging"] < marks["sleeping"] and ww.host.reads[marks["staging"]:marks["sleeping"]]
-    assert ww.host.reads[marks["sleeping"]:marks["routing"]] == []
+    assert marks["staging"] < marks["sleeping"] and ww.host.reads[marks["staging"] : marks["sleeping"]]
+    assert ww.host.reads[marks["sleeping"] : marks["routing"]] == []
 
 
 def test_wedged_wake_is_restarted_cold_and_the_switch_ends_active(ww: WarmWorld) -> None:
@@ -189,8 +204,11 @@ def test_a_sleeping_engine_is_not_healthy(ww: WarmWorld) -> None:
 def test_a_model_without_sleep_mode_stops_as_before() -> None:
     """Without `sleep` the displaced model stops and the next switch to it is a cold start."""
     plain = {k: v for k, v in TP4.items() if k != "sleep"}
-    ww = WarmWorld(warm_catalog(alpha={"repo": "org/alpha", "port": 8001, **plain},
-                                beta={"repo": "org/beta", "port": 8002, **plain}))
+    ww = WarmWorld(
+        warm_catalog(
+            alpha={"repo": "org/alpha", "port": 8001, **plain}, beta={"repo": "org/beta", "port": 8002, **plain}
+        )
+    )
     ww.switch("alpha")
     ww.switch("beta")
     assert "vllm-alpha.service" not in ww.host.active_units()
@@ -216,12 +234,16 @@ def test_status_shows_residency_ram_and_gpu_memory_by_process(tmp_path: Any) -> 
     ops.switch("alpha")
     ops.switch("beta")
     res = ops.status("box")["hosts"]["box"]["residency"]
-    assert [(m["model"], m["state"], m["level"]) for m in res["models"]] == [("alpha", "asleep", "level1"),
-                                                                            ("beta", "serving", None)]
+    assert [(m["model"], m["state"], m["level"]) for m in res["models"]] == [
+        ("alpha", "asleep", "level1"),
+        ("beta", "serving", None),
+    ]
     assert res["sleep_ram_gib"] == 3.0 and res["ram_budget_gib"] == 100
     gpu0 = res["gpus"][0]["processes"]
-    assert sorted((p["model"], p["state"], p["mib"]) for p in gpu0) == [("alpha", "asleep", 1_800),
-                                                                       ("beta", "serving", 70_000)]
+    assert sorted((p["model"], p["state"], p["mib"]) for p in gpu0) == [
+        ("alpha", "asleep", 1_800),
+        ("beta", "serving", 70_000),
+    ]
     out = io.StringIO()
     print_status(Console(file=out, width=200), ops.status("box"))
     text = out.getvalue()
@@ -330,6 +352,8 @@ def test_stop_of_a_sleeper_stops_its_unit_frees_its_gpus_and_records_it(tmp_path
     assert {h[3] for h in ww.host.holders.values()} == {"vllm-beta.service"}
     assert ww.states() == {"alpha": "stopped", "beta": "serving"}
     assert {k: ww.store.events(kind="stop")[0][k] for k in ("model", "was")} == {"model": "alpha", "was": "asleep"}
+
+
 def test_dry_run_of_a_switch_to_a_sleeper_says_warm_not_stop_start() -> None:
     """`switch --dry-run` to a model asleep with its unit unchanged describes the warm swap: no 503 gap."""
     from orchestrator.deploy.operations import Operations
@@ -357,8 +381,11 @@ def test_a_level1_sleeper_under_its_own_unit_is_woken_without_staging_its_weight
 def test_a_level2_sleeper_stages_its_weights_before_its_wake() -> None:
     """Level 2 reloads its weights from disk on the wake: they are staged and verified first, as before."""
     level2 = {**TP4, "sleep": "level2"}
-    w = WarmWorld(warm_catalog(alpha={"repo": "org/alpha", "port": 8001, **level2},
-                               beta={"repo": "org/beta", "port": 8002, **level2}))
+    w = WarmWorld(
+        warm_catalog(
+            alpha={"repo": "org/alpha", "port": 8001, **level2}, beta={"repo": "org/beta", "port": 8002, **level2}
+        )
+    )
     w.switch("alpha")
     w.switch("beta")
     w.weights.staged.clear()
@@ -366,9 +393,9 @@ def test_a_level2_sleeper_stages_its_weights_before_its_wake() -> None:
     assert w.weights.staged == ["alpha"]
 
 
-
 def test_the_wake_of_a_level1_sleeper_under_its_own_unit_skips_the_start_checks(
-        ww: WarmWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    ww: WarmWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Its engine loaded with this unit and holds its port: preflight neither probes access nor the
     layout nor the port (a cold switch does, and a level-2 wake, which reads the weights again, too)."""
     from orchestrator.deploy import steps

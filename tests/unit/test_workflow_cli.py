@@ -16,8 +16,15 @@ def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI on the shipped deploy.toml, with its state in tmp_path."""
     env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "80"}
     env.pop("ORCHESTRATOR_HOST", None)
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args, "--config", str(REPO / "deploy.toml")],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args, "--config", str(REPO / "deploy.toml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_tune_resume_with_the_model_and_yes_looks_for_that_models_run(tmp_path: Path) -> None:
@@ -33,9 +40,20 @@ def test_status_through_a_pipe_keeps_each_line_whole(capsys: pytest.CaptureFixtu
     from orchestrator.cli.tables import stdout_console
 
     url = "http://gpu-box-with-a-long-name.example.internal:8101"
-    result = {"hosts": {"gpu-box-with-a-long-name": {
-        "serving": {"model": "minimax-m25-ep", "revision": 10, "unit": "vllm-minimax-m25-ep.service", "url": url,
-                    "healthy": False}, "running": []}}}
+    result = {
+        "hosts": {
+            "gpu-box-with-a-long-name": {
+                "serving": {
+                    "model": "minimax-m25-ep",
+                    "revision": 10,
+                    "unit": "vllm-minimax-m25-ep.service",
+                    "url": url,
+                    "healthy": False,
+                },
+                "running": [],
+            }
+        }
+    }
     print_status(stdout_console(), result)
     [line] = [x for x in capsys.readouterr().out.splitlines() if "not healthy" in x]
     assert line.startswith("gpu-box-with-a-long-name: minimax-m25-ep (revision 10") and url in line
@@ -46,18 +64,53 @@ def test_tune_table_through_a_pipe_is_plain_columns_one_row_a_line(capsys: pytes
     from orchestrator.cli.tune_cmd import _print
 
     level = {"tok_s": 4012.5, "ttft_p90_ms": 812.0, "errors": 0}
-    report = {"run": 7, "model": "minimax-m25", "host": "gpu-box-with-a-long-name", "concurrency": [1, 64, 256],
-              "decision": {"objective": "throughput@256", "unit": "tok/s at C=256", "winner": "tp8+ep",
-                           "runner_up": None, "margin_pct": None, "noise_pct": None, "note": ""},
-              "candidates": [{"layout": "tp8+ep", "status": "ok", "winner": True, "score": 4012.5, "error": None,
-                              "levels": {"1": level, "64": level, "256": level}}],
-              "serving": {"model": "minimax-m25.tp8-ep", "revision": 12}, "diff": None}
+    report = {
+        "run": 7,
+        "model": "minimax-m25",
+        "host": "gpu-box-with-a-long-name",
+        "concurrency": [1, 64, 256],
+        "decision": {
+            "objective": "throughput@256",
+            "unit": "tok/s at C=256",
+            "winner": "tp8+ep",
+            "runner_up": None,
+            "margin_pct": None,
+            "noise_pct": None,
+            "note": "",
+        },
+        "candidates": [
+            {
+                "layout": "tp8+ep",
+                "status": "ok",
+                "winner": True,
+                "score": 4012.5,
+                "error": None,
+                "levels": {"1": level, "64": level, "256": level},
+            }
+        ],
+        "serving": {"model": "minimax-m25.tp8-ep", "revision": 12},
+        "diff": None,
+    }
     _print(report, False, False, None)
     out = capsys.readouterr().out
     assert "│" not in out and "┃" not in out
     [row] = [x for x in out.splitlines() if x.startswith("*")]
-    assert row.split() == ["*", "tp8+ep", "ok", "4,012,", "812", "ms", "4,012,", "812", "ms", "4,012,", "812", "ms",
-                           "0", "4,012.5"]
+    assert row.split() == [
+        "*",
+        "tp8+ep",
+        "ok",
+        "4,012,",
+        "812",
+        "ms",
+        "4,012,",
+        "812",
+        "ms",
+        "4,012,",
+        "812",
+        "ms",
+        "0",
+        "4,012.5",
+    ]
 
 
 def test_gpu_memory_reads_with_one_decimal() -> None:
@@ -70,11 +123,22 @@ def test_gpu_memory_reads_with_one_decimal() -> None:
 def test_readme_first_plan_example_works_without_the_hub(tmp_path: Path) -> None:
     """`orchestrator plan minimax-m25-ep` in the checkout, with an empty cache and no hub: the shipped
     deploy.toml's `config` (shipped:) gives the planner MiniMax-M2.5's config.json."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_ENDPOINT": "http://127.0.0.1:9",
-           "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state"),
+    }
     env.pop("ORCHESTRATOR_CONFIG", None)
-    result = subprocess.run([sys.executable, "-m", "orchestrator", "plan", "minimax-m25-ep"], capture_output=True,
-                            text=True, cwd=REPO, env=env, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "plan", "minimax-m25-ep"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert "orchestrator/configs/MiniMaxAI__MiniMax-M2.5.json" in result.stdout
     assert not (tmp_path / "cache").exists()
@@ -87,18 +151,34 @@ def test_the_shipped_deploy_toml_loads_wherever_it_is_copied(tmp_path: Path) -> 
     copy.parent.mkdir()
     copy.write_text((REPO / "deploy.toml").read_text())
     env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(tmp_path / "state")}
-    result = subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config", str(copy)],
-                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "models", "--config", str(copy)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_an_unknown_shipped_config_is_refused_naming_the_ones_shipped(tmp_path: Path) -> None:
     """`config = "shipped:../x.json"` is refused (exit 2) naming the key and every shipped file."""
     cfg = tmp_path / "deploy.toml"
-    cfg.write_text((REPO / "deploy.toml").read_text().replace(
-        'config = "shipped:MiniMaxAI__MiniMax-M2.5.json"', 'config = "shipped:../x.json"', 1))
-    result = subprocess.run([sys.executable, "-m", "orchestrator", "models", "--config", str(cfg)],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
+    cfg.write_text(
+        (REPO / "deploy.toml")
+        .read_text()
+        .replace('config = "shipped:MiniMaxAI__MiniMax-M2.5.json"', 'config = "shipped:../x.json"', 1)
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "models", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2
     assert "models.minimax-m25.config" in result.stderr and "MiniMaxAI__MiniMax-M2.5.json" in result.stderr
     assert "no such shipped config.json" in result.stderr
@@ -108,6 +188,5 @@ def test_a_rollback_result_names_the_revision_it_redeploys(capsys: pytest.Captur
     """Rolling back to revision 10 makes revision 11: the line names both, not 11 alone for 10's model."""
     from orchestrator.cli.deploy_cmds import _finish
 
-    _finish({"revision": 11, "model": "alpha", "host": "h1", "outcome": "active", "trigger": "rollback:to-10"},
-            False)
+    _finish({"revision": 11, "model": "alpha", "host": "h1", "outcome": "active", "trigger": "rollback:to-10"}, False)
     assert capsys.readouterr().out == "revision 11 (alpha, the unit of revision 10) on h1: active\n"

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-FLAGS = ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--pipeline-parallel-size",
-         "--data-parallel-size", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization")
+FLAGS = (
+    "--model",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--data-parallel-size",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--gpu-memory-utilization",
+)
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
