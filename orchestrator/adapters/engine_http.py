@@ -13,7 +13,7 @@ import httpx
 
 Params = list[tuple[str, str | int | float | bool | None]]
 
-from orchestrator.engines import VLLM, Engine
+from orchestrator.engines import ENGINE, Engine
 from orchestrator.errors import EngineError
 from orchestrator.secrets import redact
 
@@ -24,7 +24,7 @@ class HttpEngineControl:
     """One engine's sleep mode over HTTP (wiring makes one per engine of ``engines.ENGINES``)."""
 
     def __init__(
-        self, engine: Engine = VLLM, timeout: float = 10.0, sleep_timeout: float = 300.0, wake_timeout: float = 120.0
+        self, engine: Engine = ENGINE, timeout: float = 10.0, sleep_timeout: float = 300.0, wake_timeout: float = 120.0
     ) -> None:
         self._api = engine.sleep_api
         self._completions = engine.completions_path

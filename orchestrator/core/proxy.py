@@ -23,11 +23,11 @@ from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.haproxy_cli import MARK
 from orchestrator.core.records import Mode, UnitSpec
 from orchestrator.core.render import engine_address
-from orchestrator.engines import ENGINE
+from orchestrator.engines import ENGINES
 from orchestrator.errors import RenderError, UsageError
 
-# The engine's control endpoints (sleep, wake_up, collective_rpc ...), never forwarded to any backend.
-ENGINE_CONTROL_PATHS = ENGINE.control_paths
+# Every engine's control endpoints (sleep, wake_up, collective_rpc ...), never forwarded to any backend.
+ENGINE_CONTROL_PATHS = tuple(dict.fromkeys(p for e in ENGINES.values() for p in e.control_paths))
 
 
 @dataclass(frozen=True)

@@ -133,11 +133,11 @@ def select(
     """The planner's best ``top`` valid layouts, or the requested ones with the refused set apart."""
     refused: list[Refused] = []
     if requested is None:
-        layouts = [v.layout for v in planner.layouts(config, hw, workload, weight_bytes)[:top]]
+        layouts = [v.layout for v in planner.layouts(config, hw, workload, weight_bytes, engine=model.engine)[:top]]
     else:
         layouts = []
         for lay in requested:
-            v = planner.check(config, lay, hw, workload, weight_bytes)
+            v = planner.check(config, lay, hw, workload, weight_bytes, engine=model.engine)
             if v.valid:
                 layouts.append(lay)
             else:

@@ -57,6 +57,9 @@ class RenderedFlags:
     # A multi-node model's units only: flag -> what it carries, a parameter of Engine.node_args ("nodes",
     # "rank", "head_address", "port", "data_parallel_local"), or "backend" for what ray_args writes.
     node: Mapping[str, str]
+    # What the engine takes for a key its flag leaves out: adopt states it (--port 8000) so a found command
+    # line and the unit rendered from its entry read the same.
+    defaults: Mapping[str, str] = field(default_factory=dict)
 
     def long(self, key: str) -> str:
         """The long flag written for ``key`` (``tensor_parallel`` -> ``--tensor-parallel-size``)."""
@@ -74,6 +77,16 @@ class Option:
 
 class CommandLine(Protocol):
     """Reading a command line of the engine's server as written (adopt: an engine found running)."""
+
+    @property
+    def marker(self) -> str:
+        """A word every command line of its server holds (adopt's first, cheap filter of processes)."""
+        ...
+
+    @property
+    def forms(self) -> str:
+        """How its server's command line starts, for messages."""
+        ...
 
     def engine_length(self, argv: tuple[str, ...] | list[str]) -> int | None:
         """How many leading words start the server; None: not this engine's."""
@@ -135,6 +148,26 @@ class Engine(Protocol):
     @property
     def default_command(self) -> tuple[str, ...]:
         """deploy.toml's `engine` when it says none: the command line as the README installs it."""
+        ...
+
+    @property
+    def env_prefixes(self) -> tuple[str, ...]:
+        """The prefixes of its own environment variables (adopt keeps them from a hand-run process's)."""
+        ...
+
+    @property
+    def deadline_env(self) -> str | None:
+        """The variable the unit sets to the load deadline (the engine's own start timeout); None: none."""
+        ...
+
+    @property
+    def api_key_env(self) -> str | None:
+        """The variable it reads its API key from (never on a command line); None: none."""
+        ...
+
+    @property
+    def module_command(self) -> tuple[str, ...]:
+        """Its server as its Python interpreter's arguments (doctor's advice for a full check)."""
         ...
 
     @property

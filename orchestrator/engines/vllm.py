@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.engines.base import CommandLine, Launch, LoadRules, RenderedFlags, SleepApi
-from orchestrator.engines.vllm_argv import KEYED, SWITCHES, VllmCommandLine
+from orchestrator.engines.vllm_argv import API_SERVER, KEYED, SWITCHES, VllmCommandLine
 
 # vLLM's engine-control endpoints, never forwarded to any backend: VLLM_SERVER_DEV_MODE=1 (which
 # sleep mode needs) opens vllm/entrypoints/serve/dev/{sleep,rpc,cache,server_info,rlhf}/api_router.py
@@ -74,7 +74,10 @@ NODE_FLAGS = {
 }
 COMMAND_LINE = VllmCommandLine()
 RENDERED_FLAGS = RenderedFlags(
-    keyed=KEYED, switches=SWITCHES, node={**NODE_FLAGS, **{f: "backend" for f in RAY_ARGS if f.startswith("-")}}
+    keyed=KEYED,
+    switches=SWITCHES,
+    node={**NODE_FLAGS, **{f: "backend" for f in RAY_ARGS if f.startswith("-")}},
+    defaults={"port": "8000", "tensor_parallel": "1", "gpu_memory_utilization": "0.9"},
 )
 # An engine of ours runs in a vllm-*.service cgroup (a model's unit, a tune variant's, a sleeper's).
 _CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
@@ -124,6 +127,10 @@ class Vllm:
     title: str = "vLLM"
     template: str = "vllm.service.j2"
     default_command: tuple[str, ...] = ("/opt/vllm/bin/vllm", "serve")
+    module_command: tuple[str, ...] = ("-m", API_SERVER)
+    env_prefixes: tuple[str, ...] = ("VLLM_",)
+    deadline_env: str | None = READY_ENV
+    api_key_env: str | None = "VLLM_API_KEY"
     default_user: str = "vllm"
     default_ray: str = "/opt/vllm/bin/ray"
     control_paths: tuple[str, ...] = CONTROL_PATHS
