@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from orchestrator.engines.shapes import Findings, ModelSpec
+
 
 @dataclass(frozen=True)
 class SleepApi:
@@ -218,6 +220,15 @@ class Engine(Protocol):
     @property
     def load_rules(self) -> LoadRules:
         """What its loader demands of a layout and of GPU memory (the planner asks)."""
+        ...
+
+    def shape_rules(self, m: ModelSpec, tp: int, pp: int, dp: int, ep: bool) -> Findings:
+        """Why its loader refuses (reasons) or warns about (warnings) building ``m`` for the layout
+        (heads, vocabulary, MLP and expert blocks, pipeline stages), each naming the numbers."""
+        ...
+
+    def kv_bytes_per_token(self, m: ModelSpec, tp: int, pp: int, kv_cache_dtype: str) -> tuple[float, float]:
+        """Its KV cache's bytes per token on one GPU: (full-attention layers, sliding-window layers)."""
         ...
 
     def sleep_level(self, level: str) -> int:
