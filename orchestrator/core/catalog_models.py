@@ -93,7 +93,7 @@ class Model(Strict):
     # A local copy of the model's config.json for `plan` (relative to deploy.toml): plans offline.
     config: str | None = None
     # A model larger than one box: the hosts it spans (the first serves the API), ``gpus`` on each,
-    # TP inside a node and PP or DP across nodes, with vLLM's own multi-node backend or Ray.
+    # TP inside a node and PP or DP across nodes, with the engine's own multi-node backend or Ray.
     nodes: tuple[Name, ...] = ()
     backend: Literal["native", "ray"] = "native"
     master_port: int = Field(29500, ge=1, le=65535)  # native: torch.distributed's rendezvous on node 0

@@ -194,7 +194,7 @@ DEMAND_MARGIN_S = 2.0
 # buffer's size (bench/proxy/body_memory.txt), so the margin costs nothing until a body uses it.
 BODY_BYTES_PER_TOKEN = 8
 BODY_MARGIN = 64 * 1024  # tools, sampling parameters, message framing
-# A model without max_model_len: vLLM takes its config's context, which the catalog does not read.
+# A model without max_model_len: the engine takes its config's context, which the catalog does not read.
 DEFAULT_CONTEXT_TOKENS = 262_144
 MAX_BODY = 64 * 1024 * 1024  # no max_model_len makes the buffer unbounded: at most ~8M tokens
 MAX_BODY_TOKENS = (MAX_BODY - BODY_MARGIN) // BODY_BYTES_PER_TOKEN
