@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator import settings
+from orchestrator.core import adopt as a
 from orchestrator.core.catalog import Catalog
 from orchestrator.deploy.planning import default_template, unit_spec
-from orchestrator.engines import ENGINES, VLLM
+from orchestrator.engines import ENGINES, VLLM, CommandLine
 from orchestrator.engines.vllm import Vllm
+from orchestrator.engines.vllm_argv import VllmCommandLine
 from orchestrator.errors import ConfigError
 from orchestrator.testing import FakeHost
 
@@ -28,6 +30,24 @@ engine_name = "sglang"
 """
 
 
+class ToyCommandLine(VllmCommandLine):
+    """Toy's server starts as `toy serve`; its flags read as vLLM's."""
+
+    marker = "toy"
+    forms = "`toy serve`"
+
+    @staticmethod
+    def engine_length(argv: tuple[str, ...] | list[str]) -> int | None:
+        return 2 if len(argv) > 1 and argv[0].endswith("/toy") and argv[1] == "serve" else None
+
+    @staticmethod
+    def engine_words(argv: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        return tuple(argv[:2])
+
+
+TOY_COMMAND_LINE = ToyCommandLine()
+
+
 @dataclass(frozen=True)
 class Toy(Vllm):
     """A second engine for these tests: vLLM's behaviour under another name, unit and command."""
@@ -36,6 +56,7 @@ class Toy(Vllm):
     title: str = "Toy"
     default_command: tuple[str, ...] = ("/opt/toy/bin/toy", "serve")
     sleep_flags: tuple[str, ...] = ("--toy-sleep",)
+    command_line: CommandLine = TOY_COMMAND_LINE
 
     def unit_name(self, model: str) -> str:
         return f"toy-{model}.service"
@@ -108,3 +129,12 @@ def test_a_models_args_are_checked_against_its_own_engine(toy: Toy) -> None:
     assert catalog(args=["--toy-sleep"]).models["alpha"].args == ("--toy-sleep",)
     with pytest.raises(ValueError, match=r"--toy-sleep.*sleep mode is the model's `sleep` setting"):
         catalog(engine_name="toy", args=["--toy-sleep"])
+
+
+def test_adopt_names_the_engine_a_found_command_line_runs(toy: Toy) -> None:
+    """A found engine's entry carries the engine whose command line it is (none for the default)."""
+    target = a.Target(host="box", engine=VLLM.default_command, bind="0.0.0.0", user="vllm", env_dir="/etc/env")
+    argv = ("--model", "/m", "--served-model-name", "m", "--port", "8001")
+    found = a.adopt(a.Found(argv=("/opt/toy/bin/toy", "serve", *argv), pid=7), target)
+    assert found.entry["engine_name"] == "toy"
+    assert "engine_name" not in a.adopt(a.Found(argv=(*VLLM.default_command, *argv), pid=8), target).entry
