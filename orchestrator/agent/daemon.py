@@ -22,7 +22,9 @@ from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.server import _DONE, ControlServer, Job, Jobs, authorized
 from orchestrator.agent.tasks import ScheduleTask, WatchTask
 from orchestrator.agent.tune_jobs import TuneJobs
-from orchestrator.contract.ops import Caller, Operation, lookup
+from orchestrator.contract.operation import Operation
+from orchestrator.contract.ops import lookup
+from orchestrator.contract.sides import Caller
 from orchestrator.contract.wire import socket_path
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.documents import DocumentError, toml_document
@@ -240,7 +242,7 @@ class Agent:
         assert job.result is not None
         yield job.result
 
-    # -- what only the agent answers (contract.ops.AgentSide) ---------------------------------------
+    # -- what only the agent answers (contract.sides.AgentSide) ---------------------------------------
     def info(self) -> dict[str, Any]:
         out = {
             "pid": os.getpid(),

@@ -11,7 +11,8 @@ from orchestrator import logs
 from orchestrator.agent.demand_tickets import Swap, Ticket, Waiting, answer
 from orchestrator.agent.demand_view import SWAP_EVENT, BrokerAgent, HostView
 from orchestrator.agent.server import Job
-from orchestrator.contract.ops import DEMAND_SLEEP, DEMAND_STOP, Caller
+from orchestrator.contract.ops import DEMAND_SLEEP, DEMAND_STOP
+from orchestrator.contract.sides import Caller
 from orchestrator.contract.wire import error_of, error_reply
 from orchestrator.core import demand as policy
 from orchestrator.core.demand import Kind

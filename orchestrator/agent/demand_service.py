@@ -17,7 +17,9 @@ from orchestrator.agent.controller import own_hosts
 from orchestrator.agent.demand import Broker
 from orchestrator.agent.demand_server import PROXY_USER, DemandServer, check_reachable
 from orchestrator.agent.loops import Failures, Loop
-from orchestrator.contract.ops import LEFTOVER_PROXY_OFF, PROXY_OFF, PROXY_UP, REROUTE, Caller, Operation
+from orchestrator.contract.operation import Operation
+from orchestrator.contract.ops import LEFTOVER_PROXY_OFF, PROXY_OFF, PROXY_UP, REROUTE
+from orchestrator.contract.sides import Caller
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.proxy import DemandRoute, demand_routes, host_body_limit
 from orchestrator.core.watch import stall_limit

@@ -82,7 +82,7 @@ class TuneJobs:
         ops = _OPS if plan else _OPS[:1] + _OPS[2:]
         return job if job is not None and job.op in ops else None
 
-    # -- the operations (contract.ops.TuneController) ---------------------------------------------
+    # -- the operations (contract.sides.TuneController) ---------------------------------------------
     def plan(self, args: TuneArgs) -> Iterator[dict[str, Any]]:
         """Stage the weights and pick the candidates, holding the host; nothing stops."""
         req = request_of(args)

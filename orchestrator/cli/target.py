@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from orchestrator.contract.ops import CONFIG_SHOW, Operation
+from orchestrator.contract.operation import Operation
+from orchestrator.contract.ops import CONFIG_SHOW
 from orchestrator.contract.wire import socket_path
 from orchestrator.errors import UsageError
 

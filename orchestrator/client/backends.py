@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from orchestrator.contract.ops import OPERATIONS, PING, Caller, Operation
+from orchestrator.contract.operation import Operation
+from orchestrator.contract.ops import OPERATIONS, PING
+from orchestrator.contract.sides import Caller
 from orchestrator.contract.wire import ReplyReader, request, socket_path
 from orchestrator.errors import AgentError, Detached, Interrupted, OrchestratorError
 

@@ -22,7 +22,7 @@ class Args(BaseModel):
 
     @property
     def on(self) -> str | None:
-        """The host this request's job holds (contract.ops.Operation.parse resolved it); None: every
+        """The host this request's job holds (contract.operation.Operation.parse resolved it); None: every
         host (recover without --on)."""
         return self._on
 

@@ -13,8 +13,8 @@ class _Blank(dict[str, Any]):
         return ""
 
 
-# What the warm steps did, as one line each (deploy/warm_steps.py emits these with the engine's words),
-# and the style the CLI prints it in.
+# What the warm steps did, as one line each (deploy/warm_steps.py, sleep_stop.py and warm_rollback.py emit
+# these with the engine's words), and the style the CLI prints it in.
 WARM_LINES: dict[str, tuple[str, str]] = {
     "quiet": ("waited {seconds} s for a moment with no request in flight to {engines}: {result}", ""),
     "drained": ("what the proxy had in flight to {engines} finished ({seconds} s)", ""),

@@ -15,26 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.proxy import PROXY_UNIT
-from orchestrator.core.records import ServingChange
-from orchestrator.core.resident import ASLEEP, STOPPED
-from orchestrator.deploy import actions, warm
-from orchestrator.deploy.context import StepContext
+from orchestrator.deploy import actions, serving_set, warm
 from orchestrator.deploy.locks import host_lock
 from orchestrator.deploy.operations import Operations
-from orchestrator.deploy.warm_steps import engine_of, mark, residue_mib, sleeper_mib, weights_gib
-from orchestrator.engines import engine_named
-from orchestrator.errors import EngineError, SleepLeftMemory, UsageError
+from orchestrator.deploy.sleep_stop import sleep_or_stop
+from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
-
-
-def _ctx(ops: Operations, host: str, progress: ProgressCallback | None, **bound: Any) -> StepContext:
-    return StepContext(
-        ports=ops.ports_for(host),
-        catalog=ops.catalog,
-        progress=progress or (lambda e, f: None),
-        bound={"host": host, **bound},
-        residency=ops.residency,
-    )
 
 
 def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCallback | None = None) -> dict[str, Any]:
@@ -50,29 +36,19 @@ def sleep_idle(ops: Operations, model: str, *, reason: str, progress: ProgressCa
             raise UsageError(f"{model} does not serve on {host}: nothing to put to sleep")
         if level is None or not warm.sleep_enabled(dep.spec):
             raise UsageError(f"{model} has no sleep mode: it can only be stopped")
-        ctx = _ctx(ops, host, progress, revision=dep.revision)
+        ctx = ops.context(host, progress, revision=dep.revision)
         rest = [d for d in serving if d.revision != dep.revision]
         actions.route(ctx, [d.spec for d in rest])
         actions.drain(ctx, [dep.spec])
-        _leave_set(ops, host, dep.revision, [d.revision for d in rest])
-        outcome = "asleep"
-        try:
-            control = ctx.ports.engine_control_for(dep.spec)
-            if control is None:
-                raise EngineError(f"host {host} has no engine control port")
-            took = warm.sleep_verified(
-                control,
-                ctx.ports.gpus,
-                ctx.ports.clock,
-                engine_of(ctx, dep.spec),
-                level=engine_named(dep.spec.engine).sleep_level(level),
-                residue_mib=residue_mib(ctx),
-            )
-            mark(ctx, model, ASLEEP, level=level, unit=dep.spec.unit_name, weights_gib=weights_gib(ctx, dep.spec))
-            detail: dict[str, Any] = {"seconds": round(took, 3)}
-        except (SleepLeftMemory, EngineError) as exc:
-            _stop_verified(ctx, model, dep.spec.unit_name, dep.spec.gpus)
-            outcome, detail = "stopped", {"sleep_failed": str(exc)}
+        serving_set.leave(ops.store, host, dep.revision, in_set=True)
+        # The job records one event of its own (below), not a deployment's warm notes.
+        left = sleep_or_stop(ctx, dep.spec, sleep=True, free=True, disable=True, notes=False)
+        outcome = "asleep" if left.asleep else "stopped"
+        detail: dict[str, Any] = (
+            {"seconds": round(left.seconds, 3)}
+            if left.asleep
+            else {"sleep_failed": left.sleep_failed or f"host {host} has no engine control port"}
+        )
         ops.record_event(
             ctx.ports.clock.now(),
             host,
@@ -100,7 +76,7 @@ def reroute(ops: Operations, host: str, *, reason: str) -> bool:
     with host_lock(ops.state_dir, host, ops.holder(host)):
         if ops.unfinished(host):
             return False
-        ctx = _ctx(ops, host, None)
+        ctx = ops.context(host)
         changed = actions.route(ctx, [d.spec for d in ops.store.serving_set(host)])
     ops.record_event(ctx.ports.clock.now(), host, "demand_route", {"reason": reason, "reloaded": changed})
     return changed
@@ -115,7 +91,7 @@ def proxy_up(ops: Operations, host: str, *, reason: str) -> bool:
     with host_lock(ops.state_dir, host, ops.holder(host)):
         if ops.ports_for(host).proxy is None or ops.unfinished(host):
             return False
-        ctx = _ctx(ops, host, None)
+        ctx = ops.context(host)
         changed = actions.route(ctx, [d.spec for d in ops.store.serving_set(host)])
     if changed:
         ops.record_event(ctx.ports.clock.now(), host, "proxy_up", {"reason": reason})
@@ -155,21 +131,3 @@ def leftover_proxy_off(ops: Operations, host: str, *, reason: str) -> str | None
         return None
     ops.record_event(ports.clock.now(), host, "proxy_stopped", {"reason": reason, "was_running": state.is_active})
     return f"{PROXY_UNIT} {'stopped and ' if state.is_active else ''}disabled: {reason}"
-
-
-def _stop_verified(ctx: StepContext, model: str, unit: str, gpus: tuple[int, ...]) -> None:
-    actions.stop_units(ctx, [unit])
-    actions.free_gpus(ctx, gpus, [unit], sleepers=sleeper_mib(ctx, but=[model]))
-    if ctx.ports.systemd.unit_state(unit).exists:
-        ctx.ports.systemd.disable(unit)
-    mark(ctx, model, STOPPED, unit=unit)
-
-
-def _leave_set(ops: Operations, host: str, revision: int, rest: list[int]) -> None:
-    current = ops.store.serving(host)
-    ops.store.move_serving(
-        ServingChange(
-            pointers=((host, None),) if current is not None and current.revision == revision else (),
-            sets=((host, tuple(rest)),),
-        )
-    )

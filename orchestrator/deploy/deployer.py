@@ -30,7 +30,7 @@ from orchestrator.core.states import (
     moves_serving,
     reported,
 )
-from orchestrator.deploy import actions, step_inputs
+from orchestrator.deploy import actions, serving_set, step_inputs
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.planning import Planner
 from orchestrator.deploy.step_inputs import PortsFactory
@@ -52,9 +52,8 @@ def record_running(
     its serving set beside what serves there)."""
     previous = store.serving(host)
     dep = store.create(host, spec, trigger, previous.revision if previous else None, now)
-    sets = ((host, (*(d.revision for d in store.serving_set(host)), dep.revision)),) if in_set else ()
     store.transition(
-        dep.id, advance(dep.phase, Event.ADOPTED), now, ServingChange(pointers=((host, dep.revision),), sets=sets)
+        dep.id, advance(dep.phase, Event.ADOPTED), now, serving_set.joined(store, host, dep.revision, in_set=in_set)
     )
     return store.get(dep.id)
 
@@ -238,13 +237,10 @@ class Deployer(Planner):
         serves = moves_serving(phase)
         if serves is None:
             return NO_CHANGE
-        target = serves is Serves.TARGET
-        sets: tuple[tuple[str, tuple[int, ...]], ...] = ()
-        plan = self.plan_of(dep)
-        if plan is not None:
-            kept = tuple(r for r in plan.before if r not in plan.displaced)
-            sets = ((dep.host, (*kept, dep.revision) if target else kept),)
-        # The other nodes now serve (part of) this model, not what they served alone before.
-        pointers: list[tuple[str, int | None]] = [(peer, None) for peer in self._peer_restore(dep)]
-        pointers.append((dep.host, dep.revision if target else None))
-        return ServingChange(pointers=tuple(pointers), sets=sets)
+        return serving_set.outcome(
+            dep.host,
+            dep.revision,
+            target=serves is Serves.TARGET,
+            plan=self.plan_of(dep),
+            peers=self._peer_restore(dep),
+        )

@@ -14,21 +14,20 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.core.records import Deployment, ServingChange
+from orchestrator.core.records import Deployment
 from orchestrator.core.resident import ASLEEP, STOPPED
 from orchestrator.core.states import Phase
-from orchestrator.deploy import actions, multinode
+from orchestrator.deploy import actions, multinode, serving_set
 from orchestrator.deploy.adopt import stop_processes
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.deployer import Deployer
 from orchestrator.deploy.locks import activity_lock, host_lock
 from orchestrator.deploy.operations_views import OperationsViews
 from orchestrator.deploy.planning import default_template, default_trigger
-from orchestrator.deploy.warm_steps import loaded_asleep, sleeper_mib
+from orchestrator.deploy.residents import loaded_asleep
+from orchestrator.deploy.sleep_stop import stop_and_free
 from orchestrator.errors import UsageError
 from orchestrator.ports import ProgressCallback
-
-_ANY_MIB = 1 << 40  # a process that may keep whatever it holds (free_gpus' allowance)
 
 
 class Operations(OperationsViews):
@@ -41,11 +40,9 @@ class Operations(OperationsViews):
         if serving is None:
             return
         with host_lock(self.state_dir, host, self.holder(host)):
-            sd = self.ports_for(host).systemd
-            sd.stop(serving.spec.unit_name)
-            sd.disable(serving.spec.unit_name)
-            self.store.move_serving(ServingChange(pointers=((host, None),)))
-            self.residency.set_state(host, serving.model, STOPPED, time.time(), unit=serving.spec.unit_name)
+            spec = serving.spec
+            stop_and_free(self.context(host, None), serving.model, spec.unit_name, spec.gpus, free=False, disable=True)
+            serving_set.leave(self.store, host, serving.revision, in_set=False)
             self.store.record_event(
                 time.time(),
                 host,
@@ -188,20 +185,10 @@ class Operations(OperationsViews):
         """A sleeping model has no route: its unit stops (its weights leave host RAM), and its GPUs
         are verified free of its processes by PID; the others there (the model that displaced it,
         other sleepers) stay as they are."""
-        ports = self.ports_for(host)
-        ctx = StepContext(
-            ports=ports, catalog=self.catalog, progress=eng.progress, bound={"host": host}, residency=self.residency
-        )
+        ctx = self.context(host, eng.progress)
         unit = unit or self.catalog.models[model].unit_name
-        gpus = self.catalog.models[model].gpus
-        own = set(ports.systemd.cgroup_pids(unit))
-        others = {p.pid: _ANY_MIB for p in ports.gpus.snapshot().on(frozenset(gpus)) if p.pid not in own}
-        actions.stop_units(ctx, [unit])
-        actions.free_gpus(ctx, gpus, [unit], sleepers=others)
-        if ports.systemd.unit_state(unit).exists:
-            ports.systemd.disable(unit)
-        self.residency.set_state(host, model, STOPPED, ports.clock.now(), unit=unit)
-        self.store.record_event(ports.clock.now(), host, "stop", {"model": model, "unit": unit, "was": ASLEEP})
+        stop_and_free(ctx, model, unit, self.catalog.models[model].gpus, others_stay=True, disable=True)
+        self.store.record_event(ctx.ports.clock.now(), host, "stop", {"model": model, "unit": unit, "was": ASLEEP})
         return {
             "host": host,
             "model": model,
@@ -212,23 +199,15 @@ class Operations(OperationsViews):
         }
 
     def _stop(self, eng: Deployer, host: str, dep: Deployment) -> dict[str, Any]:
-        ports = self.ports_for(host)
-        ctx = StepContext(
-            ports=ports,
-            catalog=self.catalog,
-            progress=eng.progress,
-            bound={"host": host, "revision": dep.revision},
-            residency=self.residency,
-        )
+        ctx = self.context(host, eng.progress, revision=dep.revision)
+        ports = ctx.ports
         if self.catalog.proxy.enabled:
             rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
             actions.route(ctx, [d.spec for d in rest])
             actions.drain(ctx, [dep.spec])
         stop_processes(ctx, [dep.spec])  # an adopted engine started by hand: its process, then the GPUs are read
-        actions.stop_units(ctx, [dep.spec.unit_name])
-        actions.free_gpus(ctx, dep.spec.gpus, [dep.spec.unit_name], sleepers=sleeper_mib(ctx, but=[dep.model]))
-        if ports.systemd.unit_state(dep.spec.unit_name).exists:
-            ports.systemd.disable(dep.spec.unit_name)
+        # Recorded stopped with the serving set, below: a free that fails leaves it serving, for a retry.
+        stop_and_free(ctx, dep.model, dep.spec.unit_name, dep.spec.gpus, disable=True, mark_stopped=False)
         if dep.spec.nodes:  # then its other units, in reverse start order, on every node
             ctx.node_ctx = lambda h: StepContext(
                 ports=self.ports_for(h),
@@ -244,14 +223,7 @@ class Operations(OperationsViews):
             for node in dep.spec.nodes:
                 if self.ports_for(node.host).systemd.unit_state(node.unit_name).exists:
                     self.ports_for(node.host).systemd.disable(node.unit_name)
-        current = self.store.serving(host)
-        # the set and the pointer in one transaction: a crash between them left `status` naming a stopped model
-        self.store.move_serving(
-            ServingChange(
-                pointers=((host, None),) if current is not None and current.revision == dep.revision else (),
-                sets=((host, tuple(d.revision for d in rest)),) if self.catalog.proxy.enabled else (),
-            )
-        )
+        serving_set.leave(self.store, host, dep.revision, in_set=self.catalog.proxy.enabled)
         self.residency.set_state(host, dep.model, STOPPED, ports.clock.now(), unit=dep.spec.unit_name)
         self.store.record_event(ports.clock.now(), host, "stop", {"model": dep.model, "revision": dep.revision})
         return {

@@ -14,6 +14,7 @@ from orchestrator.adapters.residency_store import SqliteResidencyStore
 from orchestrator.adapters.sqlite_store import SqliteStore
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import Deployment
+from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.deployer import Deployer
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore, StateStore
 from orchestrator.secrets import redact_tree
@@ -98,6 +99,17 @@ class OperationsBase:
         with self._deployers_lock:
             for eng in self.deployers:
                 eng.park.set()
+
+    def context(self, host: str, progress: ProgressCallback | None = None, **bound: Any) -> StepContext:
+        """What an operation's actions on ``host`` see outside a deployment (no step: nothing persisted
+        with one): the host's ports, the catalog, the residency; ``bound`` goes with every progress event."""
+        return StepContext(
+            ports=self.ports_for(host),
+            catalog=self.catalog,
+            progress=progress or (lambda e, f: None),
+            bound={"host": host, **bound},
+            residency=self.residency,
+        )
 
     # -- lookups callers use instead of the catalog or the store ------------------------------------
     def holder(self, host: str) -> str:

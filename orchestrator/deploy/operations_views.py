@@ -16,8 +16,7 @@ from orchestrator.core.render import model_dir_for, render_unit
 from orchestrator.core.resident import ASLEEP
 from orchestrator.core.states import Phase
 from orchestrator.core.watch import to_bring_back
-from orchestrator.deploy import warm, warm_steps
-from orchestrator.deploy.context import StepContext
+from orchestrator.deploy import residents, warm
 from orchestrator.deploy.locks import host_held
 from orchestrator.deploy.operations_base import OperationsBase
 from orchestrator.deploy.planning import default_template
@@ -57,16 +56,14 @@ class OperationsViews(OperationsBase):
         old = to_bring_back(newest[0], displaced, {d.spec.served_name for d in self.store.serving_set(host)})
         if old is None:
             return None
-        ctx = StepContext(
-            ports=self.ports_for(host), catalog=self.catalog, progress=lambda e, f: None, residency=self.residency
-        )
+        ctx = self.context(host)
         rec = self.residency.residency(host).get(old.model)
-        if rec is None or rec.state != ASLEEP or not warm_steps.is_asleep(ctx, old.spec):
+        if rec is None or rec.state != ASLEEP or not residents.is_asleep(ctx, old.spec):
             state = "not running" if rec is None or rec.state != ASLEEP else "not answering as a sleeper"
             why = f"{old.model} is {state}: the watch only wakes a sleeper; `orchestrator switch {old.model}` starts it"
             return Lost(newest[0], old, (why,))
         reasons = warm.wake_shortfall(
-            ctx.ports.gpus, warm_steps.engine_of(ctx, old.spec), sleepers=warm_steps.sleepers(ctx, but=[old.model])
+            ctx.ports.gpus, residents.engine_of(ctx, old.spec), sleepers=residents.sleepers(ctx, but=[old.model])
         )
         return Lost(newest[0], old, tuple(reasons))
 

@@ -14,7 +14,7 @@ from orchestrator.core.multinode import unit_names
 from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, Mode, UnitSpec
 from orchestrator.deploy.multinode import NODE_PROGRESS
-from orchestrator.deploy.warm_steps import WARM_EVENT
+from orchestrator.deploy.residents import WARM_EVENT
 from orchestrator.ports import HostPorts, StateStore
 
 PortsFactory = Callable[[str], HostPorts]

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from orchestrator.core.records import Deployment, UnitSpec
-from orchestrator.core.resident import SERVING, STOPPED
+from orchestrator.core.resident import SERVING
 from orchestrator.core.states import Event, Phase
-from orchestrator.deploy import actions, adopt, multinode, warm_steps
+from orchestrator.deploy import actions, adopt, fate, multinode, residents, sleep_stop, warm_rollback, warm_steps
 from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.context import DONE, StepContext, StepInput, StepResult
 from orchestrator.deploy.preflight import check_access, check_layout, port_holder
@@ -108,12 +108,12 @@ def staging(ctx: StepContext, step: StepInput) -> StepResult:
     # (``loaded`` said so already for this very unit: no second read of it and of /is_sleeping.)
     if step.plan is not None and (
         loaded
-        or (ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text and warm_steps.is_asleep(ctx, target))
+        or (ctx.ports.systemd.read_unit(target.unit_name) == target.unit_text and residents.is_asleep(ctx, target))
     ):
         if not beside(step):
             warm_steps.check_wake_first(ctx, step, target)
             if ctx.residency is not None:
-                warm_steps.decide(ctx, step)
+                fate.decide(ctx, step)
         ctx.emit("warm", model=dep.model)
         return StepResult(spec=spec, event=Event.WARM)
     return StepResult(spec=spec)
@@ -123,7 +123,7 @@ def _asleep_as_loaded(ctx: StepContext, step: StepInput) -> bool:
     """The target sleeps at level 1 under this very unit: its weights are in host RAM as it loaded them, and
     its wake reads no file; staging them again would only put a verification of files into the wait of
     what asks for it (an on-demand request waits from the swap's first step)."""
-    return step.plan is not None and warm_steps.loaded_asleep(ctx.ports, ctx.catalog, step.dep.spec)
+    return step.plan is not None and residents.loaded_asleep(ctx.ports, ctx.catalog, step.dep.spec)
 
 
 def check_beside(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:
@@ -135,7 +135,7 @@ def check_beside(ctx: StepContext, step: StepInput, target: UnitSpec) -> None:
             "switch again to plan a stop-start",
             host=ctx.ports.host.name,
         )
-    warm_steps.note(ctx, "beside", model=target.model, gpus=[r.text() for r in fit.rooms])
+    residents.note(ctx, "beside", model=target.model, gpus=[r.text() for r in fit.rooms])
 
 
 def _wait_beside(ctx: StepContext, step: StepInput) -> None:
@@ -178,7 +178,7 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
     units = step.units_to_stop
     if beside(step):
         # The displaced engines keep serving: only what is neither serving nor asleep stops here.
-        units = units - warm_steps.asleep_units(ctx, but=[step.dep.model])
+        units = units - residents.asleep_units(ctx, but=[step.dep.model])
     elif step.plan is not None:
         actions.route(
             ctx,
@@ -189,8 +189,8 @@ def stopping(ctx: StepContext, step: StepInput) -> StepResult:
         actions.drain(ctx, (d.spec for d in step.serving if d.spec.unit_name in step.units_to_stop))
         # Those that can sleep sleep (mode=wait, after the drain); sleepers stay unless evicted.
         leaving = [d for d in step.overlapping if d.spec.unit_name != step.dep.spec.unit_name]
-        asleep = warm_steps.put_to_sleep(ctx, step, leaving) if ctx.residency is not None else set()
-        units = units - asleep - warm_steps.asleep_units(ctx, but=[step.dep.model])
+        asleep = sleep_stop.put_to_sleep(ctx, step, leaving) if ctx.residency is not None else set()
+        units = units - asleep - residents.asleep_units(ctx, but=[step.dep.model])
     # An engine adopted as a hand-run process has no unit to stop: its process goes (freeing verifies its GPUs).
     adopt.stop_processes(ctx, (d.spec for d in _replaced(step) if d.spec.unit_name in units))
     actions.stop_units(ctx, units)
@@ -205,8 +205,8 @@ def freeing(ctx: StepContext, step: StepInput) -> StepResult:
     actions.free_gpus(
         ctx,
         step.dep.spec.gpus,
-        step.units_to_stop - warm_steps.asleep_units(ctx, but=[step.dep.model]),
-        sleepers=warm_steps.gpus_sleepers(ctx, step),
+        step.units_to_stop - residents.asleep_units(ctx, but=[step.dep.model]),
+        sleepers=residents.sleeper_mib(ctx, but=[step.dep.model]),
     )
     multinode.free(ctx, step.dep.spec, step.node_units_to_stop)
     return DONE
@@ -247,16 +247,15 @@ def routing(ctx: StepContext, step: StepInput) -> StepResult:
         _leave_beside(ctx, step)
         return DONE
     leaving = {d.spec.unit_name for d in step.displaced} - {dep.spec.unit_name}
-    leaving -= warm_steps.asleep_units(ctx, but=[dep.model])  # a warm switch's displaced engines sleep
+    leaving -= residents.asleep_units(ctx, but=[dep.model])  # a warm switch's displaced engines sleep
     running = [u for u in sorted(leaving) if ctx.ports.systemd.unit_state(u).is_active]
     adopt.stop_processes(ctx, (d.spec for d in step.displaced if d.spec.unit_name in leaving))
     if running:
         actions.drain(ctx, (d.spec for d in step.displaced if d.spec.unit_name in running))
-        actions.stop_units(ctx, running)
     for d in step.displaced:
-        if d.spec.unit_name in running:
-            warm_steps.mark(ctx, d.model, STOPPED, unit=d.spec.unit_name)
-    warm_steps.mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
+        if d.spec.unit_name in running:  # a handover: nothing waits for the GPUs it leaves
+            sleep_stop.stop_and_free(ctx, d.model, d.spec.unit_name, d.spec.gpus, free=False)
+    residents.mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
     return DONE
 
 
@@ -264,16 +263,17 @@ def _leave_beside(ctx: StepContext, step: StepInput) -> None:
     """Beside, once the route moved: the displaced engines drain, then sleep (sleep mode and the RAM
     budget allow) or stop; one that slept already (a resumed run) stays asleep."""
     dep = step.dep
-    asleep = warm_steps.asleep_units(ctx, but=[dep.model])
+    asleep = residents.asleep_units(ctx, but=[dep.model])
     leaving = [d for d in step.displaced if d.spec.unit_name not in asleep | {dep.spec.unit_name}]
     running = [d for d in leaving if ctx.ports.systemd.unit_state(d.spec.unit_name).is_active]
     actions.drain(ctx, (d.spec for d in running))
     adopt.stop_processes(ctx, (d.spec for d in leaving))  # a hand-run engine cannot sleep through the product
     if ctx.residency is not None:
-        warm_steps.put_to_sleep(ctx, step, leaving)
+        sleep_stop.put_to_sleep(ctx, step, leaving)
     else:
-        actions.stop_units(ctx, {d.spec.unit_name for d in running})
-    warm_steps.mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
+        for d in running:
+            sleep_stop.stop_and_free(ctx, d.model, d.spec.unit_name, d.spec.gpus, free=False)
+    residents.mark(ctx, dep.model, SERVING, unit=dep.spec.unit_name)
 
 
 def _smoke_gate(ctx: StepContext, step: StepInput) -> dict[str, object] | None:
@@ -339,23 +339,23 @@ def _restore_set(ctx: StepContext, step: StepInput) -> StepResult:
     actions.route(
         ctx,
         (d.spec for d in step.serving),
-        gaps=(d.spec.served_name for d in restore if not warm_steps.awake(ctx, d.spec)),
+        gaps=(d.spec.served_name for d in restore if not residents.awake(ctx, d.spec)),
     )
     # The target sleeps again (warm), stays asleep if never woken, or stops; then the set comes back.
-    warm_steps.settle_target(ctx, step)
+    warm_rollback.settle_target(ctx, step)
     for old in restore:
-        if warm_steps.wake_back(ctx, old):
+        if warm_rollback.wake_back(ctx, old):
             actions.settle_enablement(ctx, old.spec.unit_name, set())
             continue
         if ctx.ports.systemd.unit_state(old.spec.unit_name).is_active:
             continue  # a handover's old engine still serves
         actions.free_gpus(
-            ctx, old.spec.gpus, {dep.spec.unit_name}, sleepers=warm_steps.sleeper_mib(ctx, but=[old.model])
+            ctx, old.spec.gpus, {dep.spec.unit_name}, sleepers=residents.sleeper_mib(ctx, but=[old.model])
         )
         actions.install_unit(ctx, old.spec)
         actions.start_unit(ctx, old.spec)
         actions.wait_ready(ctx, old.spec)
-        warm_steps.mark(ctx, old.model, SERVING, unit=old.spec.unit_name)
+        residents.mark(ctx, old.model, SERVING, unit=old.spec.unit_name)
         actions.settle_enablement(ctx, old.spec.unit_name, set())
     actions.route(ctx, (d.spec for d in step.serving))
     if (

@@ -13,7 +13,8 @@ import pytest
 from orchestrator import agent as agent_package
 from orchestrator.agent.daemon import Agent
 from orchestrator.agent.server import Job, Jobs
-from orchestrator.contract.ops import OPERATIONS, Who
+from orchestrator.contract.operation import Who
+from orchestrator.contract.ops import OPERATIONS
 from orchestrator.errors import AgentError, Refused
 
 from .conftest import OpsWorld

@@ -15,7 +15,8 @@ import pytest
 from orchestrator.agent.daemon import Agent
 from orchestrator.cli import main
 from orchestrator.client.backends import AgentClient, LocalBackend
-from orchestrator.contract.ops import CONFIG_SHOW, OPERATIONS, RECOVER, STATUS, Caller
+from orchestrator.contract.ops import CONFIG_SHOW, OPERATIONS, RECOVER, STATUS
+from orchestrator.contract.sides import Caller
 from orchestrator.contract.wire import Event, ReplyReader, encode, error_reply
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import AgentError, Busy, OrchestratorError, UsageError
@@ -94,8 +95,9 @@ class Spy:
 def test_every_declared_entry_is_in_the_table_under_a_name_of_its_own() -> None:
     """Each Operation of contract/ops.py is in OPERATIONS, and no two share a name (one would hide the other)."""
     from orchestrator.contract import ops
+    from orchestrator.contract.operation import Operation
 
-    declared = [v for v in vars(ops).values() if isinstance(v, ops.Operation)]
+    declared = [v for v in vars(ops).values() if isinstance(v, Operation)]
     assert sorted(op.name for op in declared) == sorted(OPERATIONS)
     assert all(OPERATIONS[op.name] is op for op in declared)
 
@@ -124,7 +126,7 @@ def test_every_operation_with_a_command_names_a_cli_command_that_exists(name: st
 def test_only_ping_and_the_agents_own_have_no_command() -> None:
     """Every operation is run by a CLI command except ping, which the client asks itself, and the agent's
     own box operations (Who.AGENT), which no client asks."""
-    from orchestrator.contract.ops import Who
+    from orchestrator.contract.operation import Who
 
     assert [op.name for op in OPERATIONS.values() if op.command is None and op.who is not Who.AGENT] == ["ping"]
     assert sorted(op.name for op in OPERATIONS.values() if op.who is Who.AGENT) == [
@@ -198,7 +200,7 @@ def test_the_agent_holds_each_request_to_its_entrys_who(
 ) -> None:
     """An entry declared root-only is refused (exit 5, naming it and the caller) to a member or an unknown
     peer before it runs, whatever its own code does; root runs it."""
-    from orchestrator.contract.ops import Operation, Who
+    from orchestrator.contract.operation import Operation, Who
     from orchestrator.errors import Refused
 
     ran: list[str] = []
