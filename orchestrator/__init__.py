@@ -1,1 +1,1 @@
-"""orchestrator: deploy vLLM model servers as systemd services and switch between them safely."""
+"""orchestrator: deploy LLM inference servers as systemd services and switch between them safely."""

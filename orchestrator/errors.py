@@ -157,7 +157,7 @@ class EngineError(OrchestratorError):
 
 class EngineWedged(EngineError):
     """A woken engine cannot serve: its wake failed or its first completion did not answer in time.
-    Only a restart frees it (vLLM keeps half its memory and hangs every request)."""
+    Only a restart frees it (a half-woken engine keeps memory and hangs every request)."""
 
 
 class Abandoned(OrchestratorError):

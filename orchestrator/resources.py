@@ -13,7 +13,7 @@ from orchestrator.errors import UsageError
 
 
 def template_text(name: str) -> str:
-    """The text of a shipped template, e.g. ``vllm.service.j2``."""
+    """The text of a shipped template, e.g. ``haproxy.cfg.j2``."""
     try:
         return (resources.files("orchestrator") / "_templates" / name).read_text()
     except (FileNotFoundError, NotADirectoryError) as exc:

@@ -15,7 +15,7 @@ from typing import Any
 
 # A name is a secret by what it names, and a compound name names its last word: HF_TOKEN, api_key,
 # DB_PASS hold one; num_key_value_heads, key_value_dim, bos_token_id, past_key_values (model-config
-# fields, vLLM's arg dump) hold heads, a dim, an id, where key/token is only a qualifier. So these words
+# fields, an engine's argument dump) hold heads, a dim, an id, where key/token is only a qualifier. So these words
 # count last (or before only a form word: HF_TOKEN_VALUE, AUTH_HEADER, API_KEY_2): *TOKEN, *KEY(S),
 # PASS, *AUTH, BEARER, COOKIE, JWT, SESSIONID, SIGNATURE, SALT, DSN. TOKENIZER(S) and TOKENS
 # (--max-num-batched-tokens) are none, nor KEYFILE (a path), nor a vocabulary token (bos_token, pad_token).
@@ -63,7 +63,7 @@ _VALUE_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("a URL with a password", re.compile(r"(?i)(?<![A-Za-z0-9+.-])[a-z][a-z0-9+.-]*://[^\s/:@'\"]+:[^\s/@'\"]+@")),
 )
 # ``name=value``, ``name: value``, ``'name': 'value'``, ``--name value`` in free text (a journal line,
-# vLLM's "non-default args: {...}" dump, a command's stderr): the value goes when the name says secret.
+# an engine's "non-default args: {...}" log line, a command's stderr): the value goes when the name says secret.
 _NAME_SEP = re.compile(
     r"""(?<![/\w.-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<q>['"]?)"""
     r"""(?P<sep>\s*[=:]\s*|\s+(?=\S))"""

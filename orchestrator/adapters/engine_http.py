@@ -1,8 +1,8 @@
 """EngineControl over HTTP with httpx: an engine's sleep, wake, is_sleeping and level-2 reload, at the
-paths its ``SleepApi`` names (vLLM's /sleep, /wake_up, /is_sleeping, /collective_rpc).
+paths its ``SleepApi`` names.
 
 The engine's own words travel up: every error carries the HTTP status and the body it answered
-(vLLM's 500 "CUDA Error: out of memory" is what an operator needs to read in history).
+(an engine's 500 "CUDA Error: out of memory" is what an operator needs to read in history).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import httpx
 
 Params = list[tuple[str, str | int | float | bool | None]]
 
-from orchestrator.engines import VLLM, Engine
+from orchestrator.engines import ENGINE, Engine
 from orchestrator.errors import EngineError
 from orchestrator.secrets import redact
 
@@ -24,7 +24,7 @@ class HttpEngineControl:
     """One engine's sleep mode over HTTP (wiring makes one per engine of ``engines.ENGINES``)."""
 
     def __init__(
-        self, engine: Engine = VLLM, timeout: float = 10.0, sleep_timeout: float = 300.0, wake_timeout: float = 120.0
+        self, engine: Engine = ENGINE, timeout: float = 10.0, sleep_timeout: float = 300.0, wake_timeout: float = 120.0
     ) -> None:
         self._api = engine.sleep_api
         self._completions = engine.completions_path
@@ -83,7 +83,7 @@ class HttpEngineControl:
             ) from exc
         body = redact(r.text)[:500]
         if r.status_code != 200:
-            # 404: the engine runs without VLLM_SERVER_DEV_MODE=1 (or is not vLLM).
+            # 404: the engine runs without its control endpoints (no Engine.dev_mode_env), or is another engine.
             raise EngineError(
                 f"GET {base_url}{self._api.is_sleeping}: HTTP {r.status_code}: {body}", status=r.status_code, body=body
             )

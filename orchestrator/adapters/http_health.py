@@ -1,4 +1,4 @@
-"""HealthProbe over HTTP with httpx: the engine's readiness probes (vLLM: /health, /v1/models) and one
+"""HealthProbe over HTTP with httpx: the engine's readiness probes (Engine.health_path, models_path) and one
 1-token completion."""
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def read_json_file(path: str | Path, what: str) -> dict[str, Any]:
 
 
 def read_model_config(path: str | Path, what: str) -> dict[str, Any]:
-    """A model's config.json from a file: read_json_file's checks, then the fields vLLM builds it from
+    """A model's config.json from a file: read_json_file's checks, then the fields an engine builds it from
     (ConfigError naming the file, the field and the value)."""
     data = read_json_file(path, what)
     check_model_config(data, str(path))

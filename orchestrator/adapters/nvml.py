@@ -27,8 +27,8 @@ def mib(value: int | None) -> int:
 
 
 def proc_name(pid: int, proc: str = "/proc") -> str:
-    """A process's name where NVML cannot give it: argv[0] (what a process such as vLLM's
-    ``VLLM::EngineCore`` sets for itself), else its comm; "" once it is gone."""
+    """A process's name where NVML cannot give it: argv[0] (the name an engine's worker
+    process sets for itself), else its comm; "" once it is gone."""
     for name, sep in (("cmdline", b"\0"), ("comm", b"\n")):
         try:
             with open(f"{proc}/{pid}/{name}", "rb") as f:

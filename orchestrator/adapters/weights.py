@@ -69,7 +69,7 @@ class SpecWeights:
     def cleanup(self, keep_serving: Iterable[UnitSpec]) -> list[StagedRevision]:
         """Remove old staged revisions on this host: keep policy.keep_revisions newest per repo and
         never the revisions of ``keep_serving`` (the serving and the previous stable deployment's
-        specs) nor one an installed vllm-*.service unit of this host names (a model serving on other
+        specs) nor one an installed engine unit of this host names (a model serving on other
         GPUs). Call after a deployment became active; a no-op when keep_revisions is 0."""
         if self.keep_revisions <= 0:
             return []

@@ -32,7 +32,7 @@ class Loadout:
 
 def build(catalog: Catalog, now: float, *, template: str | None = None) -> Loadout:
     """The loadout of ``catalog`` at ``now``; ConfigError or RenderError (exit 2) naming what is wrong.
-    ``template``: the vllm.service.j2 text the engine uses (the shipped one by default)."""
+    ``template``: the default engine's unit template text (the shipped one by default)."""
     for s in catalog.schedules.values():
         sched.validate(s)
     next_runs = sched.first_runs(catalog.schedules, now)

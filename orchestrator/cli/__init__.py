@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "adopt": (
         "adopt_cmd",
         "adopt",
-        "Find vLLM engines the box runs by hand and write their deploy.toml entries (--apply: take them over).",
+        "Find engines the box runs by hand and write their deploy.toml entries (--apply: take them over).",
     ),
     "agent": (
         "agent_cmds",
@@ -74,7 +74,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "recover",
         "Finish deployments a crash or a stop left unfinished (the agent does this on start).",
     ),
-    "render": ("catalog_cmds", "render", "Render units/vllm-MODEL.service (all models when MODEL is omitted)."),
+    "render": ("catalog_cmds", "render", "Render each model's unit into units/ (all models when MODEL is omitted)."),
     "rollback": ("deploy_cmds", "rollback", "Go back to the last model that was healthy, or to revision --to N."),
     "rollout": (
         "rollout_cmds",
@@ -201,7 +201,7 @@ def _short(summary: str, limit: int) -> str:
     "~/.config/orchestrator/hosts.toml or $ORCHESTRATOR_HOSTS_FILE)",
 )
 def main(remote: str | None) -> None:
-    """Deploy vLLM models as systemd services and switch between them safely."""
+    """Deploy inference engines' models as systemd services and switch between them safely."""
     from orchestrator import logs
 
     # Progress and the final error are printed by the commands; logs only when asked for.

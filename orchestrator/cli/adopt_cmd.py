@@ -1,4 +1,4 @@
-"""`adopt`: take over the vLLM engines a box already runs by hand (units, processes outside systemd)."""
+"""`adopt`: take over the engines a box already runs by hand (units, processes outside systemd)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,24 @@ from orchestrator.cli.options import config_option, json_option, local_option, o
 from orchestrator.cli.target import backend
 from orchestrator.client.backends import AgentClient, Backend
 from orchestrator.contract.ops import ADOPT, ADOPT_RECORD, CONFIG_PUSH, CONFIG_SHOW
+from orchestrator.engines import ENGINES
 from orchestrator.errors import AdoptError
 
+# How each engine's API server is started, for the help (the engine's own words).
+_FORMS = "; ".join(f"{e.title}'s {e.command_line.forms}" for e in ENGINES.values())
 
-@click.command()
+
+@click.command(
+    help=f"""Find engines the box runs by hand and write their deploy.toml entries (--apply: take them over).
+
+    Every unit whose command runs an engine's API server ({_FORMS}) and every such process started outside
+    systemd, or the UNITs named. Each gets a model entry (layout, served name, port, GPUs from
+    CUDA_VISIBLE_DEVICES, the other flags verbatim in args; secrets stay in their files) printed as TOML for
+    review, with what it cannot carry named. --apply adds the entries to deploy.toml and records a revision
+    of what runs now (trigger adopt): the first switch away can be rolled back to it; a hand-run process
+    is stopped by that switch.
+    """
+)
 @click.argument("units", nargs=-1, metavar="[UNIT...]")
 @config_option
 @on_option("the host of deploy.toml to look at (default: the only one)")
@@ -29,15 +43,7 @@ from orchestrator.errors import AdoptError
 def adopt(
     units: tuple[str, ...], config: str | None, host: str | None, apply: bool, local: bool, as_json: bool
 ) -> None:
-    """Find vLLM engines the box runs by hand and write their deploy.toml entries (--apply: take them over).
-
-    Every unit whose command runs vLLM's API server (`python -m vllm.entrypoints.openai.api_server` or
-    `vllm serve`) and every such process started outside systemd, or the UNITs named. Each gets a model
-    entry (layout, served name, port, GPUs from CUDA_VISIBLE_DEVICES, the other flags verbatim in args;
-    secrets stay in their files) printed as TOML for review, with what it cannot carry named. --apply
-    adds the entries to deploy.toml and records a revision of what runs now (trigger adopt): the first
-    switch away can be rolled back to it; a hand-run process is stopped by that switch.
-    """
+    """Find engines the box runs by hand and write their deploy.toml entries (the help is above)."""
     be = backend(config, local=local)
     found = be.call(ADOPT, {"host": host, "units": list(units)})
     if not apply:
@@ -50,7 +56,7 @@ def adopt(
         click.echo(
             json.dumps(found | {"recorded": []}, indent=2)
             if as_json
-            else f"host {found['host']}: no vLLM engine runs outside the product; nothing to adopt"
+            else f"host {found['host']}: no engine runs outside the product; nothing to adopt"
         )
         return
     pushed = _push(be, config, local, found["toml"]) if found["toml"] else None  # entries deploy.toml lacks
@@ -86,7 +92,7 @@ def _label(x: dict[str, Any]) -> str:
 
 def _review(found: dict[str, Any]) -> str:
     if not found["adopted"]:
-        return f"# host {found['host']}: no vLLM engine runs outside the product; nothing to adopt"
+        return f"# host {found['host']}: no engine runs outside the product; nothing to adopt"
     lines = []
     for x in found["adopted"]:
         if x["in_config"]:
@@ -99,7 +105,7 @@ def _review(found: dict[str, Any]) -> str:
         if not x["differences"] and "rendered_argv" in x:
             made = " ".join(x["explicit"])
             lines.append(
-                "# its unit would run the same command" + (f" (stating vLLM's defaults {made})" if made else "")
+                "# its unit would run the same command" + (f" (stating the engine's defaults {made})" if made else "")
             )
         lines.append("")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,17 @@ from orchestrator import settings, userfiles
 from orchestrator.cli.options import config_option, json_option, nonempty
 from orchestrator.cli.tables import print_table
 from orchestrator.cli.target import catalog, local_only
-from orchestrator.core.catalog import Catalog
+from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes
 from orchestrator.core.render import RenderedUnit, load_deadline, render_agent_unit, render_unit
-from orchestrator.deploy.planning import default_template
-from orchestrator.engines import ENGINE
+from orchestrator.deploy.planning import default_template, template_for
 from orchestrator.errors import UsageError
 from orchestrator.resources import template_text
+
+
+def _templates(model: Model, own: str) -> Callable[[str], str]:
+    """A multi-node model's templates by name: ``own`` for its engine's, the shipped ones for the rest."""
+    return lambda name: own if name == model.engine.template else template_text(name)
 
 
 @click.command()
@@ -103,7 +108,12 @@ def models(config: str | None, as_json: bool) -> None:
     help="show what would change against the units in --out (writes nothing; exit 1 if any)",
 )
 @click.option(
-    "--template", "template", metavar="PATH", callback=nonempty, default=None, help="vllm.service.j2 to render from"
+    "--template",
+    "template",
+    metavar="PATH",
+    callback=nonempty,
+    default=None,
+    help="the default engine's unit template to render from",
 )
 @click.option("--agent", "agent", is_flag=True, help="also render orchestrator-agent.service for this config")
 @click.option("--installed", is_flag=True, help="with --diff: compare with the unit installed on the model's host")
@@ -124,7 +134,7 @@ def render(
     installed: bool,
     proxy: bool,
 ) -> None:
-    """Render units/vllm-MODEL.service (all models when MODEL is omitted)."""
+    """Render each model's unit into units/ (all models when MODEL is omitted)."""
     if proxy:
         local_only("render --proxy")  # what serves is read from this machine's state.db
         if model is not None:
@@ -146,13 +156,14 @@ def render(
     unit_host: dict[str, str] = {}
     for n in names:  # all or nothing: render before writing
         m = cat.models[n]
+        own = template_for(m, text)
         if m.nodes:  # every role of a multi-node model: one unit per node, the Ray head's too
-            multi = render_nodes(cat, m, lambda name: text if name == ENGINE.template else template_text(name))
+            multi = render_nodes(cat, m, _templates(m, own))
             rendered.append(multi.api)
             rendered += [RenderedUnit(node.unit_name, node.unit_text) for node in multi.nodes]
             unit_host |= {node.unit_name: node.host for node in multi.nodes}
         else:
-            rendered.append(render_unit(cat, m, text))
+            rendered.append(render_unit(cat, m, own))
         unit_host[m.unit_name] = cat.model_host(n).name
     if agent:
         rendered.append(

@@ -23,6 +23,7 @@ from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.planner_residency import ResidencyPlan, check_budget, plan_residency, render_residency
 from orchestrator.core.render import model_dir_for
 from orchestrator.core.weights import CONFIG_NAME, INDEX_NAME
+from orchestrator.engines import ENGINE
 from orchestrator.errors import OrchestratorError, UsageError
 
 
@@ -164,6 +165,7 @@ def plan(
         wl = planner.Workload(max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization or 0.9)
         requested = None if tp is None else planner.Layout(tp, pp or 1, dp or 1, bool(ep))
         name = Path(config).name
+        engine = ENGINE  # a bare config.json: the default engine's rules
     else:
         if model is None and config is not None:
             # No MODEL: --config can only be a bare config.json, so say what is wrong with this one
@@ -206,8 +208,9 @@ def plan(
             m.expert_parallel if ep is None else ep,
         )
         name = model
+        engine = m.engine
     weight_bytes = planner.weight_bytes_from_index(index) if index else None
-    result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes)
+    result = planner.plan(cfg, requested, hw, wl, weight_bytes=weight_bytes, engine=engine)
     note = ""
     if name == model and remote_spec() is None:  # tune's measurements are in this machine's state.db
         result, note = _measured(cat, host.name, model, result)

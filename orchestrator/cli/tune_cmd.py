@@ -57,7 +57,7 @@ from orchestrator.wiring import operations
 @click.option(
     "--top", type=int_in(1, 16), default=3, show_default=True, help="how many of the planner's valid layouts to try"
 )
-@click.option("--max-num-seqs", "seqs", default=None, metavar="N1,N2", help="also vary vLLM's --max-num-seqs")
+@click.option("--max-num-seqs", "seqs", default=None, metavar="N1,N2", help="also vary the engine's max_num_seqs")
 @click.option("--objective", default=None, help=core.OBJECTIVES_HELP + " [default: throughput at the highest level]")
 @click.option("--concurrency", default="1,64,256", show_default=True, help="levels, comma-separated")
 @click.option("--max-tokens", type=int_in(1, MAX_COUNT), default=512, show_default=True)

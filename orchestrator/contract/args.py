@@ -88,7 +88,7 @@ UNIT_NAME = r"^[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,250}$"
 
 
 class AdoptArgs(HostArgs):
-    """`adopt`: the units to adopt (none: every vLLM engine the box runs outside the product)."""
+    """`adopt`: the units to adopt (none: every engine the box runs outside the product)."""
 
     units: list[Annotated[str, Field(max_length=256, pattern=UNIT_NAME)]] = Field(default_factory=list, max_length=64)
     pids: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] = Field(default_factory=list, max_length=64)

@@ -217,7 +217,7 @@ SCHEDULES: Operation[NoArgs, list[Any]] = Operation(
 DOCTOR: Operation[DoctorArgs, dict[str, Any]] = Operation(
     "doctor", "DoctorArgs", dict, "doctor", run=lambda ops, a, c: ops.doctor(a.host, a.models)
 )
-# The vLLM engines a box runs outside the product (hand-written units, processes started by hand), each with
+# The engines a box runs outside the product (hand-written units, processes started by hand), each with
 # its deploy.toml entry for review (core/adopt.py); then, once the entries are pushed, a revision per engine
 # that records what runs now (trigger "adopt"): a job holding the host.
 ADOPT: Operation[AdoptArgs, dict[str, Any]] = Operation(

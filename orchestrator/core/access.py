@@ -1,7 +1,7 @@
 """Can a unit's user reach a path? Decided from what `stat` said of every directory on the way (pure).
 
 The kernel checks search (x) on every directory of a path, the symlink's target path included, then the
-leaf's own bits: the motivating failure is an engine under /root (0700) for user vllm, which systemd
+leaf's own bits: the motivating failure is an engine under /root (0700) for the engines' own user, which systemd
 reports only as 203/EXEC once the serving model is already stopped. ACLs are not read: mode bits only.
 """
 

@@ -1,12 +1,14 @@
-"""`orchestrator adopt`, the pure part: a vLLM engine found running on a box (a hand-written unit's text,
+"""`orchestrator adopt`, the pure part: an engine found running on a box (a hand-written unit's text,
 or a hand-run process's argv and environment) in, a deploy.toml model entry out, with everything the
 entry cannot carry named (never guessed).
 
-The entry maps what the renderer writes itself (core/render.engine_argv: model folder, served name,
-port, layout, max_model_len, memory utilization, GPUs from CUDA_VISIBLE_DEVICES) to its keys; every
-other flag stays verbatim, in its order and form, in ``args``. ``same_command`` then says whether the
-unit rendered from the entry runs the same command: the same engine, the same flag/value pairs
-(in the renderer's order) and the same ``args`` tail, token for token.
+Which engine it is, its command line's reading and the flags its units write are the engine's
+(``engines.engine_running``, ``Engine.command_line``, ``Engine.rendered_flags``). The entry maps what the
+renderer writes itself (core/render.engine_argv: model folder, served name, port, layout, max_model_len,
+memory utilization, GPUs from CUDA_VISIBLE_DEVICES) to its keys; every other flag stays verbatim, in its
+order and form, in ``args``. ``same_command`` then says whether the unit rendered from the entry runs the
+same command: the same engine, the same flag/value pairs (in the renderer's order) and the same ``args``
+tail, token for token.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.catalog_rules import NAME_RE, ROUTABLE_RE
-from orchestrator.engines import ENGINE, Option
-from orchestrator.engines.vllm import DEV_MODE_ENV, READY_ENV
+from orchestrator.engines import ENGINE, Engine, Option, engine_running
 from orchestrator.errors import AdoptError
 from orchestrator.secrets import secret_in_args, secret_name, secret_value_kind
 
 
 @dataclass(frozen=True)
 class Found:
-    """One vLLM engine running on the box: a unit's (``unit``) or a hand-run process's (``pid``)."""
+    """One engine running on the box: a unit's (``unit``) or a hand-run process's (``pid``)."""
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
@@ -63,7 +64,7 @@ class Adoption:
     found: Found
     entry: dict[str, Any]
     engine: tuple[str, ...]
-    explicit: tuple[str, ...] = ()  # vLLM's defaults the rendered unit states: ("--port", "8000", ...)
+    explicit: tuple[str, ...] = ()  # the engine's defaults the rendered unit states: ("--port", "8000", ...)
     notes: tuple[str, ...] = ()
     blockers: tuple[str, ...] = field(default=())
 
@@ -82,11 +83,17 @@ class Adoption:
         }
 
 
-FLAGS = ENGINE.rendered_flags
-READ = ENGINE.command_line
 LAYOUT = ("tensor_parallel", "pipeline_parallel", "data_parallel")
-# Variables the renderer writes itself, or that an entry cannot hold.
-_RENDERED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", READY_ENV)
+# Variables the renderer writes itself (the engine's deadline variable too), or that an entry cannot hold.
+_RENDERED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+def engine_of(argv: tuple[str, ...] | list[str], label: str) -> Engine:
+    """The engine whose server ``argv`` runs, else AdoptError naming what it is."""
+    engine = engine_running(argv)
+    if engine is None:
+        raise AdoptError(f"{label}: not an engine's API server command line: {' '.join(argv)[:200]!r}")
+    return engine
 
 
 def shown_argv(argv: tuple[str, ...]) -> list[str]:
@@ -117,19 +124,21 @@ def _int(value: str | None, flag: str, label: str) -> int:
     return int(value)
 
 
-def _another_node(opt: Option) -> bool:
+def _another_node(engine: Engine, opt: Option) -> bool:
     """Whether an option places the engine on one node of several: a headless rank, a rank past the first,
     more than one node."""
-    carries = FLAGS.node.get(opt.flag)
+    carries = engine.rendered_flags.node.get(opt.flag)
     if carries == "nodes":
         return opt.value != "1"
     return carries == "rank" and opt.value != "0"  # --headless has no value: a rank past the first
 
 
-def model_name(found: Found, served: str | None, model: str) -> str:
-    """The entry's name: the unit's (without vllm- and .service), else the served name, else the folder."""
+def model_name(found: Found, served: str | None, model: str, engine: Engine = ENGINE) -> str:
+    """The entry's name: the unit's (without what the engine's unit names add around a model's name),
+    else the served name, else the folder."""
     if found.unit is not None:
-        base = found.unit.removesuffix(".service").removeprefix("vllm-")
+        prefix, _, suffix = engine.unit_name("\0").partition("\0")
+        base = found.unit.removesuffix(suffix).removeprefix(prefix)
     else:
         base = served or model.rstrip("/").rsplit("/", 1)[-1]
     name = re.sub(r"[^a-z0-9._-]+", "-", base.lower()).strip("-._")[:63]
@@ -142,13 +151,13 @@ def adopt(found: Found, target: Target) -> Adoption:
     label = found.label
     notes = list(found.unexpressed)
     blockers: list[str] = []
-    start = READ.engine_length(found.argv)
-    if start is None:
-        raise AdoptError(f"{label}: not a vLLM API server command line: {' '.join(found.argv)[:200]!r}")
-    engine = READ.engine_words(found.argv)
-    positional, opts, stray = READ.options(found.argv[start:])
+    kind = engine_of(found.argv, label)
+    flags, read, title = kind.rendered_flags, kind.command_line, kind.title
+    start = read.engine_length(found.argv) or 0
+    engine = read.engine_words(found.argv)
+    positional, opts, stray = read.options(found.argv[start:])
     notes += [
-        f"{w!r} is neither a --flag nor a flag's value (after a flag vLLM reads as a switch?): kept in "
+        f"{w!r} is neither a --flag nor a flag's value (after a flag {title} reads as a switch?): kept in "
         "args where it stands"
         for w in stray
     ]
@@ -158,20 +167,20 @@ def adopt(found: Found, target: Target) -> Adoption:
     if positional is not None:
         keyed["model"] = positional
     for opt in opts:
-        key = FLAGS.keyed.get(opt.flag)
+        key = flags.keyed.get(opt.flag)
         if key is not None and opt.value is not None:
             if key in keyed:
                 blockers.append(f"{opt.flag} is given twice ({keyed[key]!r}, then {opt.value!r}): say it once")
             keyed[key] = opt.value
-        elif opt.flag in FLAGS.switches and opt.value is None:
-            switches.add(FLAGS.switches[opt.flag])
-        elif opt.flag in ENGINE.sleep_flags:
+        elif opt.flag in flags.switches and opt.value is None:
+            switches.add(flags.switches[opt.flag])
+        elif opt.flag in kind.sleep_flags:
             notes.append(
                 f'{opt.flag}: not carried; sleep mode is the entry\'s `sleep` ("level1" keeps the weights '
                 'in host RAM, "level2" drops them): set it to keep warm switches'
             )
         else:
-            if _another_node(opt):
+            if _another_node(kind, opt):
                 blockers.append(
                     f"{' '.join(opt.words)}: this engine is one node's rank of a model spanning several "
                     "boxes, and an adopted entry runs on one: write the model's `nodes` by hand"
@@ -186,22 +195,23 @@ def adopt(found: Found, target: Target) -> Adoption:
             flag, drop = args[i - 1], {i - 1, i}
         else:
             flag, drop = f"word {args[i][:4]}...", {i}
+        reads = f"{title} reads its API key from {kind.api_key_env}: " if kind.api_key_env else ""
         blockers.append(
             f"{flag} carries {hit[1]} on the command line (value not shown): it is not copied into "
-            f"deploy.toml; vLLM reads its API key from VLLM_API_KEY: put it in "
-            f"{target.env_dir}/<name>.env and drop it from the command line"
+            f"deploy.toml; {reads}put it in {target.env_dir}/<name>.env and drop it from the command line"
         )
         args = [a for j, a in enumerate(args) if j not in drop]
         hit = secret_in_args(args)
     model = keyed.get("model")
     if model is None:
         raise AdoptError(
-            f"{label}: no --model (nor `vllm serve MODEL`): vLLM would serve its default model, "
-            "which an entry cannot name"
+            f"{label}: no {flags.long('model')} (nor a model after {' '.join(engine[-2:])}): {title} would "
+            "serve its default model, which an entry cannot name"
         )
     served = keyed.get("served_name")
-    name = model_name(found, served, model)
-    entry: dict[str, Any] = {}
+    name = model_name(found, served, model, kind)
+    model_flag, served_flag = flags.long("model"), flags.long("served_name")
+    entry: dict[str, Any] = {} if kind.name == ENGINE.name else {"engine_name": kind.name}
     explicit: list[str] = []
     if model.startswith("/"):
         base = re.sub(r"[^A-Za-z0-9._-]+", "-", model.rstrip("/").rsplit("/", 1)[-1]).strip("-._") or "model"
@@ -215,31 +225,35 @@ def adopt(found: Found, target: Target) -> Adoption:
         entry["repo"] = model
         entry["source"] = "hub"
         notes.append(
-            f"--model {model}: a hub id vLLM downloads itself; the entry stages it into the host's "
-            "models_dir and runs vLLM on that folder (--model changes to it)"
+            f"{model_flag} {model}: a hub id {title} downloads itself; the entry stages it into the host's "
+            f"models_dir and runs {title} on that folder ({model_flag} changes to it)"
         )
     if served is not None:
         entry["served_name"] = served
         if not ROUTABLE_RE.fullmatch(served):
-            blockers.append(f"--served-model-name {served!r} cannot be routed nor written in a unit")
+            blockers.append(f"{served_flag} {served!r} cannot be routed nor written in a unit")
     elif ROUTABLE_RE.fullmatch(model):
-        entry["served_name"] = model  # vLLM serves it under its --model value
-        explicit += ["--served-model-name", model]
+        entry["served_name"] = model  # the engine serves it under its model argument
+        explicit += [served_flag, model]
     else:
         blockers.append(
-            f"no --served-model-name: vLLM serves it as {model!r}, a name the front proxy cannot route nor a unit hold"
+            f"no {served_flag}: {title} serves it as {model!r}, a name the front proxy cannot route nor a unit hold"
         )
-    entry["port"] = _int(keyed.get("port", "8000"), "--port", label)
+    # What the engine takes when its flag is left out: the rendered unit states it.
+    default = flags.defaults
+    entry["port"] = _int(keyed.get("port", default["port"]), flags.long("port"), label)
     if "port" not in keyed:
-        explicit += ["--port", "8000"]
-    layout = {k: _int(keyed[k], FLAGS.long(k), label) if k in keyed else 1 for k in LAYOUT}
+        explicit += [flags.long("port"), default["port"]]
+    layout = {k: _int(keyed[k], flags.long(k), label) if k in keyed else 1 for k in LAYOUT}
     world = layout["tensor_parallel"] * layout["pipeline_parallel"] * layout["data_parallel"]
     if "tensor_parallel" not in keyed:
-        explicit += ["--tensor-parallel-size", "1"]
+        explicit += [flags.long("tensor_parallel"), default["tensor_parallel"]]
     visible = dict(found.env).get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         gpus = list(range(world))
-        notes.append(f"no CUDA_VISIBLE_DEVICES: vLLM takes GPUs 0-{world - 1} for its {world} rank(s), so gpus says so")
+        notes.append(
+            f"no CUDA_VISIBLE_DEVICES: {title} takes GPUs 0-{world - 1} for its {world} rank(s), so gpus says so"
+        )
     elif not re.fullmatch(r"\d+(,\d+)*", visible.replace(" ", "")):
         gpus = []
         blockers.append(
@@ -261,28 +275,29 @@ def adopt(found: Found, target: Target) -> Adoption:
         if keyed["max_model_len"].isdigit():
             entry["max_model_len"] = int(keyed["max_model_len"])
         else:
-            args += ["--max-model-len", keyed["max_model_len"]]
+            args += [flags.long("max_model_len"), keyed["max_model_len"]]
     if "max_num_seqs" in keyed:
-        entry["max_num_seqs"] = _int(keyed["max_num_seqs"], "--max-num-seqs", label)
+        entry["max_num_seqs"] = _int(keyed["max_num_seqs"], flags.long("max_num_seqs"), label)
     util = keyed.get("gpu_memory_utilization")
+    util_flag = flags.long("gpu_memory_utilization")
     try:
-        entry["gpu_memory_utilization"] = float(util) if util is not None else 0.9
+        entry["gpu_memory_utilization"] = float(util if util is not None else default["gpu_memory_utilization"])
     except ValueError:
-        raise AdoptError(f"{label}: --gpu-memory-utilization {util!r} is not a number") from None
+        raise AdoptError(f"{label}: {util_flag} {util!r} is not a number") from None
     if util is None:
-        explicit += ["--gpu-memory-utilization", "0.9"]
+        explicit += [util_flag, default["gpu_memory_utilization"]]
     env = dict(found.env)
-    deadline = env.get(READY_ENV)
+    deadline = env.get(kind.deadline_env) if kind.deadline_env else None
     if deadline is not None and deadline.isdigit() and int(deadline) >= 1:
         entry["load_deadline_s"] = int(deadline)
     if args:
         entry["args"] = args
     kept: dict[str, str] = {}
     for key, value in env.items():
-        if key in _RENDERED_ENV:
+        if key in _RENDERED_ENV or key == kind.deadline_env:
             continue
-        if key == DEV_MODE_ENV:
-            notes.append(f"{DEV_MODE_ENV}: not carried; the entry's `sleep` turns it on with the proxy's guards")
+        if key in kind.dev_mode_env:
+            notes.append(f"{key}: not carried; the entry's `sleep` turns it on with the proxy's guards")
         elif secret_name(key) or secret_value_kind(value):
             notes.append(
                 f"{key}: a secret (value not shown), not copied: it goes in {target.env_dir}/{name}.env (mode 0600)"
@@ -304,12 +319,18 @@ def adopt(found: Found, target: Target) -> Adoption:
         )
     if "bind" in keyed and keyed["bind"] != target.bind:
         notes.append(
-            f"--host {keyed['bind']}: the entry binds the host's address {target.bind} (bind of "
+            f"{flags.long('bind')} {keyed['bind']}: the entry binds the host's address {target.bind} (bind of "
             f"[hosts.{target.host}] or [defaults]): set it there to keep {keyed['bind']}"
         )
     if "bind" not in keyed:
-        explicit += ["--host", target.bind]
-    if engine != target.engine:
+        explicit += [flags.long("bind"), target.bind]
+    if kind.name != ENGINE.name:
+        if engine != kind.default_command:
+            notes.append(
+                f"engine {list(engine)}: a unit rendered from this entry runs {title}'s own command "
+                f"{list(kind.default_command)} (engine_name = {kind.name!r})"
+            )
+    elif engine != target.engine:
         # Not a blocker: the adopted revision keeps this unit's own command (a rollback runs it as it is);
         # only a unit rendered from the entry runs the host's engine (the seeds' /root engine moved to /opt).
         notes.append(
@@ -336,16 +357,17 @@ def same_command(
     args: tuple[str, ...] = (),
 ) -> list[str]:
     """What differs between the command a found engine runs and the one its entry's unit runs (empty:
-    the same): the engine words, the flag/value pairs (``explicit``, vLLM's defaults the rendered unit
-    states, added to the original's) and the ``args`` tail, token for token."""
+    the same): the engine words, the flag/value pairs (``explicit``, the engine's defaults the rendered
+    unit states, added to the original's) and the ``args`` tail, token for token."""
     diffs: list[str] = []
-    a, b = READ.engine_length(original), READ.engine_length(rendered)
-    if a is None or b is None:
-        return ["not both vLLM command lines"]
-    if READ.engine_words(original) != READ.engine_words(rendered):
-        diffs.append(f"engine {list(READ.engine_words(original))} != {list(READ.engine_words(rendered))}")
-    want = sorted(READ.pairs(original) + _explicit_pairs(explicit), key=lambda p: p[0])
-    have = READ.pairs(rendered)
+    kind, other = engine_running(original), engine_running(rendered)
+    if kind is None or other is None or kind.name != other.name:
+        return ["not both command lines of one engine"]
+    read = kind.command_line
+    if read.engine_words(original) != read.engine_words(rendered):
+        diffs.append(f"engine {list(read.engine_words(original))} != {list(read.engine_words(rendered))}")
+    want = sorted(read.pairs(original) + _explicit_pairs(explicit), key=lambda p: p[0])
+    have = read.pairs(rendered)
     if want != have:
         missing = [p for p in want if p not in have]
         extra = [p for p in have if p not in want]

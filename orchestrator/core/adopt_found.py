@@ -7,13 +7,14 @@ import re
 from dataclasses import dataclass
 
 from orchestrator.core.catalog_rules import ENV_KEY_RE
+from orchestrator.engines import ENGINE, Engine
 from orchestrator.errors import AdoptError
 
-# A hand-run process's environment is a whole login's: only these belong to the engine.
+# A hand-run process's environment is a whole login's: only these (and the engine's own, its
+# Engine.env_prefixes) belong to the engine.
 ENGINE_ENV_PREFIXES = (
     "CUDA_",
     "NCCL_",
-    "VLLM_",
     "HF_",
     "HUGGING_FACE_",
     "TORCH",
@@ -262,6 +263,7 @@ def in_system_unit(cgroup: str) -> str | None:
     return None
 
 
-def engine_env(environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    """The part of a hand-run process's environment that is the engine's (not the login's)."""
-    return tuple((k, v) for k, v in environ.items() if k.startswith(ENGINE_ENV_PREFIXES))
+def engine_env(environ: dict[str, str], engine: Engine = ENGINE) -> tuple[tuple[str, str], ...]:
+    """The part of a hand-run process's environment that is ``engine``'s (not the login's)."""
+    prefixes = ENGINE_ENV_PREFIXES + engine.env_prefixes
+    return tuple((k, v) for k, v in environ.items() if k.startswith(prefixes))

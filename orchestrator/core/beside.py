@@ -1,7 +1,7 @@
 """Whether a switch's target can start (or wake) beside the models it displaces on the same GPUs,
 counted in memory from one nvidia-smi snapshot (no I/O).
 
-vLLM takes ``gpu_memory_utilization`` of a GPU's TOTAL memory for itself, and its start fails when
+The engine takes ``gpu_memory_utilization`` of a GPU's TOTAL memory for itself, and its start fails when
 less than that is free; a wake without the memory wedges the engine for good. So beside is allowed
 only when, on every GPU of the target, what stays there (each awake engine's share or what it holds,
 whichever is more; each sleeper's residue or what it holds; anything else measured now) plus the

@@ -255,16 +255,17 @@ class Catalog(Strict):
                     "warm switches are for models on one box",
                 )
             for host in self.model_hosts(name):
-                platform = self.platform_of(host)
+                platform = self.platform_of(host, model)
+                title = model.engine.title
                 if platform == "cpu":
                     why = (
                         f'hosts.{host.name}.platform = "cpu"'
                         if host.platform
-                        else f"its engine {self.engine_command(host)[0]} is {ENGINE.title}'s CPU build"
+                        else f"its engine {self.engine_command(host, model)[0]} is {title}'s CPU build"
                     )
                     raise _KeyedError(
                         key,
-                        f"{said}: host {host.name} cannot sleep ({why}): {ENGINE.title}'s "
+                        f"{said}: host {host.name} cannot sleep ({why}): {title}'s "
                         "CPU build has no sleep mode; remove sleep or use a GPU host",
                     )
                 if host.sleep_residue_gib >= host.gpu_memory_gib:
@@ -290,7 +291,7 @@ class Catalog(Strict):
                 if not self.proxy.enabled and not is_loopback(bind):
                     raise _KeyedError(
                         key,
-                        f"{said} opens {ENGINE.title}'s dev endpoints (/sleep, /wake_up, "
+                        f"{said} opens {title}'s dev endpoints (/sleep, /wake_up, "
                         f"/collective_rpc ...) on the engine's port, and {bind_key} = "
                         f"{bind!r} would expose them beyond the box: set [proxy] enabled = "
                         "true (the engine then listens on 127.0.0.1 behind it, which never "
@@ -413,12 +414,13 @@ class Catalog(Strict):
         )
         return base + self.demand.batch_wait_s
 
-    def platform_of(self, host: Host) -> str:
-        """What the engine runs on at ``host``: its `platform`, else what the engine tells from its
-        command line (vLLM's CPU build: "cpu"), else "cuda"."""
+    def platform_of(self, host: Host, model: Model | None = None) -> str:
+        """What ``model``'s engine (default: the default engine) runs on at ``host``: its `platform`, else
+        what the engine tells from its command line (its CPU build: "cpu"), else "cuda"."""
         if host.platform is not None:
             return host.platform
-        return ENGINE.platform(self.engine_command(host))
+        engine = ENGINE if model is None else model.engine
+        return engine.platform(self.engine_command(host, model))
 
     def model(self, name: str) -> Model:
         """The model called ``name``, or the one UsageError that lists the known ones."""
@@ -499,8 +501,12 @@ class Catalog(Strict):
     def models_on(self, host: str) -> list[str]:
         return [m for m in self.models if host in (h.name for h in self.model_hosts(m))]
 
-    def engine_command(self, host: Host) -> tuple[str, ...]:
-        """The engine's command line on ``host`` (deploy.toml's `engine`: the host's, else [defaults])."""
+    def engine_command(self, host: Host, model: Model | None = None) -> tuple[str, ...]:
+        """The command line of ``model``'s engine on ``host``: deploy.toml's `engine` (the host's, else
+        [defaults]), which is the default engine's; a model on another engine (its `engine_name`) runs
+        that engine's default command."""
+        if model is not None and model.engine_name != ENGINE.name:
+            return model.engine.default_command
         return host.engine or self.defaults.engine
 
 

@@ -7,7 +7,7 @@ One module per role (catalog_hosts, catalog_models, catalog_policies); this one 
 from __future__ import annotations
 
 from orchestrator.core.catalog_hosts import Defaults, Host
-from orchestrator.core.catalog_models import DEV_MODE_ENV, SLEEP_FLAGS, Model
+from orchestrator.core.catalog_models import Model
 from orchestrator.core.catalog_policies import Demand, Group, Policy, Proxy, Schedule
 
-__all__ = ["DEV_MODE_ENV", "SLEEP_FLAGS", "Defaults", "Demand", "Group", "Host", "Model", "Policy", "Proxy", "Schedule"]
+__all__ = ["Defaults", "Demand", "Group", "Host", "Model", "Policy", "Proxy", "Schedule"]

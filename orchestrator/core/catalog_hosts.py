@@ -129,7 +129,7 @@ class Host(Strict):
     interface: str | None = None
     network: Literal["infiniband", "roce", "ethernet", "unknown"] = "unknown"
     ray: str | None = None  # Ray's CLI on this host; defaults.ray when unset
-    # What the engine runs on here; unset: what the engine tells from its command line (vLLM's CPU
+    # What the engine runs on here; unset: what the engine tells from its command line (its CPU
     # build: "cpu"), else "cuda". The CPU build has no sleep mode.
     platform: Literal["cuda", "rocm", "xpu", "cpu"] | None = None
     # Host RAM (GiB) for warm switches: the box's memory, the budget for sleeping weights (level1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.core.catalog_rules import (
     DAY,
@@ -28,14 +28,9 @@ from orchestrator.core.catalog_rules import (
 from orchestrator.core.ray_start import FIXED as RAY_FIXED
 from orchestrator.core.ray_start import FROM_KEYS as RAY_FROM_KEYS
 from orchestrator.core.safety import shown
-from orchestrator.engines import ENGINE
+from orchestrator.engines import ENGINE, ENGINES, Engine, engine_named
 from orchestrator.secrets import secret_name, secret_value_kind
 
-# Set by rendering for sleep-enabled models only: in a model's env or args they would bypass `sleep`
-# (its loopback bind and the proxy's deny of the dev endpoints).
-DEV_MODE_ENV = ENGINE.dev_mode_env
-SLEEP_FLAGS = ENGINE.sleep_flags
-FLAGS = ENGINE.rendered_flags
 # Keys the unit renders a flag for only when they are set: unset, the flag may come through args
 # (adopt carries `--max-model-len 32k` there, a value the integer key cannot hold).
 _KEYED_WHEN_SET = frozenset({"max_model_len", "max_num_seqs"})
@@ -51,16 +46,26 @@ NODE_KEYS = {
 }
 
 
-def _read_as(arg: str, flag: str) -> str:
+def _read_as(engine: Engine, arg: str, flag: str) -> str:
     """The argument as written, and the flag the engine's parser reads it as when that differs."""
     said = arg.split("=", 1)[0]
-    return shown(arg) if said == flag else f"{shown(arg)} ({ENGINE.title}'s parser reads it as {flag})"
+    return shown(arg) if said == flag else f"{shown(arg)} ({engine.title}'s parser reads it as {flag})"
+
+
+def _engine_of(info: ValidationInfo) -> Engine:
+    """The engine of the model a field validator checks (its `engine_name`, validated before the other
+    keys); the default engine where that key itself was refused."""
+    name = info.data.get("engine_name")
+    return ENGINES.get(name, ENGINE) if isinstance(name, str) else ENGINE
 
 
 class Model(Strict):
     """One servable model: where its weights come from and how its engine runs it."""
 
     name: Name = ""
+    # The inference engine that runs the model (one of orchestrator.engines.ENGINES): its unit, command
+    # line, sleep mode and the planner's rules are that engine's. Declared first: other keys' checks ask it.
+    engine_name: str = ENGINE.name
     host: Name | None = None
     group: Name | None = None  # a fleet model: one replica per host of [groups.NAME], switched by `rollout`
     repo: str
@@ -88,7 +93,7 @@ class Model(Strict):
     # A local copy of the model's config.json for `plan` (relative to deploy.toml): plans offline.
     config: str | None = None
     # A model larger than one box: the hosts it spans (the first serves the API), ``gpus`` on each,
-    # TP inside a node and PP or DP across nodes, with vLLM's own multi-node backend or Ray.
+    # TP inside a node and PP or DP across nodes, with the engine's own multi-node backend or Ray.
     nodes: tuple[Name, ...] = ()
     backend: Literal["native", "ray"] = "native"
     master_port: int = Field(29500, ge=1, le=65535)  # native: torch.distributed's rendezvous on node 0
@@ -106,6 +111,13 @@ class Model(Strict):
     # How long a request is held before a 503; unset: the wake deadline when asleep, the load
     # deadline when stopped (plus [demand] batch_wait_s either way).
     demand_deadline_s: float | None = Field(None, ge=1, le=7 * DAY)
+
+    @field_validator("engine_name")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in ENGINES:
+            raise ValueError(f"engine {shown(v)} is not known (known: {', '.join(sorted(ENGINES))})")
+        return v
 
     @field_validator("repo", "revision", "source", "served_name", "config")
     @classmethod
@@ -161,15 +173,16 @@ class Model(Strict):
 
     @field_validator("args", "ray_args")
     @classmethod
-    def _safe_args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+    def _safe_args(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        engine = _engine_of(info)
         no_secret_in(v)
         for i, arg in enumerate(v):
             safe(arg, "argument")
             flag = arg.split("=", 1)[0]
             # its parser's other spellings: a unique prefix (--enable-sleep), underscores (--enable_sleep_mode)
-            meant = ENGINE.flag_read_as(arg, SLEEP_FLAGS)
+            meant = engine.flag_read_as(arg, engine.sleep_flags)
             if meant is not None:
-                said = "" if flag == meant else f" ({ENGINE.title}'s parser reads it as {meant})"
+                said = "" if flag == meant else f" ({engine.title}'s parser reads it as {meant})"
                 raise SubKeyError(
                     f"[{i}]",
                     f"{shown(arg)}{said}: sleep mode is the model's `sleep` setting "
@@ -199,17 +212,20 @@ class Model(Strict):
 
     @field_validator("env")
     @classmethod
-    def _safe_env(cls, v: dict[str, str]) -> dict[str, str]:
+    def _safe_env(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        engine = _engine_of(info)
         for key, value in v.items():
             kind = "a secret by its name" if secret_name(key) else secret_value_kind(value)
             if kind:
                 raise SubKeyError(f".{key}", f"holds {kind} (value not shown): {SECRET_ADVICE}")
             if not ENV_KEY_RE.fullmatch(key):
                 raise ValueError(f"environment variable name {shown(key)} is not a valid name")
-            if key in DEV_MODE_ENV:
+            # Set by rendering for sleep-enabled models only: here it would bypass `sleep` (its loopback
+            # bind and the proxy's deny of the control endpoints).
+            if key in engine.dev_mode_env:
                 raise SubKeyError(
                     f".{key}",
-                    f"{key} = {shown(value)} would open {ENGINE.title}'s dev endpoints "
+                    f"{key} = {shown(value)} would open {engine.title}'s dev endpoints "
                     "(/collective_rpc, /sleep ...) without the product's guards: set "
                     'sleep = "level1" or "level2" instead, which turns it on',
                 )
@@ -270,9 +286,10 @@ class Model(Strict):
     def _args_not_rendered(self) -> Model:
         # A flag the unit already renders from a key, given again in args, wins (the engine's parser takes
         # the last): the engine would listen, serve or lay out otherwise than every check believes.
-        keyed = {**FLAGS.keyed, **FLAGS.switches}
+        engine = self.engine
+        keyed = {**engine.rendered_flags.keyed, **engine.rendered_flags.switches}
         for i, arg in enumerate(self.args):
-            flag = ENGINE.flag_read_as(arg, keyed)
+            flag = engine.flag_read_as(arg, keyed)
             if flag is None or (keyed[flag] in _KEYED_WHEN_SET and getattr(self, keyed[flag]) is None):
                 continue
             key = keyed[flag]
@@ -282,7 +299,7 @@ class Model(Strict):
             }.get(key, f"the model's `{key}`")
             raise SubKeyError(
                 f".args[{i}]",
-                f"{_read_as(arg, flag)}: the unit renders {flag} from {where}: set it "
+                f"{_read_as(engine, arg, flag)}: the unit renders {flag} from {where}: set it "
                 f"there (a second {flag} in args would override it behind the product's "
                 "checks)",
             )
@@ -294,14 +311,15 @@ class Model(Strict):
         # the backend): repeated in args, which every node runs, each rank would claim another's place.
         if not self.nodes:
             return self
+        engine, node = self.engine, self.engine.rendered_flags.node
         for i, arg in enumerate(self.args):
-            flag = ENGINE.flag_read_as(arg, FLAGS.node)
+            flag = engine.flag_read_as(arg, node)
             if flag is not None:
                 raise SubKeyError(
                     f".args[{i}]",
-                    f"{_read_as(arg, flag)}: model {self.name} spans nodes "
+                    f"{_read_as(engine, arg, flag)}: model {self.name} spans nodes "
                     f"{list(self.nodes)}, whose units render {flag} for each node "
-                    f"from {NODE_KEYS[FLAGS.node[flag]]}: set that instead",
+                    f"from {NODE_KEYS[node[flag]]}: set that instead",
                 )
         return self
 
@@ -346,8 +364,13 @@ class Model(Strict):
         return self.served_name or self.name
 
     @property
+    def engine(self) -> Engine:
+        """The engine that runs it (`engine_name`)."""
+        return engine_named(self.engine_name)
+
+    @property
     def unit_name(self) -> str:
-        return ENGINE.unit_name(self.name)
+        return self.engine.unit_name(self.name)
 
     @property
     def pinned(self) -> bool:

@@ -14,6 +14,7 @@ from croniter import CroniterError, croniter
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.safety import check_safe_text, shown
+from orchestrator.engines import ENGINE
 from orchestrator.errors import RenderError
 from orchestrator.secrets import secret_in_args
 
@@ -36,13 +37,13 @@ REPO_RE = re.compile(
 )
 # Characters git refuses in a ref name (git-check-ref-format), plus anything a shell or path reads.
 _REF_BAD_RE = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
-# vLLM units run with PrivateTmp=yes: their /tmp and /var/tmp are private and empty.
+# Engine units run with PrivateTmp=yes (the shipped templates): their /tmp and /var/tmp are private and empty.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
 # A served name the front proxy can match and list: HAProxy's `-m str` takes space-separated words
 # inside a config line, and the name is written into JSON bodies, so no spaces, quotes or escapes.
 ROUTABLE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
-# A DNS host name (RFC 1123 labels). Addresses reach HAProxy's config, vLLM's --host and SSH as one
+# A DNS host name (RFC 1123 labels). Addresses reach HAProxy's config, the engine's bind flag and SSH as one
 # word: nothing but an IP literal or such a name may pass, so no value can carry a second directive.
 _HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -146,7 +147,7 @@ def not_root(user: str) -> str:
     """Engines run as an unprivileged account: a model server as root owns the box."""
     if user == "root":
         raise ValueError(
-            "'root' is refused: engines run as an unprivileged account (the shipped 'vllm'); "
+            f"'root' is refused: engines run as an unprivileged account (the shipped {ENGINE.default_user!r}); "
             "set allow_root = true in [defaults] only on a disposable test bed"
         )
     return user
@@ -245,7 +246,7 @@ def outside_private_tmp(path: str, what: str) -> None:
     for tmp in PRIVATE_TMP:
         if norm == tmp or norm.startswith(tmp + "/"):
             raise ValueError(
-                f"{what} {path} is under {tmp}, which the model's unit cannot see (vLLM units run "
+                f"{what} {path} is under {tmp}, which the model's unit cannot see (engine units run "
                 f"with PrivateTmp=yes, an empty {tmp} of their own): move it out of /tmp and /var/tmp"
             )
 

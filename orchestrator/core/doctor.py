@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from orchestrator.core.access import Account, Need, Walk, denial, fix_for
 from orchestrator.core.observed import GpuSnapshot
-from orchestrator.engines import ENGINE
+from orchestrator.engines import ENGINE, Engine
 
 Status = Literal["ok", "warn", "fail"]
 GIB = 1 << 30
@@ -83,9 +83,7 @@ def gpu_verdict(snap: GpuSnapshot | None, error: str | None, driver: str | None)
             "install the NVIDIA driver (nvidia-smi must run as root on the box)",
         )
     if not snap.gpus:
-        return Verdict(
-            "gpus", "warn", "nvidia-smi shows no GPU", f"a CPU host can only run the CPU build of {ENGINE.title}"
-        )
+        return Verdict("gpus", "warn", "nvidia-smi shows no GPU", "a CPU host can only run an engine's CPU build")
     names = sorted({g.name for g in snap.gpus})
     mem = min(g.memory_total_mib for g in snap.gpus) / 1024
     held = [f"PID {p.pid} {p.process_name} {p.used_memory_mib} MiB on GPU {p.gpu_index}" for p in snap.processes]
@@ -131,7 +129,7 @@ class EngineRun:
     flags: frozenset[str] | None = None  # the API server's options; None: not read
 
 
-# The import doctor runs with the engine's interpreter (the engine's own probe script).
+# The import doctor runs with the engine's interpreter (the engine's own probe script; the default engine's).
 ENGINE_SCRIPT = ENGINE.probe_script
 
 
@@ -154,8 +152,8 @@ def is_python(path: str) -> bool:
 
 
 def shebang_python(head: bytes) -> str | None:
-    """The interpreter of a console script (`vllm serve`'s /opt/vllm/bin/vllm starts `#!/opt/vllm/bin/python3`),
-    so doctor can import vLLM with it; None for a binary or another interpreter."""
+    """The interpreter of a console script (an engine's /opt/venv/bin/ENGINE starts `#!/opt/venv/bin/python3`),
+    so doctor can import the engine with it; None for a binary or another interpreter."""
     first = head.split(b"\n", 1)[0]
     if not first.startswith(b"#!"):
         return None
@@ -163,18 +161,21 @@ def shebang_python(head: bytes) -> str | None:
     return words[0] if words and words[0].startswith("/") and is_python(words[0]) else None
 
 
-def engine_verdicts(model: str, user: str, engine: str, run: EngineRun | None, needs: Sequence[str]) -> list[Verdict]:
-    """The interpreter ran as the user in the unit's sandbox, the engine's version, and the flags ``needs``."""
-    check = f"engine {model}"
+def engine_verdicts(
+    model: str, user: str, engine: str, run: EngineRun | None, needs: Sequence[str], kind: Engine = ENGINE
+) -> list[Verdict]:
+    """The interpreter ran as the user in the unit's sandbox, the engine's (``kind``) version, and the
+    flags ``needs``."""
+    check, title = f"engine {model}", kind.title
+    module = ", ".join(f'"{w}"' for w in kind.module_command)
     if run is None:
         return [
             Verdict(
                 check,
                 "warn",
-                f"{engine} is not a python interpreter nor a python script: doctor cannot "
-                f"import {ENGINE.title} with it",
-                'name the environment\'s python as engine[0] (engine = [".../bin/python3", "-m", '
-                '"vllm.entrypoints.openai.api_server"]) for a full check',
+                f"{engine} is not a python interpreter nor a python script: doctor cannot import {title} with it",
+                f'name the environment\'s python as engine[0] (engine = [".../bin/python3", {module}]) '
+                "for a full check",
             )
         ]
     if run.exit_code != 0 or run.version is None:
@@ -183,38 +184,38 @@ def engine_verdicts(model: str, user: str, engine: str, run: EngineRun | None, n
             Verdict(
                 check,
                 "fail",
-                f"{engine} -c 'import {ENGINE.name}' as user {user} in a transient unit "
+                f"{engine} -c 'import {kind.name}' as user {user} in a transient unit "
                 f"(PrivateTmp) exited {run.exit_code}: {tail}",
-                f"install {ENGINE.title} into that environment, readable by {user}; or fix engine[0]",
+                f"install {title} into that environment, readable by {user}; or fix engine[0]",
             )
         ]
-    out = [ok(check, f"{ENGINE.title} {run.version} imports with {engine} as user {user}")]
+    out = [ok(check, f"{title} {run.version} imports with {engine} as user {user}")]
     if needs:
         if run.flags is None:
             out.append(
                 Verdict(
                     f"flags {model}",
                     "warn",
-                    f"could not read {ENGINE.title} {run.version}'s options: {', '.join(needs)} unchecked",
+                    f"could not read {title} {run.version}'s options: {', '.join(needs)} unchecked",
                 )
             )
         else:
             missing = [f for f in needs if f not in run.flags]
             out.append(
-                ok(f"flags {model}", f"{ENGINE.title} {run.version} has {', '.join(needs)}")
+                ok(f"flags {model}", f"{title} {run.version} has {', '.join(needs)}")
                 if not missing
                 else Verdict(
                     f"flags {model}",
                     "fail",
-                    f"{ENGINE.title} {run.version} has no {', '.join(missing)}",
-                    f"upgrade {ENGINE.title}, or drop the setting that needs it (sleep, expert_parallel)",
+                    f"{title} {run.version} has no {', '.join(missing)}",
+                    f"upgrade {title}, or drop the setting that needs it (sleep, expert_parallel)",
                 )
             )
     return out
 
 
-def needed_flags(sleep: bool, expert_parallel: bool) -> list[str]:
-    return ENGINE.flags_needed(sleep=sleep, expert_parallel=expert_parallel)
+def needed_flags(sleep: bool, expert_parallel: bool, kind: Engine = ENGINE) -> list[str]:
+    return kind.flags_needed(sleep=sleep, expert_parallel=expert_parallel)
 
 
 def weights_verdict(

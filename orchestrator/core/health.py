@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator.core.observed import UnitState
-from orchestrator.engines import ENGINE
+from orchestrator.engines import ENGINE, ENGINES, Engine
 
 
 class Readiness(StrEnum):
@@ -44,10 +44,10 @@ def judge_unit(unit: UnitState, restarts_before: int) -> Verdict | None:
     return None
 
 
-def judge_models(served: list[str], expected: str) -> Verdict:
+def judge_models(served: list[str], expected: str, engine: Engine = ENGINE) -> Verdict:
     if expected in served:
-        return Verdict(Readiness.READY, f"{ENGINE.models_path} lists {expected}")
-    return Verdict(Readiness.WAITING, f"{ENGINE.models_path} lists {served or 'nothing'}, not {expected!r}")
+        return Verdict(Readiness.READY, f"{engine.models_path} lists {expected}")
+    return Verdict(Readiness.WAITING, f"{engine.models_path} lists {served or 'nothing'}, not {expected!r}")
 
 
 def engine_errors(lines: Sequence[str], limit: int = 3, width: int = 300) -> list[str]:
@@ -55,7 +55,7 @@ def engine_errors(lines: Sequence[str], limit: int = 3, width: int = 300) -> lis
     oldest first: the reason an engine died comes after whatever it logged while starting."""
     found: list[str] = []
     for line in reversed(lines):
-        said = ENGINE.reason(line)
+        said = next((r for r in (e.reason(line) for e in ENGINES.values()) if r is not None), None)
         if said is None:
             continue
         text = f"{said[0]}: {said[1].strip()}"

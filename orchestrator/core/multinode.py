@@ -1,11 +1,11 @@
 """A model larger than one box: its roles per node and their rendered units (pure).
 
-Native backend (vLLM's own, multiprocessing + torch.distributed): every node runs the engine with
-``--nnodes N --node-rank R --master-addr A --master-port P``; rank 0 serves the API, the others add
-``--headless``. Data parallel across nodes uses vLLM's DP flags instead (``--data-parallel-size-local``,
-``--data-parallel-start-rank``, ``--data-parallel-address``). Ray backend: a Ray head unit on the first
-node, a Ray worker unit on each other node (``ray start --block``, ``--num-gpus`` = the GPUs it exposes),
-and the engine on the head with ``--distributed-executor-backend ray``.
+Native backend (the engine's own, multiprocessing + torch.distributed): every node runs the engine with
+the arguments of its place among the nodes (``Engine.node_args``: node count, rank, the first node's
+address and port); rank 0 serves the API, the others run headless. Data parallel across nodes uses the
+engine's DP arguments instead. Ray backend: a Ray head unit on the first node, a Ray worker unit on each
+other node (``ray start --block``, ``--num-gpus`` = the GPUs it exposes), and the engine on the head with
+what makes it use the Ray cluster (``Engine.ray_args``).
 
 Start order is the order of ``nodes`` in the spec, then the API unit; stop is the reverse.
 """
@@ -21,13 +21,11 @@ from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.ray_start import start_argv
 from orchestrator.core.records import NodeUnit
 from orchestrator.core.render import RenderedUnit, _plain, env_quote, exec_quote, model_dir_for, render_unit
-from orchestrator.engines import ENGINE
 from orchestrator.errors import RenderError
 
 TemplateText = Callable[[str], str]
 HEAD_TEMPLATE = "ray-head.service.j2"
 WORKER_TEMPLATE = "ray-worker.service.j2"
-ENGINE_TEMPLATE = ENGINE.template
 # A Ray node holds no model state (the engine, stopped before it, needs the grace period): an idle
 # node drains in under a second, and one still waiting for an unreachable head ignores SIGTERM
 # until its GCS wait (40 s) ends, so waiting longer than this only delays a rollback.
@@ -43,16 +41,16 @@ class Rendered:
 
 
 def node_unit_name(model: Model, rank: int) -> str:
-    return ENGINE.unit_name(f"{model.name}-node{rank}")
+    return model.engine.unit_name(f"{model.name}-node{rank}")
 
 
 def ray_unit_name(model: Model, role: str) -> str:
     return f"ray-{model.name}-{role.removeprefix('ray-')}.service"
 
 
-def _node_env(host: Host) -> dict[str, str]:
-    """What every process of a node needs to find the others: its own address and interface."""
-    env = ENGINE.node_env(host.peer_address)
+def _node_env(model: Model, host: Host) -> dict[str, str]:
+    """What every process of a node of ``model`` needs to find the others: its own address and interface."""
+    env = model.engine.node_env(host.peer_address)
     if host.interface:
         env |= {"GLOO_SOCKET_IFNAME": host.interface, "NCCL_SOCKET_IFNAME": host.interface}
     return env
@@ -64,7 +62,7 @@ def _native_args(catalog: Catalog, model: Model, rank: int) -> tuple[str, ...]:
     per_node_ranks = model.tensor_parallel * model.pipeline_parallel
     # DP across nodes: each node runs data_parallel / n replicas of TP x PP.
     local = model.data_parallel // n if model.data_parallel > 1 and per_node_ranks <= len(model.gpus) else None
-    return ENGINE.node_args(
+    return model.engine.node_args(
         nodes=n, rank=rank, head_address=head.peer_address, port=model.master_port, data_parallel_local=local
     )
 
@@ -91,7 +89,7 @@ def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template:
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, model.gpus)),
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-        **_node_env(host),
+        **_node_env(model, host),
         **model.env,
     }
     name = ray_unit_name(model, role)
@@ -156,7 +154,7 @@ def render_nodes(
     ``model_dir`` is the head's weights directory, ``revision`` the staged revision every node has."""
     hosts = catalog.nodes_of(model.name)
     head = hosts[0]
-    engine = templates(ENGINE_TEMPLATE)
+    engine = templates(model.engine.template)
     # Ray's workers load the path the engine on the head names; a headless rank gets its own --model.
     dirs = {
         h.name: node_model_dir(catalog, model, head if model.backend == "ray" else h, model_dir, revision)
@@ -189,8 +187,8 @@ def render_nodes(
             model_dir=model_dir,
             host=head,
             role="engine on the Ray head",
-            extra_args=ENGINE.ray_args,
-            extra_env={**_node_env(head), "RAY_ADDRESS": f"{head.peer_address}:{model.ray_port}"},
+            extra_args=model.engine.ray_args,
+            extra_env={**_node_env(model, head), "RAY_ADDRESS": f"{head.peer_address}:{model.ray_port}"},
         )
         return Rendered(api, tuple(nodes))
     nodes = [
@@ -206,7 +204,7 @@ def render_nodes(
                 host=h,
                 role=f"headless rank {r}",
                 extra_args=_native_args(catalog, model, r),
-                extra_env=_node_env(h),
+                extra_env=_node_env(model, h),
                 unit_name=node_unit_name(model, r),
             ),
             dirs[h.name],
@@ -221,7 +219,7 @@ def render_nodes(
         host=head,
         role="rank 0, the API",
         extra_args=_native_args(catalog, model, 0),
-        extra_env=_node_env(head),
+        extra_env=_node_env(model, head),
     )
     return Rendered(api, tuple(nodes))
 

@@ -1,13 +1,14 @@
 """Hardware-aware preflight: can this model load with this parallel layout on these GPUs?
 
 Pure: takes a parsed ``config.json`` (any mapping), a layout, the host's GPUs and the workload, and
-returns a Verdict with every reason (each naming the numbers and the vLLM source it mirrors), or
+returns a Verdict with every reason (each naming the numbers and the engine's source it mirrors), or
 the valid layouts best first. It never raises on a config: garbage, truncated or unknown configs
 give a clean verdict (invalid with a reason when the shapes needed to decide are missing; unknown
-architectures get the generic checks plus a warning). See planner_rules.py for the shape rules and
-planner_memory.py for the memory math. What the engine's loader demands (its memory rules, its
-defaults, whether and how it spreads experts) the planner asks the engine (``Engine.load_rules``,
-``engine=`` of check, layouts and plan; vLLM by default).
+architectures get the generic checks plus a warning). See planner_memory.py for the memory math.
+What the engine's loader demands the planner asks the engine (``engine=`` of check, layouts and plan;
+the default engine unless given): its shape rules (``Engine.shape_rules``), its KV cache's bytes per
+token (``Engine.kv_bytes_per_token``), its memory rules, its defaults, whether and how it spreads
+experts (``Engine.load_rules``).
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orchestrator.core.planner_arch import ModelSpec, parse_model
+from orchestrator.core.planner_arch import parse_model
 from orchestrator.core.planner_memory import (
     GIB,
     check_disk,
     estimate_weight_bytes,
-    kv_bytes_per_token,
     weight_bytes_from_headers,
     weight_bytes_from_index,
     weights_per_gpu,
 )
-from orchestrator.core.planner_rules import shape_rules
 from orchestrator.engines import ENGINE, Engine, LoadRules
+from orchestrator.engines.shapes import ModelSpec
 
 __all__ = [
     "Hardware",
@@ -52,7 +52,8 @@ _MAX_ENUMERATED_GPUS = 64  # beyond this, layouts() only tries powers of two
 
 @dataclass(frozen=True)
 class Layout:
-    """vLLM's parallel layout: GPUs needed = tp * pp * dp; with ep the EP size is tp * dp."""
+    """A parallel layout: GPUs needed = tp * pp * dp; with ep, experts spread over the engine's EP size
+    (``LoadRules.ep_size``: tp * dp)."""
 
     tp: int
     pp: int = 1
@@ -103,7 +104,7 @@ class Workload:
     """What the KV cache must hold. max_model_len None means the model's max_position_embeddings.
 
     The engine refuses to start unless the KV cache holds ``LoadRules.min_full_sequences`` full-length
-    sequences (vLLM: one); set min_full_sequences higher to demand room for that many concurrent
+    sequences (the default engine's: one); set min_full_sequences higher to demand room for that many concurrent
     full-length requests. overhead_gib covers what the engine's profiling run finds besides weights and
     KV cache (activation peak, CUDA graphs, NCCL buffers, CUDA context).
     """
@@ -241,7 +242,7 @@ def _hardware_reasons(
         if len(used) != layout.gpus:
             reasons.append(f"{layout} needs {layout.gpus} GPUs but {len(used)} indices were given: {used}")
     if hw.free_memory_gib is not None:
-        # The engine's start rule (vLLM: gpu_worker.py init_device, free memory covers utilization x total).
+        # The engine's start rule (rules.start_rule: free memory covers utilization x total).
         want = rules.start_need_gib(hw.gpu_memory_gib, wl.gpu_memory_utilization)
         short = [
             (i, hw.free_memory_gib[i])
@@ -287,8 +288,9 @@ def _memory(
     weight_bytes: int | None,
     reasons: list[str],
     warnings: list[str],
-    rules: LoadRules,
+    engine: Engine,
 ) -> Memory | None:
+    rules = engine.load_rules
     weights = weights_per_gpu(m, layout.tp, layout.pp, layout.dp, layout.ep, weight_bytes, rules)
     if weights is None:
         warnings.append(
@@ -303,7 +305,7 @@ def _memory(
         warnings.append(
             f"max_model_len {max_len} exceeds max_position_embeddings {m.max_position_embeddings}; {rules.long_context}"
         )
-    full, sliding = kv_bytes_per_token(m, layout.tp, layout.pp, wl.kv_cache_dtype)
+    full, sliding = engine.kv_bytes_per_token(m, layout.tp, layout.pp, wl.kv_cache_dtype)
     per_seq = full * max_len + sliding * min(m.sliding_window or 0, max_len)
     seqs = max(wl.min_full_sequences, 1)
     budget = hw.gpu_memory_gib * wl.gpu_memory_utilization
@@ -351,11 +353,11 @@ def _verdict(
     wl: Workload,
     weight_bytes: int | None,
     devices: Sequence[int] | None = None,
-    rules: LoadRules = ENGINE.load_rules,
+    engine: Engine = ENGINE,
 ) -> Verdict:
     reasons: list[str] = []
     warnings: list[str] = []
-    _hardware_reasons(layout, hw, wl, devices, reasons, rules)
+    _hardware_reasons(layout, hw, wl, devices, reasons, engine.load_rules)
     if reasons and not all(isinstance(v, int) and v >= 1 for v in (layout.tp, layout.pp, layout.dp)):
         return Verdict(layout, False, tuple(reasons))
     missing = [
@@ -375,19 +377,19 @@ def _verdict(
             "knows: only generic checks ran"
         )
     warnings.extend(m.problems)
-    found = shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep, rules)
+    found = engine.shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep)
     reasons.extend(found.reasons)
     warnings.extend(found.warnings)
     warnings.extend(_node_warnings(layout, hw))
-    memory = _memory(m, layout, hw, wl, weight_bytes, reasons, warnings, rules)
+    memory = _memory(m, layout, hw, wl, weight_bytes, reasons, warnings, engine)
     return Verdict(layout, not reasons, tuple(reasons), tuple(dict.fromkeys(warnings)), memory)
 
 
 def shape_reasons(config: Mapping[str, Any], layout: Layout, *, engine: Engine = ENGINE) -> tuple[str, ...]:
-    """Why the model's config.json alone refuses ``layout`` (vLLM's shape rules: heads, blocks, experts,
-    layers): what is known before any host is read. Empty when the shapes allow it."""
+    """Why the model's config.json alone refuses ``layout`` (the engine's shape rules: heads, blocks,
+    experts, layers): what is known before any host is read. Empty when the shapes allow it."""
     m = parse_model(_as_mapping(config))
-    return tuple(shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep, engine.load_rules).reasons)
+    return tuple(engine.shape_rules(m, layout.tp, layout.pp, layout.dp, layout.ep).reasons)
 
 
 def check(
@@ -402,7 +404,7 @@ def check(
 ) -> Verdict:
     """Verdict for one layout on ``engine``; devices are the GPU indices to use (default the first N)."""
     m = parse_model(_as_mapping(config))
-    return _verdict(m, layout, hw, workload or Workload(), weight_bytes, devices, engine.load_rules)
+    return _verdict(m, layout, hw, workload or Workload(), weight_bytes, devices, engine)
 
 
 def _candidates(m: ModelSpec, gpu_count: int, rules: LoadRules) -> list[Layout]:
@@ -466,15 +468,14 @@ def _why(m: ModelSpec, v: Verdict, hw: Hardware, rules: LoadRules) -> str:
     return "; ".join(parts)
 
 
-def _valid_layouts(
-    m: ModelSpec, hw: Hardware, wl: Workload, weight_bytes: int | None, rules: LoadRules
-) -> list[Verdict]:
+def _valid_layouts(m: ModelSpec, hw: Hardware, wl: Workload, weight_bytes: int | None, engine: Engine) -> list[Verdict]:
     if not isinstance(hw.gpu_count, int) or hw.gpu_count < 1:
         return []
+    rules = engine.load_rules
     candidates = _candidates(m, hw.total_gpus, rules)
     if hw.nodes > 1:  # a multi-node model uses every node
         candidates = [lay for lay in candidates if lay.gpus > hw.gpu_count * (hw.nodes - 1)]
-    valid = [v for v in (_verdict(m, lay, hw, wl, weight_bytes, rules=rules) for lay in candidates) if v.valid]
+    valid = [v for v in (_verdict(m, lay, hw, wl, weight_bytes, engine=engine) for lay in candidates) if v.valid]
     valid.sort(key=lambda v: _rank(m, v, hw))
     return [replace(v, why=_why(m, v, hw, rules)) for v in valid]
 
@@ -489,7 +490,7 @@ def layouts(
 ) -> tuple[Verdict, ...]:
     """Every valid layout of ``engine`` on this host, best first, each with its why."""
     m = parse_model(_as_mapping(config))
-    return tuple(_valid_layouts(m, hw, workload or Workload(), weight_bytes, engine.load_rules))
+    return tuple(_valid_layouts(m, hw, workload or Workload(), weight_bytes, engine))
 
 
 def _fix(requested: Layout, valid: list[Verdict], hw: Hardware) -> str:
@@ -537,11 +538,11 @@ def plan(
     m = parse_model(_as_mapping(config))
     wl = workload or Workload()
     rules = engine.load_rules
-    valid = _valid_layouts(m, hw, wl, weight_bytes, rules)
+    valid = _valid_layouts(m, hw, wl, weight_bytes, engine)
     if requested is None:
         gpus = hw.gpu_count if isinstance(hw.gpu_count, int) and hw.gpu_count >= 1 else 1
         requested = valid[0].layout if valid else Layout(tp=gpus, pp=max(hw.nodes, 1))
-    verdict = _verdict(m, requested, hw, wl, weight_bytes, devices, rules)
+    verdict = _verdict(m, requested, hw, wl, weight_bytes, devices, engine)
     if verdict.valid:
         verdict = replace(verdict, why=_why(m, verdict, hw, rules))
     else:

@@ -3,7 +3,7 @@
 Configs disagree on names (``n_routed_experts`` vs ``num_local_experts`` vs ``num_experts``), nest
 the language model (Kimi-K2.5 under ``text_config``), and in the wild carry wrong types. Everything
 here is tolerant: a value that is missing or malformed becomes ``None`` plus a note in ``problems``,
-never an exception, so the planner can always answer with a verdict. The fields vLLM cannot build a
+never an exception, so the planner can always answer with a verdict. The fields an engine cannot build a
 model without (layers, hidden size, heads) are the exception: ``check_model_config`` makes one that is
 missing or impossible bad input where a file is read.
 """
@@ -13,15 +13,15 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.engines.shapes import ATTENTION_FREE_ARCHS, ATTENTION_FREE_TYPES, ModelSpec, QuantSpec
 from orchestrator.errors import ConfigError
 
 # Keys under which multimodal wrappers nest the language model's config.
 _NESTED_TEXT_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
 
-# Families whose vLLM implementation we read; anything else gets generic checks and a warning.
+# Families whose model code the shape rules were read against; anything else gets generic checks and a warning.
 _FAMILIES: dict[str, str] = {
     "deepseek_v3": "deepseek_v3",
     "deepseek_v2": "deepseek_v3",
@@ -53,87 +53,6 @@ _ARCH_FAMILIES: dict[str, str] = {
     "Qwen2MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "qwen3_moe",
 }
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """How the checkpoint's linear weights are stored, and which parts that applies to."""
-
-    method: str | None = None  # fp8 | compressed-tensors | mxfp4 | awq | gptq | ...
-    block: tuple[int, int] | None = None  # FP8 [block_n, block_k]
-    group_size: int | None = None  # INT/FP4 group quantisation along the input dim
-    bits: int | None = None
-    attn: bool = False  # which component groups the quantisation covers
-    dense_mlp: bool = False
-    shared_experts: bool = False
-    experts: bool = False
-
-    @property
-    def label(self) -> str:
-        if self.method is None:
-            return "unquantized"
-        if self.method == "mxfp4":
-            return "mxfp4 (experts)"
-        if self.block:
-            return f"{self.method} block {self.block[0]}x{self.block[1]}"
-        if self.bits and self.group_size:
-            return f"{self.method} int{self.bits} group {self.group_size}"
-        return self.method
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The architecture facts the planner needs, all optional."""
-
-    architecture: str | None
-    model_type: str | None
-    family: str  # one of _FAMILIES' values, or "generic"
-    num_layers: int | None
-    hidden_size: int | None
-    num_heads: int | None
-    num_kv_heads: int | None
-    head_dim: int | None
-    vocab_size: int | None
-    intermediate_size: int | None  # dense MLP
-    moe_intermediate_size: int | None
-    num_experts: int  # 0 for dense models
-    shared_intermediate_size: int  # all shared experts together; 0 if none
-    num_dense_layers: int  # layers with a dense MLP in an MoE model
-    kv_lora_rank: int | None  # set for MLA
-    qk_rope_head_dim: int | None
-    qk_nope_head_dim: int | None
-    v_head_dim: int | None
-    q_lora_rank: int | None
-    max_position_embeddings: int | None
-    tie_word_embeddings: bool
-    dtype_bytes: int
-    sliding_window: int | None
-    num_sliding_layers: int
-    quant: QuantSpec
-    problems: tuple[str, ...]
-
-    @property
-    def known(self) -> bool:
-        return self.family != "generic"
-
-    @property
-    def attention_free(self) -> bool:
-        """vLLM runs it without attention (Mamba): it has no heads to count."""
-        return self.architecture in ATTENTION_FREE_ARCHS or self.model_type in ATTENTION_FREE_TYPES
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def is_mla(self) -> bool:
-        return self.kv_lora_rank is not None
-
-    @property
-    def num_moe_layers(self) -> int:
-        if not self.is_moe or self.num_layers is None:
-            return 0
-        return max(self.num_layers - self.num_dense_layers, 0)
 
 
 class _Reader:
@@ -197,12 +116,6 @@ def merged_view(config: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-# vLLM's attention-free models (mamba.py, mamba2.py and terratorch.py implement IsAttentionFree; its
-# model_arch_config_convertor gives these model types 0 KV heads): no head count to ask of them.
-ATTENTION_FREE_ARCHS = frozenset(
-    {"MambaForCausalLM", "Mamba2ForCausalLM", "FalconMambaForCausalLM", "Terratorch", "MedusaModel"}
-)
-ATTENTION_FREE_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "medusa", "timm_wrapper"})
 _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 _KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
 
@@ -222,7 +135,7 @@ def _key_path(config: Mapping[str, Any], key: str) -> str:
     return where
 
 
-# vLLM's non-language models among them (a vision backbone, a geospatial model): no layer count or
+# Non-language models among them (a vision backbone, a geospatial model): no layer count or
 # hidden size of a transformer to ask of them either.
 NO_TRANSFORMER_ARCHS = frozenset({"Terratorch"})
 NO_TRANSFORMER_TYPES = frozenset({"timm_wrapper"})
@@ -230,11 +143,11 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
 # (what the field counts, its names by precedence, why a model needs it)
 _REQUIRED = (
-    ("a layer count", _LAYER_KEYS, "vLLM builds the model's layers from it"),
+    ("a layer count", _LAYER_KEYS, "the engine builds the model's layers from it"),
     ("a hidden size", _HIDDEN_KEYS, "every weight and the KV cache are sized from it"),
     ("a head count", _HEAD_KEYS, "every model with attention has one"),
 )
-# Fields a config may leave out, but when present must be usable: vLLM sizes the KV cache by head_dim
+# Fields a config may leave out, but when present must be usable: the engine sizes the KV cache by head_dim
 # and the embedding and LM head by the vocabulary (0 planned a 0.0 GiB KV cache as "valid").
 _OPTIONAL = (
     ("a head count", _KV_HEAD_KEYS, ""),
@@ -247,7 +160,7 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
     """The first required field of a config.json that is missing or impossible, as (field path, value
     or "missing", why), or None. The layer count, the hidden size and the head counts present must be
     positive integers, and each of the first three must be there (under one of its names); a head_dim or
-    vocabulary size, when given, is a positive integer too; vLLM's
+    vocabulary size, when given, is a positive integer too; the
     attention-free architectures may give 0 heads or none (never a negative or a non-number), and its
     non-transformer ones (Terratorch) need no layer count or hidden size."""
     view = merged_view(config)
@@ -264,7 +177,7 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
             n = _as_int(view[key])
             if n is None or n < 0 or (n == 0 and not (heads and free)):
                 why = (
-                    f"not {what}: a model with attention has at least one head (0 is only for vLLM's "
+                    f"not {what}: a model with attention has at least one head (0 is only for the "
                     f"attention-free architectures: {', '.join(sorted(ATTENTION_FREE_ARCHS))})"
                     if n == 0 and heads
                     else f"not {what} (a positive integer)"
@@ -278,7 +191,7 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
                 keys[0],
                 "missing",
                 (
-                    f"{need}{also}; only vLLM's attention-free architectures go without heads"
+                    f"{need}{also}; only the attention-free architectures go without heads"
                     if keys == _HEAD_KEYS
                     else f"{need}{also}"
                 ),
@@ -288,8 +201,8 @@ def config_field_error(config: Mapping[str, Any]) -> tuple[str, str, str] | None
 
 def check_model_config(config: Mapping[str, Any], where: str) -> None:
     """ConfigError (exit 2) naming ``where`` (the file, or HOST:PATH), the field and its value when a
-    required field of the config is missing or impossible (``config_field_error``): vLLM could not
-    build the model from it."""
+    required field of the config is missing or impossible (``config_field_error``): the engine could
+    not build the model from it."""
     found = config_field_error(config)
     if found is not None:
         error = ConfigError(field_message(found), file=where)

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.planner_arch import ModelSpec, QuantSpec
 from orchestrator.engines import ENGINE, LoadRules
+from orchestrator.engines.shapes import ModelSpec, QuantSpec
 
 GIB = 1024**3
 
@@ -134,10 +134,10 @@ def weights_per_gpu(
     if weight_bytes is not None:
         parts = parts.scaled(weight_bytes / parts.total)
     layers = m.num_layers or 1
-    stage = math.ceil(layers / pp) / layers  # get_pp_indices (vllm/distributed/utils.py)
+    stage = math.ceil(layers / pp) / layers  # the busiest pipeline stage (the engine splits layers evenly)
     if m.is_moe and ep:
         # With EP the experts are whole and spread over the engine's EP size; the busiest rank holds
-        # ceil(E / ep_size) of them (vLLM: FusedMoEParallelConfig, fused_moe/config.py).
+        # ceil(E / ep_size) of them (rules.ep_size).
         experts = parts.experts * math.ceil(m.num_experts / rules.ep_size(tp, dp)) / max(m.num_experts, 1)
     else:
         experts = parts.experts / rules.moe_split(tp, dp, ep)  # without EP, experts are sharded
@@ -146,28 +146,6 @@ def weights_per_gpu(
     )
     ends = parts.embed / tp + parts.lm_head / tp if pp == 1 else max(parts.embed, parts.lm_head) / tp
     return per_layer * stage + ends
-
-
-def kv_bytes_per_token(m: ModelSpec, tp: int, pp: int, kv_cache_dtype: str) -> tuple[float, float]:
-    """KV cache bytes per token on one GPU: (full-attention layers, sliding-window layers)."""
-    if not m.num_layers:
-        return (0.0, 0.0)
-    elem = 1 if kv_cache_dtype.startswith("fp8") else m.dtype_bytes
-    layers_per_stage = math.ceil(m.num_layers / pp)
-    sliding = math.ceil(m.num_sliding_layers / pp) if m.sliding_window else 0
-    full = max(layers_per_stage - sliding, 0)
-    if m.is_mla:
-        # MLA caches one compressed latent per token per layer, identical on every TP rank
-        # (vllm/config/model.py get_num_kv_heads returns 1 for MLA; the MLA backends store
-        # kv_lora_rank + qk_rope_head_dim per token).
-        per_layer = ((m.kv_lora_rank or 0) + (m.qk_rope_head_dim or 0)) * elem
-    else:
-        kv = m.num_kv_heads or m.num_heads or 1
-        # vllm/config/model.py get_num_kv_heads: max(1, kv_heads // tp); QKVParallelLinear
-        # (linear.py) keeps one replicated head per rank when TP >= kv heads.
-        heads_per_rank = max(kv // tp, 1) if kv % tp == 0 or tp % kv == 0 else math.ceil(kv / tp)
-        per_layer = 2 * heads_per_rank * (m.head_dim or 0) * elem
-    return (per_layer * full, per_layer * sliding)
 
 
 def weight_bytes_from_index(index: Mapping[str, Any]) -> int | None:

@@ -23,11 +23,11 @@ from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.haproxy_cli import MARK
 from orchestrator.core.records import Mode, UnitSpec
 from orchestrator.core.render import engine_address
-from orchestrator.engines import ENGINE
+from orchestrator.engines import ENGINES
 from orchestrator.errors import RenderError, UsageError
 
-# The engine's control endpoints (sleep, wake_up, collective_rpc ...), never forwarded to any backend.
-ENGINE_CONTROL_PATHS = ENGINE.control_paths
+# Every engine's control endpoints (sleep, wake_up, collective_rpc ...), never forwarded to any backend.
+ENGINE_CONTROL_PATHS = tuple(dict.fromkeys(p for e in ENGINES.values() for p in e.control_paths))
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ DEMAND_MARGIN_S = 2.0
 # buffer's size (bench/proxy/body_memory.txt), so the margin costs nothing until a body uses it.
 BODY_BYTES_PER_TOKEN = 8
 BODY_MARGIN = 64 * 1024  # tools, sampling parameters, message framing
-# A model without max_model_len: vLLM takes its config's context, which the catalog does not read.
+# A model without max_model_len: the engine takes its config's context, which the catalog does not read.
 DEFAULT_CONTEXT_TOKENS = 262_144
 MAX_BODY = 64 * 1024 * 1024  # no max_model_len makes the buffer unbounded: at most ~8M tokens
 MAX_BODY_TOKENS = (MAX_BODY - BODY_MARGIN) // BODY_BYTES_PER_TOKEN

@@ -1,4 +1,4 @@
-"""Render a model's systemd unit from its engine's template, templates/vllm.service.j2 (pure: text in, text out).
+"""Render a model's systemd unit from its engine's template (``Engine.template``; pure: text in, text out).
 
 All escaping happens in the two filters below, so the template stays a readable layout. systemd
 resolves ``%`` specifiers over the whole line, then unquotes words with C escapes, then (ExecStart
@@ -15,7 +15,7 @@ import jinja2
 from orchestrator.core.catalog import PATH_RE, USER_RE, Catalog, Host, Model
 from orchestrator.core.catalog_rules import is_loopback
 from orchestrator.core.safety import check_safe_text
-from orchestrator.engines import ENGINE, Launch
+from orchestrator.engines import Launch
 from orchestrator.errors import RenderError
 
 
@@ -85,7 +85,7 @@ def launch_of(catalog: Catalog, model: Model, model_dir: str, host: Host | None 
     """What the engine needs to start ``model`` on ``host`` (default: its own), from the catalog."""
     host = host or catalog.model_host(model.name)
     return Launch(
-        command=tuple(catalog.engine_command(host)),
+        command=tuple(catalog.engine_command(host, model)),
         model_dir=model_dir,
         served=model.served,
         bind=engine_bind(catalog, model, host),
@@ -106,7 +106,7 @@ def launch_of(catalog: Catalog, model: Model, model_dir: str, host: Host | None 
 
 def engine_argv(catalog: Catalog, model: Model, model_dir: str, host: Host | None = None) -> list[str]:
     """The engine's full command line for a model: its command, layout flags, then the model's own args."""
-    return ENGINE.argv(launch_of(catalog, model, model_dir, host))
+    return model.engine.argv(launch_of(catalog, model, model_dir, host))
 
 
 def model_dir_for(catalog: Catalog, model: Model, revision: str | None = None, host: Host | None = None) -> str:
@@ -144,9 +144,10 @@ def render_unit(
     directory = model_dir or model_dir_for(catalog, model)
     deadline = load_deadline(catalog, model)
     launch = launch_of(catalog, model, directory, host)
-    env = {**ENGINE.environment(launch), **(extra_env or {}), **model.env}
+    engine = model.engine
+    env = {**engine.environment(launch), **(extra_env or {}), **model.env}
     on = f" ({role} on {host.name})" if host is not None and role else ""
-    argv = ENGINE.argv(launch)
+    argv = engine.argv(launch)
     # The model's own args stay last, after the node's (--headless, --node-rank ...).
     argv = argv[: len(argv) - len(model.args)] + list(extra_args) + list(model.args)
     jenv = jinja2.Environment(
@@ -161,7 +162,7 @@ def render_unit(
         text = tmpl.render(
             name=model.name,
             description=_plain(
-                f"{ENGINE.title} {model.name}: {model.repo}@{model.revision} on GPUs "
+                f"{engine.title} {model.name}: {model.repo}@{model.revision} on GPUs "
                 f"{','.join(map(str, model.gpus))}{on}",
                 "description",
             ),
@@ -177,7 +178,7 @@ def render_unit(
             timeout_stop=int(d.stop_timeout_s),
         )
     except jinja2.TemplateError as exc:
-        raise RenderError(f"template {ENGINE.template}: {exc}") from exc
+        raise RenderError(f"template {engine.template}: {exc}") from exc
     return RenderedUnit(name=unit_name or model.unit_name, text=text)
 
 

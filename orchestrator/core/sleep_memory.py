@@ -1,6 +1,6 @@
 """GPU memory around sleep and wake, decided from one nvidia-smi snapshot (no I/O).
 
-vLLM's ``/sleep`` can answer 200 and keep gigabytes on the GPU, and a ``/wake_up`` without the
+An engine's sleep can answer 200 and keep gigabytes on the GPU, and a wake without the
 memory leaves the engine wedged for good: both are judged here by PID, from what nvidia-smi shows.
 """
 
@@ -112,7 +112,7 @@ def _label(pid: int, name: str, sleepers: Mapping[int, str], leaving: Mapping[in
     return f"sleeping {sleepers[pid]}" if pid in sleepers else name
 
 
-# A woken engine holds more than its gpu_memory_utilization share: real vLLM 0.25.1's m8 at 0.55 of an
+# A woken engine holds more than its gpu_memory_utilization share: the real engine's m8 at 0.55 of an
 # H200 held 79,460-79,796 MiB against a share of 79,074 (bench/gpu/attempt5). A wake that fits only on
 # paper would run out of memory at the edge and wedge the engine, so the check asks for this much more.
 WAKE_MARGIN_MIB = 1024

@@ -20,7 +20,7 @@ from orchestrator.core.documents import clip
 from orchestrator.errors import UsageError
 
 _PART_RE = re.compile(r"^(tp|pp|dp)([0-9]{1,4})$")
-# Streams one benchmark level opens at once; vLLM's scheduler cap (the catalog's max_num_seqs bound).
+# Streams one benchmark level opens at once; the engine's scheduler cap (the catalog's max_num_seqs bound).
 MAX_CONCURRENCY = 65_536
 MAX_NUM_SEQS = 1_000_000
 
@@ -133,11 +133,11 @@ def select(
     """The planner's best ``top`` valid layouts, or the requested ones with the refused set apart."""
     refused: list[Refused] = []
     if requested is None:
-        layouts = [v.layout for v in planner.layouts(config, hw, workload, weight_bytes)[:top]]
+        layouts = [v.layout for v in planner.layouts(config, hw, workload, weight_bytes, engine=model.engine)[:top]]
     else:
         layouts = []
         for lay in requested:
-            v = planner.check(config, lay, hw, workload, weight_bytes)
+            v = planner.check(config, lay, hw, workload, weight_bytes, engine=model.engine)
             if v.valid:
                 layouts.append(lay)
             else:

@@ -15,6 +15,7 @@ from orchestrator.core.proxy import HostRouting, Route, host_routing, routes_for
 from orchestrator.core.quiet import QUIET_POLL_S, Quiet, in_flight, verdict
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
+from orchestrator.engines import engine_named
 from orchestrator.errors import (
     GpuBusy,
     HealthCheckFailed,
@@ -36,7 +37,7 @@ def journal_hint(ctx: StepContext, unit: str, lines: int = 15, scan: int = 300) 
         return f"\n(journal of {unit} unavailable: {exc})"
     # The engine's reason often sits above its shutdown lines: name it before the tail.
     errors = engine_errors(journal[:-lines] if len(journal) > lines else [])
-    # An engine's last line can be a 10 KB exception (vLLM lists every architecture it knows).
+    # An engine's last line can be a 10 KB exception (one that lists every architecture it knows).
     tail = [line if len(line) <= 400 else line[:400] + " [...]" for line in journal[-lines:]]
     head = "".join(f"\nengine error in the journal of {unit}: {error}" for error in errors)
     return head + (("\nlast lines of the journal of " + unit + ":\n  " + "\n  ".join(tail)) if tail else "")
@@ -179,6 +180,7 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
     Fails at once when systemd reports the unit failed or restarting, with the journal's tail.
     """
     sd, probe, clock = ctx.ports.systemd, ctx.ports.health, ctx.ports.clock
+    engine = engine_named(spec.engine)
     start = clock.monotonic()
     restarts_before = sd.unit_state(spec.unit_name).n_restarts
     next_note = start
@@ -201,9 +203,10 @@ def wait_ready(ctx: StepContext, spec: UnitSpec) -> float:
             next_unit_check = clock.monotonic() + 1.0
         ok, last = probe.health(spec.base_url)
         if ok and _asleep(ctx, spec):
-            ok, last = False, f"GET {spec.base_url}/is_sleeping: true (/health answers 200 while asleep)"
+            asleep = f"GET {spec.base_url}{engine.sleep_api.is_sleeping}: true"
+            ok, last = False, f"{asleep} ({engine.health_path} answers 200 while asleep)"
         if ok:
-            verdict = judge_models(probe.models(spec.base_url), spec.served_name)
+            verdict = judge_models(probe.models(spec.base_url), spec.served_name, engine)
             last = verdict.detail
             if verdict.readiness is Readiness.READY:
                 try:

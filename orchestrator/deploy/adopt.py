@@ -1,4 +1,4 @@
-"""`orchestrator adopt`'s probes and the adopted process's end: the vLLM engines a box runs outside the
+"""`orchestrator adopt`'s probes and the adopted process's end: the engines a box runs outside the
 product (hand-written units, processes started by hand), read through the host's ports (systemd for the
 units' states, the shell for their files and /proc), mapped by core/adopt.py; and the stop of an adopted
 process by the switch that replaces it (steps.stopping), which freeing then verifies on the GPUs."""
@@ -13,24 +13,26 @@ from orchestrator.core import adopt as a
 from orchestrator.core import adopt_found as u
 from orchestrator.core.records import UnitSpec
 from orchestrator.deploy.context import StepContext
-from orchestrator.engines import vllm_argv as v
+from orchestrator.engines import ENGINES, engine_running
 from orchestrator.errors import AdoptError, GpuBusy
 from orchestrator.ports import HostPorts, Shell
 
 RENDERED_MARK = "# Rendered by orchestrator"
-# Each vLLM-looking process: its pid and owner, then its cmdline, environ and cgroup (base64: NULs, newlines).
+# Each process that looks like an engine's (its command line holds an engine's marker word): its pid and
+# owner, then its cmdline, environ and cgroup (base64: NULs, newlines).
+MARKERS = tuple(sorted({e.command_line.marker for e in ENGINES.values()}))
 _SCAN = r"""for d in /proc/[0-9]*; do
   c=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null) || continue
-  case "$c" in *vllm*) ;; *) continue ;; esac
+  case "$c" in MARKERS) ;; *) continue ;; esac
   printf 'P %s %s\n' "${d#/proc/}" "$(stat -c %U "$d" 2>/dev/null || echo '?')"
   printf 'C %s\n' "$(base64 -w0 < "$d/cmdline" 2>/dev/null)"
   printf 'E %s\n' "$(base64 -w0 < "$d/environ" 2>/dev/null)"
   printf 'G %s\n' "$(base64 -w0 < "$d/cgroup" 2>/dev/null)"
-done; true"""
+done; true""".replace("MARKERS", "|".join(f"*{m}*" for m in MARKERS))
 
 
 def discover(ports: HostPorts, units: Sequence[str], pids: Sequence[int], ours: Iterable[str]) -> list[a.Found]:
-    """The vLLM engines running on the box: the units and processes named (each must run vLLM's API server
+    """The engines running on the box: the units and processes named (each must run an engine's API server
     now), or with none named every active service whose command does and every such process outside
     systemd. ``ours``: units the product already manages (skipped)."""
     skip = set(ours)
@@ -46,22 +48,22 @@ def discover(ports: HostPorts, units: Sequence[str], pids: Sequence[int], ours: 
                 )
             engine = _unit(ports.shell, unit)
             if engine is None:
+                forms = "; ".join(f"{e.title}: {e.command_line.forms}" for e in ENGINES.values())
                 raise AdoptError(
-                    f"unit {unit}: its ExecStart does not run vLLM's API server (`python -m "
-                    f"{v.API_SERVER}` or `vllm serve`)",
+                    f"unit {unit}: its ExecStart does not run an engine's API server ({forms})",
                     host=ports.host.name,
                 )
             found.append(engine)
-        running = {f.pid: f for f in processes(ports.shell, set(_vllm_units(ports.shell)) | skip)}
+        running = {f.pid: f for f in processes(ports.shell, set(_engine_units(ports.shell)) | skip)}
         for pid in pids:
             if pid not in running:
                 raise AdoptError(
-                    f"pid {pid}: no vLLM API server runs outside systemd with that pid", host=ports.host.name
+                    f"pid {pid}: no engine's API server runs outside systemd with that pid", host=ports.host.name
                 )
             found.append(running[pid])
         return found
     found = []
-    services = _vllm_units(ports.shell)
+    services = _engine_units(ports.shell)
     for unit in services:
         if unit in skip or unit.startswith("orchestrator-"):
             continue
@@ -71,8 +73,8 @@ def discover(ports: HostPorts, units: Sequence[str], pids: Sequence[int], ours: 
     return found + processes(ports.shell, set(services) | skip)
 
 
-def _vllm_units(shell: Shell) -> list[str]:
-    """Active services whose ExecStart mentions vllm (one systemctl call for all of them)."""
+def _engine_units(shell: Shell) -> list[str]:
+    """Active services whose ExecStart holds an engine's marker word (one systemctl call for all of them)."""
     listed = shell.run(
         ["systemctl", "list-units", "--type=service", "--state=active", "--plain", "--no-legend", "--no-pager"],
         check=False,
@@ -85,13 +87,13 @@ def _vllm_units(shell: Shell) -> list[str]:
     out = []
     for block in shown.stdout.split("\n\n"):  # one per unit, its properties in systemd's order (not -p's)
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if "vllm" in props.get("ExecStart", "") and props.get("Id"):
+        if any(m in props.get("ExecStart", "") for m in MARKERS) and props.get("Id"):
             out.append(props["Id"])
     return out
 
 
 def _unit(shell: Shell, unit: str) -> a.Found | None:
-    """A unit's engine, from its file and drop-ins as systemd reads them; None: not vLLM's API server."""
+    """A unit's engine, from its file and drop-ins as systemd reads them; None: no engine's API server."""
     shown = shell.run(
         ["systemctl", "show", "-p", "FragmentPath", "-p", "DropInPaths", "--", unit], check=False, idempotent=True
     )
@@ -108,7 +110,7 @@ def _unit(shell: Shell, unit: str) -> a.Found | None:
     drop_ins = props.get("DropInPaths", "").split()
     whole = text + "".join("\n" + (shell.read_file(p) or b"").decode(errors="replace") for p in drop_ins)
     fields = u.parse_unit(whole, unit)
-    if not v.is_vllm(fields.argv):
+    if engine_running(fields.argv) is None:
         return None
     unexpressed = fields.unexpressed + tuple(
         f"drop-in {p} stays on the box; the revision keeps {fragment} only" for p in drop_ins
@@ -125,7 +127,7 @@ def _unit(shell: Shell, unit: str) -> a.Found | None:
 
 
 def processes(shell: Shell, units: set[str]) -> list[a.Found]:
-    """vLLM API servers that no vLLM unit (of ``units``) runs: started from a shell, with setsid or not,
+    """Engines' API servers that no engine unit (of ``units``) runs: started from a shell, with setsid or not,
     whether in a login's scope or, without pam_systemd, in ssh.service's cgroup; a forked child with its
     parent's command line is its parent's."""
     result = shell.run(["sh", "-c", _SCAN], check=False, idempotent=True, timeout=60)
@@ -140,7 +142,8 @@ def processes(shell: Shell, units: set[str]) -> list[a.Found]:
     found: dict[int, tuple[a.Found, int]] = {}
     for row in rows:
         argv = tuple(w for w in _b64(row.get("C", "")).split("\0") if w)
-        if not row["pid"].isdigit() or not v.is_vllm(argv) or u.in_system_unit(_b64(row.get("G", ""))) in units:
+        engine = engine_running(argv)
+        if not row["pid"].isdigit() or engine is None or u.in_system_unit(_b64(row.get("G", ""))) in units:
             continue
         pid = int(row["pid"])
         stat = u.proc_stat(pid, shell.read_file(f"/proc/{pid}/stat"))
@@ -149,7 +152,7 @@ def processes(shell: Shell, units: set[str]) -> list[a.Found]:
         environ = dict(w.split("=", 1) for w in _b64(row.get("E", "")).split("\0") if "=" in w)
         user = row.get("user") if row.get("user") not in (None, "?") else None
         found[pid] = (
-            a.Found(argv=argv, env=u.engine_env(environ), user=user, pid=pid, pid_start=stat.start),
+            a.Found(argv=argv, env=u.engine_env(environ, engine), user=user, pid=pid, pid_start=stat.start),
             stat.ppid,
         )
     return [f for pid, (f, ppid) in sorted(found.items()) if ppid not in found]

@@ -27,7 +27,7 @@ TRIGGER = "adopt"
 
 def _ours(store: StateStore, host: str) -> tuple[set[str], set[int]]:
     """Units and adopted PIDs the product already knows on ``host``: its revisions'. (A catalog model's unit
-    name is not enough: the seeds wrote vllm-kimi-k25-int4.service by hand; a rendered unit says so in its
+    name is not enough: the seeds wrote units named as the product names them by hand; a rendered unit says so in its
     first line, which discovery reads.)"""
     history = store.history(host, limit=200)
     units = {d.spec.unit_name for d in history if d.spec.pid is None}
@@ -121,7 +121,7 @@ def _checked(catalog: Catalog, host: Host, adoption: a.Adoption) -> dict[str, An
 
 
 def find(catalog: Catalog, store: StateStore, ports: HostPorts, units: list[str], pids: list[int]) -> dict[str, Any]:
-    """Each vLLM engine the box runs outside the product, with its entry for review (nothing changes)."""
+    """Each engine the box runs outside the product, with its entry for review (nothing changes)."""
     host = ports.host
     adoptions = [_checked(catalog, host, _adoption(catalog, host, f)) for f in _found(store, ports, units, pids)]
     return {"host": host.name, "adopted": adoptions, "toml": "".join("\n" + x["toml"] for x in adoptions if x["toml"])}
@@ -206,6 +206,7 @@ def _spec(catalog: Catalog, host: Host, model: Model, engine: a.Found, template:
             repo=model.repo,
             revision=model.revision,
             source=model.source,
+            engine=model.engine_name,
         )
     if engine.pid is None or engine.pid_start is None:
         raise AdoptError(f"{engine.label}: neither a unit nor a process with a start time", host=host.name)

@@ -13,17 +13,17 @@ from orchestrator.core.doctor import Verdict
 from orchestrator.core.observed import GpuSnapshot, listens_on
 from orchestrator.core.render import engine_bind
 from orchestrator.deploy.preflight import probe_access
-from orchestrator.engines import ENGINE
+from orchestrator.engines import engine_of_cgroup
 from orchestrator.errors import OrchestratorError
 from orchestrator.ports import HostPorts, Shell
 
-ENGINE_RUN_TIMEOUT_S = 300.0  # importing vLLM (torch, CUDA) takes tens of seconds on a cold cache
-# A listener of ours: a model's engine (ENGINE.owns_cgroup), the agent (metrics), the front proxy.
+ENGINE_RUN_TIMEOUT_S = 300.0  # importing an engine (torch, CUDA) takes tens of seconds on a cold cache
+# A listener of ours: a model's engine (engines.engine_of_cgroup), the agent (metrics), the front proxy.
 _OURS = re.compile(rb"/orchestrator-[^/]*\.service(/|$)", re.MULTILINE)
 
 
 def _ours(cgroup: bytes) -> bool:
-    return ENGINE.owns_cgroup(cgroup) or _OURS.search(cgroup) is not None
+    return engine_of_cgroup(cgroup) is not None or _OURS.search(cgroup) is not None
 
 
 def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str]]) -> list[Verdict]:
@@ -31,27 +31,32 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
     shell, host = ports.shell, ports.host
     out = [_systemd(ports), _gpus(ports)]
     user, group = catalog.defaults.user, catalog.defaults.group
-    engine = catalog.engine_command(host)[0]
+    # The host's engine command, then each other one a model's engine runs (`engine_name`).
+    commands = {name: catalog.engine_command(host, catalog.models[name])[0] for name in units}
+    paths = list(dict.fromkeys([catalog.engine_command(host)[0], *commands.values()]))
     folders = {name: folder for name, (_, folder) in units.items()}
     nodes = _device_nodes(shell)
     files = [f"{f}/{n}" for f in folders.values() for n in ("config.json", "model.safetensors.index.json")]
-    probed = probe_access(shell, user, [engine, *folders.values(), *files, *nodes])
+    probed = probe_access(shell, user, [*paths, *folders.values(), *files, *nodes])
     account, walks = probed if probed is not None else (None, {})
     out.append(d.user_verdict(user, account, probed is not None))
-    reachable = True
+    reachable = dict.fromkeys(paths, True)
     if account is not None:
-        path = d.access_verdict("engine path", "the engine", walks.get(engine, Walk(engine, {})), account, "exec")
-        reachable = path.status == "ok"
-        out.append(path)
+        for i, engine in enumerate(paths):
+            check = "engine path" if i == 0 else f"engine path {engine}"
+            path = d.access_verdict(check, "the engine", walks.get(engine, Walk(engine, {})), account, "exec")
+            reachable[engine] = path.status == "ok"
+            out.append(path)
     for name, (unit_text, folder) in units.items():
-        model = catalog.models[name]
-        needs = d.needed_flags(model.sleep is not None, model.expert_parallel)
-        if not reachable:  # its unit would die with 203/EXEC: the line above says why
+        model, engine = catalog.models[name], commands[name]
+        needs = d.needed_flags(model.sleep is not None, model.expert_parallel, model.engine)
+        if not reachable[engine]:  # its unit would die with 203/EXEC: the line above says why
             out.append(Verdict(f"engine {name}", "fail", f"not run: user {user} cannot reach {engine} (engine path)"))
         else:
             python = engine if d.is_python(engine) else _script_python(shell, engine)
-            run = None if python is None else _engine_run(shell, python, user, group, unit_text)
-            out += d.engine_verdicts(name, user, python or engine, run, needs)
+            script = model.engine.probe_script
+            run = None if python is None else _engine_run(shell, python, user, group, unit_text, script)
+            out += d.engine_verdicts(name, user, python or engine, run, needs, model.engine)
         if account is not None and model.source != "none":
             out.append(
                 d.weights_verdict(
@@ -114,8 +119,11 @@ def unit_environment(unit_text: str) -> list[str]:
     return [line.removeprefix("Environment=") for line in unit_text.splitlines() if line.startswith("Environment=")]
 
 
-def _engine_run(shell: Shell, engine: str, user: str, group: str, unit_text: str) -> d.EngineRun:
-    """The interpreter as systemd runs the unit: its user and group, PrivateTmp, its environment."""
+def _engine_run(
+    shell: Shell, engine: str, user: str, group: str, unit_text: str, script: str = d.ENGINE_SCRIPT
+) -> d.EngineRun:
+    """The interpreter as systemd runs the unit (its user and group, PrivateTmp, its environment) running
+    the engine's probe ``script``."""
     argv = [
         "systemd-run",
         "--wait",
@@ -135,7 +143,7 @@ def _engine_run(shell: Shell, engine: str, user: str, group: str, unit_text: str
     ]
     for env in unit_environment(unit_text):
         argv += ["-p", f"Environment={env}"]
-    argv += [engine, "-c", d.ENGINE_SCRIPT]
+    argv += [engine, "-c", script]
     result = shell.run(argv, check=False, timeout=ENGINE_RUN_TIMEOUT_S)
     return d.parse_engine_run(result.exit_code, result.stdout + result.stderr)
 

@@ -67,6 +67,7 @@ def _as_spec(spec: UnitSpec, node: NodeUnit) -> UnitSpec:
         repo=spec.repo,
         revision=spec.revision,
         source=spec.source,
+        engine=spec.engine,
     )
 
 

@@ -137,7 +137,7 @@ class Operations(OperationsViews):
         return result
 
     def adopt(self, host: str | None, units: list[str], pids: list[int] | None = None) -> dict[str, Any]:
-        """The vLLM engines ``host``'s box runs outside the product, each with its deploy.toml entry for
+        """The engines ``host``'s box runs outside the product, each with its deploy.toml entry for
         review (deploy/adopt_record.py); nothing changes."""
         from orchestrator.deploy import adopt_record
 

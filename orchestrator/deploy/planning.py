@@ -31,6 +31,12 @@ def default_template() -> str:
     return template_text(ENGINE.template)
 
 
+def template_for(model: Model, template: str) -> str:
+    """The unit template ``model`` renders from: ``template`` (the default engine's, maybe the operator's
+    own) for a model on the default engine, else its engine's shipped one."""
+    return template if model.engine_name == ENGINE.name else template_text(model.engine.template)
+
+
 def default_trigger() -> str:
     try:
         return f"cli:{getpass.getuser()}"
@@ -42,14 +48,16 @@ def unit_spec(
     catalog: Catalog, model: Model, template: str, *, model_dir: str | None = None, revision: str | None = None
 ) -> UnitSpec:
     """The rendered unit(s) of ``model`` and what the engine needs to run them (no I/O);
-    ``template`` is the text of the engine's unit template."""
+    ``template`` is the text of the default engine's unit template (a model on another engine renders
+    that engine's shipped one)."""
     host = catalog.model_host(model.name)
+    template = template_for(model, template)
     directory = model_dir or model_dir_for(catalog, model, revision)
     nodes: tuple[NodeUnit, ...] = ()
     if model.nodes:
 
         def named(name: str) -> str:
-            return template if name == ENGINE.template else template_text(name)
+            return template if name == model.engine.template else template_text(name)
 
         rendered = render_nodes(catalog, model, named, model_dir=directory, revision=revision)
         unit, nodes = rendered.api, rendered.nodes
@@ -72,6 +80,7 @@ def unit_spec(
         source=model.source,
         nodes=nodes,
         backend=model.backend if model.nodes else "",
+        engine=model.engine_name,
     )
 
 

@@ -14,7 +14,7 @@ from orchestrator.core.documents import DocumentError, json_document
 from orchestrator.core.observed import GpuSnapshot, listens_on
 from orchestrator.core.planner_arch import check_model_config
 from orchestrator.core.records import Deployment
-from orchestrator.engines import ENGINE
+from orchestrator.engines import engine_of_cgroup
 from orchestrator.errors import AccessDenied, PlanError
 from orchestrator.ports import HostPorts, Shell
 
@@ -22,7 +22,7 @@ from orchestrator.ports import HostPorts, Shell
 def port_holder(
     shell: Shell, model: str, address: str, port: int, *, units: Iterable[str] = (), pids: Iterable[int] = ()
 ) -> str | None:
-    """A process other than our engines listening where ``model``'s engine must (a peer tool, a vLLM
+    """A process other than our engines listening where ``model``'s engine must (a peer tool, an engine
     started by hand): the engine could not bind, so a switch would stop the serving model only to roll
     back. Named with what `ss` says of it, before anything stops; None when the port is free or ours, or
     held by what this switch stops first: ``units`` (an adopted unit of any name) or ``pids`` (an
@@ -34,7 +34,7 @@ def port_holder(
         cgroup = shell.read_file(f"/proc/{pid}/cgroup") or b""
         return (
             pid in leaving
-            or ENGINE.owns_cgroup(cgroup)
+            or engine_of_cgroup(cgroup) is not None
             or any(u + b"\n" in cgroup or u + b"/" in cgroup for u in stopped)
         )
 
@@ -65,7 +65,7 @@ def check_access(catalog: Catalog, model: str, ports: HostPorts, model_dir: str)
     """Refuse (exit 2) a switch whose unit's user cannot execute the engine or read the weights, before
     anything stops: a path walk with the user's uid and groups, cheap enough for every switch (doctor runs
     the engine itself). A user the host lacks is refused too: systemd would fail the unit (217/USER)."""
-    user, engine = catalog.defaults.user, catalog.engine_command(ports.host)[0]
+    user, engine = catalog.defaults.user, catalog.engine_command(ports.host, catalog.model(model))[0]
     probed = probe_access(ports.shell, user, [engine, model_dir])
     if probed is None:
         return
@@ -94,7 +94,7 @@ def _read_json(ports: HostPorts, path: str) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        data = json_document(raw, path, unique_keys=False)  # a config.json: read as vLLM reads it
+        data = json_document(raw, path, unique_keys=False)  # a config.json: read as the engine's loader reads it
     except DocumentError as exc:
         raise PlanError(f"{path}: {exc.reason}", host=ports.host.name) from exc
     return data if isinstance(data, dict) else None
@@ -139,7 +139,7 @@ def check_layout(catalog: Catalog, dep: Deployment, ports: HostPorts, snap: GpuS
     hw = hardware_of(snap, ports.host.gpu_memory_gib, ports.host.interconnect)
     if model.nodes:  # the same GPUs on every node; each node's were checked in its own preflight
         hw = replace(hw, nodes=len(model.nodes), network=ports.host.network)
-    result = planner.plan(config, layout, hw, workload, weight_bytes=weight_bytes)
+    result = planner.plan(config, layout, hw, workload, weight_bytes=weight_bytes, engine=model.engine)
     verdict = result.requested
     if not verdict.valid:
         fix = f"; {verdict.fix}" if verdict.fix else ""

@@ -2,7 +2,7 @@
 
 Free of systemd on purpose (a base URL, the engine's PIDs, an EngineControl, a GpuProbe and a
 Clock): the steps call these with a unit's cgroup PIDs; the H200 script calls them with the PIDs of
-a vLLM process tree started by hand.
+an engine's process tree started by hand.
 """
 
 from __future__ import annotations
@@ -104,10 +104,10 @@ def check_wake_fits(probe: GpuProbe, engine: EngineProcess, *, sleepers: Mapping
 def wake_checked(
     control: EngineControl, clock: Clock, engine: EngineProcess, *, level: int, deadline_s: float
 ) -> float:
-    """Wake ``engine`` (vLLM's level-2 sequence for level 2) and prove it serves with one completion
+    """Wake ``engine`` (its sleep API's level-2 sequence for level 2) and prove it serves with one completion
     within ``deadline_s`` of the wake's start; returns the seconds that took.
 
-    Anything else is EngineWedged with the engine's own words: vLLM half-woken after an error keeps
+    Anything else is EngineWedged with the engine's own words: an engine half-woken after an error keeps
     memory and hangs every request, and only a restart frees it."""
     started = clock.monotonic()
     try:

@@ -23,6 +23,16 @@ ENGINE: Engine = VLLM
 ENGINES: Mapping[str, Engine] = {e.name: e for e in (VLLM,)}
 
 
+def engine_of_cgroup(cgroup: bytes) -> Engine | None:
+    """The engine whose units a process runs in, from its /proc/PID/cgroup; None: none of them."""
+    return next((e for e in ENGINES.values() if e.owns_cgroup(cgroup)), None)
+
+
+def engine_running(argv: tuple[str, ...] | list[str]) -> Engine | None:
+    """The engine whose server ``argv`` starts (adopt: a command line found on a box); None: none's."""
+    return next((e for e in ENGINES.values() if e.command_line.engine_length(argv) is not None), None)
+
+
 def engine_named(name: str) -> Engine:
     """The engine called ``name`` (a recorded unit spec's), else UsageError naming the known ones."""
     try:
@@ -43,4 +53,6 @@ __all__ = [
     "RenderedFlags",
     "SleepApi",
     "engine_named",
+    "engine_of_cgroup",
+    "engine_running",
 ]

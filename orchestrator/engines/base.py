@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from orchestrator.engines.shapes import Findings, ModelSpec
+
 
 @dataclass(frozen=True)
 class SleepApi:
@@ -57,6 +59,9 @@ class RenderedFlags:
     # A multi-node model's units only: flag -> what it carries, a parameter of Engine.node_args ("nodes",
     # "rank", "head_address", "port", "data_parallel_local"), or "backend" for what ray_args writes.
     node: Mapping[str, str]
+    # What the engine takes for a key its flag leaves out: adopt states it (--port 8000) so a found command
+    # line and the unit rendered from its entry read the same.
+    defaults: Mapping[str, str] = field(default_factory=dict)
 
     def long(self, key: str) -> str:
         """The long flag written for ``key`` (``tensor_parallel`` -> ``--tensor-parallel-size``)."""
@@ -74,6 +79,16 @@ class Option:
 
 class CommandLine(Protocol):
     """Reading a command line of the engine's server as written (adopt: an engine found running)."""
+
+    @property
+    def marker(self) -> str:
+        """A word every command line of its server holds (adopt's first, cheap filter of processes)."""
+        ...
+
+    @property
+    def forms(self) -> str:
+        """How its server's command line starts, for messages."""
+        ...
 
     def engine_length(self, argv: tuple[str, ...] | list[str]) -> int | None:
         """How many leading words start the server; None: not this engine's."""
@@ -138,6 +153,26 @@ class Engine(Protocol):
         ...
 
     @property
+    def env_prefixes(self) -> tuple[str, ...]:
+        """The prefixes of its own environment variables (adopt keeps them from a hand-run process's)."""
+        ...
+
+    @property
+    def deadline_env(self) -> str | None:
+        """The variable the unit sets to the load deadline (the engine's own start timeout); None: none."""
+        ...
+
+    @property
+    def api_key_env(self) -> str | None:
+        """The variable it reads its API key from (never on a command line); None: none."""
+        ...
+
+    @property
+    def module_command(self) -> tuple[str, ...]:
+        """Its server as its Python interpreter's arguments (doctor's advice for a full check)."""
+        ...
+
+    @property
     def default_user(self) -> str:
         """The account (and group) its units run as by default."""
         ...
@@ -185,6 +220,15 @@ class Engine(Protocol):
     @property
     def load_rules(self) -> LoadRules:
         """What its loader demands of a layout and of GPU memory (the planner asks)."""
+        ...
+
+    def shape_rules(self, m: ModelSpec, tp: int, pp: int, dp: int, ep: bool) -> Findings:
+        """Why its loader refuses (reasons) or warns about (warnings) building ``m`` for the layout
+        (heads, vocabulary, MLP and expert blocks, pipeline stages), each naming the numbers."""
+        ...
+
+    def kv_bytes_per_token(self, m: ModelSpec, tp: int, pp: int, kv_cache_dtype: str) -> tuple[float, float]:
+        """Its KV cache's bytes per token on one GPU: (full-attention layers, sliding-window layers)."""
         ...
 
     def sleep_level(self, level: str) -> int:

@@ -7,8 +7,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from orchestrator.engines import vllm_shapes
 from orchestrator.engines.base import CommandLine, Launch, LoadRules, RenderedFlags, SleepApi
-from orchestrator.engines.vllm_argv import KEYED, SWITCHES, VllmCommandLine
+from orchestrator.engines.shapes import Findings, ModelSpec
+from orchestrator.engines.vllm_argv import API_SERVER, KEYED, SWITCHES, VllmCommandLine
 
 # vLLM's engine-control endpoints, never forwarded to any backend: VLLM_SERVER_DEV_MODE=1 (which
 # sleep mode needs) opens vllm/entrypoints/serve/dev/{sleep,rpc,cache,server_info,rlhf}/api_router.py
@@ -74,7 +76,10 @@ NODE_FLAGS = {
 }
 COMMAND_LINE = VllmCommandLine()
 RENDERED_FLAGS = RenderedFlags(
-    keyed=KEYED, switches=SWITCHES, node={**NODE_FLAGS, **{f: "backend" for f in RAY_ARGS if f.startswith("-")}}
+    keyed=KEYED,
+    switches=SWITCHES,
+    node={**NODE_FLAGS, **{f: "backend" for f in RAY_ARGS if f.startswith("-")}},
+    defaults={"port": "8000", "tensor_parallel": "1", "gpu_memory_utilization": "0.9"},
 )
 # An engine of ours runs in a vllm-*.service cgroup (a model's unit, a tune variant's, a sleeper's).
 _CGROUP = re.compile(rb"/vllm-[^/]*\.service(/|$)", re.MULTILINE)
@@ -103,7 +108,9 @@ except Exception as e:  # vLLM's own code across releases, any failure: reported
     print("noflags", type(e).__name__, e)
 """
 
-# What vLLM's loader demands (each rule cites the vLLM source the planner's message names).
+# What vLLM's loader demands (each rule cites the vLLM source the planner's message names). LoadRules'
+# ep_size and moe_split are vLLM's: fused_moe/config.py FusedMoEParallelConfig.make (EP over tp * dp ranks,
+# whole experts per rank; without EP the experts are TP-sharded over all tp * dp ranks).
 LOAD_RULES = LoadRules(
     overhead_gib=3.0,
     max_num_seqs=256,
@@ -124,6 +131,10 @@ class Vllm:
     title: str = "vLLM"
     template: str = "vllm.service.j2"
     default_command: tuple[str, ...] = ("/opt/vllm/bin/vllm", "serve")
+    module_command: tuple[str, ...] = ("-m", API_SERVER)
+    env_prefixes: tuple[str, ...] = ("VLLM_",)
+    deadline_env: str | None = READY_ENV
+    api_key_env: str | None = "VLLM_API_KEY"
     default_user: str = "vllm"
     default_ray: str = "/opt/vllm/bin/ray"
     control_paths: tuple[str, ...] = CONTROL_PATHS
@@ -204,6 +215,12 @@ class Vllm:
 
     def sleeps(self, unit_text: str) -> bool:
         return SLEEP_FLAG in unit_text
+
+    def shape_rules(self, m: ModelSpec, tp: int, pp: int, dp: int, ep: bool) -> Findings:
+        return vllm_shapes.shape_rules(m, tp, pp, dp, ep, self.load_rules)
+
+    def kv_bytes_per_token(self, m: ModelSpec, tp: int, pp: int, kv_cache_dtype: str) -> tuple[float, float]:
+        return vllm_shapes.kv_bytes_per_token(m, tp, pp, kv_cache_dtype)
 
     def sleep_level(self, level: str) -> int:
         return 2 if level == "level2" else 1

@@ -145,6 +145,9 @@ def pairs(argv: tuple[str, ...] | list[str], label: str = "argv") -> list[tuple[
 class VllmCommandLine:
     """This module's reading of a vLLM command line, as the Engine's ``command_line``."""
 
+    marker = "vllm"
+    forms = f"`python -m {API_SERVER}` or `vllm serve`"
+
     engine_length = staticmethod(engine_length)
     engine_words = staticmethod(engine_words)
     options = staticmethod(options)

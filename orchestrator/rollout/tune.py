@@ -144,7 +144,7 @@ class Tuner:
             core.variant_gpus(model, lay, host.gpus)
             for seqs in req.seqs:
                 core.variant_name(model.name, lay, seqs)
-            why = planner.shape_reasons(offline, lay) if offline is not None else ()
+            why = planner.shape_reasons(offline, lay, engine=model.engine) if offline is not None else ()
             if why:
                 raise UsageError(
                     f"tune {req.model}: layout {core.token(lay)} cannot load: {'; '.join(why)}; nothing was deployed"
@@ -488,7 +488,7 @@ def _read_json(raw: bytes | str | None, what: str) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        data = json_document(raw, what, unique_keys=False)  # a config.json or index: read as vLLM reads it
+        data = json_document(raw, what, unique_keys=False)  # config.json or index: as the engine's loader reads it
     except DocumentError as exc:
         raise UsageError(f"{what}: {exc.reason}") from None
     return data if isinstance(data, dict) else None

@@ -11,7 +11,7 @@ from typing import Literal
 from orchestrator.core.catalog import Host
 from orchestrator.core.commands import command_line
 from orchestrator.core.observed import CommandResult, GpuInfo, GpuProcess, GpuSnapshot, UnitState
-from orchestrator.engines import VLLM, Engine
+from orchestrator.engines import ENGINE, ENGINES, Engine
 from orchestrator.errors import (
     CommandFailed,
     EngineError,
@@ -80,7 +80,7 @@ class FakeHost:
             health=FakeHealth(self),
             clock=self.clock,
             weights=weights,
-            engine_controls={VLLM.name: FakeEngineControl(self)},
+            engine_controls={name: FakeEngineControl(self, engine) for name, engine in ENGINES.items()},
         )
 
     def hold(self, gpus: Sequence[int], mib: int, name: str = "python", unit: str = "") -> int:
@@ -304,7 +304,7 @@ class FakeEngineControl:
     ``residue_mib`` per GPU, a wake without the memory fails with vLLM's words and wedges the engine,
     as measured on the H200."""
 
-    def __init__(self, world: FakeHost, engine: Engine = VLLM) -> None:
+    def __init__(self, world: FakeHost, engine: Engine = ENGINE) -> None:
         self.w = world
         self._api = engine.sleep_api
         self._completions = engine.completions_path

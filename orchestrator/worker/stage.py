@@ -45,7 +45,7 @@ from orchestrator.core.weights import (
     revisions_named_in,
     space_needed,
 )
-from orchestrator.engines import ENGINE
+from orchestrator.engines import ENGINES
 from orchestrator.errors import WeightsError
 from orchestrator.worker.files import (
     current_file,
@@ -273,7 +273,8 @@ def read_protected(root: Path) -> set[tuple[str, str]]:
 def in_units(unit_dir: str | None, root: Path) -> set[tuple[str, str]]:
     """Revisions under root that an installed engine unit names (read from the unit files on disk)."""
     pairs: set[tuple[str, str]] = set()
-    for unit in sorted(Path(unit_dir).glob(ENGINE.unit_name("*"))) if unit_dir else []:
+    found = {u for e in ENGINES.values() for u in Path(unit_dir).glob(e.unit_name("*"))} if unit_dir else set()
+    for unit in sorted(found):
         try:
             pairs |= revisions_named_in(unit.read_text(errors="replace"), str(root))
         except OSError as exc:  # unreadable: better to remove nothing

@@ -1,17 +1,19 @@
-"""The shape rules vLLM enforces when it builds a model for a parallel layout.
+"""The shape rules vLLM enforces when it builds a model for a parallel layout, and how its KV cache is
+laid out per rank (pure: no I/O; the planner asks them as ``Engine.shape_rules`` and
+``Engine.kv_bytes_per_token``).
 
 Each rule mirrors a check in vLLM's source (file named in the comment) and, when broken, yields a
 reason that names the numbers, so the operator sees the same arithmetic vLLM would fail on at load
 time, minutes or hours later, after the old model was already stopped. How experts spread over the
-ranks (expert parallel) and the flag that turns it on are the engine's (``LoadRules``), asked here.
+ranks (expert parallel) and the flag that turns it on are the engine's ``LoadRules``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
 
-from orchestrator.core.planner_arch import ModelSpec
-from orchestrator.engines import ENGINE, LoadRules
+from orchestrator.engines.base import LoadRules
+from orchestrator.engines.shapes import Findings, ModelSpec
 
 # vllm/model_executor/layers/vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE
 VOCAB_PADDING = 64
@@ -26,12 +28,6 @@ _WNA16_MOE = (
     "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe.py "
     "(scales are intermediate_size_per_partition // group_size)"
 )
-
-
-@dataclass
-class Findings:
-    reasons: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
 
 def _split(f: Findings, name: str, size: int, tp: int, cite: str) -> int | None:
@@ -111,7 +107,7 @@ def vocab_rules(m: ModelSpec, tp: int, f: Findings) -> None:
         )
 
 
-def mlp_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings, rules: LoadRules = ENGINE.load_rules) -> None:
+def mlp_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings, rules: LoadRules) -> None:
     q = m.quant
     cite = "vllm/model_executor/layers/linear.py MergedColumnParallelLinear"
     dense = [
@@ -196,9 +192,7 @@ def attention_block_rules(m: ModelSpec, tp: int, f: Findings) -> None:
     _block(f, "attention o_proj", o_in, (1, q.block[1]), True, "o_proj input per rank", _FP8_LINEAR)
 
 
-def expert_parallel_rules(
-    m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings, rules: LoadRules = ENGINE.load_rules
-) -> None:
+def expert_parallel_rules(m: ModelSpec, tp: int, dp: int, ep: bool, f: Findings, rules: LoadRules) -> None:
     if not ep:
         return
     if rules.expert_parallel is None:
@@ -244,7 +238,7 @@ def pipeline_rules(m: ModelSpec, pp: int, f: Findings) -> None:
         )
 
 
-def shape_rules(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool, rules: LoadRules = ENGINE.load_rules) -> Findings:
+def shape_rules(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool, rules: LoadRules) -> Findings:
     f = Findings()
     attention_rules(m, tp, f)
     vocab_rules(m, tp, f)
@@ -253,3 +247,25 @@ def shape_rules(m: ModelSpec, tp: int, pp: int, dp: int, ep: bool, rules: LoadRu
     expert_parallel_rules(m, tp, dp, ep, f, rules)
     pipeline_rules(m, pp, f)
     return f
+
+
+def kv_bytes_per_token(m: ModelSpec, tp: int, pp: int, kv_cache_dtype: str) -> tuple[float, float]:
+    """KV cache bytes per token on one GPU: (full-attention layers, sliding-window layers)."""
+    if not m.num_layers:
+        return (0.0, 0.0)
+    elem = 1 if kv_cache_dtype.startswith("fp8") else m.dtype_bytes
+    layers_per_stage = math.ceil(m.num_layers / pp)
+    sliding = math.ceil(m.num_sliding_layers / pp) if m.sliding_window else 0
+    full = max(layers_per_stage - sliding, 0)
+    if m.is_mla:
+        # MLA caches one compressed latent per token per layer, identical on every TP rank
+        # (vllm/config/model.py get_num_kv_heads returns 1 for MLA; the MLA backends store
+        # kv_lora_rank + qk_rope_head_dim per token).
+        per_layer = ((m.kv_lora_rank or 0) + (m.qk_rope_head_dim or 0)) * elem
+    else:
+        kv = m.num_kv_heads or m.num_heads or 1
+        # vllm/config/model.py get_num_kv_heads: max(1, kv_heads // tp); QKVParallelLinear
+        # (linear.py) keeps one replicated head per rank when TP >= kv heads.
+        heads_per_rank = max(kv // tp, 1) if kv % tp == 0 or tp % kv == 0 else math.ceil(kv / tp)
+        per_layer = 2 * heads_per_rank * (m.head_dim or 0) * elem
+    return (per_layer * full, per_layer * sliding)
