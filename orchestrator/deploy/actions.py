@@ -329,14 +329,16 @@ def drain(ctx: StepContext, engines: Iterable[UnitSpec]) -> None:
 
 def _in_flight(proxy: FrontProxy, targets: list[tuple[str, int]]) -> int | None:
     """The old workers that can still reach ``targets``; once they are 0, the requests every worker
-    has in flight there (None: the proxy could not tell)."""
+    has in flight there (None: the proxy could not tell). A proxy whose master gives no count at all
+    (stopped, gone: ``sessions`` already asked again for a while) has nothing in flight to wait for:
+    the old workers' 0 stands, as it did before the running worker was counted."""
     left = proxy.draining(targets)
     if left != 0:
         return left
     try:
         return in_flight(proxy.sessions(targets), targets)
     except OrchestratorError:
-        return None
+        return 0
 
 
 def await_quiet(ctx: StepContext, engines: Iterable[UnitSpec]) -> tuple[Quiet, float]:

@@ -147,6 +147,16 @@ def test_a_proxy_without_an_answer_does_not_hold_the_route() -> None:
     assert (note["outcome"], note["seconds"]) == ("unknown", 0)
 
 
+def test_a_proxy_without_an_answer_does_not_hold_the_drain_either() -> None:
+    """No count from the master after the route moved: the old workers' 0 stands, the drain ends at once
+    (a proxy that gives no figures has nothing in flight to wait for)."""
+    qw = QuietWorld()
+    qw.proxy.raises = True
+    assert qw.switch("alpha").phase is Phase.ACTIVE
+    [drained] = [f for e, f in qw.events if e == "drained" and f.get("engines") == ["127.0.0.1:8002"]][-1:]
+    assert (drained["seconds"], drained["still_draining"]) == (0, 0)
+
+
 def test_quiet_wait_s_zero_moves_the_route_without_reading() -> None:
     """[proxy] quiet_wait_s = 0: no reading, no note; the switch is the one before the wait existed."""
     qw = QuietWorld(quiet_wait_s=0)
