@@ -346,8 +346,11 @@ class FrontProxy(Protocol):
     def apply(self, routing: HostRouting) -> bool:
         """Make the running proxy route as ``routing`` says (the adapter renders its own config from
         it): install its unit, write and check the config, start or gracefully reload; idempotent.
-        Returns whether anything changed, once a proxy process of the new config serves (the ones of
-        earlier configs are then known to be old)."""
+        Where the running proxy serves the config on disk and the new one differs only in which of a
+        name's engines serves (a switch between alternates), the running proxy moves the route
+        without a reload (its requests in flight at the engine it left stay in it: ``sessions``
+        counts them), the file written first. Returns whether anything changed, once the new routing
+        serves (proxy processes of earlier configs are then known to be old)."""
         ...
 
     def prepare(self, routing: HostRouting) -> None:

@@ -3,15 +3,21 @@ phase begins; systemd restarts it and the switch converges, observed with /is_sl
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.builders.agent import STATE
+from orchestrator.adapters.haproxy import MOVING
+from tests.builders.agent import CONFIG, HOOKS, PY, STATE
+from tests.builders.proxy import base_url
+from tests.builders.proxy_state import CONFIG as PROXY_CONFIG
+from tests.builders.proxy_state import proxy_state
 from tests.hosts.machine import Host
-from tests.test_agent_hosts import active, cli, history, install_agent, kill_agent_paused_before
+from tests.hosts.wait import wait_for
+from tests.test_agent_hosts import active, cli, history, install_agent, kill_agent_paused_before, main_pid
 from tests.test_warm_hosts import MODELS, warm_config
 
 pytestmark = pytest.mark.hosts
@@ -66,3 +72,53 @@ def test_sigkill_as_a_warm_phase_begins_converges(warm_agent: Host, phase: str) 
     assert active(host, f"vllm-{serving}.service") == "active" and is_sleeping(host, serving) is False
     assert is_sleeping(host, other) in (True, None)  # asleep, or stopped: never a second awake engine
     print(f"warm crash case {phase}: outcome {newest['outcome']}, serving {serving}")
+
+
+@pytest.mark.parametrize("applied", ["written", "not-written"])
+def test_sigkill_right_after_the_runtime_route_move_converges(warm_agent: Host, applied: str) -> None:
+    """beta -> alpha with the agent SIGKILLed right after the route moved in the running proxy (no
+    reload); "not-written": killed between that change and the applied hash, as the adapter leaves it
+    then. The switch ends; the running proxy sends "chat" to the model it ends with, the file on disk
+    says the same with its hash applied, and an unproven runtime state was reloaded, not trusted."""
+    host = warm_agent
+    before = proxy_state(host)
+    host.write_file(f"{HOOKS}/pause-on", "routed")
+    switch = shlex.join([PY, "-m", "orchestrator", "switch", "alpha", "--config", CONFIG])
+    host.run(f"nohup {switch} > /tmp/switch.log 2>&1 &")
+    wait_for(
+        lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
+        what="the engine to pause after the route moved",
+        timeout=60,
+    )
+    moved = proxy_state(host)
+    assert moved.reloads == before.reloads and [a.rsplit(":", 1)[1] for a in moved.serving()] == ["8121"]
+    if applied == "not-written":
+        host.write_file(PROXY_CONFIG + ".applied", MOVING.decode())
+    old_pid = main_pid(host)
+    host.run(f"rm -f {HOOKS}/pause-on {HOOKS}/paused && systemctl kill -s SIGKILL orchestrator-agent.service")
+    wait_for(
+        lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
+        what="systemd to restart the agent",
+        timeout=60,
+    )
+    wait_for(
+        lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
+        what="the interrupted deployment to end",
+        timeout=90,
+    )
+    newest = history(host)[0]
+    assert newest["model"] == "alpha" and newest["outcome"] in ("active", "rolled_back"), newest.get("error")
+    serving = "alpha" if newest["outcome"] == "active" else "beta"
+    after = proxy_state(host)
+    print(
+        f"killed after the runtime move ({applied}): {newest['outcome']}, reloads {before.reloads} -> {after.reloads}"
+    )
+    assert after.file_matches_running
+    assert [a.rsplit(":", 1)[1] for a in after.serving()] == [str(WARM_MODELS[serving]["port"])]
+    assert is_sleeping(host, serving) is False
+    if applied == "not-written":
+        assert after.reloads is not None and before.reloads is not None and after.reloads > before.reloads
+    answer = httpx.post(
+        f"{base_url(host)}/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 2}, timeout=10
+    )
+    assert answer.status_code == 200

@@ -19,6 +19,7 @@ from orchestrator.deploy.operations import Operations
 from orchestrator.wiring import operations
 from tests.builders.drain import TOKENS, ProberProcess
 from tests.builders.proxy import base_url, proxy_config
+from tests.builders.proxy_state import proxy_state
 from tests.hosts.machine import Host, in_host
 from tests.proxy_prober import classify
 
@@ -121,6 +122,62 @@ def test_a_stream_on_the_displaced_engine_holds_the_route_not_the_gap(host: Host
     assert quiet["outcome"] == "quiet" and quiet["seconds"] > 0.3
     assert drained["still_draining"] == 0 and drained["seconds"] < quiet["seconds"]
     assert chunks[-1] == "data: [DONE]" and len(chunks) > 64
+
+
+def test_a_warm_switch_moves_the_route_without_a_reload_and_the_file_routes_as_the_proxy(
+    host: Host, ops: Operations
+) -> None:
+    """beta -> alpha (same served name) under the prober: HAProxy's reload count and worker are the same
+    after the switch, the running worker sends "chat" to alpha alone, and the config file on disk says
+    so (its servers' states are the worker's, its hash applied): a later reload routes the same."""
+    assert ops.switch("alpha")["outcome"] == "active"
+    assert ops.switch("beta")["outcome"] == "active"
+    before = proxy_state(host)
+    assert before.file_matches_running and [a.rsplit(":", 1)[1] for a in before.serving()] == ["8122"]
+    with ProberProcess(base_url(host), "chat") as prober:
+        result = ops.switch("alpha")
+    assert result["outcome"] == "active", result.get("error")
+    after = proxy_state(host)
+    print(f"reloads {before.reloads} -> {after.reloads}, workers {before.workers} -> {after.workers}")
+    assert (after.reloads, after.workers) == (before.reloads, before.workers)
+    assert after.file_matches_running and [a.rsplit(":", 1)[1] for a in after.serving()] == ["8121"]
+    got = classify(prober.requests, TOKENS)
+    assert got["failed"] == [] and got["cut"] == [] and got["gap"] == []
+
+
+def test_a_stream_in_flight_when_the_route_moves_at_runtime_holds_the_sleep_and_ends_whole(
+    host: Host, tmp_path: Path
+) -> None:
+    """quiet_wait_s = 0: the route moves off beta (runtime API, no reload) while beta streams 64 tokens;
+    the drain counts the stream in the running worker and waits for it, beta sleeps after, the stream
+    ends whole."""
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(warm_config(host, tmp_path / "state") + "quiet_wait_s = 0\n")
+    ops = operations(settings.load(cfg))
+    try:
+        assert ops.switch("alpha")["outcome"] == "active"
+        assert ops.switch("beta")["outcome"] == "active"
+        before = proxy_state(host)
+        chunks: list[str] = []
+
+        def stream() -> None:
+            body = {"model": "chat", "prompt": "hi", "max_tokens": 64, "stream": True}
+            with httpx.stream("POST", f"{base_url(host)}/completions", json=body, timeout=30) as r:
+                chunks.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+        client = threading.Thread(target=stream)
+        client.start()
+        time.sleep(0.3)  # the stream is in flight at beta (64 tokens at 20 ms: 1.28 s)
+        events: list[dict[str, Any]] = []
+        result = ops.switch("alpha", progress=lambda e, f: events.append(f) if e == "drained" else None)
+        client.join(timeout=30)
+        assert result["outcome"] == "active", result.get("error")
+        print(f"drain of a stream left in the running worker: {events}")
+        assert events[0]["still_draining"] == 0 and events[0]["seconds"] > 0.3
+        assert chunks[-1] == "data: [DONE]" and len(chunks) > 64
+        assert proxy_state(host).reloads == before.reloads
+    finally:
+        host.run("systemctl stop orchestrator-proxy.service; rm -f /etc/orchestrator/haproxy.cfg*", check=False)
 
 
 def test_a_wedged_wake_is_restarted_cold_with_the_engines_error_in_history(host: Host, ops: Operations) -> None:

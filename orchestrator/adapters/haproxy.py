@@ -2,8 +2,9 @@
 
 Works over either transport: files and commands go through the host's Shell, the unit through its
 Systemd port. The config on disk is the desired state; ``<config>.applied`` holds the hash of the
-config the running proxy loaded, so a crash between the write and the reload is repaired by the
-next apply (recovery re-runs the routing step).
+config the running proxy serves (loaded, or moved to through the runtime API: a switch between a
+name's alternates, no reload), so a crash between the write and the reload or the runtime move is
+repaired by the next apply (recovery re-runs the routing step).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from orchestrator.core.proxy import (
     render_routing,
     sha,
 )
+from orchestrator.core.proxy_move import move_commands, moved, runtime_move
 from orchestrator.errors import CommandFailed, ProxyError
 from orchestrator.ports import Shell, Systemd
 from orchestrator.resources import template_text
@@ -57,6 +59,9 @@ _POLL_S = 0.02  # a reload's new worker serves before we see it: the drain start
 # The CLI scripts need only the standard library: isolated and without site (no venv .pth files to
 # read) a start costs about half (18 ms against 37 here), and the drain runs them in a warm switch's gap.
 _BARE = ("-I", "-S")
+# What the applied-hash file holds while a route moves through the runtime API: no config's hash, so an
+# apply after a stop in the middle reloads whatever it renders.
+MOVING = b"moving at runtime: the next apply reloads\n"
 SESSIONS_RETRY_S = 2.0  # a master re-executing on a reload answers again well within this
 
 
@@ -107,6 +112,9 @@ class HaproxyProxy:
         self._install_lua(config)
         path = self.proxy.config_path
         current = self.shell.read_file(path)
+        running = None if current is None or installed else current.decode()
+        if running is not None and running != config and self._move(running, config):
+            return True
         if current is None or current.decode() != config:
             if sha(config) != self._checked:  # prepare checked this very text: not again
                 self._check(config)
@@ -135,6 +143,31 @@ class HaproxyProxy:
             self._systemctl("start")
             self._await(lambda procs: new_worker(None, procs), "its first worker")
             self.systemd.enable(UNIT)
+        self.shell.write_file(self._applied, (sha(config) + "\n").encode())
+        return True
+
+    def _move(self, running: str, config: str) -> bool:
+        """Serve ``config`` through the runtime API, no reload, where it differs from the ``running``
+        one (the file, which the proxy runs as the applied hash says) only in which engine servers are
+        disabled (core/proxy_move.py). The order makes every stop in between safe: the applied hash is
+        cleared first (an agent killed anywhere below leaves a proxy whose next apply reloads), the new
+        file is written before the running worker changes (a restart of HAProxy meanwhile loads the new
+        routing, never the old one back), and the hash is written once ``show stat`` proved the change.
+        False when it could not (then apply reloads the file, already written)."""
+        applied = self.shell.read_file(self._applied)
+        changes = runtime_move(running, config)
+        if (
+            not changes
+            or applied is None
+            or applied.decode().strip() != sha(running)
+            or not self.systemd.unit_state(UNIT).is_active
+        ):
+            return False
+        self.shell.write_file(self._applied, MOVING)
+        self.shell.write_file(self.proxy.config_path, config.encode(), mode=0o644)
+        said = self._master_cli("proc", *move_commands(changes)).get("said") or [""]
+        if not moved(str(said[-1]), changes):
+            return False
         self.shell.write_file(self._applied, (sha(config) + "\n").encode())
         return True
 

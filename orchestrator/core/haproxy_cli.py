@@ -92,7 +92,7 @@ MARK = "proc.drained_"  # + a backend's name: haproxy.cfg.j2 reads it in that ba
 _BACKEND = re.compile(r"[A-Za-z0-9_]+")
 
 
-def _stat_rows(text: str) -> list[dict[str, str]]:
+def stat_rows(text: str) -> list[dict[str, str]]:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines or not lines[0].startswith("# pxname,"):
         return []
@@ -124,7 +124,7 @@ def _is_ip(address: str) -> bool:
 def _servers(worker: OldWorker, engines: list[tuple[str, int]]) -> list[dict[str, str]]:
     return [
         r
-        for r in _stat_rows(worker.stat)
+        for r in stat_rows(worker.stat)
         if r.get("svname") not in ("FRONTEND", "BACKEND") and _matches(r.get("addr", ""), engines)
     ]
 
@@ -156,7 +156,7 @@ def may_reach(worker: OldWorker, engines: Iterable[tuple[str, int]]) -> bool:
     marked (it sends new requests to the current worker) and has no request in flight to them.
     A client connection without a request at the engine (idle keep-alive, a slow client still
     sending) does not count: what it sends later goes to the current worker."""
-    if not _stat_rows(worker.stat) or not worker.info:
+    if not stat_rows(worker.stat) or not worker.info:
         return True  # no answer: it may still be starting to stop; ask again
     servers = _servers(worker, list(engines))
     if not servers:
@@ -186,7 +186,7 @@ def sessions(stats: Iterable[str], engines: Iterable[tuple[str, int]]) -> dict[t
     engines = list(engines)
     out: dict[tuple[str, int], Sessions] = {}
     for text in stats:
-        for row in _stat_rows(text):
+        for row in stat_rows(text):
             if row.get("svname") in ("FRONTEND", "BACKEND"):
                 continue
             for engine in engines:
@@ -207,12 +207,16 @@ def sessions(stats: Iterable[str], engines: Iterable[tuple[str, int]]) -> dict[t
 # A swap on demand takes the displaced engines out of the running worker through its runtime API
 # (`set server B/S state maint`): at once, where a reload (config check, re-exec, new worker) is
 # ~0.15 s inside the held request's wait. The current worker is `@1` (HAProxy 2.6: one worker).
-WITHDRAW_STAT = "@1 show stat"  # read after the commands: the proof that they took
+CURRENT_STAT = "@1 show stat"  # the current worker's stats, read after runtime commands: the proof they took
+WITHDRAW_STAT = CURRENT_STAT
+
+
+ENGINE_SERVER = re.compile(r"engine\d*")  # haproxy.cfg.j2's engine servers: engine, engine2 ... (a name's alternates)
 
 
 def engine_servers(config: str, engines: Iterable[tuple[str, int]]) -> list[tuple[str, str]]:
-    """(backend, server) of each ``server engine ADDR`` line of a rendered haproxy.cfg at one of
-    ``engines`` (haproxy.cfg.j2 names each model's engine server ``engine``)."""
+    """(backend, server) of each ``server engineN ADDR`` line of a rendered haproxy.cfg at one of
+    ``engines`` (haproxy.cfg.j2 names a backend's engine servers ``engine``, ``engine2`` ...)."""
     engines = list(engines)
     backend = ""
     out: list[tuple[str, str]] = []
@@ -221,13 +225,14 @@ def engine_servers(config: str, engines: Iterable[tuple[str, int]]) -> list[tupl
         if words[:1] == ["backend"] and len(words) > 1:
             backend = words[1]
         elif (
-            words[:2] == ["server", "engine"]
+            words[:1] == ["server"]
             and len(words) > 2
+            and ENGINE_SERVER.fullmatch(words[1])
             and backend
             and _BACKEND.fullmatch(backend)
             and _matches(words[2].strip('"'), engines)
         ):
-            out.append((backend, "engine"))
+            out.append((backend, words[1]))
     return out
 
 
@@ -238,5 +243,5 @@ def withdraw_commands(servers: Iterable[tuple[str, str]]) -> list[str]:
 
 def withdrawn(stat: str, servers: Iterable[tuple[str, str]]) -> bool:
     """Whether the current worker's ``show stat`` lists every one of ``servers`` in maintenance."""
-    status = {(r.get("pxname"), r.get("svname")): r.get("status", "") for r in _stat_rows(stat)}
+    status = {(r.get("pxname"), r.get("svname")): r.get("status", "") for r in stat_rows(stat)}
     return all(status.get(s, "").startswith("MAINT") for s in servers)

@@ -328,6 +328,7 @@ class HostRouting:
     demand_socket: str = ""
     known: tuple[str, ...] = ()
     body: BodyLimit = DEFAULT_BODY
+    alternates: tuple[Route, ...] = ()  # every engine of the host's catalog by its served name
 
 
 def host_routing(catalog: Catalog, host: str, bind: str, routes: Iterable[Route]) -> HostRouting:
@@ -341,7 +342,19 @@ def host_routing(catalog: Catalog, host: str, bind: str, routes: Iterable[Route]
         demand_socket=catalog.demand_socket(),
         known=tuple(sorted({catalog.models[m].served for m in catalog.models_on(host)})),
         body=host_body_limit(catalog, host),
+        alternates=tuple(alternates(catalog, host)),
     )
+
+
+def alternates(catalog: Catalog, host: str) -> list[Route]:
+    """Every engine of ``host``'s catalog under its served name: a routed name's backend lists a server
+    for each engine that may serve it (disabled but the routed one), so that a switch between them
+    moves the route in the running proxy without a reload (core/proxy_move.py)."""
+    out = {
+        (m.served, engine_address(catalog, m, catalog.hosts[host]), m.port)
+        for m in (catalog.models[n] for n in catalog.models_on(host))
+    }
+    return [Route(name, address, port) for name, address, port in sorted(out)]
 
 
 def render_routing(routing: HostRouting, template: str, lua: str) -> str:
@@ -356,6 +369,7 @@ def render_routing(routing: HostRouting, template: str, lua: str) -> str:
         lua=lua if routing.demand else "",
         known=routing.known,
         body=routing.body,
+        alternates=routing.alternates,
     )
 
 
@@ -375,20 +389,26 @@ def render_config(
     lua: str = "",
     known: Sequence[str] = (),
     body: BodyLimit = DEFAULT_BODY,
+    alternates: Sequence[Route] = (),
 ) -> str:
     """The haproxy.cfg routing ``routes``; names in ``demand`` are held while they have no usable
     server (``demand_socket``: the agent's; ``lua``: the hold's source, whose hash the config
     carries so a new one reloads the proxy). ``known``: the host's catalog names; one that neither
     routes nor is held answers 503 "not loaded", so 404 means a name the host does not know.
-    ``body``: how much of a body routing reads."""
+    ``body``: how much of a body routing reads. ``alternates``: engines that may serve a name, each a
+    disabled server of its backend beside the routed one (a move between them needs no reload)."""
     if demand and not (demand_socket and lua):
         raise RenderError("models on demand need the agent's demand socket and the hold's Lua to render the proxy")
     served = [r for r in routes if r.address is not None]
     on_demand = {d.name: d for d in demand}
     by_name = {r.name: r for r in served}
     # One backend per name that routes: served ones, and names on demand wherever they are.
+    others: dict[str, set[tuple[str, int]]] = {}
+    for alt in alternates:
+        if alt.address is not None and alt.port is not None:
+            others.setdefault(alt.name, set()).add((alt.address, alt.port))
     backends = [
-        _Backend(f"m{i}", name, by_name.get(name), on_demand.get(name))
+        _Backend(f"m{i}", name, by_name.get(name), on_demand.get(name), tuple(sorted(others.get(name, ()))))
         for i, name in enumerate([*by_name, *sorted(set(on_demand) - set(by_name))], 1)
     ]
     models = {
@@ -448,6 +468,25 @@ class _Backend:
     name: str
     route: Route | None
     demand: DemandRoute | None
+    alternates: tuple[tuple[str, int], ...] = ()  # other engines that may serve the name (address, port)
+
+    @property
+    def servers(self) -> list[_Server]:
+        """A server per engine that may serve the name, in (address, port) order: ``engine``, then
+        ``engine2`` ...; only the routed one enabled."""
+        engines = {self.engine, *self.alternates}
+        if self.demand is not None:
+            engines.add((self.demand.address, self.demand.port))
+        return [
+            _Server("engine" if i == 0 else f"engine{i + 1}", a, p, self.serving and (a, p) == self.engine)
+            for i, (a, p) in enumerate(sorted(engines))
+        ]
+
+    @property
+    def demand_server(self) -> str:
+        """The server a held request made ready goes to: the engine on demand's."""
+        assert self.demand is not None
+        return next(s.name for s in self.servers if (s.address, s.port) == (self.demand.address, self.demand.port))
 
     @property
     def engine(self) -> tuple[str, int]:
@@ -466,6 +505,16 @@ class _Backend:
         """The proxy's bound on a hold, in whole seconds (the Lua's argument)."""
         assert self.demand is not None
         return str(math.ceil(self.demand.deadline_s + DEMAND_MARGIN_S))
+
+
+@dataclass(frozen=True)
+class _Server:
+    """One engine server of a backend, as the template writes it."""
+
+    name: str
+    address: str
+    port: int
+    enabled: bool
 
 
 def render_unit(proxy: Proxy, bind: str, template: str) -> str:

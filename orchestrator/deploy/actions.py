@@ -306,19 +306,21 @@ def withdraw(ctx: StepContext, specs: Iterable[UnitSpec]) -> bool:
 DRAIN_POLL_S = 0.02  # a warm switch's clients wait for the drain: notice its end soon
 
 
-def drain(ctx: StepContext, engines: Iterable[UnitSpec], *, current: bool = False) -> None:
-    """Bounded wait until no proxy worker of an earlier config can still send a request to these
-    engines (in-flight ones finished, no client connection left that could bring another one).
-    Call it after ``route`` returned: the new config serves then, so the old workers are known.
-    ``current``: after ``withdraw`` (no new config), the running worker's requests there finish too.
-    Past the deadline HAProxy's hard-stop-after (the same drain_timeout_s) ended them anyway."""
+def drain(ctx: StepContext, engines: Iterable[UnitSpec]) -> None:
+    """Bounded wait until no proxy worker can still send a request to these engines: no worker of an
+    earlier config can (in-flight ones finished, no client connection left that could bring another
+    one), then the running worker has none in flight there (after ``withdraw`` or a route moved through
+    the runtime API there is no new config: the running worker's requests there finish here; after a
+    reload it has none). Call it after ``route`` returned: the new config serves then, so the old
+    workers are known. Past the deadline HAProxy's hard-stop-after (the same drain_timeout_s) ended them
+    anyway."""
     proxy, clock = ctx.ports.proxy, ctx.ports.clock
     targets = _addresses(engines)
     if proxy is None or not targets:
         return
     deadline = clock.monotonic() + ctx.catalog.proxy.drain_timeout_s + 2.0
     start = clock.monotonic()
-    while (left := _in_flight(proxy, targets, current)) != 0 and clock.monotonic() < deadline:
+    while (left := _in_flight(proxy, targets)) != 0 and clock.monotonic() < deadline:
         ctx.pause(DRAIN_POLL_S)
     ctx.emit(
         "drained",
@@ -328,16 +330,18 @@ def drain(ctx: StepContext, engines: Iterable[UnitSpec], *, current: bool = Fals
     )
 
 
-def _in_flight(proxy: FrontProxy, targets: list[tuple[str, int]], current: bool) -> int | None:
-    """The old workers that can still reach ``targets``; with ``current``, once they are 0, the requests
-    every worker has in flight there (None: the proxy could not tell)."""
+def _in_flight(proxy: FrontProxy, targets: list[tuple[str, int]]) -> int | None:
+    """The old workers that can still reach ``targets``; once they are 0, the requests every worker
+    has in flight there (None: the proxy could not tell). A proxy whose master gives no count at all
+    (stopped, gone: ``sessions`` already asked again for a while) has nothing in flight to wait for:
+    the old workers' 0 stands, as it did before the running worker was counted."""
     left = proxy.draining(targets)
-    if left != 0 or not current:
+    if left != 0:
         return left
     try:
         return in_flight(proxy.sessions(targets), targets)
     except OrchestratorError:
-        return None
+        return 0
 
 
 def await_quiet(ctx: StepContext, engines: Iterable[UnitSpec]) -> tuple[Quiet, float]:

@@ -70,8 +70,10 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
         return  # the target wakes beside them; the route moves and they sleep in `routing`
     leaving = [d for d in step.displaced if d.spec.unit_name != dep.spec.unit_name]
     if not on_demand(ctx, dep.model):
-        # The config checked first: once the wait reads none in flight, the route move is the reload
-        # alone (a request that reaches them before it lands holds their sleep like one in flight now).
+        # The config checked first: once the wait reads none in flight, the route move is the runtime
+        # API's state change between the name's servers (the target an alternate of the same served
+        # name: no reload), else the reload alone (a request that reaches them before it lands holds
+        # their sleep like one in flight now).
         actions.prepare_route(ctx, [*(d.spec for d in step.kept), dep.spec])
         await_quiet(ctx, leaving)
     # On demand, the target's requests are held by the proxy until its swap releases them (checked
@@ -81,7 +83,7 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
     if not withdrew:
         actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
     started = ctx.ports.clock.monotonic()
-    actions.drain(ctx, (d.spec for d in leaving), current=withdrew)
+    actions.drain(ctx, (d.spec for d in leaving))
     # Kept with the deployment: what the displaced engines still served (their in-flight requests) is
     # part of a warm switch's gap that is theirs, not the switch's (bench/warm: gap - this - sleep - wake).
     ctx.record(WARM_EVENT, {"step": "drained", "seconds": round(ctx.ports.clock.monotonic() - started, 3)})

@@ -19,7 +19,7 @@ from orchestrator.testing.host import (
     FakeSystemd,
 )
 from orchestrator.testing.records import FakeResidencyStore, FakeStateStore
-from orchestrator.testing.services import FakeProxy, FakeSmoke, FakeWeights
+from orchestrator.testing.services import FakeProxy, FakeSmoke, FakeWeights, live_config
 from orchestrator.testing.stores import FakeConfigStore, FakeRolloutStore, FakeTuneStore
 
 __all__ = [
@@ -39,4 +39,5 @@ __all__ = [
     "FakeSystemd",
     "FakeTuneStore",
     "FakeWeights",
+    "live_config",
 ]

@@ -45,6 +45,12 @@ class FakeSmoke:
         return {"levels": [{"concurrency": 1, "output_tok_s_per_stream": rate}], "headline_tok_s": rate}
 
 
+def live_config(config: str) -> str:
+    """A rendered config without its disabled servers (a name's alternates that it does not route to):
+    the engines that ``config`` sends requests to are the ones left in it."""
+    return "".join(ln for ln in config.splitlines(keepends=True) if not ln.rstrip().endswith(" disabled"))
+
+
 class FakeProxy:
     """The FrontProxy port in memory: the routing it was given and the config the adapter would render
     from it (the shipped template), every apply, and a port a test can take."""
@@ -73,6 +79,11 @@ class FakeProxy:
         self.config, self.routing = config, routing
         self.applied.append(config)
         return True
+
+    @property
+    def routed(self) -> str | None:
+        """The config it serves without its disabled servers (``live_config``): the engines it routes to."""
+        return None if self.config is None else live_config(self.config)
 
     def prepare(self, routing: HostRouting) -> None:
         """Renders as apply would and keeps that config in ``prepared``; serves nothing new."""

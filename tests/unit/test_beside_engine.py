@@ -73,7 +73,7 @@ def test_a_failed_start_beside_leaves_the_old_model_serving(bw: WarmWorld) -> No
     assert dep.phase is Phase.ROLLED_BACK
     assert not any(c.endswith("vllm-big.service") or "sleep vllm-big" in c for c in bw.host.calls)
     assert not any("model_switching" in c for c in bw.proxy.applied)
-    assert bw.proxy.config is not None and ":8001" in bw.proxy.config and ":8002" not in bw.proxy.config
+    assert bw.proxy.routed is not None and ":8001" in bw.proxy.routed and ":8002" not in bw.proxy.routed
     assert [d.model for d in bw.store.serving_set("box")] == ["big"]
 
 
@@ -140,7 +140,7 @@ def test_an_interrupted_beside_switch_resumes_to_the_new_set(bw: WarmWorld, stop
     assert bw.engine.run(dep.id).phase is Phase.ACTIVE
     assert bw.states() == {"big": "asleep", "small": "serving"}
     assert "stop vllm-big.service" not in bw.host.calls
-    assert bw.proxy.config is not None and ":8002" in bw.proxy.config
+    assert bw.proxy.routed is not None and ":8002" in bw.proxy.routed
 
 
 def explain(ww: WarmWorld, model: str) -> dict[str, Any]:

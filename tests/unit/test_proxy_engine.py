@@ -67,8 +67,8 @@ def test_disjoint_switch_is_a_handover(pw: ProxyWorld) -> None:
     calls = pw.host.calls
     assert calls.index("start vllm-chat-b.service") < calls.index("stop vllm-chat-a.service")
     assert pw.serving() == ["chat-b"]
-    assert pw.proxy.config is not None and "127.0.0.9:8002" in pw.proxy.config
-    assert "8001" not in pw.proxy.config
+    assert pw.proxy.routed is not None and "127.0.0.9:8002" in pw.proxy.routed
+    assert "8001" not in pw.proxy.routed
     assert not any("model_switching" in c for c in pw.proxy.applied)  # never a gap on the route
 
 
@@ -111,7 +111,7 @@ def test_failed_handover_keeps_the_old_model_serving(pw: ProxyWorld) -> None:
     assert dep.phase is Phase.ROLLED_BACK
     assert "stop vllm-chat-a.service" not in pw.host.calls
     assert pw.serving() == ["chat-a"]
-    assert pw.proxy.config is not None and "8001" in pw.proxy.config and "8002" not in pw.proxy.config
+    assert pw.proxy.routed is not None and "8001" in pw.proxy.routed and "8002" not in pw.proxy.routed
 
 
 def test_failed_add_rolls_back_to_the_set_without_it(pw: ProxyWorld) -> None:
@@ -142,7 +142,7 @@ def test_interrupted_handover_resumes_to_the_new_set(pw: ProxyWorld, stop_at: st
     pw.engine.before_step = None
     assert pw.engine.run(dep.id).phase is Phase.ACTIVE
     assert pw.serving() == ["chat-b"]
-    assert pw.proxy.config is not None and "8002" in pw.proxy.config
+    assert pw.proxy.routed is not None and "8002" in pw.proxy.routed
 
 
 def test_taken_proxy_port_aborts_before_anything_stops(pw: ProxyWorld) -> None:

@@ -61,7 +61,8 @@ def test_sessions_count_only_at_the_displaced_engines() -> None:
 
 class ScriptedProxy(FakeProxy):
     """Counts beta's sessions from a script (then 0), noting at each reading the fake clock and whether
-    the route had moved off beta yet (to alpha, or beta withdrawn); ``raises``: the master gives no answer."""
+    the route had moved off beta yet (to alpha, or beta withdrawn); ``raises``: the master gives no answer.
+    The drain reads them too, once the route moved (what the running worker still has at beta)."""
 
     def __init__(self, world: QuietWorld) -> None:
         super().__init__()
@@ -72,7 +73,7 @@ class ScriptedProxy(FakeProxy):
         if self.raises:
             raise ProxyError("HAProxy's master CLI gave no `show stat`", host="box")
         n = self.script.pop(0) if self.script else 0
-        routed_alpha = self.config is not None and ":8001" in self.config and ":8002" not in self.config
+        routed_alpha = self.routed is not None and ":8001" in self.routed and ":8002" not in self.routed
         self.readings.append((self.world.host.clock.monotonic(), n, routed_alpha or BETA in self.withdrawn))
         return {e: Sessions(current=n if e == BETA else 0, idle_s=0.0) for e in engines}
 
@@ -115,8 +116,8 @@ def test_the_route_moves_at_the_first_reading_with_nothing_in_flight() -> None:
     back = qw.switch("alpha")
     assert back.phase is Phase.ACTIVE
     waits = [(n, moved) for _, n, moved in qw.proxy.readings]
-    assert waits == [(1, False), (2, False), (1, False), (0, False)]
-    assert qw.proxy.readings[-1][0] - qw.proxy.readings[0][0] == pytest.approx(3 * QUIET_POLL_S)
+    assert waits[:4] == [(1, False), (2, False), (1, False), (0, False)] and all(m for _, m in waits[4:])
+    assert qw.proxy.readings[3][0] - qw.proxy.readings[0][0] == pytest.approx(3 * QUIET_POLL_S)
     [note] = qw.quiet_notes(back.id)
     assert (note["phase"], note["outcome"], note["in_flight"], note["seconds"]) == ("sleeping", "quiet", 0, 0.03)
 
@@ -128,8 +129,9 @@ def test_a_displaced_engine_never_quiet_keeps_its_route_for_quiet_wait_s_and_no_
     qw.proxy.script = [1] * 1000
     back = qw.switch("alpha")
     assert back.phase is Phase.ACTIVE
-    assert qw.proxy.readings[-1][0] - qw.proxy.readings[0][0] == pytest.approx(1.5)
-    assert not any(moved for _, _, moved in qw.proxy.readings)
+    before = [r for r in qw.proxy.readings if not r[2]]
+    assert before[-1][0] - before[0][0] == pytest.approx(1.5)
+    assert all(moved for _, _, moved in qw.proxy.readings[len(before) :])
     [note] = qw.quiet_notes(back.id)
     assert (note["outcome"], note["in_flight"], note["seconds"]) == ("bound", 1, 1.5)
     assert "sleep vllm-beta.service level=1 mode=wait" in qw.host.calls
@@ -145,13 +147,23 @@ def test_a_proxy_without_an_answer_does_not_hold_the_route() -> None:
     assert (note["outcome"], note["seconds"]) == ("unknown", 0)
 
 
+def test_a_proxy_without_an_answer_does_not_hold_the_drain_either() -> None:
+    """No count from the master after the route moved: the old workers' 0 stands, the drain ends at once
+    (a proxy that gives no figures has nothing in flight to wait for)."""
+    qw = QuietWorld()
+    qw.proxy.raises = True
+    assert qw.switch("alpha").phase is Phase.ACTIVE
+    [drained] = [f for e, f in qw.events if e == "drained" and f.get("engines") == ["127.0.0.1:8002"]][-1:]
+    assert (drained["seconds"], drained["still_draining"]) == (0, 0)
+
+
 def test_quiet_wait_s_zero_moves_the_route_without_reading() -> None:
     """[proxy] quiet_wait_s = 0: no reading, no note; the switch is the one before the wait existed."""
     qw = QuietWorld(quiet_wait_s=0)
     qw.proxy.script = [5]
     back = qw.switch("alpha")
     assert back.phase is Phase.ACTIVE
-    assert qw.proxy.readings == [] and qw.quiet_notes(back.id) == []
+    assert all(moved for _, _, moved in qw.proxy.readings) and qw.quiet_notes(back.id) == []
 
 
 def test_a_target_on_demand_does_not_wait() -> None:
@@ -178,7 +190,7 @@ def test_a_run_stopped_during_the_wait_left_the_route_and_resumes_to_the_switch(
     assert dep is not None
     qw.host.clock.on_sleep.append(lambda: qw.engine.park.set() if len(qw.proxy.readings) == 2 else None)
     assert qw.engine.run(dep.id).phase is Phase.SLEEPING
-    assert qw.proxy.config is not None and ":8002" in qw.proxy.config and ":8001" not in qw.proxy.config
+    assert qw.proxy.routed is not None and ":8002" in qw.proxy.routed and ":8001" not in qw.proxy.routed
     assert "vllm-beta.service" not in qw.host.sleeping and "vllm-beta.service" in qw.host.active_units()
     qw.host.clock.on_sleep.clear()
     qw.engine.park.clear()
@@ -212,7 +224,7 @@ def test_a_warm_rollback_waits_for_the_same_quiet_moment() -> None:
     qw.proxy.script = [1, 0]
     result = _ops(qw).rollback("box")
     assert result["outcome"] == "active" and result["model"] == "alpha"
-    assert [(n, moved) for _, n, moved in qw.proxy.readings] == [(1, False), (0, False)]
+    assert [(n, moved) for _, n, moved in qw.proxy.readings if not moved] == [(1, False), (0, False)]
     assert [n["outcome"] for n in qw.quiet_notes(result["id"])] == ["quiet"]
 
 
