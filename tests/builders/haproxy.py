@@ -17,7 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
+from orchestrator.adapters import haproxy_master
 from orchestrator.core.catalog import Proxy
+from orchestrator.core.haproxy_cli import parse_show_proc
 from orchestrator.core.proxy import DEMAND_LUA, Route, render_config
 from orchestrator.resources import template_text
 from tests.hosts.wait import wait_for
@@ -134,8 +136,17 @@ def haproxy(cfg: Path, port: int, master_sock: Path | None = None) -> Iterator[s
             assert proc.poll() is None, f"HAProxy exited: {errors.read_text(errors='replace')}"
             return False
 
+    def master_up() -> bool:
+        """The master answers `show proc` with a worker: a connectable port does not say its CLI answers
+        yet (seen on a loaded machine: no answer right after the port opened)."""
+        assert master_sock is not None
+        procs = parse_show_proc(haproxy_master.ask(str(master_sock), "show proc") or "")
+        return procs is not None and bool(procs.workers)
+
     try:
         wait_for(listening, what=f"HAProxy listening on 127.0.0.1:{port}")
+        if master_sock is not None:
+            wait_for(master_up, what=f"HAProxy's master CLI on {master_sock} with a worker")
         yield proc
     finally:
         proc.terminate()
