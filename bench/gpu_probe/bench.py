@@ -136,6 +136,10 @@ def real_probes(calls: int) -> None:
     print(f"nvidia-smi: {describe(a)}")
     print(f"NVML:       {describe(b)}")
     print(f"equal snapshots: {a == b}")
+    # The H200 gave 86,917 MiB used by nvidia-smi and 86,916 by NVML (v2: 86,916.25) with equal processes:
+    # the GPU's total moves by a MiB between two reads, or the two round it apart.
+    diff = max((abs(x.memory_used_mib - y.memory_used_mib) for x, y in zip(a.gpus, b.gpus, strict=False)), default=0)
+    print(f"equal processes: {a.processes == b.processes}; GPU used MiB apart by at most {diff}")
     memory_versions()
     print(HEADER)
     timed(smi.snapshot, 3)

@@ -47,6 +47,9 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
             path = d.access_verdict(check, "the engine", walks.get(engine, Walk(engine, {})), account, "exec")
             reachable[engine] = path.status == "ok"
             out.append(path)
+    # One probe per distinct run: models of one engine with the same environment would each pay the
+    # engine's import (~20 s for vLLM on a GPU box) for the same answer.
+    runs: dict[tuple[str, tuple[str, ...], str], d.EngineRun] = {}
     for name, (unit_text, folder) in units.items():
         model, engine = catalog.models[name], commands[name]
         needs = d.needed_flags(model.sleep is not None, model.expert_parallel, model.engine)
@@ -55,7 +58,12 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
         else:
             python = engine if d.is_python(engine) else _script_python(shell, engine)
             script = model.engine.probe_script
-            run = None if python is None else _engine_run(shell, python, user, group, unit_text, script)
+            run = None
+            if python is not None:
+                key = (python, tuple(unit_environment(unit_text)), script)
+                if key not in runs:
+                    runs[key] = _engine_run(shell, python, user, group, unit_text, script)
+                run = runs[key]
             out += d.engine_verdicts(name, user, python or engine, run, needs, model.engine)
         if account is not None and model.source != "none":
             out.append(

@@ -443,6 +443,13 @@ def beside_ok(model: str) -> Callable[[dict[str, Any]], bool]:
     return verdict
 
 
+def doctor_json() -> dict[str, Any]:
+    t = time.monotonic()
+    rc, out = cli("doctor", "--json", timeout=300)
+    (OUT / "doctor.json").write_text(out)
+    return {"rc": rc, "doctor_s": round(time.monotonic() - t, 1), "output": out[-3000:]}
+
+
 def doctor() -> dict[str, Any]:
     rc, out = cli("doctor", "--json", timeout=300)
     (OUT / "doctor.json").write_text(out)
@@ -454,7 +461,10 @@ def doctor() -> dict[str, Any]:
 def gpu_probe() -> dict[str, Any]:
     """bench/gpu_probe/bench.py --real with the CLI's python (the product's adapters): both probes' figures."""
     if DRY:
-        return {"rc": 0, "output": "equal snapshots: True (dry run: no driver here, not measured)"}
+        return {
+            "rc": 0,
+            "output": "equal processes: True; GPU used MiB apart by at most 0\n(dry run: no driver here, not measured)",
+        }
     rc, out = sh(
         str(Path(CLI).parent / "python"),
         str(Path(__file__).parent / "gpu_probe_bench.py"),
@@ -465,6 +475,80 @@ def gpu_probe() -> dict[str, Any]:
     )
     (OUT / "gpu_probe.txt").write_text(out)
     return {"rc": rc, "output": out[-3000:]}
+
+
+def probe_step(run: Run) -> None:
+    run.step(
+        "gpu_probe",
+        "NVML against nvidia-smi on the real GPU while big holds it: equal processes, GPU totals within a MiB",
+        gpu_probe,
+        lambda r: (
+            r.get("rc") == 0
+            and re.search(
+                r"equal processes: True; GPU used MiB apart by at most [01]$", r.get("output", ""), flags=re.MULTILINE
+            )
+            is not None
+        ),
+    )
+
+
+def proxy_loads() -> int:
+    """HAProxy's "Loading success" lines so far: its start and every reload."""
+    _, j = sh("journalctl", "-u", "orchestrator-proxy.service", "--no-pager", "-o", "cat")
+    return j.count("Loading success")
+
+
+def part_f(run: Run, floor: int = 6) -> None:
+    """The round's merged code in what device time is left: doctor (one engine probe for the four models of one
+    environment), cold big, gpu_probe, mid (big sleeps: they do not fit awake together), `floor` warm switches
+    big <-> mid whose route moves through HAProxy's runtime API (no reload), a warm rollback."""
+    run.step(
+        "doctor", "doctor's report on the real box: no fail, one engine probe", doctor_json, lambda r: r["rc"] == 0
+    )
+    first = run.step(
+        "cold_big",
+        "cold start of big; clients get 503 + Retry-After until it serves, none fails",
+        lambda: switch("big"),
+        ok_switch("big", warm=False),
+    )
+    if serving_model(first["status"]) != "big":
+        log("big does not serve: the rest of the part cannot run (device time is scarce)")
+        return
+    probe_step(run)
+    run.step(
+        "cold_mid",
+        "mid starts while big sleeps (no room for both awake)",
+        lambda: switch("mid"),
+        ok_switch("mid", warm=False),
+    )
+    loads = proxy_loads()
+    for i in range(floor):
+        target = ("big", "mid")[i % 2]
+        run.step(
+            f"floor_{i + 1}_{target}",
+            "warm switch, route moved by the runtime API: 0 failed, 0 503, 0 cut; gap near vLLM's sleep + wake",
+            lambda t=target: switch(t),
+            ok_switch(target, warm=True),
+        )
+    run.step(
+        "no_reload",
+        "the warm switches moved the route without one HAProxy reload",
+        lambda: {"reloads": proxy_loads() - loads},
+        lambda r: r["reloads"] == 0,
+    )
+    before = serving_model(status())
+    run.step(
+        "warm_rollback",
+        "rollback of the last warm switch: warm, 0 failed, 0 503",
+        _rollback,
+        lambda r: (
+            r.get("rc") == 0
+            and serving_model(r["status"]) != before
+            and r["client"]["failed"] == 0
+            and r["client"]["hung"] == 0
+            and r["client"]["503"] == 0
+        ),
+    )
 
 
 def part_d(run: Run, floor: int = 8) -> None:
@@ -480,12 +564,7 @@ def part_d(run: Run, floor: int = 8) -> None:
     if serving_model(first["status"]) != "big":
         log("big does not serve: the rest of the part cannot run (device time is scarce)")
         return
-    run.step(
-        "gpu_probe",
-        "NVML against nvidia-smi on the real GPU while big holds it: equal snapshots, figures",
-        gpu_probe,
-        lambda r: r.get("rc") == 0 and "equal snapshots: True" in r.get("output", ""),
-    )
+    probe_step(run)
     run.step(
         "beside_small",
         "small fits awake beside big: starts beside, checked, route moves, big sleeps: no gap",
@@ -632,7 +711,7 @@ def main() -> int:
     part = sys.argv[1]
     run = Run(part)
     log(f"part {part}; status before: serving={serving_model(status())}; gpu={gpus()}")
-    {"A": part_a, "B": part_b, "C": part_c, "D": part_d, "E": part_e}[part](run)
+    {"A": part_a, "B": part_b, "C": part_c, "D": part_d, "E": part_e, "F": part_f}[part](run)
     rc = run.finish()
     (OUT / f"engine-{part}.json").write_text(json.dumps(engine_timings(), indent=1))
     log(f"engine timings: {json.dumps(engine_timings())}")
