@@ -8,6 +8,7 @@
 #   down        power the box off, GPU free, unmount (teardown.sh)
 # Knobs: W (work folder, /root/gpubox), MODELS_DIR (/srv/models), DRY=1 (here without a GPU: stand-in engine
 # and nvidia-smi, private network), GPUBOX_PYTHON_KEY=1 (write hosts.box.python into the box's deploy.toml).
+# Part F only: GPUBOX_FLOOR (warm switches, 6), GPUBOX_DOCTOR=0 (leave doctor out when device time is short).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../.." && pwd)
 W=${W:-/root/gpubox}; MODELS_DIR=${MODELS_DIR:-/srv/models}; DRY=${DRY:-0}
@@ -85,7 +86,7 @@ run() {
   . "$STATE"
   say "scenario $part"
   # bounded, so that the results come back inside the device call whatever the scenario does
-  CXENV="PYTHONUNBUFFERED=1 GPUBOX_DRY=$DRY" timeout "${RUN_TIMEOUT_S:-540}" bash "$here/cx.sh" /opt/orch-cli/bin/python /wlogs/in/scenario.py "$part" /wlogs/out \
+  CXENV="PYTHONUNBUFFERED=1 GPUBOX_DRY=$DRY GPUBOX_FLOOR=${GPUBOX_FLOOR:-6} GPUBOX_DOCTOR=${GPUBOX_DOCTOR:-1}" timeout "${RUN_TIMEOUT_S:-540}" bash "$here/cx.sh" /opt/orch-cli/bin/python /wlogs/in/scenario.py "$part" /wlogs/out \
     2>&1 | tee "$WLOGS/out/scenario-$part.log"
   local rc=${PIPESTATUS[0]}
   collect "$part"
