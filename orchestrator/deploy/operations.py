@@ -40,9 +40,13 @@ class Operations(OperationsViews):
         if serving is None:
             return
         with host_lock(self.state_dir, host, self.holder(host)):
-            spec = serving.spec
-            stop_and_free(self.context(host, None), serving.model, spec.unit_name, spec.gpus, free=False, disable=True)
-            serving_set.leave(self.store, host, serving.revision, in_set=False)
+            spec, ctx = serving.spec, self.context(host, None)
+            proxied = self.catalog.proxy.enabled
+            if proxied:  # the proxy stops routing to it first (a route to a stopped engine answers 502)
+                actions.route(ctx, [d.spec for d in self.store.serving_set(host) if d.revision != serving.revision])
+                actions.drain(ctx, [spec])
+            stop_and_free(ctx, serving.model, spec.unit_name, spec.gpus, free=False, disable=True)
+            serving_set.leave(self.store, host, serving.revision, in_set=proxied)
             self.store.record_event(
                 time.time(),
                 host,

@@ -3,6 +3,7 @@ serves (deploy/serving_set.py), on fake ports: each parameter that tells one cal
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,9 @@ from orchestrator.deploy import serving_set
 from orchestrator.deploy.context import StepContext
 from orchestrator.deploy.sleep_stop import sleep_or_stop, stop_and_free
 from orchestrator.errors import GpuBusy
+from orchestrator.testing.services import FakeProxy
 
+from .conftest import OpsWorld
 from .test_warm_switch import TP4, WarmWorld, warm_catalog
 
 GAMMA = {**TP4, "gpus": [4, 5, 6, 7], "served_name": "other"}
@@ -143,3 +146,16 @@ def test_leave_keeps_a_pointer_that_names_another_revision(box: Box) -> None:
     serving_set.leave(box.store, "box", box.alpha.revision + 100, in_set=False)
     serving = box.store.serving("box")
     assert serving is not None and serving.revision == box.alpha.revision
+
+
+def test_stop_serving_takes_the_model_out_of_the_proxy(tmp_path: Path) -> None:
+    """[proxy] on: tune's restore of a host nothing served before stops the model, empties the serving set
+    and leaves the proxy routing nothing to it (it answered 502 from a stopped engine before)."""
+    w = OpsWorld(tmp_path / "state", proxy={"enabled": True, "port": 9000})
+    proxy = FakeProxy()
+    w.ops.ports_for("box").proxy = proxy
+    assert w.ops.switch("alpha")["outcome"] == "active"
+    assert proxy.routed is not None and ":8000" in (proxy.routed or "")
+    w.ops.stop_serving("box", reason="tune:1:restore")
+    assert w.store.serving("box") is None and w.store.serving_set("box") == []
+    assert ":8000" not in (proxy.routed or "")
