@@ -48,7 +48,7 @@ def diagnose(catalog: Catalog, ports: HostPorts, units: dict[str, tuple[str, str
             reachable[engine] = path.status == "ok"
             out.append(path)
     # One probe per distinct run: models of one engine with the same environment would each pay the
-    # engine's import (~20 s for vLLM on a GPU box) for the same answer.
+    # engine's import (~20 s on a GPU box) for the same answer.
     runs: dict[tuple[str, tuple[str, ...], str], d.EngineRun] = {}
     for name, (unit_text, folder) in units.items():
         model, engine = catalog.models[name], commands[name]
