@@ -126,7 +126,7 @@ class FakeShell:
 
 class FakeSystemd:
     """Units in memory, held to the Systemd port's contract (the WITH_FAKES cases of
-    tests/test_systemd_contract.py run here too)."""
+    tests/test_systemd_contract_hosts.py run here too)."""
 
     unit_dir = "/etc/systemd/system"
 

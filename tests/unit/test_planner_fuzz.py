@@ -21,7 +21,7 @@ from orchestrator.core.planner import (
     weight_bytes_from_index,
 )
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+CONFIGS = Path(__file__).parents[1] / "fixtures" / "configs"
 REAL = {p.stem: json.loads(p.read_text()) for p in sorted(CONFIGS.glob("*.json"))}
 KEYS = sorted({k for cfg in REAL.values() for k in cfg} | {k for k in REAL["moonshotai__Kimi-K2.5"]["text_config"]})
 

@@ -9,6 +9,8 @@ import pytest
 from tests.hosts.machine import Host
 from tests.hosts.pool import HostSet
 
+pytestmark = pytest.mark.hosts
+
 CYCLE = (
     "systemd-run --unit=fleet-same.service --property=KillMode=control-group sleep 600 && "
     "systemctl kill fleet-same.service && "

@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.core.planner import Hardware, Layout, Workload, check, describe_model, layouts
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+CONFIGS = Path(__file__).parents[1] / "fixtures" / "configs"
 H100 = Hardware(gpu_count=8, gpu_memory_gib=80.0, interconnect="nvlink")
 H200 = Hardware(gpu_count=8, gpu_memory_gib=141.0, interconnect="nvlink")
 SHORT = Workload(max_model_len=32768)

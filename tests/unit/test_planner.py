@@ -21,7 +21,7 @@ from orchestrator.core.planner import (
     weight_bytes_from_index,
 )
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+CONFIGS = Path(__file__).parents[1] / "fixtures" / "configs"
 SEED_HOST = Hardware(gpu_count=8, gpu_memory_gib=96.0, interconnect="pcie")
 MINIMAX_BYTES = 230_000_000_000  # MiniMax-M2.5 FP8, as downloaded by the seeds
 KIMI_BYTES = 547_000_000_000  # Kimi-K2.5 INT4, as downloaded by the seeds

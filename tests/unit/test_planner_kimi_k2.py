@@ -23,7 +23,7 @@ from typing import Any
 
 from orchestrator.core import planner
 
-K2 = Path(__file__).parent / "fixtures" / "configs" / "moonshotai__Kimi-K2-Instruct.json"
+K2 = Path(__file__).parents[1] / "fixtures" / "configs" / "moonshotai__Kimi-K2-Instruct.json"
 BOX = planner.Hardware(8, 96.0)
 TWO_BOXES = planner.Hardware(8, 96.0, nodes=2)
 
