@@ -227,14 +227,7 @@ def ok_switch(model: str, warm: bool) -> Callable[[dict[str, Any]], bool]:
 
 
 def part_a(run: Run, warm: int = 10) -> None:
-    first = run.step(
-        "cold_big",
-        "cold start of big; clients get 503 + Retry-After until it serves, none fails",
-        lambda: switch("big"),
-        ok_switch("big", warm=False),
-    )
-    if serving_model(first["status"]) != "big":
-        log("big does not serve: the rest of the part cannot run (device time is scarce)")
+    if not cold_big(run):
         return
     run.step(
         "cold_small",
@@ -477,6 +470,36 @@ def gpu_probe() -> dict[str, Any]:
     return {"rc": rc, "output": out[-3000:]}
 
 
+def cold_big(run: Run) -> bool:
+    """The cold start of big; False (logged) when it does not serve: the rest of a part cannot run."""
+    first = run.step(
+        "cold_big",
+        "cold start of big; clients get 503 + Retry-After until it serves, none fails",
+        lambda: switch("big"),
+        ok_switch("big", warm=False),
+    )
+    if serving_model(first["status"]) != "big":
+        log("big does not serve: the rest of the part cannot run (device time is scarce)")
+        return False
+    return True
+
+
+def warm_rollback(run: Run) -> None:
+    before = serving_model(status())
+    run.step(
+        "warm_rollback",
+        "rollback of the last warm switch: warm, 0 failed, 0 503",
+        _rollback,
+        lambda r: (
+            r.get("rc") == 0
+            and serving_model(r["status"]) != before
+            and r["client"]["failed"] == 0
+            and r["client"]["hung"] == 0
+            and r["client"]["503"] == 0
+        ),
+    )
+
+
 def probe_step(run: Run) -> None:
     run.step(
         "gpu_probe",
@@ -504,14 +527,7 @@ def part_f(run: Run, floor: int = int(os.environ.get("GPUBOX_FLOOR", "6"))) -> N
     big <-> mid whose route moves through HAProxy's runtime API (no reload), a warm rollback."""
     if os.environ.get("GPUBOX_DOCTOR", "1") == "1":  # 0: the device time left does not cover it
         run.step("doctor", "doctor's report on the real box: one engine probe", doctor_json, lambda r: r["rc"] == 0)
-    first = run.step(
-        "cold_big",
-        "cold start of big; clients get 503 + Retry-After until it serves, none fails",
-        lambda: switch("big"),
-        ok_switch("big", warm=False),
-    )
-    if serving_model(first["status"]) != "big":
-        log("big does not serve: the rest of the part cannot run (device time is scarce)")
+    if not cold_big(run):
         return
     probe_step(run)
     run.step(
@@ -535,33 +551,14 @@ def part_f(run: Run, floor: int = int(os.environ.get("GPUBOX_FLOOR", "6"))) -> N
         lambda: {"reloads": proxy_loads() - loads},
         lambda r: r["reloads"] == 0,
     )
-    before = serving_model(status())
-    run.step(
-        "warm_rollback",
-        "rollback of the last warm switch: warm, 0 failed, 0 503",
-        _rollback,
-        lambda r: (
-            r.get("rc") == 0
-            and serving_model(r["status"]) != before
-            and r["client"]["failed"] == 0
-            and r["client"]["hung"] == 0
-            and r["client"]["503"] == 0
-        ),
-    )
+    warm_rollback(run)
 
 
 def part_d(run: Run, floor: int = 8) -> None:
     """doctor; cold big; small beside big (no gap); 4 wakes beside; mid beside small; `floor` warm switches
     big <-> mid (they do not fit together: sleep, then wake); a warm rollback."""
     run.step("doctor", "doctor's report on the real box: no fail", doctor, lambda r: r.get("rc") == 0)
-    first = run.step(
-        "cold_big",
-        "cold start of big; clients get 503 + Retry-After until it serves, none fails",
-        lambda: switch("big"),
-        ok_switch("big", warm=False),
-    )
-    if serving_model(first["status"]) != "big":
-        log("big does not serve: the rest of the part cannot run (device time is scarce)")
+    if not cold_big(run):
         return
     probe_step(run)
     run.step(
@@ -592,19 +589,7 @@ def part_d(run: Run, floor: int = 8) -> None:
             lambda t=target: switch(t),
             ok_switch(target, warm=True),
         )
-    before = serving_model(status())
-    run.step(
-        "warm_rollback",
-        "rollback of the last warm switch: warm, 0 failed, 0 503",
-        _rollback,
-        lambda r: (
-            r.get("rc") == 0
-            and serving_model(r["status"]) != before
-            and r["client"]["failed"] == 0
-            and r["client"]["hung"] == 0
-            and r["client"]["503"] == 0
-        ),
-    )
+    warm_rollback(run)
 
 
 def ask_od(timeout: float = 600) -> dict[str, Any]:
