@@ -640,15 +640,27 @@ def part_e(run: Run) -> None:
     for i in range(2):
 
         def wake_od() -> dict[str, Any]:
-            res = {"od_before": residency_of("od")}
+            res: dict[str, Any] = {"od_before": residency_of("od")}
             res.update(ask_od())
+            if res.get("od_status") == 429 and "keeps its GPUs" in res.get("od_body", ""):
+                # The policy (run 3 met it): a lone request does not displace a busier model; it is told so
+                # at once with Retry-After, and asks again later as a client would.
+                res["refused"] = {k: res.pop(k) for k in ("od_status", "od_wait_s", "od_body")}
+                time.sleep(3)
+                res.update(ask_od())
             return res
 
         run.step(
             f"demand_wake_{i + 1}",
-            "a request for od (asleep) is held while the agent wakes it: waits about sleep + wake",
+            "a request for od (asleep) is held while the agent wakes it (waits about sleep + wake), or refused at "
+            "once (429 model_queue_full) while chat is busier and woken when asked again",
             wake_od,
-            lambda r: r.get("od_status") == 200 and r.get("od_before") == "asleep" and r["client"]["hung"] == 0,
+            lambda r: (
+                r.get("od_status") == 200
+                and r.get("od_before") == "asleep"
+                and r["client"]["hung"] == 0
+                and (r.get("refused") is None or r["refused"]["od_wait_s"] < 0.5)
+            ),
         )
         run.step(
             f"chat_again_{i + 1}",
