@@ -106,8 +106,8 @@ def plan_switch(spec: UnitSpec, serving: Sequence[Serving], beside: BesideFit | 
         mode = Mode.STOP_START
         reason = (
             f"{old.model} serves {spec.served_name!r} on GPU {_gpus(old.gpus)} and {spec.model} needs "
-            f"GPU {_gpus(shared) or _gpus(wanted)} of them: stop-start, the route answers 503 with "
-            f"Retry-After in the gap"
+            f"GPU {_gpus(shared) or _gpus(wanted)} of them: stop-start, a gap while the GPUs change hands "
+            f"(a warm swap's requests wait through it; a cold start's get 503 with Retry-After)"
         )
         if beside is not None and not same_unit and beside.rooms:
             reason += f" (not beside: {beside.text()})"
