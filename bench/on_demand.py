@@ -42,6 +42,7 @@ from engine_floor import Line, engine_lines, engine_steps, first_token, ms, stan
 
 from tests.builders.agent import STATE, cli, install_agent
 from tests.builders.demand import AB, Answer, Client, demand_config, url
+from tests.builders.proxy_state import proxy_state
 from tests.hosts.pool import boot_hosts
 
 BATCH_WAIT_S = 1.0
@@ -106,10 +107,18 @@ def main() -> None:
             cli(host, "switch", "alpha")  # beta asleep: both one wake away
             base = url(host)
 
+            before = proxy_state(host)
             warm = Client(base, ["beta", "alpha"], rounds=args.rounds)
             warm.__enter__()
             warm.join(600)
             raw["warm"] = [asdict(a) for a in warm.answers]
+            after = proxy_state(host)  # HAProxy's own count: how many of the warm swaps reloaded it
+            raw["warm_proxy"] = {
+                "reloads": after.reloads - before.reloads
+                if after.reloads is not None and before.reloads is not None
+                else None,
+                "file_matches_running": after.file_matches_running,
+            }
             awake = str(warm.answers[-1].model) if warm.answers else "alpha"
             for n in (1, 2, 16):  # what a request of n tokens takes on an awake engine (median of 5)
                 took = [first_token(host.address, AB[awake]["port"], awake, n) for _ in range(5)]
@@ -331,6 +340,8 @@ def report(raw: dict[str, Any]) -> None:
         "only_a": throughput(only, raw["only_s"]),
         "demand_swaps": len(raw["demand_deployments"]),
     }
+    if "warm_proxy" in raw:  # runs before the count was kept have none
+        summary["warm_proxy"] = raw["warm_proxy"]
     for key, value in summary.items():
         print(f"{key}: {value}", flush=True)
     mixed_tok, only_tok = summary["mixed_a_b"]["tok_s"], summary["only_a"]["tok_s"]

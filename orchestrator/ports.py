@@ -361,6 +361,14 @@ class FrontProxy(Protocol):
         serves from changes; an ``apply`` of another routing ignores it."""
         ...
 
+    def move(self, routing: HostRouting) -> bool:
+        """``apply(routing)`` where it needs no reload, else nothing: the running proxy serves the config
+        on disk and the new one differs only in which of its backends' servers are disabled (models on
+        demand: a name whose engines all leave keeps its backend, every server disabled, and is held),
+        so the route moves through the runtime API, the file written first. False, with no route
+        changed, where only a reload could (then ``withdraw`` or ``apply``)."""
+        ...
+
     def draining(self, engines: Sequence[tuple[str, int]]) -> int | None:
         """How many proxy processes of earlier configs can still send a request to one of these
         engines (address, port): 0 when they may stop; None when the proxy could not tell."""

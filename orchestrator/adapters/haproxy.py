@@ -146,6 +146,18 @@ class HaproxyProxy:
         self.shell.write_file(self._applied, (sha(config) + "\n").encode())
         return True
 
+    def move(self, routing: HostRouting) -> bool:
+        """The FrontProxy port: ``routing`` served through the runtime API alone (``_move``), where the
+        unit is the one installed and the new config differs from the running one only in server
+        states; False where a reload is needed, nothing done then. A move that wrote the file and then
+        could not prove its state change also answers False: the hash it cleared makes the caller's
+        ``apply`` reload that file (and ``withdraw`` refuse)."""
+        config = render_routing(routing, template_text(CONFIG_TEMPLATE), template_text(DEMAND_LUA))
+        current = self.shell.read_file(self.proxy.config_path)
+        if current is None or current.decode() == config or self.systemd.read_unit(UNIT) != self.unit_text:
+            return False
+        return self._move(current.decode(), config)
+
     def _move(self, running: str, config: str) -> bool:
         """Serve ``config`` through the runtime API, no reload, where it differs from the ``running``
         one (the file, which the proxy runs as the applied hash says) only in which engine servers are

@@ -402,14 +402,16 @@ def render_config(
     served = [r for r in routes if r.address is not None]
     on_demand = {d.name: d for d in demand}
     by_name = {r.name: r for r in served}
-    # One backend per name that routes: served ones, and names on demand wherever they are.
+    # One backend per name that routes: served ones, and names on demand wherever they are, numbered
+    # in the names' order: a name on demand keeps its backend's name whether it serves or not, so a
+    # swap between such names changes server states alone (a runtime move: core/proxy_move.py).
     others: dict[str, set[tuple[str, int]]] = {}
     for alt in alternates:
         if alt.address is not None and alt.port is not None:
             others.setdefault(alt.name, set()).add((alt.address, alt.port))
     backends = [
         _Backend(f"m{i}", name, by_name.get(name), on_demand.get(name), tuple(sorted(others.get(name, ()))))
-        for i, name in enumerate([*by_name, *sorted(set(on_demand) - set(by_name))], 1)
+        for i, name in enumerate(sorted(set(by_name) | set(on_demand)), 1)
     ]
     models = {
         "object": "list",
@@ -464,7 +466,7 @@ def _self_address(bind: str) -> str:
 class _Backend:
     """What the template writes for one routed name: its engine, and the hold when on demand."""
 
-    backend: str  # HAProxy's name for it: m1, m2 ... in the names' order
+    backend: str  # HAProxy's name for it: m1, m2 ... in the order of the names (served or on demand)
     name: str
     route: Route | None
     demand: DemandRoute | None

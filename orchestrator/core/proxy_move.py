@@ -7,7 +7,9 @@ the name on the host (the route's, the catalog's alternates, the engine on deman
 (and in comments) route differently in that alone, and the running worker can be brought from one to
 the other with ``set server B/S state ready|maint``: no re-exec, no new worker, no window in which a
 request reaches a worker of the old config. A warm switch between alternates (the same served name) is
-such a move; anything else (a name added, a gap, a list of known names, a new server) reloads.
+such a move, and so is each half of an on-demand swap between names on demand (their backends stay, named
+in the names' order, every server disabled while nothing routes them: the displaced engine leaves, then
+the target's comes); anything else (a name added, a gap, a list of known names, a new server) reloads.
 
 The decision compares the running config's text with the new one's, so it holds only where the running
 worker serves the config on disk (the adapter's ``.applied`` hash says so) with no server state changed

@@ -273,6 +273,19 @@ def route(ctx: StepContext, specs: Iterable[UnitSpec], gaps: Iterable[str] = (),
     return changed
 
 
+def move_route(ctx: StepContext, specs: Iterable[UnitSpec]) -> bool:
+    """``route(ctx, specs)`` where the running proxy can do it through its runtime API alone (only
+    server states change: FrontProxy.move), else nothing; whether it did."""
+    proxy = ctx.ports.proxy
+    if proxy is None:
+        return False
+    routes = routes_for(list(specs), (), ())
+    if not proxy.move(_routing(ctx, routes)):
+        return False
+    ctx.emit("routed", routes={r.name: r.target for r in routes}, changed=True, runtime=True)
+    return True
+
+
 def prepare_route(ctx: StepContext, specs: Iterable[UnitSpec]) -> None:
     """What ``route(ctx, specs)`` does before its reload, done ahead (FrontProxy.prepare): the route
     move that follows is the reload alone."""

@@ -78,10 +78,16 @@ def sleeping(ctx: StepContext, step: StepInput) -> None:
         await_quiet(ctx, leaving)
     # On demand, the target's requests are held by the proxy until its swap releases them (checked
     # awake): only the displaced engines' routes must go before they sleep, which the running proxy
-    # does at once; the reload that routes the target comes in `routing`, past the held requests' wait.
-    withdrew = on_demand(ctx, dep.model) and (not leaving or actions.withdraw(ctx, (d.spec for d in leaving)))
+    # does at once. Where the displaced names are on demand too (their backends stay, every server
+    # disabled) that is a runtime move to the config of what stays, file and hash with it, so the
+    # route to the target in `routing` is a runtime move as well; else the engines are withdrawn and
+    # `routing` reloads, past the held requests' wait.
+    kept = [d.spec for d in step.kept]
+    withdrew = on_demand(ctx, dep.model) and (
+        not leaving or actions.move_route(ctx, kept) or actions.withdraw(ctx, (d.spec for d in leaving))
+    )
     if not withdrew:
-        actions.route(ctx, [*(d.spec for d in step.kept), dep.spec])
+        actions.route(ctx, [*kept, dep.spec])
     started = ctx.ports.clock.monotonic()
     actions.drain(ctx, (d.spec for d in leaving))
     # Kept with the deployment: what the displaced engines still served (their in-flight requests) is

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from orchestrator.core.proxy import DEMAND_LUA, HostRouting, render_routing
+from orchestrator.core.proxy_move import runtime_move
 from orchestrator.core.records import UnitSpec
 from orchestrator.core.weights import StagedRevision
 from orchestrator.errors import ProxyError
@@ -68,6 +69,8 @@ class FakeProxy:
         self.withdrawn: list[tuple[str, int]] = []  # engines taken out at runtime since the last apply
         self.withdraws = 0  # withdraw calls that took (a test sets ``can_withdraw`` False to refuse them)
         self.can_withdraw = True
+        self.moved: list[str] = []  # configs served through ``move`` (the runtime API: no reload)
+        self.can_move = True
 
     def apply(self, routing: HostRouting) -> bool:
         config = render_routing(routing, template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA))
@@ -78,6 +81,16 @@ class FakeProxy:
             raise ProxyError(self.taken_by)
         self.config, self.routing = config, routing
         self.applied.append(config)
+        return True
+
+    def move(self, routing: HostRouting) -> bool:
+        """Serves ``routing``'s config where it differs from the one served (none withdrawn since) only
+        in server states (core/proxy_move.py), kept in ``moved`` (not ``applied``: no reload)."""
+        config = render_routing(routing, template_text("haproxy.cfg.j2"), template_text(DEMAND_LUA))
+        if self.config is None or self.withdrawn or not self.can_move or not runtime_move(self.config, config):
+            return False
+        self.config, self.routing = config, routing
+        self.moved.append(config)
         return True
 
     @property

@@ -15,6 +15,7 @@ from orchestrator.agent.demand_view import PEAK_S, SESSIONS_TTL_S
 from orchestrator.agent.metrics import Metrics
 from orchestrator.agent.server import Jobs
 from orchestrator.core.haproxy_cli import Sessions
+from orchestrator.core.proxy_move import runtime_move
 from orchestrator.deploy.operations import Operations
 from orchestrator.testing import (
     FakeClock,
@@ -697,10 +698,33 @@ def test_held_requests_are_released_when_the_switch_enters_routing(tmp_path: Pat
     assert row["requests"] == 1 and any(what == "released 1" for _, what in row["timeline_ms"])
 
 
-def test_a_warm_swap_on_demand_withdraws_the_displaced_engine_instead_of_reloading(tmp_path: Path) -> None:
-    """sleeping takes a's engine out of the running proxy (no apply until routing), waits for the
-    requests it still serves there, then a sleeps; routing applies the config that routes b."""
+def test_a_warm_swap_between_names_on_demand_moves_the_route_at_runtime(tmp_path: Path) -> None:
+    """a and b both on demand: sleeping serves the config that routes neither through the runtime
+    API (a move, no withdraw, no apply), the held request stays held; routing applies the one that
+    routes b, which differs from it in server states alone (the adapter moves it at runtime too)."""
     dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.ops.switch("b")
+    dw.ops.switch("a")
+    applied = len(dw.proxy.applied)
+    dw.broker.open("bee")
+    dw.run_swap()
+    assert dw.proxy.withdraws == 0 and len(dw.proxy.moved) == 1
+    neither = dw.proxy.moved[0]
+    assert not routed(neither, _port(dw, "a")) and not routed(neither, _port(dw, "b"))
+    assert len(dw.proxy.applied) == applied + 1 and routed(dw.proxy.applied[-1], _port(dw, "b"))
+    assert runtime_move(neither, dw.proxy.applied[-1]) and dw.serving() == ["b"]
+
+
+def _port(dw: DemandWorld, model: str) -> int:
+    return dw.catalog.models[model].port
+
+
+def test_a_warm_swap_on_demand_withdraws_the_displaced_engine_instead_of_reloading(tmp_path: Path) -> None:
+    """No runtime move (the proxy refuses it): sleeping takes a's engine out of the running proxy (no
+    apply until routing), waits for the requests it still serves there, then a sleeps; routing
+    applies the config that routes b."""
+    dw = DemandWorld(tmp_path, max_swaps_per_min=600)
+    dw.proxy.can_move = False
     dw.ops.switch("b")
     dw.ops.switch("a")
     applied = len(dw.proxy.applied)
@@ -729,11 +753,11 @@ def test_a_warm_swap_on_demand_withdraws_the_displaced_engine_instead_of_reloadi
 
 
 def test_a_proxy_that_cannot_withdraw_moves_the_route_by_a_reload(tmp_path: Path) -> None:
-    """withdraw refused (the proxy does not run its last config): sleeping applies the route as before."""
+    """move and withdraw refused (the proxy does not run its last config): sleeping applies the route as before."""
     dw = DemandWorld(tmp_path, max_swaps_per_min=600)
     dw.ops.switch("b")
     dw.ops.switch("a")
-    dw.proxy.can_withdraw = False
+    dw.proxy.can_withdraw = dw.proxy.can_move = False
     applied = len(dw.proxy.applied)
     dw.broker.open("bee")
     dw.run_swap()

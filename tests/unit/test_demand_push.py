@@ -159,7 +159,7 @@ def test_a_push_that_makes_a_model_on_demand_reloads_the_proxy_to_hold_for_it(st
         for line in (started.proxy.config or "").splitlines()
         if line.strip().startswith("server engine")
     ]
-    assert held(started.proxy.config) == ["a"] and engines == [['"127.0.0.9:8002"'], ['"127.0.0.9:8001"', "disabled"]]
+    assert held(started.proxy.config) == ["a"] and engines == [['"127.0.0.9:8001"', "disabled"], ['"127.0.0.9:8002"']]
 
 
 def test_a_push_that_changes_a_held_bound_reloads_and_one_that_changes_no_hold_does_not(started: Pushed) -> None:

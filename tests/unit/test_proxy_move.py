@@ -20,7 +20,7 @@ from orchestrator.adapters.local_shell import LocalShell
 from orchestrator.core.catalog import Proxy
 from orchestrator.core.haproxy_cli import Procs, Sessions, parse_show_proc, stat_rows
 from orchestrator.core.observed import UnitState
-from orchestrator.core.proxy import DEMAND_LUA, HostRouting, Route, render_routing, sha
+from orchestrator.core.proxy import DEMAND_LUA, DemandRoute, HostRouting, Route, render_routing, sha
 from orchestrator.core.proxy_move import ServerState, move_commands, moved, runtime_move, server_states
 from orchestrator.resources import template_text
 from tests.builders.haproxy import Engine, free_port, haproxy, post, render_front
@@ -84,6 +84,39 @@ def test_moved_reads_each_server_state_from_show_stat() -> None:
     assert moved(stat, change)
     assert not moved(stat, (ServerState("m1", "engine", True),))
     assert not moved(stat, (ServerState("m2", "engine", False),))
+
+
+ALPHA, BETA = ("127.0.0.1", 8011), ("127.0.0.1", 8012)
+ON_DEMAND = [DemandRoute("alpha", *ALPHA, 30.0), DemandRoute("beta", *BETA, 30.0)]
+
+
+def demand_config(routes: list[Route], demand: list[DemandRoute] = ON_DEMAND) -> str:
+    """alpha and beta on their own engines; those in ``demand`` on demand (held while nothing routes them)."""
+    alternates = [Route("alpha", *ALPHA), Route("beta", *BETA)]
+    extra = {"demand": demand, "demand_socket": "/run/demand.sock", "lua": "-- hold"} if demand else {}
+    return render_front(Path("/tmp/x"), Proxy(enabled=True, port=9000), routes, alternates=alternates, **extra)
+
+
+def test_an_on_demand_swap_is_two_runtime_moves_through_a_config_routing_neither() -> None:
+    """alpha -> (nothing: both held) -> beta, both on demand: each backend stays with its server
+    disabled, so the withdraw puts alpha's engine in maintenance and the route to beta makes it ready."""
+    alpha, neither, beta = (
+        demand_config([Route("alpha", *ALPHA)]),
+        demand_config([]),
+        demand_config([Route("beta", *BETA)]),
+    )
+    assert runtime_move(alpha, neither) == (ServerState("m1", "engine", False),)
+    assert runtime_move(neither, beta) == (ServerState("m2", "engine", True),)
+    assert server_states(neither) == {("m1", "engine"): False, ("m2", "engine"): False} | {
+        (b, "current"): True for b in ("m1", "m2")
+    }
+
+
+def test_a_displaced_name_not_on_demand_leaving_needs_a_reload() -> None:
+    """alpha served but not on demand: routing neither drops its backend (it becomes "not loaded"):
+    None, so the swap withdraws alpha's engine and its route to beta reloads, as before."""
+    only_beta = [DemandRoute("beta", *BETA, 30.0)]
+    assert runtime_move(demand_config([Route("alpha", *ALPHA)], only_beta), demand_config([], only_beta)) is None
 
 
 # -- a real HAProxy ----------------------------------------------------------------------------------
