@@ -402,18 +402,7 @@ def agent_kills(run: Run) -> None:
 
 
 def part_b(run: Run) -> None:
-    before = serving_model(status())
-    run.step(
-        "warm_rollback",
-        "rollback of the last warm switch: warm, 0 failed, 0 503",
-        _rollback,
-        lambda r: (
-            r.get("rc") == 0
-            and serving_model(r["status"]) != before
-            and r["client"]["failed"] == 0
-            and r["client"]["hung"] == 0
-        ),
-    )
+    warm_rollback(run)
     if serving_model(status()) != "small":
         run.step("to_small", "warm switch to small", lambda: switch("small"), ok_switch("small", warm=True))
     faults(run)
