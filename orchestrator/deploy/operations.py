@@ -14,7 +14,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.core.records import Deployment
+from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.resident import ASLEEP, STOPPED
 from orchestrator.core.states import Phase
 from orchestrator.deploy import actions, multinode, serving_set
@@ -41,10 +41,7 @@ class Operations(OperationsViews):
             return
         with host_lock(self.state_dir, host, self.holder(host)):
             spec, ctx = serving.spec, self.context(host, None)
-            proxied = self.catalog.proxy.enabled
-            if proxied:  # the proxy stops routing to it first (a route to a stopped engine answers 502)
-                actions.route(ctx, [d.spec for d in self.store.serving_set(host) if d.revision != serving.revision])
-                actions.drain(ctx, [spec])
+            proxied = self._unroute(ctx, host, serving.revision, spec)
             stop_and_free(ctx, serving.model, spec.unit_name, spec.gpus, free=False, disable=True)
             serving_set.leave(self.store, host, serving.revision, in_set=proxied)
             self.store.record_event(
@@ -53,6 +50,15 @@ class Operations(OperationsViews):
                 "stopped",
                 {"unit": serving.spec.unit_name, "revision": serving.revision, "reason": reason},
             )
+
+    def _unroute(self, ctx: StepContext, host: str, revision: int, spec: UnitSpec) -> bool:
+        """With the front proxy: route what else serves, then drain ``spec`` (a route to a stopped engine
+        answers 502); whether the proxy is on."""
+        if not self.catalog.proxy.enabled:
+            return False
+        actions.route(ctx, [d.spec for d in self.store.serving_set(host) if d.revision != revision])
+        actions.drain(ctx, [spec])
+        return True
 
     # -- operations ---------------------------------------------------------------------------
     @contextmanager
@@ -205,10 +211,7 @@ class Operations(OperationsViews):
     def _stop(self, eng: Deployer, host: str, dep: Deployment) -> dict[str, Any]:
         ctx = self.context(host, eng.progress, revision=dep.revision)
         ports = ctx.ports
-        if self.catalog.proxy.enabled:
-            rest = [d for d in self.store.serving_set(host) if d.revision != dep.revision]
-            actions.route(ctx, [d.spec for d in rest])
-            actions.drain(ctx, [dep.spec])
+        self._unroute(ctx, host, dep.revision, dep.spec)
         stop_processes(ctx, [dep.spec])  # an adopted engine started by hand: its process, then the GPUs are read
         # Recorded stopped with the serving set, below: a free that fails leaves it serving, for a retry.
         stop_and_free(ctx, dep.model, dep.spec.unit_name, dep.spec.gpus, disable=True, mark_stopped=False)
