@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--summarise", action="store_true", help="only recompute the summary from bench/on_demand.json")
     ap.add_argument("--profile-out", type=Path, help="also write the warm swaps' profile (their timelines) there")
+    ap.add_argument(
+        "--calls", type=Path, help="also write the agent's every port call and event there (bench/warm/demand_calls.py)"
+    )
     ap.add_argument("--raw", type=Path, default=ROOT / "bench/on_demand.json", help="the raw file --summarise reads")
     args = ap.parse_args()
     if args.summarise:
@@ -102,7 +105,8 @@ def main() -> None:
                 host, Path(STATE), AB, max_swaps_per_min=MAX_SWAPS_PER_MIN, batch_wait_s=BATCH_WAIT_S
             )
             config = config.replace(f"[hosts.{host.name}]\n", f"[hosts.{host.name}]\n{standin_nvml(host)}", 1)
-            install_agent(host, config, Path(tmp))
+            calls_log = "/var/log/orchestrator-calls.jsonl"
+            install_agent(host, config, Path(tmp), hook_args=f"--time-calls {calls_log}" if args.calls else "")
             cli(host, "switch", "beta")
             cli(host, "switch", "alpha")  # beta asleep: both one wake away
             base = url(host)
@@ -112,6 +116,8 @@ def main() -> None:
             warm.__enter__()
             warm.join(600)
             raw["warm"] = [asdict(a) for a in warm.answers]
+            if args.calls:
+                args.calls.write_text(host.run(f"cat {calls_log}").stdout)
             after = proxy_state(host)  # HAProxy's own count: how many of the warm swaps reloaded it
             raw["warm_proxy"] = {
                 "reloads": after.reloads - before.reloads

@@ -6,12 +6,17 @@ The hook holds the engine before the phase named in <dir>/pause-at until that fi
 writing <dir>/paused meanwhile; <dir>/pause-on ("EVENT [NODE [UNIT]]", e.g. "node_started h2")
 holds it likewise right after the engine reports that event, in the middle of a step. It lives here,
 outside the package: the product has no switch (flag or environment variable) that turns test hooks on.
+``--time-calls FILE`` appends one JSON line per port call (start, end, thread, ``port.method``) and per
+progress event: the benchmarks' profile of the agent's own critical path (bench/on_demand.py --calls).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +30,7 @@ from orchestrator.core.records import Deployment
 from orchestrator.deploy.deployer import Deployer
 from orchestrator.deploy.operations import Operations
 from orchestrator.errors import OrchestratorError
-from orchestrator.ports import ProgressCallback
+from orchestrator.ports import HostPorts, ProgressCallback
 from orchestrator.wiring import ports_factory
 
 
@@ -65,13 +70,79 @@ def event_hook(directory: str, progress: ProgressCallback | None) -> ProgressCal
     return hook
 
 
+class CallLog:
+    """Appends a JSON line per timed call or event to ``path`` (thread-safe: one write per line)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - open for the agent's life
+        self._lock = threading.Lock()
+
+    def write(self, **line: Any) -> None:
+        line["thread"] = threading.current_thread().name
+        with self._lock:
+            self._file.write(json.dumps(line, default=str) + "\n")
+
+
+class Timed:
+    """Stands in for one adapter: every method call is logged with its wall time."""
+
+    def __init__(self, inner: Any, name: str, log: CallLog) -> None:
+        self._inner, self._name, self._log = inner, name, log
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._inner, attr)
+        if not callable(value):
+            return value
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.time()
+            try:
+                return value(*args, **kwargs)
+            finally:
+                self._log.write(t0=t0, t1=time.time(), call=f"{self._name}.{attr}")
+
+        return timed
+
+
+def timed_ports(factory: Callable[[str], HostPorts], log: CallLog) -> Callable[[str], HostPorts]:
+    """``factory`` whose adapters log each call (made once per host, as the product's cache)."""
+    cache: dict[str, HostPorts] = {}
+
+    def ports_for(name: str) -> HostPorts:
+        if name not in cache:
+            p = factory(name)
+            wrapped = {
+                f: Timed(getattr(p, f), f, log)
+                for f in ("shell", "systemd", "gpus", "health", "weights", "proxy")
+                if getattr(p, f) is not None
+            }
+            controls = {k: Timed(v, f"engine.{k}", log) for k, v in p.engine_controls.items()}
+            cache[name] = dataclasses.replace(p, **wrapped, engine_controls=controls)
+        return cache[name]
+
+    return ports_for
+
+
 class HookedOperations(Operations):
-    def __init__(self, catalog: Catalog, pause_dir: str) -> None:
-        super().__init__(catalog, ports_factory(catalog), before_step=pause_hook(pause_dir))
+    def __init__(self, catalog: Catalog, pause_dir: str, calls: CallLog | None = None) -> None:
+        factory = ports_factory(catalog)
+        super().__init__(
+            catalog, factory if calls is None else timed_ports(factory, calls), before_step=pause_hook(pause_dir)
+        )
         self.pause_dir = pause_dir
+        self.calls = calls
 
     def deployer(self, progress: ProgressCallback | None = None) -> Deployer:
-        return super().deployer(event_hook(self.pause_dir, progress))
+        hooked = event_hook(self.pause_dir, progress)
+        calls = self.calls
+        if calls is None:
+            return super().deployer(hooked)
+
+        def logged(event: str, fields: dict[str, Any]) -> None:
+            calls.write(t0=time.time(), event=event, fields=fields)
+            hooked(event, fields)
+
+        return super().deployer(logged)
 
 
 def main() -> None:
@@ -86,12 +157,14 @@ def main() -> None:
         help="the agent's clock runs ahead so that its first minute ends S seconds after it "
         "starts: an every-minute schedule fires then, not up to 60 s later",
     )
+    parser.add_argument("--time-calls", metavar="FILE", help="log every port call and event with its time")
     args = parser.parse_args()
     logs.configure(json=True)
     cat = settings.load(args.config)
+    calls = CallLog(args.time_calls) if args.time_calls else None
 
     def ops_for(catalog: Catalog) -> Operations:
-        return HookedOperations(catalog, args.pause_dir)
+        return HookedOperations(catalog, args.pause_dir, calls)
 
     clock = None if args.minute_ends_in is None else AheadClock.minute_ending_in(args.minute_ends_in)
     Agent(

@@ -77,6 +77,17 @@ def test_start_makes_unit_active_with_main_pid(adapters: Adapters) -> None:
     assert state.main_pid > 0
 
 
+def test_unit_state_reads_a_name_that_must_be_escaped_on_the_bus(adapters: Adapters) -> None:
+    """A name with a leading digit, '-', '@' and '_' reads as the unit of that name (the D-Bus adapter
+    asks the object path it computes from the name)."""
+    unit = f"0{uuid.uuid4().hex[:6]}-x_y@z.service"
+    install(adapters, unit, service("/bin/sleep 1000"))
+    adapters.systemd.start(unit)
+    state = adapters.systemd.unit_state(unit)
+    assert (state.active_state, state.fragment_path) == ("active", f"/etc/systemd/system/{unit}")
+    assert state.main_pid in adapters.systemd.cgroup_pids(unit)
+
+
 def test_stop_makes_unit_inactive(adapters: Adapters) -> None:
     """stop waits for the job; the unit is inactive with no MainPID afterwards."""
     unit = unit_name()
@@ -267,6 +278,26 @@ def test_cgroup_pids_lists_every_process_of_the_unit(adapters: Adapters) -> None
         lambda: adapters.systemd.cgroup_pids(unit), lambda p: len(p) >= 3, what=f"{unit} forked its children"
     )
     assert adapters.systemd.unit_state(unit).main_pid in pids
+
+
+def test_cgroup_pids_reads_the_units_sub_cgroups(adapters: Adapters) -> None:
+    """A process the unit moved into a cgroup below its own (Delegate=yes) is one of its processes."""
+    unit = unit_name()
+    script = (  # $$: a literal $ for the shell (systemd expands $NAME in ExecStart itself)
+        "root=/sys/fs/cgroup; [ -d $$root/unified ] && root=$$root/unified; "  # a hybrid host's v2 tree
+        "cg=$$root$$(sed -n s/^0:://p /proc/self/cgroup); mkdir $$cg/sub; "
+        "sleep 1000 & echo $$! > $$cg/sub/cgroup.procs; echo $$! > /run/$$1.sub; wait"
+    )
+    install(adapters, unit, service(f"/bin/sh -c '{script}' sh {unit}", Delegate="yes"))
+    adapters.systemd.start(unit)
+    sub = wait_for(
+        lambda: adapters.host.run(["cat", f"/run/{unit}.sub"], check=False).stdout.strip(),
+        bool,
+        what=f"{unit} moved a child into its sub-cgroup",
+    )
+    where = adapters.host.run(["sed", "-n", "s/^0:://p", f"/proc/{sub}/cgroup"]).stdout.strip()
+    assert where.endswith(f"/{unit}/sub"), where
+    assert int(sub) in adapters.systemd.cgroup_pids(unit)
 
 
 @WITH_FAKES

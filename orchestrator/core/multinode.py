@@ -21,6 +21,7 @@ from orchestrator.core.catalog import Catalog, Host, Model
 from orchestrator.core.ray_start import start_argv
 from orchestrator.core.records import NodeUnit
 from orchestrator.core.render import RenderedUnit, _plain, env_quote, exec_quote, model_dir_for, render_unit
+from orchestrator.core.templating import compiled
 from orchestrator.errors import RenderError
 
 TemplateText = Callable[[str], str]
@@ -93,15 +94,8 @@ def _render_ray(catalog: Catalog, model: Model, host: Host, role: str, template:
         **model.env,
     }
     name = ray_unit_name(model, role)
-    jenv = jinja2.Environment(
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
     try:
-        text = jenv.from_string(template).render(
+        text = compiled(template).render(
             name=name.removesuffix(".service"),
             description=_plain(
                 f"Ray {role.removeprefix('ray-')} for {model.name} on {host.name}: GPUs "

@@ -16,13 +16,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import jinja2
-
 from orchestrator.core.beside import BesideFit
 from orchestrator.core.catalog import Catalog, Proxy
 from orchestrator.core.haproxy_cli import MARK
 from orchestrator.core.records import Mode, UnitSpec
 from orchestrator.core.render import engine_address
+from orchestrator.core.templating import compiled
 from orchestrator.engines import ENGINES
 from orchestrator.errors import RenderError, UsageError
 
@@ -378,6 +377,10 @@ def render_host(catalog: Catalog, host: str, bind: str, routes: Sequence[Route],
     return render_routing(host_routing(catalog, host, bind, routes), template, lua)
 
 
+_FILTERS = (("q", haproxy_word), ("comment", haproxy_comment))
+_HELPERS = (("addr", haproxy_addr),)
+
+
 def render_config(
     proxy: Proxy,
     bind: str,
@@ -417,21 +420,12 @@ def render_config(
         "object": "list",
         "data": [{"id": b.name, "object": "model", "owned_by": "orchestrator"} for b in backends],
     }
-    env = jinja2.Environment(
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    env.filters.update(q=haproxy_word, comment=haproxy_comment)
-    env.globals.update(addr=haproxy_addr)
     # A request held for a model on demand lives in the worker that took it, through reloads: an old
     # worker may not be ended (hard-stop-after) before the longest hold.
     stop_after_s = max([proxy.drain_timeout_s, *(int(b.hold_s) for b in backends if b.demand)])
     # Single-quoted in the config, where HAProxy interprets nothing: a quote in a name is \u0027 JSON.
     models_json = json.dumps(models, separators=(",", ":")).replace("'", "\\u0027")
-    return env.from_string(template).render(
+    return compiled(template, filters=_FILTERS, helpers=_HELPERS).render(
         routes=routes,
         backends=backends,
         engine_control=ENGINE_CONTROL_PATHS,
@@ -520,8 +514,7 @@ class _Server:
 
 
 def render_unit(proxy: Proxy, bind: str, template: str) -> str:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    return env.from_string(template).render(
+    return compiled(template, trim=False).render(
         bind=bind,
         port=proxy.port,
         config_path=proxy.config_path,

@@ -15,6 +15,7 @@ import jinja2
 from orchestrator.core.catalog import PATH_RE, USER_RE, Catalog, Host, Model
 from orchestrator.core.catalog_rules import is_loopback
 from orchestrator.core.safety import check_safe_text
+from orchestrator.core.templating import compiled
 from orchestrator.engines import Launch
 from orchestrator.errors import RenderError
 
@@ -150,15 +151,8 @@ def render_unit(
     argv = engine.argv(launch)
     # The model's own args stay last, after the node's (--headless, --node-rank ...).
     argv = argv[: len(argv) - len(model.args)] + list(extra_args) + list(model.args)
-    jenv = jinja2.Environment(
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
     try:
-        tmpl = jenv.from_string(template)
+        tmpl = compiled(template)
         text = tmpl.render(
             name=model.name,
             description=_plain(
@@ -186,19 +180,12 @@ def render_agent_unit(
     catalog: Catalog, template: str, *, python: str, config: str, extra_env: dict[str, str] | None = None
 ) -> RenderedUnit:
     """The agent's own unit (Type=notify, watchdog), running ``python -m orchestrator agent``."""
-    jenv = jinja2.Environment(
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
     # Each word is quoted for ExecStart=: a venv of a checkout in "/srv/my tools/é x" runs as it is.
     if not python.startswith("/") or not config.startswith("/"):
         raise RenderError(f"the agent's python {python!r} and config {config!r} must be absolute paths")
     argv = [python, "-m", "orchestrator", "agent", "--config", config]
     try:
-        text = jenv.from_string(template).render(
+        text = compiled(template).render(
             hosts=_plain(", ".join(sorted(catalog.hosts)), "hosts"),
             exec_start=" ".join(exec_quote(a) for a in argv),
             environment=[env_quote(k, v) for k, v in (extra_env or {}).items()],
