@@ -88,7 +88,9 @@ def main() -> None:
     ap.add_argument(
         "--calls", type=Path, help="also write the agent's every port call and event there (bench/warm/demand_calls.py)"
     )
-    ap.add_argument("--raw", type=Path, default=ROOT / "bench/on_demand.json", help="the raw file --summarise reads")
+    ap.add_argument(
+        "--raw", type=Path, default=ROOT / "bench/on_demand.json", help="raw: a run writes it, --summarise reads it"
+    )
     args = ap.parse_args()
     if args.summarise:
         raw = json.loads(args.raw.read_text())
@@ -164,7 +166,7 @@ def main() -> None:
             )
     finally:
         hosts.close()
-    (ROOT / "bench/on_demand.json").write_text(json.dumps(raw, indent=1))
+    args.raw.write_text(json.dumps(raw, indent=1))
     report(raw)
     if args.profile_out:
         args.profile_out.write_text(profile(raw))

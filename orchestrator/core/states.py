@@ -218,6 +218,9 @@ DOWN: frozenset[Phase] = frozenset(
 LOADING: frozenset[Phase] = frozenset({P.STARTING, P.CHECKING})
 # A cold start on demand may be abandoned while the target itself loads (never in a rollback's phases).
 ABANDONABLE: frozenset[Phase] = frozenset({P.STARTING, P.CHECKING})
+# The phases that observe the host and decide while what serves keeps serving: they share one view of
+# it, each unit and engine read once (deploy/read_once.py); none of them polls.
+DECIDING: frozenset[Phase] = frozenset({P.PREFLIGHT, P.STAGING})
 # Which events other than ok and fail each phase may report.
 EXTRA_EVENTS: dict[Phase, Event] = {P.PLANNED: E.ADOPTED, P.STAGING: E.WARM, P.WAKING: E.WEDGED}
 # A step's error that reports its phase's extra event rather than ``fail``, by phase and error type.

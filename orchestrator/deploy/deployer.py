@@ -21,6 +21,7 @@ from orchestrator.core.catalog import Catalog
 from orchestrator.core.records import NO_CHANGE, Deployment, Mode, ServingChange, UnitSpec
 from orchestrator.core.states import (
     ABANDONABLE,
+    DECIDING,
     Event,
     Phase,
     Serves,
@@ -33,6 +34,7 @@ from orchestrator.core.states import (
 from orchestrator.deploy import actions, serving_set, step_inputs
 from orchestrator.deploy.context import Parked, StepContext, StepInput
 from orchestrator.deploy.planning import Planner
+from orchestrator.deploy.read_once import read_once
 from orchestrator.deploy.step_inputs import PortsFactory
 from orchestrator.deploy.steps import STEPS
 from orchestrator.errors import OrchestratorError, SmokeGateFailed
@@ -117,14 +119,17 @@ class Deployer(Planner):
             kind,
             redact_tree({"deployment_id": dep.id, "revision": dep.revision, "phase": dep.phase.value, **detail}),
         )
+        deciding: StepContext | None = None  # preflight and staging share one view of the host (read_once)
         while not is_terminal(dep.phase):
             if self.before_step is not None:
                 self.before_step(dep)  # test hook: pause or park at a named phase
             if self.park.is_set():
                 return self._parked(ctx, dep, blog)
-            ctx.abandon = self.abandon if dep.phase in ABANDONABLE else None
+            deciding = (deciding or read_once(ctx)) if dep.phase in DECIDING else None
+            step_ctx = deciding or ctx
+            step_ctx.abandon = self.abandon if dep.phase in ABANDONABLE else None
             try:
-                event = self._run_step(ctx, dep, blog)
+                event = self._run_step(step_ctx, dep, blog)
             except Parked:
                 return self._parked(ctx, dep, blog)
             nxt = advance(dep.phase, event, dep.fallback)

@@ -142,7 +142,7 @@ def weights_gib(ctx: StepContext, spec: UnitSpec) -> float:
     return int(head[0]) / 2**30 if res.ok and head and head[0].isdigit() else 0.0
 
 
-# Per host (its systemd port): (unit, model folder, main PID, when it started) -> GiB. What a running
+# Per host (its shell, which runs ``du``): (unit, model folder, main PID, when it started) -> GiB. What a running
 # engine loaded does not change while that process runs, so ``du`` is read once per engine process (an
 # on-demand swap's wait had it each time). A restart is a new key; the oldest go past LOADED_MAX.
 _LOADED: weakref.WeakKeyDictionary[object, dict[tuple[str, str, int, float], float]] = weakref.WeakKeyDictionary()
@@ -154,7 +154,7 @@ def loaded_gib(ctx: StepContext, spec: UnitSpec) -> float:
     state = ctx.ports.systemd.unit_state(spec.unit_name)
     if not state.is_active or state.started_at is None or not state.main_pid:
         return weights_gib(ctx, spec)
-    known = _LOADED.setdefault(ctx.ports.systemd, {})
+    known = _LOADED.setdefault(ctx.ports.shell, {})
     key = (spec.unit_name, spec.model_dir, state.main_pid, state.started_at)
     if key not in known:
         while len(known) >= LOADED_MAX:

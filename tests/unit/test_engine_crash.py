@@ -194,10 +194,10 @@ WARM_CASES = {
 }  # and alpha's cold restart fails
 
 
-# (case, where): after the n-th engine call (8 in a warm switch, 6 up to a wedged wake), or as a phase begins.
+# (case, where): after the n-th engine call (7 in a warm switch, 5 up to a wedged wake), or as a phase begins.
 WARM_CRASHES = (
-    [("warm", n) for n in range(8)]
-    + [("wedged", n) for n in range(6)]
+    [("warm", n) for n in range(7)]
+    + [("wedged", n) for n in range(5)]
     + [("warm", p) for p in (Phase.SLEEPING, Phase.VERIFYING, Phase.WAKING, Phase.ROUTING)]
     + [("wedged", p) for p in (Phase.RESTARTING, Phase.CHECKING, Phase.ROUTING)]
     + [("rollback", n) for n in range(6, 9)]
