@@ -12,10 +12,13 @@ and the real HAProxy holding requests in its Lua; stand-in engines with sleep mo
   only-a two clients ask for alpha only, for as long (the box serving one model)
 Wait = the client's whole request time (held, then served). Per request: its floor = the displaced engine's
 sleep + the requested engine's wake (their own "It took X seconds ..." lines in the engines' journals, inside
-the request's time) + the first token (the median of 1-token completions on an awake engine's own port); the
-batching bound = batch_wait_s when the awake model had a request in flight as this one arrived (the only case
-batch_wait_s applies), else 0; the excess = wait - floor - bound; the drain (the displaced engine finishing
-its in-flight requests before it sleeps) apart. Goal: excess median <= 0.1 s, max < 0.3 s, 0 failed.
+the request's time) + what the request itself takes on an awake engine's own port (median of 5); the
+batching bound = batch_wait_s when another model had a request in flight as this one arrived (the only case
+batch_wait_s applies), or the rest of that bound when it joined requests for its model held so; the swap
+cap's wait = the rest of max_swaps_per_min's spacing after the previous swap's decision; the excess = wait -
+floor - bound (printed), and over the bounds the operator set = wait - floor - max(bound, cap's wait); the
+swap's own part = its decision to its release less the engines' sleep and wake. Goal: over the bounds,
+median <= 0.1 s, max < 0.3 s, 0 failed.
 Raw answers to bench/on_demand.json, the summary to stdout (committed as bench/on_demand.txt).
 
     flock /tmp/hosttests.lock .venv/bin/python bench/on_demand.py [--rounds 10] [--seconds 20]
@@ -212,6 +215,17 @@ def profile(raw: dict[str, Any]) -> str:
 PEAK_S = 1.5  # orchestrator/agent/demand_view.py: a model counts as in flight for the most HAProxy saw over this long
 
 
+def decided_at(swap: dict[str, Any]) -> float:
+    """When the agent decided the swap (wall clock): its record's creation less the agent's own time
+    from the decision to the first phase (the record is made in between: this errs early, so the cap's
+    wait it implies errs short)."""
+    marks: dict[str, float] = {}
+    for t, what in (swap.get("demand") or {}).get("timeline_ms") or []:
+        marks.setdefault(what.split()[0], t / 1000)  # each mark's first: the first phase
+    lead = marks["phase"] - marks["decided"] if "phase" in marks and "decided" in marks else 0.0
+    return float(swap["created_at"]) - lead
+
+
 def against_floor(
     answers: list[Answer],
     lines: list[Line],
@@ -230,11 +244,18 @@ def against_floor(
         sleep = steps["sleep_s"] if woke and steps["slept"] != steps["woke"] else None
         floor = (sleep or 0.0) + (steps["wake_s"] if woke else 0.0) + service[a.tokens]
         others = [b for b in answers if b is not a and b.model != a.model]
-        busy = any(b.w0 <= a.w0 < b.w1 for b in others)
+
+        def busy_at(r: Answer, others: list[Answer] = others) -> bool:
+            return any(b.w0 <= r.w0 < b.w1 for b in others)
+
+        busy = busy_at(a)
         recent = busy or any(b.w0 <= a.w0 < b.w1 + PEAK_S for b in others)
-        bound = batch_wait_s if busy else 0.0
-        # the swap cap's wait: the previous swap began less than its spacing before this request came
-        before = [d["created_at"] for d in swaps if d["created_at"] < a.w0]
+        # The batching bound: a request arriving while another model serves waits up to batch_wait_s;
+        # one that joins requests for its model already held that long waits until their bound.
+        held = [b for b in answers if b.model == a.model and b.w0 <= a.w0 < b.w1 and busy_at(b)]
+        bound = max([0.0, *(b.w0 + batch_wait_s - a.w0 for b in held)])
+        # the swap cap's wait: the previous swap was decided less than its spacing before this request came
+        before = [decided_at(d) for d in swaps if decided_at(d) < a.w0]
         cap = max(0.0, max(before) + 60 / MAX_SWAPS_PER_MIN - a.w0) if before else 0.0
         swap = next((d for d in swaps if d["model"] == a.model and a.w0 <= d["created_at"] <= a.w1), None)
         split: dict[str, Any] = {}
@@ -267,6 +288,8 @@ def against_floor(
                 "agent_bound_s": batch_wait_s if recent else 0.0,
                 "excess_s": a.wait - floor - bound,
                 "cap_s": cap if woke else 0.0,
+                # over the floor once the bounds the operator set (batch_wait_s, max_swaps_per_min) are met
+                "bounded_excess_s": a.wait - floor - max(bound, cap if woke else 0.0),
                 "drain_s": steps["drain_s"] if woke else None,
                 "split_s": split,
             }
@@ -321,6 +344,7 @@ def report(raw: dict[str, Any]) -> None:
             verdicts.append(False)
             continue
         med, worst = statistics.median(ex), max(ex)
+        bounded = [r["bounded_excess_s"] for r in rows]
         print(
             f"{name}: {len(rows)} answered ({len(swaps)} waited for a swap, {sum(r['bound_s'] > 0 for r in rows)} "
             f"behind a busy model), failed {failed}; wait median {ms(statistics.median(r['wait_s'] for r in rows))}"
@@ -335,11 +359,25 @@ def report(raw: dict[str, Any]) -> None:
             f"{ms(statistics.median(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))}"
             f" ms, max {ms(max(r['excess_s'] - max(0.0, r.get('cap_s', 0.0) - r['bound_s']) for r in rows))} ms"
         )
+        own = [
+            r["split_s"]["swap"] - (r["sleep_s"] or 0.0) - (r["wake_s"] or 0.0)
+            for r in swaps
+            if r["split_s"] and r["wake_s"] is not None
+        ]
+        if own:
+            print(
+                f"  the swap's own part (its decision to its release, less the engines' sleep and wake): median "
+                f"{ms(statistics.median(own))} ms, max {ms(max(own))} ms"
+            )
         for key in ("arrival_to_swap", "swap", "before_route", "swap_to_answer"):
             vals = [r["split_s"][key] for r in swaps if r["split_s"]]
             if vals:
                 print(f"  {key}: median {ms(statistics.median(vals))} ms, max {ms(max(vals))} ms")
-        verdicts.append(med <= 0.1 and worst < 0.3 and failed == 0)
+        print(
+            f"  over the floor once the operator's bounds are met (batch_wait_s {bw:g} s where it applies, "
+            f"the swap cap's spacing): median {ms(statistics.median(bounded))} ms, max {ms(max(bounded))} ms"
+        )
+        verdicts.append(statistics.median(bounded) <= 0.1 and max(bounded) < 0.3 and failed == 0)
     summary: dict[str, Any] = {
         "warm_swap_wait": spread([a.wait for a in warm if a.status == 200]),
         "cold_start_wait": spread([a.wait for a in cold if a.status == 200]),
@@ -359,8 +397,8 @@ def report(raw: dict[str, Any]) -> None:
         flush=True,
     )
     print(
-        f"{'PASS' if all(verdicts) else 'FAIL'}: wait <= floor + bound + 0.1 s at the median, max under + 0.3 s, "
-        "0 failed (warm, mixed)"
+        f"{'PASS' if all(verdicts) else 'FAIL'}: wait <= floor + max(batching bound, swap cap's wait) + 0.1 s at "
+        "the median, max under + 0.3 s, 0 failed (warm, mixed)"
     )
 
 
