@@ -1,0 +1,90 @@
+"""Crash recovery of an on-demand swap: the agent SIGKILLed inside a warm swap that a held request started,
+after the running proxy stopped routing to the displaced engine (a runtime move, no reload) and before
+the route to the target; systemd restarts the agent. The swap ends, the proxy runs what its file says,
+and the request held through the kill is answered, never cut or left hanging."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.builders.agent import HOOKS, STATE, active, cli, history, install_agent
+from tests.builders.demand import AB, Client, demand_config, url
+from tests.builders.proxy_state import proxy_state
+from tests.hosts.machine import Host
+from tests.hosts.wait import wait_for
+from tests.test_agent_hosts import main_pid
+
+pytestmark = pytest.mark.hosts
+
+
+@pytest.fixture
+def demand_box(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
+    """h1's agent with alpha and beta on demand on the same GPUs: alpha serves, beta sleeps."""
+    host = hosts[0]
+    install_agent(host, demand_config(host, Path(STATE), AB, max_swaps_per_min=60, batch_wait_s=1.0), tmp_path)
+    cli(host, "switch", "beta")
+    cli(host, "switch", "alpha")
+    yield host
+    host.run(
+        "systemctl stop orchestrator-agent.service orchestrator-proxy.service; systemctl stop 'vllm-*'; "
+        "rm -f /etc/orchestrator/haproxy.cfg* /etc/orchestrator/demand_hold.lua",
+        check=False,
+    )
+
+
+def is_sleeping(host: Host, model: str) -> bool | None:
+    """The engine's own word; None when it does not answer (stopped)."""
+    try:
+        r = httpx.get(f"http://{host.address}:{AB[model]['port']}/is_sleeping", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return bool(r.json()["is_sleeping"])
+
+
+@pytest.mark.parametrize("where", ["pause-on routed", "pause-at routing"])
+def test_sigkill_inside_an_on_demand_swap_converges_and_answers_the_held_request(demand_box: Host, where: str) -> None:
+    """A request for the sleeping beta starts a warm swap; the agent is SIGKILLed right after the
+    running proxy stopped routing to alpha ("routed" in `sleeping`) or as `routing` begins (beta woken,
+    not routed yet). The swap ends active or rolled back, one model serves awake and the proxy routes
+    to it as its file says, and the held request gets an answer (200, or a refusal with Retry-After)."""
+    host = demand_box
+    hook, what = where.split(" ", 1)
+    host.write_file(f"{HOOKS}/{hook}", what)
+    client = Client(url(host), ["beta"], rounds=1, timeout=120).__enter__()
+    wait_for(
+        lambda: host.run(["test", "-f", f"{HOOKS}/paused"], check=False).returncode == 0,
+        what=f"the swap to pause ({where})",
+        timeout=60,
+    )
+    old_pid = main_pid(host)
+    host.run(f"rm -f {HOOKS}/{hook} {HOOKS}/paused && systemctl kill -s SIGKILL orchestrator-agent.service")
+    wait_for(
+        lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
+        what="systemd to restart the agent",
+        timeout=60,
+    )
+    client.thread.join(150)
+    assert not client.thread.is_alive(), "the held request is still waiting 150 s after the kill"
+    newest = wait_for(
+        lambda: history(host)[0],
+        lambda d: d["outcome"] in ("active", "rolled_back", "failed", "aborted"),
+        what="the interrupted swap to end",
+        timeout=90,
+    )
+    assert newest["model"] == "beta" and newest["outcome"] in ("active", "rolled_back"), newest.get("error")
+    serving, other = ("beta", "alpha") if newest["outcome"] == "active" else ("alpha", "beta")
+    (answer,) = client.answers
+    print(f"killed at {where}: {newest['outcome']}; the held request: {answer.status} after {answer.wait:.2f} s")
+    assert answer.status == 200 or (answer.status in (429, 503) and answer.retry_after), answer
+    assert is_sleeping(host, serving) is False and is_sleeping(host, other) in (True, None)
+    state = proxy_state(host)
+    assert state.file_matches_running
+    backend = {"alpha": "m1", "beta": "m2"}  # both names on demand: a backend each, in the names' order
+    assert [a.rsplit(":", 1)[1] for a in state.serving(backend[serving])] == [str(AB[serving]["port"])]
+    assert state.serving(backend[other]) == []
+    again = httpx.post(f"{url(host)}/completions", json={"model": serving, "prompt": "hi", "max_tokens": 2}, timeout=60)
+    assert again.status_code == 200
