@@ -80,7 +80,7 @@ def _preflight(ag: AgentSide) -> dict[str, Any]:
 
 
 def _check_together(ops: Operations, a: ModelsArgs, c: Caller) -> dict[str, Any]:
-    from orchestrator.core.proxy import check_together  # its templates are not needed to name an operation
+    from orchestrator.core.switch_plan import check_together  # core loads the catalog (pydantic): not for clients
 
     return {"host": check_together(ops.catalog, a.models)}
 
@@ -193,7 +193,7 @@ STATUS: Operation[HostArgs, dict[str, Any]] = Operation(
     run=_status,
     agent=lambda ag, a, c: {**_status(ag.ops, a, c), "agent": ag.info()},
 )
-# What a CLI asks before it sends one switch per model (core/proxy.check_together), and what `switch
+# What a CLI asks before it sends one switch per model (core/switch_plan.check_together), and what `switch
 # --dry-run` prints: both read the catalog and records of whoever answers (with --host: the box's).
 CHECK_TOGETHER: Operation[ModelsArgs, dict[str, Any]] = Operation(
     "check_together", "ModelsArgs", dict, "switch", run=_check_together

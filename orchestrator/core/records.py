@@ -11,7 +11,7 @@ from orchestrator.engines import ENGINE
 
 
 class Mode(StrEnum):
-    """How a switch changes a host's serving set (core.proxy plans it; persisted with the deployment)."""
+    """How a switch changes a host's serving set (core.switch_plan plans it; persisted with the deployment)."""
 
     HANDOVER = "handover"  # start beside the old one, move the route, drain, stop: no downtime
     # The GPUs overlap but both fit awake (core.beside): start or wake the target beside, check it,

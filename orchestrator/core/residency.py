@@ -124,7 +124,7 @@ def decide(
     """What switching the host to ``target`` sleeps, stops and evicts, and whether it then fits.
 
     ``residents``: every model of the host (the target included) with its state. ``displaced``: the
-    serving models the switch replaces (``core.proxy.plan_switch``); by default those on the target's
+    serving models the switch replaces (``core.switch_plan.plan_switch``); by default those on the target's
     GPUs or serving its name. The target itself is never slept nor evicted."""
     by_name = {r.name: r for r in residents}
     if target not in by_name:

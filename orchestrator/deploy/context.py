@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.catalog import Catalog, Defaults
-from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, UnitSpec
 from orchestrator.core.states import Event
+from orchestrator.core.switch_plan import SwitchPlan
 from orchestrator.errors import Abandoned
 from orchestrator.ports import HostPorts, ProgressCallback, ResidencyStore
 from orchestrator.secrets import redact_tree

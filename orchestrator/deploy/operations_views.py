@@ -10,11 +10,11 @@ from typing import Any
 from orchestrator.core import schedule as sched
 from orchestrator.core.doctor import report, unreachable_verdict
 from orchestrator.core.observed import UnitState
-from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, Mode
 from orchestrator.core.render import model_dir_for, render_unit
 from orchestrator.core.resident import ASLEEP
 from orchestrator.core.states import Phase
+from orchestrator.core.switch_plan import SwitchPlan
 from orchestrator.core.watch import to_bring_back
 from orchestrator.deploy import residents, warm
 from orchestrator.deploy.locks import host_held

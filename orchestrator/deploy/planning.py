@@ -11,10 +11,10 @@ import getpass
 from orchestrator import logs
 from orchestrator.core.catalog import Catalog, Model
 from orchestrator.core.multinode import render_nodes, unit_names
-from orchestrator.core.proxy import Serving, SwitchPlan, plan_switch
 from orchestrator.core.records import Deployment, Mode, NodeUnit, UnitSpec
 from orchestrator.core.render import engine_address, load_deadline, model_dir_for, render_unit
 from orchestrator.core.states import Phase, fallback_of
+from orchestrator.core.switch_plan import Serving, SwitchPlan, plan_switch
 from orchestrator.deploy.adopt import alive
 from orchestrator.deploy.beside import room_beside
 from orchestrator.deploy.preflight import check_access

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import ServingChange
+from orchestrator.core.switch_plan import SwitchPlan
 from orchestrator.ports import StateStore
 
 

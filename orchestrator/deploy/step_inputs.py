@@ -11,8 +11,8 @@ from typing import Any
 
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.multinode import unit_names
-from orchestrator.core.proxy import SwitchPlan
 from orchestrator.core.records import Deployment, Mode, UnitSpec
+from orchestrator.core.switch_plan import SwitchPlan
 from orchestrator.deploy.multinode import NODE_PROGRESS
 from orchestrator.deploy.residents import WARM_EVENT
 from orchestrator.ports import HostPorts, StateStore

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from orchestrator.core.beside import Holder, beside_fit
 from orchestrator.core.observed import GpuInfo, GpuProcess, GpuSnapshot
-from orchestrator.core.proxy import Serving, plan_switch
 from orchestrator.core.records import Mode, UnitSpec
 from orchestrator.core.sleep_memory import WAKE_MARGIN_MIB
+from orchestrator.core.switch_plan import Serving, plan_switch
 
 TOTAL = 143_771  # an H200 as nvidia-smi reports it
 BIG = Holder("big", (0,), frozenset({11}), utilization=0.6)
