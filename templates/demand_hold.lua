@@ -11,13 +11,18 @@
 --   {"status": 429|404|503, "message": ...,  -> txn.demand = "429" | "404" | "503", the message as
 --    "retry_after_s": N or null}               a JSON string literal in txn.demand_message, Retry-After
 --                                              in txn.demand_retry (the config writes the error body)
--- The agent gone, silent for IDLE_S, or no final line within DEADLINE_S: txn.demand = "503".
+-- The agent gone (its socket refuses, or closes before the final line): tried again every RETRY_MS
+-- while it may be restarting (systemd brings a killed agent back: RestartSec=2 and its start), for
+-- AGENT_BACK_S at most; the new agent gets the request afresh and answers it. Gone for longer, silent
+-- for IDLE_S (hung, not gone), or no final line within DEADLINE_S: txn.demand = "503".
 -- A client that goes away ends this action (`option abortonclose` on the frontend): the connection
 -- closes, which tells the agent nobody waits any more. HAProxy 2.6 logs that end as "aborting Lua
 -- processing on expired timeout" (it resumes the action once with yielding forbidden, and the
 -- receive below yields); Lua cannot see the client go while it waits, so the line stays (README).
 
 local IDLE_S = 5 -- the agent sends a line at least every 1.0 s; this much silence means it hung
+local AGENT_BACK_S = 15 -- a killed agent is back within this (systemd's RestartSec=2, its start)
+local RETRY_MS = 250
 
 local function now()
   local t = core.now()
@@ -60,35 +65,50 @@ local function give_up(txn, sock, why)
   sock:close()
 end
 
-core.register_action("demand_hold", { "http-req" }, function(txn, socket_path, deadline_s, retry_after_s)
-  local model = txn:get_var("txn.model") or ""
-  local s = txn:get_var("txn.stream")
-  local stream = s == true or s == 1 or s == "1" or s == "true"
-  local deadline = now() + tonumber(deadline_s)
-  txn:set_var("txn.demand_retry", retry_after_s)
+-- One connection to the agent until its final line: true when the request is answered (txn.demand
+-- set), false when the agent went away first (refused, closed), and then whether it had answered at
+-- all on this connection (its gone time counts from then); a hang or the deadline answers 503.
+local function ask(txn, socket_path, deadline, deadline_s, model, stream)
   local sock = core.tcp()
   sock:settimeout(IDLE_S)
-  local ok = sock:connect("unix@" .. socket_path)
-  if not ok then
-    return give_up(txn, sock, "the agent does not answer on " .. socket_path)
+  if not sock:connect("unix@" .. socket_path) then
+    sock:close()
+    return false, false
   end
   if not sock:send('{"model": ' .. json_string(model) .. ', "stream": ' .. tostring(stream) .. '}\n') then
-    return give_up(txn, sock, "the agent closed " .. socket_path)
+    sock:close()
+    return false, false
   end
+  local heard = false
   while true do
     local left = deadline - now()
     if left <= 0 then
-      return give_up(txn, sock, "no answer from the agent on " .. socket_path .. " within " .. deadline_s .. " s")
+      give_up(txn, sock, "no answer from the agent on " .. socket_path .. " within " .. deadline_s .. " s")
+      return true
     end
-    sock:settimeout(math.max(1, math.min(IDLE_S, math.ceil(left))))
+    local wait_s = math.max(1, math.min(IDLE_S, math.ceil(left)))
+    sock:settimeout(wait_s)
+    local asked = now()
     local line = sock:receive("*l")
     if line == nil then
-      return give_up(txn, sock, "the agent on " .. socket_path .. " closed or fell silent before answering")
+      -- A timeout and a close read the same here: silence for the whole wait is a hang (or the
+      -- deadline), an end before it is the agent gone.
+      if now() >= deadline then
+        give_up(txn, sock, "no answer from the agent on " .. socket_path .. " within " .. deadline_s .. " s")
+        return true
+      end
+      if now() - asked >= wait_s - 0.1 then
+        give_up(txn, sock, "the agent on " .. socket_path .. " fell silent before answering")
+        return true
+      end
+      sock:close()
+      return false, heard
     end
+    heard = true
     if line:find('"ready"%s*:%s*true') then
       txn:set_var("txn.demand", "ready")
       sock:close()
-      return
+      return true
     end
     local status = line:match('"status"%s*:%s*(%d+)')
     if status ~= nil then
@@ -97,8 +117,28 @@ core.register_action("demand_hold", { "http-req" }, function(txn, socket_path, d
       local retry = line:match('"retry_after_s"%s*:%s*(%d+)')
       if retry ~= nil then txn:set_var("txn.demand_retry", retry) end
       sock:close()
-      return
+      return true
     end
     -- a {"waiting": ...} line: keep holding
+  end
+end
+
+core.register_action("demand_hold", { "http-req" }, function(txn, socket_path, deadline_s, retry_after_s)
+  local model = txn:get_var("txn.model") or ""
+  local s = txn:get_var("txn.stream")
+  local stream = s == true or s == 1 or s == "1" or s == "true"
+  local deadline = now() + tonumber(deadline_s)
+  txn:set_var("txn.demand_retry", retry_after_s)
+  local gone_since = nil
+  while true do
+    local answered, heard = ask(txn, socket_path, deadline, deadline_s, model, stream)
+    if answered then return end
+    if heard then gone_since = nil end
+    gone_since = gone_since or now()
+    if now() - gone_since >= AGENT_BACK_S or now() >= deadline then
+      answer(txn, "503", json_string("the agent does not answer on " .. socket_path))
+      return
+    end
+    core.msleep(RETRY_MS)
   end
 end, 3)

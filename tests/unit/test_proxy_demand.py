@@ -274,22 +274,69 @@ def test_client_disconnect_closes_the_agents_connection(front: Front) -> None:
     assert not held.finals and len(front.engine.seen) == seen
 
 
+def held_now(front: Front) -> int:
+    """Requests the current worker holds now (its demand_held table's conn_cur)."""
+    table = haproxy_master.ask(str(front.master_sock), "@1 show table demand_held") or ""
+    return sum(int(f.split("=", 1)[1]) for f in table.split() if f.startswith("conn_cur="))
+
+
+def test_a_held_request_outlives_the_agents_restart(front: Front) -> None:
+    """The agent's connection closing before its final line (the agent killed, systemd restarting it):
+    the hold asks again, and the new agent's answer routes the request."""
+    calls: list[int] = []
+
+    def dies_once(conn: Conn) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            conn.wait(0.3)
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        else:
+            ready_after(0.3)(conn)
+
+    front.agent.scripts["beta"] = dies_once
+    status, _, body = post(front.port, "beta")
+    assert status == 200, body
+    assert len(calls) == 2
+
+
+def test_a_held_request_waits_for_an_agent_that_is_not_listening_yet(front: Front) -> None:
+    """No agent on the socket for a moment (between the old one's death and the new one's start): the
+    hold tries again until one listens, then that one answers it."""
+    front.agent.listener.close()
+    front.agent.path.unlink()
+    path = front.agent.path
+    answered: dict[str, tuple[int, dict[str, str], bytes]] = {}
+    client = threading.Thread(target=lambda: answered.update(r=post(front.port, "beta")), daemon=True)
+    client.start()
+    wait_for(lambda: held_now(front) >= 1, what="the request held with no agent listening")
+    front.agent = Agent(path)
+    front.agent.scripts["beta"] = ready_after(0.2)
+    client.join(30)
+    status, _, body = answered["r"]
+    assert status == 200, body
+
+
 def test_agent_closing_without_an_answer_is_503(front: Front) -> None:
-    """The agent closing the connection before its final line: 503 with Retry-After."""
-    front.agent.scripts["beta"] = lambda conn: conn.sock.shutdown(socket.SHUT_RDWR)
-    status, headers, body = post(front.port, "beta")
+    """An agent that closes every connection before its final line: 503 with Retry-After, at the
+    hold's deadline at the latest (here 2 s: the agent's restart window is longer)."""
+    front.agent.scripts["brief"] = lambda conn: conn.sock.shutdown(socket.SHUT_RDWR)
+    before = len(front.agent.asked("brief"))
+    status, headers, body = post(front.port, "brief")
     assert status == 503 and headers["retry-after"] == str(RETRY_AFTER_S)
-    assert "agent" in json.loads(body)["error"]["message"]
+    assert str(front.agent.path) in json.loads(body)["error"]["message"]
+    assert len(front.agent.asked("brief")) - before > 1  # asked again while it might be restarting
 
 
 @pytest.mark.parametrize("gone", ["stopped listening", "socket file removed"])
-def test_agent_gone_is_503_at_once(front: Front, gone: str) -> None:
-    """No agent on the socket (its file left behind, or removed): 503 with Retry-After naming the socket."""
+def test_agent_gone_is_503_by_the_deadline(front: Front, gone: str) -> None:
+    """No agent on the socket (its file left behind, or removed) for the whole hold: 503 with
+    Retry-After naming the socket, at the hold's deadline at the latest."""
     front.agent.listener.close()
     if gone == "socket file removed":
         front.agent.path.unlink()
     try:
-        status, headers, body = post(front.port, "beta", timeout=10)
+        # the hold's deadline (2 s) ends it, not the agent's restart window (15 s, past this timeout)
+        status, headers, body = post(front.port, "brief", timeout=10)
     finally:
         front.agent.path.unlink(missing_ok=True)
         front.agent = Agent(front.agent.path)
