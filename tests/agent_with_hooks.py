@@ -32,6 +32,7 @@ from orchestrator.deploy.operations import Operations
 from orchestrator.errors import OrchestratorError
 from orchestrator.ports import HostPorts, ProgressCallback
 from orchestrator.wiring import ports_factory
+from tests.builders.timed import Timed
 
 
 def pause_hook(directory: str) -> Callable[[Deployment], None]:
@@ -83,27 +84,6 @@ class CallLog:
             self._file.write(json.dumps(line, default=str) + "\n")
 
 
-class Timed:
-    """Stands in for one adapter: every method call is logged with its wall time."""
-
-    def __init__(self, inner: Any, name: str, log: CallLog) -> None:
-        self._inner, self._name, self._log = inner, name, log
-
-    def __getattr__(self, attr: str) -> Any:
-        value = getattr(self._inner, attr)
-        if not callable(value):
-            return value
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.time()
-            try:
-                return value(*args, **kwargs)
-            finally:
-                self._log.write(t0=t0, t1=time.time(), call=f"{self._name}.{attr}")
-
-        return timed
-
-
 def timed_ports(factory: Callable[[str], HostPorts], log: CallLog) -> Callable[[str], HostPorts]:
     """``factory`` whose adapters log each call (made once per host, as the product's cache)."""
     cache: dict[str, HostPorts] = {}
@@ -111,12 +91,16 @@ def timed_ports(factory: Callable[[str], HostPorts], log: CallLog) -> Callable[[
     def ports_for(name: str) -> HostPorts:
         if name not in cache:
             p = factory(name)
+
+            def record(t0: float, t1: float, call: str) -> None:
+                log.write(t0=t0, t1=t1, call=call)
+
             wrapped = {
-                f: Timed(getattr(p, f), f, log)
+                f: Timed(getattr(p, f), f, record, clock=time.time)
                 for f in ("shell", "systemd", "gpus", "health", "weights", "proxy")
                 if getattr(p, f) is not None
             }
-            controls = {k: Timed(v, f"engine.{k}", log) for k, v in p.engine_controls.items()}
+            controls = {k: Timed(v, f"engine.{k}", record, clock=time.time) for k, v in p.engine_controls.items()}
             cache[name] = dataclasses.replace(p, **wrapped, engine_controls=controls)
         return cache[name]
 

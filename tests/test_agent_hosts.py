@@ -23,6 +23,8 @@ from tests.builders.agent import (
     cli,
     history,
     install_agent,
+    main_pid,
+    sigkill_agent,
 )
 from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
@@ -33,10 +35,6 @@ pytestmark = pytest.mark.hosts
 
 def metrics(host: Host) -> str:
     return str(urllib.request.urlopen(METRICS[host.name], timeout=10).read().decode())
-
-
-def main_pid(host: Host) -> str:
-    return str(host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip())
 
 
 @pytest.fixture
@@ -102,13 +100,7 @@ def kill_agent_paused_before(host: Host, phase: str, model: str) -> None:
         what=f"the engine to pause before {phase}",
         timeout=60,
     )
-    old_pid = main_pid(host)
-    host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
-    wait_for(
-        lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
-        what="systemd to restart the agent",
-        timeout=60,
-    )
+    sigkill_agent(host, "pause-at")
     wait_for(
         lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
         what="the interrupted deployment to end",
@@ -327,15 +319,7 @@ def test_sigkill_during_a_proxy_handover_converges_and_repairs_the_proxy(
         )
         # Half-updated: a config on disk the running proxy never loaded.
         host.run("sed -i 's/8101/8109/' /etc/orchestrator/haproxy.cfg")
-        old_pid = host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
-        host.run(f"rm -f {HOOKS}/pause-at && systemctl kill -s SIGKILL orchestrator-agent.service")
-        wait_for(
-            lambda: (
-                host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip()
-                not in ("0", old_pid)
-            ),
-            what="systemd to restart the agent",
-        )
+        sigkill_agent(host, "pause-at")
         wait_for(
             lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
             what="the interrupted deployment to end",

@@ -11,12 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.builders.agent import HOOKS, STATE, active, cli, history, install_agent
+from tests.builders.agent import HOOKS, STATE, cli, engine_sleeping, history, install_agent, sigkill_agent
 from tests.builders.demand import AB, Client, demand_config, url
 from tests.builders.proxy_state import proxy_state
 from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
-from tests.test_agent_hosts import main_pid
 
 pytestmark = pytest.mark.hosts
 
@@ -37,12 +36,7 @@ def demand_box(hosts: list[Host], tmp_path: Path) -> Iterator[Host]:
 
 
 def is_sleeping(host: Host, model: str) -> bool | None:
-    """The engine's own word; None when it does not answer (stopped)."""
-    try:
-        r = httpx.get(f"http://{host.address}:{AB[model]['port']}/is_sleeping", timeout=5)
-    except httpx.HTTPError:
-        return None
-    return bool(r.json()["is_sleeping"])
+    return engine_sleeping(host, int(AB[model]["port"]))
 
 
 @pytest.mark.parametrize("where", ["pause-on routed", "pause-at routing"])
@@ -60,13 +54,7 @@ def test_sigkill_inside_an_on_demand_swap_converges_and_answers_the_held_request
         what=f"the swap to pause ({where})",
         timeout=60,
     )
-    old_pid = main_pid(host)
-    host.run(f"rm -f {HOOKS}/{hook} {HOOKS}/paused && systemctl kill -s SIGKILL orchestrator-agent.service")
-    wait_for(
-        lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
-        what="systemd to restart the agent",
-        timeout=60,
-    )
+    sigkill_agent(host, "{hook} paused")
     client.thread.join(150)
     assert not client.thread.is_alive(), "the held request is still waiting 150 s after the kill"
     newest = wait_for(

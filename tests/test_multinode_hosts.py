@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from tests.builders.agent import sigkill_agent
 from tests.hosts.machine import Host, in_host
 from tests.hosts.pool import HostSet
 from tests.hosts.wait import wait_for
-from tests.test_agent_hosts import CONFIG, HOOKS, STATE, active, cli, history, install_agent, main_pid
+from tests.test_agent_hosts import CONFIG, HOOKS, STATE, active, cli, history, install_agent
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM = REPO / "tests" / "standin" / "vllm_compat.py"
@@ -109,13 +110,7 @@ def crash_and_resume(h1: Host, model: str, pause_on: str, at_pause: Callable[[],
         timeout=60,
     )
     seen = at_pause()
-    old_pid = main_pid(h1)
-    h1.run(f"rm -f {HOOKS}/pause-on {HOOKS}/paused && systemctl kill -s SIGKILL orchestrator-agent.service")
-    wait_for(
-        lambda: main_pid(h1) not in ("0", old_pid) and active(h1, "orchestrator-agent.service") == "active",
-        what="systemd to restart the agent",
-        timeout=60,
-    )
+    sigkill_agent(h1, "pause-on paused")
     return seen, wait_for(
         lambda: history(h1),
         lambda h: h[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),

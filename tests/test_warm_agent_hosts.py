@@ -11,13 +11,13 @@ import httpx
 import pytest
 
 from orchestrator.adapters.haproxy import MOVING
-from tests.builders.agent import CONFIG, HOOKS, PY, STATE
+from tests.builders.agent import CONFIG, HOOKS, PY, STATE, engine_sleeping, sigkill_agent
 from tests.builders.proxy import base_url
 from tests.builders.proxy_state import CONFIG as PROXY_CONFIG
 from tests.builders.proxy_state import proxy_state
 from tests.hosts.machine import Host
 from tests.hosts.wait import wait_for
-from tests.test_agent_hosts import active, cli, history, install_agent, kill_agent_paused_before, main_pid
+from tests.test_agent_hosts import active, cli, history, install_agent, kill_agent_paused_before
 from tests.test_warm_hosts import MODELS, warm_config
 
 pytestmark = pytest.mark.hosts
@@ -25,12 +25,7 @@ WARM_MODELS = {m: MODELS[m] for m in ("alpha", "beta")}
 
 
 def is_sleeping(host: Host, model: str) -> bool | None:
-    """The engine's own word; None when it does not answer (stopped)."""
-    try:
-        r = httpx.get(f"http://{host.address}:{WARM_MODELS[model]['port']}/is_sleeping", timeout=5)
-    except httpx.HTTPError:
-        return None
-    return bool(r.json()["is_sleeping"])
+    return engine_sleeping(host, int(WARM_MODELS[model]["port"]))
 
 
 @pytest.fixture
@@ -94,13 +89,7 @@ def test_sigkill_right_after_the_runtime_route_move_converges(warm_agent: Host, 
     assert moved.reloads == before.reloads and [a.rsplit(":", 1)[1] for a in moved.serving()] == ["8121"]
     if applied == "not-written":
         host.write_file(PROXY_CONFIG + ".applied", MOVING.decode())
-    old_pid = main_pid(host)
-    host.run(f"rm -f {HOOKS}/pause-on {HOOKS}/paused && systemctl kill -s SIGKILL orchestrator-agent.service")
-    wait_for(
-        lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
-        what="systemd to restart the agent",
-        timeout=60,
-    )
+    sigkill_agent(host, "pause-on paused")
     wait_for(
         lambda: history(host)[0]["outcome"] in ("active", "rolled_back", "failed", "aborted"),
         what="the interrupted deployment to end",

@@ -31,29 +31,9 @@ if str(ROOT) not in sys.path:
 from orchestrator import settings
 from orchestrator.wiring import operations
 from tests.builders.proxy import PROXY_PORT, Prober, proxy_box
+from tests.builders.timed import Timed
 
 PORTS = ("proxy", "engine", "gpus", "systemd", "shell", "health", "weights")
-
-
-class Timed:
-    """Stands in for one adapter: every method call is recorded with its start and end."""
-
-    def __init__(self, inner: Any, name: str, log: list[tuple[float, float, str]]) -> None:
-        self._inner, self._name, self._log = inner, name, log
-
-    def __getattr__(self, attr: str) -> Any:
-        value = getattr(self._inner, attr)
-        if not callable(value):
-            return value
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.monotonic()
-            try:
-                return value(*args, **kwargs)
-            finally:
-                self._log.append((t0, time.monotonic(), f"{self._name}.{attr}"))
-
-        return timed
 
 
 def main() -> None:
@@ -81,7 +61,7 @@ def main() -> None:
         for name in PORTS:
             inner = getattr(ports, name)
             if inner is not None:
-                object.__setattr__(ports, name, Timed(inner, name, calls))
+                object.__setattr__(ports, name, Timed(inner, name, lambda a, b, c: calls.append((a, b, c))))
         url = f"http://{host.address}:{PROXY_PORT}/v1"
         for i in range(args.rounds):
             target = ("alpha", "beta")[i % 2]

@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from orchestrator import settings
 from orchestrator.core.render import exec_quote, render_agent_unit
 from tests.hosts.machine import Host
+from tests.hosts.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = "/etc/orchestrator-agent-test.toml"
@@ -35,6 +38,33 @@ def history(host: Host) -> list[dict[str, Any]]:
 
 def active(host: Host, unit: str) -> str:
     return str(host.run(["systemctl", "is-active", unit], check=False).stdout.strip())
+
+
+def main_pid(host: Host) -> str:
+    return str(host.run(["systemctl", "show", "-p", "MainPID", "--value", "orchestrator-agent"]).stdout.strip())
+
+
+def sigkill_agent(host: Host, unpause: str = "pause-at pause-on paused") -> None:
+    """SIGKILL the agent (first removing the hook files ``unpause`` names, so the next one runs on);
+    returns once systemd started a new one and it is active (Type=notify: ready)."""
+    old_pid = main_pid(host)
+    files = " ".join(f"{HOOKS}/{f}" for f in unpause.split())
+    host.run(f"rm -f {files} && systemctl kill -s SIGKILL orchestrator-agent.service")
+    wait_for(
+        lambda: main_pid(host) not in ("0", old_pid) and active(host, "orchestrator-agent.service") == "active",
+        what="systemd to restart the agent",
+        timeout=60,
+    )
+
+
+def engine_sleeping(host: Host, port: int) -> bool | None:
+    """The engine on ``port`` of ``host``, in its own word (GET /is_sleeping); None when it does not
+    answer (stopped)."""
+    try:
+        r = httpx.get(f"http://{host.address}:{port}/is_sleeping", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return bool(r.json()["is_sleeping"])
 
 
 METRICS: dict[str, str] = {}  # host name -> its agent's metrics URL
