@@ -17,14 +17,13 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.core.safetensors_format import header_length_problem, safetensors_problems
 from orchestrator.core.weights import (
     INDEX_NAME,
     check_file_names,
-    header_length_problem,
     in_place_problems,
     index_tensors,
     listing_problems,
-    safetensors_problems,
 )
 from orchestrator.errors import WeightsError
 from orchestrator.worker.files import dir_sizes, read_index, read_manifest, sha256_file

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator.core.safetensors_format import header_length_problem, safetensors_problems
 from orchestrator.core.weights import (
     Manifest,
     PeerSpec,
@@ -15,12 +16,10 @@ from orchestrator.core.weights import (
     StageRequest,
     check_file_name,
     check_space,
-    header_length_problem,
     plan_cleanup,
     protected_pairs,
     reclaim_for,
     revisions_named_in,
-    safetensors_problems,
     space_needed,
     verify_listing,
 )
