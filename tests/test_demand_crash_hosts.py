@@ -54,7 +54,7 @@ def test_sigkill_inside_an_on_demand_swap_converges_and_answers_the_held_request
         what=f"the swap to pause ({where})",
         timeout=60,
     )
-    sigkill_agent(host, "{hook} paused")
+    sigkill_agent(host, f"{hook} paused")
     client.thread.join(150)
     assert not client.thread.is_alive(), "the held request is still waiting 150 s after the kill"
     newest = wait_for(
