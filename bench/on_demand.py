@@ -215,13 +215,20 @@ def profile(raw: dict[str, Any]) -> str:
 PEAK_S = 1.5  # orchestrator/agent/demand_view.py: a model counts as in flight for the most HAProxy saw over this long
 
 
+def first_marks(swap: dict[str, Any]) -> dict[str, float]:
+    """The agent's marks of a swap (seconds from the arrival), by their first word, each at its first
+    occurrence ("phase" is the first phase)."""
+    marks: dict[str, float] = {}
+    for t, what in (swap.get("demand") or {}).get("timeline_ms") or []:
+        marks.setdefault(what.split()[0], t / 1000)
+    return marks
+
+
 def decided_at(swap: dict[str, Any]) -> float:
     """When the agent decided the swap (wall clock): its record's creation less the agent's own time
     from the decision to the first phase (the record is made in between: this errs early, so the cap's
     wait it implies errs short)."""
-    marks: dict[str, float] = {}
-    for t, what in (swap.get("demand") or {}).get("timeline_ms") or []:
-        marks.setdefault(what.split()[0], t / 1000)  # each mark's first: the first phase
+    marks = first_marks(swap)
     lead = marks["phase"] - marks["decided"] if "phase" in marks and "decided" in marks else 0.0
     return float(swap["created_at"]) - lead
 
@@ -268,7 +275,7 @@ def against_floor(
                 "swap_to_answer": a.w1 - swap["ended_at"],
                 "phases": phases,
             }
-            marks = {what.split()[0]: t / 1000 for t, what in (swap.get("demand") or {}).get("timeline_ms") or []}
+            marks = first_marks(swap)
             if "decided" in marks and "released" in marks:  # the agent's own marks (ms from the arrival)
                 split.update(
                     arrival_to_swap=marks["decided"],

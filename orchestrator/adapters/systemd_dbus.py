@@ -18,6 +18,7 @@ from orchestrator.adapters.unit_files import (
     DEFAULT_UNIT_DIR,
     UNIT_PROPERTIES,
     ShellUnitFiles,
+    cgroup_roots,
     check_unit_name,
     state_from_properties,
 )
@@ -102,9 +103,9 @@ class DbusSystemd(ShellUnitFiles):
         if not cgroup:
             return []
         pids: set[int] = set()
-        for sub in ("", "/unified", "/systemd"):  # v2, then a hybrid host's trees
+        for root in cgroup_roots(cgroup):
             # A missing root or a cgroup vanishing mid-walk yields nothing more: what was read holds.
-            for directory, _dirs, files in os.walk(f"/sys/fs/cgroup{sub}{cgroup}"):
+            for directory, _dirs, files in os.walk(root):
                 if "cgroup.procs" not in files:
                     continue
                 try:

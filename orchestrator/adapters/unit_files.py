@@ -40,6 +40,12 @@ def check_unit_name(unit: str) -> str:
     return unit
 
 
+def cgroup_roots(cgroup: str) -> list[str]:
+    """Where a unit's ``cgroup`` (its ControlGroup) lies: cgroup v2's tree, then a hybrid host's
+    (v1 + v2) unified and systemd trees; only those that exist hold it."""
+    return [f"/sys/fs/cgroup{sub}{cgroup}" for sub in ("", "/unified", "/systemd")]
+
+
 def state_from_properties(unit: str, props: dict[str, str]) -> UnitState:
     """UnitState from systemd property values as text (``systemctl show`` or D-Bus, stringified)."""
 
@@ -121,11 +127,11 @@ class ShellUnitFiles:
         cgroup = self.unit_state(unit).control_group
         if not cgroup:
             return []
-        # cgroup v2 mounts the tree at /sys/fs/cgroup; hybrid hosts (v1 + v2) at .../unified and
-        # .../systemd. Missing roots and a cgroup vanishing mid-read make find fail: what it printed
-        # still holds. Units may own sub-cgroups (Delegate=, workers): read every level.
-        roots = [f"/sys/fs/cgroup{sub}{cgroup}" for sub in ("", "/unified", "/systemd")]
+        # Missing roots and a cgroup vanishing mid-read make find fail: what it printed still holds.
+        # Units may own sub-cgroups (Delegate=, workers): read every level.
         res = self.shell.run(
-            ["find", *roots, "-name", "cgroup.procs", "-exec", "cat", "--", "{}", "+"], idempotent=True, check=False
+            ["find", *cgroup_roots(cgroup), "-name", "cgroup.procs", "-exec", "cat", "--", "{}", "+"],
+            idempotent=True,
+            check=False,
         )
         return sorted({int(p) for p in res.stdout.split() if p.isdigit()})

@@ -30,6 +30,9 @@ class _Memo:
             self.seen[kind, key] = read()
         return self.seen[kind, key]  # type: ignore[return-value]
 
+    def forget(self) -> None:
+        self.seen.clear()
+
 
 class ReadOnceSystemd:
     """The Systemd port, its reads remembered until a write through it (any job, file or link change)."""
@@ -50,47 +53,44 @@ class ReadOnceSystemd:
     def journal_tail(self, unit: str, lines: int = 20) -> list[str]:
         return self._inner.journal_tail(unit, lines)
 
-    def _changed(self) -> None:
-        self._memo.seen.clear()
-
     def start(self, unit: str, *, timeout: float = 90.0) -> None:
-        self._changed()
+        self._memo.forget()
         self._inner.start(unit, timeout=timeout)
 
     def stop(self, unit: str, *, timeout: float = 300.0) -> None:
-        self._changed()
+        self._memo.forget()
         self._inner.stop(unit, timeout=timeout)
 
     def restart(self, unit: str, *, timeout: float = 90.0) -> None:
-        self._changed()
+        self._memo.forget()
         self._inner.restart(unit, timeout=timeout)
 
     def reset_failed(self, unit: str) -> None:
-        self._changed()
+        self._memo.forget()
         self._inner.reset_failed(unit)
 
     def kill_unit(self, unit: str, signal: int) -> None:
-        self._changed()
+        self._memo.forget()
         self._inner.kill_unit(unit, signal)
 
     def install_unit(self, unit: str, content: str) -> None:
-        self._changed()
+        self._memo.forget()
         self._inner.install_unit(unit, content)
 
     def remove_unit(self, unit: str) -> None:
-        self._changed()
+        self._memo.forget()
         self._inner.remove_unit(unit)
 
     def daemon_reload(self) -> None:
-        self._changed()
+        self._memo.forget()
         self._inner.daemon_reload()
 
     def enable(self, unit: str, *, reload: bool = True) -> bool:
-        self._changed()
+        self._memo.forget()
         return self._inner.enable(unit, reload=reload)
 
     def disable(self, unit: str, *, reload: bool = True) -> bool:
-        self._changed()
+        self._memo.forget()
         return self._inner.disable(unit, reload=reload)
 
 
@@ -104,15 +104,15 @@ class ReadOnceEngine:
         return self._memo.read("sleeping", base_url, lambda: self._inner.is_sleeping(base_url))
 
     def sleep(self, base_url: str, level: int, mode: str = "wait") -> None:
-        self._memo.seen.clear()
+        self._memo.forget()
         self._inner.sleep(base_url, level, mode)
 
     def wake(self, base_url: str, tags: Sequence[str] = ()) -> None:
-        self._memo.seen.clear()
+        self._memo.forget()
         self._inner.wake(base_url, tags)
 
     def reload_weights(self, base_url: str) -> None:
-        self._memo.seen.clear()
+        self._memo.forget()
         self._inner.reload_weights(base_url)
 
     def reset_prefix_cache(self, base_url: str) -> None:
